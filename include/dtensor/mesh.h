@@ -1,0 +1,83 @@
+/* dtensor/mesh.h - library setup and device meshes.
+ *
+ * A mesh arranges ranks in an n-dimensional grid (1 to DT_MAX_MESH_DIMS dims). Each mesh dim has
+ * its own MPI communicator (ranks that differ only in that coordinate); flattening a set of dims
+ * adds one communicator over all of them, which the redistribution planner then uses to merge
+ * adjacent collectives. An abstract mesh has a shape but no communicators: it plans, it explains,
+ * it visualizes, but it cannot move data. It needs neither MPI nor dt_init().
+ *
+ * Ownership: meshes are reference counted internally; dt_mesh_destroy() drops the caller's
+ * reference, tensors keep theirs, so destroying a mesh before its tensors is safe.
+ * Creation, slicing and flattening of a real mesh are collective over the world communicator.
+ */
+#ifndef DTENSOR_MESH_H
+#define DTENSOR_MESH_H
+
+#include "dtensor/placement.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_mesh* dt_mesh_t;
+
+/* Initializes the library. Initializes MPI (MPI_THREAD_FUNNELED) unless the host program already
+ * did, in which case MPI is left to the host to finalize. Loads the calibrated cost model from
+ * $DTENSOR_COST_MODEL or, when present, $HOME/.cache/dtensor/cost_model.json. argc/argv may be
+ * NULL. Calling it twice is DT_ERR_INVALID_USAGE. */
+DT_API dt_status_t dt_init(int* argc, char*** argv);
+/* Releases library state; finalizes MPI only if dt_init initialized it. Idempotent. */
+DT_API dt_status_t dt_finalize(void);
+DT_API dt_status_t dt_world_rank(int* rank);
+DT_API dt_status_t dt_world_size(int* size);
+
+/* Creates a mesh of `ndim` dims and `shape[i]` ranks along dim i (collective over the world).
+ * names: NULL or ndim distinct non-empty names (at most 31 chars). ranks: NULL lays the world's
+ * ranks 0..N-1 out row-major (N must equal the world size); otherwise prod(shape) distinct world
+ * ranks in row-major mesh order, and world ranks not listed get a non-member mesh (no local data).
+ */
+DT_API dt_status_t dt_mesh_create(int ndim, const int* shape, const char* const* names,
+                                  const int* ranks, dt_mesh_t* out);
+/* Creates an abstract mesh: a shape (and names) only. Needs no MPI. */
+DT_API dt_status_t dt_mesh_create_abstract(int ndim, const int* shape, const char* const* names,
+                                           dt_mesh_t* out);
+/* Drops the caller's reference. NULL is a no-op. */
+DT_API dt_status_t dt_mesh_destroy(dt_mesh_t mesh);
+
+DT_API dt_status_t dt_mesh_ndim(dt_mesh_t mesh, int* ndim);
+/* Size of mesh dim `dim` (negative counts from the end). */
+DT_API dt_status_t dt_mesh_size(dt_mesh_t mesh, int dim, int* size);
+/* Writes ndim sizes into shape[]. */
+DT_API dt_status_t dt_mesh_shape(dt_mesh_t mesh, int* shape);
+/* Total number of ranks in the mesh. */
+DT_API dt_status_t dt_mesh_numel(dt_mesh_t mesh, int* numel);
+/* This rank's coordinates (ndim ints). DT_ERR_INVALID_USAGE on an abstract or non-member mesh. */
+DT_API dt_status_t dt_mesh_coordinate(dt_mesh_t mesh, int* coords);
+/* This rank's coordinate along one dim (= its rank in that dim's communicator). */
+DT_API dt_status_t dt_mesh_local_rank(dt_mesh_t mesh, int dim, int* rank);
+/* 1 if this rank belongs to the mesh (always 0 for an abstract mesh). */
+DT_API dt_status_t dt_mesh_is_member(dt_mesh_t mesh, int* member);
+DT_API dt_status_t dt_mesh_is_abstract(dt_mesh_t mesh, int* abstract);
+/* Name of a dim ("" when unnamed). The string lives as long as the mesh. */
+DT_API dt_status_t dt_mesh_dim_name(dt_mesh_t mesh, int dim, const char** name);
+/* Index of the dim called `name`. */
+DT_API dt_status_t dt_mesh_dim_index(dt_mesh_t mesh, const char* name, int* dim);
+/* World rank of the process at `coords`. */
+DT_API dt_status_t dt_mesh_rank_at(dt_mesh_t mesh, const int* coords, int* world_rank);
+
+/* Sub-mesh made of the named dims (in the given order, which must follow the mesh's order), for
+ * this rank's coordinates in the other dims. Collective over the world for real meshes. A name may
+ * also be that of a flattened dim created by dt_mesh_flatten. */
+DT_API dt_status_t dt_mesh_slice(dt_mesh_t mesh, int nnames, const char* const* names,
+                                 dt_mesh_t* out);
+/* Flattens mesh dims dims[0] < dims[1] < ... into one dim called `name` (may be NULL): registers
+ * a communicator over them in `mesh` (used by the planner to merge collectives) and returns the
+ * flattened 1-D mesh in *out (out may be NULL when only the registration is wanted). Ranks are
+ * ordered row-major over the flattened dims. Collective over the world for real meshes. */
+DT_API dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const char* name,
+                                   dt_mesh_t* out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_MESH_H */

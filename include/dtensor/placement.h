@@ -1,0 +1,97 @@
+/* dtensor/placement.h - placements (Shard, Replicate, Partial), dtypes and the chunk rule.
+ *
+ * A distributed tensor carries one placement per mesh dimension:
+ *   Shard(d)     tensor dim d is split over the ranks of that mesh dim (torch.chunk layout);
+ *   Replicate    every rank of that mesh dim holds the same values;
+ *   Partial(op)  every rank holds one operand of a pending reduction (sum, avg, max, min).
+ * Text forms: "S(0)", "R", "P(sum)"; on input also "S0", "S(-1)", "P" (= sum), "Shard(0)",
+ * "Replicate", "Partial(max)". Everything here is pure and needs no MPI.
+ */
+#ifndef DTENSOR_PLACEMENT_H
+#define DTENSOR_PLACEMENT_H
+
+#include "dtensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_MAX_DIMS 8      /* maximum tensor rank */
+#define DT_MAX_MESH_DIMS 4 /* maximum device-mesh rank */
+
+typedef enum dt_dtype {
+  DT_F32 = 0,
+  DT_BF16 = 1,
+  DT_F16 = 2,
+  DT_I32 = 3,
+  DT_I64 = 4,
+  DT_DTYPE_COUNT
+} dt_dtype_t;
+
+typedef enum dt_placement_kind {
+  DT_REPLICATE = 0,
+  DT_SHARD = 1,
+  DT_PARTIAL = 2,
+  DT_PLACEMENT_KIND_COUNT
+} dt_placement_kind_t;
+
+typedef enum dt_reduce_op {
+  DT_REDUCE_SUM = 0,
+  DT_REDUCE_AVG = 1,
+  DT_REDUCE_MAX = 2,
+  DT_REDUCE_MIN = 3,
+  DT_REDUCE_COUNT
+} dt_reduce_op_t;
+
+/* A plain value. `dim` is meaningful for DT_SHARD only, `op` for DT_PARTIAL only; keep the
+ * unused field 0 (the constructors below do) so that memcmp-equality holds. */
+typedef struct dt_placement {
+  int32_t kind; /* dt_placement_kind_t */
+  int32_t dim;  /* Shard: tensor dim (negative counts from the end until normalized) */
+  int32_t op;   /* Partial: dt_reduce_op_t */
+} dt_placement_t;
+
+static inline dt_placement_t dt_shard(int dim) {
+  dt_placement_t p = {DT_SHARD, dim, 0};
+  return p;
+}
+static inline dt_placement_t dt_replicate(void) {
+  dt_placement_t p = {DT_REPLICATE, 0, 0};
+  return p;
+}
+static inline dt_placement_t dt_partial(dt_reduce_op_t op) {
+  dt_placement_t p = {DT_PARTIAL, 0, (int32_t)op};
+  return p;
+}
+
+/* 1 if equal (same kind and, where meaningful, same dim / op), else 0. */
+DT_API int dt_placement_equal(dt_placement_t a, dt_placement_t b);
+
+/* Parses one placement ("S(0)", "S0", "S(-1)", "R", "P", "P(avg)", "Shard(1)", "Replicate",
+ * "Partial(max)"); surrounding spaces are ignored. DT_ERR_INVALID_ARG on anything else. */
+DT_API dt_status_t dt_placement_parse(const char* text, dt_placement_t* out);
+/* Parses a comma-separated list ("S0,R" or "S(0),P(sum)") into out[0..*n). At most `cap`. */
+DT_API dt_status_t dt_placements_parse(const char* text, dt_placement_t* out, int cap, int* n);
+/* Writes the canonical text ("S(0)", "R", "P(sum)") into buf (NUL-terminated). */
+DT_API dt_status_t dt_placement_format(dt_placement_t p, char* buf, size_t cap);
+/* Writes placements concatenated ("S(0)R" or, with sep=",", "S(0),R"). */
+DT_API dt_status_t dt_placements_format(const dt_placement_t* p, int n, const char* sep, char* buf,
+                                        size_t cap);
+/* Normalizes a negative shard dim against the tensor rank; checks the dim and the op range. */
+DT_API dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim);
+
+/* torch.chunk rule: a dim of `size` over `nparts` ranks; chunk c = ceil(size/nparts); part `index`
+ * starts at c*index and has max(0, min(size, c*(index+1)) - c*index) elements.
+ * 13 over 4 -> 4,4,4,1; 5 over 4 -> 2,2,1,0. */
+DT_API dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64_t* len);
+
+/* dtypes */
+DT_API dt_status_t dt_dtype_itemsize(dt_dtype_t dtype, size_t* nbytes);
+DT_API const char* dt_dtype_name(dt_dtype_t dtype); /* "f32"...; "invalid" when out of range */
+DT_API dt_status_t dt_dtype_parse(const char* text, dt_dtype_t* out);
+DT_API const char* dt_reduce_op_name(dt_reduce_op_t op); /* "sum"...; "invalid" out of range */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_PLACEMENT_H */

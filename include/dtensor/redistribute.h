@@ -1,0 +1,110 @@
+/* dtensor/redistribute.h - redistribution plans, the cost model and communication counters.
+ *
+ * A plan is the minimum-cost sequence of steps that turns one placement list into another for a
+ * given mesh, global shape and dtype. Each step changes one mesh dim (or, merged, several dims
+ * that the caller flattened) with one collective or a local operation. Plans are found by a
+ * shortest-path search over placement states and cached per mesh by (shape, dtype, from, to).
+ * Planning needs no MPI: it works on abstract meshes.
+ */
+#ifndef DTENSOR_REDISTRIBUTE_H
+#define DTENSOR_REDISTRIBUTE_H
+
+#include "dtensor/mesh.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_collective {
+  DT_COLL_LOCAL = 0, /* no communication: slice (R->S) or partition (R->P) */
+  DT_COLL_ALL_GATHER = 1,
+  DT_COLL_ALL_REDUCE = 2,
+  DT_COLL_REDUCE_SCATTER = 3,
+  DT_COLL_ALL_TO_ALL = 4,
+  DT_COLL_BROADCAST = 5, /* used by dt_tensor_distribute */
+  DT_COLL_SCATTER = 6,   /* used by dt_tensor_distribute */
+  DT_COLL_COUNT
+} dt_collective_t;
+
+/* "local", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "scatter". */
+DT_API const char* dt_collective_name(dt_collective_t c);
+
+typedef struct dt_plan* dt_plan_t;
+
+typedef struct dt_plan_step {
+  dt_collective_t coll;
+  int n_mesh_dims;                       /* 1, or more for a step merged on a flattened dim */
+  int mesh_dims[DT_MAX_MESH_DIMS];       /* ascending */
+  dt_placement_t from[DT_MAX_MESH_DIMS]; /* placement before, per listed mesh dim */
+  dt_placement_t to[DT_MAX_MESH_DIMS];   /* placement after, per listed mesh dim */
+  uint64_t nbytes;                       /* per rank, nccl-tests convention: all-gather output,
+                                            reduce-scatter input, all-reduce buffer, all-to-all
+                                            send buffer, local: bytes written */
+  double cost_us;                        /* cost model estimate */
+} dt_plan_step_t;
+
+/* Plans src -> dst (both mesh-ndim placements). Shard dims may be negative. Errors:
+ * DT_ERR_INVALID_ARG for bad shapes/placements, DT_ERR_UNSUPPORTED for a new Partial from a
+ * Shard, or P(x) -> P(y). The plan is independent of the caller's rank. */
+DT_API dt_status_t dt_plan_create(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                  const dt_placement_t* src, const dt_placement_t* dst,
+                                  dt_plan_t* out);
+/* The same with PyTorch's greedy per-mesh-dim planner (for comparison). DT_ERR_UNSUPPORTED when
+ * the greedy walk finds no valid sequence. */
+DT_API dt_status_t dt_plan_create_greedy(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                         const int64_t* shape, const dt_placement_t* src,
+                                         const dt_placement_t* dst, dt_plan_t* out);
+DT_API dt_status_t dt_plan_destroy(dt_plan_t plan);
+DT_API dt_status_t dt_plan_num_steps(dt_plan_t plan, int* n);
+DT_API dt_status_t dt_plan_get_step(dt_plan_t plan, int i, dt_plan_step_t* step);
+DT_API dt_status_t dt_plan_cost(dt_plan_t plan, double* cost_us);
+/* Number of steps using collective c (DT_COLL_LOCAL counts local steps). */
+DT_API dt_status_t dt_plan_count(dt_plan_t plan, dt_collective_t c, int* count);
+/* "S(0)S(1) -> S(0)R -> RR" */
+DT_API dt_status_t dt_plan_format(dt_plan_t plan, char* buf, size_t cap);
+
+/* ---- cost model -------------------------------------------------------------------------- */
+/* A collective on n ranks moving B bytes (nccl-tests convention) costs
+ *   base_us + hops(n) * hop_us + factor(n) * B / (bw_gbps * 1e3)  microseconds,
+ * hops = n-1 (2(n-1) for all-reduce), factor = (n-1)/n (2(n-1)/n for all-reduce). Local steps cost
+ * B / memory bandwidth. Defaults follow PyTorch's CPU model so that plan orderings agree; the
+ * `dtensor-calibrate` tool measures this machine and writes a JSON file loaded by dt_init. */
+typedef struct dt_cost_params {
+  double base_us;
+  double hop_us;
+  double bw_gbps; /* GB/s, 1e9 bytes per second */
+} dt_cost_params_t;
+
+DT_API dt_status_t dt_cost_model_get(dt_collective_t c, dt_cost_params_t* out);
+/* Changes one collective's parameters (invalidates cached plans). */
+DT_API dt_status_t dt_cost_model_set(dt_collective_t c, const dt_cost_params_t* params);
+DT_API dt_status_t dt_cost_model_reset(void);
+/* Loads / saves {"all_gather":{"base_us":..,"hop_us":..,"bw_gbps":..},...}. */
+DT_API dt_status_t dt_cost_model_load(const char* path);
+DT_API dt_status_t dt_cost_model_save(const char* path);
+/* Estimated cost of one collective on n ranks. */
+DT_API dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us);
+
+/* ---- counters ---------------------------------------------------------------------------- */
+typedef struct dt_counters {
+  uint64_t calls[DT_COLL_COUNT];
+  uint64_t nbytes[DT_COLL_COUNT];
+  /* per mesh dim; steps merged on a flattened dim count under flat_* */
+  uint64_t dim_calls[DT_MAX_MESH_DIMS][DT_COLL_COUNT];
+  uint64_t dim_nbytes[DT_MAX_MESH_DIMS][DT_COLL_COUNT];
+  uint64_t flat_calls[DT_COLL_COUNT];
+  uint64_t flat_nbytes[DT_COLL_COUNT];
+  uint64_t redistributes; /* dt_tensor_redistribute* calls that ran a plan */
+  uint64_t plan_cache_hits;
+  uint64_t plan_cache_misses;
+} dt_counters_t;
+
+/* Reads the counters of one mesh, or summed over all meshes when mesh is NULL. */
+DT_API dt_status_t dt_counters_get(dt_mesh_t mesh, dt_counters_t* out);
+/* Resets the counters of one mesh, or of every mesh when mesh is NULL. */
+DT_API dt_status_t dt_counters_reset(dt_mesh_t mesh);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_REDISTRIBUTE_H */

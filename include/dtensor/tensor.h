@@ -1,0 +1,105 @@
+/* dtensor/tensor.h - distributed tensors: construction, local shards, redistribution.
+ *
+ * A distributed tensor has a dtype, a global shape (up to DT_MAX_DIMS dims), a mesh and one
+ * placement per mesh dim. Each rank holds a dense row-major local shard whose extent follows the
+ * torch.chunk rule per sharded mesh dim, in mesh-dim order when several mesh dims shard one tensor
+ * dim. Empty shards are legal. Ranks outside the mesh hold nothing (local numel 0).
+ *
+ * Collective calls (marked below) must be made by every rank of the mesh in the same order.
+ */
+#ifndef DTENSOR_TENSOR_H
+#define DTENSOR_TENSOR_H
+
+#include <stdio.h>
+
+#include "dtensor/redistribute.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_tensor* dt_tensor_t;
+
+/* Collective. Distributes the full tensor `full` (row-major, read on world rank `src_rank` only;
+ * other ranks may pass NULL) by scatter (Shard) or broadcast (Replicate) along each mesh dim.
+ * A Partial mesh dim receives the value as from Replicate, then partitioned (see redistribute). */
+DT_API dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                        const int64_t* shape, const dt_placement_t* placements,
+                                        const void* full, int src_rank, dt_tensor_t* out);
+/* Local. Every rank holds the same `full`; each copies its own shard. No communication. */
+DT_API dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                       const int64_t* shape, const dt_placement_t* placements,
+                                       const void* full, dt_tensor_t* out);
+/* Local. Wraps the caller's shard `local` (borrowed: it must outlive the tensor) of extent
+ * local_shape. global_shape NULL infers it as local size times the mesh size on each sharded dim
+ * (exact only for even shards). Fails with DT_ERR_INVALID_ARG when local_shape is not the chunk
+ * this rank must hold for global_shape and placements. */
+DT_API dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                        const int64_t* global_shape,
+                                        const dt_placement_t* placements, void* local,
+                                        const int64_t* local_shape, dt_tensor_t* out);
+/* Local factories; the tensor owns its storage. Partial placements hold a partition of the
+ * value (see dt_tensor_redistribute, R -> P). */
+DT_API dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                   const dt_placement_t* placements, dt_tensor_t* out);
+DT_API dt_status_t dt_tensor_zeros(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                   const dt_placement_t* placements, dt_tensor_t* out);
+DT_API dt_status_t dt_tensor_ones(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                  const dt_placement_t* placements, dt_tensor_t* out);
+DT_API dt_status_t dt_tensor_full_value(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                        const int64_t* shape, const dt_placement_t* placements,
+                                        double value, dt_tensor_t* out);
+/* Element at flat global index i is start + i*step. */
+DT_API dt_status_t dt_tensor_arange(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                    const int64_t* shape, const dt_placement_t* placements,
+                                    double start, double step, dt_tensor_t* out);
+/* Uniform [0,1) and standard normal. The value at flat global index i depends on (seed, i) only,
+ * so one seed gives the same global tensor under every mesh and placement. Float dtypes only. */
+DT_API dt_status_t dt_tensor_rand(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                  const dt_placement_t* placements, uint64_t seed,
+                                  dt_tensor_t* out);
+DT_API dt_status_t dt_tensor_randn(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                   const int64_t* shape, const dt_placement_t* placements,
+                                   uint64_t seed, dt_tensor_t* out);
+/* NULL is a no-op. Frees owned storage; borrowed storage is left to the caller. */
+DT_API dt_status_t dt_tensor_destroy(dt_tensor_t t);
+
+/* Accessors. */
+DT_API dt_status_t dt_tensor_dtype(dt_tensor_t t, dt_dtype_t* dtype);
+DT_API dt_status_t dt_tensor_ndim(dt_tensor_t t, int* ndim);
+DT_API dt_status_t dt_tensor_shape(dt_tensor_t t, int64_t* shape);           /* ndim values */
+DT_API dt_status_t dt_tensor_placements(dt_tensor_t t, dt_placement_t* out); /* mesh ndim */
+DT_API dt_status_t dt_tensor_mesh(dt_tensor_t t, dt_mesh_t* mesh);           /* borrowed */
+DT_API dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape);
+/* Global index of the local shard's first element along each dim. */
+DT_API dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset);
+DT_API dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel);
+/* The local shard: pointer (may be NULL when empty) and, if local_shape != NULL, its extent. */
+DT_API dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape);
+
+/* Collective. Writes the full global tensor into `out` (out_nbytes at least numel*itemsize) on
+ * every rank of the mesh. */
+DT_API dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes);
+/* Collective. New tensor with placements `dst` (mesh ndim), same mesh, shape and dtype.
+ * S->R all-gather, P->R all-reduce, P->S reduce-scatter, S(i)->S(j) all-to-all, R->S local slice,
+ * R->P local (sum: floats are divided by the mesh-dim size; integers stay on coordinate 0 and are
+ * zero elsewhere, so the sum is exact; avg/max/min keep the value). A new Partial from a Shard and
+ * P(x)->P(y) are DT_ERR_UNSUPPORTED. Set DTENSOR_DEBUG=redistribute to print each plan. */
+DT_API dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst,
+                                          dt_tensor_t* out);
+/* Collective. Like dt_tensor_redistribute into an existing tensor `dst` of the same mesh, shape
+ * and dtype, whose placements are the target. Allocation-free on the steady path (plans are
+ * cached, scratch buffers are persistent). `dst` must not share storage with `src`. */
+DT_API dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst);
+
+/* Local. Prints which ranks hold which global index ranges (and which hold partial values).
+ * Works on abstract meshes too (then every coordinate is listed by coordinate). */
+DT_API dt_status_t dt_tensor_visualize(dt_tensor_t t, FILE* f);
+/* The same from a description, without a tensor (no MPI needed). */
+DT_API dt_status_t dt_sharding_visualize(dt_mesh_t mesh, int ndim, const int64_t* shape,
+                                         const dt_placement_t* placements, FILE* f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_TENSOR_H */

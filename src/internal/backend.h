@@ -1,0 +1,68 @@
+/* backend.h - communication and memory backend vtables.
+ *
+ * The executor moves data only through these interfaces, so a CUDA/NCCL backend can sit beside the
+ * CPU/MPI one: NCCL for dt_comm_i on a dedicated stream, cudaMalloc/cudaMemcpy for dt_mem_i.
+ * Counts are element counts (numel) of `dtype`, never byte counts. Conventions follow NCCL:
+ * all-gather takes the per-rank send count, reduce-scatter the per-rank receive count. The v-forms
+ * take per-rank counts and displacements in elements.
+ */
+#ifndef DT_INTERNAL_BACKEND_H
+#define DT_INTERNAL_BACKEND_H
+
+#include "dtensor/placement.h"
+
+struct dt_comm;
+
+struct dt_comm_i {
+  /* recv[displs[r] .. +counts[r]) <- rank r's send (counts[me] elements). In-place: not allowed. */
+  dt_status_t (*all_gather_v)(struct dt_comm* c, const void* send, void* recv, const int* counts,
+                              const int* displs, dt_dtype_t dtype);
+  /* recv <- op over ranks of send (numel elements); send == recv is in-place. */
+  dt_status_t (*all_reduce)(struct dt_comm* c, const void* send, void* recv, int numel,
+                            dt_dtype_t dtype, dt_reduce_op_t op);
+  /* recv (counts[me] elements) <- op over ranks of send block `me`; send holds the blocks of all
+   * ranks back to back in rank order. avg is not accepted here (the caller divides). */
+  dt_status_t (*reduce_scatter_v)(struct dt_comm* c, const void* send, void* recv,
+                                  const int* counts, dt_dtype_t dtype, dt_reduce_op_t op);
+  /* Personalized exchange with per-peer counts/displacements on both sides. */
+  dt_status_t (*all_to_all_v)(struct dt_comm* c, const void* send, const int* scounts,
+                              const int* sdispls, void* recv, const int* rcounts,
+                              const int* rdispls, dt_dtype_t dtype);
+  /* buf (numel elements) from rank root to all. */
+  dt_status_t (*broadcast)(struct dt_comm* c, void* buf, int numel, dt_dtype_t dtype, int root);
+  /* recv (counts[me]) <- root's send[displs[me] ..]. */
+  dt_status_t (*scatter_v)(struct dt_comm* c, const void* send, const int* counts,
+                           const int* displs, void* recv, dt_dtype_t dtype, int root);
+  dt_status_t (*barrier)(struct dt_comm* c);
+  /* Releases the communicator (context). */
+  void (*destroy)(struct dt_comm* c);
+};
+
+typedef struct dt_comm {
+  const struct dt_comm_i* iface;
+  void* context; /* backend handle (MPI: a heap-held MPI_Comm) */
+  int api_version;
+  int size;
+  int rank;
+} dt_comm_t;
+
+struct dt_mem_i {
+  void* (*alloc)(size_t nbytes);
+  void (*free)(void* p);
+  void (*copy)(void* dst, const void* src, size_t nbytes); /* same memory space */
+  void (*zero)(void* dst, size_t nbytes);
+};
+
+extern const struct dt_mem_i dt__host_mem;
+
+/* MPI backend (src/comm/comm_mpi.c). Creates comms by splitting `parent` (an MPI_Comm passed as
+ * a pointer); color < 0 means this rank gets no communicator (*out stays zeroed, size 0). */
+dt_status_t dt__comm_mpi_split(const void* parent_mpi_comm, int color, int key, dt_comm_t* out);
+dt_status_t dt__comm_mpi_world(dt_comm_t* out);
+dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized);
+dt_status_t dt__comm_mpi_finalize(int we_initialized);
+/* The backend's MPI_Comm of a comm (as const void*), for splitting. */
+const void* dt__comm_mpi_handle(const dt_comm_t* c);
+void dt__comm_release(dt_comm_t* c);
+
+#endif

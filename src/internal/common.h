@@ -1,0 +1,39 @@
+/* common.h - small internal helpers shared by every layer: allocation, logging, dtype support. */
+#ifndef DT_INTERNAL_COMMON_H
+#define DT_INTERNAL_COMMON_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtensor/placement.h"
+#include "internal/check.h"
+
+/* Allocation goes through these so that it can be replaced and audited. */
+void* dt__malloc(size_t n);
+void* dt__calloc(size_t count, size_t size);
+void* dt__realloc(void* p, size_t n);
+void dt__free(void* p);
+
+/* Debug subsystems selected by DTENSOR_DEBUG (comma-separated names, or "all"). */
+enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_PLAN = 1u << 1, DT_DBG_MESH = 1u << 2 };
+unsigned dt__debug_mask(void);
+void dt__log(const char* subsys, const char* fmt, ...) DT__PRINTF(2, 3);
+
+/* dtype helpers (dtype must already be validated). */
+size_t dt__itemsize(dt_dtype_t dtype);
+int dt__dtype_valid(int dtype);
+int dt__dtype_is_float(dt_dtype_t dtype);
+float dt__bf16_to_f32(uint16_t h);
+uint16_t dt__f32_to_bf16(float f);
+float dt__f16_to_f32(uint16_t h);
+uint16_t dt__f32_to_f16(float f);
+/* Stores double v into element i of a buffer of dtype (rounding for bf16/f16, truncation
+ * toward zero for integers). */
+void dt__store(void* buf, dt_dtype_t dtype, int64_t i, double v);
+double dt__load(const void* buf, dt_dtype_t dtype, int64_t i);
+
+/* Overflow-checked products. Return 0 on overflow. */
+int dt__mul_i64(int64_t a, int64_t b, int64_t* out);
+
+#endif

@@ -1,0 +1,467 @@
+/* mesh.c - device meshes: shape, names, coordinates, per-dim and flattened communicators. */
+#include <stdio.h>
+
+#include "internal/core.h"
+
+dt_status_t dt__mesh_check(dt_mesh_t m) {
+  if (m == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "mesh is NULL");
+  if (m->magic != DT_MESH_MAGIC || m->refcount <= 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh handle is not a live mesh (destroyed or garbage)");
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__mesh_dim(dt_mesh_t m, int dim, int* out) {
+  int d = dim < 0 ? dim + m->ndim : dim;
+  if (d < 0 || d >= m->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh dim %d out of range for a %d-dim mesh", dim, m->ndim);
+  *out = d;
+  return DT_SUCCESS;
+}
+
+/* Validates shape and names and allocates a mesh with no communicators. */
+static dt_status_t dt__mesh_alloc(int ndim, const int* shape, const char* const* names,
+                                  dt_mesh_t* out) {
+  *out = NULL;
+  if (ndim < 1 || ndim > DT_MAX_MESH_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh ndim %d out of range [1, %d]", ndim,
+                   DT_MAX_MESH_DIMS);
+  if (shape == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "shape is NULL");
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 1)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "mesh shape[%d] = %d must be at least 1", i, shape[i]);
+    numel *= shape[i];
+    if (numel > (1 << 24))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "mesh has more than 2^24 positions");
+  }
+  if (names != NULL) {
+    for (int i = 0; i < ndim; i++) {
+      if (names[i] == NULL || names[i][0] == '\0')
+        return DT_FAIL(DT_ERR_INVALID_ARG, "names[%d] is NULL or empty", i);
+      if (strlen(names[i]) >= DT_NAME_MAX)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "names[%d] '%s' longer than %d characters", i, names[i],
+                       DT_NAME_MAX - 1);
+      for (int j = 0; j < i; j++)
+        if (strcmp(names[i], names[j]) == 0)
+          return DT_FAIL(DT_ERR_INVALID_ARG, "dim name '%s' used twice", names[i]);
+    }
+  }
+  dt_mesh_t m = (dt_mesh_t)dt__calloc(1, sizeof *m);
+  if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a mesh");
+  m->magic = DT_MESH_MAGIC;
+  m->refcount = 1;
+  m->ndim = ndim;
+  m->numel = (int)numel;
+  for (int i = 0; i < ndim; i++) {
+    m->shape[i] = shape[i];
+    if (names != NULL) snprintf(m->names[i], DT_NAME_MAX, "%s", names[i]);
+  }
+  *out = m;
+  return DT_SUCCESS;
+}
+
+static void dt__mesh_link(dt_mesh_t m) {
+  m->next = dt__ctx.meshes;
+  if (m->next) m->next->prev = m;
+  dt__ctx.meshes = m;
+}
+
+static void dt__mesh_free(dt_mesh_t m) {
+  if (m == NULL) return;
+  if (m->prev) m->prev->next = m->next;
+  else if (dt__ctx.meshes == m) dt__ctx.meshes = m->next;
+  if (m->next) m->next->prev = m->prev;
+  for (int i = 0; i < m->ndim; i++) dt__comm_release(&m->dim_comm[i]);
+  dt__comm_release(&m->all_comm);
+  for (int f = 0; f < m->nflat; f++) dt__comm_release(&m->flat[f].comm);
+  dt__plan_cache_destroy(m->cache);
+  dt__free(m->ranks);
+  m->magic = 0;
+  dt__free(m);
+}
+
+void dt__mesh_retain(dt_mesh_t m) { m->refcount++; }
+void dt__mesh_release(dt_mesh_t m) {
+  if (m != NULL && --m->refcount == 0) dt__mesh_free(m);
+}
+
+static int dt__linear(int ndim, const int* shape, const int* coords) {
+  int v = 0;
+  for (int i = 0; i < ndim; i++) v = v * shape[i] + coords[i];
+  return v;
+}
+
+static void dt__unlinear(int ndim, const int* shape, int v, int* coords) {
+  for (int i = ndim - 1; i >= 0; i--) {
+    coords[i] = v % shape[i];
+    v /= shape[i];
+  }
+}
+
+/* Splits the world into this mesh's communicators. Collective over the world: every world rank
+ * calls it with the same mesh shape; `group` tells apart disjoint copies of the mesh (sub-meshes),
+ * -1 for ranks outside any copy. */
+static dt_status_t dt__mesh_build_comms(dt_mesh_t m, int group) {
+  int in = m->member && group >= 0;
+  for (int i = 0; i < m->ndim; i++) {
+    int c[DT_MAX_MESH_DIMS];
+    memcpy(c, m->coords, sizeof c);
+    c[i] = 0;
+    int color = in ? group * m->numel + dt__linear(m->ndim, m->shape, c) : -1;
+    DT_CHECK(dt__comm_mpi_split(NULL, color, in ? m->coords[i] : 0, &m->dim_comm[i]));
+  }
+  int key = in ? dt__linear(m->ndim, m->shape, m->coords) : 0;
+  DT_CHECK(dt__comm_mpi_split(NULL, in ? group : -1, key, &m->all_comm));
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_create(int ndim, const int* shape, const char* const* names, const int* ranks,
+                           dt_mesh_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__require_init("dt_mesh_create"));
+  dt_mesh_t m = NULL;
+  DT_CHECK(dt__mesh_alloc(ndim, shape, names, &m));
+  dt_status_t st = DT_SUCCESS;
+  int world = dt__ctx.world_size, me = dt__ctx.world_rank, pos = -1;
+  if (ranks == NULL && m->numel != world) {
+    st = DT_FAIL(DT_ERR_INVALID_ARG,
+                 "mesh has %d positions but the world has %d ranks (pass explicit ranks for a "
+                 "mesh over part of the world)",
+                 m->numel, world);
+    goto fail;
+  }
+  m->ranks = (int*)dt__malloc(sizeof(int) * (size_t)m->numel);
+  if (m->ranks == NULL) {
+    st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the rank table");
+    goto fail;
+  }
+  for (int p = 0; p < m->numel; p++) {
+    int r = ranks ? ranks[p] : p;
+    if (r < 0 || r >= world) {
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "ranks[%d] = %d out of range [0, %d)", p, r, world);
+      goto fail;
+    }
+    m->ranks[p] = r;
+    if (r == me) {
+      if (pos >= 0) {
+        st = DT_FAIL(DT_ERR_INVALID_ARG, "world rank %d appears twice in ranks", r);
+        goto fail;
+      }
+      pos = p;
+    }
+  }
+  /* Duplicates among other ranks: check the whole list (same answer on every rank). */
+  for (int p = 0; ranks && p < m->numel; p++)
+    for (int q = 0; q < p; q++)
+      if (ranks[p] == ranks[q]) {
+        st = DT_FAIL(DT_ERR_INVALID_ARG, "world rank %d appears twice in ranks", ranks[p]);
+        goto fail;
+      }
+  m->member = pos >= 0;
+  if (m->member) dt__unlinear(ndim, m->shape, pos, m->coords);
+  DT_CHECK_GOTO(dt__mesh_build_comms(m, 0), st, fail);
+  dt__mesh_link(m);
+  if ((dt__debug_mask() & DT_DBG_MESH) && me == 0)
+    dt__log("mesh", "created %d-dim mesh of %d ranks", ndim, m->numel);
+  *out = m;
+  return DT_SUCCESS;
+fail:
+  dt__mesh_free(m);
+  return st;
+}
+
+dt_status_t dt_mesh_create_abstract(int ndim, const int* shape, const char* const* names,
+                                    dt_mesh_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  dt_mesh_t m = NULL;
+  DT_CHECK(dt__mesh_alloc(ndim, shape, names, &m));
+  m->abstract = 1;
+  dt__mesh_link(m);
+  *out = m;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_destroy(dt_mesh_t mesh) {
+  if (mesh == NULL) return DT_SUCCESS;
+  DT_CHECK(dt__mesh_check(mesh));
+  dt__mesh_release(mesh);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_ndim(dt_mesh_t mesh, int* ndim) {
+  DT_ARG_NOT_NULL(ndim);
+  *ndim = 0;
+  DT_CHECK(dt__mesh_check(mesh));
+  *ndim = mesh->ndim;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_size(dt_mesh_t mesh, int dim, int* size) {
+  DT_ARG_NOT_NULL(size);
+  *size = 0;
+  DT_CHECK(dt__mesh_check(mesh));
+  int d = 0;
+  DT_CHECK(dt__mesh_dim(mesh, dim, &d));
+  *size = mesh->shape[d];
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_shape(dt_mesh_t mesh, int* shape) {
+  DT_ARG_NOT_NULL(shape);
+  DT_CHECK(dt__mesh_check(mesh));
+  memcpy(shape, mesh->shape, sizeof(int) * (size_t)mesh->ndim);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_numel(dt_mesh_t mesh, int* numel) {
+  DT_ARG_NOT_NULL(numel);
+  *numel = 0;
+  DT_CHECK(dt__mesh_check(mesh));
+  *numel = mesh->numel;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__mesh_need_member(dt_mesh_t m, const char* what) {
+  if (m->abstract)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "%s: an abstract mesh has no rank coordinates", what);
+  if (!m->member)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "%s: this rank is not a member of the mesh", what);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_coordinate(dt_mesh_t mesh, int* coords) {
+  DT_ARG_NOT_NULL(coords);
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_CHECK(dt__mesh_need_member(mesh, "dt_mesh_coordinate"));
+  memcpy(coords, mesh->coords, sizeof(int) * (size_t)mesh->ndim);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_local_rank(dt_mesh_t mesh, int dim, int* rank) {
+  DT_ARG_NOT_NULL(rank);
+  *rank = -1;
+  DT_CHECK(dt__mesh_check(mesh));
+  int d = 0;
+  DT_CHECK(dt__mesh_dim(mesh, dim, &d));
+  DT_CHECK(dt__mesh_need_member(mesh, "dt_mesh_local_rank"));
+  *rank = mesh->coords[d];
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_is_member(dt_mesh_t mesh, int* member) {
+  DT_ARG_NOT_NULL(member);
+  *member = 0;
+  DT_CHECK(dt__mesh_check(mesh));
+  *member = mesh->member;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_is_abstract(dt_mesh_t mesh, int* abstract) {
+  DT_ARG_NOT_NULL(abstract);
+  *abstract = 0;
+  DT_CHECK(dt__mesh_check(mesh));
+  *abstract = mesh->abstract;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_dim_name(dt_mesh_t mesh, int dim, const char** name) {
+  DT_ARG_NOT_NULL(name);
+  *name = NULL;
+  DT_CHECK(dt__mesh_check(mesh));
+  int d = 0;
+  DT_CHECK(dt__mesh_dim(mesh, dim, &d));
+  *name = mesh->names[d];
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_dim_index(dt_mesh_t mesh, const char* name, int* dim) {
+  DT_ARG_NOT_NULL(dim);
+  *dim = -1;
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_ARG_NOT_NULL(name);
+  for (int i = 0; i < mesh->ndim; i++)
+    if (mesh->names[i][0] && strcmp(mesh->names[i], name) == 0) {
+      *dim = i;
+      return DT_SUCCESS;
+    }
+  return DT_FAIL(DT_ERR_INVALID_ARG, "mesh has no dim named '%s'", name);
+}
+
+dt_status_t dt_mesh_rank_at(dt_mesh_t mesh, const int* coords, int* world_rank) {
+  DT_ARG_NOT_NULL(world_rank);
+  *world_rank = -1;
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_ARG_NOT_NULL(coords);
+  if (mesh->abstract)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "an abstract mesh has no world ranks");
+  for (int i = 0; i < mesh->ndim; i++)
+    if (coords[i] < 0 || coords[i] >= mesh->shape[i])
+      return DT_FAIL(DT_ERR_INVALID_ARG, "coords[%d] = %d out of range [0, %d)", i, coords[i],
+                     mesh->shape[i]);
+  *world_rank = mesh->ranks[dt__linear(mesh->ndim, mesh->shape, coords)];
+  return DT_SUCCESS;
+}
+
+/* Builds the mesh made of the dims in `mask` (ascending) for this rank's other coordinates;
+ * flat != 0 makes it one flattened dim. */
+static dt_status_t dt__mesh_sub(dt_mesh_t p, unsigned mask, int flat, const char* flat_name,
+                                dt_mesh_t* out) {
+  int nd = 0, shape[DT_MAX_MESH_DIMS], prod = 1;
+  const char* names[DT_MAX_MESH_DIMS];
+  int named = 1;
+  for (int i = 0; i < p->ndim; i++)
+    if (mask & (1u << i)) {
+      shape[nd] = p->shape[i];
+      names[nd] = p->names[i];
+      named &= p->names[i][0] != '\0';
+      prod *= p->shape[i];
+      nd++;
+    }
+  const char* fname[1] = {flat_name};
+  dt_mesh_t m = NULL;
+  if (flat)
+    DT_CHECK(dt__mesh_alloc(1, &prod, (flat_name && flat_name[0]) ? fname : NULL, &m));
+  else
+    DT_CHECK(dt__mesh_alloc(nd, shape, named ? names : NULL, &m));
+  dt_status_t st = DT_SUCCESS;
+  m->abstract = p->abstract;
+  if (!p->abstract) {
+    m->member = p->member;
+    /* group = linear index over the dims not kept; coords = kept coords. */
+    int group = 0, k = 0, sub[DT_MAX_MESH_DIMS];
+    for (int i = 0; i < p->ndim; i++) {
+      if (mask & (1u << i)) sub[k++] = p->coords[i];
+      else group = group * p->shape[i] + p->coords[i];
+    }
+    if (flat) m->coords[0] = dt__linear(nd, shape, sub);
+    else memcpy(m->coords, sub, sizeof sub);
+    m->ranks = (int*)dt__malloc(sizeof(int) * (size_t)m->numel);
+    if (m->ranks == NULL) {
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the rank table");
+      goto fail;
+    }
+    for (int q = 0; q < m->numel; q++) {
+      int c[DT_MAX_MESH_DIMS], pc[DT_MAX_MESH_DIMS];
+      dt__unlinear(nd, shape, q, c);
+      for (int i = 0, j = 0; i < p->ndim; i++)
+        pc[i] = (mask & (1u << i)) ? c[j++] : p->coords[i];
+      m->ranks[q] = p->member ? p->ranks[dt__linear(p->ndim, p->shape, pc)] : -1;
+    }
+    DT_CHECK_GOTO(dt__mesh_build_comms(m, p->member ? group : -1), st, fail);
+  }
+  dt__mesh_link(m);
+  *out = m;
+  return DT_SUCCESS;
+fail:
+  dt__mesh_free(m);
+  return st;
+}
+
+dt_status_t dt_mesh_slice(dt_mesh_t mesh, int nnames, const char* const* names, dt_mesh_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_ARG_NOT_NULL(names);
+  if (nnames < 1 || nnames > mesh->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "nnames %d out of range [1, %d]", nnames, mesh->ndim);
+  if (nnames == 1 && names[0] != NULL)
+    for (int f = 0; f < mesh->nflat; f++)
+      if (strcmp(mesh->flat[f].name, names[0]) == 0)
+        return dt__mesh_sub(mesh, mesh->flat[f].mask, 1, mesh->flat[f].name, out);
+  unsigned mask = 0;
+  int last = -1;
+  for (int k = 0; k < nnames; k++) {
+    if (names[k] == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "names[%d] is NULL", k);
+    int d = -1;
+    for (int i = 0; i < mesh->ndim; i++)
+      if (mesh->names[i][0] && strcmp(mesh->names[i], names[k]) == 0) d = i;
+    if (d < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "mesh has no dim named '%s'", names[k]);
+    if (d <= last)
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "dim '%s' repeated or out of mesh order (slice dims in mesh order)",
+                     names[k]);
+    last = d;
+    mask |= 1u << d;
+  }
+  return dt__mesh_sub(mesh, mask, 0, NULL, out);
+}
+
+dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const char* name,
+                            dt_mesh_t* out) {
+  if (out) *out = NULL;
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_ARG_NOT_NULL(dims);
+  if (ndims < 1 || ndims > mesh->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "ndims %d out of range [1, %d]", ndims, mesh->ndim);
+  unsigned mask = 0;
+  for (int k = 0; k < ndims; k++) {
+    if (dims[k] < 0 || dims[k] >= mesh->ndim)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "dims[%d] = %d out of range [0, %d)", k, dims[k],
+                     mesh->ndim);
+    if (k > 0 && dims[k] <= dims[k - 1])
+      return DT_FAIL(DT_ERR_INVALID_ARG, "dims must be strictly ascending (dims[%d] = %d)", k,
+                     dims[k]);
+    mask |= 1u << dims[k];
+  }
+  if (name != NULL && strlen(name) >= DT_NAME_MAX)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "name '%s' longer than %d characters", name,
+                   DT_NAME_MAX - 1);
+  char defname[DT_NAME_MAX];
+  if (name == NULL || name[0] == '\0') {
+    int w = 0;
+    for (int k = 0; k < ndims; k++)
+      w += snprintf(defname + w, sizeof defname - (size_t)w, "%s%d", k ? "_" : "d", dims[k]);
+    name = defname;
+  }
+  dt_flat_group_t* g = NULL;
+  for (int f = 0; f < mesh->nflat; f++)
+    if (mesh->flat[f].mask == mask) g = &mesh->flat[f];
+  if (g == NULL && ndims > 1) {
+    for (int f = 0; f < mesh->nflat; f++)
+      if (strcmp(mesh->flat[f].name, name) == 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "a flattened dim is already called '%s'", name);
+    for (int i = 0; i < mesh->ndim; i++)
+      if (strcmp(mesh->names[i], name) == 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "'%s' is already a mesh dim name", name);
+    if (mesh->nflat == DT_MAX_FLAT)
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "at most %d flattened dims per mesh", DT_MAX_FLAT);
+    dt_flat_group_t ng;
+    memset(&ng, 0, sizeof ng);
+    ng.mask = mask;
+    snprintf(ng.name, DT_NAME_MAX, "%s", name);
+    if (!mesh->abstract) {
+      int color = -1, key = 0;
+      if (mesh->member) {
+        color = 0;
+        for (int i = 0; i < mesh->ndim; i++) {
+          if (mask & (1u << i)) key = key * mesh->shape[i] + mesh->coords[i];
+          else color = color * mesh->shape[i] + mesh->coords[i];
+        }
+      }
+      DT_CHECK(dt__comm_mpi_split(NULL, color, key,
+                                  &ng.comm));
+    }
+    mesh->flat[mesh->nflat++] = ng;
+    g = &mesh->flat[mesh->nflat - 1];
+    dt__plan_cache_clear(mesh->cache); /* merged plans may now be cheaper */
+  }
+  if (out == NULL) return DT_SUCCESS;
+  return dt__mesh_sub(mesh, mask, 1, g ? g->name : name, out);
+}
+
+dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask) {
+  for (int i = 0; i < m->ndim; i++)
+    if (mask == (1u << i)) return m->dim_comm[i].iface ? &m->dim_comm[i] : NULL;
+  for (int f = 0; f < m->nflat; f++)
+    if (m->flat[f].mask == mask) return m->flat[f].comm.iface ? &m->flat[f].comm : NULL;
+  if (mask == (1u << m->ndim) - 1u) return m->all_comm.iface ? &m->all_comm : NULL;
+  return NULL;
+}
+
+int dt__mesh_has_flat(dt_mesh_t m, unsigned mask) {
+  for (int f = 0; f < m->nflat; f++)
+    if (m->flat[f].mask == mask) return 1;
+  return 0;
+}

@@ -1,0 +1,120 @@
+/* layout.c - boxes: which global index ranges a mesh coordinate holds, and box copies.
+ *
+ * A layout (global shape, mesh shape, placements) gives every mesh coordinate a box, one
+ * (offset, len) per tensor dim, by applying the chunk rule for each sharded mesh dim in mesh-dim
+ * order. The executor expresses every pack and unpack as a copy between boxes. Pure.
+ */
+#include "internal/core.h"
+
+dt_status_t dt__layout_init(dt_layout_t* l, int mesh_ndim, const int* mesh_shape, int ndim,
+                            const int64_t* shape, const dt_placement_t* pl) {
+  memset(l, 0, sizeof *l);
+  if (ndim < 0 || ndim > DT_MAX_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor ndim %d out of range [0, %d]", ndim, DT_MAX_DIMS);
+  if (ndim > 0 && shape == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "shape is NULL");
+  if (pl == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "placements is NULL");
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "shape[%d] = %lld is negative", d, (long long)shape[d]);
+    if (!dt__mul_i64(numel, shape[d], &numel) || numel > ((int64_t)1 << 48))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "tensor too large (more than 2^48 elements)");
+    l->shape[d] = shape[d];
+  }
+  l->ndim = ndim;
+  l->mesh_ndim = mesh_ndim;
+  for (int i = 0; i < mesh_ndim; i++) {
+    l->mesh_shape[i] = mesh_shape[i];
+    l->pl[i] = pl[i];
+    dt_status_t st = dt_placement_normalize(&l->pl[i], ndim);
+    if (st != DT_SUCCESS) return DT_FAIL(st, "placement for mesh dim %d: %s", i, dt_last_error());
+  }
+  return DT_SUCCESS;
+}
+
+void dt__layout_box(const dt_layout_t* l, const int* coords, int64_t* off, int64_t* len) {
+  for (int d = 0; d < l->ndim; d++) {
+    off[d] = 0;
+    len[d] = l->shape[d];
+  }
+  for (int i = 0; i < l->mesh_ndim; i++) {
+    if (l->pl[i].kind != DT_SHARD) continue;
+    int d = l->pl[i].dim, n = l->mesh_shape[i];
+    int64_t c = (len[d] + n - 1) / n, s = c * coords[i], e = s + c;
+    if (e > len[d]) e = len[d];
+    if (s > len[d]) s = len[d];
+    off[d] += s;
+    len[d] = e - s;
+  }
+}
+
+int64_t dt__box_numel(int ndim, const int64_t* len) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= len[d];
+  return n;
+}
+
+int dt__box_contiguous(int ndim, const int64_t* shape, const int64_t* off, const int64_t* ext,
+                       int64_t* start) {
+  int64_t s = 0;
+  for (int d = 0; d < ndim; d++) s = s * shape[d] + off[d];
+  *start = s;
+  if (dt__box_numel(ndim, ext) == 0) return 1;
+  /* Contiguous iff, past the first dim whose extent is below the array's, every dim is full, and
+   * every dim before it has extent 1. */
+  int d = 0;
+  while (d < ndim && ext[d] == 1) d++;
+  if (d < ndim) d++;
+  for (; d < ndim; d++)
+    if (ext[d] != shape[d]) return 0;
+  return 1;
+}
+
+void dt__box_copy(int ndim, size_t item, const int64_t* ext, void* dst, const int64_t* dst_shape,
+                  const int64_t* dst_off, const void* src, const int64_t* src_shape,
+                  const int64_t* src_off) {
+  if (dt__box_numel(ndim, ext) == 0) return;
+  /* Fold trailing dims that are whole in both arrays into one contiguous run. */
+  int k = ndim;
+  size_t run = item;
+  while (k > 0 && ext[k - 1] == dst_shape[k - 1] && ext[k - 1] == src_shape[k - 1]) {
+    run *= (size_t)ext[k - 1];
+    k--;
+  }
+  /* dims [0, k) are iterated; dim k-1 is partial (or k == 0: one run). */
+  if (k > 0) {
+    run *= (size_t)ext[k - 1];
+    k--;
+  }
+  int64_t dstride[DT_MAX_DIMS], sstride[DT_MAX_DIMS];
+  int64_t ds = (int64_t)item, ss = (int64_t)item;
+  for (int d = ndim - 1; d >= 0; d--) {
+    dstride[d] = ds;
+    sstride[d] = ss;
+    ds *= dst_shape[d];
+    ss *= src_shape[d];
+  }
+  char* dbase = (char*)dst;
+  const char* sbase = (const char*)src;
+  for (int d = 0; d < ndim; d++) {
+    dbase += dst_off[d] * dstride[d];
+    sbase += src_off[d] * sstride[d];
+  }
+  if (k == 0) {
+    memcpy(dbase, sbase, run);
+    return;
+  }
+  int64_t idx[DT_MAX_DIMS] = {0};
+  for (;;) {
+    const char* sp = sbase;
+    char* dp = dbase;
+    for (int d = 0; d < k; d++) {
+      sp += idx[d] * sstride[d];
+      dp += idx[d] * dstride[d];
+    }
+    memcpy(dp, sp, run);
+    int d = k - 1;
+    while (d >= 0 && ++idx[d] == ext[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+}

@@ -1,0 +1,210 @@
+/* placement.c - placement parsing, printing, normalization and the torch.chunk rule. Pure. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+
+#include "internal/common.h"
+
+int dt_placement_equal(dt_placement_t a, dt_placement_t b) {
+  if (a.kind != b.kind) return 0;
+  if (a.kind == DT_SHARD) return a.dim == b.dim;
+  if (a.kind == DT_PARTIAL) return a.op == b.op;
+  return 1;
+}
+
+/* Parses an optional sign and decimal digits from s[*i]; at most 4 digits (dims are < 8). */
+static int dt__parse_int(const char* s, size_t* i, int* out) {
+  size_t j = *i;
+  int neg = 0, v = 0, nd = 0;
+  if (s[j] == '-') {
+    neg = 1;
+    j++;
+  } else if (s[j] == '+') {
+    j++;
+  }
+  while (isdigit((unsigned char)s[j])) {
+    if (++nd > 4) return 0;
+    v = v * 10 + (s[j] - '0');
+    j++;
+  }
+  if (nd == 0) return 0;
+  *out = neg ? -v : v;
+  *i = j;
+  return 1;
+}
+
+static int dt__parse_op(const char* s, size_t len, int* op) {
+  static const char* const names[DT_REDUCE_COUNT] = {"sum", "avg", "max", "min"};
+  for (int k = 0; k < DT_REDUCE_COUNT; k++)
+    if (strlen(names[k]) == len && strncmp(s, names[k], len) == 0) {
+      *op = k;
+      return 1;
+    }
+  return 0;
+}
+
+dt_status_t dt_placement_parse(const char* text, dt_placement_t* out) {
+  DT_ARG_NOT_NULL(text);
+  DT_ARG_NOT_NULL(out);
+  memset(out, 0, sizeof *out);
+  /* Trim spaces into a small local copy. */
+  char s[64];
+  size_t b = 0, e = strlen(text);
+  while (b < e && isspace((unsigned char)text[b])) b++;
+  while (e > b && isspace((unsigned char)text[e - 1])) e--;
+  if (e - b == 0 || e - b >= sizeof s)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (expected S(d), Sd, R, P or P(op))",
+                   text);
+  memcpy(s, text + b, e - b);
+  s[e - b] = '\0';
+  size_t n = e - b, i;
+  dt_placement_t p = {0, 0, 0};
+  if (strcmp(s, "R") == 0 || strcmp(s, "Replicate") == 0 || strcmp(s, "Replicate()") == 0) {
+    p.kind = DT_REPLICATE;
+  } else if (strcmp(s, "P") == 0 || strcmp(s, "Partial") == 0 || strcmp(s, "Partial()") == 0) {
+    p.kind = DT_PARTIAL;
+    p.op = DT_REDUCE_SUM;
+  } else if (s[0] == 'P') {
+    i = strncmp(s, "Partial(", 8) == 0 ? 8 : (s[1] == '(' ? 2 : 0);
+    if (i == 0 || s[n - 1] != ')' || !dt__parse_op(s + i, n - 1 - i, &p.op))
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "bad placement '%s' (Partial takes sum, avg, max or min: P(sum))", text);
+    p.kind = DT_PARTIAL;
+  } else if (s[0] == 'S') {
+    p.kind = DT_SHARD;
+    i = strncmp(s, "Shard(", 6) == 0 ? 6 : 1;
+    int paren = (i == 6) || s[1] == '(';
+    if (i == 1 && paren) i = 2;
+    if (!dt__parse_int(s, &i, &p.dim))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (Shard needs a dim: S(0) or S0)",
+                     text);
+    if (paren ? !(s[i] == ')' && s[i + 1] == '\0') : s[i] != '\0')
+      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (expected S(d) or Sd)", text);
+    if (p.dim < -DT_MAX_DIMS || p.dim >= DT_MAX_DIMS)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s': shard dim out of range [-%d, %d)",
+                     text, DT_MAX_DIMS, DT_MAX_DIMS);
+  } else {
+    return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (expected S(d), Sd, R, P or P(op))",
+                   text);
+  }
+  *out = p;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_placements_parse(const char* text, dt_placement_t* out, int cap, int* n) {
+  DT_ARG_NOT_NULL(text);
+  DT_ARG_NOT_NULL(out);
+  DT_ARG_NOT_NULL(n);
+  *n = 0;
+  if (cap <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap must be positive, got %d", cap);
+  const char* s = text;
+  int count = 0;
+  for (;;) {
+    const char* comma = strchr(s, ',');
+    size_t len = comma ? (size_t)(comma - s) : strlen(s);
+    char item[64];
+    if (len >= sizeof item)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement list '%s' (item too long)", text);
+    if (count >= cap)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "placement list '%s' has more than %d items", text, cap);
+    memcpy(item, s, len);
+    item[len] = '\0';
+    dt_status_t st = dt_placement_parse(item, &out[count]);
+    if (st != DT_SUCCESS) {
+      *n = 0;
+      return DT_FAIL(st, "bad placement list '%s': item %d '%s' is not a placement", text,
+                     count, item);
+    }
+    count++;
+    if (!comma) break;
+    s = comma + 1;
+  }
+  *n = count;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_placement_format(dt_placement_t p, char* buf, size_t cap) {
+  DT_ARG_NOT_NULL(buf);
+  if (cap == 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap is 0");
+  int w;
+  switch (p.kind) {
+    case DT_REPLICATE: w = snprintf(buf, cap, "R"); break;
+    case DT_SHARD: w = snprintf(buf, cap, "S(%d)", p.dim); break;
+    case DT_PARTIAL:
+      if (p.op < 0 || p.op >= DT_REDUCE_COUNT)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "partial op %d out of range", p.op);
+      w = snprintf(buf, cap, "P(%s)", dt_reduce_op_name((dt_reduce_op_t)p.op));
+      break;
+    default:
+      buf[0] = '\0';
+      return DT_FAIL(DT_ERR_INVALID_ARG, "placement kind %d out of range", p.kind);
+  }
+  if (w < 0 || (size_t)w >= cap) return DT_FAIL(DT_ERR_INVALID_ARG, "buffer too small (%zu)", cap);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_placements_format(const dt_placement_t* p, int n, const char* sep, char* buf,
+                                 size_t cap) {
+  DT_ARG_NOT_NULL(p);
+  DT_ARG_NOT_NULL(buf);
+  if (cap == 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap is 0");
+  if (n < 0 || n > DT_MAX_MESH_DIMS * 4)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n = %d out of range", n);
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    char one[32];
+    DT_CHECK(dt_placement_format(p[i], one, sizeof one));
+    int w = snprintf(buf + used, cap - used, "%s%s", (i && sep) ? sep : "", one);
+    if (w < 0 || (size_t)w >= cap - used)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "buffer too small (%zu)", cap);
+    used += (size_t)w;
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim) {
+  DT_ARG_NOT_NULL(p);
+  if (tensor_ndim < 0 || tensor_ndim > DT_MAX_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor ndim %d out of range [0, %d]", tensor_ndim,
+                   DT_MAX_DIMS);
+  switch (p->kind) {
+    case DT_REPLICATE:
+      p->dim = 0;
+      p->op = 0;
+      return DT_SUCCESS;
+    case DT_PARTIAL:
+      if (p->op < 0 || p->op >= DT_REDUCE_COUNT)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "Partial reduce op %d out of range [0, %d)", p->op,
+                       DT_REDUCE_COUNT);
+      p->dim = 0;
+      return DT_SUCCESS;
+    case DT_SHARD: {
+      int d = p->dim < 0 ? p->dim + tensor_ndim : p->dim;
+      if (d < 0 || d >= tensor_ndim)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "Shard dim %d out of range for a %d-dim tensor",
+                       p->dim, tensor_ndim);
+      p->dim = d;
+      p->op = 0;
+      return DT_SUCCESS;
+    }
+    default:
+      return DT_FAIL(DT_ERR_INVALID_ARG, "placement kind %d out of range", p->kind);
+  }
+}
+
+dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64_t* len) {
+  DT_ARG_NOT_NULL(offset);
+  DT_ARG_NOT_NULL(len);
+  if (size < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "size %lld is negative", (long long)size);
+  if (nparts <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "nparts %d must be positive", nparts);
+  if (index < 0 || index >= nparts)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index %d out of range [0, %d)", index, nparts);
+  int64_t c = (size + nparts - 1) / nparts;
+  int64_t start = c * index;
+  int64_t end = c * (index + 1);
+  if (end > size) end = size;
+  *offset = start < size ? start : size;
+  *len = end > start ? end - start : 0;
+  return DT_SUCCESS;
+}

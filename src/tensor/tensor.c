@@ -1,0 +1,538 @@
+/* tensor.c - distributed tensors: construction, local shards, full tensors, redistribution,
+ * placement-independent factories and sharding visualization. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "internal/core.h"
+
+static dt_status_t dt__tensor_check(dt_tensor_t t) {
+  if (t == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "tensor is NULL");
+  if (t->magic != DT_TENSOR_MAGIC)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor handle is not a live tensor (destroyed or garbage)");
+  return DT_SUCCESS;
+}
+
+static void dt__fmt_shape(char* buf, size_t cap, int ndim, const int64_t* s) {
+  size_t used = 0;
+  int w = snprintf(buf, cap, "[");
+  used = w > 0 ? (size_t)w : 0;
+  for (int d = 0; d < ndim && used < cap; d++) {
+    w = snprintf(buf + used, cap - used, "%s%" PRId64, d ? ", " : "", s[d]);
+    if (w > 0) used += (size_t)w;
+  }
+  if (used < cap) snprintf(buf + used, cap - used, "]");
+}
+
+/* Validates arguments and allocates a tensor shell (no storage). */
+static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                    const int64_t* shape, const dt_placement_t* pl,
+                                    dt_tensor_t* out) {
+  *out = NULL;
+  DT_CHECK(dt__mesh_check(mesh));
+  if (mesh->abstract)
+    return DT_FAIL(DT_ERR_INVALID_USAGE,
+                   "an abstract mesh holds no data (plan with dt_plan_create, print with "
+                   "dt_sharding_visualize)");
+  if (!dt__dtype_valid(dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dtype %d out of range [0, %d)", (int)dtype,
+                   DT_DTYPE_COUNT);
+  dt_layout_t l;
+  DT_CHECK(dt__layout_init(&l, mesh->ndim, mesh->shape, ndim, shape, pl));
+  dt_tensor_t t = (dt_tensor_t)dt__calloc(1, sizeof *t);
+  if (t == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tensor");
+  t->magic = DT_TENSOR_MAGIC;
+  t->mesh = mesh;
+  t->dtype = dtype;
+  t->layout = l;
+  if (mesh->member) {
+    dt__layout_box(&l, mesh->coords, t->local_off, t->local_shape);
+  } else {
+    for (int d = 0; d < ndim; d++) t->local_shape[d] = 0;
+  }
+  t->local_numel = dt__box_numel(ndim, t->local_shape);
+  dt__mesh_retain(mesh);
+  *out = t;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__tensor_alloc(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                    const int64_t* shape, const dt_placement_t* pl,
+                                    dt_tensor_t* out) {
+  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, shape, pl, out));
+  dt_tensor_t t = *out;
+  size_t n = (size_t)t->local_numel * dt__itemsize(dtype);
+  t->data = dt__calloc(1, n ? n : 1);
+  if (t->data == NULL) {
+    dt_tensor_destroy(t);
+    *out = NULL;
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "local shard of %zu bytes", n);
+  }
+  t->owns = 1;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_destroy(dt_tensor_t t) {
+  if (t == NULL) return DT_SUCCESS;
+  DT_CHECK(dt__tensor_check(t));
+  if (t->owns) dt__free(t->data);
+  dt__mesh_release(t->mesh);
+  t->magic = 0;
+  dt__free(t);
+  return DT_SUCCESS;
+}
+
+/* Turns a replicated value into this rank's part of a Partial, for every Partial mesh dim:
+ * sum divides floats by the dim size and keeps integers on coordinate 0 only (exact sums). */
+static void dt__partition(dt_tensor_t t) {
+  dt_mesh_t m = t->mesh;
+  for (int i = 0; i < m->ndim; i++) {
+    dt_placement_t p = t->layout.pl[i];
+    if (p.kind != DT_PARTIAL || p.op != DT_REDUCE_SUM || m->shape[i] == 1) continue;
+    if (dt__dtype_is_float(t->dtype)) {
+      for (int64_t k = 0; k < t->local_numel; k++)
+        dt__store(t->data, t->dtype, k, dt__load(t->data, t->dtype, k) / m->shape[i]);
+    } else if (m->coords[i] != 0 && t->local_numel) {
+      memset(t->data, 0, (size_t)t->local_numel * dt__itemsize(t->dtype));
+    }
+  }
+}
+
+dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                            const dt_placement_t* placements, dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  return dt__tensor_alloc(mesh, dtype, ndim, shape, placements, out);
+}
+
+dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                const dt_placement_t* placements, const void* full,
+                                dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_ARG_NOT_NULL(full);
+  DT_CHECK(dt__tensor_alloc(mesh, dtype, ndim, shape, placements, out));
+  dt_tensor_t t = *out;
+  int64_t zero[DT_MAX_DIMS] = {0};
+  if (mesh->member) {
+    dt__box_copy(ndim, dt__itemsize(dtype), t->local_shape, t->data, t->local_shape, zero, full,
+                 t->layout.shape, t->local_off);
+    dt__partition(t);
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                 const int64_t* global_shape, const dt_placement_t* placements,
+                                 void* local, const int64_t* local_shape, dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__mesh_check(mesh));
+  if (ndim < 0 || ndim > DT_MAX_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor ndim %d out of range [0, %d]", ndim, DT_MAX_DIMS);
+  if (ndim > 0) DT_ARG_NOT_NULL(local_shape);
+  DT_ARG_NOT_NULL(placements);
+  int64_t gshape[DT_MAX_DIMS];
+  int inferred = global_shape == NULL;
+  if (inferred) {
+    dt_layout_t tmp;
+    DT_CHECK(dt__layout_init(&tmp, mesh->ndim, mesh->shape, ndim, local_shape, placements));
+    for (int d = 0; d < ndim; d++) gshape[d] = local_shape[d];
+    for (int i = 0; i < mesh->ndim; i++)
+      if (tmp.pl[i].kind == DT_SHARD) gshape[tmp.pl[i].dim] *= mesh->shape[i];
+    /* Every rank must infer the same shape; uneven shards make them disagree. */
+    if (!mesh->abstract && mesh->member && ndim > 0) {
+      int64_t v[2 * DT_MAX_DIMS];
+      for (int d = 0; d < ndim; d++) {
+        v[d] = gshape[d];
+        v[ndim + d] = -gshape[d];
+      }
+      dt_comm_t* c = &mesh->all_comm;
+      DT_CHECK(c->iface->all_reduce(c, v, v, 2 * ndim, DT_I64, DT_REDUCE_MAX));
+      for (int d = 0; d < ndim; d++)
+        if (v[d] != -v[ndim + d])
+          return DT_FAIL(DT_ERR_INVALID_ARG,
+                         "ranks infer different global sizes for dim %d (%lld..%lld): the shards "
+                         "are uneven, pass global_shape",
+                         d, (long long)-v[ndim + d], (long long)v[d]);
+    }
+  } else {
+    for (int d = 0; d < ndim; d++) gshape[d] = global_shape[d];
+  }
+  dt_tensor_t t;
+  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, gshape, placements, &t));
+  for (int d = 0; d < ndim; d++)
+    if (local_shape[d] != t->local_shape[d]) {
+      char got[160], want[160], glob[160], pl[96];
+      dt__fmt_shape(got, sizeof got, ndim, local_shape);
+      dt__fmt_shape(want, sizeof want, ndim, t->local_shape);
+      dt__fmt_shape(glob, sizeof glob, ndim, gshape);
+      dt_placements_format(t->layout.pl, mesh->ndim, ",", pl, sizeof pl);
+      dt_tensor_destroy(t);
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "local shape %s does not follow the chunk rule: global shape %s with "
+                     "placements %s gives this rank %s",
+                     got, glob, pl, want);
+    }
+  if (t->local_numel > 0 && local == NULL) {
+    dt_tensor_destroy(t);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "local is NULL but the shard has elements");
+  }
+  t->data = local;
+  t->owns = 0;
+  *out = t;
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * distribute: scatter (Shard) or broadcast (Replicate / Partial) one mesh dim at a time */
+
+dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                 const dt_placement_t* placements, const void* full, int src_rank,
+                                 dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__mesh_check(mesh));
+  if (mesh->abstract) return DT_FAIL(DT_ERR_INVALID_USAGE, "an abstract mesh holds no data");
+  int src_pos = -1;
+  for (int p = 0; p < mesh->numel; p++)
+    if (mesh->ranks[p] == src_rank) src_pos = p;
+  if (src_pos < 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "src_rank %d is not a member of the mesh", src_rank);
+  if (src_rank == dt__ctx.world_rank && full == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "full is NULL on the source rank %d", src_rank);
+  DT_CHECK(dt__tensor_alloc(mesh, dtype, ndim, shape, placements, out));
+  dt_tensor_t t = *out;
+  if (!mesh->member) return DT_SUCCESS;
+  dt_status_t st = DT_SUCCESS;
+  int m = mesh->ndim, sc[DT_MAX_MESH_DIMS];
+  for (int i = m - 1, p = src_pos; i >= 0; i--) {
+    sc[i] = p % mesh->shape[i];
+    p /= mesh->shape[i];
+  }
+  size_t item = dt__itemsize(dtype);
+  /* Level i: holders own the box of `lv` (target placements on dims < i, R elsewhere). */
+  dt_layout_t lv = t->layout;
+  for (int i = 0; i < m; i++) lv.pl[i] = dt_replicate();
+  const void* cur = src_rank == dt__ctx.world_rank ? full : NULL;
+  int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
+  for (int i = 0; i < m; i++) {
+    int part = 1;
+    for (int j = i + 1; j < m; j++) part &= mesh->coords[j] == sc[j];
+    dt_layout_t next = lv;
+    next.pl[i] = t->layout.pl[i].kind == DT_SHARD ? t->layout.pl[i] : dt_replicate();
+    if (part) {
+      int root = sc[i], me = mesh->coords[i], n = mesh->shape[i];
+      dt_comm_t* c = &mesh->dim_comm[i];
+      dt__layout_box(&lv, mesh->coords, off, len);
+      int64_t numel = dt__box_numel(ndim, len);
+      if (numel > INT32_MAX) {
+        st = DT_FAIL(DT_ERR_UNSUPPORTED, "distribute of more than 2^31 elements per rank");
+        goto fail;
+      }
+      if (t->layout.pl[i].kind == DT_SHARD) {
+        int* ints;
+        DT_CHECK_GOTO(dt__ws_ints((size_t)n * 2, &ints), st, fail);
+        int *counts = ints, *displs = ints + n;
+        void* pack = NULL;
+        if (me == root) DT_CHECK_GOTO(dt__ws_reserve(0, (size_t)numel * item, &pack), st, fail);
+        int64_t pos = 0;
+        for (int q = 0; q < n; q++) {
+          int cq[DT_MAX_MESH_DIMS];
+          int64_t qo[DT_MAX_DIMS], ql[DT_MAX_DIMS], rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
+          memcpy(cq, mesh->coords, sizeof cq);
+          cq[i] = q;
+          dt__layout_box(&next, cq, qo, ql);
+          counts[q] = (int)dt__box_numel(ndim, ql);
+          displs[q] = (int)pos;
+          if (me == root) {
+            for (int d = 0; d < ndim; d++) rel[d] = qo[d] - off[d];
+            dt__box_copy(ndim, item, ql, (char*)pack + (size_t)pos * item, ql, zero, cur, len,
+                         rel);
+          }
+          pos += counts[q];
+        }
+        void* dst;
+        DT_CHECK_GOTO(dt__ws_reserve(1 + (i & 1), (size_t)counts[me] * item, &dst), st, fail);
+        DT_CHECK_GOTO(c->iface->scatter_v(c, pack, counts, displs, dst, dtype, root), st, fail);
+        dt__count(mesh, 1u << i, DT_COLL_SCATTER, (uint64_t)pos * item);
+        cur = dst;
+      } else {
+        void* buf;
+        DT_CHECK_GOTO(dt__ws_reserve(1 + (i & 1), (size_t)numel * item, &buf), st, fail);
+        if (me == root && cur != buf && numel) memcpy(buf, cur, (size_t)numel * item);
+        if (n > 1) {
+          DT_CHECK_GOTO(c->iface->broadcast(c, buf, (int)numel, dtype, root), st, fail);
+          dt__count(mesh, 1u << i, DT_COLL_BROADCAST, (uint64_t)numel * item);
+        }
+        cur = buf;
+      }
+    }
+    lv = next;
+  }
+  if (t->local_numel) memcpy(t->data, cur, (size_t)t->local_numel * item);
+  dt__partition(t);
+  return DT_SUCCESS;
+fail:
+  dt_tensor_destroy(t);
+  *out = NULL;
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * accessors */
+
+dt_status_t dt_tensor_dtype(dt_tensor_t t, dt_dtype_t* dtype) {
+  DT_ARG_NOT_NULL(dtype);
+  DT_CHECK(dt__tensor_check(t));
+  *dtype = t->dtype;
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_ndim(dt_tensor_t t, int* ndim) {
+  DT_ARG_NOT_NULL(ndim);
+  *ndim = 0;
+  DT_CHECK(dt__tensor_check(t));
+  *ndim = t->layout.ndim;
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_shape(dt_tensor_t t, int64_t* shape) {
+  DT_ARG_NOT_NULL(shape);
+  DT_CHECK(dt__tensor_check(t));
+  memcpy(shape, t->layout.shape, sizeof(int64_t) * (size_t)t->layout.ndim);
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_placements(dt_tensor_t t, dt_placement_t* out) {
+  DT_ARG_NOT_NULL(out);
+  DT_CHECK(dt__tensor_check(t));
+  memcpy(out, t->layout.pl, sizeof(dt_placement_t) * (size_t)t->layout.mesh_ndim);
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_mesh(dt_tensor_t t, dt_mesh_t* mesh) {
+  DT_ARG_NOT_NULL(mesh);
+  *mesh = NULL;
+  DT_CHECK(dt__tensor_check(t));
+  *mesh = t->mesh;
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape) {
+  DT_ARG_NOT_NULL(shape);
+  DT_CHECK(dt__tensor_check(t));
+  memcpy(shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset) {
+  DT_ARG_NOT_NULL(offset);
+  DT_CHECK(dt__tensor_check(t));
+  memcpy(offset, t->local_off, sizeof(int64_t) * (size_t)t->layout.ndim);
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel) {
+  DT_ARG_NOT_NULL(numel);
+  *numel = 0;
+  DT_CHECK(dt__tensor_check(t));
+  *numel = t->local_numel;
+  return DT_SUCCESS;
+}
+dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape) {
+  DT_ARG_NOT_NULL(data);
+  *data = NULL;
+  DT_CHECK(dt__tensor_check(t));
+  *data = t->data;
+  if (local_shape) memcpy(local_shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * redistribution */
+
+dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
+  DT_CHECK(dt__tensor_check(src));
+  DT_CHECK(dt__tensor_check(dst));
+  if (src->mesh != dst->mesh)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "src and dst live on different meshes");
+  if (src->dtype != dst->dtype)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dtype mismatch: src %s, dst %s",
+                   dt_dtype_name(src->dtype), dt_dtype_name(dst->dtype));
+  if (src->layout.ndim != dst->layout.ndim ||
+      memcmp(src->layout.shape, dst->layout.shape, sizeof(int64_t) * (size_t)src->layout.ndim))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "global shapes of src and dst differ");
+  if (src->data != NULL && src->data == dst->data && src->local_numel > 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "src and dst share storage");
+  dt_mesh_t m = src->mesh;
+  struct dt_plan* p;
+  DT_CHECK(dt__plan_get(m, src->dtype, &src->layout, dst->layout.pl, &p));
+  if ((dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__ctx.world_rank == 0) {
+    char buf[512];
+    if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s", buf);
+  }
+  m->counters.redistributes++;
+  dt__ctx.counters.redistributes++;
+  return dt__plan_execute(m, p, src->data, dst->data);
+}
+
+dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__tensor_check(t));
+  DT_ARG_NOT_NULL(dst);
+  dt_tensor_t r;
+  DT_CHECK(dt__tensor_alloc(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, &r));
+  dt_status_t st = dt_tensor_redistribute_into(t, r);
+  if (st != DT_SUCCESS) {
+    dt_status_t keep = st;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    dt_tensor_destroy(r);
+    return DT_FAIL(keep, "%s", msg);
+  }
+  *out = r;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
+  DT_CHECK(dt__tensor_check(t));
+  DT_ARG_NOT_NULL(out);
+  int64_t numel = dt__box_numel(t->layout.ndim, t->layout.shape);
+  size_t need = (size_t)numel * dt__itemsize(t->dtype);
+  if (out_nbytes < need)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "out has %zu bytes, the full tensor needs %zu", out_nbytes,
+                   need);
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  dt_tensor_t r;
+  DT_CHECK(dt__tensor_shell(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, rep, &r));
+  r->data = out;
+  dt_status_t st = dt_tensor_redistribute_into(t, r);
+  dt_tensor_destroy(r);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * factories: the value of global element i depends only on i (and the seed) */
+
+static uint64_t dt__mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+typedef enum { DT_FILL_CONST, DT_FILL_ARANGE, DT_FILL_RAND, DT_FILL_RANDN } dt_fill_t;
+
+static double dt__fill_value(dt_fill_t kind, double a, double b, uint64_t seed, uint64_t i) {
+  switch (kind) {
+    case DT_FILL_CONST: return a;
+    case DT_FILL_ARANGE: return a + b * (double)i;
+    case DT_FILL_RAND: return (double)(dt__mix(seed ^ dt__mix(2 * i)) >> 40) * 0x1.0p-24;
+    case DT_FILL_RANDN: {
+      double u1 = ((double)(dt__mix(seed ^ dt__mix(2 * i)) >> 11) + 1.0) * 0x1.0p-53;
+      double u2 = (double)(dt__mix(seed ^ dt__mix(2 * i + 1)) >> 11) * 0x1.0p-53;
+      return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    }
+  }
+  return 0.0;
+}
+
+static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                               const dt_placement_t* pl, dt_fill_t kind, double a, double b,
+                               uint64_t seed, dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  if ((kind == DT_FILL_RAND || kind == DT_FILL_RANDN) && dt__dtype_valid(dtype) &&
+      !dt__dtype_is_float(dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rand/randn need a float dtype, got %s",
+                   dt_dtype_name(dtype));
+  if (!isfinite(a) || !isfinite(b))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "fill values must be finite");
+  DT_CHECK(dt__tensor_alloc(mesh, dtype, ndim, shape, pl, out));
+  dt_tensor_t t = *out;
+  if (t->local_numel == 0 || (kind == DT_FILL_CONST && a == 0.0)) return DT_SUCCESS;
+  int64_t idx[DT_MAX_DIMS] = {0};
+  for (int64_t k = 0; k < t->local_numel; k++) {
+    uint64_t g = 0;
+    for (int d = 0; d < ndim; d++) g = g * (uint64_t)shape[d] + (uint64_t)(t->local_off[d] + idx[d]);
+    dt__store(t->data, dtype, k, dt__fill_value(kind, a, b, seed, g));
+    for (int d = ndim - 1; d >= 0; d--) {
+      if (++idx[d] < t->local_shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  dt__partition(t);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_zeros(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                            const dt_placement_t* placements, dt_tensor_t* out) {
+  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, 0.0, 0.0, 0, out);
+}
+dt_status_t dt_tensor_ones(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                           const dt_placement_t* placements, dt_tensor_t* out) {
+  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, 1.0, 0.0, 0, out);
+}
+dt_status_t dt_tensor_full_value(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                 const dt_placement_t* placements, double value,
+                                 dt_tensor_t* out) {
+  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, value, 0.0, 0, out);
+}
+dt_status_t dt_tensor_arange(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                             const dt_placement_t* placements, double start, double step,
+                             dt_tensor_t* out) {
+  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_ARANGE, start, step, 0, out);
+}
+dt_status_t dt_tensor_rand(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                           const dt_placement_t* placements, uint64_t seed, dt_tensor_t* out) {
+  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_RAND, 0.0, 0.0, seed, out);
+}
+dt_status_t dt_tensor_randn(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                            const dt_placement_t* placements, uint64_t seed, dt_tensor_t* out) {
+  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_RANDN, 0.0, 0.0, seed, out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * visualization */
+
+static dt_status_t dt__visualize(dt_mesh_t mesh, const dt_layout_t* l, FILE* f) {
+  char pl[128], shp[160];
+  DT_CHECK(dt_placements_format(l->pl, l->mesh_ndim, ", ", pl, sizeof pl));
+  dt__fmt_shape(shp, sizeof shp, l->ndim, l->shape);
+  fprintf(f, "tensor %s on mesh (", shp);
+  for (int i = 0; i < mesh->ndim; i++) fprintf(f, "%s%d", i ? "," : "", mesh->shape[i]);
+  fprintf(f, ") placements [%s]\n", pl);
+  for (int p = 0; p < mesh->numel; p++) {
+    int c[DT_MAX_MESH_DIMS];
+    for (int i = mesh->ndim - 1, v = p; i >= 0; i--) {
+      c[i] = v % mesh->shape[i];
+      v /= mesh->shape[i];
+    }
+    int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    dt__layout_box(l, c, off, len);
+    if (mesh->abstract) fprintf(f, "  coord (");
+    else fprintf(f, "  rank %3d coord (", mesh->ranks[p]);
+    for (int i = 0; i < mesh->ndim; i++) fprintf(f, "%s%d", i ? "," : "", c[i]);
+    fprintf(f, "): [");
+    for (int d = 0; d < l->ndim; d++)
+      fprintf(f, "%s%" PRId64 ":%" PRId64, d ? ", " : "", off[d], off[d] + len[d]);
+    fprintf(f, "]%s", dt__box_numel(l->ndim, len) == 0 ? " (empty)" : "");
+    for (int i = 0; i < mesh->ndim; i++)
+      if (l->pl[i].kind == DT_PARTIAL)
+        fprintf(f, " partial(%s) over mesh dim %d", dt_reduce_op_name((dt_reduce_op_t)l->pl[i].op),
+                i);
+    fprintf(f, "\n");
+  }
+  fflush(f);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_visualize(dt_tensor_t t, FILE* f) {
+  DT_CHECK(dt__tensor_check(t));
+  DT_ARG_NOT_NULL(f);
+  return dt__visualize(t->mesh, &t->layout, f);
+}
+
+dt_status_t dt_sharding_visualize(dt_mesh_t mesh, int ndim, const int64_t* shape,
+                                  const dt_placement_t* placements, FILE* f) {
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_ARG_NOT_NULL(f);
+  dt_layout_t l;
+  DT_CHECK(dt__layout_init(&l, mesh->ndim, mesh->shape, ndim, shape, placements));
+  return dt__visualize(mesh, &l, f);
+}
