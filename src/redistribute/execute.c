@@ -285,7 +285,7 @@ static dt_status_t dt__run_step(dt_mesh_t m, const struct dt_plan* p, const dt_s
       break;
     case DT_COLL_ALL_TO_ALL: DT_CHECK(dt__run_all_to_all(&x, c, in, out, &nbytes)); break;
     case DT_COLL_ALL_REDUCE: {
-      int n;
+      int n = 0;
       int64_t numel = dt__box_numel(x.lb.ndim, x.ib_len);
       DT_CHECK(dt__to_int(numel, &n));
       dt_reduce_op_t op = dt__step_op(s, m->ndim);
