@@ -43,13 +43,16 @@ const char* dt_version(void) {
 
 dt_status_t dt__set_error(dt_status_t st, const char* func, const char* file, int line,
                           const char* fmt, ...) {
-  /* Keep only the path below src/ so messages stay short. */
-  const char* s = strstr(file, "src/");
-  int n = snprintf(dt__last_error, sizeof dt__last_error, "%s (%s:%d): ", func, s ? s : file, line);
-  if (n < 0 || (size_t)n >= sizeof dt__last_error) return st;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dt__last_error + n, sizeof dt__last_error - (size_t)n, fmt, ap);
-  va_end(ap);
+  /* Format into a scratch buffer first: the arguments may include dt_last_error() itself. */
+  char tmp[sizeof dt__last_error];
+  const char* s = strstr(file, "src/"); /* keep only the path below src/ */
+  int n = snprintf(tmp, sizeof tmp, "%s (%s:%d): ", func, s ? s : file, line);
+  if (n > 0 && (size_t)n < sizeof tmp) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tmp + n, sizeof tmp - (size_t)n, fmt, ap);
+    va_end(ap);
+  }
+  memcpy(dt__last_error, tmp, sizeof tmp);
   return st;
 }

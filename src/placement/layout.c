@@ -26,8 +26,11 @@ dt_status_t dt__layout_init(dt_layout_t* l, int mesh_ndim, const int* mesh_shape
   for (int i = 0; i < mesh_ndim; i++) {
     l->mesh_shape[i] = mesh_shape[i];
     l->pl[i] = pl[i];
-    dt_status_t st = dt_placement_normalize(&l->pl[i], ndim);
-    if (st != DT_SUCCESS) return DT_FAIL(st, "placement for mesh dim %d: %s", i, dt_last_error());
+    if (l->pl[i].kind == DT_SHARD && (l->pl[i].dim < -ndim || l->pl[i].dim >= ndim))
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "placement for mesh dim %d: Shard dim %d out of range for a %d-dim tensor", i,
+                     l->pl[i].dim, ndim);
+    DT_CHECK(dt_placement_normalize(&l->pl[i], ndim));
   }
   return DT_SUCCESS;
 }

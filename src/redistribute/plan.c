@@ -85,12 +85,12 @@ static dt_status_t dt__plan_build(dt_mesh_t mesh, dt_dtype_t dtype, const dt_lay
   memcpy(p->dst, dst, sizeof(dt_placement_t) * (size_t)src->mesh_ndim);
   size_t item = dt__itemsize(dtype);
   dt_status_t st = greedy ? dt__plan_greedy(src, dst, item, p->steps, &p->nsteps, &p->cost_us)
-                          : dt__plan_search(src, dst, item, p->steps, &p->nsteps, &p->cost_us);
+                          : dt__plan_search(mesh, src, dst, item, p->steps, &p->nsteps,
+                                            &p->cost_us);
   if (st != DT_SUCCESS) {
     dt__free(p);
     return st;
   }
-  if (!greedy) dt__plan_merge(mesh, src, item, p->steps, &p->nsteps, &p->cost_us);
   *out = p;
   return DT_SUCCESS;
 }
@@ -161,9 +161,11 @@ static dt_status_t dt__plan_args(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
   DT_CHECK(dt__layout_init(l, mesh->ndim, mesh->shape, ndim, shape, src));
   for (int i = 0; i < mesh->ndim; i++) {
     ndst[i] = dst[i];
-    dt_status_t st = dt_placement_normalize(&ndst[i], ndim);
-    if (st != DT_SUCCESS)
-      return DT_FAIL(st, "target placement for mesh dim %d: %s", i, dt_last_error());
+    if (ndst[i].kind == DT_SHARD && (ndst[i].dim < -ndim || ndst[i].dim >= ndim))
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "target placement for mesh dim %d: Shard dim %d out of range for a %d-dim "
+                     "tensor", i, ndst[i].dim, ndim);
+    DT_CHECK(dt_placement_normalize(&ndst[i], ndim));
   }
   return DT_SUCCESS;
 }

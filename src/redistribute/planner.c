@@ -7,8 +7,10 @@
  * Nesting rule (default shard order = mesh-dim order): when several mesh dims shard one tensor
  * dim, only the innermost (highest) of them may change, and a new Shard(b) on mesh dim i needs no
  * mesh dim above i sharding b. Every other state would be a strided layout.
- * Dijkstra finds the cheapest path; intermediate shards on dims outside src/dst are explored
- * (reduce-scatter + all-gather can beat all-reduce), one representative per distinct size.
+ * Where the caller flattened a set of mesh dims, a merged edge runs one collective over all of
+ * them (PyTorch merges adjacent steps after planning; searching with the merged edges finds plans
+ * that post-merging misses). Dijkstra finds the cheapest path; intermediate shards on dims outside
+ * src/dst are explored (reduce-scatter + all-gather can beat all-reduce), a few per distinct size.
  */
 #include "redistribute/planner.h"
 
@@ -31,8 +33,11 @@ static int dt__innermost(const dt_placement_t* pl, int m, int i, int d) {
   return 1;
 }
 
-dt_search_space_t dt__plan_space(const dt_layout_t* src, const dt_placement_t* dst, int prune) {
-  dt_search_space_t sp = {0, 0};
+dt_search_space_t dt__plan_space(dt_mesh_t mesh, const dt_layout_t* src, const dt_placement_t* dst,
+                                 int prune) {
+  dt_search_space_t sp;
+  memset(&sp, 0, sizeof sp);
+  for (int f = 0; mesh != NULL && f < mesh->nflat; f++) sp.flat[sp.nflat++] = mesh->flat[f].mask;
   for (int i = 0; i < src->mesh_ndim; i++) {
     const dt_placement_t* ps[2] = {&src->pl[i], &dst[i]};
     for (int k = 0; k < 2; k++) {
@@ -95,6 +100,32 @@ int dt__plan_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur, 
   return 1;
 }
 
+/* A step merged on the flattened dims `mask`: every masked dim goes to targets[i] with collective
+ * c, applied in the order single steps would take (all-gather inner to outer, others outer to
+ * inner); each partial move must be legal. Costed as one collective over the whole group. */
+static int dt__plan_merged_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur,
+                                unsigned mask, dt_collective_t c, const dt_placement_t* targets,
+                                const dt_search_space_t* sp, dt_step_t* step) {
+  const int m = l->mesh_ndim;
+  dt_placement_t st[DT_MAX_MESH_DIMS];
+  memcpy(st, cur, sizeof(dt_placement_t) * (size_t)m);
+  int gn = 1;
+  for (int k = 0; k < m; k++) {
+    int i = c == DT_COLL_ALL_GATHER ? m - 1 - k : k;
+    if (!(mask & (1u << i))) continue;
+    if (!dt__plan_edge(l, item, st, i, targets[i], sp, step) || step->coll != c) return 0;
+    st[i] = targets[i];
+    gn *= l->mesh_shape[i];
+  }
+  memcpy(step->before, cur, sizeof(dt_placement_t) * (size_t)m);
+  memcpy(step->after, st, sizeof(dt_placement_t) * (size_t)m);
+  step->mask = mask;
+  step->coll = c;
+  step->nbytes = (uint64_t)dt__padded_numel(l, c == DT_COLL_ALL_GATHER ? st : cur) * item;
+  step->cost_us = dt__cost_of(c, gn, step->nbytes);
+  return 1;
+}
+
 int dt__plan_neighbors(const dt_layout_t* l, size_t item, const dt_placement_t* cur,
                        const dt_search_space_t* sp, dt_step_t* out) {
   int cnt = 0;
@@ -107,6 +138,30 @@ int dt__plan_neighbors(const dt_layout_t* l, size_t item, const dt_placement_t* 
       if ((sp->pmask & (1u << op)) &&
           dt__plan_edge(l, item, cur, i, dt_partial((dt_reduce_op_t)op), sp, &out[cnt]))
         cnt++;
+  }
+  for (int f = 0; f < sp->nflat; f++) {
+    unsigned mask = sp->flat[f];
+    int all_s = 1, all_p = 1, op = -1;
+    for (int i = 0; i < l->mesh_ndim; i++) {
+      if (!(mask & (1u << i))) continue;
+      all_s &= cur[i].kind == DT_SHARD;
+      if (cur[i].kind != DT_PARTIAL || (op >= 0 && cur[i].op != op)) all_p = 0;
+      else op = cur[i].op;
+    }
+    dt_placement_t t[DT_MAX_MESH_DIMS];
+    if (all_s || all_p) {
+      for (int i = 0; i < l->mesh_ndim; i++) t[i] = dt_replicate();
+      if (dt__plan_merged_edge(l, item, cur, mask,
+                               all_s ? DT_COLL_ALL_GATHER : DT_COLL_ALL_REDUCE, t, sp, &out[cnt]))
+        cnt++;
+    }
+    if (all_p)
+      for (int d = 0; d < l->ndim; d++) {
+        if (!(sp->dmask & (1u << d))) continue;
+        for (int i = 0; i < l->mesh_ndim; i++) t[i] = dt_shard(d);
+        if (dt__plan_merged_edge(l, item, cur, mask, DT_COLL_REDUCE_SCATTER, t, sp, &out[cnt]))
+          cnt++;
+      }
   }
   return cnt;
 }
@@ -217,12 +272,12 @@ static dt__hnode_t dt__hpop(dt__hnode_t* h, int* n) {
   return top;
 }
 
-dt_status_t dt__plan_search(const dt_layout_t* src, const dt_placement_t* dst, size_t item,
-                            dt_step_t* steps, int* nsteps, double* cost) {
+dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_placement_t* dst,
+                            size_t item, dt_step_t* steps, int* nsteps, double* cost) {
   *nsteps = 0;
   *cost = 0.0;
   DT_CHECK(dt__plan_validate(src, dst));
-  dt_search_space_t sp = dt__plan_space(src, dst, 1);
+  dt_search_space_t sp = dt__plan_space(mesh, src, dst, 1);
   dt__codec_t cd;
   dt__codec_init(&cd, src->mesh_ndim, src->ndim, &sp);
   int ns = 1;
@@ -334,7 +389,7 @@ dt_status_t dt__plan_greedy(const dt_layout_t* src, const dt_placement_t* dst, s
   *nsteps = 0;
   *cost = 0.0;
   DT_CHECK(dt__plan_validate(src, dst));
-  dt_search_space_t sp = dt__plan_space(src, dst, 0);
+  dt_search_space_t sp = dt__plan_space(NULL, src, dst, 0);
   const int m = src->mesh_ndim;
   dt_placement_t cur[DT_MAX_MESH_DIMS];
   memcpy(cur, src->pl, sizeof cur);
@@ -361,45 +416,4 @@ dt_status_t dt__plan_greedy(const dt_layout_t* src, const dt_placement_t* dst, s
   }
   *nsteps = n;
   return DT_SUCCESS;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Merge pass: adjacent all-gathers, all-reduces (same op) or reduce-scatters on disjoint mesh
- * dims become one collective on the caller's flattened dim, if that is cheaper. */
-
-void dt__plan_merge(dt_mesh_t mesh, const dt_layout_t* src, size_t item, dt_step_t* steps,
-                    int* nsteps, double* cost) {
-  (void)item;
-  int n = *nsteps;
-  for (int k = 0; k + 1 < n;) {
-    dt_step_t *a = &steps[k], *b = &steps[k + 1];
-    int ok = a->coll == b->coll && (a->mask & b->mask) == 0 &&
-             (a->coll == DT_COLL_ALL_GATHER || a->coll == DT_COLL_REDUCE_SCATTER ||
-              a->coll == DT_COLL_ALL_REDUCE) &&
-             dt__mesh_has_flat(mesh, a->mask | b->mask);
-    if (ok && a->coll != DT_COLL_ALL_GATHER) { /* one reduce op for the merged group */
-      int da = __builtin_ctz(a->mask), db = __builtin_ctz(b->mask);
-      ok = a->before[da].op == b->before[db].op;
-    }
-    if (ok) {
-      unsigned mask = a->mask | b->mask;
-      int gn = 1;
-      for (int i = 0; i < src->mesh_ndim; i++)
-        if (mask & (1u << i)) gn *= src->mesh_shape[i];
-      uint64_t nbytes = a->coll == DT_COLL_ALL_GATHER ? b->nbytes : a->nbytes;
-      double c = dt__cost_of(a->coll, gn, nbytes);
-      if (c < a->cost_us + b->cost_us) {
-        *cost += c - a->cost_us - b->cost_us;
-        memcpy(a->after, b->after, sizeof a->after);
-        a->mask = mask;
-        a->nbytes = nbytes;
-        a->cost_us = c;
-        memmove(b, b + 1, sizeof(dt_step_t) * (size_t)(n - k - 2));
-        n--;
-        continue; /* try to merge the next one too */
-      }
-    }
-    k++;
-  }
-  *nsteps = n;
 }

@@ -378,11 +378,8 @@ dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_
   DT_CHECK(dt__tensor_alloc(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, &r));
   dt_status_t st = dt_tensor_redistribute_into(t, r);
   if (st != DT_SUCCESS) {
-    dt_status_t keep = st;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", dt_last_error());
-    dt_tensor_destroy(r);
-    return DT_FAIL(keep, "%s", msg);
+    dt_tensor_destroy(r); /* succeeds, leaving the error message alone */
+    return st;
   }
   *out = r;
   return DT_SUCCESS;

@@ -1,0 +1,252 @@
+/* dtensor-explain - prints the redistribution plan the library would run, without MPI.
+ *
+ *   dtensor-explain redistribute --mesh 2x2 --shape 8x8x8 --dtype f32 --from S0,S1 --to S1,S0
+ *                   [--flatten 0,1]... [--greedy] [--cost-model FILE] [--visualize] [--json]
+ *
+ * Works on an abstract mesh: planning needs only shapes. Exit status 0 on success, 2 on bad
+ * input (with {"error": "..."} under --json).
+ */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtensor/dtensor.h"
+
+static int g_json = 0;
+
+static int fail(const char* fmt, const char* a, const char* b) {
+  char msg[1200];
+  snprintf(msg, sizeof msg, fmt, a ? a : "", b ? b : "");
+  if (g_json) {
+    cJSON* o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "error", msg);
+    char* s = cJSON_PrintUnformatted(o);
+    printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(o);
+  } else {
+    fprintf(stderr, "dtensor-explain: %s\n", msg);
+  }
+  return 2;
+}
+
+static void usage(FILE* f) {
+  fprintf(f,
+          "usage: dtensor-explain redistribute --mesh AxB[xC..] --shape NxM[x..] --from P0,P1.. "
+          "--to P0,P1..\n"
+          "                       [--dtype f32|bf16|f16|i32|i64] [--flatten d0,d1].. [--greedy]\n"
+          "                       [--cost-model FILE] [--visualize] [--json]\n"
+          "placements: S(d) or Sd, R, P or P(sum|avg|max|min), one per mesh dim\n");
+}
+
+/* Parses "2x2x2" into at most cap positive ints. */
+static int parse_dims(const char* s, int64_t* out, int cap, int* n) {
+  *n = 0;
+  if (*s == '\0') return 0;
+  const char* p = s;
+  while (*p) {
+    char* end;
+    if (*p < '0' || *p > '9') return 0;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || v < 0 || v > (1ll << 40) || *n >= cap) return 0;
+    out[(*n)++] = v;
+    if (*end == 'x' || *end == 'X' || *end == ',') {
+      p = end + 1;
+      if (*p == '\0') return 0;
+    } else if (*end == '\0') {
+      p = end;
+    } else {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static cJSON* placements_json(const dt_placement_t* p, int n) {
+  cJSON* a = cJSON_CreateArray();
+  for (int i = 0; i < n; i++) {
+    char b[32];
+    dt_placement_format(p[i], b, sizeof b);
+    cJSON_AddItemToArray(a, cJSON_CreateString(b));
+  }
+  return a;
+}
+
+static int explain_redistribute(int argc, char** argv) {
+  const char *mesh_s = NULL, *shape_s = NULL, *from_s = NULL, *to_s = NULL, *dtype_s = "f32",
+             *cost_s = NULL;
+  const char* flat_s[8];
+  int nflat = 0, greedy = 0, vis = 0;
+  for (int i = 0; i < argc; i++) {
+    const char* a = argv[i];
+    const char** dst = NULL;
+    if (strcmp(a, "--json") == 0) continue;
+    if (strcmp(a, "--greedy") == 0) { greedy = 1; continue; }
+    if (strcmp(a, "--visualize") == 0) { vis = 1; continue; }
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 0; }
+    if (strcmp(a, "--mesh") == 0) dst = &mesh_s;
+    else if (strcmp(a, "--shape") == 0) dst = &shape_s;
+    else if (strcmp(a, "--from") == 0) dst = &from_s;
+    else if (strcmp(a, "--to") == 0) dst = &to_s;
+    else if (strcmp(a, "--dtype") == 0) dst = &dtype_s;
+    else if (strcmp(a, "--cost-model") == 0) dst = &cost_s;
+    else if (strcmp(a, "--flatten") == 0) {
+      if (nflat == 8) return fail("too many --flatten options%s%s", NULL, NULL);
+      dst = &flat_s[nflat++];
+    } else {
+      return fail("unknown option '%s'%s", a, NULL);
+    }
+    if (i + 1 >= argc) return fail("option %s needs a value%s", a, NULL);
+    *dst = argv[++i];
+  }
+  if (!mesh_s || !shape_s || !from_s || !to_s)
+    return fail("--mesh, --shape, --from and --to are required%s%s", NULL, NULL);
+
+  int64_t mesh64[DT_MAX_MESH_DIMS + 1], shape[DT_MAX_DIMS + 1];
+  int mesh_nd, nd;
+  if (!parse_dims(mesh_s, mesh64, DT_MAX_MESH_DIMS + 1, &mesh_nd) || mesh_nd > DT_MAX_MESH_DIMS)
+    return fail("bad --mesh '%s' (expected e.g. 2x2, 1 to 4 dims)%s", mesh_s, NULL);
+  if (!parse_dims(shape_s, shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS)
+    return fail("bad --shape '%s' (expected e.g. 8x8x8, 1 to 8 dims)%s", shape_s, NULL);
+  int mesh_shape[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < mesh_nd; i++) {
+    if (mesh64[i] < 1 || mesh64[i] > 1 << 20) return fail("bad --mesh '%s'%s", mesh_s, NULL);
+    mesh_shape[i] = (int)mesh64[i];
+  }
+  dt_dtype_t dtype;
+  if (dt_dtype_parse(dtype_s, &dtype) != DT_SUCCESS) return fail("%s%s", dt_last_error(), NULL);
+  dt_placement_t from[DT_MAX_MESH_DIMS], to[DT_MAX_MESH_DIMS];
+  int nf, nt;
+  if (dt_placements_parse(from_s, from, DT_MAX_MESH_DIMS, &nf) != DT_SUCCESS)
+    return fail("--from: %s%s", dt_last_error(), NULL);
+  if (dt_placements_parse(to_s, to, DT_MAX_MESH_DIMS, &nt) != DT_SUCCESS)
+    return fail("--to: %s%s", dt_last_error(), NULL);
+  if (nf != mesh_nd || nt != mesh_nd)
+    return fail("--from and --to need one placement per mesh dim (mesh '%s' has %s)", mesh_s,
+                mesh_nd == 1 ? "1 dim" : mesh_nd == 2 ? "2 dims" : mesh_nd == 3 ? "3 dims"
+                                                                  : "4 dims");
+  if (cost_s && dt_cost_model_load(cost_s) != DT_SUCCESS)
+    return fail("--cost-model: %s%s", dt_last_error(), NULL);
+
+  dt_mesh_t mesh = NULL;
+  if (dt_mesh_create_abstract(mesh_nd, mesh_shape, NULL, &mesh) != DT_SUCCESS)
+    return fail("%s%s", dt_last_error(), NULL);
+  int rc = 0;
+  dt_plan_t plan = NULL;
+  for (int f = 0; f < nflat; f++) {
+    int64_t dims64[DT_MAX_MESH_DIMS + 1];
+    int dims[DT_MAX_MESH_DIMS], n;
+    if (!parse_dims(flat_s[f], dims64, DT_MAX_MESH_DIMS + 1, &n) || n > DT_MAX_MESH_DIMS) {
+      rc = fail("bad --flatten '%s' (expected mesh dims like 0,1)%s", flat_s[f], NULL);
+      goto out;
+    }
+    for (int k = 0; k < n; k++) dims[k] = (int)dims64[k];
+    if (dt_mesh_flatten(mesh, n, dims, NULL, NULL) != DT_SUCCESS) {
+      rc = fail("--flatten: %s%s", dt_last_error(), NULL);
+      goto out;
+    }
+  }
+  dt_status_t st = greedy ? dt_plan_create_greedy(mesh, dtype, nd, shape, from, to, &plan)
+                          : dt_plan_create(mesh, dtype, nd, shape, from, to, &plan);
+  if (st != DT_SUCCESS) {
+    rc = fail("%s%s", dt_last_error(), NULL);
+    goto out;
+  }
+  int nsteps;
+  double cost;
+  dt_plan_num_steps(plan, &nsteps);
+  dt_plan_cost(plan, &cost);
+  int counts[DT_COLL_COUNT] = {0};
+  for (int c = 0; c < DT_COLL_COUNT; c++) dt_plan_count(plan, (dt_collective_t)c, &counts[c]);
+  /* Report the normalized placements. */
+  for (int i = 0; i < mesh_nd; i++) {
+    dt_placement_normalize(&from[i], nd);
+    dt_placement_normalize(&to[i], nd);
+  }
+  static const dt_collective_t listed[4] = {DT_COLL_ALL_GATHER, DT_COLL_ALL_REDUCE,
+                                            DT_COLL_REDUCE_SCATTER, DT_COLL_ALL_TO_ALL};
+  if (g_json) {
+    cJSON* o = cJSON_CreateObject();
+    cJSON* m = cJSON_AddArrayToObject(o, "mesh");
+    for (int i = 0; i < mesh_nd; i++) cJSON_AddItemToArray(m, cJSON_CreateNumber(mesh_shape[i]));
+    cJSON* s = cJSON_AddArrayToObject(o, "shape");
+    for (int d = 0; d < nd; d++) cJSON_AddItemToArray(s, cJSON_CreateNumber((double)shape[d]));
+    cJSON_AddStringToObject(o, "dtype", dt_dtype_name(dtype));
+    cJSON_AddItemToObject(o, "from", placements_json(from, mesh_nd));
+    cJSON_AddItemToObject(o, "to", placements_json(to, mesh_nd));
+    cJSON* steps = cJSON_AddArrayToObject(o, "steps");
+    for (int k = 0; k < nsteps; k++) {
+      dt_plan_step_t ps;
+      dt_plan_get_step(plan, k, &ps);
+      cJSON* j = cJSON_CreateObject();
+      if (ps.n_mesh_dims == 1) {
+        cJSON_AddNumberToObject(j, "mesh_dim", ps.mesh_dims[0]);
+      } else {
+        cJSON* md = cJSON_AddArrayToObject(j, "mesh_dim");
+        for (int q = 0; q < ps.n_mesh_dims; q++)
+          cJSON_AddItemToArray(md, cJSON_CreateNumber(ps.mesh_dims[q]));
+      }
+      char fb[128], tb[128];
+      dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
+      dt_placements_format(ps.to, ps.n_mesh_dims, NULL, tb, sizeof tb);
+      cJSON_AddStringToObject(j, "from", fb);
+      cJSON_AddStringToObject(j, "to", tb);
+      cJSON_AddStringToObject(j, "collective", dt_collective_name(ps.coll));
+      cJSON_AddNumberToObject(j, "bytes", (double)ps.nbytes);
+      cJSON_AddNumberToObject(j, "cost_us", ps.cost_us);
+      cJSON_AddItemToArray(steps, j);
+    }
+    cJSON* cnt = cJSON_AddObjectToObject(o, "counts");
+    for (int c = 0; c < 4; c++)
+      cJSON_AddNumberToObject(cnt, dt_collective_name(listed[c]), counts[listed[c]]);
+    cJSON_AddNumberToObject(o, "cost_us", cost);
+    char* text = cJSON_PrintUnformatted(o);
+    printf("%s\n", text);
+    cJSON_free(text);
+    cJSON_Delete(o);
+  } else {
+    char line[512];
+    dt_plan_format(plan, line, sizeof line);
+    printf("plan: %s%s\n", line, greedy ? "   (greedy planner)" : "");
+    printf("%-4s %-9s %-12s %-12s %-15s %12s %12s\n", "step", "mesh_dim", "from", "to",
+           "collective", "bytes", "cost_us");
+    for (int k = 0; k < nsteps; k++) {
+      dt_plan_step_t ps;
+      dt_plan_get_step(plan, k, &ps);
+      char fb[128], tb[128], md[32];
+      int w = 0;
+      for (int q = 0; q < ps.n_mesh_dims; q++)
+        w += snprintf(md + w, sizeof md - (size_t)w, "%s%d", q ? "+" : "", ps.mesh_dims[q]);
+      dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
+      dt_placements_format(ps.to, ps.n_mesh_dims, NULL, tb, sizeof tb);
+      printf("%-4d %-9s %-12s %-12s %-15s %12llu %12.2f\n", k, md, fb, tb,
+             dt_collective_name(ps.coll), (unsigned long long)ps.nbytes, ps.cost_us);
+    }
+    printf("counts:");
+    for (int c = 0; c < 4; c++)
+      printf(" %s=%d", dt_collective_name(listed[c]), counts[listed[c]]);
+    printf(" local=%d\ntotal cost: %.2f us\n", counts[DT_COLL_LOCAL], cost);
+    if (vis) {
+      printf("\nfrom:\n");
+      dt_sharding_visualize(mesh, nd, shape, from, stdout);
+      printf("to:\n");
+      dt_sharding_visualize(mesh, nd, shape, to, stdout);
+    }
+  }
+out:
+  dt_plan_destroy(plan);
+  dt_mesh_destroy(mesh);
+  return rc;
+}
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--json") == 0) g_json = 1;
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "redistribute") == 0) return explain_redistribute(argc - 2, argv + 2);
+  return fail("unknown command '%s' (expected: redistribute)%s", argv[1], NULL);
+}
