@@ -193,6 +193,7 @@ dt_status_t dt_cost_model_save(const char* path) {
 
 dt_status_t dt__cost_model_autoload(void) {
   const char* env = getenv("DTENSOR_COST_MODEL");
+  if (env != NULL && strcmp(env, "none") == 0) return DT_SUCCESS; /* built-in defaults only */
   if (env != NULL && env[0] != '\0') return dt_cost_model_load(env);
   const char* home = getenv("HOME");
   if (home == NULL) return DT_SUCCESS;
