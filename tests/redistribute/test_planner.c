@@ -1,0 +1,340 @@
+/* test_planner.c - planner optimality on abstract meshes (no MPI).
+ *
+ * For meshes (4), (2,2), (2,4), (2,2,2), with and without flattened dims, and shapes with even,
+ * uneven and size-1 dims, every source/target pair from {R, S(0), S(1), P(sum)} per mesh dim:
+ *  - the plan is a legal path: each step is an edge of the transition system, applied in order
+ *    from the source it ends at the target, and the step costs add up to the plan cost;
+ *  - its cost equals the exhaustive minimum over ALL step sequences, computed independently by
+ *    Bellman-Ford relaxation over every placement state with no pruning of tensor dims;
+ *  - it is never worse than PyTorch's greedy plan when the greedy walk succeeds.
+ * Plus named cases whose optimal plans are known by hand.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "redistribute/planner.h"
+
+static dt_placement_t opt4(int k) {
+  switch (k) {
+    case 0: return dt_replicate();
+    case 1: return dt_shard(0);
+    case 2: return dt_shard(1);
+    default: return dt_partial(DT_REDUCE_SUM);
+  }
+}
+
+/* Exhaustive minimum cost from src to dst over every state of the unpruned space. */
+static double brute_min(dt_mesh_t mesh, const dt_layout_t* l, const dt_placement_t* dst) {
+  dt_search_space_t sp = dt__plan_space(mesh, l, dst, 0);
+  dt_placement_t opts[16];
+  int k = 0;
+  opts[k++] = dt_replicate();
+  for (int d = 0; d < l->ndim; d++)
+    if (sp.dmask & (1u << d)) opts[k++] = dt_shard(d);
+  for (int op = 0; op < DT_REDUCE_COUNT; op++)
+    if (sp.pmask & (1u << op)) opts[k++] = dt_partial((dt_reduce_op_t)op);
+  int m = l->mesh_ndim, ns = 1;
+  for (int i = 0; i < m; i++) ns *= k;
+  double* dist = malloc(sizeof(double) * (size_t)ns);
+  dt_step_t* nb = malloc(sizeof(dt_step_t) * DT_MAX_EDGES);
+  for (int s = 0; s < ns; s++) dist[s] = INFINITY;
+  /* state index <-> placements by linear search over opts (independent of the planner's codec) */
+  int src = 0, goal = 0;
+  for (int i = m - 1; i >= 0; i--) {
+    int a = 0, b = 0;
+    for (int o = 0; o < k; o++) {
+      if (dt_placement_equal(opts[o], l->pl[i])) a = o;
+      if (dt_placement_equal(opts[o], dst[i])) b = o;
+    }
+    src = src * k + a;
+    goal = goal * k + b;
+  }
+  dist[src] = 0.0;
+  for (int changed = 1, iter = 0; changed && iter < ns; iter++) {
+    changed = 0;
+    for (int s = 0; s < ns; s++) {
+      if (isinf(dist[s])) continue;
+      dt_placement_t cur[DT_MAX_MESH_DIMS];
+      for (int i = 0, v = s; i < m; i++, v /= k) cur[i] = opts[v % k];
+      int ne = dt__plan_neighbors(l, 4, cur, &sp, nb);
+      for (int e = 0; e < ne; e++) {
+        int t = 0;
+        for (int i = m - 1; i >= 0; i--) {
+          int o = 0;
+          while (!dt_placement_equal(opts[o], nb[e].after[i])) o++;
+          t = t * k + o;
+        }
+        if (dist[s] + nb[e].cost_us < dist[t] - 1e-9 * fabs(dist[t])) {
+          dist[t] = dist[s] + nb[e].cost_us;
+          changed = 1;
+        }
+      }
+    }
+  }
+  double r = dist[goal];
+  free(dist);
+  free(nb);
+  return r;
+}
+
+/* Replays the plan's steps as edges from src and checks it ends at dst with the stated cost. */
+static void check_path(dt_mesh_t mesh, const dt_layout_t* l, const dt_placement_t* dst,
+                       dt_plan_t plan) {
+  dt_search_space_t sp = dt__plan_space(mesh, l, dst, 0);
+  dt_step_t nb[DT_MAX_EDGES];
+  dt_placement_t cur[DT_MAX_MESH_DIMS];
+  memcpy(cur, l->pl, sizeof cur);
+  int n;
+  double total = 0.0, cost;
+  assert_int_equal(dt_plan_num_steps(plan, &n), DT_SUCCESS);
+  assert_int_equal(dt_plan_cost(plan, &cost), DT_SUCCESS);
+  for (int k = 0; k < n; k++) {
+    dt_plan_step_t ps;
+    assert_int_equal(dt_plan_get_step(plan, k, &ps), DT_SUCCESS);
+    dt_placement_t next[DT_MAX_MESH_DIMS];
+    memcpy(next, cur, sizeof next);
+    for (int q = 0; q < ps.n_mesh_dims; q++) {
+      assert_true(dt_placement_equal(ps.from[q], cur[ps.mesh_dims[q]]));
+      next[ps.mesh_dims[q]] = ps.to[q];
+    }
+    int ne = dt__plan_neighbors(l, 4, cur, &sp, nb), found = 0;
+    for (int e = 0; e < ne && !found; e++) {
+      int same = nb[e].coll == ps.coll;
+      for (int i = 0; i < l->mesh_ndim; i++) same &= dt_placement_equal(nb[e].after[i], next[i]);
+      if (same) {
+        found = 1;
+        assert_true(fabs(nb[e].cost_us - ps.cost_us) < 1e-9);
+      }
+    }
+    assert_true(found);
+    total += ps.cost_us;
+    memcpy(cur, next, sizeof cur);
+  }
+  for (int i = 0; i < l->mesh_ndim; i++) assert_true(dt_placement_equal(cur[i], dst[i]));
+  assert_true(fabs(total - cost) <= 1e-9 * (1.0 + cost));
+}
+
+static long long run_mesh(int m, const int* mshape, int nflat, const int (*flat)[4],
+                          const int* flat_n, int ndim, const int64_t* shape) {
+  dt_mesh_t mesh;
+  assert_int_equal(dt_mesh_create_abstract(m, mshape, NULL, &mesh), DT_SUCCESS);
+  for (int f = 0; f < nflat; f++)
+    assert_int_equal(dt_mesh_flatten(mesh, flat_n[f], flat[f], NULL, NULL), DT_SUCCESS);
+  int npl = 1;
+  for (int i = 0; i < m; i++) npl *= 4;
+  long long checked = 0;
+  for (int a = 0; a < npl; a++)
+    for (int b = 0; b < npl; b++) {
+      dt_placement_t src[4], dst[4];
+      int legal = 1;
+      for (int i = 0, va = a, vb = b; i < m; i++, va /= 4, vb /= 4) {
+        src[i] = opt4(va % 4);
+        dst[i] = opt4(vb % 4);
+        if (dst[i].kind == DT_PARTIAL && src[i].kind == DT_SHARD) legal = 0;
+      }
+      dt_plan_t plan = NULL, greedy = NULL;
+      dt_status_t st = dt_plan_create(mesh, DT_F32, ndim, shape, src, dst, &plan);
+      if (!legal) {
+        assert_int_equal(st, DT_ERR_UNSUPPORTED);
+        assert_null(plan);
+        continue;
+      }
+      assert_int_equal(st, DT_SUCCESS);
+      dt_layout_t l;
+      assert_int_equal(dt__layout_init(&l, m, mshape, ndim, shape, src), DT_SUCCESS);
+      check_path(mesh, &l, dst, plan);
+      double cost, best = brute_min(mesh, &l, dst);
+      dt_plan_cost(plan, &cost);
+      if (fabs(cost - best) > 1e-9 * (1.0 + best)) {
+        char ps[64], pd[64], pl[256];
+        dt_placements_format(src, m, ",", ps, sizeof ps);
+        dt_placements_format(dst, m, ",", pd, sizeof pd);
+        dt_plan_format(plan, pl, sizeof pl);
+        fail_msg("%s -> %s: plan %s costs %.6f, exhaustive minimum %.6f", ps, pd, pl, cost, best);
+      }
+      if (dt_plan_create_greedy(mesh, DT_F32, ndim, shape, src, dst, &greedy) == DT_SUCCESS) {
+        double gc;
+        dt_plan_cost(greedy, &gc);
+        assert_true(cost <= gc + 1e-9 * (1.0 + gc));
+        dt_plan_destroy(greedy);
+      }
+      dt_plan_destroy(plan);
+      checked++;
+    }
+  dt_mesh_destroy(mesh);
+  return checked;
+}
+
+static const int64_t kShapes[][3] = {{8, 8, 0}, {13, 5, 0}, {8, 8, 8}, {8, 8, 1}, {6, 3, 4}};
+static const int kNdims[] = {2, 2, 3, 3, 3};
+
+static void test_optimal_1d(void** state) {
+  (void)state;
+  int ms[1] = {4};
+  for (int s = 0; s < 5; s++) assert_true(run_mesh(1, ms, 0, NULL, NULL, kNdims[s], kShapes[s]) > 0);
+}
+
+static void test_optimal_2d(void** state) {
+  (void)state;
+  const int flat[1][4] = {{0, 1}};
+  const int fn[1] = {2};
+  int m22[2] = {2, 2}, m24[2] = {2, 4};
+  for (int s = 0; s < 5; s++) {
+    run_mesh(2, m22, 0, NULL, NULL, kNdims[s], kShapes[s]);
+    run_mesh(2, m24, 0, NULL, NULL, kNdims[s], kShapes[s]);
+    run_mesh(2, m22, 1, flat, fn, kNdims[s], kShapes[s]);
+  }
+}
+
+static void test_optimal_3d(void** state) {
+  (void)state;
+  const int flat[2][4] = {{0, 1, 2}, {1, 2}};
+  const int fn[2] = {3, 2};
+  int m222[3] = {2, 2, 2};
+  for (int s = 0; s < 5; s += 2) {
+    run_mesh(3, m222, 0, NULL, NULL, kNdims[s], kShapes[s]);
+    run_mesh(3, m222, 2, flat, fn, kNdims[s], kShapes[s]);
+  }
+}
+
+/* Hand-checked plans. */
+static int count_of(dt_plan_t p, dt_collective_t c) {
+  int n;
+  assert_int_equal(dt_plan_count(p, c, &n), DT_SUCCESS);
+  return n;
+}
+
+static dt_plan_t plan_of(dt_mesh_t mesh, int ndim, const int64_t* shape, const char* from,
+                         const char* to) {
+  dt_placement_t s[4], d[4];
+  int n1, n2;
+  assert_int_equal(dt_placements_parse(from, s, 4, &n1), DT_SUCCESS);
+  assert_int_equal(dt_placements_parse(to, d, 4, &n2), DT_SUCCESS);
+  dt_plan_t p;
+  assert_int_equal(dt_plan_create(mesh, DT_F32, ndim, shape, s, d, &p), DT_SUCCESS);
+  return p;
+}
+
+static void test_known_plans(void** state) {
+  (void)state;
+  dt_mesh_t m1, m2;
+  int s4[1] = {4}, s22[2] = {2, 2};
+  int64_t sh2[2] = {64, 64}, sh3[3] = {16, 16, 16};
+  assert_int_equal(dt_mesh_create_abstract(1, s4, NULL, &m1), DT_SUCCESS);
+  assert_int_equal(dt_mesh_create_abstract(2, s22, NULL, &m2), DT_SUCCESS);
+  dt_plan_t p;
+  int n;
+  p = plan_of(m1, 2, sh2, "S0", "R");
+  assert_int_equal(count_of(p, DT_COLL_ALL_GATHER), 1);
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 1);
+  dt_plan_destroy(p);
+  p = plan_of(m1, 2, sh2, "P", "R");
+  assert_int_equal(count_of(p, DT_COLL_ALL_REDUCE), 1);
+  dt_plan_destroy(p);
+  p = plan_of(m1, 2, sh2, "P", "S0");
+  assert_int_equal(count_of(p, DT_COLL_REDUCE_SCATTER), 1);
+  dt_plan_destroy(p);
+  p = plan_of(m1, 2, sh2, "S0", "S1");
+  assert_int_equal(count_of(p, DT_COLL_ALL_TO_ALL), 1);
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 1);
+  dt_plan_destroy(p);
+  p = plan_of(m1, 2, sh2, "R", "S1"); /* local slice, no communication */
+  assert_int_equal(count_of(p, DT_COLL_LOCAL), 1);
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 1);
+  dt_plan_destroy(p);
+  p = plan_of(m1, 2, sh2, "S(-1)", "S1"); /* negative dims normalize: nothing to do */
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 0);
+  dt_plan_destroy(p);
+  /* [S0,S1] -> [S0,S0]: one all-to-all on mesh dim 1 */
+  p = plan_of(m2, 2, sh2, "S0,S1", "S0,S0");
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 1);
+  assert_int_equal(count_of(p, DT_COLL_ALL_TO_ALL), 1);
+  dt_plan_destroy(p);
+  /* [S1,S1] -> [S1,S2]: one all-to-all (the pre-2024 PyTorch planner used two all-gathers) */
+  p = plan_of(m2, 3, sh3, "S1,S1", "S1,S2");
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 1);
+  assert_int_equal(count_of(p, DT_COLL_ALL_TO_ALL), 1);
+  dt_plan_destroy(p);
+  /* [S0,S0] -> [R,R]: two all-gathers, inner first; merged into one with a flattened dim */
+  p = plan_of(m2, 2, sh2, "S0,S0", "R,R");
+  assert_int_equal(count_of(p, DT_COLL_ALL_GATHER), 2);
+  dt_plan_step_t st;
+  dt_plan_get_step(p, 0, &st);
+  assert_int_equal(st.mesh_dims[0], 1);
+  dt_plan_destroy(p);
+  int both[2] = {0, 1};
+  assert_int_equal(dt_mesh_flatten(m2, 2, both, "dp", NULL), DT_SUCCESS);
+  p = plan_of(m2, 2, sh2, "S0,S0", "R,R");
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 1);
+  dt_plan_get_step(p, 0, &st);
+  assert_int_equal(st.n_mesh_dims, 2);
+  dt_plan_destroy(p);
+  p = plan_of(m2, 2, sh2, "P,P", "R,R");
+  assert_int_equal(count_of(p, DT_COLL_ALL_REDUCE), 1);
+  dt_plan_destroy(p);
+  /* Format of the debug line. */
+  p = plan_of(m1, 2, sh2, "S0", "R");
+  char buf[128];
+  assert_int_equal(dt_plan_format(p, buf, sizeof buf), DT_SUCCESS);
+  assert_string_equal(buf, "S(0) -> R");
+  assert_int_equal(dt_plan_format(p, buf, 4), DT_ERR_INVALID_ARG);
+  dt_plan_destroy(p);
+  dt_mesh_destroy(m1);
+  dt_mesh_destroy(m2);
+}
+
+/* Plans are cached: the second request is a hit and returns the same steps; a cost model change
+ * invalidates the cache. */
+static void test_cache(void** state) {
+  (void)state;
+  dt_mesh_t m;
+  int s22[2] = {2, 2};
+  int64_t sh[2] = {32, 32};
+  assert_int_equal(dt_mesh_create_abstract(2, s22, NULL, &m), DT_SUCCESS);
+  dt_counters_t c0, c1;
+  dt_counters_get(m, &c0);
+  dt_plan_t a = plan_of(m, 2, sh, "S0,S1", "R,R");
+  dt_plan_t b = plan_of(m, 2, sh, "S0,S1", "R,R");
+  dt_counters_get(m, &c1);
+  assert_int_equal(c1.plan_cache_misses - c0.plan_cache_misses, 1);
+  assert_int_equal(c1.plan_cache_hits - c0.plan_cache_hits, 1);
+  assert_ptr_equal(a, b);
+  dt_cost_params_t p;
+  assert_int_equal(dt_cost_model_get(DT_COLL_ALL_GATHER, &p), DT_SUCCESS);
+  p.bw_gbps *= 2;
+  assert_int_equal(dt_cost_model_set(DT_COLL_ALL_GATHER, &p), DT_SUCCESS);
+  dt_plan_t c = plan_of(m, 2, sh, "S0,S1", "R,R");
+  dt_counters_get(m, &c1);
+  assert_int_equal(c1.plan_cache_misses - c0.plan_cache_misses, 2);
+  double ca, cc;
+  dt_plan_cost(a, &ca); /* the old plan stays valid while referenced */
+  dt_plan_cost(c, &cc);
+  assert_true(cc < ca);
+  dt_plan_destroy(a);
+  dt_plan_destroy(b);
+  dt_plan_destroy(c);
+  dt_cost_model_reset();
+  dt_mesh_destroy(m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_known_plans), cmocka_unit_test(test_cache),
+      cmocka_unit_test(test_optimal_1d),  cmocka_unit_test(test_optimal_2d),
+      cmocka_unit_test(test_optimal_3d),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
