@@ -1,0 +1,185 @@
+#define _POSIX_C_SOURCE 200809L
+/* test_explain.c - runs the dtensor-explain binary (path in argv[1]) and checks its output:
+ * --json prints exactly one object with the documented keys whose steps, counts and cost agree
+ * with dt_plan_create on the same input; bad input prints {"error": ...} and exits non-zero. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cJSON.h>
+#include <cmocka.h>
+
+#include "dtensor/dtensor.h"
+
+static const char* g_exe;
+
+/* Runs the explain binary with args; returns its stdout (malloc'd) and exit status. */
+static char* run(const char* args, int* status) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", g_exe, args);
+  FILE* p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t cap = 1 << 16, n = 0;
+  char* out = malloc(cap);
+  size_t got;
+  while ((got = fread(out + n, 1, cap - 1 - n, p)) > 0) n += got;
+  out[n] = '\0';
+  int st = pclose(p);
+  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+static void check_json_plan(const char* mesh_arg, const int* mesh, int m, const char* shape_arg,
+                            const int64_t* shape, int nd, const char* from, const char* to,
+                            const char* extra) {
+  char args[512];
+  snprintf(args, sizeof args, "redistribute --mesh %s --shape %s --dtype f32 --from '%s' --to '%s' %s --json",
+           mesh_arg, shape_arg, from, to, extra);
+  int status;
+  char* out = run(args, &status);
+  assert_int_equal(status, 0);
+  /* exactly one line, one object */
+  char* nl = strchr(out, '\n');
+  assert_non_null(nl);
+  assert_int_equal(nl[1], '\0');
+  cJSON* o = cJSON_Parse(out);
+  assert_non_null(o);
+  const char* keys[] = {"mesh", "shape", "dtype", "from", "to", "steps", "counts", "cost_us"};
+  for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+    assert_non_null(cJSON_GetObjectItemCaseSensitive(o, keys[k]));
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "mesh")), m);
+  assert_string_equal(cJSON_GetObjectItem(o, "dtype")->valuestring, "f32");
+
+  dt_mesh_t mh;
+  assert_int_equal(dt_mesh_create_abstract(m, mesh, NULL, &mh), DT_SUCCESS);
+  if (strstr(extra, "--flatten")) {
+    int dims[4] = {0, 1, 2, 3};
+    assert_int_equal(dt_mesh_flatten(mh, m, dims, NULL, NULL), DT_SUCCESS);
+  }
+  dt_placement_t s[4], d[4];
+  int n;
+  assert_int_equal(dt_placements_parse(from, s, 4, &n), DT_SUCCESS);
+  assert_int_equal(dt_placements_parse(to, d, 4, &n), DT_SUCCESS);
+  dt_plan_t plan;
+  assert_int_equal(dt_plan_create(mh, DT_F32, nd, shape, s, d, &plan), DT_SUCCESS);
+  int nsteps;
+  dt_plan_num_steps(plan, &nsteps);
+  cJSON* steps = cJSON_GetObjectItem(o, "steps");
+  assert_int_equal(cJSON_GetArraySize(steps), nsteps);
+  for (int k = 0; k < nsteps; k++) {
+    dt_plan_step_t ps;
+    dt_plan_get_step(plan, k, &ps);
+    cJSON* j = cJSON_GetArrayItem(steps, k);
+    assert_string_equal(cJSON_GetObjectItem(j, "collective")->valuestring,
+                        dt_collective_name(ps.coll));
+    cJSON* md = cJSON_GetObjectItem(j, "mesh_dim");
+    if (ps.n_mesh_dims == 1) assert_int_equal(md->valueint, ps.mesh_dims[0]);
+    else assert_int_equal(cJSON_GetArraySize(md), ps.n_mesh_dims);
+    assert_true(fabs(cJSON_GetObjectItem(j, "bytes")->valuedouble - (double)ps.nbytes) < 0.5);
+    assert_true(fabs(cJSON_GetObjectItem(j, "cost_us")->valuedouble - ps.cost_us) < 1e-6);
+    char fb[64];
+    dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
+    assert_string_equal(cJSON_GetObjectItem(j, "from")->valuestring, fb);
+  }
+  cJSON* counts = cJSON_GetObjectItem(o, "counts");
+  const dt_collective_t cs[4] = {DT_COLL_ALL_GATHER, DT_COLL_ALL_REDUCE, DT_COLL_REDUCE_SCATTER,
+                                 DT_COLL_ALL_TO_ALL};
+  for (int c = 0; c < 4; c++) {
+    int want;
+    dt_plan_count(plan, cs[c], &want);
+    assert_int_equal(cJSON_GetObjectItem(counts, dt_collective_name(cs[c]))->valueint, want);
+  }
+  double cost;
+  dt_plan_cost(plan, &cost);
+  assert_true(fabs(cJSON_GetObjectItem(o, "cost_us")->valuedouble - cost) < 1e-6);
+  dt_plan_destroy(plan);
+  dt_mesh_destroy(mh);
+  cJSON_Delete(o);
+  free(out);
+}
+
+static void test_json_plans(void** state) {
+  (void)state;
+  int m22[2] = {2, 2}, m222[3] = {2, 2, 2}, m4[1] = {4};
+  int64_t s888[3] = {8, 8, 8}, s133[2] = {13, 3};
+  check_json_plan("2x2", m22, 2, "8x8x8", s888, 3, "S0,S1", "S1,S0", "");
+  check_json_plan("2x2", m22, 2, "8x8x8", s888, 3, "P,P", "R,R", "--flatten 0,1");
+  check_json_plan("2x2x2", m222, 3, "8x8x8", s888, 3, "S0,S1,S2", "S2,S0,S1", "");
+  check_json_plan("4", m4, 1, "13x3", s133, 2, "S(-1)", "P(max)", "");
+  check_json_plan("4", m4, 1, "13x3", s133, 2, "R", "R", "");
+}
+
+static void test_example_json_shape(void** state) {
+  (void)state;
+  int status;
+  char* out = run("redistribute --mesh 2x2 --shape 8x8x8 --dtype f32 --from S0,S1 --to S1,S0 --json",
+                  &status);
+  cJSON* o = cJSON_Parse(out);
+  assert_non_null(o);
+  cJSON* f = cJSON_GetObjectItem(o, "from");
+  assert_string_equal(cJSON_GetArrayItem(f, 0)->valuestring, "S(0)");
+  assert_string_equal(cJSON_GetArrayItem(f, 1)->valuestring, "S(1)");
+  cJSON* sh = cJSON_GetObjectItem(o, "shape");
+  assert_int_equal(cJSON_GetArraySize(sh), 3);
+  assert_int_equal(cJSON_GetArrayItem(sh, 0)->valueint, 8);
+  cJSON_Delete(o);
+  free(out);
+}
+
+static void test_errors(void** state) {
+  (void)state;
+  const char* bad[] = {
+      "redistribute --mesh 2x2 --shape 8x8 --from S0,S9 --to R,R --json",
+      "redistribute --mesh 2x2 --shape 8x8 --from S0 --to R,R --json",
+      "redistribute --mesh 2x0 --shape 8x8 --from S0,R --to R,R --json",
+      "redistribute --mesh 2x2 --shape 8xx8 --from S0,R --to R,R --json",
+      "redistribute --mesh 2x2 --shape 8x8 --from S0,R --to P,R --json",
+      "redistribute --mesh 2x2 --shape 8x8 --from 'P(sum),R' --to 'P(max),R' --json",
+      "redistribute --mesh 2x2 --shape 8x8 --from S0,R --to R,R --dtype f64 --json",
+      "redistribute --mesh 2x2x2x2x2 --shape 8x8 --from S0,R --to R,R --json",
+      "redistribute --shape 8x8 --from S0,R --to R,R --json",
+      "redistribute --mesh 2x2 --shape 8x8 --from S0,R --to R,R --bogus --json",
+      "redistribute --mesh 2x2 --shape 8x8 --from S0,R --to R,R --flatten 1,0 --json",
+      "frobnicate --json",
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    int status;
+    char* out = run(bad[k], &status);
+    if (status == 0) fail_msg("accepted bad input: %s", bad[k]);
+    cJSON* o = cJSON_Parse(out);
+    if (o == NULL) fail_msg("not JSON for %s: %s", bad[k], out);
+    cJSON* e = cJSON_GetObjectItem(o, "error");
+    assert_true(cJSON_IsString(e) && strlen(e->valuestring) > 5);
+    assert_int_equal(cJSON_GetArraySize(o), 1);
+    cJSON_Delete(o);
+    free(out);
+  }
+}
+
+static void test_text_output(void** state) {
+  (void)state;
+  int status;
+  char* out = run("redistribute --mesh 2x2 --shape 8x8 --from S0,S1 --to R,R --visualize", &status);
+  assert_int_equal(status, 0);
+  assert_non_null(strstr(out, "plan: S(0)S(1) -> "));
+  assert_non_null(strstr(out, "total cost:"));
+  assert_non_null(strstr(out, "coord (1,1): [4:8, 4:8]"));
+  free(out);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: test_explain PATH_TO_DTENSOR_EXPLAIN\n");
+    return 2;
+  }
+  g_exe = argv[1];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_json_plans), cmocka_unit_test(test_example_json_shape),
+      cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
