@@ -110,7 +110,8 @@ static void test_json_plans(void** state) {
   check_json_plan("2x2", m22, 2, "8x8x8", s888, 3, "S0,S1", "S1,S0", "");
   check_json_plan("2x2", m22, 2, "8x8x8", s888, 3, "P,P", "R,R", "--flatten 0,1");
   check_json_plan("2x2x2", m222, 3, "8x8x8", s888, 3, "S0,S1,S2", "S2,S0,S1", "");
-  check_json_plan("4", m4, 1, "13x3", s133, 2, "S(-1)", "P(max)", "");
+  check_json_plan("4", m4, 1, "13x3", s133, 2, "S(-1)", "R", "");
+  check_json_plan("4", m4, 1, "13x3", s133, 2, "R", "P(max)", "");
   check_json_plan("4", m4, 1, "13x3", s133, 2, "R", "R", "");
 }
 
