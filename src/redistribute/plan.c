@@ -8,6 +8,10 @@
 
 #include "redistribute/planner.h"
 
+/* A mesh keeps at most this many plans; past it the cache starts over (plans in use stay valid:
+ * they are reference counted). Bounds memory for programs that see many shapes. */
+#define DT_PLAN_CACHE_MAX 4096
+
 typedef struct dt_plan_key {
   int32_t dtype, ndim;
   int64_t shape[DT_MAX_DIMS];
@@ -130,15 +134,16 @@ dt_status_t dt__plan_get(dt_mesh_t mesh, dt_dtype_t dtype, const dt_layout_t* sr
   dt__ctx.counters.plan_cache_misses++;
   struct dt_plan* p;
   DT_CHECK(dt__plan_build(mesh, dtype, src, dst, 0, &p));
+  if (c->count >= DT_PLAN_CACHE_MAX) dt__plan_cache_clear(c);
   if ((c->count + 1) * 2 > c->cap) {
     dt_status_t st = dt__cache_grow(c);
     if (st != DT_SUCCESS) {
       dt__plan_release(p);
       return st;
     }
-    j = dt__hash(&key, sizeof key) & (c->cap - 1);
-    while (c->plans[j]) j = (j + 1) & (c->cap - 1);
   }
+  j = dt__hash(&key, sizeof key) & (c->cap - 1); /* the table may have changed */
+  while (c->plans[j]) j = (j + 1) & (c->cap - 1);
   c->keys[j] = key;
   c->plans[j] = p;
   c->count++;
