@@ -140,6 +140,8 @@ void dt__plan_cache_clear(struct dt_plan_cache* c);
 /* Cost model generation: bumps on every change so caches notice. */
 uint64_t dt__cost_generation(void);
 double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes);
+/* The same as cost = a + b * nbytes. */
+void dt__cost_linear(dt_collective_t c, int n, double* a, double* b);
 dt_status_t dt__cost_model_autoload(void);
 
 /* Executes a plan: src buffer (source layout's local box) -> dst buffer (target's local box). */

@@ -48,15 +48,29 @@ const char* dt_collective_name(dt_collective_t c) {
   return (c >= 0 && c < DT_COLL_COUNT) ? names[c] : "invalid";
 }
 
-double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes) {
+void dt__cost_linear(dt_collective_t c, int n, double* a, double* b) {
   dt__cost_init();
   const dt_cost_params_t* p = &dt__cost[c];
-  if (c == DT_COLL_LOCAL) return (double)nbytes / (p->bw_gbps * 1e3);
-  if (n <= 1) return 0.0;
+  if (c == DT_COLL_LOCAL) {
+    *a = 0.0;
+    *b = 1.0 / (p->bw_gbps * 1e3);
+    return;
+  }
+  if (n <= 1) {
+    *a = *b = 0.0;
+    return;
+  }
   double hops = (c == DT_COLL_ALL_REDUCE) ? 2.0 * (n - 1) : (double)(n - 1);
   double factor = (c == DT_COLL_ALL_REDUCE) ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
   if (c == DT_COLL_BROADCAST) factor = 1.0;
-  return p->base_us + hops * p->hop_us + factor * (double)nbytes / (p->bw_gbps * 1e3);
+  *a = p->base_us + hops * p->hop_us;
+  *b = factor / (p->bw_gbps * 1e3);
+}
+
+double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes) {
+  double a, b;
+  dt__cost_linear(c, n, &a, &b);
+  return a + b * (double)nbytes;
 }
 
 static dt_status_t dt__coll_check(dt_collective_t c) {

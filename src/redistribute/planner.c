@@ -233,6 +233,64 @@ static void dt__decode(const dt__codec_t* c, int code, dt_placement_t* pl) {
   }
 }
 
+/* Fast edge expansion for the search (no merged edges): successor codes and costs only, with a
+ * per-state padded-numel table. Mirrors dt__plan_edge, which builds the full steps afterwards;
+ * the planner tests check both against an exhaustive search. */
+typedef struct dt__fast {
+  const dt_layout_t* l;
+  const dt__codec_t* cd;
+  const dt_search_space_t* sp;
+  size_t item;
+  int pw[DT_MAX_MESH_DIMS];
+  int64_t* numel; /* per state */
+  double ca[DT_MAX_MESH_DIMS][DT_COLL_COUNT], cb[DT_MAX_MESH_DIMS][DT_COLL_COUNT]; /* a + b*B */
+} dt__fast_t;
+
+static int dt__fast_edges(const dt__fast_t* f, int u, int* vs, double* costs) {
+  const dt__codec_t* cd = f->cd;
+  const int m = cd->m;
+  int dig[DT_MAX_MESH_DIMS], cnt = 0;
+  dt_placement_t cur[DT_MAX_MESH_DIMS];
+  unsigned above[DT_MAX_MESH_DIMS + 1]; /* tensor dims sharded by mesh dims > i */
+  for (int i = 0, v = u; i < m; i++, v /= cd->k) {
+    dig[i] = v % cd->k;
+    cur[i] = cd->opt[dig[i]];
+  }
+  above[m] = 0;
+  for (int i = m - 1; i >= 0; i--)
+    above[i] = above[i + 1] | (cur[i].kind == DT_SHARD ? 1u << cur[i].dim : 0u);
+  for (int i = 0; i < m; i++) {
+    dt_placement_t from = cur[i];
+    unsigned outer = above[i + 1];
+    if (from.kind == DT_SHARD && (outer & (1u << from.dim))) continue; /* not innermost */
+    int n = f->l->mesh_shape[i];
+    for (int o = 0; o < cd->k; o++) {
+      if (o == dig[i]) continue;
+      dt_placement_t to = cd->opt[o];
+      if (to.kind == DT_SHARD && (outer & (1u << to.dim))) continue;
+      dt_collective_t c;
+      if (from.kind == DT_SHARD) {
+        if (to.kind == DT_PARTIAL) continue;
+        c = to.kind == DT_REPLICATE ? DT_COLL_ALL_GATHER : DT_COLL_ALL_TO_ALL;
+      } else if (from.kind == DT_PARTIAL) {
+        if (to.kind == DT_PARTIAL) continue;
+        c = to.kind == DT_REPLICATE ? DT_COLL_ALL_REDUCE : DT_COLL_REDUCE_SCATTER;
+      } else {
+        c = DT_COLL_LOCAL; /* R -> S or R -> P (only allowed ops are options) */
+      }
+      int v = u + (o - dig[i]) * f->pw[i];
+      double cost = 0.0;
+      if (n > 1) {
+        int64_t ne = (c == DT_COLL_ALL_GATHER || c == DT_COLL_LOCAL) ? f->numel[v] : f->numel[u];
+        cost = f->ca[i][c] + f->cb[i][c] * (double)((uint64_t)ne * f->item);
+      }
+      vs[cnt] = v;
+      costs[cnt++] = cost;
+    }
+  }
+  return cnt;
+}
+
 typedef struct {
   double cost;
   int hops, code;
@@ -292,8 +350,9 @@ dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_pla
   int hcap = ns * 2 + 16, hn = 0;
   dt__hnode_t* heap = (dt__hnode_t*)dt__malloc(sizeof(dt__hnode_t) * (size_t)hcap);
   dt_step_t* nb = (dt_step_t*)dt__malloc(sizeof(dt_step_t) * DT_MAX_EDGES);
+  int64_t* numel = (int64_t*)dt__malloc(sizeof(int64_t) * (size_t)ns);
   dt_status_t st = DT_SUCCESS;
-  if (!dist || !hops || !heap || !nb) {
+  if (!dist || !hops || !heap || !nb || !numel) {
     st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "planner state space of %d states", ns);
     goto done;
   }
@@ -304,6 +363,19 @@ dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_pla
     prev[s] = -1;
     closed[s] = 0;
   }
+  dt__fast_t fast = {src, &cd, &sp, item, {1, 1, 1, 1}, numel, {{0}}, {{0}}};
+  for (int i = 1; i < cd.m; i++) fast.pw[i] = fast.pw[i - 1] * cd.k;
+  for (int i = 0; i < cd.m; i++)
+    for (int c = 0; c < DT_COLL_COUNT; c++)
+      dt__cost_linear((dt_collective_t)c, src->mesh_shape[i], &fast.ca[i][c], &fast.cb[i][c]);
+  for (int s = 0; s < ns; s++) {
+    dt_placement_t pl[DT_MAX_MESH_DIMS];
+    dt__decode(&cd, s, pl);
+    numel[s] = dt__padded_numel(src, pl);
+  }
+  int use_fast = sp.nflat == 0;
+  int vs[DT_MAX_EDGES];
+  double costs[DT_MAX_EDGES];
   dist[s0] = 0.0;
   dt__hpush(heap, &hn, (dt__hnode_t){0.0, 0, s0});
   while (hn > 0) {
@@ -311,12 +383,21 @@ dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_pla
     if (closed[u.code]) continue;
     closed[u.code] = 1;
     if (u.code == goal) break;
-    dt_placement_t cur[DT_MAX_MESH_DIMS];
-    dt__decode(&cd, u.code, cur);
-    int ne = dt__plan_neighbors(src, item, cur, &sp, nb);
+    int ne;
+    if (use_fast) {
+      ne = dt__fast_edges(&fast, u.code, vs, costs);
+    } else {
+      dt_placement_t cur[DT_MAX_MESH_DIMS];
+      dt__decode(&cd, u.code, cur);
+      ne = dt__plan_neighbors(src, item, cur, &sp, nb);
+      for (int e = 0; e < ne; e++) {
+        vs[e] = dt__encode(&cd, nb[e].after);
+        costs[e] = nb[e].cost_us;
+      }
+    }
     for (int e = 0; e < ne; e++) {
-      int v = dt__encode(&cd, nb[e].after);
-      double nd = u.cost + nb[e].cost_us;
+      int v = vs[e];
+      double nd = u.cost + costs[e];
       int nh = u.hops + 1;
       if (closed[v] || !(nd < dist[v] || (nd == dist[v] && nh < hops[v]))) continue;
       dist[v] = nd;
@@ -368,6 +449,7 @@ done:
   dt__free(hops);
   dt__free(heap);
   dt__free(nb);
+  dt__free(numel);
   return st;
 }
 
