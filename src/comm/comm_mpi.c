@@ -78,7 +78,12 @@ static MPI_Comm dt__c(struct dt_comm* c) { return *(MPI_Comm*)c->context; }
 static dt_status_t dt__mpi_all_gather_v(struct dt_comm* c, const void* send, void* recv,
                                         const int* counts, const int* displs, dt_dtype_t dtype) {
   MPI_Datatype t = dt__mpi_type(dtype);
-  DT_MPI_CHECK(MPI_Allgatherv(send, counts[c->rank], t, recv, counts, displs, t, dt__c(c)));
+  int uniform = 1; /* the plain collective may use better algorithms than the v-form */
+  for (int r = 0; r < c->size; r++) uniform &= counts[r] == counts[0] && displs[r] == r * counts[0];
+  if (uniform)
+    DT_MPI_CHECK(MPI_Allgather(send, counts[0], t, recv, counts[0], t, dt__c(c)));
+  else
+    DT_MPI_CHECK(MPI_Allgatherv(send, counts[c->rank], t, recv, counts, displs, t, dt__c(c)));
   return DT_SUCCESS;
 }
 
@@ -110,7 +115,13 @@ static dt_status_t dt__mpi_all_to_all_v(struct dt_comm* c, const void* send, con
                                         const int* sdispls, void* recv, const int* rcounts,
                                         const int* rdispls, dt_dtype_t dtype) {
   MPI_Datatype t = dt__mpi_type(dtype);
-  DT_MPI_CHECK(MPI_Alltoallv(send, scounts, sdispls, t, recv, rcounts, rdispls, t, dt__c(c)));
+  int uniform = 1, k = scounts[0];
+  for (int r = 0; r < c->size; r++)
+    uniform &= scounts[r] == k && rcounts[r] == k && sdispls[r] == r * k && rdispls[r] == r * k;
+  if (uniform)
+    DT_MPI_CHECK(MPI_Alltoall(send, k, t, recv, k, t, dt__c(c)));
+  else
+    DT_MPI_CHECK(MPI_Alltoallv(send, scounts, sdispls, t, recv, rcounts, rdispls, t, dt__c(c)));
   return DT_SUCCESS;
 }
 

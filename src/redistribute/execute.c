@@ -116,22 +116,41 @@ static dt_status_t dt__run_all_gather(const dt__exec_t* x, dt_comm_t* c, const v
   }
   *nbytes = (uint64_t)total * x->item;
   if (direct) return c->iface->all_gather_v(c, in, out, counts, displs, x->dtype);
-  void* tmp;
-  DT_CHECK(dt__ws_reserve(3, (size_t)total * x->item, &tmp));
+  /* Strided placement in the output: exchange only the remote blocks (every peer gets my whole
+   * contiguous shard) into scratch, copy my own block straight from the input, then unpack the
+   * remote blocks. One copy less than gathering everything into scratch and unpacking it all. */
+  int me = c->rank;
+  int *sc, *sd, *rc, *rd;
+  DT_CHECK(dt__ws_ints((size_t)gn * 6, &ints)); /* counts/displs above are recomputed below */
+  counts = ints;
+  sc = ints + gn;
+  sd = ints + 2 * gn;
+  rc = ints + 3 * gn;
+  rd = ints + 4 * gn;
   int64_t acc = 0;
   for (int q = 0; q < gn; q++) {
-    DT_CHECK(dt__to_int(acc, &displs[q]));
-    acc += counts[q];
+    int cq[DT_MAX_MESH_DIMS];
+    int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    dt__group_coords(x, q, cq);
+    dt__layout_box(&x->lb, cq, off, len);
+    DT_CHECK(dt__to_int(dt__box_numel(nd, len), &counts[q]));
+    sc[q] = q == me ? 0 : counts[me];
+    sd[q] = 0;
+    rc[q] = q == me ? 0 : counts[q];
+    DT_CHECK(dt__to_int(acc, &rd[q]));
+    acc += rc[q];
   }
-  DT_CHECK(c->iface->all_gather_v(c, in, tmp, counts, displs, x->dtype));
+  void* tmp;
+  DT_CHECK(dt__ws_reserve(3, (size_t)acc * x->item, &tmp));
+  DT_CHECK(c->iface->all_to_all_v(c, in, sc, sd, tmp, rc, rd, x->dtype));
   for (int q = 0; q < gn; q++) {
     int cq[DT_MAX_MESH_DIMS];
     int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS], rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
     dt__group_coords(x, q, cq);
     dt__layout_box(&x->lb, cq, off, len);
     for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
-    dt__box_copy(nd, x->item, len, out, x->ob_len, rel,
-                 (const char*)tmp + (size_t)displs[q] * x->item, len, zero);
+    const void* from = q == me ? in : (const char*)tmp + (size_t)rd[q] * x->item;
+    dt__box_copy(nd, x->item, len, out, x->ob_len, rel, from, len, zero);
   }
   return DT_SUCCESS;
 }
@@ -212,6 +231,24 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
   *nbytes = (uint64_t)stot * x->item;
   const void* send = in;
   void* recv = out;
+  int me = c->rank;
+  if (!sdirect || !rdirect) {
+    /* My own block moves by one box copy; only remote blocks go through scratch and MPI. */
+    int cq[DT_MAX_MESH_DIMS];
+    int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS], len[DT_MAX_DIMS],
+        irel[DT_MAX_DIMS], orel[DT_MAX_DIMS];
+    dt__group_coords(x, me, cq);
+    dt__layout_box(&x->la, cq, bo, bl);
+    dt__intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
+    for (int d = 0; d < nd; d++) {
+      irel[d] = off[d] - x->ib_off[d];
+      orel[d] = off[d] - x->ob_off[d];
+    }
+    dt__box_copy(nd, x->item, len, out, x->ob_len, orel, in, x->ib_len, irel);
+    stot -= sc[me];
+    rtot -= rc[me];
+    sc[me] = rc[me] = 0;
+  }
   if (!sdirect) {
     void* tmp;
     DT_CHECK(dt__ws_reserve(0, (size_t)stot * x->item, &tmp));
@@ -220,13 +257,14 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
       int cq[DT_MAX_MESH_DIMS];
       int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS], len[DT_MAX_DIMS],
           rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
+      DT_CHECK(dt__to_int(pos, &sd[q]));
+      if (q == me) continue;
       dt__group_coords(x, q, cq);
       dt__layout_box(&x->la, cq, bo, bl);
       dt__intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
       for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
       dt__box_copy(nd, x->item, len, (char*)tmp + (size_t)pos * x->item, len, zero, in,
                    x->ib_len, rel);
-      DT_CHECK(dt__to_int(pos, &sd[q]));
       pos += sc[q];
     }
     send = tmp;
@@ -242,6 +280,7 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
   DT_CHECK(c->iface->all_to_all_v(c, send, sc, sd, recv, rc, rd, x->dtype));
   if (!rdirect) {
     for (int q = 0; q < gn; q++) {
+      if (q == me) continue;
       int cq[DT_MAX_MESH_DIMS];
       int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS], len[DT_MAX_DIMS],
           rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
