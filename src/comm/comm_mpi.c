@@ -169,8 +169,11 @@ static const struct dt_comm_i dt__mpi_iface = {
  * setup */
 
 dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
-  int inited = 0;
+  int inited = 0, finalized = 0;
   *we_initialized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "MPI is already finalized; dt_init cannot start it again");
   DT_MPI_CHECK(MPI_Initialized(&inited));
   if (!inited) {
     int provided = 0;

@@ -245,5 +245,6 @@ int main(int argc, char** argv) {
   if (rank == 0) printf("test_api_errors np=%d: ok\n", world);
   DT_ASSERT_OK(dt_finalize());
   DT_ASSERT_OK(dt_finalize());
+  EXPECT(dt_init(NULL, NULL), DT_ERR_INVALID_USAGE, "finalized"); /* MPI cannot restart */
   return 0;
 }
