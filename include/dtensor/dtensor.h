@@ -12,5 +12,6 @@
 #include "dtensor/mesh.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/tensor.h"
+#include "dtensor/strategy.h"
 
 #endif /* DTENSOR_DTENSOR_H */

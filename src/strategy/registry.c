@@ -1,0 +1,74 @@
+/* registry.c - the op strategy registry: names to rule generators, built-ins and host ops. */
+#include <stdio.h>
+
+#include "strategy/strategy.h"
+
+#define DT_OP_TABLE_MAX 256
+
+typedef struct dt_op_entry {
+  char name[DT_OP_NAME_MAX];
+  int n_inputs;
+  dt_op_rules_fn rules;
+} dt_op_entry_t;
+
+static dt_op_entry_t dt__op_table[DT_OP_TABLE_MAX];
+static int dt__op_count = 0;
+static int dt__op_builtins = 0;
+
+static void dt__ensure_builtins(void) {
+  if (!dt__op_builtins) {
+    dt__op_builtins = 1; /* set first: registration below goes through dt_op_register */
+    dt__ops_register_builtins();
+  }
+}
+
+static dt_op_entry_t* dt__op_find(const char* name) {
+  for (int i = 0; i < dt__op_count; i++)
+    if (strcmp(dt__op_table[i].name, name) == 0) return &dt__op_table[i];
+  return NULL;
+}
+
+dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules) {
+  DT_ARG_NOT_NULL(name);
+  DT_ARG_NOT_NULL(rules);
+  dt__ensure_builtins();
+  size_t len = strlen(name);
+  if (len == 0 || len >= DT_OP_NAME_MAX)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "op name '%s' must have 1 to %d characters", name,
+                   DT_OP_NAME_MAX - 1);
+  if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range [1, %d]", n_inputs,
+                   DT_OP_MAX_INPUTS);
+  dt_op_entry_t* e = dt__op_find(name);
+  if (e == NULL) {
+    if (dt__op_count == DT_OP_TABLE_MAX)
+      return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "op table full (%d ops)", DT_OP_TABLE_MAX);
+    e = &dt__op_table[dt__op_count++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+  }
+  e->n_inputs = n_inputs;
+  e->rules = rules;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_op_lookup(const char* name, int* found) {
+  DT_ARG_NOT_NULL(found);
+  *found = 0;
+  DT_ARG_NOT_NULL(name);
+  dt__ensure_builtins();
+  *found = dt__op_find(name) != NULL;
+  return DT_SUCCESS;
+}
+
+/* Internal: the entry for a call (validated arity), for select.c. */
+dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules) {
+  dt__ensure_builtins();
+  if (call->op == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "call->op is NULL");
+  dt_op_entry_t* e = dt__op_find(call->op);
+  if (e == NULL) return DT_FAIL(DT_ERR_UNSUPPORTED, "no sharding strategy for %s", call->op);
+  if (call->n_inputs != e->n_inputs)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %d tensor inputs, got %d", call->op, e->n_inputs,
+                   call->n_inputs);
+  *rules = e->rules;
+  return DT_SUCCESS;
+}

@@ -1,0 +1,222 @@
+/* rules.c - built-in single-mesh-dim rule generators: the matmul family from einsum equations and
+ * pointwise ops with broadcasting and Partial linearity.
+ *
+ * Rule tables (per mesh dim; [out; inputs]):
+ *   mm  "mk,kn->mn":  [R; R, R]  [S0; S0, R]  [S1; R, S1]  [P; S1, S0]  [P; P, R]  [P; R, P]
+ *   bmm "bmk,bkn->bmn": [S0; S0, S0] (batch) plus the mm rules shifted by one dim
+ *   add/sub:  [S(d); S(d) or R if broadcast, ...]  [P(op); P(op), P(op)]      op in {sum, avg}
+ *   mul:      [S(d); ...]  [P(op); P(op), R]  [P(op); R, P(op)]
+ *   div:      [S(d); ...]  [P(op); P(op), R]
+ *   neg:      [S(d); S(d)]  [P(op); P(op)];   relu, exp, ...: [S(d); S(d)] only
+ */
+#include <ctype.h>
+#include <stdio.h>
+
+#include "strategy/strategy.h"
+
+static int dt__add_rule(dt_op_rule_t* rules, int cap, int* n, const dt_op_rule_t* r) {
+  if (*n >= cap) return 0;
+  rules[(*n)++] = *r;
+  return 1;
+}
+
+dt_status_t dt__rules_einsum(const char* eq, const dt_op_call_t* call, int bilinear,
+                             dt_tensor_meta_t* out_meta, dt_op_rule_t* rules, int cap,
+                             int* n_rules) {
+  *n_rules = 0;
+  /* Parse "ab,bc->ac". */
+  char ins[DT_OP_MAX_INPUTS][DT_MAX_DIMS + 1], out[DT_MAX_DIMS + 1];
+  int nin = 0, k = 0;
+  const char* p = eq;
+  memset(ins, 0, sizeof ins);
+  memset(out, 0, sizeof out);
+  while (*p && *p != '-') {
+    if (*p == ',') {
+      nin++;
+      k = 0;
+    } else if (isalpha((unsigned char)*p) && nin < DT_OP_MAX_INPUTS && k < DT_MAX_DIMS) {
+      ins[nin][k++] = *p;
+    }
+    p++;
+  }
+  nin++;
+  if (p[0] != '-' || p[1] != '>') return DT_FAIL(DT_ERR_INTERNAL, "bad einsum '%s'", eq);
+  snprintf(out, sizeof out, "%s", p + 2);
+  if (nin != call->n_inputs)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %d inputs", call->op, nin);
+  /* Sizes per letter, checked across operands. */
+  int64_t size[128];
+  for (int c = 0; c < 128; c++) size[c] = -1;
+  for (int t = 0; t < nin; t++) {
+    int nd = (int)strlen(ins[t]);
+    if (call->in[t].ndim != nd)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d must have %d dims, has %d", call->op, t, nd,
+                     call->in[t].ndim);
+    if (call->in[t].dtype != call->in[0].dtype)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dtype mismatch (%s vs %s)", call->op,
+                     dt_dtype_name(call->in[t].dtype), dt_dtype_name(call->in[0].dtype));
+    for (int d = 0; d < nd; d++) {
+      int c = ins[t][d];
+      if (size[c] >= 0 && size[c] != call->in[t].shape[d])
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shape mismatch on '%c': %lld vs %lld", call->op,
+                       c, (long long)size[c], (long long)call->in[t].shape[d]);
+      size[c] = call->in[t].shape[d];
+    }
+  }
+  out_meta->dtype = call->in[0].dtype;
+  out_meta->ndim = (int)strlen(out);
+  for (int d = 0; d < out_meta->ndim; d++) out_meta->shape[d] = size[(int)out[d]];
+
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r); /* all R */
+  dt__add_rule(rules, cap, n_rules, &r);
+  /* One rule per distinct letter, in order of first appearance. */
+  char seen[128] = {0};
+  for (int t = 0; t <= nin; t++) {
+    const char* s = t < nin ? ins[t] : out;
+    for (int d = 0; s[d]; d++) {
+      int c = s[d];
+      if (seen[c]) continue;
+      seen[c] = 1;
+      const char* o = strchr(out, c);
+      memset(&r, 0, sizeof r);
+      r.out[0] = o ? dt_shard((int)(o - out)) : dt_partial(DT_REDUCE_SUM);
+      for (int u = 0; u < nin; u++) {
+        const char* q = strchr(ins[u], c);
+        r.in[u] = q ? dt_shard((int)(q - ins[u])) : dt_replicate();
+      }
+      dt__add_rule(rules, cap, n_rules, &r);
+    }
+  }
+  if (bilinear)
+    for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++)
+      for (int u = 0; u < nin; u++) {
+        memset(&r, 0, sizeof r);
+        r.out[0] = dt_partial((dt_reduce_op_t)op);
+        r.in[u] = dt_partial((dt_reduce_op_t)op);
+        dt__add_rule(rules, cap, n_rules, &r);
+      }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
+                                dt_tensor_meta_t* out_meta, dt_op_rule_t* rules, int cap,
+                                int* n_rules) {
+  *n_rules = 0;
+  int nin = call->n_inputs, nd = 0;
+  for (int t = 0; t < nin; t++) {
+    if (call->in[t].ndim > nd) nd = call->in[t].ndim;
+    if (call->in[t].dtype != call->in[0].dtype)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dtype mismatch (%s vs %s)", call->op,
+                     dt_dtype_name(call->in[t].dtype), dt_dtype_name(call->in[0].dtype));
+  }
+  /* numpy broadcasting, aligned from the right */
+  out_meta->dtype = call->in[0].dtype;
+  out_meta->ndim = nd;
+  for (int d = 0; d < nd; d++) {
+    int64_t s = 1;
+    for (int t = 0; t < nin; t++) {
+      int td = d - (nd - call->in[t].ndim);
+      if (td < 0) continue;
+      int64_t v = call->in[t].shape[td];
+      if (v != 1 && s != 1 && v != s)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shapes do not broadcast at dim %d (%lld vs %lld)",
+                       call->op, d, (long long)s, (long long)v);
+      if (v != 1) s = v;
+    }
+    out_meta->shape[d] = s;
+  }
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n_rules, &r);
+  for (int d = 0; d < nd; d++) {
+    memset(&r, 0, sizeof r);
+    r.out[0] = dt_shard(d);
+    for (int t = 0; t < nin; t++) {
+      int td = d - (nd - call->in[t].ndim);
+      /* a broadcast dim (missing or size 1 against a larger output) is R for that input */
+      r.in[t] = (td >= 0 && call->in[t].shape[td] == out_meta->shape[d]) ? dt_shard(td)
+                                                                         : dt_replicate();
+    }
+    dt__add_rule(rules, cap, n_rules, &r);
+  }
+  for (int op = DT_REDUCE_SUM; op < DT_REDUCE_COUNT; op++) {
+    dt_placement_t P = dt_partial((dt_reduce_op_t)op);
+    int linear_op = op == DT_REDUCE_SUM || op == DT_REDUCE_AVG;
+    memset(&r, 0, sizeof r);
+    r.out[0] = P;
+    switch (lin) {
+      case DT_LIN_UNARY:
+      case DT_LIN_ADDITIVE:
+        if (!linear_op) break;
+        for (int t = 0; t < nin; t++) r.in[t] = P;
+        dt__add_rule(rules, cap, n_rules, &r);
+        break;
+      case DT_LIN_MULT:
+      case DT_LIN_NUMERATOR:
+        if (!linear_op) break;
+        for (int t = 0; t < (lin == DT_LIN_MULT ? nin : 1); t++) {
+          memset(&r, 0, sizeof r);
+          r.out[0] = P;
+          r.in[t] = P;
+          dt__add_rule(rules, cap, n_rules, &r);
+        }
+        break;
+      case DT_LIN_MAX:
+      case DT_LIN_MIN:
+        if (op != (lin == DT_LIN_MAX ? DT_REDUCE_MAX : DT_REDUCE_MIN)) break;
+        for (int t = 0; t < nin; t++) r.in[t] = P;
+        dt__add_rule(rules, cap, n_rules, &r);
+        break;
+      default: break;
+    }
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * built-in ops */
+
+#define DT__EINSUM_OP(fname, eq, bilinear)                                                     \
+  static dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
+                           dt_op_rule_t* rules, int cap, int* n) {                             \
+    *n_out = 1;                                                                                \
+    return dt__rules_einsum(eq, call, bilinear, out_meta, rules, cap, n);                      \
+  }
+DT__EINSUM_OP(dt__mm_rules, "mk,kn->mn", 1)
+DT__EINSUM_OP(dt__bmm_rules, "bmk,bkn->bmn", 1)
+
+#define DT__POINTWISE_OP(fname, lin)                                                           \
+  static dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
+                           dt_op_rule_t* rules, int cap, int* n) {                             \
+    *n_out = 1;                                                                                \
+    return dt__rules_pointwise(call, lin, out_meta, rules, cap, n);                            \
+  }
+DT__POINTWISE_OP(dt__additive_rules, DT_LIN_ADDITIVE)
+DT__POINTWISE_OP(dt__mult_rules, DT_LIN_MULT)
+DT__POINTWISE_OP(dt__numerator_rules, DT_LIN_NUMERATOR)
+DT__POINTWISE_OP(dt__unary_linear_rules, DT_LIN_UNARY)
+DT__POINTWISE_OP(dt__nonlinear_rules, DT_LIN_NONE)
+DT__POINTWISE_OP(dt__max_rules, DT_LIN_MAX)
+DT__POINTWISE_OP(dt__min_rules, DT_LIN_MIN)
+
+void dt__ops_register_builtins(void) {
+  static const struct {
+    const char* name;
+    int n_inputs;
+    dt_op_rules_fn fn;
+  } ops[] = {
+      {"mm", 2, dt__mm_rules},           {"bmm", 2, dt__bmm_rules},
+      {"add", 2, dt__additive_rules},    {"sub", 2, dt__additive_rules},
+      {"mul", 2, dt__mult_rules},        {"div", 2, dt__numerator_rules},
+      {"maximum", 2, dt__max_rules},     {"minimum", 2, dt__min_rules},
+      {"neg", 1, dt__unary_linear_rules}, {"mul_scalar", 1, dt__unary_linear_rules},
+      {"relu", 1, dt__nonlinear_rules},  {"exp", 1, dt__nonlinear_rules},
+      {"log", 1, dt__nonlinear_rules},   {"sqrt", 1, dt__nonlinear_rules},
+      {"rsqrt", 1, dt__nonlinear_rules}, {"gelu", 1, dt__nonlinear_rules},
+      {"silu", 1, dt__nonlinear_rules},  {"sigmoid", 1, dt__nonlinear_rules},
+      {"tanh", 1, dt__nonlinear_rules},
+  };
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn);
+}

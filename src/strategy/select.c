@@ -1,0 +1,180 @@
+/* select.c - expands single-mesh-dim rules over the mesh and picks the cheapest candidate.
+ *
+ * A candidate takes, for every mesh dim, one rule; each tensor's placement list is the rule's
+ * placement for that tensor on each mesh dim. Candidates where a tensor cannot take its placements
+ * (shard dim out of range) or an input cannot be redistributed to them (a new Partial from a
+ * Shard) are dropped. Cost = sum over inputs of the planner's cost from the current to the
+ * required placements. Order of preference: lower cost; then no movement at all; then fewer
+ * redistribution steps; then the first candidate in expansion order (rules in generator order,
+ * mesh dim 0 varying slowest).
+ */
+#include <math.h>
+
+#include "strategy/strategy.h"
+
+#define DT_OP_MAX_CANDIDATES 65536
+
+static dt_status_t dt__call_check(dt_mesh_t mesh, const dt_op_call_t* call,
+                                  const dt_placement_t in_pl[][DT_MAX_MESH_DIMS]) {
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_ARG_NOT_NULL(call);
+  DT_ARG_NOT_NULL(in_pl);
+  if (call->n_inputs < 1 || call->n_inputs > DT_OP_MAX_INPUTS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range [1, %d]", call->n_inputs,
+                   DT_OP_MAX_INPUTS);
+  for (int t = 0; t < call->n_inputs; t++) {
+    const dt_tensor_meta_t* m = &call->in[t];
+    if (!dt__dtype_valid(m->dtype))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "input %d: dtype %d out of range", t, (int)m->dtype);
+    if (m->ndim < 0 || m->ndim > DT_MAX_DIMS)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "input %d: ndim %d out of range [0, %d]", t, m->ndim,
+                     DT_MAX_DIMS);
+    for (int d = 0; d < m->ndim; d++)
+      if (m->shape[d] < 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "input %d: shape[%d] = %lld is negative", t, d,
+                       (long long)m->shape[d]);
+  }
+  if (call->n_iargs < 0 || call->n_iargs > DT_OP_MAX_IARGS || call->n_fargs < 0 ||
+      call->n_fargs > DT_OP_MAX_FARGS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "argument counts out of range");
+  return DT_SUCCESS;
+}
+
+/* Normalizes p for a tensor of ndim dims; 0 if it cannot apply. */
+static int dt__fits(dt_placement_t* p, int ndim) {
+  if (p->kind == DT_SHARD) {
+    int d = p->dim < 0 ? p->dim + ndim : p->dim;
+    if (d < 0 || d >= ndim) return 0;
+    p->dim = d;
+  }
+  return 1;
+}
+
+/* Expands candidates, calling `visit` on each legal one (returns 0 to stop). */
+static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
+                              const dt_placement_t in_pl[][DT_MAX_MESH_DIMS],
+                              int (*visit)(void* ctx, const dt_op_choice_t* c), void* ctx,
+                              int* total) {
+  *total = 0;
+  DT_CHECK(dt__call_check(mesh, call, in_pl));
+  dt_op_rules_fn fn;
+  DT_CHECK(dt__op_get(call, &fn));
+  dt_op_rule_t rules[DT_OP_MAX_RULES];
+  dt_op_choice_t c;
+  memset(&c, 0, sizeof c);
+  int nr = 0;
+  DT_CHECK(fn(call, c.out_meta, &c.n_outputs, rules, DT_OP_MAX_RULES, &nr));
+  if (nr < 1 || c.n_outputs < 1 || c.n_outputs > DT_OP_MAX_OUTPUTS)
+    return DT_FAIL(DT_ERR_INTERNAL, "%s: generator returned %d rules, %d outputs", call->op, nr,
+                   c.n_outputs);
+  const int m = mesh->ndim;
+  long ncand = 1;
+  for (int i = 0; i < m; i++) ncand *= nr;
+  if (ncand > DT_OP_MAX_CANDIDATES)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: %ld candidates (%d rules over %d mesh dims) exceed %d",
+                   call->op, ncand, nr, m, DT_OP_MAX_CANDIDATES);
+  /* Input layouts (current placements), validated once. */
+  dt_layout_t in_l[DT_OP_MAX_INPUTS];
+  for (int t = 0; t < call->n_inputs; t++) {
+    dt_status_t st = dt__layout_init(&in_l[t], m, mesh->shape, call->in[t].ndim,
+                                     call->in[t].shape, in_pl[t]);
+    if (st != DT_SUCCESS) return DT_FAIL(st, "%s: input %d: %s", call->op, t, dt_last_error());
+  }
+  for (long k = 0; k < ncand; k++) {
+    int ok = 1;
+    long v = k;
+    for (int i = m - 1; i >= 0 && ok; i--, v /= nr) {
+      const dt_op_rule_t* r = &rules[v % nr];
+      for (int o = 0; o < c.n_outputs && ok; o++) {
+        c.out[o][i] = r->out[o];
+        ok = dt__fits(&c.out[o][i], c.out_meta[o].ndim);
+      }
+      for (int t = 0; t < call->n_inputs && ok; t++) {
+        c.in[t][i] = r->in[t];
+        ok = dt__fits(&c.in[t][i], call->in[t].ndim);
+      }
+    }
+    if (!ok) continue;
+    c.cost_us = 0.0;
+    c.steps = 0;
+    for (int t = 0; t < call->n_inputs && ok; t++) {
+      struct dt_plan* p;
+      dt_status_t st = dt__plan_get(mesh, call->in[t].dtype, &in_l[t], c.in[t], &p);
+      if (st == DT_ERR_UNSUPPORTED) {
+        ok = 0; /* e.g. a new Partial from a Shard: not reachable */
+      } else if (st != DT_SUCCESS) {
+        return st;
+      } else {
+        c.cost_us += p->cost_us;
+        c.steps += p->nsteps;
+      }
+    }
+    if (!ok) continue;
+    (*total)++;
+    if (!visit(ctx, &c)) break;
+  }
+  dt_clear_error();
+  return DT_SUCCESS;
+}
+
+typedef struct {
+  dt_op_choice_t best;
+  int have;
+} dt__best_t;
+
+static int dt__better(const dt_op_choice_t* a, const dt_op_choice_t* b) {
+  double tol = 1e-9 * (1.0 + fabs(b->cost_us));
+  if (a->cost_us < b->cost_us - tol) return 1;
+  if (a->cost_us > b->cost_us + tol) return 0;
+  if ((a->steps == 0) != (b->steps == 0)) return a->steps == 0;
+  return a->steps < b->steps;
+}
+
+static int dt__visit_best(void* ctx, const dt_op_choice_t* c) {
+  dt__best_t* b = (dt__best_t*)ctx;
+  if (!b->have || dt__better(c, &b->best)) {
+    b->best = *c;
+    b->have = 1;
+  }
+  return 1;
+}
+
+dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
+                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
+  DT_ARG_NOT_NULL(out);
+  memset(out, 0, sizeof *out);
+  dt__best_t b;
+  memset(&b, 0, sizeof b);
+  int total = 0;
+  DT_CHECK(dt__expand(mesh, call, in_pl, dt__visit_best, &b, &total));
+  if (!b.have)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: no candidate strategy fits these inputs", call->op);
+  *out = b.best;
+  out->n_candidates = total;
+  return DT_SUCCESS;
+}
+
+typedef struct {
+  dt_op_choice_t* out;
+  int cap, n;
+} dt__list_t;
+
+static int dt__visit_list(void* ctx, const dt_op_choice_t* c) {
+  dt__list_t* l = (dt__list_t*)ctx;
+  if (l->n < l->cap) l->out[l->n] = *c;
+  l->n++;
+  return 1;
+}
+
+dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
+                             const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out,
+                             int cap, int* n) {
+  DT_ARG_NOT_NULL(n);
+  *n = 0;
+  if (cap > 0) DT_ARG_NOT_NULL(out);
+  dt__list_t l = {out, cap < 0 ? 0 : cap, 0};
+  int total = 0;
+  DT_CHECK(dt__expand(mesh, call, in_pl, dt__visit_list, &l, &total));
+  *n = total;
+  return DT_SUCCESS;
+}

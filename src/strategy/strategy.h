@@ -1,0 +1,36 @@
+/* strategy.h - internal interface of the strategy layer: built-in rule generators. */
+#ifndef DT_STRATEGY_STRATEGY_H
+#define DT_STRATEGY_STRATEGY_H
+
+#include "dtensor/strategy.h"
+#include "internal/core.h"
+
+/* Matmul family from an einsum equation ("mk,kn->mn"): batch dims S on every operand, free dims S
+ * on their operand and R on the others, contracted dims give P(sum) from S on the operands; with
+ * `bilinear`, a Partial (sum or avg) passes through one operand while the others are R. */
+dt_status_t dt__rules_einsum(const char* eq, const dt_op_call_t* call, int bilinear,
+                             dt_tensor_meta_t* out_meta, dt_op_rule_t* rules, int cap,
+                             int* n_rules);
+
+/* Pointwise with numpy broadcasting; `lin` says how Partial placements may pass. */
+typedef enum {
+  DT_LIN_NONE = 0,      /* non-linear: Partial inputs are reduced first */
+  DT_LIN_UNARY = 1,     /* linear in its single input (neg, scalar mul, cast): P(sum|avg) */
+  DT_LIN_ADDITIVE = 2,  /* add/sub: P(sum|avg) on every input (R inputs are partitioned) */
+  DT_LIN_MULT = 3,      /* mul: P(sum|avg) on one input, the others R (P*P costs an AR) */
+  DT_LIN_NUMERATOR = 4, /* div: P(sum|avg) on the numerator only */
+  DT_LIN_MAX = 5,       /* maximum: keeps P(max) */
+  DT_LIN_MIN = 6,       /* minimum: keeps P(min) */
+} dt_linearity_t;
+
+dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
+                                dt_tensor_meta_t* out_meta, dt_op_rule_t* rules, int cap,
+                                int* n_rules);
+
+/* The rule generator of call->op after checking its arity; DT_ERR_UNSUPPORTED when unknown. */
+dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules);
+
+/* Registers the built-in ops once (called by the registry on first use). */
+void dt__ops_register_builtins(void);
+
+#endif
