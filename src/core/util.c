@@ -13,6 +13,22 @@ void* dt__calloc(size_t count, size_t size) { return calloc(count ? count : 1, s
 void* dt__realloc(void* p, size_t n) { return realloc(p, n ? n : 1); }
 void dt__free(void* p) { free(p); }
 
+uint64_t dt__hash_bytes(const void* p, size_t n) {
+  const unsigned char* b = (const unsigned char*)p;
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, b + i, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    h ^= h >> 29;
+  }
+  for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
+}
+
 int dt__mul_i64(int64_t a, int64_t b, int64_t* out) {
   if (a < 0 || b < 0) return 0;
   if (a != 0 && b > INT64_MAX / a) return 0;

@@ -33,6 +33,9 @@ uint16_t dt__f32_to_f16(float f);
 void dt__store(void* buf, dt_dtype_t dtype, int64_t i, double v);
 double dt__load(const void* buf, dt_dtype_t dtype, int64_t i);
 
+/* Fast non-cryptographic hash of a byte range (8 bytes at a time), for cache keys. */
+uint64_t dt__hash_bytes(const void* p, size_t n);
+
 /* Overflow-checked products. Return 0 on overflow. */
 int dt__mul_i64(int64_t a, int64_t b, int64_t* out);
 

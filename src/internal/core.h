@@ -37,6 +37,8 @@ dt_status_t dt__ws_reserve(int slot, size_t nbytes, void** out);
 dt_status_t dt__ws_ints(size_t count, int** out);
 void dt__ws_release(void);
 dt_status_t dt__require_init(const char* what);
+/* Upper layers register cleanups run by dt_finalize (keeps lower layers unaware of them). */
+void dt__at_finalize(void (*fn)(void));
 
 /* ---- mesh (src/mesh/mesh.c) ---------------------------------------------------------------- */
 typedef struct dt_flat_group {
@@ -53,6 +55,7 @@ struct dt_plan_cache;
 struct dt_mesh {
   uint32_t magic;
   int refcount;
+  uint64_t id; /* unique for the process lifetime (handles may be reused after free) */
   int ndim;
   int shape[DT_MAX_MESH_DIMS];
   char names[DT_MAX_MESH_DIMS][DT_NAME_MAX];

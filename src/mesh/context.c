@@ -29,7 +29,17 @@ dt_status_t dt_init(int* argc, char*** argv) {
   return DT_SUCCESS;
 }
 
+static void (*dt__finalizers[8])(void);
+static int dt__nfinalizers = 0;
+
+void dt__at_finalize(void (*fn)(void)) {
+  for (int i = 0; i < dt__nfinalizers; i++)
+    if (dt__finalizers[i] == fn) return;
+  if (dt__nfinalizers < 8) dt__finalizers[dt__nfinalizers++] = fn;
+}
+
 dt_status_t dt_finalize(void) {
+  for (int i = 0; i < dt__nfinalizers; i++) dt__finalizers[i]();
   if (!dt__ctx.initialized) return DT_SUCCESS;
   dt__ws_release();
   /* Meshes still alive keep their communicators until MPI goes away; free them now. */

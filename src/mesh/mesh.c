@@ -48,8 +48,10 @@ static dt_status_t dt__mesh_alloc(int ndim, const int* shape, const char* const*
   }
   dt_mesh_t m = (dt_mesh_t)dt__calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a mesh");
+  static uint64_t next_id = 1;
   m->magic = DT_MESH_MAGIC;
   m->refcount = 1;
+  m->id = next_id++;
   m->ndim = ndim;
   m->numel = (int)numel;
   for (int i = 0; i < ndim; i++) {

@@ -25,12 +25,7 @@ struct dt_plan_cache {
   struct dt_plan** plans;
 };
 
-static uint64_t dt__hash(const void* p, size_t n) {
-  const unsigned char* b = (const unsigned char*)p;
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
+static uint64_t dt__hash(const void* p, size_t n) { return dt__hash_bytes(p, n); }
 
 void dt__plan_release(struct dt_plan* p) {
   if (p != NULL && --p->refcount == 0) dt__free(p);

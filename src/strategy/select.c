@@ -13,6 +13,104 @@
 #include "strategy/strategy.h"
 
 #define DT_OP_MAX_CANDIDATES 65536
+#define DT_PROP_CACHE_MAX 4096
+
+/* ---------------------------------------------------------------------------------------------
+ * Propagation cache: the selected choice per key. The key holds everything that changes the
+ * answer: the mesh (unique id, flattened dims), the cost model generation, the op, each input's
+ * dtype, shape and placements, and every non-tensor argument (a scalar or dim that changes the
+ * semantics must be in the key: PyTorch issues #147180 and #153603 were silent wrong results). */
+
+typedef struct dt_prop_key {
+  uint64_t mesh_id, cost_gen;
+  int32_t nflat, n_inputs, n_iargs, n_fargs;
+  char op[DT_OP_NAME_MAX];
+  dt_tensor_meta_t in[DT_OP_MAX_INPUTS];
+  dt_placement_t pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
+  int64_t iargs[DT_OP_MAX_IARGS];
+  uint64_t fargs[DT_OP_MAX_FARGS]; /* bit patterns: -0.0 and 0.0 differ, NaN payloads too */
+} dt_prop_key_t;
+
+static struct {
+  size_t cap, count;
+  dt_prop_key_t* keys;
+  dt_op_choice_t* vals;
+  unsigned char* used;
+} dt__prop;
+
+static uint64_t dt__prop_hash(const dt_prop_key_t* k) { return dt__hash_bytes(k, sizeof *k); }
+
+/* Builds the key (zero padding included, so memcmp works); 0 if the call cannot be keyed. */
+static int dt__prop_key(dt_mesh_t mesh, const dt_op_call_t* call,
+                        const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_prop_key_t* k) {
+  memset(k, 0, sizeof *k);
+  if (strlen(call->op) >= DT_OP_NAME_MAX) return 0;
+  k->mesh_id = mesh->id;
+  k->cost_gen = dt__cost_generation();
+  k->nflat = mesh->nflat;
+  k->n_inputs = call->n_inputs;
+  k->n_iargs = call->n_iargs;
+  k->n_fargs = call->n_fargs;
+  memcpy(k->op, call->op, strlen(call->op));
+  for (int t = 0; t < call->n_inputs; t++) {
+    k->in[t].dtype = call->in[t].dtype;
+    k->in[t].ndim = call->in[t].ndim;
+    memcpy(k->in[t].shape, call->in[t].shape, sizeof(int64_t) * (size_t)call->in[t].ndim);
+    for (int i = 0; i < mesh->ndim; i++) {
+      dt_placement_t p = in_pl[t][i];
+      if (dt_placement_normalize(&p, call->in[t].ndim) != DT_SUCCESS) return 0;
+      k->pl[t][i] = p;
+    }
+  }
+  memcpy(k->iargs, call->iargs, sizeof(int64_t) * (size_t)call->n_iargs);
+  memcpy(k->fargs, call->fargs, sizeof(double) * (size_t)call->n_fargs);
+  return 1;
+}
+
+static const dt_op_choice_t* dt__prop_find(const dt_prop_key_t* k) {
+  if (dt__prop.cap == 0) return NULL;
+  size_t j = dt__prop_hash(k) & (dt__prop.cap - 1);
+  while (dt__prop.used[j]) {
+    if (memcmp(&dt__prop.keys[j], k, sizeof *k) == 0) return &dt__prop.vals[j];
+    j = (j + 1) & (dt__prop.cap - 1);
+  }
+  return NULL;
+}
+
+static void dt__prop_insert(const dt_prop_key_t* k, const dt_op_choice_t* v) {
+  if (dt__prop.count >= DT_PROP_CACHE_MAX) { /* start over rather than grow without bound */
+    memset(dt__prop.used, 0, dt__prop.cap);
+    dt__prop.count = 0;
+  }
+  if (dt__prop.cap == 0) {
+    size_t cap = 2 * DT_PROP_CACHE_MAX;
+    dt__prop.keys = (dt_prop_key_t*)dt__malloc(cap * sizeof(dt_prop_key_t));
+    dt__prop.vals = (dt_op_choice_t*)dt__malloc(cap * sizeof(dt_op_choice_t));
+    dt__prop.used = (unsigned char*)dt__calloc(cap, 1);
+    if (!dt__prop.keys || !dt__prop.vals || !dt__prop.used) { /* caching is optional */
+      dt__free(dt__prop.keys);
+      dt__free(dt__prop.vals);
+      dt__free(dt__prop.used);
+      memset(&dt__prop, 0, sizeof dt__prop);
+      return;
+    }
+    dt__prop.cap = cap;
+    dt__at_finalize(dt__prop_cache_release);
+  }
+  size_t j = dt__prop_hash(k) & (dt__prop.cap - 1);
+  while (dt__prop.used[j]) j = (j + 1) & (dt__prop.cap - 1);
+  dt__prop.keys[j] = *k;
+  dt__prop.vals[j] = *v;
+  dt__prop.used[j] = 1;
+  dt__prop.count++;
+}
+
+void dt__prop_cache_release(void) {
+  dt__free(dt__prop.keys);
+  dt__free(dt__prop.vals);
+  dt__free(dt__prop.used);
+  memset(&dt__prop, 0, sizeof dt__prop);
+}
 
 static dt_status_t dt__call_check(dt_mesh_t mesh, const dt_op_call_t* call,
                                   const dt_placement_t in_pl[][DT_MAX_MESH_DIMS]) {
@@ -143,6 +241,17 @@ dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
                          const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
+  DT_CHECK(dt__call_check(mesh, call, in_pl));
+  DT_ARG_NOT_NULL(call->op);
+  dt_prop_key_t key;
+  int keyed = dt__prop_key(mesh, call, in_pl, &key);
+  if (keyed) {
+    const dt_op_choice_t* hit = dt__prop_find(&key);
+    if (hit != NULL) {
+      *out = *hit;
+      return DT_SUCCESS;
+    }
+  }
   dt__best_t b;
   memset(&b, 0, sizeof b);
   int total = 0;
@@ -151,6 +260,7 @@ dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: no candidate strategy fits these inputs", call->op);
   *out = b.best;
   out->n_candidates = total;
+  if (keyed) dt__prop_insert(&key, out);
   return DT_SUCCESS;
 }
 

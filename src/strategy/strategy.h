@@ -30,6 +30,9 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
 /* The rule generator of call->op after checking its arity; DT_ERR_UNSUPPORTED when unknown. */
 dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules);
 
+/* Frees the propagation cache (dt_finalize). */
+void dt__prop_cache_release(void);
+
 /* Registers the built-in ops once (called by the registry on first use). */
 void dt__ops_register_builtins(void);
 

@@ -261,11 +261,80 @@ static void test_registry(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* An op whose rules depend on its non-tensor arguments: iargs[0] is the dim it keeps sharded,
+ * fargs[0] < 0 forbids Partial. The propagation cache must tell calls apart by those values. */
+static dt_status_t argdep_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                                dt_op_rule_t* rules, int cap, int* n) {
+  if (call->n_iargs != 1 || call->n_fargs != 1 || cap < 3) return DT_ERR_INVALID_ARG;
+  *n_out = 1;
+  *out_meta = call->in[0];
+  memset(rules, 0, sizeof(dt_op_rule_t) * 3);
+  int d = (int)call->iargs[0];
+  rules[1].out[0] = dt_shard(d);
+  rules[1].in[0] = dt_shard(d);
+  *n = 2;
+  if (call->fargs[0] >= 0) {
+    rules[2].out[0] = dt_partial(DT_REDUCE_SUM);
+    rules[2].in[0] = dt_partial(DT_REDUCE_SUM);
+    *n = 3;
+  }
+  return DT_SUCCESS;
+}
+
+static void test_cache_key(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(1, 4, 0);
+  assert_int_equal(dt_op_register("argdep", 1, argdep_rules), DT_SUCCESS);
+  int64_t s[2] = {16, 16};
+  dt_op_call_t c = call2("argdep", 2, s, 0, NULL);
+  c.n_iargs = 1;
+  c.n_fargs = 1;
+  dt_placement_t in[1][DT_MAX_MESH_DIMS];
+  dt_op_choice_t ch;
+  set_pl(in, 0, "S1");
+  for (int rep = 0; rep < 2; rep++) { /* second pass is served by the cache */
+    c.iargs[0] = 1;
+    c.fargs[0] = 2.0;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, "S(1)");
+    assert_int_equal(ch.steps, 0);
+    c.iargs[0] = 0; /* a different dim: S(1) must move to S(0) */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, "S(0)");
+    assert_int_equal(ch.steps, 1);
+  }
+  set_pl(in, 0, "P");
+  c.iargs[0] = 0;
+  c.fargs[0] = 2.0;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 1, "P(sum)"); /* Partial allowed */
+  c.fargs[0] = -2.0;            /* a different scalar: Partial must be reduced */
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  c.fargs[0] = 2.0;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 1, "P(sum)");
+  /* a different input shape or dtype is a different key too */
+  set_pl(in, 0, "S0");
+  c.iargs[0] = 1;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].shape[0], 16);
+  c.in[0].shape[0] = 20;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].shape[0], 20);
+  /* the same call on another mesh of the same shape is keyed apart (mesh identity) */
+  dt_mesh_t m2 = mesh_of(1, 2, 0);
+  assert_int_equal(dt_op_select(m2, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.n_candidates > 0, 1);
+  dt_mesh_destroy(m2);
+  dt_mesh_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
       cmocka_unit_test(test_pointwise_partial), cmocka_unit_test(test_broadcast),
-      cmocka_unit_test(test_registry),
+      cmocka_unit_test(test_registry),     cmocka_unit_test(test_cache_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
