@@ -3,6 +3,9 @@
  *   dtensor-explain redistribute --mesh 2x2 --shape 8x8x8 --dtype f32 --from S0,S1 --to S1,S0
  *                   [--flatten 0,1]... [--greedy] [--cost-model FILE] [--visualize] [--json]
  *
+ *   dtensor-explain op mm --mesh 2x2 --shape 12x8 --shape 8x4 --in S0,R --in R,S1 [--dtype f32]
+ *                   [--arg dim=1] [--all] [--json]
+ *
  * Works on an abstract mesh: planning needs only shapes. Exit status 0 on success, 2 on bad
  * input (with {"error": "..."} under --json).
  */
@@ -37,7 +40,12 @@ static void usage(FILE* f) {
           "--to P0,P1..\n"
           "                       [--dtype f32|bf16|f16|i32|i64] [--flatten d0,d1].. [--greedy]\n"
           "                       [--cost-model FILE] [--visualize] [--json]\n"
-          "placements: S(d) or Sd, R, P or P(sum|avg|max|min), one per mesh dim\n");
+          "       dtensor-explain op NAME --mesh AxB --shape NxM --in P0,P1 [--shape .. --in ..]..\n"
+          "                       [--dtype T] [--arg NAME=INT|FLOAT].. [--flatten d0,d1].. [--all]\n"
+          "                       [--cost-model FILE] [--json]\n"
+          "placements: S(d) or Sd, R, P or P(sum|avg|max|min), one per mesh dim; op names as in\n"
+          "PyTorch's aten (mm, bmm, add, sub, mul, div, neg, relu, ...); --arg values with a '.' or\n"
+          "an exponent are scalars, the others integers (dims, flags), in the order given\n");
 }
 
 /* Parses "2x2x2" into at most cap positive ints. */
@@ -70,6 +78,63 @@ static cJSON* placements_json(const dt_placement_t* p, int n) {
     dt_placement_format(p[i], b, sizeof b);
     cJSON_AddItemToArray(a, cJSON_CreateString(b));
   }
+  return a;
+}
+
+/* Steps of a plan as a JSON array (same form for both commands). */
+static cJSON* steps_json(dt_plan_t plan) {
+  cJSON* steps = cJSON_CreateArray();
+  int nsteps = 0;
+  dt_plan_num_steps(plan, &nsteps);
+  for (int k = 0; k < nsteps; k++) {
+    dt_plan_step_t ps;
+    dt_plan_get_step(plan, k, &ps);
+    cJSON* j = cJSON_CreateObject();
+    if (ps.n_mesh_dims == 1) {
+      cJSON_AddNumberToObject(j, "mesh_dim", ps.mesh_dims[0]);
+    } else {
+      cJSON* md = cJSON_AddArrayToObject(j, "mesh_dim");
+      for (int q = 0; q < ps.n_mesh_dims; q++)
+        cJSON_AddItemToArray(md, cJSON_CreateNumber(ps.mesh_dims[q]));
+    }
+    char fb[128], tb[128];
+    dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
+    dt_placements_format(ps.to, ps.n_mesh_dims, NULL, tb, sizeof tb);
+    cJSON_AddStringToObject(j, "from", fb);
+    cJSON_AddStringToObject(j, "to", tb);
+    cJSON_AddStringToObject(j, "collective", dt_collective_name(ps.coll));
+    cJSON_AddNumberToObject(j, "bytes", (double)ps.nbytes);
+    cJSON_AddNumberToObject(j, "cost_us", ps.cost_us);
+    cJSON_AddItemToArray(steps, j);
+  }
+  return steps;
+}
+
+static void steps_text(dt_plan_t plan, const char* indent) {
+  int nsteps = 0;
+  dt_plan_num_steps(plan, &nsteps);
+  printf("%s%-4s %-9s %-12s %-12s %-15s %12s %12s\n", indent, "step", "mesh_dim", "from", "to",
+         "collective", "bytes", "cost_us");
+  for (int k = 0; k < nsteps; k++) {
+    dt_plan_step_t ps;
+    dt_plan_get_step(plan, k, &ps);
+    char fb[128], tb[128], md[32];
+    int w = 0;
+    for (int q = 0; q < ps.n_mesh_dims; q++)
+      w += snprintf(md + w, sizeof md - (size_t)w, "%s%d", q ? "+" : "", ps.mesh_dims[q]);
+    dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
+    dt_placements_format(ps.to, ps.n_mesh_dims, NULL, tb, sizeof tb);
+    printf("%s%-4d %-9s %-12s %-12s %-15s %12llu %12.2f\n", indent, k, md, fb, tb,
+           dt_collective_name(ps.coll), (unsigned long long)ps.nbytes, ps.cost_us);
+  }
+}
+
+static const dt_collective_t kListed[4] = {DT_COLL_ALL_GATHER, DT_COLL_ALL_REDUCE,
+                                           DT_COLL_REDUCE_SCATTER, DT_COLL_ALL_TO_ALL};
+
+static cJSON* shape_json(const int64_t* shape, int nd) {
+  cJSON* a = cJSON_CreateArray();
+  for (int d = 0; d < nd; d++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[d]));
   return a;
 }
 
@@ -164,42 +229,18 @@ static int explain_redistribute(int argc, char** argv) {
     dt_placement_normalize(&from[i], nd);
     dt_placement_normalize(&to[i], nd);
   }
-  static const dt_collective_t listed[4] = {DT_COLL_ALL_GATHER, DT_COLL_ALL_REDUCE,
-                                            DT_COLL_REDUCE_SCATTER, DT_COLL_ALL_TO_ALL};
   if (g_json) {
     cJSON* o = cJSON_CreateObject();
     cJSON* m = cJSON_AddArrayToObject(o, "mesh");
     for (int i = 0; i < mesh_nd; i++) cJSON_AddItemToArray(m, cJSON_CreateNumber(mesh_shape[i]));
-    cJSON* s = cJSON_AddArrayToObject(o, "shape");
-    for (int d = 0; d < nd; d++) cJSON_AddItemToArray(s, cJSON_CreateNumber((double)shape[d]));
+    cJSON_AddItemToObject(o, "shape", shape_json(shape, nd));
     cJSON_AddStringToObject(o, "dtype", dt_dtype_name(dtype));
     cJSON_AddItemToObject(o, "from", placements_json(from, mesh_nd));
     cJSON_AddItemToObject(o, "to", placements_json(to, mesh_nd));
-    cJSON* steps = cJSON_AddArrayToObject(o, "steps");
-    for (int k = 0; k < nsteps; k++) {
-      dt_plan_step_t ps;
-      dt_plan_get_step(plan, k, &ps);
-      cJSON* j = cJSON_CreateObject();
-      if (ps.n_mesh_dims == 1) {
-        cJSON_AddNumberToObject(j, "mesh_dim", ps.mesh_dims[0]);
-      } else {
-        cJSON* md = cJSON_AddArrayToObject(j, "mesh_dim");
-        for (int q = 0; q < ps.n_mesh_dims; q++)
-          cJSON_AddItemToArray(md, cJSON_CreateNumber(ps.mesh_dims[q]));
-      }
-      char fb[128], tb[128];
-      dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
-      dt_placements_format(ps.to, ps.n_mesh_dims, NULL, tb, sizeof tb);
-      cJSON_AddStringToObject(j, "from", fb);
-      cJSON_AddStringToObject(j, "to", tb);
-      cJSON_AddStringToObject(j, "collective", dt_collective_name(ps.coll));
-      cJSON_AddNumberToObject(j, "bytes", (double)ps.nbytes);
-      cJSON_AddNumberToObject(j, "cost_us", ps.cost_us);
-      cJSON_AddItemToArray(steps, j);
-    }
+    cJSON_AddItemToObject(o, "steps", steps_json(plan));
     cJSON* cnt = cJSON_AddObjectToObject(o, "counts");
     for (int c = 0; c < 4; c++)
-      cJSON_AddNumberToObject(cnt, dt_collective_name(listed[c]), counts[listed[c]]);
+      cJSON_AddNumberToObject(cnt, dt_collective_name(kListed[c]), counts[kListed[c]]);
     cJSON_AddNumberToObject(o, "cost_us", cost);
     char* text = cJSON_PrintUnformatted(o);
     printf("%s\n", text);
@@ -209,23 +250,10 @@ static int explain_redistribute(int argc, char** argv) {
     char line[512];
     dt_plan_format(plan, line, sizeof line);
     printf("plan: %s%s\n", line, greedy ? "   (greedy planner)" : "");
-    printf("%-4s %-9s %-12s %-12s %-15s %12s %12s\n", "step", "mesh_dim", "from", "to",
-           "collective", "bytes", "cost_us");
-    for (int k = 0; k < nsteps; k++) {
-      dt_plan_step_t ps;
-      dt_plan_get_step(plan, k, &ps);
-      char fb[128], tb[128], md[32];
-      int w = 0;
-      for (int q = 0; q < ps.n_mesh_dims; q++)
-        w += snprintf(md + w, sizeof md - (size_t)w, "%s%d", q ? "+" : "", ps.mesh_dims[q]);
-      dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
-      dt_placements_format(ps.to, ps.n_mesh_dims, NULL, tb, sizeof tb);
-      printf("%-4d %-9s %-12s %-12s %-15s %12llu %12.2f\n", k, md, fb, tb,
-             dt_collective_name(ps.coll), (unsigned long long)ps.nbytes, ps.cost_us);
-    }
+    steps_text(plan, "");
     printf("counts:");
     for (int c = 0; c < 4; c++)
-      printf(" %s=%d", dt_collective_name(listed[c]), counts[listed[c]]);
+      printf(" %s=%d", dt_collective_name(kListed[c]), counts[kListed[c]]);
     printf(" local=%d\ntotal cost: %.2f us\n", counts[DT_COLL_LOCAL], cost);
     if (vis) {
       printf("\nfrom:\n");
@@ -240,6 +268,221 @@ out:
   return rc;
 }
 
+/* Parses "--arg NAME=VALUE": scalars (with '.', an exponent, inf or nan) go to fargs, integers to
+ * iargs, each in the order given. */
+static int parse_arg(const char* text, dt_op_call_t* call) {
+  const char* eq = strchr(text, '=');
+  if (eq == NULL || eq == text || eq[1] == '\0') return 0;
+  const char* v = eq + 1;
+  char* end;
+  if (strpbrk(v, ".eEnN") != NULL) {
+    double d = strtod(v, &end);
+    if (*end != '\0' || call->n_fargs >= DT_OP_MAX_FARGS) return 0;
+    call->fargs[call->n_fargs++] = d;
+  } else {
+    long long i = strtoll(v, &end, 10);
+    if (*end != '\0' || end == v || call->n_iargs >= DT_OP_MAX_IARGS) return 0;
+    call->iargs[call->n_iargs++] = i;
+  }
+  return 1;
+}
+
+static int explain_op(int argc, char** argv) {
+  if (argc < 1 || argv[0][0] == '-') return fail("op needs a NAME (e.g. mm)%s%s", NULL, NULL);
+  const char* name = argv[0];
+  const char *mesh_s = NULL, *dtype_s = "f32", *cost_s = NULL;
+  const char *shape_s[DT_OP_MAX_INPUTS + 1], *in_s[DT_OP_MAX_INPUTS + 1], *flat_s[8];
+  int nshape = 0, nin = 0, nflat = 0, all = 0;
+  dt_op_call_t call;
+  memset(&call, 0, sizeof call);
+  call.op = name;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    if (strcmp(a, "--json") == 0) continue;
+    if (strcmp(a, "--all") == 0) { all = 1; continue; }
+    if (i + 1 >= argc) return fail("option %s needs a value%s", a, NULL);
+    const char* v = argv[++i];
+    if (strcmp(a, "--mesh") == 0) mesh_s = v;
+    else if (strcmp(a, "--dtype") == 0) dtype_s = v;
+    else if (strcmp(a, "--cost-model") == 0) cost_s = v;
+    else if (strcmp(a, "--shape") == 0) {
+      if (nshape == DT_OP_MAX_INPUTS) return fail("at most 4 tensor inputs%s%s", NULL, NULL);
+      shape_s[nshape++] = v;
+    } else if (strcmp(a, "--in") == 0) {
+      if (nin == DT_OP_MAX_INPUTS) return fail("at most 4 tensor inputs%s%s", NULL, NULL);
+      in_s[nin++] = v;
+    } else if (strcmp(a, "--flatten") == 0) {
+      if (nflat == 8) return fail("too many --flatten options%s%s", NULL, NULL);
+      flat_s[nflat++] = v;
+    } else if (strcmp(a, "--arg") == 0) {
+      if (!parse_arg(v, &call))
+        return fail("bad --arg '%s' (expected NAME=INT or NAME=FLOAT, at most 8 and 4)%s", v, NULL);
+    } else {
+      return fail("unknown option '%s'%s", a, NULL);
+    }
+  }
+  if (!mesh_s || nshape == 0) return fail("--mesh and at least one --shape are required%s%s", NULL, NULL);
+  if (nin != nshape)
+    return fail("give one --in per --shape (%s %s)", nin < nshape ? "missing --in" : "missing --shape", "");
+  int64_t mesh64[DT_MAX_MESH_DIMS + 1];
+  int mesh_nd;
+  if (!parse_dims(mesh_s, mesh64, DT_MAX_MESH_DIMS + 1, &mesh_nd) || mesh_nd > DT_MAX_MESH_DIMS)
+    return fail("bad --mesh '%s' (expected e.g. 2x2, 1 to 4 dims)%s", mesh_s, NULL);
+  int mesh_shape[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < mesh_nd; i++) {
+    if (mesh64[i] < 1 || mesh64[i] > 1 << 20) return fail("bad --mesh '%s'%s", mesh_s, NULL);
+    mesh_shape[i] = (int)mesh64[i];
+  }
+  dt_dtype_t dtype;
+  if (dt_dtype_parse(dtype_s, &dtype) != DT_SUCCESS) return fail("%s%s", dt_last_error(), NULL);
+  dt_placement_t in_pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
+  call.n_inputs = nshape;
+  for (int t = 0; t < nshape; t++) {
+    int nd, np;
+    if (!parse_dims(shape_s[t], call.in[t].shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS)
+      return fail("bad --shape '%s' (expected e.g. 12x8, 1 to 8 dims)%s", shape_s[t], NULL);
+    call.in[t].ndim = nd;
+    call.in[t].dtype = dtype;
+    if (dt_placements_parse(in_s[t], in_pl[t], DT_MAX_MESH_DIMS, &np) != DT_SUCCESS)
+      return fail("--in '%s': %s", in_s[t], dt_last_error());
+    if (np != mesh_nd)
+      return fail("--in '%s' needs one placement per mesh dim (mesh '%s')", in_s[t], mesh_s);
+  }
+  if (cost_s && dt_cost_model_load(cost_s) != DT_SUCCESS)
+    return fail("--cost-model: %s%s", dt_last_error(), NULL);
+  dt_mesh_t mesh = NULL;
+  if (dt_mesh_create_abstract(mesh_nd, mesh_shape, NULL, &mesh) != DT_SUCCESS)
+    return fail("%s%s", dt_last_error(), NULL);
+  int rc = 0;
+  dt_op_choice_t* cands = NULL;
+  dt_plan_t plans[DT_OP_MAX_INPUTS] = {NULL};
+  for (int f = 0; f < nflat; f++) {
+    int64_t d64[DT_MAX_MESH_DIMS + 1];
+    int dims[DT_MAX_MESH_DIMS], n;
+    if (!parse_dims(flat_s[f], d64, DT_MAX_MESH_DIMS + 1, &n) || n > DT_MAX_MESH_DIMS) {
+      rc = fail("bad --flatten '%s'%s", flat_s[f], NULL);
+      goto out;
+    }
+    for (int k = 0; k < n; k++) dims[k] = (int)d64[k];
+    if (dt_mesh_flatten(mesh, n, dims, NULL, NULL) != DT_SUCCESS) {
+      rc = fail("--flatten: %s%s", dt_last_error(), NULL);
+      goto out;
+    }
+  }
+  dt_op_choice_t ch;
+  if (dt_op_select(mesh, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch) != DT_SUCCESS) {
+    rc = fail("%s%s", dt_last_error(), NULL);
+    goto out;
+  }
+  int counts[DT_COLL_COUNT] = {0};
+  for (int t = 0; t < nshape; t++) {
+    if (dt_plan_create(mesh, dtype, call.in[t].ndim, call.in[t].shape, in_pl[t], ch.in[t],
+                       &plans[t]) != DT_SUCCESS) {
+      rc = fail("%s%s", dt_last_error(), NULL);
+      goto out;
+    }
+    for (int c = 0; c < DT_COLL_COUNT; c++) {
+      int k;
+      dt_plan_count(plans[t], (dt_collective_t)c, &k);
+      counts[c] += k;
+    }
+    for (int i = 0; i < mesh_nd; i++) dt_placement_normalize(&in_pl[t][i], call.in[t].ndim);
+  }
+  int ncand = 0;
+  if (all) {
+    cands = (dt_op_choice_t*)malloc(sizeof(dt_op_choice_t) * (size_t)ch.n_candidates);
+    if (cands == NULL ||
+        dt_op_candidates(mesh, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, cands,
+                         ch.n_candidates, &ncand) != DT_SUCCESS) {
+      rc = fail("%s%s", cands ? dt_last_error() : "out of memory", NULL);
+      goto out;
+    }
+    if (ncand > ch.n_candidates) ncand = ch.n_candidates;
+  }
+  if (g_json) {
+    cJSON* o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "op", name);
+    cJSON* m = cJSON_AddArrayToObject(o, "mesh");
+    for (int i = 0; i < mesh_nd; i++) cJSON_AddItemToArray(m, cJSON_CreateNumber(mesh_shape[i]));
+    cJSON* ins = cJSON_AddArrayToObject(o, "inputs");
+    for (int t = 0; t < nshape; t++) {
+      cJSON* j = cJSON_CreateObject();
+      cJSON_AddItemToObject(j, "shape", shape_json(call.in[t].shape, call.in[t].ndim));
+      cJSON_AddItemToObject(j, "placements", placements_json(in_pl[t], mesh_nd));
+      cJSON_AddItemToArray(ins, j);
+    }
+    cJSON* outp = cJSON_AddObjectToObject(o, "output");
+    cJSON_AddItemToObject(outp, "shape", shape_json(ch.out_meta[0].shape, ch.out_meta[0].ndim));
+    cJSON_AddItemToObject(outp, "placements", placements_json(ch.out[0], mesh_nd));
+    cJSON* red = cJSON_AddArrayToObject(o, "redistribute");
+    for (int t = 0; t < nshape; t++) {
+      cJSON* j = cJSON_CreateObject();
+      cJSON_AddNumberToObject(j, "input", t);
+      cJSON_AddItemToObject(j, "to", placements_json(ch.in[t], mesh_nd));
+      cJSON_AddItemToObject(j, "steps", steps_json(plans[t]));
+      cJSON_AddItemToArray(red, j);
+    }
+    cJSON* cnt = cJSON_AddObjectToObject(o, "counts");
+    for (int c = 0; c < 4; c++)
+      cJSON_AddNumberToObject(cnt, dt_collective_name(kListed[c]), counts[kListed[c]]);
+    cJSON_AddNumberToObject(o, "cost_us", ch.cost_us);
+    cJSON_AddNumberToObject(o, "candidates", ch.n_candidates);
+    if (all) {
+      cJSON* arr = cJSON_AddArrayToObject(o, "all");
+      for (int k = 0; k < ncand; k++) {
+        cJSON* j = cJSON_CreateObject();
+        cJSON_AddItemToObject(j, "output", placements_json(cands[k].out[0], mesh_nd));
+        cJSON* ji = cJSON_AddArrayToObject(j, "inputs");
+        for (int t = 0; t < nshape; t++)
+          cJSON_AddItemToArray(ji, placements_json(cands[k].in[t], mesh_nd));
+        cJSON_AddNumberToObject(j, "cost_us", cands[k].cost_us);
+        cJSON_AddItemToArray(arr, j);
+      }
+    }
+    char* text = cJSON_PrintUnformatted(o);
+    printf("%s\n", text);
+    cJSON_free(text);
+    cJSON_Delete(o);
+  } else {
+    char b[128];
+    dt_placements_format(ch.out[0], mesh_nd, NULL, b, sizeof b);
+    printf("op %s on mesh %s: output %s", name, mesh_s, b);
+    printf(" shape [");
+    for (int d = 0; d < ch.out_meta[0].ndim; d++)
+      printf("%s%lld", d ? ", " : "", (long long)ch.out_meta[0].shape[d]);
+    printf("]\n");
+    for (int t = 0; t < nshape; t++) {
+      char from[128], to[128];
+      int ns;
+      dt_placements_format(in_pl[t], mesh_nd, NULL, from, sizeof from);
+      dt_placements_format(ch.in[t], mesh_nd, NULL, to, sizeof to);
+      dt_plan_num_steps(plans[t], &ns);
+      printf("input %d: %s -> %s%s\n", t, from, to, ns ? "" : " (no movement)");
+      if (ns) steps_text(plans[t], "  ");
+    }
+    printf("counts:");
+    for (int c = 0; c < 4; c++) printf(" %s=%d", dt_collective_name(kListed[c]), counts[kListed[c]]);
+    printf(" local=%d\ntotal cost: %.2f us (%d candidates)\n", counts[DT_COLL_LOCAL], ch.cost_us,
+           ch.n_candidates);
+    for (int k = 0; k < ncand; k++) {
+      char o[64], line[256];
+      int w = 0;
+      dt_placements_format(cands[k].out[0], mesh_nd, NULL, o, sizeof o);
+      for (int t = 0; t < nshape; t++) {
+        char ib[64];
+        dt_placements_format(cands[k].in[t], mesh_nd, NULL, ib, sizeof ib);
+        w += snprintf(line + w, sizeof line - (size_t)w, "%s%s", t ? " x " : "", ib);
+      }
+      printf("  candidate %3d: %-28s -> %-16s %12.2f us\n", k, line, o, cands[k].cost_us);
+    }
+  }
+out:
+  free(cands);
+  for (int t = 0; t < DT_OP_MAX_INPUTS; t++) dt_plan_destroy(plans[t]);
+  dt_mesh_destroy(mesh);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--json") == 0) g_json = 1;
@@ -248,5 +491,6 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (strcmp(argv[1], "redistribute") == 0) return explain_redistribute(argc - 2, argv + 2);
-  return fail("unknown command '%s' (expected: redistribute)%s", argv[1], NULL);
+  if (strcmp(argv[1], "op") == 0) return explain_op(argc - 2, argv + 2);
+  return fail("unknown command '%s' (expected: redistribute or op)%s", argv[1], NULL);
 }

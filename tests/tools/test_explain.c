@@ -173,6 +173,79 @@ static void test_text_output(void** state) {
   free(out);
 }
 
+static void test_op_json(void** state) {
+  (void)state;
+  int status;
+  char* out = run("op mm --mesh 2x2 --shape 12x8 --shape 8x4 --in S0,S1 --in S0,S1 --all --json",
+                  &status);
+  assert_int_equal(status, 0);
+  cJSON* o = cJSON_Parse(out);
+  assert_non_null(o);
+  const char* keys[] = {"op", "mesh", "inputs", "output", "redistribute", "counts", "cost_us",
+                        "candidates", "all"};
+  for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+    assert_non_null(cJSON_GetObjectItemCaseSensitive(o, keys[k]));
+  /* agree with the library */
+  int ms[2] = {2, 2};
+  dt_mesh_t m;
+  assert_int_equal(dt_mesh_create_abstract(2, ms, NULL, &m), DT_SUCCESS);
+  dt_op_call_t c;
+  memset(&c, 0, sizeof c);
+  c.op = "mm";
+  c.n_inputs = 2;
+  c.in[0] = (dt_tensor_meta_t){DT_F32, 2, {12, 8}};
+  c.in[1] = (dt_tensor_meta_t){DT_F32, 2, {8, 4}};
+  dt_placement_t in[2][DT_MAX_MESH_DIMS];
+  int n;
+  dt_placements_parse("S0,S1", in[0], 4, &n);
+  dt_placements_parse("S0,S1", in[1], 4, &n);
+  dt_op_choice_t ch;
+  assert_int_equal(dt_op_select(m, &c, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch),
+                   DT_SUCCESS);
+  cJSON* outp = cJSON_GetObjectItem(o, "output");
+  char b[32];
+  for (int i = 0; i < 2; i++) {
+    dt_placement_format(ch.out[0][i], b, sizeof b);
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(outp, "placements"), i)->valuestring, b);
+  }
+  assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(outp, "shape"), 0)->valueint, 12);
+  assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(outp, "shape"), 1)->valueint, 4);
+  assert_true(fabs(cJSON_GetObjectItem(o, "cost_us")->valuedouble - ch.cost_us) < 1e-6);
+  assert_int_equal(cJSON_GetObjectItem(o, "candidates")->valueint, ch.n_candidates);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "all")), ch.n_candidates);
+  /* the listed redistribution steps add up to the total cost */
+  double sum = 0;
+  cJSON* red = cJSON_GetObjectItem(o, "redistribute");
+  assert_int_equal(cJSON_GetArraySize(red), 2);
+  for (int t = 0; t < 2; t++) {
+    cJSON* steps = cJSON_GetObjectItem(cJSON_GetArrayItem(red, t), "steps");
+    for (int k = 0; k < cJSON_GetArraySize(steps); k++)
+      sum += cJSON_GetObjectItem(cJSON_GetArrayItem(steps, k), "cost_us")->valuedouble;
+  }
+  assert_true(fabs(sum - ch.cost_us) < 1e-6);
+  dt_mesh_destroy(m);
+  cJSON_Delete(o);
+  free(out);
+  const char* bad[] = {
+      "op frobnicate --mesh 4 --shape 4x4 --in R --json",
+      "op mm --mesh 4 --shape 4x4 --shape 5x4 --in R --in R --json",
+      "op mm --mesh 4 --shape 4x4 --in R --json",
+      "op mm --mesh 4 --shape 4x4 --shape 4x4 --in R --json",
+      "op mm --mesh 2x2 --shape 4x4 --shape 4x4 --in R --in R --json",
+      "op mm --mesh 4 --shape 4x4 --shape 4x4 --in R --in R --arg dim=x --json",
+      "op --mesh 4 --json",
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    out = run(bad[k], &status);
+    if (status == 0) fail_msg("accepted bad input: %s", bad[k]);
+    o = cJSON_Parse(out);
+    if (o == NULL) fail_msg("not JSON for %s: %s", bad[k], out);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(o, "error")));
+    cJSON_Delete(o);
+    free(out);
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_explain PATH_TO_DTENSOR_EXPLAIN\n");
@@ -181,6 +254,7 @@ int main(int argc, char** argv) {
   g_exe = argv[1];
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_json_plans), cmocka_unit_test(test_example_json_shape),
-      cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output)};
+      cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output),
+      cmocka_unit_test(test_op_json)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
