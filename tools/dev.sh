@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libcmocka-dev
-      libcjson-dev)
+PKGS=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libopenblas-dev
+      libcmocka-dev libcjson-dev)
 
 install_deps() {
   local missing=()

@@ -13,5 +13,6 @@
 #include "dtensor/redistribute.h"
 #include "dtensor/tensor.h"
 #include "dtensor/strategy.h"
+#include "dtensor/ops.h"
 
 #endif /* DTENSOR_DTENSOR_H */

@@ -53,9 +53,25 @@ typedef struct dt_op_rule {
 typedef dt_status_t (*dt_op_rules_fn)(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                       int* n_outputs, dt_op_rule_t* rules, int cap, int* n_rules);
 
-/* Registers (or replaces) op `name` with `n_inputs` tensor inputs. Host programs add their own
- * ops this way (what PyTorch offers as register_sharding). */
-DT_API dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules);
+/* A local (per-rank) tensor handed to kernels: dense row-major. */
+typedef struct dt_local_tensor {
+  dt_dtype_t dtype;
+  int ndim;
+  int64_t shape[DT_MAX_DIMS];
+  void* data;
+} dt_local_tensor_t;
+
+/* Local kernel: computes the outputs' local shards from the inputs' local shards (already
+ * redistributed to the chosen strategy). Output buffers are allocated by the library with the
+ * shapes given. Returns a status (DT_ERR_UNSUPPORTED for a dtype it does not handle). */
+typedef dt_status_t (*dt_op_kernel_fn)(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                       dt_local_tensor_t* out);
+
+/* Registers (or replaces) op `name` with `n_inputs` tensor inputs: its single-mesh-dim rules and
+ * its local kernel (NULL: the op can be planned and explained but not run). Host programs add
+ * their own ops this way (what PyTorch offers as register_sharding). */
+DT_API dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
+                                  dt_op_kernel_fn kernel);
 /* 1 in *found if `name` has a strategy. */
 DT_API dt_status_t dt_op_lookup(const char* name, int* found);
 

@@ -9,6 +9,7 @@ typedef struct dt_op_entry {
   char name[DT_OP_NAME_MAX];
   int n_inputs;
   dt_op_rules_fn rules;
+  dt_op_kernel_fn kernel;
 } dt_op_entry_t;
 
 static dt_op_entry_t dt__op_table[DT_OP_TABLE_MAX];
@@ -28,7 +29,8 @@ static dt_op_entry_t* dt__op_find(const char* name) {
   return NULL;
 }
 
-dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules) {
+dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
+                           dt_op_kernel_fn kernel) {
   DT_ARG_NOT_NULL(name);
   DT_ARG_NOT_NULL(rules);
   dt__ensure_builtins();
@@ -48,6 +50,7 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules)
   }
   e->n_inputs = n_inputs;
   e->rules = rules;
+  e->kernel = kernel;
   return DT_SUCCESS;
 }
 
@@ -62,6 +65,11 @@ dt_status_t dt_op_lookup(const char* name, int* found) {
 
 /* Internal: the entry for a call (validated arity), for select.c. */
 dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules) {
+  return dt__op_get_kernel(call, rules, NULL);
+}
+
+dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
+                              dt_op_kernel_fn* kernel) {
   dt__ensure_builtins();
   if (call->op == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "call->op is NULL");
   dt_op_entry_t* e = dt__op_find(call->op);
@@ -70,5 +78,15 @@ dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %d tensor inputs, got %d", call->op, e->n_inputs,
                    call->n_inputs);
   *rules = e->rules;
+  if (kernel) *kernel = e->kernel;
+  return DT_SUCCESS;
+}
+
+/* Built-in kernels are attached by the ops layer (which sits above this one). */
+dt_status_t dt__op_set_kernel(const char* name, dt_op_kernel_fn kernel) {
+  dt__ensure_builtins();
+  dt_op_entry_t* e = dt__op_find(name);
+  if (e == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no op %s to attach a kernel to", name);
+  if (e->kernel == NULL) e->kernel = kernel;
   return DT_SUCCESS;
 }

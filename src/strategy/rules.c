@@ -218,5 +218,5 @@ void dt__ops_register_builtins(void) {
       {"tanh", 1, dt__nonlinear_rules},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-    dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn);
+    dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);
 }

@@ -29,6 +29,10 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
 
 /* The rule generator of call->op after checking its arity; DT_ERR_UNSUPPORTED when unknown. */
 dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules);
+dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
+                              dt_op_kernel_fn* kernel);
+/* Attaches a built-in kernel if the op has none yet (used by the ops layer). */
+dt_status_t dt__op_set_kernel(const char* name, dt_op_kernel_fn kernel);
 
 /* Frees the propagation cache (dt_finalize). */
 void dt__prop_cache_release(void);

@@ -244,13 +244,13 @@ static void test_registry(void** state) {
   assert_non_null(strstr(dt_last_error(), "shape mismatch"));
   dt_op_call_t arity = call2("mm", 2, a, 0, NULL);
   assert_int_equal(dt_op_select(m, &arity, in, &ch), DT_ERR_INVALID_ARG);
-  assert_int_equal(dt_op_register("", 1, rowsum_rules), DT_ERR_INVALID_ARG);
-  assert_int_equal(dt_op_register("rowsum", 0, rowsum_rules), DT_ERR_INVALID_ARG);
-  assert_int_equal(dt_op_register("rowsum", 1, NULL), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_op_register("", 1, rowsum_rules, NULL), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_op_register("rowsum", 0, rowsum_rules, NULL), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_op_register("rowsum", 1, NULL, NULL), DT_ERR_INVALID_ARG);
   int found = 1;
   assert_int_equal(dt_op_lookup("rowsum", &found), DT_SUCCESS);
   assert_int_equal(found, 0);
-  assert_int_equal(dt_op_register("rowsum", 1, rowsum_rules), DT_SUCCESS);
+  assert_int_equal(dt_op_register("rowsum", 1, rowsum_rules, NULL), DT_SUCCESS);
   assert_int_equal(dt_op_lookup("rowsum", &found), DT_SUCCESS);
   assert_int_equal(found, 1);
   dt_op_call_t rs = call2("rowsum", 2, a, 0, NULL);
@@ -284,7 +284,7 @@ static dt_status_t argdep_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_
 static void test_cache_key(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(1, 4, 0);
-  assert_int_equal(dt_op_register("argdep", 1, argdep_rules), DT_SUCCESS);
+  assert_int_equal(dt_op_register("argdep", 1, argdep_rules, NULL), DT_SUCCESS);
   int64_t s[2] = {16, 16};
   dt_op_call_t c = call2("argdep", 2, s, 0, NULL);
   c.n_iargs = 1;

@@ -1,0 +1,32 @@
+/* ops.h - internal interface of the ops layer: the built-in CPU kernels. */
+#ifndef DT_OPS_OPS_H
+#define DT_OPS_OPS_H
+
+#include "dtensor/ops.h"
+#include "internal/core.h"
+
+#define DT__KERNEL(name)                                                      \
+  dt_status_t name(const dt_op_call_t* call, const dt_local_tensor_t* in,     \
+                   dt_local_tensor_t* out)
+DT__KERNEL(dt__kernel_mm);
+DT__KERNEL(dt__kernel_bmm);
+DT__KERNEL(dt__kernel_add);
+DT__KERNEL(dt__kernel_sub);
+DT__KERNEL(dt__kernel_mul);
+DT__KERNEL(dt__kernel_div);
+DT__KERNEL(dt__kernel_maximum);
+DT__KERNEL(dt__kernel_minimum);
+DT__KERNEL(dt__kernel_neg);
+DT__KERNEL(dt__kernel_relu);
+DT__KERNEL(dt__kernel_exp);
+DT__KERNEL(dt__kernel_log);
+DT__KERNEL(dt__kernel_sqrt);
+DT__KERNEL(dt__kernel_rsqrt);
+DT__KERNEL(dt__kernel_gelu);
+DT__KERNEL(dt__kernel_sigmoid);
+DT__KERNEL(dt__kernel_silu);
+DT__KERNEL(dt__kernel_tanh);
+DT__KERNEL(dt__kernel_mul_scalar);
+#undef DT__KERNEL
+
+#endif
