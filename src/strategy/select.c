@@ -10,6 +10,7 @@
  */
 #include <math.h>
 
+#include "redistribute/planner.h"
 #include "strategy/strategy.h"
 
 #define DT_OP_MAX_CANDIDATES 65536
@@ -148,10 +149,12 @@ static int dt__fits(dt_placement_t* p, int ndim) {
   return 1;
 }
 
-/* Expands candidates, calling `visit` on each legal one (returns 0 to stop). */
+/* Expands candidates, calling `visit` on each legal one. With `prune`, once a candidate needs no
+ * movement at all (cost 0, 0 steps: nothing later can beat it or win the tie), later candidates
+ * are only checked for legality (to count them) and not costed or visited. */
 static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
-                              const dt_placement_t in_pl[][DT_MAX_MESH_DIMS],
-                              int (*visit)(void* ctx, const dt_op_choice_t* c), void* ctx,
+                              const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], int prune,
+                              void (*visit)(void* ctx, const dt_op_choice_t* c), void* ctx,
                               int* total) {
   *total = 0;
   DT_CHECK(dt__call_check(mesh, call, in_pl));
@@ -178,6 +181,7 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
                                      call->in[t].shape, in_pl[t]);
     if (st != DT_SUCCESS) return DT_FAIL(st, "%s: input %d: %s", call->op, t, dt_last_error());
   }
+  int perfect = 0;
   for (long k = 0; k < ncand; k++) {
     int ok = 1;
     long v = k;
@@ -192,24 +196,25 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
         ok = dt__fits(&c.in[t][i], call->in[t].ndim);
       }
     }
-    if (!ok) continue;
-    c.cost_us = 0.0;
-    c.steps = 0;
+    /* Reachable at all? (a new Partial from a Shard is not) */
+    int same = 1;
     for (int t = 0; t < call->n_inputs && ok; t++) {
-      struct dt_plan* p;
-      dt_status_t st = dt__plan_get(mesh, call->in[t].dtype, &in_l[t], c.in[t], &p);
-      if (st == DT_ERR_UNSUPPORTED) {
-        ok = 0; /* e.g. a new Partial from a Shard: not reachable */
-      } else if (st != DT_SUCCESS) {
-        return st;
-      } else {
-        c.cost_us += p->cost_us;
-        c.steps += p->nsteps;
-      }
+      ok = dt__plan_validate(&in_l[t], c.in[t]) == DT_SUCCESS;
+      for (int i = 0; i < m; i++) same &= dt_placement_equal(in_l[t].pl[i], c.in[t][i]);
     }
     if (!ok) continue;
     (*total)++;
-    if (!visit(ctx, &c)) break;
+    if (prune && perfect) continue;
+    c.cost_us = 0.0;
+    c.steps = 0;
+    for (int t = 0; t < call->n_inputs && !same; t++) {
+      struct dt_plan* p;
+      DT_CHECK(dt__plan_get(mesh, call->in[t].dtype, &in_l[t], c.in[t], &p));
+      c.cost_us += p->cost_us;
+      c.steps += p->nsteps;
+    }
+    perfect |= same;
+    visit(ctx, &c);
   }
   dt_clear_error();
   return DT_SUCCESS;
@@ -228,13 +233,12 @@ static int dt__better(const dt_op_choice_t* a, const dt_op_choice_t* b) {
   return a->steps < b->steps;
 }
 
-static int dt__visit_best(void* ctx, const dt_op_choice_t* c) {
+static void dt__visit_best(void* ctx, const dt_op_choice_t* c) {
   dt__best_t* b = (dt__best_t*)ctx;
   if (!b->have || dt__better(c, &b->best)) {
     b->best = *c;
     b->have = 1;
   }
-  return 1;
 }
 
 dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
@@ -255,7 +259,7 @@ dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
   dt__best_t b;
   memset(&b, 0, sizeof b);
   int total = 0;
-  DT_CHECK(dt__expand(mesh, call, in_pl, dt__visit_best, &b, &total));
+  DT_CHECK(dt__expand(mesh, call, in_pl, 1, dt__visit_best, &b, &total));
   if (!b.have)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: no candidate strategy fits these inputs", call->op);
   *out = b.best;
@@ -269,11 +273,10 @@ typedef struct {
   int cap, n;
 } dt__list_t;
 
-static int dt__visit_list(void* ctx, const dt_op_choice_t* c) {
+static void dt__visit_list(void* ctx, const dt_op_choice_t* c) {
   dt__list_t* l = (dt__list_t*)ctx;
   if (l->n < l->cap) l->out[l->n] = *c;
   l->n++;
-  return 1;
 }
 
 dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
@@ -284,7 +287,7 @@ dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
   if (cap > 0) DT_ARG_NOT_NULL(out);
   dt__list_t l = {out, cap < 0 ? 0 : cap, 0};
   int total = 0;
-  DT_CHECK(dt__expand(mesh, call, in_pl, dt__visit_list, &l, &total));
+  DT_CHECK(dt__expand(mesh, call, in_pl, 0, dt__visit_list, &l, &total));
   *n = total;
   return DT_SUCCESS;
 }
