@@ -18,7 +18,8 @@ extern "C" {
 #endif
 
 /* Runs op `name` (as registered; built-ins: mm, bmm, add, sub, mul, div, maximum, minimum, neg,
- * relu, exp, log, sqrt, rsqrt, gelu, silu, sigmoid, tanh) on n_inputs tensors of one mesh.
+ * relu, exp, log, sqrt, rsqrt, gelu, silu, sigmoid, tanh, mul_scalar (fargs [s]), and the
+ * reductions sum, mean, amax, amin with iargs [keepdim, dim...]) on n_inputs tensors of one mesh.
  * iargs/fargs are the op's integer and scalar arguments (may be NULL when their count is 0).
  * Errors: DT_ERR_UNSUPPORTED "no sharding strategy for OP" for an unknown op or an op without a
  * kernel; DT_ERR_INVALID_ARG for shape/dtype mismatches (with the op's message). */

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "ops/ops.h"
+#include "strategy/strategy.h"
 
 static dt_status_t dt__need_f32(const dt_op_call_t* call, const dt_local_tensor_t* t, int n) {
   for (int i = 0; i < n; i++)
@@ -159,4 +160,64 @@ dt_status_t dt__kernel_mul_scalar(const dt_op_call_t* call, const dt_local_tenso
   float* o = (float*)out->data;
   for (int64_t i = 0; i < n; i++) o[i] = a[i] * s;
   return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * reductions over dims (iargs [keepdim, dim...]); mean divides by the GLOBAL count of reduced
+ * elements so that a sharded reduced dim yields an exact Partial(sum) */
+
+static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out, int kind) {
+  DT_CHECK(dt__need_f32(call, in, 1));
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(call, &mask, &keep));
+  int64_t on = 1, count = 1;
+  for (int d = 0; d < out->ndim; d++) on *= out->shape[d];
+  for (int d = 0; d < in->ndim; d++)
+    if (mask & (1u << d)) count *= call->in[0].shape[d]; /* global extent */
+  float* o = (float*)out->data;
+  float init = kind == 2 ? -INFINITY : kind == 3 ? INFINITY : 0.0f;
+  for (int64_t i = 0; i < on; i++) o[i] = init;
+  /* output stride of every input dim (0 for reduced dims) */
+  int64_t ostride[DT_MAX_DIMS], st = 1, idx[DT_MAX_DIMS] = {0}, n = 1;
+  for (int d = in->ndim - 1; d >= 0; d--) {
+    ostride[d] = (mask & (1u << d)) ? 0 : st;
+    if (!(mask & (1u << d))) st *= in->shape[d];
+    n *= in->shape[d];
+  }
+  const float* a = (const float*)in->data;
+  int64_t oi = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float x = a[i];
+    if (kind <= 1) o[oi] += x;
+    else if (kind == 2) o[oi] = (x > o[oi] || x != x) ? x : o[oi];
+    else o[oi] = (x < o[oi] || x != x) ? x : o[oi];
+    for (int d = in->ndim - 1; d >= 0; d--) {
+      oi += ostride[d];
+      if (++idx[d] < in->shape[d]) break;
+      oi -= ostride[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+  if (kind == 1 && count > 0)
+    for (int64_t i = 0; i < on; i++) o[i] /= (float)count;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_sum(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out) {
+  return dt__reduce(call, in, out, 0);
+}
+dt_status_t dt__kernel_mean(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  return dt__reduce(call, in, out, 1);
+}
+dt_status_t dt__kernel_amax(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  return dt__reduce(call, in, out, 2);
+}
+dt_status_t dt__kernel_amin(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  return dt__reduce(call, in, out, 3);
 }

@@ -27,6 +27,10 @@ DT__KERNEL(dt__kernel_sigmoid);
 DT__KERNEL(dt__kernel_silu);
 DT__KERNEL(dt__kernel_tanh);
 DT__KERNEL(dt__kernel_mul_scalar);
+DT__KERNEL(dt__kernel_sum);
+DT__KERNEL(dt__kernel_mean);
+DT__KERNEL(dt__kernel_amax);
+DT__KERNEL(dt__kernel_amin);
 #undef DT__KERNEL
 
 #endif

@@ -174,6 +174,73 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
   return DT_SUCCESS;
 }
 
+dt_status_t dt__reduce_dims(const dt_op_call_t* call, unsigned* mask, int* keepdim) {
+  int nd = call->in[0].ndim;
+  if (call->n_iargs < 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [keepdim, dim...]", call->op);
+  if (call->iargs[0] != 0 && call->iargs[0] != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: keepdim must be 0 or 1, got %lld", call->op,
+                   (long long)call->iargs[0]);
+  *keepdim = (int)call->iargs[0];
+  *mask = 0;
+  if (call->n_iargs == 1) {
+    *mask = nd ? (1u << nd) - 1u : 0u;
+    return DT_SUCCESS;
+  }
+  for (int k = 1; k < call->n_iargs; k++) {
+    int64_t d = call->iargs[k] < 0 ? call->iargs[k] + nd : call->iargs[k];
+    if (d < 0 || d >= nd)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range for a %d-dim tensor",
+                     call->op, (long long)call->iargs[k], nd);
+    if (*mask & (1u << d))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld repeated", call->op,
+                     (long long)call->iargs[k]);
+    *mask |= 1u << d;
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_t* out_meta,
+                             dt_op_rule_t* rules, int cap, int* n_rules) {
+  *n_rules = 0;
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(call, &mask, &keep));
+  const dt_tensor_meta_t* in = &call->in[0];
+  int pos[DT_MAX_DIMS], nd = 0;
+  out_meta->dtype = in->dtype;
+  for (int d = 0; d < in->ndim; d++) {
+    pos[d] = -1;
+    if ((mask & (1u << d)) && !keep) continue;
+    pos[d] = nd;
+    out_meta->shape[nd++] = (mask & (1u << d)) ? 1 : in->shape[d];
+  }
+  out_meta->ndim = nd;
+  static const dt_reduce_op_t partial_of[4] = {DT_REDUCE_SUM, DT_REDUCE_SUM, DT_REDUCE_MAX,
+                                               DT_REDUCE_MIN};
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n_rules, &r);
+  for (int d = 0; d < in->ndim; d++) {
+    memset(&r, 0, sizeof r);
+    r.in[0] = dt_shard(d);
+    r.out[0] = (mask & (1u << d)) ? dt_partial(partial_of[kind]) : dt_shard(pos[d]);
+    dt__add_rule(rules, cap, n_rules, &r);
+  }
+  /* Partial inputs that pass through: sum and mean are linear (P(sum), P(avg)); amax keeps
+   * P(max), amin keeps P(min). */
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    int ok = kind <= 1 ? (op == DT_REDUCE_SUM || op == DT_REDUCE_AVG)
+                       : op == (kind == 2 ? DT_REDUCE_MAX : DT_REDUCE_MIN);
+    if (!ok) continue;
+    memset(&r, 0, sizeof r);
+    r.in[0] = dt_partial((dt_reduce_op_t)op);
+    r.out[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add_rule(rules, cap, n_rules, &r);
+  }
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * built-in ops */
 
@@ -192,6 +259,17 @@ DT__EINSUM_OP(dt__bmm_rules, "bmk,bkn->bmn", 1)
     *n_out = 1;                                                                                \
     return dt__rules_pointwise(call, lin, out_meta, rules, cap, n);                            \
   }
+#define DT__REDUCE_OP(fname, kind)                                                             \
+  static dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
+                           dt_op_rule_t* rules, int cap, int* n) {                             \
+    *n_out = 1;                                                                                \
+    return dt__rules_reduce(call, kind, out_meta, rules, cap, n);                              \
+  }
+DT__REDUCE_OP(dt__sum_rules, 0)
+DT__REDUCE_OP(dt__mean_rules, 1)
+DT__REDUCE_OP(dt__amax_rules, 2)
+DT__REDUCE_OP(dt__amin_rules, 3)
+
 DT__POINTWISE_OP(dt__additive_rules, DT_LIN_ADDITIVE)
 DT__POINTWISE_OP(dt__mult_rules, DT_LIN_MULT)
 DT__POINTWISE_OP(dt__numerator_rules, DT_LIN_NUMERATOR)
@@ -215,7 +293,9 @@ void dt__ops_register_builtins(void) {
       {"log", 1, dt__nonlinear_rules},   {"sqrt", 1, dt__nonlinear_rules},
       {"rsqrt", 1, dt__nonlinear_rules}, {"gelu", 1, dt__nonlinear_rules},
       {"silu", 1, dt__nonlinear_rules},  {"sigmoid", 1, dt__nonlinear_rules},
-      {"tanh", 1, dt__nonlinear_rules},
+      {"tanh", 1, dt__nonlinear_rules},  {"sum", 1, dt__sum_rules},
+      {"mean", 1, dt__mean_rules},       {"amax", 1, dt__amax_rules},
+      {"amin", 1, dt__amin_rules},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
     dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);

@@ -27,6 +27,14 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
                                 dt_tensor_meta_t* out_meta, dt_op_rule_t* rules, int cap,
                                 int* n_rules);
 
+/* Reductions over dims: iargs = [keepdim, dim...] (no dims: all). kind 0 sum, 1 mean, 2 amax,
+ * 3 amin. A reduced sharded dim gives P(sum) for sum and mean (mean divides by the global count,
+ * so uneven shards stay exact), P(max) for amax, P(min) for amin. */
+dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_t* out_meta,
+                             dt_op_rule_t* rules, int cap, int* n_rules);
+/* Which input dims a reduction reduces (bitmask) after validating the arguments. */
+dt_status_t dt__reduce_dims(const dt_op_call_t* call, unsigned* mask, int* keepdim);
+
 /* The rule generator of call->op after checking its arity; DT_ERR_UNSUPPORTED when unknown. */
 dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules);
 dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,

@@ -1,6 +1,7 @@
 /* test_ops_mpi.c - ops on distributed tensors against a dense single-rank computation.
  *
- * For mm, add (same shape and broadcast), mul, sub, neg and relu, on meshes (n) and (2, n/2), for
+ * For mm, add (same shape and broadcast), mul, sub, neg, relu, and the reductions sum (dim 0),
+ * mean (dim 1, keepdim), amax (dim -2), amin (all dims), on meshes (n) and (2, n/2), for
  * every combination of input placements from {R, S(0), S(1), P(sum)} per mesh dim, with uneven
  * shapes: the gathered result equals the dense result exactly (small integers; Partial inputs hold
  * exact fractions), the output placements are the ones dt_op_select chose, and the collective
@@ -16,8 +17,17 @@ static dt_placement_t opt(int k) {
                                                                  : dt_partial(DT_REDUCE_SUM);
 }
 
-typedef enum { OP_MM, OP_ADD, OP_ADD_BCAST, OP_MUL, OP_SUB, OP_NEG, OP_RELU, OP_COUNT } op_t;
-static const char* kName[OP_COUNT] = {"mm", "add", "add", "mul", "sub", "neg", "relu"};
+typedef enum {
+  OP_MM, OP_ADD, OP_ADD_BCAST, OP_MUL, OP_SUB, OP_NEG, OP_RELU,
+  OP_SUM0, OP_MEAN1K, OP_AMAX0, OP_AMIN_ALL, OP_COUNT
+} op_t;
+static const char* kName[OP_COUNT] = {"mm",  "add",  "add",  "mul",  "sub", "neg",
+                                      "relu", "sum", "mean", "amax", "amin"};
+/* reduction arguments: [keepdim, dim...] */
+static const int64_t kArgs[OP_COUNT][3] = {
+    [OP_SUM0] = {0, 0}, [OP_MEAN1K] = {1, 1}, [OP_AMAX0] = {0, -2}, [OP_AMIN_ALL] = {0}};
+static const int kNArgs[OP_COUNT] = {[OP_SUM0] = 2, [OP_MEAN1K] = 2, [OP_AMAX0] = 2,
+                                     [OP_AMIN_ALL] = 1};
 
 /* Dense reference on full tensors. */
 static void dense(op_t op, const float* a, const int64_t* as, const float* b, const int64_t* bs,
@@ -35,6 +45,30 @@ static void dense(op_t op, const float* a, const int64_t* as, const float* b, co
       for (int64_t i = 0; i < as[0]; i++)
         for (int64_t j = 0; j < as[1]; j++) out[i * as[1] + j] = a[i * as[1] + j] + b[j];
       break;
+    case OP_SUM0:
+    case OP_AMAX0:
+      for (int64_t j = 0; j < as[1]; j++) {
+        float acc = op == OP_SUM0 ? 0.0f : -INFINITY;
+        for (int64_t i = 0; i < as[0]; i++) {
+          float x = a[i * as[1] + j];
+          acc = op == OP_SUM0 ? acc + x : fmaxf(acc, x);
+        }
+        out[j] = acc;
+      }
+      break;
+    case OP_MEAN1K:
+      for (int64_t i = 0; i < as[0]; i++) {
+        float acc = 0;
+        for (int64_t j = 0; j < as[1]; j++) acc += a[i * as[1] + j];
+        out[i] = acc / (float)as[1];
+      }
+      break;
+    case OP_AMIN_ALL: {
+      float acc = INFINITY;
+      for (int64_t i = 0; i < as[0] * as[1]; i++) acc = fminf(acc, a[i]);
+      out[0] = acc;
+      break;
+    }
     default:
       for (int64_t i = 0; i < as[0] * as[1]; i++) {
         float x = a[i], y = b ? b[i] : 0;
@@ -49,13 +83,14 @@ static long long run(dt_mesh_t mesh, int m, op_t op) {
   int nb = 2;
   if (op == OP_MM) bs[0] = 5, bs[1] = 6;
   if (op == OP_ADD_BCAST) nb = 1, bs[0] = 5;
-  int unary = op == OP_NEG || op == OP_RELU;
+  int unary = op == OP_NEG || op == OP_RELU || op >= OP_SUM0;
   int64_t an = as[0] * as[1], bn = nb == 1 ? bs[0] : bs[0] * bs[1];
   float a[64], b[64], want[64], got[64];
   for (int64_t i = 0; i < an; i++) a[i] = (float)((i * 5 + 2) % 9) - 4.0f;
   for (int64_t i = 0; i < bn; i++) b[i] = (float)((i * 3 + 1) % 7) - 3.0f;
   dense(op, a, as, unary ? NULL : b, bs, want);
-  int64_t on = op == OP_MM ? as[0] * bs[1] : an;
+  int64_t on = op == OP_MM ? as[0] * bs[1] : op == OP_SUM0 || op == OP_AMAX0 ? as[1]
+             : op == OP_MEAN1K ? as[0] : op == OP_AMIN_ALL ? 1 : an;
   int npl = 1;
   for (int i = 0; i < m; i++) npl *= 4;
   long long checked = 0;
@@ -79,6 +114,8 @@ static long long run(dt_mesh_t mesh, int m, op_t op) {
       call.n_inputs = unary ? 1 : 2;
       call.in[0] = (dt_tensor_meta_t){DT_F32, 2, {as[0], as[1]}};
       call.in[1] = (dt_tensor_meta_t){DT_F32, nb, {bs[0], bs[1]}};
+      call.n_iargs = kNArgs[op];
+      memcpy(call.iargs, kArgs[op], sizeof(int64_t) * (size_t)kNArgs[op]);
       dt_placement_t in[2][DT_MAX_MESH_DIMS];
       memcpy(in[0], pa, sizeof pa);
       memcpy(in[1], pb, sizeof pb);
@@ -98,7 +135,7 @@ static long long run(dt_mesh_t mesh, int m, op_t op) {
       }
       DT_ASSERT_OK(dt_counters_reset(mesh));
       dt_tensor_t ins[2] = {ta, tb};
-      DT_ASSERT_OK(dt_op_run(kName[op], call.n_inputs, ins, 0, NULL, 0, NULL, &r));
+      DT_ASSERT_OK(dt_op_run(kName[op], call.n_inputs, ins, kNArgs[op], kArgs[op], 0, NULL, &r));
       dt_counters_t cnt;
       DT_ASSERT_OK(dt_counters_get(mesh, &cnt));
       long long calls = 0;
@@ -108,8 +145,10 @@ static long long run(dt_mesh_t mesh, int m, op_t op) {
       DT_ASSERT_OK(dt_tensor_placements(r, rp));
       for (int i = 0; i < m; i++) DT_ASSERT_TRUE(dt_placement_equal(rp[i], ch.out[0][i]), "placement");
       DT_ASSERT_OK(dt_tensor_full(r, got, sizeof(float) * (size_t)on));
+      /* exact, except mean: its division rounds differently once partial sums are combined */
       for (int64_t i = 0; i < on; i++)
-        if (got[i] != want[i]) {
+        if (op == OP_MEAN1K ? fabsf(got[i] - want[i]) > 1e-6f * (1.0f + fabsf(want[i]))
+                            : got[i] != want[i]) {
           char sa[32], sb[32], so[32];
           dt_placements_format(pa, m, ",", sa, sizeof sa);
           dt_placements_format(pb, m, ",", sb, sizeof sb);

@@ -191,6 +191,48 @@ static void test_pointwise_partial(void** state) {
   dt_mesh_destroy(m);
 }
 
+static void test_reductions(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(1, 4, 0);
+  int64_t s[2] = {13, 6};
+  dt_placement_t in[1][DT_MAX_MESH_DIMS];
+  dt_op_choice_t ch;
+  const char* ops[4] = {"sum", "mean", "amax", "amin"};
+  const char* want[4] = {"P(sum)", "P(sum)", "P(max)", "P(min)"};
+  for (int k = 0; k < 4; k++) {
+    dt_op_call_t c = call2(ops[k], 2, s, 0, NULL);
+    c.n_iargs = 2;
+    c.iargs[0] = 0; /* keepdim */
+    c.iargs[1] = 0; /* reduce dim 0 */
+    set_pl(in, 0, "S0"); /* reducing the sharded dim: Partial, no communication */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, want[k]);
+    assert_int_equal(ch.steps, 0);
+    assert_int_equal(ch.out_meta[0].ndim, 1);
+    assert_int_equal(ch.out_meta[0].shape[0], 6);
+    set_pl(in, 0, "S1"); /* the other dim stays sharded, renumbered */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, "S(0)");
+    c.iargs[0] = 1; /* keepdim keeps the numbering */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, "S(1)");
+    assert_int_equal(ch.out_meta[0].shape[0], 1);
+    c.iargs[1] = 2; /* bad dim */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_ERR_INVALID_ARG);
+  }
+  /* sum of a Partial(sum) stays Partial; amax of a Partial(sum) must reduce first */
+  dt_op_call_t c = call2("sum", 2, s, 0, NULL);
+  c.n_iargs = 1;
+  set_pl(in, 0, "P");
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 1, "P(sum)");
+  assert_int_equal(ch.steps, 0);
+  c.op = "amax";
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_true(ch.steps >= 1);
+  dt_mesh_destroy(m);
+}
+
 static void test_broadcast(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(1, 2, 0);
@@ -334,6 +376,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
       cmocka_unit_test(test_pointwise_partial), cmocka_unit_test(test_broadcast),
+      cmocka_unit_test(test_reductions),
       cmocka_unit_test(test_registry),     cmocka_unit_test(test_cache_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
