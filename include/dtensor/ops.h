@@ -19,7 +19,9 @@ extern "C" {
 
 /* Runs op `name` (as registered; built-ins: mm, bmm, add, sub, mul, div, maximum, minimum, neg,
  * relu, exp, log, sqrt, rsqrt, gelu, silu, sigmoid, tanh, mul_scalar (fargs [s]), and the
- * reductions sum, mean, amax, amin with iargs [keepdim, dim...]) on n_inputs tensors of one mesh.
+ * reductions sum, mean, amax, amin with iargs [keepdim, dim...], softmax and log_softmax with
+ * iargs [dim], permute (iargs: the permutation), transpose (iargs [d0, d1]) and t) on n_inputs
+ * tensors of one mesh.
  * iargs/fargs are the op's integer and scalar arguments (may be NULL when their count is 0).
  * Errors: DT_ERR_UNSUPPORTED "no sharding strategy for OP" for an unknown op or an op without a
  * kernel; DT_ERR_INVALID_ARG for shape/dtype mismatches (with the op's message). */

@@ -21,6 +21,8 @@ static void dt__attach_kernels(void) {
       {"sigmoid", dt__kernel_sigmoid}, {"silu", dt__kernel_silu},       {"tanh", dt__kernel_tanh},
       {"mul_scalar", dt__kernel_mul_scalar}, {"sum", dt__kernel_sum},
       {"mean", dt__kernel_mean},       {"amax", dt__kernel_amax},       {"amin", dt__kernel_amin},
+      {"softmax", dt__kernel_softmax}, {"log_softmax", dt__kernel_log_softmax},
+      {"permute", dt__kernel_permute}, {"transpose", dt__kernel_permute},  {"t", dt__kernel_permute},
   };
   for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) dt__op_set_kernel(ks[i].name, ks[i].k);
   /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */

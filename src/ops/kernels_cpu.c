@@ -221,3 +221,71 @@ dt_status_t dt__kernel_amin(const dt_op_call_t* call, const dt_local_tensor_t* i
                             dt_local_tensor_t* out) {
   return dt__reduce(call, in, out, 3);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * softmax / log_softmax along iargs[0] (whole on this rank), numerically stable */
+
+static dt_status_t dt__softmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out, int log_form) {
+  DT_CHECK(dt__need_f32(call, in, 1));
+  int nd = in->ndim;
+  int dim = (int)(call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]);
+  int64_t outer = 1, len = in->shape[dim], inner = 1;
+  for (int d = 0; d < dim; d++) outer *= in->shape[d];
+  for (int d = dim + 1; d < nd; d++) inner *= in->shape[d];
+  const float* a = (const float*)in->data;
+  float* o = (float*)out->data;
+  for (int64_t p = 0; p < outer; p++)
+    for (int64_t q = 0; q < inner; q++) {
+      const float* x = a + p * len * inner + q;
+      float* y = o + p * len * inner + q;
+      float mx = -INFINITY;
+      for (int64_t k = 0; k < len; k++) mx = fmaxf(mx, x[k * inner]);
+      double sum = 0.0;
+      for (int64_t k = 0; k < len; k++) sum += exp((double)x[k * inner] - mx);
+      float lse = mx + (float)log(sum);
+      for (int64_t k = 0; k < len; k++)
+        y[k * inner] = log_form ? x[k * inner] - lse : expf(x[k * inner] - lse);
+    }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_softmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out) {
+  return dt__softmax(call, in, out, 0);
+}
+dt_status_t dt__kernel_log_softmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                   dt_local_tensor_t* out) {
+  return dt__softmax(call, in, out, 1);
+}
+
+/* permute / transpose / t: out dim i takes in dim perm[i]; any dtype (a copy). */
+dt_status_t dt__kernel_permute(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out) {
+  int perm[DT_MAX_DIMS], nd = in->ndim;
+  DT_CHECK(dt__view_perm(call, perm));
+  size_t item = dt__itemsize(in->dtype);
+  int64_t istride[DT_MAX_DIMS], st = 1, n = 1, idx[DT_MAX_DIMS] = {0};
+  for (int d = nd - 1; d >= 0; d--) {
+    istride[d] = st;
+    st *= in->shape[d];
+  }
+  int64_t step[DT_MAX_DIMS]; /* input stride of each output dim */
+  for (int i = 0; i < nd; i++) {
+    step[i] = istride[perm[i]];
+    n *= out->shape[i];
+  }
+  const char* a = (const char*)in->data;
+  char* o = (char*)out->data;
+  int64_t src = 0;
+  for (int64_t k = 0; k < n; k++) {
+    memcpy(o + (size_t)k * item, a + (size_t)src * item, item);
+    for (int i = nd - 1; i >= 0; i--) {
+      src += step[i];
+      if (++idx[i] < out->shape[i]) break;
+      src -= step[i] * idx[i];
+      idx[i] = 0;
+    }
+  }
+  return DT_SUCCESS;
+}

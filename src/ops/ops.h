@@ -31,6 +31,9 @@ DT__KERNEL(dt__kernel_sum);
 DT__KERNEL(dt__kernel_mean);
 DT__KERNEL(dt__kernel_amax);
 DT__KERNEL(dt__kernel_amin);
+DT__KERNEL(dt__kernel_softmax);
+DT__KERNEL(dt__kernel_log_softmax);
+DT__KERNEL(dt__kernel_permute);
 #undef DT__KERNEL
 
 #endif

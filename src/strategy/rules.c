@@ -241,6 +241,92 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   return DT_SUCCESS;
 }
 
+/* softmax / log_softmax along iargs[0]: that dim must be whole on each rank (R); the others stay
+ * sharded. Non-linear: no Partial passes. */
+static dt_status_t dt__softmax_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  int nd = call->in[0].ndim;
+  if (call->n_iargs != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [dim]", call->op);
+  int64_t dim = call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0];
+  if (dim < 0 || dim >= nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range for a %d-dim tensor", call->op,
+                   (long long)call->iargs[0], nd);
+  *out_meta = call->in[0];
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n, &r);
+  for (int d = 0; d < nd; d++) {
+    if (d == dim) continue;
+    r.out[0] = r.in[0] = dt_shard(d);
+    dt__add_rule(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* The permutation a view op applies (out dim i = in dim perm[i]). */
+dt_status_t dt__view_perm(const dt_op_call_t* call, int* perm) {
+  int nd = call->in[0].ndim;
+  for (int d = 0; d < nd; d++) perm[d] = d;
+  if (strcmp(call->op, "t") == 0) {
+    if (nd > 2) return DT_FAIL(DT_ERR_INVALID_ARG, "t expects at most 2 dims, got %d", nd);
+    if (nd == 2) perm[0] = 1, perm[1] = 0;
+    return DT_SUCCESS;
+  }
+  if (strcmp(call->op, "transpose") == 0) {
+    if (call->n_iargs != 2) return DT_FAIL(DT_ERR_INVALID_ARG, "transpose takes iargs [d0, d1]");
+    int64_t a = call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0];
+    int64_t b = call->iargs[1] < 0 ? call->iargs[1] + nd : call->iargs[1];
+    if (a < 0 || a >= nd || b < 0 || b >= nd)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "transpose: dims (%lld, %lld) out of range for %d dims",
+                     (long long)call->iargs[0], (long long)call->iargs[1], nd);
+    perm[a] = (int)b;
+    perm[b] = (int)a;
+    return DT_SUCCESS;
+  }
+  /* permute: iargs is the permutation */
+  if (call->n_iargs != nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "permute needs %d dims in iargs, got %d", nd,
+                   call->n_iargs);
+  unsigned seen = 0;
+  for (int d = 0; d < nd; d++) {
+    int64_t p = call->iargs[d] < 0 ? call->iargs[d] + nd : call->iargs[d];
+    if (p < 0 || p >= nd || (seen & (1u << p)))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "permute: iargs is not a permutation of %d dims", nd);
+    seen |= 1u << p;
+    perm[d] = (int)p;
+  }
+  return DT_SUCCESS;
+}
+
+/* permute / transpose / t: a shard follows its dim; every Partial passes (a view is linear and
+ * keeps max/min). */
+static dt_status_t dt__permute_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  int perm[DT_MAX_DIMS], nd = call->in[0].ndim;
+  DT_CHECK(dt__view_perm(call, perm));
+  out_meta->dtype = call->in[0].dtype;
+  out_meta->ndim = nd;
+  for (int i = 0; i < nd; i++) out_meta->shape[i] = call->in[0].shape[perm[i]];
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n, &r);
+  for (int i = 0; i < nd; i++) {
+    r.out[0] = dt_shard(i);
+    r.in[0] = dt_shard(perm[i]);
+    dt__add_rule(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add_rule(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * built-in ops */
 
@@ -295,7 +381,9 @@ void dt__ops_register_builtins(void) {
       {"silu", 1, dt__nonlinear_rules},  {"sigmoid", 1, dt__nonlinear_rules},
       {"tanh", 1, dt__nonlinear_rules},  {"sum", 1, dt__sum_rules},
       {"mean", 1, dt__mean_rules},       {"amax", 1, dt__amax_rules},
-      {"amin", 1, dt__amin_rules},
+      {"amin", 1, dt__amin_rules},       {"softmax", 1, dt__softmax_rules},
+      {"log_softmax", 1, dt__softmax_rules}, {"permute", 1, dt__permute_rules},
+      {"transpose", 1, dt__permute_rules}, {"t", 1, dt__permute_rules},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
     dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);

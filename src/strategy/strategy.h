@@ -35,6 +35,9 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
 /* Which input dims a reduction reduces (bitmask) after validating the arguments. */
 dt_status_t dt__reduce_dims(const dt_op_call_t* call, unsigned* mask, int* keepdim);
 
+/* The permutation of permute/transpose/t (out dim i = in dim perm[i]), validated. */
+dt_status_t dt__view_perm(const dt_op_call_t* call, int* perm);
+
 /* The rule generator of call->op after checking its arity; DT_ERR_UNSUPPORTED when unknown. */
 dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules);
 dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,

@@ -1,10 +1,11 @@
 /* test_ops_mpi.c - ops on distributed tensors against a dense single-rank computation.
  *
  * For mm, add (same shape and broadcast), mul, sub, neg, relu, and the reductions sum (dim 0),
- * mean (dim 1, keepdim), amax (dim -2), amin (all dims), on meshes (n) and (2, n/2), for
+ * mean (dim 1, keepdim), amax (dim -2), amin (all dims), softmax (dim 1), log_softmax (dim 0),
+ * t and transpose, on meshes (n) and (2, n/2), for
  * every combination of input placements from {R, S(0), S(1), P(sum)} per mesh dim, with uneven
  * shapes: the gathered result equals the dense result exactly (small integers; Partial inputs hold
- * exact fractions), the output placements are the ones dt_op_select chose, and the collective
+ * exact fractions; mean and softmax within 1e-6 relative), the output placements are the ones dt_op_select chose, and the collective
  * counters equal the sum of the chosen input redistribution plans (so, e.g., mm(S(1), S(0)) is a
  * Partial with no communication and P * P costs exactly one all-reduce). np 2 and 4. */
 #include <math.h>
@@ -19,15 +20,21 @@ static dt_placement_t opt(int k) {
 
 typedef enum {
   OP_MM, OP_ADD, OP_ADD_BCAST, OP_MUL, OP_SUB, OP_NEG, OP_RELU,
-  OP_SUM0, OP_MEAN1K, OP_AMAX0, OP_AMIN_ALL, OP_COUNT
+  OP_SUM0, OP_MEAN1K, OP_AMAX0, OP_AMIN_ALL, OP_SOFTMAX1, OP_LOGSOFTMAX0, OP_T, OP_TRANSPOSE,
+  OP_COUNT
 } op_t;
-static const char* kName[OP_COUNT] = {"mm",  "add",  "add",  "mul",  "sub", "neg",
-                                      "relu", "sum", "mean", "amax", "amin"};
+static const char* kName[OP_COUNT] = {"mm",   "add",  "add",     "mul",         "sub",
+                                      "neg",  "relu", "sum",     "mean",        "amax",
+                                      "amin", "softmax", "log_softmax", "t", "transpose"};
 /* reduction arguments: [keepdim, dim...] */
 static const int64_t kArgs[OP_COUNT][3] = {
-    [OP_SUM0] = {0, 0}, [OP_MEAN1K] = {1, 1}, [OP_AMAX0] = {0, -2}, [OP_AMIN_ALL] = {0}};
+    [OP_SUM0] = {0, 0}, [OP_MEAN1K] = {1, 1}, [OP_AMAX0] = {0, -2}, [OP_AMIN_ALL] = {0},
+    [OP_SOFTMAX1] = {1}, [OP_LOGSOFTMAX0] = {0}, [OP_TRANSPOSE] = {1, 0}};
 static const int kNArgs[OP_COUNT] = {[OP_SUM0] = 2, [OP_MEAN1K] = 2, [OP_AMAX0] = 2,
-                                     [OP_AMIN_ALL] = 1};
+                                     [OP_AMIN_ALL] = 1, [OP_SOFTMAX1] = 1, [OP_LOGSOFTMAX0] = 1,
+                                     [OP_TRANSPOSE] = 2};
+/* ops compared with a relative bound (documented): mean divides, softmax exponentiates */
+static int inexact(op_t op) { return op == OP_MEAN1K || op == OP_SOFTMAX1 || op == OP_LOGSOFTMAX0; }
 
 /* Dense reference on full tensors. */
 static void dense(op_t op, const float* a, const int64_t* as, const float* b, const int64_t* bs,
@@ -62,6 +69,27 @@ static void dense(op_t op, const float* a, const int64_t* as, const float* b, co
         for (int64_t j = 0; j < as[1]; j++) acc += a[i * as[1] + j];
         out[i] = acc / (float)as[1];
       }
+      break;
+    case OP_SOFTMAX1:
+      for (int64_t i = 0; i < as[0]; i++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < as[1]; j++) mx = fmax(mx, a[i * as[1] + j]);
+        for (int64_t j = 0; j < as[1]; j++) sum += exp(a[i * as[1] + j] - mx);
+        for (int64_t j = 0; j < as[1]; j++) out[i * as[1] + j] = (float)(exp(a[i * as[1] + j] - mx) / sum);
+      }
+      break;
+    case OP_LOGSOFTMAX0:
+      for (int64_t j = 0; j < as[1]; j++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < as[0]; i++) mx = fmax(mx, a[i * as[1] + j]);
+        for (int64_t i = 0; i < as[0]; i++) sum += exp(a[i * as[1] + j] - mx);
+        for (int64_t i = 0; i < as[0]; i++) out[i * as[1] + j] = (float)(a[i * as[1] + j] - mx - log(sum));
+      }
+      break;
+    case OP_T:
+    case OP_TRANSPOSE:
+      for (int64_t i = 0; i < as[0]; i++)
+        for (int64_t j = 0; j < as[1]; j++) out[j * as[0] + i] = a[i * as[1] + j];
       break;
     case OP_AMIN_ALL: {
       float acc = INFINITY;
@@ -147,8 +175,8 @@ static long long run(dt_mesh_t mesh, int m, op_t op) {
       DT_ASSERT_OK(dt_tensor_full(r, got, sizeof(float) * (size_t)on));
       /* exact, except mean: its division rounds differently once partial sums are combined */
       for (int64_t i = 0; i < on; i++)
-        if (op == OP_MEAN1K ? fabsf(got[i] - want[i]) > 1e-6f * (1.0f + fabsf(want[i]))
-                            : got[i] != want[i]) {
+        if (inexact(op) ? fabsf(got[i] - want[i]) > 1e-6f * (1.0f + fabsf(want[i]))
+                        : got[i] != want[i]) {
           char sa[32], sb[32], so[32];
           dt_placements_format(pa, m, ",", sa, sizeof sa);
           dt_placements_format(pb, m, ",", sb, sizeof sb);

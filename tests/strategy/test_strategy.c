@@ -233,6 +233,47 @@ static void test_reductions(void** state) {
   dt_mesh_destroy(m);
 }
 
+static void test_views_softmax(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(2, 2, 2);
+  int64_t s3[3] = {4, 6, 8};
+  dt_placement_t in[1][DT_MAX_MESH_DIMS];
+  dt_op_choice_t ch;
+  dt_op_call_t c = call2("transpose", 3, s3, 0, NULL);
+  c.n_iargs = 2;
+  c.iargs[0] = 0;
+  c.iargs[1] = -1;
+  set_pl(in, 0, "S0,P(max)"); /* a shard follows its dim, a Partial of any op passes */
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "S(2),P(max)");
+  assert_int_equal(ch.steps, 0);
+  assert_int_equal(ch.out_meta[0].shape[0], 8);
+  assert_int_equal(ch.out_meta[0].shape[2], 4);
+  dt_op_call_t p = call2("permute", 3, s3, 0, NULL);
+  p.n_iargs = 3;
+  p.iargs[0] = 2, p.iargs[1] = 0, p.iargs[2] = 1;
+  set_pl(in, 0, "S1,S2");
+  assert_int_equal(dt_op_select(m, &p, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "S(2),S(0)");
+  p.iargs[2] = 0; /* not a permutation */
+  assert_int_equal(dt_op_select(m, &p, in, &ch), DT_ERR_INVALID_ARG);
+  dt_op_call_t sm = call2("softmax", 3, s3, 0, NULL);
+  sm.n_iargs = 1;
+  sm.iargs[0] = -1;
+  set_pl(in, 0, "S0,S1"); /* other dims stay sharded */
+  assert_int_equal(dt_op_select(m, &sm, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "S(0),S(1)");
+  assert_int_equal(ch.steps, 0);
+  set_pl(in, 0, "S2,R"); /* the softmax dim must be made whole */
+  assert_int_equal(dt_op_select(m, &sm, in, &ch), DT_SUCCESS);
+  assert_true(ch.steps >= 1);
+  assert_false(ch.in[0][0].kind == DT_SHARD && ch.in[0][0].dim == 2);
+  set_pl(in, 0, "P,R"); /* non-linear: a Partial is reduced first */
+  assert_int_equal(dt_op_select(m, &sm, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  dt_mesh_destroy(m);
+}
+
 static void test_broadcast(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(1, 2, 0);
@@ -376,7 +417,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
       cmocka_unit_test(test_pointwise_partial), cmocka_unit_test(test_broadcast),
-      cmocka_unit_test(test_reductions),
+      cmocka_unit_test(test_reductions), cmocka_unit_test(test_views_softmax),
       cmocka_unit_test(test_registry),     cmocka_unit_test(test_cache_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
