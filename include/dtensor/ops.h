@@ -20,8 +20,10 @@ extern "C" {
 /* Runs op `name` (as registered; built-ins: mm, bmm, add, sub, mul, div, maximum, minimum, neg,
  * relu, exp, log, sqrt, rsqrt, gelu, silu, sigmoid, tanh, mul_scalar (fargs [s]), and the
  * reductions sum, mean, amax, amin with iargs [keepdim, dim...], softmax and log_softmax with
- * iargs [dim], permute (iargs: the permutation), transpose (iargs [d0, d1]) and t) on n_inputs
- * tensors of one mesh.
+ * iargs [dim], permute (iargs: the permutation), transpose (iargs [d0, d1]), t, rms_norm (x, w)
+ * and layer_norm (x, w, b) over the last dim with fargs [eps], embedding (weight (V, D), i32/i64
+ * indices; a vocabulary-sharded table gives a Partial(sum) by masked lookup)) on n_inputs tensors
+ * of one mesh.
  * iargs/fargs are the op's integer and scalar arguments (may be NULL when their count is 0).
  * Errors: DT_ERR_UNSUPPORTED "no sharding strategy for OP" for an unknown op or an op without a
  * kernel; DT_ERR_INVALID_ARG for shape/dtype mismatches (with the op's message). */

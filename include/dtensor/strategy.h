@@ -53,11 +53,13 @@ typedef struct dt_op_rule {
 typedef dt_status_t (*dt_op_rules_fn)(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                       int* n_outputs, dt_op_rule_t* rules, int cap, int* n_rules);
 
-/* A local (per-rank) tensor handed to kernels: dense row-major. */
+/* A local (per-rank) tensor handed to kernels: dense row-major, with the global index of its
+ * first element along each dim (e.g. where a vocabulary shard starts). */
 typedef struct dt_local_tensor {
   dt_dtype_t dtype;
   int ndim;
   int64_t shape[DT_MAX_DIMS];
+  int64_t offset[DT_MAX_DIMS];
   void* data;
 } dt_local_tensor_t;
 

@@ -23,6 +23,8 @@ static void dt__attach_kernels(void) {
       {"mean", dt__kernel_mean},       {"amax", dt__kernel_amax},       {"amin", dt__kernel_amin},
       {"softmax", dt__kernel_softmax}, {"log_softmax", dt__kernel_log_softmax},
       {"permute", dt__kernel_permute}, {"transpose", dt__kernel_permute},  {"t", dt__kernel_permute},
+      {"rms_norm", dt__kernel_rms_norm}, {"layer_norm", dt__kernel_layer_norm},
+      {"embedding", dt__kernel_embedding},
   };
   for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) dt__op_set_kernel(ks[i].name, ks[i].k);
   /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */
@@ -90,6 +92,7 @@ dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,
     lin[t].dtype = x->dtype;
     lin[t].ndim = x->layout.ndim;
     memcpy(lin[t].shape, x->local_shape, sizeof lin[t].shape);
+    memcpy(lin[t].offset, x->local_off, sizeof lin[t].offset);
     lin[t].data = x->data;
   }
   DT_CHECK_GOTO(dt_tensor_empty(mesh, ch.out_meta[0].dtype, ch.out_meta[0].ndim,
@@ -98,6 +101,7 @@ dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,
   lout[0].dtype = res->dtype;
   lout[0].ndim = res->layout.ndim;
   memcpy(lout[0].shape, res->local_shape, sizeof lout[0].shape);
+  memcpy(lout[0].offset, res->local_off, sizeof lout[0].offset);
   lout[0].data = res->data;
   if (mesh->member) DT_CHECK_GOTO(kernel(&call, lin, lout), st, done);
   *out = res;

@@ -289,3 +289,63 @@ dt_status_t dt__kernel_permute(const dt_op_call_t* call, const dt_local_tensor_t
   }
   return DT_SUCCESS;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * rms_norm / layer_norm over the last dim (fargs [eps]; defaults 1e-6 and 1e-5) */
+
+static dt_status_t dt__norm(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out, int layer) {
+  DT_CHECK(dt__need_f32(call, in, call->n_inputs));
+  double eps = call->n_fargs ? call->fargs[0] : (layer ? 1e-5 : 1e-6);
+  int nd = in[0].ndim;
+  int64_t D = in[0].shape[nd - 1], rows = 1;
+  for (int d = 0; d + 1 < nd; d++) rows *= in[0].shape[d];
+  const float *x = (const float*)in[0].data, *w = (const float*)in[1].data;
+  const float* b = layer ? (const float*)in[2].data : NULL;
+  float* y = (float*)out->data;
+  for (int64_t r = 0; r < rows; r++) {
+    const float* xr = x + r * D;
+    float* yr = y + r * D;
+    double mean = 0.0, var = 0.0;
+    if (layer) {
+      for (int64_t j = 0; j < D; j++) mean += xr[j];
+      mean /= (double)D;
+    }
+    for (int64_t j = 0; j < D; j++) var += ((double)xr[j] - mean) * ((double)xr[j] - mean);
+    float inv = (float)(1.0 / sqrt(var / (double)D + eps));
+    for (int64_t j = 0; j < D; j++)
+      yr[j] = (float)(xr[j] - mean) * inv * w[j] + (layer ? b[j] : 0.0f);
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_rms_norm(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                dt_local_tensor_t* out) {
+  return dt__norm(call, in, out, 0);
+}
+dt_status_t dt__kernel_layer_norm(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  dt_local_tensor_t* out) {
+  return dt__norm(call, in, out, 1);
+}
+
+/* embedding: rows of the local weight shard (global rows offset[0] .. +shape[0], columns as held);
+ * indices outside the local vocabulary shard give zeros (masked lookup -> Partial(sum)). */
+dt_status_t dt__kernel_embedding(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, in, 1));
+  const dt_local_tensor_t *w = &in[0], *ix = &in[1];
+  int64_t V = call->in[0].shape[0], v0 = w->offset[0], vl = w->shape[0], D = w->shape[1], n = 1;
+  for (int d = 0; d < ix->ndim; d++) n *= ix->shape[d];
+  const float* wt = (const float*)w->data;
+  float* o = (float*)out->data;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t id = ix->dtype == DT_I64 ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i];
+    if (id < 0 || id >= V)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "embedding: index %lld out of range [0, %lld)",
+                     (long long)id, (long long)V);
+    int64_t row = id - v0;
+    if (row >= 0 && row < vl) memcpy(o + i * D, wt + row * D, sizeof(float) * (size_t)D);
+    else memset(o + i * D, 0, sizeof(float) * (size_t)D);
+  }
+  return DT_SUCCESS;
+}

@@ -34,6 +34,9 @@ DT__KERNEL(dt__kernel_amin);
 DT__KERNEL(dt__kernel_softmax);
 DT__KERNEL(dt__kernel_log_softmax);
 DT__KERNEL(dt__kernel_permute);
+DT__KERNEL(dt__kernel_rms_norm);
+DT__KERNEL(dt__kernel_layer_norm);
+DT__KERNEL(dt__kernel_embedding);
 #undef DT__KERNEL
 
 #endif

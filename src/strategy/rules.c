@@ -327,6 +327,72 @@ static dt_status_t dt__permute_rules(const dt_op_call_t* call, dt_tensor_meta_t*
   return DT_SUCCESS;
 }
 
+/* rms_norm (x, weight) and layer_norm (x, weight, bias) over the last dim: it must be whole on
+ * each rank, the leading dims stay sharded, the affine parameters are replicated. */
+static dt_status_t dt__norm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                  int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t* x = &call->in[0];
+  if (x->ndim < 1) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input must have a dim", call->op);
+  int64_t D = x->shape[x->ndim - 1];
+  for (int t = 1; t < call->n_inputs; t++)
+    if (call->in[t].ndim != 1 || call->in[t].shape[0] != D || call->in[t].dtype != x->dtype)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: parameter %d must be a %s vector of %lld", call->op,
+                     t, dt_dtype_name(x->dtype), (long long)D);
+  if (call->n_fargs > 1) return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes fargs [eps]", call->op);
+  *out_meta = *x;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n, &r);
+  for (int d = 0; d + 1 < x->ndim; d++) {
+    r.out[0] = r.in[0] = dt_shard(d);
+    dt__add_rule(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* embedding (weight (V, D), indices of i32/i64): the output is indices.shape + (D).
+ *   [R; R, R]  [S(last); S(1), R]  [P(sum); S(0), R] (vocabulary-sharded: masked local lookup)
+ *   [S(d); R, S(d)] for each index dim  [P(op); P(op), R] (the lookup is linear in the table) */
+static dt_status_t dt__embedding_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                       int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t *w = &call->in[0], *ix = &call->in[1];
+  if (w->ndim != 2) return DT_FAIL(DT_ERR_INVALID_ARG, "embedding: weight must be (V, D)");
+  if (ix->dtype != DT_I32 && ix->dtype != DT_I64)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "embedding: indices must be i32 or i64, got %s",
+                   dt_dtype_name(ix->dtype));
+  if (ix->ndim + 1 > DT_MAX_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "embedding: indices have too many dims");
+  out_meta->dtype = w->dtype;
+  out_meta->ndim = ix->ndim + 1;
+  memcpy(out_meta->shape, ix->shape, sizeof(int64_t) * (size_t)ix->ndim);
+  out_meta->shape[ix->ndim] = w->shape[1];
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n, &r);
+  r.out[0] = dt_shard(ix->ndim);
+  r.in[0] = dt_shard(1);
+  dt__add_rule(rules, cap, n, &r);
+  r.out[0] = dt_partial(DT_REDUCE_SUM);
+  r.in[0] = dt_shard(0);
+  dt__add_rule(rules, cap, n, &r);
+  for (int d = 0; d < ix->ndim; d++) {
+    memset(&r, 0, sizeof r);
+    r.out[0] = dt_shard(d);
+    r.in[1] = dt_shard(d);
+    dt__add_rule(rules, cap, n, &r);
+  }
+  for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++) {
+    memset(&r, 0, sizeof r);
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add_rule(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * built-in ops */
 
@@ -384,6 +450,8 @@ void dt__ops_register_builtins(void) {
       {"amin", 1, dt__amin_rules},       {"softmax", 1, dt__softmax_rules},
       {"log_softmax", 1, dt__softmax_rules}, {"permute", 1, dt__permute_rules},
       {"transpose", 1, dt__permute_rules}, {"t", 1, dt__permute_rules},
+      {"rms_norm", 2, dt__norm_rules},   {"layer_norm", 3, dt__norm_rules},
+      {"embedding", 2, dt__embedding_rules},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
     dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);

@@ -1,0 +1,152 @@
+/* test_ops_nn.c - rms_norm, layer_norm and embedding on distributed tensors against dense
+ * references, for every placement combination of the inputs from {R, S(0), S(1), P(sum)} per mesh
+ * dim (indices: {R, S(0), S(1)}) on meshes (n) and (2, n/2); np 2 and 4. Norms within 1e-5
+ * relative (sqrt); embedding exactly. A vocabulary-sharded table with replicated indices must give
+ * Partial(sum) with no communication. */
+#include <math.h>
+#include <string.h>
+
+#include "dt_test.h"
+
+static dt_placement_t opt(int k) {
+  return k == 0 ? dt_replicate() : k == 1 ? dt_shard(0) : k == 2 ? dt_shard(1)
+                                                                 : dt_partial(DT_REDUCE_SUM);
+}
+
+static void norm_ref(int layer, const float* x, const float* w, const float* b, int64_t rows,
+                     int64_t D, float* y) {
+  for (int64_t r = 0; r < rows; r++) {
+    double mean = 0, var = 0;
+    if (layer) {
+      for (int64_t j = 0; j < D; j++) mean += x[r * D + j];
+      mean /= D;
+    }
+    for (int64_t j = 0; j < D; j++) var += (x[r * D + j] - mean) * (x[r * D + j] - mean);
+    double inv = 1.0 / sqrt(var / D + (layer ? 1e-5 : 1e-6));
+    for (int64_t j = 0; j < D; j++)
+      y[r * D + j] = (float)((x[r * D + j] - mean) * inv * w[j] + (layer ? b[j] : 0.0));
+  }
+}
+
+static long long norms(dt_mesh_t mesh, int m) {
+  int64_t xs[2] = {5, 6}, ws[1] = {6};
+  float x[30], w[6], b[6], want[30], got[30];
+  for (int i = 0; i < 30; i++) x[i] = (float)((i * 7) % 11) - 5.0f;
+  for (int i = 0; i < 6; i++) w[i] = 0.5f + (float)i, b[i] = (float)(i % 3) - 1.0f;
+  int npl = m == 1 ? 4 : 16, nw = m == 1 ? 4 : 16;
+  long long n = 0;
+  for (int layer = 0; layer < 2; layer++) {
+    norm_ref(layer, x, w, b, 5, 6, want);
+    for (int a = 0; a < npl; a++)
+      for (int c = 0; c < nw; c++) {
+        dt_placement_t px[2], pw[2];
+        int skip = 0;
+        for (int i = 0, va = a, vc = c; i < m; i++, va /= 4, vc /= 4) {
+          px[i] = opt(va % 4);
+          pw[i] = opt(vc % 4);
+          if (pw[i].kind == DT_SHARD && pw[i].dim == 1) skip = 1; /* 1-D weight */
+        }
+        if (skip) continue;
+        dt_tensor_t tx, tw, tb, r;
+        DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, xs, px, x, &tx));
+        DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 1, ws, pw, w, &tw));
+        DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 1, ws, pw, b, &tb));
+        dt_tensor_t in[3] = {tx, tw, tb};
+        DT_ASSERT_OK(dt_op_run(layer ? "layer_norm" : "rms_norm", layer ? 3 : 2, in, 0, NULL, 0,
+                               NULL, &r));
+        DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+        for (int i = 0; i < 30; i++)
+          DT_ASSERT_TRUE(fabsf(got[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i])),
+                         "%s element %d: %g vs %g", layer ? "layer_norm" : "rms_norm", i, got[i],
+                         want[i]);
+        dt_placement_t rp[2];
+        DT_ASSERT_OK(dt_tensor_placements(r, rp));
+        for (int i = 0; i < m; i++)
+          DT_ASSERT_TRUE(rp[i].kind != DT_PARTIAL && !(rp[i].kind == DT_SHARD && rp[i].dim == 1),
+                         "normalized dim must be whole and reduced");
+        dt_tensor_destroy(tx);
+        dt_tensor_destroy(tw);
+        dt_tensor_destroy(tb);
+        dt_tensor_destroy(r);
+        n++;
+      }
+  }
+  return n;
+}
+
+static long long embeddings(dt_mesh_t mesh, int m) {
+  int64_t wsz[2] = {9, 4}, isz[2] = {3, 5};
+  float w[36], want[60], got[60];
+  int64_t ids[15];
+  for (int i = 0; i < 36; i++) w[i] = (float)(i % 13) - 6.0f;
+  for (int i = 0; i < 15; i++) ids[i] = (i * 4 + 1) % 9;
+  for (int i = 0; i < 15; i++) memcpy(want + i * 4, w + ids[i] * 4, sizeof(float) * 4);
+  int npl = m == 1 ? 4 : 16, nip = m == 1 ? 3 : 9;
+  long long n = 0;
+  for (int a = 0; a < npl; a++)
+    for (int c = 0; c < nip; c++) {
+      dt_placement_t pw[2], pi[2];
+      for (int i = 0, va = a, vc = c; i < m; i++, va /= 4, vc /= 3) {
+        pw[i] = opt(va % 4);
+        pi[i] = opt(vc % 3);
+      }
+      dt_tensor_t tw, ti, r;
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, wsz, pw, w, &tw));
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, isz, pi, ids, &ti));
+      dt_tensor_t in[2] = {tw, ti};
+      DT_ASSERT_OK(dt_counters_reset(mesh));
+      DT_ASSERT_OK(dt_op_run("embedding", 2, in, 0, NULL, 0, NULL, &r));
+      dt_counters_t cnt;
+      DT_ASSERT_OK(dt_counters_get(mesh, &cnt));
+      int vocab_sharded = 1;
+      for (int i = 0; i < m; i++)
+        vocab_sharded &= pw[i].kind == DT_SHARD && pw[i].dim == 0 && pi[i].kind == DT_REPLICATE;
+      if (vocab_sharded) { /* masked local lookup: Partial(sum), nothing moves */
+        dt_placement_t rp[2];
+        DT_ASSERT_OK(dt_tensor_placements(r, rp));
+        for (int i = 0; i < m; i++)
+          DT_ASSERT_TRUE(dt_placement_equal(rp[i], dt_partial(DT_REDUCE_SUM)), "vocab-sharded");
+        DT_ASSERT_EQ(cnt.redistributes, 0);
+      }
+      DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+      DT_ASSERT_TRUE(memcmp(got, want, sizeof want) == 0, "embedding values");
+      dt_tensor_destroy(tw);
+      dt_tensor_destroy(ti);
+      dt_tensor_destroy(r);
+      n++;
+    }
+  /* an index out of range is an error, not a silent zero */
+  int64_t bad[15];
+  memcpy(bad, ids, sizeof bad);
+  bad[3] = 9;
+  dt_placement_t rr[2] = {dt_replicate(), dt_replicate()};
+  dt_tensor_t tw, ti, r;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, wsz, rr, w, &tw));
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, isz, rr, bad, &ti));
+  dt_tensor_t in[2] = {tw, ti};
+  DT_ASSERT_STATUS(dt_op_run("embedding", 2, in, 0, NULL, 0, NULL, &r), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "index 9 out of range") != NULL, "%s", dt_last_error());
+  dt_tensor_destroy(tw);
+  dt_tensor_destroy(ti);
+  return n;
+}
+
+int main(int argc, char** argv) {
+  DT_ASSERT_OK(dt_init(&argc, &argv));
+  int world, rank;
+  DT_ASSERT_OK(dt_world_size(&world));
+  DT_ASSERT_OK(dt_world_rank(&rank));
+  dt_mesh_t m1, m2 = NULL;
+  DT_ASSERT_OK(dt_mesh_create(1, &world, NULL, NULL, &m1));
+  long long n = norms(m1, 1) + embeddings(m1, 1);
+  if (world >= 4 && world % 2 == 0) {
+    int s[2] = {2, world / 2};
+    DT_ASSERT_OK(dt_mesh_create(2, s, NULL, NULL, &m2));
+    n += norms(m2, 2) + embeddings(m2, 2);
+  }
+  if (rank == 0) printf("test_ops_nn np=%d: %lld op calls checked\n", world, n);
+  DT_ASSERT_OK(dt_mesh_destroy(m1));
+  DT_ASSERT_OK(dt_mesh_destroy(m2));
+  DT_ASSERT_OK(dt_finalize());
+  return 0;
+}
