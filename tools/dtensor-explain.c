@@ -71,6 +71,31 @@ static int parse_dims(const char* s, int64_t* out, int cap, int* n) {
   return 1;
 }
 
+/* --mesh "2x2" into shape[]; 0 on bad input. */
+static int parse_mesh(const char* s, int* shape, int* nd) {
+  int64_t v[DT_MAX_MESH_DIMS + 1];
+  if (!parse_dims(s, v, DT_MAX_MESH_DIMS + 1, nd) || *nd > DT_MAX_MESH_DIMS) return 0;
+  for (int i = 0; i < *nd; i++) {
+    if (v[i] < 1 || v[i] > 1 << 20) return 0;
+    shape[i] = (int)v[i];
+  }
+  return 1;
+}
+
+/* Applies the --flatten options to an abstract mesh; returns the exit status (0 on success). */
+static int apply_flatten(dt_mesh_t mesh, const char* const* flat_s, int nflat) {
+  for (int f = 0; f < nflat; f++) {
+    int64_t d64[DT_MAX_MESH_DIMS + 1];
+    int dims[DT_MAX_MESH_DIMS], n;
+    if (!parse_dims(flat_s[f], d64, DT_MAX_MESH_DIMS + 1, &n) || n > DT_MAX_MESH_DIMS)
+      return fail("bad --flatten '%s' (expected mesh dims like 0,1)%s", flat_s[f], NULL);
+    for (int k = 0; k < n; k++) dims[k] = (int)d64[k];
+    if (dt_mesh_flatten(mesh, n, dims, NULL, NULL) != DT_SUCCESS)
+      return fail("--flatten: %s%s", dt_last_error(), NULL);
+  }
+  return 0;
+}
+
 static cJSON* placements_json(const dt_placement_t* p, int n) {
   cJSON* a = cJSON_CreateArray();
   for (int i = 0; i < n; i++) {
@@ -168,17 +193,12 @@ static int explain_redistribute(int argc, char** argv) {
   if (!mesh_s || !shape_s || !from_s || !to_s)
     return fail("--mesh, --shape, --from and --to are required%s%s", NULL, NULL);
 
-  int64_t mesh64[DT_MAX_MESH_DIMS + 1], shape[DT_MAX_DIMS + 1];
-  int mesh_nd, nd;
-  if (!parse_dims(mesh_s, mesh64, DT_MAX_MESH_DIMS + 1, &mesh_nd) || mesh_nd > DT_MAX_MESH_DIMS)
+  int64_t shape[DT_MAX_DIMS + 1];
+  int mesh_nd, nd, mesh_shape[DT_MAX_MESH_DIMS];
+  if (!parse_mesh(mesh_s, mesh_shape, &mesh_nd))
     return fail("bad --mesh '%s' (expected e.g. 2x2, 1 to 4 dims)%s", mesh_s, NULL);
   if (!parse_dims(shape_s, shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS)
     return fail("bad --shape '%s' (expected e.g. 8x8x8, 1 to 8 dims)%s", shape_s, NULL);
-  int mesh_shape[DT_MAX_MESH_DIMS];
-  for (int i = 0; i < mesh_nd; i++) {
-    if (mesh64[i] < 1 || mesh64[i] > 1 << 20) return fail("bad --mesh '%s'%s", mesh_s, NULL);
-    mesh_shape[i] = (int)mesh64[i];
-  }
   dt_dtype_t dtype;
   if (dt_dtype_parse(dtype_s, &dtype) != DT_SUCCESS) return fail("%s%s", dt_last_error(), NULL);
   dt_placement_t from[DT_MAX_MESH_DIMS], to[DT_MAX_MESH_DIMS];
@@ -199,19 +219,8 @@ static int explain_redistribute(int argc, char** argv) {
     return fail("%s%s", dt_last_error(), NULL);
   int rc = 0;
   dt_plan_t plan = NULL;
-  for (int f = 0; f < nflat; f++) {
-    int64_t dims64[DT_MAX_MESH_DIMS + 1];
-    int dims[DT_MAX_MESH_DIMS], n;
-    if (!parse_dims(flat_s[f], dims64, DT_MAX_MESH_DIMS + 1, &n) || n > DT_MAX_MESH_DIMS) {
-      rc = fail("bad --flatten '%s' (expected mesh dims like 0,1)%s", flat_s[f], NULL);
-      goto out;
-    }
-    for (int k = 0; k < n; k++) dims[k] = (int)dims64[k];
-    if (dt_mesh_flatten(mesh, n, dims, NULL, NULL) != DT_SUCCESS) {
-      rc = fail("--flatten: %s%s", dt_last_error(), NULL);
-      goto out;
-    }
-  }
+  rc = apply_flatten(mesh, flat_s, nflat);
+  if (rc != 0) goto out;
   dt_status_t st = greedy ? dt_plan_create_greedy(mesh, dtype, nd, shape, from, to, &plan)
                           : dt_plan_create(mesh, dtype, nd, shape, from, to, &plan);
   if (st != DT_SUCCESS) {
@@ -324,15 +333,9 @@ static int explain_op(int argc, char** argv) {
   if (!mesh_s || nshape == 0) return fail("--mesh and at least one --shape are required%s%s", NULL, NULL);
   if (nin != nshape)
     return fail("give one --in per --shape (%s %s)", nin < nshape ? "missing --in" : "missing --shape", "");
-  int64_t mesh64[DT_MAX_MESH_DIMS + 1];
-  int mesh_nd;
-  if (!parse_dims(mesh_s, mesh64, DT_MAX_MESH_DIMS + 1, &mesh_nd) || mesh_nd > DT_MAX_MESH_DIMS)
+  int mesh_nd, mesh_shape[DT_MAX_MESH_DIMS];
+  if (!parse_mesh(mesh_s, mesh_shape, &mesh_nd))
     return fail("bad --mesh '%s' (expected e.g. 2x2, 1 to 4 dims)%s", mesh_s, NULL);
-  int mesh_shape[DT_MAX_MESH_DIMS];
-  for (int i = 0; i < mesh_nd; i++) {
-    if (mesh64[i] < 1 || mesh64[i] > 1 << 20) return fail("bad --mesh '%s'%s", mesh_s, NULL);
-    mesh_shape[i] = (int)mesh64[i];
-  }
   dt_dtype_t dtype;
   if (dt_dtype_parse(dtype_s, &dtype) != DT_SUCCESS) return fail("%s%s", dt_last_error(), NULL);
   dt_placement_t in_pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
@@ -356,19 +359,8 @@ static int explain_op(int argc, char** argv) {
   int rc = 0;
   dt_op_choice_t* cands = NULL;
   dt_plan_t plans[DT_OP_MAX_INPUTS] = {NULL};
-  for (int f = 0; f < nflat; f++) {
-    int64_t d64[DT_MAX_MESH_DIMS + 1];
-    int dims[DT_MAX_MESH_DIMS], n;
-    if (!parse_dims(flat_s[f], d64, DT_MAX_MESH_DIMS + 1, &n) || n > DT_MAX_MESH_DIMS) {
-      rc = fail("bad --flatten '%s'%s", flat_s[f], NULL);
-      goto out;
-    }
-    for (int k = 0; k < n; k++) dims[k] = (int)d64[k];
-    if (dt_mesh_flatten(mesh, n, dims, NULL, NULL) != DT_SUCCESS) {
-      rc = fail("--flatten: %s%s", dt_last_error(), NULL);
-      goto out;
-    }
-  }
+  rc = apply_flatten(mesh, flat_s, nflat);
+  if (rc != 0) goto out;
   dt_op_choice_t ch;
   if (dt_op_select(mesh, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch) != DT_SUCCESS) {
     rc = fail("%s%s", dt_last_error(), NULL);

@@ -31,6 +31,15 @@ static void dt__attach_kernels(void) {
   if (getenv("OPENBLAS_NUM_THREADS") == NULL) openblas_set_num_threads(1);
 }
 
+/* The kernel's view of a tensor's local shard. */
+static void dt__local_view(dt_tensor_t x, dt_local_tensor_t* v) {
+  v->dtype = x->dtype;
+  v->ndim = x->layout.ndim;
+  memcpy(v->shape, x->local_shape, sizeof v->shape);
+  memcpy(v->offset, x->local_off, sizeof v->offset);
+  v->data = x->data;
+}
+
 dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs, int n_iargs,
                       const int64_t* iargs, int n_fargs, const double* fargs, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
@@ -89,20 +98,12 @@ dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,
       DT_CHECK_GOTO(dt_tensor_redistribute(x, ch.in[t], &moved[t]), st, done);
       x = moved[t];
     }
-    lin[t].dtype = x->dtype;
-    lin[t].ndim = x->layout.ndim;
-    memcpy(lin[t].shape, x->local_shape, sizeof lin[t].shape);
-    memcpy(lin[t].offset, x->local_off, sizeof lin[t].offset);
-    lin[t].data = x->data;
+    dt__local_view(x, &lin[t]);
   }
   DT_CHECK_GOTO(dt_tensor_empty(mesh, ch.out_meta[0].dtype, ch.out_meta[0].ndim,
                                 ch.out_meta[0].shape, ch.out[0], &res),
                 st, done);
-  lout[0].dtype = res->dtype;
-  lout[0].ndim = res->layout.ndim;
-  memcpy(lout[0].shape, res->local_shape, sizeof lout[0].shape);
-  memcpy(lout[0].offset, res->local_off, sizeof lout[0].offset);
-  lout[0].data = res->data;
+  dt__local_view(res, &lout[0]);
   if (mesh->member) DT_CHECK_GOTO(kernel(&call, lin, lout), st, done);
   *out = res;
   res = NULL;
