@@ -40,6 +40,21 @@ DT_API dt_status_t dt_div(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
 DT_API dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out);
 DT_API dt_status_t dt_relu(dt_tensor_t a, dt_tensor_t* out);
 
+typedef enum dt_loss_reduction {
+  DT_LOSS_NONE = 0, /* per-row losses, shape (N) */
+  DT_LOSS_MEAN = 1, /* scalar */
+  DT_LOSS_SUM = 2,  /* scalar */
+  DT_LOSS_REDUCTION_COUNT
+} dt_loss_reduction_t;
+
+/* Cross-entropy of logits (N, C) against class indices (N) (i32/i64), as in PyTorch with
+ * log-softmax over C. Loss parallel: with logits sharded on C, only per-row max, sum of
+ * exponentials and target logit are reduced across ranks; the logits are never gathered. The
+ * result may be Partial (e.g. Partial(sum) per-row losses): redistribute it to R to read it.
+ * Built from the public ops (amax, sub, exp, sum, log, gather_dim, mean). Collective. */
+DT_API dt_status_t dt_cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
+                                    dt_loss_reduction_t reduction, dt_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,7 +24,7 @@ static void dt__attach_kernels(void) {
       {"softmax", dt__kernel_softmax}, {"log_softmax", dt__kernel_log_softmax},
       {"permute", dt__kernel_permute}, {"transpose", dt__kernel_permute},  {"t", dt__kernel_permute},
       {"rms_norm", dt__kernel_rms_norm}, {"layer_norm", dt__kernel_layer_norm},
-      {"embedding", dt__kernel_embedding},
+      {"embedding", dt__kernel_embedding}, {"gather_dim", dt__kernel_gather_dim},
   };
   for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) dt__op_set_kernel(ks[i].name, ks[i].k);
   /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */

@@ -349,3 +349,23 @@ dt_status_t dt__kernel_embedding(const dt_op_call_t* call, const dt_local_tensor
   }
   return DT_SUCCESS;
 }
+
+/* gather_dim: out[i] = x[i, idx[i]] for the local rows; a class outside the local column range
+ * gives 0 (masked gather -> Partial(sum) when x is class-sharded). */
+dt_status_t dt__kernel_gather_dim(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, in, 1));
+  const dt_local_tensor_t *x = &in[0], *ix = &in[1];
+  int64_t C = call->in[0].shape[1], c0 = x->offset[1], cl = x->shape[1], rows = x->shape[0];
+  const float* xv = (const float*)x->data;
+  float* o = (float*)out->data;
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t c = ix->dtype == DT_I64 ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i];
+    if (c < 0 || c >= C)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "gather_dim: index %lld out of range [0, %lld)",
+                     (long long)c, (long long)C);
+    int64_t j = c - c0;
+    o[i] = (j >= 0 && j < cl) ? xv[i * cl + j] : 0.0f;
+  }
+  return DT_SUCCESS;
+}

@@ -37,6 +37,7 @@ DT__KERNEL(dt__kernel_permute);
 DT__KERNEL(dt__kernel_rms_norm);
 DT__KERNEL(dt__kernel_layer_norm);
 DT__KERNEL(dt__kernel_embedding);
+DT__KERNEL(dt__kernel_gather_dim);
 #undef DT__KERNEL
 
 #endif

@@ -393,6 +393,39 @@ static dt_status_t dt__embedding_rules(const dt_op_call_t* call, dt_tensor_meta_
   return DT_SUCCESS;
 }
 
+/* gather_dim (x (N, C), idx (N) i32/i64): out[i] = x[i, idx[i]].
+ *   [R; R, R]  [S(0); S(0), S(0)]  [P(sum); S(1), R] (class-sharded: masked local gather)
+ *   [P(op); P(op), R] (linear in x) */
+static dt_status_t dt__gather_dim_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                        int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t *x = &call->in[0], *ix = &call->in[1];
+  if (x->ndim != 2 || ix->ndim != 1 || ix->shape[0] != x->shape[0])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "gather_dim: expects x (N, C) and indices (N)");
+  if (ix->dtype != DT_I32 && ix->dtype != DT_I64)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "gather_dim: indices must be i32 or i64, got %s",
+                   dt_dtype_name(ix->dtype));
+  out_meta->dtype = x->dtype;
+  out_meta->ndim = 1;
+  out_meta->shape[0] = x->shape[0];
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n, &r);
+  r.out[0] = r.in[0] = r.in[1] = dt_shard(0);
+  dt__add_rule(rules, cap, n, &r);
+  memset(&r, 0, sizeof r);
+  r.out[0] = dt_partial(DT_REDUCE_SUM);
+  r.in[0] = dt_shard(1);
+  dt__add_rule(rules, cap, n, &r);
+  for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++) {
+    memset(&r, 0, sizeof r);
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add_rule(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * built-in ops */
 
@@ -451,7 +484,7 @@ void dt__ops_register_builtins(void) {
       {"log_softmax", 1, dt__softmax_rules}, {"permute", 1, dt__permute_rules},
       {"transpose", 1, dt__permute_rules}, {"t", 1, dt__permute_rules},
       {"rms_norm", 2, dt__norm_rules},   {"layer_norm", 3, dt__norm_rules},
-      {"embedding", 2, dt__embedding_rules},
+      {"embedding", 2, dt__embedding_rules}, {"gather_dim", 2, dt__gather_dim_rules},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
     dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);

@@ -1,4 +1,4 @@
-/* test_ops_nn.c - rms_norm, layer_norm and embedding on distributed tensors against dense
+/* test_ops_nn.c - rms_norm, layer_norm, embedding and cross_entropy (loss parallel) against dense
  * references, for every placement combination of the inputs from {R, S(0), S(1), P(sum)} per mesh
  * dim (indices: {R, S(0), S(1)}) on meshes (n) and (2, n/2); np 2 and 4. Norms within 1e-5
  * relative (sqrt); embedding exactly. A vocabulary-sharded table with replicated indices must give
@@ -131,6 +131,68 @@ static long long embeddings(dt_mesh_t mesh, int m) {
   return n;
 }
 
+/* cross_entropy against a double-precision reference; with class-sharded logits no all-gather or
+ * all-to-all runs and every all-reduce moves at most N floats (loss parallel). */
+static long long cross_entropy(dt_mesh_t mesh, int m) {
+  enum { N = 6, C = 10 };
+  int64_t ls[2] = {N, C}, ts[1] = {N};
+  float x[N * C];
+  int64_t tg[N];
+  for (int i = 0; i < N * C; i++) x[i] = (float)((i * 7) % 13) * 0.25f - 1.5f;
+  for (int i = 0; i < N; i++) tg[i] = (i * 3 + 2) % C;
+  double ref[N], mean = 0;
+  for (int i = 0; i < N; i++) {
+    double mx = -1e30, sum = 0;
+    for (int c = 0; c < C; c++) mx = fmax(mx, x[i * C + c]);
+    for (int c = 0; c < C; c++) sum += exp(x[i * C + c] - mx);
+    ref[i] = log(sum) + mx - x[i * C + tg[i]];
+    mean += ref[i] / N;
+  }
+  const char* lpl[4] = {"S1", "R", "S0", "P"};
+  const char* lpl2[4] = {"S0,S1", "R,S1", "S1,S1", "R,R"};
+  long long n = 0;
+  for (int k = 0; k < 4; k++)
+    for (int red = 0; red < 3; red++) {
+      dt_placement_t pl[2], pt[2];
+      int np;
+      DT_ASSERT_OK(dt_placements_parse(m == 1 ? lpl[k] : lpl2[k], pl, 2, &np));
+      for (int i = 0; i < m; i++)
+        pt[i] = (pl[i].kind == DT_SHARD && pl[i].dim == 0) ? dt_shard(0) : dt_replicate();
+      dt_tensor_t tl, tt, r;
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, ls, pl, x, &tl));
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 1, ts, pt, tg, &tt));
+      DT_ASSERT_OK(dt_counters_reset(mesh));
+      DT_ASSERT_OK(dt_cross_entropy(tl, tt, (dt_loss_reduction_t)red, &r));
+      dt_counters_t cnt;
+      DT_ASSERT_OK(dt_counters_get(mesh, &cnt));
+      int class_sharded = 1;
+      for (int i = 0; i < m; i++)
+        class_sharded &= pl[i].kind != DT_SHARD || pl[i].dim == 1;
+      if (class_sharded && k == 0) { /* loss parallel: no logits ever move */
+        DT_ASSERT_EQ(cnt.calls[DT_COLL_ALL_GATHER] + cnt.calls[DT_COLL_ALL_TO_ALL], 0);
+        DT_ASSERT_TRUE(cnt.calls[DT_COLL_ALL_REDUCE] >= 1 &&
+                           cnt.nbytes[DT_COLL_ALL_REDUCE] <= cnt.calls[DT_COLL_ALL_REDUCE] * N * 4,
+                       "all-reduces must carry per-row values only (%llu bytes in %llu calls)",
+                       (unsigned long long)cnt.nbytes[DT_COLL_ALL_REDUCE],
+                       (unsigned long long)cnt.calls[DT_COLL_ALL_REDUCE]);
+      }
+      float got[N];
+      int64_t on = red == DT_LOSS_NONE ? N : 1;
+      DT_ASSERT_OK(dt_tensor_full(r, got, sizeof(float) * (size_t)on));
+      for (int i = 0; i < on; i++) {
+        double want = red == DT_LOSS_NONE ? ref[i] : red == DT_LOSS_MEAN ? mean : mean * N;
+        DT_ASSERT_TRUE(fabs(got[i] - want) <= 1e-5 * (1 + fabs(want)),
+                       "cross_entropy %s red %d [%d]: %g vs %g", m == 1 ? lpl[k] : lpl2[k], red,
+                       i, got[i], want);
+      }
+      dt_tensor_destroy(tl);
+      dt_tensor_destroy(tt);
+      dt_tensor_destroy(r);
+      n++;
+    }
+  return n;
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   int world, rank;
@@ -138,11 +200,11 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_world_rank(&rank));
   dt_mesh_t m1, m2 = NULL;
   DT_ASSERT_OK(dt_mesh_create(1, &world, NULL, NULL, &m1));
-  long long n = norms(m1, 1) + embeddings(m1, 1);
+  long long n = norms(m1, 1) + embeddings(m1, 1) + cross_entropy(m1, 1);
   if (world >= 4 && world % 2 == 0) {
     int s[2] = {2, world / 2};
     DT_ASSERT_OK(dt_mesh_create(2, s, NULL, NULL, &m2));
-    n += norms(m2, 2) + embeddings(m2, 2);
+    n += norms(m2, 2) + embeddings(m2, 2) + cross_entropy(m2, 2);
   }
   if (rank == 0) printf("test_ops_nn np=%d: %lld op calls checked\n", world, n);
   DT_ASSERT_OK(dt_mesh_destroy(m1));
