@@ -4,7 +4,8 @@
 #   tools/dev.sh example   build and run the main example under mpirun (4 ranks)
 #   tools/dev.sh test      build (warnings as errors) and run the whole test suite, then the
 #                          sanitizer build (ASan + UBSan) of the same suite
-#   tools/dev.sh bench     build and run the benchmarks at 2 and 4 ranks
+#   tools/dev.sh bench     build and run the benchmarks (redistribution at 2 and 4 ranks,
+#                          planning latency, op dispatch)
 #
 # Environment: NP (example ranks, default 4), BUILD_DIR (default build), DTENSOR_SKIP_ASAN=1.
 set -euo pipefail
@@ -70,6 +71,7 @@ case "$cmd" in
     configure_build "$B"
     for np in 2 4; do mpirun -np $np "$B/bench/bench_redistribute"; done
     "$B/bench/bench_plan"
+    "$B/bench/bench_dispatch"
     ;;
   *)
     echo "usage: tools/dev.sh example|test|bench" >&2
