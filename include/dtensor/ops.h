@@ -22,7 +22,8 @@ extern "C" {
  * reductions sum, mean, amax, amin with iargs [keepdim, dim...], softmax and log_softmax with
  * iargs [dim], permute (iargs: the permutation), transpose (iargs [d0, d1]), t, rms_norm (x, w)
  * and layer_norm (x, w, b) over the last dim with fargs [eps], embedding (weight (V, D), i32/i64
- * indices; a vocabulary-sharded table gives a Partial(sum) by masked lookup)) on n_inputs tensors
+ * indices; a vocabulary-sharded table gives a Partial(sum) by masked lookup), gather_dim, linear
+ * (x, weight (O, K), bias) and linear_nobias) on n_inputs tensors
  * of one mesh.
  * iargs/fargs are the op's integer and scalar arguments (may be NULL when their count is 0).
  * Errors: DT_ERR_UNSUPPORTED "no sharding strategy for OP" for an unknown op or an op without a
@@ -37,6 +38,9 @@ DT_API dt_status_t dt_add(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out); /* br
 DT_API dt_status_t dt_sub(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
 DT_API dt_status_t dt_mul(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
 DT_API dt_status_t dt_div(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
+/* x (N, K), weight (O, K) as in PyTorch, bias (O) or NULL: out = x weight^T + bias. */
+DT_API dt_status_t dt_linear(dt_tensor_t x, dt_tensor_t weight, dt_tensor_t bias,
+                             dt_tensor_t* out);
 DT_API dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out);
 DT_API dt_status_t dt_relu(dt_tensor_t a, dt_tensor_t* out);
 

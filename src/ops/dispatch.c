@@ -25,6 +25,7 @@ static void dt__attach_kernels(void) {
       {"permute", dt__kernel_permute}, {"transpose", dt__kernel_permute},  {"t", dt__kernel_permute},
       {"rms_norm", dt__kernel_rms_norm}, {"layer_norm", dt__kernel_layer_norm},
       {"embedding", dt__kernel_embedding}, {"gather_dim", dt__kernel_gather_dim},
+      {"linear", dt__kernel_linear},   {"linear_nobias", dt__kernel_linear},
   };
   for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) dt__op_set_kernel(ks[i].name, ks[i].k);
   /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */
@@ -136,6 +137,10 @@ dt_status_t dt_mul(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
 dt_status_t dt_div(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
   dt_tensor_t in[2] = {a, b};
   return dt_op_run("div", 2, in, 0, NULL, 0, NULL, out);
+}
+dt_status_t dt_linear(dt_tensor_t x, dt_tensor_t weight, dt_tensor_t bias, dt_tensor_t* out) {
+  dt_tensor_t in[3] = {x, weight, bias};
+  return dt_op_run(bias ? "linear" : "linear_nobias", bias ? 3 : 2, in, 0, NULL, 0, NULL, out);
 }
 dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out) {
   return dt_op_run("neg", 1, &a, 0, NULL, 0, NULL, out);

@@ -369,3 +369,22 @@ dt_status_t dt__kernel_gather_dim(const dt_op_call_t* call, const dt_local_tenso
   }
   return DT_SUCCESS;
 }
+
+/* linear: out (N, O) = x (N, K) weight^T + bias, weight (O, K) row-major. */
+dt_status_t dt__kernel_linear(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, in, call->n_inputs));
+  int64_t N = in[0].shape[0], K = in[0].shape[1], O = in[1].shape[0];
+  float* o = (float*)out->data;
+  if (N == 0 || O == 0) return DT_SUCCESS;
+  if (K == 0) memset(o, 0, sizeof(float) * (size_t)(N * O));
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)O, (int)K, 1.0f,
+                (const float*)in[0].data, (int)K, (const float*)in[1].data, (int)K, 0.0f, o, (int)O);
+  if (call->n_inputs == 3) {
+    const float* b = (const float*)in[2].data;
+    for (int64_t i = 0; i < N; i++)
+      for (int64_t j = 0; j < O; j++) o[i * O + j] += b[j];
+  }
+  return DT_SUCCESS;
+}

@@ -38,6 +38,7 @@ DT__KERNEL(dt__kernel_rms_norm);
 DT__KERNEL(dt__kernel_layer_norm);
 DT__KERNEL(dt__kernel_embedding);
 DT__KERNEL(dt__kernel_gather_dim);
+DT__KERNEL(dt__kernel_linear);
 #undef DT__KERNEL
 
 #endif

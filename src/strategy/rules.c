@@ -42,7 +42,7 @@ dt_status_t dt__rules_einsum(const char* eq, const dt_op_call_t* call, int bilin
   nin++;
   if (p[0] != '-' || p[1] != '>') return DT_FAIL(DT_ERR_INTERNAL, "bad einsum '%s'", eq);
   snprintf(out, sizeof out, "%s", p + 2);
-  if (nin != call->n_inputs)
+  if (nin > call->n_inputs) /* extra inputs (a bias) are placed by the caller's generator */
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %d inputs", call->op, nin);
   /* Sizes per letter, checked across operands. */
   int64_t size[128];
@@ -426,6 +426,28 @@ static dt_status_t dt__gather_dim_rules(const dt_op_call_t* call, dt_tensor_meta
   return DT_SUCCESS;
 }
 
+/* linear (x (N, K), weight (O, K)[, bias (O)]): out = x weight^T + bias, "nk,ok->no".
+ * The bias follows the output's O dim; where the output is Partial the bias is Partial too, so it
+ * is added exactly once in the sum (R -> P(sum) partitions it locally). */
+static dt_status_t dt__linear_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                    int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  DT_CHECK(dt__rules_einsum("nk,ok->no", call, 1, out_meta, rules, cap, n));
+  if (call->n_inputs == 3) {
+    const dt_tensor_meta_t* b = &call->in[2];
+    if (b->ndim != 1 || b->shape[0] != call->in[1].shape[0] || b->dtype != call->in[0].dtype)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "linear: bias must be a %s vector of %lld",
+                     dt_dtype_name(call->in[0].dtype), (long long)call->in[1].shape[0]);
+    for (int k = 0; k < *n; k++) {
+      dt_placement_t o = rules[k].out[0];
+      rules[k].in[2] = o.kind == DT_PARTIAL               ? o
+                       : (o.kind == DT_SHARD && o.dim == 1) ? dt_shard(0)
+                                                            : dt_replicate();
+    }
+  }
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * built-in ops */
 
@@ -485,6 +507,7 @@ void dt__ops_register_builtins(void) {
       {"transpose", 1, dt__permute_rules}, {"t", 1, dt__permute_rules},
       {"rms_norm", 2, dt__norm_rules},   {"layer_norm", 3, dt__norm_rules},
       {"embedding", 2, dt__embedding_rules}, {"gather_dim", 2, dt__gather_dim_rules},
+      {"linear", 3, dt__linear_rules},   {"linear_nobias", 2, dt__linear_rules},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
     dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);

@@ -193,6 +193,56 @@ static long long cross_entropy(dt_mesh_t mesh, int m) {
   return n;
 }
 
+/* linear with and without bias: every placement of x, weight in {R, S(0), S(1), P} and bias in
+ * {R, S(0), P}; exact (small integers). A column-sharded x with a column-sharded weight gives a
+ * Partial output whose bias is counted once. */
+static long long linear(dt_mesh_t mesh) {
+  enum { N = 5, K = 6, O = 7 };
+  int64_t xs[2] = {N, K}, ws[2] = {O, K}, bs[1] = {O};
+  float x[N * K], w[O * K], b[O], want[N * O], wantnb[N * O], got[N * O];
+  for (int i = 0; i < N * K; i++) x[i] = (float)((i * 5) % 7) - 3.0f;
+  for (int i = 0; i < O * K; i++) w[i] = (float)((i * 3) % 5) - 2.0f;
+  for (int i = 0; i < O; i++) b[i] = (float)i - 3.0f;
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < O; j++) {
+      float acc = 0;
+      for (int k = 0; k < K; k++) acc += x[i * K + k] * w[j * K + k];
+      wantnb[i * O + j] = acc;
+      want[i * O + j] = acc + b[j];
+    }
+  long long n = 0;
+  for (int a = 0; a < 4; a++)
+    for (int c = 0; c < 4; c++)
+      for (int d = 0; d < 4; d++) {
+        if (d == 2) continue; /* a 1-D bias has no dim 1 */
+        dt_placement_t px[1] = {opt(a)}, pw[1] = {opt(c)}, pb[1] = {opt(d)};
+        dt_tensor_t tx, tw, tb, r;
+        DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, xs, px, x, &tx));
+        DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, ws, pw, w, &tw));
+        DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 1, bs, pb, b, &tb));
+        DT_ASSERT_OK(dt_linear(tx, tw, tb, &r));
+        DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+        DT_ASSERT_TRUE(memcmp(got, want, sizeof want) == 0, "linear x %d w %d b %d", a, c, d);
+        if (a == 2 && c == 2 && d == 0) { /* contraction sharded: Partial, bias added once */
+          dt_placement_t rp[1];
+          DT_ASSERT_OK(dt_tensor_placements(r, rp));
+          DT_ASSERT_TRUE(rp[0].kind == DT_PARTIAL, "linear(S1, S1) should stay Partial");
+        }
+        dt_tensor_destroy(r);
+        if (d == 0) {
+          DT_ASSERT_OK(dt_linear(tx, tw, NULL, &r));
+          DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+          DT_ASSERT_TRUE(memcmp(got, wantnb, sizeof wantnb) == 0, "linear_nobias x %d w %d", a, c);
+          dt_tensor_destroy(r);
+        }
+        dt_tensor_destroy(tx);
+        dt_tensor_destroy(tw);
+        dt_tensor_destroy(tb);
+        n++;
+      }
+  return n;
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   int world, rank;
@@ -200,7 +250,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_world_rank(&rank));
   dt_mesh_t m1, m2 = NULL;
   DT_ASSERT_OK(dt_mesh_create(1, &world, NULL, NULL, &m1));
-  long long n = norms(m1, 1) + embeddings(m1, 1) + cross_entropy(m1, 1);
+  long long n = norms(m1, 1) + embeddings(m1, 1) + cross_entropy(m1, 1) + linear(m1);
   if (world >= 4 && world % 2 == 0) {
     int s[2] = {2, world / 2};
     DT_ASSERT_OK(dt_mesh_create(2, s, NULL, NULL, &m2));
