@@ -20,6 +20,16 @@ static int dt__add_rule(dt_op_rule_t* rules, int cap, int* n, const dt_op_rule_t
   return 1;
 }
 
+/* [P(op); P(op) on input `t`, R elsewhere] for op in {sum, avg}: the op is linear in input t. */
+static void dt__add_linear_rules(dt_op_rule_t* rules, int cap, int* n, int t) {
+  for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++) {
+    dt_op_rule_t r;
+    memset(&r, 0, sizeof r);
+    r.out[0] = r.in[t] = dt_partial((dt_reduce_op_t)op);
+    dt__add_rule(rules, cap, n, &r);
+  }
+}
+
 dt_status_t dt__rules_einsum(const char* eq, const dt_op_call_t* call, int bilinear,
                              dt_tensor_meta_t* out_meta, dt_op_rule_t* rules, int cap,
                              int* n_rules) {
@@ -89,13 +99,7 @@ dt_status_t dt__rules_einsum(const char* eq, const dt_op_call_t* call, int bilin
     }
   }
   if (bilinear)
-    for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++)
-      for (int u = 0; u < nin; u++) {
-        memset(&r, 0, sizeof r);
-        r.out[0] = dt_partial((dt_reduce_op_t)op);
-        r.in[u] = dt_partial((dt_reduce_op_t)op);
-        dt__add_rule(rules, cap, n_rules, &r);
-      }
+    for (int u = 0; u < nin; u++) dt__add_linear_rules(rules, cap, n_rules, u);
   return DT_SUCCESS;
 }
 
@@ -385,11 +389,7 @@ static dt_status_t dt__embedding_rules(const dt_op_call_t* call, dt_tensor_meta_
     r.in[1] = dt_shard(d);
     dt__add_rule(rules, cap, n, &r);
   }
-  for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++) {
-    memset(&r, 0, sizeof r);
-    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
-    dt__add_rule(rules, cap, n, &r);
-  }
+  dt__add_linear_rules(rules, cap, n, 0);
   return DT_SUCCESS;
 }
 
@@ -418,11 +418,7 @@ static dt_status_t dt__gather_dim_rules(const dt_op_call_t* call, dt_tensor_meta
   r.out[0] = dt_partial(DT_REDUCE_SUM);
   r.in[0] = dt_shard(1);
   dt__add_rule(rules, cap, n, &r);
-  for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++) {
-    memset(&r, 0, sizeof r);
-    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
-    dt__add_rule(rules, cap, n, &r);
-  }
+  dt__add_linear_rules(rules, cap, n, 0);
   return DT_SUCCESS;
 }
 
