@@ -55,7 +55,8 @@ DT_API const char* dt_status_name(dt_status_t st);
 /* Static one-line description of the code. */
 DT_API const char* dt_status_string(dt_status_t st);
 /* Detail of the last failure on this thread: "dt_mesh_create (src/mesh/mesh.c:42): ...".
- * Empty string if the last call on this thread succeeded or nothing failed yet. Never NULL. */
+ * Like errno, it is set by a failing call and kept until the next failure or dt_clear_error()
+ * (a successful call does not clear it); empty if nothing failed yet. Never NULL. */
 DT_API const char* dt_last_error(void);
 /* Clears the last-error message of this thread. */
 DT_API void dt_clear_error(void);

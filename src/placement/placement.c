@@ -44,9 +44,9 @@ static int dt__parse_op(const char* s, size_t len, int* op) {
 }
 
 dt_status_t dt_placement_parse(const char* text, dt_placement_t* out) {
-  DT_ARG_NOT_NULL(text);
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
+  DT_ARG_NOT_NULL(text);
   /* Trim spaces into a small local copy. */
   char s[64];
   size_t b = 0, e = strlen(text);
@@ -200,11 +200,12 @@ dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64
   if (nparts <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "nparts %d must be positive", nparts);
   if (index < 0 || index >= nparts)
     return DT_FAIL(DT_ERR_INVALID_ARG, "index %d out of range [0, %d)", index, nparts);
-  int64_t c = (size + nparts - 1) / nparts;
-  int64_t start = c * index;
-  int64_t end = c * (index + 1);
-  if (end > size) end = size;
-  *offset = start < size ? start : size;
-  *len = end > start ? end - start : 0;
+  /* torch.chunk: chunks of ceil(size / nparts), the last ones short or empty. Written so that
+   * nothing overflows for sizes up to INT64_MAX. */
+  int64_t c = size / nparts + (size % nparts != 0);
+  int64_t start = (c == 0 || index <= size / c) ? c * index : size;
+  if (start > size) start = size;
+  *offset = start;
+  *len = size - start < c ? size - start : c;
   return DT_SUCCESS;
 }

@@ -198,8 +198,16 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
     if (mesh->ranks[p] == src_rank) src_pos = p;
   if (src_pos < 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "src_rank %d is not a member of the mesh", src_rank);
-  if (src_rank == dt__ctx.world_rank && full == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "full is NULL on the source rank %d", src_rank);
+  /* Only the source can see a NULL full: it tells the others (one tiny broadcast) so that every
+   * rank fails together instead of leaving them blocked in the scatter. */
+  if (mesh->member) {
+    int ok = src_rank != dt__ctx.world_rank || full != NULL;
+    DT_CHECK(mesh->all_comm.iface->broadcast(&mesh->all_comm, &ok, 1, DT_I32, src_pos));
+    if (!ok)
+      return src_rank == dt__ctx.world_rank
+                 ? DT_FAIL(DT_ERR_INVALID_ARG, "full is NULL on the source rank %d", src_rank)
+                 : DT_FAIL(DT_ERR_REMOTE, "full is NULL on the source rank %d", src_rank);
+  }
   DT_CHECK(dt__tensor_alloc(mesh, dtype, ndim, shape, placements, out));
   dt_tensor_t t = *out;
   if (!mesh->member) return DT_SUCCESS;
@@ -444,10 +452,15 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
   dt_tensor_t t = *out;
   if (t->local_numel == 0 || (kind == DT_FILL_CONST && a == 0.0)) return DT_SUCCESS;
   int64_t idx[DT_MAX_DIMS] = {0};
+  double rand_scale = dtype == DT_BF16 ? 0x1.0p8 : dtype == DT_F16 ? 0x1.0p11 : 0x1.0p24;
   for (int64_t k = 0; k < t->local_numel; k++) {
     uint64_t g = 0;
     for (int d = 0; d < ndim; d++) g = g * (uint64_t)shape[d] + (uint64_t)(t->local_off[d] + idx[d]);
-    dt__store(t->data, dtype, k, dt__fill_value(kind, a, b, seed, g));
+    double v = dt__fill_value(kind, a, b, seed, g);
+    /* rand is uniform on [0, 1): keep only the bits the storage dtype can hold, so that
+     * rounding to bf16/f16 can never produce 1.0. */
+    if (kind == DT_FILL_RAND) v = floor(v * rand_scale) / rand_scale;
+    dt__store(t->data, dtype, k, v);
     for (int d = ndim - 1; d >= 0; d--) {
       if (++idx[d] < t->local_shape[d]) break;
       idx[d] = 0;
