@@ -17,20 +17,36 @@
 extern "C" {
 #endif
 
-/* Runs op `name` (as registered; built-ins: mm, bmm, add, sub, mul, div, maximum, minimum, neg,
- * relu, exp, log, sqrt, rsqrt, gelu, silu, sigmoid, tanh, mul_scalar (fargs [s]), and the
- * reductions sum, mean, amax, amin with iargs [keepdim, dim...], softmax and log_softmax with
- * iargs [dim], permute (iargs: the permutation), transpose (iargs [d0, d1]), t, rms_norm (x, w)
- * and layer_norm (x, w, b) over the last dim with fargs [eps], embedding (weight (V, D), i32/i64
- * indices; a vocabulary-sharded table gives a Partial(sum) by masked lookup), gather_dim, linear
- * (x, weight (O, K), bias) and linear_nobias) on n_inputs tensors
- * of one mesh.
- * iargs/fargs are the op's integer and scalar arguments (may be NULL when their count is 0).
+/* Runs op `name` on n_inputs tensors of one mesh; iargs/fargs are its integer and scalar
+ * arguments (may be NULL when their count is 0). Built-in ops (PyTorch aten names where one exists):
+ *   matmul:     mm, bmm, addmm (input, m1, m2; fargs [beta, alpha]), linear (x, w (O, K), b),
+ *               linear_nobias
+ *   pointwise:  add, sub, mul, div, maximum, minimum (broadcasting), neg, relu, exp, log, sqrt,
+ *               rsqrt, gelu, silu, sigmoid, tanh, add_scalar / mul_scalar / pow (fargs [s]),
+ *               where (cond i32/i64, a, b), masked_fill (x, mask; fargs [value]),
+ *               cast (iargs [dt_dtype_t]), dropout (fargs [p], iargs [seed])
+ *   reductions: sum, mean, amax, amin (iargs [keepdim, dim...]; none = all dims)
+ *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
+ *               last dim (fargs [eps]), embedding (weight (V, D), indices), gather_dim,
+ *               sdpa (q, k, v as (B, H, S, D); iargs [causal]; fargs [scale]),
+ *               rotary (iargs [seq_dim]; fargs [theta])
+ *   shape:      view / reshape (iargs: the shape, one -1 allowed), flatten (iargs [start, end]),
+ *               unflatten (iargs [dim, sizes...]), squeeze ([] or [dim]), unsqueeze ([dim]),
+ *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end(,
+ *               step)], Python semantics), narrow ([dim, start, length]), cat (1 to 4 inputs,
+ *               iargs [dim])
+ *   indexing:   topk (iargs [k, dim(, largest)]; two outputs: use dt_op_run_multi),
+ *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim])
+ * bf16/f16 tensors are stored as such and computed in f32 (converted on load and store).
  * Errors: DT_ERR_UNSUPPORTED "no sharding strategy for OP" for an unknown op or an op without a
- * kernel; DT_ERR_INVALID_ARG for shape/dtype mismatches (with the op's message). */
+ * kernel; DT_ERR_INVALID_ARG for shape/dtype/argument mismatches (with the op's message). */
 DT_API dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,
                              int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
                              dt_tensor_t* out);
+/* The same for ops with several outputs (topk: values, indices); n_outputs must match the op. */
+DT_API dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
+                                   int n_iargs, const int64_t* iargs, int n_fargs,
+                                   const double* fargs, int n_outputs, dt_tensor_t* outs);
 
 DT_API dt_status_t dt_mm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);  /* (m,k) x (k,n) */
 DT_API dt_status_t dt_bmm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out); /* (b,m,k) x (b,k,n) */
@@ -43,6 +59,35 @@ DT_API dt_status_t dt_linear(dt_tensor_t x, dt_tensor_t weight, dt_tensor_t bias
                              dt_tensor_t* out);
 DT_API dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out);
 DT_API dt_status_t dt_relu(dt_tensor_t a, dt_tensor_t* out);
+
+/* Shape ops. dt_reshape: one size may be -1. dt_split: pieces of `size` along dim (the last may be
+ * shorter), at most cap written, their count in *n; dt_chunks: n_chunks pieces as torch.chunk.
+ * Sharding is kept where the index mapping allows, otherwise that dim is replicated first. */
+DT_API dt_status_t dt_reshape(dt_tensor_t x, int ndim, const int64_t* shape, dt_tensor_t* out);
+DT_API dt_status_t dt_transpose(dt_tensor_t x, int d0, int d1, dt_tensor_t* out);
+DT_API dt_status_t dt_narrow(dt_tensor_t x, int dim, int64_t start, int64_t length,
+                             dt_tensor_t* out);
+DT_API dt_status_t dt_cat(int n, const dt_tensor_t* xs, int dim, dt_tensor_t* out);
+DT_API dt_status_t dt_split(dt_tensor_t x, int64_t size, int dim, dt_tensor_t* outs, int cap,
+                            int* n);
+DT_API dt_status_t dt_chunks(dt_tensor_t x, int n_chunks, int dim, dt_tensor_t* outs, int cap,
+                            int* n);
+/* Attention: q (B, H, S, D), k and v (B, G, T, D|E) with H a multiple of G; scale <= 0 means
+ * 1/sqrt(D). Rotary: interleaved pairs of the last dim, positions = global index on seq_dim. */
+DT_API dt_status_t dt_sdpa(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int causal, double scale,
+                           dt_tensor_t* out);
+DT_API dt_status_t dt_rotary(dt_tensor_t x, int seq_dim, double theta, dt_tensor_t* out);
+/* Indexing and routing. */
+DT_API dt_status_t dt_topk(dt_tensor_t x, int64_t k, int dim, dt_tensor_t* values,
+                           dt_tensor_t* indices);
+DT_API dt_status_t dt_gather(dt_tensor_t x, int dim, dt_tensor_t index, dt_tensor_t* out);
+DT_API dt_status_t dt_scatter_add(dt_tensor_t x, int dim, dt_tensor_t index, dt_tensor_t src,
+                                  dt_tensor_t* out);
+DT_API dt_status_t dt_where(dt_tensor_t cond, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
+DT_API dt_status_t dt_cast(dt_tensor_t x, dt_dtype_t dtype, dt_tensor_t* out);
+/* Dropout with a placement-independent mask: element g (global index) is kept when a hash of
+ * (seed, g) is at least p; kept values are scaled by 1/(1-p). */
+DT_API dt_status_t dt_dropout(dt_tensor_t x, double p, uint64_t seed, dt_tensor_t* out);
 
 typedef enum dt_loss_reduction {
   DT_LOSS_NONE = 0, /* per-row losses, shape (N) */

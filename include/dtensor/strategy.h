@@ -69,9 +69,10 @@ typedef struct dt_local_tensor {
 typedef dt_status_t (*dt_op_kernel_fn)(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                        dt_local_tensor_t* out);
 
-/* Registers (or replaces) op `name` with `n_inputs` tensor inputs: its single-mesh-dim rules and
- * its local kernel (NULL: the op can be planned and explained but not run). Host programs add
- * their own ops this way (what PyTorch offers as register_sharding). */
+/* Registers (or replaces) op `name` with `n_inputs` tensor inputs (0: any count from 1 to
+ * DT_OP_MAX_INPUTS, like cat): its single-mesh-dim rules and its local kernel (NULL: the op can be
+ * planned and explained but not run). Host programs add their own ops this way (what PyTorch
+ * offers as register_sharding). Replacing a built-in replaces its rules and kernel. */
 DT_API dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
                                   dt_op_kernel_fn kernel);
 /* 1 in *found if `name` has a strategy. */

@@ -13,6 +13,13 @@ void* dt__calloc(size_t count, size_t size) { return calloc(count ? count : 1, s
 void* dt__realloc(void* p, size_t n) { return realloc(p, n ? n : 1); }
 void dt__free(void* p) { free(p); }
 
+uint64_t dt__mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 uint64_t dt__hash_bytes(const void* p, size_t n) {
   const unsigned char* b = (const unsigned char*)p;
   uint64_t h = 0x9e3779b97f4a7c15ull ^ n;

@@ -35,6 +35,9 @@ double dt__load(const void* buf, dt_dtype_t dtype, int64_t i);
 
 /* Fast non-cryptographic hash of a byte range (8 bytes at a time), for cache keys. */
 uint64_t dt__hash_bytes(const void* p, size_t n);
+/* splitmix64 finalizer: the counter-based RNG of factories and dropout (value of element g is a
+ * function of (seed, g) only, so it does not depend on placements). */
+uint64_t dt__mix64(uint64_t x);
 
 /* Overflow-checked products. Return 0 on overflow. */
 int dt__mul_i64(int64_t a, int64_t b, int64_t* out);

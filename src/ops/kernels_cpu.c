@@ -147,21 +147,6 @@ DT__UNARY_KERNEL(dt__kernel_sigmoid, dt__f_sigmoid)
 DT__UNARY_KERNEL(dt__kernel_silu, dt__f_silu)
 DT__UNARY_KERNEL(dt__kernel_tanh, dt__f_tanh)
 
-dt_status_t dt__kernel_mul_scalar(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                  dt_local_tensor_t* out) {
-  DT_CHECK(dt__need_f32(call, in, 1));
-  if (call->n_fargs != 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "mul_scalar takes one scalar argument, got %d",
-                   call->n_fargs);
-  int64_t n = 1;
-  for (int d = 0; d < out->ndim; d++) n *= out->shape[d];
-  float s = (float)call->fargs[0];
-  const float* a = (const float*)in[0].data;
-  float* o = (float*)out->data;
-  for (int64_t i = 0; i < n; i++) o[i] = a[i] * s;
-  return DT_SUCCESS;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * reductions over dims (iargs [keepdim, dim...]); mean divides by the GLOBAL count of reduced
  * elements so that a sharded reduced dim yields an exact Partial(sum) */

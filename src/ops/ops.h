@@ -26,7 +26,6 @@ DT__KERNEL(dt__kernel_gelu);
 DT__KERNEL(dt__kernel_sigmoid);
 DT__KERNEL(dt__kernel_silu);
 DT__KERNEL(dt__kernel_tanh);
-DT__KERNEL(dt__kernel_mul_scalar);
 DT__KERNEL(dt__kernel_sum);
 DT__KERNEL(dt__kernel_mean);
 DT__KERNEL(dt__kernel_amax);
@@ -39,6 +38,21 @@ DT__KERNEL(dt__kernel_layer_norm);
 DT__KERNEL(dt__kernel_embedding);
 DT__KERNEL(dt__kernel_gather_dim);
 DT__KERNEL(dt__kernel_linear);
+/* kernels_shape.c */
+DT__KERNEL(dt__kernel_view);
+DT__KERNEL(dt__kernel_slice);
+DT__KERNEL(dt__kernel_cat);
+/* kernels_nn.c */
+DT__KERNEL(dt__kernel_addmm);
+DT__KERNEL(dt__kernel_scalar);
+DT__KERNEL(dt__kernel_cast);
+DT__KERNEL(dt__kernel_where);
+DT__KERNEL(dt__kernel_sdpa);
+DT__KERNEL(dt__kernel_rotary);
+DT__KERNEL(dt__kernel_topk);
+DT__KERNEL(dt__kernel_gather);
+DT__KERNEL(dt__kernel_scatter_add);
+DT__KERNEL(dt__kernel_dropout);
 #undef DT__KERNEL
 
 #endif

@@ -10,6 +10,7 @@ typedef struct dt_op_entry {
   int n_inputs;
   dt_op_rules_fn rules;
   dt_op_kernel_fn kernel;
+  dt__op_check_fn check; /* built-ins only: drops expanded candidates a rule cannot express */
 } dt_op_entry_t;
 
 static dt_op_entry_t dt__op_table[DT_OP_TABLE_MAX];
@@ -38,8 +39,8 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
   if (len == 0 || len >= DT_OP_NAME_MAX)
     return DT_FAIL(DT_ERR_INVALID_ARG, "op name '%s' must have 1 to %d characters", name,
                    DT_OP_NAME_MAX - 1);
-  if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range [1, %d]", n_inputs,
+  if (n_inputs < 0 || n_inputs > DT_OP_MAX_INPUTS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range [0 (variadic), %d]", n_inputs,
                    DT_OP_MAX_INPUTS);
   dt_op_entry_t* e = dt__op_find(name);
   if (e == NULL) {
@@ -51,6 +52,7 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
   e->n_inputs = n_inputs;
   e->rules = rules;
   e->kernel = kernel;
+  e->check = NULL;
   return DT_SUCCESS;
 }
 
@@ -74,11 +76,23 @@ dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
   if (call->op == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "call->op is NULL");
   dt_op_entry_t* e = dt__op_find(call->op);
   if (e == NULL) return DT_FAIL(DT_ERR_UNSUPPORTED, "no sharding strategy for %s", call->op);
-  if (call->n_inputs != e->n_inputs)
+  if (e->n_inputs != 0 && call->n_inputs != e->n_inputs)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %d tensor inputs, got %d", call->op, e->n_inputs,
                    call->n_inputs);
   *rules = e->rules;
   if (kernel) *kernel = e->kernel;
+  return DT_SUCCESS;
+}
+
+dt__op_check_fn dt__op_get_check(const char* name) {
+  dt_op_entry_t* e = dt__op_find(name);
+  return e ? e->check : NULL;
+}
+
+dt_status_t dt__op_set_check(const char* name, dt__op_check_fn check) {
+  dt_op_entry_t* e = dt__op_find(name);
+  if (e == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no op %s to attach a check to", name);
+  e->check = check;
   return DT_SUCCESS;
 }
 

@@ -491,7 +491,7 @@ void dt__ops_register_builtins(void) {
       {"add", 2, dt__additive_rules},    {"sub", 2, dt__additive_rules},
       {"mul", 2, dt__mult_rules},        {"div", 2, dt__numerator_rules},
       {"maximum", 2, dt__max_rules},     {"minimum", 2, dt__min_rules},
-      {"neg", 1, dt__unary_linear_rules}, {"mul_scalar", 1, dt__unary_linear_rules},
+      {"neg", 1, dt__unary_linear_rules},
       {"relu", 1, dt__nonlinear_rules},  {"exp", 1, dt__nonlinear_rules},
       {"log", 1, dt__nonlinear_rules},   {"sqrt", 1, dt__nonlinear_rules},
       {"rsqrt", 1, dt__nonlinear_rules}, {"gelu", 1, dt__nonlinear_rules},
@@ -507,4 +507,6 @@ void dt__ops_register_builtins(void) {
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
     dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);
+  dt__ops_register_shape();
+  dt__ops_register_nn();
 }

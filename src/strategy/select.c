@@ -160,6 +160,7 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
   DT_CHECK(dt__call_check(mesh, call, in_pl));
   dt_op_rules_fn fn;
   DT_CHECK(dt__op_get(call, &fn));
+  dt__op_check_fn check = dt__op_get_check(call->op);
   dt_op_rule_t rules[DT_OP_MAX_RULES];
   dt_op_choice_t c;
   memset(&c, 0, sizeof c);
@@ -196,6 +197,7 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
         ok = dt__fits(&c.in[t][i], call->in[t].ndim);
       }
     }
+    if (ok && check != NULL) ok = check(mesh, call, &c);
     /* Reachable at all? (a new Partial from a Shard is not) */
     int same = 1;
     for (int t = 0; t < call->n_inputs && ok; t++) {

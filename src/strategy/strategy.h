@@ -45,10 +45,33 @@ dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
 /* Attaches a built-in kernel if the op has none yet (used by the ops layer). */
 dt_status_t dt__op_set_kernel(const char* name, dt_op_kernel_fn kernel);
 
+/* A built-in op's check of one expanded candidate on a concrete mesh: 0 drops it. Rules are written
+ * for one mesh dim without its size; where exactness depends on how the chunk rule splits uneven
+ * dims (a reshape moving a shard boundary, grouped-query heads), the check decides per mesh. */
+typedef int (*dt__op_check_fn)(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c);
+dt__op_check_fn dt__op_get_check(const char* name);
+dt_status_t dt__op_set_check(const char* name, dt__op_check_fn check);
+
+/* Group decomposition of a reshape: input dims [i0, i1) hold the same elements as output dims
+ * [o0, o1). Returns the number of groups, -1 when the element counts differ. */
+typedef struct dt_view_group {
+  int i0, i1, o0, o1;
+} dt_view_group_t;
+int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_group_t* g,
+                    int cap);
+
 /* Frees the propagation cache (dt_finalize). */
 void dt__prop_cache_release(void);
 
 /* Registers the built-in ops once (called by the registry on first use). */
 void dt__ops_register_builtins(void);
+void dt__ops_register_shape(void); /* rules_shape.c */
+void dt__ops_register_nn(void);    /* rules_nn.c */
+
+/* slice/narrow arguments normalized: elements start, start+step, ... (len of them) along dim. */
+dt_status_t dt__slice_args(const dt_op_call_t* call, int* dim, int64_t* start, int64_t* step,
+                           int64_t* len);
+/* topk arguments validated: k, dim, largest. */
+dt_status_t dt__topk_args(const dt_op_call_t* call, int64_t* k, int* dim, int* largest);
 
 #endif

@@ -414,12 +414,7 @@ dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
 /* ---------------------------------------------------------------------------------------------
  * factories: the value of global element i depends only on i (and the seed) */
 
-static uint64_t dt__mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+#define dt__mix dt__mix64
 
 typedef enum { DT_FILL_CONST, DT_FILL_ARANGE, DT_FILL_RAND, DT_FILL_RANDN } dt_fill_t;
 

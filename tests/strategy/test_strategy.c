@@ -328,7 +328,9 @@ static void test_registry(void** state) {
   dt_op_call_t arity = call2("mm", 2, a, 0, NULL);
   assert_int_equal(dt_op_select(m, &arity, in, &ch), DT_ERR_INVALID_ARG);
   assert_int_equal(dt_op_register("", 1, rowsum_rules, NULL), DT_ERR_INVALID_ARG);
-  assert_int_equal(dt_op_register("rowsum", 0, rowsum_rules, NULL), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_op_register("rowsum", -1, rowsum_rules, NULL), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_op_register("rowsum", DT_OP_MAX_INPUTS + 1, rowsum_rules, NULL),
+                   DT_ERR_INVALID_ARG);
   assert_int_equal(dt_op_register("rowsum", 1, NULL, NULL), DT_ERR_INVALID_ARG);
   int found = 1;
   assert_int_equal(dt_op_lookup("rowsum", &found), DT_SUCCESS);

@@ -1,0 +1,355 @@
+/* kernels_nn.c - CPU kernels of the model ops on local shards (f32 compute; dispatch converts
+ * bf16/f16 storage on load and store): addmm, scalar ops, pow, cast, where/masked_fill, scaled
+ * dot-product attention, rotary embedding, topk, gather, scatter_add, dropout. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops/ops.h"
+#include "strategy/strategy.h"
+
+static int64_t dt__numel(const dt_local_tensor_t* t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
+static dt_status_t dt__need_f32(const dt_op_call_t* call, const dt_local_tensor_t* t) {
+  if (t->dtype != DT_F32)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported by the CPU kernel", call->op,
+                   dt_dtype_name(t->dtype));
+  return DT_SUCCESS;
+}
+
+static int64_t dt__index_at(const dt_local_tensor_t* t, int64_t i) {
+  return t->dtype == DT_I64 ? ((const int64_t*)t->data)[i] : ((const int32_t*)t->data)[i];
+}
+
+/* Row-major strides of `t` against the broadcast output shape (0 on broadcast dims). */
+static void dt__bstrides(const dt_local_tensor_t* t, const dt_local_tensor_t* out, int64_t* s) {
+  int nd = out->ndim;
+  int64_t st = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    int td = d - (nd - t->ndim);
+    int64_t len = td >= 0 ? t->shape[td] : 1;
+    s[d] = (len == 1 && out->shape[d] != 1) ? 0 : st;
+    st *= len;
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * addmm: out = beta * input + alpha * mat1 mat2 */
+
+dt_status_t dt__kernel_addmm(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out) {
+  for (int t = 0; t < 3; t++) DT_CHECK(dt__need_f32(call, &in[t]));
+  double beta = call->n_fargs > 0 ? call->fargs[0] : 1.0;
+  double alpha = call->n_fargs > 1 ? call->fargs[1] : 1.0;
+  int64_t M = in[1].shape[0], K = in[1].shape[1], N = in[2].shape[1];
+  const float* b = (const float*)in[0].data;
+  float* o = (float*)out->data;
+  int two = in[0].ndim == 2;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) o[i * N + j] = (float)beta * b[two ? i * N + j : j];
+  if (M > 0 && N > 0 && K > 0)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, (float)alpha,
+                (const float*)in[1].data, (int)K, (const float*)in[2].data, (int)N, 1.0f, o,
+                (int)N);
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * scalar ops, pow, cast */
+
+dt_status_t dt__kernel_scalar(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, &in[0]));
+  int64_t n = dt__numel(out);
+  const float* a = (const float*)in[0].data;
+  float* o = (float*)out->data;
+  float s = (float)call->fargs[0];
+  if (strcmp(call->op, "add_scalar") == 0)
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] + s;
+  else if (strcmp(call->op, "mul_scalar") == 0)
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] * s;
+  else if (s == 2.0f)
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] * a[i];
+  else
+    for (int64_t i = 0; i < n; i++) o[i] = powf(a[i], s);
+  return DT_SUCCESS;
+}
+
+/* cast: element-wise conversion through double; float to integer truncates toward zero (as
+ * PyTorch), NaN/inf to an integer is an error rather than an unspecified value. */
+dt_status_t dt__kernel_cast(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  (void)call;
+  int64_t n = dt__numel(out);
+  int to_int = !dt__dtype_is_float(out->dtype);
+  for (int64_t i = 0; i < n; i++) {
+    double v = dt__load(in[0].data, in[0].dtype, i);
+    if (to_int) {
+      if (!isfinite(v))
+        return DT_FAIL(DT_ERR_INVALID_ARG, "cast: %g cannot be converted to %s", v,
+                       dt_dtype_name(out->dtype));
+      v = trunc(v);
+    }
+    dt__store(out->data, out->dtype, i, v);
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * where (cond, a, b) / masked_fill (x, mask) with broadcasting */
+
+dt_status_t dt__kernel_where(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out) {
+  int where = strcmp(call->op, "where") == 0;
+  const dt_local_tensor_t *c = &in[where ? 0 : 1], *a = &in[where ? 1 : 0];
+  const dt_local_tensor_t* b = where ? &in[2] : NULL;
+  DT_CHECK(dt__need_f32(call, a));
+  if (b) DT_CHECK(dt__need_f32(call, b));
+  float fill = where ? 0.0f : (float)call->fargs[0];
+  int nd = out->ndim;
+  int64_t sc[DT_MAX_DIMS], sa[DT_MAX_DIMS], sb[DT_MAX_DIMS], idx[DT_MAX_DIMS] = {0};
+  dt__bstrides(c, out, sc);
+  dt__bstrides(a, out, sa);
+  if (b) dt__bstrides(b, out, sb);
+  else memset(sb, 0, sizeof sb);
+  const float *av = (const float*)a->data, *bv = b ? (const float*)b->data : NULL;
+  float* o = (float*)out->data;
+  int64_t n = dt__numel(out), ic = 0, ia = 0, ib = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int sel = dt__index_at(c, ic) != 0;
+    o[i] = where ? (sel ? av[ia] : bv[ib]) : (sel ? fill : av[ia]);
+    for (int d = nd - 1; d >= 0; d--) {
+      ic += sc[d];
+      ia += sa[d];
+      ib += sb[d];
+      if (++idx[d] < out->shape[d]) break;
+      ic -= sc[d] * idx[d];
+      ia -= sa[d] * idx[d];
+      ib -= sb[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * scaled dot-product attention on the local (batch, heads, queries); keys and values whole */
+
+dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  for (int t = 0; t < 3; t++) DT_CHECK(dt__need_f32(call, &in[t]));
+  const dt_local_tensor_t *q = &in[0], *k = &in[1], *v = &in[2];
+  int64_t B = q->shape[0], H = q->shape[1], S = q->shape[2], D = q->shape[3];
+  int64_t G = k->shape[1], T = k->shape[2], E = v->shape[3];
+  int causal = call->n_iargs ? (int)call->iargs[0] : 0;
+  double scale = call->n_fargs ? call->fargs[0] : 1.0 / sqrt((double)D);
+  int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[2];
+  float* o = (float*)out->data;
+  if (B * H * S == 0) return DT_SUCCESS;
+  if (T == 0) {
+    memset(o, 0, sizeof(float) * (size_t)(B * H * S * E));
+    return DT_SUCCESS;
+  }
+  float* p = (float*)dt__malloc(sizeof(float) * (size_t)(S * T));
+  if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa: %lld score floats", (long long)(S * T));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      int64_t g = h / rep;
+      const float* qh = (const float*)q->data + (b * H + h) * S * D;
+      const float* kh = (const float*)k->data + (b * G + g) * T * D;
+      const float* vh = (const float*)v->data + (b * G + g) * T * E;
+      float* oh = o + (b * H + h) * S * E;
+      if (D > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)D, (float)scale,
+                    qh, (int)D, kh, (int)D, 0.0f, p, (int)T);
+      else
+        memset(p, 0, sizeof(float) * (size_t)(S * T));
+      for (int64_t i = 0; i < S; i++) {
+        float* row = p + i * T;
+        int64_t last = causal ? q0 + i : T - 1; /* keys 0..last are visible */
+        if (last > T - 1) last = T - 1;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= last; j++) mx = fmaxf(mx, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j <= last; j++) sum += (row[j] = expf(row[j] - mx));
+        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+        for (int64_t j = 0; j <= last; j++) row[j] *= inv;
+        for (int64_t j = last + 1; j < T; j++) row[j] = 0.0f;
+      }
+      if (E > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)E, (int)T, 1.0f, p,
+                    (int)T, vh, (int)E, 0.0f, oh, (int)E);
+    }
+  dt__free(p);
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * rotary embedding (interleaved pairs), positions from the global index along seq_dim */
+
+dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, &in[0]));
+  const dt_local_tensor_t* x = &in[0];
+  int nd = x->ndim;
+  int sd = (int)(call->n_iargs ? (call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]) : 1);
+  double theta = call->n_fargs ? call->fargs[0] : 10000.0;
+  int64_t D = x->shape[nd - 1], rows = dt__numel(x) / (D ? D : 1);
+  if (D == 0) return DT_SUCCESS;
+  int64_t inner = 1; /* rows per step of seq_dim */
+  for (int d = sd + 1; d < nd - 1; d++) inner *= x->shape[d];
+  int64_t L = x->shape[sd];
+  const float* a = (const float*)x->data;
+  float* o = (float*)out->data;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t pos = x->offset[sd] + (r / inner) % L;
+    const float* xr = a + r * D;
+    float* yr = o + r * D;
+    for (int64_t i = 0; i < D / 2; i++) {
+      double ang = (double)pos * pow(theta, -2.0 * (double)i / (double)D);
+      double c = cos(ang), s = sin(ang), x0 = xr[2 * i], x1 = xr[2 * i + 1];
+      yr[2 * i] = (float)(x0 * c - x1 * s);
+      yr[2 * i + 1] = (float)(x0 * s + x1 * c);
+    }
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * topk: values and i64 indices along dim (whole on this rank), sorted; NaN counts as largest,
+ * ties go to the lower index */
+
+typedef struct {
+  float v;
+  int64_t i;
+} dt__vi_t;
+
+static int dt__vi_cmp_desc(const void* pa, const void* pb) {
+  const dt__vi_t *a = (const dt__vi_t*)pa, *b = (const dt__vi_t*)pb;
+  int an = a->v != a->v, bn = b->v != b->v;
+  if (an != bn) return an ? -1 : 1;
+  if (!an && a->v != b->v) return a->v > b->v ? -1 : 1;
+  return a->i < b->i ? -1 : a->i > b->i;
+}
+static int dt__vi_cmp_asc(const void* pa, const void* pb) {
+  const dt__vi_t *a = (const dt__vi_t*)pa, *b = (const dt__vi_t*)pb;
+  int an = a->v != a->v, bn = b->v != b->v;
+  if (an != bn) return an ? 1 : -1;
+  if (!an && a->v != b->v) return a->v < b->v ? -1 : 1;
+  return a->i < b->i ? -1 : a->i > b->i;
+}
+
+dt_status_t dt__kernel_topk(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, &in[0]));
+  int64_t k;
+  int dim, largest;
+  DT_CHECK(dt__topk_args(call, &k, &dim, &largest));
+  const dt_local_tensor_t* x = &in[0];
+  int64_t outer = 1, inner = 1, L = x->shape[dim];
+  for (int d = 0; d < dim; d++) outer *= x->shape[d];
+  for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  if (outer * inner == 0 || k == 0) return DT_SUCCESS;
+  dt__vi_t* buf = (dt__vi_t*)dt__malloc(sizeof(dt__vi_t) * (size_t)(L ? L : 1));
+  if (buf == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "topk: %lld entries", (long long)L);
+  const float* a = (const float*)x->data;
+  float* ov = (float*)out[0].data;
+  int64_t* oi = (int64_t*)out[1].data;
+  for (int64_t p = 0; p < outer; p++)
+    for (int64_t q = 0; q < inner; q++) {
+      for (int64_t j = 0; j < L; j++) buf[j] = (dt__vi_t){a[(p * L + j) * inner + q], j};
+      qsort(buf, (size_t)L, sizeof *buf, largest ? dt__vi_cmp_desc : dt__vi_cmp_asc);
+      for (int64_t j = 0; j < k; j++) {
+        ov[(p * k + j) * inner + q] = buf[j].v;
+        oi[(p * k + j) * inner + q] = buf[j].i;
+      }
+    }
+  dt__free(buf);
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * gather / scatter_add along dim; indices are global along dim, local coordinates elsewhere */
+
+static dt_status_t dt__gather_scatter(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                      dt_local_tensor_t* out, int scatter) {
+  const dt_local_tensor_t *x = &in[0], *ix = &in[1];
+  DT_CHECK(dt__need_f32(call, x));
+  if (scatter) DT_CHECK(dt__need_f32(call, &in[2]));
+  int nd = x->ndim;
+  int dim = (int)(call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]);
+  int64_t size = call->in[0].shape[dim], x0 = x->offset[dim], xl = x->shape[dim];
+  int64_t xs[DT_MAX_DIMS], st = 1, idx[DT_MAX_DIMS] = {0};
+  for (int d = nd - 1; d >= 0; d--) {
+    xs[d] = st;
+    st *= x->shape[d];
+  }
+  const float* xv = (const float*)x->data;
+  float* o = (float*)out->data;
+  const float* src = scatter ? (const float*)in[2].data : NULL;
+  if (scatter && dt__numel(x) > 0) memcpy(o, xv, sizeof(float) * (size_t)dt__numel(x));
+  int64_t n = dt__numel(ix), base = 0; /* base: x offset of idx's position with dim at 0 */
+  for (int64_t i = 0; i < n; i++) {
+    int64_t t = dt__index_at(ix, i);
+    if (t < 0 || t >= size)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: index %lld out of range [0, %lld)", call->op,
+                     (long long)t, (long long)size);
+    int64_t r = t - x0;
+    int here = r >= 0 && r < xl;
+    if (scatter) {
+      if (here) o[base + r * xs[dim]] += src[i];
+    } else {
+      o[i] = here ? xv[base + r * xs[dim]] : 0.0f;
+    }
+    for (int d = nd - 1; d >= 0; d--) {
+      if (d != dim) base += xs[d];
+      if (++idx[d] < ix->shape[d]) break;
+      if (d != dim) base -= xs[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_gather(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  return dt__gather_scatter(call, in, out, 0);
+}
+dt_status_t dt__kernel_scatter_add(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                   dt_local_tensor_t* out) {
+  return dt__gather_scatter(call, in, out, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * dropout with a counter-based mask over global indices */
+
+dt_status_t dt__kernel_dropout(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, &in[0]));
+  const dt_local_tensor_t* x = &in[0];
+  double p = call->fargs[0];
+  uint64_t seed = (uint64_t)call->iargs[0];
+  /* keep when the 53-bit uniform u >= p */
+  uint64_t thresh = p >= 1.0 ? UINT64_MAX : (uint64_t)(p * 0x1.0p53);
+  float scale = p >= 1.0 ? 0.0f : (float)(1.0 / (1.0 - p));
+  int nd = x->ndim;
+  const int64_t* gs = call->in[0].shape;
+  int64_t n = dt__numel(x), idx[DT_MAX_DIMS] = {0};
+  const float* a = (const float*)x->data;
+  float* o = (float*)out->data;
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t g = 0;
+    for (int d = 0; d < nd; d++) g = g * (uint64_t)gs[d] + (uint64_t)(x->offset[d] + idx[d]);
+    uint64_t u = dt__mix64(seed ^ dt__mix64(g)) >> 11;
+    o[i] = (p < 1.0 && u >= thresh) ? a[i] * scale : 0.0f;
+    for (int d = nd - 1; d >= 0; d--) {
+      if (++idx[d] < x->shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return DT_SUCCESS;
+}

@@ -1,0 +1,68 @@
+/* kernels_shape.c - CPU kernels of the shape ops on local shards, any dtype (byte copies):
+ * view-family reshapes, slice/narrow and cat. */
+#include "ops/ops.h"
+#include "strategy/strategy.h"
+
+static int64_t dt__numel(const dt_local_tensor_t* t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
+/* view, reshape, flatten, unflatten, squeeze, unsqueeze: the strategy guarantees the local shard
+ * holds the same elements in the same order, so the local reshape is a copy. */
+dt_status_t dt__kernel_view(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  int64_t n = dt__numel(out);
+  if (n != dt__numel(&in[0]))
+    return DT_FAIL(DT_ERR_INTERNAL, "%s: local shard of %lld elements for an output of %lld",
+                   call->op, (long long)dt__numel(&in[0]), (long long)n);
+  if (n > 0) memcpy(out->data, in[0].data, (size_t)n * dt__itemsize(in[0].dtype));
+  return DT_SUCCESS;
+}
+
+/* Copies `rows` blocks: block r takes `len` items from src + r*src_stride (in items). */
+static void dt__copy_blocks(char* dst, const char* src, int64_t rows, int64_t len,
+                            int64_t dst_stride, int64_t src_stride, size_t item) {
+  for (int64_t r = 0; r < rows; r++)
+    memcpy(dst + (size_t)(r * dst_stride) * item, src + (size_t)(r * src_stride) * item,
+           (size_t)len * item);
+}
+
+dt_status_t dt__kernel_slice(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out) {
+  int dim;
+  int64_t start, step, len;
+  DT_CHECK(dt__slice_args(call, &dim, &start, &step, &len));
+  const dt_local_tensor_t* x = &in[0];
+  size_t item = dt__itemsize(x->dtype);
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; d++) outer *= x->shape[d];
+  for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  int64_t L = x->shape[dim]; /* the sliced dim is whole on every rank */
+  const char* src = (const char*)x->data;
+  char* dst = (char*)out->data;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < len; j++)
+      memcpy(dst + (size_t)((o * len + j) * inner) * item,
+             src + (size_t)((o * L + start + j * step) * inner) * item, (size_t)inner * item);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_cat(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out) {
+  int nd = out->ndim;
+  int dim = (int)(call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]);
+  size_t item = dt__itemsize(out->dtype);
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; d++) outer *= out->shape[d];
+  for (int d = dim + 1; d < nd; d++) inner *= out->shape[d];
+  int64_t ostride = out->shape[dim] * inner, at = 0;
+  for (int t = 0; t < call->n_inputs; t++) {
+    int64_t blk = in[t].shape[dim] * inner;
+    dt__copy_blocks((char*)out->data + (size_t)at * item, (const char*)in[t].data, outer, blk,
+                    ostride, blk, item);
+    at += blk;
+  }
+  return DT_SUCCESS;
+}

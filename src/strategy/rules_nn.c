@@ -1,0 +1,407 @@
+/* rules_nn.c - rule generators of the model ops: addmm, scalar ops, pow, where/masked_fill, casts,
+ * scaled dot-product attention, rotary embedding, topk, gather, scatter_add and dropout.
+ *
+ * Partial rules follow linearity in each input for each reduce op:
+ *   add_scalar  x + s:        P(avg), P(max), P(min) pass (a P(sum) would add s once per rank)
+ *   mul_scalar  x * s:        P(sum), P(avg); P(max)/P(min) too for s >= 0 (swapped for s < 0)
+ *   where(c, a, b):           [P(op); R, P(op), P(op)] for every op (an elementwise selection)
+ *   masked_fill(x, m, v):     P(avg), P(max), P(min) pass
+ *   rotary, dropout:          linear in x: P(sum), P(avg)
+ *   gather:                   a selection: every Partial of x passes; x sharded on the gathered
+ *                             dim gives P(sum) by a masked local gather
+ *   scatter_add(x, i, src):   linear in (x, src): [P(op); P(op), R, P(op)] for sum/avg
+ *   pow, cast, sdpa, topk:    non-linear: Partial inputs are reduced first
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "strategy/strategy.h"
+
+static int dt__add(dt_op_rule_t* rules, int cap, int* n, const dt_op_rule_t* r) {
+  if (*n >= cap) return 0;
+  rules[(*n)++] = *r;
+  return 1;
+}
+
+static int64_t dt__norm_dim(int64_t d, int nd) { return d < 0 ? d + nd : d; }
+
+static int dt__is_index(dt_dtype_t t) { return t == DT_I32 || t == DT_I64; }
+
+/* [P(op); P(op) on the inputs in `mask`, R elsewhere] for each op whose bit is in `ops`. */
+static void dt__partial_rules(dt_op_rule_t* rules, int cap, int* n, int n_inputs, unsigned mask,
+                              unsigned ops) {
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    if (!(ops & (1u << op))) continue;
+    dt_op_rule_t r;
+    memset(&r, 0, sizeof r);
+    r.out[0] = dt_partial((dt_reduce_op_t)op);
+    for (int t = 0; t < n_inputs; t++)
+      if (mask & (1u << t)) r.in[t] = r.out[0];
+    dt__add(rules, cap, n, &r);
+  }
+}
+#define DT__OPS_LINEAR ((1u << DT_REDUCE_SUM) | (1u << DT_REDUCE_AVG))
+#define DT__OPS_ALL ((1u << DT_REDUCE_COUNT) - 1u)
+#define DT__OPS_NOSUM (DT__OPS_ALL & ~(1u << DT_REDUCE_SUM))
+
+/* ---------------------------------------------------------------------------------------------
+ * addmm (input, mat1, mat2), fargs [beta, alpha] (default 1, 1): beta * input + alpha * m1 m2;
+ * input (n) or (m, n). The input follows the output like linear's bias. */
+
+static dt_status_t dt__addmm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  if (call->n_fargs > 2) return DT_FAIL(DT_ERR_INVALID_ARG, "addmm takes fargs [beta, alpha]");
+  dt_op_call_t mm = *call;
+  mm.n_inputs = 2;
+  mm.in[0] = call->in[1];
+  mm.in[1] = call->in[2];
+  DT_CHECK(dt__rules_einsum("mk,kn->mn", &mm, 1, out_meta, rules, cap, n));
+  const dt_tensor_meta_t* b = &call->in[0];
+  int64_t M = out_meta->shape[0], N = out_meta->shape[1];
+  int two = b->ndim == 2;
+  if (b->dtype != out_meta->dtype || !((b->ndim == 1 && b->shape[0] == N) ||
+                                       (two && b->shape[0] == M && b->shape[1] == N)))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "addmm: input must be a %s tensor of (%lld) or (%lld, %lld)",
+                   dt_dtype_name(out_meta->dtype), (long long)N, (long long)M, (long long)N);
+  for (int k = 0; k < *n; k++) {
+    dt_op_rule_t* r = &rules[k];
+    r->in[2] = r->in[1];
+    r->in[1] = r->in[0];
+    dt_placement_t o = r->out[0];
+    r->in[0] = o.kind == DT_PARTIAL ? o
+               : o.kind == DT_SHARD ? (two ? o : o.dim == 1 ? dt_shard(0) : dt_replicate())
+                                    : dt_replicate();
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * scalar ops, pow, cast */
+
+static dt_status_t dt__scalar_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                    int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  if (call->n_fargs != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes one scalar in fargs, got %d", call->op,
+                   call->n_fargs);
+  if (!dt__dtype_is_float(call->in[0].dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s needs a float tensor, got %s", call->op,
+                   dt_dtype_name(call->in[0].dtype));
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  double s = call->fargs[0];
+  if (strcmp(call->op, "add_scalar") == 0) {
+    dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_NOSUM);
+  } else if (strcmp(call->op, "mul_scalar") == 0) {
+    dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_LINEAR);
+    if (s >= 0.0) dt__partial_rules(rules, cap, n, 1, 1u, (1u << DT_REDUCE_MAX) |
+                                                            (1u << DT_REDUCE_MIN));
+    else if (s < 0.0) { /* max(-a) = -min(a): the reduce op swaps */
+      dt_op_rule_t r;
+      memset(&r, 0, sizeof r);
+      r.in[0] = dt_partial(DT_REDUCE_MAX);
+      r.out[0] = dt_partial(DT_REDUCE_MIN);
+      dt__add(rules, cap, n, &r);
+      r.in[0] = dt_partial(DT_REDUCE_MIN);
+      r.out[0] = dt_partial(DT_REDUCE_MAX);
+      dt__add(rules, cap, n, &r);
+    }
+  }
+  /* pow: non-linear, no Partial */
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__cast_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                  int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  if (call->n_iargs != 1 || !dt__dtype_valid((int)call->iargs[0]))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cast takes iargs [dtype] (a dt_dtype_t value)");
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  out_meta->dtype = (dt_dtype_t)call->iargs[0];
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * where (cond, a, b) and masked_fill (x, mask), fargs [value] */
+
+static dt_status_t dt__where_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  int where = strcmp(call->op, "where") == 0;
+  int ci = where ? 0 : 1, vi = where ? 1 : 0;
+  if (!dt__is_index(call->in[ci].dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the %s must be i32 or i64 (nonzero = true), got %s",
+                   call->op, where ? "condition" : "mask", dt_dtype_name(call->in[ci].dtype));
+  if (where && call->in[1].dtype != call->in[2].dtype)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "where: a and b differ in dtype (%s vs %s)",
+                   dt_dtype_name(call->in[1].dtype), dt_dtype_name(call->in[2].dtype));
+  if (!where && call->n_fargs != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "masked_fill takes fargs [value]");
+  dt_op_call_t c = *call;
+  c.in[ci].dtype = call->in[vi].dtype;
+  DT_CHECK(dt__rules_pointwise(&c, DT_LIN_NONE, out_meta, rules, cap, n));
+  if (where) dt__partial_rules(rules, cap, n, 3, 6u, DT__OPS_ALL);
+  else dt__partial_rules(rules, cap, n, 2, 1u, DT__OPS_NOSUM);
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * scaled dot-product attention: q (B, H, S, D), k (B, G, T, D), v (B, G, T, E) with H a multiple
+ * of G (grouped-query heads: q head h reads kv head h / (H / G)); iargs [causal], fargs [scale]
+ * (default 1/sqrt(D)). Out (B, H, S, E). Batch or heads sharded on all three; queries sharded on
+ * S with k, v whole (the causal mask uses global query positions). */
+
+static dt_status_t dt__sdpa_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                  int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t *q = &call->in[0], *k = &call->in[1], *v = &call->in[2];
+  if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: q, k, v must be (B, H, S, D)");
+  if (!dt__dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: q, k, v must share one float dtype");
+  if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[3] != q->shape[3] ||
+      v->shape[1] != k->shape[1] || v->shape[2] != k->shape[2])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: shapes q %lldx%lldx%lldx%lld, k %lldx%lldx%lldx%lld "
+                   "and v do not match", (long long)q->shape[0], (long long)q->shape[1],
+                   (long long)q->shape[2], (long long)q->shape[3], (long long)k->shape[0],
+                   (long long)k->shape[1], (long long)k->shape[2], (long long)k->shape[3]);
+  if (k->shape[1] == 0 || q->shape[1] % k->shape[1] != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: %lld query heads are not a multiple of %lld kv heads",
+                   (long long)q->shape[1], (long long)k->shape[1]);
+  if (call->n_iargs > 1 || call->n_fargs > 1 ||
+      (call->n_iargs == 1 && call->iargs[0] != 0 && call->iargs[0] != 1))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa takes iargs [causal 0|1] and fargs [scale]");
+  out_meta->dtype = q->dtype;
+  out_meta->ndim = 4;
+  out_meta->shape[0] = q->shape[0];
+  out_meta->shape[1] = q->shape[1];
+  out_meta->shape[2] = q->shape[2];
+  out_meta->shape[3] = v->shape[3];
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < 2; d++) {
+    r.out[0] = r.in[0] = r.in[1] = r.in[2] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  memset(&r, 0, sizeof r);
+  r.out[0] = r.in[0] = dt_shard(2);
+  dt__add(rules, cap, n, &r);
+  return DT_SUCCESS;
+}
+
+/* Heads sharded: each rank's kv heads must be exactly the groups of its query heads. */
+static int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c) {
+  int heads = 0;
+  for (int i = 0; i < mesh->ndim; i++)
+    heads |= c->in[0][i].kind == DT_SHARD && c->in[0][i].dim == 1;
+  int64_t H = call->in[0].shape[1], G = call->in[1].shape[1];
+  if (!heads || H == G) return 1;
+  dt_layout_t lq, lk;
+  if (dt__layout_init(&lq, mesh->ndim, mesh->shape, 4, call->in[0].shape, c->in[0]) ||
+      dt__layout_init(&lk, mesh->ndim, mesh->shape, 4, call->in[1].shape, c->in[1]))
+    return 0;
+  int64_t rep = H / G;
+  for (int p = 0; p < mesh->numel; p++) {
+    int coords[DT_MAX_MESH_DIMS];
+    for (int i = mesh->ndim - 1, v = p; i >= 0; i--) {
+      coords[i] = v % mesh->shape[i];
+      v /= mesh->shape[i];
+    }
+    int64_t qo[DT_MAX_DIMS], ql[DT_MAX_DIMS], ko[DT_MAX_DIMS], kl[DT_MAX_DIMS];
+    dt__layout_box(&lq, coords, qo, ql);
+    dt__layout_box(&lk, coords, ko, kl);
+    if (ql[1] != kl[1] * rep || (ql[1] > 0 && qo[1] != ko[1] * rep)) return 0;
+  }
+  dt_clear_error();
+  return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * rotary embedding: x (..., S, ..., D) with D even, iargs [seq_dim] (default 1), fargs [theta]
+ * (default 10000). Pairs (x[2i], x[2i+1]) turn by pos * theta^(-2i/D), pos the global index along
+ * seq_dim (Meta Llama's interleaved convention). Any dim but the last may be sharded. */
+
+static dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                    int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t* x = &call->in[0];
+  int64_t sd = call->n_iargs ? dt__norm_dim(call->iargs[0], x->ndim) : 1;
+  if (x->ndim < 2 || call->n_iargs > 1 || call->n_fargs > 1 || sd < 0 || sd >= x->ndim - 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: x (.., S, .., D) with iargs [seq_dim] (not the "
+                   "last) and fargs [theta]");
+  if (x->shape[x->ndim - 1] % 2 != 0 || !dt__dtype_is_float(x->dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: the last dim must be even and the dtype float");
+  *out_meta = *x;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d + 1 < x->ndim; d++) {
+    r.out[0] = r.in[0] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_LINEAR);
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * topk: iargs [k, dim(, largest 1|0)] -> values (x's dtype) and indices (i64), sorted; ties go to
+ * the lower index. The dim must be whole; other dims stay sharded. */
+
+dt_status_t dt__topk_args(const dt_op_call_t* call, int64_t* k, int* dim, int* largest) {
+  const dt_tensor_meta_t* x = &call->in[0];
+  if (call->n_iargs < 2 || call->n_iargs > 3)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk takes iargs [k, dim(, largest)]");
+  int64_t d = dt__norm_dim(call->iargs[1], x->ndim);
+  if (d < 0 || d >= x->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk: dim %lld out of range", (long long)call->iargs[1]);
+  if (call->iargs[0] < 0 || call->iargs[0] > x->shape[d])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk: k %lld out of range [0, %lld]",
+                   (long long)call->iargs[0], (long long)x->shape[d]);
+  *k = call->iargs[0];
+  *dim = (int)d;
+  *largest = call->n_iargs == 3 ? call->iargs[2] != 0 : 1;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__topk_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                  int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 2;
+  *n = 0;
+  int64_t k;
+  int dim, largest;
+  DT_CHECK(dt__topk_args(call, &k, &dim, &largest));
+  if (!dt__dtype_is_float(call->in[0].dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk needs a float tensor");
+  out_meta[0] = call->in[0];
+  out_meta[0].shape[dim] = k;
+  out_meta[1] = out_meta[0];
+  out_meta[1].dtype = DT_I64;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < call->in[0].ndim; d++) {
+    if (d == dim) continue;
+    r.out[0] = r.out[1] = r.in[0] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * gather (x, idx) iargs [dim]: out[..i..] = x[..idx[..i..]..] along dim, out shape = idx shape
+ * (every other dim of idx at most x's). scatter_add (x, idx, src) iargs [dim]: x with
+ * x[..idx[..i..]..] += src[..i..] along dim; idx and src share a shape. */
+
+static dt_status_t dt__gather_common(const dt_op_call_t* call, int nsrc, int* dim) {
+  const dt_tensor_meta_t *x = &call->in[0], *ix = &call->in[1];
+  if (call->n_iargs != 1) return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [dim]", call->op);
+  int64_t d = dt__norm_dim(call->iargs[0], x->ndim);
+  if (d < 0 || d >= x->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range", call->op,
+                   (long long)call->iargs[0]);
+  if (!dt__is_index(ix->dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: indices must be i32 or i64, got %s", call->op,
+                   dt_dtype_name(ix->dtype));
+  if (ix->ndim != x->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: indices must have %d dims", call->op, x->ndim);
+  for (int e = 0; e < x->ndim; e++)
+    if (e != d && ix->shape[e] > x->shape[e])
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: indices dim %d (%lld) exceeds x's (%lld)", call->op,
+                     e, (long long)ix->shape[e], (long long)x->shape[e]);
+  if (nsrc) {
+    const dt_tensor_meta_t* s = &call->in[2];
+    if (s->dtype != x->dtype || s->ndim != ix->ndim ||
+        memcmp(s->shape, ix->shape, sizeof(int64_t) * (size_t)ix->ndim) != 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "scatter_add: src must have x's dtype and idx's shape");
+  }
+  *dim = (int)d;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__gather_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                    int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  int dim;
+  DT_CHECK(dt__gather_common(call, 0, &dim));
+  const dt_tensor_meta_t *x = &call->in[0], *ix = &call->in[1];
+  *out_meta = *ix;
+  out_meta->dtype = x->dtype;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < x->ndim; d++) {
+    if (d == dim || ix->shape[d] != x->shape[d]) continue;
+    r.out[0] = r.in[0] = r.in[1] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  memset(&r, 0, sizeof r);
+  r.out[0] = dt_partial(DT_REDUCE_SUM);
+  r.in[0] = dt_shard(dim);
+  dt__add(rules, cap, n, &r);
+  dt__partial_rules(rules, cap, n, 2, 1u, DT__OPS_ALL);
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__scatter_add_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                         int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  int dim;
+  DT_CHECK(dt__gather_common(call, 1, &dim));
+  const dt_tensor_meta_t *x = &call->in[0], *ix = &call->in[1];
+  *out_meta = *x;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < x->ndim; d++) {
+    if (d == dim || ix->shape[d] != x->shape[d]) continue;
+    r.out[0] = r.in[0] = r.in[1] = r.in[2] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  /* x sharded along dim: each rank adds only the updates landing in its rows */
+  memset(&r, 0, sizeof r);
+  r.out[0] = r.in[0] = dt_shard(dim);
+  dt__add(rules, cap, n, &r);
+  dt__partial_rules(rules, cap, n, 3, 5u, DT__OPS_LINEAR);
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * dropout: fargs [p], iargs [seed]; element g (global row-major index) is kept when
+ * hash(seed, g) >= p, kept values scaled by 1/(1-p): the mask does not depend on placements. */
+
+static dt_status_t dt__dropout_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  if (call->n_fargs != 1 || call->n_iargs != 1 || !(call->fargs[0] >= 0.0) ||
+      !(call->fargs[0] <= 1.0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dropout takes fargs [p in 0..1] and iargs [seed]");
+  if (!dt__dtype_is_float(call->in[0].dtype))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dropout needs a float tensor");
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_LINEAR);
+  return DT_SUCCESS;
+}
+
+void dt__ops_register_nn(void) {
+  static const struct {
+    const char* name;
+    int n_inputs;
+    dt_op_rules_fn fn;
+  } ops[] = {
+      {"addmm", 3, dt__addmm_rules},      {"add_scalar", 1, dt__scalar_rules},
+      {"mul_scalar", 1, dt__scalar_rules}, {"pow", 1, dt__scalar_rules},
+      {"cast", 1, dt__cast_rules},        {"where", 3, dt__where_rules},
+      {"masked_fill", 2, dt__where_rules}, {"sdpa", 3, dt__sdpa_rules},
+      {"rotary", 1, dt__rotary_rules},    {"topk", 1, dt__topk_rules},
+      {"gather", 2, dt__gather_rules},    {"scatter_add", 3, dt__scatter_add_rules},
+      {"dropout", 1, dt__dropout_rules},
+  };
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);
+  dt__op_set_check("sdpa", dt__sdpa_check);
+}

@@ -1,0 +1,369 @@
+/* rules_shape.c - rule generators of the shape ops: view/reshape, flatten, unflatten, squeeze,
+ * unsqueeze (one dim-map algebra), slice/narrow and cat.
+ *
+ * A reshape is split into groups of input dims that hold the same elements as a group of output
+ * dims ((B, S, D) -> (B*S, D): groups {B,S}->{B*S} and {D}->{D}). A shard passes through a group
+ * only on its leading (outermost non-unit) dim on both sides: [S(lead_out); S(lead_in)]. Whether
+ * the chunk rule then puts the same elements on each rank depends on the mesh (7 rows over 2 ranks
+ * are 4+3, but 7*6 flattened elements are 21+21), so a per-mesh check keeps only candidates whose
+ * every local box maps to the same elements in the same order; otherwise the group is replicated
+ * first. Every Partial passes a view (it is linear and keeps max/min).
+ *   slice/narrow (dim): [R; R] [S(d); S(d)] for d != dim, every Partial passes
+ *   cat (dim):          [R; R..] [S(d); S(d)..] for d != dim, [P(op); P(op)..] for every op
+ */
+#include <stdio.h>
+
+#include "strategy/strategy.h"
+
+static int dt__add(dt_op_rule_t* rules, int cap, int* n, const dt_op_rule_t* r) {
+  if (*n >= cap) return 0;
+  rules[(*n)++] = *r;
+  return 1;
+}
+
+static int64_t dt__norm_dim(int64_t d, int nd) { return d < 0 ? d + nd : d; }
+
+int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_group_t* g,
+                    int cap) {
+  int i = 0, j = 0, n = 0;
+  while (i < na || j < nb) {
+    if (n >= cap) return -1;
+    int i0 = i, j0 = j;
+    int64_t pa = 1, pb = 1;
+    if (i < na) pa *= a[i++];
+    if (j < nb) pb *= b[j++];
+    while (pa != pb) {
+      if (pa < pb) {
+        if (i >= na) return -1;
+        pa *= a[i++];
+      } else {
+        if (j >= nb) return -1;
+        pb *= b[j++];
+      }
+    }
+    /* size-1 dims right after a group belong to it (keeps leading dims stable) */
+    g[n++] = (dt_view_group_t){i0, i, j0, j};
+  }
+  return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * output shape of each view op */
+
+static dt_status_t dt__view_shape(const dt_op_call_t* call, dt_tensor_meta_t* out) {
+  const dt_tensor_meta_t* x = &call->in[0];
+  int nd = x->ndim;
+  int64_t numel = 1;
+  for (int d = 0; d < nd; d++) numel *= x->shape[d];
+  out->dtype = x->dtype;
+  const char* op = call->op;
+  if (strcmp(op, "view") == 0 || strcmp(op, "reshape") == 0) {
+    int infer = -1;
+    int64_t known = 1;
+    out->ndim = call->n_iargs;
+    for (int d = 0; d < call->n_iargs; d++) {
+      int64_t s = call->iargs[d];
+      if (s == -1) {
+        if (infer >= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: only one dim can be -1", op);
+        infer = d;
+      } else if (s < 0) {
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: invalid size %lld", op, (long long)s);
+      } else {
+        known *= s;
+      }
+      out->shape[d] = s;
+    }
+    if (infer >= 0) {
+      if (known == 0 || numel % known != 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: cannot infer dim %d of %lld elements", op, infer,
+                       (long long)numel);
+      out->shape[infer] = numel / known;
+      known *= out->shape[infer];
+    }
+    if (known != numel)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shape of %lld elements cannot hold %lld", op,
+                     (long long)known, (long long)numel);
+    return DT_SUCCESS;
+  }
+  if (strcmp(op, "flatten") == 0) {
+    int64_t s = call->n_iargs > 0 ? dt__norm_dim(call->iargs[0], nd) : 0;
+    int64_t e = call->n_iargs > 1 ? dt__norm_dim(call->iargs[1], nd) : nd - 1;
+    if (nd == 0) s = e = 0;
+    if (call->n_iargs > 2 || (nd > 0 && (s < 0 || e >= nd || s > e)))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "flatten takes iargs [start, end] with start <= end < %d",
+                     nd);
+    out->ndim = 0;
+    for (int d = 0; d < nd; d++) {
+      if (d <= s || d > e) out->shape[out->ndim++] = x->shape[d];
+      else out->shape[out->ndim - 1] *= x->shape[d];
+    }
+    if (nd == 0) out->shape[out->ndim++] = 1;
+    return DT_SUCCESS;
+  }
+  if (strcmp(op, "unflatten") == 0) {
+    if (call->n_iargs < 2)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten takes iargs [dim, size...]");
+    int64_t dim = dt__norm_dim(call->iargs[0], nd);
+    int k = call->n_iargs - 1;
+    if (dim < 0 || dim >= nd || nd - 1 + k > DT_MAX_DIMS)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten: dim %lld out of range or too many dims",
+                     (long long)call->iargs[0]);
+    int infer = -1;
+    int64_t known = 1, sizes[DT_MAX_DIMS];
+    for (int j = 0; j < k; j++) {
+      sizes[j] = call->iargs[1 + j];
+      if (sizes[j] == -1 && infer < 0) infer = j;
+      else if (sizes[j] < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten: invalid sizes");
+      else known *= sizes[j];
+    }
+    if (infer >= 0) {
+      if (known == 0 || x->shape[dim] % known != 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten: cannot infer a size");
+      sizes[infer] = x->shape[dim] / known;
+      known *= sizes[infer];
+    }
+    if (known != x->shape[dim])
+      return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten: sizes multiply to %lld, dim %lld has %lld",
+                     (long long)known, (long long)dim, (long long)x->shape[dim]);
+    out->ndim = 0;
+    for (int d = 0; d < nd; d++) {
+      if (d != dim) out->shape[out->ndim++] = x->shape[d];
+      else
+        for (int j = 0; j < k; j++) out->shape[out->ndim++] = sizes[j];
+    }
+    return DT_SUCCESS;
+  }
+  if (strcmp(op, "squeeze") == 0) {
+    if (call->n_iargs > 1) return DT_FAIL(DT_ERR_INVALID_ARG, "squeeze takes iargs [] or [dim]");
+    int64_t dim = call->n_iargs ? dt__norm_dim(call->iargs[0], nd) : -1;
+    if (call->n_iargs && (dim < 0 || dim >= nd))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "squeeze: dim %lld out of range for %d dims",
+                     (long long)call->iargs[0], nd);
+    out->ndim = 0;
+    for (int d = 0; d < nd; d++)
+      if (!(x->shape[d] == 1 && (dim < 0 || d == dim))) out->shape[out->ndim++] = x->shape[d];
+    return DT_SUCCESS;
+  }
+  if (strcmp(op, "unsqueeze") == 0) {
+    if (call->n_iargs != 1) return DT_FAIL(DT_ERR_INVALID_ARG, "unsqueeze takes iargs [dim]");
+    int64_t dim = dt__norm_dim(call->iargs[0], nd + 1);
+    if (dim < 0 || dim > nd || nd + 1 > DT_MAX_DIMS)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "unsqueeze: dim %lld out of range for %d dims",
+                     (long long)call->iargs[0], nd);
+    out->ndim = nd + 1;
+    for (int d = 0, o = 0; o < nd + 1; o++)
+      out->shape[o] = o == dim ? 1 : x->shape[d++];
+    return DT_SUCCESS;
+  }
+  return DT_FAIL(DT_ERR_INTERNAL, "%s is not a view op", op);
+}
+
+static int dt__lead(const int64_t* shape, int d0, int d1) {
+  for (int d = d0; d < d1; d++)
+    if (shape[d] != 1) return d;
+  return -1;
+}
+
+static dt_status_t dt__view_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                  int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  DT_CHECK(dt__view_shape(call, out_meta));
+  const dt_tensor_meta_t* x = &call->in[0];
+  dt_view_group_t g[2 * DT_MAX_DIMS];
+  int ng = dt__view_groups(x->ndim, x->shape, out_meta->ndim, out_meta->shape, g, 2 * DT_MAX_DIMS);
+  if (ng < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shapes do not hold the same elements", call->op);
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int k = 0; k < ng; k++) {
+    int li = dt__lead(x->shape, g[k].i0, g[k].i1), lo = dt__lead(out_meta->shape, g[k].o0, g[k].o1);
+    if (li < 0 || lo < 0) continue;
+    r.in[0] = dt_shard(li);
+    r.out[0] = dt_shard(lo);
+    dt__add(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* Elements of the box (off, len) of `shape` restricted to dims [d0, d1), as a range of the
+ * group's row-major index space; 0 if they do not form one contiguous range. */
+static int dt__group_range(const int64_t* shape, const int64_t* off, const int64_t* len, int d0,
+                           int d1, int64_t* start, int64_t* count) {
+  int64_t c = 1;
+  for (int d = d0; d < d1; d++) c *= len[d];
+  *count = c;
+  *start = 0;
+  if (c == 0) return 1;
+  /* after the first dim that is not taken whole, every later dim must be whole... and every
+   * earlier dim must hold one index */
+  int k = d1; /* first partial dim */
+  for (int d = d1 - 1; d >= d0; d--)
+    if (len[d] != shape[d]) {
+      k = d;
+      break;
+    }
+  for (int d = d0; d < k; d++)
+    if (len[d] != 1) return 0;
+  for (int d = d0; d < d1; d++) *start = *start * shape[d] + off[d];
+  return 1;
+}
+
+static int dt__view_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c) {
+  const dt_tensor_meta_t *x = &call->in[0], *y = &c->out_meta[0];
+  int sharded = 0;
+  for (int i = 0; i < mesh->ndim; i++) sharded |= c->in[0][i].kind == DT_SHARD;
+  if (!sharded) return 1;
+  dt_view_group_t g[2 * DT_MAX_DIMS];
+  int ng = dt__view_groups(x->ndim, x->shape, y->ndim, y->shape, g, 2 * DT_MAX_DIMS);
+  dt_layout_t li, lo;
+  if (ng < 0 || dt__layout_init(&li, mesh->ndim, mesh->shape, x->ndim, x->shape, c->in[0]) ||
+      dt__layout_init(&lo, mesh->ndim, mesh->shape, y->ndim, y->shape, c->out[0]))
+    return 0;
+  for (int p = 0; p < mesh->numel; p++) {
+    int coords[DT_MAX_MESH_DIMS];
+    for (int i = mesh->ndim - 1, v = p; i >= 0; i--) {
+      coords[i] = v % mesh->shape[i];
+      v /= mesh->shape[i];
+    }
+    int64_t io[DT_MAX_DIMS], il[DT_MAX_DIMS], oo[DT_MAX_DIMS], ol[DT_MAX_DIMS];
+    dt__layout_box(&li, coords, io, il);
+    dt__layout_box(&lo, coords, oo, ol);
+    for (int k = 0; k < ng; k++) {
+      int64_t s0, n0, s1, n1;
+      if (!dt__group_range(x->shape, io, il, g[k].i0, g[k].i1, &s0, &n0) ||
+          !dt__group_range(y->shape, oo, ol, g[k].o0, g[k].o1, &s1, &n1))
+        return 0;
+      if (n0 != n1 || (n0 != 0 && s0 != s1)) return 0;
+    }
+  }
+  dt_clear_error();
+  return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * slice / narrow */
+
+dt_status_t dt__slice_args(const dt_op_call_t* call, int* dim, int64_t* start, int64_t* step,
+                           int64_t* len) {
+  const dt_tensor_meta_t* x = &call->in[0];
+  int nd = x->ndim;
+  int narrow = strcmp(call->op, "narrow") == 0;
+  if (narrow ? call->n_iargs != 3 : (call->n_iargs < 3 || call->n_iargs > 4))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs %s", call->op,
+                   narrow ? "[dim, start, length]" : "[dim, start, end(, step)]");
+  int64_t d = dt__norm_dim(call->iargs[0], nd);
+  if (d < 0 || d >= nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range for %d dims", call->op,
+                   (long long)call->iargs[0], nd);
+  int64_t size = x->shape[d];
+  *dim = (int)d;
+  if (narrow) {
+    int64_t s = call->iargs[1] < 0 ? call->iargs[1] + size : call->iargs[1];
+    int64_t l = call->iargs[2];
+    if (s < 0 || l < 0 || s > size || l > size - s)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "narrow: start %lld length %lld out of range for %lld",
+                     (long long)call->iargs[1], (long long)l, (long long)size);
+    *start = s;
+    *step = 1;
+    *len = l;
+    return DT_SUCCESS;
+  }
+  /* Python slice semantics: negative indices count from the end, out-of-range ones clamp. */
+  int64_t st = call->n_iargs == 4 ? call->iargs[3] : 1;
+  if (st <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "slice: step must be positive, got %lld",
+                              (long long)st);
+  int64_t s = call->iargs[1], e = call->iargs[2];
+  if (s < 0) s += size;
+  if (e < 0) e += size;
+  s = s < 0 ? 0 : s > size ? size : s;
+  e = e < 0 ? 0 : e > size ? size : e;
+  *start = s;
+  *step = st;
+  *len = e > s ? (e - s + st - 1) / st : 0;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__slice_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  int dim;
+  int64_t start, step, len;
+  DT_CHECK(dt__slice_args(call, &dim, &start, &step, &len));
+  *out_meta = call->in[0];
+  out_meta->shape[dim] = len;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < call->in[0].ndim; d++) {
+    if (d == dim) continue;
+    r.out[0] = r.in[0] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * cat */
+
+static dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                 int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t* x = &call->in[0];
+  int nd = x->ndim;
+  if (call->n_iargs != 1) return DT_FAIL(DT_ERR_INVALID_ARG, "cat takes iargs [dim]");
+  int64_t dim = dt__norm_dim(call->iargs[0], nd);
+  if (nd == 0 || dim < 0 || dim >= nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cat: dim %lld out of range for %d dims",
+                   (long long)call->iargs[0], nd);
+  *out_meta = *x;
+  out_meta->shape[dim] = 0;
+  for (int t = 0; t < call->n_inputs; t++) {
+    const dt_tensor_meta_t* y = &call->in[t];
+    if (y->ndim != nd || y->dtype != x->dtype)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "cat: input %d must be a %d-dim %s tensor", t, nd,
+                     dt_dtype_name(x->dtype));
+    for (int d = 0; d < nd; d++)
+      if (d != dim && y->shape[d] != x->shape[d])
+        return DT_FAIL(DT_ERR_INVALID_ARG, "cat: input %d has size %lld at dim %d, expected %lld",
+                       t, (long long)y->shape[d], d, (long long)x->shape[d]);
+    out_meta->shape[dim] += y->shape[dim];
+  }
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < nd; d++) {
+    if (d == dim) continue;
+    r.out[0] = dt_shard(d);
+    for (int t = 0; t < call->n_inputs; t++) r.in[t] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = dt_partial((dt_reduce_op_t)op);
+    for (int t = 0; t < call->n_inputs; t++) r.in[t] = r.out[0];
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+void dt__ops_register_shape(void) {
+  static const char* const views[] = {"view", "reshape", "flatten", "unflatten", "squeeze",
+                                      "unsqueeze"};
+  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
+    dt_op_register(views[i], 1, dt__view_rules, NULL);
+    dt__op_set_check(views[i], dt__view_check);
+  }
+  dt_op_register("slice", 1, dt__slice_rules, NULL);
+  dt_op_register("narrow", 1, dt__slice_rules, NULL);
+  dt_op_register("cat", 0, dt__cat_rules, NULL);
+}
