@@ -199,9 +199,9 @@ static int dt__group_range(const int64_t* shape, const int64_t* off, const int64
   *count = c;
   *start = 0;
   if (c == 0) return 1;
-  /* after the first dim that is not taken whole, every later dim must be whole... and every
-   * earlier dim must hold one index */
-  int k = d1; /* first partial dim */
+  /* the dims after the last one not taken whole must be whole (true by the choice of k) and the
+   * dims before it must hold a single index */
+  int k = d0; /* last dim not taken whole; d0 when all are whole */
   for (int d = d1 - 1; d >= d0; d--)
     if (len[d] != shape[d]) {
       k = d;

@@ -1,0 +1,240 @@
+/* test_ops_reference.c - every built-in op against PyTorch (np 2 and 4).
+ *
+ * tests/reference/ops_fixtures.json holds inputs and PyTorch 1.13's outputs for each op (written by
+ * tests/reference/make_fixtures.py). Each case runs on the 1-D mesh (n) and, at np 4, the 2-D mesh
+ * (2, 2), for many placement combinations of its inputs: per mesh dim each input takes R, S(d) for
+ * any of its dims, or P(sum) (float inputs). When a case has more combinations than LIMIT, a fixed
+ * pseudo-random subset (always with all-R) is used. The gathered outputs must match PyTorch within
+ * the case's tolerance (|got - want| <= atol + rtol |want|; integers exactly), have PyTorch's shape
+ * and dtype, and every rank must see the same result.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+#include "dt_test.h"
+
+#define LIMIT 40
+#define MAXT 4
+
+typedef struct {
+  dt_dtype_t dtype;
+  int ndim;
+  int64_t shape[DT_MAX_DIMS], numel;
+  double* data;
+} fx_tensor_t;
+
+static dt_dtype_t parse_dtype(const char* s) {
+  dt_dtype_t t;
+  DT_ASSERT_OK(dt_dtype_parse(s, &t));
+  return t;
+}
+
+static void load_tensor(const cJSON* j, fx_tensor_t* t) {
+  t->dtype = parse_dtype(cJSON_GetObjectItem(j, "dtype")->valuestring);
+  const cJSON* sh = cJSON_GetObjectItem(j, "shape");
+  t->ndim = cJSON_GetArraySize(sh);
+  t->numel = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    t->shape[d] = (int64_t)cJSON_GetArrayItem(sh, d)->valuedouble;
+    t->numel *= t->shape[d];
+  }
+  const cJSON* data = cJSON_GetObjectItem(j, "data");
+  DT_ASSERT_EQ(cJSON_GetArraySize(data), t->numel);
+  t->data = malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
+  for (int64_t i = 0; i < t->numel; i++) t->data[i] = cJSON_GetArrayItem(data, (int)i)->valuedouble;
+}
+
+static size_t itemsize(dt_dtype_t t) {
+  return t == DT_F32 || t == DT_I32 ? 4 : t == DT_I64 ? 8 : 2;
+}
+
+/* Packs doubles into the dtype's storage (bf16 by truncation: fixture values are exact bf16). */
+static void* pack(const fx_tensor_t* t) {
+  void* buf = malloc(itemsize(t->dtype) * (size_t)(t->numel ? t->numel : 1));
+  for (int64_t i = 0; i < t->numel; i++) {
+    double v = t->data[i];
+    switch (t->dtype) {
+      case DT_F32: ((float*)buf)[i] = (float)v; break;
+      case DT_I32: ((int32_t*)buf)[i] = (int32_t)v; break;
+      case DT_I64: ((int64_t*)buf)[i] = (int64_t)v; break;
+      case DT_BF16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        ((uint16_t*)buf)[i] = (uint16_t)(u >> 16);
+        break;
+      }
+      default: DT_ASSERT_TRUE(0, "dtype %d in a fixture", (int)t->dtype);
+    }
+  }
+  return buf;
+}
+
+static double unpack(const void* buf, dt_dtype_t dt, int64_t i) {
+  switch (dt) {
+    case DT_F32: return ((const float*)buf)[i];
+    case DT_I32: return ((const int32_t*)buf)[i];
+    case DT_I64: return (double)((const int64_t*)buf)[i];
+    case DT_BF16: {
+      uint32_t u = (uint32_t)((const uint16_t*)buf)[i] << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      return f;
+    }
+    default: return NAN;
+  }
+}
+
+static int n_options(const fx_tensor_t* t) {
+  return 1 + t->ndim + (t->dtype == DT_F32 || t->dtype == DT_BF16);
+}
+static dt_placement_t option(const fx_tensor_t* t, int k) {
+  if (k == 0) return dt_replicate();
+  if (k <= t->ndim) return dt_shard(k - 1);
+  return dt_partial(DT_REDUCE_SUM);
+}
+
+static int g_rank;
+
+static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
+  const char* name = cJSON_GetObjectItem(c, "name")->valuestring;
+  const char* op = cJSON_GetObjectItem(c, "op")->valuestring;
+  double rtol = cJSON_GetObjectItem(c, "rtol")->valuedouble;
+  double atol = cJSON_GetObjectItem(c, "atol")->valuedouble;
+  const cJSON *ji = cJSON_GetObjectItem(c, "inputs"), *jo = cJSON_GetObjectItem(c, "outputs");
+  const cJSON *ja = cJSON_GetObjectItem(c, "iargs"), *jf = cJSON_GetObjectItem(c, "fargs");
+  int nin = cJSON_GetArraySize(ji), nout = cJSON_GetArraySize(jo);
+  int nia = cJSON_GetArraySize(ja), nfa = cJSON_GetArraySize(jf);
+  int64_t iargs[8];
+  double fargs[4];
+  for (int k = 0; k < nia; k++) iargs[k] = (int64_t)cJSON_GetArrayItem(ja, k)->valuedouble;
+  for (int k = 0; k < nfa; k++) fargs[k] = cJSON_GetArrayItem(jf, k)->valuedouble;
+  fx_tensor_t in[MAXT], out[2];
+  void* packed[MAXT];
+  for (int t = 0; t < nin; t++) {
+    load_tensor(cJSON_GetArrayItem(ji, t), &in[t]);
+    packed[t] = pack(&in[t]);
+  }
+  for (int o = 0; o < nout; o++) load_tensor(cJSON_GetArrayItem(jo, o), &out[o]);
+  /* combinations: per input, per mesh dim, one option (mixed radix) */
+  long long total = 1;
+  for (int t = 0; t < nin; t++)
+    for (int i = 0; i < m; i++) total *= n_options(&in[t]);
+  long long runs = total < LIMIT ? total : LIMIT;
+  uint64_t lcg = 0x9E3779B97F4A7C15ull ^ (uint64_t)strlen(name) * 1315423911u;
+  for (long long r = 0; r < runs; r++) {
+    long long combo = r;
+    if (total > LIMIT && r > 0) {
+      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+      combo = (long long)((lcg >> 11) % (uint64_t)total);
+    }
+    dt_placement_t pl[MAXT][DT_MAX_MESH_DIMS];
+    long long v = combo;
+    for (int t = 0; t < nin; t++)
+      for (int i = 0; i < m; i++) {
+        int k = n_options(&in[t]);
+        pl[t][i] = option(&in[t], (int)(v % k));
+        v /= k;
+      }
+    dt_tensor_t ts[MAXT], res[2] = {NULL, NULL};
+    for (int t = 0; t < nin; t++)
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, in[t].dtype, in[t].ndim, in[t].shape, pl[t],
+                                       packed[t], &ts[t]));
+    dt_status_t st = dt_op_run_multi(op, nin, ts, nia, iargs, nfa, fargs, nout, res);
+    if (st != DT_SUCCESS) {
+      char desc[256] = "";
+      for (int t = 0; t < nin; t++) {
+        char b[64];
+        dt_placements_format(pl[t], m, ",", b, sizeof b);
+        strncat(desc, b, sizeof desc - strlen(desc) - 2);
+        strncat(desc, " ", sizeof desc - strlen(desc) - 1);
+      }
+      DT_ASSERT_TRUE(0, "case %s (%s) with inputs %s: %s: %s", name, op, desc,
+                     dt_status_name(st), dt_last_error());
+    }
+    for (int o = 0; o < nout; o++) {
+      dt_dtype_t rdt;
+      DT_ASSERT_OK(dt_tensor_dtype(res[o], &rdt));
+      DT_ASSERT_EQ(rdt, out[o].dtype);
+      int nd;
+      int64_t shape[DT_MAX_DIMS];
+      DT_ASSERT_OK(dt_tensor_ndim(res[o], &nd));
+      DT_ASSERT_OK(dt_tensor_shape(res[o], shape));
+      DT_ASSERT_EQ(nd, out[o].ndim);
+      for (int d = 0; d < nd; d++) DT_ASSERT_EQ(shape[d], out[o].shape[d]);
+      size_t nb = itemsize(out[o].dtype) * (size_t)(out[o].numel ? out[o].numel : 1);
+      void* got = malloc(nb);
+      DT_ASSERT_OK(dt_tensor_full(res[o], got, nb));
+      for (int64_t i = 0; i < out[o].numel; i++) {
+        double g = unpack(got, out[o].dtype, i), w = out[o].data[i];
+        int ok = (isnan(g) && isnan(w)) || fabs(g - w) <= atol + rtol * fabs(w);
+        if (!ok) {
+          char b[64] = "";
+          dt_placement_t rp[DT_MAX_MESH_DIMS];
+          dt_tensor_placements(res[o], rp);
+          dt_placements_format(rp, m, ",", b, sizeof b);
+          DT_ASSERT_TRUE(0, "case %s (%s) combo %lld, output %d [%s] element %lld: %.8g vs torch "
+                         "%.8g", name, op, combo, o, b, (long long)i, g, w);
+        }
+      }
+      /* every rank holds the same gathered result */
+      unsigned long long h = 1469598103934665603ull, hmax, hmin;
+      for (size_t b = 0; b < nb; b++) h = (h ^ ((unsigned char*)got)[b]) * 1099511628211ull;
+      MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(&h, &hmin, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+      DT_ASSERT_TRUE(hmax == hmin, "case %s: ranks disagree", name);
+      free(got);
+      dt_tensor_destroy(res[o]);
+    }
+    for (int t = 0; t < nin; t++) dt_tensor_destroy(ts[t]);
+  }
+  for (int t = 0; t < nin; t++) {
+    free(in[t].data);
+    free(packed[t]);
+  }
+  for (int o = 0; o < nout; o++) free(out[o].data);
+  return runs;
+}
+
+int main(int argc, char** argv) {
+  DT_ASSERT_OK(dt_init(&argc, &argv));
+  int world;
+  DT_ASSERT_OK(dt_world_rank(&g_rank));
+  DT_ASSERT_OK(dt_world_size(&world));
+  FILE* f = fopen(DT_FIXTURES, "rb");
+  DT_ASSERT_TRUE(f != NULL, "cannot open %s", DT_FIXTURES);
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char* text = malloc((size_t)len + 1);
+  DT_ASSERT_EQ(fread(text, 1, (size_t)len, f), len);
+  text[len] = '\0';
+  fclose(f);
+  cJSON* root = cJSON_Parse(text);
+  free(text);
+  DT_ASSERT_TRUE(root != NULL, "bad JSON in %s", DT_FIXTURES);
+  const cJSON* cases = cJSON_GetObjectItem(root, "cases");
+  int ncases = cJSON_GetArraySize(cases);
+  DT_ASSERT_TRUE(ncases >= 60, "only %d cases", ncases);
+  const char* only = getenv("DT_TEST_CASE"); /* run one case by name while debugging */
+  long long runs = 0;
+  for (int m = 1; m <= 2; m++) {
+    if (m == 2 && world % 2 != 0) continue;
+    int shape[2] = {m == 1 ? world : 2, world / 2};
+    dt_mesh_t mesh;
+    DT_ASSERT_OK(dt_mesh_create(m, shape, NULL, NULL, &mesh));
+    for (int k = 0; k < ncases; k++) {
+      const cJSON* c = cJSON_GetArrayItem(cases, k);
+      if (only && strcmp(only, cJSON_GetObjectItem(c, "name")->valuestring) != 0) continue;
+      runs += run_case(c, mesh, m);
+    }
+    DT_ASSERT_OK(dt_mesh_destroy(mesh));
+  }
+  cJSON_Delete(root);
+  if (g_rank == 0)
+    printf("test_ops_reference: %d cases, %lld placement combinations matched PyTorch on %d ranks\n",
+           ncases, runs, world);
+  DT_ASSERT_OK(dt_finalize());
+  return 0;
+}

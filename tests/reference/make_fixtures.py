@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""make_fixtures.py - writes ops_fixtures.json: forward results of PyTorch for every built-in op.
+
+Run with Debian's torch (python3-torch 1.13, CPU):  /usr/bin/python3 tests/reference/make_fixtures.py
+Each case names the dtensor op, its integer (iargs) and scalar (fargs) arguments, its inputs and the
+outputs PyTorch computes, and a tolerance. tests/ops/test_ops_reference.c runs every case on many
+placement combinations and compares the gathered result with these numbers. CI does not need torch:
+the JSON file is committed. Inputs are deterministic (a fixed generator seed).
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(1234)
+G = torch.Generator().manual_seed(1234)
+CASES = []
+
+def rnd(*shape, lo=-2.0, hi=2.0):
+    return (torch.rand(*shape, generator=G) * (hi - lo) + lo).float()
+
+def pos(*shape):
+    return rnd(*shape, lo=0.25, hi=3.0)
+
+def ints(hi, *shape):
+    return torch.randint(0, hi, shape, generator=G, dtype=torch.int64)
+
+DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32"}
+
+def tens(t):
+    return {"dtype": DT[t.dtype], "shape": list(t.shape),
+            "data": [float(v) if t.is_floating_point() else int(v) for v in t.float().flatten().tolist()]
+            if t.is_floating_point() else [int(v) for v in t.flatten().tolist()]}
+
+def case(name, op, inputs, outputs, iargs=(), fargs=(), rtol=1e-5, atol=1e-5):
+    if not isinstance(outputs, (list, tuple)):
+        outputs = [outputs]
+    CASES.append({"name": name, "op": op, "iargs": list(iargs), "fargs": list(fargs),
+                  "inputs": [tens(t) for t in inputs], "outputs": [tens(t) for t in outputs],
+                  "rtol": rtol, "atol": atol})
+
+# ---- matmul family
+a, b = rnd(6, 5), rnd(5, 7)
+case("mm", "mm", [a, b], a @ b)
+x, y = rnd(4, 3, 5), rnd(4, 5, 6)
+case("bmm", "bmm", [x, y], torch.bmm(x, y))
+bias1, bias2 = rnd(7), rnd(6, 7)
+case("addmm_vec", "addmm", [bias1, a, b], torch.addmm(bias1, a, b))
+case("addmm_mat_beta_alpha", "addmm", [bias2, a, b], torch.addmm(bias2, a, b, beta=0.5, alpha=2.0),
+     fargs=[0.5, 2.0])
+xl, w, bl = rnd(6, 5), rnd(7, 5), rnd(7)
+case("linear", "linear", [xl, w, bl], F.linear(xl, w, bl))
+case("linear_nobias", "linear_nobias", [xl, w], F.linear(xl, w))
+
+# ---- pointwise
+p, q = rnd(6, 5), rnd(6, 5)
+row = rnd(5)
+case("add_bcast", "add", [p, row], p + row)
+case("sub", "sub", [p, q], p - q)
+col = rnd(6, 1)
+case("mul_bcast", "mul", [p, col], p * col)
+dd = pos(6, 5)
+case("div", "div", [p, dd], p / dd)
+case("maximum", "maximum", [p, q], torch.maximum(p, q))
+case("minimum", "minimum", [p, q], torch.minimum(p, q))
+case("neg", "neg", [p], -p)
+case("add_scalar", "add_scalar", [p], p + 1.5, fargs=[1.5])
+case("mul_scalar_neg", "mul_scalar", [p], p * -2.5, fargs=[-2.5])
+pp = pos(6, 5)
+case("pow", "pow", [pp], torch.pow(pp, 1.7), fargs=[1.7])
+case("pow2", "pow", [p], torch.pow(p, 2.0), fargs=[2.0])
+case("exp", "exp", [p], torch.exp(p))
+case("log", "log", [pp], torch.log(pp))
+case("sqrt", "sqrt", [pp], torch.sqrt(pp))
+case("rsqrt", "rsqrt", [pp], torch.rsqrt(pp))
+case("relu", "relu", [p], torch.relu(p))
+case("gelu", "gelu", [p], F.gelu(p))
+case("silu", "silu", [p], F.silu(p))
+case("sigmoid", "sigmoid", [p], torch.sigmoid(p))
+case("tanh", "tanh", [p], torch.tanh(p))
+cond = ints(2, 6, 5)
+case("where", "where", [cond, p, q], torch.where(cond.bool(), p, q))
+mask = ints(2, 6, 1)
+case("masked_fill_bcast", "masked_fill", [p, mask], p.masked_fill(mask.bool(), -3.0), fargs=[-3.0])
+case("cast_f32_i64", "cast", [p * 3], (p * 3).to(torch.int64), iargs=[4])
+ii = ints(9, 6, 5)
+case("cast_i64_f32", "cast", [ii], ii.float(), iargs=[0])
+
+# ---- reductions
+r3 = rnd(4, 6, 5)
+case("sum_dim1", "sum", [r3], r3.sum(1), iargs=[0, 1])
+case("sum_all", "sum", [r3], r3.sum(), iargs=[0], rtol=1e-5, atol=1e-4)
+case("mean_keep", "mean", [r3], r3.mean((0, 2), keepdim=True), iargs=[1, 0, 2])
+case("amax_dim2", "amax", [r3], r3.amax(2), iargs=[0, 2])
+case("amin_dim0", "amin", [r3], r3.amin(0), iargs=[0, 0])
+
+# ---- nn
+case("softmax", "softmax", [r3], torch.softmax(r3, -1), iargs=[-1])
+case("log_softmax_dim1", "log_softmax", [r3], torch.log_softmax(r3, 1), iargs=[1])
+xn, wn, bn = rnd(6, 8), rnd(8), rnd(8)
+case("layer_norm", "layer_norm", [xn, wn, bn], F.layer_norm(xn, (8,), wn, bn, 1e-5), fargs=[1e-5])
+rms = xn * torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + 1e-6) * wn
+case("rms_norm", "rms_norm", [xn, wn], rms, fargs=[1e-6])
+emb, ids = rnd(9, 4), ints(9, 3, 5)
+case("embedding", "embedding", [emb, ids], F.embedding(ids, emb))
+
+def sdpa_ref(q, k, v, causal, scale=None):
+    H, G_ = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(H // G_, dim=1)
+    v = v.repeat_interleave(H // G_, dim=1)
+    s = (q @ k.transpose(-1, -2)) * (scale if scale else 1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        L, S = q.shape[2], k.shape[2]
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+qa, ka, va = rnd(2, 4, 6, 3), rnd(2, 4, 6, 3), rnd(2, 4, 6, 5)
+case("sdpa_causal", "sdpa", [qa, ka, va], sdpa_ref(qa, ka, va, True), iargs=[1])
+case("sdpa_scale", "sdpa", [qa, ka, va], sdpa_ref(qa, ka, va, False, 0.3), iargs=[0], fargs=[0.3])
+kg, vg = rnd(2, 2, 6, 3), rnd(2, 2, 6, 3)
+case("sdpa_gqa_causal", "sdpa", [qa, kg, vg], sdpa_ref(qa, kg, vg, True), iargs=[1])
+
+def rotary_ref(x, seq_dim, theta):
+    # Meta Llama: pairs (x[2i], x[2i+1]) as complex numbers times exp(i * pos * theta^(-2i/D))
+    D = x.shape[-1]
+    freqs = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    posn = torch.arange(x.shape[seq_dim], dtype=torch.float64)
+    ang = torch.outer(posn, freqs)
+    shape = [1] * x.ndim
+    shape[seq_dim] = x.shape[seq_dim]
+    shape[-1] = D // 2
+    c, s = torch.cos(ang).reshape(shape), torch.sin(ang).reshape(shape)
+    xd = x.double()
+    x0, x1 = xd[..., 0::2], xd[..., 1::2]
+    out = torch.empty_like(xd)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out.float()
+
+xr = rnd(2, 6, 3, 8)
+case("rotary", "rotary", [xr], rotary_ref(xr, 1, 10000.0), iargs=[1], fargs=[10000.0])
+xr2 = rnd(5, 4)
+case("rotary_seq0", "rotary", [xr2], rotary_ref(xr2, 0, 500.0), iargs=[0], fargs=[500.0])
+
+# ---- shape ops
+v3 = rnd(4, 6, 5)
+case("view_merge", "view", [v3], v3.reshape(24, 5), iargs=[24, 5])
+case("reshape_split", "reshape", [v3], v3.reshape(4, 2, 3, 5), iargs=[4, 2, -1, 5])
+case("reshape_all", "reshape", [v3], v3.reshape(-1), iargs=[-1])
+case("flatten", "flatten", [v3], v3.flatten(1, 2), iargs=[1, 2])
+case("unflatten", "unflatten", [v3], v3.unflatten(1, (3, 2)), iargs=[1, 3, 2])
+case("unsqueeze", "unsqueeze", [v3], v3.unsqueeze(1), iargs=[1])
+s1 = rnd(4, 1, 5)
+case("squeeze", "squeeze", [s1], s1.squeeze(1), iargs=[1])
+case("transpose", "transpose", [v3], v3.transpose(0, 2), iargs=[0, 2])
+case("permute", "permute", [v3], v3.permute(1, 2, 0), iargs=[1, 2, 0])
+case("t", "t", [p], p.t())
+case("slice_step", "slice", [v3], v3[:, 1:6:2, :], iargs=[1, 1, 6, 2])
+case("slice_neg", "slice", [v3], v3[:, :, -3:], iargs=[2, -3, 5])
+case("narrow", "narrow", [v3], v3.narrow(0, 1, 2), iargs=[0, 1, 2])
+c1, c2, c3 = rnd(4, 2, 5), rnd(4, 3, 5), rnd(4, 1, 5)
+case("cat3", "cat", [c1, c2, c3], torch.cat([c1, c2, c3], 1), iargs=[1])
+
+# ---- indexing
+tk = rnd(5, 7)
+vals, idx = torch.topk(tk, 3, dim=1)
+case("topk", "topk", [tk], [vals, idx], iargs=[3, 1])
+vals0, idx0 = torch.topk(tk, 2, dim=0, largest=False)
+case("topk_smallest", "topk", [tk], [vals0, idx0], iargs=[2, 0, 0])
+gx, gi = rnd(5, 7), ints(7, 5, 3)
+case("gather", "gather", [gx, gi], torch.gather(gx, 1, gi), iargs=[1])
+sx, si, ss = rnd(6, 4), ints(6, 5, 4), rnd(5, 4)
+case("scatter_add", "scatter_add", [sx, si, ss], sx.scatter_add(0, si, ss), iargs=[0])
+
+# ---- bf16 storage (compute in f32 on bf16-rounded inputs, result rounded to bf16)
+def bf(t):
+    return t.to(torch.bfloat16)
+ab, bb = bf(a), bf(b)
+# a Partial(sum) output rounds each rank's partial product to bf16 before the sum: looser bound
+case("mm_bf16", "mm", [ab, bb], bf(ab.float() @ bb.float()), rtol=2e-2, atol=6e-2)
+pb, qb = bf(p), bf(q)
+case("add_bf16", "add", [pb, qb], bf(pb.float() + qb.float()), rtol=1e-2, atol=1e-2)
+case("softmax_bf16", "softmax", [bf(r3)], bf(torch.softmax(bf(r3).float(), -1)), iargs=[-1],
+     rtol=1e-2, atol=1e-2)
+case("view_bf16", "view", [bf(v3)], bf(v3).reshape(24, 5), iargs=[24, 5], rtol=1e-2, atol=1e-6)
+
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops_fixtures.json")
+with open(out, "w") as f:
+    json.dump({"torch": torch.__version__, "generator": "tests/reference/make_fixtures.py",
+               "cases": CASES}, f, separators=(",", ":"))
+print(f"wrote {len(CASES)} cases to {out}")
