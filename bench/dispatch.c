@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
     float* pc = malloc(sizeof(float) * (size_t)(m * n));
     memset(pc, 0, sizeof(float) * (size_t)(m * n));
     double bl = 1e30, br = 1e30;
-    for (int round = 0; round < 5; round++) {
+    for (int round = 0; round < 9; round++) {
       double t0 = now_us();
       dt_tensor_t c;
       CHECK(dt_mm(ta, tb, &c));

@@ -406,6 +406,16 @@ static int explain_op(int argc, char** argv) {
     cJSON* outp = cJSON_AddObjectToObject(o, "output");
     cJSON_AddItemToObject(outp, "shape", shape_json(ch.out_meta[0].shape, ch.out_meta[0].ndim));
     cJSON_AddItemToObject(outp, "placements", placements_json(ch.out[0], mesh_nd));
+    if (ch.n_outputs > 1) { /* topk: every output; "output" stays the first */
+      cJSON* outs = cJSON_AddArrayToObject(o, "outputs");
+      for (int k = 0; k < ch.n_outputs; k++) {
+        cJSON* j = cJSON_CreateObject();
+        cJSON_AddItemToObject(j, "shape", shape_json(ch.out_meta[k].shape, ch.out_meta[k].ndim));
+        cJSON_AddStringToObject(j, "dtype", dt_dtype_name(ch.out_meta[k].dtype));
+        cJSON_AddItemToObject(j, "placements", placements_json(ch.out[k], mesh_nd));
+        cJSON_AddItemToArray(outs, j);
+      }
+    }
     cJSON* red = cJSON_AddArrayToObject(o, "redistribute");
     for (int t = 0; t < nshape; t++) {
       cJSON* j = cJSON_CreateObject();
@@ -443,6 +453,13 @@ static int explain_op(int argc, char** argv) {
     for (int d = 0; d < ch.out_meta[0].ndim; d++)
       printf("%s%lld", d ? ", " : "", (long long)ch.out_meta[0].shape[d]);
     printf("]\n");
+    for (int k = 1; k < ch.n_outputs; k++) {
+      dt_placements_format(ch.out[k], mesh_nd, NULL, b, sizeof b);
+      printf("output %d: %s %s shape [", k, b, dt_dtype_name(ch.out_meta[k].dtype));
+      for (int d = 0; d < ch.out_meta[k].ndim; d++)
+        printf("%s%lld", d ? ", " : "", (long long)ch.out_meta[k].shape[d]);
+      printf("]\n");
+    }
     for (int t = 0; t < nshape; t++) {
       char from[128], to[128];
       int ns;

@@ -166,7 +166,16 @@ int dt__plan_neighbors(const dt_layout_t* l, size_t item, const dt_placement_t* 
   return cnt;
 }
 
+int dt__plan_reachable(const dt_layout_t* src, const dt_placement_t* dst) {
+  for (int i = 0; i < src->mesh_ndim; i++) {
+    dt_placement_t a = src->pl[i], b = dst[i];
+    if (b.kind == DT_PARTIAL && !dt_placement_equal(a, b) && a.kind != DT_REPLICATE) return 0;
+  }
+  return 1;
+}
+
 dt_status_t dt__plan_validate(const dt_layout_t* src, const dt_placement_t* dst) {
+  if (dt__plan_reachable(src, dst)) return DT_SUCCESS;
   for (int i = 0; i < src->mesh_ndim; i++) {
     dt_placement_t a = src->pl[i], b = dst[i];
     if (b.kind != DT_PARTIAL || dt_placement_equal(a, b)) continue;

@@ -30,6 +30,9 @@ int dt__plan_neighbors(const dt_layout_t* l, size_t item, const dt_placement_t* 
                        const dt_search_space_t* sp, dt_step_t* out);
 /* Checks the pair is reachable under the public rules (no new Partial except from Replicate,
  * no P(x) -> P(y)). */
+/* 1 if dst is reachable from src (no new Partial from a Shard, no Partial op change); no message:
+ * for callers that test many candidates. */
+int dt__plan_reachable(const dt_layout_t* src, const dt_placement_t* dst);
 dt_status_t dt__plan_validate(const dt_layout_t* src, const dt_placement_t* dst);
 /* Minimum-cost step sequence (Dijkstra over placement states; ties prefer fewer steps). */
 dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_placement_t* dst, size_t item,

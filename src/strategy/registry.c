@@ -24,9 +24,21 @@ static void dt__ensure_builtins(void) {
   }
 }
 
+/* Open-addressing index over the table (names are never removed): a lookup is one string hash
+ * and usually one strcmp, on the dispatch hot path. */
+#define DT_OP_INDEX_CAP (4 * DT_OP_TABLE_MAX)
+static short dt__op_index[DT_OP_INDEX_CAP]; /* entry + 1; 0 = empty */
+
+static size_t dt__op_slot(const char* name) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char* p = (const unsigned char*)name; *p; p++) h = (h ^ *p) * 1099511628211ull;
+  return (size_t)(h & (DT_OP_INDEX_CAP - 1));
+}
+
 static dt_op_entry_t* dt__op_find(const char* name) {
-  for (int i = 0; i < dt__op_count; i++)
-    if (strcmp(dt__op_table[i].name, name) == 0) return &dt__op_table[i];
+  for (size_t j = dt__op_slot(name); dt__op_index[j]; j = (j + 1) & (DT_OP_INDEX_CAP - 1))
+    if (strcmp(dt__op_table[dt__op_index[j] - 1].name, name) == 0)
+      return &dt__op_table[dt__op_index[j] - 1];
   return NULL;
 }
 
@@ -48,6 +60,9 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "op table full (%d ops)", DT_OP_TABLE_MAX);
     e = &dt__op_table[dt__op_count++];
     snprintf(e->name, sizeof e->name, "%s", name);
+    size_t j = dt__op_slot(e->name);
+    while (dt__op_index[j]) j = (j + 1) & (DT_OP_INDEX_CAP - 1);
+    dt__op_index[j] = (short)dt__op_count;
   }
   e->n_inputs = n_inputs;
   e->rules = rules;

@@ -201,7 +201,7 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
     /* Reachable at all? (a new Partial from a Shard is not) */
     int same = 1;
     for (int t = 0; t < call->n_inputs && ok; t++) {
-      ok = dt__plan_validate(&in_l[t], c.in[t]) == DT_SUCCESS;
+      ok = dt__plan_reachable(&in_l[t], c.in[t]);
       for (int i = 0; i < m; i++) same &= dt_placement_equal(in_l[t].pl[i], c.in[t][i]);
     }
     if (!ok) continue;

@@ -246,6 +246,55 @@ static void test_op_json(void** state) {
   }
 }
 
+/* New op families through the CLI: a view keeps both shards, cat takes several inputs, topk lists
+ * both outputs (values f32, indices i64), and a view with a bad size is a JSON error. */
+static void test_op_shape_and_multi_output(void** state) {
+  (void)state;
+  int status;
+  char* out = run("op reshape --mesh 2x2 --shape 4x6x8 --in S0,S2 --arg a=24 --arg b=8 --json",
+                  &status);
+  assert_int_equal(status, 0);
+  cJSON* o = cJSON_Parse(out);
+  assert_non_null(o);
+  cJSON* op = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "placements");
+  assert_string_equal(cJSON_GetArrayItem(op, 0)->valuestring, "S(0)");
+  assert_string_equal(cJSON_GetArrayItem(op, 1)->valuestring, "S(1)");
+  assert_int_equal((int)cJSON_GetObjectItem(o, "cost_us")->valuedouble, 0);
+  cJSON_Delete(o);
+  free(out);
+
+  out = run("op cat --mesh 4 --shape 8x3 --in S0 --shape 8x5 --in S0 --arg dim=1 --json", &status);
+  assert_int_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_non_null(o);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "inputs")), 2);
+  cJSON* shp = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "shape");
+  assert_int_equal(cJSON_GetArrayItem(shp, 1)->valueint, 8);
+  cJSON_Delete(o);
+  free(out);
+
+  out = run("op topk --mesh 2 --shape 12x8 --in S1 --arg k=3 --arg dim=1 --json", &status);
+  assert_int_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_non_null(o);
+  cJSON* outs = cJSON_GetObjectItem(o, "outputs");
+  assert_int_equal(cJSON_GetArraySize(outs), 2);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(outs, 1), "dtype")->valuestring,
+                      "i64");
+  /* the top-k dim must be whole: something moves */
+  assert_true(cJSON_GetObjectItem(o, "cost_us")->valuedouble > 0.0);
+  cJSON_Delete(o);
+  free(out);
+
+  out = run("op view --mesh 2 --shape 4x6 --in S0 --arg a=5 --arg b=5 --json", &status);
+  assert_int_not_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_non_null(o);
+  assert_non_null(strstr(cJSON_GetObjectItem(o, "error")->valuestring, "view"));
+  cJSON_Delete(o);
+  free(out);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_explain PATH_TO_DTENSOR_EXPLAIN\n");
@@ -255,6 +304,6 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_json_plans), cmocka_unit_test(test_example_json_shape),
       cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output),
-      cmocka_unit_test(test_op_json)};
+      cmocka_unit_test(test_op_json), cmocka_unit_test(test_op_shape_and_multi_output)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
