@@ -14,5 +14,6 @@
 #include "dtensor/tensor.h"
 #include "dtensor/strategy.h"
 #include "dtensor/ops.h"
+#include "dtensor/autograd.h"
 
 #endif /* DTENSOR_DTENSOR_H */

@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #define DT_OP_MAX_INPUTS 4
-#define DT_OP_MAX_OUTPUTS 2
+#define DT_OP_MAX_OUTPUTS 3
 #define DT_OP_MAX_IARGS 8
 #define DT_OP_MAX_FARGS 4
 #define DT_OP_MAX_RULES 64

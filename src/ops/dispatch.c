@@ -47,6 +47,9 @@ static void dt__attach_kernels(void) {
       {"where", dt__kernel_where},     {"masked_fill", dt__kernel_where}, {"sdpa", dt__kernel_sdpa},
       {"rotary", dt__kernel_rotary},   {"topk", dt__kernel_topk},       {"gather", dt__kernel_gather},
       {"scatter_add", dt__kernel_scatter_add}, {"dropout", dt__kernel_dropout},
+      {"act_grad", dt__kernel_act_grad}, {"rms_norm_grad", dt__kernel_rms_norm_grad},
+      {"layer_norm_grad", dt__kernel_layer_norm_grad},
+      {"embedding_grad", dt__kernel_embedding_grad}, {"sdpa_grad", dt__kernel_sdpa_grad},
   };
   for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) dt__op_set_kernel(ks[i].name, ks[i].k);
   /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */

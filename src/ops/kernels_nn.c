@@ -198,6 +198,7 @@ dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t*
   int nd = x->ndim;
   int sd = (int)(call->n_iargs ? (call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]) : 1);
   double theta = call->n_fargs ? call->fargs[0] : 10000.0;
+  double dir = call->n_iargs > 1 && call->iargs[1] ? -1.0 : 1.0; /* inverse rotation */
   int64_t D = x->shape[nd - 1], rows = dt__numel(x) / (D ? D : 1);
   if (D == 0) return DT_SUCCESS;
   int64_t inner = 1; /* rows per step of seq_dim */
@@ -211,7 +212,7 @@ dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t*
     float* yr = o + r * D;
     for (int64_t i = 0; i < D / 2; i++) {
       double ang = (double)pos * pow(theta, -2.0 * (double)i / (double)D);
-      double c = cos(ang), s = sin(ang), x0 = xr[2 * i], x1 = xr[2 * i + 1];
+      double c = cos(ang), s = dir * sin(ang), x0 = xr[2 * i], x1 = xr[2 * i + 1];
       yr[2 * i] = (float)(x0 * c - x1 * s);
       yr[2 * i + 1] = (float)(x0 * s + x1 * c);
     }

@@ -53,6 +53,12 @@ DT__KERNEL(dt__kernel_topk);
 DT__KERNEL(dt__kernel_gather);
 DT__KERNEL(dt__kernel_scatter_add);
 DT__KERNEL(dt__kernel_dropout);
+/* kernels_grad.c */
+DT__KERNEL(dt__kernel_act_grad);
+DT__KERNEL(dt__kernel_rms_norm_grad);
+DT__KERNEL(dt__kernel_layer_norm_grad);
+DT__KERNEL(dt__kernel_embedding_grad);
+DT__KERNEL(dt__kernel_sdpa_grad);
 #undef DT__KERNEL
 
 #endif

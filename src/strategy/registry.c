@@ -119,3 +119,11 @@ dt_status_t dt__op_set_kernel(const char* name, dt_op_kernel_fn kernel) {
   if (e->kernel == NULL) e->kernel = kernel;
   return DT_SUCCESS;
 }
+
+dt_status_t dt__op_rules_of(const char* name, const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  dt_op_entry_t* e = dt__op_find(name);
+  if (e == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no op %s", name);
+  int n_out;
+  return e->rules(call, out_meta, &n_out, rules, cap, n);
+}

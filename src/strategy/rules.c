@@ -509,4 +509,5 @@ void dt__ops_register_builtins(void) {
     dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);
   dt__ops_register_shape();
   dt__ops_register_nn();
+  dt__ops_register_grad();
 }

@@ -221,7 +221,8 @@ static int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_
 /* ---------------------------------------------------------------------------------------------
  * rotary embedding: x (..., S, ..., D) with D even, iargs [seq_dim] (default 1), fargs [theta]
  * (default 10000). Pairs (x[2i], x[2i+1]) turn by pos * theta^(-2i/D), pos the global index along
- * seq_dim (Meta Llama's interleaved convention). Any dim but the last may be sharded. */
+ * seq_dim (Meta Llama's interleaved convention); iargs[1] = 1 turns the other way (the inverse,
+ * which is the gradient). Any dim but the last may be sharded. */
 
 static dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
@@ -229,7 +230,7 @@ static dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* 
   *n = 0;
   const dt_tensor_meta_t* x = &call->in[0];
   int64_t sd = call->n_iargs ? dt__norm_dim(call->iargs[0], x->ndim) : 1;
-  if (x->ndim < 2 || call->n_iargs > 1 || call->n_fargs > 1 || sd < 0 || sd >= x->ndim - 1)
+  if (x->ndim < 2 || call->n_iargs > 2 || call->n_fargs > 1 || sd < 0 || sd >= x->ndim - 1)
     return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: x (.., S, .., D) with iargs [seq_dim] (not the "
                    "last) and fargs [theta]");
   if (x->shape[x->ndim - 1] % 2 != 0 || !dt__dtype_is_float(x->dtype))

@@ -67,6 +67,15 @@ void dt__prop_cache_release(void);
 void dt__ops_register_builtins(void);
 void dt__ops_register_shape(void); /* rules_shape.c */
 void dt__ops_register_nn(void);    /* rules_nn.c */
+void dt__ops_register_grad(void);  /* rules_grad.c */
+
+/* Activation kinds of act_grad (g * f'(x)); sigmoid and tanh take the forward OUTPUT as x. */
+enum { DT_ACT_RELU = 0, DT_ACT_SILU, DT_ACT_GELU, DT_ACT_SIGMOID_OUT, DT_ACT_TANH_OUT,
+       DT_ACT_COUNT };
+
+/* Runs the rule generator of a registered op on a call (for generators built on others). */
+dt_status_t dt__op_rules_of(const char* name, const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                            dt_op_rule_t* rules, int cap, int* n);
 
 /* slice/narrow arguments normalized: elements start, start+step, ... (len of them) along dim. */
 dt_status_t dt__slice_args(const dt_op_call_t* call, int* dim, int64_t* start, int64_t* step,

@@ -1,0 +1,36 @@
+/* autograd.h - internal interface of the autograd layer: variables, tape nodes, backward rules. */
+#ifndef DT_AUTOGRAD_AUTOGRAD_H
+#define DT_AUTOGRAD_AUTOGRAD_H
+
+#include <stdio.h>
+
+#include "dtensor/autograd.h"
+#include "internal/core.h"
+
+struct dt_var {
+  uint32_t magic;
+  dt_tensor_t value;
+  dt_tensor_t grad;
+  int requires_grad;
+  int leaf; /* user-owned; otherwise freed by dt_tape_reset */
+};
+
+/* One recorded op application. */
+typedef struct dt__node {
+  char op[DT_OP_NAME_MAX];
+  int n_in, n_out;
+  dt_var_t in[DT_OP_MAX_INPUTS];
+  dt_var_t out[DT_OP_MAX_OUTPUTS];
+  int n_iargs, n_fargs;
+  int64_t iargs[DT_OP_MAX_IARGS];
+  double fargs[DT_OP_MAX_FARGS];
+  dt_placement_t src_pl[DT_MAX_MESH_DIMS]; /* redistribute: the source placements */
+} dt__node_t;
+
+/* Whether `op` has a backward rule. */
+int dt__grad_has_rule(const char* op);
+/* Computes the input gradients gin[] (new tensors, NULL where none) from the output gradients
+ * gout[] (NULL where none). A rule may take over gout[o] (it then sets gout[o] to NULL). */
+dt_status_t dt__grad_apply(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin);
+
+#endif

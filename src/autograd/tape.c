@@ -1,0 +1,353 @@
+/* tape.c - the autograd tape: variables, recording, backward traversal and gradient accumulation.
+ * The per-op backward rules live in grad_rules.c. */
+#include <stdlib.h>
+
+#include "autograd/autograd.h"
+
+#define DT_VAR_MAGIC 0x56415231u /* "VAR1" */
+
+static _Thread_local int dt__grad_off = 0;
+
+void dt_grad_set_enabled(int enabled) { dt__grad_off = !enabled; }
+int dt_grad_enabled(void) { return !dt__grad_off; }
+
+struct dt_tape {
+  dt__node_t** nodes;
+  int64_t n_nodes, cap_nodes;
+  dt_var_t* owned; /* tape-owned variables */
+  int64_t n_owned, cap_owned;
+};
+
+static dt_status_t dt__var_check(dt_var_t v) {
+  if (v == NULL || v->magic != DT_VAR_MAGIC)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "not a live variable");
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_create(dt_tape_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = (dt_tape_t)dt__calloc(1, sizeof(struct dt_tape));
+  if (*out == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape");
+  return DT_SUCCESS;
+}
+
+static void dt__var_free(dt_var_t v) {
+  if (v == NULL) return;
+  dt_tensor_destroy(v->value);
+  dt_tensor_destroy(v->grad);
+  v->magic = 0;
+  dt__free(v);
+}
+
+dt_status_t dt_tape_reset(dt_tape_t tape) {
+  DT_ARG_NOT_NULL(tape);
+  for (int64_t i = 0; i < tape->n_nodes; i++) dt__free(tape->nodes[i]);
+  tape->n_nodes = 0;
+  for (int64_t i = 0; i < tape->n_owned; i++) dt__var_free(tape->owned[i]);
+  tape->n_owned = 0;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_destroy(dt_tape_t tape) {
+  if (tape == NULL) return DT_SUCCESS;
+  dt_tape_reset(tape);
+  dt__free(tape->nodes);
+  dt__free(tape->owned);
+  dt__free(tape);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_stats(dt_tape_t tape, int64_t* n_nodes, int64_t* nbytes) {
+  DT_ARG_NOT_NULL(tape);
+  if (n_nodes) *n_nodes = tape->n_nodes;
+  if (nbytes) {
+    int64_t b = 0;
+    for (int64_t i = 0; i < tape->n_owned; i++) {
+      dt_tensor_t t = tape->owned[i]->value;
+      if (t) b += t->local_numel * (int64_t)dt__itemsize(t->dtype);
+    }
+    *nbytes = b;
+  }
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__var_new(dt_tensor_t value, int requires_grad, int leaf, dt_var_t* out) {
+  dt_var_t v = (dt_var_t)dt__calloc(1, sizeof *v);
+  if (v == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a variable");
+  v->magic = DT_VAR_MAGIC;
+  v->value = value;
+  v->requires_grad = requires_grad;
+  v->leaf = leaf;
+  *out = v;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  if (value == NULL || value->magic != DT_TENSOR_MAGIC)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "value is not a live tensor");
+  return dt__var_new(value, requires_grad != 0, 1, out);
+}
+
+dt_status_t dt_var_destroy(dt_var_t v) {
+  if (v == NULL) return DT_SUCCESS;
+  DT_CHECK(dt__var_check(v));
+  if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "tape-owned variables are freed by dt_tape_reset");
+  dt__var_free(v);
+  return DT_SUCCESS;
+}
+
+dt_tensor_t dt_var_value(dt_var_t v) { return dt__var_check(v) == DT_SUCCESS ? v->value : NULL; }
+dt_tensor_t dt_var_grad(dt_var_t v) { return dt__var_check(v) == DT_SUCCESS ? v->grad : NULL; }
+
+dt_status_t dt_var_zero_grad(dt_var_t v) {
+  DT_CHECK(dt__var_check(v));
+  dt_tensor_destroy(v->grad);
+  v->grad = NULL;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
+  DT_CHECK(dt__var_check(v));
+  if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "only a leaf's value can be replaced");
+  if (value == NULL || value->magic != DT_TENSOR_MAGIC)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "value is not a live tensor");
+  dt_tensor_destroy(v->value);
+  v->value = value;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__tape_own(dt_tape_t tape, dt_var_t v) {
+  if (tape->n_owned == tape->cap_owned) {
+    int64_t cap = tape->cap_owned ? 2 * tape->cap_owned : 64;
+    dt_var_t* p = (dt_var_t*)dt__realloc(tape->owned, sizeof(dt_var_t) * (size_t)cap);
+    if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "growing the tape");
+    tape->owned = p;
+    tape->cap_owned = cap;
+  }
+  tape->owned[tape->n_owned++] = v;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__tape_push(dt_tape_t tape, dt__node_t* n) {
+  if (tape->n_nodes == tape->cap_nodes) {
+    int64_t cap = tape->cap_nodes ? 2 * tape->cap_nodes : 64;
+    dt__node_t** p = (dt__node_t**)dt__realloc(tape->nodes, sizeof(dt__node_t*) * (size_t)cap);
+    if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "growing the tape");
+    tape->nodes = p;
+    tape->cap_nodes = cap;
+  }
+  tape->nodes[tape->n_nodes++] = n;
+  return DT_SUCCESS;
+}
+
+/* Wraps freshly computed tensors as tape-owned outputs and records the node when needed. */
+static dt_status_t dt__record(dt_tape_t tape, const char* name, int n_inputs,
+                              const dt_var_t* inputs, int n_iargs, const int64_t* iargs,
+                              int n_fargs, const double* fargs, int n_outputs, dt_tensor_t* res,
+                              const dt_placement_t* src_pl, dt_var_t* outs) {
+  int needs = 0;
+  for (int t = 0; t < n_inputs; t++) needs |= inputs[t]->requires_grad;
+  needs &= !dt__grad_off;
+  dt_status_t st = DT_SUCCESS;
+  dt__node_t* node = NULL;
+  if (needs) {
+    if (!dt__grad_has_rule(name)) {
+      st = DT_FAIL(DT_ERR_UNSUPPORTED, "%s has no backward rule (run it with grad mode off or "
+                                       "on inputs that need no gradient)", name);
+      goto fail;
+    }
+    node = (dt__node_t*)dt__calloc(1, sizeof *node);
+    if (node == NULL) {
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape node");
+      goto fail;
+    }
+    snprintf(node->op, sizeof node->op, "%s", name);
+    node->n_in = n_inputs;
+    node->n_out = n_outputs;
+    for (int t = 0; t < n_inputs; t++) node->in[t] = inputs[t];
+    node->n_iargs = n_iargs;
+    node->n_fargs = n_fargs;
+    if (n_iargs) memcpy(node->iargs, iargs, sizeof(int64_t) * (size_t)n_iargs);
+    if (n_fargs) memcpy(node->fargs, fargs, sizeof(double) * (size_t)n_fargs);
+    if (src_pl) memcpy(node->src_pl, src_pl, sizeof node->src_pl);
+  }
+  for (int o = 0; o < n_outputs; o++) {
+    /* integer outputs (topk indices) never need a gradient */
+    int rg = needs && dt__dtype_is_float(res[o]->dtype);
+    st = dt__var_new(res[o], rg, 0, &outs[o]);
+    if (st == DT_SUCCESS) {
+      res[o] = NULL;
+      st = dt__tape_own(tape, outs[o]);
+      if (st != DT_SUCCESS) {
+        dt__var_free(outs[o]);
+        outs[o] = NULL;
+      }
+    }
+    if (st != DT_SUCCESS) {
+      for (int j = 0; j < o; j++) outs[j] = NULL; /* already owned by the tape */
+      goto fail;
+    }
+    if (node) node->out[o] = outs[o];
+  }
+  if (node) {
+    st = dt__tape_push(tape, node);
+    if (st != DT_SUCCESS) goto fail;
+  }
+  return DT_SUCCESS;
+fail:
+  dt__free(node);
+  for (int o = 0; o < n_outputs; o++) {
+    dt_tensor_destroy(res[o]);
+    outs[o] = NULL;
+  }
+  return st;
+}
+
+dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_var_t* inputs,
+                     int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
+                     int n_outputs, dt_var_t* outs) {
+  DT_ARG_NOT_NULL(outs);
+  for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
+  DT_ARG_NOT_NULL(tape);
+  DT_ARG_NOT_NULL(inputs);
+  if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range", n_inputs);
+  dt_tensor_t vals[DT_OP_MAX_INPUTS], res[DT_OP_MAX_OUTPUTS] = {NULL};
+  for (int t = 0; t < n_inputs; t++) {
+    DT_CHECK(dt__var_check(inputs[t]));
+    vals[t] = inputs[t]->value;
+  }
+  DT_CHECK(dt_op_run_multi(name, n_inputs, vals, n_iargs, iargs, n_fargs, fargs, n_outputs, res));
+  return dt__record(tape, name, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, res,
+                    NULL, outs);
+}
+
+dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t* dst,
+                               dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__var_check(x));
+  dt_tensor_t res[1];
+  DT_CHECK(dt_tensor_redistribute(x->value, dst, &res[0]));
+  dt_placement_t src[DT_MAX_MESH_DIMS];
+  memset(src, 0, sizeof src);
+  memcpy(src, x->value->layout.pl, sizeof(dt_placement_t) * (size_t)x->value->mesh->ndim);
+  return dt__record(tape, "redistribute", 1, &x, 0, NULL, 0, NULL, 1, res, src, out);
+}
+
+dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
+                                dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__var_check(logits));
+  DT_CHECK(dt__var_check(targets));
+  dt_tensor_t res[1];
+  DT_CHECK(dt_cross_entropy(logits->value, targets->value, DT_LOSS_MEAN, &res[0]));
+  dt_var_t in[2] = {logits, targets};
+  return dt__record(tape, "cross_entropy", 2, in, 0, NULL, 0, NULL, 1, res, NULL, out);
+}
+
+int dt_ag_has_backward(const char* name) { return name != NULL && dt__grad_has_rule(name); }
+
+/* grad += g (takes g). A leaf's gradient keeps the leaf's placements. */
+static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
+  dt_status_t st = DT_SUCCESS;
+  if (v->leaf) {
+    const dt_placement_t* want = v->value->layout.pl;
+    int same = 1;
+    for (int i = 0; i < v->value->mesh->ndim; i++)
+      same &= dt_placement_equal(g->layout.pl[i], want[i]);
+    if (!same) {
+      dt_tensor_t moved;
+      st = dt_tensor_redistribute(g, want, &moved);
+      dt_tensor_destroy(g);
+      if (st != DT_SUCCESS) return st;
+      g = moved;
+    }
+  }
+  if (v->grad == NULL) {
+    v->grad = g;
+    return DT_SUCCESS;
+  }
+  dt_tensor_t sum, in[2] = {v->grad, g};
+  st = dt_op_run("add", 2, in, 0, NULL, 0, NULL, &sum);
+  dt_tensor_destroy(g);
+  if (st != DT_SUCCESS) return st;
+  if (v->leaf) { /* keep the leaf's placements */
+    int same = 1;
+    for (int i = 0; i < v->value->mesh->ndim; i++)
+      same &= dt_placement_equal(sum->layout.pl[i], v->value->layout.pl[i]);
+    if (!same) {
+      dt_tensor_t moved;
+      st = dt_tensor_redistribute(sum, v->value->layout.pl, &moved);
+      dt_tensor_destroy(sum);
+      if (st != DT_SUCCESS) return st;
+      sum = moved;
+    }
+  }
+  dt_tensor_destroy(v->grad);
+  v->grad = sum;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
+  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__var_check(loss));
+  dt_tensor_t lv = loss->value;
+  if (lv->layout.ndim != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "backward needs a scalar (0-dim) loss, got %d dims",
+                   lv->layout.ndim);
+  if (!loss->requires_grad)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "the loss does not depend on any variable that "
+                                         "requires a gradient");
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  dt_tensor_t seed;
+  DT_CHECK(dt_tensor_full_value(lv->mesh, lv->dtype, 0, NULL, rep, 1.0, &seed));
+  DT_CHECK(dt__accumulate(loss, seed));
+  int prev = dt__grad_off;
+  dt__grad_off = 1; /* backward computations are not recorded */
+  dt_status_t st = DT_SUCCESS;
+  for (int64_t k = tape->n_nodes - 1; k >= 0; k--) {
+    dt__node_t* n = tape->nodes[k];
+    dt_tensor_t gout[DT_OP_MAX_OUTPUTS] = {NULL}, gin[DT_OP_MAX_INPUTS] = {NULL};
+    int any = 0;
+    for (int o = 0; o < n->n_out; o++) {
+      gout[o] = n->out[o]->grad;
+      any |= gout[o] != NULL;
+    }
+    if (!any) continue;
+    st = dt__grad_apply(n, gout, gin);
+    if (st != DT_SUCCESS) {
+      for (int t = 0; t < n->n_in; t++) dt_tensor_destroy(gin[t]);
+      break;
+    }
+    for (int t = 0; t < n->n_in && st == DT_SUCCESS; t++) {
+      if (gin[t] == NULL) continue;
+      if (!n->in[t]->requires_grad) {
+        dt_tensor_destroy(gin[t]);
+        continue;
+      }
+      st = dt__accumulate(n->in[t], gin[t]);
+      gin[t] = NULL;
+    }
+    for (int t = 0; t < n->n_in; t++) dt_tensor_destroy(gin[t]);
+    /* an intermediate's gradient is not needed once its producer ran (a rule may have taken
+     * it over as an input gradient: gout[o] is then NULL) */
+    for (int o = 0; o < n->n_out; o++) {
+      if (n->out[o]->grad != NULL && gout[o] == NULL) {
+        n->out[o]->grad = NULL;
+      } else if (!n->out[o]->leaf && n->out[o] != loss) {
+        dt_tensor_destroy(n->out[o]->grad);
+        n->out[o]->grad = NULL;
+      }
+    }
+    if (st != DT_SUCCESS) break;
+  }
+  dt__grad_off = prev;
+  return st;
+}

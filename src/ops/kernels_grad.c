@@ -1,0 +1,200 @@
+/* kernels_grad.c - CPU kernels of the backward ops (f32): act_grad, rms_norm_grad,
+ * layer_norm_grad, embedding_grad and sdpa_grad (attention recomputed from q, k, v). */
+#include <cblas.h>
+#include <math.h>
+
+#include "ops/ops.h"
+#include "strategy/strategy.h"
+
+static int64_t dt__numel(const dt_local_tensor_t* t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
+static dt_status_t dt__f32(const dt_op_call_t* call, const dt_local_tensor_t* t, int n) {
+  for (int i = 0; i < n; i++)
+    if (t[i].dtype != DT_F32)
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s not supported", call->op,
+                     dt_dtype_name(t[i].dtype));
+  return DT_SUCCESS;
+}
+
+/* g * f'(x); x and g share the local shape (broadcasting is not needed by the backward rules). */
+dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                dt_local_tensor_t* out) {
+  DT_CHECK(dt__f32(call, in, 2));
+  int64_t n = dt__numel(out);
+  if (dt__numel(&in[0]) != n || dt__numel(&in[1]) != n)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: g and x must have the same shape");
+  const float *g = (const float*)in[0].data, *x = (const float*)in[1].data;
+  float* o = (float*)out->data;
+  switch ((int)call->iargs[0]) {
+    case DT_ACT_RELU:
+      for (int64_t i = 0; i < n; i++) o[i] = x[i] > 0.0f ? g[i] : 0.0f;
+      break;
+    case DT_ACT_SILU:
+      for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-x[i]));
+        o[i] = g[i] * s * (1.0f + x[i] * (1.0f - s));
+      }
+      break;
+    case DT_ACT_GELU:
+      for (int64_t i = 0; i < n; i++) {
+        float cdf = 0.5f * (1.0f + erff(x[i] * 0.70710678118654752f));
+        float pdf = 0.39894228040143268f * expf(-0.5f * x[i] * x[i]);
+        o[i] = g[i] * (cdf + x[i] * pdf);
+      }
+      break;
+    case DT_ACT_SIGMOID_OUT:
+      for (int64_t i = 0; i < n; i++) o[i] = g[i] * x[i] * (1.0f - x[i]);
+      break;
+    case DT_ACT_TANH_OUT:
+      for (int64_t i = 0; i < n; i++) o[i] = g[i] * (1.0f - x[i] * x[i]);
+      break;
+    default: return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: kind %lld", (long long)call->iargs[0]);
+  }
+  return DT_SUCCESS;
+}
+
+/* Norm over the last dim (whole here): gx and this rank's rows' contribution to gw. */
+static dt_status_t dt__norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out, int layer) {
+  DT_CHECK(dt__f32(call, in, 3));
+  double eps = call->n_fargs ? call->fargs[0] : (layer ? 1e-5 : 1e-6);
+  const dt_local_tensor_t* x = &in[1];
+  int64_t D = x->shape[x->ndim - 1], rows = D ? dt__numel(x) / D : 0;
+  const float *g = (const float*)in[0].data, *xv = (const float*)x->data,
+              *w = (const float*)in[2].data;
+  float *gx = (float*)out[0].data, *gw = (float*)out[1].data;
+  for (int64_t j = 0; j < D; j++) gw[j] = 0.0f;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = xv + r * D, *gr = g + r * D;
+    float* gxr = gx + r * D;
+    double mean = 0.0, var = 0.0;
+    if (layer) {
+      for (int64_t j = 0; j < D; j++) mean += xr[j];
+      mean /= (double)D;
+    }
+    for (int64_t j = 0; j < D; j++) var += ((double)xr[j] - mean) * ((double)xr[j] - mean);
+    double inv = 1.0 / sqrt(var / (double)D + eps);
+    /* xhat = (x - mean) inv; dxhat = g w; gx = inv (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
+     * the mean(dxhat) term only for layer norm */
+    double m1 = 0.0, m2 = 0.0;
+    for (int64_t j = 0; j < D; j++) {
+      double xh = ((double)xr[j] - mean) * inv, dxh = (double)gr[j] * w[j];
+      m1 += dxh;
+      m2 += dxh * xh;
+      gw[j] += (float)((double)gr[j] * xh);
+    }
+    m1 /= (double)D;
+    m2 /= (double)D;
+    for (int64_t j = 0; j < D; j++) {
+      double xh = ((double)xr[j] - mean) * inv, dxh = (double)gr[j] * w[j];
+      gxr[j] = (float)(inv * (dxh - (layer ? m1 : 0.0) - xh * m2));
+    }
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_rms_norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                     dt_local_tensor_t* out) {
+  return dt__norm_grad(call, in, out, 0);
+}
+dt_status_t dt__kernel_layer_norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                       dt_local_tensor_t* out) {
+  return dt__norm_grad(call, in, out, 1);
+}
+
+/* gw[idx[i]] += g[i] for the local rows (offset[0] .. + shape[0]) and columns of gw. */
+dt_status_t dt__kernel_embedding_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                      dt_local_tensor_t* out) {
+  DT_CHECK(dt__f32(call, in, 1));
+  const dt_local_tensor_t *g = &in[0], *ix = &in[1];
+  int64_t V = call->iargs[0], v0 = out->offset[0], vl = out->shape[0], D = out->shape[1];
+  int64_t n = dt__numel(ix);
+  float* o = (float*)out->data;
+  memset(o, 0, sizeof(float) * (size_t)(vl * D));
+  const float* gv = (const float*)g->data;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t id = ix->dtype == DT_I64 ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i];
+    if (id < 0 || id >= V)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "embedding_grad: index %lld out of range [0, %lld)",
+                     (long long)id, (long long)V);
+    int64_t r = id - v0;
+    if (r < 0 || r >= vl) continue;
+    for (int64_t j = 0; j < D; j++) o[r * D + j] += gv[i * D + j];
+  }
+  return DT_SUCCESS;
+}
+
+/* Attention backward, per (batch, head): recompute P = softmax(scale q k^T (+mask)), then
+ * dv += P^T g, dP = g v^T, dS = P * (dP - rowsum(dP * P)), dq = scale dS k, dk += scale dS^T q. */
+dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out) {
+  DT_CHECK(dt__f32(call, in, 4));
+  const dt_local_tensor_t *q = &in[0], *k = &in[1], *v = &in[2], *g = &in[3];
+  int64_t B = q->shape[0], H = q->shape[1], S = q->shape[2], D = q->shape[3];
+  int64_t G = k->shape[1], T = k->shape[2], E = v->shape[3];
+  int causal = call->n_iargs ? (int)call->iargs[0] : 0;
+  double scale = call->n_fargs ? call->fargs[0] : 1.0 / sqrt((double)D);
+  int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[2];
+  float *dq = (float*)out[0].data, *dk = (float*)out[1].data, *dv = (float*)out[2].data;
+  memset(dq, 0, sizeof(float) * (size_t)dt__numel(&out[0]));
+  memset(dk, 0, sizeof(float) * (size_t)dt__numel(&out[1]));
+  memset(dv, 0, sizeof(float) * (size_t)dt__numel(&out[2]));
+  if (B * H * S * T == 0) return DT_SUCCESS;
+  float* p = (float*)dt__malloc(sizeof(float) * (size_t)(2 * S * T));
+  if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa_grad: scores");
+  float* dp = p + S * T;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      int64_t gi = h / rep;
+      const float* qh = (const float*)q->data + (b * H + h) * S * D;
+      const float* kh = (const float*)k->data + (b * G + gi) * T * D;
+      const float* vh = (const float*)v->data + (b * G + gi) * T * E;
+      const float* gh = (const float*)g->data + (b * H + h) * S * E;
+      float *dqh = dq + (b * H + h) * S * D, *dkh = dk + (b * G + gi) * T * D,
+            *dvh = dv + (b * G + gi) * T * E;
+      if (D > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)D, (float)scale,
+                    qh, (int)D, kh, (int)D, 0.0f, p, (int)T);
+      else
+        memset(p, 0, sizeof(float) * (size_t)(S * T));
+      for (int64_t i = 0; i < S; i++) {
+        float* row = p + i * T;
+        int64_t last = causal ? q0 + i : T - 1;
+        if (last > T - 1) last = T - 1;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= last; j++) mx = fmaxf(mx, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j <= last; j++) sum += (row[j] = expf(row[j] - mx));
+        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+        for (int64_t j = 0; j <= last; j++) row[j] *= inv;
+        for (int64_t j = last + 1; j < T; j++) row[j] = 0.0f;
+      }
+      if (E > 0) {
+        /* dv += P^T g ; dP = g v^T */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)E, (int)S, 1.0f, p,
+                    (int)T, gh, (int)E, 1.0f, dvh, (int)E);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)E, 1.0f, gh,
+                    (int)E, vh, (int)E, 0.0f, dp, (int)T);
+      } else {
+        memset(dp, 0, sizeof(float) * (size_t)(S * T));
+      }
+      for (int64_t i = 0; i < S; i++) {
+        float *pr = p + i * T, *dr = dp + i * T;
+        double dot = 0.0;
+        for (int64_t j = 0; j < T; j++) dot += (double)pr[j] * dr[j];
+        for (int64_t j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - (float)dot);
+      }
+      if (D > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)T, (float)scale,
+                    dp, (int)T, kh, (int)D, 0.0f, dqh, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)S, (float)scale,
+                    dp, (int)T, qh, (int)D, 1.0f, dkh, (int)D);
+      }
+    }
+  dt__free(p);
+  return DT_SUCCESS;
+}
