@@ -38,6 +38,9 @@ DT_API dt_status_t dt_tape_stats(dt_tape_t tape, int64_t* n_nodes, int64_t* nbyt
 
 /* A leaf variable over `value` (the variable takes ownership of the tensor). */
 DT_API dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out);
+/* A tape-owned variable that needs no gradient, over `value` (ownership passes to the tape):
+ * inputs such as token ids that must live until the backward pass. */
+DT_API dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out);
 /* Destroys a leaf (its value and gradient). Tape-owned variables are freed by dt_tape_reset. */
 DT_API dt_status_t dt_var_destroy(dt_var_t v);
 /* Borrowed: the value, and the gradient (NULL until a backward pass reached the variable). */

@@ -15,5 +15,6 @@
 #include "dtensor/strategy.h"
 #include "dtensor/ops.h"
 #include "dtensor/autograd.h"
+#include "dtensor/nn.h"
 
 #endif /* DTENSOR_DTENSOR_H */

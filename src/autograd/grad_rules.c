@@ -372,6 +372,49 @@ static dt_status_t dt__g_cat(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t
   return DT_SUCCESS;
 }
 
+/* narrow / slice (step 1): g placed between zero blocks along the cut dim (a cat) */
+static dt_status_t dt__g_narrow(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_op_call_t c;
+  memset(&c, 0, sizeof c);
+  dt_tensor_t x = X(0);
+  c.op = n->op;
+  c.n_inputs = 1;
+  c.in[0].dtype = x->dtype;
+  c.in[0].ndim = x->layout.ndim;
+  memcpy(c.in[0].shape, x->layout.shape, sizeof c.in[0].shape);
+  c.n_iargs = n->n_iargs;
+  memcpy(c.iargs, n->iargs, sizeof c.iargs);
+  int dim;
+  int64_t start, step, len;
+  DT_CHECK(dt__slice_args(&c, &dim, &start, &step, &len));
+  if (step != 1 && len > 1)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "slice with step %lld has no backward rule yet",
+                   (long long)step);
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  dt__scope_t s = {0};
+  dt_tensor_t parts[3];
+  int np = 0;
+  int64_t before = start, after = x->layout.shape[dim] - start - len, shp[DT_MAX_DIMS];
+  memcpy(shp, x->layout.shape, sizeof shp);
+  dt_status_t st = DT_SUCCESS;
+  if (before > 0) {
+    shp[dim] = before;
+    st = dt_tensor_zeros(x->mesh, G->dtype, x->layout.ndim, shp, rep, &parts[np]);
+    if (st == DT_SUCCESS) dt__keep(&s, parts[np++]);
+  }
+  parts[np++] = G;
+  if (st == DT_SUCCESS && after > 0) {
+    shp[dim] = after;
+    st = dt_tensor_zeros(x->mesh, G->dtype, x->layout.ndim, shp, rep, &parts[np]);
+    if (st == DT_SUCCESS) dt__keep(&s, parts[np++]);
+  }
+  const int64_t d[1] = {dim};
+  if (st == DT_SUCCESS) st = dt_op_run("cat", np, parts, 1, d, 0, NULL, &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+
 static dt_status_t dt__g_rotary(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
   const int64_t a[2] = {n->n_iargs ? n->iargs[0] : 1, n->n_iargs > 1 && n->iargs[1] ? 0 : 1};
   return dt_op_run("rotary", 1, &gout[0], 2, a, n->n_fargs, n->fargs, &gin[0]);
@@ -480,7 +523,7 @@ static const struct {
     {"transpose", dt__g_permute}, {"t", dt__g_permute},        {"cat", dt__g_cat},
     {"rotary", dt__g_rotary},    {"sdpa", dt__g_sdpa},         {"dropout", dt__g_dropout},
     {"cast", dt__g_cast},        {"gather", dt__g_gather},     {"scatter_add", dt__g_scatter_add},
-    {"topk", dt__g_topk},        {"cross_entropy", dt__g_cross_entropy},
+    {"topk", dt__g_topk},        {"narrow", dt__g_narrow},     {"slice", dt__g_narrow},        {"cross_entropy", dt__g_cross_entropy},
     {"redistribute", dt__g_redistribute},
 };
 

@@ -71,6 +71,8 @@ dt_status_t dt_tape_stats(dt_tape_t tape, int64_t* n_nodes, int64_t* nbytes) {
   return DT_SUCCESS;
 }
 
+static dt_status_t dt__tape_own(dt_tape_t tape, dt_var_t v);
+
 static dt_status_t dt__var_new(dt_tensor_t value, int requires_grad, int leaf, dt_var_t* out) {
   dt_var_t v = (dt_var_t)dt__calloc(1, sizeof *v);
   if (v == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a variable");
@@ -88,6 +90,24 @@ dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out) {
   if (value == NULL || value->magic != DT_TENSOR_MAGIC)
     return DT_FAIL(DT_ERR_INVALID_ARG, "value is not a live tensor");
   return dt__var_new(value, requires_grad != 0, 1, out);
+}
+
+dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_ARG_NOT_NULL(tape);
+  if (value == NULL || value->magic != DT_TENSOR_MAGIC)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "value is not a live tensor");
+  dt_var_t v = NULL;
+  DT_CHECK(dt__var_new(value, 0, 0, &v));
+  dt_status_t st = dt__tape_own(tape, v);
+  if (st != DT_SUCCESS) {
+    v->value = NULL; /* the caller keeps the tensor on failure */
+    dt__var_free(v);
+    return st;
+  }
+  *out = v;
+  return DT_SUCCESS;
 }
 
 dt_status_t dt_var_destroy(dt_var_t v) {

@@ -1,0 +1,97 @@
+/* dtensor/nn.h - modules, a Llama-style decoder (dense or MoE), AdamW, gradient clipping, the
+ * learning-rate schedule and the training data sources.
+ *
+ * Parameters are leaf variables whose placements come from a plan the user writes: a list of
+ * "pattern=placements" entries separated by ';' ("*.wq=S(0);tok_emb=S(0);*=R"), matched in order
+ * against the parameter names below ('*' matches any run of characters); unmatched parameters are
+ * replicated. The model code is the same for every mesh: dispatch picks how each op runs.
+ *
+ * Parameter names: tok_emb (V, D); layers.<i>.attn_norm (D); layers.<i>.wq (H*Dh, D), .wk and .wv
+ * (G*Dh, D), .wo (D, H*Dh); layers.<i>.ffn_norm (D); dense MLP: layers.<i>.w1, .w3 (F, D), .w2
+ * (D, F); MoE: layers.<i>.router (E, D), layers.<i>.experts.<e>.w1/.w3/.w2; norm (D); output (V, D).
+ * Weights are N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms ones; values
+ * depend only on (seed, name, element), so every mesh starts from the same model.
+ */
+#ifndef DTENSOR_NN_H
+#define DTENSOR_NN_H
+
+#include "dtensor/autograd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_llama_config {
+  int dim, n_layers, n_heads, n_kv_heads, vocab, seq_len, ffn_dim;
+  int n_experts;   /* 0: dense SwiGLU MLP; else a mixture of experts */
+  int top_k;       /* experts per token (MoE) */
+  double norm_eps, rope_theta;
+  double aux_loss_coef; /* load-balancing loss weight (MoE) */
+  uint64_t seed;
+} dt_llama_config_t;
+
+/* Defaults for the fields left 0 (norm_eps 1e-5, rope_theta 10000, n_kv_heads = n_heads,
+ * ffn_dim = 4 dim rounded to 8 with the 2/3 SwiGLU factor, top_k 2, aux 0.01). */
+DT_API void dt_llama_config_defaults(dt_llama_config_t* cfg);
+
+typedef struct dt_llama* dt_llama_t;
+
+/* Builds the model's parameters on `mesh` placed by `plan` (NULL: all replicated). */
+DT_API dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg, const char* plan,
+                                   dt_llama_t* out);
+DT_API dt_status_t dt_llama_destroy(dt_llama_t m);
+/* The parameters (borrowed), their names, and the total parameter count. */
+DT_API dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names,
+                                   int* n, int64_t* numel);
+/* Mean next-token cross-entropy of tokens (B, S) i64 against targets (B, S) i64, both replicated
+ * or sharded on the batch dim; *aux (may be NULL) gets the MoE load-balancing term, already added
+ * to the loss. Records on `tape` when grad mode is on. */
+DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens,
+                                    dt_tensor_t targets, dt_var_t* loss, double* aux);
+/* Forward FLOPs per token (matmuls and attention), for throughput and MFU. */
+DT_API double dt_llama_flops_per_token(const dt_llama_config_t* cfg);
+
+/* ---- AdamW on local shards, fp32 master weights ------------------------------------------- */
+typedef struct dt_adamw_config {
+  double lr, beta1, beta2, eps, weight_decay;
+  int bf16_moments; /* store m and v as bf16 (math in f32) */
+} dt_adamw_config_t;
+typedef struct dt_adamw* dt_adamw_t;
+
+DT_API dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
+                                   dt_adamw_t* out);
+/* One step with learning rate lr (the schedule's value); parameters without a gradient are
+ * skipped. Norm weights (1-dim parameters) get no weight decay. */
+DT_API dt_status_t dt_adamw_step(dt_adamw_t opt, double lr);
+DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);
+
+/* Total L2 norm of the gradients over every placement (a replicated gradient counted once), with
+ * one all-reduce over the mesh; scales gradients so the norm is at most max_norm (<= 0: no
+ * scaling). *norm gets the norm before scaling. */
+DT_API dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm);
+
+/* Linear warmup to lr_max over `warmup` steps, then cosine decay to lr_min at `total`. */
+DT_API double dt_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr_max,
+                             double lr_min);
+
+/* ---- data ---------------------------------------------------------------------------------- */
+typedef struct dt_corpus* dt_corpus_t;
+/* A synthetic order-`order` Markov chain over `vocab` symbols from a fixed seed (each context has
+ * a few likely successors), `length` tokens long; its entropy floor (the conditional entropy
+ * under the stationary distribution, in nats) is computed exactly. */
+DT_API dt_status_t dt_corpus_markov(int vocab, int order, int64_t length, uint64_t seed,
+                                    dt_corpus_t* out);
+/* A byte-level corpus (vocab 256) read from a file; entropy floor reported as NaN. */
+DT_API dt_status_t dt_corpus_file(const char* path, dt_corpus_t* out);
+DT_API double dt_corpus_entropy_floor(dt_corpus_t c);
+DT_API int dt_corpus_vocab(dt_corpus_t c);
+/* Batch `step` of B windows of S+1 tokens (deterministic in (seed, step)): tokens and targets
+ * shifted by one, written as (B, S) int64 arrays (full batch, the same on every rank). */
+DT_API dt_status_t dt_corpus_batch(dt_corpus_t c, uint64_t seed, int64_t step, int B, int S,
+                                   int64_t* tokens, int64_t* targets);
+DT_API dt_status_t dt_corpus_destroy(dt_corpus_t c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_NN_H */
