@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
       if (cfg.n_experts) printf("     aux %.5f\n", aux);
       if (metrics)
         fprintf(metrics,
-                "{\"step\":%d,\"loss\":%.6f,\"aux\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6f,"
+                "{\"step\":%d,\"loss\":%.9g,\"aux\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6f,"
                 "\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"mfu\":%.5f}\n",
                 step, lv, aux, lr, gnorm, tps, gf, gf / peak_total);
       fflush(stdout);
