@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dev.sh - build, run and test dtensor on Debian 12. Installs missing Debian packages when root.
 #
-#   tools/dev.sh example   build and run the main example under mpirun (4 ranks)
+#   tools/dev.sh example   build and run the trainer example under mpirun (4 ranks)
 #   tools/dev.sh test      build (warnings as errors) and run the whole test suite, then the
 #                          sanitizer build (ASan + UBSan) of the same suite
 #   tools/dev.sh bench     build and run the benchmarks (redistribution at 2 and 4 ranks,
@@ -47,7 +47,8 @@ case "$cmd" in
     install_deps
     B=${BUILD_DIR:-build}
     configure_build "$B"
-    mpirun -np "${NP:-4}" "$B/examples/redistribute_demo"
+    mpirun -np "${NP:-4}" "$B/examples/train" --model "${MODEL:-dense}" \
+      --metrics train_metrics.jsonl --plot train_loss.png
     ;;
   test)
     install_deps

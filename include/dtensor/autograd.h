@@ -72,6 +72,22 @@ DT_API dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t
  * variable that requires one. The graph stays recorded (release it with dt_tape_reset). */
 DT_API dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss);
 
+/* ---- selective activation checkpointing ----
+ * A policy says, per op, whether its outputs are saved for the backward pass (1) or dropped and
+ * recomputed from the op's inputs when the backward pass needs them (0). dt_tape_checkpoint drops
+ * the values of recorded outputs whose op the policy recomputes, except the `keep` variables
+ * (call it at block boundaries, keeping the block output); the backward pass recomputes them
+ * on demand, bit for bit. The default policy saves matmul outputs (mm, bmm, addmm, linear and
+ * linear_nobias alike) and every op that is not cheap, and recomputes pointwise ops and views. */
+typedef int (*dt_ckpt_policy_fn)(const char* op, void* ctx);
+DT_API int dt_ckpt_policy_default(const char* op, void* ctx);
+/* Policy for this tape (NULL: save everything, the default). */
+DT_API dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, void* ctx);
+DT_API dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep);
+/* Bytes (this rank) freed by checkpointing since the last reset, and ops recomputed. */
+DT_API dt_status_t dt_tape_checkpoint_stats(dt_tape_t tape, int64_t* saved_nbytes,
+                                            int64_t* recomputed);
+
 /* Whether op `name` has a backward rule. */
 DT_API int dt_ag_has_backward(const char* name);
 

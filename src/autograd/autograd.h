@@ -7,12 +7,16 @@
 #include "dtensor/autograd.h"
 #include "internal/core.h"
 
+struct dt__node;
 struct dt_var {
   uint32_t magic;
   dt_tensor_t value;
   dt_tensor_t grad;
   int requires_grad;
   int leaf; /* user-owned; otherwise freed by dt_tape_reset */
+  struct dt__node* creator; /* the recorded node that produced it (NULL: leaf or constant) */
+  int dropped;              /* value freed by checkpointing; recomputed on demand */
+  dt_placement_t value_pl[DT_MAX_MESH_DIMS]; /* placements of the value (for recomputation) */
 };
 
 /* One recorded op application. */

@@ -16,7 +16,88 @@ struct dt_tape {
   int64_t n_nodes, cap_nodes;
   dt_var_t* owned; /* tape-owned variables */
   int64_t n_owned, cap_owned;
+  dt_ckpt_policy_fn policy;
+  void* policy_ctx;
+  int64_t saved_nbytes, recomputed;
 };
+
+int dt_ckpt_policy_default(const char* op, void* ctx) {
+  (void)ctx;
+  static const char* const recompute[] = {
+      "add",     "sub",       "mul",       "div",        "neg",       "mul_scalar", "add_scalar",
+      "pow",     "exp",       "log",       "sqrt",       "rsqrt",     "relu",       "silu",
+      "gelu",    "sigmoid",   "tanh",      "maximum",    "minimum",   "where",      "masked_fill",
+      "cast",    "dropout",   "view",      "reshape",    "flatten",   "unflatten",  "squeeze",
+      "unsqueeze", "permute", "transpose", "t",          "rotary",    "narrow",     "slice",
+      "cat",
+  };
+  for (size_t i = 0; i < sizeof recompute / sizeof recompute[0]; i++)
+    if (strcmp(op, recompute[i]) == 0) return 0;
+  return 1; /* matmuls, norms, softmax, attention, embedding, reductions, routing: saved */
+}
+
+dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, void* ctx) {
+  DT_ARG_NOT_NULL(tape);
+  tape->policy = policy;
+  tape->policy_ctx = ctx;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep) {
+  DT_ARG_NOT_NULL(tape);
+  if (n_keep > 0) DT_ARG_NOT_NULL(keep);
+  if (tape->policy == NULL) return DT_SUCCESS;
+  for (int64_t i = 0; i < tape->n_owned; i++) {
+    dt_var_t v = tape->owned[i];
+    if (v->dropped || v->value == NULL || v->creator == NULL) continue;
+    int kept = 0;
+    for (int k = 0; k < n_keep; k++) kept |= keep[k] == v;
+    if (kept || tape->policy(v->creator->op, tape->policy_ctx)) continue;
+    tape->saved_nbytes += v->value->local_numel * (int64_t)dt__itemsize(v->value->dtype);
+    dt_tensor_destroy(v->value);
+    v->value = NULL;
+    v->dropped = 1;
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_checkpoint_stats(dt_tape_t tape, int64_t* saved_nbytes, int64_t* recomputed) {
+  DT_ARG_NOT_NULL(tape);
+  if (saved_nbytes) *saved_nbytes = tape->saved_nbytes;
+  if (recomputed) *recomputed = tape->recomputed;
+  return DT_SUCCESS;
+}
+
+/* Brings back a dropped value by rerunning its producer (inputs first, recursively). */
+static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
+  if (!v->dropped) return DT_SUCCESS;
+  dt__node_t* n = v->creator;
+  dt_tensor_t in[DT_OP_MAX_INPUTS], res[DT_OP_MAX_OUTPUTS] = {NULL};
+  for (int t = 0; t < n->n_in; t++) {
+    DT_CHECK(dt__ensure_value(tape, n->in[t]));
+    in[t] = n->in[t]->value;
+  }
+  dt_status_t st;
+  if (strcmp(n->op, "redistribute") == 0)
+    st = dt_tensor_redistribute(in[0], v->value_pl, &res[0]);
+  else if (strcmp(n->op, "cross_entropy") == 0)
+    st = dt_cross_entropy(in[0], in[1], DT_LOSS_MEAN, &res[0]);
+  else
+    st = dt_op_run_multi(n->op, n->n_in, in, n->n_iargs, n->iargs, n->n_fargs, n->fargs, n->n_out,
+                         res);
+  if (st != DT_SUCCESS) return st;
+  tape->recomputed++;
+  for (int o = 0; o < n->n_out; o++) {
+    dt_var_t w = n->out[o];
+    if (w->dropped) {
+      w->value = res[o];
+      w->dropped = 0;
+    } else {
+      dt_tensor_destroy(res[o]);
+    }
+  }
+  return DT_SUCCESS;
+}
 
 static dt_status_t dt__var_check(dt_var_t v) {
   if (v == NULL || v->magic != DT_VAR_MAGIC)
@@ -45,6 +126,8 @@ dt_status_t dt_tape_reset(dt_tape_t tape) {
   tape->n_nodes = 0;
   for (int64_t i = 0; i < tape->n_owned; i++) dt__var_free(tape->owned[i]);
   tape->n_owned = 0;
+  tape->saved_nbytes = 0;
+  tape->recomputed = 0;
   return DT_SUCCESS;
 }
 
@@ -118,6 +201,7 @@ dt_status_t dt_var_destroy(dt_var_t v) {
   return DT_SUCCESS;
 }
 
+/* NULL for a value dropped by checkpointing (until the backward pass recomputes it). */
 dt_tensor_t dt_var_value(dt_var_t v) { return dt__var_check(v) == DT_SUCCESS ? v->value : NULL; }
 dt_tensor_t dt_var_grad(dt_var_t v) { return dt__var_check(v) == DT_SUCCESS ? v->grad : NULL; }
 
@@ -209,7 +293,11 @@ static dt_status_t dt__record(dt_tape_t tape, const char* name, int n_inputs,
       for (int j = 0; j < o; j++) outs[j] = NULL; /* already owned by the tape */
       goto fail;
     }
-    if (node) node->out[o] = outs[o];
+    if (node) {
+      node->out[o] = outs[o];
+      outs[o]->creator = node;
+      memcpy(outs[o]->value_pl, outs[o]->value->layout.pl, sizeof outs[o]->value_pl);
+    }
   }
   if (node) {
     st = dt__tape_push(tape, node);
@@ -237,6 +325,7 @@ dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_va
   dt_tensor_t vals[DT_OP_MAX_INPUTS], res[DT_OP_MAX_OUTPUTS] = {NULL};
   for (int t = 0; t < n_inputs; t++) {
     DT_CHECK(dt__var_check(inputs[t]));
+    DT_CHECK(dt__ensure_value(tape, inputs[t])); /* dropped by checkpointing: recompute */
     vals[t] = inputs[t]->value;
   }
   DT_CHECK(dt_op_run_multi(name, n_inputs, vals, n_iargs, iargs, n_fargs, fargs, n_outputs, res));
@@ -250,6 +339,7 @@ dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t*
   *out = NULL;
   DT_ARG_NOT_NULL(tape);
   DT_CHECK(dt__var_check(x));
+  DT_CHECK(dt__ensure_value(tape, x));
   dt_tensor_t res[1];
   DT_CHECK(dt_tensor_redistribute(x->value, dst, &res[0]));
   dt_placement_t src[DT_MAX_MESH_DIMS];
@@ -265,6 +355,8 @@ dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t target
   DT_ARG_NOT_NULL(tape);
   DT_CHECK(dt__var_check(logits));
   DT_CHECK(dt__var_check(targets));
+  DT_CHECK(dt__ensure_value(tape, logits));
+  DT_CHECK(dt__ensure_value(tape, targets));
   dt_tensor_t res[1];
   DT_CHECK(dt_cross_entropy(logits->value, targets->value, DT_LOSS_MEAN, &res[0]));
   dt_var_t in[2] = {logits, targets};
@@ -341,6 +433,9 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
       any |= gout[o] != NULL;
     }
     if (!any) continue;
+    for (int t = 0; t < n->n_in && st == DT_SUCCESS; t++) st = dt__ensure_value(tape, n->in[t]);
+    for (int o = 0; o < n->n_out && st == DT_SUCCESS; o++) st = dt__ensure_value(tape, n->out[o]);
+    if (st != DT_SUCCESS) break;
     st = dt__grad_apply(n, gout, gin);
     if (st != DT_SUCCESS) {
       for (int t = 0; t < n->n_in; t++) dt_tensor_destroy(gin[t]);

@@ -444,6 +444,9 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
     }
     DT_CHECK(reshape(&f, ff, 3, bsd, &ff2));
     DT_CHECK(ag2(&f, "add", h2, ff2, &h));
+    /* block boundary: with a checkpoint policy, cheap intermediates are dropped here */
+    dt_var_t keep[2] = {h, aux_total};
+    DT_CHECK(dt_tape_checkpoint(tape, aux_total ? 2 : 1, keep));
     (void)q;
     (void)k;
     (void)v;

@@ -2,7 +2,8 @@
 # loss_parity.sh - the same model, seed and data on 1, 2 and 4 ranks (1-D meshes and a 2x2 mesh,
 # parameters sharded by the default tensor-parallel plan) give the same loss curve to rtol 1e-5 in
 # f32 over 20 steps, dense and MoE; two runs of one configuration give bitwise-identical losses
-# (the JSONL losses are printed with 9 significant digits, enough to round-trip an f32).
+# (the JSONL losses are printed with 9 significant digits, enough to round-trip an f32), also
+# with selective activation checkpointing on (which must free memory).
 #   loss_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
 set -euo pipefail
 MPI=$1 TRAIN=$2 W=$3
@@ -29,10 +30,13 @@ for model in dense moe; do
   run "${model}_np4" 4 --model $model
   run "${model}_2x2" 4 --model $model --mesh 2x2
   run "${model}_np2b" 2 --model $model
+  run "${model}_ckpt" 2 --model $model --checkpoint
   compare "${model}_np1" "${model}_np2" 1e-5
   compare "${model}_np1" "${model}_np4" 1e-5
   compare "${model}_np1" "${model}_2x2" 1e-5
   compare "${model}_np2" "${model}_np2b" 0
+  compare "${model}_np2" "${model}_ckpt" 0   # recomputation is bit for bit
+  grep -q "checkpointing freed [1-9]" "$W/${model}_ckpt.log" || { echo "checkpointing freed nothing"; exit 1; }
 done
 # the loss went down: last below first
 for model in dense moe; do
