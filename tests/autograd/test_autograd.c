@@ -1,0 +1,266 @@
+/* test_autograd.c - tape semantics around the model (np 2 and 4):
+ *   - micro-batches: two half batches with the loss halved accumulate the full batch's gradients
+ *     (within 2e-5 relative: the summation order differs);
+ *   - gradient-norm clipping gives one norm whatever the parameter placements (all replicated vs
+ *     the tensor-parallel plan) and scales the gradients to max_norm;
+ *   - the gradient of a redistribution goes back to the source placements (a source Partial
+ *     becoming Replicate) with the right values;
+ *   - AdamW with bf16 moments stays within bf16 rounding of the f32-moment update;
+ *   - errors: a non-scalar loss, an op without a backward rule on a variable that needs one
+ *     (allowed with grad mode off), a loss that needs no gradient.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "dt_test.h"
+
+static int g_n, g_rank;
+static dt_mesh_t g_mesh;
+static const char* kTP =
+    "*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);"
+    "tok_emb=S(1)";
+
+static dt_llama_config_t small_cfg(void) {
+  dt_llama_config_t c;
+  memset(&c, 0, sizeof c);
+  c.dim = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.vocab = 16;
+  c.seq_len = 8;
+  c.seed = 5;
+  return c;
+}
+
+static void batch(dt_corpus_t corpus, int64_t step, int B, int off, int nb, dt_tensor_t* tok,
+                  dt_tensor_t* tgt) {
+  int64_t t[64 * 8], g[64 * 8];
+  DT_ASSERT_OK(dt_corpus_batch(corpus, 9, step, B, 8, t, g));
+  dt_placement_t rep = dt_replicate();
+  int64_t shape[2] = {nb, 8};
+  DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_I64, 2, shape, &rep, t + off * 8, tok));
+  DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_I64, 2, shape, &rep, g + off * 8, tgt));
+}
+
+/* Full-contents copies of every parameter gradient. */
+static float** grads(dt_llama_t m, int* n) {
+  dt_var_t* p;
+  DT_ASSERT_OK(dt_llama_params(m, &p, NULL, n, NULL));
+  float** out = calloc((size_t)*n, sizeof(float*));
+  for (int i = 0; i < *n; i++) {
+    dt_tensor_t g = dt_var_grad(p[i]);
+    DT_ASSERT_TRUE(g != NULL, "parameter %d has no gradient", i);
+    int nd;
+    int64_t s[8], ne = 1;
+    DT_ASSERT_OK(dt_tensor_ndim(g, &nd));
+    DT_ASSERT_OK(dt_tensor_shape(g, s));
+    for (int d = 0; d < nd; d++) ne *= s[d];
+    out[i] = malloc(sizeof(float) * (size_t)ne + sizeof(int64_t));
+    DT_ASSERT_OK(dt_tensor_full(g, out[i], sizeof(float) * (size_t)ne));
+  }
+  return out;
+}
+
+static void micro_batches(dt_corpus_t corpus) {
+  dt_llama_config_t c = small_cfg();
+  dt_llama_t m;
+  DT_ASSERT_OK(dt_llama_create(g_mesh, &c, kTP, &m));
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_tensor_t tok, tgt;
+  dt_var_t loss;
+  batch(corpus, 0, 8, 0, 8, &tok, &tgt);
+  DT_ASSERT_OK(dt_llama_forward(m, tape, tok, tgt, &loss, NULL));
+  DT_ASSERT_OK(dt_tape_backward(tape, loss));
+  DT_ASSERT_OK(dt_tape_reset(tape));
+  dt_tensor_destroy(tok);
+  dt_tensor_destroy(tgt);
+  int n;
+  float** full = grads(m, &n);
+  dt_var_t* p;
+  DT_ASSERT_OK(dt_llama_params(m, &p, NULL, NULL, NULL));
+  for (int i = 0; i < n; i++) DT_ASSERT_OK(dt_var_zero_grad(p[i]));
+  for (int half = 0; half < 2; half++) {
+    batch(corpus, 0, 8, 4 * half, 4, &tok, &tgt);
+    DT_ASSERT_OK(dt_llama_forward(m, tape, tok, tgt, &loss, NULL));
+    dt_var_t scaled;
+    const double h = 0.5;
+    DT_ASSERT_OK(dt_ag_op(tape, "mul_scalar", 1, &loss, 0, NULL, 1, &h, 1, &scaled));
+    DT_ASSERT_OK(dt_tape_backward(tape, scaled));
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    dt_tensor_destroy(tok);
+    dt_tensor_destroy(tgt);
+  }
+  float** acc = grads(m, &n);
+  for (int i = 0; i < n; i++) {
+    int nd;
+    int64_t s[8], ne = 1;
+    DT_ASSERT_OK(dt_tensor_ndim(dt_var_grad(p[i]), &nd));
+    DT_ASSERT_OK(dt_tensor_shape(dt_var_grad(p[i]), s));
+    for (int d = 0; d < nd; d++) ne *= s[d];
+    double num = 0, den = 0;
+    for (int64_t k = 0; k < ne; k++) {
+      num += (double)(acc[i][k] - full[i][k]) * (acc[i][k] - full[i][k]);
+      den += (double)full[i][k] * full[i][k];
+    }
+    DT_ASSERT_TRUE(sqrt(num) <= 2e-5 * sqrt(den) + 1e-9, "parameter %d: accumulated gradient "
+                   "differs by %g (norm %g)", i, sqrt(num), sqrt(den));
+    free(acc[i]);
+    free(full[i]);
+  }
+  free(acc);
+  free(full);
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_llama_destroy(m));
+}
+
+static void clipping(dt_corpus_t corpus) {
+  double norms[2];
+  for (int k = 0; k < 2; k++) {
+    dt_llama_config_t c = small_cfg();
+    dt_llama_t m;
+    DT_ASSERT_OK(dt_llama_create(g_mesh, &c, k ? kTP : NULL, &m));
+    dt_tape_t tape;
+    DT_ASSERT_OK(dt_tape_create(&tape));
+    dt_tensor_t tok, tgt;
+    dt_var_t loss;
+    batch(corpus, 1, 8, 0, 8, &tok, &tgt);
+    DT_ASSERT_OK(dt_llama_forward(m, tape, tok, tgt, &loss, NULL));
+    DT_ASSERT_OK(dt_tape_backward(tape, loss));
+    DT_ASSERT_OK(dt_tape_destroy(tape));
+    dt_var_t* p;
+    int n;
+    DT_ASSERT_OK(dt_llama_params(m, &p, NULL, &n, NULL));
+    DT_ASSERT_OK(dt_clip_grad_norm(n, p, 0.0, &norms[k]));
+    double after;
+    DT_ASSERT_OK(dt_clip_grad_norm(n, p, norms[k] / 2, NULL));
+    DT_ASSERT_OK(dt_clip_grad_norm(n, p, 0.0, &after));
+    DT_ASSERT_TRUE(fabs(after - norms[k] / 2) <= 1e-4 * norms[k], "clipped norm %g, wanted %g",
+                   after, norms[k] / 2);
+    dt_tensor_destroy(tok);
+    dt_tensor_destroy(tgt);
+    DT_ASSERT_OK(dt_llama_destroy(m));
+  }
+  DT_ASSERT_TRUE(norms[0] > 0 && fabs(norms[0] - norms[1]) <= 1e-5 * norms[0],
+                 "grad norm replicated %.8g vs tensor-parallel %.8g", norms[0], norms[1]);
+}
+
+static void redistribute_grad(void) {
+  int64_t s[2] = {2 * g_n, 3};
+  float x[64], r[64];
+  for (int i = 0; i < 6 * g_n; i++) x[i] = (float)i, r[i] = (float)(i % 5) - 2.0f;
+  dt_placement_t psum = dt_partial(DT_REDUCE_SUM), s0 = dt_shard(0), rep = dt_replicate();
+  for (int k = 0; k < 2; k++) {
+    dt_tensor_t xt, rt;
+    DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_F32, 2, s, k ? &psum : &s0, x, &xt));
+    DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_F32, 2, s, &rep, r, &rt));
+    dt_var_t xv, rv, y, p, l;
+    DT_ASSERT_OK(dt_var_leaf(xt, 1, &xv));
+    DT_ASSERT_OK(dt_var_leaf(rt, 0, &rv));
+    dt_tape_t tape;
+    DT_ASSERT_OK(dt_tape_create(&tape));
+    DT_ASSERT_OK(dt_ag_redistribute(tape, xv, &rep, &y));
+    dt_var_t in[2] = {y, rv};
+    DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, in, 0, NULL, 0, NULL, 1, &p));
+    const int64_t all[1] = {0};
+    DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &p, 1, all, 0, NULL, 1, &l));
+    DT_ASSERT_OK(dt_tape_backward(tape, l));
+    dt_placement_t gp;
+    DT_ASSERT_OK(dt_tensor_placements(dt_var_grad(xv), &gp));
+    DT_ASSERT_TRUE(dt_placement_equal(gp, k ? psum : s0), "gradient keeps the leaf placements");
+    float g[64];
+    DT_ASSERT_OK(dt_tensor_full(dt_var_grad(xv), g, sizeof(float) * (size_t)(6 * g_n)));
+    for (int i = 0; i < 6 * g_n; i++) DT_ASSERT_TRUE(g[i] == r[i], "d/dx element %d", i);
+    DT_ASSERT_OK(dt_tape_destroy(tape));
+    DT_ASSERT_OK(dt_var_destroy(xv));
+    DT_ASSERT_OK(dt_var_destroy(rv));
+  }
+}
+
+static void adamw_bf16(void) {
+  int64_t s[2] = {4, 8};
+  dt_placement_t s0 = dt_shard(0);
+  float w0[32], gv[32], out[2][32];
+  for (int i = 0; i < 32; i++) w0[i] = (float)i / 32.0f, gv[i] = (float)((i * 7) % 11) - 5.0f;
+  for (int k = 0; k < 2; k++) {
+    dt_tensor_t wt, gt;
+    DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_F32, 2, s, &s0, w0, &wt));
+    dt_var_t w;
+    DT_ASSERT_OK(dt_var_leaf(wt, 1, &w));
+    dt_adamw_config_t ac = {1e-2, 0.9, 0.95, 1e-8, 0.1, k};
+    dt_adamw_t opt;
+    DT_ASSERT_OK(dt_adamw_create(&ac, 1, &w, &opt));
+    for (int step = 0; step < 5; step++) {
+      /* a gradient through the tape: d/dw sum(w * g) = g */
+      DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_F32, 2, s, &s0, gv, &gt));
+      dt_var_t gvv, p, l;
+      DT_ASSERT_OK(dt_var_leaf(gt, 0, &gvv));
+      dt_tape_t tape;
+      DT_ASSERT_OK(dt_tape_create(&tape));
+      dt_var_t in[2] = {w, gvv};
+      DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, in, 0, NULL, 0, NULL, 1, &p));
+      const int64_t all[1] = {0};
+      DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &p, 1, all, 0, NULL, 1, &l));
+      DT_ASSERT_OK(dt_tape_backward(tape, l));
+      DT_ASSERT_OK(dt_adamw_step(opt, 1e-2));
+      DT_ASSERT_OK(dt_var_zero_grad(w));
+      DT_ASSERT_OK(dt_tape_destroy(tape));
+      DT_ASSERT_OK(dt_var_destroy(gvv));
+    }
+    DT_ASSERT_OK(dt_tensor_full(dt_var_value(w), out[k], sizeof out[k]));
+    DT_ASSERT_OK(dt_adamw_destroy(opt));
+    DT_ASSERT_OK(dt_var_destroy(w));
+  }
+  for (int i = 0; i < 32; i++) {
+    DT_ASSERT_TRUE(fabsf(out[0][i] - w0[i]) > 1e-3f, "AdamW moved nothing");
+    DT_ASSERT_TRUE(fabsf(out[0][i] - out[1][i]) <= 2e-3f, "bf16 moments: %g vs %g", out[1][i],
+                   out[0][i]);
+  }
+}
+
+static void errors(void) {
+  int64_t s[2] = {4, 3};
+  dt_placement_t rep = dt_replicate();
+  dt_tensor_t xt;
+  DT_ASSERT_OK(dt_tensor_ones(g_mesh, DT_F32, 2, s, &rep, &xt));
+  dt_var_t x, y;
+  DT_ASSERT_OK(dt_var_leaf(xt, 1, &x));
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  DT_ASSERT_OK(dt_ag_op(tape, "exp", 1, &x, 0, NULL, 0, NULL, 1, &y));
+  DT_ASSERT_STATUS(dt_tape_backward(tape, y), DT_ERR_INVALID_ARG); /* not a scalar */
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "scalar") != NULL, "%s", dt_last_error());
+  const int64_t a[2] = {0, 1};
+  DT_ASSERT_STATUS(dt_ag_op(tape, "amax", 1, &x, 2, a, 0, NULL, 1, &y), DT_ERR_UNSUPPORTED);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "amax has no backward rule") != NULL, "%s",
+                 dt_last_error());
+  dt_grad_set_enabled(0);
+  DT_ASSERT_OK(dt_ag_op(tape, "amax", 1, &x, 2, a, 0, NULL, 1, &y));
+  dt_var_t l;
+  const int64_t all[1] = {0};
+  DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &y, 1, all, 0, NULL, 1, &l));
+  dt_grad_set_enabled(1);
+  DT_ASSERT_STATUS(dt_tape_backward(tape, l), DT_ERR_INVALID_USAGE); /* nothing needs a grad */
+  DT_ASSERT_STATUS(dt_var_destroy(y), DT_ERR_INVALID_USAGE);         /* tape-owned */
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_var_destroy(x));
+}
+
+int main(int argc, char** argv) {
+  DT_ASSERT_OK(dt_init(&argc, &argv));
+  DT_ASSERT_OK(dt_world_rank(&g_rank));
+  DT_ASSERT_OK(dt_world_size(&g_n));
+  DT_ASSERT_OK(dt_mesh_create(1, &g_n, NULL, NULL, &g_mesh));
+  dt_corpus_t corpus;
+  DT_ASSERT_OK(dt_corpus_markov(16, 2, 4096, 3, &corpus));
+  micro_batches(corpus);
+  clipping(corpus);
+  redistribute_grad();
+  adamw_bf16();
+  errors();
+  DT_ASSERT_OK(dt_corpus_destroy(corpus));
+  DT_ASSERT_OK(dt_mesh_destroy(g_mesh));
+  if (g_rank == 0) printf("test_autograd: passed on %d ranks\n", g_n);
+  DT_ASSERT_OK(dt_finalize());
+  return 0;
+}
