@@ -387,11 +387,29 @@ static dt_status_t dt__g_narrow(const dt__node_t* n, dt_tensor_t* gout, dt_tenso
   int dim;
   int64_t start, step, len;
   DT_CHECK(dt__slice_args(&c, &dim, &start, &step, &len));
-  if (step != 1 && len > 1)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "slice with step %lld has no backward rule yet",
-                   (long long)step);
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  if (step != 1 && len > 1) { /* strided: scatter g into zeros at start + j * step */
+    int nd = G->layout.ndim;
+    int64_t total = dt__numel_of(G), inner = 1;
+    for (int d2 = dim + 1; d2 < nd; d2++) inner *= G->layout.shape[d2];
+    int64_t* idx = (int64_t*)dt__malloc(sizeof(int64_t) * (size_t)(total ? total : 1));
+    if (idx == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "slice backward indices");
+    for (int64_t i = 0; i < total; i++) idx[i] = start + ((i / inner) % len) * step;
+    dt_tensor_t it, z;
+    dt_status_t st2 = dt_tensor_from_full(x->mesh, DT_I64, nd, G->layout.shape, rep, idx, &it);
+    dt__free(idx);
+    if (st2 != DT_SUCCESS) return st2;
+    st2 = dt__zeros_like(x, &z);
+    if (st2 == DT_SUCCESS) {
+      dt_tensor_t in[3] = {z, it, G};
+      const int64_t d1[1] = {dim};
+      st2 = dt_op_run("scatter_add", 3, in, 1, d1, 0, NULL, &gin[0]);
+      dt_tensor_destroy(z);
+    }
+    dt_tensor_destroy(it);
+    return st2;
+  }
   dt__scope_t s = {0};
   dt_tensor_t parts[3];
   int np = 0;

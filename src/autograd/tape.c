@@ -365,20 +365,36 @@ dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t target
 
 int dt_ag_has_backward(const char* name) { return name != NULL && dt__grad_has_rule(name); }
 
+/* Moves g (taken) to placements `want`. A Partial target is reached through Replicate (a new
+ * Partial can only come from Replicate: the R -> P step is a local partition). */
+static dt_status_t dt__to_placements(dt_tensor_t* g, const dt_placement_t* want) {
+  int nd = (*g)->mesh->ndim, same = 1, partial = 0;
+  dt_placement_t mid[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < nd; i++) {
+    same &= dt_placement_equal((*g)->layout.pl[i], want[i]);
+    partial |= want[i].kind == DT_PARTIAL && !dt_placement_equal((*g)->layout.pl[i], want[i]);
+    mid[i] = want[i].kind == DT_PARTIAL ? dt_replicate() : want[i];
+  }
+  if (same) return DT_SUCCESS;
+  dt_tensor_t a, b;
+  DT_CHECK(dt_tensor_redistribute(*g, partial ? mid : want, &a));
+  dt_tensor_destroy(*g);
+  *g = a;
+  if (!partial) return DT_SUCCESS;
+  DT_CHECK(dt_tensor_redistribute(a, want, &b));
+  dt_tensor_destroy(a);
+  *g = b;
+  return DT_SUCCESS;
+}
+
 /* grad += g (takes g). A leaf's gradient keeps the leaf's placements. */
 static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
   dt_status_t st = DT_SUCCESS;
   if (v->leaf) {
-    const dt_placement_t* want = v->value->layout.pl;
-    int same = 1;
-    for (int i = 0; i < v->value->mesh->ndim; i++)
-      same &= dt_placement_equal(g->layout.pl[i], want[i]);
-    if (!same) {
-      dt_tensor_t moved;
-      st = dt_tensor_redistribute(g, want, &moved);
+    st = dt__to_placements(&g, v->value->layout.pl);
+    if (st != DT_SUCCESS) {
       dt_tensor_destroy(g);
-      if (st != DT_SUCCESS) return st;
-      g = moved;
+      return st;
     }
   }
   if (v->grad == NULL) {
@@ -389,17 +405,10 @@ static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
   st = dt_op_run("add", 2, in, 0, NULL, 0, NULL, &sum);
   dt_tensor_destroy(g);
   if (st != DT_SUCCESS) return st;
-  if (v->leaf) { /* keep the leaf's placements */
-    int same = 1;
-    for (int i = 0; i < v->value->mesh->ndim; i++)
-      same &= dt_placement_equal(sum->layout.pl[i], v->value->layout.pl[i]);
-    if (!same) {
-      dt_tensor_t moved;
-      st = dt_tensor_redistribute(sum, v->value->layout.pl, &moved);
-      dt_tensor_destroy(sum);
-      if (st != DT_SUCCESS) return st;
-      sum = moved;
-    }
+  if (v->leaf) st = dt__to_placements(&sum, v->value->layout.pl);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(sum);
+    return st;
   }
   dt_tensor_destroy(v->grad);
   v->grad = sum;

@@ -6,7 +6,9 @@
  * any of its dims, or P(sum) (float inputs). When a case has more combinations than LIMIT, a fixed
  * pseudo-random subset (always with all-R) is used. The gathered outputs must match PyTorch within
  * the case's tolerance (|got - want| <= atol + rtol |want|; integers exactly), have PyTorch's shape
- * and dtype, and every rank must see the same result.
+ * and dtype, and every rank must see the same result. For the differentiable ops, the first 12
+ * combinations also run the backward pass through the tape: the gradients of
+ * L = sum(output * r) equal PyTorch's within 1e-4 absolute + 1e-4 relative.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -96,6 +98,70 @@ static dt_placement_t option(const fx_tensor_t* t, int k) {
 }
 
 static int g_rank;
+static long long g_grad_checks;
+
+/* Backward check: leaves placed as pl, L = sum(output0 * r) with r from the fixture, gradients
+ * of the float inputs against PyTorch's (|got - want| <= 1e-4 + 1e-4 |want|). */
+static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const fx_tensor_t* in,
+                         void* const* packed, dt_placement_t pl[][DT_MAX_MESH_DIMS]) {
+  const char* name = cJSON_GetObjectItem(c, "name")->valuestring;
+  const char* op = cJSON_GetObjectItem(c, "op")->valuestring;
+  const cJSON *jg = cJSON_GetObjectItem(c, "grads"), *jw = cJSON_GetObjectItem(c, "grad_weights");
+  const cJSON *ja = cJSON_GetObjectItem(c, "iargs"), *jf = cJSON_GetObjectItem(c, "fargs");
+  const cJSON* jo = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "outputs"), 0);
+  int nia = cJSON_GetArraySize(ja), nfa = cJSON_GetArraySize(jf);
+  int64_t iargs[8];
+  double fargs[4];
+  for (int k = 0; k < nia; k++) iargs[k] = (int64_t)cJSON_GetArrayItem(ja, k)->valuedouble;
+  for (int k = 0; k < nfa; k++) fargs[k] = cJSON_GetArrayItem(jf, k)->valuedouble;
+  dt_var_t v[MAXT], out, prod, loss, rv;
+  for (int t = 0; t < nin; t++) {
+    dt_tensor_t x;
+    DT_ASSERT_OK(dt_tensor_from_full(mesh, in[t].dtype, in[t].ndim, in[t].shape, pl[t], packed[t],
+                                     &x));
+    DT_ASSERT_OK(dt_var_leaf(x, !cJSON_IsNull(cJSON_GetArrayItem(jg, t)), &v[t]));
+  }
+  fx_tensor_t r;
+  load_tensor(jo, &r); /* the output's shape; data replaced by the weights */
+  for (int64_t i = 0; i < r.numel; i++) r.data[i] = cJSON_GetArrayItem(jw, (int)i)->valuedouble;
+  r.dtype = DT_F32;
+  void* rp = pack(&r);
+  dt_placement_t rep[DT_MAX_MESH_DIMS] = {dt_replicate(), dt_replicate()};
+  dt_tensor_t rt;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, r.ndim, r.shape, rep, rp, &rt));
+  DT_ASSERT_OK(dt_var_leaf(rt, 0, &rv));
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  DT_ASSERT_OK(dt_ag_op(tape, op, nin, v, nia, iargs, nfa, fargs, 1, &out));
+  dt_var_t pair[2] = {out, rv};
+  DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, pair, 0, NULL, 0, NULL, 1, &prod));
+  const int64_t all[1] = {0};
+  DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &prod, 1, all, 0, NULL, 1, &loss));
+  DT_ASSERT_OK(dt_tape_backward(tape, loss));
+  for (int t = 0; t < nin; t++) {
+    const cJSON* want = cJSON_GetArrayItem(jg, t);
+    if (cJSON_IsNull(want)) continue;
+    float* got = malloc(sizeof(float) * (size_t)(in[t].numel ? in[t].numel : 1));
+    DT_ASSERT_TRUE(dt_var_grad(v[t]) != NULL, "case %s: input %d has no gradient", name, t);
+    DT_ASSERT_OK(dt_tensor_full(dt_var_grad(v[t]), got, sizeof(float) * (size_t)in[t].numel));
+    for (int64_t i = 0; i < in[t].numel; i++) {
+      double w = cJSON_GetArrayItem(want, (int)i)->valuedouble;
+      if (!(fabs(got[i] - w) <= 1e-4 + 1e-4 * fabs(w))) {
+        char b[64] = "";
+        dt_placements_format(pl[t], m, ",", b, sizeof b);
+        DT_ASSERT_TRUE(0, "case %s (%s) gradient of input %d [%s] element %lld: %.8g vs torch %.8g",
+                       name, op, t, b, (long long)i, got[i], w);
+      }
+    }
+    free(got);
+    g_grad_checks++;
+  }
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  for (int t = 0; t < nin; t++) DT_ASSERT_OK(dt_var_destroy(v[t]));
+  DT_ASSERT_OK(dt_var_destroy(rv));
+  free(rp);
+  free(r.data);
+}
 
 static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
   const char* name = cJSON_GetObjectItem(c, "name")->valuestring;
@@ -188,6 +254,8 @@ static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
       dt_tensor_destroy(res[o]);
     }
     for (int t = 0; t < nin; t++) dt_tensor_destroy(ts[t]);
+    if (r < 12 && cJSON_GetObjectItem(c, "grads") != NULL)
+      run_backward(c, mesh, m, nin, in, packed, pl);
   }
   for (int t = 0; t < nin; t++) {
     free(in[t].data);
@@ -233,8 +301,8 @@ int main(int argc, char** argv) {
   }
   cJSON_Delete(root);
   if (g_rank == 0)
-    printf("test_ops_reference: %d cases, %lld placement combinations matched PyTorch on %d ranks\n",
-           ncases, runs, world);
+    printf("test_ops_reference: %d cases, %lld placement combinations matched PyTorch on %d "
+           "ranks; %lld input gradients matched\n", ncases, runs, world, g_grad_checks);
   DT_ASSERT_OK(dt_finalize());
   return 0;
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""make_fixtures.py - writes ops_fixtures.json: forward results of PyTorch for every built-in op.
+"""make_fixtures.py - writes ops_fixtures.json: forward results of PyTorch for every built-in op and,
+for the differentiable ones, the gradients of sum(output * r) for a fixed r.
 
 Run with Debian's torch (python3-torch 1.13, CPU):  /usr/bin/python3 tests/reference/make_fixtures.py
 Each case names the dtensor op, its integer (iargs) and scalar (fargs) arguments, its inputs and the
@@ -186,6 +187,78 @@ case("add_bf16", "add", [pb, qb], bf(pb.float() + qb.float()), rtol=1e-2, atol=1
 case("softmax_bf16", "softmax", [bf(r3)], bf(torch.softmax(bf(r3).float(), -1)), iargs=[-1],
      rtol=1e-2, atol=1e-2)
 case("view_bf16", "view", [bf(v3)], bf(v3).reshape(24, 5), iargs=[24, 5], rtol=1e-2, atol=1e-6)
+
+
+# ---- gradients: for every case of a differentiable op, PyTorch's gradient of
+#      L = sum(output0 * r) with respect to each float input (r fixed per case)
+NO_GRAD = {"maximum", "minimum", "where", "masked_fill", "cast", "amax", "amin", "topk"}
+
+def torch_op(op, x, ia, fa):
+    if op == "mm": return x[0] @ x[1]
+    if op == "bmm": return torch.bmm(x[0], x[1])
+    if op == "addmm": return torch.addmm(x[0], x[1], x[2], beta=fa[0] if fa else 1.0, alpha=fa[1] if len(fa) > 1 else 1.0)
+    if op == "linear": return F.linear(x[0], x[1], x[2])
+    if op == "linear_nobias": return F.linear(x[0], x[1])
+    if op in ("add", "sub", "mul", "div"): return getattr(torch, op)(x[0], x[1])
+    if op == "neg": return -x[0]
+    if op == "add_scalar": return x[0] + fa[0]
+    if op == "mul_scalar": return x[0] * fa[0]
+    if op == "pow": return torch.pow(x[0], fa[0])
+    if op in ("exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh"): return getattr(torch, op)(x[0])
+    if op == "gelu": return F.gelu(x[0])
+    if op == "silu": return F.silu(x[0])
+    if op in ("sum", "mean"):
+        dims = ia[1:]
+        f = getattr(torch, op)
+        return f(x[0], dim=tuple(dims), keepdim=bool(ia[0])) if dims else f(x[0])
+    if op == "softmax": return torch.softmax(x[0], ia[0])
+    if op == "log_softmax": return torch.log_softmax(x[0], ia[0])
+    if op == "layer_norm": return F.layer_norm(x[0], (x[0].shape[-1],), x[1], x[2], fa[0])
+    if op == "rms_norm": return x[0] * torch.rsqrt(x[0].pow(2).mean(-1, keepdim=True) + fa[0]) * x[1]
+    if op == "embedding": return F.embedding(x[1], x[0])
+    if op in ("view", "reshape"): return x[0].reshape(ia)
+    if op == "flatten": return x[0].flatten(ia[0], ia[1])
+    if op == "unflatten": return x[0].unflatten(ia[0], tuple(ia[1:]))
+    if op == "unsqueeze": return x[0].unsqueeze(ia[0])
+    if op == "squeeze": return x[0].squeeze(ia[0])
+    if op == "transpose": return x[0].transpose(ia[0], ia[1])
+    if op == "permute": return x[0].permute(*ia)
+    if op == "t": return x[0].t()
+    if op == "slice":
+        idx = [slice(None)] * x[0].ndim
+        idx[ia[0]] = slice(ia[1], ia[2], ia[3] if len(ia) > 3 else 1)
+        return x[0][tuple(idx)]
+    if op == "narrow": return x[0].narrow(ia[0], ia[1], ia[2])
+    if op == "cat": return torch.cat(x, ia[0])
+    if op == "sdpa": return sdpa_ref(x[0], x[1], x[2], bool(ia[0]), fa[0] if fa else None)
+    if op == "rotary": return rotary_ref(x[0], ia[0], fa[0])
+    if op == "gather": return torch.gather(x[0], ia[0], x[1])
+    if op == "scatter_add": return x[0].scatter_add(ia[0], x[1], x[2])
+    raise KeyError(op)
+
+def add_grads(c):
+    if c["op"] in NO_GRAD or any(t["dtype"] == "bf16" for t in c["inputs"]):
+        return
+    ins = []
+    for t in c["inputs"]:
+        dt = torch.float32 if t["dtype"] == "f32" else torch.int64
+        v = torch.tensor(t["data"], dtype=dt).reshape(t["shape"])
+        if dt == torch.float32:
+            v.requires_grad_(True)
+        ins.append(v)
+    out = torch_op(c["op"], ins, c["iargs"], c["fargs"])
+    want = torch.tensor(c["outputs"][0]["data"]).reshape(c["outputs"][0]["shape"])
+    assert torch.allclose(out.detach().float(), want, rtol=1e-5, atol=1e-5), c["name"]
+    n = out.numel()
+    r = torch.tensor([0.5 + ((i + 1) * 37 % 101) / 101.0 for i in range(n)]).reshape(out.shape)
+    (out * r).sum().backward()
+    c["grad_weights"] = [float(v) for v in r.flatten().tolist()]
+    c["grads"] = [None if v.grad is None else [float(g) for g in v.grad.flatten().tolist()]
+                  for v in ins]
+
+for c in CASES:
+    add_grads(c)
+print(f"{sum(1 for c in CASES if 'grads' in c)} cases with gradients")
 
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops_fixtures.json")
 with open(out, "w") as f:
