@@ -225,22 +225,28 @@ static dt_status_t dt__g_unary(const dt__node_t* n, dt_tensor_t* gout, dt_tensor
 }
 
 static dt_status_t dt__g_mm(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
-  int bmm = !strcmp(n->op, "bmm");
-  const char* tr = bmm ? "transpose" : "t";
+  if (!strcmp(n->op, "mm") || !strcmp(n->op, "mm_t")) { /* no transposed copies */
+    int tn = !strcmp(n->op, "mm_t"); /* out = a^T b */
+    if (n->in[0]->requires_grad) /* mm: g b^T; mm_t: b g^T = mm_t(g^T..) -> linear(b, g) */
+      DT_CHECK(tn ? dt__op2("linear_nobias", X(1), G, &gin[0])
+                  : dt__op2("linear_nobias", G, X(1), &gin[0]));
+    if (n->in[1]->requires_grad) /* mm: a^T g; mm_t: a g */
+      DT_CHECK(tn ? dt__op2("mm", X(0), G, &gin[1]) : dt__op2("mm_t", X(0), G, &gin[1]));
+    return DT_SUCCESS;
+  }
   const int64_t tdims[2] = {1, 2};
-  int nt = bmm ? 2 : 0;
   dt_tensor_t t;
   if (n->in[0]->requires_grad) {
     dt_tensor_t b = X(1);
-    DT_CHECK(dt_op_run(tr, 1, &b, nt, tdims, 0, NULL, &t));
-    dt_status_t st = dt__op2(n->op, G, t, &gin[0]);
+    DT_CHECK(dt_op_run("transpose", 1, &b, 2, tdims, 0, NULL, &t));
+    dt_status_t st = dt__op2("bmm", G, t, &gin[0]);
     dt_tensor_destroy(t);
     DT_CHECK(st);
   }
   if (n->in[1]->requires_grad) {
     dt_tensor_t a = X(0);
-    DT_CHECK(dt_op_run(tr, 1, &a, nt, tdims, 0, NULL, &t));
-    dt_status_t st = dt__op2(n->op, t, G, &gin[1]);
+    DT_CHECK(dt_op_run("transpose", 1, &a, 2, tdims, 0, NULL, &t));
+    dt_status_t st = dt__op2("bmm", t, G, &gin[1]);
     dt_tensor_destroy(t);
     DT_CHECK(st);
   }
@@ -250,13 +256,7 @@ static dt_status_t dt__g_mm(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t*
 /* linear: y (N, O) = x (N, K) w^T (w (O, K)) + b */
 static dt_status_t dt__g_linear(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
   if (n->in[0]->requires_grad) DT_CHECK(dt__op2("mm", G, X(1), &gin[0]));
-  if (n->in[1]->requires_grad) {
-    dt_tensor_t gt;
-    DT_CHECK(dt__op1("t", G, &gt));
-    dt_status_t st = dt__op2("mm", gt, X(0), &gin[1]);
-    dt_tensor_destroy(gt);
-    DT_CHECK(st);
-  }
+  if (n->in[1]->requires_grad) DT_CHECK(dt__op2("mm_t", G, X(0), &gin[1])); /* g^T x */
   if (n->n_in == 3 && n->in[2]->requires_grad) {
     const int64_t a[2] = {0, 0};
     dt_tensor_t g = G;
@@ -532,7 +532,7 @@ static const struct {
     {"sqrt", dt__g_unary},       {"rsqrt", dt__g_unary},       {"pow", dt__g_unary},
     {"relu", dt__g_unary},       {"silu", dt__g_unary},        {"gelu", dt__g_unary},
     {"sigmoid", dt__g_unary},    {"tanh", dt__g_unary},        {"mm", dt__g_mm},
-    {"bmm", dt__g_mm},           {"linear", dt__g_linear},     {"linear_nobias", dt__g_linear},
+    {"bmm", dt__g_mm},           {"mm_t", dt__g_mm},           {"linear", dt__g_linear},     {"linear_nobias", dt__g_linear},
     {"addmm", dt__g_addmm},      {"sum", dt__g_reduce},        {"mean", dt__g_reduce},
     {"softmax", dt__g_softmax},  {"log_softmax", dt__g_softmax}, {"rms_norm", dt__g_norm},
     {"layer_norm", dt__g_norm},  {"embedding", dt__g_embedding}, {"view", dt__g_view},

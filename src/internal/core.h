@@ -40,6 +40,10 @@ dt_status_t dt__require_init(const char* what);
 /* Upper layers register cleanups run by dt_finalize (keeps lower layers unaware of them). */
 void dt__at_finalize(void (*fn)(void));
 
+/* ---- storage pool (src/core/pool.c): large tensor buffers are cached for reuse ---- */
+void* dt__pool_alloc(size_t nbytes, int zero);
+void dt__pool_free(void* p, size_t nbytes);
+
 /* ---- mesh (src/mesh/mesh.c) ---------------------------------------------------------------- */
 typedef struct dt_flat_group {
   unsigned mask; /* mesh dims flattened */
@@ -162,5 +166,9 @@ struct dt_tensor {
   void* data;
   int owns;
 };
+
+/* A tensor with owned storage, zero-filled or not (for outputs a kernel writes in full). */
+dt_status_t dt__tensor_new(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                           const dt_placement_t* pl, int zero, dt_tensor_t* out);
 
 #endif

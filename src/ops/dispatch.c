@@ -26,7 +26,7 @@ static void dt__attach_kernels(void) {
     const char* name;
     dt_op_kernel_fn k;
   } ks[] = {
-      {"mm", dt__kernel_mm},           {"bmm", dt__kernel_bmm},         {"add", dt__kernel_add},
+      {"mm", dt__kernel_mm},           {"bmm", dt__kernel_bmm},         {"mm_t", dt__kernel_mm_t},         {"add", dt__kernel_add},
       {"sub", dt__kernel_sub},         {"mul", dt__kernel_mul},         {"div", dt__kernel_div},
       {"maximum", dt__kernel_maximum}, {"minimum", dt__kernel_minimum}, {"neg", dt__kernel_neg},
       {"relu", dt__kernel_relu},       {"exp", dt__kernel_exp},         {"log", dt__kernel_log},
@@ -129,7 +129,8 @@ dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* i
   }
   dt_op_rules_fn rules;
   dt_op_kernel_fn kernel;
-  DT_CHECK(dt__op_get_kernel(&call, &rules, &kernel));
+  int builtin = 0;
+  DT_CHECK(dt__op_get_kernel(&call, &rules, &kernel, &builtin));
   if (kernel == NULL)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s has a sharding strategy but no local kernel", name);
   dt_op_choice_t ch;
@@ -155,8 +156,10 @@ dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* i
     dt__local_view(x, &lin[t]);
   }
   for (int o = 0; o < n_outputs; o++) {
-    DT_CHECK_GOTO(dt_tensor_empty(mesh, ch.out_meta[o].dtype, ch.out_meta[o].ndim,
-                                  ch.out_meta[o].shape, ch.out[o], &res[o]),
+    /* built-in kernels write every output element: no zero fill (host kernels get zeros) */
+    DT_CHECK_GOTO(dt__tensor_new(mesh, ch.out_meta[o].dtype, ch.out_meta[o].ndim,
+                                 ch.out_meta[o].shape, ch.out[o], !builtin || !mesh->member,
+                                 &res[o]),
                   st, done);
     dt__local_view(res[o], &lout[o]);
   }

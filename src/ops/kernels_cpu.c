@@ -33,6 +33,22 @@ dt_status_t dt__kernel_mm(const dt_op_call_t* call, const dt_local_tensor_t* in,
   return DT_SUCCESS;
 }
 
+/* mm_t: C (m,n) = A^T B with A (k,m), B (k,n). */
+dt_status_t dt__kernel_mm_t(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, in, 2));
+  int64_t k = in[0].shape[0], m = in[0].shape[1], n = in[1].shape[1];
+  float* c = (float*)out[0].data;
+  if (m == 0 || n == 0) return DT_SUCCESS;
+  if (k == 0) {
+    memset(c, 0, sizeof(float) * (size_t)(m * n));
+    return DT_SUCCESS;
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f,
+              (const float*)in[0].data, (int)m, (const float*)in[1].data, (int)n, 0.0f, c, (int)n);
+  return DT_SUCCESS;
+}
+
 dt_status_t dt__kernel_bmm(const dt_op_call_t* call, const dt_local_tensor_t* in,
                            dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, in, 2));

@@ -203,20 +203,31 @@ dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t*
   if (D == 0) return DT_SUCCESS;
   int64_t inner = 1; /* rows per step of seq_dim */
   for (int d = sd + 1; d < nd - 1; d++) inner *= x->shape[d];
-  int64_t L = x->shape[sd];
+  int64_t L = x->shape[sd], H2 = D / 2;
+  /* cos/sin of every (local position, pair) once per call, not per element */
+  double* cs = (double*)dt__malloc(sizeof(double) * (size_t)(2 * L * H2 + H2 + 1));
+  if (cs == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "rotary: angle table");
+  double* fr = cs + 2 * L * H2;
+  for (int64_t i = 0; i < H2; i++) fr[i] = pow(theta, -2.0 * (double)i / (double)D);
+  for (int64_t p = 0; p < L; p++)
+    for (int64_t i = 0; i < H2; i++) {
+      double ang = (double)(x->offset[sd] + p) * fr[i];
+      cs[2 * (p * H2 + i)] = cos(ang);
+      cs[2 * (p * H2 + i) + 1] = dir * sin(ang);
+    }
   const float* a = (const float*)x->data;
   float* o = (float*)out->data;
   for (int64_t r = 0; r < rows; r++) {
-    int64_t pos = x->offset[sd] + (r / inner) % L;
+    const double* t = cs + 2 * ((r / inner) % L) * H2;
     const float* xr = a + r * D;
     float* yr = o + r * D;
-    for (int64_t i = 0; i < D / 2; i++) {
-      double ang = (double)pos * pow(theta, -2.0 * (double)i / (double)D);
-      double c = cos(ang), s = dir * sin(ang), x0 = xr[2 * i], x1 = xr[2 * i + 1];
+    for (int64_t i = 0; i < H2; i++) {
+      double c = t[2 * i], s = t[2 * i + 1], x0 = xr[2 * i], x1 = xr[2 * i + 1];
       yr[2 * i] = (float)(x0 * c - x1 * s);
       yr[2 * i + 1] = (float)(x0 * s + x1 * c);
     }
   }
+  dt__free(cs);
   return DT_SUCCESS;
 }
 

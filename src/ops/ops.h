@@ -10,6 +10,7 @@
                    dt_local_tensor_t* out)
 DT__KERNEL(dt__kernel_mm);
 DT__KERNEL(dt__kernel_bmm);
+DT__KERNEL(dt__kernel_mm_t);
 DT__KERNEL(dt__kernel_add);
 DT__KERNEL(dt__kernel_sub);
 DT__KERNEL(dt__kernel_mul);

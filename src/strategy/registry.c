@@ -11,6 +11,7 @@ typedef struct dt_op_entry {
   dt_op_rules_fn rules;
   dt_op_kernel_fn kernel;
   dt__op_check_fn check; /* built-ins only: drops expanded candidates a rule cannot express */
+  int builtin_kernel;     /* the kernel is the library's (writes every output element) */
 } dt_op_entry_t;
 
 static dt_op_entry_t dt__op_table[DT_OP_TABLE_MAX];
@@ -68,6 +69,7 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
   e->rules = rules;
   e->kernel = kernel;
   e->check = NULL;
+  e->builtin_kernel = 0;
   return DT_SUCCESS;
 }
 
@@ -82,11 +84,11 @@ dt_status_t dt_op_lookup(const char* name, int* found) {
 
 /* Internal: the entry for a call (validated arity), for select.c. */
 dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules) {
-  return dt__op_get_kernel(call, rules, NULL);
+  return dt__op_get_kernel(call, rules, NULL, NULL);
 }
 
 dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
-                              dt_op_kernel_fn* kernel) {
+                              dt_op_kernel_fn* kernel, int* builtin) {
   dt__ensure_builtins();
   if (call->op == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "call->op is NULL");
   dt_op_entry_t* e = dt__op_find(call->op);
@@ -96,6 +98,7 @@ dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
                    call->n_inputs);
   *rules = e->rules;
   if (kernel) *kernel = e->kernel;
+  if (builtin) *builtin = e->builtin_kernel;
   return DT_SUCCESS;
 }
 
@@ -116,7 +119,10 @@ dt_status_t dt__op_set_kernel(const char* name, dt_op_kernel_fn kernel) {
   dt__ensure_builtins();
   dt_op_entry_t* e = dt__op_find(name);
   if (e == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no op %s to attach a kernel to", name);
-  if (e->kernel == NULL) e->kernel = kernel;
+  if (e->kernel == NULL) {
+    e->kernel = kernel;
+    e->builtin_kernel = 1;
+  }
   return DT_SUCCESS;
 }
 

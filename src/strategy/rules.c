@@ -455,6 +455,7 @@ static dt_status_t dt__linear_rules(const dt_op_call_t* call, dt_tensor_meta_t* 
   }
 DT__EINSUM_OP(dt__mm_rules, "mk,kn->mn", 1)
 DT__EINSUM_OP(dt__bmm_rules, "bmk,bkn->bmn", 1)
+DT__EINSUM_OP(dt__mm_t_rules, "km,kn->mn", 1) /* a^T b (weight gradients without a transpose) */
 
 #define DT__POINTWISE_OP(fname, lin)                                                           \
   static dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
@@ -488,6 +489,7 @@ void dt__ops_register_builtins(void) {
     dt_op_rules_fn fn;
   } ops[] = {
       {"mm", 2, dt__mm_rules},           {"bmm", 2, dt__bmm_rules},
+      {"mm_t", 2, dt__mm_t_rules},
       {"add", 2, dt__additive_rules},    {"sub", 2, dt__additive_rules},
       {"mul", 2, dt__mult_rules},        {"div", 2, dt__numerator_rules},
       {"maximum", 2, dt__max_rules},     {"minimum", 2, dt__min_rules},

@@ -40,8 +40,10 @@ dt_status_t dt__view_perm(const dt_op_call_t* call, int* perm);
 
 /* The rule generator of call->op after checking its arity; DT_ERR_UNSUPPORTED when unknown. */
 dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules);
+/* builtin (may be NULL): 1 when the kernel is the library's own, which writes every element of
+ * its outputs (so dispatch can skip zero-filling them). */
 dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
-                              dt_op_kernel_fn* kernel);
+                              dt_op_kernel_fn* kernel, int* builtin);
 /* Attaches a built-in kernel if the op has none yet (used by the ops layer). */
 dt_status_t dt__op_set_kernel(const char* name, dt_op_kernel_fn kernel);
 

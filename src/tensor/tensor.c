@@ -56,13 +56,12 @@ static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__tensor_alloc(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
-                                    const int64_t* shape, const dt_placement_t* pl,
-                                    dt_tensor_t* out) {
+dt_status_t dt__tensor_new(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                           const dt_placement_t* pl, int zero, dt_tensor_t* out) {
   DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, shape, pl, out));
   dt_tensor_t t = *out;
   size_t n = (size_t)t->local_numel * dt__itemsize(dtype);
-  t->data = dt__calloc(1, n ? n : 1);
+  t->data = dt__pool_alloc(n ? n : 1, zero);
   if (t->data == NULL) {
     dt_tensor_destroy(t);
     *out = NULL;
@@ -72,10 +71,19 @@ static dt_status_t dt__tensor_alloc(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   return DT_SUCCESS;
 }
 
+static dt_status_t dt__tensor_alloc(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                    const int64_t* shape, const dt_placement_t* pl,
+                                    dt_tensor_t* out) {
+  return dt__tensor_new(mesh, dtype, ndim, shape, pl, 1, out);
+}
+
 dt_status_t dt_tensor_destroy(dt_tensor_t t) {
   if (t == NULL) return DT_SUCCESS;
   DT_CHECK(dt__tensor_check(t));
-  if (t->owns) dt__free(t->data);
+  if (t->owns) {
+    size_t n = (size_t)t->local_numel * dt__itemsize(t->dtype);
+    dt__pool_free(t->data, n ? n : 1);
+  }
   dt__mesh_release(t->mesh);
   t->magic = 0;
   dt__free(t);
