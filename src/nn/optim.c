@@ -110,11 +110,15 @@ dt_status_t dt_adamw_step(dt_adamw_t o, double lr) {
       }
     } else {
       float *m = o->m[i], *v = o->v[i];
-      for (int64_t k = 0; k < n; k++) {
+      const float fb1 = (float)b1, fb2 = (float)b2, a1 = (float)(1 - b1), a2 = (float)(1 - b2);
+      const float ic1 = (float)(1.0 / c1), ic2 = (float)(1.0 / c2), flr = (float)lr,
+                  fwd = (float)wd, eps = (float)o->cfg.eps;
+      for (int64_t k = 0; k < n; k++) { /* f32 math: vectorizes */
         float gk = pg[k];
-        m[k] = (float)(b1 * m[k] + (1 - b1) * gk);
-        v[k] = (float)(b2 * v[k] + (1 - b2) * gk * gk);
-        pw[k] -= (float)(lr * (wd * pw[k] + (m[k] / c1) / (sqrt(v[k] / c2) + o->cfg.eps)));
+        float mk = fb1 * m[k] + a1 * gk, vk = fb2 * v[k] + a2 * gk * gk;
+        m[k] = mk;
+        v[k] = vk;
+        pw[k] -= flr * (fwd * pw[k] + (mk * ic1) / (sqrtf(vk * ic2) + eps));
       }
     }
   }

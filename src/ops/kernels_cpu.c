@@ -70,6 +70,25 @@ static float dt__f_div(float a, float b) { return a / b; }
 static float dt__f_max(float a, float b) { return (a > b || a != a) ? a : b; }
 static float dt__f_min(float a, float b) { return (a < b || a != a) ? a : b; }
 
+/* Inlined loops for the common layouts (the function pointer stops vectorization):
+ * same shapes, and b one value per row of a ((.., N, C) op (.., N, 1)) or a scalar. */
+#define DT__BIN_LOOPS(EXPR)                                                             \
+  do {                                                                                  \
+    if (mode == 0)                                                                      \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        float x = a[i], y = b[i];                                                       \
+        o[i] = (EXPR);                                                                  \
+      }                                                                                 \
+    else                                                                                \
+      for (int64_t r = 0; r < n / inner; r++) {                                         \
+        float y = b[mode == 1 ? r : 0];                                                 \
+        for (int64_t j = 0; j < inner; j++) {                                           \
+          float x = a[r * inner + j];                                                   \
+          o[r * inner + j] = (EXPR);                                                    \
+        }                                                                               \
+      }                                                                                 \
+  } while (0)
+
 static dt_status_t dt__binary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_local_tensor_t* out, dt__binop_t f) {
   DT_CHECK(dt__need_f32(call, in, 2));
@@ -81,8 +100,24 @@ static dt_status_t dt__binary(const dt_op_call_t* call, const dt_local_tensor_t*
   int same = in[0].ndim == nd && in[1].ndim == nd;
   for (int d = 0; same && d < nd; d++)
     same = in[0].shape[d] == out->shape[d] && in[1].shape[d] == out->shape[d];
-  if (same) {
-    for (int64_t i = 0; i < n; i++) o[i] = f(a[i], b[i]);
+  /* mode 0: same shapes; 1: a full, b one value per row (last dim 1); 2: b a single value */
+  int mode = same ? 0 : -1;
+  int64_t inner = nd > 0 ? out->shape[nd - 1] : 1, bn = 1;
+  for (int d = 0; d < in[1].ndim; d++) bn *= in[1].shape[d];
+  int a_full = in[0].ndim == nd;
+  for (int d = 0; a_full && d < nd; d++) a_full = in[0].shape[d] == out->shape[d];
+  if (mode < 0 && a_full && bn == 1) mode = 2;
+  if (mode < 0 && a_full && in[1].ndim == nd && nd > 0 && in[1].shape[nd - 1] == 1) {
+    int rows = 1;
+    for (int d = 0; rows && d + 1 < nd; d++) rows = in[1].shape[d] == out->shape[d];
+    if (rows) mode = 1;
+  }
+  if (mode >= 0 && inner > 0) {
+    if (f == dt__f_add) DT__BIN_LOOPS(x + y);
+    else if (f == dt__f_sub) DT__BIN_LOOPS(x - y);
+    else if (f == dt__f_mul) DT__BIN_LOOPS(x * y);
+    else if (f == dt__f_div) DT__BIN_LOOPS(x / y);
+    else DT__BIN_LOOPS(f(x, y));
     return DT_SUCCESS;
   }
   /* strides with 0 on broadcast dims */
@@ -179,6 +214,26 @@ static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_tensor_t*
     if (mask & (1u << d)) count *= call->in[0].shape[d]; /* global extent */
   float* o = (float*)out->data;
   float init = kind == 2 ? -INFINITY : kind == 3 ? INFINITY : 0.0f;
+  const float* av = (const float*)in->data;
+  int nd = in->ndim;
+  if (nd >= 1 && mask == (1u << (nd - 1)) && in->shape[nd - 1] > 0) { /* rows: last dim */
+    int64_t L = in->shape[nd - 1], R = on;
+    for (int64_t r = 0; r < R; r++) {
+      const float* x = av + r * L;
+      float acc = init;
+      if (kind <= 1) {
+        double sacc = 0.0;
+        for (int64_t j = 0; j < L; j++) sacc += x[j];
+        acc = (float)sacc;
+      } else {
+        for (int64_t j = 0; j < L; j++)
+          acc = kind == 2 ? ((x[j] > acc || x[j] != x[j]) ? x[j] : acc)
+                          : ((x[j] < acc || x[j] != x[j]) ? x[j] : acc);
+      }
+      o[r] = kind == 1 && count > 0 ? acc / (float)count : acc;
+    }
+    return DT_SUCCESS;
+  }
   for (int64_t i = 0; i < on; i++) o[i] = init;
   /* output stride of every input dim (0 for reduced dims) */
   int64_t ostride[DT_MAX_DIMS], st = 1, idx[DT_MAX_DIMS] = {0}, n = 1;
@@ -278,6 +333,21 @@ dt_status_t dt__kernel_permute(const dt_op_call_t* call, const dt_local_tensor_t
   }
   const char* a = (const char*)in->data;
   char* o = (char*)out->data;
+  if (nd >= 2 && perm[nd - 1] == nd - 1 && out->shape[nd - 1] > 0) {
+    /* the last dim stays: move whole rows */
+    int64_t row = out->shape[nd - 1], nrows = n / row, src = 0, rid[DT_MAX_DIMS] = {0};
+    size_t rb = (size_t)row * item;
+    for (int64_t k = 0; k < nrows; k++) {
+      memcpy(o + (size_t)k * rb, a + (size_t)src * item, rb);
+      for (int i = nd - 2; i >= 0; i--) {
+        src += step[i];
+        if (++rid[i] < out->shape[i]) break;
+        src -= step[i] * rid[i];
+        rid[i] = 0;
+      }
+    }
+    return DT_SUCCESS;
+  }
   int64_t src = 0;
   for (int64_t k = 0; k < n; k++) {
     memcpy(o + (size_t)k * item, a + (size_t)src * item, item);
