@@ -522,10 +522,134 @@ static dt_status_t dt__g_redistribute(const dt__node_t* n, dt_tensor_t* gout, dt
   return dt_tensor_redistribute(G, back, &gin[0]);
 }
 
+/* amax/amin: the gradient goes to the positions holding the extreme value, split evenly among
+ * ties (as PyTorch). */
+static dt_status_t dt__g_amax(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t x = X(0);
+  dt_op_call_t c;
+  memset(&c, 0, sizeof c);
+  c.op = n->op;
+  c.n_inputs = 1;
+  c.in[0].ndim = x->layout.ndim;
+  memcpy(c.in[0].shape, x->layout.shape, sizeof c.in[0].shape);
+  c.n_iargs = n->n_iargs;
+  memcpy(c.iargs, n->iargs, sizeof c.iargs);
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(&c, &mask, &keep));
+  int64_t kshape[DT_MAX_DIMS], args[1 + DT_MAX_DIMS];
+  int na = 1;
+  args[0] = 1;
+  for (int d = 0; d < x->layout.ndim; d++) {
+    kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
+    if (mask & (1u << d)) args[na++] = d;
+  }
+  dt__scope_t s = {0};
+  dt_tensor_t ok, gk, m, cnt, w;
+  dt_status_t st = dt__reshape(OUT, x->layout.ndim, kshape, &ok);
+  if (st == DT_SUCCESS) st = dt__reshape(G, x->layout.ndim, kshape, (dt__keep(&s, ok), &gk));
+  if (st == DT_SUCCESS) st = dt__op2("eq", x, ok, (dt__keep(&s, gk), &m));
+  if (st == DT_SUCCESS) st = dt_op_run("sum", 1, (dt__keep(&s, m), &m), na, args, 0, NULL, &cnt);
+  if (st == DT_SUCCESS) st = dt__op2("div", gk, dt__keep(&s, cnt), &w);
+  if (st == DT_SUCCESS) st = dt__op2("mul", m, dt__keep(&s, w), &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+
+/* maximum/minimum: the gradient goes to the chosen operand, to a on ties. */
+static dt_status_t dt__g_maximum(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
+  int mx = !strcmp(n->op, "maximum");
+  dt__scope_t s = {0};
+  dt_tensor_t ma, mb, p;
+  /* a wins where a >= b (maximum) or b >= a (minimum) */
+  dt_status_t st = mx ? dt__op2("ge", X(0), X(1), &ma) : dt__op2("ge", X(1), X(0), &ma);
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, ma);
+    st = dt__scale(ma, -1.0, &mb);
+  }
+  if (st == DT_SUCCESS) {
+    dt_tensor_t one;
+    double c1 = 1.0;
+    st = dt_op_run("add_scalar", 1, (dt__keep(&s, mb), &mb), 0, NULL, 1, &c1, &one);
+    if (st == DT_SUCCESS) mb = dt__keep(&s, one);
+  }
+  for (int t = 0; t < 2 && st == DT_SUCCESS; t++) {
+    if (!n->in[t]->requires_grad) continue;
+    st = dt__op2("mul", G, t ? mb : ma, &p);
+    if (st == DT_SUCCESS) {
+      st = dt__unbroadcast(p, X(t), &gin[t]);
+      dt_tensor_destroy(p);
+    }
+  }
+  dt__scope_free(&s);
+  return st;
+}
+
+/* where (c, a, b): g where c for a, elsewhere for b; masked_fill (x, m): g where not m. */
+static dt_status_t dt__g_where(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt__scope_t s = {0};
+  dt_tensor_t z, p;
+  dt_status_t st = dt__zeros_like(G, &z);
+  if (st != DT_SUCCESS) return st;
+  dt__keep(&s, z);
+  if (!strcmp(n->op, "masked_fill")) {
+    const double zero = 0.0;
+    dt_tensor_t in[2] = {G, X(1)};
+    st = dt_op_run("masked_fill", 2, in, 0, NULL, 1, &zero, &p);
+    if (st == DT_SUCCESS) {
+      st = dt__unbroadcast(p, X(0), &gin[0]);
+      dt_tensor_destroy(p);
+    }
+  } else {
+    for (int t = 1; t <= 2 && st == DT_SUCCESS; t++) {
+      if (!n->in[t]->requires_grad) continue;
+      dt_tensor_t in[3] = {X(0), t == 1 ? G : z, t == 1 ? z : G};
+      st = dt_op_run("where", 3, in, 0, NULL, 0, NULL, &p);
+      if (st == DT_SUCCESS) {
+        st = dt__unbroadcast(p, X(t), &gin[t]);
+        dt_tensor_destroy(p);
+      }
+    }
+  }
+  dt__scope_free(&s);
+  return st;
+}
+
+/* gather_dim (x (N, C), idx (N)): the gradient scattered into zeros at (i, idx[i]). */
+static dt_status_t dt__g_gather_dim(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
+  int64_t N = X(0)->layout.shape[0];
+  const int64_t col[2] = {N, 1};
+  dt__scope_t s = {0};
+  dt_tensor_t z, ix, gc;
+  dt_status_t st = dt__zeros_like(X(0), &z);
+  if (st == DT_SUCCESS) st = dt__reshape(X(1), 2, col, (dt__keep(&s, z), &ix));
+  if (st == DT_SUCCESS) st = dt__reshape(G, 2, col, (dt__keep(&s, ix), &gc));
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, gc);
+    dt_tensor_t in[3] = {z, ix, gc};
+    const int64_t one[1] = {1};
+    st = dt_op_run("scatter_add", 3, in, 1, one, 0, NULL, &gin[0]);
+  }
+  dt__scope_free(&s);
+  return st;
+}
+
+/* comparisons are piecewise constant: no gradient flows */
+static dt_status_t dt__g_none(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
+  (void)n;
+  (void)gout;
+  (void)gin;
+  return DT_SUCCESS;
+}
+
 static const struct {
   const char* op;
   dt__rule_fn fn;
 } dt__rules[] = {
+    {"eq", dt__g_none},          {"ge", dt__g_none},           {"gt", dt__g_none},
+    {"amax", dt__g_amax},        {"amin", dt__g_amax},         {"maximum", dt__g_maximum},
+    {"minimum", dt__g_maximum},  {"where", dt__g_where},       {"masked_fill", dt__g_where},
+    {"gather_dim", dt__g_gather_dim},
     {"add", dt__g_add},          {"sub", dt__g_add},           {"mul", dt__g_mul},
     {"div", dt__g_div},          {"neg", dt__g_unary},         {"mul_scalar", dt__g_unary},
     {"add_scalar", dt__g_unary}, {"exp", dt__g_unary},         {"log", dt__g_unary},

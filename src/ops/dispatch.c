@@ -29,6 +29,7 @@ static void dt__attach_kernels(void) {
       {"mm", dt__kernel_mm},           {"bmm", dt__kernel_bmm},         {"mm_t", dt__kernel_mm_t},         {"add", dt__kernel_add},
       {"sub", dt__kernel_sub},         {"mul", dt__kernel_mul},         {"div", dt__kernel_div},
       {"maximum", dt__kernel_maximum}, {"minimum", dt__kernel_minimum}, {"neg", dt__kernel_neg},
+      {"eq", dt__kernel_eq},           {"ge", dt__kernel_ge},           {"gt", dt__kernel_gt},
       {"relu", dt__kernel_relu},       {"exp", dt__kernel_exp},         {"log", dt__kernel_log},
       {"sqrt", dt__kernel_sqrt},       {"rsqrt", dt__kernel_rsqrt},     {"gelu", dt__kernel_gelu},
       {"sigmoid", dt__kernel_sigmoid}, {"silu", dt__kernel_silu},       {"tanh", dt__kernel_tanh},

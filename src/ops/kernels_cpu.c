@@ -69,6 +69,9 @@ static float dt__f_mul(float a, float b) { return a * b; }
 static float dt__f_div(float a, float b) { return a / b; }
 static float dt__f_max(float a, float b) { return (a > b || a != a) ? a : b; }
 static float dt__f_min(float a, float b) { return (a < b || a != a) ? a : b; }
+static float dt__f_eq(float a, float b) { return a == b ? 1.0f : 0.0f; }
+static float dt__f_ge(float a, float b) { return a >= b ? 1.0f : 0.0f; }
+static float dt__f_gt(float a, float b) { return a > b ? 1.0f : 0.0f; }
 
 /* Inlined loops for the common layouts (the function pointer stops vectorization):
  * same shapes, and b one value per row of a ((.., N, C) op (.., N, 1)) or a scalar. */
@@ -158,6 +161,9 @@ DT__BINARY_KERNEL(dt__kernel_mul, dt__f_mul)
 DT__BINARY_KERNEL(dt__kernel_div, dt__f_div)
 DT__BINARY_KERNEL(dt__kernel_maximum, dt__f_max)
 DT__BINARY_KERNEL(dt__kernel_minimum, dt__f_min)
+DT__BINARY_KERNEL(dt__kernel_eq, dt__f_eq) /* comparisons give 1.0 / 0.0 (gradient masks) */
+DT__BINARY_KERNEL(dt__kernel_ge, dt__f_ge)
+DT__BINARY_KERNEL(dt__kernel_gt, dt__f_gt)
 
 typedef float (*dt__unop_t)(float);
 static float dt__f_neg(float x) { return -x; }

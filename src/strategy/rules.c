@@ -493,6 +493,8 @@ void dt__ops_register_builtins(void) {
       {"add", 2, dt__additive_rules},    {"sub", 2, dt__additive_rules},
       {"mul", 2, dt__mult_rules},        {"div", 2, dt__numerator_rules},
       {"maximum", 2, dt__max_rules},     {"minimum", 2, dt__min_rules},
+      {"eq", 2, dt__nonlinear_rules},    {"ge", 2, dt__nonlinear_rules},
+      {"gt", 2, dt__nonlinear_rules},
       {"neg", 1, dt__unary_linear_rules},
       {"relu", 1, dt__nonlinear_rules},  {"exp", 1, dt__nonlinear_rules},
       {"log", 1, dt__nonlinear_rules},   {"sqrt", 1, dt__nonlinear_rules},

@@ -114,7 +114,8 @@ static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const f
   double fargs[4];
   for (int k = 0; k < nia; k++) iargs[k] = (int64_t)cJSON_GetArrayItem(ja, k)->valuedouble;
   for (int k = 0; k < nfa; k++) fargs[k] = cJSON_GetArrayItem(jf, k)->valuedouble;
-  dt_var_t v[MAXT], out, prod, loss, rv;
+  dt_var_t v[MAXT], outs[2], out, prod, loss, rv;
+  int nout = cJSON_GetArraySize(cJSON_GetObjectItem(c, "outputs"));
   for (int t = 0; t < nin; t++) {
     dt_tensor_t x;
     DT_ASSERT_OK(dt_tensor_from_full(mesh, in[t].dtype, in[t].ndim, in[t].shape, pl[t], packed[t],
@@ -132,7 +133,8 @@ static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const f
   DT_ASSERT_OK(dt_var_leaf(rt, 0, &rv));
   dt_tape_t tape;
   DT_ASSERT_OK(dt_tape_create(&tape));
-  DT_ASSERT_OK(dt_ag_op(tape, op, nin, v, nia, iargs, nfa, fargs, 1, &out));
+  DT_ASSERT_OK(dt_ag_op(tape, op, nin, v, nia, iargs, nfa, fargs, nout, outs));
+  out = outs[0]; /* topk: the values */
   dt_var_t pair[2] = {out, rv};
   DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, pair, 0, NULL, 0, NULL, 1, &prod));
   const int64_t all[1] = {0};

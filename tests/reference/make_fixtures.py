@@ -191,7 +191,7 @@ case("view_bf16", "view", [bf(v3)], bf(v3).reshape(24, 5), iargs=[24, 5], rtol=1
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
-NO_GRAD = {"maximum", "minimum", "where", "masked_fill", "cast", "amax", "amin", "topk"}
+NO_GRAD = {"cast"}  # not differentiable (float -> int) or integer input
 
 def torch_op(op, x, ia, fa):
     if op == "mm": return x[0] @ x[1]
@@ -199,7 +199,11 @@ def torch_op(op, x, ia, fa):
     if op == "addmm": return torch.addmm(x[0], x[1], x[2], beta=fa[0] if fa else 1.0, alpha=fa[1] if len(fa) > 1 else 1.0)
     if op == "linear": return F.linear(x[0], x[1], x[2])
     if op == "linear_nobias": return F.linear(x[0], x[1])
-    if op in ("add", "sub", "mul", "div"): return getattr(torch, op)(x[0], x[1])
+    if op in ("add", "sub", "mul", "div", "maximum", "minimum"): return getattr(torch, op)(x[0], x[1])
+    if op in ("amax", "amin"): return getattr(torch, op)(x[0], dim=tuple(ia[1:]), keepdim=bool(ia[0]))
+    if op == "where": return torch.where(x[0].bool(), x[1], x[2])
+    if op == "masked_fill": return x[0].masked_fill(x[1].bool(), fa[0])
+    if op == "topk": return torch.topk(x[0], ia[0], dim=ia[1], largest=bool(ia[2]) if len(ia) > 2 else True)[0]
     if op == "neg": return -x[0]
     if op == "add_scalar": return x[0] + fa[0]
     if op == "mul_scalar": return x[0] * fa[0]
