@@ -21,6 +21,39 @@
 extern "C" {
 #endif
 
+/* ---- modules: functions over recorded ops (record on `tape` when grad mode is on) ---------- */
+typedef enum dt_nn_init { DT_INIT_NORMAL = 0, DT_INIT_ZEROS = 1, DT_INIT_ONES = 2 } dt_nn_init_t;
+
+/* A parameter (leaf requiring a gradient) named `name`, placed by the first matching plan entry
+ * ("pattern=placements;...", '*' wildcards; one placement applies to every mesh dim; no match:
+ * replicated). N(0, std) values depend only on (seed, name, element). */
+DT_API dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int ndim,
+                               const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
+                               dt_var_t* out);
+/* x (..., K), weight (O, K) as PyTorch, bias (O) or NULL (a zero-initialized bias is
+ * DT_INIT_ZEROS): out (..., O). */
+DT_API dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
+                                dt_var_t* out);
+/* ids (...) i32/i64, weight (V, D): out (..., D). */
+DT_API dt_status_t dt_nn_embedding(dt_tape_t tape, dt_var_t weight, dt_var_t ids, dt_var_t* out);
+DT_API dt_status_t dt_nn_rms_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, double eps,
+                                  dt_var_t* out);
+DT_API dt_status_t dt_nn_layer_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
+                                    double eps, dt_var_t* out);
+/* Causal self-attention of x (B, S, D): wq (H*Dh, D), wk and wv (G*Dh, D), wo (D, H*Dh); rotary
+ * embeddings on q and k (interleaved pairs, theta); grouped-query heads (H a multiple of G). */
+DT_API dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk,
+                                   dt_var_t wv, dt_var_t wo, int n_heads, int n_kv_heads,
+                                   double rope_theta, dt_var_t* out);
+/* SwiGLU MLP of x (..., D): w2 (silu(x w1^T) * (x w3^T)), w1 and w3 (F, D), w2 (D, F). */
+DT_API dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
+                                dt_var_t* out);
+/* Mixture of SwiGLU experts on x (N, D): softmax router (E, D), top-k gates, every expert weighted
+ * by its gate; *aux = aux_coef * E * sum_e f_e P_e (load balancing; f_e the routed fraction). */
+DT_API dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, int n_experts,
+                             const dt_var_t* w1, const dt_var_t* w3, const dt_var_t* w2, int top_k,
+                             double aux_coef, dt_var_t* out, dt_var_t* aux);
+
 typedef struct dt_llama_config {
   int dim, n_layers, n_heads, n_kv_heads, vocab, seq_len, ffn_dim;
   int n_experts;   /* 0: dense SwiGLU MLP; else a mixture of experts */

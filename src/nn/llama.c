@@ -1,4 +1,4 @@
-/* llama.c - a Llama-style decoder built from recorded ops: token embedding, blocks of RMSNorm ->
+/* llama.c - a Llama-style decoder built from the modules of modules.c: token embedding, blocks of RMSNorm ->
  * causal grouped-query attention with rotary embeddings -> residual -> RMSNorm -> SwiGLU MLP or a
  * top-k mixture of SwiGLU experts -> residual, a final RMSNorm and the output projection, mean
  * cross-entropy. Uses only the public API; parameters are placed by the user's plan. */
@@ -41,53 +41,6 @@ void dt_llama_config_defaults(dt_llama_config_t* c) {
   if (c->aux_loss_coef <= 0 && c->n_experts > 0) c->aux_loss_coef = 0.01;
 }
 
-/* '*' matches any run of characters. */
-static int dt__glob(const char* p, const char* s) {
-  if (*p == '\0') return *s == '\0';
-  if (*p == '*') return dt__glob(p + 1, s) || (*s && dt__glob(p, s + 1));
-  return *p == *s && dt__glob(p + 1, s + 1);
-}
-
-/* Placements for `name` from the plan; R when nothing matches. */
-static dt_status_t dt__plan_lookup(const char* plan, const char* name, int mesh_nd,
-                                   dt_placement_t* pl) {
-  for (int i = 0; i < mesh_nd; i++) pl[i] = dt_replicate();
-  if (plan == NULL) return DT_SUCCESS;
-  const char* p = plan;
-  while (*p) {
-    size_t len = strcspn(p, ";");
-    char entry[256];
-    if (len >= sizeof entry) return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry too long");
-    memcpy(entry, p, len);
-    entry[len] = '\0';
-    p += len + (p[len] == ';');
-    char* eq = strchr(entry, '=');
-    if (len == 0) continue;
-    if (eq == NULL)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry '%s' is not pattern=placements", entry);
-    *eq = '\0';
-    char* pat = entry;
-    while (*pat == ' ') pat++;
-    if (!dt__glob(pat, name)) continue;
-    int n;
-    dt_status_t st = dt_placements_parse(eq + 1, pl, mesh_nd, &n);
-    if (st != DT_SUCCESS) return st;
-    if (n == 1 && mesh_nd > 1) /* one placement: the same on every mesh dim */
-      for (int i = 1; i < mesh_nd; i++) pl[i] = pl[0];
-    else if (n != mesh_nd)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry for '%s' has %d placements, mesh has %d dims",
-                     name, n, mesh_nd);
-    return DT_SUCCESS;
-  }
-  return DT_SUCCESS;
-}
-
-static uint64_t dt__name_seed(uint64_t seed, const char* name) {
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (const unsigned char* p = (const unsigned char*)name; *p; p++) h = (h ^ *p) * 1099511628211ull;
-  return h;
-}
-
 /* kind 0: N(0, std); 1: ones */
 static dt_status_t dt__param(dt_llama_t m, const char* plan, const char* name, int nd,
                              const int64_t* shape, int kind, double std, dt_var_t* out) {
@@ -101,25 +54,8 @@ static dt_status_t dt__param(dt_llama_t m, const char* plan, const char* name, i
     m->names = nv;
     m->cap_params = cap;
   }
-  dt_placement_t pl[4];
-  int mnd;
-  DT_CHECK(dt_mesh_ndim(m->mesh, &mnd));
-  DT_CHECK(dt__plan_lookup(plan, name, mnd, pl));
-  dt_tensor_t t;
-  if (kind == 1) {
-    DT_CHECK(dt_tensor_ones(m->mesh, DT_F32, nd, shape, pl, &t));
-  } else {
-    dt_tensor_t r;
-    DT_CHECK(dt_tensor_randn(m->mesh, DT_F32, nd, shape, pl, dt__name_seed(m->cfg.seed, name), &r));
-    dt_status_t st = dt_op_run("mul_scalar", 1, &r, 0, NULL, 1, &std, &t);
-    dt_tensor_destroy(r);
-    DT_CHECK(st);
-  }
-  dt_status_t st = dt_var_leaf(t, 1, out);
-  if (st != DT_SUCCESS) {
-    dt_tensor_destroy(t);
-    return st;
-  }
+  DT_CHECK(dt_nn_param(m->mesh, plan, name, nd, shape, kind ? DT_INIT_ONES : DT_INIT_NORMAL, std,
+                       m->cfg.seed, out));
   int64_t n = 1;
   for (int d = 0; d < nd; d++) n *= shape[d];
   m->numel += n;
@@ -253,113 +189,6 @@ double dt_llama_flops_per_token(const dt_llama_config_t* cfg_in) {
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
-typedef struct {
-  dt_tape_t tape;
-} dt__fw_t;
-
-static dt_status_t ag(dt__fw_t* f, const char* op, int n, dt_var_t* in, int ni, const int64_t* ia,
-                      int nf, const double* fa, dt_var_t* out) {
-  return dt_ag_op(f->tape, op, n, in, ni, ia, nf, fa, 1, out);
-}
-static dt_status_t ag2(dt__fw_t* f, const char* op, dt_var_t a, dt_var_t b, dt_var_t* out) {
-  dt_var_t in[2] = {a, b};
-  return ag(f, op, 2, in, 0, NULL, 0, NULL, out);
-}
-static dt_status_t reshape(dt__fw_t* f, dt_var_t x, int nd, const int64_t* shape, dt_var_t* out) {
-  return ag(f, "reshape", 1, &x, nd, shape, 0, NULL, out);
-}
-static dt_status_t rmsnorm(dt__fw_t* f, dt_var_t x, dt_var_t w, double eps, dt_var_t* out) {
-  dt_var_t in[2] = {x, w};
-  return ag(f, "rms_norm", 2, in, 0, NULL, 1, &eps, out);
-}
-
-/* SwiGLU: w2 (silu(x w1^T) * (x w3^T)); x (N, D) */
-static dt_status_t swiglu(dt__fw_t* f, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
-                          dt_var_t* out) {
-  dt_var_t a, b, s, p;
-  DT_CHECK(ag2(f, "linear_nobias", x, w1, &a));
-  DT_CHECK(ag2(f, "linear_nobias", x, w3, &b));
-  DT_CHECK(ag(f, "silu", 1, &a, 0, NULL, 0, NULL, &s));
-  DT_CHECK(ag2(f, "mul", s, b, &p));
-  return ag2(f, "linear_nobias", p, w2, out);
-}
-
-/* Mixture of experts on x (N, D): router softmax, top-k gates scattered into a dense (N, E) gate
- * matrix, every expert computed and weighted by its gate column. Load-balancing term
- * E * sum_e f_e P_e (f_e: fraction of routed slots, P_e: mean router probability). */
-static dt_status_t moe(dt__fw_t* f, const dt_llama_config_t* c, const dt__layer_t* L, dt_var_t x,
-                       dt_var_t* out, dt_var_t* aux) {
-  int E = c->n_experts;
-  int64_t N;
-  {
-    int64_t shp[2];
-    DT_CHECK(dt_tensor_shape(dt_var_value(x), shp));
-    N = shp[0];
-  }
-  dt_var_t logits, probs, tk[2], gates;
-  DT_CHECK(ag2(f, "linear_nobias", x, L->router, &logits));
-  const int64_t last[1] = {-1};
-  DT_CHECK(ag(f, "softmax", 1, &logits, 1, last, 0, NULL, &probs));
-  const int64_t ka[2] = {c->top_k, 1};
-  DT_CHECK(dt_ag_op(f->tape, "topk", 1, &probs, 2, ka, 0, NULL, 2, tk));
-  dt_mesh_t mesh;
-  DT_CHECK(dt_tensor_mesh(dt_var_value(x), &mesh));
-  int mnd;
-  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
-  dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
-  const int64_t ne[2] = {N, E};
-  dt_tensor_t z;
-  DT_CHECK(dt_tensor_zeros(mesh, DT_F32, 2, ne, rep, &z));
-  dt_var_t zv;
-  DT_CHECK(dt_tape_constant(f->tape, z, &zv));
-  const int64_t one[1] = {1};
-  dt_var_t sin[3] = {zv, tk[1], tk[0]};
-  DT_CHECK(ag(f, "scatter_add", 3, sin, 1, one, 0, NULL, &gates));
-  dt_var_t acc = NULL;
-  for (int e = 0; e < E; e++) {
-    dt_var_t y, ge, w, s;
-    DT_CHECK(swiglu(f, x, L->ew1[e], L->ew3[e], L->ew2[e], &y));
-    const int64_t na[3] = {1, e, 1};
-    DT_CHECK(ag(f, "narrow", 1, &gates, 3, na, 0, NULL, &ge));
-    DT_CHECK(ag2(f, "mul", y, ge, &w));
-    if (acc == NULL) {
-      acc = w;
-    } else {
-      DT_CHECK(ag2(f, "add", acc, w, &s));
-      acc = s;
-    }
-  }
-  *out = acc;
-  /* load balancing: f_e from the routing (no gradient), P_e = mean router probability */
-  dt_var_t fr, pm, prod, sum, scaled;
-  int prev = dt_grad_enabled();
-  dt_grad_set_enabled(0);
-  dt_tensor_t ones;
-  DT_CHECK(dt_tensor_full_value(mesh, DT_F32, 2, (int64_t[]){N, c->top_k}, rep, 1.0, &ones));
-  dt_var_t onesv;
-  DT_CHECK(dt_tape_constant(f->tape, ones, &onesv));
-  dt_tensor_t z2;
-  DT_CHECK(dt_tensor_zeros(mesh, DT_F32, 2, ne, rep, &z2));
-  dt_var_t z2v, cnt;
-  DT_CHECK(dt_tape_constant(f->tape, z2, &z2v));
-  dt_var_t cin[3] = {z2v, tk[1], onesv};
-  DT_CHECK(ag(f, "scatter_add", 3, cin, 1, one, 0, NULL, &cnt));
-  const int64_t m0[2] = {0, 0};
-  dt_var_t frac;
-  DT_CHECK(ag(f, "mean", 1, &cnt, 2, m0, 0, NULL, &frac));
-  double inv_k = 1.0 / c->top_k;
-  DT_CHECK(ag(f, "mul_scalar", 1, &frac, 0, NULL, 1, &inv_k, &fr));
-  dt_grad_set_enabled(prev);
-  DT_CHECK(ag(f, "mean", 1, &probs, 2, m0, 0, NULL, &pm));
-  DT_CHECK(ag2(f, "mul", fr, pm, &prod));
-  const int64_t all[1] = {0};
-  DT_CHECK(ag(f, "sum", 1, &prod, 1, all, 0, NULL, &sum));
-  double coef = c->aux_loss_coef * E;
-  DT_CHECK(ag(f, "mul_scalar", 1, &sum, 0, NULL, 1, &coef, &scaled));
-  *aux = scaled;
-  return DT_SUCCESS;
-}
-
 dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, dt_tensor_t targets,
                              dt_var_t* loss, double* aux_out) {
   DT_ARG_NOT_NULL(loss);
@@ -374,8 +203,8 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
   if (nd != 2 || ts[1] > c->seq_len)
     return DT_FAIL(DT_ERR_INVALID_ARG, "tokens must be (B, S) with S <= seq_len %d", c->seq_len);
   int64_t B = ts[0], S = ts[1], N = B * S;
-  int D = c->dim, H = c->n_heads, G = c->n_kv_heads, Dh = c->dim / c->n_heads;
-  dt__fw_t f = {tape};
+  int D = c->dim;
+  /* the tape keeps its own copies of the ids (the backward pass needs them) */
   dt_tensor_t tok_copy, tgt_copy;
   const int64_t flat[1] = {N};
   DT_CHECK(dt_op_run("reshape", 1, &tokens, 2, ts, 0, NULL, &tok_copy));
@@ -397,80 +226,59 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
     return st0;
   }
   dt_var_t h, aux_total = NULL;
-  DT_CHECK(ag2(&f, "embedding", m->tok_emb, tok, &h)); /* (B, S, D) */
-  const int64_t bsd[3] = {B, S, D}, nd2[2] = {N, D};
-  const int64_t causal[1] = {1}, tr12[2] = {1, 2};
+  DT_CHECK(dt_nn_embedding(tape, m->tok_emb, tok, &h)); /* (B, S, D) */
+  const int64_t nd2[2] = {N, D};
   for (int l = 0; l < c->n_layers; l++) {
     const dt__layer_t* L = &m->layers[l];
-    dt_var_t a, a2, q, k, v, o, o2, o3, o4, h2, mm, mm2, ff, ff2;
-    DT_CHECK(rmsnorm(&f, h, L->attn_norm, c->norm_eps, &a));
-    DT_CHECK(reshape(&f, a, 2, nd2, &a2));
-    dt_var_t qkv[3];
-    dt_var_t ws[3] = {L->wq, L->wk, L->wv};
-    int heads[3] = {H, G, G};
-    for (int j = 0; j < 3; j++) {
-      dt_var_t p, p4, r;
-      DT_CHECK(ag2(&f, "linear_nobias", a2, ws[j], &p));
-      const int64_t s4[4] = {B, S, heads[j], Dh};
-      DT_CHECK(reshape(&f, p, 4, s4, &p4));
-      if (j < 2) {
-        const int64_t ra[1] = {1};
-        DT_CHECK(ag(&f, "rotary", 1, &p4, 1, ra, 1, &c->rope_theta, &r));
-      } else {
-        r = p4;
-      }
-      DT_CHECK(ag(&f, "transpose", 1, &r, 2, tr12, 0, NULL, &qkv[j])); /* (B, heads, S, Dh) */
-    }
-    q = qkv[0];
-    k = qkv[1];
-    v = qkv[2];
-    DT_CHECK(ag(&f, "sdpa", 3, qkv, 1, causal, 0, NULL, &o));
-    DT_CHECK(ag(&f, "transpose", 1, &o, 2, tr12, 0, NULL, &o2)); /* (B, S, H, Dh) */
-    const int64_t nhd[2] = {N, (int64_t)H * Dh};
-    DT_CHECK(reshape(&f, o2, 2, nhd, &o3));
-    DT_CHECK(ag2(&f, "linear_nobias", o3, L->wo, &o4));
-    dt_var_t o5;
-    DT_CHECK(reshape(&f, o4, 3, bsd, &o5));
-    DT_CHECK(ag2(&f, "add", h, o5, &h2));
-    DT_CHECK(rmsnorm(&f, h2, L->ffn_norm, c->norm_eps, &mm));
-    DT_CHECK(reshape(&f, mm, 2, nd2, &mm2));
+    dt_var_t a, o, h2, mm, ff;
+    DT_CHECK(dt_nn_rms_norm(tape, h, L->attn_norm, c->norm_eps, &a));
+    DT_CHECK(dt_nn_attention(tape, a, L->wq, L->wk, L->wv, L->wo, c->n_heads, c->n_kv_heads,
+                             c->rope_theta, &o));
+    dt_var_t ho[2] = {h, o};
+    DT_CHECK(dt_ag_op(tape, "add", 2, ho, 0, NULL, 0, NULL, 1, &h2));
+    DT_CHECK(dt_nn_rms_norm(tape, h2, L->ffn_norm, c->norm_eps, &mm));
     if (c->n_experts == 0) {
-      DT_CHECK(swiglu(&f, mm2, L->w1, L->w3, L->w2, &ff));
+      DT_CHECK(dt_nn_swiglu(tape, mm, L->w1, L->w3, L->w2, &ff));
     } else {
-      dt_var_t aux;
-      DT_CHECK(moe(&f, c, L, mm2, &ff, &aux));
-      if (aux_total == NULL) aux_total = aux;
-      else DT_CHECK(ag2(&f, "add", aux_total, aux, &aux_total));
+      dt_var_t mm2, f2, aux;
+      DT_CHECK(dt_ag_op(tape, "reshape", 1, &mm, 2, nd2, 0, NULL, 1, &mm2));
+      DT_CHECK(dt_nn_moe(tape, mm2, L->router, c->n_experts, L->ew1, L->ew3, L->ew2, c->top_k,
+                         c->aux_loss_coef, &f2, &aux));
+      const int64_t bsd[3] = {B, S, D};
+      DT_CHECK(dt_ag_op(tape, "reshape", 1, &f2, 3, bsd, 0, NULL, 1, &ff));
+      if (aux_total == NULL) {
+        aux_total = aux;
+      } else {
+        dt_var_t at[2] = {aux_total, aux};
+        DT_CHECK(dt_ag_op(tape, "add", 2, at, 0, NULL, 0, NULL, 1, &aux_total));
+      }
     }
-    DT_CHECK(reshape(&f, ff, 3, bsd, &ff2));
-    DT_CHECK(ag2(&f, "add", h2, ff2, &h));
+    dt_var_t hf[2] = {h2, ff};
+    DT_CHECK(dt_ag_op(tape, "add", 2, hf, 0, NULL, 0, NULL, 1, &h));
     /* block boundary: with a checkpoint policy, cheap intermediates are dropped here */
     dt_var_t keep[2] = {h, aux_total};
     DT_CHECK(dt_tape_checkpoint(tape, aux_total ? 2 : 1, keep));
-    (void)q;
-    (void)k;
-    (void)v;
   }
   dt_var_t n, n2, logits, ce;
-  DT_CHECK(rmsnorm(&f, h, m->norm, c->norm_eps, &n));
-  DT_CHECK(reshape(&f, n, 2, nd2, &n2));
-  DT_CHECK(ag2(&f, "linear_nobias", n2, m->output, &logits));
+  DT_CHECK(dt_nn_rms_norm(tape, h, m->norm, c->norm_eps, &n));
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
+  DT_CHECK(dt_nn_linear(tape, n2, m->output, NULL, &logits));
   DT_CHECK(dt_ag_cross_entropy(tape, logits, tgt, &ce));
   if (aux_out) *aux_out = 0.0;
-  if (aux_total != NULL) {
-    if (aux_out) {
-      float a;
-      dt_tensor_t av = dt_var_value(aux_total), ar;
-      dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
-      DT_CHECK(dt_tensor_redistribute(av, rep, &ar));
-      dt_status_t st = dt_tensor_full(ar, &a, sizeof a);
-      dt_tensor_destroy(ar);
-      DT_CHECK(st);
-      *aux_out = a;
-    }
-    DT_CHECK(ag2(&f, "add", ce, aux_total, loss));
-  } else {
+  if (aux_total == NULL) {
     *loss = ce;
+    return DT_SUCCESS;
   }
-  return DT_SUCCESS;
+  if (aux_out) {
+    float a;
+    dt_tensor_t ar;
+    dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
+    DT_CHECK(dt_tensor_redistribute(dt_var_value(aux_total), rep, &ar));
+    dt_status_t st = dt_tensor_full(ar, &a, sizeof a);
+    dt_tensor_destroy(ar);
+    DT_CHECK(st);
+    *aux_out = a;
+  }
+  dt_var_t ca[2] = {ce, aux_total};
+  return dt_ag_op(tape, "add", 2, ca, 0, NULL, 0, NULL, 1, loss);
 }
