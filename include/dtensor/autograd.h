@@ -69,7 +69,9 @@ DT_API dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t
                                        dt_var_t* out);
 
 /* Backward from a scalar (0-dim) variable: seeds d loss = 1 and accumulates gradients into every
- * variable that requires one. The graph stays recorded (release it with dt_tape_reset). */
+ * variable that requires one. The graph stays recorded (release it with dt_tape_reset);
+ * gradients of intermediates do not outlive the pass, so a second backward on the same tape
+ * propagates only from its own loss. */
 DT_API dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss);
 
 /* ---- selective activation checkpointing ----

@@ -473,5 +473,11 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
     if (st != DT_SUCCESS) break;
   }
   dt__grad_off = prev;
+  /* no gradient of an intermediate (the loss included) outlives the pass: a later backward on
+   * the same tape starts from its own loss only */
+  for (int64_t i = 0; i < tape->n_owned; i++) {
+    dt_tensor_destroy(tape->owned[i]->grad);
+    tape->owned[i]->grad = NULL;
+  }
   return st;
 }

@@ -181,9 +181,15 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
     local += s / rep;
   }
   if (mesh == NULL) return DT_SUCCESS;
-  /* one all-reduce: a Partial(sum) scalar over the whole mesh brought to Replicate */
+  /* one all-reduce: a Partial(sum) scalar over the whole mesh brought to Replicate; on a mesh of
+   * several dims the dims are flattened (registered once, a no-op afterwards) so the planner
+   * merges the per-dim reductions into a single all-reduce */
   int mnd;
   DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  if (mnd > 1) {
+    int dims[4] = {0, 1, 2, 3};
+    DT_CHECK(dt_mesh_flatten(mesh, mnd, dims, NULL, NULL));
+  }
   dt_placement_t ps[4], rp[4];
   for (int d = 0; d < 4; d++) {
     ps[d] = dt_partial(DT_REDUCE_SUM);
