@@ -139,6 +139,18 @@ dt_status_t dt_adamw_destroy(dt_adamw_t o) {
   return DT_SUCCESS;
 }
 
+/* The local shard of a variable's gradient: data and element count. */
+static dt_status_t dt__local_grad(dt_var_t v, float** data, int64_t* numel) {
+  dt_tensor_t g = dt_var_grad(v);
+  int64_t shape[8];
+  int nd;
+  DT_CHECK(dt_tensor_ndim(g, &nd));
+  DT_CHECK(dt_tensor_to_local(g, (void**)data, shape));
+  *numel = 1;
+  for (int d = 0; d < nd; d++) *numel *= shape[d];
+  return DT_SUCCESS;
+}
+
 dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm) {
   if (norm) *norm = 0.0;
   if (n == 0) return DT_SUCCESS;
@@ -170,12 +182,8 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
       }
     }
     float* pg;
-    int64_t shape[8];
-    int nd;
-    DT_CHECK(dt_tensor_ndim(g, &nd));
-    DT_CHECK(dt_tensor_to_local(g, (void**)&pg, shape));
-    int64_t ln = 1;
-    for (int d = 0; d < nd; d++) ln *= shape[d];
+    int64_t ln;
+    DT_CHECK(dt__local_grad(params[i], &pg, &ln));
     double s = 0.0;
     for (int64_t k = 0; k < ln; k++) s += (double)pg[k] * pg[k];
     local += s / rep;
@@ -213,12 +221,8 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
       dt_tensor_t g = dt_var_grad(params[i]);
       if (g == NULL) continue;
       float* pg;
-      int64_t shape[8];
-      int nd;
-      DT_CHECK(dt_tensor_ndim(g, &nd));
-      DT_CHECK(dt_tensor_to_local(g, (void**)&pg, shape));
-      int64_t ln = 1;
-      for (int d = 0; d < nd; d++) ln *= shape[d];
+      int64_t ln;
+      DT_CHECK(dt__local_grad(params[i], &pg, &ln));
       for (int64_t k = 0; k < ln; k++) pg[k] *= scale;
     }
   }

@@ -161,18 +161,7 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
                     qh, (int)D, kh, (int)D, 0.0f, p, (int)T);
       else
         memset(p, 0, sizeof(float) * (size_t)(S * T));
-      for (int64_t i = 0; i < S; i++) {
-        float* row = p + i * T;
-        int64_t last = causal ? q0 + i : T - 1;
-        if (last > T - 1) last = T - 1;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= last; j++) mx = fmaxf(mx, row[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j <= last; j++) sum += (row[j] = expf(row[j] - mx));
-        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
-        for (int64_t j = 0; j <= last; j++) row[j] *= inv;
-        for (int64_t j = last + 1; j < T; j++) row[j] = 0.0f;
-      }
+      dt__attn_softmax_rows(p, S, T, q0, causal);
       if (E > 0) {
         /* dv += P^T g ; dP = g v^T */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)E, (int)S, 1.0f, p,

@@ -139,6 +139,21 @@ dt_status_t dt__kernel_where(const dt_op_call_t* call, const dt_local_tensor_t* 
 /* ---------------------------------------------------------------------------------------------
  * scaled dot-product attention on the local (batch, heads, queries); keys and values whole */
 
+void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal) {
+  for (int64_t i = 0; i < S; i++) {
+    float* row = p + i * T;
+    int64_t last = causal ? q0 + i : T - 1; /* keys 0..last are visible */
+    if (last > T - 1) last = T - 1;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= last; j++) mx = fmaxf(mx, row[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j <= last; j++) sum += (row[j] = expf(row[j] - mx));
+    float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+    for (int64_t j = 0; j <= last; j++) row[j] *= inv;
+    for (int64_t j = last + 1; j < T; j++) row[j] = 0.0f;
+  }
+}
+
 dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* in,
                             dt_local_tensor_t* out) {
   for (int t = 0; t < 3; t++) DT_CHECK(dt__need_f32(call, &in[t]));
@@ -168,18 +183,7 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
                     qh, (int)D, kh, (int)D, 0.0f, p, (int)T);
       else
         memset(p, 0, sizeof(float) * (size_t)(S * T));
-      for (int64_t i = 0; i < S; i++) {
-        float* row = p + i * T;
-        int64_t last = causal ? q0 + i : T - 1; /* keys 0..last are visible */
-        if (last > T - 1) last = T - 1;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= last; j++) mx = fmaxf(mx, row[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j <= last; j++) sum += (row[j] = expf(row[j] - mx));
-        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
-        for (int64_t j = 0; j <= last; j++) row[j] *= inv;
-        for (int64_t j = last + 1; j < T; j++) row[j] = 0.0f;
-      }
+      dt__attn_softmax_rows(p, S, T, q0, causal);
       if (E > 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)E, (int)T, 1.0f, p,
                     (int)T, vh, (int)E, 0.0f, oh, (int)E);

@@ -65,4 +65,8 @@ DT__KERNEL(dt__kernel_embedding_grad);
 DT__KERNEL(dt__kernel_sdpa_grad);
 #undef DT__KERNEL
 
+/* Row-wise softmax of attention scores p (S, T) in place; with `causal`, query row i (global
+ * position q0 + i) sees keys 0 .. q0 + i and the rest become 0. Shared by sdpa and sdpa_grad. */
+void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal);
+
 #endif
