@@ -314,6 +314,42 @@ static void modules(void) {
   }
 }
 
+/* the schedule: linear warmup, cosine to lr_min; the Markov corpus: its exact entropy floor
+ * against the empirical conditional entropy of a long sample (counts of (context, next)) */
+static void schedule_and_corpus(void) {
+  DT_ASSERT_TRUE(fabs(dt_lr_schedule(0, 10, 100, 1.0, 0.1) - 0.1) < 1e-12, "warmup step 0");
+  DT_ASSERT_TRUE(fabs(dt_lr_schedule(9, 10, 100, 1.0, 0.1) - 1.0) < 1e-12, "warmup end");
+  DT_ASSERT_TRUE(fabs(dt_lr_schedule(55, 10, 100, 1.0, 0.1) - 0.55) < 1e-12, "cosine middle");
+  DT_ASSERT_TRUE(fabs(dt_lr_schedule(100, 10, 100, 1.0, 0.1) - 0.1) < 1e-12, "cosine end");
+  DT_ASSERT_TRUE(dt_lr_schedule(30, 10, 100, 1.0, 0.1) > dt_lr_schedule(31, 10, 100, 1.0, 0.1),
+                 "decreasing");
+  const int V = 8, n = 1 << 20;
+  dt_corpus_t c;
+  DT_ASSERT_OK(dt_corpus_markov(V, 2, n + 1, 11, &c));
+  int64_t* tok = malloc(sizeof(int64_t) * (size_t)n);
+  int64_t* tgt = malloc(sizeof(int64_t) * (size_t)n);
+  DT_ASSERT_OK(dt_corpus_batch(c, 0, 0, 1, n - 1, tok, tgt)); /* one window: the whole corpus */
+  static double cnt[8 * 8 * 8];
+  memset(cnt, 0, sizeof cnt);
+  for (int i = 1; i < n - 1; i++) cnt[(tok[i - 1] * V + tok[i]) * V + tgt[i]] += 1.0;
+  double h = 0.0, total = n - 2;
+  for (int x = 0; x < V * V; x++) {
+    double row = 0.0;
+    for (int v = 0; v < V; v++) row += cnt[x * V + v];
+    for (int v = 0; v < V; v++)
+      if (cnt[x * V + v] > 0) h -= cnt[x * V + v] / total * log(cnt[x * V + v] / row);
+  }
+  double floor = dt_corpus_entropy_floor(c);
+  DT_ASSERT_TRUE(fabs(h - floor) < 0.01, "empirical conditional entropy %.4f vs floor %.4f", h,
+                 floor);
+  free(tok);
+  free(tgt);
+  DT_ASSERT_OK(dt_corpus_destroy(c));
+  dt_corpus_t bad;
+  DT_ASSERT_STATUS(dt_corpus_markov(1, 2, 100, 1, &bad), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_corpus_file("/nonexistent/x", &bad), DT_ERR_IO);
+}
+
 static void errors(void) {
   int64_t s[2] = {4, 3};
   dt_placement_t rep = dt_replicate();
@@ -356,6 +392,7 @@ int main(int argc, char** argv) {
   redistribute_grad();
   adamw_bf16();
   modules();
+  schedule_and_corpus();
   errors();
   DT_ASSERT_OK(dt_corpus_destroy(corpus));
   DT_ASSERT_OK(dt_mesh_destroy(g_mesh));
