@@ -190,11 +190,16 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
   }
   if (mesh == NULL) return DT_SUCCESS;
   /* one all-reduce: a Partial(sum) scalar over the whole mesh brought to Replicate; on a mesh of
-   * several dims the dims are flattened (registered once, a no-op afterwards) so the planner
-   * merges the per-dim reductions into a single all-reduce */
+   * several dims spanning the world the dims are flattened (registered once, a no-op afterwards)
+   * so the planner merges the per-dim reductions into a single all-reduce; a mesh over part of
+   * the world keeps one all-reduce per mesh dim */
   int mnd;
   DT_CHECK(dt_mesh_ndim(mesh, &mnd));
-  if (mnd > 1) {
+  int world, mshape[4], mnumel = 1;
+  DT_CHECK(dt_world_size(&world));
+  DT_CHECK(dt_mesh_shape(mesh, mshape));
+  for (int d = 0; d < mnd; d++) mnumel *= mshape[d];
+  if (mnd > 1 && mnumel == world) { /* flattening is collective over the world */
     int dims[4] = {0, 1, 2, 3};
     DT_CHECK(dt_mesh_flatten(mesh, mnd, dims, NULL, NULL));
   }
