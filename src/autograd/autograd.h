@@ -29,6 +29,7 @@ typedef struct dt__node {
   int64_t iargs[DT_OP_MAX_IARGS];
   double fargs[DT_OP_MAX_FARGS];
   dt_placement_t src_pl[DT_MAX_MESH_DIMS]; /* redistribute: the source placements */
+  dt_tensor_t saved; /* a forward by-product the rule reuses (cross_entropy: the row logsumexp) */
 } dt__node_t;
 
 /* Whether `op` has a backward rule. */

@@ -485,21 +485,19 @@ static dt_status_t dt__g_topk(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_
   return st;
 }
 
-/* mean cross-entropy: d logits = (softmax(logits) - onehot(targets)) g / N, class-sharded */
+/* mean cross-entropy: d logits = (softmax(logits) - onehot(targets)) g / N, class-sharded;
+ * softmax = exp(x - lse) with the row logsumexp saved by the forward pass */
 static dt_status_t dt__g_cross_entropy(const dt__node_t* n, dt_tensor_t* gout, dt_tensor_t* gin) {
-  dt_tensor_t x = X(0), tg = X(1);
+  dt_tensor_t x = X(0), tg = X(1), lse = n->saved;
+  if (lse == NULL) return DT_FAIL(DT_ERR_INTERNAL, "cross_entropy node without its logsumexp");
   int64_t N = x->layout.shape[0];
-  const int64_t keep_last[2] = {1, -1};
   dt__scope_t s = {0};
-  dt_tensor_t m, z, e, sm, p, idx, neg, oh, pg;
+  dt_tensor_t z, p, idx, neg, oh, gs;
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
   const int64_t col[2] = {N, 1};
-  dt_status_t st = dt_op_run("amax", 1, &x, 2, keep_last, 0, NULL, &m);
-  if (st == DT_SUCCESS) st = dt__op2("sub", x, dt__keep(&s, m), &z);
-  if (st == DT_SUCCESS) st = dt__op1("exp", dt__keep(&s, z), &e);
-  if (st == DT_SUCCESS) st = dt_op_run("sum", 1, (dt__keep(&s, e), &e), 2, keep_last, 0, NULL, &sm);
-  if (st == DT_SUCCESS) st = dt__op2("div", e, dt__keep(&s, sm), &p);
+  dt_status_t st = dt__op2("sub", x, lse, &z);
+  if (st == DT_SUCCESS) st = dt__op1("exp", dt__keep(&s, z), &p);
   if (st == DT_SUCCESS) st = dt__reshape(tg, 2, col, (dt__keep(&s, p), &idx));
   if (st == DT_SUCCESS)
     st = dt_tensor_full_value(x->mesh, x->dtype, 2, col, rep, -1.0, (dt__keep(&s, idx), &neg));
@@ -509,8 +507,9 @@ static dt_status_t dt__g_cross_entropy(const dt__node_t* n, dt_tensor_t* gout, d
     const int64_t one[1] = {1};
     st = dt_op_run("scatter_add", 3, in, 1, one, 0, NULL, &oh);
   }
-  if (st == DT_SUCCESS) st = dt__op2("mul", dt__keep(&s, oh), G, &pg);
-  if (st == DT_SUCCESS) st = dt__scale(dt__keep(&s, pg), N > 0 ? 1.0 / (double)N : 0.0, &gin[0]);
+  /* g / N is a scalar: scale it first, then one pass over the logits */
+  if (st == DT_SUCCESS) st = dt__scale(G, N > 0 ? 1.0 / (double)N : 0.0, (dt__keep(&s, oh), &gs));
+  if (st == DT_SUCCESS) st = dt__op2("mul", oh, dt__keep(&s, gs), &gin[0]);
   dt__scope_free(&s);
   return st;
 }

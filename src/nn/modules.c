@@ -147,6 +147,19 @@ dt_status_t dt_nn_layer_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var
   return ag(tape, "layer_norm", 3, in, 0, NULL, 1, &eps, out);
 }
 
+/* x (..., D) as rows (N, D): one reshape (a copy) instead of one per projection */
+static dt_status_t as_rows(dt_tape_t tape, dt_var_t x, dt_var_t* rows, int* nd, int64_t* xs) {
+  DT_CHECK(shape_of(x, nd, xs));
+  if (*nd == 2) {
+    *rows = x;
+    return DT_SUCCESS;
+  }
+  int64_t n = 1;
+  for (int d = 0; d + 1 < *nd; d++) n *= xs[d];
+  const int64_t s2[2] = {n, xs[*nd - 1]};
+  return ag(tape, "reshape", 1, &x, 2, s2, 0, NULL, rows);
+}
+
 dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk, dt_var_t wv,
                             dt_var_t wo, int H, int G, double rope_theta, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
@@ -157,35 +170,47 @@ dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk
   if (nd != 3 || H <= 0 || G <= 0 || H % G != 0 || xs[2] % H != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "attention: x (B, S, D) with D a multiple of %d heads, "
                                        "heads a multiple of %d kv heads", H, G);
-  int64_t B = xs[0], S = xs[1], Dh = xs[2] / H;
+  int64_t B = xs[0], S = xs[1], D = xs[2], Dh = D / H;
   const int64_t tr12[2] = {1, 2}, causal[1] = {1}, ra[1] = {1};
-  dt_var_t qkv[3], ws[3] = {wq, wk, wv};
+  dt_var_t x2, qkv[3], ws[3] = {wq, wk, wv};
+  DT_CHECK(as_rows(tape, x, &x2, &nd, xs));
   int heads[3] = {H, G, G};
   for (int j = 0; j < 3; j++) {
     dt_var_t p, p4, r;
-    DT_CHECK(dt_nn_linear(tape, x, ws[j], NULL, &p)); /* (B, S, heads*Dh) */
+    DT_CHECK(ag2(tape, "linear_nobias", x2, ws[j], &p)); /* (B*S, heads*Dh) */
     const int64_t s4[4] = {B, S, heads[j], Dh};
     DT_CHECK(ag(tape, "reshape", 1, &p, 4, s4, 0, NULL, &p4));
     if (j < 2) DT_CHECK(ag(tape, "rotary", 1, &p4, 1, ra, 1, &rope_theta, &r));
     else r = p4;
     DT_CHECK(ag(tape, "transpose", 1, &r, 2, tr12, 0, NULL, &qkv[j])); /* (B, heads, S, Dh) */
   }
-  dt_var_t o, o2, o3;
+  dt_var_t o, o2, o3, y;
   DT_CHECK(ag(tape, "sdpa", 3, qkv, 1, causal, 0, NULL, &o));
   DT_CHECK(ag(tape, "transpose", 1, &o, 2, tr12, 0, NULL, &o2)); /* (B, S, H, Dh) */
-  const int64_t s3[3] = {B, S, (int64_t)H * Dh};
-  DT_CHECK(ag(tape, "reshape", 1, &o2, 3, s3, 0, NULL, &o3));
-  return dt_nn_linear(tape, o3, wo, NULL, out);
+  const int64_t s2[2] = {B * S, (int64_t)H * Dh}, s3[3] = {B, S, D};
+  DT_CHECK(ag(tape, "reshape", 1, &o2, 2, s2, 0, NULL, &o3));
+  DT_CHECK(ag2(tape, "linear_nobias", o3, wo, &y));
+  return ag(tape, "reshape", 1, &y, 3, s3, 0, NULL, out);
 }
 
 dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
                          dt_var_t* out) {
-  dt_var_t a, b, s, p;
-  DT_CHECK(dt_nn_linear(tape, x, w1, NULL, &a));
-  DT_CHECK(dt_nn_linear(tape, x, w3, NULL, &b));
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  int nd;
+  int64_t xs[8];
+  dt_var_t x2, a, b, s, p, y;
+  DT_CHECK(as_rows(tape, x, &x2, &nd, xs));
+  DT_CHECK(ag2(tape, "linear_nobias", x2, w1, &a));
+  DT_CHECK(ag2(tape, "linear_nobias", x2, w3, &b));
   DT_CHECK(ag(tape, "silu", 1, &a, 0, NULL, 0, NULL, &s));
   DT_CHECK(ag2(tape, "mul", s, b, &p));
-  return dt_nn_linear(tape, p, w2, NULL, out);
+  DT_CHECK(ag2(tape, "linear_nobias", p, w2, &y));
+  if (nd == 2) {
+    *out = y;
+    return DT_SUCCESS;
+  }
+  return ag(tape, "reshape", 1, &y, nd, xs, 0, NULL, out);
 }
 
 dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, int E, const dt_var_t* w1,
