@@ -154,6 +154,7 @@ static int dt__fits(dt_placement_t* p, int ndim) {
  * are only checked for legality (to count them) and not costed or visited. */
 static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
                               const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], int prune,
+                              const double* bound,
                               void (*visit)(void* ctx, const dt_op_choice_t* c), void* ctx,
                               int* total) {
   *total = 0;
@@ -182,6 +183,21 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
                                      call->in[t].shape, in_pl[t]);
     if (st != DT_SUCCESS) return DT_FAIL(st, "%s: input %d: %s", call->op, t, dt_last_error());
   }
+  /* inputs costed smallest first: with a bound, a cheap plan often rules a candidate out before
+   * the big input's plan is searched */
+  int order[DT_OP_MAX_INPUTS];
+  int64_t sz[DT_OP_MAX_INPUTS];
+  for (int t = 0; t < call->n_inputs; t++) {
+    order[t] = t;
+    sz[t] = 1;
+    for (int d = 0; d < call->in[t].ndim; d++) sz[t] *= call->in[t].shape[d];
+  }
+  for (int a = 1; a < call->n_inputs; a++)
+    for (int b = a; b > 0 && sz[order[b]] < sz[order[b - 1]]; b--) {
+      int tmp = order[b];
+      order[b] = order[b - 1];
+      order[b - 1] = tmp;
+    }
   int perfect = 0;
   for (long k = 0; k < ncand; k++) {
     int ok = 1;
@@ -209,13 +225,18 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
     if (prune && perfect) continue;
     c.cost_us = 0.0;
     c.steps = 0;
-    for (int t = 0; t < call->n_inputs && !same; t++) {
+    int beaten = 0; /* costs only add up: once above the best so far, stop planning */
+    for (int q = 0; q < call->n_inputs && !same && !beaten; q++) {
+      int t = order[q];
       struct dt_plan* p;
       DT_CHECK(dt__plan_get(mesh, call->in[t].dtype, &in_l[t], c.in[t], &p));
       c.cost_us += p->cost_us;
       c.steps += p->nsteps;
+      beaten = bound != NULL && *bound < INFINITY &&
+               c.cost_us > *bound + 1e-9 * (1.0 + fabs(*bound));
     }
     perfect |= same;
+    if (beaten) continue;
     visit(ctx, &c);
   }
   dt_clear_error();
@@ -225,6 +246,7 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
 typedef struct {
   dt_op_choice_t best;
   int have;
+  double bound; /* the best cost so far (INFINITY before the first) */
 } dt__best_t;
 
 static int dt__better(const dt_op_choice_t* a, const dt_op_choice_t* b) {
@@ -240,6 +262,7 @@ static void dt__visit_best(void* ctx, const dt_op_choice_t* c) {
   if (!b->have || dt__better(c, &b->best)) {
     b->best = *c;
     b->have = 1;
+    b->bound = c->cost_us;
   }
 }
 
@@ -260,8 +283,9 @@ dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
   }
   dt__best_t b;
   memset(&b, 0, sizeof b);
+  b.bound = INFINITY;
   int total = 0;
-  DT_CHECK(dt__expand(mesh, call, in_pl, 1, dt__visit_best, &b, &total));
+  DT_CHECK(dt__expand(mesh, call, in_pl, 1, &b.bound, dt__visit_best, &b, &total));
   if (!b.have)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: no candidate strategy fits these inputs", call->op);
   *out = b.best;
@@ -289,7 +313,7 @@ dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
   if (cap > 0) DT_ARG_NOT_NULL(out);
   dt__list_t l = {out, cap < 0 ? 0 : cap, 0};
   int total = 0;
-  DT_CHECK(dt__expand(mesh, call, in_pl, 0, dt__visit_list, &l, &total));
+  DT_CHECK(dt__expand(mesh, call, in_pl, 0, NULL, dt__visit_list, &l, &total));
   *n = total;
   return DT_SUCCESS;
 }
