@@ -171,24 +171,23 @@ dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk
     return DT_FAIL(DT_ERR_INVALID_ARG, "attention: x (B, S, D) with D a multiple of %d heads, "
                                        "heads a multiple of %d kv heads", H, G);
   int64_t B = xs[0], S = xs[1], D = xs[2], Dh = D / H;
-  const int64_t tr12[2] = {1, 2}, causal[1] = {1}, ra[1] = {1};
+  const int64_t attn_args[2] = {1, 1}, ra[1] = {1}; /* causal; (B, S, heads, Dh) layout */
   dt_var_t x2, qkv[3], ws[3] = {wq, wk, wv};
   DT_CHECK(as_rows(tape, x, &x2, &nd, xs));
   int heads[3] = {H, G, G};
   for (int j = 0; j < 3; j++) {
-    dt_var_t p, p4, r;
+    dt_var_t p, p4;
     DT_CHECK(ag2(tape, "linear_nobias", x2, ws[j], &p)); /* (B*S, heads*Dh) */
     const int64_t s4[4] = {B, S, heads[j], Dh};
     DT_CHECK(ag(tape, "reshape", 1, &p, 4, s4, 0, NULL, &p4));
-    if (j < 2) DT_CHECK(ag(tape, "rotary", 1, &p4, 1, ra, 1, &rope_theta, &r));
-    else r = p4;
-    DT_CHECK(ag(tape, "transpose", 1, &r, 2, tr12, 0, NULL, &qkv[j])); /* (B, heads, S, Dh) */
+    if (j < 2) DT_CHECK(ag(tape, "rotary", 1, &p4, 1, ra, 1, &rope_theta, &qkv[j]));
+    else qkv[j] = p4;
   }
-  dt_var_t o, o2, o3, y;
-  DT_CHECK(ag(tape, "sdpa", 3, qkv, 1, causal, 0, NULL, &o));
-  DT_CHECK(ag(tape, "transpose", 1, &o, 2, tr12, 0, NULL, &o2)); /* (B, S, H, Dh) */
+  /* attention straight on (B, S, heads, Dh): strided BLAS rows, no transposed copies */
+  dt_var_t o, o3, y;
+  DT_CHECK(ag(tape, "sdpa", 3, qkv, 2, attn_args, 0, NULL, &o));
   const int64_t s2[2] = {B * S, (int64_t)H * Dh}, s3[3] = {B, S, D};
-  DT_CHECK(ag(tape, "reshape", 1, &o2, 2, s2, 0, NULL, &o3));
+  DT_CHECK(ag(tape, "reshape", 1, &o, 2, s2, 0, NULL, &o3));
   DT_CHECK(ag2(tape, "linear_nobias", o3, wo, &y));
   return ag(tape, "reshape", 1, &y, 3, s3, 0, NULL, out);
 }

@@ -134,11 +134,16 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
                                  dt_local_tensor_t* out) {
   DT_CHECK(dt__f32(call, in, 4));
   const dt_local_tensor_t *q = &in[0], *k = &in[1], *v = &in[2], *g = &in[3];
-  int64_t B = q->shape[0], H = q->shape[1], S = q->shape[2], D = q->shape[3];
-  int64_t G = k->shape[1], T = k->shape[2], E = v->shape[3];
+  int layout = call->n_iargs > 1 ? (int)call->iargs[1] : 0;
+  int64_t B = q->shape[0], H, S, D, G, T, E, Gv, Tv;
+  dt__attn_geom(q, layout, &H, &S, &D);
+  dt__attn_geom(k, layout, &G, &T, &D);
+  dt__attn_geom(v, layout, &Gv, &Tv, &E);
   int causal = call->n_iargs ? (int)call->iargs[0] : 0;
   double scale = call->n_fargs ? call->fargs[0] : 1.0 / sqrt((double)D);
-  int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[2];
+  int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[layout ? 1 : 2];
+  int lq = (int)(layout ? H * D : D), lk = (int)(layout ? G * D : D), lv = (int)(layout ? G * E : E),
+      lg = (int)(layout ? H * E : E);
   float *dq = (float*)out[0].data, *dk = (float*)out[1].data, *dv = (float*)out[2].data;
   memset(dq, 0, sizeof(float) * (size_t)dt__numel(&out[0]));
   memset(dk, 0, sizeof(float) * (size_t)dt__numel(&out[1]));
@@ -150,24 +155,23 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t gi = h / rep;
-      const float* qh = (const float*)q->data + (b * H + h) * S * D;
-      const float* kh = (const float*)k->data + (b * G + gi) * T * D;
-      const float* vh = (const float*)v->data + (b * G + gi) * T * E;
-      const float* gh = (const float*)g->data + (b * H + h) * S * E;
-      float *dqh = dq + (b * H + h) * S * D, *dkh = dk + (b * G + gi) * T * D,
-            *dvh = dv + (b * G + gi) * T * E;
+      int64_t oq = dt__attn_base(layout, b, h, H, S, D), ok = dt__attn_base(layout, b, gi, G, T, D),
+              ov = dt__attn_base(layout, b, gi, G, T, E), og = dt__attn_base(layout, b, h, H, S, E);
+      const float *qh = (const float*)q->data + oq, *kh = (const float*)k->data + ok,
+                  *vh = (const float*)v->data + ov, *gh = (const float*)g->data + og;
+      float *dqh = dq + oq, *dkh = dk + ok, *dvh = dv + ov;
       if (D > 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)D, (float)scale,
-                    qh, (int)D, kh, (int)D, 0.0f, p, (int)T);
+                    qh, lq, kh, lk, 0.0f, p, (int)T);
       else
         memset(p, 0, sizeof(float) * (size_t)(S * T));
       dt__attn_softmax_rows(p, S, T, q0, causal);
       if (E > 0) {
         /* dv += P^T g ; dP = g v^T */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)E, (int)S, 1.0f, p,
-                    (int)T, gh, (int)E, 1.0f, dvh, (int)E);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)E, 1.0f, gh,
-                    (int)E, vh, (int)E, 0.0f, dp, (int)T);
+                    (int)T, gh, lg, 1.0f, dvh, lv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)E, 1.0f, gh, lg,
+                    vh, lv, 0.0f, dp, (int)T);
       } else {
         memset(dp, 0, sizeof(float) * (size_t)(S * T));
       }
@@ -179,9 +183,9 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
       }
       if (D > 0) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)T, (float)scale,
-                    dp, (int)T, kh, (int)D, 0.0f, dqh, (int)D);
+                    dp, (int)T, kh, lk, 0.0f, dqh, lq);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)S, (float)scale,
-                    dp, (int)T, qh, (int)D, 1.0f, dkh, (int)D);
+                    dp, (int)T, qh, lq, 1.0f, dkh, lk);
       }
     }
   dt__free(p);

@@ -154,15 +154,33 @@ void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causa
   }
 }
 
+/* Geometry of one attention operand on this rank: heads, sequence, feature size, and where the
+ * (batch b, head h) matrix starts and its row stride, for layout 0 (B, H, S, D) or 1 (B, S, H, D).
+ * Layout 1 hands BLAS strided rows instead of transposing the tensors around attention. */
+void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
+                   int64_t* feat) {
+  *heads = t->shape[layout ? 2 : 1];
+  *seq = t->shape[layout ? 1 : 2];
+  *feat = t->shape[3];
+}
+int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t feat) {
+  return layout ? (b * seq * heads + h) * feat : (b * heads + h) * seq * feat;
+}
+
 dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* in,
                             dt_local_tensor_t* out) {
   for (int t = 0; t < 3; t++) DT_CHECK(dt__need_f32(call, &in[t]));
   const dt_local_tensor_t *q = &in[0], *k = &in[1], *v = &in[2];
-  int64_t B = q->shape[0], H = q->shape[1], S = q->shape[2], D = q->shape[3];
-  int64_t G = k->shape[1], T = k->shape[2], E = v->shape[3];
+  int layout = call->n_iargs > 1 ? (int)call->iargs[1] : 0;
+  int64_t B = q->shape[0], H, S, D, G, T, E, Gv, Tv;
+  dt__attn_geom(q, layout, &H, &S, &D);
+  dt__attn_geom(k, layout, &G, &T, &D);
+  dt__attn_geom(v, layout, &Gv, &Tv, &E);
   int causal = call->n_iargs ? (int)call->iargs[0] : 0;
   double scale = call->n_fargs ? call->fargs[0] : 1.0 / sqrt((double)D);
-  int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[2];
+  int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[layout ? 1 : 2];
+  int lq = (int)(layout ? H * D : D), lk = (int)(layout ? G * D : D), lv = (int)(layout ? G * E : E),
+      lo = (int)(layout ? H * E : E);
   float* o = (float*)out->data;
   if (B * H * S == 0) return DT_SUCCESS;
   if (T == 0) {
@@ -174,19 +192,19 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t g = h / rep;
-      const float* qh = (const float*)q->data + (b * H + h) * S * D;
-      const float* kh = (const float*)k->data + (b * G + g) * T * D;
-      const float* vh = (const float*)v->data + (b * G + g) * T * E;
-      float* oh = o + (b * H + h) * S * E;
+      const float* qh = (const float*)q->data + dt__attn_base(layout, b, h, H, S, D);
+      const float* kh = (const float*)k->data + dt__attn_base(layout, b, g, G, T, D);
+      const float* vh = (const float*)v->data + dt__attn_base(layout, b, g, G, T, E);
+      float* oh = o + dt__attn_base(layout, b, h, H, S, E);
       if (D > 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)D, (float)scale,
-                    qh, (int)D, kh, (int)D, 0.0f, p, (int)T);
+                    qh, lq, kh, lk, 0.0f, p, (int)T);
       else
         memset(p, 0, sizeof(float) * (size_t)(S * T));
       dt__attn_softmax_rows(p, S, T, q0, causal);
       if (E > 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)E, (int)T, 1.0f, p,
-                    (int)T, vh, (int)E, 0.0f, oh, (int)E);
+                    (int)T, vh, lv, 0.0f, oh, lo);
     }
   dt__free(p);
   return DT_SUCCESS;

@@ -68,5 +68,10 @@ DT__KERNEL(dt__kernel_sdpa_grad);
 /* Row-wise softmax of attention scores p (S, T) in place; with `causal`, query row i (global
  * position q0 + i) sees keys 0 .. q0 + i and the rest become 0. Shared by sdpa and sdpa_grad. */
 void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal);
+/* Attention operand geometry for layout 0 (B, H, S, D) or 1 (B, S, H, D): heads, sequence length,
+ * feature size; and the offset of the (b, h) matrix (its row stride is feat, or heads * feat). */
+void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
+                   int64_t* feat);
+int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t feat);
 
 #endif

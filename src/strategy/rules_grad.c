@@ -103,16 +103,19 @@ static dt_status_t dt__sdpa_grad_rules(const dt_op_call_t* call, dt_tensor_meta_
   out_meta[0] = call->in[0];
   out_meta[1] = call->in[1];
   out_meta[2] = call->in[2];
+  int hd, sd;
+  DT_CHECK(dt__sdpa_layout(call, &hd, &sd));
   dt_op_rule_t r;
   memset(&r, 0, sizeof r);
   dt__add(rules, cap, n, &r);
-  for (int d = 0; d < 2; d++) {
-    for (int t = 0; t < 4; t++) r.in[t] = dt_shard(d);
-    for (int o = 0; o < 3; o++) r.out[o] = dt_shard(d);
+  const int dims[2] = {0, hd};
+  for (int j = 0; j < 2; j++) {
+    for (int t = 0; t < 4; t++) r.in[t] = dt_shard(dims[j]);
+    for (int o = 0; o < 3; o++) r.out[o] = dt_shard(dims[j]);
     dt__add(rules, cap, n, &r);
   }
   memset(&r, 0, sizeof r);
-  r.in[0] = r.in[3] = r.out[0] = dt_shard(2);
+  r.in[0] = r.in[3] = r.out[0] = dt_shard(sd);
   r.out[1] = r.out[2] = dt_partial(DT_REDUCE_SUM);
   dt__add(rules, cap, n, &r);
   return DT_SUCCESS;

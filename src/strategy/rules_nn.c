@@ -147,56 +147,68 @@ static dt_status_t dt__where_rules(const dt_op_call_t* call, dt_tensor_meta_t* o
 
 /* ---------------------------------------------------------------------------------------------
  * scaled dot-product attention: q (B, H, S, D), k (B, G, T, D), v (B, G, T, E) with H a multiple
- * of G (grouped-query heads: q head h reads kv head h / (H / G)); iargs [causal], fargs [scale]
- * (default 1/sqrt(D)). Out (B, H, S, E). Batch or heads sharded on all three; queries sharded on
- * S with k, v whole (the causal mask uses global query positions). */
+ * of G (grouped-query heads: q head h reads kv head h / (H / G)); iargs [causal, layout] with
+ * layout 1 meaning (B, S, H, D) tensors instead (no transposes around attention), fargs [scale]
+ * (default 1/sqrt(D)). Out has q's layout with E last. Batch or heads sharded on all three;
+ * queries sharded on S with k, v whole (the causal mask uses global query positions). */
+
+dt_status_t dt__sdpa_layout(const dt_op_call_t* call, int* hd, int* sd) {
+  int64_t layout = call->n_iargs > 1 ? call->iargs[1] : 0;
+  if (call->n_iargs > 2 || call->n_fargs > 1 ||
+      (call->n_iargs >= 1 && call->iargs[0] != 0 && call->iargs[0] != 1) ||
+      (layout != 0 && layout != 1))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa takes iargs [causal 0|1, layout 0|1] and fargs "
+                                       "[scale]");
+  *hd = layout ? 2 : 1;
+  *sd = layout ? 1 : 2;
+  return DT_SUCCESS;
+}
 
 static dt_status_t dt__sdpa_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
+  int hd, sd;
+  DT_CHECK(dt__sdpa_layout(call, &hd, &sd));
   const dt_tensor_meta_t *q = &call->in[0], *k = &call->in[1], *v = &call->in[2];
   if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: q, k, v must be (B, H, S, D)");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: q, k, v must be 4-dim (%s)",
+                   hd == 1 ? "B, H, S, D" : "B, S, H, D");
   if (!dt__dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
     return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: q, k, v must share one float dtype");
   if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[3] != q->shape[3] ||
-      v->shape[1] != k->shape[1] || v->shape[2] != k->shape[2])
+      v->shape[hd] != k->shape[hd] || v->shape[sd] != k->shape[sd])
     return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: shapes q %lldx%lldx%lldx%lld, k %lldx%lldx%lldx%lld "
                    "and v do not match", (long long)q->shape[0], (long long)q->shape[1],
                    (long long)q->shape[2], (long long)q->shape[3], (long long)k->shape[0],
                    (long long)k->shape[1], (long long)k->shape[2], (long long)k->shape[3]);
-  if (k->shape[1] == 0 || q->shape[1] % k->shape[1] != 0)
+  if (k->shape[hd] == 0 || q->shape[hd] % k->shape[hd] != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: %lld query heads are not a multiple of %lld kv heads",
-                   (long long)q->shape[1], (long long)k->shape[1]);
-  if (call->n_iargs > 1 || call->n_fargs > 1 ||
-      (call->n_iargs == 1 && call->iargs[0] != 0 && call->iargs[0] != 1))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa takes iargs [causal 0|1] and fargs [scale]");
-  out_meta->dtype = q->dtype;
-  out_meta->ndim = 4;
-  out_meta->shape[0] = q->shape[0];
-  out_meta->shape[1] = q->shape[1];
-  out_meta->shape[2] = q->shape[2];
+                   (long long)q->shape[hd], (long long)k->shape[hd]);
+  *out_meta = *q;
   out_meta->shape[3] = v->shape[3];
   dt_op_rule_t r;
   memset(&r, 0, sizeof r);
   dt__add(rules, cap, n, &r);
-  for (int d = 0; d < 2; d++) {
-    r.out[0] = r.in[0] = r.in[1] = r.in[2] = dt_shard(d);
+  const int dims[2] = {0, hd};
+  for (int j = 0; j < 2; j++) {
+    r.out[0] = r.in[0] = r.in[1] = r.in[2] = dt_shard(dims[j]);
     dt__add(rules, cap, n, &r);
   }
   memset(&r, 0, sizeof r);
-  r.out[0] = r.in[0] = dt_shard(2);
+  r.out[0] = r.in[0] = dt_shard(sd);
   dt__add(rules, cap, n, &r);
   return DT_SUCCESS;
 }
 
 /* Heads sharded: each rank's kv heads must be exactly the groups of its query heads. */
 static int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c) {
+  int hd, sd;
+  if (dt__sdpa_layout(call, &hd, &sd) != DT_SUCCESS) return 0;
   int heads = 0;
   for (int i = 0; i < mesh->ndim; i++)
-    heads |= c->in[0][i].kind == DT_SHARD && c->in[0][i].dim == 1;
-  int64_t H = call->in[0].shape[1], G = call->in[1].shape[1];
+    heads |= c->in[0][i].kind == DT_SHARD && c->in[0][i].dim == hd;
+  int64_t H = call->in[0].shape[hd], G = call->in[1].shape[hd];
   if (!heads || H == G) return 1;
   dt_layout_t lq, lk;
   if (dt__layout_init(&lq, mesh->ndim, mesh->shape, 4, call->in[0].shape, c->in[0]) ||
@@ -212,7 +224,7 @@ static int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_
     int64_t qo[DT_MAX_DIMS], ql[DT_MAX_DIMS], ko[DT_MAX_DIMS], kl[DT_MAX_DIMS];
     dt__layout_box(&lq, coords, qo, ql);
     dt__layout_box(&lk, coords, ko, kl);
-    if (ql[1] != kl[1] * rep || (ql[1] > 0 && qo[1] != ko[1] * rep)) return 0;
+    if (ql[hd] != kl[hd] * rep || (ql[hd] > 0 && qo[hd] != ko[hd] * rep)) return 0;
   }
   dt_clear_error();
   return 1;

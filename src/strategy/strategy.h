@@ -82,6 +82,8 @@ dt_status_t dt__op_rules_of(const char* name, const dt_op_call_t* call, dt_tenso
 /* slice/narrow arguments normalized: elements start, start+step, ... (len of them) along dim. */
 dt_status_t dt__slice_args(const dt_op_call_t* call, int* dim, int64_t* start, int64_t* step,
                            int64_t* len);
+/* sdpa's layout from iargs [causal, layout]: the heads dim and the sequence dim of q, k, v. */
+dt_status_t dt__sdpa_layout(const dt_op_call_t* call, int* hd, int* sd);
 /* topk arguments validated: k, dim, largest. */
 dt_status_t dt__topk_args(const dt_op_call_t* call, int64_t* k, int* dim, int* largest);
 

@@ -222,6 +222,15 @@ static void attention(void) {
   check("sdpa", 3, e, 1, causal, 0, NULL, "S(1)", 0);
   for (int t = 0; t < 3; t++) dt_tensor_destroy(e[t]);
   (void)qs;
+  /* layout (B, S, H, D): heads on dim 2, queries on dim 1 */
+  const int64_t bshd[2] = {1, 1};
+  int64_t hs[4] = {2, 6, 2 * g_n, 4}, qs6[4] = {2, 3 * g_n, 2, 4};
+  dt_tensor_t lh[3] = {make(4, hs, "S(2)", 1), make(4, hs, "S(2)", 2), make(4, hs, "S(2)", 3)};
+  check("sdpa", 3, lh, 2, bshd, 0, NULL, "S(2)", 0);
+  for (int t = 0; t < 3; t++) dt_tensor_destroy(lh[t]);
+  dt_tensor_t lq[3] = {make(4, qs6, "S(1)", 1), make(4, qs6, "R", 2), make(4, qs6, "R", 3)};
+  check("sdpa", 3, lq, 2, bshd, 0, NULL, "S(1)", 0);
+  for (int t = 0; t < 3; t++) dt_tensor_destroy(lq[t]);
   /* rotary with the sequence sharded */
   int64_t rs[4] = {2, 3 * g_n + 1, 2, 6};
   dt_tensor_t x = make(4, rs, "S(1)", 4);

@@ -123,6 +123,10 @@ case("sdpa_causal", "sdpa", [qa, ka, va], sdpa_ref(qa, ka, va, True), iargs=[1])
 case("sdpa_scale", "sdpa", [qa, ka, va], sdpa_ref(qa, ka, va, False, 0.3), iargs=[0], fargs=[0.3])
 kg, vg = rnd(2, 2, 6, 3), rnd(2, 2, 6, 3)
 case("sdpa_gqa_causal", "sdpa", [qa, kg, vg], sdpa_ref(qa, kg, vg, True), iargs=[1])
+# layout 1: (B, S, heads, D) tensors
+qb, kb, vb = qa.transpose(1, 2).contiguous(), kg.transpose(1, 2).contiguous(), vg.transpose(1, 2).contiguous()
+case("sdpa_bshd_gqa_causal", "sdpa", [qb, kb, vb], sdpa_ref(qa, kg, vg, True).transpose(1, 2).contiguous(),
+     iargs=[1, 1])
 
 def rotary_ref(x, seq_dim, theta):
     # Meta Llama: pairs (x[2i], x[2i+1]) as complex numbers times exp(i * pos * theta^(-2i/D))
@@ -234,7 +238,11 @@ def torch_op(op, x, ia, fa):
         return x[0][tuple(idx)]
     if op == "narrow": return x[0].narrow(ia[0], ia[1], ia[2])
     if op == "cat": return torch.cat(x, ia[0])
-    if op == "sdpa": return sdpa_ref(x[0], x[1], x[2], bool(ia[0]), fa[0] if fa else None)
+    if op == "sdpa":
+        if len(ia) > 1 and ia[1]:
+            t = [v.transpose(1, 2) for v in x]
+            return sdpa_ref(t[0], t[1], t[2], bool(ia[0]), fa[0] if fa else None).transpose(1, 2)
+        return sdpa_ref(x[0], x[1], x[2], bool(ia[0]), fa[0] if fa else None)
     if op == "rotary": return rotary_ref(x[0], ia[0], fa[0])
     if op == "gather": return torch.gather(x[0], ia[0], x[1])
     if op == "scatter_add": return x[0].scatter_add(ia[0], x[1], x[2])
