@@ -19,22 +19,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "dtensor/dtensor.h"
+#include "bench.h"
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    dt_status_t st_ = (call);                                                           \
-    if (st_ != DT_SUCCESS) {                                                            \
-      fprintf(stderr, "%s: %s: %s\n", #call, dt_status_name(st_), dt_last_error());     \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 
 static volatile float g_sink;
 

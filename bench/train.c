@@ -17,23 +17,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "dtensor/dtensor.h"
+#include "bench.h"
 #include "dtensor/nn.h"
 
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    dt_status_t st_ = (call);                                                              \
-    if (st_ != DT_SUCCESS) {                                                               \
-      fprintf(stderr, "%s: %s: %s\n", #call, dt_status_name(st_), dt_last_error());        \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return now_us() * 1e-6; }
 
 int main(int argc, char** argv) {
   int steps = 6, threads = 1, torch = 1;

@@ -9,31 +9,14 @@
  * PyTorch. Losses must match to rtol 2e-5 and gradient norms to rtol 1e-4 at every step (f32;
  * the later steps also check the optimizer update).
  */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
 
-#include "dt_test.h"
+#include "dt_test_json.h"
 
 static const char* kTP =
     "*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);"
     "tok_emb=S(1)";
-
-static cJSON* load(const char* path) {
-  FILE* f = fopen(path, "rb");
-  DT_ASSERT_TRUE(f != NULL, "cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char* t = malloc((size_t)n + 1);
-  DT_ASSERT_EQ(fread(t, 1, (size_t)n, f), n);
-  t[n] = '\0';
-  fclose(f);
-  cJSON* j = cJSON_Parse(t);
-  free(t);
-  DT_ASSERT_TRUE(j != NULL, "bad JSON in %s", path);
-  return j;
-}
 
 static int cfg_int(const cJSON* c, const char* k) {
   return (int)cJSON_GetObjectItem(c, k)->valuedouble;
@@ -128,7 +111,7 @@ int main(int argc, char** argv) {
   int rank, world;
   DT_ASSERT_OK(dt_world_rank(&rank));
   DT_ASSERT_OK(dt_world_size(&world));
-  cJSON* fx = load(DT_TRAIN_FIXTURE);
+  cJSON* fx = dt_test_load_json(DT_TRAIN_FIXTURE);
   dt_mesh_t m1;
   DT_ASSERT_OK(dt_mesh_create(1, &world, NULL, NULL, &m1));
   run(fx, m1, NULL, "replicated", rank);

@@ -10,11 +10,10 @@
  * combinations also run the backward pass through the tape: the gradients of
  * L = sum(output * r) equal PyTorch's within 1e-4 absolute + 1e-4 relative.
  */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
 
-#include "dt_test.h"
+#include "dt_test_json.h"
 
 #define LIMIT 40
 #define MAXT 4
@@ -272,18 +271,7 @@ int main(int argc, char** argv) {
   int world;
   DT_ASSERT_OK(dt_world_rank(&g_rank));
   DT_ASSERT_OK(dt_world_size(&world));
-  FILE* f = fopen(DT_FIXTURES, "rb");
-  DT_ASSERT_TRUE(f != NULL, "cannot open %s", DT_FIXTURES);
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char* text = malloc((size_t)len + 1);
-  DT_ASSERT_EQ(fread(text, 1, (size_t)len, f), len);
-  text[len] = '\0';
-  fclose(f);
-  cJSON* root = cJSON_Parse(text);
-  free(text);
-  DT_ASSERT_TRUE(root != NULL, "bad JSON in %s", DT_FIXTURES);
+  cJSON* root = dt_test_load_json(DT_FIXTURES);
   const cJSON* cases = cJSON_GetObjectItem(root, "cases");
   int ncases = cJSON_GetArraySize(cases);
   DT_ASSERT_TRUE(ncases >= 60, "only %d cases", ncases);
