@@ -61,6 +61,19 @@ DT_API const char* dt_last_error(void);
 /* Clears the last-error message of this thread. */
 DT_API void dt_clear_error(void);
 
+#if defined(__GNUC__)
+#define DT_PRINTF_LIKE(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DT_PRINTF_LIKE(a, b)
+#endif
+/* Records a failure for dt_last_error() and returns `st`: the message reads
+ * "func (file:line): <formatted text>" (the file path is cut to what follows "src/", when present).
+ * For code built on the library (wrappers, host-registered ops, trainers) that wants to report its
+ * own errors the way the library does; dtensor/check.h wraps it in DT_FAIL. The arguments may
+ * include dt_last_error() itself. */
+DT_API dt_status_t dt_set_error(dt_status_t st, const char* func, const char* file, int line,
+                                const char* fmt, ...) DT_PRINTF_LIKE(5, 6);
+
 /* Library version as "MAJOR.MINOR.PATCH". */
 DT_API const char* dt_version(void);
 

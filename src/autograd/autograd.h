@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "dtensor/autograd.h"
-#include "internal/core.h"
+#include "ops/ops.h"
 
 struct dt__node;
 struct dt_var {

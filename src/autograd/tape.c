@@ -8,9 +8,6 @@
 
 static _Thread_local int dt__grad_off = 0;
 
-static dt_status_t dt__ce_forward(dt_tensor_t x, dt_tensor_t tg, dt_tensor_t* loss,
-                                  dt_tensor_t* lse_out);
-
 void dt_grad_set_enabled(int enabled) { dt__grad_off = !enabled; }
 int dt_grad_enabled(void) { return !dt__grad_off; }
 
@@ -84,9 +81,7 @@ static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
   if (strcmp(n->op, "redistribute") == 0)
     st = dt_tensor_redistribute(in[0], v->value_pl, &res[0]);
   else if (strcmp(n->op, "cross_entropy") == 0) {
-    dt_tensor_t lse = NULL;
-    st = dt__ce_forward(in[0], in[1], &res[0], &lse);
-    dt_tensor_destroy(lse);
+    st = dt__cross_entropy(in[0], in[1], DT_LOSS_MEAN, &res[0], NULL);
   }
   else
     st = dt_op_run_multi(n->op, n->n_in, in, n->n_iargs, n->iargs, n->n_fargs, n->fargs, n->n_out,
@@ -179,8 +174,7 @@ static dt_status_t dt__var_new(dt_tensor_t value, int requires_grad, int leaf, d
 dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
-  if (value == NULL || value->magic != DT_TENSOR_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "value is not a live tensor");
+  DT_CHECK(dt__tensor_check(value, "value"));
   return dt__var_new(value, requires_grad != 0, 1, out);
 }
 
@@ -188,8 +182,7 @@ dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(tape);
-  if (value == NULL || value->magic != DT_TENSOR_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "value is not a live tensor");
+  DT_CHECK(dt__tensor_check(value, "value"));
   dt_var_t v = NULL;
   DT_CHECK(dt__var_new(value, 0, 0, &v));
   dt_status_t st = dt__tape_own(tape, v);
@@ -224,8 +217,7 @@ dt_status_t dt_var_zero_grad(dt_var_t v) {
 dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
   DT_CHECK(dt__var_check(v));
   if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "only a leaf's value can be replaced");
-  if (value == NULL || value->magic != DT_TENSOR_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "value is not a live tensor");
+  DT_CHECK(dt__tensor_check(value, "value"));
   dt_tensor_destroy(v->value);
   v->value = value;
   return DT_SUCCESS;
@@ -357,36 +349,6 @@ dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t*
   return dt__record(tape, "redistribute", 1, &x, 0, NULL, 0, NULL, 1, res, src, out);
 }
 
-/* Mean cross-entropy from its pieces, keeping the row logsumexp for the backward pass:
- * lse = log(sum(exp(x - m))) + m with m the row max, loss = mean(lse - x[target]). With
- * class-sharded logits m is a P(max) and the sum a P(sum), each reduced over N values only. */
-static dt_status_t dt__ce_forward(dt_tensor_t x, dt_tensor_t tg, dt_tensor_t* loss,
-                                  dt_tensor_t* lse_out) {
-  const int64_t keep_last[2] = {1, -1}, all[1] = {0};
-  dt_tensor_t m = NULL, z = NULL, e = NULL, s = NULL, ls = NULL, lse = NULL, lse1 = NULL,
-              t = NULL, l = NULL;
-  dt_status_t st = dt_op_run("amax", 1, &x, 2, keep_last, 0, NULL, &m);
-  dt_tensor_t xm[2] = {x, m};
-  if (st == DT_SUCCESS) st = dt_op_run("sub", 2, xm, 0, NULL, 0, NULL, &z);
-  if (st == DT_SUCCESS) st = dt_op_run("exp", 1, &z, 0, NULL, 0, NULL, &e);
-  if (st == DT_SUCCESS) st = dt_op_run("sum", 1, &e, 2, keep_last, 0, NULL, &s);
-  if (st == DT_SUCCESS) st = dt_op_run("log", 1, &s, 0, NULL, 0, NULL, &ls);
-  dt_tensor_t lm[2] = {ls, m};
-  if (st == DT_SUCCESS) st = dt_op_run("add", 2, lm, 0, NULL, 0, NULL, &lse); /* (N, 1) */
-  const int64_t flat[1] = {x->layout.shape[0]};
-  if (st == DT_SUCCESS) st = dt_op_run("reshape", 1, &lse, 1, flat, 0, NULL, &lse1);
-  dt_tensor_t xt[2] = {x, tg};
-  if (st == DT_SUCCESS) st = dt_op_run("gather_dim", 2, xt, 0, NULL, 0, NULL, &t);
-  dt_tensor_t lt[2] = {lse1, t};
-  if (st == DT_SUCCESS) st = dt_op_run("sub", 2, lt, 0, NULL, 0, NULL, &l);
-  if (st == DT_SUCCESS) st = dt_op_run("mean", 1, &l, 1, all, 0, NULL, loss);
-  dt_tensor_t tmp[8] = {m, z, e, s, ls, lse1, t, l};
-  for (int i = 0; i < 8; i++) dt_tensor_destroy(tmp[i]);
-  if (st == DT_SUCCESS) *lse_out = lse;
-  else dt_tensor_destroy(lse);
-  return st;
-}
-
 dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
                                 dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
@@ -396,13 +358,8 @@ dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t target
   DT_CHECK(dt__var_check(targets));
   DT_CHECK(dt__ensure_value(tape, logits));
   DT_CHECK(dt__ensure_value(tape, targets));
-  dt_tensor_t x = logits->value, tg = targets->value;
-  if (x->layout.ndim != 2 || tg->layout.ndim != 1 || tg->layout.shape[0] != x->layout.shape[0] ||
-      (tg->dtype != DT_I32 && tg->dtype != DT_I64))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: expects logits (N, C) and i32/i64 targets "
-                                       "(N)");
   dt_tensor_t res[1], lse = NULL;
-  DT_CHECK(dt__ce_forward(x, tg, &res[0], &lse));
+  DT_CHECK(dt__cross_entropy(logits->value, targets->value, DT_LOSS_MEAN, &res[0], &lse));
   dt_var_t in[2] = {logits, targets};
   dt_status_t st = dt__record(tape, "cross_entropy", 2, in, 0, NULL, 0, NULL, 1, res, NULL, out);
   if (st == DT_SUCCESS && (*out)->creator != NULL) {

@@ -8,12 +8,12 @@
 #include <mpi.h>
 #include <stdio.h>
 
-#include "internal/backend.h"
-#include "internal/common.h"
+#include "comm/comm.h"
 
 static MPI_Comm dt__world = MPI_COMM_NULL;
 static MPI_Op dt__half_ops[2][3]; /* [bf16, f16][sum, max, min] */
 static int dt__half_ops_ready = 0;
+static int dt__mpi_owned = 0; /* dt_init started MPI */
 
 static dt_status_t dt__mpi_fail(int rc, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -138,11 +138,6 @@ static dt_status_t dt__mpi_scatter_v(struct dt_comm* c, const void* send, const 
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__mpi_barrier(struct dt_comm* c) {
-  DT_MPI_CHECK(MPI_Barrier(dt__c(c)));
-  return DT_SUCCESS;
-}
-
 static void dt__mpi_destroy(struct dt_comm* c) {
   if (c->context != NULL) {
     MPI_Comm* mc = (MPI_Comm*)c->context;
@@ -161,7 +156,6 @@ static const struct dt_comm_i dt__mpi_iface = {
     .all_to_all_v = dt__mpi_all_to_all_v,
     .broadcast = dt__mpi_broadcast,
     .scatter_v = dt__mpi_scatter_v,
-    .barrier = dt__mpi_barrier,
     .destroy = dt__mpi_destroy,
 };
 
@@ -209,6 +203,14 @@ dt_status_t dt__comm_mpi_finalize(int we_initialized) {
   return DT_SUCCESS;
 }
 
+void dt__comm_mpi_set_owned(int we_initialized) { dt__mpi_owned = we_initialized; }
+
+dt_status_t dt__comm_mpi_finalize_owned(void) {
+  int owned = dt__mpi_owned;
+  dt__mpi_owned = 0;
+  return dt__comm_mpi_finalize(owned);
+}
+
 static dt_status_t dt__comm_wrap(MPI_Comm mc, dt_comm_t* out) {
   memset(out, 0, sizeof *out);
   if (mc == MPI_COMM_NULL) return DT_SUCCESS;
@@ -241,8 +243,6 @@ dt_status_t dt__comm_mpi_split(const void* parent, int color, int key, dt_comm_t
   DT_MPI_CHECK(MPI_Comm_split(p, color < 0 ? MPI_UNDEFINED : color, key, &nc));
   return dt__comm_wrap(nc, out);
 }
-
-const void* dt__comm_mpi_handle(const dt_comm_t* c) { return c->context; }
 
 void dt__comm_release(dt_comm_t* c) {
   if (c != NULL && c->iface != NULL && c->iface->destroy != NULL) c->iface->destroy(c);

@@ -5,12 +5,12 @@
  * training step on this machine before the cache). Blocks of at least 64 KiB are rounded up to
  * 4 KiB and kept on free up to DTENSOR_POOL_MB (default 1024; 0 disables) and 1024 blocks; an
  * allocation takes the most recently freed block of its size class. Smaller blocks go straight to
- * malloc. Everything cached is released at dt_finalize.
+ * malloc. Everything cached is released at dt_finalize (dt__pool_release).
  */
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "internal/core.h"
+#include "internal/common.h"
 
 #define DT_POOL_MIN (64u << 10)
 #define DT_POOL_SLOTS 1024
@@ -26,7 +26,7 @@ static struct {
 
 static size_t dt__pool_class(size_t n) { return (n + 4095) & ~(size_t)4095; }
 
-static void dt__pool_release_all(void) {
+void dt__pool_release(void) {
   pthread_mutex_lock(&dt__pool.mu);
   for (int i = 0; i < dt__pool.n; i++) free(dt__pool.ptr[i]);
   dt__pool.n = 0;
@@ -41,7 +41,6 @@ static void dt__pool_init_locked(void) {
   const char* e = getenv("DTENSOR_POOL_MB");
   long mb = e && *e ? strtol(e, NULL, 10) : 1024;
   dt__pool.cap = mb > 0 ? (size_t)mb << 20 : 0;
-  dt__at_finalize(dt__pool_release_all);
 }
 
 void* dt__pool_alloc(size_t n, int zero) {

@@ -35,13 +35,17 @@ const char* dt_last_error(void) { return dt__last_error; }
 
 void dt_clear_error(void) { dt__last_error[0] = '\0'; }
 
+void dt__error_restore(const char* saved) {
+  snprintf(dt__last_error, sizeof dt__last_error, "%s", saved);
+}
+
 const char* dt_version(void) {
 #define DT__STR2(x) #x
 #define DT__STR(x) DT__STR2(x)
   return DT__STR(DT_VERSION_MAJOR) "." DT__STR(DT_VERSION_MINOR) "." DT__STR(DT_VERSION_PATCH);
 }
 
-dt_status_t dt__set_error(dt_status_t st, const char* func, const char* file, int line,
+dt_status_t dt_set_error(dt_status_t st, const char* func, const char* file, int line,
                           const char* fmt, ...) {
   /* Format into a scratch buffer first: the arguments may include dt_last_error() itself. */
   char tmp[sizeof dt__last_error];

@@ -36,6 +36,25 @@ uint64_t dt__hash_bytes(const void* p, size_t n) {
   return h ^ (h >> 33);
 }
 
+uint64_t dt__hash_str(uint64_t seed, const char* s) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (const unsigned char* p = (const unsigned char*)s; *p; p++) h = (h ^ *p) * 1099511628211ull;
+  return h;
+}
+
+int dt__grid_index(int ndim, const int* shape, const int* coords) {
+  int v = 0;
+  for (int i = 0; i < ndim; i++) v = v * shape[i] + coords[i];
+  return v;
+}
+
+void dt__grid_coords(int ndim, const int* shape, int index, int* coords) {
+  for (int i = ndim - 1; i >= 0; i--) {
+    coords[i] = index % shape[i];
+    index /= shape[i];
+  }
+}
+
 int dt__mul_i64(int64_t a, int64_t b, int64_t* out) {
   if (a < 0 || b < 0) return 0;
   if (a != 0 && b > INT64_MAX / a) return 0;
@@ -44,7 +63,7 @@ int dt__mul_i64(int64_t a, int64_t b, int64_t* out) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * logging: DTENSOR_DEBUG=redistribute,plan,mesh or all. Rank 0 only unless
+ * logging: DTENSOR_DEBUG=redistribute,mesh or all. Rank 0 only unless
  * DTENSOR_DEBUG_ALL_RANKS=1 (the rank filter is applied by callers that know the rank). */
 
 unsigned dt__debug_mask(void) {
@@ -55,7 +74,6 @@ unsigned dt__debug_mask(void) {
     if (s != NULL) {
       if (strstr(s, "all") || strstr(s, "ALL")) mask = ~0u;
       if (strstr(s, "redistribute")) mask |= DT_DBG_REDISTRIBUTE;
-      if (strstr(s, "plan")) mask |= DT_DBG_PLAN;
       if (strstr(s, "mesh")) mask |= DT_DBG_MESH;
     }
     init = 1;

@@ -1,4 +1,5 @@
-/* common.h - small internal helpers shared by every layer: allocation, logging, dtype support. */
+/* common.h - small internal helpers shared by every layer (the core layer): allocation, the
+ * storage pool, logging, dtype support, hashing, overflow-checked and index arithmetic. */
 #ifndef DT_INTERNAL_COMMON_H
 #define DT_INTERNAL_COMMON_H
 
@@ -9,14 +10,26 @@
 #include "dtensor/placement.h"
 #include "internal/check.h"
 
+#define DT_NAME_MAX 32 /* mesh dim and flattened dim names, including the NUL */
+
 /* Allocation goes through these so that it can be replaced and audited. */
 void* dt__malloc(size_t n);
 void* dt__calloc(size_t count, size_t size);
 void* dt__realloc(void* p, size_t n);
 void dt__free(void* p);
 
+/* Storage pool (src/core/pool.c): large host buffers are cached for reuse. */
+void* dt__pool_alloc(size_t nbytes, int zero);
+void dt__pool_free(void* p, size_t nbytes);
+/* Frees every cached block (dt_finalize). */
+void dt__pool_release(void);
+
+/* Puts back a last-error text saved earlier (a call that succeeds after an internal failure it
+ * recovered from leaves the caller's last error as it was). */
+void dt__error_restore(const char* saved);
+
 /* Debug subsystems selected by DTENSOR_DEBUG (comma-separated names, or "all"). */
-enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_PLAN = 1u << 1, DT_DBG_MESH = 1u << 2 };
+enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_MESH = 1u << 1 };
 unsigned dt__debug_mask(void);
 void dt__log(const char* subsys, const char* fmt, ...) DT__PRINTF(2, 3);
 
@@ -35,11 +48,17 @@ double dt__load(const void* buf, dt_dtype_t dtype, int64_t i);
 
 /* Fast non-cryptographic hash of a byte range (8 bytes at a time), for cache keys. */
 uint64_t dt__hash_bytes(const void* p, size_t n);
+/* FNV-1a of a NUL-terminated string, mixed with `seed` (op names, parameter names). */
+uint64_t dt__hash_str(uint64_t seed, const char* s);
 /* splitmix64 finalizer: the counter-based RNG of factories and dropout (value of element g is a
  * function of (seed, g) only, so it does not depend on placements). */
 uint64_t dt__mix64(uint64_t x);
 
 /* Overflow-checked products. Return 0 on overflow. */
 int dt__mul_i64(int64_t a, int64_t b, int64_t* out);
+
+/* Row-major linear index of `coords` in a grid of `shape` (ndim dims), and back. */
+int dt__grid_index(int ndim, const int* shape, const int* coords);
+void dt__grid_coords(int ndim, const int* shape, int index, int* coords);
 
 #endif

@@ -1,58 +1,55 @@
-/* context.c - library init/finalize, the world, persistent workspace buffers and counters. */
-#include "internal/core.h"
+/* context.c - the library context: the world, the persistent workspace and the collective
+ * counters. dt_init and dt_finalize (src/lib.c) call dt__ctx_init and dt__ctx_finalize. */
+#include "mesh/mesh.h"
 
-dt_ctx_t dt__ctx;
+typedef struct dt_workspace {
+  void* buf[4]; /* 0: send packing, 1-2: ping-pong intermediates, 3: receive unpacking */
+  size_t cap[4];
+  int* ints; /* counts/displs arrays */
+  size_t ints_cap;
+} dt_workspace_t;
+
+static struct {
+  int initialized;
+  int world_rank, world_size;
+  dt_workspace_t ws;
+  dt_counters_t counters; /* all meshes */
+} dt__ctx = {.world_rank = -1};
+
+dt_status_t dt__ctx_init(void) {
+  dt_comm_t world;
+  DT_CHECK(dt__comm_mpi_world(&world));
+  dt__ctx.world_rank = world.rank;
+  dt__ctx.world_size = world.size;
+  dt__comm_release(&world);
+  dt__ctx.initialized = 1;
+  return DT_SUCCESS;
+}
+
+static void dt__ws_release(void) {
+  dt_workspace_t* w = &dt__ctx.ws;
+  for (int i = 0; i < 4; i++) dt__free(w->buf[i]);
+  dt__free(w->ints);
+  memset(w, 0, sizeof *w);
+}
+
+void dt__ctx_finalize(void) {
+  dt__ws_release();
+  dt__mesh_release_all_comms(); /* live meshes keep their shape; their communicators go now */
+  dt__ctx.initialized = 0;
+  dt__ctx.world_rank = -1;
+  dt__ctx.world_size = 0;
+  memset(&dt__ctx.counters, 0, sizeof dt__ctx.counters);
+}
+
+int dt__ctx_initialized(void) { return dt__ctx.initialized; }
+int dt__world_rank(void) { return dt__ctx.world_rank; }
+int dt__world_size(void) { return dt__ctx.world_size; }
 
 dt_status_t dt__require_init(const char* what) {
   if (!dt__ctx.initialized)
     return DT_FAIL(DT_ERR_NOT_INITIALIZED, "%s needs dt_init() first", what);
   return DT_SUCCESS;
-}
-
-dt_status_t dt_init(int* argc, char*** argv) {
-  if (dt__ctx.initialized) return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_init called twice");
-  if ((argc == NULL) != (argv == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "argc and argv must both be NULL or both be set");
-  dt_status_t st = dt__comm_mpi_init(argc, argv, &dt__ctx.we_init_mpi);
-  if (st != DT_SUCCESS) return st;
-  dt_comm_t world;
-  st = dt__comm_mpi_world(&world);
-  if (st != DT_SUCCESS) return st;
-  dt__ctx.world_rank = world.rank;
-  dt__ctx.world_size = world.size;
-  dt__comm_release(&world);
-  dt__ctx.initialized = 1;
-  /* A missing cost file is fine; a broken one is reported but does not fail init. */
-  if (dt__cost_model_autoload() != DT_SUCCESS && dt__ctx.world_rank == 0)
-    dt__log("cost", "ignoring calibrated cost model: %s", dt_last_error());
-  dt_clear_error();
-  return DT_SUCCESS;
-}
-
-static void (*dt__finalizers[8])(void);
-static int dt__nfinalizers = 0;
-
-void dt__at_finalize(void (*fn)(void)) {
-  for (int i = 0; i < dt__nfinalizers; i++)
-    if (dt__finalizers[i] == fn) return;
-  if (dt__nfinalizers < 8) dt__finalizers[dt__nfinalizers++] = fn;
-}
-
-dt_status_t dt_finalize(void) {
-  for (int i = 0; i < dt__nfinalizers; i++) dt__finalizers[i]();
-  if (!dt__ctx.initialized) return DT_SUCCESS;
-  dt__ws_release();
-  /* Meshes still alive keep their communicators until MPI goes away; free them now. */
-  for (dt_mesh_t m = dt__ctx.meshes; m != NULL; m = m->next) {
-    for (int i = 0; i < m->ndim; i++) dt__comm_release(&m->dim_comm[i]);
-    dt__comm_release(&m->all_comm);
-    for (int f = 0; f < m->nflat; f++) dt__comm_release(&m->flat[f].comm);
-  }
-  dt_status_t st = dt__comm_mpi_finalize(dt__ctx.we_init_mpi);
-  dt_mesh_t keep = dt__ctx.meshes;
-  memset(&dt__ctx, 0, sizeof dt__ctx);
-  dt__ctx.meshes = keep;
-  return st;
 }
 
 dt_status_t dt_world_rank(int* rank) {
@@ -102,17 +99,10 @@ dt_status_t dt__ws_ints(size_t count, int** out) {
   return DT_SUCCESS;
 }
 
-void dt__ws_release(void) {
-  dt_workspace_t* w = &dt__ctx.ws;
-  for (int i = 0; i < 4; i++) dt__free(w->buf[i]);
-  dt__free(w->ints);
-  memset(w, 0, sizeof *w);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * counters */
 
-void dt__count(dt_mesh_t m, unsigned mask, dt_collective_t c, uint64_t nbytes) {
+void dt__count_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, uint64_t nbytes) {
   dt_counters_t* cs[2] = {&m->counters, &dt__ctx.counters};
   int single = -1;
   for (int i = 0; i < m->ndim; i++)
@@ -130,6 +120,21 @@ void dt__count(dt_mesh_t m, unsigned mask, dt_collective_t c, uint64_t nbytes) {
   }
 }
 
+void dt__count_redistribute(dt_mesh_t m) {
+  m->counters.redistributes++;
+  dt__ctx.counters.redistributes++;
+}
+
+void dt__count_plan_lookup(dt_mesh_t m, int hit) {
+  if (hit) {
+    m->counters.plan_cache_hits++;
+    dt__ctx.counters.plan_cache_hits++;
+  } else {
+    m->counters.plan_cache_misses++;
+    dt__ctx.counters.plan_cache_misses++;
+  }
+}
+
 dt_status_t dt_counters_get(dt_mesh_t mesh, dt_counters_t* out) {
   DT_ARG_NOT_NULL(out);
   if (mesh != NULL) DT_CHECK(dt__mesh_check(mesh));
@@ -144,7 +149,6 @@ dt_status_t dt_counters_reset(dt_mesh_t mesh) {
     return DT_SUCCESS;
   }
   memset(&dt__ctx.counters, 0, sizeof dt__ctx.counters);
-  for (dt_mesh_t m = dt__ctx.meshes; m != NULL; m = m->next)
-    memset(&m->counters, 0, sizeof m->counters);
+  dt__mesh_reset_all_counters();
   return DT_SUCCESS;
 }

@@ -1,7 +1,9 @@
 /* mesh.c - device meshes: shape, names, coordinates, per-dim and flattened communicators. */
 #include <stdio.h>
 
-#include "internal/core.h"
+#include "mesh/mesh.h"
+
+static dt_mesh_t dt__meshes = NULL; /* live meshes */
 
 dt_status_t dt__mesh_check(dt_mesh_t m) {
   if (m == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "mesh is NULL");
@@ -63,20 +65,31 @@ static dt_status_t dt__mesh_alloc(int ndim, const int* shape, const char* const*
 }
 
 static void dt__mesh_link(dt_mesh_t m) {
-  m->next = dt__ctx.meshes;
+  m->next = dt__meshes;
   if (m->next) m->next->prev = m;
-  dt__ctx.meshes = m;
+  dt__meshes = m;
+}
+
+static void dt__mesh_free_comms(dt_mesh_t m) {
+  for (int i = 0; i < m->ndim; i++) dt__comm_release(&m->dim_comm[i]);
+  dt__comm_release(&m->all_comm);
+  for (int f = 0; f < m->nflat; f++) dt__comm_release(&m->flat[f].comm);
+}
+
+void dt__mesh_release_all_comms(void) {
+  for (dt_mesh_t m = dt__meshes; m != NULL; m = m->next) dt__mesh_free_comms(m);
+}
+
+void dt__mesh_reset_all_counters(void) {
+  for (dt_mesh_t m = dt__meshes; m != NULL; m = m->next) memset(&m->counters, 0, sizeof m->counters);
 }
 
 static void dt__mesh_free(dt_mesh_t m) {
   if (m == NULL) return;
   if (m->prev) m->prev->next = m->next;
-  else if (dt__ctx.meshes == m) dt__ctx.meshes = m->next;
+  else if (dt__meshes == m) dt__meshes = m->next;
   if (m->next) m->next->prev = m->prev;
-  for (int i = 0; i < m->ndim; i++) dt__comm_release(&m->dim_comm[i]);
-  dt__comm_release(&m->all_comm);
-  for (int f = 0; f < m->nflat; f++) dt__comm_release(&m->flat[f].comm);
-  dt__plan_cache_destroy(m->cache);
+  dt__mesh_free_comms(m);
   dt__free(m->ranks);
   m->magic = 0;
   dt__free(m);
@@ -85,19 +98,6 @@ static void dt__mesh_free(dt_mesh_t m) {
 void dt__mesh_retain(dt_mesh_t m) { m->refcount++; }
 void dt__mesh_release(dt_mesh_t m) {
   if (m != NULL && --m->refcount == 0) dt__mesh_free(m);
-}
-
-static int dt__linear(int ndim, const int* shape, const int* coords) {
-  int v = 0;
-  for (int i = 0; i < ndim; i++) v = v * shape[i] + coords[i];
-  return v;
-}
-
-static void dt__unlinear(int ndim, const int* shape, int v, int* coords) {
-  for (int i = ndim - 1; i >= 0; i--) {
-    coords[i] = v % shape[i];
-    v /= shape[i];
-  }
 }
 
 /* Splits the world into this mesh's communicators. Collective over the world: every world rank
@@ -109,10 +109,10 @@ static dt_status_t dt__mesh_build_comms(dt_mesh_t m, int group) {
     int c[DT_MAX_MESH_DIMS];
     memcpy(c, m->coords, sizeof c);
     c[i] = 0;
-    int color = in ? group * m->numel + dt__linear(m->ndim, m->shape, c) : -1;
+    int color = in ? group * m->numel + dt__grid_index(m->ndim, m->shape, c) : -1;
     DT_CHECK(dt__comm_mpi_split(NULL, color, in ? m->coords[i] : 0, &m->dim_comm[i]));
   }
-  int key = in ? dt__linear(m->ndim, m->shape, m->coords) : 0;
+  int key = in ? dt__grid_index(m->ndim, m->shape, m->coords) : 0;
   DT_CHECK(dt__comm_mpi_split(NULL, in ? group : -1, key, &m->all_comm));
   return DT_SUCCESS;
 }
@@ -125,7 +125,7 @@ dt_status_t dt_mesh_create(int ndim, const int* shape, const char* const* names,
   dt_mesh_t m = NULL;
   DT_CHECK(dt__mesh_alloc(ndim, shape, names, &m));
   dt_status_t st = DT_SUCCESS;
-  int world = dt__ctx.world_size, me = dt__ctx.world_rank, pos = -1;
+  int world = dt__world_size(), me = dt__world_rank(), pos = -1;
   if (ranks == NULL && m->numel != world) {
     st = DT_FAIL(DT_ERR_INVALID_ARG,
                  "mesh has %d positions but the world has %d ranks (pass explicit ranks for a "
@@ -161,7 +161,7 @@ dt_status_t dt_mesh_create(int ndim, const int* shape, const char* const* names,
         goto fail;
       }
   m->member = pos >= 0;
-  if (m->member) dt__unlinear(ndim, m->shape, pos, m->coords);
+  if (m->member) dt__grid_coords(ndim, m->shape, pos, m->coords);
   DT_CHECK_GOTO(dt__mesh_build_comms(m, 0), st, fail);
   dt__mesh_link(m);
   if ((dt__debug_mask() & DT_DBG_MESH) && me == 0)
@@ -302,7 +302,7 @@ dt_status_t dt_mesh_rank_at(dt_mesh_t mesh, const int* coords, int* world_rank) 
     if (coords[i] < 0 || coords[i] >= mesh->shape[i])
       return DT_FAIL(DT_ERR_INVALID_ARG, "coords[%d] = %d out of range [0, %d)", i, coords[i],
                      mesh->shape[i]);
-  *world_rank = mesh->ranks[dt__linear(mesh->ndim, mesh->shape, coords)];
+  *world_rank = mesh->ranks[dt__grid_index(mesh->ndim, mesh->shape, coords)];
   return DT_SUCCESS;
 }
 
@@ -337,7 +337,7 @@ static dt_status_t dt__mesh_sub(dt_mesh_t p, unsigned mask, int flat, const char
       if (mask & (1u << i)) sub[k++] = p->coords[i];
       else group = group * p->shape[i] + p->coords[i];
     }
-    if (flat) m->coords[0] = dt__linear(nd, shape, sub);
+    if (flat) m->coords[0] = dt__grid_index(nd, shape, sub);
     else memcpy(m->coords, sub, sizeof sub);
     m->ranks = (int*)dt__malloc(sizeof(int) * (size_t)m->numel);
     if (m->ranks == NULL) {
@@ -346,10 +346,10 @@ static dt_status_t dt__mesh_sub(dt_mesh_t p, unsigned mask, int flat, const char
     }
     for (int q = 0; q < m->numel; q++) {
       int c[DT_MAX_MESH_DIMS], pc[DT_MAX_MESH_DIMS];
-      dt__unlinear(nd, shape, q, c);
+      dt__grid_coords(nd, shape, q, c);
       for (int i = 0, j = 0; i < p->ndim; i++)
         pc[i] = (mask & (1u << i)) ? c[j++] : p->coords[i];
-      m->ranks[q] = p->member ? p->ranks[dt__linear(p->ndim, p->shape, pc)] : -1;
+      m->ranks[q] = p->member ? p->ranks[dt__grid_index(p->ndim, p->shape, pc)] : -1;
     }
     DT_CHECK_GOTO(dt__mesh_build_comms(m, p->member ? group : -1), st, fail);
   }
@@ -447,7 +447,7 @@ dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const ch
     }
     mesh->flat[mesh->nflat++] = ng;
     g = &mesh->flat[mesh->nflat - 1];
-    dt__plan_cache_clear(mesh->cache); /* merged plans may now be cheaper */
+    mesh->generation++; /* merged plans may now be cheaper: cached plans of this mesh go stale */
   }
   if (out == NULL) return DT_SUCCESS;
   return dt__mesh_sub(mesh, mask, 1, g ? g->name : name, out);
@@ -460,10 +460,4 @@ dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask) {
     if (m->flat[f].mask == mask) return m->flat[f].comm.iface ? &m->flat[f].comm : NULL;
   if (mask == (1u << m->ndim) - 1u) return m->all_comm.iface ? &m->all_comm : NULL;
   return NULL;
-}
-
-int dt__mesh_has_flat(dt_mesh_t m, unsigned mask) {
-  for (int f = 0; f < m->nflat; f++)
-    if (m->flat[f].mask == mask) return 1;
-  return 0;
 }

@@ -7,7 +7,7 @@
 
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
-#include "internal/check.h"
+#include "dtensor/check.h"
 
 struct dt_corpus {
   int vocab;

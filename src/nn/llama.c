@@ -9,7 +9,7 @@
 
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
-#include "internal/check.h"
+#include "dtensor/check.h"
 
 #define DT_PARAM_NAME_MAX 96
 
@@ -99,23 +99,23 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
     dt__layer_t* L = &m->layers[l];
     const int64_t sq[2] = {(int64_t)H * Dh, D}, skv[2] = {(int64_t)G * Dh, D},
                   so[2] = {D, (int64_t)H * Dh}, s1[2] = {F, D}, s2[2] = {D, F}, sr[2] = {E, D};
-#define P(field, suffix, nd, shape, kind, sd)                                  \
+#define DT__PARAM(field, suffix, nd, shape, kind, sd)                                  \
   if (st == DT_SUCCESS) {                                                      \
     snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix);                        \
     st = dt__param(m, plan, nm, nd, shape, kind, sd, &L->field);               \
   }
-    P(attn_norm, "attn_norm", 1, vecD, 1, 0.0)
-    P(wq, "wq", 2, sq, 0, std)
-    P(wk, "wk", 2, skv, 0, std)
-    P(wv, "wv", 2, skv, 0, std)
-    P(wo, "wo", 2, so, 0, ostd)
-    P(ffn_norm, "ffn_norm", 1, vecD, 1, 0.0)
+    DT__PARAM(attn_norm, "attn_norm", 1, vecD, 1, 0.0)
+    DT__PARAM(wq, "wq", 2, sq, 0, std)
+    DT__PARAM(wk, "wk", 2, skv, 0, std)
+    DT__PARAM(wv, "wv", 2, skv, 0, std)
+    DT__PARAM(wo, "wo", 2, so, 0, ostd)
+    DT__PARAM(ffn_norm, "ffn_norm", 1, vecD, 1, 0.0)
     if (E == 0) {
-      P(w1, "w1", 2, s1, 0, std)
-      P(w3, "w3", 2, s1, 0, std)
-      P(w2, "w2", 2, s2, 0, ostd)
+      DT__PARAM(w1, "w1", 2, s1, 0, std)
+      DT__PARAM(w3, "w3", 2, s1, 0, std)
+      DT__PARAM(w2, "w2", 2, s2, 0, ostd)
     } else {
-      P(router, "router", 2, sr, 0, std)
+      DT__PARAM(router, "router", 2, sr, 0, std)
       L->ew1 = calloc((size_t)E, sizeof(dt_var_t));
       L->ew2 = calloc((size_t)E, sizeof(dt_var_t));
       L->ew3 = calloc((size_t)E, sizeof(dt_var_t));
@@ -123,14 +123,14 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
       for (int e = 0; e < E && st == DT_SUCCESS; e++) {
         char s[48];
         snprintf(s, sizeof s, "experts.%d.w1", e);
-        P(ew1[e], s, 2, s1, 0, std)
+        DT__PARAM(ew1[e], s, 2, s1, 0, std)
         snprintf(s, sizeof s, "experts.%d.w3", e);
-        P(ew3[e], s, 2, s1, 0, std)
+        DT__PARAM(ew3[e], s, 2, s1, 0, std)
         snprintf(s, sizeof s, "experts.%d.w2", e);
-        P(ew2[e], s, 2, s2, 0, ostd)
+        DT__PARAM(ew2[e], s, 2, s2, 0, ostd)
       }
     }
-#undef P
+#undef DT__PARAM
   }
   if (st == DT_SUCCESS) st = dt__param(m, plan, "norm", 1, vecD, 1, 0.0, &m->norm);
   if (st == DT_SUCCESS) st = dt__param(m, plan, "output", 2, emb, 0, std, &m->output);
@@ -272,7 +272,8 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
   if (aux_out) {
     float a;
     dt_tensor_t ar;
-    dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
+    dt_placement_t rep[DT_MAX_MESH_DIMS];
+    for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
     DT_CHECK(dt_tensor_redistribute(dt_var_value(aux_total), rep, &ar));
     dt_status_t st = dt_tensor_full(ar, &a, sizeof a);
     dt_tensor_destroy(ar);

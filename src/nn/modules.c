@@ -8,7 +8,7 @@
 
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
-#include "internal/check.h"
+#include "dtensor/check.h"
 
 /* '*' matches any run of characters. */
 static int dt__glob(const char* p, const char* s) {
@@ -63,7 +63,7 @@ dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int 
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(name);
-  dt_placement_t pl[4];
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
   int mnd;
   DT_CHECK(dt_mesh_ndim(mesh, &mnd));
   DT_CHECK(dt__plan_lookup(plan, name, mnd, pl));
@@ -104,7 +104,7 @@ dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t b
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   int nd, wnd;
-  int64_t xs[8], ws[8];
+  int64_t xs[DT_MAX_DIMS], ws[DT_MAX_DIMS];
   DT_CHECK(shape_of(x, &nd, xs));
   DT_CHECK(shape_of(weight, &wnd, ws));
   if (nd < 1 || wnd != 2 || xs[nd - 1] != ws[1])
@@ -165,7 +165,7 @@ dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   int nd;
-  int64_t xs[8];
+  int64_t xs[DT_MAX_DIMS];
   DT_CHECK(shape_of(x, &nd, xs));
   if (nd != 3 || H <= 0 || G <= 0 || H % G != 0 || xs[2] % H != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "attention: x (B, S, D) with D a multiple of %d heads, "
@@ -197,7 +197,7 @@ dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, d
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   int nd;
-  int64_t xs[8];
+  int64_t xs[DT_MAX_DIMS];
   dt_var_t x2, a, b, s, p, y;
   DT_CHECK(as_rows(tape, x, &x2, &nd, xs));
   DT_CHECK(ag2(tape, "linear_nobias", x2, w1, &a));
@@ -219,7 +219,7 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, int E, const 
   *out = NULL;
   if (aux) *aux = NULL;
   int nd;
-  int64_t xs[8];
+  int64_t xs[DT_MAX_DIMS];
   DT_CHECK(shape_of(x, &nd, xs));
   if (nd != 2 || E < 1 || top_k < 1 || top_k > E || !w1 || !w2 || !w3)
     return DT_FAIL(DT_ERR_INVALID_ARG, "moe: x (N, D), 1 <= top_k <= experts, expert weights");
@@ -232,7 +232,8 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, int E, const 
   DT_CHECK(dt_ag_op(tape, "topk", 1, &probs, 2, ka, 0, NULL, 2, tk));
   dt_mesh_t mesh;
   DT_CHECK(dt_tensor_mesh(dt_var_value(x), &mesh));
-  dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
   const int64_t ne[2] = {N, E}, nk[2] = {N, top_k};
   dt_tensor_t z;
   DT_CHECK(dt_tensor_zeros(mesh, DT_F32, 2, ne, rep, &z));

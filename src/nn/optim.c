@@ -6,7 +6,7 @@
 
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
-#include "internal/check.h"
+#include "dtensor/check.h"
 
 struct dt_adamw {
   dt_adamw_config_t cfg;

@@ -27,11 +27,10 @@ dt_status_t dt_cat(int n, const dt_tensor_t* xs, int dim, dt_tensor_t* out) {
 }
 
 /* Pieces [k*size, min((k+1)*size, L)) along dim, through narrow. */
-static dt_status_t dt__split(dt_tensor_t x, int64_t size, int dim, dt_tensor_t* outs, int cap,
-                             int* n) {
+dt_status_t dt_split(dt_tensor_t x, int64_t size, int dim, dt_tensor_t* outs, int cap, int* n) {
   DT_ARG_NOT_NULL(n);
   *n = 0;
-  if (x == NULL || x->magic != DT_TENSOR_MAGIC)
+  if (dt__tensor_check(x, "x") != DT_SUCCESS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "split: x is not a live tensor");
   int nd = x->layout.ndim, d = dim < 0 ? dim + nd : dim;
   if (d < 0 || d >= nd)
@@ -57,13 +56,9 @@ static dt_status_t dt__split(dt_tensor_t x, int64_t size, int dim, dt_tensor_t* 
   return DT_SUCCESS;
 }
 
-dt_status_t dt_split(dt_tensor_t x, int64_t size, int dim, dt_tensor_t* outs, int cap, int* n) {
-  return dt__split(x, size, dim, outs, cap, n);
-}
-
 dt_status_t dt_chunks(dt_tensor_t x, int n_chunks, int dim, dt_tensor_t* outs, int cap, int* n) {
   if (n) *n = 0;
-  if (x == NULL || x->magic != DT_TENSOR_MAGIC)
+  if (dt__tensor_check(x, "x") != DT_SUCCESS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "chunk: x is not a live tensor");
   if (n_chunks <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "chunk: n_chunks %d must be positive",
                                     n_chunks);
@@ -71,7 +66,7 @@ dt_status_t dt_chunks(dt_tensor_t x, int n_chunks, int dim, dt_tensor_t* outs, i
   if (d < 0 || d >= nd)
     return DT_FAIL(DT_ERR_INVALID_ARG, "chunk: dim %d out of range for %d dims", dim, nd);
   int64_t L = x->layout.shape[d], size = (L + n_chunks - 1) / n_chunks; /* torch.chunk */
-  return dt__split(x, size > 0 ? size : 1, d, outs, cap, n);
+  return dt_split(x, size > 0 ? size : 1, d, outs, cap, n);
 }
 
 dt_status_t dt_sdpa(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int causal, double scale,

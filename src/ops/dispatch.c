@@ -118,7 +118,7 @@ dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* i
   dt_mesh_t mesh = NULL;
   for (int t = 0; t < n_inputs; t++) {
     dt_tensor_t x = inputs[t];
-    if (x == NULL || x->magic != DT_TENSOR_MAGIC)
+    if (dt__tensor_check(x, "input") != DT_SUCCESS)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d is not a live tensor", name, t);
     if (mesh != NULL && x->mesh != mesh)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs live on different meshes", name);

@@ -3,7 +3,8 @@
 #define DT_OPS_OPS_H
 
 #include "dtensor/ops.h"
-#include "internal/core.h"
+#include "strategy/strategy.h"
+#include "tensor/tensor.h"
 
 #define DT__KERNEL(name)                                                      \
   dt_status_t name(const dt_op_call_t* call, const dt_local_tensor_t* in,     \
@@ -64,6 +65,12 @@ DT__KERNEL(dt__kernel_layer_norm_grad);
 DT__KERNEL(dt__kernel_embedding_grad);
 DT__KERNEL(dt__kernel_sdpa_grad);
 #undef DT__KERNEL
+
+/* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c); *lse_out (may be NULL)
+ * gets the row logsumexp (N, 1) that the backward pass reuses. */
+dt_status_t dt__cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
+                              dt_loss_reduction_t reduction, dt_tensor_t* loss,
+                              dt_tensor_t* lse_out);
 
 /* Row-wise softmax of attention scores p (S, T) in place; with `causal`, query row i (global
  * position q0 + i) sees keys 0 .. q0 + i and the rest become 0. Shared by sdpa and sdpa_grad. */

@@ -4,35 +4,58 @@
  * (offset, len) per tensor dim, by applying the chunk rule for each sharded mesh dim in mesh-dim
  * order. The executor expresses every pack and unpack as a copy between boxes. Pure.
  */
-#include "internal/core.h"
+#include "placement/layout.h"
 
-dt_status_t dt__layout_init(dt_layout_t* l, int mesh_ndim, const int* mesh_shape, int ndim,
-                            const int64_t* shape, const dt_placement_t* pl) {
+/* Validates and normalizes; `quiet` skips the messages (callers probing many candidates). */
+static dt_status_t dt__layout_fill(dt_layout_t* l, int mesh_ndim, const int* mesh_shape, int ndim,
+                                   const int64_t* shape, const dt_placement_t* pl, int quiet) {
+#define DT__LFAIL(...) (quiet ? DT_ERR_INVALID_ARG : DT_FAIL(DT_ERR_INVALID_ARG, __VA_ARGS__))
   memset(l, 0, sizeof *l);
   if (ndim < 0 || ndim > DT_MAX_DIMS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor ndim %d out of range [0, %d]", ndim, DT_MAX_DIMS);
-  if (ndim > 0 && shape == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "shape is NULL");
-  if (pl == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "placements is NULL");
+    return DT__LFAIL("tensor ndim %d out of range [0, %d]", ndim, DT_MAX_DIMS);
+  if (ndim > 0 && shape == NULL) return DT__LFAIL("shape is NULL");
+  if (pl == NULL) return DT__LFAIL("placements is NULL");
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) {
-    if (shape[d] < 0)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "shape[%d] = %lld is negative", d, (long long)shape[d]);
+    if (shape[d] < 0) return DT__LFAIL("shape[%d] = %lld is negative", d, (long long)shape[d]);
     if (!dt__mul_i64(numel, shape[d], &numel) || numel > ((int64_t)1 << 48))
-      return DT_FAIL(DT_ERR_INVALID_ARG, "tensor too large (more than 2^48 elements)");
+      return DT__LFAIL("tensor too large (more than 2^48 elements)");
     l->shape[d] = shape[d];
   }
   l->ndim = ndim;
   l->mesh_ndim = mesh_ndim;
   for (int i = 0; i < mesh_ndim; i++) {
+    dt_placement_t p = pl[i];
     l->mesh_shape[i] = mesh_shape[i];
-    l->pl[i] = pl[i];
-    if (l->pl[i].kind == DT_SHARD && (l->pl[i].dim < -ndim || l->pl[i].dim >= ndim))
-      return DT_FAIL(DT_ERR_INVALID_ARG,
-                     "placement for mesh dim %d: Shard dim %d out of range for a %d-dim tensor", i,
-                     l->pl[i].dim, ndim);
-    DT_CHECK(dt_placement_normalize(&l->pl[i], ndim));
+    if (p.kind == DT_SHARD && (p.dim < -ndim || p.dim >= ndim))
+      return DT__LFAIL("placement for mesh dim %d: Shard dim %d out of range for a %d-dim tensor",
+                       i, p.dim, ndim);
+    if (p.kind == DT_SHARD) {
+      p.dim = p.dim < 0 ? p.dim + ndim : p.dim;
+      p.op = 0;
+    } else if (p.kind == DT_PARTIAL && p.op >= 0 && p.op < DT_REDUCE_COUNT) {
+      p.dim = 0;
+    } else if (p.kind == DT_REPLICATE) {
+      p.dim = p.op = 0;
+    } else if (quiet) {
+      return DT_ERR_INVALID_ARG;
+    } else {
+      DT_CHECK(dt_placement_normalize(&p, ndim)); /* the message for a bad kind or op */
+    }
+    l->pl[i] = p;
   }
   return DT_SUCCESS;
+#undef DT__LFAIL
+}
+
+dt_status_t dt__layout_init(dt_layout_t* l, int mesh_ndim, const int* mesh_shape, int ndim,
+                            const int64_t* shape, const dt_placement_t* pl) {
+  return dt__layout_fill(l, mesh_ndim, mesh_shape, ndim, shape, pl, 0);
+}
+
+int dt__layout_try(dt_layout_t* l, int mesh_ndim, const int* mesh_shape, int ndim,
+                   const int64_t* shape, const dt_placement_t* pl) {
+  return dt__layout_fill(l, mesh_ndim, mesh_shape, ndim, shape, pl, 1) == DT_SUCCESS;
 }
 
 void dt__layout_box(const dt_layout_t* l, const int* coords, int64_t* off, int64_t* len) {
@@ -55,6 +78,16 @@ int64_t dt__box_numel(int ndim, const int64_t* len) {
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= len[d];
   return n;
+}
+
+void dt__box_intersect(int ndim, const int64_t* ao, const int64_t* al, const int64_t* bo,
+                       const int64_t* bl, int64_t* off, int64_t* len) {
+  for (int d = 0; d < ndim; d++) {
+    int64_t s = ao[d] > bo[d] ? ao[d] : bo[d];
+    int64_t e1 = ao[d] + al[d], e2 = bo[d] + bl[d], e = e1 < e2 ? e1 : e2;
+    off[d] = s;
+    len[d] = e > s ? e - s : 0;
+  }
 }
 
 int dt__box_contiguous(int ndim, const int64_t* shape, const int64_t* off, const int64_t* ext,

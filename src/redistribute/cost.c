@@ -15,7 +15,7 @@
 #include <cJSON.h>
 #include <stdio.h>
 
-#include "internal/core.h"
+#include "redistribute/redistribute.h"
 
 static const dt_cost_params_t dt__cost_defaults[DT_COLL_COUNT] = {
     [DT_COLL_LOCAL] = {0.0, 0.0, 7.0},

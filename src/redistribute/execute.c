@@ -9,7 +9,7 @@
  */
 #include <limits.h>
 
-#include "internal/core.h"
+#include "redistribute/redistribute.h"
 
 typedef struct dt__exec {
   dt_mesh_t m;
@@ -30,16 +30,6 @@ static void dt__group_coords(const dt__exec_t* x, int q, int* c) {
       c[i] = q % x->m->shape[i];
       q /= x->m->shape[i];
     }
-}
-
-static void dt__intersect(int ndim, const int64_t* ao, const int64_t* al, const int64_t* bo,
-                          const int64_t* bl, int64_t* off, int64_t* len) {
-  for (int d = 0; d < ndim; d++) {
-    int64_t s = ao[d] > bo[d] ? ao[d] : bo[d];
-    int64_t e1 = ao[d] + al[d], e2 = bo[d] + bl[d], e = e1 < e2 ? e1 : e2;
-    off[d] = s;
-    len[d] = e > s ? e - s : 0;
-  }
 }
 
 static dt_status_t dt__to_int(int64_t v, int* out) {
@@ -209,7 +199,7 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
     dt__group_coords(x, q, cq);
     /* send: what I hold now that q holds after */
     dt__layout_box(&x->la, cq, bo, bl);
-    dt__intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
+    dt__box_intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
     for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
     DT_CHECK(dt__to_int(dt__box_numel(nd, len), &sc[q]));
     if (sdirect && dt__box_contiguous(nd, x->ib_len, rel, len, &start))
@@ -219,7 +209,7 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
     stot += sc[q];
     /* receive: what q holds now that I hold after */
     dt__layout_box(&x->lb, cq, bo, bl);
-    dt__intersect(nd, bo, bl, x->ob_off, x->ob_len, off, len);
+    dt__box_intersect(nd, bo, bl, x->ob_off, x->ob_len, off, len);
     for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
     DT_CHECK(dt__to_int(dt__box_numel(nd, len), &rc[q]));
     if (rdirect && dt__box_contiguous(nd, x->ob_len, rel, len, &start))
@@ -239,7 +229,7 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
         irel[DT_MAX_DIMS], orel[DT_MAX_DIMS];
     dt__group_coords(x, me, cq);
     dt__layout_box(&x->la, cq, bo, bl);
-    dt__intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
+    dt__box_intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
     for (int d = 0; d < nd; d++) {
       irel[d] = off[d] - x->ib_off[d];
       orel[d] = off[d] - x->ob_off[d];
@@ -261,7 +251,7 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
       if (q == me) continue;
       dt__group_coords(x, q, cq);
       dt__layout_box(&x->la, cq, bo, bl);
-      dt__intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
+      dt__box_intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
       for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
       dt__box_copy(nd, x->item, len, (char*)tmp + (size_t)pos * x->item, len, zero, in,
                    x->ib_len, rel);
@@ -286,7 +276,7 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
           rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
       dt__group_coords(x, q, cq);
       dt__layout_box(&x->lb, cq, bo, bl);
-      dt__intersect(nd, bo, bl, x->ob_off, x->ob_len, off, len);
+      dt__box_intersect(nd, bo, bl, x->ob_off, x->ob_len, off, len);
       for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
       dt__box_copy(nd, x->item, len, out, x->ob_len, rel,
                    (const char*)recv + (size_t)rd[q] * x->item, len, zero);
@@ -336,7 +326,7 @@ static dt_status_t dt__run_step(dt_mesh_t m, const struct dt_plan* p, const dt_s
     }
     default: return DT_FAIL(DT_ERR_INTERNAL, "unexpected step kind %d", (int)s->coll);
   }
-  dt__count(m, s->mask, s->coll, nbytes);
+  dt__count_collective(m, s->mask, s->coll, nbytes);
   return DT_SUCCESS;
 }
 

@@ -1,58 +1,54 @@
-/* plan.c - plan objects, the per-mesh plan cache and the public planning API.
+/* plan.c - plan objects, the plan cache and the public planning API.
  *
- * The cache key is everything that changes the answer besides the mesh (which owns the cache):
- * dtype, global shape, source and target placements. It is cleared when the cost model changes
- * (generation counter) or when the mesh gains a flattened dim.
+ * The cache belongs to this layer: one table for every mesh, keyed by everything that changes the
+ * answer: the mesh's id and generation (flattening a dim bumps it), the cost-model generation,
+ * dtype, global shape, source and target placements. Stale entries (a changed cost model, a
+ * flattened mesh, a destroyed mesh) are never hit again and go when the table starts over.
  */
-#include <stdio.h>
-
 #include <stddef.h>
+#include <stdio.h>
 
 #include "redistribute/planner.h"
 
-/* A mesh keeps at most this many plans; past it the cache starts over (plans in use stay valid:
- * they are reference counted). Bounds memory for programs that see many shapes. */
+/* The cache keeps at most this many plans; past it, it starts over (plans in use stay valid: they
+ * are reference counted). Bounds memory for programs that see many shapes and meshes. */
 #define DT_PLAN_CACHE_MAX 4096
 
 typedef struct dt_plan_key {
+  uint64_t mesh_id, mesh_gen, cost_gen;
   int32_t dtype, ndim;
   int64_t shape[DT_MAX_DIMS];
   dt_placement_t src[DT_MAX_MESH_DIMS], dst[DT_MAX_MESH_DIMS];
 } dt_plan_key_t;
 
-struct dt_plan_cache {
-  uint64_t gen;
+static struct {
   size_t cap, count;
   dt_plan_key_t* keys;
   struct dt_plan** plans;
-};
-
-static uint64_t dt__hash(const void* p, size_t n) { return dt__hash_bytes(p, n); }
+} dt__cache;
 
 void dt__plan_release(struct dt_plan* p) {
   if (p != NULL && --p->refcount == 0) dt__free(p);
 }
 
-void dt__plan_cache_clear(struct dt_plan_cache* c) {
-  if (c == NULL) return;
-  for (size_t i = 0; i < c->cap; i++)
-    if (c->plans[i]) {
-      dt__plan_release(c->plans[i]);
-      c->plans[i] = NULL;
+static void dt__cache_clear(void) {
+  for (size_t i = 0; i < dt__cache.cap; i++)
+    if (dt__cache.plans[i]) {
+      dt__plan_release(dt__cache.plans[i]);
+      dt__cache.plans[i] = NULL;
     }
-  c->count = 0;
+  dt__cache.count = 0;
 }
 
-void dt__plan_cache_destroy(struct dt_plan_cache* c) {
-  if (c == NULL) return;
-  dt__plan_cache_clear(c);
-  dt__free(c->keys);
-  dt__free(c->plans);
-  dt__free(c);
+void dt__plan_cache_release(void) {
+  dt__cache_clear();
+  dt__free(dt__cache.keys);
+  dt__free(dt__cache.plans);
+  memset(&dt__cache, 0, sizeof dt__cache);
 }
 
-static dt_status_t dt__cache_grow(struct dt_plan_cache* c) {
-  size_t ncap = c->cap ? c->cap * 2 : 64;
+static dt_status_t dt__cache_grow(void) {
+  size_t ncap = dt__cache.cap ? dt__cache.cap * 2 : 64;
   dt_plan_key_t* keys = (dt_plan_key_t*)dt__calloc(ncap, sizeof *keys);
   struct dt_plan** plans = (struct dt_plan**)dt__calloc(ncap, sizeof *plans);
   if (!keys || !plans) {
@@ -60,18 +56,18 @@ static dt_status_t dt__cache_grow(struct dt_plan_cache* c) {
     dt__free(plans);
     return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "growing the plan cache");
   }
-  for (size_t i = 0; i < c->cap; i++) {
-    if (!c->plans[i]) continue;
-    size_t j = dt__hash(&c->keys[i], sizeof c->keys[i]) & (ncap - 1);
+  for (size_t i = 0; i < dt__cache.cap; i++) {
+    if (!dt__cache.plans[i]) continue;
+    size_t j = dt__hash_bytes(&dt__cache.keys[i], sizeof dt__cache.keys[i]) & (ncap - 1);
     while (plans[j]) j = (j + 1) & (ncap - 1);
-    keys[j] = c->keys[i];
-    plans[j] = c->plans[i];
+    keys[j] = dt__cache.keys[i];
+    plans[j] = dt__cache.plans[i];
   }
-  dt__free(c->keys);
-  dt__free(c->plans);
-  c->keys = keys;
-  c->plans = plans;
-  c->cap = ncap;
+  dt__free(dt__cache.keys);
+  dt__free(dt__cache.plans);
+  dt__cache.keys = keys;
+  dt__cache.plans = plans;
+  dt__cache.cap = ncap;
   return DT_SUCCESS;
 }
 
@@ -103,51 +99,43 @@ static dt_status_t dt__plan_build(dt_mesh_t mesh, dt_dtype_t dtype, const dt_lay
 dt_status_t dt__plan_get(dt_mesh_t mesh, dt_dtype_t dtype, const dt_layout_t* src,
                          const dt_placement_t* dst, struct dt_plan** out) {
   *out = NULL;
-  if (mesh->cache == NULL) {
-    mesh->cache = (struct dt_plan_cache*)dt__calloc(1, sizeof *mesh->cache);
-    if (mesh->cache == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the plan cache");
-    DT_CHECK(dt__cache_grow(mesh->cache));
-    mesh->cache->gen = dt__cost_generation();
-  }
-  struct dt_plan_cache* c = mesh->cache;
-  if (c->gen != dt__cost_generation()) {
-    dt__plan_cache_clear(c);
-    c->gen = dt__cost_generation();
-  }
+  if (dt__cache.cap == 0) DT_CHECK(dt__cache_grow());
   dt_plan_key_t key;
   memset(&key, 0, sizeof key);
+  key.mesh_id = mesh->id;
+  key.mesh_gen = mesh->generation;
+  key.cost_gen = dt__cost_generation();
   key.dtype = dtype;
   key.ndim = src->ndim;
   memcpy(key.shape, src->shape, sizeof(int64_t) * (size_t)src->ndim);
   memcpy(key.src, src->pl, sizeof(dt_placement_t) * (size_t)src->mesh_ndim);
   memcpy(key.dst, dst, sizeof(dt_placement_t) * (size_t)src->mesh_ndim);
-  size_t j = dt__hash(&key, sizeof key) & (c->cap - 1);
-  while (c->plans[j]) {
-    if (memcmp(&c->keys[j], &key, sizeof key) == 0) {
-      mesh->counters.plan_cache_hits++;
-      dt__ctx.counters.plan_cache_hits++;
-      *out = c->plans[j];
+  uint64_t h = dt__hash_bytes(&key, sizeof key);
+  size_t j = h & (dt__cache.cap - 1);
+  while (dt__cache.plans[j]) {
+    if (memcmp(&dt__cache.keys[j], &key, sizeof key) == 0) {
+      dt__count_plan_lookup(mesh, 1);
+      *out = dt__cache.plans[j];
       return DT_SUCCESS;
     }
-    j = (j + 1) & (c->cap - 1);
+    j = (j + 1) & (dt__cache.cap - 1);
   }
-  mesh->counters.plan_cache_misses++;
-  dt__ctx.counters.plan_cache_misses++;
+  dt__count_plan_lookup(mesh, 0);
   struct dt_plan* p;
   DT_CHECK(dt__plan_build(mesh, dtype, src, dst, 0, &p));
-  if (c->count >= DT_PLAN_CACHE_MAX) dt__plan_cache_clear(c);
-  if ((c->count + 1) * 2 > c->cap) {
-    dt_status_t st = dt__cache_grow(c);
+  if (dt__cache.count >= DT_PLAN_CACHE_MAX) dt__cache_clear();
+  if ((dt__cache.count + 1) * 2 > dt__cache.cap) {
+    dt_status_t st = dt__cache_grow();
     if (st != DT_SUCCESS) {
       dt__plan_release(p);
       return st;
     }
   }
-  j = dt__hash(&key, sizeof key) & (c->cap - 1); /* the table may have changed */
-  while (c->plans[j]) j = (j + 1) & (c->cap - 1);
-  c->keys[j] = key;
-  c->plans[j] = p;
-  c->count++;
+  j = h & (dt__cache.cap - 1); /* the table may have changed */
+  while (dt__cache.plans[j]) j = (j + 1) & (dt__cache.cap - 1);
+  dt__cache.keys[j] = key;
+  dt__cache.plans[j] = p;
+  dt__cache.count++;
   *out = p;
   return DT_SUCCESS;
 }

@@ -14,6 +14,17 @@
  */
 #include "redistribute/planner.h"
 
+/* The collective of a one-mesh-dim move, indexed [from][to] by placement kind (R, S, P); -1 where
+ * the move is illegal (a new Partial from a Shard, one Partial op into another) or no move. */
+static const int dt__edge_coll[DT_PLACEMENT_KIND_COUNT][DT_PLACEMENT_KIND_COUNT] = {
+    [DT_REPLICATE] = {[DT_REPLICATE] = -1, [DT_SHARD] = DT_COLL_LOCAL, [DT_PARTIAL] = DT_COLL_LOCAL},
+    [DT_SHARD] = {[DT_REPLICATE] = DT_COLL_ALL_GATHER, [DT_SHARD] = DT_COLL_ALL_TO_ALL,
+                  [DT_PARTIAL] = -1},
+    [DT_PARTIAL] = {[DT_REPLICATE] = DT_COLL_ALL_REDUCE, [DT_SHARD] = DT_COLL_REDUCE_SCATTER,
+                    [DT_PARTIAL] = -1},
+};
+_Static_assert(DT_PLACEMENT_KIND_COUNT == 3, "update dt__edge_coll");
+
 static int64_t dt__padded_numel(const dt_layout_t* l, const dt_placement_t* pl) {
   int64_t len[DT_MAX_DIMS], n = 1;
   for (int d = 0; d < l->ndim; d++) len[d] = l->shape[d];
@@ -68,17 +79,9 @@ int dt__plan_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur, 
   if (dt_placement_equal(from, to)) return 0;
   if (to.kind == DT_SHARD && !dt__innermost(cur, m, i, to.dim)) return 0;
   if (from.kind == DT_SHARD && !dt__innermost(cur, m, i, from.dim)) return 0;
-  dt_collective_t c;
-  if (from.kind == DT_SHARD) {
-    if (to.kind == DT_PARTIAL) return 0;
-    c = to.kind == DT_REPLICATE ? DT_COLL_ALL_GATHER : DT_COLL_ALL_TO_ALL;
-  } else if (from.kind == DT_PARTIAL) {
-    if (to.kind == DT_PARTIAL) return 0;
-    c = to.kind == DT_REPLICATE ? DT_COLL_ALL_REDUCE : DT_COLL_REDUCE_SCATTER;
-  } else {
-    if (to.kind == DT_PARTIAL && !(sp->pmask & (1u << to.op))) return 0;
-    c = DT_COLL_LOCAL;
-  }
+  int c = dt__edge_coll[from.kind][to.kind];
+  if (c < 0) return 0;
+  if (to.kind == DT_PARTIAL && !(sp->pmask & (1u << to.op))) return 0;
   memcpy(step->before, cur, sizeof(dt_placement_t) * (size_t)m);
   memcpy(step->after, cur, sizeof(dt_placement_t) * (size_t)m);
   step->after[i] = to;
@@ -95,8 +98,8 @@ int dt__plan_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur, 
     case DT_COLL_LOCAL: step->nbytes = (uint64_t)out * item; break;
     default: step->nbytes = (uint64_t)in * item; break; /* AR buffer, RS input, A2A send */
   }
-  step->coll = c;
-  step->cost_us = dt__cost_of(c, n, step->nbytes);
+  step->coll = (dt_collective_t)c;
+  step->cost_us = dt__cost_of((dt_collective_t)c, n, step->nbytes);
   return 1;
 }
 
@@ -277,16 +280,8 @@ static int dt__fast_edges(const dt__fast_t* f, int u, int* vs, double* costs) {
       if (o == dig[i]) continue;
       dt_placement_t to = cd->opt[o];
       if (to.kind == DT_SHARD && (outer & (1u << to.dim))) continue;
-      dt_collective_t c;
-      if (from.kind == DT_SHARD) {
-        if (to.kind == DT_PARTIAL) continue;
-        c = to.kind == DT_REPLICATE ? DT_COLL_ALL_GATHER : DT_COLL_ALL_TO_ALL;
-      } else if (from.kind == DT_PARTIAL) {
-        if (to.kind == DT_PARTIAL) continue;
-        c = to.kind == DT_REPLICATE ? DT_COLL_ALL_REDUCE : DT_COLL_REDUCE_SCATTER;
-      } else {
-        c = DT_COLL_LOCAL; /* R -> S or R -> P (only allowed ops are options) */
-      }
+      int c = dt__edge_coll[from.kind][to.kind]; /* R -> P: only allowed ops are options */
+      if (c < 0) continue;
       int v = u + (o - dig[i]) * f->pw[i];
       double cost = 0.0;
       if (n > 1) {

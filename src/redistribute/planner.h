@@ -2,7 +2,7 @@
 #ifndef DT_REDISTRIBUTE_PLANNER_H
 #define DT_REDISTRIBUTE_PLANNER_H
 
-#include "internal/core.h"
+#include "redistribute/redistribute.h"
 
 #define DT_MAX_EDGES \
   (DT_MAX_MESH_DIMS * (1 + DT_MAX_DIMS + DT_REDUCE_COUNT) + DT_MAX_FLAT * (2 + DT_MAX_DIMS))
@@ -29,10 +29,7 @@ int dt__plan_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur, 
 int dt__plan_neighbors(const dt_layout_t* l, size_t item, const dt_placement_t* cur,
                        const dt_search_space_t* sp, dt_step_t* out);
 /* Checks the pair is reachable under the public rules (no new Partial except from Replicate,
- * no P(x) -> P(y)). */
-/* 1 if dst is reachable from src (no new Partial from a Shard, no Partial op change); no message:
- * for callers that test many candidates. */
-int dt__plan_reachable(const dt_layout_t* src, const dt_placement_t* dst);
+ * no P(x) -> P(y)), with a message naming the mesh dim when it is not. */
 dt_status_t dt__plan_validate(const dt_layout_t* src, const dt_placement_t* dst);
 /* Minimum-cost step sequence (Dijkstra over placement states; ties prefer fewer steps). */
 dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_placement_t* dst, size_t item,

@@ -31,9 +31,7 @@ static void dt__ensure_builtins(void) {
 static short dt__op_index[DT_OP_INDEX_CAP]; /* entry + 1; 0 = empty */
 
 static size_t dt__op_slot(const char* name) {
-  uint64_t h = 1469598103934665603ull;
-  for (const unsigned char* p = (const unsigned char*)name; *p; p++) h = (h ^ *p) * 1099511628211ull;
-  return (size_t)(h & (DT_OP_INDEX_CAP - 1));
+  return (size_t)(dt__hash_str(0, name) & (DT_OP_INDEX_CAP - 1));
 }
 
 static dt_op_entry_t* dt__op_find(const char* name) {

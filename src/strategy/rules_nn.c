@@ -211,22 +211,18 @@ static int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_
   int64_t H = call->in[0].shape[hd], G = call->in[1].shape[hd];
   if (!heads || H == G) return 1;
   dt_layout_t lq, lk;
-  if (dt__layout_init(&lq, mesh->ndim, mesh->shape, 4, call->in[0].shape, c->in[0]) ||
-      dt__layout_init(&lk, mesh->ndim, mesh->shape, 4, call->in[1].shape, c->in[1]))
+  if (!dt__layout_try(&lq, mesh->ndim, mesh->shape, 4, call->in[0].shape, c->in[0]) ||
+      !dt__layout_try(&lk, mesh->ndim, mesh->shape, 4, call->in[1].shape, c->in[1]))
     return 0;
   int64_t rep = H / G;
   for (int p = 0; p < mesh->numel; p++) {
     int coords[DT_MAX_MESH_DIMS];
-    for (int i = mesh->ndim - 1, v = p; i >= 0; i--) {
-      coords[i] = v % mesh->shape[i];
-      v /= mesh->shape[i];
-    }
+    dt__grid_coords(mesh->ndim, mesh->shape, p, coords);
     int64_t qo[DT_MAX_DIMS], ql[DT_MAX_DIMS], ko[DT_MAX_DIMS], kl[DT_MAX_DIMS];
     dt__layout_box(&lq, coords, qo, ql);
     dt__layout_box(&lk, coords, ko, kl);
     if (ql[hd] != kl[hd] * rep || (ql[hd] > 0 && qo[hd] != ko[hd] * rep)) return 0;
   }
-  dt_clear_error();
   return 1;
 }
 

@@ -221,15 +221,12 @@ static int dt__view_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_
   dt_view_group_t g[2 * DT_MAX_DIMS];
   int ng = dt__view_groups(x->ndim, x->shape, y->ndim, y->shape, g, 2 * DT_MAX_DIMS);
   dt_layout_t li, lo;
-  if (ng < 0 || dt__layout_init(&li, mesh->ndim, mesh->shape, x->ndim, x->shape, c->in[0]) ||
-      dt__layout_init(&lo, mesh->ndim, mesh->shape, y->ndim, y->shape, c->out[0]))
+  if (ng < 0 || !dt__layout_try(&li, mesh->ndim, mesh->shape, x->ndim, x->shape, c->in[0]) ||
+      !dt__layout_try(&lo, mesh->ndim, mesh->shape, y->ndim, y->shape, c->out[0]))
     return 0;
   for (int p = 0; p < mesh->numel; p++) {
     int coords[DT_MAX_MESH_DIMS];
-    for (int i = mesh->ndim - 1, v = p; i >= 0; i--) {
-      coords[i] = v % mesh->shape[i];
-      v /= mesh->shape[i];
-    }
+    dt__grid_coords(mesh->ndim, mesh->shape, p, coords);
     int64_t io[DT_MAX_DIMS], il[DT_MAX_DIMS], oo[DT_MAX_DIMS], ol[DT_MAX_DIMS];
     dt__layout_box(&li, coords, io, il);
     dt__layout_box(&lo, coords, oo, ol);
@@ -241,7 +238,6 @@ static int dt__view_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_
       if (n0 != n1 || (n0 != 0 && s0 != s1)) return 0;
     }
   }
-  dt_clear_error();
   return 1;
 }
 

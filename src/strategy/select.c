@@ -10,7 +10,6 @@
  */
 #include <math.h>
 
-#include "redistribute/planner.h"
 #include "strategy/strategy.h"
 
 #define DT_OP_MAX_CANDIDATES 65536
@@ -18,13 +17,13 @@
 
 /* ---------------------------------------------------------------------------------------------
  * Propagation cache: the selected choice per key. The key holds everything that changes the
- * answer: the mesh (unique id, flattened dims), the cost model generation, the op, each input's
+ * answer: the mesh (unique id and generation, which flattening bumps), the cost model generation, the op, each input's
  * dtype, shape and placements, and every non-tensor argument (a scalar or dim that changes the
  * semantics must be in the key: PyTorch issues #147180 and #153603 were silent wrong results). */
 
 typedef struct dt_prop_key {
-  uint64_t mesh_id, cost_gen;
-  int32_t nflat, n_inputs, n_iargs, n_fargs;
+  uint64_t mesh_id, mesh_gen, cost_gen;
+  int32_t n_inputs, n_iargs, n_fargs;
   char op[DT_OP_NAME_MAX];
   dt_tensor_meta_t in[DT_OP_MAX_INPUTS];
   dt_placement_t pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
@@ -39,8 +38,6 @@ static struct {
   unsigned char* used;
 } dt__prop;
 
-static uint64_t dt__prop_hash(const dt_prop_key_t* k) { return dt__hash_bytes(k, sizeof *k); }
-
 /* Builds the key (zero padding included, so memcmp works); 0 if the call cannot be keyed. */
 static int dt__prop_key(dt_mesh_t mesh, const dt_op_call_t* call,
                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_prop_key_t* k) {
@@ -48,7 +45,7 @@ static int dt__prop_key(dt_mesh_t mesh, const dt_op_call_t* call,
   if (strlen(call->op) >= DT_OP_NAME_MAX) return 0;
   k->mesh_id = mesh->id;
   k->cost_gen = dt__cost_generation();
-  k->nflat = mesh->nflat;
+  k->mesh_gen = mesh->generation;
   k->n_inputs = call->n_inputs;
   k->n_iargs = call->n_iargs;
   k->n_fargs = call->n_fargs;
@@ -70,7 +67,7 @@ static int dt__prop_key(dt_mesh_t mesh, const dt_op_call_t* call,
 
 static const dt_op_choice_t* dt__prop_find(const dt_prop_key_t* k) {
   if (dt__prop.cap == 0) return NULL;
-  size_t j = dt__prop_hash(k) & (dt__prop.cap - 1);
+  size_t j = dt__hash_bytes(k, sizeof *k) & (dt__prop.cap - 1);
   while (dt__prop.used[j]) {
     if (memcmp(&dt__prop.keys[j], k, sizeof *k) == 0) return &dt__prop.vals[j];
     j = (j + 1) & (dt__prop.cap - 1);
@@ -96,9 +93,8 @@ static void dt__prop_insert(const dt_prop_key_t* k, const dt_op_choice_t* v) {
       return;
     }
     dt__prop.cap = cap;
-    dt__at_finalize(dt__prop_cache_release);
   }
-  size_t j = dt__prop_hash(k) & (dt__prop.cap - 1);
+  size_t j = dt__hash_bytes(k, sizeof *k) & (dt__prop.cap - 1);
   while (dt__prop.used[j]) j = (j + 1) & (dt__prop.cap - 1);
   dt__prop.keys[j] = *k;
   dt__prop.vals[j] = *v;
@@ -239,7 +235,6 @@ static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
     if (beaten) continue;
     visit(ctx, &c);
   }
-  dt_clear_error();
   return DT_SUCCESS;
 }
 

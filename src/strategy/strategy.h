@@ -3,7 +3,7 @@
 #define DT_STRATEGY_STRATEGY_H
 
 #include "dtensor/strategy.h"
-#include "internal/core.h"
+#include "redistribute/redistribute.h"
 
 /* Matmul family from an einsum equation ("mk,kn->mn"): batch dims S on every operand, free dims S
  * on their operand and R on the others, contracted dims give P(sum) from S on the operands; with

@@ -4,14 +4,16 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "internal/core.h"
+#include "tensor/tensor.h"
 
-static dt_status_t dt__tensor_check(dt_tensor_t t) {
-  if (t == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "tensor is NULL");
+dt_status_t dt__tensor_check(dt_tensor_t t, const char* what) {
+  if (t == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s is NULL", what);
   if (t->magic != DT_TENSOR_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor handle is not a live tensor (destroyed or garbage)");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s is not a live tensor (destroyed or garbage)", what);
   return DT_SUCCESS;
 }
+
+size_t dt__tensor_nbytes(dt_tensor_t t) { return (size_t)t->local_numel * dt__itemsize(t->dtype); }
 
 static void dt__fmt_shape(char* buf, size_t cap, int ndim, const int64_t* s) {
   size_t used = 0;
@@ -71,15 +73,9 @@ dt_status_t dt__tensor_new(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__tensor_alloc(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
-                                    const int64_t* shape, const dt_placement_t* pl,
-                                    dt_tensor_t* out) {
-  return dt__tensor_new(mesh, dtype, ndim, shape, pl, 1, out);
-}
-
 dt_status_t dt_tensor_destroy(dt_tensor_t t) {
   if (t == NULL) return DT_SUCCESS;
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   if (t->owns) {
     size_t n = (size_t)t->local_numel * dt__itemsize(t->dtype);
     dt__pool_free(t->data, n ? n : 1);
@@ -109,7 +105,7 @@ static void dt__partition(dt_tensor_t t) {
 dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                             const dt_placement_t* placements, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
-  return dt__tensor_alloc(mesh, dtype, ndim, shape, placements, out);
+  return dt__tensor_new(mesh, dtype, ndim, shape, placements, 1, out);
 }
 
 dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
@@ -118,7 +114,7 @@ dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, cons
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(full);
-  DT_CHECK(dt__tensor_alloc(mesh, dtype, ndim, shape, placements, out));
+  DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, placements, 1, out));
   dt_tensor_t t = *out;
   int64_t zero[DT_MAX_DIMS] = {0};
   if (mesh->member) {
@@ -209,27 +205,24 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
   /* Only the source can see a NULL full: it tells the others (one tiny broadcast) so that every
    * rank fails together instead of leaving them blocked in the scatter. */
   if (mesh->member) {
-    int ok = src_rank != dt__ctx.world_rank || full != NULL;
+    int ok = src_rank != dt__world_rank() || full != NULL;
     DT_CHECK(mesh->all_comm.iface->broadcast(&mesh->all_comm, &ok, 1, DT_I32, src_pos));
     if (!ok)
-      return src_rank == dt__ctx.world_rank
+      return src_rank == dt__world_rank()
                  ? DT_FAIL(DT_ERR_INVALID_ARG, "full is NULL on the source rank %d", src_rank)
                  : DT_FAIL(DT_ERR_REMOTE, "full is NULL on the source rank %d", src_rank);
   }
-  DT_CHECK(dt__tensor_alloc(mesh, dtype, ndim, shape, placements, out));
+  DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, placements, 1, out));
   dt_tensor_t t = *out;
   if (!mesh->member) return DT_SUCCESS;
   dt_status_t st = DT_SUCCESS;
   int m = mesh->ndim, sc[DT_MAX_MESH_DIMS];
-  for (int i = m - 1, p = src_pos; i >= 0; i--) {
-    sc[i] = p % mesh->shape[i];
-    p /= mesh->shape[i];
-  }
+  dt__grid_coords(m, mesh->shape, src_pos, sc);
   size_t item = dt__itemsize(dtype);
   /* Level i: holders own the box of `lv` (target placements on dims < i, R elsewhere). */
   dt_layout_t lv = t->layout;
   for (int i = 0; i < m; i++) lv.pl[i] = dt_replicate();
-  const void* cur = src_rank == dt__ctx.world_rank ? full : NULL;
+  const void* cur = src_rank == dt__world_rank() ? full : NULL;
   int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
   for (int i = 0; i < m; i++) {
     int part = 1;
@@ -270,7 +263,7 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
         void* dst;
         DT_CHECK_GOTO(dt__ws_reserve(1 + (i & 1), (size_t)counts[me] * item, &dst), st, fail);
         DT_CHECK_GOTO(c->iface->scatter_v(c, pack, counts, displs, dst, dtype, root), st, fail);
-        dt__count(mesh, 1u << i, DT_COLL_SCATTER, (uint64_t)pos * item);
+        dt__count_collective(mesh, 1u << i, DT_COLL_SCATTER, (uint64_t)pos * item);
         cur = dst;
       } else {
         void* buf;
@@ -278,7 +271,7 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
         if (me == root && cur != buf && numel) memcpy(buf, cur, (size_t)numel * item);
         if (n > 1) {
           DT_CHECK_GOTO(c->iface->broadcast(c, buf, (int)numel, dtype, root), st, fail);
-          dt__count(mesh, 1u << i, DT_COLL_BROADCAST, (uint64_t)numel * item);
+          dt__count_collective(mesh, 1u << i, DT_COLL_BROADCAST, (uint64_t)numel * item);
         }
         cur = buf;
       }
@@ -299,59 +292,59 @@ fail:
 
 dt_status_t dt_tensor_dtype(dt_tensor_t t, dt_dtype_t* dtype) {
   DT_ARG_NOT_NULL(dtype);
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   *dtype = t->dtype;
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_ndim(dt_tensor_t t, int* ndim) {
   DT_ARG_NOT_NULL(ndim);
   *ndim = 0;
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   *ndim = t->layout.ndim;
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_shape(dt_tensor_t t, int64_t* shape) {
   DT_ARG_NOT_NULL(shape);
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(shape, t->layout.shape, sizeof(int64_t) * (size_t)t->layout.ndim);
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_placements(dt_tensor_t t, dt_placement_t* out) {
   DT_ARG_NOT_NULL(out);
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(out, t->layout.pl, sizeof(dt_placement_t) * (size_t)t->layout.mesh_ndim);
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_mesh(dt_tensor_t t, dt_mesh_t* mesh) {
   DT_ARG_NOT_NULL(mesh);
   *mesh = NULL;
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   *mesh = t->mesh;
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape) {
   DT_ARG_NOT_NULL(shape);
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset) {
   DT_ARG_NOT_NULL(offset);
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(offset, t->local_off, sizeof(int64_t) * (size_t)t->layout.ndim);
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel) {
   DT_ARG_NOT_NULL(numel);
   *numel = 0;
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   *numel = t->local_numel;
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape) {
   DT_ARG_NOT_NULL(data);
   *data = NULL;
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   *data = t->data;
   if (local_shape) memcpy(local_shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
   return DT_SUCCESS;
@@ -361,8 +354,8 @@ dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape)
  * redistribution */
 
 dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
-  DT_CHECK(dt__tensor_check(src));
-  DT_CHECK(dt__tensor_check(dst));
+  DT_CHECK(dt__tensor_check(src, "src"));
+  DT_CHECK(dt__tensor_check(dst, "dst"));
   if (src->mesh != dst->mesh)
     return DT_FAIL(DT_ERR_INVALID_ARG, "src and dst live on different meshes");
   if (src->dtype != dst->dtype)
@@ -376,22 +369,21 @@ dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
   dt_mesh_t m = src->mesh;
   struct dt_plan* p;
   DT_CHECK(dt__plan_get(m, src->dtype, &src->layout, dst->layout.pl, &p));
-  if ((dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__ctx.world_rank == 0) {
+  if ((dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__world_rank() == 0) {
     char buf[512];
     if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s", buf);
   }
-  m->counters.redistributes++;
-  dt__ctx.counters.redistributes++;
+  dt__count_redistribute(m);
   return dt__plan_execute(m, p, src->data, dst->data);
 }
 
 dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(dst);
   dt_tensor_t r;
-  DT_CHECK(dt__tensor_alloc(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, &r));
+  DT_CHECK(dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 1, &r));
   dt_status_t st = dt_tensor_redistribute_into(t, r);
   if (st != DT_SUCCESS) {
     dt_tensor_destroy(r); /* succeeds, leaving the error message alone */
@@ -402,7 +394,7 @@ dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_
 }
 
 dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(out);
   int64_t numel = dt__box_numel(t->layout.ndim, t->layout.shape);
   size_t need = (size_t)numel * dt__itemsize(t->dtype);
@@ -422,18 +414,16 @@ dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
 /* ---------------------------------------------------------------------------------------------
  * factories: the value of global element i depends only on i (and the seed) */
 
-#define dt__mix dt__mix64
-
 typedef enum { DT_FILL_CONST, DT_FILL_ARANGE, DT_FILL_RAND, DT_FILL_RANDN } dt_fill_t;
 
 static double dt__fill_value(dt_fill_t kind, double a, double b, uint64_t seed, uint64_t i) {
   switch (kind) {
     case DT_FILL_CONST: return a;
     case DT_FILL_ARANGE: return a + b * (double)i;
-    case DT_FILL_RAND: return (double)(dt__mix(seed ^ dt__mix(2 * i)) >> 40) * 0x1.0p-24;
+    case DT_FILL_RAND: return (double)(dt__mix64(seed ^ dt__mix64(2 * i)) >> 40) * 0x1.0p-24;
     case DT_FILL_RANDN: {
-      double u1 = ((double)(dt__mix(seed ^ dt__mix(2 * i)) >> 11) + 1.0) * 0x1.0p-53;
-      double u2 = (double)(dt__mix(seed ^ dt__mix(2 * i + 1)) >> 11) * 0x1.0p-53;
+      double u1 = ((double)(dt__mix64(seed ^ dt__mix64(2 * i)) >> 11) + 1.0) * 0x1.0p-53;
+      double u2 = (double)(dt__mix64(seed ^ dt__mix64(2 * i + 1)) >> 11) * 0x1.0p-53;
       return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
     }
   }
@@ -451,7 +441,7 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
                    dt_dtype_name(dtype));
   if (!isfinite(a) || !isfinite(b))
     return DT_FAIL(DT_ERR_INVALID_ARG, "fill values must be finite");
-  DT_CHECK(dt__tensor_alloc(mesh, dtype, ndim, shape, pl, out));
+  DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, pl, 1, out));
   dt_tensor_t t = *out;
   if (t->local_numel == 0 || (kind == DT_FILL_CONST && a == 0.0)) return DT_SUCCESS;
   int64_t idx[DT_MAX_DIMS] = {0};
@@ -512,10 +502,7 @@ static dt_status_t dt__visualize(dt_mesh_t mesh, const dt_layout_t* l, FILE* f) 
   fprintf(f, ") placements [%s]\n", pl);
   for (int p = 0; p < mesh->numel; p++) {
     int c[DT_MAX_MESH_DIMS];
-    for (int i = mesh->ndim - 1, v = p; i >= 0; i--) {
-      c[i] = v % mesh->shape[i];
-      v /= mesh->shape[i];
-    }
+    dt__grid_coords(mesh->ndim, mesh->shape, p, c);
     int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
     dt__layout_box(l, c, off, len);
     if (mesh->abstract) fprintf(f, "  coord (");
@@ -536,7 +523,7 @@ static dt_status_t dt__visualize(dt_mesh_t mesh, const dt_layout_t* l, FILE* f) 
 }
 
 dt_status_t dt_tensor_visualize(dt_tensor_t t, FILE* f) {
-  DT_CHECK(dt__tensor_check(t));
+  DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(f);
   return dt__visualize(t->mesh, &t->layout, f);
 }

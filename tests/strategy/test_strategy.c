@@ -415,12 +415,36 @@ static void test_cache_key(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* errno semantics: a selection that succeeds leaves the last error alone, even when it probed and
+ * dropped candidates on the way (an uneven reshape's sharded candidates fail its per-mesh check). */
+static void test_last_error_kept(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(1, 2, 0);
+  dt_op_choice_t ch;
+  dt_op_call_t bad = call2("no_such_op", 1, (const int64_t[]){4}, 0, NULL);
+  dt_placement_t in[1][DT_MAX_MESH_DIMS];
+  set_pl(in, 0, "S0");
+  assert_int_equal(dt_op_select(m, &bad, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch),
+                   DT_ERR_UNSUPPORTED);
+  char before[1024];
+  snprintf(before, sizeof before, "%s", dt_last_error());
+  assert_non_null(strstr(before, "no_such_op"));
+  dt_op_call_t rs = call2("reshape", 2, (const int64_t[]){7, 6}, 0, NULL);
+  rs.n_iargs = 1;
+  rs.iargs[0] = 42;
+  assert_int_equal(dt_op_select(m, &rs, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch),
+                   DT_SUCCESS);
+  assert_string_equal(dt_last_error(), before);
+  dt_mesh_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
       cmocka_unit_test(test_pointwise_partial), cmocka_unit_test(test_broadcast),
       cmocka_unit_test(test_reductions), cmocka_unit_test(test_views_softmax),
       cmocka_unit_test(test_registry),     cmocka_unit_test(test_cache_key),
+      cmocka_unit_test(test_last_error_kept),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

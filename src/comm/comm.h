@@ -1,15 +1,14 @@
-/* backend.h - communication and memory backend vtables.
+/* comm.h - the communication backend vtable (the comm layer) and its MPI implementation.
  *
- * The executor moves data only through these interfaces, so a CUDA/NCCL backend can sit beside the
- * CPU/MPI one: NCCL for dt_comm_i on a dedicated stream, cudaMalloc/cudaMemcpy for dt_mem_i.
+ * Collectives reach MPI only through dt_comm_i, so an NCCL implementation can sit beside it.
  * Counts are element counts (numel) of `dtype`, never byte counts. Conventions follow NCCL:
  * all-gather takes the per-rank send count, reduce-scatter the per-rank receive count. The v-forms
  * take per-rank counts and displacements in elements.
  */
-#ifndef DT_INTERNAL_BACKEND_H
-#define DT_INTERNAL_BACKEND_H
+#ifndef DT_COMM_COMM_H
+#define DT_COMM_COMM_H
 
-#include "dtensor/placement.h"
+#include "internal/common.h"
 
 struct dt_comm;
 
@@ -33,7 +32,6 @@ struct dt_comm_i {
   /* recv (counts[me]) <- root's send[displs[me] ..]. */
   dt_status_t (*scatter_v)(struct dt_comm* c, const void* send, const int* counts,
                            const int* displs, void* recv, dt_dtype_t dtype, int root);
-  dt_status_t (*barrier)(struct dt_comm* c);
   /* Releases the communicator (context). */
   void (*destroy)(struct dt_comm* c);
 };
@@ -46,23 +44,15 @@ typedef struct dt_comm {
   int rank;
 } dt_comm_t;
 
-struct dt_mem_i {
-  void* (*alloc)(size_t nbytes);
-  void (*free)(void* p);
-  void (*copy)(void* dst, const void* src, size_t nbytes); /* same memory space */
-  void (*zero)(void* dst, size_t nbytes);
-};
-
-extern const struct dt_mem_i dt__host_mem;
-
 /* MPI backend (src/comm/comm_mpi.c). Creates comms by splitting `parent` (an MPI_Comm passed as
  * a pointer); color < 0 means this rank gets no communicator (*out stays zeroed, size 0). */
 dt_status_t dt__comm_mpi_split(const void* parent_mpi_comm, int color, int key, dt_comm_t* out);
 dt_status_t dt__comm_mpi_world(dt_comm_t* out);
 dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized);
 dt_status_t dt__comm_mpi_finalize(int we_initialized);
-/* The backend's MPI_Comm of a comm (as const void*), for splitting. */
-const void* dt__comm_mpi_handle(const dt_comm_t* c);
+/* Remembers whether dt_init started MPI; dt__comm_mpi_finalize_owned finalizes it only then. */
+void dt__comm_mpi_set_owned(int we_initialized);
+dt_status_t dt__comm_mpi_finalize_owned(void);
 void dt__comm_release(dt_comm_t* c);
 
 #endif

@@ -1,0 +1,42 @@
+/* dtensor/check.h - status propagation macros for code built on the library.
+ *
+ * The library's own code uses exactly these. Include this header explicitly (the umbrella header
+ * does not) in wrappers, host-registered ops and trainers that report errors the library's way:
+ *
+ *   dt_status_t my_step(dt_tensor_t x, dt_tensor_t* out) {
+ *     DT_ARG_NOT_NULL(out);
+ *     if (bad) return DT_FAIL(DT_ERR_INVALID_ARG, "x has %d dims, expected 2", nd);
+ *     DT_CHECK(dt_op_run("relu", 1, &x, 0, NULL, 0, NULL, out));
+ *     return DT_SUCCESS;
+ *   }
+ *
+ * DT_FAIL(st, fmt, ...) records "function (file:line): text" for dt_last_error() and evaluates to
+ * st. DT_CHECK(call) returns the call's status when it is not DT_SUCCESS. DT_CHECK_GOTO(call, st,
+ * label) stores the status in st and jumps to label on failure. DT_ARG_NOT_NULL(p) returns
+ * DT_ERR_INVALID_ARG ("p is NULL") for a NULL argument.
+ */
+#ifndef DTENSOR_CHECK_H
+#define DTENSOR_CHECK_H
+
+#include "dtensor/status.h"
+
+#define DT_FAIL(st, ...) dt_set_error((st), __func__, __FILE__, __LINE__, __VA_ARGS__)
+
+#define DT_CHECK(call)                       \
+  do {                                       \
+    dt_status_t dt__st = (call);             \
+    if (dt__st != DT_SUCCESS) return dt__st; \
+  } while (0)
+
+#define DT_CHECK_GOTO(call, st, label)  \
+  do {                                  \
+    (st) = (call);                      \
+    if ((st) != DT_SUCCESS) goto label; \
+  } while (0)
+
+#define DT_ARG_NOT_NULL(p)                                                 \
+  do {                                                                     \
+    if ((p) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s is NULL", #p); \
+  } while (0)
+
+#endif /* DTENSOR_CHECK_H */

@@ -1,0 +1,37 @@
+/* lib.c - dt_init and dt_finalize: the one place that starts and stops every layer, bottom up
+ * (and top down on the way out). It sits above all internal layers. */
+#include <stdio.h>
+
+#include "strategy/strategy.h"
+
+dt_status_t dt_init(int* argc, char*** argv) {
+  if (dt__ctx_initialized()) return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_init called twice");
+  if ((argc == NULL) != (argv == NULL))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "argc and argv must both be NULL or both be set");
+  int we_init_mpi = 0;
+  DT_CHECK(dt__comm_mpi_init(argc, argv, &we_init_mpi)); /* comm */
+  dt_status_t st = dt__ctx_init();                        /* mesh: the world */
+  if (st != DT_SUCCESS) {
+    dt__comm_mpi_finalize(we_init_mpi);
+    return st;
+  }
+  dt__comm_mpi_set_owned(we_init_mpi);
+  /* redistribute: a missing cost file is fine; a broken one is reported but does not fail init
+   * (and the caller's last-error text stays what it was) */
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", dt_last_error());
+  if (dt__cost_model_autoload() != DT_SUCCESS) {
+    if (dt__world_rank() == 0) dt__log("cost", "ignoring calibrated cost model: %s", dt_last_error());
+    dt__error_restore(saved);
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_finalize(void) {
+  dt__prop_cache_release(); /* strategy */
+  dt__plan_cache_release(); /* redistribute */
+  dt__pool_release();       /* core: cached storage blocks (live tensors keep theirs) */
+  if (!dt__ctx_initialized()) return DT_SUCCESS;
+  dt__ctx_finalize();                 /* mesh: workspace, communicators of live meshes */
+  return dt__comm_mpi_finalize_owned(); /* comm: MPI, if dt_init started it */
+}

@@ -1,0 +1,77 @@
+/* mesh.h - internal interface of the mesh layer: the library context (world, workspace,
+ * counters) and device meshes with their communicators. */
+#ifndef DT_MESH_MESH_H
+#define DT_MESH_MESH_H
+
+#include "comm/comm.h"
+#include "dtensor/redistribute.h" /* dt_counters_t, dt_collective_t */
+#include "placement/layout.h"
+
+#define DT_MAX_FLAT 8
+
+/* ---- library context (src/mesh/context.c) -------------------------------------------------- */
+/* Sets up the world after the comm layer started (dt_init); tears the layer down (dt_finalize):
+ * releases the workspace and the communicators of meshes still alive. */
+dt_status_t dt__ctx_init(void);
+void dt__ctx_finalize(void);
+int dt__ctx_initialized(void);
+int dt__world_rank(void); /* -1 before dt_init */
+int dt__world_size(void); /* 0 before dt_init */
+dt_status_t dt__require_init(const char* what);
+
+/* Persistent workspace: grow-only buffers reused by every blocking redistribution, so the steady
+ * path never allocates. Slot 0: send packing, 1-2: ping-pong intermediates, 3: receive unpacking. */
+dt_status_t dt__ws_reserve(int slot, size_t nbytes, void** out);
+dt_status_t dt__ws_ints(size_t count, int** out);
+
+/* ---- meshes (src/mesh/mesh.c) -------------------------------------------------------------- */
+typedef struct dt_flat_group {
+  unsigned mask; /* mesh dims flattened */
+  char name[DT_NAME_MAX];
+  dt_comm_t comm;
+} dt_flat_group_t;
+
+#define DT_MESH_MAGIC 0x4d455348u
+
+struct dt_mesh {
+  uint32_t magic;
+  int refcount;
+  uint64_t id;         /* unique for the process lifetime (handles may be reused after free) */
+  uint64_t generation; /* bumped when the mesh gains a flattened dim (plans may change) */
+  int ndim;
+  int shape[DT_MAX_MESH_DIMS];
+  char names[DT_MAX_MESH_DIMS][DT_NAME_MAX];
+  int abstract;
+  int member;
+  int coords[DT_MAX_MESH_DIMS];
+  int numel;
+  int* ranks; /* world rank of each mesh position, row-major (NULL when abstract) */
+  dt_comm_t dim_comm[DT_MAX_MESH_DIMS];
+  dt_comm_t all_comm; /* all members, ranked row-major */
+  dt_flat_group_t flat[DT_MAX_FLAT];
+  int nflat;
+  dt_counters_t counters;
+  struct dt_mesh *next, *prev; /* live meshes (counter resets, finalize) */
+};
+
+void dt__mesh_retain(dt_mesh_t m);
+void dt__mesh_release(dt_mesh_t m);
+/* DT_SUCCESS for a live mesh handle, else DT_ERR_INVALID_ARG with a message. */
+dt_status_t dt__mesh_check(dt_mesh_t m);
+/* Communicator over the mesh dims in `mask` (a single dim, a flattened group, or all dims).
+ * NULL when none exists. */
+dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask);
+/* Releases the communicators of every live mesh (dt_finalize: MPI goes away). */
+void dt__mesh_release_all_comms(void);
+/* Resets the counters of every live mesh. */
+void dt__mesh_reset_all_counters(void);
+
+/* ---- counters (src/mesh/context.c): per mesh and summed over all meshes ---------------------- */
+/* One collective on the mesh dims `mask` moving nbytes (nccl-tests convention). */
+void dt__count_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, uint64_t nbytes);
+/* One redistribution that ran a plan. */
+void dt__count_redistribute(dt_mesh_t m);
+/* One plan-cache lookup (hit or miss). */
+void dt__count_plan_lookup(dt_mesh_t m, int hit);
+
+#endif

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# check_layers.sh - fails when a source file includes a header of a layer above its own.
+#
+#   tools/check_layers.sh [SRC_DIR]     (default: the src/ next to this script)
+#
+# Layers, bottom up (a file may include its own layer and the ones below):
+#   0 core (src/core, src/internal)   1 placement   2 backend, comm   3 mesh   4 redistribute
+#   5 tensor   6 strategy   7 ops   8 autograd   9 lib.c (init/finalize of every layer)
+# src/nn and src/parallel are built on the public API: they include only <dtensor/...> headers
+# (and the C library). Public headers (include/dtensor) may include only each other.
+# Exit status 0 when every include goes downward, 1 with one line per violation otherwise.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+src=${1:-$here/src}
+inc=$(cd "$src/../include" 2>/dev/null && pwd || true)
+
+layer_of() { # path relative to src -> layer number, or "public"
+  case "$1" in
+    core/* | internal/*) echo 0 ;;
+    placement/*) echo 1 ;;
+    backend/* | comm/*) echo 2 ;;
+    mesh/*) echo 3 ;;
+    redistribute/*) echo 4 ;;
+    tensor/*) echo 5 ;;
+    strategy/*) echo 6 ;;
+    ops/*) echo 7 ;;
+    autograd/*) echo 8 ;;
+    lib.c) echo 9 ;;
+    nn/* | parallel/*) echo public ;;
+    *) echo unknown ;;
+  esac
+}
+
+bad=0
+report() {
+  echo "check_layers: $1"
+  bad=1
+}
+
+while IFS= read -r -d '' f; do
+  rel=${f#"$src"/}
+  mine=$(layer_of "$rel")
+  if [ "$mine" = unknown ]; then
+    report "$rel: file outside every known layer (add its folder to tools/check_layers.sh)"
+    continue
+  fi
+  while IFS= read -r line; do
+    n=${line%%:*}
+    hdr=$(sed -E 's/^[^"]*"([^"]+)".*/\1/' <<<"${line#*:}")
+    case "$hdr" in
+      dtensor/*) continue ;; # the public API is below every internal layer
+      ../* | */../*) report "$rel:$n: relative include \"$hdr\" hides its layer"; continue ;;
+    esac
+    if [ "$mine" = public ]; then
+      report "$rel:$n: includes \"$hdr\"; nn and parallel may include only <dtensor/...>"
+      continue
+    fi
+    theirs=$(layer_of "$hdr")
+    if [ "$theirs" = unknown ] || [ "$theirs" = public ]; then
+      report "$rel:$n: includes \"$hdr\", which is not an internal header of a known layer"
+    elif [ "$theirs" -gt "$mine" ]; then
+      report "$rel:$n: layer $mine includes \"$hdr\" of layer $theirs (above)"
+    fi
+  done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
+done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) -print0 | sort -z)
+
+if [ -n "$inc" ]; then
+  while IFS= read -r -d '' f; do
+    while IFS= read -r line; do
+      hdr=$(sed -E 's/^[^"]*"([^"]+)".*/\1/' <<<"${line#*:}")
+      case "$hdr" in dtensor/*) ;; *) report "${f#"$inc"/}:${line%%:*}: public header includes \"$hdr\"" ;; esac
+    done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
+  done < <(find "$inc" -type f -name '*.h' -print0 | sort -z)
+fi
+
+if [ "$bad" -eq 0 ]; then echo "check_layers: every include goes downward"; fi
+exit "$bad"
