@@ -3,8 +3,10 @@
  *   dtensor-explain redistribute --mesh 2x2 --shape 8x8x8 --dtype f32 --from S0,S1 --to S1,S0
  *                   [--flatten 0,1]... [--greedy] [--cost-model FILE] [--visualize] [--json]
  *
- *   dtensor-explain op mm --mesh 2x2 --shape 12x8 --shape 8x4 --in S0,R --in R,S1 [--dtype f32]
- *                   [--arg dim=1] [--all] [--json]
+ *   dtensor-explain op mm --mesh 2x2 --shape 12x8 --shape 8x4 --in S0,R --in R,S1 [--dtype f32]..
+ *                   [--arg NAME=VALUE].. [--all] [--json]
+ *
+ *   dtensor-explain ops [NAME] [--json]       lists the ops (or one op) with their arguments
  *
  * Works on an abstract mesh: planning needs only shapes. Exit status 0 on success, 2 on bad
  * input (with {"error": "..."} under --json).
@@ -41,11 +43,13 @@ static void usage(FILE* f) {
           "                       [--dtype f32|bf16|f16|i32|i64] [--flatten d0,d1].. [--greedy]\n"
           "                       [--cost-model FILE] [--visualize] [--json]\n"
           "       dtensor-explain op NAME --mesh AxB --shape NxM --in P0,P1 [--shape .. --in ..]..\n"
-          "                       [--dtype T] [--arg NAME=INT|FLOAT].. [--flatten d0,d1].. [--all]\n"
+          "                       [--dtype T].. [--arg NAME=VALUE].. [--flatten d0,d1].. [--all]\n"
           "                       [--cost-model FILE] [--json]\n"
+          "       dtensor-explain ops [NAME] [--json]\n"
           "placements: S(d) or Sd, R, P or P(sum|avg|max|min), one per mesh dim; op names as in\n"
-          "PyTorch's aten (mm, bmm, add, sub, mul, div, neg, relu, ...); --arg values with a '.' or\n"
-          "an exponent are scalars, the others integers (dims, flags), in the order given\n");
+          "PyTorch's aten (mm, bmm, add, sub, mul, div, neg, relu, ...); `ops` lists every op and\n"
+          "its named arguments (--arg dim=1, --arg dim=0,2 for a list, --arg dtype=bf16); one\n"
+          "--dtype applies to every input, or give one per --shape\n");
 }
 
 /* Parses "2x2x2" into at most cap positive ints. */
@@ -277,31 +281,13 @@ out:
   return rc;
 }
 
-/* Parses "--arg NAME=VALUE": scalars (with '.', an exponent, inf or nan) go to fargs, integers to
- * iargs, each in the order given. */
-static int parse_arg(const char* text, dt_op_call_t* call) {
-  const char* eq = strchr(text, '=');
-  if (eq == NULL || eq == text || eq[1] == '\0') return 0;
-  const char* v = eq + 1;
-  char* end;
-  if (strpbrk(v, ".eEnN") != NULL) {
-    double d = strtod(v, &end);
-    if (*end != '\0' || call->n_fargs >= DT_OP_MAX_FARGS) return 0;
-    call->fargs[call->n_fargs++] = d;
-  } else {
-    long long i = strtoll(v, &end, 10);
-    if (*end != '\0' || end == v || call->n_iargs >= DT_OP_MAX_IARGS) return 0;
-    call->iargs[call->n_iargs++] = i;
-  }
-  return 1;
-}
-
 static int explain_op(int argc, char** argv) {
   if (argc < 1 || argv[0][0] == '-') return fail("op needs a NAME (e.g. mm)%s%s", NULL, NULL);
   const char* name = argv[0];
-  const char *mesh_s = NULL, *dtype_s = "f32", *cost_s = NULL;
+  const char *mesh_s = NULL, *cost_s = NULL;
   const char *shape_s[DT_OP_MAX_INPUTS + 1], *in_s[DT_OP_MAX_INPUTS + 1], *flat_s[8];
-  int nshape = 0, nin = 0, nflat = 0, all = 0;
+  const char *dtype_s[DT_OP_MAX_INPUTS + 1], *arg_s[DT_OP_MAX_IARGS + DT_OP_MAX_FARGS];
+  int nshape = 0, nin = 0, nflat = 0, all = 0, ndtype = 0, narg = 0;
   dt_op_call_t call;
   memset(&call, 0, sizeof call);
   call.op = name;
@@ -312,8 +298,10 @@ static int explain_op(int argc, char** argv) {
     if (i + 1 >= argc) return fail("option %s needs a value%s", a, NULL);
     const char* v = argv[++i];
     if (strcmp(a, "--mesh") == 0) mesh_s = v;
-    else if (strcmp(a, "--dtype") == 0) dtype_s = v;
-    else if (strcmp(a, "--cost-model") == 0) cost_s = v;
+    else if (strcmp(a, "--dtype") == 0) {
+      if (ndtype == DT_OP_MAX_INPUTS) return fail("at most 4 --dtype options%s%s", NULL, NULL);
+      dtype_s[ndtype++] = v;
+    } else if (strcmp(a, "--cost-model") == 0) cost_s = v;
     else if (strcmp(a, "--shape") == 0) {
       if (nshape == DT_OP_MAX_INPUTS) return fail("at most 4 tensor inputs%s%s", NULL, NULL);
       shape_s[nshape++] = v;
@@ -324,8 +312,8 @@ static int explain_op(int argc, char** argv) {
       if (nflat == 8) return fail("too many --flatten options%s%s", NULL, NULL);
       flat_s[nflat++] = v;
     } else if (strcmp(a, "--arg") == 0) {
-      if (!parse_arg(v, &call))
-        return fail("bad --arg '%s' (expected NAME=INT or NAME=FLOAT, at most 8 and 4)%s", v, NULL);
+      if (narg == DT_OP_MAX_IARGS + DT_OP_MAX_FARGS) return fail("too many --arg options%s%s", NULL, NULL);
+      arg_s[narg++] = v;
     } else {
       return fail("unknown option '%s'%s", a, NULL);
     }
@@ -336,8 +324,15 @@ static int explain_op(int argc, char** argv) {
   int mesh_nd, mesh_shape[DT_MAX_MESH_DIMS];
   if (!parse_mesh(mesh_s, mesh_shape, &mesh_nd))
     return fail("bad --mesh '%s' (expected e.g. 2x2, 1 to 4 dims)%s", mesh_s, NULL);
-  dt_dtype_t dtype;
-  if (dt_dtype_parse(dtype_s, &dtype) != DT_SUCCESS) return fail("%s%s", dt_last_error(), NULL);
+  if (ndtype > 1 && ndtype != nshape)
+    return fail("give one --dtype for all inputs or one per --shape%s%s", NULL, NULL);
+  dt_dtype_t dtypes[DT_OP_MAX_INPUTS] = {DT_F32, DT_F32, DT_F32, DT_F32};
+  for (int t = 0; t < nshape && ndtype > 0; t++)
+    if (dt_dtype_parse(dtype_s[ndtype == 1 ? 0 : t], &dtypes[t]) != DT_SUCCESS)
+      return fail("%s%s", dt_last_error(), NULL);
+  if (dt_op_args_parse(name, narg, arg_s, &call.n_iargs, call.iargs, &call.n_fargs, call.fargs) !=
+      DT_SUCCESS)
+    return fail("--arg: %s%s", dt_last_error(), NULL);
   dt_placement_t in_pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
   call.n_inputs = nshape;
   for (int t = 0; t < nshape; t++) {
@@ -345,7 +340,7 @@ static int explain_op(int argc, char** argv) {
     if (!parse_dims(shape_s[t], call.in[t].shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS)
       return fail("bad --shape '%s' (expected e.g. 12x8, 1 to 8 dims)%s", shape_s[t], NULL);
     call.in[t].ndim = nd;
-    call.in[t].dtype = dtype;
+    call.in[t].dtype = dtypes[t];
     if (dt_placements_parse(in_s[t], in_pl[t], DT_MAX_MESH_DIMS, &np) != DT_SUCCESS)
       return fail("--in '%s': %s", in_s[t], dt_last_error());
     if (np != mesh_nd)
@@ -368,7 +363,7 @@ static int explain_op(int argc, char** argv) {
   }
   int counts[DT_COLL_COUNT] = {0};
   for (int t = 0; t < nshape; t++) {
-    if (dt_plan_create(mesh, dtype, call.in[t].ndim, call.in[t].shape, in_pl[t], ch.in[t],
+    if (dt_plan_create(mesh, dtypes[t], call.in[t].ndim, call.in[t].shape, in_pl[t], ch.in[t],
                        &plans[t]) != DT_SUCCESS) {
       rc = fail("%s%s", dt_last_error(), NULL);
       goto out;
@@ -492,6 +487,85 @@ out:
   return rc;
 }
 
+static const char* const kArgKinds[DT_ARG_KIND_COUNT] = {"int", "float", "int list", "dtype",
+                                                           "placements"};
+
+/* One op's arguments as text ("keepdim=0 (int), dim... (int list)") or JSON. */
+static void op_args(const char* name, int n, char* buf, size_t cap, cJSON* arr) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int k = 0; k < n; k++) {
+    dt_op_arg_desc_t a;
+    if (dt_op_arg_describe(name, k, &a) != DT_SUCCESS) continue;
+    char def[48] = "";
+    if (a.has_default) snprintf(def, sizeof def, "=%g", a.default_value);
+    else if (!a.required && a.kind != DT_ARG_INT_LIST && a.kind != DT_ARG_PLACEMENTS)
+      snprintf(def, sizeof def, "?");
+    int list = a.kind == DT_ARG_INT_LIST || a.kind == DT_ARG_PLACEMENTS;
+    int w = snprintf(buf + used, cap - used, "%s%s%s%s (%s)", k ? ", " : "", a.name,
+                     list ? "..." : "", def, kArgKinds[a.kind]);
+    if (w > 0 && (size_t)w < cap - used) used += (size_t)w;
+    if (arr) {
+      cJSON* j = cJSON_CreateObject();
+      cJSON_AddStringToObject(j, "name", a.name);
+      cJSON_AddStringToObject(j, "kind", kArgKinds[a.kind]);
+      cJSON_AddBoolToObject(j, "required", a.required);
+      if (a.has_default) cJSON_AddNumberToObject(j, "default", a.default_value);
+      cJSON_AddItemToArray(arr, j);
+    }
+  }
+}
+
+static int list_ops(int argc, char** argv) {
+  const char* only = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) continue;
+    if (argv[i][0] == '-' || only != NULL) return fail("unexpected argument '%s'%s", argv[i], NULL);
+    only = argv[i];
+  }
+  int n;
+  dt_op_count(&n);
+  cJSON* arr = g_json ? cJSON_CreateArray() : NULL;
+  int shown = 0;
+  for (int i = 0; i < n; i++) {
+    const char* name;
+    dt_op_desc_t d;
+    if (dt_op_name_at(i, &name) != DT_SUCCESS || dt_op_describe(name, &d) != DT_SUCCESS) continue;
+    if (only && strcmp(only, name) != 0) continue;
+    shown++;
+    char args[512];
+    cJSON* ja = arr ? cJSON_CreateArray() : NULL;
+    op_args(name, d.n_args, args, sizeof args, ja);
+    if (arr) {
+      cJSON* j = cJSON_CreateObject();
+      cJSON_AddStringToObject(j, "name", name);
+      cJSON_AddNumberToObject(j, "inputs", d.n_inputs);
+      cJSON_AddBoolToObject(j, "variadic", d.variadic);
+      cJSON_AddNumberToObject(j, "outputs", d.n_outputs);
+      cJSON_AddBoolToObject(j, "backward", d.has_backward);
+      cJSON_AddBoolToObject(j, "composite", d.composite);
+      cJSON_AddItemToObject(j, "args", ja);
+      cJSON_AddItemToArray(arr, j);
+    } else {
+      char io[32];
+      snprintf(io, sizeof io, "%s%d -> %d", d.variadic ? "1.." : "", d.n_inputs, d.n_outputs);
+      printf("%-16s %-8s %-9s %-9s %s\n", name, io, d.has_backward ? "backward" : "-",
+             d.composite ? "composite" : "", args[0] ? args : "(no arguments)");
+    }
+  }
+  if (only && shown == 0) {
+    cJSON_Delete(arr);
+    return fail("no op called '%s'%s", only, NULL);
+  }
+  if (arr) {
+    char* text = cJSON_PrintUnformatted(arr);
+    printf("%s\n", text);
+    cJSON_free(text);
+    cJSON_Delete(arr);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--json") == 0) g_json = 1;
@@ -501,5 +575,6 @@ int main(int argc, char** argv) {
   }
   if (strcmp(argv[1], "redistribute") == 0) return explain_redistribute(argc - 2, argv + 2);
   if (strcmp(argv[1], "op") == 0) return explain_op(argc - 2, argv + 2);
-  return fail("unknown command '%s' (expected: redistribute or op)%s", argv[1], NULL);
+  if (strcmp(argv[1], "ops") == 0) return list_ops(argc - 2, argv + 2);
+  return fail("unknown command '%s' (expected: redistribute, op or ops)%s", argv[1], NULL);
 }

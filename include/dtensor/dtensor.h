@@ -9,6 +9,7 @@
 
 #include "dtensor/status.h"
 #include "dtensor/placement.h"
+#include "dtensor/backend.h"
 #include "dtensor/mesh.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/tensor.h"

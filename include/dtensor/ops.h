@@ -10,6 +10,7 @@
 #ifndef DTENSOR_OPS_H
 #define DTENSOR_OPS_H
 
+#include "dtensor/backend.h"
 #include "dtensor/strategy.h"
 #include "dtensor/tensor.h"
 
@@ -47,6 +48,54 @@ DT_API dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* 
 DT_API dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
                                    int n_iargs, const int64_t* iargs, int n_fargs,
                                    const double* fargs, int n_outputs, dt_tensor_t* outs);
+
+/* ---- op introspection --------------------------------------------------------------------
+ * Every op (built-in or registered by the host) has a name, an arity and, for built-ins, a named
+ * argument schema: integer arguments fill iargs in schema order, scalars fargs, a list takes
+ * every remaining integer. */
+typedef enum dt_arg_kind {
+  DT_ARG_INT = 0,        /* one integer (a dim, a flag, a count) */
+  DT_ARG_FLOAT = 1,      /* one scalar */
+  DT_ARG_INT_LIST = 2,   /* the remaining integers (dims, a shape) */
+  DT_ARG_DTYPE = 3,      /* one integer holding a dt_dtype_t */
+  DT_ARG_PLACEMENTS = 4, /* the remaining integers, one encoded placement per mesh dim */
+  DT_ARG_KIND_COUNT
+} dt_arg_kind_t;
+
+typedef struct dt_op_desc {
+  const char* name;  /* lives as long as the library */
+  int n_inputs;      /* the maximum when variadic */
+  int variadic;      /* takes 1 to n_inputs tensors (cat) */
+  int n_outputs;
+  int n_args;        /* entries of the argument schema (0 for host ops) */
+  int has_backward;  /* dt_ag_op can record it */
+  int composite;     /* built from other ops (no kernel of its own) */
+  int host;          /* registered (or replaced) by the host program */
+} dt_op_desc_t;
+
+typedef struct dt_op_arg_desc {
+  const char* name;
+  dt_arg_kind_t kind;
+  int required;      /* must be given */
+  int has_default;   /* default_value applies when not given */
+  double default_value;
+} dt_op_arg_desc_t;
+
+/* Number of ops (built-in and host-registered); index them 0 .. n-1 with dt_op_name_at. */
+DT_API dt_status_t dt_op_count(int* n);
+DT_API dt_status_t dt_op_name_at(int index, const char** name);
+/* Descriptor of op `name`; DT_ERR_UNSUPPORTED for an unknown op. */
+DT_API dt_status_t dt_op_describe(const char* name, dt_op_desc_t* out);
+/* Argument k (0 .. n_args-1) of op `name`. */
+DT_API dt_status_t dt_op_arg_describe(const char* name, int k, dt_op_arg_desc_t* out);
+/* Builds the iargs/fargs of a call to op `name` from "NAME=VALUE" texts checked against the
+ * schema (unknown names, repeats, missing required arguments, values of the wrong kind are
+ * DT_ERR_INVALID_ARG with a message naming the argument). Lists take comma-separated integers
+ * ("dim=0,2"), dtypes a name ("dtype=bf16"), scalars any number. Arguments not given take their
+ * defaults up to the last one given; optional ones after it are left out. iargs has room for
+ * DT_OP_MAX_IARGS values, fargs for DT_OP_MAX_FARGS. */
+DT_API dt_status_t dt_op_args_parse(const char* name, int n, const char* const* assignments,
+                                    int* n_iargs, int64_t* iargs, int* n_fargs, double* fargs);
 
 DT_API dt_status_t dt_mm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);  /* (m,k) x (k,n) */
 DT_API dt_status_t dt_bmm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out); /* (b,m,k) x (b,k,n) */

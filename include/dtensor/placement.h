@@ -80,6 +80,11 @@ DT_API dt_status_t dt_placements_format(const dt_placement_t* p, int n, const ch
 /* Normalizes a negative shard dim against the tensor rank; checks the dim and the op range. */
 DT_API dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim);
 
+/* One placement as one integer (what the placement-list arguments of ops hold, e.g. the target of
+ * a recorded redistribution): kind | op << 4 | (dim & 0xff) << 8. decode checks the ranges. */
+DT_API int64_t dt_placement_encode(dt_placement_t p);
+DT_API dt_status_t dt_placement_decode(int64_t code, dt_placement_t* out);
+
 /* torch.chunk rule: a dim of `size` over `nparts` ranks; chunk c = ceil(size/nparts); part `index`
  * starts at c*index and has max(0, min(size, c*(index+1)) - c*index) elements.
  * 13 over 4 -> 4,4,4,1; 5 over 4 -> 2,2,1,0. */

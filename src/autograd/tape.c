@@ -1,5 +1,5 @@
 /* tape.c - the autograd tape: variables, recording, backward traversal and gradient accumulation.
- * The per-op backward rules live in grad_rules.c. */
+ * Ops are recorded by id; their backward rules and recompute flags come from the op table. */
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
@@ -23,17 +23,10 @@ struct dt_tape {
 
 int dt_ckpt_policy_default(const char* op, void* ctx) {
   (void)ctx;
-  static const char* const recompute[] = {
-      "add",     "sub",       "mul",       "div",        "neg",       "mul_scalar", "add_scalar",
-      "pow",     "exp",       "log",       "sqrt",       "rsqrt",     "relu",       "silu",
-      "gelu",    "sigmoid",   "tanh",      "maximum",    "minimum",   "where",      "masked_fill",
-      "cast",    "dropout",   "view",      "reshape",    "flatten",   "unflatten",  "squeeze",
-      "unsqueeze", "permute", "transpose", "t",          "rotary",    "narrow",     "slice",
-      "cat",
-  };
-  for (size_t i = 0; i < sizeof recompute / sizeof recompute[0]; i++)
-    if (strcmp(op, recompute[i]) == 0) return 0;
-  return 1; /* matmuls, norms, softmax, attention, embedding, reductions, routing: saved */
+  const dt_op_info_t* info = dt__op_info(dt__op_find(op));
+  /* pointwise ops and views are recomputed; matmuls, norms, softmax, attention, embedding,
+   * reductions, routing, unknown names: saved */
+  return info == NULL || !(info->flags & DT_OPF_RECOMPUTE);
 }
 
 dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, void* ctx) {
@@ -52,7 +45,7 @@ dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep)
     if (v->dropped || v->value == NULL || v->creator == NULL) continue;
     int kept = 0;
     for (int k = 0; k < n_keep; k++) kept |= keep[k] == v;
-    if (kept || tape->policy(v->creator->op, tape->policy_ctx)) continue;
+    if (kept || tape->policy(dt__op_info(v->creator->op)->name, tape->policy_ctx)) continue;
     tape->saved_nbytes += v->value->local_numel * (int64_t)dt__itemsize(v->value->dtype);
     dt_tensor_destroy(v->value);
     v->value = NULL;
@@ -77,15 +70,8 @@ static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
     DT_CHECK(dt__ensure_value(tape, n->in[t]));
     in[t] = n->in[t]->value;
   }
-  dt_status_t st;
-  if (strcmp(n->op, "redistribute") == 0)
-    st = dt_tensor_redistribute(in[0], v->value_pl, &res[0]);
-  else if (strcmp(n->op, "cross_entropy") == 0) {
-    st = dt__cross_entropy(in[0], in[1], DT_LOSS_MEAN, &res[0], NULL);
-  }
-  else
-    st = dt_op_run_multi(n->op, n->n_in, in, n->n_iargs, n->iargs, n->n_fargs, n->fargs, n->n_out,
-                         res);
+  dt_status_t st = dt__op_apply(n->op, n->n_in, in, n->n_iargs, n->iargs, n->n_fargs, n->fargs,
+                                n->n_out, res, NULL);
   if (st != DT_SUCCESS) return st;
   tape->recomputed++;
   for (int o = 0; o < n->n_out; o++) {
@@ -248,19 +234,19 @@ static dt_status_t dt__tape_push(dt_tape_t tape, dt__node_t* n) {
 }
 
 /* Wraps freshly computed tensors as tape-owned outputs and records the node when needed. */
-static dt_status_t dt__record(dt_tape_t tape, const char* name, int n_inputs,
-                              const dt_var_t* inputs, int n_iargs, const int64_t* iargs,
-                              int n_fargs, const double* fargs, int n_outputs, dt_tensor_t* res,
-                              const dt_placement_t* src_pl, dt_var_t* outs) {
+static dt_status_t dt__record(dt_tape_t tape, int op, int n_inputs, const dt_var_t* inputs,
+                              int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
+                              int n_outputs, dt_tensor_t* res, dt_tensor_t saved, dt_var_t* outs) {
   int needs = 0;
   for (int t = 0; t < n_inputs; t++) needs |= inputs[t]->requires_grad;
   needs &= !dt__grad_off;
   dt_status_t st = DT_SUCCESS;
   dt__node_t* node = NULL;
+  const dt_op_info_t* info = dt__op_info(op);
   if (needs) {
-    if (!dt__grad_has_rule(name)) {
+    if (info->backward == NULL) {
       st = DT_FAIL(DT_ERR_UNSUPPORTED, "%s has no backward rule (run it with grad mode off or "
-                                       "on inputs that need no gradient)", name);
+                                       "on inputs that need no gradient)", info->name);
       goto fail;
     }
     node = (dt__node_t*)dt__calloc(1, sizeof *node);
@@ -268,7 +254,7 @@ static dt_status_t dt__record(dt_tape_t tape, const char* name, int n_inputs,
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape node");
       goto fail;
     }
-    snprintf(node->op, sizeof node->op, "%s", name);
+    node->op = op;
     node->n_in = n_inputs;
     node->n_out = n_outputs;
     for (int t = 0; t < n_inputs; t++) node->in[t] = inputs[t];
@@ -276,7 +262,6 @@ static dt_status_t dt__record(dt_tape_t tape, const char* name, int n_inputs,
     node->n_fargs = n_fargs;
     if (n_iargs) memcpy(node->iargs, iargs, sizeof(int64_t) * (size_t)n_iargs);
     if (n_fargs) memcpy(node->fargs, fargs, sizeof(double) * (size_t)n_fargs);
-    if (src_pl) memcpy(node->src_pl, src_pl, sizeof node->src_pl);
   }
   for (int o = 0; o < n_outputs; o++) {
     /* integer outputs (topk indices) never need a gradient */
@@ -297,21 +282,40 @@ static dt_status_t dt__record(dt_tape_t tape, const char* name, int n_inputs,
     if (node) {
       node->out[o] = outs[o];
       outs[o]->creator = node;
-      memcpy(outs[o]->value_pl, outs[o]->value->layout.pl, sizeof outs[o]->value_pl);
     }
   }
   if (node) {
     st = dt__tape_push(tape, node);
     if (st != DT_SUCCESS) goto fail;
+    node->saved = saved; /* the backward rule reuses it */
+    saved = NULL;
   }
+  dt_tensor_destroy(saved);
   return DT_SUCCESS;
 fail:
+  dt_tensor_destroy(saved);
   dt__free(node);
   for (int o = 0; o < n_outputs; o++) {
     dt_tensor_destroy(res[o]);
     outs[o] = NULL;
   }
   return st;
+}
+
+/* Runs op `id` on the inputs' values and records it (with its by-product for the backward). */
+static dt_status_t dt__ag_apply(dt_tape_t tape, int id, int n_inputs, const dt_var_t* inputs,
+                                int n_iargs, const int64_t* iargs, int n_fargs,
+                                const double* fargs, int n_outputs, dt_var_t* outs) {
+  dt_tensor_t vals[DT_OP_MAX_INPUTS] = {NULL}, res[DT_OP_MAX_OUTPUTS] = {NULL}, saved = NULL;
+  for (int t = 0; t < n_inputs; t++) {
+    DT_CHECK(dt__var_check(inputs[t]));
+    DT_CHECK(dt__ensure_value(tape, inputs[t])); /* dropped by checkpointing: recompute */
+    vals[t] = inputs[t]->value;
+  }
+  DT_CHECK(dt__op_apply(id, n_inputs, vals, n_iargs, iargs, n_fargs, fargs, n_outputs, res,
+                        &saved));
+  return dt__record(tape, id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, res,
+                    saved, outs);
 }
 
 dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_var_t* inputs,
@@ -323,15 +327,11 @@ dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_va
   DT_ARG_NOT_NULL(inputs);
   if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range", n_inputs);
-  dt_tensor_t vals[DT_OP_MAX_INPUTS], res[DT_OP_MAX_OUTPUTS] = {NULL};
-  for (int t = 0; t < n_inputs; t++) {
-    DT_CHECK(dt__var_check(inputs[t]));
-    DT_CHECK(dt__ensure_value(tape, inputs[t])); /* dropped by checkpointing: recompute */
-    vals[t] = inputs[t]->value;
-  }
-  DT_CHECK(dt_op_run_multi(name, n_inputs, vals, n_iargs, iargs, n_fargs, fargs, n_outputs, res));
-  return dt__record(tape, name, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, res,
-                    NULL, outs);
+  if (n_outputs < 1 || n_outputs > DT_OP_MAX_OUTPUTS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_outputs %d out of range", n_outputs);
+  int id;
+  DT_CHECK(dt__op_resolve(name, &id));
+  return dt__ag_apply(tape, id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, outs);
 }
 
 dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t* dst,
@@ -340,13 +340,12 @@ dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t*
   *out = NULL;
   DT_ARG_NOT_NULL(tape);
   DT_CHECK(dt__var_check(x));
+  DT_ARG_NOT_NULL(dst);
   DT_CHECK(dt__ensure_value(tape, x));
-  dt_tensor_t res[1];
-  DT_CHECK(dt_tensor_redistribute(x->value, dst, &res[0]));
-  dt_placement_t src[DT_MAX_MESH_DIMS];
-  memset(src, 0, sizeof src);
-  memcpy(src, x->value->layout.pl, sizeof(dt_placement_t) * (size_t)x->value->mesh->ndim);
-  return dt__record(tape, "redistribute", 1, &x, 0, NULL, 0, NULL, 1, res, src, out);
+  int nd = x->value->mesh->ndim;
+  int64_t code[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < nd; i++) code[i] = dt_placement_encode(dst[i]);
+  return dt__ag_apply(tape, DT_OP_REDISTRIBUTE, 1, &x, nd, code, 0, NULL, 1, out);
 }
 
 dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
@@ -354,23 +353,15 @@ dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t target
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(tape);
-  DT_CHECK(dt__var_check(logits));
-  DT_CHECK(dt__var_check(targets));
-  DT_CHECK(dt__ensure_value(tape, logits));
-  DT_CHECK(dt__ensure_value(tape, targets));
-  dt_tensor_t res[1], lse = NULL;
-  DT_CHECK(dt__cross_entropy(logits->value, targets->value, DT_LOSS_MEAN, &res[0], &lse));
   dt_var_t in[2] = {logits, targets};
-  dt_status_t st = dt__record(tape, "cross_entropy", 2, in, 0, NULL, 0, NULL, 1, res, NULL, out);
-  if (st == DT_SUCCESS && (*out)->creator != NULL) {
-    (*out)->creator->saved = lse; /* the backward pass reuses it */
-    lse = NULL;
-  }
-  dt_tensor_destroy(lse);
-  return st;
+  const int64_t mean[1] = {DT_LOSS_MEAN};
+  return dt__ag_apply(tape, DT_OP_CROSS_ENTROPY, 2, in, 1, mean, 0, NULL, 1, out);
 }
 
-int dt_ag_has_backward(const char* name) { return name != NULL && dt__grad_has_rule(name); }
+int dt_ag_has_backward(const char* name) {
+  const dt_op_info_t* info = dt__op_info(dt__op_find(name));
+  return info != NULL && info->backward != NULL;
+}
 
 /* Moves g (taken) to placements `want`. A Partial target is reached through Replicate (a new
  * Partial can only come from Replicate: the R -> P step is a local partition). */
@@ -409,7 +400,7 @@ static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
     return DT_SUCCESS;
   }
   dt_tensor_t sum, in[2] = {v->grad, g};
-  st = dt_op_run("add", 2, in, 0, NULL, 0, NULL, &sum);
+  st = dt__op_apply(DT_OP_ADD, 2, in, 0, NULL, 0, NULL, 1, &sum, NULL);
   dt_tensor_destroy(g);
   if (st != DT_SUCCESS) return st;
   if (v->leaf) st = dt__to_placements(&sum, v->value->layout.pl);
@@ -452,7 +443,22 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
     for (int t = 0; t < n->n_in && st == DT_SUCCESS; t++) st = dt__ensure_value(tape, n->in[t]);
     for (int o = 0; o < n->n_out && st == DT_SUCCESS; o++) st = dt__ensure_value(tape, n->out[o]);
     if (st != DT_SUCCESS) break;
-    st = dt__grad_apply(n, gout, gin);
+    dt_grad_ctx_t gc;
+    memset(&gc, 0, sizeof gc);
+    gc.op = n->op;
+    gc.n_in = n->n_in;
+    gc.n_out = n->n_out;
+    for (int t = 0; t < n->n_in; t++) {
+      gc.in[t] = n->in[t]->value;
+      gc.needs[t] = n->in[t]->requires_grad;
+    }
+    for (int o = 0; o < n->n_out; o++) gc.out[o] = n->out[o]->value;
+    gc.n_iargs = n->n_iargs;
+    gc.n_fargs = n->n_fargs;
+    gc.iargs = n->iargs;
+    gc.fargs = n->fargs;
+    gc.saved = n->saved;
+    st = dt__op_info(n->op)->backward(&gc, gout, gin);
     if (st != DT_SUCCESS) {
       for (int t = 0; t < n->n_in; t++) dt_tensor_destroy(gin[t]);
       break;

@@ -8,22 +8,22 @@ dt_status_t dt_reshape(dt_tensor_t x, int ndim, const int64_t* shape, dt_tensor_
     return DT_FAIL(DT_ERR_INVALID_ARG, "reshape: ndim %d out of range [0, %d] or NULL shape",
                    ndim, DT_OP_MAX_IARGS);
   }
-  return dt_op_run("reshape", 1, &x, ndim, shape, 0, NULL, out);
+  return dt__opa(DT_OP_RESHAPE, 1, &x, ndim, shape, 0, NULL, out);
 }
 
 dt_status_t dt_transpose(dt_tensor_t x, int d0, int d1, dt_tensor_t* out) {
   const int64_t a[2] = {d0, d1};
-  return dt_op_run("transpose", 1, &x, 2, a, 0, NULL, out);
+  return dt__opa(DT_OP_TRANSPOSE, 1, &x, 2, a, 0, NULL, out);
 }
 
 dt_status_t dt_narrow(dt_tensor_t x, int dim, int64_t start, int64_t length, dt_tensor_t* out) {
   const int64_t a[3] = {dim, start, length};
-  return dt_op_run("narrow", 1, &x, 3, a, 0, NULL, out);
+  return dt__opa(DT_OP_NARROW, 1, &x, 3, a, 0, NULL, out);
 }
 
 dt_status_t dt_cat(int n, const dt_tensor_t* xs, int dim, dt_tensor_t* out) {
   const int64_t a[1] = {dim};
-  return dt_op_run("cat", n, xs, 1, a, 0, NULL, out);
+  return dt__opa(DT_OP_CAT, n, xs, 1, a, 0, NULL, out);
 }
 
 /* Pieces [k*size, min((k+1)*size, L)) along dim, through narrow. */
@@ -74,13 +74,13 @@ dt_status_t dt_sdpa(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int causal, dou
   dt_tensor_t in[3] = {q, k, v};
   const int64_t a[1] = {causal != 0};
   const double f[1] = {scale};
-  return dt_op_run("sdpa", 3, in, 1, a, scale > 0.0 ? 1 : 0, f, out);
+  return dt__opa(DT_OP_SDPA, 3, in, 1, a, scale > 0.0 ? 1 : 0, f, out);
 }
 
 dt_status_t dt_rotary(dt_tensor_t x, int seq_dim, double theta, dt_tensor_t* out) {
   const int64_t a[1] = {seq_dim};
   const double f[1] = {theta};
-  return dt_op_run("rotary", 1, &x, 1, a, 1, f, out);
+  return dt__opa(DT_OP_ROTARY, 1, &x, 1, a, 1, f, out);
 }
 
 dt_status_t dt_topk(dt_tensor_t x, int64_t k, int dim, dt_tensor_t* values,
@@ -89,7 +89,7 @@ dt_status_t dt_topk(dt_tensor_t x, int64_t k, int dim, dt_tensor_t* values,
   DT_ARG_NOT_NULL(indices);
   const int64_t a[2] = {k, dim};
   dt_tensor_t outs[2] = {NULL, NULL};
-  dt_status_t st = dt_op_run_multi("topk", 1, &x, 2, a, 0, NULL, 2, outs);
+  dt_status_t st = dt__op_apply(DT_OP_TOPK, 1, &x, 2, a, 0, NULL, 2, outs, NULL);
   *values = outs[0];
   *indices = outs[1];
   return st;
@@ -98,28 +98,28 @@ dt_status_t dt_topk(dt_tensor_t x, int64_t k, int dim, dt_tensor_t* values,
 dt_status_t dt_gather(dt_tensor_t x, int dim, dt_tensor_t index, dt_tensor_t* out) {
   dt_tensor_t in[2] = {x, index};
   const int64_t a[1] = {dim};
-  return dt_op_run("gather", 2, in, 1, a, 0, NULL, out);
+  return dt__opa(DT_OP_GATHER, 2, in, 1, a, 0, NULL, out);
 }
 
 dt_status_t dt_scatter_add(dt_tensor_t x, int dim, dt_tensor_t index, dt_tensor_t src,
                            dt_tensor_t* out) {
   dt_tensor_t in[3] = {x, index, src};
   const int64_t a[1] = {dim};
-  return dt_op_run("scatter_add", 3, in, 1, a, 0, NULL, out);
+  return dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, a, 0, NULL, out);
 }
 
 dt_status_t dt_where(dt_tensor_t cond, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
   dt_tensor_t in[3] = {cond, a, b};
-  return dt_op_run("where", 3, in, 0, NULL, 0, NULL, out);
+  return dt__opa(DT_OP_WHERE, 3, in, 0, NULL, 0, NULL, out);
 }
 
 dt_status_t dt_cast(dt_tensor_t x, dt_dtype_t dtype, dt_tensor_t* out) {
   const int64_t a[1] = {(int64_t)dtype};
-  return dt_op_run("cast", 1, &x, 1, a, 0, NULL, out);
+  return dt__opa(DT_OP_CAST, 1, &x, 1, a, 0, NULL, out);
 }
 
 dt_status_t dt_dropout(dt_tensor_t x, double p, uint64_t seed, dt_tensor_t* out) {
   const int64_t a[1] = {(int64_t)seed};
   const double f[1] = {p};
-  return dt_op_run("dropout", 1, &x, 1, a, 1, f, out);
+  return dt__opa(DT_OP_DROPOUT, 1, &x, 1, a, 1, f, out);
 }

@@ -1,58 +1,15 @@
-/* dispatch.c - runs ops on distributed tensors: strategy selection (cached), input
- * redistribution, local kernel, output tensor with the chosen placements. */
+/* dispatch.c - runs ops on distributed tensors by op id: strategy selection (cached), input
+ * redistribution, local kernel, output tensor with the chosen placements; composite ops run
+ * their forward. Names become ids here, once, at the public boundary. */
 #include <cblas.h>
 
 #include "ops/ops.h"
 #include "strategy/strategy.h"
 
-/* Kernels that move bytes and handle any dtype; every other built-in computes in f32 and gets
- * bf16/f16 inputs converted on load and its float outputs converted on store. */
-static const char* const dt__any_dtype_ops[] = {
-    "permute", "transpose", "t",      "view",  "reshape", "flatten", "unflatten",
-    "squeeze", "unsqueeze", "slice",  "narrow", "cat",    "cast",
-};
-
-static int dt__any_dtype(const char* name) {
-  for (size_t i = 0; i < sizeof dt__any_dtype_ops / sizeof dt__any_dtype_ops[0]; i++)
-    if (strcmp(name, dt__any_dtype_ops[i]) == 0) return 1;
-  return 0;
-}
-
-static void dt__attach_kernels(void) {
+static void dt__blas_threads(void) {
   static int done = 0;
   if (done) return;
   done = 1;
-  static const struct {
-    const char* name;
-    dt_op_kernel_fn k;
-  } ks[] = {
-      {"mm", dt__kernel_mm},           {"bmm", dt__kernel_bmm},         {"mm_t", dt__kernel_mm_t},         {"add", dt__kernel_add},
-      {"sub", dt__kernel_sub},         {"mul", dt__kernel_mul},         {"div", dt__kernel_div},
-      {"maximum", dt__kernel_maximum}, {"minimum", dt__kernel_minimum}, {"neg", dt__kernel_neg},
-      {"eq", dt__kernel_eq},           {"ge", dt__kernel_ge},           {"gt", dt__kernel_gt},
-      {"relu", dt__kernel_relu},       {"exp", dt__kernel_exp},         {"log", dt__kernel_log},
-      {"sqrt", dt__kernel_sqrt},       {"rsqrt", dt__kernel_rsqrt},     {"gelu", dt__kernel_gelu},
-      {"sigmoid", dt__kernel_sigmoid}, {"silu", dt__kernel_silu},       {"tanh", dt__kernel_tanh},
-      {"sum", dt__kernel_sum},         {"mean", dt__kernel_mean},       {"amax", dt__kernel_amax},
-      {"amin", dt__kernel_amin},       {"softmax", dt__kernel_softmax},
-      {"log_softmax", dt__kernel_log_softmax},                          {"t", dt__kernel_permute},
-      {"permute", dt__kernel_permute}, {"transpose", dt__kernel_permute},
-      {"rms_norm", dt__kernel_rms_norm}, {"layer_norm", dt__kernel_layer_norm},
-      {"embedding", dt__kernel_embedding}, {"gather_dim", dt__kernel_gather_dim},
-      {"linear", dt__kernel_linear},   {"linear_nobias", dt__kernel_linear},
-      {"view", dt__kernel_view},       {"reshape", dt__kernel_view},    {"flatten", dt__kernel_view},
-      {"unflatten", dt__kernel_view},  {"squeeze", dt__kernel_view},    {"unsqueeze", dt__kernel_view},
-      {"slice", dt__kernel_slice},     {"narrow", dt__kernel_slice},    {"cat", dt__kernel_cat},
-      {"addmm", dt__kernel_addmm},     {"add_scalar", dt__kernel_scalar},
-      {"mul_scalar", dt__kernel_scalar}, {"pow", dt__kernel_scalar},    {"cast", dt__kernel_cast},
-      {"where", dt__kernel_where},     {"masked_fill", dt__kernel_where}, {"sdpa", dt__kernel_sdpa},
-      {"rotary", dt__kernel_rotary},   {"topk", dt__kernel_topk},       {"gather", dt__kernel_gather},
-      {"scatter_add", dt__kernel_scatter_add}, {"dropout", dt__kernel_dropout},
-      {"act_grad", dt__kernel_act_grad}, {"rms_norm_grad", dt__kernel_rms_norm_grad},
-      {"layer_norm_grad", dt__kernel_layer_norm_grad},
-      {"embedding_grad", dt__kernel_embedding_grad}, {"sdpa_grad", dt__kernel_sdpa_grad},
-  };
-  for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) dt__op_set_kernel(ks[i].name, ks[i].k);
   /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */
   if (getenv("OPENBLAS_NUM_THREADS") == NULL) openblas_set_num_threads(1);
 }
@@ -89,12 +46,13 @@ static void dt__convert(const void* src, dt_dtype_t from, void* dst, dt_dtype_t 
   }
 }
 
-dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
-                            int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
-                            int n_outputs, dt_tensor_t* outs) {
-  DT_ARG_NOT_NULL(outs);
-  for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
-  DT_ARG_NOT_NULL(name);
+/* Checks the arguments every op takes (counts, arrays, live tensors on one mesh) and fills the
+ * call; *mesh gets the inputs' mesh. */
+static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const dt_tensor_t* inputs,
+                                  int n_iargs, const int64_t* iargs, int n_fargs,
+                                  const double* fargs, int n_outputs, dt_op_call_t* call,
+                                  dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_mesh_t* mesh) {
+  const char* name = info->name;
   DT_ARG_NOT_NULL(inputs);
   if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_inputs %d out of range [1, %d]", name, n_inputs,
@@ -105,37 +63,60 @@ dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* i
   if (n_iargs < 0 || n_iargs > DT_OP_MAX_IARGS || n_fargs < 0 || n_fargs > DT_OP_MAX_FARGS ||
       (n_iargs > 0 && iargs == NULL) || (n_fargs > 0 && fargs == NULL))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: bad argument counts or NULL argument arrays", name);
-  dt__attach_kernels();
-  dt_op_call_t call;
-  memset(&call, 0, sizeof call);
-  call.op = name;
-  call.n_inputs = n_inputs;
-  call.n_iargs = n_iargs;
-  call.n_fargs = n_fargs;
-  if (n_iargs) memcpy(call.iargs, iargs, sizeof(int64_t) * (size_t)n_iargs);
-  if (n_fargs) memcpy(call.fargs, fargs, sizeof(double) * (size_t)n_fargs);
-  dt_placement_t in_pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
-  dt_mesh_t mesh = NULL;
+  memset(call, 0, sizeof *call);
+  call->op = name;
+  call->n_inputs = n_inputs;
+  call->n_iargs = n_iargs;
+  call->n_fargs = n_fargs;
+  if (n_iargs) memcpy(call->iargs, iargs, sizeof(int64_t) * (size_t)n_iargs);
+  if (n_fargs) memcpy(call->fargs, fargs, sizeof(double) * (size_t)n_fargs);
+  *mesh = NULL;
   for (int t = 0; t < n_inputs; t++) {
     dt_tensor_t x = inputs[t];
     if (dt__tensor_check(x, "input") != DT_SUCCESS)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d is not a live tensor", name, t);
-    if (mesh != NULL && x->mesh != mesh)
+    if (*mesh != NULL && x->mesh != *mesh)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs live on different meshes", name);
-    mesh = x->mesh;
-    call.in[t].dtype = x->dtype;
-    call.in[t].ndim = x->layout.ndim;
-    memcpy(call.in[t].shape, x->layout.shape, sizeof(int64_t) * (size_t)x->layout.ndim);
-    memcpy(in_pl[t], x->layout.pl, sizeof(dt_placement_t) * (size_t)mesh->ndim);
+    *mesh = x->mesh;
+    call->in[t].dtype = x->dtype;
+    call->in[t].ndim = x->layout.ndim;
+    memcpy(call->in[t].shape, x->layout.shape, sizeof(int64_t) * (size_t)x->layout.ndim);
+    memcpy(in_pl[t], x->layout.pl, sizeof(dt_placement_t) * (size_t)(*mesh)->ndim);
   }
-  dt_op_rules_fn rules;
-  dt_op_kernel_fn kernel;
-  int builtin = 0;
-  DT_CHECK(dt__op_get_kernel(&call, &rules, &kernel, &builtin));
-  if (kernel == NULL)
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_iargs,
+                         const int64_t* iargs, int n_fargs, const double* fargs, int n_outputs,
+                         dt_tensor_t* outs, dt_tensor_t* saved) {
+  DT_ARG_NOT_NULL(outs);
+  for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
+  if (saved) *saved = NULL;
+  const dt_op_info_t* info = dt__op_info(id);
+  if (info == NULL) return DT_FAIL(DT_ERR_INTERNAL, "op id %d out of range", id);
+  const char* name = info->name;
+  dt_op_call_t call;
+  dt_placement_t in_pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
+  dt_mesh_t mesh = NULL;
+  DT_CHECK(dt__call_build(info, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs,
+                          &call, in_pl, &mesh));
+  if (info->composite != NULL) {
+    if (n_inputs != info->n_in)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %d tensor inputs, got %d", name, info->n_in,
+                     n_inputs);
+    if (n_outputs != info->n_out)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s has %d outputs, %d requested", name, info->n_out,
+                     n_outputs);
+    DT_CHECK(dt__op_check_counts(id, n_iargs, n_fargs));
+    return info->composite(n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, outs, saved);
+  }
+  dt__blas_threads();
+  dt_op_kernel_fn kernel = info->kernel[DT_DEVICE_HOST];
+  int builtin = (info->flags & DT_OPF_WRITES_ALL) != 0;
+  if (info->rules != NULL && kernel == NULL)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s has a sharding strategy but no local kernel", name);
   dt_op_choice_t ch;
-  DT_CHECK(dt_op_select(mesh, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch));
+  DT_CHECK(dt__op_select(mesh, id, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch));
   if (ch.n_outputs != n_outputs)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s has %d outputs, %d requested", name, ch.n_outputs,
                    n_outputs);
@@ -167,7 +148,7 @@ dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* i
   int any_half = 0;
   for (int t = 0; t < n_inputs; t++) any_half |= dt__half(lin[t].dtype);
   for (int o = 0; o < n_outputs; o++) any_half |= dt__half(lout[o].dtype);
-  int convert = any_half && !dt__any_dtype(name);
+  int convert = any_half && !(info->flags & DT_OPF_ANY_DTYPE);
   if (mesh->member) {
     /* bf16/f16 storage: the kernel sees f32 copies (converted on load, stored back after). */
     for (int t = 0; convert && t < n_inputs; t++) {
@@ -214,42 +195,73 @@ done:
   return st;
 }
 
+dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
+                            int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
+                            int n_outputs, dt_tensor_t* outs) {
+  DT_ARG_NOT_NULL(outs);
+  for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
+  DT_ARG_NOT_NULL(name);
+  int id;
+  DT_CHECK(dt__op_resolve(name, &id));
+  return dt__op_apply(id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, outs, NULL);
+}
+
 dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs, int n_iargs,
                       const int64_t* iargs, int n_fargs, const double* fargs, dt_tensor_t* out) {
   return dt_op_run_multi(name, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, 1, out);
 }
 
-dt_status_t dt_mm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
+dt_status_t dt__opa(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
+                    int n_fargs, const double* fargs, dt_tensor_t* out) {
+  return dt__op_apply(id, n_in, in, n_iargs, iargs, n_fargs, fargs, 1, out, NULL);
+}
+dt_status_t dt__op1(int id, dt_tensor_t a, dt_tensor_t* out) {
+  return dt__op_apply(id, 1, &a, 0, NULL, 0, NULL, 1, out, NULL);
+}
+dt_status_t dt__op2(int id, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
   dt_tensor_t in[2] = {a, b};
-  return dt_op_run("mm", 2, in, 0, NULL, 0, NULL, out);
+  return dt__op_apply(id, 2, in, 0, NULL, 0, NULL, 1, out, NULL);
+}
+
+/* redistribute as an op (the autograd node of dt_ag_redistribute): iargs are the encoded target
+ * placements, one per mesh dim. */
+dt_status_t dt__redistribute_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
+                                 const int64_t* iargs, int n_fargs, const double* fargs,
+                                 dt_tensor_t* out, dt_tensor_t* saved) {
+  (void)n_in;
+  (void)n_fargs;
+  (void)fargs;
+  (void)saved;
+  dt_placement_t dst[DT_MAX_MESH_DIMS];
+  if (n_iargs != in[0]->mesh->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "redistribute takes one placement per mesh dim (%d), got %d",
+                   in[0]->mesh->ndim, n_iargs);
+  for (int i = 0; i < n_iargs; i++) DT_CHECK(dt_placement_decode(iargs[i], &dst[i]));
+  return dt_tensor_redistribute(in[0], dst, &out[0]);
+}
+
+dt_status_t dt_mm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
+  return dt__op2(DT_OP_MM, a, b, out);
 }
 dt_status_t dt_bmm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  dt_tensor_t in[2] = {a, b};
-  return dt_op_run("bmm", 2, in, 0, NULL, 0, NULL, out);
+  return dt__op2(DT_OP_BMM, a, b, out);
 }
 dt_status_t dt_add(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  dt_tensor_t in[2] = {a, b};
-  return dt_op_run("add", 2, in, 0, NULL, 0, NULL, out);
+  return dt__op2(DT_OP_ADD, a, b, out);
 }
 dt_status_t dt_sub(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  dt_tensor_t in[2] = {a, b};
-  return dt_op_run("sub", 2, in, 0, NULL, 0, NULL, out);
+  return dt__op2(DT_OP_SUB, a, b, out);
 }
 dt_status_t dt_mul(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  dt_tensor_t in[2] = {a, b};
-  return dt_op_run("mul", 2, in, 0, NULL, 0, NULL, out);
+  return dt__op2(DT_OP_MUL, a, b, out);
 }
 dt_status_t dt_div(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  dt_tensor_t in[2] = {a, b};
-  return dt_op_run("div", 2, in, 0, NULL, 0, NULL, out);
+  return dt__op2(DT_OP_DIV, a, b, out);
 }
 dt_status_t dt_linear(dt_tensor_t x, dt_tensor_t weight, dt_tensor_t bias, dt_tensor_t* out) {
   dt_tensor_t in[3] = {x, weight, bias};
-  return dt_op_run(bias ? "linear" : "linear_nobias", bias ? 3 : 2, in, 0, NULL, 0, NULL, out);
+  return dt__opa(bias ? DT_OP_LINEAR : DT_OP_LINEAR_NOBIAS, bias ? 3 : 2, in, 0, NULL, 0, NULL,
+                 out);
 }
-dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out) {
-  return dt_op_run("neg", 1, &a, 0, NULL, 0, NULL, out);
-}
-dt_status_t dt_relu(dt_tensor_t a, dt_tensor_t* out) {
-  return dt_op_run("relu", 1, &a, 0, NULL, 0, NULL, out);
-}
+dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out) { return dt__op1(DT_OP_NEG, a, out); }
+dt_status_t dt_relu(dt_tensor_t a, dt_tensor_t* out) { return dt__op1(DT_OP_RELU, a, out); }

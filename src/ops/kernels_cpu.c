@@ -4,7 +4,6 @@
 #include <math.h>
 
 #include "ops/ops.h"
-#include "strategy/strategy.h"
 
 static dt_status_t dt__need_f32(const dt_op_call_t* call, const dt_local_tensor_t* t, int n) {
   for (int i = 0; i < n; i++)
@@ -322,10 +321,10 @@ dt_status_t dt__kernel_log_softmax(const dt_op_call_t* call, const dt_local_tens
 }
 
 /* permute / transpose / t: out dim i takes in dim perm[i]; any dtype (a copy). */
-dt_status_t dt__kernel_permute(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                               dt_local_tensor_t* out) {
+static dt_status_t dt__permute_copy(int op, const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                    dt_local_tensor_t* out) {
   int perm[DT_MAX_DIMS], nd = in->ndim;
-  DT_CHECK(dt__view_perm(call, perm));
+  DT_CHECK(dt__view_perm(op, call, perm));
   size_t item = dt__itemsize(in->dtype);
   int64_t istride[DT_MAX_DIMS], st = 1, n = 1, idx[DT_MAX_DIMS] = {0};
   for (int d = nd - 1; d >= 0; d--) {
@@ -365,6 +364,19 @@ dt_status_t dt__kernel_permute(const dt_op_call_t* call, const dt_local_tensor_t
     }
   }
   return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_permute(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out) {
+  return dt__permute_copy(DT_OP_PERMUTE, call, in, out);
+}
+dt_status_t dt__kernel_transpose(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out) {
+  return dt__permute_copy(DT_OP_TRANSPOSE, call, in, out);
+}
+dt_status_t dt__kernel_t(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                         dt_local_tensor_t* out) {
+  return dt__permute_copy(DT_OP_T, call, in, out);
 }
 
 /* ---------------------------------------------------------------------------------------------

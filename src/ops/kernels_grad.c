@@ -4,7 +4,6 @@
 #include <math.h>
 
 #include "ops/ops.h"
-#include "strategy/strategy.h"
 
 static int64_t dt__numel(const dt_local_tensor_t* t) {
   int64_t n = 1;

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 
 #include "ops/ops.h"
-#include "strategy/strategy.h"
 
 static int64_t dt__numel(const dt_local_tensor_t* t) {
   int64_t n = 1;
@@ -61,18 +60,36 @@ dt_status_t dt__kernel_addmm(const dt_op_call_t* call, const dt_local_tensor_t* 
 /* ---------------------------------------------------------------------------------------------
  * scalar ops, pow, cast */
 
-dt_status_t dt__kernel_scalar(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                              dt_local_tensor_t* out) {
+dt_status_t dt__kernel_add_scalar(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, &in[0]));
   int64_t n = dt__numel(out);
   const float* a = (const float*)in[0].data;
   float* o = (float*)out->data;
   float s = (float)call->fargs[0];
-  if (strcmp(call->op, "add_scalar") == 0)
-    for (int64_t i = 0; i < n; i++) o[i] = a[i] + s;
-  else if (strcmp(call->op, "mul_scalar") == 0)
-    for (int64_t i = 0; i < n; i++) o[i] = a[i] * s;
-  else if (s == 2.0f)
+  for (int64_t i = 0; i < n; i++) o[i] = a[i] + s;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_mul_scalar(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, &in[0]));
+  int64_t n = dt__numel(out);
+  const float* a = (const float*)in[0].data;
+  float* o = (float*)out->data;
+  float s = (float)call->fargs[0];
+  for (int64_t i = 0; i < n; i++) o[i] = a[i] * s;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_pow(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, &in[0]));
+  int64_t n = dt__numel(out);
+  const float* a = (const float*)in[0].data;
+  float* o = (float*)out->data;
+  float s = (float)call->fargs[0];
+  if (s == 2.0f)
     for (int64_t i = 0; i < n; i++) o[i] = a[i] * a[i];
   else
     for (int64_t i = 0; i < n; i++) o[i] = powf(a[i], s);
@@ -102,9 +119,8 @@ dt_status_t dt__kernel_cast(const dt_op_call_t* call, const dt_local_tensor_t* i
 /* ---------------------------------------------------------------------------------------------
  * where (cond, a, b) / masked_fill (x, mask) with broadcasting */
 
-dt_status_t dt__kernel_where(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                             dt_local_tensor_t* out) {
-  int where = strcmp(call->op, "where") == 0;
+static dt_status_t dt__select(int where, const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
   const dt_local_tensor_t *c = &in[where ? 0 : 1], *a = &in[where ? 1 : 0];
   const dt_local_tensor_t* b = where ? &in[2] : NULL;
   DT_CHECK(dt__need_f32(call, a));
@@ -134,6 +150,15 @@ dt_status_t dt__kernel_where(const dt_op_call_t* call, const dt_local_tensor_t* 
     }
   }
   return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_where(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out) {
+  return dt__select(1, call, in, out);
+}
+dt_status_t dt__kernel_masked_fill(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                   dt_local_tensor_t* out) {
+  return dt__select(0, call, in, out);
 }
 
 /* ---------------------------------------------------------------------------------------------

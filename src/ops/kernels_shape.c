@@ -1,7 +1,6 @@
 /* kernels_shape.c - CPU kernels of the shape ops on local shards, any dtype (byte copies):
  * view-family reshapes, slice/narrow and cat. */
 #include "ops/ops.h"
-#include "strategy/strategy.h"
 
 static int64_t dt__numel(const dt_local_tensor_t* t) {
   int64_t n = 1;
@@ -29,11 +28,11 @@ static void dt__copy_blocks(char* dst, const char* src, int64_t rows, int64_t le
            (size_t)len * item);
 }
 
-dt_status_t dt__kernel_slice(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                             dt_local_tensor_t* out) {
+static dt_status_t dt__cut(int op, const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out) {
   int dim;
   int64_t start, step, len;
-  DT_CHECK(dt__slice_args(call, &dim, &start, &step, &len));
+  DT_CHECK(dt__slice_args(op, call, &dim, &start, &step, &len));
   const dt_local_tensor_t* x = &in[0];
   size_t item = dt__itemsize(x->dtype);
   int64_t outer = 1, inner = 1;
@@ -47,6 +46,15 @@ dt_status_t dt__kernel_slice(const dt_op_call_t* call, const dt_local_tensor_t* 
       memcpy(dst + (size_t)((o * len + j) * inner) * item,
              src + (size_t)((o * L + start + j * step) * inner) * item, (size_t)inner * item);
   return DT_SUCCESS;
+}
+
+dt_status_t dt__kernel_slice(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out) {
+  return dt__cut(DT_OP_SLICE, call, in, out);
+}
+dt_status_t dt__kernel_narrow(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  return dt__cut(DT_OP_NARROW, call, in, out);
 }
 
 dt_status_t dt__kernel_cat(const dt_op_call_t* call, const dt_local_tensor_t* in,

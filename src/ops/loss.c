@@ -27,26 +27,26 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, dt_loss_reduction_t
   const int64_t keep_last[2] = {1, -1}, all[1] = {0};
   dt_tensor_t m = NULL, z = NULL, e = NULL, s = NULL, ls = NULL, lse = NULL, lse1 = NULL,
               t = NULL, l = NULL;
-  dt_status_t st = dt_op_run("amax", 1, &x, 2, keep_last, 0, NULL, &m);
+  dt_status_t st = dt__opa(DT_OP_AMAX, 1, &x, 2, keep_last, 0, NULL, &m);
   dt_tensor_t xm[2] = {x, m};
-  if (st == DT_SUCCESS) st = dt_op_run("sub", 2, xm, 0, NULL, 0, NULL, &z);
-  if (st == DT_SUCCESS) st = dt_op_run("exp", 1, &z, 0, NULL, 0, NULL, &e);
-  if (st == DT_SUCCESS) st = dt_op_run("sum", 1, &e, 2, keep_last, 0, NULL, &s);
-  if (st == DT_SUCCESS) st = dt_op_run("log", 1, &s, 0, NULL, 0, NULL, &ls);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUB, 2, xm, 0, NULL, 0, NULL, &z);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_EXP, 1, &z, 0, NULL, 0, NULL, &e);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUM, 1, &e, 2, keep_last, 0, NULL, &s);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_LOG, 1, &s, 0, NULL, 0, NULL, &ls);
   dt_tensor_t lm[2] = {ls, m};
-  if (st == DT_SUCCESS) st = dt_op_run("add", 2, lm, 0, NULL, 0, NULL, &lse); /* (N, 1) */
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_ADD, 2, lm, 0, NULL, 0, NULL, &lse); /* (N, 1) */
   const int64_t flat[1] = {x->layout.shape[0]};
-  if (st == DT_SUCCESS) st = dt_op_run("reshape", 1, &lse, 1, flat, 0, NULL, &lse1);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, &lse, 1, flat, 0, NULL, &lse1);
   dt_tensor_t xt[2] = {x, tg};
-  if (st == DT_SUCCESS) st = dt_op_run("gather_dim", 2, xt, 0, NULL, 0, NULL, &t);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_GATHER_DIM, 2, xt, 0, NULL, 0, NULL, &t);
   dt_tensor_t lt[2] = {lse1, t};
-  if (st == DT_SUCCESS) st = dt_op_run("sub", 2, lt, 0, NULL, 0, NULL, &l);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUB, 2, lt, 0, NULL, 0, NULL, &l);
   if (st == DT_SUCCESS) {
     if (reduction == DT_LOSS_NONE) {
       *loss = l;
       l = NULL;
     } else {
-      st = dt_op_run(reduction == DT_LOSS_MEAN ? "mean" : "sum", 1, &l, 1, all, 0, NULL, loss);
+      st = dt__opa(reduction == DT_LOSS_MEAN ? DT_OP_MEAN : DT_OP_SUM, 1, &l, 1, all, 0, NULL, loss);
     }
   }
   dt_tensor_t tmp[8] = {m, z, e, s, ls, lse1, t, l};
@@ -54,6 +54,21 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, dt_loss_reduction_t
   if (st == DT_SUCCESS && lse_out != NULL) *lse_out = lse;
   else dt_tensor_destroy(lse);
   return st;
+}
+
+/* The composite op "cross_entropy" (logits, targets) iargs [reduction]: *saved gets the row
+ * logsumexp for the backward rule. */
+dt_status_t dt__cross_entropy_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
+                                  const int64_t* iargs, int n_fargs, const double* fargs,
+                                  dt_tensor_t* out, dt_tensor_t* saved) {
+  (void)n_in;
+  (void)n_fargs;
+  (void)fargs;
+  int64_t r = n_iargs ? iargs[0] : DT_LOSS_MEAN;
+  if (r < 0 || r >= DT_LOSS_REDUCTION_COUNT)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction %lld out of range [0, %d)",
+                   (long long)r, DT_LOSS_REDUCTION_COUNT);
+  return dt__cross_entropy(in[0], in[1], (dt_loss_reduction_t)r, &out[0], saved);
 }
 
 dt_status_t dt_cross_entropy(dt_tensor_t logits, dt_tensor_t targets,

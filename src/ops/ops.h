@@ -1,4 +1,5 @@
-/* ops.h - internal interface of the ops layer: the built-in CPU kernels. */
+/* ops.h - internal interface of the ops layer: dispatch by op id, the host kernels and the
+ * backward rules the op table names, and the composite ops. */
 #ifndef DT_OPS_OPS_H
 #define DT_OPS_OPS_H
 
@@ -6,9 +7,23 @@
 #include "strategy/strategy.h"
 #include "tensor/tensor.h"
 
-#define DT__KERNEL(name)                                                      \
-  dt_status_t name(const dt_op_call_t* call, const dt_local_tensor_t* in,     \
-                   dt_local_tensor_t* out)
+/* ---- dispatch (src/ops/dispatch.c) ---------------------------------------------------------- */
+/* Runs op `id` (a built-in or host op) on tensors of one mesh: composites run their forward,
+ * the others select a strategy, redistribute the inputs and run the kernel. *saved (may be NULL)
+ * gets a composite's by-product for its backward rule. */
+dt_status_t dt__op_apply(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
+                         int n_fargs, const double* fargs, int n_out, dt_tensor_t* out,
+                         dt_tensor_t* saved);
+/* One-output shorthands over dt__op_apply. */
+dt_status_t dt__op1(int id, dt_tensor_t a, dt_tensor_t* out);
+dt_status_t dt__op2(int id, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
+dt_status_t dt__opa(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
+                    int n_fargs, const double* fargs, dt_tensor_t* out);
+
+/* ---- host kernels named by the op table ----------------------------------------------------- */
+#define DT__KERNEL(name) \
+  dt_status_t name(const dt_op_call_t* call, const dt_local_tensor_t* in, dt_local_tensor_t* out)
+/* kernels_cpu.c */
 DT__KERNEL(dt__kernel_mm);
 DT__KERNEL(dt__kernel_bmm);
 DT__KERNEL(dt__kernel_mm_t);
@@ -38,6 +53,8 @@ DT__KERNEL(dt__kernel_amin);
 DT__KERNEL(dt__kernel_softmax);
 DT__KERNEL(dt__kernel_log_softmax);
 DT__KERNEL(dt__kernel_permute);
+DT__KERNEL(dt__kernel_transpose);
+DT__KERNEL(dt__kernel_t);
 DT__KERNEL(dt__kernel_rms_norm);
 DT__KERNEL(dt__kernel_layer_norm);
 DT__KERNEL(dt__kernel_embedding);
@@ -46,12 +63,16 @@ DT__KERNEL(dt__kernel_linear);
 /* kernels_shape.c */
 DT__KERNEL(dt__kernel_view);
 DT__KERNEL(dt__kernel_slice);
+DT__KERNEL(dt__kernel_narrow);
 DT__KERNEL(dt__kernel_cat);
 /* kernels_nn.c */
 DT__KERNEL(dt__kernel_addmm);
-DT__KERNEL(dt__kernel_scalar);
+DT__KERNEL(dt__kernel_add_scalar);
+DT__KERNEL(dt__kernel_mul_scalar);
+DT__KERNEL(dt__kernel_pow);
 DT__KERNEL(dt__kernel_cast);
 DT__KERNEL(dt__kernel_where);
+DT__KERNEL(dt__kernel_masked_fill);
 DT__KERNEL(dt__kernel_sdpa);
 DT__KERNEL(dt__kernel_rotary);
 DT__KERNEL(dt__kernel_topk);
@@ -66,12 +87,77 @@ DT__KERNEL(dt__kernel_embedding_grad);
 DT__KERNEL(dt__kernel_sdpa_grad);
 #undef DT__KERNEL
 
+/* ---- backward rules named by the op table (src/ops/backward.c) ------------------------------- */
+#define DT__BACKWARD(name) dt_status_t name(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin)
+DT__BACKWARD(dt__bw_none);
+DT__BACKWARD(dt__bw_mm);
+DT__BACKWARD(dt__bw_bmm);
+DT__BACKWARD(dt__bw_mm_t);
+DT__BACKWARD(dt__bw_addmm);
+DT__BACKWARD(dt__bw_linear);
+DT__BACKWARD(dt__bw_add);
+DT__BACKWARD(dt__bw_sub);
+DT__BACKWARD(dt__bw_mul);
+DT__BACKWARD(dt__bw_div);
+DT__BACKWARD(dt__bw_maximum);
+DT__BACKWARD(dt__bw_minimum);
+DT__BACKWARD(dt__bw_neg);
+DT__BACKWARD(dt__bw_relu);
+DT__BACKWARD(dt__bw_exp);
+DT__BACKWARD(dt__bw_log);
+DT__BACKWARD(dt__bw_sqrt);
+DT__BACKWARD(dt__bw_rsqrt);
+DT__BACKWARD(dt__bw_gelu);
+DT__BACKWARD(dt__bw_silu);
+DT__BACKWARD(dt__bw_sigmoid);
+DT__BACKWARD(dt__bw_tanh);
+DT__BACKWARD(dt__bw_add_scalar);
+DT__BACKWARD(dt__bw_mul_scalar);
+DT__BACKWARD(dt__bw_pow);
+DT__BACKWARD(dt__bw_where);
+DT__BACKWARD(dt__bw_masked_fill);
+DT__BACKWARD(dt__bw_cast);
+DT__BACKWARD(dt__bw_dropout);
+DT__BACKWARD(dt__bw_sum);
+DT__BACKWARD(dt__bw_mean);
+DT__BACKWARD(dt__bw_amax);
+DT__BACKWARD(dt__bw_amin);
+DT__BACKWARD(dt__bw_softmax);
+DT__BACKWARD(dt__bw_log_softmax);
+DT__BACKWARD(dt__bw_rms_norm);
+DT__BACKWARD(dt__bw_layer_norm);
+DT__BACKWARD(dt__bw_embedding);
+DT__BACKWARD(dt__bw_gather_dim);
+DT__BACKWARD(dt__bw_sdpa);
+DT__BACKWARD(dt__bw_rotary);
+DT__BACKWARD(dt__bw_view);
+DT__BACKWARD(dt__bw_permute);
+DT__BACKWARD(dt__bw_transpose);
+DT__BACKWARD(dt__bw_t);
+DT__BACKWARD(dt__bw_slice);
+DT__BACKWARD(dt__bw_cat);
+DT__BACKWARD(dt__bw_topk);
+DT__BACKWARD(dt__bw_gather);
+DT__BACKWARD(dt__bw_scatter_add);
+DT__BACKWARD(dt__bw_cross_entropy);
+DT__BACKWARD(dt__bw_redistribute);
+#undef DT__BACKWARD
+
+/* ---- composite ops (src/ops/loss.c, src/ops/dispatch.c) ------------------------------------- */
+#define DT__COMPOSITE(name)                                                                    \
+  dt_status_t name(int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,         \
+                   int n_fargs, const double* fargs, dt_tensor_t* out, dt_tensor_t* saved)
+DT__COMPOSITE(dt__cross_entropy_fwd);
+DT__COMPOSITE(dt__redistribute_fwd);
+#undef DT__COMPOSITE
+
 /* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c); *lse_out (may be NULL)
  * gets the row logsumexp (N, 1) that the backward pass reuses. */
 dt_status_t dt__cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
                               dt_loss_reduction_t reduction, dt_tensor_t* loss,
                               dt_tensor_t* lse_out);
 
+/* ---- helpers shared by kernels ---------------------------------------------------------------- */
 /* Row-wise softmax of attention scores p (S, T) in place; with `causal`, query row i (global
  * position q0 + i) sees keys 0 .. q0 + i and the rest become 0. Shared by sdpa and sdpa_grad. */
 void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal);

@@ -193,6 +193,26 @@ dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim) {
   }
 }
 
+int64_t dt_placement_encode(dt_placement_t p) {
+  return (int64_t)((uint32_t)p.kind & 15u) | (int64_t)((uint32_t)p.op & 15u) << 4 |
+         (int64_t)((uint32_t)p.dim & 0xffu) << 8;
+}
+
+dt_status_t dt_placement_decode(int64_t code, dt_placement_t* out) {
+  DT_ARG_NOT_NULL(out);
+  memset(out, 0, sizeof *out);
+  if (code < 0 || code >= (1 << 16))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "placement code %lld out of range", (long long)code);
+  dt_placement_t p = {(int32_t)(code & 15), (int32_t)(int8_t)((code >> 8) & 0xff),
+                      (int32_t)((code >> 4) & 15)};
+  if (p.kind >= DT_PLACEMENT_KIND_COUNT || (p.kind == DT_PARTIAL && p.op >= DT_REDUCE_COUNT) ||
+      (p.kind != DT_SHARD && p.dim != 0) || (p.kind != DT_PARTIAL && p.op != 0) ||
+      p.dim < -DT_MAX_DIMS || p.dim >= DT_MAX_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "placement code %lld is not a placement", (long long)code);
+  *out = p;
+  return DT_SUCCESS;
+}
+
 dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64_t* len) {
   DT_ARG_NOT_NULL(offset);
   DT_ARG_NOT_NULL(len);

@@ -247,7 +247,7 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
 
 /* softmax / log_softmax along iargs[0]: that dim must be whole on each rank (R); the others stay
  * sharded. Non-linear: no Partial passes. */
-static dt_status_t dt__softmax_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__softmax_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                      int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -271,15 +271,15 @@ static dt_status_t dt__softmax_rules(const dt_op_call_t* call, dt_tensor_meta_t*
 }
 
 /* The permutation a view op applies (out dim i = in dim perm[i]). */
-dt_status_t dt__view_perm(const dt_op_call_t* call, int* perm) {
+dt_status_t dt__view_perm(int op, const dt_op_call_t* call, int* perm) {
   int nd = call->in[0].ndim;
   for (int d = 0; d < nd; d++) perm[d] = d;
-  if (strcmp(call->op, "t") == 0) {
+  if (op == DT_OP_T) {
     if (nd > 2) return DT_FAIL(DT_ERR_INVALID_ARG, "t expects at most 2 dims, got %d", nd);
     if (nd == 2) perm[0] = 1, perm[1] = 0;
     return DT_SUCCESS;
   }
-  if (strcmp(call->op, "transpose") == 0) {
+  if (op == DT_OP_TRANSPOSE) {
     if (call->n_iargs != 2) return DT_FAIL(DT_ERR_INVALID_ARG, "transpose takes iargs [d0, d1]");
     int64_t a = call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0];
     int64_t b = call->iargs[1] < 0 ? call->iargs[1] + nd : call->iargs[1];
@@ -307,12 +307,12 @@ dt_status_t dt__view_perm(const dt_op_call_t* call, int* perm) {
 
 /* permute / transpose / t: a shard follows its dim; every Partial passes (a view is linear and
  * keeps max/min). */
-static dt_status_t dt__permute_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
-                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+static dt_status_t dt__perm_rules(int op, const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                  int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
   int perm[DT_MAX_DIMS], nd = call->in[0].ndim;
-  DT_CHECK(dt__view_perm(call, perm));
+  DT_CHECK(dt__view_perm(op, call, perm));
   out_meta->dtype = call->in[0].dtype;
   out_meta->ndim = nd;
   for (int i = 0; i < nd; i++) out_meta->shape[i] = call->in[0].shape[perm[i]];
@@ -324,16 +324,29 @@ static dt_status_t dt__permute_rules(const dt_op_call_t* call, dt_tensor_meta_t*
     r.in[0] = dt_shard(perm[i]);
     dt__add_rule(rules, cap, n, &r);
   }
-  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
-    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+  for (int ro = 0; ro < DT_REDUCE_COUNT; ro++) {
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)ro);
     dt__add_rule(rules, cap, n, &r);
   }
   return DT_SUCCESS;
 }
 
+dt_status_t dt__permute_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                              dt_op_rule_t* rules, int cap, int* n) {
+  return dt__perm_rules(DT_OP_PERMUTE, call, out_meta, n_out, rules, cap, n);
+}
+dt_status_t dt__transpose_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                                dt_op_rule_t* rules, int cap, int* n) {
+  return dt__perm_rules(DT_OP_TRANSPOSE, call, out_meta, n_out, rules, cap, n);
+}
+dt_status_t dt__t_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                        dt_op_rule_t* rules, int cap, int* n) {
+  return dt__perm_rules(DT_OP_T, call, out_meta, n_out, rules, cap, n);
+}
+
 /* rms_norm (x, weight) and layer_norm (x, weight, bias) over the last dim: it must be whole on
  * each rank, the leading dims stay sharded, the affine parameters are replicated. */
-static dt_status_t dt__norm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__norm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -359,7 +372,7 @@ static dt_status_t dt__norm_rules(const dt_op_call_t* call, dt_tensor_meta_t* ou
 /* embedding (weight (V, D), indices of i32/i64): the output is indices.shape + (D).
  *   [R; R, R]  [S(last); S(1), R]  [P(sum); S(0), R] (vocabulary-sharded: masked local lookup)
  *   [S(d); R, S(d)] for each index dim  [P(op); P(op), R] (the lookup is linear in the table) */
-static dt_status_t dt__embedding_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__embedding_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                        int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -396,7 +409,7 @@ static dt_status_t dt__embedding_rules(const dt_op_call_t* call, dt_tensor_meta_
 /* gather_dim (x (N, C), idx (N) i32/i64): out[i] = x[i, idx[i]].
  *   [R; R, R]  [S(0); S(0), S(0)]  [P(sum); S(1), R] (class-sharded: masked local gather)
  *   [P(op); P(op), R] (linear in x) */
-static dt_status_t dt__gather_dim_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__gather_dim_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                         int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -425,7 +438,7 @@ static dt_status_t dt__gather_dim_rules(const dt_op_call_t* call, dt_tensor_meta
 /* linear (x (N, K), weight (O, K)[, bias (O)]): out = x weight^T + bias, "nk,ok->no".
  * The bias follows the output's O dim; where the output is Partial the bias is Partial too, so it
  * is added exactly once in the sum (R -> P(sum) partitions it locally). */
-static dt_status_t dt__linear_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__linear_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   DT_CHECK(dt__rules_einsum("nk,ok->no", call, 1, out_meta, rules, cap, n));
@@ -445,10 +458,10 @@ static dt_status_t dt__linear_rules(const dt_op_call_t* call, dt_tensor_meta_t* 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * built-in ops */
+ * generators of the op table named by macro */
 
 #define DT__EINSUM_OP(fname, eq, bilinear)                                                     \
-  static dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
+  dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
                            dt_op_rule_t* rules, int cap, int* n) {                             \
     *n_out = 1;                                                                                \
     return dt__rules_einsum(eq, call, bilinear, out_meta, rules, cap, n);                      \
@@ -458,13 +471,13 @@ DT__EINSUM_OP(dt__bmm_rules, "bmk,bkn->bmn", 1)
 DT__EINSUM_OP(dt__mm_t_rules, "km,kn->mn", 1) /* a^T b (weight gradients without a transpose) */
 
 #define DT__POINTWISE_OP(fname, lin)                                                           \
-  static dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
+  dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
                            dt_op_rule_t* rules, int cap, int* n) {                             \
     *n_out = 1;                                                                                \
     return dt__rules_pointwise(call, lin, out_meta, rules, cap, n);                            \
   }
 #define DT__REDUCE_OP(fname, kind)                                                             \
-  static dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
+  dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,   \
                            dt_op_rule_t* rules, int cap, int* n) {                             \
     *n_out = 1;                                                                                \
     return dt__rules_reduce(call, kind, out_meta, rules, cap, n);                              \
@@ -481,37 +494,3 @@ DT__POINTWISE_OP(dt__unary_linear_rules, DT_LIN_UNARY)
 DT__POINTWISE_OP(dt__nonlinear_rules, DT_LIN_NONE)
 DT__POINTWISE_OP(dt__max_rules, DT_LIN_MAX)
 DT__POINTWISE_OP(dt__min_rules, DT_LIN_MIN)
-
-void dt__ops_register_builtins(void) {
-  static const struct {
-    const char* name;
-    int n_inputs;
-    dt_op_rules_fn fn;
-  } ops[] = {
-      {"mm", 2, dt__mm_rules},           {"bmm", 2, dt__bmm_rules},
-      {"mm_t", 2, dt__mm_t_rules},
-      {"add", 2, dt__additive_rules},    {"sub", 2, dt__additive_rules},
-      {"mul", 2, dt__mult_rules},        {"div", 2, dt__numerator_rules},
-      {"maximum", 2, dt__max_rules},     {"minimum", 2, dt__min_rules},
-      {"eq", 2, dt__nonlinear_rules},    {"ge", 2, dt__nonlinear_rules},
-      {"gt", 2, dt__nonlinear_rules},
-      {"neg", 1, dt__unary_linear_rules},
-      {"relu", 1, dt__nonlinear_rules},  {"exp", 1, dt__nonlinear_rules},
-      {"log", 1, dt__nonlinear_rules},   {"sqrt", 1, dt__nonlinear_rules},
-      {"rsqrt", 1, dt__nonlinear_rules}, {"gelu", 1, dt__nonlinear_rules},
-      {"silu", 1, dt__nonlinear_rules},  {"sigmoid", 1, dt__nonlinear_rules},
-      {"tanh", 1, dt__nonlinear_rules},  {"sum", 1, dt__sum_rules},
-      {"mean", 1, dt__mean_rules},       {"amax", 1, dt__amax_rules},
-      {"amin", 1, dt__amin_rules},       {"softmax", 1, dt__softmax_rules},
-      {"log_softmax", 1, dt__softmax_rules}, {"permute", 1, dt__permute_rules},
-      {"transpose", 1, dt__permute_rules}, {"t", 1, dt__permute_rules},
-      {"rms_norm", 2, dt__norm_rules},   {"layer_norm", 3, dt__norm_rules},
-      {"embedding", 2, dt__embedding_rules}, {"gather_dim", 2, dt__gather_dim_rules},
-      {"linear", 3, dt__linear_rules},   {"linear_nobias", 2, dt__linear_rules},
-  };
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-    dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);
-  dt__ops_register_shape();
-  dt__ops_register_nn();
-  dt__ops_register_grad();
-}

@@ -16,7 +16,7 @@ static int dt__add(dt_op_rule_t* rules, int cap, int* n, const dt_op_rule_t* r) 
   return 1;
 }
 
-static dt_status_t dt__act_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__act_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                       int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   if (call->n_iargs != 1 || call->iargs[0] < 0 || call->iargs[0] >= DT_ACT_COUNT)
@@ -24,7 +24,7 @@ static dt_status_t dt__act_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t
   return dt__rules_pointwise(call, DT_LIN_NUMERATOR, out_meta, rules, cap, n);
 }
 
-static dt_status_t dt__norm_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__norm_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                        int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 2;
   *n = 0;
@@ -51,7 +51,7 @@ static dt_status_t dt__norm_grad_rules(const dt_op_call_t* call, dt_tensor_meta_
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__embedding_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__embedding_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                             int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -87,7 +87,7 @@ static dt_status_t dt__embedding_grad_rules(const dt_op_call_t* call, dt_tensor_
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__sdpa_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__sdpa_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                        int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 3;
   *n = 0;
@@ -95,8 +95,8 @@ static dt_status_t dt__sdpa_grad_rules(const dt_op_call_t* call, dt_tensor_meta_
   fwd.n_inputs = 3;
   fwd.op = "sdpa";
   dt_op_rule_t tmp[8];
-  int nt;
-  DT_CHECK(dt__op_rules_of("sdpa", &fwd, out_meta, tmp, 8, &nt)); /* validates q, k, v */
+  int nt, nout;
+  DT_CHECK(dt__sdpa_rules(&fwd, out_meta, &nout, tmp, 8, &nt)); /* validates q, k, v */
   const dt_tensor_meta_t* g = &call->in[3];
   if (g->ndim != 4 || memcmp(g->shape, out_meta[0].shape, sizeof(int64_t) * 4) != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa_grad: g must have the output's shape");
@@ -119,13 +119,4 @@ static dt_status_t dt__sdpa_grad_rules(const dt_op_call_t* call, dt_tensor_meta_
   r.out[1] = r.out[2] = dt_partial(DT_REDUCE_SUM);
   dt__add(rules, cap, n, &r);
   return DT_SUCCESS;
-}
-
-void dt__ops_register_grad(void) {
-  dt_op_register("act_grad", 2, dt__act_grad_rules, NULL);
-  dt_op_register("rms_norm_grad", 3, dt__norm_grad_rules, NULL);
-  dt_op_register("layer_norm_grad", 3, dt__norm_grad_rules, NULL);
-  dt_op_register("embedding_grad", 2, dt__embedding_grad_rules, NULL);
-  dt_op_register("sdpa_grad", 4, dt__sdpa_grad_rules, NULL);
-  dt__op_set_check("sdpa_grad", dt__op_get_check("sdpa"));
 }

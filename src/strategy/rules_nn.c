@@ -48,7 +48,7 @@ static void dt__partial_rules(dt_op_rule_t* rules, int cap, int* n, int n_inputs
  * addmm (input, mat1, mat2), fargs [beta, alpha] (default 1, 1): beta * input + alpha * m1 m2;
  * input (n) or (m, n). The input follows the output like linear's bias. */
 
-static dt_status_t dt__addmm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__addmm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                    int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   if (call->n_fargs > 2) return DT_FAIL(DT_ERR_INVALID_ARG, "addmm takes fargs [beta, alpha]");
@@ -79,8 +79,9 @@ static dt_status_t dt__addmm_rules(const dt_op_call_t* call, dt_tensor_meta_t* o
 /* ---------------------------------------------------------------------------------------------
  * scalar ops, pow, cast */
 
-static dt_status_t dt__scalar_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
-                                    int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+/* The common part of the scalar ops: one float scalar, a float tensor, pointwise rules. */
+static dt_status_t dt__scalar_common(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   if (call->n_fargs != 1)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes one scalar in fargs, got %d", call->op,
@@ -88,30 +89,43 @@ static dt_status_t dt__scalar_rules(const dt_op_call_t* call, dt_tensor_meta_t* 
   if (!dt__dtype_is_float(call->in[0].dtype))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s needs a float tensor, got %s", call->op,
                    dt_dtype_name(call->in[0].dtype));
-  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
-  double s = call->fargs[0];
-  if (strcmp(call->op, "add_scalar") == 0) {
-    dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_NOSUM);
-  } else if (strcmp(call->op, "mul_scalar") == 0) {
-    dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_LINEAR);
-    if (s >= 0.0) dt__partial_rules(rules, cap, n, 1, 1u, (1u << DT_REDUCE_MAX) |
-                                                            (1u << DT_REDUCE_MIN));
-    else if (s < 0.0) { /* max(-a) = -min(a): the reduce op swaps */
-      dt_op_rule_t r;
-      memset(&r, 0, sizeof r);
-      r.in[0] = dt_partial(DT_REDUCE_MAX);
-      r.out[0] = dt_partial(DT_REDUCE_MIN);
-      dt__add(rules, cap, n, &r);
-      r.in[0] = dt_partial(DT_REDUCE_MIN);
-      r.out[0] = dt_partial(DT_REDUCE_MAX);
-      dt__add(rules, cap, n, &r);
-    }
-  }
-  /* pow: non-linear, no Partial */
+  return dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n);
+}
+
+dt_status_t dt__add_scalar_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                                 dt_op_rule_t* rules, int cap, int* n) {
+  DT_CHECK(dt__scalar_common(call, out_meta, n_out, rules, cap, n));
+  dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_NOSUM);
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__cast_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__mul_scalar_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                                 dt_op_rule_t* rules, int cap, int* n) {
+  DT_CHECK(dt__scalar_common(call, out_meta, n_out, rules, cap, n));
+  double s = call->fargs[0];
+  dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_LINEAR);
+  if (s >= 0.0) {
+    dt__partial_rules(rules, cap, n, 1, 1u, (1u << DT_REDUCE_MAX) | (1u << DT_REDUCE_MIN));
+  } else if (s < 0.0) { /* max(-a) = -min(a): the reduce op swaps */
+    dt_op_rule_t r;
+    memset(&r, 0, sizeof r);
+    r.in[0] = dt_partial(DT_REDUCE_MAX);
+    r.out[0] = dt_partial(DT_REDUCE_MIN);
+    dt__add(rules, cap, n, &r);
+    r.in[0] = dt_partial(DT_REDUCE_MIN);
+    r.out[0] = dt_partial(DT_REDUCE_MAX);
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* pow: non-linear, no Partial */
+dt_status_t dt__pow_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                          dt_op_rule_t* rules, int cap, int* n) {
+  return dt__scalar_common(call, out_meta, n_out, rules, cap, n);
+}
+
+dt_status_t dt__cast_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   if (call->n_iargs != 1 || !dt__dtype_valid((int)call->iargs[0]))
@@ -124,10 +138,10 @@ static dt_status_t dt__cast_rules(const dt_op_call_t* call, dt_tensor_meta_t* ou
 /* ---------------------------------------------------------------------------------------------
  * where (cond, a, b) and masked_fill (x, mask), fargs [value] */
 
-static dt_status_t dt__where_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
-                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+static dt_status_t dt__select_rules(int where, const dt_op_call_t* call,
+                                    dt_tensor_meta_t* out_meta, int* n_out, dt_op_rule_t* rules,
+                                    int cap, int* n) {
   *n_out = 1;
-  int where = strcmp(call->op, "where") == 0;
   int ci = where ? 0 : 1, vi = where ? 1 : 0;
   if (!dt__is_index(call->in[ci].dtype))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the %s must be i32 or i64 (nonzero = true), got %s",
@@ -143,6 +157,15 @@ static dt_status_t dt__where_rules(const dt_op_call_t* call, dt_tensor_meta_t* o
   if (where) dt__partial_rules(rules, cap, n, 3, 6u, DT__OPS_ALL);
   else dt__partial_rules(rules, cap, n, 2, 1u, DT__OPS_NOSUM);
   return DT_SUCCESS;
+}
+
+dt_status_t dt__where_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  return dt__select_rules(1, call, out_meta, n_out, rules, cap, n);
+}
+dt_status_t dt__masked_fill_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                                  dt_op_rule_t* rules, int cap, int* n) {
+  return dt__select_rules(0, call, out_meta, n_out, rules, cap, n);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -164,7 +187,7 @@ dt_status_t dt__sdpa_layout(const dt_op_call_t* call, int* hd, int* sd) {
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__sdpa_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__sdpa_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -202,7 +225,7 @@ static dt_status_t dt__sdpa_rules(const dt_op_call_t* call, dt_tensor_meta_t* ou
 }
 
 /* Heads sharded: each rank's kv heads must be exactly the groups of its query heads. */
-static int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c) {
+int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c) {
   int hd, sd;
   if (dt__sdpa_layout(call, &hd, &sd) != DT_SUCCESS) return 0;
   int heads = 0;
@@ -232,7 +255,7 @@ static int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_
  * seq_dim (Meta Llama's interleaved convention); iargs[1] = 1 turns the other way (the inverse,
  * which is the gradient). Any dim but the last may be sharded. */
 
-static dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -275,7 +298,7 @@ dt_status_t dt__topk_args(const dt_op_call_t* call, int64_t* k, int* dim, int* l
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__topk_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__topk_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 2;
   *n = 0;
@@ -330,7 +353,7 @@ static dt_status_t dt__gather_common(const dt_op_call_t* call, int nsrc, int* di
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__gather_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__gather_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -355,7 +378,7 @@ static dt_status_t dt__gather_rules(const dt_op_call_t* call, dt_tensor_meta_t* 
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__scatter_add_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__scatter_add_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                          int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -383,7 +406,7 @@ static dt_status_t dt__scatter_add_rules(const dt_op_call_t* call, dt_tensor_met
  * dropout: fargs [p], iargs [seed]; element g (global row-major index) is kept when
  * hash(seed, g) >= p, kept values scaled by 1/(1-p): the mask does not depend on placements. */
 
-static dt_status_t dt__dropout_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__dropout_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                      int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   if (call->n_fargs != 1 || call->n_iargs != 1 || !(call->fargs[0] >= 0.0) ||
@@ -394,23 +417,4 @@ static dt_status_t dt__dropout_rules(const dt_op_call_t* call, dt_tensor_meta_t*
   DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
   dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_LINEAR);
   return DT_SUCCESS;
-}
-
-void dt__ops_register_nn(void) {
-  static const struct {
-    const char* name;
-    int n_inputs;
-    dt_op_rules_fn fn;
-  } ops[] = {
-      {"addmm", 3, dt__addmm_rules},      {"add_scalar", 1, dt__scalar_rules},
-      {"mul_scalar", 1, dt__scalar_rules}, {"pow", 1, dt__scalar_rules},
-      {"cast", 1, dt__cast_rules},        {"where", 3, dt__where_rules},
-      {"masked_fill", 2, dt__where_rules}, {"sdpa", 3, dt__sdpa_rules},
-      {"rotary", 1, dt__rotary_rules},    {"topk", 1, dt__topk_rules},
-      {"gather", 2, dt__gather_rules},    {"scatter_add", 3, dt__scatter_add_rules},
-      {"dropout", 1, dt__dropout_rules},
-  };
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-    dt_op_register(ops[i].name, ops[i].n_inputs, ops[i].fn, NULL);
-  dt__op_set_check("sdpa", dt__sdpa_check);
 }

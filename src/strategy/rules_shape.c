@@ -50,14 +50,14 @@ int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_
 /* ---------------------------------------------------------------------------------------------
  * output shape of each view op */
 
-static dt_status_t dt__view_shape(const dt_op_call_t* call, dt_tensor_meta_t* out) {
+static dt_status_t dt__view_shape(int op_id, const dt_op_call_t* call, dt_tensor_meta_t* out) {
   const dt_tensor_meta_t* x = &call->in[0];
   int nd = x->ndim;
   int64_t numel = 1;
   for (int d = 0; d < nd; d++) numel *= x->shape[d];
   out->dtype = x->dtype;
   const char* op = call->op;
-  if (strcmp(op, "view") == 0 || strcmp(op, "reshape") == 0) {
+  if (op_id == DT_OP_VIEW || op_id == DT_OP_RESHAPE) {
     int infer = -1;
     int64_t known = 1;
     out->ndim = call->n_iargs;
@@ -85,7 +85,7 @@ static dt_status_t dt__view_shape(const dt_op_call_t* call, dt_tensor_meta_t* ou
                      (long long)known, (long long)numel);
     return DT_SUCCESS;
   }
-  if (strcmp(op, "flatten") == 0) {
+  if (op_id == DT_OP_FLATTEN) {
     int64_t s = call->n_iargs > 0 ? dt__norm_dim(call->iargs[0], nd) : 0;
     int64_t e = call->n_iargs > 1 ? dt__norm_dim(call->iargs[1], nd) : nd - 1;
     if (nd == 0) s = e = 0;
@@ -100,7 +100,7 @@ static dt_status_t dt__view_shape(const dt_op_call_t* call, dt_tensor_meta_t* ou
     if (nd == 0) out->shape[out->ndim++] = 1;
     return DT_SUCCESS;
   }
-  if (strcmp(op, "unflatten") == 0) {
+  if (op_id == DT_OP_UNFLATTEN) {
     if (call->n_iargs < 2)
       return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten takes iargs [dim, size...]");
     int64_t dim = dt__norm_dim(call->iargs[0], nd);
@@ -133,7 +133,7 @@ static dt_status_t dt__view_shape(const dt_op_call_t* call, dt_tensor_meta_t* ou
     }
     return DT_SUCCESS;
   }
-  if (strcmp(op, "squeeze") == 0) {
+  if (op_id == DT_OP_SQUEEZE) {
     if (call->n_iargs > 1) return DT_FAIL(DT_ERR_INVALID_ARG, "squeeze takes iargs [] or [dim]");
     int64_t dim = call->n_iargs ? dt__norm_dim(call->iargs[0], nd) : -1;
     if (call->n_iargs && (dim < 0 || dim >= nd))
@@ -144,7 +144,7 @@ static dt_status_t dt__view_shape(const dt_op_call_t* call, dt_tensor_meta_t* ou
       if (!(x->shape[d] == 1 && (dim < 0 || d == dim))) out->shape[out->ndim++] = x->shape[d];
     return DT_SUCCESS;
   }
-  if (strcmp(op, "unsqueeze") == 0) {
+  if (op_id == DT_OP_UNSQUEEZE) {
     if (call->n_iargs != 1) return DT_FAIL(DT_ERR_INVALID_ARG, "unsqueeze takes iargs [dim]");
     int64_t dim = dt__norm_dim(call->iargs[0], nd + 1);
     if (dim < 0 || dim > nd || nd + 1 > DT_MAX_DIMS)
@@ -164,11 +164,11 @@ static int dt__lead(const int64_t* shape, int d0, int d1) {
   return -1;
 }
 
-static dt_status_t dt__view_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+static dt_status_t dt__view_rules(int op_id, const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
-  DT_CHECK(dt__view_shape(call, out_meta));
+  DT_CHECK(dt__view_shape(op_id, call, out_meta));
   const dt_tensor_meta_t* x = &call->in[0];
   dt_view_group_t g[2 * DT_MAX_DIMS];
   int ng = dt__view_groups(x->ndim, x->shape, out_meta->ndim, out_meta->shape, g, 2 * DT_MAX_DIMS);
@@ -189,6 +189,18 @@ static dt_status_t dt__view_rules(const dt_op_call_t* call, dt_tensor_meta_t* ou
   }
   return DT_SUCCESS;
 }
+
+#define DT__VIEW_OP(fname, id)                                                                  \
+  dt_status_t fname(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,           \
+                    dt_op_rule_t* rules, int cap, int* n) {                                     \
+    return dt__view_rules(id, call, out_meta, n_out, rules, cap, n);                            \
+  }
+DT__VIEW_OP(dt__reshape_rules, DT_OP_RESHAPE) /* view too: the same shape arguments */
+DT__VIEW_OP(dt__flatten_rules, DT_OP_FLATTEN)
+DT__VIEW_OP(dt__unflatten_rules, DT_OP_UNFLATTEN)
+DT__VIEW_OP(dt__squeeze_rules, DT_OP_SQUEEZE)
+DT__VIEW_OP(dt__unsqueeze_rules, DT_OP_UNSQUEEZE)
+#undef DT__VIEW_OP
 
 /* Elements of the box (off, len) of `shape` restricted to dims [d0, d1), as a range of the
  * group's row-major index space; 0 if they do not form one contiguous range. */
@@ -213,7 +225,7 @@ static int dt__group_range(const int64_t* shape, const int64_t* off, const int64
   return 1;
 }
 
-static int dt__view_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c) {
+int dt__view_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c) {
   const dt_tensor_meta_t *x = &call->in[0], *y = &c->out_meta[0];
   int sharded = 0;
   for (int i = 0; i < mesh->ndim; i++) sharded |= c->in[0][i].kind == DT_SHARD;
@@ -244,11 +256,11 @@ static int dt__view_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_
 /* ---------------------------------------------------------------------------------------------
  * slice / narrow */
 
-dt_status_t dt__slice_args(const dt_op_call_t* call, int* dim, int64_t* start, int64_t* step,
-                           int64_t* len) {
+dt_status_t dt__slice_args(int op, const dt_op_call_t* call, int* dim, int64_t* start,
+                           int64_t* step, int64_t* len) {
   const dt_tensor_meta_t* x = &call->in[0];
   int nd = x->ndim;
-  int narrow = strcmp(call->op, "narrow") == 0;
+  int narrow = op == DT_OP_NARROW;
   if (narrow ? call->n_iargs != 3 : (call->n_iargs < 3 || call->n_iargs > 4))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs %s", call->op,
                    narrow ? "[dim, start, length]" : "[dim, start, end(, step)]");
@@ -284,13 +296,13 @@ dt_status_t dt__slice_args(const dt_op_call_t* call, int* dim, int64_t* start, i
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__slice_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
-                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+static dt_status_t dt__cut_rules(int op, const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+                                 int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
   int dim;
   int64_t start, step, len;
-  DT_CHECK(dt__slice_args(call, &dim, &start, &step, &len));
+  DT_CHECK(dt__slice_args(op, call, &dim, &start, &step, &len));
   *out_meta = call->in[0];
   out_meta->shape[dim] = len;
   dt_op_rule_t r;
@@ -301,17 +313,26 @@ static dt_status_t dt__slice_rules(const dt_op_call_t* call, dt_tensor_meta_t* o
     r.out[0] = r.in[0] = dt_shard(d);
     dt__add(rules, cap, n, &r);
   }
-  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
-    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+  for (int ro = 0; ro < DT_REDUCE_COUNT; ro++) {
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)ro);
     dt__add(rules, cap, n, &r);
   }
   return DT_SUCCESS;
 }
 
+dt_status_t dt__slice_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  return dt__cut_rules(DT_OP_SLICE, call, out_meta, n_out, rules, cap, n);
+}
+dt_status_t dt__narrow_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                             dt_op_rule_t* rules, int cap, int* n) {
+  return dt__cut_rules(DT_OP_NARROW, call, out_meta, n_out, rules, cap, n);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * cat */
 
-static dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
+dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                  int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
@@ -350,16 +371,4 @@ static dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out
     dt__add(rules, cap, n, &r);
   }
   return DT_SUCCESS;
-}
-
-void dt__ops_register_shape(void) {
-  static const char* const views[] = {"view", "reshape", "flatten", "unflatten", "squeeze",
-                                      "unsqueeze"};
-  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
-    dt_op_register(views[i], 1, dt__view_rules, NULL);
-    dt__op_set_check(views[i], dt__view_check);
-  }
-  dt_op_register("slice", 1, dt__slice_rules, NULL);
-  dt_op_register("narrow", 1, dt__slice_rules, NULL);
-  dt_op_register("cat", 0, dt__cat_rules, NULL);
 }

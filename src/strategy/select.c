@@ -23,8 +23,7 @@
 
 typedef struct dt_prop_key {
   uint64_t mesh_id, mesh_gen, cost_gen;
-  int32_t n_inputs, n_iargs, n_fargs;
-  char op[DT_OP_NAME_MAX];
+  int32_t op, n_inputs, n_iargs, n_fargs;
   dt_tensor_meta_t in[DT_OP_MAX_INPUTS];
   dt_placement_t pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
   int64_t iargs[DT_OP_MAX_IARGS];
@@ -39,17 +38,16 @@ static struct {
 } dt__prop;
 
 /* Builds the key (zero padding included, so memcmp works); 0 if the call cannot be keyed. */
-static int dt__prop_key(dt_mesh_t mesh, const dt_op_call_t* call,
+static int dt__prop_key(dt_mesh_t mesh, int id, const dt_op_call_t* call,
                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_prop_key_t* k) {
   memset(k, 0, sizeof *k);
-  if (strlen(call->op) >= DT_OP_NAME_MAX) return 0;
+  k->op = id;
   k->mesh_id = mesh->id;
   k->cost_gen = dt__cost_generation();
   k->mesh_gen = mesh->generation;
   k->n_inputs = call->n_inputs;
   k->n_iargs = call->n_iargs;
   k->n_fargs = call->n_fargs;
-  memcpy(k->op, call->op, strlen(call->op));
   for (int t = 0; t < call->n_inputs; t++) {
     k->in[t].dtype = call->in[t].dtype;
     k->in[t].ndim = call->in[t].ndim;
@@ -148,16 +146,32 @@ static int dt__fits(dt_placement_t* p, int ndim) {
 /* Expands candidates, calling `visit` on each legal one. With `prune`, once a candidate needs no
  * movement at all (cost 0, 0 steps: nothing later can beat it or win the tie), later candidates
  * are only checked for legality (to count them) and not costed or visited. */
-static dt_status_t dt__expand(dt_mesh_t mesh, const dt_op_call_t* call,
+/* The rule generator of op `id` after checking the call's arity against it. */
+static dt_status_t dt__op_rules(int id, const dt_op_call_t* call, const dt_op_info_t** info) {
+  const dt_op_info_t* in = dt__op_info(id);
+  *info = in;
+  if (in == NULL) return DT_FAIL(DT_ERR_INTERNAL, "op id %d out of range", id);
+  if (in->rules == NULL)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s is composed of other ops and has no sharding rules of "
+                   "its own (dtensor-explain op lists its pieces)", in->name);
+  int variadic = (in->flags & DT_OPF_VARIADIC) != 0;
+  if (variadic ? call->n_inputs > in->n_in : call->n_inputs != in->n_in)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %s%d tensor inputs, got %d", in->name,
+                   variadic ? "at most " : "", in->n_in, call->n_inputs);
+  return dt__op_check_counts(id, call->n_iargs, call->n_fargs);
+}
+
+static dt_status_t dt__expand(dt_mesh_t mesh, int id, const dt_op_call_t* call,
                               const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], int prune,
                               const double* bound,
                               void (*visit)(void* ctx, const dt_op_choice_t* c), void* ctx,
                               int* total) {
   *total = 0;
   DT_CHECK(dt__call_check(mesh, call, in_pl));
-  dt_op_rules_fn fn;
-  DT_CHECK(dt__op_get(call, &fn));
-  dt__op_check_fn check = dt__op_get_check(call->op);
+  const dt_op_info_t* info;
+  DT_CHECK(dt__op_rules(id, call, &info));
+  dt_op_rules_fn fn = info->rules;
+  dt_op_check_fn check = info->check;
   dt_op_rule_t rules[DT_OP_MAX_RULES];
   dt_op_choice_t c;
   memset(&c, 0, sizeof c);
@@ -261,14 +275,12 @@ static void dt__visit_best(void* ctx, const dt_op_choice_t* c) {
   }
 }
 
-dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
-                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
-  DT_ARG_NOT_NULL(out);
+dt_status_t dt__op_select(dt_mesh_t mesh, int id, const dt_op_call_t* call,
+                          const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
   memset(out, 0, sizeof *out);
   DT_CHECK(dt__call_check(mesh, call, in_pl));
-  DT_ARG_NOT_NULL(call->op);
   dt_prop_key_t key;
-  int keyed = dt__prop_key(mesh, call, in_pl, &key);
+  int keyed = dt__prop_key(mesh, id, call, in_pl, &key);
   if (keyed) {
     const dt_op_choice_t* hit = dt__prop_find(&key);
     if (hit != NULL) {
@@ -280,13 +292,23 @@ dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
   memset(&b, 0, sizeof b);
   b.bound = INFINITY;
   int total = 0;
-  DT_CHECK(dt__expand(mesh, call, in_pl, 1, &b.bound, dt__visit_best, &b, &total));
+  DT_CHECK(dt__expand(mesh, id, call, in_pl, 1, &b.bound, dt__visit_best, &b, &total));
   if (!b.have)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: no candidate strategy fits these inputs", call->op);
   *out = b.best;
   out->n_candidates = total;
   if (keyed) dt__prop_insert(&key, out);
   return DT_SUCCESS;
+}
+
+dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
+                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
+  DT_ARG_NOT_NULL(out);
+  memset(out, 0, sizeof *out);
+  DT_CHECK(dt__call_check(mesh, call, in_pl));
+  int id;
+  DT_CHECK(dt__op_resolve(call->op, &id));
+  return dt__op_select(mesh, id, call, in_pl, out);
 }
 
 typedef struct {
@@ -306,9 +328,12 @@ dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
   DT_ARG_NOT_NULL(n);
   *n = 0;
   if (cap > 0) DT_ARG_NOT_NULL(out);
+  DT_CHECK(dt__call_check(mesh, call, in_pl));
+  int id;
+  DT_CHECK(dt__op_resolve(call->op, &id));
   dt__list_t l = {out, cap < 0 ? 0 : cap, 0};
   int total = 0;
-  DT_CHECK(dt__expand(mesh, call, in_pl, 0, NULL, dt__visit_list, &l, &total));
+  DT_CHECK(dt__expand(mesh, id, call, in_pl, 0, NULL, dt__visit_list, &l, &total));
   *n = total;
   return DT_SUCCESS;
 }

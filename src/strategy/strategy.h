@@ -1,10 +1,70 @@
-/* strategy.h - internal interface of the strategy layer: built-in rule generators. */
+/* strategy.h - internal interface of the strategy layer: rule generators, selection, the op
+ * table's declarations (op.h) and the helpers kernels share with the generators. */
 #ifndef DT_STRATEGY_STRATEGY_H
 #define DT_STRATEGY_STRATEGY_H
 
 #include "dtensor/strategy.h"
 #include "redistribute/redistribute.h"
+#include "strategy/op.h"
 
+/* ---- rule generators named by the op table ------------------------------------------------- */
+#define DT__RULES(fn)                                                                      \
+  dt_status_t fn(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,         \
+                 dt_op_rule_t* rules, int cap, int* n)
+DT__RULES(dt__mm_rules);
+DT__RULES(dt__bmm_rules);
+DT__RULES(dt__mm_t_rules);
+DT__RULES(dt__addmm_rules);
+DT__RULES(dt__linear_rules);
+DT__RULES(dt__additive_rules);
+DT__RULES(dt__mult_rules);
+DT__RULES(dt__numerator_rules);
+DT__RULES(dt__max_rules);
+DT__RULES(dt__min_rules);
+DT__RULES(dt__nonlinear_rules);
+DT__RULES(dt__unary_linear_rules);
+DT__RULES(dt__add_scalar_rules);
+DT__RULES(dt__mul_scalar_rules);
+DT__RULES(dt__pow_rules);
+DT__RULES(dt__where_rules);
+DT__RULES(dt__masked_fill_rules);
+DT__RULES(dt__cast_rules);
+DT__RULES(dt__dropout_rules);
+DT__RULES(dt__sum_rules);
+DT__RULES(dt__mean_rules);
+DT__RULES(dt__amax_rules);
+DT__RULES(dt__amin_rules);
+DT__RULES(dt__softmax_rules);
+DT__RULES(dt__norm_rules);
+DT__RULES(dt__embedding_rules);
+DT__RULES(dt__gather_dim_rules);
+DT__RULES(dt__sdpa_rules);
+DT__RULES(dt__rotary_rules);
+DT__RULES(dt__reshape_rules);
+DT__RULES(dt__flatten_rules);
+DT__RULES(dt__unflatten_rules);
+DT__RULES(dt__squeeze_rules);
+DT__RULES(dt__unsqueeze_rules);
+DT__RULES(dt__permute_rules);
+DT__RULES(dt__transpose_rules);
+DT__RULES(dt__t_rules);
+DT__RULES(dt__slice_rules);
+DT__RULES(dt__narrow_rules);
+DT__RULES(dt__cat_rules);
+DT__RULES(dt__topk_rules);
+DT__RULES(dt__gather_rules);
+DT__RULES(dt__scatter_add_rules);
+DT__RULES(dt__act_grad_rules);
+DT__RULES(dt__norm_grad_rules);
+DT__RULES(dt__embedding_grad_rules);
+DT__RULES(dt__sdpa_grad_rules);
+#undef DT__RULES
+
+/* Per-mesh checks named by the op table. */
+int dt__view_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c);
+int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c);
+
+/* ---- building blocks of the generators ------------------------------------------------------ */
 /* Matmul family from an einsum equation ("mk,kn->mn"): batch dims S on every operand, free dims S
  * on their operand and R on the others, contracted dims give P(sum) from S on the operands; with
  * `bilinear`, a Partial (sum or avg) passes through one operand while the others are R. */
@@ -35,24 +95,9 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
 /* Which input dims a reduction reduces (bitmask) after validating the arguments. */
 dt_status_t dt__reduce_dims(const dt_op_call_t* call, unsigned* mask, int* keepdim);
 
-/* The permutation of permute/transpose/t (out dim i = in dim perm[i]), validated. */
-dt_status_t dt__view_perm(const dt_op_call_t* call, int* perm);
-
-/* The rule generator of call->op after checking its arity; DT_ERR_UNSUPPORTED when unknown. */
-dt_status_t dt__op_get(const dt_op_call_t* call, dt_op_rules_fn* rules);
-/* builtin (may be NULL): 1 when the kernel is the library's own, which writes every element of
- * its outputs (so dispatch can skip zero-filling them). */
-dt_status_t dt__op_get_kernel(const dt_op_call_t* call, dt_op_rules_fn* rules,
-                              dt_op_kernel_fn* kernel, int* builtin);
-/* Attaches a built-in kernel if the op has none yet (used by the ops layer). */
-dt_status_t dt__op_set_kernel(const char* name, dt_op_kernel_fn kernel);
-
-/* A built-in op's check of one expanded candidate on a concrete mesh: 0 drops it. Rules are written
- * for one mesh dim without its size; where exactness depends on how the chunk rule splits uneven
- * dims (a reshape moving a shard boundary, grouped-query heads), the check decides per mesh. */
-typedef int (*dt__op_check_fn)(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c);
-dt__op_check_fn dt__op_get_check(const char* name);
-dt_status_t dt__op_set_check(const char* name, dt__op_check_fn check);
+/* The permutation of permute/transpose/t (op id DT_OP_PERMUTE, _TRANSPOSE or _T; out dim i =
+ * in dim perm[i]), validated. */
+dt_status_t dt__view_perm(int op, const dt_op_call_t* call, int* perm);
 
 /* Group decomposition of a reshape: input dims [i0, i1) hold the same elements as output dims
  * [o0, o1). Returns the number of groups, -1 when the element counts differ. */
@@ -62,29 +107,26 @@ typedef struct dt_view_group {
 int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_group_t* g,
                     int cap);
 
-/* Frees the propagation cache (dt_finalize). */
-void dt__prop_cache_release(void);
-
-/* Registers the built-in ops once (called by the registry on first use). */
-void dt__ops_register_builtins(void);
-void dt__ops_register_shape(void); /* rules_shape.c */
-void dt__ops_register_nn(void);    /* rules_nn.c */
-void dt__ops_register_grad(void);  /* rules_grad.c */
-
 /* Activation kinds of act_grad (g * f'(x)); sigmoid and tanh take the forward OUTPUT as x. */
 enum { DT_ACT_RELU = 0, DT_ACT_SILU, DT_ACT_GELU, DT_ACT_SIGMOID_OUT, DT_ACT_TANH_OUT,
        DT_ACT_COUNT };
 
-/* Runs the rule generator of a registered op on a call (for generators built on others). */
-dt_status_t dt__op_rules_of(const char* name, const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
-                            dt_op_rule_t* rules, int cap, int* n);
-
-/* slice/narrow arguments normalized: elements start, start+step, ... (len of them) along dim. */
-dt_status_t dt__slice_args(const dt_op_call_t* call, int* dim, int64_t* start, int64_t* step,
-                           int64_t* len);
+/* slice (op DT_OP_SLICE: [dim, start, end(, step)], Python semantics) or narrow (DT_OP_NARROW:
+ * [dim, start, length]) normalized: elements start, start+step, ... (len of them) along dim. */
+dt_status_t dt__slice_args(int op, const dt_op_call_t* call, int* dim, int64_t* start,
+                           int64_t* step, int64_t* len);
 /* sdpa's layout from iargs [causal, layout]: the heads dim and the sequence dim of q, k, v. */
 dt_status_t dt__sdpa_layout(const dt_op_call_t* call, int* hd, int* sd);
 /* topk arguments validated: k, dim, largest. */
 dt_status_t dt__topk_args(const dt_op_call_t* call, int64_t* k, int* dim, int* largest);
+
+/* ---- registry and selection ----------------------------------------------------------------- */
+/* Checks n_iargs/n_fargs against op `id`'s schema (built-ins; host ops check their own). */
+dt_status_t dt__op_check_counts(int id, int n_iargs, int n_fargs);
+/* dt_op_select for a resolved op id (dispatch resolves the name once). */
+dt_status_t dt__op_select(dt_mesh_t mesh, int id, const dt_op_call_t* call,
+                          const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out);
+/* Frees the propagation cache (dt_finalize). */
+void dt__prop_cache_release(void);
 
 #endif

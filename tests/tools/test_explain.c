@@ -233,6 +233,12 @@ static void test_op_json(void** state) {
       "op mm --mesh 4 --shape 4x4 --shape 4x4 --in R --json",
       "op mm --mesh 2x2 --shape 4x4 --shape 4x4 --in R --in R --json",
       "op mm --mesh 4 --shape 4x4 --shape 4x4 --in R --in R --arg dim=x --json",
+      "op sum --mesh 4 --shape 4x4 --in R --arg axis=1 --json",      /* not in the schema */
+      "op softmax --mesh 4 --shape 4x4 --in R --json",               /* dim is required */
+      "op softmax --mesh 4 --shape 4x4 --in R --arg dim=1 --arg dim=0 --json", /* twice */
+      "op embedding --mesh 2 --shape 8x4 --shape 3 --in R --in R --dtype f32 --dtype i64 "
+      "--dtype i64 --json", /* three dtypes for two inputs */
+      "ops no_such_op --json",
       "op --mesh 4 --json",
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
@@ -251,7 +257,7 @@ static void test_op_json(void** state) {
 static void test_op_shape_and_multi_output(void** state) {
   (void)state;
   int status;
-  char* out = run("op reshape --mesh 2x2 --shape 4x6x8 --in S0,S2 --arg a=24 --arg b=8 --json",
+  char* out = run("op reshape --mesh 2x2 --shape 4x6x8 --in S0,S2 --arg shape=24,8 --json",
                   &status);
   assert_int_equal(status, 0);
   cJSON* o = cJSON_Parse(out);
@@ -286,11 +292,89 @@ static void test_op_shape_and_multi_output(void** state) {
   cJSON_Delete(o);
   free(out);
 
-  out = run("op view --mesh 2 --shape 4x6 --in S0 --arg a=5 --arg b=5 --json", &status);
+  out = run("op view --mesh 2 --shape 4x6 --in S0 --arg shape=5,5 --json", &status);
   assert_int_not_equal(status, 0);
   o = cJSON_Parse(out);
   assert_non_null(o);
   assert_non_null(strstr(cJSON_GetObjectItem(o, "error")->valuestring, "view"));
+  cJSON_Delete(o);
+  free(out);
+}
+
+/* Named arguments follow the schema: sum's dim=1 reduces only dim 1 (it used to be read as
+ * keepdim=1 and reduce everything); per-input dtypes; `ops` lists every op with its arguments. */
+static void test_named_args_and_listing(void** state) {
+  (void)state;
+  int status;
+  char* out = run("op sum --mesh 4 --shape 8x6 --in S0 --arg dim=1 --json", &status);
+  assert_int_equal(status, 0);
+  cJSON* o = cJSON_Parse(out);
+  assert_non_null(o);
+  cJSON* shp = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "shape");
+  assert_int_equal(cJSON_GetArraySize(shp), 1);
+  assert_int_equal(cJSON_GetArrayItem(shp, 0)->valueint, 8);
+  cJSON* pl = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "placements");
+  assert_string_equal(cJSON_GetArrayItem(pl, 0)->valuestring, "S(0)"); /* rows stay sharded */
+  cJSON_Delete(o);
+  free(out);
+  out = run("op sum --mesh 4 --shape 8x6 --in S0 --arg keepdim=1 --arg dim=0,1 --json", &status);
+  assert_int_equal(status, 0);
+  o = cJSON_Parse(out);
+  shp = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "shape");
+  assert_int_equal(cJSON_GetArraySize(shp), 2);
+  assert_int_equal(cJSON_GetArrayItem(shp, 0)->valueint, 1);
+  pl = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "placements");
+  assert_string_equal(cJSON_GetArrayItem(pl, 0)->valuestring, "P(sum)");
+  cJSON_Delete(o);
+  free(out);
+  /* a vocabulary-sharded embedding with i64 indices: P(sum), nothing moves */
+  out = run("op embedding --mesh 2 --shape 16x4 --shape 3x5 --in S0 --in R --dtype f32 "
+            "--dtype i64 --json", &status);
+  assert_int_equal(status, 0);
+  o = cJSON_Parse(out);
+  pl = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "placements");
+  assert_string_equal(cJSON_GetArrayItem(pl, 0)->valuestring, "P(sum)");
+  assert_true(cJSON_GetObjectItem(o, "cost_us")->valuedouble == 0.0);
+  cJSON_Delete(o);
+  free(out);
+  out = run("op sum --mesh 4 --shape 8x6 --in S0 --arg axis=1 --json", &status);
+  assert_int_not_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_non_null(strstr(cJSON_GetObjectItem(o, "error")->valuestring, "keepdim, dim"));
+  cJSON_Delete(o);
+  free(out);
+  /* the listing: every op of the library, with its arguments */
+  out = run("ops --json", &status);
+  assert_int_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_true(cJSON_IsArray(o));
+  int n;
+  assert_int_equal(dt_op_count(&n), DT_SUCCESS);
+  assert_int_equal(cJSON_GetArraySize(o), n);
+  int seen_ce = 0;
+  cJSON* it;
+  cJSON_ArrayForEach(it, o) {
+    const char* name = cJSON_GetObjectItem(it, "name")->valuestring;
+    dt_op_desc_t d;
+    assert_int_equal(dt_op_describe(name, &d), DT_SUCCESS);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(it, "args")), d.n_args);
+    if (strcmp(name, "cross_entropy") == 0) {
+      seen_ce = 1;
+      assert_true(cJSON_IsTrue(cJSON_GetObjectItem(it, "composite")));
+    }
+  }
+  assert_true(seen_ce);
+  cJSON_Delete(o);
+  free(out);
+  out = run("ops rotary --json", &status);
+  assert_int_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_int_equal(cJSON_GetArraySize(o), 1);
+  cJSON* args = cJSON_GetObjectItem(cJSON_GetArrayItem(o, 0), "args");
+  assert_int_equal(cJSON_GetArraySize(args), 3);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(args, 2), "name")->valuestring,
+                      "theta");
+  assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(args, 2), "default")->valuedouble == 10000);
   cJSON_Delete(o);
   free(out);
 }
@@ -304,6 +388,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_json_plans), cmocka_unit_test(test_example_json_shape),
       cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output),
-      cmocka_unit_test(test_op_json), cmocka_unit_test(test_op_shape_and_multi_output)};
+      cmocka_unit_test(test_op_json), cmocka_unit_test(test_op_shape_and_multi_output),
+      cmocka_unit_test(test_named_args_and_listing)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,56 @@
+/* dtensor/backend.h - where tensor data lives and which code computes on it.
+ *
+ * A device type names a kind of memory and the kernels that run on it; every op has one kernel
+ * slot per device type. A backend is one implementation of memory and compute for a device type:
+ *   cpu      host memory through the storage pool, OpenBLAS GEMM and the library's kernels;
+ *   guarded  host memory for tests: every allocation sits between guard regions, freed memory is
+ *            poisoned and quarantined, every copy, fill and GEMM operand is bounds-checked
+ *            against its block, outputs are poisoned before a kernel writes them, and guard
+ *            regions are checked after every kernel (dt_backend_verify reports any damage).
+ * Backends are process-wide objects owned by the library (never destroyed by the caller).
+ *
+ * Each mesh has a backend (dt_mesh_set_backend); tensors created on the mesh allocate from it, and
+ * ops run on their inputs' backend. New meshes take the default backend: the cpu backend, or the
+ * one named by $DTENSOR_BACKEND ("cpu" or "guarded"), or the one set by dt_backend_set_default.
+ */
+#ifndef DTENSOR_BACKEND_H
+#define DTENSOR_BACKEND_H
+
+#include "dtensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_device {
+  DT_DEVICE_HOST = 0, /* ordinary process memory */
+  DT_DEVICE_CUDA = 1, /* CUDA device memory */
+  DT_DEVICE_COUNT
+} dt_device_t;
+
+/* "host", "cuda"; "invalid" out of range. */
+DT_API const char* dt_device_name(dt_device_t device);
+
+typedef struct dt_backend* dt_backend_t;
+
+/* The backend called `name` ("cpu", "guarded"); DT_ERR_UNSUPPORTED when none exists. */
+DT_API dt_status_t dt_backend_get(const char* name, dt_backend_t* out);
+/* The backend new meshes take. */
+DT_API dt_status_t dt_backend_default(dt_backend_t* out);
+DT_API dt_status_t dt_backend_set_default(dt_backend_t backend);
+/* Name ("cpu") and device type of a backend. */
+DT_API const char* dt_backend_name(dt_backend_t backend);
+DT_API dt_status_t dt_backend_device(dt_backend_t backend, dt_device_t* device);
+/* Checks the backend's own consistency: for the guarded backend, every live block's guard
+ * regions and every quarantined block's poison. DT_ERR_INTERNAL with the first damaged block
+ * (its size and the offset of the first bad byte) when something wrote where it must not; the
+ * count of problems found so far goes to *n_errors (may be NULL). A no-op for the cpu backend. */
+DT_API dt_status_t dt_backend_verify(dt_backend_t backend, int64_t* n_errors);
+/* Bytes the backend currently holds for live tensors and workspace, and the blocks behind them
+ * (allocation counting; cached pool blocks are not included). */
+DT_API dt_status_t dt_backend_memory(dt_backend_t backend, int64_t* nbytes, int64_t* blocks);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_BACKEND_H */

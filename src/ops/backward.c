@@ -1,0 +1,690 @@
+/* backward.c - backward rules, one per differentiable op (named by the op table), each built from
+ * registry ops so the backward goes through the same strategy selection and redistribution as the
+ * forward. A rule sees the forward's inputs and outputs through a dt_grad_ctx_t, not the tape.
+ *
+ * g is the output gradient. Broadcast inputs get the gradient summed over their broadcast dims.
+ *   add/sub: g, +-g          mul: g b, g a           div: g / b, -(g / b) out
+ *   mm: g b^T, a^T g         bmm: per batch          linear: g w, g^T x, sum_rows g
+ *   exp: g out  log: g / x  sqrt: g / (2 out)  rsqrt: -g out^3 / 2  pow: g p x^(p-1)
+ *   relu/silu/gelu/sigmoid/tanh: act_grad          softmax: out (g - sum(g out))
+ *   log_softmax: g - exp(out) sum(g)               sum/mean: g expanded (/ count)
+ *   rms_norm/layer_norm: *_norm_grad               embedding: embedding_grad
+ *   views: g reshaped back  permute: inverse      cat: narrow pieces
+ *   rotary: inverse rotation                       sdpa: sdpa_grad (recomputes attention)
+ *   dropout: the same mask (same seed, same global indices)
+ *   gather: scatter_add into zeros  scatter_add: g, gather(g)  topk: scatter of g into zeros
+ *   cross_entropy: (softmax(logits) - onehot) scaled by g (mean: g / N; sum: g; none: g per row),
+ *                  computed class-sharded
+ *   redistribute: back to the source placements, Partial -> Replicate
+ */
+#include <math.h>
+
+#include "ops/ops.h"
+
+/* A scope of temporaries freed together. */
+typedef struct {
+  dt_tensor_t t[16];
+  int n;
+} dt__scope_t;
+
+static dt_tensor_t dt__keep(dt__scope_t* s, dt_tensor_t t) {
+  if (s->n < 16) s->t[s->n++] = t;
+  return t;
+}
+static void dt__scope_free(dt__scope_t* s) {
+  for (int i = 0; i < s->n; i++) dt_tensor_destroy(s->t[i]);
+  s->n = 0;
+}
+
+static dt_status_t dt__scale(dt_tensor_t a, double s, dt_tensor_t* out) {
+  return dt__opa(DT_OP_MUL_SCALAR, 1, &a, 0, NULL, 1, &s, out);
+}
+static dt_status_t dt__reshape(dt_tensor_t a, int nd, const int64_t* shape, dt_tensor_t* out) {
+  return dt__opa(DT_OP_RESHAPE, 1, &a, nd, shape, 0, NULL, out);
+}
+static dt_status_t dt__clone(dt_tensor_t a, dt_tensor_t* out) {
+  return dt__reshape(a, a->layout.ndim, a->layout.shape, out);
+}
+static dt_status_t dt__zeros_like(dt_tensor_t x, dt_tensor_t* out) {
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) pl[i] = dt_replicate();
+  return dt_tensor_zeros(x->mesh, x->dtype, x->layout.ndim, x->layout.shape, pl, out);
+}
+
+/* g summed down to `x`'s shape (numpy broadcasting undone); a new tensor. */
+static dt_status_t dt__unbroadcast(dt_tensor_t g, dt_tensor_t x, dt_tensor_t* out) {
+  int gd = g->layout.ndim, xd = x->layout.ndim, off = gd - xd;
+  int64_t args[1 + DT_MAX_DIMS];
+  int na = 1;
+  args[0] = 1; /* keepdim */
+  for (int d = 0; d < gd; d++)
+    if (d < off || (x->layout.shape[d - off] == 1 && g->layout.shape[d] != 1)) args[na++] = d;
+  if (na == 1) return dt__clone(g, out);
+  dt_tensor_t s;
+  DT_CHECK(dt__opa(DT_OP_SUM, 1, &g, na, args, 0, NULL, &s));
+  dt_status_t st = dt__reshape(s, xd, x->layout.shape, out);
+  dt_tensor_destroy(s);
+  return st;
+}
+
+/* The dims a reduction reduced (its iargs against its input's shape). */
+static dt_status_t dt__reduced(const dt_grad_ctx_t* c, unsigned* mask) {
+  dt_op_call_t call;
+  memset(&call, 0, sizeof call);
+  dt_tensor_t x = c->in[0];
+  call.op = dt__op_info(c->op)->name;
+  call.n_inputs = 1;
+  call.in[0].ndim = x->layout.ndim;
+  memcpy(call.in[0].shape, x->layout.shape, sizeof call.in[0].shape);
+  call.n_iargs = c->n_iargs;
+  memcpy(call.iargs, c->iargs, sizeof(int64_t) * (size_t)c->n_iargs);
+  int keep;
+  return dt__reduce_dims(&call, mask, &keep);
+}
+
+/* Gradient of a reduction: g brought back to x's shape (dims reduced without keepdim put back). */
+static dt_status_t dt__expand_back(const dt_grad_ctx_t* c, dt_tensor_t g, double scale,
+                                   dt_tensor_t* out) {
+  dt_tensor_t x = c->in[0];
+  unsigned mask;
+  DT_CHECK(dt__reduced(c, &mask));
+  int64_t kshape[DT_MAX_DIMS];
+  for (int d = 0; d < x->layout.ndim; d++)
+    kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
+  dt__scope_t s = {0};
+  dt_tensor_t gk, z, sc;
+  dt_status_t st = dt__reshape(g, x->layout.ndim, kshape, &gk);
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, gk);
+    st = dt__zeros_like(x, &z);
+  }
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, z);
+    if (scale != 1.0) {
+      st = dt__scale(gk, scale, &sc);
+      if (st == DT_SUCCESS) gk = dt__keep(&s, sc);
+    }
+  }
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_ADD, z, gk, out);
+  dt__scope_free(&s);
+  return st;
+}
+
+static int64_t dt__numel_of(dt_tensor_t t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->layout.ndim; d++) n *= t->layout.shape[d];
+  return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the rules: c->in[t] and c->out[o] are the forward's values, gout[0] the output gradient */
+
+/* comparisons are piecewise constant: no gradient flows */
+dt_status_t dt__bw_none(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  (void)c;
+  (void)gout;
+  (void)gin;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__add_sub(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin,
+                               int sub) {
+  for (int t = 0; t < 2; t++) {
+    if (!c->needs[t]) continue;
+    dt_tensor_t u;
+    DT_CHECK(dt__unbroadcast(gout[0], c->in[t], &u));
+    if (sub && t == 1) {
+      dt_status_t st = dt__op1(DT_OP_NEG, u, &gin[t]);
+      dt_tensor_destroy(u);
+      DT_CHECK(st);
+    } else {
+      gin[t] = u;
+    }
+  }
+  return DT_SUCCESS;
+}
+dt_status_t dt__bw_add(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__add_sub(c, gout, gin, 0);
+}
+dt_status_t dt__bw_sub(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__add_sub(c, gout, gin, 1);
+}
+
+dt_status_t dt__bw_mul(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  for (int t = 0; t < 2; t++) {
+    if (!c->needs[t]) continue;
+    dt_tensor_t p;
+    DT_CHECK(dt__op2(DT_OP_MUL, gout[0], c->in[1 - t], &p));
+    dt_status_t st = dt__unbroadcast(p, c->in[t], &gin[t]);
+    dt_tensor_destroy(p);
+    DT_CHECK(st);
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__bw_div(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt__scope_t s = {0};
+  dt_tensor_t q, p, m;
+  dt_status_t st = dt__op2(DT_OP_DIV, gout[0], c->in[1], &q);
+  if (st != DT_SUCCESS) return st;
+  dt__keep(&s, q);
+  if (c->needs[0]) st = dt__unbroadcast(q, c->in[0], &gin[0]);
+  if (st == DT_SUCCESS && c->needs[1]) {
+    st = dt__op2(DT_OP_MUL, q, c->out[0], &p);
+    if (st == DT_SUCCESS) {
+      dt__keep(&s, p);
+      st = dt__op1(DT_OP_NEG, p, &m);
+    }
+    if (st == DT_SUCCESS) {
+      dt__keep(&s, m);
+      st = dt__unbroadcast(m, c->in[1], &gin[1]);
+    }
+  }
+  dt__scope_free(&s);
+  return st;
+}
+
+dt_status_t dt__bw_neg(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  (void)c;
+  return dt__op1(DT_OP_NEG, gout[0], &gin[0]);
+}
+dt_status_t dt__bw_mul_scalar(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__scale(gout[0], c->fargs[0], &gin[0]);
+}
+dt_status_t dt__bw_add_scalar(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  (void)c;
+  gin[0] = gout[0];
+  gout[0] = NULL; /* taken over */
+  return DT_SUCCESS;
+}
+dt_status_t dt__bw_exp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__op2(DT_OP_MUL, gout[0], c->out[0], &gin[0]);
+}
+dt_status_t dt__bw_log(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__op2(DT_OP_DIV, gout[0], c->in[0], &gin[0]);
+}
+dt_status_t dt__bw_sqrt(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t a;
+  DT_CHECK(dt__op2(DT_OP_DIV, gout[0], c->out[0], &a));
+  dt_status_t st = dt__scale(a, 0.5, &gin[0]);
+  dt_tensor_destroy(a);
+  return st;
+}
+
+/* g * k * base^e: rsqrt (base = out, e = 3, k = -0.5) and pow (base = x, e = p - 1, k = p) */
+static dt_status_t dt__power_grad(dt_tensor_t g, dt_tensor_t base, double e, double k,
+                                  dt_tensor_t* gin) {
+  dt__scope_t s = {0};
+  dt_tensor_t a, b;
+  dt_status_t st = dt__opa(DT_OP_POW, 1, &base, 0, NULL, 1, &e, &a);
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, a);
+    st = dt__scale(a, k, &b);
+  }
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, b);
+    st = dt__op2(DT_OP_MUL, g, b, gin);
+  }
+  dt__scope_free(&s);
+  return st;
+}
+dt_status_t dt__bw_rsqrt(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__power_grad(gout[0], c->out[0], 3.0, -0.5, &gin[0]);
+}
+dt_status_t dt__bw_pow(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__power_grad(gout[0], c->in[0], c->fargs[0] - 1.0, c->fargs[0], &gin[0]);
+}
+
+/* g * f'(x) by the fused act_grad op; sigmoid and tanh read their output */
+static dt_status_t dt__act(dt_tensor_t g, dt_tensor_t x, int64_t kind, dt_tensor_t* gin) {
+  dt_tensor_t in[2] = {g, x};
+  return dt__opa(DT_OP_ACT_GRAD, 2, in, 1, &kind, 0, NULL, gin);
+}
+dt_status_t dt__bw_relu(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__act(gout[0], c->in[0], DT_ACT_RELU, &gin[0]);
+}
+dt_status_t dt__bw_silu(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__act(gout[0], c->in[0], DT_ACT_SILU, &gin[0]);
+}
+dt_status_t dt__bw_gelu(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__act(gout[0], c->in[0], DT_ACT_GELU, &gin[0]);
+}
+dt_status_t dt__bw_sigmoid(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__act(gout[0], c->out[0], DT_ACT_SIGMOID_OUT, &gin[0]);
+}
+dt_status_t dt__bw_tanh(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__act(gout[0], c->out[0], DT_ACT_TANH_OUT, &gin[0]);
+}
+
+/* mm: a g b^T, a^T g with no transposed copies (linear_nobias computes g b^T, mm_t a^T g) */
+dt_status_t dt__bw_mm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (c->needs[0]) DT_CHECK(dt__op2(DT_OP_LINEAR_NOBIAS, gout[0], c->in[1], &gin[0]));
+  if (c->needs[1]) DT_CHECK(dt__op2(DT_OP_MM_T, c->in[0], gout[0], &gin[1]));
+  return DT_SUCCESS;
+}
+/* mm_t: out = a^T b; d a = b g^T = linear(b, g), d b = a g */
+dt_status_t dt__bw_mm_t(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (c->needs[0]) DT_CHECK(dt__op2(DT_OP_LINEAR_NOBIAS, c->in[1], gout[0], &gin[0]));
+  if (c->needs[1]) DT_CHECK(dt__op2(DT_OP_MM, c->in[0], gout[0], &gin[1]));
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__bw_bmm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const int64_t tdims[2] = {1, 2};
+  for (int k = 0; k < 2; k++) {
+    if (!c->needs[k]) continue;
+    dt_tensor_t other = c->in[1 - k], t;
+    DT_CHECK(dt__opa(DT_OP_TRANSPOSE, 1, &other, 2, tdims, 0, NULL, &t));
+    dt_status_t st = k == 0 ? dt__op2(DT_OP_BMM, gout[0], t, &gin[0])  /* g b^T */
+                            : dt__op2(DT_OP_BMM, t, gout[0], &gin[1]); /* a^T g */
+    dt_tensor_destroy(t);
+    DT_CHECK(st);
+  }
+  return DT_SUCCESS;
+}
+
+/* linear: y (N, O) = x (N, K) w^T (w (O, K)) + b */
+dt_status_t dt__bw_linear(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (c->needs[0]) DT_CHECK(dt__op2(DT_OP_MM, gout[0], c->in[1], &gin[0]));
+  if (c->needs[1]) DT_CHECK(dt__op2(DT_OP_MM_T, gout[0], c->in[0], &gin[1])); /* g^T x */
+  if (c->n_in == 3 && c->needs[2]) {
+    const int64_t a[2] = {0, 0};
+    DT_CHECK(dt__opa(DT_OP_SUM, 1, &gout[0], 2, a, 0, NULL, &gin[2]));
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__bw_addmm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  double beta = c->n_fargs > 0 ? c->fargs[0] : 1.0, alpha = c->n_fargs > 1 ? c->fargs[1] : 1.0;
+  dt_tensor_t t, p;
+  if (c->needs[0]) {
+    DT_CHECK(dt__unbroadcast(gout[0], c->in[0], &p));
+    dt_status_t st = dt__scale(p, beta, &gin[0]);
+    dt_tensor_destroy(p);
+    DT_CHECK(st);
+  }
+  for (int k = 1; k <= 2; k++) {
+    if (!c->needs[k]) continue;
+    DT_CHECK(dt__op1(DT_OP_T, c->in[k == 1 ? 2 : 1], &t));
+    dt_status_t st = k == 1 ? dt__op2(DT_OP_MM, gout[0], t, &p) : dt__op2(DT_OP_MM, t, gout[0], &p);
+    dt_tensor_destroy(t);
+    DT_CHECK(st);
+    st = dt__scale(p, alpha, &gin[k]);
+    dt_tensor_destroy(p);
+    DT_CHECK(st);
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__bw_sum(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__expand_back(c, gout[0], 1.0, &gin[0]);
+}
+dt_status_t dt__bw_mean(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  int64_t in_n = dt__numel_of(c->in[0]), out_n = dt__numel_of(c->out[0]);
+  return dt__expand_back(c, gout[0], in_n > 0 ? (double)out_n / (double)in_n : 0.0, &gin[0]);
+}
+
+dt_status_t dt__bw_softmax(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const int64_t a[2] = {1, c->iargs[0]};
+  dt__scope_t s = {0};
+  dt_tensor_t p, r, d;
+  dt_status_t st = dt__op2(DT_OP_MUL, gout[0], c->out[0], &p);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUM, 1, (dt__keep(&s, p), &p), 2, a, 0, NULL, &r);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, gout[0], dt__keep(&s, r), &d);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, c->out[0], dt__keep(&s, d), &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+
+dt_status_t dt__bw_log_softmax(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const int64_t a[2] = {1, c->iargs[0]};
+  dt__scope_t s = {0};
+  dt_tensor_t p, r, e;
+  dt_status_t st = dt__opa(DT_OP_SUM, 1, &gout[0], 2, a, 0, NULL, &r);
+  if (st == DT_SUCCESS) st = dt__op1(DT_OP_EXP, c->out[0], (dt__keep(&s, r), &e));
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, dt__keep(&s, e), r, &p);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, gout[0], dt__keep(&s, p), &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+
+static dt_status_t dt__norm_bw(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin,
+                               int layer) {
+  dt_tensor_t in[3] = {gout[0], c->in[0], c->in[1]}, outs[2] = {NULL, NULL};
+  DT_CHECK(dt__op_apply(layer ? DT_OP_LAYER_NORM_GRAD : DT_OP_RMS_NORM_GRAD, 3, in, 0, NULL,
+                        c->n_fargs, c->fargs, 2, outs, NULL));
+  gin[0] = outs[0];
+  gin[1] = outs[1];
+  if (layer && c->needs[2]) {
+    int nd = c->in[0]->layout.ndim;
+    int64_t a[DT_MAX_DIMS + 1];
+    a[0] = 0;
+    for (int d = 0; d + 1 < nd; d++) a[1 + d] = d;
+    if (nd == 1) return dt__clone(gout[0], &gin[2]);
+    DT_CHECK(dt__opa(DT_OP_SUM, 1, &gout[0], nd, a, 0, NULL, &gin[2]));
+  }
+  return DT_SUCCESS;
+}
+dt_status_t dt__bw_rms_norm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__norm_bw(c, gout, gin, 0);
+}
+dt_status_t dt__bw_layer_norm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__norm_bw(c, gout, gin, 1);
+}
+
+dt_status_t dt__bw_embedding(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  int64_t V = c->in[0]->layout.shape[0];
+  dt_tensor_t in[2] = {gout[0], c->in[1]};
+  return dt__opa(DT_OP_EMBEDDING_GRAD, 2, in, 1, &V, 0, NULL, &gin[0]);
+}
+
+dt_status_t dt__bw_view(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__reshape(gout[0], c->in[0]->layout.ndim, c->in[0]->layout.shape, &gin[0]);
+}
+
+dt_status_t dt__bw_permute(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  int nd = c->in[0]->layout.ndim;
+  int64_t inv[DT_MAX_DIMS];
+  for (int i = 0; i < nd; i++) {
+    int64_t p = c->iargs[i] < 0 ? c->iargs[i] + nd : c->iargs[i];
+    inv[p] = i;
+  }
+  return dt__opa(DT_OP_PERMUTE, 1, &gout[0], nd, inv, 0, NULL, &gin[0]);
+}
+/* t and transpose are their own inverse */
+dt_status_t dt__bw_transpose(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__opa(DT_OP_TRANSPOSE, 1, &gout[0], c->n_iargs, c->iargs, 0, NULL, &gin[0]);
+}
+dt_status_t dt__bw_t(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  (void)c;
+  return dt__op1(DT_OP_T, gout[0], &gin[0]);
+}
+
+dt_status_t dt__bw_cat(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  int nd = c->out[0]->layout.ndim;
+  int64_t dim = c->iargs[0] < 0 ? c->iargs[0] + nd : c->iargs[0], at = 0;
+  for (int t = 0; t < c->n_in; t++) {
+    int64_t len = c->in[t]->layout.shape[dim];
+    if (c->needs[t]) {
+      const int64_t a[3] = {dim, at, len};
+      DT_CHECK(dt__opa(DT_OP_NARROW, 1, &gout[0], 3, a, 0, NULL, &gin[t]));
+    }
+    at += len;
+  }
+  return DT_SUCCESS;
+}
+
+/* narrow / slice: g placed between zero blocks along the cut dim (a cat); a strided slice
+ * scatters g into zeros at start + j * step */
+dt_status_t dt__bw_slice(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_op_call_t call;
+  memset(&call, 0, sizeof call);
+  dt_tensor_t x = c->in[0], g = gout[0];
+  call.op = dt__op_info(c->op)->name;
+  call.n_inputs = 1;
+  call.in[0].dtype = x->dtype;
+  call.in[0].ndim = x->layout.ndim;
+  memcpy(call.in[0].shape, x->layout.shape, sizeof call.in[0].shape);
+  call.n_iargs = c->n_iargs;
+  memcpy(call.iargs, c->iargs, sizeof(int64_t) * (size_t)c->n_iargs);
+  int dim;
+  int64_t start, step, len;
+  DT_CHECK(dt__slice_args(c->op, &call, &dim, &start, &step, &len));
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  if (step != 1 && len > 1) {
+    int nd = g->layout.ndim;
+    int64_t total = dt__numel_of(g), inner = 1;
+    for (int d2 = dim + 1; d2 < nd; d2++) inner *= g->layout.shape[d2];
+    int64_t* idx = (int64_t*)dt__malloc(sizeof(int64_t) * (size_t)(total ? total : 1));
+    if (idx == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "slice backward indices");
+    for (int64_t i = 0; i < total; i++) idx[i] = start + ((i / inner) % len) * step;
+    dt_tensor_t it, z;
+    dt_status_t st = dt_tensor_from_full(x->mesh, DT_I64, nd, g->layout.shape, rep, idx, &it);
+    dt__free(idx);
+    if (st != DT_SUCCESS) return st;
+    st = dt__zeros_like(x, &z);
+    if (st == DT_SUCCESS) {
+      dt_tensor_t in[3] = {z, it, g};
+      const int64_t d1[1] = {dim};
+      st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, d1, 0, NULL, &gin[0]);
+      dt_tensor_destroy(z);
+    }
+    dt_tensor_destroy(it);
+    return st;
+  }
+  dt__scope_t s = {0};
+  dt_tensor_t parts[3];
+  int np = 0;
+  int64_t before = start, after = x->layout.shape[dim] - start - len, shp[DT_MAX_DIMS];
+  memcpy(shp, x->layout.shape, sizeof shp);
+  dt_status_t st = DT_SUCCESS;
+  if (before > 0) {
+    shp[dim] = before;
+    st = dt_tensor_zeros(x->mesh, g->dtype, x->layout.ndim, shp, rep, &parts[np]);
+    if (st == DT_SUCCESS) dt__keep(&s, parts[np++]);
+  }
+  parts[np++] = g;
+  if (st == DT_SUCCESS && after > 0) {
+    shp[dim] = after;
+    st = dt_tensor_zeros(x->mesh, g->dtype, x->layout.ndim, shp, rep, &parts[np]);
+    if (st == DT_SUCCESS) dt__keep(&s, parts[np++]);
+  }
+  const int64_t d[1] = {dim};
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_CAT, np, parts, 1, d, 0, NULL, &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+
+dt_status_t dt__bw_rotary(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const int64_t a[2] = {c->n_iargs ? c->iargs[0] : 1, c->n_iargs > 1 && c->iargs[1] ? 0 : 1};
+  return dt__opa(DT_OP_ROTARY, 1, &gout[0], 2, a, c->n_fargs, c->fargs, &gin[0]);
+}
+
+dt_status_t dt__bw_sdpa(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t in[4] = {c->in[0], c->in[1], c->in[2], gout[0]};
+  return dt__op_apply(DT_OP_SDPA_GRAD, 4, in, c->n_iargs, c->iargs, c->n_fargs, c->fargs, 3, gin,
+                      NULL);
+}
+
+dt_status_t dt__bw_dropout(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__opa(DT_OP_DROPOUT, 1, &gout[0], c->n_iargs, c->iargs, c->n_fargs, c->fargs,
+                 &gin[0]);
+}
+
+dt_status_t dt__bw_cast(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (!dt__dtype_is_float(c->in[0]->dtype)) return DT_SUCCESS;
+  int64_t dt = c->in[0]->dtype;
+  return dt__opa(DT_OP_CAST, 1, &gout[0], 1, &dt, 0, NULL, &gin[0]);
+}
+
+dt_status_t dt__bw_gather(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t z;
+  DT_CHECK(dt__zeros_like(c->in[0], &z));
+  dt_tensor_t in[3] = {z, c->in[1], gout[0]};
+  dt_status_t st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, c->iargs, 0, NULL, &gin[0]);
+  dt_tensor_destroy(z);
+  return st;
+}
+
+dt_status_t dt__bw_scatter_add(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (c->needs[2]) {
+    dt_tensor_t in[2] = {gout[0], c->in[1]};
+    DT_CHECK(dt__opa(DT_OP_GATHER, 2, in, 1, c->iargs, 0, NULL, &gin[2]));
+  }
+  if (c->needs[0]) {
+    gin[0] = gout[0];
+    gout[0] = NULL;
+  }
+  return DT_SUCCESS;
+}
+
+/* topk: the values' gradient scattered into zeros at the indices (the indices have none) */
+dt_status_t dt__bw_topk(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (gout[0] == NULL) return DT_SUCCESS;
+  dt_tensor_t z;
+  DT_CHECK(dt__zeros_like(c->in[0], &z));
+  const int64_t dim[1] = {c->iargs[1]};
+  dt_tensor_t in[3] = {z, c->out[1], gout[0]};
+  dt_status_t st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, dim, 0, NULL, &gin[0]);
+  dt_tensor_destroy(z);
+  return st;
+}
+
+/* cross-entropy: d logits = (softmax(logits) - onehot(targets)) times the upstream gradient of
+ * each row: g / N for mean, g for sum, g[i] for per-row losses; softmax = exp(x - lse) with the
+ * row logsumexp saved by the forward pass; computed class-sharded */
+dt_status_t dt__bw_cross_entropy(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t x = c->in[0], tg = c->in[1], lse = c->saved;
+  if (lse == NULL) return DT_FAIL(DT_ERR_INTERNAL, "cross_entropy node without its logsumexp");
+  int64_t N = x->layout.shape[0], red = c->n_iargs ? c->iargs[0] : DT_LOSS_MEAN;
+  dt__scope_t s = {0};
+  dt_tensor_t z, p, idx, neg, oh, gs;
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  const int64_t col[2] = {N, 1};
+  dt_status_t st = dt__op2(DT_OP_SUB, x, lse, &z);
+  if (st == DT_SUCCESS) st = dt__op1(DT_OP_EXP, dt__keep(&s, z), &p);
+  if (st == DT_SUCCESS) st = dt__reshape(tg, 2, col, (dt__keep(&s, p), &idx));
+  if (st == DT_SUCCESS)
+    st = dt_tensor_full_value(x->mesh, x->dtype, 2, col, rep, -1.0, (dt__keep(&s, idx), &neg));
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, neg);
+    dt_tensor_t in[3] = {p, idx, neg};
+    const int64_t one[1] = {1};
+    st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, one, 0, NULL, &oh);
+  }
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, oh);
+    if (red == DT_LOSS_NONE) /* per-row upstream gradients as a column */
+      st = dt__reshape(gout[0], 2, col, &gs);
+    else /* a scalar: scale it first, then one pass over the logits */
+      st = dt__scale(gout[0], red == DT_LOSS_MEAN ? (N > 0 ? 1.0 / (double)N : 0.0) : 1.0, &gs);
+  }
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, oh, dt__keep(&s, gs), &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+
+/* redistribute: back to the source placements, a source Partial becoming Replicate */
+dt_status_t dt__bw_redistribute(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_placement_t back[DT_MAX_MESH_DIMS];
+  const dt_placement_t* src = c->in[0]->layout.pl;
+  for (int i = 0; i < c->in[0]->mesh->ndim; i++)
+    back[i] = src[i].kind == DT_PARTIAL ? dt_replicate() : src[i];
+  return dt_tensor_redistribute(gout[0], back, &gin[0]);
+}
+
+/* amax/amin: the gradient goes to the positions holding the extreme value, split evenly among
+ * ties (as PyTorch). */
+static dt_status_t dt__extreme_bw(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t x = c->in[0];
+  unsigned mask;
+  DT_CHECK(dt__reduced(c, &mask));
+  int64_t kshape[DT_MAX_DIMS], args[1 + DT_MAX_DIMS];
+  int na = 1;
+  args[0] = 1;
+  for (int d = 0; d < x->layout.ndim; d++) {
+    kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
+    if (mask & (1u << d)) args[na++] = d;
+  }
+  dt__scope_t s = {0};
+  dt_tensor_t ok, gk, m, cnt, w;
+  dt_status_t st = dt__reshape(c->out[0], x->layout.ndim, kshape, &ok);
+  if (st == DT_SUCCESS) st = dt__reshape(gout[0], x->layout.ndim, kshape, (dt__keep(&s, ok), &gk));
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_EQ, x, ok, (dt__keep(&s, gk), &m));
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUM, 1, (dt__keep(&s, m), &m), na, args, 0, NULL, &cnt);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, gk, dt__keep(&s, cnt), &w);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, m, dt__keep(&s, w), &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+dt_status_t dt__bw_amax(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__extreme_bw(c, gout, gin);
+}
+dt_status_t dt__bw_amin(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__extreme_bw(c, gout, gin);
+}
+
+/* maximum/minimum: the gradient goes to the chosen operand, to a on ties. */
+static dt_status_t dt__minmax_bw(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin,
+                                 int mx) {
+  dt__scope_t s = {0};
+  dt_tensor_t ma, mb, p;
+  /* a wins where a >= b (maximum) or b >= a (minimum) */
+  dt_status_t st = mx ? dt__op2(DT_OP_GE, c->in[0], c->in[1], &ma)
+                      : dt__op2(DT_OP_GE, c->in[1], c->in[0], &ma);
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, ma);
+    st = dt__scale(ma, -1.0, &mb);
+  }
+  if (st == DT_SUCCESS) {
+    dt_tensor_t one;
+    double c1 = 1.0;
+    st = dt__opa(DT_OP_ADD_SCALAR, 1, (dt__keep(&s, mb), &mb), 0, NULL, 1, &c1, &one);
+    if (st == DT_SUCCESS) mb = dt__keep(&s, one);
+  }
+  for (int t = 0; t < 2 && st == DT_SUCCESS; t++) {
+    if (!c->needs[t]) continue;
+    st = dt__op2(DT_OP_MUL, gout[0], t ? mb : ma, &p);
+    if (st == DT_SUCCESS) {
+      st = dt__unbroadcast(p, c->in[t], &gin[t]);
+      dt_tensor_destroy(p);
+    }
+  }
+  dt__scope_free(&s);
+  return st;
+}
+dt_status_t dt__bw_maximum(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__minmax_bw(c, gout, gin, 1);
+}
+dt_status_t dt__bw_minimum(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__minmax_bw(c, gout, gin, 0);
+}
+
+/* where (c, a, b): g where c for a, elsewhere for b */
+dt_status_t dt__bw_where(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t z, p;
+  DT_CHECK(dt__zeros_like(gout[0], &z));
+  dt_status_t st = DT_SUCCESS;
+  for (int t = 1; t <= 2 && st == DT_SUCCESS; t++) {
+    if (!c->needs[t]) continue;
+    dt_tensor_t in[3] = {c->in[0], t == 1 ? gout[0] : z, t == 1 ? z : gout[0]};
+    st = dt__opa(DT_OP_WHERE, 3, in, 0, NULL, 0, NULL, &p);
+    if (st == DT_SUCCESS) {
+      st = dt__unbroadcast(p, c->in[t], &gin[t]);
+      dt_tensor_destroy(p);
+    }
+  }
+  dt_tensor_destroy(z);
+  return st;
+}
+
+/* masked_fill (x, m): g where not m */
+dt_status_t dt__bw_masked_fill(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const double zero = 0.0;
+  dt_tensor_t in[2] = {gout[0], c->in[1]}, p;
+  DT_CHECK(dt__opa(DT_OP_MASKED_FILL, 2, in, 0, NULL, 1, &zero, &p));
+  dt_status_t st = dt__unbroadcast(p, c->in[0], &gin[0]);
+  dt_tensor_destroy(p);
+  return st;
+}
+
+/* gather_dim (x (N, C), idx (N)): the gradient scattered into zeros at (i, idx[i]). */
+dt_status_t dt__bw_gather_dim(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  int64_t N = c->in[0]->layout.shape[0];
+  const int64_t col[2] = {N, 1};
+  dt__scope_t s = {0};
+  dt_tensor_t z, ix, gc;
+  dt_status_t st = dt__zeros_like(c->in[0], &z);
+  if (st == DT_SUCCESS) st = dt__reshape(c->in[1], 2, col, (dt__keep(&s, z), &ix));
+  if (st == DT_SUCCESS) st = dt__reshape(gout[0], 2, col, (dt__keep(&s, ix), &gc));
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, gc);
+    dt_tensor_t in[3] = {z, ix, gc};
+    const int64_t one[1] = {1};
+    st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, one, 0, NULL, &gin[0]);
+  }
+  dt__scope_free(&s);
+  return st;
+}

@@ -1,0 +1,103 @@
+/* op.h - the op table: one descriptor per op, indexed by op id.
+ *
+ * Every built-in op is one row of DT_OP_LIST (src/strategy/op_list.h): its id, name, arity,
+ * named argument schema, rule generator, per-mesh check, backward rule, flags, host kernel and,
+ * for ops composed from other ops, the composite forward. The enum below and the table in
+ * src/ops/op_table.c are both generated from that list, so adding an op is a one-row edit that
+ * fails to compile when a column is missing or names a function that does not exist.
+ *
+ * The table is data defined by the ops layer (its rows name kernels and backward rules); this
+ * layer declares and reads it through dt__op_info(). Host-registered ops (dt_op_register) get
+ * ids from DT_OP_COUNT on; registering a built-in's name overrides that built-in's rules and
+ * kernel for every caller.
+ */
+#ifndef DT_STRATEGY_OP_H
+#define DT_STRATEGY_OP_H
+
+#include "dtensor/ops.h"
+#include "strategy/op_list.h"
+
+/* Built-in op ids. */
+typedef enum dt_op_id {
+#define DT__OP_ENUM(id, ...) DT_OP_##id,
+  DT_OP_LIST(DT__OP_ENUM)
+#undef DT__OP_ENUM
+  DT_OP_COUNT
+} dt_op_id_t;
+
+#define DT_OP_HOST_MAX 192 /* host-registered ops (ids DT_OP_COUNT ..) */
+
+/* Flags of an op. */
+enum {
+  DT_OPF_ANY_DTYPE = 1u << 0,  /* the kernel moves bytes or handles its dtypes itself: no f32
+                                  conversion of bf16/f16 storage around it */
+  DT_OPF_WRITES_ALL = 1u << 1, /* the kernel writes every element of its outputs: no zero fill */
+  DT_OPF_RECOMPUTE = 1u << 2,  /* cheap: the default checkpoint policy recomputes its outputs */
+  DT_OPF_NO_GRAD = 1u << 3,    /* not differentiable on purpose (no backward rule) */
+  DT_OPF_VARIADIC = 1u << 4,   /* takes 1 to DT_OP_MAX_INPUTS inputs (n_in is the maximum) */
+};
+
+/* The context a backward rule sees: the forward's inputs and outputs (values), which inputs need
+ * a gradient, the arguments and what the forward saved. */
+typedef struct dt_grad_ctx {
+  int op;
+  int n_in, n_out;
+  dt_tensor_t in[DT_OP_MAX_INPUTS];
+  dt_tensor_t out[DT_OP_MAX_OUTPUTS];
+  int needs[DT_OP_MAX_INPUTS];
+  int n_iargs, n_fargs;
+  const int64_t* iargs;
+  const double* fargs;
+  dt_tensor_t saved; /* a forward by-product (cross_entropy: the row logsumexp) or NULL */
+} dt_grad_ctx_t;
+
+/* Computes the input gradients gin[] (new tensors, NULL where none) from the output gradients
+ * gout[] (NULL where none). A rule may take over gout[o] (it then sets gout[o] to NULL). */
+typedef dt_status_t (*dt_backward_fn)(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin);
+/* Forward of an op composed from other ops (no rules, no kernel): runs the pieces and returns the
+ * outputs; *saved (may be NULL) gets a by-product for the backward rule. */
+typedef dt_status_t (*dt_composite_fn)(int n_in, const dt_tensor_t* in, int n_iargs,
+                                       const int64_t* iargs, int n_fargs, const double* fargs,
+                                       dt_tensor_t* out, dt_tensor_t* saved);
+/* A built-in op's check of one expanded candidate on a concrete mesh: 0 drops it. Rules are
+ * written for one mesh dim without its size; where exactness depends on how the chunk rule
+ * splits uneven dims (a reshape moving a shard boundary, grouped-query heads), the check decides
+ * per mesh. */
+typedef int (*dt_op_check_fn)(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_t* c);
+
+/* One named non-tensor argument. Integer arguments fill iargs in schema order, scalars fargs; a
+ * list takes every remaining iarg. */
+typedef struct dt_op_arg {
+  char name[24];
+  dt_arg_kind_t kind;
+  int required;    /* must be given */
+  int has_default; /* else optional with an op-computed default (absent) */
+  double def;
+} dt_op_arg_t;
+
+typedef struct dt_op_info {
+  const char* name;
+  int n_in, n_out; /* n_in: inputs (the maximum with DT_OPF_VARIADIC) */
+  const char* args; /* schema spec: "keepdim=0, dim:l" (see dt__op_schema) */
+  dt_op_rules_fn rules;
+  dt_op_check_fn check;       /* NULL: none */
+  dt_backward_fn backward;    /* NULL with DT_OPF_NO_GRAD, or for host ops */
+  unsigned flags;
+  dt_op_kernel_fn kernel[DT_DEVICE_COUNT]; /* NULL: no kernel for that device */
+  dt_composite_fn composite;  /* non-NULL: forward composed from other ops */
+} dt_op_info_t;
+
+/* The built-in table (src/ops/op_table.c). */
+extern const dt_op_info_t dt__op_table[DT_OP_COUNT];
+
+/* Descriptor of op `id` (built-in, possibly overridden by the host, or host-registered); NULL for
+ * an id out of range. */
+const dt_op_info_t* dt__op_info(int id);
+/* Id of the op called `name`, or -1 (no message). */
+int dt__op_find(const char* name);
+/* Id of `name`, or DT_ERR_UNSUPPORTED "no sharding strategy for NAME". */
+dt_status_t dt__op_resolve(const char* name, int* id);
+/* Parsed argument schema of op `id` (at most DT_OP_MAX_IARGS + DT_OP_MAX_FARGS entries). */
+dt_status_t dt__op_schema(int id, const dt_op_arg_t** args, int* n);
+
+#endif

@@ -1,0 +1,144 @@
+/* op_list.h - the op table: one row per built-in op (see op.h).
+ *
+ * Columns: X(ID, name, inputs, outputs, argument schema, rule generator, per-mesh check,
+ *            backward rule, flags, host kernel, composite forward)
+ * - inputs: the count (the maximum for DT_OPF_VARIADIC);
+ * - argument schema: "name[:kind][=default|?], ..." with kind i (integer, the default), f (scalar),
+ *   l (integer list: every remaining integer argument), d (dtype), p (placement list); "=v" gives a
+ *   default, "?" marks an optional argument whose default the op computes (it may be left out);
+ *   anything else is required. Integers fill iargs and scalars fargs, each in schema order;
+ * - the rule generator and check live in src/strategy, the backward rule and the kernel in
+ *   src/ops (this list only names them); NULL where the op has none: a backward rule is NULL only
+ *   with DT_OPF_NO_GRAD, rules and kernel only for a composite (built from other ops);
+ * - flags: DT_OPF_* of op.h (W writes all, A any dtype, R recompute, N no gradient, V variadic).
+ * Keep the ids in this order: new ops go at the end of their group, and dt__op_table's
+ * _Static_assert on DT_OP_COUNT makes a reviewer look at the docs and tests too.
+ */
+#ifndef DT_STRATEGY_OP_LIST_H
+#define DT_STRATEGY_OP_LIST_H
+
+#define DT__W DT_OPF_WRITES_ALL
+#define DT__WR (DT_OPF_WRITES_ALL | DT_OPF_RECOMPUTE)
+#define DT__WRA (DT_OPF_WRITES_ALL | DT_OPF_RECOMPUTE | DT_OPF_ANY_DTYPE)
+#define DT__WN (DT_OPF_WRITES_ALL | DT_OPF_NO_GRAD)
+
+/* clang-format off */
+#define DT_OP_LIST(X)                                                                                     \
+  /* matmuls */                                                                                          \
+  X(MM, "mm", 2, 1, "", dt__mm_rules, NULL, dt__bw_mm, DT__W, dt__kernel_mm, NULL)                       \
+  X(BMM, "bmm", 2, 1, "", dt__bmm_rules, NULL, dt__bw_bmm, DT__W, dt__kernel_bmm, NULL)                  \
+  X(MM_T, "mm_t", 2, 1, "", dt__mm_t_rules, NULL, dt__bw_mm_t, DT__W, dt__kernel_mm_t, NULL)             \
+  X(ADDMM, "addmm", 3, 1, "beta:f=1, alpha:f=1", dt__addmm_rules, NULL, dt__bw_addmm, DT__W,             \
+    dt__kernel_addmm, NULL)                                                                              \
+  X(LINEAR, "linear", 3, 1, "", dt__linear_rules, NULL, dt__bw_linear, DT__W, dt__kernel_linear, NULL)   \
+  X(LINEAR_NOBIAS, "linear_nobias", 2, 1, "", dt__linear_rules, NULL, dt__bw_linear, DT__W,              \
+    dt__kernel_linear, NULL)                                                                             \
+  /* pointwise */                                                                                        \
+  X(ADD, "add", 2, 1, "", dt__additive_rules, NULL, dt__bw_add, DT__WR, dt__kernel_add, NULL)            \
+  X(SUB, "sub", 2, 1, "", dt__additive_rules, NULL, dt__bw_sub, DT__WR, dt__kernel_sub, NULL)            \
+  X(MUL, "mul", 2, 1, "", dt__mult_rules, NULL, dt__bw_mul, DT__WR, dt__kernel_mul, NULL)                \
+  X(DIV, "div", 2, 1, "", dt__numerator_rules, NULL, dt__bw_div, DT__WR, dt__kernel_div, NULL)           \
+  X(MAXIMUM, "maximum", 2, 1, "", dt__max_rules, NULL, dt__bw_maximum, DT__WR, dt__kernel_maximum,       \
+    NULL)                                                                                                \
+  X(MINIMUM, "minimum", 2, 1, "", dt__min_rules, NULL, dt__bw_minimum, DT__WR, dt__kernel_minimum,       \
+    NULL)                                                                                                \
+  X(EQ, "eq", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W, dt__kernel_eq, NULL)              \
+  X(GE, "ge", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W, dt__kernel_ge, NULL)              \
+  X(GT, "gt", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W, dt__kernel_gt, NULL)              \
+  X(NEG, "neg", 1, 1, "", dt__unary_linear_rules, NULL, dt__bw_neg, DT__WR, dt__kernel_neg, NULL)        \
+  X(RELU, "relu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_relu, DT__WR, dt__kernel_relu, NULL)       \
+  X(EXP, "exp", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_exp, DT__WR, dt__kernel_exp, NULL)           \
+  X(LOG, "log", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_log, DT__WR, dt__kernel_log, NULL)           \
+  X(SQRT, "sqrt", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sqrt, DT__WR, dt__kernel_sqrt, NULL)       \
+  X(RSQRT, "rsqrt", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_rsqrt, DT__WR, dt__kernel_rsqrt, NULL)   \
+  X(GELU, "gelu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_gelu, DT__WR, dt__kernel_gelu, NULL)       \
+  X(SILU, "silu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_silu, DT__WR, dt__kernel_silu, NULL)       \
+  X(SIGMOID, "sigmoid", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sigmoid, DT__WR,                     \
+    dt__kernel_sigmoid, NULL)                                                                            \
+  X(TANH, "tanh", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_tanh, DT__WR, dt__kernel_tanh, NULL)       \
+  X(ADD_SCALAR, "add_scalar", 1, 1, "scalar:f", dt__add_scalar_rules, NULL, dt__bw_add_scalar, DT__WR,   \
+    dt__kernel_add_scalar, NULL)                                                                         \
+  X(MUL_SCALAR, "mul_scalar", 1, 1, "scalar:f", dt__mul_scalar_rules, NULL, dt__bw_mul_scalar, DT__WR,   \
+    dt__kernel_mul_scalar, NULL)                                                                         \
+  X(POW, "pow", 1, 1, "exponent:f", dt__pow_rules, NULL, dt__bw_pow, DT__WR, dt__kernel_pow, NULL)       \
+  X(WHERE, "where", 3, 1, "", dt__where_rules, NULL, dt__bw_where, DT__WR, dt__kernel_where, NULL)       \
+  X(MASKED_FILL, "masked_fill", 2, 1, "value:f", dt__masked_fill_rules, NULL, dt__bw_masked_fill,        \
+    DT__WR, dt__kernel_masked_fill, NULL)                                                                \
+  X(CAST, "cast", 1, 1, "dtype:d", dt__cast_rules, NULL, dt__bw_cast, DT__WRA, dt__kernel_cast, NULL)    \
+  X(DROPOUT, "dropout", 1, 1, "p:f, seed", dt__dropout_rules, NULL, dt__bw_dropout, DT__WR,              \
+    dt__kernel_dropout, NULL)                                                                            \
+  /* reductions */                                                                                       \
+  X(SUM, "sum", 1, 1, "keepdim=0, dim:l", dt__sum_rules, NULL, dt__bw_sum, DT__W, dt__kernel_sum, NULL)  \
+  X(MEAN, "mean", 1, 1, "keepdim=0, dim:l", dt__mean_rules, NULL, dt__bw_mean, DT__W, dt__kernel_mean,   \
+    NULL)                                                                                                \
+  X(AMAX, "amax", 1, 1, "keepdim=0, dim:l", dt__amax_rules, NULL, dt__bw_amax, DT__W, dt__kernel_amax,   \
+    NULL)                                                                                                \
+  X(AMIN, "amin", 1, 1, "keepdim=0, dim:l", dt__amin_rules, NULL, dt__bw_amin, DT__W, dt__kernel_amin,   \
+    NULL)                                                                                                \
+  /* nn */                                                                                               \
+  X(SOFTMAX, "softmax", 1, 1, "dim", dt__softmax_rules, NULL, dt__bw_softmax, DT__W,                     \
+    dt__kernel_softmax, NULL)                                                                            \
+  X(LOG_SOFTMAX, "log_softmax", 1, 1, "dim", dt__softmax_rules, NULL, dt__bw_log_softmax, DT__W,         \
+    dt__kernel_log_softmax, NULL)                                                                        \
+  X(RMS_NORM, "rms_norm", 2, 1, "eps:f?", dt__norm_rules, NULL, dt__bw_rms_norm, DT__W,                  \
+    dt__kernel_rms_norm, NULL)                                                                           \
+  X(LAYER_NORM, "layer_norm", 3, 1, "eps:f?", dt__norm_rules, NULL, dt__bw_layer_norm, DT__W,            \
+    dt__kernel_layer_norm, NULL)                                                                         \
+  X(EMBEDDING, "embedding", 2, 1, "", dt__embedding_rules, NULL, dt__bw_embedding, DT__W,                \
+    dt__kernel_embedding, NULL)                                                                          \
+  X(GATHER_DIM, "gather_dim", 2, 1, "", dt__gather_dim_rules, NULL, dt__bw_gather_dim, DT__W,            \
+    dt__kernel_gather_dim, NULL)                                                                         \
+  X(SDPA, "sdpa", 3, 1, "causal=0, layout=0, scale:f?", dt__sdpa_rules, dt__sdpa_check, dt__bw_sdpa,     \
+    DT__W, dt__kernel_sdpa, NULL)                                                                        \
+  X(ROTARY, "rotary", 1, 1, "seq_dim=1, inverse=0, theta:f=10000", dt__rotary_rules, NULL,               \
+    dt__bw_rotary, DT__WR, dt__kernel_rotary, NULL)                                                      \
+  /* shape (views alias storage where they can; see tensor.h) */                                         \
+  X(VIEW, "view", 1, 1, "shape:l", dt__reshape_rules, dt__view_check, dt__bw_view, DT__WRA,              \
+    dt__kernel_view, NULL)                                                                               \
+  X(RESHAPE, "reshape", 1, 1, "shape:l", dt__reshape_rules, dt__view_check, dt__bw_view, DT__WRA,        \
+    dt__kernel_view, NULL)                                                                               \
+  X(FLATTEN, "flatten", 1, 1, "start_dim=0, end_dim=-1", dt__flatten_rules, dt__view_check,              \
+    dt__bw_view, DT__WRA, dt__kernel_view, NULL)                                                         \
+  X(UNFLATTEN, "unflatten", 1, 1, "dim, sizes:l", dt__unflatten_rules, dt__view_check, dt__bw_view,      \
+    DT__WRA, dt__kernel_view, NULL)                                                                      \
+  X(SQUEEZE, "squeeze", 1, 1, "dim?", dt__squeeze_rules, dt__view_check, dt__bw_view, DT__WRA,           \
+    dt__kernel_view, NULL)                                                                               \
+  X(UNSQUEEZE, "unsqueeze", 1, 1, "dim", dt__unsqueeze_rules, dt__view_check, dt__bw_view, DT__WRA,      \
+    dt__kernel_view, NULL)                                                                               \
+  X(PERMUTE, "permute", 1, 1, "dims:l", dt__permute_rules, NULL, dt__bw_permute, DT__WRA,                \
+    dt__kernel_permute, NULL)                                                                            \
+  X(TRANSPOSE, "transpose", 1, 1, "dim0, dim1", dt__transpose_rules, NULL, dt__bw_transpose, DT__WRA,    \
+    dt__kernel_transpose, NULL)                                                                          \
+  X(T, "t", 1, 1, "", dt__t_rules, NULL, dt__bw_t, DT__WRA, dt__kernel_t, NULL)                          \
+  X(SLICE, "slice", 1, 1, "dim, start, end, step=1", dt__slice_rules, NULL, dt__bw_slice, DT__WRA,       \
+    dt__kernel_slice, NULL)                                                                              \
+  X(NARROW, "narrow", 1, 1, "dim, start, length", dt__narrow_rules, NULL, dt__bw_slice, DT__WRA,         \
+    dt__kernel_narrow, NULL)                                                                             \
+  X(CAT, "cat", DT_OP_MAX_INPUTS, 1, "dim", dt__cat_rules, NULL, dt__bw_cat,                             \
+    DT__WRA | DT_OPF_VARIADIC, dt__kernel_cat, NULL)                                                     \
+  /* indexing and routing */                                                                             \
+  X(TOPK, "topk", 1, 2, "k, dim, largest=1", dt__topk_rules, NULL, dt__bw_topk, DT__W, dt__kernel_topk,  \
+    NULL)                                                                                                \
+  X(GATHER, "gather", 2, 1, "dim", dt__gather_rules, NULL, dt__bw_gather, DT__W, dt__kernel_gather,      \
+    NULL)                                                                                                \
+  X(SCATTER_ADD, "scatter_add", 3, 1, "dim", dt__scatter_add_rules, NULL, dt__bw_scatter_add, DT__W,     \
+    dt__kernel_scatter_add, NULL)                                                                        \
+  /* fused gradient ops (what backward rules run) */                                                     \
+  X(ACT_GRAD, "act_grad", 2, 1, "kind", dt__act_grad_rules, NULL, NULL, DT__WN, dt__kernel_act_grad,     \
+    NULL)                                                                                                \
+  X(RMS_NORM_GRAD, "rms_norm_grad", 3, 2, "eps:f?", dt__norm_grad_rules, NULL, NULL, DT__WN,             \
+    dt__kernel_rms_norm_grad, NULL)                                                                      \
+  X(LAYER_NORM_GRAD, "layer_norm_grad", 3, 2, "eps:f?", dt__norm_grad_rules, NULL, NULL, DT__WN,         \
+    dt__kernel_layer_norm_grad, NULL)                                                                    \
+  X(EMBEDDING_GRAD, "embedding_grad", 2, 1, "vocab", dt__embedding_grad_rules, NULL, NULL, DT__WN,       \
+    dt__kernel_embedding_grad, NULL)                                                                     \
+  X(SDPA_GRAD, "sdpa_grad", 4, 3, "causal=0, layout=0, scale:f?", dt__sdpa_grad_rules, dt__sdpa_check,   \
+    NULL, DT__WN, dt__kernel_sdpa_grad, NULL)                                                            \
+  /* composites: forward built from other ops */                                                         \
+  X(CROSS_ENTROPY, "cross_entropy", 2, 1, "reduction=1", NULL, NULL, dt__bw_cross_entropy, 0, NULL,      \
+    dt__cross_entropy_fwd)                                                                               \
+  X(REDISTRIBUTE, "redistribute", 1, 1, "placements:p", NULL, NULL, dt__bw_redistribute, 0, NULL,        \
+    dt__redistribute_fwd)
+/* clang-format on */
+
+#endif
