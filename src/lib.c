@@ -30,7 +30,7 @@ dt_status_t dt_init(int* argc, char*** argv) {
 dt_status_t dt_finalize(void) {
   dt__prop_cache_release(); /* strategy */
   dt__plan_cache_release(); /* redistribute */
-  dt__pool_release();       /* core: cached storage blocks (live tensors keep theirs) */
+  dt__backend_release_all(); /* backend: pooled blocks, workspace (live tensors keep theirs) */
   if (!dt__ctx_initialized()) return DT_SUCCESS;
   dt__ctx_finalize();                 /* mesh: workspace, communicators of live meshes */
   return dt__comm_mpi_finalize_owned(); /* comm: MPI, if dt_init started it */

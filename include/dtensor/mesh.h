@@ -13,6 +13,7 @@
 #ifndef DTENSOR_MESH_H
 #define DTENSOR_MESH_H
 
+#include "dtensor/backend.h"
 #include "dtensor/placement.h"
 
 #ifdef __cplusplus
@@ -43,6 +44,12 @@ DT_API dt_status_t dt_mesh_create_abstract(int ndim, const int* shape, const cha
                                            dt_mesh_t* out);
 /* Drops the caller's reference. NULL is a no-op. */
 DT_API dt_status_t dt_mesh_destroy(dt_mesh_t mesh);
+
+/* The backend tensors created on the mesh allocate from and run on (default: dt_backend_default
+ * when the mesh was created). Changing it affects tensors created afterwards; existing tensors
+ * keep theirs. Sub-meshes and flattened meshes take their parent's. */
+DT_API dt_status_t dt_mesh_set_backend(dt_mesh_t mesh, dt_backend_t backend);
+DT_API dt_status_t dt_mesh_backend(dt_mesh_t mesh, dt_backend_t* backend);
 
 DT_API dt_status_t dt_mesh_ndim(dt_mesh_t mesh, int* ndim);
 /* Size of mesh dim `dim` (negative counts from the end). */

@@ -39,6 +39,13 @@ extern "C" {
  *   indexing:   topk (iargs [k, dim(, largest)]; two outputs: use dt_op_run_multi),
  *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim])
  * bf16/f16 tensors are stored as such and computed in f32 (converted on load and store).
+ * Views: view, reshape, flatten, unflatten, squeeze and unsqueeze return a tensor that shares its
+ * input's storage (no copy; writes through either are seen by both; the storage lives until the
+ * last tensor using it is destroyed) whenever the selected strategy keeps the local elements in
+ * place, which is whenever the input needs no redistribution for it; slice and narrow (and
+ * dt_split / dt_chunks) share storage when their local result is one contiguous run of the
+ * input's local shard (step 1, cut on the shard's outermost non-unit dim), and copy otherwise.
+ * Every other op returns new storage.
  * Errors: DT_ERR_UNSUPPORTED "no sharding strategy for OP" for an unknown op or an op without a
  * kernel; DT_ERR_INVALID_ARG for shape/dtype/argument mismatches (with the op's message). */
 DT_API dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,

@@ -11,6 +11,7 @@
 #ifndef DTENSOR_STRATEGY_H
 #define DTENSOR_STRATEGY_H
 
+#include "dtensor/backend.h"
 #include "dtensor/redistribute.h"
 
 #ifdef __cplusplus
@@ -54,13 +55,15 @@ typedef dt_status_t (*dt_op_rules_fn)(const dt_op_call_t* call, dt_tensor_meta_t
                                       int* n_outputs, dt_op_rule_t* rules, int cap, int* n_rules);
 
 /* A local (per-rank) tensor handed to kernels: dense row-major, with the global index of its
- * first element along each dim (e.g. where a vocabulary shard starts). */
+ * first element along each dim (e.g. where a vocabulary shard starts), and the backend whose
+ * memory holds `data` (see dtensor/backend.h). */
 typedef struct dt_local_tensor {
   dt_dtype_t dtype;
   int ndim;
   int64_t shape[DT_MAX_DIMS];
   int64_t offset[DT_MAX_DIMS];
   void* data;
+  dt_backend_t backend;
 } dt_local_tensor_t;
 
 /* Local kernel: computes the outputs' local shards from the inputs' local shards (already

@@ -38,6 +38,20 @@ DT_API dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int nd
                                         const int64_t* global_shape,
                                         const dt_placement_t* placements, void* local,
                                         const int64_t* local_shape, dt_tensor_t* out);
+/* The same on a given backend's memory (NULL: the mesh's backend when its device is the host,
+ * else the cpu backend). */
+DT_API dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend,
+                                                dt_dtype_t dtype, int ndim,
+                                                const int64_t* global_shape,
+                                                const dt_placement_t* placements, void* local,
+                                                const int64_t* local_shape, dt_tensor_t* out);
+/* A meta tensor: a layout without data, on any mesh (abstract meshes too). Ops and
+ * redistributions on meta tensors select strategies and plan without moving anything (a traced
+ * dry run, see dt_trace_set); their results are meta tensors. Reading the data of a meta tensor
+ * (dt_tensor_full) is DT_ERR_INVALID_USAGE; dt_tensor_to_local gives NULL. */
+DT_API dt_status_t dt_tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                  const dt_placement_t* placements, dt_tensor_t* out);
+DT_API dt_status_t dt_tensor_is_meta(dt_tensor_t t, int* meta);
 /* Local factories; the tensor owns its storage. Partial placements hold a partition of the
  * value (see dt_tensor_redistribute, R -> P). */
 DT_API dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
@@ -74,8 +88,14 @@ DT_API dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape);
 /* Global index of the local shard's first element along each dim. */
 DT_API dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset);
 DT_API dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel);
-/* The local shard: pointer (may be NULL when empty) and, if local_shape != NULL, its extent. */
+/* The local shard: pointer (may be NULL when empty) and, if local_shape != NULL, its extent. The
+ * pointer lives in the memory of the tensor's backend (dt_tensor_to_local_backend says which):
+ * host memory for the cpu and guarded backends. Views share storage: writes through one tensor's
+ * local data are seen by every tensor that aliases it (see dt_op_run). */
 DT_API dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape);
+/* The same, and the backend whose memory holds the data (may be NULL). */
+DT_API dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,
+                                              dt_backend_t* backend);
 
 /* Collective. Writes the full global tensor into `out` (out_nbytes at least numel*itemsize) on
  * every rank of the mesh. */

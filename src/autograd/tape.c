@@ -385,11 +385,21 @@ static dt_status_t dt__to_placements(dt_tensor_t* g, const dt_placement_t* want)
   return DT_SUCCESS;
 }
 
-/* grad += g (takes g). A leaf's gradient keeps the leaf's placements. */
+/* grad += g (takes g). A leaf's gradient keeps the leaf's placements and owns its storage (a
+ * rule may hand one tensor to several inputs, and views share storage: a caller scaling one
+ * leaf's gradient in place must not change another's, as PyTorch's AccumulateGrad). */
 static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
   dt_status_t st = DT_SUCCESS;
   if (v->leaf) {
     st = dt__to_placements(&g, v->value->layout.pl);
+    if (st == DT_SUCCESS && v->grad == NULL && dt__tensor_shared(g)) {
+      dt_tensor_t c;
+      st = dt__tensor_clone(g, &c);
+      if (st == DT_SUCCESS) {
+        dt_tensor_destroy(g);
+        g = c;
+      }
+    }
     if (st != DT_SUCCESS) {
       dt_tensor_destroy(g);
       return st;

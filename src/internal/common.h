@@ -18,12 +18,6 @@ void* dt__calloc(size_t count, size_t size);
 void* dt__realloc(void* p, size_t n);
 void dt__free(void* p);
 
-/* Storage pool (src/core/pool.c): large host buffers are cached for reuse. */
-void* dt__pool_alloc(size_t nbytes, int zero);
-void dt__pool_free(void* p, size_t nbytes);
-/* Frees every cached block (dt_finalize). */
-void dt__pool_release(void);
-
 /* Puts back a last-error text saved earlier (a call that succeeds after an internal failure it
  * recovered from leaves the caller's last error as it was). */
 void dt__error_restore(const char* saved);

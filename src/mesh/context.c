@@ -1,18 +1,12 @@
-/* context.c - the library context: the world, the persistent workspace and the collective
+/* context.c - the library context: the world, the collective count arrays and the collective
  * counters. dt_init and dt_finalize (src/lib.c) call dt__ctx_init and dt__ctx_finalize. */
 #include "mesh/mesh.h"
-
-typedef struct dt_workspace {
-  void* buf[4]; /* 0: send packing, 1-2: ping-pong intermediates, 3: receive unpacking */
-  size_t cap[4];
-  int* ints; /* counts/displs arrays */
-  size_t ints_cap;
-} dt_workspace_t;
 
 static struct {
   int initialized;
   int world_rank, world_size;
-  dt_workspace_t ws;
+  int* ints; /* counts/displs arrays of collectives */
+  size_t ints_cap;
   dt_counters_t counters; /* all meshes */
 } dt__ctx = {.world_rank = -1};
 
@@ -26,15 +20,10 @@ dt_status_t dt__ctx_init(void) {
   return DT_SUCCESS;
 }
 
-static void dt__ws_release(void) {
-  dt_workspace_t* w = &dt__ctx.ws;
-  for (int i = 0; i < 4; i++) dt__free(w->buf[i]);
-  dt__free(w->ints);
-  memset(w, 0, sizeof *w);
-}
-
 void dt__ctx_finalize(void) {
-  dt__ws_release();
+  dt__free(dt__ctx.ints);
+  dt__ctx.ints = NULL;
+  dt__ctx.ints_cap = 0;
   dt__mesh_release_all_comms(); /* live meshes keep their shape; their communicators go now */
   dt__ctx.initialized = 0;
   dt__ctx.world_rank = -1;
@@ -69,33 +58,17 @@ dt_status_t dt_world_size(int* size) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * workspace: grow-only buffers reused by every redistribute, so the steady path never allocates */
-
-dt_status_t dt__ws_reserve(int slot, size_t nbytes, void** out) {
-  dt_workspace_t* w = &dt__ctx.ws;
-  if (nbytes > w->cap[slot]) {
-    size_t cap = w->cap[slot] ? w->cap[slot] : 4096;
-    while (cap < nbytes) cap *= 2;
-    void* p = dt__malloc(cap);
-    if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "workspace of %zu bytes", cap);
-    dt__free(w->buf[slot]);
-    w->buf[slot] = p;
-    w->cap[slot] = cap;
-  }
-  *out = w->buf[slot];
-  return DT_SUCCESS;
-}
+ * collective count arrays (grow-only) */
 
 dt_status_t dt__ws_ints(size_t count, int** out) {
-  dt_workspace_t* w = &dt__ctx.ws;
-  if (count > w->ints_cap) {
+  if (count > dt__ctx.ints_cap) {
     size_t cap = count < 64 ? 64 : count;
-    int* p = (int*)dt__realloc(w->ints, cap * sizeof(int));
+    int* p = (int*)dt__realloc(dt__ctx.ints, cap * sizeof(int));
     if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "workspace of %zu ints", cap);
-    w->ints = p;
-    w->ints_cap = cap;
+    dt__ctx.ints = p;
+    dt__ctx.ints_cap = cap;
   }
-  *out = w->ints;
+  *out = dt__ctx.ints;
   return DT_SUCCESS;
 }
 

@@ -56,6 +56,7 @@ static dt_status_t dt__mesh_alloc(int ndim, const int* shape, const char* const*
   m->id = next_id++;
   m->ndim = ndim;
   m->numel = (int)numel;
+  m->backend = dt__backend_default();
   for (int i = 0; i < ndim; i++) {
     m->shape[i] = shape[i];
     if (names != NULL) snprintf(m->names[i], DT_NAME_MAX, "%s", names[i]);
@@ -189,6 +190,21 @@ dt_status_t dt_mesh_destroy(dt_mesh_t mesh) {
   if (mesh == NULL) return DT_SUCCESS;
   DT_CHECK(dt__mesh_check(mesh));
   dt__mesh_release(mesh);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_set_backend(dt_mesh_t mesh, dt_backend_t backend) {
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_CHECK(dt__backend_check(backend));
+  mesh->backend = backend;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_backend(dt_mesh_t mesh, dt_backend_t* backend) {
+  DT_ARG_NOT_NULL(backend);
+  *backend = NULL;
+  DT_CHECK(dt__mesh_check(mesh));
+  *backend = mesh->backend;
   return DT_SUCCESS;
 }
 
@@ -329,6 +345,7 @@ static dt_status_t dt__mesh_sub(dt_mesh_t p, unsigned mask, int flat, const char
     DT_CHECK(dt__mesh_alloc(nd, shape, named ? names : NULL, &m));
   dt_status_t st = DT_SUCCESS;
   m->abstract = p->abstract;
+  m->backend = p->backend;
   if (!p->abstract) {
     m->member = p->member;
     /* group = linear index over the dims not kept; coords = kept coords. */

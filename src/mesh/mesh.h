@@ -3,6 +3,7 @@
 #ifndef DT_MESH_MESH_H
 #define DT_MESH_MESH_H
 
+#include "backend/backend.h"
 #include "comm/comm.h"
 #include "dtensor/redistribute.h" /* dt_counters_t, dt_collective_t */
 #include "placement/layout.h"
@@ -19,9 +20,8 @@ int dt__world_rank(void); /* -1 before dt_init */
 int dt__world_size(void); /* 0 before dt_init */
 dt_status_t dt__require_init(const char* what);
 
-/* Persistent workspace: grow-only buffers reused by every blocking redistribution, so the steady
- * path never allocates. Slot 0: send packing, 1-2: ping-pong intermediates, 3: receive unpacking. */
-dt_status_t dt__ws_reserve(int slot, size_t nbytes, void** out);
+/* Persistent host array for collective counts and displacements (grow-only, reused); the byte
+ * workspace belongs to each backend (dt__ws_reserve). */
 dt_status_t dt__ws_ints(size_t count, int** out);
 
 /* ---- meshes (src/mesh/mesh.c) -------------------------------------------------------------- */
@@ -43,6 +43,7 @@ struct dt_mesh {
   char names[DT_MAX_MESH_DIMS][DT_NAME_MAX];
   int abstract;
   int member;
+  dt_backend_t backend; /* where tensors created on the mesh live */
   int coords[DT_MAX_MESH_DIMS];
   int numel;
   int* ranks; /* world rank of each mesh position, row-major (NULL when abstract) */

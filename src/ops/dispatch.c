@@ -1,18 +1,8 @@
 /* dispatch.c - runs ops on distributed tensors by op id: strategy selection (cached), input
  * redistribution, local kernel, output tensor with the chosen placements; composite ops run
  * their forward. Names become ids here, once, at the public boundary. */
-#include <cblas.h>
-
 #include "ops/ops.h"
 #include "strategy/strategy.h"
-
-static void dt__blas_threads(void) {
-  static int done = 0;
-  if (done) return;
-  done = 1;
-  /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */
-  if (getenv("OPENBLAS_NUM_THREADS") == NULL) openblas_set_num_threads(1);
-}
 
 /* The kernel's view of a tensor's local shard. */
 static void dt__local_view(dt_tensor_t x, dt_local_tensor_t* v) {
@@ -21,29 +11,22 @@ static void dt__local_view(dt_tensor_t x, dt_local_tensor_t* v) {
   memcpy(v->shape, x->local_shape, sizeof v->shape);
   memcpy(v->offset, x->local_off, sizeof v->offset);
   v->data = x->data;
+  v->backend = dt__tensor_backend(x);
 }
 
-static int64_t dt__local_numel(const dt_local_tensor_t* v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
-}
-
-static int dt__half(dt_dtype_t t) { return t == DT_BF16 || t == DT_F16; }
-
-/* Converts a bf16/f16 local view to an f32 copy (load) or back (store). */
-static void dt__convert(const void* src, dt_dtype_t from, void* dst, dt_dtype_t to, int64_t n) {
-  if (from == DT_F32) {
-    const float* s = (const float*)src;
-    uint16_t* d = (uint16_t*)dst;
-    for (int64_t i = 0; i < n; i++)
-      d[i] = to == DT_BF16 ? dt__f32_to_bf16(s[i]) : dt__f32_to_f16(s[i]);
-  } else {
-    const uint16_t* s = (const uint16_t*)src;
-    float* d = (float*)dst;
-    for (int64_t i = 0; i < n; i++)
-      d[i] = from == DT_BF16 ? dt__bf16_to_f32(s[i]) : dt__f16_to_f32(s[i]);
-  }
+/* Byte offset at which a slice/narrow output starts inside its input's local shard, when the
+ * output's local elements are one contiguous run of it (step 1, and no local dim before the cut
+ * holds more than one index); -1 otherwise. */
+static int64_t dt__cut_offset(int id, const dt_op_call_t* call, dt_tensor_t x) {
+  int dim;
+  int64_t start, step, len;
+  if (dt__slice_args(id, call, &dim, &start, &step, &len) != DT_SUCCESS) return -1;
+  int64_t inner = 1;
+  for (int d = 0; d < dim; d++)
+    if (x->local_shape[d] != 1 && len != x->local_shape[dim]) return -1;
+  if (step != 1 && len > 1) return -1;
+  for (int d = dim + 1; d < x->layout.ndim; d++) inner *= x->local_shape[d];
+  return start * inner * (int64_t)dt__itemsize(x->dtype);
 }
 
 /* Checks the arguments every op takes (counts, arrays, live tensors on one mesh) and fills the
@@ -110,10 +93,9 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     DT_CHECK(dt__op_check_counts(id, n_iargs, n_fargs));
     return info->composite(n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, outs, saved);
   }
-  dt__blas_threads();
-  dt_op_kernel_fn kernel = info->kernel[DT_DEVICE_HOST];
+  dt_op_kernel_fn kernel = info->kernel[mesh->backend->device];
   int builtin = (info->flags & DT_OPF_WRITES_ALL) != 0;
-  if (info->rules != NULL && kernel == NULL)
+  if (info->rules != NULL && info->kernel[DT_DEVICE_HOST] == NULL && kernel == NULL)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s has a sharding strategy but no local kernel", name);
   dt_op_choice_t ch;
   DT_CHECK(dt__op_select(mesh, id, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch));
@@ -124,8 +106,9 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   dt_status_t st = DT_SUCCESS;
   dt_tensor_t moved[DT_OP_MAX_INPUTS] = {NULL}, res[DT_OP_MAX_OUTPUTS] = {NULL};
   dt_local_tensor_t lin[DT_OP_MAX_INPUTS], lout[DT_OP_MAX_OUTPUTS];
-  void* tmp_in[DT_OP_MAX_INPUTS] = {NULL};
-  void* tmp_out[DT_OP_MAX_OUTPUTS] = {NULL};
+  dt_tensor_t x0 = NULL; /* the first input as the kernel sees it */
+  int meta = 0;
+  for (int t = 0; t < n_inputs; t++) meta |= inputs[t]->meta;
   for (int t = 0; t < n_inputs; t++) {
     dt_tensor_t x = inputs[t];
     int same = 1;
@@ -135,63 +118,52 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
       DT_CHECK_GOTO(dt_tensor_redistribute(x, ch.in[t], &moved[t]), st, done);
       x = moved[t];
     }
+    if (t == 0) x0 = x;
     dt__local_view(x, &lin[t]);
   }
+  int64_t alias = -1; /* views share the input's storage: no kernel runs */
+  if (info->flags & DT_OPF_VIEW) alias = 0;
+  if (info->flags & DT_OPF_CUT) alias = dt__cut_offset(id, &call, x0);
   for (int o = 0; o < n_outputs; o++) {
-    /* built-in kernels write every output element: no zero fill (host kernels get zeros) */
-    DT_CHECK_GOTO(dt__tensor_new(mesh, ch.out_meta[o].dtype, ch.out_meta[o].ndim,
-                                 ch.out_meta[o].shape, ch.out[o], !builtin || !mesh->member,
-                                 &res[o]),
-                  st, done);
+    const dt_tensor_meta_t* om = &ch.out_meta[o];
+    if (meta) {
+      st = dt__tensor_meta(mesh, om->dtype, om->ndim, om->shape, ch.out[o], &res[o]);
+    } else if (alias >= 0) {
+      st = dt__tensor_alias(x0, (size_t)alias, om->dtype, om->ndim, om->shape, ch.out[o], &res[o]);
+    } else {
+      /* built-in kernels write every output element: no zero fill (host kernels get zeros) */
+      st = dt__tensor_new(mesh, om->dtype, om->ndim, om->shape, ch.out[o],
+                          !builtin || !mesh->member, &res[o]);
+    }
+    if (st != DT_SUCCESS) goto done;
     dt__local_view(res[o], &lout[o]);
   }
-  int any_half = 0;
-  for (int t = 0; t < n_inputs; t++) any_half |= dt__half(lin[t].dtype);
-  for (int o = 0; o < n_outputs; o++) any_half |= dt__half(lout[o].dtype);
-  int convert = any_half && !(info->flags & DT_OPF_ANY_DTYPE);
-  if (mesh->member) {
-    /* bf16/f16 storage: the kernel sees f32 copies (converted on load, stored back after). */
-    for (int t = 0; convert && t < n_inputs; t++) {
-      if (!dt__half(lin[t].dtype)) continue;
-      int64_t n = dt__local_numel(&lin[t]);
-      tmp_in[t] = dt__malloc(sizeof(float) * (size_t)(n ? n : 1));
-      if (tmp_in[t] == NULL) {
-        st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 copy of input %d", name, t);
+  if (mesh->member && !meta && alias < 0) {
+    dt_backend_t b = mesh->backend;
+    for (int t = 0; t < n_inputs; t++)
+      if (lin[t].backend->device != b->device) {
+        st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d lives on %s memory, the mesh's backend "
+                     "computes on %s", name, t, dt_device_name(lin[t].backend->device),
+                     dt_device_name(b->device));
         goto done;
       }
-      dt__convert(lin[t].data, lin[t].dtype, tmp_in[t], DT_F32, n);
-      lin[t].data = tmp_in[t];
-      lin[t].dtype = DT_F32;
+    if (kernel == NULL) {
+      st = DT_FAIL(DT_ERR_UNSUPPORTED, "%s has no kernel for %s memory", name,
+                   dt_device_name(b->device));
+      goto done;
     }
-    for (int o = 0; convert && o < n_outputs; o++) {
-      if (!dt__half(lout[o].dtype)) continue;
-      int64_t n = dt__local_numel(&lout[o]);
-      tmp_out[o] = dt__malloc(sizeof(float) * (size_t)(n ? n : 1));
-      if (tmp_out[o] == NULL) {
-        st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 buffer of output %d", name, o);
-        goto done;
-      }
-      lout[o].data = tmp_out[o];
-      lout[o].dtype = DT_F32;
-    }
-    DT_CHECK_GOTO(kernel(&call, lin, lout), st, done);
-    for (int o = 0; o < n_outputs; o++)
-      if (tmp_out[o] != NULL)
-        dt__convert(tmp_out[o], DT_F32, res[o]->data, res[o]->dtype, dt__local_numel(&lout[o]));
+    unsigned kf = ((info->flags & DT_OPF_ANY_DTYPE) ? DT_KERNEL_ANY_DTYPE : 0u) |
+                  ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u);
+    DT_CHECK_GOTO(b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs), st,
+                  done);
   }
   for (int o = 0; o < n_outputs; o++) {
     outs[o] = res[o];
     res[o] = NULL;
   }
 done:
-  for (int t = 0; t < n_inputs; t++) {
-    dt_tensor_destroy(moved[t]);
-    dt__free(tmp_in[t]);
-  }
-  for (int o = 0; o < n_outputs; o++) {
-    dt_tensor_destroy(res[o]);
-    dt__free(tmp_out[o]);
-  }
+  for (int t = 0; t < n_inputs; t++) dt_tensor_destroy(moved[t]);
+  for (int o = 0; o < n_outputs; o++) dt_tensor_destroy(res[o]);
   return st;
 }
 

@@ -1,6 +1,5 @@
 /* kernels_cpu.c - CPU kernels on local shards (f32): GEMM through OpenBLAS, broadcasting
  * pointwise ops. Kept apart from dispatch so a CUDA kernel can sit beside each one. */
-#include <cblas.h>
 #include <math.h>
 
 #include "ops/ops.h"
@@ -13,23 +12,13 @@ static dt_status_t dt__need_f32(const dt_op_call_t* call, const dt_local_tensor_
   return DT_SUCCESS;
 }
 
-/* C (m,n) = A (m,k) B (k,n), row-major; empty dims are fine (k == 0 gives zeros). */
-static void dt__sgemm(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    memset(c, 0, sizeof(float) * (size_t)(m * n));
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k,
-              b, (int)n, 0.0f, c, (int)n);
-}
-
+/* The matmul family through the backend's GEMM (empty dims are fine: k == 0 gives zeros). */
 dt_status_t dt__kernel_mm(const dt_op_call_t* call, const dt_local_tensor_t* in,
                           dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, in, 2));
-  dt__sgemm(in[0].shape[0], in[1].shape[1], in[0].shape[1], (const float*)in[0].data,
-            (const float*)in[1].data, (float*)out[0].data);
-  return DT_SUCCESS;
+  int64_t m = in[0].shape[0], k = in[0].shape[1], n = in[1].shape[1];
+  return dt__gemm(in[0].backend, 0, 0, m, n, k, 1.0f, (const float*)in[0].data, k,
+                  (const float*)in[1].data, n, 0.0f, (float*)out[0].data, n);
 }
 
 /* mm_t: C (m,n) = A^T B with A (k,m), B (k,n). */
@@ -37,25 +26,17 @@ dt_status_t dt__kernel_mm_t(const dt_op_call_t* call, const dt_local_tensor_t* i
                             dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, in, 2));
   int64_t k = in[0].shape[0], m = in[0].shape[1], n = in[1].shape[1];
-  float* c = (float*)out[0].data;
-  if (m == 0 || n == 0) return DT_SUCCESS;
-  if (k == 0) {
-    memset(c, 0, sizeof(float) * (size_t)(m * n));
-    return DT_SUCCESS;
-  }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f,
-              (const float*)in[0].data, (int)m, (const float*)in[1].data, (int)n, 0.0f, c, (int)n);
-  return DT_SUCCESS;
+  return dt__gemm(in[0].backend, 1, 0, m, n, k, 1.0f, (const float*)in[0].data, m,
+                  (const float*)in[1].data, n, 0.0f, (float*)out[0].data, n);
 }
 
 dt_status_t dt__kernel_bmm(const dt_op_call_t* call, const dt_local_tensor_t* in,
                            dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, in, 2));
   int64_t B = in[0].shape[0], m = in[0].shape[1], k = in[0].shape[2], n = in[1].shape[2];
-  for (int64_t i = 0; i < B; i++)
-    dt__sgemm(m, n, k, (const float*)in[0].data + i * m * k, (const float*)in[1].data + i * k * n,
-              (float*)out[0].data + i * m * n);
-  return DT_SUCCESS;
+  return dt__gemm_batched(in[0].backend, 0, 0, m, n, k, 1.0f, (const float*)in[0].data, k, m * k,
+                          (const float*)in[1].data, n, k * n, 0.0f, (float*)out[0].data, n, m * n,
+                          B);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -465,11 +446,8 @@ dt_status_t dt__kernel_linear(const dt_op_call_t* call, const dt_local_tensor_t*
   DT_CHECK(dt__need_f32(call, in, call->n_inputs));
   int64_t N = in[0].shape[0], K = in[0].shape[1], O = in[1].shape[0];
   float* o = (float*)out->data;
-  if (N == 0 || O == 0) return DT_SUCCESS;
-  if (K == 0) memset(o, 0, sizeof(float) * (size_t)(N * O));
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)O, (int)K, 1.0f,
-                (const float*)in[0].data, (int)K, (const float*)in[1].data, (int)K, 0.0f, o, (int)O);
+  DT_CHECK(dt__gemm(in[0].backend, 0, 1, N, O, K, 1.0f, (const float*)in[0].data, K,
+                    (const float*)in[1].data, K, 0.0f, o, O));
   if (call->n_inputs == 3) {
     const float* b = (const float*)in[2].data;
     for (int64_t i = 0; i < N; i++)

@@ -1,6 +1,5 @@
 /* kernels_grad.c - CPU kernels of the backward ops (f32): act_grad, rms_norm_grad,
  * layer_norm_grad, embedding_grad and sdpa_grad (attention recomputed from q, k, v). */
-#include <cblas.h>
 #include <math.h>
 
 #include "ops/ops.h"
@@ -148,8 +147,11 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
   memset(dk, 0, sizeof(float) * (size_t)dt__numel(&out[1]));
   memset(dv, 0, sizeof(float) * (size_t)dt__numel(&out[2]));
   if (B * H * S * T == 0) return DT_SUCCESS;
-  float* p = (float*)dt__malloc(sizeof(float) * (size_t)(2 * S * T));
+  dt_backend_t bk = in[0].backend;
+  size_t pn = sizeof(float) * (size_t)(2 * S * T);
+  float* p = (float*)dt__backend_alloc(bk, pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa_grad: scores");
+  dt_status_t st = DT_SUCCESS;
   float* dp = p + S * T;
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
@@ -159,18 +161,19 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
       const float *qh = (const float*)q->data + oq, *kh = (const float*)k->data + ok,
                   *vh = (const float*)v->data + ov, *gh = (const float*)g->data + og;
       float *dqh = dq + oq, *dkh = dk + ok, *dvh = dv + ov;
-      if (D > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)D, (float)scale,
-                    qh, lq, kh, lk, 0.0f, p, (int)T);
-      else
+      if (D > 0) {
+        if (st == DT_SUCCESS)
+          st = dt__gemm(bk, 0, 1, S, T, D, (float)scale, qh, lq, kh, lk, 0.0f, p, T);
+      } else {
         memset(p, 0, sizeof(float) * (size_t)(S * T));
+      }
       dt__attn_softmax_rows(p, S, T, q0, causal);
       if (E > 0) {
         /* dv += P^T g ; dP = g v^T */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)E, (int)S, 1.0f, p,
-                    (int)T, gh, lg, 1.0f, dvh, lv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)E, 1.0f, gh, lg,
-                    vh, lv, 0.0f, dp, (int)T);
+        if (st == DT_SUCCESS)
+          st = dt__gemm(bk, 1, 0, T, E, S, 1.0f, p, T, gh, lg, 1.0f, dvh, lv);
+        if (st == DT_SUCCESS)
+          st = dt__gemm(bk, 0, 1, S, T, E, 1.0f, gh, lg, vh, lv, 0.0f, dp, T);
       } else {
         memset(dp, 0, sizeof(float) * (size_t)(S * T));
       }
@@ -181,12 +184,12 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
         for (int64_t j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - (float)dot);
       }
       if (D > 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)T, (float)scale,
-                    dp, (int)T, kh, lk, 0.0f, dqh, lq);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)S, (float)scale,
-                    dp, (int)T, qh, lq, 1.0f, dkh, lk);
+        if (st == DT_SUCCESS)
+          st = dt__gemm(bk, 0, 0, S, D, T, (float)scale, dp, T, kh, lk, 0.0f, dqh, lq);
+        if (st == DT_SUCCESS)
+          st = dt__gemm(bk, 1, 0, T, D, S, (float)scale, dp, T, qh, lq, 1.0f, dkh, lk);
       }
     }
-  dt__free(p);
-  return DT_SUCCESS;
+  dt__backend_free(bk, p, pn);
+  return st;
 }

@@ -1,7 +1,6 @@
 /* kernels_nn.c - CPU kernels of the model ops on local shards (f32 compute; dispatch converts
  * bf16/f16 storage on load and store): addmm, scalar ops, pow, cast, where/masked_fill, scaled
  * dot-product attention, rotary embedding, topk, gather, scatter_add, dropout. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -50,11 +49,8 @@ dt_status_t dt__kernel_addmm(const dt_op_call_t* call, const dt_local_tensor_t* 
   int two = in[0].ndim == 2;
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < N; j++) o[i * N + j] = (float)beta * b[two ? i * N + j : j];
-  if (M > 0 && N > 0 && K > 0)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, (float)alpha,
-                (const float*)in[1].data, (int)K, (const float*)in[2].data, (int)N, 1.0f, o,
-                (int)N);
-  return DT_SUCCESS;
+  return dt__gemm(in[0].backend, 0, 0, M, N, K, (float)alpha, (const float*)in[1].data, K,
+                  (const float*)in[2].data, N, 1.0f, o, N);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -212,8 +208,11 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
     memset(o, 0, sizeof(float) * (size_t)(B * H * S * E));
     return DT_SUCCESS;
   }
-  float* p = (float*)dt__malloc(sizeof(float) * (size_t)(S * T));
+  dt_backend_t bk = in[0].backend;
+  size_t pn = sizeof(float) * (size_t)(S * T);
+  float* p = (float*)dt__backend_alloc(bk, pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa: %lld score floats", (long long)(S * T));
+  dt_status_t st = DT_SUCCESS;
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t g = h / rep;
@@ -221,18 +220,18 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
       const float* kh = (const float*)k->data + dt__attn_base(layout, b, g, G, T, D);
       const float* vh = (const float*)v->data + dt__attn_base(layout, b, g, G, T, E);
       float* oh = o + dt__attn_base(layout, b, h, H, S, E);
-      if (D > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)T, (int)D, (float)scale,
-                    qh, lq, kh, lk, 0.0f, p, (int)T);
-      else
+      if (D > 0) {
+        if (st == DT_SUCCESS)
+          st = dt__gemm(bk, 0, 1, S, T, D, (float)scale, qh, lq, kh, lk, 0.0f, p, T);
+      } else {
         memset(p, 0, sizeof(float) * (size_t)(S * T));
+      }
       dt__attn_softmax_rows(p, S, T, q0, causal);
-      if (E > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)E, (int)T, 1.0f, p,
-                    (int)T, vh, lv, 0.0f, oh, lo);
+      if (E > 0 && st == DT_SUCCESS)
+        st = dt__gemm(bk, 0, 0, S, E, T, 1.0f, p, T, vh, lv, 0.0f, oh, lo);
     }
-  dt__free(p);
-  return DT_SUCCESS;
+  dt__backend_free(bk, p, pn);
+  return st;
 }
 
 /* ---------------------------------------------------------------------------------------------

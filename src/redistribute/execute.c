@@ -13,6 +13,7 @@
 
 typedef struct dt__exec {
   dt_mesh_t m;
+  dt_backend_t b; /* the data's backend: packing, copies and scaling go through it */
   dt_dtype_t dtype;
   size_t item;
   dt_layout_t lb, la;    /* layouts before and after the step */
@@ -40,21 +41,12 @@ static dt_status_t dt__to_int(int64_t v, int* out) {
   return DT_SUCCESS;
 }
 
-/* Divides n elements by `div` in place (avg). Integers divide with truncation toward zero. */
-static void dt__scale_div(void* buf, dt_dtype_t dtype, int64_t n, int div) {
-  if (div == 1) return;
-  if (dtype == DT_F32) {
-    float* f = (float*)buf;
-    for (int64_t i = 0; i < n; i++) f[i] /= (float)div;
-  } else if (dtype == DT_I32) {
-    int32_t* v = (int32_t*)buf;
-    for (int64_t i = 0; i < n; i++) v[i] /= div;
-  } else if (dtype == DT_I64) {
-    int64_t* v = (int64_t*)buf;
-    for (int64_t i = 0; i < n; i++) v[i] /= div;
-  } else {
-    for (int64_t i = 0; i < n; i++) dt__store(buf, dtype, i, dt__load(buf, dtype, i) / div);
-  }
+/* One box copy between arrays of the step's dtype, through the backend. */
+static dt_status_t dt__bcopy(const dt__exec_t* x, const int64_t* ext, void* dst,
+                             const int64_t* dst_shape, const int64_t* dst_off, const void* src,
+                             const int64_t* src_shape, const int64_t* src_off) {
+  return x->b->iface->box_copy(x->b, x->lb.ndim, x->item, ext, dst, dst_shape, dst_off, src,
+                               src_shape, src_off);
 }
 
 /* The reduce op of the Partial being reduced (same on every masked dim, see the merge pass). */
@@ -70,16 +62,16 @@ static dt_status_t dt__run_local(const dt__exec_t* x, const dt_step_t* s, const 
   int nd = x->lb.ndim;
   int64_t rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
   for (int d = 0; d < nd; d++) rel[d] = x->ob_off[d] - x->ib_off[d];
-  dt__box_copy(nd, x->item, x->ob_len, out, x->ob_len, zero, in, x->ib_len, rel);
+  DT_CHECK(dt__bcopy(x, x->ob_len, out, x->ob_len, zero, in, x->ib_len, rel));
   for (int i = 0; i < x->m->ndim; i++) {
     if (!(s->mask & (1u << i)) || s->after[i].kind != DT_PARTIAL) continue;
     if (s->before[i].kind != DT_REPLICATE || s->after[i].op != DT_REDUCE_SUM) continue;
     int n = x->m->shape[i];
     int64_t numel = dt__box_numel(nd, x->ob_len);
     if (dt__dtype_is_float(x->dtype)) {
-      dt__scale_div(out, x->dtype, numel, n); /* each rank holds value / n */
-    } else if (x->m->coords[i] != 0) {
-      memset(out, 0, (size_t)numel * x->item); /* exact for integers: coordinate 0 keeps it */
+      DT_CHECK(x->b->iface->scale_div(x->b, out, x->dtype, numel, n)); /* value / n each */
+    } else if (x->m->coords[i] != 0) { /* exact for integers: coordinate 0 keeps it */
+      DT_CHECK(x->b->iface->memset(x->b, out, 0, (size_t)numel * x->item));
     }
   }
   return DT_SUCCESS;
@@ -131,7 +123,7 @@ static dt_status_t dt__run_all_gather(const dt__exec_t* x, dt_comm_t* c, const v
     acc += rc[q];
   }
   void* tmp;
-  DT_CHECK(dt__ws_reserve(3, (size_t)acc * x->item, &tmp));
+  DT_CHECK(dt__ws_reserve(x->b, 3, (size_t)acc * x->item, &tmp));
   DT_CHECK(c->iface->all_to_all_v(c, in, sc, sd, tmp, rc, rd, x->dtype));
   for (int q = 0; q < gn; q++) {
     int cq[DT_MAX_MESH_DIMS];
@@ -140,7 +132,7 @@ static dt_status_t dt__run_all_gather(const dt__exec_t* x, dt_comm_t* c, const v
     dt__layout_box(&x->lb, cq, off, len);
     for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
     const void* from = q == me ? in : (const char*)tmp + (size_t)rd[q] * x->item;
-    dt__box_copy(nd, x->item, len, out, x->ob_len, rel, from, len, zero);
+    DT_CHECK(dt__bcopy(x, len, out, x->ob_len, rel, from, len, zero));
   }
   return DT_SUCCESS;
 }
@@ -165,7 +157,7 @@ static dt_status_t dt__run_reduce_scatter(const dt__exec_t* x, const dt_step_t* 
   const void* send = in;
   if (!direct) {
     void* tmp;
-    DT_CHECK(dt__ws_reserve(0, (size_t)acc * x->item, &tmp));
+    DT_CHECK(dt__ws_reserve(x->b, 0, (size_t)acc * x->item, &tmp));
     int64_t pos = 0;
     for (int q = 0; q < gn; q++) {
       int cq[DT_MAX_MESH_DIMS];
@@ -173,8 +165,8 @@ static dt_status_t dt__run_reduce_scatter(const dt__exec_t* x, const dt_step_t* 
       dt__group_coords(x, q, cq);
       dt__layout_box(&x->la, cq, off, len);
       for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
-      dt__box_copy(nd, x->item, len, (char*)tmp + (size_t)pos * x->item, len, zero, in, x->ib_len,
-                   rel);
+      DT_CHECK(dt__bcopy(x, len, (char*)tmp + (size_t)pos * x->item, len, zero, in, x->ib_len,
+                   rel));
       pos += counts[q];
     }
     send = tmp;
@@ -182,7 +174,7 @@ static dt_status_t dt__run_reduce_scatter(const dt__exec_t* x, const dt_step_t* 
   dt_reduce_op_t op = dt__step_op(s, x->m->ndim);
   DT_CHECK(c->iface->reduce_scatter_v(c, send, out, counts,
                                       x->dtype, op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op));
-  if (op == DT_REDUCE_AVG) dt__scale_div(out, x->dtype, counts[c->rank], gn);
+  if (op == DT_REDUCE_AVG) DT_CHECK(x->b->iface->scale_div(x->b, out, x->dtype, counts[c->rank], gn));
   return DT_SUCCESS;
 }
 
@@ -234,14 +226,14 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
       irel[d] = off[d] - x->ib_off[d];
       orel[d] = off[d] - x->ob_off[d];
     }
-    dt__box_copy(nd, x->item, len, out, x->ob_len, orel, in, x->ib_len, irel);
+    DT_CHECK(dt__bcopy(x, len, out, x->ob_len, orel, in, x->ib_len, irel));
     stot -= sc[me];
     rtot -= rc[me];
     sc[me] = rc[me] = 0;
   }
   if (!sdirect) {
     void* tmp;
-    DT_CHECK(dt__ws_reserve(0, (size_t)stot * x->item, &tmp));
+    DT_CHECK(dt__ws_reserve(x->b, 0, (size_t)stot * x->item, &tmp));
     int64_t pos = 0;
     for (int q = 0; q < gn; q++) {
       int cq[DT_MAX_MESH_DIMS];
@@ -253,14 +245,14 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
       dt__layout_box(&x->la, cq, bo, bl);
       dt__box_intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
       for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
-      dt__box_copy(nd, x->item, len, (char*)tmp + (size_t)pos * x->item, len, zero, in,
-                   x->ib_len, rel);
+      DT_CHECK(dt__bcopy(x, len, (char*)tmp + (size_t)pos * x->item, len, zero, in,
+                   x->ib_len, rel));
       pos += sc[q];
     }
     send = tmp;
   }
   if (!rdirect) {
-    DT_CHECK(dt__ws_reserve(3, (size_t)rtot * x->item, &recv));
+    DT_CHECK(dt__ws_reserve(x->b, 3, (size_t)rtot * x->item, &recv));
     int64_t pos = 0;
     for (int q = 0; q < gn; q++) {
       DT_CHECK(dt__to_int(pos, &rd[q]));
@@ -278,17 +270,18 @@ static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const v
       dt__layout_box(&x->lb, cq, bo, bl);
       dt__box_intersect(nd, bo, bl, x->ob_off, x->ob_len, off, len);
       for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
-      dt__box_copy(nd, x->item, len, out, x->ob_len, rel,
-                   (const char*)recv + (size_t)rd[q] * x->item, len, zero);
+      DT_CHECK(dt__bcopy(x, len, out, x->ob_len, rel,
+                   (const char*)recv + (size_t)rd[q] * x->item, len, zero));
     }
   }
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__run_step(dt_mesh_t m, const struct dt_plan* p, const dt_step_t* s,
-                                const void* in, void* out) {
+static dt_status_t dt__run_step(dt_mesh_t m, dt_backend_t b, const struct dt_plan* p,
+                                const dt_step_t* s, const void* in, void* out) {
   dt__exec_t x;
   x.m = m;
+  x.b = b;
   x.dtype = p->dtype;
   x.item = dt__itemsize(p->dtype);
   x.lb = p->src;
@@ -320,7 +313,7 @@ static dt_status_t dt__run_step(dt_mesh_t m, const struct dt_plan* p, const dt_s
       dt_reduce_op_t op = dt__step_op(s, m->ndim);
       DT_CHECK(c->iface->all_reduce(c, in, out, n, x.dtype,
                                     op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op));
-      if (op == DT_REDUCE_AVG) dt__scale_div(out, x.dtype, numel, x.gn);
+      if (op == DT_REDUCE_AVG) DT_CHECK(x.b->iface->scale_div(x.b, out, x.dtype, numel, x.gn));
       nbytes = (uint64_t)numel * x.item;
       break;
     }
@@ -330,7 +323,8 @@ static dt_status_t dt__run_step(dt_mesh_t m, const struct dt_plan* p, const dt_s
   return DT_SUCCESS;
 }
 
-dt_status_t dt__plan_execute(dt_mesh_t m, const struct dt_plan* p, const void* src, void* dst) {
+dt_status_t dt__plan_execute(dt_mesh_t m, dt_backend_t b, const struct dt_plan* p,
+                             const void* src, void* dst) {
   if (m->abstract)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "cannot move data on an abstract mesh (no ranks)");
   if (!m->member) return DT_SUCCESS;
@@ -339,7 +333,7 @@ dt_status_t dt__plan_execute(dt_mesh_t m, const struct dt_plan* p, const void* s
     int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
     dt__layout_box(&p->src, m->coords, off, len);
     size_t n = (size_t)dt__box_numel(p->src.ndim, len) * item;
-    if (n && dst != src) memcpy(dst, src, n);
+    if (n && dst != src) DT_CHECK(b->iface->copy(b, dst, src, n, DT_COPY_D2D));
     return DT_SUCCESS;
   }
   const void* cur = src;
@@ -350,9 +344,9 @@ dt_status_t dt__plan_execute(dt_mesh_t m, const struct dt_plan* p, const void* s
       memcpy(la.pl, p->steps[k].after, sizeof la.pl);
       int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
       dt__layout_box(&la, m->coords, off, len);
-      DT_CHECK(dt__ws_reserve(1 + (k & 1), (size_t)dt__box_numel(la.ndim, len) * item, &out));
+      DT_CHECK(dt__ws_reserve(b, 1 + (k & 1), (size_t)dt__box_numel(la.ndim, len) * item, &out));
     }
-    DT_CHECK(dt__run_step(m, p, &p->steps[k], cur, out));
+    DT_CHECK(dt__run_step(m, b, p, &p->steps[k], cur, out));
     cur = out;
   }
   return DT_SUCCESS;

@@ -50,7 +50,9 @@ void dt__cost_linear(dt_collective_t c, int n, double* a, double* b);
 dt_status_t dt__cost_model_autoload(void);
 
 /* ---- executor (src/redistribute/execute.c) ------------------------------------------------- */
-/* Executes a plan: src buffer (source layout's local box) -> dst buffer (target's local box). */
-dt_status_t dt__plan_execute(dt_mesh_t mesh, const struct dt_plan* p, const void* src, void* dst);
+/* Executes a plan: src buffer (source layout's local box) -> dst buffer (target's local box), both
+ * in backend b's memory (packing, copies and scaling go through b). */
+dt_status_t dt__plan_execute(dt_mesh_t mesh, dt_backend_t b, const struct dt_plan* p,
+                             const void* src, void* dst);
 
 #endif

@@ -35,6 +35,10 @@ enum {
   DT_OPF_RECOMPUTE = 1u << 2,  /* cheap: the default checkpoint policy recomputes its outputs */
   DT_OPF_NO_GRAD = 1u << 3,    /* not differentiable on purpose (no backward rule) */
   DT_OPF_VARIADIC = 1u << 4,   /* takes 1 to DT_OP_MAX_INPUTS inputs (n_in is the maximum) */
+  DT_OPF_VIEW = 1u << 5,       /* the local output is the input's local elements in order: the
+                                  output aliases the input's storage (no kernel runs) */
+  DT_OPF_CUT = 1u << 6,        /* slice/narrow: the output aliases the input's storage when its
+                                  local elements are one contiguous run */
 };
 
 /* The context a backward rule sees: the forward's inputs and outputs (values), which inputs need

@@ -21,9 +21,11 @@
 #define DT__WR (DT_OPF_WRITES_ALL | DT_OPF_RECOMPUTE)
 #define DT__WRA (DT_OPF_WRITES_ALL | DT_OPF_RECOMPUTE | DT_OPF_ANY_DTYPE)
 #define DT__WN (DT_OPF_WRITES_ALL | DT_OPF_NO_GRAD)
+#define DT__VIEW (DT__WRA | DT_OPF_VIEW)
+#define DT__CUT (DT__WRA | DT_OPF_CUT)
 
 /* clang-format off */
-#define DT_OP_LIST(X)                                                                                     \
+#define DT_OP_LIST(X)                                                                                    \
   /* matmuls */                                                                                          \
   X(MM, "mm", 2, 1, "", dt__mm_rules, NULL, dt__bw_mm, DT__W, dt__kernel_mm, NULL)                       \
   X(BMM, "bmm", 2, 1, "", dt__bmm_rules, NULL, dt__bw_bmm, DT__W, dt__kernel_bmm, NULL)                  \
@@ -93,26 +95,26 @@
   X(ROTARY, "rotary", 1, 1, "seq_dim=1, inverse=0, theta:f=10000", dt__rotary_rules, NULL,               \
     dt__bw_rotary, DT__WR, dt__kernel_rotary, NULL)                                                      \
   /* shape (views alias storage where they can; see tensor.h) */                                         \
-  X(VIEW, "view", 1, 1, "shape:l", dt__reshape_rules, dt__view_check, dt__bw_view, DT__WRA,              \
+  X(VIEW, "view", 1, 1, "shape:l", dt__reshape_rules, dt__view_check, dt__bw_view, DT__VIEW,             \
     dt__kernel_view, NULL)                                                                               \
-  X(RESHAPE, "reshape", 1, 1, "shape:l", dt__reshape_rules, dt__view_check, dt__bw_view, DT__WRA,        \
+  X(RESHAPE, "reshape", 1, 1, "shape:l", dt__reshape_rules, dt__view_check, dt__bw_view, DT__VIEW,       \
     dt__kernel_view, NULL)                                                                               \
   X(FLATTEN, "flatten", 1, 1, "start_dim=0, end_dim=-1", dt__flatten_rules, dt__view_check,              \
-    dt__bw_view, DT__WRA, dt__kernel_view, NULL)                                                         \
+    dt__bw_view, DT__VIEW, dt__kernel_view, NULL)                                                        \
   X(UNFLATTEN, "unflatten", 1, 1, "dim, sizes:l", dt__unflatten_rules, dt__view_check, dt__bw_view,      \
-    DT__WRA, dt__kernel_view, NULL)                                                                      \
-  X(SQUEEZE, "squeeze", 1, 1, "dim?", dt__squeeze_rules, dt__view_check, dt__bw_view, DT__WRA,           \
+    DT__VIEW, dt__kernel_view, NULL)                                                                     \
+  X(SQUEEZE, "squeeze", 1, 1, "dim?", dt__squeeze_rules, dt__view_check, dt__bw_view, DT__VIEW,          \
     dt__kernel_view, NULL)                                                                               \
-  X(UNSQUEEZE, "unsqueeze", 1, 1, "dim", dt__unsqueeze_rules, dt__view_check, dt__bw_view, DT__WRA,      \
+  X(UNSQUEEZE, "unsqueeze", 1, 1, "dim", dt__unsqueeze_rules, dt__view_check, dt__bw_view, DT__VIEW,     \
     dt__kernel_view, NULL)                                                                               \
   X(PERMUTE, "permute", 1, 1, "dims:l", dt__permute_rules, NULL, dt__bw_permute, DT__WRA,                \
     dt__kernel_permute, NULL)                                                                            \
   X(TRANSPOSE, "transpose", 1, 1, "dim0, dim1", dt__transpose_rules, NULL, dt__bw_transpose, DT__WRA,    \
     dt__kernel_transpose, NULL)                                                                          \
   X(T, "t", 1, 1, "", dt__t_rules, NULL, dt__bw_t, DT__WRA, dt__kernel_t, NULL)                          \
-  X(SLICE, "slice", 1, 1, "dim, start, end, step=1", dt__slice_rules, NULL, dt__bw_slice, DT__WRA,       \
+  X(SLICE, "slice", 1, 1, "dim, start, end, step=1", dt__slice_rules, NULL, dt__bw_slice, DT__CUT,       \
     dt__kernel_slice, NULL)                                                                              \
-  X(NARROW, "narrow", 1, 1, "dim, start, length", dt__narrow_rules, NULL, dt__bw_slice, DT__WRA,         \
+  X(NARROW, "narrow", 1, 1, "dim, start, length", dt__narrow_rules, NULL, dt__bw_slice, DT__CUT,         \
     dt__kernel_narrow, NULL)                                                                             \
   X(CAT, "cat", DT_OP_MAX_INPUTS, 1, "dim", dt__cat_rules, NULL, dt__bw_cat,                             \
     DT__WRA | DT_OPF_VARIADIC, dt__kernel_cat, NULL)                                                     \

@@ -26,16 +26,16 @@ static void dt__fmt_shape(char* buf, size_t cap, int ndim, const int64_t* s) {
   if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
-/* Validates arguments and allocates a tensor shell (no storage). */
+/* Validates arguments and allocates a tensor shell (no storage); `meta` allows abstract meshes. */
 static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
-                                    const int64_t* shape, const dt_placement_t* pl,
+                                    const int64_t* shape, const dt_placement_t* pl, int meta,
                                     dt_tensor_t* out) {
   *out = NULL;
   DT_CHECK(dt__mesh_check(mesh));
-  if (mesh->abstract)
+  if (mesh->abstract && !meta)
     return DT_FAIL(DT_ERR_INVALID_USAGE,
                    "an abstract mesh holds no data (plan with dt_plan_create, print with "
-                   "dt_sharding_visualize)");
+                   "dt_sharding_visualize, or use meta tensors: dt_tensor_meta)");
   if (!dt__dtype_valid(dtype))
     return DT_FAIL(DT_ERR_INVALID_ARG, "dtype %d out of range [0, %d)", (int)dtype,
                    DT_DTYPE_COUNT);
@@ -47,6 +47,7 @@ static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   t->mesh = mesh;
   t->dtype = dtype;
   t->layout = l;
+  t->meta = meta;
   if (mesh->member) {
     dt__layout_box(&l, mesh->coords, t->local_off, t->local_shape);
   } else {
@@ -60,46 +61,130 @@ static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
 
 dt_status_t dt__tensor_new(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                            const dt_placement_t* pl, int zero, dt_tensor_t* out) {
-  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, shape, pl, out));
+  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, shape, pl, 0, out));
   dt_tensor_t t = *out;
-  size_t n = (size_t)t->local_numel * dt__itemsize(dtype);
-  t->data = dt__pool_alloc(n ? n : 1, zero);
-  if (t->data == NULL) {
+  dt_status_t st = dt__storage_new(mesh->backend, dt__tensor_nbytes(t), zero, &t->storage);
+  if (st != DT_SUCCESS) {
     dt_tensor_destroy(t);
     *out = NULL;
-    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "local shard of %zu bytes", n);
+    return st;
   }
-  t->owns = 1;
+  t->data = t->storage->ptr;
   return DT_SUCCESS;
+}
+
+dt_status_t dt__tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                            const dt_placement_t* pl, dt_tensor_t* out) {
+  return dt__tensor_shell(mesh, dtype, ndim, shape, pl, 1, out);
+}
+
+dt_status_t dt__tensor_alias(dt_tensor_t base, size_t offset, dt_dtype_t dtype, int ndim,
+                             const int64_t* shape, const dt_placement_t* pl, dt_tensor_t* out) {
+  DT_CHECK(dt__tensor_shell(base->mesh, dtype, ndim, shape, pl, base->meta, out));
+  dt_tensor_t t = *out;
+  if (base->meta) return DT_SUCCESS;
+  size_t at = base->offset + offset;
+  if (at + dt__tensor_nbytes(t) > base->storage->nbytes) {
+    dt_tensor_destroy(t);
+    *out = NULL;
+    return DT_FAIL(DT_ERR_INTERNAL, "a view of %zu bytes at %zu overruns a storage of %zu bytes",
+                   dt__tensor_nbytes(t), at, base->storage->nbytes);
+  }
+  dt__storage_retain(base->storage);
+  t->storage = base->storage;
+  t->offset = at;
+  t->data = (char*)t->storage->ptr + at;
+  return DT_SUCCESS;
+}
+
+int dt__tensor_shared(dt_tensor_t t) {
+  return t->storage != NULL && (t->storage->refcount > 1 || !t->storage->owned);
+}
+
+dt_status_t dt__tensor_clone(dt_tensor_t t, dt_tensor_t* out) {
+  *out = NULL;
+  if (t->meta) return dt__tensor_meta(t->mesh, t->dtype, t->layout.ndim, t->layout.shape,
+                                      t->layout.pl, out);
+  dt_tensor_t c;
+  DT_CHECK(dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, t->layout.pl, 0, &c));
+  dt_backend_t b = dt__tensor_backend(c);
+  dt_status_t st = b->iface->copy(b, c->data, t->data, dt__tensor_nbytes(t), DT_COPY_D2D);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(c);
+    return st;
+  }
+  *out = c;
+  return DT_SUCCESS;
+}
+
+dt_backend_t dt__tensor_backend(dt_tensor_t t) {
+  return t->storage ? t->storage->backend : t->mesh->backend;
+}
+
+int dt__tensor_overlap(dt_tensor_t a, dt_tensor_t b) {
+  if (a->data == NULL || b->data == NULL) return 0;
+  if (dt__tensor_backend(a)->device != dt__tensor_backend(b)->device) return 0;
+  uintptr_t pa = (uintptr_t)a->data, pb = (uintptr_t)b->data; /* borrowed buffers may coincide */
+  size_t na = dt__tensor_nbytes(a), nb = dt__tensor_nbytes(b);
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
 }
 
 dt_status_t dt_tensor_destroy(dt_tensor_t t) {
   if (t == NULL) return DT_SUCCESS;
   DT_CHECK(dt__tensor_check(t, "tensor"));
-  if (t->owns) {
-    size_t n = (size_t)t->local_numel * dt__itemsize(t->dtype);
-    dt__pool_free(t->data, n ? n : 1);
-  }
+  dt__storage_release(t->storage);
   dt__mesh_release(t->mesh);
   t->magic = 0;
   dt__free(t);
   return DT_SUCCESS;
 }
 
+dt_status_t dt_tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                           const dt_placement_t* placements, dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  return dt__tensor_meta(mesh, dtype, ndim, shape, placements, out);
+}
+
+dt_status_t dt_tensor_is_meta(dt_tensor_t t, int* meta) {
+  DT_ARG_NOT_NULL(meta);
+  *meta = 0;
+  DT_CHECK(dt__tensor_check(t, "tensor"));
+  *meta = t->meta;
+  return DT_SUCCESS;
+}
+
 /* Turns a replicated value into this rank's part of a Partial, for every Partial mesh dim:
  * sum divides floats by the dim size and keeps integers on coordinate 0 only (exact sums). */
-static void dt__partition(dt_tensor_t t) {
+static dt_status_t dt__partition(dt_tensor_t t) {
   dt_mesh_t m = t->mesh;
-  for (int i = 0; i < m->ndim; i++) {
+  dt_backend_t b = dt__tensor_backend(t);
+  for (int i = 0; i < m->ndim && t->local_numel > 0; i++) {
     dt_placement_t p = t->layout.pl[i];
     if (p.kind != DT_PARTIAL || p.op != DT_REDUCE_SUM || m->shape[i] == 1) continue;
-    if (dt__dtype_is_float(t->dtype)) {
-      for (int64_t k = 0; k < t->local_numel; k++)
-        dt__store(t->data, t->dtype, k, dt__load(t->data, t->dtype, k) / m->shape[i]);
-    } else if (m->coords[i] != 0 && t->local_numel) {
-      memset(t->data, 0, (size_t)t->local_numel * dt__itemsize(t->dtype));
-    }
+    if (dt__dtype_is_float(t->dtype))
+      DT_CHECK(b->iface->scale_div(b, t->data, t->dtype, t->local_numel, m->shape[i]));
+    else if (m->coords[i] != 0)
+      DT_CHECK(b->iface->memset(b, t->data, 0, dt__tensor_nbytes(t)));
   }
+  return DT_SUCCESS;
+}
+
+/* Copies this rank's box of the row-major host array `full` (the whole global tensor) into the
+ * local shard. */
+static dt_status_t dt__upload_box(dt_tensor_t t, const void* full) {
+  dt_backend_t b = dt__tensor_backend(t);
+  int64_t zero[DT_MAX_DIMS] = {0};
+  size_t item = dt__itemsize(t->dtype);
+  if (b->device == DT_DEVICE_HOST)
+    return b->iface->box_copy(b, t->layout.ndim, item, t->local_shape, t->data, t->local_shape,
+                              zero, full, t->layout.shape, t->local_off);
+  void* tmp = dt__malloc(dt__tensor_nbytes(t));
+  if (tmp == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "host staging of %zu bytes", dt__tensor_nbytes(t));
+  dt__box_copy(t->layout.ndim, item, t->local_shape, tmp, t->local_shape, zero, full,
+               t->layout.shape, t->local_off);
+  dt_status_t st = b->iface->copy(b, t->data, tmp, dt__tensor_nbytes(t), DT_COPY_H2D);
+  dt__free(tmp);
+  return st;
 }
 
 dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
@@ -114,23 +199,38 @@ dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, cons
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(full);
-  DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, placements, 1, out));
+  DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, placements, 0, out));
   dt_tensor_t t = *out;
-  int64_t zero[DT_MAX_DIMS] = {0};
+  dt_status_t st = DT_SUCCESS;
   if (mesh->member) {
-    dt__box_copy(ndim, dt__itemsize(dtype), t->local_shape, t->data, t->local_shape, zero, full,
-                 t->layout.shape, t->local_off);
-    dt__partition(t);
+    st = dt__upload_box(t, full);
+    if (st == DT_SUCCESS) st = dt__partition(t);
   }
-  return DT_SUCCESS;
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(t);
+    *out = NULL;
+  }
+  return st;
 }
 
 dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
                                  const int64_t* global_shape, const dt_placement_t* placements,
                                  void* local, const int64_t* local_shape, dt_tensor_t* out) {
+  return dt_tensor_from_local_backend(mesh, NULL, dtype, ndim, global_shape, placements, local,
+                                      local_shape, out);
+}
+
+dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, dt_dtype_t dtype,
+                                         int ndim, const int64_t* global_shape,
+                                         const dt_placement_t* placements, void* local,
+                                         const int64_t* local_shape, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__mesh_check(mesh));
+  if (backend != NULL) DT_CHECK(dt__backend_check(backend));
+  /* host memory by default: the mesh's backend when it is a host one, else the cpu backend */
+  if (backend == NULL)
+    backend = mesh->backend->device == DT_DEVICE_HOST ? mesh->backend : &dt__backend_cpu;
   if (ndim < 0 || ndim > DT_MAX_DIMS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "tensor ndim %d out of range [0, %d]", ndim, DT_MAX_DIMS);
   if (ndim > 0) DT_ARG_NOT_NULL(local_shape);
@@ -163,7 +263,7 @@ dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
     for (int d = 0; d < ndim; d++) gshape[d] = global_shape[d];
   }
   dt_tensor_t t;
-  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, gshape, placements, &t));
+  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, gshape, placements, 0, &t));
   for (int d = 0; d < ndim; d++)
     if (local_shape[d] != t->local_shape[d]) {
       char got[160], want[160], glob[160], pl[96];
@@ -181,8 +281,12 @@ dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
     dt_tensor_destroy(t);
     return DT_FAIL(DT_ERR_INVALID_ARG, "local is NULL but the shard has elements");
   }
+  dt_status_t st = dt__storage_borrow(backend, local, dt__tensor_nbytes(t), &t->storage);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(t);
+    return st;
+  }
   t->data = local;
-  t->owns = 0;
   *out = t;
   return DT_SUCCESS;
 }
@@ -216,6 +320,9 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
   dt_tensor_t t = *out;
   if (!mesh->member) return DT_SUCCESS;
   dt_status_t st = DT_SUCCESS;
+  /* The user's array and the collectives are host memory: pack and receive in the cpu backend's
+   * host workspace, then copy the local shard into the tensor through its backend. */
+  dt_backend_t host = &dt__backend_cpu, b = dt__tensor_backend(t);
   int m = mesh->ndim, sc[DT_MAX_MESH_DIMS];
   dt__grid_coords(m, mesh->shape, src_pos, sc);
   size_t item = dt__itemsize(dtype);
@@ -243,7 +350,8 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
         DT_CHECK_GOTO(dt__ws_ints((size_t)n * 2, &ints), st, fail);
         int *counts = ints, *displs = ints + n;
         void* pack = NULL;
-        if (me == root) DT_CHECK_GOTO(dt__ws_reserve(0, (size_t)numel * item, &pack), st, fail);
+        if (me == root)
+          DT_CHECK_GOTO(dt__ws_reserve(host, 0, (size_t)numel * item, &pack), st, fail);
         int64_t pos = 0;
         for (int q = 0; q < n; q++) {
           int cq[DT_MAX_MESH_DIMS];
@@ -261,13 +369,14 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
           pos += counts[q];
         }
         void* dst;
-        DT_CHECK_GOTO(dt__ws_reserve(1 + (i & 1), (size_t)counts[me] * item, &dst), st, fail);
+        DT_CHECK_GOTO(dt__ws_reserve(host, 1 + (i & 1), (size_t)counts[me] * item, &dst), st,
+                      fail);
         DT_CHECK_GOTO(c->iface->scatter_v(c, pack, counts, displs, dst, dtype, root), st, fail);
         dt__count_collective(mesh, 1u << i, DT_COLL_SCATTER, (uint64_t)pos * item);
         cur = dst;
       } else {
         void* buf;
-        DT_CHECK_GOTO(dt__ws_reserve(1 + (i & 1), (size_t)numel * item, &buf), st, fail);
+        DT_CHECK_GOTO(dt__ws_reserve(host, 1 + (i & 1), (size_t)numel * item, &buf), st, fail);
         if (me == root && cur != buf && numel) memcpy(buf, cur, (size_t)numel * item);
         if (n > 1) {
           DT_CHECK_GOTO(c->iface->broadcast(c, buf, (int)numel, dtype, root), st, fail);
@@ -278,8 +387,10 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
     }
     lv = next;
   }
-  if (t->local_numel) memcpy(t->data, cur, (size_t)t->local_numel * item);
-  dt__partition(t);
+  DT_CHECK_GOTO(b->iface->copy(b, t->data, cur, dt__tensor_nbytes(t),
+                               b->device == DT_DEVICE_HOST ? DT_COPY_H2H : DT_COPY_H2D),
+                st, fail);
+  DT_CHECK_GOTO(dt__partition(t), st, fail);
   return DT_SUCCESS;
 fail:
   dt_tensor_destroy(t);
@@ -342,11 +453,18 @@ dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel) {
   return DT_SUCCESS;
 }
 dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape) {
+  return dt_tensor_to_local_backend(t, data, local_shape, NULL);
+}
+
+dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,
+                                       dt_backend_t* backend) {
   DT_ARG_NOT_NULL(data);
   *data = NULL;
+  if (backend) *backend = NULL;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   *data = t->data;
   if (local_shape) memcpy(local_shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
+  if (backend) *backend = dt__tensor_backend(t);
   return DT_SUCCESS;
 }
 
@@ -364,8 +482,15 @@ dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
   if (src->layout.ndim != dst->layout.ndim ||
       memcmp(src->layout.shape, dst->layout.shape, sizeof(int64_t) * (size_t)src->layout.ndim))
     return DT_FAIL(DT_ERR_INVALID_ARG, "global shapes of src and dst differ");
-  if (src->data != NULL && src->data == dst->data && src->local_numel > 0)
+  if (dt__tensor_overlap(src, dst))
     return DT_FAIL(DT_ERR_INVALID_ARG, "src and dst share storage");
+  if (src->meta != dst->meta)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "redistribute between a meta tensor and a tensor with "
+                   "data");
+  dt_backend_t b = dt__tensor_backend(src);
+  if (!src->meta && b->device != dt__tensor_backend(dst)->device)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "src (%s) and dst (%s) live on different devices",
+                   dt_device_name(b->device), dt_device_name(dt__tensor_backend(dst)->device));
   dt_mesh_t m = src->mesh;
   struct dt_plan* p;
   DT_CHECK(dt__plan_get(m, src->dtype, &src->layout, dst->layout.pl, &p));
@@ -373,8 +498,9 @@ dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
     char buf[512];
     if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s", buf);
   }
+  if (src->meta) return DT_SUCCESS; /* planned, nothing to move */
   dt__count_redistribute(m);
-  return dt__plan_execute(m, p, src->data, dst->data);
+  return dt__plan_execute(m, b, p, src->data, dst->data);
 }
 
 dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_tensor_t* out) {
@@ -383,7 +509,11 @@ dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_
   DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(dst);
   dt_tensor_t r;
-  DT_CHECK(dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 1, &r));
+  /* the plan writes every local element: no zero fill */
+  if (t->meta)
+    DT_CHECK(dt__tensor_meta(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, &r));
+  else
+    DT_CHECK(dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 0, &r));
   dt_status_t st = dt_tensor_redistribute_into(t, r);
   if (st != DT_SUCCESS) {
     dt_tensor_destroy(r); /* succeeds, leaving the error message alone */
@@ -403,10 +533,23 @@ dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
                    need);
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  if (t->meta) return DT_FAIL(DT_ERR_INVALID_USAGE, "a meta tensor holds no data");
+  dt_backend_t b = dt__tensor_backend(t);
   dt_tensor_t r;
-  DT_CHECK(dt__tensor_shell(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, rep, &r));
-  r->data = out;
-  dt_status_t st = dt_tensor_redistribute_into(t, r);
+  DT_CHECK(dt__tensor_shell(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, rep, 0, &r));
+  dt_status_t st;
+  if (b->device == DT_DEVICE_HOST) { /* gather straight into the caller's array */
+    st = dt__storage_borrow(b, out, need, &r->storage);
+    if (st == DT_SUCCESS) {
+      r->data = out;
+      st = dt_tensor_redistribute_into(t, r);
+    }
+  } else { /* gather in device memory, then one copy to the host */
+    dt_tensor_destroy(r);
+    st = dt_tensor_redistribute(t, rep, &r);
+    if (st == DT_SUCCESS && t->mesh->member)
+      st = b->iface->copy(b, out, r->data, need, DT_COPY_D2H);
+  }
   dt_tensor_destroy(r);
   return st;
 }
@@ -441,26 +584,53 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
                    dt_dtype_name(dtype));
   if (!isfinite(a) || !isfinite(b))
     return DT_FAIL(DT_ERR_INVALID_ARG, "fill values must be finite");
-  DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, pl, 1, out));
+  DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, pl, kind == DT_FILL_CONST && a == 0.0, out));
   dt_tensor_t t = *out;
+  dt_backend_t be = dt__tensor_backend(t);
+  dt_status_t st = DT_SUCCESS;
   if (t->local_numel == 0 || (kind == DT_FILL_CONST && a == 0.0)) return DT_SUCCESS;
+  if (kind == DT_FILL_CONST) {
+    st = be->iface->fill(be, t->data, dtype, t->local_numel, a);
+    if (st == DT_SUCCESS) st = dt__partition(t);
+    goto done;
+  }
+  /* values from (seed, global index), generated on the host in chunks and copied in */
+  size_t item = dt__itemsize(dtype);
+  int64_t chunk = t->local_numel < 65536 ? t->local_numel : 65536;
+  void* buf = dt__malloc((size_t)chunk * item);
+  if (buf == NULL) {
+    st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "factory staging of %lld elements", (long long)chunk);
+    goto done;
+  }
   int64_t idx[DT_MAX_DIMS] = {0};
   double rand_scale = dtype == DT_BF16 ? 0x1.0p8 : dtype == DT_F16 ? 0x1.0p11 : 0x1.0p24;
-  for (int64_t k = 0; k < t->local_numel; k++) {
-    uint64_t g = 0;
-    for (int d = 0; d < ndim; d++) g = g * (uint64_t)shape[d] + (uint64_t)(t->local_off[d] + idx[d]);
-    double v = dt__fill_value(kind, a, b, seed, g);
-    /* rand is uniform on [0, 1): keep only the bits the storage dtype can hold, so that
-     * rounding to bf16/f16 can never produce 1.0. */
-    if (kind == DT_FILL_RAND) v = floor(v * rand_scale) / rand_scale;
-    dt__store(t->data, dtype, k, v);
-    for (int d = ndim - 1; d >= 0; d--) {
-      if (++idx[d] < t->local_shape[d]) break;
-      idx[d] = 0;
+  for (int64_t k0 = 0; k0 < t->local_numel && st == DT_SUCCESS; k0 += chunk) {
+    int64_t n = t->local_numel - k0 < chunk ? t->local_numel - k0 : chunk;
+    for (int64_t k = 0; k < n; k++) {
+      uint64_t g = 0;
+      for (int d = 0; d < ndim; d++)
+        g = g * (uint64_t)shape[d] + (uint64_t)(t->local_off[d] + idx[d]);
+      double v = dt__fill_value(kind, a, b, seed, g);
+      /* rand is uniform on [0, 1): keep only the bits the storage dtype can hold, so that
+       * rounding to bf16/f16 can never produce 1.0. */
+      if (kind == DT_FILL_RAND) v = floor(v * rand_scale) / rand_scale;
+      dt__store(buf, dtype, k, v);
+      for (int d = ndim - 1; d >= 0; d--) {
+        if (++idx[d] < t->local_shape[d]) break;
+        idx[d] = 0;
+      }
     }
+    st = be->iface->copy(be, (char*)t->data + (size_t)k0 * item, buf, (size_t)n * item,
+                         be->device == DT_DEVICE_HOST ? DT_COPY_H2H : DT_COPY_H2D);
   }
-  dt__partition(t);
-  return DT_SUCCESS;
+  dt__free(buf);
+  if (st == DT_SUCCESS) st = dt__partition(t);
+done:
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(t);
+    *out = NULL;
+  }
+  return st;
 }
 
 dt_status_t dt_tensor_zeros(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,

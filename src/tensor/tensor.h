@@ -1,4 +1,12 @@
-/* tensor.h - internal interface of the tensor layer: the distributed tensor object. */
+/* tensor.h - internal interface of the tensor layer: the distributed tensor object.
+ *
+ * A tensor is a layout (global shape, placements on a mesh) plus this rank's local shard: a dense
+ * row-major run of `local_numel` elements at byte `offset` of a reference-counted storage object.
+ * Views made by the shape ops share their input's storage (dispatch decides where that is exact);
+ * the storage lives until its last tensor is destroyed. A meta tensor has a layout and no storage:
+ * ops and redistributions on meta tensors plan and trace without moving data (abstract meshes
+ * included).
+ */
 #ifndef DT_TENSOR_TENSOR_H
 #define DT_TENSOR_TENSOR_H
 
@@ -15,17 +23,36 @@ struct dt_tensor {
   int64_t local_off[DT_MAX_DIMS];
   int64_t local_shape[DT_MAX_DIMS];
   int64_t local_numel;
-  void* data;
-  int owns;
+  dt_storage_t* storage; /* NULL for a meta tensor */
+  size_t offset;         /* bytes into the storage */
+  void* data;            /* storage->ptr + offset (NULL for a meta tensor) */
+  int meta;
 };
 
 /* DT_SUCCESS for a live tensor handle, else DT_ERR_INVALID_ARG ("<what> is not a live tensor").
  * The one handle check: every layer above uses it. */
 dt_status_t dt__tensor_check(dt_tensor_t t, const char* what);
-/* A tensor with owned storage, zero-filled or not (for outputs a kernel writes in full). */
+/* A tensor with owned storage on the mesh's backend, zero-filled or not (for outputs a kernel
+ * writes in full). */
 dt_status_t dt__tensor_new(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                            const dt_placement_t* pl, int zero, dt_tensor_t* out);
+/* A meta tensor (layout only) on any mesh, abstract meshes included. */
+dt_status_t dt__tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                            const dt_placement_t* pl, dt_tensor_t* out);
+/* A tensor of the given layout whose local shard is `base`'s storage from byte `offset` on (its
+ * local bytes must fit). The view keeps the storage alive. */
+dt_status_t dt__tensor_alias(dt_tensor_t base, size_t offset, dt_dtype_t dtype, int ndim,
+                             const int64_t* shape, const dt_placement_t* pl, dt_tensor_t* out);
+/* 1 when another tensor may see the tensor's bytes (its storage has other references or is
+ * borrowed from the caller). */
+int dt__tensor_shared(dt_tensor_t t);
+/* A copy with its own storage (same layout, same backend). */
+dt_status_t dt__tensor_clone(dt_tensor_t t, dt_tensor_t* out);
 /* Local bytes of the tensor's shard. */
 size_t dt__tensor_nbytes(dt_tensor_t t);
+/* The backend of a tensor's data (the mesh's for a meta tensor). */
+dt_backend_t dt__tensor_backend(dt_tensor_t t);
+/* 1 when the local shards of a and b share bytes of memory (views, or borrowed buffers). */
+int dt__tensor_overlap(dt_tensor_t a, dt_tensor_t b);
 
 #endif

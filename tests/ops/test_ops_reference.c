@@ -13,88 +13,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "dt_test_json.h"
+#include "dt_test_fixture.h"
 
 #define LIMIT 40
-#define MAXT 4
-
-typedef struct {
-  dt_dtype_t dtype;
-  int ndim;
-  int64_t shape[DT_MAX_DIMS], numel;
-  double* data;
-} fx_tensor_t;
-
-static dt_dtype_t parse_dtype(const char* s) {
-  dt_dtype_t t;
-  DT_ASSERT_OK(dt_dtype_parse(s, &t));
-  return t;
-}
-
-static void load_tensor(const cJSON* j, fx_tensor_t* t) {
-  t->dtype = parse_dtype(cJSON_GetObjectItem(j, "dtype")->valuestring);
-  const cJSON* sh = cJSON_GetObjectItem(j, "shape");
-  t->ndim = cJSON_GetArraySize(sh);
-  t->numel = 1;
-  for (int d = 0; d < t->ndim; d++) {
-    t->shape[d] = (int64_t)cJSON_GetArrayItem(sh, d)->valuedouble;
-    t->numel *= t->shape[d];
-  }
-  const cJSON* data = cJSON_GetObjectItem(j, "data");
-  DT_ASSERT_EQ(cJSON_GetArraySize(data), t->numel);
-  t->data = malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
-  for (int64_t i = 0; i < t->numel; i++) t->data[i] = cJSON_GetArrayItem(data, (int)i)->valuedouble;
-}
-
-static size_t itemsize(dt_dtype_t t) {
-  return t == DT_F32 || t == DT_I32 ? 4 : t == DT_I64 ? 8 : 2;
-}
-
-/* Packs doubles into the dtype's storage (bf16 by truncation: fixture values are exact bf16). */
-static void* pack(const fx_tensor_t* t) {
-  void* buf = malloc(itemsize(t->dtype) * (size_t)(t->numel ? t->numel : 1));
-  for (int64_t i = 0; i < t->numel; i++) {
-    double v = t->data[i];
-    switch (t->dtype) {
-      case DT_F32: ((float*)buf)[i] = (float)v; break;
-      case DT_I32: ((int32_t*)buf)[i] = (int32_t)v; break;
-      case DT_I64: ((int64_t*)buf)[i] = (int64_t)v; break;
-      case DT_BF16: {
-        float f = (float)v;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        ((uint16_t*)buf)[i] = (uint16_t)(u >> 16);
-        break;
-      }
-      default: DT_ASSERT_TRUE(0, "dtype %d in a fixture", (int)t->dtype);
-    }
-  }
-  return buf;
-}
-
-static double unpack(const void* buf, dt_dtype_t dt, int64_t i) {
-  switch (dt) {
-    case DT_F32: return ((const float*)buf)[i];
-    case DT_I32: return ((const int32_t*)buf)[i];
-    case DT_I64: return (double)((const int64_t*)buf)[i];
-    case DT_BF16: {
-      uint32_t u = (uint32_t)((const uint16_t*)buf)[i] << 16;
-      float f;
-      memcpy(&f, &u, 4);
-      return f;
-    }
-    default: return NAN;
-  }
-}
-
-static int n_options(const fx_tensor_t* t) {
-  return 1 + t->ndim + (t->dtype == DT_F32 || t->dtype == DT_BF16);
-}
-static dt_placement_t option(const fx_tensor_t* t, int k) {
-  if (k == 0) return dt_replicate();
-  if (k <= t->ndim) return dt_shard(k - 1);
-  return dt_partial(DT_REDUCE_SUM);
-}
+#define MAXT FX_MAXT
 
 static int g_rank;
 static long long g_grad_checks;
@@ -106,13 +28,11 @@ static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const f
   const char* name = cJSON_GetObjectItem(c, "name")->valuestring;
   const char* op = cJSON_GetObjectItem(c, "op")->valuestring;
   const cJSON *jg = cJSON_GetObjectItem(c, "grads"), *jw = cJSON_GetObjectItem(c, "grad_weights");
-  const cJSON *ja = cJSON_GetObjectItem(c, "iargs"), *jf = cJSON_GetObjectItem(c, "fargs");
   const cJSON* jo = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "outputs"), 0);
-  int nia = cJSON_GetArraySize(ja), nfa = cJSON_GetArraySize(jf);
+  int nia, nfa;
   int64_t iargs[8];
   double fargs[4];
-  for (int k = 0; k < nia; k++) iargs[k] = (int64_t)cJSON_GetArrayItem(ja, k)->valuedouble;
-  for (int k = 0; k < nfa; k++) fargs[k] = cJSON_GetArrayItem(jf, k)->valuedouble;
+  fx_args(c, &nia, iargs, &nfa, fargs);
   dt_var_t v[MAXT], outs[2], out, prod, loss, rv;
   int nout = cJSON_GetArraySize(cJSON_GetObjectItem(c, "outputs"));
   for (int t = 0; t < nin; t++) {
@@ -122,10 +42,10 @@ static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const f
     DT_ASSERT_OK(dt_var_leaf(x, !cJSON_IsNull(cJSON_GetArrayItem(jg, t)), &v[t]));
   }
   fx_tensor_t r;
-  load_tensor(jo, &r); /* the output's shape; data replaced by the weights */
+  fx_load_tensor(jo, &r); /* the output's shape; data replaced by the weights */
   for (int64_t i = 0; i < r.numel; i++) r.data[i] = cJSON_GetArrayItem(jw, (int)i)->valuedouble;
   r.dtype = DT_F32;
-  void* rp = pack(&r);
+  void* rp = fx_pack(&r);
   dt_placement_t rep[DT_MAX_MESH_DIMS] = {dt_replicate(), dt_replicate()};
   dt_tensor_t rt;
   DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, r.ndim, r.shape, rep, rp, &rt));
@@ -170,24 +90,22 @@ static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
   double rtol = cJSON_GetObjectItem(c, "rtol")->valuedouble;
   double atol = cJSON_GetObjectItem(c, "atol")->valuedouble;
   const cJSON *ji = cJSON_GetObjectItem(c, "inputs"), *jo = cJSON_GetObjectItem(c, "outputs");
-  const cJSON *ja = cJSON_GetObjectItem(c, "iargs"), *jf = cJSON_GetObjectItem(c, "fargs");
   int nin = cJSON_GetArraySize(ji), nout = cJSON_GetArraySize(jo);
-  int nia = cJSON_GetArraySize(ja), nfa = cJSON_GetArraySize(jf);
+  int nia, nfa;
   int64_t iargs[8];
   double fargs[4];
-  for (int k = 0; k < nia; k++) iargs[k] = (int64_t)cJSON_GetArrayItem(ja, k)->valuedouble;
-  for (int k = 0; k < nfa; k++) fargs[k] = cJSON_GetArrayItem(jf, k)->valuedouble;
+  fx_args(c, &nia, iargs, &nfa, fargs);
   fx_tensor_t in[MAXT], out[2];
   void* packed[MAXT];
   for (int t = 0; t < nin; t++) {
-    load_tensor(cJSON_GetArrayItem(ji, t), &in[t]);
-    packed[t] = pack(&in[t]);
+    fx_load_tensor(cJSON_GetArrayItem(ji, t), &in[t]);
+    packed[t] = fx_pack(&in[t]);
   }
-  for (int o = 0; o < nout; o++) load_tensor(cJSON_GetArrayItem(jo, o), &out[o]);
+  for (int o = 0; o < nout; o++) fx_load_tensor(cJSON_GetArrayItem(jo, o), &out[o]);
   /* combinations: per input, per mesh dim, one option (mixed radix) */
   long long total = 1;
   for (int t = 0; t < nin; t++)
-    for (int i = 0; i < m; i++) total *= n_options(&in[t]);
+    for (int i = 0; i < m; i++) total *= fx_n_options(&in[t]);
   long long runs = total < LIMIT ? total : LIMIT;
   uint64_t lcg = 0x9E3779B97F4A7C15ull ^ (uint64_t)strlen(name) * 1315423911u;
   for (long long r = 0; r < runs; r++) {
@@ -200,8 +118,8 @@ static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
     long long v = combo;
     for (int t = 0; t < nin; t++)
       for (int i = 0; i < m; i++) {
-        int k = n_options(&in[t]);
-        pl[t][i] = option(&in[t], (int)(v % k));
+        int k = fx_n_options(&in[t]);
+        pl[t][i] = fx_option(&in[t], (int)(v % k));
         v /= k;
       }
     dt_tensor_t ts[MAXT], res[2] = {NULL, NULL};
@@ -230,11 +148,11 @@ static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
       DT_ASSERT_OK(dt_tensor_shape(res[o], shape));
       DT_ASSERT_EQ(nd, out[o].ndim);
       for (int d = 0; d < nd; d++) DT_ASSERT_EQ(shape[d], out[o].shape[d]);
-      size_t nb = itemsize(out[o].dtype) * (size_t)(out[o].numel ? out[o].numel : 1);
+      size_t nb = fx_itemsize(out[o].dtype) * (size_t)(out[o].numel ? out[o].numel : 1);
       void* got = malloc(nb);
       DT_ASSERT_OK(dt_tensor_full(res[o], got, nb));
       for (int64_t i = 0; i < out[o].numel; i++) {
-        double g = unpack(got, out[o].dtype, i), w = out[o].data[i];
+        double g = fx_unpack(got, out[o].dtype, i), w = out[o].data[i];
         int ok = (isnan(g) && isnan(w)) || fabs(g - w) <= atol + rtol * fabs(w);
         if (!ok) {
           char b[64] = "";

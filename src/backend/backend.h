@@ -1,0 +1,158 @@
+/* backend.h - internal interface of the backend layer: the memory and compute vtable, storage
+ * objects, per-backend workspace, and the host backends (cpu, guarded).
+ *
+ * Everything above this layer reaches tensor data through a backend: the executor packs, copies
+ * and scales with it, the tensor layer fills and uploads with it, dispatch runs kernels through
+ * it. Only backend implementations and their kernels (the host kernels of src/ops) dereference
+ * tensor data.
+ */
+#ifndef DT_BACKEND_BACKEND_H
+#define DT_BACKEND_BACKEND_H
+
+#include "dtensor/backend.h"
+#include "dtensor/strategy.h" /* dt_op_kernel_fn, dt_op_call_t, dt_local_tensor_t */
+#include "internal/common.h"
+
+typedef enum dt_copy_kind {
+  DT_COPY_H2H = 0, /* both host memory */
+  DT_COPY_H2D = 1, /* host -> device */
+  DT_COPY_D2H = 2, /* device -> host */
+  DT_COPY_D2D = 3, /* within the backend's memory */
+} dt_copy_kind_t;
+
+/* How a kernel treats its buffers (from the op's flags). */
+enum {
+  DT_KERNEL_ANY_DTYPE = 1u << 0,  /* handles bf16/f16 itself (or only moves bytes) */
+  DT_KERNEL_WRITES_ALL = 1u << 1, /* writes every output element */
+  DT_KERNEL_INPLACE = 1u << 2,    /* updates inputs in place (outputs alias them) */
+};
+
+/* The vtable of a backend. Members marked (optional) may be NULL. Pointers are the backend's
+ * memory unless a member says otherwise; counts are elements (numel) of `dtype`, sizes bytes. */
+struct dt_backend_i {
+  /* Allocates nbytes (at least 1); NULL when out of memory (no message). */
+  void* (*alloc)(dt_backend_t b, size_t nbytes);
+  /* Frees what alloc returned; nbytes as allocated. */
+  void (*free)(dt_backend_t b, void* p, size_t nbytes);
+  /* dst[0 .. nbytes) = byte `value`. */
+  dt_status_t (*memset)(dt_backend_t b, void* dst, int value, size_t nbytes);
+  /* n elements of dtype set to `value` (rounded like a store of that dtype). */
+  dt_status_t (*fill)(dt_backend_t b, void* dst, dt_dtype_t dtype, int64_t n, double value);
+  /* Copies nbytes; `kind` says which side is host memory (the other side is this backend's). */
+  dt_status_t (*copy)(dt_backend_t b, void* dst, const void* src, size_t nbytes,
+                      dt_copy_kind_t kind);
+  /* Strided box copy between two row-major arrays in this backend's memory (pack/unpack):
+   * the box `ext` at src_off of src (extent src_shape) to dst_off of dst (extent dst_shape). */
+  dt_status_t (*box_copy)(dt_backend_t b, int ndim, size_t item, const int64_t* ext, void* dst,
+                          const int64_t* dst_shape, const int64_t* dst_off, const void* src,
+                          const int64_t* src_shape, const int64_t* src_off);
+  /* buf[i] = buf[i] / div for n elements (integers truncate toward zero). */
+  dt_status_t (*scale_div)(dt_backend_t b, void* buf, dt_dtype_t dtype, int64_t n, int div);
+  /* dst (n elements of `to`) = src (n elements of `from`) converted. */
+  dt_status_t (*convert)(dt_backend_t b, const void* src, dt_dtype_t from, void* dst,
+                         dt_dtype_t to, int64_t n);
+  /* dst[i] = dst[i] op src[i] for n elements (sum, max or min; the local step of a reduction
+   * built from an all-to-all). */
+  dt_status_t (*reduce)(dt_backend_t b, void* dst, const void* src, dt_dtype_t dtype, int64_t n,
+                        dt_reduce_op_t op);
+  /* f32 row-major GEMM, `batch` times (batch 1: a plain GEMM):
+   * C_i = alpha op(A_i) op(B_i) + beta C_i, A_i = a + i * stride_a (elements), likewise B, C;
+   * op() transposes when trans_* is set; lda/ldb/ldc are row strides in elements. */
+  dt_status_t (*gemm)(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float* a, int64_t lda, int64_t stride_a, const float* bm,
+                      int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                      int64_t stride_c, int64_t batch);
+  /* Runs one op's kernel slot for this backend's device on local shards (the op table's kernel)
+   * with DT_KERNEL_* flags: without DT_KERNEL_ANY_DTYPE the kernel sees f32 copies of bf16/f16
+   * storage. */
+  dt_status_t (*run_kernel)(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
+                            const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
+                            dt_local_tensor_t* out, int n_out);
+  /* Waits until every operation issued on the backend has finished (optional: NULL for
+   * synchronous backends). */
+  dt_status_t (*synchronize)(dt_backend_t b);
+  /* Checks the backend's own bookkeeping (optional); see dt_backend_verify. */
+  dt_status_t (*verify)(dt_backend_t b, int64_t* n_errors);
+};
+
+#define DT_BACKEND_API_VERSION 1
+#define DT_WS_SLOTS 4 /* 0: send packing, 1-2: ping-pong intermediates, 3: receive unpacking */
+
+struct dt_backend {
+  const struct dt_backend_i* iface;
+  void* context; /* implementation state */
+  int api_version;
+  const char* name;
+  dt_device_t device;
+  int pooled; /* storage of 64 KiB and more is cached in the storage pool */
+  /* persistent workspace of blocking redistributions (grow-only, backend memory) */
+  void* ws[DT_WS_SLOTS];
+  size_t ws_cap[DT_WS_SLOTS];
+  int64_t live_nbytes, live_blocks; /* allocation accounting (dt_backend_memory) */
+};
+
+/* The built-in backends (src/backend/cpu.c, src/backend/guarded.c). */
+extern struct dt_backend dt__backend_cpu;
+extern struct dt_backend dt__backend_guarded;
+
+/* ---- storage: reference-counted memory of one backend (src/backend/storage.c) ------------- */
+typedef struct dt_storage {
+  int refcount;
+  dt_backend_t backend;
+  void* ptr;
+  size_t nbytes;
+  int owned; /* allocated by the backend (freed with the last reference); else borrowed */
+} dt_storage_t;
+
+/* New owned storage of nbytes (zero-filled or not) from the backend (through the pool). */
+dt_status_t dt__storage_new(dt_backend_t b, size_t nbytes, int zero, dt_storage_t** out);
+/* Storage over caller memory (never freed by the library). */
+dt_status_t dt__storage_borrow(dt_backend_t b, void* ptr, size_t nbytes, dt_storage_t** out);
+void dt__storage_retain(dt_storage_t* s);
+void dt__storage_release(dt_storage_t* s);
+
+/* ---- workspace and helpers ----------------------------------------------------------------- */
+/* Grows workspace slot `slot` of backend b to at least nbytes (no-op when big enough). */
+dt_status_t dt__ws_reserve(dt_backend_t b, int slot, size_t nbytes, void** out);
+/* Frees every backend's workspace, the storage pool and the guarded quarantine (dt_finalize). */
+void dt__backend_release_all(void);
+void dt__guarded_release(void);
+/* Default backend (the env choice is read once). */
+dt_backend_t dt__backend_default(void);
+/* DT_SUCCESS for a library backend handle, else DT_ERR_INVALID_ARG. */
+dt_status_t dt__backend_check(dt_backend_t b);
+/* Bytes and blocks allocated through the backend (tensor storage and workspace). */
+void* dt__backend_alloc(dt_backend_t b, size_t nbytes);
+void dt__backend_free(dt_backend_t b, void* p, size_t nbytes);
+
+/* f32 GEMM through a backend (the helper CPU kernels call; see the gemm member). */
+dt_status_t dt__gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, const float* a, int64_t lda, const float* bm, int64_t ldb,
+                     float beta, float* c, int64_t ldc);
+dt_status_t dt__gemm_batched(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n,
+                             int64_t k, float alpha, const float* a, int64_t lda, int64_t sa,
+                             const float* bm, int64_t ldb, int64_t sb, float beta, float* c,
+                             int64_t ldc, int64_t sc, int64_t batch);
+
+/* ---- the host implementation both host backends share (src/backend/cpu.c) ------------------ */
+dt_status_t dt__host_memset(dt_backend_t b, void* dst, int value, size_t nbytes);
+dt_status_t dt__host_fill(dt_backend_t b, void* dst, dt_dtype_t dtype, int64_t n, double value);
+dt_status_t dt__host_copy(dt_backend_t b, void* dst, const void* src, size_t nbytes,
+                          dt_copy_kind_t kind);
+dt_status_t dt__host_box_copy(dt_backend_t b, int ndim, size_t item, const int64_t* ext, void* dst,
+                              const int64_t* dst_shape, const int64_t* dst_off, const void* src,
+                              const int64_t* src_shape, const int64_t* src_off);
+dt_status_t dt__host_scale_div(dt_backend_t b, void* buf, dt_dtype_t dtype, int64_t n, int div);
+dt_status_t dt__host_convert(dt_backend_t b, const void* src, dt_dtype_t from, void* dst,
+                             dt_dtype_t to, int64_t n);
+dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* src, dt_dtype_t dtype,
+                            int64_t n, dt_reduce_op_t op);
+dt_status_t dt__host_gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n,
+                          int64_t k, float alpha, const float* a, int64_t lda, int64_t stride_a,
+                          const float* bm, int64_t ldb, int64_t stride_b, float beta, float* c,
+                          int64_t ldc, int64_t stride_c, int64_t batch);
+dt_status_t dt__host_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
+                                const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
+                                dt_local_tensor_t* out, int n_out);
+
+#endif

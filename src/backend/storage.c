@@ -1,0 +1,309 @@
+/* storage.c - what every backend shares: reference-counted storage objects, the storage pool,
+ * the persistent workspace, allocation accounting, the default backend and the public backend
+ * API.
+ *
+ * The pool: training allocates and frees the same activation sizes every step; fresh large
+ * blocks come from mmap and every first touch of a page is a kernel page fault plus a page clear
+ * (13% of a training step on the development machine before the cache). Blocks of at least
+ * 64 KiB of a pooled backend are rounded up to 4 KiB and kept on free up to DTENSOR_POOL_MB
+ * (default 1024; 0 disables) and 1024 blocks; an allocation takes the most recently freed block
+ * of its size class and backend. Smaller blocks go straight to the backend. The guarded backend
+ * is not pooled: its frees must poison and quarantine. Everything cached is released at
+ * dt_finalize.
+ */
+#include <pthread.h>
+#include <stdio.h>
+
+#include "backend/backend.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * backends */
+
+static dt_backend_t const dt__backends[] = {&dt__backend_cpu, &dt__backend_guarded};
+#define DT__NBACKENDS ((int)(sizeof dt__backends / sizeof dt__backends[0]))
+
+static dt_backend_t dt__default = NULL;
+
+dt_status_t dt__backend_check(dt_backend_t b) {
+  for (int i = 0; i < DT__NBACKENDS; i++)
+    if (b == dt__backends[i]) return DT_SUCCESS;
+  return DT_FAIL(DT_ERR_INVALID_ARG, "backend handle is %s", b ? "not a backend" : "NULL");
+}
+
+const char* dt_device_name(dt_device_t device) {
+  static const char* const names[DT_DEVICE_COUNT] = {"host", "cuda"};
+  return (device >= 0 && device < DT_DEVICE_COUNT) ? names[device] : "invalid";
+}
+
+dt_status_t dt_backend_get(const char* name, dt_backend_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_ARG_NOT_NULL(name);
+  for (int i = 0; i < DT__NBACKENDS; i++)
+    if (strcmp(dt__backends[i]->name, name) == 0) {
+      *out = dt__backends[i];
+      return DT_SUCCESS;
+    }
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "no backend called '%s' (this build has: cpu, guarded)",
+                 name);
+}
+
+dt_backend_t dt__backend_default(void) {
+  if (dt__default == NULL) {
+    dt__default = &dt__backend_cpu;
+    const char* e = getenv("DTENSOR_BACKEND");
+    if (e && *e) {
+      dt_backend_t b;
+      char saved[1024];
+      snprintf(saved, sizeof saved, "%s", dt_last_error());
+      if (dt_backend_get(e, &b) == DT_SUCCESS) dt__default = b;
+      else dt__log("backend", "ignoring DTENSOR_BACKEND=%s: %s", e, dt_last_error());
+      dt__error_restore(saved);
+    }
+  }
+  return dt__default;
+}
+
+dt_status_t dt_backend_default(dt_backend_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = dt__backend_default();
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_backend_set_default(dt_backend_t backend) {
+  DT_CHECK(dt__backend_check(backend));
+  dt__default = backend;
+  return DT_SUCCESS;
+}
+
+const char* dt_backend_name(dt_backend_t backend) {
+  return dt__backend_check(backend) == DT_SUCCESS ? backend->name : "invalid";
+}
+
+dt_status_t dt_backend_device(dt_backend_t backend, dt_device_t* device) {
+  DT_ARG_NOT_NULL(device);
+  DT_CHECK(dt__backend_check(backend));
+  *device = backend->device;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_backend_verify(dt_backend_t backend, int64_t* n_errors) {
+  if (n_errors) *n_errors = 0;
+  DT_CHECK(dt__backend_check(backend));
+  if (backend->iface->verify == NULL) return DT_SUCCESS;
+  return backend->iface->verify(backend, n_errors);
+}
+
+dt_status_t dt_backend_memory(dt_backend_t backend, int64_t* nbytes, int64_t* blocks) {
+  DT_CHECK(dt__backend_check(backend));
+  if (nbytes) *nbytes = backend->live_nbytes;
+  if (blocks) *blocks = backend->live_blocks;
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * allocation accounting: every block a backend hands out for tensors or workspace */
+
+void* dt__backend_alloc(dt_backend_t b, size_t nbytes) {
+  void* p = b->iface->alloc(b, nbytes ? nbytes : 1);
+  if (p != NULL) {
+    b->live_nbytes += (int64_t)nbytes;
+    b->live_blocks++;
+  }
+  return p;
+}
+
+void dt__backend_free(dt_backend_t b, void* p, size_t nbytes) {
+  if (p == NULL) return;
+  b->iface->free(b, p, nbytes ? nbytes : 1);
+  b->live_nbytes -= (int64_t)nbytes;
+  b->live_blocks--;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the storage pool */
+
+#define DT_POOL_MIN (64u << 10)
+#define DT_POOL_SLOTS 1024
+
+static struct {
+  pthread_mutex_t mu;
+  int init;
+  size_t cap, held;
+  int n;
+  size_t size[DT_POOL_SLOTS];
+  void* ptr[DT_POOL_SLOTS];
+  dt_backend_t owner[DT_POOL_SLOTS];
+} dt__pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t dt__pool_class(size_t n) { return (n + 4095) & ~(size_t)4095; }
+
+static void dt__pool_init_locked(void) {
+  if (dt__pool.init) return;
+  dt__pool.init = 1;
+  const char* e = getenv("DTENSOR_POOL_MB");
+  long mb = e && *e ? strtol(e, NULL, 10) : 1024;
+  dt__pool.cap = mb > 0 ? (size_t)mb << 20 : 0;
+}
+
+static void dt__pool_release(void) {
+  pthread_mutex_lock(&dt__pool.mu);
+  for (int i = 0; i < dt__pool.n; i++)
+    dt__pool.owner[i]->iface->free(dt__pool.owner[i], dt__pool.ptr[i], dt__pool.size[i]);
+  dt__pool.n = 0;
+  dt__pool.held = 0;
+  dt__pool.init = 0;
+  pthread_mutex_unlock(&dt__pool.mu);
+}
+
+/* A block of at least n bytes (its exact size in *got, which the free must pass back). */
+static void* dt__pool_alloc(dt_backend_t b, size_t n, size_t* got) {
+  *got = n;
+  if (!b->pooled || n < DT_POOL_MIN) return dt__backend_alloc(b, n);
+  size_t c = dt__pool_class(n);
+  *got = c;
+  void* p = NULL;
+  pthread_mutex_lock(&dt__pool.mu);
+  dt__pool_init_locked();
+  for (int i = dt__pool.n - 1; i >= 0; i--)
+    if (dt__pool.size[i] == c && dt__pool.owner[i] == b) {
+      p = dt__pool.ptr[i];
+      dt__pool.held -= c;
+      dt__pool.n--;
+      dt__pool.size[i] = dt__pool.size[dt__pool.n];
+      dt__pool.ptr[i] = dt__pool.ptr[dt__pool.n];
+      dt__pool.owner[i] = dt__pool.owner[dt__pool.n];
+      break;
+    }
+  pthread_mutex_unlock(&dt__pool.mu);
+  if (p == NULL) return dt__backend_alloc(b, c);
+  b->live_nbytes += (int64_t)c; /* handed out again */
+  b->live_blocks++;
+  return p;
+}
+
+static void dt__pool_free(dt_backend_t b, void* p, size_t got) {
+  if (p == NULL) return;
+  if (!b->pooled || got < DT_POOL_MIN) {
+    dt__backend_free(b, p, got);
+    return;
+  }
+  pthread_mutex_lock(&dt__pool.mu);
+  dt__pool_init_locked();
+  int keep = dt__pool.held + got <= dt__pool.cap && dt__pool.n < DT_POOL_SLOTS;
+  if (keep) {
+    dt__pool.size[dt__pool.n] = got;
+    dt__pool.ptr[dt__pool.n] = p;
+    dt__pool.owner[dt__pool.n++] = b;
+    dt__pool.held += got;
+  }
+  pthread_mutex_unlock(&dt__pool.mu);
+  if (keep) {
+    b->live_nbytes -= (int64_t)got;
+    b->live_blocks--;
+  } else {
+    dt__backend_free(b, p, got);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * storage */
+
+dt_status_t dt__storage_new(dt_backend_t b, size_t nbytes, int zero, dt_storage_t** out) {
+  *out = NULL;
+  dt_storage_t* s = (dt_storage_t*)dt__malloc(sizeof *s);
+  if (s == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a storage object");
+  size_t got;
+  s->ptr = dt__pool_alloc(b, nbytes ? nbytes : 1, &got);
+  if (s->ptr == NULL) {
+    dt__free(s);
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s backend: %zu bytes of tensor storage", b->name,
+                   nbytes);
+  }
+  s->refcount = 1;
+  s->backend = b;
+  s->nbytes = got;
+  s->owned = 1;
+  if (zero && nbytes) {
+    dt_status_t st = b->iface->memset(b, s->ptr, 0, nbytes);
+    if (st != DT_SUCCESS) {
+      dt__storage_release(s);
+      return st;
+    }
+  }
+  *out = s;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__storage_borrow(dt_backend_t b, void* ptr, size_t nbytes, dt_storage_t** out) {
+  *out = NULL;
+  dt_storage_t* s = (dt_storage_t*)dt__malloc(sizeof *s);
+  if (s == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a storage object");
+  s->refcount = 1;
+  s->backend = b;
+  s->ptr = ptr;
+  s->nbytes = nbytes;
+  s->owned = 0;
+  *out = s;
+  return DT_SUCCESS;
+}
+
+void dt__storage_retain(dt_storage_t* s) {
+  if (s) s->refcount++;
+}
+
+void dt__storage_release(dt_storage_t* s) {
+  if (s == NULL || --s->refcount > 0) return;
+  if (s->owned) dt__pool_free(s->backend, s->ptr, s->nbytes);
+  dt__free(s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * workspace: grow-only buffers reused by every blocking redistribution, so the steady path never
+ * allocates */
+
+dt_status_t dt__ws_reserve(dt_backend_t b, int slot, size_t nbytes, void** out) {
+  if (nbytes > b->ws_cap[slot]) {
+    size_t cap = b->ws_cap[slot] ? b->ws_cap[slot] : 4096;
+    while (cap < nbytes) cap *= 2;
+    void* p = dt__backend_alloc(b, cap);
+    if (p == NULL)
+      return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s backend: workspace of %zu bytes", b->name, cap);
+    dt__backend_free(b, b->ws[slot], b->ws_cap[slot]);
+    b->ws[slot] = p;
+    b->ws_cap[slot] = cap;
+  }
+  *out = b->ws[slot];
+  return DT_SUCCESS;
+}
+
+void dt__backend_release_all(void) {
+  dt__pool_release();
+  dt__guarded_release();
+  for (int i = 0; i < DT__NBACKENDS; i++) {
+    dt_backend_t b = dt__backends[i];
+    for (int k = 0; k < DT_WS_SLOTS; k++) {
+      dt__backend_free(b, b->ws[k], b->ws_cap[k]);
+      b->ws[k] = NULL;
+      b->ws_cap[k] = 0;
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GEMM through a backend */
+
+dt_status_t dt__gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, const float* a, int64_t lda, const float* bm, int64_t ldb,
+                     float beta, float* c, int64_t ldc) {
+  return b->iface->gemm(b, trans_a, trans_b, m, n, k, alpha, a, lda, 0, bm, ldb, 0, beta, c, ldc,
+                        0, 1);
+}
+
+dt_status_t dt__gemm_batched(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n,
+                             int64_t k, float alpha, const float* a, int64_t lda, int64_t sa,
+                             const float* bm, int64_t ldb, int64_t sb, float beta, float* c,
+                             int64_t ldc, int64_t sc, int64_t batch) {
+  return b->iface->gemm(b, trans_a, trans_b, m, n, k, alpha, a, lda, sa, bm, ldb, sb, beta, c,
+                        ldc, sc, batch);
+}
