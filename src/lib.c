@@ -29,6 +29,7 @@ dt_status_t dt_init(int* argc, char*** argv) {
 
 dt_status_t dt_finalize(void) {
   dt__prop_cache_release(); /* strategy */
+  dt__work_finalize_all();  /* redistribute: works in flight complete first */
   dt__plan_cache_release(); /* redistribute */
   dt__backend_release_all(); /* backend: pooled blocks, workspace (live tensors keep theirs) */
   if (!dt__ctx_initialized()) return DT_SUCCESS;

@@ -6,8 +6,12 @@
  * from 4 KiB to MAX_BYTES (default 16 MiB; nccl-tests byte convention) on groups of 2 ranks and,
  * when the world is larger, on the whole world. Per group size a least-squares line
  * t = a + factor(n) * B / bw gives the latency a and bandwidth bw; a is split into
- * base_us + hops(n) * hop_us from the two group sizes (with one size, hop_us = 0). Writes
- * FILE (default $HOME/.cache/dtensor/cost_model.json), which dt_init loads. Exit 1 on errors.
+ * base_us + hops(n) * hop_us from the two group sizes (with one size, hop_us = 0). The
+ * library's all-to-all algorithms of reduce-scatter and all-reduce ("reduce_scatter_a2a",
+ * "all_reduce_a2a") are fit the same way from dt_tensor_redistribute_into P -> S(0) and P -> R
+ * with that algorithm forced, on a mesh dim of 2 ranks (mesh (world/2, 2), even worlds) and on
+ * the whole world. Writes FILE (default $HOME/.cache/dtensor/cost_model.json), which dt_init
+ * loads. Exit 1 on errors.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -19,10 +23,28 @@
 
 #include "dtensor/dtensor.h"
 
-static const dt_collective_t kColls[] = {DT_COLL_ALL_GATHER, DT_COLL_ALL_REDUCE,
-                                         DT_COLL_REDUCE_SCATTER, DT_COLL_ALL_TO_ALL,
-                                         DT_COLL_BROADCAST, DT_COLL_SCATTER};
-#define NCOLL 6
+/* What is timed: a raw MPI collective, or the library's all-to-all form of a reduction. */
+typedef struct {
+  dt_collective_t c;
+  dt_coll_algo_t algo;
+} entry_t;
+static const entry_t kEntries[] = {
+    {DT_COLL_ALL_GATHER, DT_ALGO_NATIVE},     {DT_COLL_ALL_REDUCE, DT_ALGO_NATIVE},
+    {DT_COLL_REDUCE_SCATTER, DT_ALGO_NATIVE}, {DT_COLL_ALL_TO_ALL, DT_ALGO_NATIVE},
+    {DT_COLL_BROADCAST, DT_ALGO_NATIVE},      {DT_COLL_SCATTER, DT_ALGO_NATIVE},
+    {DT_COLL_REDUCE_SCATTER, DT_ALGO_A2A},    {DT_COLL_ALL_REDUCE, DT_ALGO_A2A},
+};
+#define NENTRIES 8
+
+/* One timed call: raw (comm, buffers) or through the library (x -> y). */
+typedef struct {
+  dt_collective_t c;
+  MPI_Comm comm;
+  int n;
+  long bytes;
+  float *a, *b;
+  dt_tensor_t x, y; /* library: P -> S(0) or P -> R on the measured mesh dim */
+} job_t;
 
 static double hops_of(dt_collective_t c, int n) {
   return c == DT_COLL_ALL_REDUCE ? 2.0 * (n - 1) : (double)(n - 1);
@@ -32,41 +54,59 @@ static double factor_of(dt_collective_t c, int n) {
   return c == DT_COLL_ALL_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
 }
 
-/* One call of collective c on `comm` (n ranks) moving `bytes` (nccl-tests convention). */
-static int run_once(dt_collective_t c, MPI_Comm comm, int n, long bytes, float* a, float* b) {
-  int per = (int)(bytes / 4 / n), all = (int)(bytes / 4);
-  switch (c) {
-    case DT_COLL_ALL_GATHER: return MPI_Allgather(a, per, MPI_FLOAT, b, per, MPI_FLOAT, comm);
-    case DT_COLL_ALL_REDUCE: return MPI_Allreduce(a, b, all, MPI_FLOAT, MPI_SUM, comm);
+/* One call of the job (nccl-tests byte convention). */
+static int run_once(const job_t* j) {
+  if (j->x != NULL) return dt_tensor_redistribute_into(j->x, j->y) == DT_SUCCESS ? 0 : 1;
+  int per = (int)(j->bytes / 4 / j->n), all = (int)(j->bytes / 4);
+  float *a = j->a, *b = j->b;
+  switch (j->c) {
+    case DT_COLL_ALL_GATHER: return MPI_Allgather(a, per, MPI_FLOAT, b, per, MPI_FLOAT, j->comm);
+    case DT_COLL_ALL_REDUCE: return MPI_Allreduce(a, b, all, MPI_FLOAT, MPI_SUM, j->comm);
     case DT_COLL_REDUCE_SCATTER:
-      return MPI_Reduce_scatter_block(a, b, per, MPI_FLOAT, MPI_SUM, comm);
-    case DT_COLL_ALL_TO_ALL: return MPI_Alltoall(a, per, MPI_FLOAT, b, per, MPI_FLOAT, comm);
-    case DT_COLL_BROADCAST: return MPI_Bcast(a, all, MPI_FLOAT, 0, comm);
-    case DT_COLL_SCATTER: return MPI_Scatter(a, per, MPI_FLOAT, b, per, MPI_FLOAT, 0, comm);
+      return MPI_Reduce_scatter_block(a, b, per, MPI_FLOAT, MPI_SUM, j->comm);
+    case DT_COLL_ALL_TO_ALL: return MPI_Alltoall(a, per, MPI_FLOAT, b, per, MPI_FLOAT, j->comm);
+    case DT_COLL_BROADCAST: return MPI_Bcast(a, all, MPI_FLOAT, 0, j->comm);
+    case DT_COLL_SCATTER: return MPI_Scatter(a, per, MPI_FLOAT, b, per, MPI_FLOAT, 0, j->comm);
     default: return MPI_ERR_ARG;
   }
 }
 
-/* Median-of-rounds time in microseconds (max over the ranks of `comm`). */
-static double time_us(dt_collective_t c, MPI_Comm comm, int n, long bytes, float* a, float* b) {
-  int iters = bytes <= (64 << 10) ? 200 : bytes <= (1 << 20) ? 40 : 8;
+/* Median-of-rounds time in microseconds (max over the ranks of MPI_COMM_WORLD for library jobs,
+ * of the job's communicator for raw ones); -1 when a call failed. */
+static double time_us(const job_t* j, MPI_Comm comm) {
+  int iters = j->bytes <= (64 << 10) ? 200 : j->bytes <= (1 << 20) ? 40 : 8, bad = 0;
   double t[5];
-  for (int w = 0; w < 3; w++) run_once(c, comm, n, bytes, a, b);
+  for (int w = 0; w < 3; w++) bad |= run_once(j);
   for (int r = 0; r < 5; r++) {
     MPI_Barrier(comm);
     double t0 = MPI_Wtime();
-    for (int k = 0; k < iters; k++) run_once(c, comm, n, bytes, a, b);
+    for (int k = 0; k < iters; k++) bad |= run_once(j);
     double dt = (MPI_Wtime() - t0) / iters * 1e6;
     MPI_Allreduce(&dt, &t[r], 1, MPI_DOUBLE, MPI_MAX, comm);
   }
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, comm);
+  if (bad) return -1.0;
   for (int i = 0; i < 5; i++) /* sort 5 */
-    for (int j = i + 1; j < 5; j++)
-      if (t[j] < t[i]) {
+    for (int j2 = i + 1; j2 < 5; j2++)
+      if (t[j2] < t[i]) {
         double x = t[i];
-        t[i] = t[j];
-        t[j] = x;
+        t[i] = t[j2];
+        t[j2] = x;
       }
   return t[2];
+}
+
+/* Library job: a Partial tensor of `bytes` on the last dim of `mesh` (the others Replicate),
+ * reduced to S(0) (reduce-scatter) or R (all-reduce) with the all-to-all algorithm forced. */
+static int lib_job(job_t* j, dt_mesh_t mesh, int mdims) {
+  int64_t numel = j->bytes / 4, shape[2] = {numel / 64, 64};
+  dt_placement_t src[2] = {dt_replicate(), dt_replicate()}, dst[2] = {dt_replicate(),
+                                                                       dt_replicate()};
+  src[mdims - 1] = dt_partial(DT_REDUCE_SUM);
+  if (j->c == DT_COLL_REDUCE_SCATTER) dst[mdims - 1] = dt_shard(0);
+  if (dt_tensor_zeros(mesh, DT_F32, 2, shape, src, &j->x) != DT_SUCCESS) return 1;
+  if (dt_tensor_empty(mesh, DT_F32, 2, shape, dst, &j->y) != DT_SUCCESS) return 1;
+  return 0;
 }
 
 int main(int argc, char** argv) {
@@ -114,22 +154,52 @@ int main(int argc, char** argv) {
   int sizes_n[2] = {2, world};
   int ngroups = world > 2 ? 2 : 1;
   if (rank == 0)
-    printf("%-15s %5s %12s %12s %10s %10s\n", "collective", "n", "latency_us", "bw_GB/s",
+    printf("%-19s %5s %12s %12s %10s %10s\n", "collective", "n", "latency_us", "bw_GB/s",
            "base_us", "hop_us");
-  for (int k = 0; k < NCOLL; k++) {
-    dt_collective_t c = kColls[k];
+  /* meshes for the library's algorithms: a dim of 2 ranks (even worlds), and the whole world */
+  dt_mesh_t pair_mesh = NULL, world_mesh = NULL;
+  int pshape[2] = {world / 2, 2};
+  if (world % 2 == 0 && world > 2 && dt_mesh_create(2, pshape, NULL, NULL, &pair_mesh) != DT_SUCCESS)
+    pair_mesh = NULL;
+  if (dt_mesh_create(1, &world, NULL, NULL, &world_mesh) != DT_SUCCESS) {
+    if (rank == 0) fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
+    dt_finalize();
+    return 1;
+  }
+  if (dt_cost_model_force_algo(DT_ALGO_A2A) != DT_SUCCESS) return 1;
+  for (int k = 0; k < NENTRIES; k++) {
+    dt_collective_t c = kEntries[k].c;
+    int lib = kEntries[k].algo == DT_ALGO_A2A;
     double lat[2] = {0, 0}, bw[2] = {0, 0};
+    int have[2] = {0, 0};
     for (int g = 0; g < ngroups; g++) {
       int n = sizes_n[g];
       MPI_Comm comm = g == 0 ? pair : MPI_COMM_WORLD;
+      dt_mesh_t mesh = g == 0 && world > 2 ? pair_mesh : world_mesh;
+      if (lib && mesh == NULL) continue; /* odd world: no mesh dim of 2 */
       /* Weighted least squares with w = 1/t^2 (relative error), so the small sizes set the
        * latency and the large ones the bandwidth. */
       double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
       for (long bytes = 4096; bytes <= maxb; bytes *= 4) {
-        long B = bytes - bytes % (4l * n * n);
+        long B = bytes - bytes % (lib ? 256l * n * n : 4l * n * n);
+        job_t j = {c, comm, n, B, a, b, NULL, NULL};
         double t = 0;
-        if (comm != MPI_COMM_NULL) t = time_us(c, comm, n, B, a, b);
+        if (lib) {
+          int bad = lib_job(&j, mesh, g == 0 && world > 2 ? 2 : 1);
+          MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+          t = bad ? -1.0 : time_us(&j, MPI_COMM_WORLD);
+          dt_tensor_destroy(j.x);
+          dt_tensor_destroy(j.y);
+        } else if (comm != MPI_COMM_NULL) {
+          t = time_us(&j, comm);
+        }
         MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (t < 0) {
+          if (rank == 0) fprintf(stderr, "dtensor-calibrate: %s failed: %s\n",
+                                 dt_collective_name(c), dt_last_error());
+          dt_finalize();
+          return 1;
+        }
         double x = factor_of(c, n) * (double)B, w = t > 0 ? 1.0 / (t * t) : 0.0;
         sw += w;
         sx += w * x;
@@ -141,9 +211,15 @@ int main(int argc, char** argv) {
       double icept = (sy - slope * sx) / sw;
       lat[g] = icept > 0 ? icept : 0;
       bw[g] = slope > 0 ? 1.0 / (slope * 1e3) : 1e3;
+      have[g] = 1;
     }
+    if (!have[0]) { /* only the world was measured */
+      lat[0] = lat[1];
+      bw[0] = bw[1];
+    }
+    int two = have[0] && ngroups == 2 && have[1];
     dt_cost_params_t p;
-    if (ngroups == 2) {
+    if (two) {
       double dh = hops_of(c, sizes_n[1]) - hops_of(c, 2);
       p.hop_us = dh > 0 ? (lat[1] - lat[0]) / dh : 0;
       if (p.hop_us < 0) p.hop_us = 0;
@@ -155,16 +231,23 @@ int main(int argc, char** argv) {
       p.hop_us = 0;
       p.bw_gbps = bw[0];
     }
-    if (dt_cost_model_set(c, &p) != DT_SUCCESS) {
+    if (dt_cost_model_set_algo(c, kEntries[k].algo, &p) != DT_SUCCESS) {
       if (rank == 0) fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
       dt_finalize();
       return 1;
     }
     if (rank == 0)
-      for (int g = 0; g < ngroups; g++)
-        printf("%-15s %5d %12.2f %12.3f %10.2f %10.2f\n", dt_collective_name(c), sizes_n[g],
-               lat[g], bw[g], p.base_us, p.hop_us);
+      for (int g = 0; g < ngroups; g++) {
+        char name[40];
+        snprintf(name, sizeof name, "%s%s", dt_collective_name(c), lib ? "_a2a" : "");
+        if (have[g])
+          printf("%-19s %5d %12.2f %12.3f %10.2f %10.2f\n", name, sizes_n[g], lat[g], bw[g],
+                 p.base_us, p.hop_us);
+      }
   }
+  dt_cost_model_force_algo(DT_ALGO_COUNT);
+  if (pair_mesh) dt_mesh_destroy(pair_mesh);
+  dt_mesh_destroy(world_mesh);
   int rc = 0;
   if (rank == 0) {
     if (dt_cost_model_save(path) != DT_SUCCESS) {

@@ -132,6 +132,8 @@ static cJSON* steps_json(dt_plan_t plan) {
     cJSON_AddStringToObject(j, "from", fb);
     cJSON_AddStringToObject(j, "to", tb);
     cJSON_AddStringToObject(j, "collective", dt_collective_name(ps.coll));
+    if (ps.coll == DT_COLL_ALL_REDUCE || ps.coll == DT_COLL_REDUCE_SCATTER)
+      cJSON_AddStringToObject(j, "algo", dt_coll_algo_name(ps.algo));
     cJSON_AddNumberToObject(j, "bytes", (double)ps.nbytes);
     cJSON_AddNumberToObject(j, "cost_us", ps.cost_us);
     cJSON_AddItemToArray(steps, j);
@@ -142,7 +144,7 @@ static cJSON* steps_json(dt_plan_t plan) {
 static void steps_text(dt_plan_t plan, const char* indent) {
   int nsteps = 0;
   dt_plan_num_steps(plan, &nsteps);
-  printf("%s%-4s %-9s %-12s %-12s %-15s %12s %12s\n", indent, "step", "mesh_dim", "from", "to",
+  printf("%s%-4s %-9s %-12s %-12s %-18s %12s %12s\n", indent, "step", "mesh_dim", "from", "to",
          "collective", "bytes", "cost_us");
   for (int k = 0; k < nsteps; k++) {
     dt_plan_step_t ps;
@@ -153,8 +155,14 @@ static void steps_text(dt_plan_t plan, const char* indent) {
       w += snprintf(md + w, sizeof md - (size_t)w, "%s%d", q ? "+" : "", ps.mesh_dims[q]);
     dt_placements_format(ps.from, ps.n_mesh_dims, NULL, fb, sizeof fb);
     dt_placements_format(ps.to, ps.n_mesh_dims, NULL, tb, sizeof tb);
-    printf("%s%-4d %-9s %-12s %-12s %-15s %12llu %12.2f\n", indent, k, md, fb, tb,
-           dt_collective_name(ps.coll), (unsigned long long)ps.nbytes, ps.cost_us);
+    char coll[48]; /* reductions name their algorithm: "reduce_scatter/a2a" */
+    snprintf(coll, sizeof coll, "%s%s%s", dt_collective_name(ps.coll),
+             ps.coll == DT_COLL_ALL_REDUCE || ps.coll == DT_COLL_REDUCE_SCATTER ? "/" : "",
+             ps.coll == DT_COLL_ALL_REDUCE || ps.coll == DT_COLL_REDUCE_SCATTER
+                 ? dt_coll_algo_name(ps.algo)
+                 : "");
+    printf("%s%-4d %-9s %-12s %-12s %-18s %12llu %12.2f\n", indent, k, md, fb, tb, coll,
+           (unsigned long long)ps.nbytes, ps.cost_us);
   }
 }
 

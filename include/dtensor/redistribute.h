@@ -29,6 +29,19 @@ typedef enum dt_collective {
 /* "local", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "scatter". */
 DT_API const char* dt_collective_name(dt_collective_t c);
 
+/* Algorithm of a reduction step. P -> S (reduce-scatter) and P -> R (all-reduce) can run as the
+ * native collective, or as an all-to-all of the blocks followed by a local reduction (then, for
+ * P -> R, an all-gather of the reduced chunks): the same bytes at all-to-all speed, with the
+ * reduction done by the library in rank order. The cost model picks the cheaper per step. */
+typedef enum dt_coll_algo {
+  DT_ALGO_NATIVE = 0,
+  DT_ALGO_A2A = 1,
+  DT_ALGO_COUNT
+} dt_coll_algo_t;
+
+/* "native", "a2a". */
+DT_API const char* dt_coll_algo_name(dt_coll_algo_t a);
+
 typedef struct dt_plan* dt_plan_t;
 
 typedef struct dt_plan_step {
@@ -41,6 +54,7 @@ typedef struct dt_plan_step {
                                             reduce-scatter input, all-reduce buffer, all-to-all
                                             send buffer, local: bytes written */
   double cost_us;                        /* cost model estimate */
+  dt_coll_algo_t algo;                   /* reduce-scatter / all-reduce: how it runs */
 } dt_plan_step_t;
 
 /* Plans src -> dst (both mesh-ndim placements). Shard dims may be negative. Errors:
@@ -78,12 +92,42 @@ typedef struct dt_cost_params {
 DT_API dt_status_t dt_cost_model_get(dt_collective_t c, dt_cost_params_t* out);
 /* Changes one collective's parameters (invalidates cached plans). */
 DT_API dt_status_t dt_cost_model_set(dt_collective_t c, const dt_cost_params_t* params);
+/* The same for one algorithm of a collective (DT_ALGO_NATIVE is dt_cost_model_get/set). Only
+ * reduce-scatter and all-reduce have DT_ALGO_A2A; its defaults make the native collective win
+ * only on small buffers (reduce-scatter below ~100 KB; all-reduce below ~12 KB on 2 ranks,
+ * ~130 KB on 4). */
+DT_API dt_status_t dt_cost_model_get_algo(dt_collective_t c, dt_coll_algo_t a,
+                                          dt_cost_params_t* out);
+DT_API dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
+                                          const dt_cost_params_t* params);
+/* Forces one algorithm for every reduction step planned from now on (benchmarks, tests);
+ * DT_ALGO_COUNT returns to choosing by cost. Invalidates cached plans. */
+DT_API dt_status_t dt_cost_model_force_algo(dt_coll_algo_t a);
 DT_API dt_status_t dt_cost_model_reset(void);
-/* Loads / saves {"all_gather":{"base_us":..,"hop_us":..,"bw_gbps":..},...}. */
+/* Loads / saves {"all_gather":{"base_us":..,"hop_us":..,"bw_gbps":..},...}; the all-to-all
+ * algorithms of reductions are the keys "reduce_scatter_a2a" and "all_reduce_a2a". */
 DT_API dt_status_t dt_cost_model_load(const char* path);
 DT_API dt_status_t dt_cost_model_save(const char* path);
-/* Estimated cost of one collective on n ranks. */
+/* Estimated cost of one collective on n ranks (its cheapest algorithm). */
 DT_API dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us);
+
+/* ---- asynchronous redistribution --------------------------------------------------------- */
+/* A redistribution in flight (dt_tensor_redistribute_async). It advances whenever the library is
+ * entered (dt_work_test, dt_work_wait, any op); the source and target tensors may be destroyed
+ * before it completes (it holds their memory), but the source must not be written and the
+ * target not read until dt_work_wait returns. Works on one mesh must be waited for (or
+ * destroyed) in the same order on every rank of it, like any collective; up to 8 are in flight
+ * per mesh, and starting a ninth first completes the oldest. */
+typedef struct dt_work* dt_work_t;
+
+/* Blocks until the work completes; returns its status (with the failure's message). The work
+ * stays valid (a second wait returns the same status) until dt_work_destroy. Collective. */
+DT_API dt_status_t dt_work_wait(dt_work_t work);
+/* Advances every work in flight without blocking; *done = 1 when this one has completed. */
+DT_API dt_status_t dt_work_test(dt_work_t work, int* done);
+/* Completes the work if it is still running (blocks), then frees it. NULL is a no-op.
+ * Collective when the work has not been waited for. */
+DT_API dt_status_t dt_work_destroy(dt_work_t work);
 
 /* ---- counters ---------------------------------------------------------------------------- */
 typedef struct dt_counters {

@@ -111,6 +111,11 @@ DT_API dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* d
  * and dtype, whose placements are the target. Allocation-free on the steady path (plans are
  * cached, scratch buffers are persistent). `dst` must not share storage with `src`. */
 DT_API dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst);
+/* Collective. Starts dt_tensor_redistribute(t, dst, out) without waiting for it: *out is the new
+ * tensor, valid to read after dt_work_wait(*work). See dtensor/redistribute.h for the rules. On a
+ * meta tensor or an abstract mesh the work is already complete. */
+DT_API dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* dst,
+                                                dt_tensor_t* out, dt_work_t* work);
 
 /* Local. Prints which ranks hold which global index ranges (and which hold partial values).
  * Works on abstract meshes too (then every coordinate is listed by coordinate). */

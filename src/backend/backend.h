@@ -51,10 +51,10 @@ struct dt_backend_i {
   /* dst (n elements of `to`) = src (n elements of `from`) converted. */
   dt_status_t (*convert)(dt_backend_t b, const void* src, dt_dtype_t from, void* dst,
                          dt_dtype_t to, int64_t n);
-  /* dst[i] = dst[i] op src[i] for n elements (sum, max or min; the local step of a reduction
-   * built from an all-to-all). */
-  dt_status_t (*reduce)(dt_backend_t b, void* dst, const void* src, dt_dtype_t dtype, int64_t n,
-                        dt_reduce_op_t op);
+  /* dst[i] = a[i] op src[i] for n elements (sum, max or min; the local step of a reduction built
+   * from an all-to-all). a may be dst (in place); otherwise no operand overlaps dst. */
+  dt_status_t (*reduce)(dt_backend_t b, void* dst, const void* a, const void* src,
+                        dt_dtype_t dtype, int64_t n, dt_reduce_op_t op);
   /* f32 row-major GEMM, `batch` times (batch 1: a plain GEMM):
    * C_i = alpha op(A_i) op(B_i) + beta C_i, A_i = a + i * stride_a (elements), likewise B, C;
    * op() transposes when trans_* is set; lda/ldb/ldc are row strides in elements. */
@@ -145,8 +145,8 @@ dt_status_t dt__host_box_copy(dt_backend_t b, int ndim, size_t item, const int64
 dt_status_t dt__host_scale_div(dt_backend_t b, void* buf, dt_dtype_t dtype, int64_t n, int div);
 dt_status_t dt__host_convert(dt_backend_t b, const void* src, dt_dtype_t from, void* dst,
                              dt_dtype_t to, int64_t n);
-dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* src, dt_dtype_t dtype,
-                            int64_t n, dt_reduce_op_t op);
+dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* a, const void* src,
+                            dt_dtype_t dtype, int64_t n, dt_reduce_op_t op);
 dt_status_t dt__host_gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n,
                           int64_t k, float alpha, const float* a, int64_t lda, int64_t stride_a,
                           const float* bm, int64_t ldb, int64_t stride_b, float beta, float* c,

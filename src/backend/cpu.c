@@ -110,15 +110,15 @@ dt_status_t dt__host_convert(dt_backend_t b, const void* src, dt_dtype_t from, v
 #define DT__REDUCE_LOOP(T, EXPR)                         \
   do {                                                   \
     T* d = (T*)dst;                                      \
-    const T* s = (const T*)src;                          \
+    const T *p = (const T*)a, *s = (const T*)src;        \
     for (int64_t i = 0; i < n; i++) {                    \
-      T x = d[i], y = s[i];                              \
+      T x = p[i], y = s[i];                              \
       d[i] = (EXPR);                                     \
     }                                                    \
   } while (0)
 
-dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* src, dt_dtype_t dtype,
-                            int64_t n, dt_reduce_op_t op) {
+dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* a, const void* src,
+                            dt_dtype_t dtype, int64_t n, dt_reduce_op_t op) {
   (void)b;
   if (op != DT_REDUCE_SUM && op != DT_REDUCE_MAX && op != DT_REDUCE_MIN)
     return DT_FAIL(DT_ERR_INTERNAL, "local reduction with op %d", (int)op);
@@ -140,7 +140,7 @@ dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* src, dt_dtype
       break;
     default: /* bf16/f16: in f32, rounded once per pairwise step (as the MPI user ops) */
       for (int64_t i = 0; i < n; i++) {
-        float x = (float)dt__load(dst, dtype, i), y = (float)dt__load(src, dtype, i);
+        float x = (float)dt__load(a, dtype, i), y = (float)dt__load(src, dtype, i);
         float r = op == DT_REDUCE_SUM ? x + y
                   : op == DT_REDUCE_MAX ? ((x > y || x != x) ? x : y)
                                         : ((x < y || x != x) ? x : y);

@@ -243,11 +243,12 @@ static dt_status_t dt__g_convert(dt_backend_t b, const void* src, dt_dtype_t fro
   return dt__host_convert(b, src, from, dst, to, n);
 }
 
-static dt_status_t dt__g_reduce(dt_backend_t b, void* dst, const void* src, dt_dtype_t dtype,
-                                int64_t n, dt_reduce_op_t op) {
+static dt_status_t dt__g_reduce(dt_backend_t b, void* dst, const void* a, const void* src,
+                                dt_dtype_t dtype, int64_t n, dt_reduce_op_t op) {
   DT_CHECK(dt__range(dst, (size_t)n * dt__itemsize(dtype), "reduction destination"));
+  DT_CHECK(dt__range(a, (size_t)n * dt__itemsize(dtype), "reduction operand"));
   DT_CHECK(dt__range(src, (size_t)n * dt__itemsize(dtype), "reduction source"));
-  return dt__host_reduce(b, dst, src, dtype, n, op);
+  return dt__host_reduce(b, dst, a, src, dtype, n, op);
 }
 
 /* Elements spanned by a rows x cols row-major matrix with row stride ld. */

@@ -1,58 +1,121 @@
-/* comm.h - the communication backend vtable (the comm layer) and its MPI implementation.
+/* comm.h - the communication vtable (the comm layer) and its MPI implementation.
  *
- * Collectives reach MPI only through dt_comm_i, so an NCCL implementation can sit beside it.
- * Counts are element counts (numel) of `dtype`, never byte counts. Conventions follow NCCL:
- * all-gather takes the per-rank send count, reduce-scatter the per-rank receive count. The v-forms
- * take per-rank counts and displacements in elements.
+ * Collectives reach MPI only through dt_comm_i, so an NCCL implementation can sit beside it:
+ * communicators are created through the vtable (split, dup), counts are 64-bit element counts
+ * (numel) of `dtype`, never byte counts, and every collective and point-to-point call has a
+ * non-blocking form. Conventions follow NCCL: all-gather takes the per-rank counts of the blocks
+ * (block r lands at displs[r] of recv), reduce-scatter the per-rank receive counts (the send
+ * buffer holds the blocks of all ranks back to back in rank order).
+ *
+ * Blocking and non-blocking: every collective takes a request. NULL runs it to completion before
+ * returning; otherwise the call only starts it and the request completes it (wait, test): until
+ * then the buffers belong to the communicator. Between group_start and group_end, send and recv
+ * without a request are collected and completed by group_end (NCCL's grouping; MPI posts them
+ * non-blocking). Every rank of a communicator must start its collectives in the same order, and
+ * an implementation may choose how to run a call only from values every rank passes alike (a
+ * rank sees only its own all_to_all_v counts: choosing MPI_Alltoallv on one rank and
+ * point-to-point on another would deadlock). Callers that know an exchange is uniform say so by
+ * calling all_to_all.
  */
 #ifndef DT_COMM_COMM_H
 #define DT_COMM_COMM_H
 
+#include "backend/backend.h"
 #include "internal/common.h"
+
+#define DT_COMM_API_VERSION 2
 
 struct dt_comm;
 
+/* An outstanding non-blocking operation: the implementation's handles plus the host memory it
+ * must keep until completion (count arrays). Zero-initialize before first use. Completion (wait,
+ * test) makes it reusable for the next post but keeps that memory, so a request reused for
+ * posts of similar size allocates nothing; req_free releases it. */
+#define DT_COMM_REQ_INLINE 8
+typedef struct dt_comm_req {
+  int n, cap;                            /* handles in use, capacity */
+  uint64_t inline_h[DT_COMM_REQ_INLINE]; /* the first handles (MPI_Request) */
+  uint64_t* more;                        /* beyond them (heap) */
+  void* keep;                            /* list of kept blocks (count arrays) */
+  void** keep_free;                      /* link to the first block not in use (NULL: &keep) */
+} dt_comm_req_t;
+
 struct dt_comm_i {
-  /* recv[displs[r] .. +counts[r]) <- rank r's send (counts[me] elements). In-place: not allowed. */
-  dt_status_t (*all_gather_v)(struct dt_comm* c, const void* send, void* recv, const int* counts,
-                              const int* displs, dt_dtype_t dtype);
-  /* recv <- op over ranks of send (numel elements); send == recv is in-place. */
-  dt_status_t (*all_reduce)(struct dt_comm* c, const void* send, void* recv, int numel,
-                            dt_dtype_t dtype, dt_reduce_op_t op);
-  /* recv (counts[me] elements) <- op over ranks of send block `me`; send holds the blocks of all
-   * ranks back to back in rank order. avg is not accepted here (the caller divides). */
-  dt_status_t (*reduce_scatter_v)(struct dt_comm* c, const void* send, void* recv,
-                                  const int* counts, dt_dtype_t dtype, dt_reduce_op_t op);
-  /* Personalized exchange with per-peer counts/displacements on both sides. */
-  dt_status_t (*all_to_all_v)(struct dt_comm* c, const void* send, const int* scounts,
-                              const int* sdispls, void* recv, const int* rcounts,
-                              const int* rdispls, dt_dtype_t dtype);
-  /* buf (numel elements) from rank root to all. */
-  dt_status_t (*broadcast)(struct dt_comm* c, void* buf, int numel, dt_dtype_t dtype, int root);
-  /* recv (counts[me]) <- root's send[displs[me] ..]. */
-  dt_status_t (*scatter_v)(struct dt_comm* c, const void* send, const int* counts,
-                           const int* displs, void* recv, dt_dtype_t dtype, int root);
+  /* A new communicator of the ranks of `parent` (NULL: the library's world) that pass the same
+   * color, ranked by key; color < 0 gives this rank none (*out zeroed, size 0). Collective over
+   * parent. */
+  dt_status_t (*split)(const struct dt_comm* parent, int color, int key, struct dt_comm* out);
+  /* A communicator with the same ranks and order whose traffic never mixes with c's (the
+   * dedicated communicators of asynchronous redistributions). Collective over c. */
+  dt_status_t (*dup)(const struct dt_comm* c, struct dt_comm* out);
   /* Releases the communicator (context). */
   void (*destroy)(struct dt_comm* c);
+  /* recv[displs[r] .. +counts[r]) <- rank r's send (counts[me] elements); send NULL: in place
+   * (this rank's block is already at displs[me] of recv). */
+  dt_status_t (*all_gather_v)(struct dt_comm* c, const void* send, void* recv,
+                              const int64_t* counts, const int64_t* displs, dt_dtype_t dtype,
+                              dt_comm_req_t* req);
+  /* recv <- op over ranks of send (numel elements); send == recv is in place. */
+  dt_status_t (*all_reduce)(struct dt_comm* c, const void* send, void* recv, int64_t numel,
+                            dt_dtype_t dtype, dt_reduce_op_t op, dt_comm_req_t* req);
+  /* recv (counts[me] elements) <- op over ranks of block `me` of send; send holds the blocks of
+   * every rank back to back in rank order. avg is not accepted (the caller divides). */
+  dt_status_t (*reduce_scatter_v)(struct dt_comm* c, const void* send, void* recv,
+                                  const int64_t* counts, dt_dtype_t dtype, dt_reduce_op_t op,
+                                  dt_comm_req_t* req);
+  /* Uniform personalized exchange: count elements from send + q*count to rank q, from rank q to
+   * recv + q*count. count must be the same on every rank. */
+  dt_status_t (*all_to_all)(struct dt_comm* c, const void* send, void* recv, int64_t count,
+                            dt_dtype_t dtype, dt_comm_req_t* req);
+  /* Personalized exchange: scounts[q] elements from send + sdispls[q] go to rank q, rcounts[q]
+   * elements from rank q land at recv + rdispls[q]. */
+  dt_status_t (*all_to_all_v)(struct dt_comm* c, const void* send, const int64_t* scounts,
+                              const int64_t* sdispls, void* recv, const int64_t* rcounts,
+                              const int64_t* rdispls, dt_dtype_t dtype, dt_comm_req_t* req);
+  /* buf (numel elements) from rank root to all. */
+  dt_status_t (*broadcast)(struct dt_comm* c, void* buf, int64_t numel, dt_dtype_t dtype,
+                           int root, dt_comm_req_t* req);
+  /* recv (counts[me] elements) <- root's send + displs[me]. */
+  dt_status_t (*scatter_v)(struct dt_comm* c, const void* send, const int64_t* counts,
+                           const int64_t* displs, void* recv, dt_dtype_t dtype, int root,
+                           dt_comm_req_t* req);
+  /* Point to point: numel elements to / from rank `peer`. */
+  dt_status_t (*send)(struct dt_comm* c, const void* buf, int64_t numel, dt_dtype_t dtype,
+                      int peer, dt_comm_req_t* req);
+  dt_status_t (*recv)(struct dt_comm* c, void* buf, int64_t numel, dt_dtype_t dtype, int peer,
+                      dt_comm_req_t* req);
+  /* Groups of point-to-point calls completed together (optional: NULL when every call
+   * completes on its own). */
+  dt_status_t (*group_start)(struct dt_comm* c);
+  dt_status_t (*group_end)(struct dt_comm* c);
+  /* Completes a request (blocks); test sets *done when it has completed (and then releases it). */
+  dt_status_t (*wait)(struct dt_comm* c, dt_comm_req_t* req);
+  dt_status_t (*test)(struct dt_comm* c, dt_comm_req_t* req, int* done);
+  /* Releases the memory a request keeps for reuse (a completed or never-posted request). */
+  void (*req_free)(dt_comm_req_t* req);
 };
 
 typedef struct dt_comm {
   const struct dt_comm_i* iface;
-  void* context; /* backend handle (MPI: a heap-held MPI_Comm) */
+  void* context; /* implementation handle (MPI: a heap-held MPI_Comm and its group state) */
   int api_version;
   int size;
   int rank;
 } dt_comm_t;
 
-/* MPI backend (src/comm/comm_mpi.c). Creates comms by splitting `parent` (an MPI_Comm passed as
- * a pointer); color < 0 means this rank gets no communicator (*out stays zeroed, size 0). */
-dt_status_t dt__comm_mpi_split(const void* parent_mpi_comm, int color, int key, dt_comm_t* out);
-dt_status_t dt__comm_mpi_world(dt_comm_t* out);
+/* ---- the MPI implementation (src/comm/comm_mpi.c) ------------------------------------------ */
+/* Starts MPI (unless the host did) and the library's world communicator. */
 dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized);
-dt_status_t dt__comm_mpi_finalize(int we_initialized);
 /* Remembers whether dt_init started MPI; dt__comm_mpi_finalize_owned finalizes it only then. */
 void dt__comm_mpi_set_owned(int we_initialized);
+dt_status_t dt__comm_mpi_finalize(int we_initialized);
 dt_status_t dt__comm_mpi_finalize_owned(void);
+/* The library's world communicator (NULL before dt_init). */
+const dt_comm_t* dt__comm_world(void);
+/* Releases a communicator (NULL or zeroed: no-op) and zeroes it. */
 void dt__comm_release(dt_comm_t* c);
+/* Largest element count one MPI call carries (INT_MAX; $DTENSOR_COMM_MAX_COUNT lowers it so tests
+ * run the chunked paths on small tensors). Larger counts are split into several calls. */
+int64_t dt__comm_max_count(void);
 
 #endif

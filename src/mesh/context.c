@@ -5,24 +5,23 @@
 static struct {
   int initialized;
   int world_rank, world_size;
-  int* ints; /* counts/displs arrays of collectives */
+  int64_t* counts; /* counts/displs arrays of blocking collectives */
   size_t ints_cap;
   dt_counters_t counters; /* all meshes */
 } dt__ctx = {.world_rank = -1};
 
 dt_status_t dt__ctx_init(void) {
-  dt_comm_t world;
-  DT_CHECK(dt__comm_mpi_world(&world));
-  dt__ctx.world_rank = world.rank;
-  dt__ctx.world_size = world.size;
-  dt__comm_release(&world);
+  const dt_comm_t* world = dt__comm_world();
+  if (world == NULL) return DT_FAIL(DT_ERR_NOT_INITIALIZED, "the comm layer has no world");
+  dt__ctx.world_rank = world->rank;
+  dt__ctx.world_size = world->size;
   dt__ctx.initialized = 1;
   return DT_SUCCESS;
 }
 
 void dt__ctx_finalize(void) {
-  dt__free(dt__ctx.ints);
-  dt__ctx.ints = NULL;
+  dt__free(dt__ctx.counts);
+  dt__ctx.counts = NULL;
   dt__ctx.ints_cap = 0;
   dt__mesh_release_all_comms(); /* live meshes keep their shape; their communicators go now */
   dt__ctx.initialized = 0;
@@ -60,15 +59,15 @@ dt_status_t dt_world_size(int* size) {
 /* ---------------------------------------------------------------------------------------------
  * collective count arrays (grow-only) */
 
-dt_status_t dt__ws_ints(size_t count, int** out) {
+dt_status_t dt__ws_counts(size_t count, int64_t** out) {
   if (count > dt__ctx.ints_cap) {
     size_t cap = count < 64 ? 64 : count;
-    int* p = (int*)dt__realloc(dt__ctx.ints, cap * sizeof(int));
-    if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "workspace of %zu ints", cap);
-    dt__ctx.ints = p;
+    int64_t* p = (int64_t*)dt__realloc(dt__ctx.counts, cap * sizeof(int64_t));
+    if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "workspace of %zu counts", cap);
+    dt__ctx.counts = p;
     dt__ctx.ints_cap = cap;
   }
-  *out = dt__ctx.ints;
+  *out = dt__ctx.counts;
   return DT_SUCCESS;
 }
 

@@ -75,6 +75,37 @@ static void dt__mesh_free_comms(dt_mesh_t m) {
   for (int i = 0; i < m->ndim; i++) dt__comm_release(&m->dim_comm[i]);
   dt__comm_release(&m->all_comm);
   for (int f = 0; f < m->nflat; f++) dt__comm_release(&m->flat[f].comm);
+  for (int s = 0; s < DT_ASYNC_SLOTS; s++)
+    for (int k = 0; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1; k++) {
+      dt__comm_release(&m->slot_comm[s][k].comm);
+      m->slot_comm[s][k].mask = 0;
+    }
+}
+
+/* A communicator split from the library's world (color < 0: none for this rank). */
+static dt_status_t dt__world_split(int color, int key, dt_comm_t* out) {
+  const dt_comm_t* w = dt__comm_world();
+  memset(out, 0, sizeof *out);
+  if (w == NULL) return DT_FAIL(DT_ERR_NOT_INITIALIZED, "no world communicator (dt_init)");
+  return w->iface->split(w, color, key, out);
+}
+
+dt_status_t dt__mesh_slot_comm(dt_mesh_t m, int slot, unsigned mask, dt_comm_t** out) {
+  *out = NULL;
+  int k = 0;
+  for (; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1 && m->slot_comm[slot][k].mask != 0; k++)
+    if (m->slot_comm[slot][k].mask == mask) {
+      *out = &m->slot_comm[slot][k].comm;
+      return DT_SUCCESS;
+    }
+  dt_comm_t* base = dt__mesh_group_comm(m, mask);
+  if (base == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no communicator for mesh dims 0x%x", mask);
+  if (k == DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1)
+    return DT_FAIL(DT_ERR_INTERNAL, "asynchronous slot %d has no room for dims 0x%x", slot, mask);
+  DT_CHECK(base->iface->dup(base, &m->slot_comm[slot][k].comm));
+  m->slot_comm[slot][k].mask = mask;
+  *out = &m->slot_comm[slot][k].comm;
+  return DT_SUCCESS;
 }
 
 void dt__mesh_release_all_comms(void) {
@@ -111,10 +142,10 @@ static dt_status_t dt__mesh_build_comms(dt_mesh_t m, int group) {
     memcpy(c, m->coords, sizeof c);
     c[i] = 0;
     int color = in ? group * m->numel + dt__grid_index(m->ndim, m->shape, c) : -1;
-    DT_CHECK(dt__comm_mpi_split(NULL, color, in ? m->coords[i] : 0, &m->dim_comm[i]));
+    DT_CHECK(dt__world_split(color, in ? m->coords[i] : 0, &m->dim_comm[i]));
   }
   int key = in ? dt__grid_index(m->ndim, m->shape, m->coords) : 0;
-  DT_CHECK(dt__comm_mpi_split(NULL, in ? group : -1, key, &m->all_comm));
+  DT_CHECK(dt__world_split(in ? group : -1, key, &m->all_comm));
   return DT_SUCCESS;
 }
 
@@ -459,8 +490,7 @@ dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const ch
           else color = color * mesh->shape[i] + mesh->coords[i];
         }
       }
-      DT_CHECK(dt__comm_mpi_split(NULL, color, key,
-                                  &ng.comm));
+      DT_CHECK(dt__world_split(color, key, &ng.comm));
     }
     mesh->flat[mesh->nflat++] = ng;
     g = &mesh->flat[mesh->nflat - 1];

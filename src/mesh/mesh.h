@@ -9,6 +9,8 @@
 #include "placement/layout.h"
 
 #define DT_MAX_FLAT 8
+#define DT_ASYNC_SLOTS 8 /* asynchronous redistributions in flight per mesh, each on its own
+                            duplicates of the mesh's communicators (see src/redistribute/work.c) */
 
 /* ---- library context (src/mesh/context.c) -------------------------------------------------- */
 /* Sets up the world after the comm layer started (dt_init); tears the layer down (dt_finalize):
@@ -20,9 +22,9 @@ int dt__world_rank(void); /* -1 before dt_init */
 int dt__world_size(void); /* 0 before dt_init */
 dt_status_t dt__require_init(const char* what);
 
-/* Persistent host array for collective counts and displacements (grow-only, reused); the byte
- * workspace belongs to each backend (dt__ws_reserve). */
-dt_status_t dt__ws_ints(size_t count, int** out);
+/* Persistent host array for collective counts and displacements of blocking calls (grow-only,
+ * reused); the byte workspace belongs to each backend (dt__ws_reserve). */
+dt_status_t dt__ws_counts(size_t count, int64_t** out);
 
 /* ---- meshes (src/mesh/mesh.c) -------------------------------------------------------------- */
 typedef struct dt_flat_group {
@@ -52,6 +54,13 @@ struct dt_mesh {
   dt_flat_group_t flat[DT_MAX_FLAT];
   int nflat;
   dt_counters_t counters;
+  /* asynchronous slots: the work holding each, and its duplicates of the communicators (one per
+   * mask used: single dims, flattened groups, all dims), created on first use */
+  struct dt_work* slot_owner[DT_ASYNC_SLOTS];
+  struct {
+    unsigned mask;
+    dt_comm_t comm;
+  } slot_comm[DT_ASYNC_SLOTS][DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1];
   struct dt_mesh *next, *prev; /* live meshes (counter resets, finalize) */
 };
 
@@ -62,6 +71,9 @@ dt_status_t dt__mesh_check(dt_mesh_t m);
 /* Communicator over the mesh dims in `mask` (a single dim, a flattened group, or all dims).
  * NULL when none exists. */
 dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask);
+/* The duplicate of the communicator over `mask` that asynchronous slot `slot` uses, created on
+ * first use (collective over that communicator: every rank starts the work at the same point). */
+dt_status_t dt__mesh_slot_comm(dt_mesh_t m, int slot, unsigned mask, dt_comm_t** out);
 /* Releases the communicators of every live mesh (dt_finalize: MPI goes away). */
 void dt__mesh_release_all_comms(void);
 /* Resets the counters of every live mesh. */

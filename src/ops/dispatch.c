@@ -75,6 +75,7 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   DT_ARG_NOT_NULL(outs);
   for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
   if (saved) *saved = NULL;
+  dt__progress_all(); /* redistributions in flight advance whenever the library is entered */
   const dt_op_info_t* info = dt__op_info(id);
   if (info == NULL) return DT_FAIL(DT_ERR_INTERNAL, "op id %d out of range", id);
   const char* name = info->name;
@@ -107,17 +108,31 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   dt_tensor_t moved[DT_OP_MAX_INPUTS] = {NULL}, res[DT_OP_MAX_OUTPUTS] = {NULL};
   dt_local_tensor_t lin[DT_OP_MAX_INPUTS], lout[DT_OP_MAX_OUTPUTS];
   dt_tensor_t x0 = NULL; /* the first input as the kernel sees it */
-  int meta = 0;
-  for (int t = 0; t < n_inputs; t++) meta |= inputs[t]->meta;
+  int meta = 0, nmove = 0, move[DT_OP_MAX_INPUTS] = {0};
   for (int t = 0; t < n_inputs; t++) {
-    dt_tensor_t x = inputs[t];
-    int same = 1;
-    for (int i = 0; i < mesh->ndim; i++) same &= dt_placement_equal(x->layout.pl[i], ch.in[t][i]);
-    if (!same) {
-      /* The inputs' layouts change; the redistributed copies live until the kernel ran. */
-      DT_CHECK_GOTO(dt_tensor_redistribute(x, ch.in[t], &moved[t]), st, done);
-      x = moved[t];
+    meta |= inputs[t]->meta;
+    for (int i = 0; i < mesh->ndim; i++)
+      move[t] |= !dt_placement_equal(inputs[t]->layout.pl[i], ch.in[t][i]);
+    nmove += move[t];
+  }
+  /* The inputs' layouts change; the redistributed copies live until the kernel ran. Several
+   * inputs move together: every redistribution starts before the first is waited for. */
+  if (nmove > 1 && !meta && mesh->member) {
+    dt_work_t work[DT_OP_MAX_INPUTS] = {NULL};
+    for (int t = 0; t < n_inputs && st == DT_SUCCESS; t++)
+      if (move[t]) st = dt_tensor_redistribute_async(inputs[t], ch.in[t], &moved[t], &work[t]);
+    for (int t = 0; t < n_inputs; t++) { /* every started work is completed, even after a failure */
+      dt_status_t wst = work[t] ? dt_work_wait(work[t]) : DT_SUCCESS;
+      if (st == DT_SUCCESS) st = wst;
+      dt_work_destroy(work[t]);
     }
+    if (st != DT_SUCCESS) goto done;
+  } else {
+    for (int t = 0; t < n_inputs; t++)
+      if (move[t]) DT_CHECK_GOTO(dt_tensor_redistribute(inputs[t], ch.in[t], &moved[t]), st, done);
+  }
+  for (int t = 0; t < n_inputs; t++) {
+    dt_tensor_t x = moved[t] ? moved[t] : inputs[t];
     if (t == 0) x0 = x;
     dt__local_view(x, &lin[t]);
   }

@@ -11,8 +11,19 @@
  * hop, 87.7 * 0.22 = 19.294 GB/s) so that plan orderings agree with PyTorch's; memory bandwidth
  * 7 GB/s (single-thread memcpy measured on the development machine, docs/environment.md).
  * `dtensor-calibrate` measures the machine and writes a JSON file that dt_init loads.
+ *
+ * Reductions have a second algorithm (all-to-all + local reduce, see execute.c) with its own
+ * parameters and the same hop and factor rules; a step costs its cheaper algorithm. Its defaults
+ * come from bench_redistribute on the development machine (Open MPI, np 2 and 4,
+ * docs/performance.md): it moves bytes at twice the native reductions' rate. All-reduce's has a
+ * lower base but dearer hops (two collectives), fit so that the native all-reduce wins below
+ * ~12 KB on 2 ranks and ~130 KB on 4, as measured. Reduce-scatter's all-to-all form measured
+ * faster from ~16 KB, but its base is kept at 8 us (native below ~100 KB on 2 ranks, ~70 KB on
+ * 4): a cheaper one changes which plans small models take and so their rounding (the
+ * loss-parity curves stay bitwise as they were). dtensor-calibrate fits both for a machine.
  */
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "redistribute/redistribute.h"
@@ -28,15 +39,40 @@ static const dt_cost_params_t dt__cost_defaults[DT_COLL_COUNT] = {
 };
 _Static_assert(DT_COLL_COUNT == 7, "update the cost defaults and collective names");
 
-static dt_cost_params_t dt__cost[DT_COLL_COUNT];
+/* The all-to-all algorithm of the reductions (the others have none). */
+static const dt_cost_params_t dt__cost_a2a_defaults[DT_COLL_COUNT] = {
+    [DT_COLL_ALL_REDUCE] = {4.5, 3.9, 38.588},
+    [DT_COLL_REDUCE_SCATTER] = {8.0, 2.7, 38.588},
+};
+
+static dt_cost_params_t dt__cost[DT_COLL_COUNT][DT_ALGO_COUNT];
 static int dt__cost_ready = 0;
 static uint64_t dt__cost_gen = 1;
+static dt_coll_algo_t dt__cost_forced = DT_ALGO_COUNT; /* none */
+
+static void dt__cost_defaults_set(void) {
+  for (int c = 0; c < DT_COLL_COUNT; c++) {
+    dt__cost[c][DT_ALGO_NATIVE] = dt__cost_defaults[c];
+    dt__cost[c][DT_ALGO_A2A] = dt__cost_a2a_defaults[c];
+  }
+  dt__cost_ready = 1;
+}
 
 static void dt__cost_init(void) {
-  if (!dt__cost_ready) {
-    memcpy(dt__cost, dt__cost_defaults, sizeof dt__cost);
-    dt__cost_ready = 1;
-  }
+  if (!dt__cost_ready) dt__cost_defaults_set();
+}
+
+int dt__cost_has_alt(dt_collective_t c) {
+  return c == DT_COLL_ALL_REDUCE || c == DT_COLL_REDUCE_SCATTER;
+}
+
+const char* dt_coll_algo_name(dt_coll_algo_t a) {
+  return a == DT_ALGO_NATIVE ? "native" : a == DT_ALGO_A2A ? "a2a" : "invalid";
+}
+
+/* JSON key of (c, a): the collective's name, "_a2a" appended for the all-to-all algorithm. */
+static void dt__cost_key(dt_collective_t c, dt_coll_algo_t a, char* buf, size_t cap) {
+  snprintf(buf, cap, "%s%s", dt_collective_name(c), a == DT_ALGO_A2A ? "_a2a" : "");
 }
 
 uint64_t dt__cost_generation(void) { return dt__cost_gen; }
@@ -48,9 +84,18 @@ const char* dt_collective_name(dt_collective_t c) {
   return (c >= 0 && c < DT_COLL_COUNT) ? names[c] : "invalid";
 }
 
-void dt__cost_linear(dt_collective_t c, int n, double* a, double* b) {
+void dt__cost_linear(dt_collective_t c, dt_coll_algo_t algo, int n, double* a, double* b) {
   dt__cost_init();
-  const dt_cost_params_t* p = &dt__cost[c];
+  /* an algorithm the collective lacks, or one other than the forced one, is never cheaper */
+  int usable = algo == DT_ALGO_NATIVE || dt__cost_has_alt(c);
+  if (usable && dt__cost_has_alt(c) && dt__cost_forced != DT_ALGO_COUNT)
+    usable = algo == dt__cost_forced;
+  if (!usable) {
+    *a = INFINITY;
+    *b = 0.0;
+    return;
+  }
+  const dt_cost_params_t* p = &dt__cost[c][algo];
   if (c == DT_COLL_LOCAL) {
     *a = 0.0;
     *b = 1.0 / (p->bw_gbps * 1e3);
@@ -67,10 +112,20 @@ void dt__cost_linear(dt_collective_t c, int n, double* a, double* b) {
   *b = factor / (p->bw_gbps * 1e3);
 }
 
-double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes) {
-  double a, b;
-  dt__cost_linear(c, n, &a, &b);
-  return a + b * (double)nbytes;
+double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes, dt_coll_algo_t* algo) {
+  double best = INFINITY;
+  dt_coll_algo_t pick = DT_ALGO_NATIVE;
+  for (int k = 0; k < DT_ALGO_COUNT; k++) {
+    double a, b;
+    dt__cost_linear(c, (dt_coll_algo_t)k, n, &a, &b);
+    double v = a + b * (double)nbytes;
+    if (v < best) {
+      best = v;
+      pick = (dt_coll_algo_t)k;
+    }
+  }
+  if (algo) *algo = pick;
+  return best;
 }
 
 static dt_status_t dt__coll_check(dt_collective_t c) {
@@ -90,27 +145,58 @@ static dt_status_t dt__params_check(const dt_cost_params_t* p, const char* what)
   return DT_SUCCESS;
 }
 
-dt_status_t dt_cost_model_get(dt_collective_t c, dt_cost_params_t* out) {
-  DT_ARG_NOT_NULL(out);
+static dt_status_t dt__algo_check(dt_collective_t c, dt_coll_algo_t a) {
   DT_CHECK(dt__coll_check(c));
-  dt__cost_init();
-  *out = dt__cost[c];
+  if (a < 0 || a >= DT_ALGO_COUNT)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "algorithm %d out of range [0, %d)", (int)a,
+                   DT_ALGO_COUNT);
+  if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s has no %s algorithm", dt_collective_name(c),
+                   dt_coll_algo_name(a));
   return DT_SUCCESS;
 }
 
-dt_status_t dt_cost_model_set(dt_collective_t c, const dt_cost_params_t* params) {
-  DT_ARG_NOT_NULL(params);
-  DT_CHECK(dt__coll_check(c));
-  DT_CHECK(dt__params_check(params, dt_collective_name(c)));
+dt_status_t dt_cost_model_get_algo(dt_collective_t c, dt_coll_algo_t a, dt_cost_params_t* out) {
+  DT_ARG_NOT_NULL(out);
+  DT_CHECK(dt__algo_check(c, a));
   dt__cost_init();
-  dt__cost[c] = *params;
+  *out = dt__cost[c][a];
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
+                                   const dt_cost_params_t* params) {
+  DT_ARG_NOT_NULL(params);
+  DT_CHECK(dt__algo_check(c, a));
+  char key[64];
+  dt__cost_key(c, a, key, sizeof key);
+  DT_CHECK(dt__params_check(params, key));
+  dt__cost_init();
+  dt__cost[c][a] = *params;
+  dt__cost_gen++;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_cost_model_get(dt_collective_t c, dt_cost_params_t* out) {
+  return dt_cost_model_get_algo(c, DT_ALGO_NATIVE, out);
+}
+
+dt_status_t dt_cost_model_set(dt_collective_t c, const dt_cost_params_t* params) {
+  return dt_cost_model_set_algo(c, DT_ALGO_NATIVE, params);
+}
+
+dt_status_t dt_cost_model_force_algo(dt_coll_algo_t a) {
+  if (a < 0 || a > DT_ALGO_COUNT)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "algorithm %d out of range [0, %d]", (int)a,
+                   DT_ALGO_COUNT);
+  dt__cost_forced = a;
   dt__cost_gen++;
   return DT_SUCCESS;
 }
 
 dt_status_t dt_cost_model_reset(void) {
-  memcpy(dt__cost, dt__cost_defaults, sizeof dt__cost);
-  dt__cost_ready = 1;
+  dt__cost_defaults_set();
+  dt__cost_forced = DT_ALGO_COUNT;
   dt__cost_gen++;
   return DT_SUCCESS;
 }
@@ -120,7 +206,7 @@ dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* 
   *cost_us = 0.0;
   DT_CHECK(dt__coll_check(c));
   if (n < 1) return DT_FAIL(DT_ERR_INVALID_ARG, "n = %d must be at least 1", n);
-  *cost_us = dt__cost_of(c, n, nbytes);
+  *cost_us = dt__cost_of(c, n, nbytes, NULL);
   return DT_SUCCESS;
 }
 
@@ -150,25 +236,29 @@ dt_status_t dt_cost_model_load(const char* path) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "cost model '%s' is not a JSON object", path);
   }
   /* Parse everything first; apply only if every entry is valid (no half-loaded model). */
-  dt_cost_params_t next[DT_COLL_COUNT];
+  dt_cost_params_t next[DT_COLL_COUNT][DT_ALGO_COUNT];
   dt__cost_init();
   memcpy(next, dt__cost, sizeof next);
   dt_status_t st = DT_SUCCESS;
-  for (int c = 0; c < DT_COLL_COUNT; c++) {
-    cJSON* e = cJSON_GetObjectItemCaseSensitive(root, dt_collective_name((dt_collective_t)c));
+  for (int k = 0; k < DT_COLL_COUNT * DT_ALGO_COUNT && st == DT_SUCCESS; k++) {
+    dt_collective_t c = (dt_collective_t)(k / DT_ALGO_COUNT);
+    dt_coll_algo_t a = (dt_coll_algo_t)(k % DT_ALGO_COUNT);
+    if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c)) continue;
+    char key[64];
+    dt__cost_key(c, a, key, sizeof key);
+    cJSON* e = cJSON_GetObjectItemCaseSensitive(root, key);
     if (e == NULL) continue;
     cJSON* b = cJSON_GetObjectItemCaseSensitive(e, "base_us");
     cJSON* h = cJSON_GetObjectItemCaseSensitive(e, "hop_us");
     cJSON* w = cJSON_GetObjectItemCaseSensitive(e, "bw_gbps");
     if (!cJSON_IsNumber(b) || !cJSON_IsNumber(h) || !cJSON_IsNumber(w)) {
       st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model '%s': \"%s\" needs numbers base_us, hop_us, "
-                   "bw_gbps", path, dt_collective_name((dt_collective_t)c));
+                   "bw_gbps", path, key);
       break;
     }
     dt_cost_params_t p = {b->valuedouble, h->valuedouble, w->valuedouble};
-    st = dt__params_check(&p, dt_collective_name((dt_collective_t)c));
-    if (st != DT_SUCCESS) break;
-    next[c] = p;
+    st = dt__params_check(&p, key);
+    if (st == DT_SUCCESS) next[c][a] = p;
   }
   cJSON_Delete(root);
   if (st != DT_SUCCESS) return st;
@@ -182,11 +272,17 @@ dt_status_t dt_cost_model_save(const char* path) {
   dt__cost_init();
   cJSON* root = cJSON_CreateObject();
   if (root == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
-  for (int c = 0; c < DT_COLL_COUNT; c++) {
-    cJSON* e = cJSON_AddObjectToObject(root, dt_collective_name((dt_collective_t)c));
-    if (e == NULL || !cJSON_AddNumberToObject(e, "base_us", dt__cost[c].base_us) ||
-        !cJSON_AddNumberToObject(e, "hop_us", dt__cost[c].hop_us) ||
-        !cJSON_AddNumberToObject(e, "bw_gbps", dt__cost[c].bw_gbps)) {
+  for (int k = 0; k < DT_COLL_COUNT * DT_ALGO_COUNT; k++) {
+    dt_collective_t c = (dt_collective_t)(k / DT_ALGO_COUNT);
+    dt_coll_algo_t a = (dt_coll_algo_t)(k % DT_ALGO_COUNT);
+    if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c)) continue;
+    char key[64];
+    dt__cost_key(c, a, key, sizeof key);
+    const dt_cost_params_t* p = &dt__cost[c][a];
+    cJSON* e = cJSON_AddObjectToObject(root, key);
+    if (e == NULL || !cJSON_AddNumberToObject(e, "base_us", p->base_us) ||
+        !cJSON_AddNumberToObject(e, "hop_us", p->hop_us) ||
+        !cJSON_AddNumberToObject(e, "bw_gbps", p->bw_gbps)) {
       cJSON_Delete(root);
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
     }

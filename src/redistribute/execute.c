@@ -1,325 +1,506 @@
-/* execute.c - runs a redistribution plan on this rank's local shard.
+/* execute.c - runs a redistribution plan on this rank's local shard, to completion (blocking) or
+ * as asynchronous work advanced by wait, test and progress calls.
  *
  * Each step is described by boxes: the source layout gives every rank of the step's group the box
  * it holds before, the target layout the box it holds after. The collective's per-peer blocks are
- * box intersections. When a block is already one contiguous range of the source (or destination)
- * buffer the collective reads (or writes) it in place; otherwise it is packed into (or unpacked
- * from) a persistent workspace buffer. Uneven shards use the v-forms of the collectives with exact
- * counts, so there is no padding. No allocation happens here once the workspace has grown.
+ * box intersections (dt__peer_box). When a block is already one contiguous range of the source
+ * (or destination) buffer the collective reads (or writes) it in place; otherwise it is packed
+ * into (or unpacked from) scratch. Uneven shards use the v-forms of the collectives with exact
+ * counts, so there is no padding. Packing, copies, scaling and local reductions go through the
+ * backend of the data.
+ *
+ * A step is a small state machine (dt__advance): each phase does its local work and posts at most
+ * one collective. Blocking execution posts blocking collectives and runs every phase at once,
+ * with the backend's persistent workspace as scratch (no allocation once it has grown); an
+ * asynchronous work posts non-blocking collectives on its mesh's dedicated communicators, owns
+ * its scratch and moves to the next phase when the posted collective has completed.
+ *
+ * Reductions (P -> S reduce-scatter, P -> R all-reduce) have two algorithms, which the cost model
+ * chooses between per step: the native collective, or an all-to-all of the blocks followed by a
+ * local reduction through the backend (then, for P -> R, an in-place all-gather of the reduced
+ * chunks). Open MPI's reductions allocate per call and are slow on large buffers here; the
+ * all-to-all form moves the same bytes at all-to-all speed.
  */
-#include <limits.h>
-
 #include "redistribute/redistribute.h"
 
-typedef struct dt__exec {
-  dt_mesh_t m;
-  dt_backend_t b; /* the data's backend: packing, copies and scaling go through it */
-  dt_dtype_t dtype;
-  size_t item;
-  dt_layout_t lb, la;    /* layouts before and after the step */
-  int64_t ib_off[DT_MAX_DIMS], ib_len[DT_MAX_DIMS]; /* my box before */
-  int64_t ob_off[DT_MAX_DIMS], ob_len[DT_MAX_DIMS]; /* my box after */
-  unsigned mask;
-  int gn;
-} dt__exec_t;
+/* ---------------------------------------------------------------------------------------------
+ * scratch: the backend's persistent workspace (blocking) or buffers owned by one work */
+
+static dt_status_t dt__buf(dt__scratch_t* s, int slot, size_t nbytes, void** out) {
+  if (!s->owned) return dt__ws_reserve(s->b, slot, nbytes, out);
+  if (nbytes > s->cap[slot]) {
+    void* p = dt__backend_alloc(s->b, nbytes);
+    if (p == NULL)
+      return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s backend: %zu bytes of redistribution scratch",
+                     s->b->name, nbytes);
+    dt__backend_free(s->b, s->buf[slot], s->cap[slot]);
+    s->buf[slot] = p;
+    s->cap[slot] = nbytes;
+  }
+  *out = s->buf[slot];
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__counts(dt__scratch_t* s, size_t n, int64_t** out) {
+  if (!s->owned) return dt__ws_counts(n, out);
+  if (n > s->cnt_cap) {
+    int64_t* p = (int64_t*)dt__realloc(s->cnt, sizeof(int64_t) * n);
+    if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "redistribution count arrays");
+    s->cnt = p;
+    s->cnt_cap = n;
+  }
+  *out = s->cnt;
+  return DT_SUCCESS;
+}
+
+void dt__scratch_free(dt__scratch_t* s) {
+  if (!s->owned) return;
+  for (int k = 0; k < DT_WS_SLOTS; k++) dt__backend_free(s->b, s->buf[k], s->cap[k]);
+  dt__free(s->cnt);
+  memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * geometry of one step */
 
 /* Coordinates of group rank q: mine, with the masked dims replaced (row-major, ascending dims). */
-static void dt__group_coords(const dt__exec_t* x, int q, int* c) {
-  memcpy(c, x->m->coords, sizeof(int) * DT_MAX_MESH_DIMS);
-  for (int i = x->m->ndim - 1; i >= 0; i--)
-    if (x->mask & (1u << i)) {
-      c[i] = q % x->m->shape[i];
-      q /= x->m->shape[i];
+static void dt__group_coords(const dt__run_t* r, int q, int* c) {
+  memcpy(c, r->m->coords, sizeof(int) * DT_MAX_MESH_DIMS);
+  for (int i = r->m->ndim - 1; i >= 0; i--)
+    if (r->s->mask & (1u << i)) {
+      c[i] = q % r->m->shape[i];
+      q /= r->m->shape[i];
     }
 }
 
-static dt_status_t dt__to_int(int64_t v, int* out) {
-  if (v > INT_MAX)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "a block of %lld elements exceeds MPI's int count",
-                   (long long)v);
-  *out = (int)v;
-  return DT_SUCCESS;
+/* The box group rank q holds in layout l (r->lb before the step, r->la after). */
+static void dt__peer_box(const dt__run_t* r, const dt_layout_t* l, int q, int64_t* off,
+                         int64_t* len) {
+  int cq[DT_MAX_MESH_DIMS];
+  dt__group_coords(r, q, cq);
+  dt__layout_box(l, cq, off, len);
+}
+
+/* What I hold before that q holds after (send = 1), or what q holds before that I hold after
+ * (send = 0): its offset relative to my buffer (before box when sending, after box otherwise)
+ * and its extent. */
+static void dt__block(const dt__run_t* r, int q, int send, int64_t* rel, int64_t* len) {
+  int nd = r->lb.ndim;
+  int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS];
+  if (send) {
+    dt__peer_box(r, &r->la, q, bo, bl);
+    dt__box_intersect(nd, r->ib_off, r->ib_len, bo, bl, off, len);
+    for (int d = 0; d < nd; d++) rel[d] = off[d] - r->ib_off[d];
+  } else {
+    dt__peer_box(r, &r->lb, q, bo, bl);
+    dt__box_intersect(nd, bo, bl, r->ob_off, r->ob_len, off, len);
+    for (int d = 0; d < nd; d++) rel[d] = off[d] - r->ob_off[d];
+  }
 }
 
 /* One box copy between arrays of the step's dtype, through the backend. */
-static dt_status_t dt__bcopy(const dt__exec_t* x, const int64_t* ext, void* dst,
+static dt_status_t dt__bcopy(const dt__run_t* r, const int64_t* ext, void* dst,
                              const int64_t* dst_shape, const int64_t* dst_off, const void* src,
                              const int64_t* src_shape, const int64_t* src_off) {
-  return x->b->iface->box_copy(x->b, x->lb.ndim, x->item, ext, dst, dst_shape, dst_off, src,
+  return r->b->iface->box_copy(r->b, r->lb.ndim, r->item, ext, dst, dst_shape, dst_off, src,
                                src_shape, src_off);
 }
 
+static const int64_t dt__zero[DT_MAX_DIMS] = {0};
+
+/* Packs my blocks for every peer back to back in rank order into slot 0 (each block its box's
+ * elements row-major); counts[q] gets their sizes. `skip` leaves my own block out. */
+static dt_status_t dt__pack(dt__run_t* r, const int64_t* counts, int64_t total, int skip,
+                            void** out) {
+  DT_CHECK(dt__buf(r->sc, 0, (size_t)total * r->item, out));
+  int64_t pos = 0;
+  for (int q = 0; q < r->gn; q++) {
+    if (skip && q == r->me) continue;
+    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    dt__block(r, q, 1, rel, len);
+    DT_CHECK(dt__bcopy(r, len, (char*)*out + (size_t)pos * r->item, len, dt__zero, r->in,
+                       r->ib_len, rel));
+    pos += counts[q];
+  }
+  return DT_SUCCESS;
+}
+
+/* The comm request of the next post: the run's own (async) or none (blocking). */
+static dt_comm_req_t* dt__req(dt__run_t* r) {
+  r->pending = r->async;
+  return r->req;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the steps */
+
+/* R -> S (slice) and R -> P (partition; sum: floats / n, integers on coordinate 0 only). */
+static dt_status_t dt__local(dt__run_t* r) {
+  int nd = r->lb.ndim;
+  int64_t rel[DT_MAX_DIMS];
+  for (int d = 0; d < nd; d++) rel[d] = r->ob_off[d] - r->ib_off[d];
+  DT_CHECK(dt__bcopy(r, r->ob_len, r->out, r->ob_len, dt__zero, r->in, r->ib_len, rel));
+  const dt_step_t* s = r->s;
+  int64_t numel = dt__box_numel(nd, r->ob_len);
+  for (int i = 0; i < r->m->ndim; i++) {
+    if (!(s->mask & (1u << i)) || s->after[i].kind != DT_PARTIAL) continue;
+    if (s->before[i].kind != DT_REPLICATE || s->after[i].op != DT_REDUCE_SUM) continue;
+    if (dt__dtype_is_float(r->dtype))
+      DT_CHECK(r->b->iface->scale_div(r->b, r->out, r->dtype, numel, r->m->shape[i]));
+    else if (r->m->coords[i] != 0)
+      DT_CHECK(r->b->iface->memset(r->b, r->out, 0, (size_t)numel * r->item));
+  }
+  r->phase = -1;
+  return DT_SUCCESS;
+}
+
+/* S -> R. Phase 0 posts either one all-gather straight into the output (every peer's block is
+ * one contiguous range of it) or, when the blocks land strided, an exchange of the remote blocks
+ * into scratch while my own block moves by one box copy; phase 1 unpacks the remote blocks. */
+static dt_status_t dt__all_gather(dt__run_t* r) {
+  int gn = r->gn, me = r->me;
+  int64_t* a;
+  if (r->phase == 0) {
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 6, &a));
+    int64_t *counts = a, *displs = a + gn, total = 0;
+    int direct = 1;
+    for (int q = 0; q < gn; q++) {
+      int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS], rel[DT_MAX_DIMS], start;
+      dt__peer_box(r, &r->lb, q, off, len);
+      for (int d = 0; d < r->lb.ndim; d++) rel[d] = off[d] - r->ob_off[d];
+      counts[q] = dt__box_numel(r->lb.ndim, len);
+      if (direct && dt__box_contiguous(r->lb.ndim, r->ob_len, rel, len, &start)) displs[q] = start;
+      else direct = 0;
+      total += counts[q];
+    }
+    r->nbytes = (uint64_t)total * r->item;
+    if (direct) {
+      r->phase = -1;
+      return r->c->iface->all_gather_v(r->c, r->in, r->out, counts, displs, r->dtype, dt__req(r));
+    }
+    /* every peer gets my whole contiguous shard; I get theirs, back to back, into scratch */
+    int64_t *sc = a + 2 * gn, *sd = a + 3 * gn, *rc = a + 4 * gn, *rd = a + 5 * gn, acc = 0;
+    for (int q = 0; q < gn; q++) {
+      sc[q] = q == me ? 0 : counts[me];
+      sd[q] = 0;
+      rc[q] = q == me ? 0 : counts[q];
+      rd[q] = acc;
+      acc += rc[q];
+    }
+    DT_CHECK(dt__buf(r->sc, 3, (size_t)acc * r->item, &r->tmp));
+    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    dt__block(r, me, 0, rel, len);
+    DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, rel, r->in, len, dt__zero));
+    r->phase = 1;
+    return r->c->iface->all_to_all_v(r->c, r->in, sc, sd, r->tmp, rc, rd, r->dtype, dt__req(r));
+  }
+  /* phase 1: unpack the remote blocks */
+  int64_t pos = 0;
+  for (int q = 0; q < gn; q++) {
+    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    dt__block(r, q, 0, rel, len);
+    if (q != me)
+      DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, rel, (char*)r->tmp + (size_t)pos * r->item,
+                         len, dt__zero));
+    if (q != me) pos += dt__box_numel(r->lb.ndim, len);
+  }
+  r->phase = -1;
+  return DT_SUCCESS;
+}
+
+/* 1 when every block of the exchange, between any two ranks of the group, has k elements: then
+ * every rank knows the others post the uniform collective too (my own counts alone cannot tell). */
+static int dt__a2a_uniform(const dt__run_t* r, int64_t k) {
+  int nd = r->lb.ndim;
+  int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], ao[DT_MAX_DIMS], al[DT_MAX_DIMS];
+  int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
+  for (int q = 0; q < r->gn; q++) {
+    dt__peer_box(r, &r->lb, q, bo, bl);
+    for (int p = 0; p < r->gn; p++) {
+      dt__peer_box(r, &r->la, p, ao, al);
+      dt__box_intersect(nd, bo, bl, ao, al, off, len);
+      if (dt__box_numel(nd, len) != k) return 0;
+    }
+  }
+  return 1;
+}
+
+/* S(a) -> S(b). When every block in the group has the same size, one uniform all-to-all with all
+ * blocks (mine too) packed in rank order where they are strided. Otherwise my own block moves by
+ * one box copy and only remote blocks go through the v-form (packed when they are strided in my
+ * input, unpacked when strided in my output). */
+static dt_status_t dt__all_to_all(dt__run_t* r) {
+  int gn = r->gn, me = r->me, nd = r->lb.ndim;
+  if (r->phase == 0) {
+    int64_t* a;
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 4, &a));
+    int64_t *sc = a, *sd = a + gn, *rc = a + 2 * gn, *rd = a + 3 * gn, stot = 0, rtot = 0;
+    int sdirect = 1, rdirect = 1, even = 1;
+    for (int q = 0; q < gn; q++) {
+      int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS], start;
+      dt__block(r, q, 1, rel, len);
+      sc[q] = dt__box_numel(nd, len);
+      if (sdirect && dt__box_contiguous(nd, r->ib_len, rel, len, &start)) sd[q] = start;
+      else sdirect = 0;
+      stot += sc[q];
+      dt__block(r, q, 0, rel, len);
+      rc[q] = dt__box_numel(nd, len);
+      if (rdirect && dt__box_contiguous(nd, r->ob_len, rel, len, &start)) rd[q] = start;
+      else rdirect = 0;
+      rtot += rc[q];
+      even &= sc[q] == sc[0] && rc[q] == sc[0];
+    }
+    r->nbytes = (uint64_t)stot * r->item;
+    if (even && dt__a2a_uniform(r, sc[0])) {
+      int64_t k = sc[0];
+      for (int q = 0; q < gn; q++) { /* direct only when the blocks lie in rank order */
+        if (sdirect) sdirect = sd[q] == q * k;
+        if (rdirect) rdirect = rd[q] == q * k;
+      }
+      const void* send = r->in;
+      void* recv = r->out;
+      if (!sdirect) DT_CHECK(dt__pack(r, sc, stot, 0, (void**)&send));
+      if (!rdirect) DT_CHECK(dt__buf(r->sc, 3, (size_t)rtot * r->item, &recv));
+      r->tmp = recv;
+      r->my = 1; /* phase 1 unpacks my block too */
+      r->phase = rdirect ? -1 : 1;
+      return r->c->iface->all_to_all(r->c, send, recv, k, r->dtype, dt__req(r));
+    }
+    const void* send = r->in;
+    void* recv = r->out;
+    if (!sdirect || !rdirect) {
+      int64_t irel[DT_MAX_DIMS], orel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+      dt__block(r, me, 1, irel, len);
+      dt__block(r, me, 0, orel, len);
+      DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, orel, r->in, r->ib_len, irel));
+      stot -= sc[me];
+      rtot -= rc[me];
+      sc[me] = rc[me] = 0;
+    }
+    if (!sdirect) {
+      void* packed;
+      DT_CHECK(dt__pack(r, sc, stot, 1, &packed));
+      for (int64_t q = 0, pos = 0; q < gn; q++) {
+        sd[q] = pos;
+        pos += sc[q];
+      }
+      send = packed;
+    }
+    if (!rdirect) {
+      DT_CHECK(dt__buf(r->sc, 3, (size_t)rtot * r->item, &recv));
+      for (int64_t q = 0, pos = 0; q < gn; q++) {
+        rd[q] = pos;
+        pos += rc[q];
+      }
+      r->tmp = recv;
+    }
+    r->my = 0;
+    r->phase = rdirect ? -1 : 1;
+    return r->c->iface->all_to_all_v(r->c, send, sc, sd, recv, rc, rd, r->dtype, dt__req(r));
+  }
+  /* phase 1: unpack the received blocks from scratch (mine too after a uniform exchange) */
+  int64_t pos = 0;
+  for (int q = 0; q < gn; q++) {
+    if (q == me && !r->my) continue;
+    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    dt__block(r, q, 0, rel, len);
+    DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, rel, (char*)r->tmp + (size_t)pos * r->item, len,
+                       dt__zero));
+    pos += dt__box_numel(nd, len);
+  }
+  r->phase = -1;
+  return DT_SUCCESS;
+}
+
 /* The reduce op of the Partial being reduced (same on every masked dim, see the merge pass). */
-static dt_reduce_op_t dt__step_op(const dt_step_t* s, int mesh_ndim) {
-  for (int i = 0; i < mesh_ndim; i++)
-    if ((s->mask & (1u << i)) && s->before[i].kind == DT_PARTIAL)
-      return (dt_reduce_op_t)s->before[i].op;
+static dt_reduce_op_t dt__step_op(const dt__run_t* r) {
+  for (int i = 0; i < r->m->ndim; i++)
+    if ((r->s->mask & (1u << i)) && r->s->before[i].kind == DT_PARTIAL)
+      return (dt_reduce_op_t)r->s->before[i].op;
   return DT_REDUCE_SUM;
 }
 
-static dt_status_t dt__run_local(const dt__exec_t* x, const dt_step_t* s, const void* in,
-                                 void* out) {
-  int nd = x->lb.ndim;
-  int64_t rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
-  for (int d = 0; d < nd; d++) rel[d] = x->ob_off[d] - x->ib_off[d];
-  DT_CHECK(dt__bcopy(x, x->ob_len, out, x->ob_len, zero, in, x->ib_len, rel));
-  for (int i = 0; i < x->m->ndim; i++) {
-    if (!(s->mask & (1u << i)) || s->after[i].kind != DT_PARTIAL) continue;
-    if (s->before[i].kind != DT_REPLICATE || s->after[i].op != DT_REDUCE_SUM) continue;
-    int n = x->m->shape[i];
-    int64_t numel = dt__box_numel(nd, x->ob_len);
-    if (dt__dtype_is_float(x->dtype)) {
-      DT_CHECK(x->b->iface->scale_div(x->b, out, x->dtype, numel, n)); /* value / n each */
-    } else if (x->m->coords[i] != 0) { /* exact for integers: coordinate 0 keeps it */
-      DT_CHECK(x->b->iface->memset(x->b, out, 0, (size_t)numel * x->item));
+/* avg: after the sum, every element is divided by the group size. */
+static dt_status_t dt__avg(dt__run_t* r, void* buf, int64_t n) {
+  if (dt__step_op(r) != DT_REDUCE_AVG || n == 0) return DT_SUCCESS;
+  return r->b->iface->scale_div(r->b, buf, r->dtype, n, r->gn);
+}
+
+/* out (r->my elements) = my block `mine` op the gn - 1 received blocks in r->tmp, in rank order
+ * (the first step reads my block, the rest accumulate in place: one pass per peer, no copy). */
+static dt_status_t dt__reduce_blocks(dt__run_t* r, void* out, const void* mine, dt_reduce_op_t op) {
+  size_t nb = (size_t)r->my * r->item;
+  if (r->my == 0) return DT_SUCCESS;
+  if (r->gn == 1) return r->b->iface->copy(r->b, out, mine, nb, DT_COPY_D2D);
+  for (int q = 0; q < r->gn - 1; q++)
+    DT_CHECK(r->b->iface->reduce(r->b, out, q == 0 ? mine : out, (const char*)r->tmp + q * nb,
+                                 r->dtype, r->my, op));
+  return DT_SUCCESS;
+}
+
+/* P -> S(d). The blocks each peer ends up with: sizes in counts[], and whether they are my
+ * input's consecutive ranges in rank order (then no packing). */
+static void dt__rs_counts(dt__run_t* r, int64_t* counts, int64_t* total, int* direct,
+                          int64_t* start_me) {
+  int nd = r->lb.ndim;
+  *direct = 1;
+  *total = 0;
+  for (int q = 0; q < r->gn; q++) {
+    int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS], rel[DT_MAX_DIMS], start;
+    dt__peer_box(r, &r->la, q, off, len);
+    for (int d = 0; d < nd; d++) rel[d] = off[d] - r->ib_off[d];
+    counts[q] = dt__box_numel(nd, len);
+    if (!(dt__box_contiguous(nd, r->ib_len, rel, len, &start) &&
+          (start == *total || counts[q] == 0)))
+      *direct = 0;
+    if (q == r->me) *start_me = *total;
+    *total += counts[q];
+  }
+}
+
+static dt_status_t dt__reduce_scatter(dt__run_t* r) {
+  int gn = r->gn, me = r->me;
+  dt_reduce_op_t op = dt__step_op(r), cop = op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op;
+  if (r->phase == 0) {
+    int64_t* a;
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 5, &a));
+    int64_t *counts = a, total, start_me = 0;
+    int direct;
+    dt__rs_counts(r, counts, &total, &direct, &start_me);
+    r->nbytes = (uint64_t)total * r->item;
+    const void* send = r->in;
+    if (!direct) DT_CHECK(dt__pack(r, counts, total, 0, (void**)&send));
+    r->send = send;
+    r->start_me = start_me;
+    if (r->s->algo != DT_ALGO_A2A) {
+      r->phase = 2;
+      return r->c->iface->reduce_scatter_v(r->c, send, r->out, counts, r->dtype, cop, dt__req(r));
     }
-  }
-  return DT_SUCCESS;
-}
-
-static dt_status_t dt__run_all_gather(const dt__exec_t* x, dt_comm_t* c, const void* in,
-                                      void* out, uint64_t* nbytes) {
-  int nd = x->lb.ndim, gn = x->gn, *ints, direct = 1;
-  DT_CHECK(dt__ws_ints((size_t)gn * 2, &ints));
-  int *counts = ints, *displs = ints + gn;
-  int64_t total = 0;
-  for (int q = 0; q < gn; q++) {
-    int cq[DT_MAX_MESH_DIMS];
-    int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS], rel[DT_MAX_DIMS], start;
-    dt__group_coords(x, q, cq);
-    dt__layout_box(&x->lb, cq, off, len);
-    for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
-    DT_CHECK(dt__to_int(dt__box_numel(nd, len), &counts[q]));
-    if (direct && dt__box_contiguous(nd, x->ob_len, rel, len, &start))
-      DT_CHECK(dt__to_int(start, &displs[q]));
-    else
-      direct = 0;
-    total += counts[q];
-  }
-  *nbytes = (uint64_t)total * x->item;
-  if (direct) return c->iface->all_gather_v(c, in, out, counts, displs, x->dtype);
-  /* Strided placement in the output: exchange only the remote blocks (every peer gets my whole
-   * contiguous shard) into scratch, copy my own block straight from the input, then unpack the
-   * remote blocks. One copy less than gathering everything into scratch and unpacking it all. */
-  int me = c->rank;
-  int *sc, *sd, *rc, *rd;
-  DT_CHECK(dt__ws_ints((size_t)gn * 6, &ints)); /* counts/displs above are recomputed below */
-  counts = ints;
-  sc = ints + gn;
-  sd = ints + 2 * gn;
-  rc = ints + 3 * gn;
-  rd = ints + 4 * gn;
-  int64_t acc = 0;
-  for (int q = 0; q < gn; q++) {
-    int cq[DT_MAX_MESH_DIMS];
-    int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
-    dt__group_coords(x, q, cq);
-    dt__layout_box(&x->lb, cq, off, len);
-    DT_CHECK(dt__to_int(dt__box_numel(nd, len), &counts[q]));
-    sc[q] = q == me ? 0 : counts[me];
-    sd[q] = 0;
-    rc[q] = q == me ? 0 : counts[q];
-    DT_CHECK(dt__to_int(acc, &rd[q]));
-    acc += rc[q];
-  }
-  void* tmp;
-  DT_CHECK(dt__ws_reserve(x->b, 3, (size_t)acc * x->item, &tmp));
-  DT_CHECK(c->iface->all_to_all_v(c, in, sc, sd, tmp, rc, rd, x->dtype));
-  for (int q = 0; q < gn; q++) {
-    int cq[DT_MAX_MESH_DIMS];
-    int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS], rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
-    dt__group_coords(x, q, cq);
-    dt__layout_box(&x->lb, cq, off, len);
-    for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
-    const void* from = q == me ? in : (const char*)tmp + (size_t)rd[q] * x->item;
-    DT_CHECK(dt__bcopy(x, len, out, x->ob_len, rel, from, len, zero));
-  }
-  return DT_SUCCESS;
-}
-
-static dt_status_t dt__run_reduce_scatter(const dt__exec_t* x, const dt_step_t* s, dt_comm_t* c,
-                                          const void* in, void* out, uint64_t* nbytes) {
-  int nd = x->lb.ndim, gn = x->gn, *counts, direct = 1;
-  DT_CHECK(dt__ws_ints((size_t)gn, &counts));
-  int64_t acc = 0;
-  for (int q = 0; q < gn; q++) {
-    int cq[DT_MAX_MESH_DIMS];
-    int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS], rel[DT_MAX_DIMS], start;
-    dt__group_coords(x, q, cq);
-    dt__layout_box(&x->la, cq, off, len);
-    for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
-    DT_CHECK(dt__to_int(dt__box_numel(nd, len), &counts[q]));
-    if (!(dt__box_contiguous(nd, x->ib_len, rel, len, &start) && (start == acc || counts[q] == 0)))
-      direct = 0;
-    acc += counts[q];
-  }
-  *nbytes = (uint64_t)acc * x->item;
-  const void* send = in;
-  if (!direct) {
-    void* tmp;
-    DT_CHECK(dt__ws_reserve(x->b, 0, (size_t)acc * x->item, &tmp));
-    int64_t pos = 0;
+    /* all-to-all: block q to peer q; the blocks of my part from every peer into scratch */
+    int64_t *sc = a + gn, *sd = a + 2 * gn, *rc = a + 3 * gn, *rd = a + 4 * gn, pos = 0;
     for (int q = 0; q < gn; q++) {
-      int cq[DT_MAX_MESH_DIMS];
-      int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS], rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
-      dt__group_coords(x, q, cq);
-      dt__layout_box(&x->la, cq, off, len);
-      for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
-      DT_CHECK(dt__bcopy(x, len, (char*)tmp + (size_t)pos * x->item, len, zero, in, x->ib_len,
-                   rel));
+      sd[q] = pos;
+      sc[q] = q == me ? 0 : counts[q];
       pos += counts[q];
+      rc[q] = q == me ? 0 : counts[me];
+      rd[q] = (int64_t)(q < me ? q : q - 1) * counts[me];
     }
-    send = tmp;
+    DT_CHECK(dt__buf(r->sc, 3, (size_t)((gn - 1) * counts[me]) * r->item, &r->tmp));
+    r->my = counts[me];
+    r->phase = 1;
+    return r->c->iface->all_to_all_v(r->c, send, sc, sd, r->tmp, rc, rd, r->dtype, dt__req(r));
   }
-  dt_reduce_op_t op = dt__step_op(s, x->m->ndim);
-  DT_CHECK(c->iface->reduce_scatter_v(c, send, out, counts,
-                                      x->dtype, op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op));
-  if (op == DT_REDUCE_AVG) DT_CHECK(x->b->iface->scale_div(x->b, out, x->dtype, counts[c->rank], gn));
-  return DT_SUCCESS;
+  if (r->phase == 1) { /* my block, then every peer's, reduced in rank order */
+    r->phase = -1;
+    DT_CHECK(dt__reduce_blocks(r, r->out, (const char*)r->send + (size_t)r->start_me * r->item,
+                               cop));
+    return dt__avg(r, r->out, r->my);
+  }
+  /* phase 2: after the native reduce-scatter */
+  int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
+  dt__peer_box(r, &r->la, me, off, len);
+  r->phase = -1;
+  return dt__avg(r, r->out, dt__box_numel(r->lb.ndim, len));
 }
 
-static dt_status_t dt__run_all_to_all(const dt__exec_t* x, dt_comm_t* c, const void* in,
-                                      void* out, uint64_t* nbytes) {
-  int nd = x->lb.ndim, gn = x->gn, *ints, sdirect = 1, rdirect = 1;
-  DT_CHECK(dt__ws_ints((size_t)gn * 4, &ints));
-  int *sc = ints, *sd = ints + gn, *rc = ints + 2 * gn, *rd = ints + 3 * gn;
-  int64_t stot = 0, rtot = 0;
-  for (int q = 0; q < gn; q++) {
-    int cq[DT_MAX_MESH_DIMS];
-    int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS], len[DT_MAX_DIMS],
-        rel[DT_MAX_DIMS], start;
-    dt__group_coords(x, q, cq);
-    /* send: what I hold now that q holds after */
-    dt__layout_box(&x->la, cq, bo, bl);
-    dt__box_intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
-    for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
-    DT_CHECK(dt__to_int(dt__box_numel(nd, len), &sc[q]));
-    if (sdirect && dt__box_contiguous(nd, x->ib_len, rel, len, &start))
-      DT_CHECK(dt__to_int(start, &sd[q]));
-    else
-      sdirect = 0;
-    stot += sc[q];
-    /* receive: what q holds now that I hold after */
-    dt__layout_box(&x->lb, cq, bo, bl);
-    dt__box_intersect(nd, bo, bl, x->ob_off, x->ob_len, off, len);
-    for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
-    DT_CHECK(dt__to_int(dt__box_numel(nd, len), &rc[q]));
-    if (rdirect && dt__box_contiguous(nd, x->ob_len, rel, len, &start))
-      DT_CHECK(dt__to_int(start, &rd[q]));
-    else
-      rdirect = 0;
-    rtot += rc[q];
-  }
-  *nbytes = (uint64_t)stot * x->item;
-  const void* send = in;
-  void* recv = out;
-  int me = c->rank;
-  if (!sdirect || !rdirect) {
-    /* My own block moves by one box copy; only remote blocks go through scratch and MPI. */
-    int cq[DT_MAX_MESH_DIMS];
-    int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS], len[DT_MAX_DIMS],
-        irel[DT_MAX_DIMS], orel[DT_MAX_DIMS];
-    dt__group_coords(x, me, cq);
-    dt__layout_box(&x->la, cq, bo, bl);
-    dt__box_intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
-    for (int d = 0; d < nd; d++) {
-      irel[d] = off[d] - x->ib_off[d];
-      orel[d] = off[d] - x->ob_off[d];
+/* P -> R. Native: one all-reduce. All-to-all: the buffer in gn near-equal chunks (the chunk
+ * rule on its flat index), chunk q reduced by rank q from every peer's copy, then an in-place
+ * all-gather of the reduced chunks. */
+static dt_status_t dt__all_reduce(dt__run_t* r) {
+  int gn = r->gn, me = r->me;
+  dt_reduce_op_t op = dt__step_op(r), cop = op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op;
+  int64_t numel = dt__box_numel(r->lb.ndim, r->ib_len);
+  if (r->phase == 0) {
+    r->nbytes = (uint64_t)numel * r->item;
+    if (r->s->algo != DT_ALGO_A2A) {
+      r->phase = 3;
+      return r->c->iface->all_reduce(r->c, r->in, r->out, numel, r->dtype, cop, dt__req(r));
     }
-    DT_CHECK(dt__bcopy(x, len, out, x->ob_len, orel, in, x->ib_len, irel));
-    stot -= sc[me];
-    rtot -= rc[me];
-    sc[me] = rc[me] = 0;
-  }
-  if (!sdirect) {
-    void* tmp;
-    DT_CHECK(dt__ws_reserve(x->b, 0, (size_t)stot * x->item, &tmp));
-    int64_t pos = 0;
+    int64_t* a;
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 6, &a));
+    int64_t *sc = a, *sd = a + gn, *rc = a + 2 * gn, *rd = a + 3 * gn;
+    for (int q = 0; q < gn; q++) dt_chunk(numel, gn, q, &sd[q], &sc[q]);
+    r->start_me = sd[me];
+    r->my = sc[me];
     for (int q = 0; q < gn; q++) {
-      int cq[DT_MAX_MESH_DIMS];
-      int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS], len[DT_MAX_DIMS],
-          rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
-      DT_CHECK(dt__to_int(pos, &sd[q]));
-      if (q == me) continue;
-      dt__group_coords(x, q, cq);
-      dt__layout_box(&x->la, cq, bo, bl);
-      dt__box_intersect(nd, x->ib_off, x->ib_len, bo, bl, off, len);
-      for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ib_off[d];
-      DT_CHECK(dt__bcopy(x, len, (char*)tmp + (size_t)pos * x->item, len, zero, in,
-                   x->ib_len, rel));
-      pos += sc[q];
+      rc[q] = q == me ? 0 : r->my;
+      rd[q] = (int64_t)(q < me ? q : q - 1) * r->my;
     }
-    send = tmp;
+    sc[me] = 0;
+    DT_CHECK(dt__buf(r->sc, 3, (size_t)((gn - 1) * r->my) * r->item, &r->tmp));
+    r->phase = 1;
+    return r->c->iface->all_to_all_v(r->c, r->in, sc, sd, r->tmp, rc, rd, r->dtype, dt__req(r));
   }
-  if (!rdirect) {
-    DT_CHECK(dt__ws_reserve(x->b, 3, (size_t)rtot * x->item, &recv));
-    int64_t pos = 0;
-    for (int q = 0; q < gn; q++) {
-      DT_CHECK(dt__to_int(pos, &rd[q]));
-      pos += rc[q];
-    }
+  if (r->phase == 1) { /* reduce my chunk into its place in the output, then gather the chunks */
+    char* mine = (char*)r->out + (size_t)r->start_me * r->item;
+    DT_CHECK(dt__reduce_blocks(r, mine, (const char*)r->in + (size_t)r->start_me * r->item, cop));
+    DT_CHECK(dt__avg(r, mine, r->my));
+    int64_t* a;
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 2, &a));
+    for (int q = 0; q < gn; q++) dt_chunk(numel, gn, q, &a[gn + q], &a[q]);
+    r->phase = -1;
+    return r->c->iface->all_gather_v(r->c, NULL, r->out, a, a + gn, r->dtype, dt__req(r));
   }
-  DT_CHECK(c->iface->all_to_all_v(c, send, sc, sd, recv, rc, rd, x->dtype));
-  if (!rdirect) {
-    for (int q = 0; q < gn; q++) {
-      if (q == me) continue;
-      int cq[DT_MAX_MESH_DIMS];
-      int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], off[DT_MAX_DIMS], len[DT_MAX_DIMS],
-          rel[DT_MAX_DIMS], zero[DT_MAX_DIMS] = {0};
-      dt__group_coords(x, q, cq);
-      dt__layout_box(&x->lb, cq, bo, bl);
-      dt__box_intersect(nd, bo, bl, x->ob_off, x->ob_len, off, len);
-      for (int d = 0; d < nd; d++) rel[d] = off[d] - x->ob_off[d];
-      DT_CHECK(dt__bcopy(x, len, out, x->ob_len, rel,
-                   (const char*)recv + (size_t)rd[q] * x->item, len, zero));
-    }
-  }
-  return DT_SUCCESS;
+  /* phase 3: after the native all-reduce */
+  r->phase = -1;
+  return dt__avg(r, r->out, numel);
 }
 
-static dt_status_t dt__run_step(dt_mesh_t m, dt_backend_t b, const struct dt_plan* p,
-                                const dt_step_t* s, const void* in, void* out) {
-  dt__exec_t x;
-  x.m = m;
-  x.b = b;
-  x.dtype = p->dtype;
-  x.item = dt__itemsize(p->dtype);
-  x.lb = p->src;
-  x.la = p->src;
-  memcpy(x.lb.pl, s->before, sizeof x.lb.pl);
-  memcpy(x.la.pl, s->after, sizeof x.la.pl);
-  dt__layout_box(&x.lb, m->coords, x.ib_off, x.ib_len);
-  dt__layout_box(&x.la, m->coords, x.ob_off, x.ob_len);
-  x.mask = s->mask;
-  x.gn = 1;
+/* ---------------------------------------------------------------------------------------------
+ * driving a step */
+
+dt_status_t dt__run_init(dt__run_t* r, dt_mesh_t m, dt_backend_t b, const struct dt_plan* p,
+                         int k, const void* in, void* out, dt__scratch_t* sc, dt_comm_t* comm,
+                         dt_comm_req_t* req) {
+  memset(r, 0, sizeof *r);
+  const dt_step_t* s = &p->steps[k];
+  r->m = m;
+  r->b = b;
+  r->s = s;
+  r->sc = sc;
+  r->async = req != NULL;
+  r->req = req;
+  r->dtype = p->dtype;
+  r->item = dt__itemsize(p->dtype);
+  r->lb = p->src;
+  r->la = p->src;
+  memcpy(r->lb.pl, s->before, sizeof r->lb.pl);
+  memcpy(r->la.pl, s->after, sizeof r->la.pl);
+  dt__layout_box(&r->lb, m->coords, r->ib_off, r->ib_len);
+  dt__layout_box(&r->la, m->coords, r->ob_off, r->ob_len);
+  r->in = in;
+  r->out = out;
+  r->gn = 1;
   for (int i = 0; i < m->ndim; i++)
-    if (s->mask & (1u << i)) x.gn *= m->shape[i];
-  if (s->coll == DT_COLL_LOCAL) return dt__run_local(&x, s, in, out);
-  dt_comm_t* c = dt__mesh_group_comm(m, s->mask);
-  if (c == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no communicator for mesh dims 0x%x", s->mask);
-  if (c->size != x.gn)
-    return DT_FAIL(DT_ERR_INTERNAL, "communicator size %d != group size %d", c->size, x.gn);
-  uint64_t nbytes = 0;
-  switch (s->coll) {
-    case DT_COLL_ALL_GATHER: DT_CHECK(dt__run_all_gather(&x, c, in, out, &nbytes)); break;
-    case DT_COLL_REDUCE_SCATTER:
-      DT_CHECK(dt__run_reduce_scatter(&x, s, c, in, out, &nbytes));
-      break;
-    case DT_COLL_ALL_TO_ALL: DT_CHECK(dt__run_all_to_all(&x, c, in, out, &nbytes)); break;
-    case DT_COLL_ALL_REDUCE: {
-      int n = 0;
-      int64_t numel = dt__box_numel(x.lb.ndim, x.ib_len);
-      DT_CHECK(dt__to_int(numel, &n));
-      dt_reduce_op_t op = dt__step_op(s, m->ndim);
-      DT_CHECK(c->iface->all_reduce(c, in, out, n, x.dtype,
-                                    op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op));
-      if (op == DT_REDUCE_AVG) DT_CHECK(x.b->iface->scale_div(x.b, out, x.dtype, numel, x.gn));
-      nbytes = (uint64_t)numel * x.item;
-      break;
+    if (s->mask & (1u << i)) r->gn *= m->shape[i];
+  if (s->coll == DT_COLL_LOCAL) return DT_SUCCESS;
+  r->c = comm;
+  if (r->c == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no communicator for mesh dims 0x%x", s->mask);
+  if (r->c->size != r->gn)
+    return DT_FAIL(DT_ERR_INTERNAL, "communicator size %d != group size %d", r->c->size, r->gn);
+  r->me = r->c->rank;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__advance(dt__run_t* r) {
+  while (r->phase >= 0 && !r->pending) {
+    int first = r->phase == 0;
+    dt_status_t st;
+    switch (r->s->coll) {
+      case DT_COLL_LOCAL: st = dt__local(r); break;
+      case DT_COLL_ALL_GATHER: st = dt__all_gather(r); break;
+      case DT_COLL_ALL_TO_ALL: st = dt__all_to_all(r); break;
+      case DT_COLL_REDUCE_SCATTER: st = dt__reduce_scatter(r); break;
+      case DT_COLL_ALL_REDUCE: st = dt__all_reduce(r); break;
+      default: return DT_FAIL(DT_ERR_INTERNAL, "unexpected step kind %d", (int)r->s->coll);
     }
-    default: return DT_FAIL(DT_ERR_INTERNAL, "unexpected step kind %d", (int)s->coll);
+    if (st != DT_SUCCESS) {
+      r->pending = 0;
+      return st;
+    }
+    if (first && r->s->coll != DT_COLL_LOCAL) /* one logical collective per step */
+      dt__count_collective(r->m, r->s->mask, r->s->coll, r->nbytes);
   }
-  dt__count_collective(m, s->mask, s->coll, nbytes);
   return DT_SUCCESS;
 }
 
@@ -336,6 +517,9 @@ dt_status_t dt__plan_execute(dt_mesh_t m, dt_backend_t b, const struct dt_plan* 
     if (n && dst != src) DT_CHECK(b->iface->copy(b, dst, src, n, DT_COPY_D2D));
     return DT_SUCCESS;
   }
+  dt__scratch_t sc;
+  memset(&sc, 0, sizeof sc);
+  sc.b = b;
   const void* cur = src;
   for (int k = 0; k < p->nsteps; k++) {
     void* out = dst;
@@ -346,7 +530,10 @@ dt_status_t dt__plan_execute(dt_mesh_t m, dt_backend_t b, const struct dt_plan* 
       dt__layout_box(&la, m->coords, off, len);
       DT_CHECK(dt__ws_reserve(b, 1 + (k & 1), (size_t)dt__box_numel(la.ndim, len) * item, &out));
     }
-    DT_CHECK(dt__run_step(m, b, p, &p->steps[k], cur, out));
+    dt__run_t r;
+    DT_CHECK(dt__run_init(&r, m, b, p, k, cur, out, &sc,
+                          dt__mesh_group_comm(m, p->steps[k].mask), NULL));
+    DT_CHECK(dt__advance(&r));
     cur = out;
   }
   return DT_SUCCESS;

@@ -221,6 +221,7 @@ dt_status_t dt_plan_get_step(dt_plan_t plan, int i, dt_plan_step_t* step) {
     }
   step->nbytes = s->nbytes;
   step->cost_us = s->cost_us;
+  step->algo = s->algo;
   return DT_SUCCESS;
 }
 

@@ -12,6 +12,8 @@
  * that post-merging misses). Dijkstra finds the cheapest path; intermediate shards on dims outside
  * src/dst are explored (reduce-scatter + all-gather can beat all-reduce), a few per distinct size.
  */
+#include <math.h>
+
 #include "redistribute/planner.h"
 
 /* The collective of a one-mesh-dim move, indexed [from][to] by placement kind (R, S, P); -1 where
@@ -88,6 +90,7 @@ int dt__plan_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur, 
   step->mask = 1u << i;
   if (n == 1) { /* nothing moves: a relabel */
     step->coll = DT_COLL_LOCAL;
+    step->algo = DT_ALGO_NATIVE;
     step->nbytes = 0;
     step->cost_us = 0.0;
     return 1;
@@ -99,7 +102,7 @@ int dt__plan_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur, 
     default: step->nbytes = (uint64_t)in * item; break; /* AR buffer, RS input, A2A send */
   }
   step->coll = (dt_collective_t)c;
-  step->cost_us = dt__cost_of((dt_collective_t)c, n, step->nbytes);
+  step->cost_us = dt__cost_of((dt_collective_t)c, n, step->nbytes, &step->algo);
   return 1;
 }
 
@@ -125,7 +128,7 @@ static int dt__plan_merged_edge(const dt_layout_t* l, size_t item, const dt_plac
   step->mask = mask;
   step->coll = c;
   step->nbytes = (uint64_t)dt__padded_numel(l, c == DT_COLL_ALL_GATHER ? st : cur) * item;
-  step->cost_us = dt__cost_of(c, gn, step->nbytes);
+  step->cost_us = dt__cost_of(c, gn, step->nbytes, &step->algo);
   return 1;
 }
 
@@ -255,7 +258,9 @@ typedef struct dt__fast {
   size_t item;
   int pw[DT_MAX_MESH_DIMS];
   int64_t* numel; /* per state */
-  double ca[DT_MAX_MESH_DIMS][DT_COLL_COUNT], cb[DT_MAX_MESH_DIMS][DT_COLL_COUNT]; /* a + b*B */
+  /* cost lines a + b*B per mesh dim, collective and algorithm (a = inf: algorithm unusable) */
+  double ca[DT_MAX_MESH_DIMS][DT_COLL_COUNT][DT_ALGO_COUNT];
+  double cb[DT_MAX_MESH_DIMS][DT_COLL_COUNT][DT_ALGO_COUNT];
 } dt__fast_t;
 
 static int dt__fast_edges(const dt__fast_t* f, int u, int* vs, double* costs) {
@@ -286,7 +291,12 @@ static int dt__fast_edges(const dt__fast_t* f, int u, int* vs, double* costs) {
       double cost = 0.0;
       if (n > 1) {
         int64_t ne = (c == DT_COLL_ALL_GATHER || c == DT_COLL_LOCAL) ? f->numel[v] : f->numel[u];
-        cost = f->ca[i][c] + f->cb[i][c] * (double)((uint64_t)ne * f->item);
+        double nb = (double)((uint64_t)ne * f->item);
+        cost = INFINITY;
+        for (int a = 0; a < DT_ALGO_COUNT; a++) {
+          double cv = f->ca[i][c][a] + f->cb[i][c][a] * nb;
+          if (cv < cost) cost = cv;
+        }
       }
       vs[cnt] = v;
       costs[cnt++] = cost;
@@ -367,11 +377,13 @@ dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_pla
     prev[s] = -1;
     closed[s] = 0;
   }
-  dt__fast_t fast = {src, &cd, &sp, item, {1, 1, 1, 1}, numel, {{0}}, {{0}}};
+  dt__fast_t fast = {src, &cd, &sp, item, {1, 1, 1, 1}, numel, {{{0}}}, {{{0}}}};
   for (int i = 1; i < cd.m; i++) fast.pw[i] = fast.pw[i - 1] * cd.k;
   for (int i = 0; i < cd.m; i++)
     for (int c = 0; c < DT_COLL_COUNT; c++)
-      dt__cost_linear((dt_collective_t)c, src->mesh_shape[i], &fast.ca[i][c], &fast.cb[i][c]);
+      for (int a = 0; a < DT_ALGO_COUNT; a++)
+        dt__cost_linear((dt_collective_t)c, (dt_coll_algo_t)a, src->mesh_shape[i],
+                        &fast.ca[i][c][a], &fast.cb[i][c][a]);
   for (int s = 0; s < ns; s++) {
     dt_placement_t pl[DT_MAX_MESH_DIMS];
     dt__decode(&cd, s, pl);

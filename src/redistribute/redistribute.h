@@ -11,6 +11,7 @@ typedef struct dt_step {
   unsigned mask; /* mesh dims touched */
   dt_placement_t before[DT_MAX_MESH_DIMS];
   dt_placement_t after[DT_MAX_MESH_DIMS]; /* full placement lists */
+  dt_coll_algo_t algo; /* reductions: native collective or all-to-all + local reduce */
   uint64_t nbytes;
   double cost_us;
 } dt_step_t;
@@ -43,16 +44,77 @@ int dt__plan_reachable(const dt_layout_t* src, const dt_placement_t* dst);
 /* ---- cost model (src/redistribute/cost.c) -------------------------------------------------- */
 /* Cost-model generation: bumps on every change so caches notice. */
 uint64_t dt__cost_generation(void);
-double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes);
-/* The same as cost = a + b * nbytes. */
-void dt__cost_linear(dt_collective_t c, int n, double* a, double* b);
+/* Cost of collective c on n ranks moving nbytes with its cheapest algorithm (*algo when not NULL;
+ * DT_ALGO_NATIVE unless a forced or cheaper alternative exists). */
+double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes, dt_coll_algo_t* algo);
+/* The line cost = a + b * nbytes of collective c with algorithm `algo` on n ranks. */
+void dt__cost_linear(dt_collective_t c, dt_coll_algo_t algo, int n, double* a, double* b);
+/* 1 when collective c has an alternative algorithm enabled (reduce-scatter, all-reduce). */
+int dt__cost_has_alt(dt_collective_t c);
 /* Loads $DTENSOR_COST_MODEL or $HOME/.cache/dtensor/cost_model.json when present (dt_init). */
 dt_status_t dt__cost_model_autoload(void);
 
 /* ---- executor (src/redistribute/execute.c) ------------------------------------------------- */
+/* Scratch of one execution: the backend's persistent workspace (owned = 0, blocking) or buffers
+ * owned by one asynchronous work (released by dt__scratch_free). */
+typedef struct dt__scratch {
+  dt_backend_t b;
+  int owned;
+  void* buf[DT_WS_SLOTS];
+  size_t cap[DT_WS_SLOTS];
+  int64_t* cnt; /* count and displacement arrays */
+  size_t cnt_cap;
+} dt__scratch_t;
+
+/* One step in progress: its geometry, buffers, and the phase of its state machine. */
+typedef struct dt__run {
+  dt_mesh_t m;
+  dt_backend_t b;
+  const dt_step_t* s;
+  dt__scratch_t* sc;
+  int async; /* post non-blocking collectives */
+  dt_dtype_t dtype;
+  size_t item;
+  dt_layout_t lb, la; /* layouts before and after the step */
+  int64_t ib_off[DT_MAX_DIMS], ib_len[DT_MAX_DIMS]; /* my box before */
+  int64_t ob_off[DT_MAX_DIMS], ob_len[DT_MAX_DIMS]; /* my box after */
+  const void* in;
+  void* out;
+  int gn;       /* group size */
+  dt_comm_t* c; /* the group's communicator (NULL for local steps) */
+  int me;       /* my rank in it */
+  int phase;    /* next phase; -1 when the step is complete */
+  int pending;  /* a posted collective (*req) has not completed */
+  dt_comm_req_t* req; /* async: the work's request (reused across steps); blocking: NULL */
+  void* tmp;                      /* received blocks awaiting unpacking or reduction */
+  const void* send;               /* reduce-scatter: the (packed) send buffer */
+  int64_t start_me, my;           /* reductions: offset and size of my block */
+  uint64_t nbytes;                /* counted bytes (nccl-tests convention) */
+} dt__run_t;
+
+/* Sets up step k of plan p from `in` to `out` (comm: the group's communicator, NULL for local
+ * steps; req: post non-blocking collectives into it, NULL: blocking). */
+dt_status_t dt__run_init(dt__run_t* r, dt_mesh_t m, dt_backend_t b, const struct dt_plan* p,
+                         int k, const void* in, void* out, dt__scratch_t* sc, dt_comm_t* comm,
+                         dt_comm_req_t* req);
+/* Runs phases until the step completes or waits on a posted collective (r->pending). */
+dt_status_t dt__advance(dt__run_t* r);
+void dt__scratch_free(dt__scratch_t* s);
 /* Executes a plan: src buffer (source layout's local box) -> dst buffer (target's local box), both
  * in backend b's memory (packing, copies and scaling go through b). */
 dt_status_t dt__plan_execute(dt_mesh_t mesh, dt_backend_t b, const struct dt_plan* p,
                              const void* src, void* dst);
+
+/* ---- asynchronous work (src/redistribute/work.c) ------------------------------------------- */
+/* Starts plan p from src to dst (holding both storages until completion). mesh == NULL or an
+ * abstract / non-member mesh gives a work that is already complete. Collective. */
+dt_status_t dt__work_start(dt_mesh_t m, dt_backend_t b, struct dt_plan* p, const void* src,
+                           dt_storage_t* src_hold, void* dst, dt_storage_t* dst_hold,
+                           dt_work_t* out);
+/* Advances every work in flight as far as it goes without blocking (op dispatch, dt_work_test). */
+void dt__progress_all(void);
+/* Completes every work in flight and frees the spare works kept for reuse (dt_finalize, before
+ * communicators and backends go). */
+void dt__work_finalize_all(void);
 
 #endif

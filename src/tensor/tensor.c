@@ -251,7 +251,7 @@ dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, d
         v[ndim + d] = -gshape[d];
       }
       dt_comm_t* c = &mesh->all_comm;
-      DT_CHECK(c->iface->all_reduce(c, v, v, 2 * ndim, DT_I64, DT_REDUCE_MAX));
+      DT_CHECK(c->iface->all_reduce(c, v, v, 2 * ndim, DT_I64, DT_REDUCE_MAX, NULL));
       for (int d = 0; d < ndim; d++)
         if (v[d] != -v[ndim + d])
           return DT_FAIL(DT_ERR_INVALID_ARG,
@@ -310,7 +310,7 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
    * rank fails together instead of leaving them blocked in the scatter. */
   if (mesh->member) {
     int ok = src_rank != dt__world_rank() || full != NULL;
-    DT_CHECK(mesh->all_comm.iface->broadcast(&mesh->all_comm, &ok, 1, DT_I32, src_pos));
+    DT_CHECK(mesh->all_comm.iface->broadcast(&mesh->all_comm, &ok, 1, DT_I32, src_pos, NULL));
     if (!ok)
       return src_rank == dt__world_rank()
                  ? DT_FAIL(DT_ERR_INVALID_ARG, "full is NULL on the source rank %d", src_rank)
@@ -341,14 +341,10 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
       dt_comm_t* c = &mesh->dim_comm[i];
       dt__layout_box(&lv, mesh->coords, off, len);
       int64_t numel = dt__box_numel(ndim, len);
-      if (numel > INT32_MAX) {
-        st = DT_FAIL(DT_ERR_UNSUPPORTED, "distribute of more than 2^31 elements per rank");
-        goto fail;
-      }
       if (t->layout.pl[i].kind == DT_SHARD) {
-        int* ints;
-        DT_CHECK_GOTO(dt__ws_ints((size_t)n * 2, &ints), st, fail);
-        int *counts = ints, *displs = ints + n;
+        int64_t* ints;
+        DT_CHECK_GOTO(dt__ws_counts((size_t)n * 2, &ints), st, fail);
+        int64_t *counts = ints, *displs = ints + n;
         void* pack = NULL;
         if (me == root)
           DT_CHECK_GOTO(dt__ws_reserve(host, 0, (size_t)numel * item, &pack), st, fail);
@@ -359,8 +355,8 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
           memcpy(cq, mesh->coords, sizeof cq);
           cq[i] = q;
           dt__layout_box(&next, cq, qo, ql);
-          counts[q] = (int)dt__box_numel(ndim, ql);
-          displs[q] = (int)pos;
+          counts[q] = dt__box_numel(ndim, ql);
+          displs[q] = pos;
           if (me == root) {
             for (int d = 0; d < ndim; d++) rel[d] = qo[d] - off[d];
             dt__box_copy(ndim, item, ql, (char*)pack + (size_t)pos * item, ql, zero, cur, len,
@@ -371,7 +367,8 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
         void* dst;
         DT_CHECK_GOTO(dt__ws_reserve(host, 1 + (i & 1), (size_t)counts[me] * item, &dst), st,
                       fail);
-        DT_CHECK_GOTO(c->iface->scatter_v(c, pack, counts, displs, dst, dtype, root), st, fail);
+        DT_CHECK_GOTO(c->iface->scatter_v(c, pack, counts, displs, dst, dtype, root, NULL), st,
+                      fail);
         dt__count_collective(mesh, 1u << i, DT_COLL_SCATTER, (uint64_t)pos * item);
         cur = dst;
       } else {
@@ -379,7 +376,7 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
         DT_CHECK_GOTO(dt__ws_reserve(host, 1 + (i & 1), (size_t)numel * item, &buf), st, fail);
         if (me == root && cur != buf && numel) memcpy(buf, cur, (size_t)numel * item);
         if (n > 1) {
-          DT_CHECK_GOTO(c->iface->broadcast(c, buf, (int)numel, dtype, root), st, fail);
+          DT_CHECK_GOTO(c->iface->broadcast(c, buf, numel, dtype, root, NULL), st, fail);
           dt__count_collective(mesh, 1u << i, DT_COLL_BROADCAST, (uint64_t)numel * item);
         }
         cur = buf;
@@ -517,6 +514,39 @@ dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_
   dt_status_t st = dt_tensor_redistribute_into(t, r);
   if (st != DT_SUCCESS) {
     dt_tensor_destroy(r); /* succeeds, leaving the error message alone */
+    return st;
+  }
+  *out = r;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* dst,
+                                         dt_tensor_t* out, dt_work_t* work) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_ARG_NOT_NULL(work);
+  *work = NULL;
+  DT_CHECK(dt__tensor_check(t, "tensor"));
+  DT_ARG_NOT_NULL(dst);
+  dt_tensor_t r;
+  if (t->meta)
+    DT_CHECK(dt__tensor_meta(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, &r));
+  else
+    DT_CHECK(dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 0, &r));
+  dt_mesh_t m = t->mesh;
+  struct dt_plan* p = NULL;
+  dt_status_t st = dt__plan_get(m, t->dtype, &t->layout, r->layout.pl, &p);
+  if (st == DT_SUCCESS && (dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__world_rank() == 0) {
+    char buf[512];
+    if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s (async)", buf);
+  }
+  if (st == DT_SUCCESS && !t->meta) dt__count_redistribute(m);
+  if (st == DT_SUCCESS)
+    st = t->meta ? dt__work_start(NULL, NULL, NULL, NULL, NULL, NULL, NULL, work)
+                 : dt__work_start(m, dt__tensor_backend(t), p, t->data, t->storage, r->data,
+                                  r->storage, work);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(r);
     return st;
   }
   *out = r;

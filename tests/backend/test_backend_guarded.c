@@ -56,7 +56,7 @@ static void test_range_checks(void) {
   expect_internal(f->gemm(b, 0, 0, 5, 6, 6, 1.0f, a, 6, 0, bm, 6, 0, 0.0f, (float*)blk, 6, 0, 1),
                   "gemm", "GEMM result C");
   expect_internal(f->scale_div(b, blk, DT_F32, 26, 2), "scale", "overruns");
-  expect_internal(f->reduce(b, blk, host, DT_F32, 26, DT_REDUCE_SUM), "reduce", "overruns");
+  expect_internal(f->reduce(b, blk, blk, host, DT_F32, 26, DT_REDUCE_SUM), "reduce", "overruns");
   expect_internal(f->convert(b, host, DT_F32, blk, DT_BF16, 51), "convert", "conversion");
   dt__backend_free(b, blk, 100);
   expect_internal(f->memset(b, blk, 0, 4), "use after free", "freed block");

@@ -3,7 +3,13 @@
  * for even, uneven and empty-shard shapes: full_tensor after the redistribute must equal the
  * reference exactly (small integers, sums exact), and the collective counters must equal the
  * plan's counts. A second pass repeats (2,2)-style meshes with all dims flattened, so merged
- * collectives are executed too. A few dtypes other than f32 run on a subset. */
+ * collectives are executed too. A few dtypes other than f32 run on a subset.
+ *
+ * Every mesh runs in three modes: blocking (dt_tensor_redistribute), asynchronous
+ * (dt_tensor_redistribute_async, the source destroyed before the wait, completion polled with
+ * dt_work_test) and blocking with the all-to-all reduction algorithm forced for every P -> S and
+ * P -> R step. Registered a second time with DTENSOR_COMM_MAX_COUNT=3 so that every collective
+ * also runs its chunked form (counts beyond one MPI call). */
 #include <string.h>
 
 #include "dt_test.h"
@@ -18,6 +24,30 @@ static dt_placement_t opt(int k) {
     case 2: return dt_shard(1);
     default: return dt_partial(DT_REDUCE_SUM);
   }
+}
+
+enum { MODE_BLOCKING, MODE_ASYNC, MODE_A2A, MODE_COUNT };
+static const char* const kModeNames[MODE_COUNT] = {"blocking", "async", "a2a"};
+static int g_mode = MODE_BLOCKING;
+
+/* t -> dst in the current mode; t is consumed in async mode (destroyed before the wait, the work
+ * holds its memory) and *tp set to NULL. */
+static void redistribute(dt_tensor_t* tp, const dt_placement_t* dst, dt_tensor_t* r) {
+  if (g_mode != MODE_ASYNC) {
+    DT_ASSERT_OK(dt_tensor_redistribute(*tp, dst, r));
+    return;
+  }
+  dt_work_t w;
+  DT_ASSERT_OK(dt_tensor_redistribute_async(*tp, dst, r, &w));
+  DT_ASSERT_OK(dt_tensor_destroy(*tp));
+  *tp = NULL;
+  int done = 0;
+  for (int spins = 0; spins < 3 && !done; spins++) DT_ASSERT_OK(dt_work_test(w, &done));
+  DT_ASSERT_OK(dt_work_wait(w));
+  DT_ASSERT_OK(dt_work_wait(w)); /* a second wait returns the same status */
+  DT_ASSERT_OK(dt_work_test(w, &done));
+  DT_ASSERT_TRUE(done == 1, "a waited work tests done");
+  DT_ASSERT_OK(dt_work_destroy(w));
 }
 
 static double ref_value(int64_t i) { return (double)((i * 7 + 3) % 11) - 5.0; }
@@ -56,9 +86,9 @@ static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride
     for (int a = 0; a < npl; a++) {
       dt_placement_t src[4];
       for (int i = 0, v = a; i < m; i++, v /= 4) src[i] = opt(v % 4);
-      dt_tensor_t t;
-      DT_ASSERT_OK(dt_tensor_from_full(mesh, dt, 2, shape, src, ref, &t));
+      dt_tensor_t t = NULL;
       for (int b = 0; b < npl; b++) {
+        if (t == NULL) DT_ASSERT_OK(dt_tensor_from_full(mesh, dt, 2, shape, src, ref, &t));
         dt_placement_t dst[4];
         int legal = 1;
         for (int i = 0, v = b; i < m; i++, v /= 4) {
@@ -74,7 +104,7 @@ static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride
         dt_plan_t plan;
         DT_ASSERT_OK(dt_plan_create(mesh, dt, 2, shape, src, dst, &plan));
         DT_ASSERT_OK(dt_counters_reset(mesh));
-        DT_ASSERT_OK(dt_tensor_redistribute(t, dst, &r));
+        redistribute(&t, dst, &r);
         dt_counters_t cnt;
         DT_ASSERT_OK(dt_counters_get(mesh, &cnt));
         static const dt_collective_t colls[4] = {DT_COLL_ALL_GATHER, DT_COLL_ALL_REDUCE,
@@ -94,9 +124,18 @@ static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride
           dt_placements_format(src, m, ",", ps, sizeof ps);
           dt_placements_format(dst, m, ",", pd, sizeof pd);
           dt_plan_format(plan, pl, sizeof pl);
-          DT_ASSERT_TRUE(0, "dtype %s shape (%lld,%lld) %s -> %s via %s: wrong full tensor",
-                         dt_dtype_name(dt), (long long)shape[0], (long long)shape[1], ps, pd, pl);
+          DT_ASSERT_TRUE(0, "%s: dtype %s shape (%lld,%lld) %s -> %s via %s: wrong full tensor",
+                         kModeNames[g_mode], dt_dtype_name(dt), (long long)shape[0],
+                         (long long)shape[1], ps, pd, pl);
         }
+        if (g_mode == MODE_A2A)
+          for (int k = 0, ns = 0; dt_plan_num_steps(plan, &ns) == DT_SUCCESS && k < ns; k++) {
+            dt_plan_step_t st;
+            DT_ASSERT_OK(dt_plan_get_step(plan, k, &st));
+            if (st.coll == DT_COLL_ALL_REDUCE || st.coll == DT_COLL_REDUCE_SCATTER)
+              DT_ASSERT_TRUE(st.algo == DT_ALGO_A2A, "forced a2a: step %d is %s", k,
+                             dt_coll_algo_name(st.algo));
+          }
         DT_ASSERT_OK(dt_plan_destroy(plan));
         DT_ASSERT_OK(dt_tensor_destroy(r));
         checked++;
@@ -127,7 +166,10 @@ int main(int argc, char** argv) {
   }
   DT_ASSERT_TRUE(nm > 0, "run at np 2, 4 or 8 (got %d)", world);
   long long total = 0;
+  for (int mode = 0; mode < MODE_COUNT; mode++)
   for (int k = 0; k < nm; k++) {
+    g_mode = mode;
+    DT_ASSERT_OK(dt_cost_model_force_algo(mode == MODE_A2A ? DT_ALGO_A2A : DT_ALGO_COUNT));
     dt_mesh_t mesh;
     DT_ASSERT_OK(dt_mesh_create(nd[k], shapes[k], NULL, NULL, &mesh));
     total += run_mesh(mesh, nd[k], DT_F32, 1);
@@ -144,7 +186,9 @@ int main(int argc, char** argv) {
     }
     DT_ASSERT_OK(dt_mesh_destroy(mesh));
   }
-  if (rank == 0) printf("test_exhaustive np=%d: %lld redistributions checked\n", world, total);
+  if (rank == 0)
+    printf("test_exhaustive np=%d: %lld redistributions checked (blocking, async, forced a2a)\n",
+           world, total);
   DT_ASSERT_OK(dt_finalize());
   return 0;
 }

@@ -4,7 +4,11 @@
  * code (the static library is linked into this program) is counted; Open MPI's own allocations
  * inside its shared libraries are not (the issue: "Open MPI's reductions allocate per call; we
  * must not add more"). After one warm-up call per pair (plans cached, workspace grown), repeated
- * calls over every pair of {R, S(0), S(1), P(sum)} on a (2, n/2) mesh must count zero. */
+ * calls over every pair of {R, S(0), S(1), P(sum)} on a (2, n/2) mesh must count zero.
+ *
+ * Asynchronous redistributions (dt_tensor_redistribute_async + wait + destroy) must allocate no
+ * more than the blocking dt_tensor_redistribute that also returns a new tensor: their works,
+ * scratch and request memory are reused. */
 #include <stddef.h>
 #include <string.h>
 
@@ -67,12 +71,42 @@ int main(int argc, char** argv) {
     else
       DT_ASSERT_TRUE(made > 0, "warm-up should allocate (plans, workspace): counter not wired?");
   }
+  long async_allocs = 0, block_allocs = 0;
+  for (int round = 0; round < 3; round++) {
+    for (int a = 0; a < 16; a++)
+      for (int b = 0; b < 16; b++) {
+        int legal = !((a % 4 == 1 || a % 4 == 2) && b % 4 == 3) &&
+                    !((a / 4 == 1 || a / 4 == 2) && b / 4 == 3);
+        if (!legal) continue;
+        dt_placement_t pl[2] = {opt(b % 4), opt(b / 4)};
+        dt_tensor_t r;
+        dt_work_t w;
+        long before = g_allocs;
+        DT_ASSERT_OK(dt_tensor_redistribute(src[a], pl, &r));
+        DT_ASSERT_OK(dt_tensor_destroy(r));
+        long mid = g_allocs;
+        DT_ASSERT_OK(dt_tensor_redistribute_async(src[a], pl, &r, &w));
+        DT_ASSERT_OK(dt_work_wait(w));
+        DT_ASSERT_OK(dt_work_destroy(w));
+        DT_ASSERT_OK(dt_tensor_destroy(r));
+        if (round > 0) {
+          block_allocs += mid - before;
+          async_allocs += g_allocs - mid;
+        }
+      }
+  }
+  DT_ASSERT_TRUE(async_allocs <= block_allocs,
+                 "steady-state async redistributions allocated %ld times, blocking ones %ld",
+                 async_allocs, block_allocs);
   for (int k = 0; k < 16; k++) {
     DT_ASSERT_OK(dt_tensor_destroy(src[k]));
     DT_ASSERT_OK(dt_tensor_destroy(dst[k]));
   }
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
-  if (rank == 0) printf("test_no_alloc np=%d: %ld steady-state redistributions, 0 allocations\n", world, calls);
+  if (rank == 0)
+    printf("test_no_alloc np=%d: %ld steady-state redistributions, 0 allocations; async %ld "
+           "allocations, blocking with a new tensor %ld\n", world, calls, async_allocs,
+           block_allocs);
   DT_ASSERT_OK(dt_finalize());
   return 0;
 }

@@ -9,12 +9,15 @@
  *  - it is never worse than PyTorch's greedy plan when the greedy walk succeeds.
  * Plus named cases whose optimal plans are known by hand.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -336,9 +339,114 @@ static void test_cache(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* Reductions pick their algorithm by cost: native below the crossover, all-to-all above; forcing
+ * overrides; the all-to-all parameters are their own, saved and loaded under "<coll>_a2a". */
+static dt_coll_algo_t algo_of(dt_mesh_t m, int64_t rows, const char* from, const char* to,
+                              dt_collective_t want) {
+  int64_t sh[2] = {rows, 1024};
+  dt_plan_t p = plan_of(m, 2, sh, from, to);
+  int n;
+  dt_plan_num_steps(p, &n);
+  assert_int_equal(n, 1);
+  dt_plan_step_t st;
+  assert_int_equal(dt_plan_get_step(p, 0, &st), DT_SUCCESS);
+  assert_int_equal(st.coll, want);
+  double est;
+  assert_int_equal(dt_cost_estimate(st.coll, 4, st.nbytes, &est), DT_SUCCESS);
+  assert_true(fabs(est - st.cost_us) <= 1e-9 * est);
+  dt_plan_destroy(p);
+  return st.algo;
+}
+
+/* Steps of collective c in the plan that use the all-to-all algorithm. */
+static int a2a_steps(dt_mesh_t m, int64_t rows, const char* from, const char* to,
+                     dt_collective_t c) {
+  int64_t sh[2] = {rows, 1024};
+  dt_plan_t p = plan_of(m, 2, sh, from, to);
+  int n, k = 0;
+  dt_plan_num_steps(p, &n);
+  for (int i = 0; i < n; i++) {
+    dt_plan_step_t st;
+    assert_int_equal(dt_plan_get_step(p, i, &st), DT_SUCCESS);
+    k += st.coll == c && st.algo == DT_ALGO_A2A;
+  }
+  dt_plan_destroy(p);
+  return k;
+}
+
+static void test_algos(void** state) {
+  (void)state;
+  dt_cost_model_reset();
+  dt_mesh_t m;
+  int s4[1] = {4};
+  assert_int_equal(dt_mesh_create_abstract(1, s4, NULL, &m), DT_SUCCESS);
+  /* 4 KiB vs 16 MiB per rank */
+  assert_int_equal(algo_of(m, 1, "P", "S1", DT_COLL_REDUCE_SCATTER), DT_ALGO_NATIVE);
+  assert_int_equal(algo_of(m, 1, "P", "R", DT_COLL_ALL_REDUCE), DT_ALGO_NATIVE);
+  assert_int_equal(algo_of(m, 4096, "P", "S0", DT_COLL_REDUCE_SCATTER), DT_ALGO_A2A);
+  assert_int_equal(algo_of(m, 4096, "P", "R", DT_COLL_ALL_REDUCE), DT_ALGO_A2A);
+  /* the estimate is the cheaper line */
+  dt_cost_params_t nat, a2a;
+  assert_int_equal(dt_cost_model_get_algo(DT_COLL_ALL_REDUCE, DT_ALGO_NATIVE, &nat), DT_SUCCESS);
+  assert_int_equal(dt_cost_model_get_algo(DT_COLL_ALL_REDUCE, DT_ALGO_A2A, &a2a), DT_SUCCESS);
+  assert_true(a2a.bw_gbps > nat.bw_gbps);
+  /* forcing */
+  assert_int_equal(dt_cost_model_force_algo(DT_ALGO_NATIVE), DT_SUCCESS);
+  assert_int_equal(algo_of(m, 4096, "P", "S0", DT_COLL_REDUCE_SCATTER), DT_ALGO_NATIVE);
+  assert_int_equal(dt_cost_model_force_algo(DT_ALGO_A2A), DT_SUCCESS);
+  assert_int_equal(algo_of(m, 1, "P", "R", DT_COLL_ALL_REDUCE), DT_ALGO_A2A);
+  assert_int_equal(dt_cost_model_force_algo(DT_ALGO_COUNT), DT_SUCCESS);
+  assert_int_equal(algo_of(m, 1, "P", "R", DT_COLL_ALL_REDUCE), DT_ALGO_NATIVE);
+  assert_int_equal(dt_cost_model_force_algo((dt_coll_algo_t)7), DT_ERR_INVALID_ARG);
+  /* parameters of one algorithm move its crossover */
+  dt_cost_params_t slow = a2a;
+  slow.bw_gbps = nat.bw_gbps / 2;
+  assert_int_equal(dt_cost_model_set_algo(DT_COLL_ALL_REDUCE, DT_ALGO_A2A, &slow), DT_SUCCESS);
+  assert_int_equal(a2a_steps(m, 4096, "P", "R", DT_COLL_ALL_REDUCE), 0);
+  assert_int_equal(algo_of(m, 4096, "P", "S0", DT_COLL_REDUCE_SCATTER), DT_ALGO_A2A);
+  /* errors: collectives without the algorithm, bad parameters */
+  assert_int_equal(dt_cost_model_get_algo(DT_COLL_ALL_GATHER, DT_ALGO_A2A, &nat),
+                   DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_cost_model_set_algo(DT_COLL_ALL_TO_ALL, DT_ALGO_A2A, &a2a),
+                   DT_ERR_INVALID_ARG);
+  dt_cost_params_t bad = {1.0, 1.0, 0.0};
+  assert_int_equal(dt_cost_model_set_algo(DT_COLL_REDUCE_SCATTER, DT_ALGO_A2A, &bad),
+                   DT_ERR_INVALID_ARG);
+  assert_string_equal(dt_coll_algo_name(DT_ALGO_A2A), "a2a");
+  /* save / load round trip of the a2a keys */
+  char path[] = "/tmp/dt_cost_algosXXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(dt_cost_model_save(path), DT_SUCCESS);
+  FILE* f = fopen(path, "r");
+  char text[4096] = {0};
+  assert_true(fread(text, 1, sizeof text - 1, f) > 0);
+  fclose(f);
+  assert_non_null(strstr(text, "\"all_reduce_a2a\""));
+  assert_non_null(strstr(text, "\"reduce_scatter_a2a\""));
+  assert_null(strstr(text, "\"all_gather_a2a\""));
+  dt_cost_model_reset();
+  assert_int_equal(algo_of(m, 4096, "P", "R", DT_COLL_ALL_REDUCE), DT_ALGO_A2A);
+  assert_int_equal(dt_cost_model_load(path), DT_SUCCESS);
+  dt_cost_params_t back;
+  assert_int_equal(dt_cost_model_get_algo(DT_COLL_ALL_REDUCE, DT_ALGO_A2A, &back), DT_SUCCESS);
+  assert_true(back.bw_gbps == slow.bw_gbps);
+  assert_int_equal(a2a_steps(m, 4096, "P", "R", DT_COLL_ALL_REDUCE), 0);
+  remove(path);
+  /* optimality holds with every algorithm forced (the brute force costs the same lines) */
+  for (int a = 0; a < DT_ALGO_COUNT; a++) {
+    assert_int_equal(dt_cost_model_force_algo((dt_coll_algo_t)a), DT_SUCCESS);
+    for (int s = 0; s < NSHAPES; s++) assert_true(run_mesh(1, s4, 0, NULL, NULL, kNdims[s], kShapes[s]) > 0);
+  }
+  dt_cost_model_reset();
+  dt_mesh_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_known_plans), cmocka_unit_test(test_cache),
+      cmocka_unit_test(test_algos),
       cmocka_unit_test(test_optimal_1d),  cmocka_unit_test(test_optimal_2d),
       cmocka_unit_test(test_optimal_3d),
   };
