@@ -46,6 +46,13 @@ struct dt_backend_i {
   dt_status_t (*box_copy)(dt_backend_t b, int ndim, size_t item, const int64_t* ext, void* dst,
                           const int64_t* dst_shape, const int64_t* dst_off, const void* src,
                           const int64_t* src_shape, const int64_t* src_off);
+  /* The n blocks of an array of `shape` that are ranges along `dim` (block q: [offs[q],
+   * offs[q] + lens[q]) there, whole elsewhere) between the array and `packed` (the blocks back to
+   * back, each row-major); to_packed: array -> packed. What redistribution packs and unpacks
+   * with when every peer's block is such a range (one pass instead of one box per peer). */
+  dt_status_t (*split_copy)(dt_backend_t b, int ndim, size_t item, const int64_t* shape, int dim,
+                            int n, const int64_t* offs, const int64_t* lens, void* array,
+                            void* packed, int to_packed);
   /* buf[i] = buf[i] / div for n elements (integers truncate toward zero). */
   dt_status_t (*scale_div)(dt_backend_t b, void* buf, dt_dtype_t dtype, int64_t n, int div);
   /* dst (n elements of `to`) = src (n elements of `from`) converted. */
@@ -139,6 +146,9 @@ dt_status_t dt__host_memset(dt_backend_t b, void* dst, int value, size_t nbytes)
 dt_status_t dt__host_fill(dt_backend_t b, void* dst, dt_dtype_t dtype, int64_t n, double value);
 dt_status_t dt__host_copy(dt_backend_t b, void* dst, const void* src, size_t nbytes,
                           dt_copy_kind_t kind);
+dt_status_t dt__host_split_copy(dt_backend_t b, int ndim, size_t item, const int64_t* shape,
+                                int dim, int n, const int64_t* offs, const int64_t* lens,
+                                void* array, void* packed, int to_packed);
 dt_status_t dt__host_box_copy(dt_backend_t b, int ndim, size_t item, const int64_t* ext, void* dst,
                               const int64_t* dst_shape, const int64_t* dst_off, const void* src,
                               const int64_t* src_shape, const int64_t* src_off);

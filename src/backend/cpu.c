@@ -70,6 +70,14 @@ dt_status_t dt__host_box_copy(dt_backend_t b, int ndim, size_t item, const int64
   return DT_SUCCESS;
 }
 
+dt_status_t dt__host_split_copy(dt_backend_t b, int ndim, size_t item, const int64_t* shape,
+                                int dim, int n, const int64_t* offs, const int64_t* lens,
+                                void* array, void* packed, int to_packed) {
+  (void)b;
+  dt__split_copy(ndim, item, shape, dim, n, offs, lens, array, packed, to_packed);
+  return DT_SUCCESS;
+}
+
 dt_status_t dt__host_scale_div(dt_backend_t b, void* buf, dt_dtype_t dtype, int64_t n, int div) {
   (void)b;
   if (div == 1) return DT_SUCCESS;
@@ -243,6 +251,7 @@ static const struct dt_backend_i dt__cpu_iface = {
     .fill = dt__host_fill,
     .copy = dt__host_copy,
     .box_copy = dt__host_box_copy,
+    .split_copy = dt__host_split_copy,
     .scale_div = dt__host_scale_div,
     .convert = dt__host_convert,
     .reduce = dt__host_reduce,

@@ -218,6 +218,25 @@ static dt_status_t dt__g_copy(dt_backend_t b, void* dst, const void* src, size_t
   return dt__host_copy(b, dst, src, nbytes, kind);
 }
 
+static dt_status_t dt__g_split_copy(dt_backend_t b, int ndim, size_t item, const int64_t* shape,
+                                    int dim, int n, const int64_t* offs, const int64_t* lens,
+                                    void* array, void* packed, int to_packed) {
+  int64_t other = 1, blocks = 0;
+  for (int d = 0; d < ndim; d++)
+    if (d != dim) other *= shape[d];
+  int64_t numel = other * shape[dim];
+  for (int q = 0; q < n; q++) {
+    if (lens[q] < 0 || offs[q] < 0 || offs[q] + lens[q] > shape[dim])
+      return DT_FAIL(DT_ERR_INTERNAL, "guarded backend: split copy block %d [%lld, +%lld) "
+                     "outside dim %d of extent %lld", q, (long long)offs[q], (long long)lens[q],
+                     dim, (long long)shape[dim]);
+    blocks += lens[q] * other;
+  }
+  DT_CHECK(dt__range(array, (size_t)numel * item, "split copy array"));
+  DT_CHECK(dt__range(packed, (size_t)blocks * item, "split copy packed buffer"));
+  return dt__host_split_copy(b, ndim, item, shape, dim, n, offs, lens, array, packed, to_packed);
+}
+
 static dt_status_t dt__g_box_copy(dt_backend_t b, int ndim, size_t item, const int64_t* ext,
                                   void* dst, const int64_t* dst_shape, const int64_t* dst_off,
                                   const void* src, const int64_t* src_shape,
@@ -351,6 +370,7 @@ static const struct dt_backend_i dt__guarded_iface = {
     .fill = dt__g_fill,
     .copy = dt__g_copy,
     .box_copy = dt__g_box_copy,
+    .split_copy = dt__g_split_copy,
     .scale_div = dt__g_scale_div,
     .convert = dt__g_convert,
     .reduce = dt__g_reduce,

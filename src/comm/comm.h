@@ -14,8 +14,7 @@
  * non-blocking). Every rank of a communicator must start its collectives in the same order, and
  * an implementation may choose how to run a call only from values every rank passes alike (a
  * rank sees only its own all_to_all_v counts: choosing MPI_Alltoallv on one rank and
- * point-to-point on another would deadlock). Callers that know an exchange is uniform say so by
- * calling all_to_all.
+ * point-to-point on another would deadlock).
  */
 #ifndef DT_COMM_COMM_H
 #define DT_COMM_COMM_H
@@ -63,10 +62,6 @@ struct dt_comm_i {
   dt_status_t (*reduce_scatter_v)(struct dt_comm* c, const void* send, void* recv,
                                   const int64_t* counts, dt_dtype_t dtype, dt_reduce_op_t op,
                                   dt_comm_req_t* req);
-  /* Uniform personalized exchange: count elements from send + q*count to rank q, from rank q to
-   * recv + q*count. count must be the same on every rank. */
-  dt_status_t (*all_to_all)(struct dt_comm* c, const void* send, void* recv, int64_t count,
-                            dt_dtype_t dtype, dt_comm_req_t* req);
   /* Personalized exchange: scounts[q] elements from send + sdispls[q] go to rank q, rcounts[q]
    * elements from rank q land at recv + rdispls[q]. */
   dt_status_t (*all_to_all_v)(struct dt_comm* c, const void* send, const int64_t* scounts,

@@ -365,37 +365,6 @@ static dt_status_t dt__mpi_reduce_scatter_v(dt_comm_t* c, const void* send, void
   return DT_SUCCESS;
 }
 
-/* Uniform: count elements from send + q*count to every rank q (the same count on every rank, so
- * every rank takes the same branch). */
-static dt_status_t dt__mpi_all_to_all(dt_comm_t* c, const void* send, void* recv, int64_t count,
-                                      dt_dtype_t dtype, dt_comm_req_t* req) {
-  MPI_Datatype t = dt__mpi_type(dtype);
-  int n = c->size, me = c->rank;
-  size_t item = dt__itemsize(dtype);
-  if (count * n <= dt__maxc) {
-    if (req == NULL) {
-      DT_MPI_CHECK(MPI_Alltoall(send, (int)count, t, recv, (int)count, t, dt__c(c)));
-    } else {
-      MPI_Request* h;
-      DT_CHECK(dt__req_slot(req, &h));
-      DT_MPI_CHECK(MPI_Ialltoall(send, (int)count, t, recv, (int)count, t, dt__c(c), h));
-    }
-    return DT_SUCCESS;
-  }
-  dt_comm_req_t tmp;
-  int local;
-  dt_comm_req_t* r = dt__post_req(c, req, &tmp, &local);
-  size_t block = (size_t)count * item;
-  for (int q = 0; q < n; q++) {
-    if (q == me) continue;
-    DT_CHECK(dt__irecv_pieces(c, (char*)recv + q * block, count, dtype, q, DT__TAG_FALLBACK, r));
-    DT_CHECK(dt__isend_pieces(c, (const char*)send + q * block, count, dtype, q,
-                              DT__TAG_FALLBACK, r));
-  }
-  if (count) memmove((char*)recv + me * block, (const char*)send + me * block, block);
-  return local ? dt__local_end(r) : DT_SUCCESS;
-}
-
 /* General: point-to-point to and from every peer (Open MPI's own linear alltoallv). A rank sees
  * only its own counts, so an MPI_Alltoallv for counts that fit and point-to-point for those that
  * do not could differ between ranks; point-to-point is always the same, and is how NCCL composes
@@ -584,7 +553,6 @@ static const struct dt_comm_i dt__mpi_iface = {
     .all_gather_v = dt__mpi_all_gather_v,
     .all_reduce = dt__mpi_all_reduce,
     .reduce_scatter_v = dt__mpi_reduce_scatter_v,
-    .all_to_all = dt__mpi_all_to_all,
     .all_to_all_v = dt__mpi_all_to_all_v,
     .broadcast = dt__mpi_broadcast,
     .scatter_v = dt__mpi_scatter_v,

@@ -140,17 +140,42 @@ void dt__box_copy(int ndim, size_t item, const int64_t* ext, void* dst, const in
     memcpy(dbase, sbase, run);
     return;
   }
+  /* the innermost iterated dim walks by pointer increments (one run per row); the outer ones
+   * carry like an odometer */
+  const int64_t rows = ext[k - 1], ds1 = dstride[k - 1], ss1 = sstride[k - 1];
   int64_t idx[DT_MAX_DIMS] = {0};
   for (;;) {
     const char* sp = sbase;
     char* dp = dbase;
-    for (int d = 0; d < k; d++) {
+    for (int d = 0; d < k - 1; d++) {
       sp += idx[d] * sstride[d];
       dp += idx[d] * dstride[d];
     }
-    memcpy(dp, sp, run);
-    int d = k - 1;
+    for (int64_t r = 0; r < rows; r++, sp += ss1, dp += ds1) memcpy(dp, sp, run);
+    int d = k - 2;
     while (d >= 0 && ++idx[d] == ext[d]) idx[d--] = 0;
     if (d < 0) break;
+  }
+}
+
+void dt__split_copy(int ndim, size_t item, const int64_t* shape, int dim, int n,
+                    const int64_t* offs, const int64_t* lens, void* array, void* packed,
+                    int to_packed) {
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; d++) outer *= shape[d];
+  for (int d = dim + 1; d < ndim; d++) inner *= shape[d];
+  const size_t row = (size_t)(shape[dim] * inner) * item, in_item = (size_t)inner * item;
+  /* block q holds outer rows of lens[q] * inner elements, from start_q = outer * (rows of the
+   * blocks before it) */
+  for (int64_t o = 0; o < outer; o++) {
+    char* a = (char*)array + (size_t)o * row;
+    size_t start = 0;
+    for (int q = 0; q < n; q++) {
+      size_t brow = (size_t)lens[q] * in_item;
+      char* pp = (char*)packed + start + (size_t)o * brow;
+      char* ap = a + (size_t)offs[q] * in_item;
+      if (brow) memcpy(to_packed ? pp : ap, to_packed ? ap : pp, brow);
+      start += brow * (size_t)outer;
+    }
   }
 }

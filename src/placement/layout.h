@@ -30,6 +30,14 @@ int64_t dt__box_numel(int ndim, const int64_t* len);
 /* Intersection of boxes a and b (an empty box has some len 0). */
 void dt__box_intersect(int ndim, const int64_t* ao, const int64_t* al, const int64_t* bo,
                        const int64_t* bl, int64_t* off, int64_t* len);
+/* The n blocks of a row-major array of `shape` that are ranges along dim `dim` (block q: indices
+ * [offs[q], offs[q] + lens[q]) there, the whole extent elsewhere) between the array and `packed`,
+ * which holds the blocks back to back in order, each row-major; to_packed: array -> packed, else
+ * packed -> array. One pass over the array (the blocks interleave row by row), so packing costs
+ * what one memcpy does. Host memory. */
+void dt__split_copy(int ndim, size_t item, const int64_t* shape, int dim, int n,
+                    const int64_t* offs, const int64_t* lens, void* array, void* packed,
+                    int to_packed);
 /* Copies the box `ext` at src_off within a src array of extent src_shape into dst_off within dst
  * (extent dst_shape). Row-major; element size `item`. Host memory (the CPU backend's box copy). */
 void dt__box_copy(int ndim, size_t item, const int64_t* ext, void* dst, const int64_t* dst_shape,

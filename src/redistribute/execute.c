@@ -108,11 +108,52 @@ static dt_status_t dt__bcopy(const dt__run_t* r, const int64_t* ext, void* dst,
 
 static const int64_t dt__zero[DT_MAX_DIMS] = {0};
 
+/* When the blocks of the exchange in rank order (send: cut from my input box; else: placed in my
+ * output box), mine left out with `skip`, are each a range along one dim of that box and whole
+ * along the others, fills *dim and the ranges (offs, lens: gn entries, 0 for empty or skipped
+ * blocks) and returns 1: then one split copy packs or unpacks them all in a single pass. */
+static int dt__blocks_along(const dt__run_t* r, int send, int skip, int* dim, int64_t* offs,
+                            int64_t* lens) {
+  int nd = r->lb.ndim, j = -1;
+  const int64_t* full = send ? r->ib_len : r->ob_len;
+  for (int q = 0; q < r->gn; q++) { /* the dim the blocks are cut along */
+    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    if (skip && q == r->me) continue;
+    dt__block(r, q, send, rel, len);
+    if (dt__box_numel(nd, len) == 0) continue;
+    for (int d = 0; d < nd; d++)
+      if (len[d] != full[d]) {
+        if (j >= 0 && j != d) return 0;
+        j = d;
+      }
+  }
+  if (nd == 0) return 0;
+  if (j < 0) j = 0; /* every block whole */
+  for (int q = 0; q < r->gn; q++) {
+    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    offs[q] = lens[q] = 0;
+    if (skip && q == r->me) continue;
+    dt__block(r, q, send, rel, len);
+    if (dt__box_numel(nd, len) == 0) continue;
+    offs[q] = rel[j];
+    lens[q] = len[j];
+  }
+  *dim = j;
+  return 1;
+}
+
 /* Packs my blocks for every peer back to back in rank order into slot 0 (each block its box's
- * elements row-major); counts[q] gets their sizes. `skip` leaves my own block out. */
+ * elements row-major); counts[q] gets their sizes. `skip` leaves my own block out. The caller's
+ * count arrays live in the run's count scratch below 6 gn. */
 static dt_status_t dt__pack(dt__run_t* r, const int64_t* counts, int64_t total, int skip,
                             void** out) {
   DT_CHECK(dt__buf(r->sc, 0, (size_t)total * r->item, out));
+  int64_t* a;
+  int dim;
+  DT_CHECK(dt__counts(r->sc, (size_t)r->gn * 8, &a));
+  if (dt__blocks_along(r, 1, skip, &dim, a + 6 * r->gn, a + 7 * r->gn))
+    return r->b->iface->split_copy(r->b, r->lb.ndim, r->item, r->ib_len, dim, r->gn,
+                                   a + 6 * r->gn, a + 7 * r->gn, (void*)r->in, *out, 1);
   int64_t pos = 0;
   for (int q = 0; q < r->gn; q++) {
     if (skip && q == r->me) continue;
@@ -154,14 +195,36 @@ static dt_status_t dt__local(dt__run_t* r) {
   return DT_SUCCESS;
 }
 
-/* S -> R. Phase 0 posts either one all-gather straight into the output (every peer's block is
- * one contiguous range of it) or, when the blocks land strided, an exchange of the remote blocks
- * into scratch while my own block moves by one box copy; phase 1 unpacks the remote blocks. */
-static dt_status_t dt__all_gather(dt__run_t* r) {
-  int gn = r->gn, me = r->me;
+/* Unpacks the blocks received back to back in rank order into r->tmp (mine included unless
+ * `skip`) into my output box: one split copy when they are ranges along one dim of it, else one
+ * box copy each. */
+static dt_status_t dt__unpack(dt__run_t* r, int skip) {
   int64_t* a;
+  int dim;
+  DT_CHECK(dt__counts(r->sc, (size_t)r->gn * 2, &a));
+  if (dt__blocks_along(r, 0, skip, &dim, a, a + r->gn))
+    return r->b->iface->split_copy(r->b, r->lb.ndim, r->item, r->ob_len, dim, r->gn, a,
+                                   a + r->gn, r->out, r->tmp, 0);
+  int64_t pos = 0;
+  for (int q = 0; q < r->gn; q++) {
+    if (skip && q == r->me) continue;
+    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+    dt__block(r, q, 0, rel, len);
+    DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, rel, (char*)r->tmp + (size_t)pos * r->item,
+                       len, dt__zero));
+    pos += dt__box_numel(r->lb.ndim, len);
+  }
+  return DT_SUCCESS;
+}
+
+/* S -> R. Phase 0 posts one all-gather: straight into the output when every peer's block is one
+ * contiguous range of it, else back to back into scratch, which phase 1 unpacks (the least any
+ * implementation does: the raw all-gather plus one pass over the output). */
+static dt_status_t dt__all_gather(dt__run_t* r) {
+  int gn = r->gn;
   if (r->phase == 0) {
-    DT_CHECK(dt__counts(r->sc, (size_t)gn * 6, &a));
+    int64_t* a;
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 8, &a));
     int64_t *counts = a, *displs = a + gn, total = 0;
     int direct = 1;
     for (int q = 0; q < gn; q++) {
@@ -174,68 +237,33 @@ static dt_status_t dt__all_gather(dt__run_t* r) {
       total += counts[q];
     }
     r->nbytes = (uint64_t)total * r->item;
-    if (direct) {
-      r->phase = -1;
-      return r->c->iface->all_gather_v(r->c, r->in, r->out, counts, displs, r->dtype, dt__req(r));
+    void* recv = r->out;
+    if (!direct) {
+      for (int64_t q = 0, pos = 0; q < gn; q++) {
+        displs[q] = pos;
+        pos += counts[q];
+      }
+      DT_CHECK(dt__buf(r->sc, 3, (size_t)total * r->item, &r->tmp));
+      recv = r->tmp;
     }
-    /* every peer gets my whole contiguous shard; I get theirs, back to back, into scratch */
-    int64_t *sc = a + 2 * gn, *sd = a + 3 * gn, *rc = a + 4 * gn, *rd = a + 5 * gn, acc = 0;
-    for (int q = 0; q < gn; q++) {
-      sc[q] = q == me ? 0 : counts[me];
-      sd[q] = 0;
-      rc[q] = q == me ? 0 : counts[q];
-      rd[q] = acc;
-      acc += rc[q];
-    }
-    DT_CHECK(dt__buf(r->sc, 3, (size_t)acc * r->item, &r->tmp));
-    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
-    dt__block(r, me, 0, rel, len);
-    DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, rel, r->in, len, dt__zero));
-    r->phase = 1;
-    return r->c->iface->all_to_all_v(r->c, r->in, sc, sd, r->tmp, rc, rd, r->dtype, dt__req(r));
+    r->phase = direct ? -1 : 1;
+    return r->c->iface->all_gather_v(r->c, r->in, recv, counts, displs, r->dtype, dt__req(r));
   }
-  /* phase 1: unpack the remote blocks */
-  int64_t pos = 0;
-  for (int q = 0; q < gn; q++) {
-    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
-    dt__block(r, q, 0, rel, len);
-    if (q != me)
-      DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, rel, (char*)r->tmp + (size_t)pos * r->item,
-                         len, dt__zero));
-    if (q != me) pos += dt__box_numel(r->lb.ndim, len);
-  }
-  r->phase = -1;
-  return DT_SUCCESS;
+  r->phase = -1; /* phase 1 */
+  return dt__unpack(r, 0);
 }
 
-/* 1 when every block of the exchange, between any two ranks of the group, has k elements: then
- * every rank knows the others post the uniform collective too (my own counts alone cannot tell). */
-static int dt__a2a_uniform(const dt__run_t* r, int64_t k) {
-  int nd = r->lb.ndim;
-  int64_t bo[DT_MAX_DIMS], bl[DT_MAX_DIMS], ao[DT_MAX_DIMS], al[DT_MAX_DIMS];
-  int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
-  for (int q = 0; q < r->gn; q++) {
-    dt__peer_box(r, &r->lb, q, bo, bl);
-    for (int p = 0; p < r->gn; p++) {
-      dt__peer_box(r, &r->la, p, ao, al);
-      dt__box_intersect(nd, bo, bl, ao, al, off, len);
-      if (dt__box_numel(nd, len) != k) return 0;
-    }
-  }
-  return 1;
-}
-
-/* S(a) -> S(b). When every block in the group has the same size, one uniform all-to-all with all
- * blocks (mine too) packed in rank order where they are strided. Otherwise my own block moves by
- * one box copy and only remote blocks go through the v-form (packed when they are strided in my
- * input, unpacked when strided in my output). */
+/* S(a) -> S(b). My own block moves by one box copy; only remote blocks go through the exchange
+ * (packed in one pass when they are strided in my input, unpacked in one pass when strided in my
+ * output). Measured faster here than a uniform MPI_Alltoall of all blocks, which copies the own
+ * block through MPI as well (docs/performance.md). */
 static dt_status_t dt__all_to_all(dt__run_t* r) {
   int gn = r->gn, me = r->me, nd = r->lb.ndim;
   if (r->phase == 0) {
     int64_t* a;
-    DT_CHECK(dt__counts(r->sc, (size_t)gn * 4, &a));
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 8, &a));
     int64_t *sc = a, *sd = a + gn, *rc = a + 2 * gn, *rd = a + 3 * gn, stot = 0, rtot = 0;
-    int sdirect = 1, rdirect = 1, even = 1;
+    int sdirect = 1, rdirect = 1;
     for (int q = 0; q < gn; q++) {
       int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS], start;
       dt__block(r, q, 1, rel, len);
@@ -248,24 +276,8 @@ static dt_status_t dt__all_to_all(dt__run_t* r) {
       if (rdirect && dt__box_contiguous(nd, r->ob_len, rel, len, &start)) rd[q] = start;
       else rdirect = 0;
       rtot += rc[q];
-      even &= sc[q] == sc[0] && rc[q] == sc[0];
     }
     r->nbytes = (uint64_t)stot * r->item;
-    if (even && dt__a2a_uniform(r, sc[0])) {
-      int64_t k = sc[0];
-      for (int q = 0; q < gn; q++) { /* direct only when the blocks lie in rank order */
-        if (sdirect) sdirect = sd[q] == q * k;
-        if (rdirect) rdirect = rd[q] == q * k;
-      }
-      const void* send = r->in;
-      void* recv = r->out;
-      if (!sdirect) DT_CHECK(dt__pack(r, sc, stot, 0, (void**)&send));
-      if (!rdirect) DT_CHECK(dt__buf(r->sc, 3, (size_t)rtot * r->item, &recv));
-      r->tmp = recv;
-      r->my = 1; /* phase 1 unpacks my block too */
-      r->phase = rdirect ? -1 : 1;
-      return r->c->iface->all_to_all(r->c, send, recv, k, r->dtype, dt__req(r));
-    }
     const void* send = r->in;
     void* recv = r->out;
     if (!sdirect || !rdirect) {
@@ -294,22 +306,12 @@ static dt_status_t dt__all_to_all(dt__run_t* r) {
       }
       r->tmp = recv;
     }
-    r->my = 0;
     r->phase = rdirect ? -1 : 1;
     return r->c->iface->all_to_all_v(r->c, send, sc, sd, recv, rc, rd, r->dtype, dt__req(r));
   }
-  /* phase 1: unpack the received blocks from scratch (mine too after a uniform exchange) */
-  int64_t pos = 0;
-  for (int q = 0; q < gn; q++) {
-    if (q == me && !r->my) continue;
-    int64_t rel[DT_MAX_DIMS], len[DT_MAX_DIMS];
-    dt__block(r, q, 0, rel, len);
-    DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, rel, (char*)r->tmp + (size_t)pos * r->item, len,
-                       dt__zero));
-    pos += dt__box_numel(nd, len);
-  }
+  /* phase 1: unpack the remote blocks from scratch */
   r->phase = -1;
-  return DT_SUCCESS;
+  return dt__unpack(r, 1);
 }
 
 /* The reduce op of the Partial being reduced (same on every masked dim, see the merge pass). */
@@ -363,7 +365,7 @@ static dt_status_t dt__reduce_scatter(dt__run_t* r) {
   dt_reduce_op_t op = dt__step_op(r), cop = op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op;
   if (r->phase == 0) {
     int64_t* a;
-    DT_CHECK(dt__counts(r->sc, (size_t)gn * 5, &a));
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * 8, &a));
     int64_t *counts = a, total, start_me = 0;
     int direct;
     dt__rs_counts(r, counts, &total, &direct, &start_me);
