@@ -7,7 +7,7 @@
 
 #include "dt_test_json.h"
 
-#define FX_MAXT 4
+#define FX_MAXT 8
 
 typedef struct {
   dt_dtype_t dtype;

@@ -20,6 +20,9 @@
 
 static int g_json = 0;
 
+#define DT__STR(x) #x
+#define DT__XSTR(x) DT__STR(x)
+
 static int fail(const char* fmt, const char* a, const char* b) {
   char msg[1200];
   snprintf(msg, sizeof msg, fmt, a ? a : "", b ? b : "");
@@ -307,14 +310,14 @@ static int explain_op(int argc, char** argv) {
     const char* v = argv[++i];
     if (strcmp(a, "--mesh") == 0) mesh_s = v;
     else if (strcmp(a, "--dtype") == 0) {
-      if (ndtype == DT_OP_MAX_INPUTS) return fail("at most 4 --dtype options%s%s", NULL, NULL);
+      if (ndtype == DT_OP_MAX_INPUTS) return fail("at most " DT__XSTR(DT_OP_MAX_INPUTS) " --dtype options%s%s", NULL, NULL);
       dtype_s[ndtype++] = v;
     } else if (strcmp(a, "--cost-model") == 0) cost_s = v;
     else if (strcmp(a, "--shape") == 0) {
-      if (nshape == DT_OP_MAX_INPUTS) return fail("at most 4 tensor inputs%s%s", NULL, NULL);
+      if (nshape == DT_OP_MAX_INPUTS) return fail("at most " DT__XSTR(DT_OP_MAX_INPUTS) " tensor inputs%s%s", NULL, NULL);
       shape_s[nshape++] = v;
     } else if (strcmp(a, "--in") == 0) {
-      if (nin == DT_OP_MAX_INPUTS) return fail("at most 4 tensor inputs%s%s", NULL, NULL);
+      if (nin == DT_OP_MAX_INPUTS) return fail("at most " DT__XSTR(DT_OP_MAX_INPUTS) " tensor inputs%s%s", NULL, NULL);
       in_s[nin++] = v;
     } else if (strcmp(a, "--flatten") == 0) {
       if (nflat == 8) return fail("too many --flatten options%s%s", NULL, NULL);
@@ -327,6 +330,8 @@ static int explain_op(int argc, char** argv) {
     }
   }
   if (!mesh_s || nshape == 0) return fail("--mesh and at least one --shape are required%s%s", NULL, NULL);
+  dt_op_desc_t desc;
+  if (dt_op_describe(name, &desc) != DT_SUCCESS) return fail("%s%s", dt_last_error(), "");
   if (nin != nshape)
     return fail("give one --in per --shape (%s %s)", nin < nshape ? "missing --in" : "missing --shape", "");
   int mesh_nd, mesh_shape[DT_MAX_MESH_DIMS];
@@ -334,7 +339,8 @@ static int explain_op(int argc, char** argv) {
     return fail("bad --mesh '%s' (expected e.g. 2x2, 1 to 4 dims)%s", mesh_s, NULL);
   if (ndtype > 1 && ndtype != nshape)
     return fail("give one --dtype for all inputs or one per --shape%s%s", NULL, NULL);
-  dt_dtype_t dtypes[DT_OP_MAX_INPUTS] = {DT_F32, DT_F32, DT_F32, DT_F32};
+  dt_dtype_t dtypes[DT_OP_MAX_INPUTS];
+  for (int t = 0; t < DT_OP_MAX_INPUTS; t++) dtypes[t] = DT_F32;
   for (int t = 0; t < nshape && ndtype > 0; t++)
     if (dt_dtype_parse(dtype_s[ndtype == 1 ? 0 : t], &dtypes[t]) != DT_SUCCESS)
       return fail("%s%s", dt_last_error(), NULL);
@@ -344,9 +350,12 @@ static int explain_op(int argc, char** argv) {
   dt_placement_t in_pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
   call.n_inputs = nshape;
   for (int t = 0; t < nshape; t++) {
-    int nd, np;
-    if (!parse_dims(shape_s[t], call.in[t].shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS)
-      return fail("bad --shape '%s' (expected e.g. 12x8, 1 to 8 dims)%s", shape_s[t], NULL);
+    int nd = 0, np;
+    int scalar = strcmp(shape_s[t], "scalar") == 0 || shape_s[t][0] == '\0'; /* 0-d */
+    if (!scalar &&
+        (!parse_dims(shape_s[t], call.in[t].shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS))
+      return fail("bad --shape '%s' (expected e.g. 12x8, 1 to 8 dims, or scalar)%s", shape_s[t],
+                  NULL);
     call.in[t].ndim = nd;
     call.in[t].dtype = dtypes[t];
     if (dt_placements_parse(in_s[t], in_pl[t], DT_MAX_MESH_DIMS, &np) != DT_SUCCESS)
@@ -406,9 +415,15 @@ static int explain_op(int argc, char** argv) {
       cJSON_AddItemToObject(j, "placements", placements_json(in_pl[t], mesh_nd));
       cJSON_AddItemToArray(ins, j);
     }
-    cJSON* outp = cJSON_AddObjectToObject(o, "output");
-    cJSON_AddItemToObject(outp, "shape", shape_json(ch.out_meta[0].shape, ch.out_meta[0].ndim));
-    cJSON_AddItemToObject(outp, "placements", placements_json(ch.out[0], mesh_nd));
+    if (ch.n_outputs > 0) {
+      cJSON* outp = cJSON_AddObjectToObject(o, "output");
+      cJSON_AddItemToObject(outp, "shape", shape_json(ch.out_meta[0].shape, ch.out_meta[0].ndim));
+      cJSON_AddItemToObject(outp, "placements", placements_json(ch.out[0], mesh_nd));
+    } else { /* an in-place op: the inputs it updates */
+      cJSON* up = cJSON_AddArrayToObject(o, "in_place");
+      for (int t = 0; t < nshape; t++)
+        if (desc.in_place & (1u << t)) cJSON_AddItemToArray(up, cJSON_CreateNumber(t));
+    }
     if (ch.n_outputs > 1) { /* topk: every output; "output" stays the first */
       cJSON* outs = cJSON_AddArrayToObject(o, "outputs");
       for (int k = 0; k < ch.n_outputs; k++) {
@@ -436,7 +451,8 @@ static int explain_op(int argc, char** argv) {
       cJSON* arr = cJSON_AddArrayToObject(o, "all");
       for (int k = 0; k < ncand; k++) {
         cJSON* j = cJSON_CreateObject();
-        cJSON_AddItemToObject(j, "output", placements_json(cands[k].out[0], mesh_nd));
+        if (ch.n_outputs > 0)
+          cJSON_AddItemToObject(j, "output", placements_json(cands[k].out[0], mesh_nd));
         cJSON* ji = cJSON_AddArrayToObject(j, "inputs");
         for (int t = 0; t < nshape; t++)
           cJSON_AddItemToArray(ji, placements_json(cands[k].in[t], mesh_nd));
@@ -450,12 +466,22 @@ static int explain_op(int argc, char** argv) {
     cJSON_Delete(o);
   } else {
     char b[128];
-    dt_placements_format(ch.out[0], mesh_nd, NULL, b, sizeof b);
-    printf("op %s on mesh %s: output %s", name, mesh_s, b);
-    printf(" shape [");
-    for (int d = 0; d < ch.out_meta[0].ndim; d++)
-      printf("%s%lld", d ? ", " : "", (long long)ch.out_meta[0].shape[d]);
-    printf("]\n");
+    if (ch.n_outputs > 0) {
+      dt_placements_format(ch.out[0], mesh_nd, NULL, b, sizeof b);
+      printf("op %s on mesh %s: output %s", name, mesh_s, b);
+      printf(" shape [");
+      for (int d = 0; d < ch.out_meta[0].ndim; d++)
+        printf("%s%lld", d ? ", " : "", (long long)ch.out_meta[0].shape[d]);
+      printf("]\n");
+    } else {
+      printf("op %s on mesh %s: no output, updates in place input", name, mesh_s);
+      for (int t = 0, first = 1; t < nshape; t++)
+        if (desc.in_place & (1u << t)) {
+          printf("%s %d", first ? "" : ",", t);
+          first = 0;
+        }
+      printf("\n");
+    }
     for (int k = 1; k < ch.n_outputs; k++) {
       dt_placements_format(ch.out[k], mesh_nd, NULL, b, sizeof b);
       printf("output %d: %s %s shape [", k, b, dt_dtype_name(ch.out_meta[k].dtype));

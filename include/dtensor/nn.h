@@ -84,7 +84,10 @@ DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t to
 /* Forward FLOPs per token (matmuls and attention), for throughput and MFU. */
 DT_API double dt_llama_flops_per_token(const dt_llama_config_t* cfg);
 
-/* ---- AdamW on local shards, fp32 master weights ------------------------------------------- */
+/* ---- AdamW on local shards, fp32 master weights -------------------------------------------
+ * Each step runs the adamw op per parameter (so any backend runs it); a gradient whose
+ * placements differ from its parameter's is redistributed to them first (a Partial gradient is
+ * reduced on the way in). */
 typedef struct dt_adamw_config {
   double lr, beta1, beta2, eps, weight_decay;
   int bf16_moments; /* store m and v as bf16 (math in f32) */
@@ -94,13 +97,22 @@ typedef struct dt_adamw* dt_adamw_t;
 DT_API dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
                                    dt_adamw_t* out);
 /* One step with learning rate lr (the schedule's value); parameters without a gradient are
- * skipped. Norm weights (1-dim parameters) get no weight decay. */
+ * skipped (their step counts stay, as in PyTorch). Norm weights (1-dim parameters) get no weight
+ * decay. Collective over the parameters' meshes. */
 DT_API dt_status_t dt_adamw_step(dt_adamw_t opt, double lr);
+/* The state of parameter i (in the order given to dt_adamw_create), borrowed until
+ * dt_adamw_destroy; any output may be NULL: the first and second moments (the parameter's mesh,
+ * shape and placements; f32, or bf16 with bf16_moments) and its step count (a 0-d i64 tensor,
+ * Replicate). They are the optimizer's state itself: a checkpoint reads them with
+ * dt_tensor_full and restores them with dt_tensor_redistribute_into. */
+DT_API dt_status_t dt_adamw_state(dt_adamw_t opt, int i, dt_tensor_t* exp_avg,
+                                  dt_tensor_t* exp_avg_sq, dt_tensor_t* step);
 DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);
 
 /* Total L2 norm of the gradients over every placement (a replicated gradient counted once), with
- * one all-reduce over the mesh; scales gradients so the norm is at most max_norm (<= 0: no
- * scaling). *norm gets the norm before scaling. */
+ * one all-reduce over the mesh (sumsq op per gradient, one Partial scalar); scales gradients in
+ * place (scale_ op) so the norm is at most max_norm (<= 0: no scaling). *norm gets the norm
+ * before scaling. Partial gradients are an error (reduce them first). */
 DT_API dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm);
 
 /* Linear warmup to lr_max over `warmup` steps, then cosine decay to lr_min at `total`. */

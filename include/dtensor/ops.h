@@ -34,10 +34,18 @@ extern "C" {
  *   shape:      view / reshape (iargs: the shape, one -1 allowed), flatten (iargs [start, end]),
  *               unflatten (iargs [dim, sizes...]), squeeze ([] or [dim]), unsqueeze ([dim]),
  *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end(,
- *               step)], Python semantics), narrow ([dim, start, length]), cat (1 to 4 inputs,
+ *               step)], Python semantics), narrow ([dim, start, length]), cat (1 to 8 inputs,
  *               iargs [dim])
  *   indexing:   topk (iargs [k, dim(, largest)]; two outputs: use dt_op_run_multi),
  *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim])
+ *   optimizer:  sumsq (the sum of squares, accumulated in double, as a 0-d f32 tensor: Partial
+ *               over the mesh dims that shard x), and two in-place ops that return nothing
+ *               (dt_op_run_multi with n_outputs 0): adamw (param f32, grad f32, exp_avg,
+ *               exp_avg_sq (f32 or bf16), step (0-d i64); fargs [lr, beta1, beta2, eps,
+ *               weight_decay]: increments step and updates param and both moments), scale_ (x;
+ *               fargs [alpha]: x *= alpha). An input an op updates in place never moves: the
+ *               others are redistributed to its placements (a Partial grad is reduced on the way
+ *               in), and it must not share memory with another input.
  * bf16/f16 tensors are stored as such and computed in f32 (converted on load and store).
  * Views: view, reshape, flatten, unflatten, squeeze and unsqueeze return a tensor that shares its
  * input's storage (no copy; writes through either are seen by both; the storage lives until the
@@ -51,7 +59,8 @@ extern "C" {
 DT_API dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,
                              int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
                              dt_tensor_t* out);
-/* The same for ops with several outputs (topk: values, indices); n_outputs must match the op. */
+/* The same for ops with several outputs (topk: values, indices) or none (the in-place adamw and
+ * scale_: outs may be NULL); n_outputs must match the op. */
 DT_API dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
                                    int n_iargs, const int64_t* iargs, int n_fargs,
                                    const double* fargs, int n_outputs, dt_tensor_t* outs);
@@ -78,6 +87,7 @@ typedef struct dt_op_desc {
   int has_backward;  /* dt_ag_op can record it */
   int composite;     /* built from other ops (no kernel of its own) */
   int host;          /* registered (or replaced) by the host program */
+  unsigned in_place; /* bit i: input i is updated in place (adamw, scale_; then no outputs) */
 } dt_op_desc_t;
 
 typedef struct dt_op_arg_desc {

@@ -18,10 +18,10 @@
 extern "C" {
 #endif
 
-#define DT_OP_MAX_INPUTS 4
+#define DT_OP_MAX_INPUTS 8
 #define DT_OP_MAX_OUTPUTS 3
 #define DT_OP_MAX_IARGS 8
-#define DT_OP_MAX_FARGS 4
+#define DT_OP_MAX_FARGS 8
 #define DT_OP_MAX_RULES 64
 #define DT_OP_NAME_MAX 32
 

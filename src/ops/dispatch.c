@@ -40,9 +40,10 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
   if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_inputs %d out of range [1, %d]", name, n_inputs,
                    DT_OP_MAX_INPUTS);
-  if (n_outputs < 1 || n_outputs > DT_OP_MAX_OUTPUTS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs %d out of range [1, %d]", name, n_outputs,
-                   DT_OP_MAX_OUTPUTS);
+  int lo = (info->flags & DT_OPF_WRITES_MASK) ? 0 : 1; /* in-place ops return nothing */
+  if (n_outputs < lo || n_outputs > DT_OP_MAX_OUTPUTS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs %d out of range [%d, %d]", name, n_outputs,
+                   lo, DT_OP_MAX_OUTPUTS);
   if (n_iargs < 0 || n_iargs > DT_OP_MAX_IARGS || n_fargs < 0 || n_fargs > DT_OP_MAX_FARGS ||
       (n_iargs > 0 && iargs == NULL) || (n_fargs > 0 && fargs == NULL))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: bad argument counts or NULL argument arrays", name);
@@ -72,7 +73,7 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
 dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_iargs,
                          const int64_t* iargs, int n_fargs, const double* fargs, int n_outputs,
                          dt_tensor_t* outs, dt_tensor_t* saved) {
-  DT_ARG_NOT_NULL(outs);
+  if (n_outputs > 0) DT_ARG_NOT_NULL(outs);
   for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
   if (saved) *saved = NULL;
   dt__progress_all(); /* redistributions in flight advance whenever the library is entered */
@@ -98,6 +99,13 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   int builtin = (info->flags & DT_OPF_WRITES_ALL) != 0;
   if (info->rules != NULL && info->kernel[DT_DEVICE_HOST] == NULL && kernel == NULL)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s has a sharding strategy but no local kernel", name);
+  /* an input updated in place must not share memory with any other input */
+  const unsigned writes = info->flags & DT_OPF_WRITES_MASK;
+  for (int t = 0; t < n_inputs && writes; t++)
+    for (int u = 0; u < n_inputs && (writes & DT_OPF_WRITES_IN(t)); u++)
+      if (u != t && dt__tensor_overlap(inputs[t], inputs[u]))
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d is updated in place and shares memory "
+                       "with input %d", name, t, u);
   dt_op_choice_t ch;
   DT_CHECK(dt__op_select(mesh, id, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch));
   if (ch.n_outputs != n_outputs)
@@ -168,7 +176,8 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
       goto done;
     }
     unsigned kf = ((info->flags & DT_OPF_ANY_DTYPE) ? DT_KERNEL_ANY_DTYPE : 0u) |
-                  ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u);
+                  ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u) |
+                  (writes ? DT_KERNEL_INPLACE : 0u);
     DT_CHECK_GOTO(b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs), st,
                   done);
   }
@@ -185,7 +194,7 @@ done:
 dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
                             int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
                             int n_outputs, dt_tensor_t* outs) {
-  DT_ARG_NOT_NULL(outs);
+  if (n_outputs > 0) DT_ARG_NOT_NULL(outs);
   for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
   DT_ARG_NOT_NULL(name);
   int id;

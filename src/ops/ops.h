@@ -78,6 +78,10 @@ DT__KERNEL(dt__kernel_rotary);
 DT__KERNEL(dt__kernel_topk);
 DT__KERNEL(dt__kernel_gather);
 DT__KERNEL(dt__kernel_scatter_add);
+/* kernels_optim.c */
+DT__KERNEL(dt__kernel_adamw);
+DT__KERNEL(dt__kernel_scale_);
+DT__KERNEL(dt__kernel_sumsq);
 DT__KERNEL(dt__kernel_dropout);
 /* kernels_grad.c */
 DT__KERNEL(dt__kernel_act_grad);

@@ -40,6 +40,12 @@ enum {
   DT_OPF_CUT = 1u << 6,        /* slice/narrow: the output aliases the input's storage when its
                                   local elements are one contiguous run */
 };
+/* In-place ops (the optimizer's update, gradient scaling) write some of their inputs: bit 16 + i
+ * marks input i. Such an input never moves (candidates that would move it are dropped, so its
+ * placements must be what the op computes from), must not share storage with another input, and
+ * the op is DT_OPF_NO_GRAD and DT_OPF_ANY_DTYPE (its kernel writes the storage it is given). */
+#define DT_OPF_WRITES_IN(i) (1u << (16 + (i)))
+#define DT_OPF_WRITES_MASK (0xffu << 16)
 
 /* The context a backward rule sees: the forward's inputs and outputs (values), which inputs need
  * a gradient, the arguments and what the forward saved. */
@@ -103,5 +109,9 @@ int dt__op_find(const char* name);
 dt_status_t dt__op_resolve(const char* name, int* id);
 /* Parsed argument schema of op `id` (at most DT_OP_MAX_IARGS + DT_OP_MAX_FARGS entries). */
 dt_status_t dt__op_schema(int id, const dt_op_arg_t** args, int* n);
+/* Scalar argument k of a call of built-in op `id` (counting scalars only): the given value, else
+ * the schema's default (NaN when it has none). Rules and kernels read defaults this way, so the
+ * schema is their one source. */
+double dt__op_farg(int id, const dt_op_call_t* call, int k);
 
 #endif

@@ -10,7 +10,8 @@
  * - the rule generator and check live in src/strategy, the backward rule and the kernel in
  *   src/ops (this list only names them); NULL where the op has none: a backward rule is NULL only
  *   with DT_OPF_NO_GRAD, rules and kernel only for a composite (built from other ops);
- * - flags: DT_OPF_* of op.h (W writes all, A any dtype, R recompute, N no gradient, V variadic).
+ * - flags: DT_OPF_* of op.h (W writes all, A any dtype, R recompute, N no gradient, V variadic,
+ *   I in place: DT_OPF_WRITES_IN(i) names the inputs it updates; such ops have no outputs).
  * Keep the ids in this order: new ops go at the end of their group, and dt__op_table's
  * _Static_assert on DT_OP_COUNT makes a reviewer look at the docs and tests too.
  */
@@ -23,6 +24,7 @@
 #define DT__WN (DT_OPF_WRITES_ALL | DT_OPF_NO_GRAD)
 #define DT__VIEW (DT__WRA | DT_OPF_VIEW)
 #define DT__CUT (DT__WRA | DT_OPF_CUT)
+#define DT__I (DT_OPF_NO_GRAD | DT_OPF_ANY_DTYPE)
 
 /* clang-format off */
 #define DT_OP_LIST(X)                                                                                    \
@@ -136,6 +138,14 @@
     dt__kernel_embedding_grad, NULL)                                                                     \
   X(SDPA_GRAD, "sdpa_grad", 4, 3, "causal=0, layout=0, scale:f?", dt__sdpa_grad_rules, dt__sdpa_check,   \
     NULL, DT__WN, dt__kernel_sdpa_grad, NULL)                                                            \
+  /* in-place updates (the optimizer, gradient clipping) */                                              \
+  X(ADAMW, "adamw", 5, 0, "lr:f, beta1:f=0.9, beta2:f=0.999, eps:f=1e-8, weight_decay:f=0",            \
+    dt__adamw_rules, NULL, NULL,                                                                         \
+    DT__I | DT_OPF_WRITES_IN(0) | DT_OPF_WRITES_IN(2) | DT_OPF_WRITES_IN(3) | DT_OPF_WRITES_IN(4),       \
+    dt__kernel_adamw, NULL)                                                                              \
+  X(SCALE_, "scale_", 1, 0, "alpha:f", dt__scale_rules, NULL, NULL, DT__I | DT_OPF_WRITES_IN(0),         \
+    dt__kernel_scale_, NULL)                                                                             \
+  X(SUMSQ, "sumsq", 1, 1, "", dt__sumsq_rules, NULL, NULL, DT__WN, dt__kernel_sumsq, NULL)                \
   /* composites: forward built from other ops */                                                         \
   X(CROSS_ENTROPY, "cross_entropy", 2, 1, "reduction=1", NULL, NULL, dt__bw_cross_entropy, 0, NULL,      \
     dt__cross_entropy_fwd)                                                                               \

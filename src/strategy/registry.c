@@ -181,6 +181,16 @@ dt_status_t dt__op_schema(int id, const dt_op_arg_t** args, int* n) {
   return DT_SUCCESS;
 }
 
+double dt__op_farg(int id, const dt_op_call_t* call, int k) {
+  if (k < call->n_fargs) return call->fargs[k];
+  const dt_op_arg_t* a;
+  int n;
+  if (dt__op_schema(id, &a, &n) != DT_SUCCESS) return NAN;
+  for (int j = 0, f = 0; j < n; j++)
+    if (a[j].kind == DT_ARG_FLOAT && f++ == k) return a[j].has_default ? a[j].def : NAN;
+  return NAN;
+}
+
 /* Writes "[keepdim=0, dim...]"-style text of the integer or scalar part of a schema. */
 static void dt__schema_text(const dt_op_arg_t* a, int n, int floats, char* buf, size_t cap) {
   size_t used = 0;
@@ -276,6 +286,7 @@ dt_status_t dt_op_describe(const char* name, dt_op_desc_t* out) {
   out->name = in->name;
   out->n_inputs = in->n_in;
   out->variadic = (in->flags & DT_OPF_VARIADIC) != 0;
+  out->in_place = (in->flags & DT_OPF_WRITES_MASK) >> 16;
   out->n_outputs = in->n_out;
   out->n_args = n;
   out->has_backward = in->backward != NULL;

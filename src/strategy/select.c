@@ -177,7 +177,8 @@ static dt_status_t dt__expand(dt_mesh_t mesh, int id, const dt_op_call_t* call,
   memset(&c, 0, sizeof c);
   int nr = 0;
   DT_CHECK(fn(call, c.out_meta, &c.n_outputs, rules, DT_OP_MAX_RULES, &nr));
-  if (nr < 1 || c.n_outputs < 1 || c.n_outputs > DT_OP_MAX_OUTPUTS)
+  const unsigned writes = info->flags & DT_OPF_WRITES_MASK;
+  if (nr < 1 || c.n_outputs < (writes ? 0 : 1) || c.n_outputs > DT_OP_MAX_OUTPUTS)
     return DT_FAIL(DT_ERR_INTERNAL, "%s: generator returned %d rules, %d outputs", call->op, nr,
                    c.n_outputs);
   const int m = mesh->ndim;
@@ -224,11 +225,14 @@ static dt_status_t dt__expand(dt_mesh_t mesh, int id, const dt_op_call_t* call,
       }
     }
     if (ok && check != NULL) ok = check(mesh, call, &c);
-    /* Reachable at all? (a new Partial from a Shard is not) */
+    /* Reachable at all? (a new Partial from a Shard is not); an input updated in place
+     * cannot move at all */
     int same = 1;
     for (int t = 0; t < call->n_inputs && ok; t++) {
-      ok = dt__plan_reachable(&in_l[t], c.in[t]);
-      for (int i = 0; i < m; i++) same &= dt_placement_equal(in_l[t].pl[i], c.in[t][i]);
+      int st_same = 1;
+      for (int i = 0; i < m; i++) st_same &= dt_placement_equal(in_l[t].pl[i], c.in[t][i]);
+      ok = (writes & DT_OPF_WRITES_IN(t)) ? st_same : dt__plan_reachable(&in_l[t], c.in[t]);
+      same &= st_same;
     }
     if (!ok) continue;
     (*total)++;
@@ -293,8 +297,14 @@ dt_status_t dt__op_select(dt_mesh_t mesh, int id, const dt_op_call_t* call,
   b.bound = INFINITY;
   int total = 0;
   DT_CHECK(dt__expand(mesh, id, call, in_pl, 1, &b.bound, dt__visit_best, &b, &total));
-  if (!b.have)
+  if (!b.have) {
+    const dt_op_info_t* info = dt__op_info(id);
+    if (info && (info->flags & DT_OPF_WRITES_MASK))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: no strategy computes from these placements without "
+                     "moving an input it updates in place (those must already be placed alike)",
+                     call->op);
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: no candidate strategy fits these inputs", call->op);
+  }
   *out = b.best;
   out->n_candidates = total;
   if (keyed) dt__prop_insert(&key, out);

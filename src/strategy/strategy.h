@@ -58,6 +58,9 @@ DT__RULES(dt__act_grad_rules);
 DT__RULES(dt__norm_grad_rules);
 DT__RULES(dt__embedding_grad_rules);
 DT__RULES(dt__sdpa_grad_rules);
+DT__RULES(dt__adamw_rules);
+DT__RULES(dt__scale_rules);
+DT__RULES(dt__sumsq_rules);
 #undef DT__RULES
 
 /* Per-mesh checks named by the op table. */

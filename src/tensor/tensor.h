@@ -52,7 +52,9 @@ dt_status_t dt__tensor_clone(dt_tensor_t t, dt_tensor_t* out);
 size_t dt__tensor_nbytes(dt_tensor_t t);
 /* The backend of a tensor's data (the mesh's for a meta tensor). */
 dt_backend_t dt__tensor_backend(dt_tensor_t t);
-/* 1 when the local shards of a and b share bytes of memory (views, or borrowed buffers). */
+/* 1 when a and b may share memory: the same tensor, or views of one storage object at the same
+ * offset (both answers are the same on every rank), or local shards that share bytes (views, or
+ * borrowed buffers; a rank holding an empty shard cannot see this case). */
 int dt__tensor_overlap(dt_tensor_t a, dt_tensor_t b);
 
 #endif

@@ -10,6 +10,9 @@
  * L = sum(output * r), must be bit-identical: both backends run the same math, so any difference
  * is memory the guarded backend poisoned (an unwritten output element, a read after free) or
  * a write it caught. After every case dt_backend_verify must find every guard intact.
+ * In-place ops (adamw, scale_) run the same way and compare every input afterwards; the inputs
+ * they update share one sampled placement (a 0-d input stays Replicate), the others are sampled
+ * freely (a Partial gradient is reduced on the way in).
  */
 #include <math.h>
 #include <string.h>
@@ -27,12 +30,13 @@ typedef struct {
   int64_t hi[FX_MAXT]; /* integer inputs: values in [0, hi) */
   int nia, nfa;
   int64_t iargs[8];
-  double fargs[4];
+  double fargs[8];
   int redistribute; /* iargs: one encoded S(0) placement per mesh dim, filled per mesh */
 } gen_case_t;
 
 #define F DT_F32
 #define L DT_I64
+#define B DT_BF16
 /* inputs for the ops the fixtures do not cover */
 static const gen_case_t kGen[] = {
     {"mm_t", 2, {F, F}, {2, 2}, {{6, 5}, {6, 4}}, {0}, 0, 0, {0}, {0}, 0},
@@ -55,9 +59,16 @@ static const gen_case_t kGen[] = {
     {"cross_entropy", 2, {F, L}, {2, 1}, {{6, 5}, {6}}, {0, 5}, 1, 0, {1}, {0}, 0},
     {"cross_entropy", 2, {F, L}, {2, 1}, {{6, 5}, {6}}, {0, 5}, 1, 0, {2}, {0}, 0},
     {"redistribute", 1, {F}, {2}, {{7, 4}}, {0}, 0, 0, {0}, {0}, 1},
+    {"sumsq", 1, {F}, {2}, {{7, 4}}, {0}, 0, 0, {0}, {0}, 0},
+    {"scale_", 1, {F}, {2}, {{7, 4}}, {0}, 0, 1, {0}, {-0.75}, 0},
+    {"adamw", 5, {F, F, F, F, L}, {2, 2, 2, 2, 0}, {{5, 6}, {5, 6}, {5, 6}, {5, 6}, {0}},
+     {0, 0, 0, 0, 4}, 0, 5, {0}, {1e-2, 0.9, 0.999, 1e-8, 0.1}, 0},
+    {"adamw", 5, {F, F, B, B, L}, {2, 2, 2, 2, 0}, {{5, 6}, {5, 6}, {5, 6}, {5, 6}, {0}},
+     {0, 0, 0, 0, 4}, 0, 5, {0}, {1e-2, 0.9, 0.95, 1e-6, 0.0}, 0},
 };
 #undef F
 #undef L
+#undef B
 
 static int g_rank;
 static dt_backend_t g_cpu, g_guard;
@@ -85,6 +96,7 @@ static void gen_tensor(const gen_case_t* g, int t, int k, fx_tensor_t* x) {
   for (int64_t i = 0; i < x->numel; i++) {
     int64_t h = (i * 37 + t * 11 + k * 5) % 23;
     x->data[i] = x->dtype == DT_I64 ? (double)(h % g->hi[t]) : (double)(h % 9 - 4) * 0.125 + 0.0625;
+    if (strcmp(g->op, "adamw") == 0 && t == 3) x->data[i] = fabs(x->data[i]); /* exp_avg_sq */
   }
 }
 
@@ -144,7 +156,7 @@ static void run_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin, const 
     DT_ASSERT_TRUE(st == DT_SUCCESS, "%s on the %s backend (combo %d): %s", op,
                    b ? "guarded" : "cpu", combo, dt_last_error());
   }
-  char what[32];
+  char what[64];
   for (int o = 0; o < nout; o++) {
     snprintf(what, sizeof what, "output %d", o);
     same(dt_var_value(outs[0][o]), dt_var_value(outs[1][o]), what, op, combo);
@@ -200,12 +212,46 @@ static void run_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin, const 
                  dt_last_error());
 }
 
+/* An in-place op on both backends: every input compared afterwards. 0 when the op refused the
+ * placements (the same way on both). */
+static int run_inplace_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin,
+                            const fx_tensor_t* in, void* const* packed,
+                            dt_placement_t pl[][DT_MAX_MESH_DIMS], int nia, const int64_t* iargs,
+                            int nfa, const double* fargs, int combo) {
+  dt_mesh_t meshes[2] = {mc, mg};
+  dt_tensor_t x[2][FX_MAXT];
+  dt_status_t st[2];
+  for (int b = 0; b < 2; b++) {
+    for (int t = 0; t < nin; t++)
+      DT_ASSERT_OK(dt_tensor_from_full(meshes[b], in[t].dtype, in[t].ndim, in[t].shape, pl[t],
+                                       packed[t], &x[b][t]));
+    st[b] = dt_op_run_multi(op, nin, x[b], nia, iargs, nfa, fargs, 0, NULL);
+  }
+  DT_ASSERT_TRUE(st[0] == st[1], "%s (combo %d): cpu says %s, guarded %s", op, combo,
+                 dt_status_name(st[0]), dt_status_name(st[1]));
+  DT_ASSERT_TRUE(st[0] == DT_SUCCESS || st[0] == DT_ERR_INVALID_ARG, "%s (combo %d): %s", op,
+                 combo, dt_last_error());
+  char what[64];
+  for (int t = 0; t < nin && st[0] == DT_SUCCESS; t++) {
+    snprintf(what, sizeof what, "input %d after the update", t);
+    same(x[0][t], x[1][t], what, op, combo);
+    g_outputs++;
+  }
+  for (int b = 0; b < 2; b++)
+    for (int t = 0; t < nin; t++) DT_ASSERT_OK(dt_tensor_destroy(x[b][t]));
+  int64_t n_err = 0;
+  dt_status_t vs = dt_backend_verify(g_guard, &n_err);
+  DT_ASSERT_TRUE(vs == DT_SUCCESS && n_err == 0, "%s (combo %d): guard damage: %s", op, combo,
+                 dt_last_error());
+  return st[0] == DT_SUCCESS;
+}
+
 /* Runs a case on a mesh pair: all-R and SAMPLES pseudo-random placement combinations. */
 static void run_case(const char* op, int nin, const fx_tensor_t* in, int nia, const int64_t* iargs,
                      int nfa, const double* fargs, dt_mesh_t mc, dt_mesh_t mg, int m) {
   dt_op_desc_t d;
   DT_ASSERT_OK(dt_op_describe(op, &d));
-  int nout = d.n_outputs, grad = d.has_backward;
+  int nout = d.n_outputs, grad = d.has_backward, ran = 0;
   void* packed[FX_MAXT];
   for (int t = 0; t < nin; t++) packed[t] = fx_pack(&in[t]);
   long long total = 1;
@@ -226,8 +272,17 @@ static void run_case(const char* op, int nin, const fx_tensor_t* in, int nia, co
         pl[t][i] = fx_option(&in[t], (int)(v % k));
         v /= k;
       }
+    if (d.in_place) { /* the updated inputs take input 0's placements (0-d ones: R) */
+      for (int t = 1; t < nin; t++)
+        for (int i = 0; i < m && (d.in_place & (1u << t)); i++)
+          pl[t][i] = in[t].ndim == 0 ? dt_replicate() : pl[0][i];
+      ran += run_inplace_pair(mc, mg, op, nin, in, packed, pl, nia, iargs, nfa, fargs,
+                              (int)combo);
+      continue;
+    }
     run_pair(mc, mg, op, nin, in, packed, pl, nia, iargs, nfa, fargs, nout, grad, (int)combo);
   }
+  DT_ASSERT_TRUE(!d.in_place || ran > 0, "%s: every sampled placement was refused", op);
   for (int t = 0; t < nin; t++) free(packed[t]);
   seen(op);
 }
@@ -254,7 +309,7 @@ int main(int argc, char** argv) {
       const cJSON* ji = cJSON_GetObjectItem(c, "inputs");
       int nin = cJSON_GetArraySize(ji), nia, nfa;
       int64_t iargs[8];
-      double fargs[4];
+      double fargs[8];
       fx_args(c, &nia, iargs, &nfa, fargs);
       fx_tensor_t in[FX_MAXT];
       for (int t = 0; t < nin; t++) fx_load_tensor(cJSON_GetArrayItem(ji, t), &in[t]);

@@ -36,11 +36,21 @@ static void test_complete(void** state) {
     } else {
       assert_non_null(in->rules);
       assert_non_null(in->kernel[DT_DEVICE_HOST]);
-      assert_true(in->flags & DT_OPF_WRITES_ALL); /* every built-in kernel writes all outputs */
+    }
+    unsigned writes = (in->flags & DT_OPF_WRITES_MASK) >> 16;
+    if (writes) { /* in place: no outputs, no gradient, the kernel takes its dtypes as they are */
+      assert_int_equal(in->n_out, 0);
+      assert_true(in->flags & DT_OPF_NO_GRAD);
+      assert_true(in->flags & DT_OPF_ANY_DTYPE);
+      assert_true(writes < (1u << in->n_in));
+      assert_null(in->composite);
+    } else {
+      assert_true(in->n_out >= 1 && in->n_out <= DT_OP_MAX_OUTPUTS);
+      if (in->composite == NULL) /* every built-in kernel writes all outputs */
+        assert_true(in->flags & DT_OPF_WRITES_ALL);
     }
     assert_true((in->backward != NULL) != ((in->flags & DT_OPF_NO_GRAD) != 0));
     assert_true(in->n_in >= 1 && in->n_in <= DT_OP_MAX_INPUTS);
-    assert_true(in->n_out >= 1 && in->n_out <= DT_OP_MAX_OUTPUTS);
     const dt_op_arg_t* a;
     int na;
     assert_int_equal(dt__op_schema(id, &a, &na), DT_SUCCESS);
@@ -62,6 +72,7 @@ static void test_complete(void** state) {
     assert_int_equal(d.has_backward, dt_ag_has_backward(in->name));
     assert_int_equal(d.composite, in->composite != NULL);
     assert_int_equal(d.host, 0);
+    assert_int_equal(d.in_place, writes);
     const char* nm;
     assert_int_equal(dt_op_name_at(id, &nm), DT_SUCCESS);
     assert_string_equal(nm, in->name);
@@ -77,6 +88,10 @@ static void test_complete(void** state) {
   assert_true(d.composite && d.has_backward && d.n_inputs == 2);
   assert_int_equal(dt_op_describe("cat", &d), DT_SUCCESS);
   assert_true(d.variadic && d.n_inputs == DT_OP_MAX_INPUTS);
+  assert_int_equal(dt_op_describe("adamw", &d), DT_SUCCESS);
+  assert_true(d.n_inputs == 5 && d.n_outputs == 0 && d.in_place == 0x1d && !d.has_backward);
+  assert_int_equal(dt_op_describe("scale_", &d), DT_SUCCESS);
+  assert_true(d.n_inputs == 1 && d.n_outputs == 0 && d.in_place == 0x1);
   assert_int_equal(dt_op_describe("sdpa_grad", &d), DT_SUCCESS);
   assert_true(!d.has_backward && d.n_outputs == 3);
   assert_int_equal(dt_op_describe("topk", &d), DT_SUCCESS);

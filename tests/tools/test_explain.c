@@ -379,6 +379,37 @@ static void test_named_args_and_listing(void** state) {
   free(out);
 }
 
+/* in-place ops: the inputs they update, the gradient reduced on the way in, a mismatch refused */
+static void test_in_place(void** state) {
+  (void)state;
+  int status;
+  const char* common = "op adamw --mesh 2 --shape 8x4 --shape 8x4 --shape 8x4 --shape 8x4 "
+                       "--shape scalar --dtype f32 --dtype f32 --dtype f32 --dtype f32 "
+                       "--dtype i64 --arg lr=0.1 --json";
+  char args[512];
+  snprintf(args, sizeof args, "%s --in S0 --in P --in S0 --in S0 --in R", common);
+  char* out = run(args, &status);
+  assert_int_equal(status, 0);
+  cJSON* o = cJSON_Parse(out);
+  assert_non_null(o);
+  assert_null(cJSON_GetObjectItem(o, "output"));
+  cJSON* up = cJSON_GetObjectItem(o, "in_place");
+  assert_int_equal(cJSON_GetArraySize(up), 4);
+  assert_int_equal(cJSON_GetArrayItem(up, 1)->valueint, 2);
+  cJSON* g = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "redistribute"), 1);
+  cJSON* st = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "steps"), 0);
+  assert_string_equal(cJSON_GetObjectItem(st, "collective")->valuestring, "reduce_scatter");
+  cJSON_Delete(o);
+  free(out);
+  snprintf(args, sizeof args, "%s --in S0 --in P --in R --in S0 --in R", common);
+  out = run(args, &status);
+  assert_int_not_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_non_null(strstr(cJSON_GetObjectItem(o, "error")->valuestring, "in place"));
+  cJSON_Delete(o);
+  free(out);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_explain PATH_TO_DTENSOR_EXPLAIN\n");
@@ -389,6 +420,6 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_json_plans), cmocka_unit_test(test_example_json_shape),
       cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output),
       cmocka_unit_test(test_op_json), cmocka_unit_test(test_op_shape_and_multi_output),
-      cmocka_unit_test(test_named_args_and_listing)};
+      cmocka_unit_test(test_named_args_and_listing), cmocka_unit_test(test_in_place)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
