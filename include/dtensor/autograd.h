@@ -16,6 +16,18 @@
  * With grad mode off (dt_grad_set_enabled(0)) dt_ag_op runs the op and records nothing.
  * Every op of the registry that has a backward rule can be recorded; dt_ag_op on an op without
  * one fails with DT_ERR_UNSUPPORTED when an input requires a gradient.
+ *
+ * Control for code built on top (data parallelism, sharded parameters, overlap):
+ *  - a leaf can keep its gradient as it comes (DT_GRAD_AS_IS: e.g. Partial, accumulated that way
+ *    across passes) and reduce it later (dt_var_reduce_grad), and can have a hook called as soon
+ *    as a backward pass has finished its gradient (dt_var_set_grad_hook);
+ *  - hooks around a span of recorded nodes fire when the backward pass enters and leaves it
+ *    (dt_tape_add_span_hooks; the modules of dtensor/module.h use them);
+ *  - any recorded variable can be freed now and recomputed by rerunning the op that produced it
+ *    when it is needed again (dt_tape_drop, dt_tape_restore): a parameter gathered for the
+ *    forward is freed after it and gathered again in the backward.
+ * Hooks run with grad mode off, may run ops and collectives (every rank reaches them in the same
+ * order, the graph being the same), and a hook's failure stops the pass with its status.
  */
 #ifndef DTENSOR_AUTOGRAD_H
 #define DTENSOR_AUTOGRAD_H
@@ -50,12 +62,32 @@ DT_API dt_status_t dt_var_zero_grad(dt_var_t v);
 /* Replaces a leaf's value (same shape, dtype and placements: an optimizer step). */
 DT_API dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value);
 
+/* How a leaf keeps the gradients that arrive: DT_GRAD_TO_PLACEMENTS (the default) brings each to
+ * the leaf's placements at once (a Partial gradient of a replicated parameter all-reduced, of a
+ * sharded one reduce-scattered); DT_GRAD_AS_IS keeps it as the backward pass produced it and adds
+ * later ones in whatever placements the add takes, across passes too (DDP's no_sync, bucketing,
+ * FSDP's own reduce-scatter), until dt_var_reduce_grad. */
+typedef enum dt_grad_mode { DT_GRAD_TO_PLACEMENTS = 0, DT_GRAD_AS_IS = 1 } dt_grad_mode_t;
+DT_API dt_status_t dt_var_set_grad_mode(dt_var_t v, dt_grad_mode_t mode);
+/* Brings a leaf's gradient to `placements` (one per mesh dim; NULL: the value's placements).
+ * Collective over the mesh; no-op without a gradient. */
+DT_API dt_status_t dt_var_reduce_grad(dt_var_t v, const dt_placement_t* placements);
+/* Replaces a leaf's gradient (ownership passes to the variable; NULL clears it): same mesh,
+ * shape and dtype as the value, any placements. With dt_var_grad and
+ * dt_tensor_redistribute_async, a caller reduces gradients asynchronously. */
+DT_API dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad);
+/* Called when a backward pass has finished a leaf's gradient for that pass: after the last node
+ * (in backward order) that feeds it, whether or not later passes add more. fn NULL removes it. */
+typedef dt_status_t (*dt_grad_hook_fn)(dt_var_t v, void* ctx);
+DT_API dt_status_t dt_var_set_grad_hook(dt_var_t v, dt_grad_hook_fn fn, void* ctx);
+
 /* Thread-wide grad mode (default on). */
 DT_API void dt_grad_set_enabled(int enabled);
 DT_API int dt_grad_enabled(void);
 
 /* Runs op `name` on the inputs' values (as dt_op_run_multi) and records it on the tape when grad
- * mode is on and an input requires a gradient. Outputs are tape-owned variables. */
+ * mode is on and an input requires a gradient. Outputs are tape-owned variables; `outs` may be
+ * the `inputs` array. */
 DT_API dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_var_t* inputs,
                             int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
                             int n_outputs, dt_var_t* outs);
@@ -89,6 +121,24 @@ DT_API dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t
 /* Bytes (this rank) freed by checkpointing since the last reset, and ops recomputed. */
 DT_API dt_status_t dt_tape_checkpoint_stats(dt_tape_t tape, int64_t* saved_nbytes,
                                             int64_t* recomputed);
+
+/* ---- hooks and per-variable recompute ---- */
+typedef dt_status_t (*dt_tape_hook_fn)(dt_tape_t tape, void* ctx);
+/* Hooks around the recorded nodes [first, end) (indices as dt_tape_stats's n_nodes before and
+ * after recording them): during dt_tape_backward `pre` runs before the first of them the pass
+ * runs (the last recorded one that receives a gradient), `post` once the pass has gone below
+ * `first`. Where several spans start or end together, pre hooks run outer span first and post
+ * hooks inner span first. Neither runs when no gradient reaches the span. Cleared by
+ * dt_tape_reset. */
+DT_API dt_status_t dt_tape_add_span_hooks(dt_tape_t tape, int64_t first, int64_t end,
+                                          dt_tape_hook_fn pre, dt_tape_hook_fn post, void* ctx);
+/* Frees the value of a variable recorded on this tape (the output of a recorded op) now; when the
+ * backward pass, or a later op, needs it, the op that produced it runs again on its inputs (a
+ * redistribution: the collective again). The result is bit for bit the same. */
+DT_API dt_status_t dt_tape_drop(dt_tape_t tape, dt_var_t v);
+/* Recomputes a dropped value now (e.g. ahead of need, from a pre-backward hook); no-op when it is
+ * present. */
+DT_API dt_status_t dt_tape_restore(dt_tape_t tape, dt_var_t v);
 
 /* Whether op `name` has a backward rule. */
 DT_API int dt_ag_has_backward(const char* name);

@@ -16,6 +16,7 @@
 #include "dtensor/strategy.h"
 #include "dtensor/ops.h"
 #include "dtensor/autograd.h"
+#include "dtensor/module.h"
 #include "dtensor/nn.h"
 
 #endif /* DTENSOR_DTENSOR_H */

@@ -16,6 +16,7 @@
 #define DTENSOR_NN_H
 
 #include "dtensor/autograd.h"
+#include "dtensor/module.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,7 +74,12 @@ typedef struct dt_llama* dt_llama_t;
 DT_API dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg, const char* plan,
                                    dt_llama_t* out);
 DT_API dt_status_t dt_llama_destroy(dt_llama_t m);
-/* The parameters (borrowed), their names, and the total parameter count. */
+/* The model's module tree (borrowed; see the parameter names above): "tok_emb", "layers" with one
+ * child per block ("layers.3"; children attn_norm, the attention, ffn_norm, the MLP or MoE),
+ * "norm", "output". Wrappers hook or replace parameters in it; dt_llama_forward runs it. */
+DT_API dt_status_t dt_llama_module(dt_llama_t m, dt_module_t* root);
+/* The parameters (borrowed until the next call), their qualified names, and the total parameter
+ * count (of the original model: replaced parameters keep their global shapes). */
 DT_API dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names,
                                    int* n, int64_t* numel);
 /* Mean next-token cross-entropy of tokens (B, S) i64 against targets (B, S) i64, both replicated

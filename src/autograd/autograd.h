@@ -16,8 +16,21 @@ struct dt_var {
   int requires_grad;
   int leaf; /* user-owned; otherwise freed by dt_tape_reset */
   struct dt__node* creator; /* the recorded node that produced it (NULL: leaf or constant) */
-  int dropped;              /* value freed by checkpointing; recomputed on demand */
+  int dropped;              /* value freed by checkpointing or dt_tape_drop; recomputed on demand */
+  dt_grad_mode_t grad_mode; /* leaves: how arriving gradients are kept */
+  dt_grad_hook_fn hook;     /* leaves: called once the pass has finished the gradient */
+  void* hook_ctx;
+  int64_t ready_at; /* during a backward pass: the node after which the gradient is complete */
+  int touched;      /* during a backward pass: a gradient arrived */
 };
+
+/* Hooks around a span of recorded nodes (dt_tape_add_span_hooks). */
+typedef struct dt__span {
+  int64_t first, end;
+  dt_tape_hook_fn pre, post;
+  void* ctx;
+  int state; /* during a backward pass: 0 not reached, 1 pre fired, 2 post fired */
+} dt__span_t;
 
 /* One recorded op application. */
 typedef struct dt__node {

@@ -19,6 +19,8 @@ struct dt_tape {
   dt_ckpt_policy_fn policy;
   void* policy_ctx;
   int64_t saved_nbytes, recomputed;
+  dt__span_t* spans; /* hooks around spans of nodes */
+  int64_t n_spans, cap_spans;
 };
 
 int dt_ckpt_policy_default(const char* op, void* ctx) {
@@ -36,6 +38,14 @@ dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, voi
   return DT_SUCCESS;
 }
 
+/* Frees a recorded value; it comes back through dt__ensure_value. */
+static void dt__var_drop(dt_tape_t tape, dt_var_t v) {
+  tape->saved_nbytes += v->value->local_numel * (int64_t)dt__itemsize(v->value->dtype);
+  dt_tensor_destroy(v->value);
+  v->value = NULL;
+  v->dropped = 1;
+}
+
 dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep) {
   DT_ARG_NOT_NULL(tape);
   if (n_keep > 0) DT_ARG_NOT_NULL(keep);
@@ -46,10 +56,7 @@ dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep)
     int kept = 0;
     for (int k = 0; k < n_keep; k++) kept |= keep[k] == v;
     if (kept || tape->policy(dt__op_info(v->creator->op)->name, tape->policy_ctx)) continue;
-    tape->saved_nbytes += v->value->local_numel * (int64_t)dt__itemsize(v->value->dtype);
-    dt_tensor_destroy(v->value);
-    v->value = NULL;
-    v->dropped = 1;
+    dt__var_drop(tape, v);
   }
   return DT_SUCCESS;
 }
@@ -116,6 +123,7 @@ dt_status_t dt_tape_reset(dt_tape_t tape) {
   tape->n_nodes = 0;
   for (int64_t i = 0; i < tape->n_owned; i++) dt__var_free(tape->owned[i]);
   tape->n_owned = 0;
+  tape->n_spans = 0;
   tape->saved_nbytes = 0;
   tape->recomputed = 0;
   return DT_SUCCESS;
@@ -126,6 +134,7 @@ dt_status_t dt_tape_destroy(dt_tape_t tape) {
   dt_tape_reset(tape);
   dt__free(tape->nodes);
   dt__free(tape->owned);
+  dt__free(tape->spans);
   dt__free(tape);
   return DT_SUCCESS;
 }
@@ -322,11 +331,14 @@ dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_va
                      int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
                      int n_outputs, dt_var_t* outs) {
   DT_ARG_NOT_NULL(outs);
-  for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
-  DT_ARG_NOT_NULL(tape);
   DT_ARG_NOT_NULL(inputs);
   if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range", n_inputs);
+  dt_var_t in[DT_OP_MAX_INPUTS]; /* first: outs may be the inputs' array */
+  memcpy(in, inputs, sizeof(dt_var_t) * (size_t)n_inputs);
+  inputs = in;
+  for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
+  DT_ARG_NOT_NULL(tape);
   if (n_outputs < 1 || n_outputs > DT_OP_MAX_OUTPUTS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "n_outputs %d out of range", n_outputs);
   int id;
@@ -390,8 +402,10 @@ static dt_status_t dt__to_placements(dt_tensor_t* g, const dt_placement_t* want)
  * leaf's gradient in place must not change another's, as PyTorch's AccumulateGrad). */
 static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
   dt_status_t st = DT_SUCCESS;
+  int reduce = v->leaf && v->grad_mode == DT_GRAD_TO_PLACEMENTS;
+  v->touched = 1;
   if (v->leaf) {
-    st = dt__to_placements(&g, v->value->layout.pl);
+    if (reduce) st = dt__to_placements(&g, v->value->layout.pl);
     if (st == DT_SUCCESS && v->grad == NULL && dt__tensor_shared(g)) {
       dt_tensor_t c;
       st = dt__tensor_clone(g, &c);
@@ -413,13 +427,52 @@ static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
   st = dt__op_apply(DT_OP_ADD, 2, in, 0, NULL, 0, NULL, 1, &sum, NULL);
   dt_tensor_destroy(g);
   if (st != DT_SUCCESS) return st;
-  if (v->leaf) st = dt__to_placements(&sum, v->value->layout.pl);
+  if (reduce) st = dt__to_placements(&sum, v->value->layout.pl);
   if (st != DT_SUCCESS) {
     dt_tensor_destroy(sum);
     return st;
   }
   dt_tensor_destroy(v->grad);
   v->grad = sum;
+  return DT_SUCCESS;
+}
+
+/* After node k: the hooks of the leaves whose gradient it completed (once each). */
+static dt_status_t dt__leaf_hooks(dt__node_t* n, int64_t k) {
+  for (int t = 0; t < n->n_in; t++) {
+    dt_var_t v = n->in[t];
+    if (!v->leaf || v->hook == NULL || v->ready_at != k) continue;
+    v->ready_at = -1;
+    if (v->touched) DT_CHECK(v->hook(v, v->hook_ctx));
+  }
+  return DT_SUCCESS;
+}
+
+/* Before node k (k = -1: after the last): post hooks of the spans the pass has left, inner span
+ * first; then, when node k runs (`runs`), pre hooks of the spans it enters, outer span first. */
+static dt_status_t dt__spans_fire(dt_tape_t tape, int64_t k, int runs) {
+  for (;;) { /* post: the smallest span left */
+    int64_t best = -1;
+    for (int64_t s = 0; s < tape->n_spans; s++) {
+      dt__span_t* p = &tape->spans[s];
+      if (p->state != 1 || k >= p->first) continue;
+      if (best < 0 || p->end - p->first < tape->spans[best].end - tape->spans[best].first) best = s;
+    }
+    if (best < 0) break;
+    tape->spans[best].state = 2;
+    if (tape->spans[best].post) DT_CHECK(tape->spans[best].post(tape, tape->spans[best].ctx));
+  }
+  while (runs) { /* pre: the largest span entered */
+    int64_t best = -1;
+    for (int64_t s = 0; s < tape->n_spans; s++) {
+      dt__span_t* p = &tape->spans[s];
+      if (p->state != 0 || k < p->first || k >= p->end) continue;
+      if (best < 0 || p->end - p->first > tape->spans[best].end - tape->spans[best].first) best = s;
+    }
+    if (best < 0) break;
+    tape->spans[best].state = 1;
+    if (tape->spans[best].pre) DT_CHECK(tape->spans[best].pre(tape, tape->spans[best].ctx));
+  }
   return DT_SUCCESS;
 }
 
@@ -439,9 +492,19 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
   DT_CHECK(dt_tensor_full_value(lv->mesh, lv->dtype, 0, NULL, rep, 1.0, &seed));
   DT_CHECK(dt__accumulate(loss, seed));
   int prev = dt__grad_off;
-  dt__grad_off = 1; /* backward computations are not recorded */
+  dt__grad_off = 1; /* backward computations (and hooks) are not recorded */
   dt_status_t st = DT_SUCCESS;
-  for (int64_t k = tape->n_nodes - 1; k >= 0; k--) {
+  /* hooked leaves: their gradient is complete after the lowest node that feeds them */
+  for (int64_t k = tape->n_nodes - 1; k >= 0; k--)
+    for (int t = 0; t < tape->nodes[k]->n_in; t++) {
+      dt_var_t v = tape->nodes[k]->in[t];
+      if (v->leaf && v->hook) {
+        v->ready_at = k;
+        v->touched = 0;
+      }
+    }
+  for (int64_t s = 0; s < tape->n_spans; s++) tape->spans[s].state = 0;
+  for (int64_t k = tape->n_nodes - 1; k >= 0 && st == DT_SUCCESS; k--) {
     dt__node_t* n = tape->nodes[k];
     dt_tensor_t gout[DT_OP_MAX_OUTPUTS] = {NULL}, gin[DT_OP_MAX_INPUTS] = {NULL};
     int any = 0;
@@ -449,7 +512,12 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
       gout[o] = n->out[o]->grad;
       any |= gout[o] != NULL;
     }
-    if (!any) continue;
+    st = dt__spans_fire(tape, k, any);
+    if (st != DT_SUCCESS) break;
+    if (!any) {
+      st = dt__leaf_hooks(n, k);
+      continue;
+    }
     for (int t = 0; t < n->n_in && st == DT_SUCCESS; t++) st = dt__ensure_value(tape, n->in[t]);
     for (int o = 0; o < n->n_out && st == DT_SUCCESS; o++) st = dt__ensure_value(tape, n->out[o]);
     if (st != DT_SUCCESS) break;
@@ -494,7 +562,9 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
       }
     }
     if (st != DT_SUCCESS) break;
+    st = dt__leaf_hooks(n, k);
   }
+  if (st == DT_SUCCESS) st = dt__spans_fire(tape, -1, 0); /* every post hook still due */
   dt__grad_off = prev;
   /* no gradient of an intermediate (the loss included) outlives the pass: a later backward on
    * the same tape starts from its own loss only */
@@ -502,5 +572,99 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
     dt_tensor_destroy(tape->owned[i]->grad);
     tape->owned[i]->grad = NULL;
   }
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * control for code built on top: gradient modes and hooks, span hooks, drop and restore */
+
+static dt_status_t dt__leaf_check(dt_var_t v, const char* what) {
+  DT_CHECK(dt__var_check(v));
+  if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "%s: only a leaf variable has one", what);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_var_set_grad_mode(dt_var_t v, dt_grad_mode_t mode) {
+  DT_CHECK(dt__leaf_check(v, "gradient mode"));
+  if (mode != DT_GRAD_TO_PLACEMENTS && mode != DT_GRAD_AS_IS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "gradient mode %d is not a dt_grad_mode_t", (int)mode);
+  v->grad_mode = mode;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_var_set_grad_hook(dt_var_t v, dt_grad_hook_fn fn, void* ctx) {
+  DT_CHECK(dt__leaf_check(v, "gradient hook"));
+  v->hook = fn;
+  v->hook_ctx = fn ? ctx : NULL;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_var_reduce_grad(dt_var_t v, const dt_placement_t* placements) {
+  DT_CHECK(dt__leaf_check(v, "reduce_grad"));
+  if (v->grad == NULL) return DT_SUCCESS;
+  dt_placement_t want[DT_MAX_MESH_DIMS];
+  int nd = v->grad->mesh->ndim;
+  for (int i = 0; i < nd; i++) {
+    want[i] = placements ? placements[i] : v->value->layout.pl[i];
+    if (dt_placement_normalize(&want[i], v->grad->layout.ndim) != DT_SUCCESS)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "reduce_grad: placement %d does not fit a %d-dim "
+                     "gradient", i, v->grad->layout.ndim);
+  }
+  /* on failure the gradient stays valid (as it was, or already Replicate on the way to a
+   * Partial target): same values */
+  return dt__to_placements(&v->grad, want);
+}
+
+dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad) {
+  DT_CHECK(dt__leaf_check(v, "set_grad"));
+  if (grad != NULL) {
+    DT_CHECK(dt__tensor_check(grad, "grad"));
+    dt_tensor_t x = v->value;
+    if (grad->mesh != x->mesh || grad->dtype != x->dtype || grad->layout.ndim != x->layout.ndim ||
+        memcmp(grad->layout.shape, x->layout.shape, sizeof(int64_t) * (size_t)x->layout.ndim))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "set_grad: the gradient's mesh, dtype and shape must be "
+                     "the value's");
+    if (grad == v->grad) return DT_SUCCESS;
+  }
+  dt_tensor_destroy(v->grad);
+  v->grad = grad;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_add_span_hooks(dt_tape_t tape, int64_t first, int64_t end,
+                                   dt_tape_hook_fn pre, dt_tape_hook_fn post, void* ctx) {
+  DT_ARG_NOT_NULL(tape);
+  if (first < 0 || end < first || end > tape->n_nodes)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "span [%lld, %lld) outside the %lld recorded nodes",
+                   (long long)first, (long long)end, (long long)tape->n_nodes);
+  if (pre == NULL && post == NULL) return DT_SUCCESS;
+  if (tape->n_spans == tape->cap_spans) {
+    int64_t cap = tape->cap_spans ? 2 * tape->cap_spans : 16;
+    dt__span_t* p = (dt__span_t*)dt__realloc(tape->spans, sizeof(dt__span_t) * (size_t)cap);
+    if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "span hooks");
+    tape->spans = p;
+    tape->cap_spans = cap;
+  }
+  tape->spans[tape->n_spans++] = (dt__span_t){first, end, pre, post, ctx, 0};
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_drop(dt_tape_t tape, dt_var_t v) {
+  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__var_check(v));
+  if (v->creator == NULL)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_tape_drop: only the output of a recorded op can be "
+                   "recomputed (not a leaf, a constant or an unrecorded result)");
+  if (!v->dropped) dt__var_drop(tape, v);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_restore(dt_tape_t tape, dt_var_t v) {
+  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__var_check(v));
+  int prev = dt__grad_off;
+  dt__grad_off = 1;
+  dt_status_t st = dt__ensure_value(tape, v);
+  dt__grad_off = prev;
   return st;
 }

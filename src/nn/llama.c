@@ -1,7 +1,14 @@
-/* llama.c - a Llama-style decoder built from the modules of modules.c: token embedding, blocks of RMSNorm ->
- * causal grouped-query attention with rotary embeddings -> residual -> RMSNorm -> SwiGLU MLP or a
- * top-k mixture of SwiGLU experts -> residual, a final RMSNorm and the output projection, mean
- * cross-entropy. Uses only the public API; parameters are placed by the user's plan. */
+/* llama.c - a Llama-style decoder as a tree of modules (dtensor/module.h): token embedding,
+ * blocks of RMSNorm -> causal grouped-query attention with rotary embeddings -> residual ->
+ * RMSNorm -> SwiGLU MLP or a top-k mixture of SwiGLU experts -> residual, a final RMSNorm and the
+ * output projection, mean cross-entropy. Each piece's forward is one of the functions of
+ * modules.c. Uses only the public API; parameters are placed by the user's plan.
+ *
+ * Tree (unnamed modules keep their parameters' names flat):
+ *   "" root: tok_emb | layers: 0 .. L-1 | norm | output
+ *   block "i": attn_norm | "" attention (wq wk wv wo) | ffn_norm | "" mlp (w1 w3 w2)
+ *                                                          or "" moe (router | experts: 0.. E-1)
+ */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,25 +18,18 @@
 #include "dtensor/nn.h"
 #include "dtensor/check.h"
 
-#define DT_PARAM_NAME_MAX 96
-
-typedef struct {
-  dt_var_t attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3, router;
-  dt_var_t* ew1; /* per expert */
-  dt_var_t* ew2;
-  dt_var_t* ew3;
-} dt__layer_t;
+#define DT_PARAM_NAME_MAX 128
 
 struct dt_llama {
   dt_llama_config_t cfg;
   dt_mesh_t mesh;
-  dt__layer_t* layers;
-  dt_var_t tok_emb, norm, output;
+  dt_module_t root;
+  int64_t numel;
+  /* the dt_llama_params view, rebuilt on each call (a wrapper may replace parameters) */
   int n_params, cap_params;
   dt_var_t* params;
   char (*names)[DT_PARAM_NAME_MAX];
   const char** name_ptrs;
-  int64_t numel;
 };
 
 void dt_llama_config_defaults(dt_llama_config_t* c) {
@@ -41,27 +41,249 @@ void dt_llama_config_defaults(dt_llama_config_t* c) {
   if (c->aux_loss_coef <= 0 && c->n_experts > 0) c->aux_loss_coef = 0.01;
 }
 
-/* kind 0: N(0, std); 1: ones */
-static dt_status_t dt__param(dt_llama_t m, const char* plan, const char* name, int nd,
-                             const int64_t* shape, int kind, double std, dt_var_t* out) {
-  if (m->n_params == m->cap_params) {
-    int cap = m->cap_params ? 2 * m->cap_params : 64;
-    dt_var_t* pv = realloc(m->params, sizeof(dt_var_t) * (size_t)cap);
-    if (pv == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parameter table");
-    m->params = pv;
-    char(*nv)[DT_PARAM_NAME_MAX] = realloc(m->names, sizeof *nv * (size_t)cap);
-    if (nv == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parameter table");
-    m->names = nv;
-    m->cap_params = cap;
+/* ---------------------------------------------------------------------------------------------
+ * the modules' forward functions (ctx: the model) */
+
+static const dt_llama_config_t* dt__cfg(dt_module_t m) {
+  return &((struct dt_llama*)dt_module_ctx(m))->cfg;
+}
+
+static dt_status_t dt__fwd_embedding(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                     int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  return dt_nn_embedding(tape, dt_module_get(m, ""), in[0], &out[0]);
+}
+
+static dt_status_t dt__fwd_rms_norm(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                    int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  return dt_nn_rms_norm(tape, in[0], dt_module_get(m, ""), dt__cfg(m)->norm_eps, &out[0]);
+}
+
+static dt_status_t dt__fwd_attention(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                     int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  const dt_llama_config_t* c = dt__cfg(m);
+  return dt_nn_attention(tape, in[0], dt_module_get(m, "wq"), dt_module_get(m, "wk"),
+                         dt_module_get(m, "wv"), dt_module_get(m, "wo"), c->n_heads,
+                         c->n_kv_heads, c->rope_theta, &out[0]);
+}
+
+static dt_status_t dt__fwd_mlp(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                               int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  return dt_nn_swiglu(tape, in[0], dt_module_get(m, "w1"), dt_module_get(m, "w3"),
+                      dt_module_get(m, "w2"), &out[0]);
+}
+
+/* (B, S, D) -> (ff (B, S, D), aux) */
+static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                               int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  const dt_llama_config_t* c = dt__cfg(m);
+  int E = c->n_experts;
+  int64_t bsd[DT_MAX_DIMS];
+  DT_CHECK(dt_tensor_shape(dt_var_value(in[0]), bsd));
+  const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
+  dt_var_t w[3][64];
+  if (E > 64) return DT_FAIL(DT_ERR_UNSUPPORTED, "moe: at most 64 experts");
+  dt_module_t experts;
+  DT_CHECK(dt_module_find(m, "experts", &experts));
+  for (int e = 0; e < E; e++) {
+    char nm[32];
+    static const char* const kW[3] = {"w1", "w3", "w2"};
+    for (int k = 0; k < 3; k++) {
+      snprintf(nm, sizeof nm, "%d.%s", e, kW[k]);
+      DT_CHECK(dt_module_param(experts, nm, &w[k][e]));
+    }
   }
-  DT_CHECK(dt_nn_param(m->mesh, plan, name, nd, shape, kind ? DT_INIT_ONES : DT_INIT_NORMAL, std,
-                       m->cfg.seed, out));
+  dt_var_t x2, f2;
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &x2));
+  DT_CHECK(dt_nn_moe(tape, x2, dt_module_get(m, "router"), E, w[0], w[1], w[2], c->top_k,
+                     c->aux_loss_coef, &f2, &out[1]));
+  return dt_ag_op(tape, "reshape", 1, &f2, 3, bsd, 0, NULL, 1, &out[0]);
+}
+
+/* (h, aux so far or NULL) -> (h, aux so far or NULL). Children in order: attn_norm, attention,
+ * ffn_norm, mlp or moe. */
+static dt_status_t dt__fwd_block(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                 int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  dt_module_t attn_norm, attn, ffn_norm, mlp;
+  DT_CHECK(dt_module_child(m, 0, &attn_norm));
+  DT_CHECK(dt_module_child(m, 1, &attn));
+  DT_CHECK(dt_module_child(m, 2, &ffn_norm));
+  DT_CHECK(dt_module_child(m, 3, &mlp));
+  dt_var_t h = in[0], aux_total = in[1], a, o, h2, mm, ff[2] = {NULL, NULL};
+  DT_CHECK(dt_module_forward(attn_norm, tape, 1, &h, 1, &a));
+  DT_CHECK(dt_module_forward(attn, tape, 1, &a, 1, &o));
+  dt_var_t ho[2] = {h, o};
+  DT_CHECK(dt_ag_op(tape, "add", 2, ho, 0, NULL, 0, NULL, 1, &h2));
+  DT_CHECK(dt_module_forward(ffn_norm, tape, 1, &h2, 1, &mm));
+  int moe = dt__cfg(m)->n_experts > 0;
+  DT_CHECK(dt_module_forward(mlp, tape, 1, &mm, moe ? 2 : 1, ff));
+  if (moe) {
+    if (aux_total == NULL) {
+      aux_total = ff[1];
+    } else {
+      dt_var_t at[2] = {aux_total, ff[1]};
+      DT_CHECK(dt_ag_op(tape, "add", 2, at, 0, NULL, 0, NULL, 1, &aux_total));
+    }
+  }
+  dt_var_t hf[2] = {h2, ff[0]};
+  DT_CHECK(dt_ag_op(tape, "add", 2, hf, 0, NULL, 0, NULL, 1, &out[0]));
+  out[1] = aux_total;
+  /* block boundary: with a checkpoint policy, cheap intermediates are dropped here */
+  dt_var_t keep[2] = {out[0], aux_total};
+  return dt_tape_checkpoint(tape, aux_total ? 2 : 1, keep);
+}
+
+static dt_status_t dt__fwd_output(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                  int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  return dt_nn_linear(tape, in[0], dt_module_get(m, ""), NULL, &out[0]);
+}
+
+/* (tokens (B, S), targets (N)) -> (loss, aux or NULL) */
+static dt_status_t dt__fwd_llama(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                 int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  const dt_llama_config_t* c = dt__cfg(m);
+  dt_module_t emb, layers, norm, output;
+  DT_CHECK(dt_module_find(m, "tok_emb", &emb));
+  DT_CHECK(dt_module_find(m, "layers", &layers));
+  DT_CHECK(dt_module_find(m, "norm", &norm));
+  DT_CHECK(dt_module_find(m, "output", &output));
+  dt_var_t h, aux = NULL;
+  DT_CHECK(dt_module_forward(emb, tape, 1, &in[0], 1, &h)); /* (B, S, D) */
+  for (int l = 0; l < c->n_layers; l++) {
+    dt_module_t block;
+    DT_CHECK(dt_module_child(layers, l, &block));
+    dt_var_t io[2] = {h, aux};
+    DT_CHECK(dt_module_forward(block, tape, 2, io, 2, io));
+    h = io[0];
+    aux = io[1];
+  }
+  int64_t bsd[DT_MAX_DIMS];
+  DT_CHECK(dt_tensor_shape(dt_var_value(h), bsd));
+  const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
+  dt_var_t n, n2, logits, ce;
+  DT_CHECK(dt_module_forward(norm, tape, 1, &h, 1, &n));
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
+  DT_CHECK(dt_module_forward(output, tape, 1, &n2, 1, &logits));
+  DT_CHECK(dt_ag_cross_entropy(tape, logits, in[1], &ce));
+  out[1] = aux;
+  if (aux == NULL) {
+    out[0] = ce;
+    return DT_SUCCESS;
+  }
+  dt_var_t ca[2] = {ce, aux};
+  return dt_ag_op(tape, "add", 2, ca, 0, NULL, 0, NULL, 1, &out[0]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * construction */
+
+/* A module under `parent` (NULL: none) with `forward`; *out borrowed (the parent owns it). */
+static dt_status_t dt__module(dt_llama_t m, dt_module_t parent, const char* name,
+                              dt_module_forward_fn forward, dt_module_t* out) {
+  DT_CHECK(dt_module_create(name, forward, m, out));
+  dt_status_t st = dt_module_add_child(parent, *out);
+  if (st != DT_SUCCESS) dt_module_destroy(*out);
+  return st;
+}
+
+/* A parameter `local` of module `mod`, initialized and placed under its full name (kind 0:
+ * N(0, std); 1: ones). */
+static dt_status_t dt__param(dt_llama_t m, const char* plan, dt_module_t mod, const char* local,
+                             const char* full, int nd, const int64_t* shape, int kind, double std) {
+  dt_var_t v;
+  DT_CHECK(dt_nn_param(m->mesh, plan, full, nd, shape, kind ? DT_INIT_ONES : DT_INIT_NORMAL, std,
+                       m->cfg.seed, &v));
+  dt_status_t st = dt_module_add_param(mod, local, v);
+  if (st != DT_SUCCESS) {
+    dt_var_destroy(v);
+    return st;
+  }
   int64_t n = 1;
   for (int d = 0; d < nd; d++) n *= shape[d];
   m->numel += n;
-  snprintf(m->names[m->n_params], DT_PARAM_NAME_MAX, "%s", name);
-  m->params[m->n_params++] = *out;
   return DT_SUCCESS;
+}
+
+/* A one-parameter module (the parameter unnamed, so it carries the module's path). */
+static dt_status_t dt__leaf_module(dt_llama_t m, const char* plan, dt_module_t parent,
+                                   const char* name, const char* full,
+                                   dt_module_forward_fn forward, int nd, const int64_t* shape,
+                                   int kind, double std) {
+  dt_module_t mod;
+  DT_CHECK(dt__module(m, parent, name, forward, &mod));
+  return dt__param(m, plan, mod, "", full, nd, shape, kind, std);
+}
+
+static dt_status_t dt__build(dt_llama_t m, const char* plan) {
+  const dt_llama_config_t* c = &m->cfg;
+  int D = c->dim, Dh = c->dim / c->n_heads, H = c->n_heads, G = c->n_kv_heads, F = c->ffn_dim,
+      V = c->vocab, E = c->n_experts;
+  double std = 0.02, ostd = 0.02 / sqrt(2.0 * c->n_layers);
+  const int64_t emb[2] = {V, D}, vecD[1] = {D}, sq[2] = {(int64_t)H * Dh, D},
+                skv[2] = {(int64_t)G * Dh, D}, so[2] = {D, (int64_t)H * Dh}, s1[2] = {F, D},
+                s2[2] = {D, F}, sr[2] = {E, D};
+  DT_CHECK(dt_module_create("", dt__fwd_llama, m, &m->root));
+  DT_CHECK(dt__leaf_module(m, plan, m->root, "tok_emb", "tok_emb", dt__fwd_embedding, 2, emb, 0,
+                           std));
+  dt_module_t layers;
+  DT_CHECK(dt__module(m, m->root, "layers", NULL, &layers));
+  char nm[DT_PARAM_NAME_MAX], blk[16];
+  for (int l = 0; l < c->n_layers; l++) {
+    dt_module_t block, attn, mlp;
+    snprintf(blk, sizeof blk, "%d", l);
+    DT_CHECK(dt__module(m, layers, blk, dt__fwd_block, &block));
+#define DT__FULL(suffix) (snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix), nm)
+    DT_CHECK(dt__leaf_module(m, plan, block, "attn_norm", DT__FULL("attn_norm"), dt__fwd_rms_norm,
+                             1, vecD, 1, 0.0));
+    DT_CHECK(dt__module(m, block, "", dt__fwd_attention, &attn));
+    DT_CHECK(dt__param(m, plan, attn, "wq", DT__FULL("wq"), 2, sq, 0, std));
+    DT_CHECK(dt__param(m, plan, attn, "wk", DT__FULL("wk"), 2, skv, 0, std));
+    DT_CHECK(dt__param(m, plan, attn, "wv", DT__FULL("wv"), 2, skv, 0, std));
+    DT_CHECK(dt__param(m, plan, attn, "wo", DT__FULL("wo"), 2, so, 0, ostd));
+    DT_CHECK(dt__leaf_module(m, plan, block, "ffn_norm", DT__FULL("ffn_norm"), dt__fwd_rms_norm,
+                             1, vecD, 1, 0.0));
+    if (E == 0) {
+      DT_CHECK(dt__module(m, block, "", dt__fwd_mlp, &mlp));
+      DT_CHECK(dt__param(m, plan, mlp, "w1", DT__FULL("w1"), 2, s1, 0, std));
+      DT_CHECK(dt__param(m, plan, mlp, "w3", DT__FULL("w3"), 2, s1, 0, std));
+      DT_CHECK(dt__param(m, plan, mlp, "w2", DT__FULL("w2"), 2, s2, 0, ostd));
+    } else {
+      dt_module_t experts;
+      DT_CHECK(dt__module(m, block, "", dt__fwd_moe, &mlp));
+      DT_CHECK(dt__param(m, plan, mlp, "router", DT__FULL("router"), 2, sr, 0, std));
+      DT_CHECK(dt__module(m, mlp, "experts", NULL, &experts));
+      for (int e = 0; e < E; e++) {
+        dt_module_t ex;
+        char en[16], s[48];
+        snprintf(en, sizeof en, "%d", e);
+        DT_CHECK(dt__module(m, experts, en, NULL, &ex));
+        snprintf(s, sizeof s, "experts.%d.w1", e);
+        DT_CHECK(dt__param(m, plan, ex, "w1", DT__FULL(s), 2, s1, 0, std));
+        snprintf(s, sizeof s, "experts.%d.w3", e);
+        DT_CHECK(dt__param(m, plan, ex, "w3", DT__FULL(s), 2, s1, 0, std));
+        snprintf(s, sizeof s, "experts.%d.w2", e);
+        DT_CHECK(dt__param(m, plan, ex, "w2", DT__FULL(s), 2, s2, 0, ostd));
+      }
+    }
+#undef DT__FULL
+  }
+  DT_CHECK(dt__leaf_module(m, plan, m->root, "norm", "norm", dt__fwd_rms_norm, 1, vecD, 1, 0.0));
+  return dt__leaf_module(m, plan, m->root, "output", "output", dt__fwd_output, 2, emb, 0, std);
 }
 
 dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, const char* plan,
@@ -73,72 +295,17 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
   dt_llama_config_defaults(&cfg);
   if (cfg.dim <= 0 || cfg.n_layers <= 0 || cfg.n_heads <= 0 || cfg.vocab <= 0 ||
       cfg.seq_len <= 0 || cfg.dim % cfg.n_heads != 0 || cfg.n_heads % cfg.n_kv_heads != 0 ||
-      (cfg.dim / cfg.n_heads) % 2 != 0 || cfg.n_experts < 0 ||
+      (cfg.dim / cfg.n_heads) % 2 != 0 || cfg.n_experts < 0 || cfg.n_experts > 64 ||
       (cfg.n_experts > 0 && (cfg.top_k < 1 || cfg.top_k > cfg.n_experts)))
     return DT_FAIL(DT_ERR_INVALID_ARG,
                    "llama config: need dim, layers, heads, vocab, seq_len > 0; dim a multiple of "
-                   "heads with an even head dim; heads a multiple of kv heads; 1 <= top_k <= "
-                   "experts");
+                   "heads with an even head dim; heads a multiple of kv heads; at most 64 "
+                   "experts; 1 <= top_k <= experts");
   dt_llama_t m = calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the model");
   m->cfg = cfg;
   m->mesh = mesh;
-  dt_status_t st = DT_SUCCESS;
-  int D = cfg.dim, Dh = cfg.dim / cfg.n_heads, H = cfg.n_heads, G = cfg.n_kv_heads,
-      F = cfg.ffn_dim, V = cfg.vocab, E = cfg.n_experts;
-  double std = 0.02, ostd = 0.02 / sqrt(2.0 * cfg.n_layers);
-  m->layers = calloc((size_t)cfg.n_layers, sizeof(dt__layer_t));
-  if (m->layers == NULL) {
-    free(m);
-    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the layers");
-  }
-  char nm[DT_PARAM_NAME_MAX];
-  const int64_t emb[2] = {V, D}, vecD[1] = {D};
-  st = dt__param(m, plan, "tok_emb", 2, emb, 0, std, &m->tok_emb);
-  for (int l = 0; l < cfg.n_layers && st == DT_SUCCESS; l++) {
-    dt__layer_t* L = &m->layers[l];
-    const int64_t sq[2] = {(int64_t)H * Dh, D}, skv[2] = {(int64_t)G * Dh, D},
-                  so[2] = {D, (int64_t)H * Dh}, s1[2] = {F, D}, s2[2] = {D, F}, sr[2] = {E, D};
-#define DT__PARAM(field, suffix, nd, shape, kind, sd)                                  \
-  if (st == DT_SUCCESS) {                                                      \
-    snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix);                        \
-    st = dt__param(m, plan, nm, nd, shape, kind, sd, &L->field);               \
-  }
-    DT__PARAM(attn_norm, "attn_norm", 1, vecD, 1, 0.0)
-    DT__PARAM(wq, "wq", 2, sq, 0, std)
-    DT__PARAM(wk, "wk", 2, skv, 0, std)
-    DT__PARAM(wv, "wv", 2, skv, 0, std)
-    DT__PARAM(wo, "wo", 2, so, 0, ostd)
-    DT__PARAM(ffn_norm, "ffn_norm", 1, vecD, 1, 0.0)
-    if (E == 0) {
-      DT__PARAM(w1, "w1", 2, s1, 0, std)
-      DT__PARAM(w3, "w3", 2, s1, 0, std)
-      DT__PARAM(w2, "w2", 2, s2, 0, ostd)
-    } else {
-      DT__PARAM(router, "router", 2, sr, 0, std)
-      L->ew1 = calloc((size_t)E, sizeof(dt_var_t));
-      L->ew2 = calloc((size_t)E, sizeof(dt_var_t));
-      L->ew3 = calloc((size_t)E, sizeof(dt_var_t));
-      if (!L->ew1 || !L->ew2 || !L->ew3) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "experts");
-      for (int e = 0; e < E && st == DT_SUCCESS; e++) {
-        char s[48];
-        snprintf(s, sizeof s, "experts.%d.w1", e);
-        DT__PARAM(ew1[e], s, 2, s1, 0, std)
-        snprintf(s, sizeof s, "experts.%d.w3", e);
-        DT__PARAM(ew3[e], s, 2, s1, 0, std)
-        snprintf(s, sizeof s, "experts.%d.w2", e);
-        DT__PARAM(ew2[e], s, 2, s2, 0, ostd)
-      }
-    }
-#undef DT__PARAM
-  }
-  if (st == DT_SUCCESS) st = dt__param(m, plan, "norm", 1, vecD, 1, 0.0, &m->norm);
-  if (st == DT_SUCCESS) st = dt__param(m, plan, "output", 2, emb, 0, std, &m->output);
-  if (st == DT_SUCCESS) {
-    m->name_ptrs = malloc(sizeof(char*) * (size_t)m->n_params);
-    if (m->name_ptrs == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "names");
-    for (int i = 0; st == DT_SUCCESS && i < m->n_params; i++) m->name_ptrs[i] = m->names[i];
-  }
+  dt_status_t st = dt__build(m, plan);
   if (st != DT_SUCCESS) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", dt_last_error());
@@ -151,13 +318,7 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
 
 dt_status_t dt_llama_destroy(dt_llama_t m) {
   if (m == NULL) return DT_SUCCESS;
-  for (int i = 0; i < m->n_params; i++) dt_var_destroy(m->params[i]);
-  for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
-    free(m->layers[l].ew1);
-    free(m->layers[l].ew2);
-    free(m->layers[l].ew3);
-  }
-  free(m->layers);
+  dt_module_destroy(m->root);
   free(m->params);
   free(m->names);
   free(m->name_ptrs);
@@ -165,9 +326,40 @@ dt_status_t dt_llama_destroy(dt_llama_t m) {
   return DT_SUCCESS;
 }
 
+dt_status_t dt_llama_module(dt_llama_t m, dt_module_t* root) {
+  DT_ARG_NOT_NULL(root);
+  *root = NULL;
+  DT_ARG_NOT_NULL(m);
+  *root = m->root;
+  return DT_SUCCESS;
+}
+
+static int dt__collect(const char* name, dt_var_t p, void* ctx) {
+  dt_llama_t m = ctx;
+  if (m->n_params == m->cap_params) return 1; /* counted beforehand: cannot happen */
+  snprintf(m->names[m->n_params], DT_PARAM_NAME_MAX, "%s", name);
+  m->params[m->n_params++] = p;
+  return 0;
+}
+
 dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names, int* n,
                             int64_t* numel) {
   DT_ARG_NOT_NULL(m);
+  int count;
+  DT_CHECK(dt_module_num_params(m->root, &count));
+  if (count > m->cap_params) {
+    dt_var_t* pv = realloc(m->params, sizeof(dt_var_t) * (size_t)count);
+    if (pv) m->params = pv;
+    char(*nv)[DT_PARAM_NAME_MAX] = realloc(m->names, sizeof *nv * (size_t)count);
+    if (nv) m->names = nv;
+    const char** np = realloc(m->name_ptrs, sizeof(char*) * (size_t)count);
+    if (np) m->name_ptrs = np;
+    if (!pv || !nv || !np) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parameter table");
+    m->cap_params = count;
+  }
+  m->n_params = 0;
+  DT_CHECK(dt_module_for_each_param(m->root, dt__collect, m));
+  for (int i = 0; i < m->n_params; i++) m->name_ptrs[i] = m->names[i];
   if (params) *params = m->params;
   if (names) *names = m->name_ptrs;
   if (n) *n = m->n_params;
@@ -202,8 +394,7 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
   DT_CHECK(dt_tensor_shape(tokens, ts));
   if (nd != 2 || ts[1] > c->seq_len)
     return DT_FAIL(DT_ERR_INVALID_ARG, "tokens must be (B, S) with S <= seq_len %d", c->seq_len);
-  int64_t B = ts[0], S = ts[1], N = B * S;
-  int D = c->dim;
+  int64_t N = ts[0] * ts[1];
   /* the tape keeps its own copies of the ids (the backward pass needs them) */
   dt_tensor_t tok_copy, tgt_copy;
   const int64_t flat[1] = {N};
@@ -213,73 +404,32 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
     dt_tensor_destroy(tok_copy);
     return st0;
   }
-  dt_var_t tok, tgt;
-  st0 = dt_tape_constant(tape, tok_copy, &tok);
+  dt_var_t io[2];
+  st0 = dt_tape_constant(tape, tok_copy, &io[0]);
   if (st0 != DT_SUCCESS) {
     dt_tensor_destroy(tok_copy);
     dt_tensor_destroy(tgt_copy);
     return st0;
   }
-  st0 = dt_tape_constant(tape, tgt_copy, &tgt);
+  st0 = dt_tape_constant(tape, tgt_copy, &io[1]);
   if (st0 != DT_SUCCESS) {
     dt_tensor_destroy(tgt_copy);
     return st0;
   }
-  dt_var_t h, aux_total = NULL;
-  DT_CHECK(dt_nn_embedding(tape, m->tok_emb, tok, &h)); /* (B, S, D) */
-  const int64_t nd2[2] = {N, D};
-  for (int l = 0; l < c->n_layers; l++) {
-    const dt__layer_t* L = &m->layers[l];
-    dt_var_t a, o, h2, mm, ff;
-    DT_CHECK(dt_nn_rms_norm(tape, h, L->attn_norm, c->norm_eps, &a));
-    DT_CHECK(dt_nn_attention(tape, a, L->wq, L->wk, L->wv, L->wo, c->n_heads, c->n_kv_heads,
-                             c->rope_theta, &o));
-    dt_var_t ho[2] = {h, o};
-    DT_CHECK(dt_ag_op(tape, "add", 2, ho, 0, NULL, 0, NULL, 1, &h2));
-    DT_CHECK(dt_nn_rms_norm(tape, h2, L->ffn_norm, c->norm_eps, &mm));
-    if (c->n_experts == 0) {
-      DT_CHECK(dt_nn_swiglu(tape, mm, L->w1, L->w3, L->w2, &ff));
-    } else {
-      dt_var_t mm2, f2, aux;
-      DT_CHECK(dt_ag_op(tape, "reshape", 1, &mm, 2, nd2, 0, NULL, 1, &mm2));
-      DT_CHECK(dt_nn_moe(tape, mm2, L->router, c->n_experts, L->ew1, L->ew3, L->ew2, c->top_k,
-                         c->aux_loss_coef, &f2, &aux));
-      const int64_t bsd[3] = {B, S, D};
-      DT_CHECK(dt_ag_op(tape, "reshape", 1, &f2, 3, bsd, 0, NULL, 1, &ff));
-      if (aux_total == NULL) {
-        aux_total = aux;
-      } else {
-        dt_var_t at[2] = {aux_total, aux};
-        DT_CHECK(dt_ag_op(tape, "add", 2, at, 0, NULL, 0, NULL, 1, &aux_total));
-      }
-    }
-    dt_var_t hf[2] = {h2, ff};
-    DT_CHECK(dt_ag_op(tape, "add", 2, hf, 0, NULL, 0, NULL, 1, &h));
-    /* block boundary: with a checkpoint policy, cheap intermediates are dropped here */
-    dt_var_t keep[2] = {h, aux_total};
-    DT_CHECK(dt_tape_checkpoint(tape, aux_total ? 2 : 1, keep));
-  }
-  dt_var_t n, n2, logits, ce;
-  DT_CHECK(dt_nn_rms_norm(tape, h, m->norm, c->norm_eps, &n));
-  DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
-  DT_CHECK(dt_nn_linear(tape, n2, m->output, NULL, &logits));
-  DT_CHECK(dt_ag_cross_entropy(tape, logits, tgt, &ce));
+  dt_var_t res[2];
+  DT_CHECK(dt_module_forward(m->root, tape, 2, io, 2, res));
   if (aux_out) *aux_out = 0.0;
-  if (aux_total == NULL) {
-    *loss = ce;
-    return DT_SUCCESS;
-  }
-  if (aux_out) {
+  if (aux_out && res[1] != NULL) {
     float a;
     dt_tensor_t ar;
     dt_placement_t rep[DT_MAX_MESH_DIMS];
     for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
-    DT_CHECK(dt_tensor_redistribute(dt_var_value(aux_total), rep, &ar));
+    DT_CHECK(dt_tensor_redistribute(dt_var_value(res[1]), rep, &ar));
     dt_status_t st = dt_tensor_full(ar, &a, sizeof a);
     dt_tensor_destroy(ar);
     DT_CHECK(st);
     *aux_out = a;
   }
-  dt_var_t ca[2] = {ce, aux_total};
-  return dt_ag_op(tape, "add", 2, ca, 0, NULL, 0, NULL, 1, loss);
+  *loss = res[0];
+  return DT_SUCCESS;
 }

@@ -1,0 +1,101 @@
+/* dtensor/module.h - modules: named parameters, child modules, a forward function, and hooks.
+ *
+ * A module owns its parameters (leaf variables) and its children, in the order they were added
+ * (parameters and children interleave). A parameter's qualified name joins the names on the path
+ * from the module where iteration starts with '.' ("layers.3.attn.wq"); empty names add nothing,
+ * so a module whose one parameter is unnamed gives that parameter its own path ("norm"), and an
+ * unnamed child module groups parameters without changing their names.
+ *
+ * dt_module_forward runs a module's forward function between its hooks:
+ *   pre-forward hooks (may replace the inputs) -> forward (records on the tape) -> post-forward
+ *   hooks (may replace the outputs);
+ * and when the module has backward hooks and the forward recorded nodes, it registers them on the
+ * tape around those nodes (dt_tape_add_span_hooks): during dt_tape_backward a pre-backward hook
+ * runs when the pass reaches the last node recorded inside that forward, a post-backward hook
+ * after the pass has left its first node (when every gradient of the module's parameters from
+ * that forward has arrived). Nested modules: pre hooks outer first, post hooks inner first. This
+ * is what wrappers need: gather a block's sharded parameters before its forward and free them
+ * after (with dt_tape_drop), gather again before its backward, reduce its gradients after.
+ *
+ * Hooks are called in the order they were added; a hook's failure is the forward's or the
+ * backward's status. A module must outlive every tape that recorded it (reset the tape first).
+ */
+#ifndef DTENSOR_MODULE_H
+#define DTENSOR_MODULE_H
+
+#include "dtensor/autograd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_module* dt_module_t;
+
+/* Computes outputs from inputs, recording on `tape` (may be NULL with grad mode off). Parameters
+ * come from dt_module_get / dt_module_param, children run through dt_module_forward. */
+typedef dt_status_t (*dt_module_forward_fn)(dt_module_t m, dt_tape_t tape, int n_in,
+                                            const dt_var_t* in, int n_out, dt_var_t* out);
+
+#define DT_MODULE_NAME_MAX 64
+#define DT_MODULE_HOOKS_MAX 8 /* per kind and module */
+
+/* A module named `name` ("" allowed) with `forward` (NULL: a container that is not run itself)
+ * and a context pointer the forward reads through dt_module_ctx (not owned). */
+DT_API dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, void* ctx,
+                                    dt_module_t* out);
+/* Destroys the module, its children and the parameters it owns. */
+DT_API dt_status_t dt_module_destroy(dt_module_t m);
+/* Borrowed: the module's own name, and its context. */
+DT_API const char* dt_module_name(dt_module_t m);
+DT_API void* dt_module_ctx(dt_module_t m);
+
+/* Adds a parameter (ownership passes to the module; "" allowed once). Names are unique among a
+ * module's parameters and children. */
+DT_API dt_status_t dt_module_add_param(dt_module_t m, const char* name, dt_var_t param);
+/* Adds a child (ownership passes to the parent). */
+DT_API dt_status_t dt_module_add_child(dt_module_t m, dt_module_t child);
+/* The parameter at qualified `name` relative to m ("attn.wq", "" for m's unnamed one). */
+DT_API dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* out);
+/* The same, NULL when there is none (for forward functions: dt_module_get(m, "wq")). */
+DT_API dt_var_t dt_module_get(dt_module_t m, const char* name);
+/* Replaces the parameter at qualified `name` (ownership of `param` passes; the old one is
+ * destroyed): a wrapper swaps a replicated parameter for a sharded one. */
+DT_API dt_status_t dt_module_set_param(dt_module_t m, const char* name, dt_var_t param);
+/* The module at qualified `path` below m ("layers.3"; "" is m). */
+DT_API dt_status_t dt_module_find(dt_module_t m, const char* path, dt_module_t* out);
+/* Direct children, in order. */
+DT_API dt_status_t dt_module_num_children(dt_module_t m, int* n);
+DT_API dt_status_t dt_module_child(dt_module_t m, int i, dt_module_t* out);
+
+/* Every parameter below m (its own and its children's, recursively, in order) with its
+ * qualified name relative to m. `visit` returns nonzero to stop. */
+typedef int (*dt_module_visit_fn)(const char* name, dt_var_t param, void* ctx);
+DT_API dt_status_t dt_module_for_each_param(dt_module_t m, dt_module_visit_fn visit, void* ctx);
+/* Number of parameters below m, and the i-th of them (the for_each order) with its qualified
+ * name written to name[cap]. */
+DT_API dt_status_t dt_module_num_params(dt_module_t m, int* n);
+DT_API dt_status_t dt_module_param_at(dt_module_t m, int i, char* name, size_t cap,
+                                      dt_var_t* out);
+
+/* Hooks. Forward hooks see (and may replace) the inputs (pre) or outputs (post) in vars[n]. */
+typedef dt_status_t (*dt_module_forward_hook_fn)(dt_module_t m, dt_tape_t tape, int n,
+                                                 dt_var_t* vars, void* ctx);
+typedef dt_status_t (*dt_module_backward_hook_fn)(dt_module_t m, dt_tape_t tape, void* ctx);
+DT_API dt_status_t dt_module_add_forward_pre_hook(dt_module_t m, dt_module_forward_hook_fn fn,
+                                                  void* ctx);
+DT_API dt_status_t dt_module_add_forward_post_hook(dt_module_t m, dt_module_forward_hook_fn fn,
+                                                   void* ctx);
+DT_API dt_status_t dt_module_add_backward_pre_hook(dt_module_t m, dt_module_backward_hook_fn fn,
+                                                   void* ctx);
+DT_API dt_status_t dt_module_add_backward_post_hook(dt_module_t m, dt_module_backward_hook_fn fn,
+                                                    void* ctx);
+
+/* Runs m's forward between its hooks (see above). Outputs are tape-owned variables (or whatever
+ * the forward returns); `out` may be the `in` array. At most 16 inputs and 16 outputs. */
+DT_API dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                     int n_out, dt_var_t* out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_MODULE_H */
