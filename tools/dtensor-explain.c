@@ -292,6 +292,159 @@ out:
   return rc;
 }
 
+/* ---- composites: run on meta tensors under a trace, print every piece ---------------------- */
+
+typedef struct {
+  cJSON* pieces; /* JSON: one object per op event; redistributions attach to the last */
+  cJSON* last;
+  int counts[DT_COLL_COUNT];
+  double cost;
+  int mesh_nd;
+} trace_t;
+
+static void trace_cb(const dt_trace_event_t* e, void* ctx) {
+  trace_t* tr = ctx;
+  char b[128], c[128];
+  if (e->kind == DT_TRACE_REDISTRIBUTE) {
+    double cost;
+    dt_plan_cost(e->plan, &cost);
+    tr->cost += cost;
+    for (int k = 0; k < DT_COLL_COUNT; k++) {
+      int n;
+      dt_plan_count(e->plan, (dt_collective_t)k, &n);
+      tr->counts[k] += n;
+    }
+    if (g_json) {
+      if (tr->last == NULL) return;
+      cJSON* red = cJSON_GetObjectItem(tr->last, "redistribute");
+      cJSON* j = cJSON_CreateObject();
+      cJSON_AddNumberToObject(j, "input", e->input);
+      cJSON_AddItemToObject(j, "steps", steps_json(e->plan));
+      cJSON_AddItemToArray(red, j);
+    } else {
+      dt_plan_format(e->plan, b, sizeof b);
+      char ind[64];
+      snprintf(ind, sizeof ind, "%*s", 2 * e->depth + 4, "");
+      printf("%*s  input %d: %s\n", 2 * e->depth, "", e->input, b);
+      steps_text(e->plan, ind);
+    }
+    return;
+  }
+  if (g_json) {
+    cJSON* j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "op", e->op);
+    cJSON_AddNumberToObject(j, "depth", e->depth);
+    cJSON* ins = cJSON_AddArrayToObject(j, "inputs");
+    for (int t = 0; t < e->n_inputs; t++)
+      cJSON_AddItemToArray(ins, placements_json(e->from[t], e->mesh_ndim));
+    if (e->choice) {
+      cJSON* ch = cJSON_AddArrayToObject(j, "chosen");
+      for (int t = 0; t < e->n_inputs; t++)
+        cJSON_AddItemToArray(ch, placements_json(e->choice->in[t], e->mesh_ndim));
+      cJSON* outs = cJSON_AddArrayToObject(j, "outputs");
+      for (int o = 0; o < e->choice->n_outputs; o++) {
+        cJSON* oj = cJSON_CreateObject();
+        cJSON_AddItemToObject(oj, "shape", shape_json(e->choice->out_meta[o].shape,
+                                                      e->choice->out_meta[o].ndim));
+        cJSON_AddItemToObject(oj, "placements", placements_json(e->choice->out[o], e->mesh_ndim));
+        cJSON_AddItemToArray(outs, oj);
+      }
+      cJSON_AddNumberToObject(j, "cost_us", e->choice->cost_us);
+    } else {
+      cJSON_AddTrueToObject(j, "composite");
+    }
+    cJSON_AddArrayToObject(j, "redistribute");
+    cJSON_AddItemToArray(tr->pieces, j);
+    tr->last = j;
+    return;
+  }
+  printf("%*s%s:", 2 * e->depth, "", e->op);
+  for (int t = 0; t < e->n_inputs; t++) {
+    dt_placements_format(e->from[t], e->mesh_ndim, NULL, b, sizeof b);
+    printf("%s %s", t ? "," : "", b);
+  }
+  if (e->choice == NULL) {
+    printf(" (composite of:)\n");
+    return;
+  }
+  printf(" ->");
+  for (int o = 0; o < e->choice->n_outputs; o++) {
+    dt_placements_format(e->choice->out[o], e->mesh_ndim, NULL, c, sizeof c);
+    printf("%s %s [", o ? "," : "", c);
+    for (int d = 0; d < e->choice->out_meta[o].ndim; d++)
+      printf("%s%lld", d ? ", " : "", (long long)e->choice->out_meta[o].shape[d]);
+    printf("]");
+  }
+  printf("  (%.2f us)\n", e->choice->cost_us);
+}
+
+/* A composite op on meta tensors of the abstract mesh: every piece it runs, with its strategy and
+ * the redistributions it needs, in order. */
+static int explain_composite(dt_mesh_t mesh, const char* mesh_s, const char* name,
+                             const dt_op_call_t* call,
+                             dt_placement_t (*in_pl)[DT_MAX_MESH_DIMS]) {
+  dt_tensor_t in[DT_OP_MAX_INPUTS] = {NULL}, out[DT_OP_MAX_OUTPUTS] = {NULL};
+  dt_op_desc_t d;
+  dt_op_describe(name, &d);
+  int rc = 0, nd;
+  dt_mesh_ndim(mesh, &nd);
+  for (int t = 0; t < call->n_inputs && rc == 0; t++)
+    if (dt_tensor_meta(mesh, call->in[t].dtype, call->in[t].ndim, call->in[t].shape, in_pl[t],
+                       &in[t]) != DT_SUCCESS)
+      rc = fail("%s%s", dt_last_error(), NULL);
+  trace_t tr;
+  memset(&tr, 0, sizeof tr);
+  tr.mesh_nd = nd;
+  cJSON* o = NULL;
+  if (g_json) {
+    o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "op", name);
+    cJSON_AddTrueToObject(o, "composite");
+    tr.pieces = cJSON_AddArrayToObject(o, "pieces");
+  } else if (rc == 0) {
+    printf("op %s on mesh %s (composite: its pieces in order)\n", name, mesh_s);
+  }
+  if (rc == 0) {
+    dt_trace_set(trace_cb, &tr);
+    dt_status_t st = dt_op_run_multi(name, call->n_inputs, in, call->n_iargs, call->iargs,
+                                     call->n_fargs, call->fargs, d.n_outputs, out);
+    dt_trace_set(NULL, NULL);
+    if (st != DT_SUCCESS) rc = fail("%s%s", dt_last_error(), NULL);
+  }
+  if (rc == 0) {
+    dt_placement_t pl[DT_MAX_MESH_DIMS];
+    int ond;
+    int64_t shape[DT_MAX_DIMS];
+    dt_tensor_placements(out[0], pl);
+    dt_tensor_ndim(out[0], &ond);
+    dt_tensor_shape(out[0], shape);
+    if (g_json) {
+      cJSON* outp = cJSON_AddObjectToObject(o, "output");
+      cJSON_AddItemToObject(outp, "shape", shape_json(shape, ond));
+      cJSON_AddItemToObject(outp, "placements", placements_json(pl, nd));
+      cJSON* cnt = cJSON_AddObjectToObject(o, "counts");
+      for (int c = 0; c < 4; c++)
+        cJSON_AddNumberToObject(cnt, dt_collective_name(kListed[c]), tr.counts[kListed[c]]);
+      cJSON_AddNumberToObject(o, "cost_us", tr.cost);
+      char* text = cJSON_PrintUnformatted(o);
+      printf("%s\n", text);
+      cJSON_free(text);
+    } else {
+      char b[128];
+      dt_placements_format(pl, nd, NULL, b, sizeof b);
+      printf("output: %s shape [", b);
+      for (int k = 0; k < ond; k++) printf("%s%lld", k ? ", " : "", (long long)shape[k]);
+      printf("]\ncounts:");
+      for (int c = 0; c < 4; c++) printf(" %s=%d", dt_collective_name(kListed[c]), tr.counts[kListed[c]]);
+      printf("\ntotal cost: %.2f us\n", tr.cost);
+    }
+  }
+  cJSON_Delete(o);
+  for (int t = 0; t < DT_OP_MAX_INPUTS; t++) dt_tensor_destroy(in[t]);
+  for (int k = 0; k < DT_OP_MAX_OUTPUTS; k++) dt_tensor_destroy(out[k]);
+  return rc;
+}
+
 static int explain_op(int argc, char** argv) {
   if (argc < 1 || argv[0][0] == '-') return fail("op needs a NAME (e.g. mm)%s%s", NULL, NULL);
   const char* name = argv[0];
@@ -373,6 +526,10 @@ static int explain_op(int argc, char** argv) {
   dt_plan_t plans[DT_OP_MAX_INPUTS] = {NULL};
   rc = apply_flatten(mesh, flat_s, nflat);
   if (rc != 0) goto out;
+  if (desc.composite) {
+    rc = explain_composite(mesh, mesh_s, name, &call, in_pl);
+    goto out;
+  }
   dt_op_choice_t ch;
   if (dt_op_select(mesh, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch) != DT_SUCCESS) {
     rc = fail("%s%s", dt_last_error(), NULL);

@@ -170,6 +170,30 @@ typedef enum dt_loss_reduction {
 DT_API dt_status_t dt_cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
                                     dt_loss_reduction_t reduction, dt_tensor_t* out);
 
+/* ---- tracing: what dispatch and redistribution decide -------------------------------------
+ * A process-wide callback sees every op dispatch (after its strategy was selected; a composite op
+ * once, then its pieces one level deeper) and every redistribution (its plan), for meta tensors
+ * too: running an op on meta tensors of an abstract mesh under a trace shows every decision
+ * without MPI or data (dtensor-explain op does this for composites such as cross_entropy). The
+ * event and what it points to are valid during the call only. */
+typedef enum dt_trace_kind { DT_TRACE_OP = 0, DT_TRACE_REDISTRIBUTE = 1 } dt_trace_kind_t;
+typedef struct dt_trace_event {
+  dt_trace_kind_t kind;
+  int depth;       /* 0 for the call made by the program; the pieces of a composite and the
+                      redistributions an op runs for its inputs are one level below it */
+  const char* op;  /* DT_TRACE_OP: the op's name */
+  int mesh_ndim;
+  int n_inputs;
+  const dt_placement_t (*from)[DT_MAX_MESH_DIMS]; /* DT_TRACE_OP: the inputs' placements */
+  const dt_op_choice_t* choice; /* DT_TRACE_OP: the selected strategy (NULL for a composite) */
+  int input;                    /* DT_TRACE_REDISTRIBUTE: which input of the op being run (-1:
+                                   a redistribution the program asked for) */
+  dt_plan_t plan;               /* DT_TRACE_REDISTRIBUTE: the plan */
+} dt_trace_event_t;
+typedef void (*dt_trace_fn)(const dt_trace_event_t* event, void* ctx);
+/* Sets the callback (NULL: tracing off). Not thread-safe; set it around the calls to trace. */
+DT_API void dt_trace_set(dt_trace_fn fn, void* ctx);
+
 #ifdef __cplusplus
 }
 #endif

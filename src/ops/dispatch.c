@@ -93,7 +93,17 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s has %d outputs, %d requested", name, info->n_out,
                      n_outputs);
     DT_CHECK(dt__op_check_counts(id, n_iargs, n_fargs));
-    return info->composite(n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, outs, saved);
+    if (!dt__trace_active())
+      return info->composite(n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, outs, saved);
+    dt_trace_event_t e = {.kind = DT_TRACE_OP, .op = name, .mesh_ndim = mesh->ndim,
+                          .n_inputs = n_inputs,
+                          .from = (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl};
+    dt__trace_emit(&e);
+    dt__trace_enter(); /* its pieces one level deeper */
+    dt_status_t cst = info->composite(n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, outs,
+                                      saved);
+    dt__trace_leave();
+    return cst;
   }
   dt_op_kernel_fn kernel = info->kernel[mesh->backend->device];
   int builtin = (info->flags & DT_OPF_WRITES_ALL) != 0;
@@ -111,6 +121,15 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   if (ch.n_outputs != n_outputs)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s has %d outputs, %d requested", name, ch.n_outputs,
                    n_outputs);
+  const int trace = dt__trace_active();
+  if (trace) {
+    dt_trace_event_t e = {.kind = DT_TRACE_OP, .op = name, .mesh_ndim = mesh->ndim,
+                          .n_inputs = n_inputs,
+                          .from = (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl,
+                          .choice = &ch};
+    dt__trace_emit(&e);
+    dt__trace_enter();
+  }
 
   dt_status_t st = DT_SUCCESS;
   dt_tensor_t moved[DT_OP_MAX_INPUTS] = {NULL}, res[DT_OP_MAX_OUTPUTS] = {NULL};
@@ -127,8 +146,11 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
    * inputs move together: every redistribution starts before the first is waited for. */
   if (nmove > 1 && !meta && mesh->member) {
     dt_work_t work[DT_OP_MAX_INPUTS] = {NULL};
-    for (int t = 0; t < n_inputs && st == DT_SUCCESS; t++)
-      if (move[t]) st = dt_tensor_redistribute_async(inputs[t], ch.in[t], &moved[t], &work[t]);
+    for (int t = 0; t < n_inputs && st == DT_SUCCESS; t++) {
+      if (!move[t]) continue;
+      if (trace) dt__trace_input(t);
+      st = dt_tensor_redistribute_async(inputs[t], ch.in[t], &moved[t], &work[t]);
+    }
     for (int t = 0; t < n_inputs; t++) { /* every started work is completed, even after a failure */
       dt_status_t wst = work[t] ? dt_work_wait(work[t]) : DT_SUCCESS;
       if (st == DT_SUCCESS) st = wst;
@@ -136,8 +158,11 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     }
     if (st != DT_SUCCESS) goto done;
   } else {
-    for (int t = 0; t < n_inputs; t++)
-      if (move[t]) DT_CHECK_GOTO(dt_tensor_redistribute(inputs[t], ch.in[t], &moved[t]), st, done);
+    for (int t = 0; t < n_inputs; t++) {
+      if (!move[t]) continue;
+      if (trace) dt__trace_input(t);
+      DT_CHECK_GOTO(dt_tensor_redistribute(inputs[t], ch.in[t], &moved[t]), st, done);
+    }
   }
   for (int t = 0; t < n_inputs; t++) {
     dt_tensor_t x = moved[t] ? moved[t] : inputs[t];
@@ -186,6 +211,10 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     res[o] = NULL;
   }
 done:
+  if (trace) {
+    dt__trace_input(-1);
+    dt__trace_leave();
+  }
   for (int t = 0; t < n_inputs; t++) dt_tensor_destroy(moved[t]);
   for (int o = 0; o < n_outputs; o++) dt_tensor_destroy(res[o]);
   return st;

@@ -21,13 +21,15 @@
  * dtype, shape and placements, and every non-tensor argument (a scalar or dim that changes the
  * semantics must be in the key: PyTorch issues #147180 and #153603 were silent wrong results). */
 
+/* The key is a run of 64-bit words holding only what the call uses (a few dozen bytes for a
+ * typical op, so hashing and comparing it is cheap): mesh id, mesh and cost generations, the op
+ * and counts, per input its dtype and ndim, shape and normalized placements, then the integer
+ * arguments and the scalars' bit patterns (-0.0 and 0.0 differ, NaN payloads too). */
+#define DT_PROP_KEY_WORDS \
+  (4 + DT_OP_MAX_INPUTS * (1 + DT_MAX_DIMS + DT_MAX_MESH_DIMS) + DT_OP_MAX_IARGS + DT_OP_MAX_FARGS)
 typedef struct dt_prop_key {
-  uint64_t mesh_id, mesh_gen, cost_gen;
-  int32_t op, n_inputs, n_iargs, n_fargs;
-  dt_tensor_meta_t in[DT_OP_MAX_INPUTS];
-  dt_placement_t pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
-  int64_t iargs[DT_OP_MAX_IARGS];
-  uint64_t fargs[DT_OP_MAX_FARGS]; /* bit patterns: -0.0 and 0.0 differ, NaN payloads too */
+  uint32_t len; /* words used */
+  uint64_t w[DT_PROP_KEY_WORDS];
 } dt_prop_key_t;
 
 static struct {
@@ -37,37 +39,44 @@ static struct {
   unsigned char* used;
 } dt__prop;
 
-/* Builds the key (zero padding included, so memcmp works); 0 if the call cannot be keyed. */
+/* Builds the key; 0 if the call cannot be keyed. */
 static int dt__prop_key(dt_mesh_t mesh, int id, const dt_op_call_t* call,
                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_prop_key_t* k) {
-  memset(k, 0, sizeof *k);
-  k->op = id;
-  k->mesh_id = mesh->id;
-  k->cost_gen = dt__cost_generation();
-  k->mesh_gen = mesh->generation;
-  k->n_inputs = call->n_inputs;
-  k->n_iargs = call->n_iargs;
-  k->n_fargs = call->n_fargs;
+  uint64_t* w = k->w;
+  *w++ = mesh->id;
+  *w++ = mesh->generation;
+  *w++ = dt__cost_generation();
+  *w++ = (uint64_t)(uint32_t)id | (uint64_t)call->n_inputs << 32 | (uint64_t)call->n_iargs << 40 |
+         (uint64_t)call->n_fargs << 48;
   for (int t = 0; t < call->n_inputs; t++) {
-    k->in[t].dtype = call->in[t].dtype;
-    k->in[t].ndim = call->in[t].ndim;
-    memcpy(k->in[t].shape, call->in[t].shape, sizeof(int64_t) * (size_t)call->in[t].ndim);
+    const dt_tensor_meta_t* m = &call->in[t];
+    *w++ = (uint64_t)(uint32_t)m->dtype | (uint64_t)(uint32_t)m->ndim << 32;
+    for (int d = 0; d < m->ndim; d++) *w++ = (uint64_t)m->shape[d];
     for (int i = 0; i < mesh->ndim; i++) {
       dt_placement_t p = in_pl[t][i];
-      if (dt_placement_normalize(&p, call->in[t].ndim) != DT_SUCCESS) return 0;
-      k->pl[t][i] = p;
+      if (dt_placement_normalize(&p, m->ndim) != DT_SUCCESS) return 0;
+      *w++ = (uint64_t)(uint32_t)p.kind | (uint64_t)(uint16_t)p.dim << 32 |
+             (uint64_t)(uint16_t)p.op << 48;
     }
   }
-  memcpy(k->iargs, call->iargs, sizeof(int64_t) * (size_t)call->n_iargs);
-  memcpy(k->fargs, call->fargs, sizeof(double) * (size_t)call->n_fargs);
+  for (int a = 0; a < call->n_iargs; a++) *w++ = (uint64_t)call->iargs[a];
+  for (int a = 0; a < call->n_fargs; a++) memcpy(w++, &call->fargs[a], sizeof(uint64_t));
+  k->len = (uint32_t)(w - k->w);
   return 1;
+}
+
+static int dt__key_equal(const dt_prop_key_t* a, const dt_prop_key_t* b) {
+  return a->len == b->len && memcmp(a->w, b->w, sizeof(uint64_t) * a->len) == 0;
+}
+static size_t dt__key_hash(const dt_prop_key_t* k) {
+  return (size_t)dt__hash_bytes(k->w, sizeof(uint64_t) * k->len);
 }
 
 static const dt_op_choice_t* dt__prop_find(const dt_prop_key_t* k) {
   if (dt__prop.cap == 0) return NULL;
-  size_t j = dt__hash_bytes(k, sizeof *k) & (dt__prop.cap - 1);
+  size_t j = dt__key_hash(k) & (dt__prop.cap - 1);
   while (dt__prop.used[j]) {
-    if (memcmp(&dt__prop.keys[j], k, sizeof *k) == 0) return &dt__prop.vals[j];
+    if (dt__key_equal(&dt__prop.keys[j], k)) return &dt__prop.vals[j];
     j = (j + 1) & (dt__prop.cap - 1);
   }
   return NULL;
@@ -92,9 +101,10 @@ static void dt__prop_insert(const dt_prop_key_t* k, const dt_op_choice_t* v) {
     }
     dt__prop.cap = cap;
   }
-  size_t j = dt__hash_bytes(k, sizeof *k) & (dt__prop.cap - 1);
+  size_t j = dt__key_hash(k) & (dt__prop.cap - 1);
   while (dt__prop.used[j]) j = (j + 1) & (dt__prop.cap - 1);
-  dt__prop.keys[j] = *k;
+  dt__prop.keys[j].len = k->len;
+  memcpy(dt__prop.keys[j].w, k->w, sizeof(uint64_t) * k->len);
   dt__prop.vals[j] = *v;
   dt__prop.used[j] = 1;
   dt__prop.count++;
@@ -281,8 +291,11 @@ static void dt__visit_best(void* ctx, const dt_op_choice_t* c) {
 
 dt_status_t dt__op_select(dt_mesh_t mesh, int id, const dt_op_call_t* call,
                           const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
-  memset(out, 0, sizeof *out);
-  DT_CHECK(dt__call_check(mesh, call, in_pl));
+  dt_status_t st = dt__call_check(mesh, call, in_pl);
+  if (st != DT_SUCCESS) {
+    memset(out, 0, sizeof *out);
+    return st;
+  }
   dt_prop_key_t key;
   int keyed = dt__prop_key(mesh, id, call, in_pl, &key);
   if (keyed) {
@@ -292,6 +305,7 @@ dt_status_t dt__op_select(dt_mesh_t mesh, int id, const dt_op_call_t* call,
       return DT_SUCCESS;
     }
   }
+  memset(out, 0, sizeof *out);
   dt__best_t b;
   memset(&b, 0, sizeof b);
   b.bound = INFINITY;

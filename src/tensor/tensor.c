@@ -497,6 +497,10 @@ dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
     char buf[512];
     if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s", buf);
   }
+  if (dt__trace_active()) {
+    dt_trace_event_t e = {.kind = DT_TRACE_REDISTRIBUTE, .mesh_ndim = m->ndim, .plan = p};
+    dt__trace_emit(&e);
+  }
   if (src->meta) return DT_SUCCESS; /* planned, nothing to move */
   dt__count_redistribute(m);
   return dt__plan_execute(m, b, p, src->data, dst->data);
@@ -541,6 +545,10 @@ dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* ds
   if (st == DT_SUCCESS && (dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__world_rank() == 0) {
     char buf[512];
     if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s (async)", buf);
+  }
+  if (st == DT_SUCCESS && dt__trace_active()) {
+    dt_trace_event_t e = {.kind = DT_TRACE_REDISTRIBUTE, .mesh_ndim = m->ndim, .plan = p};
+    dt__trace_emit(&e);
   }
   if (st == DT_SUCCESS && !t->meta) dt__count_redistribute(m);
   if (st == DT_SUCCESS)
@@ -738,3 +746,33 @@ dt_status_t dt_sharding_visualize(dt_mesh_t mesh, int ndim, const int64_t* shape
   DT_CHECK(dt__layout_init(&l, mesh->ndim, mesh->shape, ndim, shape, placements));
   return dt__visualize(mesh, &l, f);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * tracing */
+
+static struct {
+  dt_trace_fn fn;
+  void* ctx;
+  int depth;
+  int input; /* the op input being moved, -1 outside dispatch's moves */
+} dt__trace = {NULL, NULL, 0, -1};
+
+void dt_trace_set(dt_trace_fn fn, void* ctx) {
+  dt__trace.fn = fn;
+  dt__trace.ctx = fn ? ctx : NULL;
+  dt__trace.depth = 0;
+  dt__trace.input = -1;
+}
+
+int dt__trace_active(void) { return dt__trace.fn != NULL; }
+
+void dt__trace_emit(dt_trace_event_t* e) {
+  if (dt__trace.fn == NULL) return;
+  e->depth = dt__trace.depth;
+  if (e->kind == DT_TRACE_REDISTRIBUTE) e->input = dt__trace.input;
+  dt__trace.fn(e, dt__trace.ctx);
+}
+
+void dt__trace_enter(void) { dt__trace.depth++; }
+void dt__trace_leave(void) { dt__trace.depth--; }
+void dt__trace_input(int input) { dt__trace.input = input; }

@@ -10,6 +10,7 @@
 #ifndef DT_TENSOR_TENSOR_H
 #define DT_TENSOR_TENSOR_H
 
+#include "dtensor/ops.h" /* dt_trace_event_t */
 #include "dtensor/tensor.h"
 #include "redistribute/redistribute.h"
 
@@ -56,5 +57,14 @@ dt_backend_t dt__tensor_backend(dt_tensor_t t);
  * offset (both answers are the same on every rank), or local shards that share bytes (views, or
  * borrowed buffers; a rank holding an empty shard cannot see this case). */
 int dt__tensor_overlap(dt_tensor_t a, dt_tensor_t b);
+
+/* ---- tracing (dt_trace_set): the callback, the current depth, and the input being moved ---- */
+int dt__trace_active(void);
+/* Fills depth (and input for redistributions) and calls the callback. */
+void dt__trace_emit(dt_trace_event_t* e);
+/* Depth changes around a composite's pieces; the input index around an op's input moves. */
+void dt__trace_enter(void);
+void dt__trace_leave(void);
+void dt__trace_input(int input);
 
 #endif

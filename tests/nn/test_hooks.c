@@ -374,6 +374,53 @@ static void test_drop_and_regather(void) {
                  (unsigned long long)ga, (unsigned long long)gb);
 }
 
+/* dt_trace_set: an op event per dispatch, a redistribution event per moved input (with its index,
+ * one level below its op), composites one level up from their pieces; nothing once cleared */
+static int g_ev_ops, g_ev_red, g_ev_input, g_ev_maxdepth;
+static void trace_cb(const dt_trace_event_t* e, void* ctx) {
+  (void)ctx;
+  if (e->kind == DT_TRACE_OP) {
+    g_ev_ops++;
+    if (e->depth > g_ev_maxdepth) g_ev_maxdepth = e->depth; /* ops only */
+  } else {
+    g_ev_red++;
+    g_ev_input = e->input;
+  }
+}
+
+static void test_trace(void) {
+  const int64_t s[2] = {2 * g_world, 4};
+  dt_placement_t s0[1] = {dt_shard(0)}, s1[1] = {dt_shard(1)};
+  dt_tensor_t a = small(2, s, 1, s0), b = small(2, s, 2, s1), c;
+  dt_trace_set(trace_cb, NULL);
+  DT_ASSERT_OK(dt_add(a, b, &c));
+  DT_ASSERT_TRUE(g_ev_ops == 1 && g_ev_red == 1 && g_ev_maxdepth == 0,
+                 "add: %d op and %d redistribution events", g_ev_ops, g_ev_red);
+  DT_ASSERT_TRUE(g_ev_input == 0 || g_ev_input == 1, "the moved input is named");
+  dt_tensor_t logits = small(2, s, 3, s1), tgt, l;
+  int64_t n = 2 * g_world, ids[64];
+  for (int64_t i = 0; i < n; i++) ids[i] = i % 4;
+  dt_placement_t r[1] = {dt_replicate()};
+  DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_I64, 1, &n, r, ids, &tgt));
+  g_ev_ops = g_ev_red = g_ev_maxdepth = 0;
+  DT_ASSERT_OK(dt_cross_entropy(logits, tgt, DT_LOSS_MEAN, &l));
+  DT_ASSERT_TRUE(g_ev_ops >= 10 && g_ev_maxdepth == 0, "cross_entropy pieces: %d", g_ev_ops);
+  dt_tensor_t l2;
+  g_ev_ops = 0;
+  const int64_t mean[1] = {DT_LOSS_MEAN};
+  dt_tensor_t in2[2] = {logits, tgt};
+  DT_ASSERT_OK(dt_op_run("cross_entropy", 2, in2, 1, mean, 0, NULL, &l2));
+  DT_ASSERT_TRUE(g_ev_ops >= 11 && g_ev_maxdepth == 1, "the composite and its pieces: %d, depth %d",
+                 g_ev_ops, g_ev_maxdepth);
+  dt_trace_set(NULL, NULL);
+  g_ev_ops = 0;
+  dt_tensor_t d;
+  DT_ASSERT_OK(dt_add(a, b, &d));
+  DT_ASSERT_EQ(g_ev_ops, 0);
+  dt_tensor_t all[] = {a, b, c, d, logits, tgt, l, l2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) DT_ASSERT_OK(dt_tensor_destroy(all[i]));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Llama as modules */
 
@@ -466,6 +513,7 @@ int main(int argc, char** argv) {
   test_shared_param_hook();
   test_deferred_reduce();
   test_drop_and_regather();
+  test_trace();
   test_llama_modules();
   DT_ASSERT_OK(dt_mesh_destroy(g_mesh));
   if (rank == 0) printf("test_hooks np=%d: ok\n", g_world);

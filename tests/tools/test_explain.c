@@ -410,6 +410,58 @@ static void test_in_place(void** state) {
   free(out);
 }
 
+/* composites run on meta tensors under a trace: cross_entropy with class-sharded logits, every
+ * reduction mode; the logits never move (no all-gather, no all-to-all) */
+static void test_composite(void** state) {
+  (void)state;
+  const char* want_shape[3] = {"[8]", "[]", "[]"};
+  for (int r = 0; r < 3; r++) {
+    char args[512];
+    snprintf(args, sizeof args, "op cross_entropy --mesh 2 --shape 8x16 --shape 8 --in S1 --in R "
+             "--dtype f32 --dtype i64 --arg reduction=%d --json", r);
+    int status;
+    char* out = run(args, &status);
+    assert_int_equal(status, 0);
+    cJSON* o = cJSON_Parse(out);
+    assert_non_null(o);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(o, "composite")));
+    cJSON* pieces = cJSON_GetObjectItem(o, "pieces");
+    assert_true(cJSON_GetArraySize(pieces) >= 10);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(pieces, 0), "op")->valuestring,
+                        "cross_entropy");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(pieces, 1), "op")->valuestring,
+                        "amax");
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(pieces, 1), "depth")->valueint, 1);
+    char* shp = cJSON_PrintUnformatted(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "shape"));
+    assert_string_equal(shp, want_shape[r]);
+    cJSON_free(shp);
+    cJSON* cnt = cJSON_GetObjectItem(o, "counts");
+    assert_int_equal(cJSON_GetObjectItem(cnt, "all_gather")->valueint, 0);
+    assert_int_equal(cJSON_GetObjectItem(cnt, "all_to_all")->valueint, 0);
+    /* the cost is the sum of the pieces' redistributions */
+    double sum = 0;
+    cJSON* it;
+    cJSON_ArrayForEach(it, pieces) {
+      cJSON* c = cJSON_GetObjectItem(it, "cost_us");
+      if (c) sum += c->valuedouble;
+    }
+    assert_true(fabs(sum - cJSON_GetObjectItem(o, "cost_us")->valuedouble) < 1e-6);
+    cJSON_Delete(o);
+    free(out);
+  }
+  int status;
+  char* out = run("op cross_entropy --mesh 2 --shape 8x16 --shape 8 --in S1 --in R --dtype f32 "
+                  "--dtype i64 --arg reduction=7 --json", &status);
+  assert_int_not_equal(status, 0);
+  free(out);
+  out = run("op cross_entropy --mesh 2 --shape 8x16 --shape 8 --in S1 --in R --dtype f32 "
+            "--dtype i64", &status);
+  assert_int_equal(status, 0);
+  assert_non_null(strstr(out, "gather_dim: S(1), R -> P(sum) [8]"));
+  free(out);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_explain PATH_TO_DTENSOR_EXPLAIN\n");
@@ -420,6 +472,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_json_plans), cmocka_unit_test(test_example_json_shape),
       cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output),
       cmocka_unit_test(test_op_json), cmocka_unit_test(test_op_shape_and_multi_output),
-      cmocka_unit_test(test_named_args_and_listing), cmocka_unit_test(test_in_place)};
+      cmocka_unit_test(test_named_args_and_listing), cmocka_unit_test(test_in_place),
+      cmocka_unit_test(test_composite)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
