@@ -97,8 +97,10 @@ DT_API dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local
 DT_API dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,
                                               dt_backend_t* backend);
 
-/* Collective. Writes the full global tensor into `out` (out_nbytes at least numel*itemsize) on
- * every rank of the mesh. */
+/* Collective. Gathers the full global tensor into host memory `out` (out_nbytes at least
+ * numel*itemsize) on every rank of the mesh (Partial values reduced). */
+DT_API dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes);
+/* The same under its older name (it gathers; dt_tensor_full_value is the factory that fills). */
 DT_API dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes);
 /* Collective. New tensor with placements `dst` (mesh ndim), same mesh, shape and dtype.
  * S->R all-gather, P->R all-reduce, P->S reduce-scatter, S(i)->S(j) all-to-all, R->S local slice,

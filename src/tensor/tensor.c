@@ -564,6 +564,10 @@ dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* ds
 }
 
 dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
+  return dt_tensor_gather_full(t, out, out_nbytes);
+}
+
+dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
   DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(out);
   int64_t numel = dt__box_numel(t->layout.ndim, t->layout.shape);

@@ -35,7 +35,7 @@ static dt_placement_t opt(int k) {
 /* The full tensor of t must equal want (n elements). */
 static void expect_full(dt_tensor_t t, const float* want, int n, const char* what) {
   float got[N0 * N1 * 2];
-  DT_ASSERT_OK(dt_tensor_full(t, got, sizeof(float) * (size_t)n));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, got, sizeof(float) * (size_t)n));
   for (int i = 0; i < n; i++)
     DT_ASSERT_TRUE(got[i] == want[i], "%s: element %d is %g, expected %g", what, i, got[i],
                    want[i]);

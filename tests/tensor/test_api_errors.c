@@ -158,6 +158,8 @@ static void tensor_errors(dt_mesh_t mesh, int world, int rank) {
   float small[10];
   EXPECT(dt_tensor_full(a, small, sizeof small), DT_ERR_INVALID_ARG, "needs 192");
   EXPECT(dt_tensor_full(a, NULL, 192), DT_ERR_INVALID_ARG, "out");
+  EXPECT(dt_tensor_gather_full(a, small, sizeof small), DT_ERR_INVALID_ARG, "needs 192");
+  EXPECT(dt_tensor_gather_full(NULL, small, sizeof small), DT_ERR_INVALID_ARG, "tensor");
   static char zeros[4096];
   int nd;
   EXPECT(dt_tensor_ndim((dt_tensor_t)(void*)zeros, &nd), DT_ERR_INVALID_ARG, "not a live tensor");
