@@ -173,6 +173,17 @@ static dt_status_t dt__ints_for(dt_comm_req_t* r, size_t count, int** out) {
   return DT_SUCCESS;
 }
 
+/* counts[0..n) then displs[0..n) as MPI ints (the caller checked they fit). */
+static dt_status_t dt__counts_displs(dt_comm_req_t* req, int n, const int64_t* counts,
+                                     const int64_t* displs, int** out) {
+  DT_CHECK(dt__ints_for(req, (size_t)n * 2, out));
+  for (int r = 0; r < n; r++) {
+    (*out)[r] = (int)counts[r];
+    (*out)[n + r] = (int)displs[r];
+  }
+  return DT_SUCCESS;
+}
+
 static MPI_Comm dt__c(const dt_comm_t* c) { return ((const dt__mpi_t*)c->context)->comm; }
 
 /* The request a call posts into: the caller's, the open group's, or a local one completed
@@ -260,11 +271,7 @@ static dt_status_t dt__mpi_all_gather_v(dt_comm_t* c, const void* send, void* re
       return DT_SUCCESS;
     }
     int* ints;
-    DT_CHECK(dt__ints_for(req, (size_t)n * 2, &ints));
-    for (int r = 0; r < n; r++) {
-      ints[r] = (int)counts[r];
-      ints[n + r] = (int)displs[r];
-    }
+    DT_CHECK(dt__counts_displs(req, n, counts, displs, &ints));
     if (req == NULL) {
       DT_MPI_CHECK(MPI_Allgatherv(s, ints[me], t, recv, ints, ints + n, t, dt__c(c)));
     } else {
@@ -416,11 +423,7 @@ static dt_status_t dt__mpi_scatter_v(dt_comm_t* c, const void* send, const int64
   size_t item = dt__itemsize(dtype);
   if (dt__fit(n, counts, displs)) {
     int* ints;
-    DT_CHECK(dt__ints_for(req, (size_t)n * 2, &ints));
-    for (int r = 0; r < n; r++) {
-      ints[r] = (int)counts[r];
-      ints[n + r] = (int)displs[r];
-    }
+    DT_CHECK(dt__counts_displs(req, n, counts, displs, &ints));
     if (req == NULL) {
       DT_MPI_CHECK(MPI_Scatterv(send, ints, ints + n, t, recv, ints[me], t, root, dt__c(c)));
     } else {
