@@ -4,12 +4,6 @@
 
 #include "ops/ops.h"
 
-static int64_t dt__numel(const dt_local_tensor_t* t) {
-  int64_t n = 1;
-  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-  return n;
-}
-
 static dt_status_t dt__f32(const dt_op_call_t* call, const dt_local_tensor_t* t, int n) {
   for (int i = 0; i < n; i++)
     if (t[i].dtype != DT_F32)
@@ -22,8 +16,8 @@ static dt_status_t dt__f32(const dt_op_call_t* call, const dt_local_tensor_t* t,
 dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out) {
   DT_CHECK(dt__f32(call, in, 2));
-  int64_t n = dt__numel(out);
-  if (dt__numel(&in[0]) != n || dt__numel(&in[1]) != n)
+  int64_t n = dt__local_numel(out);
+  if (dt__local_numel(&in[0]) != n || dt__local_numel(&in[1]) != n)
     return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: g and x must have the same shape");
   const float *g = (const float*)in[0].data, *x = (const float*)in[1].data;
   float* o = (float*)out->data;
@@ -61,7 +55,7 @@ static dt_status_t dt__norm_grad(const dt_op_call_t* call, const dt_local_tensor
   DT_CHECK(dt__f32(call, in, 3));
   double eps = call->n_fargs ? call->fargs[0] : (layer ? 1e-5 : 1e-6);
   const dt_local_tensor_t* x = &in[1];
-  int64_t D = x->shape[x->ndim - 1], rows = D ? dt__numel(x) / D : 0;
+  int64_t D = x->shape[x->ndim - 1], rows = D ? dt__local_numel(x) / D : 0;
   const float *g = (const float*)in[0].data, *xv = (const float*)x->data,
               *w = (const float*)in[2].data;
   float *gx = (float*)out[0].data, *gw = (float*)out[1].data;
@@ -110,7 +104,7 @@ dt_status_t dt__kernel_embedding_grad(const dt_op_call_t* call, const dt_local_t
   DT_CHECK(dt__f32(call, in, 1));
   const dt_local_tensor_t *g = &in[0], *ix = &in[1];
   int64_t V = call->iargs[0], v0 = out->offset[0], vl = out->shape[0], D = out->shape[1];
-  int64_t n = dt__numel(ix);
+  int64_t n = dt__local_numel(ix);
   float* o = (float*)out->data;
   memset(o, 0, sizeof(float) * (size_t)(vl * D));
   const float* gv = (const float*)g->data;
@@ -143,9 +137,9 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
   int lq = (int)(layout ? H * D : D), lk = (int)(layout ? G * D : D), lv = (int)(layout ? G * E : E),
       lg = (int)(layout ? H * E : E);
   float *dq = (float*)out[0].data, *dk = (float*)out[1].data, *dv = (float*)out[2].data;
-  memset(dq, 0, sizeof(float) * (size_t)dt__numel(&out[0]));
-  memset(dk, 0, sizeof(float) * (size_t)dt__numel(&out[1]));
-  memset(dv, 0, sizeof(float) * (size_t)dt__numel(&out[2]));
+  memset(dq, 0, sizeof(float) * (size_t)dt__local_numel(&out[0]));
+  memset(dk, 0, sizeof(float) * (size_t)dt__local_numel(&out[1]));
+  memset(dv, 0, sizeof(float) * (size_t)dt__local_numel(&out[2]));
   if (B * H * S * T == 0) return DT_SUCCESS;
   dt_backend_t bk = in[0].backend;
   size_t pn = sizeof(float) * (size_t)(2 * S * T);

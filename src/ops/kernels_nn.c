@@ -6,12 +6,6 @@
 
 #include "ops/ops.h"
 
-static int64_t dt__numel(const dt_local_tensor_t* t) {
-  int64_t n = 1;
-  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-  return n;
-}
-
 static dt_status_t dt__need_f32(const dt_op_call_t* call, const dt_local_tensor_t* t) {
   if (t->dtype != DT_F32)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported by the CPU kernel", call->op,
@@ -59,7 +53,7 @@ dt_status_t dt__kernel_addmm(const dt_op_call_t* call, const dt_local_tensor_t* 
 dt_status_t dt__kernel_add_scalar(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                   dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, &in[0]));
-  int64_t n = dt__numel(out);
+  int64_t n = dt__local_numel(out);
   const float* a = (const float*)in[0].data;
   float* o = (float*)out->data;
   float s = (float)call->fargs[0];
@@ -70,7 +64,7 @@ dt_status_t dt__kernel_add_scalar(const dt_op_call_t* call, const dt_local_tenso
 dt_status_t dt__kernel_mul_scalar(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                   dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, &in[0]));
-  int64_t n = dt__numel(out);
+  int64_t n = dt__local_numel(out);
   const float* a = (const float*)in[0].data;
   float* o = (float*)out->data;
   float s = (float)call->fargs[0];
@@ -81,7 +75,7 @@ dt_status_t dt__kernel_mul_scalar(const dt_op_call_t* call, const dt_local_tenso
 dt_status_t dt__kernel_pow(const dt_op_call_t* call, const dt_local_tensor_t* in,
                            dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, &in[0]));
-  int64_t n = dt__numel(out);
+  int64_t n = dt__local_numel(out);
   const float* a = (const float*)in[0].data;
   float* o = (float*)out->data;
   float s = (float)call->fargs[0];
@@ -97,7 +91,7 @@ dt_status_t dt__kernel_pow(const dt_op_call_t* call, const dt_local_tensor_t* in
 dt_status_t dt__kernel_cast(const dt_op_call_t* call, const dt_local_tensor_t* in,
                             dt_local_tensor_t* out) {
   (void)call;
-  int64_t n = dt__numel(out);
+  int64_t n = dt__local_numel(out);
   int to_int = !dt__dtype_is_float(out->dtype);
   for (int64_t i = 0; i < n; i++) {
     double v = dt__load(in[0].data, in[0].dtype, i);
@@ -130,7 +124,7 @@ static dt_status_t dt__select(int where, const dt_op_call_t* call, const dt_loca
   else memset(sb, 0, sizeof sb);
   const float *av = (const float*)a->data, *bv = b ? (const float*)b->data : NULL;
   float* o = (float*)out->data;
-  int64_t n = dt__numel(out), ic = 0, ia = 0, ib = 0;
+  int64_t n = dt__local_numel(out), ic = 0, ia = 0, ib = 0;
   for (int64_t i = 0; i < n; i++) {
     int sel = dt__index_at(c, ic) != 0;
     o[i] = where ? (sel ? av[ia] : bv[ib]) : (sel ? fill : av[ia]);
@@ -245,7 +239,7 @@ dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t*
   int sd = (int)(call->n_iargs ? (call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]) : 1);
   double theta = call->n_fargs ? call->fargs[0] : 10000.0;
   double dir = call->n_iargs > 1 && call->iargs[1] ? -1.0 : 1.0; /* inverse rotation */
-  int64_t D = x->shape[nd - 1], rows = dt__numel(x) / (D ? D : 1);
+  int64_t D = x->shape[nd - 1], rows = dt__local_numel(x) / (D ? D : 1);
   if (D == 0) return DT_SUCCESS;
   int64_t inner = 1; /* rows per step of seq_dim */
   for (int d = sd + 1; d < nd - 1; d++) inner *= x->shape[d];
@@ -349,8 +343,8 @@ static dt_status_t dt__gather_scatter(const dt_op_call_t* call, const dt_local_t
   const float* xv = (const float*)x->data;
   float* o = (float*)out->data;
   const float* src = scatter ? (const float*)in[2].data : NULL;
-  if (scatter && dt__numel(x) > 0) memcpy(o, xv, sizeof(float) * (size_t)dt__numel(x));
-  int64_t n = dt__numel(ix), base = 0; /* base: x offset of idx's position with dim at 0 */
+  if (scatter && dt__local_numel(x) > 0) memcpy(o, xv, sizeof(float) * (size_t)dt__local_numel(x));
+  int64_t n = dt__local_numel(ix), base = 0; /* base: x offset of idx's position with dim at 0 */
   for (int64_t i = 0; i < n; i++) {
     int64_t t = dt__index_at(ix, i);
     if (t < 0 || t >= size)
@@ -396,7 +390,7 @@ dt_status_t dt__kernel_dropout(const dt_op_call_t* call, const dt_local_tensor_t
   float scale = p >= 1.0 ? 0.0f : (float)(1.0 / (1.0 - p));
   int nd = x->ndim;
   const int64_t* gs = call->in[0].shape;
-  int64_t n = dt__numel(x), idx[DT_MAX_DIMS] = {0};
+  int64_t n = dt__local_numel(x), idx[DT_MAX_DIMS] = {0};
   const float* a = (const float*)x->data;
   float* o = (float*)out->data;
   for (int64_t i = 0; i < n; i++) {

@@ -4,12 +4,6 @@
 
 #include "ops/ops.h"
 
-static int64_t dt__numel_of(const dt_local_tensor_t* t) {
-  int64_t n = 1;
-  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-  return n;
-}
-
 /* in: param (f32), grad (f32), exp_avg, exp_avg_sq (f32 or bf16), step (0-d i64; incremented
  * here, then the bias corrections use it); fargs: lr, beta1, beta2, eps, weight_decay.
  *   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
@@ -25,7 +19,7 @@ dt_status_t dt__kernel_adamw(const dt_op_call_t* call, const dt_local_tensor_t* 
   int64_t* step = (int64_t*)in[4].data;
   const int64_t t = ++*step;
   const double c1 = 1.0 - pow(b1, (double)t), c2 = 1.0 - pow(b2, (double)t);
-  const int64_t n = dt__numel_of(&in[0]);
+  const int64_t n = dt__local_numel(&in[0]);
   float* pw = (float*)in[0].data;
   const float* pg = (const float*)in[1].data;
   if (in[2].dtype == DT_BF16) {
@@ -58,7 +52,7 @@ dt_status_t dt__kernel_adamw(const dt_op_call_t* call, const dt_local_tensor_t* 
 dt_status_t dt__kernel_scale_(const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_local_tensor_t* out) {
   (void)out;
-  const int64_t n = dt__numel_of(&in[0]);
+  const int64_t n = dt__local_numel(&in[0]);
   const float a = (float)dt__op_farg(DT_OP_SCALE_, call, 0);
   if (in[0].dtype == DT_F32) {
     float* x = (float*)in[0].data;
@@ -74,7 +68,7 @@ dt_status_t dt__kernel_scale_(const dt_op_call_t* call, const dt_local_tensor_t*
 dt_status_t dt__kernel_sumsq(const dt_op_call_t* call, const dt_local_tensor_t* in,
                              dt_local_tensor_t* out) {
   (void)call;
-  const int64_t n = dt__numel_of(&in[0]);
+  const int64_t n = dt__local_numel(&in[0]);
   double s = 0.0;
   if (in[0].dtype == DT_F32) {
     const float* x = (const float*)in[0].data;

@@ -20,6 +20,13 @@ dt_status_t dt__op2(int id, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
 dt_status_t dt__opa(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
                     int n_fargs, const double* fargs, dt_tensor_t* out);
 
+/* Elements of a kernel's local tensor. */
+static inline int64_t dt__local_numel(const dt_local_tensor_t* t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
 /* ---- host kernels named by the op table ----------------------------------------------------- */
 #define DT__KERNEL(name) \
   dt_status_t name(const dt_op_call_t* call, const dt_local_tensor_t* in, dt_local_tensor_t* out)

@@ -470,6 +470,27 @@ dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* loca
 /* ---------------------------------------------------------------------------------------------
  * redistribution */
 
+/* The DTENSOR_DEBUG=redistribute line (rank 0) and the trace event of a plan about to run. */
+static void dt__redistribute_announce(dt_mesh_t m, struct dt_plan* p, const char* suffix) {
+  if ((dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__world_rank() == 0) {
+    char buf[512];
+    if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS)
+      dt__log("redistribute", "%s%s", buf, suffix);
+  }
+  if (dt__trace_active()) {
+    dt_trace_event_t e = {.kind = DT_TRACE_REDISTRIBUTE, .mesh_ndim = m->ndim, .plan = p};
+    dt__trace_emit(&e);
+  }
+}
+
+/* A new tensor like t with placements dst to redistribute into (meta for a meta t; the plan
+ * writes every local element: no zero fill). */
+static dt_status_t dt__redistribute_target(dt_tensor_t t, const dt_placement_t* dst,
+                                           dt_tensor_t* r) {
+  if (t->meta) return dt__tensor_meta(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, r);
+  return dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 0, r);
+}
+
 dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
   DT_CHECK(dt__tensor_check(src, "src"));
   DT_CHECK(dt__tensor_check(dst, "dst"));
@@ -493,14 +514,7 @@ dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
   dt_mesh_t m = src->mesh;
   struct dt_plan* p;
   DT_CHECK(dt__plan_get(m, src->dtype, &src->layout, dst->layout.pl, &p));
-  if ((dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__world_rank() == 0) {
-    char buf[512];
-    if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s", buf);
-  }
-  if (dt__trace_active()) {
-    dt_trace_event_t e = {.kind = DT_TRACE_REDISTRIBUTE, .mesh_ndim = m->ndim, .plan = p};
-    dt__trace_emit(&e);
-  }
+  dt__redistribute_announce(m, p, "");
   if (src->meta) return DT_SUCCESS; /* planned, nothing to move */
   dt__count_redistribute(m);
   return dt__plan_execute(m, b, p, src->data, dst->data);
@@ -512,11 +526,7 @@ dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_
   DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(dst);
   dt_tensor_t r;
-  /* the plan writes every local element: no zero fill */
-  if (t->meta)
-    DT_CHECK(dt__tensor_meta(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, &r));
-  else
-    DT_CHECK(dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 0, &r));
+  DT_CHECK(dt__redistribute_target(t, dst, &r));
   dt_status_t st = dt_tensor_redistribute_into(t, r);
   if (st != DT_SUCCESS) {
     dt_tensor_destroy(r); /* succeeds, leaving the error message alone */
@@ -535,21 +545,11 @@ dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* ds
   DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(dst);
   dt_tensor_t r;
-  if (t->meta)
-    DT_CHECK(dt__tensor_meta(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, &r));
-  else
-    DT_CHECK(dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 0, &r));
+  DT_CHECK(dt__redistribute_target(t, dst, &r));
   dt_mesh_t m = t->mesh;
   struct dt_plan* p = NULL;
   dt_status_t st = dt__plan_get(m, t->dtype, &t->layout, r->layout.pl, &p);
-  if (st == DT_SUCCESS && (dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__world_rank() == 0) {
-    char buf[512];
-    if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS) dt__log("redistribute", "%s (async)", buf);
-  }
-  if (st == DT_SUCCESS && dt__trace_active()) {
-    dt_trace_event_t e = {.kind = DT_TRACE_REDISTRIBUTE, .mesh_ndim = m->ndim, .plan = p};
-    dt__trace_emit(&e);
-  }
+  if (st == DT_SUCCESS) dt__redistribute_announce(m, p, " (async)");
   if (st == DT_SUCCESS && !t->meta) dt__count_redistribute(m);
   if (st == DT_SUCCESS)
     st = t->meta ? dt__work_start(NULL, NULL, NULL, NULL, NULL, NULL, NULL, work)
