@@ -32,7 +32,10 @@ dt_status_t dt_finalize(void) {
   dt__work_finalize_all();  /* redistribute: works in flight complete first */
   dt__plan_cache_release(); /* redistribute */
   dt__backend_release_all(); /* backend: pooled blocks, workspace (live tensors keep theirs) */
-  if (!dt__ctx_initialized()) return DT_SUCCESS;
-  dt__ctx_finalize();                 /* mesh: workspace, communicators of live meshes */
-  return dt__comm_mpi_finalize_owned(); /* comm: MPI, if dt_init started it */
+  if (dt__ctx_initialized()) {
+    dt__ctx_finalize(); /* mesh: workspace, communicators of live meshes */
+    DT_CHECK(dt__comm_mpi_finalize_owned()); /* comm: MPI, if dt_init started it */
+  }
+  dt__handle_release_all(); /* core: memory of destroyed objects held back */
+  return DT_SUCCESS;
 }

@@ -53,13 +53,21 @@ DT_API dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* o
 /* A tape-owned variable that needs no gradient, over `value` (ownership passes to the tape):
  * inputs such as token ids that must live until the backward pass. */
 DT_API dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out);
-/* Destroys a leaf (its value and gradient). Tape-owned variables are freed by dt_tape_reset. */
+/* Destroys a leaf (its value and gradient). Tape-owned variables are freed by dt_tape_reset. A
+ * leaf recorded on a tape lives on (unreachable through its handle, which is dead at once) until
+ * every tape that recorded it is reset or destroyed, so a backward pass stays valid. */
 DT_API dt_status_t dt_var_destroy(dt_var_t v);
 /* Borrowed: the value, and the gradient (NULL until a backward pass reached the variable). */
 DT_API dt_tensor_t dt_var_value(dt_var_t v);
 DT_API dt_tensor_t dt_var_grad(dt_var_t v);
 DT_API dt_status_t dt_var_zero_grad(dt_var_t v);
-/* Replaces a leaf's value (same shape, dtype and placements: an optimizer step). */
+/* Whether gradients flow to v; also the status check of a variable handle (DT_ERR_INVALID_USAGE
+ * for a destroyed one). */
+DT_API dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad);
+/* Replaces a leaf's value (the variable takes ownership): same mesh, shape, dtype and placements
+ * (DT_ERR_INVALID_ARG otherwise); passing the current value is a no-op. A tensor that already
+ * belongs to a variable (any dt_var_value or dt_var_grad) is DT_ERR_INVALID_USAGE, as is
+ * dt_tensor_destroy of one: destroy or update the variable instead. */
 DT_API dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value);
 
 /* How a leaf keeps the gradients that arrive: DT_GRAD_TO_PLACEMENTS (the default) brings each to

@@ -8,6 +8,7 @@
 #define DTENSOR_DTENSOR_H
 
 #include "dtensor/status.h"
+#include "dtensor/handle.h"
 #include "dtensor/placement.h"
 #include "dtensor/backend.h"
 #include "dtensor/mesh.h"

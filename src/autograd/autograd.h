@@ -10,11 +10,13 @@
 
 struct dt__node;
 struct dt_var {
-  uint32_t magic;
   dt_tensor_t value;
   dt_tensor_t grad;
   int requires_grad;
   int leaf; /* user-owned; otherwise freed by dt_tape_reset */
+  int tape_refs;  /* leaves: recorded node inputs that name it (tapes not yet reset) */
+  int destroyed;  /* leaves: dt_var_destroy ran while tapes held it (a dead handle); freed
+                     at their reset */
   struct dt__node* creator; /* the recorded node that produced it (NULL: leaf or constant) */
   int dropped;              /* value freed by checkpointing or dt_tape_drop; recomputed on demand */
   dt_grad_mode_t grad_mode; /* leaves: how arriving gradients are kept */

@@ -4,7 +4,10 @@
 
 #include "autograd/autograd.h"
 
-#define DT_VAR_MAGIC 0x56415231u /* "VAR1" */
+static const dt_handle_kind_t dt__tape_kind = {"tape"};
+static const dt_handle_kind_t dt__var_kind = {"variable"};
+
+static dt_status_t dt__tape_check(dt_tape_t t) { return dt_handle_check(t, &dt__tape_kind, "tape"); }
 
 static _Thread_local int dt__grad_off = 0;
 
@@ -32,7 +35,7 @@ int dt_ckpt_policy_default(const char* op, void* ctx) {
 }
 
 dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, void* ctx) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   tape->policy = policy;
   tape->policy_ctx = ctx;
   return DT_SUCCESS;
@@ -41,13 +44,13 @@ dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, voi
 /* Frees a recorded value; it comes back through dt__ensure_value. */
 static void dt__var_drop(dt_tape_t tape, dt_var_t v) {
   tape->saved_nbytes += v->value->local_numel * (int64_t)dt__itemsize(v->value->dtype);
-  dt_tensor_destroy(v->value);
+  dt__tensor_free(v->value);
   v->value = NULL;
   v->dropped = 1;
 }
 
 dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   if (n_keep > 0) DT_ARG_NOT_NULL(keep);
   if (tape->policy == NULL) return DT_SUCCESS;
   for (int64_t i = 0; i < tape->n_owned; i++) {
@@ -62,7 +65,7 @@ dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep)
 }
 
 dt_status_t dt_tape_checkpoint_stats(dt_tape_t tape, int64_t* saved_nbytes, int64_t* recomputed) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   if (saved_nbytes) *saved_nbytes = tape->saved_nbytes;
   if (recomputed) *recomputed = tape->recomputed;
   return DT_SUCCESS;
@@ -87,37 +90,55 @@ static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
       w->value = res[o];
       w->dropped = 0;
     } else {
-      dt_tensor_destroy(res[o]);
+      dt__tensor_free(res[o]);
     }
   }
   return DT_SUCCESS;
 }
 
 static dt_status_t dt__var_check(dt_var_t v) {
-  if (v == NULL || v->magic != DT_VAR_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "not a live variable");
+  DT_CHECK(dt_handle_check(v, &dt__var_kind, "variable"));
+  if (v->destroyed)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "variable was destroyed (a tape that recorded it keeps "
+                   "it until dt_tape_reset)");
   return DT_SUCCESS;
 }
 
 dt_status_t dt_tape_create(dt_tape_t* out) {
   DT_ARG_NOT_NULL(out);
-  *out = (dt_tape_t)dt__calloc(1, sizeof(struct dt_tape));
-  if (*out == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape");
+  dt_tape_t t = (dt_tape_t)dt__calloc(1, sizeof(struct dt_tape));
+  if (t == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape");
+  dt_status_t st = dt_handle_register(t, &dt__tape_kind);
+  if (st != DT_SUCCESS) {
+    dt__free(t);
+    return st;
+  }
+  *out = t;
   return DT_SUCCESS;
 }
 
+/* Frees a variable (its handle is gone already when a destroyed leaf outlived it on a tape). */
 static void dt__var_free(dt_var_t v) {
   if (v == NULL) return;
-  dt_tensor_destroy(v->value);
-  dt_tensor_destroy(v->grad);
-  v->magic = 0;
-  dt__free(v);
+  dt__tensor_free(v->value);
+  dt__tensor_free(v->grad);
+  dt_handle_unregister(v, &dt__var_kind, "variable");
+  dt_handle_free(v);
+}
+
+/* The tape's references to the leaves its nodes read (a destroyed leaf goes with the last). */
+static void dt__node_release_inputs(dt__node_t* n) {
+  for (int t = 0; t < n->n_in; t++) {
+    dt_var_t v = n->in[t];
+    if (v->leaf && --v->tape_refs == 0 && v->destroyed) dt__var_free(v);
+  }
 }
 
 dt_status_t dt_tape_reset(dt_tape_t tape) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   for (int64_t i = 0; i < tape->n_nodes; i++) {
-    dt_tensor_destroy(tape->nodes[i]->saved);
+    dt__node_release_inputs(tape->nodes[i]);
+    dt__tensor_free(tape->nodes[i]->saved);
     dt__free(tape->nodes[i]);
   }
   tape->n_nodes = 0;
@@ -131,16 +152,17 @@ dt_status_t dt_tape_reset(dt_tape_t tape) {
 
 dt_status_t dt_tape_destroy(dt_tape_t tape) {
   if (tape == NULL) return DT_SUCCESS;
-  dt_tape_reset(tape);
+  DT_CHECK(dt_tape_reset(tape));
+  dt_handle_unregister(tape, &dt__tape_kind, "tape");
   dt__free(tape->nodes);
   dt__free(tape->owned);
   dt__free(tape->spans);
-  dt__free(tape);
+  dt_handle_free(tape);
   return DT_SUCCESS;
 }
 
 dt_status_t dt_tape_stats(dt_tape_t tape, int64_t* n_nodes, int64_t* nbytes) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   if (n_nodes) *n_nodes = tape->n_nodes;
   if (nbytes) {
     int64_t b = 0;
@@ -158,8 +180,13 @@ static dt_status_t dt__tape_own(dt_tape_t tape, dt_var_t v);
 static dt_status_t dt__var_new(dt_tensor_t value, int requires_grad, int leaf, dt_var_t* out) {
   dt_var_t v = (dt_var_t)dt__calloc(1, sizeof *v);
   if (v == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a variable");
-  v->magic = DT_VAR_MAGIC;
+  dt_status_t st = dt_handle_register(v, &dt__var_kind);
+  if (st != DT_SUCCESS) {
+    dt__free(v);
+    return st;
+  }
   v->value = value;
+  if (value != NULL) value->held = 1;
   v->requires_grad = requires_grad;
   v->leaf = leaf;
   *out = v;
@@ -170,18 +197,25 @@ dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tensor_check(value, "value"));
+  if (value->held)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "value already belongs to a variable (a tensor can be "
+                   "the value of one variable only)");
   return dt__var_new(value, requires_grad != 0, 1, out);
 }
 
 dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__tensor_check(value, "value"));
+  if (value->held)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "value already belongs to a variable (a tensor can be "
+                   "the value of one variable only)");
   dt_var_t v = NULL;
   DT_CHECK(dt__var_new(value, 0, 0, &v));
   dt_status_t st = dt__tape_own(tape, v);
   if (st != DT_SUCCESS) {
+    value->held = 0;
     v->value = NULL; /* the caller keeps the tensor on failure */
     dt__var_free(v);
     return st;
@@ -194,26 +228,85 @@ dt_status_t dt_var_destroy(dt_var_t v) {
   if (v == NULL) return DT_SUCCESS;
   DT_CHECK(dt__var_check(v));
   if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "tape-owned variables are freed by dt_tape_reset");
+  if (v->tape_refs > 0) { /* recorded: the tapes keep it until their reset */
+    v->destroyed = 1;
+    v->hook = NULL;
+    return DT_SUCCESS;
+  }
   dt__var_free(v);
   return DT_SUCCESS;
 }
 
-/* NULL for a value dropped by checkpointing (until the backward pass recomputes it). */
-dt_tensor_t dt_var_value(dt_var_t v) { return dt__var_check(v) == DT_SUCCESS ? v->value : NULL; }
-dt_tensor_t dt_var_grad(dt_var_t v) { return dt__var_check(v) == DT_SUCCESS ? v->grad : NULL; }
+/* Borrowed tensors: marked as held so that dt_tensor_destroy refuses them. NULL for a value
+ * dropped by checkpointing (until the backward pass recomputes it). */
+static dt_tensor_t dt__lend(dt_tensor_t t) {
+  if (t != NULL) t->held = 1;
+  return t;
+}
+dt_tensor_t dt_var_value(dt_var_t v) {
+  return dt__var_check(v) == DT_SUCCESS ? dt__lend(v->value) : NULL;
+}
+dt_tensor_t dt_var_grad(dt_var_t v) {
+  return dt__var_check(v) == DT_SUCCESS ? dt__lend(v->grad) : NULL;
+}
+
+dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad) {
+  DT_ARG_NOT_NULL(requires_grad);
+  *requires_grad = 0;
+  DT_CHECK(dt__var_check(v));
+  *requires_grad = v->requires_grad;
+  return DT_SUCCESS;
+}
 
 dt_status_t dt_var_zero_grad(dt_var_t v) {
   DT_CHECK(dt__var_check(v));
-  dt_tensor_destroy(v->grad);
+  dt__tensor_free(v->grad);
   v->grad = NULL;
   return DT_SUCCESS;
+}
+
+/* "f32 [8, 4] S(0)R" */
+static void dt__describe(dt_tensor_t t, char* buf, size_t cap) {
+  int w = snprintf(buf, cap, "%s [", dt_dtype_name(t->dtype));
+  for (int d = 0; d < t->layout.ndim && w > 0 && (size_t)w < cap; d++)
+    w += snprintf(buf + w, cap - (size_t)w, "%s%lld", d ? ", " : "", (long long)t->layout.shape[d]);
+  if (w > 0 && (size_t)w < cap) w += snprintf(buf + w, cap - (size_t)w, "] ");
+  if (w > 0 && (size_t)w < cap)
+    dt_placements_format(t->layout.pl, t->layout.mesh_ndim, NULL, buf + w, cap - (size_t)w);
+}
+
+static int dt__same_layout(const dt_layout_t* a, const dt_layout_t* b) {
+  if (a->ndim != b->ndim || a->mesh_ndim != b->mesh_ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  for (int i = 0; i < a->mesh_ndim; i++)
+    if (!dt_placement_equal(a->pl[i], b->pl[i])) return 0;
+  return 1;
 }
 
 dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
   DT_CHECK(dt__var_check(v));
   if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "only a leaf's value can be replaced");
   DT_CHECK(dt__tensor_check(value, "value"));
-  dt_tensor_destroy(v->value);
+  if (value == v->value) return DT_SUCCESS; /* dt_var_set_value(v, dt_var_value(v)) */
+  if (value->held)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "value already belongs to a variable (pass a tensor of "
+                   "your own, e.g. a copy)");
+  dt_tensor_t x = v->value;
+  if (x != NULL) {
+    if (value->mesh != x->mesh || value->dtype != x->dtype || value->meta != x->meta ||
+        !dt__same_layout(&value->layout, &x->layout)) {
+      char want[192], got[192];
+      dt__describe(x, want, sizeof want);
+      dt__describe(value, got, sizeof got);
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "set_value: the new value must have the same mesh, dtype, shape and "
+                     "placements as the old one (old: %s; new: %s%s)", want, got,
+                     value->mesh != x->mesh ? ", another mesh" : "");
+    }
+  }
+  dt__tensor_free(x);
+  value->held = 1;
   v->value = value;
   return DT_SUCCESS;
 }
@@ -296,16 +389,17 @@ static dt_status_t dt__record(dt_tape_t tape, int op, int n_inputs, const dt_var
   if (node) {
     st = dt__tape_push(tape, node);
     if (st != DT_SUCCESS) goto fail;
+    for (int t = 0; t < n_inputs; t++) inputs[t]->tape_refs += inputs[t]->leaf;
     node->saved = saved; /* the backward rule reuses it */
     saved = NULL;
   }
-  dt_tensor_destroy(saved);
+  dt__tensor_free(saved);
   return DT_SUCCESS;
 fail:
-  dt_tensor_destroy(saved);
+  dt__tensor_free(saved);
   dt__free(node);
   for (int o = 0; o < n_outputs; o++) {
-    dt_tensor_destroy(res[o]);
+    dt__tensor_free(res[o]);
     outs[o] = NULL;
   }
   return st;
@@ -338,7 +432,7 @@ dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_va
   memcpy(in, inputs, sizeof(dt_var_t) * (size_t)n_inputs);
   inputs = in;
   for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   if (n_outputs < 1 || n_outputs > DT_OP_MAX_OUTPUTS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "n_outputs %d out of range", n_outputs);
   int id;
@@ -350,7 +444,7 @@ dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t*
                                dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(x));
   DT_ARG_NOT_NULL(dst);
   DT_CHECK(dt__ensure_value(tape, x));
@@ -364,7 +458,7 @@ dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t target
                                 dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   dt_var_t in[2] = {logits, targets};
   const int64_t mean[1] = {DT_LOSS_MEAN};
   return dt__ag_apply(tape, DT_OP_CROSS_ENTROPY, 2, in, 1, mean, 0, NULL, 1, out);
@@ -388,11 +482,11 @@ static dt_status_t dt__to_placements(dt_tensor_t* g, const dt_placement_t* want)
   if (same) return DT_SUCCESS;
   dt_tensor_t a, b;
   DT_CHECK(dt_tensor_redistribute(*g, partial ? mid : want, &a));
-  dt_tensor_destroy(*g);
+  dt__tensor_free(*g);
   *g = a;
   if (!partial) return DT_SUCCESS;
   DT_CHECK(dt_tensor_redistribute(a, want, &b));
-  dt_tensor_destroy(a);
+  dt__tensor_free(a);
   *g = b;
   return DT_SUCCESS;
 }
@@ -410,12 +504,12 @@ static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
       dt_tensor_t c;
       st = dt__tensor_clone(g, &c);
       if (st == DT_SUCCESS) {
-        dt_tensor_destroy(g);
+        dt__tensor_free(g);
         g = c;
       }
     }
     if (st != DT_SUCCESS) {
-      dt_tensor_destroy(g);
+      dt__tensor_free(g);
       return st;
     }
   }
@@ -425,14 +519,14 @@ static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
   }
   dt_tensor_t sum, in[2] = {v->grad, g};
   st = dt__op_apply(DT_OP_ADD, 2, in, 0, NULL, 0, NULL, 1, &sum, NULL);
-  dt_tensor_destroy(g);
+  dt__tensor_free(g);
   if (st != DT_SUCCESS) return st;
   if (reduce) st = dt__to_placements(&sum, v->value->layout.pl);
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(sum);
+    dt__tensor_free(sum);
     return st;
   }
-  dt_tensor_destroy(v->grad);
+  dt__tensor_free(v->grad);
   v->grad = sum;
   return DT_SUCCESS;
 }
@@ -477,7 +571,7 @@ static dt_status_t dt__spans_fire(dt_tape_t tape, int64_t k, int runs) {
 }
 
 dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(loss));
   dt_tensor_t lv = loss->value;
   if (lv->layout.ndim != 0)
@@ -538,26 +632,26 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
     gc.saved = n->saved;
     st = dt__op_info(n->op)->backward(&gc, gout, gin);
     if (st != DT_SUCCESS) {
-      for (int t = 0; t < n->n_in; t++) dt_tensor_destroy(gin[t]);
+      for (int t = 0; t < n->n_in; t++) dt__tensor_free(gin[t]);
       break;
     }
     for (int t = 0; t < n->n_in && st == DT_SUCCESS; t++) {
       if (gin[t] == NULL) continue;
       if (!n->in[t]->requires_grad) {
-        dt_tensor_destroy(gin[t]);
+        dt__tensor_free(gin[t]);
         continue;
       }
       st = dt__accumulate(n->in[t], gin[t]);
       gin[t] = NULL;
     }
-    for (int t = 0; t < n->n_in; t++) dt_tensor_destroy(gin[t]);
+    for (int t = 0; t < n->n_in; t++) dt__tensor_free(gin[t]);
     /* an intermediate's gradient is not needed once its producer ran (a rule may have taken
      * it over as an input gradient: gout[o] is then NULL) */
     for (int o = 0; o < n->n_out; o++) {
       if (n->out[o]->grad != NULL && gout[o] == NULL) {
         n->out[o]->grad = NULL;
       } else if (!n->out[o]->leaf && n->out[o] != loss) {
-        dt_tensor_destroy(n->out[o]->grad);
+        dt__tensor_free(n->out[o]->grad);
         n->out[o]->grad = NULL;
       }
     }
@@ -569,7 +663,7 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
   /* no gradient of an intermediate (the loss included) outlives the pass: a later backward on
    * the same tape starts from its own loss only */
   for (int64_t i = 0; i < tape->n_owned; i++) {
-    dt_tensor_destroy(tape->owned[i]->grad);
+    dt__tensor_free(tape->owned[i]->grad);
     tape->owned[i]->grad = NULL;
   }
   return st;
@@ -625,15 +719,18 @@ dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad) {
       return DT_FAIL(DT_ERR_INVALID_ARG, "set_grad: the gradient's mesh, dtype and shape must be "
                      "the value's");
     if (grad == v->grad) return DT_SUCCESS;
+    if (grad->held)
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "set_grad: the tensor already belongs to a variable");
+    grad->held = 1;
   }
-  dt_tensor_destroy(v->grad);
+  dt__tensor_free(v->grad);
   v->grad = grad;
   return DT_SUCCESS;
 }
 
 dt_status_t dt_tape_add_span_hooks(dt_tape_t tape, int64_t first, int64_t end,
                                    dt_tape_hook_fn pre, dt_tape_hook_fn post, void* ctx) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   if (first < 0 || end < first || end > tape->n_nodes)
     return DT_FAIL(DT_ERR_INVALID_ARG, "span [%lld, %lld) outside the %lld recorded nodes",
                    (long long)first, (long long)end, (long long)tape->n_nodes);
@@ -650,7 +747,7 @@ dt_status_t dt_tape_add_span_hooks(dt_tape_t tape, int64_t first, int64_t end,
 }
 
 dt_status_t dt_tape_drop(dt_tape_t tape, dt_var_t v) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(v));
   if (v->creator == NULL)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_tape_drop: only the output of a recorded op can be "
@@ -660,7 +757,7 @@ dt_status_t dt_tape_drop(dt_tape_t tape, dt_var_t v) {
 }
 
 dt_status_t dt_tape_restore(dt_tape_t tape, dt_var_t v) {
-  DT_ARG_NOT_NULL(tape);
+  DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(v));
   int prev = dt__grad_off;
   dt__grad_off = 1;

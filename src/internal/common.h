@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtensor/handle.h"
 #include "dtensor/placement.h"
 #include "internal/check.h"
 
@@ -17,6 +18,9 @@ void* dt__malloc(size_t n);
 void* dt__calloc(size_t count, size_t size);
 void* dt__realloc(void* p, size_t n);
 void dt__free(void* p);
+
+/* Frees the handle quarantine, and the registry when no handle is live (dt_finalize). */
+void dt__handle_release_all(void);
 
 /* Puts back a last-error text saved earlier (a call that succeeds after an internal failure it
  * recovered from leaves the caller's last error as it was). */

@@ -5,12 +5,11 @@
 
 static dt_mesh_t dt__meshes = NULL; /* live meshes */
 
-dt_status_t dt__mesh_check(dt_mesh_t m) {
-  if (m == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "mesh is NULL");
-  if (m->magic != DT_MESH_MAGIC || m->refcount <= 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh handle is not a live mesh (destroyed or garbage)");
-  return DT_SUCCESS;
-}
+const dt_handle_kind_t dt__mesh_kind = {"mesh"};
+
+/* A mesh lives while its handle or anything built on it (tensors, works) holds it: a mesh whose
+ * handle was destroyed is still valid through dt_tensor_mesh. */
+dt_status_t dt__mesh_check(dt_mesh_t m) { return dt_handle_check(m, &dt__mesh_kind, "mesh"); }
 
 static dt_status_t dt__mesh_dim(dt_mesh_t m, int dim, int* out) {
   int d = dim < 0 ? dim + m->ndim : dim;
@@ -51,8 +50,12 @@ static dt_status_t dt__mesh_alloc(int ndim, const int* shape, const char* const*
   dt_mesh_t m = (dt_mesh_t)dt__calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a mesh");
   static uint64_t next_id = 1;
-  m->magic = DT_MESH_MAGIC;
+  if (dt_handle_register(m, &dt__mesh_kind) != DT_SUCCESS) {
+    dt__free(m);
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "registering a mesh handle");
+  }
   m->refcount = 1;
+  m->user_ref = 1;
   m->id = next_id++;
   m->ndim = ndim;
   m->numel = (int)numel;
@@ -123,8 +126,8 @@ static void dt__mesh_free(dt_mesh_t m) {
   if (m->next) m->next->prev = m->prev;
   dt__mesh_free_comms(m);
   dt__free(m->ranks);
-  m->magic = 0;
-  dt__free(m);
+  dt_handle_unregister(m, &dt__mesh_kind, "mesh");
+  dt_handle_free(m);
 }
 
 void dt__mesh_retain(dt_mesh_t m) { m->refcount++; }
@@ -220,6 +223,11 @@ dt_status_t dt_mesh_create_abstract(int ndim, const int* shape, const char* cons
 dt_status_t dt_mesh_destroy(dt_mesh_t mesh) {
   if (mesh == NULL) return DT_SUCCESS;
   DT_CHECK(dt__mesh_check(mesh));
+  if (!mesh->user_ref)
+    return DT_FAIL(DT_ERR_INVALID_USAGE,
+                   "mesh was already destroyed (it lives on only while %d tensors or works hold "
+                   "it)", mesh->refcount);
+  mesh->user_ref = 0;
   dt__mesh_release(mesh);
   return DT_SUCCESS;
 }

@@ -33,11 +33,11 @@ typedef struct dt_flat_group {
   dt_comm_t comm;
 } dt_flat_group_t;
 
-#define DT_MESH_MAGIC 0x4d455348u
+extern const dt_handle_kind_t dt__mesh_kind;
 
 struct dt_mesh {
-  uint32_t magic;
-  int refcount;
+  int refcount; /* the caller's handle (while user_ref) + tensors, works and sub-meshes */
+  int user_ref;  /* 1 until dt_mesh_destroy */
   uint64_t id;         /* unique for the process lifetime (handles may be reused after free) */
   uint64_t generation; /* bumped when the mesh gains a flattened dim (plans may change) */
   int ndim;
@@ -56,7 +56,7 @@ struct dt_mesh {
   dt_counters_t counters;
   /* asynchronous slots: the work holding each, and its duplicates of the communicators (one per
    * mask used: single dims, flattened groups, all dims), created on first use */
-  struct dt_work* slot_owner[DT_ASYNC_SLOTS];
+  struct dt__work* slot_owner[DT_ASYNC_SLOTS];
   struct {
     unsigned mask;
     dt_comm_t comm;

@@ -8,6 +8,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
 #include "dtensor/check.h"
+#include "dtensor/handle.h"
 
 struct dt_corpus {
   int vocab;
@@ -25,6 +26,24 @@ static uint64_t dt__mix(uint64_t x) {
 static double dt__unif(uint64_t* s) {
   *s = dt__mix(*s);
   return (double)(*s >> 11) * 0x1.0p-53;
+}
+
+static const dt_handle_kind_t dt__corpus_kind = {"corpus"};
+
+static dt_status_t dt__corpus_check(dt_corpus_t c) {
+  return dt_handle_check(c, &dt__corpus_kind, "corpus");
+}
+
+/* Registers c as the caller's handle (frees it and its tokens on failure). */
+static dt_status_t dt__corpus_give(dt_corpus_t c, dt_corpus_t* out) {
+  dt_status_t st = dt_handle_register(c, &dt__corpus_kind);
+  if (st != DT_SUCCESS) {
+    free(c->tok);
+    free(c);
+    return st;
+  }
+  *out = c;
+  return DT_SUCCESS;
 }
 
 dt_status_t dt_corpus_markov(int vocab, int order, int64_t length, uint64_t seed,
@@ -99,8 +118,7 @@ dt_status_t dt_corpus_markov(int vocab, int order, int64_t length, uint64_t seed
   c->length = length;
   c->tok = tok;
   c->floor = H;
-  *out = c;
-  return DT_SUCCESS;
+  return dt__corpus_give(c, out);
 }
 
 dt_status_t dt_corpus_file(const char* path, dt_corpus_t* out) {
@@ -135,16 +153,17 @@ dt_status_t dt_corpus_file(const char* path, dt_corpus_t* out) {
   c->length = len;
   c->tok = tok;
   c->floor = NAN;
-  *out = c;
-  return DT_SUCCESS;
+  return dt__corpus_give(c, out);
 }
 
-double dt_corpus_entropy_floor(dt_corpus_t c) { return c ? c->floor : NAN; }
-int dt_corpus_vocab(dt_corpus_t c) { return c ? c->vocab : 0; }
+double dt_corpus_entropy_floor(dt_corpus_t c) {
+  return dt__corpus_check(c) == DT_SUCCESS ? c->floor : NAN;
+}
+int dt_corpus_vocab(dt_corpus_t c) { return dt__corpus_check(c) == DT_SUCCESS ? c->vocab : 0; }
 
 dt_status_t dt_corpus_batch(dt_corpus_t c, uint64_t seed, int64_t step, int B, int S,
                             int64_t* tokens, int64_t* targets) {
-  DT_ARG_NOT_NULL(c);
+  DT_CHECK(dt__corpus_check(c));
   DT_ARG_NOT_NULL(tokens);
   DT_ARG_NOT_NULL(targets);
   if (B < 1 || S < 1 || (int64_t)S + 1 > c->length)
@@ -163,7 +182,8 @@ dt_status_t dt_corpus_batch(dt_corpus_t c, uint64_t seed, int64_t step, int B, i
 
 dt_status_t dt_corpus_destroy(dt_corpus_t c) {
   if (c == NULL) return DT_SUCCESS;
+  DT_CHECK(dt_handle_unregister(c, &dt__corpus_kind, "corpus"));
   free(c->tok);
-  free(c);
+  dt_handle_free(c);
   return DT_SUCCESS;
 }

@@ -17,6 +17,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
 #include "dtensor/check.h"
+#include "dtensor/handle.h"
 
 #define DT_PARAM_NAME_MAX 128
 
@@ -31,6 +32,12 @@ struct dt_llama {
   char (*names)[DT_PARAM_NAME_MAX];
   const char** name_ptrs;
 };
+
+static const dt_handle_kind_t dt__llama_kind = {"model"};
+
+static dt_status_t dt__llama_check(dt_llama_t m) {
+  return dt_handle_check(m, &dt__llama_kind, "model");
+}
 
 void dt_llama_config_defaults(dt_llama_config_t* c) {
   if (c->norm_eps <= 0) c->norm_eps = 1e-5;
@@ -303,6 +310,10 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
                    "experts; 1 <= top_k <= experts");
   dt_llama_t m = calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the model");
+  if (dt_handle_register(m, &dt__llama_kind) != DT_SUCCESS) {
+    free(m);
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "registering the model handle");
+  }
   m->cfg = cfg;
   m->mesh = mesh;
   dt_status_t st = dt__build(m, plan);
@@ -318,18 +329,19 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
 
 dt_status_t dt_llama_destroy(dt_llama_t m) {
   if (m == NULL) return DT_SUCCESS;
+  DT_CHECK(dt_handle_unregister(m, &dt__llama_kind, "model"));
   dt_module_destroy(m->root);
   free(m->params);
   free(m->names);
   free(m->name_ptrs);
-  free(m);
+  dt_handle_free(m);
   return DT_SUCCESS;
 }
 
 dt_status_t dt_llama_module(dt_llama_t m, dt_module_t* root) {
   DT_ARG_NOT_NULL(root);
   *root = NULL;
-  DT_ARG_NOT_NULL(m);
+  DT_CHECK(dt__llama_check(m));
   *root = m->root;
   return DT_SUCCESS;
 }
@@ -344,7 +356,7 @@ static int dt__collect(const char* name, dt_var_t p, void* ctx) {
 
 dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names, int* n,
                             int64_t* numel) {
-  DT_ARG_NOT_NULL(m);
+  DT_CHECK(dt__llama_check(m));
   int count;
   DT_CHECK(dt_module_num_params(m->root, &count));
   if (count > m->cap_params) {
@@ -385,7 +397,7 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
                              dt_var_t* loss, double* aux_out) {
   DT_ARG_NOT_NULL(loss);
   *loss = NULL;
-  DT_ARG_NOT_NULL(m);
+  DT_CHECK(dt__llama_check(m));
   DT_ARG_NOT_NULL(tape);
   const dt_llama_config_t* c = &m->cfg;
   int nd;

@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "dtensor/check.h"
+#include "dtensor/handle.h"
 #include "dtensor/module.h"
 
-#define DT_MODULE_MAGIC 0x4d4f4455u /* "MODU" */
 #define DT_MODULE_IO_MAX 16       /* inputs and outputs of one forward */
 
 typedef struct {
@@ -24,7 +24,6 @@ typedef struct {
 enum { DT__FPRE, DT__FPOST, DT__BPRE, DT__BPOST, DT__HOOK_KINDS };
 
 struct dt_module {
-  uint32_t magic;
   char name[DT_MODULE_NAME_MAX];
   dt_module_forward_fn forward;
   void* ctx;
@@ -35,11 +34,10 @@ struct dt_module {
   int n_hooks[DT__HOOK_KINDS];
 };
 
+static const dt_handle_kind_t dt__module_kind = {"module"};
+
 static dt_status_t dt__module_check(dt_module_t m) {
-  if (m == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "module is NULL");
-  if (m->magic != DT_MODULE_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module (destroyed or garbage)");
-  return DT_SUCCESS;
+  return dt_handle_check(m, &dt__module_kind, "module");
 }
 
 /* A name component: shorter than DT_MODULE_NAME_MAX, no '.' (the path separator). */
@@ -61,7 +59,11 @@ dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, voi
   DT_CHECK(dt__name_check(name, "module"));
   dt_module_t m = calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a module");
-  m->magic = DT_MODULE_MAGIC;
+  dt_status_t st = dt_handle_register(m, &dt__module_kind);
+  if (st != DT_SUCCESS) {
+    free(m);
+    return st;
+  }
   strcpy(m->name, name);
   m->forward = forward;
   m->ctx = ctx;
@@ -69,16 +71,24 @@ dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, voi
   return DT_SUCCESS;
 }
 
+/* Frees m and what it owns (parameters a caller destroyed already are skipped). */
+static void dt__module_free(dt_module_t m) {
+  for (int i = 0; i < m->n; i++) {
+    if (m->entries[i].param) dt_var_destroy(m->entries[i].param);
+    if (m->entries[i].child) dt__module_free(m->entries[i].child);
+  }
+  free(m->entries);
+  dt_handle_unregister(m, &dt__module_kind, "module");
+  dt_handle_free(m);
+}
+
 dt_status_t dt_module_destroy(dt_module_t m) {
   if (m == NULL) return DT_SUCCESS;
   DT_CHECK(dt__module_check(m));
-  for (int i = 0; i < m->n; i++) {
-    if (m->entries[i].param) dt_var_destroy(m->entries[i].param);
-    if (m->entries[i].child) dt_module_destroy(m->entries[i].child);
-  }
-  free(m->entries);
-  m->magic = 0;
-  free(m);
+  if (m->parent != NULL)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s' is a child of '%s': destroying the root "
+                   "destroys it", m->name, m->parent->name);
+  dt__module_free(m);
   return DT_SUCCESS;
 }
 

@@ -9,16 +9,36 @@
 
 #include "dtensor/check.h"
 #include "dtensor/dtensor.h"
+#include "dtensor/handle.h"
 #include "dtensor/nn.h"
 
 struct dt_adamw {
   dt_adamw_config_t cfg;
   int n;
   dt_var_t* params;
-  dt_tensor_t* m; /* per parameter: first and second moments (its mesh and placements) */
-  dt_tensor_t* v;
-  dt_tensor_t* step; /* per parameter: 0-d i64, Replicate */
+  /* per parameter, as variables (so that the tensors lent by dt_adamw_state cannot be
+   * destroyed by the caller): first and second moments (its mesh and placements), and the step
+   * count (0-d i64, Replicate) */
+  dt_var_t* m;
+  dt_var_t* v;
+  dt_var_t* step;
 };
+
+static const dt_handle_kind_t dt__adamw_kind = {"optimizer"};
+
+static dt_status_t dt__adamw_check(dt_adamw_t o) {
+  return dt_handle_check(o, &dt__adamw_kind, "optimizer");
+}
+
+/* A zero tensor held by a new variable. */
+static dt_status_t dt__state_var(dt_mesh_t mesh, dt_dtype_t dt, int nd, const int64_t* shape,
+                                 const dt_placement_t* pl, dt_var_t* out) {
+  dt_tensor_t t;
+  DT_CHECK(dt_tensor_zeros(mesh, dt, nd, shape, pl, &t));
+  dt_status_t st = dt_var_leaf(t, 0, out);
+  if (st != DT_SUCCESS) dt_tensor_destroy(t);
+  return st;
+}
 
 dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
                             dt_adamw_t* out) {
@@ -30,15 +50,24 @@ dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* param
   if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1) ||
       !(cfg->eps > 0) || !(cfg->weight_decay >= 0))
     return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: betas in [0, 1), eps > 0, weight_decay >= 0");
+  for (int i = 0; i < n; i++) {
+    int rg;
+    dt_status_t st = dt_var_requires_grad(params[i], &rg);
+    if (st != DT_SUCCESS) return DT_FAIL(st, "adamw: parameter %d: %s", i, dt_last_error());
+  }
   dt_adamw_t o = calloc(1, sizeof *o);
   if (o == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "adamw");
+  if (dt_handle_register(o, &dt__adamw_kind) != DT_SUCCESS) {
+    free(o);
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "adamw: registering the handle");
+  }
   o->cfg = *cfg;
   o->n = n;
   size_t k = (size_t)(n ? n : 1);
   o->params = calloc(k, sizeof(dt_var_t));
-  o->m = calloc(k, sizeof(dt_tensor_t));
-  o->v = calloc(k, sizeof(dt_tensor_t));
-  o->step = calloc(k, sizeof(dt_tensor_t));
+  o->m = calloc(k, sizeof(dt_var_t));
+  o->v = calloc(k, sizeof(dt_var_t));
+  o->step = calloc(k, sizeof(dt_var_t));
   if (!o->params || !o->m || !o->v || !o->step) {
     dt_adamw_destroy(o);
     return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "adamw");
@@ -58,9 +87,9 @@ dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* param
     if (st == DT_SUCCESS) st = dt_tensor_mesh(t, &mesh);
     if (st == DT_SUCCESS) st = dt_mesh_ndim(mesh, &mnd);
     for (int d = 0; d < mnd; d++) rep[d] = dt_replicate();
-    if (st == DT_SUCCESS) st = dt_tensor_zeros(mesh, mdt, nd, shape, pl, &o->m[i]);
-    if (st == DT_SUCCESS) st = dt_tensor_zeros(mesh, mdt, nd, shape, pl, &o->v[i]);
-    if (st == DT_SUCCESS) st = dt_tensor_zeros(mesh, DT_I64, 0, NULL, rep, &o->step[i]);
+    if (st == DT_SUCCESS) st = dt__state_var(mesh, mdt, nd, shape, pl, &o->m[i]);
+    if (st == DT_SUCCESS) st = dt__state_var(mesh, mdt, nd, shape, pl, &o->v[i]);
+    if (st == DT_SUCCESS) st = dt__state_var(mesh, DT_I64, 0, NULL, rep, &o->step[i]);
     if (st != DT_SUCCESS) {
       dt_adamw_destroy(o);
       return st;
@@ -71,15 +100,25 @@ dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* param
 }
 
 dt_status_t dt_adamw_step(dt_adamw_t o, double lr) {
-  DT_ARG_NOT_NULL(o);
+  DT_CHECK(dt__adamw_check(o));
+  if (!isfinite(lr) || lr < 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: learning rate %g must be finite and >= 0", lr);
+  for (int i = 0; i < o->n; i++) { /* every parameter still alive before any changes */
+    int rg;
+    dt_status_t st = dt_var_requires_grad(o->params[i], &rg);
+    if (st != DT_SUCCESS) return DT_FAIL(st, "adamw: parameter %d: %s", i, dt_last_error());
+  }
   for (int i = 0; i < o->n; i++) {
     dt_tensor_t g = dt_var_grad(o->params[i]), w = dt_var_value(o->params[i]);
     if (g == NULL) continue;
+    if (w == NULL)
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "adamw: parameter %d has a gradient and no value", i);
     int nd;
     DT_CHECK(dt_tensor_ndim(w, &nd));
     double fargs[5] = {lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps,
                        nd >= 2 ? o->cfg.weight_decay : 0.0};
-    dt_tensor_t in[5] = {w, g, o->m[i], o->v[i], o->step[i]};
+    dt_tensor_t in[5] = {w, g, dt_var_value(o->m[i]), dt_var_value(o->v[i]),
+                         dt_var_value(o->step[i])};
     dt_status_t st = dt_op_run_multi("adamw", 5, in, 0, NULL, 5, fargs, 0, NULL);
     if (st != DT_SUCCESS) return DT_FAIL(st, "adamw: parameter %d: %s", i, dt_last_error());
   }
@@ -88,27 +127,28 @@ dt_status_t dt_adamw_step(dt_adamw_t o, double lr) {
 
 dt_status_t dt_adamw_state(dt_adamw_t o, int i, dt_tensor_t* exp_avg, dt_tensor_t* exp_avg_sq,
                            dt_tensor_t* step) {
-  DT_ARG_NOT_NULL(o);
+  DT_CHECK(dt__adamw_check(o));
   if (i < 0 || i >= o->n)
     return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: parameter %d out of range [0, %d)", i, o->n);
-  if (exp_avg) *exp_avg = o->m[i];
-  if (exp_avg_sq) *exp_avg_sq = o->v[i];
-  if (step) *step = o->step[i];
+  if (exp_avg) *exp_avg = dt_var_value(o->m[i]);
+  if (exp_avg_sq) *exp_avg_sq = dt_var_value(o->v[i]);
+  if (step) *step = dt_var_value(o->step[i]);
   return DT_SUCCESS;
 }
 
 dt_status_t dt_adamw_destroy(dt_adamw_t o) {
   if (o == NULL) return DT_SUCCESS;
+  DT_CHECK(dt_handle_unregister(o, &dt__adamw_kind, "optimizer"));
   for (int i = 0; i < o->n; i++) {
-    if (o->m) dt_tensor_destroy(o->m[i]);
-    if (o->v) dt_tensor_destroy(o->v[i]);
-    if (o->step) dt_tensor_destroy(o->step[i]);
+    if (o->m) dt_var_destroy(o->m[i]);
+    if (o->v) dt_var_destroy(o->v[i]);
+    if (o->step) dt_var_destroy(o->step[i]);
   }
   free(o->m);
   free(o->v);
   free(o->step);
   free(o->params);
-  free(o);
+  dt_handle_free(o);
   return DT_SUCCESS;
 }
 
@@ -129,8 +169,15 @@ static dt_status_t dt__accumulate_scalar(dt_tensor_t* acc, dt_tensor_t x) {
 
 dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm) {
   if (norm) *norm = 0.0;
+  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "clip_grad_norm: n = %d parameters", n);
+  if (isnan(max_norm)) return DT_FAIL(DT_ERR_INVALID_ARG, "clip_grad_norm: max_norm is NaN");
   if (n == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(params);
+  for (int i = 0; i < n; i++) {
+    int rg;
+    dt_status_t st = dt_var_requires_grad(params[i], &rg);
+    if (st != DT_SUCCESS) return DT_FAIL(st, "clip_grad_norm: parameter %d: %s", i, dt_last_error());
+  }
   /* Per gradient the sum of squares of its shard (sumsq: Partial(sum) over the mesh dims that
    * shard it), brought to Partial(sum) on every mesh dim (a replicated dim divides by its size,
    * locally, so a replicated gradient counts once), added up: one Partial scalar. */

@@ -46,7 +46,7 @@ dt_status_t dt_split(dt_tensor_t x, int64_t size, int dim, dt_tensor_t* outs, in
     dt_status_t st = dt_narrow(x, d, s, len, &outs[k]);
     if (st != DT_SUCCESS) {
       for (int64_t j = 0; j < k; j++) {
-        dt_tensor_destroy(outs[j]);
+        dt__tensor_free(outs[j]);
         outs[j] = NULL;
       }
       return st;

@@ -32,7 +32,7 @@ static dt_tensor_t dt__keep(dt__scope_t* s, dt_tensor_t t) {
   return t;
 }
 static void dt__scope_free(dt__scope_t* s) {
-  for (int i = 0; i < s->n; i++) dt_tensor_destroy(s->t[i]);
+  for (int i = 0; i < s->n; i++) dt__tensor_free(s->t[i]);
   s->n = 0;
 }
 
@@ -63,7 +63,7 @@ static dt_status_t dt__unbroadcast(dt_tensor_t g, dt_tensor_t x, dt_tensor_t* ou
   dt_tensor_t s;
   DT_CHECK(dt__opa(DT_OP_SUM, 1, &g, na, args, 0, NULL, &s));
   dt_status_t st = dt__reshape(s, xd, x->layout.shape, out);
-  dt_tensor_destroy(s);
+  dt__tensor_free(s);
   return st;
 }
 
@@ -135,7 +135,7 @@ static dt_status_t dt__add_sub(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_ten
     DT_CHECK(dt__unbroadcast(gout[0], c->in[t], &u));
     if (sub && t == 1) {
       dt_status_t st = dt__op1(DT_OP_NEG, u, &gin[t]);
-      dt_tensor_destroy(u);
+      dt__tensor_free(u);
       DT_CHECK(st);
     } else {
       gin[t] = u;
@@ -156,7 +156,7 @@ dt_status_t dt__bw_mul(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* g
     dt_tensor_t p;
     DT_CHECK(dt__op2(DT_OP_MUL, gout[0], c->in[1 - t], &p));
     dt_status_t st = dt__unbroadcast(p, c->in[t], &gin[t]);
-    dt_tensor_destroy(p);
+    dt__tensor_free(p);
     DT_CHECK(st);
   }
   return DT_SUCCESS;
@@ -207,7 +207,7 @@ dt_status_t dt__bw_sqrt(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
   dt_tensor_t a;
   DT_CHECK(dt__op2(DT_OP_DIV, gout[0], c->out[0], &a));
   dt_status_t st = dt__scale(a, 0.5, &gin[0]);
-  dt_tensor_destroy(a);
+  dt__tensor_free(a);
   return st;
 }
 
@@ -277,7 +277,7 @@ dt_status_t dt__bw_bmm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* g
     DT_CHECK(dt__opa(DT_OP_TRANSPOSE, 1, &other, 2, tdims, 0, NULL, &t));
     dt_status_t st = k == 0 ? dt__op2(DT_OP_BMM, gout[0], t, &gin[0])  /* g b^T */
                             : dt__op2(DT_OP_BMM, t, gout[0], &gin[1]); /* a^T g */
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     DT_CHECK(st);
   }
   return DT_SUCCESS;
@@ -300,17 +300,17 @@ dt_status_t dt__bw_addmm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t*
   if (c->needs[0]) {
     DT_CHECK(dt__unbroadcast(gout[0], c->in[0], &p));
     dt_status_t st = dt__scale(p, beta, &gin[0]);
-    dt_tensor_destroy(p);
+    dt__tensor_free(p);
     DT_CHECK(st);
   }
   for (int k = 1; k <= 2; k++) {
     if (!c->needs[k]) continue;
     DT_CHECK(dt__op1(DT_OP_T, c->in[k == 1 ? 2 : 1], &t));
     dt_status_t st = k == 1 ? dt__op2(DT_OP_MM, gout[0], t, &p) : dt__op2(DT_OP_MM, t, gout[0], &p);
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     DT_CHECK(st);
     st = dt__scale(p, alpha, &gin[k]);
-    dt_tensor_destroy(p);
+    dt__tensor_free(p);
     DT_CHECK(st);
   }
   return DT_SUCCESS;
@@ -448,9 +448,9 @@ dt_status_t dt__bw_slice(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t*
       dt_tensor_t in[3] = {z, it, g};
       const int64_t d1[1] = {dim};
       st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, d1, 0, NULL, &gin[0]);
-      dt_tensor_destroy(z);
+      dt__tensor_free(z);
     }
-    dt_tensor_destroy(it);
+    dt__tensor_free(it);
     return st;
   }
   dt__scope_t s = {0};
@@ -503,7 +503,7 @@ dt_status_t dt__bw_gather(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t
   DT_CHECK(dt__zeros_like(c->in[0], &z));
   dt_tensor_t in[3] = {z, c->in[1], gout[0]};
   dt_status_t st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, c->iargs, 0, NULL, &gin[0]);
-  dt_tensor_destroy(z);
+  dt__tensor_free(z);
   return st;
 }
 
@@ -527,7 +527,7 @@ dt_status_t dt__bw_topk(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
   const int64_t dim[1] = {c->iargs[1]};
   dt_tensor_t in[3] = {z, c->out[1], gout[0]};
   dt_status_t st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, dim, 0, NULL, &gin[0]);
-  dt_tensor_destroy(z);
+  dt__tensor_free(z);
   return st;
 }
 
@@ -629,7 +629,7 @@ static dt_status_t dt__minmax_bw(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_t
     st = dt__op2(DT_OP_MUL, gout[0], t ? mb : ma, &p);
     if (st == DT_SUCCESS) {
       st = dt__unbroadcast(p, c->in[t], &gin[t]);
-      dt_tensor_destroy(p);
+      dt__tensor_free(p);
     }
   }
   dt__scope_free(&s);
@@ -653,10 +653,10 @@ dt_status_t dt__bw_where(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t*
     st = dt__opa(DT_OP_WHERE, 3, in, 0, NULL, 0, NULL, &p);
     if (st == DT_SUCCESS) {
       st = dt__unbroadcast(p, c->in[t], &gin[t]);
-      dt_tensor_destroy(p);
+      dt__tensor_free(p);
     }
   }
-  dt_tensor_destroy(z);
+  dt__tensor_free(z);
   return st;
 }
 
@@ -666,7 +666,7 @@ dt_status_t dt__bw_masked_fill(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_ten
   dt_tensor_t in[2] = {gout[0], c->in[1]}, p;
   DT_CHECK(dt__opa(DT_OP_MASKED_FILL, 2, in, 0, NULL, 1, &zero, &p));
   dt_status_t st = dt__unbroadcast(p, c->in[0], &gin[0]);
-  dt_tensor_destroy(p);
+  dt__tensor_free(p);
   return st;
 }
 

@@ -215,8 +215,8 @@ done:
     dt__trace_input(-1);
     dt__trace_leave();
   }
-  for (int t = 0; t < n_inputs; t++) dt_tensor_destroy(moved[t]);
-  for (int o = 0; o < n_outputs; o++) dt_tensor_destroy(res[o]);
+  for (int t = 0; t < n_inputs; t++) dt__tensor_free(moved[t]);
+  for (int o = 0; o < n_outputs; o++) dt__tensor_free(res[o]);
   return st;
 }
 

@@ -50,9 +50,9 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, dt_loss_reduction_t
     }
   }
   dt_tensor_t tmp[8] = {m, z, e, s, ls, lse1, t, l};
-  for (int i = 0; i < 8; i++) dt_tensor_destroy(tmp[i]);
+  for (int i = 0; i < 8; i++) dt__tensor_free(tmp[i]);
   if (st == DT_SUCCESS && lse_out != NULL) *lse_out = lse;
-  else dt_tensor_destroy(lse);
+  else dt__tensor_free(lse);
   return st;
 }
 

@@ -28,7 +28,27 @@ static struct {
 } dt__cache;
 
 void dt__plan_release(struct dt_plan* p) {
-  if (p != NULL && --p->refcount == 0) dt__free(p);
+  if (p != NULL && --p->refcount == 0) dt_handle_free(p);
+}
+
+/* A plan is the caller's handle while user_refs > 0 (the same cached plan may be handed out
+ * several times, each a reference that dt_plan_destroy gives back). */
+static const dt_handle_kind_t dt__plan_kind = {"plan"};
+
+static dt_status_t dt__plan_check(dt_plan_t p) { return dt_handle_check(p, &dt__plan_kind, "plan"); }
+
+/* One more caller reference to p (registering it on the first). */
+static dt_status_t dt__plan_give(struct dt_plan* p) {
+  if (p->user_refs == 0) DT_CHECK(dt_handle_register(p, &dt__plan_kind));
+  p->user_refs++;
+  p->refcount++;
+  return DT_SUCCESS;
+}
+
+/* Gives back one caller reference (the handle dies with the last). */
+static void dt__plan_take_back(struct dt_plan* p) {
+  if (--p->user_refs == 0) dt_handle_unregister(p, &dt__plan_kind, "plan");
+  dt__plan_release(p);
 }
 
 static void dt__cache_clear(void) {
@@ -173,7 +193,7 @@ dt_status_t dt_plan_create(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int
   DT_CHECK(dt__plan_args(mesh, dtype, ndim, shape, src, dst, &l, nd));
   struct dt_plan* p;
   DT_CHECK(dt__plan_get(mesh, dtype, &l, nd, &p));
-  p->refcount++;
+  DT_CHECK(dt__plan_give(p));
   *out = p;
   return DT_SUCCESS;
 }
@@ -186,26 +206,31 @@ dt_status_t dt_plan_create_greedy(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   dt_layout_t l;
   dt_placement_t nd[DT_MAX_MESH_DIMS];
   DT_CHECK(dt__plan_args(mesh, dtype, ndim, shape, src, dst, &l, nd));
-  return dt__plan_build(mesh, dtype, &l, nd, 1, out);
+  struct dt_plan* p;
+  DT_CHECK(dt__plan_build(mesh, dtype, &l, nd, 1, &p));
+  dt_status_t st = dt__plan_give(p);
+  dt__plan_release(p); /* the build's reference: the caller's is the one left */
+  if (st == DT_SUCCESS) *out = p;
+  return st;
 }
 
 dt_status_t dt_plan_destroy(dt_plan_t plan) {
   if (plan == NULL) return DT_SUCCESS;
-  if (plan->refcount <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "plan handle is not live");
-  dt__plan_release(plan);
+  DT_CHECK(dt__plan_check(plan));
+  dt__plan_take_back(plan);
   return DT_SUCCESS;
 }
 
 dt_status_t dt_plan_num_steps(dt_plan_t plan, int* n) {
   DT_ARG_NOT_NULL(n);
   *n = 0;
-  DT_ARG_NOT_NULL(plan);
+  DT_CHECK(dt__plan_check(plan));
   *n = plan->nsteps;
   return DT_SUCCESS;
 }
 
 dt_status_t dt_plan_get_step(dt_plan_t plan, int i, dt_plan_step_t* step) {
-  DT_ARG_NOT_NULL(plan);
+  DT_CHECK(dt__plan_check(plan));
   DT_ARG_NOT_NULL(step);
   memset(step, 0, sizeof *step);
   if (i < 0 || i >= plan->nsteps)
@@ -228,7 +253,7 @@ dt_status_t dt_plan_get_step(dt_plan_t plan, int i, dt_plan_step_t* step) {
 dt_status_t dt_plan_cost(dt_plan_t plan, double* cost_us) {
   DT_ARG_NOT_NULL(cost_us);
   *cost_us = 0.0;
-  DT_ARG_NOT_NULL(plan);
+  DT_CHECK(dt__plan_check(plan));
   *cost_us = plan->cost_us;
   return DT_SUCCESS;
 }
@@ -236,7 +261,7 @@ dt_status_t dt_plan_cost(dt_plan_t plan, double* cost_us) {
 dt_status_t dt_plan_count(dt_plan_t plan, dt_collective_t c, int* count) {
   DT_ARG_NOT_NULL(count);
   *count = 0;
-  DT_ARG_NOT_NULL(plan);
+  DT_CHECK(dt__plan_check(plan));
   if (c < 0 || c >= DT_COLL_COUNT)
     return DT_FAIL(DT_ERR_INVALID_ARG, "collective %d out of range", (int)c);
   for (int i = 0; i < plan->nsteps; i++) *count += plan->steps[i].coll == c;
@@ -244,7 +269,20 @@ dt_status_t dt_plan_count(dt_plan_t plan, dt_collective_t c, int* count) {
 }
 
 dt_status_t dt_plan_format(dt_plan_t plan, char* buf, size_t cap) {
-  DT_ARG_NOT_NULL(plan);
+  DT_CHECK(dt__plan_check(plan));
+  return dt__plan_format(plan, buf, cap);
+}
+
+dt_status_t dt__plan_lend(struct dt_plan* p, int* mark) {
+  *mark = p->user_refs;
+  return dt__plan_give(p);
+}
+
+void dt__plan_unlend(struct dt_plan* p, int mark) {
+  if (p->user_refs > mark) dt__plan_take_back(p); /* unless the callback destroyed it */
+}
+
+dt_status_t dt__plan_format(const struct dt_plan* plan, char* buf, size_t cap) {
   DT_ARG_NOT_NULL(buf);
   if (cap == 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap is 0");
   size_t used = 0;

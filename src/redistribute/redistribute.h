@@ -19,7 +19,8 @@ typedef struct dt_step {
 #define DT_MAX_STEPS 16
 
 struct dt_plan {
-  int refcount;
+  int refcount;  /* the cache, works, and one per caller reference */
+  int user_refs; /* caller references (dt_plan_create): a live dt_plan_t while > 0 */
   dt_layout_t src; /* source layout (dst is src.shape with the last step's `after`) */
   dt_placement_t dst[DT_MAX_MESH_DIMS];
   dt_dtype_t dtype;
@@ -35,6 +36,12 @@ struct dt_plan {
 dt_status_t dt__plan_get(dt_mesh_t mesh, dt_dtype_t dtype, const dt_layout_t* src,
                          const dt_placement_t* dst, struct dt_plan** out);
 void dt__plan_release(struct dt_plan* p);
+/* "S(0)R -> RR" for any plan (dt_plan_format without the handle check). */
+dt_status_t dt__plan_format(const struct dt_plan* p, char* buf, size_t cap);
+/* Makes a cached plan a caller-visible dt_plan_t for a while (a trace event) with one more
+ * caller reference; dt__plan_unlend(p, mark) gives it back unless a dt_plan_destroy did. */
+dt_status_t dt__plan_lend(struct dt_plan* p, int* mark);
+void dt__plan_unlend(struct dt_plan* p, int mark);
 /* Frees every cached plan (dt_finalize; plans retained elsewhere stay valid). */
 void dt__plan_cache_release(void);
 /* 1 if dst is reachable from src (no new Partial from a Shard, no Partial op change); no message:

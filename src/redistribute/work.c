@@ -22,12 +22,11 @@
 
 #include "redistribute/redistribute.h"
 
-#define DT_WORK_MAGIC 0x574f524bu /* "WORK" */
 #define DT_WORK_SPARES DT_ASYNC_SLOTS
 #define DT_WORK_SPARE_NBYTES ((size_t)64 << 20)
 
-struct dt_work {
-  uint32_t magic;
+struct dt__work {
+  struct dt_work* handle; /* the caller's handle (NULL once destroyed) */
   dt_mesh_t mesh; /* retained; NULL for a work that had nothing to do */
   dt_backend_t b;
   struct dt_plan* plan; /* retained */
@@ -46,15 +45,61 @@ struct dt_work {
   int done;
   dt_status_t status;
   char msg[512];
-  struct dt_work *next, *prev; /* in flight */
+  struct dt__work *next, *prev; /* in flight */
 };
 
-static struct dt_work* dt__inflight = NULL;
-static struct dt_work* dt__spares = NULL; /* destroyed works kept for reuse (linked by next) */
+/* The caller's handle of a work is a shell apart from the work (whose body is recycled as a
+ * spare): shells come round-robin from a static ring, so a destroyed handle is not handed out
+ * again before DT_WORK_SHELLS later works (the registry tells it is dead meanwhile), and a
+ * steady state of starts allocates nothing for them. Past the ring (that many works held at
+ * once), shells come from the heap. */
+#define DT_WORK_SHELLS 4096
+struct dt_work {
+  struct dt__work* body; /* NULL: free */
+  int heap;
+};
+static const dt_handle_kind_t dt__work_kind = {"work"};
+static struct dt_work dt__shells[DT_WORK_SHELLS];
+static size_t dt__shell_next = 0;
+
+static dt_status_t dt__shell_new(struct dt__work* body, dt_work_t* out) {
+  struct dt_work* h = NULL;
+  for (size_t i = 0; i < DT_WORK_SHELLS && h == NULL; i++) {
+    size_t j = (dt__shell_next + i) % DT_WORK_SHELLS;
+    if (dt__shells[j].body == NULL) {
+      h = &dt__shells[j];
+      dt__shell_next = (j + 1) % DT_WORK_SHELLS;
+    }
+  }
+  if (h == NULL) {
+    h = (struct dt_work*)dt__calloc(1, sizeof *h);
+    if (h == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a work handle");
+    h->heap = 1;
+  }
+  dt_status_t st = dt_handle_register(h, &dt__work_kind);
+  if (st != DT_SUCCESS) {
+    if (h->heap) dt__free(h);
+    return st;
+  }
+  h->body = body;
+  body->handle = h;
+  *out = h;
+  return DT_SUCCESS;
+}
+
+static void dt__shell_free(struct dt_work* h) {
+  dt_handle_unregister(h, &dt__work_kind, "work");
+  h->body->handle = NULL;
+  h->body = NULL;
+  if (h->heap) dt_handle_free(h);
+}
+
+static struct dt__work* dt__inflight = NULL;
+static struct dt__work* dt__spares = NULL; /* destroyed works kept for reuse (linked by next) */
 static int dt__nspares = 0;
 static uint64_t dt__seq = 0;
 
-static void dt__unlink(struct dt_work* w) {
+static void dt__unlink(struct dt__work* w) {
   if (w->prev) w->prev->next = w->next;
   else if (dt__inflight == w) dt__inflight = w->next;
   if (w->next) w->next->prev = w->prev;
@@ -63,7 +108,7 @@ static void dt__unlink(struct dt_work* w) {
 
 /* Completion (or failure): the held storage is released; scratch stays for reuse and the slot
  * goes at wait/destroy. */
-static void dt__finish(struct dt_work* w, dt_status_t st) {
+static void dt__finish(struct dt__work* w, dt_status_t st) {
   if (w->done) return;
   w->done = 1;
   w->status = st;
@@ -76,7 +121,7 @@ static void dt__finish(struct dt_work* w, dt_status_t st) {
 }
 
 /* Frees the work's scratch, intermediates and request memory. */
-static void dt__work_buffers_free(struct dt_work* w) {
+static void dt__work_buffers_free(struct dt__work* w) {
   dt__scratch_free(&w->sc);
   for (int k = 0; k < 2; k++) {
     if (w->b) dt__backend_free(w->b, w->inter[k], w->inter_cap[k]);
@@ -88,21 +133,21 @@ static void dt__work_buffers_free(struct dt_work* w) {
   w->req_iface = NULL;
 }
 
-static size_t dt__work_buffers_nbytes(const struct dt_work* w) {
+static size_t dt__work_buffers_nbytes(const struct dt__work* w) {
   size_t n = w->inter_cap[0] + w->inter_cap[1];
   for (int k = 0; k < DT_WS_SLOTS; k++) n += w->sc.cap[k];
   return n;
 }
 
 /* A work for backend b: a spare (its buffers kept when they belong to b) or a new one. */
-static struct dt_work* dt__work_get(dt_backend_t b) {
-  struct dt_work* w = dt__spares;
+static struct dt__work* dt__work_get(dt_backend_t b) {
+  struct dt__work* w = dt__spares;
   if (w != NULL) {
     dt__spares = w->next;
     dt__nspares--;
     if (w->b != b) dt__work_buffers_free(w);
   } else {
-    w = (struct dt_work*)dt__calloc(1, sizeof *w);
+    w = (struct dt__work*)dt__calloc(1, sizeof *w);
     if (w == NULL) return NULL;
   }
   /* keep the buffers and the request; reset everything else */
@@ -117,7 +162,6 @@ static struct dt_work* dt__work_get(dt_backend_t b) {
   memcpy(w->inter_cap, inter_cap, sizeof inter_cap);
   w->req = req;
   w->req_iface = req_iface;
-  w->magic = DT_WORK_MAGIC;
   w->slot = -1;
   w->b = b;
   w->sc.b = b;
@@ -126,8 +170,7 @@ static struct dt_work* dt__work_get(dt_backend_t b) {
 }
 
 /* A destroyed work: kept as a spare (buffers too, when not too large) or freed. */
-static void dt__work_put(struct dt_work* w) {
-  w->magic = 0;
+static void dt__work_put(struct dt__work* w) {
   if (dt__nspares >= DT_WORK_SPARES || !dt__ctx_initialized()) { /* none kept after finalize */
     dt__work_buffers_free(w);
     dt__free(w);
@@ -140,7 +183,7 @@ static void dt__work_put(struct dt_work* w) {
 }
 
 /* The buffer step k writes: the target for the last step, else an intermediate. */
-static dt_status_t dt__step_out(struct dt_work* w, int k, void** out) {
+static dt_status_t dt__step_out(struct dt__work* w, int k, void** out) {
   const struct dt_plan* p = w->plan;
   if (k + 1 == p->nsteps) {
     *out = w->dst;
@@ -163,7 +206,7 @@ static dt_status_t dt__step_out(struct dt_work* w, int k, void** out) {
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__step_begin(struct dt_work* w) {
+static dt_status_t dt__step_begin(struct dt__work* w) {
   void* out;
   DT_CHECK(dt__step_out(w, w->k, &out));
   const void* in = w->k == 0 ? w->src : w->inter[(w->k - 1) & 1];
@@ -181,7 +224,7 @@ static dt_status_t dt__step_begin(struct dt_work* w) {
 }
 
 /* Advances w as far as it goes without blocking (block != 0: to completion). */
-static dt_status_t dt__work_run(struct dt_work* w, int block) {
+static dt_status_t dt__work_run(struct dt__work* w, int block) {
   dt_status_t st = DT_SUCCESS;
   while (!w->done) {
     if (w->run.pending) {
@@ -213,20 +256,20 @@ static dt_status_t dt__work_run(struct dt_work* w, int block) {
 }
 
 void dt__progress_all(void) {
-  for (struct dt_work *w = dt__inflight, *next; w != NULL; w = next) {
+  for (struct dt__work *w = dt__inflight, *next; w != NULL; w = next) {
     next = w->next;
     dt__work_run(w, 0); /* a failure is kept in the work for its wait */
   }
 }
 
-static void dt__slot_release(struct dt_work* w) {
+static void dt__slot_release(struct dt__work* w) {
   if (w->slot >= 0 && w->mesh) w->mesh->slot_owner[w->slot] = NULL;
   w->slot = -1;
 }
 
 /* Takes a free slot of the mesh for w; when every slot is held (by works running or complete but
  * not yet waited for), completes the oldest holder and takes its slot. */
-static dt_status_t dt__slot_take(dt_mesh_t m, struct dt_work* w) {
+static dt_status_t dt__slot_take(dt_mesh_t m, struct dt__work* w) {
   int oldest = 0;
   for (int s = 0; s < DT_ASYNC_SLOTS; s++) {
     if (m->slot_owner[s] == NULL) {
@@ -235,7 +278,7 @@ static dt_status_t dt__slot_take(dt_mesh_t m, struct dt_work* w) {
     }
     if (m->slot_owner[s]->seq < m->slot_owner[oldest]->seq) oldest = s;
   }
-  struct dt_work* o = m->slot_owner[oldest];
+  struct dt__work* o = m->slot_owner[oldest];
   if (o != NULL) {
     DT_CHECK(dt__work_run(o, 1));
     dt__slot_release(o);
@@ -245,11 +288,24 @@ static dt_status_t dt__slot_take(dt_mesh_t m, struct dt_work* w) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt__work_start(dt_mesh_t m, dt_backend_t b, struct dt_plan* p, const void* src,
+/* Completes a work if it is still running (its buffers belong to the collective until then),
+ * releases what it holds and keeps it as a spare. */
+static void dt__work_end(struct dt__work* w) {
+  if (!w->done) dt__work_run(w, 1);
+  dt__slot_release(w);
+  dt__finish(w, w->status);
+  if (w->plan) dt__plan_release(w->plan);
+  if (w->mesh) dt__mesh_release(w->mesh);
+  w->plan = NULL;
+  w->mesh = NULL;
+  dt__work_put(w);
+}
+
+static dt_status_t dt__work_start_body(dt_mesh_t m, dt_backend_t b, struct dt_plan* p, const void* src,
                            dt_storage_t* src_hold, void* dst, dt_storage_t* dst_hold,
-                           dt_work_t* out) {
+                                        struct dt__work** out) {
   *out = NULL;
-  struct dt_work* w = dt__work_get(b);
+  struct dt__work* w = dt__work_get(b);
   if (w == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a work");
   if (m == NULL || p == NULL || m->abstract || !m->member) { /* nothing moves here */
     w->done = 1;
@@ -274,7 +330,7 @@ dt_status_t dt__work_start(dt_mesh_t m, dt_backend_t b, struct dt_plan* p, const
     if (n && dst != src) st = b->iface->copy(b, dst, src, n, DT_COPY_D2D);
     dt__finish(w, st);
     if (st != DT_SUCCESS) {
-      dt_work_destroy(w);
+      dt__work_end(w);
       return st;
     }
     *out = w;
@@ -296,56 +352,63 @@ dt_status_t dt__work_start(dt_mesh_t m, dt_backend_t b, struct dt_plan* p, const
   if (st == DT_SUCCESS) st = dt__work_run(w, 0);
   else dt__finish(w, st);
   if (st != DT_SUCCESS) {
-    dt_work_destroy(w);
+    dt__work_end(w);
     return st;
   }
   *out = w;
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__work_check(dt_work_t w) {
-  if (w == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "work is NULL");
-  if (w->magic != DT_WORK_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "work handle is not a live work (destroyed or garbage)");
+dt_status_t dt__work_start(dt_mesh_t m, dt_backend_t b, struct dt_plan* p, const void* src,
+                           dt_storage_t* src_hold, void* dst, dt_storage_t* dst_hold,
+                           dt_work_t* out) {
+  *out = NULL;
+  struct dt__work* w;
+  DT_CHECK(dt__work_start_body(m, b, p, src, src_hold, dst, dst_hold, &w));
+  dt_status_t st = dt__shell_new(w, out);
+  if (st != DT_SUCCESS) dt__work_end(w);
+  return st;
+}
+
+static dt_status_t dt__work_check(dt_work_t h, struct dt__work** w) {
+  DT_CHECK(dt_handle_check(h, &dt__work_kind, "work"));
+  *w = h->body;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_work_wait(dt_work_t w) {
-  DT_CHECK(dt__work_check(w));
+dt_status_t dt_work_wait(dt_work_t h) {
+  struct dt__work* w;
+  DT_CHECK(dt__work_check(h, &w));
   dt_status_t st = w->done ? w->status : dt__work_run(w, 1);
   dt__slot_release(w);
   if (st != DT_SUCCESS && w->msg[0]) return DT_FAIL(st, "%s", w->msg);
   return st;
 }
 
-dt_status_t dt_work_test(dt_work_t w, int* done) {
+dt_status_t dt_work_test(dt_work_t h, int* done) {
   DT_ARG_NOT_NULL(done);
   *done = 0;
-  DT_CHECK(dt__work_check(w));
+  struct dt__work* w;
+  DT_CHECK(dt__work_check(h, &w));
   if (!w->done) dt__progress_all();
   *done = w->done;
   if (w->done && w->status != DT_SUCCESS) return DT_FAIL(w->status, "%s", w->msg);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_work_destroy(dt_work_t w) {
-  if (w == NULL) return DT_SUCCESS;
-  DT_CHECK(dt__work_check(w));
-  if (!w->done) dt__work_run(w, 1); /* the buffers belong to the collective until it completes */
-  dt__slot_release(w);
-  dt__finish(w, w->status);
-  if (w->plan) dt__plan_release(w->plan);
-  if (w->mesh) dt__mesh_release(w->mesh);
-  w->plan = NULL;
-  w->mesh = NULL;
-  dt__work_put(w);
+dt_status_t dt_work_destroy(dt_work_t h) {
+  if (h == NULL) return DT_SUCCESS;
+  struct dt__work* w;
+  DT_CHECK(dt__work_check(h, &w));
+  dt__shell_free(h);
+  dt__work_end(w);
   return DT_SUCCESS;
 }
 
 void dt__work_finalize_all(void) {
   while (dt__inflight != NULL) dt__work_run(dt__inflight, 1);
   while (dt__spares != NULL) {
-    struct dt_work* w = dt__spares;
+    struct dt__work* w = dt__spares;
     dt__spares = w->next;
     dt__work_buffers_free(w);
     dt__free(w);

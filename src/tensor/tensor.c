@@ -6,11 +6,10 @@
 
 #include "tensor/tensor.h"
 
+const dt_handle_kind_t dt__tensor_kind = {"tensor"};
+
 dt_status_t dt__tensor_check(dt_tensor_t t, const char* what) {
-  if (t == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s is NULL", what);
-  if (t->magic != DT_TENSOR_MAGIC)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s is not a live tensor (destroyed or garbage)", what);
-  return DT_SUCCESS;
+  return dt_handle_check(t, &dt__tensor_kind, what);
 }
 
 size_t dt__tensor_nbytes(dt_tensor_t t) { return (size_t)t->local_numel * dt__itemsize(t->dtype); }
@@ -43,7 +42,10 @@ static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   DT_CHECK(dt__layout_init(&l, mesh->ndim, mesh->shape, ndim, shape, pl));
   dt_tensor_t t = (dt_tensor_t)dt__calloc(1, sizeof *t);
   if (t == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tensor");
-  t->magic = DT_TENSOR_MAGIC;
+  if (dt_handle_register(t, &dt__tensor_kind) != DT_SUCCESS) {
+    dt__free(t);
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "registering a tensor handle");
+  }
   t->mesh = mesh;
   t->dtype = dtype;
   t->layout = l;
@@ -65,7 +67,7 @@ dt_status_t dt__tensor_new(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int
   dt_tensor_t t = *out;
   dt_status_t st = dt__storage_new(mesh->backend, dt__tensor_nbytes(t), zero, &t->storage);
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     *out = NULL;
     return st;
   }
@@ -85,7 +87,7 @@ dt_status_t dt__tensor_alias(dt_tensor_t base, size_t offset, dt_dtype_t dtype, 
   if (base->meta) return DT_SUCCESS;
   size_t at = base->offset + offset;
   if (at + dt__tensor_nbytes(t) > base->storage->nbytes) {
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     *out = NULL;
     return DT_FAIL(DT_ERR_INTERNAL, "a view of %zu bytes at %zu overruns a storage of %zu bytes",
                    dt__tensor_nbytes(t), at, base->storage->nbytes);
@@ -110,7 +112,7 @@ dt_status_t dt__tensor_clone(dt_tensor_t t, dt_tensor_t* out) {
   dt_backend_t b = dt__tensor_backend(c);
   dt_status_t st = b->iface->copy(b, c->data, t->data, dt__tensor_nbytes(t), DT_COPY_D2D);
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(c);
+    dt__tensor_free(c);
     return st;
   }
   *out = c;
@@ -131,13 +133,22 @@ int dt__tensor_overlap(dt_tensor_t a, dt_tensor_t b) {
   return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
 }
 
+void dt__tensor_free(dt_tensor_t t) {
+  if (t == NULL) return;
+  dt__storage_release(t->storage);
+  dt__mesh_release(t->mesh);
+  dt_handle_unregister(t, &dt__tensor_kind, "tensor");
+  dt_handle_free(t);
+}
+
 dt_status_t dt_tensor_destroy(dt_tensor_t t) {
   if (t == NULL) return DT_SUCCESS;
   DT_CHECK(dt__tensor_check(t, "tensor"));
-  dt__storage_release(t->storage);
-  dt__mesh_release(t->mesh);
-  t->magic = 0;
-  dt__free(t);
+  if (t->held)
+    return DT_FAIL(DT_ERR_INVALID_USAGE,
+                   "tensor belongs to a variable (the value or gradient of a dt_var_t): destroy "
+                   "the variable, or replace it with dt_var_set_value / dt_var_set_grad");
+  dt__tensor_free(t);
   return DT_SUCCESS;
 }
 
@@ -209,7 +220,7 @@ dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, cons
     if (st == DT_SUCCESS) st = dt__partition(t);
   }
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     *out = NULL;
   }
   return st;
@@ -273,19 +284,19 @@ dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, d
       dt__fmt_shape(want, sizeof want, ndim, t->local_shape);
       dt__fmt_shape(glob, sizeof glob, ndim, gshape);
       dt_placements_format(t->layout.pl, mesh->ndim, ",", pl, sizeof pl);
-      dt_tensor_destroy(t);
+      dt__tensor_free(t);
       return DT_FAIL(DT_ERR_INVALID_ARG,
                      "local shape %s does not follow the chunk rule: global shape %s with "
                      "placements %s gives this rank %s",
                      got, glob, pl, want);
     }
   if (t->local_numel > 0 && local == NULL) {
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     return DT_FAIL(DT_ERR_INVALID_ARG, "local is NULL but the shard has elements");
   }
   dt_status_t st = dt__storage_borrow(backend, local, dt__tensor_nbytes(t), &t->storage);
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     return st;
   }
   t->data = local;
@@ -392,7 +403,7 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
   DT_CHECK_GOTO(dt__partition(t), st, fail);
   return DT_SUCCESS;
 fail:
-  dt_tensor_destroy(t);
+  dt__tensor_free(t);
   *out = NULL;
   return st;
 }
@@ -474,12 +485,14 @@ dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* loca
 static void dt__redistribute_announce(dt_mesh_t m, struct dt_plan* p, const char* suffix) {
   if ((dt__debug_mask() & DT_DBG_REDISTRIBUTE) && dt__world_rank() == 0) {
     char buf[512];
-    if (dt_plan_format(p, buf, sizeof buf) == DT_SUCCESS)
+    if (dt__plan_format(p, buf, sizeof buf) == DT_SUCCESS)
       dt__log("redistribute", "%s%s", buf, suffix);
   }
-  if (dt__trace_active()) {
+  int mark;
+  if (dt__trace_active() && dt__plan_lend(p, &mark) == DT_SUCCESS) {
     dt_trace_event_t e = {.kind = DT_TRACE_REDISTRIBUTE, .mesh_ndim = m->ndim, .plan = p};
     dt__trace_emit(&e);
+    dt__plan_unlend(p, mark);
   }
 }
 
@@ -529,7 +542,7 @@ dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_
   DT_CHECK(dt__redistribute_target(t, dst, &r));
   dt_status_t st = dt_tensor_redistribute_into(t, r);
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(r); /* succeeds, leaving the error message alone */
+    dt__tensor_free(r); /* succeeds, leaving the error message alone */
     return st;
   }
   *out = r;
@@ -556,7 +569,7 @@ dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* ds
                  : dt__work_start(m, dt__tensor_backend(t), p, t->data, t->storage, r->data,
                                   r->storage, work);
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(r);
+    dt__tensor_free(r);
     return st;
   }
   *out = r;
@@ -589,12 +602,12 @@ dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
       st = dt_tensor_redistribute_into(t, r);
     }
   } else { /* gather in device memory, then one copy to the host */
-    dt_tensor_destroy(r);
+    dt__tensor_free(r);
     st = dt_tensor_redistribute(t, rep, &r);
     if (st == DT_SUCCESS && t->mesh->member)
       st = b->iface->copy(b, out, r->data, need, DT_COPY_D2H);
   }
-  dt_tensor_destroy(r);
+  dt__tensor_free(r);
   return st;
 }
 
@@ -671,7 +684,7 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
   if (st == DT_SUCCESS) st = dt__partition(t);
 done:
   if (st != DT_SUCCESS) {
-    dt_tensor_destroy(t);
+    dt__tensor_free(t);
     *out = NULL;
   }
   return st;

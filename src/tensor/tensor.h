@@ -14,10 +14,9 @@
 #include "dtensor/tensor.h"
 #include "redistribute/redistribute.h"
 
-#define DT_TENSOR_MAGIC 0x54454e53u
+extern const dt_handle_kind_t dt__tensor_kind;
 
 struct dt_tensor {
-  uint32_t magic;
   dt_mesh_t mesh;
   dt_dtype_t dtype;
   dt_layout_t layout;
@@ -28,11 +27,15 @@ struct dt_tensor {
   size_t offset;         /* bytes into the storage */
   void* data;            /* storage->ptr + offset (NULL for a meta tensor) */
   int meta;
+  int held; /* owned by a variable (autograd): dt_tensor_destroy refuses it */
 };
 
-/* DT_SUCCESS for a live tensor handle, else DT_ERR_INVALID_ARG ("<what> is not a live tensor").
+/* DT_SUCCESS for a live tensor handle, else DT_ERR_INVALID_ARG for NULL and DT_ERR_INVALID_USAGE
+ * ("<what> is not a live dt_tensor_t") for anything else (see dtensor/handle.h).
  * The one handle check: every layer above uses it. */
 dt_status_t dt__tensor_check(dt_tensor_t t, const char* what);
+/* Destroys a tensor whatever holds it (the holder's own release). */
+void dt__tensor_free(dt_tensor_t t);
 /* A tensor with owned storage on the mesh's backend, zero-filled or not (for outputs a kernel
  * writes in full). */
 dt_status_t dt__tensor_new(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
