@@ -8,6 +8,7 @@ static const dt_handle_kind_t dt__tape_kind = {"tape"};
 static const dt_handle_kind_t dt__var_kind = {"variable"};
 
 static dt_status_t dt__tape_check(dt_tape_t t) { return dt_handle_check(t, &dt__tape_kind, "tape"); }
+static dt_status_t dt__var_check(dt_var_t v);
 
 static _Thread_local int dt__grad_off = 0;
 
@@ -28,6 +29,7 @@ struct dt_tape {
 
 int dt_ckpt_policy_default(const char* op, void* ctx) {
   (void)ctx;
+  if (op == NULL) return 1; /* nothing to recompute by: save */
   const dt_op_info_t* info = dt__op_info(dt__op_find(op));
   /* pointwise ops and views are recomputed; matmuls, norms, softmax, attention, embedding,
    * reductions, routing, unknown names: saved */
@@ -51,7 +53,9 @@ static void dt__var_drop(dt_tape_t tape, dt_var_t v) {
 
 dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep) {
   DT_CHECK(dt__tape_check(tape));
+  if (n_keep < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "n_keep %d is negative", n_keep);
   if (n_keep > 0) DT_ARG_NOT_NULL(keep);
+  for (int k = 0; k < n_keep; k++) DT_CHECK(dt__var_check(keep[k]));
   if (tape->policy == NULL) return DT_SUCCESS;
   for (int64_t i = 0; i < tape->n_owned; i++) {
     dt_var_t v = tape->owned[i];

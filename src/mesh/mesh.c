@@ -516,3 +516,23 @@ dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask) {
   if (mask == (1u << m->ndim) - 1u) return m->all_comm.iface ? &m->all_comm : NULL;
   return NULL;
 }
+
+dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what) {
+  if (m->abstract || !m->member || m->numel == 1) return st;
+  dt_comm_t* c = &m->all_comm;
+  /* max over ranks of (status, lowest failing rank): one 8-byte all-reduce */
+  int64_t mine = ((int64_t)st << 32) | (int64_t)(0x7fffffff - c->rank), all = 0;
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", dt_last_error());
+  dt_status_t cst = c->iface->all_reduce(c, &mine, &all, 1, DT_I64, DT_REDUCE_MAX, NULL);
+  if (cst != DT_SUCCESS) return cst;
+  dt_status_t agreed = (dt_status_t)(all >> 32);
+  if (agreed == DT_SUCCESS) return DT_SUCCESS;
+  int who = 0x7fffffff - (int)(all & 0xffffffff);
+  if (st != DT_SUCCESS) {
+    dt__error_restore(saved); /* this rank's own message, the agreed status */
+    return agreed;
+  }
+  return DT_FAIL(agreed, "%s failed on rank %d of the mesh (%s there); every rank of the mesh "
+                 "returns it", what, who, dt_status_name(agreed));
+}

@@ -66,6 +66,11 @@ struct dt_mesh {
 
 void dt__mesh_retain(dt_mesh_t m);
 void dt__mesh_release(dt_mesh_t m);
+/* Agrees on a status that only some ranks may see (a rank-local buffer, data-dependent indices):
+ * collective over the mesh's members (one 8-byte all-reduce); when any had a failure every
+ * member returns the same status (the highest code), with its own message where it failed and
+ * one naming the failing rank elsewhere. Abstract meshes, non-members and one-rank meshes return st at once. */
+dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what);
 /* DT_SUCCESS for a live mesh handle, else DT_ERR_INVALID_ARG with a message. */
 dt_status_t dt__mesh_check(dt_mesh_t m);
 /* Communicator over the mesh dims in `mask` (a single dim, a flattened group, or all dims).

@@ -63,6 +63,10 @@ dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int 
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(name);
+  if (init != DT_INIT_NORMAL && init != DT_INIT_ZEROS && init != DT_INIT_ONES)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: init %d is not a dt_nn_init_t", name, (int)init);
+  if (init == DT_INIT_NORMAL && !(isfinite(std) && std >= 0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: std %g must be finite and >= 0", name, std);
   dt_placement_t pl[DT_MAX_MESH_DIMS];
   int mnd;
   DT_CHECK(dt_mesh_ndim(mesh, &mnd));

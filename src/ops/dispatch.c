@@ -203,8 +203,13 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     unsigned kf = ((info->flags & DT_OPF_ANY_DTYPE) ? DT_KERNEL_ANY_DTYPE : 0u) |
                   ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u) |
                   (writes ? DT_KERNEL_INPLACE : 0u);
-    DT_CHECK_GOTO(b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs), st,
-                  done);
+    st = b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs);
+    /* a value only some ranks hold may be rejected: every rank returns the same status before
+     * any goes on to its next collective (a cast to a float type rejects nothing) */
+    if ((info->flags & DT_OPF_CHECKS_DATA) &&
+        !(id == DT_OP_CAST && dt__dtype_is_float(ch.out_meta[0].dtype)))
+      st = dt__mesh_agree(mesh, st, name);
+    if (st != DT_SUCCESS) goto done;
   }
   for (int o = 0; o < n_outputs; o++) {
     outs[o] = res[o];

@@ -39,6 +39,9 @@ enum {
                                   output aliases the input's storage (no kernel runs) */
   DT_OPF_CUT = 1u << 6,        /* slice/narrow: the output aliases the input's storage when its
                                   local elements are one contiguous run */
+  DT_OPF_CHECKS_DATA = 1u << 7, /* the kernel may reject input values (an index out of range, a
+                                   value no integer holds) that only some ranks hold: its status
+                                   is agreed over the mesh before the op returns */
 };
 /* In-place ops (the optimizer's update, gradient scaling) write some of their inputs: bit 16 + i
  * marks input i. Such an input never moves (candidates that would move it are dropped, so its

@@ -22,6 +22,8 @@
 #define DT__WR (DT_OPF_WRITES_ALL | DT_OPF_RECOMPUTE)
 #define DT__WRA (DT_OPF_WRITES_ALL | DT_OPF_RECOMPUTE | DT_OPF_ANY_DTYPE)
 #define DT__WN (DT_OPF_WRITES_ALL | DT_OPF_NO_GRAD)
+#define DT__WC (DT_OPF_WRITES_ALL | DT_OPF_CHECKS_DATA)
+#define DT__WNC (DT_OPF_WRITES_ALL | DT_OPF_NO_GRAD | DT_OPF_CHECKS_DATA)
 #define DT__VIEW (DT__WRA | DT_OPF_VIEW)
 #define DT__CUT (DT__WRA | DT_OPF_CUT)
 #define DT__I (DT_OPF_NO_GRAD | DT_OPF_ANY_DTYPE)
@@ -68,7 +70,7 @@
   X(WHERE, "where", 3, 1, "", dt__where_rules, NULL, dt__bw_where, DT__WR, dt__kernel_where, NULL)       \
   X(MASKED_FILL, "masked_fill", 2, 1, "value:f", dt__masked_fill_rules, NULL, dt__bw_masked_fill,        \
     DT__WR, dt__kernel_masked_fill, NULL)                                                                \
-  X(CAST, "cast", 1, 1, "dtype:d", dt__cast_rules, NULL, dt__bw_cast, DT__WRA, dt__kernel_cast, NULL)    \
+  X(CAST, "cast", 1, 1, "dtype:d", dt__cast_rules, NULL, dt__bw_cast, DT__WRA | DT_OPF_CHECKS_DATA, dt__kernel_cast, NULL) \
   X(DROPOUT, "dropout", 1, 1, "p:f, seed", dt__dropout_rules, NULL, dt__bw_dropout, DT__WR,              \
     dt__kernel_dropout, NULL)                                                                            \
   /* reductions */                                                                                       \
@@ -88,9 +90,9 @@
     dt__kernel_rms_norm, NULL)                                                                           \
   X(LAYER_NORM, "layer_norm", 3, 1, "eps:f?", dt__norm_rules, NULL, dt__bw_layer_norm, DT__W,            \
     dt__kernel_layer_norm, NULL)                                                                         \
-  X(EMBEDDING, "embedding", 2, 1, "", dt__embedding_rules, NULL, dt__bw_embedding, DT__W,                \
+  X(EMBEDDING, "embedding", 2, 1, "", dt__embedding_rules, NULL, dt__bw_embedding, DT__WC,               \
     dt__kernel_embedding, NULL)                                                                          \
-  X(GATHER_DIM, "gather_dim", 2, 1, "", dt__gather_dim_rules, NULL, dt__bw_gather_dim, DT__W,            \
+  X(GATHER_DIM, "gather_dim", 2, 1, "", dt__gather_dim_rules, NULL, dt__bw_gather_dim, DT__WC,           \
     dt__kernel_gather_dim, NULL)                                                                         \
   X(SDPA, "sdpa", 3, 1, "causal=0, layout=0, scale:f?", dt__sdpa_rules, dt__sdpa_check, dt__bw_sdpa,     \
     DT__W, dt__kernel_sdpa, NULL)                                                                        \
@@ -123,9 +125,9 @@
   /* indexing and routing */                                                                             \
   X(TOPK, "topk", 1, 2, "k, dim, largest=1", dt__topk_rules, NULL, dt__bw_topk, DT__W, dt__kernel_topk,  \
     NULL)                                                                                                \
-  X(GATHER, "gather", 2, 1, "dim", dt__gather_rules, NULL, dt__bw_gather, DT__W, dt__kernel_gather,      \
+  X(GATHER, "gather", 2, 1, "dim", dt__gather_rules, NULL, dt__bw_gather, DT__WC, dt__kernel_gather,     \
     NULL)                                                                                                \
-  X(SCATTER_ADD, "scatter_add", 3, 1, "dim", dt__scatter_add_rules, NULL, dt__bw_scatter_add, DT__W,     \
+  X(SCATTER_ADD, "scatter_add", 3, 1, "dim", dt__scatter_add_rules, NULL, dt__bw_scatter_add, DT__WC,    \
     dt__kernel_scatter_add, NULL)                                                                        \
   /* fused gradient ops (what backward rules run) */                                                     \
   X(ACT_GRAD, "act_grad", 2, 1, "kind", dt__act_grad_rules, NULL, NULL, DT__WN, dt__kernel_act_grad,     \
@@ -134,7 +136,7 @@
     dt__kernel_rms_norm_grad, NULL)                                                                      \
   X(LAYER_NORM_GRAD, "layer_norm_grad", 3, 2, "eps:f?", dt__norm_grad_rules, NULL, NULL, DT__WN,         \
     dt__kernel_layer_norm_grad, NULL)                                                                    \
-  X(EMBEDDING_GRAD, "embedding_grad", 2, 1, "vocab", dt__embedding_grad_rules, NULL, NULL, DT__WN,       \
+  X(EMBEDDING_GRAD, "embedding_grad", 2, 1, "vocab", dt__embedding_grad_rules, NULL, NULL, DT__WNC,      \
     dt__kernel_embedding_grad, NULL)                                                                     \
   X(SDPA_GRAD, "sdpa_grad", 4, 3, "causal=0, layout=0, scale:f?", dt__sdpa_grad_rules, dt__sdpa_check,   \
     NULL, DT__WN, dt__kernel_sdpa_grad, NULL)                                                            \

@@ -68,8 +68,8 @@ static dt_status_t dt__view_shape(int op_id, const dt_op_call_t* call, dt_tensor
         infer = d;
       } else if (s < 0) {
         return DT_FAIL(DT_ERR_INVALID_ARG, "%s: invalid size %lld", op, (long long)s);
-      } else {
-        known *= s;
+      } else if (!dt__mul_i64(known, s, &known)) {
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the sizes' product overflows 64 bits", op);
       }
       out->shape[d] = s;
     }
@@ -114,7 +114,8 @@ static dt_status_t dt__view_shape(int op_id, const dt_op_call_t* call, dt_tensor
       sizes[j] = call->iargs[1 + j];
       if (sizes[j] == -1 && infer < 0) infer = j;
       else if (sizes[j] < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten: invalid sizes");
-      else known *= sizes[j];
+      else if (!dt__mul_i64(known, sizes[j], &known))
+        return DT_FAIL(DT_ERR_INVALID_ARG, "unflatten: the sizes' product overflows 64 bits");
     }
     if (infer >= 0) {
       if (known == 0 || x->shape[dim] % known != 0)

@@ -55,7 +55,8 @@ static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   } else {
     for (int d = 0; d < ndim; d++) t->local_shape[d] = 0;
   }
-  t->local_numel = dt__box_numel(ndim, t->local_shape);
+  /* a rank outside the mesh holds nothing, a 0-dim tensor included */
+  t->local_numel = mesh->member ? dt__box_numel(ndim, t->local_shape) : 0;
   dt__mesh_retain(mesh);
   *out = t;
   return DT_SUCCESS;
@@ -327,7 +328,8 @@ dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
     if (!ok)
       return src_rank == dt__world_rank()
                  ? DT_FAIL(DT_ERR_INVALID_ARG, "full is NULL on the source rank %d", src_rank)
-                 : DT_FAIL(DT_ERR_REMOTE, "full is NULL on the source rank %d", src_rank);
+                 : DT_FAIL(DT_ERR_INVALID_ARG, "full is NULL on the source rank %d (reported by "
+                           "that rank)", src_rank);
   }
   DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, placements, 1, out));
   dt_tensor_t t = *out;
@@ -582,15 +584,19 @@ dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
 
 dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
   DT_CHECK(dt__tensor_check(t, "tensor"));
-  DT_ARG_NOT_NULL(out);
+  if (t->meta) return DT_FAIL(DT_ERR_INVALID_USAGE, "a meta tensor holds no data");
   int64_t numel = dt__box_numel(t->layout.ndim, t->layout.shape);
   size_t need = (size_t)numel * dt__itemsize(t->dtype);
-  if (out_nbytes < need)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "out has %zu bytes, the full tensor needs %zu", out_nbytes,
-                   need);
+  /* the caller's buffer is this rank's own: agreed before the gather, so a rank with a bad one
+   * fails together with the others instead of leaving them in the collective */
+  dt_status_t ast = DT_SUCCESS;
+  if (out == NULL) ast = DT_FAIL(DT_ERR_INVALID_ARG, "out is NULL");
+  else if (out_nbytes < need)
+    ast = DT_FAIL(DT_ERR_INVALID_ARG, "out has %zu bytes, the full tensor needs %zu", out_nbytes,
+                  need);
+  DT_CHECK(dt__mesh_agree(t->mesh, ast, "dt_tensor_gather_full (the output buffer)"));
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
-  if (t->meta) return DT_FAIL(DT_ERR_INVALID_USAGE, "a meta tensor holds no data");
   dt_backend_t b = dt__tensor_backend(t);
   dt_tensor_t r;
   DT_CHECK(dt__tensor_shell(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, rep, 0, &r));

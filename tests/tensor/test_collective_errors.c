@@ -6,6 +6,12 @@
  * must return an error (the source DT_ERR_INVALID_ARG, the others DT_ERR_INVALID_ARG or
  * DT_ERR_REMOTE), with no tensor, and the mesh must stay usable. A watchdog turns a hang into a
  * prompt failure. dt_tensor_from_local with an inferred global shape is checked the same way.
+ *
+ * Then errors that depend on one rank's own data or buffer (stages 9..): a too-small output
+ * buffer passed to dt_tensor_gather_full on one rank only, an embedding index and a
+ * cross-entropy target out of range in the shard of one rank of a batch-sharded input. Every rank
+ * must return the same status (the failing rank its own message, the others one naming it), and
+ * the next collective must work on every rank.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
@@ -84,6 +90,62 @@ int main(int argc, char** argv) {
   int64_t even[2] = {2, 2};
   DT_ASSERT_OK(dt_tensor_from_local(m, DT_F32, 2, NULL, pls[0], full, even, &t));
   DT_ASSERT_OK(dt_tensor_destroy(t));
+
+  /* stage 9: one rank's buffer is too small for dt_tensor_gather_full */
+  for (int bad = 0; bad < world; bad++) {
+    g_stage = 9;
+    DT_ASSERT_OK(dt_tensor_distribute(m, DT_F32, 2, shape, pls[0], rank == 0 ? full : NULL, 0, &t));
+    size_t cap = sizeof(float) * (size_t)n - (rank == bad ? sizeof(float) : 0);
+    dt_clear_error();
+    DT_ASSERT_STATUS(dt_tensor_gather_full(t, back, cap), DT_ERR_INVALID_ARG);
+    if (rank != bad)
+      DT_ASSERT_TRUE(strstr(dt_last_error(), "on rank") != NULL, "message '%s' names no rank",
+                     dt_last_error());
+    memset(back, 0, sizeof(float) * (size_t)n);
+    DT_ASSERT_OK(dt_tensor_gather_full(t, back, sizeof(float) * (size_t)n));
+    for (int64_t i = 0; i < n; i++) DT_ASSERT_TRUE(back[i] == full[i], "element %lld", (long long)i);
+    DT_ASSERT_OK(dt_tensor_destroy(t));
+  }
+
+  /* stages 10, 11: an index out of range in the last rank's shard of a batch-sharded input */
+  {
+    const int64_t V = 5, D = 3, B = 2 * world;
+    int64_t wshape[2] = {V, D}, bshape[1] = {B}, lshape2[2] = {B, V};
+    dt_placement_t rep[1] = {dt_replicate()}, s0[1] = {dt_shard(0)};
+    dt_tensor_t w, ids, logits, out = NULL;
+    DT_ASSERT_OK(dt_tensor_arange(m, DT_F32, 2, wshape, rep, 0.0, 1.0, &w));
+    int64_t* idv = malloc(sizeof(int64_t) * (size_t)B);
+    for (int64_t i = 0; i < B; i++) idv[i] = i % V;
+    idv[B - 1] = V + 7; /* held by the last rank only */
+    DT_ASSERT_OK(dt_tensor_from_full(m, DT_I64, 1, bshape, s0, idv, &ids));
+    DT_ASSERT_OK(dt_tensor_arange(m, DT_F32, 2, lshape2, s0, 0.0, 0.25, &logits));
+    g_stage = 10;
+    dt_tensor_t in[2] = {w, ids};
+    dt_clear_error();
+    DT_ASSERT_STATUS(dt_op_run("embedding", 2, in, 0, NULL, 0, NULL, &out), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(out == NULL, "no output after a failure");
+    DT_ASSERT_TRUE(strstr(dt_last_error(), rank == world - 1 ? "out of range" : "on rank") != NULL,
+                   "message '%s'", dt_last_error());
+    g_stage = 11;
+    dt_clear_error();
+    DT_ASSERT_STATUS(dt_cross_entropy(logits, ids, DT_LOSS_MEAN, &out), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(out == NULL, "no loss after a failure");
+    /* the ranks are in step: the next collective works everywhere */
+    g_stage = 12;
+    idv[B - 1] = 1;
+    dt_tensor_t good;
+    DT_ASSERT_OK(dt_tensor_from_full(m, DT_I64, 1, bshape, s0, idv, &good));
+    DT_ASSERT_OK(dt_cross_entropy(logits, good, DT_LOSS_MEAN, &out));
+    float loss;
+    DT_ASSERT_OK(dt_tensor_gather_full(out, &loss, sizeof loss));
+    DT_ASSERT_TRUE(loss > 0.0f, "loss %g", (double)loss);
+    dt_tensor_destroy(out);
+    dt_tensor_destroy(good);
+    dt_tensor_destroy(logits);
+    dt_tensor_destroy(ids);
+    dt_tensor_destroy(w);
+    free(idv);
+  }
 
   alarm(0);
   free(full);
