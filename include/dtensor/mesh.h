@@ -32,6 +32,42 @@ DT_API dt_status_t dt_finalize(void);
 DT_API dt_status_t dt_world_rank(int* rank);
 DT_API dt_status_t dt_world_size(int* size);
 
+/* ---- deadlines on collective waits ---------------------------------------------------------
+ * Every wait of the library for a collective (blocking collectives, dt_work_wait, the
+ * communicator duplicates of dt_init and of asynchronous works) has a deadline: the timeout, in
+ * seconds, counted from when the wait starts. It is $DTENSOR_TIMEOUT_S when that is set and not
+ * empty (read by dt_init: a positive finite number such as "600" or "2.5"; anything else makes
+ * dt_init fail with DT_ERR_INVALID_ARG before it starts MPI), else 600 (PyTorch's NCCL
+ * watchdog default). MPI_Comm_split (mesh creation, slicing, flattening) has no non-blocking
+ * form in MPI and is not bounded.
+ *
+ * Past the deadline, since MPI cannot cancel a collective: the library writes one line to stderr,
+ *   "[dtensor rank R] DT_ERR_TIMEOUT: all_gather (mesh dim 0, step 1/2 S(0)->R) did not complete
+ *    within 2 s ...",
+ * calls the timeout handler (when one is set) with that line, and then
+ *   - handler unset or returning DT_TIMEOUT_ABORT: aborts the whole job with
+ *     MPI_Abort(MPI_COMM_WORLD, DT_ERR_TIMEOUT); the public function never returns;
+ *   - handler returning DT_TIMEOUT_RETURN: the public function returns DT_ERR_TIMEOUT with the
+ *     line in dt_last_error(). The collective is still posted and owns its buffers (which the
+ *     library then never frees), and the communicators it ran on are unusable: make no further
+ *     collective call, nor dt_finalize; exit the process (or MPI_Abort) soon. For hosts that exit
+ *     on their own terms, and for tests. */
+#define DT_TIMEOUT_ABORT 0
+#define DT_TIMEOUT_RETURN 1
+/* Called once per timeout on the rank that timed out, before the job is aborted; `message` is
+ * the line written to stderr (valid during the call). Returns DT_TIMEOUT_ABORT or
+ * DT_TIMEOUT_RETURN (see above). */
+typedef int (*dt_timeout_fn)(const char* message, void* ctx);
+
+/* Sets the timeout of collective waits started from now on (any time, also before dt_init; a
+ * set $DTENSOR_TIMEOUT_S replaces it at dt_init). DT_ERR_INVALID_ARG unless seconds is positive
+ * and finite. Per process: every rank should set the same value. */
+DT_API dt_status_t dt_set_timeout(double seconds);
+/* The current timeout in seconds. */
+DT_API dt_status_t dt_get_timeout(double* seconds);
+/* Installs the timeout handler (fn NULL: none, the default; the job is then aborted). */
+DT_API dt_status_t dt_set_timeout_handler(dt_timeout_fn fn, void* ctx);
+
 /* Creates a mesh of `ndim` dims and `shape[i]` ranks along dim i (collective over the world).
  * names: NULL or ndim distinct non-empty names (at most 31 chars). ranks: NULL lays the world's
  * ranks 0..N-1 out row-major (N must equal the world size); otherwise prod(shape) distinct world

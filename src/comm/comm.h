@@ -15,6 +15,11 @@
  * an implementation may choose how to run a call only from values every rank passes alike (a
  * rank sees only its own all_to_all_v counts: choosing MPI_Alltoallv on one rank and
  * point-to-point on another would deadlock).
+ *
+ * Deadlines: every wait (a blocking call, wait, group_end) ends within the library's timeout
+ * (dt_set_timeout, $DTENSOR_TIMEOUT_S). Past it the implementation calls dt__comm_timeout, which
+ * reports and calls the host's handler; then it aborts the job, or returns DT_ERR_TIMEOUT with
+ * the request still posted (nothing may wait for it again).
  */
 #ifndef DT_COMM_COMM_H
 #define DT_COMM_COMM_H
@@ -37,6 +42,7 @@ typedef struct dt_comm_req {
   uint64_t* more;                        /* beyond them (heap) */
   void* keep;                            /* list of kept blocks (count arrays) */
   void** keep_free;                      /* link to the first block not in use (NULL: &keep) */
+  const char* op;                        /* the last call posted ("all_gather"): timeout text */
 } dt_comm_req_t;
 
 struct dt_comm_i {
@@ -112,5 +118,30 @@ void dt__comm_release(dt_comm_t* c);
 /* Largest element count one MPI call carries (INT_MAX; $DTENSOR_COMM_MAX_COUNT lowers it so tests
  * run the chunked paths on small tensors). Larger counts are split into several calls. */
 int64_t dt__comm_max_count(void);
+
+/* ---- deadlines (src/comm/deadline.c) ------------------------------------------------------- */
+/* What the calling thread is running, for the timeout message: set by the redistribute executor
+ * before it posts or waits for a step's collective, cleared after (the comm layer only reads it).
+ * mesh_dims: bit i for mesh dim i (0: unknown); step: 0-based index of nsteps (nsteps 0:
+ * unknown); before/after: the mesh's ndim placements around the step (NULL: unknown), of which
+ * the dims in mesh_dims are reported ("S(0)->R"). Copied, and formatted only on a timeout. */
+void dt__comm_what_set(unsigned mesh_dims, int step, int nsteps, int ndim,
+                       const dt_placement_t* before, const dt_placement_t* after);
+void dt__comm_what_clear(void);
+/* Strict parse of a timeout in seconds ("600", "2.5", "1e3"): a positive finite number with
+ * nothing after it but spaces. `source` names where the text came from, for the message. */
+dt_status_t dt__timeout_parse(const char* text, const char* source, double* out);
+/* Applies $DTENSOR_TIMEOUT_S when set and not empty (dt_init, before MPI starts). */
+dt_status_t dt__timeout_from_env(void);
+/* The timeout in seconds. */
+double dt__timeout_s(void);
+/* A wait for `op` (e.g. "all_gather") on a communicator of comm_size ranks ran past the deadline
+ * after `waited` seconds: writes the message (with world_rank and the thread's context) to stderr
+ * and calls the host's handler. Returns 1 when the caller must return DT_ERR_TIMEOUT (*st set,
+ * the message recorded for dt_last_error), 0 when it must abort the job. */
+int dt__comm_timeout(const char* op, int world_rank, int comm_size, double waited,
+                     dt_status_t* st);
+/* Monotonic clock in seconds. */
+double dt__now_s(void);
 
 #endif

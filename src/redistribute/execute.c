@@ -459,6 +459,8 @@ dt_status_t dt__run_init(dt__run_t* r, dt_mesh_t m, dt_backend_t b, const struct
   r->m = m;
   r->b = b;
   r->s = s;
+  r->k = k;
+  r->nsteps = p->nsteps;
   r->sc = sc;
   r->async = req != NULL;
   r->req = req;
@@ -482,6 +484,10 @@ dt_status_t dt__run_init(dt__run_t* r, dt_mesh_t m, dt_backend_t b, const struct
     return DT_FAIL(DT_ERR_INTERNAL, "communicator size %d != group size %d", r->c->size, r->gn);
   r->me = r->c->rank;
   return DT_SUCCESS;
+}
+
+void dt__run_what(const dt__run_t* r) {
+  dt__comm_what_set(r->s->mask, r->k, r->nsteps, r->m->ndim, r->s->before, r->s->after);
 }
 
 dt_status_t dt__advance(dt__run_t* r) {
@@ -535,7 +541,10 @@ dt_status_t dt__plan_execute(dt_mesh_t m, dt_backend_t b, const struct dt_plan* 
     dt__run_t r;
     DT_CHECK(dt__run_init(&r, m, b, p, k, cur, out, &sc,
                           dt__mesh_group_comm(m, p->steps[k].mask), NULL));
-    DT_CHECK(dt__advance(&r));
+    dt__run_what(&r);
+    dt_status_t st = dt__advance(&r);
+    dt__comm_what_clear();
+    if (st != DT_SUCCESS) return st;
     cur = out;
   }
   return DT_SUCCESS;

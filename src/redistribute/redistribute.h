@@ -90,6 +90,7 @@ typedef struct dt__run {
   int gn;       /* group size */
   dt_comm_t* c; /* the group's communicator (NULL for local steps) */
   int me;       /* my rank in it */
+  int k, nsteps; /* this step's index in its plan, and the plan's step count */
   int phase;    /* next phase; -1 when the step is complete */
   int pending;  /* a posted collective (*req) has not completed */
   dt_comm_req_t* req; /* async: the work's request (reused across steps); blocking: NULL */
@@ -106,6 +107,9 @@ dt_status_t dt__run_init(dt__run_t* r, dt_mesh_t m, dt_backend_t b, const struct
                          dt_comm_req_t* req);
 /* Runs phases until the step completes or waits on a posted collective (r->pending). */
 dt_status_t dt__advance(dt__run_t* r);
+/* Tells the comm layer which step the thread is about to post or wait for (mesh dims, step k of
+ * n, the transition), for the timeout message; dt__comm_what_clear when done. */
+void dt__run_what(const dt__run_t* r);
 void dt__scratch_free(dt__scratch_t* s);
 /* Executes a plan: src buffer (source layout's local box) -> dst buffer (target's local box), both
  * in backend b's memory (packing, copies and scaling go through b). */

@@ -43,6 +43,7 @@ struct dt__work {
   void* inter[2]; /* intermediates between steps (ping-pong) */
   size_t inter_cap[2];
   int done;
+  int abandoned; /* timed out with a collective still posted: its memory is never freed */
   dt_status_t status;
   char msg[512];
   struct dt__work *next, *prev; /* in flight */
@@ -114,6 +115,8 @@ static void dt__finish(struct dt__work* w, dt_status_t st) {
   w->status = st;
   if (st != DT_SUCCESS) snprintf(w->msg, sizeof w->msg, "%s", dt_last_error());
   dt__unlink(w);
+  if (st == DT_ERR_TIMEOUT) w->abandoned = 1; /* MPI may still write the target */
+  if (w->abandoned) return;
   for (int k = 0; k < 2; k++) {
     dt__storage_release(w->hold[k]);
     w->hold[k] = NULL;
@@ -171,6 +174,7 @@ static struct dt__work* dt__work_get(dt_backend_t b) {
 
 /* A destroyed work: kept as a spare (buffers too, when not too large) or freed. */
 static void dt__work_put(struct dt__work* w) {
+  if (w->abandoned) return; /* leaked on purpose: a timed-out collective owns its buffers */
   if (dt__nspares >= DT_WORK_SPARES || !dt__ctx_initialized()) { /* none kept after finalize */
     dt__work_buffers_free(w);
     dt__free(w);
@@ -223,10 +227,18 @@ static dt_status_t dt__step_begin(struct dt__work* w) {
   return dt__run_init(&w->run, w->mesh, w->b, w->plan, w->k, in, out, &w->sc, c, &w->req);
 }
 
-/* Advances w as far as it goes without blocking (block != 0: to completion). */
+/* Advances w as far as it goes without blocking (block != 0: to completion, or a timeout). */
+static dt_status_t dt__work_run_step(struct dt__work* w, int block);
 static dt_status_t dt__work_run(struct dt__work* w, int block) {
+  dt_status_t st = dt__work_run_step(w, block);
+  dt__comm_what_clear();
+  return st;
+}
+
+static dt_status_t dt__work_run_step(struct dt__work* w, int block) {
   dt_status_t st = DT_SUCCESS;
   while (!w->done) {
+    dt__run_what(&w->run);
     if (w->run.pending) {
       int ok = 1;
       if (block) st = w->run.c->iface->wait(w->run.c, &w->req);
@@ -246,7 +258,7 @@ static dt_status_t dt__work_run(struct dt__work* w, int block) {
     if (st != DT_SUCCESS) break;
   }
   if (st != DT_SUCCESS) {
-    if (w->run.pending) { /* the posted collective still owns the buffers: let it finish */
+    if (w->run.pending && st != DT_ERR_TIMEOUT) { /* the posted collective owns the buffers */
       w->run.c->iface->wait(w->run.c, &w->req);
       w->run.pending = 0;
     }
