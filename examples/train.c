@@ -29,6 +29,7 @@
 
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
+#include "train_config.h"
 
 #define DEFAULT_PLAN                                                                      \
   "*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);" \
@@ -44,82 +45,6 @@ static int g_rank;
       MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
     }                                                                                 \
   } while (0)
-
-typedef struct {
-  char mesh[32], model[16], data[256], plan[1024], metrics[256], plot[256];
-  int steps, batch, seq, dim, layers, heads, kv_heads, experts, top_k, vocab, order, warmup;
-  int bf16_moments, checkpoint;
-  double lr, clip;
-  long long seed;
-} opts_t;
-
-static void defaults(opts_t* o) {
-  memset(o, 0, sizeof *o);
-  strcpy(o->model, "dense");
-  strcpy(o->data, "markov");
-  strcpy(o->plan, DEFAULT_PLAN);
-  o->steps = 1000;
-  o->batch = 32;
-  o->seq = 32;
-  o->dim = 64;
-  o->layers = 2;
-  o->heads = 4;
-  o->experts = 4;
-  o->top_k = 2;
-  o->vocab = 16;
-  o->order = 2;
-  o->warmup = 20;
-  o->lr = 1e-2;
-  o->clip = 1.0;
-  o->seed = 1234;
-}
-
-static int set_opt(opts_t* o, const char* key, const char* val) {
-#define OPT_S(name) \
-  if (!strcmp(key, #name)) return snprintf(o->name, sizeof o->name, "%s", val) >= 0;
-#define OPT_I(name) \
-  if (!strcmp(key, #name)) return (o->name = atoi(val)), 1;
-#define OPT_F(name) \
-  if (!strcmp(key, #name)) return (o->name = atof(val)), 1;
-  OPT_S(mesh) OPT_S(model) OPT_S(data) OPT_S(plan) OPT_S(metrics) OPT_S(plot)
-  OPT_I(steps) OPT_I(batch) OPT_I(seq) OPT_I(dim) OPT_I(layers) OPT_I(heads) OPT_I(kv_heads)
-  OPT_I(experts) OPT_I(top_k) OPT_I(vocab) OPT_I(order) OPT_I(warmup) OPT_I(bf16_moments)
-  OPT_I(checkpoint)
-  OPT_F(lr) OPT_F(clip)
-  if (!strcmp(key, "seed")) return (o->seed = atoll(val)), 1;
-  return 0;
-#undef OPT_S
-#undef OPT_I
-#undef OPT_F
-}
-
-static int load_config(opts_t* o, const char* path) {
-  FILE* f = fopen(path, "rb");
-  if (f == NULL) return 0;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char* text = malloc((size_t)n + 1);
-  size_t got = fread(text, 1, (size_t)n, f);
-  text[got] = '\0';
-  fclose(f);
-  cJSON* j = cJSON_Parse(text);
-  free(text);
-  if (j == NULL) return 0;
-  int ok = 1;
-  for (cJSON* it = j->child; it; it = it->next) {
-    char val[1024];
-    if (cJSON_IsString(it)) snprintf(val, sizeof val, "%s", it->valuestring);
-    else if (cJSON_IsBool(it)) snprintf(val, sizeof val, "%d", cJSON_IsTrue(it));
-    else snprintf(val, sizeof val, "%.17g", it->valuedouble);
-    if (!set_opt(o, it->string, val)) {
-      if (g_rank == 0) fprintf(stderr, "train: unknown config key '%s'\n", it->string);
-      ok = 0;
-    }
-  }
-  cJSON_Delete(j);
-  return ok;
-}
 
 static double now_s(void) {
   struct timespec ts;
@@ -153,18 +78,20 @@ int main(int argc, char** argv) {
   int world;
   CHECK(dt_world_rank(&g_rank));
   CHECK(dt_world_size(&world));
-  opts_t o;
-  defaults(&o);
+  train_opts_t o;
+  train_opts_defaults(&o, DEFAULT_PLAN);
+  char err[1200];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc) {
-      if (!load_config(&o, argv[++i])) {
-        if (g_rank == 0) fprintf(stderr, "train: cannot use config %s\n", argv[i]);
+      if (!train_opts_load_file(&o, argv[++i], err, sizeof err)) {
+        if (g_rank == 0) fprintf(stderr, "train: cannot use config %s: %s\n", argv[i], err);
         dt_finalize();
         return 2;
       }
     }
   }
   for (int i = 1; i < argc; i++) {
+    snprintf(err, sizeof err, "unknown flag");
     if (!strncmp(argv[i], "--", 2)) {
       char key[64];
       snprintf(key, sizeof key, "%s", argv[i] + 2);
@@ -179,24 +106,23 @@ int main(int argc, char** argv) {
         else o.checkpoint = 1;
         continue;
       }
-      if (i + 1 < argc && set_opt(&o, key, argv[i + 1])) {
+      if (i + 1 < argc && train_opts_set(&o, key, argv[i + 1], err, sizeof err)) {
         i++;
         continue;
       }
     }
-    if (g_rank == 0) fprintf(stderr, "train: bad argument '%s' (see the comment atop train.c)\n",
-                             argv[i]);
+    if (g_rank == 0)
+      fprintf(stderr, "train: bad argument '%s': %s (see the comment atop train.c)\n", argv[i],
+              err);
     dt_finalize();
     return 2;
   }
-  /* mesh */
+  /* mesh (checked by train_opts_set) */
   int mshape[4] = {world}, mnd = 1;
-  if (o.mesh[0]) {
-    mnd = 0;
-    for (char* p = o.mesh; *p && mnd < 4;) {
-      mshape[mnd++] = (int)strtol(p, &p, 10);
-      if (*p == 'x') p++;
-    }
+  if (o.mesh[0] && !train_mesh_parse(o.mesh, mshape, &mnd)) {
+    if (g_rank == 0) fprintf(stderr, "train: bad mesh '%s'\n", o.mesh);
+    dt_finalize();
+    return 2;
   }
   dt_mesh_t mesh;
   CHECK(dt_mesh_create(mnd, mshape, NULL, NULL, &mesh));

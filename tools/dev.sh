@@ -6,13 +6,18 @@
 #                          sanitizer build (ASan + UBSan) of the same suite
 #   tools/dev.sh bench     build and run the benchmarks (redistribution at 2 and 4 ranks,
 #                          planning latency, op dispatch)
+#   tools/dev.sh fuzz [SECONDS]
+#                          build the libFuzzer harnesses (clang) and run each for SECONDS
+#                          (default 60); new corpus entries and crash files stay in fuzz-out/
 #
-# Environment: NP (example ranks, default 4), BUILD_DIR (default build), DTENSOR_SKIP_ASAN=1.
+# `test` also builds the harnesses and runs each on its seed corpus and for FUZZ_SECONDS (default
+# 6) more; a crash fails it. Environment: NP (example ranks, default 4), BUILD_DIR (default
+# build), DTENSOR_SKIP_ASAN=1, DTENSOR_SKIP_FUZZ=1, FUZZ_SECONDS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libopenblas-dev
-      libcmocka-dev libcjson-dev)
+      libcmocka-dev libcjson-dev clang libclang-rt-14-dev)
 
 install_deps() {
   local missing=()
@@ -41,6 +46,33 @@ configure_build() { # dir, extra cmake args...
   cmake --build "$dir" -j "$(nproc)"
 }
 
+FUZZERS=(placement cost_model explain train_config plan_pattern)
+
+build_fuzzers() { # dir
+  CC=clang cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTENSOR_WERROR=ON \
+    -DDTENSOR_FUZZ=ON -DDTENSOR_BUILD_TESTS=OFF -DDTENSOR_BUILD_TOOLS=OFF >/dev/null
+  cmake --build "$1" -j "$(nproc)" --target dtensor_fuzzers
+}
+
+# Runs every harness for $2 seconds on its seed corpus (tests/fuzz/corpus/<name>, read only) with
+# new entries in $3/<name>/corpus and crash files in $3/<name>/; returns non-zero on any finding.
+run_fuzzers() { # build dir, seconds, output dir
+  local rc=0
+  for f in "${FUZZERS[@]}"; do
+    mkdir -p "$3/$f/corpus"
+    if ! ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        "$1/tests/fuzz/fuzz_$f" -max_total_time="$2" -timeout=10 -rss_limit_mb=2048 \
+        -max_len=4096 -print_final_stats=1 -dict="tests/fuzz/$f.dict" \
+        -artifact_prefix="$3/$f/" "$3/$f/corpus" "tests/fuzz/corpus/$f" > "$3/$f.log" 2>&1; then
+      echo "dev.sh: fuzz_$f found a problem (log: $3/$f.log, inputs: $3/$f/crash-* etc.)" >&2
+      tail -n 40 "$3/$f.log" >&2
+      rc=1
+    fi
+    echo "fuzz_$f: $(grep -E '^stat::number_of_executed_units' "$3/$f.log" | awk '{print $2}') runs in $2 s"
+  done
+  return $rc
+}
+
 cmd=${1:-}
 case "$cmd" in
   example)
@@ -65,6 +97,18 @@ case "$cmd" in
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
       (cd "$B-asan" && ctest --output-on-failure -j 2)
     fi
+    if [ "${DTENSOR_SKIP_FUZZ:-0}" != 1 ]; then
+      echo "== fuzzers (libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-6} s each) =="
+      build_fuzzers "$B-fuzz"
+      out=$(mktemp -d)
+      run_fuzzers "$B-fuzz" "${FUZZ_SECONDS:-6}" "$out" || { echo "inputs kept in $out" >&2; exit 1; }
+      rm -rf "$out"
+    fi
+    ;;
+  fuzz)
+    install_deps
+    build_fuzzers "${BUILD_DIR:-build}-fuzz"
+    run_fuzzers "${BUILD_DIR:-build}-fuzz" "${2:-60}" fuzz-out
     ;;
   bench)
     install_deps
@@ -75,7 +119,7 @@ case "$cmd" in
     "$B/bench/bench_dispatch"
     ;;
   *)
-    echo "usage: tools/dev.sh example|test|bench" >&2
+    echo "usage: tools/dev.sh example|test|bench|fuzz [SECONDS]" >&2
     exit 2
     ;;
 esac

@@ -504,11 +504,12 @@ static int explain_op(int argc, char** argv) {
   call.n_inputs = nshape;
   for (int t = 0; t < nshape; t++) {
     int nd = 0, np;
+    int64_t dims[DT_MAX_DIMS + 1]; /* one more than allowed, to tell "too many" */
     int scalar = strcmp(shape_s[t], "scalar") == 0 || shape_s[t][0] == '\0'; /* 0-d */
-    if (!scalar &&
-        (!parse_dims(shape_s[t], call.in[t].shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS))
+    if (!scalar && (!parse_dims(shape_s[t], dims, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS))
       return fail("bad --shape '%s' (expected e.g. 12x8, 1 to 8 dims, or scalar)%s", shape_s[t],
                   NULL);
+    memcpy(call.in[t].shape, dims, sizeof(int64_t) * (size_t)nd);
     call.in[t].ndim = nd;
     call.in[t].dtype = dtypes[t];
     if (dt_placements_parse(in_s[t], in_pl[t], DT_MAX_MESH_DIMS, &np) != DT_SUCCESS)
@@ -757,7 +758,11 @@ static int list_ops(int argc, char** argv) {
   return 0;
 }
 
-int main(int argc, char** argv) {
+/* The whole command line (argv[0] is the program name); returns the exit status. Callable more
+ * than once in one process (the libFuzzer harness tests/fuzz/fuzz_explain.c does). */
+int dt_explain_main(int argc, char** argv);
+int dt_explain_main(int argc, char** argv) {
+  g_json = 0;
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--json") == 0) g_json = 1;
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
@@ -769,3 +774,7 @@ int main(int argc, char** argv) {
   if (strcmp(argv[1], "ops") == 0) return list_ops(argc - 2, argv + 2);
   return fail("unknown command '%s' (expected: redistribute, op or ops)%s", argv[1], NULL);
 }
+
+#ifndef DT_EXPLAIN_NO_MAIN
+int main(int argc, char** argv) { return dt_explain_main(argc, argv); }
+#endif

@@ -31,6 +31,14 @@ typedef enum dt_nn_init { DT_INIT_NORMAL = 0, DT_INIT_ZEROS = 1, DT_INIT_ONES = 
 DT_API dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int ndim,
                                const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
                                dt_var_t* out);
+/* The placements (mesh_ndim of them) that `plan` gives the parameter `name`, as dt_nn_param places
+ * it: the first entry whose pattern matches the whole name ('*' matches any run of characters,
+ * spaces around the pattern are ignored; time linear in the name per star at worst), all
+ * Replicate when none does or plan is NULL. DT_ERR_INVALID_ARG for an entry without '=', longer
+ * than 255 characters, or whose placements do not parse or number neither 1 nor mesh_ndim
+ * (entries after the match are not read). Pure; needs no mesh. */
+DT_API dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
+                                     dt_placement_t* out);
 /* x (..., K), weight (O, K) as PyTorch, bias (O) or NULL (a zero-initialized bias is
  * DT_INIT_ZEROS): out (..., O). */
 DT_API dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,

@@ -82,7 +82,10 @@ DT_API dt_status_t dt_plan_format(dt_plan_t plan, char* buf, size_t cap);
  *   base_us + hops(n) * hop_us + factor(n) * B / (bw_gbps * 1e3)  microseconds,
  * hops = n-1 (2(n-1) for all-reduce), factor = (n-1)/n (2(n-1)/n for all-reduce). Local steps cost
  * B / memory bandwidth. Defaults follow PyTorch's CPU model so that plan orderings agree; the
- * `dtensor-calibrate` tool measures this machine and writes a JSON file loaded by dt_init. */
+ * `dtensor-calibrate` tool measures this machine and writes a JSON file loaded by dt_init.
+ * Valid values (the setters and the loaders refuse anything else, NaN and infinities included,
+ * with DT_ERR_INVALID_ARG naming the field): base_us and hop_us in [0, 1e6] (at most one second),
+ * bw_gbps in [1e-6, 1e6] (1 KB/s to 1 PB/s). Within these ranges every cost is finite. */
 typedef struct dt_cost_params {
   double base_us;
   double hop_us;
@@ -105,8 +108,12 @@ DT_API dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
 DT_API dt_status_t dt_cost_model_force_algo(dt_coll_algo_t a);
 DT_API dt_status_t dt_cost_model_reset(void);
 /* Loads / saves {"all_gather":{"base_us":..,"hop_us":..,"bw_gbps":..},...}; the all-to-all
- * algorithms of reductions are the keys "reduce_scatter_a2a" and "all_reduce_a2a". */
+ * algorithms of reductions are the keys "reduce_scatter_a2a" and "all_reduce_a2a". Keys left out
+ * keep their values; the file must hold exactly one JSON object (white space may follow it) of at
+ * most 1 MiB. Nothing is applied unless every entry is valid (see the ranges above). */
 DT_API dt_status_t dt_cost_model_load(const char* path);
+/* The same from memory: `len` bytes of JSON text (no NUL needed; one inside is refused). */
+DT_API dt_status_t dt_cost_model_load_string(const char* text, size_t len);
 DT_API dt_status_t dt_cost_model_save(const char* path);
 /* Estimated cost of one collective on n ranks (its cheapest algorithm). */
 DT_API dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us);

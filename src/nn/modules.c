@@ -10,42 +10,70 @@
 #include "dtensor/nn.h"
 #include "dtensor/check.h"
 
-/* '*' matches any run of characters. */
+/* '*' matches any run of characters. Two pointers with backtracking to the last star: when a
+ * later star is reached, the earlier ones never need to move again, so the match takes
+ * O(len(p) * len(s)) steps at worst (the recursive form was exponential in the number of stars). */
 static int dt__glob(const char* p, const char* s) {
-  if (*p == '\0') return *s == '\0';
-  if (*p == '*') return dt__glob(p + 1, s) || (*s && dt__glob(p, s + 1));
-  return *p == *s && dt__glob(p + 1, s + 1);
+  const char* star = NULL; /* the last '*' seen in p */
+  const char* resume = s;  /* where in s that star's match ends so far */
+  while (*s) {
+    if (*p == '*') {
+      star = p++;
+      resume = s;
+    } else if (*p != '\0' && *p == *s) {
+      p++;
+      s++;
+    } else if (star != NULL) {
+      p = star + 1;
+      s = ++resume;
+    } else {
+      return 0;
+    }
+  }
+  while (*p == '*') p++;
+  return *p == '\0';
 }
 
-/* Placements for `name` from the plan; R when nothing matches. */
-static dt_status_t dt__plan_lookup(const char* plan, const char* name, int mesh_nd,
-                                   dt_placement_t* pl) {
-  for (int i = 0; i < mesh_nd; i++) pl[i] = dt_replicate();
+dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
+                              dt_placement_t* out) {
+  DT_ARG_NOT_NULL(out);
+  DT_ARG_NOT_NULL(name);
+  if (mesh_ndim < 1 || mesh_ndim > DT_MAX_MESH_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh_ndim = %d out of range [1, %d]", mesh_ndim,
+                   DT_MAX_MESH_DIMS);
+  for (int i = 0; i < mesh_ndim; i++) out[i] = dt_replicate();
   if (plan == NULL) return DT_SUCCESS;
   const char* p = plan;
   while (*p) {
     size_t len = strcspn(p, ";");
     char entry[256];
-    if (len >= sizeof entry) return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry too long");
+    if (len >= sizeof entry)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry '%.40s...' longer than %zu characters", p,
+                     sizeof entry - 1);
     memcpy(entry, p, len);
     entry[len] = '\0';
     p += len + (p[len] == ';');
-    char* eq = strchr(entry, '=');
     if (len == 0) continue;
+    char* eq = strchr(entry, '=');
     if (eq == NULL)
       return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry '%s' is not pattern=placements", entry);
     *eq = '\0';
     char* pat = entry;
     while (*pat == ' ') pat++;
+    for (char* e = eq; e > pat && e[-1] == ' ';) *--e = '\0';
     if (!dt__glob(pat, name)) continue;
+    dt_placement_t pl[DT_MAX_MESH_DIMS];
     int n;
-    dt_status_t st = dt_placements_parse(eq + 1, pl, mesh_nd, &n);
-    if (st != DT_SUCCESS) return st;
-    if (n == 1 && mesh_nd > 1) /* one placement: the same on every mesh dim */
-      for (int i = 1; i < mesh_nd; i++) pl[i] = pl[0];
-    else if (n != mesh_nd)
+    dt_status_t st = dt_placements_parse(eq + 1, pl, mesh_ndim, &n);
+    if (st != DT_SUCCESS)
+      return DT_FAIL(st, "plan entry '%s=%s' for '%s': %s", pat, eq + 1, name, dt_last_error());
+    if (n == 1) /* one placement: the same on every mesh dim */
+      for (int i = 0; i < mesh_ndim; i++) out[i] = pl[0];
+    else if (n == mesh_ndim)
+      for (int i = 0; i < mesh_ndim; i++) out[i] = pl[i];
+    else
       return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry for '%s' has %d placements, mesh has %d dims",
-                     name, n, mesh_nd);
+                     name, n, mesh_ndim);
     return DT_SUCCESS;
   }
   return DT_SUCCESS;
@@ -70,7 +98,7 @@ dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int 
   dt_placement_t pl[DT_MAX_MESH_DIMS];
   int mnd;
   DT_CHECK(dt_mesh_ndim(mesh, &mnd));
-  DT_CHECK(dt__plan_lookup(plan, name, mnd, pl));
+  DT_CHECK(dt_nn_plan_lookup(plan, name, mnd, pl));
   dt_tensor_t t;
   if (init == DT_INIT_ONES) {
     DT_CHECK(dt_tensor_ones(mesh, DT_F32, ndim, shape, pl, &t));

@@ -135,13 +135,24 @@ static dt_status_t dt__coll_check(dt_collective_t c) {
   return DT_SUCCESS;
 }
 
+/* The valid ranges (documented in dtensor/redistribute.h): a latency of at most one second and a
+ * bandwidth within [1 KB/s, 1 PB/s]. Within them a step on any tensor the library can describe
+ * (< 2^63 bytes) costs less than 1e23 us, so plan costs stay finite and comparable. */
+#define DT__LAT_MAX_US 1e6
+#define DT__BW_MIN_GBPS 1e-6
+#define DT__BW_MAX_GBPS 1e6
+
 static dt_status_t dt__params_check(const dt_cost_params_t* p, const char* what) {
   /* Written so that NaN fails too. */
-  if (!(p->base_us >= 0.0 && p->base_us < 1e9) || !(p->hop_us >= 0.0 && p->hop_us < 1e9) ||
-      !(p->bw_gbps > 0.0 && p->bw_gbps < 1e6))
-    return DT_FAIL(DT_ERR_INVALID_ARG,
-                   "%s: need base_us >= 0, hop_us >= 0 and 0 < bw_gbps < 1e6 (got %g, %g, %g)",
-                   what, p->base_us, p->hop_us, p->bw_gbps);
+  if (!(p->base_us >= 0.0 && p->base_us <= DT__LAT_MAX_US))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: base_us = %g out of range [0, %g] (microseconds)",
+                   what, p->base_us, DT__LAT_MAX_US);
+  if (!(p->hop_us >= 0.0 && p->hop_us <= DT__LAT_MAX_US))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: hop_us = %g out of range [0, %g] (microseconds)",
+                   what, p->hop_us, DT__LAT_MAX_US);
+  if (!(p->bw_gbps >= DT__BW_MIN_GBPS && p->bw_gbps <= DT__BW_MAX_GBPS))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: bw_gbps = %g out of range [%g, %g] (GB/s)", what,
+                   p->bw_gbps, DT__BW_MIN_GBPS, DT__BW_MAX_GBPS);
   return DT_SUCCESS;
 }
 
@@ -210,6 +221,71 @@ dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* 
   return DT_SUCCESS;
 }
 
+/* Parses and applies a model; `what` names its source in messages. Everything is checked first
+ * and applied only if every entry is valid (no half-loaded model). */
+static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char* what) {
+  const char* end = NULL;
+  cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+  if (root == NULL || !cJSON_IsObject(root)) {
+    size_t at = (root == NULL && end != NULL && end >= text) ? (size_t)(end - text) : 0;
+    cJSON_Delete(root);
+    if (at > 0) /* cJSON's error pointer (only meaningful when parsing failed) */
+      return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s is not a JSON object (syntax error at "
+                     "byte %zu)", what, at);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s is not a JSON object", what);
+  }
+  /* Only white space may follow the object: "{...} garbage" and "{...}{...}" are refused. */
+  size_t used = (size_t)(end - text);
+  while (used < len && (text[used] == ' ' || text[used] == '\t' || text[used] == '\n' ||
+                        text[used] == '\r'))
+    used++;
+  if (used < len) {
+    cJSON_Delete(root);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: trailing data after the JSON object at "
+                   "byte %zu", what, used);
+  }
+  dt_cost_params_t next[DT_COLL_COUNT][DT_ALGO_COUNT];
+  dt__cost_init();
+  memcpy(next, dt__cost, sizeof next);
+  dt_status_t st = DT_SUCCESS;
+  for (int k = 0; k < DT_COLL_COUNT * DT_ALGO_COUNT && st == DT_SUCCESS; k++) {
+    dt_collective_t c = (dt_collective_t)(k / DT_ALGO_COUNT);
+    dt_coll_algo_t a = (dt_coll_algo_t)(k % DT_ALGO_COUNT);
+    if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c)) continue;
+    char key[64];
+    dt__cost_key(c, a, key, sizeof key);
+    cJSON* e = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (e == NULL) continue;
+    cJSON* b = cJSON_GetObjectItemCaseSensitive(e, "base_us");
+    cJSON* h = cJSON_GetObjectItemCaseSensitive(e, "hop_us");
+    cJSON* w = cJSON_GetObjectItemCaseSensitive(e, "bw_gbps");
+    if (!cJSON_IsObject(e) || !cJSON_IsNumber(b) || !cJSON_IsNumber(h) || !cJSON_IsNumber(w)) {
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"%s\" needs numbers base_us, hop_us, "
+                   "bw_gbps", what, key);
+      break;
+    }
+    dt_cost_params_t p = {b->valuedouble, h->valuedouble, w->valuedouble};
+    char where[160];
+    snprintf(where, sizeof where, "cost model %s: \"%s\"", what, key);
+    st = dt__params_check(&p, where);
+    if (st == DT_SUCCESS) next[c][a] = p;
+  }
+  cJSON_Delete(root);
+  if (st != DT_SUCCESS) return st;
+  memcpy(dt__cost, next, sizeof next);
+  dt__cost_gen++;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_cost_model_load_string(const char* text, size_t len) {
+  DT_ARG_NOT_NULL(text);
+  if (len > (1u << 20))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cost model text of %zu bytes is larger than 1 MiB", len);
+  if (memchr(text, '\0', len) != NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cost model text contains a NUL byte");
+  return dt__cost_model_parse(text, len, "(string)");
+}
+
 dt_status_t dt_cost_model_load(const char* path) {
   DT_ARG_NOT_NULL(path);
   FILE* f = fopen(path, "rb");
@@ -227,44 +303,21 @@ dt_status_t dt_cost_model_load(const char* path) {
     return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "reading '%s'", path);
   }
   size_t got = fread(text, 1, (size_t)len, f);
+  int rerr = ferror(f);
   fclose(f);
   text[got] = '\0';
-  cJSON* root = cJSON_Parse(text);
+  dt_status_t st;
+  char what[1100];
+  snprintf(what, sizeof what, "'%s'", path);
+  if (rerr)
+    st = DT_FAIL(DT_ERR_IO, "cannot read cost model '%s'", path);
+  else if (memchr(text, '\0', got) != NULL)
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model '%s' contains a NUL byte (not a JSON file)",
+                 path);
+  else
+    st = dt__cost_model_parse(text, got, what);
   dt__free(text);
-  if (root == NULL || !cJSON_IsObject(root)) {
-    cJSON_Delete(root);
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cost model '%s' is not a JSON object", path);
-  }
-  /* Parse everything first; apply only if every entry is valid (no half-loaded model). */
-  dt_cost_params_t next[DT_COLL_COUNT][DT_ALGO_COUNT];
-  dt__cost_init();
-  memcpy(next, dt__cost, sizeof next);
-  dt_status_t st = DT_SUCCESS;
-  for (int k = 0; k < DT_COLL_COUNT * DT_ALGO_COUNT && st == DT_SUCCESS; k++) {
-    dt_collective_t c = (dt_collective_t)(k / DT_ALGO_COUNT);
-    dt_coll_algo_t a = (dt_coll_algo_t)(k % DT_ALGO_COUNT);
-    if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c)) continue;
-    char key[64];
-    dt__cost_key(c, a, key, sizeof key);
-    cJSON* e = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (e == NULL) continue;
-    cJSON* b = cJSON_GetObjectItemCaseSensitive(e, "base_us");
-    cJSON* h = cJSON_GetObjectItemCaseSensitive(e, "hop_us");
-    cJSON* w = cJSON_GetObjectItemCaseSensitive(e, "bw_gbps");
-    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(h) || !cJSON_IsNumber(w)) {
-      st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model '%s': \"%s\" needs numbers base_us, hop_us, "
-                   "bw_gbps", path, key);
-      break;
-    }
-    dt_cost_params_t p = {b->valuedouble, h->valuedouble, w->valuedouble};
-    st = dt__params_check(&p, key);
-    if (st == DT_SUCCESS) next[c][a] = p;
-  }
-  cJSON_Delete(root);
-  if (st != DT_SUCCESS) return st;
-  memcpy(dt__cost, next, sizeof next);
-  dt__cost_gen++;
-  return DT_SUCCESS;
+  return st;
 }
 
 dt_status_t dt_cost_model_save(const char* path) {

@@ -443,12 +443,161 @@ static void test_algos(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* Snapshot of every (collective, algorithm) parameter set, to check that refused calls change
+ * nothing. */
+static void cost_snapshot(dt_cost_params_t snap[DT_COLL_COUNT][DT_ALGO_COUNT]) {
+  memset(snap, 0, sizeof(dt_cost_params_t) * DT_COLL_COUNT * DT_ALGO_COUNT);
+  for (int c = 0; c < DT_COLL_COUNT; c++)
+    for (int a = 0; a < DT_ALGO_COUNT; a++)
+      dt_cost_model_get_algo((dt_collective_t)c, (dt_coll_algo_t)a, &snap[c][a]);
+}
+
+static void assert_err_mentions(const char* a, const char* b) {
+  const char* e = dt_last_error();
+  if (strstr(e, a) == NULL || (b != NULL && strstr(e, b) == NULL))
+    fail_msg("message '%s' lacks '%s' / '%s'", e, a, b ? b : "");
+}
+
+/* Values outside [0, 1e6] us and [1e-6, 1e6] GB/s (NaN and infinities included) are refused by
+ * the setters with a message naming the field and its range; the model is unchanged. */
+static void test_cost_ranges_set(void** state) {
+  (void)state;
+  dt_cost_model_reset();
+  dt_cost_params_t before[DT_COLL_COUNT][DT_ALGO_COUNT], after[DT_COLL_COUNT][DT_ALGO_COUNT];
+  cost_snapshot(before);
+  const struct {
+    dt_cost_params_t p;
+    const char* field;
+  } bad[] = {
+      {{6.6, 2.7, 1e-300}, "bw_gbps"}, {{6.6, 2.7, 0.0}, "bw_gbps"},
+      {{6.6, 2.7, -1.0}, "bw_gbps"},   {{6.6, 2.7, NAN}, "bw_gbps"},
+      {{6.6, 2.7, INFINITY}, "bw_gbps"}, {{6.6, 2.7, 2e6}, "bw_gbps"},
+      {{6.6, 2.7, 9e-7}, "bw_gbps"},   {{-1.0, 2.7, 10.0}, "base_us"},
+      {{NAN, 2.7, 10.0}, "base_us"},   {{INFINITY, 2.7, 10.0}, "base_us"},
+      {{1.5e6, 2.7, 10.0}, "base_us"}, {{6.6, -0.5, 10.0}, "hop_us"},
+      {{6.6, NAN, 10.0}, "hop_us"},    {{6.6, -INFINITY, 10.0}, "hop_us"},
+      {{6.6, 1e300, 10.0}, "hop_us"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    assert_int_equal(dt_cost_model_set(DT_COLL_ALL_GATHER, &bad[k].p), DT_ERR_INVALID_ARG);
+    assert_err_mentions(bad[k].field, strcmp(bad[k].field, "bw_gbps") ? "[0, 1e+06]"
+                                                                       : "[1e-06, 1e+06]");
+    assert_err_mentions("all_gather", NULL);
+    assert_int_equal(dt_cost_model_set_algo(DT_COLL_ALL_REDUCE, DT_ALGO_A2A, &bad[k].p),
+                     DT_ERR_INVALID_ARG);
+    assert_err_mentions(bad[k].field, "all_reduce_a2a");
+    cost_snapshot(after);
+    assert_memory_equal(before, after, sizeof before);
+  }
+  dt_cost_model_reset();
+}
+
+/* The extremes of the valid ranges give finite costs, and the planner still finds every plan:
+ * a bandwidth of 1e-300 GB/s used to overflow costs to infinity, after which every larger
+ * redistribution failed with "no redistribution path found". */
+static void test_cost_ranges_extreme(void** state) {
+  (void)state;
+  const dt_cost_params_t slowest = {1e6, 1e6, 1e-6}, fastest = {0.0, 0.0, 1e6};
+  const dt_cost_params_t* ends[2] = {&slowest, &fastest};
+  int s8[2] = {4, 2};
+  dt_mesh_t m;
+  assert_int_equal(dt_mesh_create_abstract(2, s8, NULL, &m), DT_SUCCESS);
+  for (int e = 0; e < 2; e++) {
+    for (int c = 0; c < DT_COLL_COUNT; c++)
+      for (int a = 0; a < DT_ALGO_COUNT; a++)
+        if (a == DT_ALGO_NATIVE || c == DT_COLL_ALL_REDUCE || c == DT_COLL_REDUCE_SCATTER)
+          assert_int_equal(dt_cost_model_set_algo((dt_collective_t)c, (dt_coll_algo_t)a, ends[e]),
+                           DT_SUCCESS);
+    double est;
+    assert_int_equal(dt_cost_estimate(DT_COLL_ALL_REDUCE, 1 << 20, UINT64_MAX, &est), DT_SUCCESS);
+    assert_true(isfinite(est));
+    /* 2^47 f32 elements (512 TiB), near the layout limit of 2^48 elements */
+    const int64_t big[2] = {(int64_t)1 << 24, (int64_t)1 << 23};
+    const char* pairs[][2] = {{"P,P", "R,R"}, {"S0,S1", "S1,S0"}, {"P,S0", "S1,R"},
+                              {"R,P", "S0,R"}};
+    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+      dt_plan_t p = plan_of(m, 2, big, pairs[k][0], pairs[k][1]);
+      double cost;
+      assert_int_equal(dt_plan_cost(p, &cost), DT_SUCCESS);
+      assert_true(isfinite(cost) && cost >= 0.0);
+      dt_plan_destroy(p);
+    }
+  }
+  dt_cost_model_reset();
+  dt_mesh_destroy(m);
+}
+
+static dt_status_t load_text(const char* text) {
+  char path[] = "/tmp/dt_cost_rangesXXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  size_t n = strlen(text);
+  assert_int_equal(write(fd, text, n), (ssize_t)n);
+  close(fd);
+  dt_status_t st = dt_cost_model_load(path);
+  remove(path);
+  return st;
+}
+
+/* The loaders refuse out-of-range values and anything after the JSON object, from a file and from
+ * memory, and apply nothing; white space after the object is fine. */
+static void test_cost_load_strict(void** state) {
+  (void)state;
+  dt_cost_model_reset();
+  dt_cost_params_t before[DT_COLL_COUNT][DT_ALGO_COUNT], after[DT_COLL_COUNT][DT_ALGO_COUNT];
+  cost_snapshot(before);
+  const struct {
+    const char* text;
+    const char* a;
+    const char* b;
+  } bad[] = {
+      {"{\"all_gather\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 10}} trailing", "trailing",
+       "byte 59"},
+      {"{\"all_gather\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 10}}{}", "trailing", NULL},
+      {"{}]", "trailing", NULL},
+      {"{\"all_gather\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 1e-300}}", "bw_gbps",
+       "[1e-06, 1e+06]"},
+      {"{\"all_reduce_a2a\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 1e400}}", "bw_gbps",
+       "all_reduce_a2a"},
+      {"{\"reduce_scatter\": {\"base_us\": 1e7, \"hop_us\": 1, \"bw_gbps\": 1}}", "base_us",
+       "[0, 1e+06]"},
+      {"{\"scatter\": {\"base_us\": 0, \"hop_us\": -1e-9, \"bw_gbps\": 1}}", "hop_us", "scatter"},
+      {"{\"all_gather\": [1, 2, 3]}", "all_gather", "numbers"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    assert_int_equal(load_text(bad[k].text), DT_ERR_INVALID_ARG);
+    assert_err_mentions(bad[k].a, bad[k].b);
+    assert_int_equal(dt_cost_model_load_string(bad[k].text, strlen(bad[k].text)),
+                     DT_ERR_INVALID_ARG);
+    assert_err_mentions(bad[k].a, bad[k].b);
+    cost_snapshot(after);
+    assert_memory_equal(before, after, sizeof before);
+  }
+  /* a NUL inside, a NULL text */
+  assert_int_equal(dt_cost_model_load_string("{}\0{}", 5), DT_ERR_INVALID_ARG);
+  assert_err_mentions("NUL", NULL);
+  assert_int_equal(dt_cost_model_load_string(NULL, 0), DT_ERR_INVALID_ARG);
+  /* valid: white space after the object; only the first len bytes count */
+  const char* ok = "{\"all_gather\": {\"base_us\": 1e6, \"hop_us\": 0, \"bw_gbps\": 1e-6}}\n \t";
+  assert_int_equal(load_text(ok), DT_SUCCESS);
+  dt_cost_params_t q;
+  assert_int_equal(dt_cost_model_get(DT_COLL_ALL_GATHER, &q), DT_SUCCESS);
+  assert_true(q.base_us == 1e6 && q.hop_us == 0.0 && q.bw_gbps == 1e-6);
+  const char* two = "{\"all_gather\": {\"base_us\": 2, \"hop_us\": 3, \"bw_gbps\": 4}}GARBAGE";
+  assert_int_equal(dt_cost_model_load_string(two, strlen(two) - 7), DT_SUCCESS);
+  assert_int_equal(dt_cost_model_get(DT_COLL_ALL_GATHER, &q), DT_SUCCESS);
+  assert_true(q.base_us == 2.0 && q.hop_us == 3.0 && q.bw_gbps == 4.0);
+  dt_cost_model_reset();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_known_plans), cmocka_unit_test(test_cache),
       cmocka_unit_test(test_algos),
       cmocka_unit_test(test_optimal_1d),  cmocka_unit_test(test_optimal_2d),
       cmocka_unit_test(test_optimal_3d),
+      cmocka_unit_test(test_cost_ranges_set), cmocka_unit_test(test_cost_ranges_extreme),
+      cmocka_unit_test(test_cost_load_strict),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -147,6 +147,9 @@ static void test_errors(void** state) {
       "redistribute --mesh 2x2 --shape 8x8 --from S0,R --to R,R --bogus --json",
       "redistribute --mesh 2x2 --shape 8x8 --from S0,R --to R,R --flatten 1,0 --json",
       "frobnicate --json",
+      /* 9 dims: parsed into a local array now, no longer one past the input's shape */
+      "op add --mesh 2 --shape 1x1x1x1x1x1x1x1x1 --in R --shape 1 --in R --json",
+      "op add --mesh 2 --shape 2 --in R --shape 1x1x1x1x1x1x1x1x1 --in R --json",
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     int status;

@@ -1,0 +1,31 @@
+/* train_config.h - the trainer's options (examples/train.c): defaults, one key=value at a time
+ * (a command-line flag or a JSON config key) and the JSON config file, each value checked. Kept
+ * apart from train.c so that the libFuzzer harness tests/fuzz/fuzz_train_config.c can call it. */
+#ifndef DT_EXAMPLES_TRAIN_CONFIG_H
+#define DT_EXAMPLES_TRAIN_CONFIG_H
+
+#include <stddef.h>
+
+typedef struct train_opts {
+  char mesh[32], model[16], data[256], plan[1024], metrics[256], plot[256];
+  int steps, batch, seq, dim, layers, heads, kv_heads, experts, top_k, vocab, order, warmup;
+  int bf16_moments, checkpoint;
+  double lr, clip;
+  long long seed;
+} train_opts_t;
+
+/* The defaults; `default_plan` is copied into o->plan. */
+void train_opts_defaults(train_opts_t* o, const char* default_plan);
+/* Sets one option (key as in the JSON config: "kv_heads", "lr", ...). Returns 1, or 0 with a
+ * message in err: unknown key, a value that is not a number of the key's type, out of its range,
+ * too long for its buffer, or (metrics, plot) a path with quotes or '$' (they reach a shell). */
+int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err, size_t cap);
+/* Applies a JSON config: exactly one object (white space may follow), each key once, each value a
+ * string, number or boolean. On failure returns 0 with a message in err; o may be half-updated. */
+int train_opts_load_json(train_opts_t* o, const char* text, size_t len, char* err, size_t cap);
+/* The same from a file of at most 1 MiB. */
+int train_opts_load_file(train_opts_t* o, const char* path, char* err, size_t cap);
+/* "4" or "2x2" (1 to 4 positive dims, each at most 1<<20) into shape; 1 on success. */
+int train_mesh_parse(const char* s, int* shape, int* nd);
+
+#endif

@@ -1,0 +1,120 @@
+/* test_train_config.c - the trainer's option parser (examples/train_config.c): JSON configs and
+ * flag values are checked (a non-object root, trailing data, duplicate keys, nested values,
+ * numbers that are not integers or overflow, out-of-range values, over-long strings, shell
+ * characters in paths) with a message each, and valid configs set exactly what they say. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "train_config.h"
+
+static int load(train_opts_t* o, const char* text, char* err, size_t cap) {
+  train_opts_defaults(o, "*=R");
+  err[0] = '\0';
+  return train_opts_load_json(o, text, strlen(text), err, cap);
+}
+
+static void test_valid(void** state) {
+  (void)state;
+  train_opts_t o;
+  char err[256];
+  assert_true(load(&o,
+                   "{\"steps\": 4, \"batch\": 4, \"seq\": 16, \"dim\": 32, \"layers\": 1,"
+                   " \"heads\": 4, \"data\": \"README.md\", \"lr\": 0.003, \"mesh\": \"2x2\","
+                   " \"model\": \"moe\", \"bf16_moments\": true, \"seed\": -7, \"clip\": 0}\n",
+                   err, sizeof err));
+  assert_int_equal(o.steps, 4);
+  assert_int_equal(o.seq, 16);
+  assert_int_equal(o.layers, 1);
+  assert_string_equal(o.data, "README.md");
+  assert_string_equal(o.mesh, "2x2");
+  assert_string_equal(o.model, "moe");
+  assert_true(o.lr == 0.003 && o.clip == 0.0);
+  assert_int_equal(o.bf16_moments, 1);
+  assert_int_equal(o.seed, -7);
+  assert_int_equal(o.vocab, 16); /* untouched keys keep their defaults */
+  assert_string_equal(o.plan, "*=R");
+  /* strings for numbers, as flags give them */
+  assert_true(load(&o, "{\"steps\": \"12\", \"lr\": \"1e-3\"}", err, sizeof err));
+  assert_int_equal(o.steps, 12);
+  assert_true(train_opts_set(&o, "kv_heads", "2", err, sizeof err));
+  assert_int_equal(o.kv_heads, 2);
+  int shape[4], nd;
+  assert_true(train_mesh_parse("2x1x3", shape, &nd) && nd == 3 && shape[2] == 3);
+}
+
+static void test_refused(void** state) {
+  (void)state;
+  const struct {
+    const char* text;
+    const char* needle;
+  } bad[] = {
+      {"", "not a JSON object"},
+      {"[1, 2, 3]", "not a JSON object"}, /* used to crash: array items have no key */
+      {"\"steps\"", "not a JSON object"},
+      {"{\"steps\": 4} {\"steps\": 5}", "trailing data"},
+      {"{\"steps\": 4}]", "trailing data"},
+      {"{\"steps\": 4, \"steps\": 5}", "appears twice"},
+      {"{\"stepz\": 3}", "unknown config key 'stepz'"},
+      {"{\"steps\": {\"n\": 4}}", "string, number or boolean"},
+      {"{\"steps\": [4]}", "string, number or boolean"},
+      {"{\"steps\": null}", "string, number or boolean"},
+      {"{\"steps\": 2.5}", "steps must be an integer"},
+      {"{\"steps\": 1e300}", "steps must be an integer"},
+      {"{\"batch\": 0}", "batch must be an integer in [1,"},
+      {"{\"dim\": -3}", "dim must be an integer"},
+      {"{\"heads\": \"four\"}", "heads must be an integer"},
+      {"{\"seq\": \"16abc\"}", "seq must be an integer"},
+      {"{\"seed\": \"99999999999999999999\"}", "seed must be an integer"},
+      {"{\"lr\": \"fast\"}", "lr must be a number"},
+      {"{\"lr\": -1}", "lr must be a number"},
+      {"{\"clip\": 1e400}", "clip must be a number"},
+      {"{\"model\": \"sparse\"}", "model must be dense or moe"},
+      {"{\"mesh\": \"2x\"}", "mesh '2x'"},
+      {"{\"mesh\": \"0\"}", "mesh '0'"},
+      {"{\"mesh\": \"2x2x2x2x2\"}", "mesh '2x2x2x2x2'"},
+      {"{\"data\": \"\"}", "data must be"},
+      {"{\"plot\": \"a'; rm -rf x; '.png\"}", "plot path"},
+      {"{\"metrics\": \"$HOME/m.jsonl\"}", "metrics path"},
+      {"{\"bf16_moments\": 2}", "bf16_moments must be an integer in [0, 1]"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    train_opts_t o;
+    char err[256];
+    if (load(&o, bad[k].text, err, sizeof err)) fail_msg("accepted: %s", bad[k].text);
+    if (strstr(err, bad[k].needle) == NULL)
+      fail_msg("%s: message '%s' lacks '%s'", bad[k].text, err, bad[k].needle);
+  }
+  /* a string longer than its option's buffer (plan: 1023 characters) */
+  char* big = malloc(1200);
+  assert_non_null(big);
+  strcpy(big, "{\"plan\": \"");
+  memset(big + 10, '*', 1100);
+  strcpy(big + 1110, "\"}");
+  train_opts_t o;
+  char err[256];
+  assert_false(load(&o, big, err, sizeof err));
+  assert_non_null(strstr(err, "value too long"));
+  big[10 + 1030] = '\0';
+  assert_false(train_opts_set(&o, "plan", big + 10, err, sizeof err));
+  assert_non_null(strstr(err, "plan is longer than 1023"));
+  free(big);
+  /* a NUL inside the text */
+  assert_false(train_opts_load_json(&o, "{}\0{}", 5, err, sizeof err));
+  assert_non_null(strstr(err, "NUL"));
+  assert_false(train_opts_set(&o, "frobnicate", "3", err, sizeof err));
+  assert_non_null(strstr(err, "unknown config key 'frobnicate'"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_valid),
+      cmocka_unit_test(test_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
