@@ -130,6 +130,19 @@ int main(int argc, char** argv) {
     dt_clear_error();
     DT_ASSERT_STATUS(dt_cross_entropy(logits, ids, DT_LOSS_MEAN, &out), DT_ERR_INVALID_ARG);
     DT_ASSERT_TRUE(out == NULL, "no loss after a failure");
+    /* class-sharded logits (loss parallel) with replicated targets, one out of range */
+    g_stage = 13;
+    dt_placement_t s1[1] = {dt_shard(1)};
+    dt_tensor_t lc, tr;
+    DT_ASSERT_OK(dt_tensor_arange(m, DT_F32, 2, lshape2, s1, 0.0, 0.25, &lc));
+    idv[0] = -2;
+    DT_ASSERT_OK(dt_tensor_from_full(m, DT_I64, 1, bshape, rep, idv, &tr));
+    dt_clear_error();
+    DT_ASSERT_STATUS(dt_cross_entropy(lc, tr, DT_LOSS_MEAN, &out), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(out == NULL, "no loss after a failure");
+    dt_tensor_destroy(tr);
+    dt_tensor_destroy(lc);
+    idv[0] = 0;
     /* the ranks are in step: the next collective works everywhere */
     g_stage = 12;
     idv[B - 1] = 1;
