@@ -11,7 +11,9 @@
  * Flags override the JSON config (same keys without the dashes, '-' as '_'). Each step prints
  * step, loss, learning rate, tokens/s, achieved GFLOP/s and MFU against the peak GEMM rate measured
  * on this machine at startup (OpenBLAS, one thread per rank); metrics go to a JSONL file and, with
- * gnuplot installed, to a loss-curve PNG. The last line is
+ * gnuplot installed, to a loss-curve PNG. At the end one line per rank gives its peak memory by
+ * category (dt_memory_stats: parameters, gradients, optimizer, activations, communication, other,
+ * and the peak total), then the last line is
  *   final_loss=<mean of the last 10 losses> entropy_floor=<corpus floor> tokens_per_s=<mean>
  * The default plan is Megatron-style tensor parallelism: column-parallel wq/wk/wv/w1/w3 and the
  * output projection (Shard(0) of (out, in) weights), row-parallel wo/w2 (Shard(1)), the
@@ -237,6 +239,27 @@ int main(int argc, char** argv) {
              "echo '# gnuplot not installed: no plot'",
              o.plot, o.metrics);
     if (system(cmd) != 0) fprintf(stderr, "train: gnuplot failed\n");
+  }
+  /* per-rank peak memory by category (dt_memory_stats), gathered on rank 0 */
+  {
+    dt_memory_stats_t ms;
+    dt_memory_stats(&ms);
+    int64_t mine[DT_MEM_COUNT + 1], *all = NULL;
+    memcpy(mine, ms.peak, sizeof ms.peak);
+    mine[DT_MEM_COUNT] = ms.total_peak;
+    int nranks = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    if (g_rank == 0) all = malloc(sizeof mine * (size_t)nranks);
+    MPI_Gather(mine, DT_MEM_COUNT + 1, MPI_INT64_T, all, DT_MEM_COUNT + 1, MPI_INT64_T, 0,
+               MPI_COMM_WORLD);
+    for (int q = 0; g_rank == 0 && all != NULL && q < nranks; q++) {
+      printf("peak_memory rank %d:", q);
+      for (int c = 0; c < DT_MEM_COUNT; c++)
+        printf(" %s=%.2fMiB", dt_mem_category_name((dt_mem_category_t)c),
+               (double)all[q * (DT_MEM_COUNT + 1) + c] / 1048576.0);
+      printf(" total=%.2fMiB\n", (double)all[q * (DT_MEM_COUNT + 1) + DT_MEM_COUNT] / 1048576.0);
+    }
+    free(all);
   }
   if (g_rank == 0)
     printf("final_loss=%.4f entropy_floor=%.4f tokens_per_s=%.0f\n", final,

@@ -50,6 +50,34 @@ DT_API dt_status_t dt_backend_verify(dt_backend_t backend, int64_t* n_errors);
  * (allocation counting; cached pool blocks are not included). */
 DT_API dt_status_t dt_backend_memory(dt_backend_t backend, int64_t* nbytes, int64_t* blocks);
 
+/* ---- memory accounting ----
+ * Bytes this rank's library holds on every backend, by what they are for, current and peak (since
+ * dt_init or dt_memory_reset_peak). Tensor storage starts as "other"; autograd tags a leaf that
+ * requires a gradient as a parameter, the values it records as activations and gradients
+ * (parameters' and, during a backward pass, intermediates') as gradients; the optimizer tags its state; the redistribution scratch, workspace and buffers of
+ * asynchronous works count as communication. Memory the caller lends (dt_tensor_from_local) is
+ * not counted; a kernel's own scratch (attention scores, dtype conversion) counts as other. */
+typedef enum dt_mem_category {
+  DT_MEM_PARAMETERS = 0,
+  DT_MEM_GRADIENTS = 1,
+  DT_MEM_OPTIMIZER = 2,
+  DT_MEM_ACTIVATIONS = 3,
+  DT_MEM_COMMUNICATION = 4,
+  DT_MEM_OTHER = 5,
+  DT_MEM_COUNT
+} dt_mem_category_t;
+typedef struct dt_memory_stats {
+  int64_t current[DT_MEM_COUNT]; /* bytes held now */
+  int64_t peak[DT_MEM_COUNT];    /* the most held at once, per category */
+  int64_t total_current;         /* sum of current */
+  int64_t total_peak;            /* the most held at once in all (not the sum of the peaks) */
+} dt_memory_stats_t;
+/* "parameters", "gradients", "optimizer", "activations", "communication", "other"; "invalid". */
+DT_API const char* dt_mem_category_name(dt_mem_category_t c);
+DT_API dt_status_t dt_memory_stats(dt_memory_stats_t* out);
+/* Peaks restart from the current values. */
+DT_API dt_status_t dt_memory_reset_peak(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -97,6 +97,10 @@ DT_API dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local
 DT_API dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,
                                               dt_backend_t* backend);
 
+/* Local. Counts the tensor's storage (shared by its views) under category c in dt_memory_stats
+ * from now on. No-op for meta tensors and borrowed memory. */
+DT_API dt_status_t dt_tensor_set_memory_category(dt_tensor_t t, dt_mem_category_t c);
+
 /* Collective. Gathers the full global tensor into host memory `out` (out_nbytes at least
  * numel*itemsize) on every rank of the mesh (Partial values reduced). */
 DT_API dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes);

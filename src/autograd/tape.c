@@ -93,6 +93,8 @@ static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
     if (w->dropped) {
       w->value = res[o];
       w->dropped = 0;
+      w->value->held = 1;
+      dt__storage_set_category(w->value->storage, DT_MEM_ACTIVATIONS);
     } else {
       dt__tensor_free(res[o]);
     }
@@ -190,7 +192,11 @@ static dt_status_t dt__var_new(dt_tensor_t value, int requires_grad, int leaf, d
     return st;
   }
   v->value = value;
-  if (value != NULL) value->held = 1;
+  if (value != NULL) {
+    value->held = 1;
+    if (leaf && requires_grad) dt__storage_set_category(value->storage, DT_MEM_PARAMETERS);
+    else if (!leaf) dt__storage_set_category(value->storage, DT_MEM_ACTIVATIONS);
+  }
   v->requires_grad = requires_grad;
   v->leaf = leaf;
   *out = v;
@@ -311,6 +317,7 @@ dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
   }
   dt__tensor_free(x);
   value->held = 1;
+  if (v->requires_grad) dt__storage_set_category(value->storage, DT_MEM_PARAMETERS);
   v->value = value;
   return DT_SUCCESS;
 }
@@ -518,6 +525,7 @@ static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
     }
   }
   if (v->grad == NULL) {
+    dt__storage_set_category(g->storage, DT_MEM_GRADIENTS);
     v->grad = g;
     return DT_SUCCESS;
   }
@@ -531,6 +539,7 @@ static dt_status_t dt__accumulate(dt_var_t v, dt_tensor_t g) {
     return st;
   }
   dt__tensor_free(v->grad);
+  dt__storage_set_category(sum->storage, DT_MEM_GRADIENTS);
   v->grad = sum;
   return DT_SUCCESS;
 }
@@ -710,7 +719,9 @@ dt_status_t dt_var_reduce_grad(dt_var_t v, const dt_placement_t* placements) {
   }
   /* on failure the gradient stays valid (as it was, or already Replicate on the way to a
    * Partial target): same values */
-  return dt__to_placements(&v->grad, want);
+  dt_status_t st = dt__to_placements(&v->grad, want);
+  dt__storage_set_category(v->grad->storage, DT_MEM_GRADIENTS);
+  return st;
 }
 
 dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad) {
@@ -726,6 +737,7 @@ dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad) {
     if (grad->held)
       return DT_FAIL(DT_ERR_INVALID_USAGE, "set_grad: the tensor already belongs to a variable");
     grad->held = 1;
+    dt__storage_set_category(grad->storage, DT_MEM_GRADIENTS);
   }
   dt__tensor_free(v->grad);
   v->grad = grad;

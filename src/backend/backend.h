@@ -109,7 +109,13 @@ typedef struct dt_storage {
   void* ptr;
   size_t nbytes;
   int owned; /* allocated by the backend (freed with the last reference); else borrowed */
+  int category; /* dt_mem_category_t its bytes count under (owned storage) */
 } dt_storage_t;
+
+/* Memory accounting (dt_memory_stats): nbytes more (or fewer, when negative) under category c. */
+void dt__mem_count(int c, int64_t nbytes);
+/* Moves an owned storage's bytes to category c. */
+void dt__storage_set_category(dt_storage_t* s, int c);
 
 /* New owned storage of nbytes (zero-filled or not) from the backend (through the pool). */
 dt_status_t dt__storage_new(dt_backend_t b, size_t nbytes, int zero, dt_storage_t** out);

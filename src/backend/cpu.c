@@ -215,6 +215,7 @@ dt_status_t dt__host_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 copy of input %d", call->op, t);
       goto done;
     }
+    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_in[t]);
     DT_CHECK_GOTO(b->iface->convert(b, in[t].data, in[t].dtype, tmp_in[t], DT_F32, n), st, done);
     lin[t].data = tmp_in[t];
     lin[t].dtype = DT_F32;
@@ -229,6 +230,7 @@ dt_status_t dt__host_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 buffer of output %d", call->op, o);
       goto done;
     }
+    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_out[o]);
     lout[o].data = tmp_out[o];
     lout[o].dtype = DT_F32;
   }
@@ -239,8 +241,16 @@ dt_status_t dt__host_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned
                                       dt__local_numel(&out[o])),
                     st, done);
 done:
-  for (int t = 0; t < n_in; t++) dt__backend_free(b, tmp_in[t], nb_in[t]);
-  for (int o = 0; o < n_out; o++) dt__backend_free(b, tmp_out[o], nb_out[o]);
+  for (int t = 0; t < n_in; t++)
+    if (tmp_in[t] != NULL) {
+      dt__backend_free(b, tmp_in[t], nb_in[t]);
+      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_in[t]);
+    }
+  for (int o = 0; o < n_out; o++)
+    if (tmp_out[o] != NULL) {
+      dt__backend_free(b, tmp_out[o], nb_out[o]);
+      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_out[o]);
+    }
   return st;
 }
 

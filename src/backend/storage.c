@@ -207,6 +207,48 @@ static void dt__pool_free(dt_backend_t b, void* p, size_t got) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * memory accounting by category */
+
+static struct {
+  int64_t cur[DT_MEM_COUNT], peak[DT_MEM_COUNT], total, total_peak;
+} dt__mem;
+
+void dt__mem_count(int c, int64_t nbytes) {
+  dt__mem.cur[c] += nbytes;
+  if (dt__mem.cur[c] > dt__mem.peak[c]) dt__mem.peak[c] = dt__mem.cur[c];
+  dt__mem.total += nbytes;
+  if (dt__mem.total > dt__mem.total_peak) dt__mem.total_peak = dt__mem.total;
+}
+
+const char* dt_mem_category_name(dt_mem_category_t c) {
+  static const char* const names[DT_MEM_COUNT] = {"parameters", "gradients", "optimizer",
+                                                  "activations", "communication", "other"};
+  return c >= 0 && c < DT_MEM_COUNT ? names[c] : "invalid";
+}
+
+dt_status_t dt_memory_stats(dt_memory_stats_t* out) {
+  DT_ARG_NOT_NULL(out);
+  memcpy(out->current, dt__mem.cur, sizeof out->current);
+  memcpy(out->peak, dt__mem.peak, sizeof out->peak);
+  out->total_current = dt__mem.total;
+  out->total_peak = dt__mem.total_peak;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_memory_reset_peak(void) {
+  memcpy(dt__mem.peak, dt__mem.cur, sizeof dt__mem.peak);
+  dt__mem.total_peak = dt__mem.total;
+  return DT_SUCCESS;
+}
+
+void dt__storage_set_category(dt_storage_t* s, int c) {
+  if (s == NULL || !s->owned || s->category == c) return;
+  dt__mem_count(s->category, -(int64_t)s->nbytes);
+  s->category = c;
+  dt__mem_count(c, (int64_t)s->nbytes);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * storage */
 
 dt_status_t dt__storage_new(dt_backend_t b, size_t nbytes, int zero, dt_storage_t** out) {
@@ -224,6 +266,8 @@ dt_status_t dt__storage_new(dt_backend_t b, size_t nbytes, int zero, dt_storage_
   s->backend = b;
   s->nbytes = got;
   s->owned = 1;
+  s->category = DT_MEM_OTHER;
+  dt__mem_count(DT_MEM_OTHER, (int64_t)got);
   if (zero && nbytes) {
     dt_status_t st = b->iface->memset(b, s->ptr, 0, nbytes);
     if (st != DT_SUCCESS) {
@@ -244,6 +288,7 @@ dt_status_t dt__storage_borrow(dt_backend_t b, void* ptr, size_t nbytes, dt_stor
   s->ptr = ptr;
   s->nbytes = nbytes;
   s->owned = 0;
+  s->category = DT_MEM_OTHER;
   *out = s;
   return DT_SUCCESS;
 }
@@ -254,7 +299,10 @@ void dt__storage_retain(dt_storage_t* s) {
 
 void dt__storage_release(dt_storage_t* s) {
   if (s == NULL || --s->refcount > 0) return;
-  if (s->owned) dt__pool_free(s->backend, s->ptr, s->nbytes);
+  if (s->owned) {
+    dt__mem_count(s->category, -(int64_t)s->nbytes);
+    dt__pool_free(s->backend, s->ptr, s->nbytes);
+  }
   dt__free(s);
 }
 
@@ -270,6 +318,7 @@ dt_status_t dt__ws_reserve(dt_backend_t b, int slot, size_t nbytes, void** out) 
     if (p == NULL)
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s backend: workspace of %zu bytes", b->name, cap);
     dt__backend_free(b, b->ws[slot], b->ws_cap[slot]);
+    dt__mem_count(DT_MEM_COMMUNICATION, (int64_t)cap - (int64_t)b->ws_cap[slot]);
     b->ws[slot] = p;
     b->ws_cap[slot] = cap;
   }
@@ -284,6 +333,7 @@ void dt__backend_release_all(void) {
     dt_backend_t b = dt__backends[i];
     for (int k = 0; k < DT_WS_SLOTS; k++) {
       dt__backend_free(b, b->ws[k], b->ws_cap[k]);
+      dt__mem_count(DT_MEM_COMMUNICATION, -(int64_t)b->ws_cap[k]);
       b->ws[k] = NULL;
       b->ws_cap[k] = 0;
     }

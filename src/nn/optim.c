@@ -35,7 +35,8 @@ static dt_status_t dt__state_var(dt_mesh_t mesh, dt_dtype_t dt, int nd, const in
                                  const dt_placement_t* pl, dt_var_t* out) {
   dt_tensor_t t;
   DT_CHECK(dt_tensor_zeros(mesh, dt, nd, shape, pl, &t));
-  dt_status_t st = dt_var_leaf(t, 0, out);
+  dt_status_t st = dt_tensor_set_memory_category(t, DT_MEM_OPTIMIZER);
+  if (st == DT_SUCCESS) st = dt_var_leaf(t, 0, out);
   if (st != DT_SUCCESS) dt_tensor_destroy(t);
   return st;
 }

@@ -144,6 +144,7 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
   dt_backend_t bk = in[0].backend;
   size_t pn = sizeof(float) * (size_t)(2 * S * T);
   float* p = (float*)dt__backend_alloc(bk, pn);
+  if (p != NULL) dt__mem_count(DT_MEM_OTHER, (int64_t)pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa_grad: scores");
   dt_status_t st = DT_SUCCESS;
   float* dp = p + S * T;
@@ -185,5 +186,6 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
       }
     }
   dt__backend_free(bk, p, pn);
+  dt__mem_count(DT_MEM_OTHER, -(int64_t)pn);
   return st;
 }

@@ -205,6 +205,7 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
   dt_backend_t bk = in[0].backend;
   size_t pn = sizeof(float) * (size_t)(S * T);
   float* p = (float*)dt__backend_alloc(bk, pn);
+  if (p != NULL) dt__mem_count(DT_MEM_OTHER, (int64_t)pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa: %lld score floats", (long long)(S * T));
   dt_status_t st = DT_SUCCESS;
   for (int64_t b = 0; b < B; b++)
@@ -225,6 +226,7 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
         st = dt__gemm(bk, 0, 0, S, E, T, 1.0f, p, T, vh, lv, 0.0f, oh, lo);
     }
   dt__backend_free(bk, p, pn);
+  dt__mem_count(DT_MEM_OTHER, -(int64_t)pn);
   return st;
 }
 

@@ -34,6 +34,7 @@ static dt_status_t dt__buf(dt__scratch_t* s, int slot, size_t nbytes, void** out
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s backend: %zu bytes of redistribution scratch",
                      s->b->name, nbytes);
     dt__backend_free(s->b, s->buf[slot], s->cap[slot]);
+    dt__mem_count(DT_MEM_COMMUNICATION, (int64_t)nbytes - (int64_t)s->cap[slot]);
     s->buf[slot] = p;
     s->cap[slot] = nbytes;
   }
@@ -55,7 +56,10 @@ static dt_status_t dt__counts(dt__scratch_t* s, size_t n, int64_t** out) {
 
 void dt__scratch_free(dt__scratch_t* s) {
   if (!s->owned) return;
-  for (int k = 0; k < DT_WS_SLOTS; k++) dt__backend_free(s->b, s->buf[k], s->cap[k]);
+  for (int k = 0; k < DT_WS_SLOTS; k++) {
+    dt__backend_free(s->b, s->buf[k], s->cap[k]);
+    dt__mem_count(DT_MEM_COMMUNICATION, -(int64_t)s->cap[k]);
+  }
   dt__free(s->cnt);
   memset(s, 0, sizeof *s);
 }

@@ -128,6 +128,7 @@ static void dt__work_buffers_free(struct dt__work* w) {
   dt__scratch_free(&w->sc);
   for (int k = 0; k < 2; k++) {
     if (w->b) dt__backend_free(w->b, w->inter[k], w->inter_cap[k]);
+    dt__mem_count(DT_MEM_COMMUNICATION, -(int64_t)w->inter_cap[k]);
     w->inter[k] = NULL;
     w->inter_cap[k] = 0;
   }
@@ -203,6 +204,7 @@ static dt_status_t dt__step_out(struct dt__work* w, int k, void** out) {
     void* q = dt__backend_alloc(w->b, n);
     if (q == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%zu bytes of redistribution scratch", n);
     dt__backend_free(w->b, w->inter[i], w->inter_cap[i]);
+    dt__mem_count(DT_MEM_COMMUNICATION, (int64_t)n - (int64_t)w->inter_cap[i]);
     w->inter[i] = q;
     w->inter_cap[i] = n;
   }

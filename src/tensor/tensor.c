@@ -153,6 +153,15 @@ dt_status_t dt_tensor_destroy(dt_tensor_t t) {
   return DT_SUCCESS;
 }
 
+dt_status_t dt_tensor_set_memory_category(dt_tensor_t t, dt_mem_category_t c) {
+  DT_CHECK(dt__tensor_check(t, "tensor"));
+  if (c < 0 || c >= DT_MEM_COUNT)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "memory category %d out of range [0, %d)", (int)c,
+                   DT_MEM_COUNT);
+  dt__storage_set_category(t->storage, c);
+  return DT_SUCCESS;
+}
+
 dt_status_t dt_tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                            const dt_placement_t* placements, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);

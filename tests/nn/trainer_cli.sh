@@ -16,6 +16,7 @@ run -np 2 "$TRAIN" --config "$W/cfg.json" --steps 5 > "$W/out.txt" 2>&1 || { cat
 grep -q "vocab 256" "$W/out.txt" || { echo "byte-level corpus not used"; cat "$W/out.txt"; exit 1; }
 [ "$(grep -c '^step ' "$W/out.txt")" -eq 5 ] || { echo "expected 5 step lines (flag overrides config)"; exit 1; }
 grep -Eq '^step +4 loss [0-9.]+ lr .* tokens/s [0-9]+ GFLOP/s [0-9.]+ MFU [0-9.]+%' "$W/out.txt" || { echo "bad progress line"; exit 1; }
+[ "$(grep -Ec '^peak_memory rank [01]: parameters=[0-9.]+MiB gradients=[0-9.]+MiB optimizer=[0-9.]+MiB activations=[0-9.]+MiB communication=[0-9.]+MiB other=[0-9.]+MiB total=[0-9.]+MiB$' "$W/out.txt")" -eq 2 ] || { echo "expected a peak_memory line per rank"; cat "$W/out.txt"; exit 1; }
 tail -1 "$W/out.txt" | grep -Eq '^final_loss=[0-9.]+ entropy_floor=nan tokens_per_s=[0-9]+$' || { echo "bad final line"; tail -1 "$W/out.txt"; exit 1; }
 [ "$(wc -l < "$W/m.jsonl")" -eq 5 ] || { echo "metrics: expected 5 lines"; exit 1; }
 grep -q '"mfu":' "$W/m.jsonl" || { echo "metrics lack mfu"; exit 1; }
