@@ -65,7 +65,9 @@ DT_API dt_status_t dt_var_zero_grad(dt_var_t v);
  * for a destroyed one). */
 DT_API dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad);
 /* Replaces a leaf's value (the variable takes ownership): same mesh, shape, dtype and placements
- * (DT_ERR_INVALID_ARG otherwise); passing the current value is a no-op. A tensor that already
+ * (DT_ERR_INVALID_ARG otherwise); passing the current value is a no-op. A meta tensor of that
+ * layout releases the leaf's data while keeping its place on tapes (FSDP's reshard; ops on it
+ * then compute layouts only, so restore a real value before the backward pass needs it). A tensor that already
  * belongs to a variable (any dt_var_value or dt_var_grad) is DT_ERR_INVALID_USAGE, as is
  * dt_tensor_destroy of one: destroy or update the variable instead. */
 DT_API dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value);

@@ -19,5 +19,6 @@
 #include "dtensor/autograd.h"
 #include "dtensor/module.h"
 #include "dtensor/nn.h"
+#include "dtensor/parallel.h"
 
 #endif /* DTENSOR_DTENSOR_H */

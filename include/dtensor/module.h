@@ -61,6 +61,11 @@ DT_API dt_var_t dt_module_get(dt_module_t m, const char* name);
 /* Replaces the parameter at qualified `name` (ownership of `param` passes; the old one is
  * destroyed): a wrapper swaps a replicated parameter for a sharded one. */
 DT_API dt_status_t dt_module_set_param(dt_module_t m, const char* name, dt_var_t param);
+/* Swaps the parameter at qualified `name` for `param` without destroying either: the module takes
+ * ownership of `param` and hands the previous parameter back to the caller in *old (a wrapper
+ * shows a module's forward gathered parameters and puts the sharded ones back after it). */
+DT_API dt_status_t dt_module_swap_param(dt_module_t m, const char* name, dt_var_t param,
+                                        dt_var_t* old);
 /* The module at qualified `path` below m ("layers.3"; "" is m). */
 DT_API dt_status_t dt_module_find(dt_module_t m, const char* path, dt_module_t* out);
 /* Direct children, in order. */
@@ -76,6 +81,20 @@ DT_API dt_status_t dt_module_for_each_param(dt_module_t m, dt_module_visit_fn vi
 DT_API dt_status_t dt_module_num_params(dt_module_t m, int* n);
 DT_API dt_status_t dt_module_param_at(dt_module_t m, int i, char* name, size_t cap,
                                       dt_var_t* out);
+
+/* The parent module (NULL for a root). */
+DT_API dt_module_t dt_module_parent(dt_module_t m);
+
+/* State a wrapper keeps on a module: `data` under `key` (unique per module, shorter than
+ * DT_MODULE_NAME_MAX), passed to free_fn (may be NULL) when the module is destroyed, before its
+ * parameters and children are. At most DT_MODULE_HOOKS_MAX attachments per module. */
+typedef void (*dt_module_free_fn)(dt_module_t m, void* data);
+DT_API dt_status_t dt_module_attach(dt_module_t m, const char* key, void* data,
+                                    dt_module_free_fn free_fn);
+/* The data attached under `key`, NULL when there is none. */
+DT_API void* dt_module_attachment(dt_module_t m, const char* key);
+/* Removes the attachment under `key` without calling its free function. */
+DT_API dt_status_t dt_module_detach(dt_module_t m, const char* key);
 
 /* Hooks. Forward hooks see (and may replace) the inputs (pre) or outputs (post) in vars[n]. */
 typedef dt_status_t (*dt_module_forward_hook_fn)(dt_module_t m, dt_tape_t tape, int n,

@@ -304,7 +304,7 @@ dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
                    "your own, e.g. a copy)");
   dt_tensor_t x = v->value;
   if (x != NULL) {
-    if (value->mesh != x->mesh || value->dtype != x->dtype || value->meta != x->meta ||
+    if (value->mesh != x->mesh || value->dtype != x->dtype ||
         !dt__same_layout(&value->layout, &x->layout)) {
       char want[192], got[192];
       dt__describe(x, want, sizeof want);

@@ -23,6 +23,12 @@ typedef struct {
 
 enum { DT__FPRE, DT__FPOST, DT__BPRE, DT__BPOST, DT__HOOK_KINDS };
 
+typedef struct {
+  char key[DT_MODULE_NAME_MAX];
+  void* data;
+  dt_module_free_fn free_fn;
+} dt__attachment_t;
+
 struct dt_module {
   char name[DT_MODULE_NAME_MAX];
   dt_module_forward_fn forward;
@@ -32,6 +38,8 @@ struct dt_module {
   dt_module_t parent;
   dt__hook_t hooks[DT__HOOK_KINDS][DT_MODULE_HOOKS_MAX];
   int n_hooks[DT__HOOK_KINDS];
+  dt__attachment_t att[DT_MODULE_HOOKS_MAX];
+  int n_att;
 };
 
 static const dt_handle_kind_t dt__module_kind = {"module"};
@@ -73,6 +81,9 @@ dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, voi
 
 /* Frees m and what it owns (parameters a caller destroyed already are skipped). */
 static void dt__module_free(dt_module_t m) {
+  for (int i = m->n_att - 1; i >= 0; i--) /* wrappers first: they may put parameters back */
+    if (m->att[i].free_fn) m->att[i].free_fn(m, m->att[i].data);
+  m->n_att = 0;
   for (int i = 0; i < m->n; i++) {
     if (m->entries[i].param) dt_var_destroy(m->entries[i].param);
     if (m->entries[i].child) dt__module_free(m->entries[i].child);
@@ -187,6 +198,69 @@ dt_status_t dt_module_set_param(dt_module_t m, const char* name, dt_var_t param)
     return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no parameter '%s'", m->name, name);
   if (e->param != param) dt_var_destroy(e->param);
   e->param = param;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_module_swap_param(dt_module_t m, const char* name, dt_var_t param,
+                                 dt_var_t* old) {
+  DT_ARG_NOT_NULL(old);
+  *old = NULL;
+  DT_CHECK(dt__module_check(m));
+  DT_ARG_NOT_NULL(name);
+  DT_ARG_NOT_NULL(param);
+  if (dt_var_value(param) == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "the new parameter '%s' is not a live variable", name);
+  dt__entry_t* e = dt__find_param(m, name);
+  if (e == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no parameter '%s'", m->name, name);
+  *old = e->param;
+  e->param = param;
+  return DT_SUCCESS;
+}
+
+dt_module_t dt_module_parent(dt_module_t m) {
+  return dt__module_check(m) == DT_SUCCESS ? m->parent : NULL;
+}
+
+static dt__attachment_t* dt__find_att(dt_module_t m, const char* key) {
+  for (int i = 0; i < m->n_att; i++)
+    if (strcmp(m->att[i].key, key) == 0) return &m->att[i];
+  return NULL;
+}
+
+dt_status_t dt_module_attach(dt_module_t m, const char* key, void* data,
+                             dt_module_free_fn free_fn) {
+  DT_CHECK(dt__module_check(m));
+  DT_ARG_NOT_NULL(key);
+  if (strlen(key) == 0 || strlen(key) >= DT_MODULE_NAME_MAX)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "attachment key '%s': 1 to %d characters", key,
+                   DT_MODULE_NAME_MAX - 1);
+  if (dt__find_att(m, key))
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s' already has an attachment '%s'", m->name,
+                   key);
+  if (m->n_att == DT_MODULE_HOOKS_MAX)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has %d attachments already", m->name,
+                   DT_MODULE_HOOKS_MAX);
+  dt__attachment_t* a = &m->att[m->n_att++];
+  strcpy(a->key, key);
+  a->data = data;
+  a->free_fn = free_fn;
+  return DT_SUCCESS;
+}
+
+void* dt_module_attachment(dt_module_t m, const char* key) {
+  if (dt__module_check(m) != DT_SUCCESS || key == NULL) return NULL;
+  dt__attachment_t* a = dt__find_att(m, key);
+  return a ? a->data : NULL;
+}
+
+dt_status_t dt_module_detach(dt_module_t m, const char* key) {
+  DT_CHECK(dt__module_check(m));
+  DT_ARG_NOT_NULL(key);
+  dt__attachment_t* a = dt__find_att(m, key);
+  if (a == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no attachment '%s'", m->name, key);
+  *a = m->att[--m->n_att];
   return DT_SUCCESS;
 }
 

@@ -1,0 +1,114 @@
+/* dtensor/parallel.h - data-parallel wrappers: FSDP / HSDP (sharded parameters, gradients and
+ * optimizer state) and DDP (replicated parameters, bucketed gradient all-reduce).
+ *
+ * Both wrap a module (dtensor/module.h) in place through its hooks and are written only against
+ * the public API (src/parallel includes nothing else), so a trainer can read exactly what they do.
+ * Every call is collective over the mesh: every rank wraps the same modules in the same order.
+ *
+ * FSDP (dt_fully_shard), FSDP2-like:
+ *  - each parameter of the wrapped module (not already in a group of its own) becomes
+ *    Shard(0) on the shard mesh dim (uneven dim 0 by the chunk rule, padded inside the
+ *    communication buffer); with a replicate dim as well (a 2-D mesh) it is HSDP;
+ *  - one call = one group: before the group's forward its shards are copied into one flat buffer
+ *    and gathered with one all-gather, then copied out into one unsharded buffer the gathered
+ *    parameters view; after its backward the gradients are copied into one flat buffer and
+ *    reduce-scattered with one collective (HSDP: then all-reduced over the replicas), and the
+ *    shards' gradients are accumulated from it. Wrap bottom-up: each block, then the root;
+ *  - between steps the module holds the sharded parameters (Shard(0); an optimizer, clipping and
+ *    checkpoints work on them); during a group's forward it holds the gathered ones;
+ *  - reshard_after_forward 1 frees the gathered parameters after the forward and gathers again
+ *    before the backward (ZeRO-3), 0 keeps them until the group's backward is done (ZeRO-2), and
+ *    k > 1 keeps a 1/k slice after the forward, so the backward gathers only within groups of k
+ *    consecutive ranks of the shard dim (e.g. within a node);
+ *  - mixed precision: parameters gathered and computed in param_dtype, gradients reduced in
+ *    reduce_dtype, the group's floating outputs cast to output_dtype; the optimizer updates the
+ *    sharded parameters in their own dtype (f32: no extra master copy);
+ *  - prefetch: in the forward the next group's all-gather starts (asynchronously) before the
+ *    current group computes; in the backward the next group in backward order (the reverse of
+ *    the order in which the groups' forwards finished) is gathered before the current one runs.
+ *    Both orders are learned from the previous pass; each is settable per group;
+ *  - a group's reduce-scatter starts as soon as its gradients are complete and is finished when
+ *    the next group's starts or the outermost group's backward ends (or by dt_fsdp_wait);
+ *  - dt_fsdp_set_requires_gradient_sync(m, 0) skips the reduction (gradients accumulate
+ *    unsharded) for micro-batches but the last.
+ *
+ * DDP (dt_data_parallel): parameters stay Replicate; gradients are kept as the backward pass
+ * produces them (Partial) and all-reduced in buckets of about bucket_nbytes, each started
+ * asynchronously as soon as its gradients are complete, all finished when the wrapped module's
+ * backward ends (before the optimizer step). dt_ddp_set_requires_gradient_sync(m, 0) is no_sync.
+ *
+ * The loss the wrapped model computes must be the mean over the global batch (the batch sharded
+ * on the data dims, as dt_llama_forward does): gradients are summed across ranks, not averaged.
+ * Host memory backends only for now (DT_ERR_UNSUPPORTED otherwise).
+ */
+#ifndef DTENSOR_PARALLEL_H
+#define DTENSOR_PARALLEL_H
+
+#include "dtensor/module.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_fsdp_config {
+  int shard_dim;             /* mesh dim the parameters are sharded over */
+  int replicate_dim;         /* HSDP: mesh dim the shards are replicated over; -1: none */
+  int reshard_after_forward; /* 1: ZeRO-3, 0: ZeRO-2, k > 1: keep a slice over k ranks */
+  dt_dtype_t param_dtype;    /* all-gather and compute: DT_F32, DT_BF16 or DT_F16 */
+  dt_dtype_t reduce_dtype;   /* gradient reduction */
+  dt_dtype_t output_dtype;   /* the group's floating outputs */
+  int prefetch_forward;      /* start the next group's all-gather before computing this one */
+  int prefetch_backward;     /* the same in the backward pass */
+} dt_fsdp_config_t;
+
+/* Defaults for a mesh of `mesh_ndim` dims: shard over the last dim, replicate over the one before
+ * it when there are two (HSDP), reshard after forward, f32 everywhere, prefetch both ways. */
+DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
+
+/* Makes the parameters of `m` not yet in an FSDP group one group (see above). Every parameter
+ * must live on `mesh`, be floating point and Replicate on every mesh dim. Errors leave the module
+ * as it was: DT_ERR_INVALID_ARG for a dim outside the mesh, shard == replicate dim, a parameter on
+ * another mesh or not replicated, a reshard k that does not divide the shard dim, an integer
+ * dtype; DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or with no parameter
+ * left to shard; DT_ERR_UNSUPPORTED for a backend whose memory is not the host's. */
+DT_API dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg);
+/* Whether m is the module of an FSDP group. */
+DT_API int dt_fsdp_is_group(dt_module_t m);
+/* Turns gradient reduction of the group at m and of every group below it on or off. */
+DT_API dt_status_t dt_fsdp_set_requires_gradient_sync(dt_module_t m, int sync);
+/* Per-group prefetch switches (-1 leaves one as it is). */
+DT_API dt_status_t dt_fsdp_set_prefetch(dt_module_t m, int forward, int backward);
+/* Finishes every reduce-scatter in flight (the groups do it themselves at the end of the
+ * outermost group's backward; needed only when the outermost module is not a group). */
+DT_API dt_status_t dt_fsdp_wait(void);
+
+/* Traffic and memory of one group, for tests, benchmarks and logs. */
+typedef struct dt_fsdp_group_info {
+  int n_params;
+  int64_t numel;           /* elements of the group's parameters (unpadded) */
+  int64_t padded_numel;    /* shard dim size x per-rank flat segment: what one all-gather yields */
+  int64_t shard_numel;     /* this rank's flat segment (padded) */
+  int64_t unsharded_nbytes; /* the gathered parameters' buffer (param_dtype) */
+  int shard_size, replicate_size, reshard_size;
+} dt_fsdp_group_info_t;
+DT_API dt_status_t dt_fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out);
+
+typedef struct dt_ddp_config {
+  int mesh_dim;          /* the data dim; -1: every mesh dim (the parameters replicated on all) */
+  int64_t bucket_nbytes; /* about this many gradient bytes per all-reduce; <= 0: 25 MiB */
+} dt_ddp_config_t;
+
+/* Wraps m for data parallelism (see above): every parameter must live on `mesh`, be floating
+ * point and Replicate on the data dims. Errors leave m as it was (the same classes as
+ * dt_fully_shard). */
+DT_API dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg);
+/* no_sync: sync 0 keeps gradients unreduced (accumulating across passes) until a pass with 1. */
+DT_API dt_status_t dt_ddp_set_requires_gradient_sync(dt_module_t m, int sync);
+/* Number of buckets of the DDP wrapper at m, and bucket i's parameters count and bytes. */
+DT_API dt_status_t dt_ddp_num_buckets(dt_module_t m, int* n);
+DT_API dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64_t* nbytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTENSOR_PARALLEL_H */
