@@ -4,9 +4,13 @@
  * importable).
  *
  *   mpirun -np 1 build/bench/bench_train [--steps N] [--threads T] [--no-torch]
+ *                                        [--dim D --layers L --heads H --vocab V --ffn F
+ *                                         --batch B --seq S]
  *
  * One rank, replicated parameters, OpenBLAS with T threads (default 1) against torch with T threads.
- * Model: dim 256, 10 layers, 8 heads, vocab 4096, SwiGLU 688, batch 8 x 128 tokens. The best step
+ * Model (defaults): dim 256, 10 layers, 8 heads, vocab 4096, SwiGLU 688, batch 8 x 128 tokens
+ * (about 10M parameters); e.g. --dim 128 --layers 4 --heads 4 --vocab 1024 --ffn 344 is about 1M.
+ * The best step
  * after one warmup step is reported for both. Last line: torch_ratio=<ours / torch tokens/s>.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -24,10 +28,23 @@ static double now_s(void) { return now_us() * 1e-6; }
 
 int main(int argc, char** argv) {
   int steps = 6, threads = 1, torch = 1;
+  int dim = 256, layers = 10, heads = 8, vocab = 4096, ffn = 688, B = 8, S = 128;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--dim") && i + 1 < argc) dim = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--heads") && i + 1 < argc) heads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--ffn") && i + 1 < argc) ffn = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--seq") && i + 1 < argc) S = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-torch")) torch = 0;
+    else {
+      fprintf(stderr, "usage: %s [--steps N] [--threads T] [--no-torch] [--dim D] [--layers L] "
+              "[--heads H] [--vocab V] [--ffn F] [--batch B] [--seq S]\n", argv[0]);
+      return 2;
+    }
   }
   CHECK(dt_init(&argc, &argv));
   openblas_set_num_threads(threads);
@@ -36,14 +53,13 @@ int main(int argc, char** argv) {
   CHECK(dt_mesh_create(1, &one, NULL, NULL, &mesh));
   dt_llama_config_t cfg;
   memset(&cfg, 0, sizeof cfg);
-  cfg.dim = 256;
-  cfg.n_layers = 10;
-  cfg.n_heads = 8;
-  cfg.vocab = 4096;
-  cfg.ffn_dim = 688;
-  cfg.seq_len = 128;
+  cfg.dim = dim;
+  cfg.n_layers = layers;
+  cfg.n_heads = heads;
+  cfg.vocab = vocab;
+  cfg.ffn_dim = ffn;
+  cfg.seq_len = S;
   cfg.seed = 1;
-  const int B = 8, S = 128;
   dt_llama_t m;
   CHECK(dt_llama_create(mesh, &cfg, NULL, &m));
   dt_var_t* p;
@@ -57,7 +73,8 @@ int main(int argc, char** argv) {
   CHECK(dt_tape_create(&tape));
   dt_corpus_t corpus;
   CHECK(dt_corpus_markov(256, 1, 1 << 16, 3, &corpus));
-  int64_t tok[B * S], tgt[B * S];
+  int64_t* tok = malloc(sizeof(int64_t) * B * S);
+  int64_t* tgt = malloc(sizeof(int64_t) * B * S);
   dt_placement_t rep = dt_replicate();
   const int64_t shape[2] = {B, S};
   double best = INFINITY;
@@ -93,9 +110,9 @@ int main(int argc, char** argv) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 -c 'import torch' 2>/dev/null && /usr/bin/python3 %s/train_torch.py "
-             "--dim 256 --layers 10 --heads 8 --vocab 4096 --ffn 688 --batch %d --seq %d "
+             "--dim %d --layers %d --heads %d --vocab %d --ffn %d --batch %d --seq %d "
              "--steps %d --threads %d",
-             DT_BENCH_DIR, B, S, steps, threads);
+             DT_BENCH_DIR, dim, layers, heads, vocab, ffn, B, S, steps, threads);
     FILE* f = popen(cmd, "r");
     char line[512];
     while (f && fgets(line, sizeof line, f)) {
@@ -110,6 +127,8 @@ int main(int argc, char** argv) {
   dt_llama_destroy(m);
   dt_corpus_destroy(corpus);
   dt_mesh_destroy(mesh);
+  free(tok);
+  free(tgt);
   dt_finalize();
   printf("torch_ratio=%.3f\n", ours / theirs);
   return 0;
