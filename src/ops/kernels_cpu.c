@@ -148,13 +148,13 @@ DT__BINARY_KERNEL(dt__kernel_gt, dt__f_gt)
 typedef float (*dt__unop_t)(float);
 static float dt__f_neg(float x) { return -x; }
 static float dt__f_relu(float x) { return x > 0.0f ? x : 0.0f; }
-static float dt__f_exp(float x) { return expf(x); }
+static float dt__f_exp(float x) { return dt__expf(x); }
 static float dt__f_log(float x) { return logf(x); }
 static float dt__f_sqrt(float x) { return sqrtf(x); }
 static float dt__f_rsqrt(float x) { return 1.0f / sqrtf(x); }
 static float dt__f_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-static float dt__f_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float dt__f_silu(float x) { return x / (1.0f + expf(-x)); }
+static float dt__f_sigmoid(float x) { return 1.0f / (1.0f + dt__expf(-x)); }
+static float dt__f_silu(float x) { return x / (1.0f + dt__expf(-x)); }
 static float dt__f_tanh(float x) { return tanhf(x); }
 
 static dt_status_t dt__unary(const dt_op_call_t* call, const dt_local_tensor_t* in,
@@ -208,9 +208,7 @@ static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_tensor_t*
       const float* x = av + r * L;
       float acc = init;
       if (kind <= 1) {
-        double sacc = 0.0;
-        for (int64_t j = 0; j < L; j++) sacc += x[j];
-        acc = (float)sacc;
+        acc = (float)dt__sum_d(x, L);
       } else {
         for (int64_t j = 0; j < L; j++)
           acc = kind == 2 ? ((x[j] > acc || x[j] != x[j]) ? x[j] : acc)
@@ -376,12 +374,10 @@ static dt_status_t dt__norm(const dt_op_call_t* call, const dt_local_tensor_t* i
   for (int64_t r = 0; r < rows; r++) {
     const float* xr = x + r * D;
     float* yr = y + r * D;
-    double mean = 0.0, var = 0.0;
-    if (layer) {
-      for (int64_t j = 0; j < D; j++) mean += xr[j];
-      mean /= (double)D;
-    }
-    for (int64_t j = 0; j < D; j++) var += ((double)xr[j] - mean) * ((double)xr[j] - mean);
+    double mean = layer ? dt__sum_d(xr, D) / (double)D : 0.0, var;
+#define DT__TERM_(j) (((double)xr[j] - mean) * ((double)xr[j] - mean))
+    DT__SUM8(D, DT__TERM_, var);
+#undef DT__TERM_
     float inv = (float)(1.0 / sqrt(var / (double)D + eps));
     for (int64_t j = 0; j < D; j++)
       yr[j] = (float)(xr[j] - mean) * inv * w[j] + (layer ? b[j] : 0.0f);

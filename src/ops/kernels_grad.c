@@ -27,14 +27,14 @@ dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local_tensor_
       break;
     case DT_ACT_SILU:
       for (int64_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-x[i]));
+        float s = 1.0f / (1.0f + dt__expf(-x[i]));
         o[i] = g[i] * s * (1.0f + x[i] * (1.0f - s));
       }
       break;
     case DT_ACT_GELU:
       for (int64_t i = 0; i < n; i++) {
         float cdf = 0.5f * (1.0f + erff(x[i] * 0.70710678118654752f));
-        float pdf = 0.39894228040143268f * expf(-0.5f * x[i] * x[i]);
+        float pdf = 0.39894228040143268f * dt__expf(-0.5f * x[i] * x[i]);
         o[i] = g[i] * (cdf + x[i] * pdf);
       }
       break;
@@ -63,22 +63,20 @@ static dt_status_t dt__norm_grad(const dt_op_call_t* call, const dt_local_tensor
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = xv + r * D, *gr = g + r * D;
     float* gxr = gx + r * D;
-    double mean = 0.0, var = 0.0;
-    if (layer) {
-      for (int64_t j = 0; j < D; j++) mean += xr[j];
-      mean /= (double)D;
-    }
-    for (int64_t j = 0; j < D; j++) var += ((double)xr[j] - mean) * ((double)xr[j] - mean);
+    double mean = layer ? dt__sum_d(xr, D) / (double)D : 0.0, var, m1, m2;
+#define DT__TERM_(j) (((double)xr[j] - mean) * ((double)xr[j] - mean))
+    DT__SUM8(D, DT__TERM_, var);
+#undef DT__TERM_
     double inv = 1.0 / sqrt(var / (double)D + eps);
     /* xhat = (x - mean) inv; dxhat = g w; gx = inv (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
      * the mean(dxhat) term only for layer norm */
-    double m1 = 0.0, m2 = 0.0;
-    for (int64_t j = 0; j < D; j++) {
-      double xh = ((double)xr[j] - mean) * inv, dxh = (double)gr[j] * w[j];
-      m1 += dxh;
-      m2 += dxh * xh;
-      gw[j] += (float)((double)gr[j] * xh);
-    }
+#define DT__TERM_(j) ((double)gr[j] * w[j])
+    DT__SUM8(D, DT__TERM_, m1);
+#undef DT__TERM_
+#define DT__TERM_(j) ((double)gr[j] * w[j] * (((double)xr[j] - mean) * inv))
+    DT__SUM8(D, DT__TERM_, m2);
+#undef DT__TERM_
+    for (int64_t j = 0; j < D; j++) gw[j] += (float)((double)gr[j] * (((double)xr[j] - mean) * inv));
     m1 /= (double)D;
     m2 /= (double)D;
     for (int64_t j = 0; j < D; j++) {
@@ -174,9 +172,10 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
       }
       for (int64_t i = 0; i < S; i++) {
         float *pr = p + i * T, *dr = dp + i * T;
-        double dot = 0.0;
-        for (int64_t j = 0; j < T; j++) dot += (double)pr[j] * dr[j];
-        for (int64_t j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - (float)dot);
+        int64_t vis = causal ? q0 + i + 1 : T; /* P is 0 past the visible keys */
+        if (vis > T) vis = T;
+        float dot = (float)dt__dot_d(pr, dr, vis);
+        for (int64_t j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - dot);
       }
       if (D > 0) {
         if (st == DT_SUCCESS)

@@ -159,10 +159,9 @@ void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causa
     float* row = p + i * T;
     int64_t last = causal ? q0 + i : T - 1; /* keys 0..last are visible */
     if (last > T - 1) last = T - 1;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j <= last; j++) mx = fmaxf(mx, row[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j <= last; j++) sum += (row[j] = expf(row[j] - mx));
+    float mx = dt__max_f(row, last + 1, -INFINITY);
+    for (int64_t j = 0; j <= last; j++) row[j] = dt__expf(row[j] - mx);
+    double sum = dt__sum_d(row, last + 1);
     float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
     for (int64_t j = 0; j <= last; j++) row[j] *= inv;
     for (int64_t j = last + 1; j < T; j++) row[j] = 0.0f;

@@ -71,8 +71,7 @@ dt_status_t dt__kernel_sumsq(const dt_op_call_t* call, const dt_local_tensor_t* 
   const int64_t n = dt__local_numel(&in[0]);
   double s = 0.0;
   if (in[0].dtype == DT_F32) {
-    const float* x = (const float*)in[0].data;
-    for (int64_t k = 0; k < n; k++) s += (double)x[k] * x[k];
+    s = dt__dot_d((const float*)in[0].data, (const float*)in[0].data, n);
   } else {
     for (int64_t k = 0; k < n; k++) {
       double x = dt__load(in[0].data, in[0].dtype, k);

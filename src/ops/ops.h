@@ -3,6 +3,9 @@
 #ifndef DT_OPS_OPS_H
 #define DT_OPS_OPS_H
 
+#include <stdint.h>
+#include <string.h>
+
 #include "dtensor/ops.h"
 #include "strategy/strategy.h"
 #include "tensor/tensor.h"
@@ -19,6 +22,86 @@ dt_status_t dt__op1(int id, dt_tensor_t a, dt_tensor_t* out);
 dt_status_t dt__op2(int id, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
 dt_status_t dt__opa(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
                     int n_fargs, const double* fargs, dt_tensor_t* out);
+
+/* expf(x) for f32 kernels, written so that GCC vectorizes the loops that call it (libm's expf is
+ * a call per element): Cephes' range reduction x = n ln2 + r, |r| <= ln2 / 2, a degree-6
+ * polynomial for e^r and 2^n applied as two exact power-of-two factors, so that results down to
+ * the subnormal range (x > -104) round once. At most 1 ulp from glibc's expf (equal for 96% of
+ * the normal range, checked exhaustively); exp(+-inf) = inf / 0, NaN stays NaN. The clamps are
+ * selects; they vectorize with -fno-trapping-math (set for the library in CMakeLists.txt). */
+static inline float dt__expf(float x) {
+  x = x > 89.0f ? 89.0f : x; /* NaN passes both clamps */
+  x = x < -104.0f ? -104.0f : x;
+  float t = x * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: rounds n into the low bits */
+  float n = t - 12582912.0f;
+  float r = (x - n * 0.693359375f) - n * -2.12194440e-4f; /* ln2 in two parts */
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  int32_t tb, b1, b2;
+  memcpy(&tb, &t, sizeof tb);
+  int32_t k = tb - 0x4B400000, k1 = k >> 1, k2 = k - k1; /* n in [-150, 129] */
+  b1 = (k1 + 127) * (1 << 23);
+  b2 = (k2 + 127) * (1 << 23);
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  return y * s1 * s2;
+}
+
+/* Row reductions for the f32 kernels, accumulated in double over eight interleaved partial sums
+ * (a fixed order, so the same data always gives the same result): a single running sum is a
+ * chain of dependent adds that neither runs in parallel nor vectorizes. */
+#define DT__SUM8(n, TERM, out)                                                          \
+  do {                                                                                  \
+    double s0_ = 0.0, s1_ = 0.0, s2_ = 0.0, s3_ = 0.0, s4_ = 0.0, s5_ = 0.0, s6_ = 0.0,  \
+           s7_ = 0.0;                                                                   \
+    int64_t j_ = 0;                                                                     \
+    for (; j_ + 8 <= (n); j_ += 8) {                                                    \
+      s0_ += TERM(j_);                                                                  \
+      s1_ += TERM(j_ + 1);                                                              \
+      s2_ += TERM(j_ + 2);                                                              \
+      s3_ += TERM(j_ + 3);                                                              \
+      s4_ += TERM(j_ + 4);                                                              \
+      s5_ += TERM(j_ + 5);                                                              \
+      s6_ += TERM(j_ + 6);                                                              \
+      s7_ += TERM(j_ + 7);                                                              \
+    }                                                                                   \
+    for (; j_ < (n); j_++) s0_ += TERM(j_);                                             \
+    (out) = ((s0_ + s4_) + (s1_ + s5_)) + ((s2_ + s6_) + (s3_ + s7_));                  \
+  } while (0)
+
+/* sum x[j] and sum x[j] y[j] (products exact in double) over j < n. */
+static inline double dt__sum_d(const float* x, int64_t n) {
+  double s;
+#define DT__TERM_(j) (double)x[j]
+  DT__SUM8(n, DT__TERM_, s);
+#undef DT__TERM_
+  return s;
+}
+static inline double dt__dot_d(const float* x, const float* y, int64_t n) {
+  double s;
+#define DT__TERM_(j) ((double)x[j] * y[j])
+  DT__SUM8(n, DT__TERM_, s);
+#undef DT__TERM_
+  return s;
+}
+
+/* max of init and x[j], j < n, NaN elements ignored (as fmaxf); eight lanes, so it vectorizes. */
+static inline float dt__max_f(const float* x, int64_t n, float init) {
+  float m[8];
+  for (int k = 0; k < 8; k++) m[k] = init;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; k++) m[k] = x[j + k] > m[k] ? x[j + k] : m[k];
+  for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
+  for (int k = 1; k < 8; k++) m[0] = m[k] > m[0] ? m[k] : m[0];
+  return m[0];
+}
 
 /* Elements of a kernel's local tensor. */
 static inline int64_t dt__local_numel(const dt_local_tensor_t* t) {
