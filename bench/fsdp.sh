@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# fsdp.sh - data-parallel training throughput of bench_train's Llama-style model at three sizes:
+# ours on one rank without a wrapper, our DDP and FSDP at np 2, and PyTorch 1.13's
+# DistributedDataParallel (gloo) at np 2, all with one OpenBLAS thread per rank and the same
+# per-rank batch (8 x 128 tokens) and optimizer (AdamW, clipping at 1).
+#
+#   bench/fsdp.sh [BUILD_DIR]      (after a build; default BUILD_DIR=build)
+#
+# Environment: ROUNDS (default 2), SIZES (default "1M 10M 50M"), NP (default 2). Every round runs
+# the four configurations of a size one after the other (ours none, torch DDP, ours DDP, ours FSDP;
+# reversed in even rounds), so ours and torch alternate on this noisy shared machine; each
+# configuration keeps its best step over the rounds (step 0 of every run is a warmup). Installs
+# python3-torch when it is missing and we are root; otherwise torch is skipped (its columns say
+# "-"). Prints a table, then exactly one last line:
+#   fsdp_vs_torch_min=<min over 10M, 50M of FSDP tokens/s / torch DDP tokens/s>
+#   fsdp_vs_torch_small=<the same at 1M> fsdp_vs_ddp_time=<max over sizes of FSDP step time / DDP
+#   step time> scaling_efficiency=<min over sizes of FSDP tokens/s at np / (np x one rank's)>
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+ROUNDS=${ROUNDS:-2}
+SIZES=${SIZES:-"1M 10M 50M"}
+NP=${NP:-2}
+BIN="$BUILD/bench/bench_fsdp"
+[ -x "$BIN" ] || { echo "fsdp.sh: $BIN not found: build first (cmake --build $BUILD)" >&2; exit 2; }
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OPENBLAS_NUM_THREADS)
+
+have_torch=1
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "fsdp.sh: installing python3-torch (Debian, about 635 MB)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch; } \
+      >/dev/null 2>&1 || true
+  fi
+  /usr/bin/python3 -c 'import torch' 2>/dev/null || {
+    have_torch=0
+    echo "fsdp.sh: torch is not importable by /usr/bin/python3: skipping the torch runs"
+  }
+fi
+
+size_args() {
+  case $1 in
+    1M) echo "--dim 128 --layers 4 --heads 4 --vocab 1024 --ffn 344 --steps 10" ;;
+    10M) echo "--dim 256 --layers 10 --heads 8 --vocab 4096 --ffn 688 --steps 5" ;;
+    50M) echo "--dim 512 --layers 14 --heads 8 --vocab 4096 --ffn 1376 --steps 3" ;;
+    *) echo "fsdp.sh: unknown size $1 (1M, 10M, 50M)" >&2; exit 2 ;;
+  esac
+}
+
+RESULTS=$(mktemp)
+LOG=$(mktemp)
+trap 'rm -f "$RESULTS" "$LOG"' EXIT
+port=$((29500 + $$ % 500))
+
+# run SIZE CONFIG: one run; appends "SIZE CONFIG key=value..." to $RESULTS
+run() {
+  local size=$1 cfg=$2 args rc=0
+  args=$(size_args "$size")
+  case $cfg in
+    none) "${MPIRUN[@]}" -np 1 "$BIN" --parallel none $args >"$LOG" 2>&1 || rc=$? ;;
+    ddp | fsdp) "${MPIRUN[@]}" -np "$NP" "$BIN" --parallel "$cfg" $args >"$LOG" 2>&1 || rc=$? ;;
+    torch)
+      port=$((port + 1))
+      "${MPIRUN[@]}" -np "$NP" /usr/bin/python3 bench/fsdp_torch.py $args --port $port \
+        >"$LOG" 2>&1 || rc=$?
+      ;;
+  esac
+  local line
+  line=$(grep '^result ' "$LOG" | tail -1 || true)
+  if [ $rc -ne 0 ] || [ -z "$line" ]; then
+    echo "fsdp.sh: $size $cfg failed (rc $rc):" >&2
+    tail -5 "$LOG" >&2
+    return 0
+  fi
+  printf '%-4s %-6s %s\n' "$size" "$cfg" "$line" | tee -a "$RESULTS"
+}
+
+echo "# bench_fsdp: np $NP, $ROUNDS rounds, sizes $SIZES; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+for size in $SIZES; do
+  for r in $(seq "$ROUNDS"); do
+    cfgs="none torch ddp fsdp"
+    [ $((r % 2)) -eq 0 ] && cfgs="fsdp ddp torch none"
+    for c in $cfgs; do
+      [ "$c" = torch ] && [ $have_torch -eq 0 ] && continue
+      run "$size" "$c"
+    done
+  done
+done
+
+# Best step per (size, config), the table and the summary line.
+awk -v sizes="$SIZES" -v np="$NP" '
+  function val(s, k,   i, n, a) { n = split(s, a, " "); for (i = 1; i <= n; i++) if (index(a[i], k "=") == 1) return substr(a[i], length(k) + 2); return "" }
+  { key = $1 " " $2; ms = val($0, "step_ms") + 0
+    if (!(key in best) || ms < best[key]) { best[key] = ms; tps[key] = val($0, "tokens_per_s"); peak[key] = val($0, "peak_mib") }
+    params[$1] = val($0, "params") }
+  function fmt(x) { return x == "" ? "-" : x }
+  END {
+    printf "\n| size | parameters | configuration | ranks | best step (ms) | tokens/s | peak MiB/rank |\n|---|---:|---|---:|---:|---:|---:|\n"
+    n = split(sizes, S, " "); split("none ddp fsdp torch", C, " ")
+    name["none"] = "ours, no wrapper"; name["ddp"] = "ours DDP"; name["fsdp"] = "ours FSDP"; name["torch"] = "torch DDP (gloo)"
+    for (i = 1; i <= n; i++) for (j = 1; j <= 4; j++) { k = S[i] " " C[j]; if (!(k in best)) continue
+      printf "| %s | %s | %s | %d | %.1f | %.1f | %s |\n", S[i], params[S[i]], name[C[j]], C[j] == "none" ? 1 : np, best[k], tps[k], fmt(peak[k]) }
+    printf "\n| size | FSDP / torch DDP (tokens/s) | FSDP / DDP (step time) | FSDP scaling efficiency | DDP scaling efficiency |\n|---|---:|---:|---:|---:|\n"
+    vmin = "nan"; vsmall = "nan"; tmax = "nan"; emin = "nan"
+    for (i = 1; i <= n; i++) { s = S[i]; f = s " fsdp"; d = s " ddp"; t = s " torch"; o = s " none"
+      r1 = (f in tps && t in tps) ? tps[f] / tps[t] : "nan"
+      r2 = (f in best && d in best) ? best[f] / best[d] : "nan"
+      e1 = (f in tps && o in tps) ? tps[f] / (np * tps[o]) : "nan"
+      e2 = (d in tps && o in tps) ? tps[d] / (np * tps[o]) : "nan"
+      printf "| %s | %s | %s | %s | %s |\n", s, r1 == "nan" ? "-" : sprintf("%.3f", r1), r2 == "nan" ? "-" : sprintf("%.3f", r2), e1 == "nan" ? "-" : sprintf("%.3f", e1), e2 == "nan" ? "-" : sprintf("%.3f", e2)
+      if (r1 != "nan") { if (s == "1M") vsmall = r1; else if (vmin == "nan" || r1 < vmin) vmin = r1 }
+      if (r2 != "nan" && (tmax == "nan" || r2 > tmax)) tmax = r2
+      if (e1 != "nan" && (emin == "nan" || e1 < emin)) emin = e1 }
+    f3 = "%.3f"
+    printf "\nfsdp_vs_torch_min=%s fsdp_vs_torch_small=%s fsdp_vs_ddp_time=%s scaling_efficiency=%s\n",
+      vmin == "nan" ? vmin : sprintf(f3, vmin), vsmall == "nan" ? vsmall : sprintf(f3, vsmall),
+      tmax == "nan" ? tmax : sprintf(f3, tmax), emin == "nan" ? emin : sprintf(f3, emin)
+  }' "$RESULTS"
