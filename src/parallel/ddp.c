@@ -18,8 +18,8 @@
  * parameter's slice becomes its new (replicated) gradient. With sync off nothing happens: the
  * gradients accumulate as Partial until a pass with sync on.
  *
- * The module hooks find the state through the module's "ddp" attachment and a serial number, so
- * a hook left behind by a wrap that failed half way is inert.
+ * The module hooks find the state through the module's "ddp" attachment and a serial number (a
+ * wrap that fails half way removes the hooks it added).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -446,8 +446,7 @@ dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_
   free(s.vars);
   DT_CHECK(st);
 
-  /* Changes start here. The module hooks cannot be removed: one added before a later failure
-   * stays, inert (its serial number matches no attachment). */
+  /* Changes start here; a failure below removes the module hooks again (dt_module_remove_hooks). */
   d->serial = ++dt__ddp_serial;
   void* tag = (void*)d->serial;
   DT_CHECK_GOTO(dt_module_add_backward_pre_hook(m, dt__ddp_backward_pre, tag), st, fail);
@@ -468,6 +467,7 @@ dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_
   }
   return DT_SUCCESS;
 fail:
+  dt_module_remove_hooks(m, tag);
   dt__ddp_free(d);
   return st;
 }

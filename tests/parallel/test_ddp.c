@@ -505,12 +505,14 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_llama_destroy(m));
 
   /* the module's backward post-hooks are full: the wrap fails after adding its pre-hook, which
-   * stays and does nothing */
+   * it removes again (all DT_MODULE_HOOKS_MAX pre-hook places are free afterwards) */
   m = new_model(NULL);
   for (int i = 0; i < DT_MODULE_HOOKS_MAX; i++)
     DT_ASSERT_OK(dt_module_add_backward_post_hook(root_of(m), nop_bwd_hook, NULL));
   DT_ASSERT_STATUS(dt_data_parallel(root_of(m), g_mesh, NULL), DT_ERR_INVALID_ARG);
   trains_unwrapped(m);
+  for (int i = 0; i < DT_MODULE_HOOKS_MAX; i++)
+    DT_ASSERT_OK(dt_module_add_backward_pre_hook(root_of(m), nop_bwd_hook, NULL));
   DT_ASSERT_OK(dt_llama_destroy(m));
 
   /* wrapped twice, or a block of a wrapped model: the first wrap keeps working */
