@@ -109,6 +109,9 @@ DT_API dt_status_t dt_module_add_backward_pre_hook(dt_module_t m, dt_module_back
 DT_API dt_status_t dt_module_add_backward_post_hook(dt_module_t m, dt_module_backward_hook_fn fn,
                                                     void* ctx);
 
+/* Removes every hook of m (of any kind) added with context `ctx`: a wrapper undoing itself. */
+DT_API dt_status_t dt_module_remove_hooks(dt_module_t m, void* ctx);
+
 /* Runs m's forward between its hooks (see above). Outputs are tape-owned variables (or whatever
  * the forward returns); `out` may be the `in` array. At most 16 inputs and 16 outputs. */
 DT_API dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,

@@ -50,19 +50,23 @@
 extern "C" {
 #endif
 
+/* output_dtype value: leave the outputs as computed (the default; blocks hand their param_dtype
+ * activations to the next block, the root may cast its outputs back to f32). */
+#define DT_FSDP_KEEP_DTYPE DT_DTYPE_COUNT
+
 typedef struct dt_fsdp_config {
   int shard_dim;             /* mesh dim the parameters are sharded over */
   int replicate_dim;         /* HSDP: mesh dim the shards are replicated over; -1: none */
   int reshard_after_forward; /* 1: ZeRO-3, 0: ZeRO-2, k > 1: keep a slice over k ranks */
   dt_dtype_t param_dtype;    /* all-gather and compute: DT_F32, DT_BF16 or DT_F16 */
   dt_dtype_t reduce_dtype;   /* gradient reduction */
-  dt_dtype_t output_dtype;   /* the group's floating outputs */
+  dt_dtype_t output_dtype;   /* the group's floating outputs, or DT_FSDP_KEEP_DTYPE */
   int prefetch_forward;      /* start the next group's all-gather before computing this one */
   int prefetch_backward;     /* the same in the backward pass */
 } dt_fsdp_config_t;
 
 /* Defaults for a mesh of `mesh_ndim` dims: shard over the last dim, replicate over the one before
- * it when there are two (HSDP), reshard after forward, f32 everywhere, prefetch both ways. */
+ * it when there are two (HSDP), reshard after forward, f32 parameters and reduction, outputs kept, prefetch both ways. */
 DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
 
 /* Makes the parameters of `m` not yet in an FSDP group one group (see above). Every parameter
@@ -90,6 +94,9 @@ typedef struct dt_fsdp_group_info {
   int64_t shard_numel;     /* this rank's flat segment (padded) */
   int64_t unsharded_nbytes; /* the gathered parameters' buffer (param_dtype) */
   int shard_size, replicate_size, reshard_size;
+  int64_t gathers;         /* all-gathers of the group so far */
+  int64_t prefetched;      /* of them, started ahead of need (prefetch) */
+  int64_t reductions;      /* reduce-scatters of the group so far */
 } dt_fsdp_group_info_t;
 DT_API dt_status_t dt_fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out);
 

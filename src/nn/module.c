@@ -412,6 +412,17 @@ dt_status_t dt_module_add_backward_post_hook(dt_module_t m, dt_module_backward_h
   return dt__add_hook(m, DT__BPOST, (void*)fn, ctx);
 }
 
+dt_status_t dt_module_remove_hooks(dt_module_t m, void* ctx) {
+  DT_CHECK(dt__module_check(m));
+  for (int k = 0; k < DT__HOOK_KINDS; k++) {
+    int w = 0;
+    for (int i = 0; i < m->n_hooks[k]; i++)
+      if (m->hooks[k][i].ctx != ctx) m->hooks[k][w++] = m->hooks[k][i];
+    m->n_hooks[k] = w;
+  }
+  return DT_SUCCESS;
+}
+
 static dt_status_t dt__backward_hooks(dt_module_t m, dt_tape_t tape, int kind) {
   for (int i = 0; i < m->n_hooks[kind]; i++) {
     dt_module_backward_hook_fn fn = (dt_module_backward_hook_fn)m->hooks[kind][i].fn;

@@ -1,0 +1,828 @@
+/* fsdp.c - FSDP / HSDP on the public API: per-parameter Shard(0) parameters, one flat all-gather
+ * and one flat reduce-scatter per group, reshard after forward (ZeRO-3, ZeRO-2, or to groups of k
+ * ranks), mixed precision, forward and backward prefetch. See dtensor/parallel.h and the FSDP
+ * section of docs/design.md.
+ *
+ * Buffers of a group of n parameters on a shard dim of N ranks (chunk_i = ceil(rows_i / N)):
+ *   send   this rank's flat segment, L = sum_i chunk_i * rest_i elements (padding zeroed): a 1-D
+ *          tensor of N*L elements, Shard(0) on the shard dim, Replicate elsewhere;
+ *   gather the all-gather of the sends (N*L, Replicate): rank r's segment, then rank r+1's...;
+ *   U      the unsharded parameters, param after param (T elements, padded to a multiple of k for
+ *          reshard k); the gathered parameters are views of U. Copy-out: gather -> U;
+ *   reduce the gradients copied into N segments laid out as the sends (N*L, Partial on the data
+ *          dims), reduce-scattered to Shard(0) (HSDP: then all-reduced over the replicate dim);
+ *          this rank's segment is added into the sharded parameters' gradients.
+ * The gathered parameters are leaves the group owns (requires_grad, gradients kept as they come);
+ * while the group's forward runs the module holds them in place of the sharded ones
+ * (dt_module_swap_param). Released, their value is a meta tensor of the same layout.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtensor/check.h"
+#include "dtensor/parallel.h"
+#include "dtensor/tensor.h"
+
+#define FSDP_KEY "fsdp"
+#define FSDP_NAME_MAX 256
+#define FSDP_NDIM_MAX 8
+
+typedef struct {
+  char name[FSDP_NAME_MAX]; /* qualified, relative to the group's module */
+  dt_var_t sharded;         /* Shard(0) on the shard dim; the module's between forwards */
+  dt_var_t full;            /* the gathered parameter (param dtype, Replicate) */
+  dt_dtype_t dtype;         /* the sharded parameter's dtype */
+  int ndim;
+  int64_t shape[FSDP_NDIM_MAX];
+  int64_t rows, rest;       /* dim 0, elements per row */
+  int64_t chunk;            /* ceil(rows / N) */
+  int64_t seg_off;          /* offset in a rank's flat segment (elements) */
+  int64_t full_off;         /* offset in U (elements) */
+} fsdp_param_t;
+
+typedef struct fsdp_group fsdp_group_t;
+struct fsdp_group {
+  dt_module_t module;
+  dt_mesh_t mesh;            /* the parameters' mesh */
+  dt_mesh_t kmesh;           /* reshard k > 1: the mesh with the shard dim split (N/k, k) */
+  dt_fsdp_config_t cfg;
+  int mesh_ndim, N, R, rank, k; /* shard size, replicas, my shard index, reshard group size */
+  int n;
+  fsdp_param_t* p;
+  int64_t seg, total, total_pad; /* L, T, T padded to a multiple of k */
+  size_t pes, res;           /* param and reduce dtype item sizes */
+  int swapped;               /* the module holds the gathered parameters */
+  dt_tensor_t U;             /* gathered parameters (NULL: released) */
+  dt_tensor_t keep;          /* reshard k: this rank's slice of U after the forward */
+  dt_tensor_t ag_send, ag_out;
+  dt_work_t ag_work;         /* all-gather in flight */
+  int ag_from_keep;
+  dt_tensor_t rs_out;
+  dt_work_t rs_work;         /* reduce-scatter in flight */
+  int sync, prefetch_fwd, prefetch_bwd;
+  int64_t gathers, prefetched, reductions; /* counts for dt_fsdp_group_info */
+  fsdp_group_t *next_fwd, *next_bwd; /* learned orders */
+  fsdp_group_t* next;        /* every group */
+};
+
+/* Process-wide state: the groups, where the current passes are, the reductions in flight. */
+static struct {
+  fsdp_group_t* groups;
+  fsdp_group_t *last_pre, *last_post;
+  int fwd_depth, bwd_depth;
+} g_fsdp;
+
+static int is_float(dt_dtype_t t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
+
+dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim) {
+  dt_fsdp_config_t c;
+  memset(&c, 0, sizeof c);
+  c.shard_dim = mesh_ndim > 0 ? mesh_ndim - 1 : 0;
+  c.replicate_dim = mesh_ndim > 1 ? mesh_ndim - 2 : -1;
+  c.reshard_after_forward = 1;
+  c.param_dtype = c.reduce_dtype = DT_F32;
+  c.output_dtype = DT_FSDP_KEEP_DTYPE;
+  c.prefetch_forward = c.prefetch_backward = 1;
+  return c;
+}
+
+/* Placements of the group's tensors: `data` on the shard dim (and `rep` on the replicate dim),
+ * Replicate elsewhere. */
+static void placements(const fsdp_group_t* g, dt_placement_t shard, dt_placement_t rep,
+                       dt_placement_t* pl) {
+  for (int d = 0; d < g->mesh_ndim; d++) pl[d] = dt_replicate();
+  pl[g->cfg.shard_dim] = shard;
+  if (g->cfg.replicate_dim >= 0) pl[g->cfg.replicate_dim] = rep;
+}
+
+static void* local_data(dt_tensor_t t) {
+  void* d = NULL;
+  return dt_tensor_to_local(t, &d, NULL) == DT_SUCCESS ? d : NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * gather: copy-in, one all-gather, copy-out into U, views */
+
+/* The gathered parameters become meta tensors (their data released) and U is freed. */
+static dt_status_t release(fsdp_group_t* g) {
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  placements(g, dt_replicate(), dt_replicate(), rep);
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    int meta = 0;
+    DT_CHECK(dt_tensor_is_meta(dt_var_value(q->full), &meta));
+    if (meta) continue;
+    dt_tensor_t t;
+    DT_CHECK(dt_tensor_meta(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, rep, &t));
+    dt_status_t st = dt_var_set_value(q->full, t);
+    if (st != DT_SUCCESS) {
+      dt_tensor_destroy(t);
+      return st;
+    }
+  }
+  dt_tensor_destroy(g->U);
+  g->U = NULL;
+  return DT_SUCCESS;
+}
+
+static void discard_gather(fsdp_group_t* g) {
+  if (g->ag_work) dt_work_destroy(g->ag_work); /* completes it: every rank started it */
+  g->ag_work = NULL;
+  if (g->ag_from_keep) g->keep = g->ag_send; /* the slice is still needed */
+  else dt_tensor_destroy(g->ag_send);
+  dt_tensor_destroy(g->ag_out);
+  g->ag_send = g->ag_out = NULL;
+  g->ag_from_keep = 0;
+}
+
+/* Starts the group's all-gather: from the kept slice (reshard k, backward) or from the shards. */
+static dt_status_t start_gather(fsdp_group_t* g) {
+  if (g->ag_work || g->U) return DT_SUCCESS;
+  dt_status_t st;
+  if (g->keep) {
+    dt_placement_t rep[DT_MAX_MESH_DIMS + 1];
+    int knd;
+    DT_CHECK(dt_mesh_ndim(g->kmesh, &knd));
+    for (int d = 0; d < knd; d++) rep[d] = dt_replicate();
+    DT_CHECK(dt_tensor_redistribute_async(g->keep, rep, &g->ag_out, &g->ag_work));
+    g->ag_send = g->keep;
+    g->keep = NULL;
+    g->ag_from_keep = 1;
+    return dt_tensor_set_memory_category(g->ag_out, DT_MEM_PARAMETERS);
+  }
+  dt_placement_t spl[DT_MAX_MESH_DIMS], rep[DT_MAX_MESH_DIMS];
+  placements(g, dt_shard(0), dt_replicate(), spl);
+  placements(g, dt_replicate(), dt_replicate(), rep);
+  const int64_t n = (int64_t)g->N * g->seg;
+  DT_CHECK(dt_tensor_empty(g->mesh, g->cfg.param_dtype, 1, &n, spl, &g->ag_send));
+  DT_CHECK_GOTO(dt_tensor_set_memory_category(g->ag_send, DT_MEM_COMMUNICATION), st, fail);
+  char* buf = local_data(g->ag_send);
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    dt_tensor_t src = dt_var_value(q->sharded), cast = NULL;
+    if (q->dtype != g->cfg.param_dtype) {
+      const int64_t to = g->cfg.param_dtype;
+      DT_CHECK_GOTO(dt_op_run("cast", 1, &src, 1, &to, 0, NULL, &cast), st, fail);
+      src = cast;
+    }
+    int64_t len = 0;
+    dt_status_t cs = dt_tensor_local_numel(src, &len);
+    void* s = local_data(src);
+    char* d = buf + (size_t)q->seg_off * g->pes;
+    size_t nb = (size_t)len * g->pes, cap = (size_t)(q->chunk * q->rest) * g->pes;
+    if (cs == DT_SUCCESS && len > 0 && s) memcpy(d, s, nb);
+    if (cap > nb) memset(d + nb, 0, cap - nb);
+    dt_tensor_destroy(cast);
+    DT_CHECK_GOTO(cs, st, fail);
+  }
+  DT_CHECK_GOTO(dt_tensor_redistribute_async(g->ag_send, rep, &g->ag_out, &g->ag_work), st, fail);
+  g->ag_from_keep = 0;
+  return dt_tensor_set_memory_category(g->ag_out, DT_MEM_COMMUNICATION);
+fail:
+  dt_tensor_destroy(g->ag_send);
+  g->ag_send = NULL;
+  return st;
+}
+
+/* Waits for the all-gather (starting it if needed), fills U and points the gathered
+ * parameters at it. */
+static dt_status_t gather(fsdp_group_t* g) {
+  if (g->U) return DT_SUCCESS;
+  if (g->ag_work) g->prefetched++;
+  g->gathers++;
+  DT_CHECK(start_gather(g));
+  dt_status_t st = dt_work_wait(g->ag_work);
+  dt_work_destroy(g->ag_work);
+  g->ag_work = NULL;
+  if (st != DT_SUCCESS) {
+    discard_gather(g);
+    return st;
+  }
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  placements(g, dt_replicate(), dt_replicate(), rep);
+  if (g->ag_from_keep) { /* the gathered slices are U itself */
+    dt_tensor_destroy(g->ag_send);
+    g->U = g->ag_out;
+  } else {
+    dt_tensor_destroy(g->ag_send);
+    st = dt_tensor_empty(g->mesh, g->cfg.param_dtype, 1, &g->total_pad, rep, &g->U);
+    if (st == DT_SUCCESS) st = dt_tensor_set_memory_category(g->U, DT_MEM_PARAMETERS);
+    if (st != DT_SUCCESS) {
+      dt_tensor_destroy(g->ag_out);
+      g->ag_send = g->ag_out = NULL;
+      dt_tensor_destroy(g->U);
+      g->U = NULL;
+      return st;
+    }
+    const char* src = local_data(g->ag_out);
+    char* dst = local_data(g->U);
+    for (int r = 0; r < g->N; r++)
+      for (int i = 0; i < g->n; i++) {
+        fsdp_param_t* q = &g->p[i];
+        int64_t off, len;
+        dt_chunk(q->rows, g->N, r, &off, &len);
+        if (len > 0)
+          memcpy(dst + (size_t)(q->full_off + off * q->rest) * g->pes,
+                 src + (size_t)(r * g->seg + q->seg_off) * g->pes,
+                 (size_t)(len * q->rest) * g->pes);
+      }
+    dt_tensor_destroy(g->ag_out);
+  }
+  g->ag_send = g->ag_out = NULL;
+  g->ag_from_keep = 0;
+  char* base = local_data(g->U);
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    dt_tensor_t v;
+    st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, rep,
+                              base + (size_t)q->full_off * g->pes, q->shape, &v);
+    if (st == DT_SUCCESS) {
+      st = dt_var_set_value(q->full, v);
+      if (st != DT_SUCCESS) dt_tensor_destroy(v);
+    }
+    if (st != DT_SUCCESS) {
+      release(g);
+      return st;
+    }
+  }
+  return DT_SUCCESS;
+}
+
+/* Reshard k after the forward: keep this rank's 1/k slice of U, then release U. */
+static dt_status_t keep_slice(fsdp_group_t* g) {
+  int knd;
+  DT_CHECK(dt_mesh_ndim(g->kmesh, &knd));
+  dt_placement_t pl[DT_MAX_MESH_DIMS + 1];
+  for (int d = 0; d < knd; d++) pl[d] = dt_replicate();
+  pl[knd - 1] = dt_shard(0);
+  DT_CHECK(dt_tensor_empty(g->kmesh, g->cfg.param_dtype, 1, &g->total_pad, pl, &g->keep));
+  DT_CHECK(dt_tensor_set_memory_category(g->keep, DT_MEM_PARAMETERS));
+  int64_t per = g->total_pad / g->k, kr = g->rank % g->k;
+  memcpy(local_data(g->keep), (char*)local_data(g->U) + (size_t)(kr * per) * g->pes,
+         (size_t)per * g->pes);
+  return release(g);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * reduce: copy-in of the gathered parameters' gradients, one reduce-scatter, accumulate */
+
+static dt_status_t start_reduce(fsdp_group_t* g) {
+  dt_placement_t ppl[DT_MAX_MESH_DIMS], dst[DT_MAX_MESH_DIMS];
+  dt_placement_t sum = dt_partial(DT_REDUCE_SUM);
+  placements(g, sum, sum, ppl);
+  placements(g, dt_shard(0), sum, dst);
+  const int64_t n = (int64_t)g->N * g->seg;
+  dt_tensor_t send;
+  DT_CHECK(dt_tensor_empty(g->mesh, g->cfg.reduce_dtype, 1, &n, ppl, &send));
+  dt_status_t st = dt_tensor_set_memory_category(send, DT_MEM_COMMUNICATION);
+  char* buf = local_data(send);
+  memset(buf, 0, (size_t)n * g->res);
+  for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
+    fsdp_param_t* q = &g->p[i];
+    dt_tensor_t gr = dt_var_grad(q->full), tmp = NULL, view = NULL, cast = NULL;
+    if (gr == NULL) continue; /* no gradient reached it: zeros */
+    dt_placement_t have[DT_MAX_MESH_DIMS];
+    st = dt_tensor_placements(gr, have);
+    int ok = st == DT_SUCCESS;
+    for (int d = 0; ok && d < g->mesh_ndim; d++) ok = dt_placement_equal(have[d], ppl[d]);
+    if (st == DT_SUCCESS && !ok) { /* e.g. Replicate on a dim: to Partial (a local step) */
+      st = dt_tensor_redistribute(gr, ppl, &tmp);
+      gr = tmp;
+    }
+    const void* src = st == DT_SUCCESS ? local_data(gr) : NULL;
+    if (st == DT_SUCCESS && g->cfg.param_dtype != g->cfg.reduce_dtype) {
+      /* cast this rank's partial values: a Replicate view of them casts locally */
+      dt_placement_t rep[DT_MAX_MESH_DIMS];
+      placements(g, dt_replicate(), dt_replicate(), rep);
+      const int64_t to = g->cfg.reduce_dtype;
+      st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, rep, (void*)src,
+                                q->shape, &view);
+      if (st == DT_SUCCESS) st = dt_op_run("cast", 1, &view, 1, &to, 0, NULL, &cast);
+      src = st == DT_SUCCESS ? local_data(cast) : NULL;
+    }
+    if (st == DT_SUCCESS && src == NULL)
+      st = DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the gradient of '%s' has no data (was the "
+                   "parameter used outside its module's forward?)", q->name);
+    for (int r = 0; st == DT_SUCCESS && r < g->N; r++) {
+      int64_t off, len;
+      dt_chunk(q->rows, g->N, r, &off, &len);
+      if (len > 0)
+        memcpy(buf + (size_t)(r * g->seg + q->seg_off) * g->res,
+               (const char*)src + (size_t)(off * q->rest) * g->res,
+               (size_t)(len * q->rest) * g->res);
+    }
+    dt_tensor_destroy(cast);
+    dt_tensor_destroy(view);
+    dt_tensor_destroy(tmp);
+    if (st == DT_SUCCESS) st = dt_var_set_grad(q->full, NULL);
+  }
+  if (st == DT_SUCCESS) st = dt_tensor_redistribute_async(send, dst, &g->rs_out, &g->rs_work);
+  if (st == DT_SUCCESS) g->reductions++;
+  dt_tensor_destroy(send); /* the work keeps what it needs */
+  if (st == DT_SUCCESS) st = dt_tensor_set_memory_category(g->rs_out, DT_MEM_COMMUNICATION);
+  return st;
+}
+
+/* Waits for the group's reduction and adds this rank's segment into the sharded gradients. */
+static dt_status_t finish_reduce(fsdp_group_t* g) {
+  if (g->rs_work == NULL) return DT_SUCCESS;
+  dt_status_t st = dt_work_wait(g->rs_work);
+  dt_work_destroy(g->rs_work);
+  g->rs_work = NULL;
+  dt_tensor_t out = g->rs_out, tmp = NULL;
+  g->rs_out = NULL;
+  if (st == DT_SUCCESS && g->cfg.replicate_dim >= 0) { /* HSDP: over the replicas too */
+    dt_placement_t dst[DT_MAX_MESH_DIMS];
+    placements(g, dt_shard(0), dt_replicate(), dst);
+    st = dt_tensor_redistribute(out, dst, &tmp);
+    if (st == DT_SUCCESS) {
+      dt_tensor_destroy(out);
+      out = tmp;
+      tmp = NULL;
+    }
+  }
+  for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
+    fsdp_param_t* q = &g->p[i];
+    dt_tensor_t sv = dt_var_value(q->sharded), part = NULL, cast = NULL, sum = NULL;
+    dt_placement_t spl[DT_MAX_MESH_DIMS];
+    st = dt_tensor_placements(sv, spl);
+    if (st == DT_SUCCESS) st = dt_tensor_empty(g->mesh, q->dtype, q->ndim, q->shape, spl, &part);
+    int64_t len = 0;
+    if (st == DT_SUCCESS) st = dt_tensor_local_numel(part, &len);
+    if (st == DT_SUCCESS && len > 0) {
+      const char* src = (const char*)local_data(out) + (size_t)q->seg_off * g->res;
+      if (q->dtype == g->cfg.reduce_dtype) {
+        memcpy(local_data(part), src, (size_t)len * g->res);
+      } else { /* a view of the reduced slice with the shard's layout, cast */
+        int64_t lshape[FSDP_NDIM_MAX];
+        dt_tensor_t view = NULL;
+        const int64_t to = q->dtype;
+        st = dt_tensor_local_shape(part, lshape);
+        if (st == DT_SUCCESS)
+          st = dt_tensor_from_local(g->mesh, g->cfg.reduce_dtype, q->ndim, q->shape, spl,
+                                    (void*)src, lshape, &view);
+        if (st == DT_SUCCESS) st = dt_op_run("cast", 1, &view, 1, &to, 0, NULL, &cast);
+        size_t qes = 0;
+        if (st == DT_SUCCESS) st = dt_dtype_itemsize(q->dtype, &qes);
+        if (st == DT_SUCCESS) memcpy(local_data(part), local_data(cast), (size_t)len * qes);
+        dt_tensor_destroy(view);
+        dt_tensor_destroy(cast);
+      }
+    }
+    dt_tensor_t old = dt_var_grad(q->sharded);
+    if (st == DT_SUCCESS && old != NULL) { /* accumulate (several synced passes) */
+      dt_tensor_t two[2] = {old, part};
+      st = dt_op_run("add", 2, two, 0, NULL, 0, NULL, &sum);
+      dt_tensor_destroy(part);
+      part = sum;
+    }
+    if (st == DT_SUCCESS) {
+      st = dt_var_set_grad(q->sharded, part);
+      if (st == DT_SUCCESS) part = NULL;
+    }
+    dt_tensor_destroy(part);
+  }
+  dt_tensor_destroy(out);
+  return st;
+}
+
+dt_status_t dt_fsdp_wait(void) {
+  dt_status_t first = DT_SUCCESS;
+  for (fsdp_group_t* g = g_fsdp.groups; g; g = g->next) {
+    dt_status_t st = finish_reduce(g);
+    if (first == DT_SUCCESS) first = st;
+  }
+  return first;
+}
+
+/* Unconsumed prefetches: stale once the parameters change (the optimizer step). */
+static void discard_prefetches(void) {
+  for (fsdp_group_t* g = g_fsdp.groups; g; g = g->next)
+    if (g->ag_work) discard_gather(g);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * hooks */
+
+static dt_status_t swap(fsdp_group_t* g, int to_full) {
+  if (g->swapped == to_full) return DT_SUCCESS;
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    dt_var_t old;
+    DT_CHECK(dt_module_swap_param(g->module, q->name, to_full ? q->full : q->sharded, &old));
+  }
+  g->swapped = to_full;
+  return DT_SUCCESS;
+}
+
+/* Casts the floating variables among vars[n] to dtype (recorded). */
+static dt_status_t cast_vars(dt_tape_t tape, int n, dt_var_t* vars, dt_dtype_t dtype) {
+  for (int i = 0; i < n; i++) {
+    if (vars[i] == NULL) continue;
+    dt_dtype_t t;
+    DT_CHECK(dt_tensor_dtype(dt_var_value(vars[i]), &t));
+    if (!is_float(t) || t == dtype) continue;
+    const int64_t to = dtype;
+    DT_CHECK(dt_ag_op(tape, "cast", 1, &vars[i], 1, &to, 0, NULL, 1, &vars[i]));
+  }
+  return DT_SUCCESS;
+}
+
+static dt_status_t pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars, void* ctx) {
+  (void)m;
+  fsdp_group_t* g = ctx;
+  if (g_fsdp.fwd_depth == 0) { /* a new pass: finish the last one's leftovers */
+    DT_CHECK(dt_fsdp_wait());
+    discard_prefetches();
+    g_fsdp.last_pre = g_fsdp.last_post = NULL;
+    g_fsdp.bwd_depth = 0;
+  }
+  g_fsdp.fwd_depth++;
+  if (g_fsdp.last_pre) g_fsdp.last_pre->next_fwd = g;
+  g_fsdp.last_pre = g;
+  if (g->keep) { /* a forward again before the backward used the slice */
+    dt_tensor_destroy(g->keep);
+    g->keep = NULL;
+  }
+  DT_CHECK(gather(g));
+  fsdp_group_t* nx = g->next_fwd;
+  if (g->prefetch_fwd && nx && nx != g && !nx->U && !nx->ag_work) DT_CHECK(start_gather(nx));
+  DT_CHECK(swap(g, 1));
+  if (g->cfg.param_dtype != DT_F32) DT_CHECK(cast_vars(tape, n, vars, g->cfg.param_dtype));
+  return DT_SUCCESS;
+}
+
+static dt_status_t post_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars, void* ctx) {
+  (void)m;
+  fsdp_group_t* g = ctx;
+  DT_CHECK(swap(g, 0));
+  if (g_fsdp.fwd_depth > 0) g_fsdp.fwd_depth--;
+  g->next_bwd = g_fsdp.last_post;
+  g_fsdp.last_post = g;
+  const int backward = tape != NULL && dt_grad_enabled();
+  if (!backward || g->cfg.reshard_after_forward == 1) DT_CHECK(release(g));
+  else if (g->k > 1) DT_CHECK(keep_slice(g));
+  if (g_fsdp.fwd_depth == 0) discard_prefetches();
+  if (g->cfg.output_dtype == DT_FSDP_KEEP_DTYPE) return DT_SUCCESS;
+  return cast_vars(tape, n, vars, g->cfg.output_dtype);
+}
+
+static dt_status_t pre_backward(dt_module_t m, dt_tape_t tape, void* ctx) {
+  (void)m;
+  (void)tape;
+  fsdp_group_t* g = ctx;
+  g_fsdp.bwd_depth++;
+  DT_CHECK(gather(g));
+  fsdp_group_t* nx = g->next_bwd;
+  if (g->prefetch_bwd && nx && nx != g && !nx->U && !nx->ag_work) DT_CHECK(start_gather(nx));
+  return DT_SUCCESS;
+}
+
+static dt_status_t post_backward(dt_module_t m, dt_tape_t tape, void* ctx) {
+  (void)m;
+  (void)tape;
+  fsdp_group_t* g = ctx;
+  if (g_fsdp.bwd_depth > 0) g_fsdp.bwd_depth--;
+  if (g->sync) {
+    DT_CHECK(finish_reduce(g)); /* a second backward before the first finished */
+    DT_CHECK(start_reduce(g));
+    for (fsdp_group_t* o = g_fsdp.groups; o; o = o->next) /* at most two in flight */
+      if (o != g) DT_CHECK(finish_reduce(o));
+  }
+  DT_CHECK(release(g));
+  if (g_fsdp.bwd_depth == 0) {
+    DT_CHECK(dt_fsdp_wait());
+    discard_prefetches();
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * wrapping */
+
+static void group_free(fsdp_group_t* g) {
+  if (g == NULL) return;
+  for (fsdp_group_t** pp = &g_fsdp.groups; *pp; pp = &(*pp)->next)
+    if (*pp == g) {
+      *pp = g->next;
+      break;
+    }
+  for (fsdp_group_t* o = g_fsdp.groups; o; o = o->next) {
+    if (o->next_fwd == g) o->next_fwd = NULL;
+    if (o->next_bwd == g) o->next_bwd = NULL;
+  }
+  if (g_fsdp.last_pre == g) g_fsdp.last_pre = NULL;
+  if (g_fsdp.last_post == g) g_fsdp.last_post = NULL;
+  if (g->ag_work) discard_gather(g);
+  if (g->rs_work) dt_work_destroy(g->rs_work);
+  dt_tensor_destroy(g->rs_out);
+  dt_tensor_destroy(g->keep);
+  swap(g, 0); /* the module frees the sharded parameters */
+  for (int i = 0; g->p && i < g->n; i++) dt_var_destroy(g->p[i].full);
+  dt_tensor_destroy(g->U);
+  dt_mesh_destroy(g->kmesh);
+  free(g->p);
+  free(g);
+}
+
+static void group_free_fn(dt_module_t m, void* data) {
+  (void)m;
+  group_free(data);
+}
+
+static int in_other_group(dt_var_t v) {
+  for (fsdp_group_t* o = g_fsdp.groups; o; o = o->next)
+    for (int i = 0; i < o->n; i++)
+      if (o->p[i].sharded == v || o->p[i].full == v) return 1;
+  return 0;
+}
+
+typedef struct {
+  fsdp_group_t* g;
+  int cap;
+  dt_status_t st;
+} collect_t;
+
+static int collect(const char* name, dt_var_t v, void* ctx) {
+  collect_t* c = ctx;
+  fsdp_group_t* g = c->g;
+  if (in_other_group(v)) return 0;
+  dt_tensor_t t = dt_var_value(v);
+  dt_mesh_t pm = NULL;
+  dt_dtype_t dt = DT_F32;
+  int nd = 0;
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
+  if (dt_tensor_mesh(t, &pm) != DT_SUCCESS || dt_tensor_dtype(t, &dt) != DT_SUCCESS ||
+      dt_tensor_ndim(t, &nd) != DT_SUCCESS || dt_tensor_placements(t, pl) != DT_SUCCESS) {
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' is not a live variable", name);
+    return 1;
+  }
+  if (pm != g->mesh) {
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' lives on another mesh than "
+                    "the one given", name);
+    return 1;
+  }
+  if (!is_float(dt)) {
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' is %s; only floating "
+                    "parameters can be sharded", name, dt_dtype_name(dt));
+    return 1;
+  }
+  if (nd < 1 || nd > FSDP_NDIM_MAX) {
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' has %d dims (1 to %d)", name,
+                    nd, FSDP_NDIM_MAX);
+    return 1;
+  }
+  for (int d = 0; d < g->mesh_ndim; d++)
+    if (pl[d].kind != DT_REPLICATE) {
+      char txt[64];
+      dt_placements_format(pl, g->mesh_ndim, NULL, txt, sizeof txt);
+      c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' is %s; FSDP shards "
+                      "replicated parameters (Replicate on every mesh dim)", name, txt);
+      return 1;
+    }
+  if (strlen(name) >= FSDP_NAME_MAX) {
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter name '%s' too long", name);
+    return 1;
+  }
+  if (g->n == c->cap) {
+    int cap = c->cap ? 2 * c->cap : 16;
+    fsdp_param_t* p = realloc(g->p, sizeof *p * (size_t)cap);
+    if (p == NULL) {
+      c->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: parameter table");
+      return 1;
+    }
+    g->p = p;
+    c->cap = cap;
+  }
+  fsdp_param_t* q = &g->p[g->n++];
+  memset(q, 0, sizeof *q);
+  strcpy(q->name, name);
+  q->sharded = v; /* for now: the replicated parameter itself */
+  q->dtype = dt;
+  q->ndim = nd;
+  dt_tensor_shape(t, q->shape);
+  q->rows = q->shape[0];
+  q->rest = 1;
+  for (int d = 1; d < nd; d++) q->rest *= q->shape[d];
+  return 0;
+}
+
+static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* nd) {
+  DT_CHECK(dt_mesh_ndim(mesh, nd));
+  if (c->shard_dim < 0 || c->shard_dim >= *nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: shard dim %d is not a dim of the %d-dim mesh",
+                   c->shard_dim, *nd);
+  if (c->replicate_dim < -1 || c->replicate_dim >= *nd || c->replicate_dim == c->shard_dim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: replicate dim %d: -1 (none) or a dim of the "
+                   "%d-dim mesh other than the shard dim %d", c->replicate_dim, *nd, c->shard_dim);
+  if (!is_float(c->param_dtype) || !is_float(c->reduce_dtype) ||
+      (!is_float(c->output_dtype) && c->output_dtype != DT_FSDP_KEEP_DTYPE))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: param, reduce and output dtypes must be "
+                   "f32, bf16 or f16 (got %s, %s, %s)", dt_dtype_name(c->param_dtype),
+                   dt_dtype_name(c->reduce_dtype), dt_dtype_name(c->output_dtype));
+  int N;
+  DT_CHECK(dt_mesh_size(mesh, c->shard_dim, &N));
+  int k = c->reshard_after_forward;
+  if (k < 0 || (k > 1 && (k > N || N % k != 0)))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: reshard_after_forward %d: 0, 1, or a group "
+                   "size k > 1 that divides the shard dim's %d ranks", k, N);
+  dt_backend_t be;
+  dt_device_t dev;
+  DT_CHECK(dt_mesh_backend(mesh, &be));
+  DT_CHECK(dt_backend_device(be, &dev));
+  if (dev != DT_DEVICE_HOST)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "fully_shard: the mesh's backend '%s' keeps data on %s; "
+                   "the FSDP buffers are host memory for now", dt_backend_name(be),
+                   dt_device_name(dev));
+  int member = 0;
+  DT_CHECK(dt_mesh_is_member(mesh, &member));
+  if (!member)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: this rank is not in the mesh");
+  return DT_SUCCESS;
+}
+
+/* The mesh with the shard dim split into (N/k, k), consecutive ranks of it in one k-group. */
+static dt_status_t make_kmesh(fsdp_group_t* g) {
+  int shape[DT_MAX_MESH_DIMS + 1], knd = 0, coords[DT_MAX_MESH_DIMS];
+  int mshape[DT_MAX_MESH_DIMS];
+  DT_CHECK(dt_mesh_shape(g->mesh, mshape));
+  /* kmesh dims: the replicate dim (if any), N/k, k; other mesh dims must be 1 */
+  for (int d = 0; d < g->mesh_ndim; d++)
+    if (d != g->cfg.shard_dim && d != g->cfg.replicate_dim && mshape[d] != 1)
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "fully_shard: reshard to groups of %d needs a mesh of "
+                     "the shard (and replicate) dims only", g->k);
+  int rdim = g->cfg.replicate_dim;
+  if (rdim >= 0) shape[knd++] = mshape[rdim];
+  shape[knd++] = g->N / g->k;
+  shape[knd++] = g->k;
+  int nranks = 1;
+  for (int d = 0; d < knd; d++) nranks *= shape[d];
+  int* ranks = malloc(sizeof(int) * (size_t)nranks);
+  if (ranks == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: rank table");
+  dt_status_t st = DT_SUCCESS;
+  for (int i = 0; i < nranks && st == DT_SUCCESS; i++) {
+    int rep = rdim >= 0 ? i / g->N : 0, s = i % g->N;
+    for (int d = 0; d < g->mesh_ndim; d++) coords[d] = 0;
+    coords[g->cfg.shard_dim] = s;
+    if (rdim >= 0) coords[rdim] = rep;
+    st = dt_mesh_rank_at(g->mesh, coords, &ranks[i]);
+  }
+  if (st == DT_SUCCESS) st = dt_mesh_create(knd, shape, NULL, ranks, &g->kmesh);
+  free(ranks);
+  return st;
+}
+
+dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg) {
+  DT_ARG_NOT_NULL(m);
+  DT_ARG_NOT_NULL(mesh);
+  if (dt_module_name(m) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: not a live module");
+  int nd;
+  DT_CHECK(dt_mesh_ndim(mesh, &nd));
+  dt_fsdp_config_t c = cfg ? *cfg : dt_fsdp_config_default(nd);
+  DT_CHECK(check_config(mesh, &c, &nd));
+  if (dt_module_attachment(m, FSDP_KEY) || dt_module_attachment(m, "ddp"))
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: module '%s' is already wrapped (%s)",
+                   dt_module_name(m), dt_module_attachment(m, FSDP_KEY) ? "FSDP" : "DDP");
+  fsdp_group_t* g = calloc(1, sizeof *g);
+  if (g == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: group");
+  g->module = m;
+  g->mesh = mesh;
+  g->cfg = c;
+  g->mesh_ndim = nd;
+  g->sync = 1;
+  g->prefetch_fwd = c.prefetch_forward != 0;
+  g->prefetch_bwd = c.prefetch_backward != 0;
+  g->k = c.reshard_after_forward > 1 ? c.reshard_after_forward : 1;
+  dt_status_t st = DT_SUCCESS;
+  collect_t col = {g, 0, DT_SUCCESS};
+  DT_CHECK_GOTO(dt_mesh_size(mesh, c.shard_dim, &g->N), st, fail);
+  if (c.replicate_dim >= 0) DT_CHECK_GOTO(dt_mesh_size(mesh, c.replicate_dim, &g->R), st, fail);
+  else g->R = 1;
+  DT_CHECK_GOTO(dt_mesh_local_rank(mesh, c.shard_dim, &g->rank), st, fail);
+  DT_CHECK_GOTO(dt_dtype_itemsize(c.param_dtype, &g->pes), st, fail);
+  DT_CHECK_GOTO(dt_dtype_itemsize(c.reduce_dtype, &g->res), st, fail);
+  DT_CHECK_GOTO(dt_module_for_each_param(m, collect, &col), st, fail);
+  DT_CHECK_GOTO(col.st, st, fail);
+  if (g->n == 0) {
+    st = DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: module '%s' has no parameter that is not "
+                 "in a group already (wrap bottom-up: blocks first, then the root)",
+                 dt_module_name(m));
+    goto fail;
+  }
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    q->chunk = (q->rows + g->N - 1) / g->N;
+    q->seg_off = g->seg;
+    g->seg += q->chunk * q->rest;
+    q->full_off = g->total;
+    g->total += q->rows * q->rest;
+  }
+  g->total_pad = (g->total + g->k - 1) / g->k * g->k;
+  if (g->k > 1) DT_CHECK_GOTO(make_kmesh(g), st, fail);
+  /* the new leaves: sharded parameters (a local slice, no communication), gathered ones (meta) */
+  dt_placement_t spl[DT_MAX_MESH_DIMS], rep[DT_MAX_MESH_DIMS];
+  placements(g, dt_shard(0), dt_replicate(), spl);
+  placements(g, dt_replicate(), dt_replicate(), rep);
+  int made = 0;
+  for (; made < g->n; made++) {
+    fsdp_param_t* q = &g->p[made];
+    dt_tensor_t s = NULL, f = NULL;
+    dt_var_t sv = NULL, fv = NULL;
+    st = dt_tensor_redistribute(dt_var_value(q->sharded), spl, &s);
+    if (st == DT_SUCCESS) st = dt_var_leaf(s, 1, &sv);
+    if (st != DT_SUCCESS) dt_tensor_destroy(s);
+    if (st == DT_SUCCESS) st = dt_tensor_meta(mesh, c.param_dtype, q->ndim, q->shape, rep, &f);
+    if (st == DT_SUCCESS) {
+      st = dt_var_leaf(f, 1, &fv);
+      if (st != DT_SUCCESS) dt_tensor_destroy(f);
+    }
+    if (st == DT_SUCCESS) st = dt_var_set_grad_mode(fv, DT_GRAD_AS_IS);
+    if (st != DT_SUCCESS) {
+      dt_var_destroy(sv);
+      dt_var_destroy(fv);
+      break;
+    }
+    q->full = fv;
+    q->sharded = sv; /* the replicated original is looked up again by name below */
+  }
+  if (st == DT_SUCCESS) st = dt_module_attach(m, FSDP_KEY, g, group_free_fn);
+  if (st == DT_SUCCESS) st = dt_module_add_forward_pre_hook(m, pre_forward, g);
+  if (st == DT_SUCCESS) st = dt_module_add_forward_post_hook(m, post_forward, g);
+  if (st == DT_SUCCESS) st = dt_module_add_backward_pre_hook(m, pre_backward, g);
+  if (st == DT_SUCCESS) st = dt_module_add_backward_post_hook(m, post_backward, g);
+  if (st != DT_SUCCESS) {
+    dt_module_remove_hooks(m, g);
+    if (dt_module_attachment(m, FSDP_KEY) == g) dt_module_detach(m, FSDP_KEY);
+    for (int i = 0; i < made; i++) {
+      dt_var_destroy(g->p[i].sharded);
+      dt_var_destroy(g->p[i].full);
+    }
+    g->n = 0;
+    goto fail;
+  }
+  /* commit: the module takes the sharded parameters (the replicated ones are destroyed) */
+  for (int i = 0; i < g->n; i++) dt_module_set_param(m, g->p[i].name, g->p[i].sharded);
+  g->next = g_fsdp.groups;
+  g_fsdp.groups = g;
+  return DT_SUCCESS;
+fail:
+  dt_mesh_destroy(g->kmesh);
+  free(g->p);
+  free(g);
+  return st;
+}
+
+static fsdp_group_t* group_of(dt_module_t m) { return dt_module_attachment(m, FSDP_KEY); }
+
+int dt_fsdp_is_group(dt_module_t m) { return group_of(m) != NULL; }
+
+static int below(dt_module_t x, dt_module_t m) {
+  for (; x; x = dt_module_parent(x))
+    if (x == m) return 1;
+  return 0;
+}
+
+dt_status_t dt_fsdp_set_requires_gradient_sync(dt_module_t m, int sync) {
+  DT_ARG_NOT_NULL(m);
+  if (dt_module_name(m) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module");
+  int found = 0;
+  for (fsdp_group_t* g = g_fsdp.groups; g; g = g->next)
+    if (below(g->module, m)) {
+      g->sync = sync != 0;
+      found = 1;
+    }
+  if (!found)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no FSDP group at or below it",
+                   dt_module_name(m));
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_fsdp_set_prefetch(dt_module_t m, int forward, int backward) {
+  DT_ARG_NOT_NULL(m);
+  fsdp_group_t* g = group_of(m);
+  if (g == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "module is not an FSDP group");
+  if (forward >= 0) g->prefetch_fwd = forward != 0;
+  if (backward >= 0) g->prefetch_bwd = backward != 0;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out) {
+  DT_ARG_NOT_NULL(out);
+  memset(out, 0, sizeof *out);
+  DT_ARG_NOT_NULL(m);
+  fsdp_group_t* g = group_of(m);
+  if (g == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "module is not an FSDP group");
+  out->n_params = g->n;
+  out->numel = g->total;
+  out->padded_numel = (int64_t)g->N * g->seg;
+  out->shard_numel = g->seg;
+  out->unsharded_nbytes = g->total_pad * (int64_t)g->pes;
+  out->shard_size = g->N;
+  out->replicate_size = g->R;
+  out->reshard_size = g->k;
+  out->gathers = g->gathers;
+  out->prefetched = g->prefetched;
+  out->reductions = g->reductions;
+  return DT_SUCCESS;
+}

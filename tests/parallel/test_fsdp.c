@@ -1,0 +1,530 @@
+/* test_fsdp.c - FSDP / HSDP on the dense Llama model (np 2 and 4).
+ *
+ *  - loss parity over 20 steps (AdamW, clipping on the sharded gradients) against the dense
+ *    computation (every parameter and the batch replicated on every rank): reshard after forward
+ *    on and off, prefetch on and off, reshard to groups of 2 (np 4), HSDP 2x2 (np 4); uneven
+ *    parameter shapes (vocab 61, dim 30, ffn 50: dim 0 does not split evenly); every step within
+ *    1e-5 relative, the worst printed; a repeated run bitwise equal;
+ *  - bf16 parameters (f32 reduction, f32 outputs): within 0.05 relative of the f32 losses and the
+ *    loss falls;
+ *  - two micro-batches with the first's gradient sync skipped equal one step on both;
+ *  - traffic over one step read from the counters equals the formulas, one all-gather per group
+ *    per gather and one reduce-scatter per group;
+ *  - memory: the sharded state (parameters, gradients, two AdamW moments) is 16 Psi / N bytes
+ *    plus padding, and the gathered parameters at their peak hold at most two groups;
+ *  - bad input: clear errors and nothing half-wrapped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dt_test.h"
+#include "dtensor/nn.h"
+#include "dtensor/parallel.h"
+
+#define STEPS 20
+#define BATCH 8
+#define SEQ 8
+
+static int g_world, g_rank;
+static int g_no_loss_read; /* traffic: count the step's collectives only */
+static dt_corpus_t g_corpus;
+
+static dt_llama_config_t model_config(void) {
+  dt_llama_config_t c;
+  memset(&c, 0, sizeof c);
+  c.dim = 30;
+  c.n_layers = 2;
+  c.n_heads = 3;
+  c.vocab = 61;
+  c.seq_len = SEQ;
+  c.ffn_dim = 50;
+  c.seed = 11;
+  return c;
+}
+
+typedef enum { MODE_DENSE, MODE_FSDP } mode_t_;
+
+typedef struct {
+  mode_t_ mode;
+  dt_fsdp_config_t fsdp;
+  int mesh2d;     /* HSDP: a 2x2 mesh */
+  int micro;      /* 2: two micro-batches per step, sync skipped on the first */
+  int steps;
+} run_t;
+
+typedef struct {
+  dt_mesh_t mesh;
+  dt_llama_t model;
+  dt_module_t root;
+  dt_var_t* params;
+  int np;
+  int64_t numel;
+  dt_adamw_t opt;
+  dt_tape_t tape;
+} setup_t;
+
+static void setup(const run_t* r, setup_t* s) {
+  memset(s, 0, sizeof *s);
+  int shape1[1] = {g_world}, shape2[2] = {2, g_world / 2};
+  DT_ASSERT_OK(dt_mesh_create(r->mesh2d ? 2 : 1, r->mesh2d ? shape2 : shape1, NULL, NULL,
+                              &s->mesh));
+  dt_llama_config_t c = model_config();
+  DT_ASSERT_OK(dt_llama_create(s->mesh, &c, NULL, &s->model));
+  DT_ASSERT_OK(dt_llama_module(s->model, &s->root));
+  if (r->mode == MODE_FSDP) {
+    for (int l = 0; l < c.n_layers; l++) {
+      char path[32];
+      dt_module_t blk;
+      snprintf(path, sizeof path, "layers.%d", l);
+      DT_ASSERT_OK(dt_module_find(s->root, path, &blk));
+      DT_ASSERT_OK(dt_fully_shard(blk, s->mesh, &r->fsdp));
+    }
+    dt_fsdp_config_t rc = r->fsdp;
+    if (rc.param_dtype != DT_F32) rc.output_dtype = DT_F32; /* the loss in f32 */
+    DT_ASSERT_OK(dt_fully_shard(s->root, s->mesh, &rc));
+  }
+  DT_ASSERT_OK(dt_llama_params(s->model, &s->params, NULL, &s->np, &s->numel));
+  dt_adamw_config_t ac = {1e-2, 0.9, 0.95, 1e-8, 0.0, 0};
+  DT_ASSERT_OK(dt_adamw_create(&ac, s->np, s->params, &s->opt));
+  DT_ASSERT_OK(dt_tape_create(&s->tape));
+}
+
+static void teardown(setup_t* s) {
+  DT_ASSERT_OK(dt_tape_destroy(s->tape));
+  DT_ASSERT_OK(dt_adamw_destroy(s->opt));
+  DT_ASSERT_OK(dt_llama_destroy(s->model));
+  DT_ASSERT_OK(dt_mesh_destroy(s->mesh));
+}
+
+/* Forward and backward of rows [row0, row0 + rows) of batch `step`, the loss scaled by `scale`;
+ * returns the unscaled loss. */
+static float fwd_bwd(const run_t* r, setup_t* s, int step, int row0, int rows, double scale) {
+  int64_t tok[BATCH * SEQ], tgt[BATCH * SEQ];
+  DT_ASSERT_OK(dt_corpus_batch(g_corpus, 5, step, BATCH, SEQ, tok, tgt));
+  dt_placement_t pl[2];
+  for (int d = 0; d < 2; d++) pl[d] = r->mode == MODE_DENSE ? dt_replicate() : dt_shard(0);
+  const int64_t shape[2] = {rows, SEQ};
+  dt_tensor_t tt, gt;
+  DT_ASSERT_OK(dt_tensor_from_full(s->mesh, DT_I64, 2, shape, pl, tok + row0 * SEQ, &tt));
+  DT_ASSERT_OK(dt_tensor_from_full(s->mesh, DT_I64, 2, shape, pl, tgt + row0 * SEQ, &gt));
+  dt_var_t loss;
+  DT_ASSERT_OK(dt_llama_forward(s->model, s->tape, tt, gt, &loss, NULL));
+  dt_placement_t rep[2] = {dt_replicate(), dt_replicate()};
+  dt_tensor_t lr;
+  float lv[2] = {0, 0};
+  if (!g_no_loss_read) {
+    DT_ASSERT_OK(dt_tensor_redistribute(dt_var_value(loss), rep, &lr));
+    dt_dtype_t ldt;
+    DT_ASSERT_OK(dt_tensor_dtype(lr, &ldt));
+    DT_ASSERT_TRUE(ldt == DT_F32, "loss dtype %s (output dtype f32)", dt_dtype_name(ldt));
+    DT_ASSERT_OK(dt_tensor_full(lr, lv, sizeof lv));
+    dt_tensor_destroy(lr);
+  }
+  if (scale != 1.0) {
+    const double f[1] = {scale};
+    DT_ASSERT_OK(dt_ag_op(s->tape, "mul_scalar", 1, &loss, 0, NULL, 1, f, 1, &loss));
+  }
+  DT_ASSERT_OK(dt_tape_backward(s->tape, loss));
+  DT_ASSERT_OK(dt_tape_reset(s->tape));
+  dt_tensor_destroy(tt);
+  dt_tensor_destroy(gt);
+  return lv[0];
+}
+
+static void opt_step(setup_t* s) {
+  double norm;
+  DT_ASSERT_OK(dt_clip_grad_norm(s->np, s->params, 1.0, &norm));
+  DT_ASSERT_OK(dt_adamw_step(s->opt, 1e-2));
+  for (int i = 0; i < s->np; i++) DT_ASSERT_OK(dt_var_zero_grad(s->params[i]));
+}
+
+/* Trains `steps` steps; losses[step]. */
+static void train(const run_t* r, float* losses) {
+  setup_t s;
+  setup(r, &s);
+  for (int step = 0; step < r->steps; step++) {
+    if (r->micro == 2) {
+      DT_ASSERT_OK(dt_fsdp_set_requires_gradient_sync(s.root, 0));
+      float a = fwd_bwd(r, &s, step, 0, BATCH / 2, 0.5);
+      DT_ASSERT_OK(dt_fsdp_set_requires_gradient_sync(s.root, 1));
+      float b = fwd_bwd(r, &s, step, BATCH / 2, BATCH / 2, 0.5);
+      losses[step] = 0.5f * (a + b);
+    } else {
+      losses[step] = fwd_bwd(r, &s, step, 0, BATCH, 1.0);
+    }
+    opt_step(&s);
+  }
+  teardown(&s);
+}
+
+static double worst_rel(const float* a, const float* b, int n) {
+  double w = 0;
+  for (int i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - b[i]) / fabs((double)b[i]);
+    if (d > w) w = d;
+  }
+  return w;
+}
+
+static void parity(const char* what, const run_t* r, const float* ref, double tol) {
+  float l[STEPS];
+  train(r, l);
+  double w = worst_rel(l, ref, r->steps);
+  if (g_rank == 0)
+    printf("parity %-34s np %d: worst relative loss difference over %d steps %.3g (first %.5f "
+           "last %.5f)\n", what, g_world, r->steps, w, l[0], l[r->steps - 1]);
+  DT_ASSERT_TRUE(w <= tol, "%s: worst relative difference %.3g above %.1g", what, w, tol);
+  DT_ASSERT_TRUE(l[r->steps - 1] < l[0], "%s: the loss did not fall", what);
+}
+
+static run_t fsdp_run(int reshard, int prefetch) {
+  run_t r;
+  memset(&r, 0, sizeof r);
+  r.mode = MODE_FSDP;
+  r.steps = STEPS;
+  r.fsdp = dt_fsdp_config_default(1);
+  r.fsdp.reshard_after_forward = reshard;
+  r.fsdp.prefetch_forward = r.fsdp.prefetch_backward = prefetch;
+  return r;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+
+static void test_parity(void) {
+  run_t dense;
+  memset(&dense, 0, sizeof dense);
+  dense.mode = MODE_DENSE;
+  dense.steps = STEPS;
+  float ref[STEPS];
+  train(&dense, ref);
+
+  run_t r = fsdp_run(1, 1);
+  parity("fsdp reshard prefetch", &r, ref, 1e-5);
+  float a[STEPS], b[STEPS];
+  train(&r, a);
+  train(&r, b);
+  DT_ASSERT_TRUE(memcmp(a, b, sizeof a) == 0, "repeated FSDP runs differ");
+  r = fsdp_run(0, 1);
+  parity("fsdp no-reshard prefetch", &r, ref, 1e-5);
+  r = fsdp_run(1, 0);
+  parity("fsdp reshard no-prefetch", &r, ref, 1e-5);
+  r = fsdp_run(0, 0);
+  parity("fsdp no-reshard no-prefetch", &r, ref, 1e-5);
+  if (g_world == 4) {
+    r = fsdp_run(2, 1);
+    parity("fsdp reshard-to-2", &r, ref, 1e-5);
+    r = fsdp_run(1, 1);
+    r.mesh2d = 1;
+    r.fsdp = dt_fsdp_config_default(2);
+    parity("hsdp 2x2", &r, ref, 1e-5);
+    r.fsdp.reshard_after_forward = 0;
+    parity("hsdp 2x2 no-reshard", &r, ref, 1e-5);
+  }
+  /* two micro-batches, the first not synced, against the dense double batch */
+  r = fsdp_run(1, 1);
+  r.micro = 2;
+  r.steps = 6;
+  parity("fsdp 2 micro-batches (no sync)", &r, ref, 1e-5);
+  if (g_world == 4) {
+    r.mesh2d = 1;
+    r.fsdp = dt_fsdp_config_default(2);
+    parity("hsdp 2 micro-batches (no sync)", &r, ref, 1e-5);
+  }
+  /* bf16 parameters and compute, f32 reduction and outputs */
+  r = fsdp_run(1, 1);
+  r.fsdp.param_dtype = DT_BF16;
+  parity("fsdp bf16 params", &r, ref, 0.05);
+}
+
+/* Elements moved per rank by the collectives of the counters (nccl-tests convention): an
+ * all-gather or reduce-scatter of B bytes over n moves B (n-1)/n, an all-reduce 2 B (n-1)/n. */
+static void test_traffic(void) {
+  for (int reshard = 0; reshard <= (g_world == 4 ? 2 : 1); reshard++) {
+    run_t r = fsdp_run(reshard, 1);
+    setup_t s;
+    setup(&r, &s);
+    fwd_bwd(&r, &s, 0, 0, BATCH, 1.0); /* learn the orders, fill caches */
+    opt_step(&s);
+    int64_t padded = 0, groups = 0, psi = 0;
+    for (int l = -1; l < 2; l++) {
+      dt_module_t m = s.root;
+      if (l >= 0) {
+        char path[32];
+        snprintf(path, sizeof path, "layers.%d", l);
+        DT_ASSERT_OK(dt_module_find(s.root, path, &m));
+      }
+      dt_fsdp_group_info_t gi;
+      DT_ASSERT_OK(dt_fsdp_group_info(m, &gi));
+      padded += gi.padded_numel;
+      psi += gi.numel;
+      groups++;
+    }
+    DT_ASSERT_EQ(psi, s.numel);
+    DT_ASSERT_OK(dt_counters_reset(NULL));
+    g_no_loss_read = 1;
+    fwd_bwd(&r, &s, 1, 0, BATCH, 1.0);
+    g_no_loss_read = 0;
+    dt_counters_t c;
+    DT_ASSERT_OK(dt_counters_get(NULL, &c));
+    const int64_t N = g_world;
+    uint64_t ag_calls = c.calls[DT_COLL_ALL_GATHER], rs_calls = c.calls[DT_COLL_REDUCE_SCATTER];
+    /* all-gather bytes are outputs: forward N*L per group; backward N*L again (reshard 1), none
+     * (0), or the group's padded T over k (reshard k: counted as the k-rank gather's output) */
+    uint64_t ag_bytes = c.nbytes[DT_COLL_ALL_GATHER], rs_bytes = c.nbytes[DT_COLL_REDUCE_SCATTER];
+    int64_t ag_elems_moved = 0;
+    if (reshard == 2) {
+      /* forward: N*L over N ranks; backward: the group's T_pad over 2 ranks */
+      int64_t tpad = 0;
+      for (int l = -1; l < 2; l++) {
+        dt_module_t m = s.root;
+        if (l >= 0) {
+          char path[32];
+          snprintf(path, sizeof path, "layers.%d", l);
+          DT_ASSERT_OK(dt_module_find(s.root, path, &m));
+        }
+        dt_fsdp_group_info_t gi;
+        DT_ASSERT_OK(dt_fsdp_group_info(m, &gi));
+        tpad += gi.unsharded_nbytes / 4;
+      }
+      DT_ASSERT_EQ(ag_bytes, 4 * (padded + tpad));
+      ag_elems_moved = padded * (N - 1) / N + tpad / 2;
+    } else {
+      DT_ASSERT_EQ(ag_bytes, 4 * padded * (reshard ? 2 : 1));
+      ag_elems_moved = padded * (N - 1) / N * (reshard ? 2 : 1);
+    }
+    DT_ASSERT_EQ(ag_calls, groups * (reshard ? 2 : 1));
+    DT_ASSERT_EQ(rs_calls, groups);
+    DT_ASSERT_EQ(rs_bytes, 4 * padded);
+    DT_ASSERT_EQ(c.calls[DT_COLL_ALL_REDUCE], 0);
+    int64_t moved = ag_elems_moved + padded * (N - 1) / N;
+    if (g_rank == 0)
+      printf("traffic reshard %d np %d: Psi %lld padded %lld; %llu all-gathers, %llu "
+             "reduce-scatters; %lld elements moved per rank = %s Psi_pad (N-1)/N\n", reshard,
+             g_world, (long long)psi, (long long)padded, (unsigned long long)ag_calls,
+             (unsigned long long)rs_calls, (long long)moved,
+             reshard == 1 ? "3" : reshard == 0 ? "2" : "(2 + (k-1)/k N/(N-1)) ");
+    if (reshard == 1) DT_ASSERT_EQ(moved, 3 * padded * (N - 1) / N);
+    if (reshard == 0) DT_ASSERT_EQ(moved, 2 * padded * (N - 1) / N);
+    opt_step(&s);
+    teardown(&s);
+  }
+  if (g_world == 4) { /* HSDP 2x2: shard N = 2, replicas R = 2; + all-reduce of Psi_pad / N */
+    run_t r = fsdp_run(1, 1);
+    r.mesh2d = 1;
+    r.fsdp = dt_fsdp_config_default(2);
+    setup_t s;
+    setup(&r, &s);
+    fwd_bwd(&r, &s, 0, 0, BATCH, 1.0);
+    opt_step(&s);
+    int64_t padded = 0;
+    dt_module_t ms[3] = {s.root, NULL, NULL};
+    DT_ASSERT_OK(dt_module_find(s.root, "layers.0", &ms[1]));
+    DT_ASSERT_OK(dt_module_find(s.root, "layers.1", &ms[2]));
+    for (int i = 0; i < 3; i++) {
+      dt_fsdp_group_info_t gi;
+      DT_ASSERT_OK(dt_fsdp_group_info(ms[i], &gi));
+      DT_ASSERT_EQ(gi.shard_size, 2);
+      DT_ASSERT_EQ(gi.replicate_size, 2);
+      padded += gi.padded_numel;
+    }
+    DT_ASSERT_OK(dt_counters_reset(NULL));
+    g_no_loss_read = 1;
+    fwd_bwd(&r, &s, 1, 0, BATCH, 1.0);
+    g_no_loss_read = 0;
+    dt_counters_t c;
+    DT_ASSERT_OK(dt_counters_get(NULL, &c));
+    DT_ASSERT_EQ(c.calls[DT_COLL_ALL_GATHER], 6);
+    DT_ASSERT_EQ(c.nbytes[DT_COLL_ALL_GATHER], 4 * 2 * padded);
+    DT_ASSERT_EQ(c.dim_calls[1][DT_COLL_REDUCE_SCATTER], 3);
+    DT_ASSERT_EQ(c.dim_nbytes[1][DT_COLL_REDUCE_SCATTER], 4 * padded);
+    DT_ASSERT_EQ(c.dim_calls[0][DT_COLL_ALL_REDUCE], 3);
+    DT_ASSERT_EQ(c.dim_nbytes[0][DT_COLL_ALL_REDUCE], 4 * padded / 2);
+    if (g_rank == 0)
+      printf("traffic hsdp 2x2: Psi_pad %lld; all-gather %llu bytes, reduce-scatter %llu, "
+             "replica all-reduce %llu bytes (Psi_pad / N elements)\n", (long long)padded,
+             (unsigned long long)c.nbytes[DT_COLL_ALL_GATHER],
+             (unsigned long long)c.dim_nbytes[1][DT_COLL_REDUCE_SCATTER],
+             (unsigned long long)c.dim_nbytes[0][DT_COLL_ALL_REDUCE]);
+    opt_step(&s);
+    teardown(&s);
+  }
+}
+
+/* Prefetch: after a step that learns the orders, a step gathers both blocks ahead of need in the
+ * forward (the root prefetches block 0, block 0 block 1) and in the backward (the root block 1,
+ * block 1 block 0); the root itself is gathered on demand. Without prefetch nothing is. */
+static void test_prefetch(void) {
+  for (int pf = 0; pf <= 1; pf++) {
+    run_t r = fsdp_run(1, pf);
+    setup_t s;
+    setup(&r, &s);
+    fwd_bwd(&r, &s, 0, 0, BATCH, 1.0);
+    opt_step(&s);
+    dt_module_t ms[3] = {s.root, NULL, NULL};
+    DT_ASSERT_OK(dt_module_find(s.root, "layers.0", &ms[1]));
+    DT_ASSERT_OK(dt_module_find(s.root, "layers.1", &ms[2]));
+    dt_fsdp_group_info_t before[3], after[3];
+    for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_fsdp_group_info(ms[i], &before[i]));
+    fwd_bwd(&r, &s, 1, 0, BATCH, 1.0);
+    opt_step(&s);
+    for (int i = 0; i < 3; i++) {
+      DT_ASSERT_OK(dt_fsdp_group_info(ms[i], &after[i]));
+      DT_ASSERT_EQ(after[i].gathers - before[i].gathers, 2);
+      DT_ASSERT_EQ(after[i].reductions - before[i].reductions, 1);
+      DT_ASSERT_EQ(after[i].prefetched - before[i].prefetched, (pf && i > 0) ? 2 : 0);
+    }
+    teardown(&s);
+  }
+}
+
+static void test_memory(void) {
+  dt_memory_stats_t m0, m;
+  DT_ASSERT_OK(dt_memory_stats(&m0));
+  run_t r = fsdp_run(1, 1);
+  setup_t s;
+  setup(&r, &s);
+  int64_t shard_elems = 0, max_group = 0, root_group = 0;
+  for (int l = -1; l < 2; l++) {
+    dt_module_t mm = s.root;
+    if (l >= 0) {
+      char path[32];
+      snprintf(path, sizeof path, "layers.%d", l);
+      DT_ASSERT_OK(dt_module_find(s.root, path, &mm));
+    }
+    dt_fsdp_group_info_t gi;
+    DT_ASSERT_OK(dt_fsdp_group_info(mm, &gi));
+    shard_elems += gi.shard_numel;
+    if (l < 0) root_group = gi.unsharded_nbytes;
+    else if (gi.unsharded_nbytes > max_group) max_group = gi.unsharded_nbytes;
+  }
+  fwd_bwd(&r, &s, 0, 0, BATCH, 1.0);
+  DT_ASSERT_OK(dt_memory_stats(&m));
+  int64_t pbytes = m.current[DT_MEM_PARAMETERS] - m0.current[DT_MEM_PARAMETERS];
+  int64_t gbytes = m.current[DT_MEM_GRADIENTS] - m0.current[DT_MEM_GRADIENTS];
+  /* sharded parameters and gradients: this rank's rows of each (the padded segment at most) */
+  int64_t local = 0;
+  for (int i = 0; i < s.np; i++) {
+    int64_t n;
+    DT_ASSERT_OK(dt_tensor_local_numel(dt_var_value(s.params[i]), &n));
+    local += n > 0 ? 4 * n : 1; /* an empty shard still takes a 1-byte block */
+  }
+  DT_ASSERT_TRUE(pbytes == local && pbytes <= 4 * shard_elems,
+                 "parameters hold %lld bytes, the local shards %lld, the padded segments %lld",
+                 (long long)pbytes, (long long)local, (long long)(4 * shard_elems));
+  DT_ASSERT_TRUE(gbytes == pbytes, "gradients %lld bytes, parameters %lld", (long long)gbytes,
+                 (long long)pbytes);
+  DT_ASSERT_OK(dt_memory_reset_peak());
+  fwd_bwd(&r, &s, 1, 0, BATCH, 1.0);
+  DT_ASSERT_OK(dt_memory_stats(&m));
+  int64_t gathered_peak = m.peak[DT_MEM_PARAMETERS] - m0.current[DT_MEM_PARAMETERS] - pbytes;
+  opt_step(&s);
+  DT_ASSERT_OK(dt_memory_stats(&m));
+  int64_t obytes = m.current[DT_MEM_OPTIMIZER] - m0.current[DT_MEM_OPTIMIZER];
+  int64_t total = pbytes + gbytes + obytes;
+  /* 16 Psi / N: 4 (parameter) + 4 (gradient) + 8 (two moments) bytes per element of the shard,
+   * and AdamW's step counters (8 bytes per parameter) */
+  int64_t want = 16 * shard_elems + 8 * s.np;
+  DT_ASSERT_TRUE(total <= want && obytes == 2 * pbytes + 8 * s.np,
+                 "sharded state %lld bytes (params %lld, grads %lld, optimizer %lld); 16 Psi/N + "
+                 "padding + steps = %lld", (long long)total, (long long)pbytes, (long long)gbytes,
+                 (long long)obytes, (long long)want);
+  DT_ASSERT_TRUE(gathered_peak <= root_group + max_group && gathered_peak >= max_group,
+                 "gathered parameters peaked at %lld bytes; the root group is %lld, a block %lld",
+                 (long long)gathered_peak, (long long)root_group, (long long)max_group);
+  if (g_rank == 0)
+    printf("memory np %d: Psi %lld; sharded state %lld bytes = %.2f x 16 Psi/N (params %lld, "
+           "grads %lld, optimizer %lld); gathered-parameter peak %lld bytes (root group %lld + "
+           "largest block %lld)\n", g_world, (long long)s.numel, (long long)total,
+           (double)total / (16.0 * (double)s.numel / g_world), (long long)pbytes,
+           (long long)gbytes, (long long)obytes, (long long)gathered_peak, (long long)root_group,
+           (long long)max_group);
+  teardown(&s);
+}
+
+static void test_bad_input(void) {
+  int shape1[1] = {g_world};
+  dt_mesh_t mesh, other;
+  DT_ASSERT_OK(dt_mesh_create(1, shape1, NULL, NULL, &mesh));
+  DT_ASSERT_OK(dt_mesh_create(1, shape1, NULL, NULL, &other));
+  dt_llama_config_t c = model_config();
+  dt_llama_t model;
+  DT_ASSERT_OK(dt_llama_create(mesh, &c, NULL, &model));
+  dt_module_t root, blk;
+  DT_ASSERT_OK(dt_llama_module(model, &root));
+  DT_ASSERT_OK(dt_module_find(root, "layers.0", &blk));
+  dt_var_t* params;
+  int np0, np;
+  int64_t numel;
+  DT_ASSERT_OK(dt_llama_params(model, &params, NULL, &np0, &numel));
+  dt_var_t first = params[1];
+  dt_fsdp_config_t cfg = dt_fsdp_config_default(1);
+
+  cfg.shard_dim = 1; /* not a dim of the 1-D mesh */
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  cfg = dt_fsdp_config_default(1);
+  cfg.replicate_dim = 0; /* the shard dim */
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  cfg = dt_fsdp_config_default(1);
+  cfg.param_dtype = DT_I32;
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  cfg = dt_fsdp_config_default(1);
+  cfg.reshard_after_forward = g_world + 1; /* does not divide the shard dim */
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  cfg.reshard_after_forward = -1;
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  cfg = dt_fsdp_config_default(1);
+  DT_ASSERT_STATUS(dt_fully_shard(blk, other, &cfg), DT_ERR_INVALID_ARG); /* another mesh */
+  DT_ASSERT_STATUS(dt_fully_shard(NULL, mesh, &cfg), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_fully_shard(blk, NULL, &cfg), DT_ERR_INVALID_ARG);
+  /* nothing was wrapped: same parameters, same placements */
+  DT_ASSERT_OK(dt_llama_params(model, &params, NULL, &np, &numel));
+  DT_ASSERT_EQ(np, np0);
+  DT_ASSERT_TRUE(params[1] == first && !dt_fsdp_is_group(blk), "a failed wrap changed the module");
+  dt_placement_t pl;
+  DT_ASSERT_OK(dt_tensor_placements(dt_var_value(params[1]), &pl));
+  DT_ASSERT_TRUE(pl.kind == DT_REPLICATE, "a failed wrap resharded a parameter");
+  /* a parameter that is not replicated */
+  int64_t shp[2] = {4, 4};
+  dt_var_t sv;
+  DT_ASSERT_OK(dt_nn_param(mesh, "*=S(0)", "x", 2, shp, DT_INIT_ONES, 0, 1, &sv));
+  dt_module_t lone;
+  DT_ASSERT_OK(dt_module_create("lone", NULL, NULL, &lone));
+  DT_ASSERT_OK(dt_module_add_param(lone, "x", sv));
+  DT_ASSERT_STATUS(dt_fully_shard(lone, mesh, &cfg), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_module_destroy(lone));
+  /* wrapping twice; a module with nothing left; sync on a module without groups */
+  DT_ASSERT_OK(dt_fully_shard(blk, mesh, &cfg));
+  DT_ASSERT_TRUE(dt_fsdp_is_group(blk), "wrapped block is a group");
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_USAGE);
+  dt_module_t emb;
+  DT_ASSERT_OK(dt_module_find(root, "tok_emb", &emb));
+  DT_ASSERT_STATUS(dt_fsdp_set_requires_gradient_sync(emb, 0), DT_ERR_INVALID_ARG);
+  dt_module_t inner;
+  DT_ASSERT_OK(dt_module_find(root, "layers.0", &inner));
+  dt_module_t attn;
+  DT_ASSERT_OK(dt_module_child(inner, 1, &attn));
+  DT_ASSERT_STATUS(dt_fully_shard(attn, mesh, &cfg), DT_ERR_INVALID_USAGE); /* nothing left */
+  DT_ASSERT_OK(dt_fully_shard(root, mesh, &cfg));
+  DT_ASSERT_STATUS(dt_fully_shard(root, mesh, &cfg), DT_ERR_INVALID_USAGE);
+  DT_ASSERT_STATUS(dt_fsdp_set_prefetch(emb, 1, 1), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_llama_destroy(model)); /* frees the groups with the modules */
+  DT_ASSERT_OK(dt_mesh_destroy(other));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
+int main(int argc, char** argv) {
+  DT_ASSERT_OK(dt_init(&argc, &argv));
+  DT_ASSERT_OK(dt_world_size(&g_world));
+  DT_ASSERT_OK(dt_world_rank(&g_rank));
+  DT_ASSERT_OK(dt_corpus_markov(61, 1, 1 << 14, 3, &g_corpus));
+  test_bad_input();
+  test_traffic();
+  test_memory();
+  test_prefetch();
+  test_parity();
+  DT_ASSERT_OK(dt_corpus_destroy(g_corpus));
+  DT_ASSERT_OK(dt_finalize());
+  if (g_rank == 0) printf("test_fsdp: ok\n");
+  return 0;
+}
