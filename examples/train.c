@@ -15,7 +15,8 @@
  *   fsdp  fully sharded data parallelism (dt_fully_shard): one group per block, then the root;
  *         --reshard-after-forward 1 (default, ZeRO-3), 0 (ZeRO-2) or k > 1 (keep a 1/k slice;
  *         k must divide the rank count), --param-dtype f32|bf16 (gather and compute; gradients
- *         are reduced and outputs cast in f32), --prefetch 0|1 (default 1, forward and backward);
+ *         are reduced in f32, the model's output, the loss, is cast to f32), --prefetch 0|1
+ *         (default 1, forward and backward);
  *   hsdp  fsdp sharded over mesh dim 1 and replicated over dim 0: needs --mesh RxS (e.g. 2x2).
  * ddp and fsdp run on a 1-D mesh over all ranks (a --mesh of more than one dim is refused). For
  * all three the model is built with every parameter replicated ("*=R") and then wrapped, so an
@@ -282,8 +283,11 @@ int main(int argc, char** argv) {
     fc.reshard_after_forward = o.reshard_after_forward;
     fc.param_dtype = !strcmp(o.param_dtype, "bf16") ? DT_BF16 : DT_F32;
     fc.reduce_dtype = DT_F32;
-    fc.output_dtype = DT_F32;
     fc.prefetch_forward = fc.prefetch_backward = o.prefetch;
+    /* blocks hand their param_dtype activations to the next block as they are (a cast to f32
+     * between blocks would meet the root's bf16 norm weight); the root's outputs (the loss) are
+     * f32 */
+    fc.output_dtype = DT_FSDP_KEEP_DTYPE;
     for (int l = 0; l < o.layers; l++) {
       char path[32];
       dt_module_t blk;
@@ -291,6 +295,7 @@ int main(int argc, char** argv) {
       CHECK(dt_module_find(root, path, &blk));
       CHECK(dt_fully_shard(blk, mesh, &fc));
     }
+    fc.output_dtype = DT_F32;
     CHECK(dt_fully_shard(root, mesh, &fc));
     snprintf(par_desc, sizeof par_desc,
              "%s (%d groups, reshard_after_forward %d, param_dtype %s, prefetch %d)", o.parallel,
