@@ -66,11 +66,11 @@ struct fsdp_group {
   fsdp_group_t* next;        /* every group */
 };
 
-/* Process-wide state: the groups, where the current passes are, the reductions in flight. */
+/* Process-wide state: the groups, and the last groups whose forward started and ended (the
+ * orders are learned from them). */
 static struct {
   fsdp_group_t* groups;
   fsdp_group_t *last_pre, *last_post;
-  int fwd_depth, bwd_depth;
 } g_fsdp;
 
 static int is_float(dt_dtype_t t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
@@ -429,16 +429,22 @@ static dt_status_t cast_vars(dt_tape_t tape, int n, dt_var_t* vars, dt_dtype_t d
   return DT_SUCCESS;
 }
 
+/* Whether no module above g's is a group: its forward and backward enclose the others' (decided
+ * from the tree, so a pass that failed halfway leaves nothing behind). */
+static int outermost(const fsdp_group_t* g) {
+  for (dt_module_t m = dt_module_parent(g->module); m; m = dt_module_parent(m))
+    if (dt_module_attachment(m, FSDP_KEY)) return 0;
+  return 1;
+}
+
 static dt_status_t pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars, void* ctx) {
   (void)m;
   fsdp_group_t* g = ctx;
-  if (g_fsdp.fwd_depth == 0) { /* a new pass: finish the last one's leftovers */
+  if (outermost(g)) { /* a new pass: finish the last one's leftovers */
     DT_CHECK(dt_fsdp_wait());
     discard_prefetches();
     g_fsdp.last_pre = g_fsdp.last_post = NULL;
-    g_fsdp.bwd_depth = 0;
   }
-  g_fsdp.fwd_depth++;
   if (g_fsdp.last_pre) g_fsdp.last_pre->next_fwd = g;
   g_fsdp.last_pre = g;
   if (g->keep) { /* a forward again before the backward used the slice */
@@ -457,13 +463,12 @@ static dt_status_t post_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* 
   (void)m;
   fsdp_group_t* g = ctx;
   DT_CHECK(swap(g, 0));
-  if (g_fsdp.fwd_depth > 0) g_fsdp.fwd_depth--;
   g->next_bwd = g_fsdp.last_post;
   g_fsdp.last_post = g;
   const int backward = tape != NULL && dt_grad_enabled();
   if (!backward || g->cfg.reshard_after_forward == 1) DT_CHECK(release(g));
   else if (g->k > 1) DT_CHECK(keep_slice(g));
-  if (g_fsdp.fwd_depth == 0) discard_prefetches();
+  if (outermost(g)) discard_prefetches();
   if (g->cfg.output_dtype == DT_FSDP_KEEP_DTYPE) return DT_SUCCESS;
   return cast_vars(tape, n, vars, g->cfg.output_dtype);
 }
@@ -472,7 +477,6 @@ static dt_status_t pre_backward(dt_module_t m, dt_tape_t tape, void* ctx) {
   (void)m;
   (void)tape;
   fsdp_group_t* g = ctx;
-  g_fsdp.bwd_depth++;
   DT_CHECK(gather(g));
   fsdp_group_t* nx = g->next_bwd;
   if (g->prefetch_bwd && nx && nx != g && !nx->U && !nx->ag_work) DT_CHECK(start_gather(nx));
@@ -483,7 +487,6 @@ static dt_status_t post_backward(dt_module_t m, dt_tape_t tape, void* ctx) {
   (void)m;
   (void)tape;
   fsdp_group_t* g = ctx;
-  if (g_fsdp.bwd_depth > 0) g_fsdp.bwd_depth--;
   if (g->sync) {
     DT_CHECK(finish_reduce(g)); /* a second backward before the first finished */
     DT_CHECK(start_reduce(g));
@@ -491,7 +494,7 @@ static dt_status_t post_backward(dt_module_t m, dt_tape_t tape, void* ctx) {
       if (o != g) DT_CHECK(finish_reduce(o));
   }
   DT_CHECK(release(g));
-  if (g_fsdp.bwd_depth == 0) {
+  if (outermost(g)) {
     DT_CHECK(dt_fsdp_wait());
     discard_prefetches();
   }

@@ -508,6 +508,40 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_fully_shard(root, mesh, &cfg));
   DT_ASSERT_STATUS(dt_fully_shard(root, mesh, &cfg), DT_ERR_INVALID_USAGE);
   DT_ASSERT_STATUS(dt_fsdp_set_prefetch(emb, 1, 1), DT_ERR_INVALID_ARG);
+  /* a forward that fails halfway (a token id out of range, found on every rank) leaves the
+   * groups usable: the next step runs and the module holds the sharded parameters again */
+  {
+    dt_tape_t tape;
+    DT_ASSERT_OK(dt_tape_create(&tape));
+    int64_t tok[BATCH * SEQ], tgt[BATCH * SEQ];
+    DT_ASSERT_OK(dt_corpus_batch(g_corpus, 5, 0, BATCH, SEQ, tok, tgt));
+    pl = dt_shard(0);
+    const int64_t shape[2] = {BATCH, SEQ};
+    for (int pass = 0; pass < 2; pass++) {
+      tok[3] = pass == 0 ? 999 : 1;
+      dt_tensor_t tt, gt;
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, shape, &pl, tok, &tt));
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, shape, &pl, tgt, &gt));
+      dt_var_t loss;
+      dt_status_t st = dt_llama_forward(model, tape, tt, gt, &loss, NULL);
+      if (pass == 0) {
+        DT_ASSERT_STATUS(st, DT_ERR_INVALID_ARG);
+      } else {
+        DT_ASSERT_OK(st);
+        DT_ASSERT_OK(dt_tape_backward(tape, loss));
+      }
+      DT_ASSERT_OK(dt_tape_reset(tape));
+      dt_tensor_destroy(tt);
+      dt_tensor_destroy(gt);
+    }
+    DT_ASSERT_OK(dt_llama_params(model, &params, NULL, &np, &numel));
+    for (int i = 0; i < np; i++) {
+      DT_ASSERT_OK(dt_tensor_placements(dt_var_value(params[i]), &pl));
+      DT_ASSERT_TRUE(pl.kind == DT_SHARD && dt_var_grad(params[i]) != NULL,
+                     "parameter %d after a failed and a good step: sharded with a gradient", i);
+    }
+    DT_ASSERT_OK(dt_tape_destroy(tape));
+  }
   DT_ASSERT_OK(dt_llama_destroy(model)); /* frees the groups with the modules */
   DT_ASSERT_OK(dt_mesh_destroy(other));
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
