@@ -306,6 +306,15 @@ static void test_traffic(void) {
              reshard == 1 ? "3" : reshard == 0 ? "2" : "(2 + (k-1)/k N/(N-1)) ");
     if (reshard == 1) DT_ASSERT_EQ(moved, 3 * padded * (N - 1) / N);
     if (reshard == 0) DT_ASSERT_EQ(moved, 2 * padded * (N - 1) / N);
+    /* clipping the sharded gradients: one all-reduce (of the squared norm), nothing else */
+    DT_ASSERT_OK(dt_counters_reset(NULL));
+    double norm;
+    DT_ASSERT_OK(dt_clip_grad_norm(s.np, s.params, 1.0, &norm));
+    DT_ASSERT_OK(dt_counters_get(NULL, &c));
+    uint64_t all = 0;
+    for (int k = 1; k < DT_COLL_COUNT; k++) all += c.calls[k];
+    DT_ASSERT_EQ(c.calls[DT_COLL_ALL_REDUCE], 1);
+    DT_ASSERT_EQ(all, 1);
     opt_step(&s);
     teardown(&s);
   }
