@@ -152,9 +152,17 @@ static void plot_losses(const train_opts_t* o, const char* title, const char* su
           "set grid xtics ytics lc rgb '#dddddd'\n"
           "set key top right box opaque\n"
           "set border 3\n"
-          "set tics nomirror\n"
-          "set offsets 0, 0, graph 0.05, graph 0.05\n",
+          "set tics nomirror\n",
           o->plot, t, st);
+  /* the y range: every loss and the floor, with room above the curve for the key */
+  double lo = loss[0], hi = loss[0];
+  for (int i = 1; i < n; i++) {
+    if (loss[i] < lo) lo = loss[i];
+    if (loss[i] > hi) hi = loss[i];
+  }
+  if (!isnan(floor_nats) && floor_nats < lo) lo = floor_nats;
+  double span = hi - lo > 1e-6 ? hi - lo : 0.1;
+  fprintf(gp, "set yrange [%.9g:%.9g]\n", lo - 0.05 * span, hi + 0.3 * span);
   if (n < 30) fprintf(gp, "set xrange [-0.5:%g]\nset xtics 0, %d\n", n - 0.5, n <= 15 ? 1 : 5);
   else fprintf(gp, "set xrange [0:%d]\n", n - 1);
   fprintf(gp, "$loss << EOD\n");
