@@ -5,13 +5,33 @@
  *       [--experts E] [--top-k K] [--vocab V] [--order K] [--data markov|PATH] [--lr X]
  *       [--warmup N] [--clip X] [--seed N] [--plan "pattern=placements;..."]
  *       [--metrics FILE.jsonl] [--plot FILE.png] [--bf16-moments] [--checkpoint]
+ *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
+ *       [--prefetch 0|1] [--bucket-mb X]
+ *
+ * --parallel picks how the ranks share the work (default none):
+ *   none  tensor parallelism by --plan (below) on the mesh; tokens replicated;
+ *   ddp   data parallelism (dt_data_parallel): replicated parameters, gradients all-reduced in
+ *         buckets of --bucket-mb MiB (default 25);
+ *   fsdp  fully sharded data parallelism (dt_fully_shard): one group per block, then the root;
+ *         --reshard-after-forward 1 (default, ZeRO-3), 0 (ZeRO-2) or k > 1 (keep a 1/k slice;
+ *         k must divide the rank count), --param-dtype f32|bf16 (gather and compute; gradients
+ *         are reduced in f32, the model's output, the loss, is cast to f32), --prefetch 0|1
+ *         (default 1, forward and backward);
+ *   hsdp  fsdp sharded over mesh dim 1 and replicated over dim 0: needs --mesh RxS (e.g. 2x2).
+ * ddp and fsdp run on a 1-D mesh over all ranks (a --mesh of more than one dim is refused). For
+ * all three the model is built with every parameter replicated ("*=R") and then wrapped, so a
+ * --plan (other than the default) is refused; the tokens and targets are Shard(0) on the batch dim over every
+ * mesh dim (--batch must be at least the rank count; an uneven batch follows the chunk rule).
+ * The optimizer and gradient clipping work on the parameters the wrapper leaves (sharded ones
+ * for fsdp/hsdp).
  *
  * --checkpoint turns on selective activation checkpointing (matmul outputs saved, pointwise ops and
  * views recomputed); the first step reports the activation memory it saved.
  * Flags override the JSON config (same keys without the dashes, '-' as '_'). Each step prints
  * step, loss, learning rate, tokens/s, achieved GFLOP/s and MFU against the peak GEMM rate measured
  * on this machine at startup (OpenBLAS, one thread per rank); metrics go to a JSONL file and, with
- * gnuplot installed, to a loss-curve PNG. At the end one line per rank gives its peak memory by
+ * gnuplot installed, the loss curve (with its 10-step mean and the corpus entropy floor) to a PNG
+ * (--plot, independent of --metrics). At the end one line per rank gives its peak memory by
  * category (dt_memory_stats: parameters, gradients, optimizer, activations, communication, other,
  * and the peak total), then the last line is
  *   final_loss=<mean of the last 10 losses> entropy_floor=<corpus floor> tokens_per_s=<mean>
@@ -24,6 +44,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <mpi.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +59,20 @@
   "tok_emb=S(1);*.router=R"
 
 static int g_rank;
+
+/* A mistake in how options combine: rank 0 says why, every rank leaves with status 2. */
+static int usage_error(const char* fmt, ...) {
+  if (g_rank == 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("train: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\n", stderr);
+    va_end(ap);
+  }
+  dt_finalize();
+  return 2;
+}
 
 #define CHECK(call)                                                                   \
   do {                                                                                \
@@ -73,6 +108,85 @@ static double measure_peak(void) {
   free(b);
   free(c);
   return best;
+}
+
+/* Copies s into a gnuplot double-quoted string without the characters that would end or escape
+ * it. */
+static void gp_text(char* dst, size_t cap, const char* s) {
+  size_t n = 0;
+  for (; *s && n + 1 < cap; s++) dst[n++] = (*s == '"' || *s == '\\' || *s == '\n') ? '_' : *s;
+  dst[n] = '\0';
+}
+
+/* Draws the loss curve to o->plot with gnuplot: the loss of every step, its mean over the last 10
+ * steps and, when the corpus has one, its entropy floor. The path has no quotes, '$' or '\'
+ * (train_opts_set refuses them), so it is safe inside a single-quoted gnuplot string. */
+static void plot_losses(const train_opts_t* o, const char* title, const char* subtitle,
+                        const float* loss, int n, double floor_nats) {
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    printf("# gnuplot not installed: no plot\n");
+    return;
+  }
+  if (n == 0) {
+    printf("# no steps: no plot\n");
+    return;
+  }
+  FILE* gp = popen("gnuplot", "w");
+  if (gp == NULL) {
+    fprintf(stderr, "train: cannot start gnuplot\n");
+    return;
+  }
+  char t[256], st[256];
+  gp_text(t, sizeof t, title);
+  gp_text(st, sizeof st, subtitle);
+  fprintf(gp,
+          "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+          "  set terminal pngcairo size 1000,600 noenhanced font 'sans,11'\n"
+          "} else {\n"
+          "  set terminal png size 1000,600 noenhanced\n"
+          "}\n"
+          "set output '%s'\n"
+          "set title \"%s\\n%s\"\n"
+          "set xlabel 'step (optimizer updates)'\n"
+          "set ylabel 'training loss (nats per token)'\n"
+          "set grid xtics ytics lc rgb '#dddddd'\n"
+          "set key top right box opaque\n"
+          "set border 3\n"
+          "set tics nomirror\n",
+          o->plot, t, st);
+  /* the y range: every loss and the floor, with room above the curve for the key */
+  double lo = loss[0], hi = loss[0];
+  for (int i = 1; i < n; i++) {
+    if (loss[i] < lo) lo = loss[i];
+    if (loss[i] > hi) hi = loss[i];
+  }
+  if (!isnan(floor_nats) && floor_nats < lo) lo = floor_nats;
+  double span = hi - lo > 1e-6 ? hi - lo : 0.1;
+  fprintf(gp, "set yrange [%.9g:%.9g]\n", lo - 0.05 * span, hi + 0.3 * span);
+  if (n < 30) fprintf(gp, "set xrange [-0.5:%g]\nset xtics 0, %d\n", n - 0.5, n <= 15 ? 1 : 5);
+  else fprintf(gp, "set xrange [0:%d]\n", n - 1);
+  fprintf(gp, "$loss << EOD\n");
+  double sum = 0.0;
+  for (int i = 0; i < n; i++) {
+    sum += loss[i];
+    if (i >= 10) sum -= loss[i - 10];
+    fprintf(gp, "%d %.9g %.9g\n", i, loss[i], sum / (i < 10 ? i + 1 : 10));
+  }
+  fprintf(gp, "EOD\n");
+  const char* pt = n < 30 ? "linespoints pt 7 ps 0.6" : "lines";
+  fprintf(gp,
+          "plot $loss using 1:2 with %s lw 1 lc rgb '#8fb3de' title 'loss per step', \\\n"
+          "     $loss using 1:3 with lines lw 2.5 lc rgb '#1f4e8c' title 'mean of the last 10 "
+          "steps'",
+          pt);
+  if (!isnan(floor_nats))
+    fprintf(gp,
+            ", \\\n     %.9g with lines dt 2 lw 2 lc rgb '#c0392b' "
+            "title sprintf('corpus entropy floor %%.4f nats', %.9g)",
+            floor_nats, floor_nats);
+  fprintf(gp, "\n");
+  if (pclose(gp) != 0) fprintf(stderr, "train: gnuplot failed\n");
+  else printf("# loss curve: %s\n", o->plot);
 }
 
 int main(int argc, char** argv) {
@@ -126,6 +240,28 @@ int main(int argc, char** argv) {
     dt_finalize();
     return 2;
   }
+  /* data-parallel modes: how --parallel combines with --mesh, --plan and --batch */
+  const int ddp = !strcmp(o.parallel, "ddp"), fsdp = !strcmp(o.parallel, "fsdp"),
+            hsdp = !strcmp(o.parallel, "hsdp"), data_par = ddp || fsdp || hsdp;
+  if ((ddp || fsdp) && mnd != 1)
+    return usage_error("--parallel %s runs on a 1-D mesh over all ranks, got --mesh %s (drop "
+                       "--mesh, or use --parallel hsdp for a 2-D mesh)",
+                       o.parallel, o.mesh);
+  if (hsdp && mnd != 2)
+    return usage_error("--parallel hsdp needs a 2-D mesh --mesh RxS (R replicas of S shards, "
+                       "e.g. --mesh 2x2), got %s",
+                       o.mesh[0] ? o.mesh : "a 1-D mesh");
+  if (data_par && strcmp(o.plan, DEFAULT_PLAN) != 0)
+    return usage_error("--plan applies to --parallel none only: %s builds every parameter "
+                       "replicated (*=R) and wraps the model",
+                       o.parallel);
+  if (data_par && o.batch < world)
+    return usage_error("--parallel %s shards the batch over the %d ranks: --batch %d is smaller",
+                       o.parallel, world, o.batch);
+  if ((fsdp || hsdp) && o.reshard_after_forward > 1 &&
+      mshape[mnd - 1] % o.reshard_after_forward != 0)
+    return usage_error("--reshard-after-forward %d must divide the shard dim's %d ranks",
+                       o.reshard_after_forward, mshape[mnd - 1]);
   dt_mesh_t mesh;
   CHECK(dt_mesh_create(mnd, mshape, NULL, NULL, &mesh));
   /* data */
@@ -144,7 +280,46 @@ int main(int argc, char** argv) {
   cfg.top_k = o.top_k;
   cfg.seed = (uint64_t)o.seed;
   dt_llama_t model;
-  CHECK(dt_llama_create(mesh, &cfg, o.plan, &model));
+  CHECK(dt_llama_create(mesh, &cfg, data_par ? "*=R" : o.plan, &model));
+  /* wrap for data parallelism: FSDP/HSDP one group per block, then the root (the embedding, the
+   * final norm and the output projection); DDP the whole model */
+  dt_module_t root;
+  CHECK(dt_llama_module(model, &root));
+  char par_desc[160];
+  if (fsdp || hsdp) {
+    dt_fsdp_config_t fc = dt_fsdp_config_default(mnd);
+    fc.reshard_after_forward = o.reshard_after_forward;
+    fc.param_dtype = !strcmp(o.param_dtype, "bf16") ? DT_BF16 : DT_F32;
+    fc.reduce_dtype = DT_F32;
+    fc.prefetch_forward = fc.prefetch_backward = o.prefetch;
+    /* blocks hand their param_dtype activations to the next block as they are (a cast to f32
+     * between blocks would meet the root's bf16 norm weight); the root's outputs (the loss) are
+     * f32 */
+    fc.output_dtype = DT_FSDP_KEEP_DTYPE;
+    for (int l = 0; l < o.layers; l++) {
+      char path[32];
+      dt_module_t blk;
+      snprintf(path, sizeof path, "layers.%d", l);
+      CHECK(dt_module_find(root, path, &blk));
+      CHECK(dt_fully_shard(blk, mesh, &fc));
+    }
+    fc.output_dtype = DT_F32;
+    CHECK(dt_fully_shard(root, mesh, &fc));
+    snprintf(par_desc, sizeof par_desc,
+             "%s (%d groups, reshard_after_forward %d, param_dtype %s, prefetch %d)", o.parallel,
+             o.layers + 1, o.reshard_after_forward, o.param_dtype, o.prefetch);
+  } else if (ddp) {
+    double nb = o.bucket_mb * 1048576.0;
+    dt_ddp_config_t dc = {0, nb < 1.0 ? 1 : (int64_t)nb};
+    CHECK(dt_data_parallel(root, mesh, &dc));
+    int nbuckets = 0;
+    CHECK(dt_ddp_num_buckets(root, &nbuckets));
+    snprintf(par_desc, sizeof par_desc, "ddp (%d bucket%s of about %g MiB)", nbuckets,
+             nbuckets == 1 ? "" : "s", o.bucket_mb);
+  } else {
+    snprintf(par_desc, sizeof par_desc, "none (tensor parallel by the plan)");
+  }
+  /* after wrapping: FSDP has replaced the parameters by sharded ones */
   dt_var_t* params;
   int np;
   int64_t nparam;
@@ -161,10 +336,13 @@ int main(int argc, char** argv) {
   FILE* metrics = NULL;
   if (g_rank == 0 && o.metrics[0]) metrics = fopen(o.metrics, "w");
   if (g_rank == 0) {
-    printf("# dtensor train: %s model, %lld parameters, mesh %s over %d ranks, batch %dx%d, "
-           "vocab %d, %d steps\n# plan: %s\n# peak sgemm %.1f GFLOP/s per rank (%.1f total)\n",
-           o.model, (long long)nparam, o.mesh[0] ? o.mesh : "1-D", world, o.batch, o.seq,
-           cfg.vocab, o.steps, o.plan, peak, peak_total);
+    printf("# dtensor train: %s model, %lld parameters, mesh %s over %d ranks, parallel %s, "
+           "batch %dx%d, vocab %d, %d steps\n# plan: %s\n"
+           "# peak sgemm %.1f GFLOP/s per rank (%.1f total)\n",
+           o.model, (long long)nparam, o.mesh[0] ? o.mesh : "1-D", world, par_desc, o.batch,
+           o.seq, cfg.vocab, o.steps,
+           data_par ? "*=R (every parameter replicated, then wrapped)" : o.plan, peak,
+           peak_total);
     if (!isnan(dt_corpus_entropy_floor(corpus)))
       printf("# corpus: order-%d Markov chain over %d symbols, entropy floor %.4f nats\n", o.order,
              o.vocab, dt_corpus_entropy_floor(corpus));
@@ -173,6 +351,13 @@ int main(int argc, char** argv) {
   int64_t* tok = malloc(sizeof(int64_t) * (size_t)bs);
   int64_t* tgt = malloc(sizeof(int64_t) * (size_t)bs);
   dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
+  dt_placement_t tok_pl[4]; /* data parallel: the batch dim sharded over every mesh dim */
+  for (int d = 0; d < 4; d++) tok_pl[d] = data_par ? dt_shard(0) : dt_replicate();
+  float* hist = NULL; /* the loss of every step, for the plot */
+  if (g_rank == 0 && o.plot[0] && o.steps > 0) {
+    hist = malloc(sizeof(float) * (size_t)o.steps);
+    if (hist == NULL) fprintf(stderr, "train: no memory for the loss history: no plot\n");
+  }
   const int64_t shape[2] = {o.batch, o.seq};
   double last[10] = {0}, tps_sum = 0.0;
   int nlast = 0, ntps = 0;
@@ -181,8 +366,8 @@ int main(int argc, char** argv) {
     double t0 = now_s();
     CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
     dt_tensor_t tt, gt;
-    CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, rep, tok, &tt));
-    CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, rep, tgt, &gt));
+    CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, tok_pl, tok, &tt));
+    CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, tok_pl, tgt, &gt));
     dt_var_t loss;
     double aux = 0.0;
     CHECK(dt_llama_forward(model, tape, tt, gt, &loss, &aux));
@@ -214,6 +399,7 @@ int main(int argc, char** argv) {
       ntps++;
     }
     last[nlast++ % 10] = lv;
+    if (hist != NULL) hist[step] = lv;
     if (g_rank == 0) {
       printf("step %4d loss %.4f%s lr %.2e gnorm %.3f tokens/s %.0f GFLOP/s %.2f MFU %.1f%%\n",
              step, lv, cfg.n_experts ? "" : "", lr, gnorm, tps, gf, 100.0 * gf / peak_total);
@@ -230,16 +416,24 @@ int main(int argc, char** argv) {
   int nf = nlast < 10 ? nlast : 10;
   for (int i = 0; i < nf; i++) final += last[i] / nf;
   if (metrics) fclose(metrics);
-  if (g_rank == 0 && o.plot[0] && o.metrics[0]) {
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd,
-             "command -v gnuplot >/dev/null 2>&1 && gnuplot -e \"set terminal png size 800,500; "
-             "set output '%s'; set xlabel 'step'; set ylabel 'loss (nats)'; set key off; "
-             "plot '< sed -e s/.*loss.:// -e s/,.*// %s' with lines\" || "
-             "echo '# gnuplot not installed: no plot'",
-             o.plot, o.metrics);
-    if (system(cmd) != 0) fprintf(stderr, "train: gnuplot failed\n");
+  if (g_rank == 0 && o.plot[0] && (hist != NULL || o.steps == 0)) {
+    char title[256], subtitle[320];
+    snprintf(title, sizeof title,
+             "dtensor train: %s Llama, %d layer%s, dim %d, %d rank%s (mesh %s), parallel %s",
+             o.model, o.layers, o.layers == 1 ? "" : "s", o.dim, world, world == 1 ? "" : "s",
+             o.mesh[0] ? o.mesh : "1-D", o.parallel);
+    if (!strcmp(o.data, "markov"))
+      snprintf(subtitle, sizeof subtitle,
+               "order-%d Markov corpus over %d symbols, batch %d x %d tokens, lr %g", o.order,
+               o.vocab, o.batch, o.seq, o.lr);
+    else
+      snprintf(subtitle, sizeof subtitle, "bytes of %.200s, batch %d x %d tokens, lr %g",
+               strrchr(o.data, '/') ? strrchr(o.data, '/') + 1 : o.data, o.batch, o.seq, o.lr);
+    fflush(stdout);
+    plot_losses(&o, title, subtitle, hist, o.steps, dt_corpus_entropy_floor(corpus));
+    fflush(stdout);
   }
+  free(hist);
   /* per-rank peak memory by category (dt_memory_stats), gathered on rank 0 */
   {
     dt_memory_stats_t ms;

@@ -25,6 +25,8 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   memset(o, 0, sizeof *o);
   strcpy(o->model, "dense");
   strcpy(o->data, "markov");
+  strcpy(o->parallel, "none");
+  strcpy(o->param_dtype, "f32");
   snprintf(o->plan, sizeof o->plan, "%s", default_plan ? default_plan : "");
   o->steps = 1000;
   o->batch = 32;
@@ -40,6 +42,9 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   o->lr = 1e-2;
   o->clip = 1.0;
   o->seed = 1234;
+  o->reshard_after_forward = 1;
+  o->prefetch = 1;
+  o->bucket_mb = 25.0;
 }
 
 /* A whole decimal integer in [lo, hi] (no trailing characters, no overflow). */
@@ -79,7 +84,8 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
       INT_OPT(dim, 1, 1 << 20),     INT_OPT(layers, 1, 1 << 16),    INT_OPT(heads, 1, 1 << 16),
       INT_OPT(kv_heads, 0, 1 << 16), INT_OPT(experts, 1, 1 << 16),  INT_OPT(top_k, 1, 1 << 16),
       INT_OPT(vocab, 2, 1 << 20),   INT_OPT(order, 1, 64),          INT_OPT(warmup, 0, 1 << 30),
-      INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),
+      INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),     INT_OPT(prefetch, 0, 1),
+      INT_OPT(reshard_after_forward, 0, 1 << 20),
 #undef INT_OPT
   };
   static const struct {
@@ -87,7 +93,8 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
     size_t off, size;
   } strs[] = {
 #define STR_OPT(name) {#name, offsetof(train_opts_t, name), sizeof(((train_opts_t*)0)->name)}
-      STR_OPT(mesh), STR_OPT(model), STR_OPT(data), STR_OPT(plan), STR_OPT(metrics), STR_OPT(plot),
+      STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
+      STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
 #undef STR_OPT
   };
   if (key == NULL || val == NULL) return fail(err, cap, "missing key or value");
@@ -103,6 +110,13 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
   for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++) {
     if (strcmp(key, strs[k].key) != 0) continue;
     size_t n = strlen(val);
+    if (!strcmp(key, "parallel")) {
+      if (strcmp(val, "none") && strcmp(val, "ddp") && strcmp(val, "fsdp") && strcmp(val, "hsdp"))
+        return fail(err, cap, "parallel must be none, ddp, fsdp or hsdp, got '%.64s'", val);
+    } else if (!strcmp(key, "param_dtype")) {
+      if (strcmp(val, "f32") != 0 && strcmp(val, "bf16") != 0)
+        return fail(err, cap, "param_dtype must be f32 or bf16, got '%.64s'", val);
+    }
     if (n >= strs[k].size)
       return fail(err, cap, "%s is longer than %zu characters", key, strs[k].size - 1);
     if (!strcmp(key, "mesh")) {
@@ -111,7 +125,7 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
         return fail(err, cap, "mesh '%s' is not N or AxB[xC[xD]] (positive sizes)", val);
     } else if (!strcmp(key, "model")) {
       if (strcmp(val, "dense") != 0 && strcmp(val, "moe") != 0)
-        return fail(err, cap, "model must be dense or moe, got '%s'", val);
+        return fail(err, cap, "model must be dense or moe, got '%.64s'", val);
     } else if (!strcmp(key, "data")) {
       if (n == 0) return fail(err, cap, "data must be markov or a file path");
     } else if (!strcmp(key, "metrics") || !strcmp(key, "plot")) {
@@ -128,6 +142,14 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
       return fail(err, cap, "%s must be a number in [0, 1e6], got '%.64s'", key, val);
     if (key[0] == 'l') o->lr = v;
     else o->clip = v;
+    return 1;
+  }
+  if (!strcmp(key, "bucket_mb")) {
+    char* end;
+    double v = strtod(val, &end);
+    if (end == val || *end != '\0' || !isfinite(v) || !(v > 0.0) || v > 1e6)
+      return fail(err, cap, "bucket_mb must be a number in (0, 1e6] (MiB), got '%.64s'", val);
+    o->bucket_mb = v;
     return 1;
   }
   if (!strcmp(key, "seed")) {

@@ -105,13 +105,24 @@ typedef struct dt_ddp_config {
   int64_t bucket_nbytes; /* about this many gradient bytes per all-reduce; <= 0: 25 MiB */
 } dt_ddp_config_t;
 
-/* Wraps m for data parallelism (see above): every parameter must live on `mesh`, be floating
- * point and Replicate on the data dims. Errors leave m as it was (the same classes as
- * dt_fully_shard). */
+/* Wraps m for data parallelism (see above); cfg NULL: every mesh dim, 25 MiB buckets. Every
+ * parameter must live on `mesh`, be floating point and Replicate on the data dims (another dim
+ * may shard it: a bucket then holds local shards and is all-reduced over the data dims only).
+ * The parameters that require a gradient are bucketed in reverse registration order, one dtype
+ * per bucket, and put in DT_GRAD_AS_IS mode with a gradient hook (replacing any other). Run m's
+ * forward once per backward pass; a parameter that gets no gradient in a pass counts as zeros in
+ * its bucket and keeps no gradient. Errors leave m as it was: DT_ERR_INVALID_ARG for a NULL
+ * argument, a dim outside the mesh (-1 is every dim), an abstract mesh, a parameter on another
+ * mesh, not floating point or not Replicate on a data dim; DT_ERR_INVALID_USAGE for m, a module
+ * below it or one above it already wrapped (DDP or FSDP), or no parameter requiring a gradient;
+ * DT_ERR_UNSUPPORTED for a backend whose memory is not the host's. */
 DT_API dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg);
-/* no_sync: sync 0 keeps gradients unreduced (accumulating across passes) until a pass with 1. */
+/* no_sync: sync 0 keeps gradients unreduced (Partial, accumulating across passes) until a pass
+ * with 1 reduces the sum. m must be the wrapped module itself (DT_ERR_INVALID_ARG otherwise). */
 DT_API dt_status_t dt_ddp_set_requires_gradient_sync(dt_module_t m, int sync);
-/* Number of buckets of the DDP wrapper at m, and bucket i's parameters count and bytes. */
+/* Number of buckets of the DDP wrapper at m (m itself), and bucket i's parameter count and bytes
+ * (this rank's: its parameters' local shards). Bucket 0 holds the last registered parameters.
+ * Either output of dt_ddp_bucket_info may be NULL. */
 DT_API dt_status_t dt_ddp_num_buckets(dt_module_t m, int* n);
 DT_API dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64_t* nbytes);
 

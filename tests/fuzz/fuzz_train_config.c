@@ -20,6 +20,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   DT_FUZZ_ASSERT(memchr(o.data, '\0', sizeof o.data) && memchr(o.plan, '\0', sizeof o.plan));
   DT_FUZZ_ASSERT(memchr(o.metrics, '\0', sizeof o.metrics) && memchr(o.plot, '\0', sizeof o.plot));
   DT_FUZZ_ASSERT(!strcmp(o.model, "dense") || !strcmp(o.model, "moe"));
+  DT_FUZZ_ASSERT(!strcmp(o.parallel, "none") || !strcmp(o.parallel, "ddp") ||
+                 !strcmp(o.parallel, "fsdp") || !strcmp(o.parallel, "hsdp"));
+  DT_FUZZ_ASSERT(!strcmp(o.param_dtype, "f32") || !strcmp(o.param_dtype, "bf16"));
+  DT_FUZZ_ASSERT(o.reshard_after_forward >= 0 && (o.prefetch == 0 || o.prefetch == 1));
+  DT_FUZZ_ASSERT(isfinite(o.bucket_mb) && o.bucket_mb > 0.0 && o.bucket_mb <= 1e6);
   DT_FUZZ_ASSERT(o.steps >= 0 && o.batch >= 1 && o.seq >= 1 && o.dim >= 1 && o.layers >= 1);
   DT_FUZZ_ASSERT(o.heads >= 1 && o.kv_heads >= 0 && o.experts >= 1 && o.top_k >= 1);
   DT_FUZZ_ASSERT(o.vocab >= 2 && o.order >= 1 && o.warmup >= 0);

@@ -1,7 +1,8 @@
 /* test_train_config.c - the trainer's option parser (examples/train_config.c): JSON configs and
  * flag values are checked (a non-object root, trailing data, duplicate keys, nested values,
  * numbers that are not integers or overflow, out-of-range values, over-long strings, shell
- * characters in paths) with a message each, and valid configs set exactly what they say. */
+ * characters in paths, unknown names for model, parallel and param_dtype, the FSDP/DDP knobs out
+ * of range) with a message each, and valid configs set exactly what they say. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,6 +49,41 @@ static void test_valid(void** state) {
   assert_true(train_mesh_parse("2x1x3", shape, &nd) && nd == 3 && shape[2] == 3);
 }
 
+/* The data-parallel keys: defaults, every accepted name, and the FSDP/DDP knobs. */
+static void test_parallel(void** state) {
+  (void)state;
+  train_opts_t o;
+  char err[256];
+  assert_true(load(&o, "{}", err, sizeof err));
+  assert_string_equal(o.parallel, "none");
+  assert_string_equal(o.param_dtype, "f32");
+  assert_int_equal(o.reshard_after_forward, 1);
+  assert_int_equal(o.prefetch, 1);
+  assert_true(o.bucket_mb == 25.0);
+  assert_true(load(&o,
+                   "{\"parallel\": \"fsdp\", \"reshard_after_forward\": 0, \"param_dtype\": \"bf16\","
+                   " \"prefetch\": false, \"bucket_mb\": 0.5}",
+                   err, sizeof err));
+  assert_string_equal(o.parallel, "fsdp");
+  assert_int_equal(o.reshard_after_forward, 0);
+  assert_string_equal(o.param_dtype, "bf16");
+  assert_int_equal(o.prefetch, 0);
+  assert_true(o.bucket_mb == 0.5);
+  assert_true(load(&o, "{\"parallel\": \"hsdp\", \"mesh\": \"2x2\", \"reshard_after_forward\": 4}",
+                   err, sizeof err));
+  assert_string_equal(o.parallel, "hsdp");
+  assert_int_equal(o.reshard_after_forward, 4);
+  /* as flags give them (--parallel ddp --bucket-mb 1e-3 --prefetch 1) */
+  assert_true(train_opts_set(&o, "parallel", "ddp", err, sizeof err));
+  assert_string_equal(o.parallel, "ddp");
+  assert_true(train_opts_set(&o, "bucket_mb", "1e-3", err, sizeof err));
+  assert_true(o.bucket_mb == 1e-3);
+  assert_true(train_opts_set(&o, "prefetch", "1", err, sizeof err));
+  assert_true(train_opts_set(&o, "parallel", "none", err, sizeof err));
+  assert_true(train_opts_set(&o, "param_dtype", "f32", err, sizeof err));
+  assert_string_equal(o.param_dtype, "f32");
+}
+
 static void test_refused(void** state) {
   (void)state;
   const struct {
@@ -82,6 +118,23 @@ static void test_refused(void** state) {
       {"{\"plot\": \"a'; rm -rf x; '.png\"}", "plot path"},
       {"{\"metrics\": \"$HOME/m.jsonl\"}", "metrics path"},
       {"{\"bf16_moments\": 2}", "bf16_moments must be an integer in [0, 1]"},
+      {"{\"parallel\": \"zero3\"}", "parallel must be none, ddp, fsdp or hsdp, got 'zero3'"},
+      {"{\"parallel\": \"FSDP\"}", "parallel must be none, ddp, fsdp or hsdp"},
+      {"{\"parallel\": \"\"}", "parallel must be none, ddp, fsdp or hsdp"},
+      {"{\"parallel\": \"fsdp-with-a-very-long-tail\"}", "parallel must be none, ddp, fsdp"},
+      {"{\"parallel\": 1}", "parallel must be none, ddp, fsdp or hsdp, got '1'"},
+      {"{\"param_dtype\": \"f16\"}", "param_dtype must be f32 or bf16, got 'f16'"},
+      {"{\"param_dtype\": true}", "param_dtype must be f32 or bf16"},
+      {"{\"reshard_after_forward\": -1}", "reshard_after_forward must be an integer in [0,"},
+      {"{\"reshard_after_forward\": 1.5}", "reshard_after_forward must be an integer"},
+      {"{\"reshard_after_forward\": \"yes\"}", "reshard_after_forward must be an integer"},
+      {"{\"prefetch\": 2}", "prefetch must be an integer in [0, 1]"},
+      {"{\"bucket_mb\": 0}", "bucket_mb must be a number in (0, 1e6]"},
+      {"{\"bucket_mb\": -25}", "bucket_mb must be a number"},
+      {"{\"bucket_mb\": \"25MB\"}", "bucket_mb must be a number"},
+      {"{\"bucket_mb\": \"nan\"}", "bucket_mb must be a number"},
+      {"{\"bucket_mb\": 1e7}", "bucket_mb must be a number"},
+      {"{\"parallel\": \"fsdp\", \"parallel\": \"ddp\"}", "appears twice"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     train_opts_t o;
@@ -115,6 +168,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid),
       cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_parallel),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

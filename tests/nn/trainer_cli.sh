@@ -2,7 +2,11 @@
 # trainer_cli.sh - examples/train as a user drives it: a JSON config (flags override it), the
 # byte-level loader on a text file, the progress and final lines, the JSONL metrics, the loss
 # curve PNG when gnuplot is installed, and clear failures for a bad config key, a missing data
-# file and a bad flag.
+# file and a bad flag. Then the data-parallel modes on a tiny model: --parallel ddp and fsdp (f32,
+# and bf16 with reshard_after_forward 0 and no prefetch) on 2 ranks, hsdp on a 2x2 mesh on 4,
+# each ending with its final line; the f32 ones train the same model on the same global batch as
+# --parallel none, so their final losses agree with it; and clear refusals of fsdp on a 2-D mesh,
+# hsdp on a 1-D one, an explicit --plan with ddp and an unknown --parallel value.
 #   trainer_cli.sh MPIEXEC TRAIN_BINARY SOURCE_DIR WORKDIR
 set -euo pipefail
 MPI=$1 TRAIN=$2 SRC=$3 W=$4
@@ -22,6 +26,8 @@ tail -1 "$W/out.txt" | grep -Eq '^final_loss=[0-9.]+ entropy_floor=nan tokens_pe
 grep -q '"mfu":' "$W/m.jsonl" || { echo "metrics lack mfu"; exit 1; }
 if command -v gnuplot > /dev/null; then
   [ -s "$W/loss.png" ] || { echo "no loss curve although gnuplot is installed"; exit 1; }
+  [ "$(head -c 8 "$W/loss.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || { echo "loss.png is not a PNG"; exit 1; }
+  grep -q "^# loss curve: $W/loss.png" "$W/out.txt" || { echo "no '# loss curve' line"; exit 1; }
 fi
 echo '{"stepz": 3}' > "$W/bad.json"
 if run -np 1 "$TRAIN" --config "$W/bad.json" > "$W/bad.txt" 2>&1; then echo "bad key accepted"; exit 1; fi
@@ -30,4 +36,41 @@ if run -np 1 "$TRAIN" --data "$W/nope.txt" --steps 1 > "$W/nofile.txt" 2>&1; the
 grep -q "cannot open" "$W/nofile.txt" || { cat "$W/nofile.txt"; exit 1; }
 if run -np 1 "$TRAIN" --frobnicate 3 > "$W/flag.txt" 2>&1; then echo "bad flag accepted"; exit 1; fi
 grep -q "bad argument '--frobnicate'" "$W/flag.txt" || { cat "$W/flag.txt"; exit 1; }
+# data parallelism: tiny model on the Markov corpus (entropy floor known)
+tiny=(--steps 4 --batch 4 --seq 16 --dim 32 --layers 2 --heads 4)
+final_re='^final_loss=[0-9.]+ entropy_floor=1\.2732 tokens_per_s=[0-9]+$'
+dp_run() { # name np flags...
+  local name=$1 np=$2
+  shift 2
+  run -np "$np" "$TRAIN" "${tiny[@]}" "$@" > "$W/$name.txt" 2>&1 || { echo "$name failed"; cat "$W/$name.txt"; exit 1; }
+  tail -1 "$W/$name.txt" | grep -Eq "$final_re" || { echo "$name: bad final line"; cat "$W/$name.txt"; exit 1; }
+  [ "$(grep -c '^step ' "$W/$name.txt")" -eq 4 ] || { echo "$name: expected 4 step lines"; exit 1; }
+  [ "$(grep -c '^peak_memory rank ' "$W/$name.txt")" -eq "$np" ] || { echo "$name: expected $np peak_memory lines"; exit 1; }
+}
+final_of() { tail -1 "$W/$1.txt" | sed 's/^final_loss=\([0-9.]*\) .*/\1/'; }
+same_loss() { # a b: final losses within 1e-3 relative (f32, 4 steps, different reduction orders)
+  awk -v a="$(final_of "$1")" -v b="$(final_of "$2")" -v na="$1" -v nb="$2" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; if (d > 1e-3 * a) { printf "%s final_loss %s vs %s %s\n", na, a, nb, b; exit 1 } }'
+}
+dp_run dp_none 2
+dp_run dp_ddp 2 --parallel ddp --bucket-mb 0.01
+grep -q '^# dtensor train: .*parallel ddp (' "$W/dp_ddp.txt" || { echo "ddp: header lacks the mode"; head -3 "$W/dp_ddp.txt"; exit 1; }
+dp_run dp_fsdp 2 --parallel fsdp
+grep -q '^# dtensor train: .*parallel fsdp (3 groups, reshard_after_forward 1, param_dtype f32, prefetch 1)' "$W/dp_fsdp.txt" || { echo "fsdp: header lacks the mode"; head -3 "$W/dp_fsdp.txt"; exit 1; }
+dp_run dp_fsdp_bf16 2 --parallel fsdp --param-dtype bf16 --reshard-after-forward 0 --prefetch 0
+dp_run dp_hsdp 4 --parallel hsdp --mesh 2x2
+grep -q '^# dtensor train: .*mesh 2x2 over 4 ranks, parallel hsdp (' "$W/dp_hsdp.txt" || { echo "hsdp: header lacks the mode"; head -3 "$W/dp_hsdp.txt"; exit 1; }
+same_loss dp_none dp_ddp
+same_loss dp_none dp_fsdp
+same_loss dp_none dp_hsdp
+refused() { # name expected-message np flags...
+  local name=$1 msg=$2 np=$3
+  shift 3
+  if run -np "$np" "$TRAIN" "${tiny[@]}" "$@" > "$W/$name.txt" 2>&1; then echo "$name: accepted $*"; exit 1; fi
+  grep -qF -- "$msg" "$W/$name.txt" || { echo "$name: lacks '$msg'"; cat "$W/$name.txt"; exit 1; }
+}
+refused fsdp_2d "train: --parallel fsdp runs on a 1-D mesh over all ranks, got --mesh 2x2" 1 --parallel fsdp --mesh 2x2
+refused hsdp_1d "train: --parallel hsdp needs a 2-D mesh --mesh RxS" 1 --parallel hsdp
+refused ddp_plan "train: --plan applies to --parallel none only" 1 --parallel ddp --plan '*=R'
+refused bad_par "parallel must be none, ddp, fsdp or hsdp, got 'zero3'" 1 --parallel zero3
 echo "trainer_cli: passed"
