@@ -24,10 +24,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "bench.h"
 #include "dtensor/nn.h"
 #include "dtensor/parallel.h"
+
+static long minor_faults(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
 
 static int cmp_double(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -142,6 +149,7 @@ int main(int argc, char** argv) {
     CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, &bpl, tok, &tt));
     CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, &bpl, tgt, &gt));
     MPI_Barrier(MPI_COMM_WORLD);
+    long f0 = minor_faults();
     double t0 = now_us();
     dt_var_t loss;
     CHECK(dt_llama_forward(m, tape, tt, gt, &loss, NULL));
@@ -155,6 +163,7 @@ int main(int argc, char** argv) {
     CHECK(dt_adamw_step(opt, 1e-3));
     for (int i = 0; i < np; i++) CHECK(dt_var_zero_grad(p[i]));
     double t3 = now_us();
+    long faults = minor_faults() - f0;
     /* the step, then this rank's forward, backward and update (clip, AdamW, zeroing) */
     double mine[4] = {(t3 - t0) * 1e-3, (t1 - t0) * 1e-3, (t2 - t1) * 1e-3, (t3 - t2) * 1e-3},
            slow[4];
@@ -162,8 +171,8 @@ int main(int argc, char** argv) {
     times[step] = slow[0];
     if (rank == 0) {
       printf("step %d loss %.4f time %.1f ms (slowest rank's forward %.1f, backward %.1f, "
-             "update %.1f)\n",
-             step, lv, slow[0], slow[1], slow[2], slow[3]);
+             "update %.1f; rank 0: %ld page faults)\n",
+             step, lv, slow[0], slow[1], slow[2], slow[3], faults);
       fflush(stdout);
     }
     dt_tensor_destroy(tt);

@@ -45,7 +45,7 @@ size_args() {
   case $1 in
     1M) echo "--dim 128 --layers 4 --heads 4 --vocab 1024 --ffn 344 --steps 10" ;;
     10M) echo "--dim 256 --layers 10 --heads 8 --vocab 4096 --ffn 688 --steps 5" ;;
-    50M) echo "--dim 512 --layers 14 --heads 8 --vocab 4096 --ffn 1376 --steps 3" ;;
+    50M) echo "--dim 512 --layers 14 --heads 8 --vocab 4096 --ffn 1376 --steps 4" ;;
     *) echo "fsdp.sh: unknown size $1 (1M, 10M, 50M)" >&2; exit 2 ;;
   esac
 }
@@ -80,6 +80,7 @@ run() {
 
 echo "# bench_fsdp: np $NP, $ROUNDS rounds, sizes $SIZES; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 for size in $SIZES; do
+  echo "# $size: load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
   for r in $(seq "$ROUNDS"); do
     cfgs="none torch ddp fsdp"
     [ $((r % 2)) -eq 0 ] && cfgs="fsdp ddp torch none"
@@ -89,6 +90,8 @@ for size in $SIZES; do
     done
   done
 done
+
+echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 
 # Best step per (size, config), the table and the summary line.
 awk -v sizes="$SIZES" -v np="$NP" '
