@@ -187,20 +187,6 @@ dt_var_t dt_module_get(dt_module_t m, const char* name) {
   return e ? e->param : NULL;
 }
 
-dt_status_t dt_module_set_param(dt_module_t m, const char* name, dt_var_t param) {
-  DT_CHECK(dt__module_check(m));
-  DT_ARG_NOT_NULL(name);
-  DT_ARG_NOT_NULL(param);
-  if (dt_var_value(param) == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "the new parameter '%s' is not a live variable", name);
-  dt__entry_t* e = dt__find_param(m, name);
-  if (e == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no parameter '%s'", m->name, name);
-  if (e->param != param) dt_var_destroy(e->param);
-  e->param = param;
-  return DT_SUCCESS;
-}
-
 dt_status_t dt_module_swap_param(dt_module_t m, const char* name, dt_var_t param,
                                  dt_var_t* old) {
   DT_ARG_NOT_NULL(old);
@@ -215,6 +201,13 @@ dt_status_t dt_module_swap_param(dt_module_t m, const char* name, dt_var_t param
     return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no parameter '%s'", m->name, name);
   *old = e->param;
   e->param = param;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_module_set_param(dt_module_t m, const char* name, dt_var_t param) {
+  dt_var_t old;
+  DT_CHECK(dt_module_swap_param(m, name, param, &old));
+  if (old != param) dt_var_destroy(old);
   return DT_SUCCESS;
 }
 

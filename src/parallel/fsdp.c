@@ -277,11 +277,15 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
   DT_CHECK(dt_tensor_empty(g->mesh, g->cfg.reduce_dtype, 1, &n, ppl, &send));
   dt_status_t st = dt_tensor_set_memory_category(send, DT_MEM_COMMUNICATION);
   char* buf = local_data(send);
-  memset(buf, 0, (size_t)n * g->res);
   for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
     fsdp_param_t* q = &g->p[i];
     dt_tensor_t gr = dt_var_grad(q->full), tmp = NULL, view = NULL, cast = NULL;
-    if (gr == NULL) continue; /* no gradient reached it: zeros */
+    if (gr == NULL) { /* no gradient reached it: zeros */
+      for (int r = 0; r < g->N; r++)
+        memset(buf + (size_t)(r * g->seg + q->seg_off) * g->res, 0,
+               (size_t)(q->chunk * q->rest) * g->res);
+      continue;
+    }
     dt_placement_t have[DT_MAX_MESH_DIMS];
     st = dt_tensor_placements(gr, have);
     int ok = st == DT_SUCCESS;
@@ -307,10 +311,10 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
     for (int r = 0; st == DT_SUCCESS && r < g->N; r++) {
       int64_t off, len;
       dt_chunk(q->rows, g->N, r, &off, &len);
-      if (len > 0)
-        memcpy(buf + (size_t)(r * g->seg + q->seg_off) * g->res,
-               (const char*)src + (size_t)(off * q->rest) * g->res,
-               (size_t)(len * q->rest) * g->res);
+      char* d = buf + (size_t)(r * g->seg + q->seg_off) * g->res;
+      size_t nb = (size_t)(len * q->rest) * g->res, cap = (size_t)(q->chunk * q->rest) * g->res;
+      if (len > 0) memcpy(d, (const char*)src + (size_t)(off * q->rest) * g->res, nb);
+      if (cap > nb) memset(d + nb, 0, cap - nb); /* padding */
     }
     dt_tensor_destroy(cast);
     dt_tensor_destroy(view);

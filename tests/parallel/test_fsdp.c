@@ -237,6 +237,20 @@ static void test_parity(void) {
   parity("fsdp bf16 params", &r, ref, 0.05);
 }
 
+/* The groups of the model (root, layers.0, layers.1): their modules and infos. */
+#define N_GROUPS 3
+static void group_infos(const setup_t* s, dt_module_t* ms, dt_fsdp_group_info_t* gi) {
+  for (int i = 0; i < N_GROUPS; i++) {
+    ms[i] = s->root;
+    if (i > 0) {
+      char path[32];
+      snprintf(path, sizeof path, "layers.%d", i - 1);
+      DT_ASSERT_OK(dt_module_find(s->root, path, &ms[i]));
+    }
+    DT_ASSERT_OK(dt_fsdp_group_info(ms[i], &gi[i]));
+  }
+}
+
 /* Elements moved per rank by the collectives of the counters (nccl-tests convention): an
  * all-gather or reduce-scatter of B bytes over n moves B (n-1)/n, an all-reduce 2 B (n-1)/n. */
 static void test_traffic(void) {
@@ -246,19 +260,13 @@ static void test_traffic(void) {
     setup(&r, &s);
     fwd_bwd(&r, &s, 0, 0, BATCH, 1.0); /* learn the orders, fill caches */
     opt_step(&s);
-    int64_t padded = 0, groups = 0, psi = 0;
-    for (int l = -1; l < 2; l++) {
-      dt_module_t m = s.root;
-      if (l >= 0) {
-        char path[32];
-        snprintf(path, sizeof path, "layers.%d", l);
-        DT_ASSERT_OK(dt_module_find(s.root, path, &m));
-      }
-      dt_fsdp_group_info_t gi;
-      DT_ASSERT_OK(dt_fsdp_group_info(m, &gi));
-      padded += gi.padded_numel;
-      psi += gi.numel;
-      groups++;
+    int64_t padded = 0, groups = N_GROUPS, psi = 0;
+    dt_module_t ms[N_GROUPS];
+    dt_fsdp_group_info_t gi[N_GROUPS];
+    group_infos(&s, ms, gi);
+    for (int i = 0; i < N_GROUPS; i++) {
+      padded += gi[i].padded_numel;
+      psi += gi[i].numel;
     }
     DT_ASSERT_EQ(psi, s.numel);
     DT_ASSERT_OK(dt_counters_reset(NULL));
@@ -276,17 +284,7 @@ static void test_traffic(void) {
     if (reshard == 2) {
       /* forward: N*L over N ranks; backward: the group's T_pad over 2 ranks */
       int64_t tpad = 0;
-      for (int l = -1; l < 2; l++) {
-        dt_module_t m = s.root;
-        if (l >= 0) {
-          char path[32];
-          snprintf(path, sizeof path, "layers.%d", l);
-          DT_ASSERT_OK(dt_module_find(s.root, path, &m));
-        }
-        dt_fsdp_group_info_t gi;
-        DT_ASSERT_OK(dt_fsdp_group_info(m, &gi));
-        tpad += gi.unsharded_nbytes / 4;
-      }
+      for (int i = 0; i < N_GROUPS; i++) tpad += gi[i].unsharded_nbytes / 4;
       DT_ASSERT_EQ(ag_bytes, 4 * (padded + tpad));
       ag_elems_moved = padded * (N - 1) / N + tpad / 2;
     } else {
@@ -327,15 +325,13 @@ static void test_traffic(void) {
     fwd_bwd(&r, &s, 0, 0, BATCH, 1.0);
     opt_step(&s);
     int64_t padded = 0;
-    dt_module_t ms[3] = {s.root, NULL, NULL};
-    DT_ASSERT_OK(dt_module_find(s.root, "layers.0", &ms[1]));
-    DT_ASSERT_OK(dt_module_find(s.root, "layers.1", &ms[2]));
-    for (int i = 0; i < 3; i++) {
-      dt_fsdp_group_info_t gi;
-      DT_ASSERT_OK(dt_fsdp_group_info(ms[i], &gi));
-      DT_ASSERT_EQ(gi.shard_size, 2);
-      DT_ASSERT_EQ(gi.replicate_size, 2);
-      padded += gi.padded_numel;
+    dt_module_t ms[N_GROUPS];
+    dt_fsdp_group_info_t gi[N_GROUPS];
+    group_infos(&s, ms, gi);
+    for (int i = 0; i < N_GROUPS; i++) {
+      DT_ASSERT_EQ(gi[i].shard_size, 2);
+      DT_ASSERT_EQ(gi[i].replicate_size, 2);
+      padded += gi[i].padded_numel;
     }
     DT_ASSERT_OK(dt_counters_reset(NULL));
     g_no_loss_read = 1;
@@ -370,14 +366,12 @@ static void test_prefetch(void) {
     setup(&r, &s);
     fwd_bwd(&r, &s, 0, 0, BATCH, 1.0);
     opt_step(&s);
-    dt_module_t ms[3] = {s.root, NULL, NULL};
-    DT_ASSERT_OK(dt_module_find(s.root, "layers.0", &ms[1]));
-    DT_ASSERT_OK(dt_module_find(s.root, "layers.1", &ms[2]));
-    dt_fsdp_group_info_t before[3], after[3];
-    for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_fsdp_group_info(ms[i], &before[i]));
+    dt_module_t ms[N_GROUPS];
+    dt_fsdp_group_info_t before[N_GROUPS], after[N_GROUPS];
+    group_infos(&s, ms, before);
     fwd_bwd(&r, &s, 1, 0, BATCH, 1.0);
     opt_step(&s);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < N_GROUPS; i++) {
       DT_ASSERT_OK(dt_fsdp_group_info(ms[i], &after[i]));
       DT_ASSERT_EQ(after[i].gathers - before[i].gathers, 2);
       DT_ASSERT_EQ(after[i].reductions - before[i].reductions, 1);
@@ -394,18 +388,13 @@ static void test_memory(void) {
   setup_t s;
   setup(&r, &s);
   int64_t shard_elems = 0, max_group = 0, root_group = 0;
-  for (int l = -1; l < 2; l++) {
-    dt_module_t mm = s.root;
-    if (l >= 0) {
-      char path[32];
-      snprintf(path, sizeof path, "layers.%d", l);
-      DT_ASSERT_OK(dt_module_find(s.root, path, &mm));
-    }
-    dt_fsdp_group_info_t gi;
-    DT_ASSERT_OK(dt_fsdp_group_info(mm, &gi));
-    shard_elems += gi.shard_numel;
-    if (l < 0) root_group = gi.unsharded_nbytes;
-    else if (gi.unsharded_nbytes > max_group) max_group = gi.unsharded_nbytes;
+  dt_module_t ms[N_GROUPS];
+  dt_fsdp_group_info_t gi[N_GROUPS];
+  group_infos(&s, ms, gi);
+  for (int i = 0; i < N_GROUPS; i++) {
+    shard_elems += gi[i].shard_numel;
+    if (i == 0) root_group = gi[i].unsharded_nbytes;
+    else if (gi[i].unsharded_nbytes > max_group) max_group = gi[i].unsharded_nbytes;
   }
   fwd_bwd(&r, &s, 0, 0, BATCH, 1.0);
   DT_ASSERT_OK(dt_memory_stats(&m));
