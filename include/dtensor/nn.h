@@ -54,6 +54,12 @@ DT_API dt_status_t dt_nn_layer_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight,
 DT_API dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk,
                                    dt_var_t wv, dt_var_t wo, int n_heads, int n_kv_heads,
                                    double rope_theta, dt_var_t* out);
+/* The attention between the projections: q (B, S, H*Dh), k and v (B, S, G*Dh) (the outputs of
+ * wq, wk, wv) -> (B, S, H*Dh), the input of wo: rotary on q and k, causal softmax attention per
+ * head. Head-sharded q, k, v (Shard(2), H and G divisible by the ranks) stay sharded. */
+DT_API dt_status_t dt_nn_attention_core(dt_tape_t tape, dt_var_t q, dt_var_t k, dt_var_t v,
+                                        int n_heads, int n_kv_heads, double rope_theta,
+                                        dt_var_t* out);
 /* SwiGLU MLP of x (..., D): w2 (silu(x w1^T) * (x w3^T)), w1 and w3 (F, D), w2 (D, F). */
 DT_API dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
                                 dt_var_t* out);

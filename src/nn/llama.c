@@ -6,7 +6,8 @@
  *
  * Tree (unnamed modules keep their parameters' names flat):
  *   "" root: tok_emb | layers: 0 .. L-1 | norm | output
- *   block "i": attn_norm | "" attention (wq wk wv wo) | ffn_norm | "" mlp (w1 w3 w2)
+ *   block "i": attn_norm | "" attention (linears wq wk wv wo) | ffn_norm | "" mlp (linears w1
+ *              w3 w2)
  *                                                          or "" moe (router | experts: 0.. E-1)
  */
 #include <math.h>
@@ -69,22 +70,48 @@ static dt_status_t dt__fwd_rms_norm(dt_module_t m, dt_tape_t tape, int n_in, con
   return dt_nn_rms_norm(tape, in[0], dt_module_get(m, ""), dt__cfg(m)->norm_eps, &out[0]);
 }
 
+/* A linear layer without bias: its one parameter is the (out, in) weight. */
+static dt_status_t dt__fwd_linear(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                  int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  return dt_nn_linear(tape, in[0], dt_module_get(m, ""), NULL, &out[0]);
+}
+
+/* Runs child i of m (a linear layer) on x. */
+static dt_status_t dt__child(dt_module_t m, int i, dt_tape_t tape, dt_var_t x, dt_var_t* out) {
+  dt_module_t c;
+  DT_CHECK(dt_module_child(m, i, &c));
+  return dt_module_forward(c, tape, 1, &x, 1, out);
+}
+
+/* Children wq, wk, wv, wo (linear layers, so a tensor-parallel plan can hook each). */
 static dt_status_t dt__fwd_attention(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
                                      int n_out, dt_var_t* out) {
   (void)n_in;
   (void)n_out;
   const dt_llama_config_t* c = dt__cfg(m);
-  return dt_nn_attention(tape, in[0], dt_module_get(m, "wq"), dt_module_get(m, "wk"),
-                         dt_module_get(m, "wv"), dt_module_get(m, "wo"), c->n_heads,
-                         c->n_kv_heads, c->rope_theta, &out[0]);
+  dt_var_t q, k, v, o;
+  DT_CHECK(dt__child(m, 0, tape, in[0], &q));
+  DT_CHECK(dt__child(m, 1, tape, in[0], &k));
+  DT_CHECK(dt__child(m, 2, tape, in[0], &v));
+  DT_CHECK(dt_nn_attention_core(tape, q, k, v, c->n_heads, c->n_kv_heads, c->rope_theta, &o));
+  return dt__child(m, 3, tape, o, &out[0]);
 }
 
+/* Children w1, w3, w2: w2 (silu(x w1^T) * (x w3^T)), as dt_nn_swiglu. */
 static dt_status_t dt__fwd_mlp(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
                                int n_out, dt_var_t* out) {
   (void)n_in;
   (void)n_out;
-  return dt_nn_swiglu(tape, in[0], dt_module_get(m, "w1"), dt_module_get(m, "w3"),
-                      dt_module_get(m, "w2"), &out[0]);
+  dt_var_t a, b, s, ab[2];
+  DT_CHECK(dt__child(m, 0, tape, in[0], &a));
+  DT_CHECK(dt__child(m, 1, tape, in[0], &b));
+  DT_CHECK(dt_ag_op(tape, "silu", 1, &a, 0, NULL, 0, NULL, 1, &s));
+  ab[0] = s;
+  ab[1] = b;
+  DT_CHECK(dt_ag_op(tape, "mul", 2, ab, 0, NULL, 0, NULL, 1, &s));
+  return dt__child(m, 2, tape, s, &out[0]);
 }
 
 /* (B, S, D) -> (ff (B, S, D), aux) */
@@ -149,13 +176,6 @@ static dt_status_t dt__fwd_block(dt_module_t m, dt_tape_t tape, int n_in, const 
   /* block boundary: with a checkpoint policy, cheap intermediates are dropped here */
   dt_var_t keep[2] = {out[0], aux_total};
   return dt_tape_checkpoint(tape, aux_total ? 2 : 1, keep);
-}
-
-static dt_status_t dt__fwd_output(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
-                                  int n_out, dt_var_t* out) {
-  (void)n_in;
-  (void)n_out;
-  return dt_nn_linear(tape, in[0], dt_module_get(m, ""), NULL, &out[0]);
 }
 
 /* (tokens (B, S), targets (N)) -> (loss, aux or NULL) */
@@ -258,17 +278,17 @@ static dt_status_t dt__build(dt_llama_t m, const char* plan) {
     DT_CHECK(dt__leaf_module(m, plan, block, "attn_norm", DT__FULL("attn_norm"), dt__fwd_rms_norm,
                              1, vecD, 1, 0.0));
     DT_CHECK(dt__module(m, block, "", dt__fwd_attention, &attn));
-    DT_CHECK(dt__param(m, plan, attn, "wq", DT__FULL("wq"), 2, sq, 0, std));
-    DT_CHECK(dt__param(m, plan, attn, "wk", DT__FULL("wk"), 2, skv, 0, std));
-    DT_CHECK(dt__param(m, plan, attn, "wv", DT__FULL("wv"), 2, skv, 0, std));
-    DT_CHECK(dt__param(m, plan, attn, "wo", DT__FULL("wo"), 2, so, 0, ostd));
+    DT_CHECK(dt__leaf_module(m, plan, attn, "wq", DT__FULL("wq"), dt__fwd_linear, 2, sq, 0, std));
+    DT_CHECK(dt__leaf_module(m, plan, attn, "wk", DT__FULL("wk"), dt__fwd_linear, 2, skv, 0, std));
+    DT_CHECK(dt__leaf_module(m, plan, attn, "wv", DT__FULL("wv"), dt__fwd_linear, 2, skv, 0, std));
+    DT_CHECK(dt__leaf_module(m, plan, attn, "wo", DT__FULL("wo"), dt__fwd_linear, 2, so, 0, ostd));
     DT_CHECK(dt__leaf_module(m, plan, block, "ffn_norm", DT__FULL("ffn_norm"), dt__fwd_rms_norm,
                              1, vecD, 1, 0.0));
     if (E == 0) {
       DT_CHECK(dt__module(m, block, "", dt__fwd_mlp, &mlp));
-      DT_CHECK(dt__param(m, plan, mlp, "w1", DT__FULL("w1"), 2, s1, 0, std));
-      DT_CHECK(dt__param(m, plan, mlp, "w3", DT__FULL("w3"), 2, s1, 0, std));
-      DT_CHECK(dt__param(m, plan, mlp, "w2", DT__FULL("w2"), 2, s2, 0, ostd));
+      DT_CHECK(dt__leaf_module(m, plan, mlp, "w1", DT__FULL("w1"), dt__fwd_linear, 2, s1, 0, std));
+      DT_CHECK(dt__leaf_module(m, plan, mlp, "w3", DT__FULL("w3"), dt__fwd_linear, 2, s1, 0, std));
+      DT_CHECK(dt__leaf_module(m, plan, mlp, "w2", DT__FULL("w2"), dt__fwd_linear, 2, s2, 0, ostd));
     } else {
       dt_module_t experts;
       DT_CHECK(dt__module(m, block, "", dt__fwd_moe, &mlp));
@@ -290,7 +310,7 @@ static dt_status_t dt__build(dt_llama_t m, const char* plan) {
 #undef DT__FULL
   }
   DT_CHECK(dt__leaf_module(m, plan, m->root, "norm", "norm", dt__fwd_rms_norm, 1, vecD, 1, 0.0));
-  return dt__leaf_module(m, plan, m->root, "output", "output", dt__fwd_output, 2, emb, 0, std);
+  return dt__leaf_module(m, plan, m->root, "output", "output", dt__fwd_linear, 2, emb, 0, std);
 }
 
 dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, const char* plan,

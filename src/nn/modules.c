@@ -192,6 +192,38 @@ static dt_status_t as_rows(dt_tape_t tape, dt_var_t x, dt_var_t* rows, int* nd, 
   return ag(tape, "reshape", 1, &x, 2, s2, 0, NULL, rows);
 }
 
+dt_status_t dt_nn_attention_core(dt_tape_t tape, dt_var_t q, dt_var_t k, dt_var_t v, int H,
+                                 int G, double rope_theta, dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  int nd, knd, vnd;
+  int64_t qs[DT_MAX_DIMS], ks[DT_MAX_DIMS], vs[DT_MAX_DIMS];
+  DT_CHECK(shape_of(q, &nd, qs));
+  DT_CHECK(shape_of(k, &knd, ks));
+  DT_CHECK(shape_of(v, &vnd, vs));
+  if (nd != 3 || H <= 0 || G <= 0 || H % G != 0 || qs[2] % H != 0 || knd != 3 || vnd != 3 ||
+      ks[0] != qs[0] || ks[1] != qs[1] || ks[2] != qs[2] / H * G ||
+      memcmp(ks, vs, sizeof(int64_t) * 3) != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "attention: q (B, S, %d*Dh) and k, v (B, S, %d*Dh), heads "
+                                       "a multiple of kv heads", H, G);
+  int64_t B = qs[0], S = qs[1], Dh = qs[2] / H;
+  const int64_t attn_args[2] = {1, 1}, ra[1] = {1}; /* causal; (B, S, heads, Dh) layout */
+  dt_var_t in[3] = {q, k, v}, qkv[3];
+  int heads[3] = {H, G, G};
+  for (int j = 0; j < 3; j++) {
+    dt_var_t p4;
+    const int64_t s4[4] = {B, S, heads[j], Dh};
+    DT_CHECK(ag(tape, "reshape", 1, &in[j], 4, s4, 0, NULL, &p4));
+    if (j < 2) DT_CHECK(ag(tape, "rotary", 1, &p4, 1, ra, 1, &rope_theta, &qkv[j]));
+    else qkv[j] = p4;
+  }
+  /* attention straight on (B, S, heads, Dh): strided BLAS rows, no transposed copies */
+  dt_var_t o;
+  DT_CHECK(ag(tape, "sdpa", 3, qkv, 2, attn_args, 0, NULL, &o));
+  const int64_t s3[3] = {B, S, (int64_t)H * Dh};
+  return ag(tape, "reshape", 1, &o, 3, s3, 0, NULL, out);
+}
+
 dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk, dt_var_t wv,
                             dt_var_t wo, int H, int G, double rope_theta, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
@@ -202,26 +234,10 @@ dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk
   if (nd != 3 || H <= 0 || G <= 0 || H % G != 0 || xs[2] % H != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "attention: x (B, S, D) with D a multiple of %d heads, "
                                        "heads a multiple of %d kv heads", H, G);
-  int64_t B = xs[0], S = xs[1], D = xs[2], Dh = D / H;
-  const int64_t attn_args[2] = {1, 1}, ra[1] = {1}; /* causal; (B, S, heads, Dh) layout */
-  dt_var_t x2, qkv[3], ws[3] = {wq, wk, wv};
-  DT_CHECK(as_rows(tape, x, &x2, &nd, xs));
-  int heads[3] = {H, G, G};
-  for (int j = 0; j < 3; j++) {
-    dt_var_t p, p4;
-    DT_CHECK(ag2(tape, "linear_nobias", x2, ws[j], &p)); /* (B*S, heads*Dh) */
-    const int64_t s4[4] = {B, S, heads[j], Dh};
-    DT_CHECK(ag(tape, "reshape", 1, &p, 4, s4, 0, NULL, &p4));
-    if (j < 2) DT_CHECK(ag(tape, "rotary", 1, &p4, 1, ra, 1, &rope_theta, &qkv[j]));
-    else qkv[j] = p4;
-  }
-  /* attention straight on (B, S, heads, Dh): strided BLAS rows, no transposed copies */
-  dt_var_t o, o3, y;
-  DT_CHECK(ag(tape, "sdpa", 3, qkv, 2, attn_args, 0, NULL, &o));
-  const int64_t s2[2] = {B * S, (int64_t)H * Dh}, s3[3] = {B, S, D};
-  DT_CHECK(ag(tape, "reshape", 1, &o, 2, s2, 0, NULL, &o3));
-  DT_CHECK(ag2(tape, "linear_nobias", o3, wo, &y));
-  return ag(tape, "reshape", 1, &y, 3, s3, 0, NULL, out);
+  dt_var_t qkv[3], ws[3] = {wq, wk, wv}, o;
+  for (int j = 0; j < 3; j++) DT_CHECK(dt_nn_linear(tape, x, ws[j], NULL, &qkv[j]));
+  DT_CHECK(dt_nn_attention_core(tape, qkv[0], qkv[1], qkv[2], H, G, rope_theta, &o));
+  return dt_nn_linear(tape, o, wo, NULL, out);
 }
 
 dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
