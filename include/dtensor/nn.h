@@ -39,6 +39,9 @@ DT_API dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* nam
  * (entries after the match are not read). Pure; needs no mesh. */
 DT_API dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
                                      dt_placement_t* out);
+/* 1 when `pattern` matches the whole of `name`, '*' matching any run of characters (the plans'
+ * rule; time O(len(pattern) * len(name)) at worst); 0 otherwise or for a NULL argument. */
+DT_API int dt_nn_name_match(const char* pattern, const char* name);
 /* x (..., K), weight (O, K) as PyTorch, bias (O) or NULL (a zero-initialized bias is
  * DT_INIT_ZEROS): out (..., O). */
 DT_API dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,

@@ -1,5 +1,6 @@
-/* dtensor/parallel.h - data-parallel wrappers: FSDP / HSDP (sharded parameters, gradients and
- * optimizer state) and DDP (replicated parameters, bucketed gradient all-reduce).
+/* dtensor/parallel.h - parallel wrappers: FSDP / HSDP (sharded parameters, gradients and
+ * optimizer state), DDP (replicated parameters, bucketed gradient all-reduce) and tensor
+ * parallelism (sharded weights, with sequence and loss parallelism; see the TP section below).
  *
  * Both wrap a module (dtensor/module.h) in place through its hooks and are written only against
  * the public API (src/parallel includes nothing else), so a trainer can read exactly what they do.
@@ -45,6 +46,7 @@
 #define DTENSOR_PARALLEL_H
 
 #include "dtensor/module.h"
+#include "dtensor/nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,6 +127,99 @@ DT_API dt_status_t dt_ddp_set_requires_gradient_sync(dt_module_t m, int sync);
  * Either output of dt_ddp_bucket_info may be NULL. */
 DT_API dt_status_t dt_ddp_num_buckets(dt_module_t m, int* n);
 DT_API dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64_t* nbytes);
+
+/* ---- tensor parallelism (dt_parallelize_module) --------------------------------------------
+ * A plan maps module paths to styles, as PyTorch's parallelize_module. A module's path joins the
+ * names from the wrapped module down with '.', as parameter names do ("layers.3.wq"; unnamed
+ * modules add nothing and are not matched); patterns take '*' wildcards (dt_nn_name_match) and
+ * "" names the wrapped module itself. Each module takes the first entry that matches it; every
+ * entry must match at least one module.
+ *
+ * A style does two things to its module, both on the tp mesh dim only (other mesh dims keep
+ * their placements, so TP composes with data-parallel dims):
+ *  - places the module's own parameters (not its children's) on the tp dim:
+ *      COLWISE             weights (out, in) Shard(0), 1-D parameters (bias) Shard(0);
+ *      ROWWISE             weights Shard(1), 1-D parameters Replicate;
+ *      EMBEDDING_ROWWISE   (V, D) tables Shard(0) (vocabulary; lookups give Partial sums);
+ *      EMBEDDING_COLWISE   (V, D) tables Shard(1);
+ *      SEQUENCE_PARALLEL, PREPARE   parameters stay Replicate;
+ *    the sharded dim must be divisible by the tp size;
+ *  - sets layout boundaries: input i (bit i of in_mask) is brought to in[i] before the forward
+ *    and output i (bit i of out_mask) to out[i] after it, each by a recorded redistribution, so
+ *    in the backward pass the gradient there is brought to the same placement (a Partial
+ *    gradient reduced: all-reduce to Replicate, reduce-scatter to Shard). A boundary is
+ *    recorded even when the value already has that placement: that is where the backward
+ *    reduction happens. Placements may use negative shard dims (-1: last). Between boundaries
+ *    dispatch chooses, so results never depend on the plan, only the communication does.
+ * Defaults of the constructors (Megatron-LM): colwise leaves input and output as they are (the
+ * output comes out Shard(-1)), rowwise brings its Partial output to Replicate (one all-reduce;
+ * Shard(1) with sequence parallelism: one reduce-scatter), embedding rowwise likewise,
+ * sequence_parallel brings input and output to Shard(seq_dim). Set in/out and the masks to
+ * change them, e.g. an RMSNorm with .out[0] = Replicate hands the attention a gathered input and
+ * reduces its input gradient once, where the colwise projections' Partial gradients meet.
+ * Since every op takes distributed tensors there is no local-tensor output mode
+ * (PyTorch's use_local_output): leave an output's bit clear to keep what dispatch produced.
+ *
+ * Loss parallelism needs no style: leave the output projection colwise without an output
+ * boundary and its class-sharded logits go straight into the cross-entropy (dt_ag_cross_entropy,
+ * or dt_ag_op "cross_entropy" with any reduction), which never gathers them.
+ *
+ * Wrap before FSDP/DDP (those then shard or replicate over the other mesh dims). */
+typedef enum dt_tp_kind {
+  DT_TP_COLWISE = 1,
+  DT_TP_ROWWISE = 2,
+  DT_TP_EMBEDDING_ROWWISE = 3,
+  DT_TP_EMBEDDING_COLWISE = 4,
+  DT_TP_SEQUENCE_PARALLEL = 5,
+  DT_TP_PREPARE = 6
+} dt_tp_kind_t;
+
+#define DT_TP_IO_MAX 4
+
+typedef struct dt_tp_style {
+  dt_tp_kind_t kind;
+  unsigned in_mask, out_mask; /* bit i: in[i] / out[i] applies */
+  dt_placement_t in[DT_TP_IO_MAX];
+  dt_placement_t out[DT_TP_IO_MAX];
+} dt_tp_style_t;
+
+/* The styles with their defaults (above). */
+DT_API dt_tp_style_t dt_tp_colwise(void);
+DT_API dt_tp_style_t dt_tp_rowwise(void);
+DT_API dt_tp_style_t dt_tp_embedding_rowwise(void);
+DT_API dt_tp_style_t dt_tp_embedding_colwise(void);
+DT_API dt_tp_style_t dt_tp_sequence_parallel(int seq_dim);
+/* Layouts only: nothing set (set in/out and the masks). */
+DT_API dt_tp_style_t dt_tp_prepare(void);
+
+typedef struct dt_tp_plan_entry {
+  const char* pattern;
+  dt_tp_style_t style;
+} dt_tp_plan_entry_t;
+
+/* Applies `plan` to m's modules over mesh dim `tp_dim` (collective over the mesh). Every
+ * parameter of a styled module must live on `mesh` and be Replicate on the tp dim. Errors leave
+ * m as it was: DT_ERR_INVALID_ARG for a NULL or abstract mesh, a dim outside it, a pattern that
+ * matches no module, an unknown kind, a mask bit beyond DT_TP_IO_MAX, a layout that is neither
+ * Replicate nor Shard (boundaries reduce; Partial is what they reduce), a parameter on another mesh, not
+ * Replicate on the tp dim, of a rank the style cannot shard (colwise and rowwise: 1-D or 2-D;
+ * embeddings: 2-D) or whose sharded dim the tp size does not divide, a parameter style on a
+ * module without parameters of its own; DT_ERR_INVALID_USAGE for a module already
+ * parallelized or wrapped by FSDP or DDP. */
+DT_API dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
+                                         const dt_tp_plan_entry_t* plan);
+
+/* The plan for the Llama model of dtensor/nn.h (Megatron-LM): wq, wk, wv, w1, w3 colwise; wo
+ * and w2 rowwise; the embedding rowwise (vocabulary sharded); attn_norm and ffn_norm output
+ * Replicate (the one place the attention's and the MLP's input gradients are reduced); the
+ * output projection colwise, its logits gathered (Replicate) unless loss_parallel. With
+ * sequence_parallel the residual stream stays Shard(1) (sequence) between blocks: norms run on
+ * sequence shards and hand the attention and MLP an all-gathered input, wo, w2 and the
+ * embedding reduce-scatter. A MoE model (cfg->n_experts > 0) gets no MLP entries: its router and
+ * experts are left to expert parallelism. Writes up to `cap` entries (16 suffice) and their
+ * count. */
+DT_API dt_status_t dt_tp_plan_llama(const dt_llama_config_t* cfg, int sequence_parallel,
+                                    int loss_parallel, dt_tp_plan_entry_t* out, int cap, int* n);
 
 #ifdef __cplusplus
 }

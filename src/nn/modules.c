@@ -13,7 +13,8 @@
 /* '*' matches any run of characters. Two pointers with backtracking to the last star: when a
  * later star is reached, the earlier ones never need to move again, so the match takes
  * O(len(p) * len(s)) steps at worst (the recursive form was exponential in the number of stars). */
-static int dt__glob(const char* p, const char* s) {
+int dt_nn_name_match(const char* p, const char* s) {
+  if (p == NULL || s == NULL) return 0;
   const char* star = NULL; /* the last '*' seen in p */
   const char* resume = s;  /* where in s that star's match ends so far */
   while (*s) {
@@ -61,7 +62,7 @@ dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
     char* pat = entry;
     while (*pat == ' ') pat++;
     for (char* e = eq; e > pat && e[-1] == ' ';) *--e = '\0';
-    if (!dt__glob(pat, name)) continue;
+    if (!dt_nn_name_match(pat, name)) continue;
     dt_placement_t pl[DT_MAX_MESH_DIMS];
     int n;
     dt_status_t st = dt_placements_parse(eq + 1, pl, mesh_ndim, &n);

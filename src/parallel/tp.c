@@ -1,0 +1,472 @@
+/* tp.c - tensor parallelism (dt_parallelize_module): a plan of module-path patterns and styles
+ * places parameters on the tp mesh dim and sets layout boundaries (recorded redistributions) on
+ * the modules' inputs and outputs through forward hooks. Public API only.
+ *
+ * Wrapping validates the whole plan first (every pattern matches a module, every parameter fits
+ * its style), then makes the new sharded parameters (a local slice of the replicated ones: no
+ * communication), attaches each styled module's state and hooks, and only then swaps the
+ * parameters in, so an error leaves the module as it was.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtensor/check.h"
+#include "dtensor/parallel.h"
+
+#define TP_KEY "tp"
+#define TP_PATH_MAX 256
+
+/* What a styled module keeps (its "tp" attachment, also the hooks' context). */
+typedef struct {
+  dt_tp_style_t style;
+  int tp_dim;
+} tp_module_t;
+
+/* One module the plan styles. */
+typedef struct {
+  dt_module_t m;
+  int entry;
+} tp_target_t;
+
+/* One parameter to place. */
+typedef struct {
+  dt_module_t owner; /* the styled module */
+  char name[TP_PATH_MAX]; /* relative to owner */
+  dt_var_t old, made;
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
+} tp_param_t;
+
+typedef struct {
+  const dt_tp_plan_entry_t* plan;
+  int n_plan;
+  int* hits;
+  tp_target_t* t;
+  int n, cap;
+  dt_status_t st;
+} tp_walk_t;
+
+dt_tp_style_t dt_tp_colwise(void) {
+  dt_tp_style_t s;
+  memset(&s, 0, sizeof s);
+  s.kind = DT_TP_COLWISE;
+  return s;
+}
+
+dt_tp_style_t dt_tp_rowwise(void) {
+  dt_tp_style_t s;
+  memset(&s, 0, sizeof s);
+  s.kind = DT_TP_ROWWISE;
+  s.out_mask = 1;
+  s.out[0] = dt_replicate();
+  return s;
+}
+
+dt_tp_style_t dt_tp_embedding_rowwise(void) {
+  dt_tp_style_t s = dt_tp_rowwise();
+  s.kind = DT_TP_EMBEDDING_ROWWISE;
+  return s;
+}
+
+dt_tp_style_t dt_tp_embedding_colwise(void) {
+  dt_tp_style_t s = dt_tp_colwise();
+  s.kind = DT_TP_EMBEDDING_COLWISE;
+  return s;
+}
+
+dt_tp_style_t dt_tp_sequence_parallel(int seq_dim) {
+  dt_tp_style_t s;
+  memset(&s, 0, sizeof s);
+  s.kind = DT_TP_SEQUENCE_PARALLEL;
+  s.in_mask = s.out_mask = 1;
+  s.in[0] = s.out[0] = dt_shard(seq_dim);
+  return s;
+}
+
+dt_tp_style_t dt_tp_prepare(void) {
+  dt_tp_style_t s;
+  memset(&s, 0, sizeof s);
+  s.kind = DT_TP_PREPARE;
+  return s;
+}
+
+/* ---- hooks ---------------------------------------------------------------------------------- */
+
+/* Brings vars[i] (bit i of mask) to want[i] on the tp dim by a recorded redistribution. */
+static dt_status_t tp_boundary(const tp_module_t* t, dt_module_t m, dt_tape_t tape, int n,
+                               dt_var_t* vars, unsigned mask, const dt_placement_t* want,
+                               const char* what) {
+  for (int i = 0; i < n && i < DT_TP_IO_MAX; i++) {
+    if (!((mask >> i) & 1u) || vars[i] == NULL) continue;
+    dt_tensor_t v = dt_var_value(vars[i]);
+    if (v == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "tp: %s %d of '%s' has no value", what, i,
+                                  dt_module_name(m));
+    int nd, mnd;
+    dt_mesh_t mesh;
+    dt_placement_t pl[DT_MAX_MESH_DIMS], w = want[i];
+    DT_CHECK(dt_tensor_ndim(v, &nd));
+    DT_CHECK(dt_tensor_mesh(v, &mesh));
+    DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+    if (t->tp_dim >= mnd)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "tp: %s %d of '%s' lives on a mesh of %d dims, the tp "
+                     "dim is %d", what, i, dt_module_name(m), mnd, t->tp_dim);
+    if (dt_placement_normalize(&w, nd) != DT_SUCCESS)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "tp: %s %d of '%s' has %d dims: its layout Shard(%d) "
+                     "does not fit", what, i, dt_module_name(m), nd, want[i].dim);
+    DT_CHECK(dt_tensor_placements(v, pl));
+    pl[t->tp_dim] = w;
+    DT_CHECK(dt_ag_redistribute(tape, vars[i], pl, &vars[i]));
+  }
+  return DT_SUCCESS;
+}
+
+static dt_status_t tp_pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars,
+                                  void* ctx) {
+  const tp_module_t* t = ctx;
+  return tp_boundary(t, m, tape, n, vars, t->style.in_mask, t->style.in, "input");
+}
+
+static dt_status_t tp_post_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars,
+                                   void* ctx) {
+  const tp_module_t* t = ctx;
+  return tp_boundary(t, m, tape, n, vars, t->style.out_mask, t->style.out, "output");
+}
+
+static void tp_free(dt_module_t m, void* data) {
+  (void)m;
+  free(data);
+}
+
+/* ---- the plan ------------------------------------------------------------------------------- */
+
+static int tp_has_params(dt_tp_kind_t k) {
+  return k == DT_TP_COLWISE || k == DT_TP_ROWWISE || k == DT_TP_EMBEDDING_ROWWISE ||
+         k == DT_TP_EMBEDDING_COLWISE;
+}
+
+static const char* tp_kind_name(dt_tp_kind_t k) {
+  switch (k) {
+    case DT_TP_COLWISE: return "colwise";
+    case DT_TP_ROWWISE: return "rowwise";
+    case DT_TP_EMBEDDING_ROWWISE: return "embedding rowwise";
+    case DT_TP_EMBEDDING_COLWISE: return "embedding colwise";
+    case DT_TP_SEQUENCE_PARALLEL: return "sequence parallel";
+    case DT_TP_PREPARE: return "prepare";
+  }
+  return "?";
+}
+
+static dt_status_t tp_check_style(int e, const dt_tp_style_t* s) {
+  if (s->kind < DT_TP_COLWISE || s->kind > DT_TP_PREPARE)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: unknown style kind %d",
+                   e, (int)s->kind);
+  unsigned all = (1u << DT_TP_IO_MAX) - 1u;
+  if ((s->in_mask & ~all) || (s->out_mask & ~all))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: layout masks have "
+                   "bits beyond the %d inputs and outputs a style can set", e, DT_TP_IO_MAX);
+  for (int io = 0; io < 2; io++) {
+    unsigned mask = io ? s->out_mask : s->in_mask;
+    const dt_placement_t* p = io ? s->out : s->in;
+    for (int i = 0; i < DT_TP_IO_MAX; i++) {
+      if (!((mask >> i) & 1u)) continue;
+      if (p[i].kind != DT_REPLICATE && p[i].kind != DT_SHARD)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: %s %d must be "
+                       "Replicate or Shard (a boundary reduces; Partial is what it reduces)", e,
+                       io ? "output" : "input", i);
+      if (p[i].kind == DT_SHARD && (p[i].dim >= DT_MAX_DIMS || p[i].dim < -DT_MAX_DIMS))
+        return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: %s %d: Shard(%d) "
+                       "is outside any tensor", e, io ? "output" : "input", i, p[i].dim);
+    }
+  }
+  return DT_SUCCESS;
+}
+
+/* Visits m and its descendants; named ones (and the root, as "") are matched against the plan. */
+static void tp_walk(tp_walk_t* w, dt_module_t m, const char* path, int root) {
+  if (w->st != DT_SUCCESS) return;
+  const char* name = dt_module_name(m);
+  char here[TP_PATH_MAX];
+  if (root) {
+    here[0] = '\0';
+  } else if (name[0] == '\0') {
+    snprintf(here, sizeof here, "%s", path);
+  } else {
+    int len = snprintf(here, sizeof here, "%s%s%s", path, path[0] ? "." : "", name);
+    if (len < 0 || (size_t)len >= sizeof here) {
+      w->st = DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: module path '%s.%s' is longer "
+                      "than %d characters", path, name, TP_PATH_MAX - 1);
+      return;
+    }
+  }
+  if (root || name[0] != '\0') {
+    for (int e = 0; e < w->n_plan; e++) {
+      if (!dt_nn_name_match(w->plan[e].pattern, here)) continue;
+      w->hits[e]++;
+      if (w->n == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 32;
+        tp_target_t* t = realloc(w->t, sizeof *t * (size_t)cap);
+        if (t == NULL) {
+          w->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: target list");
+          return;
+        }
+        w->t = t;
+        w->cap = cap;
+      }
+      w->t[w->n].m = m;
+      w->t[w->n].entry = e;
+      w->n++;
+      break;
+    }
+  }
+  int nc = 0;
+  w->st = dt_module_num_children(m, &nc);
+  for (int i = 0; i < nc && w->st == DT_SUCCESS; i++) {
+    dt_module_t c;
+    w->st = dt_module_child(m, i, &c);
+    if (w->st == DT_SUCCESS) tp_walk(w, c, here, 0);
+  }
+}
+
+/* The placement a parameter of `ndim` dims takes on the tp dim under style kind k, or an error. */
+static dt_status_t tp_param_placement(dt_tp_kind_t k, const char* mod, const char* pname,
+                                      int ndim, const int64_t* shape, int tp_size,
+                                      dt_placement_t* out) {
+  int dim = -1;
+  switch (k) {
+    case DT_TP_COLWISE: dim = 0; break;
+    case DT_TP_ROWWISE: dim = ndim == 2 ? 1 : -1; break;
+    case DT_TP_EMBEDDING_ROWWISE: dim = 0; break;
+    case DT_TP_EMBEDDING_COLWISE: dim = 1; break;
+    default: break;
+  }
+  int embedding = k == DT_TP_EMBEDDING_ROWWISE || k == DT_TP_EMBEDDING_COLWISE;
+  if ((embedding && ndim != 2) || (!embedding && ndim != 1 && ndim != 2))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %s on '%s': parameter '%s' has %d "
+                   "dims (%s)", tp_kind_name(k), mod, pname, ndim,
+                   embedding ? "an embedding table is (V, D)" : "weights are (out, in), biases 1-D");
+  if (dim < 0) {
+    *out = dt_replicate();
+    return DT_SUCCESS;
+  }
+  if (shape[dim] % tp_size != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %s on '%s': dim %d of parameter '%s' "
+                   "(size %lld) is not divisible by the tp size %d", tp_kind_name(k), mod, dim,
+                   pname, (long long)shape[dim], tp_size);
+  *out = dt_shard(dim);
+  return DT_SUCCESS;
+}
+
+/* The wrapper that owns m or a module below it ("fsdp", "ddp", "tp"), or NULL. */
+static const char* tp_wrapped_below(dt_module_t m) {
+  static const char* const keys[3] = {"fsdp", "ddp", TP_KEY};
+  for (int k = 0; k < 3; k++)
+    if (dt_module_attachment(m, keys[k])) return keys[k];
+  int nc = 0;
+  if (dt_module_num_children(m, &nc) != DT_SUCCESS) return NULL;
+  for (int i = 0; i < nc; i++) {
+    dt_module_t c;
+    const char* w;
+    if (dt_module_child(m, i, &c) == DT_SUCCESS && (w = tp_wrapped_below(c)) != NULL) return w;
+  }
+  return NULL;
+}
+
+/* Checks every parameter below target t and appends it to *ps with its new placements. */
+static dt_status_t tp_collect(dt_module_t t, const dt_tp_style_t* s, dt_mesh_t mesh, int tp_dim,
+                              int tp_size, tp_param_t** ps, int* n, int* cap) {
+  int np = 0;
+  DT_CHECK(dt_module_num_params(t, &np));
+  const char* mod = dt_module_name(t);
+  if (np == 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %s on module '%s', which has no "
+                   "parameters (use a prepare or sequence-parallel style for layouts only)",
+                   tp_kind_name(s->kind), mod);
+  for (int i = 0; i < np; i++) {
+    if (*n == *cap) {
+      int c = *cap ? 2 * *cap : 32;
+      tp_param_t* q = realloc(*ps, sizeof *q * (size_t)c);
+      if (q == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: parameter list");
+      *ps = q;
+      *cap = c;
+    }
+    tp_param_t* q = &(*ps)[*n];
+    memset(q, 0, sizeof *q);
+    q->owner = t;
+    DT_CHECK(dt_module_param_at(t, i, q->name, sizeof q->name, &q->old));
+    for (int j = 0; j < *n; j++)
+      if ((*ps)[j].old == q->old)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: parameter '%s' of '%s' is styled "
+                       "twice (by '%s' and by a module above or below it)", q->name, mod,
+                       dt_module_name((*ps)[j].owner));
+    dt_tensor_t v = dt_var_value(q->old);
+    dt_mesh_t pm;
+    int nd;
+    int64_t shape[DT_MAX_DIMS];
+    DT_CHECK(dt_tensor_mesh(v, &pm));
+    if (pm != mesh)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: parameter '%s' of '%s' lives on "
+                     "another mesh", q->name, mod);
+    DT_CHECK(dt_tensor_ndim(v, &nd));
+    DT_CHECK(dt_tensor_shape(v, shape));
+    DT_CHECK(dt_tensor_placements(v, q->pl));
+    if (q->pl[tp_dim].kind != DT_REPLICATE)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: parameter '%s' of '%s' is not "
+                     "Replicate on the tp dim %d", q->name, mod, tp_dim);
+    const char* pname = q->name[0] ? q->name : "(its weight)";
+    DT_CHECK(tp_param_placement(s->kind, mod, pname, nd, shape, tp_size, &q->pl[tp_dim]));
+    (*n)++;
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
+                                  const dt_tp_plan_entry_t* plan) {
+  DT_ARG_NOT_NULL(m);
+  DT_ARG_NOT_NULL(mesh);
+  if (n < 0 || (n > 0 && plan == NULL))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %d plan entries at %p", n,
+                   (const void*)plan);
+  if (dt_module_name(m) == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: not a live module");
+  int nd, abstract, tp_size;
+  DT_CHECK(dt_mesh_ndim(mesh, &nd));
+  DT_CHECK(dt_mesh_is_abstract(mesh, &abstract));
+  if (abstract)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: an abstract mesh has no ranks");
+  if (tp_dim < 0 || tp_dim >= nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: tp dim %d outside a mesh of %d dims",
+                   tp_dim, nd);
+  DT_CHECK(dt_mesh_size(mesh, tp_dim, &tp_size));
+  for (int e = 0; e < n; e++) {
+    if (plan[e].pattern == NULL)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d has no pattern", e);
+    DT_CHECK(tp_check_style(e, &plan[e].style));
+  }
+  for (dt_module_t a = m; a != NULL; a = dt_module_parent(a))
+    if (dt_module_attachment(a, "fsdp") || dt_module_attachment(a, "ddp"))
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "parallelize_module: '%s' is inside a module wrapped "
+                     "by %s; apply tensor parallelism first", dt_module_name(m),
+                     dt_module_attachment(a, "fsdp") ? "FSDP" : "DDP");
+  const char* w = tp_wrapped_below(m);
+  if (w != NULL)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "parallelize_module: '%s' or a module below it is "
+                   "already wrapped (%s)", dt_module_name(m), w);
+
+  tp_walk_t walk = {plan, n, NULL, NULL, 0, 0, DT_SUCCESS};
+  tp_param_t* ps = NULL;
+  tp_module_t** made = NULL;
+  int nps = 0, cap_ps = 0, n_made = 0;
+  dt_status_t st = DT_SUCCESS;
+  walk.hits = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
+  if (walk.hits == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: plan hits");
+  tp_walk(&walk, m, "", 1);
+  st = walk.st;
+  for (int e = 0; e < n && st == DT_SUCCESS; e++)
+    if (walk.hits[e] == 0)
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d ('%s', %s) names no "
+                   "module", e, plan[e].pattern, tp_kind_name(plan[e].style.kind));
+  /* validate every parameter before changing anything */
+  for (int i = 0; i < walk.n && st == DT_SUCCESS; i++) {
+    const dt_tp_style_t* s = &plan[walk.t[i].entry].style;
+    if (tp_has_params(s->kind))
+      st = tp_collect(walk.t[i].m, s, mesh, tp_dim, tp_size, &ps, &nps, &cap_ps);
+  }
+  /* the sharded parameters: local slices of the replicated ones */
+  for (int i = 0; i < nps && st == DT_SUCCESS; i++) {
+    dt_tensor_t t = NULL;
+    int rg = 1;
+    st = dt_var_requires_grad(ps[i].old, &rg);
+    if (st == DT_SUCCESS) st = dt_tensor_redistribute(dt_var_value(ps[i].old), ps[i].pl, &t);
+    if (st == DT_SUCCESS) {
+      st = dt_var_leaf(t, rg, &ps[i].made);
+      if (st != DT_SUCCESS) dt_tensor_destroy(t);
+    }
+  }
+  /* state and hooks of every styled module */
+  if (st == DT_SUCCESS && walk.n > 0) {
+    made = calloc((size_t)walk.n, sizeof *made);
+    if (made == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: module state");
+  }
+  for (int i = 0; i < walk.n && st == DT_SUCCESS; i++) {
+    tp_module_t* t = calloc(1, sizeof *t);
+    if (t == NULL) {
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: module state");
+      break;
+    }
+    t->style = plan[walk.t[i].entry].style;
+    t->tp_dim = tp_dim;
+    dt_module_t tm = walk.t[i].m;
+    st = dt_module_attach(tm, TP_KEY, t, tp_free);
+    if (st != DT_SUCCESS) {
+      free(t);
+      break;
+    }
+    made[n_made++] = t;
+    if (st == DT_SUCCESS && t->style.in_mask)
+      st = dt_module_add_forward_pre_hook(tm, tp_pre_forward, t);
+    if (st == DT_SUCCESS && t->style.out_mask)
+      st = dt_module_add_forward_post_hook(tm, tp_post_forward, t);
+  }
+  if (st != DT_SUCCESS) {
+    for (int i = 0; i < n_made; i++) {
+      dt_module_remove_hooks(walk.t[i].m, made[i]);
+      dt_module_detach(walk.t[i].m, TP_KEY);
+      free(made[i]);
+    }
+    for (int i = 0; i < nps; i++) dt_var_destroy(ps[i].made);
+  } else {
+    /* commit: the modules take the sharded parameters (the replicated ones are destroyed) */
+    for (int i = 0; i < nps; i++) {
+      dt_status_t s2 = dt_module_set_param(ps[i].owner, ps[i].name, ps[i].made);
+      if (s2 != DT_SUCCESS && st == DT_SUCCESS) st = s2;
+    }
+  }
+  free(made);
+  free(ps);
+  free(walk.t);
+  free(walk.hits);
+  return st;
+}
+
+/* ---- the Llama plan ------------------------------------------------------------------------- */
+
+dt_status_t dt_tp_plan_llama(const dt_llama_config_t* cfg, int sequence_parallel,
+                             int loss_parallel, dt_tp_plan_entry_t* out, int cap, int* n) {
+  DT_ARG_NOT_NULL(cfg);
+  DT_ARG_NOT_NULL(out);
+  DT_ARG_NOT_NULL(n);
+  *n = 0;
+  dt_tp_plan_entry_t e[16];
+  int k = 0;
+  /* the stream between blocks: replicated, or sequence shards */
+  dt_tp_style_t norm = sequence_parallel ? dt_tp_sequence_parallel(1) : dt_tp_prepare();
+  norm.out_mask = 1;
+  norm.out[0] = dt_replicate(); /* the gathered input of the attention / MLP / output */
+  dt_tp_style_t row = dt_tp_rowwise(), emb = dt_tp_embedding_rowwise();
+  if (sequence_parallel) row.out[0] = emb.out[0] = dt_shard(1);
+  dt_tp_style_t out_proj = dt_tp_colwise();
+  if (!loss_parallel) {
+    out_proj.out_mask = 1;
+    out_proj.out[0] = dt_replicate();
+  }
+  e[k++] = (dt_tp_plan_entry_t){"tok_emb", emb};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.attn_norm", norm};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.wq", dt_tp_colwise()};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.wk", dt_tp_colwise()};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.wv", dt_tp_colwise()};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.wo", row};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.ffn_norm", norm};
+  if (cfg->n_experts == 0) {
+    e[k++] = (dt_tp_plan_entry_t){"layers.*.w1", dt_tp_colwise()};
+    e[k++] = (dt_tp_plan_entry_t){"layers.*.w3", dt_tp_colwise()};
+    e[k++] = (dt_tp_plan_entry_t){"layers.*.w2", row};
+  }
+  e[k++] = (dt_tp_plan_entry_t){"norm", norm};
+  e[k++] = (dt_tp_plan_entry_t){"output", out_proj};
+  if (cap < k)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tp_plan_llama: the plan has %d entries, room for %d", k,
+                   cap);
+  memcpy(out, e, sizeof(dt_tp_plan_entry_t) * (size_t)k);
+  *n = k;
+  return DT_SUCCESS;
+}
