@@ -6,7 +6,7 @@
  *       [--warmup N] [--clip X] [--seed N] [--plan "pattern=placements;..."]
  *       [--metrics FILE.jsonl] [--plot FILE.png] [--bf16-moments] [--checkpoint]
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
- *       [--prefetch 0|1] [--bucket-mb X]
+ *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
  *
  * --parallel picks how the ranks share the work (default none):
  *   none  tensor parallelism by --plan (below) on the mesh; tokens replicated;
@@ -24,6 +24,15 @@
  * mesh dim (--batch must be at least the rank count; an uneven batch follows the chunk rule).
  * The optimizer and gradient clipping work on the parameters the wrapper leaves (sharded ones
  * for fsdp/hsdp).
+ *
+ * The parallel config --dp D --tp T --ep E (and the JSON keys dp, tp, ep, sp, loss_parallel), in
+ * place of --parallel, --mesh and --plan: D x T x E must be the world size. The mesh is (tp, dp)
+ * of T x D E ranks, a tp group on adjacent ranks; the model is built replicated, then tensor
+ * parallel over tp (dt_tp_plan_llama: Megatron-LM; --sp keeps the residual stream sequence
+ * sharded, --loss-parallel feeds class-sharded logits to the loss), then FSDP over dp (as
+ * --parallel fsdp: --reshard-after-forward, --param-dtype, --prefetch apply). Tokens are
+ * sharded over dp, replicated over tp. --tp must divide the heads, kv heads, vocabulary, MLP
+ * width (and --seq with --sp).
  *
  * --checkpoint turns on selective activation checkpointing (matmul outputs saved, pointwise ops and
  * views recomputed); the first step reports the activation memory it saved.
@@ -108,6 +117,27 @@ static double measure_peak(void) {
   free(b);
   free(c);
   return best;
+}
+
+/* FSDP for the parallel config: over the dp dim (1) of the (tp, dp) mesh, one group per block
+ * and the root, the loss in f32. */
+static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh,
+                                const train_opts_t* o) {
+  dt_fsdp_config_t fc = dt_fsdp_config_default(1);
+  fc.shard_dim = 1;
+  fc.reshard_after_forward = o->reshard_after_forward;
+  fc.param_dtype = !strcmp(o->param_dtype, "bf16") ? DT_BF16 : DT_F32;
+  fc.prefetch_forward = fc.prefetch_backward = o->prefetch;
+  for (int l = 0; l < layers; l++) {
+    char path[32];
+    dt_module_t blk;
+    snprintf(path, sizeof path, "layers.%d", l);
+    dt_status_t st = dt_module_find(root, path, &blk);
+    if (st == DT_SUCCESS) st = dt_fully_shard(blk, mesh, &fc);
+    if (st != DT_SUCCESS) return st;
+  }
+  fc.output_dtype = DT_F32;
+  return dt_fully_shard(root, mesh, &fc);
 }
 
 /* Copies s into a gnuplot double-quoted string without the characters that would end or escape
@@ -217,9 +247,12 @@ int main(int argc, char** argv) {
         i++;
         continue;
       }
-      if (!strcmp(key, "bf16_moments") || !strcmp(key, "checkpoint")) {
+      if (!strcmp(key, "bf16_moments") || !strcmp(key, "checkpoint") || !strcmp(key, "sp") ||
+          !strcmp(key, "loss_parallel")) {
         if (key[0] == 'b') o.bf16_moments = 1;
-        else o.checkpoint = 1;
+        else if (key[0] == 'c') o.checkpoint = 1;
+        else if (key[0] == 's') o.sp = 1;
+        else o.loss_parallel = 1;
         continue;
       }
       if (i + 1 < argc && train_opts_set(&o, key, argv[i + 1], err, sizeof err)) {
@@ -240,9 +273,36 @@ int main(int argc, char** argv) {
     dt_finalize();
     return 2;
   }
+  /* the parallel config (--dp, --tp, --ep): a (tp, dp) mesh */
+  const int pconf = o.dp > 0 || o.tp > 0 || o.ep > 0;
+  const int D = o.dp > 0 ? o.dp : 1, T = o.tp > 0 ? o.tp : 1, E = o.ep > 0 ? o.ep : 1;
+  if (pconf) {
+    if (strcmp(o.parallel, "none") != 0 || o.mesh[0] || strcmp(o.plan, DEFAULT_PLAN) != 0)
+      return usage_error("--dp/--tp/--ep build their own mesh and plan: drop --parallel %s, "
+                         "--mesh and --plan", o.parallel);
+    if ((long long)D * T * E != world)
+      return usage_error("--dp %d x --tp %d x --ep %d = %lld ranks, the world has %d", D, T, E,
+                         (long long)D * T * E, world);
+    if (E > 1)
+      return usage_error("--ep: expert parallelism is not available yet");
+    int kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
+    if (T > 1 && (o.heads % T || kv % T || (o.sp && o.seq % T)))
+      return usage_error("--tp %d must divide the heads (%d), the kv heads (%d)%s", T, o.heads,
+                         kv, o.sp ? " and --seq (sequence parallel)" : "");
+    if (D * E > 1 && o.batch < D * E)
+      return usage_error("the batch is sharded over %d data ranks: --batch %d is smaller", D * E,
+                         o.batch);
+  } else if (o.sp || o.loss_parallel) {
+    return usage_error("--sp and --loss-parallel go with --tp");
+  }
+  if (pconf) {
+    mnd = 2;
+    mshape[0] = T;
+    mshape[1] = D * E;
+  }
   /* data-parallel modes: how --parallel combines with --mesh, --plan and --batch */
   const int ddp = !strcmp(o.parallel, "ddp"), fsdp = !strcmp(o.parallel, "fsdp"),
-            hsdp = !strcmp(o.parallel, "hsdp"), data_par = ddp || fsdp || hsdp;
+            hsdp = !strcmp(o.parallel, "hsdp"), data_par = ddp || fsdp || hsdp || pconf;
   if ((ddp || fsdp) && mnd != 1)
     return usage_error("--parallel %s runs on a 1-D mesh over all ranks, got --mesh %s (drop "
                        "--mesh, or use --parallel hsdp for a 2-D mesh)",
@@ -263,7 +323,17 @@ int main(int argc, char** argv) {
     return usage_error("--reshard-after-forward %d must divide the shard dim's %d ranks",
                        o.reshard_after_forward, mshape[mnd - 1]);
   dt_mesh_t mesh;
-  CHECK(dt_mesh_create(mnd, mshape, NULL, NULL, &mesh));
+  if (pconf) { /* mesh coordinates (t, d) on world rank d T + t: a tp group is adjacent ranks */
+    int* ranks = malloc(sizeof(int) * (size_t)world);
+    if (ranks == NULL) return usage_error("no memory for the mesh");
+    for (int t = 0; t < T; t++)
+      for (int d = 0; d < D * E; d++) ranks[t * D * E + d] = d * T + t;
+    const char* names[2] = {"tp", "dp"};
+    CHECK(dt_mesh_create(2, mshape, names, ranks, &mesh));
+    free(ranks);
+  } else {
+    CHECK(dt_mesh_create(mnd, mshape, NULL, NULL, &mesh));
+  }
   /* data */
   dt_corpus_t corpus;
   if (!strcmp(o.data, "markov")) CHECK(dt_corpus_markov(o.vocab, o.order, 1 << 20, 7, &corpus));
@@ -279,14 +349,32 @@ int main(int argc, char** argv) {
   cfg.n_experts = !strcmp(o.model, "moe") ? o.experts : 0;
   cfg.top_k = o.top_k;
   cfg.seed = (uint64_t)o.seed;
+  dt_llama_config_defaults(&cfg);
   dt_llama_t model;
   CHECK(dt_llama_create(mesh, &cfg, data_par ? "*=R" : o.plan, &model));
   /* wrap for data parallelism: FSDP/HSDP one group per block, then the root (the embedding, the
    * final norm and the output projection); DDP the whole model */
   dt_module_t root;
   CHECK(dt_llama_module(model, &root));
-  char par_desc[160];
-  if (fsdp || hsdp) {
+  char par_desc[160], mesh_desc[64];
+  if (pconf) snprintf(mesh_desc, sizeof mesh_desc, "(tp, dp) %dx%d", T, D * E);
+  else snprintf(mesh_desc, sizeof mesh_desc, "%s", o.mesh[0] ? o.mesh : "1-D");
+  if (pconf && T > 1) {
+    if (cfg.vocab % T || cfg.ffn_dim % T)
+      return usage_error("--tp %d must divide the vocabulary (%d) and the MLP width (%d)", T,
+                         cfg.vocab, cfg.ffn_dim);
+    dt_tp_plan_entry_t plan[16];
+    int n;
+    CHECK(dt_tp_plan_llama(&cfg, o.sp, o.loss_parallel, plan, 16, &n));
+    CHECK(dt_parallelize_module(root, mesh, 0, n, plan));
+  }
+  if (pconf) {
+    snprintf(par_desc, sizeof par_desc, "dp %d x tp %d x ep %d%s%s", D, T, E,
+             o.sp ? ", sequence parallel" : "", o.loss_parallel ? ", loss parallel" : "");
+  }
+  if (pconf) {
+    if (D * E > 1) CHECK(shard_blocks(root, o.layers, mesh, &o));
+  } else if (fsdp || hsdp) {
     dt_fsdp_config_t fc = dt_fsdp_config_default(mnd);
     fc.reshard_after_forward = o.reshard_after_forward;
     fc.param_dtype = !strcmp(o.param_dtype, "bf16") ? DT_BF16 : DT_F32;
@@ -339,7 +427,7 @@ int main(int argc, char** argv) {
     printf("# dtensor train: %s model, %lld parameters, mesh %s over %d ranks, parallel %s, "
            "batch %dx%d, vocab %d, %d steps\n# plan: %s\n"
            "# peak sgemm %.1f GFLOP/s per rank (%.1f total)\n",
-           o.model, (long long)nparam, o.mesh[0] ? o.mesh : "1-D", world, par_desc, o.batch,
+           o.model, (long long)nparam, mesh_desc, world, par_desc, o.batch,
            o.seq, cfg.vocab, o.steps,
            data_par ? "*=R (every parameter replicated, then wrapped)" : o.plan, peak,
            peak_total);
@@ -353,6 +441,7 @@ int main(int argc, char** argv) {
   dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
   dt_placement_t tok_pl[4]; /* data parallel: the batch dim sharded over every mesh dim */
   for (int d = 0; d < 4; d++) tok_pl[d] = data_par ? dt_shard(0) : dt_replicate();
+  if (pconf) tok_pl[0] = dt_replicate(); /* tokens replicated over tp, sharded over dp */
   float* hist = NULL; /* the loss of every step, for the plot */
   if (g_rank == 0 && o.plot[0] && o.steps > 0) {
     hist = malloc(sizeof(float) * (size_t)o.steps);

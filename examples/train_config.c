@@ -85,7 +85,9 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
       INT_OPT(kv_heads, 0, 1 << 16), INT_OPT(experts, 1, 1 << 16),  INT_OPT(top_k, 1, 1 << 16),
       INT_OPT(vocab, 2, 1 << 20),   INT_OPT(order, 1, 64),          INT_OPT(warmup, 0, 1 << 30),
       INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),     INT_OPT(prefetch, 0, 1),
-      INT_OPT(reshard_after_forward, 0, 1 << 20),
+      INT_OPT(reshard_after_forward, 0, 1 << 20), INT_OPT(dp, 1, 1 << 16),
+      INT_OPT(tp, 1, 1 << 16),      INT_OPT(ep, 1, 1 << 16),        INT_OPT(sp, 0, 1),
+      INT_OPT(loss_parallel, 0, 1),
 #undef INT_OPT
   };
   static const struct {

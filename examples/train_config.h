@@ -16,6 +16,9 @@ typedef struct train_opts {
   int prefetch;              /* FSDP/HSDP: prefetch the next group, forward and backward */
   double lr, clip;
   double bucket_mb; /* DDP: gradient bytes per all-reduce bucket, in MiB (> 0) */
+  int dp, tp, ep;   /* parallel config: FSDP, tensor and expert parallel degrees (0: unset) */
+  int sp;           /* tensor parallel: sequence parallelism */
+  int loss_parallel; /* tensor parallel: class-sharded logits into the loss */
   long long seed;
 } train_opts_t;
 
