@@ -72,10 +72,15 @@ typedef struct dt_fsdp_config {
 DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
 
 /* Makes the parameters of `m` not yet in an FSDP group one group (see above). Every parameter
- * must live on `mesh`, be floating point and Replicate on every mesh dim. Errors leave the module
- * as it was: DT_ERR_INVALID_ARG for a dim outside the mesh, shard == replicate dim, a parameter on
- * another mesh or not replicated, a reshard k that does not divide the shard dim, an integer
- * dtype; DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or with no parameter
+ * must live on `mesh`, be floating point and Replicate on the data dims (shard, replicate). On
+ * the other mesh dims it may be sharded (tensor parallelism, applied first): FSDP then shards
+ * and gathers each rank's tensor-parallel shard over the data dims only, e.g. a colwise weight
+ * [Shard(0), Replicate] on a (tp, dp) mesh becomes [Shard(0), Shard(0)] (dp splits the tp shard:
+ * mesh-dim order), gathered back to [Shard(0), Replicate] for the forward. A Shard(0) on a dim
+ * after the shard dim would not nest that way and is refused; reshard k > 1 needs the other dims
+ * to be of size 1. Errors leave the module as it was: DT_ERR_INVALID_ARG for a dim outside the
+ * mesh, shard == replicate dim, a parameter on another mesh or not placed as above, a reshard k
+ * that does not divide the shard dim, an integer dtype; DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or with no parameter
  * left to shard; DT_ERR_UNSUPPORTED for a backend whose memory is not the host's. */
 DT_API dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg);
 /* Whether m is the module of an FSDP group. */

@@ -12,6 +12,9 @@
  *   reduce the gradients copied into N segments laid out as the sends (N*L, Partial on the data
  *          dims), reduce-scattered to Shard(0) (HSDP: then all-reduced over the replicate dim);
  *          this rank's segment is added into the sharded parameters' gradients.
+ * With tensor parallelism on other mesh dims everything above is per rank of those dims: the
+ * parameters' local shapes are their tensor-parallel shards, the flat buffers (nominally
+ * Replicate there) hold this rank's, and collectives run over the data dims only.
  * The gathered parameters are leaves the group owns (requires_grad, gradients kept as they come);
  * while the group's forward runs the module holds them in place of the sharded ones
  * (dt_module_swap_param). Released, their value is a meta tensor of the same layout.
@@ -31,11 +34,13 @@
 typedef struct {
   char name[FSDP_NAME_MAX]; /* qualified, relative to the group's module */
   dt_var_t sharded;         /* Shard(0) on the shard dim; the module's between forwards */
-  dt_var_t full;            /* the gathered parameter (param dtype, Replicate) */
+  dt_var_t full;            /* the gathered parameter (param dtype, Replicate on the data dims) */
   dt_dtype_t dtype;         /* the sharded parameter's dtype */
   int ndim;
-  int64_t shape[FSDP_NDIM_MAX];
-  int64_t rows, rest;       /* dim 0, elements per row */
+  int64_t shape[FSDP_NDIM_MAX];  /* global */
+  int64_t lshape[FSDP_NDIM_MAX]; /* this rank's tensor before FSDP (a tensor-parallel shard) */
+  dt_placement_t pl[DT_MAX_MESH_DIMS]; /* the gathered parameter's: Replicate on the data dims */
+  int64_t rows, rest;       /* dim 0 of lshape, elements per row */
   int64_t chunk;            /* ceil(rows / N) */
   int64_t seg_off;          /* offset in a rank's flat segment (elements) */
   int64_t full_off;         /* offset in U (elements) */
@@ -106,15 +111,13 @@ static void* local_data(dt_tensor_t t) {
 
 /* The gathered parameters become meta tensors (their data released) and U is freed. */
 static dt_status_t release(fsdp_group_t* g) {
-  dt_placement_t rep[DT_MAX_MESH_DIMS];
-  placements(g, dt_replicate(), dt_replicate(), rep);
   for (int i = 0; i < g->n; i++) {
     fsdp_param_t* q = &g->p[i];
     int meta = 0;
     DT_CHECK(dt_tensor_is_meta(dt_var_value(q->full), &meta));
     if (meta) continue;
     dt_tensor_t t;
-    DT_CHECK(dt_tensor_meta(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, rep, &t));
+    DT_CHECK(dt_tensor_meta(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, q->pl, &t));
     dt_status_t st = dt_var_set_value(q->full, t);
     if (st != DT_SUCCESS) {
       dt_tensor_destroy(t);
@@ -235,8 +238,8 @@ static dt_status_t gather(fsdp_group_t* g) {
   for (int i = 0; i < g->n; i++) {
     fsdp_param_t* q = &g->p[i];
     dt_tensor_t v;
-    st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, rep,
-                              base + (size_t)q->full_off * g->pes, q->shape, &v);
+    st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, q->pl,
+                              base + (size_t)q->full_off * g->pes, q->lshape, &v);
     if (st == DT_SUCCESS) {
       st = dt_var_set_value(q->full, v);
       if (st != DT_SUCCESS) dt_tensor_destroy(v);
@@ -286,22 +289,23 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
                (size_t)(q->chunk * q->rest) * g->res);
       continue;
     }
-    dt_placement_t have[DT_MAX_MESH_DIMS];
+    dt_placement_t have[DT_MAX_MESH_DIMS], want[DT_MAX_MESH_DIMS];
+    memcpy(want, q->pl, sizeof want);
+    want[g->cfg.shard_dim] = sum;
+    if (g->cfg.replicate_dim >= 0) want[g->cfg.replicate_dim] = sum;
     st = dt_tensor_placements(gr, have);
     int ok = st == DT_SUCCESS;
-    for (int d = 0; ok && d < g->mesh_ndim; d++) ok = dt_placement_equal(have[d], ppl[d]);
+    for (int d = 0; ok && d < g->mesh_ndim; d++) ok = dt_placement_equal(have[d], want[d]);
     if (st == DT_SUCCESS && !ok) { /* e.g. Replicate on a dim: to Partial (a local step) */
-      st = dt_tensor_redistribute(gr, ppl, &tmp);
+      st = dt_tensor_redistribute(gr, want, &tmp);
       gr = tmp;
     }
     const void* src = st == DT_SUCCESS ? local_data(gr) : NULL;
     if (st == DT_SUCCESS && g->cfg.param_dtype != g->cfg.reduce_dtype) {
       /* cast this rank's partial values: a Replicate view of them casts locally */
-      dt_placement_t rep[DT_MAX_MESH_DIMS];
-      placements(g, dt_replicate(), dt_replicate(), rep);
       const int64_t to = g->cfg.reduce_dtype;
-      st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, rep, (void*)src,
-                                q->shape, &view);
+      st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, q->pl,
+                                (void*)src, q->lshape, &view);
       if (st == DT_SUCCESS) st = dt_op_run("cast", 1, &view, 1, &to, 0, NULL, &cast);
       src = st == DT_SUCCESS ? local_data(cast) : NULL;
     }
@@ -580,14 +584,23 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
                     nd, FSDP_NDIM_MAX);
     return 1;
   }
-  for (int d = 0; d < g->mesh_ndim; d++)
-    if (pl[d].kind != DT_REPLICATE) {
+  for (int d = 0; d < g->mesh_ndim; d++) {
+    int data = d == g->cfg.shard_dim || d == g->cfg.replicate_dim;
+    /* tensor parallel on another dim: FSDP shards that shard's dim 0, which nests inside the
+     * other dim's split only when that dim comes first in the mesh (mesh-dim order) */
+    int nested_ok = pl[d].kind == DT_SHARD && (pl[d].dim != 0 || d < g->cfg.shard_dim);
+    if ((data && pl[d].kind != DT_REPLICATE) ||
+        (!data && pl[d].kind != DT_REPLICATE && !nested_ok)) {
       char txt[64];
       dt_placements_format(pl, g->mesh_ndim, NULL, txt, sizeof txt);
       c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' is %s; FSDP shards "
-                      "replicated parameters (Replicate on every mesh dim)", name, txt);
+                      "parameters that are Replicate on the data dims (shard %d, replicate %d) "
+                      "and Replicate or Shard on the others, a Shard(0) only on a mesh dim "
+                      "before the shard dim (e.g. a (tp, dp) mesh)", name, txt,
+                      g->cfg.shard_dim, g->cfg.replicate_dim);
       return 1;
     }
+  }
   if (strlen(name) >= FSDP_NAME_MAX) {
     c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter name '%s' too long", name);
     return 1;
@@ -609,9 +622,11 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
   q->dtype = dt;
   q->ndim = nd;
   dt_tensor_shape(t, q->shape);
-  q->rows = q->shape[0];
+  dt_tensor_local_shape(t, q->lshape);
+  memcpy(q->pl, pl, sizeof q->pl);
+  q->rows = q->lshape[0];
   q->rest = 1;
-  for (int d = 1; d < nd; d++) q->rest *= q->shape[d];
+  for (int d = 1; d < nd; d++) q->rest *= q->lshape[d];
   return 0;
 }
 
@@ -728,18 +743,18 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
   g->total_pad = (g->total + g->k - 1) / g->k * g->k;
   if (g->k > 1) DT_CHECK_GOTO(make_kmesh(g), st, fail);
   /* the new leaves: sharded parameters (a local slice, no communication), gathered ones (meta) */
-  dt_placement_t spl[DT_MAX_MESH_DIMS], rep[DT_MAX_MESH_DIMS];
-  placements(g, dt_shard(0), dt_replicate(), spl);
-  placements(g, dt_replicate(), dt_replicate(), rep);
   int made = 0;
   for (; made < g->n; made++) {
     fsdp_param_t* q = &g->p[made];
     dt_tensor_t s = NULL, f = NULL;
     dt_var_t sv = NULL, fv = NULL;
+    dt_placement_t spl[DT_MAX_MESH_DIMS];
+    memcpy(spl, q->pl, sizeof spl);
+    spl[c.shard_dim] = dt_shard(0);
     st = dt_tensor_redistribute(dt_var_value(q->sharded), spl, &s);
     if (st == DT_SUCCESS) st = dt_var_leaf(s, 1, &sv);
     if (st != DT_SUCCESS) dt_tensor_destroy(s);
-    if (st == DT_SUCCESS) st = dt_tensor_meta(mesh, c.param_dtype, q->ndim, q->shape, rep, &f);
+    if (st == DT_SUCCESS) st = dt_tensor_meta(mesh, c.param_dtype, q->ndim, q->shape, q->pl, &f);
     if (st == DT_SUCCESS) {
       st = dt_var_leaf(f, 1, &fv);
       if (st != DT_SUCCESS) dt_tensor_destroy(f);

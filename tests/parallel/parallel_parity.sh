@@ -32,6 +32,9 @@ configs=(
   "tp2_lp     2 dense --tp 2 --loss-parallel"
   "dp2        2 dense --dp 2"
   "tp2_moe    2 moe   --tp 2 --sp"
+  "dp2_tp2    4 dense --dp 2 --tp 2"
+  "dp2_tp2_sp 4 dense --dp 2 --tp 2 --sp --loss-parallel"
+  "dp2_tp2_moe 4 moe  --dp 2 --tp 2"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
