@@ -11,6 +11,7 @@
  *    gathers the logits;
  *  - loss parallel cross-entropy: class-sharded logits give the replicated losses and logit
  *    gradients for every reduction, with an upstream gradient other than 1;
+ *  - FSDP 2 x TP 2 (np 4, a (tp, dp) mesh): parity, and one step's traffic per mesh dim;
  *  - bad input: clear errors and the module unchanged.
  */
 #include <math.h>
@@ -44,6 +45,7 @@ static dt_llama_config_t model_config(int layers) {
 
 typedef struct {
   int tp, sp, loss_parallel, layers, steps;
+  int dp; /* > 1: a (tp, dp) mesh of g_world / dp x dp, FSDP over dp after TP */
 } run_t;
 
 typedef struct {
@@ -58,9 +60,17 @@ typedef struct {
 
 static void setup(const run_t* r, setup_t* s) {
   memset(s, 0, sizeof *s);
-  int shape[1] = {g_world};
-  const char* names[1] = {"tp"};
-  DT_ASSERT_OK(dt_mesh_create(1, shape, names, NULL, &s->mesh));
+  if (r->dp > 1) { /* (tp, dp): coordinates (t, d) on rank d T + t */
+    int T = g_world / r->dp, shape[2] = {T, r->dp}, ranks[16];
+    const char* names[2] = {"tp", "dp"};
+    for (int t = 0; t < T; t++)
+      for (int d = 0; d < r->dp; d++) ranks[t * r->dp + d] = d * T + t;
+    DT_ASSERT_OK(dt_mesh_create(2, shape, names, ranks, &s->mesh));
+  } else {
+    int shape[1] = {g_world};
+    const char* names[1] = {"tp"};
+    DT_ASSERT_OK(dt_mesh_create(1, shape, names, NULL, &s->mesh));
+  }
   dt_llama_config_t c = model_config(r->layers);
   DT_ASSERT_OK(dt_llama_create(s->mesh, &c, NULL, &s->model));
   DT_ASSERT_OK(dt_llama_module(s->model, &s->root));
@@ -69,6 +79,18 @@ static void setup(const run_t* r, setup_t* s) {
     int n;
     DT_ASSERT_OK(dt_tp_plan_llama(&c, r->sp, r->loss_parallel, plan, 16, &n));
     DT_ASSERT_OK(dt_parallelize_module(s->root, s->mesh, 0, n, plan));
+  }
+  if (r->dp > 1) {
+    dt_fsdp_config_t fc = dt_fsdp_config_default(1);
+    fc.shard_dim = 1;
+    for (int l = 0; l < r->layers; l++) {
+      char path[32];
+      dt_module_t blk;
+      snprintf(path, sizeof path, "layers.%d", l);
+      DT_ASSERT_OK(dt_module_find(s->root, path, &blk));
+      DT_ASSERT_OK(dt_fully_shard(blk, s->mesh, &fc));
+    }
+    DT_ASSERT_OK(dt_fully_shard(s->root, s->mesh, &fc));
   }
   int64_t numel;
   DT_ASSERT_OK(dt_llama_params(s->model, &s->params, NULL, &s->np, &numel));
@@ -88,15 +110,21 @@ static void teardown(setup_t* s) {
 static float fwd_bwd(setup_t* s, int step, int read_loss) {
   int64_t tok[BATCH * SEQ], tgt[BATCH * SEQ];
   DT_ASSERT_OK(dt_corpus_batch(g_corpus, 5, step, BATCH, SEQ, tok, tgt));
-  dt_placement_t rep[1] = {dt_replicate()};
+  dt_placement_t pl[2] = {dt_replicate(), dt_shard(0)}; /* tokens: sharded over dp */
   const int64_t shape[2] = {BATCH, SEQ};
   dt_tensor_t tt, gt;
-  DT_ASSERT_OK(dt_tensor_from_full(s->mesh, DT_I64, 2, shape, rep, tok, &tt));
-  DT_ASSERT_OK(dt_tensor_from_full(s->mesh, DT_I64, 2, shape, rep, tgt, &gt));
+  DT_ASSERT_OK(dt_tensor_from_full(s->mesh, DT_I64, 2, shape, pl, tok, &tt));
+  DT_ASSERT_OK(dt_tensor_from_full(s->mesh, DT_I64, 2, shape, pl, tgt, &gt));
   dt_var_t loss;
   DT_ASSERT_OK(dt_llama_forward(s->model, s->tape, tt, gt, &loss, NULL));
   float lv = NAN;
-  if (read_loss) DT_ASSERT_OK(dt_tensor_full(dt_var_value(loss), &lv, sizeof lv));
+  if (read_loss) {
+    dt_placement_t rep[2] = {dt_replicate(), dt_replicate()};
+    dt_tensor_t lr;
+    DT_ASSERT_OK(dt_tensor_redistribute(dt_var_value(loss), rep, &lr));
+    DT_ASSERT_OK(dt_tensor_full(lr, &lv, sizeof lv));
+    dt_tensor_destroy(lr);
+  }
   DT_ASSERT_OK(dt_tape_backward(s->tape, loss));
   DT_ASSERT_OK(dt_tape_reset(s->tape));
   dt_tensor_destroy(tt);
@@ -131,14 +159,14 @@ static double worst_rel(const float* a, const float* b, int n) {
 }
 
 static run_t tp_run(int sp, int loss_parallel) {
-  run_t r = {1, sp, loss_parallel, 2, STEPS};
+  run_t r = {1, sp, loss_parallel, 2, STEPS, 0};
   return r;
 }
 
 /* ------------------------------------------------------------------------------------------- */
 
 static void test_parity(void) {
-  run_t dense = {0, 0, 0, 2, STEPS};
+  run_t dense = {0, 0, 0, 2, STEPS, 0};
   float ref[STEPS];
   train(&dense, ref);
   static const char* const what[4] = {"tp", "tp + loss parallel", "tp + sp",
@@ -157,6 +185,79 @@ static void test_parity(void) {
       train(&r, l2);
       DT_ASSERT_TRUE(memcmp(l, l2, sizeof l) == 0, "%s: a repeated run differs", what[k]);
     }
+  }
+  if (g_world != 4) return;
+  /* FSDP 2 x TP 2 on a (tp, dp) mesh */
+  for (int sp = 0; sp <= 1; sp++) {
+    run_t r = tp_run(sp, sp);
+    r.dp = 2;
+    float l[STEPS];
+    train(&r, l);
+    double w = worst_rel(l, ref, STEPS);
+    if (g_rank == 0)
+      printf("parity fsdp 2 x tp 2%-12s np 4: worst relative loss difference over %d steps %.3g\n",
+             sp ? " + sp + lp" : "", STEPS, w);
+    DT_ASSERT_TRUE(w <= 1e-5, "fsdp x tp: worst relative difference %.3g above 1e-5", w);
+  }
+}
+
+/* FSDP 2 x TP 2, one step: per mesh dim, tp carries the tensor-parallel all-reduces of test_traffic
+ * (4 per layer), dp the FSDP all-gathers (2 per group: forward and backward) and reduce-scatters
+ * (1 per group) of each rank's tensor-parallel shards, nothing else. */
+static void test_fsdp_tp_traffic(void) {
+  if (g_world != 4) return;
+  const int64_t bsh_local = (int64_t)(BATCH / 2) * SEQ * 32; /* the batch is split over dp */
+  int64_t ar[2];
+  for (int layers = 1; layers <= 2; layers++) {
+    run_t r = tp_run(0, 0);
+    r.dp = 2;
+    r.layers = layers;
+    setup_t s;
+    setup(&r, &s);
+    fwd_bwd(&s, 0, 0);
+    opt_step(&s);
+    DT_ASSERT_OK(dt_counters_reset(NULL));
+    fwd_bwd(&s, 1, 0);
+    dt_counters_t c;
+    DT_ASSERT_OK(dt_counters_get(s.mesh, &c));
+    /* dp: per group, 2 all-gathers and 1 reduce-scatter of its flat buffer */
+    int groups = layers + 1;
+    DT_ASSERT_EQ(c.dim_calls[1][DT_COLL_ALL_GATHER], 2 * groups);
+    DT_ASSERT_EQ(c.dim_calls[1][DT_COLL_REDUCE_SCATTER], groups);
+    DT_ASSERT_EQ(c.dim_calls[1][DT_COLL_ALL_REDUCE], 0);
+    /* the gathered bytes are the tp shards' flat buffers: every parameter but the norms is
+     * split over tp, so they add up to (Psi - norms) / 2 + norms, padded to dp */
+    int64_t psi_local = 0;
+    dt_var_t* ps;
+    int np;
+    int64_t numel;
+    DT_ASSERT_OK(dt_llama_params(s.model, &ps, NULL, &np, &numel));
+    for (int i = 0; i < np; i++) {
+      int nd;
+      DT_ASSERT_OK(dt_tensor_ndim(dt_var_value(ps[i]), &nd));
+      psi_local += nd == 1 ? 32 : 0;
+    }
+    psi_local += (numel - psi_local) / 2;
+    DT_ASSERT_TRUE(c.dim_nbytes[1][DT_COLL_ALL_GATHER] >= (uint64_t)(2 * 4 * psi_local) &&
+                       c.dim_nbytes[1][DT_COLL_ALL_GATHER] <= (uint64_t)(2 * 4 * (psi_local + 64)),
+                   "dp all-gathers moved %llu bytes, want 2 x 4 x %lld plus padding",
+                   (unsigned long long)c.dim_nbytes[1][DT_COLL_ALL_GATHER], (long long)psi_local);
+    DT_ASSERT_EQ(c.dim_calls[0][DT_COLL_ALL_GATHER], 1); /* the logits (no loss parallel) */
+    DT_ASSERT_EQ(c.dim_calls[0][DT_COLL_REDUCE_SCATTER], 0);
+    ar[layers - 1] = (int64_t)c.dim_calls[0][DT_COLL_ALL_REDUCE];
+    if (layers == 2) {
+      DT_ASSERT_EQ(ar[1] - ar[0], 4); /* per layer */
+      DT_ASSERT_EQ(c.dim_nbytes[0][DT_COLL_ALL_REDUCE] % (uint64_t)(4 * bsh_local), 0);
+      if (g_rank == 0)
+        printf("fsdp 2 x tp 2 np 4, one step: tp dim %llu all-reduces (%lld per layer) of "
+               "%lld bytes, dp dim %llu all-gathers of %llu bytes (tp shards: 2 x 4 x %lld + "
+               "padding) and %llu reduce-scatters\n",
+               (unsigned long long)c.dim_calls[0][DT_COLL_ALL_REDUCE], (long long)(ar[1] - ar[0]),
+               (long long)(4 * bsh_local), (unsigned long long)c.dim_calls[1][DT_COLL_ALL_GATHER],
+               (unsigned long long)c.dim_nbytes[1][DT_COLL_ALL_GATHER], (long long)psi_local,
+               (unsigned long long)c.dim_calls[1][DT_COLL_REDUCE_SCATTER]);
+    }
+    teardown(&s);
   }
 }
 
@@ -533,6 +634,22 @@ static void test_bad_input(void) {
   DT_ASSERT_STATUS(dt_parallelize_module(root, mesh, 0, 1, one), DT_ERR_INVALID_USAGE);
   DT_ASSERT_STATUS(dt_parallelize_module(blk, mesh, 0, 1, one), DT_ERR_INVALID_USAGE);
   DT_ASSERT_OK(dt_llama_destroy(model));
+  if (g_world == 4) { /* a (dp, tp) mesh: dp's split of a colwise Shard(0) would not nest */
+    dt_mesh_t m2;
+    int sh2[2] = {2, 2};
+    DT_ASSERT_OK(dt_mesh_create(2, sh2, NULL, NULL, &m2));
+    DT_ASSERT_OK(dt_llama_create(m2, &c, NULL, &model));
+    DT_ASSERT_OK(dt_llama_module(model, &root));
+    dt_tp_plan_entry_t wq[1] = {{"layers.*.wq", dt_tp_colwise()}};
+    DT_ASSERT_OK(dt_parallelize_module(root, m2, 1, 1, wq));
+    DT_ASSERT_OK(dt_module_find(root, "layers.0", &blk));
+    fc = dt_fsdp_config_default(1);
+    fc.shard_dim = 0;
+    DT_ASSERT_STATUS(dt_fully_shard(blk, m2, &fc), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "(tp, dp)") != NULL, "%s", dt_last_error());
+    DT_ASSERT_OK(dt_llama_destroy(model));
+    DT_ASSERT_OK(dt_mesh_destroy(m2));
+  }
   DT_ASSERT_OK(dt_mesh_destroy(abstract));
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
@@ -546,6 +663,7 @@ int main(int argc, char** argv) {
   test_mlp();
   test_loss_parallel();
   test_traffic();
+  test_fsdp_tp_traffic();
   test_parity();
   DT_ASSERT_OK(dt_corpus_destroy(g_corpus));
   DT_ASSERT_OK(dt_finalize());
