@@ -40,7 +40,8 @@
  * step, loss, learning rate, tokens/s, achieved GFLOP/s and MFU against the peak GEMM rate measured
  * on this machine at startup (OpenBLAS, one thread per rank); metrics go to a JSONL file and, with
  * gnuplot installed, the loss curve (with its 10-step mean and the corpus entropy floor) to a PNG
- * (--plot, independent of --metrics). At the end one line per rank gives its peak memory by
+ * (--plot, independent of --metrics). At the end one line per mesh dim gives the last step's
+ * collectives on it (rank 0's counters: calls and bytes per collective), one line per rank its peak memory by
  * category (dt_memory_stats: parameters, gradients, optimizer, activations, communication, other,
  * and the peak total), then the last line is
  *   final_loss=<mean of the last 10 losses> entropy_floor=<corpus floor> tokens_per_s=<mean>
@@ -452,6 +453,7 @@ int main(int argc, char** argv) {
   int nlast = 0, ntps = 0;
   for (int step = 0; step < o.steps; step++) {
     MPI_Barrier(MPI_COMM_WORLD);
+    if (step == o.steps - 1) CHECK(dt_counters_reset(NULL)); /* the last step's traffic */
     double t0 = now_s();
     CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
     dt_tensor_t tt, gt;
@@ -499,6 +501,23 @@ int main(int argc, char** argv) {
                 "\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"mfu\":%.5f}\n",
                 step, lv, aux, lr, gnorm, tps, gf, gf / peak_total);
       fflush(stdout);
+    }
+  }
+  if (g_rank == 0 && o.steps > 0) { /* collectives of the last step, per mesh dim (rank 0) */
+    dt_counters_t c;
+    CHECK(dt_counters_get(mesh, &c));
+    for (int d = 0; d < mnd; d++) {
+      const char* dn = "";
+      CHECK(dt_mesh_dim_name(mesh, d, &dn));
+      printf("traffic last step, mesh dim %d%s%s:", d, dn[0] ? " " : "", dn);
+      int any = 0;
+      for (int k = 0; k < DT_COLL_COUNT; k++)
+        if (c.dim_calls[d][k]) {
+          printf(" %s %llu calls %llu bytes;", dt_collective_name((dt_collective_t)k),
+                 (unsigned long long)c.dim_calls[d][k], (unsigned long long)c.dim_nbytes[d][k]);
+          any = 1;
+        }
+      printf("%s\n", any ? "" : " none");
     }
   }
   double final = 0.0;
