@@ -6,7 +6,9 @@
 # and bf16 with reshard_after_forward 0 and no prefetch) on 2 ranks, hsdp on a 2x2 mesh on 4,
 # each ending with its final line; the f32 ones train the same model on the same global batch as
 # --parallel none, so their final losses agree with it; and clear refusals of fsdp on a 2-D mesh,
-# hsdp on a 1-D one, an explicit --plan with ddp and an unknown --parallel value.
+# hsdp on a 1-D one, an explicit --plan with ddp and an unknown --parallel value. Then the
+# parallel config: --tp 2 with --sp and --loss-parallel, and a JSON {"dp": 2, "tp": 2, "sp": true}
+# on 4 ranks, agreeing with --parallel none, the traffic line, and clear refusals.
 #   trainer_cli.sh MPIEXEC TRAIN_BINARY SOURCE_DIR WORKDIR
 set -euo pipefail
 MPI=$1 TRAIN=$2 SRC=$3 W=$4
@@ -73,4 +75,17 @@ refused fsdp_2d "train: --parallel fsdp runs on a 1-D mesh over all ranks, got -
 refused hsdp_1d "train: --parallel hsdp needs a 2-D mesh --mesh RxS" 1 --parallel hsdp
 refused ddp_plan "train: --plan applies to --parallel none only" 1 --parallel ddp --plan '*=R'
 refused bad_par "parallel must be none, ddp, fsdp or hsdp, got 'zero3'" 1 --parallel zero3
+# the parallel config
+dp_run pc_tp 2 --tp 2 --sp --loss-parallel
+grep -q '^# dtensor train: .*mesh (tp, dp) 2x1 over 2 ranks, parallel dp 1 x tp 2 x ep 1, sequence parallel, loss parallel' "$W/pc_tp.txt" || { echo "tp: header lacks the config"; head -3 "$W/pc_tp.txt"; exit 1; }
+grep -Eq '^traffic last step, mesh dim 0 tp: all_gather [0-9]+ calls [0-9]+ bytes; .*reduce_scatter' "$W/pc_tp.txt" || { echo "tp: no traffic line"; cat "$W/pc_tp.txt"; exit 1; }
+same_loss dp_none pc_tp
+echo '{"dp": 2, "tp": 2, "sp": true}' > "$W/pc.json"
+dp_run pc_dp_tp 4 --config "$W/pc.json"
+grep -q 'parallel dp 2 x tp 2 x ep 1, sequence parallel' "$W/pc_dp_tp.txt" || { echo "json parallel config not applied"; head -3 "$W/pc_dp_tp.txt"; exit 1; }
+same_loss dp_none pc_dp_tp
+refused pc_world "train: --dp 1 x --tp 2 x --ep 1 = 2 ranks, the world has 1" 1 --tp 2
+refused pc_heads "train: --tp 3 must divide the heads (4)" 3 --tp 3
+refused pc_sp "train: --sp and --loss-parallel go with --tp" 1 --sp
+refused pc_mix "train: --dp/--tp/--ep build their own mesh and plan" 2 --tp 2 --parallel fsdp
 echo "trainer_cli: passed"
