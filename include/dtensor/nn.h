@@ -133,9 +133,12 @@ DT_API dt_status_t dt_adamw_state(dt_adamw_t opt, int i, dt_tensor_t* exp_avg,
 DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);
 
 /* Total L2 norm of the gradients over every placement (a replicated gradient counted once), with
- * one all-reduce over the mesh (sumsq op per gradient, one Partial scalar); scales gradients in
- * place (scale_ op) so the norm is at most max_norm (<= 0: no scaling). *norm gets the norm
- * before scaling. Partial gradients are an error (reduce them first). */
+ * one all-reduce (sumsq op per gradient, one Partial scalar); scales gradients in place (scale_
+ * op) so the norm is at most max_norm (<= 0: no scaling). *norm gets the norm before scaling.
+ * The gradients may live on up to 8 meshes that each cover the world (e.g. the dense and the
+ * expert parameters' views of one world): each rank adds its shares and the sum is still one
+ * all-reduce (DT_ERR_UNSUPPORTED when a mesh covers only part of the world). Partial gradients
+ * are an error (reduce them first). */
 DT_API dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm);
 
 /* Linear warmup to lr_max over `warmup` steps, then cosine decay to lr_min at `total`. */

@@ -181,9 +181,13 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
   }
   /* Per gradient the sum of squares of its shard (sumsq: Partial(sum) over the mesh dims that
    * shard it), brought to Partial(sum) on every mesh dim (a replicated dim divides by its size,
-   * locally, so a replicated gradient counts once), added up: one Partial scalar. */
-  dt_mesh_t mesh = NULL;
-  dt_tensor_t acc = NULL;
+   * locally, so a replicated gradient counts once), added up: one Partial scalar per mesh (the
+   * dense and the expert parameters of a MoE model live on two views of one world). */
+  enum { MAX_MESHES = 8 };
+  dt_mesh_t meshes[MAX_MESHES];
+  dt_tensor_t accs[MAX_MESHES];
+  int nm = 0;
+  dt_tensor_t tot = NULL, one = NULL;
   dt_status_t st = DT_SUCCESS;
   dt_placement_t ps[DT_MAX_MESH_DIMS], rp[DT_MAX_MESH_DIMS];
   for (int d = 0; d < DT_MAX_MESH_DIMS; d++) {
@@ -194,15 +198,20 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
     dt_tensor_t g = dt_var_grad(params[i]), s = NULL, p = NULL;
     if (g == NULL) continue;
     dt_mesh_t gm;
-    int mnd;
+    int mnd, k = 0;
     dt_placement_t pl[DT_MAX_MESH_DIMS];
     DT_CHECK_GOTO(dt_tensor_mesh(g, &gm), st, done);
-    if (mesh != NULL && gm != mesh) {
-      st = DT_FAIL(DT_ERR_INVALID_ARG, "clip_grad_norm: gradients on different meshes");
+    while (k < nm && meshes[k] != gm) k++;
+    if (k == MAX_MESHES) {
+      st = DT_FAIL(DT_ERR_UNSUPPORTED, "clip_grad_norm: gradients on more than %d meshes",
+                   MAX_MESHES);
       goto done;
     }
-    mesh = gm;
-    DT_CHECK_GOTO(dt_mesh_ndim(mesh, &mnd), st, done);
+    if (k == nm) {
+      meshes[nm] = gm;
+      accs[nm++] = NULL;
+    }
+    DT_CHECK_GOTO(dt_mesh_ndim(gm, &mnd), st, done);
     DT_CHECK_GOTO(dt_tensor_placements(g, pl), st, done);
     for (int d = 0; d < mnd; d++)
       if (pl[d].kind == DT_PARTIAL) {
@@ -213,26 +222,49 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
     DT_CHECK_GOTO(dt_op_run("sumsq", 1, &g, 0, NULL, 0, NULL, &s), st, done);
     st = dt_tensor_redistribute(s, ps, &p);
     dt_tensor_destroy(s);
-    if (st == DT_SUCCESS) st = dt__accumulate_scalar(&acc, p);
+    if (st == DT_SUCCESS) st = dt__accumulate_scalar(&accs[k], p);
   }
-  if (st != DT_SUCCESS || mesh == NULL) goto done;
+  if (st != DT_SUCCESS || nm == 0) goto done;
+  int world;
+  DT_CHECK_GOTO(dt_world_size(&world), st, done);
+  int spans = 1; /* every mesh covers the world: their partial scalars add up rank by rank */
+  for (int k = 0; k < nm; k++) {
+    int numel, member;
+    DT_CHECK_GOTO(dt_mesh_numel(meshes[k], &numel), st, done);
+    DT_CHECK_GOTO(dt_mesh_is_member(meshes[k], &member), st, done);
+    spans &= numel == world && member;
+  }
+  if (nm > 1 && !spans) {
+    st = DT_FAIL(DT_ERR_UNSUPPORTED, "clip_grad_norm: gradients on %d meshes that do not each "
+                 "cover the world", nm);
+    goto done;
+  }
+  dt_mesh_t mesh = meshes[0];
+  dt_tensor_t acc = accs[0];
+  float mine = 0.0f;
+  if (nm > 1) { /* this rank's share of every mesh's scalar, as one Partial scalar on the first */
+    for (int k = 0; k < nm; k++) {
+      void* d = NULL;
+      DT_CHECK_GOTO(dt_tensor_to_local(accs[k], &d, NULL), st, done);
+      mine += *(const float*)d;
+    }
+    DT_CHECK_GOTO(dt_tensor_from_local(mesh, DT_F32, 0, NULL, ps, &mine, NULL, &one), st, done);
+    acc = one;
+  }
   /* one all-reduce: on a mesh of several dims spanning the world the dims are flattened
    * (registered once, a no-op afterwards) so the planner merges the per-dim reductions into a
    * single all-reduce; a mesh over part of the world keeps one all-reduce per mesh dim */
-  int mnd, world, mshape[DT_MAX_MESH_DIMS], mnumel = 1;
+  int mnd, mshape[DT_MAX_MESH_DIMS], mnumel = 1;
   DT_CHECK_GOTO(dt_mesh_ndim(mesh, &mnd), st, done);
-  DT_CHECK_GOTO(dt_world_size(&world), st, done);
   DT_CHECK_GOTO(dt_mesh_shape(mesh, mshape), st, done);
   for (int d = 0; d < mnd; d++) mnumel *= mshape[d];
   if (mnd > 1 && mnumel == world) { /* flattening is collective over the world */
     int dims[DT_MAX_MESH_DIMS] = {0, 1, 2, 3};
     DT_CHECK_GOTO(dt_mesh_flatten(mesh, mnd, dims, NULL, NULL), st, done);
   }
-  dt_tensor_t tot;
   DT_CHECK_GOTO(dt_tensor_redistribute(acc, rp, &tot), st, done);
   float total;
   st = dt_tensor_full(tot, &total, sizeof total);
-  dt_tensor_destroy(tot);
   if (st != DT_SUCCESS) goto done;
   double nrm = sqrt((double)total);
   if (norm) *norm = nrm;
@@ -244,7 +276,9 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
     }
   }
 done:
-  dt_tensor_destroy(acc);
+  for (int k = 0; k < nm; k++) dt_tensor_destroy(accs[k]);
+  dt_tensor_destroy(one);
+  dt_tensor_destroy(tot);
   return st;
 }
 

@@ -12,6 +12,7 @@
  *  - loss parallel cross-entropy: class-sharded logits give the replicated losses and logit
  *    gradients for every reduction, with an upstream gradient other than 1;
  *  - FSDP 2 x TP 2 (np 4, a (tp, dp) mesh): parity, and one step's traffic per mesh dim;
+ *  - clipping over gradients on two views of the world: the dense norm, one all-reduce;
  *  - bad input: clear errors and the module unchanged.
  */
 #include <math.h>
@@ -654,6 +655,62 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* Gradient clipping over parameters on two views of the world (a 1-D mesh, and a (2, n/2)
+ * mesh): the norm of every gradient counted once, with one all-reduce. */
+static void test_clip_two_meshes(void) {
+  dt_mesh_t m1, m2;
+  int s1[1] = {g_world}, s2[2] = {2, g_world / 2};
+  DT_ASSERT_OK(dt_mesh_create(1, s1, NULL, NULL, &m1));
+  DT_ASSERT_OK(dt_mesh_create(2, s2, NULL, NULL, &m2));
+  enum { R = 8, C = 6 };
+  const int64_t shape[2] = {R, C};
+  float a[R * C], b[R * C];
+  double want = 0;
+  for (int i = 0; i < R * C; i++) {
+    a[i] = (float)sin(0.3 * i + 1.0);
+    b[i] = (float)cos(0.7 * i);
+    want += (double)a[i] * a[i] + (double)b[i] * b[i] * 2; /* b is the gradient of two */
+  }
+  want = sqrt(want);
+  dt_placement_t pa[1] = {dt_shard(0)}, pb[2] = {dt_replicate(), dt_shard(1)},
+                 pc[2] = {dt_shard(0), dt_replicate()};
+  dt_var_t v[3];
+  dt_tensor_t t, g;
+  DT_ASSERT_OK(dt_tensor_zeros(m1, DT_F32, 2, shape, pa, &t));
+  DT_ASSERT_OK(dt_var_leaf(t, 1, &v[0]));
+  DT_ASSERT_OK(dt_tensor_from_full(m1, DT_F32, 2, shape, pa, a, &g));
+  DT_ASSERT_OK(dt_var_set_grad(v[0], g));
+  const dt_placement_t* pls[2] = {pb, pc};
+  for (int k = 0; k < 2; k++) {
+    DT_ASSERT_OK(dt_tensor_zeros(m2, DT_F32, 2, shape, pls[k], &t));
+    DT_ASSERT_OK(dt_var_leaf(t, 1, &v[1 + k]));
+    DT_ASSERT_OK(dt_tensor_from_full(m2, DT_F32, 2, shape, pls[k], b, &g));
+    DT_ASSERT_OK(dt_var_set_grad(v[1 + k], g));
+  }
+  double norm = 0;
+  DT_ASSERT_OK(dt_clip_grad_norm(3, v, 0.0, &norm)); /* flattens m2 once (collective) */
+  DT_ASSERT_OK(dt_counters_reset(NULL));
+  DT_ASSERT_OK(dt_clip_grad_norm(3, v, 0.0, &norm));
+  dt_counters_t c;
+  DT_ASSERT_OK(dt_counters_get(NULL, &c));
+  uint64_t calls = 0;
+  for (int k = 0; k < DT_COLL_COUNT; k++) calls += c.calls[k];
+  DT_ASSERT_TRUE(fabs(norm - want) <= 1e-5 * want, "norm %.9g, want %.9g", norm, want);
+  double measured = norm;
+  DT_ASSERT_TRUE(calls == 1 && c.calls[DT_COLL_ALL_REDUCE] == 1,
+                 "%llu collectives (%llu all-reduces), want one all-reduce",
+                 (unsigned long long)calls, (unsigned long long)c.calls[DT_COLL_ALL_REDUCE]);
+  DT_ASSERT_OK(dt_clip_grad_norm(3, v, want / 2, &norm));
+  DT_ASSERT_OK(dt_clip_grad_norm(3, v, 0.0, &norm));
+  DT_ASSERT_TRUE(fabs(norm - want / 2) <= 1e-5 * want, "norm after clipping %.9g", norm);
+  if (g_rank == 0)
+    printf("clip over two meshes np %d: norm %.6f (dense %.6f) with one all-reduce\n", g_world,
+           measured, want);
+  for (int k = 0; k < 3; k++) DT_ASSERT_OK(dt_var_destroy(v[k]));
+  DT_ASSERT_OK(dt_mesh_destroy(m2));
+  DT_ASSERT_OK(dt_mesh_destroy(m1));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_size(&g_world));
@@ -662,6 +719,7 @@ int main(int argc, char** argv) {
   test_bad_input();
   test_mlp();
   test_loss_parallel();
+  test_clip_two_meshes();
   test_traffic();
   test_fsdp_tp_traffic();
   test_parity();
