@@ -47,7 +47,8 @@
  *   final_loss=<mean of the last 10 losses> entropy_floor=<corpus floor> tokens_per_s=<mean>
  * The default plan is Megatron-style tensor parallelism: column-parallel wq/wk/wv/w1/w3 and the
  * output projection (Shard(0) of (out, in) weights), row-parallel wo/w2 (Shard(1)), the
- * embedding sharded on its hidden dim, norms replicated.
+ * embedding sharded on its hidden dim, norms replicated; the MoE's stacked experts the same way
+ * on their hidden dim F (w1/w3 (E, F, D) Shard(1), w2 (E, D, F) Shard(2)), the router replicated.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
@@ -65,6 +66,7 @@
 #include "train_config.h"
 
 #define DEFAULT_PLAN                                                                      \
+  "*.experts.w1=S(1);*.experts.w3=S(1);*.experts.w2=S(2);"                              \
   "*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);" \
   "tok_emb=S(1);*.router=R"
 

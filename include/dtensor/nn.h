@@ -8,7 +8,8 @@
  *
  * Parameter names: tok_emb (V, D); layers.<i>.attn_norm (D); layers.<i>.wq (H*Dh, D), .wk and .wv
  * (G*Dh, D), .wo (D, H*Dh); layers.<i>.ffn_norm (D); dense MLP: layers.<i>.w1, .w3 (F, D), .w2
- * (D, F); MoE: layers.<i>.router (E, D), layers.<i>.experts.<e>.w1/.w3/.w2; norm (D); output (V, D).
+ * (D, F); MoE: layers.<i>.router (E, D), the experts stacked as layers.<i>.experts.w1 and .w3
+ * (E, F, D) and layers.<i>.experts.w2 (E, D, F); norm (D); output (V, D).
  * Weights are N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms ones; values
  * depend only on (seed, name, element), so every mesh starts from the same model.
  */
@@ -66,11 +67,40 @@ DT_API dt_status_t dt_nn_attention_core(dt_tape_t tape, dt_var_t q, dt_var_t k, 
 /* SwiGLU MLP of x (..., D): w2 (silu(x w1^T) * (x w3^T)), w1 and w3 (F, D), w2 (D, F). */
 DT_API dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
                                 dt_var_t* out);
-/* Mixture of SwiGLU experts on x (N, D): softmax router (E, D), top-k gates, every expert weighted
- * by its gate; *aux = aux_coef * E * sum_e f_e P_e (load balancing; f_e the routed fraction). */
-DT_API dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, int n_experts,
-                             const dt_var_t* w1, const dt_var_t* w3, const dt_var_t* w2, int top_k,
-                             double aux_coef, dt_var_t* out, dt_var_t* aux);
+/* What one routed MoE layer did (dt_nn_moe; dt_llama_moe_stats sums them over the layers). */
+typedef struct dt_moe_stats {
+  int64_t tokens;      /* N */
+  int64_t assignments; /* routing choices N * top_k */
+  int64_t dropped;     /* choices over an expert's capacity (0 when dropless) */
+  int64_t expert_rows; /* rows the experts computed: assignments - dropped */
+  int64_t capacity;    /* slots per expert (0: dropless; the last layer's in a sum) */
+} dt_moe_stats_t;
+
+/* Routed mixture of SwiGLU experts on x (N, D). The router (E, D) gives softmax probabilities,
+ * each token goes to its top_k experts (gates: their probabilities, not renormalized); the
+ * (token, expert) pairs are sorted by expert (moe_route), the tokens gathered in that order
+ * (embedding), each expert's rows run through grouped GEMMs with the stacked weights w1 and w3
+ * (E, F, D) and w2 (E, D, F) (silu(x w1_e^T) * (x w3_e^T), then w2_e), multiplied by their gates
+ * and added back at their tokens (index_add): only the top_k experts' FLOPs per token.
+ * capacity_factor 0: dropless; c > 0: each expert keeps at most ceil(c N top_k / E) pairs, the
+ * first in token order (lower token index first; a token's pairs are independent), and the
+ * others are dropped (they contribute nothing; the token keeps its other experts' outputs, and
+ * the residual around the layer carries it). The drop count needs the kept counts on the host:
+ * one read of E integers. *aux (may be NULL) = aux_coef * E * sum_e f_e P_e (load balancing;
+ * f_e the fraction of the routing choices that went to e before dropping, P_e the mean router
+ * probability). *stats (may be NULL) says what was routed and dropped. The routing is global
+ * (Replicate); x, the weights and the output may be placed as the ops' rules allow (experts
+ * sharded on their output dims for tensor parallelism, e.g. w1/w3 Shard(1), w2 Shard(2)). */
+DT_API dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,
+                             dt_var_t w3, dt_var_t w2, int top_k, double capacity_factor,
+                             double aux_coef, dt_var_t* out, dt_var_t* aux,
+                             dt_moe_stats_t* stats);
+/* The reference: the same parameters and the same result as dt_nn_moe without dropping, computed
+ * the dense way: every expert runs on every token and is weighted by a dense (N, E) gate matrix
+ * (zero outside the top_k), E / top_k times the routed arithmetic. For tests and benchmarks. */
+DT_API dt_status_t dt_nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,
+                                   dt_var_t w3, dt_var_t w2, int top_k, double aux_coef,
+                                   dt_var_t* out, dt_var_t* aux);
 
 typedef struct dt_llama_config {
   int dim, n_layers, n_heads, n_kv_heads, vocab, seq_len, ffn_dim;
@@ -79,6 +109,8 @@ typedef struct dt_llama_config {
   double norm_eps, rope_theta;
   double aux_loss_coef; /* load-balancing loss weight (MoE) */
   uint64_t seed;
+  double capacity_factor; /* MoE: 0 dropless (the default); c > 0 caps each expert at
+                             ceil(c tokens top_k / E) routing choices (see dt_nn_moe) */
 } dt_llama_config_t;
 
 /* Defaults for the fields left 0 (norm_eps 1e-5, rope_theta 10000, n_kv_heads = n_heads,
@@ -104,7 +136,11 @@ DT_API dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* 
  * to the loss. Records on `tape` when grad mode is on. */
 DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens,
                                     dt_tensor_t targets, dt_var_t* loss, double* aux);
-/* Forward FLOPs per token (matmuls and attention), for throughput and MFU. */
+/* What the MoE layers of the last dt_llama_forward routed and dropped, summed over the layers
+ * (zeros for a dense model or before a forward). */
+DT_API dt_status_t dt_llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out);
+/* Forward FLOPs per token (matmuls and attention), for throughput and MFU; an MoE layer counts
+ * its router and its top_k experts (what the grouped GEMMs run without dropping). */
 DT_API double dt_llama_flops_per_token(const dt_llama_config_t* cfg);
 
 /* ---- AdamW on local shards, fp32 master weights -------------------------------------------

@@ -37,7 +37,11 @@ extern "C" {
  *               step)], Python semantics), narrow ([dim, start, length]), cat (1 to 8 inputs,
  *               iargs [dim])
  *   indexing:   topk (iargs [k, dim(, largest)]; two outputs: use dt_op_run_multi),
- *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim])
+ *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim]),
+ *               index_add (x (N, D), idx (T), src (T, D): rows added at idx, dim 0)
+ *   experts:    grouped_mm (x (T, K) sorted by expert, w (E, N, K), counts (E); iargs [trans=1]),
+ *               moe_route (idx (N, K); iargs [experts, capacity=0]; three outputs), and the
+ *               gradient op grouped_mm_wgrad (a (T, M), b (T, N), counts) -> (E, M, N)
  *   optimizer:  sumsq (the sum of squares, accumulated in double, as a 0-d f32 tensor: Partial
  *               over the mesh dims that shard x), and two in-place ops that return nothing
  *               (dt_op_run_multi with n_outputs 0): adamw (param f32, grad f32, exp_avg,
@@ -149,6 +153,37 @@ DT_API dt_status_t dt_topk(dt_tensor_t x, int64_t k, int dim, dt_tensor_t* value
 DT_API dt_status_t dt_gather(dt_tensor_t x, int dim, dt_tensor_t index, dt_tensor_t* out);
 DT_API dt_status_t dt_scatter_add(dt_tensor_t x, int dim, dt_tensor_t index, dt_tensor_t src,
                                   dt_tensor_t* out);
+/* Rows of x (N, D) with src's row i added to row idx[i] (i32/i64 indices, repeats add up):
+ * torch.index_add along dim 0. Gradients: x gets g, src g's rows at idx. */
+DT_API dt_status_t dt_index_add(dt_tensor_t x, dt_tensor_t idx, dt_tensor_t src,
+                                dt_tensor_t* out);
+
+/* ---- mixture of experts --------------------------------------------------------------------
+ * Grouped GEMM: x (T, K) holds rows sorted by expert, counts (E) (i32/i64, Replicate: every
+ * rank needs them) how many rows each expert owns, in order: rows [o_e, o_e + counts[e]) with
+ * o_e = counts[0] + ... + counts[e-1] belong to expert e. out (T, N): with trans 1, w (E, N, K)
+ * and out rows = x rows W_e^T (PyTorch's linear convention, one weight matrix per expert); with
+ * trans 0, w (E, K, N) and out rows = x rows W_e. One GEMM per expert with rows (cblas_sgemm on
+ * the CPU); experts without rows and T = 0 are fine. The counts must be non-negative and sum to
+ * T (DT_ERR_INVALID_ARG, agreed over the mesh, otherwise). Differentiable in x and w (the weight
+ * gradient is the op grouped_mm_wgrad). Placements: rows sharded (each rank its rows), the
+ * weights' output or contracted dim sharded (tensor parallel), experts sharded (each rank its
+ * own experts' rows, the others zero: a Partial(sum) output); see src/strategy/rules_moe.c. */
+DT_API dt_status_t dt_grouped_mm(dt_tensor_t x, dt_tensor_t w, dt_tensor_t counts, int trans,
+                                 dt_tensor_t* out);
+/* FLOPs (2 per multiply-add) the grouped GEMM kernels (grouped_mm and grouped_mm_wgrad) of this
+ * process computed since the last reset: per expert group, its rows times its matrix, so an
+ * expert a row is not routed to costs nothing. Counted by the host kernels; not thread-safe. */
+DT_API dt_status_t dt_grouped_mm_flops(int64_t* flops);
+DT_API dt_status_t dt_grouped_mm_flops_reset(void);
+/* Routing: idx (N, K) (i32/i64, the K experts token n chose, each in [0, n_experts)) as slots
+ * s = n K + j. *order (N K) i64 lists the slots sorted by expert, stable (token order within an
+ * expert), the kept slots first and then the dropped ones in slot order; *tok (N K) i64 the
+ * token of each sorted slot (order / K); *counts (n_experts) i64 the slots each expert keeps.
+ * capacity > 0: an expert keeps its first `capacity` slots in token order and drops the rest;
+ * 0 keeps every slot (dropless). Outputs Replicate (the sort is global). No gradient. */
+DT_API dt_status_t dt_moe_route(dt_tensor_t idx, int64_t n_experts, int64_t capacity,
+                                dt_tensor_t* order, dt_tensor_t* tok, dt_tensor_t* counts);
 DT_API dt_status_t dt_where(dt_tensor_t cond, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
 DT_API dt_status_t dt_cast(dt_tensor_t x, dt_dtype_t dtype, dt_tensor_t* out);
 /* Dropout with a placement-independent mask: element g (global index) is kept when a hash of

@@ -7,8 +7,7 @@
  * Tree (unnamed modules keep their parameters' names flat):
  *   "" root: tok_emb | layers: 0 .. L-1 | norm | output
  *   block "i": attn_norm | "" attention (linears wq wk wv wo) | ffn_norm | "" mlp (linears w1
- *              w3 w2)
- *                                                          or "" moe (router | experts: 0.. E-1)
+ *              w3 w2) or "" moe (router | experts: stacked w1 w3 w2)
  */
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +26,7 @@ struct dt_llama {
   dt_mesh_t mesh;
   dt_module_t root;
   int64_t numel;
+  dt_moe_stats_t moe_stats; /* the last forward's, summed over the layers */
   /* the dt_llama_params view, rebuilt on each call (a wrapper may replace parameters) */
   int n_params, cap_params;
   dt_var_t* params;
@@ -47,6 +47,7 @@ void dt_llama_config_defaults(dt_llama_config_t* c) {
   if (c->ffn_dim <= 0) c->ffn_dim = ((c->dim * 8 / 3) + 7) / 8 * 8;
   if (c->n_experts > 0 && c->top_k <= 0) c->top_k = c->n_experts < 2 ? c->n_experts : 2;
   if (c->aux_loss_coef <= 0 && c->n_experts > 0) c->aux_loss_coef = 0.01;
+  if (c->capacity_factor < 0) c->capacity_factor = 0.0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -119,27 +120,25 @@ static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt
                                int n_out, dt_var_t* out) {
   (void)n_in;
   (void)n_out;
-  const dt_llama_config_t* c = dt__cfg(m);
-  int E = c->n_experts;
+  struct dt_llama* model = dt_module_ctx(m);
+  const dt_llama_config_t* c = &model->cfg;
   int64_t bsd[DT_MAX_DIMS];
   DT_CHECK(dt_tensor_shape(dt_var_value(in[0]), bsd));
   const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
-  dt_var_t w[3][64];
-  if (E > 64) return DT_FAIL(DT_ERR_UNSUPPORTED, "moe: at most 64 experts");
   dt_module_t experts;
   DT_CHECK(dt_module_find(m, "experts", &experts));
-  for (int e = 0; e < E; e++) {
-    char nm[32];
-    static const char* const kW[3] = {"w1", "w3", "w2"};
-    for (int k = 0; k < 3; k++) {
-      snprintf(nm, sizeof nm, "%d.%s", e, kW[k]);
-      DT_CHECK(dt_module_param(experts, nm, &w[k][e]));
-    }
-  }
-  dt_var_t x2, f2;
+  dt_var_t w[3], x2, f2;
+  static const char* const kW[3] = {"w1", "w3", "w2"};
+  for (int k = 0; k < 3; k++) DT_CHECK(dt_module_param(experts, kW[k], &w[k]));
   DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &x2));
-  DT_CHECK(dt_nn_moe(tape, x2, dt_module_get(m, "router"), E, w[0], w[1], w[2], c->top_k,
-                     c->aux_loss_coef, &f2, &out[1]));
+  dt_moe_stats_t st;
+  DT_CHECK(dt_nn_moe(tape, x2, dt_module_get(m, "router"), w[0], w[1], w[2], c->top_k,
+                     c->capacity_factor, c->aux_loss_coef, &f2, &out[1], &st));
+  model->moe_stats.tokens += st.tokens;
+  model->moe_stats.assignments += st.assignments;
+  model->moe_stats.dropped += st.dropped;
+  model->moe_stats.expert_rows += st.expert_rows;
+  model->moe_stats.capacity = st.capacity;
   return dt_ag_op(tape, "reshape", 1, &f2, 3, bsd, 0, NULL, 1, &out[0]);
 }
 
@@ -263,7 +262,7 @@ static dt_status_t dt__build(dt_llama_t m, const char* plan) {
   double std = 0.02, ostd = 0.02 / sqrt(2.0 * c->n_layers);
   const int64_t emb[2] = {V, D}, vecD[1] = {D}, sq[2] = {(int64_t)H * Dh, D},
                 skv[2] = {(int64_t)G * Dh, D}, so[2] = {D, (int64_t)H * Dh}, s1[2] = {F, D},
-                s2[2] = {D, F}, sr[2] = {E, D};
+                s2[2] = {D, F}, sr[2] = {E, D}, se1[3] = {E, F, D}, se2[3] = {E, D, F};
   DT_CHECK(dt_module_create("", dt__fwd_llama, m, &m->root));
   DT_CHECK(dt__leaf_module(m, plan, m->root, "tok_emb", "tok_emb", dt__fwd_embedding, 2, emb, 0,
                            std));
@@ -294,18 +293,9 @@ static dt_status_t dt__build(dt_llama_t m, const char* plan) {
       DT_CHECK(dt__module(m, block, "", dt__fwd_moe, &mlp));
       DT_CHECK(dt__param(m, plan, mlp, "router", DT__FULL("router"), 2, sr, 0, std));
       DT_CHECK(dt__module(m, mlp, "experts", NULL, &experts));
-      for (int e = 0; e < E; e++) {
-        dt_module_t ex;
-        char en[16], s[48];
-        snprintf(en, sizeof en, "%d", e);
-        DT_CHECK(dt__module(m, experts, en, NULL, &ex));
-        snprintf(s, sizeof s, "experts.%d.w1", e);
-        DT_CHECK(dt__param(m, plan, ex, "w1", DT__FULL(s), 2, s1, 0, std));
-        snprintf(s, sizeof s, "experts.%d.w3", e);
-        DT_CHECK(dt__param(m, plan, ex, "w3", DT__FULL(s), 2, s1, 0, std));
-        snprintf(s, sizeof s, "experts.%d.w2", e);
-        DT_CHECK(dt__param(m, plan, ex, "w2", DT__FULL(s), 2, s2, 0, ostd));
-      }
+      DT_CHECK(dt__param(m, plan, experts, "w1", DT__FULL("experts.w1"), 3, se1, 0, std));
+      DT_CHECK(dt__param(m, plan, experts, "w3", DT__FULL("experts.w3"), 3, se1, 0, std));
+      DT_CHECK(dt__param(m, plan, experts, "w2", DT__FULL("experts.w2"), 3, se2, 0, ostd));
     }
 #undef DT__FULL
   }
@@ -323,11 +313,12 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
   if (cfg.dim <= 0 || cfg.n_layers <= 0 || cfg.n_heads <= 0 || cfg.vocab <= 0 ||
       cfg.seq_len <= 0 || cfg.dim % cfg.n_heads != 0 || cfg.n_heads % cfg.n_kv_heads != 0 ||
       (cfg.dim / cfg.n_heads) % 2 != 0 || cfg.n_experts < 0 || cfg.n_experts > 64 ||
-      (cfg.n_experts > 0 && (cfg.top_k < 1 || cfg.top_k > cfg.n_experts)))
+      (cfg.n_experts > 0 && (cfg.top_k < 1 || cfg.top_k > cfg.n_experts)) ||
+      !isfinite(cfg.capacity_factor))
     return DT_FAIL(DT_ERR_INVALID_ARG,
                    "llama config: need dim, layers, heads, vocab, seq_len > 0; dim a multiple of "
                    "heads with an even head dim; heads a multiple of kv heads; at most 64 "
-                   "experts; 1 <= top_k <= experts");
+                   "experts; 1 <= top_k <= experts; a finite capacity factor");
   dt_llama_t m = calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the model");
   if (dt_handle_register(m, &dt__llama_kind) != DT_SUCCESS) {
@@ -399,13 +390,21 @@ dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const**
   return DT_SUCCESS;
 }
 
+dt_status_t dt_llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out) {
+  DT_ARG_NOT_NULL(out);
+  memset(out, 0, sizeof *out);
+  DT_CHECK(dt__llama_check(m));
+  *out = m->moe_stats;
+  return DT_SUCCESS;
+}
+
 double dt_llama_flops_per_token(const dt_llama_config_t* cfg_in) {
   dt_llama_config_t c = *cfg_in;
   dt_llama_config_defaults(&c);
   double D = c.dim, Dh = (double)c.dim / c.n_heads, H = c.n_heads, G = c.n_kv_heads, F = c.ffn_dim;
   double attn_proj = 2.0 * D * (H * Dh + 2 * G * Dh + H * Dh);
   double attn_core = 2.0 * 2.0 * H * Dh * c.seq_len / 2.0; /* causal: half the keys on average */
-  double mlp = 2.0 * 3.0 * D * F * (c.n_experts > 0 ? c.n_experts : 1); /* all experts computed */
+  double mlp = 2.0 * 3.0 * D * F * (c.n_experts > 0 ? c.top_k : 1); /* routed: top_k experts */
   double router = c.n_experts > 0 ? 2.0 * D * c.n_experts : 0.0;
   return c.n_layers * (attn_proj + attn_core + mlp + router) + 2.0 * D * c.vocab;
 }
@@ -449,6 +448,7 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
     return st0;
   }
   dt_var_t res[2];
+  memset(&m->moe_stats, 0, sizeof m->moe_stats);
   DT_CHECK(dt_module_forward(m->root, tape, 2, io, 2, res));
   if (aux_out) *aux_out = 0.0;
   if (aux_out && res[1] != NULL) {

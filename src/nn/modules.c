@@ -1,6 +1,7 @@
 /* modules.c - the model building blocks as functions over recorded ops: parameters placed by a
  * plan, linear (optional bias), embedding, RMSNorm, LayerNorm, causal grouped-query attention
- * with rotary embeddings, SwiGLU MLP and a top-k mixture of experts. Public API only. */
+ * with rotary embeddings, SwiGLU MLP and a top-k mixture of experts (routed through grouped GEMMs,
+ * and the dense reference that runs every expert). Public API only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -261,64 +262,92 @@ dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, d
   return ag(tape, "reshape", 1, &y, nd, xs, 0, NULL, out);
 }
 
-dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, int E, const dt_var_t* w1,
-                      const dt_var_t* w3, const dt_var_t* w2, int top_k, double aux_coef,
-                      dt_var_t* out, dt_var_t* aux) {
-  DT_ARG_NOT_NULL(out);
-  *out = NULL;
-  if (aux) *aux = NULL;
-  int nd;
-  int64_t xs[DT_MAX_DIMS];
-  DT_CHECK(shape_of(x, &nd, xs));
-  if (nd != 2 || E < 1 || top_k < 1 || top_k > E || !w1 || !w2 || !w3)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "moe: x (N, D), 1 <= top_k <= experts, expert weights");
-  int64_t N = xs[0];
-  dt_var_t logits, probs, tk[2], gates;
+/* ---------------------------------------------------------------------------------------------
+ * mixture of experts */
+
+/* Checks x (N, D), router (E, D), w1 and w3 (E, F, D), w2 (E, D, F), 1 <= top_k <= E. */
+static dt_status_t dt__moe_check(const char* what, dt_var_t x, dt_var_t router, dt_var_t w1,
+                                 dt_var_t w3, dt_var_t w2, int top_k, int64_t* N, int64_t* D,
+                                 int64_t* E, int64_t* F) {
+  int nd[5];
+  int64_t s[5][DT_MAX_DIMS];
+  dt_var_t v[5] = {x, router, w1, w3, w2};
+  static const char* const kNames[5] = {"x", "router", "w1", "w3", "w2"};
+  for (int i = 0; i < 5; i++) {
+    if (v[i] == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %s is NULL", what, kNames[i]);
+    DT_CHECK(shape_of(v[i], &nd[i], s[i]));
+  }
+  if (nd[0] != 2 || nd[1] != 2 || nd[2] != 3 || nd[3] != 3 || nd[4] != 3)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: x (N, D), router (E, D), w1 and w3 (E, F, D), w2 "
+                   "(E, D, F); got %d, %d, %d, %d and %d dims", what, nd[0], nd[1], nd[2], nd[3],
+                   nd[4]);
+  *N = s[0][0];
+  *D = s[0][1];
+  *E = s[1][0];
+  *F = s[2][1];
+  if (s[1][1] != *D || s[2][0] != *E || s[2][2] != *D || s[3][0] != *E || s[3][1] != *F ||
+      s[3][2] != *D || s[4][0] != *E || s[4][1] != *D || s[4][2] != *F)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: with x (%lld, %lld) and router (%lld, %lld), w1 and "
+                   "w3 must be (E, F, D) = (%lld, %lld, %lld) and w2 (E, D, F) = (%lld, %lld, "
+                   "%lld); got w1 (%lld, %lld, %lld), w3 (%lld, %lld, %lld), w2 (%lld, %lld, "
+                   "%lld)", what, (long long)*N, (long long)*D, (long long)s[1][0],
+                   (long long)s[1][1], (long long)*E, (long long)*F, (long long)*D, (long long)*E,
+                   (long long)*D, (long long)*F, (long long)s[2][0], (long long)s[2][1],
+                   (long long)s[2][2], (long long)s[3][0], (long long)s[3][1], (long long)s[3][2],
+                   (long long)s[4][0], (long long)s[4][1], (long long)s[4][2]);
+  if (top_k < 1 || top_k > *E)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: top_k %d out of range [1, %lld experts]", what, top_k,
+                   (long long)*E);
+  return DT_SUCCESS;
+}
+
+/* The router: probs (N, E) = softmax(x router^T), topk -> gate values tk[0] and experts tk[1]
+ * (N, K). */
+static dt_status_t dt__moe_router(dt_tape_t tape, dt_var_t x, dt_var_t router, int top_k,
+                                  dt_var_t* probs, dt_var_t* tk) {
+  dt_var_t logits;
   DT_CHECK(ag2(tape, "linear_nobias", x, router, &logits));
   const int64_t last[1] = {-1};
-  DT_CHECK(ag(tape, "softmax", 1, &logits, 1, last, 0, NULL, &probs));
+  DT_CHECK(ag(tape, "softmax", 1, &logits, 1, last, 0, NULL, probs));
   const int64_t ka[2] = {top_k, 1};
-  DT_CHECK(dt_ag_op(tape, "topk", 1, &probs, 2, ka, 0, NULL, 2, tk));
+  return dt_ag_op(tape, "topk", 1, probs, 2, ka, 0, NULL, 2, tk);
+}
+
+/* A tape constant of zeros (replicated) of x's mesh. */
+static dt_status_t dt__moe_zeros(dt_tape_t tape, dt_var_t x, int nd, const int64_t* shape,
+                                 dt_var_t* out) {
   dt_mesh_t mesh;
   DT_CHECK(dt_tensor_mesh(dt_var_value(x), &mesh));
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
-  const int64_t ne[2] = {N, E}, nk[2] = {N, top_k};
   dt_tensor_t z;
-  DT_CHECK(dt_tensor_zeros(mesh, DT_F32, 2, ne, rep, &z));
-  dt_var_t zv;
-  DT_CHECK(dt_tape_constant(tape, z, &zv));
-  const int64_t one[1] = {1};
-  dt_var_t sin[3] = {zv, tk[1], tk[0]};
-  DT_CHECK(ag(tape, "scatter_add", 3, sin, 1, one, 0, NULL, &gates)); /* dense (N, E) gates */
-  dt_var_t acc = NULL;
-  for (int e = 0; e < E; e++) {
-    dt_var_t y, ge, w, s;
-    DT_CHECK(dt_nn_swiglu(tape, x, w1[e], w3[e], w2[e], &y));
-    const int64_t na[3] = {1, e, 1};
-    DT_CHECK(ag(tape, "narrow", 1, &gates, 3, na, 0, NULL, &ge));
-    DT_CHECK(ag2(tape, "mul", y, ge, &w));
-    if (acc == NULL) {
-      acc = w;
-    } else {
-      DT_CHECK(ag2(tape, "add", acc, w, &s));
-      acc = s;
-    }
-  }
-  *out = acc;
-  if (aux == NULL) return DT_SUCCESS;
-  /* f_e: routed fraction (no gradient); P_e: mean router probability */
+  DT_CHECK(dt_tensor_zeros(mesh, DT_F32, nd, shape, rep, &z));
+  dt_status_t st = dt_tape_constant(tape, z, out);
+  if (st != DT_SUCCESS) dt_tensor_destroy(z);
+  return st;
+}
+
+/* Load-balancing loss: aux_coef * E * sum_e f_e P_e, f_e the fraction of the routing choices that
+ * went to e (no gradient), P_e the mean router probability. */
+static dt_status_t dt__moe_aux(dt_tape_t tape, dt_var_t x, dt_var_t probs, dt_var_t idx,
+                               int64_t N, int64_t E, int top_k, double aux_coef, dt_var_t* aux) {
   int prev = dt_grad_enabled();
   dt_grad_set_enabled(0);
-  dt_tensor_t ones, z2;
+  dt_mesh_t mesh;
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  const int64_t ne[2] = {N, E}, nk[2] = {N, top_k}, one[1] = {1}, m0[2] = {0, 0};
+  dt_tensor_t ones;
   dt_var_t onesv, z2v, cnt, frac, fr;
-  dt_status_t st = dt_tensor_full_value(mesh, DT_F32, 2, nk, rep, 1.0, &ones);
-  if (st == DT_SUCCESS) st = dt_tape_constant(tape, ones, &onesv);
-  if (st == DT_SUCCESS) st = dt_tensor_zeros(mesh, DT_F32, 2, ne, rep, &z2);
-  if (st == DT_SUCCESS) st = dt_tape_constant(tape, z2, &z2v);
-  const int64_t m0[2] = {0, 0};
+  dt_status_t st = dt_tensor_mesh(dt_var_value(x), &mesh);
+  if (st == DT_SUCCESS) st = dt_tensor_full_value(mesh, DT_F32, 2, nk, rep, 1.0, &ones);
   if (st == DT_SUCCESS) {
-    dt_var_t cin[3] = {z2v, tk[1], onesv};
+    st = dt_tape_constant(tape, ones, &onesv);
+    if (st != DT_SUCCESS) dt_tensor_destroy(ones);
+  }
+  if (st == DT_SUCCESS) st = dt__moe_zeros(tape, x, 2, ne, &z2v);
+  if (st == DT_SUCCESS) {
+    dt_var_t cin[3] = {z2v, idx, onesv};
     st = ag(tape, "scatter_add", 3, cin, 1, one, 0, NULL, &cnt);
   }
   if (st == DT_SUCCESS) st = ag(tape, "mean", 1, &cnt, 2, m0, 0, NULL, &frac);
@@ -331,6 +360,125 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, int E, const 
   DT_CHECK(ag2(tape, "mul", fr, pm, &prod));
   const int64_t all[1] = {0};
   DT_CHECK(ag(tape, "sum", 1, &prod, 1, all, 0, NULL, &sum));
-  double coef = aux_coef * E;
+  double coef = aux_coef * (double)E;
   return ag(tape, "mul_scalar", 1, &sum, 0, NULL, 1, &coef, aux);
+}
+
+dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, dt_var_t w3,
+                      dt_var_t w2, int top_k, double capacity_factor, double aux_coef,
+                      dt_var_t* out, dt_var_t* aux, dt_moe_stats_t* stats) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  if (aux) *aux = NULL;
+  if (stats) memset(stats, 0, sizeof *stats);
+  int64_t N, D, E, F;
+  DT_CHECK(dt__moe_check("moe", x, router, w1, w3, w2, top_k, &N, &D, &E, &F));
+  if (!(capacity_factor >= 0.0 && isfinite(capacity_factor)))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "moe: capacity_factor %g must be finite and >= 0 (0: "
+                   "dropless)", capacity_factor);
+  const int64_t S = N * top_k; /* routing choices (token, expert) */
+  int64_t capacity = 0;
+  if (capacity_factor > 0.0) {
+    capacity = (int64_t)ceil(capacity_factor * (double)S / (double)E);
+    if (capacity < 1) capacity = 1;
+  }
+  dt_var_t probs, tk[2];
+  DT_CHECK(dt__moe_router(tape, x, router, top_k, &probs, tk));
+  /* the routing: slots sorted by expert (integers, no gradient) */
+  dt_var_t rt[3];
+  const int64_t ra[2] = {E, capacity};
+  int prev = dt_grad_enabled();
+  dt_grad_set_enabled(0);
+  dt_status_t st = dt_ag_op(tape, "moe_route", 1, &tk[1], 2, ra, 0, NULL, 3, rt);
+  dt_grad_set_enabled(prev);
+  DT_CHECK(st);
+  dt_var_t order = rt[0], tok = rt[1], counts = rt[2];
+  int64_t T = S;
+  if (capacity > 0) { /* the kept slots' count sets the sorted rows' shape: read it */
+    int64_t* c = malloc(sizeof(int64_t) * (size_t)E);
+    if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %lld counts", (long long)E);
+    st = dt_tensor_full(dt_var_value(counts), c, sizeof(int64_t) * (size_t)E);
+    T = 0;
+    for (int64_t e = 0; e < E; e++) T += c[e];
+    free(c);
+    DT_CHECK(st);
+    if (T < S) {
+      const int64_t na[3] = {0, 0, T};
+      dt_grad_set_enabled(0);
+      st = ag(tape, "narrow", 1, &order, 3, na, 0, NULL, &order);
+      if (st == DT_SUCCESS) st = ag(tape, "narrow", 1, &tok, 3, na, 0, NULL, &tok);
+      dt_grad_set_enabled(prev);
+      DT_CHECK(st);
+    }
+  }
+  if (stats) {
+    stats->tokens = N;
+    stats->assignments = S;
+    stats->dropped = S - T;
+    stats->capacity = capacity;
+    stats->expert_rows = T;
+  }
+  /* tokens (T, D) sorted by expert -> SwiGLU through grouped GEMMs -> weighted by their gates ->
+   * added back at their tokens */
+  dt_var_t xs, a, b, sa, h, y, gflat, g, g2, yw, zero;
+  DT_CHECK(ag2(tape, "embedding", x, tok, &xs));
+  dt_var_t in1[3] = {xs, w1, counts}, in3[3] = {xs, w3, counts};
+  DT_CHECK(ag(tape, "grouped_mm", 3, in1, 0, NULL, 0, NULL, &a));
+  DT_CHECK(ag(tape, "grouped_mm", 3, in3, 0, NULL, 0, NULL, &b));
+  DT_CHECK(ag(tape, "silu", 1, &a, 0, NULL, 0, NULL, &sa));
+  DT_CHECK(ag2(tape, "mul", sa, b, &h));
+  dt_var_t in2[3] = {h, w2, counts};
+  DT_CHECK(ag(tape, "grouped_mm", 3, in2, 0, NULL, 0, NULL, &y));
+  const int64_t flat[1] = {S}, col[2] = {T, 1}, d0[1] = {0}, nd_[2] = {N, D};
+  DT_CHECK(ag(tape, "reshape", 1, &tk[0], 1, flat, 0, NULL, &gflat));
+  dt_var_t gin[2] = {gflat, order};
+  DT_CHECK(ag(tape, "gather", 2, gin, 1, d0, 0, NULL, &g)); /* each sorted row's gate */
+  DT_CHECK(ag(tape, "reshape", 1, &g, 2, col, 0, NULL, &g2));
+  DT_CHECK(ag2(tape, "mul", y, g2, &yw));
+  DT_CHECK(dt__moe_zeros(tape, x, 2, nd_, &zero));
+  dt_var_t cin[3] = {zero, tok, yw};
+  DT_CHECK(ag(tape, "index_add", 3, cin, 0, NULL, 0, NULL, out));
+  if (aux == NULL) return DT_SUCCESS;
+  return dt__moe_aux(tape, x, probs, tk[1], N, E, top_k, aux_coef, aux);
+}
+
+dt_status_t dt_nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,
+                            dt_var_t w3, dt_var_t w2, int top_k, double aux_coef, dt_var_t* out,
+                            dt_var_t* aux) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  if (aux) *aux = NULL;
+  int64_t N, D, E, F;
+  DT_CHECK(dt__moe_check("moe_dense", x, router, w1, w3, w2, top_k, &N, &D, &E, &F));
+  dt_var_t probs, tk[2], gates, zv;
+  DT_CHECK(dt__moe_router(tape, x, router, top_k, &probs, tk));
+  const int64_t ne[2] = {N, E}, one[1] = {1};
+  DT_CHECK(dt__moe_zeros(tape, x, 2, ne, &zv));
+  dt_var_t sin[3] = {zv, tk[1], tk[0]};
+  DT_CHECK(ag(tape, "scatter_add", 3, sin, 1, one, 0, NULL, &gates)); /* dense (N, E) gates */
+  dt_var_t acc = NULL;
+  dt_var_t ws[3] = {w1, w3, w2};
+  const int64_t sfd[2] = {F, D}, sdf[2] = {D, F};
+  for (int64_t e = 0; e < E; e++) {
+    dt_var_t we[3], y, ge, wy, s;
+    for (int k = 0; k < 3; k++) { /* expert e's matrix of the stacked weights */
+      dt_var_t sl;
+      const int64_t na[3] = {0, e, 1};
+      DT_CHECK(ag(tape, "narrow", 1, &ws[k], 3, na, 0, NULL, &sl));
+      DT_CHECK(ag(tape, "reshape", 1, &sl, 2, k < 2 ? sfd : sdf, 0, NULL, &we[k]));
+    }
+    DT_CHECK(dt_nn_swiglu(tape, x, we[0], we[1], we[2], &y));
+    const int64_t na[3] = {1, e, 1};
+    DT_CHECK(ag(tape, "narrow", 1, &gates, 3, na, 0, NULL, &ge));
+    DT_CHECK(ag2(tape, "mul", y, ge, &wy));
+    if (acc == NULL) {
+      acc = wy;
+    } else {
+      DT_CHECK(ag2(tape, "add", acc, wy, &s));
+      acc = s;
+    }
+  }
+  *out = acc;
+  if (aux == NULL) return DT_SUCCESS;
+  return dt__moe_aux(tape, x, probs, tk[1], N, E, top_k, aux_coef, aux);
 }

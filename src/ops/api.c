@@ -123,3 +123,32 @@ dt_status_t dt_dropout(dt_tensor_t x, double p, uint64_t seed, dt_tensor_t* out)
   const double f[1] = {p};
   return dt__opa(DT_OP_DROPOUT, 1, &x, 1, a, 1, f, out);
 }
+
+dt_status_t dt_grouped_mm(dt_tensor_t x, dt_tensor_t w, dt_tensor_t counts, int trans,
+                          dt_tensor_t* out) {
+  dt_tensor_t in[3] = {x, w, counts};
+  const int64_t a[1] = {trans};
+  return dt__opa(DT_OP_GROUPED_MM, 3, in, 1, a, 0, NULL, out);
+}
+
+dt_status_t dt_moe_route(dt_tensor_t idx, int64_t n_experts, int64_t capacity, dt_tensor_t* order,
+                         dt_tensor_t* tok, dt_tensor_t* counts) {
+  dt_tensor_t outs[3];
+  const int64_t a[2] = {n_experts, capacity};
+  if (order) *order = NULL;
+  if (tok) *tok = NULL;
+  if (counts) *counts = NULL;
+  DT_ARG_NOT_NULL(order);
+  DT_ARG_NOT_NULL(tok);
+  DT_ARG_NOT_NULL(counts);
+  DT_CHECK(dt__op_apply(DT_OP_MOE_ROUTE, 1, &idx, 2, a, 0, NULL, 3, outs, NULL));
+  *order = outs[0];
+  *tok = outs[1];
+  *counts = outs[2];
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_index_add(dt_tensor_t x, dt_tensor_t idx, dt_tensor_t src, dt_tensor_t* out) {
+  dt_tensor_t in[3] = {x, idx, src};
+  return dt__opa(DT_OP_INDEX_ADD, 3, in, 0, NULL, 0, NULL, out);
+}

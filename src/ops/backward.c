@@ -16,6 +16,9 @@
  *   cross_entropy: (softmax(logits) - onehot) scaled by g (mean: g / N; sum: g; none: g per row),
  *                  computed class-sharded
  *   redistribute: back to the source placements, Partial -> Replicate
+ *   grouped_mm (x, w, counts): grouped_mm(g, w) with the other transpose, grouped_mm_wgrad
+ *                  (g_e^T x_e, or x_e^T g_e for trans 0); counts none
+ *   index_add: g, embedding(g, idx) (the rows the sources were added to)
  */
 #include <math.h>
 
@@ -687,4 +690,32 @@ dt_status_t dt__bw_gather_dim(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tens
   }
   dt__scope_free(&s);
   return st;
+}
+
+/* grouped_mm: out_e = x_e op(W_e) per expert group. d x_e = g_e op(W_e)^T: the same op with the
+ * other transpose; d W_e = g_e^T x_e (trans 1, W_e (N, K)) or x_e^T g_e (trans 0, W_e (K, N)). */
+dt_status_t dt__bw_grouped_mm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const int64_t trans = c->n_iargs ? c->iargs[0] != 0 : 1, other = !trans;
+  if (c->needs[0]) {
+    dt_tensor_t in[3] = {gout[0], c->in[1], c->in[2]};
+    DT_CHECK(dt__opa(DT_OP_GROUPED_MM, 3, in, 1, &other, 0, NULL, &gin[0]));
+  }
+  if (c->needs[1]) {
+    dt_tensor_t in[3] = {trans ? gout[0] : c->in[0], trans ? c->in[0] : gout[0], c->in[2]};
+    DT_CHECK(dt__opa(DT_OP_GROUPED_MM_WGRAD, 3, in, 0, NULL, 0, NULL, &gin[1]));
+  }
+  return DT_SUCCESS;
+}
+
+/* index_add: x's gradient is g; src row i's is g's row idx[i] (an embedding lookup into g). */
+dt_status_t dt__bw_index_add(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (c->needs[2]) {
+    dt_tensor_t in[2] = {gout[0], c->in[1]};
+    DT_CHECK(dt__opa(DT_OP_EMBEDDING, 2, in, 0, NULL, 0, NULL, &gin[2]));
+  }
+  if (c->needs[0]) {
+    gin[0] = gout[0];
+    gout[0] = NULL;
+  }
+  return DT_SUCCESS;
 }

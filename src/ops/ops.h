@@ -179,6 +179,11 @@ DT__KERNEL(dt__kernel_rms_norm_grad);
 DT__KERNEL(dt__kernel_layer_norm_grad);
 DT__KERNEL(dt__kernel_embedding_grad);
 DT__KERNEL(dt__kernel_sdpa_grad);
+/* kernels_moe.c */
+DT__KERNEL(dt__kernel_grouped_mm);
+DT__KERNEL(dt__kernel_grouped_mm_wgrad);
+DT__KERNEL(dt__kernel_moe_route);
+DT__KERNEL(dt__kernel_index_add);
 #undef DT__KERNEL
 
 /* ---- backward rules named by the op table (src/ops/backward.c) ------------------------------- */
@@ -235,6 +240,8 @@ DT__BACKWARD(dt__bw_gather);
 DT__BACKWARD(dt__bw_scatter_add);
 DT__BACKWARD(dt__bw_cross_entropy);
 DT__BACKWARD(dt__bw_redistribute);
+DT__BACKWARD(dt__bw_grouped_mm);
+DT__BACKWARD(dt__bw_index_add);
 #undef DT__BACKWARD
 
 /* ---- composite ops (src/ops/loss.c, src/ops/dispatch.c) ------------------------------------- */

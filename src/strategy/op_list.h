@@ -39,6 +39,8 @@
   X(LINEAR, "linear", 3, 1, "", dt__linear_rules, NULL, dt__bw_linear, DT__W, dt__kernel_linear, NULL)   \
   X(LINEAR_NOBIAS, "linear_nobias", 2, 1, "", dt__linear_rules, NULL, dt__bw_linear, DT__W,              \
     dt__kernel_linear, NULL)                                                                             \
+  X(GROUPED_MM, "grouped_mm", 3, 1, "trans=1", dt__grouped_mm_rules, NULL, dt__bw_grouped_mm, DT__WC,    \
+    dt__kernel_grouped_mm, NULL)                                                                         \
   /* pointwise */                                                                                        \
   X(ADD, "add", 2, 1, "", dt__additive_rules, NULL, dt__bw_add, DT__WR, dt__kernel_add, NULL)            \
   X(SUB, "sub", 2, 1, "", dt__additive_rules, NULL, dt__bw_sub, DT__WR, dt__kernel_sub, NULL)            \
@@ -129,6 +131,10 @@
     NULL)                                                                                                \
   X(SCATTER_ADD, "scatter_add", 3, 1, "dim", dt__scatter_add_rules, NULL, dt__bw_scatter_add, DT__WC,    \
     dt__kernel_scatter_add, NULL)                                                                        \
+  X(MOE_ROUTE, "moe_route", 1, 3, "experts, capacity=0", dt__moe_route_rules, NULL, NULL, DT__WNC,       \
+    dt__kernel_moe_route, NULL)                                                                          \
+  X(INDEX_ADD, "index_add", 3, 1, "", dt__index_add_rules, NULL, dt__bw_index_add, DT__WC,               \
+    dt__kernel_index_add, NULL)                                                                          \
   /* fused gradient ops (what backward rules run) */                                                     \
   X(ACT_GRAD, "act_grad", 2, 1, "kind", dt__act_grad_rules, NULL, NULL, DT__WN, dt__kernel_act_grad,     \
     NULL)                                                                                                \
@@ -140,6 +146,8 @@
     dt__kernel_embedding_grad, NULL)                                                                     \
   X(SDPA_GRAD, "sdpa_grad", 4, 3, "causal=0, layout=0, scale:f?", dt__sdpa_grad_rules, dt__sdpa_check,   \
     NULL, DT__WN, dt__kernel_sdpa_grad, NULL)                                                            \
+  X(GROUPED_MM_WGRAD, "grouped_mm_wgrad", 3, 1, "", dt__grouped_mm_wgrad_rules, NULL, NULL, DT__WNC,     \
+    dt__kernel_grouped_mm_wgrad, NULL)                                                                   \
   /* in-place updates (the optimizer, gradient clipping) */                                              \
   X(ADAMW, "adamw", 5, 0, "lr:f, beta1:f=0.9, beta2:f=0.999, eps:f=1e-8, weight_decay:f=0",            \
     dt__adamw_rules, NULL, NULL,                                                                         \

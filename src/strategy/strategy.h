@@ -61,6 +61,10 @@ DT__RULES(dt__sdpa_grad_rules);
 DT__RULES(dt__adamw_rules);
 DT__RULES(dt__scale_rules);
 DT__RULES(dt__sumsq_rules);
+DT__RULES(dt__grouped_mm_rules);
+DT__RULES(dt__grouped_mm_wgrad_rules);
+DT__RULES(dt__moe_route_rules);
+DT__RULES(dt__index_add_rules);
 #undef DT__RULES
 
 /* Per-mesh checks named by the op table. */
@@ -122,6 +126,10 @@ dt_status_t dt__slice_args(int op, const dt_op_call_t* call, int* dim, int64_t* 
 dt_status_t dt__sdpa_layout(const dt_op_call_t* call, int* hd, int* sd);
 /* topk arguments validated: k, dim, largest. */
 dt_status_t dt__topk_args(const dt_op_call_t* call, int64_t* k, int* dim, int* largest);
+/* grouped_mm's trans argument (default 1), validated. */
+dt_status_t dt__grouped_mm_args(const dt_op_call_t* call, int* trans);
+/* moe_route's arguments validated: the number of experts and the capacity (0: dropless). */
+dt_status_t dt__moe_route_args(const dt_op_call_t* call, int64_t* experts, int64_t* capacity);
 
 /* ---- registry and selection ----------------------------------------------------------------- */
 /* Checks n_iargs/n_fargs against op `id`'s schema (built-ins; host ops check their own). */

@@ -59,6 +59,12 @@ static const gen_case_t kGen[] = {
     {"cross_entropy", 2, {F, L}, {2, 1}, {{6, 5}, {6}}, {0, 5}, 1, 0, {1}, {0}, 0},
     {"cross_entropy", 2, {F, L}, {2, 1}, {{6, 5}, {6}}, {0, 5}, 1, 0, {2}, {0}, 0},
     {"redistribute", 1, {F}, {2}, {{7, 4}}, {0}, 0, 0, {0}, {0}, 1},
+    {"grouped_mm", 3, {F, F, L}, {2, 3, 1}, {{6, 4}, {3, 5, 4}, {3}}, {0, 0, 7}, 1, 0, {1}, {0}, 0},
+    {"grouped_mm", 3, {F, F, L}, {2, 3, 1}, {{6, 4}, {3, 4, 5}, {3}}, {0, 0, 7}, 1, 0, {0}, {0}, 0},
+    {"grouped_mm_wgrad", 3, {F, F, L}, {2, 2, 1}, {{6, 4}, {6, 5}, {3}}, {0, 0, 7}, 0, 0, {0}, {0}, 0},
+    {"moe_route", 1, {L}, {2}, {{5, 2}}, {3}, 2, 0, {3, 0}, {0}, 0},
+    {"moe_route", 1, {L}, {2}, {{5, 2}}, {3}, 2, 0, {3, 2}, {0}, 0},
+    {"index_add", 3, {F, L, F}, {2, 1, 2}, {{5, 4}, {6}, {6, 4}}, {0, 5}, 0, 0, {0}, {0}, 0},
     {"sumsq", 1, {F}, {2}, {{7, 4}}, {0}, 0, 0, {0}, {0}, 0},
     {"scale_", 1, {F}, {2}, {{7, 4}}, {0}, 0, 1, {0}, {-0.75}, 0},
     {"adamw", 5, {F, F, F, F, L}, {2, 2, 2, 2, 0}, {{5, 6}, {5, 6}, {5, 6}, {5, 6}, {0}},
@@ -83,7 +89,7 @@ static void seen(const char* op) {
 }
 
 /* Deterministic inputs: small multiples of 1/8 (exact in bf16) with repeats (ties for the
- * comparisons), integers in [0, hi). */
+ * comparisons), integers in [0, hi); the grouped GEMMs' counts (2, 0, 4) sum to their 6 rows. */
 static void gen_tensor(const gen_case_t* g, int t, int k, fx_tensor_t* x) {
   x->dtype = g->dtype[t];
   x->ndim = g->ndim[t];
@@ -97,6 +103,7 @@ static void gen_tensor(const gen_case_t* g, int t, int k, fx_tensor_t* x) {
     int64_t h = (i * 37 + t * 11 + k * 5) % 23;
     x->data[i] = x->dtype == DT_I64 ? (double)(h % g->hi[t]) : (double)(h % 9 - 4) * 0.125 + 0.0625;
     if (strcmp(g->op, "adamw") == 0 && t == 3) x->data[i] = fabs(x->data[i]); /* exp_avg_sq */
+    if (strncmp(g->op, "grouped_mm", 10) == 0 && t == 2) x->data[i] = (double)(i == 0 ? 2 : i == 1 ? 0 : 4);
   }
 }
 
