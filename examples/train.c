@@ -39,6 +39,9 @@
  * output projection (Shard(0) of (out, in) weights), row-parallel wo/w2 (Shard(1)), the
  * embedding sharded on its hidden dim, norms replicated; the MoE's stacked experts the same way
  * on their hidden dim F (w1/w3 (E, F, D) Shard(1), w2 (E, D, F) Shard(2)), the router replicated.
+ * A plan that puts the experts Shard(0) on one mesh dim (and Replicate on the others), e.g.
+ * "*.experts.*=S(0);..." on a 1-D mesh, runs them expert-parallel over that dim (dt_nn_moe); the
+ * first step says which ("# moe: ...").
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
@@ -386,6 +389,18 @@ int main(int argc, char** argv) {
       printf("# activations held by the tape after the forward pass: %.1f KiB on rank 0; "
              "checkpointing freed %.1f KiB and recomputed %lld ops in the backward pass\n",
              held / 1024.0, saved / 1024.0, (long long)recomputed);
+    if (step == 0 && cfg.n_experts) { /* how the MoE layers ran */
+      dt_moe_stats_t ms;
+      CHECK(dt_llama_moe_stats(model, &ms));
+      if (g_rank == 0) {
+        if (ms.expert_parallel_dim >= 0)
+          printf("# moe: expert parallel over mesh dim %d (experts Shard(0) there)", ms.expert_parallel_dim);
+        else
+          printf("# moe: global routing");
+        printf("; %lld routing choices, %lld dropped\n", (long long)ms.assignments,
+               (long long)ms.dropped);
+      }
+    }
     CHECK(dt_tape_reset(tape));
     double gnorm;
     CHECK(dt_clip_grad_norm(np, params, o.clip, &gnorm));
