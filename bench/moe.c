@@ -37,8 +37,8 @@ static double step(dt_tape_t tape, const layer_t* l, dt_var_t r, int routed) {
   double t0 = now_us();
   dt_var_t out, aux, p, s, loss;
   if (routed)
-    CHECK(dt_nn_moe(tape, l->x, l->router, l->w1, l->w3, l->w2, TOP_K, 0.0, 0.01, &out, &aux,
-                    NULL));
+    CHECK(
+        dt_nn_moe(tape, l->x, l->router, l->w1, l->w3, l->w2, TOP_K, 0.0, 0.01, &out, &aux, NULL));
   else
     CHECK(dt_nn_moe_dense(tape, l->x, l->router, l->w1, l->w3, l->w2, TOP_K, 0.01, &out, &aux));
   dt_var_t pr[2] = {out, r};

@@ -394,7 +394,8 @@ int main(int argc, char** argv) {
       CHECK(dt_llama_moe_stats(model, &ms));
       if (g_rank == 0) {
         if (ms.expert_parallel_dim >= 0)
-          printf("# moe: expert parallel over mesh dim %d (experts Shard(0) there)", ms.expert_parallel_dim);
+          printf("# moe: expert parallel over mesh dim %d (experts Shard(0) there)",
+                 ms.expert_parallel_dim);
         else
           printf("# moe: global routing");
         printf("; %lld routing choices, %lld dropped\n", (long long)ms.assignments,

@@ -1,6 +1,7 @@
 /* modules.c - the model building blocks as functions over recorded ops: parameters placed by a
  * plan, linear (optional bias), embedding, RMSNorm, LayerNorm, causal grouped-query attention
  * with rotary embeddings, SwiGLU MLP and a top-k mixture of experts (routed through grouped GEMMs,
+ * expert-parallel over rank-local tensors and ragged all-to-alls when the experts are Shard(0),
  * and the dense reference that runs every expert). Public API only. */
 #include <math.h>
 #include <stdio.h>
@@ -392,11 +393,13 @@ static dt_status_t dt__ep_dispatch(dt_tape_t tape, const dt__ep_t* ep, dt_var_t 
                                    dt_var_t* inv) {
   int n = ep->n, me = ep->me;
   int64_t El = ep->lo[me + 1] - ep->lo[me];
-  int64_t *ecs = malloc(sizeof(int64_t) * (size_t)(3 * n)), *ecr = ecs + n, *rc = NULL,
+  int64_t *ecs = malloc(sizeof(int64_t) * (size_t)(2 * n)), *ecr = NULL, *rc = NULL,
           *perm = NULL, *lc = NULL;
-  dt_status_t st = ecs ? DT_SUCCESS : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %d counts", 3 * n);
+  if (ecs == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %d counts", 2 * n);
+  ecr = ecs + n;
+  dt_status_t st = DT_SUCCESS;
   dt_var_t rcv = NULL, xr = NULL, pv = NULL;
-  for (int j = 0; st == DT_SUCCESS && j < n; j++) {
+  for (int j = 0; j < n; j++) {
     ecs[j] = ep->lo[j + 1] - ep->lo[j]; /* coordinate j gets the counts of its experts */
     ecr[j] = El;                        /* and this rank those of its own from everyone */
     send[j] = 0;
@@ -500,9 +503,12 @@ static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_
   xg = xs;
   if (st == DT_SUCCESS && ep) {
     send = malloc(sizeof(int64_t) * (size_t)(2 * ep->n));
-    recv = send + ep->n;
-    st = send ? dt__ep_dispatch(tape, ep, xs, counts, c, send, recv, &xg, &gc, &inv)
-              : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: send counts");
+    if (send == NULL) {
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: send counts");
+    } else {
+      recv = send + ep->n;
+      st = dt__ep_dispatch(tape, ep, xs, counts, c, send, recv, &xg, &gc, &inv);
+    }
   }
   free(c);
   dt_var_t in1[3] = {xg, w1, gc}, in3[3] = {xg, w3, gc};
@@ -560,15 +566,13 @@ static dt_status_t dt__moe_ep_dim(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* di
   return DT_SUCCESS;
 }
 
-/* The routed layer under expert parallelism over mesh dim `dim`: the tokens split over it (rows,
- * Shard(0)); each rank routes its own tokens, sends each expert's rows to the rank that holds
- * it, runs its experts and sends the results back; the output has the split tokens' placements. */
-static dt_status_t dt__moe_ep(dt_tape_t tape, dt_var_t x, dt_var_t probs_unused, dt_var_t* tk,
-                              dt_var_t xe, int dim, int64_t E, int top_k, double capacity_factor,
-                              dt_var_t w1, dt_var_t w3, dt_var_t w2, dt_var_t* out,
-                              int64_t* kept_local) {
-  (void)probs_unused;
-  (void)x;
+/* The routed layer under expert parallelism over mesh dim `dim`: xe the tokens split over it
+ * (rows Shard(0)), tk their router's gates and choices. Each rank routes its own tokens, sends
+ * each expert's rows to the rank that holds it, runs its experts and sends the results back;
+ * the output has the split tokens' placements. */
+static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, int dim,
+                              int64_t E, int top_k, double capacity_factor, dt_var_t w1,
+                              dt_var_t w3, dt_var_t w2, dt_var_t* out, int64_t* kept_local) {
   dt_mesh_t mesh;
   int mnd, n, me;
   DT_CHECK(dt_tensor_mesh(dt_var_value(xe), &mesh));
@@ -606,7 +610,7 @@ static dt_status_t dt__moe_ep(dt_tape_t tape, dt_var_t x, dt_var_t probs_unused,
   for (int k = 0; k < 3 && st == DT_SUCCESS; k++) st = dt_ag_to_local(tape, w[k], wpl, &wl[k]);
   int64_t Nl = 0, ls[DT_MAX_DIMS];
   if (st == DT_SUCCESS) st = dt_tensor_local_shape(dt_var_value(xe), ls);
-  Nl = ls[0];
+  if (st == DT_SUCCESS) Nl = ls[0];
   int64_t capacity = 0;
   if (capacity_factor > 0.0) { /* per rank: each rank drops among its own tokens */
     capacity = (int64_t)ceil(capacity_factor * (double)(Nl * top_k) / (double)E);
@@ -661,8 +665,8 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, 
       for (int i = 0; i < mnd; i++) same &= dt_placement_equal(p[i], epl[i]);
       if (!same) DT_CHECK(dt_ag_redistribute(tape, tk[k], epl, &tk[k]));
     }
-    DT_CHECK(dt__moe_ep(tape, x, probs, tk, xr, ep_dim, E, top_k, capacity_factor, w1, w3, w2,
-                        out, &kept));
+    DT_CHECK(dt__moe_ep(tape, tk, xr, ep_dim, E, top_k, capacity_factor, w1, w3, w2, out,
+                        &kept));
     if (capacity_factor > 0.0) { /* the kept choices summed over the ranks that split tokens */
       dt_placement_t pp[DT_MAX_MESH_DIMS];
       for (int i = 0; i < mnd; i++)

@@ -43,9 +43,10 @@ static dt_status_t dt__reshard_view(dt_tensor_t x, int ndim, const int64_t* shap
     int same = t->local_numel == x->local_numel && t->layout.ndim == x->layout.ndim;
     for (int d = 0; same && d < ndim; d++) same = t->local_shape[d] == x->local_shape[d];
     if (!same)
-      st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: the local values (%lld elements, %d dims) are not the "
-                   "shard this rank holds of the target layout (%lld elements)", what,
-                   (long long)x->local_numel, x->layout.ndim, (long long)t->local_numel);
+      st = DT_FAIL(DT_ERR_INVALID_ARG,
+                   "%s: the local values (%lld elements, %d dims) are not the "
+                   "shard this rank holds of the target layout (%lld elements)",
+                   what, (long long)x->local_numel, x->layout.ndim, (long long)t->local_numel);
   }
   dt__tensor_free(t);
   st = dt__mesh_agree(x->mesh, st, what);
@@ -129,10 +130,9 @@ dt_status_t dt__bw_from_local(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tens
     }
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   dt__all_replicate(rep);
-  dt_status_t st = g->meta ? dt__tensor_meta(g->mesh, g->dtype, g->layout.ndim, g->local_shape,
-                                             rep, &gin[0])
-                           : dt__tensor_alias(g, 0, g->dtype, g->layout.ndim, g->local_shape, rep,
-                                              &gin[0]);
+  dt_status_t st =
+      g->meta ? dt__tensor_meta(g->mesh, g->dtype, g->layout.ndim, g->local_shape, rep, &gin[0])
+              : dt__tensor_alias(g, 0, g->dtype, g->layout.ndim, g->local_shape, rep, &gin[0]);
   dt__tensor_free(moved);
   return st;
 }
@@ -150,23 +150,25 @@ static dt_status_t dt__a2a_counts(dt_tensor_t x, dt_tensor_t splits, int dim, dt
   *exchanged = 0;
   if (splits->dtype != DT_I64 || splits->layout.ndim != 1 ||
       (splits->local_numel != n && splits->local_numel != 2 * n))
-    st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: splits must be a 1-d i64 tensor of %d send counts or "
-                 "%d send then receive counts (mesh dim %d has %d ranks)", op, n, 2 * n, dim, n);
+    st = DT_FAIL(DT_ERR_INVALID_ARG,
+                 "%s: splits must be a 1-d i64 tensor of %d send counts or "
+                 "%d send then receive counts (mesh dim %d has %d ranks)",
+                 op, n, 2 * n, dim, n);
   int64_t rows = x->layout.ndim ? x->local_shape[0] : 1, sum = 0;
   if (st == DT_SUCCESS) {
     const int64_t* sp = (const int64_t*)splits->data;
     for (int j = 0; j < (int)splits->local_numel; j++)
       if (sp[j] < 0)
-        st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: split %d is negative (%lld)", op, j,
-                     (long long)sp[j]);
+        st =
+            DT_FAIL(DT_ERR_INVALID_ARG, "%s: split %d is negative (%lld)", op, j, (long long)sp[j]);
     for (int j = 0; j < n; j++) {
       scount[j] = sp[j];
       sum += sp[j];
       if (splits->local_numel == 2 * n) rcount[j] = sp[n + j];
     }
     if (st == DT_SUCCESS && (x->layout.ndim == 0 || sum != rows))
-      st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: the send counts sum to %lld, x has %lld local rows",
-                   op, (long long)sum, (long long)rows);
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: the send counts sum to %lld, x has %lld local rows", op,
+                   (long long)sum, (long long)rows);
   }
   st = dt__mesh_agree(x->mesh, st, op);
   if (st != DT_SUCCESS || splits->local_numel == 2 * n) return st;
@@ -199,8 +201,10 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: mesh dim %d has %d ranks, at most %d", op, dim, n,
                    DT_MAX_RANKS_A2A);
   if (x->meta || splits->meta || mesh->abstract || !mesh->member)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: the received rows are known only by running it (no "
-                   "meta tensors, abstract meshes or non-members)", op);
+    return DT_FAIL(DT_ERR_UNSUPPORTED,
+                   "%s: the received rows are known only by running it (no "
+                   "meta tensors, abstract meshes or non-members)",
+                   op);
   dt_comm_t* comm = dt__mesh_group_comm(mesh, 1u << dim);
   if (comm == NULL) return DT_FAIL(DT_ERR_INTERNAL, "%s: no communicator for mesh dim %d", op, dim);
   int64_t sc[DT_MAX_RANKS_A2A], rc[DT_MAX_RANKS_A2A], sd[DT_MAX_RANKS_A2A], rd[DT_MAX_RANKS_A2A];
@@ -234,8 +238,8 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
     rc[j] *= row;
     if (j != me) sent += (uint64_t)sc[j] * dt__itemsize(x->dtype);
   }
-  dt_status_t st = comm->iface->all_to_all_v(comm, x->data, sc, sd, o->data, rc, rd, x->dtype,
-                                             NULL);
+  dt_status_t st =
+      comm->iface->all_to_all_v(comm, x->data, sc, sd, o->data, rc, rd, x->dtype, NULL);
   if (st != DT_SUCCESS) {
     dt__tensor_free(o);
     return st;
@@ -261,7 +265,8 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
 
 dt_status_t dt__bw_all_to_all_single(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   if (!c->needs[0]) return DT_SUCCESS;
-  if (c->saved == NULL) return DT_FAIL(DT_ERR_INTERNAL, "all_to_all_single node without its counts");
+  if (c->saved == NULL)
+    return DT_FAIL(DT_ERR_INTERNAL, "all_to_all_single node without its counts");
   dt_tensor_t in[2] = {gout[0], c->saved};
   return dt__op_apply(DT_OP_ALL_TO_ALL_SINGLE, 2, in, c->n_iargs, c->iargs, 0, NULL, 1, gin, NULL);
 }

@@ -148,19 +148,21 @@ static void check_ep(dt_mesh_t mesh, int64_t N, int64_t D, int64_t E, int64_t F,
   DT_ASSERT_EQ(st[0].dropped, 0);
   DT_ASSERT_EQ(st[0].expert_rows, N * K);
   if (a2a_nbytes) {
-    *a2a_nbytes = c1.dim_nbytes[ep_dim][DT_COLL_ALL_TO_ALL] - c0.dim_nbytes[ep_dim][DT_COLL_ALL_TO_ALL];
-    *a2a_calls = c1.dim_calls[ep_dim][DT_COLL_ALL_TO_ALL] - c0.dim_calls[ep_dim][DT_COLL_ALL_TO_ALL];
+    *a2a_nbytes =
+        c1.dim_nbytes[ep_dim][DT_COLL_ALL_TO_ALL] - c0.dim_nbytes[ep_dim][DT_COLL_ALL_TO_ALL];
+    *a2a_calls =
+        c1.dim_calls[ep_dim][DT_COLL_ALL_TO_ALL] - c0.dim_calls[ep_dim][DT_COLL_ALL_TO_ALL];
     DT_ASSERT_EQ(c1.calls[DT_COLL_ALL_TO_ALL] - c0.calls[DT_COLL_ALL_TO_ALL], *a2a_calls);
   }
   char what[160];
-  snprintf(what, sizeof what, "EP N %lld E %lld x %s w %s: output", (long long)N, (long long)E,
-           xpl, wpl);
+  snprintf(what, sizeof what, "EP N %lld E %lld x %s w %s: output", (long long)N, (long long)E, xpl,
+           wpl);
   expect_close(dt_var_value(out[0]), dt_var_value(out[1]), 1e-5, what);
   expect_close(dt_var_value(aux[0]), dt_var_value(aux[1]), 1e-6, "aux");
   static const char* const kNames[5] = {"x", "router", "w1", "w3", "w2"};
   for (int i = 0; i < 5; i++) {
-    snprintf(what, sizeof what, "EP N %lld E %lld x %s w %s: d %s", (long long)N, (long long)E,
-             xpl, wpl, kNames[i]);
+    snprintf(what, sizeof what, "EP N %lld E %lld x %s w %s: d %s", (long long)N, (long long)E, xpl,
+             wpl, kNames[i]);
     expect_close(dt_var_grad((&p[0].x)[i]), dt_var_grad((&p[1].x)[i]), 1e-5, what);
   }
   for (int v = 0; v < 2; v++) {
@@ -208,16 +210,19 @@ static void test_traffic(void) {
   check_ep(mesh, N, D, E, F, K, "S(0)", "S(0)", 0, x, r, &nbytes, &calls);
   uint64_t rows = 4 * (uint64_t)(T * K) * (uint64_t)(EP - 1) / (uint64_t)EP; /* 4 T K (EP-1)/EP */
   uint64_t want = rows * (uint64_t)D * sizeof(float) + 8 * (uint64_t)E * (EP - 1) / EP;
-  DT_ASSERT_TRUE(nbytes == want,
-                 "all-to-all bytes %llu, want 4 T K D (EP-1)/EP = %llu f32 elements plus %llu bytes "
-                 "of counts", (unsigned long long)nbytes, (unsigned long long)(rows * D),
-                 (unsigned long long)(8 * E * (EP - 1) / EP));
+  DT_ASSERT_TRUE(
+      nbytes == want,
+      "all-to-all bytes %llu, want 4 T K D (EP-1)/EP = %llu f32 elements plus %llu bytes "
+      "of counts",
+      (unsigned long long)nbytes, (unsigned long long)(rows * D),
+      (unsigned long long)(8 * E * (EP - 1) / EP));
   DT_ASSERT_EQ(calls, 5);
   if (g_rank == 0)
-    printf("EP %d, T %lld, K %d, D %lld: all-to-all %llu bytes per rank forward + backward = "
-           "4 T K D (EP-1)/EP f32 + %lld count bytes, %llu calls\n", EP, (long long)T, K,
-           (long long)D, (unsigned long long)nbytes, (long long)(8 * E * (EP - 1) / EP),
-           (unsigned long long)calls);
+    printf(
+        "EP %d, T %lld, K %d, D %lld: all-to-all %llu bytes per rank forward + backward = "
+        "4 T K D (EP-1)/EP f32 + %lld count bytes, %llu calls\n",
+        EP, (long long)T, K, (long long)D, (unsigned long long)nbytes,
+        (long long)(8 * E * (EP - 1) / EP), (unsigned long long)calls);
   free(x);
   free(r);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
@@ -240,7 +245,8 @@ static void test_all_to_all(void) {
   float* buf = malloc(sizeof(float) * (size_t)(rows * W + 1));
   for (int64_t r = 0, at = 0; r < n; r++) /* row value: 100 sender + 10 destination + k */
     for (int64_t k = 0; k < send[r]; k++, at++)
-      for (int64_t w = 0; w < W; w++) buf[at * W + w] = (float)(100 * me + 10 * r + k) + 0.5f * (float)w;
+      for (int64_t w = 0; w < W; w++)
+        buf[at * W + w] = (float)(100 * me + 10 * r + k) + 0.5f * (float)w;
   dt_placement_t rep[1] = {dt_replicate()};
   const int64_t xs[2] = {rows, W};
   dt_tensor_t xt;
@@ -267,7 +273,8 @@ static void test_all_to_all(void) {
     DT_ASSERT_OK(dt_tape_backward(tape, lv));
     float* g;
     DT_ASSERT_OK(dt_tensor_to_local(dt_var_grad(xv), (void**)&g, NULL));
-    for (int64_t i = 0; i < rows * W; i++) DT_ASSERT_TRUE(g[i] == 2.0f * buf[i], "grad %lld", (long long)i);
+    for (int64_t i = 0; i < rows * W; i++)
+      DT_ASSERT_TRUE(g[i] == 2.0f * buf[i], "grad %lld", (long long)i);
     DT_ASSERT_OK(dt_tape_destroy(tape));
     /* the leaf owns xt: take it back for the next round */
     if (!given) {
@@ -291,8 +298,8 @@ static void test_all_to_all(void) {
   if (me == 0)
     DT_ASSERT_TRUE(strstr(dt_last_error(), "send counts sum to") != NULL, "%s", dt_last_error());
   st = dt_ag_all_to_all(tape, xv, 0, n + 1, send, NULL, &yv);
-  DT_ASSERT_TRUE(st == DT_ERR_INVALID_ARG && strstr(dt_last_error(), "counts for mesh dim"),
-                 "%s", dt_last_error());
+  DT_ASSERT_TRUE(st == DT_ERR_INVALID_ARG && strstr(dt_last_error(), "counts for mesh dim"), "%s",
+                 dt_last_error());
   DT_ASSERT_OK(dt_tape_destroy(tape));
   DT_ASSERT_OK(dt_var_destroy(xv));
   free(buf);
