@@ -2,8 +2,8 @@
  *
  *   mpirun -np 4 build/examples/train [--config FILE.json] [--mesh 4|2x2] [--model dense|moe]
  *       [--steps N] [--batch B] [--seq S] [--dim D] [--layers L] [--heads H] [--kv-heads G]
- *       [--experts E] [--top-k K] [--vocab V] [--order K] [--data markov|PATH] [--lr X]
- *       [--warmup N] [--clip X] [--seed N] [--plan "pattern=placements;..."]
+ *       [--experts E] [--top-k K] [--capacity-factor X] [--vocab V] [--order K]
+ *       [--data markov|PATH] [--lr X] [--warmup N] [--clip X] [--seed N] [--plan "pattern=placements;..."]
  *       [--metrics FILE.jsonl] [--plot FILE.png] [--bf16-moments] [--checkpoint]
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
  *       [--prefetch 0|1] [--bucket-mb X]
@@ -41,7 +41,8 @@
  * on their hidden dim F (w1/w3 (E, F, D) Shard(1), w2 (E, D, F) Shard(2)), the router replicated.
  * A plan that puts the experts Shard(0) on one mesh dim (and Replicate on the others), e.g.
  * "*.experts.*=S(0);..." on a 1-D mesh, runs them expert-parallel over that dim (dt_nn_moe); the
- * first step says which ("# moe: ...").
+ * first step says which ("# moe: ...") and how many routing choices --capacity-factor (0, the
+ * default: dropless; c: each expert keeps ceil(c tokens top_k / E), see dt_nn_moe) dropped.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
@@ -282,6 +283,7 @@ int main(int argc, char** argv) {
   cfg.vocab = dt_corpus_vocab(corpus);
   cfg.seq_len = o.seq;
   cfg.n_experts = !strcmp(o.model, "moe") ? o.experts : 0;
+  cfg.capacity_factor = o.capacity_factor;
   cfg.top_k = o.top_k;
   cfg.seed = (uint64_t)o.seed;
   dt_llama_t model;

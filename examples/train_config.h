@@ -16,6 +16,7 @@ typedef struct train_opts {
   int prefetch;              /* FSDP/HSDP: prefetch the next group, forward and backward */
   double lr, clip;
   double bucket_mb; /* DDP: gradient bytes per all-reduce bucket, in MiB (> 0) */
+  double capacity_factor; /* MoE: 0 dropless (the default); c > 0 caps each expert's slots */
   long long seed;
 } train_opts_t;
 

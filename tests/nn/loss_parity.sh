@@ -2,7 +2,8 @@
 # loss_parity.sh - the same model, seed and data on 1, 2 and 4 ranks (1-D meshes and a 2x2 mesh,
 # parameters sharded by the default tensor-parallel plan) give the same loss curve to rtol 1e-5 in
 # f32 over 20 steps, dense and MoE; the MoE also expert-parallel (experts Shard(0) on 2 and 4
-# ranks, the rest of the default plan kept); two runs of one configuration give bitwise-identical losses
+# ranks, the rest of the default plan kept; and with a capacity factor it drops choices); two runs of
+# one configuration give bitwise-identical losses
 # (the JSONL losses are printed with 9 significant digits, enough to round-trip an f32), also
 # with selective activation checkpointing on (which must free memory).
 #   loss_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -47,6 +48,10 @@ for np in 2 4; do
   compare moe_np1 "moe_ep_np$np" 1e-5
 done
 grep -q "# moe: global routing" "$W/moe_np2.log" || { echo "moe_np2: expected the global routing"; exit 1; }
+# a capacity factor of 0.5 keeps at most half of the 2 x 256 routing choices: at least 256 dropped
+run moe_cap_np2 2 --model moe --capacity-factor 0.5
+dropped=$(sed -n 's/^# moe: .*, \([0-9]*\) dropped$/\1/p' "$W/moe_cap_np2.log")
+[ -n "$dropped" ] && [ "$dropped" -ge 256 ] || { echo "moe_cap_np2: dropped '$dropped', expected >= 256"; exit 1; }
 # the loss went down: last below first
 for model in dense moe; do
   first=$(losses "$W/${model}_np1.jsonl" | head -1) last=$(losses "$W/${model}_np1.jsonl" | tail -1)
