@@ -10,7 +10,8 @@
  *   one forward + backward moves exactly 4 T K D (EP - 1) / EP f32 elements per rank in
  *   all-to-alls (dispatch and combine, forward and backward) plus one exchange of counts, 8 bytes
  *   for each of the (EP - 1) / EP E counts sent away, in 5 all-to-all calls; nothing else runs
- *   an all-to-all;
+ *   an all-to-all; a capacity factor drops per rank (0.5 drops exactly half of each rank's
+ *   choices there), summed over the ranks in the stats;
  * - the ragged all-to-all alone (dt_ag_all_to_all): rows arrive in coordinate order, the counts
  *   exchanged or given, its gradient is the reverse exchange, a rank sending or receiving nothing
  *   is fine, and send counts that do not sum to the rows fail on every rank;
@@ -223,6 +224,21 @@ static void test_traffic(void) {
         "4 T K D (EP-1)/EP f32 + %lld count bytes, %llu calls\n",
         EP, (long long)T, K, (long long)D, (unsigned long long)nbytes,
         (long long)(8 * E * (EP - 1) / EP), (unsigned long long)calls);
+  /* a capacity under EP is per rank: each rank's 16 tokens give every expert 4 slots, capacity
+   * ceil(0.5 * 16 * 2 / 8) = 2 keeps half: 16 dropped per rank */
+  moe_params_t p = moe_params(mesh, N, D, E, F, "S(0)", "S(0)", x, r);
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t out;
+  dt_moe_stats_t st;
+  DT_ASSERT_OK(dt_nn_moe(tape, p.x, p.router, p.w1, p.w3, p.w2, K, 0.5, 0.01, &out, NULL, &st));
+  DT_ASSERT_EQ(st.expert_parallel_dim, 0);
+  DT_ASSERT_EQ(st.capacity, -1);
+  DT_ASSERT_EQ(st.dropped, 16 * EP);
+  DT_ASSERT_EQ(st.expert_rows, N * K - 16 * EP);
+  DT_ASSERT_OK(dt_tape_backward(tape, loss_of(tape, out, NULL)));
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  moe_params_destroy(&p);
   free(x);
   free(r);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
