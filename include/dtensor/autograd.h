@@ -127,7 +127,8 @@ DT_API dt_status_t dt_ag_to_local(dt_tape_t tape, dt_var_t x, const dt_placement
                                   dt_var_t* out);
 /* The rank-local x as the local shard of a tensor with like's global shape and placements (a
  * view); x's shape must be exactly that shard (DT_ERR_INVALID_ARG, agreed over the mesh).
- * Backward: the gradient brought to like's placements, its local shard. like gets no gradient. */
+ * Backward: the gradient brought to like's placements (Replicate where like is Partial), its
+ * local shard. like gets no gradient. */
 DT_API dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t* out);
 /* Ragged all-to-all of rows over mesh dim `mesh_dim` (n ranks): the rows of x's local shard
  * (its first dim), send_counts[j] of them in order to coordinate j; *out (rank-local) holds the

@@ -12,7 +12,9 @@
  *                                      Partial(sum) where ranks computed different parts).
  *   from_local (x, like)               x (rank-local) as the local shard of a tensor with like's
  *                                      global shape and placements (a view). Backward: the
- *                                      gradient brought to like's placements, its local shard.
+ *                                      gradient brought to like's placements (Replicate where
+ *                                      like is Partial: each part gets the whole gradient), its
+ *                                      local shard.
  *   all_to_all_single (x, splits; mesh_dim)  rows of x's local shard: splits[j] of them, in
  *                                      order, to coordinate j along mesh_dim; the received rows
  *                                      in coordinate order (rank-local). splits holds the n send
@@ -121,13 +123,16 @@ dt_status_t dt__from_local_fwd(int n_in, const dt_tensor_t* in, int n_iargs, con
 dt_status_t dt__bw_from_local(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   if (!c->needs[0]) return DT_SUCCESS;
   dt_tensor_t like = c->in[1], g = gout[0], moved = NULL;
-  int nd = like->mesh->ndim;
-  for (int i = 0; i < nd; i++)
-    if (!dt_placement_equal(g->layout.pl[i], like->layout.pl[i])) {
-      DT_CHECK(dt_tensor_redistribute(g, like->layout.pl, &moved));
-      g = moved;
-      break;
-    }
+  int nd = like->mesh->ndim, same = 1;
+  dt_placement_t want[DT_MAX_MESH_DIMS]; /* like's; a Partial part gets the whole gradient */
+  for (int i = 0; i < nd; i++) {
+    want[i] = like->layout.pl[i].kind == DT_PARTIAL ? dt_replicate() : like->layout.pl[i];
+    same &= dt_placement_equal(g->layout.pl[i], want[i]);
+  }
+  if (!same) {
+    DT_CHECK(dt_tensor_redistribute(g, want, &moved));
+    g = moved;
+  }
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   dt__all_replicate(rep);
   dt_status_t st =
