@@ -14,7 +14,8 @@
  *   choices there), summed over the ranks in the stats;
  * - the ragged all-to-all alone (dt_ag_all_to_all): rows arrive in coordinate order, the counts
  *   exchanged or given, its gradient is the reverse exchange, a rank sending or receiving nothing
- *   is fine, and send counts that do not sum to the rows fail on every rank;
+ *   is fine, and send counts that do not sum to the rows fail on every rank; from_local onto a
+ *   Partial(sum) layout sums the ranks' parts and gives each part the whole gradient;
  * - the model: dt_llama with the plan "*.experts.*=S(0)" runs expert-parallel
  *   (dt_llama_moe_stats says on which mesh dim) with the loss and gradients of the replicated
  *   model to 1e-5.
@@ -322,6 +323,46 @@ static void test_all_to_all(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* from_local onto a Partial(sum) layout: the value is the sum of the ranks' parts, each part's
+ * gradient the whole upstream gradient */
+static void test_from_local_partial(void) {
+  int shape[1] = {g_world};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
+  const int64_t s[2] = {4, 3};
+  float part[12], rv[12], want[12], full[12];
+  for (int i = 0; i < 12; i++) {
+    part[i] = (float)(g_rank + 1) * (float)(i + 1);
+    rv[i] = (float)(i % 5) - 2.0f;
+    want[i] = (float)(g_world * (g_world + 1) / 2) * (float)(i + 1);
+  }
+  dt_placement_t rep[1] = {dt_replicate()}, psum[1] = {dt_partial(DT_REDUCE_SUM)};
+  dt_tensor_t xt, lt, rt;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, s, rep, part, &xt)); /* rank-local part */
+  DT_ASSERT_OK(dt_tensor_meta(mesh, DT_F32, 2, s, psum, &lt));
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, s, rep, rv, &rt));
+  dt_var_t x, like, r, y, p, l;
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  DT_ASSERT_OK(dt_var_leaf(xt, 1, &x));
+  DT_ASSERT_OK(dt_tape_constant(tape, lt, &like));
+  DT_ASSERT_OK(dt_tape_constant(tape, rt, &r));
+  DT_ASSERT_OK(dt_ag_from_local(tape, x, like, &y));
+  DT_ASSERT_OK(dt_tensor_full(dt_var_value(y), full, sizeof full));
+  for (int i = 0; i < 12; i++) DT_ASSERT_TRUE(full[i] == want[i], "sum element %d", i);
+  dt_var_t yr[2] = {y, r};
+  const int64_t all[1] = {0};
+  DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, yr, 0, NULL, 0, NULL, 1, &p));
+  DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &p, 1, all, 0, NULL, 1, &l));
+  DT_ASSERT_OK(dt_tape_backward(tape, l));
+  float* g;
+  DT_ASSERT_OK(dt_tensor_to_local(dt_var_grad(x), (void**)&g, NULL));
+  for (int i = 0; i < 12; i++) DT_ASSERT_TRUE(g[i] == rv[i], "gradient element %d", i);
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_var_destroy(x));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 /* the model: experts Shard(0) by the plan run expert-parallel, same loss and gradients */
 static void test_llama(void) {
   int shape[1] = {g_world};
@@ -392,6 +433,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_world_rank(&g_rank));
   DT_ASSERT_OK(dt_world_size(&g_world));
   test_all_to_all();
+  test_from_local_partial();
   test_equal();
   test_traffic();
   test_llama();
