@@ -2,8 +2,8 @@
  *
  *   mpirun -np 4 build/examples/train [--config FILE.json] [--mesh 4|2x2] [--model dense|moe]
  *       [--steps N] [--batch B] [--seq S] [--dim D] [--layers L] [--heads H] [--kv-heads G]
- *       [--experts E] [--top-k K] [--vocab V] [--order K] [--data markov|PATH] [--lr X]
- *       [--warmup N] [--clip X] [--seed N] [--plan "pattern=placements;..."]
+ *       [--experts E] [--top-k K] [--capacity-factor X] [--vocab V] [--order K]
+ *       [--data markov|PATH] [--lr X] [--warmup N] [--clip X] [--seed N] [--plan "pattern=placements;..."]
  *       [--metrics FILE.jsonl] [--plot FILE.png] [--bf16-moments] [--checkpoint]
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
@@ -32,7 +32,10 @@
  * sharded, --loss-parallel feeds class-sharded logits to the loss), then FSDP over dp (as
  * --parallel fsdp: --reshard-after-forward, --param-dtype, --prefetch apply). Tokens are
  * sharded over dp, replicated over tp. --tp must divide the heads, kv heads, vocabulary, MLP
- * width (and --seq with --sp).
+ * width (and --seq with --sp). --ep E splits each layer's stacked experts Shard(0) over the data
+ * dim (expert parallelism over all D E data ranks: tokens go to their experts' ranks by a
+ * ragged all-to-all; FSDP shards the dense parameters only); for now --ep needs --dp 1 (no FSDP
+ * over the experts) and a multiple of E experts.
  *
  * --checkpoint turns on selective activation checkpointing (matmul outputs saved, pointwise ops and
  * views recomputed); the first step reports the activation memory it saved.
@@ -49,6 +52,10 @@
  * output projection (Shard(0) of (out, in) weights), row-parallel wo/w2 (Shard(1)), the
  * embedding sharded on its hidden dim, norms replicated; the MoE's stacked experts the same way
  * on their hidden dim F (w1/w3 (E, F, D) Shard(1), w2 (E, D, F) Shard(2)), the router replicated.
+ * A plan that puts the experts Shard(0) on one mesh dim (and Replicate on the others), e.g.
+ * "*.experts.*=S(0);..." on a 1-D mesh, runs them expert-parallel over that dim (dt_nn_moe); the
+ * first step says which ("# moe: ...") and how many routing choices --capacity-factor (0, the
+ * default: dropless; c: each expert keeps ceil(c tokens top_k / E), see dt_nn_moe) dropped.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
@@ -120,6 +127,36 @@ static double measure_peak(void) {
   free(b);
   free(c);
   return best;
+}
+
+/* Expert parallelism for the parallel config: each layer's stacked experts (E, ...) become
+ * Shard(0) over the data dim (1) of the (tp, dp) mesh; dt_nn_moe then dispatches tokens to their
+ * experts' ranks with a ragged all-to-all, and FSDP leaves the experts as they are. */
+static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t mesh) {
+  static const char* const w[3] = {"w1", "w3", "w2"};
+  const dt_placement_t pl[2] = {dt_replicate(), dt_shard(0)};
+  for (int l = 0; l < layers; l++)
+    for (int k = 0; k < 3; k++) {
+      char name[64];
+      snprintf(name, sizeof name, "layers.%d.experts.%s", l, w[k]);
+      dt_var_t v, nv;
+      dt_tensor_t t;
+      dt_status_t st = dt_module_param(root, name, &v);
+      if (st == DT_SUCCESS) st = dt_tensor_redistribute(dt_var_value(v), pl, &t);
+      if (st != DT_SUCCESS) return st;
+      (void)mesh;
+      st = dt_var_leaf(t, 1, &nv);
+      if (st != DT_SUCCESS) {
+        dt_tensor_destroy(t);
+        return st;
+      }
+      st = dt_module_set_param(root, name, nv);
+      if (st != DT_SUCCESS) {
+        dt_var_destroy(nv);
+        return st;
+      }
+    }
+  return DT_SUCCESS;
 }
 
 /* FSDP for the parallel config: over the dp dim (1) of the (tp, dp) mesh, one group per block
@@ -286,8 +323,13 @@ int main(int argc, char** argv) {
     if ((long long)D * T * E != world)
       return usage_error("--dp %d x --tp %d x --ep %d = %lld ranks, the world has %d", D, T, E,
                          (long long)D * T * E, world);
-    if (E > 1)
-      return usage_error("--ep: expert parallelism is not available yet");
+    if (E > 1 && D > 1)
+      return usage_error("--ep %d with --dp %d: experts sharded over part of the data ranks "
+                         "(FSDP over the experts) is not available yet; use --ep alone (the "
+                         "experts then split over all %d data ranks)", E, D, D * E);
+    if (E > 1 && (strcmp(o.model, "moe") != 0 || o.experts % E != 0))
+      return usage_error("--ep %d needs --model moe with a multiple of %d experts (got %s, %d)",
+                         E, E, o.model, o.experts);
     int kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
     if (T > 1 && (o.heads % T || kv % T || (o.sp && o.seq % T)))
       return usage_error("--tp %d must divide the heads (%d), the kv heads (%d)%s", T, o.heads,
@@ -350,6 +392,7 @@ int main(int argc, char** argv) {
   cfg.vocab = dt_corpus_vocab(corpus);
   cfg.seq_len = o.seq;
   cfg.n_experts = !strcmp(o.model, "moe") ? o.experts : 0;
+  cfg.capacity_factor = o.capacity_factor;
   cfg.top_k = o.top_k;
   cfg.seed = (uint64_t)o.seed;
   dt_llama_config_defaults(&cfg);
@@ -375,6 +418,8 @@ int main(int argc, char** argv) {
     snprintf(par_desc, sizeof par_desc, "dp %d x tp %d x ep %d%s%s", D, T, E,
              o.sp ? ", sequence parallel" : "", o.loss_parallel ? ", loss parallel" : "");
   }
+  if (pconf && E > 1) /* expert parallelism: the stacked experts Shard(0) over the data dim */
+    CHECK(shard_experts(root, o.layers, mesh));
   if (pconf) {
     if (D * E > 1) CHECK(shard_blocks(root, o.layers, mesh, &o));
   } else if (fsdp || hsdp) {
@@ -477,6 +522,19 @@ int main(int argc, char** argv) {
       printf("# activations held by the tape after the forward pass: %.1f KiB on rank 0; "
              "checkpointing freed %.1f KiB and recomputed %lld ops in the backward pass\n",
              held / 1024.0, saved / 1024.0, (long long)recomputed);
+    if (step == 0 && cfg.n_experts) { /* how the MoE layers ran */
+      dt_moe_stats_t ms;
+      CHECK(dt_llama_moe_stats(model, &ms));
+      if (g_rank == 0) {
+        if (ms.expert_parallel_dim >= 0)
+          printf("# moe: expert parallel over mesh dim %d (experts Shard(0) there)",
+                 ms.expert_parallel_dim);
+        else
+          printf("# moe: global routing");
+        printf("; %lld routing choices, %lld dropped\n", (long long)ms.assignments,
+               (long long)ms.dropped);
+      }
+    }
     CHECK(dt_tape_reset(tape));
     double gnorm;
     CHECK(dt_clip_grad_norm(np, params, o.clip, &gnorm));

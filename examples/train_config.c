@@ -154,6 +154,15 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
     o->bucket_mb = v;
     return 1;
   }
+  if (!strcmp(key, "capacity_factor")) {
+    char* end;
+    double v = strtod(val, &end);
+    if (end == val || *end != '\0' || !isfinite(v) || v < 0.0 || v > 1e3)
+      return fail(err, cap, "capacity_factor must be a number in [0, 1e3] (0: dropless), got "
+                  "'%.64s'", val);
+    o->capacity_factor = v;
+    return 1;
+  }
   if (!strcmp(key, "seed")) {
     long long v;
     if (!parse_ll(val, LLONG_MIN, LLONG_MAX, &v))

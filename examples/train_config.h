@@ -19,6 +19,7 @@ typedef struct train_opts {
   int dp, tp, ep;   /* parallel config: FSDP, tensor and expert parallel degrees (0: unset) */
   int sp;           /* tensor parallel: sequence parallelism */
   int loss_parallel; /* tensor parallel: class-sharded logits into the loss */
+  double capacity_factor; /* MoE: 0 dropless (the default); c > 0 caps each expert's slots */
   long long seed;
 } train_opts_t;
 

@@ -110,6 +110,39 @@ DT_API dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_place
 DT_API dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
                                        dt_var_t* out);
 
+/* ---- rank-local tensors and the ragged all-to-all (expert parallelism) ----
+ * Some data has no global shape: the rows each rank sends to each expert depend on the routing.
+ * Such values are rank-local tensors: ordinary tensors of the mesh whose placements are all
+ * Replicate but whose value and shape belong to this rank alone (what a plain tensor is inside
+ * torch's local_map). Every op runs on them locally, without communication (each op has an
+ * all-Replicate rule that moves nothing, and selection prefers it), and they record on the tape
+ * like any variable; redistributing or gathering one is meaningless (each rank would see its own
+ * value as everyone's). Read one with dt_tensor_to_local. These three functions cross between
+ * the two worlds and move rank-local rows: */
+/* x's local shard as a rank-local tensor (a view, no copy). Backward: the rank-local gradient is
+ * the local shard of a gradient with x's global shape and `grad_placements` (mesh ndim of them;
+ * NULL: x's placements). Where x is Replicate on a mesh dim whose ranks computed with different
+ * data (different tokens) pass Partial(sum) there: each rank's gradient is then a part. */
+DT_API dt_status_t dt_ag_to_local(dt_tape_t tape, dt_var_t x, const dt_placement_t* grad_placements,
+                                  dt_var_t* out);
+/* The rank-local x as the local shard of a tensor with like's global shape and placements (a
+ * view); x's shape must be exactly that shard (DT_ERR_INVALID_ARG, agreed over the mesh).
+ * Backward: the gradient brought to like's placements (Replicate where like is Partial), its
+ * local shard. like gets no gradient. */
+DT_API dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t* out);
+/* Ragged all-to-all of rows over mesh dim `mesh_dim` (n ranks): the rows of x's local shard
+ * (its first dim), send_counts[j] of them in order to coordinate j; *out (rank-local) holds the
+ * rows received, from coordinate 0 up. recv_counts NULL: the counts are exchanged first (n
+ * integers to and from each peer, one more collective); given, they must equal what the peers
+ * send (they are not checked: a mismatch is an MPI truncation error or a wait to the deadline).
+ * Backward: the reverse exchange (the counts swapped, none exchanged). Collective over the mesh
+ * dim (every rank of the mesh calls it). Counted under DT_COLL_ALL_TO_ALL on that mesh dim: the
+ * bytes this rank sends to other ranks (its own block stays), and 8 (n - 1) for an exchange of
+ * counts. The op is all_to_all_single (x, splits (n or 2n i64); iargs [mesh_dim]). */
+DT_API dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
+                                    const int64_t* send_counts, const int64_t* recv_counts,
+                                    dt_var_t* out);
+
 /* Backward from a scalar (0-dim) variable: seeds d loss = 1 and accumulates gradients into every
  * variable that requires one. The graph stays recorded (release it with dt_tape_reset);
  * gradients of intermediates do not outlive the pass, so a second backward on the same tape

@@ -73,7 +73,10 @@ typedef struct dt_moe_stats {
   int64_t assignments; /* routing choices N * top_k */
   int64_t dropped;     /* choices over an expert's capacity (0 when dropless) */
   int64_t expert_rows; /* rows the experts computed: assignments - dropped */
-  int64_t capacity;    /* slots per expert (0: dropless; the last layer's in a sum) */
+  int64_t capacity;    /* slots per expert (0: dropless; -1: per rank, under expert
+                          parallelism; the last layer's in a sum) */
+  int expert_parallel_dim; /* the mesh dim the experts are Shard(0) on, -1 without expert
+                              parallelism */
 } dt_moe_stats_t;
 
 /* Routed mixture of SwiGLU experts on x (N, D). The router (E, D) gives softmax probabilities,
@@ -88,9 +91,16 @@ typedef struct dt_moe_stats {
  * the residual around the layer carries it). The drop count needs the kept counts on the host:
  * one read of E integers. *aux (may be NULL) = aux_coef * E * sum_e f_e P_e (load balancing;
  * f_e the fraction of the routing choices that went to e before dropping, P_e the mean router
- * probability). *stats (may be NULL) says what was routed and dropped. The routing is global
- * (Replicate); x, the weights and the output may be placed as the ops' rules allow (experts
- * sharded on their output dims for tensor parallelism, e.g. w1/w3 Shard(1), w2 Shard(2)). */
+ * probability). *stats (may be NULL) says what was routed and dropped.
+ * Expert parallelism: when w1, w3 and w2 are all Shard(0) on one mesh dim and Replicate on the
+ * others, the tokens are split over that dim (x's rows Shard(0) there), each rank routes its own
+ * tokens, sends each expert's rows to the rank holding it (one all-to-all of per-expert counts,
+ * then a ragged all-to-all of the rows: dt_ag_all_to_all), runs its experts by grouped GEMMs and
+ * sends the results back (the reverse all-to-all); *out then has the split tokens' placements
+ * and a capacity applies per rank (stats->capacity -1). Otherwise the routing is global
+ * (Replicate) and x, the weights and the output are placed as the ops' rules allow (experts
+ * sharded on their hidden dim for tensor parallelism: w1/w3 Shard(1), w2 Shard(2)). Dropless,
+ * both give the same result. Collective over the mesh. */
 DT_API dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,
                              dt_var_t w3, dt_var_t w2, int top_k, double capacity_factor,
                              double aux_coef, dt_var_t* out, dt_var_t* aux,

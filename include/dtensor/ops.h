@@ -42,6 +42,8 @@ extern "C" {
  *   experts:    grouped_mm (x (T, K) sorted by expert, w (E, N, K), counts (E); iargs [trans=1]),
  *               moe_route (idx (N, K); iargs [experts, capacity=0]; three outputs), and the
  *               gradient op grouped_mm_wgrad (a (T, M), b (T, N), counts) -> (E, M, N)
+ *   rank-local: to_local, from_local and all_to_all_single (x, splits; iargs [mesh_dim]): see
+ *               the rank-local tensors of dtensor/autograd.h (expert parallelism)
  *   optimizer:  sumsq (the sum of squares, accumulated in double, as a 0-d f32 tensor: Partial
  *               over the mesh dims that shard x), and two in-place ops that return nothing
  *               (dt_op_run_multi with n_outputs 0): adamw (param f32, grad f32, exp_avg,

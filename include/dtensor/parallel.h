@@ -78,7 +78,9 @@ DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
  * [Shard(0), Replicate] on a (tp, dp) mesh becomes [Shard(0), Shard(0)] (dp splits the tp shard:
  * mesh-dim order), gathered back to [Shard(0), Replicate] for the forward. A Shard(0) on a dim
  * after the shard dim would not nest that way and is refused; reshard k > 1 needs the other dims
- * to be of size 1. Errors leave the module as it was: DT_ERR_INVALID_ARG for a dim outside the
+ * to be of size 1. Parameters already Shard on the shard dim (experts under expert
+ * parallelism over that dim, whose gradients are complete where they are held) are left out of
+ * the group, as they are. Errors leave the module as it was: DT_ERR_INVALID_ARG for a dim outside the
  * mesh, shard == replicate dim, a parameter on another mesh or not placed as above, a reshard k
  * that does not divide the shard dim, an integer dtype; DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or with no parameter
  * left to shard; DT_ERR_UNSUPPORTED for a backend whose memory is not the host's. */

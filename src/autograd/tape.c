@@ -475,6 +475,67 @@ dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t target
   return dt__ag_apply(tape, DT_OP_CROSS_ENTROPY, 2, in, 1, mean, 0, NULL, 1, out);
 }
 
+dt_status_t dt_ag_to_local(dt_tape_t tape, dt_var_t x, const dt_placement_t* grad_placements,
+                           dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__tape_check(tape));
+  DT_CHECK(dt__var_check(x));
+  DT_CHECK(dt__ensure_value(tape, x));
+  int nd = x->value->mesh->ndim;
+  int64_t code[DT_MAX_MESH_DIMS];
+  for (int i = 0; grad_placements && i < nd; i++) code[i] = dt_placement_encode(grad_placements[i]);
+  return dt__ag_apply(tape, DT_OP_TO_LOCAL, 1, &x, grad_placements ? nd : 0, code, 0, NULL, 1,
+                      out);
+}
+
+dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__tape_check(tape));
+  dt_var_t in[2] = {x, like};
+  return dt__ag_apply(tape, DT_OP_FROM_LOCAL, 2, in, 0, NULL, 0, NULL, 1, out);
+}
+
+dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
+                             const int64_t* send_counts, const int64_t* recv_counts,
+                             dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__tape_check(tape));
+  DT_CHECK(dt__var_check(x));
+  DT_ARG_NOT_NULL(send_counts);
+  DT_CHECK(dt__ensure_value(tape, x));
+  dt_mesh_t mesh = x->value->mesh;
+  int md = mesh_dim < 0 ? mesh_dim + mesh->ndim : mesh_dim;
+  if (md < 0 || md >= mesh->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "all_to_all: mesh dim %d out of range for a %d-dim mesh",
+                   mesh_dim, mesh->ndim);
+  if (n != mesh->shape[md])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "all_to_all: %d counts for mesh dim %d of %d ranks", n,
+                   mesh_dim, mesh->shape[md]);
+  int64_t* c = (int64_t*)dt__malloc(sizeof(int64_t) * 2 * (size_t)n);
+  if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "all_to_all: %d counts", 2 * n);
+  memcpy(c, send_counts, sizeof(int64_t) * (size_t)n);
+  if (recv_counts) memcpy(c + n, recv_counts, sizeof(int64_t) * (size_t)n);
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  const int64_t shape[1] = {recv_counts ? 2 * n : n};
+  dt_tensor_t t;
+  dt_status_t st = dt_tensor_from_full(mesh, DT_I64, 1, shape, rep, c, &t);
+  dt__free(c);
+  DT_CHECK(st);
+  dt_var_t in[2];
+  in[0] = x;
+  st = dt_tape_constant(tape, t, &in[1]);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(t);
+    return st;
+  }
+  const int64_t dim[1] = {md};
+  return dt__ag_apply(tape, DT_OP_ALL_TO_ALL_SINGLE, 2, in, 1, dim, 0, NULL, 1, out);
+}
+
 int dt_ag_has_backward(const char* name) {
   const dt_op_info_t* info = dt__op_info(dt__op_find(name));
   return info != NULL && info->backward != NULL;

@@ -139,6 +139,7 @@ static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt
   model->moe_stats.dropped += st.dropped;
   model->moe_stats.expert_rows += st.expert_rows;
   model->moe_stats.capacity = st.capacity;
+  model->moe_stats.expert_parallel_dim = st.expert_parallel_dim;
   return dt_ag_op(tape, "reshape", 1, &f2, 3, bsd, 0, NULL, 1, &out[0]);
 }
 
@@ -449,6 +450,7 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
   }
   dt_var_t res[2];
   memset(&m->moe_stats, 0, sizeof m->moe_stats);
+  m->moe_stats.expert_parallel_dim = -1;
   DT_CHECK(dt_module_forward(m->root, tape, 2, io, 2, res));
   if (aux_out) *aux_out = 0.0;
   if (aux_out && res[1] != NULL) {

@@ -1,6 +1,7 @@
 /* modules.c - the model building blocks as functions over recorded ops: parameters placed by a
  * plan, linear (optional bias), embedding, RMSNorm, LayerNorm, causal grouped-query attention
  * with rotary embeddings, SwiGLU MLP and a top-k mixture of experts (routed through grouped GEMMs,
+ * expert-parallel over rank-local tensors and ragged all-to-alls when the experts are Shard(0),
  * and the dense reference that runs every expert). Public API only. */
 #include <math.h>
 #include <stdio.h>
@@ -364,6 +365,282 @@ static dt_status_t dt__moe_aux(dt_tape_t tape, dt_var_t x, dt_var_t probs, dt_va
   return ag(tape, "mul_scalar", 1, &sum, 0, NULL, 1, &coef, aux);
 }
 
+/* Expert parallelism: the mesh dim `dim` (n ranks, this rank `me`) on which the experts are
+ * Shard(0); coordinate j holds experts [lo[j], hi[j]) (the chunk rule). */
+typedef struct dt__ep {
+  int dim, n, me;
+  int64_t* lo; /* n + 1 entries: lo[j] .. lo[j + 1] are coordinate j's experts */
+} dt__ep_t;
+
+/* A rank-local i64 constant of n values. */
+static dt_status_t dt__local_i64(dt_tape_t tape, dt_var_t like, int64_t n, const int64_t* v,
+                                 dt_var_t* out) {
+  dt_mesh_t mesh;
+  DT_CHECK(dt_tensor_mesh(dt_var_value(like), &mesh));
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  const int64_t s[1] = {n};
+  dt_tensor_t t;
+  DT_CHECK(dt_tensor_from_full(mesh, DT_I64, 1, s, rep, v, &t));
+  dt_status_t st = dt_tape_constant(tape, t, out);
+  if (st != DT_SUCCESS) dt_tensor_destroy(t);
+  return st;
+}
+
+/* This rank's copy of a (rank-local or replicated) i64 tensor's n values. */
+static dt_status_t dt__read_i64(dt_var_t v, int64_t n, int64_t* out) {
+  void* p;
+  int64_t ln;
+  DT_CHECK(dt_tensor_local_numel(dt_var_value(v), &ln));
+  if (ln != n) return DT_FAIL(DT_ERR_INTERNAL, "moe: %lld counts where %lld were expected",
+                              (long long)ln, (long long)n);
+  DT_CHECK(dt_tensor_to_local(dt_var_value(v), &p, NULL));
+  if (n > 0) memcpy(out, p, sizeof(int64_t) * (size_t)n);
+  return DT_SUCCESS;
+}
+
+/* Expert parallelism's dispatch: xs (T, D) rank-local rows sorted by expert, c (E) their counts
+ * -> xg (R, D) the rows every rank sends to this rank's experts, expert-major, and lcounts
+ * (E_l); *inv (R) puts expert-major rows back in arrival (rank-major) order; send/recv (n each)
+ * the rows to and from each coordinate. One exchange of per-expert counts (E_l to each peer),
+ * then one of the rows. */
+static dt_status_t dt__ep_dispatch(dt_tape_t tape, const dt__ep_t* ep, dt_var_t xs,
+                                   dt_var_t counts, const int64_t* c, int64_t* send,
+                                   int64_t* recv, dt_var_t* xg, dt_var_t* lcounts,
+                                   dt_var_t* inv) {
+  int n = ep->n, me = ep->me;
+  int64_t El = ep->lo[me + 1] - ep->lo[me];
+  int64_t *ecs = malloc(sizeof(int64_t) * (size_t)(2 * n)), *ecr = NULL, *rc = NULL,
+          *perm = NULL, *lc = NULL;
+  if (ecs == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %d counts", 2 * n);
+  ecr = ecs + n;
+  dt_status_t st = DT_SUCCESS;
+  dt_var_t rcv = NULL, xr = NULL, pv = NULL;
+  for (int j = 0; j < n; j++) {
+    ecs[j] = ep->lo[j + 1] - ep->lo[j]; /* coordinate j gets the counts of its experts */
+    ecr[j] = El;                        /* and this rank those of its own from everyone */
+    send[j] = 0;
+    for (int64_t e = ep->lo[j]; e < ep->lo[j + 1]; e++) send[j] += c[e];
+  }
+  if (st == DT_SUCCESS) {
+    int prev = dt_grad_enabled();
+    dt_grad_set_enabled(0);
+    st = dt_ag_all_to_all(tape, counts, ep->dim, n, ecs, ecr, &rcv); /* (n E_l): [from i][e] */
+    dt_grad_set_enabled(prev);
+  }
+  int64_t R = 0;
+  if (st == DT_SUCCESS) {
+    rc = malloc(sizeof(int64_t) * (size_t)(n * El + 1));
+    lc = malloc(sizeof(int64_t) * (size_t)(El + 1));
+    if (rc == NULL || lc == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: received counts");
+  }
+  if (st == DT_SUCCESS) st = dt__read_i64(rcv, n * El, rc);
+  for (int i = 0; st == DT_SUCCESS && i < n; i++) {
+    recv[i] = 0;
+    for (int64_t e = 0; e < El; e++) recv[i] += rc[i * El + e];
+    R += recv[i];
+  }
+  if (st == DT_SUCCESS) st = dt_ag_all_to_all(tape, xs, ep->dim, n, send, recv, &xr);
+  /* rank-major -> expert-major: expert e's rows from coordinate 0, 1, ... */
+  if (st == DT_SUCCESS) {
+    perm = malloc(sizeof(int64_t) * (size_t)(2 * R + 1));
+    if (perm == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %lld rows", (long long)R);
+  }
+  if (st == DT_SUCCESS) {
+    int64_t* invp = perm + R;
+    int64_t at = 0;
+    for (int64_t e = 0; e < El; e++) {
+      lc[e] = 0;
+      int64_t base = 0; /* where coordinate i's rows start in the arrival order */
+      for (int i = 0; i < n; i++) {
+        int64_t off = base;
+        for (int64_t f = 0; f < e; f++) off += rc[i * El + f];
+        for (int64_t r = 0; r < rc[i * El + e]; r++) {
+          perm[at] = off + r;
+          invp[off + r] = at;
+          at++;
+        }
+        lc[e] += rc[i * El + e];
+        base += recv[i];
+      }
+    }
+    st = dt__local_i64(tape, xs, R, perm, &pv);
+    if (st == DT_SUCCESS) st = dt__local_i64(tape, xs, R, invp, inv);
+    if (st == DT_SUCCESS) st = dt__local_i64(tape, xs, El, lc, lcounts);
+    if (st == DT_SUCCESS) st = ag2(tape, "embedding", xr, pv, xg);
+  }
+  free(ecs);
+  free(rc);
+  free(lc);
+  free(perm);
+  return st;
+}
+
+/* The routed experts on the rows x (N, D) with their top-k gates vals and experts idx (N, K):
+ * route, gather, SwiGLU by grouped GEMMs (through expert parallelism's all-to-alls when ep),
+ * weight by the gates and add back. Works on distributed tensors (the global routing) and on
+ * rank-local ones (each rank routes its own tokens). *kept: the routing choices computed. */
+static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_var_t idx,
+                                  int64_t E, int top_k, int64_t capacity, dt_var_t w1,
+                                  dt_var_t w3, dt_var_t w2, const dt__ep_t* ep, dt_var_t* out,
+                                  int64_t* kept) {
+  int nd;
+  int64_t xs_[DT_MAX_DIMS];
+  DT_CHECK(shape_of(x, &nd, xs_));
+  const int64_t N = xs_[0], D = xs_[1], S = N * top_k;
+  dt_var_t rt[3];
+  const int64_t ra[2] = {E, capacity};
+  int prev = dt_grad_enabled();
+  dt_grad_set_enabled(0);
+  dt_status_t st = dt_ag_op(tape, "moe_route", 1, &idx, 2, ra, 0, NULL, 3, rt);
+  dt_grad_set_enabled(prev);
+  DT_CHECK(st);
+  dt_var_t order = rt[0], tok = rt[1], counts = rt[2];
+  int64_t T = S, *c = NULL;
+  if (capacity > 0 || ep) { /* the kept slots' counts set the rows' shapes: read them */
+    c = malloc(sizeof(int64_t) * (size_t)E);
+    if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %lld counts", (long long)E);
+    st = dt__read_i64(counts, E, c);
+    T = 0;
+    for (int64_t e = 0; e < E; e++) T += c[e];
+    if (st == DT_SUCCESS && T < S) {
+      const int64_t na[3] = {0, 0, T};
+      dt_grad_set_enabled(0);
+      st = ag(tape, "narrow", 1, &order, 3, na, 0, NULL, &order);
+      if (st == DT_SUCCESS) st = ag(tape, "narrow", 1, &tok, 3, na, 0, NULL, &tok);
+      dt_grad_set_enabled(prev);
+    }
+  }
+  *kept = T;
+  /* tokens (T, D) sorted by expert -> SwiGLU through grouped GEMMs -> weighted by their gates ->
+   * added back at their tokens */
+  dt_var_t xs = NULL, xg, gc = counts, inv = NULL, a, b, sa, h, y, gflat, g, g2, yw, zero;
+  int64_t *send = NULL, *recv = NULL;
+  if (st == DT_SUCCESS) st = ag2(tape, "embedding", x, tok, &xs);
+  xg = xs;
+  if (st == DT_SUCCESS && ep) {
+    send = malloc(sizeof(int64_t) * (size_t)(2 * ep->n));
+    if (send == NULL) {
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: send counts");
+    } else {
+      recv = send + ep->n;
+      st = dt__ep_dispatch(tape, ep, xs, counts, c, send, recv, &xg, &gc, &inv);
+    }
+  }
+  free(c);
+  dt_var_t in1[3] = {xg, w1, gc}, in3[3] = {xg, w3, gc};
+  if (st == DT_SUCCESS) st = ag(tape, "grouped_mm", 3, in1, 0, NULL, 0, NULL, &a);
+  if (st == DT_SUCCESS) st = ag(tape, "grouped_mm", 3, in3, 0, NULL, 0, NULL, &b);
+  if (st == DT_SUCCESS) st = ag(tape, "silu", 1, &a, 0, NULL, 0, NULL, &sa);
+  if (st == DT_SUCCESS) st = ag2(tape, "mul", sa, b, &h);
+  dt_var_t in2[3] = {h, w2, gc};
+  if (st == DT_SUCCESS) st = ag(tape, "grouped_mm", 3, in2, 0, NULL, 0, NULL, &y);
+  if (st == DT_SUCCESS && ep) { /* combine: back to arrival order, then to the senders */
+    dt_var_t yr;
+    st = ag2(tape, "embedding", y, inv, &yr);
+    if (st == DT_SUCCESS) st = dt_ag_all_to_all(tape, yr, ep->dim, ep->n, recv, send, &y);
+  }
+  free(send);
+  DT_CHECK(st);
+  const int64_t flat[1] = {S}, col[2] = {T, 1}, d0[1] = {0}, nd_[2] = {N, D};
+  DT_CHECK(ag(tape, "reshape", 1, &vals, 1, flat, 0, NULL, &gflat));
+  dt_var_t gin[2] = {gflat, order};
+  DT_CHECK(ag(tape, "gather", 2, gin, 1, d0, 0, NULL, &g)); /* each sorted row's gate */
+  DT_CHECK(ag(tape, "reshape", 1, &g, 2, col, 0, NULL, &g2));
+  DT_CHECK(ag2(tape, "mul", y, g2, &yw));
+  DT_CHECK(dt__moe_zeros(tape, x, 2, nd_, &zero));
+  dt_var_t cin[3] = {zero, tok, yw};
+  return ag(tape, "index_add", 3, cin, 0, NULL, 0, NULL, out);
+}
+
+/* The expert-parallel mesh dim: the one on which w1, w3 and w2 are all Shard(0), Replicate on
+ * every other; -1 when there is none (then the routing is global). */
+static dt_status_t dt__moe_ep_dim(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* dim) {
+  *dim = -1;
+  dt_mesh_t mesh;
+  int mnd;
+  DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &mesh));
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  dt_placement_t pl[3][DT_MAX_MESH_DIMS];
+  dt_var_t w[3] = {w1, w3, w2};
+  for (int k = 0; k < 3; k++) {
+    dt_mesh_t m2;
+    DT_CHECK(dt_tensor_mesh(dt_var_value(w[k]), &m2));
+    if (m2 != mesh) return DT_SUCCESS;
+    DT_CHECK(dt_tensor_placements(dt_var_value(w[k]), pl[k]));
+  }
+  int d = -1;
+  for (int i = 0; i < mnd; i++) {
+    int s0 = 1, rep = 1;
+    for (int k = 0; k < 3; k++) {
+      s0 &= pl[k][i].kind == DT_SHARD && pl[k][i].dim == 0;
+      rep &= pl[k][i].kind == DT_REPLICATE;
+    }
+    if (s0 && d < 0) d = i;
+    else if (!rep) return DT_SUCCESS;
+  }
+  *dim = d;
+  return DT_SUCCESS;
+}
+
+/* The routed layer under expert parallelism over mesh dim `dim`: xe the tokens split over it
+ * (rows Shard(0)), tk their router's gates and choices. Each rank routes its own tokens, sends
+ * each expert's rows to the rank that holds it, runs its experts and sends the results back;
+ * the output has the split tokens' placements. */
+static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, int dim,
+                              int64_t E, int top_k, double capacity_factor, dt_var_t w1,
+                              dt_var_t w3, dt_var_t w2, dt_var_t* out, int64_t* kept_local) {
+  dt_mesh_t mesh;
+  int mnd, n, me;
+  DT_CHECK(dt_tensor_mesh(dt_var_value(xe), &mesh));
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  DT_CHECK(dt_mesh_size(mesh, dim, &n));
+  DT_CHECK(dt_mesh_local_rank(mesh, dim, &me));
+  dt_placement_t xpl[DT_MAX_MESH_DIMS], wpl[DT_MAX_MESH_DIMS];
+  DT_CHECK(dt_tensor_placements(dt_var_value(xe), xpl));
+  /* the experts' gradients: Shard(0) on the expert dim, a part of the sum where the tokens are
+   * split, whole where every rank saw the same tokens */
+  for (int i = 0; i < mnd; i++)
+    wpl[i] = i == dim ? dt_shard(0)
+                      : (xpl[i].kind == DT_SHARD ? dt_partial(DT_REDUCE_SUM) : dt_replicate());
+  dt__ep_t ep = {dim, n, me, NULL};
+  ep.lo = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  if (ep.lo == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %d expert ranges", n);
+  int64_t chunk = (E + n - 1) / n, woff[DT_MAX_DIMS], wsh[DT_MAX_DIMS];
+  for (int j = 0; j <= n; j++) ep.lo[j] = (int64_t)j * chunk < E ? (int64_t)j * chunk : E;
+  dt_status_t st = dt_tensor_local_offset(dt_var_value(w1), woff);
+  if (st == DT_SUCCESS) st = dt_tensor_local_shape(dt_var_value(w1), wsh);
+  if (st == DT_SUCCESS && (woff[0] != ep.lo[me] || wsh[0] != ep.lo[me + 1] - ep.lo[me]))
+    st = DT_FAIL(DT_ERR_INTERNAL, "moe: rank %d of mesh dim %d holds experts [%lld, %lld), the "
+                 "chunk rule says [%lld, %lld)", me, dim, (long long)woff[0],
+                 (long long)(woff[0] + wsh[0]), (long long)ep.lo[me], (long long)ep.lo[me + 1]);
+  dt_var_t xl = NULL, vl = NULL, il = NULL, wl[3] = {NULL, NULL, NULL}, ol = NULL;
+  if (st == DT_SUCCESS) st = dt_ag_to_local(tape, xe, NULL, &xl);
+  if (st == DT_SUCCESS) st = dt_ag_to_local(tape, tk[0], NULL, &vl);
+  if (st == DT_SUCCESS) {
+    int prev = dt_grad_enabled();
+    dt_grad_set_enabled(0);
+    st = dt_ag_to_local(tape, tk[1], NULL, &il);
+    dt_grad_set_enabled(prev);
+  }
+  dt_var_t w[3] = {w1, w3, w2};
+  for (int k = 0; k < 3 && st == DT_SUCCESS; k++) st = dt_ag_to_local(tape, w[k], wpl, &wl[k]);
+  int64_t Nl = 0, ls[DT_MAX_DIMS];
+  if (st == DT_SUCCESS) st = dt_tensor_local_shape(dt_var_value(xe), ls);
+  if (st == DT_SUCCESS) Nl = ls[0];
+  int64_t capacity = 0;
+  if (capacity_factor > 0.0) { /* per rank: each rank drops among its own tokens */
+    capacity = (int64_t)ceil(capacity_factor * (double)(Nl * top_k) / (double)E);
+    if (capacity < 1) capacity = 1;
+  }
+  if (st == DT_SUCCESS)
+    st = dt__moe_routed(tape, xl, vl, il, E, top_k, capacity, wl[0], wl[1], wl[2], &ep, &ol,
+                        kept_local);
+  free(ep.lo);
+  DT_CHECK(st);
+  return dt_ag_from_local(tape, ol, xe, out);
+}
+
 dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, dt_var_t w3,
                       dt_var_t w2, int top_k, double capacity_factor, double aux_coef,
                       dt_var_t* out, dt_var_t* aux, dt_moe_stats_t* stats) {
@@ -377,69 +654,75 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, 
     return DT_FAIL(DT_ERR_INVALID_ARG, "moe: capacity_factor %g must be finite and >= 0 (0: "
                    "dropless)", capacity_factor);
   const int64_t S = N * top_k; /* routing choices (token, expert) */
-  int64_t capacity = 0;
-  if (capacity_factor > 0.0) {
-    capacity = (int64_t)ceil(capacity_factor * (double)S / (double)E);
-    if (capacity < 1) capacity = 1;
-  }
-  dt_var_t probs, tk[2];
-  DT_CHECK(dt__moe_router(tape, x, router, top_k, &probs, tk));
-  /* the routing: slots sorted by expert (integers, no gradient) */
-  dt_var_t rt[3];
-  const int64_t ra[2] = {E, capacity};
-  int prev = dt_grad_enabled();
-  dt_grad_set_enabled(0);
-  dt_status_t st = dt_ag_op(tape, "moe_route", 1, &tk[1], 2, ra, 0, NULL, 3, rt);
-  dt_grad_set_enabled(prev);
-  DT_CHECK(st);
-  dt_var_t order = rt[0], tok = rt[1], counts = rt[2];
-  int64_t T = S;
-  if (capacity > 0) { /* the kept slots' count sets the sorted rows' shape: read it */
-    int64_t* c = malloc(sizeof(int64_t) * (size_t)E);
-    if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %lld counts", (long long)E);
-    st = dt_tensor_full(dt_var_value(counts), c, sizeof(int64_t) * (size_t)E);
-    T = 0;
-    for (int64_t e = 0; e < E; e++) T += c[e];
-    free(c);
-    DT_CHECK(st);
-    if (T < S) {
-      const int64_t na[3] = {0, 0, T};
-      dt_grad_set_enabled(0);
-      st = ag(tape, "narrow", 1, &order, 3, na, 0, NULL, &order);
-      if (st == DT_SUCCESS) st = ag(tape, "narrow", 1, &tok, 3, na, 0, NULL, &tok);
-      dt_grad_set_enabled(prev);
-      DT_CHECK(st);
+  int ep_dim;
+  DT_CHECK(dt__moe_ep_dim(w1, w3, w2, &ep_dim));
+  dt_var_t xr = x, probs, tk[2];
+  dt_mesh_t mesh;
+  int mnd;
+  DT_CHECK(dt_tensor_mesh(dt_var_value(x), &mesh));
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  dt_placement_t xpl[DT_MAX_MESH_DIMS], epl[DT_MAX_MESH_DIMS];
+  if (ep_dim >= 0) { /* the tokens split over the expert dim (and kept split where they are) */
+    DT_CHECK(dt_tensor_placements(dt_var_value(x), xpl));
+    int same = 1;
+    for (int i = 0; i < mnd; i++) {
+      epl[i] = i == ep_dim || (xpl[i].kind == DT_SHARD && xpl[i].dim == 0) ? dt_shard(0)
+                                                                            : dt_replicate();
+      same &= dt_placement_equal(epl[i], xpl[i]);
     }
+    if (!same) DT_CHECK(dt_ag_redistribute(tape, x, epl, &xr));
+  }
+  DT_CHECK(dt__moe_router(tape, xr, router, top_k, &probs, tk));
+  int64_t kept = 0, capacity = 0;
+  if (ep_dim >= 0) {
+    for (int k = 0; k < 2; k++) { /* the router's rows where the tokens are */
+      dt_placement_t p[DT_MAX_MESH_DIMS];
+      DT_CHECK(dt_tensor_placements(dt_var_value(tk[k]), p));
+      int same = 1;
+      for (int i = 0; i < mnd; i++) same &= dt_placement_equal(p[i], epl[i]);
+      if (!same) DT_CHECK(dt_ag_redistribute(tape, tk[k], epl, &tk[k]));
+    }
+    DT_CHECK(dt__moe_ep(tape, tk, xr, ep_dim, E, top_k, capacity_factor, w1, w3, w2, out,
+                        &kept));
+    if (capacity_factor > 0.0) { /* the kept choices summed over the ranks that split tokens */
+      dt_placement_t pp[DT_MAX_MESH_DIMS];
+      for (int i = 0; i < mnd; i++)
+        pp[i] = epl[i].kind == DT_SHARD ? dt_partial(DT_REDUCE_SUM) : dt_replicate();
+      const int64_t one[1] = {1};
+      dt_tensor_t t, r;
+      int64_t kd = kept;
+      DT_CHECK(dt_tensor_from_local(mesh, DT_I64, 1, one, pp, &kd, one, &t));
+      dt_placement_t rep[DT_MAX_MESH_DIMS];
+      for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+      dt_status_t st = dt_tensor_redistribute(t, rep, &r);
+      dt_tensor_destroy(t);
+      DT_CHECK(st);
+      st = dt_tensor_full(r, &kd, sizeof kd);
+      dt_tensor_destroy(r);
+      DT_CHECK(st);
+      kept = kd;
+      capacity = -1; /* per rank */
+    } else {
+      kept = S;
+    }
+  } else {
+    if (capacity_factor > 0.0) {
+      capacity = (int64_t)ceil(capacity_factor * (double)S / (double)E);
+      if (capacity < 1) capacity = 1;
+    }
+    DT_CHECK(dt__moe_routed(tape, x, tk[0], tk[1], E, top_k, capacity, w1, w3, w2, NULL, out,
+                            &kept));
   }
   if (stats) {
     stats->tokens = N;
     stats->assignments = S;
-    stats->dropped = S - T;
+    stats->dropped = S - kept;
     stats->capacity = capacity;
-    stats->expert_rows = T;
+    stats->expert_rows = kept;
+    stats->expert_parallel_dim = ep_dim;
   }
-  /* tokens (T, D) sorted by expert -> SwiGLU through grouped GEMMs -> weighted by their gates ->
-   * added back at their tokens */
-  dt_var_t xs, a, b, sa, h, y, gflat, g, g2, yw, zero;
-  DT_CHECK(ag2(tape, "embedding", x, tok, &xs));
-  dt_var_t in1[3] = {xs, w1, counts}, in3[3] = {xs, w3, counts};
-  DT_CHECK(ag(tape, "grouped_mm", 3, in1, 0, NULL, 0, NULL, &a));
-  DT_CHECK(ag(tape, "grouped_mm", 3, in3, 0, NULL, 0, NULL, &b));
-  DT_CHECK(ag(tape, "silu", 1, &a, 0, NULL, 0, NULL, &sa));
-  DT_CHECK(ag2(tape, "mul", sa, b, &h));
-  dt_var_t in2[3] = {h, w2, counts};
-  DT_CHECK(ag(tape, "grouped_mm", 3, in2, 0, NULL, 0, NULL, &y));
-  const int64_t flat[1] = {S}, col[2] = {T, 1}, d0[1] = {0}, nd_[2] = {N, D};
-  DT_CHECK(ag(tape, "reshape", 1, &tk[0], 1, flat, 0, NULL, &gflat));
-  dt_var_t gin[2] = {gflat, order};
-  DT_CHECK(ag(tape, "gather", 2, gin, 1, d0, 0, NULL, &g)); /* each sorted row's gate */
-  DT_CHECK(ag(tape, "reshape", 1, &g, 2, col, 0, NULL, &g2));
-  DT_CHECK(ag2(tape, "mul", y, g2, &yw));
-  DT_CHECK(dt__moe_zeros(tape, x, 2, nd_, &zero));
-  dt_var_t cin[3] = {zero, tok, yw};
-  DT_CHECK(ag(tape, "index_add", 3, cin, 0, NULL, 0, NULL, out));
   if (aux == NULL) return DT_SUCCESS;
-  return dt__moe_aux(tape, x, probs, tk[1], N, E, top_k, aux_coef, aux);
+  return dt__moe_aux(tape, xr, probs, tk[1], N, E, top_k, aux_coef, aux);
 }
 
 dt_status_t dt_nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,

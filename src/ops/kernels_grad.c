@@ -104,7 +104,7 @@ dt_status_t dt__kernel_embedding_grad(const dt_op_call_t* call, const dt_local_t
   int64_t V = call->iargs[0], v0 = out->offset[0], vl = out->shape[0], D = out->shape[1];
   int64_t n = dt__local_numel(ix);
   float* o = (float*)out->data;
-  memset(o, 0, sizeof(float) * (size_t)(vl * D));
+  if (vl * D > 0) memset(o, 0, sizeof(float) * (size_t)(vl * D));
   const float* gv = (const float*)g->data;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = ix->dtype == DT_I64 ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i];

@@ -38,8 +38,8 @@ static dt_status_t dt__group_offsets(const dt_op_call_t* call, const dt_local_te
                                      int64_t T, int64_t** off) {
   int64_t E = counts->shape[0];
   *off = (int64_t*)malloc(sizeof(int64_t) * (size_t)(E + 1));
-  if (*off == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %lld group offsets", call->op,
-                                   (long long)E + 1);
+  if (*off == NULL)
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %lld group offsets", call->op, (long long)E + 1);
   (*off)[0] = 0;
   for (int64_t e = 0; e < E; e++) {
     int64_t c = dt__idx(counts, e);
@@ -131,8 +131,10 @@ dt_status_t dt__kernel_moe_route(const dt_op_call_t* call, const dt_local_tensor
     int64_t e = dt__idx(ix, s);
     if (e < 0 || e >= E) {
       free(next);
-      return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route: expert index %lld of token %lld out of range "
-                     "[0, %lld)", (long long)e, (long long)(s / K), (long long)E);
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "moe_route: expert index %lld of token %lld out of range "
+                     "[0, %lld)",
+                     (long long)e, (long long)(s / K), (long long)E);
     }
     if (capacity == 0 || counts[e] < capacity) counts[e]++;
   }
@@ -155,7 +157,8 @@ dt_status_t dt__kernel_moe_route(const dt_op_call_t* call, const dt_local_tensor
   return DT_SUCCESS;
 }
 
-/* index_add: out = x; out[idx[i] - local row offset] += src[i] for the indices in the local rows. */
+/* index_add: out = x; out[idx[i] - local row offset] += src[i] for the indices in the local rows.
+ */
 dt_status_t dt__kernel_index_add(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                  dt_local_tensor_t* out) {
   const dt_local_tensor_t *x = &in[0], *ix = &in[1], *src = &in[2];

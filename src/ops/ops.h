@@ -242,14 +242,20 @@ DT__BACKWARD(dt__bw_cross_entropy);
 DT__BACKWARD(dt__bw_redistribute);
 DT__BACKWARD(dt__bw_grouped_mm);
 DT__BACKWARD(dt__bw_index_add);
+DT__BACKWARD(dt__bw_to_local);
+DT__BACKWARD(dt__bw_from_local);
+DT__BACKWARD(dt__bw_all_to_all_single);
 #undef DT__BACKWARD
 
-/* ---- composite ops (src/ops/loss.c, src/ops/dispatch.c) ------------------------------------- */
+/* ---- composite ops (src/ops/loss.c, src/ops/dispatch.c, src/ops/local.c) ------------------ */
 #define DT__COMPOSITE(name)                                                                    \
   dt_status_t name(int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,         \
                    int n_fargs, const double* fargs, dt_tensor_t* out, dt_tensor_t* saved)
 DT__COMPOSITE(dt__cross_entropy_fwd);
 DT__COMPOSITE(dt__redistribute_fwd);
+DT__COMPOSITE(dt__to_local_fwd);        /* src/ops/local.c */
+DT__COMPOSITE(dt__from_local_fwd);
+DT__COMPOSITE(dt__all_to_all_single_fwd);
 #undef DT__COMPOSITE
 
 /* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c); *lse_out (may be NULL)

@@ -584,6 +584,9 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
                     nd, FSDP_NDIM_MAX);
     return 1;
   }
+  /* already sharded over the shard dim (experts under expert parallelism): left as it is, its
+   * gradient complete on the rank that holds it */
+  if (pl[g->cfg.shard_dim].kind == DT_SHARD) return 0;
   for (int d = 0; d < g->mesh_ndim; d++) {
     int data = d == g->cfg.shard_dim || d == g->cfg.replicate_dim;
     /* tensor parallel on another dim: FSDP shards that shard's dim 0, which nests inside the

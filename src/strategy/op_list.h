@@ -160,7 +160,12 @@
   X(CROSS_ENTROPY, "cross_entropy", 2, 1, "reduction=1", NULL, NULL, dt__bw_cross_entropy, 0, NULL,      \
     dt__cross_entropy_fwd)                                                                               \
   X(REDISTRIBUTE, "redistribute", 1, 1, "placements:p", NULL, NULL, dt__bw_redistribute, 0, NULL,        \
-    dt__redistribute_fwd)
+    dt__redistribute_fwd)                                                                            \
+  /* rank-local tensors (src/ops/local.c): leaving and re-entering the distributed world */             \
+  X(TO_LOCAL, "to_local", 1, 1, "grad:p?", NULL, NULL, dt__bw_to_local, 0, NULL, dt__to_local_fwd)      \
+  X(FROM_LOCAL, "from_local", 2, 1, "", NULL, NULL, dt__bw_from_local, 0, NULL, dt__from_local_fwd)      \
+  X(ALL_TO_ALL_SINGLE, "all_to_all_single", 2, 1, "mesh_dim=0", NULL, NULL, dt__bw_all_to_all_single,   \
+    0, NULL, dt__all_to_all_single_fwd)
 /* clang-format on */
 
 #endif

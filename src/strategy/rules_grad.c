@@ -56,7 +56,7 @@ dt_status_t dt__embedding_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t*
   *n_out = 1;
   *n = 0;
   const dt_tensor_meta_t *g = &call->in[0], *ix = &call->in[1];
-  if (call->n_iargs != 1 || call->iargs[0] < 1)
+  if (call->n_iargs != 1 || call->iargs[0] < 0) /* 0: an empty table (a rank without rows) */
     return DT_FAIL(DT_ERR_INVALID_ARG, "embedding_grad takes iargs [vocab size]");
   if ((ix->dtype != DT_I32 && ix->dtype != DT_I64) || g->ndim != ix->ndim + 1 ||
       memcmp(g->shape, ix->shape, sizeof(int64_t) * (size_t)ix->ndim) != 0)

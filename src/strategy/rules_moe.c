@@ -75,25 +75,31 @@ dt_status_t dt__grouped_mm_args(const dt_op_call_t* call, int* trans) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt__grouped_mm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
-                                 int* n_out, dt_op_rule_t* rules, int cap, int* n) {
+dt_status_t dt__grouped_mm_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                                 dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
   int trans;
   DT_CHECK(dt__grouped_mm_args(call, &trans));
   const dt_tensor_meta_t *x = &call->in[0], *w = &call->in[1];
   if (x->ndim != 2 || !dt__dtype_is_float(x->dtype))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm: x must be a 2-d float tensor (T, K), got "
-                   "%d-d %s", x->ndim, dt_dtype_name(x->dtype));
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "grouped_mm: x must be a 2-d float tensor (T, K), got "
+                   "%d-d %s",
+                   x->ndim, dt_dtype_name(x->dtype));
   if (w->ndim != 3 || w->dtype != x->dtype)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm: weights must be 3-d (E, %s) of x's dtype, "
-                   "got %d-d %s", trans ? "N, K" : "K, N", w->ndim, dt_dtype_name(w->dtype));
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "grouped_mm: weights must be 3-d (E, %s) of x's dtype, "
+                   "got %d-d %s",
+                   trans ? "N, K" : "K, N", w->ndim, dt_dtype_name(w->dtype));
   int kd = trans ? 2 : 1, nd = trans ? 1 : 2; /* the weights' contracted and output dims */
   if (w->shape[kd] != x->shape[1])
-    return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm: x (%lld, %lld) against weights (%lld, %lld, "
-                   "%lld) with trans %d: inner sizes %lld and %lld differ", (long long)x->shape[0],
-                   (long long)x->shape[1], (long long)w->shape[0], (long long)w->shape[1],
-                   (long long)w->shape[2], trans, (long long)x->shape[1], (long long)w->shape[kd]);
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "grouped_mm: x (%lld, %lld) against weights (%lld, %lld, "
+                   "%lld) with trans %d: inner sizes %lld and %lld differ",
+                   (long long)x->shape[0], (long long)x->shape[1], (long long)w->shape[0],
+                   (long long)w->shape[1], (long long)w->shape[2], trans, (long long)x->shape[1],
+                   (long long)w->shape[kd]);
   DT_CHECK(dt__check_counts(call, &call->in[2], w->shape[0]));
   out_meta->dtype = x->dtype;
   out_meta->ndim = 2;
@@ -131,7 +137,8 @@ dt_status_t dt__grouped_mm_wgrad_rules(const dt_op_call_t* call, dt_tensor_meta_
   const dt_tensor_meta_t *a = &call->in[0], *b = &call->in[1];
   if (a->ndim != 2 || b->ndim != 2 || a->shape[0] != b->shape[0] || a->dtype != b->dtype ||
       !dt__dtype_is_float(a->dtype))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm_wgrad: a (T, M) and b (T, N) must be 2-d float "
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "grouped_mm_wgrad: a (T, M) and b (T, N) must be 2-d float "
                    "tensors of one dtype with the same rows");
   DT_CHECK(dt__check_counts(call, &call->in[2], call->in[2].ndim == 1 ? call->in[2].shape[0] : 0));
   out_meta->dtype = a->dtype;
@@ -191,8 +198,10 @@ dt_status_t dt__moe_route_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_
   DT_CHECK(dt__moe_route_args(call, &E, &capacity));
   const dt_tensor_meta_t* ix = &call->in[0];
   if (ix->ndim != 2 || !dt__is_index(ix->dtype))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route: idx must be a 2-d i32/i64 tensor (N, K), got "
-                   "%d-d %s", ix->ndim, dt_dtype_name(ix->dtype));
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "moe_route: idx must be a 2-d i32/i64 tensor (N, K), got "
+                   "%d-d %s",
+                   ix->ndim, dt_dtype_name(ix->dtype));
   if (ix->shape[1] > E)
     return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route: top_k %lld exceeds the %lld experts",
                    (long long)ix->shape[1], (long long)E);

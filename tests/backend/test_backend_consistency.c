@@ -10,6 +10,9 @@
  * L = sum(output * r), must be bit-identical: both backends run the same math, so any difference
  * is memory the guarded backend poisoned (an unwritten output element, a read after free) or
  * a write it caught. After every case dt_backend_verify must find every guard intact.
+ * The rank-local ops from_local and all_to_all_single run with replicated inputs only (their
+ * inputs' local shapes must fit together; all_to_all_single's splits are made per mesh: 6 rows
+ * split unevenly, with an empty split at np 4).
  * In-place ops (adamw, scale_) run the same way and compare every input afterwards; the inputs
  * they update share one sampled placement (a 0-d input stays Replicate), the others are sampled
  * freely (a Partial gradient is reduced on the way in).
@@ -65,6 +68,9 @@ static const gen_case_t kGen[] = {
     {"moe_route", 1, {L}, {2}, {{5, 2}}, {3}, 2, 0, {3, 0}, {0}, 0},
     {"moe_route", 1, {L}, {2}, {{5, 2}}, {3}, 2, 0, {3, 2}, {0}, 0},
     {"index_add", 3, {F, L, F}, {2, 1, 2}, {{5, 4}, {6}, {6, 4}}, {0, 5}, 0, 0, {0}, {0}, 0},
+    {"to_local", 1, {F}, {2}, {{7, 4}}, {0}, 0, 0, {0}, {0}, 0},
+    {"from_local", 2, {F, F}, {2, 2}, {{6, 4}, {6, 4}}, {0}, 0, 0, {0}, {0}, 0},
+    {"all_to_all_single", 2, {F, L}, {2, 1}, {{6, 3}, {0}}, {0, 1}, 1, 0, {0}, {0}, 0},
     {"sumsq", 1, {F}, {2}, {{7, 4}}, {0}, 0, 0, {0}, {0}, 0},
     {"scale_", 1, {F}, {2}, {{7, 4}}, {0}, 0, 1, {0}, {-0.75}, 0},
     {"adamw", 5, {F, F, F, F, L}, {2, 2, 2, 2, 0}, {{5, 6}, {5, 6}, {5, 6}, {5, 6}, {0}},
@@ -265,7 +271,8 @@ static void run_case(const char* op, int nin, const fx_tensor_t* in, int nia, co
   for (int t = 0; t < nin; t++)
     for (int i = 0; i < m; i++) total *= fx_n_options(&in[t]);
   uint64_t lcg = 0x9E3779B97F4A7C15ull ^ (uint64_t)strlen(op) * 2654435761u ^ (uint64_t)nia;
-  for (int r = 0; r <= SAMPLES && r < total; r++) {
+  int replicated_only = strcmp(op, "from_local") == 0 || strcmp(op, "all_to_all_single") == 0;
+  for (int r = 0; r <= SAMPLES && r < total && (r == 0 || !replicated_only); r++) {
     long long combo = 0;
     if (r > 0) {
       lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
@@ -334,6 +341,15 @@ int main(int argc, char** argv) {
       if (g->redistribute) {
         nia = m;
         for (int i = 0; i < m; i++) iargs[i] = dt_placement_encode(dt_shard(i % 2));
+      }
+      if (strcmp(g->op, "all_to_all_single") == 0) { /* splits of 6 rows over mesh dim 0 */
+        static const double kSplit2[2] = {2, 4}, kSplit4[4] = {1, 2, 0, 3};
+        int n = shape[0];
+        in[1].shape[0] = in[1].numel = n;
+        free(in[1].data);
+        in[1].data = malloc(sizeof(double) * (size_t)n);
+        for (int j = 0; j < n; j++) in[1].data[j] = n == 2 ? kSplit2[j] : n == 4 ? kSplit4[j] : 0;
+        if (n != 2 && n != 4) in[1].data[0] = 6;
       }
       run_case(g->op, g->nin, in, nia, iargs, g->nfa, g->fargs, mc, mg, m);
       for (int t = 0; t < g->nin; t++) free(in[t].data);

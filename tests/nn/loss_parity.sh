@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # loss_parity.sh - the same model, seed and data on 1, 2 and 4 ranks (1-D meshes and a 2x2 mesh,
 # parameters sharded by the default tensor-parallel plan) give the same loss curve to rtol 1e-5 in
-# f32 over 20 steps, dense and MoE; two runs of one configuration give bitwise-identical losses
+# f32 over 20 steps, dense and MoE; the MoE also expert-parallel (experts Shard(0) on 2 and 4
+# ranks, the rest of the default plan kept; and with a capacity factor it drops choices); two runs of
+# one configuration give bitwise-identical losses
 # (the JSONL losses are printed with 9 significant digits, enough to round-trip an f32), also
 # with selective activation checkpointing on (which must free memory).
 #   loss_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -38,6 +40,18 @@ for model in dense moe; do
   compare "${model}_np2" "${model}_ckpt" 0   # recomputation is bit for bit
   grep -q "checkpointing freed [1-9]" "$W/${model}_ckpt.log" || { echo "checkpointing freed nothing"; exit 1; }
 done
+# expert parallelism: the experts Shard(0) over the ranks, the same curve
+ep_plan='*.experts.*=S(0);*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);tok_emb=S(1);*.router=R'
+for np in 2 4; do
+  run "moe_ep_np$np" $np --model moe --plan "$ep_plan"
+  grep -q "# moe: expert parallel over mesh dim 0" "$W/moe_ep_np$np.log" || { echo "moe_ep_np$np: not expert parallel"; exit 1; }
+  compare moe_np1 "moe_ep_np$np" 1e-5
+done
+grep -q "# moe: global routing" "$W/moe_np2.log" || { echo "moe_np2: expected the global routing"; exit 1; }
+# a capacity factor of 0.5 keeps at most half of the 2 x 256 routing choices: at least 256 dropped
+run moe_cap_np2 2 --model moe --capacity-factor 0.5
+dropped=$(sed -n 's/^# moe: .*, \([0-9]*\) dropped$/\1/p' "$W/moe_cap_np2.log")
+[ -n "$dropped" ] && [ "$dropped" -ge 256 ] || { echo "moe_cap_np2: dropped '$dropped', expected >= 256"; exit 1; }
 # the loss went down: last below first
 for model in dense moe; do
   first=$(losses "$W/${model}_np1.jsonl" | head -1) last=$(losses "$W/${model}_np1.jsonl" | tail -1)

@@ -140,8 +140,8 @@ static void check_grouped(dt_mesh_t mesh, int trans, int E, const int64_t* cnt, 
     DT_ASSERT_OK(dt_ag_op(tape[1], "narrow", 1, &w[1], 3, nw, 0, NULL, 1, &we3));
     DT_ASSERT_OK(dt_ag_op(tape[1], "reshape", 1, &we3, 2, w2, 0, NULL, 1, &we));
     dt_var_t xw[2] = {xe, we};
-    DT_ASSERT_OK(dt_ag_op(tape[1], trans ? "linear_nobias" : "mm", 2, xw, 0, NULL, 0, NULL, 1,
-                          &ye));
+    DT_ASSERT_OK(
+        dt_ag_op(tape[1], trans ? "linear_nobias" : "mm", 2, xw, 0, NULL, 0, NULL, 1, &ye));
     DT_ASSERT_TRUE(np < 8, "too many pieces");
     pieces[np++] = ye;
     o += cnt[e];
@@ -189,7 +189,7 @@ static void test_grouped_mm(dt_mesh_t mesh) {
   for (int trans = 0; trans <= 1; trans++) {
     for (int i = 0; i < 3; i++)
       for (int j = 0; j < 4; j++) check_grouped(mesh, trans, 4, kCounts, 6, 5, kX[i], kW[j]);
-    check_grouped(mesh, trans, 3, kEmpty, 4, 3, "R", "R");    /* T = 0 */
+    check_grouped(mesh, trans, 3, kEmpty, 4, 3, "R", "R"); /* T = 0 */
     check_grouped(mesh, trans, 3, kEmpty, 4, 3, "S(0)", "S(0)");
     check_grouped(mesh, trans, 2, kOne, 4, 3, "S(0)", "S(0)"); /* one expert has every row */
   }
@@ -321,8 +321,7 @@ static void test_capacity(dt_mesh_t mesh) {
   dt_var_t ref_out = NULL;
   dt_tape_t rt;
   DT_ASSERT_OK(dt_tape_create(&rt));
-  DT_ASSERT_OK(dt_nn_moe(rt, p.x, p.router, p.w1, p.w3, p.w2, K, 0.0, 0.01, &ref_out, NULL,
-                         NULL));
+  DT_ASSERT_OK(dt_nn_moe(rt, p.x, p.router, p.w1, p.w3, p.w2, K, 0.0, 0.01, &ref_out, NULL, NULL));
   int saw_drop = 0;
   for (int f = 0; f < 4; f++) {
     int64_t cap = (int64_t)ceil(kFactors[f] * (double)(N * K) / (double)E), want = 0;
@@ -332,8 +331,8 @@ static void test_capacity(dt_mesh_t mesh) {
     dt_var_t out;
     dt_moe_stats_t st;
     DT_ASSERT_OK(dt_grouped_mm_flops_reset());
-    DT_ASSERT_OK(dt_nn_moe(tape, p.x, p.router, p.w1, p.w3, p.w2, K, kFactors[f], 0.01, &out,
-                           NULL, &st));
+    DT_ASSERT_OK(
+        dt_nn_moe(tape, p.x, p.router, p.w1, p.w3, p.w2, K, kFactors[f], 0.01, &out, NULL, &st));
     DT_ASSERT_EQ(st.capacity, cap);
     DT_ASSERT_EQ(st.dropped, want);
     DT_ASSERT_EQ(st.expert_rows, N * K - want);
@@ -341,8 +340,10 @@ static void test_capacity(dt_mesh_t mesh) {
     DT_ASSERT_OK(dt_grouped_mm_flops(&fl));
     DT_ASSERT_EQ(fl, 2 * 3 * (N * K - want) * D * F);
     saw_drop |= want > 0;
-    if (want == 0) expect_close(dt_var_value(out), dt_var_value(ref_out), 1e-6, "no drops");
-    else backward_of(tape, out, NULL); /* dropped rows have a gradient path too */
+    if (want == 0)
+      expect_close(dt_var_value(out), dt_var_value(ref_out), 1e-6, "no drops");
+    else
+      backward_of(tape, out, NULL); /* dropped rows have a gradient path too */
     DT_ASSERT_OK(dt_tape_destroy(tape));
   }
   DT_ASSERT_TRUE(saw_drop && maxload > (int64_t)ceil(0.5 * N * K / E), "the test drops nothing");
@@ -420,8 +421,8 @@ static void test_flops(dt_mesh_t mesh) {
   DT_ASSERT_OK(dt_llama_forward(m, tape, tt, gt, &loss, NULL));
   DT_ASSERT_OK(dt_grouped_mm_flops(&fwd));
   DT_ASSERT_TRUE(fabs((double)fwd - expert_fpt * B * S) < 0.5,
-                 "the kernels ran %lld expert FLOPs, dt_llama_flops_per_token says %g", (long long)fwd,
-                 expert_fpt * B * S);
+                 "the kernels ran %lld expert FLOPs, dt_llama_flops_per_token says %g",
+                 (long long)fwd, expert_fpt * B * S);
   dt_moe_stats_t st;
   DT_ASSERT_OK(dt_llama_moe_stats(m, &st));
   DT_ASSERT_EQ(st.tokens, c.n_layers * B * S);

@@ -78,6 +78,10 @@ static void test_parallel(void** state) {
   assert_string_equal(o.parallel, "ddp");
   assert_true(train_opts_set(&o, "bucket_mb", "1e-3", err, sizeof err));
   assert_true(o.bucket_mb == 1e-3);
+  /* the MoE capacity factor: 0 (dropless) by default */
+  assert_true(o.capacity_factor == 0.0);
+  assert_true(train_opts_set(&o, "capacity_factor", "1.25", err, sizeof err));
+  assert_true(o.capacity_factor == 1.25);
   assert_true(train_opts_set(&o, "prefetch", "1", err, sizeof err));
   assert_true(train_opts_set(&o, "parallel", "none", err, sizeof err));
   assert_true(train_opts_set(&o, "param_dtype", "f32", err, sizeof err));
@@ -134,6 +138,9 @@ static void test_refused(void** state) {
       {"{\"bucket_mb\": \"25MB\"}", "bucket_mb must be a number"},
       {"{\"bucket_mb\": \"nan\"}", "bucket_mb must be a number"},
       {"{\"bucket_mb\": 1e7}", "bucket_mb must be a number"},
+      {"{\"capacity_factor\": -0.5}", "capacity_factor must be a number in [0, 1e3]"},
+      {"{\"capacity_factor\": \"big\"}", "capacity_factor must be a number"},
+      {"{\"capacity_factor\": 1e4}", "capacity_factor must be a number"},
       {"{\"parallel\": \"fsdp\", \"parallel\": \"ddp\"}", "appears twice"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {

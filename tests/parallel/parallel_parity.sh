@@ -35,6 +35,9 @@ configs=(
   "dp2_tp2    4 dense --dp 2 --tp 2"
   "dp2_tp2_sp 4 dense --dp 2 --tp 2 --sp --loss-parallel"
   "dp2_tp2_moe 4 moe  --dp 2 --tp 2"
+  "ep2        2 moe   --ep 2"
+  "ep4        4 moe   --ep 4"
+  "tp2_ep2    4 moe   --tp 2 --ep 2 --sp --loss-parallel"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
@@ -48,4 +51,5 @@ read -r name np model flags <<< "${configs[3]}"
 # shellcheck disable=SC2086
 run "${name}_again" "$np" --model "$model" $flags
 compare "${name}_again" "$name" 0
+grep -q "^# moe: expert parallel over mesh dim 1" "$W/ep2.log" || { echo "ep2 did not run expert parallel"; exit 1; }
 echo "parallel_parity: passed"

@@ -482,14 +482,24 @@ static void test_bad_input(void) {
   dt_placement_t pl;
   DT_ASSERT_OK(dt_tensor_placements(dt_var_value(params[1]), &pl));
   DT_ASSERT_TRUE(pl.kind == DT_REPLICATE, "a failed wrap resharded a parameter");
-  /* a parameter that is not replicated */
+  /* a parameter already sharded over the shard dim (experts under expert parallelism) is left
+   * out of the group as it is: alone, there is nothing to shard; beside a replicated one, the
+   * group takes only the replicated one */
   int64_t shp[2] = {4, 4};
-  dt_var_t sv;
+  dt_var_t sv, rv, got;
   DT_ASSERT_OK(dt_nn_param(mesh, "*=S(0)", "x", 2, shp, DT_INIT_ONES, 0, 1, &sv));
   dt_module_t lone;
   DT_ASSERT_OK(dt_module_create("lone", NULL, NULL, &lone));
   DT_ASSERT_OK(dt_module_add_param(lone, "x", sv));
-  DT_ASSERT_STATUS(dt_fully_shard(lone, mesh, &cfg), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_fully_shard(lone, mesh, &cfg), DT_ERR_INVALID_USAGE);
+  DT_ASSERT_OK(dt_nn_param(mesh, NULL, "y", 2, shp, DT_INIT_ONES, 0, 1, &rv));
+  DT_ASSERT_OK(dt_module_add_param(lone, "y", rv));
+  DT_ASSERT_OK(dt_fully_shard(lone, mesh, &cfg));
+  DT_ASSERT_OK(dt_module_param(lone, "x", &got));
+  DT_ASSERT_TRUE(got == sv, "fsdp replaced an already sharded parameter");
+  dt_fsdp_group_info_t li;
+  DT_ASSERT_OK(dt_fsdp_group_info(lone, &li));
+  DT_ASSERT_EQ(li.n_params, 1);
   DT_ASSERT_OK(dt_module_destroy(lone));
   /* wrapping twice; a module with nothing left; sync on a module without groups */
   DT_ASSERT_OK(dt_fully_shard(blk, mesh, &cfg));
