@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
   long long minb = 4096, maxb = 64ll << 20;
   int factor = 4, iters = 0, warmup = 2, rounds = 5, check = 1, want[C_COUNT];
   for (int c = 0; c < C_COUNT; c++) want[c] = 1;
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) {
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (v == NULL) goto usage;
     if (!strcmp(argv[i], "-b")) minb = parse_size(v);
@@ -179,7 +179,6 @@ int main(int argc, char** argv) {
         p += len + (p[len] == ',');
       }
     } else goto usage;
-    i++;
   }
   if (minb < 4096 || maxb < minb || factor < 2 || warmup < 0 || rounds < 1 || iters < 0) {
   usage:

@@ -239,8 +239,8 @@ static void test_op_json(void** state) {
       "op sum --mesh 4 --shape 4x4 --in R --arg axis=1 --json",      /* not in the schema */
       "op softmax --mesh 4 --shape 4x4 --in R --json",               /* dim is required */
       "op softmax --mesh 4 --shape 4x4 --in R --arg dim=1 --arg dim=0 --json", /* twice */
-      "op embedding --mesh 2 --shape 8x4 --shape 3 --in R --in R --dtype f32 --dtype i64 "
-      "--dtype i64 --json", /* three dtypes for two inputs */
+      ("op embedding --mesh 2 --shape 8x4 --shape 3 --in R --in R --dtype f32 --dtype i64 "
+       "--dtype i64 --json"), /* three dtypes for two inputs */
       "ops no_such_op --json",
       "op --mesh 4 --json",
   };
