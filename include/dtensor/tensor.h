@@ -45,6 +45,18 @@ DT_API dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t bac
                                                 const int64_t* global_shape,
                                                 const dt_placement_t* placements, void* local,
                                                 const int64_t* local_shape, dt_tensor_t* out);
+/* Local. A view of part of base's local shard: a tensor of the given global shape and placements
+ * on base's mesh, in base's dtype, whose local shard (the chunk this rank holds under that
+ * layout, row-major) is the run of base's local elements from element `offset` on, whatever
+ * base's own shape. It shares base's storage: writes through either are seen by both, the view
+ * keeps the storage alive after base is destroyed (a view of a dt_tensor_from_local tensor still
+ * borrows the caller's buffer), and dt_memory_stats counts the storage once, under its category.
+ * Each rank checks its own shard only, so ranks may pass different offsets (e.g. several views
+ * packed into one flat buffer). A view of a meta tensor is a meta tensor. DT_ERR_INVALID_ARG
+ * when offset is negative or the view's local shard does not fit in base's from offset. */
+DT_API dt_status_t dt_tensor_view_local(dt_tensor_t base, int64_t offset, int ndim,
+                                        const int64_t* shape, const dt_placement_t* placements,
+                                        dt_tensor_t* out);
 /* A meta tensor: a layout without data, on any mesh (abstract meshes too). Ops and
  * redistributions on meta tensors select strategies and plan without moving anything (a traced
  * dry run, see dt_trace_set); their results are meta tensors. Reading the data of a meta tensor

@@ -314,6 +314,38 @@ dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, d
   return DT_SUCCESS;
 }
 
+dt_status_t dt_tensor_view_local(dt_tensor_t base, int64_t offset, int ndim,
+                                 const int64_t* shape, const dt_placement_t* placements,
+                                 dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__tensor_check(base, "base"));
+  if (ndim > 0) DT_ARG_NOT_NULL(shape);
+  DT_ARG_NOT_NULL(placements);
+  if (offset < 0 || offset > base->local_numel)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "view_local: offset %lld out of range [0, %lld] (the "
+                   "base's local elements)", (long long)offset, (long long)base->local_numel);
+  dt_tensor_t t;
+  DT_CHECK(dt__tensor_shell(base->mesh, base->dtype, ndim, shape, placements, base->meta, &t));
+  if (t->local_numel > base->local_numel - offset) {
+    char sh[160];
+    dt__fmt_shape(sh, sizeof sh, ndim, t->local_shape);
+    dt__tensor_free(t);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "view_local: this rank's shard %s (%lld elements) at "
+                   "offset %lld overruns the base's %lld local elements", sh,
+                   (long long)t->local_numel, (long long)offset,
+                   (long long)base->local_numel);
+  }
+  if (!base->meta) {
+    dt__storage_retain(base->storage);
+    t->storage = base->storage;
+    t->offset = base->offset + (size_t)offset * dt__itemsize(base->dtype);
+    t->data = (char*)t->storage->ptr + t->offset;
+  }
+  *out = t;
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * distribute: scatter (Shard) or broadcast (Replicate / Partial) one mesh dim at a time */
 

@@ -6,7 +6,8 @@
  * view are seen by the base and back; the storage outlives the tensor it was made from; a view
  * that needs data movement (an uneven reshape) is a new tensor with the right values; a
  * redistribution into a tensor that aliases its source is refused; two leaves given one gradient
- * by a backward rule get separate storage.
+ * by a backward rule get separate storage; dt_tensor_view_local packs tensors of their own layouts
+ * into one flat buffer (shared writes, in-place ops, no new memory, bounds checked per rank).
  */
 #include <math.h>
 #include <string.h>
@@ -164,6 +165,74 @@ static void test_grads_not_shared(dt_mesh_t mesh) {
   DT_ASSERT_OK(dt_var_destroy(vb));
 }
 
+/* Two Shard(0) matrices packed into one flat Shard(0) buffer as FSDP packs its shards: each
+ * rank's segment holds A's rows (padded to ceil(rows / world)) then B's. */
+static void test_view_local(dt_mesh_t mesh, int world) {
+  dt_placement_t s0[1] = {dt_shard(0)};
+  const int64_t ra = 2 * world + 1, ca = 3, rb = world, cb = 4; /* A uneven: chunks of 3 rows */
+  const int64_t seg = 3 * ca + 1 * cb, n = world * seg;
+  const int64_t sa[2] = {ra, ca}, sb[2] = {rb, cb};
+  dt_tensor_t base, a, b;
+  DT_ASSERT_OK(dt_tensor_arange(mesh, DT_F32, 1, &n, s0, 0.0, 1.0, &base));
+  dt_memory_stats_t m0, m1;
+  DT_ASSERT_OK(dt_memory_stats(&m0));
+  DT_ASSERT_OK(dt_tensor_view_local(base, 0, 2, sa, s0, &a));
+  DT_ASSERT_OK(dt_tensor_view_local(base, 3 * ca, 2, sb, s0, &b));
+  DT_ASSERT_OK(dt_memory_stats(&m1));
+  DT_ASSERT_EQ(m1.total_current, m0.total_current); /* no new storage */
+  DT_ASSERT_TRUE(local_of(a) == local_of(base) && local_of(b) == local_of(base) + 3 * ca,
+                 "the views do not point into the base");
+  dt_dtype_t dt;
+  int64_t ls[2];
+  DT_ASSERT_OK(dt_tensor_dtype(b, &dt));
+  DT_ASSERT_EQ((int)dt, (int)DT_F32);
+  DT_ASSERT_OK(dt_tensor_local_shape(b, ls));
+  DT_ASSERT_EQ(ls[0], 1);
+  DT_ASSERT_EQ(ls[1], cb);
+  /* the global values: rank r's rows come from its segment */
+  float got[64];
+  full_of(a, got, (size_t)(ra * ca));
+  for (int r = 0; r < world; r++) {
+    int64_t off, len;
+    DT_ASSERT_OK(dt_chunk(ra, world, r, &off, &len));
+    for (int64_t i = 0; i < len * ca; i++) DT_ASSERT_EQ((int64_t)got[off * ca + i], r * seg + i);
+  }
+  /* an in-place op through one view changes its run of the base only */
+  const double two = 2.0;
+  DT_ASSERT_OK(dt_op_run_multi("scale_", 1, &b, 0, NULL, 1, &two, 0, NULL));
+  float* pb = local_of(base);
+  for (int64_t i = 0; i < seg; i++)
+    DT_ASSERT_EQ((int64_t)pb[i], (g_rank * seg + i) * (i >= 3 * ca ? 2 : 1));
+  /* the views keep the storage alive */
+  DT_ASSERT_OK(dt_tensor_destroy(base));
+  full_of(b, got, (size_t)(rb * cb));
+  for (int64_t i = 0; i < rb * cb; i++) DT_ASSERT_EQ((int64_t)got[i], 2 * ((i / cb) * seg + 3 * ca + i % cb));
+  /* bounds: checked on each rank against its own shard */
+  dt_tensor_t v = (dt_tensor_t)1;
+  DT_ASSERT_STATUS(dt_tensor_view_local(a, -1, 2, sb, s0, &v), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(v == NULL, "the out-pointer is not NULL after a failure");
+  DT_ASSERT_STATUS(dt_tensor_view_local(b, cb + 1, 1, &cb, s0, &v), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_tensor_view_local(b, 1, 2, sb, s0, &v), DT_ERR_INVALID_ARG); /* overruns */
+  DT_ASSERT_STATUS(dt_tensor_view_local(NULL, 0, 2, sb, s0, &v), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_tensor_view_local(b, 0, 2, sb, s0, NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_tensor_view_local(b, 0, 2, sb, NULL, &v), DT_ERR_INVALID_ARG);
+  /* the end of the shard is a valid offset for an empty view */
+  const int64_t zero = 0;
+  DT_ASSERT_OK(dt_tensor_view_local(b, cb, 1, &zero, s0, &v));
+  DT_ASSERT_OK(dt_tensor_destroy(v));
+  DT_ASSERT_OK(dt_tensor_destroy(a));
+  DT_ASSERT_OK(dt_tensor_destroy(b));
+  /* a view of a meta tensor is a meta tensor */
+  dt_tensor_t mt;
+  int meta = 0;
+  DT_ASSERT_OK(dt_tensor_meta(mesh, DT_F32, 1, &n, s0, &mt));
+  DT_ASSERT_OK(dt_tensor_view_local(mt, 0, 2, sa, s0, &v));
+  DT_ASSERT_OK(dt_tensor_is_meta(v, &meta));
+  DT_ASSERT_EQ(meta, 1);
+  DT_ASSERT_OK(dt_tensor_destroy(v));
+  DT_ASSERT_OK(dt_tensor_destroy(mt));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   int world;
@@ -175,6 +244,7 @@ int main(int argc, char** argv) {
   test_reshape_aliases(mesh, world);
   test_cuts(mesh, world);
   test_grads_not_shared(mesh);
+  test_view_local(mesh, world);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
   dt_backend_t b;
   DT_ASSERT_OK(dt_backend_default(&b));
