@@ -32,10 +32,13 @@
  * sharded, --loss-parallel feeds class-sharded logits to the loss), then FSDP over dp (as
  * --parallel fsdp: --reshard-after-forward, --param-dtype, --prefetch apply). Tokens are
  * sharded over dp, replicated over tp. --tp must divide the heads, kv heads, vocabulary, MLP
- * width (and --seq with --sp). --ep E splits each layer's stacked experts Shard(0) over the data
- * dim (expert parallelism over all D E data ranks: tokens go to their experts' ranks by a
- * ragged all-to-all; FSDP shards the dense parameters only); for now --ep needs --dp 1 (no FSDP
- * over the experts) and a multiple of E experts.
+ * width (and --seq with --sp). --ep E (--model moe, a multiple of E experts) splits each layer's
+ * stacked experts Shard(0) over E ranks (expert parallelism: tokens go to their experts' ranks
+ * by a ragged all-to-all), the dense parameters still FSDP over all D E data ranks. With --dp 1
+ * the ep ranks are the dp dim itself; with D > 1 the experts live on a second view of the world,
+ * the expert mesh (tp, ep, efsdp) = (T, E, D) (torchtitan's, fsdp x tp = efsdp x ep x tp),
+ * where position (t, e, f) is the dense mesh's (t, f E + e): the experts are Shard(0) on ep and
+ * FSDP-sharded over efsdp (one group per layer's experts, inside the block's group).
  *
  * --checkpoint turns on selective activation checkpointing (matmul outputs saved, pointwise ops and
  * views recomputed); the first step reports the activation memory it saved.
@@ -130,11 +133,14 @@ static double measure_peak(void) {
 }
 
 /* Expert parallelism for the parallel config: each layer's stacked experts (E, ...) become
- * Shard(0) over the data dim (1) of the (tp, dp) mesh; dt_nn_moe then dispatches tokens to their
- * experts' ranks with a ragged all-to-all, and FSDP leaves the experts as they are. */
-static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t mesh) {
+ * Shard(0) over the data dim (1) of the (tp, dp) mesh (emesh NULL: --dp 1, the ep ranks are all
+ * the data ranks; FSDP leaves the experts as they are), or over the ep dim of the expert mesh
+ * (tp, ep, efsdp), another view of the same ranks (FSDP then shards them over efsdp). dt_nn_moe
+ * dispatches tokens to their experts' ranks with a ragged all-to-all. */
+static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) {
   static const char* const w[3] = {"w1", "w3", "w2"};
-  const dt_placement_t pl[2] = {dt_replicate(), dt_shard(0)};
+  /* Shard(0) on dp of the (tp, dp) mesh, or on ep of the expert mesh (tp, ep, efsdp) */
+  const dt_placement_t pl[3] = {dt_replicate(), dt_shard(0), dt_replicate()};
   for (int l = 0; l < layers; l++)
     for (int k = 0; k < 3; k++) {
       char name[64];
@@ -142,9 +148,18 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t mesh) {
       dt_var_t v, nv;
       dt_tensor_t t;
       dt_status_t st = dt_module_param(root, name, &v);
-      if (st == DT_SUCCESS) st = dt_tensor_redistribute(dt_var_value(v), pl, &t);
+      if (st == DT_SUCCESS && emesh == NULL) {
+        st = dt_tensor_redistribute(dt_var_value(v), pl, &t);
+      } else if (st == DT_SUCCESS) { /* replicated on the dense mesh: this rank's copy is whole */
+        int64_t shape[3];
+        void* data;
+        dt_dtype_t dt;
+        st = dt_tensor_shape(dt_var_value(v), shape);
+        if (st == DT_SUCCESS) st = dt_tensor_dtype(dt_var_value(v), &dt);
+        if (st == DT_SUCCESS) st = dt_tensor_to_local(dt_var_value(v), &data, NULL);
+        if (st == DT_SUCCESS) st = dt_tensor_from_full(emesh, dt, 3, shape, pl, data, &t);
+      }
       if (st != DT_SUCCESS) return st;
-      (void)mesh;
       st = dt_var_leaf(t, 1, &nv);
       if (st != DT_SUCCESS) {
         dt_tensor_destroy(t);
@@ -161,18 +176,27 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t mesh) {
 
 /* FSDP for the parallel config: over the dp dim (1) of the (tp, dp) mesh, one group per block
  * and the root, the loss in f32. */
-static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh,
+static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt_mesh_t emesh,
                                 const train_opts_t* o) {
   dt_fsdp_config_t fc = dt_fsdp_config_default(1);
   fc.shard_dim = 1;
   fc.reshard_after_forward = o->reshard_after_forward;
   fc.param_dtype = !strcmp(o->param_dtype, "bf16") ? DT_BF16 : DT_F32;
   fc.prefetch_forward = fc.prefetch_backward = o->prefetch;
+  dt_fsdp_config_t efc = fc; /* the experts: over efsdp (dim 2) of the expert mesh */
+  efc.shard_dim = 2;
+  efc.replicate_dim = -1;
   for (int l = 0; l < layers; l++) {
-    char path[32];
+    char path[48];
     dt_module_t blk;
+    dt_status_t st = DT_SUCCESS;
+    if (emesh != NULL) {
+      snprintf(path, sizeof path, "layers.%d.experts", l);
+      st = dt_module_find(root, path, &blk);
+      if (st == DT_SUCCESS) st = dt_fully_shard(blk, emesh, &efc);
+    }
     snprintf(path, sizeof path, "layers.%d", l);
-    dt_status_t st = dt_module_find(root, path, &blk);
+    if (st == DT_SUCCESS) st = dt_module_find(root, path, &blk);
     if (st == DT_SUCCESS) st = dt_fully_shard(blk, mesh, &fc);
     if (st != DT_SUCCESS) return st;
   }
@@ -323,10 +347,6 @@ int main(int argc, char** argv) {
     if ((long long)D * T * E != world)
       return usage_error("--dp %d x --tp %d x --ep %d = %lld ranks, the world has %d", D, T, E,
                          (long long)D * T * E, world);
-    if (E > 1 && D > 1)
-      return usage_error("--ep %d with --dp %d: experts sharded over part of the data ranks "
-                         "(FSDP over the experts) is not available yet; use --ep alone (the "
-                         "experts then split over all %d data ranks)", E, D, D * E);
     if (E > 1 && (strcmp(o.model, "moe") != 0 || o.experts % E != 0))
       return usage_error("--ep %d needs --model moe with a multiple of %d experts (got %s, %d)",
                          E, E, o.model, o.experts);
@@ -402,7 +422,7 @@ int main(int argc, char** argv) {
    * final norm and the output projection); DDP the whole model */
   dt_module_t root;
   CHECK(dt_llama_module(model, &root));
-  char par_desc[160], mesh_desc[64];
+  char par_desc[160], mesh_desc[128];
   if (pconf) snprintf(mesh_desc, sizeof mesh_desc, "(tp, dp) %dx%d", T, D * E);
   else snprintf(mesh_desc, sizeof mesh_desc, "%s", o.mesh[0] ? o.mesh : "1-D");
   if (pconf && T > 1) {
@@ -418,10 +438,26 @@ int main(int argc, char** argv) {
     snprintf(par_desc, sizeof par_desc, "dp %d x tp %d x ep %d%s%s", D, T, E,
              o.sp ? ", sequence parallel" : "", o.loss_parallel ? ", loss parallel" : "");
   }
-  if (pconf && E > 1) /* expert parallelism: the stacked experts Shard(0) over the data dim */
-    CHECK(shard_experts(root, o.layers, mesh));
+  dt_mesh_t emesh = NULL;
+  if (pconf && E > 1 && D > 1) { /* the expert mesh (tp, ep, efsdp) = (T, E, D): position
+                                  * (t, e, f) is the dense mesh's (t, f E + e) */
+    int* ranks = malloc(sizeof(int) * (size_t)world);
+    if (ranks == NULL) return usage_error("no memory for the expert mesh");
+    for (int t = 0; t < T; t++)
+      for (int e = 0; e < E; e++)
+        for (int f = 0; f < D; f++) ranks[(t * E + e) * D + f] = (f * E + e) * T + t;
+    const int eshape[3] = {T, E, D};
+    const char* names[3] = {"tp", "ep", "efsdp"};
+    dt_status_t st = dt_mesh_create(3, eshape, names, ranks, &emesh);
+    free(ranks);
+    CHECK(st);
+    snprintf(mesh_desc + strlen(mesh_desc), sizeof mesh_desc - strlen(mesh_desc),
+             ", experts (tp, ep, efsdp) %dx%dx%d", T, E, D);
+  }
+  if (pconf && E > 1) /* expert parallelism: the stacked experts Shard(0) over the ep ranks */
+    CHECK(shard_experts(root, o.layers, emesh));
   if (pconf) {
-    if (D * E > 1) CHECK(shard_blocks(root, o.layers, mesh, &o));
+    if (D * E > 1) CHECK(shard_blocks(root, o.layers, mesh, emesh, &o));
   } else if (fsdp || hsdp) {
     dt_fsdp_config_t fc = dt_fsdp_config_default(mnd);
     fc.reshard_after_forward = o.reshard_after_forward;
@@ -563,13 +599,19 @@ int main(int argc, char** argv) {
       fflush(stdout);
     }
   }
-  if (g_rank == 0 && o.steps > 0) { /* collectives of the last step, per mesh dim (rank 0) */
+  for (int mi = 0; g_rank == 0 && o.steps > 0 && mi < 2; mi++) { /* collectives of the last
+                                                                 * step, per mesh dim (rank 0) */
+    dt_mesh_t cm = mi == 0 ? mesh : emesh;
+    if (cm == NULL) continue;
     dt_counters_t c;
-    CHECK(dt_counters_get(mesh, &c));
-    for (int d = 0; d < mnd; d++) {
+    int cnd;
+    CHECK(dt_counters_get(cm, &c));
+    CHECK(dt_mesh_ndim(cm, &cnd));
+    for (int d = 0; d < cnd; d++) {
       const char* dn = "";
-      CHECK(dt_mesh_dim_name(mesh, d, &dn));
-      printf("traffic last step, mesh dim %d%s%s:", d, dn[0] ? " " : "", dn);
+      CHECK(dt_mesh_dim_name(cm, d, &dn));
+      printf("traffic last step, %smesh dim %d%s%s:", mi ? "expert " : "", d, dn[0] ? " " : "",
+             dn);
       int any = 0;
       for (int k = 0; k < DT_COLL_COUNT; k++)
         if (c.dim_calls[d][k]) {
@@ -632,6 +674,7 @@ int main(int argc, char** argv) {
   dt_adamw_destroy(opt);
   dt_llama_destroy(model);
   dt_corpus_destroy(corpus);
+  dt_mesh_destroy(emesh);
   dt_mesh_destroy(mesh);
   dt_finalize();
   return 0;

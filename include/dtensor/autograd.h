@@ -130,6 +130,12 @@ DT_API dt_status_t dt_ag_to_local(dt_tape_t tape, dt_var_t x, const dt_placement
  * Backward: the gradient brought to like's placements (Replicate where like is Partial), its
  * local shard. like gets no gradient. */
 DT_API dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t* out);
+/* The rank-local x as a rank-local tensor of `mesh`, another view of the same ranks (a view, no
+ * copy; x itself when it is on mesh already). `like` of dt_ag_from_local may also live on such a
+ * view: this is how tokens on the dense parameters' mesh reach the experts' mesh (expert
+ * parallelism with FSDP over other ranks) and come back. Backward: the gradient goes back to x's
+ * mesh. DT_ERR_INVALID_ARG when the meshes are not views of the same ranks on one backend. */
+DT_API dt_status_t dt_ag_local_to_mesh(dt_tape_t tape, dt_var_t x, dt_mesh_t mesh, dt_var_t* out);
 /* Ragged all-to-all of rows over mesh dim `mesh_dim` (n ranks): the rows of x's local shard
  * (its first dim), send_counts[j] of them in order to coordinate j; *out (rank-local) holds the
  * rows received, from coordinate 0 up. recv_counts NULL: the counts are exchanged first (n

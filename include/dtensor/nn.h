@@ -9,7 +9,9 @@
  * Parameter names: tok_emb (V, D); layers.<i>.attn_norm (D); layers.<i>.wq (H*Dh, D), .wk and .wv
  * (G*Dh, D), .wo (D, H*Dh); layers.<i>.ffn_norm (D); dense MLP: layers.<i>.w1, .w3 (F, D), .w2
  * (D, F); MoE: layers.<i>.router (E, D), the experts stacked as layers.<i>.experts.w1 and .w3
- * (E, F, D) and layers.<i>.experts.w2 (E, D, F); norm (D); output (V, D).
+ * (E, F, D) and layers.<i>.experts.w2 (E, D, F) in the module layers.<i>.experts (its forward
+ * takes the tokens and the router weight and runs dt_nn_moe, so a wrapper of the experts alone,
+ * FSDP over an expert mesh, encloses every use of them); norm (D); output (V, D).
  * Weights are N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms ones; values
  * depend only on (seed, name, element), so every mesh starts from the same model.
  */
@@ -97,7 +99,11 @@ typedef struct dt_moe_stats {
  * tokens, sends each expert's rows to the rank holding it (one all-to-all of per-expert counts,
  * then a ragged all-to-all of the rows: dt_ag_all_to_all), runs its experts by grouped GEMMs and
  * sends the results back (the reverse all-to-all); *out then has the split tokens' placements
- * and a capacity applies per rank (stats->capacity -1). Otherwise the routing is global
+ * and a capacity applies per rank (stats->capacity -1). The experts may live on another view of
+ * x's ranks (an expert mesh such as (ep, efsdp) next to the tokens' (dp) mesh, as torchtitan
+ * builds them): x keeps its placements, the ranks along the experts' Shard(0) dim must hold
+ * different tokens (DT_ERR_INVALID_ARG otherwise), and the experts' gradients are summed over
+ * the expert mesh's other dims where their ranks hold different tokens. Otherwise the routing is global
  * (Replicate) and x, the weights and the output are placed as the ops' rules allow (experts
  * sharded on their hidden dim for tensor parallelism: w1/w3 Shard(1), w2 Shard(2)). Dropless,
  * both give the same result. Collective over the mesh. */

@@ -16,7 +16,9 @@
  *    reduce-scattered with one collective (HSDP: then all-reduced over the replicas), and the
  *    shards' gradients are accumulated from it. Wrap bottom-up: each block, then the root;
  *  - between steps the module holds the sharded parameters (Shard(0); an optimizer, clipping and
- *    checkpoints work on them); during a group's forward it holds the gathered ones;
+ *    checkpoints work on them); during a group's forward it holds the gathered ones, views of
+ *    the group's unsharded buffer: a view an op makes of one (dt_ag_to_local of the experts
+ *    under expert parallelism) keeps that buffer alive, and valid, until the tape lets it go;
  *  - reshard_after_forward 1 frees the gathered parameters after the forward and gathers again
  *    before the backward (ZeRO-3), 0 keeps them until the group's backward is done (ZeRO-2), and
  *    k > 1 keeps a 1/k slice after the forward, so the backward gathers only within groups of k

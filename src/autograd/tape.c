@@ -497,6 +497,31 @@ dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t
   return dt__ag_apply(tape, DT_OP_FROM_LOCAL, 2, in, 0, NULL, 0, NULL, 1, out);
 }
 
+dt_status_t dt_ag_local_to_mesh(dt_tape_t tape, dt_var_t x, dt_mesh_t mesh, dt_var_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = NULL;
+  DT_CHECK(dt__tape_check(tape));
+  DT_CHECK(dt__var_check(x));
+  DT_ARG_NOT_NULL(mesh);
+  DT_CHECK(dt__ensure_value(tape, x));
+  dt_tensor_t v = x->value;
+  if (v->mesh == mesh) {
+    *out = x;
+    return DT_SUCCESS;
+  }
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  dt_tensor_t t;
+  dt_var_t in[2] = {x, NULL};
+  DT_CHECK(dt_tensor_meta(mesh, v->dtype, v->layout.ndim, v->local_shape, rep, &t));
+  dt_status_t st = dt_tape_constant(tape, t, &in[1]);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(t);
+    return st;
+  }
+  return dt__ag_apply(tape, DT_OP_FROM_LOCAL, 2, in, 0, NULL, 0, NULL, 1, out);
+}
+
 dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
                              const int64_t* send_counts, const int64_t* recv_counts,
                              dt_var_t* out) {

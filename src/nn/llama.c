@@ -115,32 +115,46 @@ static dt_status_t dt__fwd_mlp(dt_module_t m, dt_tape_t tape, int n_in, const dt
   return dt__child(m, 2, tape, s, &out[0]);
 }
 
-/* (B, S, D) -> (ff (B, S, D), aux) */
-static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
-                               int n_out, dt_var_t* out) {
+/* The experts module: (x (N, D), router (E, D)) -> (ff (N, D), aux): the routed computation, so
+ * that a wrapper of the experts alone (FSDP over the experts on their own mesh) encloses every
+ * use of their weights. */
+static dt_status_t dt__fwd_experts(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                   int n_out, dt_var_t* out) {
   (void)n_in;
   (void)n_out;
   struct dt_llama* model = dt_module_ctx(m);
   const dt_llama_config_t* c = &model->cfg;
-  int64_t bsd[DT_MAX_DIMS];
-  DT_CHECK(dt_tensor_shape(dt_var_value(in[0]), bsd));
-  const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
-  dt_module_t experts;
-  DT_CHECK(dt_module_find(m, "experts", &experts));
-  dt_var_t w[3], x2, f2;
+  dt_var_t w[3];
   static const char* const kW[3] = {"w1", "w3", "w2"};
-  for (int k = 0; k < 3; k++) DT_CHECK(dt_module_param(experts, kW[k], &w[k]));
-  DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &x2));
+  for (int k = 0; k < 3; k++) DT_CHECK(dt_module_param(m, kW[k], &w[k]));
   dt_moe_stats_t st;
-  DT_CHECK(dt_nn_moe(tape, x2, dt_module_get(m, "router"), w[0], w[1], w[2], c->top_k,
-                     c->capacity_factor, c->aux_loss_coef, &f2, &out[1], &st));
+  DT_CHECK(dt_nn_moe(tape, in[0], in[1], w[0], w[1], w[2], c->top_k, c->capacity_factor,
+                     c->aux_loss_coef, &out[0], &out[1], &st));
   model->moe_stats.tokens += st.tokens;
   model->moe_stats.assignments += st.assignments;
   model->moe_stats.dropped += st.dropped;
   model->moe_stats.expert_rows += st.expert_rows;
   model->moe_stats.capacity = st.capacity;
   model->moe_stats.expert_parallel_dim = st.expert_parallel_dim;
-  return dt_ag_op(tape, "reshape", 1, &f2, 3, bsd, 0, NULL, 1, &out[0]);
+  return DT_SUCCESS;
+}
+
+/* (B, S, D) -> (ff (B, S, D), aux) */
+static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                               int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  int64_t bsd[DT_MAX_DIMS];
+  DT_CHECK(dt_tensor_shape(dt_var_value(in[0]), bsd));
+  const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
+  dt_module_t experts;
+  DT_CHECK(dt_module_find(m, "experts", &experts));
+  dt_var_t xr[2], f[2];
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &xr[0]));
+  xr[1] = dt_module_get(m, "router");
+  DT_CHECK(dt_module_forward(experts, tape, 2, xr, 2, f));
+  out[1] = f[1];
+  return dt_ag_op(tape, "reshape", 1, &f[0], 3, bsd, 0, NULL, 1, &out[0]);
 }
 
 /* (h, aux so far or NULL) -> (h, aux so far or NULL). Children in order: attn_norm, attention,
@@ -293,7 +307,7 @@ static dt_status_t dt__build(dt_llama_t m, const char* plan) {
       dt_module_t experts;
       DT_CHECK(dt__module(m, block, "", dt__fwd_moe, &mlp));
       DT_CHECK(dt__param(m, plan, mlp, "router", DT__FULL("router"), 2, sr, 0, std));
-      DT_CHECK(dt__module(m, mlp, "experts", NULL, &experts));
+      DT_CHECK(dt__module(m, mlp, "experts", dt__fwd_experts, &experts));
       DT_CHECK(dt__param(m, plan, experts, "w1", DT__FULL("experts.w1"), 3, se1, 0, std));
       DT_CHECK(dt__param(m, plan, experts, "w3", DT__FULL("experts.w3"), 3, se1, 0, std));
       DT_CHECK(dt__param(m, plan, experts, "w2", DT__FULL("experts.w2"), 3, se2, 0, ostd));

@@ -583,26 +583,88 @@ static dt_status_t dt__moe_ep_dim(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* di
   return DT_SUCCESS;
 }
 
+/* The coordinates of world rank r on mesh m (all of them scanned: meshes are small). */
+static dt_status_t dt__mesh_coords_of(dt_mesh_t m, int r, int* coords) {
+  int nd, shape[DT_MAX_MESH_DIMS], numel;
+  DT_CHECK(dt_mesh_ndim(m, &nd));
+  DT_CHECK(dt_mesh_shape(m, shape));
+  DT_CHECK(dt_mesh_numel(m, &numel));
+  for (int i = 0; i < numel; i++) {
+    int rest = i, w;
+    for (int d = nd - 1; d >= 0; d--) {
+      coords[d] = rest % shape[d];
+      rest /= shape[d];
+    }
+    DT_CHECK(dt_mesh_rank_at(m, coords, &w));
+    if (w == r) return DT_SUCCESS;
+  }
+  return DT_FAIL(DT_ERR_INVALID_ARG, "moe: world rank %d is not in the tokens' mesh", r);
+}
+
+/* The experts' gradient placements on their mesh em (experts Shard(0) on em's dim ep): for each
+ * other dim, Partial(sum) where the ranks along it hold different tokens, Replicate where they
+ * hold the same. Which tokens a rank holds: its coordinates on the dims of the tokens' mesh xm
+ * where xpl splits them. The ranks along ep must all hold different tokens (each expert's rows
+ * are then counted once); a dim whose ranks hold partly the same tokens is refused. */
+static dt_status_t dt__moe_expert_grad_pl(dt_mesh_t xm, const dt_placement_t* xpl, dt_mesh_t em,
+                                          int ep, dt_placement_t* wpl) {
+  int xnd, end, ec[DT_MAX_MESH_DIMS], eshape[DT_MAX_MESH_DIMS], me[DT_MAX_MESH_DIMS];
+  DT_CHECK(dt_mesh_ndim(xm, &xnd));
+  DT_CHECK(dt_mesh_ndim(em, &end));
+  DT_CHECK(dt_mesh_shape(em, eshape));
+  DT_CHECK(dt_mesh_coordinate(em, ec));
+  int self;
+  DT_CHECK(dt_world_rank(&self));
+  DT_CHECK(dt__mesh_coords_of(xm, self, me));
+  for (int i = 0; i < end; i++) {
+    int differ = 0, same = 0;
+    for (int j = 0; j < eshape[i]; j++) {
+      if (j == ec[i]) continue;
+      int c[DT_MAX_MESH_DIMS], w, xc[DT_MAX_MESH_DIMS], d = 0;
+      memcpy(c, ec, sizeof c);
+      c[i] = j;
+      DT_CHECK(dt_mesh_rank_at(em, c, &w));
+      DT_CHECK(dt__mesh_coords_of(xm, w, xc));
+      for (int k = 0; k < xnd; k++) d |= xpl[k].kind == DT_SHARD && xc[k] != me[k];
+      differ += d;
+      same += !d;
+    }
+    if (i == ep) {
+      if (same)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "moe: ranks along the expert-parallel mesh dim %d "
+                       "hold the same tokens; split the tokens over them (their experts' rows "
+                       "would be counted more than once)", ep);
+      wpl[i] = dt_shard(0);
+    } else if (differ && same) {
+      return DT_FAIL(DT_ERR_INVALID_ARG, "moe: ranks along mesh dim %d of the experts' mesh hold "
+                     "partly the same tokens; lay the meshes out so a dim's ranks hold all the "
+                     "same or all different tokens", i);
+    } else {
+      wpl[i] = differ ? dt_partial(DT_REDUCE_SUM) : dt_replicate();
+    }
+  }
+  return DT_SUCCESS;
+}
+
 /* The routed layer under expert parallelism over mesh dim `dim`: xe the tokens split over it
  * (rows Shard(0)), tk their router's gates and choices. Each rank routes its own tokens, sends
  * each expert's rows to the rank that holds it, runs its experts and sends the results back;
- * the output has the split tokens' placements. */
+ * the output has the split tokens' placements. `dim` is a dim of the experts' mesh, which may be
+ * another view of the tokens' ranks (then the rank-local tokens cross to it and back). */
 static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, int dim,
                               int64_t E, int top_k, double capacity_factor, dt_var_t w1,
                               dt_var_t w3, dt_var_t w2, dt_var_t* out, int64_t* kept_local) {
-  dt_mesh_t mesh;
-  int mnd, n, me;
+  dt_mesh_t mesh, em;
+  int n, me;
   DT_CHECK(dt_tensor_mesh(dt_var_value(xe), &mesh));
-  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
-  DT_CHECK(dt_mesh_size(mesh, dim, &n));
-  DT_CHECK(dt_mesh_local_rank(mesh, dim, &me));
+  DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &em));
+  DT_CHECK(dt_mesh_size(em, dim, &n));
+  DT_CHECK(dt_mesh_local_rank(em, dim, &me));
   dt_placement_t xpl[DT_MAX_MESH_DIMS], wpl[DT_MAX_MESH_DIMS];
   DT_CHECK(dt_tensor_placements(dt_var_value(xe), xpl));
   /* the experts' gradients: Shard(0) on the expert dim, a part of the sum where the tokens are
    * split, whole where every rank saw the same tokens */
-  for (int i = 0; i < mnd; i++)
-    wpl[i] = i == dim ? dt_shard(0)
-                      : (xpl[i].kind == DT_SHARD ? dt_partial(DT_REDUCE_SUM) : dt_replicate());
+  DT_CHECK(dt__moe_expert_grad_pl(mesh, xpl, em, dim, wpl));
   dt__ep_t ep = {dim, n, me, NULL};
   ep.lo = malloc(sizeof(int64_t) * (size_t)(n + 1));
   if (ep.lo == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %d expert ranges", n);
@@ -616,11 +678,14 @@ static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, i
                  (long long)(woff[0] + wsh[0]), (long long)ep.lo[me], (long long)ep.lo[me + 1]);
   dt_var_t xl = NULL, vl = NULL, il = NULL, wl[3] = {NULL, NULL, NULL}, ol = NULL;
   if (st == DT_SUCCESS) st = dt_ag_to_local(tape, xe, NULL, &xl);
+  if (st == DT_SUCCESS) st = dt_ag_local_to_mesh(tape, xl, em, &xl);
   if (st == DT_SUCCESS) st = dt_ag_to_local(tape, tk[0], NULL, &vl);
+  if (st == DT_SUCCESS) st = dt_ag_local_to_mesh(tape, vl, em, &vl);
   if (st == DT_SUCCESS) {
     int prev = dt_grad_enabled();
     dt_grad_set_enabled(0);
     st = dt_ag_to_local(tape, tk[1], NULL, &il);
+    if (st == DT_SUCCESS) st = dt_ag_local_to_mesh(tape, il, em, &il);
     dt_grad_set_enabled(prev);
   }
   dt_var_t w[3] = {w1, w3, w2};
@@ -638,6 +703,7 @@ static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, i
                         kept_local);
   free(ep.lo);
   DT_CHECK(st);
+  DT_CHECK(dt_ag_local_to_mesh(tape, ol, mesh, &ol));
   return dt_ag_from_local(tape, ol, xe, out);
 }
 
@@ -662,12 +728,16 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, 
   DT_CHECK(dt_tensor_mesh(dt_var_value(x), &mesh));
   DT_CHECK(dt_mesh_ndim(mesh, &mnd));
   dt_placement_t xpl[DT_MAX_MESH_DIMS], epl[DT_MAX_MESH_DIMS];
-  if (ep_dim >= 0) { /* the tokens split over the expert dim (and kept split where they are) */
+  dt_mesh_t em;
+  DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &em));
+  if (ep_dim >= 0) { /* the tokens split over the expert dim (and kept split where they are); on
+                      * another mesh, split where they are only */
     DT_CHECK(dt_tensor_placements(dt_var_value(x), xpl));
     int same = 1;
     for (int i = 0; i < mnd; i++) {
-      epl[i] = i == ep_dim || (xpl[i].kind == DT_SHARD && xpl[i].dim == 0) ? dt_shard(0)
-                                                                            : dt_replicate();
+      epl[i] = (em == mesh && i == ep_dim) || (xpl[i].kind == DT_SHARD && xpl[i].dim == 0)
+                   ? dt_shard(0)
+                   : dt_replicate();
       same &= dt_placement_equal(epl[i], xpl[i]);
     }
     if (!same) DT_CHECK(dt_ag_redistribute(tape, x, epl, &xr));

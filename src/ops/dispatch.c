@@ -59,13 +59,13 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
     dt_tensor_t x = inputs[t];
     if (dt__tensor_check(x, "input") != DT_SUCCESS)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d is not a live tensor", name, t);
-    if (*mesh != NULL && x->mesh != *mesh)
+    if (*mesh != NULL && x->mesh != *mesh && !(info->flags & DT_OPF_MESHES))
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs live on different meshes", name);
-    *mesh = x->mesh;
+    if (*mesh == NULL) *mesh = x->mesh;
     call->in[t].dtype = x->dtype;
     call->in[t].ndim = x->layout.ndim;
     memcpy(call->in[t].shape, x->layout.shape, sizeof(int64_t) * (size_t)x->layout.ndim);
-    memcpy(in_pl[t], x->layout.pl, sizeof(dt_placement_t) * (size_t)(*mesh)->ndim);
+    memcpy(in_pl[t], x->layout.pl, sizeof(dt_placement_t) * (size_t)x->mesh->ndim);
   }
   return DT_SUCCESS;
 }

@@ -11,7 +11,9 @@
  *                                      global shape and the grad placements (default x's own;
  *                                      Partial(sum) where ranks computed different parts).
  *   from_local (x, like)               x (rank-local) as the local shard of a tensor with like's
- *                                      global shape and placements (a view). Backward: the
+ *                                      global shape and placements (a view), on like's mesh,
+ *                                      which may be another view of x's ranks (the expert mesh
+ *                                      of the tokens' world). Backward: the
  *                                      gradient brought to like's placements (Replicate where
  *                                      like is Partial: each part gets the whole gradient), its
  *                                      local shard.
@@ -33,14 +35,34 @@ static void dt__all_replicate(dt_placement_t* pl) {
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) pl[i] = dt_replicate();
 }
 
-/* A tensor of layout (shape, pl) whose local shard is x's local data; x's local shape must be
- * exactly the shard this rank holds under that layout (agreed over the mesh). */
-static dt_status_t dt__reshard_view(dt_tensor_t x, int ndim, const int64_t* shape,
+/* Whether meshes a and b are views of the same ranks (the same world ranks, in any order, on the
+ * same backend): what lets a rank-local value cross from one to the other. */
+static dt_status_t dt__same_ranks(dt_mesh_t a, dt_mesh_t b, const char* what) {
+  if (a == b) return DT_SUCCESS;
+  int same = a->numel == b->numel && a->backend == b->backend && a->ranks != NULL &&
+             b->ranks != NULL && a->member && b->member;
+  for (int i = 0; same && i < a->numel; i++) {
+    int found = 0;
+    for (int j = 0; !found && j < b->numel; j++) found = a->ranks[i] == b->ranks[j];
+    same = found;
+  }
+  if (!same)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the value's mesh and the target mesh are not views "
+                   "of the same ranks on one backend (%d and %d ranks)", what, a->numel,
+                   b->numel);
+  return DT_SUCCESS;
+}
+
+/* A tensor of `mesh` and layout (shape, pl) whose local shard is x's local data; x's local shape
+ * must be exactly the shard this rank holds under that layout (agreed over the mesh). mesh may be
+ * another view of x's ranks. */
+static dt_status_t dt__reshard_view(dt_tensor_t x, dt_mesh_t mesh, int ndim, const int64_t* shape,
                                     const dt_placement_t* pl, const char* what, dt_tensor_t* out) {
   dt_status_t st;
   dt_tensor_t t = NULL;
-  if (x->meta) return dt__tensor_meta(x->mesh, x->dtype, ndim, shape, pl, out);
-  st = dt__tensor_meta(x->mesh, x->dtype, ndim, shape, pl, &t); /* the layout's local shape */
+  DT_CHECK(dt__same_ranks(x->mesh, mesh, what));
+  if (x->meta) return dt__tensor_meta(mesh, x->dtype, ndim, shape, pl, out);
+  st = dt__tensor_meta(mesh, x->dtype, ndim, shape, pl, &t); /* the layout's local shape */
   if (st == DT_SUCCESS) {
     int same = t->local_numel == x->local_numel && t->layout.ndim == x->layout.ndim;
     for (int d = 0; same && d < ndim; d++) same = t->local_shape[d] == x->local_shape[d];
@@ -51,9 +73,9 @@ static dt_status_t dt__reshard_view(dt_tensor_t x, int ndim, const int64_t* shap
                    what, (long long)x->local_numel, x->layout.ndim, (long long)t->local_numel);
   }
   dt__tensor_free(t);
-  st = dt__mesh_agree(x->mesh, st, what);
+  st = dt__mesh_agree(mesh, st, what);
   if (st != DT_SUCCESS) return st;
-  return dt__tensor_alias(x, 0, x->dtype, ndim, shape, pl, out);
+  return dt__tensor_alias_on(mesh, x, 0, x->dtype, ndim, shape, pl, out);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -99,7 +121,7 @@ dt_status_t dt__bw_to_local(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor
   dt_tensor_t x = c->in[0];
   dt_placement_t pl[DT_MAX_MESH_DIMS];
   DT_CHECK(dt__grad_pl(x, c->n_iargs, c->iargs, pl));
-  return dt__reshard_view(gout[0], x->layout.ndim, x->layout.shape, pl, "to_local backward",
+  return dt__reshard_view(gout[0], x->mesh, x->layout.ndim, x->layout.shape, pl, "to_local backward",
                           &gin[0]);
 }
 
@@ -116,8 +138,8 @@ dt_status_t dt__from_local_fwd(int n_in, const dt_tensor_t* in, int n_iargs, con
   (void)fargs;
   (void)saved;
   dt_tensor_t like = in[1];
-  return dt__reshard_view(in[0], like->layout.ndim, like->layout.shape, like->layout.pl,
-                          "from_local", &out[0]);
+  return dt__reshard_view(in[0], like->mesh, like->layout.ndim, like->layout.shape,
+                          like->layout.pl, "from_local", &out[0]);
 }
 
 dt_status_t dt__bw_from_local(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
@@ -135,9 +157,11 @@ dt_status_t dt__bw_from_local(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tens
   }
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   dt__all_replicate(rep);
+  dt_mesh_t xm = c->in[0]->mesh; /* the gradient of x: rank-local on x's mesh */
   dt_status_t st =
-      g->meta ? dt__tensor_meta(g->mesh, g->dtype, g->layout.ndim, g->local_shape, rep, &gin[0])
-              : dt__tensor_alias(g, 0, g->dtype, g->layout.ndim, g->local_shape, rep, &gin[0]);
+      g->meta ? dt__tensor_meta(xm, g->dtype, g->layout.ndim, g->local_shape, rep, &gin[0])
+              : dt__tensor_alias_on(xm, g, 0, g->dtype, g->layout.ndim, g->local_shape, rep,
+                                    &gin[0]);
   dt__tensor_free(moved);
   return st;
 }

@@ -204,22 +204,22 @@ static dt_status_t gather(fsdp_group_t* g) {
   }
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   placements(g, dt_replicate(), dt_replicate(), rep);
-  if (g->ag_from_keep) { /* the gathered slices are U itself */
-    dt_tensor_destroy(g->ag_send);
-    g->U = g->ag_out;
+  dt_tensor_destroy(g->ag_send);
+  st = dt_tensor_empty(g->mesh, g->cfg.param_dtype, 1, &g->total_pad, rep, &g->U);
+  if (st == DT_SUCCESS) st = dt_tensor_set_memory_category(g->U, DT_MEM_PARAMETERS);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(g->ag_out);
+    g->ag_send = g->ag_out = NULL;
+    dt_tensor_destroy(g->U);
+    g->U = NULL;
+    return st;
+  }
+  const char* src = local_data(g->ag_out);
+  char* dst = local_data(g->U);
+  if (g->ag_from_keep) { /* the gathered slices are U's bytes (on the k-mesh: copied onto the
+                          * group's mesh, which the parameters' views need) */
+    memcpy(dst, src, (size_t)g->total_pad * g->pes);
   } else {
-    dt_tensor_destroy(g->ag_send);
-    st = dt_tensor_empty(g->mesh, g->cfg.param_dtype, 1, &g->total_pad, rep, &g->U);
-    if (st == DT_SUCCESS) st = dt_tensor_set_memory_category(g->U, DT_MEM_PARAMETERS);
-    if (st != DT_SUCCESS) {
-      dt_tensor_destroy(g->ag_out);
-      g->ag_send = g->ag_out = NULL;
-      dt_tensor_destroy(g->U);
-      g->U = NULL;
-      return st;
-    }
-    const char* src = local_data(g->ag_out);
-    char* dst = local_data(g->U);
     for (int r = 0; r < g->N; r++)
       for (int i = 0; i < g->n; i++) {
         fsdp_param_t* q = &g->p[i];
@@ -230,16 +230,16 @@ static dt_status_t gather(fsdp_group_t* g) {
                  src + (size_t)(r * g->seg + q->seg_off) * g->pes,
                  (size_t)(len * q->rest) * g->pes);
       }
-    dt_tensor_destroy(g->ag_out);
   }
+  dt_tensor_destroy(g->ag_out);
   g->ag_send = g->ag_out = NULL;
   g->ag_from_keep = 0;
-  char* base = local_data(g->U);
+  /* the gathered parameters: views of U that keep it alive, so a view an op made of one (and
+   * recorded for the backward) stays valid after the group is resharded */
   for (int i = 0; i < g->n; i++) {
     fsdp_param_t* q = &g->p[i];
     dt_tensor_t v;
-    st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, q->pl,
-                              base + (size_t)q->full_off * g->pes, q->lshape, &v);
+    st = dt_tensor_view_local(g->U, q->full_off, q->ndim, q->shape, q->pl, &v);
     if (st == DT_SUCCESS) {
       st = dt_var_set_value(q->full, v);
       if (st != DT_SUCCESS) dt_tensor_destroy(v);

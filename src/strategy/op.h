@@ -42,6 +42,8 @@ enum {
   DT_OPF_CHECKS_DATA = 1u << 7, /* the kernel may reject input values (an index out of range, a
                                    value no integer holds) that only some ranks hold: its status
                                    is agreed over the mesh before the op returns */
+  DT_OPF_MESHES = 1u << 8,      /* its inputs may live on different meshes over the same ranks
+                                   (from_local: the output is on `like`'s mesh) */
 };
 /* In-place ops (the optimizer's update, gradient scaling) write some of their inputs: bit 16 + i
  * marks input i. Such an input never moves (candidates that would move it are dropped, so its

@@ -163,7 +163,8 @@
     dt__redistribute_fwd)                                                                            \
   /* rank-local tensors (src/ops/local.c): leaving and re-entering the distributed world */             \
   X(TO_LOCAL, "to_local", 1, 1, "grad:p?", NULL, NULL, dt__bw_to_local, 0, NULL, dt__to_local_fwd)      \
-  X(FROM_LOCAL, "from_local", 2, 1, "", NULL, NULL, dt__bw_from_local, 0, NULL, dt__from_local_fwd)      \
+  X(FROM_LOCAL, "from_local", 2, 1, "", NULL, NULL, dt__bw_from_local, DT_OPF_MESHES, NULL,               \
+    dt__from_local_fwd)                                                                                  \
   X(ALL_TO_ALL_SINGLE, "all_to_all_single", 2, 1, "mesh_dim=0", NULL, NULL, dt__bw_all_to_all_single,   \
     0, NULL, dt__all_to_all_single_fwd)
 /* clang-format on */

@@ -83,7 +83,13 @@ dt_status_t dt__tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const in
 
 dt_status_t dt__tensor_alias(dt_tensor_t base, size_t offset, dt_dtype_t dtype, int ndim,
                              const int64_t* shape, const dt_placement_t* pl, dt_tensor_t* out) {
-  DT_CHECK(dt__tensor_shell(base->mesh, dtype, ndim, shape, pl, base->meta, out));
+  return dt__tensor_alias_on(base->mesh, base, offset, dtype, ndim, shape, pl, out);
+}
+
+dt_status_t dt__tensor_alias_on(dt_mesh_t mesh, dt_tensor_t base, size_t offset, dt_dtype_t dtype,
+                                int ndim, const int64_t* shape, const dt_placement_t* pl,
+                                dt_tensor_t* out) {
+  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, shape, pl, base->meta, out));
   dt_tensor_t t = *out;
   if (base->meta) return DT_SUCCESS;
   size_t at = base->offset + offset;

@@ -47,6 +47,10 @@ dt_status_t dt__tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const in
  * local bytes must fit). The view keeps the storage alive. */
 dt_status_t dt__tensor_alias(dt_tensor_t base, size_t offset, dt_dtype_t dtype, int ndim,
                              const int64_t* shape, const dt_placement_t* pl, dt_tensor_t* out);
+/* The same, a tensor of `mesh` (another view of base's ranks with base's backend). */
+dt_status_t dt__tensor_alias_on(dt_mesh_t mesh, dt_tensor_t base, size_t offset, dt_dtype_t dtype,
+                                int ndim, const int64_t* shape, const dt_placement_t* pl,
+                                dt_tensor_t* out);
 /* 1 when another tensor may see the tensor's bytes (its storage has other references or is
  * borrowed from the caller). */
 int dt__tensor_shared(dt_tensor_t t);

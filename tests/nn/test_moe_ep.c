@@ -16,6 +16,11 @@
  *   exchanged or given, its gradient is the reverse exchange, a rank sending or receiving nothing
  *   is fine, and send counts that do not sum to the rows fail on every rank; from_local onto a
  *   Partial(sum) layout sums the ranks' parts and gives each part the whole gradient;
+ * - experts on their own mesh (ep, efsdp), another view of the tokens' ranks (the tokens row-
+ *   sharded on a 1-D mesh): output, aux and every gradient equal the replicated layer's to 1e-5
+ *   (the experts' gradient summed over efsdp, where the ranks hold different tokens); tokens
+ *   replicated over the ep ranks are refused (each expert's rows would count twice), and so is
+ *   crossing to a mesh over other ranks (dt_ag_local_to_mesh);
  * - the model: dt_llama with the plan "*.experts.*=S(0)" runs expert-parallel
  *   (dt_llama_moe_stats says on which mesh dim) with the loss and gradients of the replicated
  *   model to 1e-5.
@@ -190,6 +195,85 @@ static void test_equal(void) {
     check_ep(mesh, 16, 8, 8, 12, 2, "R,R", "R,S(0)", 1, NULL, NULL, NULL, NULL);
     DT_ASSERT_OK(dt_mesh_destroy(mesh));
   }
+}
+
+/* Experts on an (ep, efsdp) mesh whose position (e, f) is world rank f * EP + e, tokens
+ * Shard(0) on the 1-D world mesh, against the whole layer on the 1-D mesh with replicated
+ * experts. */
+static void test_two_meshes(void) {
+  if (g_world % 2 != 0) return;
+  const int EP = 2, F = g_world / 2;
+  const int64_t N = 16, D = 8, E = 4, Fd = 6;
+  const int K = 2;
+  int s1[1] = {g_world}, s2[2] = {EP, F};
+  int* ranks = malloc(sizeof(int) * (size_t)g_world);
+  for (int e = 0; e < EP; e++)
+    for (int f = 0; f < F; f++) ranks[e * F + f] = f * EP + e;
+  dt_mesh_t xm, em;
+  const char* names[2] = {"ep", "efsdp"};
+  DT_ASSERT_OK(dt_mesh_create(1, s1, NULL, NULL, &xm));
+  DT_ASSERT_OK(dt_mesh_create(2, s2, names, ranks, &em));
+  free(ranks);
+  const int64_t s1w[3] = {E, Fd, D}, s2w[3] = {E, D, Fd};
+  moe_params_t p[2];
+  for (int v = 0; v < 2; v++) {
+    p[v] = moe_params(xm, N, D, E, Fd, "S(0)", "R", NULL, NULL);
+    if (v == 0) { /* the experts on em instead */
+      DT_ASSERT_OK(dt_var_destroy(p[v].w1));
+      DT_ASSERT_OK(dt_var_destroy(p[v].w3));
+      DT_ASSERT_OK(dt_var_destroy(p[v].w2));
+      p[v].w1 = param(em, "w1", "S(0),R", 3, s1w, 0.3);
+      p[v].w3 = param(em, "w3", "S(0),R", 3, s1w, 0.3);
+      p[v].w2 = param(em, "w2", "S(0),R", 3, s2w, 0.3);
+    }
+  }
+  dt_tape_t tape[2];
+  dt_var_t out[2], aux[2];
+  dt_moe_stats_t st[2];
+  for (int v = 0; v < 2; v++) {
+    DT_ASSERT_OK(dt_tape_create(&tape[v]));
+    DT_ASSERT_OK(dt_nn_moe(tape[v], p[v].x, p[v].router, p[v].w1, p[v].w3, p[v].w2, K, 0.0, 0.01,
+                           &out[v], &aux[v], &st[v]));
+    DT_ASSERT_OK(dt_tape_backward(tape[v], loss_of(tape[v], out[v], aux[v])));
+  }
+  DT_ASSERT_EQ(st[0].expert_parallel_dim, 0);
+  DT_ASSERT_EQ(st[0].expert_rows, N * K);
+  dt_mesh_t om;
+  DT_ASSERT_OK(dt_tensor_mesh(dt_var_value(out[0]), &om));
+  DT_ASSERT_TRUE(om == xm, "the output is on the tokens' mesh");
+  expect_close(dt_var_value(out[0]), dt_var_value(out[1]), 1e-5, "two meshes: output");
+  expect_close(dt_var_value(aux[0]), dt_var_value(aux[1]), 1e-6, "two meshes: aux");
+  static const char* const kNames[5] = {"x", "router", "w1", "w3", "w2"};
+  for (int i = 0; i < 5; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "two meshes: d %s", kNames[i]);
+    expect_close(dt_var_grad((&p[0].x)[i]), dt_var_grad((&p[1].x)[i]), 1e-5, what);
+  }
+  for (int v = 0; v < 2; v++) DT_ASSERT_OK(dt_tape_destroy(tape[v]));
+  /* tokens replicated over the ep ranks: refused, nothing recorded that matters */
+  dt_var_t xr, o2;
+  dt_placement_t rep[1] = {dt_replicate()};
+  DT_ASSERT_OK(dt_tape_create(&tape[0]));
+  DT_ASSERT_OK(dt_ag_redistribute(tape[0], p[0].x, rep, &xr));
+  DT_ASSERT_STATUS(dt_nn_moe(tape[0], xr, p[0].router, p[0].w1, p[0].w3, p[0].w2, K, 0.0, 0.01,
+                             &o2, NULL, NULL),
+                   DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "same tokens") != NULL, "message: %s", dt_last_error());
+  /* a mesh over other ranks */
+  if (g_world >= 2) {
+    int one[1] = {1}, r0[1] = {0};
+    dt_mesh_t sm;
+    dt_var_t xl, bad;
+    DT_ASSERT_OK(dt_mesh_create(1, one, NULL, r0, &sm));
+    DT_ASSERT_OK(dt_ag_to_local(tape[0], p[0].x, NULL, &xl));
+    DT_ASSERT_STATUS(dt_ag_local_to_mesh(tape[0], xl, sm, &bad), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(bad == NULL, "no output on failure");
+    DT_ASSERT_OK(dt_mesh_destroy(sm));
+  }
+  DT_ASSERT_OK(dt_tape_destroy(tape[0]));
+  for (int v = 0; v < 2; v++) moe_params_destroy(&p[v]);
+  DT_ASSERT_OK(dt_mesh_destroy(em));
+  DT_ASSERT_OK(dt_mesh_destroy(xm));
 }
 
 /* uniform routing: token n's top-2 are n mod E and n + 1 mod E (x one-hot-ish, router the
@@ -435,6 +519,7 @@ int main(int argc, char** argv) {
   test_all_to_all();
   test_from_local_partial();
   test_equal();
+  test_two_meshes();
   test_traffic();
   test_llama();
   if (g_rank == 0) printf("test_moe_ep np=%d: passed\n", g_world);

@@ -87,7 +87,6 @@ same_loss dp_none pc_dp_tp
 refused pc_world "train: --dp 1 x --tp 2 x --ep 1 = 2 ranks, the world has 1" 1 --tp 2
 refused pc_heads "train: --tp 3 must divide the heads (4)" 3 --tp 3
 refused pc_sp "train: --sp and --loss-parallel go with --tp" 1 --sp
-refused pc_ep_dp "train: --ep 2 with --dp 2: experts sharded over part of the data ranks" 4 --ep 2 --dp 2 --model moe --experts 4
 refused pc_ep_div "train: --ep 2 needs --model moe with a multiple of 2 experts (got moe, 3)" 2 --ep 2 --model moe --experts 3
 refused pc_mix "train: --dp/--tp/--ep build their own mesh and plan" 2 --tp 2 --parallel fsdp
 echo "trainer_cli: passed"

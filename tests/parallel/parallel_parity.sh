@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # parallel_parity.sh - the trainer's parallel configs (--dp, --tp, --ep, --sp, --loss-parallel)
-# against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE: 20
+# against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE, on 2,
+# 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP): 20
 # steps, every f32 loss within 1e-5 relative (the worst printed per config), and a rerun bitwise
 # equal. Ends with one line per config and "parallel_parity: passed".
 #   parallel_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -38,6 +39,9 @@ configs=(
   "ep2        2 moe   --ep 2"
   "ep4        4 moe   --ep 4"
   "tp2_ep2    4 moe   --tp 2 --ep 2 --sp --loss-parallel"
+  "dp2_ep2    4 moe   --dp 2 --ep 2"
+  "dp4_tp2    8 dense --dp 4 --tp 2 --sp"
+  "dp2_tp2_ep2 8 moe  --dp 2 --tp 2 --ep 2 --sp --loss-parallel"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
@@ -52,4 +56,12 @@ read -r name np model flags <<< "${configs[3]}"
 run "${name}_again" "$np" --model "$model" $flags
 compare "${name}_again" "$name" 0
 grep -q "^# moe: expert parallel over mesh dim 1" "$W/ep2.log" || { echo "ep2 did not run expert parallel"; exit 1; }
+# FSDP x EP: the experts on their own mesh view, sharded over efsdp, dispatched over ep
+for n in dp2_ep2 dp2_tp2_ep2; do
+  grep -q "experts (tp, ep, efsdp)" "$W/$n.log" || { echo "$n: no expert mesh"; exit 1; }
+  grep -q "^traffic last step, expert mesh dim 1 ep: all_to_all" "$W/$n.log" ||
+    { echo "$n: no all-to-all over ep"; exit 1; }
+  grep -q "^traffic last step, expert mesh dim 2 efsdp: all_gather .* reduce_scatter" "$W/$n.log" ||
+    { echo "$n: the experts were not sharded over efsdp"; exit 1; }
+done
 echo "parallel_parity: passed"
