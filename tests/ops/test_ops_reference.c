@@ -33,7 +33,7 @@ static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const f
   int64_t iargs[8];
   double fargs[4];
   fx_args(c, &nia, iargs, &nfa, fargs);
-  dt_var_t v[MAXT], outs[2], out, prod, loss, rv;
+  dt_var_t v[MAXT], outs[3], out, prod, loss, rv;
   int nout = cJSON_GetArraySize(cJSON_GetObjectItem(c, "outputs"));
   for (int t = 0; t < nin; t++) {
     dt_tensor_t x;
@@ -95,7 +95,7 @@ static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
   int64_t iargs[8];
   double fargs[4];
   fx_args(c, &nia, iargs, &nfa, fargs);
-  fx_tensor_t in[MAXT], out[2];
+  fx_tensor_t in[MAXT], out[3];
   void* packed[MAXT];
   for (int t = 0; t < nin; t++) {
     fx_load_tensor(cJSON_GetArrayItem(ji, t), &in[t]);
@@ -122,7 +122,7 @@ static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
         pl[t][i] = fx_option(&in[t], (int)(v % k));
         v /= k;
       }
-    dt_tensor_t ts[MAXT], res[2] = {NULL, NULL};
+    dt_tensor_t ts[MAXT], res[3] = {NULL, NULL, NULL};
     for (int t = 0; t < nin; t++)
       DT_ASSERT_OK(dt_tensor_from_full(mesh, in[t].dtype, in[t].ndim, in[t].shape, pl[t],
                                        packed[t], &ts[t]));

@@ -192,10 +192,55 @@ case("softmax_bf16", "softmax", [bf(r3)], bf(torch.softmax(bf(r3).float(), -1)),
      rtol=1e-2, atol=1e-2)
 case("view_bf16", "view", [bf(v3)], bf(v3).reshape(24, 5), iargs=[24, 5], rtol=1e-2, atol=1e-6)
 
+# ---- mixture of experts: rows sorted by expert, counts per expert (one expert gets none)
+def grouped_ref(x, w, counts, trans):
+    outs, at = [], 0
+    for e, c in enumerate(counts.tolist()):
+        we = w[e].t() if trans else w[e]
+        outs.append(x[at:at + c] @ we)
+        at += c
+    return torch.cat(outs, 0)
+
+def wgrad_ref(a, b, counts):
+    outs, at = [], 0
+    for c in counts.tolist():
+        outs.append(a[at:at + c].t() @ b[at:at + c])
+        at += c
+    return torch.stack(outs, 0)
+
+def route_ref(idx, E, capacity):
+    N, K = idx.shape
+    flat = idx.flatten().tolist()
+    seen = [0] * E
+    kept = []
+    dropped = []
+    for s, e in enumerate(flat):
+        if capacity == 0 or seen[e] < capacity:
+            seen[e] += 1
+            kept.append(s)
+        else:
+            dropped.append(s)
+    kept.sort(key=lambda s: flat[s])  # stable: slot order within an expert
+    order = torch.tensor(kept + dropped, dtype=torch.int64)
+    return [order, order // K, torch.tensor(seen, dtype=torch.int64)]
+
+gcounts = torch.tensor([3, 0, 4, 2], dtype=torch.int64)  # expert 1 gets no rows
+gx, gw1, gw0 = rnd(9, 5), rnd(4, 6, 5), rnd(4, 5, 6)
+case("grouped_mm", "grouped_mm", [gx, gw1, gcounts], grouped_ref(gx, gw1, gcounts, True), iargs=[1])
+case("grouped_mm_notrans", "grouped_mm", [gx, gw0, gcounts], grouped_ref(gx, gw0, gcounts, False),
+     iargs=[0])
+ga, gb = rnd(9, 5), rnd(9, 6)
+case("grouped_mm_wgrad", "grouped_mm_wgrad", [ga, gb, gcounts], wgrad_ref(ga, gb, gcounts))
+ridx = ints(4, 6, 2)
+case("moe_route", "moe_route", [ridx], route_ref(ridx, 4, 0), iargs=[4])
+case("moe_route_capacity", "moe_route", [ridx], route_ref(ridx, 4, 2), iargs=[4, 2])
+ix, iidx, isrc = rnd(5, 4), ints(5, 7), rnd(7, 4)
+case("index_add", "index_add", [ix, iidx, isrc], ix.index_add(0, iidx, isrc))
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
-NO_GRAD = {"cast"}  # not differentiable (float -> int) or integer input
+NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route"}  # not differentiable, or integer input
 
 def torch_op(op, x, ia, fa):
     if op == "mm": return x[0] @ x[1]
@@ -246,6 +291,8 @@ def torch_op(op, x, ia, fa):
     if op == "rotary": return rotary_ref(x[0], ia[0], fa[0])
     if op == "gather": return torch.gather(x[0], ia[0], x[1])
     if op == "scatter_add": return x[0].scatter_add(ia[0], x[1], x[2])
+    if op == "grouped_mm": return grouped_ref(x[0], x[1], x[2], bool(ia[0]) if ia else True)
+    if op == "index_add": return x[0].index_add(0, x[1], x[2])
     raise KeyError(op)
 
 def add_grads(c):
