@@ -42,6 +42,7 @@ configs=(
   "dp2_ep2    4 moe   --dp 2 --ep 2"
   "dp4_tp2    8 dense --dp 4 --tp 2 --sp"
   "dp2_tp2_ep2 8 moe  --dp 2 --tp 2 --ep 2 --sp --loss-parallel"
+  "tp2_ep4    8 moe   --tp 2 --ep 4"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
