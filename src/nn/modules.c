@@ -514,7 +514,8 @@ static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_
   *kept = T;
   /* tokens (T, D) sorted by expert -> SwiGLU through grouped GEMMs -> weighted by their gates ->
    * added back at their tokens */
-  dt_var_t xs = NULL, xg, gc = counts, inv = NULL, a = NULL, b = NULL, sa = NULL, h = NULL, y = NULL, gflat, g, g2, yw, zero;
+  dt_var_t xs = NULL, xg, gc = counts, inv = NULL, a = NULL, b = NULL, sa = NULL, h = NULL,
+           y = NULL, gflat, g, g2, yw, zero;
   int64_t *send = NULL, *recv = NULL;
   if (st == DT_SUCCESS) st = ag2(tape, "embedding", x, tok, &xs);
   xg = xs;

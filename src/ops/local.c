@@ -121,8 +121,8 @@ dt_status_t dt__bw_to_local(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor
   dt_tensor_t x = c->in[0];
   dt_placement_t pl[DT_MAX_MESH_DIMS];
   DT_CHECK(dt__grad_pl(x, c->n_iargs, c->iargs, pl));
-  return dt__reshard_view(gout[0], x->mesh, x->layout.ndim, x->layout.shape, pl, "to_local backward",
-                          &gin[0]);
+  return dt__reshard_view(gout[0], x->mesh, x->layout.ndim, x->layout.shape, pl,
+                          "to_local backward", &gin[0]);
 }
 
 /* ---------------------------------------------------------------------------------------------
