@@ -10,11 +10,14 @@
  *  - each parameter of the wrapped module (not already in a group of its own) becomes
  *    Shard(0) on the shard mesh dim (uneven dim 0 by the chunk rule, padded inside the
  *    communication buffer); with a replicate dim as well (a 2-D mesh) it is HSDP;
- *  - one call = one group: before the group's forward its shards are copied into one flat buffer
- *    and gathered with one all-gather, then copied out into one unsharded buffer the gathered
+ *  - one call = one group: the group's shards are views of one persistent flat buffer, which one
+ *    all-gather sends as it is before the group's forward (cast first for a param_dtype other
+ *    than the parameters'); the result is copied out into one unsharded buffer the gathered
  *    parameters view; after its backward the gradients are copied into one flat buffer and
  *    reduce-scattered with one collective (HSDP: then all-reduced over the replicas), and the
- *    shards' gradients are accumulated from it. Wrap bottom-up: each block, then the root;
+ *    shards' gradients are views of the result (added to gradients already there). A shard
+ *    replaced with dt_var_set_value is copied into the buffer at the next gather. Wrap
+ *    bottom-up: each block, then the root;
  *  - between steps the module holds the sharded parameters (Shard(0); an optimizer, clipping and
  *    checkpoints work on them); during a group's forward it holds the gathered ones, views of
  *    the group's unsharded buffer: a view an op makes of one (dt_ag_to_local of the experts
@@ -82,10 +85,12 @@ DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
  * after the shard dim would not nest that way and is refused; reshard k > 1 needs the other dims
  * to be of size 1. Parameters already Shard on the shard dim (experts under expert
  * parallelism over that dim, whose gradients are complete where they are held) are left out of
- * the group, as they are. Errors leave the module as it was: DT_ERR_INVALID_ARG for a dim outside the
- * mesh, shard == replicate dim, a parameter on another mesh or not placed as above, a reshard k
- * that does not divide the shard dim, an integer dtype; DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or with no parameter
- * left to shard; DT_ERR_UNSUPPORTED for a backend whose memory is not the host's. */
+ * the group, as they are. Errors leave the module as it was: DT_ERR_INVALID_ARG for a dim
+ * outside the mesh, shard == replicate dim, a parameter on another mesh or not placed as above,
+ * a reshard k that does not divide the shard dim, an integer dtype; DT_ERR_INVALID_USAGE for a
+ * module already wrapped (FSDP or DDP) or with no parameter left to shard; DT_ERR_UNSUPPORTED
+ * for a backend whose memory is not the host's and for parameters of different dtypes (a group's
+ * shards share one buffer: wrap them in separate groups, as FSDP2 requires too). */
 DT_API dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg);
 /* Whether m is the module of an FSDP group. */
 DT_API int dt_fsdp_is_group(dt_module_t m);

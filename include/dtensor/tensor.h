@@ -65,7 +65,9 @@ DT_API dt_status_t dt_tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, co
                                   const dt_placement_t* placements, dt_tensor_t* out);
 DT_API dt_status_t dt_tensor_is_meta(dt_tensor_t t, int* meta);
 /* Local factories; the tensor owns its storage. Partial placements hold a partition of the
- * value (see dt_tensor_redistribute, R -> P). */
+ * value (see dt_tensor_redistribute, R -> P). dt_tensor_empty leaves the values unspecified (not
+ * zeroed: a buffer the caller overwrites at once costs no fill; on the guarded backend they
+ * start as NaN); dt_tensor_zeros zeroes them. */
 DT_API dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                                    const dt_placement_t* placements, dt_tensor_t* out);
 DT_API dt_status_t dt_tensor_zeros(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,

@@ -15,7 +15,8 @@
  * module's backward is done, buckets that got some but not all of their gradients are started
  * too (missing gradients count as zeros: every rank has the same graph, so every rank runs the
  * same collectives in the same order), every work is waited for in start order, and each
- * parameter's slice becomes its new (replicated) gradient. With sync off nothing happens: the
+ * parameter's slice of the reduced bucket becomes its new (replicated) gradient: a view, no copy
+ * (the gradients keep the bucket's output alive until they are dropped). With sync off nothing happens: the
  * gradients accumulate as Partial until a pass with sync on.
  *
  * The module hooks find the state through the module's "ddp" attachment and a serial number (a
@@ -145,27 +146,21 @@ static dt_status_t dt__ddp_start(dt__ddp_t* d, int bi) {
   return dt_tensor_set_memory_category(b->out, DT_MEM_COMMUNICATION);
 }
 
-/* Waits for bucket bi and hands each parameter its slice as a new replicated gradient. */
+/* Waits for bucket bi and hands each parameter its slice (a view) as its new gradient. */
 static dt_status_t dt__ddp_unpack(dt__ddp_t* d, int bi) {
   dt__ddp_bucket_t* b = &d->buckets[bi];
   DT_CHECK(dt_work_wait(b->work));
-  void* local;
-  DT_CHECK(dt_tensor_to_local(b->out, &local, NULL));
-  const char* base = local;
+  DT_CHECK(dt_tensor_set_memory_category(b->out, DT_MEM_GRADIENTS));
   for (int k = 0; k < b->n; k++) {
     dt__ddp_param_t* p = &d->params[b->first + k];
     if (!p->sent) continue;
-    dt_tensor_t g;
-    DT_CHECK(dt_tensor_empty(d->mesh, b->dtype, p->ndim, p->shape, p->pl, &g));
+    dt_tensor_t g; /* a view of the reduced bucket: no copy (the views keep it alive) */
+    DT_CHECK(dt_tensor_view_local(b->out, p->offset, p->ndim, p->shape, p->pl, &g));
     int64_t n = 0;
-    void* dst = NULL;
     dt_status_t st = dt_tensor_local_numel(g, &n);
-    if (st == DT_SUCCESS) st = dt_tensor_to_local(g, &dst, NULL);
     if (st == DT_SUCCESS && n != p->numel)
       st = DT_FAIL(DT_ERR_INTERNAL, "DDP: a gradient shard of %lld elements, %lld expected",
                    (long long)n, (long long)p->numel);
-    if (st == DT_SUCCESS && n)
-      memcpy(dst, base + (size_t)p->offset * b->itemsize, (size_t)n * b->itemsize);
     if (st == DT_SUCCESS) st = dt_var_set_grad(p->v, g);
     if (st != DT_SUCCESS) {
       dt_tensor_destroy(g);

@@ -4,14 +4,18 @@
  * section of docs/design.md.
  *
  * Buffers of a group of n parameters on a shard dim of N ranks (chunk_i = ceil(rows_i / N)):
- *   send   this rank's flat segment, L = sum_i chunk_i * rest_i elements (padding zeroed): a 1-D
- *          tensor of N*L elements, Shard(0) on the shard dim, Replicate elsewhere;
- *   gather the all-gather of the sends (N*L, Replicate): rank r's segment, then rank r+1's...;
+ *   flat   this rank's flat segment, L = sum_i chunk_i * rest_i elements (padding zeroed): a 1-D
+ *          tensor of N*L elements, Shard(0) on the shard dim, Replicate elsewhere, persistent;
+ *          the sharded parameters are views of it (dt_tensor_view_local), so the optimizer
+ *          updates it in place and the all-gather sends it as it is (a param_dtype other than
+ *          the parameters': one cast of it is sent);
+ *   gather the all-gather of the segments (N*L, Replicate): rank r's, then rank r+1's...;
  *   U      the unsharded parameters, param after param (T elements, padded to a multiple of k for
  *          reshard k); the gathered parameters are views of U. Copy-out: gather -> U;
  *   reduce the gradients copied into N segments laid out as the sends (N*L, Partial on the data
  *          dims), reduce-scattered to Shard(0) (HSDP: then all-reduced over the replicate dim);
- *          this rank's segment is added into the sharded parameters' gradients.
+ *          the sharded parameters' gradients are views of this rank's segment (cast to their
+ *          dtype first if needed; added to gradients already there).
  * With tensor parallelism on other mesh dims everything above is per rank of those dims: the
  * parameters' local shapes are their tensor-parallel shards, the flat buffers (nominally
  * Replicate there) hold this rank's, and collectives run over the data dims only.
@@ -35,7 +39,7 @@ typedef struct {
   char name[FSDP_NAME_MAX]; /* qualified, relative to the group's module */
   dt_var_t sharded;         /* Shard(0) on the shard dim; the module's between forwards */
   dt_var_t full;            /* the gathered parameter (param dtype, Replicate on the data dims) */
-  dt_dtype_t dtype;         /* the sharded parameter's dtype */
+  dt_dtype_t dtype;         /* the sharded parameter's dtype (the group's sdtype) */
   int ndim;
   int64_t shape[FSDP_NDIM_MAX];  /* global */
   int64_t lshape[FSDP_NDIM_MAX]; /* this rank's tensor before FSDP (a tensor-parallel shard) */
@@ -56,11 +60,13 @@ struct fsdp_group {
   int n;
   fsdp_param_t* p;
   int64_t seg, total, total_pad; /* L, T, T padded to a multiple of k */
-  size_t pes, res;           /* param and reduce dtype item sizes */
+  dt_dtype_t sdtype;         /* the sharded parameters' dtype (one per group, as in FSDP2) */
+  size_t ses, pes, res;      /* sharded, param and reduce dtype item sizes */
+  dt_tensor_t flat;          /* the shards' buffer (N*L, sdtype); the parameters view it */
   int swapped;               /* the module holds the gathered parameters */
   dt_tensor_t U;             /* gathered parameters (NULL: released) */
   dt_tensor_t keep;          /* reshard k: this rank's slice of U after the forward */
-  dt_tensor_t ag_send, ag_out;
+  dt_tensor_t ag_send, ag_out; /* ag_send NULL: flat is sent */
   dt_work_t ag_work;         /* all-gather in flight */
   int ag_from_keep;
   dt_tensor_t rs_out;
@@ -101,6 +107,12 @@ static void placements(const fsdp_group_t* g, dt_placement_t shard, dt_placement
   if (g->cfg.replicate_dim >= 0) pl[g->cfg.replicate_dim] = rep;
 }
 
+/* A parameter's sharded placements: its own with Shard(0) on the shard dim. */
+static void shard_placements(const fsdp_group_t* g, const fsdp_param_t* q, dt_placement_t* pl) {
+  memcpy(pl, q->pl, sizeof q->pl);
+  pl[g->cfg.shard_dim] = dt_shard(0);
+}
+
 static void* local_data(dt_tensor_t t) {
   void* d = NULL;
   return dt_tensor_to_local(t, &d, NULL) == DT_SUCCESS ? d : NULL;
@@ -139,7 +151,47 @@ static void discard_gather(fsdp_group_t* g) {
   g->ag_from_keep = 0;
 }
 
-/* Starts the group's all-gather: from the kept slice (reshard k, backward) or from the shards. */
+/* A sharded parameter whose value was replaced since it was made a view of flat
+ * (dt_var_set_value, e.g. a checkpoint load) is copied into flat and made a view of it again. */
+static dt_status_t adopt_shards(fsdp_group_t* g) {
+  char* base = local_data(g->flat);
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    dt_tensor_t v = dt_var_value(q->sharded), view = NULL;
+    char* slot = base + (size_t)q->seg_off * g->ses;
+    const void* d = local_data(v);
+    if (d == slot) continue;
+    dt_placement_t want[DT_MAX_MESH_DIMS], have[DT_MAX_MESH_DIMS];
+    int64_t shape[FSDP_NDIM_MAX], len = 0;
+    dt_dtype_t dt = DT_F32;
+    int nd = 0, same = 1;
+    shard_placements(g, q, want);
+    DT_CHECK(dt_tensor_placements(v, have));
+    DT_CHECK(dt_tensor_ndim(v, &nd));
+    DT_CHECK(dt_tensor_dtype(v, &dt));
+    DT_CHECK(dt_tensor_local_numel(v, &len));
+    same = nd == q->ndim && dt == g->sdtype;
+    if (same) DT_CHECK(dt_tensor_shape(v, shape));
+    for (int k = 0; same && k < q->ndim; k++) same = shape[k] == q->shape[k];
+    for (int k = 0; same && k < g->mesh_ndim; k++) same = dt_placement_equal(have[k], want[k]);
+    if (!same)
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the sharded parameter '%s' was replaced by a "
+                     "tensor of another shape, dtype or placements", q->name);
+    if (len > 0 && d == NULL)
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the sharded parameter '%s' has no data (a meta "
+                     "tensor?)", q->name);
+    DT_CHECK(dt_tensor_view_local(g->flat, q->seg_off, q->ndim, q->shape, want, &view));
+    if (len > 0) memcpy(slot, d, (size_t)len * g->ses);
+    dt_status_t st = dt_var_set_value(q->sharded, view);
+    if (st != DT_SUCCESS) {
+      dt_tensor_destroy(view);
+      return st;
+    }
+  }
+  return DT_SUCCESS;
+}
+
+/* Starts the group's all-gather: from the kept slice (reshard k, backward) or from flat. */
 static dt_status_t start_gather(fsdp_group_t* g) {
   if (g->ag_work || g->U) return DT_SUCCESS;
   dt_status_t st;
@@ -154,32 +206,17 @@ static dt_status_t start_gather(fsdp_group_t* g) {
     g->ag_from_keep = 1;
     return dt_tensor_set_memory_category(g->ag_out, DT_MEM_PARAMETERS);
   }
-  dt_placement_t spl[DT_MAX_MESH_DIMS], rep[DT_MAX_MESH_DIMS];
-  placements(g, dt_shard(0), dt_replicate(), spl);
+  DT_CHECK(adopt_shards(g));
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
   placements(g, dt_replicate(), dt_replicate(), rep);
-  const int64_t n = (int64_t)g->N * g->seg;
-  DT_CHECK(dt_tensor_empty(g->mesh, g->cfg.param_dtype, 1, &n, spl, &g->ag_send));
-  DT_CHECK_GOTO(dt_tensor_set_memory_category(g->ag_send, DT_MEM_COMMUNICATION), st, fail);
-  char* buf = local_data(g->ag_send);
-  for (int i = 0; i < g->n; i++) {
-    fsdp_param_t* q = &g->p[i];
-    dt_tensor_t src = dt_var_value(q->sharded), cast = NULL;
-    if (q->dtype != g->cfg.param_dtype) {
-      const int64_t to = g->cfg.param_dtype;
-      DT_CHECK_GOTO(dt_op_run("cast", 1, &src, 1, &to, 0, NULL, &cast), st, fail);
-      src = cast;
-    }
-    int64_t len = 0;
-    dt_status_t cs = dt_tensor_local_numel(src, &len);
-    void* s = local_data(src);
-    char* d = buf + (size_t)q->seg_off * g->pes;
-    size_t nb = (size_t)len * g->pes, cap = (size_t)(q->chunk * q->rest) * g->pes;
-    if (cs == DT_SUCCESS && len > 0 && s) memcpy(d, s, nb);
-    if (cap > nb) memset(d + nb, 0, cap - nb);
-    dt_tensor_destroy(cast);
-    DT_CHECK_GOTO(cs, st, fail);
+  dt_tensor_t send = g->flat;
+  if (g->cfg.param_dtype != g->sdtype) { /* mixed precision: one cast of the whole segment */
+    const int64_t to = g->cfg.param_dtype;
+    DT_CHECK(dt_op_run("cast", 1, &g->flat, 1, &to, 0, NULL, &g->ag_send));
+    DT_CHECK_GOTO(dt_tensor_set_memory_category(g->ag_send, DT_MEM_COMMUNICATION), st, fail);
+    send = g->ag_send;
   }
-  DT_CHECK_GOTO(dt_tensor_redistribute_async(g->ag_send, rep, &g->ag_out, &g->ag_work), st, fail);
+  DT_CHECK_GOTO(dt_tensor_redistribute_async(send, rep, &g->ag_out, &g->ag_work), st, fail);
   g->ag_from_keep = 0;
   return dt_tensor_set_memory_category(g->ag_out, DT_MEM_COMMUNICATION);
 fail:
@@ -220,6 +257,8 @@ static dt_status_t gather(fsdp_group_t* g) {
                           * group's mesh, which the parameters' views need) */
     memcpy(dst, src, (size_t)g->total_pad * g->pes);
   } else {
+    if (g->total_pad > g->total) /* reshard k's padding: sent, never read */
+      memset(dst + (size_t)g->total * g->pes, 0, (size_t)(g->total_pad - g->total) * g->pes);
     for (int r = 0; r < g->N; r++)
       for (int i = 0; i < g->n; i++) {
         fsdp_param_t* q = &g->p[i];
@@ -332,7 +371,8 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
   return st;
 }
 
-/* Waits for the group's reduction and adds this rank's segment into the sharded gradients. */
+/* Waits for the group's reduction; the sharded gradients become views of this rank's segment
+ * (added to gradients already there). */
 static dt_status_t finish_reduce(fsdp_group_t* g) {
   if (g->rs_work == NULL) return DT_SUCCESS;
   dt_status_t st = dt_work_wait(g->rs_work);
@@ -350,34 +390,23 @@ static dt_status_t finish_reduce(fsdp_group_t* g) {
       tmp = NULL;
     }
   }
+  if (st == DT_SUCCESS && g->cfg.reduce_dtype != g->sdtype) { /* one cast of the segment */
+    const int64_t to = g->sdtype;
+    st = dt_op_run("cast", 1, &out, 1, &to, 0, NULL, &tmp);
+    if (st == DT_SUCCESS) {
+      dt_tensor_destroy(out);
+      out = tmp;
+      tmp = NULL;
+    }
+  }
+  if (st == DT_SUCCESS) st = dt_tensor_set_memory_category(out, DT_MEM_GRADIENTS);
+  /* the gradients are views of this rank's segment: no copy (they keep it alive) */
   for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
     fsdp_param_t* q = &g->p[i];
-    dt_tensor_t sv = dt_var_value(q->sharded), part = NULL, cast = NULL, sum = NULL;
+    dt_tensor_t part = NULL, sum = NULL;
     dt_placement_t spl[DT_MAX_MESH_DIMS];
-    st = dt_tensor_placements(sv, spl);
-    if (st == DT_SUCCESS) st = dt_tensor_empty(g->mesh, q->dtype, q->ndim, q->shape, spl, &part);
-    int64_t len = 0;
-    if (st == DT_SUCCESS) st = dt_tensor_local_numel(part, &len);
-    if (st == DT_SUCCESS && len > 0) {
-      const char* src = (const char*)local_data(out) + (size_t)q->seg_off * g->res;
-      if (q->dtype == g->cfg.reduce_dtype) {
-        memcpy(local_data(part), src, (size_t)len * g->res);
-      } else { /* a view of the reduced slice with the shard's layout, cast */
-        int64_t lshape[FSDP_NDIM_MAX];
-        dt_tensor_t view = NULL;
-        const int64_t to = q->dtype;
-        st = dt_tensor_local_shape(part, lshape);
-        if (st == DT_SUCCESS)
-          st = dt_tensor_from_local(g->mesh, g->cfg.reduce_dtype, q->ndim, q->shape, spl,
-                                    (void*)src, lshape, &view);
-        if (st == DT_SUCCESS) st = dt_op_run("cast", 1, &view, 1, &to, 0, NULL, &cast);
-        size_t qes = 0;
-        if (st == DT_SUCCESS) st = dt_dtype_itemsize(q->dtype, &qes);
-        if (st == DT_SUCCESS) memcpy(local_data(part), local_data(cast), (size_t)len * qes);
-        dt_tensor_destroy(view);
-        dt_tensor_destroy(cast);
-      }
-    }
+    shard_placements(g, q, spl);
+    st = dt_tensor_view_local(out, q->seg_off, q->ndim, q->shape, spl, &part);
     dt_tensor_t old = dt_var_grad(q->sharded);
     if (st == DT_SUCCESS && old != NULL) { /* accumulate (several synced passes) */
       dt_tensor_t two[2] = {old, part};
@@ -532,6 +561,7 @@ static void group_free(fsdp_group_t* g) {
   swap(g, 0); /* the module frees the sharded parameters */
   for (int i = 0; g->p && i < g->n; i++) dt_var_destroy(g->p[i].full);
   dt_tensor_destroy(g->U);
+  dt_tensor_destroy(g->flat); /* the sharded parameters' views keep its storage while they live */
   dt_mesh_destroy(g->kmesh);
   free(g->p);
   free(g);
@@ -603,6 +633,12 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
                       g->cfg.shard_dim, g->cfg.replicate_dim);
       return 1;
     }
+  }
+  if (g->n > 0 && dt != g->p[0].dtype) { /* one flat buffer per group (FSDP2's rule too) */
+    c->st = DT_FAIL(DT_ERR_UNSUPPORTED, "fully_shard: parameter '%s' is %s, '%s' is %s; the "
+                    "parameters of one group share a dtype (wrap them in separate groups)", name,
+                    dt_dtype_name(dt), g->p[0].name, dt_dtype_name(g->p[0].dtype));
+    return 1;
   }
   if (strlen(name) >= FSDP_NAME_MAX) {
     c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter name '%s' too long", name);
@@ -744,17 +780,25 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
     g->total += q->rows * q->rest;
   }
   g->total_pad = (g->total + g->k - 1) / g->k * g->k;
+  g->sdtype = g->p[0].dtype;
+  DT_CHECK_GOTO(dt_dtype_itemsize(g->sdtype, &g->ses), st, fail);
   if (g->k > 1) DT_CHECK_GOTO(make_kmesh(g), st, fail);
-  /* the new leaves: sharded parameters (a local slice, no communication), gathered ones (meta) */
+  /* the new leaves: sharded parameters (views of flat, filled by a local slice: no
+   * communication), gathered ones (meta); flat's padding stays zero */
+  dt_placement_t fpl[DT_MAX_MESH_DIMS];
+  placements(g, dt_shard(0), dt_replicate(), fpl);
+  const int64_t flat_numel = (int64_t)g->N * g->seg;
+  DT_CHECK_GOTO(dt_tensor_zeros(mesh, g->sdtype, 1, &flat_numel, fpl, &g->flat), st, fail);
+  DT_CHECK_GOTO(dt_tensor_set_memory_category(g->flat, DT_MEM_PARAMETERS), st, fail);
   int made = 0;
   for (; made < g->n; made++) {
     fsdp_param_t* q = &g->p[made];
     dt_tensor_t s = NULL, f = NULL;
     dt_var_t sv = NULL, fv = NULL;
     dt_placement_t spl[DT_MAX_MESH_DIMS];
-    memcpy(spl, q->pl, sizeof spl);
-    spl[c.shard_dim] = dt_shard(0);
-    st = dt_tensor_redistribute(dt_var_value(q->sharded), spl, &s);
+    shard_placements(g, q, spl);
+    st = dt_tensor_view_local(g->flat, q->seg_off, q->ndim, q->shape, spl, &s);
+    if (st == DT_SUCCESS) st = dt_tensor_redistribute_into(dt_var_value(q->sharded), s);
     if (st == DT_SUCCESS) st = dt_var_leaf(s, 1, &sv);
     if (st != DT_SUCCESS) dt_tensor_destroy(s);
     if (st == DT_SUCCESS) st = dt_tensor_meta(mesh, c.param_dtype, q->ndim, q->shape, q->pl, &f);
@@ -792,6 +836,7 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
   g_fsdp.groups = g;
   return DT_SUCCESS;
 fail:
+  dt_tensor_destroy(g->flat);
   dt_mesh_destroy(g->kmesh);
   free(g->p);
   free(g);

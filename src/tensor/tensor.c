@@ -219,7 +219,7 @@ static dt_status_t dt__upload_box(dt_tensor_t t, const void* full) {
 dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                             const dt_placement_t* placements, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
-  return dt__tensor_new(mesh, dtype, ndim, shape, placements, 1, out);
+  return dt__tensor_new(mesh, dtype, ndim, shape, placements, 0, out); /* values unspecified */
 }
 
 dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,

@@ -12,7 +12,9 @@
  *    per gather and one reduce-scatter per group;
  *  - memory: the sharded state (parameters, gradients, two AdamW moments) is 16 Psi / N bytes
  *    plus padding, and the gathered parameters at their peak hold at most two groups;
- *  - bad input: clear errors and nothing half-wrapped.
+ *  - a sharded value replaced by dt_var_set_value trains exactly as the same values written in
+ *    place (the shards are views of the group's all-gather buffer);
+ *  - bad input: clear errors and nothing half-wrapped; parameters of two dtypes in one group.
  */
 #include <math.h>
 #include <stdio.h>
@@ -400,14 +402,15 @@ static void test_memory(void) {
   DT_ASSERT_OK(dt_memory_stats(&m));
   int64_t pbytes = m.current[DT_MEM_PARAMETERS] - m0.current[DT_MEM_PARAMETERS];
   int64_t gbytes = m.current[DT_MEM_GRADIENTS] - m0.current[DT_MEM_GRADIENTS];
-  /* sharded parameters and gradients: this rank's rows of each (the padded segment at most) */
-  int64_t local = 0;
+  /* sharded parameters: views of each group's flat buffer, this rank's padded segment; their
+   * gradients: views of the reduce-scatter's output, the same size */
+  int64_t local = 0; /* the local shards (an AdamW moment of an empty one takes a 1-byte block) */
   for (int i = 0; i < s.np; i++) {
     int64_t n;
     DT_ASSERT_OK(dt_tensor_local_numel(dt_var_value(s.params[i]), &n));
-    local += n > 0 ? 4 * n : 1; /* an empty shard still takes a 1-byte block */
+    local += n > 0 ? 4 * n : 1;
   }
-  DT_ASSERT_TRUE(pbytes == local && pbytes <= 4 * shard_elems,
+  DT_ASSERT_TRUE(pbytes == 4 * shard_elems && local <= pbytes,
                  "parameters hold %lld bytes, the local shards %lld, the padded segments %lld",
                  (long long)pbytes, (long long)local, (long long)(4 * shard_elems));
   DT_ASSERT_TRUE(gbytes == pbytes, "gradients %lld bytes, parameters %lld", (long long)gbytes,
@@ -420,10 +423,11 @@ static void test_memory(void) {
   DT_ASSERT_OK(dt_memory_stats(&m));
   int64_t obytes = m.current[DT_MEM_OPTIMIZER] - m0.current[DT_MEM_OPTIMIZER];
   int64_t total = pbytes + gbytes + obytes;
-  /* 16 Psi / N: 4 (parameter) + 4 (gradient) + 8 (two moments) bytes per element of the shard,
-   * and AdamW's step counters (8 bytes per parameter) */
+  /* 16 Psi / N: 4 (parameter) + 4 (gradient) + 8 (two moments) bytes per element of the shard
+   * (parameters and gradients padded, the moments not), and AdamW's step counters (8 bytes per
+   * parameter) */
   int64_t want = 16 * shard_elems + 8 * s.np;
-  DT_ASSERT_TRUE(total <= want && obytes == 2 * pbytes + 8 * s.np,
+  DT_ASSERT_TRUE(total <= want && obytes == 2 * local + 8 * s.np,
                  "sharded state %lld bytes (params %lld, grads %lld, optimizer %lld); 16 Psi/N + "
                  "padding + steps = %lld", (long long)total, (long long)pbytes, (long long)gbytes,
                  (long long)obytes, (long long)want);
@@ -438,6 +442,39 @@ static void test_memory(void) {
            (long long)gbytes, (long long)obytes, (long long)gathered_peak, (long long)root_group,
            (long long)max_group);
   teardown(&s);
+}
+
+/* The sharded parameters are views of their group's flat buffer, which the all-gather sends: a
+ * value replaced with dt_var_set_value (a checkpoint load) must be gathered, and updated by the
+ * optimizer, exactly like the same values written in place. */
+static void test_replaced_values(void) {
+  run_t r = fsdp_run(1, 1);
+  setup_t a, b;
+  setup(&r, &a);
+  setup(&r, &b);
+  float l0 = fwd_bwd(&r, &a, 0, 0, BATCH, 1.0);
+  for (int i = 0; i < a.np; i++) DT_ASSERT_OK(dt_var_zero_grad(a.params[i]));
+  const double half = 0.5;
+  for (int i = 0; i < a.np; i++) {
+    dt_tensor_t x;
+    DT_ASSERT_OK(dt_op_run("mul_scalar", 1, (dt_tensor_t[]){dt_var_value(a.params[i])}, 0, NULL,
+                           1, &half, &x));
+    DT_ASSERT_OK(dt_var_set_value(a.params[i], x));
+    dt_tensor_t v = dt_var_value(b.params[i]);
+    DT_ASSERT_OK(dt_op_run_multi("scale_", 1, &v, 0, NULL, 1, &half, 0, NULL));
+  }
+  for (int step = 1; step < 3; step++) {
+    float la = fwd_bwd(&r, &a, step, 0, BATCH, 1.0), lb = fwd_bwd(&r, &b, step, 0, BATCH, 1.0);
+    DT_ASSERT_TRUE(la == lb, "step %d: loss %.9g after dt_var_set_value, %.9g after an in-place "
+                   "write", step, (double)la, (double)lb);
+    opt_step(&a);
+    opt_step(&b);
+  }
+  float la = fwd_bwd(&r, &a, 0, 0, BATCH, 1.0);
+  DT_ASSERT_TRUE(la != l0, "the replaced values were not gathered (loss %.9g both times)",
+                 (double)l0);
+  teardown(&a);
+  teardown(&b);
 }
 
 static void test_bad_input(void) {
@@ -501,6 +538,19 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_fsdp_group_info(lone, &li));
   DT_ASSERT_EQ(li.n_params, 1);
   DT_ASSERT_OK(dt_module_destroy(lone));
+  /* parameters of two dtypes in one group (its shards share one flat buffer) */
+  dt_placement_t r1 = dt_replicate();
+  dt_tensor_t ta, tb;
+  dt_var_t va, vb;
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 2, shp, &r1, &ta));
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_BF16, 2, shp, &r1, &tb));
+  DT_ASSERT_OK(dt_var_leaf(ta, 1, &va));
+  DT_ASSERT_OK(dt_var_leaf(tb, 1, &vb));
+  DT_ASSERT_OK(dt_module_create("mixed", NULL, NULL, &lone));
+  DT_ASSERT_OK(dt_module_add_param(lone, "a", va));
+  DT_ASSERT_OK(dt_module_add_param(lone, "b", vb));
+  DT_ASSERT_STATUS(dt_fully_shard(lone, mesh, &cfg), DT_ERR_UNSUPPORTED);
+  DT_ASSERT_OK(dt_module_destroy(lone));
   /* wrapping twice; a module with nothing left; sync on a module without groups */
   DT_ASSERT_OK(dt_fully_shard(blk, mesh, &cfg));
   DT_ASSERT_TRUE(dt_fsdp_is_group(blk), "wrapped block is a group");
@@ -563,6 +613,7 @@ int main(int argc, char** argv) {
   test_bad_input();
   test_traffic();
   test_memory();
+  test_replaced_values();
   test_prefetch();
   test_parity();
   DT_ASSERT_OK(dt_corpus_destroy(g_corpus));
