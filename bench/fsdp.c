@@ -3,14 +3,17 @@
  * One configuration per run; bench/fsdp.sh runs the sizes and modes alternately with PyTorch's
  * DistributedDataParallel (bench/fsdp_torch.py) and prints the table.
  *
- *   mpirun -np 2 build/bench/bench_fsdp --parallel none|ddp|fsdp [--steps N] [--dim D]
+ *   mpirun -np 2 build/bench/bench_fsdp --parallel none|alone|ddp|fsdp [--steps N] [--dim D]
  *       [--layers L] [--heads H] [--vocab V] [--ffn F] [--batch B] [--seq S]
  *
  * The batch is B x S tokens per rank (the global batch B np x S, Shard(0) on the batch dim of a
  * 1-D mesh of all ranks); one step = forward, backward, gradient clipping (max norm 1), AdamW,
  * zeroing the gradients. DDP: parameters created replicated (plan "*=R"), the root module wrapped
  * with the default bucket size. FSDP: dt_fsdp_config_default(1) (reshard after forward, prefetch,
- * f32). Step time is the slowest rank's, each step starting after a barrier; step 0 is a warmup.
+ * f32). alone: every rank trains its own copy on a mesh of itself (no communication at all), the
+ * throughput np independent single-rank runs reach on this machine together, which bounds what
+ * any data-parallel run can reach (shared cores, cache and memory bandwidth).
+ * Step time is the slowest rank's, each step starting after a barrier; step 0 is a warmup.
  * Last line:
  *   result parallel=<p> np=<n> params=<count> step_ms=<best> median_ms=<median> tokens_per_s=<x>
  *          peak_mib=<m>
@@ -43,7 +46,7 @@ static int cmp_double(const void* a, const void* b) {
 
 static void usage(const char* prog) {
   fprintf(stderr,
-          "usage: %s --parallel none|ddp|fsdp [--steps N] [--dim D] [--layers L] [--heads H] "
+          "usage: %s --parallel none|alone|ddp|fsdp [--steps N] [--dim D] [--layers L] [--heads H] "
           "[--vocab V] [--ffn F] [--batch B (per rank)] [--seq S]\n",
           prog);
 }
@@ -75,7 +78,8 @@ int main(int argc, char** argv) {
     }
   }
   if (parallel == NULL ||
-      (strcmp(parallel, "none") && strcmp(parallel, "ddp") && strcmp(parallel, "fsdp")) ||
+      (strcmp(parallel, "none") && strcmp(parallel, "alone") && strcmp(parallel, "ddp") &&
+       strcmp(parallel, "fsdp")) ||
       steps < 2) {
     usage(argv[0]);
     return 2;
@@ -85,8 +89,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
 
-  dt_mesh_t mesh;
-  CHECK(dt_mesh_create(1, &world, NULL, NULL, &mesh));
+  const int alone = !strcmp(parallel, "alone"), one = 1;
+  dt_mesh_t mesh; /* alone: a mesh of this rank only */
+  CHECK(dt_mesh_create(1, alone ? &one : &world, NULL, alone ? &rank : NULL, &mesh));
   dt_llama_config_t cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.dim = dim;
@@ -127,7 +132,7 @@ int main(int argc, char** argv) {
   dt_corpus_t corpus;
   CHECK(dt_corpus_markov(256, 1, 1 << 16, 3, &corpus));
 
-  const int GB = B * world; /* global batch */
+  const int GB = alone ? B : B * world; /* global batch (alone: this rank's model's) */
   int64_t* tok = malloc(sizeof(int64_t) * (size_t)GB * S);
   int64_t* tgt = malloc(sizeof(int64_t) * (size_t)GB * S);
   double* times = malloc(sizeof(double) * (size_t)steps);
@@ -135,7 +140,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "bench_fsdp: out of memory\n");
     return 1;
   }
-  dt_placement_t bpl = world > 1 ? dt_shard(0) : dt_replicate();
+  dt_placement_t bpl = world > 1 && !alone ? dt_shard(0) : dt_replicate();
   const int64_t shape[2] = {GB, S};
   if (rank == 0)
     printf("# bench_fsdp: %s, np %d, %lld parameters (dim %d, %d layers, %d heads, vocab %d, "
@@ -188,7 +193,8 @@ int main(int argc, char** argv) {
   if (rank == 0)
     printf("result parallel=%s np=%d params=%lld step_ms=%.1f median_ms=%.1f tokens_per_s=%.1f "
            "peak_mib=%.1f\n",
-           parallel, world, (long long)nparam, best, median, (double)GB * S / (best * 1e-3),
+           parallel, world, (long long)nparam, best, median,
+           (double)B * world * S / (best * 1e-3),
            peak_max);
   free(tok);
   free(tgt);

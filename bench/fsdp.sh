@@ -2,19 +2,24 @@
 # fsdp.sh - data-parallel training throughput of bench_train's Llama-style model at three sizes:
 # ours on one rank without a wrapper, our DDP and FSDP at np 2, and PyTorch 1.13's
 # DistributedDataParallel (gloo) at np 2, all with one OpenBLAS thread per rank and the same
-# per-rank batch (8 x 128 tokens) and optimizer (AdamW, clipping at 1).
+# per-rank batch (8 x 128 tokens) and optimizer (AdamW, clipping at 1). Also np independent
+# single-rank runs side by side ("alone": no communication), whose throughput over np times one
+# rank's is the ceiling any scaling efficiency can reach on this machine (shared cores, caches
+# and memory bandwidth).
 #
 #   bench/fsdp.sh [BUILD_DIR]      (after a build; default BUILD_DIR=build)
 #
 # Environment: ROUNDS (default 2), SIZES (default "1M 10M 50M"), NP (default 2). Every round runs
-# the four configurations of a size one after the other (ours none, torch DDP, ours DDP, ours FSDP;
-# reversed in even rounds), so ours and torch alternate on this noisy shared machine; each
+# the five configurations of a size one after the other (ours none, alone, torch DDP, ours DDP,
+# ours FSDP; reversed in even rounds), so ours and torch alternate on this noisy shared machine; each
 # configuration keeps its best step over the rounds (step 0 of every run is a warmup). Installs
 # python3-torch when it is missing and we are root; otherwise torch is skipped (its columns say
 # "-"). Prints a table, then exactly one last line:
 #   fsdp_vs_torch_min=<min over 10M, 50M of FSDP tokens/s / torch DDP tokens/s>
 #   fsdp_vs_torch_small=<the same at 1M> fsdp_vs_ddp_time=<max over sizes of FSDP step time / DDP
 #   step time> scaling_efficiency=<min over sizes of FSDP tokens/s at np / (np x one rank's)>
+# after a line scaling_ceiling=<min over sizes of alone tokens/s / (np x one rank's)>
+# fsdp_vs_alone=<min over sizes of FSDP tokens/s / alone tokens/s>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -61,7 +66,7 @@ run() {
   args=$(size_args "$size")
   case $cfg in
     none) "${MPIRUN[@]}" -np 1 "$BIN" --parallel none $args >"$LOG" 2>&1 || rc=$? ;;
-    ddp | fsdp) "${MPIRUN[@]}" -np "$NP" "$BIN" --parallel "$cfg" $args >"$LOG" 2>&1 || rc=$? ;;
+    alone | ddp | fsdp) "${MPIRUN[@]}" -np "$NP" "$BIN" --parallel "$cfg" $args >"$LOG" 2>&1 || rc=$? ;;
     torch)
       port=$((port + 1))
       "${MPIRUN[@]}" -np "$NP" /usr/bin/python3 bench/fsdp_torch.py $args --port $port \
@@ -82,8 +87,8 @@ echo "# bench_fsdp: np $NP, $ROUNDS rounds, sizes $SIZES; $(grep -m1 'model name
 for size in $SIZES; do
   echo "# $size: load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
   for r in $(seq "$ROUNDS"); do
-    cfgs="none torch ddp fsdp"
-    [ $((r % 2)) -eq 0 ] && cfgs="fsdp ddp torch none"
+    cfgs="none alone torch ddp fsdp"
+    [ $((r % 2)) -eq 0 ] && cfgs="fsdp ddp torch alone none"
     for c in $cfgs; do
       [ "$c" = torch ] && [ $have_torch -eq 0 ] && continue
       run "$size" "$c"
@@ -102,22 +107,27 @@ awk -v sizes="$SIZES" -v np="$NP" '
   function fmt(x) { return x == "" ? "-" : x }
   END {
     printf "\n| size | parameters | configuration | ranks | best step (ms) | tokens/s | peak MiB/rank |\n|---|---:|---|---:|---:|---:|---:|\n"
-    n = split(sizes, S, " "); split("none ddp fsdp torch", C, " ")
-    name["none"] = "ours, no wrapper"; name["ddp"] = "ours DDP"; name["fsdp"] = "ours FSDP"; name["torch"] = "torch DDP (gloo)"
-    for (i = 1; i <= n; i++) for (j = 1; j <= 4; j++) { k = S[i] " " C[j]; if (!(k in best)) continue
+    n = split(sizes, S, " "); split("none alone ddp fsdp torch", C, " ")
+    name["none"] = "ours, no wrapper"; name["alone"] = "ours, independent copies"; name["ddp"] = "ours DDP"; name["fsdp"] = "ours FSDP"; name["torch"] = "torch DDP (gloo)"
+    for (i = 1; i <= n; i++) for (j = 1; j <= 5; j++) { k = S[i] " " C[j]; if (!(k in best)) continue
       printf "| %s | %s | %s | %d | %.1f | %.1f | %s |\n", S[i], params[S[i]], name[C[j]], C[j] == "none" ? 1 : np, best[k], tps[k], fmt(peak[k]) }
-    printf "\n| size | FSDP / torch DDP (tokens/s) | FSDP / DDP (step time) | FSDP scaling efficiency | DDP scaling efficiency |\n|---|---:|---:|---:|---:|\n"
-    vmin = "nan"; vsmall = "nan"; tmax = "nan"; emin = "nan"
-    for (i = 1; i <= n; i++) { s = S[i]; f = s " fsdp"; d = s " ddp"; t = s " torch"; o = s " none"
+    printf "\n| size | FSDP / torch DDP (tokens/s) | FSDP / DDP (step time) | FSDP scaling efficiency | DDP scaling efficiency | ceiling (independent copies) | FSDP / independent copies |\n|---|---:|---:|---:|---:|---:|---:|\n"
+    vmin = "nan"; vsmall = "nan"; tmax = "nan"; emin = "nan"; cmin = "nan"; amin = "nan"
+    for (i = 1; i <= n; i++) { s = S[i]; f = s " fsdp"; d = s " ddp"; t = s " torch"; o = s " none"; a = s " alone"
       r1 = (f in tps && t in tps) ? tps[f] / tps[t] : "nan"
       r2 = (f in best && d in best) ? best[f] / best[d] : "nan"
       e1 = (f in tps && o in tps) ? tps[f] / (np * tps[o]) : "nan"
       e2 = (d in tps && o in tps) ? tps[d] / (np * tps[o]) : "nan"
-      printf "| %s | %s | %s | %s | %s |\n", s, r1 == "nan" ? "-" : sprintf("%.3f", r1), r2 == "nan" ? "-" : sprintf("%.3f", r2), e1 == "nan" ? "-" : sprintf("%.3f", e1), e2 == "nan" ? "-" : sprintf("%.3f", e2)
+      c1 = (a in tps && o in tps) ? tps[a] / (np * tps[o]) : "nan"
+      a1 = (f in tps && a in tps) ? tps[f] / tps[a] : "nan"
+      printf "| %s | %s | %s | %s | %s | %s | %s |\n", s, r1 == "nan" ? "-" : sprintf("%.3f", r1), r2 == "nan" ? "-" : sprintf("%.3f", r2), e1 == "nan" ? "-" : sprintf("%.3f", e1), e2 == "nan" ? "-" : sprintf("%.3f", e2), c1 == "nan" ? "-" : sprintf("%.3f", c1), a1 == "nan" ? "-" : sprintf("%.3f", a1)
       if (r1 != "nan") { if (s == "1M") vsmall = r1; else if (vmin == "nan" || r1 < vmin) vmin = r1 }
       if (r2 != "nan" && (tmax == "nan" || r2 > tmax)) tmax = r2
-      if (e1 != "nan" && (emin == "nan" || e1 < emin)) emin = e1 }
+      if (e1 != "nan" && (emin == "nan" || e1 < emin)) emin = e1
+      if (c1 != "nan" && (cmin == "nan" || c1 < cmin)) cmin = c1
+      if (a1 != "nan" && (amin == "nan" || a1 < amin)) amin = a1 }
     f3 = "%.3f"
+    printf "\nscaling_ceiling=%s fsdp_vs_alone=%s\n", cmin == "nan" ? cmin : sprintf(f3, cmin), amin == "nan" ? amin : sprintf(f3, amin)
     printf "\nfsdp_vs_torch_min=%s fsdp_vs_torch_small=%s fsdp_vs_ddp_time=%s scaling_efficiency=%s\n",
       vmin == "nan" ? vmin : sprintf(f3, vmin), vsmall == "nan" ? vsmall : sprintf(f3, vsmall),
       tmax == "nan" ? tmax : sprintf(f3, tmax), emin == "nan" ? emin : sprintf(f3, emin)
