@@ -10,7 +10,9 @@
  * 1-D mesh of all ranks); one step = forward, backward, gradient clipping (max norm 1), AdamW,
  * zeroing the gradients. DDP: parameters created replicated (plan "*=R"), the root module wrapped
  * with the default bucket size. FSDP: dt_fsdp_config_default(1) (reshard after forward, prefetch,
- * f32). alone: every rank trains its own copy on a mesh of itself (no communication at all), the
+ * f32) on every block but the last, whose gathered parameters are kept for the backward
+ * (reshard_after_forward 0), as are the root's (torchtitan's wrapping; FSDP2 never reshards the
+ * root). alone: every rank trains its own copy on a mesh of itself (no communication at all), the
  * throughput np independent single-rank runs reach on this machine together, which bounds what
  * any data-parallel run can reach (shared cores, cache and memory bandwidth).
  * Step time is the slowest rank's, each step starting after a barrier; step 0 is a warmup.
@@ -110,15 +112,20 @@ int main(int argc, char** argv) {
     dt_ddp_config_t dc = {.mesh_dim = 0, .bucket_nbytes = 0}; /* 25 MiB buckets */
     CHECK(dt_data_parallel(root, mesh, &dc));
   } else if (is_fsdp) {
-    dt_fsdp_config_t fc = dt_fsdp_config_default(1);
+    /* torchtitan's wrapping: every block resharded after its forward but the last one, whose
+     * backward comes right after the root's (it would be gathered again at once), and the root
+     * kept gathered (its backward starts as soon as its forward ends: FSDP2 does not reshard
+     * the root either) */
+    dt_fsdp_config_t fc = dt_fsdp_config_default(1), keep = fc;
+    keep.reshard_after_forward = 0;
     for (int l = 0; l < layers; l++) {
       char path[32];
       dt_module_t block;
       snprintf(path, sizeof path, "layers.%d", l);
       CHECK(dt_module_find(root, path, &block));
-      CHECK(dt_fully_shard(block, mesh, &fc));
+      CHECK(dt_fully_shard(block, mesh, l == layers - 1 ? &keep : &fc));
     }
-    CHECK(dt_fully_shard(root, mesh, &fc));
+    CHECK(dt_fully_shard(root, mesh, &keep));
   }
   dt_var_t* p;
   int np;
