@@ -11,11 +11,15 @@
 #
 # Environment: ROUNDS (default 2), SIZES (default "1M 10M 50M"), NP (default 2). Every round runs
 # the five configurations of a size one after the other (ours none, alone, torch DDP, ours DDP,
-# ours FSDP; reversed in even rounds), so ours and torch alternate on this noisy shared machine; each
-# configuration keeps its best step over the rounds (step 0 of every run is a warmup). Installs
+# ours FSDP; reversed in even rounds), so ours and torch alternate on this noisy shared machine. The
+# table shows each configuration's best step over the rounds (step 0 of every run is a warmup); the
+# ratios below are medians over the rounds of ratios taken within a round, between runs made back to
+# back (this machine's speed drifts by 10-15% over minutes, so best steps from different moments
+# would compare the moments, not the configurations). Installs
 # python3-torch when it is missing and we are root; otherwise torch is skipped (its columns say
 # "-"). Prints a table, then exactly one last line:
-#   fsdp_vs_torch_min=<min over 10M, 50M of FSDP tokens/s / torch DDP tokens/s>
+#   fsdp_vs_torch_min=<min over 10M, 50M of FSDP tokens/s / torch DDP tokens/s> (each a median
+#   over rounds as above)
 #   fsdp_vs_torch_small=<the same at 1M> fsdp_vs_ddp_time=<max over sizes of FSDP step time / DDP
 #   step time> scaling_efficiency=<min over sizes of FSDP tokens/s at np / (np x one rank's)>
 # after a line scaling_ceiling=<min over sizes of alone tokens/s / (np x one rank's)>
@@ -62,7 +66,7 @@ port=$((29500 + $$ % 500))
 
 # run SIZE CONFIG: one run; appends "SIZE CONFIG key=value..." to $RESULTS
 run() {
-  local size=$1 cfg=$2 args rc=0
+  local size=$1 cfg=$2 round=$3 args rc=0
   args=$(size_args "$size")
   case $cfg in
     none) "${MPIRUN[@]}" -np 1 "$BIN" --parallel none $args >"$LOG" 2>&1 || rc=$? ;;
@@ -80,7 +84,7 @@ run() {
     tail -5 "$LOG" >&2
     return 0
   fi
-  printf '%-4s %-6s %s\n' "$size" "$cfg" "$line" | tee -a "$RESULTS"
+  printf '%-4s %-6s round=%s %s\n' "$size" "$cfg" "$round" "$line" | tee -a "$RESULTS"
 }
 
 echo "# bench_fsdp: np $NP, $ROUNDS rounds, sizes $SIZES; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
@@ -91,7 +95,7 @@ for size in $SIZES; do
     [ $((r % 2)) -eq 0 ] && cfgs="fsdp ddp torch alone none"
     for c in $cfgs; do
       [ "$c" = torch ] && [ $have_torch -eq 0 ] && continue
-      run "$size" "$c"
+      run "$size" "$c" "$r"
     done
   done
 done
@@ -101,9 +105,17 @@ echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 # Best step per (size, config), the table and the summary line.
 awk -v sizes="$SIZES" -v np="$NP" '
   function val(s, k,   i, n, a) { n = split(s, a, " "); for (i = 1; i <= n; i++) if (index(a[i], k "=") == 1) return substr(a[i], length(k) + 2); return "" }
-  { key = $1 " " $2; ms = val($0, "step_ms") + 0
+  { key = $1 " " $2; ms = val($0, "step_ms") + 0; r = val($0, "round")
     if (!(key in best) || ms < best[key]) { best[key] = ms; tps[key] = val($0, "tokens_per_s"); peak[key] = val($0, "peak_mib") }
+    rtps[key " " r] = val($0, "tokens_per_s"); rms[key " " r] = ms; if (r > nr) nr = r
     params[$1] = val($0, "params") }
+  # the median over rounds of a ratio taken within each round (configurations run back to back)
+  function med(kind, x, y, k,   r, n, v, i, j, t) { n = 0
+    for (r = 1; r <= nr; r++) { if (!((x " " r) in rtps) || !((y " " r) in rtps)) continue
+      v[++n] = kind == "time" ? rms[x " " r] / rms[y " " r] : rtps[x " " r] / (k * rtps[y " " r]) }
+    if (n == 0) return "nan"
+    for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+    return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }
   function fmt(x) { return x == "" ? "-" : x }
   END {
     printf "\n| size | parameters | configuration | ranks | best step (ms) | tokens/s | peak MiB/rank |\n|---|---:|---|---:|---:|---:|---:|\n"
@@ -111,15 +123,13 @@ awk -v sizes="$SIZES" -v np="$NP" '
     name["none"] = "ours, no wrapper"; name["alone"] = "ours, independent copies"; name["ddp"] = "ours DDP"; name["fsdp"] = "ours FSDP"; name["torch"] = "torch DDP (gloo)"
     for (i = 1; i <= n; i++) for (j = 1; j <= 5; j++) { k = S[i] " " C[j]; if (!(k in best)) continue
       printf "| %s | %s | %s | %d | %.1f | %.1f | %s |\n", S[i], params[S[i]], name[C[j]], C[j] == "none" ? 1 : np, best[k], tps[k], fmt(peak[k]) }
+    printf "\nRatios: the median over the rounds of the ratio within each round (configurations run back to back).\n"
     printf "\n| size | FSDP / torch DDP (tokens/s) | FSDP / DDP (step time) | FSDP scaling efficiency | DDP scaling efficiency | ceiling (independent copies) | FSDP / independent copies |\n|---|---:|---:|---:|---:|---:|---:|\n"
     vmin = "nan"; vsmall = "nan"; tmax = "nan"; emin = "nan"; cmin = "nan"; amin = "nan"
     for (i = 1; i <= n; i++) { s = S[i]; f = s " fsdp"; d = s " ddp"; t = s " torch"; o = s " none"; a = s " alone"
-      r1 = (f in tps && t in tps) ? tps[f] / tps[t] : "nan"
-      r2 = (f in best && d in best) ? best[f] / best[d] : "nan"
-      e1 = (f in tps && o in tps) ? tps[f] / (np * tps[o]) : "nan"
-      e2 = (d in tps && o in tps) ? tps[d] / (np * tps[o]) : "nan"
-      c1 = (a in tps && o in tps) ? tps[a] / (np * tps[o]) : "nan"
-      a1 = (f in tps && a in tps) ? tps[f] / tps[a] : "nan"
+      r1 = med("tps", f, t, 1); r2 = med("time", f, d, 1)
+      e1 = med("tps", f, o, np); e2 = med("tps", d, o, np)
+      c1 = med("tps", a, o, np); a1 = med("tps", f, a, 1)
       printf "| %s | %s | %s | %s | %s | %s | %s |\n", s, r1 == "nan" ? "-" : sprintf("%.3f", r1), r2 == "nan" ? "-" : sprintf("%.3f", r2), e1 == "nan" ? "-" : sprintf("%.3f", e1), e2 == "nan" ? "-" : sprintf("%.3f", e2), c1 == "nan" ? "-" : sprintf("%.3f", c1), a1 == "nan" ? "-" : sprintf("%.3f", a1)
       if (r1 != "nan") { if (s == "1M") vsmall = r1; else if (vmin == "nan" || r1 < vmin) vmin = r1 }
       if (r2 != "nan" && (tmax == "nan" || r2 > tmax)) tmax = r2
