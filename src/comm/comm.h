@@ -27,7 +27,7 @@
 #include "backend/backend.h"
 #include "internal/common.h"
 
-#define DT_COMM_API_VERSION 2
+#define DT_COMM_API_VERSION 3
 
 struct dt_comm;
 
@@ -73,6 +73,19 @@ struct dt_comm_i {
   dt_status_t (*all_to_all_v)(struct dt_comm* c, const void* send, const int64_t* scounts,
                               const int64_t* sdispls, void* recv, const int64_t* rcounts,
                               const int64_t* rdispls, dt_dtype_t dtype, dt_comm_req_t* req);
+  /* Optional (NULL: the caller receives into scratch and unpacks). all_to_all_v in which what
+   * rank q sends lands as a box of recv, an array of shape rshape[0..ndim): the box at
+   * roffs[q * ndim ..] of extent rlens[q * ndim ..], element rcount(q) = its numel in row-major
+   * order. This rank's own box is left alone (the caller places it); empty boxes receive nothing.
+   * Sets *placed to 0, having posted nothing, when the implementation does not place these boxes
+   * directly (then the caller falls back to all_to_all_v): it may decide per rank, since what
+   * goes on the wire is the same either way. MPI: a subarray datatype per peer, so the single
+   * copy out of the sender's memory writes the box in place (no scratch, no unpack pass). */
+  dt_status_t (*all_to_all_box)(struct dt_comm* c, const void* send, const int64_t* scounts,
+                                const int64_t* sdispls, void* recv, int ndim,
+                                const int64_t* rshape, const int64_t* roffs,
+                                const int64_t* rlens, dt_dtype_t dtype, dt_comm_req_t* req,
+                                int* placed);
   /* buf (numel elements) from rank root to all. */
   dt_status_t (*broadcast)(struct dt_comm* c, void* buf, int64_t numel, dt_dtype_t dtype,
                            int root, dt_comm_req_t* req);

@@ -19,6 +19,8 @@
  * (identical bits on every rank). Open MPI's non-blocking collectives cost 1-2 us more per call than the
  * blocking ones on small messages (MPI_Iallgather up to 2x at 16-64 KiB); these forms are as fast
  * as the blocking collectives here or faster, so the deadline costs the hot path nothing.
+ * all_to_all_box receives each remote block through a subarray datatype straight into its box of
+ * the destination (strided all-gathers and all-to-alls need no scratch and no unpack pass).
  *
  * Deadlines: a blocking call posts the non-blocking form too and completes it in dt__wait_handles,
  * like wait and group_end: MPI_Testall in a loop that spins DT__SPIN_POLLS times (the fast path:
@@ -53,6 +55,7 @@ static MPI_Op dt__half_ops[2][3]; /* [bf16, f16][sum, max, min] */
 static int dt__half_ops_ready = 0;
 static int dt__mpi_owned = 0; /* dt_init started MPI */
 static int64_t dt__maxc = INT_MAX;
+static int64_t dt__box_min; /* all_to_all_box: DT__BOX_MIN_NBYTES or $DTENSOR_COMM_BOX_MIN_NBYTES */
 static int* dt__ints;         /* count arrays of blocking calls */
 static size_t dt__ints_cap;
 static dt_comm_req_t dt__local; /* handles of blocking point-to-point calls (memory reused) */
@@ -69,6 +72,10 @@ static size_t dt__scr_cap;
 /* A blocking all-reduce runs point-to-point (every rank sends its buffer to every peer and
  * reduces the n copies in rank order) up to this many bytes sent per rank; beyond, the MPI one. */
 #define DT__P2P_ALL_REDUCE_NBYTES ((uint64_t)64 << 10)
+/* all_to_all_box places boxes directly when one holds at least this many bytes (above Open MPI's
+ * shared-memory eager limit; below it, building the datatypes costs more than the unpack saves:
+ * docs/performance.md). $DTENSOR_COMM_BOX_MIN_NBYTES overrides it (0: every box, for tests). */
+#define DT__BOX_MIN_NBYTES ((int64_t)4 << 10)
 
 static dt_status_t dt__mpi_fail(int rc, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -511,6 +518,86 @@ static dt_status_t dt__mpi_all_to_all_v(dt_comm_t* c, const void* send, const in
   return local ? dt__local_end(c, r, "all_to_all") : DT_SUCCESS;
 }
 
+
+/* Box (off, len) of an array of `shape` as the arguments of MPI_Type_create_subarray, with each
+ * dim the box spans whole merged into the dim before it. Returns the dims, 0 when one does not
+ * fit an int (then the box is not placed directly). */
+static int dt__subarray_dims(int ndim, const int64_t* shape, const int64_t* off, const int64_t* len,
+                             int* sz, int* sub, int* st) {
+  int k = 0;
+  int64_t s = shape[0], l = len[0], o = off[0];
+  for (int d = 1; d <= ndim; d++) {
+    if (d < ndim && len[d] == shape[d]) {
+      s *= shape[d];
+      l *= shape[d];
+      o *= shape[d];
+      continue;
+    }
+    if (s > INT_MAX) return 0;
+    sz[k] = (int)s;
+    sub[k] = (int)l;
+    st[k++] = (int)o;
+    if (d < ndim) {
+      s = shape[d];
+      l = len[d];
+      o = off[d];
+    }
+  }
+  return k;
+}
+
+/* Elements of rank q's box. */
+static int64_t dt__box_n(int ndim, const int64_t* rlens, int q) {
+  int64_t k = 1;
+  for (int d = 0; d < ndim; d++) k *= rlens[q * ndim + d];
+  return k;
+}
+
+static dt_status_t dt__mpi_all_to_all_box(dt_comm_t* c, const void* send, const int64_t* scounts,
+                                          const int64_t* sdispls, void* recv, int ndim,
+                                          const int64_t* rshape, const int64_t* roffs,
+                                          const int64_t* rlens, dt_dtype_t dtype,
+                                          dt_comm_req_t* req, int* placed) {
+  int n = c->size, me = c->rank;
+  size_t item = dt__itemsize(dtype);
+  int sz[DT_MAX_DIMS], sub[DT_MAX_DIMS], st[DT_MAX_DIMS];
+  *placed = 0;
+  if (ndim < 1 || ndim > DT_MAX_DIMS) return DT_SUCCESS;
+  /* every remote box one message (the sender's pieces), describable, and one large enough */
+  int64_t big = 0;
+  for (int q = 0; q < n; q++) {
+    int64_t k = dt__box_n(ndim, rlens, q);
+    if (q == me || k == 0) continue;
+    if (k > dt__maxc) return DT_SUCCESS;
+    if (!dt__subarray_dims(ndim, rshape, roffs + q * ndim, rlens + q * ndim, sz, sub, st))
+      return DT_SUCCESS;
+    if (k * (int64_t)item > big) big = k * (int64_t)item;
+  }
+  if (big < dt__box_min) return DT_SUCCESS;
+  int local;
+  dt_comm_req_t* r = dt__post_req(c, req, &local);
+  *placed = 1;
+  for (int q = 0; q < n; q++) {
+    if (q == me) continue;
+    if (dt__box_n(ndim, rlens, q) > 0) {
+      MPI_Datatype t;
+      MPI_Request* h;
+      int k = dt__subarray_dims(ndim, rshape, roffs + q * ndim, rlens + q * ndim, sz, sub, st);
+      DT_MPI_CHECK(MPI_Type_create_subarray(k, sz, sub, st, MPI_ORDER_C, dt__mpi_type(dtype), &t));
+      DT_MPI_CHECK(MPI_Type_commit(&t));
+      dt_status_t s = dt__req_slot(r, &h);
+      int rc = s == DT_SUCCESS ? MPI_Irecv(recv, 1, t, q, DT__TAG_FALLBACK, dt__c(c), h) : 0;
+      MPI_Type_free(&t); /* released once the receive completes */
+      DT_CHECK(s);
+      if (rc != MPI_SUCCESS) return dt__mpi_fail(rc, "MPI_Irecv (subarray)");
+    }
+    DT_CHECK(dt__isend_pieces(c, (const char*)send + (size_t)sdispls[q] * item, scounts[q], dtype,
+                              q, DT__TAG_FALLBACK, r));
+  }
+  r->op = "all_to_all";
+  return local ? dt__local_end(c, r, "all_to_all") : DT_SUCCESS;
+}
+
 static dt_status_t dt__mpi_broadcast(dt_comm_t* c, void* buf, int64_t numel, dt_dtype_t dtype,
                                      int root, dt_comm_req_t* req) {
   size_t item = dt__itemsize(dtype);
@@ -669,6 +756,7 @@ static const struct dt_comm_i dt__mpi_iface = {
     .all_reduce = dt__mpi_all_reduce,
     .reduce_scatter_v = dt__mpi_reduce_scatter_v,
     .all_to_all_v = dt__mpi_all_to_all_v,
+    .all_to_all_box = dt__mpi_all_to_all_box,
     .broadcast = dt__mpi_broadcast,
     .scatter_v = dt__mpi_scatter_v,
     .send = dt__mpi_send,
@@ -721,6 +809,9 @@ dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
   const char* e = getenv("DTENSOR_COMM_MAX_COUNT");
   long long v = e && *e ? strtoll(e, NULL, 10) : 0;
   dt__maxc = v >= 1 && v < INT_MAX ? (int64_t)v : INT_MAX;
+  e = getenv("DTENSOR_COMM_BOX_MIN_NBYTES");
+  v = e && *e ? strtoll(e, NULL, 10) : -1;
+  dt__box_min = v >= 0 ? (int64_t)v : DT__BOX_MIN_NBYTES;
   return DT_SUCCESS;
 }
 

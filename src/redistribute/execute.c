@@ -221,14 +221,42 @@ static dt_status_t dt__unpack(dt__run_t* r, int skip) {
   return DT_SUCCESS;
 }
 
+/* Copies my own block from my input box to its place in my output box. */
+static dt_status_t dt__own_block(dt__run_t* r) {
+  int64_t irel[DT_MAX_DIMS], orel[DT_MAX_DIMS], len[DT_MAX_DIMS];
+  dt__block(r, r->me, 1, irel, len);
+  dt__block(r, r->me, 0, orel, len);
+  return dt__bcopy(r, len, r->out, r->ob_len, orel, r->in, r->ib_len, irel);
+}
+
+/* Posts the exchange (send counts sc, displacements sd) with every remote block received
+ * straight into its box of my output, when the comm places boxes (all_to_all_box: no scratch,
+ * no unpack pass); else sets *placed to 0 and posts nothing. My own block is not touched.
+ * `a`: room for 2 gn ndim counts. */
+static dt_status_t dt__post_boxes(dt__run_t* r, const void* send, const int64_t* sc,
+                                  const int64_t* sd, int64_t* a, int* placed) {
+  int nd = r->lb.ndim;
+  *placed = 0;
+  if (r->c->iface->all_to_all_box == NULL) return DT_SUCCESS;
+  int64_t *offs = a, *lens = a + (size_t)r->gn * nd;
+  for (int q = 0; q < r->gn; q++) {
+    dt__block(r, q, 0, offs + q * nd, lens + q * nd);
+    if (q == r->me)
+      for (int d = 0; d < nd; d++) lens[q * nd + d] = 0;
+  }
+  return r->c->iface->all_to_all_box(r->c, send, sc, sd, r->out, nd, r->ob_len, offs, lens,
+                                     r->dtype, dt__req(r), placed);
+}
+
 /* S -> R. Phase 0 posts one all-gather: straight into the output when every peer's block is one
- * contiguous range of it, else back to back into scratch, which phase 1 unpacks (the least any
- * implementation does: the raw all-gather plus one pass over the output). */
+ * contiguous range of it; else, when the comm places boxes, every remote block straight into its
+ * box of the output (my own by one box copy); else back to back into scratch, which phase 1
+ * unpacks (the raw all-gather plus one pass over the output). */
 static dt_status_t dt__all_gather(dt__run_t* r) {
   int gn = r->gn;
   if (r->phase == 0) {
     int64_t* a;
-    DT_CHECK(dt__counts(r->sc, (size_t)gn * 8, &a));
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * (8 + 2 * DT_MAX_DIMS), &a));
     int64_t *counts = a, *displs = a + gn, total = 0;
     int direct = 1;
     for (int q = 0; q < gn; q++) {
@@ -243,6 +271,17 @@ static dt_status_t dt__all_gather(dt__run_t* r) {
     r->nbytes = (uint64_t)total * r->item;
     void* recv = r->out;
     if (!direct) {
+      int64_t *sc = a + 2 * gn, *sd = a + 3 * gn;
+      int placed;
+      for (int q = 0; q < gn; q++) {
+        sc[q] = q == r->me ? 0 : counts[r->me];
+        sd[q] = 0;
+      }
+      DT_CHECK(dt__post_boxes(r, r->in, sc, sd, a + 8 * gn, &placed));
+      if (placed) {
+        r->phase = -1;
+        return dt__own_block(r);
+      }
       for (int64_t q = 0, pos = 0; q < gn; q++) {
         displs[q] = pos;
         pos += counts[q];
@@ -258,14 +297,15 @@ static dt_status_t dt__all_gather(dt__run_t* r) {
 }
 
 /* S(a) -> S(b). My own block moves by one box copy; only remote blocks go through the exchange
- * (packed in one pass when they are strided in my input, unpacked in one pass when strided in my
- * output). Measured faster here than a uniform MPI_Alltoall of all blocks, which copies the own
- * block through MPI as well (docs/performance.md). */
+ * (packed in one pass when they are strided in my input; when strided in my output, received
+ * straight into their boxes when the comm places boxes, else unpacked in one pass). Measured
+ * faster here than a uniform MPI_Alltoall of all blocks, which copies the own block through MPI
+ * as well (docs/performance.md). */
 static dt_status_t dt__all_to_all(dt__run_t* r) {
   int gn = r->gn, me = r->me, nd = r->lb.ndim;
   if (r->phase == 0) {
     int64_t* a;
-    DT_CHECK(dt__counts(r->sc, (size_t)gn * 8, &a));
+    DT_CHECK(dt__counts(r->sc, (size_t)gn * (8 + 2 * DT_MAX_DIMS), &a));
     int64_t *sc = a, *sd = a + gn, *rc = a + 2 * gn, *rd = a + 3 * gn, stot = 0, rtot = 0;
     int sdirect = 1, rdirect = 1;
     for (int q = 0; q < gn; q++) {
@@ -285,10 +325,7 @@ static dt_status_t dt__all_to_all(dt__run_t* r) {
     const void* send = r->in;
     void* recv = r->out;
     if (!sdirect || !rdirect) {
-      int64_t irel[DT_MAX_DIMS], orel[DT_MAX_DIMS], len[DT_MAX_DIMS];
-      dt__block(r, me, 1, irel, len);
-      dt__block(r, me, 0, orel, len);
-      DT_CHECK(dt__bcopy(r, len, r->out, r->ob_len, orel, r->in, r->ib_len, irel));
+      DT_CHECK(dt__own_block(r));
       stot -= sc[me];
       rtot -= rc[me];
       sc[me] = rc[me] = 0;
@@ -303,6 +340,12 @@ static dt_status_t dt__all_to_all(dt__run_t* r) {
       send = packed;
     }
     if (!rdirect) {
+      int placed;
+      DT_CHECK(dt__post_boxes(r, send, sc, sd, a + 8 * gn, &placed));
+      if (placed) {
+        r->phase = -1;
+        return DT_SUCCESS;
+      }
       DT_CHECK(dt__buf(r->sc, 3, (size_t)rtot * r->item, &recv));
       for (int64_t q = 0, pos = 0; q < gn; q++) {
         rd[q] = pos;

@@ -1,6 +1,7 @@
 /* test_exhaustive.c - every source/target pair from {R, S(0), S(1), P(sum)} per mesh dim, on the
  * meshes that fit the world size ((2) at np 2; (4), (2,2) at np 4; (8), (2,2,2), (2,4) at np 8),
- * for even, uneven and empty-shard shapes: full_tensor after the redistribute must equal the
+ * for even, uneven and empty-shard shapes, and every pair from {R, S(0), S(1), S(2), P(sum)} for
+ * 3-D tensors on meshes of up to 2 dims: full_tensor after the redistribute must equal the
  * reference exactly (small integers, sums exact), and the collective counters must equal the
  * plan's counts. A second pass repeats (2,2)-style meshes with all dims flattened, so merged
  * collectives are executed too. A few dtypes other than f32 run on a subset.
@@ -16,14 +17,15 @@
 
 static const int64_t kShapes[][3] = {{13, 3}, {5, 4}, {1, 3}, {3, 13}, {8, 6}, {0, 3}};
 static const int kNumShapes = sizeof kShapes / sizeof kShapes[0];
+/* 3-D tensors: blocks cut along a middle dim are strided boxes of more than two dims */
+static const int64_t kShapes3[][3] = {{4, 6, 5}, {3, 5, 2}, {5, 2, 7}};
+static const int kNumShapes3 = sizeof kShapes3 / sizeof kShapes3[0];
 
-static dt_placement_t opt(int k) {
-  switch (k) {
-    case 0: return dt_replicate();
-    case 1: return dt_shard(0);
-    case 2: return dt_shard(1);
-    default: return dt_partial(DT_REDUCE_SUM);
-  }
+/* Option k of R, S(0), S(1), [S(2) for 3-D tensors], P(sum). */
+static dt_placement_t opt(int k, int tdim) {
+  if (k == 0) return dt_replicate();
+  if (k <= tdim) return dt_shard(k - 1);
+  return dt_partial(DT_REDUCE_SUM);
 }
 
 enum { MODE_BLOCKING, MODE_ASYNC, MODE_A2A, MODE_COUNT };
@@ -71,28 +73,30 @@ static void fill_ref(dt_dtype_t dt, void* buf, int64_t n) {
   }
 }
 
-static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride) {
-  int npl = 1;
-  for (int i = 0; i < m; i++) npl *= 4;
+/* Every pair on mesh (m dims) for tensors of tdim (2 or 3) dims. */
+static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride, int tdim) {
+  int nopt = tdim + 2, npl = 1;
+  for (int i = 0; i < m; i++) npl *= nopt;
   size_t item;
   dt_dtype_itemsize(dt, &item);
   long long checked = 0;
-  for (int s = 0; s < kNumShapes; s += shape_stride) {
-    int64_t shape[2] = {kShapes[s][0], kShapes[s][1]};
-    int64_t n = shape[0] * shape[1];
+  int nshapes = tdim == 3 ? kNumShapes3 : kNumShapes;
+  for (int s = 0; s < nshapes; s += shape_stride) {
+    const int64_t* shape = tdim == 3 ? kShapes3[s] : kShapes[s];
+    int64_t n = shape[0] * shape[1] * (tdim == 3 ? shape[2] : 1);
     char* ref = (char*)calloc((size_t)n + 1, item);
     char* got = (char*)calloc((size_t)n + 1, item);
     fill_ref(dt, ref, n);
     for (int a = 0; a < npl; a++) {
       dt_placement_t src[4];
-      for (int i = 0, v = a; i < m; i++, v /= 4) src[i] = opt(v % 4);
+      for (int i = 0, v = a; i < m; i++, v /= nopt) src[i] = opt(v % nopt, tdim);
       dt_tensor_t t = NULL;
       for (int b = 0; b < npl; b++) {
-        if (t == NULL) DT_ASSERT_OK(dt_tensor_from_full(mesh, dt, 2, shape, src, ref, &t));
+        if (t == NULL) DT_ASSERT_OK(dt_tensor_from_full(mesh, dt, tdim, shape, src, ref, &t));
         dt_placement_t dst[4];
         int legal = 1;
-        for (int i = 0, v = b; i < m; i++, v /= 4) {
-          dst[i] = opt(v % 4);
+        for (int i = 0, v = b; i < m; i++, v /= nopt) {
+          dst[i] = opt(v % nopt, tdim);
           if (dst[i].kind == DT_PARTIAL && src[i].kind == DT_SHARD) legal = 0;
         }
         dt_tensor_t r = NULL;
@@ -102,7 +106,7 @@ static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride
           continue;
         }
         dt_plan_t plan;
-        DT_ASSERT_OK(dt_plan_create(mesh, dt, 2, shape, src, dst, &plan));
+        DT_ASSERT_OK(dt_plan_create(mesh, dt, tdim, shape, src, dst, &plan));
         DT_ASSERT_OK(dt_counters_reset(mesh));
         redistribute(&t, dst, &r);
         dt_counters_t cnt;
@@ -124,9 +128,9 @@ static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride
           dt_placements_format(src, m, ",", ps, sizeof ps);
           dt_placements_format(dst, m, ",", pd, sizeof pd);
           dt_plan_format(plan, pl, sizeof pl);
-          DT_ASSERT_TRUE(0, "%s: dtype %s shape (%lld,%lld) %s -> %s via %s: wrong full tensor",
+          DT_ASSERT_TRUE(0, "%s: dtype %s shape (%lld,%lld,%lld) %s -> %s via %s: wrong full tensor",
                          kModeNames[g_mode], dt_dtype_name(dt), (long long)shape[0],
-                         (long long)shape[1], ps, pd, pl);
+                         (long long)shape[1], tdim == 3 ? (long long)shape[2] : 1LL, ps, pd, pl);
         }
         if (g_mode == MODE_A2A)
           for (int k = 0, ns = 0; dt_plan_num_steps(plan, &ns) == DT_SUCCESS && k < ns; k++) {
@@ -172,17 +176,19 @@ int main(int argc, char** argv) {
     DT_ASSERT_OK(dt_cost_model_force_algo(mode == MODE_A2A ? DT_ALGO_A2A : DT_ALGO_COUNT));
     dt_mesh_t mesh;
     DT_ASSERT_OK(dt_mesh_create(nd[k], shapes[k], NULL, NULL, &mesh));
-    total += run_mesh(mesh, nd[k], DT_F32, 1);
+    total += run_mesh(mesh, nd[k], DT_F32, 1, 2);
+    if (nd[k] <= 2) total += run_mesh(mesh, nd[k], DT_F32, 1, 3);
     if (nd[k] > 1) { /* flattened: merged collectives */
       int dims[4] = {0, 1, 2, 3};
       DT_ASSERT_OK(dt_mesh_flatten(mesh, nd[k], dims, "all", NULL));
       if (nd[k] == 3) DT_ASSERT_OK(dt_mesh_flatten(mesh, 2, dims + 1, "inner", NULL));
-      total += run_mesh(mesh, nd[k], DT_F32, 2);
+      total += run_mesh(mesh, nd[k], DT_F32, 2, 2);
     }
     if (k == 0) {
-      total += run_mesh(mesh, nd[k], DT_I32, 2);
-      total += run_mesh(mesh, nd[k], DT_I64, 3);
-      total += run_mesh(mesh, nd[k], DT_BF16, 3);
+      total += run_mesh(mesh, nd[k], DT_I32, 2, 2);
+      total += run_mesh(mesh, nd[k], DT_I64, 3, 2);
+      total += run_mesh(mesh, nd[k], DT_BF16, 3, 2);
+      total += run_mesh(mesh, nd[k], DT_BF16, 2, 3);
     }
     DT_ASSERT_OK(dt_mesh_destroy(mesh));
   }
