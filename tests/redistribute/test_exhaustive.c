@@ -4,7 +4,8 @@
  * 3-D tensors on meshes of up to 2 dims: full_tensor after the redistribute must equal the
  * reference exactly (small integers, sums exact), and the collective counters must equal the
  * plan's counts. A second pass repeats (2,2)-style meshes with all dims flattened, so merged
- * collectives are executed too. A few dtypes other than f32 run on a subset.
+ * collectives are executed too. A few dtypes other than f32 run on a subset, and medium shapes
+ * (messages around the eager limit, strided blocks received in place) on the first mesh.
  *
  * Every mesh runs in three modes: blocking (dt_tensor_redistribute), asynchronous
  * (dt_tensor_redistribute_async, the source destroyed before the wait, completion polled with
@@ -16,10 +17,12 @@
 #include "dt_test.h"
 
 static const int64_t kShapes[][3] = {{13, 3}, {5, 4}, {1, 3}, {3, 13}, {8, 6}, {0, 3}};
-static const int kNumShapes = sizeof kShapes / sizeof kShapes[0];
 /* 3-D tensors: blocks cut along a middle dim are strided boxes of more than two dims */
 static const int64_t kShapes3[][3] = {{4, 6, 5}, {3, 5, 2}, {5, 2, 7}};
-static const int kNumShapes3 = sizeof kShapes3 / sizeof kShapes3[0];
+/* Medium f32 tensors: messages around the 4 KiB eager limit (split into eager pieces up to
+ * 16 KiB) and strided blocks large enough to be received straight into place by default. */
+static const int64_t kShapesM[][3] = {{40, 50}, {64, 48}, {130, 70}, {1000, 5}, {9, 1100}};
+#define SHAPES(t) t, (int)(sizeof t / sizeof t[0])
 
 /* Option k of R, S(0), S(1), [S(2) for 3-D tensors], P(sum). */
 static dt_placement_t opt(int k, int tdim) {
@@ -73,16 +76,16 @@ static void fill_ref(dt_dtype_t dt, void* buf, int64_t n) {
   }
 }
 
-/* Every pair on mesh (m dims) for tensors of tdim (2 or 3) dims. */
-static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride, int tdim) {
+/* Every pair on mesh (m dims) for the tensors of tdim (2 or 3) dims in shapes[0..nshapes). */
+static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride, int tdim,
+                          const int64_t (*shapes)[3], int nshapes) {
   int nopt = tdim + 2, npl = 1;
   for (int i = 0; i < m; i++) npl *= nopt;
   size_t item;
   dt_dtype_itemsize(dt, &item);
   long long checked = 0;
-  int nshapes = tdim == 3 ? kNumShapes3 : kNumShapes;
   for (int s = 0; s < nshapes; s += shape_stride) {
-    const int64_t* shape = tdim == 3 ? kShapes3[s] : kShapes[s];
+    const int64_t* shape = shapes[s];
     int64_t n = shape[0] * shape[1] * (tdim == 3 ? shape[2] : 1);
     char* ref = (char*)calloc((size_t)n + 1, item);
     char* got = (char*)calloc((size_t)n + 1, item);
@@ -176,19 +179,20 @@ int main(int argc, char** argv) {
     DT_ASSERT_OK(dt_cost_model_force_algo(mode == MODE_A2A ? DT_ALGO_A2A : DT_ALGO_COUNT));
     dt_mesh_t mesh;
     DT_ASSERT_OK(dt_mesh_create(nd[k], shapes[k], NULL, NULL, &mesh));
-    total += run_mesh(mesh, nd[k], DT_F32, 1, 2);
-    if (nd[k] <= 2) total += run_mesh(mesh, nd[k], DT_F32, 1, 3);
+    total += run_mesh(mesh, nd[k], DT_F32, 1, 2, SHAPES(kShapes));
+    if (nd[k] <= 2) total += run_mesh(mesh, nd[k], DT_F32, 1, 3, SHAPES(kShapes3));
     if (nd[k] > 1) { /* flattened: merged collectives */
       int dims[4] = {0, 1, 2, 3};
       DT_ASSERT_OK(dt_mesh_flatten(mesh, nd[k], dims, "all", NULL));
       if (nd[k] == 3) DT_ASSERT_OK(dt_mesh_flatten(mesh, 2, dims + 1, "inner", NULL));
-      total += run_mesh(mesh, nd[k], DT_F32, 2, 2);
+      total += run_mesh(mesh, nd[k], DT_F32, 2, 2, SHAPES(kShapes));
     }
     if (k == 0) {
-      total += run_mesh(mesh, nd[k], DT_I32, 2, 2);
-      total += run_mesh(mesh, nd[k], DT_I64, 3, 2);
-      total += run_mesh(mesh, nd[k], DT_BF16, 3, 2);
-      total += run_mesh(mesh, nd[k], DT_BF16, 2, 3);
+      total += run_mesh(mesh, nd[k], DT_I32, 2, 2, SHAPES(kShapes));
+      total += run_mesh(mesh, nd[k], DT_I64, 3, 2, SHAPES(kShapes));
+      total += run_mesh(mesh, nd[k], DT_BF16, 3, 2, SHAPES(kShapes));
+      total += run_mesh(mesh, nd[k], DT_BF16, 2, 3, SHAPES(kShapes3));
+      total += run_mesh(mesh, nd[k], DT_F32, 1, 2, SHAPES(kShapesM));
     }
     DT_ASSERT_OK(dt_mesh_destroy(mesh));
   }
