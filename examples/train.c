@@ -14,7 +14,8 @@
  *         buckets of --bucket-mb MiB (default 25);
  *   fsdp  fully sharded data parallelism (dt_fully_shard): one group per block, then the root;
  *         --reshard-after-forward 1 (default, ZeRO-3), 0 (ZeRO-2) or k > 1 (keep a 1/k slice;
- *         k must divide the rank count), --param-dtype f32|bf16 (gather and compute; gradients
+ *         k must divide the rank count) for every block but the last (the last block and the
+ *         root keep their gathered parameters until the backward, as in torchtitan), --param-dtype f32|bf16 (gather and compute; gradients
  *         are reduced in f32, the model's output, the loss, is cast to f32), --prefetch 0|1
  *         (default 1, forward and backward);
  *   hsdp  fsdp sharded over mesh dim 1 and replicated over dim 0: needs --mesh RxS (e.g. 2x2).
@@ -174,6 +175,15 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) 
   return DT_SUCCESS;
 }
 
+/* torchtitan's wrapping: every block but the last reshards after its forward as configured; the
+ * last block (its backward comes right after the root's: it would be gathered again at once) and
+ * the root (its backward starts as soon as its forward ends; FSDP2 never reshards the root) keep
+ * their gathered parameters. */
+static dt_fsdp_config_t keep_gathered(dt_fsdp_config_t fc) {
+  fc.reshard_after_forward = 0;
+  return fc;
+}
+
 /* FSDP for the parallel config: over the dp dim (1) of the (tp, dp) mesh, one group per block
  * and the root, the loss in f32. */
 static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt_mesh_t emesh,
@@ -193,15 +203,20 @@ static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt
     if (emesh != NULL) {
       snprintf(path, sizeof path, "layers.%d.experts", l);
       st = dt_module_find(root, path, &blk);
-      if (st == DT_SUCCESS) st = dt_fully_shard(blk, emesh, &efc);
+      dt_fsdp_config_t ec = l == layers - 1 ? keep_gathered(efc) : efc;
+      if (st == DT_SUCCESS) st = dt_fully_shard(blk, emesh, &ec);
     }
     snprintf(path, sizeof path, "layers.%d", l);
     if (st == DT_SUCCESS) st = dt_module_find(root, path, &blk);
-    if (st == DT_SUCCESS) st = dt_fully_shard(blk, mesh, &fc);
+    if (st == DT_SUCCESS) {
+      dt_fsdp_config_t bc = l == layers - 1 ? keep_gathered(fc) : fc;
+      st = dt_fully_shard(blk, mesh, &bc);
+    }
     if (st != DT_SUCCESS) return st;
   }
   fc.output_dtype = DT_F32;
-  return dt_fully_shard(root, mesh, &fc);
+  dt_fsdp_config_t rc = keep_gathered(fc);
+  return dt_fully_shard(root, mesh, &rc);
 }
 
 /* Copies s into a gnuplot double-quoted string without the characters that would end or escape
@@ -473,10 +488,12 @@ int main(int argc, char** argv) {
       dt_module_t blk;
       snprintf(path, sizeof path, "layers.%d", l);
       CHECK(dt_module_find(root, path, &blk));
-      CHECK(dt_fully_shard(blk, mesh, &fc));
+      dt_fsdp_config_t bc = l == o.layers - 1 ? keep_gathered(fc) : fc;
+      CHECK(dt_fully_shard(blk, mesh, &bc));
     }
     fc.output_dtype = DT_F32;
-    CHECK(dt_fully_shard(root, mesh, &fc));
+    dt_fsdp_config_t rc = keep_gathered(fc);
+    CHECK(dt_fully_shard(root, mesh, &rc));
     snprintf(par_desc, sizeof par_desc,
              "%s (%d groups, reshard_after_forward %d, param_dtype %s, prefetch %d)", o.parallel,
              o.layers + 1, o.reshard_after_forward, o.param_dtype, o.prefetch);

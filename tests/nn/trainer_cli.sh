@@ -59,7 +59,11 @@ dp_run dp_ddp 2 --parallel ddp --bucket-mb 0.01
 grep -q '^# dtensor train: .*parallel ddp (' "$W/dp_ddp.txt" || { echo "ddp: header lacks the mode"; head -3 "$W/dp_ddp.txt"; exit 1; }
 dp_run dp_fsdp 2 --parallel fsdp
 grep -q '^# dtensor train: .*parallel fsdp (3 groups, reshard_after_forward 1, param_dtype f32, prefetch 1)' "$W/dp_fsdp.txt" || { echo "fsdp: header lacks the mode"; head -3 "$W/dp_fsdp.txt"; exit 1; }
+# torchtitan's wrapping: block 0 gathered in forward and again in backward, the last block and
+# the root once (kept from forward to backward); with reshard 0 every group once
+grep -q '^traffic last step, mesh dim 0: all_gather 4 calls ' "$W/dp_fsdp.txt" || { echo "fsdp: expected 4 all-gathers per step"; grep traffic "$W/dp_fsdp.txt"; exit 1; }
 dp_run dp_fsdp_bf16 2 --parallel fsdp --param-dtype bf16 --reshard-after-forward 0 --prefetch 0
+grep -q '^traffic last step, mesh dim 0: all_gather 3 calls ' "$W/dp_fsdp_bf16.txt" || { echo "fsdp reshard 0: expected 3 all-gathers per step"; grep traffic "$W/dp_fsdp_bf16.txt"; exit 1; }
 dp_run dp_hsdp 4 --parallel hsdp --mesh 2x2
 grep -q '^# dtensor train: .*mesh 2x2 over 4 ranks, parallel hsdp (' "$W/dp_hsdp.txt" || { echo "hsdp: header lacks the mode"; head -3 "$W/dp_hsdp.txt"; exit 1; }
 same_loss dp_none dp_ddp
