@@ -828,9 +828,10 @@ dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
   const char* e = getenv("DTENSOR_COMM_MAX_COUNT");
   long long v = e && *e ? strtoll(e, NULL, 10) : 0;
   dt__maxc = v >= 1 && v < INT_MAX ? (int64_t)v : INT_MAX;
-  e = getenv("DTENSOR_COMM_BOX_MIN_NBYTES");
-  v = e && *e ? strtoll(e, NULL, 10) : -1;
-  dt__box_min = v >= 0 ? (int64_t)v : DT__BOX_MIN_NBYTES;
+  e = getenv("DTENSOR_COMM_BOX_MIN_NBYTES"); /* a non-negative integer, else the default */
+  char* end = NULL;
+  v = e && *e ? strtoll(e, &end, 10) : -1;
+  dt__box_min = v >= 0 && end && *end == '\0' ? (int64_t)v : DT__BOX_MIN_NBYTES;
   return DT_SUCCESS;
 }
 
