@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "comm/comm.h"
+#include "placement/layout.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request does not fit a req slot");
 
@@ -537,7 +538,6 @@ static dt_status_t dt__mpi_all_to_all_v(dt_comm_t* c, const void* send, const in
   return local ? dt__local_end(c, r, "all_to_all") : DT_SUCCESS;
 }
 
-
 /* Box (off, len) of an array of `shape` as the arguments of MPI_Type_create_subarray, with each
  * dim the box spans whole merged into the dim before it. Returns the dims, 0 when one does not
  * fit an int (then the box is not placed directly). */
@@ -565,13 +565,6 @@ static int dt__subarray_dims(int ndim, const int64_t* shape, const int64_t* off,
   return k;
 }
 
-/* Elements of rank q's box. */
-static int64_t dt__box_n(int ndim, const int64_t* rlens, int q) {
-  int64_t k = 1;
-  for (int d = 0; d < ndim; d++) k *= rlens[q * ndim + d];
-  return k;
-}
-
 static dt_status_t dt__mpi_all_to_all_box(dt_comm_t* c, const void* send, const int64_t* scounts,
                                           const int64_t* sdispls, void* recv, int ndim,
                                           const int64_t* rshape, const int64_t* roffs,
@@ -585,7 +578,7 @@ static dt_status_t dt__mpi_all_to_all_box(dt_comm_t* c, const void* send, const 
   /* every remote box one message (the sender's pieces), describable, and one large enough */
   int64_t big = 0;
   for (int q = 0; q < n; q++) {
-    int64_t k = dt__box_n(ndim, rlens, q);
+    int64_t k = dt__box_numel(ndim, rlens + q * ndim);
     if (q == me || k == 0) continue;
     if (dt__piece(k, item) < k) return DT_SUCCESS;
     if (!dt__subarray_dims(ndim, rshape, roffs + q * ndim, rlens + q * ndim, sz, sub, st))
@@ -598,7 +591,7 @@ static dt_status_t dt__mpi_all_to_all_box(dt_comm_t* c, const void* send, const 
   *placed = 1;
   for (int q = 0; q < n; q++) {
     if (q == me) continue;
-    if (dt__box_n(ndim, rlens, q) > 0) {
+    if (dt__box_numel(ndim, rlens + q * ndim) > 0) {
       MPI_Datatype t;
       MPI_Request* h;
       int k = dt__subarray_dims(ndim, rshape, roffs + q * ndim, rlens + q * ndim, sz, sub, st);
