@@ -1,13 +1,22 @@
 /* dtensor/backend.h - where tensor data lives and which code computes on it.
  *
- * A device type names a kind of memory and the kernels that run on it; every op has one kernel
- * slot per device type. A backend is one implementation of memory and compute for a device type:
+ * A device type names a kind of memory. A backend is one implementation of memory and compute for
+ * a device type, with its own kernels for the ops:
  *   cpu      host memory through the storage pool, OpenBLAS GEMM and the library's kernels;
  *   guarded  host memory for tests: every allocation sits between guard regions, freed memory is
  *            poisoned and quarantined, every copy, fill and GEMM operand is bounds-checked
  *            against its block, outputs are poisoned before a kernel writes them, and guard
- *            regions are checked after every kernel (dt_backend_verify reports any damage).
+ *            regions are checked after every kernel (dt_backend_verify reports any damage);
+ *   cuda     GPU memory of one device ("cuda:N" names device N; "cuda" is this rank's device:
+ *            the local rank modulo the device count, or $DTENSOR_CUDA_DEVICE), the library's CUDA
+ *            kernels and cuBLASLt, all issued on one compute stream per device; only in builds
+ *            configured with DTENSOR_CUDA, and only where a GPU and its driver are usable;
+ *   cuda-emu the CUDA backend's kernels run on the host by a SIMT emulator, on memory the
+ *            library treats as device memory (host-staged communication, device-side copies):
+ *            how machines without a GPU test the device paths (slow; for tests only).
  * Backends are process-wide objects owned by the library (never destroyed by the caller).
+ * Tensors of a device backend are read and written through dt_tensor_read_local and friends;
+ * communication stages them through host memory (the MPI comm is not CUDA-aware).
  *
  * Each mesh has a backend (dt_mesh_set_backend); tensors created on the mesh allocate from it, and
  * ops run on their inputs' backend. New meshes take the default backend: the cpu backend, or the
@@ -33,7 +42,9 @@ DT_API const char* dt_device_name(dt_device_t device);
 
 typedef struct dt_backend* dt_backend_t;
 
-/* The backend called `name` ("cpu", "guarded"); DT_ERR_UNSUPPORTED when none exists. */
+/* The backend called `name` ("cpu", "guarded", "cuda", "cuda:N", "cuda-emu"), opened on first
+ * use. DT_ERR_UNSUPPORTED when this build has no such backend, DT_ERR_CUDA (with the driver's
+ * reason) when CUDA is built in but no usable GPU exists; the host backends are unaffected. */
 DT_API dt_status_t dt_backend_get(const char* name, dt_backend_t* out);
 /* The backend new meshes take. */
 DT_API dt_status_t dt_backend_default(dt_backend_t* out);
@@ -41,6 +52,15 @@ DT_API dt_status_t dt_backend_set_default(dt_backend_t backend);
 /* Name ("cpu") and device type of a backend. */
 DT_API const char* dt_backend_name(dt_backend_t backend);
 DT_API dt_status_t dt_backend_device(dt_backend_t backend, dt_device_t* device);
+/* Index of the backend's device among devices of its kind (-1 for host memory). */
+DT_API dt_status_t dt_backend_ordinal(dt_backend_t backend, int* ordinal);
+/* Waits until everything the library issued on the backend has finished (a no-op on host
+ * backends): before timing, or before another CUDA stream of the caller's reads library memory.
+ * dt_tensor_to_local does it for the caller. */
+DT_API dt_status_t dt_backend_synchronize(dt_backend_t backend);
+/* Whether f32 GEMMs may run on TF32 tensor cores (default 0: full f32 products, as PyTorch's
+ * default "highest" matmul precision). Ignored by host backends. */
+DT_API dt_status_t dt_backend_set_tf32(dt_backend_t backend, int allow);
 /* Checks the backend's own consistency: for the guarded backend, every live block's guard
  * regions and every quarantined block's poison. DT_ERR_INTERNAL with the first damaged block
  * (its size and the offset of the first bad byte) when something wrote where it must not; the

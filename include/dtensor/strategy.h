@@ -78,6 +78,13 @@ typedef dt_status_t (*dt_op_kernel_fn)(const dt_op_call_t* call, const dt_local_
  * offers as register_sharding). Replacing a built-in replaces its rules and kernel. */
 DT_API dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
                                   dt_op_kernel_fn kernel);
+/* Gives op `name` (registered with dt_op_register) a kernel for memory of `device`, run on the
+ * local shards of tensors on a backend of that device (kernel NULL removes it). A CUDA kernel
+ * reads and writes device memory and issues its work on the backend's stream. The kernels of
+ * built-in ops belong to the library: DT_ERR_INVALID_USAGE unless the op was overridden with
+ * dt_op_register. */
+DT_API dt_status_t dt_op_register_kernel(const char* name, dt_device_t device,
+                                         dt_op_kernel_fn kernel);
 /* 1 in *found if `name` has a strategy. */
 DT_API dt_status_t dt_op_lookup(const char* name, int* found);
 

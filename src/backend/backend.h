@@ -27,20 +27,48 @@ enum {
   DT_KERNEL_INPLACE = 1u << 2,    /* updates inputs in place (outputs alias them) */
 };
 
+/* One GEMM (batch times): C_i = alpha op(A_i) op(B_i) + beta C_i (+ bias), row-major, with
+ * A_i = a + i * stride_a elements (likewise B, C); op() transposes when trans_* is set; lda, ldb,
+ * ldc are row strides in elements. A and B are ab_dtype (f32, bf16 or f16), C is c_dtype (f32 or
+ * ab_dtype); products accumulate in f32 (TF32 tensor cores for f32 operands only where the
+ * backend allows it: dt_backend_set_tf32). bias (optional): n values of c_dtype added to every
+ * row of every C_i after the product (a GEMM epilogue where the backend has one). */
+typedef struct dt_gemm {
+  int trans_a, trans_b;
+  int64_t m, n, k, batch;
+  float alpha, beta;
+  dt_dtype_t ab_dtype, c_dtype;
+  const void* a;
+  int64_t lda, stride_a;
+  const void* b;
+  int64_t ldb, stride_b;
+  void* c;
+  int64_t ldc, stride_c;
+  const void* bias;
+} dt_gemm_t;
+
 /* The vtable of a backend. Members marked (optional) may be NULL. Pointers are the backend's
  * memory unless a member says otherwise; counts are elements (numel) of `dtype`, sizes bytes. */
 struct dt_backend_i {
   /* Allocates nbytes (at least 1); NULL when out of memory (no message). */
   void* (*alloc)(dt_backend_t b, size_t nbytes);
-  /* Frees what alloc returned; nbytes as allocated. */
+  /* Frees what alloc returned; nbytes as allocated. Stream-ordered on device backends: work
+   * already issued may still use the block, only work issued later can get it again. */
   void (*free)(dt_backend_t b, void* p, size_t nbytes);
   /* dst[0 .. nbytes) = byte `value`. */
   dt_status_t (*memset)(dt_backend_t b, void* dst, int value, size_t nbytes);
   /* n elements of dtype set to `value` (rounded like a store of that dtype). */
   dt_status_t (*fill)(dt_backend_t b, void* dst, dt_dtype_t dtype, int64_t n, double value);
-  /* Copies nbytes; `kind` says which side is host memory (the other side is this backend's). */
+  /* Copies nbytes; `kind` says which side is host memory (the other side is this backend's).
+   * A copy that reads or writes host memory has finished with it when it returns (the host may
+   * reuse or read the buffer at once); device-to-device copies are ordered like kernels. */
   dt_status_t (*copy)(dt_backend_t b, void* dst, const void* src, size_t nbytes,
                       dt_copy_kind_t kind);
+  /* n byte ranges within this backend's memory: dst + dst_off[i] <- src + src_off[i], nbytes[i]
+   * each (ranges of one call do not overlap one another's destinations). */
+  dt_status_t (*copy_ranges)(dt_backend_t b, void* dst, const void* src, int n,
+                             const int64_t* dst_off, const int64_t* src_off,
+                             const int64_t* nbytes);
   /* Strided box copy between two row-major arrays in this backend's memory (pack/unpack):
    * the box `ext` at src_off of src (extent src_shape) to dst_off of dst (extent dst_shape). */
   dt_status_t (*box_copy)(dt_backend_t b, int ndim, size_t item, const int64_t* ext, void* dst,
@@ -62,13 +90,8 @@ struct dt_backend_i {
    * from an all-to-all). a may be dst (in place); otherwise no operand overlaps dst. */
   dt_status_t (*reduce)(dt_backend_t b, void* dst, const void* a, const void* src,
                         dt_dtype_t dtype, int64_t n, dt_reduce_op_t op);
-  /* f32 row-major GEMM, `batch` times (batch 1: a plain GEMM):
-   * C_i = alpha op(A_i) op(B_i) + beta C_i, A_i = a + i * stride_a (elements), likewise B, C;
-   * op() transposes when trans_* is set; lda/ldb/ldc are row strides in elements. */
-  dt_status_t (*gemm)(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                      float alpha, const float* a, int64_t lda, int64_t stride_a, const float* bm,
-                      int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
-                      int64_t stride_c, int64_t batch);
+  /* GEMM, `batch` times (see dt_gemm_t): f32 accumulation whatever the operand dtypes. */
+  dt_status_t (*gemm)(dt_backend_t b, const dt_gemm_t* g);
   /* Runs one op's kernel slot for this backend's device on local shards (the op table's kernel)
    * with DT_KERNEL_* flags: without DT_KERNEL_ANY_DTYPE the kernel sees f32 copies of bf16/f16
    * storage. */
@@ -76,13 +99,31 @@ struct dt_backend_i {
                             const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
                             dt_local_tensor_t* out, int n_out);
   /* Waits until every operation issued on the backend has finished (optional: NULL for
-   * synchronous backends). */
+   * backends whose calls finish before they return). Called where data leaves the backend's
+   * order: a pointer handed to the caller (dt_tensor_to_local), dt_backend_synchronize. */
   dt_status_t (*synchronize)(dt_backend_t b);
+  /* Ordering without the host waiting (optional: all NULL for synchronous backends). An event
+   * marks the point of the backend's compute stream that everything issued so far reaches.
+   * record: a new event there; wait: work issued later runs after it; query: *done = 1 once
+   * reached; sync: the host waits for it; free: releases it (after a pending record it is still
+   * safe: the backend keeps it until reached). */
+  dt_status_t (*event_record)(dt_backend_t b, void** ev);
+  dt_status_t (*event_wait)(dt_backend_t b, void* ev);
+  dt_status_t (*event_query)(dt_backend_t b, void* ev, int* done);
+  dt_status_t (*event_sync)(dt_backend_t b, void* ev);
+  void (*event_free)(dt_backend_t b, void* ev);
+  /* Host memory for staging transfers to and from the backend (optional: NULL means plain
+   * dt__malloc; CUDA: page-locked memory, which copies run from asynchronously). */
+  void* (*host_alloc)(dt_backend_t b, size_t nbytes);
+  void (*host_free)(dt_backend_t b, void* p, size_t nbytes);
+  /* Releases what the backend caches (allocator pools, library handles, streams) at
+   * dt_finalize (optional); live tensors keep their memory. */
+  void (*release)(dt_backend_t b);
   /* Checks the backend's own bookkeeping (optional); see dt_backend_verify. */
   dt_status_t (*verify)(dt_backend_t b, int64_t* n_errors);
 };
 
-#define DT_BACKEND_API_VERSION 1
+#define DT_BACKEND_API_VERSION 2
 #define DT_WS_SLOTS 4 /* 0: send packing, 1-2: ping-pong intermediates, 3: receive unpacking */
 
 struct dt_backend {
@@ -91,16 +132,41 @@ struct dt_backend {
   int api_version;
   const char* name;
   dt_device_t device;
+  int ordinal; /* the device's index among its kind (-1: host memory) */
+  int kernel_set; /* which kernels run on it (dt_kernel_set_t: the ops layer owns the tables) */
+  int allow_tf32; /* f32 GEMMs may use TF32 (dt_backend_set_tf32) */
   int pooled; /* storage of 64 KiB and more is cached in the storage pool */
   /* persistent workspace of blocking redistributions (grow-only, backend memory) */
   void* ws[DT_WS_SLOTS];
   size_t ws_cap[DT_WS_SLOTS];
+  /* persistent host staging of blocking redistributions on a device backend (grow-only: 0 the
+   * source, 1 the target; host_alloc memory) */
+  void* stage[2];
+  size_t stage_cap[2];
   int64_t live_nbytes, live_blocks; /* allocation accounting (dt_backend_memory) */
 };
+
+/* The kernel tables a backend can name (struct dt_backend.kernel_set): the host kernels of the op
+ * table, or the CUDA kernels compiled for a GPU or for the SIMT emulator (src/ops/cuda). */
+typedef enum dt_kernel_set {
+  DT_KERNELS_HOST = 0,
+  DT_KERNELS_CUDA = 1,
+  DT_KERNELS_CUDA_EMU = 2,
+  DT_KERNELS_COUNT
+} dt_kernel_set_t;
 
 /* The built-in backends (src/backend/cpu.c, src/backend/guarded.c). */
 extern struct dt_backend dt__backend_cpu;
 extern struct dt_backend dt__backend_guarded;
+/* Adds a backend to the list dt_backend_get searches (at most DT_MAX_BACKENDS). */
+#define DT_MAX_BACKENDS 16
+dt_status_t dt__backend_register(dt_backend_t b);
+/* The CUDA backends (src/backend/cuda.c, built with DTENSOR_CUDA; src/backend/cuda_emu.c, built
+ * with the SIMT emulator): the backend of device `ordinal` (-1: this rank's device: the local
+ * rank modulo the device count, or $DTENSOR_CUDA_DEVICE), opened on first use.
+ * DT_ERR_UNSUPPORTED when the build has none, DT_ERR_CUDA when no usable device exists. */
+dt_status_t dt__backend_cuda_open(int ordinal, dt_backend_t* out);
+dt_status_t dt__backend_cuda_emu_open(dt_backend_t* out);
 
 /* ---- storage: reference-counted memory of one backend (src/backend/storage.c) ------------- */
 typedef struct dt_storage {
@@ -127,6 +193,8 @@ void dt__storage_release(dt_storage_t* s);
 /* ---- workspace and helpers ----------------------------------------------------------------- */
 /* Grows workspace slot `slot` of backend b to at least nbytes (no-op when big enough). */
 dt_status_t dt__ws_reserve(dt_backend_t b, int slot, size_t nbytes, void** out);
+/* Grows host staging slot `slot` (0 or 1) of device backend b to at least nbytes. */
+dt_status_t dt__stage_reserve(dt_backend_t b, int slot, size_t nbytes, void** out);
 /* Frees every backend's workspace, the storage pool and the guarded quarantine (dt_finalize). */
 void dt__backend_release_all(void);
 void dt__guarded_release(void);
@@ -138,7 +206,7 @@ dt_status_t dt__backend_check(dt_backend_t b);
 void* dt__backend_alloc(dt_backend_t b, size_t nbytes);
 void dt__backend_free(dt_backend_t b, void* p, size_t nbytes);
 
-/* f32 GEMM through a backend (the helper CPU kernels call; see the gemm member). */
+/* f32 GEMM through a backend (the helper the host kernels call; see dt_gemm_t). */
 dt_status_t dt__gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float* a, int64_t lda, const float* bm, int64_t ldb,
                      float beta, float* c, int64_t ldc);
@@ -146,6 +214,11 @@ dt_status_t dt__gemm_batched(dt_backend_t b, int trans_a, int trans_b, int64_t m
                              int64_t k, float alpha, const float* a, int64_t lda, int64_t sa,
                              const float* bm, int64_t ldb, int64_t sb, float beta, float* c,
                              int64_t ldc, int64_t sc, int64_t batch);
+/* Host staging memory of backend b (its host_alloc, else dt__malloc) and its release. */
+void* dt__host_stage_alloc(dt_backend_t b, size_t nbytes);
+void dt__host_stage_free(dt_backend_t b, void* p, size_t nbytes);
+/* 1 when b computes on memory the host cannot read directly (a device backend). */
+static inline int dt__backend_is_device(dt_backend_t b) { return b->device != DT_DEVICE_HOST; }
 
 /* ---- the host implementation both host backends share (src/backend/cpu.c) ------------------ */
 dt_status_t dt__host_memset(dt_backend_t b, void* dst, int value, size_t nbytes);
@@ -163,12 +236,15 @@ dt_status_t dt__host_convert(dt_backend_t b, const void* src, dt_dtype_t from, v
                              dt_dtype_t to, int64_t n);
 dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* a, const void* src,
                             dt_dtype_t dtype, int64_t n, dt_reduce_op_t op);
-dt_status_t dt__host_gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n,
-                          int64_t k, float alpha, const float* a, int64_t lda, int64_t stride_a,
-                          const float* bm, int64_t ldb, int64_t stride_b, float beta, float* c,
-                          int64_t ldc, int64_t stride_c, int64_t batch);
-dt_status_t dt__host_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
-                                const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
-                                dt_local_tensor_t* out, int n_out);
+dt_status_t dt__host_copy_ranges(dt_backend_t b, void* dst, const void* src, int n,
+                                 const int64_t* dst_off, const int64_t* src_off,
+                                 const int64_t* nbytes);
+dt_status_t dt__host_gemm(dt_backend_t b, const dt_gemm_t* g);
+/* Runs a kernel on local shards for any backend: without DT_KERNEL_ANY_DTYPE, bf16/f16 inputs
+ * and outputs are handed to the kernel as f32 copies made with the backend's convert (and the
+ * outputs converted back). */
+dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
+                                   const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
+                                   dt_local_tensor_t* out, int n_out);
 
 #endif

@@ -1,8 +1,9 @@
 /* cpu.c - the CPU backend: host memory, OpenBLAS GEMM and the library's host kernels.
  *
  * The dt__host_* functions are the host implementation of every vtable member; the guarded
- * backend reuses them after its own checks. run_kernel gives kernels that compute in f32 f32
- * copies of bf16/f16 inputs and stores their f32 outputs back (converted on load and store).
+ * backend reuses them after its own checks. dt__backend_run_kernel (any backend) gives kernels
+ * that compute in f32 f32 copies of bf16/f16 inputs and stores their f32 outputs back (converted
+ * on load and store). GEMMs on bf16/f16 operands run in f32 on converted copies.
  */
 #include <cblas.h>
 #include <limits.h>
@@ -160,11 +161,20 @@ dt_status_t dt__host_reduce(dt_backend_t b, void* dst, const void* a, const void
 }
 #undef DT__REDUCE_LOOP
 
-dt_status_t dt__host_gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n,
-                          int64_t k, float alpha, const float* a, int64_t lda, int64_t stride_a,
-                          const float* bm, int64_t ldb, int64_t stride_b, float beta, float* c,
-                          int64_t ldc, int64_t stride_c, int64_t batch) {
+dt_status_t dt__host_copy_ranges(dt_backend_t b, void* dst, const void* src, int n,
+                                 const int64_t* dst_off, const int64_t* src_off,
+                                 const int64_t* nbytes) {
   (void)b;
+  for (int i = 0; i < n; i++)
+    if (nbytes[i] > 0) memmove((char*)dst + dst_off[i], (const char*)src + src_off[i], (size_t)nbytes[i]);
+  return DT_SUCCESS;
+}
+
+/* f32 GEMMs through OpenBLAS, batch by batch. */
+static dt_status_t dt__sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float* a, int64_t lda, int64_t stride_a, const float* bm,
+                             int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                             int64_t stride_c, int64_t batch) {
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "GEMM dimension beyond BLAS's int (%lld x %lld x %lld)",
                    (long long)m, (long long)n, (long long)k);
@@ -184,73 +194,54 @@ dt_status_t dt__host_gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, i
   return DT_SUCCESS;
 }
 
-static int dt__half(dt_dtype_t t) { return t == DT_BF16 || t == DT_F16; }
-
-static int64_t dt__local_numel(const dt_local_tensor_t* v) {
-  int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
-  return n;
+/* Elements a strided operand of `rows` x `cols` (row stride ld) spans over `batch` matrices
+ * `stride` apart. */
+static int64_t dt__span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
-dt_status_t dt__host_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
-                                const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
-                                dt_local_tensor_t* out, int n_out) {
-  int convert = 0;
-  for (int t = 0; t < n_in; t++) convert |= dt__half(in[t].dtype);
-  for (int o = 0; o < n_out; o++) convert |= dt__half(out[o].dtype);
-  if (!convert || (flags & DT_KERNEL_ANY_DTYPE)) return kernel(call, in, out);
-  /* bf16/f16 storage: the kernel sees f32 copies (converted on load, stored back after) */
+/* An f32 copy of a half operand's span (NULL when empty). */
+static dt_status_t dt__f32_copy(dt_backend_t b, const void* src, dt_dtype_t dt, int64_t n,
+                                float** out) {
+  *out = NULL;
+  if (n <= 0) return DT_SUCCESS;
+  *out = (float*)dt__malloc(sizeof(float) * (size_t)n);
+  if (*out == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "GEMM: f32 copy of %lld elements", (long long)n);
+  return dt__host_convert(b, src, dt, *out, DT_F32, n);
+}
+
+dt_status_t dt__host_gemm(dt_backend_t b, const dt_gemm_t* g) {
+  const int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
+  const int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
   dt_status_t st = DT_SUCCESS;
-  void* tmp_in[DT_OP_MAX_INPUTS] = {NULL};
-  void* tmp_out[DT_OP_MAX_OUTPUTS] = {NULL};
-  size_t nb_in[DT_OP_MAX_INPUTS] = {0}, nb_out[DT_OP_MAX_OUTPUTS] = {0};
-  dt_local_tensor_t lin[DT_OP_MAX_INPUTS], lout[DT_OP_MAX_OUTPUTS];
-  for (int t = 0; t < n_in; t++) {
-    lin[t] = in[t];
-    if (!dt__half(in[t].dtype)) continue;
-    int64_t n = dt__local_numel(&in[t]);
-    nb_in[t] = sizeof(float) * (size_t)(n ? n : 1);
-    tmp_in[t] = dt__backend_alloc(b, nb_in[t]);
-    if (tmp_in[t] == NULL) {
-      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 copy of input %d", call->op, t);
-      goto done;
-    }
-    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_in[t]);
-    DT_CHECK_GOTO(b->iface->convert(b, in[t].data, in[t].dtype, tmp_in[t], DT_F32, n), st, done);
-    lin[t].data = tmp_in[t];
-    lin[t].dtype = DT_F32;
+  float *a = (float*)g->a, *bm = (float*)g->b, *c = (float*)g->c;
+  float *ta = NULL, *tb = NULL, *tc = NULL;
+  int64_t nc = dt__span(g->m, g->n, g->ldc, g->stride_c, g->batch);
+  if (g->ab_dtype != DT_F32) { /* half operands: computed in f32 on converted copies */
+    DT_CHECK_GOTO(dt__f32_copy(b, g->a, g->ab_dtype, dt__span(ra, ca, g->lda, g->stride_a, g->batch), &ta), st, done);
+    DT_CHECK_GOTO(dt__f32_copy(b, g->b, g->ab_dtype, dt__span(rb, cb, g->ldb, g->stride_b, g->batch), &tb), st, done);
+    a = ta;
+    bm = tb;
   }
-  for (int o = 0; o < n_out; o++) {
-    lout[o] = out[o];
-    if (!dt__half(out[o].dtype)) continue;
-    int64_t n = dt__local_numel(&out[o]);
-    nb_out[o] = sizeof(float) * (size_t)(n ? n : 1);
-    tmp_out[o] = dt__backend_alloc(b, nb_out[o]);
-    if (tmp_out[o] == NULL) {
-      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 buffer of output %d", call->op, o);
-      goto done;
-    }
-    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_out[o]);
-    lout[o].data = tmp_out[o];
-    lout[o].dtype = DT_F32;
+  if (g->c_dtype != DT_F32) {
+    DT_CHECK_GOTO(dt__f32_copy(b, g->c, g->c_dtype, nc, &tc), st, done);
+    c = tc;
   }
-  DT_CHECK_GOTO(kernel(call, lin, lout), st, done);
-  for (int o = 0; o < n_out; o++)
-    if (tmp_out[o] != NULL)
-      DT_CHECK_GOTO(b->iface->convert(b, tmp_out[o], DT_F32, out[o].data, out[o].dtype,
-                                      dt__local_numel(&out[o])),
-                    st, done);
+  DT_CHECK_GOTO(dt__sgemm(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, a, g->lda,
+                          g->stride_a, bm, g->ldb, g->stride_b, g->beta, c, g->ldc, g->stride_c,
+                          g->batch), st, done);
+  if (g->bias != NULL)
+    for (int64_t i = 0; i < g->batch; i++)
+      for (int64_t r = 0; r < g->m; r++) {
+        float* row = c + i * g->stride_c + r * g->ldc;
+        for (int64_t j = 0; j < g->n; j++) row[j] += (float)dt__load(g->bias, g->c_dtype, j);
+      }
+  if (tc != NULL) st = dt__host_convert(b, tc, DT_F32, g->c, g->c_dtype, nc);
 done:
-  for (int t = 0; t < n_in; t++)
-    if (tmp_in[t] != NULL) {
-      dt__backend_free(b, tmp_in[t], nb_in[t]);
-      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_in[t]);
-    }
-  for (int o = 0; o < n_out; o++)
-    if (tmp_out[o] != NULL) {
-      dt__backend_free(b, tmp_out[o], nb_out[o]);
-      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_out[o]);
-    }
+  dt__free(ta);
+  dt__free(tb);
+  dt__free(tc);
   return st;
 }
 
@@ -260,15 +251,14 @@ static const struct dt_backend_i dt__cpu_iface = {
     .memset = dt__host_memset,
     .fill = dt__host_fill,
     .copy = dt__host_copy,
+    .copy_ranges = dt__host_copy_ranges,
     .box_copy = dt__host_box_copy,
     .split_copy = dt__host_split_copy,
     .scale_div = dt__host_scale_div,
     .convert = dt__host_convert,
     .reduce = dt__host_reduce,
     .gemm = dt__host_gemm,
-    .run_kernel = dt__host_run_kernel,
-    .synchronize = NULL,
-    .verify = NULL,
+    .run_kernel = dt__backend_run_kernel,
 };
 
 struct dt_backend dt__backend_cpu = {
@@ -276,5 +266,7 @@ struct dt_backend dt__backend_cpu = {
     .api_version = DT_BACKEND_API_VERSION,
     .name = "cpu",
     .device = DT_DEVICE_HOST,
+    .ordinal = -1,
+    .kernel_set = DT_KERNELS_HOST,
     .pooled = 1,
 };

@@ -270,23 +270,36 @@ static dt_status_t dt__g_reduce(dt_backend_t b, void* dst, const void* a, const 
   return dt__host_reduce(b, dst, a, src, dtype, n, op);
 }
 
-/* Elements spanned by a rows x cols row-major matrix with row stride ld. */
-static size_t dt__mat_span(int64_t rows, int64_t cols, int64_t ld) {
-  return rows == 0 || cols == 0 ? 0 : (size_t)((rows - 1) * ld + cols) * sizeof(float);
+/* Bytes spanned by a rows x cols row-major matrix of `item`-byte elements with row stride ld. */
+static size_t dt__mat_span(int64_t rows, int64_t cols, int64_t ld, size_t item) {
+  return rows == 0 || cols == 0 ? 0 : (size_t)((rows - 1) * ld + cols) * item;
 }
 
-static dt_status_t dt__g_gemm(dt_backend_t b, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                              float alpha, const float* a, int64_t lda, int64_t sa,
-                              const float* bm, int64_t ldb, int64_t sb, float beta, float* c,
-                              int64_t ldc, int64_t sc, int64_t batch) {
-  for (int64_t i = 0; i < batch; i++) {
-    DT_CHECK(dt__range(a + i * sa, ta ? dt__mat_span(k, m, lda) : dt__mat_span(m, k, lda),
-                       "GEMM operand A"));
-    DT_CHECK(dt__range(bm + i * sb, tb ? dt__mat_span(n, k, ldb) : dt__mat_span(k, n, ldb),
-                       "GEMM operand B"));
-    DT_CHECK(dt__range(c + i * sc, dt__mat_span(m, n, ldc), "GEMM result C"));
+static dt_status_t dt__g_gemm(dt_backend_t b, const dt_gemm_t* g) {
+  const size_t ia = dt__itemsize(g->ab_dtype), ic = dt__itemsize(g->c_dtype);
+  for (int64_t i = 0; i < g->batch; i++) {
+    const char* a = (const char*)g->a + (size_t)(i * g->stride_a) * ia;
+    const char* bm = (const char*)g->b + (size_t)(i * g->stride_b) * ia;
+    const char* c = (const char*)g->c + (size_t)(i * g->stride_c) * ic;
+    DT_CHECK(dt__range(a, g->trans_a ? dt__mat_span(g->k, g->m, g->lda, ia)
+                                     : dt__mat_span(g->m, g->k, g->lda, ia), "GEMM operand A"));
+    DT_CHECK(dt__range(bm, g->trans_b ? dt__mat_span(g->n, g->k, g->ldb, ia)
+                                      : dt__mat_span(g->k, g->n, g->ldb, ia), "GEMM operand B"));
+    DT_CHECK(dt__range(c, dt__mat_span(g->m, g->n, g->ldc, ic), "GEMM result C"));
   }
-  return dt__host_gemm(b, ta, tb, m, n, k, alpha, a, lda, sa, bm, ldb, sb, beta, c, ldc, sc, batch);
+  if (g->bias) DT_CHECK(dt__range(g->bias, (size_t)g->n * ic, "GEMM bias"));
+  return dt__host_gemm(b, g);
+}
+
+static dt_status_t dt__g_copy_ranges(dt_backend_t b, void* dst, const void* src, int n,
+                                     const int64_t* dst_off, const int64_t* src_off,
+                                     const int64_t* nbytes) {
+  for (int i = 0; i < n; i++) {
+    if (nbytes[i] <= 0) continue;
+    DT_CHECK(dt__range((char*)dst + dst_off[i], (size_t)nbytes[i], "range copy destination"));
+    DT_CHECK(dt__range((const char*)src + src_off[i], (size_t)nbytes[i], "range copy source"));
+  }
+  return dt__host_copy_ranges(b, dst, src, n, dst_off, src_off, nbytes);
 }
 
 static size_t dt__lt_nbytes(const dt_local_tensor_t* t) {
@@ -323,7 +336,7 @@ static dt_status_t dt__g_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsi
     if ((flags & DT_KERNEL_WRITES_ALL) && !aliased && nb && dt__block_of(out[o].data))
       memset(out[o].data, DT_FRESH_BYTE, nb); /* unwritten elements read back as NaN */
   }
-  DT_CHECK(dt__host_run_kernel(b, kernel, flags, call, in, n_in, out, n_out));
+  DT_CHECK(dt__backend_run_kernel(b, kernel, flags, call, in, n_in, out, n_out));
   for (int k = 0; k < n_in + n_out; k++) {
     const dt_local_tensor_t* t = k < n_in ? &in[k] : &out[k - n_in];
     dt_gblock_t* h = dt__block_of(t->data);
@@ -369,6 +382,7 @@ static const struct dt_backend_i dt__guarded_iface = {
     .memset = dt__g_memset,
     .fill = dt__g_fill,
     .copy = dt__g_copy,
+    .copy_ranges = dt__g_copy_ranges,
     .box_copy = dt__g_box_copy,
     .split_copy = dt__g_split_copy,
     .scale_div = dt__g_scale_div,
@@ -376,7 +390,6 @@ static const struct dt_backend_i dt__guarded_iface = {
     .reduce = dt__g_reduce,
     .gemm = dt__g_gemm,
     .run_kernel = dt__g_run_kernel,
-    .synchronize = NULL,
     .verify = dt__g_verify,
 };
 
@@ -385,6 +398,8 @@ struct dt_backend dt__backend_guarded = {
     .api_version = DT_BACKEND_API_VERSION,
     .name = "guarded",
     .device = DT_DEVICE_HOST,
+    .ordinal = -1,
+    .kernel_set = DT_KERNELS_HOST,
     .pooled = 0,
 };
 

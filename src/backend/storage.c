@@ -19,13 +19,29 @@
 /* ---------------------------------------------------------------------------------------------
  * backends */
 
-static dt_backend_t const dt__backends[] = {&dt__backend_cpu, &dt__backend_guarded};
-#define DT__NBACKENDS ((int)(sizeof dt__backends / sizeof dt__backends[0]))
+/* Every backend dt_backend_get can return: the host ones, then device backends as they open. */
+static dt_backend_t dt__backends[DT_MAX_BACKENDS] = {&dt__backend_cpu, &dt__backend_guarded};
+static int dt__nbackends = 2;
+static pthread_mutex_t dt__backends_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static dt_backend_t dt__default = NULL;
 
+dt_status_t dt__backend_register(dt_backend_t b) {
+  pthread_mutex_lock(&dt__backends_mu);
+  dt_status_t st = DT_SUCCESS;
+  int i = 0;
+  while (i < dt__nbackends && dt__backends[i] != b) i++;
+  if (i == dt__nbackends) {
+    if (dt__nbackends == DT_MAX_BACKENDS) st = DT_ERR_OUT_OF_MEMORY;
+    else dt__backends[dt__nbackends++] = b;
+  }
+  pthread_mutex_unlock(&dt__backends_mu);
+  if (st != DT_SUCCESS) return DT_FAIL(st, "at most %d backends", DT_MAX_BACKENDS);
+  return DT_SUCCESS;
+}
+
 dt_status_t dt__backend_check(dt_backend_t b) {
-  for (int i = 0; i < DT__NBACKENDS; i++)
+  for (int i = 0; i < dt__nbackends; i++)
     if (b == dt__backends[i]) return DT_SUCCESS;
   return DT_FAIL(DT_ERR_INVALID_ARG, "backend handle is %s", b ? "not a backend" : "NULL");
 }
@@ -35,17 +51,39 @@ const char* dt_device_name(dt_device_t device) {
   return (device >= 0 && device < DT_DEVICE_COUNT) ? names[device] : "invalid";
 }
 
+/* "cuda" (-1: this rank's device) or "cuda:N": 1 with the ordinal, 0 for other names, -1 for a
+ * malformed ordinal. */
+static int dt__cuda_name(const char* name, int* ordinal) {
+  if (strncmp(name, "cuda", 4) != 0) return 0;
+  if (name[4] == '\0') {
+    *ordinal = -1;
+    return 1;
+  }
+  if (name[4] != ':') return 0;
+  char* end = NULL;
+  long v = strtol(name + 5, &end, 10);
+  if (name[5] < '0' || name[5] > '9' || *end != '\0' || v > 1023) return -1;
+  *ordinal = (int)v;
+  return 1;
+}
+
 dt_status_t dt_backend_get(const char* name, dt_backend_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(name);
-  for (int i = 0; i < DT__NBACKENDS; i++)
+  int ordinal = -1, cuda = dt__cuda_name(name, &ordinal);
+  if (cuda < 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "backend '%s': the device ordinal after 'cuda:' must be "
+                   "a number from 0 to 1023", name);
+  if (cuda > 0) return dt__backend_cuda_open(ordinal, out);
+  if (strcmp(name, "cuda-emu") == 0) return dt__backend_cuda_emu_open(out);
+  for (int i = 0; i < dt__nbackends; i++)
     if (strcmp(dt__backends[i]->name, name) == 0) {
       *out = dt__backends[i];
       return DT_SUCCESS;
     }
-  return DT_FAIL(DT_ERR_UNSUPPORTED, "no backend called '%s' (this build has: cpu, guarded)",
-                 name);
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "no backend called '%s' (backends: cpu, guarded, cuda, "
+                 "cuda:N, cuda-emu)", name);
 }
 
 dt_backend_t dt__backend_default(void) {
@@ -73,6 +111,25 @@ dt_status_t dt_backend_default(dt_backend_t* out) {
 dt_status_t dt_backend_set_default(dt_backend_t backend) {
   DT_CHECK(dt__backend_check(backend));
   dt__default = backend;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_backend_synchronize(dt_backend_t backend) {
+  DT_CHECK(dt__backend_check(backend));
+  return backend->iface->synchronize ? backend->iface->synchronize(backend) : DT_SUCCESS;
+}
+
+dt_status_t dt_backend_set_tf32(dt_backend_t backend, int allow) {
+  DT_CHECK(dt__backend_check(backend));
+  backend->allow_tf32 = allow != 0;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_backend_ordinal(dt_backend_t backend, int* ordinal) {
+  DT_ARG_NOT_NULL(ordinal);
+  *ordinal = -1;
+  DT_CHECK(dt__backend_check(backend));
+  *ordinal = backend->ordinal;
   return DT_SUCCESS;
 }
 
@@ -326,10 +383,26 @@ dt_status_t dt__ws_reserve(dt_backend_t b, int slot, size_t nbytes, void** out) 
   return DT_SUCCESS;
 }
 
+dt_status_t dt__stage_reserve(dt_backend_t b, int slot, size_t nbytes, void** out) {
+  if (nbytes > b->stage_cap[slot]) {
+    size_t cap = b->stage_cap[slot] ? b->stage_cap[slot] : 4096;
+    while (cap < nbytes) cap *= 2;
+    void* p = dt__host_stage_alloc(b, cap);
+    if (p == NULL)
+      return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s backend: %zu bytes of host staging", b->name, cap);
+    dt__host_stage_free(b, b->stage[slot], b->stage_cap[slot]);
+    dt__mem_count(DT_MEM_COMMUNICATION, (int64_t)cap - (int64_t)b->stage_cap[slot]);
+    b->stage[slot] = p;
+    b->stage_cap[slot] = cap;
+  }
+  *out = b->stage[slot];
+  return DT_SUCCESS;
+}
+
 void dt__backend_release_all(void) {
   dt__pool_release();
   dt__guarded_release();
-  for (int i = 0; i < DT__NBACKENDS; i++) {
+  for (int i = 0; i < dt__nbackends; i++) {
     dt_backend_t b = dt__backends[i];
     for (int k = 0; k < DT_WS_SLOTS; k++) {
       dt__backend_free(b, b->ws[k], b->ws_cap[k]);
@@ -337,23 +410,135 @@ void dt__backend_release_all(void) {
       b->ws[k] = NULL;
       b->ws_cap[k] = 0;
     }
+    for (int k = 0; k < 2; k++) {
+      dt__host_stage_free(b, b->stage[k], b->stage_cap[k]);
+      dt__mem_count(DT_MEM_COMMUNICATION, -(int64_t)b->stage_cap[k]);
+      b->stage[k] = NULL;
+      b->stage_cap[k] = 0;
+    }
+    if (b->iface->release) b->iface->release(b);
   }
 }
 
 /* ---------------------------------------------------------------------------------------------
- * GEMM through a backend */
+ * GEMM through a backend, staging memory, kernels */
 
 dt_status_t dt__gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float* a, int64_t lda, const float* bm, int64_t ldb,
                      float beta, float* c, int64_t ldc) {
-  return b->iface->gemm(b, trans_a, trans_b, m, n, k, alpha, a, lda, 0, bm, ldb, 0, beta, c, ldc,
-                        0, 1);
+  return dt__gemm_batched(b, trans_a, trans_b, m, n, k, alpha, a, lda, 0, bm, ldb, 0, beta, c,
+                          ldc, 0, 1);
 }
 
 dt_status_t dt__gemm_batched(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n,
                              int64_t k, float alpha, const float* a, int64_t lda, int64_t sa,
                              const float* bm, int64_t ldb, int64_t sb, float beta, float* c,
                              int64_t ldc, int64_t sc, int64_t batch) {
-  return b->iface->gemm(b, trans_a, trans_b, m, n, k, alpha, a, lda, sa, bm, ldb, sb, beta, c,
-                        ldc, sc, batch);
+  const dt_gemm_t g = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
+                       .batch = batch, .alpha = alpha, .beta = beta, .ab_dtype = DT_F32,
+                       .c_dtype = DT_F32, .a = a, .lda = lda, .stride_a = sa, .b = bm,
+                       .ldb = ldb, .stride_b = sb, .c = c, .ldc = ldc, .stride_c = sc};
+  return b->iface->gemm(b, &g);
 }
+
+void* dt__host_stage_alloc(dt_backend_t b, size_t nbytes) {
+  if (b->iface->host_alloc) return b->iface->host_alloc(b, nbytes ? nbytes : 1);
+  return dt__malloc(nbytes ? nbytes : 1);
+}
+
+void dt__host_stage_free(dt_backend_t b, void* p, size_t nbytes) {
+  if (p == NULL) return;
+  if (b->iface->host_free) b->iface->host_free(b, p, nbytes ? nbytes : 1);
+  else dt__free(p);
+}
+
+static int dt__half(dt_dtype_t t) { return t == DT_BF16 || t == DT_F16; }
+
+static int64_t dt__local_numel(const dt_local_tensor_t* v) {
+  int64_t n = 1;
+  for (int d = 0; d < v->ndim; d++) n *= v->shape[d];
+  return n;
+}
+
+dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
+                                   const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
+                                   dt_local_tensor_t* out, int n_out) {
+  int convert = 0;
+  for (int t = 0; t < n_in; t++) convert |= dt__half(in[t].dtype);
+  for (int o = 0; o < n_out; o++) convert |= dt__half(out[o].dtype);
+  if (!convert || (flags & DT_KERNEL_ANY_DTYPE)) return kernel(call, in, out);
+  /* bf16/f16 storage: the kernel sees f32 copies (converted on load, stored back after) */
+  dt_status_t st = DT_SUCCESS;
+  void* tmp_in[DT_OP_MAX_INPUTS] = {NULL};
+  void* tmp_out[DT_OP_MAX_OUTPUTS] = {NULL};
+  size_t nb_in[DT_OP_MAX_INPUTS] = {0}, nb_out[DT_OP_MAX_OUTPUTS] = {0};
+  dt_local_tensor_t lin[DT_OP_MAX_INPUTS], lout[DT_OP_MAX_OUTPUTS];
+  for (int t = 0; t < n_in; t++) {
+    lin[t] = in[t];
+    if (!dt__half(in[t].dtype)) continue;
+    int64_t n = dt__local_numel(&in[t]);
+    nb_in[t] = sizeof(float) * (size_t)(n ? n : 1);
+    tmp_in[t] = dt__backend_alloc(b, nb_in[t]);
+    if (tmp_in[t] == NULL) {
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 copy of input %d", call->op, t);
+      goto done;
+    }
+    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_in[t]);
+    DT_CHECK_GOTO(b->iface->convert(b, in[t].data, in[t].dtype, tmp_in[t], DT_F32, n), st, done);
+    lin[t].data = tmp_in[t];
+    lin[t].dtype = DT_F32;
+  }
+  for (int o = 0; o < n_out; o++) {
+    lout[o] = out[o];
+    if (!dt__half(out[o].dtype)) continue;
+    int64_t n = dt__local_numel(&out[o]);
+    nb_out[o] = sizeof(float) * (size_t)(n ? n : 1);
+    tmp_out[o] = dt__backend_alloc(b, nb_out[o]);
+    if (tmp_out[o] == NULL) {
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 buffer of output %d", call->op, o);
+      goto done;
+    }
+    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_out[o]);
+    lout[o].data = tmp_out[o];
+    lout[o].dtype = DT_F32;
+  }
+  DT_CHECK_GOTO(kernel(call, lin, lout), st, done);
+  for (int o = 0; o < n_out; o++)
+    if (tmp_out[o] != NULL)
+      DT_CHECK_GOTO(b->iface->convert(b, tmp_out[o], DT_F32, out[o].data, out[o].dtype,
+                                      dt__local_numel(&out[o])),
+                    st, done);
+done:
+  for (int t = 0; t < n_in; t++)
+    if (tmp_in[t] != NULL) {
+      dt__backend_free(b, tmp_in[t], nb_in[t]);
+      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_in[t]);
+    }
+  for (int o = 0; o < n_out; o++)
+    if (tmp_out[o] != NULL) {
+      dt__backend_free(b, tmp_out[o], nb_out[o]);
+      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_out[o]);
+    }
+  return st;
+}
+
+
+/* ---------------------------------------------------------------------------------------------
+ * device backends this build lacks */
+
+#ifndef DTENSOR_HAVE_CUDA
+dt_status_t dt__backend_cuda_open(int ordinal, dt_backend_t* out) {
+  (void)ordinal;
+  *out = NULL;
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "this build of dtensor has no CUDA backend (configure with "
+                 "-DDTENSOR_CUDA=ON on a machine with the CUDA toolkit)");
+}
+#endif
+
+#ifndef DTENSOR_HAVE_SIMT_EMU
+dt_status_t dt__backend_cuda_emu_open(dt_backend_t* out) {
+  *out = NULL;
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "this build of dtensor has no cuda-emu backend (configure "
+                 "with -DDTENSOR_SIMT_EMU=ON; it needs a C++17 compiler)");
+}
+#endif

@@ -14,6 +14,42 @@ static void dt__local_view(dt_tensor_t x, dt_local_tensor_t* v) {
   v->backend = dt__tensor_backend(x);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * kernels per backend: the host column of the op table, or a device kernel set */
+
+static struct {
+  int filled[DT_KERNELS_COUNT];
+  dt_device_kernel_t table[DT_KERNELS_COUNT][DT_OP_COUNT];
+} dt__ksets;
+
+static const dt_device_kernel_t* dt__kernel_set(int set) {
+  if (set <= DT_KERNELS_HOST || set >= DT_KERNELS_COUNT) return NULL;
+  if (!dt__ksets.filled[set]) {
+#ifdef DTENSOR_HAVE_CUDA
+    if (set == DT_KERNELS_CUDA) dt__cuda_kernels_fill(dt__ksets.table[set]);
+#endif
+#ifdef DTENSOR_HAVE_SIMT_EMU
+    if (set == DT_KERNELS_CUDA_EMU) dt__cudaemu_kernels_fill(dt__ksets.table[set]);
+#endif
+    dt__ksets.filled[set] = 1;
+  }
+  return dt__ksets.table[set];
+}
+
+dt_op_kernel_fn dt__op_kernel(int id, dt_backend_t b, unsigned* flags) {
+  const dt_op_info_t* info = dt__op_info(id);
+  *flags = 0;
+  if (info == NULL) return NULL;
+  const dt_device_kernel_t* set = dt__kernel_set(b->kernel_set);
+  if (set == NULL || id >= DT_OP_COUNT || info != &dt__op_table[id]) {
+    /* host kernels, host-registered ops and overrides: the op's own kernel for b's device */
+    *flags = (info->flags & DT_OPF_ANY_DTYPE) ? DT_KERNEL_ANY_DTYPE : 0u;
+    return info->kernel[b->device];
+  }
+  *flags = set[id].flags & DT_KERNEL_ANY_DTYPE;
+  return set[id].fn;
+}
+
 /* Byte offset at which a slice/narrow output starts inside its input's local shard, when the
  * output's local elements are one contiguous run of it (step 1, and no local dim before the cut
  * holds more than one index); -1 otherwise. */
@@ -105,7 +141,8 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     dt__trace_leave();
     return cst;
   }
-  dt_op_kernel_fn kernel = info->kernel[mesh->backend->device];
+  unsigned kdtype = 0;
+  dt_op_kernel_fn kernel = dt__op_kernel(id, mesh->backend, &kdtype);
   int builtin = (info->flags & DT_OPF_WRITES_ALL) != 0;
   if (info->rules != NULL && info->kernel[DT_DEVICE_HOST] == NULL && kernel == NULL)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s has a sharding strategy but no local kernel", name);
@@ -188,19 +225,21 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   }
   if (mesh->member && !meta && alias < 0) {
     dt_backend_t b = mesh->backend;
-    for (int t = 0; t < n_inputs; t++)
-      if (lin[t].backend->device != b->device) {
-        st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d lives on %s memory, the mesh's backend "
-                     "computes on %s", name, t, dt_device_name(lin[t].backend->device),
-                     dt_device_name(b->device));
+    for (int t = 0; t < n_inputs; t++) { /* host backends share memory; a device backend its own */
+      dt_backend_t ib = lin[t].backend;
+      if (ib != b && (dt__backend_is_device(ib) || dt__backend_is_device(b))) {
+        st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d lives in %s memory (backend %s), the "
+                     "mesh computes on %s (backend %s): move it with dt_tensor_copy_local or "
+                     "create it on the mesh", name, t, dt_device_name(ib->device), ib->name,
+                     dt_device_name(b->device), b->name);
         goto done;
       }
+    }
     if (kernel == NULL) {
-      st = DT_FAIL(DT_ERR_UNSUPPORTED, "%s has no kernel for %s memory", name,
-                   dt_device_name(b->device));
+      st = DT_FAIL(DT_ERR_UNSUPPORTED, "%s has no kernel for the %s backend", name, b->name);
       goto done;
     }
-    unsigned kf = ((info->flags & DT_OPF_ANY_DTYPE) ? DT_KERNEL_ANY_DTYPE : 0u) |
+    unsigned kf = kdtype |
                   ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u) |
                   (writes ? DT_KERNEL_INPLACE : 0u);
     st = b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs);

@@ -17,6 +17,21 @@
 dt_status_t dt__op_apply(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
                          int n_fargs, const double* fargs, int n_out, dt_tensor_t* out,
                          dt_tensor_t* saved);
+/* A device kernel-set entry: the kernel of one op for one kernel set and its DT_KERNEL_ANY_DTYPE
+ * flag (the kernel takes bf16/f16 storage itself; without it run_kernel hands it f32 copies). */
+typedef struct dt_device_kernel {
+  dt_op_kernel_fn fn;
+  unsigned flags;
+} dt_device_kernel_t;
+/* The kernel that runs op `id` on backend b (NULL: none) and its DT_KERNEL_* dtype flag in
+ * *flags: a host-registered op's or override's kernel for b's device, else the built-in kernel
+ * of b's kernel set. */
+dt_op_kernel_fn dt__op_kernel(int id, dt_backend_t b, unsigned* flags);
+/* The CUDA kernel sets (src/ops/cuda, one source compiled by nvcc and for the SIMT emulator):
+ * fill table[DT_OP_COUNT] (entries without a kernel stay NULL). */
+void dt__cuda_kernels_fill(dt_device_kernel_t* table);
+void dt__cudaemu_kernels_fill(dt_device_kernel_t* table);
+
 /* One-output shorthands over dt__op_apply. */
 dt_status_t dt__op1(int id, dt_tensor_t a, dt_tensor_t* out);
 dt_status_t dt__op2(int id, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);

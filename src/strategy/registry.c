@@ -118,6 +118,24 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
   return DT_SUCCESS;
 }
 
+dt_status_t dt_op_register_kernel(const char* name, dt_device_t device, dt_op_kernel_fn kernel) {
+  DT_ARG_NOT_NULL(name);
+  if (device < 0 || device >= DT_DEVICE_COUNT)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "op %s: device %d out of range [0, %d)", name, (int)device,
+                   (int)DT_DEVICE_COUNT);
+  int id = dt__op_find(name);
+  dt_host_op_t* h = NULL;
+  if (id >= DT_OP_COUNT) h = &dt__reg.host[id - DT_OP_COUNT];
+  else if (id >= 0) h = dt__reg.override[id];
+  if (h == NULL)
+    return DT_FAIL(id >= 0 ? DT_ERR_INVALID_USAGE : DT_ERR_INVALID_ARG,
+                   "op %s: %s; register it with dt_op_register first", name,
+                   id >= 0 ? "a built-in op's device kernels belong to the library"
+                           : "no such op");
+  h->info.kernel[device] = kernel;
+  return DT_SUCCESS;
+}
+
 dt_status_t dt_op_lookup(const char* name, int* found) {
   DT_ARG_NOT_NULL(found);
   *found = 0;

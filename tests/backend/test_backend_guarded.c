@@ -52,9 +52,24 @@ static void test_range_checks(void) {
   DT_ASSERT_OK(f->box_copy(b, 2, 4, ext4, blk, shape, off, src, shape, zero));
   /* GEMM: C of 5x5 f32 (100 bytes) fits, 5x6 does not */
   float a[30] = {0}, bm[36] = {0};
-  DT_ASSERT_OK(f->gemm(b, 0, 0, 5, 5, 6, 1.0f, a, 6, 0, bm, 5, 0, 0.0f, (float*)blk, 5, 0, 1));
-  expect_internal(f->gemm(b, 0, 0, 5, 6, 6, 1.0f, a, 6, 0, bm, 6, 0, 0.0f, (float*)blk, 6, 0, 1),
-                  "gemm", "GEMM result C");
+  DT_ASSERT_OK(dt__gemm(b, 0, 0, 5, 5, 6, 1.0f, a, 6, bm, 5, 0.0f, (float*)blk, 5));
+  expect_internal(dt__gemm(b, 0, 0, 5, 6, 6, 1.0f, a, 6, bm, 6, 0.0f, (float*)blk, 6), "gemm",
+                  "GEMM result C");
+  /* bf16 operands are counted in 2-byte elements: 10x5 bf16 fits in 100 bytes, 10x6 does not */
+  dt_gemm_t g = {.m = 10, .n = 5, .k = 2, .batch = 1, .alpha = 1.0f, .ab_dtype = DT_BF16,
+                 .c_dtype = DT_BF16, .a = a, .lda = 2, .b = bm, .ldb = 5, .c = blk, .ldc = 5};
+  DT_ASSERT_OK(f->gemm(b, &g));
+  g.n = g.ldb = g.ldc = 6;
+  expect_internal(f->gemm(b, &g), "bf16 gemm", "GEMM result C");
+  g.n = g.ldb = g.ldc = 5;
+  g.bias = blk + 96; /* 5 bf16 values from byte 96 of a 100-byte block */
+  expect_internal(f->gemm(b, &g), "gemm bias", "GEMM bias");
+  /* range copies: each range is checked */
+  int64_t doff[2] = {0, 50}, soff[2] = {0, 0}, nb[2] = {40, 51};
+  expect_internal(f->copy_ranges(b, blk, host, 2, doff, soff, nb), "range copy",
+                  "range copy destination");
+  nb[1] = 50;
+  DT_ASSERT_OK(f->copy_ranges(b, blk, host, 2, doff, soff, nb));
   expect_internal(f->scale_div(b, blk, DT_F32, 26, 2), "scale", "overruns");
   expect_internal(f->reduce(b, blk, blk, host, DT_F32, 26, DT_REDUCE_SUM), "reduce", "overruns");
   expect_internal(f->convert(b, host, DT_F32, blk, DT_BF16, 51), "convert", "conversion");
