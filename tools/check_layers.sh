@@ -8,7 +8,14 @@
 #   5 tensor   6 strategy   7 ops   8 autograd   9 lib.c (init/finalize of every layer)
 # src/nn and src/parallel are built on the public API: they include only <dtensor/...> headers
 # (and the C library). Public headers (include/dtensor) may include only each other.
-# Exit status 0 when every include goes downward, 1 with one line per violation otherwise.
+# Tensor bytes above the backend seam: outside src/backend and the kernels (src/ops/kernels_*.c,
+# src/ops/cuda/), no memcpy/memset/memmove may take a tensor's data (`->data`, `.data`) and no
+# tensor data may be cast to a typed pointer (only backend members move or read it: a device
+# backend's memory is not host memory); src/nn and src/parallel may not take a tensor's local
+# pointer at all (dt_tensor_to_local, dt_tensor_from_local: they use dt_tensor_read_local,
+# dt_tensor_write_local, dt_tensor_copy_local, dt_tensor_fill_local).
+# Exit status 0 when every include goes downward and no tensor bytes are touched above the seam,
+# 1 with one line per violation otherwise.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 src=${1:-$here/src}
@@ -64,6 +71,25 @@ while IFS= read -r -d '' f; do
   done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
 done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) -print0 | sort -z)
 
+# Tensor bytes above the seam (see the header).
+while IFS= read -r -d '' f; do
+  rel=${f#"$src"/}
+  case "$rel" in backend/* | ops/kernels_* | ops/cuda/*) continue ;; esac
+  while IFS= read -r line; do
+    report "$rel:${line%%:*}: tensor data moved with the C library above the backend seam (use a backend member or dt_tensor_*_local)"
+  done < <(grep -nE '\b(memcpy|memset|memmove)[[:space:]]*\(.*(->|\.)data\b' "$f" | grep -v 'iface->' || true)
+  while IFS= read -r line; do
+    report "$rel:${line%%:*}: tensor data read through a typed pointer above the backend seam"
+  done < <(grep -nE '\([[:space:]]*(const[[:space:]]+)?(float|double|u?int(8|16|32|64)_t|int|long)[[:space:]]*\*[[:space:]]*\)[[:space:]]*\(?[A-Za-z_][A-Za-z0-9_]*(->|\.)data\b' "$f" || true)
+  case "$rel" in
+    nn/* | parallel/*)
+      while IFS= read -r line; do
+        report "$rel:${line%%:*}: takes a tensor's local pointer (nn and parallel move tensor bytes with dt_tensor_read_local / write_local / copy_local / fill_local)"
+      done < <(grep -nE '\bdt_tensor_(to_local|to_local_backend|from_local|from_local_backend)[[:space:]]*\(' "$f" || true)
+      ;;
+  esac
+done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' \) -print0 | sort -z)
+
 if [ -n "$inc" ]; then
   while IFS= read -r -d '' f; do
     while IFS= read -r line; do
@@ -73,5 +99,7 @@ if [ -n "$inc" ]; then
   done < <(find "$inc" -type f -name '*.h' -print0 | sort -z)
 fi
 
-if [ "$bad" -eq 0 ]; then echo "check_layers: every include goes downward"; fi
+if [ "$bad" -eq 0 ]; then
+  echo "check_layers: every include goes downward; no tensor bytes touched above the backend seam"
+fi
 exit "$bad"

@@ -120,6 +120,14 @@ DT_API dt_status_t dt_mesh_slice(dt_mesh_t mesh, int nnames, const char* const* 
 DT_API dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const char* name,
                                    dt_mesh_t* out);
 
+/* Collective over the ranks of the mesh that share this rank's coordinates on every dim not in
+ * dims[0 .. n_dims) (n_dims 0 or dims NULL: every dim). Reduces `numel` values of host memory
+ * `buf` in place (dtype f32, i32 or i64; op sum, avg, max or min; avg truncates integers): how
+ * control values (counts, norms, flags) computed from tensors of any backend are combined.
+ * A one-rank mesh, an abstract mesh or a non-member returns at once with buf unchanged. */
+DT_API dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int* dims, void* buf,
+                                           int64_t numel, dt_dtype_t dtype, dt_reduce_op_t op);
+
 #ifdef __cplusplus
 }
 #endif

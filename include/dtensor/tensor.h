@@ -104,12 +104,41 @@ DT_API dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset);
 DT_API dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel);
 /* The local shard: pointer (may be NULL when empty) and, if local_shape != NULL, its extent. The
  * pointer lives in the memory of the tensor's backend (dt_tensor_to_local_backend says which):
- * host memory for the cpu and guarded backends. Views share storage: writes through one tensor's
- * local data are seen by every tensor that aliases it (see dt_op_run). */
+ * host memory for the cpu and guarded backends, device memory for cuda (the backend is
+ * synchronized first, so the caller's own streams may use it at once; library code and portable
+ * callers use dt_tensor_read_local and friends instead). Views share storage: writes through one
+ * tensor's local data are seen by every tensor that aliases it (see dt_op_run). */
 DT_API dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape);
 /* The same, and the backend whose memory holds the data (may be NULL). */
 DT_API dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,
                                               dt_backend_t* backend);
+
+/* ---- local transfers: a tensor's local elements through its backend, whatever memory holds
+ * them (a device backend's memory is never read through a pointer by the host). Offsets and
+ * counts are elements of the dtype in the local shard's row-major order; boxes are in local
+ * coordinates (ndim offsets and lengths). Host buffers are read or written in full before the
+ * call returns. DT_ERR_INVALID_ARG for a range or box outside the local shard, DT_ERR_INVALID_USAGE
+ * for a meta tensor. All local: no communication. */
+/* numel elements of t's local shard from element `offset` on -> host (numel * itemsize bytes). */
+DT_API dt_status_t dt_tensor_read_local(dt_tensor_t t, int64_t offset, int64_t numel, void* host);
+/* host -> numel elements of t's local shard from element `offset` on. */
+DT_API dt_status_t dt_tensor_write_local(dt_tensor_t t, int64_t offset, int64_t numel,
+                                         const void* host);
+/* The box [box_off, box_off + box_len) of t's local shard <-> a dense row-major host array. */
+DT_API dt_status_t dt_tensor_read_local_box(dt_tensor_t t, const int64_t* box_off,
+                                            const int64_t* box_len, void* host);
+DT_API dt_status_t dt_tensor_write_local_box(dt_tensor_t t, const int64_t* box_off,
+                                             const int64_t* box_len, const void* host);
+/* n element ranges from src's local shard to dst's (same dtype; any backends, host <-> device
+ * included): numel[i] elements from src_off[i] to dst_off[i]. Destination ranges must not
+ * overlap one another, nor (when dst and src share storage) a source range. */
+DT_API dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n,
+                                        const int64_t* dst_off, const int64_t* src_off,
+                                        const int64_t* numel);
+/* Sets n element ranges of t's local shard (numel[i] elements from off[i]) to `value`, rounded
+ * as a store of t's dtype. */
+DT_API dt_status_t dt_tensor_fill_local(dt_tensor_t t, int n, const int64_t* off,
+                                        const int64_t* numel, double value);
 
 /* Local. Counts the tensor's storage (shared by its views) under category c in dt_memory_stats
  * from now on. No-op for meta tensors and borrowed memory. */

@@ -536,3 +536,60 @@ dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what) {
   return DT_FAIL(agreed, "%s failed on rank %d of the mesh (%s there); every rank of the mesh "
                  "returns it", what, who, dt_status_name(agreed));
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * control values in host memory */
+
+dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int* dims, void* buf,
+                                    int64_t numel, dt_dtype_t dtype, dt_reduce_op_t op) {
+  DT_CHECK(dt__mesh_check(mesh));
+  if (dtype != DT_F32 && dtype != DT_I32 && dtype != DT_I64)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: dtype %s (f32, i32 or i64)",
+                   dt_dtype_name(dtype));
+  if (op != DT_REDUCE_SUM && op != DT_REDUCE_AVG && op != DT_REDUCE_MAX && op != DT_REDUCE_MIN)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: reduce op %d", (int)op);
+  if (numel < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: numel %lld",
+                                (long long)numel);
+  if (n_dims < 0 || n_dims > mesh->ndim || (n_dims > 0 && dims == NULL))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: %d dims of a %d-D mesh", n_dims,
+                   mesh->ndim);
+  unsigned mask = 0;
+  for (int i = 0; i < n_dims; i++) {
+    int d = dims[i] < 0 ? dims[i] + mesh->ndim : dims[i];
+    if (d < 0 || d >= mesh->ndim || (mask & (1u << d)))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: dim %d out of range or "
+                     "repeated (mesh of %d dims)", dims[i], mesh->ndim);
+    mask |= 1u << d;
+  }
+  if (n_dims == 0 || dims == NULL) mask = (1u << mesh->ndim) - 1u;
+  if (numel > 0) DT_ARG_NOT_NULL(buf);
+  if (mesh->abstract || !mesh->member || numel == 0) return DT_SUCCESS;
+  const dt_reduce_op_t cop = op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op;
+  int group = 1;
+  dt_comm_t* c = dt__mesh_group_comm(mesh, mask); /* one call where a communicator spans them */
+  const uint64_t nb = (uint64_t)numel * dt__itemsize(dtype);
+  if (c != NULL) {
+    if (c->size > 1) {
+      DT_CHECK(c->iface->all_reduce(c, buf, buf, numel, dtype, cop, NULL));
+      dt__count_collective(mesh, mask, DT_COLL_ALL_REDUCE, nb);
+    }
+    group = c->size;
+  } else { /* dim by dim: every rank gets the same values after each step */
+    for (int d = 0; d < mesh->ndim; d++) {
+      if (!(mask & (1u << d))) continue;
+      c = &mesh->dim_comm[d];
+      if (c->iface != NULL && c->size > 1) {
+        DT_CHECK(c->iface->all_reduce(c, buf, buf, numel, dtype, cop, NULL));
+        dt__count_collective(mesh, 1u << d, DT_COLL_ALL_REDUCE, nb);
+      }
+      group *= mesh->shape[d];
+    }
+  }
+  if (op == DT_REDUCE_AVG && group > 1)
+    for (int64_t i = 0; i < numel; i++) {
+      if (dtype == DT_F32) ((float*)buf)[i] /= (float)group;
+      else if (dtype == DT_I32) ((int32_t*)buf)[i] /= group;
+      else ((int64_t*)buf)[i] /= group;
+    }
+  return DT_SUCCESS;
+}

@@ -473,7 +473,7 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
     dt_placement_t rep[DT_MAX_MESH_DIMS];
     for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
     DT_CHECK(dt_tensor_redistribute(dt_var_value(res[1]), rep, &ar));
-    dt_status_t st = dt_tensor_full(ar, &a, sizeof a);
+    dt_status_t st = dt_tensor_gather_full(ar, &a, sizeof a);
     dt_tensor_destroy(ar);
     DT_CHECK(st);
     *aux_out = a;

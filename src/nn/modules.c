@@ -389,14 +389,11 @@ static dt_status_t dt__local_i64(dt_tape_t tape, dt_var_t like, int64_t n, const
 
 /* This rank's copy of a (rank-local or replicated) i64 tensor's n values. */
 static dt_status_t dt__read_i64(dt_var_t v, int64_t n, int64_t* out) {
-  void* p;
   int64_t ln;
   DT_CHECK(dt_tensor_local_numel(dt_var_value(v), &ln));
   if (ln != n) return DT_FAIL(DT_ERR_INTERNAL, "moe: %lld counts where %lld were expected",
                               (long long)ln, (long long)n);
-  DT_CHECK(dt_tensor_to_local(dt_var_value(v), &p, NULL));
-  if (n > 0) memcpy(out, p, sizeof(int64_t) * (size_t)n);
-  return DT_SUCCESS;
+  return dt_tensor_read_local(dt_var_value(v), 0, n, out);
 }
 
 /* Expert parallelism's dispatch: xs (T, D) rank-local rows sorted by expert, c (E) their counts
@@ -756,22 +753,10 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, 
     DT_CHECK(dt__moe_ep(tape, tk, xr, ep_dim, E, top_k, capacity_factor, w1, w3, w2, out,
                         &kept));
     if (capacity_factor > 0.0) { /* the kept choices summed over the ranks that split tokens */
-      dt_placement_t pp[DT_MAX_MESH_DIMS];
+      int dims[DT_MAX_MESH_DIMS], nd = 0;
       for (int i = 0; i < mnd; i++)
-        pp[i] = epl[i].kind == DT_SHARD ? dt_partial(DT_REDUCE_SUM) : dt_replicate();
-      const int64_t one[1] = {1};
-      dt_tensor_t t, r;
-      int64_t kd = kept;
-      DT_CHECK(dt_tensor_from_local(mesh, DT_I64, 1, one, pp, &kd, one, &t));
-      dt_placement_t rep[DT_MAX_MESH_DIMS];
-      for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
-      dt_status_t st = dt_tensor_redistribute(t, rep, &r);
-      dt_tensor_destroy(t);
-      DT_CHECK(st);
-      st = dt_tensor_full(r, &kd, sizeof kd);
-      dt_tensor_destroy(r);
-      DT_CHECK(st);
-      kept = kd;
+        if (epl[i].kind == DT_SHARD) dims[nd++] = i;
+      if (nd > 0) DT_CHECK(dt_mesh_all_reduce_host(mesh, nd, dims, &kept, 1, DT_I64, DT_REDUCE_SUM));
       capacity = -1; /* per rank */
     } else {
       kept = S;

@@ -1,7 +1,8 @@
 /* optim.c - AdamW (fp32 master weights, optional bf16 moments), gradient-norm clipping with one
  * all-reduce, and the warmup + cosine learning-rate schedule. Built on the public API only: the
  * update is the adamw op, the norm's local sums the sumsq op and the scaling the scale_ op, so any
- * backend runs them and nothing here touches tensor memory. The moments and step counts are
+ * backend runs them and tensor memory is read only through dt_tensor_read_local (the norm's
+ * scalar, all-reduced as a host value). The moments and step counts are
  * tensors (dt_adamw_state), which a checkpoint can save and restore. */
 #include <math.h>
 #include <stdlib.h>
@@ -187,13 +188,10 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
   dt_mesh_t meshes[MAX_MESHES];
   dt_tensor_t accs[MAX_MESHES];
   int nm = 0;
-  dt_tensor_t tot = NULL, one = NULL;
+
   dt_status_t st = DT_SUCCESS;
-  dt_placement_t ps[DT_MAX_MESH_DIMS], rp[DT_MAX_MESH_DIMS];
-  for (int d = 0; d < DT_MAX_MESH_DIMS; d++) {
-    ps[d] = dt_partial(DT_REDUCE_SUM);
-    rp[d] = dt_replicate();
-  }
+  dt_placement_t ps[DT_MAX_MESH_DIMS];
+  for (int d = 0; d < DT_MAX_MESH_DIMS; d++) ps[d] = dt_partial(DT_REDUCE_SUM);
   for (int i = 0; i < n && st == DT_SUCCESS; i++) {
     dt_tensor_t g = dt_var_grad(params[i]), s = NULL, p = NULL;
     if (g == NULL) continue;
@@ -239,33 +237,16 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
                  "cover the world", nm);
     goto done;
   }
-  dt_mesh_t mesh = meshes[0];
-  dt_tensor_t acc = accs[0];
-  float mine = 0.0f;
-  if (nm > 1) { /* this rank's share of every mesh's scalar, as one Partial scalar on the first */
-    for (int k = 0; k < nm; k++) {
-      void* d = NULL;
-      DT_CHECK_GOTO(dt_tensor_to_local(accs[k], &d, NULL), st, done);
-      mine += *(const float*)d;
-    }
-    DT_CHECK_GOTO(dt_tensor_from_local(mesh, DT_F32, 0, NULL, ps, &mine, NULL, &one), st, done);
-    acc = one;
+  /* this rank's share of every mesh's scalar, summed over the ranks of the first mesh (every
+   * mesh spans the same ranks when there are several): one all-reduce of a host value */
+  float total = 0.0f;
+  for (int k = 0; k < nm; k++) {
+    float v = 0.0f;
+    DT_CHECK_GOTO(dt_tensor_read_local(accs[k], 0, 1, &v), st, done);
+    total += v;
   }
-  /* one all-reduce: on a mesh of several dims spanning the world the dims are flattened
-   * (registered once, a no-op afterwards) so the planner merges the per-dim reductions into a
-   * single all-reduce; a mesh over part of the world keeps one all-reduce per mesh dim */
-  int mnd, mshape[DT_MAX_MESH_DIMS], mnumel = 1;
-  DT_CHECK_GOTO(dt_mesh_ndim(mesh, &mnd), st, done);
-  DT_CHECK_GOTO(dt_mesh_shape(mesh, mshape), st, done);
-  for (int d = 0; d < mnd; d++) mnumel *= mshape[d];
-  if (mnd > 1 && mnumel == world) { /* flattening is collective over the world */
-    int dims[DT_MAX_MESH_DIMS] = {0, 1, 2, 3};
-    DT_CHECK_GOTO(dt_mesh_flatten(mesh, mnd, dims, NULL, NULL), st, done);
-  }
-  DT_CHECK_GOTO(dt_tensor_redistribute(acc, rp, &tot), st, done);
-  float total;
-  st = dt_tensor_full(tot, &total, sizeof total);
-  if (st != DT_SUCCESS) goto done;
+  DT_CHECK_GOTO(dt_mesh_all_reduce_host(meshes[0], 0, NULL, &total, 1, DT_F32, DT_REDUCE_SUM), st,
+                done);
   double nrm = sqrt((double)total);
   if (norm) *norm = nrm;
   if (max_norm > 0 && nrm > max_norm) {
@@ -277,8 +258,6 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
   }
 done:
   for (int k = 0; k < nm; k++) dt_tensor_destroy(accs[k]);
-  dt_tensor_destroy(one);
-  dt_tensor_destroy(tot);
   return st;
 }
 

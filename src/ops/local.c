@@ -184,8 +184,9 @@ static dt_status_t dt__a2a_counts(dt_tensor_t x, dt_tensor_t splits, int dim, dt
                  "%d send then receive counts (mesh dim %d has %d ranks)",
                  op, n, 2 * n, dim, n);
   int64_t rows = x->layout.ndim ? x->local_shape[0] : 1, sum = 0;
+  int64_t sp[2 * DT_MAX_RANKS_A2A]; /* the counts are host values: read through the backend */
+  if (st == DT_SUCCESS) st = dt_tensor_read_local(splits, 0, splits->local_numel, sp);
   if (st == DT_SUCCESS) {
-    const int64_t* sp = (const int64_t*)splits->data;
     for (int j = 0; j < (int)splits->local_numel; j++)
       if (sp[j] < 0)
         st =
@@ -209,6 +210,31 @@ static dt_status_t dt__a2a_counts(dt_tensor_t x, dt_tensor_t splits, int dim, dt
   DT_CHECK(comm->iface->all_to_all_v(comm, scount, one, disp, rcount, one, disp, DT_I64, NULL));
   *exchanged = 1;
   return DT_SUCCESS;
+}
+
+/* The exchange of rows: straight between the tensors' memory on a host backend; through host
+ * staging buffers of sn and rn elements on a device backend (the MPI comm is not CUDA-aware). */
+static dt_status_t dt__a2a_rows(dt_comm_t* comm, dt_tensor_t x, const int64_t* sc,
+                                const int64_t* sd, dt_tensor_t o, const int64_t* rc,
+                                const int64_t* rd, int64_t sn, int64_t rn) {
+  dt_backend_t b = dt__tensor_backend(x);
+  if (!dt__backend_is_device(b))
+    return comm->iface->all_to_all_v(comm, x->data, sc, sd, o->data, rc, rd, x->dtype, NULL);
+  const size_t item = dt__itemsize(x->dtype), snb = (size_t)sn * item, rnb = (size_t)rn * item;
+  void* hs = dt__host_stage_alloc(b, snb);
+  void* hr = dt__host_stage_alloc(b, rnb);
+  dt_status_t st = DT_SUCCESS;
+  if (hs == NULL || hr == NULL)
+    st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "all_to_all_single: %zu + %zu bytes of host staging", snb,
+                 rnb);
+  if (st == DT_SUCCESS && snb) st = b->iface->copy(b, hs, x->data, snb, DT_COPY_D2H);
+  /* a rank that could not stage must not leave the others in the exchange */
+  st = dt__mesh_agree(x->mesh, st, "all_to_all_single (host staging)");
+  if (st == DT_SUCCESS) st = comm->iface->all_to_all_v(comm, hs, sc, sd, hr, rc, rd, x->dtype, NULL);
+  if (st == DT_SUCCESS && rnb) st = b->iface->copy(b, o->data, hr, rnb, DT_COPY_H2D);
+  dt__host_stage_free(b, hs, snb);
+  dt__host_stage_free(b, hr, rnb);
+  return st;
 }
 
 dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
@@ -267,8 +293,7 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
     rc[j] *= row;
     if (j != me) sent += (uint64_t)sc[j] * dt__itemsize(x->dtype);
   }
-  dt_status_t st =
-      comm->iface->all_to_all_v(comm, x->data, sc, sd, o->data, rc, rd, x->dtype, NULL);
+  dt_status_t st = dt__a2a_rows(comm, x, sc, sd, o, rc, rd, s_at * row, r_at * row);
   if (st != DT_SUCCESS) {
     dt__tensor_free(o);
     return st;
@@ -282,10 +307,17 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
       dt__tensor_free(o);
       return st;
     }
-    int64_t* b = (int64_t*)(*saved)->data;
+    int64_t b[2 * DT_MAX_RANKS_A2A];
     for (int j = 0; j < n; j++) {
       b[j] = rrows[j];
       b[n + j] = srows[j];
+    }
+    st = dt_tensor_write_local(*saved, 0, 2 * n, b);
+    if (st != DT_SUCCESS) {
+      dt__tensor_free(o);
+      dt__tensor_free(*saved);
+      *saved = NULL;
+      return st;
     }
   }
   out[0] = o;

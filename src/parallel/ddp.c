@@ -108,17 +108,12 @@ static dt_status_t dt__ddp_to_partial(dt__ddp_t* d, dt__ddp_param_t* p, dt_tenso
 /* Copies the bucket's gradients into its buffer and starts the all-reduce. */
 static dt_status_t dt__ddp_start(dt__ddp_t* d, int bi) {
   dt__ddp_bucket_t* b = &d->buckets[bi];
-  void* local;
-  DT_CHECK(dt_tensor_to_local(b->flat, &local, NULL));
-  char* base = local;
   for (int k = 0; k < b->n; k++) {
     dt__ddp_param_t* p = &d->params[b->first + k];
-    size_t nbytes = (size_t)p->numel * b->itemsize;
-    char* dst = base ? base + (size_t)p->offset * b->itemsize : NULL;
     dt_tensor_t g = dt_var_grad(p->v);
     p->sent = 0;
     if (g == NULL) { /* no gradient on any rank (same graph): a zero slice */
-      if (nbytes) memset(dst, 0, nbytes);
+      DT_CHECK(dt_tensor_fill_local(b->flat, 1, &p->offset, &p->numel, 0.0));
       continue;
     }
     dt_dtype_t gt;
@@ -129,13 +124,12 @@ static dt_status_t dt__ddp_start(dt__ddp_t* d, int bi) {
     dt_tensor_t gp;
     DT_CHECK(dt__ddp_to_partial(d, p, g, &gp));
     int64_t n = 0;
-    void* src = NULL;
+    const int64_t zero = 0;
     dt_status_t st = dt_tensor_local_numel(gp, &n);
-    if (st == DT_SUCCESS) st = dt_tensor_to_local(gp, &src, NULL);
     if (st == DT_SUCCESS && n != p->numel)
       st = DT_FAIL(DT_ERR_INTERNAL, "DDP: gradient shard of %lld elements for a parameter shard "
                    "of %lld", (long long)n, (long long)p->numel);
-    if (st == DT_SUCCESS && nbytes) memcpy(dst, src, nbytes);
+    if (st == DT_SUCCESS) st = dt_tensor_copy_local(b->flat, gp, 1, &p->offset, &zero, &p->numel);
     if (gp != g) dt_tensor_destroy(gp);
     DT_CHECK(st);
     p->sent = 1;
@@ -417,13 +411,6 @@ dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_
   if (key)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "DDP: module '%s', a module inside it or around it is "
                    "wrapped already (%s)", dt_module_name(m), key);
-  dt_backend_t be;
-  dt_device_t dev;
-  DT_CHECK(dt_mesh_backend(mesh, &be));
-  DT_CHECK(dt_backend_device(be, &dev));
-  if (dev != DT_DEVICE_HOST)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "DDP: the mesh's backend '%s' keeps its memory on %s; only "
-                   "host memory is supported", dt_backend_name(be), dt_device_name(dev));
   int mesh_dim = cfg ? cfg->mesh_dim : -1;
   int64_t cap = cfg && cfg->bucket_nbytes > 0 ? cfg->bucket_nbytes : DT__DDP_DEFAULT_BUCKET_NBYTES;
   if (mesh_dim < -1 || mesh_dim >= nd)

@@ -33,21 +33,24 @@
 
 #define FSDP_KEY "fsdp"
 #define FSDP_NAME_MAX 256
-#define FSDP_NDIM_MAX 8
 
 typedef struct {
   char name[FSDP_NAME_MAX]; /* qualified, relative to the group's module */
   dt_var_t sharded;         /* Shard(0) on the shard dim; the module's between forwards */
+  dt_tensor_t view;         /* the view of flat that is sharded's value (until replaced) */
   dt_var_t full;            /* the gathered parameter (param dtype, Replicate on the data dims) */
   dt_dtype_t dtype;         /* the sharded parameter's dtype (the group's sdtype) */
   int ndim;
-  int64_t shape[FSDP_NDIM_MAX];  /* global */
-  int64_t lshape[FSDP_NDIM_MAX]; /* this rank's tensor before FSDP (a tensor-parallel shard) */
+  int64_t shape[DT_MAX_DIMS];  /* global */
+  int64_t lshape[DT_MAX_DIMS]; /* this rank's tensor before FSDP (a tensor-parallel shard) */
   dt_placement_t pl[DT_MAX_MESH_DIMS]; /* the gathered parameter's: Replicate on the data dims */
   int64_t rows, rest;       /* dim 0 of lshape, elements per row */
   int64_t chunk;            /* ceil(rows / N) */
   int64_t seg_off;          /* offset in a rank's flat segment (elements) */
   int64_t full_off;         /* offset in U (elements) */
+  /* copy-in of its gradient: N ranges (rank r's rows, into segment r of the reduce buffer) from
+   * in_src of the gradient's local elements to in_dst, in_len each; then the padding ranges */
+  int64_t *in_dst, *in_src, *in_len, *pad_off, *pad_len;
 } fsdp_param_t;
 
 typedef struct fsdp_group fsdp_group_t;
@@ -60,6 +63,9 @@ struct fsdp_group {
   int n;
   fsdp_param_t* p;
   int64_t seg, total, total_pad; /* L, T, T padded to a multiple of k */
+  int n_out;                 /* copy-out: gather (segments in rank order) -> U, N * n ranges */
+  int64_t *out_dst, *out_src, *out_len;
+  int64_t* ranges;           /* the one allocation behind every range array */
   dt_dtype_t sdtype;         /* the sharded parameters' dtype (one per group, as in FSDP2) */
   size_t ses, pes, res;      /* sharded, param and reduce dtype item sizes */
   dt_tensor_t flat;          /* the shards' buffer (N*L, sdtype); the parameters view it */
@@ -113,11 +119,6 @@ static void shard_placements(const fsdp_group_t* g, const fsdp_param_t* q, dt_pl
   pl[g->cfg.shard_dim] = dt_shard(0);
 }
 
-static void* local_data(dt_tensor_t t) {
-  void* d = NULL;
-  return dt_tensor_to_local(t, &d, NULL) == DT_SUCCESS ? d : NULL;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * gather: copy-in, one all-gather, copy-out into U, views */
 
@@ -154,22 +155,20 @@ static void discard_gather(fsdp_group_t* g) {
 /* A sharded parameter whose value was replaced since it was made a view of flat
  * (dt_var_set_value, e.g. a checkpoint load) is copied into flat and made a view of it again. */
 static dt_status_t adopt_shards(fsdp_group_t* g) {
-  char* base = local_data(g->flat);
   for (int i = 0; i < g->n; i++) {
     fsdp_param_t* q = &g->p[i];
     dt_tensor_t v = dt_var_value(q->sharded), view = NULL;
-    char* slot = base + (size_t)q->seg_off * g->ses;
-    const void* d = local_data(v);
-    if (d == slot) continue;
+    if (v == q->view) continue;
     dt_placement_t want[DT_MAX_MESH_DIMS], have[DT_MAX_MESH_DIMS];
-    int64_t shape[FSDP_NDIM_MAX], len = 0;
+    int64_t shape[DT_MAX_DIMS], len = 0;
     dt_dtype_t dt = DT_F32;
-    int nd = 0, same = 1;
+    int nd = 0, same = 1, meta = 0;
     shard_placements(g, q, want);
     DT_CHECK(dt_tensor_placements(v, have));
     DT_CHECK(dt_tensor_ndim(v, &nd));
     DT_CHECK(dt_tensor_dtype(v, &dt));
     DT_CHECK(dt_tensor_local_numel(v, &len));
+    DT_CHECK(dt_tensor_is_meta(v, &meta));
     same = nd == q->ndim && dt == g->sdtype;
     if (same) DT_CHECK(dt_tensor_shape(v, shape));
     for (int k = 0; same && k < q->ndim; k++) same = shape[k] == q->shape[k];
@@ -177,16 +176,19 @@ static dt_status_t adopt_shards(fsdp_group_t* g) {
     if (!same)
       return DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the sharded parameter '%s' was replaced by a "
                      "tensor of another shape, dtype or placements", q->name);
-    if (len > 0 && d == NULL)
+    if (len > 0 && meta)
       return DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the sharded parameter '%s' has no data (a meta "
                      "tensor?)", q->name);
     DT_CHECK(dt_tensor_view_local(g->flat, q->seg_off, q->ndim, q->shape, want, &view));
-    if (len > 0) memcpy(slot, d, (size_t)len * g->ses);
-    dt_status_t st = dt_var_set_value(q->sharded, view);
+    const int64_t zero = 0;
+    dt_status_t st = len > 0 ? dt_tensor_copy_local(g->flat, v, 1, &q->seg_off, &zero, &len)
+                             : DT_SUCCESS;
+    if (st == DT_SUCCESS) st = dt_var_set_value(q->sharded, view);
     if (st != DT_SUCCESS) {
       dt_tensor_destroy(view);
       return st;
     }
+    q->view = view;
   }
   return DT_SUCCESS;
 }
@@ -251,24 +253,23 @@ static dt_status_t gather(fsdp_group_t* g) {
     g->U = NULL;
     return st;
   }
-  const char* src = local_data(g->ag_out);
-  char* dst = local_data(g->U);
   if (g->ag_from_keep) { /* the gathered slices are U's bytes (on the k-mesh: copied onto the
                           * group's mesh, which the parameters' views need) */
-    memcpy(dst, src, (size_t)g->total_pad * g->pes);
-  } else {
-    if (g->total_pad > g->total) /* reshard k's padding: sent, never read */
-      memset(dst + (size_t)g->total * g->pes, 0, (size_t)(g->total_pad - g->total) * g->pes);
-    for (int r = 0; r < g->N; r++)
-      for (int i = 0; i < g->n; i++) {
-        fsdp_param_t* q = &g->p[i];
-        int64_t off, len;
-        dt_chunk(q->rows, g->N, r, &off, &len);
-        if (len > 0)
-          memcpy(dst + (size_t)(q->full_off + off * q->rest) * g->pes,
-                 src + (size_t)(r * g->seg + q->seg_off) * g->pes,
-                 (size_t)(len * q->rest) * g->pes);
-      }
+    const int64_t zero = 0;
+    st = dt_tensor_copy_local(g->U, g->ag_out, 1, &zero, &zero, &g->total_pad);
+  } else { /* rank r's segment holds its rows of every parameter: to their places in U */
+    const int64_t pad = g->total_pad - g->total;
+    st = pad > 0 ? dt_tensor_fill_local(g->U, 1, &g->total, &pad, 0.0) : DT_SUCCESS;
+    if (st == DT_SUCCESS)
+      st = dt_tensor_copy_local(g->U, g->ag_out, g->n_out, g->out_dst, g->out_src, g->out_len);
+  }
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(g->ag_out);
+    g->ag_send = g->ag_out = NULL;
+    g->ag_from_keep = 0;
+    dt_tensor_destroy(g->U);
+    g->U = NULL;
+    return st;
   }
   dt_tensor_destroy(g->ag_out);
   g->ag_send = g->ag_out = NULL;
@@ -300,9 +301,8 @@ static dt_status_t keep_slice(fsdp_group_t* g) {
   pl[knd - 1] = dt_shard(0);
   DT_CHECK(dt_tensor_empty(g->kmesh, g->cfg.param_dtype, 1, &g->total_pad, pl, &g->keep));
   DT_CHECK(dt_tensor_set_memory_category(g->keep, DT_MEM_PARAMETERS));
-  int64_t per = g->total_pad / g->k, kr = g->rank % g->k;
-  memcpy(local_data(g->keep), (char*)local_data(g->U) + (size_t)(kr * per) * g->pes,
-         (size_t)per * g->pes);
+  const int64_t per = g->total_pad / g->k, from = per * (g->rank % g->k), zero = 0;
+  DT_CHECK(dt_tensor_copy_local(g->keep, g->U, 1, &zero, &from, &per));
   return release(g);
 }
 
@@ -318,14 +318,14 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
   dt_tensor_t send;
   DT_CHECK(dt_tensor_empty(g->mesh, g->cfg.reduce_dtype, 1, &n, ppl, &send));
   dt_status_t st = dt_tensor_set_memory_category(send, DT_MEM_COMMUNICATION);
-  char* buf = local_data(send);
   for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
     fsdp_param_t* q = &g->p[i];
     dt_tensor_t gr = dt_var_grad(q->full), tmp = NULL, view = NULL, cast = NULL;
-    if (gr == NULL) { /* no gradient reached it: zeros */
-      for (int r = 0; r < g->N; r++)
-        memset(buf + (size_t)(r * g->seg + q->seg_off) * g->res, 0,
-               (size_t)(q->chunk * q->rest) * g->res);
+    if (gr == NULL) { /* no gradient reached it: zeros (its rows and padding in every segment) */
+      for (int r = 0; r < g->N && st == DT_SUCCESS; r++) {
+        const int64_t len = q->chunk * q->rest;
+        st = dt_tensor_fill_local(send, 1, &q->in_dst[r], &len, 0.0);
+      }
       continue;
     }
     dt_placement_t have[DT_MAX_MESH_DIMS], want[DT_MAX_MESH_DIMS];
@@ -333,32 +333,27 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
     want[g->cfg.shard_dim] = sum;
     if (g->cfg.replicate_dim >= 0) want[g->cfg.replicate_dim] = sum;
     st = dt_tensor_placements(gr, have);
-    int ok = st == DT_SUCCESS;
+    int ok = st == DT_SUCCESS, meta = 0;
     for (int d = 0; ok && d < g->mesh_ndim; d++) ok = dt_placement_equal(have[d], want[d]);
     if (st == DT_SUCCESS && !ok) { /* e.g. Replicate on a dim: to Partial (a local step) */
       st = dt_tensor_redistribute(gr, want, &tmp);
       gr = tmp;
     }
-    const void* src = st == DT_SUCCESS ? local_data(gr) : NULL;
+    if (st == DT_SUCCESS) st = dt_tensor_is_meta(gr, &meta);
+    if (st == DT_SUCCESS && meta)
+      st = DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the gradient of '%s' has no data (was the "
+                   "parameter used outside its module's forward?)", q->name);
+    dt_tensor_t src = gr;
     if (st == DT_SUCCESS && g->cfg.param_dtype != g->cfg.reduce_dtype) {
       /* cast this rank's partial values: a Replicate view of them casts locally */
       const int64_t to = g->cfg.reduce_dtype;
-      st = dt_tensor_from_local(g->mesh, g->cfg.param_dtype, q->ndim, q->shape, q->pl,
-                                (void*)src, q->lshape, &view);
+      st = dt_tensor_view_local(gr, 0, q->ndim, q->shape, q->pl, &view);
       if (st == DT_SUCCESS) st = dt_op_run("cast", 1, &view, 1, &to, 0, NULL, &cast);
-      src = st == DT_SUCCESS ? local_data(cast) : NULL;
+      src = cast;
     }
-    if (st == DT_SUCCESS && src == NULL)
-      st = DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the gradient of '%s' has no data (was the "
-                   "parameter used outside its module's forward?)", q->name);
-    for (int r = 0; st == DT_SUCCESS && r < g->N; r++) {
-      int64_t off, len;
-      dt_chunk(q->rows, g->N, r, &off, &len);
-      char* d = buf + (size_t)(r * g->seg + q->seg_off) * g->res;
-      size_t nb = (size_t)(len * q->rest) * g->res, cap = (size_t)(q->chunk * q->rest) * g->res;
-      if (len > 0) memcpy(d, (const char*)src + (size_t)(off * q->rest) * g->res, nb);
-      if (cap > nb) memset(d + nb, 0, cap - nb); /* padding */
-    }
+    if (st == DT_SUCCESS)
+      st = dt_tensor_copy_local(send, src, g->N, q->in_dst, q->in_src, q->in_len);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_local(send, g->N, q->pad_off, q->pad_len, 0.0);
     dt_tensor_destroy(cast);
     dt_tensor_destroy(view);
     dt_tensor_destroy(tmp);
@@ -563,6 +558,7 @@ static void group_free(fsdp_group_t* g) {
   dt_tensor_destroy(g->U);
   dt_tensor_destroy(g->flat); /* the sharded parameters' views keep its storage while they live */
   dt_mesh_destroy(g->kmesh);
+  free(g->ranges);
   free(g->p);
   free(g);
 }
@@ -609,9 +605,9 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
                     "parameters can be sharded", name, dt_dtype_name(dt));
     return 1;
   }
-  if (nd < 1 || nd > FSDP_NDIM_MAX) {
+  if (nd < 1 || nd > DT_MAX_DIMS) {
     c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' has %d dims (1 to %d)", name,
-                    nd, FSDP_NDIM_MAX);
+                    nd, DT_MAX_DIMS);
     return 1;
   }
   /* already sharded over the shard dim (experts under expert parallelism): left as it is, its
@@ -688,18 +684,51 @@ static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* 
   if (k < 0 || (k > 1 && (k > N || N % k != 0)))
     return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: reshard_after_forward %d: 0, 1, or a group "
                    "size k > 1 that divides the shard dim's %d ranks", k, N);
-  dt_backend_t be;
-  dt_device_t dev;
-  DT_CHECK(dt_mesh_backend(mesh, &be));
-  DT_CHECK(dt_backend_device(be, &dev));
-  if (dev != DT_DEVICE_HOST)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "fully_shard: the mesh's backend '%s' keeps data on %s; "
-                   "the FSDP buffers are host memory for now", dt_backend_name(be),
-                   dt_device_name(dev));
   int member = 0;
   DT_CHECK(dt_mesh_is_member(mesh, &member));
   if (!member)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: this rank is not in the mesh");
+  return DT_SUCCESS;
+}
+
+/* The element ranges of the copy-out (gather -> U) and of each parameter's gradient copy-in
+ * (gradient -> reduce buffer, padding zeroed): fixed by the layout, computed once. */
+static dt_status_t make_ranges(fsdp_group_t* g) {
+  const int64_t N = g->N, n = g->n;
+  g->ranges = malloc(sizeof(int64_t) * (size_t)(8 * N * n));
+  if (g->ranges == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: range tables");
+  int64_t* r = g->ranges;
+  g->out_dst = r;
+  g->out_src = r + N * n;
+  g->out_len = r + 2 * N * n;
+  r += 3 * N * n;
+  g->n_out = 0;
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    q->in_dst = r;
+    q->in_src = r + N;
+    q->in_len = r + 2 * N;
+    q->pad_off = r + 3 * N;
+    q->pad_len = r + 4 * N;
+    r += 5 * N;
+    for (int k = 0; k < g->N; k++) {
+      int64_t off, len;
+      dt_chunk(q->rows, g->N, k, &off, &len);
+      const int64_t seg = (int64_t)k * g->seg + q->seg_off;
+      q->in_dst[k] = seg;
+      q->in_src[k] = off * q->rest;
+      q->in_len[k] = len * q->rest;
+      q->pad_off[k] = seg + len * q->rest;
+      q->pad_len[k] = (q->chunk - len) * q->rest;
+    }
+  }
+  for (int k = 0; k < g->N; k++) /* rank by rank, as the segments arrive */
+    for (int i = 0; i < g->n; i++) {
+      fsdp_param_t* q = &g->p[i];
+      g->out_dst[g->n_out] = q->full_off + q->in_src[k];
+      g->out_src[g->n_out] = q->in_dst[k];
+      g->out_len[g->n_out++] = q->in_len[k];
+    }
   return DT_SUCCESS;
 }
 
@@ -780,6 +809,7 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
     g->total += q->rows * q->rest;
   }
   g->total_pad = (g->total + g->k - 1) / g->k * g->k;
+  DT_CHECK_GOTO(make_ranges(g), st, fail);
   g->sdtype = g->p[0].dtype;
   DT_CHECK_GOTO(dt_dtype_itemsize(g->sdtype, &g->ses), st, fail);
   if (g->k > 1) DT_CHECK_GOTO(make_kmesh(g), st, fail);
@@ -814,6 +844,7 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
     }
     q->full = fv;
     q->sharded = sv; /* the replicated original is looked up again by name below */
+    q->view = s;
   }
   if (st == DT_SUCCESS) st = dt_module_attach(m, FSDP_KEY, g, group_free_fn);
   if (st == DT_SUCCESS) st = dt_module_add_forward_pre_hook(m, pre_forward, g);
@@ -838,6 +869,7 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
 fail:
   dt_tensor_destroy(g->flat);
   dt_mesh_destroy(g->kmesh);
+  free(g->ranges);
   free(g->p);
   free(g);
   return st;

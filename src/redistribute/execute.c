@@ -559,11 +559,37 @@ dt_status_t dt__advance(dt__run_t* r) {
   return DT_SUCCESS;
 }
 
+int dt__plan_communicates(const struct dt_plan* p) {
+  for (int k = 0; k < p->nsteps; k++)
+    if (p->steps[k].coll != DT_COLL_LOCAL) return 1;
+  return 0;
+}
+
+size_t dt__plan_local_nbytes(const struct dt_plan* p, const dt_mesh_t m, int after) {
+  dt_layout_t l = p->src;
+  if (after && p->nsteps > 0) memcpy(l.pl, p->steps[p->nsteps - 1].after, sizeof l.pl);
+  int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
+  dt__layout_box(&l, m->coords, off, len);
+  return (size_t)dt__box_numel(l.ndim, len) * dt__itemsize(p->dtype);
+}
+
 dt_status_t dt__plan_execute(dt_mesh_t m, dt_backend_t b, const struct dt_plan* p,
                              const void* src, void* dst) {
   if (m->abstract)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "cannot move data on an abstract mesh (no ranks)");
   if (!m->member) return DT_SUCCESS;
+  if (dt__backend_is_device(b) && dt__plan_communicates(p)) {
+    /* the MPI comm carries host memory: run the plan on host copies of the shards (persistent
+     * staging buffers of the backend), one copy out of the device and one back in */
+    size_t in_nb = dt__plan_local_nbytes(p, m, 0), out_nb = dt__plan_local_nbytes(p, m, 1);
+    void *hin, *hout;
+    DT_CHECK(dt__stage_reserve(b, 0, in_nb, &hin));
+    DT_CHECK(dt__stage_reserve(b, 1, out_nb, &hout));
+    if (in_nb) DT_CHECK(b->iface->copy(b, hin, src, in_nb, DT_COPY_D2H));
+    DT_CHECK(dt__plan_execute(m, &dt__backend_cpu, p, hin, hout));
+    if (out_nb) DT_CHECK(b->iface->copy(b, dst, hout, out_nb, DT_COPY_H2D));
+    return DT_SUCCESS;
+  }
   size_t item = dt__itemsize(p->dtype);
   if (p->nsteps == 0) {
     int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];

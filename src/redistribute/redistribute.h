@@ -111,8 +111,14 @@ dt_status_t dt__advance(dt__run_t* r);
  * n, the transition), for the timeout message; dt__comm_what_clear when done. */
 void dt__run_what(const dt__run_t* r);
 void dt__scratch_free(dt__scratch_t* s);
+/* 1 when a step of p communicates (not only local slices and scaling). */
+int dt__plan_communicates(const struct dt_plan* p);
+/* Bytes of this rank's local box before (after = 0) or after p on mesh m. */
+size_t dt__plan_local_nbytes(const struct dt_plan* p, const dt_mesh_t m, int after);
 /* Executes a plan: src buffer (source layout's local box) -> dst buffer (target's local box), both
- * in backend b's memory (packing, copies and scaling go through b). */
+ * in backend b's memory (packing, copies and scaling go through b). On a device backend a plan
+ * that communicates runs on host copies (the MPI comm is not CUDA-aware): the source is copied
+ * to host staging, the plan runs on the cpu backend, the result is copied back. */
 dt_status_t dt__plan_execute(dt_mesh_t mesh, dt_backend_t b, const struct dt_plan* p,
                              const void* src, void* dst);
 

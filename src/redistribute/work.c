@@ -42,6 +42,14 @@ struct dt__work {
   dt__scratch_t sc;
   void* inter[2]; /* intermediates between steps (ping-pong) */
   size_t inter_cap[2];
+  /* host staging of a device backend's shards (dev != NULL): the plan runs on the cpu backend
+   * from stage[0] (the source, copied out at the start) to stage[1], copied into dst_dev at the
+   * end (see dt__plan_execute) */
+  dt_backend_t dev;
+  void* stage[2];
+  size_t stage_cap[2];
+  void* dst_dev;
+  size_t dst_nbytes;
   int done;
   int abandoned; /* timed out with a collective still posted: its memory is never freed */
   dt_status_t status;
@@ -123,9 +131,15 @@ static void dt__finish(struct dt__work* w, dt_status_t st) {
   }
 }
 
-/* Frees the work's scratch, intermediates and request memory. */
+/* Frees the work's scratch, intermediates, staging and request memory. */
 static void dt__work_buffers_free(struct dt__work* w) {
   dt__scratch_free(&w->sc);
+  for (int k = 0; k < 2; k++) {
+    if (w->dev) dt__host_stage_free(w->dev, w->stage[k], w->stage_cap[k]);
+    dt__mem_count(DT_MEM_COMMUNICATION, -(int64_t)w->stage_cap[k]);
+    w->stage[k] = NULL;
+    w->stage_cap[k] = 0;
+  }
   for (int k = 0; k < 2; k++) {
     if (w->b) dt__backend_free(w->b, w->inter[k], w->inter_cap[k]);
     dt__mem_count(DT_MEM_COMMUNICATION, -(int64_t)w->inter_cap[k]);
@@ -138,18 +152,19 @@ static void dt__work_buffers_free(struct dt__work* w) {
 }
 
 static size_t dt__work_buffers_nbytes(const struct dt__work* w) {
-  size_t n = w->inter_cap[0] + w->inter_cap[1];
+  size_t n = w->inter_cap[0] + w->inter_cap[1] + w->stage_cap[0] + w->stage_cap[1];
   for (int k = 0; k < DT_WS_SLOTS; k++) n += w->sc.cap[k];
   return n;
 }
 
-/* A work for backend b: a spare (its buffers kept when they belong to b) or a new one. */
-static struct dt__work* dt__work_get(dt_backend_t b) {
+/* A work running on backend b, staging for device backend dev (NULL: none): a spare (its buffers
+ * kept when they belong to the same backends) or a new one. */
+static struct dt__work* dt__work_get(dt_backend_t b, dt_backend_t dev) {
   struct dt__work* w = dt__spares;
   if (w != NULL) {
     dt__spares = w->next;
     dt__nspares--;
-    if (w->b != b) dt__work_buffers_free(w);
+    if (w->b != b || w->dev != dev) dt__work_buffers_free(w);
   } else {
     w = (struct dt__work*)dt__calloc(1, sizeof *w);
     if (w == NULL) return NULL;
@@ -160,7 +175,12 @@ static struct dt__work* dt__work_get(dt_backend_t b) {
   size_t inter_cap[2] = {w->inter_cap[0], w->inter_cap[1]};
   dt_comm_req_t req = w->req;
   const struct dt_comm_i* req_iface = w->req_iface;
+  void* stage[2] = {w->stage[0], w->stage[1]};
+  size_t stage_cap[2] = {w->stage_cap[0], w->stage_cap[1]};
   memset(w, 0, sizeof *w);
+  memcpy(w->stage, stage, sizeof stage);
+  memcpy(w->stage_cap, stage_cap, sizeof stage_cap);
+  w->dev = dev;
   w->sc = sc;
   memcpy(w->inter, inter, sizeof inter);
   memcpy(w->inter_cap, inter_cap, sizeof inter_cap);
@@ -185,6 +205,18 @@ static void dt__work_put(struct dt__work* w) {
   w->next = dt__spares;
   dt__spares = w;
   dt__nspares++;
+}
+
+/* Grows staging buffer k of a staged work to at least n bytes (host memory of its device). */
+static dt_status_t dt__stage_grow(struct dt__work* w, int k, size_t n) {
+  if (n <= w->stage_cap[k]) return DT_SUCCESS;
+  void* q = dt__host_stage_alloc(w->dev, n);
+  if (q == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%zu bytes of host staging", n);
+  dt__host_stage_free(w->dev, w->stage[k], w->stage_cap[k]);
+  dt__mem_count(DT_MEM_COMMUNICATION, (int64_t)n - (int64_t)w->stage_cap[k]);
+  w->stage[k] = q;
+  w->stage_cap[k] = n;
+  return DT_SUCCESS;
 }
 
 /* The buffer step k writes: the target for the last step, else an intermediate. */
@@ -252,9 +284,11 @@ static dt_status_t dt__work_run_step(struct dt__work* w, int block) {
     st = dt__advance(&w->run);
     if (st != DT_SUCCESS) break;
     if (w->run.pending) continue;
-    if (++w->k == w->plan->nsteps) {
-      dt__finish(w, DT_SUCCESS);
-      return DT_SUCCESS;
+    if (++w->k == w->plan->nsteps) { /* staged: the result into the device's memory */
+      if (w->dev && w->dst_nbytes)
+        st = w->dev->iface->copy(w->dev, w->dst_dev, w->stage[1], w->dst_nbytes, DT_COPY_H2D);
+      dt__finish(w, st);
+      return st;
     }
     st = dt__step_begin(w);
     if (st != DT_SUCCESS) break;
@@ -319,7 +353,9 @@ static dt_status_t dt__work_start_body(dt_mesh_t m, dt_backend_t b, struct dt_pl
                            dt_storage_t* src_hold, void* dst, dt_storage_t* dst_hold,
                                         struct dt__work** out) {
   *out = NULL;
-  struct dt__work* w = dt__work_get(b);
+  const int stage = m != NULL && p != NULL && m->member && !m->abstract &&
+                    dt__backend_is_device(b) && dt__plan_communicates(p);
+  struct dt__work* w = dt__work_get(stage ? &dt__backend_cpu : b, stage ? b : NULL);
   if (w == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a work");
   if (m == NULL || p == NULL || m->abstract || !m->member) { /* nothing moves here */
     w->done = 1;
@@ -349,6 +385,21 @@ static dt_status_t dt__work_start_body(dt_mesh_t m, dt_backend_t b, struct dt_pl
     }
     *out = w;
     return DT_SUCCESS;
+  }
+  if (stage) { /* the source to host staging now (the caller may overwrite it after the start) */
+    size_t in_nb = dt__plan_local_nbytes(p, m, 0);
+    w->dst_nbytes = dt__plan_local_nbytes(p, m, 1);
+    w->dst_dev = dst;
+    for (int k = 0; k < 2 && st == DT_SUCCESS; k++)
+      st = dt__stage_grow(w, k, k ? w->dst_nbytes : in_nb);
+    if (st == DT_SUCCESS && in_nb) st = b->iface->copy(b, w->stage[0], src, in_nb, DT_COPY_D2H);
+    w->src = w->stage[0];
+    w->dst = w->stage[1];
+    if (st != DT_SUCCESS) {
+      dt__finish(w, st);
+      dt__work_end(w);
+      return st;
+    }
   }
   w->seq = ++dt__seq;
   st = dt__slot_take(m, w);

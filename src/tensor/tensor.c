@@ -521,9 +521,11 @@ dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* loca
   *data = NULL;
   if (backend) *backend = NULL;
   DT_CHECK(dt__tensor_check(t, "tensor"));
+  dt_backend_t b = dt__tensor_backend(t);
+  if (t->data != NULL && b->iface->synchronize) DT_CHECK(b->iface->synchronize(b));
   *data = t->data;
   if (local_shape) memcpy(local_shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
-  if (backend) *backend = dt__tensor_backend(t);
+  if (backend) *backend = b;
   return DT_SUCCESS;
 }
 
