@@ -7,6 +7,16 @@
  *       [--metrics FILE.jsonl] [--plot FILE.png] [--bf16-moments] [--checkpoint]
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
+ *       [--device cpu|cuda|cuda-emu]
+ *
+ * --device puts every tensor on that backend (include/dtensor/backend.h): cpu (default), cuda
+ * (this rank's GPU: the local rank modulo the GPU count, or $DTENSOR_CUDA_DEVICE; several ranks
+ * may share one GPU, communication is staged through host memory) or cuda-emu (the CUDA kernels
+ * on the SIMT emulator: for tests, slow). On a cuda device --param-dtype defaults to bf16: FSDP
+ * keeps f32 sharded parameters and AdamW state (the optimizer's math in f32) and gathers and
+ * computes in bf16 (GEMMs on tensor cores with f32 accumulation); the loss is f32. MFU is then
+ * against the bf16 GEMM rate the device reaches at startup (dt_mm of 8192^2 bf16 matrices on
+ * every rank at once: the device's rate when several ranks share it).
  *
  * --parallel picks how the ranks share the work (default none):
  *   none  tensor parallelism by --plan (below) on the mesh; tokens replicated;
@@ -112,6 +122,36 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Peak GEMM rate of a device backend (GFLOP/s) reached by this rank: the best of a few n^3
+ * bf16 products of replicated tensors (each rank multiplies its own copies, all at once). */
+static double measure_peak_device(dt_mesh_t mesh, int n) {
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  const int64_t shape[2] = {n, n};
+  dt_tensor_t a, b, c;
+  dt_backend_t be;
+  CHECK(dt_mesh_backend(mesh, &be));
+  CHECK(dt_tensor_randn(mesh, DT_BF16, 2, shape, rep, 1, &a));
+  CHECK(dt_tensor_randn(mesh, DT_BF16, 2, shape, rep, 2, &b));
+  CHECK(dt_mm(a, b, &c)); /* warm-up: heuristics, allocator */
+  CHECK(dt_tensor_destroy(c));
+  CHECK(dt_backend_synchronize(be));
+  double best = 0.0;
+  for (int r = 0; r < 5; r++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_s();
+    CHECK(dt_mm(a, b, &c));
+    CHECK(dt_backend_synchronize(be));
+    double dt = now_s() - t0;
+    CHECK(dt_tensor_destroy(c));
+    double g = 2.0 * n * n * (double)n / dt / 1e9;
+    if (g > best) best = g;
+  }
+  CHECK(dt_tensor_destroy(a));
+  CHECK(dt_tensor_destroy(b));
+  return best;
+}
+
 /* Peak single-thread SGEMM rate on this machine (GFLOP/s), best of a few 256^3 products. */
 static double measure_peak(void) {
   const int n = 256;
@@ -152,13 +192,20 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) 
       if (st == DT_SUCCESS && emesh == NULL) {
         st = dt_tensor_redistribute(dt_var_value(v), pl, &t);
       } else if (st == DT_SUCCESS) { /* replicated on the dense mesh: this rank's copy is whole */
-        int64_t shape[3];
-        void* data;
+        int64_t shape[3], n = 0;
+        size_t item = 0;
         dt_dtype_t dt;
+        void* data = NULL;
         st = dt_tensor_shape(dt_var_value(v), shape);
         if (st == DT_SUCCESS) st = dt_tensor_dtype(dt_var_value(v), &dt);
-        if (st == DT_SUCCESS) st = dt_tensor_to_local(dt_var_value(v), &data, NULL);
+        if (st == DT_SUCCESS) st = dt_dtype_itemsize(dt, &item);
+        if (st == DT_SUCCESS) st = dt_tensor_local_numel(dt_var_value(v), &n);
+        if (st == DT_SUCCESS && (data = malloc(item * (size_t)(n ? n : 1))) == NULL)
+          st = DT_ERR_OUT_OF_MEMORY;
+        /* through host memory: the values may live on a device */
+        if (st == DT_SUCCESS) st = dt_tensor_read_local(dt_var_value(v), 0, n, data);
         if (st == DT_SUCCESS) st = dt_tensor_from_full(emesh, dt, 3, shape, pl, data, &t);
+        free(data);
       }
       if (st != DT_SUCCESS) return st;
       st = dt_var_leaf(t, 1, &nv);
@@ -345,6 +392,18 @@ int main(int argc, char** argv) {
     dt_finalize();
     return 2;
   }
+  /* the device: every mesh takes its backend */
+  const int on_device = strcmp(o.device, "cpu") != 0;
+  if (!o.param_dtype[0]) strcpy(o.param_dtype, strncmp(o.device, "cuda", 4) ? "f32" : "bf16");
+  if (on_device) {
+    dt_backend_t be;
+    if (dt_backend_get(o.device, &be) != DT_SUCCESS) {
+      if (g_rank == 0) fprintf(stderr, "train: --device %s: %s\n", o.device, dt_last_error());
+      dt_finalize();
+      return 2;
+    }
+    CHECK(dt_backend_set_default(be));
+  }
   /* mesh (checked by train_opts_set) */
   int mshape[4] = {world}, mnd = 1;
   if (o.mesh[0] && !train_mesh_parse(o.mesh, mshape, &mnd)) {
@@ -519,7 +578,9 @@ int main(int argc, char** argv) {
   dt_tape_t tape;
   CHECK(dt_tape_create(&tape));
   if (o.checkpoint) CHECK(dt_tape_set_checkpoint(tape, dt_ckpt_policy_default, NULL));
-  double peak = measure_peak(), peak_total;
+  double peak = on_device ? measure_peak_device(mesh, strcmp(o.device, "cuda") ? 128 : 8192)
+                          : measure_peak(),
+         peak_total;
   MPI_Allreduce(&peak, &peak_total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   double flops_tok = 3.0 * dt_llama_flops_per_token(&cfg);
   FILE* metrics = NULL;
@@ -527,11 +588,11 @@ int main(int argc, char** argv) {
   if (g_rank == 0) {
     printf("# dtensor train: %s model, %lld parameters, mesh %s over %d ranks, parallel %s, "
            "batch %dx%d, vocab %d, %d steps\n# plan: %s\n"
-           "# peak sgemm %.1f GFLOP/s per rank (%.1f total)\n",
+           "# device %s; peak %s %.1f GFLOP/s per rank (%.1f total)\n",
            o.model, (long long)nparam, mesh_desc, world, par_desc, o.batch,
            o.seq, cfg.vocab, o.steps,
-           data_par ? "*=R (every parameter replicated, then wrapped)" : o.plan, peak,
-           peak_total);
+           data_par ? "*=R (every parameter replicated, then wrapped)" : o.plan, o.device,
+           on_device ? "bf16 GEMM" : "sgemm", peak, peak_total);
     if (!isnan(dt_corpus_entropy_floor(corpus)))
       printf("# corpus: order-%d Markov chain over %d symbols, entropy floor %.4f nats\n", o.order,
              o.vocab, dt_corpus_entropy_floor(corpus));

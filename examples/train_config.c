@@ -26,7 +26,7 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   strcpy(o->model, "dense");
   strcpy(o->data, "markov");
   strcpy(o->parallel, "none");
-  strcpy(o->param_dtype, "f32");
+  strcpy(o->device, "cpu");
   snprintf(o->plan, sizeof o->plan, "%s", default_plan ? default_plan : "");
   o->steps = 1000;
   o->batch = 32;
@@ -97,6 +97,7 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
 #define STR_OPT(name) {#name, offsetof(train_opts_t, name), sizeof(((train_opts_t*)0)->name)}
       STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
       STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
+      STR_OPT(device),
 #undef STR_OPT
   };
   if (key == NULL || val == NULL) return fail(err, cap, "missing key or value");
@@ -118,6 +119,9 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
     } else if (!strcmp(key, "param_dtype")) {
       if (strcmp(val, "f32") != 0 && strcmp(val, "bf16") != 0)
         return fail(err, cap, "param_dtype must be f32 or bf16, got '%.64s'", val);
+    } else if (!strcmp(key, "device")) {
+      if (strcmp(val, "cpu") && strcmp(val, "cuda") && strcmp(val, "cuda-emu"))
+        return fail(err, cap, "device must be cpu, cuda or cuda-emu, got '%.64s'", val);
     }
     if (n >= strs[k].size)
       return fail(err, cap, "%s is longer than %zu characters", key, strs[k].size - 1);

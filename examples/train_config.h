@@ -9,7 +9,9 @@
 typedef struct train_opts {
   char mesh[32], model[16], data[256], plan[1024], metrics[256], plot[256];
   char parallel[8];    /* none (tensor parallel by plan), ddp, fsdp or hsdp */
-  char param_dtype[8]; /* FSDP/HSDP all-gather and compute dtype: f32 or bf16 */
+  char param_dtype[8]; /* FSDP/HSDP all-gather and compute dtype: f32 or bf16 ("" until set: f32
+                        * on the cpu, bf16 on a cuda device) */
+  char device[16];     /* where tensors live: cpu (default), cuda, cuda-emu */
   int steps, batch, seq, dim, layers, heads, kv_heads, experts, top_k, vocab, order, warmup;
   int bf16_moments, checkpoint;
   int reshard_after_forward; /* FSDP/HSDP: 1 (ZeRO-3), 0 (ZeRO-2) or k > 1 (a slice over k) */
@@ -27,7 +29,7 @@ typedef struct train_opts {
 void train_opts_defaults(train_opts_t* o, const char* default_plan);
 /* Sets one option (key as in the JSON config: "kv_heads", "lr", ...). Returns 1, or 0 with a
  * message in err: unknown key, a value that is not a number of the key's type, out of its range,
- * too long for its buffer, not one of a key's names (model, parallel, param_dtype), or (metrics,
+ * too long for its buffer, not one of a key's names (model, parallel, param_dtype, device), or (metrics,
  * plot) a path with quotes or '$' (they reach a shell). Checks one key at a time: how options
  * combine (parallel against mesh and plan) is train.c's to check. */
 int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err, size_t cap);

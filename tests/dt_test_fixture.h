@@ -41,7 +41,47 @@ static inline size_t fx_itemsize(dt_dtype_t t) {
   return t == DT_F32 || t == DT_I32 ? 4 : t == DT_I64 ? 8 : 2;
 }
 
-/* Packs doubles into the dtype's storage (bf16 by truncation: fixture values are exact bf16). */
+/* f16 bits of f (round to nearest even; overflow to inf, NaN kept). */
+static inline uint16_t fx_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u, e = (u >> 23) & 0xffu, m = u & 0x7fffffu;
+  if (e == 0xffu) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u : 0u));
+  int exp = (int)e - 127 + 15;
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+  if (exp <= 0) { /* subnormal or zero */
+    if (exp < -10) return (uint16_t)sign;
+    m |= 0x800000u;
+    uint32_t shift = (uint32_t)(14 - exp), half = 1u << (shift - 1), rest = m & ((1u << shift) - 1u);
+    uint32_t r = m >> shift;
+    if (rest > half || (rest == half && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+  }
+  uint32_t r = ((uint32_t)exp << 10) | (m >> 13), rest = m & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (r & 1u))) r++; /* may carry into the exponent */
+  return (uint16_t)(sign | r);
+}
+
+static inline float fx_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0x1fu) u = sign | 0x7f800000u | (m << 13);
+  else if (e != 0) u = sign | ((e - 15 + 127) << 23) | (m << 13);
+  else if (m == 0) u = sign;
+  else { /* subnormal: normalize */
+    int k = 0;
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      k++;
+    }
+    u = sign | ((uint32_t)(127 - 15 + 1 - k) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Packs doubles into the dtype's storage (bf16 by truncation: fixture values are exact bf16;
+ * f16 rounded to nearest). */
 static inline void* fx_pack(const fx_tensor_t* t) {
   void* buf = malloc(fx_itemsize(t->dtype) * (size_t)(t->numel ? t->numel : 1));
   for (int64_t i = 0; i < t->numel; i++) {
@@ -57,6 +97,7 @@ static inline void* fx_pack(const fx_tensor_t* t) {
         ((uint16_t*)buf)[i] = (uint16_t)(u >> 16);
         break;
       }
+      case DT_F16: ((uint16_t*)buf)[i] = fx_f32_to_f16((float)v); break;
       default: DT_ASSERT_TRUE(0, "dtype %d in a fixture", (int)t->dtype);
     }
   }
@@ -74,13 +115,14 @@ static inline double fx_unpack(const void* buf, dt_dtype_t dt, int64_t i) {
       memcpy(&f, &u, 4);
       return f;
     }
+    case DT_F16: return fx_f16_to_f32(((const uint16_t*)buf)[i]);
     default: return NAN;
   }
 }
 
 /* Placement options of an input per mesh dim: R, S(d) for each dim, P(sum) for floats. */
 static inline int fx_n_options(const fx_tensor_t* t) {
-  return 1 + t->ndim + (t->dtype == DT_F32 || t->dtype == DT_BF16);
+  return 1 + t->ndim + (t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16);
 }
 static inline dt_placement_t fx_option(const fx_tensor_t* t, int k) {
   if (k == 0) return dt_replicate();

@@ -6,7 +6,7 @@
  * dt_backend_verify's problem count and make it fail. Through dispatch: a host kernel that writes
  * past its output or changes its input fails the op; an output a kernel was supposed to write in
  * full but did not reads back as NaN. The cpu backend gives the same results where nothing goes
- * wrong (checked by test_backend_consistency); here it only runs the well-behaved op.
+ * wrong (checked by test_conformance); here it only runs the well-behaved op.
  */
 #include <math.h>
 #include <string.h>

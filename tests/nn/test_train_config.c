@@ -56,7 +56,8 @@ static void test_parallel(void** state) {
   char err[256];
   assert_true(load(&o, "{}", err, sizeof err));
   assert_string_equal(o.parallel, "none");
-  assert_string_equal(o.param_dtype, "f32");
+  assert_string_equal(o.param_dtype, ""); /* unset: f32 on the cpu, bf16 on a cuda device */
+  assert_string_equal(o.device, "cpu");
   assert_int_equal(o.reshard_after_forward, 1);
   assert_int_equal(o.prefetch, 1);
   assert_true(o.bucket_mb == 25.0);
@@ -86,6 +87,14 @@ static void test_parallel(void** state) {
   assert_true(train_opts_set(&o, "parallel", "none", err, sizeof err));
   assert_true(train_opts_set(&o, "param_dtype", "f32", err, sizeof err));
   assert_string_equal(o.param_dtype, "f32");
+  /* devices */
+  assert_true(load(&o, "{\"device\": \"cuda\"}", err, sizeof err));
+  assert_string_equal(o.device, "cuda");
+  assert_true(train_opts_set(&o, "device", "cuda-emu", err, sizeof err));
+  assert_string_equal(o.device, "cuda-emu");
+  assert_false(train_opts_set(&o, "device", "gpu", err, sizeof err));
+  assert_non_null(strstr(err, "device must be cpu, cuda or cuda-emu"));
+  assert_string_equal(o.device, "cuda-emu");
 }
 
 static void test_refused(void** state) {

@@ -1,15 +1,28 @@
-/* test_backend_consistency.c - every op of the op table, forward and backward, on the cpu backend
- * and on the guarded backend, compared (ggml's test-backend-ops); any guard damage fails.
+/* test_conformance.c - every op of the op table, forward and backward, on the cpu backend and on
+ * a target backend, compared (ggml's test-backend-ops): the backend conformance harness.
+ *
+ * Target: $DTENSOR_CONFORMANCE_BACKEND ("guarded" by default; "cuda-emu", "cuda"). A target that
+ * cannot be opened here (no GPU, not built) makes the test exit with 77, which ctest reports as
+ * skipped. $DTENSOR_CONFORMANCE_OPS (comma-separated op names) limits the run to those ops
+ * (coverage is then not checked); $DTENSOR_CONFORMANCE_SAMPLES sets the placement samples.
  *
  * Cases: the PyTorch fixtures (tests/reference/ops_fixtures.json) plus generated inputs for the
  * ops the fixtures do not hold (fused gradient ops, comparisons, dropout, cross-entropy in every
- * reduction mode, redistribute, ...); the test fails when an op of the table has no case. Each
+ * reduction mode, redistribute, ...) and for shapes they lack (zero-size dims, empty rows, k = 0
+ * GEMMs, large and odd extents); the test fails when an op of the table has no case. Every case
+ * whose float inputs are f32 also runs with them as bf16 and as f16: where the cpu backend takes a
+ * dtype the target must too (and refuse it with the same status where the cpu refuses it). Each
  * case runs on the 1-D mesh (n) and at np 4 on (2, 2), for all-replicated inputs and a fixed
  * pseudo-random sample of placements (R, S(d), P(sum) for float inputs). The same inputs go to a
  * mesh on each backend; the gathered outputs, and for differentiable ops the input gradients of
- * L = sum(output * r), must be bit-identical: both backends run the same math, so any difference
- * is memory the guarded backend poisoned (an unwritten output element, a read after free) or
- * a write it caught. After every case dt_backend_verify must find every guard intact.
+ * L = sum(output * r), are compared:
+ * - guarded target: bit-identical (both backends run the same host math, so any difference is
+ *   memory the guarded backend poisoned: an unwritten output element, a read after free), and
+ *   after every case dt_backend_verify must find every guard intact;
+ * - other targets: integer outputs and NaN/inf positions identical; float values within the
+ *   normalized mean squared error nmse = sum((x - ref)^2) / sum(ref^2) of the op's tolerance
+ *   (kTol: per op and per output dtype class; f32 default 1e-10, bf16/f16 default 1e-5), which
+ *   covers another summation order and fused multiply-adds but not a wrong index or formula.
  * The rank-local ops from_local and all_to_all_single run with replicated inputs only (their
  * inputs' local shapes must fit together; all_to_all_single's splits are made per mesh: 6 rows
  * split unevenly, with an empty split at np 4).
@@ -22,7 +35,7 @@
 
 #include "dt_test_fixture.h"
 
-#define SAMPLES 6
+static int g_samples = 6;
 
 typedef struct {
   const char* op;
@@ -40,8 +53,35 @@ typedef struct {
 #define F DT_F32
 #define L DT_I64
 #define B DT_BF16
-/* inputs for the ops the fixtures do not cover */
+/* inputs for the ops the fixtures do not cover, and shapes they lack */
 static const gen_case_t kGen[] = {
+    /* zero-size dims, empty reductions and k = 0 GEMMs */
+    {"add", 2, {F, F}, {2, 2}, {{0, 5}, {0, 5}}, {0}, 0, 0, {0}, {0}, 0},
+    {"mul", 2, {F, F}, {2, 2}, {{3, 0}, {1, 0}}, {0}, 0, 0, {0}, {0}, 0},
+    {"exp", 1, {F}, {2}, {{0, 4}}, {0}, 0, 0, {0}, {0}, 0},
+    {"sum", 1, {F}, {2}, {{0, 3}}, {0}, 2, 0, {0, 0}, {0}, 0},
+    {"sum", 1, {F}, {2}, {{4, 0}}, {0}, 2, 0, {1, 1}, {0}, 0},
+    {"softmax", 1, {F}, {2}, {{0, 7}}, {0}, 1, 0, {1}, {0}, 0},
+    {"mm", 2, {F, F}, {2, 2}, {{0, 4}, {4, 3}}, {0}, 0, 0, {0}, {0}, 0},
+    {"mm", 2, {F, F}, {2, 2}, {{3, 0}, {0, 2}}, {0}, 0, 0, {0}, {0}, 0},
+    {"cat", 2, {F, F}, {2, 2}, {{0, 3}, {2, 3}}, {0}, 1, 0, {0}, {0}, 0},
+    /* large and odd extents (several blocks, partial tiles) */
+    {"add", 2, {F, F}, {2, 2}, {{257, 129}, {1, 129}}, {0}, 0, 0, {0}, {0}, 0},
+    {"gelu", 1, {F}, {2}, {{131, 67}}, {0}, 0, 0, {0}, {0}, 0},
+    {"softmax", 1, {F}, {2}, {{33, 1000}}, {0}, 1, 0, {1}, {0}, 0},
+    {"log_softmax", 1, {F}, {3}, {{3, 517, 5}}, {0}, 1, 0, {1}, {0}, 0},
+    {"sum", 1, {F}, {3}, {{5, 300, 7}}, {0}, 3, 0, {0, 0, 2}, {0}, 0},
+    {"amax", 1, {F}, {2}, {{67, 1031}}, {0}, 2, 0, {1, 1}, {0}, 0},
+    {"rms_norm", 2, {F, F}, {2, 1}, {{9, 515}, {515}}, {0}, 0, 1, {0}, {1e-5}, 0},
+    {"layer_norm", 3, {F, F, F}, {2, 1, 1}, {{9, 515}, {515}, {515}}, {0}, 0, 1, {0}, {1e-5}, 0},
+    {"mm", 2, {F, F}, {2, 2}, {{130, 70}, {70, 90}}, {0}, 0, 0, {0}, {0}, 0},
+    {"linear", 3, {F, F, F}, {2, 2, 1}, {{66, 65}, {47, 65}, {47}}, {0}, 0, 0, {0}, {0}, 0},
+    {"sdpa", 3, {F, F, F}, {4, 4, 4}, {{1, 2, 67, 64}, {1, 2, 67, 64}, {1, 2, 67, 64}}, {0}, 2, 0,
+     {1, 0}, {0}, 0},
+    {"sdpa", 3, {F, F, F}, {4, 4, 4}, {{2, 4, 37, 16}, {2, 2, 41, 16}, {2, 2, 41, 16}}, {0}, 2, 0,
+     {0, 0}, {0}, 0},
+    {"transpose", 1, {F}, {3}, {{7, 129, 33}}, {0}, 2, 0, {0, 2}, {0}, 0},
+    {"embedding", 2, {F, L}, {2, 2}, {{1000, 72}, {3, 41}}, {0, 1000}, 0, 0, {0}, {0}, 0},
     {"mm_t", 2, {F, F}, {2, 2}, {{6, 5}, {6, 4}}, {0}, 0, 0, {0}, {0}, 0},
     {"eq", 2, {F, F}, {2, 2}, {{4, 5}, {4, 5}}, {0}, 0, 0, {0}, {0}, 0},
     {"ge", 2, {F, F}, {2, 2}, {{4, 5}, {1, 5}}, {0}, 0, 0, {0}, {0}, 0},
@@ -83,8 +123,42 @@ static const gen_case_t kGen[] = {
 #undef B
 
 static int g_rank;
-static dt_backend_t g_cpu, g_guard;
-static long long g_outputs, g_grads, g_exact_checks;
+static dt_backend_t g_cpu, g_target;
+static const char* g_target_name = "guarded";
+static int g_exact; /* the target runs the host's math: bit-identical results, guards checked */
+static const char* g_only; /* DTENSOR_CONFORMANCE_OPS */
+static long long g_outputs, g_grads, g_checks, g_dtype_variants, g_refused;
+static double g_worst_nmse;
+static char g_worst_op[64];
+
+/* Tolerances (nmse) of the non-exact targets, per op: f32 outputs, then bf16/f16 outputs. */
+typedef struct {
+  const char* op;
+  double f32, half;
+} tol_t;
+static const tol_t kTol[] = {
+    {"sdpa", 1e-9, 1e-5},          {"sdpa_grad", 1e-9, 1e-5},  {"log_softmax", 1e-10, 1e-5},
+    {"layer_norm_grad", 1e-9, 1e-5}, {"rms_norm_grad", 1e-9, 1e-5},
+};
+
+static double tolerance(const char* op, dt_dtype_t dt) {
+  for (size_t i = 0; i < sizeof kTol / sizeof kTol[0]; i++)
+    if (strcmp(kTol[i].op, op) == 0) return dt == DT_F32 ? kTol[i].f32 : kTol[i].half;
+  return dt == DT_F32 ? 1e-10 : 1e-5;
+}
+
+static int wanted(const char* op) {
+  if (g_only == NULL) return 1;
+  size_t n = strlen(op);
+  for (const char* p = g_only; *p;) {
+    const char* e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n && strncmp(p, op, n) == 0) return 1;
+    if (!e) break;
+    p = e + 1;
+  }
+  return 0;
+}
 static char g_seen[256][32];
 static int g_nseen;
 
@@ -126,48 +200,108 @@ static void gathered(dt_tensor_t t, void** buf, size_t* nb) {
   DT_ASSERT_OK(dt_tensor_full(t, *buf, *nb));
 }
 
-/* The two backends' tensors hold the same bytes. */
+/* The target's tensor b matches the cpu's a: the same bytes (exact targets, integer outputs), or
+ * NaN/inf in the same places and the other values within the op's nmse tolerance. */
 static void same(dt_tensor_t a, dt_tensor_t b, const char* what, const char* op, int combo) {
   void *x, *y;
   size_t nx, ny;
   gathered(a, &x, &nx);
   gathered(b, &y, &ny);
   DT_ASSERT_EQ(nx, ny);
-  if (memcmp(x, y, nx) != 0) {
-    dt_dtype_t dt;
-    dt_tensor_dtype(a, &dt);
-    size_t item = fx_itemsize(dt);
-    for (size_t i = 0; i < nx / item; i++)
+  dt_dtype_t dt, dtb;
+  DT_ASSERT_OK(dt_tensor_dtype(a, &dt));
+  DT_ASSERT_OK(dt_tensor_dtype(b, &dtb));
+  DT_ASSERT_EQ(dt, dtb);
+  size_t item = fx_itemsize(dt), n = nx / item;
+  int is_float = dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
+  if (g_exact || !is_float) {
+    for (size_t i = 0; i < n && memcmp(x, y, nx) != 0; i++)
       if (memcmp((char*)x + i * item, (char*)y + i * item, item) != 0)
-        DT_ASSERT_TRUE(0, "%s (combo %d): %s element %zu: cpu %.9g, guarded %.9g", op, combo,
-                       what, i, fx_unpack(x, dt, (int64_t)i), fx_unpack(y, dt, (int64_t)i));
+        DT_ASSERT_TRUE(0, "%s (combo %d, %s): %s element %zu: cpu %.9g, %s %.9g", op, combo,
+                       dt_dtype_name(dt), what, i, fx_unpack(x, dt, (int64_t)i), g_target_name,
+                       fx_unpack(y, dt, (int64_t)i));
+  } else {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+      double r = fx_unpack(x, dt, (int64_t)i), v = fx_unpack(y, dt, (int64_t)i);
+      if (!isfinite(r) || !isfinite(v)) {
+        DT_ASSERT_TRUE((isnan(r) && isnan(v)) || r == v, "%s (combo %d, %s): %s element %zu: "
+                       "cpu %.9g, %s %.9g", op, combo, dt_dtype_name(dt), what, i, r,
+                       g_target_name, v);
+        continue;
+      }
+      num += (v - r) * (v - r);
+      den += r * r;
+    }
+    double nmse = den > 0.0 ? num / den : num;
+    if (nmse > g_worst_nmse) {
+      g_worst_nmse = nmse;
+      snprintf(g_worst_op, sizeof g_worst_op, "%s %s %s", op, dt_dtype_name(dt), what);
+    }
+    if (nmse > tolerance(op, dt)) { /* name the worst element */
+      size_t worst = 0;
+      double wd = -1.0;
+      for (size_t i = 0; i < n; i++) {
+        double d = fabs(fx_unpack(y, dt, (int64_t)i) - fx_unpack(x, dt, (int64_t)i));
+        if (d > wd) {
+          wd = d;
+          worst = i;
+        }
+      }
+      DT_ASSERT_TRUE(0, "%s (combo %d, %s): %s: nmse %.3g above %.3g (element %zu: cpu %.9g, "
+                     "%s %.9g)", op, combo, dt_dtype_name(dt), what, nmse, tolerance(op, dt),
+                     worst, fx_unpack(x, dt, (int64_t)worst), g_target_name,
+                     fx_unpack(y, dt, (int64_t)worst));
+    }
   }
-  g_exact_checks++;
+  g_checks++;
   free(x);
   free(y);
 }
+
+static void verify_target(const char* op, int combo) {
+  int64_t n_err = 0;
+  dt_status_t st = dt_backend_verify(g_target, &n_err);
+  DT_ASSERT_TRUE(st == DT_SUCCESS && n_err == 0, "%s (combo %d): %s backend damage: %s", op,
+                 combo, g_target_name, dt_last_error());
+}
+
+static int is_float_dt(dt_dtype_t t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
 /* Runs op once on each backend's mesh with the same inputs and placements; compares outputs and,
  * when `grad`, the input gradients of sum(out0 * r). */
 static void run_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin, const fx_tensor_t* in,
                      void* const* packed, dt_placement_t pl[][DT_MAX_MESH_DIMS], int nia,
                      const int64_t* iargs, int nfa, const double* fargs, int nout, int grad,
-                     int combo) {
+                     int combo, dt_dtype_t variant) {
   dt_mesh_t meshes[2] = {mc, mg};
   dt_tape_t tape[2];
   dt_var_t v[2][FX_MAXT], outs[2][3], loss[2];
+  dt_status_t st[2];
   for (int b = 0; b < 2; b++) {
     DT_ASSERT_OK(dt_tape_create(&tape[b]));
     for (int t = 0; t < nin; t++) {
       dt_tensor_t x;
       DT_ASSERT_OK(dt_tensor_from_full(meshes[b], in[t].dtype, in[t].ndim, in[t].shape, pl[t],
                                        packed[t], &x));
-      int rg = grad && (in[t].dtype == DT_F32 || in[t].dtype == DT_BF16);
+      int rg = grad && is_float_dt(in[t].dtype);
       DT_ASSERT_OK(dt_var_leaf(x, rg, &v[b][t]));
     }
-    dt_status_t st = dt_ag_op(tape[b], op, nin, v[b], nia, iargs, nfa, fargs, nout, outs[b]);
-    DT_ASSERT_TRUE(st == DT_SUCCESS, "%s on the %s backend (combo %d): %s", op,
-                   b ? "guarded" : "cpu", combo, dt_last_error());
+    st[b] = dt_ag_op(tape[b], op, nin, v[b], nia, iargs, nfa, fargs, nout, outs[b]);
+    if (b == 0 && st[0] != DT_SUCCESS && !variant)
+      DT_ASSERT_TRUE(0, "%s on the cpu backend (combo %d): %s", op, combo, dt_last_error());
+  }
+  /* a dtype variant the cpu refuses must be refused alike */
+  DT_ASSERT_TRUE(st[0] == st[1], "%s (combo %d, %s inputs): cpu says %s, %s says %s (%s)", op,
+                 combo, variant ? dt_dtype_name(variant) : "fixture", dt_status_name(st[0]),
+                 g_target_name, dt_status_name(st[1]), dt_last_error());
+  if (st[0] != DT_SUCCESS) {
+    g_refused++;
+    for (int b = 0; b < 2; b++) {
+      DT_ASSERT_OK(dt_tape_destroy(tape[b]));
+      for (int t = 0; t < nin; t++) DT_ASSERT_OK(dt_var_destroy(v[b][t]));
+    }
+    return;
   }
   char what[64];
   for (int o = 0; o < nout; o++) {
@@ -178,8 +312,8 @@ static void run_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin, const 
   dt_dtype_t odt;
   DT_ASSERT_OK(dt_tensor_dtype(dt_var_value(outs[0][0]), &odt));
   int any_float = 0;
-  for (int t = 0; t < nin; t++) any_float |= in[t].dtype == DT_F32 || in[t].dtype == DT_BF16;
-  if (grad && any_float && (odt == DT_F32 || odt == DT_BF16)) {
+  for (int t = 0; t < nin; t++) any_float |= is_float_dt(in[t].dtype);
+  if (grad && any_float && is_float_dt(odt)) {
     for (int b = 0; b < 2; b++) {
       dt_tensor_t o0 = dt_var_value(outs[b][0]);
       int nd;
@@ -203,9 +337,12 @@ static void run_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin, const 
       DT_ASSERT_OK(dt_ag_op(tape[b], "mul", 2, pair, 0, NULL, 0, NULL, 1, &prod));
       const int64_t all[1] = {0};
       DT_ASSERT_OK(dt_ag_op(tape[b], "sum", 1, &prod, 1, all, 0, NULL, 1, &loss[b]));
-      DT_ASSERT_OK(dt_tape_backward(tape[b], loss[b]));
+      st[b] = dt_tape_backward(tape[b], loss[b]);
     }
-    for (int t = 0; t < nin; t++) {
+    DT_ASSERT_TRUE(st[0] == st[1], "%s backward (combo %d): cpu says %s, %s says %s (%s)", op,
+                   combo, dt_status_name(st[0]), g_target_name, dt_status_name(st[1]),
+                   dt_last_error());
+    for (int t = 0; t < nin && st[0] == DT_SUCCESS; t++) {
       dt_tensor_t ga = dt_var_grad(v[0][t]), gb = dt_var_grad(v[1][t]);
       DT_ASSERT_TRUE((ga == NULL) == (gb == NULL), "%s: input %d has a gradient on one backend only",
                      op, t);
@@ -219,10 +356,7 @@ static void run_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin, const 
     DT_ASSERT_OK(dt_tape_destroy(tape[b]));
     for (int t = 0; t < nin; t++) DT_ASSERT_OK(dt_var_destroy(v[b][t]));
   }
-  int64_t n_err = 0;
-  dt_status_t st = dt_backend_verify(g_guard, &n_err);
-  DT_ASSERT_TRUE(st == DT_SUCCESS && n_err == 0, "%s (combo %d): guard damage: %s", op, combo,
-                 dt_last_error());
+  verify_target(op, combo);
 }
 
 /* An in-place op on both backends: every input compared afterwards. 0 when the op refused the
@@ -240,8 +374,8 @@ static int run_inplace_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin,
                                        packed[t], &x[b][t]));
     st[b] = dt_op_run_multi(op, nin, x[b], nia, iargs, nfa, fargs, 0, NULL);
   }
-  DT_ASSERT_TRUE(st[0] == st[1], "%s (combo %d): cpu says %s, guarded %s", op, combo,
-                 dt_status_name(st[0]), dt_status_name(st[1]));
+  DT_ASSERT_TRUE(st[0] == st[1], "%s (combo %d): cpu says %s, %s says %s", op, combo,
+                 dt_status_name(st[0]), g_target_name, dt_status_name(st[1]));
   DT_ASSERT_TRUE(st[0] == DT_SUCCESS || st[0] == DT_ERR_INVALID_ARG, "%s (combo %d): %s", op,
                  combo, dt_last_error());
   char what[64];
@@ -252,16 +386,14 @@ static int run_inplace_pair(dt_mesh_t mc, dt_mesh_t mg, const char* op, int nin,
   }
   for (int b = 0; b < 2; b++)
     for (int t = 0; t < nin; t++) DT_ASSERT_OK(dt_tensor_destroy(x[b][t]));
-  int64_t n_err = 0;
-  dt_status_t vs = dt_backend_verify(g_guard, &n_err);
-  DT_ASSERT_TRUE(vs == DT_SUCCESS && n_err == 0, "%s (combo %d): guard damage: %s", op, combo,
-                 dt_last_error());
+  verify_target(op, combo);
   return st[0] == DT_SUCCESS;
 }
 
 /* Runs a case on a mesh pair: all-R and SAMPLES pseudo-random placement combinations. */
-static void run_case(const char* op, int nin, const fx_tensor_t* in, int nia, const int64_t* iargs,
-                     int nfa, const double* fargs, dt_mesh_t mc, dt_mesh_t mg, int m) {
+static void run_case_dtype(const char* op, int nin, const fx_tensor_t* in, int nia,
+                           const int64_t* iargs, int nfa, const double* fargs, dt_mesh_t mc,
+                           dt_mesh_t mg, int m, dt_dtype_t variant) {
   dt_op_desc_t d;
   DT_ASSERT_OK(dt_op_describe(op, &d));
   int nout = d.n_outputs, grad = d.has_backward, ran = 0;
@@ -272,7 +404,7 @@ static void run_case(const char* op, int nin, const fx_tensor_t* in, int nia, co
     for (int i = 0; i < m; i++) total *= fx_n_options(&in[t]);
   uint64_t lcg = 0x9E3779B97F4A7C15ull ^ (uint64_t)strlen(op) * 2654435761u ^ (uint64_t)nia;
   int replicated_only = strcmp(op, "from_local") == 0 || strcmp(op, "all_to_all_single") == 0;
-  for (int r = 0; r <= SAMPLES && r < total && (r == 0 || !replicated_only); r++) {
+  for (int r = 0; r <= g_samples && r < total && (r == 0 || !replicated_only); r++) {
     long long combo = 0;
     if (r > 0) {
       lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
@@ -294,11 +426,35 @@ static void run_case(const char* op, int nin, const fx_tensor_t* in, int nia, co
                               (int)combo);
       continue;
     }
-    run_pair(mc, mg, op, nin, in, packed, pl, nia, iargs, nfa, fargs, nout, grad, (int)combo);
+    run_pair(mc, mg, op, nin, in, packed, pl, nia, iargs, nfa, fargs, nout, grad, (int)combo,
+             variant);
   }
   DT_ASSERT_TRUE(!d.in_place || ran > 0, "%s: every sampled placement was refused", op);
   for (int t = 0; t < nin; t++) free(packed[t]);
+}
+
+/* A case as given, then (when its float inputs are f32; not for in-place ops, whose dtypes are
+ * their own cases) with every f32 input as bf16 and as f16. */
+static void run_case(const char* op, int nin, const fx_tensor_t* in, int nia, const int64_t* iargs,
+                     int nfa, const double* fargs, dt_mesh_t mc, dt_mesh_t mg, int m) {
+  if (!wanted(op)) return;
   seen(op);
+  run_case_dtype(op, nin, in, nia, iargs, nfa, fargs, mc, mg, m, (dt_dtype_t)0);
+  dt_op_desc_t d;
+  DT_ASSERT_OK(dt_op_describe(op, &d));
+  int f32 = 0;
+  for (int t = 0; t < nin; t++) f32 |= in[t].dtype == DT_F32;
+  if (!f32 || d.in_place || strcmp(op, "cast") == 0) return;
+  static const dt_dtype_t half[2] = {DT_BF16, DT_F16};
+  for (int h = 0; h < 2; h++) {
+    fx_tensor_t v[FX_MAXT];
+    for (int t = 0; t < nin; t++) {
+      v[t] = in[t];
+      if (v[t].dtype == DT_F32) v[t].dtype = half[h];
+    }
+    run_case_dtype(op, nin, v, nia, iargs, nfa, fargs, mc, mg, m, half[h]);
+    g_dtype_variants++;
+  }
 }
 
 int main(int argc, char** argv) {
@@ -307,7 +463,20 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_world_rank(&g_rank));
   DT_ASSERT_OK(dt_world_size(&world));
   DT_ASSERT_OK(dt_backend_get("cpu", &g_cpu));
-  DT_ASSERT_OK(dt_backend_get("guarded", &g_guard));
+  const char* e = getenv("DTENSOR_CONFORMANCE_BACKEND");
+  if (e && *e) g_target_name = e;
+  g_only = getenv("DTENSOR_CONFORMANCE_OPS");
+  if (g_only && !*g_only) g_only = NULL;
+  e = getenv("DTENSOR_CONFORMANCE_SAMPLES");
+  if (e && *e) g_samples = atoi(e);
+  dt_status_t bst = dt_backend_get(g_target_name, &g_target);
+  if (bst == DT_ERR_CUDA || bst == DT_ERR_UNSUPPORTED) { /* no such device or build here */
+    if (g_rank == 0) printf("test_conformance: skipped: %s\n", dt_last_error());
+    DT_ASSERT_OK(dt_finalize());
+    return 77;
+  }
+  DT_ASSERT_OK(bst);
+  g_exact = strcmp(g_target_name, "guarded") == 0;
   cJSON* root = dt_test_load_json(DT_FIXTURES);
   const cJSON* cases = cJSON_GetObjectItem(root, "cases");
   for (int m = 1; m <= 2; m++) {
@@ -317,7 +486,7 @@ int main(int argc, char** argv) {
     DT_ASSERT_OK(dt_mesh_create(m, shape, NULL, NULL, &mc));
     DT_ASSERT_OK(dt_mesh_create(m, shape, NULL, NULL, &mg));
     DT_ASSERT_OK(dt_mesh_set_backend(mc, g_cpu));
-    DT_ASSERT_OK(dt_mesh_set_backend(mg, g_guard));
+    DT_ASSERT_OK(dt_mesh_set_backend(mg, g_target));
     for (int k = 0; k < cJSON_GetArraySize(cases); k++) {
       const cJSON* c = cJSON_GetArrayItem(cases, k);
       const cJSON* ji = cJSON_GetObjectItem(c, "inputs");
@@ -361,17 +530,26 @@ int main(int argc, char** argv) {
   /* every op of the table ran */
   int n;
   DT_ASSERT_OK(dt_op_count(&n));
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < n && g_only == NULL; i++) {
     const char* name;
     DT_ASSERT_OK(dt_op_name_at(i, &name));
     int found = 0;
     for (int k = 0; k < g_nseen; k++) found |= strcmp(g_seen[k], name) == 0;
     DT_ASSERT_TRUE(found, "op %s has no consistency case", name);
   }
-  if (g_rank == 0)
-    printf("test_backend_consistency np=%d: %d ops, %lld outputs and %lld gradients bit-identical "
-           "on the cpu and guarded backends (%lld comparisons), guards intact\n", world, n,
-           g_outputs, g_grads, g_exact_checks);
+  if (g_rank == 0) {
+    if (g_exact)
+      printf("test_conformance np=%d: %d ops (%lld dtype variants, %lld runs refused alike), "
+             "%lld outputs and %lld gradients bit-identical on the cpu and %s backends (%lld "
+             "comparisons), guards intact\n", world, g_only ? g_nseen : n, g_dtype_variants,
+             g_refused, g_outputs, g_grads, g_target_name, g_checks);
+    else
+      printf("test_conformance np=%d: %d ops (%lld dtype variants, %lld runs refused alike), "
+             "%lld outputs and %lld gradients of the %s backend within tolerance of the cpu's "
+             "(%lld comparisons; worst nmse %.3g: %s)\n", world, g_only ? g_nseen : n,
+             g_dtype_variants, g_refused, g_outputs, g_grads, g_target_name, g_checks,
+             g_worst_nmse, g_worst_op);
+  }
   DT_ASSERT_OK(dt_finalize());
   return 0;
 }
