@@ -15,6 +15,7 @@
  * The last line: gemm_vs_cublaslt=<min over n of ours/direct> tflops_bf16_8192=<ours>
  * d2h_gbps=<x> h2d_gbps=<y>
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <math.h>

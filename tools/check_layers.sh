@@ -69,7 +69,7 @@ while IFS= read -r -d '' f; do
       report "$rel:$n: layer $mine includes \"$hdr\" of layer $theirs (above)"
     fi
   done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" || true)
-done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) -print0 | sort -z)
+done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cpp' \) -print0 | sort -z)
 
 # Tensor bytes above the seam (see the header).
 while IFS= read -r -d '' f; do

@@ -95,8 +95,13 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
     dt_tensor_t x = inputs[t];
     if (dt__tensor_check(x, "input") != DT_SUCCESS)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d is not a live tensor", name, t);
-    if (*mesh != NULL && x->mesh != *mesh && !(info->flags & DT_OPF_MESHES))
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs live on different meshes", name);
+    if (*mesh != NULL && x->mesh != *mesh && !(info->flags & DT_OPF_MESHES)) {
+      dt_backend_t b0 = dt__tensor_backend(inputs[0]), bt = dt__tensor_backend(x);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs live on different meshes (input 0 in %s "
+                     "memory, backend %s; input %d in %s memory, backend %s)", name,
+                     dt_device_name(b0->device), b0->name, t, dt_device_name(bt->device),
+                     bt->name);
+    }
     if (*mesh == NULL) *mesh = x->mesh;
     call->in[t].dtype = x->dtype;
     call->in[t].ndim = x->layout.ndim;

@@ -15,6 +15,8 @@ dt_status_t dt_grouped_mm_flops(int64_t* flops) {
   return DT_SUCCESS;
 }
 
+void dt__grouped_mm_flops_add(int64_t flops) { dt__grouped_flops += flops; }
+
 dt_status_t dt_grouped_mm_flops_reset(void) {
   dt__grouped_flops = 0;
   return DT_SUCCESS;

@@ -32,6 +32,9 @@ dt_op_kernel_fn dt__op_kernel(int id, dt_backend_t b, unsigned* flags);
 void dt__cuda_kernels_fill(dt_device_kernel_t* table);
 void dt__cudaemu_kernels_fill(dt_device_kernel_t* table);
 
+/* Adds to the count dt_grouped_mm_flops reports (the grouped GEMM kernels of every backend). */
+void dt__grouped_mm_flops_add(int64_t flops);
+
 /* One-output shorthands over dt__op_apply. */
 dt_status_t dt__op1(int id, dt_tensor_t a, dt_tensor_t* out);
 dt_status_t dt__op2(int id, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);

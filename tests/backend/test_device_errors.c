@@ -37,6 +37,20 @@ static void test_mixed_devices(dt_mesh_t dev, dt_mesh_t cpu) {
   const char* msg = dt_last_error();
   DT_ASSERT_TRUE(strstr(msg, "cuda") && strstr(msg, "host") && strstr(msg, "cpu"),
                  "the message names both devices and backends: %s", msg);
+  /* on one mesh whose backend changed between the two tensors */
+  dt_backend_t be, cpu_be;
+  DT_ASSERT_OK(dt_mesh_backend(dev, &be));
+  DT_ASSERT_OK(dt_mesh_backend(cpu, &cpu_be));
+  dt_tensor_t h;
+  DT_ASSERT_OK(dt_mesh_set_backend(dev, cpu_be));
+  DT_ASSERT_OK(dt_tensor_ones(dev, DT_F32, 2, shape, r, &h));
+  DT_ASSERT_OK(dt_mesh_set_backend(dev, be));
+  in[1] = h;
+  DT_ASSERT_STATUS(dt_op_run("mul", 2, in, 0, NULL, 0, NULL, &c), DT_ERR_INVALID_ARG);
+  msg = dt_last_error();
+  DT_ASSERT_TRUE(strstr(msg, "cuda") && strstr(msg, "host") && strstr(msg, "cpu"),
+                 "the message names both devices and backends: %s", msg);
+  DT_ASSERT_OK(dt_tensor_destroy(h));
   /* both stay usable */
   float got[24];
   DT_ASSERT_OK(dt_tensor_gather_full(a, got, sizeof got));

@@ -1,0 +1,636 @@
+/* reduce.cu - CUDA kernels of the reductions and the row-wise ops: sum, mean, amax, amin over any
+ * set of dims; softmax and log_softmax over any dim; rms_norm and layer_norm over the last dim and
+ * their gradients; rotary embedding. They compute what the host kernels of kernels_cpu.c,
+ * kernels_nn.c and kernels_grad.c compute (see cuda_ops.h for the conventions).
+ *
+ * Every reduction goes through one pattern: a "group" of G threads (1, a warp of 32, or the
+ * whole block of 256) owns one output (one row), its threads stride over the reduced elements
+ * and combine their partial results with warp shuffles and shared memory (dt_cu_group_reduce).
+ * The host picks G from the row length. Partial results always combine in the same order, so a
+ * result never changes from run to run (no float atomics anywhere in this file).
+ *
+ * Accumulation is in float. Where the host sums in double, the float sums here stay within about
+ * 1e-6 relative of it: no thread sums more than a few thousand terms serially (long reductions
+ * go in passes over chunks, see dt_cu_reduce_run), and the norms centre their rows on the first
+ * element before summing for the mean (so a large common offset costs no precision). Rotary
+ * angles are computed in double, as on the host.
+ *
+ * dtypes: softmax, log_softmax, rms_norm, layer_norm and rotary read and write f32, bf16 and f16
+ * storage themselves (DT_KERNEL_ANY_DTYPE; computing in float and rounding once on the store, as
+ * the host's f32 copies do); sum, mean, amax, amin and the norm gradients take f32 (the library
+ * hands them f32 copies of half storage).
+ */
+#include <type_traits>
+
+#include "ops/cuda/cuda_ops.h"
+
+/* Everything but the fill function has internal linkage: the file is compiled twice (nvcc and the
+ * SIMT emulator) into one library, and the two builds' kernels must not meet at link time. */
+namespace {
+
+/* ---------------------------------------------------------------------------------------------
+ * Combining values inside a group of threads */
+
+/* How partial results combine: a sum; the host's amax / amin (a NaN wins, so it propagates);
+ * fmaxf (NaN ignored), which softmax uses for its row maximum. */
+enum { DT_CU_OP_SUM = 0, DT_CU_OP_MAX = 1, DT_CU_OP_MIN = 2, DT_CU_OP_FMAX = 3 };
+
+template <int OP>
+__device__ __forceinline__ float dt_cu_comb(float a, float b) {
+  if constexpr (OP == DT_CU_OP_SUM) return a + b;
+  else if constexpr (OP == DT_CU_OP_MAX) return (b > a || b != b) ? b : a;
+  else if constexpr (OP == DT_CU_OP_MIN) return (b < a || b != b) ? b : a;
+  else return fmaxf(a, b);
+}
+template <int OP>
+__device__ __forceinline__ float dt_cu_ident() {
+  if constexpr (OP == DT_CU_OP_SUM) return 0.0f;
+  else if constexpr (OP == DT_CU_OP_MIN) return INFINITY;
+  else return -INFINITY;
+}
+
+/* v combined over the G threads of a group: G = 1 (nothing to do), 32 (a warp) or 256 (the
+ * block; blockDim.x must be 256). Every thread of the group gets the result. smem: 32 floats of
+ * shared memory; a block-wide call synchronizes the block twice, so every thread of the block
+ * must make it (the callers' loops run the same trip count on every thread of a group). */
+template <int OP, int G>
+__device__ __forceinline__ float dt_cu_group_reduce(float v, float* smem) {
+  static_assert(G == 1 || G == 32 || G == DT_CU_BLOCK, "a group is a thread, a warp or the block");
+  if constexpr (G > 1) {
+    for (int o = 16; o > 0; o >>= 1) v = dt_cu_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+  }
+  if constexpr (G > 32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    v = lane < nw ? smem[lane] : dt_cu_ident<OP>();
+    for (int o = 16; o > 0; o >>= 1) v = dt_cu_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads(); /* smem may be reused by the next call */
+  }
+  return v;
+}
+
+/* The group of the calling thread and the number of groups in the grid (a kernel hands out its
+ * items grid-stride: item = group, group + groups, ...; the thread's lane is threadIdx.x % G). */
+template <int G>
+__device__ __forceinline__ int64_t dt_cu_group_id() {
+  return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+}
+template <int G>
+__device__ __forceinline__ int64_t dt_cu_group_count() {
+  return (int64_t)gridDim.x * (blockDim.x / G);
+}
+
+/* Launches kernel on grid blocks of DT_CU_BLOCK threads (a function, unlike DT_CU_LAUNCH, so
+ * that a template kernel's name, commas and all, can be passed to it). */
+template <typename K, typename... A>
+static dt_status_t dt_cu_run(const char* what, K kernel, unsigned grid, cudaStream_t stream,
+                             A... args) {
+  DT_CU_LAUNCH(what, kernel, grid, DT_CU_BLOCK, 0, stream, args...);
+  return DT_SUCCESS;
+}
+
+/* Calls f(std::integral_constant<int, G>{}) for the group size g (1, 32 or DT_CU_BLOCK). */
+template <typename F>
+static dt_status_t dt_cu_group_dispatch(int g, F&& f) {
+  if (g == 1) return f(std::integral_constant<int, 1>{});
+  if (g == 32) return f(std::integral_constant<int, 32>{});
+  return f(std::integral_constant<int, DT_CU_BLOCK>{});
+}
+
+/* Group size for rows of n contiguous elements: a thread for a handful, a warp up to 1024, the
+ * block beyond. */
+static int dt_cu_row_group(int64_t n) { return n <= 8 ? 1 : n <= 1024 ? 32 : DT_CU_BLOCK; }
+
+/* ---------------------------------------------------------------------------------------------
+ * sum, mean, amax, amin over a set of dims (iargs [keepdim, dim...]; no dim: all of them).
+ * mean divides by the GLOBAL count of reduced elements (a sharded reduced dim gives an exact
+ * Partial(sum)), as the host does. amax / amin: a NaN in the reduced elements gives NaN; an
+ * empty reduction gives 0 (sum, mean), -inf (amax) or +inf (amin). */
+
+/* The input seen as kept dims and reduced dims, each merged where neighbours are contiguous and
+ * listed innermost first: output o sits at input offset sum_d (o's digit d) * ks[d] (digits of o
+ * in the extents kn), reduced element r at offset sum_d (r's digit d) * rs[d] from there. */
+typedef struct dt_cu_rgeom {
+  int nk, nr;
+  int64_t kn[DT_MAX_DIMS], ks[DT_MAX_DIMS];
+  int64_t rn[DT_MAX_DIMS], rs[DT_MAX_DIMS];
+} dt_cu_rgeom_t;
+
+__device__ __forceinline__ int64_t dt_cu_digits_offset(int n, const int64_t* ext,
+                                                       const int64_t* stride, int64_t i) {
+  if (n == 1) return i * stride[0]; /* the common case: one merged dim */
+  int64_t off = 0;
+  for (int d = 0; d < n; d++) {
+    off += (i % ext[d]) * stride[d];
+    i /= ext[d];
+  }
+  return off;
+}
+
+/* Item `it` of items = outputs * splits: output it / splits over its reduced elements
+ * [chunk * (it % splits), + chunk) (splits == 1: all R of them). y[it] gets the result, divided
+ * by div unless div is 0. */
+template <int OP, int G>
+__global__ void dt_cu_reduce_k(const float* x, float* y, dt_cu_rgeom_t g, int64_t items, int64_t R,
+                               int64_t chunk, int64_t splits, float div) {
+  __shared__ float smem[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t it = dt_cu_group_id<G>(); it < items; it += step) {
+    const int64_t o = it / splits, r0 = (it % splits) * chunk;
+    const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
+    const float* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
+    float acc = dt_cu_ident<OP>();
+    for (int64_t r = r0 + lane; r < r1; r += G)
+      acc = dt_cu_comb<OP>(acc, xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]);
+    acc = dt_cu_group_reduce<OP, G>(acc, smem);
+    if (lane == 0) y[it] = div != 0.0f ? acc / div : acc;
+  }
+}
+
+template <int OP>
+static dt_status_t dt_cu_reduce_pass(const char* op, const dt_local_tensor_t* t, int group,
+                                     const float* x, float* y, const dt_cu_rgeom_t& g,
+                                     int64_t items, int64_t R, int64_t chunk, int64_t splits,
+                                     float div) {
+  return dt_cu_group_dispatch(group, [&](auto gc) {
+    constexpr int G = decltype(gc)::value;
+    return dt_cu_run(op, dt_cu_reduce_k<OP, G>, dt_cu_grid(t, items * G), dt_cu_stream(t), x, y, g,
+                     items, R, chunk, splits, div);
+  });
+}
+
+/* Reductions longer than DT_CU_SPLIT_MIN go in passes: each pass reduces chunks of
+ * DT_CU_SPLIT_CHUNK elements (a block each) into a scratch array of partial results, which the
+ * next pass reduces in turn. That keeps the device busy when there are few outputs (the sum of
+ * a whole tensor) and bounds every thread's serial float sum to a few dozen terms. */
+#ifndef DT_CU_SPLIT_MIN /* (a test may define smaller ones to run many passes on small data) */
+#define DT_CU_SPLIT_MIN 8192
+#define DT_CU_SPLIT_CHUNK 4096
+#endif
+
+template <int OP>
+static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                    dt_local_tensor_t* out, dt_cu_rgeom_t g, int64_t n_out,
+                                    int64_t R, float div) {
+  dt_status_t st = DT_SUCCESS;
+  const float* x = (const float*)in->data;
+  void* scratch[2] = {NULL, NULL};
+  size_t scratch_nbytes[2] = {0, 0};
+  int pass = 0;
+  while (R > DT_CU_SPLIT_MIN) {
+    const int64_t splits = (R + DT_CU_SPLIT_CHUNK - 1) / DT_CU_SPLIT_CHUNK;
+    const int k = pass++ & 1; /* two buffers in turn: a pass reads the other one */
+    dt_cu_scratch_free(in, scratch[k], scratch_nbytes[k]); /* stream-ordered: safe to reuse */
+    scratch[k] = NULL;
+    scratch_nbytes[k] = sizeof(float) * (size_t)(n_out * splits);
+    DT_CHECK_GOTO(dt_cu_scratch(in, call->op, scratch_nbytes[k], &scratch[k]), st, done);
+    float* part = (float*)scratch[k];
+    DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, DT_CU_BLOCK, x, part, g, n_out * splits, R,
+                                        DT_CU_SPLIT_CHUNK, splits, 0.0f),
+                  st, done);
+    /* the partial results form an (n_out, splits) row-major array */
+    g.nk = 1;
+    g.kn[0] = n_out;
+    g.ks[0] = splits;
+    g.nr = 1;
+    g.rn[0] = splits;
+    g.rs[0] = 1;
+    x = part;
+    R = splits;
+  }
+  {
+    /* Contiguous rows: a group per row sized by its length. Strided reductions: a thread per
+     * output reads coalesced across neighbouring outputs, when there are enough of them. */
+    const int contiguous = g.nr == 1 && g.rs[0] == 1;
+    int group = dt_cu_row_group(R);
+    if (!contiguous && (n_out >= 4096 || R <= 8)) group = 1;
+    DT_CHECK_GOTO(
+        dt_cu_reduce_pass<OP>(call->op, in, group, x, (float*)out->data, g, n_out, R, R, 1, div),
+        st, done);
+  }
+done:
+  dt_cu_scratch_free(in, scratch[0], scratch_nbytes[0]);
+  dt_cu_scratch_free(in, scratch[1], scratch_nbytes[1]);
+  return st;
+}
+
+/* kind: 0 sum, 1 mean, 2 amax, 3 amin (the host's numbering). */
+static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                dt_local_tensor_t* out, int kind) {
+  DT_CHECK(dt_cu_need_f32(call, in, 1));
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(call, &mask, &keep));
+  int64_t count = 1; /* global number of reduced elements (mean) */
+  for (int d = 0; d < in->ndim; d++)
+    if (mask & (1u << d)) count *= call->in[0].shape[d];
+  /* merge the dims into the geometry, innermost first; size-1 dims change no offset */
+  dt_cu_rgeom_t g;
+  memset(&g, 0, sizeof g);
+  int64_t stride = 1, n_out = 1, R = 1;
+  int last = -1; /* kind of the last dim listed: 0 kept, 1 reduced */
+  for (int d = in->ndim - 1; d >= 0; d--) {
+    const int64_t e = in->shape[d];
+    const int red = (mask >> d) & 1u;
+    if (red) R *= e;
+    else n_out *= e;
+    if (e != 1) {
+      int* n = red ? &g.nr : &g.nk;
+      int64_t* ext = red ? g.rn : g.kn;
+      int64_t* str = red ? g.rs : g.ks;
+      if (last == red && str[*n - 1] * ext[*n - 1] == stride) {
+        ext[*n - 1] *= e; /* contiguous with the dim just inside it */
+      } else {
+        ext[*n] = e;
+        str[*n] = stride;
+        (*n)++;
+      }
+      last = red;
+    }
+    stride *= e;
+  }
+  if (n_out == 0) return DT_SUCCESS;
+  if (n_out != dt_cu_numel(out))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output has %lld elements, expected %lld", call->op,
+                   (long long)dt_cu_numel(out), (long long)n_out);
+  const float div = kind == 1 && count > 0 ? (float)count : 0.0f;
+  switch (kind) {
+    case 0:
+    case 1: return dt_cu_reduce_run<DT_CU_OP_SUM>(call, in, out, g, n_out, R, div);
+    case 2: return dt_cu_reduce_run<DT_CU_OP_MAX>(call, in, out, g, n_out, R, div);
+    default: return dt_cu_reduce_run<DT_CU_OP_MIN>(call, in, out, g, n_out, R, div);
+  }
+}
+
+DT_CU_KERNEL(dt_cu_sum) { return dt_cu_reduce(call, in, out, 0); }
+DT_CU_KERNEL(dt_cu_mean) { return dt_cu_reduce(call, in, out, 1); }
+DT_CU_KERNEL(dt_cu_amax) { return dt_cu_reduce(call, in, out, 2); }
+DT_CU_KERNEL(dt_cu_amin) { return dt_cu_reduce(call, in, out, 3); }
+
+/* ---------------------------------------------------------------------------------------------
+ * softmax / log_softmax along iargs[0] (whole on this rank). As the host: m = the row's fmaxf
+ * (NaN ignored), lse = m + log(sum exp(x - m)), y = x - lse or exp(x - lse); a row with a NaN,
+ * or of -inf only, gives NaN. */
+
+/* Row q of outer * inner rows: elements (q / inner) * len * inner + q % inner + k * inner. */
+template <typename T, int G, bool LOG>
+__global__ void dt_cu_softmax_k(const T* x, T* y, int64_t rows, int64_t len, int64_t inner) {
+  __shared__ float smem[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t q = dt_cu_group_id<G>(); q < rows; q += step) {
+    const int64_t base = (q / inner) * len * inner + q % inner;
+    const T* xr = x + base;
+    T* yr = y + base;
+    float m = -INFINITY;
+    for (int64_t k = lane; k < len; k += G) m = fmaxf(m, dt_cu_f32(xr[k * inner]));
+    m = dt_cu_group_reduce<DT_CU_OP_FMAX, G>(m, smem);
+    float s = 0.0f;
+    for (int64_t k = lane; k < len; k += G) s += expf(dt_cu_f32(xr[k * inner]) - m);
+    s = dt_cu_group_reduce<DT_CU_OP_SUM, G>(s, smem);
+    const float lse = m + logf(s);
+    for (int64_t k = lane; k < len; k += G) {
+      const float v = dt_cu_f32(xr[k * inner]) - lse;
+      yr[k * inner] = dt_cu_from_f32<T>(LOG ? v : expf(v));
+    }
+  }
+}
+
+template <bool LOG>
+static dt_status_t dt_cu_softmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out) {
+  const int nd = in->ndim;
+  const int64_t dim =
+      call->n_iargs == 1 && call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0];
+  if (call->n_iargs != 1 || dim < 0 || dim >= nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [dim] with a dim of the %d-dim input",
+                   call->op, nd);
+  if (out->dtype != in->dtype)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output dtype %s differs from the input's %s", call->op,
+                   dt_dtype_name(out->dtype), dt_dtype_name(in->dtype));
+  int64_t outer = 1, len = in->shape[dim], inner = 1;
+  for (int d = 0; d < dim; d++) outer *= in->shape[d];
+  for (int d = (int)dim + 1; d < nd; d++) inner *= in->shape[d];
+  const int64_t rows = outer * inner;
+  if (rows == 0 || len == 0) return DT_SUCCESS;
+  /* inner > 1: the elements of a row are inner apart; a thread per row reads coalesced across
+   * neighbouring rows, when there are enough rows and they are not long */
+  int group = dt_cu_row_group(len);
+  if (inner > 1 && len <= 1024 && (rows >= 4096 || len <= 8)) group = 1;
+  return dt_cu_float_dispatch(call->op, in->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return dt_cu_group_dispatch(group, [&](auto gc) {
+      constexpr int G = decltype(gc)::value;
+      return dt_cu_run(call->op, dt_cu_softmax_k<T, G, LOG>, dt_cu_grid(in, rows * G),
+                       dt_cu_stream(in), (const T*)in->data, (T*)out->data, rows, len, inner);
+    });
+  });
+}
+
+DT_CU_KERNEL(dt_cu_softmax_fwd) { return dt_cu_softmax<false>(call, in, out); }
+DT_CU_KERNEL(dt_cu_log_softmax) { return dt_cu_softmax<true>(call, in, out); }
+
+/* ---------------------------------------------------------------------------------------------
+ * rms_norm (x, w) / layer_norm (x, w, b) over the last dim (fargs [eps], defaults 1e-6 / 1e-5 as
+ * the host's; the schema marks eps optional without a default):
+ *   y = (x - mean) / sqrt(var + eps) * w (+ b), mean = 0 and var = mean(x^2) for rms_norm. */
+
+/* A row's statistics: the mean as x0 + d, x0 the row's first element (0 for rms_norm) and d the
+ * mean of x - x0, so that x - mean = (x - x0) - d keeps its precision in float when a common
+ * offset is much larger than the spread (the host subtracts a double mean); and
+ * inv = 1 / sqrt(var + eps). */
+typedef struct dt_cu_rowstat {
+  float x0, d, inv;
+} dt_cu_rowstat_t;
+
+__device__ __forceinline__ float dt_cu_centred(const dt_cu_rowstat_t& rs, float x) {
+  return (x - rs.x0) - rs.d;
+}
+
+/* The statistics of row xr (every thread of the group gets them): the mean's sum, then the
+ * variance over the centred values in a second pass (as the host computes it). */
+template <typename T, int G, bool LAYER>
+__device__ __forceinline__ dt_cu_rowstat_t dt_cu_row_stats(const T* xr, int64_t D, float eps,
+                                                           int64_t lane, float* smem) {
+  dt_cu_rowstat_t rs = {0.0f, 0.0f, 0.0f};
+  if constexpr (LAYER) {
+    rs.x0 = dt_cu_f32(xr[0]);
+    float s = 0.0f;
+    for (int64_t j = lane; j < D; j += G) s += dt_cu_f32(xr[j]) - rs.x0;
+    rs.d = dt_cu_group_reduce<DT_CU_OP_SUM, G>(s, smem) / (float)D;
+  }
+  float v = 0.0f;
+  for (int64_t j = lane; j < D; j += G) {
+    const float c = dt_cu_centred(rs, dt_cu_f32(xr[j]));
+    v += c * c;
+  }
+  v = dt_cu_group_reduce<DT_CU_OP_SUM, G>(v, smem);
+  rs.inv = 1.0f / sqrtf(v / (float)D + eps);
+  return rs;
+}
+
+template <typename T, int G, bool LAYER>
+__global__ void dt_cu_norm_k(const T* x, const T* w, const T* b, T* y, int64_t rows, int64_t D,
+                             float eps) {
+  __shared__ float smem[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t r = dt_cu_group_id<G>(); r < rows; r += step) {
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
+    const dt_cu_rowstat_t rs = dt_cu_row_stats<T, G, LAYER>(xr, D, eps, lane, smem);
+    for (int64_t j = lane; j < D; j += G) {
+      float v = dt_cu_centred(rs, dt_cu_f32(xr[j])) * rs.inv * dt_cu_f32(w[j]);
+      if constexpr (LAYER) v += dt_cu_f32(b[j]);
+      yr[j] = dt_cu_from_f32<T>(v);
+    }
+  }
+}
+
+/* eps as the host kernels read it */
+static float dt_cu_norm_eps(const dt_op_call_t* call, int layer) {
+  return (float)(call->n_fargs ? call->fargs[0] : (layer ? 1e-5 : 1e-6));
+}
+
+/* The checks of dt__norm_rules that the kernel relies on (the dtypes included: the kernel reads
+ * every tensor as the input's storage type). */
+static dt_status_t dt_cu_norm_check(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                    int n_params, const dt_local_tensor_t* out) {
+  if (in[0].ndim < 1) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input must have a dim", call->op);
+  const int64_t D = in[0].shape[in[0].ndim - 1];
+  for (int t = 1; t <= n_params; t++)
+    if (in[t].ndim != 1 || in[t].shape[0] != D || in[t].dtype != in[0].dtype)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: parameter %d must be a %s vector of %lld", call->op,
+                     t, dt_dtype_name(in[0].dtype), (long long)D);
+  if (out->dtype != in[0].dtype)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output dtype %s differs from the input's %s", call->op,
+                   dt_dtype_name(out->dtype), dt_dtype_name(in[0].dtype));
+  return DT_SUCCESS;
+}
+
+template <bool LAYER>
+static dt_status_t dt_cu_norm(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  DT_CHECK(dt_cu_norm_check(call, in, LAYER ? 2 : 1, out));
+  const int64_t D = in[0].shape[in[0].ndim - 1];
+  const int64_t rows = D ? dt_cu_numel(&in[0]) / D : 0;
+  if (rows == 0) return DT_SUCCESS;
+  const float eps = dt_cu_norm_eps(call, LAYER);
+  return dt_cu_float_dispatch(call->op, in[0].dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return dt_cu_group_dispatch(dt_cu_row_group(D), [&](auto gc) {
+      constexpr int G = decltype(gc)::value;
+      return dt_cu_run(call->op, dt_cu_norm_k<T, G, LAYER>, dt_cu_grid(in, rows * G),
+                       dt_cu_stream(in), (const T*)in[0].data, (const T*)in[1].data,
+                       LAYER ? (const T*)in[2].data : (const T*)NULL, (T*)out->data, rows, D, eps);
+    });
+  });
+}
+
+DT_CU_KERNEL(dt_cu_rms_norm) { return dt_cu_norm<false>(call, in, out); }
+DT_CU_KERNEL(dt_cu_layer_norm) { return dt_cu_norm<true>(call, in, out); }
+
+/* ---------------------------------------------------------------------------------------------
+ * rms_norm_grad / layer_norm_grad (g, x, w) -> (gx, gw), f32, over the last dim:
+ *   xhat = (x - mean) inv, dxhat = g w,
+ *   gx = inv (dxhat - mean(dxhat) - xhat mean(dxhat xhat))   (mean(dxhat) for layer_norm only),
+ *   gw = sum over this rank's rows of g xhat.
+ * gw is a column reduction done without atomics, so that it is the same on every run: the row
+ * kernel saves each row's statistics, blocks of columns sum chunks of rows into a scratch array
+ * of partial sums, and a last kernel adds the chunks up in order. */
+
+template <int G, bool LAYER>
+__global__ void dt_cu_norm_grad_k(const float* g, const float* x, const float* w, float* gx,
+                                  dt_cu_rowstat_t* stats, int64_t rows, int64_t D, float eps) {
+  __shared__ float smem[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t r = dt_cu_group_id<G>(); r < rows; r += step) {
+    const float *xr = x + r * D, *gr = g + r * D;
+    float* gxr = gx + r * D;
+    const dt_cu_rowstat_t rs = dt_cu_row_stats<float, G, LAYER>(xr, D, eps, lane, smem);
+    float m1 = 0.0f, m2 = 0.0f;
+    for (int64_t j = lane; j < D; j += G) {
+      const float dxh = gr[j] * w[j];
+      if constexpr (LAYER) m1 += dxh;
+      m2 += dxh * (dt_cu_centred(rs, xr[j]) * rs.inv);
+    }
+    if constexpr (LAYER) m1 = dt_cu_group_reduce<DT_CU_OP_SUM, G>(m1, smem) / (float)D;
+    m2 = dt_cu_group_reduce<DT_CU_OP_SUM, G>(m2, smem) / (float)D;
+    for (int64_t j = lane; j < D; j += G) {
+      const float xh = dt_cu_centred(rs, xr[j]) * rs.inv;
+      gxr[j] = rs.inv * (gr[j] * w[j] - m1 - xh * m2);
+    }
+    if (lane == 0) stats[r] = rs;
+  }
+}
+
+/* Partial gw: part[c * D + j] = sum over rows [c * chunk, + chunk) of g xhat at column j; a
+ * thread per column, a block per (chunk, 256 columns). */
+__global__ void dt_cu_norm_wgrad_k(const float* g, const float* x, const dt_cu_rowstat_t* stats,
+                                   float* part, int64_t rows, int64_t D, int64_t chunk,
+                                   int64_t nchunks) {
+  const int64_t colblocks = (D + blockDim.x - 1) / blockDim.x, items = colblocks * nchunks;
+  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const int64_t c = it / colblocks, j = (it % colblocks) * blockDim.x + threadIdx.x;
+    if (j >= D) continue;
+    const int64_t r0 = c * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    float acc = 0.0f;
+    for (int64_t r = r0; r < r1; r++)
+      acc += g[r * D + j] * (dt_cu_centred(stats[r], x[r * D + j]) * stats[r].inv);
+    part[c * D + j] = acc;
+  }
+}
+
+/* gw[j] = sum over c < nchunks of part[c * D + j], in order of c. */
+__global__ void dt_cu_sum_chunks_k(const float* part, float* gw, int64_t D, int64_t nchunks) {
+  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < D;
+       j += (int64_t)gridDim.x * blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < nchunks; c++) acc += part[c * D + j];
+    gw[j] = acc;
+  }
+}
+
+template <bool LAYER>
+static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                   dt_local_tensor_t* out) {
+  DT_CHECK(dt_cu_need_f32(call, in, 3));
+  const dt_local_tensor_t* x = &in[1];
+  if (x->ndim < 1 || in[0].ndim != x->ndim || dt_cu_numel(&in[0]) != dt_cu_numel(x) ||
+      in[2].ndim != 1 || in[2].shape[0] != x->shape[x->ndim - 1])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: expects g and x of one shape and w of the last dim",
+                   call->op);
+  const int64_t D = x->shape[x->ndim - 1], rows = D ? dt_cu_numel(x) / D : 0;
+  if (D == 0) return DT_SUCCESS;
+  const float eps = dt_cu_norm_eps(call, LAYER);
+  const float *g = (const float*)in[0].data, *xv = (const float*)x->data,
+              *w = (const float*)in[2].data;
+  float *gx = (float*)out[0].data, *gw = (float*)out[1].data;
+  const cudaStream_t stream = dt_cu_stream(x);
+  /* chunks of at least 128 rows, at most 1024 chunks; no rows: one empty chunk (gw = 0) */
+  int64_t chunk = (rows + 1023) / 1024;
+  if (chunk < 128) chunk = 128;
+  const int64_t nchunks = rows ? (rows + chunk - 1) / chunk : 1;
+  dt_status_t st = DT_SUCCESS;
+  void *stats = NULL, *part = NULL;
+  const size_t stats_nbytes = sizeof(dt_cu_rowstat_t) * (size_t)rows;
+  const size_t part_nbytes = nchunks > 1 ? sizeof(float) * (size_t)(nchunks * D) : 0;
+  DT_CHECK_GOTO(dt_cu_scratch(x, call->op, stats_nbytes, &stats), st, done);
+  if (nchunks > 1) DT_CHECK_GOTO(dt_cu_scratch(x, call->op, part_nbytes, &part), st, done);
+  if (rows > 0)
+    DT_CHECK_GOTO(dt_cu_group_dispatch(dt_cu_row_group(D),
+                                       [&](auto gc) {
+                                         constexpr int G = decltype(gc)::value;
+                                         return dt_cu_run(call->op, dt_cu_norm_grad_k<G, LAYER>,
+                                                          dt_cu_grid(x, rows * G), stream, g, xv, w,
+                                                          gx, (dt_cu_rowstat_t*)stats, rows, D,
+                                                          eps);
+                                       }),
+                  st, done);
+  {
+    const int64_t colblocks = (D + DT_CU_BLOCK - 1) / DT_CU_BLOCK;
+    float* dst = nchunks > 1 ? (float*)part : gw;
+    DT_CHECK_GOTO(
+        dt_cu_run(call->op, dt_cu_norm_wgrad_k, dt_cu_grid(x, colblocks * nchunks * DT_CU_BLOCK),
+                  stream, g, xv, (const dt_cu_rowstat_t*)stats, dst, rows, D, chunk, nchunks),
+        st, done);
+  }
+  if (nchunks > 1)
+    DT_CHECK_GOTO(dt_cu_run(call->op, dt_cu_sum_chunks_k, dt_cu_grid(x, D), stream,
+                            (const float*)part, gw, D, nchunks),
+                  st, done);
+done:
+  dt_cu_scratch_free(x, part, part_nbytes);
+  dt_cu_scratch_free(x, stats, stats_nbytes);
+  return st;
+}
+
+DT_CU_KERNEL(dt_cu_rms_norm_grad) { return dt_cu_norm_grad<false>(call, in, out); }
+DT_CU_KERNEL(dt_cu_layer_norm_grad) { return dt_cu_norm_grad<true>(call, in, out); }
+
+/* ---------------------------------------------------------------------------------------------
+ * rotary embedding (iargs [seq_dim=1, inverse=0], fargs [theta=10000]) on interleaved pairs
+ * (x[2i], x[2i+1]) of the last dim D: the pair turns by the angle pos * theta^(-2i/D) (the
+ * opposite way with inverse), pos the GLOBAL index along seq_dim (the shard's offset plus the
+ * local index), as the host computes it. */
+
+/* cos and (dir) sin of every (local position p < L, pair i < H2), computed in double as the
+ * host does: positions times frequencies reach 1e5 radians and more, far beyond what a float
+ * angle resolves. */
+__global__ void dt_cu_rotary_table_k(float* tab, int64_t L, int64_t H2, int64_t D, int64_t pos0,
+                                     double theta, double dir) {
+  for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < L * H2;
+       k += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t p = k / H2, i = k % H2;
+    const double ang = (double)(pos0 + p) * pow(theta, -2.0 * (double)i / (double)D);
+    tab[2 * k] = (float)cos(ang);
+    tab[2 * k + 1] = (float)(dir * sin(ang));
+  }
+}
+
+/* Pair k of the tensor (row k / H2, pair k % H2); the row's position along seq_dim is
+ * (row / inner) % L, inner the rows per step of seq_dim. */
+template <typename T>
+__global__ void dt_cu_rotary_k(const T* x, T* y, const float* tab, int64_t pairs, int64_t H2,
+                               int64_t inner, int64_t L) {
+  for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < pairs;
+       k += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t row = k / H2, i = k % H2, t = ((row / inner) % L) * H2 + i;
+    const float c = tab[2 * t], s = tab[2 * t + 1];
+    const float x0 = dt_cu_f32(x[2 * k]), x1 = dt_cu_f32(x[2 * k + 1]);
+    y[2 * k] = dt_cu_from_f32<T>(x0 * c - x1 * s);
+    y[2 * k + 1] = dt_cu_from_f32<T>(x0 * s + x1 * c);
+  }
+}
+
+DT_CU_KERNEL(dt_cu_rotary) {
+  const dt_local_tensor_t* x = &in[0];
+  const int nd = x->ndim;
+  const int64_t sd =
+      call->n_iargs ? (call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]) : 1;
+  if (nd < 2 || sd < 0 || sd >= nd - 1 || x->shape[nd - 1] % 2 != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "rotary: x (.., S, .., D) with an even D and iargs [seq_dim] (not the last)");
+  if (out->dtype != x->dtype)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: output dtype %s differs from the input's %s",
+                   dt_dtype_name(out->dtype), dt_dtype_name(x->dtype));
+  const double theta = dt__op_farg(DT_OP_ROTARY, call, 0);
+  const double dir = call->n_iargs > 1 && call->iargs[1] ? -1.0 : 1.0; /* inverse rotation */
+  const int64_t D = x->shape[nd - 1], H2 = D / 2, L = x->shape[sd];
+  const int64_t pairs = dt_cu_numel(x) / 2;
+  int64_t inner = 1;
+  for (int d = (int)sd + 1; d < nd - 1; d++) inner *= x->shape[d];
+  if (pairs == 0) return DT_SUCCESS;
+  return dt_cu_float_dispatch("rotary", x->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const size_t tab_nbytes = sizeof(float) * 2 * (size_t)(L * H2);
+    void* tab = NULL;
+    DT_CHECK(dt_cu_scratch(x, "rotary", tab_nbytes, &tab));
+    const cudaStream_t stream = dt_cu_stream(x);
+    dt_status_t st = dt_cu_run("rotary", dt_cu_rotary_table_k, dt_cu_grid(x, L * H2), stream,
+                               (float*)tab, L, H2, D, x->offset[sd], theta, dir);
+    if (st == DT_SUCCESS)
+      st = dt_cu_run("rotary", dt_cu_rotary_k<T>, dt_cu_grid(x, pairs), stream, (const T*)x->data,
+                     (T*)out->data, (const float*)tab, pairs, H2, inner, L);
+    dt_cu_scratch_free(x, tab, tab_nbytes);
+    return st;
+  });
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * registration */
+
+}  // namespace
+
+DT_CU_FILL(reduce) {
+  t[DT_OP_SUM] = {dt_cu_sum, 0};
+  t[DT_OP_MEAN] = {dt_cu_mean, 0};
+  t[DT_OP_AMAX] = {dt_cu_amax, 0};
+  t[DT_OP_AMIN] = {dt_cu_amin, 0};
+  t[DT_OP_SOFTMAX] = {dt_cu_softmax_fwd, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_LOG_SOFTMAX] = {dt_cu_log_softmax, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_RMS_NORM] = {dt_cu_rms_norm, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_LAYER_NORM] = {dt_cu_layer_norm, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_RMS_NORM_GRAD] = {dt_cu_rms_norm_grad, 0};
+  t[DT_OP_LAYER_NORM_GRAD] = {dt_cu_layer_norm_grad, 0};
+  t[DT_OP_ROTARY] = {dt_cu_rotary, DT_KERNEL_ANY_DTYPE};
+}
