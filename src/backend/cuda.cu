@@ -43,11 +43,89 @@
 #include "backend/cuda_rt_emu.h"
 #else
 #include <cublasLt.h>
+#include <dlfcn.h>
 #endif
 
 extern "C" {
 #include "backend/cuda.h"
 }
+
+#ifndef DT_SIMT_EMULATE
+/* ---------------------------------------------------------------------------------------------
+ * cuBLASLt, loaded when the first GEMM needs it (dlopen): the library does not depend on it at
+ * link time, so it runs where the only cuBLASLt is another installation's (PyTorch's wheels ship
+ * one), of this major version or the previous one (the functions used here are the same in
+ * 12.x and 13.x), and a program that never multiplies matrices on a GPU needs none.
+ * $DTENSOR_CUBLASLT names the file to load; else libcublasLt.so.13, .so.12, .so in the loader's
+ * search path. */
+#define DT__LT_FUNCS(X)                                                                          \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetStatusName) X(cublasLtGetStatusString)       \
+  X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate)                \
+  X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                                 \
+  X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)                           \
+  X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate)                          \
+  X(cublasLtMatrixLayoutDestroy) X(cublasLtMatrixLayoutSetAttribute)
+static pthread_mutex_t dt__lt_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  int tried;
+  void* handle;
+  char why[768];
+#define DT__LT_PTR(f) decltype(&::f) f;
+  DT__LT_FUNCS(DT__LT_PTR)
+#undef DT__LT_PTR
+} dt__lt; /* zero until loaded */
+
+static dt_status_t dt__lt_load(void) {
+  pthread_mutex_lock(&dt__lt_mu);
+  if (!dt__lt.tried) {
+    dt__lt.tried = 1;
+    const char* names[4] = {getenv("DTENSOR_CUBLASLT"), "libcublasLt.so.13", "libcublasLt.so.12",
+                            "libcublasLt.so"};
+    size_t at = 0;
+    for (int i = 0; i < 4 && dt__lt.handle == NULL; i++) {
+      if (names[i] == NULL || !names[i][0]) continue;
+      dt__lt.handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+      if (dt__lt.handle == NULL && at < sizeof dt__lt.why)
+        at += (size_t)snprintf(dt__lt.why + at, sizeof dt__lt.why - at, "%s%s", at ? "; " : "",
+                               dlerror());
+    }
+    int ok = dt__lt.handle != NULL;
+#define DT__LT_SYM(f)                                                                  \
+  if (ok && (dt__lt.f = (decltype(dt__lt.f))dlsym(dt__lt.handle, #f)) == NULL) {       \
+    snprintf(dt__lt.why, sizeof dt__lt.why, "the loaded cuBLASLt has no %s", #f);      \
+    ok = 0;                                                                            \
+  }
+    DT__LT_FUNCS(DT__LT_SYM)
+#undef DT__LT_SYM
+    if (!ok && dt__lt.handle != NULL) {
+      dlclose(dt__lt.handle);
+      dt__lt.handle = NULL;
+    }
+  }
+  dt_status_t st = dt__lt.handle != NULL ? DT_SUCCESS
+                   : DT_FAIL(DT_ERR_CUBLAS, "cannot load cuBLASLt (set DTENSOR_CUBLASLT to the "
+                             "library file, or add its folder to LD_LIBRARY_PATH): %s", dt__lt.why);
+  pthread_mutex_unlock(&dt__lt_mu);
+  return st;
+}
+
+/* From here on every cuBLASLt call goes through the loaded library. */
+#define cublasLtCreate dt__lt.cublasLtCreate
+#define cublasLtDestroy dt__lt.cublasLtDestroy
+#define cublasLtGetStatusName dt__lt.cublasLtGetStatusName
+#define cublasLtGetStatusString dt__lt.cublasLtGetStatusString
+#define cublasLtMatmul dt__lt.cublasLtMatmul
+#define cublasLtMatmulAlgoGetHeuristic dt__lt.cublasLtMatmulAlgoGetHeuristic
+#define cublasLtMatmulDescCreate dt__lt.cublasLtMatmulDescCreate
+#define cublasLtMatmulDescDestroy dt__lt.cublasLtMatmulDescDestroy
+#define cublasLtMatmulDescSetAttribute dt__lt.cublasLtMatmulDescSetAttribute
+#define cublasLtMatmulPreferenceCreate dt__lt.cublasLtMatmulPreferenceCreate
+#define cublasLtMatmulPreferenceDestroy dt__lt.cublasLtMatmulPreferenceDestroy
+#define cublasLtMatmulPreferenceSetAttribute dt__lt.cublasLtMatmulPreferenceSetAttribute
+#define cublasLtMatrixLayoutCreate dt__lt.cublasLtMatrixLayoutCreate
+#define cublasLtMatrixLayoutDestroy dt__lt.cublasLtMatrixLayoutDestroy
+#define cublasLtMatrixLayoutSetAttribute dt__lt.cublasLtMatrixLayoutSetAttribute
+#endif
 
 #define DT_CU_THREADS 256
 #define DT_CU_SMALL_MAX ((size_t)1 << 20)   /* size classes: 512 B granules up to here, */
@@ -887,6 +965,7 @@ static dt_status_t dt__cu_plan_get(dt_cu_ctx_t* c, const dt_gemm_t* g, const dt_
  * picks algorithms that need none). gemm_mu held. */
 static dt_status_t dt__cu_lt_ready(dt_cu_ctx_t* c) {
   if (c->lt == NULL) {
+    DT_CHECK(dt__lt_load());
     cublasStatus_t s = cublasLtCreate(&c->lt);
     if (s != CUBLAS_STATUS_SUCCESS) {
       c->lt = NULL;

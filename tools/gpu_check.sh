@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# gpu_check.sh - the one prepared run for the GPU machine (it has CUDA, PyTorch, cmake and ninja but
+# no MPI, no package registry, no network). Everything it runs was built and packed here:
+#
+#   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_CUDA=ON
+#   cmake --build build-gpu && tools/gpu_runtime.sh --bin build-gpu/tests && tools/gpu_pack.sh build-gpu
+#   # carry .gpu-runtime.tar.xz and .gpu-build.tar.xz; on the GPU machine, from the repository root:
+#   tools/gpu_check.sh            (or: DT_GPU_CHECK_BACKEND=cuda-emu tools/gpu_check.sh here, as a
+#                                  dry run of the script on the emulator, benchmarks skipped)
+#
+# Steps, each under its own time limit, in order of importance (correctness first); a step that
+# would start after $DT_GPU_CHECK_BUDGET_S seconds (default 420) is skipped and says so, so the
+# whole run ends in under 8 minutes:
+#   machine     GPU, driver, OS, glibc; the runtime (tools/gpu_env.sh) and the packed programs
+#   backend     test_cuda_backend (every vtable member against the cpu backend), test_simt_emu_gpu
+#               (the emulator's own test kernels on the real GPU: the emulator's rules are CUDA's)
+#   conformance test_conformance at np 1 and 2 (every op x dtype, cpu against cuda)
+#   errors      test_device_errors and test_device_leaks (1000 FSDP steps) at np 2
+#   twins       the device twins: redistribution (np 2, 4), ops against PyTorch's fixtures,
+#               autograd, FSDP (np 2, 4), DDP, TP, EP, optimizer, memory, local transfers
+#   parity      tests/nn/loss_parity.sh on the GPU (np 1, 2, 4 on one GPU, f32, rtol 1e-5)
+#   gemm        bench_gpu: dt_mm bf16 4096^3 and 8192^3 against the same cuBLASLt call made
+#               directly, TF32, host-staging bandwidth
+#   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
+#               the same ~125M-parameter model, then ~1B, alternating ours and theirs
+# Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
+# the device tool's machine set OUT to its $OUT so the logs come back), and the last line:
+#   gpu_check: gemm_vs_cublaslt=<x> train_vs_torch=<125M>/<1B> mfu=<x> conformance_ops=<n> failed=<k>
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+T0=$(date +%s)
+BUDGET=${DT_GPU_CHECK_BUDGET_S:-420}
+BACKEND=${DT_GPU_CHECK_BACKEND:-cuda}
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+failed=0
+
+elapsed() { echo $(($(date +%s) - T0)); }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# step NAME LIMIT_S CMD...: runs CMD (output in $OUT/NAME.log) unless the budget is spent
+step() {
+  local name=$1 limit=$2
+  shift 2
+  if [ "$(elapsed)" -ge "$BUDGET" ]; then
+    note "SKIP  $name (budget of ${BUDGET}s spent)"
+    return 0
+  fi
+  local s
+  s=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$? d=$(($(date +%s) - s))
+  if [ $rc -eq 0 ]; then note "PASS  $name (${d}s)"
+  elif [ $rc -eq 77 ]; then note "SKIP  $name (${d}s): $(tail -n 1 "$OUT/$name.log")"
+  else
+    failed=$((failed + 1))
+    note "FAIL  $name (${d}s, rc $rc): $(grep -m1 -iE 'fail|error|abort' "$OUT/$name.log" | cut -c1-300)"
+  fi
+  return 0
+}
+
+note "== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) backend $BACKEND, commit $(cat gpu-build/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$SUMMARY"
+note "os: $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"), $(getconf GNU_LIBC_VERSION), $(nproc) cores"
+
+# the runtime (Open MPI, OpenBLAS, cJSON, cuBLASLt's folder) and the packed programs
+if [ ! -d gpu-build ] && [ -f .gpu-build.tar.xz ]; then
+  tar -xJf .gpu-build.tar.xz 2>/dev/null || python3 -c "import tarfile; tarfile.open('.gpu-build.tar.xz').extractall('.')"
+fi
+[ -d gpu-build ] || { note "FAIL  no gpu-build/ (run tools/gpu_pack.sh here and carry .gpu-build.tar.xz)"; exit 1; }
+if [ "$BACKEND" = cuda ]; then
+  # shellcheck source=tools/gpu_env.sh
+  source tools/gpu_env.sh 2>&1 | tee -a "$SUMMARY" || true
+  source tools/gpu_env.sh > /dev/null 2>&1 || { note "FAIL  tools/gpu_env.sh"; exit 1; }
+else
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+fi
+export LD_LIBRARY_PATH="$ROOT/gpu-build/lib:${LD_LIBRARY_PATH:-}"
+export OPENBLAS_NUM_THREADS=1 DTENSOR_COST_MODEL=none DT_TEST_REFERENCE_DIR="$ROOT/gpu-build"
+G=$ROOT/gpu-build
+MPI=(mpirun --allow-run-as-root --oversubscribe)
+
+# backend
+step probe 30 "$G/tests/probe_backend" "$BACKEND"
+if grep -q "^SKIP  probe\|^FAIL  probe" "$SUMMARY"; then
+  note "gpu_check: no usable $BACKEND backend here: $(cat "$OUT/probe.log")"
+  exit 1
+fi
+step test_cuda_backend 60 "$G/tests/test_cuda_backend"
+[ "$BACKEND" = cuda ] && step test_simt_emu_gpu 60 "$G/tests/test_simt_emu_gpu"
+
+# conformance
+for np in 1 2; do
+  step "conformance_np$np" 120 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" "${MPI[@]}" -np $np \
+    "$G/tests/test_conformance"
+done
+
+# errors, leaks
+step device_errors_np2 60 env DT_DEVICE_BACKEND="$BACKEND" "${MPI[@]}" -np 2 "$G/tests/test_device_errors"
+step device_leaks_np2 120 env DT_DEVICE_BACKEND="$BACKEND" "${MPI[@]}" -np 2 "$G/tests/test_device_leaks"
+
+# twins
+twin() { # test np
+  step "$1_np$2" 90 env DTENSOR_BACKEND="$BACKEND" "${MPI[@]}" -np "$2" "$G/tests/$1"
+}
+twin test_exhaustive 2
+twin test_exhaustive 4
+twin test_ops_reference 2
+twin test_autograd 2
+twin test_fsdp 2
+twin test_fsdp 4
+twin test_ddp 2
+twin test_tp 2
+twin test_moe_ep 2
+twin test_local_io 2
+twin test_async 2
+twin test_optim 2
+twin test_memory 2
+
+# loss parity on one GPU: np 1, 2, 4 (host-staged communication), f32
+step loss_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/nn/loss_parity.sh mpirun \
+  "$G/examples/train" "$OUT/loss_parity"
+
+# benchmarks (GPU only)
+gemm=na tvt1=na tvt2=na mfu=na
+if [ "$BACKEND" = cuda ]; then
+  if [ -x "$G/bench/bench_gpu" ]; then
+    step bench_gpu 120 "$G/bench/bench_gpu"
+    gemm=$(sed -n 's/.*gemm_vs_cublaslt=\([0-9.]*\).*/\1/p' "$OUT/bench_gpu.log" | tail -n 1)
+  fi
+  # name dim layers heads batch seq steps
+  train_pair() {
+    local name=$1 dim=$2 layers=$3 heads=$4 batch=$5 seq=$6 steps=$7
+    step "train_ours_$name" 150 "${MPI[@]}" -np 1 "$G/examples/train" --device cuda --parallel fsdp \
+      --param-dtype bf16 --dim "$dim" --layers "$layers" --heads "$heads" --batch "$batch" \
+      --seq "$seq" --steps "$steps" --vocab 256 --order 1 --warmup 2 --metrics "$OUT/ours_$name.jsonl"
+    step "train_torch_$name" 150 python3 bench/train_torch_gpu.py --dim "$dim" --layers "$layers" \
+      --heads "$heads" --vocab 256 --batch "$batch" --seq "$seq" --steps "$steps"
+  }
+  train_pair 125M 896 13 14 8 1024 12
+  train_pair 1B 2048 20 16 4 1024 8
+  ours_tps() { # median tokens/s of steps 3.. of our metrics
+    [ -f "$1" ] && sed -n 's/.*"tokens_per_s":\([0-9.]*\).*/\1/p' "$1" | tail -n +4 | sort -g |
+      awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "na"}' || echo na
+  }
+  ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.3f", a / b; else print "na" }'; }
+  for name in 125M 1B; do
+    o=$(ours_tps "$OUT/ours_$name.jsonl")
+    t=$(sed -n 's/.*torch_tokens_per_s=\([0-9.]*\).*/\1/p' "$OUT/train_torch_$name.log" | tail -n 1)
+    note "train $name: ours ${o:-na} tokens/s, torch ${t:-na} tokens/s"
+    if [ "$name" = 125M ]; then tvt1=$(ratio "$o" "$t"); else tvt2=$(ratio "$o" "$t"); fi
+  done
+  mfu=$(sed -n 's/.*"mfu":\([0-9.e-]*\).*/\1/p' "$OUT/ours_1B.jsonl" 2>/dev/null | tail -n +4 | sort -g |
+        awk '{a[NR]=$1} END {if (NR) printf "%.3f", a[int((NR+1)/2)]; else print "na"}')
+fi
+ops=$(sed -n 's/^test_conformance np=1: \([0-9]*\) ops.*/\1/p' "$OUT/conformance_np1.log" 2>/dev/null | tail -n 1)
+note "gpu_check: gemm_vs_cublaslt=${gemm:-na} train_vs_torch=${tvt1}/${tvt2} mfu=${mfu:-na} conformance_ops=${ops:-0} failed=$failed elapsed_s=$(elapsed)"
+[ "$failed" -eq 0 ]
