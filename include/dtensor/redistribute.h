@@ -117,6 +117,24 @@ DT_API dt_status_t dt_cost_model_load_string(const char* text, size_t len);
 DT_API dt_status_t dt_cost_model_save(const char* path);
 /* Estimated cost of one collective on n ranks (its cheapest algorithm). */
 DT_API dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us);
+/* Cost parameters of collective c with algorithm a on mesh dim `dim` of `mesh` (abstract meshes
+ * too), for meshes whose dims sit on different links (tensor parallel over NVLink, data parallel
+ * over InfiniBand): steps on that dim are priced with them instead of the global model (a step
+ * merged over several flattened dims with its slowest member's: the lowest bandwidth). params
+ * NULL returns the dim to the global model. Same ranges as dt_cost_model_set; plans of this mesh
+ * cached before are not used again. A mesh on a device backend whose communication is staged
+ * through host memory (cuda until the NCCL communicator) also pays two copies per step, priced
+ * by the backend. */
+DT_API dt_status_t dt_mesh_set_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c,
+                                          dt_coll_algo_t a, const dt_cost_params_t* params);
+/* The parameters that price collective c with algorithm a on mesh dim `dim` (the dim's own, else
+ * the global model's). */
+DT_API dt_status_t dt_mesh_get_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c,
+                                          dt_coll_algo_t a, dt_cost_params_t* out);
+/* Estimated cost of collective c moving nbytes over the mesh dims in `mask` (bit i: dim i) of
+ * `mesh`, with the per-dim parameters and the backend's staging (its cheapest algorithm). */
+DT_API dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_collective_t c,
+                                         uint64_t nbytes, double* cost_us);
 
 /* ---- asynchronous redistribution --------------------------------------------------------- */
 /* A redistribution in flight (dt_tensor_redistribute_async). It advances whenever the library is

@@ -135,6 +135,10 @@ struct dt_backend {
   int ordinal; /* the device's index among its kind (-1: host memory) */
   int kernel_set; /* which kernels run on it (dt_kernel_set_t: the ops layer owns the tables) */
   int allow_tf32; /* f32 GEMMs may use TF32 (dt_backend_set_tf32) */
+  /* the cost model's price of host staging (a device backend whose communication goes through
+   * host memory): per copy between the device and the host, a latency and a bandwidth; 0 GB/s for
+   * host backends (no staging) */
+  double stage_us, stage_gbps;
   int pooled; /* storage of 64 KiB and more is cached in the storage pool */
   /* persistent workspace of blocking redistributions (grow-only, backend memory) */
   void* ws[DT_WS_SLOTS];

@@ -1288,6 +1288,16 @@ static dt_status_t dt__cu_create(int ordinal, const char* name, int kernel_set,
   c->b.ordinal = ordinal;
   c->b.kernel_set = kernel_set;
   c->b.pooled = 0; /* the storage pool is for host memory; the allocator caches itself */
+  /* the cost model's price of host staging, per copy (dt_mesh_set_cost_model's comment): a
+   * synchronized copy between device and page-locked host memory over PCIe; the emulator's copies
+   * are memcpy (this machine's single-thread rate) */
+#ifdef DT_SIMT_EMULATE
+  c->b.stage_us = 1.0;
+  c->b.stage_gbps = 7.0;
+#else
+  c->b.stage_us = 10.0;
+  c->b.stage_gbps = 25.0;
+#endif
   DT_CHECK_GOTO(dt__backend_register(&c->b), st, fail);
   *out = c;
   return DT_SUCCESS;

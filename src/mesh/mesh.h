@@ -54,6 +54,10 @@ struct dt_mesh {
   dt_flat_group_t flat[DT_MAX_FLAT];
   int nflat;
   dt_counters_t counters;
+  /* cost parameters per mesh dim (dt_mesh_set_cost_model): dim_cost_set[d] bit c * DT_ALGO_COUNT
+   * + a says dim_cost[d][c][a] replaces the global model's for steps on dim d */
+  dt_cost_params_t dim_cost[DT_MAX_MESH_DIMS][DT_COLL_COUNT][DT_ALGO_COUNT];
+  uint32_t dim_cost_set[DT_MAX_MESH_DIMS];
   /* asynchronous slots: the work holding each, and its duplicates of the communicators (one per
    * mask used: single dims, flattened groups, all dims), created on first use */
   struct dt__work* slot_owner[DT_ASYNC_SLOTS];

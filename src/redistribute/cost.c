@@ -84,7 +84,10 @@ const char* dt_collective_name(dt_collective_t c) {
   return (c >= 0 && c < DT_COLL_COUNT) ? names[c] : "invalid";
 }
 
-void dt__cost_linear(dt_collective_t c, dt_coll_algo_t algo, int n, double* a, double* b) {
+/* The line of collective c with algorithm `algo` on n ranks under parameters p (NULL: the global
+ * model's). */
+static void dt__cost_line(const dt_cost_params_t* p, dt_collective_t c, dt_coll_algo_t algo, int n,
+                          double* a, double* b) {
   dt__cost_init();
   /* an algorithm the collective lacks, or one other than the forced one, is never cheaper */
   int usable = algo == DT_ALGO_NATIVE || dt__cost_has_alt(c);
@@ -95,7 +98,7 @@ void dt__cost_linear(dt_collective_t c, dt_coll_algo_t algo, int n, double* a, d
     *b = 0.0;
     return;
   }
-  const dt_cost_params_t* p = &dt__cost[c][algo];
+  if (p == NULL) p = &dt__cost[c][algo];
   if (c == DT_COLL_LOCAL) {
     *a = 0.0;
     *b = 1.0 / (p->bw_gbps * 1e3);
@@ -112,12 +115,40 @@ void dt__cost_linear(dt_collective_t c, dt_coll_algo_t algo, int n, double* a, d
   *b = factor / (p->bw_gbps * 1e3);
 }
 
+void dt__cost_linear(dt_collective_t c, dt_coll_algo_t algo, int n, double* a, double* b) {
+  dt__cost_line(NULL, c, algo, n, a, b);
+}
+
+void dt__cost_linear_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, dt_coll_algo_t algo,
+                        int n, double* a, double* b) {
+  const dt_cost_params_t* p = NULL; /* the slowest dim of the group that has its own */
+  for (int d = 0; mesh != NULL && d < mesh->ndim && c != DT_COLL_LOCAL; d++) {
+    if (!(mask & (1u << d)) || !(mesh->dim_cost_set[d] & (1u << (c * DT_ALGO_COUNT + algo))))
+      continue;
+    const dt_cost_params_t* q = &mesh->dim_cost[d][c][algo];
+    if (p == NULL || q->bw_gbps < p->bw_gbps || (q->bw_gbps == p->bw_gbps && q->base_us > p->base_us))
+      p = q;
+  }
+  dt__cost_line(p, c, algo, n, a, b);
+  /* host staging of a device backend: the shard out of the device and the result back in (about
+   * the step's bytes once each way, the all-reduce's buffer and result alike) */
+  if (mesh != NULL && c != DT_COLL_LOCAL && n > 1 && isfinite(*a) && mesh->backend->stage_gbps > 0) {
+    *a += 2.0 * mesh->backend->stage_us;
+    *b += 2.0 / (mesh->backend->stage_gbps * 1e3);
+  }
+}
+
 double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes, dt_coll_algo_t* algo) {
+  return dt__cost_of_on(NULL, 0, c, n, nbytes, algo);
+}
+
+double dt__cost_of_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, int n, uint64_t nbytes,
+                      dt_coll_algo_t* algo) {
   double best = INFINITY;
   dt_coll_algo_t pick = DT_ALGO_NATIVE;
   for (int k = 0; k < DT_ALGO_COUNT; k++) {
     double a, b;
-    dt__cost_linear(c, (dt_coll_algo_t)k, n, &a, &b);
+    dt__cost_linear_on(mesh, mask, c, (dt_coll_algo_t)k, n, &a, &b);
     double v = a + b * (double)nbytes;
     if (v < best) {
       best = v;
@@ -185,6 +216,60 @@ dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
   dt__cost_init();
   dt__cost[c][a] = *params;
   dt__cost_gen++;
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__mesh_dim_arg(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a) {
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_CHECK(dt__algo_check(c, a));
+  if (c == DT_COLL_LOCAL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "local steps move no data between ranks: set their "
+                   "memory bandwidth with dt_cost_model_set");
+  if (dim < 0 || dim >= mesh->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh dim %d out of range [0, %d)", dim, mesh->ndim);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_set_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a,
+                                   const dt_cost_params_t* params) {
+  DT_CHECK(dt__mesh_dim_arg(mesh, dim, c, a));
+  const uint32_t bit = 1u << (c * DT_ALGO_COUNT + a);
+  if (params == NULL) {
+    mesh->dim_cost_set[dim] &= ~bit;
+  } else {
+    char key[64];
+    dt__cost_key(c, a, key, sizeof key);
+    DT_CHECK(dt__params_check(params, key));
+    mesh->dim_cost[dim][c][a] = *params;
+    mesh->dim_cost_set[dim] |= bit;
+  }
+  mesh->generation++; /* the mesh's cached plans were priced otherwise */
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_get_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a,
+                                   dt_cost_params_t* out) {
+  DT_ARG_NOT_NULL(out);
+  DT_CHECK(dt__mesh_dim_arg(mesh, dim, c, a));
+  dt__cost_init();
+  *out = (mesh->dim_cost_set[dim] & (1u << (c * DT_ALGO_COUNT + a))) ? mesh->dim_cost[dim][c][a]
+                                                                      : dt__cost[c][a];
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_collective_t c,
+                                  uint64_t nbytes, double* cost_us) {
+  DT_ARG_NOT_NULL(cost_us);
+  *cost_us = 0.0;
+  DT_CHECK(dt__mesh_check(mesh));
+  DT_CHECK(dt__coll_check(c));
+  if (mask == 0 || mask >= (1u << mesh->ndim))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mask 0x%x names no dims of a %d-dim mesh", mask,
+                   mesh->ndim);
+  int n = 1;
+  for (int d = 0; d < mesh->ndim; d++)
+    if (mask & (1u << d)) n *= mesh->shape[d];
+  *cost_us = dt__cost_of_on(mesh, mask, c, n, nbytes, NULL);
   return DT_SUCCESS;
 }
 

@@ -105,7 +105,8 @@ static dt_status_t dt__plan_build(dt_mesh_t mesh, dt_dtype_t dtype, const dt_lay
   p->dtype = dtype;
   memcpy(p->dst, dst, sizeof(dt_placement_t) * (size_t)src->mesh_ndim);
   size_t item = dt__itemsize(dtype);
-  dt_status_t st = greedy ? dt__plan_greedy(src, dst, item, p->steps, &p->nsteps, &p->cost_us)
+  dt_status_t st = greedy ? dt__plan_greedy(mesh, src, dst, item, p->steps, &p->nsteps,
+                                            &p->cost_us)
                           : dt__plan_search(mesh, src, dst, item, p->steps, &p->nsteps,
                                             &p->cost_us);
   if (st != DT_SUCCESS) {

@@ -50,6 +50,7 @@ dt_search_space_t dt__plan_space(dt_mesh_t mesh, const dt_layout_t* src, const d
                                  int prune) {
   dt_search_space_t sp;
   memset(&sp, 0, sizeof sp);
+  sp.mesh = mesh;
   for (int f = 0; mesh != NULL && f < mesh->nflat; f++) sp.flat[sp.nflat++] = mesh->flat[f].mask;
   for (int i = 0; i < src->mesh_ndim; i++) {
     const dt_placement_t* ps[2] = {&src->pl[i], &dst[i]};
@@ -102,7 +103,8 @@ int dt__plan_edge(const dt_layout_t* l, size_t item, const dt_placement_t* cur, 
     default: step->nbytes = (uint64_t)in * item; break; /* AR buffer, RS input, A2A send */
   }
   step->coll = (dt_collective_t)c;
-  step->cost_us = dt__cost_of((dt_collective_t)c, n, step->nbytes, &step->algo);
+  step->cost_us = dt__cost_of_on(sp->mesh, step->mask, (dt_collective_t)c, n, step->nbytes,
+                                 &step->algo);
   return 1;
 }
 
@@ -128,7 +130,7 @@ static int dt__plan_merged_edge(const dt_layout_t* l, size_t item, const dt_plac
   step->mask = mask;
   step->coll = c;
   step->nbytes = (uint64_t)dt__padded_numel(l, c == DT_COLL_ALL_GATHER ? st : cur) * item;
-  step->cost_us = dt__cost_of(c, gn, step->nbytes, &step->algo);
+  step->cost_us = dt__cost_of_on(sp->mesh, mask, c, gn, step->nbytes, &step->algo);
   return 1;
 }
 
@@ -382,8 +384,8 @@ dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_pla
   for (int i = 0; i < cd.m; i++)
     for (int c = 0; c < DT_COLL_COUNT; c++)
       for (int a = 0; a < DT_ALGO_COUNT; a++)
-        dt__cost_linear((dt_collective_t)c, (dt_coll_algo_t)a, src->mesh_shape[i],
-                        &fast.ca[i][c][a], &fast.cb[i][c][a]);
+        dt__cost_linear_on(mesh, 1u << i, (dt_collective_t)c, (dt_coll_algo_t)a,
+                           src->mesh_shape[i], &fast.ca[i][c][a], &fast.cb[i][c][a]);
   for (int s = 0; s < ns; s++) {
     dt_placement_t pl[DT_MAX_MESH_DIMS];
     dt__decode(&cd, s, pl);
@@ -482,12 +484,13 @@ static int dt__greedy_emit(const dt_layout_t* src, size_t item, dt_placement_t* 
   return 1;
 }
 
-dt_status_t dt__plan_greedy(const dt_layout_t* src, const dt_placement_t* dst, size_t item,
-                            dt_step_t* steps, int* nsteps, double* cost) {
+dt_status_t dt__plan_greedy(dt_mesh_t mesh, const dt_layout_t* src, const dt_placement_t* dst,
+                            size_t item, dt_step_t* steps, int* nsteps, double* cost) {
   *nsteps = 0;
   *cost = 0.0;
   DT_CHECK(dt__plan_validate(src, dst));
-  dt_search_space_t sp = dt__plan_space(NULL, src, dst, 0);
+  dt_search_space_t sp = dt__plan_space(mesh, src, dst, 0);
+  sp.nflat = 0; /* PyTorch's walk: one mesh dim per step (priced with the mesh's costs) */
   const int m = src->mesh_ndim;
   dt_placement_t cur[DT_MAX_MESH_DIMS];
   memcpy(cur, src->pl, sizeof cur);

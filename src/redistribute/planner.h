@@ -13,6 +13,7 @@ typedef struct dt_search_space {
   unsigned dmask; /* tensor dims that may be sharded */
   unsigned flat[DT_MAX_FLAT]; /* mesh-dim sets the caller flattened: merged collectives */
   int nflat;
+  dt_mesh_t mesh; /* its per-dim cost parameters and backend price steps (NULL: the global model) */
 } dt_search_space_t;
 
 /* Space for src -> dst: Partial ops of src and dst; shard dims of src and dst plus, when
@@ -35,7 +36,7 @@ dt_status_t dt__plan_validate(const dt_layout_t* src, const dt_placement_t* dst)
 dt_status_t dt__plan_search(dt_mesh_t mesh, const dt_layout_t* src, const dt_placement_t* dst, size_t item,
                             dt_step_t* steps, int* nsteps, double* cost);
 /* PyTorch's greedy walk: right to left (with R for misaligned nesting), then left to right. */
-dt_status_t dt__plan_greedy(const dt_layout_t* src, const dt_placement_t* dst, size_t item,
-                            dt_step_t* steps, int* nsteps, double* cost);
+dt_status_t dt__plan_greedy(dt_mesh_t mesh, const dt_layout_t* src, const dt_placement_t* dst,
+                            size_t item, dt_step_t* steps, int* nsteps, double* cost);
 
 #endif

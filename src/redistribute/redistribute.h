@@ -56,6 +56,14 @@ uint64_t dt__cost_generation(void);
 double dt__cost_of(dt_collective_t c, int n, uint64_t nbytes, dt_coll_algo_t* algo);
 /* The line cost = a + b * nbytes of collective c with algorithm `algo` on n ranks. */
 void dt__cost_linear(dt_collective_t c, dt_coll_algo_t algo, int n, double* a, double* b);
+/* The same for a step on the mesh dims `mask` of `mesh` (NULL: the global model): the dims' own
+ * parameters where dt_mesh_set_cost_model set them (a group of dims takes its slowest member's:
+ * the lowest bandwidth), plus, on a device backend whose communication is staged through host
+ * memory, two copies between the device and the host. */
+void dt__cost_linear_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, dt_coll_algo_t algo,
+                        int n, double* a, double* b);
+double dt__cost_of_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, int n, uint64_t nbytes,
+                      dt_coll_algo_t* algo);
 /* 1 when collective c has an alternative algorithm enabled (reduce-scatter, all-reduce). */
 int dt__cost_has_alt(dt_collective_t c);
 /* Loads $DTENSOR_COST_MODEL or $HOME/.cache/dtensor/cost_model.json when present (dt_init). */

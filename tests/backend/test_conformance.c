@@ -21,8 +21,10 @@
  *   after every case dt_backend_verify must find every guard intact;
  * - other targets: integer outputs and NaN/inf positions identical; float values within the
  *   normalized mean squared error nmse = sum((x - ref)^2) / sum(ref^2) of the op's tolerance
- *   (kTol: per op and per output dtype class; f32 default 1e-10, bf16/f16 default 1e-5), which
- *   covers another summation order and fused multiply-adds but not a wrong index or formula.
+ *   (kTol: per op and per output dtype class; f32 default 1e-10, bf16/f16 default 1e-4: one
+ *   bf16 rounding apart on one element of a small tensor is already ~1e-5), which covers another
+ *   summation order, fused multiply-adds and another plan (a device mesh prices host staging, so
+ *   its strategy may reduce half-precision partials elsewhere) but not a wrong index or formula.
  * The rank-local ops from_local and all_to_all_single run with replicated inputs only (their
  * inputs' local shapes must fit together; all_to_all_single's splits are made per mesh: 6 rows
  * split unevenly, with an empty split at np 4).
@@ -137,14 +139,14 @@ typedef struct {
   double f32, half;
 } tol_t;
 static const tol_t kTol[] = {
-    {"sdpa", 1e-9, 1e-5},          {"sdpa_grad", 1e-9, 1e-5},  {"log_softmax", 1e-10, 1e-5},
-    {"layer_norm_grad", 1e-9, 1e-5}, {"rms_norm_grad", 1e-9, 1e-5},
+    {"sdpa", 1e-9, 1e-4},          {"sdpa_grad", 1e-9, 1e-4},  {"log_softmax", 1e-10, 1e-4},
+    {"layer_norm_grad", 1e-9, 1e-4}, {"rms_norm_grad", 1e-9, 1e-4},
 };
 
 static double tolerance(const char* op, dt_dtype_t dt) {
   for (size_t i = 0; i < sizeof kTol / sizeof kTol[0]; i++)
     if (strcmp(kTol[i].op, op) == 0) return dt == DT_F32 ? kTol[i].f32 : kTol[i].half;
-  return dt == DT_F32 ? 1e-10 : 1e-5;
+  return dt == DT_F32 ? 1e-10 : 1e-4;
 }
 
 static int wanted(const char* op) {

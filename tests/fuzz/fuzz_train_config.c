@@ -22,7 +22,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   DT_FUZZ_ASSERT(!strcmp(o.model, "dense") || !strcmp(o.model, "moe"));
   DT_FUZZ_ASSERT(!strcmp(o.parallel, "none") || !strcmp(o.parallel, "ddp") ||
                  !strcmp(o.parallel, "fsdp") || !strcmp(o.parallel, "hsdp"));
-  DT_FUZZ_ASSERT(!strcmp(o.param_dtype, "f32") || !strcmp(o.param_dtype, "bf16"));
+  /* "" until set: the trainer picks f32 on the cpu, bf16 on a cuda device */
+  DT_FUZZ_ASSERT(!o.param_dtype[0] || !strcmp(o.param_dtype, "f32") ||
+                 !strcmp(o.param_dtype, "bf16"));
+  DT_FUZZ_ASSERT(!strcmp(o.device, "cpu") || !strcmp(o.device, "cuda") ||
+                 !strcmp(o.device, "cuda-emu"));
   DT_FUZZ_ASSERT(o.reshard_after_forward >= 0 && (o.prefetch == 0 || o.prefetch == 1));
   DT_FUZZ_ASSERT(isfinite(o.bucket_mb) && o.bucket_mb > 0.0 && o.bucket_mb <= 1e6);
   DT_FUZZ_ASSERT(o.steps >= 0 && o.batch >= 1 && o.seq >= 1 && o.dim >= 1 && o.layers >= 1);

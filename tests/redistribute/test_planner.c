@@ -124,10 +124,14 @@ static void check_path(dt_mesh_t mesh, const dt_layout_t* l, const dt_placement_
   assert_true(fabs(total - cost) <= 1e-9 * (1.0 + cost));
 }
 
+/* Called on every mesh run_mesh creates (per-dim cost parameters), when set. */
+static void (*g_mesh_setup)(dt_mesh_t mesh);
+
 static long long run_mesh(int m, const int* mshape, int nflat, const int (*flat)[4],
                           const int* flat_n, int ndim, const int64_t* shape) {
   dt_mesh_t mesh;
   assert_int_equal(dt_mesh_create_abstract(m, mshape, NULL, &mesh), DT_SUCCESS);
+  if (g_mesh_setup) g_mesh_setup(mesh);
   for (int f = 0; f < nflat; f++)
     assert_int_equal(dt_mesh_flatten(mesh, flat_n[f], flat[f], NULL, NULL), DT_SUCCESS);
   int npl = 1;
@@ -590,6 +594,121 @@ static void test_cost_load_strict(void** state) {
   dt_cost_model_reset();
 }
 
+/* Per-mesh-dim cost parameters: dim 1 a slow link (1 GB/s, 50 us), dim 0 a fast one. */
+static void slow_dim1(dt_mesh_t mesh) {
+  const dt_cost_params_t fast = {2.0, 0.5, 400.0}, slow = {50.0, 10.0, 1.0};
+  for (int c = DT_COLL_ALL_GATHER; c < DT_COLL_COUNT; c++) {
+    assert_int_equal(dt_mesh_set_cost_model(mesh, 0, (dt_collective_t)c, DT_ALGO_NATIVE, &fast),
+                     DT_SUCCESS);
+    assert_int_equal(dt_mesh_set_cost_model(mesh, 1, (dt_collective_t)c, DT_ALGO_NATIVE, &slow),
+                     DT_SUCCESS);
+  }
+}
+
+static void test_mesh_costs(void** state) {
+  (void)state;
+  dt_cost_model_reset();
+  int m22[2] = {2, 2}, m24[2] = {2, 4};
+  dt_mesh_t mesh;
+  assert_int_equal(dt_mesh_create_abstract(2, m24, NULL, &mesh), DT_SUCCESS);
+  /* get: the global model until set, the dim's own after, the global again after NULL */
+  dt_cost_params_t g, q;
+  assert_int_equal(dt_cost_model_get(DT_COLL_ALL_REDUCE, &g), DT_SUCCESS);
+  assert_int_equal(dt_mesh_get_cost_model(mesh, 1, DT_COLL_ALL_REDUCE, DT_ALGO_NATIVE, &q),
+                   DT_SUCCESS);
+  assert_memory_equal(&g, &q, sizeof q);
+  const dt_cost_params_t slow = {50.0, 10.0, 1.0};
+  assert_int_equal(dt_mesh_set_cost_model(mesh, 1, DT_COLL_ALL_REDUCE, DT_ALGO_NATIVE, &slow),
+                   DT_SUCCESS);
+  assert_int_equal(dt_mesh_get_cost_model(mesh, 1, DT_COLL_ALL_REDUCE, DT_ALGO_NATIVE, &q),
+                   DT_SUCCESS);
+  assert_memory_equal(&slow, &q, sizeof q);
+  assert_int_equal(dt_mesh_get_cost_model(mesh, 0, DT_COLL_ALL_REDUCE, DT_ALGO_NATIVE, &q),
+                   DT_SUCCESS);
+  assert_memory_equal(&g, &q, sizeof q); /* the other dim keeps the global model */
+  /* estimates follow the formula with the dim's parameters (native all-reduce on 4 ranks) */
+  double est, gest;
+  const uint64_t nb = 1 << 20;
+  assert_int_equal(dt_cost_model_force_algo(DT_ALGO_NATIVE), DT_SUCCESS);
+  assert_int_equal(dt_mesh_cost_estimate(mesh, 2u, DT_COLL_ALL_REDUCE, nb, &est), DT_SUCCESS);
+  assert_true(fabs(est - (50.0 + 6 * 10.0 + 1.5 * nb / 1e3)) < 1e-6);
+  assert_int_equal(dt_cost_estimate(DT_COLL_ALL_REDUCE, 4, nb, &gest), DT_SUCCESS);
+  assert_true(est > gest);
+  /* a group of dims takes its slowest member's parameters (8 ranks) */
+  assert_int_equal(dt_mesh_cost_estimate(mesh, 3u, DT_COLL_ALL_REDUCE, nb, &est), DT_SUCCESS);
+  assert_true(fabs(est - (50.0 + 14 * 10.0 + 1.75 * nb / 1e3)) < 1e-6);
+  assert_int_equal(dt_cost_model_force_algo(DT_ALGO_COUNT), DT_SUCCESS);
+  /* a cached plan is priced again after a change: P,P -> R,R on (2, 4) */
+  dt_placement_t pp[2] = {dt_partial(DT_REDUCE_SUM), dt_partial(DT_REDUCE_SUM)};
+  dt_placement_t rr[2] = {dt_replicate(), dt_replicate()};
+  const int64_t shape[2] = {1024, 1024};
+  dt_plan_t plan;
+  double c0, c1, c2;
+  assert_int_equal(dt_plan_create(mesh, DT_F32, 2, shape, pp, rr, &plan), DT_SUCCESS);
+  assert_int_equal(dt_plan_cost(plan, &c0), DT_SUCCESS);
+  dt_plan_destroy(plan);
+  const dt_cost_params_t slower = {500.0, 100.0, 0.1};
+  for (int a = 0; a < DT_ALGO_COUNT; a++)
+    for (int c = DT_COLL_ALL_GATHER; c < DT_COLL_COUNT; c++) {
+      dt_status_t st = dt_mesh_set_cost_model(mesh, 1, (dt_collective_t)c, (dt_coll_algo_t)a,
+                                              &slower);
+      assert_true(st == DT_SUCCESS || (a != DT_ALGO_NATIVE && st == DT_ERR_INVALID_ARG));
+    }
+  assert_int_equal(dt_plan_create(mesh, DT_F32, 2, shape, pp, rr, &plan), DT_SUCCESS);
+  assert_int_equal(dt_plan_cost(plan, &c1), DT_SUCCESS);
+  assert_true(c1 > c0);
+  /* with dim 1 that slow the plan reduce-scatters over the fast dim first, so the slow dim's
+   * steps move fewer bytes than the whole buffer (an all-reduce there would move all of it) */
+  int n;
+  assert_int_equal(dt_plan_num_steps(plan, &n), DT_SUCCESS);
+  uint64_t slow_bytes = 0;
+  for (int k = 0; k < n; k++) {
+    dt_plan_step_t ps;
+    assert_int_equal(dt_plan_get_step(plan, k, &ps), DT_SUCCESS);
+    for (int q2 = 0; q2 < ps.n_mesh_dims; q2++)
+      if (ps.mesh_dims[q2] == 1) slow_bytes += ps.nbytes;
+  }
+  assert_true(slow_bytes < (uint64_t)(1024 * 1024 * 4));
+  dt_plan_destroy(plan);
+  /* back to the global model: the first cost again */
+  for (int a = 0; a < DT_ALGO_COUNT; a++)
+    for (int c = DT_COLL_ALL_GATHER; c < DT_COLL_COUNT; c++)
+      dt_mesh_set_cost_model(mesh, 1, (dt_collective_t)c, (dt_coll_algo_t)a, NULL);
+  assert_int_equal(dt_plan_create(mesh, DT_F32, 2, shape, pp, rr, &plan), DT_SUCCESS);
+  assert_int_equal(dt_plan_cost(plan, &c2), DT_SUCCESS);
+  assert_true(fabs(c2 - c0) < 1e-9 * c0);
+  dt_plan_destroy(plan);
+  /* bad arguments change nothing */
+  const dt_cost_params_t nan_bw = {1.0, 1.0, NAN};
+  assert_int_equal(dt_mesh_set_cost_model(mesh, 1, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, &nan_bw),
+                   DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_mesh_set_cost_model(mesh, 2, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, &slow),
+                   DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_mesh_set_cost_model(mesh, 0, DT_COLL_LOCAL, DT_ALGO_NATIVE, &slow),
+                   DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_mesh_set_cost_model(mesh, 0, DT_COLL_ALL_GATHER, DT_ALGO_A2A, &slow),
+                   DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_mesh_set_cost_model(NULL, 0, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, &slow),
+                   DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_mesh_cost_estimate(mesh, 4u, DT_COLL_ALL_GATHER, 1, &est),
+                   DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_mesh_get_cost_model(mesh, 1, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, &q),
+                   DT_SUCCESS);
+  assert_memory_equal(&q, &g, sizeof q);
+  dt_mesh_destroy(mesh);
+  /* optimality with per-dim costs: every pair on (2, 2), (2, 4) and flattened (2, 2) equals the
+   * exhaustive minimum under the same per-dim parameters */
+  const int flat[1][4] = {{0, 1}};
+  const int fn[1] = {2};
+  g_mesh_setup = slow_dim1;
+  for (int s = 0; s < NSHAPES; s++) {
+    run_mesh(2, m22, 0, NULL, NULL, kNdims[s], kShapes[s]);
+    run_mesh(2, m24, 0, NULL, NULL, kNdims[s], kShapes[s]);
+    run_mesh(2, m22, 1, flat, fn, kNdims[s], kShapes[s]);
+  }
+  g_mesh_setup = NULL;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_known_plans), cmocka_unit_test(test_cache),
@@ -597,7 +716,7 @@ int main(void) {
       cmocka_unit_test(test_optimal_1d),  cmocka_unit_test(test_optimal_2d),
       cmocka_unit_test(test_optimal_3d),
       cmocka_unit_test(test_cost_ranges_set), cmocka_unit_test(test_cost_ranges_extreme),
-      cmocka_unit_test(test_cost_load_strict),
+      cmocka_unit_test(test_cost_load_strict),  cmocka_unit_test(test_mesh_costs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,20 +59,25 @@ static dt_status_t dt_mm_dtype(const dt_op_call_t* call, const dt_local_tensor_t
 
 /* out (rows, n) = beta * src, src (rows, n) (full) or a row (n) broadcast to every row: addmm's
  * input term, computed in f32 like the host's (float)beta * b. */
-template <typename T>
-__global__ void dt_mm_scaled_copy_kernel(T* out, const T* src, int64_t rows, int64_t n, int full,
+template <typename T, typename O>
+__global__ void dt_mm_scaled_copy_kernel(O* out, const T* src, int64_t rows, int64_t n, int full,
                                          float beta) {
-  DT_MM_FOR(i, rows * n) out[i] = dt_cu_from_f32<T>(beta * dt_cu_f32(src[full ? i : i % n]));
+  DT_MM_FOR(i, rows * n) out[i] = dt_cu_from_f32<O>(beta * dt_cu_f32(src[full ? i : i % n]));
+}
+/* out = acc (f32) in the output's storage dtype: one rounding, as the host's store. */
+template <typename T>
+__global__ void dt_mm_store_kernel(T* out, const float* acc, int64_t n) {
+  DT_MM_FOR(i, n) out[i] = dt_cu_from_f32<T>(acc[i]);
 }
 
 /* One GEMM (batch times) through the backend: C = alpha op(A) op(B) + beta C (+ bias), all
  * operands of float dtype dt (see dt_gemm_t; the backends' GEMMs take empty products and
  * k == 0, where C = beta C + bias). */
-static dt_status_t dt_mm_gemm(const dt_local_tensor_t* t, dt_dtype_t dt, int ta, int tb,
-                              int64_t m, int64_t n, int64_t k, int64_t batch, float alpha,
-                              const void* a, int64_t lda, int64_t sa, const void* b, int64_t ldb,
-                              int64_t sb, float beta, void* c, int64_t ldc, int64_t sc,
-                              const void* bias) {
+static dt_status_t dt_mm_gemm_c(const dt_local_tensor_t* t, dt_dtype_t dt, dt_dtype_t c_dt,
+                                int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t batch,
+                                float alpha, const void* a, int64_t lda, int64_t sa,
+                                const void* b, int64_t ldb, int64_t sb, float beta, void* c,
+                                int64_t ldc, int64_t sc, const void* bias) {
   dt_gemm_t g;
   memset(&g, 0, sizeof g);
   g.trans_a = ta;
@@ -84,7 +89,7 @@ static dt_status_t dt_mm_gemm(const dt_local_tensor_t* t, dt_dtype_t dt, int ta,
   g.alpha = alpha;
   g.beta = beta;
   g.ab_dtype = dt;
-  g.c_dtype = dt;
+  g.c_dtype = c_dt;
   g.a = a;
   g.lda = lda;
   g.stride_a = sa;
@@ -96,6 +101,16 @@ static dt_status_t dt_mm_gemm(const dt_local_tensor_t* t, dt_dtype_t dt, int ta,
   g.stride_c = sc;
   g.bias = bias;
   return t->backend->iface->gemm(t->backend, &g);
+}
+
+/* A GEMM whose C has the operands' dtype. */
+static dt_status_t dt_mm_gemm(const dt_local_tensor_t* t, dt_dtype_t dt, int ta, int tb,
+                              int64_t m, int64_t n, int64_t k, int64_t batch, float alpha,
+                              const void* a, int64_t lda, int64_t sa, const void* b, int64_t ldb,
+                              int64_t sb, float beta, void* c, int64_t ldc, int64_t sc,
+                              const void* bias) {
+  return dt_mm_gemm_c(t, dt, dt, ta, tb, m, n, k, batch, alpha, a, lda, sa, b, ldb, sb, beta, c,
+                      ldc, sc, bias);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -135,9 +150,8 @@ DT_CU_KERNEL(dt_cu_bmm) {
  * alpha * mat1 mat2 with input (N) or (M, N). A row-vector input with beta 1 is the GEMM's bias
  * epilogue; otherwise beta * input is written first and the GEMM adds onto it (beta 1 there),
  * exactly the host's order: o = (float)beta * b, then o += alpha * mat1 mat2 (so a NaN in the
- * input stays a NaN even with beta 0). With bf16/f16 storage and beta not a power of two,
- * beta * input is rounded to the storage dtype before the GEMM adds onto it (the host rounds
- * once, at the end): a difference of at most one rounding of that term. */
+ * input stays a NaN even with beta 0). With bf16/f16 storage that sum is kept in an f32 scratch
+ * and rounded to the storage dtype once, at the end, as the host's f32 kernel is. */
 DT_CU_KERNEL(dt_cu_addmm) {
   dt_dtype_t dt;
   DT_CHECK(dt_mm_dtype(call, in, 3, out, &dt));
@@ -148,16 +162,32 @@ DT_CU_KERNEL(dt_cu_addmm) {
   if (!full && (float)beta == 1.0f)
     return dt_mm_gemm(&in[0], dt, 0, 0, M, N, K, 1, (float)alpha, in[1].data, K, 0,
                       in[2].data, N, 0, 0.0f, out[0].data, N, 0, in[0].data);
-  if (M * N > 0)
-    DT_CHECK(dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
-      using T = decltype(tag);
-      DT_CU_LAUNCH(call->op, dt_mm_scaled_copy_kernel<T>, dt_cu_grid(&out[0], M * N), DT_CU_BLOCK,
-                   0, dt_cu_stream(&out[0]), (T*)out[0].data, (const T*)in[0].data, M, N, full,
+  if (M * N == 0)
+    return dt_mm_gemm(&in[0], dt, 0, 0, M, N, K, 1, (float)alpha, in[1].data, K, 0,
+                      in[2].data, N, 0, 1.0f, out[0].data, N, 0, NULL);
+  float* acc = NULL; /* half storage: the f32 sum, rounded once into out at the end */
+  const size_t acc_nb = dt == DT_F32 ? 0 : sizeof(float) * (size_t)(M * N);
+  if (acc_nb) DT_CHECK(dt_cu_scratch(&out[0], call->op, acc_nb, (void**)&acc));
+  dt_status_t st = dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    const unsigned grid = dt_cu_grid(&out[0], M * N);
+    if (acc == NULL)
+      DT_CU_LAUNCH(call->op, (dt_mm_scaled_copy_kernel<T, T>), grid, DT_CU_BLOCK, 0,
+                   dt_cu_stream(&out[0]), (T*)out[0].data, (const T*)in[0].data, M, N, full,
                    (float)beta);
-      return DT_SUCCESS;
-    }));
-  return dt_mm_gemm(&in[0], dt, 0, 0, M, N, K, 1, (float)alpha, in[1].data, K, 0,
-                    in[2].data, N, 0, 1.0f, out[0].data, N, 0, NULL);
+    else
+      DT_CU_LAUNCH(call->op, (dt_mm_scaled_copy_kernel<T, float>), grid, DT_CU_BLOCK, 0,
+                   dt_cu_stream(&out[0]), acc, (const T*)in[0].data, M, N, full, (float)beta);
+    DT_CHECK(dt_mm_gemm_c(&in[0], dt, acc ? DT_F32 : dt, 0, 0, M, N, K, 1, (float)alpha,
+                          in[1].data, K, 0, in[2].data, N, 0, 1.0f, acc ? (void*)acc : out[0].data,
+                          N, 0, NULL));
+    if (acc != NULL)
+      DT_CU_LAUNCH(call->op, dt_mm_store_kernel<T>, grid, DT_CU_BLOCK, 0, dt_cu_stream(&out[0]),
+                   (T*)out[0].data, (const float*)acc, M * N);
+    return DT_SUCCESS;
+  });
+  dt_cu_scratch_free(&out[0], acc, acc_nb);
+  return st;
 }
 
 /* linear (x (..., K), weight (O, K)[, bias (O)]) and linear_nobias: out (..., O) = x weight^T
