@@ -1264,17 +1264,7 @@ static dt_status_t dt__cu_create(int ordinal, const char* name, int kernel_set,
                 fail);
   DT_CHECK_GOTO(DT__CU(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
                        "opening the CUDA backend: cudaStreamCreateWithFlags"), st, fail);
-#ifndef DT_SIMT_EMULATE
-  {
-    cublasStatus_t s = cublasLtCreate(&c->lt);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      c->lt = NULL;
-      st = DT_FAIL(DT_ERR_CUBLAS, "opening the CUDA backend: cublasLtCreate: %s: %s",
-                   cublasLtGetStatusName(s), cublasLtGetStatusString(s));
-      goto fail;
-    }
-  }
-#endif
+  /* the cuBLASLt handle is made by the first GEMM (dt__cu_lt_ready), which loads the library */
   DT_CHECK_GOTO(DT__CU(cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount,
                                               ordinal),
                        "opening the CUDA backend: cudaDeviceGetAttribute"), st, fail);
