@@ -374,8 +374,9 @@ static void test_all_to_all(void) {
     DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, yy, 0, NULL, 0, NULL, 1, &pv));
     DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &pv, 1, all, 0, NULL, 1, &lv));
     DT_ASSERT_OK(dt_tape_backward(tape, lv));
-    float* g = malloc(sizeof(float) * (size_t)(rows * W ? rows * W : 1));
-    DT_ASSERT_OK(dt_tensor_read_local(dt_var_grad(xv), 0, rows * W, g));
+    const int64_t gn = rows * W;
+    float* g = malloc(sizeof(float) * (size_t)(gn > 0 ? gn : 1));
+    DT_ASSERT_OK(dt_tensor_read_local(dt_var_grad(xv), 0, gn, g));
     for (int64_t i = 0; i < rows * W; i++)
       DT_ASSERT_TRUE(g[i] == 2.0f * buf[i], "grad %lld", (long long)i);
     free(g);
