@@ -18,7 +18,8 @@
 #   errors      test_device_errors and test_device_leaks (1000 FSDP steps) at np 2
 #   twins       the device twins: redistribution (np 2, 4), ops against PyTorch's fixtures,
 #               autograd, FSDP (np 2, 4), DDP, TP, EP, optimizer, memory, local transfers
-#   parity      tests/nn/loss_parity.sh on the GPU (np 1, 2, 4 on one GPU, f32, rtol 1e-5)
+#   parity      tests/nn/loss_parity.sh on the GPU (np 1, 2, 4 on one GPU, f32, rtol 1e-5) and
+#               tests/parallel/parallel_parity.sh (every parallel config of the trainer, np up to 8)
 #   gemm        bench_gpu: dt_mm bf16 4096^3 and 8192^3 against the same cuBLASLt call made
 #               directly, TF32, host-staging bandwidth
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
@@ -119,10 +120,15 @@ twin test_local_io 2
 twin test_async 2
 twin test_optim 2
 twin test_memory 2
+twin test_views 2
+twin test_moe_ep 4
 
 # loss parity on one GPU: np 1, 2, 4 (host-staged communication), f32
 step loss_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/nn/loss_parity.sh mpirun \
   "$G/examples/train" "$OUT/loss_parity"
+# the trainer's parallel configs (TP, SP, loss parallel, FSDP x TP, EP, up to 8 ranks on the GPU)
+step parallel_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/parallel/parallel_parity.sh \
+  mpirun "$G/examples/train" "$OUT/parallel_parity"
 
 # benchmarks (GPU only)
 gemm=na tvt1=na tvt2=na mfu=na
