@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
     CHECK(dt_tape_backward(tape, loss));
     double t2 = now_us();
     float lv;
-    CHECK(dt_tensor_full(dt_var_value(loss), &lv, sizeof lv));
+    CHECK(dt_tensor_gather_full(dt_var_value(loss), &lv, sizeof lv));
     CHECK(dt_tape_reset(tape));
     CHECK(dt_clip_grad_norm(np, p, 1.0, NULL));
     CHECK(dt_adamw_step(opt, 1e-3));

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   }
 
   float back[30];
-  CHECK(dt_tensor_full(x, back, sizeof back));
+  CHECK(dt_tensor_gather_full(x, back, sizeof back));
   int bad = 0;
   for (int i = 0; i < 30; i++) bad += back[i] != full[i];
   dt_counters_t c;

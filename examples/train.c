@@ -8,6 +8,7 @@
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
  *       [--device cpu|cuda|cuda-emu]
+ *   build/examples/train --help     (every flag, grouped, with its default; the JSON keys)
  *
  * --device puts every tensor on that backend (include/dtensor/backend.h): cpu (default), cuda
  * (this rank's GPU: the local rank modulo the GPU count, or $DTENSOR_CUDA_DEVICE; several ranks
@@ -235,8 +236,7 @@ static dt_fsdp_config_t keep_gathered(dt_fsdp_config_t fc) {
  * and the root, the loss in f32. */
 static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt_mesh_t emesh,
                                 const train_opts_t* o) {
-  dt_fsdp_config_t fc = dt_fsdp_config_default(1);
-  fc.shard_dim = 1;
+  dt_fsdp_config_t fc = dt_fsdp_config_for(1, -1); /* shard over dp (mesh dim 1), no replicas */
   fc.reshard_after_forward = o->reshard_after_forward;
   fc.param_dtype = !strcmp(o->param_dtype, "bf16") ? DT_BF16 : DT_F32;
   fc.prefetch_forward = fc.prefetch_backward = o->prefetch;
@@ -346,6 +346,14 @@ static void plot_losses(const train_opts_t* o, const char* title, const char* su
 }
 
 int main(int argc, char** argv) {
+  /* --help needs no MPI; under mpirun only the first rank prints it */
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      const char* r = getenv("OMPI_COMM_WORLD_RANK");
+      if (r == NULL) r = getenv("PMI_RANK");
+      if (r == NULL || !strcmp(r, "0")) train_opts_help(stdout, DEFAULT_PLAN);
+      return 0;
+    }
   CHECK(dt_init(&argc, &argv));
   int world;
   CHECK(dt_world_rank(&g_rank));
@@ -373,21 +381,14 @@ int main(int argc, char** argv) {
         i++;
         continue;
       }
-      if (!strcmp(key, "bf16_moments") || !strcmp(key, "checkpoint") || !strcmp(key, "sp") ||
-          !strcmp(key, "loss_parallel")) {
-        if (key[0] == 'b') o.bf16_moments = 1;
-        else if (key[0] == 'c') o.checkpoint = 1;
-        else if (key[0] == 's') o.sp = 1;
-        else o.loss_parallel = 1;
-        continue;
-      }
+      if (train_opts_is_switch(key) && train_opts_set(&o, key, "1", err, sizeof err)) continue;
       if (i + 1 < argc && train_opts_set(&o, key, argv[i + 1], err, sizeof err)) {
         i++;
         continue;
       }
     }
     if (g_rank == 0)
-      fprintf(stderr, "train: bad argument '%s': %s (see the comment atop train.c)\n", argv[i],
+      fprintf(stderr, "train: bad argument '%s': %s (train --help lists the flags)\n", argv[i],
               err);
     dt_finalize();
     return 2;
@@ -626,7 +627,7 @@ int main(int argc, char** argv) {
     float lv;
     dt_tensor_t lr_t;
     CHECK(dt_tensor_redistribute(dt_var_value(loss), rep, &lr_t));
-    CHECK(dt_tensor_full(lr_t, &lv, sizeof lv));
+    CHECK(dt_tensor_gather_full(lr_t, &lv, sizeof lv));
     dt_tensor_destroy(lr_t);
     int64_t held, saved = 0, recomputed = 0;
     CHECK(dt_tape_stats(tape, NULL, &held));

@@ -1,5 +1,6 @@
-/* train_config.c - the trainer's options: defaults, checked key=value setting and the JSON config
- * file (see train_config.h). No MPI, no dtensor: the fuzz harness links this file alone. */
+/* train_config.c - the trainer's options: defaults, checked key=value setting, the JSON config
+ * file and --help (see train_config.h). No MPI, no dtensor: the fuzz harness links this file
+ * alone. */
 #include "train_config.h"
 
 #include <cjson/cJSON.h>
@@ -47,6 +48,87 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   o->bucket_mb = 25.0;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The documented options, in --help order. A key missing here is refused by train_opts_set, so
+ * every option the trainer takes is listed by --help (tests/tools/test_train_help.c checks the
+ * converse: every key here is one train_opts_set knows). */
+
+typedef struct {
+  const char* key;   /* JSON key; the flag is --key with '-' for '_' */
+  const char* group; /* heading the option is listed under (a new heading starts a group) */
+  const char* arg;   /* value name; NULL for a switch (no value; true/false in JSON) */
+  const char* help;
+  const char* dflt;  /* the default in words, or NULL: the value train_opts_defaults sets */
+} opt_doc_t;
+
+static const opt_doc_t kDocs[] = {
+    {"steps", "run", "N", "training steps", NULL},
+    {"seed", "run", "N", "seed of the initial weights and of the batches", NULL},
+    {"device", "run", "cpu|cuda|cuda-emu",
+     "where tensors live: cuda is this rank's GPU; cuda-emu runs the CUDA kernels on the SIMT "
+     "emulator (tests, slow)", NULL},
+    {"model", "model", "dense|moe", "Llama-style decoder, dense or a routed mixture of experts",
+     NULL},
+    {"dim", "model", "D", "hidden size", NULL},
+    {"layers", "model", "L", "decoder blocks", NULL},
+    {"heads", "model", "H", "attention heads", NULL},
+    {"kv_heads", "model", "G", "key/value heads (grouped-query attention)", "as --heads"},
+    {"experts", "model", "E", "moe: experts per layer", NULL},
+    {"top_k", "model", "K", "moe: experts per token", NULL},
+    {"capacity_factor", "model", "X",
+     "moe: 0 is dropless; c > 0 keeps ceil(c tokens top_k / E) per expert", NULL},
+    {"data", "data", "markov|PATH",
+     "an order-K Markov corpus over V symbols (exact entropy floor) or a file's bytes", NULL},
+    {"vocab", "data", "V", "markov: symbols", NULL},
+    {"order", "data", "K", "markov: order of the chain", NULL},
+    {"batch", "data", "B", "sequences per step, all ranks together", NULL},
+    {"seq", "data", "S", "tokens per sequence", NULL},
+    {"lr", "optimizer (AdamW)", "X",
+     "peak learning rate: linear warmup, then cosine decay to lr/10", NULL},
+    {"warmup", "optimizer (AdamW)", "N", "warmup steps", NULL},
+    {"clip", "optimizer (AdamW)", "X", "gradient norm clipping threshold", NULL},
+    {"bf16_moments", "optimizer (AdamW)", NULL, "keep the AdamW moments in bf16", "off"},
+    {"mesh", "parallelism", "N|AxB[xC]", "the device mesh", "1-D over all ranks"},
+    {"plan", "parallelism", "\"PATTERN=PLACEMENTS;..\"",
+     "tensor-parallel placements by parameter name (--parallel none)", "Megatron-style, below"},
+    {"parallel", "parallelism", "none|ddp|fsdp|hsdp",
+     "none: tensor parallel by --plan; ddp, fsdp: 1-D mesh; hsdp: --mesh RxS", NULL},
+    {"reshard_after_forward", "parallelism", "N",
+     "fsdp/hsdp: 1 is ZeRO-3, 0 ZeRO-2, k > 1 keeps a 1/k slice", NULL},
+    {"param_dtype", "parallelism", "f32|bf16", "fsdp/hsdp: all-gather and compute dtype",
+     "f32, bf16 on cuda"},
+    {"prefetch", "parallelism", "0|1", "fsdp/hsdp: prefetch the next group", NULL},
+    {"bucket_mb", "parallelism", "X", "ddp: MiB of gradients per all-reduce bucket", NULL},
+    {"dp", "parallelism", "N",
+     "parallel config: FSDP degree; D x T x E = ranks, in place of --parallel, --mesh, --plan",
+     "unset"},
+    {"tp", "parallelism", "N", "parallel config: tensor-parallel degree", "unset"},
+    {"ep", "parallelism", "N", "parallel config: expert-parallel degree (--model moe)", "unset"},
+    {"sp", "parallelism", NULL, "with --tp: sequence parallelism", "off"},
+    {"loss_parallel", "parallelism", NULL, "with --tp: class-sharded logits into the loss", "off"},
+    {"checkpoint", "memory", NULL, "selective activation checkpointing", "off"},
+    {"metrics", "output", "FILE.jsonl", "one JSON line of metrics per step", "none"},
+    {"plot", "output", "FILE.png", "the loss curve (needs gnuplot)", "none"},
+};
+#define NDOCS (sizeof kDocs / sizeof kDocs[0])
+
+static const opt_doc_t* find_doc(const char* key) {
+  for (size_t i = 0; i < NDOCS; i++)
+    if (!strcmp(kDocs[i].key, key)) return &kDocs[i];
+  return NULL;
+}
+
+const char* train_opts_key(int i, int* is_switch) {
+  if (i < 0 || (size_t)i >= NDOCS) return NULL;
+  if (is_switch != NULL) *is_switch = kDocs[i].arg == NULL;
+  return kDocs[i].key;
+}
+
+int train_opts_is_switch(const char* key) {
+  const opt_doc_t* d = key != NULL ? find_doc(key) : NULL;
+  return d != NULL && d->arg == NULL;
+}
+
 /* A whole decimal integer in [lo, hi] (no trailing characters, no overflow). */
 static int parse_ll(const char* val, long long lo, long long hi, long long* out) {
   char* end;
@@ -73,45 +155,48 @@ int train_mesh_parse(const char* s, int* shape, int* nd) {
   }
 }
 
-int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err, size_t cap) {
-  static const struct {
-    const char* key;
-    size_t off;
-    int lo, hi;
-  } ints[] = {
+/* The integer and string options: where they live in train_opts_t and their ranges. */
+static const struct {
+  const char* key;
+  size_t off;
+  int lo, hi;
+} kInts[] = {
 #define INT_OPT(name, lo, hi) {#name, offsetof(train_opts_t, name), lo, hi}
-      INT_OPT(steps, 0, 1 << 30),   INT_OPT(batch, 1, 1 << 20),     INT_OPT(seq, 1, 1 << 20),
-      INT_OPT(dim, 1, 1 << 20),     INT_OPT(layers, 1, 1 << 16),    INT_OPT(heads, 1, 1 << 16),
-      INT_OPT(kv_heads, 0, 1 << 16), INT_OPT(experts, 1, 1 << 16),  INT_OPT(top_k, 1, 1 << 16),
-      INT_OPT(vocab, 2, 1 << 20),   INT_OPT(order, 1, 64),          INT_OPT(warmup, 0, 1 << 30),
-      INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),     INT_OPT(prefetch, 0, 1),
-      INT_OPT(reshard_after_forward, 0, 1 << 20), INT_OPT(dp, 1, 1 << 16),
-      INT_OPT(tp, 1, 1 << 16),      INT_OPT(ep, 1, 1 << 16),        INT_OPT(sp, 0, 1),
-      INT_OPT(loss_parallel, 0, 1),
+    INT_OPT(steps, 0, 1 << 30),   INT_OPT(batch, 1, 1 << 20),     INT_OPT(seq, 1, 1 << 20),
+    INT_OPT(dim, 1, 1 << 20),     INT_OPT(layers, 1, 1 << 16),    INT_OPT(heads, 1, 1 << 16),
+    INT_OPT(kv_heads, 0, 1 << 16), INT_OPT(experts, 1, 1 << 16),  INT_OPT(top_k, 1, 1 << 16),
+    INT_OPT(vocab, 2, 1 << 20),   INT_OPT(order, 1, 64),          INT_OPT(warmup, 0, 1 << 30),
+    INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),     INT_OPT(prefetch, 0, 1),
+    INT_OPT(reshard_after_forward, 0, 1 << 20), INT_OPT(dp, 1, 1 << 16),
+    INT_OPT(tp, 1, 1 << 16),      INT_OPT(ep, 1, 1 << 16),        INT_OPT(sp, 0, 1),
+    INT_OPT(loss_parallel, 0, 1),
 #undef INT_OPT
-  };
-  static const struct {
-    const char* key;
-    size_t off, size;
-  } strs[] = {
+};
+static const struct {
+  const char* key;
+  size_t off, size;
+} kStrs[] = {
 #define STR_OPT(name) {#name, offsetof(train_opts_t, name), sizeof(((train_opts_t*)0)->name)}
-      STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
-      STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
-      STR_OPT(device),
+    STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
+    STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
+    STR_OPT(device),
 #undef STR_OPT
-  };
+};
+
+int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err, size_t cap) {
   if (key == NULL || val == NULL) return fail(err, cap, "missing key or value");
-  for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
-    if (strcmp(key, ints[k].key) != 0) continue;
+  if (find_doc(key) == NULL) return fail(err, cap, "unknown config key '%.64s'", key);
+  for (size_t k = 0; k < sizeof kInts / sizeof kInts[0]; k++) {
+    if (strcmp(key, kInts[k].key) != 0) continue;
     long long v;
-    if (!parse_ll(val, ints[k].lo, ints[k].hi, &v))
-      return fail(err, cap, "%s must be an integer in [%d, %d], got '%.64s'", key, ints[k].lo,
-                  ints[k].hi, val);
-    *(int*)((char*)o + ints[k].off) = (int)v;
+    if (!parse_ll(val, kInts[k].lo, kInts[k].hi, &v))
+      return fail(err, cap, "%s must be an integer in [%d, %d], got '%.64s'", key, kInts[k].lo,
+                  kInts[k].hi, val);
+    *(int*)((char*)o + kInts[k].off) = (int)v;
     return 1;
   }
-  for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++) {
-    if (strcmp(key, strs[k].key) != 0) continue;
+  for (size_t k = 0; k < sizeof kStrs / sizeof kStrs[0]; k++) {
+    if (strcmp(key, kStrs[k].key) != 0) continue;
     size_t n = strlen(val);
     if (!strcmp(key, "parallel")) {
       if (strcmp(val, "none") && strcmp(val, "ddp") && strcmp(val, "fsdp") && strcmp(val, "hsdp"))
@@ -123,8 +208,8 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
       if (strcmp(val, "cpu") && strcmp(val, "cuda") && strcmp(val, "cuda-emu"))
         return fail(err, cap, "device must be cpu, cuda or cuda-emu, got '%.64s'", val);
     }
-    if (n >= strs[k].size)
-      return fail(err, cap, "%s is longer than %zu characters", key, strs[k].size - 1);
+    if (n >= kStrs[k].size)
+      return fail(err, cap, "%s is longer than %zu characters", key, kStrs[k].size - 1);
     if (!strcmp(key, "mesh")) {
       int shape[4], nd;
       if (n > 0 && !train_mesh_parse(val, shape, &nd))
@@ -138,7 +223,7 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
       if (strpbrk(val, "'\"`$\\") != NULL)
         return fail(err, cap, "%s path '%.64s' must not contain quotes, '$' or '\\'", key, val);
     }
-    memcpy((char*)o + strs[k].off, val, n + 1);
+    memcpy((char*)o + kStrs[k].off, val, n + 1);
     return 1;
   }
   if (!strcmp(key, "lr") || !strcmp(key, "clip")) {
@@ -245,4 +330,103 @@ int train_opts_load_file(train_opts_t* o, const char* path, char* err, size_t ca
                 : train_opts_load_json(o, text, got, err, cap);
   free(text);
   return ok;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * --help */
+
+/* Writes `text` from column `col` (where the cursor is), wrapped before column 100 with
+ * continuation lines indented by `indent`: words split at spaces and, when sep is not 0, after
+ * each sep character too (no space is added there); '\x01' prints as an unbreakable space. */
+static void print_wrapped(FILE* f, int col, int indent, const char* text, char sep) {
+  const char* p = text;
+  int first = 1;
+  while (*p) {
+    int gap = 0;
+    while (*p == ' ') {
+      p++;
+      gap = 1;
+    }
+    if (*p == '\0') break;
+    const char* e = p;
+    while (*e && *e != ' ' && !(sep != 0 && e > p && e[-1] == sep)) e++;
+    int n = (int)(e - p);
+    if (first) gap = 0;
+    if (!first && col + gap + n > 99) {
+      fprintf(f, "\n%*s", indent, "");
+      col = indent;
+      gap = 0;
+    }
+    if (gap) fputc(' ', f);
+    for (int k = 0; k < n; k++) fputc(p[k] == '\x01' ? ' ' : p[k], f);
+    col += gap + n;
+    p = e;
+    first = 0;
+  }
+  fputc('\n', f);
+}
+
+/* The default of one documented option, as --help shows it. */
+static void default_text(const train_opts_t* d, const opt_doc_t* doc, char* buf, size_t cap) {
+  if (doc->dflt != NULL) {
+    snprintf(buf, cap, "%s", doc->dflt);
+    return;
+  }
+  for (size_t k = 0; k < sizeof kInts / sizeof kInts[0]; k++)
+    if (!strcmp(doc->key, kInts[k].key)) {
+      snprintf(buf, cap, "%d", *(const int*)((const char*)d + kInts[k].off));
+      return;
+    }
+  for (size_t k = 0; k < sizeof kStrs / sizeof kStrs[0]; k++)
+    if (!strcmp(doc->key, kStrs[k].key)) {
+      snprintf(buf, cap, "%s", (const char*)d + kStrs[k].off);
+      return;
+    }
+  if (!strcmp(doc->key, "lr")) snprintf(buf, cap, "%g", d->lr);
+  else if (!strcmp(doc->key, "clip")) snprintf(buf, cap, "%g", d->clip);
+  else if (!strcmp(doc->key, "bucket_mb")) snprintf(buf, cap, "%g", d->bucket_mb);
+  else if (!strcmp(doc->key, "capacity_factor")) snprintf(buf, cap, "%g", d->capacity_factor);
+  else if (!strcmp(doc->key, "seed")) snprintf(buf, cap, "%lld", d->seed);
+  else snprintf(buf, cap, "?");
+}
+
+void train_opts_help(FILE* f, const char* default_plan) {
+  train_opts_t d;
+  train_opts_defaults(&d, default_plan);
+  fprintf(f,
+          "usage: mpirun -np N train [--config FILE.json] [--FLAG VALUE | --SWITCH]..\n"
+          "Trains a Llama-style model on a sharded mesh and prints one line per step (the comment\n"
+          "atop examples/train.c has the details).\n\n"
+          "  --config FILE.json          a JSON object of the keys below; flags override it\n"
+          "  -h, --help                  this list\n");
+  const char* group = "";
+  for (size_t i = 0; i < NDOCS; i++) {
+    const opt_doc_t* doc = &kDocs[i];
+    if (strcmp(doc->group, group) != 0) {
+      fprintf(f, "\n%s:\n", doc->group);
+      group = doc->group;
+    }
+    char flag[96], dflt[64], text[512];
+    int n = snprintf(flag, sizeof flag, "  --%s", doc->key);
+    for (char* c = flag + 4; *c; c++)
+      if (*c == '_') *c = '-';
+    if (doc->arg != NULL) snprintf(flag + n, sizeof flag - (size_t)n, " %s", doc->arg);
+    default_text(&d, doc, dflt, sizeof dflt);
+    snprintf(text, sizeof text, "%s (default:\x01%s)", doc->help, dflt); /* \x01: no break */
+    if (strlen(flag) > 28) fprintf(f, "%s\n%30s", flag, "");
+    else fprintf(f, "%-30s", flag);
+    print_wrapped(f, 30, 30, text, 0);
+  }
+  fprintf(f, "\nJSON config (--config FILE.json): one object whose keys are the flags' names "
+             "without the\ndashes, '-' as '_'; values are strings, numbers or, for a switch, "
+             "true/false, e.g.\n  {\"steps\": 200, \"kv_heads\": 2, \"parallel\": \"fsdp\", "
+             "\"checkpoint\": true}\nkeys: ");
+  char keys[1024] = "";
+  for (size_t i = 0; i < NDOCS; i++) {
+    size_t used = strlen(keys);
+    snprintf(keys + used, sizeof keys - used, "%s%s", kDocs[i].key, i + 1 < NDOCS ? ", " : "");
+  }
+  print_wrapped(f, 6, 2, keys, 0);
+  fprintf(f, "\nthe default --plan (parameter name pattern = placement per mesh dim):\n  ");
+  print_wrapped(f, 2, 2, d.plan, ';');
 }

@@ -1,10 +1,12 @@
 /* train_config.h - the trainer's options (examples/train.c): defaults, one key=value at a time
- * (a command-line flag or a JSON config key) and the JSON config file, each value checked. Kept
- * apart from train.c so that the libFuzzer harness tests/fuzz/fuzz_train_config.c can call it. */
+ * (a command-line flag or a JSON config key), the JSON config file, each value checked, and the
+ * --help text. Kept apart from train.c so that the libFuzzer harness
+ * tests/fuzz/fuzz_train_config.c can call it. */
 #ifndef DT_EXAMPLES_TRAIN_CONFIG_H
 #define DT_EXAMPLES_TRAIN_CONFIG_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 typedef struct train_opts {
   char mesh[32], model[16], data[256], plan[1024], metrics[256], plot[256];
@@ -40,5 +42,14 @@ int train_opts_load_json(train_opts_t* o, const char* text, size_t len, char* er
 int train_opts_load_file(train_opts_t* o, const char* path, char* err, size_t cap);
 /* "4" or "2x2" (1 to 4 positive dims, each at most 1<<20) into shape; 1 on success. */
 int train_mesh_parse(const char* s, int* shape, int* nd);
+/* The documented options in --help order: the i-th key (as in the JSON config), NULL past the
+ * end; *is_switch (may be NULL) is 1 for a flag that takes no value (true/false in JSON). Every
+ * key train_opts_set accepts is one of them. */
+const char* train_opts_key(int i, int* is_switch);
+/* 1 when key names a switch (--checkpoint, --sp, ...), else 0. */
+int train_opts_is_switch(const char* key);
+/* Prints the usage: every flag grouped, with its value and default, the JSON config keys and
+ * the default plan (the one train.c passes to train_opts_defaults). */
+void train_opts_help(FILE* f, const char* default_plan);
 
 #endif

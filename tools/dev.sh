@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dev.sh - build, run and test dtensor on Debian 12. Installs missing Debian packages when root.
 #
-#   tools/dev.sh example   build and run the trainer example under mpirun (4 ranks)
+#   tools/dev.sh example   build the trainer and examples/mlp (only they and the library), run the
+#                          trainer under mpirun (4 ranks); prints how long each took
 #   tools/dev.sh test      build (warnings as errors) and run the whole test suite, then the
 #                          sanitizer build (ASan + UBSan) of the same suite
 #   tools/dev.sh bench     build and run the benchmarks (redistribution at 2 and 4 ranks,
@@ -47,11 +48,15 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 if command -v nvcc >/dev/null 2>&1; then CUDA_FLAG=-DDTENSOR_CUDA=ON; fi
 
-configure_build() { # dir, extra cmake args...
+configure() { # dir, extra cmake args...
   local dir=$1
   shift
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTENSOR_WERROR=ON "$@" >/dev/null
-  cmake --build "$dir" -j "$(nproc)"
+}
+
+configure_build() { # dir, extra cmake args...: everything (library, tools, tests, benchmarks)
+  configure "$@"
+  cmake --build "$1" -j "$(nproc)"
 }
 
 FUZZERS=(placement cost_model explain train_config plan_pattern)
@@ -87,9 +92,14 @@ case "$cmd" in
   example)
     install_deps
     B=${BUILD_DIR:-build}
-    configure_build "$B"
+    t0=$SECONDS
+    configure "$B"
+    cmake --build "$B" -j "$(nproc)" --target train mlp # the examples and the library, only
+    t1=$SECONDS
     mpirun -np "${NP:-4}" "$B/examples/train" --model "${MODEL:-dense}" \
       --metrics train_metrics.jsonl --plot train_loss.png
+    echo "dev.sh: build $((t1 - t0)) s, training $((SECONDS - t1)) s" \
+      "($(nproc) cores; \`tools/dev.sh test\` builds the rest)"
     ;;
   test)
     install_deps
@@ -125,7 +135,8 @@ case "$cmd" in
   bench)
     install_deps
     B=${BUILD_DIR:-build}
-    configure_build "$B"
+    configure "$B"
+    cmake --build "$B" -j "$(nproc)" --target bench_redistribute bench_plan bench_dispatch
     for np in 2 4; do mpirun -np $np "$B/bench/bench_redistribute"; done
     "$B/bench/bench_plan"
     "$B/bench/bench_dispatch"

@@ -1,6 +1,7 @@
 /* dtensor-calibrate - measures this machine's MPI collectives and fits the planner's cost model.
  *
- *   mpirun -np 4 dtensor-calibrate [-o FILE] [-e MAX_BYTES]
+ *   mpirun -np 4 dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force]
+ *   dtensor-calibrate --help
  *
  * For all-gather, all-reduce, reduce-scatter, all-to-all, broadcast and scatter it times sizes
  * from 4 KiB to MAX_BYTES (default 16 MiB; nccl-tests byte convention) on groups of 2 ranks and,
@@ -10,12 +11,24 @@
  * library's all-to-all algorithms of reduce-scatter and all-reduce ("reduce_scatter_a2a",
  * "all_reduce_a2a") are fit the same way from dt_tensor_redistribute_into P -> S(0) and P -> R
  * with that algorithm forced, on a mesh dim of 2 ranks (mesh (world/2, 2), even worlds) and on
- * the whole world. Writes FILE (default $HOME/.cache/dtensor/cost_model.json), which dt_init
- * loads. Exit 1 on errors.
+ * the whole world. Prints the fit; writes it only to the FILE of -o (dt_init loads
+ * $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json: pass that path to make the fit every
+ * program's default).
+ *
+ * A fit measured in bad conditions misleads every plan made with it (an oversubscribed run once
+ * priced a 4 MB transfer at 14 ms instead of 242 us), so before writing it checks, and refuses
+ * (exit 3, nothing written) unless --force: more ranks on a node than usable cores (the union of
+ * the node's ranks' CPU affinity masks; $DTENSOR_CALIBRATE_CPUS overrides the count, for tests),
+ * a node whose 1-minute load average already exceeded its cores, a latency above
+ * kMaxLatencyUs at the largest group, a bandwidth below kMinBwFraction of rank 0's memcpy
+ * bandwidth (same buffer size), or a time that did not grow with the size. Without -o the
+ * warnings are printed and nothing is written. Exit 0 on success, 1 on errors, 2 on bad flags,
+ * 3 when the fit was refused.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT, getloadavg */
 #include <errno.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +48,11 @@ static const entry_t kEntries[] = {
     {DT_COLL_REDUCE_SCATTER, DT_ALGO_A2A},    {DT_COLL_ALL_REDUCE, DT_ALGO_A2A},
 };
 #define NENTRIES 8
+
+/* A plausible fit: latency (base + hops at the largest group measured) at most this, */
+static const double kMaxLatencyUs = 1000.0;
+/* and bandwidth at least this fraction of rank 0's memcpy bandwidth. */
+static const double kMinBwFraction = 0.01;
 
 /* One timed call: raw (comm, buffers) or through the library (x -> y). */
 typedef struct {
@@ -109,7 +127,134 @@ static int lib_job(job_t* j, dt_mesh_t mesh, int mdims) {
   return 0;
 }
 
+static void usage(FILE* f) {
+  fprintf(f,
+          "usage: mpirun -np N dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force]\n"
+          "Times this machine's MPI collectives (and the library's all-to-all reductions) from\n"
+          "4 KiB to MAX_BYTES on groups of 2 ranks and of all N (N >= 2; 4+ fits the per-hop\n"
+          "latency), fits the planner's cost model and prints it.\n"
+          "  -o FILE        write the fit to FILE (JSON). Nothing is written without -o. dt_init\n"
+          "                 loads $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json:\n"
+          "                 -o ~/.cache/dtensor/cost_model.json makes it every program's default\n"
+          "  -e MAX_BYTES   largest message timed (default 16777216; at least 65536)\n"
+          "  --force        write even a fit that looks implausible (see below)\n"
+          "  -h, --help     this text\n"
+          "A fit is refused (exit 3, nothing written) when a node ran more ranks than usable\n"
+          "cores, a node's load average already exceeded its cores, a latency exceeds %.0f us,\n"
+          "a bandwidth is below %.0f%% of memcpy's, or a time did not grow with the size. Run\n"
+          "on an idle machine with at most one rank per core. $DTENSOR_CALIBRATE_CPUS overrides\n"
+          "the usable cores per node (tests).\n"
+          "Exit status: 0 ok, 1 error, 2 bad flags, 3 refused.\n",
+          kMaxLatencyUs, kMinBwFraction * 100.0);
+}
+
+/* Whether this process prints what all ranks would (before dt_init: the launcher's rank). */
+static int first_rank_env(void) {
+  const char* r = getenv("OMPI_COMM_WORLD_RANK");
+  if (r == NULL) r = getenv("PMI_RANK");
+  return r == NULL || strcmp(r, "0") == 0;
+}
+
+/* mkdir -p of FILE's parent directory; errors show up when the file is written. */
+static void make_parent_dirs(const char* file) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", file);
+  char* slash = strrchr(dir, '/');
+  if (slash == NULL || slash == dir) return;
+  *slash = '\0';
+  for (char* p = dir + 1; *p; p++)
+    if (*p == '/') {
+      *p = '\0';
+      mkdir(dir, 0755);
+      *p = '/';
+    }
+  mkdir(dir, 0755);
+}
+
+/* The run's conditions, agreed over the world: the most ranks per usable core on any node and
+ * the highest 1-minute load average per core before the run (-1 when unknown). */
+typedef struct {
+  double ranks_per_core, load_per_core;
+  int ranks, cores; /* on the node with the most ranks per core */
+} conditions_t;
+
+static conditions_t measure_conditions(void) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 1, lrank = 0;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_rank(node, &lrank);
+  /* usable cores: the union of the node's ranks' affinity masks (a bound rank sees its core) */
+  cpu_set_t mine, all;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_SET(0, &mine);
+  MPI_Allreduce(&mine, &all, (int)sizeof mine, MPI_BYTE, MPI_BOR, node);
+  int cores = CPU_COUNT(&all);
+  const char* env = getenv("DTENSOR_CALIBRATE_CPUS");
+  if (env != NULL && atoi(env) > 0) cores = atoi(env);
+  if (cores < 1) cores = 1;
+  double load = -1.0;
+  if (lrank == 0 && getloadavg(&load, 1) == 1) load /= cores;
+  else load = -1.0;
+  struct {
+    double v;
+    int rank;
+  } in = {(double)local / cores, 0}, out;
+  MPI_Comm_rank(MPI_COMM_WORLD, &in.rank);
+  MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  conditions_t c = {out.v, 0.0, local, cores};
+  int counts[2] = {local, cores};
+  MPI_Bcast(counts, 2, MPI_INT, out.rank, MPI_COMM_WORLD);
+  c.ranks = counts[0];
+  c.cores = counts[1];
+  MPI_Allreduce(&load, &c.load_per_core, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Comm_free(&node);
+  return c;
+}
+
+/* memcpy bandwidth in GB/s of `bytes` between a and b: best of 5 after a warm-up. */
+static double memcpy_gbps(void* dst, const void* src, long bytes) {
+  double best = 0.0;
+  memcpy(dst, src, (size_t)bytes);
+  for (int r = 0; r < 5; r++) {
+    double t0 = MPI_Wtime();
+    memcpy(dst, src, (size_t)bytes);
+    double dt = MPI_Wtime() - t0;
+    if (dt > 0 && bytes / dt / 1e9 > best) best = bytes / dt / 1e9;
+  }
+  return best;
+}
+
 int main(int argc, char** argv) {
+  char path[1024] = "";
+  long maxb = 16l << 20;
+  int force = 0;
+  for (int i = 1; i < argc; i++) { /* before dt_init: --help and bad flags need no MPI */
+    char* end = NULL;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      if (first_rank_env()) usage(stdout);
+      return 0;
+    } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
+      snprintf(path, sizeof path, "%s", argv[++i]);
+    } else if (!strcmp(argv[i], "-e") && i + 1 < argc) {
+      errno = 0;
+      maxb = strtol(argv[++i], &end, 10);
+      if (errno != 0 || end == argv[i] || *end != '\0' || maxb <= 0 || maxb > (1l << 30)) {
+        if (first_rank_env())
+          fprintf(stderr, "dtensor-calibrate: -e needs a byte count in [1, 2^30], got '%s'\n",
+                  argv[i]);
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--force")) {
+      force = 1;
+    } else {
+      if (first_rank_env()) {
+        fprintf(stderr, "dtensor-calibrate: unknown or incomplete argument '%s'\n", argv[i]);
+        usage(stderr);
+      }
+      return 2;
+    }
+  }
   if (dt_init(&argc, &argv) != DT_SUCCESS) {
     fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
     return 1;
@@ -117,40 +262,37 @@ int main(int argc, char** argv) {
   int rank, world;
   dt_world_rank(&rank);
   dt_world_size(&world);
-  char path[1024] = "";
-  long maxb = 16l << 20;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "-o") && i + 1 < argc) snprintf(path, sizeof path, "%s", argv[++i]);
-    else if (!strcmp(argv[i], "-e") && i + 1 < argc) maxb = atol(argv[++i]);
-    else {
-      if (rank == 0) fprintf(stderr, "usage: mpirun -np N dtensor-calibrate [-o FILE] [-e MAX_BYTES]\n");
-      dt_finalize();
-      return 1;
-    }
-  }
   if (world < 2) {
     if (rank == 0) fprintf(stderr, "dtensor-calibrate: run under mpirun with at least 2 ranks\n");
     dt_finalize();
     return 1;
   }
   if (maxb < 65536) maxb = 65536;
-  if (path[0] == '\0') {
-    const char* home = getenv("HOME");
-    snprintf(path, sizeof path, "%s/.cache/dtensor", home ? home : ".");
-    if (rank == 0) {
-      char parent[1024];
-      snprintf(parent, sizeof parent, "%s/.cache", home ? home : ".");
-      mkdir(parent, 0755);
-      mkdir(path, 0755);
-    }
-    strncat(path, "/cost_model.json", sizeof path - strlen(path) - 1);
-  }
+  conditions_t cond = measure_conditions();
   MPI_Comm pair;
   MPI_Comm_split(MPI_COMM_WORLD, rank < world - world % 2 ? rank / 2 : MPI_UNDEFINED, rank, &pair);
   float* a = malloc((size_t)maxb);
   float* b = malloc((size_t)maxb);
+  if (a == NULL || b == NULL) {
+    fprintf(stderr, "dtensor-calibrate: no memory for two %ld-byte buffers\n", maxb);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   memset(a, 1, (size_t)maxb);
   memset(b, 1, (size_t)maxb);
+  const double copy_gbps = rank == 0 ? memcpy_gbps(b, a, maxb) : 0.0;
+  char why[4096] = ""; /* rank 0: the reasons the fit looks implausible, one line each */
+  size_t why_len = 0;
+#define WHY(...)                                                                        \
+  do {                                                                                  \
+    if (why_len < sizeof why) why_len += (size_t)snprintf(why + why_len, sizeof why - why_len, \
+                                                          __VA_ARGS__);                 \
+  } while (0)
+  if (cond.ranks_per_core > 1.0)
+    WHY("  oversubscribed: %d ranks on %d usable cores of one node (ranks wait for a core)\n",
+        cond.ranks, cond.cores);
+  if (cond.load_per_core > 1.0)
+    WHY("  busy: the 1-minute load average was %.1f per core before the run\n",
+        cond.load_per_core);
   int sizes_n[2] = {2, world};
   int ngroups = world > 2 ? 2 : 1;
   if (rank == 0)
@@ -171,7 +313,7 @@ int main(int argc, char** argv) {
     dt_collective_t c = kEntries[k].c;
     int lib = kEntries[k].algo == DT_ALGO_A2A;
     double lat[2] = {0, 0}, bw[2] = {0, 0};
-    int have[2] = {0, 0};
+    int have[2] = {0, 0}, flat[2] = {0, 0};
     for (int g = 0; g < ngroups; g++) {
       int n = sizes_n[g];
       MPI_Comm comm = g == 0 ? pair : MPI_COMM_WORLD;
@@ -211,6 +353,7 @@ int main(int argc, char** argv) {
       double icept = (sy - slope * sx) / sw;
       lat[g] = icept > 0 ? icept : 0;
       bw[g] = slope > 0 ? 1.0 / (slope * 1e3) : 1e3;
+      flat[g] = !(slope > 0);
       have[g] = 1;
     }
     if (!have[0]) { /* only the world was measured */
@@ -236,26 +379,50 @@ int main(int argc, char** argv) {
       dt_finalize();
       return 1;
     }
+    char name[40];
+    snprintf(name, sizeof name, "%s%s", dt_collective_name(c), lib ? "_a2a" : "");
     if (rank == 0)
-      for (int g = 0; g < ngroups; g++) {
-        char name[40];
-        snprintf(name, sizeof name, "%s%s", dt_collective_name(c), lib ? "_a2a" : "");
+      for (int g = 0; g < ngroups; g++)
         if (have[g])
           printf("%-19s %5d %12.2f %12.3f %10.2f %10.2f\n", name, sizes_n[g], lat[g], bw[g],
                  p.base_us, p.hop_us);
-      }
+    /* plausibility, at the largest group measured */
+    int nbig = have[ngroups - 1] ? sizes_n[ngroups - 1] : 2;
+    double lat_big = p.base_us + hops_of(c, nbig) * p.hop_us;
+    if (lat_big > kMaxLatencyUs)
+      WHY("  %s: latency %.0f us on %d ranks (above %.0f us)\n", name, lat_big, nbig,
+          kMaxLatencyUs);
+    if (flat[0] || flat[ngroups - 1])
+      WHY("  %s: the time did not grow with the size (noise; try a larger -e)\n", name);
+    else if (p.bw_gbps < kMinBwFraction * copy_gbps)
+      WHY("  %s: %.3f GB/s, below %.0f%% of memcpy's %.1f GB/s\n", name, p.bw_gbps,
+          kMinBwFraction * 100.0, copy_gbps);
   }
+#undef WHY
   dt_cost_model_force_algo(DT_ALGO_COUNT);
   if (pair_mesh) dt_mesh_destroy(pair_mesh);
   dt_mesh_destroy(world_mesh);
   int rc = 0;
   if (rank == 0) {
-    if (dt_cost_model_save(path) != DT_SUCCESS) {
-      fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
-      rc = 1;
+    const int bad = why[0] != '\0';
+    if (bad)
+      fprintf(stderr, "dtensor-calibrate: warning: this fit looks implausible:\n%s", why);
+    if (ngroups == 1) printf("# one group size: hop_us = 0; run with 4+ ranks to fit it\n");
+    if (path[0] == '\0') {
+      printf("# not written (no -o FILE). dt_init loads $DTENSOR_COST_MODEL, else "
+             "~/.cache/dtensor/cost_model.json\n");
+    } else if (bad && !force) {
+      fprintf(stderr, "dtensor-calibrate: %s not written: rerun on an idle machine with at most "
+              "one rank per core, or pass --force\n", path);
+      rc = 3;
     } else {
-      printf("wrote %s%s\n", path,
-             ngroups == 1 ? " (one group size: hop_us = 0; run with 4+ ranks to fit it)" : "");
+      make_parent_dirs(path);
+      if (dt_cost_model_save(path) != DT_SUCCESS) {
+        fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
+        rc = 1;
+      } else {
+        printf("wrote %s%s\n", path, bad ? " (--force: despite the warnings)" : "");
+      }
     }
   }
   MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);

@@ -5,6 +5,9 @@
  *
  *   dtensor-explain op mm --mesh 2x2 --shape 12x8 --shape 8x4 --in S0,R --in R,S1 [--dtype f32]..
  *                   [--arg NAME=VALUE].. [--all] [--json]
+ *     Only the op's required arguments need an --arg; the others take the defaults of its schema
+ *     (`ops NAME` lists them), as in the C API: `op mean --mesh 2 --shape 4x6 --in S0` reduces
+ *     every dim.
  *
  *   dtensor-explain ops [NAME] [--json]       lists the ops (or one op) with their arguments
  *
@@ -39,20 +42,56 @@ static int fail(const char* fmt, const char* a, const char* b) {
   return 2;
 }
 
+/* The library's last error without its leading "dt_function: " (the command line, not a C call,
+ * is what the user gave here): "sum has no argument 'axis' (it takes: keepdim, dim)". */
+static const char* lib_error(void) {
+  const char* m = dt_last_error();
+  const char* c = strstr(m, ": ");
+  if (strncmp(m, "dt_", 3) != 0 || c == NULL) return m;
+  for (const char* p = m; p < c; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_')) return m;
+  return c + 2;
+}
+
 static void usage(FILE* f) {
   fprintf(f,
           "usage: dtensor-explain redistribute --mesh AxB[xC..] --shape NxM[x..] --from P0,P1.. "
           "--to P0,P1..\n"
-          "                       [--dtype f32|bf16|f16|i32|i64] [--flatten d0,d1].. [--greedy]\n"
-          "                       [--cost-model FILE] [--visualize] [--json]\n"
-          "       dtensor-explain op NAME --mesh AxB --shape NxM --in P0,P1 [--shape .. --in ..]..\n"
+          "                       [--dtype T] [--flatten d0,d1].. [--greedy] [--visualize]\n"
+          "                       [--cost-model FILE] [--json]\n"
+          "       dtensor-explain op NAME --mesh AxB --shape NxM --in P0,P1 "
+          "[--shape .. --in ..]..\n"
           "                       [--dtype T].. [--arg NAME=VALUE].. [--flatten d0,d1].. [--all]\n"
           "                       [--cost-model FILE] [--json]\n"
           "       dtensor-explain ops [NAME] [--json]\n"
-          "placements: S(d) or Sd, R, P or P(sum|avg|max|min), one per mesh dim; op names as in\n"
-          "PyTorch's aten (mm, bmm, add, sub, mul, div, neg, relu, ...); `ops` lists every op and\n"
-          "its named arguments (--arg dim=1, --arg dim=0,2 for a list, --arg dtype=bf16); one\n"
-          "--dtype applies to every input, or give one per --shape\n");
+          "       dtensor-explain --help\n"
+          "Prints the plan the library would run, on an abstract mesh: no MPI, shapes only.\n"
+          "\n"
+          "redistribute: the minimum-cost plan from one placement to another\n"
+          "  --mesh AxB[xC..]      mesh shape\n"
+          "  --shape NxM[x..]      global tensor shape\n"
+          "  --from P0,P1..        placements now, one per mesh dim\n"
+          "  --to P0,P1..          placements wanted, one per mesh dim\n"
+          "  --dtype T             f32 (default), bf16, f16, i32 or i64\n"
+          "  --flatten d0,d1       let the plan merge steps over these mesh dims (repeatable)\n"
+          "  --greedy              PyTorch's greedy per-dim plan instead, for comparison\n"
+          "  --visualize           which ranks hold which index ranges, before and after\n"
+          "op NAME: the sharding strategy an op picks, and the input redistributions it needs\n"
+          "  --shape NxM --in P..  one pair per input, in order\n"
+          "  --dtype T             once for every input, or once per --shape (default f32)\n"
+          "  --arg NAME=VALUE      a named argument: --arg dim=1, --arg dim=0,2 (a list),\n"
+          "                        --arg dtype=bf16; `ops NAME` lists an op's arguments\n"
+          "  --all                 every candidate strategy with its cost, not only the chosen\n"
+          "  --mesh, --flatten     as for redistribute\n"
+          "ops [NAME]: every op (or one) with its named arguments\n"
+          "any command:\n"
+          "  --cost-model FILE     price plans with this calibrated model (dtensor-calibrate -o\n"
+          "                        FILE); default: the built-in model (this tool does not read\n"
+          "                        $DTENSOR_COST_MODEL or ~/.cache/dtensor)\n"
+          "  --json                one JSON object on stdout; errors as {\"error\": \"...\"}\n"
+          "  -h, --help            this text\n"
+          "placements: S(d) or Sd, R, P or P(sum|avg|max|min); op names as in PyTorch's aten (mm,\n"
+          "bmm, add, sub, mul, div, neg, relu, ...). Exit status 0 on success, 2 on bad input.\n");
 }
 
 /* Parses "2x2x2" into at most cap positive ints. */
@@ -98,7 +137,7 @@ static int apply_flatten(dt_mesh_t mesh, const char* const* flat_s, int nflat) {
       return fail("bad --flatten '%s' (expected mesh dims like 0,1)%s", flat_s[f], NULL);
     for (int k = 0; k < n; k++) dims[k] = (int)d64[k];
     if (dt_mesh_flatten(mesh, n, dims, NULL, NULL) != DT_SUCCESS)
-      return fail("--flatten: %s%s", dt_last_error(), NULL);
+      return fail("--flatten: %s%s", lib_error(), NULL);
   }
   return 0;
 }
@@ -215,23 +254,23 @@ static int explain_redistribute(int argc, char** argv) {
   if (!parse_dims(shape_s, shape, DT_MAX_DIMS + 1, &nd) || nd > DT_MAX_DIMS)
     return fail("bad --shape '%s' (expected e.g. 8x8x8, 1 to 8 dims)%s", shape_s, NULL);
   dt_dtype_t dtype;
-  if (dt_dtype_parse(dtype_s, &dtype) != DT_SUCCESS) return fail("%s%s", dt_last_error(), NULL);
+  if (dt_dtype_parse(dtype_s, &dtype) != DT_SUCCESS) return fail("%s%s", lib_error(), NULL);
   dt_placement_t from[DT_MAX_MESH_DIMS], to[DT_MAX_MESH_DIMS];
   int nf, nt;
   if (dt_placements_parse(from_s, from, DT_MAX_MESH_DIMS, &nf) != DT_SUCCESS)
-    return fail("--from: %s%s", dt_last_error(), NULL);
+    return fail("--from: %s%s", lib_error(), NULL);
   if (dt_placements_parse(to_s, to, DT_MAX_MESH_DIMS, &nt) != DT_SUCCESS)
-    return fail("--to: %s%s", dt_last_error(), NULL);
+    return fail("--to: %s%s", lib_error(), NULL);
   if (nf != mesh_nd || nt != mesh_nd)
     return fail("--from and --to need one placement per mesh dim (mesh '%s' has %s)", mesh_s,
                 mesh_nd == 1 ? "1 dim" : mesh_nd == 2 ? "2 dims" : mesh_nd == 3 ? "3 dims"
                                                                   : "4 dims");
   if (cost_s && dt_cost_model_load(cost_s) != DT_SUCCESS)
-    return fail("--cost-model: %s%s", dt_last_error(), NULL);
+    return fail("--cost-model: %s%s", lib_error(), NULL);
 
   dt_mesh_t mesh = NULL;
   if (dt_mesh_create_abstract(mesh_nd, mesh_shape, NULL, &mesh) != DT_SUCCESS)
-    return fail("%s%s", dt_last_error(), NULL);
+    return fail("%s%s", lib_error(), NULL);
   int rc = 0;
   dt_plan_t plan = NULL;
   rc = apply_flatten(mesh, flat_s, nflat);
@@ -239,7 +278,7 @@ static int explain_redistribute(int argc, char** argv) {
   dt_status_t st = greedy ? dt_plan_create_greedy(mesh, dtype, nd, shape, from, to, &plan)
                           : dt_plan_create(mesh, dtype, nd, shape, from, to, &plan);
   if (st != DT_SUCCESS) {
-    rc = fail("%s%s", dt_last_error(), NULL);
+    rc = fail("%s%s", lib_error(), NULL);
     goto out;
   }
   int nsteps;
@@ -391,7 +430,7 @@ static int explain_composite(dt_mesh_t mesh, const char* mesh_s, const char* nam
   for (int t = 0; t < call->n_inputs && rc == 0; t++)
     if (dt_tensor_meta(mesh, call->in[t].dtype, call->in[t].ndim, call->in[t].shape, in_pl[t],
                        &in[t]) != DT_SUCCESS)
-      rc = fail("%s%s", dt_last_error(), NULL);
+      rc = fail("%s%s", lib_error(), NULL);
   trace_t tr;
   memset(&tr, 0, sizeof tr);
   tr.mesh_nd = nd;
@@ -409,7 +448,7 @@ static int explain_composite(dt_mesh_t mesh, const char* mesh_s, const char* nam
     dt_status_t st = dt_op_run_multi(name, call->n_inputs, in, call->n_iargs, call->iargs,
                                      call->n_fargs, call->fargs, d.n_outputs, out);
     dt_trace_set(NULL, NULL);
-    if (st != DT_SUCCESS) rc = fail("%s%s", dt_last_error(), NULL);
+    if (st != DT_SUCCESS) rc = fail("%s%s", lib_error(), NULL);
   }
   if (rc == 0) {
     dt_placement_t pl[DT_MAX_MESH_DIMS];
@@ -482,9 +521,9 @@ static int explain_op(int argc, char** argv) {
       return fail("unknown option '%s'%s", a, NULL);
     }
   }
+  dt_op_desc_t desc; /* the name first: an unknown one gets the closest names */
+  if (dt_op_describe(name, &desc) != DT_SUCCESS) return fail("%s%s", lib_error(), "");
   if (!mesh_s || nshape == 0) return fail("--mesh and at least one --shape are required%s%s", NULL, NULL);
-  dt_op_desc_t desc;
-  if (dt_op_describe(name, &desc) != DT_SUCCESS) return fail("%s%s", dt_last_error(), "");
   if (nin != nshape)
     return fail("give one --in per --shape (%s %s)", nin < nshape ? "missing --in" : "missing --shape", "");
   int mesh_nd, mesh_shape[DT_MAX_MESH_DIMS];
@@ -496,10 +535,10 @@ static int explain_op(int argc, char** argv) {
   for (int t = 0; t < DT_OP_MAX_INPUTS; t++) dtypes[t] = DT_F32;
   for (int t = 0; t < nshape && ndtype > 0; t++)
     if (dt_dtype_parse(dtype_s[ndtype == 1 ? 0 : t], &dtypes[t]) != DT_SUCCESS)
-      return fail("%s%s", dt_last_error(), NULL);
+      return fail("%s%s", lib_error(), NULL);
   if (dt_op_args_parse(name, narg, arg_s, &call.n_iargs, call.iargs, &call.n_fargs, call.fargs) !=
       DT_SUCCESS)
-    return fail("--arg: %s%s", dt_last_error(), NULL);
+    return fail("--arg: %s%s", lib_error(), NULL);
   dt_placement_t in_pl[DT_OP_MAX_INPUTS][DT_MAX_MESH_DIMS];
   call.n_inputs = nshape;
   for (int t = 0; t < nshape; t++) {
@@ -513,15 +552,15 @@ static int explain_op(int argc, char** argv) {
     call.in[t].ndim = nd;
     call.in[t].dtype = dtypes[t];
     if (dt_placements_parse(in_s[t], in_pl[t], DT_MAX_MESH_DIMS, &np) != DT_SUCCESS)
-      return fail("--in '%s': %s", in_s[t], dt_last_error());
+      return fail("--in '%s': %s", in_s[t], lib_error());
     if (np != mesh_nd)
       return fail("--in '%s' needs one placement per mesh dim (mesh '%s')", in_s[t], mesh_s);
   }
   if (cost_s && dt_cost_model_load(cost_s) != DT_SUCCESS)
-    return fail("--cost-model: %s%s", dt_last_error(), NULL);
+    return fail("--cost-model: %s%s", lib_error(), NULL);
   dt_mesh_t mesh = NULL;
   if (dt_mesh_create_abstract(mesh_nd, mesh_shape, NULL, &mesh) != DT_SUCCESS)
-    return fail("%s%s", dt_last_error(), NULL);
+    return fail("%s%s", lib_error(), NULL);
   int rc = 0;
   dt_op_choice_t* cands = NULL;
   dt_plan_t plans[DT_OP_MAX_INPUTS] = {NULL};
@@ -533,14 +572,14 @@ static int explain_op(int argc, char** argv) {
   }
   dt_op_choice_t ch;
   if (dt_op_select(mesh, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch) != DT_SUCCESS) {
-    rc = fail("%s%s", dt_last_error(), NULL);
+    rc = fail("%s%s", lib_error(), NULL);
     goto out;
   }
   int counts[DT_COLL_COUNT] = {0};
   for (int t = 0; t < nshape; t++) {
     if (dt_plan_create(mesh, dtypes[t], call.in[t].ndim, call.in[t].shape, in_pl[t], ch.in[t],
                        &plans[t]) != DT_SUCCESS) {
-      rc = fail("%s%s", dt_last_error(), NULL);
+      rc = fail("%s%s", lib_error(), NULL);
       goto out;
     }
     for (int c = 0; c < DT_COLL_COUNT; c++) {
@@ -556,7 +595,7 @@ static int explain_op(int argc, char** argv) {
     if (cands == NULL ||
         dt_op_candidates(mesh, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, cands,
                          ch.n_candidates, &ncand) != DT_SUCCESS) {
-      rc = fail("%s%s", cands ? dt_last_error() : "out of memory", NULL);
+      rc = fail("%s%s", cands ? lib_error() : "out of memory", NULL);
       goto out;
     }
     if (ncand > ch.n_candidates) ncand = ch.n_candidates;
@@ -745,8 +784,10 @@ static int list_ops(int argc, char** argv) {
              d.composite ? "composite" : "", args[0] ? args : "(no arguments)");
     }
   }
-  if (only && shown == 0) {
+  if (only && shown == 0) { /* the library's message suggests the closest names */
     cJSON_Delete(arr);
+    dt_op_desc_t d;
+    if (dt_op_describe(only, &d) != DT_SUCCESS) return fail("%s%s", lib_error(), NULL);
     return fail("no op called '%s'%s", only, NULL);
   }
   if (arr) {
@@ -765,10 +806,15 @@ int dt_explain_main(int argc, char** argv) {
   g_json = 0;
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--json") == 0) g_json = 1;
-  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-    usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
   }
+  for (int i = 1; i < argc; i++) /* --help anywhere: `dtensor-explain op --help` too */
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      usage(stdout);
+      return 0;
+    }
   if (strcmp(argv[1], "redistribute") == 0) return explain_redistribute(argc - 2, argv + 2);
   if (strcmp(argv[1], "op") == 0) return explain_op(argc - 2, argv + 2);
   if (strcmp(argv[1], "ops") == 0) return list_ops(argc - 2, argv + 2);

@@ -41,6 +41,11 @@ extern "C" {
 typedef struct dt_tape* dt_tape_t;
 typedef struct dt_var* dt_var_t;
 
+/* A new, empty tape. A tape keeps what it records until dt_tape_reset: a training loop resets it
+ * after each backward pass. One that grows past DTENSOR_TAPE_WARN_NODES recorded nodes (default
+ * 1000000) or DTENSOR_TAPE_WARN_MB MiB of intermediate values (default 65536) says so once, on
+ * stderr ("[dtensor tape] warning: ...", rank 0), naming the threshold it passed; the variables
+ * are read when the tape is created (non-negative integers; 0 turns that check off). */
 DT_API dt_status_t dt_tape_create(dt_tape_t* out);
 /* Frees the recorded graph and the tape-owned variables; leaves and their gradients stay. */
 DT_API dt_status_t dt_tape_reset(dt_tape_t tape);

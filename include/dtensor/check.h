@@ -10,10 +10,17 @@
  *     return DT_SUCCESS;
  *   }
  *
- * DT_FAIL(st, fmt, ...) records "function (file:line): text" for dt_last_error() and evaluates to
- * st. DT_CHECK(call) returns the call's status when it is not DT_SUCCESS. DT_CHECK_GOTO(call, st,
+ * DT_FAIL(st, fmt, ...) records the text for dt_last_error() (after the public entry point, see
+ * dtensor/status.h) and "function (file:line)" for dt_last_error_location(), and evaluates to st.
+ * DT_CHECK(call) returns the call's status when it is not DT_SUCCESS. DT_CHECK_GOTO(call, st,
  * label) stores the status in st and jumps to label on failure. DT_ARG_NOT_NULL(p) returns
- * DT_ERR_INVALID_ARG ("p is NULL") for a NULL argument.
+ * DT_ERR_INVALID_ARG ("p is NULL") for a NULL argument. DT_ENTRY_RETURN(call) evaluates `call`
+ * (a dt_status_t expression) with the enclosing function named as the public entry point of
+ * every message recorded meanwhile, and returns its status:
+ *
+ *   dt_status_t my_lib_step(my_model_t m) { DT_ENTRY_RETURN(my_lib_step_impl(m)); }
+ *
+ * so that a failure deep inside reads "my_lib_step: ..." rather than naming an inner function.
  */
 #ifndef DTENSOR_CHECK_H
 #define DTENSOR_CHECK_H
@@ -37,6 +44,14 @@
 #define DT_ARG_NOT_NULL(p)                                                 \
   do {                                                                     \
     if ((p) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s is NULL", #p); \
+  } while (0)
+
+#define DT_ENTRY_RETURN(call)                                       \
+  do {                                                              \
+    const char* dt__entry_saved = dt_error_scope_enter(__func__);   \
+    dt_status_t dt__entry_st = (call);                              \
+    dt_error_scope_leave(dt__entry_saved);                          \
+    return dt__entry_st;                                            \
   } while (0)
 
 #endif /* DTENSOR_CHECK_H */

@@ -54,9 +54,15 @@ DT_API void* dt_module_ctx(dt_module_t m);
 DT_API dt_status_t dt_module_add_param(dt_module_t m, const char* name, dt_var_t param);
 /* Adds a child (ownership passes to the parent). */
 DT_API dt_status_t dt_module_add_child(dt_module_t m, dt_module_t child);
-/* The parameter at qualified `name` relative to m ("attn.wq", "" for m's unnamed one). */
+/* The parameter at qualified `name` relative to m ("attn.wq", "" for m's unnamed one).
+ * DT_ERR_INVALID_ARG when there is none, the message naming the module, the name and the
+ * parameters it has: "module 'fc1' has no parameter 'wieght' (it has: weight, bias)". */
 DT_API dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* out);
-/* The same, NULL when there is none (for forward functions: dt_module_get(m, "wq")). */
+/* The same for forward functions (dt_nn_linear(tape, x, dt_module_get(m, "weight"), ...)): the
+ * parameter, or NULL when there is none, with the message above as the last error
+ * (dt_last_error). When a forward fails after such a miss, dt_module_forward's error starts with
+ * it: "module 'fc1': the forward failed after dt_module_get (...): module 'fc1' has no parameter
+ * 'wieght' (it has: weight, bias); the failure: ...". */
 DT_API dt_var_t dt_module_get(dt_module_t m, const char* name);
 /* Replaces the parameter at qualified `name` (ownership of `param` passes; the old one is
  * destroyed): a wrapper swaps a replicated parameter for a sharded one. */
@@ -81,6 +87,15 @@ DT_API dt_status_t dt_module_for_each_param(dt_module_t m, dt_module_visit_fn vi
 DT_API dt_status_t dt_module_num_params(dt_module_t m, int* n);
 DT_API dt_status_t dt_module_param_at(dt_module_t m, int i, char* name, size_t cap,
                                       dt_var_t* out);
+
+/* Every parameter below m (the for_each order) as an array owned by m: valid until the next
+ * dt_module_params on m or m's destruction (the caller does not free it). It lists the
+ * parameters m holds now: take it after wrapping (dt_fully_shard and dt_parallelize_module
+ * replace parameters), e.g. for dt_adamw_create and dt_clip_grad_norm. */
+DT_API dt_status_t dt_module_params(dt_module_t m, dt_var_t** params, int* n);
+/* Clears the gradient of every parameter below m (dt_var_zero_grad each; PyTorch's
+ * zero_grad(set_to_none=True)): call it after the optimizer step. */
+DT_API dt_status_t dt_module_zero_grad(dt_module_t m);
 
 /* The parent module (NULL for a root). */
 DT_API dt_module_t dt_module_parent(dt_module_t m);

@@ -1,5 +1,13 @@
-/* dtensor/nn.h - modules, a Llama-style decoder (dense or MoE), AdamW, gradient clipping, the
- * learning-rate schedule and the training data sources.
+/* dtensor/nn.h - layers for one's own models (Linear, activations, Sequential, the losses),
+ * modules, a Llama-style decoder (dense or MoE), AdamW, gradient clipping, the learning-rate
+ * schedule and the training data sources.
+ *
+ * Your own model (README, "Your own model"; examples/mlp.c): build it from dt_linear_create,
+ * dt_activation_create and dt_sequential_create (or a module of your own whose forward runs its
+ * children with dt_module_forward), compute a loss with dt_nn_mse_loss or dt_nn_cross_entropy,
+ * and train it with dt_module_params, dt_adamw_create (dt_adamw_config_default), dt_adamw_step and
+ * dt_module_zero_grad. The same model code runs on every mesh: wrap it with dt_fully_shard
+ * and/or dt_parallelize_module (dtensor/parallel.h) to choose how it is split.
  *
  * Parameters are leaf variables whose placements come from a plan the user writes: a list of
  * "pattern=placements" entries separated by ';' ("*.wq=S(0);tok_emb=S(0);*=R"), matched in order
@@ -45,6 +53,52 @@ DT_API dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mes
 /* 1 when `pattern` matches the whole of `name`, '*' matching any run of characters (the plans'
  * rule; time O(len(pattern) * len(name)) at worst); 0 otherwise or for a NULL argument. */
 DT_API int dt_nn_name_match(const char* pattern, const char* name);
+/* ---- layers: modules (dtensor/module.h) for one's own models ------------------------------
+ * Each is a module with a forward (dt_module_forward, one input and one output) and, for Linear,
+ * its parameters, replicated on every mesh dim so that the wrappers of dtensor/parallel.h can
+ * place them (dt_fully_shard, dt_parallelize_module's colwise and rowwise styles). */
+
+/* nn.Linear: a module named `name` with parameters "weight" (out_features, in_features) and, when
+ * `bias` is nonzero, "bias" (out_features); its forward maps x (..., in_features) to
+ * x weight^T + bias (..., out_features) (dt_nn_linear). Initialised as PyTorch's nn.Linear: every
+ * element uniform in [-1/sqrt(in_features), 1/sqrt(in_features)) (kaiming-uniform with a =
+ * sqrt(5), and the bias's bound), from the counter-based generator of dt_tensor_rand: a value
+ * depends only on (seed, name, parameter, element), never on the mesh or the placements, so
+ * every mesh and every wrapper starts from the same model (two layers with the same name and
+ * seed start equal: name them apart, or seed them apart). f32 (the optimizer's master weights;
+ * FSDP's param_dtype computes in bf16). DT_ERR_INVALID_ARG for sizes below 1 or a bad name. */
+DT_API dt_status_t dt_linear_create(dt_mesh_t mesh, const char* name, int64_t in_features,
+                                    int64_t out_features, int bias, uint64_t seed,
+                                    dt_module_t* out);
+/* An activation: a module named `name` without parameters whose forward applies the element-wise
+ * op `op` ("relu", "gelu", "silu", "tanh", "sigmoid": any op of one input and one output with a
+ * backward rule and no required argument; DT_ERR_INVALID_ARG otherwise). */
+DT_API dt_status_t dt_activation_create(const char* name, const char* op, dt_module_t* out);
+/* nn.Sequential: a module named `name` whose forward runs its children in order, each one's
+ * output the next one's input (no children: the input itself). Ownership of children[0..n)
+ * passes to it; later dt_module_add_child calls append. Parameter and module paths go through
+ * the children's names ("fc1.weight"; TP plans and FSDP groups name them the same way), so give
+ * each child a distinct name. DT_ERR_INVALID_ARG, taking nothing, when a child is not a live
+ * module without a parent or two children share a non-empty name; on any later failure (out of
+ * memory) the children are destroyed with it. */
+DT_API dt_status_t dt_sequential_create(const char* name, int n, const dt_module_t* children,
+                                        dt_module_t* out);
+
+/* ---- losses: one recorded call each -----------------------------------------------------------
+ * reduction: DT_LOSS_MEAN (a 0-d scalar, what dt_tape_backward starts from), DT_LOSS_SUM, or
+ * DT_LOSS_NONE (per element, or per row for cross-entropy). Collective over the inputs' mesh; the
+ * mean is over the global batch whatever the placements (sharded batches too). */
+/* nn.MSELoss: (pred - target)^2, pred and target of the same shape (DT_ERR_INVALID_ARG
+ * otherwise; no broadcasting). */
+DT_API dt_status_t dt_nn_mse_loss(dt_tape_t tape, dt_var_t pred, dt_var_t target,
+                                  dt_loss_reduction_t reduction, dt_var_t* out);
+/* nn.CrossEntropyLoss of logits (N, C) against class indices (N) (i32/i64): the op
+ * "cross_entropy", as dt_ag_cross_entropy (which is DT_LOSS_MEAN), with its fused backward and
+ * loss parallelism (class-sharded logits are never gathered). */
+DT_API dt_status_t dt_nn_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
+                                       dt_loss_reduction_t reduction, dt_var_t* out);
+
+/* ---- building blocks: functions over recorded ops ------------------------------------------ */
 /* x (..., K), weight (O, K) as PyTorch, bias (O) or NULL (a zero-initialized bias is
  * DT_INIT_ZEROS): out (..., O). */
 DT_API dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
@@ -149,7 +203,8 @@ DT_API dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* 
                                    int* n, int64_t* numel);
 /* Mean next-token cross-entropy of tokens (B, S) i64 against targets (B, S) i64, both replicated
  * or sharded on the batch dim; *aux (may be NULL) gets the MoE load-balancing term, already added
- * to the loss. Records on `tape` when grad mode is on. */
+ * to the loss. The loss is computed in f32 whatever the parameters' dtype (bf16 logits are
+ * cast to f32 before the cross-entropy). Records on `tape` when grad mode is on. */
 DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens,
                                     dt_tensor_t targets, dt_var_t* loss, double* aux);
 /* What the MoE layers of the last dt_llama_forward routed and dropped, summed over the layers
@@ -164,22 +219,34 @@ DT_API double dt_llama_flops_per_token(const dt_llama_config_t* cfg);
  * placements differ from its parameter's is redistributed to them first (a Partial gradient is
  * reduced on the way in). */
 typedef struct dt_adamw_config {
-  double lr, beta1, beta2, eps, weight_decay;
+  double lr; /* the rate of dt_adamw_step(opt, DT_ADAMW_LR_CONFIG) */
+  double beta1, beta2, eps, weight_decay;
   int bf16_moments; /* store m and v as bf16 (math in f32) */
 } dt_adamw_config_t;
 typedef struct dt_adamw* dt_adamw_t;
 
+/* torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0.01, f32
+ * moments. One difference stays (see dt_adamw_step): 1-dim parameters (biases, norms) are not
+ * decayed, where PyTorch's single parameter group decays them too. */
+DT_API dt_adamw_config_t dt_adamw_config_default(void);
+
+/* The optimizer over params[0..n) (the handles are kept: create it after wrapping the model,
+ * e.g. from dt_module_params). DT_ERR_INVALID_ARG for a dead parameter, lr not finite or below 0,
+ * betas outside [0, 1), eps <= 0, weight_decay < 0. */
 DT_API dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
                                    dt_adamw_t* out);
-/* One step with learning rate lr (the schedule's value); parameters without a gradient are
- * skipped (their step counts stay, as in PyTorch). Norm weights (1-dim parameters) get no weight
- * decay. Collective over the parameters' meshes. */
+/* dt_adamw_step's lr that means "the configured cfg.lr" (PyTorch's opt.step()). */
+#define DT_ADAMW_LR_CONFIG (-1.0)
+/* One step with learning rate lr (the schedule's value, or DT_ADAMW_LR_CONFIG); parameters
+ * without a gradient are skipped (their step counts stay, as in PyTorch). Norm weights and biases
+ * (1-dim parameters) get no weight decay. Collective over the parameters' meshes.
+ * DT_ERR_INVALID_ARG for any other negative or non-finite lr. */
 DT_API dt_status_t dt_adamw_step(dt_adamw_t opt, double lr);
 /* The state of parameter i (in the order given to dt_adamw_create), borrowed until
  * dt_adamw_destroy; any output may be NULL: the first and second moments (the parameter's mesh,
  * shape and placements; f32, or bf16 with bf16_moments) and its step count (a 0-d i64 tensor,
  * Replicate). They are the optimizer's state itself: a checkpoint reads them with
- * dt_tensor_full and restores them with dt_tensor_redistribute_into. */
+ * dt_tensor_gather_full and restores them with dt_tensor_redistribute_into. */
 DT_API dt_status_t dt_adamw_state(dt_adamw_t opt, int i, dt_tensor_t* exp_avg,
                                   dt_tensor_t* exp_avg_sq, dt_tensor_t* step);
 DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);

@@ -19,24 +19,30 @@ extern "C" {
 #endif
 
 /* Runs op `name` on n_inputs tensors of one mesh; iargs/fargs are its integer and scalar
- * arguments (may be NULL when their count is 0). Built-in ops (PyTorch aten names where one exists):
+ * arguments (may be NULL when their count is 0), in the order of the op's schema
+ * (dt_op_arg_describe; dtensor-explain ops lists them). Trailing arguments may be left out: they
+ * take the schema's defaults (written "name=default" below), so a call with only the required
+ * arguments equals the call with every default written out. Built-in ops (PyTorch aten names
+ * where one exists):
  *   matmul:     mm, bmm, addmm (input, m1, m2; fargs [beta, alpha]), linear (x, w (O, K), b),
  *               linear_nobias
  *   pointwise:  add, sub, mul, div, maximum, minimum (broadcasting), neg, relu, exp, log, sqrt,
  *               rsqrt, gelu, silu, sigmoid, tanh, add_scalar / mul_scalar / pow (fargs [s]),
  *               where (cond i32/i64, a, b), masked_fill (x, mask; fargs [value]),
  *               cast (iargs [dt_dtype_t]), dropout (fargs [p], iargs [seed])
- *   reductions: sum, mean, amax, amin (iargs [keepdim, dim...]; none = all dims)
+ *   reductions: sum, mean, amax, amin (iargs [keepdim=0, dim...]; no dims = every dim, so with no
+ *               arguments at all the result is 0-d)
  *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
- *               last dim (fargs [eps]), embedding (weight (V, D), indices), gather_dim,
- *               sdpa (q, k, v as (B, H, S, D); iargs [causal]; fargs [scale]),
- *               rotary (iargs [seq_dim]; fargs [theta])
+ *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
+ *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,
+ *               H, D))]; fargs [scale], default 1/sqrt(D)), rotary (iargs [seq_dim=1,
+ *               inverse=0]; fargs [theta=10000])
  *   shape:      view / reshape (iargs: the shape, one -1 allowed), flatten (iargs [start, end]),
  *               unflatten (iargs [dim, sizes...]), squeeze ([] or [dim]), unsqueeze ([dim]),
- *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end(,
- *               step)], Python semantics), narrow ([dim, start, length]), cat (1 to 8 inputs,
+ *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end,
+ *               step=1], Python semantics), narrow ([dim, start, length]), cat (1 to 8 inputs,
  *               iargs [dim])
- *   indexing:   topk (iargs [k, dim(, largest)]; two outputs: use dt_op_run_multi),
+ *   indexing:   topk (iargs [k, dim, largest=1]; two outputs: use dt_op_run_multi),
  *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim]),
  *               index_add (x (N, D), idx (T), src (T, D): rows added at idx, dim 0)
  *   experts:    grouped_mm (x (T, K) sorted by expert, w (E, N, K), counts (E); iargs [trans=1]),
@@ -60,8 +66,12 @@ extern "C" {
  * dt_split / dt_chunks) share storage when their local result is one contiguous run of the
  * input's local shard (step 1, cut on the shard's outermost non-unit dim), and copy otherwise.
  * Every other op returns new storage.
- * Errors: DT_ERR_UNSUPPORTED "no sharding strategy for OP" for an unknown op or an op without a
- * kernel; DT_ERR_INVALID_ARG for shape/dtype/argument mismatches (with the op's message). */
+ * Errors (the message starts with "dt_op_run: ", see dtensor/status.h): DT_ERR_UNSUPPORTED
+ * "unknown op 'NAME': did you mean 'X'? ..." for an unknown op (common PyTorch names map to this
+ * library's op: matmul -> mm, max -> amax, scaled_dot_product_attention -> sdpa, ...; otherwise
+ * the closest names by edit distance), and for an op without a kernel for the mesh's backend;
+ * DT_ERR_INVALID_ARG for shape/dtype/argument mismatches, naming the argument, the bad value and
+ * what is valid. */
 DT_API dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,
                              int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
                              dt_tensor_t* out);
@@ -107,7 +117,8 @@ typedef struct dt_op_arg_desc {
 /* Number of ops (built-in and host-registered); index them 0 .. n-1 with dt_op_name_at. */
 DT_API dt_status_t dt_op_count(int* n);
 DT_API dt_status_t dt_op_name_at(int index, const char** name);
-/* Descriptor of op `name`; DT_ERR_UNSUPPORTED for an unknown op. */
+/* Descriptor of op `name`; DT_ERR_UNSUPPORTED for an unknown op (the message suggests the closest
+ * names, as dt_op_run's). */
 DT_API dt_status_t dt_op_describe(const char* name, dt_op_desc_t* out);
 /* Argument k (0 .. n_args-1) of op `name`. */
 DT_API dt_status_t dt_op_arg_describe(const char* name, int k, dt_op_arg_desc_t* out);

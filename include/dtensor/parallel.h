@@ -17,7 +17,10 @@
  *    reduce-scattered with one collective (HSDP: then all-reduced over the replicas), and the
  *    shards' gradients are views of the result (added to gradients already there). A shard
  *    replaced with dt_var_set_value is copied into the buffer at the next gather. Wrap
- *    bottom-up: each block, then the root;
+ *    bottom-up: each block, then the root. A module whose parameters are all in its children's
+ *    groups (or which has none, e.g. a root holding only blocks) still becomes a group, with no
+ *    buffer and no collective of its own: it only schedules its children (its forward starts
+ *    the first block's gather, its backward ends with every reduction finished), as in FSDP2;
  *  - between steps the module holds the sharded parameters (Shard(0); an optimizer, clipping and
  *    checkpoints work on them); during a group's forward it holds the gathered ones, views of
  *    the group's unsharded buffer: a view an op makes of one (dt_ag_to_local of the experts
@@ -27,12 +30,14 @@
  *    k > 1 keeps a 1/k slice after the forward, so the backward gathers only within groups of k
  *    consecutive ranks of the shard dim (e.g. within a node);
  *  - mixed precision: parameters gathered and computed in param_dtype, gradients reduced in
- *    reduce_dtype, the group's floating outputs cast to output_dtype; the optimizer updates the
+ *    reduce_dtype, the group's floating outputs cast to output_dtype (dt_llama_forward's loss is
+ *    f32 in any case: the cross-entropy of the logits upcast to f32); the optimizer updates the
  *    sharded parameters in their own dtype (f32: no extra master copy);
  *  - prefetch: in the forward the next group's all-gather starts (asynchronously) before the
  *    current group computes; in the backward the next group in backward order (the reverse of
  *    the order in which the groups' forwards finished) is gathered before the current one runs.
- *    Both orders are learned from the previous pass; each is settable per group;
+ *    Both orders are learned from the previous pass (groups without parameters are passed
+ *    over: the next group with some is gathered); each is settable per group;
  *  - a group's reduce-scatter starts as soon as its gradients are complete and is finished when
  *    the next group's starts or the outermost group's backward ends (or by dt_fsdp_wait);
  *  - dt_fsdp_set_requires_gradient_sync(m, 0) skips the reduction (gradients accumulate
@@ -72,25 +77,36 @@ typedef struct dt_fsdp_config {
   int prefetch_backward;     /* the same in the backward pass */
 } dt_fsdp_config_t;
 
-/* Defaults for a mesh of `mesh_ndim` dims: shard over the last dim, replicate over the one before
- * it when there are two (HSDP), reshard after forward, f32 parameters and reduction, outputs kept, prefetch both ways. */
+/* The defaults over the data dims given: shard over mesh dim `shard_dim`, replicate over
+ * `replicate_dim` (HSDP; -1: none, plain FSDP); reshard after forward, f32 parameters and
+ * reduction, outputs kept, prefetch both ways. Every other mesh dim is left to the parameters'
+ * own placements (tensor parallelism, applied first). FSDP x TP on a (tp, dp) mesh:
+ * dt_fsdp_config_for(1, -1); HSDP on (replicate, shard): dt_fsdp_config_for(1, 0); HSDP x TP on
+ * (tp, replicate, shard): dt_fsdp_config_for(2, 1). dt_fully_shard checks the dims. */
+DT_API dt_fsdp_config_t dt_fsdp_config_for(int shard_dim, int replicate_dim);
+/* The defaults for a mesh whose every dim is a data dim: `mesh_ndim` 1 is FSDP over it, 2 is HSDP
+ * (shard over dim 1, replicate over dim 0), i.e. dt_fsdp_config_for(mesh_ndim - 1, mesh_ndim -
+ * 2). With a tensor-parallel dim in the mesh use dt_fsdp_config_for. */
 DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
 
-/* Makes the parameters of `m` not yet in an FSDP group one group (see above). Every parameter
- * must live on `mesh`, be floating point and Replicate on the data dims (shard, replicate). On
- * the other mesh dims it may be sharded (tensor parallelism, applied first): FSDP then shards
- * and gathers each rank's tensor-parallel shard over the data dims only, e.g. a colwise weight
- * [Shard(0), Replicate] on a (tp, dp) mesh becomes [Shard(0), Shard(0)] (dp splits the tp shard:
- * mesh-dim order), gathered back to [Shard(0), Replicate] for the forward. A Shard(0) on a dim
- * after the shard dim would not nest that way and is refused; reshard k > 1 needs the other dims
- * to be of size 1. Parameters already Shard on the shard dim (experts under expert
- * parallelism over that dim, whose gradients are complete where they are held) are left out of
- * the group, as they are. Errors leave the module as it was: DT_ERR_INVALID_ARG for a dim
- * outside the mesh, shard == replicate dim, a parameter on another mesh or not placed as above,
- * a reshard k that does not divide the shard dim, an integer dtype; DT_ERR_INVALID_USAGE for a
- * module already wrapped (FSDP or DDP) or with no parameter left to shard; DT_ERR_UNSUPPORTED
- * for a backend whose memory is not the host's and for parameters of different dtypes (a group's
- * shards share one buffer: wrap them in separate groups, as FSDP2 requires too). */
+/* Makes the parameters of `m` not yet in an FSDP group one group (see above; none: a group that
+ * only schedules the groups below it); cfg NULL: dt_fsdp_config_default(mesh ndim). Every
+ * parameter must live on `mesh`, be floating point and Replicate on the data dims (shard,
+ * replicate). On the other mesh dims it may be sharded (tensor parallelism, applied first): FSDP
+ * then shards and gathers each rank's tensor-parallel shard over the data dims only, e.g. a
+ * colwise weight [Shard(0), Replicate] on a (tp, dp) mesh (dt_fsdp_config_for(1, -1)) becomes
+ * [Shard(0), Shard(0)] (dp splits the tp shard: mesh-dim order), gathered back to [Shard(0),
+ * Replicate] for the forward. A Shard(0) on a dim after the shard dim would not nest that way and
+ * is refused; reshard k > 1 needs the other dims to be of size 1. Parameters already Shard on the
+ * shard dim (experts under expert parallelism over that dim, whose gradients are complete where
+ * they are held) are left out of the group, as they are. Errors leave the module as it was:
+ * DT_ERR_INVALID_ARG for a dim outside the mesh, shard == replicate dim, a parameter on another
+ * mesh or not placed as above, a reshard k that does not divide the shard dim, an integer dtype;
+ * DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or inside a module wrapped
+ * before it (wrapped top-down: that group holds its parameters; wrap bottom-up);
+ * DT_ERR_UNSUPPORTED for a backend whose memory is not the host's and for parameters of
+ * different dtypes (a group's shards share one buffer: wrap them in separate groups, as FSDP2
+ * requires too). */
 DT_API dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg);
 /* Whether m is the module of an FSDP group. */
 DT_API int dt_fsdp_is_group(dt_module_t m);
@@ -99,7 +115,8 @@ DT_API dt_status_t dt_fsdp_set_requires_gradient_sync(dt_module_t m, int sync);
 /* Per-group prefetch switches (-1 leaves one as it is). */
 DT_API dt_status_t dt_fsdp_set_prefetch(dt_module_t m, int forward, int backward);
 /* Finishes every reduce-scatter in flight (the groups do it themselves at the end of the
- * outermost group's backward; needed only when the outermost module is not a group). */
+ * outermost group's backward; needed only when the outermost module is not a group: wrapping
+ * the root, even one without parameters of its own, makes it one). */
 DT_API dt_status_t dt_fsdp_wait(void);
 
 /* Traffic and memory of one group, for tests, benchmarks and logs. */

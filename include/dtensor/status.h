@@ -1,7 +1,9 @@
 /* dtensor/status.h - status codes, the last-error message and the library version.
  *
- * Every public function returns a dt_status_t. On failure a readable detail message (function,
- * file:line, what was wrong and the valid range) is kept per thread and read with dt_last_error().
+ * Every public function returns a dt_status_t. On failure a readable detail message (the public
+ * function that was called, what was wrong, the bad value and what is valid) is kept per thread and
+ * read with dt_last_error(); where in the library it was recorded is read with
+ * dt_last_error_location().
  */
 #ifndef DTENSOR_STATUS_H
 #define DTENSOR_STATUS_H
@@ -54,12 +56,35 @@ typedef enum dt_status {
 DT_API const char* dt_status_name(dt_status_t st);
 /* Static one-line description of the code. */
 DT_API const char* dt_status_string(dt_status_t st);
-/* Detail of the last failure on this thread: "dt_mesh_create (src/mesh/mesh.c:42): ...".
+/* Detail of the last failure on this thread, for the user: "ENTRY: TEXT", e.g.
+ *   "dt_op_run: unknown op 'matmul': did you mean 'mm'? (PyTorch's matmul is mm here, ...)".
+ * ENTRY is the public function the program called (the outermost one that names itself with
+ * dt_error_scope_enter / DT_ENTRY_RETURN: dt_op_run, dt_sdpa, dt_op_describe, ...). Where no such
+ * scope is open, ENTRY is the function that recorded the failure, left out when that is one of
+ * the library's internal functions (dt__*): internal names never start the message. TEXT names
+ * the argument, the bad value and what would be valid. A message that quotes the previous one
+ * (a wrapper adding context) drops the quoted copy's ENTRY when it is the same.
+ * With the environment variable DTENSOR_DEBUG set (any value), the location is appended in
+ * parentheses: "ENTRY: TEXT (at dt__verdict, src/core/handle.c:128)".
  * Like errno, it is set by a failing call and kept until the next failure or dt_clear_error()
  * (a successful call does not clear it); empty if nothing failed yet. Never NULL. */
 DT_API const char* dt_last_error(void);
-/* Clears the last-error message of this thread. */
+/* Where the last failure on this thread was recorded: "function (file:line)", the file path cut
+ * to what follows "src/" when present ("dt__verdict (src/core/handle.c:128)"); the code that
+ * called DT_FAIL / dt_set_error, which may be internal. Empty when nothing failed yet, after
+ * dt_clear_error(), and when the message was put back by the library after a failure it
+ * recovered from. Never NULL. */
+DT_API const char* dt_last_error_location(void);
+/* Clears the last-error message and its location on this thread. */
 DT_API void dt_clear_error(void);
+/* Names `entry` (a string literal or otherwise static text: the name of the public function being
+ * run) as ENTRY of every message recorded on this thread until the matching
+ * dt_error_scope_leave, unless an outer scope is already open (the outermost public call is what
+ * the user called). Returns what dt_error_scope_leave must be given. For wrappers built on the
+ * library that expose their own public functions; dtensor/check.h's DT_ENTRY_RETURN pairs the two
+ * calls around one expression. Scopes are per thread and must nest. */
+DT_API const char* dt_error_scope_enter(const char* entry);
+DT_API void dt_error_scope_leave(const char* saved);
 
 #if defined(__GNUC__)
 #define DT_PRINTF_LIKE(a, b) __attribute__((format(printf, a, b)))
@@ -67,10 +92,11 @@ DT_API void dt_clear_error(void);
 #define DT_PRINTF_LIKE(a, b)
 #endif
 /* Records a failure for dt_last_error() and returns `st`: the message reads
- * "func (file:line): <formatted text>" (the file path is cut to what follows "src/", when present).
- * For code built on the library (wrappers, host-registered ops, trainers) that wants to report its
- * own errors the way the library does; dtensor/check.h wraps it in DT_FAIL. The arguments may
- * include dt_last_error() itself. */
+ * "ENTRY: <formatted text>" (see dt_last_error: the open scope's entry, else `func` unless it is
+ * internal), and "func (file:line)" becomes dt_last_error_location(). For code built on the
+ * library (wrappers, host-registered ops, trainers) that wants to report its own errors the way
+ * the library does; dtensor/check.h wraps it in DT_FAIL. The arguments may include
+ * dt_last_error() and dt_last_error_location() themselves. */
 DT_API dt_status_t dt_set_error(dt_status_t st, const char* func, const char* file, int line,
                                 const char* fmt, ...) DT_PRINTF_LIKE(5, 6);
 

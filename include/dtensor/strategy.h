@@ -100,7 +100,7 @@ typedef struct dt_op_choice {
 } dt_op_choice_t;
 
 /* Selects the cheapest candidate for inputs currently placed as in_pl[i][0..mesh ndim).
- * "no sharding strategy for OP" (DT_ERR_UNSUPPORTED) for an unknown op. */
+ * DT_ERR_UNSUPPORTED for an unknown op ("unknown op 'matmul': did you mean 'mm'? ..."). */
 DT_API dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
                                 const dt_placement_t in_pl[][DT_MAX_MESH_DIMS],
                                 dt_op_choice_t* out);

@@ -33,7 +33,9 @@ DT_API dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndi
 /* Local. Wraps the caller's shard `local` (borrowed: it must outlive the tensor) of extent
  * local_shape. global_shape NULL infers it as local size times the mesh size on each sharded dim
  * (exact only for even shards). Fails with DT_ERR_INVALID_ARG when local_shape is not the chunk
- * this rank must hold for global_shape and placements. */
+ * this rank must hold for global_shape and placements. Collective over the mesh's members: one
+ * 8-byte all-reduce agrees on the outcome (three when global_shape is NULL), so a bad argument
+ * on one rank fails every rank. */
 DT_API dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
                                         const int64_t* global_shape,
                                         const dt_placement_t* placements, void* local,
@@ -60,7 +62,7 @@ DT_API dt_status_t dt_tensor_view_local(dt_tensor_t base, int64_t offset, int nd
 /* A meta tensor: a layout without data, on any mesh (abstract meshes too). Ops and
  * redistributions on meta tensors select strategies and plan without moving anything (a traced
  * dry run, see dt_trace_set); their results are meta tensors. Reading the data of a meta tensor
- * (dt_tensor_full) is DT_ERR_INVALID_USAGE; dt_tensor_to_local gives NULL. */
+ * (dt_tensor_gather_full) is DT_ERR_INVALID_USAGE; dt_tensor_to_local gives NULL. */
 DT_API dt_status_t dt_tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                                   const dt_placement_t* placements, dt_tensor_t* out);
 DT_API dt_status_t dt_tensor_is_meta(dt_tensor_t t, int* meta);
@@ -74,6 +76,7 @@ DT_API dt_status_t dt_tensor_zeros(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, c
                                    const dt_placement_t* placements, dt_tensor_t* out);
 DT_API dt_status_t dt_tensor_ones(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                                   const dt_placement_t* placements, dt_tensor_t* out);
+/* Every element `value` (torch.full); dt_tensor_gather_full is the call that reads a tensor. */
 DT_API dt_status_t dt_tensor_full_value(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
                                         const int64_t* shape, const dt_placement_t* placements,
                                         double value, dt_tensor_t* out);
@@ -147,8 +150,16 @@ DT_API dt_status_t dt_tensor_set_memory_category(dt_tensor_t t, dt_mem_category_
 /* Collective. Gathers the full global tensor into host memory `out` (out_nbytes at least
  * numel*itemsize) on every rank of the mesh (Partial values reduced). */
 DT_API dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes);
-/* The same under its older name (it gathers; dt_tensor_full_value is the factory that fills). */
-DT_API dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes);
+/* Deprecated: dt_tensor_gather_full under its older name, kept so that existing callers still
+ * build and link (the symbol stays in the ABI). The name read like a factory (that is
+ * dt_tensor_full_value); GCC and Clang warn at each use (-Wdeprecated-declarations). */
+#if defined(__GNUC__) || defined(__clang__)
+#define DT__DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define DT__DEPRECATED(msg)
+#endif
+DT_API DT__DEPRECATED("dt_tensor_full is deprecated: use dt_tensor_gather_full")
+dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes);
 /* Collective. New tensor with placements `dst` (mesh ndim), same mesh, shape and dtype.
  * S->R all-gather, P->R all-reduce, P->S reduce-scatter, S(i)->S(j) all-to-all, R->S local slice,
  * R->P local (sum: floats are divided by the mesh-dim size; integers stay on coordinate 0 and are

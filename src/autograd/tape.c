@@ -3,6 +3,14 @@
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
+#include "mesh/mesh.h"
+
+/* Growth warning defaults: a tape that is never reset keeps the graph and the intermediate values
+ * of every pass; past either threshold it says so once (DTENSOR_TAPE_WARN_NODES,
+ * DTENSOR_TAPE_WARN_MB; 0 turns one off). One training step of a large model records some
+ * thousands of nodes, so a million is many steps' worth. */
+#define DT__TAPE_WARN_NODES 1000000
+#define DT__TAPE_WARN_MB 65536
 
 static const dt_handle_kind_t dt__tape_kind = {"tape"};
 static const dt_handle_kind_t dt__var_kind = {"variable"};
@@ -25,7 +33,40 @@ struct dt_tape {
   int64_t saved_nbytes, recomputed;
   dt__span_t* spans; /* hooks around spans of nodes */
   int64_t n_spans, cap_spans;
+  int64_t held_nbytes;             /* bytes of the tape-owned values held now (dt_tape_stats) */
+  int64_t warn_nodes, warn_nbytes; /* growth warning thresholds (0: off), read at creation */
+  int warned;                      /* the growth warning was given (once per tape) */
 };
+
+static int64_t dt__value_nbytes(dt_tensor_t t) {
+  return t ? t->local_numel * (int64_t)dt__itemsize(t->dtype) : 0;
+}
+
+/* A non-negative integer from the environment; `dflt` when unset or not one. */
+static int64_t dt__env_count(const char* name, int64_t dflt) {
+  const char* e = getenv(name);
+  char* end = NULL;
+  long long v = e && *e ? strtoll(e, &end, 10) : -1;
+  return v >= 0 && end && *end == '\0' ? (int64_t)v : dflt;
+}
+
+/* Says once per tape (on rank 0) that it has grown past a threshold: the usual cause is a
+ * training loop that never calls dt_tape_reset. */
+static void dt__tape_check_growth(dt_tape_t tape) {
+  if (tape->warned) return;
+  int nodes = tape->warn_nodes > 0 && tape->n_nodes > tape->warn_nodes;
+  int bytes = tape->warn_nbytes > 0 && tape->held_nbytes > tape->warn_nbytes;
+  if (!nodes && !bytes) return;
+  tape->warned = 1;
+  if (dt__world_rank() > 0) return; /* rank 0 only, as the library's other messages */
+  dt__log("tape", "warning: a tape holds %lld recorded nodes and %.1f MiB of intermediate values "
+          "(past %s=%lld): call dt_tape_reset after each backward pass, or every pass's graph "
+          "and values stay; if one pass is this large, raise %s (0: off). Said once per tape.",
+          (long long)tape->n_nodes, (double)tape->held_nbytes / 1048576.0,
+          nodes ? "DTENSOR_TAPE_WARN_NODES" : "DTENSOR_TAPE_WARN_MB",
+          nodes ? (long long)tape->warn_nodes : (long long)(tape->warn_nbytes / 1048576),
+          nodes ? "DTENSOR_TAPE_WARN_NODES" : "DTENSOR_TAPE_WARN_MB");
+}
 
 int dt_ckpt_policy_default(const char* op, void* ctx) {
   (void)ctx;
@@ -45,7 +86,8 @@ dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, voi
 
 /* Frees a recorded value; it comes back through dt__ensure_value. */
 static void dt__var_drop(dt_tape_t tape, dt_var_t v) {
-  tape->saved_nbytes += v->value->local_numel * (int64_t)dt__itemsize(v->value->dtype);
+  tape->saved_nbytes += dt__value_nbytes(v->value);
+  tape->held_nbytes -= dt__value_nbytes(v->value);
   dt__tensor_free(v->value);
   v->value = NULL;
   v->dropped = 1;
@@ -92,6 +134,7 @@ static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
     dt_var_t w = n->out[o];
     if (w->dropped) {
       w->value = res[o];
+      tape->held_nbytes += dt__value_nbytes(w->value);
       w->dropped = 0;
       w->value->held = 1;
       dt__storage_set_category(w->value->storage, DT_MEM_ACTIVATIONS);
@@ -99,6 +142,7 @@ static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
       dt__tensor_free(res[o]);
     }
   }
+  dt__tape_check_growth(tape);
   return DT_SUCCESS;
 }
 
@@ -114,6 +158,9 @@ dt_status_t dt_tape_create(dt_tape_t* out) {
   DT_ARG_NOT_NULL(out);
   dt_tape_t t = (dt_tape_t)dt__calloc(1, sizeof(struct dt_tape));
   if (t == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape");
+  t->warn_nodes = dt__env_count("DTENSOR_TAPE_WARN_NODES", DT__TAPE_WARN_NODES);
+  int64_t mb = dt__env_count("DTENSOR_TAPE_WARN_MB", DT__TAPE_WARN_MB);
+  t->warn_nbytes = mb > INT64_MAX / 1048576 ? INT64_MAX : mb * 1048576;
   dt_status_t st = dt_handle_register(t, &dt__tape_kind);
   if (st != DT_SUCCESS) {
     dt__free(t);
@@ -151,6 +198,7 @@ dt_status_t dt_tape_reset(dt_tape_t tape) {
   for (int64_t i = 0; i < tape->n_owned; i++) dt__var_free(tape->owned[i]);
   tape->n_owned = 0;
   tape->n_spans = 0;
+  tape->held_nbytes = 0;
   tape->saved_nbytes = 0;
   tape->recomputed = 0;
   return DT_SUCCESS;
@@ -230,6 +278,7 @@ dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
     dt__var_free(v);
     return st;
   }
+  dt__tape_check_growth(tape);
   *out = v;
   return DT_SUCCESS;
 }
@@ -331,6 +380,7 @@ static dt_status_t dt__tape_own(dt_tape_t tape, dt_var_t v) {
     tape->cap_owned = cap;
   }
   tape->owned[tape->n_owned++] = v;
+  tape->held_nbytes += dt__value_nbytes(v->value);
   return DT_SUCCESS;
 }
 
@@ -405,6 +455,7 @@ static dt_status_t dt__record(dt_tape_t tape, int op, int n_inputs, const dt_var
     saved = NULL;
   }
   dt__tensor_free(saved);
+  dt__tape_check_growth(tape);
   return DT_SUCCESS;
 fail:
   dt__tensor_free(saved);

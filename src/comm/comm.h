@@ -20,6 +20,16 @@
  * (dt_set_timeout, $DTENSOR_TIMEOUT_S). Past it the implementation calls dt__comm_timeout, which
  * reports and calls the host's handler; then it aborts the job, or returns DT_ERR_TIMEOUT with
  * the request still posted (nothing may wait for it again).
+ *
+ * The collective check ($DTENSOR_DEBUG contains "collectives"; off by default): before every
+ * collective (split and dup included, point-to-point calls excluded) the ranks of the
+ * communicator exchange a record of the call they are about to make (dt_call_desc_t, plus the
+ * thread's context) apart from the data traffic, and when the records disagree every rank
+ * returns DT_ERR_INVALID_USAGE with the same message (dt__call_verdict) without entering the
+ * call. A blocking call exchanges and judges at once; a non-blocking one posts the exchange into
+ * its request and posts the call itself only when wait or test sees the exchange complete and
+ * the records agree, so checks start in the same order as the collectives and never block a rank
+ * that a blocking call would not have blocked.
  */
 #ifndef DT_COMM_COMM_H
 #define DT_COMM_COMM_H
@@ -43,6 +53,7 @@ typedef struct dt_comm_req {
   void* keep;                            /* list of kept blocks (count arrays) */
   void** keep_free;                      /* link to the first block not in use (NULL: &keep) */
   const char* op;                        /* the last call posted ("all_gather"): timeout text */
+  void* check; /* the collective check's exchange and the call it holds back (implementation's) */
 } dt_comm_req_t;
 
 struct dt_comm_i {
@@ -141,6 +152,11 @@ int64_t dt__comm_max_count(void);
 void dt__comm_what_set(unsigned mesh_dims, int step, int nsteps, int ndim,
                        const dt_placement_t* before, const dt_placement_t* after);
 void dt__comm_what_clear(void);
+/* " (mesh dim 0, step 1/2 S(0)->R)" from the thread's context; "" when it is empty. */
+void dt__comm_what_format(char* buf, size_t cap);
+/* Changes at every set and clear: values a comm keeps between two calls of one step (e.g. the
+ * record of an all_to_all_box that declined, for the fallback call) are tied to it. */
+unsigned dt__comm_what_epoch(void);
 /* Strict parse of a timeout in seconds ("600", "2.5", "1e3"): a positive finite number with
  * nothing after it but spaces. `source` names where the text came from, for the message. */
 dt_status_t dt__timeout_parse(const char* text, const char* source, double* out);
@@ -156,5 +172,42 @@ int dt__comm_timeout(const char* op, int world_rank, int comm_size, double waite
                      dt_status_t* st);
 /* Monotonic clock in seconds. */
 double dt__now_s(void);
+
+/* ---- the collective check (src/comm/deadline.c: records and verdict, no MPI) ---------------- */
+/* Kinds of checked calls (explicit values; 0 is none). all_to_all_box is an all_to_all. */
+enum {
+  DT_CALL_ALL_GATHER = 1,
+  DT_CALL_ALL_REDUCE = 2,
+  DT_CALL_REDUCE_SCATTER = 3,
+  DT_CALL_ALL_TO_ALL = 4,
+  DT_CALL_BROADCAST = 5,
+  DT_CALL_SCATTER = 6,
+  DT_CALL_SPLIT = 7,
+  DT_CALL_DUP = 8,
+  DT_CALL_COUNT
+};
+/* What one rank is about to do on a communicator of n ranks; fields that do not apply are -1 or
+ * NULL. Every field must agree across the ranks, except all_to_all's vectors, which must match
+ * transposed (what p sends to q is what q receives from p). */
+typedef struct dt_call_desc {
+  int kind;              /* DT_CALL_* */
+  int dtype;             /* dt_dtype_t */
+  int op;                /* dt_reduce_op_t (all_reduce, reduce_scatter) */
+  int root;              /* communicator rank of the root (broadcast, scatter) */
+  int64_t numel;         /* all_reduce, broadcast */
+  const int64_t* counts; /* n: the per-rank counts (all_gather, reduce_scatter, scatter), or
+                          * this rank's send counts per peer (all_to_all) */
+  const int64_t* rcounts; /* n: all_to_all: this rank's receive counts per peer */
+} dt_call_desc_t;
+/* Bytes of one rank's record on a communicator of n ranks (the same on every rank). */
+size_t dt__call_rec_nbytes(int n);
+/* Writes this rank's record (zeroed first, so records compare bytewise): d, world_rank and the
+ * thread's context (dt__comm_what_set). */
+void dt__call_rec_fill(void* rec, int n, int world_rank, const dt_call_desc_t* d);
+/* The verdict on the records of all n ranks, back to back in communicator rank order (the same
+ * bytes on every rank, so every rank reaches the same verdict): DT_SUCCESS, or
+ * DT_ERR_INVALID_USAGE with a message naming the first mismatch (the lowest rank whose call
+ * differs from rank 0's, both calls described). */
+dt_status_t dt__call_verdict(const void* recs, int n);
 
 #endif

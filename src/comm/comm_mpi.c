@@ -31,6 +31,11 @@
  * is aborted or DT_ERR_TIMEOUT returned with the handles left posted. Communicator duplicates use
  * MPI_Comm_idup; MPI_Comm_split has no non-blocking form, so a split first waits, bounded, on an
  * MPI_Ibarrier of the parent: a rank that never arrives is caught there.
+ *
+ * The collective check (DTENSOR_DEBUG=collectives, see comm.h): each vtable collective first
+ * exchanges the ranks' records point-to-point under a tag of its own (DT__TAG_CHECK) on the same
+ * communicator; a non-blocking call keeps its arguments in the request and is posted by wait or
+ * test once the exchange has passed. Off, each call costs one branch.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
@@ -48,6 +53,12 @@ typedef struct {
   MPI_Comm comm;
   int in_group;          /* group_start depth */
   dt_comm_req_t group;   /* point-to-point calls of the open group */
+  /* the collective check: the record of an all_to_all_box that declined to place its boxes, for
+   * the call the caller falls back to (valid while the thread's context epoch is box_epoch) */
+  int box_pending;
+  unsigned box_epoch;
+  dt_call_desc_t box_desc;
+  int64_t* box_v; /* its send and receive counts (2 size) */
 } dt__mpi_t;
 
 static MPI_Comm dt__world = MPI_COMM_NULL;
@@ -62,9 +73,15 @@ static size_t dt__ints_cap;
 static dt_comm_req_t dt__local; /* handles of blocking point-to-point calls (memory reused) */
 static void* dt__scr;           /* received copies of blocking point-to-point reductions */
 static size_t dt__scr_cap;
+static int dt__ck_on = 0;       /* the collective check (DTENSOR_DEBUG=collectives) */
+static int dt__ck_wrank = -1;   /* this rank in MPI_COMM_WORLD, for its records */
+static void* dt__ck_tab;        /* the records of a blocking check */
+static size_t dt__ck_cap;
+static dt_comm_req_t dt__ck_req; /* the handles of a blocking check */
 
 #define DT__TAG_P2P 7
 #define DT__TAG_FALLBACK 8
+#define DT__TAG_CHECK 9 /* the collective check's records: never matched by data traffic */
 
 #define DT__SPIN_POLLS 256    /* polls before the first yield or clock read */
 #define DT__CLOCK_EVERY 64    /* polls between clock reads (a power of 2) */
@@ -227,7 +244,10 @@ static void dt__req_done(dt_comm_req_t* r) {
   r->keep_free = &r->keep;
 }
 
+static void dt__defer_free(void* d);
+
 static void dt__req_free(dt_comm_req_t* r) {
+  dt__defer_free(r->check);
   dt__free(r->more);
   for (dt__keep_t* k = (dt__keep_t*)r->keep; k != NULL;) {
     dt__keep_t* next = k->next;
@@ -391,14 +411,186 @@ static int dt__fit(int n, const int64_t* a, const int64_t* b) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * the collective check (DTENSOR_DEBUG=collectives; see comm.h)
+ *
+ * Each rank sends its record (dt__call_rec_fill) to every peer and receives theirs,
+ * point-to-point under DT__TAG_CHECK on the call's own communicator: MPI matches those messages
+ * by tag, so they never meet the data traffic (tags 7 and 8, and MPI's collectives, which match
+ * apart from point-to-point), and in posting order, which is the order of the collectives. Every
+ * rank ends up with the same records and reaches the same verdict. */
+
+/* A call held back by a non-blocking check, with copies of its arrays. */
+enum { DT__FN_ALL_GATHER, DT__FN_ALL_REDUCE, DT__FN_REDUCE_SCATTER, DT__FN_ALL_TO_ALL, DT__FN_BOX,
+       DT__FN_BROADCAST, DT__FN_SCATTER };
+#define DT__CALL_ARRAYS 5
+typedef struct {
+  int fn; /* DT__FN_* */
+  const void* send;
+  void* recv; /* broadcast: its buffer */
+  int64_t numel;
+  dt_dtype_t dtype;
+  dt_reduce_op_t op;
+  int root, ndim;
+  const int64_t* v[DT__CALL_ARRAYS]; /* the call's count arrays, in argument order */
+  size_t len[DT__CALL_ARRAYS];
+} dt__call_t;
+
+/* What a request keeps for the check (dt_comm_req_t.check). */
+typedef struct {
+  int state; /* 1: the records' exchange is posted; `call` is posted when it passes */
+  dt__call_t call;
+  void* tab; /* the records of every rank */
+  size_t tab_cap;
+  int64_t* blob; /* the call's arrays */
+  size_t blob_cap;
+} dt__defer_t;
+
+static void dt__defer_free(void* p) {
+  dt__defer_t* d = (dt__defer_t*)p;
+  if (d == NULL) return;
+  dt__free(d->tab);
+  dt__free(d->blob);
+  dt__free(d);
+}
+
+/* Grows *buf (capacity *cap bytes) to at least n bytes; the contents are not kept. */
+static dt_status_t dt__grow(void** buf, size_t* cap, size_t n) {
+  if (n <= *cap) return DT_SUCCESS;
+  void* p = dt__malloc(n);
+  if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%zu bytes for the collective check", n);
+  dt__free(*buf);
+  *buf = p;
+  *cap = n;
+  return DT_SUCCESS;
+}
+
+static const char* dt__ck_opname(int kind) {
+  static const char* const names[DT_CALL_COUNT] = {
+      "collective check", "all_gather check", "all_reduce check", "reduce_scatter check",
+      "all_to_all check", "broadcast check", "scatter check", "split check", "dup check"};
+  return kind > 0 && kind < DT_CALL_COUNT ? names[kind] : names[0];
+}
+
+/* The record of call a on c (box receive counts and copies of the send counts in c's box_v). */
+static dt_status_t dt__ck_desc(dt_comm_t* c, const dt__call_t* a, dt_call_desc_t* d) {
+  static const int kinds[] = {[DT__FN_ALL_GATHER] = DT_CALL_ALL_GATHER,
+                              [DT__FN_ALL_REDUCE] = DT_CALL_ALL_REDUCE,
+                              [DT__FN_REDUCE_SCATTER] = DT_CALL_REDUCE_SCATTER,
+                              [DT__FN_ALL_TO_ALL] = DT_CALL_ALL_TO_ALL,
+                              [DT__FN_BOX] = DT_CALL_ALL_TO_ALL,
+                              [DT__FN_BROADCAST] = DT_CALL_BROADCAST,
+                              [DT__FN_SCATTER] = DT_CALL_SCATTER};
+  int f = a->fn;
+  *d = (dt_call_desc_t){kinds[f], (int)a->dtype, -1, -1, -1, NULL, NULL};
+  if (f == DT__FN_ALL_REDUCE || f == DT__FN_REDUCE_SCATTER) d->op = (int)a->op;
+  if (f == DT__FN_BROADCAST || f == DT__FN_SCATTER) d->root = a->root;
+  if (f == DT__FN_ALL_REDUCE || f == DT__FN_BROADCAST) d->numel = a->numel;
+  if (f != DT__FN_ALL_REDUCE && f != DT__FN_BROADCAST) d->counts = a->v[0];
+  if (f == DT__FN_ALL_TO_ALL) d->rcounts = a->v[2];
+  if (f == DT__FN_BOX) { /* what lands in each box; my own box is left alone */
+    dt__mpi_t* m = (dt__mpi_t*)c->context;
+    int n = c->size;
+    if (m->box_v == NULL) {
+      m->box_v = (int64_t*)dt__malloc(sizeof(int64_t) * 2 * (size_t)n);
+      if (m->box_v == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "collective check counts");
+    }
+    for (int q = 0; q < n; q++) {
+      m->box_v[q] = a->v[0][q];
+      m->box_v[n + q] = q == c->rank ? 0 : dt__box_numel(a->ndim, a->v[4] + q * a->ndim);
+    }
+    d->counts = m->box_v;
+    d->rcounts = m->box_v + n;
+  }
+  return DT_SUCCESS;
+}
+
+/* Posts the exchange of the records in tab (n of rb bytes; mine at slot me) into r. */
+static dt_status_t dt__ck_post(MPI_Comm comm, int n, int me, void* tab, size_t rb,
+                               dt_comm_req_t* r) {
+  for (int q = 0; q < n; q++) {
+    if (q == me) continue;
+    MPI_Request* h;
+    DT_CHECK(dt__req_slot(r, &h));
+    DT_MPI_CHECK(MPI_Irecv((char*)tab + (size_t)q * rb, (int)rb, MPI_BYTE, q, DT__TAG_CHECK, comm,
+                           h));
+    DT_CHECK(dt__req_slot(r, &h));
+    DT_MPI_CHECK(MPI_Isend((char*)tab + (size_t)me * rb, (int)rb, MPI_BYTE, q, DT__TAG_CHECK,
+                           comm, h));
+  }
+  return DT_SUCCESS;
+}
+
+/* The check of a blocking call: exchange, wait within the deadline, verdict. */
+static dt_status_t dt__ck_blocking(MPI_Comm comm, int n, int me, const dt_call_desc_t* d) {
+  size_t rb = dt__call_rec_nbytes(n);
+  DT_CHECK(dt__grow(&dt__ck_tab, &dt__ck_cap, rb * (size_t)n));
+  dt__call_rec_fill((char*)dt__ck_tab + (size_t)me * rb, n, dt__ck_wrank, d);
+  dt_comm_req_t* r = &dt__ck_req;
+  r->op = dt__ck_opname(d->kind);
+  DT_CHECK(dt__ck_post(comm, n, me, dt__ck_tab, rb, r));
+  dt_status_t st = dt__wait_handles(comm, r->n, dt__req_arr(r), r->op);
+  if (st == DT_ERR_TIMEOUT) { /* still posted: the handles and the records are left to MPI */
+    memset(r, 0, sizeof *r);
+    dt__ck_tab = NULL;
+    dt__ck_cap = 0;
+    return st;
+  }
+  dt__req_done(r);
+  DT_CHECK(st);
+  return dt__call_verdict(dt__ck_tab, n);
+}
+
+/* The check before collective a on c (dt__ck_on, 2 ranks or more). A blocking call (req NULL)
+ * is judged now (*go = 1: post it); a non-blocking one posts the exchange into req and keeps the
+ * call for dt__ck_resume (*go = 0). The call that follows an all_to_all_box that declined is
+ * checked with that box's record, as the ranks that placed their boxes checked it. */
+static dt_status_t dt__ck_enter(dt_comm_t* c, dt_comm_req_t* req, const dt__call_t* a, int* go) {
+  dt__mpi_t* m = (dt__mpi_t*)c->context;
+  dt_call_desc_t own;
+  const dt_call_desc_t* d = &own;
+  *go = 1;
+  DT_CHECK(dt__ck_desc(c, a, &own));
+  if (m->box_pending) {
+    m->box_pending = 0;
+    if (m->box_epoch == dt__comm_what_epoch()) d = &m->box_desc;
+  }
+  if (req == NULL) return dt__ck_blocking(m->comm, c->size, c->rank, d);
+  dt__defer_t* f = (dt__defer_t*)req->check;
+  if (f == NULL) {
+    f = (dt__defer_t*)dt__calloc(1, sizeof *f);
+    if (f == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "collective check state");
+    req->check = f;
+  }
+  int n = c->size;
+  size_t rb = dt__call_rec_nbytes(n), nv = 0;
+  for (int i = 0; i < DT__CALL_ARRAYS; i++) nv += a->len[i];
+  DT_CHECK(dt__grow(&f->tab, &f->tab_cap, rb * (size_t)n));
+  size_t cap = f->blob_cap;
+  DT_CHECK(dt__grow((void**)&f->blob, &cap, sizeof(int64_t) * nv));
+  f->blob_cap = cap;
+  f->call = *a;
+  for (int i = 0, at = 0; i < DT__CALL_ARRAYS; at += (int)a->len[i], i++) {
+    if (a->len[i] == 0) continue;
+    memcpy(f->blob + at, a->v[i], sizeof(int64_t) * a->len[i]);
+    f->call.v[i] = f->blob + at;
+  }
+  dt__call_rec_fill((char*)f->tab + (size_t)c->rank * rb, n, dt__ck_wrank, d);
+  req->op = dt__ck_opname(d->kind);
+  DT_CHECK(dt__ck_post(m->comm, n, c->rank, f->tab, rb, req));
+  f->state = 1;
+  *go = 0;
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * collectives */
 
 /* Point-to-point, every block to every peer (in pieces of at most the max count), for every
  * size: as fast as MPI_Allgather here for small and large blocks, and unlike MPI_Iallgather
  * (about 2x slower at 16-64 KiB) equally fast in both forms. */
-static dt_status_t dt__mpi_all_gather_v(dt_comm_t* c, const void* send, void* recv,
-                                        const int64_t* counts, const int64_t* displs,
-                                        dt_dtype_t dtype, dt_comm_req_t* req) {
+static dt_status_t dt__all_gather_post(dt_comm_t* c, const void* send, void* recv,
+                                       const int64_t* counts, const int64_t* displs,
+                                       dt_dtype_t dtype, dt_comm_req_t* req) {
   int n = c->size, me = c->rank;
   size_t item = dt__itemsize(dtype);
   int local;
@@ -416,8 +608,8 @@ static dt_status_t dt__mpi_all_gather_v(dt_comm_t* c, const void* send, void* re
   return local ? dt__local_end(c, r, "all_gather") : DT_SUCCESS;
 }
 
-static dt_status_t dt__mpi_all_reduce(dt_comm_t* c, const void* send, void* recv, int64_t numel,
-                                      dt_dtype_t dtype, dt_reduce_op_t op, dt_comm_req_t* req) {
+static dt_status_t dt__all_reduce_post(dt_comm_t* c, const void* send, void* recv, int64_t numel,
+                                       dt_dtype_t dtype, dt_reduce_op_t op, dt_comm_req_t* req) {
   MPI_Op mop;
   DT_CHECK(dt__mpi_op(dtype, op, &mop));
   size_t item = dt__itemsize(dtype);
@@ -450,9 +642,9 @@ static dt_status_t dt__mpi_all_reduce(dt_comm_t* c, const void* send, void* recv
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__mpi_reduce_scatter_v(dt_comm_t* c, const void* send, void* recv,
-                                            const int64_t* counts, dt_dtype_t dtype,
-                                            dt_reduce_op_t op, dt_comm_req_t* req) {
+static dt_status_t dt__reduce_scatter_post(dt_comm_t* c, const void* send, void* recv,
+                                           const int64_t* counts, dt_dtype_t dtype,
+                                           dt_reduce_op_t op, dt_comm_req_t* req) {
   MPI_Op mop;
   DT_CHECK(dt__mpi_op(dtype, op, &mop));
   MPI_Datatype t = dt__mpi_type(dtype);
@@ -516,10 +708,10 @@ static dt_status_t dt__mpi_reduce_scatter_v(dt_comm_t* c, const void* send, void
  * only its own counts, so an MPI_Alltoallv for counts that fit and point-to-point for those that
  * do not could differ between ranks; point-to-point is always the same, and is how NCCL composes
  * it too. */
-static dt_status_t dt__mpi_all_to_all_v(dt_comm_t* c, const void* send, const int64_t* scounts,
-                                        const int64_t* sdispls, void* recv,
-                                        const int64_t* rcounts, const int64_t* rdispls,
-                                        dt_dtype_t dtype, dt_comm_req_t* req) {
+static dt_status_t dt__all_to_all_post(dt_comm_t* c, const void* send, const int64_t* scounts,
+                                       const int64_t* sdispls, void* recv,
+                                       const int64_t* rcounts, const int64_t* rdispls,
+                                       dt_dtype_t dtype, dt_comm_req_t* req) {
   int n = c->size, me = c->rank;
   size_t item = dt__itemsize(dtype);
   int local;
@@ -565,30 +757,35 @@ static int dt__subarray_dims(int ndim, const int64_t* shape, const int64_t* off,
   return k;
 }
 
-static dt_status_t dt__mpi_all_to_all_box(dt_comm_t* c, const void* send, const int64_t* scounts,
-                                          const int64_t* sdispls, void* recv, int ndim,
-                                          const int64_t* rshape, const int64_t* roffs,
-                                          const int64_t* rlens, dt_dtype_t dtype,
-                                          dt_comm_req_t* req, int* placed) {
+/* 1 when all_to_all_box places these boxes directly: every remote box one message (the sender's
+ * pieces), describable by a subarray datatype, and one of them large enough. */
+static int dt__box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape, const int64_t* roffs,
+                        const int64_t* rlens, dt_dtype_t dtype) {
   int n = c->size, me = c->rank;
   size_t item = dt__itemsize(dtype);
   int sz[DT_MAX_DIMS], sub[DT_MAX_DIMS], st[DT_MAX_DIMS];
-  *placed = 0;
-  if (ndim < 1 || ndim > DT_MAX_DIMS) return DT_SUCCESS;
-  /* every remote box one message (the sender's pieces), describable, and one large enough */
+  if (ndim < 1 || ndim > DT_MAX_DIMS) return 0;
   int64_t big = 0;
   for (int q = 0; q < n; q++) {
     int64_t k = dt__box_numel(ndim, rlens + q * ndim);
     if (q == me || k == 0) continue;
-    if (dt__piece(k, item) < k) return DT_SUCCESS;
-    if (!dt__subarray_dims(ndim, rshape, roffs + q * ndim, rlens + q * ndim, sz, sub, st))
-      return DT_SUCCESS;
+    if (dt__piece(k, item) < k) return 0;
+    if (!dt__subarray_dims(ndim, rshape, roffs + q * ndim, rlens + q * ndim, sz, sub, st)) return 0;
     if (k * (int64_t)item > big) big = k * (int64_t)item;
   }
-  if (big < dt__box_min) return DT_SUCCESS;
+  return big >= dt__box_min;
+}
+
+/* Posts the boxes dt__box_fits accepted. */
+static dt_status_t dt__box_post(dt_comm_t* c, const void* send, const int64_t* scounts,
+                                const int64_t* sdispls, void* recv, int ndim,
+                                const int64_t* rshape, const int64_t* roffs, const int64_t* rlens,
+                                dt_dtype_t dtype, dt_comm_req_t* req) {
+  int n = c->size, me = c->rank;
+  size_t item = dt__itemsize(dtype);
+  int sz[DT_MAX_DIMS], sub[DT_MAX_DIMS], st[DT_MAX_DIMS];
   int local;
   dt_comm_req_t* r = dt__post_req(c, req, &local);
-  *placed = 1;
   for (int q = 0; q < n; q++) {
     if (q == me) continue;
     if (dt__box_numel(ndim, rlens + q * ndim) > 0) {
@@ -610,8 +807,8 @@ static dt_status_t dt__mpi_all_to_all_box(dt_comm_t* c, const void* send, const 
   return local ? dt__local_end(c, r, "all_to_all") : DT_SUCCESS;
 }
 
-static dt_status_t dt__mpi_broadcast(dt_comm_t* c, void* buf, int64_t numel, dt_dtype_t dtype,
-                                     int root, dt_comm_req_t* req) {
+static dt_status_t dt__broadcast_post(dt_comm_t* c, void* buf, int64_t numel, dt_dtype_t dtype,
+                                      int root, dt_comm_req_t* req) {
   size_t item = dt__itemsize(dtype);
   for (int64_t off = 0; off < numel; off += dt__maxc) {
     int k = (int)(numel - off < dt__maxc ? numel - off : dt__maxc);
@@ -621,9 +818,9 @@ static dt_status_t dt__mpi_broadcast(dt_comm_t* c, void* buf, int64_t numel, dt_
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__mpi_scatter_v(dt_comm_t* c, const void* send, const int64_t* counts,
-                                     const int64_t* displs, void* recv, dt_dtype_t dtype, int root,
-                                     dt_comm_req_t* req) {
+static dt_status_t dt__scatter_post(dt_comm_t* c, const void* send, const int64_t* counts,
+                                    const int64_t* displs, void* recv, dt_dtype_t dtype, int root,
+                                    dt_comm_req_t* req) {
   MPI_Datatype t = dt__mpi_type(dtype);
   int n = c->size, me = c->rank;
   size_t item = dt__itemsize(dtype);
@@ -648,6 +845,133 @@ static dt_status_t dt__mpi_scatter_v(dt_comm_t* c, const void* send, const int64
   }
   r->op = "scatter";
   return local ? dt__local_end(c, r, "scatter") : DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the vtable's collectives: the check (when on), then the call */
+
+/* Runs the check of call a (when on); returns from the caller unless the call is to be posted
+ * now. */
+#define DT__CHECKED(c, req, ...)                      \
+  do {                                                \
+    if (dt__ck_on && (c)->size > 1) {                 \
+      const dt__call_t dt__a = __VA_ARGS__;           \
+      int dt__go;                                     \
+      DT_CHECK(dt__ck_enter((c), (req), &dt__a, &dt__go)); \
+      if (!dt__go) return DT_SUCCESS;                 \
+    }                                                 \
+  } while (0)
+
+static dt_status_t dt__mpi_all_gather_v(dt_comm_t* c, const void* send, void* recv,
+                                        const int64_t* counts, const int64_t* displs,
+                                        dt_dtype_t dtype, dt_comm_req_t* req) {
+  size_t n = (size_t)c->size;
+  DT__CHECKED(c, req, {.fn = DT__FN_ALL_GATHER, .send = send, .recv = recv, .dtype = dtype,
+                       .v = {counts, displs}, .len = {n, n}});
+  return dt__all_gather_post(c, send, recv, counts, displs, dtype, req);
+}
+
+static dt_status_t dt__mpi_all_reduce(dt_comm_t* c, const void* send, void* recv, int64_t numel,
+                                      dt_dtype_t dtype, dt_reduce_op_t op, dt_comm_req_t* req) {
+  DT__CHECKED(c, req, {.fn = DT__FN_ALL_REDUCE, .send = send, .recv = recv, .numel = numel,
+                       .dtype = dtype, .op = op});
+  return dt__all_reduce_post(c, send, recv, numel, dtype, op, req);
+}
+
+static dt_status_t dt__mpi_reduce_scatter_v(dt_comm_t* c, const void* send, void* recv,
+                                            const int64_t* counts, dt_dtype_t dtype,
+                                            dt_reduce_op_t op, dt_comm_req_t* req) {
+  size_t n = (size_t)c->size;
+  DT__CHECKED(c, req, {.fn = DT__FN_REDUCE_SCATTER, .send = send, .recv = recv, .dtype = dtype,
+                       .op = op, .v = {counts}, .len = {n}});
+  return dt__reduce_scatter_post(c, send, recv, counts, dtype, op, req);
+}
+
+static dt_status_t dt__mpi_all_to_all_v(dt_comm_t* c, const void* send, const int64_t* scounts,
+                                        const int64_t* sdispls, void* recv,
+                                        const int64_t* rcounts, const int64_t* rdispls,
+                                        dt_dtype_t dtype, dt_comm_req_t* req) {
+  size_t n = (size_t)c->size;
+  DT__CHECKED(c, req, {.fn = DT__FN_ALL_TO_ALL, .send = send, .recv = recv, .dtype = dtype,
+                       .v = {scounts, sdispls, rcounts, rdispls}, .len = {n, n, n, n}});
+  return dt__all_to_all_post(c, send, scounts, sdispls, recv, rcounts, rdispls, dtype, req);
+}
+
+/* Whether the boxes are placed directly may differ between ranks (the caller then falls back to
+ * another call): the check runs on the box's record either way, here when placed, else at the
+ * fallback call (dt__ck_enter). */
+static dt_status_t dt__mpi_all_to_all_box(dt_comm_t* c, const void* send, const int64_t* scounts,
+                                          const int64_t* sdispls, void* recv, int ndim,
+                                          const int64_t* rshape, const int64_t* roffs,
+                                          const int64_t* rlens, dt_dtype_t dtype,
+                                          dt_comm_req_t* req, int* placed) {
+  int fits = dt__box_fits(c, ndim, rshape, roffs, rlens, dtype);
+  *placed = 0;
+  if (dt__ck_on && c->size > 1) {
+    dt__mpi_t* m = (dt__mpi_t*)c->context;
+    size_t n = (size_t)c->size, nd = ndim > 0 ? (size_t)ndim : 0;
+    const dt__call_t a = {.fn = DT__FN_BOX, .send = send, .recv = recv, .dtype = dtype,
+                          .ndim = ndim, .v = {scounts, sdispls, rshape, roffs, rlens},
+                          .len = {n, n, nd, n * nd, n * nd}};
+    m->box_pending = 0;
+    if (!fits) {
+      DT_CHECK(dt__ck_desc(c, &a, &m->box_desc));
+      m->box_pending = 1;
+      m->box_epoch = dt__comm_what_epoch();
+      return DT_SUCCESS;
+    }
+    int go;
+    *placed = 1;
+    DT_CHECK(dt__ck_enter(c, req, &a, &go));
+    if (!go) return DT_SUCCESS;
+  }
+  if (!fits) return DT_SUCCESS;
+  *placed = 1;
+  return dt__box_post(c, send, scounts, sdispls, recv, ndim, rshape, roffs, rlens, dtype, req);
+}
+
+static dt_status_t dt__mpi_broadcast(dt_comm_t* c, void* buf, int64_t numel, dt_dtype_t dtype,
+                                     int root, dt_comm_req_t* req) {
+  DT__CHECKED(c, req, {.fn = DT__FN_BROADCAST, .recv = buf, .numel = numel, .dtype = dtype,
+                       .root = root});
+  return dt__broadcast_post(c, buf, numel, dtype, root, req);
+}
+
+static dt_status_t dt__mpi_scatter_v(dt_comm_t* c, const void* send, const int64_t* counts,
+                                     const int64_t* displs, void* recv, dt_dtype_t dtype, int root,
+                                     dt_comm_req_t* req) {
+  size_t n = (size_t)c->size;
+  DT__CHECKED(c, req, {.fn = DT__FN_SCATTER, .send = send, .recv = recv, .dtype = dtype,
+                       .root = root, .v = {counts, displs}, .len = {n, n}});
+  return dt__scatter_post(c, send, counts, displs, recv, dtype, root, req);
+}
+
+/* A non-blocking check's exchange has completed: the verdict, then the held call posted into the
+ * same request. */
+static dt_status_t dt__ck_resume(dt_comm_t* c, dt_comm_req_t* req) {
+  dt__defer_t* f = (dt__defer_t*)req->check;
+  const dt__call_t* a = &f->call;
+  f->state = 0;
+  DT_CHECK(dt__call_verdict(f->tab, c->size));
+  switch (a->fn) {
+    case DT__FN_ALL_GATHER:
+      return dt__all_gather_post(c, a->send, a->recv, a->v[0], a->v[1], a->dtype, req);
+    case DT__FN_ALL_REDUCE:
+      return dt__all_reduce_post(c, a->send, a->recv, a->numel, a->dtype, a->op, req);
+    case DT__FN_REDUCE_SCATTER:
+      return dt__reduce_scatter_post(c, a->send, a->recv, a->v[0], a->dtype, a->op, req);
+    case DT__FN_ALL_TO_ALL:
+      return dt__all_to_all_post(c, a->send, a->v[0], a->v[1], a->recv, a->v[2], a->v[3],
+                                 a->dtype, req);
+    case DT__FN_BOX:
+      return dt__box_post(c, a->send, a->v[0], a->v[1], a->recv, a->ndim, a->v[2], a->v[3],
+                          a->v[4], a->dtype, req);
+    case DT__FN_BROADCAST:
+      return dt__broadcast_post(c, a->recv, a->numel, a->dtype, a->root, req);
+    case DT__FN_SCATTER:
+      return dt__scatter_post(c, a->send, a->v[0], a->v[1], a->recv, a->dtype, a->root, req);
+    default: return DT_FAIL(DT_ERR_INTERNAL, "held collective %d", a->fn);
+  }
 }
 
 static dt_status_t dt__mpi_send(dt_comm_t* c, const void* buf, int64_t numel, dt_dtype_t dtype,
@@ -681,10 +1005,37 @@ static dt_status_t dt__mpi_group_end(dt_comm_t* c) {
   return dt__waitall(c, &m->group);
 }
 
-static dt_status_t dt__mpi_wait(dt_comm_t* c, dt_comm_req_t* req) { return dt__waitall(c, req); }
+static dt_status_t dt__mpi_wait(dt_comm_t* c, dt_comm_req_t* req) {
+  const dt__defer_t* f = (const dt__defer_t*)req->check;
+  if (f != NULL && f->state) { /* the check first, then the call it held back */
+    DT_CHECK(dt__waitall(c, req));
+    DT_CHECK(dt__ck_resume(c, req));
+  }
+  return dt__waitall(c, req);
+}
 
 static dt_status_t dt__mpi_test(dt_comm_t* c, dt_comm_req_t* req, int* done) {
-  (void)c;
+  const dt__defer_t* f = (const dt__defer_t*)req->check;
+  if (f != NULL && f->state) { /* the check first: when it has passed, the held call is posted */
+    int flag = 0;
+    int rc = MPI_Testall(req->n, dt__req_arr(req), &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      ((dt__defer_t*)req->check)->state = 0;
+      dt__req_done(req);
+      *done = 1;
+      return dt__mpi_fail(rc, "MPI_Testall");
+    }
+    if (!flag) {
+      *done = 0;
+      return DT_SUCCESS;
+    }
+    dt__req_done(req);
+    dt_status_t st = dt__ck_resume(c, req);
+    if (st != DT_SUCCESS) {
+      *done = 1;
+      return st;
+    }
+  }
   int flag = 1;
   if (req->n) {
     int rc = MPI_Testall(req->n, dt__req_arr(req), &flag, MPI_STATUSES_IGNORE);
@@ -726,6 +1077,13 @@ static dt_status_t dt__mpi_split(const dt_comm_t* parent, int color, int key, dt
   MPI_Comm p = parent ? dt__c(parent) : dt__world;
   if (p == MPI_COMM_NULL) return DT_FAIL(DT_ERR_NOT_INITIALIZED, "MPI not set up");
   MPI_Comm nc = MPI_COMM_NULL;
+  if (dt__ck_on) { /* the colors and keys differ by design: only the kind is checked */
+    int n = 0, me = 0;
+    DT_MPI_CHECK(MPI_Comm_size(p, &n));
+    DT_MPI_CHECK(MPI_Comm_rank(p, &me));
+    const dt_call_desc_t d = {DT_CALL_SPLIT, -1, -1, -1, -1, NULL, NULL};
+    if (n > 1) DT_CHECK(dt__ck_blocking(p, n, me, &d));
+  }
   /* MPI_Comm_split cannot be bounded: every rank first arrives at a bounded barrier */
   MPI_Request h = MPI_REQUEST_NULL;
   DT_MPI_CHECK(MPI_Ibarrier(p, &h));
@@ -745,6 +1103,10 @@ static dt_status_t dt__dup_bounded(MPI_Comm c, MPI_Comm* out) {
 static dt_status_t dt__mpi_dup(const dt_comm_t* c, dt_comm_t* out) {
   memset(out, 0, sizeof *out);
   MPI_Comm nc = MPI_COMM_NULL;
+  if (dt__ck_on && c->size > 1) {
+    const dt_call_desc_t d = {DT_CALL_DUP, -1, -1, -1, -1, NULL, NULL};
+    DT_CHECK(dt__ck_blocking(dt__c(c), c->size, c->rank, &d));
+  }
   DT_CHECK(dt__dup_bounded(dt__c(c), &nc));
   return dt__comm_wrap(nc, out);
 }
@@ -756,6 +1118,7 @@ static void dt__mpi_destroy(dt_comm_t* c) {
   MPI_Finalized(&finalized);
   if (!finalized && m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   dt__req_free(&m->group);
+  dt__free(m->box_v);
   dt__free(m);
   c->context = NULL;
 }
@@ -818,6 +1181,8 @@ dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
       for (int k = 0; k < 3; k++) DT_MPI_CHECK(MPI_Op_create(fns[d][k], 1, &dt__half_ops[d][k]));
     dt__half_ops_ready = 1;
   }
+  dt__ck_on = (dt__debug_mask() & DT_DBG_COLLECTIVES) != 0;
+  DT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &dt__ck_wrank));
   const char* e = getenv("DTENSOR_COMM_MAX_COUNT");
   long long v = e && *e ? strtoll(e, NULL, 10) : 0;
   dt__maxc = v >= 1 && v < INT_MAX ? (int64_t)v : INT_MAX;
@@ -838,6 +1203,10 @@ dt_status_t dt__comm_mpi_finalize(int we_initialized) {
   dt__free(dt__scr);
   dt__scr = NULL;
   dt__scr_cap = 0;
+  dt__req_free(&dt__ck_req);
+  dt__free(dt__ck_tab);
+  dt__ck_tab = NULL;
+  dt__ck_cap = 0;
   if (finalized) return DT_SUCCESS;
   dt__comm_release(&dt__world_comm);
   if (dt__half_ops_ready) {

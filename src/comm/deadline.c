@@ -1,7 +1,9 @@
 /* deadline.c - the deadline of collective waits: the timeout value ($DTENSOR_TIMEOUT_S,
  * dt_set_timeout), the host's timeout handler, the thread's "what is running" context set by the
- * redistribute executor, and the timeout report. Independent of MPI: an implementation of the
- * comm vtable runs its own wait loop and calls dt__comm_timeout when the deadline has passed.
+ * redistribute executor, and the timeout report; and the records and verdict of the collective
+ * check (DTENSOR_DEBUG=collectives), which name the same context. Independent of MPI: an
+ * implementation of the comm vtable runs its own wait loop and calls dt__comm_timeout when the
+ * deadline has passed, and exchanges the check's records its own way.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -24,6 +26,7 @@ typedef struct {
   dt_placement_t before[DT_MAX_MESH_DIMS], after[DT_MAX_MESH_DIMS];
 } dt__what_t;
 static _Thread_local dt__what_t dt__what;
+static _Thread_local unsigned dt__what_epoch;
 
 double dt__now_s(void) {
   struct timespec ts;
@@ -80,6 +83,7 @@ dt_status_t dt_set_timeout_handler(dt_timeout_fn fn, void* ctx) {
 
 void dt__comm_what_set(unsigned mesh_dims, int step, int nsteps, int ndim,
                        const dt_placement_t* before, const dt_placement_t* after) {
+  dt__what_epoch++;
   dt__what.mesh_dims = mesh_dims;
   dt__what.step = step;
   dt__what.nsteps = nsteps;
@@ -108,10 +112,14 @@ static void dt__transition_format(const dt__what_t* w, char* buf, size_t cap) {
   }
 }
 
-void dt__comm_what_clear(void) { memset(&dt__what, 0, sizeof dt__what); }
+void dt__comm_what_clear(void) {
+  dt__what_epoch++;
+  memset(&dt__what, 0, sizeof dt__what);
+}
 
-/* " (mesh dim 0, step 1/2 S(0)->R)" from the thread's context; "" when it is empty. */
-static void dt__what_format(char* buf, size_t cap) {
+unsigned dt__comm_what_epoch(void) { return dt__what_epoch; }
+
+void dt__comm_what_format(char* buf, size_t cap) {
   const dt__what_t* w = &dt__what;
   buf[0] = '\0';
   if (w->mesh_dims == 0 && w->nsteps == 0 && w->ndim == 0) return;
@@ -139,7 +147,7 @@ static void dt__what_format(char* buf, size_t cap) {
 int dt__comm_timeout(const char* op, int world_rank, int comm_size, double waited,
                      dt_status_t* st) {
   char what[256], msg[640];
-  dt__what_format(what, sizeof what);
+  dt__comm_what_format(what, sizeof what);
   snprintf(msg, sizeof msg,
            "[dtensor rank %d] DT_ERR_TIMEOUT: %s%s on a communicator of %d ranks did not complete "
            "within %g s (waited %.1f s; DTENSOR_TIMEOUT_S / dt_set_timeout): a rank of it has "
@@ -156,4 +164,152 @@ int dt__comm_timeout(const char* op, int world_rank, int comm_size, double waite
           (int)DT_ERR_TIMEOUT);
   fflush(stderr);
   return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the collective check: one rank's record of the call it is about to make, and the verdict on
+ * the records of every rank */
+
+typedef struct {
+  int32_t kind, dtype, op, root, world_rank, n;
+  int64_t numel;
+  char what[168]; /* the thread's context, formatted (" (mesh dim 0, step 1/2 S(0)->R)") */
+} dt__rec_t;      /* followed by int64_t counts[n], rcounts[n] */
+
+static const char* const dt__call_names[DT_CALL_COUNT] = {
+    [0] = "none",
+    [DT_CALL_ALL_GATHER] = "all_gather",
+    [DT_CALL_ALL_REDUCE] = "all_reduce",
+    [DT_CALL_REDUCE_SCATTER] = "reduce_scatter",
+    [DT_CALL_ALL_TO_ALL] = "all_to_all",
+    [DT_CALL_BROADCAST] = "broadcast",
+    [DT_CALL_SCATTER] = "scatter",
+    [DT_CALL_SPLIT] = "communicator split",
+    [DT_CALL_DUP] = "communicator duplicate"};
+_Static_assert(DT_CALL_COUNT == 9, "update dt__call_names");
+
+size_t dt__call_rec_nbytes(int n) { return sizeof(dt__rec_t) + 2 * sizeof(int64_t) * (size_t)n; }
+
+static const dt__rec_t* dt__rec(const void* recs, int n, int r) {
+  return (const dt__rec_t*)(const void*)((const char*)recs + (size_t)r * dt__call_rec_nbytes(n));
+}
+static const int64_t* dt__rec_counts(const dt__rec_t* h) { return (const int64_t*)(h + 1); }
+
+void dt__call_rec_fill(void* rec, int n, int world_rank, const dt_call_desc_t* d) {
+  memset(rec, 0, dt__call_rec_nbytes(n));
+  dt__rec_t* h = (dt__rec_t*)rec;
+  h->kind = d->kind;
+  h->dtype = d->dtype;
+  h->op = d->op;
+  h->root = d->root;
+  h->world_rank = world_rank;
+  h->n = n;
+  h->numel = d->numel;
+  dt__comm_what_format(h->what, sizeof h->what);
+  int64_t* v = (int64_t*)(h + 1);
+  if (d->counts) memcpy(v, d->counts, sizeof(int64_t) * (size_t)n);
+  if (d->rcounts) memcpy(v + n, d->rcounts, sizeof(int64_t) * (size_t)n);
+}
+
+/* The per-rank counts every rank passes alike: these kinds compare them. */
+static int dt__call_has_counts(int kind) {
+  return kind == DT_CALL_ALL_GATHER || kind == DT_CALL_REDUCE_SCATTER || kind == DT_CALL_SCATTER;
+}
+
+/* 1 when b's call differs from a's in anything but the world rank (all_to_all's vectors are
+ * compared transposed, apart). */
+static int dt__rec_differs(const dt__rec_t* a, const dt__rec_t* b, int n) {
+  if (a->kind != b->kind || a->dtype != b->dtype || a->op != b->op || a->root != b->root ||
+      a->numel != b->numel || strcmp(a->what, b->what) != 0)
+    return 1;
+  return dt__call_has_counts(a->kind) &&
+         memcmp(dt__rec_counts(a), dt__rec_counts(b), sizeof(int64_t) * (size_t)n) != 0;
+}
+
+/* "[16,16,16,16]" (at most 8 values, then "...", and the total). */
+static size_t dt__vec_format(char* buf, size_t cap, const int64_t* v, int n) {
+  size_t k = 0;
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += v[i];
+  k += (size_t)snprintf(buf + k, cap - k, "[");
+  for (int i = 0; i < n && i < 8 && k < cap; i++)
+    k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? "," : "", (long long)v[i]);
+  if (n > 8 && k < cap)
+    k += (size_t)snprintf(buf + k, cap - k, ",... total %lld", (long long)total);
+  if (k < cap) k += (size_t)snprintf(buf + k, cap - k, "]");
+  return k < cap ? k : cap - 1;
+}
+
+/* "all_reduce sum f32 count 64 (mesh dim 0, step 1/1 P->R)" */
+static void dt__call_describe(const dt__rec_t* h, int n, char* buf, size_t cap) {
+  size_t k = 0;
+  int kind = h->kind > 0 && h->kind < DT_CALL_COUNT ? h->kind : 0;
+  k += (size_t)snprintf(buf + k, cap - k, "%s", dt__call_names[kind]);
+  if (h->op >= 0 && k < cap)
+    k += (size_t)snprintf(buf + k, cap - k, " %s", dt_reduce_op_name((dt_reduce_op_t)h->op));
+  if (h->dtype >= 0 && k < cap)
+    k += (size_t)snprintf(buf + k, cap - k, " %s", dt_dtype_name((dt_dtype_t)h->dtype));
+  if (h->numel >= 0 && k < cap)
+    k += (size_t)snprintf(buf + k, cap - k, " count %lld", (long long)h->numel);
+  const int64_t* v = dt__rec_counts(h);
+  if (dt__call_has_counts(kind) && k < cap) {
+    k += (size_t)snprintf(buf + k, cap - k, " counts ");
+    if (k < cap) k += dt__vec_format(buf + k, cap - k, v, n);
+  } else if (kind == DT_CALL_ALL_TO_ALL && k < cap) {
+    k += (size_t)snprintf(buf + k, cap - k, " sends ");
+    if (k < cap) k += dt__vec_format(buf + k, cap - k, v, n);
+    if (k < cap) k += (size_t)snprintf(buf + k, cap - k, " receives ");
+    if (k < cap) k += dt__vec_format(buf + k, cap - k, v + n, n);
+  }
+  if (h->root >= 0 && k < cap) k += (size_t)snprintf(buf + k, cap - k, " root %d", h->root);
+  if (k < cap) snprintf(buf + k, cap - k, "%s", h->what);
+}
+
+/* "0-3" or "0,2,4,6": the world ranks of the communicator, runs of consecutive ones joined. */
+static void dt__ranks_format(const void* recs, int n, char* buf, size_t cap) {
+  size_t k = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && k < cap; i++) {
+    int a = dt__rec(recs, n, i)->world_rank, j = i;
+    while (j + 1 < n && dt__rec(recs, n, j + 1)->world_rank == dt__rec(recs, n, j)->world_rank + 1)
+      j++;
+    int b = dt__rec(recs, n, j)->world_rank;
+    if (j > i) k += (size_t)snprintf(buf + k, cap - k, "%s%d-%d", i ? "," : "", a, b);
+    else k += (size_t)snprintf(buf + k, cap - k, "%s%d", i ? "," : "", a);
+    i = j;
+  }
+}
+
+#define DT__CHECK_HINT "no rank entered it (DTENSOR_DEBUG=collectives)"
+
+dt_status_t dt__call_verdict(const void* recs, int n) {
+  const dt__rec_t* r0 = dt__rec(recs, n, 0);
+  char ranks[96], d0[384], d1[384];
+  for (int r = 1; r < n; r++) {
+    const dt__rec_t* h = dt__rec(recs, n, r);
+    if (!dt__rec_differs(r0, h, n)) continue;
+    dt__ranks_format(recs, n, ranks, sizeof ranks);
+    dt__call_describe(r0, n, d0, sizeof d0);
+    dt__call_describe(h, n, d1, sizeof d1);
+    return DT_FAIL(DT_ERR_INVALID_USAGE,
+                   "collective mismatch on a communicator of %d ranks (world ranks %s): world "
+                   "rank %d calls %s; world rank %d calls %s; " DT__CHECK_HINT,
+                   n, ranks, r0->world_rank, d0, h->world_rank, d1);
+  }
+  if (r0->kind != DT_CALL_ALL_TO_ALL) return DT_SUCCESS;
+  for (int p = 0; p < n; p++)
+    for (int q = 0; q < n; q++) {
+      const dt__rec_t *hp = dt__rec(recs, n, p), *hq = dt__rec(recs, n, q);
+      int64_t sends = dt__rec_counts(hp)[q], expects = dt__rec_counts(hq)[n + p];
+      if (p == q || sends == expects) continue;
+      dt__ranks_format(recs, n, ranks, sizeof ranks);
+      return DT_FAIL(DT_ERR_INVALID_USAGE,
+                     "collective mismatch on a communicator of %d ranks (world ranks %s): world "
+                     "rank %d sends %lld %s elements to world rank %d, which expects %lld from it, "
+                     "in all_to_all%s; " DT__CHECK_HINT,
+                     n, ranks, hp->world_rank, (long long)sends,
+                     dt_dtype_name((dt_dtype_t)hp->dtype), hq->world_rank, (long long)expects,
+                     hp->what);
+    }
+  return DT_SUCCESS;
 }

@@ -64,7 +64,9 @@ int dt__mul_i64(int64_t a, int64_t b, int64_t* out) {
 
 /* ---------------------------------------------------------------------------------------------
  * logging: DTENSOR_DEBUG=redistribute,mesh or all. Rank 0 only unless
- * DTENSOR_DEBUG_ALL_RANKS=1 (the rank filter is applied by callers that know the rank). */
+ * DTENSOR_DEBUG_ALL_RANKS=1 (the rank filter is applied by callers that know the rank).
+ * DTENSOR_DEBUG=collectives (or all) turns on the comm layer's collective check, read once by
+ * dt_init. */
 
 unsigned dt__debug_mask(void) {
   static int init = 0;
@@ -75,6 +77,7 @@ unsigned dt__debug_mask(void) {
       if (strstr(s, "all") || strstr(s, "ALL")) mask = ~0u;
       if (strstr(s, "redistribute")) mask |= DT_DBG_REDISTRIBUTE;
       if (strstr(s, "mesh")) mask |= DT_DBG_MESH;
+      if (strstr(s, "collectives")) mask |= DT_DBG_COLLECTIVES;
     }
     init = 1;
   }

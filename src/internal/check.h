@@ -1,7 +1,7 @@
 /* check.h - internal error reporting: the public propagation macros (dtensor/check.h).
  *
- * DT_FAIL(st, fmt, ...) records the detail message (function, file:line, text) for dt_last_error
- * and evaluates to st. DT_CHECK returns early, DT_CHECK_GOTO jumps to a cleanup label,
+ * DT_FAIL(st, fmt, ...) records the message for dt_last_error ("ENTRY: TEXT", ENTRY the public
+ * function being run) and the location for dt_last_error_location, and evaluates to st. DT_CHECK returns early, DT_CHECK_GOTO jumps to a cleanup label,
  * DT_ARG_NOT_NULL checks an argument at the public boundary.
  */
 #ifndef DT_INTERNAL_CHECK_H

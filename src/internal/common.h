@@ -26,8 +26,9 @@ void dt__handle_release_all(void);
  * recovered from leaves the caller's last error as it was). */
 void dt__error_restore(const char* saved);
 
-/* Debug subsystems selected by DTENSOR_DEBUG (comma-separated names, or "all"). */
-enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_MESH = 1u << 1 };
+/* Debug subsystems selected by DTENSOR_DEBUG (comma-separated names, or "all"). collectives is
+ * not a log: it turns on the collective check of the comm layer (src/comm/comm.h). */
+enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_MESH = 1u << 1, DT_DBG_COLLECTIVES = 1u << 2 };
 unsigned dt__debug_mask(void);
 void dt__log(const char* subsys, const char* fmt, ...) DT__PRINTF(2, 3);
 

@@ -1,8 +1,9 @@
 /* llama.c - a Llama-style decoder as a tree of modules (dtensor/module.h): token embedding,
  * blocks of RMSNorm -> causal grouped-query attention with rotary embeddings -> residual ->
  * RMSNorm -> SwiGLU MLP or a top-k mixture of SwiGLU experts -> residual, a final RMSNorm and the
- * output projection, mean cross-entropy. Each piece's forward is one of the functions of
- * modules.c. Uses only the public API; parameters are placed by the user's plan.
+ * output projection, mean cross-entropy (in f32: logits computed in bf16 or f16 are upcast). Each
+ * piece's forward is one of the functions of modules.c. Uses only the public API; parameters are
+ * placed by the user's plan.
  *
  * Tree (unnamed modules keep their parameters' names flat):
  *   "" root: tok_emb | layers: 0 .. L-1 | norm | output
@@ -192,7 +193,16 @@ static dt_status_t dt__fwd_block(dt_module_t m, dt_tape_t tape, int n_in, const 
   return dt_tape_checkpoint(tape, aux_total ? 2 : 1, keep);
 }
 
-/* (tokens (B, S), targets (N)) -> (loss, aux or NULL) */
+/* *v cast to f32 (recorded) when it is another floating dtype. */
+static dt_status_t dt__to_f32(dt_tape_t tape, dt_var_t* v) {
+  dt_dtype_t t;
+  DT_CHECK(dt_tensor_dtype(dt_var_value(*v), &t));
+  if (t == DT_F32) return DT_SUCCESS;
+  const int64_t to = DT_F32;
+  return dt_ag_op(tape, "cast", 1, v, 1, &to, 0, NULL, 1, v);
+}
+
+/* (tokens (B, S), targets (N)) -> (loss in f32, aux in f32 or NULL) */
 static dt_status_t dt__fwd_llama(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
                                  int n_out, dt_var_t* out) {
   (void)n_in;
@@ -220,7 +230,13 @@ static dt_status_t dt__fwd_llama(dt_module_t m, dt_tape_t tape, int n_in, const 
   DT_CHECK(dt_module_forward(norm, tape, 1, &h, 1, &n));
   DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
   DT_CHECK(dt_module_forward(output, tape, 1, &n2, 1, &logits));
+  /* the loss in f32 whatever the compute dtype (FSDP's param_dtype bf16 makes bf16 logits): the
+   * cross-entropy of the logits upcast to f32 (a recorded cast: its backward hands the output
+   * projection a gradient in the logits' dtype), so the loss is not rounded to 8 bits of
+   * mantissa; the MoE auxiliary loss likewise */
+  DT_CHECK(dt__to_f32(tape, &logits));
   DT_CHECK(dt_ag_cross_entropy(tape, logits, in[1], &ce));
+  if (aux != NULL) DT_CHECK(dt__to_f32(tape, &aux));
   out[1] = aux;
   if (aux == NULL) {
     out[0] = ce;

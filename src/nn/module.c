@@ -1,6 +1,9 @@
 /* module.c - modules: an ordered list of named parameters and children, a forward function, and
- * forward and backward hooks (the backward ones through the tape's span hooks). Public API only.
+ * forward and backward hooks (the backward ones through the tape's span hooks); the parameter list
+ * and zero_grad a training loop uses. A lookup of a missing parameter says what the module has,
+ * and a forward that fails after one says so too. Public API only.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +43,7 @@ struct dt_module {
   int n_hooks[DT__HOOK_KINDS];
   dt__attachment_t att[DT_MODULE_HOOKS_MAX];
   int n_att;
+  dt_var_t* plist; /* dt_module_params' array (owned) */
 };
 
 static const dt_handle_kind_t dt__module_kind = {"module"};
@@ -89,6 +93,7 @@ static void dt__module_free(dt_module_t m) {
     if (m->entries[i].child) dt__module_free(m->entries[i].child);
   }
   free(m->entries);
+  free(m->plist);
   dt_handle_unregister(m, &dt__module_kind, "module");
   dt_handle_free(m);
 }
@@ -169,22 +174,46 @@ static dt__entry_t* dt__find_param(dt_module_t m, const char* path) {
   return NULL;
 }
 
+/* Forward declaration: the qualified parameter names below m ("weight, bias"), for messages. */
+static void dt__param_names(dt_module_t m, char* buf, size_t cap);
+
+/* "module 'fc1' has no parameter 'wieght' (it has: weight, bias)" as the last error. */
+static dt_status_t dt__no_param(const char* func, dt_module_t m, const char* name) {
+  char names[320];
+  dt__param_names(m, names, sizeof names);
+  return dt_set_error(DT_ERR_INVALID_ARG, func, __FILE__, __LINE__,
+                      "module '%s' has no parameter '%s' (it has: %s)", m->name, name, names);
+}
+
+/* The last dt_module_get miss on this thread: its message, the number of misses so far, and
+ * whether the last one is still open. A forward that fails after a miss made during it reports
+ * the miss (and closes it); a forward that succeeds after one closes it too (it recovered, e.g. a
+ * probe for an optional parameter), so no later failure is blamed on it. */
+static _Thread_local char dt__miss_msg[400];
+static _Thread_local unsigned long dt__misses;
+static _Thread_local int dt__miss_open;
+
 dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__module_check(m));
   DT_ARG_NOT_NULL(name);
   dt__entry_t* e = dt__find_param(m, name);
-  if (e == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no parameter '%s'", m->name, name);
+  if (e == NULL) return dt__no_param(__func__, m, name);
   *out = e->param;
   return DT_SUCCESS;
 }
 
 dt_var_t dt_module_get(dt_module_t m, const char* name) {
-  if (dt__module_check(m) != DT_SUCCESS || name == NULL) return NULL;
-  dt__entry_t* e = dt__find_param(m, name);
-  return e ? e->param : NULL;
+  dt_status_t st = dt__module_check(m);
+  if (st == DT_SUCCESS && name == NULL) st = DT_FAIL(DT_ERR_INVALID_ARG, "name is NULL");
+  dt__entry_t* e = st == DT_SUCCESS ? dt__find_param(m, name) : NULL;
+  if (e != NULL) return e->param;
+  if (st == DT_SUCCESS) dt__no_param(__func__, m, name);
+  snprintf(dt__miss_msg, sizeof dt__miss_msg, "%s", dt_last_error());
+  dt__misses++;
+  dt__miss_open = 1;
+  return NULL;
 }
 
 dt_status_t dt_module_swap_param(dt_module_t m, const char* name, dt_var_t param,
@@ -375,6 +404,81 @@ dt_status_t dt_module_param_at(dt_module_t m, int i, char* name, size_t cap, dt_
   return DT_SUCCESS;
 }
 
+typedef struct {
+  char* buf;
+  size_t cap, len;
+  int n, shown;
+} dt__names_t;
+
+static int dt__name_add(const char* name, dt_var_t p, void* ctx) {
+  (void)p;
+  dt__names_t* a = ctx;
+  a->n++;
+  const char* shown = name[0] ? name : "\"\""; /* an unnamed parameter */
+  size_t need = strlen(shown) + (a->shown ? 2 : 0);
+  if (a->shown == a->n - 1 && a->len + need + 24 < a->cap) { /* room for ", ... (N in all)" */
+    a->len += (size_t)snprintf(a->buf + a->len, a->cap - a->len, "%s%s", a->shown ? ", " : "",
+                               shown);
+    a->shown++;
+  }
+  return 0;
+}
+
+static void dt__param_names(dt_module_t m, char* buf, size_t cap) {
+  dt__names_t a = {buf, cap, 0, 0, 0};
+  buf[0] = '\0';
+  char prefix[DT__PATH_MAX] = "";
+  dt__walk(m, prefix, 0, sizeof prefix, dt__name_add, &a);
+  if (a.n == 0) snprintf(buf, cap, "no parameters");
+  else if (a.shown < a.n)
+    snprintf(buf + a.len, cap - a.len, ", ... (%d in all)", a.n);
+}
+
+typedef struct {
+  dt_var_t* list;
+  int n;
+} dt__collect_t;
+
+static int dt__collect(const char* name, dt_var_t p, void* ctx) {
+  (void)name;
+  dt__collect_t* c = ctx;
+  c->list[c->n++] = p;
+  return 0;
+}
+
+dt_status_t dt_module_params(dt_module_t m, dt_var_t** params, int* n) {
+  DT_ARG_NOT_NULL(params);
+  DT_ARG_NOT_NULL(n);
+  *params = NULL;
+  *n = 0;
+  int count;
+  DT_CHECK(dt_module_num_params(m, &count));
+  dt_var_t* list = malloc(sizeof(dt_var_t) * (size_t)(count ? count : 1));
+  if (list == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "module '%s': %d parameters", m->name,
+                                   count);
+  dt__collect_t c = {list, 0};
+  DT_CHECK(dt_module_for_each_param(m, dt__collect, &c));
+  free(m->plist);
+  m->plist = list;
+  *params = list;
+  *n = c.n;
+  return DT_SUCCESS;
+}
+
+static int dt__zero(const char* name, dt_var_t p, void* ctx) {
+  (void)name;
+  dt_status_t* st = ctx;
+  *st = dt_var_zero_grad(p);
+  return *st != DT_SUCCESS;
+}
+
+dt_status_t dt_module_zero_grad(dt_module_t m) {
+  dt_status_t st = DT_SUCCESS;
+  DT_CHECK(dt_module_for_each_param(m, dt__zero, &st));
+  if (st != DT_SUCCESS) return DT_FAIL(st, "module '%s': %s", m->name, dt_last_error());
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * hooks and forward */
 
@@ -454,7 +558,15 @@ dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_
   DT_CHECK(dt__forward_hooks(m, tape, DT__FPRE, n_in, args));
   int64_t first = 0, end = 0;
   if (tape) DT_CHECK(dt_tape_stats(tape, &first, NULL));
-  DT_CHECK(m->forward(m, tape, n_in, args, n_out, out));
+  unsigned long misses = dt__misses;
+  dt_status_t st = m->forward(m, tape, n_in, args, n_out, out);
+  if (dt__misses != misses && dt__miss_open) { /* a lookup during this forward found nothing */
+    dt__miss_open = 0; /* reported now (once, not again by the enclosing forwards), or survived */
+    if (st != DT_SUCCESS) /* most likely on the NULL: say both, the lookup first */
+      return DT_FAIL(st, "module '%s': the forward failed after %s; the failure: %s", m->name,
+                     dt__miss_msg, dt_last_error());
+  }
+  DT_CHECK(st);
   if (tape && (m->n_hooks[DT__BPRE] || m->n_hooks[DT__BPOST])) {
     DT_CHECK(dt_tape_stats(tape, &end, NULL));
     if (end > first)

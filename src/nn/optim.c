@@ -42,16 +42,35 @@ static dt_status_t dt__state_var(dt_mesh_t mesh, dt_dtype_t dt, int nd, const in
   return st;
 }
 
+dt_adamw_config_t dt_adamw_config_default(void) {
+  dt_adamw_config_t c = {1e-3, 0.9, 0.999, 1e-8, 0.01, 0}; /* torch.optim.AdamW */
+  return c;
+}
+
 dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
                             dt_adamw_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(cfg);
+  /* one message per broken field: the value and what is valid (dt_adamw_config_default) */
   if (n < 0 || (n > 0 && params == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: %d parameters", n);
-  if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1) ||
-      !(cfg->eps > 0) || !(cfg->weight_decay >= 0))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: betas in [0, 1), eps > 0, weight_decay >= 0");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: n=%d with params %s: n must be >= 0 "
+                   "and params must hold n variables when n > 0", n, params ? "set" : "NULL");
+  if (!(isfinite(cfg->lr) && cfg->lr >= 0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->lr=%g must be finite and >= 0 "
+                   "(default 1e-3)", cfg->lr);
+  if (!(cfg->beta1 >= 0 && cfg->beta1 < 1))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->beta1=%g out of range [0, 1) "
+                   "(default 0.9)", cfg->beta1);
+  if (!(cfg->beta2 >= 0 && cfg->beta2 < 1))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->beta2=%g out of range [0, 1) "
+                   "(default 0.999)", cfg->beta2);
+  if (!(isfinite(cfg->eps) && cfg->eps > 0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->eps=%g must be finite and > 0 "
+                   "(default 1e-8)", cfg->eps);
+  if (!(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->weight_decay=%g must be finite "
+                   "and >= 0 (default 0.01)", cfg->weight_decay);
   for (int i = 0; i < n; i++) {
     int rg;
     dt_status_t st = dt_var_requires_grad(params[i], &rg);
@@ -103,8 +122,10 @@ dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* param
 
 dt_status_t dt_adamw_step(dt_adamw_t o, double lr) {
   DT_CHECK(dt__adamw_check(o));
+  if (lr == DT_ADAMW_LR_CONFIG) lr = o->cfg.lr;
   if (!isfinite(lr) || lr < 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: learning rate %g must be finite and >= 0", lr);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: learning rate %g must be finite and >= 0 (or "
+                   "DT_ADAMW_LR_CONFIG: the configured one)", lr);
   for (int i = 0; i < o->n; i++) { /* every parameter still alive before any changes */
     int rg;
     dt_status_t st = dt_var_requires_grad(o->params[i], &rg);

@@ -82,7 +82,7 @@ static dt_status_t dt__reduced(const dt_grad_ctx_t* c, unsigned* mask) {
   call.n_iargs = c->n_iargs;
   memcpy(call.iargs, c->iargs, sizeof(int64_t) * (size_t)c->n_iargs);
   int keep;
-  return dt__reduce_dims(&call, mask, &keep);
+  return dt__reduce_dims(c->op, &call, mask, &keep);
 }
 
 /* Gradient of a reduction: g brought back to x's shape (dims reduced without keepdim put back). */
@@ -298,7 +298,12 @@ dt_status_t dt__bw_linear(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t
 }
 
 dt_status_t dt__bw_addmm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
-  double beta = c->n_fargs > 0 ? c->fargs[0] : 1.0, alpha = c->n_fargs > 1 ? c->fargs[1] : 1.0;
+  dt_op_call_t args; /* the forward's arguments, read with the schema's defaults */
+  memset(&args, 0, sizeof args);
+  args.n_fargs = c->n_fargs;
+  memcpy(args.fargs, c->fargs, sizeof(double) * (size_t)c->n_fargs);
+  const double beta = dt__op_farg(DT_OP_ADDMM, &args, 0);
+  const double alpha = dt__op_farg(DT_OP_ADDMM, &args, 1);
   dt_tensor_t t, p;
   if (c->needs[0]) {
     DT_CHECK(dt__unbroadcast(gout[0], c->in[0], &p));
@@ -480,7 +485,9 @@ dt_status_t dt__bw_slice(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t*
 }
 
 dt_status_t dt__bw_rotary(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
-  const int64_t a[2] = {c->n_iargs ? c->iargs[0] : 1, c->n_iargs > 1 && c->iargs[1] ? 0 : 1};
+  /* the same seq_dim, the other direction (the schema's defaults where not given) */
+  const int64_t a[2] = {dt__op_iarg_n(DT_OP_ROTARY, c->n_iargs, c->iargs, 0),
+                        dt__op_iarg_n(DT_OP_ROTARY, c->n_iargs, c->iargs, 1) ? 0 : 1};
   return dt__opa(DT_OP_ROTARY, 1, &gout[0], 2, a, c->n_fargs, c->fargs, &gin[0]);
 }
 
@@ -540,7 +547,7 @@ dt_status_t dt__bw_topk(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
 dt_status_t dt__bw_cross_entropy(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   dt_tensor_t x = c->in[0], tg = c->in[1], lse = c->saved;
   if (lse == NULL) return DT_FAIL(DT_ERR_INTERNAL, "cross_entropy node without its logsumexp");
-  int64_t N = x->layout.shape[0], red = c->n_iargs ? c->iargs[0] : DT_LOSS_MEAN;
+  int64_t N = x->layout.shape[0], red = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, c->n_iargs, c->iargs, 0);
   dt__scope_t s = {0};
   dt_tensor_t z, p, idx, neg, oh, gs;
   dt_placement_t rep[DT_MAX_MESH_DIMS];
@@ -695,7 +702,8 @@ dt_status_t dt__bw_gather_dim(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tens
 /* grouped_mm: out_e = x_e op(W_e) per expert group. d x_e = g_e op(W_e)^T: the same op with the
  * other transpose; d W_e = g_e^T x_e (trans 1, W_e (N, K)) or x_e^T g_e (trans 0, W_e (K, N)). */
 dt_status_t dt__bw_grouped_mm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
-  const int64_t trans = c->n_iargs ? c->iargs[0] != 0 : 1, other = !trans;
+  const int64_t trans = dt__op_iarg_n(DT_OP_GROUPED_MM, c->n_iargs, c->iargs, 0) != 0,
+                other = !trans;
   if (c->needs[0]) {
     dt_tensor_t in[3] = {gout[0], c->in[1], c->in[2]};
     DT_CHECK(dt__opa(DT_OP_GROUPED_MM, 3, in, 1, &other, 0, NULL, &gin[0]));

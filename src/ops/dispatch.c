@@ -1,6 +1,8 @@
 /* dispatch.c - runs ops on distributed tensors by op id: strategy selection (cached), input
  * redistribution, local kernel, output tensor with the chosen placements; composite ops run
  * their forward. Names become ids here, once, at the public boundary. */
+#include <stdio.h>
+
 #include "ops/ops.h"
 #include "strategy/strategy.h"
 
@@ -74,15 +76,23 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
   const char* name = info->name;
   DT_ARG_NOT_NULL(inputs);
   if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_inputs %d out of range [1, %d]", name, n_inputs,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_inputs=%d out of range [1, %d]", name, n_inputs,
                    DT_OP_MAX_INPUTS);
   int lo = (info->flags & DT_OPF_WRITES_MASK) ? 0 : 1; /* in-place ops return nothing */
   if (n_outputs < lo || n_outputs > DT_OP_MAX_OUTPUTS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs %d out of range [%d, %d]", name, n_outputs,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs=%d out of range [%d, %d]", name, n_outputs,
                    lo, DT_OP_MAX_OUTPUTS);
-  if (n_iargs < 0 || n_iargs > DT_OP_MAX_IARGS || n_fargs < 0 || n_fargs > DT_OP_MAX_FARGS ||
-      (n_iargs > 0 && iargs == NULL) || (n_fargs > 0 && fargs == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: bad argument counts or NULL argument arrays", name);
+  if (n_iargs < 0 || n_iargs > DT_OP_MAX_IARGS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_iargs=%d out of range [0, %d]", name, n_iargs,
+                   DT_OP_MAX_IARGS);
+  if (n_fargs < 0 || n_fargs > DT_OP_MAX_FARGS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_fargs=%d out of range [0, %d]", name, n_fargs,
+                   DT_OP_MAX_FARGS);
+  if ((n_iargs > 0 && iargs == NULL) || (n_fargs > 0 && fargs == NULL))
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "%s: %s is NULL with %s=%d (give the array, or a count of 0)", name, iargs == NULL && n_iargs > 0 ? "iargs" : "fargs",
+                   iargs == NULL && n_iargs > 0 ? "n_iargs" : "n_fargs",
+                   iargs == NULL && n_iargs > 0 ? n_iargs : n_fargs);
   memset(call, 0, sizeof *call);
   call->op = name;
   call->n_inputs = n_inputs;
@@ -93,8 +103,9 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
   *mesh = NULL;
   for (int t = 0; t < n_inputs; t++) {
     dt_tensor_t x = inputs[t];
-    if (dt__tensor_check(x, "input") != DT_SUCCESS)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d is not a live tensor", name, t);
+    char what[DT_OP_NAME_MAX + 24]; /* "mm: inputs[1] is not a live tensor: it was destroyed" */
+    snprintf(what, sizeof what, "%s: inputs[%d]", name, t);
+    DT_CHECK(dt__tensor_check(x, what));
     if (*mesh != NULL && x->mesh != *mesh && !(info->flags & DT_OPF_MESHES)) {
       dt_backend_t b0 = dt__tensor_backend(inputs[0]), bt = dt__tensor_backend(x);
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs live on different meshes (input 0 in %s "
@@ -128,11 +139,12 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
                           &call, in_pl, &mesh));
   if (info->composite != NULL) {
     if (n_inputs != info->n_in)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes %d tensor inputs, got %d", name, info->n_in,
-                     n_inputs);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_inputs=%d, expected %d (%s takes %d tensor inputs)",
+                     name, n_inputs, info->n_in, name, info->n_in);
     if (n_outputs != info->n_out)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s has %d outputs, %d requested", name, info->n_out,
-                     n_outputs);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs=%d, expected %d (%s has %d outputs%s)",
+                     name, n_outputs, info->n_out, name, info->n_out,
+                     info->n_out == 1 ? "" : ": use dt_op_run_multi");
     DT_CHECK(dt__op_check_counts(id, n_iargs, n_fargs));
     if (!dt__trace_active())
       return info->composite(n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, outs, saved);
@@ -161,8 +173,9 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   dt_op_choice_t ch;
   DT_CHECK(dt__op_select(mesh, id, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch));
   if (ch.n_outputs != n_outputs)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s has %d outputs, %d requested", name, ch.n_outputs,
-                   n_outputs);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs=%d, expected %d (%s has %d outputs%s)", name,
+                   n_outputs, ch.n_outputs, name, ch.n_outputs,
+                   ch.n_outputs > 1 && n_outputs == 1 ? ": use dt_op_run_multi" : "");
   const int trace = dt__trace_active();
   if (trace) {
     dt_trace_event_t e = {.kind = DT_TRACE_OP, .op = name, .mesh_ndim = mesh->ndim,
@@ -269,20 +282,28 @@ done:
   return st;
 }
 
-dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
-                            int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
-                            int n_outputs, dt_tensor_t* outs) {
+static dt_status_t dt__op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
+                                    int n_iargs, const int64_t* iargs, int n_fargs,
+                                    const double* fargs, int n_outputs, dt_tensor_t* outs) {
   if (n_outputs > 0) DT_ARG_NOT_NULL(outs);
   for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
-  DT_ARG_NOT_NULL(name);
   int id;
   DT_CHECK(dt__op_resolve(name, &id));
   return dt__op_apply(id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, outs, NULL);
 }
 
+/* The public entry points name themselves (DT_ENTRY_RETURN): a failure anywhere below reads
+ * "dt_op_run: ..." (see dtensor/status.h). */
+dt_status_t dt_op_run_multi(const char* name, int n_inputs, const dt_tensor_t* inputs,
+                            int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
+                            int n_outputs, dt_tensor_t* outs) {
+  DT_ENTRY_RETURN(dt__op_run_multi(name, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs,
+                                   n_outputs, outs));
+}
+
 dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs, int n_iargs,
                       const int64_t* iargs, int n_fargs, const double* fargs, dt_tensor_t* out) {
-  return dt_op_run_multi(name, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, 1, out);
+  DT_ENTRY_RETURN(dt__op_run_multi(name, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, 1, out));
 }
 
 dt_status_t dt__opa(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
@@ -315,27 +336,31 @@ dt_status_t dt__redistribute_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
 }
 
 dt_status_t dt_mm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  return dt__op2(DT_OP_MM, a, b, out);
+  DT_ENTRY_RETURN(dt__op2(DT_OP_MM, a, b, out));
 }
 dt_status_t dt_bmm(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  return dt__op2(DT_OP_BMM, a, b, out);
+  DT_ENTRY_RETURN(dt__op2(DT_OP_BMM, a, b, out));
 }
 dt_status_t dt_add(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  return dt__op2(DT_OP_ADD, a, b, out);
+  DT_ENTRY_RETURN(dt__op2(DT_OP_ADD, a, b, out));
 }
 dt_status_t dt_sub(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  return dt__op2(DT_OP_SUB, a, b, out);
+  DT_ENTRY_RETURN(dt__op2(DT_OP_SUB, a, b, out));
 }
 dt_status_t dt_mul(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  return dt__op2(DT_OP_MUL, a, b, out);
+  DT_ENTRY_RETURN(dt__op2(DT_OP_MUL, a, b, out));
 }
 dt_status_t dt_div(dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out) {
-  return dt__op2(DT_OP_DIV, a, b, out);
+  DT_ENTRY_RETURN(dt__op2(DT_OP_DIV, a, b, out));
 }
 dt_status_t dt_linear(dt_tensor_t x, dt_tensor_t weight, dt_tensor_t bias, dt_tensor_t* out) {
   dt_tensor_t in[3] = {x, weight, bias};
-  return dt__opa(bias ? DT_OP_LINEAR : DT_OP_LINEAR_NOBIAS, bias ? 3 : 2, in, 0, NULL, 0, NULL,
-                 out);
+  DT_ENTRY_RETURN(dt__opa(bias ? DT_OP_LINEAR : DT_OP_LINEAR_NOBIAS, bias ? 3 : 2, in, 0, NULL, 0,
+                          NULL, out));
 }
-dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out) { return dt__op1(DT_OP_NEG, a, out); }
-dt_status_t dt_relu(dt_tensor_t a, dt_tensor_t* out) { return dt__op1(DT_OP_RELU, a, out); }
+dt_status_t dt_neg(dt_tensor_t a, dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__op1(DT_OP_NEG, a, out));
+}
+dt_status_t dt_relu(dt_tensor_t a, dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__op1(DT_OP_RELU, a, out));
+}

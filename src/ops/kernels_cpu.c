@@ -193,7 +193,7 @@ static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_tensor_t*
   DT_CHECK(dt__need_f32(call, in, 1));
   unsigned mask;
   int keep;
-  DT_CHECK(dt__reduce_dims(call, &mask, &keep));
+  DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   int64_t on = 1, count = 1;
   for (int d = 0; d < out->ndim; d++) on *= out->shape[d];
   for (int d = 0; d < in->ndim; d++)
@@ -359,12 +359,12 @@ dt_status_t dt__kernel_t(const dt_op_call_t* call, const dt_local_tensor_t* in,
 }
 
 /* ---------------------------------------------------------------------------------------------
- * rms_norm / layer_norm over the last dim (fargs [eps]; defaults 1e-6 and 1e-5) */
+ * rms_norm / layer_norm over the last dim (fargs [eps]; the schema's defaults 1e-6 and 1e-5) */
 
 static dt_status_t dt__norm(const dt_op_call_t* call, const dt_local_tensor_t* in,
                             dt_local_tensor_t* out, int layer) {
   DT_CHECK(dt__need_f32(call, in, call->n_inputs));
-  double eps = call->n_fargs ? call->fargs[0] : (layer ? 1e-5 : 1e-6);
+  const double eps = dt__op_farg(layer ? DT_OP_LAYER_NORM : DT_OP_RMS_NORM, call, 0);
   int nd = in[0].ndim;
   int64_t D = in[0].shape[nd - 1], rows = 1;
   for (int d = 0; d + 1 < nd; d++) rows *= in[0].shape[d];

@@ -53,7 +53,7 @@ dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local_tensor_
 static dt_status_t dt__norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                  dt_local_tensor_t* out, int layer) {
   DT_CHECK(dt__f32(call, in, 3));
-  double eps = call->n_fargs ? call->fargs[0] : (layer ? 1e-5 : 1e-6);
+  const double eps = dt__op_farg(layer ? DT_OP_LAYER_NORM_GRAD : DT_OP_RMS_NORM_GRAD, call, 0);
   const dt_local_tensor_t* x = &in[1];
   int64_t D = x->shape[x->ndim - 1], rows = D ? dt__local_numel(x) / D : 0;
   const float *g = (const float*)in[0].data, *xv = (const float*)x->data,
@@ -124,13 +124,14 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
                                  dt_local_tensor_t* out) {
   DT_CHECK(dt__f32(call, in, 4));
   const dt_local_tensor_t *q = &in[0], *k = &in[1], *v = &in[2], *g = &in[3];
-  int layout = call->n_iargs > 1 ? (int)call->iargs[1] : 0;
+  const int layout = (int)dt__op_iarg(DT_OP_SDPA_GRAD, call, 1); /* validated by the rules */
   int64_t B = q->shape[0], H, S, D, G, T, E, Gv, Tv;
   dt__attn_geom(q, layout, &H, &S, &D);
   dt__attn_geom(k, layout, &G, &T, &D);
   dt__attn_geom(v, layout, &Gv, &Tv, &E);
-  int causal = call->n_iargs ? (int)call->iargs[0] : 0;
-  double scale = call->n_fargs ? call->fargs[0] : 1.0 / sqrt((double)D);
+  const int causal = (int)dt__op_iarg(DT_OP_SDPA_GRAD, call, 0);
+  double scale = dt__op_farg(DT_OP_SDPA_GRAD, call, 0); /* NaN: the op's default 1/sqrt(D) */
+  if (isnan(scale)) scale = 1.0 / sqrt((double)D);
   int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[layout ? 1 : 2];
   int lq = (int)(layout ? H * D : D), lk = (int)(layout ? G * D : D), lv = (int)(layout ? G * E : E),
       lg = (int)(layout ? H * E : E);

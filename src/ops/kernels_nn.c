@@ -35,8 +35,7 @@ static void dt__bstrides(const dt_local_tensor_t* t, const dt_local_tensor_t* ou
 dt_status_t dt__kernel_addmm(const dt_op_call_t* call, const dt_local_tensor_t* in,
                              dt_local_tensor_t* out) {
   for (int t = 0; t < 3; t++) DT_CHECK(dt__need_f32(call, &in[t]));
-  double beta = call->n_fargs > 0 ? call->fargs[0] : 1.0;
-  double alpha = call->n_fargs > 1 ? call->fargs[1] : 1.0;
+  const double beta = dt__op_farg(DT_OP_ADDMM, call, 0), alpha = dt__op_farg(DT_OP_ADDMM, call, 1);
   int64_t M = in[1].shape[0], K = in[1].shape[1], N = in[2].shape[1];
   const float* b = (const float*)in[0].data;
   float* o = (float*)out->data;
@@ -185,13 +184,14 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
                             dt_local_tensor_t* out) {
   for (int t = 0; t < 3; t++) DT_CHECK(dt__need_f32(call, &in[t]));
   const dt_local_tensor_t *q = &in[0], *k = &in[1], *v = &in[2];
-  int layout = call->n_iargs > 1 ? (int)call->iargs[1] : 0;
+  const int layout = (int)dt__op_iarg(DT_OP_SDPA, call, 1); /* validated by the rules */
   int64_t B = q->shape[0], H, S, D, G, T, E, Gv, Tv;
   dt__attn_geom(q, layout, &H, &S, &D);
   dt__attn_geom(k, layout, &G, &T, &D);
   dt__attn_geom(v, layout, &Gv, &Tv, &E);
-  int causal = call->n_iargs ? (int)call->iargs[0] : 0;
-  double scale = call->n_fargs ? call->fargs[0] : 1.0 / sqrt((double)D);
+  const int causal = (int)dt__op_iarg(DT_OP_SDPA, call, 0);
+  double scale = dt__op_farg(DT_OP_SDPA, call, 0); /* NaN: the op's default 1/sqrt(D) */
+  if (isnan(scale)) scale = 1.0 / sqrt((double)D);
   int64_t rep = G > 0 ? H / G : 1, q0 = q->offset[layout ? 1 : 2];
   int lq = (int)(layout ? H * D : D), lk = (int)(layout ? G * D : D), lv = (int)(layout ? G * E : E),
       lo = (int)(layout ? H * E : E);
@@ -237,9 +237,10 @@ dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t*
   DT_CHECK(dt__need_f32(call, &in[0]));
   const dt_local_tensor_t* x = &in[0];
   int nd = x->ndim;
-  int sd = (int)(call->n_iargs ? (call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]) : 1);
-  double theta = call->n_fargs ? call->fargs[0] : 10000.0;
-  double dir = call->n_iargs > 1 && call->iargs[1] ? -1.0 : 1.0; /* inverse rotation */
+  const int64_t seq_dim = dt__op_iarg(DT_OP_ROTARY, call, 0); /* validated by the rules */
+  const int sd = (int)(seq_dim < 0 ? seq_dim + nd : seq_dim);
+  const double theta = dt__op_farg(DT_OP_ROTARY, call, 0);
+  const double dir = dt__op_iarg(DT_OP_ROTARY, call, 1) ? -1.0 : 1.0; /* inverse rotation */
   int64_t D = x->shape[nd - 1], rows = dt__local_numel(x) / (D ? D : 1);
   if (D == 0) return DT_SUCCESS;
   int64_t inner = 1; /* rows per step of seq_dim */

@@ -246,11 +246,12 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
   const char* op = "all_to_all_single";
   dt_tensor_t x = in[0], splits = in[1];
   dt_mesh_t mesh = x->mesh;
-  int64_t d = n_iargs ? iargs[0] : 0;
-  if (d < 0) d += mesh->ndim;
+  const int64_t d0 = dt__op_iarg_n(DT_OP_ALL_TO_ALL_SINGLE, n_iargs, iargs, 0); /* mesh_dim=0 */
+  int64_t d = d0 < 0 ? d0 + mesh->ndim : d0;
   if (d < 0 || d >= mesh->ndim)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: mesh dim %lld out of range for a %d-dim mesh", op,
-                   (long long)(n_iargs ? iargs[0] : 0), mesh->ndim);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: mesh_dim=%lld (iargs[0]) out of range for a %d-dim "
+                   "mesh (valid: %d to %d)", op, (long long)d0, mesh->ndim, -mesh->ndim,
+                   mesh->ndim - 1);
   int dim = (int)d, n = mesh->shape[dim];
   if (n > DT_MAX_RANKS_A2A)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: mesh dim %d has %d ranks, at most %d", op, dim, n,

@@ -17,13 +17,17 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, dt_loss_reduction_t
   *loss = NULL;
   if (lse_out) *lse_out = NULL;
   if (reduction < 0 || reduction >= DT_LOSS_REDUCTION_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction %d out of range", (int)reduction);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction=%d out of range: 0 none, 1 mean, "
+                   "2 sum", (int)reduction);
   DT_CHECK(dt__tensor_check(x, "logits"));
   DT_CHECK(dt__tensor_check(tg, "targets"));
   if (x->layout.ndim != 2 || tg->layout.ndim != 1 || tg->layout.shape[0] != x->layout.shape[0] ||
       (tg->dtype != DT_I32 && tg->dtype != DT_I64))
     return DT_FAIL(DT_ERR_INVALID_ARG,
-                   "cross_entropy: expects logits (N, C) and i32/i64 targets (N)");
+                   "cross_entropy: expects logits (N, C) and i32/i64 targets (N); got logits of %d "
+                   "dims (N=%lld) and %s targets of %d dims (%lld)", x->layout.ndim,
+                   (long long)(x->layout.ndim ? x->layout.shape[0] : 0), dt_dtype_name(tg->dtype),
+                   tg->layout.ndim, (long long)(tg->layout.ndim ? tg->layout.shape[0] : 0));
   const int64_t keep_last[2] = {1, -1}, all[1] = {0};
   dt_tensor_t m = NULL, z = NULL, e = NULL, s = NULL, ls = NULL, lse = NULL, lse1 = NULL,
               t = NULL, l = NULL;
@@ -64,15 +68,20 @@ dt_status_t dt__cross_entropy_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   (void)n_in;
   (void)n_fargs;
   (void)fargs;
-  int64_t r = n_iargs ? iargs[0] : DT_LOSS_MEAN;
+  const int64_t r = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, n_iargs, iargs, 0); /* reduction=1 */
   if (r < 0 || r >= DT_LOSS_REDUCTION_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction %lld out of range [0, %d)",
-                   (long long)r, DT_LOSS_REDUCTION_COUNT);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction=%lld (iargs[0]) out of range: 0 "
+                   "none, 1 mean, 2 sum", (long long)r);
   return dt__cross_entropy(in[0], in[1], (dt_loss_reduction_t)r, &out[0], saved);
+}
+
+static dt_status_t dt__cross_entropy_public(dt_tensor_t logits, dt_tensor_t targets,
+                                            dt_loss_reduction_t reduction, dt_tensor_t* out) {
+  DT_ARG_NOT_NULL(out);
+  return dt__cross_entropy(logits, targets, reduction, out, NULL);
 }
 
 dt_status_t dt_cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
                              dt_loss_reduction_t reduction, dt_tensor_t* out) {
-  DT_ARG_NOT_NULL(out);
-  return dt__cross_entropy(logits, targets, reduction, out, NULL);
+  DT_ENTRY_RETURN(dt__cross_entropy_public(logits, targets, reduction, out));
 }

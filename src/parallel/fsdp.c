@@ -24,6 +24,7 @@
  * (dt_module_swap_param). Released, their value is a meta tensor of the same layout.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,16 +93,20 @@ static struct {
 
 static int is_float(dt_dtype_t t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
 
-dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim) {
+dt_fsdp_config_t dt_fsdp_config_for(int shard_dim, int replicate_dim) {
   dt_fsdp_config_t c;
   memset(&c, 0, sizeof c);
-  c.shard_dim = mesh_ndim > 0 ? mesh_ndim - 1 : 0;
-  c.replicate_dim = mesh_ndim > 1 ? mesh_ndim - 2 : -1;
+  c.shard_dim = shard_dim;
+  c.replicate_dim = replicate_dim;
   c.reshard_after_forward = 1;
   c.param_dtype = c.reduce_dtype = DT_F32;
   c.output_dtype = DT_FSDP_KEEP_DTYPE;
   c.prefetch_forward = c.prefetch_backward = 1;
   return c;
+}
+
+dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim) {
+  return dt_fsdp_config_for(mesh_ndim > 0 ? mesh_ndim - 1 : 0, mesh_ndim > 1 ? mesh_ndim - 2 : -1);
 }
 
 /* Placements of the group's tensors: `data` on the shard dim (and `rep` on the replicate dim),
@@ -195,7 +200,7 @@ static dt_status_t adopt_shards(fsdp_group_t* g) {
 
 /* Starts the group's all-gather: from the kept slice (reshard k, backward) or from flat. */
 static dt_status_t start_gather(fsdp_group_t* g) {
-  if (g->ag_work || g->U) return DT_SUCCESS;
+  if (g->n == 0 || g->ag_work || g->U) return DT_SUCCESS; /* n 0: nothing to gather */
   dt_status_t st;
   if (g->keep) {
     dt_placement_t rep[DT_MAX_MESH_DIMS + 1];
@@ -230,7 +235,7 @@ fail:
 /* Waits for the all-gather (starting it if needed), fills U and points the gathered
  * parameters at it. */
 static dt_status_t gather(fsdp_group_t* g) {
-  if (g->U) return DT_SUCCESS;
+  if (g->U || g->n == 0) return DT_SUCCESS;
   if (g->ag_work) g->prefetched++;
   g->gathers++;
   DT_CHECK(start_gather(g));
@@ -294,6 +299,7 @@ static dt_status_t gather(fsdp_group_t* g) {
 
 /* Reshard k after the forward: keep this rank's 1/k slice of U, then release U. */
 static dt_status_t keep_slice(fsdp_group_t* g) {
+  if (g->n == 0) return DT_SUCCESS;
   int knd;
   DT_CHECK(dt_mesh_ndim(g->kmesh, &knd));
   dt_placement_t pl[DT_MAX_MESH_DIMS + 1];
@@ -310,6 +316,7 @@ static dt_status_t keep_slice(fsdp_group_t* g) {
  * reduce: copy-in of the gathered parameters' gradients, one reduce-scatter, accumulate */
 
 static dt_status_t start_reduce(fsdp_group_t* g) {
+  if (g->n == 0) return DT_SUCCESS; /* a group without parameters reduces nothing */
   dt_placement_t ppl[DT_MAX_MESH_DIMS], dst[DT_MAX_MESH_DIMS];
   dt_placement_t sum = dt_partial(DT_REDUCE_SUM);
   placements(g, sum, sum, ppl);
@@ -469,6 +476,20 @@ static int outermost(const fsdp_group_t* g) {
   return 1;
 }
 
+/* The group whose gather g starts ahead of need: the next one in forward (fwd 1) or backward
+ * order that has parameters (a group without any, e.g. a root whose parameters are all in its
+ * children's groups, has nothing to gather: prefetch looks past it), unless it is gathered or
+ * being gathered already. NULL: none. */
+static fsdp_group_t* prefetch_target(fsdp_group_t* g, int fwd) {
+  int n_groups = 0;
+  for (fsdp_group_t* o = g_fsdp.groups; o; o = o->next) n_groups++;
+  fsdp_group_t* nx = fwd ? g->next_fwd : g->next_bwd;
+  for (int hops = 0; nx && nx != g && nx->n == 0 && hops < n_groups; hops++)
+    nx = fwd ? nx->next_fwd : nx->next_bwd; /* bounded: the learned orders may hold a cycle */
+  if (nx == NULL || nx == g || nx->n == 0 || nx->U || nx->ag_work) return NULL;
+  return nx;
+}
+
 static dt_status_t pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars, void* ctx) {
   (void)m;
   fsdp_group_t* g = ctx;
@@ -484,8 +505,8 @@ static dt_status_t pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* v
     g->keep = NULL;
   }
   DT_CHECK(gather(g));
-  fsdp_group_t* nx = g->next_fwd;
-  if (g->prefetch_fwd && nx && nx != g && !nx->U && !nx->ag_work) DT_CHECK(start_gather(nx));
+  fsdp_group_t* nx = g->prefetch_fwd ? prefetch_target(g, 1) : NULL;
+  if (nx) DT_CHECK(start_gather(nx));
   DT_CHECK(swap(g, 1));
   if (g->cfg.param_dtype != DT_F32) DT_CHECK(cast_vars(tape, n, vars, g->cfg.param_dtype));
   return DT_SUCCESS;
@@ -510,8 +531,8 @@ static dt_status_t pre_backward(dt_module_t m, dt_tape_t tape, void* ctx) {
   (void)tape;
   fsdp_group_t* g = ctx;
   DT_CHECK(gather(g));
-  fsdp_group_t* nx = g->next_bwd;
-  if (g->prefetch_bwd && nx && nx != g && !nx->U && !nx->ag_work) DT_CHECK(start_gather(nx));
+  fsdp_group_t* nx = g->prefetch_bwd ? prefetch_target(g, 0) : NULL;
+  if (nx) DT_CHECK(start_gather(nx));
   return DT_SUCCESS;
 }
 
@@ -566,6 +587,29 @@ static void group_free(fsdp_group_t* g) {
 static void group_free_fn(dt_module_t m, void* data) {
   (void)m;
   group_free(data);
+}
+
+/* A phrase naming m by its path from the tree's root (unnamed modules add nothing): "module
+ * 'layers.0'", "an unnamed module in 'layers.0'", "the root module", "root module 'mlp'". */
+static void module_path(dt_module_t m, char* buf, size_t cap) {
+  const char* names[64];
+  int n = 0;
+  for (dt_module_t x = m; x && dt_module_parent(x) && n < 64; x = dt_module_parent(x))
+    if (dt_module_name(x)[0] != '\0') names[n++] = dt_module_name(x);
+  if (dt_module_parent(m) == NULL) {
+    if (dt_module_name(m)[0] != '\0') snprintf(buf, cap, "root module '%s'", dt_module_name(m));
+    else snprintf(buf, cap, "the root module");
+    return;
+  }
+  int unnamed = dt_module_name(m)[0] == '\0';
+  if (n == 0) {
+    snprintf(buf, cap, "an unnamed module in the root");
+    return;
+  }
+  size_t w = (size_t)snprintf(buf, cap, "%s'", unnamed ? "an unnamed module in " : "module ");
+  for (int i = n - 1; i >= 0 && w < cap; i--)
+    w += (size_t)snprintf(buf + w, cap - w, "%s%s", names[i], i ? "." : "");
+  if (w < cap) snprintf(buf + w, cap - w, "'");
 }
 
 static int in_other_group(dt_var_t v) {
@@ -695,6 +739,7 @@ static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* 
  * (gradient -> reduce buffer, padding zeroed): fixed by the layout, computed once. */
 static dt_status_t make_ranges(fsdp_group_t* g) {
   const int64_t N = g->N, n = g->n;
+  if (n == 0) return DT_SUCCESS; /* a group without parameters has no layout */
   g->ranges = malloc(sizeof(int64_t) * (size_t)(8 * N * n));
   if (g->ranges == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: range tables");
   int64_t* r = g->ranges;
@@ -774,6 +819,21 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
   if (dt_module_attachment(m, FSDP_KEY) || dt_module_attachment(m, "ddp"))
     return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: module '%s' is already wrapped (%s)",
                    dt_module_name(m), dt_module_attachment(m, FSDP_KEY) ? "FSDP" : "DDP");
+  /* a group above m took m's parameters already (wrapped top-down): m's group would hold none
+   * of them, and its schedule would run inside the other's */
+  for (dt_module_t a = dt_module_parent(m); a; a = dt_module_parent(a)) {
+    int fsdp = dt_module_attachment(a, FSDP_KEY) != NULL;
+    if (!fsdp && dt_module_attachment(a, "ddp") == NULL) continue;
+    char mp[FSDP_NAME_MAX], ap[FSDP_NAME_MAX];
+    module_path(m, mp, sizeof mp);
+    module_path(a, ap, sizeof ap);
+    if (!fsdp)
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: %s is inside %s, which DDP wraps (FSDP "
+                     "and DDP do not nest)", mp, ap);
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: %s is inside %s, which was wrapped (FSDP) "
+                   "before it and holds its parameters; wrap bottom-up: each block, then the "
+                   "root", mp, ap);
+  }
   fsdp_group_t* g = calloc(1, sizeof *g);
   if (g == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: group");
   g->module = m;
@@ -794,12 +854,9 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
   DT_CHECK_GOTO(dt_dtype_itemsize(c.reduce_dtype, &g->res), st, fail);
   DT_CHECK_GOTO(dt_module_for_each_param(m, collect, &col), st, fail);
   DT_CHECK_GOTO(col.st, st, fail);
-  if (g->n == 0) {
-    st = DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: module '%s' has no parameter that is not "
-                 "in a group already (wrap bottom-up: blocks first, then the root)",
-                 dt_module_name(m));
-    goto fail;
-  }
+  /* g->n 0 (every parameter below m in its children's groups, or none at all): a group with no
+   * buffers that only schedules its children (prefetch order, the reductions finished at the
+   * end of the outermost backward), as FSDP2 does for a root without parameters of its own */
   for (int i = 0; i < g->n; i++) {
     fsdp_param_t* q = &g->p[i];
     q->chunk = (q->rows + g->N - 1) / g->N;
@@ -810,16 +867,18 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
   }
   g->total_pad = (g->total + g->k - 1) / g->k * g->k;
   DT_CHECK_GOTO(make_ranges(g), st, fail);
-  g->sdtype = g->p[0].dtype;
+  g->sdtype = g->n > 0 ? g->p[0].dtype : c.param_dtype;
   DT_CHECK_GOTO(dt_dtype_itemsize(g->sdtype, &g->ses), st, fail);
-  if (g->k > 1) DT_CHECK_GOTO(make_kmesh(g), st, fail);
+  if (g->k > 1 && g->n > 0) DT_CHECK_GOTO(make_kmesh(g), st, fail);
   /* the new leaves: sharded parameters (views of flat, filled by a local slice: no
    * communication), gathered ones (meta); flat's padding stays zero */
-  dt_placement_t fpl[DT_MAX_MESH_DIMS];
-  placements(g, dt_shard(0), dt_replicate(), fpl);
-  const int64_t flat_numel = (int64_t)g->N * g->seg;
-  DT_CHECK_GOTO(dt_tensor_zeros(mesh, g->sdtype, 1, &flat_numel, fpl, &g->flat), st, fail);
-  DT_CHECK_GOTO(dt_tensor_set_memory_category(g->flat, DT_MEM_PARAMETERS), st, fail);
+  if (g->n > 0) {
+    dt_placement_t fpl[DT_MAX_MESH_DIMS];
+    placements(g, dt_shard(0), dt_replicate(), fpl);
+    const int64_t flat_numel = (int64_t)g->N * g->seg;
+    DT_CHECK_GOTO(dt_tensor_zeros(mesh, g->sdtype, 1, &flat_numel, fpl, &g->flat), st, fail);
+    DT_CHECK_GOTO(dt_tensor_set_memory_category(g->flat, DT_MEM_PARAMETERS), st, fail);
+  }
   int made = 0;
   for (; made < g->n; made++) {
     fsdp_param_t* q = &g->p[made];

@@ -110,7 +110,8 @@ extern const dt_op_info_t dt__op_table[DT_OP_COUNT];
 const dt_op_info_t* dt__op_info(int id);
 /* Id of the op called `name`, or -1 (no message). */
 int dt__op_find(const char* name);
-/* Id of `name`, or DT_ERR_UNSUPPORTED "no sharding strategy for NAME". */
+/* Id of `name`, or DT_ERR_UNSUPPORTED "unknown op 'NAME': did you mean ...?" (the PyTorch
+ * equivalent for common PyTorch names, else the closest names by edit distance). */
 dt_status_t dt__op_resolve(const char* name, int* id);
 /* Parsed argument schema of op `id` (at most DT_OP_MAX_IARGS + DT_OP_MAX_FARGS entries). */
 dt_status_t dt__op_schema(int id, const dt_op_arg_t** args, int* n);
@@ -118,5 +119,14 @@ dt_status_t dt__op_schema(int id, const dt_op_arg_t** args, int* n);
  * the schema's default (NaN when it has none). Rules and kernels read defaults this way, so the
  * schema is their one source. */
 double dt__op_farg(int id, const dt_op_call_t* call, int k);
+/* Integer argument k of a call of built-in op `id` (counting the integer arguments only: ints,
+ * dtypes, then a list's items): the given value, else the schema's default, else
+ * DT_OP_IARG_NONE (a required argument the caller checked, an optional one whose default the op
+ * computes, a list item). Rules, host kernels, CUDA kernels and backward rules read integer
+ * defaults this way, so the schema is their one source. The _n form takes the arguments as
+ * composites and backward rules hold them. C-callable (the CUDA kernels use it). */
+#define DT_OP_IARG_NONE INT64_MIN
+int64_t dt__op_iarg(int id, const dt_op_call_t* call, int k);
+int64_t dt__op_iarg_n(int id, int n_iargs, const int64_t* iargs, int k);
 
 #endif

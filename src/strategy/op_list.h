@@ -88,9 +88,9 @@
     dt__kernel_softmax, NULL)                                                                            \
   X(LOG_SOFTMAX, "log_softmax", 1, 1, "dim", dt__softmax_rules, NULL, dt__bw_log_softmax, DT__W,         \
     dt__kernel_log_softmax, NULL)                                                                        \
-  X(RMS_NORM, "rms_norm", 2, 1, "eps:f?", dt__norm_rules, NULL, dt__bw_rms_norm, DT__W,                  \
+  X(RMS_NORM, "rms_norm", 2, 1, "eps:f=1e-6", dt__norm_rules, NULL, dt__bw_rms_norm, DT__W,              \
     dt__kernel_rms_norm, NULL)                                                                           \
-  X(LAYER_NORM, "layer_norm", 3, 1, "eps:f?", dt__norm_rules, NULL, dt__bw_layer_norm, DT__W,            \
+  X(LAYER_NORM, "layer_norm", 3, 1, "eps:f=1e-5", dt__norm_rules, NULL, dt__bw_layer_norm, DT__W,        \
     dt__kernel_layer_norm, NULL)                                                                         \
   X(EMBEDDING, "embedding", 2, 1, "", dt__embedding_rules, NULL, dt__bw_embedding, DT__WC,               \
     dt__kernel_embedding, NULL)                                                                          \
@@ -138,9 +138,9 @@
   /* fused gradient ops (what backward rules run) */                                                     \
   X(ACT_GRAD, "act_grad", 2, 1, "kind", dt__act_grad_rules, NULL, NULL, DT__WN, dt__kernel_act_grad,     \
     NULL)                                                                                                \
-  X(RMS_NORM_GRAD, "rms_norm_grad", 3, 2, "eps:f?", dt__norm_grad_rules, NULL, NULL, DT__WN,             \
+  X(RMS_NORM_GRAD, "rms_norm_grad", 3, 2, "eps:f=1e-6", dt__norm_grad_rules, NULL, NULL, DT__WN,         \
     dt__kernel_rms_norm_grad, NULL)                                                                      \
-  X(LAYER_NORM_GRAD, "layer_norm_grad", 3, 2, "eps:f?", dt__norm_grad_rules, NULL, NULL, DT__WN,         \
+  X(LAYER_NORM_GRAD, "layer_norm_grad", 3, 2, "eps:f=1e-5", dt__norm_grad_rules, NULL, NULL, DT__WN,     \
     dt__kernel_layer_norm_grad, NULL)                                                                    \
   X(EMBEDDING_GRAD, "embedding_grad", 2, 1, "vocab", dt__embedding_grad_rules, NULL, NULL, DT__WNC,      \
     dt__kernel_embedding_grad, NULL)                                                                     \

@@ -56,10 +56,126 @@ int dt__op_find(const char* name) {
   return -1;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * unknown names: what the user probably meant */
+
+/* PyTorch names (and common spellings) without an op of that name here, and what to use. */
+static const struct {
+  const char* torch;
+  const char* ops; /* the op(s) to suggest, in quotes in the message */
+  const char* how;
+} dt__torch_names[] = {
+    {"matmul", "mm", "PyTorch's matmul is mm here, bmm for batched (B, M, K) operands"},
+    {"dot", "mm", "a dot product is mm of (1, K) and (K, 1)"},
+    {"mv", "mm", "a matrix-vector product is mm with a (K, 1) operand"},
+    {"einsum", "mm", "mm, bmm, mm_t and linear cover the matmul einsums"},
+    {"max", "amax", "amax reduces over dims, maximum is elementwise"},
+    {"min", "amin", "amin reduces over dims, minimum is elementwise"},
+    {"argmax", "topk", "topk with k=1 returns the index too"},
+    {"argmin", "topk", "topk with k=1 and largest=0 returns the index too"},
+    {"scaled_dot_product_attention", "sdpa", "PyTorch's scaled_dot_product_attention is sdpa"},
+    {"attention", "sdpa", "scaled dot-product attention is sdpa"},
+    {"concat", "cat", "concatenation is cat"},
+    {"concatenate", "cat", "concatenation is cat"},
+    {"stack", "cat", "stack is unsqueeze then cat"},
+    {"split", "narrow", "dt_split and dt_chunks split through narrow"},
+    {"chunk", "narrow", "dt_chunks splits through narrow"},
+    {"select", "narrow", "select is narrow of length 1 then squeeze"},
+    {"index_select", "embedding", "rows of a table by index are embedding"},
+    {"swapaxes", "transpose", "PyTorch's swapaxes is transpose"},
+    {"swapdims", "transpose", "PyTorch's swapdims is transpose"},
+    {"multiply", "mul", "PyTorch's multiply is mul"},
+    {"subtract", "sub", "PyTorch's subtract is sub"},
+    {"divide", "div", "PyTorch's divide is div"},
+    {"true_divide", "div", "PyTorch's true_divide is div"},
+    {"negative", "neg", "PyTorch's negative is neg"},
+    {"square", "pow", "square is pow with exponent=2"},
+    {"swish", "silu", "swish is silu"},
+    {"rope", "rotary", "rotary position embedding is rotary"},
+    {"apply_rotary_emb", "rotary", "rotary position embedding is rotary"},
+    {"to", "cast", "a dtype conversion is cast"},
+    {"type", "cast", "a dtype conversion is cast"},
+    {"nll_loss", "cross_entropy", "cross_entropy takes the logits (log_softmax and nll_loss)"},
+    {"adam", "adamw", "adamw with weight_decay=0 is Adam"},
+    {"scatter", "scatter_add", "scatter_add accumulates at the indices"},
+    {"index_put", "index_add", "index_add adds rows at indices"},
+    {"all_to_all", "all_to_all_single", "PyTorch's all_to_all_single is all_to_all_single"},
+    {"norm", "sumsq", "sumsq then sqrt gives the 2-norm"},
+    {"mul_", "scale_", "scale_ multiplies in place by a scalar"},
+};
+
+/* Levenshtein distance of a and b (ASCII case ignored), capped at cap + 1. */
+static int dt__edit_distance(const char* a, const char* b, int cap) {
+  int la = (int)strlen(a), lb = (int)strlen(b);
+  if (la - lb > cap || lb - la > cap) return cap + 1;
+  if (lb >= DT_OP_NAME_MAX) return cap + 1;
+  int row[DT_OP_NAME_MAX + 1];
+  for (int j = 0; j <= lb; j++) row[j] = j;
+  for (int i = 1; i <= la; i++) {
+    int diag = row[0], best = row[0] = i;
+    for (int j = 1; j <= lb; j++) {
+      int up = row[j];
+      int same = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
+      int v = diag + !same;
+      if (up + 1 < v) v = up + 1;
+      if (row[j - 1] + 1 < v) v = row[j - 1] + 1;
+      row[j] = v;
+      diag = up;
+      if (v < best) best = v;
+    }
+    if (best > cap) return cap + 1;
+  }
+  return row[lb];
+}
+
+/* Writes "unknown op 'NAME': did you mean 'X' or 'Y'? (...)" into buf. */
+static void dt__unknown_op_text(const char* name, char* buf, size_t cap) {
+  size_t used = 0;
+#define DT__PUT(...)                                                           \
+  do {                                                                         \
+    int w_ = snprintf(buf + used, cap - used, __VA_ARGS__);                    \
+    if (w_ > 0) used = (size_t)w_ < cap - used ? used + (size_t)w_ : cap - 1; \
+  } while (0)
+  buf[0] = '\0';
+  DT__PUT("unknown op '%.64s'", name);
+  const char* how = NULL;
+  for (size_t k = 0; k < sizeof dt__torch_names / sizeof dt__torch_names[0]; k++)
+    if (strcmp(dt__torch_names[k].torch, name) == 0) {
+      DT__PUT(": did you mean '%s'? %s", dt__torch_names[k].ops, dt__torch_names[k].how);
+      how = dt__torch_names[k].how;
+    }
+  if (how == NULL) {
+    /* the closest names: edit distance at most 1 + len / 4 (2 for most names), or the name
+     * given is the start of the op's (rms for rms_norm); the three closest, table order on ties */
+    int len = (int)strlen(name), lim = 1 + len / 4, n = DT_OP_COUNT + dt__reg.n_host, nb = 0;
+    int dist[DT_OP_COUNT + DT_OP_HOST_MAX], best[3];
+    for (int id = 0; id < n; id++) {
+      const char* cand = dt__name_of(id);
+      dist[id] = dt__edit_distance(name, cand, lim);
+      if (dist[id] > lim && len >= 3 && strncmp(cand, name, (size_t)len) == 0) dist[id] = lim;
+      if (id >= DT_OP_COUNT && dt__op_find(cand) != id) dist[id] = lim + 1; /* an override */
+    }
+    for (int d = 0; d <= lim && nb < 3; d++)
+      for (int id = 0; id < n && nb < 3; id++)
+        if (dist[id] == d) best[nb++] = id;
+    for (int k = 0; k < nb; k++)
+      DT__PUT("%s'%s'%s", k == 0 ? ": did you mean " : k + 1 == nb ? " or " : ", ",
+              dt__name_of(best[k]), k + 1 == nb ? "?" : "");
+  }
+  DT__PUT(" (dtensor-explain ops lists every op)");
+#undef DT__PUT
+}
+
 dt_status_t dt__op_resolve(const char* name, int* id) {
-  if (name == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "op name is NULL");
+  *id = -1;
+  if (name == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "name is NULL (expected an op name such as \"mm\")");
   *id = dt__op_find(name);
-  if (*id < 0) return DT_FAIL(DT_ERR_UNSUPPORTED, "no sharding strategy for %s", name);
+  if (*id < 0) {
+    char text[512];
+    dt__unknown_op_text(name, text, sizeof text);
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s", text);
+  }
   return DT_SUCCESS;
 }
 
@@ -121,7 +237,7 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
 dt_status_t dt_op_register_kernel(const char* name, dt_device_t device, dt_op_kernel_fn kernel) {
   DT_ARG_NOT_NULL(name);
   if (device < 0 || device >= DT_DEVICE_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "op %s: device %d out of range [0, %d)", name, (int)device,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "op %s: device=%d out of range [0, %d)", name, (int)device,
                    (int)DT_DEVICE_COUNT);
   int id = dt__op_find(name);
   dt_host_op_t* h = NULL;
@@ -199,6 +315,23 @@ dt_status_t dt__op_schema(int id, const dt_op_arg_t** args, int* n) {
   return DT_SUCCESS;
 }
 
+int64_t dt__op_iarg_n(int id, int n_iargs, const int64_t* iargs, int k) {
+  if (k >= 0 && k < n_iargs) return iargs[k];
+  const dt_op_arg_t* a;
+  int n;
+  if (k < 0 || dt__op_schema(id, &a, &n) != DT_SUCCESS) return DT_OP_IARG_NONE;
+  for (int j = 0, i = 0; j < n; j++) {
+    if (a[j].kind == DT_ARG_FLOAT) continue;
+    if (a[j].kind == DT_ARG_INT_LIST || a[j].kind == DT_ARG_PLACEMENTS) break; /* no default */
+    if (i++ == k) return a[j].has_default ? (int64_t)a[j].def : DT_OP_IARG_NONE;
+  }
+  return DT_OP_IARG_NONE;
+}
+
+int64_t dt__op_iarg(int id, const dt_op_call_t* call, int k) {
+  return dt__op_iarg_n(id, call->n_iargs, call->iargs, k);
+}
+
 double dt__op_farg(int id, const dt_op_call_t* call, int k) {
   if (k < call->n_fargs) return call->fargs[k];
   const dt_op_arg_t* a;
@@ -250,9 +383,16 @@ dt_status_t dt__op_check_counts(int id, int n_iargs, int n_fargs) {
     char it[160], ft[160];
     dt__schema_text(a, n, 0, it, sizeof it);
     dt__schema_text(a, n, 1, ft, sizeof ft);
+    /* the one count that is wrong, then what the op takes */
+    const int ibad = n_iargs < imin || n_iargs > imax;
+    const int got = ibad ? n_iargs : n_fargs, lo = ibad ? imin : fmin, hi = ibad ? imax : fmax;
+    char want[48];
+    if (lo == hi) snprintf(want, sizeof want, "%d", lo);
+    else snprintf(want, sizeof want, "%d to %d", lo, hi);
     return DT_FAIL(DT_ERR_INVALID_ARG,
-                   "%s takes iargs [%s] and fargs [%s]; got %d integer and %d scalar arguments",
-                   dt__op_table[id].name, it, ft, n_iargs, n_fargs);
+                   "%s takes iargs [%s] and fargs [%s]: n_%s=%d, expected %s (arguments left out "
+                   "take their defaults)",
+                   dt__op_table[id].name, it, ft, ibad ? "iargs" : "fargs", got, want);
   }
   return DT_SUCCESS;
 }
@@ -287,12 +427,12 @@ dt_status_t dt_op_name_at(int index, const char** name) {
   int n;
   DT_CHECK(dt_op_count(&n));
   if (index < 0 || index >= n)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "op index %d out of range [0, %d)", index, n);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index=%d out of range [0, %d) (dt_op_count)", index, n);
   *name = dt__name_of(dt__op_at(index));
   return DT_SUCCESS;
 }
 
-dt_status_t dt_op_describe(const char* name, dt_op_desc_t* out) {
+static dt_status_t dt__op_describe(const char* name, dt_op_desc_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   int id;
@@ -313,7 +453,11 @@ dt_status_t dt_op_describe(const char* name, dt_op_desc_t* out) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_op_arg_describe(const char* name, int k, dt_op_arg_desc_t* out) {
+dt_status_t dt_op_describe(const char* name, dt_op_desc_t* out) {
+  DT_ENTRY_RETURN(dt__op_describe(name, out));
+}
+
+static dt_status_t dt__op_arg_describe(const char* name, int k, dt_op_arg_desc_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   int id, n;
@@ -321,13 +465,18 @@ dt_status_t dt_op_arg_describe(const char* name, int k, dt_op_arg_desc_t* out) {
   DT_CHECK(dt__op_resolve(name, &id));
   DT_CHECK(dt__op_schema(id, &a, &n));
   if (k < 0 || k >= n)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s has %d arguments; %d is out of range", name, n, k);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "k=%d is out of range: %s has %d argument%s (k in [0, %d))",
+                   k, name, n, n == 1 ? "" : "s", n);
   out->name = a[k].name;
   out->kind = a[k].kind;
   out->required = a[k].required;
   out->has_default = a[k].has_default;
   out->default_value = a[k].def;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_op_arg_describe(const char* name, int k, dt_op_arg_desc_t* out) {
+  DT_ENTRY_RETURN(dt__op_arg_describe(name, k, out));
 }
 
 /* Parses one integer (base 10, optional sign). */
@@ -345,15 +494,16 @@ static int dt__parse_i64(const char* s, const char* end, int64_t* v) {
   return 1;
 }
 
-dt_status_t dt_op_args_parse(const char* name, int n, const char* const* assignments,
-                             int* n_iargs, int64_t* iargs, int* n_fargs, double* fargs) {
+static dt_status_t dt__op_args_parse(const char* name, int n, const char* const* assignments,
+                                     int* n_iargs, int64_t* iargs, int* n_fargs, double* fargs) {
   DT_ARG_NOT_NULL(n_iargs);
   DT_ARG_NOT_NULL(n_fargs);
   *n_iargs = *n_fargs = 0;
   DT_ARG_NOT_NULL(iargs);
   DT_ARG_NOT_NULL(fargs);
   if (n < 0 || (n > 0 && assignments == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%d assignments (NULL array?)", n);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n=%d assignments with assignments %s (n >= 0, and an array "
+                   "of n \"NAME=VALUE\" texts when n > 0)", n, assignments ? "given" : "NULL");
   int id, ns;
   const dt_op_arg_t* a;
   DT_CHECK(dt__op_resolve(name, &id));
@@ -367,7 +517,8 @@ dt_status_t dt_op_args_parse(const char* name, int n, const char* const* assignm
   int nlist = 0;
   for (int i = 0; i < n; i++) {
     const char* s = assignments[i];
-    if (s == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "assignment %d is NULL", i);
+    if (s == NULL)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "assignments[%d] is NULL (expected \"NAME=VALUE\")", i);
     const char* eq = strchr(s, '=');
     if (eq == NULL || eq == s)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: argument '%s' is not NAME=VALUE", name, s);
@@ -467,4 +618,9 @@ dt_status_t dt_op_args_parse(const char* name, int n, const char* const* assignm
     }
   }
   return DT_SUCCESS;
+}
+
+dt_status_t dt_op_args_parse(const char* name, int n, const char* const* assignments,
+                             int* n_iargs, int64_t* iargs, int* n_fargs, double* fargs) {
+  DT_ENTRY_RETURN(dt__op_args_parse(name, n, assignments, n_iargs, iargs, n_fargs, fargs));
 }

@@ -60,16 +60,17 @@ dt_status_t dt__rules_einsum(const char* eq, const dt_op_call_t* call, int bilin
   for (int t = 0; t < nin; t++) {
     int nd = (int)strlen(ins[t]);
     if (call->in[t].ndim != nd)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d must have %d dims, has %d", call->op, t, nd,
-                     call->in[t].ndim);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d must have %d dims, has %d (operands %s)",
+                     call->op, t, nd, call->in[t].ndim, eq);
     if (call->in[t].dtype != call->in[0].dtype)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dtype mismatch (%s vs %s)", call->op,
                      dt_dtype_name(call->in[t].dtype), dt_dtype_name(call->in[0].dtype));
     for (int d = 0; d < nd; d++) {
       int c = ins[t][d];
       if (size[c] >= 0 && size[c] != call->in[t].shape[d])
-        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shape mismatch on '%c': %lld vs %lld", call->op,
-                       c, (long long)size[c], (long long)call->in[t].shape[d]);
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shape mismatch on '%c': %lld vs %lld (input %d "
+                       "dim %d; operands %s)", call->op, c, (long long)size[c],
+                       (long long)call->in[t].shape[d], t, d, eq);
       size[c] = call->in[t].shape[d];
     }
   }
@@ -178,27 +179,27 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
   return DT_SUCCESS;
 }
 
-dt_status_t dt__reduce_dims(const dt_op_call_t* call, unsigned* mask, int* keepdim) {
+dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, int* keepdim) {
   int nd = call->in[0].ndim;
-  if (call->n_iargs < 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [keepdim, dim...]", call->op);
-  if (call->iargs[0] != 0 && call->iargs[0] != 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: keepdim must be 0 or 1, got %lld", call->op,
-                   (long long)call->iargs[0]);
-  *keepdim = (int)call->iargs[0];
+  const int64_t keep = dt__op_iarg(id, call, 0); /* the schema's keepdim=0 when not given */
+  if (keep != 0 && keep != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: keepdim=%lld (iargs[0]), expected 0 or 1; iargs are "
+                   "[keepdim, dim...]", call->op, (long long)keep);
+  *keepdim = (int)keep;
   *mask = 0;
-  if (call->n_iargs == 1) {
+  if (call->n_iargs <= 1) { /* no dims: every dim */
     *mask = nd ? (1u << nd) - 1u : 0u;
     return DT_SUCCESS;
   }
   for (int k = 1; k < call->n_iargs; k++) {
     int64_t d = call->iargs[k] < 0 ? call->iargs[k] + nd : call->iargs[k];
     if (d < 0 || d >= nd)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range for a %d-dim tensor",
-                     call->op, (long long)call->iargs[k], nd);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim=%lld (iargs[%d]) out of range for a %d-dim "
+                     "tensor (valid: %d to %d)", call->op, (long long)call->iargs[k], k, nd,
+                     nd ? -nd : 0, nd ? nd - 1 : 0);
     if (*mask & (1u << d))
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld repeated", call->op,
-                     (long long)call->iargs[k]);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim=%lld (iargs[%d]) repeated; each dim at most once",
+                     call->op, (long long)call->iargs[k], k);
     *mask |= 1u << d;
   }
   return DT_SUCCESS;
@@ -209,7 +210,7 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   *n_rules = 0;
   unsigned mask;
   int keep;
-  DT_CHECK(dt__reduce_dims(call, &mask, &keep));
+  DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   const dt_tensor_meta_t* in = &call->in[0];
   int pos[DT_MAX_DIMS], nd = 0;
   out_meta->dtype = in->dtype;
@@ -482,6 +483,10 @@ DT__EINSUM_OP(dt__mm_t_rules, "km,kn->mn", 1) /* a^T b (weight gradients without
     *n_out = 1;                                                                                \
     return dt__rules_reduce(call, kind, out_meta, rules, cap, n);                              \
   }
+/* kind k is op DT_OP_SUM + k (the reductions share one schema: "keepdim=0, dim:l") */
+_Static_assert(DT_OP_MEAN == DT_OP_SUM + 1 && DT_OP_AMAX == DT_OP_SUM + 2 &&
+                   DT_OP_AMIN == DT_OP_SUM + 3,
+               "the reductions are sum, mean, amax, amin in this order");
 DT__REDUCE_OP(dt__sum_rules, 0)
 DT__REDUCE_OP(dt__mean_rules, 1)
 DT__REDUCE_OP(dt__amax_rules, 2)

@@ -67,11 +67,15 @@ static dt_status_t dt__check_counts(const dt_op_call_t* call, const dt_tensor_me
  * PyTorch linear convention), x W_e with w (E, K, N) (trans 0). */
 
 dt_status_t dt__grouped_mm_args(const dt_op_call_t* call, int* trans) {
-  if (call->n_iargs > 1) return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm takes iargs [trans]");
-  *trans = call->n_iargs ? call->iargs[0] != 0 : 1;
-  if (call->n_iargs && call->iargs[0] != 0 && call->iargs[0] != 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm: trans %lld must be 0 or 1",
-                   (long long)call->iargs[0]);
+  *trans = 1;
+  if (call->n_iargs > 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm takes iargs [trans=1]; n_iargs=%d",
+                   call->n_iargs);
+  const int64_t t = dt__op_iarg(DT_OP_GROUPED_MM, call, 0); /* the schema's trans=1 */
+  if (t != 0 && t != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "grouped_mm: trans %lld (iargs[0]) must be 1 (w (E, N, K)) "
+                   "or 0 (w (E, K, N))", (long long)t);
+  *trans = (int)t;
   return DT_SUCCESS;
 }
 
@@ -177,16 +181,18 @@ dt_status_t dt__grouped_mm_wgrad_rules(const dt_op_call_t* call, dt_tensor_meta_
  * token order and drops the rest; capacity 0 keeps every slot (dropless). */
 
 dt_status_t dt__moe_route_args(const dt_op_call_t* call, int64_t* experts, int64_t* capacity) {
+  *experts = *capacity = 0;
   if (call->n_iargs < 1 || call->n_iargs > 2)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route takes iargs [experts(, capacity)]");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route takes iargs [experts(, capacity=0)]; n_iargs=%d",
+                   call->n_iargs);
   *experts = call->iargs[0];
-  *capacity = call->n_iargs > 1 ? call->iargs[1] : 0;
+  *capacity = dt__op_iarg(DT_OP_MOE_ROUTE, call, 1); /* the schema's capacity=0 */
   if (*experts < 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route: experts %lld must be at least 1",
+    return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route: experts=%lld (iargs[0]) must be at least 1",
                    (long long)*experts);
   if (*capacity < 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route: capacity %lld must be >= 0 (0: dropless)",
-                   (long long)*capacity);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "moe_route: capacity=%lld (iargs[1]) must be >= 0 (0: "
+                   "dropless)", (long long)*capacity);
   return DT_SUCCESS;
 }
 

@@ -176,12 +176,15 @@ dt_status_t dt__masked_fill_rules(const dt_op_call_t* call, dt_tensor_meta_t* ou
  * queries sharded on S with k, v whole (the causal mask uses global query positions). */
 
 dt_status_t dt__sdpa_layout(const dt_op_call_t* call, int* hd, int* sd) {
-  int64_t layout = call->n_iargs > 1 ? call->iargs[1] : 0;
-  if (call->n_iargs > 2 || call->n_fargs > 1 ||
-      (call->n_iargs >= 1 && call->iargs[0] != 0 && call->iargs[0] != 1) ||
-      (layout != 0 && layout != 1))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa takes iargs [causal 0|1, layout 0|1] and fargs "
-                                       "[scale]");
+  /* sdpa and sdpa_grad share "causal=0, layout=0, scale:f?" (test_op_table checks it) */
+  const int64_t causal = dt__op_iarg(DT_OP_SDPA, call, 0);
+  const int64_t layout = dt__op_iarg(DT_OP_SDPA, call, 1);
+  if (causal != 0 && causal != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: causal=%lld (iargs[0]), expected 0 or 1", call->op,
+                   (long long)causal);
+  if (layout != 0 && layout != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: layout=%lld (iargs[1]), expected 0 (B, H, S, D) or 1 "
+                   "(B, S, H, D)", call->op, (long long)layout);
   *hd = layout ? 2 : 1;
   *sd = layout ? 1 : 2;
   return DT_SUCCESS;
@@ -260,10 +263,17 @@ dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
   *n_out = 1;
   *n = 0;
   const dt_tensor_meta_t* x = &call->in[0];
-  int64_t sd = call->n_iargs ? dt__norm_dim(call->iargs[0], x->ndim) : 1;
-  if (x->ndim < 2 || call->n_iargs > 2 || call->n_fargs > 1 || sd < 0 || sd >= x->ndim - 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: x (.., S, .., D) with iargs [seq_dim] (not the "
-                   "last) and fargs [theta]");
+  const int64_t seq_dim = dt__op_iarg(DT_OP_ROTARY, call, 0); /* the schema's seq_dim=1 */
+  int64_t sd = dt__norm_dim(seq_dim, x->ndim);
+  if (x->ndim < 2 || sd < 0 || sd >= x->ndim - 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: seq_dim=%lld (iargs[0]) for a %d-dim x: x must be "
+                   "(.., S, .., D) with seq_dim any dim but the last (valid: %d to %d)",
+                   (long long)seq_dim, x->ndim, x->ndim >= 2 ? -x->ndim : 0,
+                   x->ndim >= 2 ? x->ndim - 2 : -1);
+  const int64_t inverse = dt__op_iarg(DT_OP_ROTARY, call, 1);
+  if (inverse != 0 && inverse != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: inverse=%lld (iargs[1]), expected 0 or 1",
+                   (long long)inverse);
   if (x->shape[x->ndim - 1] % 2 != 0 || !dt__dtype_is_float(x->dtype))
     return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: the last dim must be even and the dtype float");
   *out_meta = *x;
@@ -285,16 +295,22 @@ dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
 dt_status_t dt__topk_args(const dt_op_call_t* call, int64_t* k, int* dim, int* largest) {
   const dt_tensor_meta_t* x = &call->in[0];
   if (call->n_iargs < 2 || call->n_iargs > 3)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "topk takes iargs [k, dim(, largest)]");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk takes iargs [k, dim(, largest=1)]; n_iargs=%d",
+                   call->n_iargs);
   int64_t d = dt__norm_dim(call->iargs[1], x->ndim);
   if (d < 0 || d >= x->ndim)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "topk: dim %lld out of range", (long long)call->iargs[1]);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk: dim=%lld (iargs[1]) out of range for a %d-dim x",
+                   (long long)call->iargs[1], x->ndim);
   if (call->iargs[0] < 0 || call->iargs[0] > x->shape[d])
-    return DT_FAIL(DT_ERR_INVALID_ARG, "topk: k %lld out of range [0, %lld]",
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk: k=%lld (iargs[0]) out of range [0, %lld]",
                    (long long)call->iargs[0], (long long)x->shape[d]);
+  const int64_t lg = dt__op_iarg(DT_OP_TOPK, call, 2); /* the schema's largest=1 */
+  if (lg != 0 && lg != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "topk: largest=%lld (iargs[2]), expected 0 or 1",
+                   (long long)lg);
   *k = call->iargs[0];
   *dim = (int)d;
-  *largest = call->n_iargs == 3 ? call->iargs[2] != 0 : 1;
+  *largest = (int)lg;
   return DT_SUCCESS;
 }
 

@@ -50,10 +50,21 @@ dt_status_t dt__adamw_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta
   const double lr = dt__op_farg(DT_OP_ADAMW, call, 0), b1 = dt__op_farg(DT_OP_ADAMW, call, 1),
                b2 = dt__op_farg(DT_OP_ADAMW, call, 2), eps = dt__op_farg(DT_OP_ADAMW, call, 3),
                wd = dt__op_farg(DT_OP_ADAMW, call, 4);
-  if (!isfinite(lr) || !(b1 >= 0.0 && b1 < 1.0) || !(b2 >= 0.0 && b2 < 1.0) || !(eps > 0.0) ||
-      !(wd >= 0.0) || !isfinite(eps) || !isfinite(wd))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: need a finite lr, betas in [0, 1), eps > 0 and "
-                   "weight_decay >= 0 (got %g, %g, %g, %g, %g)", lr, b1, b2, eps, wd);
+  /* the one argument that is wrong, its value and what is valid (fargs in schema order) */
+  if (!isfinite(lr))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: lr=%g (fargs[0]) must be finite", lr);
+  if (!(b1 >= 0.0 && b1 < 1.0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: beta1=%g (fargs[1]) out of range [0, 1) (default "
+                   "0.9)", b1);
+  if (!(b2 >= 0.0 && b2 < 1.0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: beta2=%g (fargs[2]) out of range [0, 1) (default "
+                   "0.999)", b2);
+  if (!(eps > 0.0) || !isfinite(eps))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: eps=%g (fargs[3]) must be finite and > 0 (default "
+                   "1e-8)", eps);
+  if (!(wd >= 0.0) || !isfinite(wd))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: weight_decay=%g (fargs[4]) must be finite and >= 0 "
+                   "(default 0)", wd);
   dt_op_rule_t r;
   memset(&r, 0, sizeof r);
   dt__push(rules, cap, n, &r);

@@ -86,12 +86,15 @@ static dt_status_t dt__view_shape(int op_id, const dt_op_call_t* call, dt_tensor
     return DT_SUCCESS;
   }
   if (op_id == DT_OP_FLATTEN) {
-    int64_t s = call->n_iargs > 0 ? dt__norm_dim(call->iargs[0], nd) : 0;
-    int64_t e = call->n_iargs > 1 ? dt__norm_dim(call->iargs[1], nd) : nd - 1;
+    /* the schema's start_dim=0, end_dim=-1 */
+    const int64_t s0 = dt__op_iarg(DT_OP_FLATTEN, call, 0);
+    const int64_t e0 = dt__op_iarg(DT_OP_FLATTEN, call, 1);
+    int64_t s = dt__norm_dim(s0, nd), e = dt__norm_dim(e0, nd);
     if (nd == 0) s = e = 0;
     if (call->n_iargs > 2 || (nd > 0 && (s < 0 || e >= nd || s > e)))
-      return DT_FAIL(DT_ERR_INVALID_ARG, "flatten takes iargs [start, end] with start <= end < %d",
-                     nd);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "flatten: start_dim=%lld, end_dim=%lld for a %d-dim "
+                     "tensor; expected dims in [%d, %d] with start_dim <= end_dim", (long long)s0,
+                     (long long)e0, nd, -nd, nd - 1);
     out->ndim = 0;
     for (int d = 0; d < nd; d++) {
       if (d <= s || d > e) out->shape[out->ndim++] = x->shape[d];
@@ -283,8 +286,8 @@ dt_status_t dt__slice_args(int op, const dt_op_call_t* call, int* dim, int64_t* 
     return DT_SUCCESS;
   }
   /* Python slice semantics: negative indices count from the end, out-of-range ones clamp. */
-  int64_t st = call->n_iargs == 4 ? call->iargs[3] : 1;
-  if (st <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "slice: step must be positive, got %lld",
+  int64_t st = dt__op_iarg(DT_OP_SLICE, call, 3); /* the schema's step=1 */
+  if (st <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "slice: step=%lld (iargs[3]) must be positive",
                               (long long)st);
   int64_t s = call->iargs[1], e = call->iargs[2];
   if (s < 0) s += size;

@@ -123,7 +123,7 @@ static dt_status_t dt__call_check(dt_mesh_t mesh, const dt_op_call_t* call,
   DT_ARG_NOT_NULL(call);
   DT_ARG_NOT_NULL(in_pl);
   if (call->n_inputs < 1 || call->n_inputs > DT_OP_MAX_INPUTS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range [1, %d]", call->n_inputs,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "call->n_inputs=%d out of range [1, %d]", call->n_inputs,
                    DT_OP_MAX_INPUTS);
   for (int t = 0; t < call->n_inputs; t++) {
     const dt_tensor_meta_t* m = &call->in[t];
@@ -139,7 +139,8 @@ static dt_status_t dt__call_check(dt_mesh_t mesh, const dt_op_call_t* call,
   }
   if (call->n_iargs < 0 || call->n_iargs > DT_OP_MAX_IARGS || call->n_fargs < 0 ||
       call->n_fargs > DT_OP_MAX_FARGS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "argument counts out of range");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "call->n_iargs=%d, call->n_fargs=%d: out of range [0, %d] "
+                   "and [0, %d]", call->n_iargs, call->n_fargs, DT_OP_MAX_IARGS, DT_OP_MAX_FARGS);
   return DT_SUCCESS;
 }
 
@@ -325,14 +326,20 @@ dt_status_t dt__op_select(dt_mesh_t mesh, int id, const dt_op_call_t* call,
   return DT_SUCCESS;
 }
 
-dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
-                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
+static dt_status_t dt__op_select_public(dt_mesh_t mesh, const dt_op_call_t* call,
+                                        const dt_placement_t in_pl[][DT_MAX_MESH_DIMS],
+                                        dt_op_choice_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   DT_CHECK(dt__call_check(mesh, call, in_pl));
   int id;
   DT_CHECK(dt__op_resolve(call->op, &id));
   return dt__op_select(mesh, id, call, in_pl, out);
+}
+
+dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
+                         const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out) {
+  DT_ENTRY_RETURN(dt__op_select_public(mesh, call, in_pl, out));
 }
 
 typedef struct {
@@ -346,9 +353,9 @@ static void dt__visit_list(void* ctx, const dt_op_choice_t* c) {
   l->n++;
 }
 
-dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
-                             const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out,
-                             int cap, int* n) {
+static dt_status_t dt__op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
+                                     const dt_placement_t in_pl[][DT_MAX_MESH_DIMS],
+                                     dt_op_choice_t* out, int cap, int* n) {
   DT_ARG_NOT_NULL(n);
   *n = 0;
   if (cap > 0) DT_ARG_NOT_NULL(out);
@@ -360,4 +367,10 @@ dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
   DT_CHECK(dt__expand(mesh, id, call, in_pl, 0, NULL, dt__visit_list, &l, &total));
   *n = total;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
+                             const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], dt_op_choice_t* out,
+                             int cap, int* n) {
+  DT_ENTRY_RETURN(dt__op_candidates(mesh, call, in_pl, out, cap, n));
 }

@@ -94,13 +94,16 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
                                 dt_tensor_meta_t* out_meta, dt_op_rule_t* rules, int cap,
                                 int* n_rules);
 
-/* Reductions over dims: iargs = [keepdim, dim...] (no dims: all). kind 0 sum, 1 mean, 2 amax,
- * 3 amin. A reduced sharded dim gives P(sum) for sum and mean (mean divides by the global count,
- * so uneven shards stay exact), P(max) for amax, P(min) for amin. */
+/* Reductions over dims: iargs = [keepdim, dim...]; keepdim defaults to 0 (the schema) and no
+ * dims means every dim, so a call without arguments reduces to a 0-d tensor. kind 0 sum, 1 mean,
+ * 2 amax, 3 amin (op DT_OP_SUM + kind). A reduced sharded dim gives P(sum) for sum and mean (mean
+ * divides by the global count, so uneven shards stay exact), P(max) for amax, P(min) for amin. */
 dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_t* out_meta,
                              dt_op_rule_t* rules, int cap, int* n_rules);
-/* Which input dims a reduction reduces (bitmask) after validating the arguments. */
-dt_status_t dt__reduce_dims(const dt_op_call_t* call, unsigned* mask, int* keepdim);
+/* Which input dims reduction `id` (DT_OP_SUM .. DT_OP_AMIN) reduces (bitmask) and its keepdim,
+ * after validating the arguments; rules, host and CUDA kernels and backward rules all read the
+ * arguments here. */
+dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, int* keepdim);
 
 /* The permutation of permute/transpose/t (op id DT_OP_PERMUTE, _TRANSPOSE or _T; out dim i =
  * in dim perm[i]), validated. */

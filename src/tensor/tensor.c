@@ -249,70 +249,97 @@ dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
                                       local_shape, out);
 }
 
-dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, dt_dtype_t dtype,
-                                         int ndim, const int64_t* global_shape,
-                                         const dt_placement_t* placements, void* local,
-                                         const int64_t* local_shape, dt_tensor_t* out) {
+/* The arguments of dt_tensor_from_local that each rank checks on its own (first failure). */
+static dt_status_t dt__from_local_args(dt_backend_t backend, int ndim, const int64_t* local_shape,
+                                       const dt_placement_t* placements, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
-  *out = NULL;
-  DT_CHECK(dt__mesh_check(mesh));
   if (backend != NULL) DT_CHECK(dt__backend_check(backend));
-  /* host memory by default: the mesh's backend when it is a host one, else the cpu backend */
-  if (backend == NULL)
-    backend = mesh->backend->device == DT_DEVICE_HOST ? mesh->backend : &dt__backend_cpu;
   if (ndim < 0 || ndim > DT_MAX_DIMS)
     return DT_FAIL(DT_ERR_INVALID_ARG, "tensor ndim %d out of range [0, %d]", ndim, DT_MAX_DIMS);
   if (ndim > 0) DT_ARG_NOT_NULL(local_shape);
   DT_ARG_NOT_NULL(placements);
+  return DT_SUCCESS;
+}
+
+/* The global shape from a local shape (global_shape NULL): local size times the mesh size on each
+ * sharded dim. */
+static dt_status_t dt__from_local_infer(dt_mesh_t mesh, int ndim, const int64_t* local_shape,
+                                        const dt_placement_t* placements, int64_t* gshape) {
+  dt_layout_t tmp;
+  DT_CHECK(dt__layout_init(&tmp, mesh->ndim, mesh->shape, ndim, local_shape, placements));
+  for (int d = 0; d < ndim; d++) gshape[d] = local_shape[d];
+  for (int i = 0; i < mesh->ndim; i++)
+    if (tmp.pl[i].kind == DT_SHARD) gshape[tmp.pl[i].dim] *= mesh->shape[i];
+  return DT_SUCCESS;
+}
+
+/* Every member must infer the same global shape (uneven shards make them disagree): one MAX
+ * all-reduce of a fixed size, so that ranks passing different ndim still make the same call. */
+static dt_status_t dt__from_local_agree_shape(dt_mesh_t mesh, int ndim, int64_t* gshape) {
+  if (mesh->abstract || !mesh->member) return DT_SUCCESS;
+  int64_t v[2 + 2 * DT_MAX_DIMS] = {ndim, -ndim};
+  for (int d = 0; d < ndim; d++) {
+    v[2 + d] = gshape[d];
+    v[2 + DT_MAX_DIMS + d] = -gshape[d];
+  }
+  dt_comm_t* c = &mesh->all_comm;
+  DT_CHECK(c->iface->all_reduce(c, v, v, 2 + 2 * DT_MAX_DIMS, DT_I64, DT_REDUCE_MAX, NULL));
+  if (v[0] != -v[1])
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "ranks pass different numbers of dims (%lld..%lld) with the global shape to "
+                   "infer", (long long)-v[1], (long long)v[0]);
+  for (int d = 0; d < ndim; d++)
+    if (v[2 + d] != -v[2 + DT_MAX_DIMS + d])
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "ranks infer different global sizes for dim %d (%lld..%lld): the shards "
+                     "are uneven, pass global_shape",
+                     d, (long long)-v[2 + DT_MAX_DIMS + d], (long long)v[2 + d]);
+  return DT_SUCCESS;
+}
+
+/* Every check here may fail on some ranks only (each rank passes its own shard and shape), so the
+ * members agree on the outcome (dt__mesh_agree) before the inference's all-reduce and before
+ * returning: a rank that fails never leaves the others waiting in a collective, there or in
+ * their next one. */
+dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, dt_dtype_t dtype,
+                                         int ndim, const int64_t* global_shape,
+                                         const dt_placement_t* placements, void* local,
+                                         const int64_t* local_shape, dt_tensor_t* out) {
+  static const char what[] = "dt_tensor_from_local";
+  if (out != NULL) *out = NULL;
+  DT_CHECK(dt__mesh_check(mesh)); /* a dead mesh handle: no communicator to agree on */
+  dt_status_t st = dt__from_local_args(backend, ndim, local_shape, placements, out);
+  /* host memory by default: the mesh's backend when it is a host one, else the cpu backend */
+  if (backend == NULL)
+    backend = mesh->backend->device == DT_DEVICE_HOST ? mesh->backend : &dt__backend_cpu;
   int64_t gshape[DT_MAX_DIMS];
-  int inferred = global_shape == NULL;
-  if (inferred) {
-    dt_layout_t tmp;
-    DT_CHECK(dt__layout_init(&tmp, mesh->ndim, mesh->shape, ndim, local_shape, placements));
-    for (int d = 0; d < ndim; d++) gshape[d] = local_shape[d];
-    for (int i = 0; i < mesh->ndim; i++)
-      if (tmp.pl[i].kind == DT_SHARD) gshape[tmp.pl[i].dim] *= mesh->shape[i];
-    /* Every rank must infer the same shape; uneven shards make them disagree. */
-    if (!mesh->abstract && mesh->member && ndim > 0) {
-      int64_t v[2 * DT_MAX_DIMS];
-      for (int d = 0; d < ndim; d++) {
-        v[d] = gshape[d];
-        v[ndim + d] = -gshape[d];
-      }
-      dt_comm_t* c = &mesh->all_comm;
-      DT_CHECK(c->iface->all_reduce(c, v, v, 2 * ndim, DT_I64, DT_REDUCE_MAX, NULL));
-      for (int d = 0; d < ndim; d++)
-        if (v[d] != -v[ndim + d])
-          return DT_FAIL(DT_ERR_INVALID_ARG,
-                         "ranks infer different global sizes for dim %d (%lld..%lld): the shards "
-                         "are uneven, pass global_shape",
-                         d, (long long)-v[ndim + d], (long long)v[d]);
-    }
-  } else {
+  if (global_shape == NULL) {
+    if (st == DT_SUCCESS) st = dt__from_local_infer(mesh, ndim, local_shape, placements, gshape);
+    DT_CHECK(dt__mesh_agree(mesh, st, what));
+    DT_CHECK(dt__from_local_agree_shape(mesh, ndim, gshape));
+  } else if (st == DT_SUCCESS) {
     for (int d = 0; d < ndim; d++) gshape[d] = global_shape[d];
   }
-  dt_tensor_t t;
-  DT_CHECK(dt__tensor_shell(mesh, dtype, ndim, gshape, placements, 0, &t));
-  for (int d = 0; d < ndim; d++)
+  dt_tensor_t t = NULL;
+  if (st == DT_SUCCESS) st = dt__tensor_shell(mesh, dtype, ndim, gshape, placements, 0, &t);
+  for (int d = 0; st == DT_SUCCESS && d < ndim; d++)
     if (local_shape[d] != t->local_shape[d]) {
       char got[160], want[160], glob[160], pl[96];
       dt__fmt_shape(got, sizeof got, ndim, local_shape);
       dt__fmt_shape(want, sizeof want, ndim, t->local_shape);
       dt__fmt_shape(glob, sizeof glob, ndim, gshape);
       dt_placements_format(t->layout.pl, mesh->ndim, ",", pl, sizeof pl);
-      dt__tensor_free(t);
-      return DT_FAIL(DT_ERR_INVALID_ARG,
-                     "local shape %s does not follow the chunk rule: global shape %s with "
-                     "placements %s gives this rank %s",
-                     got, glob, pl, want);
+      st = DT_FAIL(DT_ERR_INVALID_ARG,
+                   "local shape %s does not follow the chunk rule: global shape %s with "
+                   "placements %s gives this rank %s",
+                   got, glob, pl, want);
     }
-  if (t->local_numel > 0 && local == NULL) {
-    dt__tensor_free(t);
-    return DT_FAIL(DT_ERR_INVALID_ARG, "local is NULL but the shard has elements");
-  }
-  dt_status_t st = dt__storage_borrow(backend, local, dt__tensor_nbytes(t), &t->storage);
+  if (st == DT_SUCCESS && t->local_numel > 0 && local == NULL)
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "local is NULL but the shard has elements");
+  if (st == DT_SUCCESS) st = dt__storage_borrow(backend, local, dt__tensor_nbytes(t), &t->storage);
+  st = dt__mesh_agree(mesh, st, what);
   if (st != DT_SUCCESS) {
-    dt__tensor_free(t);
+    dt__tensor_free(t); /* accepts NULL; frees a borrowed storage's record, not the buffer */
     return st;
   }
   t->data = local;

@@ -56,7 +56,7 @@ static float** grads(dt_llama_t m, int* n) {
     DT_ASSERT_OK(dt_tensor_shape(g, s));
     for (int d = 0; d < nd; d++) ne *= s[d];
     out[i] = malloc(sizeof(float) * (size_t)ne + sizeof(int64_t));
-    DT_ASSERT_OK(dt_tensor_full(g, out[i], sizeof(float) * (size_t)ne));
+    DT_ASSERT_OK(dt_tensor_gather_full(g, out[i], sizeof(float) * (size_t)ne));
   }
   return out;
 }
@@ -169,7 +169,7 @@ static void redistribute_grad(void) {
     DT_ASSERT_OK(dt_tensor_placements(dt_var_grad(xv), &gp));
     DT_ASSERT_TRUE(dt_placement_equal(gp, k ? psum : s0), "gradient keeps the leaf placements");
     float g[64];
-    DT_ASSERT_OK(dt_tensor_full(dt_var_grad(xv), g, sizeof(float) * (size_t)(6 * g_n)));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(xv), g, sizeof(float) * (size_t)(6 * g_n)));
     for (int i = 0; i < 6 * g_n; i++) DT_ASSERT_TRUE(g[i] == r[i], "d/dx element %d", i);
     DT_ASSERT_OK(dt_tape_destroy(tape));
     DT_ASSERT_OK(dt_var_destroy(xv));
@@ -207,7 +207,7 @@ static void adamw_bf16(void) {
       DT_ASSERT_OK(dt_tape_destroy(tape));
       DT_ASSERT_OK(dt_var_destroy(gvv));
     }
-    DT_ASSERT_OK(dt_tensor_full(dt_var_value(w), out[k], sizeof out[k]));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(w), out[k], sizeof out[k]));
     DT_ASSERT_OK(dt_adamw_destroy(opt));
     DT_ASSERT_OK(dt_var_destroy(w));
   }
@@ -234,7 +234,7 @@ static void modules(void) {
   DT_ASSERT_OK(dt_tensor_placements(dt_var_value(b), &pb));
   DT_ASSERT_TRUE(dt_placement_equal(pb, dt_shard(0)), "plan placement");
   float bz[6];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(b), bz, sizeof bz));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(b), bz, sizeof bz));
   for (int i = 0; i < 6; i++) DT_ASSERT_TRUE(bz[i] == 0.0f, "bias zero-initialized");
   dt_placement_t rep = dt_replicate();
   dt_tensor_t xt;
@@ -260,8 +260,8 @@ static void modules(void) {
   const double eps = 1e-5;
   DT_ASSERT_OK(dt_op_run("layer_norm", 3, ln, 0, NULL, 1, &eps, &ref));
   float got[64], want[64];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(z), got, sizeof(float) * (size_t)(12 * g_n)));
-  DT_ASSERT_OK(dt_tensor_full(ref, want, sizeof(float) * (size_t)(12 * g_n)));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(z), got, sizeof(float) * (size_t)(12 * g_n)));
+  DT_ASSERT_OK(dt_tensor_gather_full(ref, want, sizeof(float) * (size_t)(12 * g_n)));
   for (int i = 0; i < 12 * g_n; i++) DT_ASSERT_TRUE(got[i] == want[i], "linear + layer_norm");
   DT_ASSERT_OK(dt_tape_backward(tape, l));
   dt_var_t ps[5] = {w, b, g, beta, x};
@@ -297,7 +297,7 @@ static void modules(void) {
     double want_sq = 0;
     for (int i = 0; i < 3; i++) {
       float v[24];
-      DT_ASSERT_OK(dt_tensor_full(dt_var_value(q[i]), v, sizeof v));
+      DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(q[i]), v, sizeof v));
       for (int k = 0; k < 24; k++) want_sq += (double)v[k] * v[k];
     }
     DT_ASSERT_OK(dt_counters_reset(m2));

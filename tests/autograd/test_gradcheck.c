@@ -131,7 +131,7 @@ static dt_var_t forward(dt_tape_t tape, const gcase_t* c, dt_var_t* in, dt_var_t
 
 static double scalar_of(dt_var_t v) {
   float x;
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(v), &x, sizeof x));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(v), &x, sizeof x));
   return x;
 }
 
@@ -179,7 +179,7 @@ static int run_case(const gcase_t* c, int variant) {
                    c->name, t);
     int64_t n = numel(c, t);
     float* ga = malloc(sizeof(float) * (size_t)n);
-    DT_ASSERT_OK(dt_tensor_full(gt, ga, sizeof(float) * (size_t)n));
+    DT_ASSERT_OK(dt_tensor_gather_full(gt, ga, sizeof(float) * (size_t)n));
     int64_t step = n > 10 ? n / 10 : 1;
     for (int64_t i = 0; i < n; i += step) {
       double lp, lm;

@@ -199,7 +199,7 @@ static void gathered(dt_tensor_t t, void** buf, size_t* nb) {
   for (int d = 0; d < nd; d++) n *= shape[d];
   *nb = fx_itemsize(dt) * (size_t)n;
   *buf = malloc(*nb ? *nb : 1);
-  DT_ASSERT_OK(dt_tensor_full(t, *buf, *nb));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, *buf, *nb));
 }
 
 /* The target's tensor b matches the cpu's a: the same bytes (exact targets, integer outputs), or

@@ -134,7 +134,7 @@ static dt_status_t h_grad(dt_var_t v, void* ctx) {
   DT_CHECK(dt_tensor_ndim(dt_var_value(v), &nd));
   DT_CHECK(dt_tensor_shape(dt_var_value(v), shape));
   for (int d = 0; d < nd; d++) total *= shape[d];
-  return dt_tensor_full(dt_var_grad(v), g_hook_seen[k], sizeof(float) * (size_t)total);
+  return dt_tensor_gather_full(dt_var_grad(v), g_hook_seen[k], sizeof(float) * (size_t)total);
 }
 
 static void test_tree(void) {
@@ -204,11 +204,11 @@ static void test_tree(void) {
                  "forward hooks: %s", g_log);
   /* y = 2 * (x * w + v) * bw */
   float xs[4], ws[4], vs[4], bs[4], ys[4];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(in), xs, sizeof xs));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(w), ws, sizeof ws));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(v), vs, sizeof vs));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(bw), bs, sizeof bs));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(y), ys, sizeof ys));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(in), xs, sizeof xs));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(w), ws, sizeof ws));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(v), vs, sizeof vs));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(bw), bs, sizeof bs));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(y), ys, sizeof ys));
   for (int i = 0; i < 4; i++)
     DT_ASSERT_TRUE(ys[i] == 2 * (xs[i] * ws[i] + vs[i]) * bs[i], "y[%d] = %g", i, ys[i]);
   const int64_t all_dims[1] = {0};
@@ -221,13 +221,13 @@ static void test_tree(void) {
   for (int k = 0; k < 3; k++) {
     DT_ASSERT_EQ(g_hook_calls[k], 1);
     float g[4];
-    DT_ASSERT_OK(dt_tensor_full(dt_var_grad(wantv[k]), g, sizeof g));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(wantv[k]), g, sizeof g));
     DT_ASSERT_TRUE(memcmp(g, g_hook_seen[k], sizeof g) == 0, "param %d: the hook saw a partial "
                    "gradient", k);
   }
   /* d/dw = 2 x bw, d/dv = 2 bw, d/dbw = 2 (x w + v) */
   float g[4];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(w), g, sizeof g));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(w), g, sizeof g));
   for (int i = 0; i < 4; i++) DT_ASSERT_TRUE(g[i] == 2 * xs[i] * bs[i], "dw[%d]", i);
   /* replacing a parameter */
   dt_var_t w2 = leaf(1, s, 9, NULL);
@@ -258,8 +258,8 @@ static void test_shared_param_hook(void) {
   DT_ASSERT_OK(dt_tape_backward(tape, loss));
   DT_ASSERT_EQ(g_hook_calls[0], 1);
   float g[4], xs[4];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(w), g, sizeof g));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(x), xs, sizeof xs));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(w), g, sizeof g));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(x), xs, sizeof xs));
   for (int i = 0; i < 4; i++) DT_ASSERT_TRUE(g[i] == xs[i] + 1 && g_hook_seen[0][i] == g[i], "dw");
   DT_ASSERT_OK(dt_var_set_grad_hook(w, NULL, NULL));
   DT_ASSERT_OK(dt_tape_destroy(tape));
@@ -302,8 +302,8 @@ static void test_deferred_reduce(void) {
   DT_ASSERT_OK(dt_tensor_placements(dt_var_grad(Wd), pl));
   DT_ASSERT_TRUE(pl[0].kind == DT_REPLICATE, "reduced to the value's placements");
   float gi[15], gd[15];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(Wi), gi, sizeof gi));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(Wd), gd, sizeof gd));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(Wi), gi, sizeof gi));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(Wd), gd, sizeof gd));
   DT_ASSERT_TRUE(memcmp(gi, gd, sizeof gi) == 0, "deferred gradient differs from the immediate");
   uint64_t ar_now = c1.calls[DT_COLL_ALL_REDUCE] - c0.calls[DT_COLL_ALL_REDUCE];
   uint64_t ar_late = c2.calls[DT_COLL_ALL_REDUCE] - c1.calls[DT_COLL_ALL_REDUCE];
@@ -351,7 +351,7 @@ static void gathered_grad(int drop, float* g, size_t nb, uint64_t* gathers) {
   int64_t recomputed;
   DT_ASSERT_OK(dt_tape_checkpoint_stats(tape, NULL, &recomputed));
   DT_ASSERT_EQ(recomputed, drop ? 1 : 0);
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(W), g, nb));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(W), g, nb));
   if (drop) { /* restore: present again; a second restore is a no-op */
     DT_ASSERT_OK(dt_tape_drop(tape, Wg));
     DT_ASSERT_OK(dt_tape_restore(tape, Wg));
@@ -477,7 +477,7 @@ static void test_llama_modules(void) {
     DT_ASSERT_OK(dt_llama_forward(m, tape, tt, gt, &loss, NULL));
     DT_ASSERT_TRUE(strcmp(g_log, "F>0 F<0 F>1 F<1") == 0, "llama forward hooks: %s", g_log);
     float lv;
-    DT_ASSERT_OK(dt_tensor_full(dt_var_value(loss), &lv, sizeof lv));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(loss), &lv, sizeof lv));
     losses[round] = lv;
     g_log[0] = '\0';
     DT_ASSERT_OK(dt_tape_backward(tape, loss));

@@ -55,7 +55,7 @@ static int64_t numel(dt_tensor_t t) {
 static float* full(dt_tensor_t t) {
   int64_t n = numel(t);
   float* f = malloc(sizeof(float) * (size_t)(n ? n : 1));
-  DT_ASSERT_OK(dt_tensor_full(t, f, sizeof(float) * (size_t)n));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, f, sizeof(float) * (size_t)n));
   return f;
 }
 
@@ -279,9 +279,9 @@ static void test_route(dt_mesh_t mesh) {
     dt_tensor_t order, tok, counts;
     DT_ASSERT_OK(dt_moe_route(idx, 3, cap, &order, &tok, &counts));
     int64_t o[12], t[12], c[3];
-    DT_ASSERT_OK(dt_tensor_full(order, o, sizeof o));
-    DT_ASSERT_OK(dt_tensor_full(tok, t, sizeof t));
-    DT_ASSERT_OK(dt_tensor_full(counts, c, sizeof c));
+    DT_ASSERT_OK(dt_tensor_gather_full(order, o, sizeof o));
+    DT_ASSERT_OK(dt_tensor_gather_full(tok, t, sizeof t));
+    DT_ASSERT_OK(dt_tensor_gather_full(counts, c, sizeof c));
     /* expert 0: slots 0 4 6 9; expert 1: 1 2 7 8 11; expert 2: 3 5 10 */
     static const int64_t kAll[12] = {0, 4, 6, 9, 1, 2, 7, 8, 11, 3, 5, 10};
     /* capacity 2: 0 4 | 1 2 | 3 5 kept, then the dropped 6 7 8 9 10 11 in slot order */
@@ -313,7 +313,7 @@ static void test_capacity(dt_mesh_t mesh) {
   DT_ASSERT_OK(dt_op_run("softmax", 1, &logits, 1, last, 0, NULL, &probs));
   DT_ASSERT_OK(dt_topk(probs, K, 1, &tk[0], &tk[1]));
   int64_t idx[48], load[4] = {0};
-  DT_ASSERT_OK(dt_tensor_full(tk[1], idx, sizeof idx));
+  DT_ASSERT_OK(dt_tensor_gather_full(tk[1], idx, sizeof idx));
   for (int i = 0; i < N * K; i++) load[idx[i]]++;
   int64_t maxload = 0;
   for (int e = 0; e < E; e++) maxload = load[e] > maxload ? load[e] : maxload;

@@ -103,7 +103,7 @@ static void set_grads(dt_mesh_t mesh, dt_var_t* w, int t) {
 
 static void expect_full(dt_tensor_t t, const void* want, size_t nb, const char* what, int p) {
   char got[512];
-  DT_ASSERT_OK(dt_tensor_full(t, got, nb));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, got, nb));
   DT_ASSERT_TRUE(memcmp(got, want, nb) == 0, "%s of parameter %d differs from the reference",
                  what, p);
 }
@@ -140,7 +140,7 @@ static void run(dt_mesh_t mesh, int mnd, const dt_placement_t (*pl)[2], int bf16
     expect_full(v, bf16 ? (void*)ref.vb[p] : (void*)ref.v[p], n * (bf16 ? 2 : 4), "exp_avg_sq",
                 p);
     int64_t steps;
-    DT_ASSERT_OK(dt_tensor_full(st, &steps, sizeof steps));
+    DT_ASSERT_OK(dt_tensor_gather_full(st, &steps, sizeof steps));
     DT_ASSERT_EQ(steps, STEPS);
     dt_placement_t got[2];
     DT_ASSERT_OK(dt_tensor_placements(m, got));
@@ -171,8 +171,8 @@ static void run(dt_mesh_t mesh, int mnd, const dt_placement_t (*pl)[2], int bf16
   for (int p = 0; p < NP; p++) {
     float a[64], b[64];
     size_t nb = sizeof(float) * (size_t)numel_of(p);
-    DT_ASSERT_OK(dt_tensor_full(dt_var_value(w[p]), a, nb));
-    DT_ASSERT_OK(dt_tensor_full(dt_var_value(w2[p]), b, nb));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(w[p]), a, nb));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(w2[p]), b, nb));
     DT_ASSERT_TRUE(memcmp(a, b, nb) == 0, "restored optimizer diverged on parameter %d", p);
   }
 
@@ -188,7 +188,8 @@ static void run(dt_mesh_t mesh, int mnd, const dt_placement_t (*pl)[2], int bf16
   float scale = (float)(want / 2 / (norm + 1e-6));
   for (int p = 0; p < NP; p++) {
     float got[64];
-    DT_ASSERT_OK(dt_tensor_full(dt_var_grad(w[p]), got, sizeof(float) * (size_t)numel_of(p)));
+    DT_ASSERT_OK(
+        dt_tensor_gather_full(dt_var_grad(w[p]), got, sizeof(float) * (size_t)numel_of(p)));
     for (int64_t k = 0; k < numel_of(p); k++) {
       float e = grad_value(p, k, 1) * scale;
       DT_ASSERT_TRUE(fabsf(got[k] - e) <= 1e-6f * (1.0f + fabsf(e)), "clipped grad %d[%lld]", p,
@@ -201,7 +202,8 @@ static void run(dt_mesh_t mesh, int mnd, const dt_placement_t (*pl)[2], int bf16
 
   /* bad calls change nothing */
   float before[64];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(w[0]), before, sizeof(float) * (size_t)numel_of(0)));
+  DT_ASSERT_OK(
+      dt_tensor_gather_full(dt_var_value(w[0]), before, sizeof(float) * (size_t)numel_of(0)));
   dt_tensor_t m0, v0, s0;
   DT_ASSERT_OK(dt_adamw_state(opt, 0, &m0, &v0, &s0));
   dt_tensor_t g0 = dt_var_grad(w[0]), w0 = dt_var_value(w[0]);
@@ -225,7 +227,7 @@ static void run(dt_mesh_t mesh, int mnd, const dt_placement_t (*pl)[2], int bf16
                    DT_ERR_INVALID_ARG);
   expect_full(w0, before, sizeof(float) * (size_t)numel_of(0), "value after refused calls", 0);
   int64_t steps;
-  DT_ASSERT_OK(dt_tensor_full(s0, &steps, sizeof steps));
+  DT_ASSERT_OK(dt_tensor_gather_full(s0, &steps, sizeof steps));
   DT_ASSERT_EQ(steps, STEPS + 1);
   DT_ASSERT_STATUS(dt_adamw_state(opt, NP, &m0, NULL, NULL), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_adamw_state(NULL, 0, &m0, NULL, NULL), DT_ERR_INVALID_ARG);

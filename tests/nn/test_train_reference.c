@@ -80,7 +80,7 @@ static void run(const cJSON* fx, dt_mesh_t mesh, const char* plan, const char* l
     DT_ASSERT_OK(dt_llama_forward(m, tape, tt, gt, &loss, NULL));
     float lv;
     DT_ASSERT_OK(dt_tensor_redistribute(dt_var_value(loss), rep, &lr_t));
-    DT_ASSERT_OK(dt_tensor_full(lr_t, &lv, sizeof lv));
+    DT_ASSERT_OK(dt_tensor_gather_full(lr_t, &lv, sizeof lv));
     dt_tensor_destroy(lr_t);
     DT_ASSERT_OK(dt_tape_backward(tape, loss));
     DT_ASSERT_OK(dt_tape_reset(tape));

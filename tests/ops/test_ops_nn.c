@@ -54,7 +54,7 @@ static long long norms(dt_mesh_t mesh, int m) {
         dt_tensor_t in[3] = {tx, tw, tb};
         DT_ASSERT_OK(dt_op_run(layer ? "layer_norm" : "rms_norm", layer ? 3 : 2, in, 0, NULL, 0,
                                NULL, &r));
-        DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+        DT_ASSERT_OK(dt_tensor_gather_full(r, got, sizeof got));
         for (int i = 0; i < 30; i++)
           DT_ASSERT_TRUE(fabsf(got[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i])),
                          "%s element %d: %g vs %g", layer ? "layer_norm" : "rms_norm", i, got[i],
@@ -108,7 +108,7 @@ static long long embeddings(dt_mesh_t mesh, int m) {
           DT_ASSERT_TRUE(dt_placement_equal(rp[i], dt_partial(DT_REDUCE_SUM)), "vocab-sharded");
         DT_ASSERT_EQ(cnt.redistributes, 0);
       }
-      DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+      DT_ASSERT_OK(dt_tensor_gather_full(r, got, sizeof got));
       DT_ASSERT_TRUE(memcmp(got, want, sizeof want) == 0, "embedding values");
       dt_tensor_destroy(tw);
       dt_tensor_destroy(ti);
@@ -178,7 +178,7 @@ static long long cross_entropy(dt_mesh_t mesh, int m) {
       }
       float got[N];
       int64_t on = red == DT_LOSS_NONE ? N : 1;
-      DT_ASSERT_OK(dt_tensor_full(r, got, sizeof(float) * (size_t)on));
+      DT_ASSERT_OK(dt_tensor_gather_full(r, got, sizeof(float) * (size_t)on));
       for (int i = 0; i < on; i++) {
         double want = red == DT_LOSS_NONE ? ref[i] : red == DT_LOSS_MEAN ? mean : mean * N;
         DT_ASSERT_TRUE(fabs(got[i] - want) <= 1e-5 * (1 + fabs(want)),
@@ -221,7 +221,7 @@ static long long linear(dt_mesh_t mesh) {
         DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, ws, pw, w, &tw));
         DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 1, bs, pb, b, &tb));
         DT_ASSERT_OK(dt_linear(tx, tw, tb, &r));
-        DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+        DT_ASSERT_OK(dt_tensor_gather_full(r, got, sizeof got));
         DT_ASSERT_TRUE(memcmp(got, want, sizeof want) == 0, "linear x %d w %d b %d", a, c, d);
         if (a == 2 && c == 2 && d == 0) { /* contraction sharded: Partial, bias added once */
           dt_placement_t rp[1];
@@ -231,7 +231,7 @@ static long long linear(dt_mesh_t mesh) {
         dt_tensor_destroy(r);
         if (d == 0) {
           DT_ASSERT_OK(dt_linear(tx, tw, NULL, &r));
-          DT_ASSERT_OK(dt_tensor_full(r, got, sizeof got));
+          DT_ASSERT_OK(dt_tensor_gather_full(r, got, sizeof got));
           DT_ASSERT_TRUE(memcmp(got, wantnb, sizeof wantnb) == 0, "linear_nobias x %d w %d", a, c);
           dt_tensor_destroy(r);
         }

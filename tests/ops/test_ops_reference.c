@@ -64,7 +64,8 @@ static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const f
     if (cJSON_IsNull(want)) continue;
     float* got = malloc(sizeof(float) * (size_t)(in[t].numel ? in[t].numel : 1));
     DT_ASSERT_TRUE(dt_var_grad(v[t]) != NULL, "case %s: input %d has no gradient", name, t);
-    DT_ASSERT_OK(dt_tensor_full(dt_var_grad(v[t]), got, sizeof(float) * (size_t)in[t].numel));
+    DT_ASSERT_OK(
+        dt_tensor_gather_full(dt_var_grad(v[t]), got, sizeof(float) * (size_t)in[t].numel));
     for (int64_t i = 0; i < in[t].numel; i++) {
       double w = cJSON_GetArrayItem(want, (int)i)->valuedouble;
       if (!(fabs(got[i] - w) <= 1e-4 + 1e-4 * fabs(w))) {
@@ -150,7 +151,7 @@ static long long run_case(const cJSON* c, dt_mesh_t mesh, int m) {
       for (int d = 0; d < nd; d++) DT_ASSERT_EQ(shape[d], out[o].shape[d]);
       size_t nb = fx_itemsize(out[o].dtype) * (size_t)(out[o].numel ? out[o].numel : 1);
       void* got = malloc(nb);
-      DT_ASSERT_OK(dt_tensor_full(res[o], got, nb));
+      DT_ASSERT_OK(dt_tensor_gather_full(res[o], got, nb));
       for (int64_t i = 0; i < out[o].numel; i++) {
         double g = fx_unpack(got, out[o].dtype, i), w = out[o].data[i];
         int ok = (isnan(g) && isnan(w)) || fabs(g - w) <= atol + rtol * fabs(w);

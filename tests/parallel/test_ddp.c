@@ -100,7 +100,7 @@ static uint64_t g_bwd_all_reduces; /* all-reduces of the last fwd_bwd's backward
 
 static float read_scalar(dt_var_t v) {
   float x;
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(v), &x, sizeof x));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(v), &x, sizeof x));
   return x;
 }
 
@@ -215,8 +215,8 @@ static double compare_params(dt_llama_t a, dt_llama_t b, int grads) {
     float* fa = malloc(sizeof(float) * (size_t)n);
     float* fb = malloc(sizeof(float) * (size_t)n);
     DT_ASSERT_TRUE(fa && fb, "malloc");
-    DT_ASSERT_OK(dt_tensor_full(ta, fa, sizeof(float) * (size_t)n));
-    DT_ASSERT_OK(dt_tensor_full(tb, fb, sizeof(float) * (size_t)n));
+    DT_ASSERT_OK(dt_tensor_gather_full(ta, fa, sizeof(float) * (size_t)n));
+    DT_ASSERT_OK(dt_tensor_gather_full(tb, fb, sizeof(float) * (size_t)n));
     double r = max_rel(fa, fb, n);
     DT_ASSERT_TRUE(r <= 1e-5, "%s %s: relative deviation %.3g", names[i], grads ? "grad" : "value",
                    r);
@@ -424,8 +424,8 @@ static void test_buckets(void) {
   DT_ASSERT_TRUE(dt_var_grad(b) == NULL && dt_var_grad(e) == NULL, "unused parameters got a "
                  "gradient");
   float ga[16], gc[16];
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(a), ga, sizeof ga));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(c), gc, sizeof gc));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(a), ga, sizeof ga));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(c), gc, sizeof gc));
   for (int k = 0; k < 4; k++) {
     float col = 0.0f;
     for (int r = 0; r < 2 * g_world; r++) col += xf[r * 4 + k];

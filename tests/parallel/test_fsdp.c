@@ -6,7 +6,7 @@
  *    parameter shapes (vocab 61, dim 30, ffn 50: dim 0 does not split evenly); every step within
  *    1e-5 relative, the worst printed; a repeated run bitwise equal;
  *  - bf16 parameters (f32 reduction, f32 outputs): within 0.05 relative of the f32 losses and the
- *    loss falls;
+ *    loss falls; the loss is the f32 cross-entropy of the bf16 logits, not a bf16-rounded value;
  *  - two micro-batches with the first's gradient sync skipped equal one step on both;
  *  - traffic over one step read from the counters equals the formulas, one all-gather per group
  *    per gather and one reduce-scatter per group;
@@ -14,9 +14,13 @@
  *    plus padding, and the gathered parameters at their peak hold at most two groups;
  *  - a sharded value replaced by dt_var_set_value trains exactly as the same values written in
  *    place (the shards are views of the group's all-gather buffer);
- *  - bad input: clear errors and nothing half-wrapped; parameters of two dtypes in one group.
+ *  - dt_fsdp_config_for(shard, replicate): the defaults over those dims (default(n) is one case);
+ *  - bad input: clear errors and nothing half-wrapped; parameters of two dtypes in one group; a
+ *    module inside a group wrapped before it (top-down) refused, naming both; a module with
+ *    nothing to shard is a group without parameters.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -53,6 +57,7 @@ typedef struct {
   int mesh2d;     /* HSDP: a 2x2 mesh */
   int micro;      /* 2: two micro-batches per step, sync skipped on the first */
   int steps;
+  int root_keep;  /* the root keeps its output dtype under bf16 too (no cast of the loss) */
 } run_t;
 
 typedef struct {
@@ -83,7 +88,7 @@ static void setup(const run_t* r, setup_t* s) {
       DT_ASSERT_OK(dt_fully_shard(blk, s->mesh, &r->fsdp));
     }
     dt_fsdp_config_t rc = r->fsdp;
-    if (rc.param_dtype != DT_F32) rc.output_dtype = DT_F32; /* the loss in f32 */
+    if (rc.param_dtype != DT_F32 && !r->root_keep) rc.output_dtype = DT_F32;
     DT_ASSERT_OK(dt_fully_shard(s->root, s->mesh, &rc));
   }
   DT_ASSERT_OK(dt_llama_params(s->model, &s->params, NULL, &s->np, &s->numel));
@@ -120,7 +125,7 @@ static float fwd_bwd(const run_t* r, setup_t* s, int step, int row0, int rows, d
     dt_dtype_t ldt;
     DT_ASSERT_OK(dt_tensor_dtype(lr, &ldt));
     DT_ASSERT_TRUE(ldt == DT_F32, "loss dtype %s (output dtype f32)", dt_dtype_name(ldt));
-    DT_ASSERT_OK(dt_tensor_full(lr, lv, sizeof lv));
+    DT_ASSERT_OK(dt_tensor_gather_full(lr, lv, sizeof lv));
     dt_tensor_destroy(lr);
   }
   if (scale != 1.0) {
@@ -237,6 +242,88 @@ static void test_parity(void) {
   r = fsdp_run(1, 1);
   r.fsdp.param_dtype = DT_BF16;
   parity("fsdp bf16 params", &r, ref, 0.05);
+}
+
+/* The logits of the last forward (a post-forward hook of the output projection), in f32. */
+typedef struct {
+  float logits[BATCH * SEQ * 61];
+  int64_t numel;
+} logits_keep_t;
+
+static dt_status_t keep_logits(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars, void* ctx) {
+  (void)m;
+  (void)tape;
+  (void)n;
+  logits_keep_t* k = ctx;
+  dt_tensor_t t = dt_var_value(vars[0]);
+  dt_dtype_t dt;
+  int64_t shape[2];
+  DT_ASSERT_OK(dt_tensor_dtype(t, &dt));
+  DT_ASSERT_OK(dt_tensor_shape(t, shape));
+  DT_ASSERT_TRUE(dt == DT_BF16 && shape[0] * shape[1] == BATCH * SEQ * 61,
+                 "logits %s (%lld, %lld): bf16 (%d, 61) expected", dt_dtype_name(dt),
+                 (long long)shape[0], (long long)shape[1], BATCH * SEQ);
+  uint16_t raw[BATCH * SEQ * 61];
+  DT_ASSERT_OK(dt_tensor_gather_full(t, raw, sizeof raw));
+  for (int i = 0; i < BATCH * SEQ * 61; i++) {
+    uint32_t bits = (uint32_t)raw[i] << 16; /* bf16 is the high half of an f32 */
+    memcpy(&k->logits[i], &bits, sizeof bits);
+  }
+  k->numel = BATCH * SEQ * 61;
+  return DT_SUCCESS;
+}
+
+/* bf16 parameters and compute: the loss is the f32 cross-entropy of the bf16 logits (README:
+ * "the loss in f32"), not a bf16-rounded number, even with the root's output dtype left as it
+ * is. Each step's loss must equal the mean cross-entropy computed in double from the logits the
+ * output projection produced (within 1e-5 relative; a bf16 rounding of a loss near 4 is off by
+ * up to 4e-3), and its 16 low mantissa bits must not be zero at every step (a bf16 value cast to
+ * f32 has them all zero). */
+static void test_bf16_loss(void) {
+  enum { STEPS_BF16 = 6 };
+  run_t r = fsdp_run(1, 1);
+  r.fsdp.param_dtype = DT_BF16;
+  r.root_keep = 1;
+  r.steps = STEPS_BF16;
+  setup_t s;
+  setup(&r, &s);
+  static logits_keep_t k;
+  dt_module_t out;
+  DT_ASSERT_OK(dt_module_find(s.root, "output", &out));
+  DT_ASSERT_OK(dt_module_add_forward_post_hook(out, keep_logits, &k));
+  int zero_low = 0;
+  double worst = 0;
+  for (int step = 0; step < STEPS_BF16; step++) {
+    k.numel = 0;
+    float loss = fwd_bwd(&r, &s, step, 0, BATCH, 1.0);
+    DT_ASSERT_EQ(k.numel, BATCH * SEQ * 61);
+    int64_t tok[BATCH * SEQ], tgt[BATCH * SEQ];
+    DT_ASSERT_OK(dt_corpus_batch(g_corpus, 5, step, BATCH, SEQ, tok, tgt));
+    double ce = 0;
+    for (int i = 0; i < BATCH * SEQ; i++) {
+      const float* row = k.logits + (size_t)i * 61;
+      double mx = row[0], sum = 0;
+      for (int c = 1; c < 61; c++) mx = row[c] > mx ? row[c] : mx;
+      for (int c = 0; c < 61; c++) sum += exp(row[c] - mx);
+      ce += log(sum) + mx - row[tgt[i]];
+    }
+    ce /= BATCH * SEQ;
+    uint32_t bits;
+    memcpy(&bits, &loss, sizeof bits);
+    zero_low += (bits & 0xffffu) == 0;
+    double rel = fabs(loss - ce) / ce;
+    if (rel > worst) worst = rel;
+    DT_ASSERT_TRUE(rel <= 1e-5, "step %d: loss %.9g, the f32 cross-entropy of the bf16 logits "
+                   "%.9g (relative difference %.3g)", step, (double)loss, ce, rel);
+    opt_step(&s);
+  }
+  DT_ASSERT_TRUE(zero_low < STEPS_BF16, "the loss's 16 low mantissa bits are zero at all %d "
+                 "steps: a bf16-rounded loss", STEPS_BF16);
+  if (g_rank == 0)
+    printf("bf16 loss np %d: %d steps, worst relative difference from the f32 cross-entropy of "
+           "the bf16 logits %.3g; %d of %d losses with 16 zero low bits\n", g_world, STEPS_BF16,
+           worst, zero_low, STEPS_BF16);
+  teardown(&s);
 }
 
 /* The groups of the model (root, layers.0, layers.1): their modules and infos. */
@@ -477,6 +564,37 @@ static void test_replaced_values(void) {
   teardown(&b);
 }
 
+/* dt_fsdp_config_for names the data dims; dt_fsdp_config_default is it for meshes of data dims
+ * only. FSDP x TP on a (tp, dp) mesh is dt_fsdp_config_for(1, -1) (test_tp.c trains that). */
+static void test_config_for(void) {
+  dt_fsdp_config_t a = dt_fsdp_config_for(1, -1), b = dt_fsdp_config_default(1);
+  DT_ASSERT_TRUE(a.shard_dim == 1 && a.replicate_dim == -1, "for(1, -1): shard %d replicate %d",
+                 a.shard_dim, a.replicate_dim);
+  b.shard_dim = 1; /* everything else: the same defaults */
+  DT_ASSERT_TRUE(memcmp(&a, &b, sizeof a) == 0, "for(1, -1) is default(1) with shard dim 1");
+  a = dt_fsdp_config_for(0, -1);
+  b = dt_fsdp_config_default(1);
+  DT_ASSERT_TRUE(memcmp(&a, &b, sizeof a) == 0, "default(1) is for(0, -1)");
+  a = dt_fsdp_config_for(1, 0);
+  b = dt_fsdp_config_default(2);
+  DT_ASSERT_TRUE(memcmp(&a, &b, sizeof a) == 0, "default(2) is for(1, 0) (HSDP)");
+  a = dt_fsdp_config_for(2, 1);
+  DT_ASSERT_TRUE(a.shard_dim == 2 && a.replicate_dim == 1 && a.reshard_after_forward == 1 &&
+                 a.param_dtype == DT_F32 && a.reduce_dtype == DT_F32 &&
+                 a.output_dtype == DT_FSDP_KEEP_DTYPE && a.prefetch_forward &&
+                 a.prefetch_backward, "for(2, 1): the defaults over dims 2 and 1");
+  /* the dims are checked where they are used */
+  int shape1[1] = {g_world};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, shape1, NULL, NULL, &mesh));
+  dt_module_t m;
+  DT_ASSERT_OK(dt_module_create("m", NULL, NULL, &m));
+  a = dt_fsdp_config_for(1, -1);
+  DT_ASSERT_STATUS(dt_fully_shard(m, mesh, &a), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_module_destroy(m));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 static void test_bad_input(void) {
   int shape1[1] = {g_world};
   dt_mesh_t mesh, other;
@@ -520,21 +638,32 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_tensor_placements(dt_var_value(params[1]), &pl));
   DT_ASSERT_TRUE(pl.kind == DT_REPLICATE, "a failed wrap resharded a parameter");
   /* a parameter already sharded over the shard dim (experts under expert parallelism) is left
-   * out of the group as it is: alone, there is nothing to shard; beside a replicated one, the
-   * group takes only the replicated one */
+   * out of the group as it is: alone, the group holds nothing (a group without parameters);
+   * beside a replicated one, the group takes only the replicated one */
   int64_t shp[2] = {4, 4};
   dt_var_t sv, rv, got;
   DT_ASSERT_OK(dt_nn_param(mesh, "*=S(0)", "x", 2, shp, DT_INIT_ONES, 0, 1, &sv));
   dt_module_t lone;
   DT_ASSERT_OK(dt_module_create("lone", NULL, NULL, &lone));
   DT_ASSERT_OK(dt_module_add_param(lone, "x", sv));
-  DT_ASSERT_STATUS(dt_fully_shard(lone, mesh, &cfg), DT_ERR_INVALID_USAGE);
+  DT_ASSERT_OK(dt_fully_shard(lone, mesh, &cfg));
+  DT_ASSERT_OK(dt_module_param(lone, "x", &got));
+  DT_ASSERT_TRUE(got == sv, "fsdp replaced an already sharded parameter");
+  dt_fsdp_group_info_t li;
+  DT_ASSERT_OK(dt_fsdp_group_info(lone, &li));
+  DT_ASSERT_TRUE(li.n_params == 0 && li.numel == 0 && li.padded_numel == 0 &&
+                 li.unsharded_nbytes == 0, "a group of no parameter: %d parameters, %lld "
+                 "elements, %lld padded, %lld gathered bytes", li.n_params, (long long)li.numel,
+                 (long long)li.padded_numel, (long long)li.unsharded_nbytes);
+  DT_ASSERT_OK(dt_module_destroy(lone));
+  DT_ASSERT_OK(dt_nn_param(mesh, "*=S(0)", "x", 2, shp, DT_INIT_ONES, 0, 1, &sv));
+  DT_ASSERT_OK(dt_module_create("pair", NULL, NULL, &lone));
+  DT_ASSERT_OK(dt_module_add_param(lone, "x", sv));
   DT_ASSERT_OK(dt_nn_param(mesh, NULL, "y", 2, shp, DT_INIT_ONES, 0, 1, &rv));
   DT_ASSERT_OK(dt_module_add_param(lone, "y", rv));
   DT_ASSERT_OK(dt_fully_shard(lone, mesh, &cfg));
   DT_ASSERT_OK(dt_module_param(lone, "x", &got));
   DT_ASSERT_TRUE(got == sv, "fsdp replaced an already sharded parameter");
-  dt_fsdp_group_info_t li;
   DT_ASSERT_OK(dt_fsdp_group_info(lone, &li));
   DT_ASSERT_EQ(li.n_params, 1);
   DT_ASSERT_OK(dt_module_destroy(lone));
@@ -551,7 +680,8 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_module_add_param(lone, "b", vb));
   DT_ASSERT_STATUS(dt_fully_shard(lone, mesh, &cfg), DT_ERR_UNSUPPORTED);
   DT_ASSERT_OK(dt_module_destroy(lone));
-  /* wrapping twice; a module with nothing left; sync on a module without groups */
+  /* wrapping twice; a module inside a group wrapped before it (top-down); sync on a module
+   * without groups */
   DT_ASSERT_OK(dt_fully_shard(blk, mesh, &cfg));
   DT_ASSERT_TRUE(dt_fsdp_is_group(blk), "wrapped block is a group");
   DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_USAGE);
@@ -562,7 +692,16 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_module_find(root, "layers.0", &inner));
   dt_module_t attn;
   DT_ASSERT_OK(dt_module_child(inner, 1, &attn));
-  DT_ASSERT_STATUS(dt_fully_shard(attn, mesh, &cfg), DT_ERR_INVALID_USAGE); /* nothing left */
+  DT_ASSERT_STATUS(dt_fully_shard(attn, mesh, &cfg), DT_ERR_INVALID_USAGE); /* top-down */
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "an unnamed module in 'layers.0' is inside module "
+                        "'layers.0', which was wrapped (FSDP) before it") != NULL &&
+                 strstr(dt_last_error(), "wrap bottom-up") != NULL, "message: %s",
+                 dt_last_error());
+  DT_ASSERT_OK(dt_module_find(root, "layers.1", &inner));
+  DT_ASSERT_OK(dt_module_child(inner, 1, &attn));
+  DT_ASSERT_OK(dt_fully_shard(attn, mesh, &cfg)); /* bottom-up below an unwrapped block: fine */
+  DT_ASSERT_OK(dt_fsdp_group_info(attn, &li));
+  DT_ASSERT_EQ(li.n_params, 4); /* wq wk wv wo */
   DT_ASSERT_OK(dt_fully_shard(root, mesh, &cfg));
   DT_ASSERT_STATUS(dt_fully_shard(root, mesh, &cfg), DT_ERR_INVALID_USAGE);
   DT_ASSERT_STATUS(dt_fsdp_set_prefetch(emb, 1, 1), DT_ERR_INVALID_ARG);
@@ -610,11 +749,13 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_world_size(&g_world));
   DT_ASSERT_OK(dt_world_rank(&g_rank));
   DT_ASSERT_OK(dt_corpus_markov(61, 1, 1 << 14, 3, &g_corpus));
+  test_config_for();
   test_bad_input();
   test_traffic();
   test_memory();
   test_replaced_values();
   test_prefetch();
+  test_bf16_loss();
   test_parity();
   DT_ASSERT_OK(dt_corpus_destroy(g_corpus));
   DT_ASSERT_OK(dt_finalize());

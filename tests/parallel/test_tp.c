@@ -82,8 +82,7 @@ static void setup(const run_t* r, setup_t* s) {
     DT_ASSERT_OK(dt_parallelize_module(s->root, s->mesh, 0, n, plan));
   }
   if (r->dp > 1) {
-    dt_fsdp_config_t fc = dt_fsdp_config_default(1);
-    fc.shard_dim = 1;
+    dt_fsdp_config_t fc = dt_fsdp_config_for(1, -1);
     for (int l = 0; l < r->layers; l++) {
       char path[32];
       dt_module_t blk;
@@ -123,7 +122,7 @@ static float fwd_bwd(setup_t* s, int step, int read_loss) {
     dt_placement_t rep[2] = {dt_replicate(), dt_replicate()};
     dt_tensor_t lr;
     DT_ASSERT_OK(dt_tensor_redistribute(dt_var_value(loss), rep, &lr));
-    DT_ASSERT_OK(dt_tensor_full(lr, &lv, sizeof lv));
+    DT_ASSERT_OK(dt_tensor_gather_full(lr, &lv, sizeof lv));
     dt_tensor_destroy(lr);
   }
   DT_ASSERT_OK(dt_tape_backward(s->tape, loss));
@@ -411,8 +410,8 @@ static void mlp_step(dt_module_t mlp, dt_mesh_t mesh, const float* xs, int64_t B
   DT_ASSERT_OK(dt_counters_get(NULL, &c[1]));
   c[0] = fwd;
   size_t nb = sizeof(float) * (size_t)(B * S * D);
-  DT_ASSERT_OK(dt_tensor_full(dt_var_value(out), y, nb));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(x), gx, nb));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(out), y, nb));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(x), gx, nb));
   DT_ASSERT_OK(dt_tape_destroy(tape));
   DT_ASSERT_OK(dt_var_destroy(x));
 }
@@ -488,19 +487,19 @@ static void ce_step(dt_mesh_t mesh, const float* logits, const int64_t* tg, int6
   const int64_t r[1] = {red};
   DT_ASSERT_OK(dt_ag_op(tape, "cross_entropy", 2, in, 1, r, 0, NULL, 1, &out));
   if (red == DT_LOSS_NONE) {
-    DT_ASSERT_OK(dt_tensor_full(dt_var_value(out), loss, sizeof(float) * (size_t)N));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(out), loss, sizeof(float) * (size_t)N));
     dt_var_t ow[2] = {out, wv};
     const int64_t all[1] = {0};
     DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, ow, 0, NULL, 0, NULL, 1, &up));
     DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &up, 1, all, 0, NULL, 1, &total));
   } else {
-    DT_ASSERT_OK(dt_tensor_full(dt_var_value(out), loss, sizeof(float)));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(out), loss, sizeof(float)));
     const double f[1] = {2.5};
     DT_ASSERT_OK(dt_ag_op(tape, "mul_scalar", 1, &out, 0, NULL, 1, f, 1, &total));
   }
   DT_ASSERT_OK(dt_tape_backward(tape, total));
   DT_ASSERT_OK(dt_counters_get(NULL, c));
-  DT_ASSERT_OK(dt_tensor_full(dt_var_grad(x), grad, sizeof(float) * (size_t)(N * V)));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(x), grad, sizeof(float) * (size_t)(N * V)));
   DT_ASSERT_OK(dt_tape_destroy(tape));
   DT_ASSERT_OK(dt_var_destroy(x));
   DT_ASSERT_OK(dt_var_destroy(tv));
@@ -644,8 +643,7 @@ static void test_bad_input(void) {
     dt_tp_plan_entry_t wq[1] = {{"layers.*.wq", dt_tp_colwise()}};
     DT_ASSERT_OK(dt_parallelize_module(root, m2, 1, 1, wq));
     DT_ASSERT_OK(dt_module_find(root, "layers.0", &blk));
-    fc = dt_fsdp_config_default(1);
-    fc.shard_dim = 0;
+    fc = dt_fsdp_config_for(0, -1);
     DT_ASSERT_STATUS(dt_fully_shard(blk, m2, &fc), DT_ERR_INVALID_ARG);
     DT_ASSERT_TRUE(strstr(dt_last_error(), "(tp, dp)") != NULL, "%s", dt_last_error());
     DT_ASSERT_OK(dt_llama_destroy(model));

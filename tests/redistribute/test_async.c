@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_mesh_destroy(m2));
   float got[N0 * N1];
   DT_ASSERT_OK(dt_work_wait(w));
-  DT_ASSERT_OK(dt_tensor_full(ar, got, sizeof got));
+  DT_ASSERT_OK(dt_tensor_gather_full(ar, got, sizeof got));
   DT_ASSERT_TRUE(memcmp(got, g_ref, sizeof got) == 0, "result after the mesh was destroyed");
   dt_tensor_t b = NULL, br;
   dt_work_t w2;

@@ -125,7 +125,7 @@ static long long run_mesh(dt_mesh_t mesh, int m, dt_dtype_t dt, int shape_stride
         DT_ASSERT_OK(dt_tensor_placements(r, chk));
         for (int i = 0; i < m; i++) DT_ASSERT_TRUE(dt_placement_equal(chk[i], dst[i]), "placement");
         memset(got, 0x5a, (size_t)n * item);
-        DT_ASSERT_OK(dt_tensor_full(r, got, (size_t)n * item));
+        DT_ASSERT_OK(dt_tensor_gather_full(r, got, (size_t)n * item));
         if (memcmp(got, ref, (size_t)n * item) != 0) {
           char ps[64], pd[64], pl[256];
           dt_placements_format(src, m, ",", ps, sizeof ps);

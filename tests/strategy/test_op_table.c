@@ -262,12 +262,94 @@ static void test_host_ops(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* The schema is the one source of defaults: dt__op_iarg / dt__op_farg give a given argument, else
+ * its default, else DT_OP_IARG_NONE / NaN. Ops whose rules or kernels read one shared schema
+ * (sdpa and sdpa_grad, a norm and its gradient, the four reductions) have identical ones. */
+static void test_schema_defaults(void** state) {
+  (void)state;
+  dt_op_call_t c;
+  memset(&c, 0, sizeof c);
+  assert_int_equal(dt__op_iarg(DT_OP_SUM, &c, 0), 0);                 /* keepdim=0 */
+  assert_int_equal(dt__op_iarg(DT_OP_SUM, &c, 1), DT_OP_IARG_NONE);   /* a list item */
+  assert_int_equal(dt__op_iarg(DT_OP_ROTARY, &c, 0), 1);              /* seq_dim=1 */
+  assert_int_equal(dt__op_iarg(DT_OP_ROTARY, &c, 1), 0);              /* inverse=0 */
+  assert_true(dt__op_farg(DT_OP_ROTARY, &c, 0) == 10000.0);
+  assert_int_equal(dt__op_iarg(DT_OP_GROUPED_MM, &c, 0), 1);          /* trans=1 */
+  assert_int_equal(dt__op_iarg(DT_OP_TOPK, &c, 2), 1);                /* largest=1 */
+  assert_int_equal(dt__op_iarg(DT_OP_TOPK, &c, 0), DT_OP_IARG_NONE);  /* k: required */
+  assert_int_equal(dt__op_iarg(DT_OP_SDPA, &c, 0), 0);
+  assert_int_equal(dt__op_iarg(DT_OP_SDPA, &c, 1), 0);
+  assert_true(isnan(dt__op_farg(DT_OP_SDPA, &c, 0)));                 /* scale: op-computed */
+  assert_int_equal(dt__op_iarg(DT_OP_SLICE, &c, 3), 1);               /* step=1 */
+  assert_int_equal(dt__op_iarg(DT_OP_FLATTEN, &c, 1), -1);            /* end_dim=-1 */
+  assert_int_equal(dt__op_iarg(DT_OP_MOE_ROUTE, &c, 1), 0);           /* capacity=0 */
+  assert_int_equal(dt__op_iarg(DT_OP_CROSS_ENTROPY, &c, 0), DT_LOSS_MEAN);
+  assert_int_equal(dt__op_iarg(DT_OP_ALL_TO_ALL_SINGLE, &c, 0), 0);
+  assert_true(dt__op_farg(DT_OP_RMS_NORM, &c, 0) == 1e-6);
+  assert_true(dt__op_farg(DT_OP_LAYER_NORM, &c, 0) == 1e-5);
+  assert_true(dt__op_farg(DT_OP_ADDMM, &c, 1) == 1.0);
+  c.n_iargs = 2;
+  c.iargs[0] = 3;
+  c.iargs[1] = 7;
+  assert_int_equal(dt__op_iarg(DT_OP_ROTARY, &c, 0), 3); /* given values win */
+  assert_int_equal(dt__op_iarg(DT_OP_SUM, &c, 1), 7);
+  const int64_t a1[1] = {2};
+  assert_int_equal(dt__op_iarg_n(DT_OP_CROSS_ENTROPY, 1, a1, 0), 2);
+  assert_int_equal(dt__op_iarg_n(DT_OP_CROSS_ENTROPY, 0, NULL, 0), DT_LOSS_MEAN);
+  const int same[][2] = {{DT_OP_SDPA, DT_OP_SDPA_GRAD},
+                         {DT_OP_RMS_NORM, DT_OP_RMS_NORM_GRAD},
+                         {DT_OP_LAYER_NORM, DT_OP_LAYER_NORM_GRAD},
+                         {DT_OP_SUM, DT_OP_MEAN},
+                         {DT_OP_SUM, DT_OP_AMAX},
+                         {DT_OP_SUM, DT_OP_AMIN}};
+  for (size_t k = 0; k < sizeof same / sizeof same[0]; k++)
+    assert_string_equal(dt__op_info(same[k][0])->args, dt__op_info(same[k][1])->args);
+  /* every default parses to what the schema text says (integers are whole numbers) */
+  for (int id = 0; id < DT_OP_COUNT; id++) {
+    const dt_op_arg_t* a;
+    int na;
+    assert_int_equal(dt__op_schema(id, &a, &na), DT_SUCCESS);
+    for (int k = 0; k < na; k++)
+      if (a[k].has_default && a[k].kind != DT_ARG_FLOAT) assert_true(a[k].def == floor(a[k].def));
+  }
+}
+
+/* Unknown names: a PyTorch name maps to this library's op, a typo gets the closest names, and
+ * the message starts with the public function called. */
+static void test_unknown_names(void** state) {
+  (void)state;
+  dt_op_desc_t d;
+  const char* cases[][2] = {{"matmul", "'mm'"},         {"sofmax", "'softmax'"},
+                            {"layer_nrom", "'layer_norm'"}, {"rmsnorm", "'rms_norm'"},
+                            {"concat", "'cat'"},        {"scaled_dot_product_attention", "'sdpa'"},
+                            {"Softmax", "'softmax'"},    {"rms", "'rms_norm'"}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    assert_int_equal(dt_op_describe(cases[k][0], &d), DT_ERR_UNSUPPORTED);
+    const char* e = dt_last_error();
+    if (strncmp(e, "dt_op_describe: unknown op '", 28) != 0 || strstr(e, cases[k][1]) == NULL ||
+        strstr(e, "dt__") != NULL)
+      fail_msg("%s: %s", cases[k][0], e);
+  }
+  /* nothing close: no suggestion, but where to look */
+  assert_int_equal(dt_op_describe("frobnicate", &d), DT_ERR_UNSUPPORTED);
+  assert_null(strstr(dt_last_error(), "did you mean"));
+  assert_non_null(strstr(dt_last_error(), "dtensor-explain ops"));
+  /* a very long name is cut, never overflows */
+  char longname[3000];
+  memset(longname, 'x', sizeof longname - 1);
+  longname[sizeof longname - 1] = '\0';
+  assert_int_equal(dt_op_describe(longname, &d), DT_ERR_UNSUPPORTED);
+  assert_true(strlen(dt_last_error()) < 1024);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_complete),
       cmocka_unit_test(test_args_parse),
       cmocka_unit_test(test_counts_checked),
       cmocka_unit_test(test_host_ops),
+      cmocka_unit_test(test_schema_defaults),
+      cmocka_unit_test(test_unknown_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -120,8 +120,13 @@ static void tensor_errors(dt_mesh_t mesh, int world, int rank) {
   float full[48] = {0};
   EXPECT(dt_tensor_distribute(mesh, DT_F32, 2, ts, s0, full, world + 3, &t), DT_ERR_INVALID_ARG,
          "not a member");
-  if (rank == 0) /* only the source rank can tell its buffer is missing */
+  /* collective: every rank calls it; only the source can tell its buffer is missing, and every
+   * rank returns the error */
+  if (rank == 0)
     EXPECT(dt_tensor_distribute(mesh, DT_F32, 2, ts, s0, NULL, 0, &t), DT_ERR_INVALID_ARG, "NULL");
+  else
+    DT_ASSERT_STATUS(dt_tensor_distribute(mesh, DT_F32, 2, ts, s0, NULL, 0, &t),
+                     DT_ERR_INVALID_ARG);
   EXPECT(dt_tensor_from_full(mesh, DT_F32, 2, ts, s0, NULL, &t), DT_ERR_INVALID_ARG, "full");
   int64_t lshape[2] = {99, 6};
   EXPECT(dt_tensor_from_local(mesh, DT_F32, 2, ts, s0, full, lshape, &t), DT_ERR_INVALID_ARG,
@@ -156,8 +161,8 @@ static void tensor_errors(dt_mesh_t mesh, int world, int rank) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh2));
   EXPECT(dt_tensor_redistribute_into(a, a), DT_ERR_INVALID_ARG, "storage");
   float small[10];
-  EXPECT(dt_tensor_full(a, small, sizeof small), DT_ERR_INVALID_ARG, "needs 192");
-  EXPECT(dt_tensor_full(a, NULL, 192), DT_ERR_INVALID_ARG, "out");
+  EXPECT(dt_tensor_gather_full(a, small, sizeof small), DT_ERR_INVALID_ARG, "needs 192");
+  EXPECT(dt_tensor_gather_full(a, NULL, 192), DT_ERR_INVALID_ARG, "out");
   EXPECT(dt_tensor_gather_full(a, small, sizeof small), DT_ERR_INVALID_ARG, "needs 192");
   EXPECT(dt_tensor_gather_full(NULL, small, sizeof small), DT_ERR_INVALID_ARG, "tensor");
   static char zeros[4096];
@@ -168,10 +173,10 @@ static void tensor_errors(dt_mesh_t mesh, int world, int rank) {
   /* nothing above corrupted anything: a real redistribute still works */
   DT_ASSERT_OK(dt_tensor_redistribute(a, r, &out));
   float got[48];
-  DT_ASSERT_OK(dt_tensor_full(out, got, sizeof got));
+  DT_ASSERT_OK(dt_tensor_gather_full(out, got, sizeof got));
   for (int i = 0; i < 48; i++) DT_ASSERT_TRUE(got[i] == (float)i, "data after errors");
   DT_ASSERT_OK(dt_tensor_redistribute(b, r, &c));
-  DT_ASSERT_OK(dt_tensor_full(c, got, sizeof got));
+  DT_ASSERT_OK(dt_tensor_gather_full(c, got, sizeof got));
   for (int i = 0; i < 48; i++) DT_ASSERT_TRUE(got[i] == (float)i, "partial data after errors");
   DT_ASSERT_OK(dt_tensor_destroy(out));
   DT_ASSERT_OK(dt_tensor_destroy(c));

@@ -84,7 +84,7 @@ static dt_plan_t garbage_plan(void) { return (dt_plan_t)(void*)g_zero_blob; }
 /* full tensor of t as floats; checks it equals want[0..n) exactly */
 static void expect_full_f32(dt_tensor_t t, const float* want, int64_t n, int line) {
   float* got = malloc(sizeof(float) * (size_t)(n + 1));
-  DT_ASSERT_OK(dt_tensor_full(t, got, sizeof(float) * (size_t)n));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, got, sizeof(float) * (size_t)n));
   for (int64_t i = 0; i < n; i++)
     if (got[i] != want[i]) {
       fprintf(stderr, "[rank %d] line %d: full[%lld] = %g, expected %g\n", g_rank, line,
@@ -594,7 +594,7 @@ static void test_tensor_accessors(dt_mesh_t m1) {
     EXPECT(dt_tensor_to_local(bad, &data, shp), DT_ERR_INVALID_ARG, "tensor");
     DT_ASSERT_TRUE(data == NULL, "data not cleared");
     float out[4];
-    EXPECT(dt_tensor_full(bad, out, sizeof out), DT_ERR_INVALID_ARG, "tensor");
+    EXPECT(dt_tensor_gather_full(bad, out, sizeof out), DT_ERR_INVALID_ARG, "tensor");
     dt_placement_t r[1] = {dt_replicate()};
     dt_tensor_t o = BAD_PTR;
     EXPECT(dt_tensor_redistribute(bad, r, &o), DT_ERR_INVALID_ARG, "tensor");
@@ -623,10 +623,10 @@ static void test_tensor_accessors(dt_mesh_t m1) {
   /* full: NULL out and too-small buffers (same on every rank), buffer untouched */
   float full[15], sentinel = -1234.5f;
   for (int i = 0; i < 15; i++) full[i] = sentinel;
-  EXPECT(dt_tensor_full(t, NULL, sizeof full), DT_ERR_INVALID_ARG, "out|NULL");
-  EXPECT(dt_tensor_full(t, full, sizeof full - 1), DT_ERR_INVALID_ARG, "bytes|small");
-  EXPECT(dt_tensor_full(t, full, 0), DT_ERR_INVALID_ARG, "bytes|small");
-  EXPECT(dt_tensor_full(t, full, sizeof(float)), DT_ERR_INVALID_ARG, "bytes|small");
+  EXPECT(dt_tensor_gather_full(t, NULL, sizeof full), DT_ERR_INVALID_ARG, "out|NULL");
+  EXPECT(dt_tensor_gather_full(t, full, sizeof full - 1), DT_ERR_INVALID_ARG, "bytes|small");
+  EXPECT(dt_tensor_gather_full(t, full, 0), DT_ERR_INVALID_ARG, "bytes|small");
+  EXPECT(dt_tensor_gather_full(t, full, sizeof(float)), DT_ERR_INVALID_ARG, "bytes|small");
   for (int i = 0; i < 15; i++) DT_ASSERT_TRUE(full[i] == sentinel, "full[%d] written", i);
   /* exactly the right size works */
   float want[15];
@@ -1018,7 +1018,7 @@ static void test_state_intact(dt_mesh_t m1, dt_mesh_t m2) {
   for (int i = 0; i < 35; i++) iw[i] = i * 7 - 11;
   DT_ASSERT_OK(dt_tensor_from_full(m2, DT_I32, 2, shape, c2, iw, &t));
   DT_ASSERT_OK(dt_tensor_redistribute(t, b2, &o2));
-  DT_ASSERT_OK(dt_tensor_full(o2, ig, sizeof ig));
+  DT_ASSERT_OK(dt_tensor_gather_full(o2, ig, sizeof ig));
   for (int i = 0; i < 35; i++) DT_ASSERT_EQ(ig[i], iw[i]);
   DT_ASSERT_OK(dt_tensor_destroy(t));
   DT_ASSERT_OK(dt_tensor_destroy(o));

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   dt_tensor_t t;
   DT_ASSERT_OK(dt_tensor_distribute(m, DT_F32, 2, shape, pls[0], rank == 0 ? full : NULL, 0, &t));
   float* back = malloc(sizeof(float) * (size_t)n);
-  DT_ASSERT_OK(dt_tensor_full(t, back, sizeof(float) * (size_t)n));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, back, sizeof(float) * (size_t)n));
   for (int64_t i = 0; i < n; i++) DT_ASSERT_TRUE(back[i] == full[i], "element %lld", (long long)i);
   DT_ASSERT_OK(dt_tensor_destroy(t));
 

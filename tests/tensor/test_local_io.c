@@ -121,7 +121,7 @@ static void test_copy_fill(dt_mesh_t mesh, dt_mesh_t cpu_mesh) {
   const int64_t z = 0;
   DT_ASSERT_OK(dt_tensor_copy_local(h, b, 1, &z, &z, &nb));
   float got[24];
-  DT_ASSERT_OK(dt_tensor_full(h, got, sizeof got));
+  DT_ASSERT_OK(dt_tensor_gather_full(h, got, sizeof got));
   for (int i = 0; i < 24; i++) {
     float want = 7.0f;
     if (i < 5) want = (float)(30 + i);
@@ -134,7 +134,7 @@ static void test_copy_fill(dt_mesh_t mesh, dt_mesh_t cpu_mesh) {
   DT_ASSERT_OK(dt_tensor_fill_local(h, 1, &z, &nb, 3.0));
   const int64_t back = 2;
   DT_ASSERT_OK(dt_tensor_copy_local(b, h, 1, &back, &z, &back));
-  DT_ASSERT_OK(dt_tensor_full(b, got, sizeof got));
+  DT_ASSERT_OK(dt_tensor_gather_full(b, got, sizeof got));
   DT_ASSERT_TRUE(got[1] == 31.0f && got[2] == 3.0f && got[3] == 3.0f && got[4] == 34.0f,
                  "after the copy back: %g %g %g %g", got[1], got[2], got[3], got[4]);
   /* bad: dtype mismatch, a range past either end, n < 0 */
@@ -149,7 +149,7 @@ static void test_copy_fill(dt_mesh_t mesh, dt_mesh_t cpu_mesh) {
   DT_ASSERT_STATUS(dt_tensor_copy_local(b, a, 1, NULL, &z, &three), DT_ERR_INVALID_ARG);
   /* nothing changed by the refused calls */
   float again[24];
-  DT_ASSERT_OK(dt_tensor_full(b, again, sizeof again));
+  DT_ASSERT_OK(dt_tensor_gather_full(b, again, sizeof again));
   DT_ASSERT_TRUE(memcmp(got, again, sizeof got) == 0, "a refused call changed b");
   DT_ASSERT_OK(dt_tensor_destroy(a));
   DT_ASSERT_OK(dt_tensor_destroy(b));

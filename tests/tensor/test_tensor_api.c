@@ -88,7 +88,7 @@ static void test_distribute(dt_mesh_t mesh, int m) {
                                           g_rank == src ? full : NULL, src, &t));
         check_local(t, mesh, full, 2, shapes[s]);
         memset(back, 0, sizeof(float) * (size_t)(n + 1));
-        DT_ASSERT_OK(dt_tensor_full(t, back, sizeof(float) * (size_t)n));
+        DT_ASSERT_OK(dt_tensor_gather_full(t, back, sizeof(float) * (size_t)n));
         DT_ASSERT_TRUE(memcmp(back, full, sizeof(float) * (size_t)n) == 0, "full after distribute");
         DT_ASSERT_OK(dt_tensor_destroy(t));
       }
@@ -104,7 +104,7 @@ static void test_distribute(dt_mesh_t mesh, int m) {
       void* ldata;
       DT_ASSERT_OK(dt_tensor_to_local(l, &ldata, NULL));
       DT_ASSERT_TRUE(ldata == data, "from_local must borrow, not copy");
-      DT_ASSERT_OK(dt_tensor_full(l, back, sizeof(float) * (size_t)n));
+      DT_ASSERT_OK(dt_tensor_gather_full(l, back, sizeof(float) * (size_t)n));
       DT_ASSERT_TRUE(memcmp(back, full, sizeof(float) * (size_t)n) == 0, "full after from_local");
       DT_ASSERT_OK(dt_tensor_destroy(l));
       DT_ASSERT_OK(dt_tensor_destroy(f));
@@ -157,25 +157,25 @@ static void test_factories(dt_mesh_t mesh1, dt_mesh_t mesh2) {
   for (int k = 0; k < 4; k++) {
     dt_tensor_t t;
     DT_ASSERT_OK(dt_tensor_arange(mesh1, DT_F32, 2, shape, p1[k], 3.0, 2.0, &t));
-    DT_ASSERT_OK(dt_tensor_full(t, a, sizeof a));
+    DT_ASSERT_OK(dt_tensor_gather_full(t, a, sizeof a));
     for (int64_t i = 0; i < n; i++) DT_ASSERT_TRUE(a[i] == 3.0f + 2.0f * i, "arange %lld", (long long)i);
     DT_ASSERT_OK(dt_tensor_destroy(t));
     DT_ASSERT_OK(dt_tensor_ones(mesh1, DT_F32, 2, shape, p1[k], &t));
-    DT_ASSERT_OK(dt_tensor_full(t, a, sizeof a));
+    DT_ASSERT_OK(dt_tensor_gather_full(t, a, sizeof a));
     for (int64_t i = 0; i < n; i++) DT_ASSERT_TRUE(a[i] == 1.0f, "ones");
     DT_ASSERT_OK(dt_tensor_destroy(t));
     DT_ASSERT_OK(dt_tensor_full_value(mesh1, DT_F32, 2, shape, p1[k], -2.5, &t));
-    DT_ASSERT_OK(dt_tensor_full(t, a, sizeof a));
+    DT_ASSERT_OK(dt_tensor_gather_full(t, a, sizeof a));
     for (int64_t i = 0; i < n; i++) DT_ASSERT_TRUE(a[i] == -2.5f, "full_value");
     DT_ASSERT_OK(dt_tensor_destroy(t));
     DT_ASSERT_OK(dt_tensor_zeros(mesh1, DT_F32, 2, shape, p1[k], &t));
-    DT_ASSERT_OK(dt_tensor_full(t, a, sizeof a));
+    DT_ASSERT_OK(dt_tensor_gather_full(t, a, sizeof a));
     for (int64_t i = 0; i < n; i++) DT_ASSERT_TRUE(a[i] == 0.0f, "zeros");
     DT_ASSERT_OK(dt_tensor_destroy(t));
     /* integer arange with Partial(sum): exact */
     int32_t ia[63];
     DT_ASSERT_OK(dt_tensor_arange(mesh1, DT_I32, 2, shape, p1[k], -5.0, 1.0, &t));
-    DT_ASSERT_OK(dt_tensor_full(t, ia, sizeof ia));
+    DT_ASSERT_OK(dt_tensor_gather_full(t, ia, sizeof ia));
     for (int64_t i = 0; i < n; i++) DT_ASSERT_EQ(ia[i], -5 + i);
     DT_ASSERT_OK(dt_tensor_destroy(t));
   }
@@ -186,7 +186,7 @@ static void test_factories(dt_mesh_t mesh1, dt_mesh_t mesh2) {
     for (int k = 0; k < 3; k++) {
       if (which == 0) DT_ASSERT_OK(dt_tensor_rand(mesh1, DT_F32, 2, shape, p1[k], 42, &t));
       else DT_ASSERT_OK(dt_tensor_randn(mesh1, DT_F32, 2, shape, p1[k], 42, &t));
-      DT_ASSERT_OK(dt_tensor_full(t, k == 0 ? first : a, sizeof a));
+      DT_ASSERT_OK(dt_tensor_gather_full(t, k == 0 ? first : a, sizeof a));
       DT_ASSERT_OK(dt_tensor_destroy(t));
       if (k > 0) DT_ASSERT_TRUE(memcmp(first, a, sizeof a) == 0, "rand differs by placement");
     }
@@ -194,13 +194,13 @@ static void test_factories(dt_mesh_t mesh1, dt_mesh_t mesh2) {
       dt_placement_t p2[2] = {dt_shard(1), dt_shard(0)};
       if (which == 0) DT_ASSERT_OK(dt_tensor_rand(mesh2, DT_F32, 2, shape, p2, 42, &t));
       else DT_ASSERT_OK(dt_tensor_randn(mesh2, DT_F32, 2, shape, p2, 42, &t));
-      DT_ASSERT_OK(dt_tensor_full(t, a, sizeof a));
+      DT_ASSERT_OK(dt_tensor_gather_full(t, a, sizeof a));
       DT_ASSERT_OK(dt_tensor_destroy(t));
       DT_ASSERT_TRUE(memcmp(first, a, sizeof a) == 0, "rand differs by mesh");
     }
     if (which == 0) DT_ASSERT_OK(dt_tensor_rand(mesh1, DT_F32, 2, shape, p1[0], 43, &t));
     else DT_ASSERT_OK(dt_tensor_randn(mesh1, DT_F32, 2, shape, p1[0], 43, &t));
-    DT_ASSERT_OK(dt_tensor_full(t, b, sizeof b));
+    DT_ASSERT_OK(dt_tensor_gather_full(t, b, sizeof b));
     DT_ASSERT_OK(dt_tensor_destroy(t));
     DT_ASSERT_TRUE(memcmp(first, b, sizeof b) != 0, "different seeds must differ");
     if (which == 0)
@@ -212,7 +212,7 @@ static void test_factories(dt_mesh_t mesh1, dt_mesh_t mesh2) {
   dt_tensor_t t;
   DT_ASSERT_OK(dt_tensor_randn(mesh1, DT_F32, 1, big, s0, 7, &t));
   float* z = malloc(sizeof(float) * 10000);
-  DT_ASSERT_OK(dt_tensor_full(t, z, sizeof(float) * 10000));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, z, sizeof(float) * 10000));
   double mean = 0, var = 0;
   for (int i = 0; i < 10000; i++) mean += z[i];
   mean /= 10000;
@@ -259,8 +259,15 @@ static void test_mesh_features(void) {
   DT_ASSERT_OK(dt_tensor_arange(sub, DT_F32, 1, ts, s0, 100.0 * c[0], 1.0, &x));
   DT_ASSERT_OK(dt_tensor_redistribute(x, r, &y));
   float got[10];
-  DT_ASSERT_OK(dt_tensor_full(y, got, sizeof got));
+  DT_ASSERT_OK(dt_tensor_gather_full(y, got, sizeof got));
   for (int i = 0; i < 10; i++) DT_ASSERT_TRUE(got[i] == 100.0f * c[0] + i, "sub-mesh data");
+  /* the deprecated older name still gathers the same values */
+  float old[10] = {0};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  DT_ASSERT_OK(dt_tensor_full(y, old, sizeof old));
+#pragma GCC diagnostic pop
+  for (int i = 0; i < 10; i++) DT_ASSERT_TRUE(old[i] == got[i], "dt_tensor_full [%d]", i);
   DT_ASSERT_OK(dt_tensor_destroy(x));
   DT_ASSERT_OK(dt_tensor_destroy(y));
   DT_ASSERT_OK(dt_mesh_destroy(sub));
@@ -304,7 +311,7 @@ static void test_mesh_features(void) {
   DT_ASSERT_EQ(cnt.calls[DT_COLL_ALL_GATHER], ag);
   DT_ASSERT_EQ(cnt.flat_calls[DT_COLL_ALL_GATHER], merged);
   float g2[36];
-  DT_ASSERT_OK(dt_tensor_full(y, g2, sizeof g2));
+  DT_ASSERT_OK(dt_tensor_gather_full(y, g2, sizeof g2));
   for (int i = 0; i < 36; i++) DT_ASSERT_TRUE(g2[i] == (float)i, "merged all-gather data");
   /* visualize: one line per rank with its ranges */
   FILE* f = tmpfile();
@@ -330,7 +337,7 @@ static void test_mesh_features(void) {
   /* the mesh may be destroyed before its tensors: they keep it alive */
   DT_ASSERT_OK(dt_mesh_destroy(flat));
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
-  DT_ASSERT_OK(dt_tensor_full(y, g2, sizeof g2));
+  DT_ASSERT_OK(dt_tensor_gather_full(y, g2, sizeof g2));
   DT_ASSERT_OK(dt_tensor_destroy(y));
 }
 
@@ -354,7 +361,7 @@ static void test_partial_world(void) {
   DT_ASSERT_OK(dt_tensor_redistribute(x, r, &y));
   if (member) {
     float got[7];
-    DT_ASSERT_OK(dt_tensor_full(y, got, sizeof got));
+    DT_ASSERT_OK(dt_tensor_gather_full(y, got, sizeof got));
     for (int i = 0; i < 7; i++) DT_ASSERT_TRUE(got[i] == (float)i, "partial-world data");
     int c;
     DT_ASSERT_OK(dt_mesh_local_rank(mesh, 0, &c));

@@ -199,7 +199,7 @@ static void check_full(dt_tensor_t t, const mdesc_t* md, int nd, const int64_t* 
   size_t bytes = (size_t)n * isz(dt);
   unsigned char* buf = malloc(bytes + 16);
   memset(buf, 0x5a, bytes + 16);
-  DT_ASSERT_OK(dt_tensor_full(t, buf, bytes));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, buf, bytes));
   g_checks++;
   if (md->member) {
     for (int64_t i = 0; i < n; i++) {
@@ -413,7 +413,7 @@ static void test_from_local(const mdesc_t* md) {
   DT_ASSERT_OK(dt_tensor_to_local(t, &data, NULL));
   if (len[0] > 0) DT_ASSERT_TRUE(((float*)data)[0] == buf[0], "change not visible via to_local");
   float* got = malloc(sizeof(float) * (size_t)n);
-  DT_ASSERT_OK(dt_tensor_full(t, got, sizeof(float) * (size_t)n));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, got, sizeof(float) * (size_t)n));
   for (int64_t i = 0; i < n; i++) {
     double want = ref_value(&ref, i);
     int64_t row = i / gshape[1], col = i % gshape[1];
@@ -523,7 +523,7 @@ static void test_factories(const mdesc_t* md) {
 
 static void* full_of(dt_tensor_t t, size_t bytes) {
   void* b = malloc(bytes ? bytes : 1);
-  DT_ASSERT_OK(dt_tensor_full(t, b, bytes));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, b, bytes));
   return b;
 }
 

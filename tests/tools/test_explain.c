@@ -465,6 +465,76 @@ static void test_composite(void** state) {
   free(out);
 }
 
+/* Only the required arguments: the others take the schema's defaults, as in the C API. The
+ * reductions without --arg reduce every dim (keepdim 0): a 0-d output, P(sum) (P(max) for amax)
+ * from a sharded input with nothing moved; sdpa, rotary, slice, flatten and grouped_mm run with
+ * their defaults. An unknown op name gets the closest names, without the C function's name. */
+static void test_required_args_only(void** state) {
+  (void)state;
+  const char* ops[4] = {"sum", "mean", "amax", "amin"};
+  const char* partial[4] = {"P(sum)", "P(sum)", "P(max)", "P(min)"};
+  for (int k = 0; k < 4; k++) {
+    char args[160];
+    snprintf(args, sizeof args, "op %s --mesh 2 --shape 4x6 --in S0 --json", ops[k]);
+    int status;
+    char* out = run(args, &status);
+    if (status != 0) fail_msg("%s without --arg failed: %s", ops[k], out);
+    cJSON* o = cJSON_Parse(out);
+    assert_non_null(o);
+    cJSON* outp = cJSON_GetObjectItem(o, "output");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(outp, "shape")), 0);
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(outp, "placements"), 0)->valuestring,
+                        partial[k]);
+    assert_true(cJSON_GetObjectItem(o, "cost_us")->valuedouble == 0.0);
+    cJSON_Delete(o);
+    free(out);
+  }
+  const char* more[] = {
+      "op sdpa --mesh 2 --shape 2x4x8x16 --shape 2x4x8x16 --shape 2x4x8x16 --in S1 --in S1 "
+      "--in S1",
+      "op rotary --mesh 2 --shape 2x8x4x16 --in S0",
+      "op slice --mesh 2 --shape 8x6 --in S0 --arg dim=1 --arg start=1 --arg end=5",
+      "op flatten --mesh 2 --shape 4x6x8 --in S0",
+      "op grouped_mm --mesh 2 --shape 8x4 --shape 2x6x4 --shape 2 --in S0 --in R --in R "
+      "--dtype f32 --dtype f32 --dtype i64",
+      "op topk --mesh 2 --shape 4x6 --in S0 --arg k=2 --arg dim=1",
+      "op cross_entropy --mesh 2 --shape 8x16 --shape 8 --in S1 --in R --dtype f32 --dtype i64",
+  };
+  for (size_t k = 0; k < sizeof more / sizeof more[0]; k++) {
+    int status;
+    char* out = run(more[k], &status);
+    if (status != 0) fail_msg("'%s' failed: %s", more[k], out);
+    free(out);
+  }
+  /* flatten's defaults (start_dim 0, end_dim -1) flatten every dim */
+  int status;
+  char* out = run("op flatten --mesh 2 --shape 4x6x8 --in S0 --json", &status);
+  cJSON* o = cJSON_Parse(out);
+  assert_non_null(o);
+  cJSON* shp = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "output"), "shape");
+  assert_int_equal(cJSON_GetArraySize(shp), 1);
+  assert_int_equal(cJSON_GetArrayItem(shp, 0)->valueint, 192);
+  cJSON_Delete(o);
+  free(out);
+  /* unknown names: the PyTorch name maps, a typo gets the closest name; no C function named */
+  out = run("op matmul --mesh 2 --shape 4x6 --in S0 --json", &status);
+  assert_int_not_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_non_null(o);
+  const char* e = cJSON_GetObjectItem(o, "error")->valuestring;
+  if (strstr(e, "'mm'") == NULL || strstr(e, "dt_") != NULL) fail_msg("matmul: %s", e);
+  cJSON_Delete(o);
+  free(out);
+  out = run("ops sofmax --json", &status);
+  assert_int_not_equal(status, 0);
+  o = cJSON_Parse(out);
+  assert_non_null(o);
+  e = cJSON_GetObjectItem(o, "error")->valuestring;
+  if (strstr(e, "'softmax'") == NULL || strstr(e, "dt_") != NULL) fail_msg("sofmax: %s", e);
+  cJSON_Delete(o);
+  free(out);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_explain PATH_TO_DTENSOR_EXPLAIN\n");
@@ -476,6 +546,6 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_errors), cmocka_unit_test(test_text_output),
       cmocka_unit_test(test_op_json), cmocka_unit_test(test_op_shape_and_multi_output),
       cmocka_unit_test(test_named_args_and_listing), cmocka_unit_test(test_in_place),
-      cmocka_unit_test(test_composite)};
+      cmocka_unit_test(test_composite), cmocka_unit_test(test_required_args_only)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

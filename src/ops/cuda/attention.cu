@@ -81,7 +81,7 @@ static dt_attn_strides dt_attn_strides_of(int layout, int64_t heads, int64_t seq
 /* Parses the call (as the host kernels do) and fills the geometry; q, k, v are inputs 0-2. */
 static void dt_attn_geom_init(const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_attn_geom* g) {
-  const int layout = call->n_iargs > 1 ? (int)call->iargs[1] : 0;
+  const int layout = (int)dt__op_iarg(DT_OP_SDPA, call, 1); /* sdpa_grad shares the schema */
   const int hd = layout ? 2 : 1, sd = layout ? 1 : 2;
   const dt_local_tensor_t *q = &in[0], *k = &in[1], *v = &in[2];
   memset(g, 0, sizeof *g);
@@ -98,8 +98,9 @@ static void dt_attn_geom_init(const dt_op_call_t* call, const dt_local_tensor_t*
   g->v = dt_attn_strides_of(layout, g->G, g->T, g->E);
   g->o = dt_attn_strides_of(layout, g->H, g->S, g->E);
   g->q0 = q->offset[sd];
-  g->causal = call->n_iargs ? (int)call->iargs[0] : 0;
-  const double scale = call->n_fargs ? call->fargs[0] : 1.0 / sqrt((double)g->D);
+  g->causal = (int)dt__op_iarg(DT_OP_SDPA, call, 0);
+  double scale = dt__op_farg(DT_OP_SDPA, call, 0); /* NaN: the op's default 1/sqrt(D) */
+  if (scale != scale) scale = 1.0 / sqrt((double)g->D);
   g->scale = g->D > 0 ? (float)scale : 0.0f;
 }
 

@@ -155,8 +155,8 @@ DT_CU_KERNEL(dt_cu_bmm) {
 DT_CU_KERNEL(dt_cu_addmm) {
   dt_dtype_t dt;
   DT_CHECK(dt_mm_dtype(call, in, 3, out, &dt));
-  const double beta = call->n_fargs > 0 ? call->fargs[0] : 1.0;
-  const double alpha = call->n_fargs > 1 ? call->fargs[1] : 1.0;
+  const double beta = dt__op_farg(DT_OP_ADDMM, call, 0);
+  const double alpha = dt__op_farg(DT_OP_ADDMM, call, 1);
   const int64_t M = in[1].shape[0], K = in[1].shape[1], N = in[2].shape[1];
   const int full = in[0].ndim == 2;
   if (!full && (float)beta == 1.0f)

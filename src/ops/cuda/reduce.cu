@@ -221,7 +221,7 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
   DT_CHECK(dt_cu_need_f32(call, in, 1));
   unsigned mask;
   int keep;
-  DT_CHECK(dt__reduce_dims(call, &mask, &keep));
+  DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   int64_t count = 1; /* global number of reduced elements (mean) */
   for (int d = 0; d < in->ndim; d++)
     if (mask & (1u << d)) count *= call->in[0].shape[d];
@@ -388,7 +388,7 @@ __global__ void dt_cu_norm_k(const T* x, const T* w, const T* b, T* y, int64_t r
 
 /* eps as the host kernels read it */
 static float dt_cu_norm_eps(const dt_op_call_t* call, int layer) {
-  return (float)(call->n_fargs ? call->fargs[0] : (layer ? 1e-5 : 1e-6));
+  return (float)dt__op_farg(layer ? DT_OP_LAYER_NORM : DT_OP_RMS_NORM, call, 0); /* = the grads' */
 }
 
 /* The checks of dt__norm_rules that the kernel relies on (the dtypes included: the kernel reads
@@ -585,8 +585,8 @@ __global__ void dt_cu_rotary_k(const T* x, T* y, const float* tab, int64_t pairs
 DT_CU_KERNEL(dt_cu_rotary) {
   const dt_local_tensor_t* x = &in[0];
   const int nd = x->ndim;
-  const int64_t sd =
-      call->n_iargs ? (call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]) : 1;
+  const int64_t seq_dim = dt__op_iarg(DT_OP_ROTARY, call, 0);
+  const int64_t sd = seq_dim < 0 ? seq_dim + nd : seq_dim;
   if (nd < 2 || sd < 0 || sd >= nd - 1 || x->shape[nd - 1] % 2 != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG,
                    "rotary: x (.., S, .., D) with an even D and iargs [seq_dim] (not the last)");
@@ -594,7 +594,7 @@ DT_CU_KERNEL(dt_cu_rotary) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: output dtype %s differs from the input's %s",
                    dt_dtype_name(out->dtype), dt_dtype_name(x->dtype));
   const double theta = dt__op_farg(DT_OP_ROTARY, call, 0);
-  const double dir = call->n_iargs > 1 && call->iargs[1] ? -1.0 : 1.0; /* inverse rotation */
+  const double dir = dt__op_iarg(DT_OP_ROTARY, call, 1) ? -1.0 : 1.0; /* inverse rotation */
   const int64_t D = x->shape[nd - 1], H2 = D / 2, L = x->shape[sd];
   const int64_t pairs = dt_cu_numel(x) / 2;
   int64_t inner = 1;

@@ -1,0 +1,385 @@
+/* test_op_defaults.c - every op runs with only its required arguments, and the result equals the
+ * run with every default written out (the schema is the one source of defaults: rules, kernels
+ * and backward rules read them through dt__op_iarg / dt__op_farg).
+ *
+ * For each op of the table (dt_op_count / dt_op_name_at, schema from dt_op_describe and
+ * dt_op_arg_describe) the table below gives small inputs and the required arguments. Run A passes
+ * only those (dt_op_args_parse fills nothing after the last given argument, so n_iargs / n_fargs
+ * stop there); run B passes them plus "NAME=DEFAULT" for every argument with a default. Both must
+ * succeed and agree bit for bit: outputs' dtype, shape, placements and local values, or for the
+ * in-place ops (adamw, scale_) the inputs they update. An op without a row here fails the test,
+ * so a new op gets one. Then the reductions without arguments are checked against the values
+ * they must have (every dim, keepdim 0: a 0-d result), and one backward rule (rotary's, which
+ * reads seq_dim) through autograd. Fails on a tree whose reductions need [keepdim]. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dt_test.h"
+#include "dtensor/autograd.h"
+
+enum { F_VAL = 0, F_POS, F_IDX, F_ONEHALF, F_CONST, F_ZERO };
+
+typedef struct {
+  dt_dtype_t dtype;
+  int ndim;
+  int64_t shape[4];
+  int fill;      /* F_*: values, positive values, indices in [0, arg), 0/1, the constant arg */
+  int64_t arg;   /* F_IDX: the bound; F_CONST: the value */
+  int world_dim; /* > 0: shape[0] is this many rows per rank (all_to_all_single) */
+} in_t;
+
+typedef struct {
+  const char* op;
+  int n_in;
+  in_t in[5];
+  const char* req[4]; /* the required arguments, "NAME=VALUE" */
+} spec_t;
+
+#define F32(...) {DT_F32, __VA_ARGS__}
+#define T2(a, b) 2, {a, b}
+#define T1(a) 1, {a}
+#define T3(a, b, c) 3, {a, b, c}
+#define T4(a, b, c, d) 4, {a, b, c, d}
+
+/* clang-format off */
+static const spec_t kSpecs[] = {
+  {"mm", 2, {{DT_F32, T2(4, 3), F_VAL, 0, 0}, {DT_F32, T2(3, 5), F_VAL, 0, 0}}, {NULL}},
+  {"bmm", 2, {{DT_F32, T3(2, 3, 4), F_VAL, 0, 0}, {DT_F32, T3(2, 4, 5), F_VAL, 0, 0}}, {NULL}},
+  {"mm_t", 2, {{DT_F32, T2(3, 4), F_VAL, 0, 0}, {DT_F32, T2(3, 5), F_VAL, 0, 0}}, {NULL}},
+  {"addmm", 3, {{DT_F32, T2(4, 5), F_VAL, 0, 0}, {DT_F32, T2(4, 3), F_VAL, 0, 0},
+                {DT_F32, T2(3, 5), F_VAL, 0, 0}}, {NULL}},
+  {"linear", 3, {{DT_F32, T2(4, 3), F_VAL, 0, 0}, {DT_F32, T2(5, 3), F_VAL, 0, 0},
+                 {DT_F32, T1(5), F_VAL, 0, 0}}, {NULL}},
+  {"linear_nobias", 2, {{DT_F32, T2(4, 3), F_VAL, 0, 0}, {DT_F32, T2(5, 3), F_VAL, 0, 0}}, {NULL}},
+  {"grouped_mm", 3, {{DT_F32, T2(6, 3), F_VAL, 0, 0}, {DT_F32, T3(2, 4, 3), F_VAL, 0, 0},
+                     {DT_I64, T1(2), F_CONST, 3, 0}}, {NULL}},
+  {"add", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"sub", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"mul", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"div", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"maximum", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"minimum", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"eq", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"ge", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"gt", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"neg", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"relu", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"exp", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"log", 1, {{DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"sqrt", 1, {{DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"rsqrt", 1, {{DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"gelu", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"silu", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"sigmoid", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"tanh", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"add_scalar", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"scalar=2"}},
+  {"mul_scalar", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"scalar=3"}},
+  {"pow", 1, {{DT_F32, T2(4, 6), F_POS, 0, 0}}, {"exponent=2"}},
+  {"where", 3, {{DT_I32, T2(4, 6), F_ONEHALF, 0, 0}, {DT_F32, T2(4, 6), F_VAL, 0, 0},
+                {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"masked_fill", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I32, T2(4, 6), F_ONEHALF, 0, 0}},
+   {"value=0.5"}},
+  {"cast", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dtype=bf16"}},
+  {"dropout", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"p=0.5", "seed=7"}},
+  {"sum", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"mean", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"amax", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"amin", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"softmax", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1"}},
+  {"log_softmax", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1"}},
+  {"rms_norm", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T1(6), F_POS, 0, 0}}, {NULL}},
+  {"layer_norm", 3, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T1(6), F_POS, 0, 0},
+                     {DT_F32, T1(6), F_VAL, 0, 0}}, {NULL}},
+  {"embedding", 2, {{DT_F32, T2(9, 4), F_VAL, 0, 0}, {DT_I64, T2(3, 5), F_IDX, 9, 0}}, {NULL}},
+  {"gather_dim", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T1(4), F_IDX, 6, 0}}, {NULL}},
+  {"sdpa", 3, {{DT_F32, T4(1, 2, 4, 3), F_VAL, 0, 0}, {DT_F32, T4(1, 2, 4, 3), F_POS, 0, 0},
+               {DT_F32, T4(1, 2, 4, 3), F_VAL, 0, 0}}, {NULL}},
+  {"rotary", 1, {{DT_F32, T4(1, 4, 2, 6), F_VAL, 0, 0}}, {NULL}},
+  {"view", 1, {{DT_F32, T2(1, 1), F_VAL, 0, 0}}, {NULL}},    /* no shape: 0-d */
+  {"reshape", 1, {{DT_F32, T2(1, 1), F_VAL, 0, 0}}, {NULL}}, /* no shape: 0-d */
+  {"flatten", 1, {{DT_F32, T3(2, 3, 4), F_VAL, 0, 0}}, {NULL}},
+  {"unflatten", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1", "sizes=2,3"}},
+  {"squeeze", 1, {{DT_F32, T3(4, 1, 6), F_VAL, 0, 0}}, {NULL}},
+  {"unsqueeze", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1"}},
+  {"permute", 1, {{DT_F32, 0, {0}, F_VAL, 0, 0}}, {NULL}}, /* no dims: a 0-d tensor */
+  {"transpose", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim0=0", "dim1=1"}},
+  {"t", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"slice", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1", "start=1", "end=5"}},
+  {"narrow", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1", "start=1", "length=3"}},
+  {"cat", 2, {{DT_F32, T2(2, 3), F_VAL, 0, 0}, {DT_F32, T2(2, 3), F_POS, 0, 0}}, {"dim=0"}},
+  {"topk", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"k=2", "dim=1"}},
+  {"gather", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T2(4, 3), F_IDX, 6, 0}}, {"dim=1"}},
+  {"scatter_add", 3, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T2(4, 3), F_IDX, 6, 0},
+                      {DT_F32, T2(4, 3), F_POS, 0, 0}}, {"dim=1"}},
+  {"moe_route", 1, {{DT_I64, T2(4, 2), F_IDX, 3, 0}}, {"experts=3"}},
+  {"index_add", 3, {{DT_F32, T2(5, 3), F_VAL, 0, 0}, {DT_I64, T1(4), F_IDX, 5, 0},
+                    {DT_F32, T2(4, 3), F_POS, 0, 0}}, {NULL}},
+  {"act_grad", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {"kind=1"}},
+  {"rms_norm_grad", 3, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0},
+                        {DT_F32, T1(6), F_POS, 0, 0}}, {NULL}},
+  {"layer_norm_grad", 3, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_VAL, 0, 0},
+                          {DT_F32, T1(6), F_POS, 0, 0}}, {NULL}},
+  {"embedding_grad", 2, {{DT_F32, T3(3, 5, 4), F_VAL, 0, 0}, {DT_I64, T2(3, 5), F_IDX, 9, 0}},
+   {"vocab=9"}},
+  {"sdpa_grad", 4, {{DT_F32, T4(1, 2, 4, 3), F_VAL, 0, 0}, {DT_F32, T4(1, 2, 4, 3), F_POS, 0, 0},
+                    {DT_F32, T4(1, 2, 4, 3), F_VAL, 0, 0}, {DT_F32, T4(1, 2, 4, 3), F_POS, 0, 0}},
+   {NULL}},
+  {"grouped_mm_wgrad", 3, {{DT_F32, T2(6, 3), F_VAL, 0, 0}, {DT_F32, T2(6, 4), F_POS, 0, 0},
+                           {DT_I64, T1(2), F_CONST, 3, 0}}, {NULL}},
+  {"adamw", 5, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0},
+                {DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0},
+                {DT_I64, 0, {0}, F_CONST, 3, 0}}, {"lr=0.01"}},
+  {"scale_", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"alpha=0.5"}},
+  {"sumsq", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"cross_entropy", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T1(4), F_IDX, 6, 0}}, {NULL}},
+  {"redistribute", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"placements=S0"}},
+  {"to_local", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"from_local", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T2(4, 6), F_POS, 0, 0}}, {NULL}},
+  {"all_to_all_single", 2, {{DT_F32, T2(2, 3), F_VAL, 0, 2}, {DT_I64, T1(1), F_CONST, 2, 1}},
+   {NULL}},
+};
+/* clang-format on */
+
+static int g_world;
+
+static const spec_t* find_spec(const char* op) {
+  for (size_t k = 0; k < sizeof kSpecs / sizeof kSpecs[0]; k++)
+    if (strcmp(kSpecs[k].op, op) == 0) return &kSpecs[k];
+  return NULL;
+}
+
+/* A replicated input with deterministic values (exact in f32 and bf16). */
+static dt_tensor_t make_input(dt_mesh_t mesh, const in_t* s, int t) {
+  int64_t shape[4];
+  memcpy(shape, s->shape, sizeof shape);
+  if (s->world_dim > 0) shape[0] = s->shape[0] * g_world; /* rows (or counts) per rank */
+  if (s->world_dim == 1) shape[0] = g_world;
+  int64_t n = 1;
+  for (int d = 0; d < s->ndim; d++) n *= shape[d];
+  float f[512];
+  int64_t iv[512];
+  int32_t i32[512];
+  DT_ASSERT_TRUE(n <= 512, "input too large");
+  for (int64_t i = 0; i < n; i++) {
+    int64_t v = 0;
+    switch (s->fill) {
+      case F_VAL: f[i] = (float)(((i * 7 + t * 3) % 11) - 5) / 4.0f; break;
+      case F_POS: f[i] = (float)((i * 5 + t) % 7 + 1) / 2.0f; break;
+      case F_IDX: v = (i * 5 + 2 + t) % s->arg; break;
+      case F_ONEHALF: v = (i * 3 + t) % 2; break;
+      case F_CONST: v = s->arg; f[i] = (float)s->arg; break;
+      default: f[i] = 0.0f; break;
+    }
+    iv[i] = v;
+    i32[i] = (int32_t)v;
+    if (s->fill != F_VAL && s->fill != F_POS && s->fill != F_CONST) f[i] = (float)v;
+  }
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) pl[i] = dt_replicate();
+  const void* data = s->dtype == DT_I64 ? (const void*)iv
+                     : s->dtype == DT_I32 ? (const void*)i32 : (const void*)f;
+  dt_tensor_t x;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, s->dtype, s->ndim, shape, pl, data, &x));
+  return x;
+}
+
+/* Builds the call's arguments: the required ones, plus every default written out when `all`. */
+static void build_args(const spec_t* sp, int all, int* ni, int64_t* iv, int* nf, double* fv) {
+  const char* as[16];
+  char defs[16][64];
+  int n = 0;
+  for (int k = 0; k < 4 && sp->req[k]; k++) as[n++] = sp->req[k];
+  if (all) {
+    dt_op_desc_t d;
+    DT_ASSERT_OK(dt_op_describe(sp->op, &d));
+    for (int k = 0; k < d.n_args; k++) {
+      dt_op_arg_desc_t a;
+      DT_ASSERT_OK(dt_op_arg_describe(sp->op, k, &a));
+      if (!a.has_default) continue;
+      snprintf(defs[k], sizeof defs[k], "%s=%.17g", a.name, a.default_value);
+      as[n++] = defs[k];
+    }
+  }
+  DT_ASSERT_OK(dt_op_args_parse(sp->op, n, as, ni, iv, nf, fv));
+}
+
+/* Byte-exact equality of two tensors: dtype, shape, placements and this rank's local values. */
+static void assert_same(const char* op, const char* what, dt_tensor_t a, dt_tensor_t b) {
+  dt_dtype_t da, db;
+  int na, nb;
+  int64_t sa[DT_MAX_DIMS], sb[DT_MAX_DIMS], la, lb;
+  DT_ASSERT_OK(dt_tensor_dtype(a, &da));
+  DT_ASSERT_OK(dt_tensor_dtype(b, &db));
+  DT_ASSERT_OK(dt_tensor_ndim(a, &na));
+  DT_ASSERT_OK(dt_tensor_ndim(b, &nb));
+  DT_ASSERT_TRUE(da == db && na == nb, "%s %s: dtype/ndim differ (%d/%d vs %d/%d)", op, what, da,
+                 na, db, nb);
+  DT_ASSERT_OK(dt_tensor_shape(a, sa));
+  DT_ASSERT_OK(dt_tensor_shape(b, sb));
+  DT_ASSERT_TRUE(memcmp(sa, sb, sizeof(int64_t) * (size_t)na) == 0, "%s %s: shapes differ", op,
+                 what);
+  dt_mesh_t m;
+  int mnd;
+  DT_ASSERT_OK(dt_tensor_mesh(a, &m));
+  DT_ASSERT_OK(dt_mesh_ndim(m, &mnd));
+  dt_placement_t pa[DT_MAX_MESH_DIMS], pb[DT_MAX_MESH_DIMS];
+  DT_ASSERT_OK(dt_tensor_placements(a, pa));
+  DT_ASSERT_OK(dt_tensor_placements(b, pb));
+  for (int i = 0; i < mnd; i++)
+    DT_ASSERT_TRUE(dt_placement_equal(pa[i], pb[i]), "%s %s: placements differ", op, what);
+  DT_ASSERT_OK(dt_tensor_local_numel(a, &la));
+  DT_ASSERT_OK(dt_tensor_local_numel(b, &lb));
+  DT_ASSERT_EQ(la, lb);
+  size_t nbytes = (size_t)(la > 0 ? la : 1) * 8;
+  unsigned char* ba = calloc(1, nbytes);
+  unsigned char* bb = calloc(1, nbytes);
+  if (la > 0) {
+    DT_ASSERT_OK(dt_tensor_read_local(a, 0, la, ba));
+    DT_ASSERT_OK(dt_tensor_read_local(b, 0, lb, bb));
+  }
+  DT_ASSERT_TRUE(memcmp(ba, bb, nbytes) == 0, "%s %s: values differ with the defaults written out",
+                 op, what);
+  free(ba);
+  free(bb);
+}
+
+/* One op: run A (required arguments only) and run B (every default written), compared. */
+static void check_op(dt_mesh_t mesh, const char* op) {
+  const spec_t* sp = find_spec(op);
+  DT_ASSERT_TRUE(sp != NULL, "op '%s' has no row in tests/ops/test_op_defaults.c: add one", op);
+  dt_op_desc_t d;
+  DT_ASSERT_OK(dt_op_describe(op, &d));
+  /* every argument without a default that is required appears in the row */
+  for (int k = 0; k < d.n_args; k++) {
+    dt_op_arg_desc_t a;
+    DT_ASSERT_OK(dt_op_arg_describe(op, k, &a));
+    if (!a.required) continue;
+    int found = 0;
+    size_t len = strlen(a.name);
+    for (int r = 0; r < 4 && sp->req[r]; r++)
+      found |= strncmp(sp->req[r], a.name, len) == 0 && sp->req[r][len] == '=';
+    DT_ASSERT_TRUE(found, "%s: the row lacks required argument '%s'", op, a.name);
+  }
+  dt_tensor_t res[2][DT_OP_MAX_INPUTS + DT_OP_MAX_OUTPUTS];
+  int nres = 0;
+  for (int run = 0; run < 2; run++) {
+    int ni, nf;
+    int64_t iv[DT_OP_MAX_IARGS];
+    double fv[DT_OP_MAX_FARGS];
+    build_args(sp, run, &ni, iv, &nf, fv);
+    dt_tensor_t in[DT_OP_MAX_INPUTS], outs[DT_OP_MAX_OUTPUTS] = {NULL};
+    for (int t = 0; t < sp->n_in; t++) in[t] = make_input(mesh, &sp->in[t], t);
+    dt_status_t st = dt_op_run_multi(op, sp->n_in, in, ni, iv, nf, fv, d.n_outputs, outs);
+    DT_ASSERT_TRUE(st == DT_SUCCESS, "%s with %s: %s: %s", op,
+                   run ? "every default written out" : "only its required arguments",
+                   dt_status_name(st), dt_last_error());
+    nres = 0;
+    for (int o = 0; o < d.n_outputs; o++) res[run][nres++] = outs[o];
+    for (int t = 0; t < sp->n_in; t++) {
+      if (d.in_place & (1u << t)) res[run][nres++] = in[t]; /* compared below */
+      else DT_ASSERT_OK(dt_tensor_destroy(in[t]));
+    }
+  }
+  for (int k = 0; k < nres; k++) {
+    char what[32];
+    snprintf(what, sizeof what, "result %d", k);
+    assert_same(op, what, res[0][k], res[1][k]);
+    DT_ASSERT_OK(dt_tensor_destroy(res[0][k]));
+    DT_ASSERT_OK(dt_tensor_destroy(res[1][k]));
+  }
+}
+
+/* The reductions without arguments: every dim, keepdim 0 (a 0-d tensor); keepdim alone keeps
+ * every dim as 1. */
+static void check_reductions(dt_mesh_t mesh) {
+  const in_t s = {DT_F32, T2(4, 6), F_VAL, 0, 0};
+  dt_tensor_t x = make_input(mesh, &s, 0);
+  double sum = 0, mx = -1e30, mn = 1e30;
+  for (int i = 0; i < 24; i++) {
+    double v = (double)(((i * 7) % 11) - 5) / 4.0;
+    sum += v;
+    mx = v > mx ? v : mx;
+    mn = v < mn ? v : mn;
+  }
+  const char* ops[4] = {"sum", "mean", "amax", "amin"};
+  const double want[4] = {sum, sum / 24.0, mx, mn};
+  for (int k = 0; k < 4; k++) {
+    dt_tensor_t r;
+    DT_ASSERT_OK(dt_op_run(ops[k], 1, &x, 0, NULL, 0, NULL, &r));
+    int nd;
+    float got;
+    DT_ASSERT_OK(dt_tensor_ndim(r, &nd));
+    DT_ASSERT_TRUE(nd == 0, "%s without arguments: %d dims, expected 0 (every dim, keepdim 0)",
+                   ops[k], nd);
+    DT_ASSERT_OK(dt_tensor_gather_full(r, &got, sizeof got));
+    DT_ASSERT_TRUE(fabs(got - want[k]) <= 1e-6 * (1 + fabs(want[k])), "%s: %g, expected %g",
+                   ops[k], got, want[k]);
+    DT_ASSERT_OK(dt_tensor_destroy(r));
+    const int64_t keep[1] = {1}; /* keepdim only: every dim kept as 1 */
+    DT_ASSERT_OK(dt_op_run(ops[k], 1, &x, 1, keep, 0, NULL, &r));
+    int64_t sh[2];
+    DT_ASSERT_OK(dt_tensor_ndim(r, &nd));
+    DT_ASSERT_OK(dt_tensor_shape(r, sh));
+    DT_ASSERT_TRUE(nd == 2 && sh[0] == 1 && sh[1] == 1, "%s keepdim=1: ndim %d", ops[k], nd);
+    DT_ASSERT_OK(dt_tensor_destroy(r));
+  }
+  /* and through autograd: the gradient of mean() (no arguments) is 1 / numel everywhere; then
+   * rotary (no arguments: seq_dim 1) backward is the inverse rotation, so x . grad = x . R^T 1 */
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t v, y;
+  DT_ASSERT_OK(dt_var_leaf(make_input(mesh, &s, 0), 1, &v));
+  DT_ASSERT_OK(dt_ag_op(tape, "mean", 1, &v, 0, NULL, 0, NULL, 1, &y));
+  DT_ASSERT_OK(dt_tape_backward(tape, y));
+  float gv[24];
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(v), gv, sizeof gv));
+  for (int i = 0; i < 24; i++) DT_ASSERT_TRUE(gv[i] == 1.0f / 24.0f, "mean grad %d: %g", i, gv[i]);
+  DT_ASSERT_OK(dt_tape_reset(tape));
+  DT_ASSERT_OK(dt_var_destroy(v));
+  /* rotary's backward reads seq_dim and inverse from the schema: with and without arguments the
+   * gradients agree */
+  const in_t rs = {DT_F32, T4(1, 4, 2, 6), F_VAL, 0, 0};
+  float gr[2][48];
+  for (int run = 0; run < 2; run++) {
+    const int64_t a[2] = {1, 0};
+    dt_var_t xr, yr, l;
+    DT_ASSERT_OK(dt_var_leaf(make_input(mesh, &rs, 0), 1, &xr));
+    DT_ASSERT_OK(dt_ag_op(tape, "rotary", 1, &xr, run ? 2 : 0, a, 0, NULL, 1, &yr));
+    DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &yr, 0, NULL, 0, NULL, 1, &l));
+    DT_ASSERT_OK(dt_tape_backward(tape, l));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(xr), gr[run], sizeof gr[run]));
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    DT_ASSERT_OK(dt_var_destroy(xr));
+  }
+  DT_ASSERT_TRUE(memcmp(gr[0], gr[1], sizeof gr[0]) == 0, "rotary grads differ with defaults");
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_tensor_destroy(x));
+}
+
+int main(int argc, char** argv) {
+  DT_ASSERT_OK(dt_init(&argc, &argv));
+  int rank;
+  DT_ASSERT_OK(dt_world_size(&g_world));
+  DT_ASSERT_OK(dt_world_rank(&rank));
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, &g_world, NULL, NULL, &mesh));
+  check_reductions(mesh);
+  int n;
+  DT_ASSERT_OK(dt_op_count(&n));
+  int checked = 0;
+  for (int i = 0; i < n; i++) {
+    const char* name;
+    dt_op_desc_t d;
+    DT_ASSERT_OK(dt_op_name_at(i, &name));
+    DT_ASSERT_OK(dt_op_describe(name, &d));
+    if (d.host) continue;
+    check_op(mesh, name);
+    checked++;
+  }
+  if (rank == 0) printf("test_op_defaults np=%d: %d ops run with only their required arguments\n",
+                        g_world, checked);
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+  DT_ASSERT_OK(dt_finalize());
+  return 0;
+}

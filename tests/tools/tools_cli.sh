@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# tools_cli.sh TRAIN EXPLAIN CALIBRATE COST_NOTICE MPIEXEC - the command-line tools:
+#   --help of train, dtensor-explain (and its subcommands) and dtensor-calibrate exits 0 without
+#   mpirun and lists the flags on stdout; a bad flag exits 2;
+#   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
+#   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
+#   nothing written, and written with --force;
+#   dt_init says on rank 0 (once) which cost model it loaded: $DTENSOR_COST_MODEL or the per-user
+#   default, and nothing under DTENSOR_QUIET=1 or DTENSOR_COST_MODEL=none.
+set -euo pipefail
+train=$1 explain=$2 calib=$3 notice=$4 mpiexec=$5
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "tools_cli: FAIL: $*" >&2; exit 1; }
+mpi() { "$mpiexec" --allow-run-as-root --oversubscribe "$@"; }
+# expect RC CMD...: runs CMD (stdout to $tmp/out, stderr to $tmp/err), fails unless it exits RC
+expect() {
+  local want=$1 rc=0
+  shift
+  "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    cat "$tmp/out" "$tmp/err" >&2
+    fail "'$*' exited $rc, expected $want"
+  fi
+}
+lists() { # name, then strings the last stdout must contain
+  local name=$1
+  shift
+  for s in "$@"; do grep -qF -- "$s" "$tmp/out" || fail "$name does not list '$s'"; done
+}
+
+echo "== --help"
+expect 0 "$train" --help
+lists "train --help" --steps --kv-heads --parallel --reshard-after-forward --checkpoint --device \
+  --config "(default: 1000)" "JSON config" kv_heads reshard_after_forward "*.wq=S(0)"
+[ -s "$tmp/err" ] && fail "train --help wrote to stderr"
+expect 0 "$train" -h
+expect 0 "$explain" --help
+lists "dtensor-explain --help" --mesh --shape --from --to --dtype --flatten --greedy --visualize \
+  --cost-model --json --arg --all --in
+for sub in redistribute op ops; do
+  expect 0 "$explain" "$sub" --help
+  lists "dtensor-explain $sub --help" --mesh
+done
+expect 0 "$calib" --help
+lists "dtensor-calibrate --help" "-o FILE" "-e MAX_BYTES" --force "cost_model.json"
+expect 2 "$calib" --bogus
+expect 2 "$calib" -e lots
+expect 2 mpi -np 1 "$train" --bogus-flag
+grep -q -- "--help" "$tmp/err" || fail "train's bad-flag message does not point at --help"
+
+echo "== dtensor-calibrate writes only -o FILE"
+mkdir -p "$tmp/home"
+expect 0 env -u DTENSOR_COST_MODEL HOME="$tmp/home" "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 2 "$calib" -e 65536
+grep -q "not written" "$tmp/out" || fail "calibrate without -o does not say it wrote nothing"
+left=$(find "$tmp/home" -mindepth 1)
+[ -z "$left" ] || fail "calibrate without -o wrote into \$HOME: $left"
+expect 3 env DTENSOR_CALIBRATE_CPUS=1 DTENSOR_COST_MODEL=none "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 2 "$calib" -e 65536 -o "$tmp/m/model.json"
+grep -q "oversubscribed: 2 ranks on 1 usable cores" "$tmp/err" || fail "no oversubscription warning"
+[ -e "$tmp/m/model.json" ] && fail "a refused fit was written"
+expect 0 env DTENSOR_CALIBRATE_CPUS=1 DTENSOR_COST_MODEL=none "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 2 "$calib" -e 65536 -o "$tmp/m/model.json" --force
+grep -q "oversubscribed" "$tmp/err" || fail "--force hides the warning"
+[ -s "$tmp/m/model.json" ] || fail "--force did not write $tmp/m/model.json"
+
+echo "== where dt_init's cost model came from"
+notice_lines() { grep -c "calibrated cost model" "$tmp/err" || true; }
+expect 0 env DTENSOR_COST_MODEL="$tmp/m/model.json" "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 2 "$notice"
+[ "$(notice_lines)" = 1 ] || { cat "$tmp/err"; fail "expected one notice line (rank 0)"; }
+grep -qF "$tmp/m/model.json (\$DTENSOR_COST_MODEL)" "$tmp/err" || fail "the notice names no file"
+mkdir -p "$tmp/home/.cache/dtensor"
+cp "$tmp/m/model.json" "$tmp/home/.cache/dtensor/cost_model.json"
+expect 0 env -u DTENSOR_COST_MODEL HOME="$tmp/home" "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 2 "$notice"
+grep -q "cost_model.json (the per-user default" "$tmp/err" || fail "no notice of the per-user model"
+expect 0 env -u DTENSOR_COST_MODEL HOME="$tmp/home" DTENSOR_QUIET=1 "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 2 "$notice"
+[ "$(notice_lines)" = 0 ] || fail "DTENSOR_QUIET=1 still prints the notice"
+expect 0 env DTENSOR_COST_MODEL=none HOME="$tmp/home" "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 2 "$notice"
+[ "$(notice_lines)" = 0 ] || fail "DTENSOR_COST_MODEL=none still loads a model"
+echo "tools_cli: ok"
