@@ -77,10 +77,13 @@ dt_status_t dt_set_error(dt_status_t st, const char* func, const char* file, int
   if (file == NULL) file = "";
   /* Format into scratch buffers first: the arguments may include dt_last_error() itself. */
   char text[sizeof dt__err.text], full[sizeof dt__err.full], loc[sizeof dt__err.loc];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt ? fmt : "", ap);
-  va_end(ap);
+  text[0] = '\0';
+  if (fmt != NULL) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+  }
   /* The entry: what the user called (the open scope), else the recording function unless it is
    * internal. */
   const char* entry = dt__entry ? dt__entry : strncmp(func, "dt__", 4) == 0 ? "" : func;
