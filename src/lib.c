@@ -1,13 +1,21 @@
 /* lib.c - dt_init and dt_finalize: the one place that starts and stops every layer, bottom up
- * (and top down on the way out). It sits above all internal layers. */
+ * (and top down on the way out). It sits above all internal layers.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
+ */
 #include <stdio.h>
+#include <string.h>
 
 #include "strategy/strategy.h"
 
-dt_status_t dt_init(int* argc, char*** argv) {
-  if (dt__ctx_initialized()) return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_init called twice");
+static dt_status_t dt__init_impl(int* argc, char*** argv) {
+  if (dt__ctx_initialized())
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "the library is already initialized (called twice: "
+                   "call dt_finalize before calling it again)");
   if ((argc == NULL) != (argv == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "argc and argv must both be NULL or both be set");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "argc is %s but argv is %s: pass both or neither",
+                   argc ? "set" : "NULL", argv ? "set" : "NULL");
   int we_init_mpi = 0;
   DT_CHECK(dt__comm_mpi_init(argc, argv, &we_init_mpi)); /* comm */
   dt_status_t st = dt__ctx_init();                        /* mesh: the world */
@@ -21,13 +29,19 @@ dt_status_t dt_init(int* argc, char*** argv) {
   char saved[1024];
   snprintf(saved, sizeof saved, "%s", dt_last_error());
   if (dt__cost_model_autoload() != DT_SUCCESS) {
-    if (dt__world_rank() == 0) dt__log("cost", "ignoring calibrated cost model: %s", dt_last_error());
+    const char* why = dt_last_error(); /* "dt_init: ...": the log line needs no entry */
+    if (strncmp(why, "dt_init: ", 9) == 0) why += 9;
+    if (dt__world_rank() == 0) dt__log("cost", "ignoring calibrated cost model: %s", why);
     dt__error_restore(saved);
   }
   return DT_SUCCESS;
 }
 
-dt_status_t dt_finalize(void) {
+dt_status_t dt_init(int* argc, char*** argv) {
+  DT_ENTRY_RETURN(dt__init_impl(argc, argv));
+}
+
+static dt_status_t dt__finalize_impl(void) {
   dt__prop_cache_release(); /* strategy */
   dt__work_finalize_all();  /* redistribute: works in flight complete first */
   dt__plan_cache_release(); /* redistribute */
@@ -38,4 +52,8 @@ dt_status_t dt_finalize(void) {
   }
   dt__handle_release_all(); /* core: memory of destroyed objects held back */
   return DT_SUCCESS;
+}
+
+dt_status_t dt_finalize(void) {
+  DT_ENTRY_RETURN(dt__finalize_impl());
 }

@@ -1,5 +1,9 @@
 /* tape.c - the autograd tape: variables, recording, backward traversal and gradient accumulation.
- * Ops are recorded by id; their backward rules and recompute flags come from the op table. */
+ * Ops are recorded by id; their backward rules and recompute flags come from the op table.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
+ */
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
@@ -77,11 +81,16 @@ int dt_ckpt_policy_default(const char* op, void* ctx) {
   return info == NULL || !(info->flags & DT_OPF_RECOMPUTE);
 }
 
-dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, void* ctx) {
+static dt_status_t dt__tape_set_checkpoint_impl(dt_tape_t tape, dt_ckpt_policy_fn policy,
+                                                void* ctx) {
   DT_CHECK(dt__tape_check(tape));
   tape->policy = policy;
   tape->policy_ctx = ctx;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_set_checkpoint(dt_tape_t tape, dt_ckpt_policy_fn policy, void* ctx) {
+  DT_ENTRY_RETURN(dt__tape_set_checkpoint_impl(tape, policy, ctx));
 }
 
 /* Frees a recorded value; it comes back through dt__ensure_value. */
@@ -93,9 +102,10 @@ static void dt__var_drop(dt_tape_t tape, dt_var_t v) {
   v->dropped = 1;
 }
 
-dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep) {
+static dt_status_t dt__tape_checkpoint_impl(dt_tape_t tape, int n_keep, const dt_var_t* keep) {
   DT_CHECK(dt__tape_check(tape));
-  if (n_keep < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "n_keep %d is negative", n_keep);
+  if (n_keep < 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_keep %d is negative (valid: 0 or more)", n_keep);
   if (n_keep > 0) DT_ARG_NOT_NULL(keep);
   for (int k = 0; k < n_keep; k++) DT_CHECK(dt__var_check(keep[k]));
   if (tape->policy == NULL) return DT_SUCCESS;
@@ -110,11 +120,20 @@ dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep)
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_checkpoint_stats(dt_tape_t tape, int64_t* saved_nbytes, int64_t* recomputed) {
+dt_status_t dt_tape_checkpoint(dt_tape_t tape, int n_keep, const dt_var_t* keep) {
+  DT_ENTRY_RETURN(dt__tape_checkpoint_impl(tape, n_keep, keep));
+}
+
+static dt_status_t dt__tape_checkpoint_stats_impl(dt_tape_t tape, int64_t* saved_nbytes,
+                                                  int64_t* recomputed) {
   DT_CHECK(dt__tape_check(tape));
   if (saved_nbytes) *saved_nbytes = tape->saved_nbytes;
   if (recomputed) *recomputed = tape->recomputed;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_checkpoint_stats(dt_tape_t tape, int64_t* saved_nbytes, int64_t* recomputed) {
+  DT_ENTRY_RETURN(dt__tape_checkpoint_stats_impl(tape, saved_nbytes, recomputed));
 }
 
 /* Brings back a dropped value by rerunning its producer (inputs first, recursively). */
@@ -154,7 +173,7 @@ static dt_status_t dt__var_check(dt_var_t v) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_create(dt_tape_t* out) {
+static dt_status_t dt__tape_create_impl(dt_tape_t* out) {
   DT_ARG_NOT_NULL(out);
   dt_tape_t t = (dt_tape_t)dt__calloc(1, sizeof(struct dt_tape));
   if (t == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape");
@@ -168,6 +187,10 @@ dt_status_t dt_tape_create(dt_tape_t* out) {
   }
   *out = t;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_create(dt_tape_t* out) {
+  DT_ENTRY_RETURN(dt__tape_create_impl(out));
 }
 
 /* Frees a variable (its handle is gone already when a destroyed leaf outlived it on a tape). */
@@ -187,7 +210,7 @@ static void dt__node_release_inputs(dt__node_t* n) {
   }
 }
 
-dt_status_t dt_tape_reset(dt_tape_t tape) {
+static dt_status_t dt__tape_reset_impl(dt_tape_t tape) {
   DT_CHECK(dt__tape_check(tape));
   for (int64_t i = 0; i < tape->n_nodes; i++) {
     dt__node_release_inputs(tape->nodes[i]);
@@ -204,7 +227,11 @@ dt_status_t dt_tape_reset(dt_tape_t tape) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_destroy(dt_tape_t tape) {
+dt_status_t dt_tape_reset(dt_tape_t tape) {
+  DT_ENTRY_RETURN(dt__tape_reset_impl(tape));
+}
+
+static dt_status_t dt__tape_destroy_impl(dt_tape_t tape) {
   if (tape == NULL) return DT_SUCCESS;
   DT_CHECK(dt_tape_reset(tape));
   dt_handle_unregister(tape, &dt__tape_kind, "tape");
@@ -215,7 +242,11 @@ dt_status_t dt_tape_destroy(dt_tape_t tape) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_stats(dt_tape_t tape, int64_t* n_nodes, int64_t* nbytes) {
+dt_status_t dt_tape_destroy(dt_tape_t tape) {
+  DT_ENTRY_RETURN(dt__tape_destroy_impl(tape));
+}
+
+static dt_status_t dt__tape_stats_impl(dt_tape_t tape, int64_t* n_nodes, int64_t* nbytes) {
   DT_CHECK(dt__tape_check(tape));
   if (n_nodes) *n_nodes = tape->n_nodes;
   if (nbytes) {
@@ -227,6 +258,10 @@ dt_status_t dt_tape_stats(dt_tape_t tape, int64_t* n_nodes, int64_t* nbytes) {
     *nbytes = b;
   }
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tape_stats(dt_tape_t tape, int64_t* n_nodes, int64_t* nbytes) {
+  DT_ENTRY_RETURN(dt__tape_stats_impl(tape, n_nodes, nbytes));
 }
 
 static dt_status_t dt__tape_own(dt_tape_t tape, dt_var_t v);
@@ -251,7 +286,7 @@ static dt_status_t dt__var_new(dt_tensor_t value, int requires_grad, int leaf, d
   return DT_SUCCESS;
 }
 
-dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out) {
+static dt_status_t dt__var_leaf_impl(dt_tensor_t value, int requires_grad, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tensor_check(value, "value"));
@@ -261,7 +296,11 @@ dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out) {
   return dt__var_new(value, requires_grad != 0, 1, out);
 }
 
-dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
+dt_status_t dt_var_leaf(dt_tensor_t value, int requires_grad, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__var_leaf_impl(value, requires_grad, out));
+}
+
+static dt_status_t dt__tape_constant_impl(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tape_check(tape));
@@ -283,10 +322,16 @@ dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_var_destroy(dt_var_t v) {
+dt_status_t dt_tape_constant(dt_tape_t tape, dt_tensor_t value, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__tape_constant_impl(tape, value, out));
+}
+
+static dt_status_t dt__var_destroy_impl(dt_var_t v) {
   if (v == NULL) return DT_SUCCESS;
   DT_CHECK(dt__var_check(v));
-  if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "tape-owned variables are freed by dt_tape_reset");
+  if (!v->leaf)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "v is tape-owned (the result of a recorded op): "
+                   "dt_tape_reset frees it");
   if (v->tape_refs > 0) { /* recorded: the tapes keep it until their reset */
     v->destroyed = 1;
     v->hook = NULL;
@@ -294,6 +339,10 @@ dt_status_t dt_var_destroy(dt_var_t v) {
   }
   dt__var_free(v);
   return DT_SUCCESS;
+}
+
+dt_status_t dt_var_destroy(dt_var_t v) {
+  DT_ENTRY_RETURN(dt__var_destroy_impl(v));
 }
 
 /* Borrowed tensors: marked as held so that dt_tensor_destroy refuses them. NULL for a value
@@ -309,7 +358,7 @@ dt_tensor_t dt_var_grad(dt_var_t v) {
   return dt__var_check(v) == DT_SUCCESS ? dt__lend(v->grad) : NULL;
 }
 
-dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad) {
+static dt_status_t dt__var_requires_grad_impl(dt_var_t v, int* requires_grad) {
   DT_ARG_NOT_NULL(requires_grad);
   *requires_grad = 0;
   DT_CHECK(dt__var_check(v));
@@ -317,11 +366,19 @@ dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_var_zero_grad(dt_var_t v) {
+dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad) {
+  DT_ENTRY_RETURN(dt__var_requires_grad_impl(v, requires_grad));
+}
+
+static dt_status_t dt__var_zero_grad_impl(dt_var_t v) {
   DT_CHECK(dt__var_check(v));
   dt__tensor_free(v->grad);
   v->grad = NULL;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_var_zero_grad(dt_var_t v) {
+  DT_ENTRY_RETURN(dt__var_zero_grad_impl(v));
 }
 
 /* "f32 [8, 4] S(0)R" */
@@ -343,9 +400,10 @@ static int dt__same_layout(const dt_layout_t* a, const dt_layout_t* b) {
   return 1;
 }
 
-dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
+static dt_status_t dt__var_set_value_impl(dt_var_t v, dt_tensor_t value) {
   DT_CHECK(dt__var_check(v));
-  if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "only a leaf's value can be replaced");
+  if (!v->leaf)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "v is not a leaf: only a leaf's value can be replaced");
   DT_CHECK(dt__tensor_check(value, "value"));
   if (value == v->value) return DT_SUCCESS; /* dt_var_set_value(v, dt_var_value(v)) */
   if (value->held)
@@ -359,8 +417,8 @@ dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
       dt__describe(x, want, sizeof want);
       dt__describe(value, got, sizeof got);
       return DT_FAIL(DT_ERR_INVALID_ARG,
-                     "set_value: the new value must have the same mesh, dtype, shape and "
-                     "placements as the old one (old: %s; new: %s%s)", want, got,
+                     "value must have the same mesh, dtype, shape and placements as the old "
+                     "one (old: %s; new: %s%s)", want, got,
                      value->mesh != x->mesh ? ", another mesh" : "");
     }
   }
@@ -369,6 +427,10 @@ dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
   if (v->requires_grad) dt__storage_set_category(value->storage, DT_MEM_PARAMETERS);
   v->value = value;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_var_set_value(dt_var_t v, dt_tensor_t value) {
+  DT_ENTRY_RETURN(dt__var_set_value_impl(v, value));
 }
 
 static dt_status_t dt__tape_own(dt_tape_t tape, dt_var_t v) {
@@ -483,27 +545,36 @@ static dt_status_t dt__ag_apply(dt_tape_t tape, int id, int n_inputs, const dt_v
                     saved, outs);
 }
 
-dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_var_t* inputs,
-                     int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
-                     int n_outputs, dt_var_t* outs) {
+static dt_status_t dt__ag_op_impl(dt_tape_t tape, const char* name, int n_inputs,
+                                  const dt_var_t* inputs, int n_iargs, const int64_t* iargs,
+                                  int n_fargs, const double* fargs, int n_outputs, dt_var_t* outs) {
   DT_ARG_NOT_NULL(outs);
   DT_ARG_NOT_NULL(inputs);
   if (n_inputs < 1 || n_inputs > DT_OP_MAX_INPUTS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range", n_inputs);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_inputs %d out of range [1, %d]", n_inputs,
+                   DT_OP_MAX_INPUTS);
   dt_var_t in[DT_OP_MAX_INPUTS]; /* first: outs may be the inputs' array */
   memcpy(in, inputs, sizeof(dt_var_t) * (size_t)n_inputs);
   inputs = in;
   for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
   DT_CHECK(dt__tape_check(tape));
   if (n_outputs < 1 || n_outputs > DT_OP_MAX_OUTPUTS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "n_outputs %d out of range", n_outputs);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_outputs %d out of range [1, %d]", n_outputs,
+                   DT_OP_MAX_OUTPUTS);
   int id;
   DT_CHECK(dt__op_resolve(name, &id));
   return dt__ag_apply(tape, id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, outs);
 }
 
-dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t* dst,
-                               dt_var_t* out) {
+dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_var_t* inputs,
+                     int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
+                     int n_outputs, dt_var_t* outs) {
+  DT_ENTRY_RETURN(dt__ag_op_impl(tape, name, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs,
+                                 n_outputs, outs));
+}
+
+static dt_status_t dt__ag_redistribute_impl(dt_tape_t tape, dt_var_t x, const dt_placement_t* dst,
+                                            dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tape_check(tape));
@@ -516,8 +587,13 @@ dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t*
   return dt__ag_apply(tape, DT_OP_REDISTRIBUTE, 1, &x, nd, code, 0, NULL, 1, out);
 }
 
-dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
-                                dt_var_t* out) {
+dt_status_t dt_ag_redistribute(dt_tape_t tape, dt_var_t x, const dt_placement_t* dst,
+                               dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__ag_redistribute_impl(tape, x, dst, out));
+}
+
+static dt_status_t dt__ag_cross_entropy_impl(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
+                                             dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tape_check(tape));
@@ -526,8 +602,13 @@ dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t target
   return dt__ag_apply(tape, DT_OP_CROSS_ENTROPY, 2, in, 1, mean, 0, NULL, 1, out);
 }
 
-dt_status_t dt_ag_to_local(dt_tape_t tape, dt_var_t x, const dt_placement_t* grad_placements,
-                           dt_var_t* out) {
+dt_status_t dt_ag_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
+                                dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__ag_cross_entropy_impl(tape, logits, targets, out));
+}
+
+static dt_status_t dt__ag_to_local_impl(dt_tape_t tape, dt_var_t x,
+                                        const dt_placement_t* grad_placements, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tape_check(tape));
@@ -540,7 +621,13 @@ dt_status_t dt_ag_to_local(dt_tape_t tape, dt_var_t x, const dt_placement_t* gra
                       out);
 }
 
-dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t* out) {
+dt_status_t dt_ag_to_local(dt_tape_t tape, dt_var_t x, const dt_placement_t* grad_placements,
+                           dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__ag_to_local_impl(tape, x, grad_placements, out));
+}
+
+static dt_status_t dt__ag_from_local_impl(dt_tape_t tape, dt_var_t x, dt_var_t like,
+                                          dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tape_check(tape));
@@ -548,7 +635,12 @@ dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t
   return dt__ag_apply(tape, DT_OP_FROM_LOCAL, 2, in, 0, NULL, 0, NULL, 1, out);
 }
 
-dt_status_t dt_ag_local_to_mesh(dt_tape_t tape, dt_var_t x, dt_mesh_t mesh, dt_var_t* out) {
+dt_status_t dt_ag_from_local(dt_tape_t tape, dt_var_t x, dt_var_t like, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__ag_from_local_impl(tape, x, like, out));
+}
+
+static dt_status_t dt__ag_local_to_mesh_impl(dt_tape_t tape, dt_var_t x, dt_mesh_t mesh,
+                                             dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tape_check(tape));
@@ -573,9 +665,13 @@ dt_status_t dt_ag_local_to_mesh(dt_tape_t tape, dt_var_t x, dt_mesh_t mesh, dt_v
   return dt__ag_apply(tape, DT_OP_FROM_LOCAL, 2, in, 0, NULL, 0, NULL, 1, out);
 }
 
-dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
-                             const int64_t* send_counts, const int64_t* recv_counts,
-                             dt_var_t* out) {
+dt_status_t dt_ag_local_to_mesh(dt_tape_t tape, dt_var_t x, dt_mesh_t mesh, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__ag_local_to_mesh_impl(tape, x, mesh, out));
+}
+
+static dt_status_t dt__ag_all_to_all_impl(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
+                                          const int64_t* send_counts, const int64_t* recv_counts,
+                                          dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tape_check(tape));
@@ -585,13 +681,13 @@ dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
   dt_mesh_t mesh = x->value->mesh;
   int md = mesh_dim < 0 ? mesh_dim + mesh->ndim : mesh_dim;
   if (md < 0 || md >= mesh->ndim)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "all_to_all: mesh dim %d out of range for a %d-dim mesh",
-                   mesh_dim, mesh->ndim);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh_dim=%d out of range for a %d-dim mesh (valid: %d "
+                   "to %d)", mesh_dim, mesh->ndim, -mesh->ndim, mesh->ndim - 1);
   if (n != mesh->shape[md])
-    return DT_FAIL(DT_ERR_INVALID_ARG, "all_to_all: %d counts for mesh dim %d of %d ranks", n,
-                   mesh_dim, mesh->shape[md]);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n=%d counts for mesh dim %d of %d ranks (valid: n = %d)",
+                   n, mesh_dim, mesh->shape[md], mesh->shape[md]);
   int64_t* c = (int64_t*)dt__malloc(sizeof(int64_t) * 2 * (size_t)n);
-  if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "all_to_all: %d counts", 2 * n);
+  if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "a list of %d counts", 2 * n);
   memcpy(c, send_counts, sizeof(int64_t) * (size_t)n);
   if (recv_counts) memcpy(c + n, recv_counts, sizeof(int64_t) * (size_t)n);
   dt_placement_t rep[DT_MAX_MESH_DIMS];
@@ -610,6 +706,12 @@ dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
   }
   const int64_t dim[1] = {md};
   return dt__ag_apply(tape, DT_OP_ALL_TO_ALL_SINGLE, 2, in, 1, dim, 0, NULL, 1, out);
+}
+
+dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, int n,
+                             const int64_t* send_counts, const int64_t* recv_counts,
+                             dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__ag_all_to_all_impl(tape, x, mesh_dim, n, send_counts, recv_counts, out));
 }
 
 int dt_ag_has_backward(const char* name) {
@@ -720,16 +822,16 @@ static dt_status_t dt__spans_fire(dt_tape_t tape, int64_t k, int runs) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
+static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
   DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(loss));
   dt_tensor_t lv = loss->value;
   if (lv->layout.ndim != 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "backward needs a scalar (0-dim) loss, got %d dims",
-                   lv->layout.ndim);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "loss has %d dims: backward needs a scalar (0-dim) loss "
+                   "(reduce it first, e.g. with \"sum\" or \"mean\")", lv->layout.ndim);
   if (!loss->requires_grad)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "the loss does not depend on any variable that "
-                                         "requires a gradient");
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "loss does not depend on any variable that requires a "
+                   "gradient (dt_var_leaf with requires_grad = 1)");
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
   dt_tensor_t seed;
@@ -819,40 +921,58 @@ dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
   return st;
 }
 
+dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss) {
+  DT_ENTRY_RETURN(dt__tape_backward_impl(tape, loss));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * control for code built on top: gradient modes and hooks, span hooks, drop and restore */
 
+/* `what`: the leaf's property being set, for the message. */
 static dt_status_t dt__leaf_check(dt_var_t v, const char* what) {
   DT_CHECK(dt__var_check(v));
-  if (!v->leaf) return DT_FAIL(DT_ERR_INVALID_USAGE, "%s: only a leaf variable has one", what);
+  if (!v->leaf)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "v is not a leaf variable: only leaves (dt_var_leaf) "
+                   "have a %s", what);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_var_set_grad_mode(dt_var_t v, dt_grad_mode_t mode) {
+static dt_status_t dt__var_set_grad_mode_impl(dt_var_t v, dt_grad_mode_t mode) {
   DT_CHECK(dt__leaf_check(v, "gradient mode"));
   if (mode != DT_GRAD_TO_PLACEMENTS && mode != DT_GRAD_AS_IS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "gradient mode %d is not a dt_grad_mode_t", (int)mode);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mode=%d is not a dt_grad_mode_t (valid: "
+                   "DT_GRAD_TO_PLACEMENTS = %d or DT_GRAD_AS_IS = %d)", (int)mode,
+                   (int)DT_GRAD_TO_PLACEMENTS, (int)DT_GRAD_AS_IS);
   v->grad_mode = mode;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_var_set_grad_hook(dt_var_t v, dt_grad_hook_fn fn, void* ctx) {
+dt_status_t dt_var_set_grad_mode(dt_var_t v, dt_grad_mode_t mode) {
+  DT_ENTRY_RETURN(dt__var_set_grad_mode_impl(v, mode));
+}
+
+static dt_status_t dt__var_set_grad_hook_impl(dt_var_t v, dt_grad_hook_fn fn, void* ctx) {
   DT_CHECK(dt__leaf_check(v, "gradient hook"));
   v->hook = fn;
   v->hook_ctx = fn ? ctx : NULL;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_var_reduce_grad(dt_var_t v, const dt_placement_t* placements) {
-  DT_CHECK(dt__leaf_check(v, "reduce_grad"));
+dt_status_t dt_var_set_grad_hook(dt_var_t v, dt_grad_hook_fn fn, void* ctx) {
+  DT_ENTRY_RETURN(dt__var_set_grad_hook_impl(v, fn, ctx));
+}
+
+static dt_status_t dt__var_reduce_grad_impl(dt_var_t v, const dt_placement_t* placements) {
+  DT_CHECK(dt__leaf_check(v, "gradient to reduce"));
   if (v->grad == NULL) return DT_SUCCESS;
   dt_placement_t want[DT_MAX_MESH_DIMS];
   int nd = v->grad->mesh->ndim;
   for (int i = 0; i < nd; i++) {
     want[i] = placements ? placements[i] : v->value->layout.pl[i];
     if (dt_placement_normalize(&want[i], v->grad->layout.ndim) != DT_SUCCESS)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "reduce_grad: placement %d does not fit a %d-dim "
-                     "gradient", i, v->grad->layout.ndim);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s[%d] does not fit a %d-dim gradient",
+                     placements ? "placements" : "the value's placements", i,
+                     v->grad->layout.ndim);
   }
   /* on failure the gradient stays valid (as it was, or already Replicate on the way to a
    * Partial target): same values */
@@ -861,18 +981,27 @@ dt_status_t dt_var_reduce_grad(dt_var_t v, const dt_placement_t* placements) {
   return st;
 }
 
-dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad) {
-  DT_CHECK(dt__leaf_check(v, "set_grad"));
+dt_status_t dt_var_reduce_grad(dt_var_t v, const dt_placement_t* placements) {
+  DT_ENTRY_RETURN(dt__var_reduce_grad_impl(v, placements));
+}
+
+static dt_status_t dt__var_set_grad_impl(dt_var_t v, dt_tensor_t grad) {
+  DT_CHECK(dt__leaf_check(v, "gradient to set"));
   if (grad != NULL) {
     DT_CHECK(dt__tensor_check(grad, "grad"));
     dt_tensor_t x = v->value;
     if (grad->mesh != x->mesh || grad->dtype != x->dtype || grad->layout.ndim != x->layout.ndim ||
-        memcmp(grad->layout.shape, x->layout.shape, sizeof(int64_t) * (size_t)x->layout.ndim))
-      return DT_FAIL(DT_ERR_INVALID_ARG, "set_grad: the gradient's mesh, dtype and shape must be "
-                     "the value's");
+        memcmp(grad->layout.shape, x->layout.shape, sizeof(int64_t) * (size_t)x->layout.ndim)) {
+      char want[192], got[192];
+      dt__describe(x, want, sizeof want);
+      dt__describe(grad, got, sizeof got);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "grad must have the value's mesh, dtype and shape (value: "
+                     "%s; grad: %s%s)", want, got, grad->mesh != x->mesh ? ", another mesh" : "");
+    }
     if (grad == v->grad) return DT_SUCCESS;
     if (grad->held)
-      return DT_FAIL(DT_ERR_INVALID_USAGE, "set_grad: the tensor already belongs to a variable");
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "grad already belongs to a variable (pass a tensor of "
+                     "your own)");
     grad->held = 1;
     dt__storage_set_category(grad->storage, DT_MEM_GRADIENTS);
   }
@@ -881,12 +1010,18 @@ dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_add_span_hooks(dt_tape_t tape, int64_t first, int64_t end,
-                                   dt_tape_hook_fn pre, dt_tape_hook_fn post, void* ctx) {
+dt_status_t dt_var_set_grad(dt_var_t v, dt_tensor_t grad) {
+  DT_ENTRY_RETURN(dt__var_set_grad_impl(v, grad));
+}
+
+static dt_status_t dt__tape_add_span_hooks_impl(dt_tape_t tape, int64_t first, int64_t end,
+                                                dt_tape_hook_fn pre, dt_tape_hook_fn post,
+                                                void* ctx) {
   DT_CHECK(dt__tape_check(tape));
   if (first < 0 || end < first || end > tape->n_nodes)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "span [%lld, %lld) outside the %lld recorded nodes",
-                   (long long)first, (long long)end, (long long)tape->n_nodes);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "first=%lld, end=%lld: the span is outside the %lld "
+                   "recorded nodes (valid: 0 <= first <= end <= %lld)", (long long)first,
+                   (long long)end, (long long)tape->n_nodes, (long long)tape->n_nodes);
   if (pre == NULL && post == NULL) return DT_SUCCESS;
   if (tape->n_spans == tape->cap_spans) {
     int64_t cap = tape->cap_spans ? 2 * tape->cap_spans : 16;
@@ -899,17 +1034,26 @@ dt_status_t dt_tape_add_span_hooks(dt_tape_t tape, int64_t first, int64_t end,
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_drop(dt_tape_t tape, dt_var_t v) {
+dt_status_t dt_tape_add_span_hooks(dt_tape_t tape, int64_t first, int64_t end,
+                                   dt_tape_hook_fn pre, dt_tape_hook_fn post, void* ctx) {
+  DT_ENTRY_RETURN(dt__tape_add_span_hooks_impl(tape, first, end, pre, post, ctx));
+}
+
+static dt_status_t dt__tape_drop_impl(dt_tape_t tape, dt_var_t v) {
   DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(v));
   if (v->creator == NULL)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_tape_drop: only the output of a recorded op can be "
-                   "recomputed (not a leaf, a constant or an unrecorded result)");
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "v is not the output of a recorded op: only those can be "
+                   "dropped and recomputed (not a leaf, a constant or an unrecorded result)");
   if (!v->dropped) dt__var_drop(tape, v);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tape_restore(dt_tape_t tape, dt_var_t v) {
+dt_status_t dt_tape_drop(dt_tape_t tape, dt_var_t v) {
+  DT_ENTRY_RETURN(dt__tape_drop_impl(tape, v));
+}
+
+static dt_status_t dt__tape_restore_impl(dt_tape_t tape, dt_var_t v) {
   DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(v));
   int prev = dt__grad_off;
@@ -917,4 +1061,8 @@ dt_status_t dt_tape_restore(dt_tape_t tape, dt_var_t v) {
   dt_status_t st = dt__ensure_value(tape, v);
   dt__grad_off = prev;
   return st;
+}
+
+dt_status_t dt_tape_restore(dt_tape_t tape, dt_var_t v) {
+  DT_ENTRY_RETURN(dt__tape_restore_impl(tape, v));
 }

@@ -10,6 +10,9 @@
  * of its size class and backend. Smaller blocks go straight to the backend. The guarded backend
  * is not pooled: its frees must poison and quarantine. Everything cached is released at
  * dt_finalize.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -40,10 +43,13 @@ dt_status_t dt__backend_register(dt_backend_t b) {
   return DT_SUCCESS;
 }
 
+/* Every caller's argument is called `backend`. */
 dt_status_t dt__backend_check(dt_backend_t b) {
   for (int i = 0; i < dt__nbackends; i++)
     if (b == dt__backends[i]) return DT_SUCCESS;
-  return DT_FAIL(DT_ERR_INVALID_ARG, "backend handle is %s", b ? "not a backend" : "NULL");
+  if (b == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "backend is NULL");
+  return DT_FAIL(DT_ERR_INVALID_ARG, "backend %p is not a backend (valid: a handle from "
+                 "dt_backend_get or dt_backend_default)", (const void*)b);
 }
 
 const char* dt_device_name(dt_device_t device) {
@@ -67,14 +73,14 @@ static int dt__cuda_name(const char* name, int* ordinal) {
   return 1;
 }
 
-dt_status_t dt_backend_get(const char* name, dt_backend_t* out) {
+static dt_status_t dt__backend_get_impl(const char* name, dt_backend_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(name);
   int ordinal = -1, cuda = dt__cuda_name(name, &ordinal);
   if (cuda < 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "backend '%s': the device ordinal after 'cuda:' must be "
-                   "a number from 0 to 1023", name);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "name '%s': the device ordinal after 'cuda:' must be a "
+                   "number from 0 to 1023", name);
   if (cuda > 0) return dt__backend_cuda_open(ordinal, out);
   if (strcmp(name, "cuda-emu") == 0) return dt__backend_cuda_emu_open(out);
   for (int i = 0; i < dt__nbackends; i++)
@@ -82,8 +88,12 @@ dt_status_t dt_backend_get(const char* name, dt_backend_t* out) {
       *out = dt__backends[i];
       return DT_SUCCESS;
     }
-  return DT_FAIL(DT_ERR_UNSUPPORTED, "no backend called '%s' (backends: cpu, guarded, cuda, "
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "name '%s' is not a backend (valid: cpu, guarded, cuda, "
                  "cuda:N, cuda-emu)", name);
+}
+
+dt_status_t dt_backend_get(const char* name, dt_backend_t* out) {
+  DT_ENTRY_RETURN(dt__backend_get_impl(name, out));
 }
 
 dt_backend_t dt__backend_default(void) {
@@ -102,30 +112,46 @@ dt_backend_t dt__backend_default(void) {
   return dt__default;
 }
 
-dt_status_t dt_backend_default(dt_backend_t* out) {
+static dt_status_t dt__backend_default_impl(dt_backend_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = dt__backend_default();
   return DT_SUCCESS;
 }
 
-dt_status_t dt_backend_set_default(dt_backend_t backend) {
+dt_status_t dt_backend_default(dt_backend_t* out) {
+  DT_ENTRY_RETURN(dt__backend_default_impl(out));
+}
+
+static dt_status_t dt__backend_set_default_impl(dt_backend_t backend) {
   DT_CHECK(dt__backend_check(backend));
   dt__default = backend;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_backend_synchronize(dt_backend_t backend) {
+dt_status_t dt_backend_set_default(dt_backend_t backend) {
+  DT_ENTRY_RETURN(dt__backend_set_default_impl(backend));
+}
+
+static dt_status_t dt__backend_synchronize_impl(dt_backend_t backend) {
   DT_CHECK(dt__backend_check(backend));
   return backend->iface->synchronize ? backend->iface->synchronize(backend) : DT_SUCCESS;
 }
 
-dt_status_t dt_backend_set_tf32(dt_backend_t backend, int allow) {
+dt_status_t dt_backend_synchronize(dt_backend_t backend) {
+  DT_ENTRY_RETURN(dt__backend_synchronize_impl(backend));
+}
+
+static dt_status_t dt__backend_set_tf32_impl(dt_backend_t backend, int allow) {
   DT_CHECK(dt__backend_check(backend));
   backend->allow_tf32 = allow != 0;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_backend_ordinal(dt_backend_t backend, int* ordinal) {
+dt_status_t dt_backend_set_tf32(dt_backend_t backend, int allow) {
+  DT_ENTRY_RETURN(dt__backend_set_tf32_impl(backend, allow));
+}
+
+static dt_status_t dt__backend_ordinal_impl(dt_backend_t backend, int* ordinal) {
   DT_ARG_NOT_NULL(ordinal);
   *ordinal = -1;
   DT_CHECK(dt__backend_check(backend));
@@ -133,29 +159,45 @@ dt_status_t dt_backend_ordinal(dt_backend_t backend, int* ordinal) {
   return DT_SUCCESS;
 }
 
+dt_status_t dt_backend_ordinal(dt_backend_t backend, int* ordinal) {
+  DT_ENTRY_RETURN(dt__backend_ordinal_impl(backend, ordinal));
+}
+
 const char* dt_backend_name(dt_backend_t backend) {
   return dt__backend_check(backend) == DT_SUCCESS ? backend->name : "invalid";
 }
 
-dt_status_t dt_backend_device(dt_backend_t backend, dt_device_t* device) {
+static dt_status_t dt__backend_device_impl(dt_backend_t backend, dt_device_t* device) {
   DT_ARG_NOT_NULL(device);
   DT_CHECK(dt__backend_check(backend));
   *device = backend->device;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_backend_verify(dt_backend_t backend, int64_t* n_errors) {
+dt_status_t dt_backend_device(dt_backend_t backend, dt_device_t* device) {
+  DT_ENTRY_RETURN(dt__backend_device_impl(backend, device));
+}
+
+static dt_status_t dt__backend_verify_impl(dt_backend_t backend, int64_t* n_errors) {
   if (n_errors) *n_errors = 0;
   DT_CHECK(dt__backend_check(backend));
   if (backend->iface->verify == NULL) return DT_SUCCESS;
   return backend->iface->verify(backend, n_errors);
 }
 
-dt_status_t dt_backend_memory(dt_backend_t backend, int64_t* nbytes, int64_t* blocks) {
+dt_status_t dt_backend_verify(dt_backend_t backend, int64_t* n_errors) {
+  DT_ENTRY_RETURN(dt__backend_verify_impl(backend, n_errors));
+}
+
+static dt_status_t dt__backend_memory_impl(dt_backend_t backend, int64_t* nbytes, int64_t* blocks) {
   DT_CHECK(dt__backend_check(backend));
   if (nbytes) *nbytes = backend->live_nbytes;
   if (blocks) *blocks = backend->live_blocks;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_backend_memory(dt_backend_t backend, int64_t* nbytes, int64_t* blocks) {
+  DT_ENTRY_RETURN(dt__backend_memory_impl(backend, nbytes, blocks));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -283,13 +325,17 @@ const char* dt_mem_category_name(dt_mem_category_t c) {
   return c >= 0 && c < DT_MEM_COUNT ? names[c] : "invalid";
 }
 
-dt_status_t dt_memory_stats(dt_memory_stats_t* out) {
+static dt_status_t dt__memory_stats_impl(dt_memory_stats_t* out) {
   DT_ARG_NOT_NULL(out);
   memcpy(out->current, dt__mem.cur, sizeof out->current);
   memcpy(out->peak, dt__mem.peak, sizeof out->peak);
   out->total_current = dt__mem.total;
   out->total_peak = dt__mem.total_peak;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_memory_stats(dt_memory_stats_t* out) {
+  DT_ENTRY_RETURN(dt__memory_stats_impl(out));
 }
 
 dt_status_t dt_memory_reset_peak(void) {

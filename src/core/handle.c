@@ -1,7 +1,11 @@
 /* handle.c - the registry of handles (dtensor/handle.h): an open-addressing hash table from
  * address to kind, live or destroyed (a destroyed entry stays until its memory is really freed or
  * the address is registered again, so a second destroy is told from a made-up pointer), and the
- * quarantine ring that delays the freeing of destroyed objects. */
+ * quarantine ring that delays the freeing of destroyed objects.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
+ */
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -91,7 +95,7 @@ static void dt__erase(size_t j) {
   dt__reg.count--;
 }
 
-dt_status_t dt_handle_register(const void* h, const dt_handle_kind_t* kind) {
+static dt_status_t dt__handle_register_impl(const void* h, const dt_handle_kind_t* kind) {
   DT_ARG_NOT_NULL(h);
   DT_ARG_NOT_NULL(kind);
   dt__lock();
@@ -119,6 +123,10 @@ dt_status_t dt_handle_register(const void* h, const dt_handle_kind_t* kind) {
   return DT_SUCCESS;
 }
 
+dt_status_t dt_handle_register(const void* h, const dt_handle_kind_t* kind) {
+  DT_ENTRY_RETURN(dt__handle_register_impl(h, kind));
+}
+
 /* Status for h given its entry (found NULL: none). No lock needed. */
 static dt_status_t dt__verdict(const void* h, const dt_handle_kind_t* found, int dead,
                                const dt_handle_kind_t* kind, const char* what) {
@@ -144,7 +152,8 @@ static const dt_handle_kind_t* dt__lookup(const void* h, int* dead) {
   return found;
 }
 
-dt_status_t dt_handle_check(const void* h, const dt_handle_kind_t* kind, const char* what) {
+static dt_status_t dt__handle_check_impl(const void* h, const dt_handle_kind_t* kind,
+                                         const char* what) {
   if (what == NULL) what = "handle";
   if (h == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s is NULL", what);
   DT_ARG_NOT_NULL(kind);
@@ -153,13 +162,18 @@ dt_status_t dt_handle_check(const void* h, const dt_handle_kind_t* kind, const c
   return dt__verdict(h, found, dead, kind, what);
 }
 
+dt_status_t dt_handle_check(const void* h, const dt_handle_kind_t* kind, const char* what) {
+  DT_ENTRY_RETURN(dt__handle_check_impl(h, kind, what));
+}
+
 int dt_handle_is_live(const void* h, const dt_handle_kind_t* kind) {
   if (h == NULL || kind == NULL) return 0;
   int dead;
   return dt__lookup(h, &dead) == kind && !dead;
 }
 
-dt_status_t dt_handle_unregister(const void* h, const dt_handle_kind_t* kind, const char* what) {
+static dt_status_t dt__handle_unregister_impl(const void* h, const dt_handle_kind_t* kind,
+                                              const char* what) {
   if (what == NULL) what = "handle";
   if (h == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s is NULL", what);
   DT_ARG_NOT_NULL(kind);
@@ -174,6 +188,10 @@ dt_status_t dt_handle_unregister(const void* h, const dt_handle_kind_t* kind, co
   dt__reg.dead[j] = 1; /* remembered until the memory is freed or reused */
   dt__unlock();
   return DT_SUCCESS;
+}
+
+dt_status_t dt_handle_unregister(const void* h, const dt_handle_kind_t* kind, const char* what) {
+  DT_ENTRY_RETURN(dt__handle_unregister_impl(h, kind, what));
 }
 
 void dt_handle_free(void* p) {

@@ -1,5 +1,9 @@
 /* context.c - the library context: the world, the collective count arrays and the collective
- * counters. dt_init and dt_finalize (src/lib.c) call dt__ctx_init and dt__ctx_finalize. */
+ * counters. dt_init and dt_finalize (src/lib.c) call dt__ctx_init and dt__ctx_finalize.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
+ */
 #include "mesh/mesh.h"
 
 static struct {
@@ -34,13 +38,16 @@ int dt__ctx_initialized(void) { return dt__ctx.initialized; }
 int dt__world_rank(void) { return dt__ctx.world_rank; }
 int dt__world_size(void) { return dt__ctx.world_size; }
 
+/* `what` (the public function) is not repeated: its DT_ENTRY_RETURN starts the message. */
 dt_status_t dt__require_init(const char* what) {
+  (void)what;
   if (!dt__ctx.initialized)
-    return DT_FAIL(DT_ERR_NOT_INITIALIZED, "%s needs dt_init() first", what);
+    return DT_FAIL(DT_ERR_NOT_INITIALIZED,
+                   "the library is not initialized: call dt_init(&argc, &argv) first");
   return DT_SUCCESS;
 }
 
-dt_status_t dt_world_rank(int* rank) {
+static dt_status_t dt__world_rank_impl(int* rank) {
   DT_ARG_NOT_NULL(rank);
   *rank = -1;
   DT_CHECK(dt__require_init("dt_world_rank"));
@@ -48,12 +55,20 @@ dt_status_t dt_world_rank(int* rank) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_world_size(int* size) {
+dt_status_t dt_world_rank(int* rank) {
+  DT_ENTRY_RETURN(dt__world_rank_impl(rank));
+}
+
+static dt_status_t dt__world_size_impl(int* size) {
   DT_ARG_NOT_NULL(size);
   *size = 0;
   DT_CHECK(dt__require_init("dt_world_size"));
   *size = dt__ctx.world_size;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_world_size(int* size) {
+  DT_ENTRY_RETURN(dt__world_size_impl(size));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -107,14 +122,18 @@ void dt__count_plan_lookup(dt_mesh_t m, int hit) {
   }
 }
 
-dt_status_t dt_counters_get(dt_mesh_t mesh, dt_counters_t* out) {
+static dt_status_t dt__counters_get_impl(dt_mesh_t mesh, dt_counters_t* out) {
   DT_ARG_NOT_NULL(out);
   if (mesh != NULL) DT_CHECK(dt__mesh_check(mesh));
   *out = mesh ? mesh->counters : dt__ctx.counters;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_counters_reset(dt_mesh_t mesh) {
+dt_status_t dt_counters_get(dt_mesh_t mesh, dt_counters_t* out) {
+  DT_ENTRY_RETURN(dt__counters_get_impl(mesh, out));
+}
+
+static dt_status_t dt__counters_reset_impl(dt_mesh_t mesh) {
   if (mesh != NULL) {
     DT_CHECK(dt__mesh_check(mesh));
     memset(&mesh->counters, 0, sizeof mesh->counters);
@@ -123,4 +142,8 @@ dt_status_t dt_counters_reset(dt_mesh_t mesh) {
   memset(&dt__ctx.counters, 0, sizeof dt__ctx.counters);
   dt__mesh_reset_all_counters();
   return DT_SUCCESS;
+}
+
+dt_status_t dt_counters_reset(dt_mesh_t mesh) {
+  DT_ENTRY_RETURN(dt__counters_reset_impl(mesh));
 }

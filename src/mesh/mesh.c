@@ -1,4 +1,8 @@
-/* mesh.c - device meshes: shape, names, coordinates, per-dim and flattened communicators. */
+/* mesh.c - device meshes: shape, names, coordinates, per-dim and flattened communicators.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
+ */
 #include <stdio.h>
 
 #include "mesh/mesh.h"
@@ -14,7 +18,8 @@ dt_status_t dt__mesh_check(dt_mesh_t m) { return dt_handle_check(m, &dt__mesh_ki
 static dt_status_t dt__mesh_dim(dt_mesh_t m, int dim, int* out) {
   int d = dim < 0 ? dim + m->ndim : dim;
   if (d < 0 || d >= m->ndim)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh dim %d out of range for a %d-dim mesh", dim, m->ndim);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dim=%d out of range for a %d-dim mesh (valid: %d to %d)",
+                   dim, m->ndim, -m->ndim, m->ndim - 1);
   *out = d;
   return DT_SUCCESS;
 }
@@ -44,7 +49,8 @@ static dt_status_t dt__mesh_alloc(int ndim, const int* shape, const char* const*
                        DT_NAME_MAX - 1);
       for (int j = 0; j < i; j++)
         if (strcmp(names[i], names[j]) == 0)
-          return DT_FAIL(DT_ERR_INVALID_ARG, "dim name '%s' used twice", names[i]);
+          return DT_FAIL(DT_ERR_INVALID_ARG, "names[%d] = '%s' is used twice (names[%d] too)", i,
+                         names[i], j);
     }
   }
   dt_mesh_t m = (dt_mesh_t)dt__calloc(1, sizeof *m);
@@ -152,8 +158,8 @@ static dt_status_t dt__mesh_build_comms(dt_mesh_t m, int group) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_create(int ndim, const int* shape, const char* const* names, const int* ranks,
-                           dt_mesh_t* out) {
+static dt_status_t dt__mesh_create_impl(int ndim, const int* shape, const char* const* names,
+                                        const int* ranks, dt_mesh_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__require_init("dt_mesh_create"));
@@ -208,8 +214,13 @@ fail:
   return st;
 }
 
-dt_status_t dt_mesh_create_abstract(int ndim, const int* shape, const char* const* names,
-                                    dt_mesh_t* out) {
+dt_status_t dt_mesh_create(int ndim, const int* shape, const char* const* names, const int* ranks,
+                           dt_mesh_t* out) {
+  DT_ENTRY_RETURN(dt__mesh_create_impl(ndim, shape, names, ranks, out));
+}
+
+static dt_status_t dt__mesh_create_abstract_impl(int ndim, const int* shape,
+                                                 const char* const* names, dt_mesh_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   dt_mesh_t m = NULL;
@@ -220,7 +231,12 @@ dt_status_t dt_mesh_create_abstract(int ndim, const int* shape, const char* cons
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_destroy(dt_mesh_t mesh) {
+dt_status_t dt_mesh_create_abstract(int ndim, const int* shape, const char* const* names,
+                                    dt_mesh_t* out) {
+  DT_ENTRY_RETURN(dt__mesh_create_abstract_impl(ndim, shape, names, out));
+}
+
+static dt_status_t dt__mesh_destroy_impl(dt_mesh_t mesh) {
   if (mesh == NULL) return DT_SUCCESS;
   DT_CHECK(dt__mesh_check(mesh));
   if (!mesh->user_ref)
@@ -232,14 +248,22 @@ dt_status_t dt_mesh_destroy(dt_mesh_t mesh) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_set_backend(dt_mesh_t mesh, dt_backend_t backend) {
+dt_status_t dt_mesh_destroy(dt_mesh_t mesh) {
+  DT_ENTRY_RETURN(dt__mesh_destroy_impl(mesh));
+}
+
+static dt_status_t dt__mesh_set_backend_impl(dt_mesh_t mesh, dt_backend_t backend) {
   DT_CHECK(dt__mesh_check(mesh));
   DT_CHECK(dt__backend_check(backend));
   mesh->backend = backend;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_backend(dt_mesh_t mesh, dt_backend_t* backend) {
+dt_status_t dt_mesh_set_backend(dt_mesh_t mesh, dt_backend_t backend) {
+  DT_ENTRY_RETURN(dt__mesh_set_backend_impl(mesh, backend));
+}
+
+static dt_status_t dt__mesh_backend_impl(dt_mesh_t mesh, dt_backend_t* backend) {
   DT_ARG_NOT_NULL(backend);
   *backend = NULL;
   DT_CHECK(dt__mesh_check(mesh));
@@ -247,7 +271,11 @@ dt_status_t dt_mesh_backend(dt_mesh_t mesh, dt_backend_t* backend) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_ndim(dt_mesh_t mesh, int* ndim) {
+dt_status_t dt_mesh_backend(dt_mesh_t mesh, dt_backend_t* backend) {
+  DT_ENTRY_RETURN(dt__mesh_backend_impl(mesh, backend));
+}
+
+static dt_status_t dt__mesh_ndim_impl(dt_mesh_t mesh, int* ndim) {
   DT_ARG_NOT_NULL(ndim);
   *ndim = 0;
   DT_CHECK(dt__mesh_check(mesh));
@@ -255,7 +283,11 @@ dt_status_t dt_mesh_ndim(dt_mesh_t mesh, int* ndim) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_size(dt_mesh_t mesh, int dim, int* size) {
+dt_status_t dt_mesh_ndim(dt_mesh_t mesh, int* ndim) {
+  DT_ENTRY_RETURN(dt__mesh_ndim_impl(mesh, ndim));
+}
+
+static dt_status_t dt__mesh_size_impl(dt_mesh_t mesh, int dim, int* size) {
   DT_ARG_NOT_NULL(size);
   *size = 0;
   DT_CHECK(dt__mesh_check(mesh));
@@ -265,14 +297,22 @@ dt_status_t dt_mesh_size(dt_mesh_t mesh, int dim, int* size) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_shape(dt_mesh_t mesh, int* shape) {
+dt_status_t dt_mesh_size(dt_mesh_t mesh, int dim, int* size) {
+  DT_ENTRY_RETURN(dt__mesh_size_impl(mesh, dim, size));
+}
+
+static dt_status_t dt__mesh_shape_impl(dt_mesh_t mesh, int* shape) {
   DT_ARG_NOT_NULL(shape);
   DT_CHECK(dt__mesh_check(mesh));
   memcpy(shape, mesh->shape, sizeof(int) * (size_t)mesh->ndim);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_numel(dt_mesh_t mesh, int* numel) {
+dt_status_t dt_mesh_shape(dt_mesh_t mesh, int* shape) {
+  DT_ENTRY_RETURN(dt__mesh_shape_impl(mesh, shape));
+}
+
+static dt_status_t dt__mesh_numel_impl(dt_mesh_t mesh, int* numel) {
   DT_ARG_NOT_NULL(numel);
   *numel = 0;
   DT_CHECK(dt__mesh_check(mesh));
@@ -280,34 +320,60 @@ dt_status_t dt_mesh_numel(dt_mesh_t mesh, int* numel) {
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__mesh_need_member(dt_mesh_t m, const char* what) {
+dt_status_t dt_mesh_numel(dt_mesh_t mesh, int* numel) {
+  DT_ENTRY_RETURN(dt__mesh_numel_impl(mesh, numel));
+}
+
+static dt_status_t dt__mesh_need_member(dt_mesh_t m) {
   if (m->abstract)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "%s: an abstract mesh has no rank coordinates", what);
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "mesh is abstract: an abstract mesh has no rank "
+                   "coordinates");
   if (!m->member)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "%s: this rank is not a member of the mesh", what);
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "this rank (world rank %d) is not a member of mesh",
+                   dt__world_rank());
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_coordinate(dt_mesh_t mesh, int* coords) {
+/* "'dp', 'tp'" (the dims that have a name), or "none has a name". */
+static void dt__mesh_dim_names(dt_mesh_t m, char* buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < m->ndim && used < cap; i++) {
+    if (m->names[i][0] == '\0') continue;
+    int w = snprintf(buf + used, cap - used, "%s'%s'", used ? ", " : "", m->names[i]);
+    if (w > 0) used += (size_t)w;
+  }
+  if (used == 0) snprintf(buf, cap, "none has a name");
+}
+
+static dt_status_t dt__mesh_coordinate_impl(dt_mesh_t mesh, int* coords) {
   DT_ARG_NOT_NULL(coords);
   DT_CHECK(dt__mesh_check(mesh));
-  DT_CHECK(dt__mesh_need_member(mesh, "dt_mesh_coordinate"));
+  DT_CHECK(dt__mesh_need_member(mesh));
   memcpy(coords, mesh->coords, sizeof(int) * (size_t)mesh->ndim);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_local_rank(dt_mesh_t mesh, int dim, int* rank) {
+dt_status_t dt_mesh_coordinate(dt_mesh_t mesh, int* coords) {
+  DT_ENTRY_RETURN(dt__mesh_coordinate_impl(mesh, coords));
+}
+
+static dt_status_t dt__mesh_local_rank_impl(dt_mesh_t mesh, int dim, int* rank) {
   DT_ARG_NOT_NULL(rank);
   *rank = -1;
   DT_CHECK(dt__mesh_check(mesh));
   int d = 0;
   DT_CHECK(dt__mesh_dim(mesh, dim, &d));
-  DT_CHECK(dt__mesh_need_member(mesh, "dt_mesh_local_rank"));
+  DT_CHECK(dt__mesh_need_member(mesh));
   *rank = mesh->coords[d];
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_is_member(dt_mesh_t mesh, int* member) {
+dt_status_t dt_mesh_local_rank(dt_mesh_t mesh, int dim, int* rank) {
+  DT_ENTRY_RETURN(dt__mesh_local_rank_impl(mesh, dim, rank));
+}
+
+static dt_status_t dt__mesh_is_member_impl(dt_mesh_t mesh, int* member) {
   DT_ARG_NOT_NULL(member);
   *member = 0;
   DT_CHECK(dt__mesh_check(mesh));
@@ -315,7 +381,11 @@ dt_status_t dt_mesh_is_member(dt_mesh_t mesh, int* member) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_is_abstract(dt_mesh_t mesh, int* abstract) {
+dt_status_t dt_mesh_is_member(dt_mesh_t mesh, int* member) {
+  DT_ENTRY_RETURN(dt__mesh_is_member_impl(mesh, member));
+}
+
+static dt_status_t dt__mesh_is_abstract_impl(dt_mesh_t mesh, int* abstract) {
   DT_ARG_NOT_NULL(abstract);
   *abstract = 0;
   DT_CHECK(dt__mesh_check(mesh));
@@ -323,7 +393,11 @@ dt_status_t dt_mesh_is_abstract(dt_mesh_t mesh, int* abstract) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_dim_name(dt_mesh_t mesh, int dim, const char** name) {
+dt_status_t dt_mesh_is_abstract(dt_mesh_t mesh, int* abstract) {
+  DT_ENTRY_RETURN(dt__mesh_is_abstract_impl(mesh, abstract));
+}
+
+static dt_status_t dt__mesh_dim_name_impl(dt_mesh_t mesh, int dim, const char** name) {
   DT_ARG_NOT_NULL(name);
   *name = NULL;
   DT_CHECK(dt__mesh_check(mesh));
@@ -333,7 +407,11 @@ dt_status_t dt_mesh_dim_name(dt_mesh_t mesh, int dim, const char** name) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_dim_index(dt_mesh_t mesh, const char* name, int* dim) {
+dt_status_t dt_mesh_dim_name(dt_mesh_t mesh, int dim, const char** name) {
+  DT_ENTRY_RETURN(dt__mesh_dim_name_impl(mesh, dim, name));
+}
+
+static dt_status_t dt__mesh_dim_index_impl(dt_mesh_t mesh, const char* name, int* dim) {
   DT_ARG_NOT_NULL(dim);
   *dim = -1;
   DT_CHECK(dt__mesh_check(mesh));
@@ -343,22 +421,33 @@ dt_status_t dt_mesh_dim_index(dt_mesh_t mesh, const char* name, int* dim) {
       *dim = i;
       return DT_SUCCESS;
     }
-  return DT_FAIL(DT_ERR_INVALID_ARG, "mesh has no dim named '%s'", name);
+  char dims[DT_MAX_MESH_DIMS * (DT_NAME_MAX + 4) + 1];
+  dt__mesh_dim_names(mesh, dims, sizeof dims);
+  return DT_FAIL(DT_ERR_INVALID_ARG, "name '%s': the mesh has no dim of that name (its dims: %s)",
+                 name, dims);
 }
 
-dt_status_t dt_mesh_rank_at(dt_mesh_t mesh, const int* coords, int* world_rank) {
+dt_status_t dt_mesh_dim_index(dt_mesh_t mesh, const char* name, int* dim) {
+  DT_ENTRY_RETURN(dt__mesh_dim_index_impl(mesh, name, dim));
+}
+
+static dt_status_t dt__mesh_rank_at_impl(dt_mesh_t mesh, const int* coords, int* world_rank) {
   DT_ARG_NOT_NULL(world_rank);
   *world_rank = -1;
   DT_CHECK(dt__mesh_check(mesh));
   DT_ARG_NOT_NULL(coords);
   if (mesh->abstract)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "an abstract mesh has no world ranks");
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "mesh is abstract: an abstract mesh has no world ranks");
   for (int i = 0; i < mesh->ndim; i++)
     if (coords[i] < 0 || coords[i] >= mesh->shape[i])
       return DT_FAIL(DT_ERR_INVALID_ARG, "coords[%d] = %d out of range [0, %d)", i, coords[i],
                      mesh->shape[i]);
   *world_rank = mesh->ranks[dt__grid_index(mesh->ndim, mesh->shape, coords)];
   return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_rank_at(dt_mesh_t mesh, const int* coords, int* world_rank) {
+  DT_ENTRY_RETURN(dt__mesh_rank_at_impl(mesh, coords, world_rank));
 }
 
 /* Builds the mesh made of the dims in `mask` (ascending) for this rank's other coordinates;
@@ -417,7 +506,8 @@ fail:
   return st;
 }
 
-dt_status_t dt_mesh_slice(dt_mesh_t mesh, int nnames, const char* const* names, dt_mesh_t* out) {
+static dt_status_t dt__mesh_slice_impl(dt_mesh_t mesh, int nnames, const char* const* names,
+                                       dt_mesh_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__mesh_check(mesh));
@@ -435,19 +525,28 @@ dt_status_t dt_mesh_slice(dt_mesh_t mesh, int nnames, const char* const* names, 
     int d = -1;
     for (int i = 0; i < mesh->ndim; i++)
       if (mesh->names[i][0] && strcmp(mesh->names[i], names[k]) == 0) d = i;
-    if (d < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "mesh has no dim named '%s'", names[k]);
+    if (d < 0) {
+      char dims[DT_MAX_MESH_DIMS * (DT_NAME_MAX + 4) + 1];
+      dt__mesh_dim_names(mesh, dims, sizeof dims);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "names[%d] = '%s': the mesh has no dim of that name (its "
+                     "dims: %s)", k, names[k], dims);
+    }
     if (d <= last)
       return DT_FAIL(DT_ERR_INVALID_ARG,
-                     "dim '%s' repeated or out of mesh order (slice dims in mesh order)",
-                     names[k]);
+                     "names[%d] = '%s' repeated or out of mesh order (slice dims in mesh order)",
+                     k, names[k]);
     last = d;
     mask |= 1u << d;
   }
   return dt__mesh_sub(mesh, mask, 0, NULL, out);
 }
 
-dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const char* name,
-                            dt_mesh_t* out) {
+dt_status_t dt_mesh_slice(dt_mesh_t mesh, int nnames, const char* const* names, dt_mesh_t* out) {
+  DT_ENTRY_RETURN(dt__mesh_slice_impl(mesh, nnames, names, out));
+}
+
+static dt_status_t dt__mesh_flatten_impl(dt_mesh_t mesh, int ndims, const int* dims,
+                                         const char* name, dt_mesh_t* out) {
   if (out) *out = NULL;
   DT_CHECK(dt__mesh_check(mesh));
   DT_ARG_NOT_NULL(dims);
@@ -508,6 +607,11 @@ dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const ch
   return dt__mesh_sub(mesh, mask, 1, g ? g->name : name, out);
 }
 
+dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, const char* name,
+                            dt_mesh_t* out) {
+  DT_ENTRY_RETURN(dt__mesh_flatten_impl(mesh, ndims, dims, name, out));
+}
+
 dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask) {
   for (int i = 0; i < m->ndim; i++)
     if (mask == (1u << i)) return m->dim_comm[i].iface ? &m->dim_comm[i] : NULL;
@@ -540,25 +644,30 @@ dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what) {
 /* ---------------------------------------------------------------------------------------------
  * control values in host memory */
 
-dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int* dims, void* buf,
-                                    int64_t numel, dt_dtype_t dtype, dt_reduce_op_t op) {
+static dt_status_t dt__mesh_all_reduce_host_impl(dt_mesh_t mesh, int n_dims, const int* dims,
+                                                 void* buf, int64_t numel, dt_dtype_t dtype,
+                                                 dt_reduce_op_t op) {
   DT_CHECK(dt__mesh_check(mesh));
   if (dtype != DT_F32 && dtype != DT_I32 && dtype != DT_I64)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: dtype %s (f32, i32 or i64)",
-                   dt_dtype_name(dtype));
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dtype %s is not reduced on the host (valid: f32, i32 or "
+                   "i64)", dt_dtype_name(dtype));
   if (op != DT_REDUCE_SUM && op != DT_REDUCE_AVG && op != DT_REDUCE_MAX && op != DT_REDUCE_MIN)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: reduce op %d", (int)op);
-  if (numel < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: numel %lld",
-                                (long long)numel);
-  if (n_dims < 0 || n_dims > mesh->ndim || (n_dims > 0 && dims == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: %d dims of a %d-D mesh", n_dims,
-                   mesh->ndim);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "op=%d is not a host reduction (valid: DT_REDUCE_SUM, "
+                   "DT_REDUCE_AVG, DT_REDUCE_MAX or DT_REDUCE_MIN)", (int)op);
+  if (numel < 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "numel=%lld is negative (valid: 0 or more)",
+                   (long long)numel);
+  if (n_dims < 0 || n_dims > mesh->ndim)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n_dims=%d out of range for a %d-dim mesh (valid: 0 to "
+                   "%d; 0 means every dim)", n_dims, mesh->ndim, mesh->ndim);
+  if (n_dims > 0 && dims == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dims is NULL with n_dims=%d", n_dims);
   unsigned mask = 0;
   for (int i = 0; i < n_dims; i++) {
     int d = dims[i] < 0 ? dims[i] + mesh->ndim : dims[i];
     if (d < 0 || d >= mesh->ndim || (mask & (1u << d)))
-      return DT_FAIL(DT_ERR_INVALID_ARG, "dt_mesh_all_reduce_host: dim %d out of range or "
-                     "repeated (mesh of %d dims)", dims[i], mesh->ndim);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "dims[%d]=%d out of range or repeated (valid: %d to %d, "
+                     "each dim once)", i, dims[i], -mesh->ndim, mesh->ndim - 1);
     mask |= 1u << d;
   }
   if (n_dims == 0 || dims == NULL) mask = (1u << mesh->ndim) - 1u;
@@ -592,4 +701,9 @@ dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int* dims,
       else ((int64_t*)buf)[i] /= group;
     }
   return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int* dims, void* buf,
+                                    int64_t numel, dt_dtype_t dtype, dt_reduce_op_t op) {
+  DT_ENTRY_RETURN(dt__mesh_all_reduce_host_impl(mesh, n_dims, dims, buf, numel, dtype, op));
 }

@@ -21,6 +21,9 @@
  * faster from ~16 KB, but its base is kept at 8 us (native below ~100 KB on 2 ranks, ~70 KB on
  * 4): a cheaper one changes which plans small models take and so their rounding (the
  * loss-parity curves stay bitwise as they were). dtensor-calibrate fits both for a machine.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
  */
 #include <cJSON.h>
 #include <math.h>
@@ -193,12 +196,14 @@ static dt_status_t dt__algo_check(dt_collective_t c, dt_coll_algo_t a) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "algorithm %d out of range [0, %d)", (int)a,
                    DT_ALGO_COUNT);
   if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s has no %s algorithm", dt_collective_name(c),
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s has no %s algorithm (only reduce_scatter and "
+                   "all_reduce have one besides native)", dt_collective_name(c),
                    dt_coll_algo_name(a));
   return DT_SUCCESS;
 }
 
-dt_status_t dt_cost_model_get_algo(dt_collective_t c, dt_coll_algo_t a, dt_cost_params_t* out) {
+static dt_status_t dt__cost_model_get_algo_impl(dt_collective_t c, dt_coll_algo_t a,
+                                                dt_cost_params_t* out) {
   DT_ARG_NOT_NULL(out);
   DT_CHECK(dt__algo_check(c, a));
   dt__cost_init();
@@ -206,8 +211,12 @@ dt_status_t dt_cost_model_get_algo(dt_collective_t c, dt_coll_algo_t a, dt_cost_
   return DT_SUCCESS;
 }
 
-dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
-                                   const dt_cost_params_t* params) {
+dt_status_t dt_cost_model_get_algo(dt_collective_t c, dt_coll_algo_t a, dt_cost_params_t* out) {
+  DT_ENTRY_RETURN(dt__cost_model_get_algo_impl(c, a, out));
+}
+
+static dt_status_t dt__cost_model_set_algo_impl(dt_collective_t c, dt_coll_algo_t a,
+                                                const dt_cost_params_t* params) {
   DT_ARG_NOT_NULL(params);
   DT_CHECK(dt__algo_check(c, a));
   char key[64];
@@ -219,19 +228,25 @@ dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
   return DT_SUCCESS;
 }
 
+dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
+                                   const dt_cost_params_t* params) {
+  DT_ENTRY_RETURN(dt__cost_model_set_algo_impl(c, a, params));
+}
+
 static dt_status_t dt__mesh_dim_arg(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a) {
   DT_CHECK(dt__mesh_check(mesh));
   DT_CHECK(dt__algo_check(c, a));
   if (c == DT_COLL_LOCAL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "local steps move no data between ranks: set their "
-                   "memory bandwidth with dt_cost_model_set");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "collective local: local steps move no data between "
+                   "ranks (set their memory bandwidth with dt_cost_model_set)");
   if (dim < 0 || dim >= mesh->ndim)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh dim %d out of range [0, %d)", dim, mesh->ndim);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dim=%d out of range [0, %d) (the mesh's dims)", dim,
+                   mesh->ndim);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_set_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a,
-                                   const dt_cost_params_t* params) {
+static dt_status_t dt__mesh_set_cost_model_impl(dt_mesh_t mesh, int dim, dt_collective_t c,
+                                                dt_coll_algo_t a, const dt_cost_params_t* params) {
   DT_CHECK(dt__mesh_dim_arg(mesh, dim, c, a));
   const uint32_t bit = 1u << (c * DT_ALGO_COUNT + a);
   if (params == NULL) {
@@ -247,8 +262,13 @@ dt_status_t dt_mesh_set_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, d
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_get_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a,
-                                   dt_cost_params_t* out) {
+dt_status_t dt_mesh_set_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a,
+                                   const dt_cost_params_t* params) {
+  DT_ENTRY_RETURN(dt__mesh_set_cost_model_impl(mesh, dim, c, a, params));
+}
+
+static dt_status_t dt__mesh_get_cost_model_impl(dt_mesh_t mesh, int dim, dt_collective_t c,
+                                                dt_coll_algo_t a, dt_cost_params_t* out) {
   DT_ARG_NOT_NULL(out);
   DT_CHECK(dt__mesh_dim_arg(mesh, dim, c, a));
   dt__cost_init();
@@ -257,15 +277,20 @@ dt_status_t dt_mesh_get_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, d
   return DT_SUCCESS;
 }
 
-dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_collective_t c,
-                                  uint64_t nbytes, double* cost_us) {
+dt_status_t dt_mesh_get_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c, dt_coll_algo_t a,
+                                   dt_cost_params_t* out) {
+  DT_ENTRY_RETURN(dt__mesh_get_cost_model_impl(mesh, dim, c, a, out));
+}
+
+static dt_status_t dt__mesh_cost_estimate_impl(dt_mesh_t mesh, unsigned mask, dt_collective_t c,
+                                               uint64_t nbytes, double* cost_us) {
   DT_ARG_NOT_NULL(cost_us);
   *cost_us = 0.0;
   DT_CHECK(dt__mesh_check(mesh));
   DT_CHECK(dt__coll_check(c));
   if (mask == 0 || mask >= (1u << mesh->ndim))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "mask 0x%x names no dims of a %d-dim mesh", mask,
-                   mesh->ndim);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mask=0x%x names no dims of a %d-dim mesh (valid: 0x1 to "
+                   "0x%x)", mask, mesh->ndim, (1u << mesh->ndim) - 1u);
   int n = 1;
   for (int d = 0; d < mesh->ndim; d++)
     if (mask & (1u << d)) n *= mesh->shape[d];
@@ -273,21 +298,30 @@ dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_collective_t
   return DT_SUCCESS;
 }
 
+dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_collective_t c,
+                                  uint64_t nbytes, double* cost_us) {
+  DT_ENTRY_RETURN(dt__mesh_cost_estimate_impl(mesh, mask, c, nbytes, cost_us));
+}
+
 dt_status_t dt_cost_model_get(dt_collective_t c, dt_cost_params_t* out) {
-  return dt_cost_model_get_algo(c, DT_ALGO_NATIVE, out);
+  DT_ENTRY_RETURN(dt_cost_model_get_algo(c, DT_ALGO_NATIVE, out));
 }
 
 dt_status_t dt_cost_model_set(dt_collective_t c, const dt_cost_params_t* params) {
-  return dt_cost_model_set_algo(c, DT_ALGO_NATIVE, params);
+  DT_ENTRY_RETURN(dt_cost_model_set_algo(c, DT_ALGO_NATIVE, params));
 }
 
-dt_status_t dt_cost_model_force_algo(dt_coll_algo_t a) {
+static dt_status_t dt__cost_model_force_algo_impl(dt_coll_algo_t a) {
   if (a < 0 || a > DT_ALGO_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "algorithm %d out of range [0, %d]", (int)a,
-                   DT_ALGO_COUNT);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "algorithm %d out of range [0, %d] (%d: choose by cost)",
+                   (int)a, DT_ALGO_COUNT, DT_ALGO_COUNT);
   dt__cost_forced = a;
   dt__cost_gen++;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_cost_model_force_algo(dt_coll_algo_t a) {
+  DT_ENTRY_RETURN(dt__cost_model_force_algo_impl(a));
 }
 
 dt_status_t dt_cost_model_reset(void) {
@@ -297,13 +331,18 @@ dt_status_t dt_cost_model_reset(void) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us) {
+static dt_status_t dt__cost_estimate_impl(dt_collective_t c, int n, uint64_t nbytes,
+                                          double* cost_us) {
   DT_ARG_NOT_NULL(cost_us);
   *cost_us = 0.0;
   DT_CHECK(dt__coll_check(c));
   if (n < 1) return DT_FAIL(DT_ERR_INVALID_ARG, "n = %d must be at least 1", n);
   *cost_us = dt__cost_of(c, n, nbytes, NULL);
   return DT_SUCCESS;
+}
+
+dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us) {
+  DT_ENTRY_RETURN(dt__cost_estimate_impl(c, n, nbytes, cost_us));
 }
 
 /* Parses and applies a model; `what` names its source in messages. Everything is checked first
@@ -362,16 +401,20 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
   return DT_SUCCESS;
 }
 
-dt_status_t dt_cost_model_load_string(const char* text, size_t len) {
+static dt_status_t dt__cost_model_load_string_impl(const char* text, size_t len) {
   DT_ARG_NOT_NULL(text);
   if (len > (1u << 20))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cost model text of %zu bytes is larger than 1 MiB", len);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "len=%zu: cost model text larger than 1 MiB", len);
   if (memchr(text, '\0', len) != NULL)
     return DT_FAIL(DT_ERR_INVALID_ARG, "cost model text contains a NUL byte");
-  return dt__cost_model_parse(text, len, "(string)");
+  return dt__cost_model_parse(text, len, "text");
 }
 
-dt_status_t dt_cost_model_load(const char* path) {
+dt_status_t dt_cost_model_load_string(const char* text, size_t len) {
+  DT_ENTRY_RETURN(dt__cost_model_load_string_impl(text, len));
+}
+
+static dt_status_t dt__cost_model_load_impl(const char* path) {
   DT_ARG_NOT_NULL(path);
   FILE* f = fopen(path, "rb");
   if (f == NULL) return DT_FAIL(DT_ERR_IO, "cannot open cost model '%s'", path);
@@ -405,7 +448,11 @@ dt_status_t dt_cost_model_load(const char* path) {
   return st;
 }
 
-dt_status_t dt_cost_model_save(const char* path) {
+dt_status_t dt_cost_model_load(const char* path) {
+  DT_ENTRY_RETURN(dt__cost_model_load_impl(path));
+}
+
+static dt_status_t dt__cost_model_save_impl(const char* path) {
   DT_ARG_NOT_NULL(path);
   dt__cost_init();
   cJSON* root = cJSON_CreateObject();
@@ -437,6 +484,10 @@ dt_status_t dt_cost_model_save(const char* path) {
   ok = (fclose(f) == 0) && ok;
   cJSON_free(text);
   return ok ? DT_SUCCESS : DT_FAIL(DT_ERR_IO, "writing '%s' failed", path);
+}
+
+dt_status_t dt_cost_model_save(const char* path) {
+  DT_ENTRY_RETURN(dt__cost_model_save_impl(path));
 }
 
 /* A loaded model changes every plan's choices, so rank 0 says which file it came from (one line

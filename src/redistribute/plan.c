@@ -4,6 +4,9 @@
  * answer: the mesh's id and generation (flattening a dim bumps it), the cost-model generation,
  * dtype, global shape, source and target placements. Stale entries (a changed cost model, a
  * flattened mesh, a destroyed mesh) are never hit again and go when the table starts over.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -178,15 +181,16 @@ static dt_status_t dt__plan_args(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
     ndst[i] = dst[i];
     if (ndst[i].kind == DT_SHARD && (ndst[i].dim < -ndim || ndst[i].dim >= ndim))
       return DT_FAIL(DT_ERR_INVALID_ARG,
-                     "target placement for mesh dim %d: Shard dim %d out of range for a %d-dim "
-                     "tensor", i, ndst[i].dim, ndim);
+                     "dst[%d] = S(%d): Shard dim %d out of range for a %d-dim tensor (valid: %d "
+                     "to %d)", i, ndst[i].dim, ndst[i].dim, ndim, -ndim, ndim - 1);
     DT_CHECK(dt_placement_normalize(&ndst[i], ndim));
   }
   return DT_SUCCESS;
 }
 
-dt_status_t dt_plan_create(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
-                           const dt_placement_t* src, const dt_placement_t* dst, dt_plan_t* out) {
+static dt_status_t dt__plan_create_impl(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                        const int64_t* shape, const dt_placement_t* src,
+                                        const dt_placement_t* dst, dt_plan_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   dt_layout_t l;
@@ -199,9 +203,14 @@ dt_status_t dt_plan_create(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int
   return DT_SUCCESS;
 }
 
-dt_status_t dt_plan_create_greedy(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
-                                  const int64_t* shape, const dt_placement_t* src,
-                                  const dt_placement_t* dst, dt_plan_t* out) {
+dt_status_t dt_plan_create(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                           const dt_placement_t* src, const dt_placement_t* dst, dt_plan_t* out) {
+  DT_ENTRY_RETURN(dt__plan_create_impl(mesh, dtype, ndim, shape, src, dst, out));
+}
+
+static dt_status_t dt__plan_create_greedy_impl(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                               const int64_t* shape, const dt_placement_t* src,
+                                               const dt_placement_t* dst, dt_plan_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   dt_layout_t l;
@@ -215,14 +224,24 @@ dt_status_t dt_plan_create_greedy(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   return st;
 }
 
-dt_status_t dt_plan_destroy(dt_plan_t plan) {
+dt_status_t dt_plan_create_greedy(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                  const int64_t* shape, const dt_placement_t* src,
+                                  const dt_placement_t* dst, dt_plan_t* out) {
+  DT_ENTRY_RETURN(dt__plan_create_greedy_impl(mesh, dtype, ndim, shape, src, dst, out));
+}
+
+static dt_status_t dt__plan_destroy_impl(dt_plan_t plan) {
   if (plan == NULL) return DT_SUCCESS;
   DT_CHECK(dt__plan_check(plan));
   dt__plan_take_back(plan);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_plan_num_steps(dt_plan_t plan, int* n) {
+dt_status_t dt_plan_destroy(dt_plan_t plan) {
+  DT_ENTRY_RETURN(dt__plan_destroy_impl(plan));
+}
+
+static dt_status_t dt__plan_num_steps_impl(dt_plan_t plan, int* n) {
   DT_ARG_NOT_NULL(n);
   *n = 0;
   DT_CHECK(dt__plan_check(plan));
@@ -230,12 +249,17 @@ dt_status_t dt_plan_num_steps(dt_plan_t plan, int* n) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_plan_get_step(dt_plan_t plan, int i, dt_plan_step_t* step) {
+dt_status_t dt_plan_num_steps(dt_plan_t plan, int* n) {
+  DT_ENTRY_RETURN(dt__plan_num_steps_impl(plan, n));
+}
+
+static dt_status_t dt__plan_get_step_impl(dt_plan_t plan, int i, dt_plan_step_t* step) {
   DT_CHECK(dt__plan_check(plan));
   DT_ARG_NOT_NULL(step);
   memset(step, 0, sizeof *step);
   if (i < 0 || i >= plan->nsteps)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "step %d out of range [0, %d)", i, plan->nsteps);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "i=%d out of range [0, %d) (the plan's steps)", i,
+                   plan->nsteps);
   const dt_step_t* s = &plan->steps[i];
   step->coll = s->coll;
   for (int d = 0; d < plan->src.mesh_ndim; d++)
@@ -251,7 +275,11 @@ dt_status_t dt_plan_get_step(dt_plan_t plan, int i, dt_plan_step_t* step) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_plan_cost(dt_plan_t plan, double* cost_us) {
+dt_status_t dt_plan_get_step(dt_plan_t plan, int i, dt_plan_step_t* step) {
+  DT_ENTRY_RETURN(dt__plan_get_step_impl(plan, i, step));
+}
+
+static dt_status_t dt__plan_cost_impl(dt_plan_t plan, double* cost_us) {
   DT_ARG_NOT_NULL(cost_us);
   *cost_us = 0.0;
   DT_CHECK(dt__plan_check(plan));
@@ -259,19 +287,32 @@ dt_status_t dt_plan_cost(dt_plan_t plan, double* cost_us) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_plan_count(dt_plan_t plan, dt_collective_t c, int* count) {
+dt_status_t dt_plan_cost(dt_plan_t plan, double* cost_us) {
+  DT_ENTRY_RETURN(dt__plan_cost_impl(plan, cost_us));
+}
+
+static dt_status_t dt__plan_count_impl(dt_plan_t plan, dt_collective_t c, int* count) {
   DT_ARG_NOT_NULL(count);
   *count = 0;
   DT_CHECK(dt__plan_check(plan));
   if (c < 0 || c >= DT_COLL_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "collective %d out of range", (int)c);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "collective %d out of range [0, %d)", (int)c,
+                   DT_COLL_COUNT);
   for (int i = 0; i < plan->nsteps; i++) *count += plan->steps[i].coll == c;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_plan_format(dt_plan_t plan, char* buf, size_t cap) {
+dt_status_t dt_plan_count(dt_plan_t plan, dt_collective_t c, int* count) {
+  DT_ENTRY_RETURN(dt__plan_count_impl(plan, c, count));
+}
+
+static dt_status_t dt__plan_format_impl(dt_plan_t plan, char* buf, size_t cap) {
   DT_CHECK(dt__plan_check(plan));
   return dt__plan_format(plan, buf, cap);
+}
+
+dt_status_t dt_plan_format(dt_plan_t plan, char* buf, size_t cap) {
+  DT_ENTRY_RETURN(dt__plan_format_impl(plan, buf, cap));
 }
 
 dt_status_t dt__plan_lend(struct dt_plan* p, int* mark) {
@@ -294,7 +335,7 @@ dt_status_t dt__plan_format(const struct dt_plan* plan, char* buf, size_t cap) {
     DT_CHECK(dt_placements_format(pl, m, NULL, one, sizeof one));
     int w = snprintf(buf + used, cap - used, "%s%s", i ? " -> " : "", one);
     if (w < 0 || (size_t)w >= cap - used)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "buffer of %zu bytes too small", cap);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "cap=%zu bytes is too small for the plan's text", cap);
     used += (size_t)w;
   }
   return DT_SUCCESS;

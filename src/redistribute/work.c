@@ -17,6 +17,9 @@
  * steady-state asynchronous redistributions allocate only their output tensors. In-flight works advance whenever the library is entered through dt_work_test,
  * dt_work_wait or an op's dispatch (dt__progress_all): Open MPI moves non-blocking collectives
  * only inside MPI calls.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
  */
 #include <stdio.h>
 
@@ -441,7 +444,7 @@ static dt_status_t dt__work_check(dt_work_t h, struct dt__work** w) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_work_wait(dt_work_t h) {
+static dt_status_t dt__work_wait_impl(dt_work_t h) {
   struct dt__work* w;
   DT_CHECK(dt__work_check(h, &w));
   dt_status_t st = w->done ? w->status : dt__work_run(w, 1);
@@ -450,7 +453,11 @@ dt_status_t dt_work_wait(dt_work_t h) {
   return st;
 }
 
-dt_status_t dt_work_test(dt_work_t h, int* done) {
+dt_status_t dt_work_wait(dt_work_t h) {
+  DT_ENTRY_RETURN(dt__work_wait_impl(h));
+}
+
+static dt_status_t dt__work_test_impl(dt_work_t h, int* done) {
   DT_ARG_NOT_NULL(done);
   *done = 0;
   struct dt__work* w;
@@ -461,13 +468,21 @@ dt_status_t dt_work_test(dt_work_t h, int* done) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_work_destroy(dt_work_t h) {
+dt_status_t dt_work_test(dt_work_t h, int* done) {
+  DT_ENTRY_RETURN(dt__work_test_impl(h, done));
+}
+
+static dt_status_t dt__work_destroy_impl(dt_work_t h) {
   if (h == NULL) return DT_SUCCESS;
   struct dt__work* w;
   DT_CHECK(dt__work_check(h, &w));
   dt__shell_free(h);
   dt__work_end(w);
   return DT_SUCCESS;
+}
+
+dt_status_t dt_work_destroy(dt_work_t h) {
+  DT_ENTRY_RETURN(dt__work_destroy_impl(h));
 }
 
 void dt__work_finalize_all(void) {

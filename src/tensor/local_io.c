@@ -7,40 +7,53 @@
  * elements of the tensor's dtype in the row-major order of its local shard; boxes are in local
  * coordinates. Host sides are complete when a call returns; device-to-device work is ordered on
  * the backend's stream like kernels.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
  */
 #include "tensor/tensor.h"
 
 /* ---------------------------------------------------------------------------------------------
  * argument checks */
 
-static dt_status_t dt__io_tensor(dt_tensor_t t, const char* fn) {
-  DT_CHECK(dt__tensor_check(t, "tensor"));
-  if (t->meta) return DT_FAIL(DT_ERR_INVALID_USAGE, "%s: a meta tensor holds no data", fn);
+/* The messages name the arguments of the public function (its name comes first, from its
+ * DT_ENTRY_RETURN): `arg` is the tensor's. */
+static dt_status_t dt__io_tensor(dt_tensor_t t, const char* arg) {
+  DT_CHECK(dt__tensor_check(t, arg));
+  if (t->meta) return DT_FAIL(DT_ERR_INVALID_USAGE, "%s is a meta tensor: it holds no data", arg);
   return DT_SUCCESS;
 }
 
-/* [off, off + n) inside a local shard of `numel` elements. */
-static dt_status_t dt__io_range(const char* fn, const char* what, int64_t off, int64_t n,
-                                int64_t numel) {
-  if (off < 0 || n < 0 || off > numel || n > numel - off)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %s range [%lld, %lld + %lld) is outside the local "
-                   "shard of %lld elements", fn, what, (long long)off, (long long)off,
-                   (long long)n, (long long)numel);
-  return DT_SUCCESS;
+/* [off, off + n) inside `arg`'s local shard of `numel` elements; off_name and n_name are the
+ * arguments giving them, i >= 0 the range's index in those arrays. */
+static dt_status_t dt__io_range(const char* arg, const char* off_name, const char* n_name, int i,
+                                int64_t off, int64_t n, int64_t numel) {
+  if (off >= 0 && n >= 0 && off <= numel && n <= numel - off) return DT_SUCCESS;
+  char oi[48] = "", ni[48] = "";
+  if (i >= 0) {
+    snprintf(oi, sizeof oi, "[%d]", i);
+    snprintf(ni, sizeof ni, "[%d]", i);
+  }
+  return DT_FAIL(DT_ERR_INVALID_ARG, "%s%s=%lld, %s%s=%lld: the range is outside %s's local shard "
+                 "of %lld elements (valid: %s%s >= 0, %s%s >= 0, %s%s + %s%s <= %lld)", off_name,
+                 oi, (long long)off, n_name, ni, (long long)n, arg, (long long)numel, off_name, oi,
+                 n_name, ni, off_name, oi, n_name, ni, (long long)numel);
 }
 
 /* A box of the local shard: *numel its element count. */
-static dt_status_t dt__io_box(const char* fn, dt_tensor_t t, const int64_t* off,
-                              const int64_t* len, int64_t* numel) {
-  DT_ARG_NOT_NULL(off);
-  DT_ARG_NOT_NULL(len);
+static dt_status_t dt__io_box(dt_tensor_t t, const int64_t* box_off, const int64_t* box_len,
+                              int64_t* numel) {
+  DT_ARG_NOT_NULL(box_off);
+  DT_ARG_NOT_NULL(box_len);
   *numel = 1;
   for (int d = 0; d < t->layout.ndim; d++) {
-    if (off[d] < 0 || len[d] < 0 || off[d] > t->local_shape[d] || len[d] > t->local_shape[d] - off[d])
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: box dim %d [%lld, %lld + %lld) is outside the "
-                     "local shard's %lld", fn, d, (long long)off[d], (long long)off[d],
-                     (long long)len[d], (long long)t->local_shape[d]);
-    *numel *= len[d];
+    const int64_t o = box_off[d], l = box_len[d], s = t->local_shape[d];
+    if (o < 0 || l < 0 || o > s || l > s - o)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "box_off[%d]=%lld, box_len[%d]=%lld: the box is outside "
+                     "t's local shard, of %lld along dim %d (valid: box_off[%d] + box_len[%d] <= "
+                     "%lld, both >= 0)", d, (long long)o, d, (long long)l, (long long)s, d, d, d,
+                     (long long)s);
+    *numel *= l;
   }
   return DT_SUCCESS;
 }
@@ -52,9 +65,10 @@ static char* dt__at(dt_tensor_t t, int64_t elem) {
 /* ---------------------------------------------------------------------------------------------
  * host memory <-> local shard */
 
-dt_status_t dt_tensor_read_local(dt_tensor_t t, int64_t offset, int64_t numel, void* host) {
-  DT_CHECK(dt__io_tensor(t, "dt_tensor_read_local"));
-  DT_CHECK(dt__io_range("dt_tensor_read_local", "read", offset, numel, t->local_numel));
+static dt_status_t dt__tensor_read_local_impl(dt_tensor_t t, int64_t offset, int64_t numel,
+                                              void* host) {
+  DT_CHECK(dt__io_tensor(t, "t"));
+  DT_CHECK(dt__io_range("t", "offset", "numel", -1, offset, numel, t->local_numel));
   if (numel == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(host);
   dt_backend_t b = dt__tensor_backend(t);
@@ -62,14 +76,23 @@ dt_status_t dt_tensor_read_local(dt_tensor_t t, int64_t offset, int64_t numel, v
                         dt__backend_is_device(b) ? DT_COPY_D2H : DT_COPY_H2H);
 }
 
-dt_status_t dt_tensor_write_local(dt_tensor_t t, int64_t offset, int64_t numel, const void* host) {
-  DT_CHECK(dt__io_tensor(t, "dt_tensor_write_local"));
-  DT_CHECK(dt__io_range("dt_tensor_write_local", "write", offset, numel, t->local_numel));
+dt_status_t dt_tensor_read_local(dt_tensor_t t, int64_t offset, int64_t numel, void* host) {
+  DT_ENTRY_RETURN(dt__tensor_read_local_impl(t, offset, numel, host));
+}
+
+static dt_status_t dt__tensor_write_local_impl(dt_tensor_t t, int64_t offset, int64_t numel,
+                                               const void* host) {
+  DT_CHECK(dt__io_tensor(t, "t"));
+  DT_CHECK(dt__io_range("t", "offset", "numel", -1, offset, numel, t->local_numel));
   if (numel == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(host);
   dt_backend_t b = dt__tensor_backend(t);
   return b->iface->copy(b, dt__at(t, offset), host, (size_t)numel * dt__itemsize(t->dtype),
                         dt__backend_is_device(b) ? DT_COPY_H2D : DT_COPY_H2H);
+}
+
+dt_status_t dt_tensor_write_local(dt_tensor_t t, int64_t offset, int64_t numel, const void* host) {
+  DT_ENTRY_RETURN(dt__tensor_write_local_impl(t, offset, numel, host));
 }
 
 /* A box between the local shard and a dense host array: host backends copy it in place; a device
@@ -103,24 +126,34 @@ static dt_status_t dt__box_io(dt_tensor_t t, const int64_t* off, const int64_t* 
   return st;
 }
 
-dt_status_t dt_tensor_read_local_box(dt_tensor_t t, const int64_t* box_off, const int64_t* box_len,
-                                     void* host) {
+static dt_status_t dt__tensor_read_local_box_impl(dt_tensor_t t, const int64_t* box_off,
+                                                  const int64_t* box_len, void* host) {
   int64_t n;
-  DT_CHECK(dt__io_tensor(t, "dt_tensor_read_local_box"));
-  DT_CHECK(dt__io_box("dt_tensor_read_local_box", t, box_off, box_len, &n));
+  DT_CHECK(dt__io_tensor(t, "t"));
+  DT_CHECK(dt__io_box(t, box_off, box_len, &n));
   if (n == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(host);
   return dt__box_io(t, box_off, box_len, host, 1, n);
 }
 
-dt_status_t dt_tensor_write_local_box(dt_tensor_t t, const int64_t* box_off,
-                                      const int64_t* box_len, const void* host) {
+dt_status_t dt_tensor_read_local_box(dt_tensor_t t, const int64_t* box_off, const int64_t* box_len,
+                                     void* host) {
+  DT_ENTRY_RETURN(dt__tensor_read_local_box_impl(t, box_off, box_len, host));
+}
+
+static dt_status_t dt__tensor_write_local_box_impl(dt_tensor_t t, const int64_t* box_off,
+                                                   const int64_t* box_len, const void* host) {
   int64_t n;
-  DT_CHECK(dt__io_tensor(t, "dt_tensor_write_local_box"));
-  DT_CHECK(dt__io_box("dt_tensor_write_local_box", t, box_off, box_len, &n));
+  DT_CHECK(dt__io_tensor(t, "t"));
+  DT_CHECK(dt__io_box(t, box_off, box_len, &n));
   if (n == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(host);
   return dt__box_io(t, box_off, box_len, (void*)host, 0, n);
+}
+
+dt_status_t dt_tensor_write_local_box(dt_tensor_t t, const int64_t* box_off,
+                                      const int64_t* box_len, const void* host) {
+  DT_ENTRY_RETURN(dt__tensor_write_local_box_impl(t, box_off, box_len, host));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -128,22 +161,22 @@ dt_status_t dt_tensor_write_local_box(dt_tensor_t t, const int64_t* box_off,
 
 #define DT__RANGES_INLINE 64
 
-dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n, const int64_t* dst_off,
-                                  const int64_t* src_off, const int64_t* numel) {
-  const char* fn = "dt_tensor_copy_local";
-  DT_CHECK(dt__io_tensor(dst, fn));
-  DT_CHECK(dt__io_tensor(src, fn));
-  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n = %d ranges", fn, n);
+static dt_status_t dt__tensor_copy_local_impl(dt_tensor_t dst, dt_tensor_t src, int n,
+                                              const int64_t* dst_off, const int64_t* src_off,
+                                              const int64_t* numel) {
+  DT_CHECK(dt__io_tensor(dst, "dst"));
+  DT_CHECK(dt__io_tensor(src, "src"));
+  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "n=%d ranges (valid: 0 or more)", n);
   if (n == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(dst_off);
   DT_ARG_NOT_NULL(src_off);
   DT_ARG_NOT_NULL(numel);
   if (dst->dtype != src->dtype)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dst is %s, src is %s (cast with the \"cast\" op)", fn,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dst is %s, src is %s (cast with the \"cast\" op)",
                    dt_dtype_name(dst->dtype), dt_dtype_name(src->dtype));
   for (int i = 0; i < n; i++) {
-    DT_CHECK(dt__io_range(fn, "destination", dst_off[i], numel[i], dst->local_numel));
-    DT_CHECK(dt__io_range(fn, "source", src_off[i], numel[i], src->local_numel));
+    DT_CHECK(dt__io_range("dst", "dst_off", "numel", i, dst_off[i], numel[i], dst->local_numel));
+    DT_CHECK(dt__io_range("src", "src_off", "numel", i, src_off[i], numel[i], src->local_numel));
   }
   const int64_t item = (int64_t)dt__itemsize(dst->dtype);
   dt_backend_t db = dt__tensor_backend(dst), sb = dt__tensor_backend(src);
@@ -152,7 +185,7 @@ dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n, const 
   if (db == sb || (!ddev && !sdev)) { /* one memory: the backend's range copy, in byte ranges */
     int64_t inl[3][DT__RANGES_INLINE];
     int64_t* r = n <= DT__RANGES_INLINE ? &inl[0][0] : (int64_t*)dt__malloc(sizeof(int64_t) * 3 * (size_t)n);
-    if (r == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %d ranges", fn, n);
+    if (r == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "a list of %d ranges", n);
     const int stride = n <= DT__RANGES_INLINE ? DT__RANGES_INLINE : n;
     for (int i = 0; i < n; i++) {
       r[i] = dst_off[i] * item;
@@ -175,7 +208,7 @@ dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n, const 
       st = db->iface->copy(db, d, s, nb, DT_COPY_H2D);
     } else { /* two device backends: through host memory */
       void* h = dt__host_stage_alloc(sb, nb);
-      if (h == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %zu bytes of staging", fn, nb);
+      if (h == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%zu bytes of host staging", nb);
       st = sb->iface->copy(sb, h, s, nb, DT_COPY_D2H);
       if (st == DT_SUCCESS) st = db->iface->copy(db, d, h, nb, DT_COPY_H2D);
       dt__host_stage_free(sb, h, nb);
@@ -184,17 +217,27 @@ dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n, const 
   return st;
 }
 
-dt_status_t dt_tensor_fill_local(dt_tensor_t t, int n, const int64_t* off, const int64_t* numel,
-                                 double value) {
-  const char* fn = "dt_tensor_fill_local";
-  DT_CHECK(dt__io_tensor(t, fn));
-  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n = %d ranges", fn, n);
+dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n, const int64_t* dst_off,
+                                  const int64_t* src_off, const int64_t* numel) {
+  DT_ENTRY_RETURN(dt__tensor_copy_local_impl(dst, src, n, dst_off, src_off, numel));
+}
+
+static dt_status_t dt__tensor_fill_local_impl(dt_tensor_t t, int n, const int64_t* off,
+                                              const int64_t* numel, double value) {
+  DT_CHECK(dt__io_tensor(t, "t"));
+  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "n=%d ranges (valid: 0 or more)", n);
   if (n == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(off);
   DT_ARG_NOT_NULL(numel);
-  for (int i = 0; i < n; i++) DT_CHECK(dt__io_range(fn, "fill", off[i], numel[i], t->local_numel));
+  for (int i = 0; i < n; i++)
+    DT_CHECK(dt__io_range("t", "off", "numel", i, off[i], numel[i], t->local_numel));
   dt_backend_t b = dt__tensor_backend(t);
   for (int i = 0; i < n; i++)
     if (numel[i] > 0) DT_CHECK(b->iface->fill(b, dt__at(t, off[i]), t->dtype, numel[i], value));
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_fill_local(dt_tensor_t t, int n, const int64_t* off, const int64_t* numel,
+                                 double value) {
+  DT_ENTRY_RETURN(dt__tensor_fill_local_impl(t, n, off, numel, value));
 }

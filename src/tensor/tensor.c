@@ -1,5 +1,9 @@
 /* tensor.c - distributed tensors: construction, local shards, full tensors, redistribution,
- * placement-independent factories and sharding visualization. */
+ * placement-independent factories and sharding visualization.
+ *
+ * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
+ * functions), so that every message recorded below one starts with its name (dtensor/status.h).
+ */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,7 +37,7 @@ static dt_status_t dt__tensor_shell(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
   DT_CHECK(dt__mesh_check(mesh));
   if (mesh->abstract && !meta)
     return DT_FAIL(DT_ERR_INVALID_USAGE,
-                   "an abstract mesh holds no data (plan with dt_plan_create, print with "
+                   "mesh is abstract: it holds no data (plan with dt_plan_create, print with "
                    "dt_sharding_visualize, or use meta tensors: dt_tensor_meta)");
   if (!dt__dtype_valid(dtype))
     return DT_FAIL(DT_ERR_INVALID_ARG, "dtype %d out of range [0, %d)", (int)dtype,
@@ -148,7 +152,7 @@ void dt__tensor_free(dt_tensor_t t) {
   dt_handle_free(t);
 }
 
-dt_status_t dt_tensor_destroy(dt_tensor_t t) {
+static dt_status_t dt__tensor_destroy_impl(dt_tensor_t t) {
   if (t == NULL) return DT_SUCCESS;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   if (t->held)
@@ -159,27 +163,46 @@ dt_status_t dt_tensor_destroy(dt_tensor_t t) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tensor_set_memory_category(dt_tensor_t t, dt_mem_category_t c) {
+dt_status_t dt_tensor_destroy(dt_tensor_t t) {
+  DT_ENTRY_RETURN(dt__tensor_destroy_impl(t));
+}
+
+static dt_status_t dt__tensor_set_memory_category_impl(dt_tensor_t t, dt_mem_category_t c) {
   DT_CHECK(dt__tensor_check(t, "tensor"));
   if (c < 0 || c >= DT_MEM_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "memory category %d out of range [0, %d)", (int)c,
-                   DT_MEM_COUNT);
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "c=%d is not a memory category (valid: 0 to %d, DT_MEM_PARAMETERS to "
+                   "DT_MEM_OTHER)", (int)c, DT_MEM_COUNT - 1);
   dt__storage_set_category(t->storage, c);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
-                           const dt_placement_t* placements, dt_tensor_t* out) {
+dt_status_t dt_tensor_set_memory_category(dt_tensor_t t, dt_mem_category_t c) {
+  DT_ENTRY_RETURN(dt__tensor_set_memory_category_impl(t, c));
+}
+
+static dt_status_t dt__tensor_meta_impl(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                        const int64_t* shape, const dt_placement_t* placements,
+                                        dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   return dt__tensor_meta(mesh, dtype, ndim, shape, placements, out);
 }
 
-dt_status_t dt_tensor_is_meta(dt_tensor_t t, int* meta) {
+dt_status_t dt_tensor_meta(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                           const dt_placement_t* placements, dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__tensor_meta_impl(mesh, dtype, ndim, shape, placements, out));
+}
+
+static dt_status_t dt__tensor_is_meta_impl(dt_tensor_t t, int* meta) {
   DT_ARG_NOT_NULL(meta);
   *meta = 0;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   *meta = t->meta;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_is_meta(dt_tensor_t t, int* meta) {
+  DT_ENTRY_RETURN(dt__tensor_is_meta_impl(t, meta));
 }
 
 /* Turns a replicated value into this rank's part of a Partial, for every Partial mesh dim:
@@ -216,15 +239,21 @@ static dt_status_t dt__upload_box(dt_tensor_t t, const void* full) {
   return st;
 }
 
-dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
-                            const dt_placement_t* placements, dt_tensor_t* out) {
+static dt_status_t dt__tensor_empty_impl(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                         const int64_t* shape, const dt_placement_t* placements,
+                                         dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   return dt__tensor_new(mesh, dtype, ndim, shape, placements, 0, out); /* values unspecified */
 }
 
-dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
-                                const dt_placement_t* placements, const void* full,
-                                dt_tensor_t* out) {
+dt_status_t dt_tensor_empty(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                            const dt_placement_t* placements, dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__tensor_empty_impl(mesh, dtype, ndim, shape, placements, out));
+}
+
+static dt_status_t dt__tensor_from_full_impl(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                             const int64_t* shape, const dt_placement_t* placements,
+                                             const void* full, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(full);
@@ -242,11 +271,17 @@ dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, cons
   return st;
 }
 
+dt_status_t dt_tensor_from_full(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                const dt_placement_t* placements, const void* full,
+                                dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__tensor_from_full_impl(mesh, dtype, ndim, shape, placements, full, out));
+}
+
 dt_status_t dt_tensor_from_local(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
                                  const int64_t* global_shape, const dt_placement_t* placements,
                                  void* local, const int64_t* local_shape, dt_tensor_t* out) {
-  return dt_tensor_from_local_backend(mesh, NULL, dtype, ndim, global_shape, placements, local,
-                                      local_shape, out);
+  DT_ENTRY_RETURN(dt_tensor_from_local_backend(mesh, NULL, dtype, ndim, global_shape, placements,
+                                               local, local_shape, out));
 }
 
 /* The arguments of dt_tensor_from_local that each rank checks on its own (first failure). */
@@ -301,11 +336,10 @@ static dt_status_t dt__from_local_agree_shape(dt_mesh_t mesh, int ndim, int64_t*
  * members agree on the outcome (dt__mesh_agree) before the inference's all-reduce and before
  * returning: a rank that fails never leaves the others waiting in a collective, there or in
  * their next one. */
-dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, dt_dtype_t dtype,
-                                         int ndim, const int64_t* global_shape,
-                                         const dt_placement_t* placements, void* local,
-                                         const int64_t* local_shape, dt_tensor_t* out) {
-  static const char what[] = "dt_tensor_from_local";
+static dt_status_t dt__tensor_from_local_backend_impl(
+    dt_mesh_t mesh, dt_backend_t backend, dt_dtype_t dtype, int ndim, const int64_t* global_shape,
+    const dt_placement_t* placements, void* local, const int64_t* local_shape, dt_tensor_t* out) {
+  static const char what[] = "checking the arguments"; /* after the entry point's name */
   if (out != NULL) *out = NULL;
   DT_CHECK(dt__mesh_check(mesh)); /* a dead mesh handle: no communicator to agree on */
   dt_status_t st = dt__from_local_args(backend, ndim, local_shape, placements, out);
@@ -330,12 +364,13 @@ dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, d
       dt__fmt_shape(glob, sizeof glob, ndim, gshape);
       dt_placements_format(t->layout.pl, mesh->ndim, ",", pl, sizeof pl);
       st = DT_FAIL(DT_ERR_INVALID_ARG,
-                   "local shape %s does not follow the chunk rule: global shape %s with "
+                   "local_shape %s does not follow the chunk rule: global shape %s with "
                    "placements %s gives this rank %s",
                    got, glob, pl, want);
     }
   if (st == DT_SUCCESS && t->local_numel > 0 && local == NULL)
-    st = DT_FAIL(DT_ERR_INVALID_ARG, "local is NULL but the shard has elements");
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "local is NULL but this rank's shard has %lld elements",
+                 (long long)t->local_numel);
   if (st == DT_SUCCESS) st = dt__storage_borrow(backend, local, dt__tensor_nbytes(t), &t->storage);
   st = dt__mesh_agree(mesh, st, what);
   if (st != DT_SUCCESS) {
@@ -347,25 +382,33 @@ dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, d
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tensor_view_local(dt_tensor_t base, int64_t offset, int ndim,
-                                 const int64_t* shape, const dt_placement_t* placements,
-                                 dt_tensor_t* out) {
+dt_status_t dt_tensor_from_local_backend(dt_mesh_t mesh, dt_backend_t backend, dt_dtype_t dtype,
+                                         int ndim, const int64_t* global_shape,
+                                         const dt_placement_t* placements, void* local,
+                                         const int64_t* local_shape, dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__tensor_from_local_backend_impl(mesh, backend, dtype, ndim, global_shape,
+                                                     placements, local, local_shape, out));
+}
+
+static dt_status_t dt__tensor_view_local_impl(dt_tensor_t base, int64_t offset, int ndim,
+                                              const int64_t* shape,
+                                              const dt_placement_t* placements, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tensor_check(base, "base"));
   if (ndim > 0) DT_ARG_NOT_NULL(shape);
   DT_ARG_NOT_NULL(placements);
   if (offset < 0 || offset > base->local_numel)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "view_local: offset %lld out of range [0, %lld] (the "
-                   "base's local elements)", (long long)offset, (long long)base->local_numel);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "offset=%lld out of range [0, %lld] (the base's local "
+                   "elements)", (long long)offset, (long long)base->local_numel);
   dt_tensor_t t;
   DT_CHECK(dt__tensor_shell(base->mesh, base->dtype, ndim, shape, placements, base->meta, &t));
   if (t->local_numel > base->local_numel - offset) {
     char sh[160];
     dt__fmt_shape(sh, sizeof sh, ndim, t->local_shape);
     dt__tensor_free(t);
-    return DT_FAIL(DT_ERR_INVALID_ARG, "view_local: this rank's shard %s (%lld elements) at "
-                   "offset %lld overruns the base's %lld local elements", sh,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "shape with placements gives this rank a shard %s (%lld "
+                   "elements) that at offset=%lld overruns the base's %lld local elements", sh,
                    (long long)t->local_numel, (long long)offset,
                    (long long)base->local_numel);
   }
@@ -379,21 +422,31 @@ dt_status_t dt_tensor_view_local(dt_tensor_t base, int64_t offset, int ndim,
   return DT_SUCCESS;
 }
 
+dt_status_t dt_tensor_view_local(dt_tensor_t base, int64_t offset, int ndim,
+                                 const int64_t* shape, const dt_placement_t* placements,
+                                 dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__tensor_view_local_impl(base, offset, ndim, shape, placements, out));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * distribute: scatter (Shard) or broadcast (Replicate / Partial) one mesh dim at a time */
 
-dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
-                                 const dt_placement_t* placements, const void* full, int src_rank,
-                                 dt_tensor_t* out) {
+static dt_status_t dt__tensor_distribute_impl(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
+                                              const int64_t* shape,
+                                              const dt_placement_t* placements, const void* full,
+                                              int src_rank, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__mesh_check(mesh));
-  if (mesh->abstract) return DT_FAIL(DT_ERR_INVALID_USAGE, "an abstract mesh holds no data");
+  if (mesh->abstract)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "mesh is abstract: an abstract mesh holds no data");
   int src_pos = -1;
   for (int p = 0; p < mesh->numel; p++)
     if (mesh->ranks[p] == src_rank) src_pos = p;
   if (src_pos < 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "src_rank %d is not a member of the mesh", src_rank);
+    return DT_FAIL(DT_ERR_INVALID_ARG,
+                   "src_rank %d is not a member of the mesh (valid: one of its %d world ranks, "
+                   "e.g. %d)", src_rank, mesh->numel, mesh->ranks[0]);
   /* Only the source can see a NULL full: it tells the others (one tiny broadcast) so that every
    * rank fails together instead of leaving them blocked in the scatter. */
   if (mesh->member) {
@@ -484,66 +537,113 @@ fail:
   return st;
 }
 
+dt_status_t dt_tensor_distribute(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
+                                 const dt_placement_t* placements, const void* full, int src_rank,
+                                 dt_tensor_t* out) {
+  DT_ENTRY_RETURN(
+      dt__tensor_distribute_impl(mesh, dtype, ndim, shape, placements, full, src_rank, out));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * accessors */
 
-dt_status_t dt_tensor_dtype(dt_tensor_t t, dt_dtype_t* dtype) {
+static dt_status_t dt__tensor_dtype_impl(dt_tensor_t t, dt_dtype_t* dtype) {
   DT_ARG_NOT_NULL(dtype);
   DT_CHECK(dt__tensor_check(t, "tensor"));
   *dtype = t->dtype;
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_ndim(dt_tensor_t t, int* ndim) {
+
+dt_status_t dt_tensor_dtype(dt_tensor_t t, dt_dtype_t* dtype) {
+  DT_ENTRY_RETURN(dt__tensor_dtype_impl(t, dtype));
+}
+
+static dt_status_t dt__tensor_ndim_impl(dt_tensor_t t, int* ndim) {
   DT_ARG_NOT_NULL(ndim);
   *ndim = 0;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   *ndim = t->layout.ndim;
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_shape(dt_tensor_t t, int64_t* shape) {
+
+dt_status_t dt_tensor_ndim(dt_tensor_t t, int* ndim) {
+  DT_ENTRY_RETURN(dt__tensor_ndim_impl(t, ndim));
+}
+
+static dt_status_t dt__tensor_shape_impl(dt_tensor_t t, int64_t* shape) {
   DT_ARG_NOT_NULL(shape);
   DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(shape, t->layout.shape, sizeof(int64_t) * (size_t)t->layout.ndim);
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_placements(dt_tensor_t t, dt_placement_t* out) {
+
+dt_status_t dt_tensor_shape(dt_tensor_t t, int64_t* shape) {
+  DT_ENTRY_RETURN(dt__tensor_shape_impl(t, shape));
+}
+
+static dt_status_t dt__tensor_placements_impl(dt_tensor_t t, dt_placement_t* out) {
   DT_ARG_NOT_NULL(out);
   DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(out, t->layout.pl, sizeof(dt_placement_t) * (size_t)t->layout.mesh_ndim);
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_mesh(dt_tensor_t t, dt_mesh_t* mesh) {
+
+dt_status_t dt_tensor_placements(dt_tensor_t t, dt_placement_t* out) {
+  DT_ENTRY_RETURN(dt__tensor_placements_impl(t, out));
+}
+
+static dt_status_t dt__tensor_mesh_impl(dt_tensor_t t, dt_mesh_t* mesh) {
   DT_ARG_NOT_NULL(mesh);
   *mesh = NULL;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   *mesh = t->mesh;
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape) {
+
+dt_status_t dt_tensor_mesh(dt_tensor_t t, dt_mesh_t* mesh) {
+  DT_ENTRY_RETURN(dt__tensor_mesh_impl(t, mesh));
+}
+
+static dt_status_t dt__tensor_local_shape_impl(dt_tensor_t t, int64_t* shape) {
   DT_ARG_NOT_NULL(shape);
   DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset) {
+
+dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape) {
+  DT_ENTRY_RETURN(dt__tensor_local_shape_impl(t, shape));
+}
+
+static dt_status_t dt__tensor_local_offset_impl(dt_tensor_t t, int64_t* offset) {
   DT_ARG_NOT_NULL(offset);
   DT_CHECK(dt__tensor_check(t, "tensor"));
   memcpy(offset, t->local_off, sizeof(int64_t) * (size_t)t->layout.ndim);
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel) {
+
+dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset) {
+  DT_ENTRY_RETURN(dt__tensor_local_offset_impl(t, offset));
+}
+
+static dt_status_t dt__tensor_local_numel_impl(dt_tensor_t t, int64_t* numel) {
   DT_ARG_NOT_NULL(numel);
   *numel = 0;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   *numel = t->local_numel;
   return DT_SUCCESS;
 }
-dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape) {
-  return dt_tensor_to_local_backend(t, data, local_shape, NULL);
+
+dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel) {
+  DT_ENTRY_RETURN(dt__tensor_local_numel_impl(t, numel));
 }
 
-dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,
-                                       dt_backend_t* backend) {
+dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape) {
+  DT_ENTRY_RETURN(dt_tensor_to_local_backend(t, data, local_shape, NULL));
+}
+
+static dt_status_t dt__tensor_to_local_backend_impl(dt_tensor_t t, void** data,
+                                                    int64_t* local_shape, dt_backend_t* backend) {
   DT_ARG_NOT_NULL(data);
   *data = NULL;
   if (backend) *backend = NULL;
@@ -554,6 +654,11 @@ dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* loca
   if (local_shape) memcpy(local_shape, t->local_shape, sizeof(int64_t) * (size_t)t->layout.ndim);
   if (backend) *backend = b;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,
+                                       dt_backend_t* backend) {
+  DT_ENTRY_RETURN(dt__tensor_to_local_backend_impl(t, data, local_shape, backend));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -574,6 +679,21 @@ static void dt__redistribute_announce(dt_mesh_t m, struct dt_plan* p, const char
   }
 }
 
+/* The target placements of t's redistribution: a Shard dim out of range is named here as the
+ * argument (the layout check below would say "placement for mesh dim i"). */
+static dt_status_t dt__dst_check(dt_tensor_t t, const dt_placement_t* dst) {
+  const int nd = t->layout.ndim;
+  for (int i = 0; i < t->mesh->ndim; i++)
+    if (dst[i].kind == DT_SHARD && (dst[i].dim < -nd || dst[i].dim >= nd)) {
+      if (nd == 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "dst[%d] = S(%d): Shard dim %d of a 0-dim tensor (it "
+                       "has no dim to shard: use R)", i, dst[i].dim, dst[i].dim);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "dst[%d] = S(%d): Shard dim %d out of range for a %d-dim "
+                     "tensor (valid: %d to %d)", i, dst[i].dim, dst[i].dim, nd, -nd, nd - 1);
+    }
+  return DT_SUCCESS;
+}
+
 /* A new tensor like t with placements dst to redistribute into (meta for a meta t; the plan
  * writes every local element: no zero fill). */
 static dt_status_t dt__redistribute_target(dt_tensor_t t, const dt_placement_t* dst,
@@ -582,7 +702,7 @@ static dt_status_t dt__redistribute_target(dt_tensor_t t, const dt_placement_t* 
   return dt__tensor_new(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, dst, 0, r);
 }
 
-dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
+static dt_status_t dt__tensor_redistribute_into_impl(dt_tensor_t src, dt_tensor_t dst) {
   DT_CHECK(dt__tensor_check(src, "src"));
   DT_CHECK(dt__tensor_check(dst, "dst"));
   if (src->mesh != dst->mesh)
@@ -591,13 +711,17 @@ dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "dtype mismatch: src %s, dst %s",
                    dt_dtype_name(src->dtype), dt_dtype_name(dst->dtype));
   if (src->layout.ndim != dst->layout.ndim ||
-      memcmp(src->layout.shape, dst->layout.shape, sizeof(int64_t) * (size_t)src->layout.ndim))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "global shapes of src and dst differ");
+      memcmp(src->layout.shape, dst->layout.shape, sizeof(int64_t) * (size_t)src->layout.ndim)) {
+    char ss[160], ds[160];
+    dt__fmt_shape(ss, sizeof ss, src->layout.ndim, src->layout.shape);
+    dt__fmt_shape(ds, sizeof ds, dst->layout.ndim, dst->layout.shape);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "global shapes of src %s and dst %s differ", ss, ds);
+  }
   if (dt__tensor_overlap(src, dst))
     return DT_FAIL(DT_ERR_INVALID_ARG, "src and dst share storage");
   if (src->meta != dst->meta)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "redistribute between a meta tensor and a tensor with "
-                   "data");
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "src %s a meta tensor but dst %s: both or neither must "
+                   "be meta", src->meta ? "is" : "is not", dst->meta ? "is" : "is not");
   dt_backend_t b = dt__tensor_backend(src);
   if (!src->meta && b->device != dt__tensor_backend(dst)->device)
     return DT_FAIL(DT_ERR_INVALID_ARG, "src (%s) and dst (%s) live on different devices",
@@ -611,11 +735,17 @@ dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
   return dt__plan_execute(m, b, p, src->data, dst->data);
 }
 
-dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_tensor_t* out) {
+dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
+  DT_ENTRY_RETURN(dt__tensor_redistribute_into_impl(src, dst));
+}
+
+static dt_status_t dt__tensor_redistribute_impl(dt_tensor_t t, const dt_placement_t* dst,
+                                                dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(dst);
+  DT_CHECK(dt__dst_check(t, dst));
   dt_tensor_t r;
   DT_CHECK(dt__redistribute_target(t, dst, &r));
   dt_status_t st = dt_tensor_redistribute_into(t, r);
@@ -627,14 +757,19 @@ dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* dst,
-                                         dt_tensor_t* out, dt_work_t* work) {
+dt_status_t dt_tensor_redistribute(dt_tensor_t t, const dt_placement_t* dst, dt_tensor_t* out) {
+  DT_ENTRY_RETURN(dt__tensor_redistribute_impl(t, dst, out));
+}
+
+static dt_status_t dt__tensor_redistribute_async_impl(dt_tensor_t t, const dt_placement_t* dst,
+                                                      dt_tensor_t* out, dt_work_t* work) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(work);
   *work = NULL;
   DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(dst);
+  DT_CHECK(dt__dst_check(t, dst));
   dt_tensor_t r;
   DT_CHECK(dt__redistribute_target(t, dst, &r));
   dt_mesh_t m = t->mesh;
@@ -654,13 +789,18 @@ dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* ds
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
-  return dt_tensor_gather_full(t, out, out_nbytes);
+dt_status_t dt_tensor_redistribute_async(dt_tensor_t t, const dt_placement_t* dst,
+                                         dt_tensor_t* out, dt_work_t* work) {
+  DT_ENTRY_RETURN(dt__tensor_redistribute_async_impl(t, dst, out, work));
 }
 
-dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
+dt_status_t dt_tensor_full(dt_tensor_t t, void* out, size_t out_nbytes) {
+  DT_ENTRY_RETURN(dt_tensor_gather_full(t, out, out_nbytes));
+}
+
+static dt_status_t dt__tensor_gather_full_impl(dt_tensor_t t, void* out, size_t out_nbytes) {
   DT_CHECK(dt__tensor_check(t, "tensor"));
-  if (t->meta) return DT_FAIL(DT_ERR_INVALID_USAGE, "a meta tensor holds no data");
+  if (t->meta) return DT_FAIL(DT_ERR_INVALID_USAGE, "t is a meta tensor: it holds no data");
   int64_t numel = dt__box_numel(t->layout.ndim, t->layout.shape);
   size_t need = (size_t)numel * dt__itemsize(t->dtype);
   /* the caller's buffer is this rank's own: agreed before the gather, so a rank with a bad one
@@ -668,9 +808,9 @@ dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
   dt_status_t ast = DT_SUCCESS;
   if (out == NULL) ast = DT_FAIL(DT_ERR_INVALID_ARG, "out is NULL");
   else if (out_nbytes < need)
-    ast = DT_FAIL(DT_ERR_INVALID_ARG, "out has %zu bytes, the full tensor needs %zu", out_nbytes,
-                  need);
-  DT_CHECK(dt__mesh_agree(t->mesh, ast, "dt_tensor_gather_full (the output buffer)"));
+    ast = DT_FAIL(DT_ERR_INVALID_ARG, "out_nbytes=%zu is too small: the full tensor needs %zu "
+                  "bytes", out_nbytes, need);
+  DT_CHECK(dt__mesh_agree(t->mesh, ast, "checking out and out_nbytes"));
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
   dt_backend_t b = dt__tensor_backend(t);
@@ -691,6 +831,10 @@ dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
   }
   dt__tensor_free(r);
   return st;
+}
+
+dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
+  DT_ENTRY_RETURN(dt__tensor_gather_full_impl(t, out, out_nbytes));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -719,10 +863,12 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
   *out = NULL;
   if ((kind == DT_FILL_RAND || kind == DT_FILL_RANDN) && dt__dtype_valid(dtype) &&
       !dt__dtype_is_float(dtype))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "rand/randn need a float dtype, got %s",
-                   dt_dtype_name(dtype));
-  if (!isfinite(a) || !isfinite(b))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "fill values must be finite");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dtype %s: rand and randn need a float dtype (f32, bf16 "
+                   "or f16)", dt_dtype_name(dtype));
+  if (!isfinite(a))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s=%g: fill values must be finite",
+                   kind == DT_FILL_ARANGE ? "start" : "value", a);
+  if (!isfinite(b)) return DT_FAIL(DT_ERR_INVALID_ARG, "step=%g: fill values must be finite", b);
   DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, pl, kind == DT_FILL_CONST && a == 0.0, out));
   dt_tensor_t t = *out;
   dt_backend_t be = dt__tensor_backend(t);
@@ -774,29 +920,40 @@ done:
 
 dt_status_t dt_tensor_zeros(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                             const dt_placement_t* placements, dt_tensor_t* out) {
-  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, 0.0, 0.0, 0, out);
+  DT_ENTRY_RETURN(
+      dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, 0.0, 0.0, 0, out));
 }
+
 dt_status_t dt_tensor_ones(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                            const dt_placement_t* placements, dt_tensor_t* out) {
-  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, 1.0, 0.0, 0, out);
+  DT_ENTRY_RETURN(
+      dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, 1.0, 0.0, 0, out));
 }
+
 dt_status_t dt_tensor_full_value(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                                  const dt_placement_t* placements, double value,
                                  dt_tensor_t* out) {
-  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, value, 0.0, 0, out);
+  DT_ENTRY_RETURN(
+      dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_CONST, value, 0.0, 0, out));
 }
+
 dt_status_t dt_tensor_arange(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                              const dt_placement_t* placements, double start, double step,
                              dt_tensor_t* out) {
-  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_ARANGE, start, step, 0, out);
+  DT_ENTRY_RETURN(
+      dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_ARANGE, start, step, 0, out));
 }
+
 dt_status_t dt_tensor_rand(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                            const dt_placement_t* placements, uint64_t seed, dt_tensor_t* out) {
-  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_RAND, 0.0, 0.0, seed, out);
+  DT_ENTRY_RETURN(
+      dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_RAND, 0.0, 0.0, seed, out));
 }
+
 dt_status_t dt_tensor_randn(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                             const dt_placement_t* placements, uint64_t seed, dt_tensor_t* out) {
-  return dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_RANDN, 0.0, 0.0, seed, out);
+  DT_ENTRY_RETURN(
+      dt__factory(mesh, dtype, ndim, shape, placements, DT_FILL_RANDN, 0.0, 0.0, seed, out));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -831,19 +988,28 @@ static dt_status_t dt__visualize(dt_mesh_t mesh, const dt_layout_t* l, FILE* f) 
   return DT_SUCCESS;
 }
 
-dt_status_t dt_tensor_visualize(dt_tensor_t t, FILE* f) {
+static dt_status_t dt__tensor_visualize_impl(dt_tensor_t t, FILE* f) {
   DT_CHECK(dt__tensor_check(t, "tensor"));
   DT_ARG_NOT_NULL(f);
   return dt__visualize(t->mesh, &t->layout, f);
 }
 
-dt_status_t dt_sharding_visualize(dt_mesh_t mesh, int ndim, const int64_t* shape,
-                                  const dt_placement_t* placements, FILE* f) {
+dt_status_t dt_tensor_visualize(dt_tensor_t t, FILE* f) {
+  DT_ENTRY_RETURN(dt__tensor_visualize_impl(t, f));
+}
+
+static dt_status_t dt__sharding_visualize_impl(dt_mesh_t mesh, int ndim, const int64_t* shape,
+                                               const dt_placement_t* placements, FILE* f) {
   DT_CHECK(dt__mesh_check(mesh));
   DT_ARG_NOT_NULL(f);
   dt_layout_t l;
   DT_CHECK(dt__layout_init(&l, mesh->ndim, mesh->shape, ndim, shape, placements));
   return dt__visualize(mesh, &l, f);
+}
+
+dt_status_t dt_sharding_visualize(dt_mesh_t mesh, int ndim, const int64_t* shape,
+                                  const dt_placement_t* placements, FILE* f) {
+  DT_ENTRY_RETURN(dt__sharding_visualize_impl(mesh, ndim, shape, placements, f));
 }
 
 /* ---------------------------------------------------------------------------------------------

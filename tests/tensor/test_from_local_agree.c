@@ -36,7 +36,9 @@ static void expect_agreed(dt_status_t st, double t0, dt_tensor_t t, const char* 
   char want[128];
   if (g_rank == g_world - 1) snprintf(want, sizeof want, "%s", own);
   else
-    snprintf(want, sizeof want, "dt_tensor_from_local failed on rank %d of the mesh", g_world - 1);
+    snprintf(want, sizeof want,
+             "dt_tensor_from_local: checking the arguments failed on rank %d of the mesh",
+             g_world - 1);
   DT_ASSERT_TRUE(strstr(dt_last_error(), want) != NULL, "%s: no '%s' in '%s'", what, want,
                  dt_last_error());
 }
