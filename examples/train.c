@@ -7,7 +7,7 @@
  *       [--metrics FILE.jsonl] [--plot FILE.png] [--bf16-moments] [--checkpoint]
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
- *       [--device cpu|cuda|cuda-emu]
+ *       [--device cpu|cuda|cuda-emu] [--tie-embeddings]
  *   build/examples/train --help     (every flag, grouped, with its default; the JSON keys)
  *
  * --device puts every tensor on that backend (include/dtensor/backend.h): cpu (default), cuda
@@ -52,6 +52,15 @@
  * where position (t, e, f) is the dense mesh's (t, f E + e): the experts are Shard(0) on ep and
  * FSDP-sharded over efsdp (one group per layer's experts, inside the block's group).
  *
+ * --tie-embeddings ties the output projection to the token embedding (GPT-2, Llama 3.2 1B/3B):
+ * one (V, D) parameter held by the modules tok_emb and output (dt_llama_config_t.tie_embeddings),
+ * counted once in the parameter count, stepped once by AdamW, its gradient the sum of the lookup's
+ * and the projection's. It has one placement: by the plan's tok_emb entry, so with the default
+ * plan both are Shard(0) (vocabulary-parallel: Partial lookups, class-sharded logits) instead of
+ * the untied embedding's Shard(1); under --tp both styles (embedding rowwise, colwise) shard the
+ * vocabulary too; FSDP groups it with the root (the lowest module holding both uses), DDP
+ * reduces its gradient once. A --plan that places output and tok_emb differently is refused.
+ *
  * --checkpoint turns on selective activation checkpointing (matmul outputs saved, pointwise ops and
  * views recomputed); the first step reports the activation memory it saved.
  * Flags override the JSON config (same keys without the dashes, '-' as '_'). Each step prints
@@ -91,6 +100,13 @@
   "*.experts.w1=S(1);*.experts.w3=S(1);*.experts.w2=S(2);"                              \
   "*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);" \
   "tok_emb=S(1);*.router=R"
+/* --tie-embeddings: one (V, D) table for the embedding and the output projection, one placement:
+ * the vocabulary sharded for both (Megatron's vocabulary-parallel embedding with the column-
+ * parallel output it ties; PyTorch's tensor-parallel Transformer test does the same) */
+#define DEFAULT_PLAN_TIED                                                                 \
+  "*.experts.w1=S(1);*.experts.w3=S(1);*.experts.w2=S(2);"                              \
+  "*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);" \
+  "tok_emb=S(0);*.router=R"
 
 static int g_rank;
 
@@ -490,9 +506,12 @@ int main(int argc, char** argv) {
   cfg.capacity_factor = o.capacity_factor;
   cfg.top_k = o.top_k;
   cfg.seed = (uint64_t)o.seed;
+  cfg.tie_embeddings = o.tie_embeddings;
   dt_llama_config_defaults(&cfg);
+  const char* nn_plan =
+      o.tie_embeddings && !strcmp(o.plan, DEFAULT_PLAN) ? DEFAULT_PLAN_TIED : o.plan;
   dt_llama_t model;
-  CHECK(dt_llama_create(mesh, &cfg, data_par ? "*=R" : o.plan, &model));
+  CHECK(dt_llama_create(mesh, &cfg, data_par ? "*=R" : nn_plan, &model));
   /* wrap for data parallelism: FSDP/HSDP one group per block, then the root (the embedding, the
    * final norm and the output projection); DDP the whole model */
   dt_module_t root;
@@ -587,12 +606,12 @@ int main(int argc, char** argv) {
   FILE* metrics = NULL;
   if (g_rank == 0 && o.metrics[0]) metrics = fopen(o.metrics, "w");
   if (g_rank == 0) {
-    printf("# dtensor train: %s model, %lld parameters, mesh %s over %d ranks, parallel %s, "
+    printf("# dtensor train: %s model, %lld parameters%s, mesh %s over %d ranks, parallel %s, "
            "batch %dx%d, vocab %d, %d steps\n# plan: %s\n"
            "# device %s; peak %s %.1f GFLOP/s per rank (%.1f total)\n",
-           o.model, (long long)nparam, mesh_desc, world, par_desc, o.batch,
-           o.seq, cfg.vocab, o.steps,
-           data_par ? "*=R (every parameter replicated, then wrapped)" : o.plan, o.device,
+           o.model, (long long)nparam, o.tie_embeddings ? " (output tied to tok_emb)" : "",
+           mesh_desc, world, par_desc, o.batch, o.seq, cfg.vocab, o.steps,
+           data_par ? "*=R (every parameter replicated, then wrapped)" : nn_plan, o.device,
            on_device ? "bf16 GEMM" : "sgemm", peak, peak_total);
     if (!isnan(dt_corpus_entropy_floor(corpus)))
       printf("# corpus: order-%d Markov chain over %d symbols, entropy floor %.4f nats\n", o.order,

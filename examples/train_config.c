@@ -77,6 +77,10 @@ static const opt_doc_t kDocs[] = {
     {"top_k", "model", "K", "moe: experts per token", NULL},
     {"capacity_factor", "model", "X",
      "moe: 0 is dropless; c > 0 keeps ceil(c tokens top_k / E) per expert", NULL},
+    {"tie_embeddings", "model", NULL,
+     "tie the output projection to the token embedding (one (V, D) table, as GPT-2 and Llama "
+     "3.2 1B/3B): counted, stepped and sharded once, its gradient the sum of both uses'",
+     "off"},
     {"data", "data", "markov|PATH",
      "an order-K Markov corpus over V symbols (exact entropy floor) or a file's bytes", NULL},
     {"vocab", "data", "V", "markov: symbols", NULL},
@@ -169,7 +173,7 @@ static const struct {
     INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),     INT_OPT(prefetch, 0, 1),
     INT_OPT(reshard_after_forward, 0, 1 << 20), INT_OPT(dp, 1, 1 << 16),
     INT_OPT(tp, 1, 1 << 16),      INT_OPT(ep, 1, 1 << 16),        INT_OPT(sp, 0, 1),
-    INT_OPT(loss_parallel, 0, 1),
+    INT_OPT(loss_parallel, 0, 1), INT_OPT(tie_embeddings, 0, 1),
 #undef INT_OPT
 };
 static const struct {

@@ -19,6 +19,21 @@
  *
  * Hooks are called in the order they were added; a hook's failure is the forward's or the
  * backward's status. A module must outlive every tape that recorded it (reset the tape first).
+ *
+ * Tied parameters (GPT-2's and Llama 3.2's output projection is the token embedding): one
+ * variable held under several names, in one module or in several, added with dt_module_add_param
+ * more than once or tied afterwards with dt_module_tie. It is one parameter: listed once, under
+ * its first name in iteration order, by dt_module_for_each_param, dt_module_num_params,
+ * dt_module_param_at and dt_module_params (so the optimizer, clipping and a checkpoint see it
+ * once); every use in a forward records the same leaf, so its gradient is the sum of the uses'
+ * gradients; dt_module_set_param and dt_module_swap_param under any of its names replace it for
+ * every holder (it stays tied, no module keeps a destroyed variable); ownership is shared and the
+ * variable is destroyed with its last holder. dt_module_for_each_param_name and
+ * dt_module_param_names list every name (a checkpoint records them all; loading through any of
+ * them reaches the one variable), dt_module_param_holders counts the holders. The wrappers of
+ * dtensor/parallel.h handle ties (TP re-places a tied parameter for every holder, FSDP groups it
+ * at the lowest module that holds every use, DDP reduces its gradient once): tie before
+ * wrapping.
  */
 #ifndef DTENSOR_MODULE_H
 #define DTENSOR_MODULE_H
@@ -43,14 +58,17 @@ typedef dt_status_t (*dt_module_forward_fn)(dt_module_t m, dt_tape_t tape, int n
  * and a context pointer the forward reads through dt_module_ctx (not owned). */
 DT_API dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, void* ctx,
                                     dt_module_t* out);
-/* Destroys the module, its children and the parameters it owns. */
+/* Destroys the module, its children and the parameters it owns (a tied one only when no module
+ * outside it holds it too: the last holder destroys it). */
 DT_API dt_status_t dt_module_destroy(dt_module_t m);
 /* Borrowed: the module's own name, and its context. */
 DT_API const char* dt_module_name(dt_module_t m);
 DT_API void* dt_module_ctx(dt_module_t m);
 
 /* Adds a parameter (ownership passes to the module; "" allowed once). Names are unique among a
- * module's parameters and children. */
+ * module's parameters and children. A variable some module holds already (this one under another
+ * name, or another one) is tied: the holders share it (see above); nothing is checked, as it is
+ * one variable. On failure the caller keeps the variable. */
 DT_API dt_status_t dt_module_add_param(dt_module_t m, const char* name, dt_var_t param);
 /* Adds a child (ownership passes to the parent). */
 DT_API dt_status_t dt_module_add_child(dt_module_t m, dt_module_t child);
@@ -65,11 +83,14 @@ DT_API dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* ou
  * 'wieght' (it has: weight, bias); the failure: ...". */
 DT_API dt_var_t dt_module_get(dt_module_t m, const char* name);
 /* Replaces the parameter at qualified `name` (ownership of `param` passes; the old one is
- * destroyed): a wrapper swaps a replicated parameter for a sharded one. */
+ * destroyed): a wrapper swaps a replicated parameter for a sharded one. A tied parameter is
+ * replaced for every module that holds it, under whichever name (a checkpoint loads through
+ * either); DT_ERR_INVALID_ARG (naming what the module has) when there is no such parameter. */
 DT_API dt_status_t dt_module_set_param(dt_module_t m, const char* name, dt_var_t param);
 /* Swaps the parameter at qualified `name` for `param` without destroying either: the module takes
  * ownership of `param` and hands the previous parameter back to the caller in *old (a wrapper
- * shows a module's forward gathered parameters and puts the sharded ones back after it). */
+ * shows a module's forward gathered parameters and puts the sharded ones back after it). Every
+ * holder of a tied parameter takes `param`, so *old is then held by no module. */
 DT_API dt_status_t dt_module_swap_param(dt_module_t m, const char* name, dt_var_t param,
                                         dt_var_t* old);
 /* The module at qualified `path` below m ("layers.3"; "" is m). */
@@ -79,11 +100,15 @@ DT_API dt_status_t dt_module_num_children(dt_module_t m, int* n);
 DT_API dt_status_t dt_module_child(dt_module_t m, int i, dt_module_t* out);
 
 /* Every parameter below m (its own and its children's, recursively, in order) with its
- * qualified name relative to m. `visit` returns nonzero to stop. */
+ * qualified name relative to m; a tied parameter once, under its first name. `visit` returns
+ * nonzero to stop. */
 typedef int (*dt_module_visit_fn)(const char* name, dt_var_t param, void* ctx);
 DT_API dt_status_t dt_module_for_each_param(dt_module_t m, dt_module_visit_fn visit, void* ctx);
-/* Number of parameters below m, and the i-th of them (the for_each order) with its qualified
- * name written to name[cap]. */
+/* The same once per name: a tied parameter under each of the names it has below m. */
+DT_API dt_status_t dt_module_for_each_param_name(dt_module_t m, dt_module_visit_fn visit,
+                                                 void* ctx);
+/* Number of parameters below m (a tied one counted once), and the i-th of them (the for_each
+ * order) with its qualified name written to name[cap]. */
 DT_API dt_status_t dt_module_num_params(dt_module_t m, int* n);
 DT_API dt_status_t dt_module_param_at(dt_module_t m, int i, char* name, size_t cap,
                                       dt_var_t* out);
@@ -96,6 +121,24 @@ DT_API dt_status_t dt_module_params(dt_module_t m, dt_var_t** params, int* n);
 /* Clears the gradient of every parameter below m (dt_var_zero_grad each; PyTorch's
  * zero_grad(set_to_none=True)): call it after the optimizer step. */
 DT_API dt_status_t dt_module_zero_grad(dt_module_t m);
+
+/* The names below m under which `param` is held, in the for_each_param_name order: their number
+ * in *n (0 when m does not hold it, 1 for an untied parameter, 2 or more for a tied one) and the
+ * k-th (0: the name iteration lists it under) written to name[cap] (name may be NULL).
+ * DT_ERR_INVALID_ARG for k outside [0, *n) (k 0 is accepted when *n is 0). */
+DT_API dt_status_t dt_module_param_names(dt_module_t m, dt_var_t param, int k, char* name,
+                                         size_t cap, int* n);
+/* How many module entries hold `param`, in every live module (1: an untied parameter; more: a
+ * tied one; 0: no module holds it). A wrapper of m compares it with dt_module_param_names(m) to
+ * find ties that leave m. */
+DT_API dt_status_t dt_module_param_holders(dt_var_t param, int* n);
+/* Ties the parameter at qualified `name` below m to the one at `target`: every holder of `name`'s
+ * variable holds `target`'s from now on (its value: the one that stays), and `name`'s variable is
+ * destroyed; tied already is a no-op. The two must agree on shape, dtype, mesh, placements and
+ * requires_grad: DT_ERR_INVALID_ARG otherwise, and for a missing name, the message naming both
+ * parameters and their module paths; DT_ERR_INVALID_USAGE when either is inside a module that
+ * FSDP or DDP wraps already (tie before wrapping). Nothing changes on an error. */
+DT_API dt_status_t dt_module_tie(dt_module_t m, const char* name, const char* target);
 
 /* The parent module (NULL for a root). */
 DT_API dt_module_t dt_module_parent(dt_module_t m);

@@ -19,7 +19,9 @@
  * (D, F); MoE: layers.<i>.router (E, D), the experts stacked as layers.<i>.experts.w1 and .w3
  * (E, F, D) and layers.<i>.experts.w2 (E, D, F) in the module layers.<i>.experts (its forward
  * takes the tokens and the router weight and runs dt_nn_moe, so a wrapper of the experts alone,
- * FSDP over an expert mesh, encloses every use of them); norm (D); output (V, D).
+ * FSDP over an expert mesh, encloses every use of them); norm (D); output (V, D). With
+ * tie_embeddings the output projection is the embedding table: the module "output" holds
+ * tok_emb's variable (dtensor/module.h, tied parameters), listed once as "tok_emb".
  * Weights are N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms ones; values
  * depend only on (seed, name, element), so every mesh starts from the same model.
  */
@@ -181,6 +183,9 @@ typedef struct dt_llama_config {
   uint64_t seed;
   double capacity_factor; /* MoE: 0 dropless (the default); c > 0 caps each expert at
                              ceil(c tokens top_k / E) routing choices (see dt_nn_moe) */
+  int tie_embeddings;     /* 1: the output projection is the token embedding (GPT-2, Llama 3.2
+                             1B/3B, Gemma): one (V, D) parameter held by "tok_emb" and "output",
+                             initialized as the embedding, its gradient the sum of both uses' */
 } dt_llama_config_t;
 
 /* Defaults for the fields left 0 (norm_eps 1e-5, rope_theta 10000, n_kv_heads = n_heads,
@@ -189,7 +194,10 @@ DT_API void dt_llama_config_defaults(dt_llama_config_t* cfg);
 
 typedef struct dt_llama* dt_llama_t;
 
-/* Builds the model's parameters on `mesh` placed by `plan` (NULL: all replicated). */
+/* Builds the model's parameters on `mesh` placed by `plan` (NULL: all replicated). With
+ * tie_embeddings the tied table is placed by the plan's tok_emb entry; a plan that places
+ * "output" otherwise is DT_ERR_INVALID_ARG naming both (tensor parallelism gives both Shard(0):
+ * the vocabulary). */
 DT_API dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg, const char* plan,
                                    dt_llama_t* out);
 DT_API dt_status_t dt_llama_destroy(dt_llama_t m);
@@ -198,7 +206,9 @@ DT_API dt_status_t dt_llama_destroy(dt_llama_t m);
  * "norm", "output". Wrappers hook or replace parameters in it; dt_llama_forward runs it. */
 DT_API dt_status_t dt_llama_module(dt_llama_t m, dt_module_t* root);
 /* The parameters (borrowed until the next call), their qualified names, and the total parameter
- * count (of the original model: replaced parameters keep their global shapes). */
+ * count (of the original model: replaced parameters keep their global shapes). A tied parameter
+ * is one: listed and counted once, under its first name ("tok_emb"; dt_module_param_names on the
+ * root gives the others). */
 DT_API dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names,
                                    int* n, int64_t* numel);
 /* Mean next-token cross-entropy of tokens (B, S) i64 against targets (B, S) i64, both replicated
@@ -231,8 +241,9 @@ typedef struct dt_adamw* dt_adamw_t;
 DT_API dt_adamw_config_t dt_adamw_config_default(void);
 
 /* The optimizer over params[0..n) (the handles are kept: create it after wrapping the model,
- * e.g. from dt_module_params). DT_ERR_INVALID_ARG for a dead parameter, lr not finite or below 0,
- * betas outside [0, 1), eps <= 0, weight_decay < 0. */
+ * e.g. from dt_module_params, which lists a tied parameter once). DT_ERR_INVALID_ARG for a dead
+ * parameter, one listed twice (it would be stepped twice), lr not finite or below 0, betas
+ * outside [0, 1), eps <= 0, weight_decay < 0. */
 DT_API dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
                                    dt_adamw_t* out);
 /* dt_adamw_step's lr that means "the configured cfg.lr" (PyTorch's opt.step()). */
@@ -257,7 +268,8 @@ DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);
  * The gradients may live on up to 8 meshes that each cover the world (e.g. the dense and the
  * expert parameters' views of one world): each rank adds its shares and the sum is still one
  * all-reduce (DT_ERR_UNSUPPORTED when a mesh covers only part of the world). Partial gradients
- * are an error (reduce them first). */
+ * are an error (reduce them first). A variable listed twice (a tied parameter) counts, and is
+ * scaled, once. */
 DT_API dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm);
 
 /* Linear warmup to lr_max over `warmup` steps, then cosine decay to lr_min at `total`. */

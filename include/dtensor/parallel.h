@@ -41,12 +41,19 @@
  *  - a group's reduce-scatter starts as soon as its gradients are complete and is finished when
  *    the next group's starts or the outermost group's backward ends (or by dt_fsdp_wait);
  *  - dt_fsdp_set_requires_gradient_sync(m, 0) skips the reduction (gradients accumulate
- *    unsharded) for micro-batches but the last.
+ *    unsharded) for micro-batches but the last;
+ *  - a tied parameter (one variable held by several modules, dtensor/module.h) is one parameter
+ *    of one group: a group takes it only when every holder is below the wrapped module, so it
+ *    lands in the group of the lowest module holding every use (the root for an output
+ *    projection tied to the embedding, as FSDP2 advises); that group's gather serves every use
+ *    (the swap puts the gathered variable in every holder) and its one reduce-scatter takes the
+ *    sum of the uses' gradients. A group of one holder alone leaves it to a group above.
  *
  * DDP (dt_data_parallel): parameters stay Replicate; gradients are kept as the backward pass
  * produces them (Partial) and all-reduced in buckets of about bucket_nbytes, each started
  * asynchronously as soon as its gradients are complete, all finished when the wrapped module's
  * backward ends (before the optimizer step). dt_ddp_set_requires_gradient_sync(m, 0) is no_sync.
+ * A tied parameter is bucketed once, its gradient (the sum of its uses') all-reduced once.
  *
  * The loss the wrapped model computes must be the mean over the global batch (the batch sharded
  * on the data dims, as dt_llama_forward does): gradients are summed across ranks, not averaged.
@@ -89,8 +96,8 @@ DT_API dt_fsdp_config_t dt_fsdp_config_for(int shard_dim, int replicate_dim);
  * 2). With a tensor-parallel dim in the mesh use dt_fsdp_config_for. */
 DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
 
-/* Makes the parameters of `m` not yet in an FSDP group one group (see above; none: a group that
- * only schedules the groups below it); cfg NULL: dt_fsdp_config_default(mesh ndim). Every
+/* Makes the parameters of `m` not yet in an FSDP group one group (see above; a tied one only when
+ * every holder is below m; none: a group that only schedules the groups below it); cfg NULL: dt_fsdp_config_default(mesh ndim). Every
  * parameter must live on `mesh`, be floating point and Replicate on the data dims (shard,
  * replicate). On the other mesh dims it may be sharded (tensor parallelism, applied first): FSDP
  * then shards and gathers each rank's tensor-parallel shard over the data dims only, e.g. a
@@ -140,7 +147,9 @@ typedef struct dt_ddp_config {
 
 /* Wraps m for data parallelism (see above); cfg NULL: every mesh dim, 25 MiB buckets. Every
  * parameter must live on `mesh`, be floating point and Replicate on the data dims (another dim
- * may shard it: a bucket then holds local shards and is all-reduced over the data dims only).
+ * may shard it: a bucket then holds local shards and is all-reduced over the data dims only),
+ * and a tied one held only below m (DT_ERR_INVALID_ARG otherwise: wrap a module holding every
+ * use).
  * The parameters that require a gradient are bucketed in reverse registration order, one dtype
  * per bucket, and put in DT_GRAD_AS_IS mode with a gradient hook (replacing any other). Run m's
  * forward once per backward pass; a parameter that gets no gradient in a pass counts as zeros in
@@ -191,6 +200,13 @@ DT_API dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64
  * Since every op takes distributed tensors there is no local-tensor output mode
  * (PyTorch's use_local_output): leave an output's bit clear to keep what dispatch produced.
  *
+ * Tied parameters (dtensor/module.h): a style re-places a tied parameter for every module that
+ * holds it, styled or not (no module keeps the replaced variable); two styled holders must agree
+ * on its placement, else the plan is refused naming both modules and plan entries. For an output
+ * projection tied to the embedding (V, D): embedding rowwise and colwise both give Shard(0), the
+ * vocabulary (Megatron's vocabulary-parallel embedding and its tied output layer; PyTorch's
+ * tensor-parallel Transformer test); embedding colwise (Shard(1)) with colwise is refused.
+ *
  * Loss parallelism needs no style: leave the output projection colwise without an output
  * boundary and its class-sharded logits go straight into the cross-entropy (dt_ag_cross_entropy,
  * or dt_ag_op "cross_entropy" with any reduction), which never gathers them.
@@ -230,7 +246,8 @@ typedef struct dt_tp_plan_entry {
 
 /* Applies `plan` to m's modules over mesh dim `tp_dim` (collective over the mesh). Every
  * parameter of a styled module must live on `mesh` and be Replicate on the tp dim. Errors leave
- * m as it was: DT_ERR_INVALID_ARG for a NULL or abstract mesh, a dim outside it, a pattern that
+ * m as it was: DT_ERR_INVALID_ARG for a NULL or abstract mesh, a dim outside it, styles of two
+ * holders of a tied parameter that place it differently, a pattern that
  * matches no module, an unknown kind, a mask bit beyond DT_TP_IO_MAX, a layout that is neither
  * Replicate nor Shard (boundaries reduce; Partial is what they reduce), a parameter on another mesh, not
  * Replicate on the tp dim, of a rank the style cannot shard (colwise and rowwise: 1-D or 2-D;

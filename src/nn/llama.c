@@ -6,7 +6,8 @@
  * placed by the user's plan.
  *
  * Tree (unnamed modules keep their parameters' names flat):
- *   "" root: tok_emb | layers: 0 .. L-1 | norm | output
+ *   "" root: tok_emb | layers: 0 .. L-1 | norm | output (with tie_embeddings its parameter is
+ *      tok_emb's variable: one (V, D) table, listed once as "tok_emb")
  *   block "i": attn_norm | "" attention (linears wq wk wv wo) | ffn_norm | "" mlp (linears w1
  *              w3 w2) or "" moe (router | experts: stacked w1 w3 w2)
  */
@@ -331,11 +332,38 @@ static dt_status_t dt__build(dt_llama_t m, const char* plan) {
 #undef DT__FULL
   }
   DT_CHECK(dt__leaf_module(m, plan, m->root, "norm", "norm", dt__fwd_rms_norm, 1, vecD, 1, 0.0));
-  return dt__leaf_module(m, plan, m->root, "output", "output", dt__fwd_linear, 2, emb, 0, std);
+  if (!c->tie_embeddings)
+    return dt__leaf_module(m, plan, m->root, "output", "output", dt__fwd_linear, 2, emb, 0, std);
+  /* tied: the output module holds the embedding's variable itself (logits = h tok_emb^T), so
+   * both uses record one leaf whose gradient is their sum; counted once */
+  dt_module_t output;
+  dt_var_t table;
+  DT_CHECK(dt__module(m, m->root, "output", dt__fwd_linear, &output));
+  DT_CHECK(dt_module_param(m->root, "tok_emb", &table));
+  return dt_module_add_param(output, "", table);
 }
 
-dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, const char* plan,
-                            dt_llama_t* out) {
+/* With tie_embeddings the one table takes the plan's tok_emb placement: an output entry that
+ * places it otherwise is refused (both names, both placements). */
+static dt_status_t dt__tied_plan_check(dt_mesh_t mesh, const char* plan) {
+  int mnd;
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  dt_placement_t e[DT_MAX_MESH_DIMS], o[DT_MAX_MESH_DIMS];
+  DT_CHECK(dt_nn_plan_lookup(plan, "tok_emb", mnd, e));
+  DT_CHECK(dt_nn_plan_lookup(plan, "output", mnd, o));
+  int same = 1;
+  for (int d = 0; d < mnd; d++) same &= dt_placement_equal(e[d], o[d]);
+  if (same) return DT_SUCCESS;
+  char te[96], to[96];
+  DT_CHECK(dt_placements_format(e, mnd, ",", te, sizeof te));
+  DT_CHECK(dt_placements_format(o, mnd, ",", to, sizeof to));
+  return DT_FAIL(DT_ERR_INVALID_ARG, "tie_embeddings: the plan places 'tok_emb' %s and 'output' "
+                 "%s, but tied they are one (V, D) table with one placement: give both the same "
+                 "(Shard(0), the vocabulary, is what tensor parallelism gives both)", te, to);
+}
+
+static dt_status_t dt__llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in,
+                                   const char* plan, dt_llama_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(cfg_in);
@@ -350,6 +378,7 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
                    "llama config: need dim, layers, heads, vocab, seq_len > 0; dim a multiple of "
                    "heads with an even head dim; heads a multiple of kv heads; at most 64 "
                    "experts; 1 <= top_k <= experts; a finite capacity factor");
+  if (cfg.tie_embeddings) DT_CHECK(dt__tied_plan_check(mesh, plan));
   dt_llama_t m = calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the model");
   if (dt_handle_register(m, &dt__llama_kind) != DT_SUCCESS) {
@@ -367,6 +396,11 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in, con
   }
   *out = m;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg, const char* plan,
+                            dt_llama_t* out) {
+  DT_ENTRY_RETURN(dt__llama_create(mesh, cfg, plan, out));
 }
 
 dt_status_t dt_llama_destroy(dt_llama_t m) {

@@ -5,6 +5,7 @@
  * scalar, all-reduced as a host value). The moments and step counts are
  * tensors (dt_adamw_state), which a checkpoint can save and restore. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,40 +48,48 @@ dt_adamw_config_t dt_adamw_config_default(void) {
   return c;
 }
 
-dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
-                            dt_adamw_t* out) {
+static dt_status_t dt__adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
+                                   dt_adamw_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(cfg);
   /* one message per broken field: the value and what is valid (dt_adamw_config_default) */
   if (n < 0 || (n > 0 && params == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: n=%d with params %s: n must be >= 0 "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n=%d with params %s: n must be >= 0 "
                    "and params must hold n variables when n > 0", n, params ? "set" : "NULL");
   if (!(isfinite(cfg->lr) && cfg->lr >= 0))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->lr=%g must be finite and >= 0 "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cfg->lr=%g must be finite and >= 0 "
                    "(default 1e-3)", cfg->lr);
   if (!(cfg->beta1 >= 0 && cfg->beta1 < 1))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->beta1=%g out of range [0, 1) "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cfg->beta1=%g out of range [0, 1) "
                    "(default 0.9)", cfg->beta1);
   if (!(cfg->beta2 >= 0 && cfg->beta2 < 1))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->beta2=%g out of range [0, 1) "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cfg->beta2=%g out of range [0, 1) "
                    "(default 0.999)", cfg->beta2);
   if (!(isfinite(cfg->eps) && cfg->eps > 0))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->eps=%g must be finite and > 0 "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cfg->eps=%g must be finite and > 0 "
                    "(default 1e-8)", cfg->eps);
   if (!(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_adamw_create: cfg->weight_decay=%g must be finite "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cfg->weight_decay=%g must be finite "
                    "and >= 0 (default 0.01)", cfg->weight_decay);
   for (int i = 0; i < n; i++) {
     int rg;
     dt_status_t st = dt_var_requires_grad(params[i], &rg);
-    if (st != DT_SUCCESS) return DT_FAIL(st, "adamw: parameter %d: %s", i, dt_last_error());
+    if (st != DT_SUCCESS) return DT_FAIL(st, "parameter %d: %s", i, dt_last_error());
   }
+  /* one state per parameter: a tied parameter (one variable under two names) is listed once by
+   * dt_module_params; listed twice it would be stepped twice */
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < i; j++)
+      if (params[j] == params[i])
+        return DT_FAIL(DT_ERR_INVALID_ARG, "parameters %d and %d are the same variable (a tied "
+                       "parameter is one parameter: list it once, as dt_module_params does)", j,
+                       i);
   dt_adamw_t o = calloc(1, sizeof *o);
   if (o == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "adamw");
   if (dt_handle_register(o, &dt__adamw_kind) != DT_SUCCESS) {
     free(o);
-    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "adamw: registering the handle");
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "registering the handle");
   }
   o->cfg = *cfg;
   o->n = n;
@@ -97,7 +106,7 @@ dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* param
   for (int i = 0; i < n; i++) {
     o->params[i] = params[i];
     dt_tensor_t t = params[i] ? dt_var_value(params[i]) : NULL;
-    dt_status_t st = t ? DT_SUCCESS : DT_FAIL(DT_ERR_INVALID_ARG, "adamw: parameter %d", i);
+    dt_status_t st = t ? DT_SUCCESS : DT_FAIL(DT_ERR_INVALID_ARG, "parameter %d", i);
     int nd = 0, mnd = 0;
     int64_t shape[DT_MAX_DIMS];
     dt_placement_t pl[DT_MAX_MESH_DIMS], rep[DT_MAX_MESH_DIMS];
@@ -118,6 +127,11 @@ dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* param
   }
   *out = o;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* params,
+                            dt_adamw_t* out) {
+  DT_ENTRY_RETURN(dt__adamw_create(cfg, n, params, out));
 }
 
 dt_status_t dt_adamw_step(dt_adamw_t o, double lr) {
@@ -190,16 +204,43 @@ static dt_status_t dt__accumulate_scalar(dt_tensor_t* acc, dt_tensor_t x) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm) {
+static int dt__ptr_cmp(const void* a, const void* b) {
+  uintptr_t x = (uintptr_t)*(const dt_var_t*)a, y = (uintptr_t)*(const dt_var_t*)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Whether some variable appears twice in params[0..n) (sorting a copy: O(n log n)); -1 when out
+ * of memory. */
+static int dt__has_repeats(int n, const dt_var_t* params) {
+  if (n < 2) return 0;
+  dt_var_t* c = malloc(sizeof *c * (size_t)n);
+  if (c == NULL) return -1;
+  memcpy(c, params, sizeof *c * (size_t)n);
+  qsort(c, (size_t)n, sizeof *c, dt__ptr_cmp);
+  int rep = 0;
+  for (int i = 1; i < n && !rep; i++) rep = c[i] == c[i - 1];
+  free(c);
+  return rep;
+}
+
+/* Whether params[i] appeared before i (a tied parameter listed twice counts once); `any` from
+ * dt__has_repeats spares the scan when nothing repeats. */
+static int dt__repeat(int any, dt_var_t* params, int i) {
+  for (int j = 0; any && j < i; j++)
+    if (params[j] == params[i]) return 1;
+  return 0;
+}
+
+static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm) {
   if (norm) *norm = 0.0;
-  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "clip_grad_norm: n = %d parameters", n);
-  if (isnan(max_norm)) return DT_FAIL(DT_ERR_INVALID_ARG, "clip_grad_norm: max_norm is NaN");
+  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "n = %d parameters", n);
+  if (isnan(max_norm)) return DT_FAIL(DT_ERR_INVALID_ARG, "max_norm is NaN");
   if (n == 0) return DT_SUCCESS;
   DT_ARG_NOT_NULL(params);
   for (int i = 0; i < n; i++) {
     int rg;
     dt_status_t st = dt_var_requires_grad(params[i], &rg);
-    if (st != DT_SUCCESS) return DT_FAIL(st, "clip_grad_norm: parameter %d: %s", i, dt_last_error());
+    if (st != DT_SUCCESS) return DT_FAIL(st, "parameter %d: %s", i, dt_last_error());
   }
   /* Per gradient the sum of squares of its shard (sumsq: Partial(sum) over the mesh dims that
    * shard it), brought to Partial(sum) on every mesh dim (a replicated dim divides by its size,
@@ -210,19 +251,21 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
   dt_tensor_t accs[MAX_MESHES];
   int nm = 0;
 
+  int any = dt__has_repeats(n, params);
+  if (any < 0) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%d parameters", n);
   dt_status_t st = DT_SUCCESS;
   dt_placement_t ps[DT_MAX_MESH_DIMS];
   for (int d = 0; d < DT_MAX_MESH_DIMS; d++) ps[d] = dt_partial(DT_REDUCE_SUM);
   for (int i = 0; i < n && st == DT_SUCCESS; i++) {
     dt_tensor_t g = dt_var_grad(params[i]), s = NULL, p = NULL;
-    if (g == NULL) continue;
+    if (g == NULL || dt__repeat(any, params, i)) continue;
     dt_mesh_t gm;
     int mnd, k = 0;
     dt_placement_t pl[DT_MAX_MESH_DIMS];
     DT_CHECK_GOTO(dt_tensor_mesh(g, &gm), st, done);
     while (k < nm && meshes[k] != gm) k++;
     if (k == MAX_MESHES) {
-      st = DT_FAIL(DT_ERR_UNSUPPORTED, "clip_grad_norm: gradients on more than %d meshes",
+      st = DT_FAIL(DT_ERR_UNSUPPORTED, "gradients on more than %d meshes",
                    MAX_MESHES);
       goto done;
     }
@@ -234,7 +277,7 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
     DT_CHECK_GOTO(dt_tensor_placements(g, pl), st, done);
     for (int d = 0; d < mnd; d++)
       if (pl[d].kind == DT_PARTIAL) {
-        st = DT_FAIL(DT_ERR_INVALID_ARG, "clip_grad_norm: gradient %d is Partial (reduce it "
+        st = DT_FAIL(DT_ERR_INVALID_ARG, "gradient %d is Partial (reduce it "
                      "first)", i);
         goto done;
       }
@@ -254,7 +297,7 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
     spans &= numel == world && member;
   }
   if (nm > 1 && !spans) {
-    st = DT_FAIL(DT_ERR_UNSUPPORTED, "clip_grad_norm: gradients on %d meshes that do not each "
+    st = DT_FAIL(DT_ERR_UNSUPPORTED, "gradients on %d meshes that do not each "
                  "cover the world", nm);
     goto done;
   }
@@ -274,12 +317,17 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
     double scale = (float)(max_norm / (nrm + 1e-6));
     for (int i = 0; i < n && st == DT_SUCCESS; i++) {
       dt_tensor_t g = dt_var_grad(params[i]);
-      if (g != NULL) st = dt_op_run_multi("scale_", 1, &g, 0, NULL, 1, &scale, 0, NULL);
+      if (g != NULL && !dt__repeat(any, params, i))
+        st = dt_op_run_multi("scale_", 1, &g, 0, NULL, 1, &scale, 0, NULL);
     }
   }
 done:
   for (int k = 0; k < nm; k++) dt_tensor_destroy(accs[k]);
   return st;
+}
+
+dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm) {
+  DT_ENTRY_RETURN(dt__clip_grad_norm(n, params, max_norm, norm));
 }
 
 double dt_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min) {

@@ -252,6 +252,7 @@ static void dt__ddp_detach_free(dt_module_t m, void* data) {
  * wrapping */
 
 typedef struct {
+  dt_module_t m; /* the module being wrapped */
   dt_mesh_t mesh;
   int mesh_ndim, mesh_dim;
   dt_status_t st;
@@ -263,7 +264,7 @@ static int dt__ddp_visit(const char* name, dt_var_t v, void* ctx) {
   dt__ddp_scan_t* s = ctx;
   dt_tensor_t x = dt_var_value(v);
   if (x == NULL) {
-    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "DDP: parameter '%s' is not a live variable", name);
+    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is not a live variable", name);
     return 1;
   }
   dt_mesh_t pm;
@@ -276,17 +277,17 @@ static int dt__ddp_visit(const char* name, dt_var_t v, void* ctx) {
   if (s->st == DT_SUCCESS) s->st = dt_var_requires_grad(v, &rg);
   if (s->st != DT_SUCCESS) return 1;
   if (pm != s->mesh) {
-    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "DDP: parameter '%s' lives on another mesh than the one "
+    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' lives on another mesh than the one "
                     "given", name);
     return 1;
   }
   if (dt != DT_F32 && dt != DT_BF16 && dt != DT_F16) {
-    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "DDP: parameter '%s' is %s; f32, bf16 or f16 expected",
+    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is %s; f32, bf16 or f16 expected",
                     name, dt_dtype_name(dt));
     return 1;
   }
   if (meta) {
-    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "DDP: parameter '%s' holds no data (a meta tensor)", name);
+    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' holds no data (a meta tensor)", name);
     return 1;
   }
   if ((s->st = dt_tensor_placements(x, pl)) != DT_SUCCESS) return 1;
@@ -294,18 +295,33 @@ static int dt__ddp_visit(const char* name, dt_var_t v, void* ctx) {
     if ((s->mesh_dim >= 0 && i != s->mesh_dim) || pl[i].kind == DT_REPLICATE) continue;
     char buf[32] = "";
     dt_placement_format(pl[i], buf, sizeof buf);
-    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "DDP: parameter '%s' is %s on mesh dim %d, a data dim; "
+    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is %s on mesh dim %d, a data dim; "
                     "it must be Replicate there", name, buf, i);
     return 1;
   }
   if (!rg) return 0; /* frozen: never has a gradient to reduce */
   for (int i = 0; i < s->n; i++)
     if (s->vars[i] == v) return 0; /* registered twice: one gradient */
+  /* tied (listed once): every use must be inside m, or its gradient would be reduced before the
+   * uses outside m have added theirs */
+  int holders = 0, here = 0;
+  s->st = dt_module_param_holders(v, &holders);
+  if (s->st == DT_SUCCESS && holders > 1)
+    s->st = dt_module_param_names(s->m, v, 0, NULL, 0, &here);
+  if (s->st != DT_SUCCESS) return 1;
+  if (holders > 1 && here < holders) {
+    s->st = DT_FAIL(DT_ERR_INVALID_ARG, "the parameter %s%s%s is tied to %d holder%s outside "
+                    "module '%s' (it has %d in all): its gradient would be reduced before every "
+                    "use has added to it; wrap a module that holds every use", name[0] ? "'" : "",
+                    name[0] ? name : "(unnamed)", name[0] ? "'" : "", holders - here,
+                    holders - here == 1 ? "" : "s", dt_module_name(s->m), holders);
+    return 1;
+  }
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 32;
     dt_var_t* p = realloc(s->vars, sizeof(dt_var_t) * (size_t)cap);
     if (p == NULL) {
-      s->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "DDP: parameter list");
+      s->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parameter list");
       return 1;
     }
     s->vars = p;
@@ -396,7 +412,7 @@ fail:
   return st;
 }
 
-dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg) {
+static dt_status_t dt__data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg) {
   DT_ARG_NOT_NULL(m);
   DT_ARG_NOT_NULL(mesh);
   int n_all, nd, abstract;
@@ -404,24 +420,24 @@ dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_
   DT_CHECK(dt_mesh_ndim(mesh, &nd));
   DT_CHECK(dt_mesh_is_abstract(mesh, &abstract));
   if (abstract)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "DDP: an abstract mesh cannot move gradients");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "an abstract mesh cannot move gradients");
   const char* key = dt__ddp_wrapped_below(m);
   for (dt_module_t a = dt_module_parent(m); a != NULL && key == NULL; a = dt_module_parent(a))
     key = dt_module_attachment(a, "ddp") ? "ddp" : dt_module_attachment(a, "fsdp") ? "fsdp" : NULL;
   if (key)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "DDP: module '%s', a module inside it or around it is "
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s', a module inside it or around it is "
                    "wrapped already (%s)", dt_module_name(m), key);
   int mesh_dim = cfg ? cfg->mesh_dim : -1;
   int64_t cap = cfg && cfg->bucket_nbytes > 0 ? cfg->bucket_nbytes : DT__DDP_DEFAULT_BUCKET_NBYTES;
   if (mesh_dim < -1 || mesh_dim >= nd)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "DDP: mesh_dim %d outside a %d-dim mesh (0 to %d, or -1 "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh_dim %d outside a %d-dim mesh (0 to %d, or -1 "
                    "for every dim)", mesh_dim, nd, nd - 1);
 
-  dt__ddp_scan_t s = {mesh, nd, mesh_dim, DT_SUCCESS, NULL, 0, 0};
+  dt__ddp_scan_t s = {m, mesh, nd, mesh_dim, DT_SUCCESS, NULL, 0, 0};
   DT_CHECK(dt_module_for_each_param(m, dt__ddp_visit, &s));
   dt_status_t st = s.st;
   if (st == DT_SUCCESS && s.n == 0)
-    st = DT_FAIL(DT_ERR_INVALID_USAGE, "DDP: module '%s' has no parameter that requires a "
+    st = DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s' has no parameter that requires a "
                  "gradient (%d parameters)", dt_module_name(m), n_all);
   dt__ddp_t* d = NULL;
   if (st == DT_SUCCESS) st = dt__ddp_build(&s, cap, &d);
@@ -452,6 +468,10 @@ fail:
   dt_module_remove_hooks(m, tag);
   dt__ddp_free(d);
   return st;
+}
+
+dt_status_t dt_data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg) {
+  DT_ENTRY_RETURN(dt__data_parallel(m, mesh, cfg));
 }
 
 /* The DDP state of m itself. */

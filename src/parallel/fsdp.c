@@ -629,6 +629,15 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
   collect_t* c = ctx;
   fsdp_group_t* g = c->g;
   if (in_other_group(v)) return 0;
+  /* a tied parameter (listed once here) used outside m too belongs to the group of a module that
+   * holds every use, the lowest common ancestor as FSDP2 advises (wrapped later: bottom-up), so
+   * that one gather serves every use and one reduce-scatter takes the sum of their gradients */
+  int holders = 0, here = 0;
+  c->st = dt_module_param_holders(v, &holders);
+  if (c->st == DT_SUCCESS && holders > 1)
+    c->st = dt_module_param_names(g->module, v, 0, NULL, 0, &here);
+  if (c->st != DT_SUCCESS) return 1;
+  if (holders > 1 && here < holders) return 0;
   dt_tensor_t t = dt_var_value(v);
   dt_mesh_t pm = NULL;
   dt_dtype_t dt = DT_F32;
@@ -636,21 +645,21 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
   dt_placement_t pl[DT_MAX_MESH_DIMS];
   if (dt_tensor_mesh(t, &pm) != DT_SUCCESS || dt_tensor_dtype(t, &dt) != DT_SUCCESS ||
       dt_tensor_ndim(t, &nd) != DT_SUCCESS || dt_tensor_placements(t, pl) != DT_SUCCESS) {
-    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' is not a live variable", name);
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is not a live variable", name);
     return 1;
   }
   if (pm != g->mesh) {
-    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' lives on another mesh than "
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' lives on another mesh than "
                     "the one given", name);
     return 1;
   }
   if (!is_float(dt)) {
-    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' is %s; only floating "
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is %s; only floating "
                     "parameters can be sharded", name, dt_dtype_name(dt));
     return 1;
   }
   if (nd < 1 || nd > DT_MAX_DIMS) {
-    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' has %d dims (1 to %d)", name,
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' has %d dims (1 to %d)", name,
                     nd, DT_MAX_DIMS);
     return 1;
   }
@@ -666,7 +675,7 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
         (!data && pl[d].kind != DT_REPLICATE && !nested_ok)) {
       char txt[64];
       dt_placements_format(pl, g->mesh_ndim, NULL, txt, sizeof txt);
-      c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter '%s' is %s; FSDP shards "
+      c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is %s; FSDP shards "
                       "parameters that are Replicate on the data dims (shard %d, replicate %d) "
                       "and Replicate or Shard on the others, a Shard(0) only on a mesh dim "
                       "before the shard dim (e.g. a (tp, dp) mesh)", name, txt,
@@ -675,20 +684,20 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
     }
   }
   if (g->n > 0 && dt != g->p[0].dtype) { /* one flat buffer per group (FSDP2's rule too) */
-    c->st = DT_FAIL(DT_ERR_UNSUPPORTED, "fully_shard: parameter '%s' is %s, '%s' is %s; the "
+    c->st = DT_FAIL(DT_ERR_UNSUPPORTED, "parameter '%s' is %s, '%s' is %s; the "
                     "parameters of one group share a dtype (wrap them in separate groups)", name,
                     dt_dtype_name(dt), g->p[0].name, dt_dtype_name(g->p[0].dtype));
     return 1;
   }
   if (strlen(name) >= FSDP_NAME_MAX) {
-    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: parameter name '%s' too long", name);
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter name '%s' too long", name);
     return 1;
   }
   if (g->n == c->cap) {
     int cap = c->cap ? 2 * c->cap : 16;
     fsdp_param_t* p = realloc(g->p, sizeof *p * (size_t)cap);
     if (p == NULL) {
-      c->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: parameter table");
+      c->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parameter table");
       return 1;
     }
     g->p = p;
@@ -712,26 +721,26 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
 static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* nd) {
   DT_CHECK(dt_mesh_ndim(mesh, nd));
   if (c->shard_dim < 0 || c->shard_dim >= *nd)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: shard dim %d is not a dim of the %d-dim mesh",
+    return DT_FAIL(DT_ERR_INVALID_ARG, "shard dim %d is not a dim of the %d-dim mesh",
                    c->shard_dim, *nd);
   if (c->replicate_dim < -1 || c->replicate_dim >= *nd || c->replicate_dim == c->shard_dim)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: replicate dim %d: -1 (none) or a dim of the "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "replicate dim %d: -1 (none) or a dim of the "
                    "%d-dim mesh other than the shard dim %d", c->replicate_dim, *nd, c->shard_dim);
   if (!is_float(c->param_dtype) || !is_float(c->reduce_dtype) ||
       (!is_float(c->output_dtype) && c->output_dtype != DT_FSDP_KEEP_DTYPE))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: param, reduce and output dtypes must be "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "param, reduce and output dtypes must be "
                    "f32, bf16 or f16 (got %s, %s, %s)", dt_dtype_name(c->param_dtype),
                    dt_dtype_name(c->reduce_dtype), dt_dtype_name(c->output_dtype));
   int N;
   DT_CHECK(dt_mesh_size(mesh, c->shard_dim, &N));
   int k = c->reshard_after_forward;
   if (k < 0 || (k > 1 && (k > N || N % k != 0)))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: reshard_after_forward %d: 0, 1, or a group "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "reshard_after_forward %d: 0, 1, or a group "
                    "size k > 1 that divides the shard dim's %d ranks", k, N);
   int member = 0;
   DT_CHECK(dt_mesh_is_member(mesh, &member));
   if (!member)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: this rank is not in the mesh");
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "this rank is not in the mesh");
   return DT_SUCCESS;
 }
 
@@ -741,7 +750,7 @@ static dt_status_t make_ranges(fsdp_group_t* g) {
   const int64_t N = g->N, n = g->n;
   if (n == 0) return DT_SUCCESS; /* a group without parameters has no layout */
   g->ranges = malloc(sizeof(int64_t) * (size_t)(8 * N * n));
-  if (g->ranges == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: range tables");
+  if (g->ranges == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "range tables");
   int64_t* r = g->ranges;
   g->out_dst = r;
   g->out_src = r + N * n;
@@ -785,7 +794,7 @@ static dt_status_t make_kmesh(fsdp_group_t* g) {
   /* kmesh dims: the replicate dim (if any), N/k, k; other mesh dims must be 1 */
   for (int d = 0; d < g->mesh_ndim; d++)
     if (d != g->cfg.shard_dim && d != g->cfg.replicate_dim && mshape[d] != 1)
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "fully_shard: reshard to groups of %d needs a mesh of "
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "reshard to groups of %d needs a mesh of "
                      "the shard (and replicate) dims only", g->k);
   int rdim = g->cfg.replicate_dim;
   if (rdim >= 0) shape[knd++] = mshape[rdim];
@@ -794,7 +803,7 @@ static dt_status_t make_kmesh(fsdp_group_t* g) {
   int nranks = 1;
   for (int d = 0; d < knd; d++) nranks *= shape[d];
   int* ranks = malloc(sizeof(int) * (size_t)nranks);
-  if (ranks == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: rank table");
+  if (ranks == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "rank table");
   dt_status_t st = DT_SUCCESS;
   for (int i = 0; i < nranks && st == DT_SUCCESS; i++) {
     int rep = rdim >= 0 ? i / g->N : 0, s = i % g->N;
@@ -808,16 +817,16 @@ static dt_status_t make_kmesh(fsdp_group_t* g) {
   return st;
 }
 
-dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg) {
+static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg) {
   DT_ARG_NOT_NULL(m);
   DT_ARG_NOT_NULL(mesh);
-  if (dt_module_name(m) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "fully_shard: not a live module");
+  if (dt_module_name(m) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module");
   int nd;
   DT_CHECK(dt_mesh_ndim(mesh, &nd));
   dt_fsdp_config_t c = cfg ? *cfg : dt_fsdp_config_default(nd);
   DT_CHECK(check_config(mesh, &c, &nd));
   if (dt_module_attachment(m, FSDP_KEY) || dt_module_attachment(m, "ddp"))
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: module '%s' is already wrapped (%s)",
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s' is already wrapped (%s)",
                    dt_module_name(m), dt_module_attachment(m, FSDP_KEY) ? "FSDP" : "DDP");
   /* a group above m took m's parameters already (wrapped top-down): m's group would hold none
    * of them, and its schedule would run inside the other's */
@@ -828,14 +837,14 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
     module_path(m, mp, sizeof mp);
     module_path(a, ap, sizeof ap);
     if (!fsdp)
-      return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: %s is inside %s, which DDP wraps (FSDP "
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "%s is inside %s, which DDP wraps (FSDP "
                      "and DDP do not nest)", mp, ap);
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "fully_shard: %s is inside %s, which was wrapped (FSDP) "
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "%s is inside %s, which was wrapped (FSDP) "
                    "before it and holds its parameters; wrap bottom-up: each block, then the "
                    "root", mp, ap);
   }
   fsdp_group_t* g = calloc(1, sizeof *g);
-  if (g == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "fully_shard: group");
+  if (g == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "group");
   g->module = m;
   g->mesh = mesh;
   g->cfg = c;
@@ -920,7 +929,8 @@ dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t
     g->n = 0;
     goto fail;
   }
-  /* commit: the module takes the sharded parameters (the replicated ones are destroyed) */
+  /* commit: the module takes the sharded parameters (the replicated ones are destroyed); a tied
+   * one is replaced for every holder (all below m), and so is each gathered swap later */
   for (int i = 0; i < g->n; i++) dt_module_set_param(m, g->p[i].name, g->p[i].sharded);
   g->next = g_fsdp.groups;
   g_fsdp.groups = g;
@@ -932,6 +942,10 @@ fail:
   free(g->p);
   free(g);
   return st;
+}
+
+dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg) {
+  DT_ENTRY_RETURN(fully_shard(m, mesh, cfg));
 }
 
 static fsdp_group_t* group_of(dt_module_t m) { return dt_module_attachment(m, FSDP_KEY); }

@@ -27,11 +27,13 @@ typedef struct {
 typedef struct {
   dt_module_t m;
   int entry;
+  char path[TP_PATH_MAX]; /* from the wrapped module ("" for it) */
 } tp_target_t;
 
-/* One parameter to place. */
+/* One parameter to place (a tied one once, for every module that holds it). */
 typedef struct {
   dt_module_t owner; /* the styled module */
+  const tp_target_t* target;
   char name[TP_PATH_MAX]; /* relative to owner */
   dt_var_t old, made;
   dt_placement_t pl[DT_MAX_MESH_DIMS];
@@ -158,11 +160,11 @@ static const char* tp_kind_name(dt_tp_kind_t k) {
 
 static dt_status_t tp_check_style(int e, const dt_tp_style_t* s) {
   if (s->kind < DT_TP_COLWISE || s->kind > DT_TP_PREPARE)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: unknown style kind %d",
+    return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d: unknown style kind %d",
                    e, (int)s->kind);
   unsigned all = (1u << DT_TP_IO_MAX) - 1u;
   if ((s->in_mask & ~all) || (s->out_mask & ~all))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: layout masks have "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d: layout masks have "
                    "bits beyond the %d inputs and outputs a style can set", e, DT_TP_IO_MAX);
   for (int io = 0; io < 2; io++) {
     unsigned mask = io ? s->out_mask : s->in_mask;
@@ -170,11 +172,11 @@ static dt_status_t tp_check_style(int e, const dt_tp_style_t* s) {
     for (int i = 0; i < DT_TP_IO_MAX; i++) {
       if (!((mask >> i) & 1u)) continue;
       if (p[i].kind != DT_REPLICATE && p[i].kind != DT_SHARD)
-        return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: %s %d must be "
+        return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d: %s %d must be "
                        "Replicate or Shard (a boundary reduces; Partial is what it reduces)", e,
                        io ? "output" : "input", i);
       if (p[i].kind == DT_SHARD && (p[i].dim >= DT_MAX_DIMS || p[i].dim < -DT_MAX_DIMS))
-        return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d: %s %d: Shard(%d) "
+        return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d: %s %d: Shard(%d) "
                        "is outside any tensor", e, io ? "output" : "input", i, p[i].dim);
     }
   }
@@ -193,7 +195,7 @@ static void tp_walk(tp_walk_t* w, dt_module_t m, const char* path, int root) {
   } else {
     int len = snprintf(here, sizeof here, "%s%s%s", path, path[0] ? "." : "", name);
     if (len < 0 || (size_t)len >= sizeof here) {
-      w->st = DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: module path '%s.%s' is longer "
+      w->st = DT_FAIL(DT_ERR_INVALID_ARG, "module path '%s.%s' is longer "
                       "than %d characters", path, name, TP_PATH_MAX - 1);
       return;
     }
@@ -206,7 +208,7 @@ static void tp_walk(tp_walk_t* w, dt_module_t m, const char* path, int root) {
         int cap = w->cap ? 2 * w->cap : 32;
         tp_target_t* t = realloc(w->t, sizeof *t * (size_t)cap);
         if (t == NULL) {
-          w->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: target list");
+          w->st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "target list");
           return;
         }
         w->t = t;
@@ -214,6 +216,7 @@ static void tp_walk(tp_walk_t* w, dt_module_t m, const char* path, int root) {
       }
       w->t[w->n].m = m;
       w->t[w->n].entry = e;
+      snprintf(w->t[w->n].path, sizeof w->t[w->n].path, "%s", here);
       w->n++;
       break;
     }
@@ -241,7 +244,7 @@ static dt_status_t tp_param_placement(dt_tp_kind_t k, const char* mod, const cha
   }
   int embedding = k == DT_TP_EMBEDDING_ROWWISE || k == DT_TP_EMBEDDING_COLWISE;
   if ((embedding && ndim != 2) || (!embedding && ndim != 1 && ndim != 2))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %s on '%s': parameter '%s' has %d "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s on '%s': parameter '%s' has %d "
                    "dims (%s)", tp_kind_name(k), mod, pname, ndim,
                    embedding ? "an embedding table is (V, D)" : "weights are (out, in), biases 1-D");
   if (dim < 0) {
@@ -249,7 +252,7 @@ static dt_status_t tp_param_placement(dt_tp_kind_t k, const char* mod, const cha
     return DT_SUCCESS;
   }
   if (shape[dim] % tp_size != 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %s on '%s': dim %d of parameter '%s' "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s on '%s': dim %d of parameter '%s' "
                    "(size %lld) is not divisible by the tp size %d", tp_kind_name(k), mod, dim,
                    pname, (long long)shape[dim], tp_size);
   *out = dt_shard(dim);
@@ -271,85 +274,127 @@ static const char* tp_wrapped_below(dt_module_t m) {
   return NULL;
 }
 
-/* Checks every parameter below target t and appends it to *ps with its new placements. */
-static dt_status_t tp_collect(dt_module_t t, const dt_tp_style_t* s, dt_mesh_t mesh, int tp_dim,
-                              int tp_size, tp_param_t** ps, int* n, int* cap) {
+/* Whether a is b or below it. */
+static int tp_is_below(dt_module_t a, dt_module_t b) {
+  for (; a; a = dt_module_parent(a))
+    if (a == b) return 1;
+  return 0;
+}
+
+/* "'output'" or "'tok_emb' (the parameter 'weight')": where a parameter of a styled module sits,
+ * for messages. */
+static void tp_where(const tp_target_t* t, const char* pname, char* buf, size_t cap) {
+  const char* path = t->path[0] ? t->path : "(the wrapped module)";
+  if (pname[0]) snprintf(buf, cap, "'%s' (its parameter '%s')", path, pname);
+  else snprintf(buf, cap, "'%s'", path);
+}
+
+/* Checks every parameter below target t and appends it to *ps with its new placements. A
+ * parameter tied to one an earlier target styled (the same variable under another module, as an
+ * output projection tied to the embedding) is placed once, for every holder, when both styles
+ * agree on its placement, and refused, naming both modules, when they do not. */
+static dt_status_t tp_collect(const tp_target_t* tg, const dt_tp_style_t* s, dt_mesh_t mesh,
+                              int tp_dim, int tp_size, const dt_tp_plan_entry_t* plan,
+                              tp_param_t** ps, int* n, int* cap) {
+  dt_module_t t = tg->m;
   int np = 0;
   DT_CHECK(dt_module_num_params(t, &np));
-  const char* mod = dt_module_name(t);
+  const char* mod = tg->path[0] ? tg->path : dt_module_name(t);
   if (np == 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %s on module '%s', which has no "
-                   "parameters (use a prepare or sequence-parallel style for layouts only)",
-                   tp_kind_name(s->kind), mod);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s on module '%s', which has no parameters (use a "
+                   "prepare or sequence-parallel style for layouts only)", tp_kind_name(s->kind),
+                   mod);
   for (int i = 0; i < np; i++) {
     if (*n == *cap) {
       int c = *cap ? 2 * *cap : 32;
       tp_param_t* q = realloc(*ps, sizeof *q * (size_t)c);
-      if (q == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: parameter list");
+      if (q == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "the parameter list");
       *ps = q;
       *cap = c;
     }
     tp_param_t* q = &(*ps)[*n];
     memset(q, 0, sizeof *q);
     q->owner = t;
+    q->target = tg;
     DT_CHECK(dt_module_param_at(t, i, q->name, sizeof q->name, &q->old));
-    for (int j = 0; j < *n; j++)
-      if ((*ps)[j].old == q->old)
-        return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: parameter '%s' of '%s' is styled "
-                       "twice (by '%s' and by a module above or below it)", q->name, mod,
-                       dt_module_name((*ps)[j].owner));
     dt_tensor_t v = dt_var_value(q->old);
     dt_mesh_t pm;
     int nd;
     int64_t shape[DT_MAX_DIMS];
     DT_CHECK(dt_tensor_mesh(v, &pm));
     if (pm != mesh)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: parameter '%s' of '%s' lives on "
-                     "another mesh", q->name, mod);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' of '%s' lives on another mesh", q->name,
+                     mod);
     DT_CHECK(dt_tensor_ndim(v, &nd));
     DT_CHECK(dt_tensor_shape(v, shape));
     DT_CHECK(dt_tensor_placements(v, q->pl));
     if (q->pl[tp_dim].kind != DT_REPLICATE)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: parameter '%s' of '%s' is not "
-                     "Replicate on the tp dim %d", q->name, mod, tp_dim);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' of '%s' is not Replicate on the tp dim "
+                     "%d", q->name, mod, tp_dim);
     const char* pname = q->name[0] ? q->name : "(its weight)";
     DT_CHECK(tp_param_placement(s->kind, mod, pname, nd, shape, tp_size, &q->pl[tp_dim]));
-    (*n)++;
+    int dup = 0;
+    for (int j = 0; j < *n && !dup; j++) {
+      tp_param_t* o = &(*ps)[j];
+      if (o->old != q->old) continue;
+      if (tp_is_below(t, o->owner) || tp_is_below(o->owner, t))
+        return DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' of '%s' is styled twice (by '%s' and "
+                       "by a module above or below it)", q->name, mod, o->target->path);
+      /* tied: one variable held by two styled modules */
+      char a[2 * TP_PATH_MAX + 32], b[2 * TP_PATH_MAX + 32];
+      tp_where(o->target, o->name, a, sizeof a);
+      tp_where(tg, q->name, b, sizeof b);
+      if (!dt_placement_equal(o->pl[tp_dim], q->pl[tp_dim])) {
+        char pa[32] = "", pb[32] = "";
+        dt_placement_format(o->pl[tp_dim], pa, sizeof pa);
+        dt_placement_format(q->pl[tp_dim], pb, sizeof pb);
+        return DT_FAIL(DT_ERR_INVALID_ARG, "the tied parameter held by %s and by %s gets two "
+                       "placements on the tp dim: %s from %s (plan entry '%s') and %s from %s "
+                       "(plan entry '%s'); a tied parameter has one: give both holders styles "
+                       "that agree (a tied embedding and output projection: embedding rowwise "
+                       "and colwise, both Shard(0))", a, b, pa,
+                       tp_kind_name(plan[o->target->entry].style.kind),
+                       plan[o->target->entry].pattern, pb, tp_kind_name(s->kind),
+                       plan[tg->entry].pattern);
+      }
+      dup = 1; /* placed once, through the first holder: every holder takes it */
+    }
+    if (!dup) (*n)++;
   }
   return DT_SUCCESS;
 }
 
-dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
+static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
                                   const dt_tp_plan_entry_t* plan) {
   DT_ARG_NOT_NULL(m);
   DT_ARG_NOT_NULL(mesh);
   if (n < 0 || (n > 0 && plan == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: %d plan entries at %p", n,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%d plan entries at %p", n,
                    (const void*)plan);
   if (dt_module_name(m) == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: not a live module");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module");
   int nd, abstract, tp_size;
   DT_CHECK(dt_mesh_ndim(mesh, &nd));
   DT_CHECK(dt_mesh_is_abstract(mesh, &abstract));
   if (abstract)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: an abstract mesh has no ranks");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "an abstract mesh has no ranks");
   if (tp_dim < 0 || tp_dim >= nd)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: tp dim %d outside a mesh of %d dims",
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tp dim %d outside a mesh of %d dims",
                    tp_dim, nd);
   DT_CHECK(dt_mesh_size(mesh, tp_dim, &tp_size));
   for (int e = 0; e < n; e++) {
     if (plan[e].pattern == NULL)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d has no pattern", e);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d has no pattern", e);
     DT_CHECK(tp_check_style(e, &plan[e].style));
   }
   for (dt_module_t a = m; a != NULL; a = dt_module_parent(a))
     if (dt_module_attachment(a, "fsdp") || dt_module_attachment(a, "ddp"))
-      return DT_FAIL(DT_ERR_INVALID_USAGE, "parallelize_module: '%s' is inside a module wrapped "
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "'%s' is inside a module wrapped "
                      "by %s; apply tensor parallelism first", dt_module_name(m),
                      dt_module_attachment(a, "fsdp") ? "FSDP" : "DDP");
   const char* w = tp_wrapped_below(m);
   if (w != NULL)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "parallelize_module: '%s' or a module below it is "
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "'%s' or a module below it is "
                    "already wrapped (%s)", dt_module_name(m), w);
 
   tp_walk_t walk = {plan, n, NULL, NULL, 0, 0, DT_SUCCESS};
@@ -358,18 +403,18 @@ dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
   int nps = 0, cap_ps = 0, n_made = 0;
   dt_status_t st = DT_SUCCESS;
   walk.hits = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
-  if (walk.hits == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: plan hits");
+  if (walk.hits == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "plan hits");
   tp_walk(&walk, m, "", 1);
   st = walk.st;
   for (int e = 0; e < n && st == DT_SUCCESS; e++)
     if (walk.hits[e] == 0)
-      st = DT_FAIL(DT_ERR_INVALID_ARG, "parallelize_module: plan entry %d ('%s', %s) names no "
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d ('%s', %s) names no "
                    "module", e, plan[e].pattern, tp_kind_name(plan[e].style.kind));
   /* validate every parameter before changing anything */
   for (int i = 0; i < walk.n && st == DT_SUCCESS; i++) {
     const dt_tp_style_t* s = &plan[walk.t[i].entry].style;
     if (tp_has_params(s->kind))
-      st = tp_collect(walk.t[i].m, s, mesh, tp_dim, tp_size, &ps, &nps, &cap_ps);
+      st = tp_collect(&walk.t[i], s, mesh, tp_dim, tp_size, plan, &ps, &nps, &cap_ps);
   }
   /* the sharded parameters: local slices of the replicated ones */
   for (int i = 0; i < nps && st == DT_SUCCESS; i++) {
@@ -385,12 +430,12 @@ dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
   /* state and hooks of every styled module */
   if (st == DT_SUCCESS && walk.n > 0) {
     made = calloc((size_t)walk.n, sizeof *made);
-    if (made == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: module state");
+    if (made == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "module state");
   }
   for (int i = 0; i < walk.n && st == DT_SUCCESS; i++) {
     tp_module_t* t = calloc(1, sizeof *t);
     if (t == NULL) {
-      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parallelize_module: module state");
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "module state");
       break;
     }
     t->style = plan[walk.t[i].entry].style;
@@ -415,7 +460,8 @@ dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
     }
     for (int i = 0; i < nps; i++) dt_var_destroy(ps[i].made);
   } else {
-    /* commit: the modules take the sharded parameters (the replicated ones are destroyed) */
+    /* commit: the modules take the sharded parameters (the replicated ones are destroyed); a
+     * tied parameter is replaced for every module that holds it, styled or not */
     for (int i = 0; i < nps; i++) {
       dt_status_t s2 = dt_module_set_param(ps[i].owner, ps[i].name, ps[i].made);
       if (s2 != DT_SUCCESS && st == DT_SUCCESS) st = s2;
@@ -426,6 +472,11 @@ dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
   free(walk.t);
   free(walk.hits);
   return st;
+}
+
+dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
+                                  const dt_tp_plan_entry_t* plan) {
+  DT_ENTRY_RETURN(tp_parallelize(m, mesh, tp_dim, n, plan));
 }
 
 /* ---- the Llama plan ------------------------------------------------------------------------- */

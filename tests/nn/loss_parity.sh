@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # loss_parity.sh - the same model, seed and data on 1, 2 and 4 ranks (1-D meshes and a 2x2 mesh,
 # parameters sharded by the default tensor-parallel plan) give the same loss curve to rtol 1e-5 in
-# f32 over 20 steps, dense and MoE; the MoE also expert-parallel (experts Shard(0) on 2 and 4
+# f32 over 20 steps, dense and MoE, untied and with tied embeddings; the MoE also expert-parallel (experts Shard(0) on 2 and 4
 # ranks, the rest of the default plan kept; and with a capacity factor it drops choices); two runs of
 # one configuration give bitwise-identical losses
 # (the JSONL losses are printed with 9 significant digits, enough to round-trip an f32), also
@@ -52,6 +52,23 @@ grep -q "# moe: global routing" "$W/moe_np2.log" || { echo "moe_np2: expected th
 run moe_cap_np2 2 --model moe --capacity-factor 0.5
 dropped=$(sed -n 's/^# moe: .*, \([0-9]*\) dropped$/\1/p' "$W/moe_cap_np2.log")
 [ -n "$dropped" ] && [ "$dropped" -ge 256 ] || { echo "moe_cap_np2: dropped '$dropped', expected >= 256"; exit 1; }
+# tied embeddings (--tie-embeddings: the output projection is the token embedding, one (V, D)
+# table placed Shard(0) on the vocabulary by the default plan): the same curve on 2 and 4 ranks
+# and a 2x2 mesh, dense and MoE; the table is counted once (V x D = 16 x 32 fewer parameters)
+params() { sed -n 's/^# dtensor train: [a-z]* model, \([0-9]*\) parameters.*/\1/p' "$W/$1.log"; }
+for model in dense moe; do
+  run "${model}_tied_np1" 1 --model $model --tie-embeddings
+  run "${model}_tied_np2" 2 --model $model --tie-embeddings
+  run "${model}_tied_np4" 4 --model $model --tie-embeddings
+  run "${model}_tied_2x2" 4 --model $model --tie-embeddings --mesh 2x2
+  compare "${model}_tied_np1" "${model}_tied_np2" 1e-5
+  compare "${model}_tied_np1" "${model}_tied_np4" 1e-5
+  compare "${model}_tied_np1" "${model}_tied_2x2" 1e-5
+  grep -q "(output tied to tok_emb)" "$W/${model}_tied_np2.log" || { echo "${model}_tied_np2: not tied"; exit 1; }
+  untied=$(params "${model}_np1") tied=$(params "${model}_tied_np1")
+  [ -n "$tied" ] && [ $((untied - tied)) -eq $((16 * 32)) ] ||
+    { echo "$model: $tied tied parameters, $untied untied: the table must count once"; exit 1; }
+done
 # the loss went down: last below first
 for model in dense moe; do
   first=$(losses "$W/${model}_np1.jsonl" | head -1) last=$(losses "$W/${model}_np1.jsonl" | tail -1)

@@ -2,7 +2,8 @@
  * flag values are checked (a non-object root, trailing data, duplicate keys, nested values,
  * numbers that are not integers or overflow, out-of-range values, over-long strings, shell
  * characters in paths, unknown names for model, parallel and param_dtype, the FSDP/DDP knobs out
- * of range) with a message each, and valid configs set exactly what they say. */
+ * of range) with a message each, and valid configs set exactly what they say (the
+ * tie_embeddings switch too). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -47,6 +48,16 @@ static void test_valid(void** state) {
   assert_int_equal(o.kv_heads, 2);
   int shape[4], nd;
   assert_true(train_mesh_parse("2x1x3", shape, &nd) && nd == 3 && shape[2] == 3);
+  /* tied embeddings: off by default, a switch (--tie-embeddings) and a JSON boolean */
+  assert_true(load(&o, "{}", err, sizeof err));
+  assert_int_equal(o.tie_embeddings, 0);
+  assert_true(train_opts_is_switch("tie_embeddings"));
+  assert_true(train_opts_set(&o, "tie_embeddings", "1", err, sizeof err));
+  assert_int_equal(o.tie_embeddings, 1);
+  assert_true(load(&o, "{\"tie_embeddings\": true, \"model\": \"moe\"}", err, sizeof err));
+  assert_int_equal(o.tie_embeddings, 1);
+  assert_false(load(&o, "{\"tie_embeddings\": 2}", err, sizeof err));
+  assert_non_null(strstr(err, "tie_embeddings must be an integer in [0, 1]"));
 }
 
 /* The data-parallel keys: defaults, every accepted name, and the FSDP/DDP knobs. */

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # parallel_parity.sh - the trainer's parallel configs (--dp, --tp, --ep, --sp, --loss-parallel)
 # against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE, on 2,
-# 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP): 20
+# 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP), and tied embeddings under TP,
+# FSDP, DDP and FSDP x TP: 20
 # steps, every f32 loss within 1e-5 relative (the worst printed per config), and a rerun bitwise
 # equal. Ends with one line per config and "parallel_parity: passed".
 #   parallel_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -50,6 +51,33 @@ for c in "${configs[@]}"; do
   # shellcheck disable=SC2086
   run "$name" "$np" --model "$model" $flags
   compare "$name" "${model}_np1" 1e-5
+done
+# tied embeddings (--tie-embeddings: one (V, D) table for tok_emb and output): TP 2 (embedding
+# rowwise and output colwise agree on Shard(0)), FSDP 2 (the root group holds it), DDP 2 (one
+# reduction), FSDP 2 x TP 2, dense and MoE, against the tied single-rank run
+tied_configs=(
+  "tied_tp2         2 dense --tp 2"
+  "tied_tp2_sp_lp   2 dense --tp 2 --sp --loss-parallel"
+  "tied_dp2         2 dense --dp 2"
+  "tied_ddp2        2 dense --parallel ddp"
+  "tied_dp2_tp2     4 dense --dp 2 --tp 2"
+  "tied_tp2_moe     2 moe   --tp 2"
+  "tied_dp2_moe     2 moe   --dp 2"
+  "tied_ddp2_moe    2 moe   --parallel ddp"
+  "tied_dp2_tp2_moe 4 moe   --dp 2 --tp 2"
+)
+for model in dense moe; do
+  run "${model}_tied_np1" 1 --model $model --tie-embeddings
+  # the tie changes the model: its curve is not the untied one
+  if cmp -s <(losses "$W/${model}_tied_np1.jsonl") <(losses "$W/${model}_np1.jsonl"); then
+    echo "${model}: --tie-embeddings changed nothing"; exit 1
+  fi
+done
+for c in "${tied_configs[@]}"; do
+  read -r name np model flags <<< "$c"
+  # shellcheck disable=SC2086
+  run "$name" "$np" --model "$model" --tie-embeddings $flags
+  compare "$name" "${model}_tied_np1" 1e-5
 done
 # reruns are bitwise equal
 read -r name np model flags <<< "${configs[3]}"
