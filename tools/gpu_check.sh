@@ -10,7 +10,8 @@
 #
 # Steps, each under its own time limit, in order of importance (correctness first); a step that
 # would start after $DT_GPU_CHECK_BUDGET_S seconds (default 420) is skipped and says so, so the
-# whole run ends in under 8 minutes:
+# whole run ends in under 8 minutes. DT_GPU_CHECK_ONLY='REGEX' runs only the steps whose names
+# match (besides the probe), for a short rerun:
 #   machine     GPU, driver, OS, glibc; the runtime (tools/gpu_env.sh) and the packed programs
 #   backend     test_cuda_backend (every vtable member against the cpu backend), test_simt_emu_gpu
 #               (the emulator's own test kernels on the real GPU: the emulator's rules are CUDA's)
@@ -33,6 +34,7 @@ ROOT=$PWD
 T0=$(date +%s)
 BUDGET=${DT_GPU_CHECK_BUDGET_S:-420}
 BACKEND=${DT_GPU_CHECK_BACKEND:-cuda}
+ONLY=${DT_GPU_CHECK_ONLY:-} # a regex of step names (e.g. 'conformance_.*|train_.*'): only those
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
@@ -46,6 +48,9 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "$ONLY" ] && [ "$name" != probe ] && ! [[ $name =~ ^($ONLY)$ ]]; then
+    return 0 # not asked for (DT_GPU_CHECK_ONLY)
+  fi
   if [ "$(elapsed)" -ge "$BUDGET" ]; then
     note "SKIP  $name (budget of ${BUDGET}s spent)"
     return 0
@@ -98,6 +103,11 @@ for np in 1 2; do
   step "conformance_np$np" 120 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" "${MPI[@]}" -np $np \
     "$G/tests/test_conformance"
 done
+
+# attention's other path (the default, auto, takes the tensor-core GEMM path where it fits)
+step conformance_sdpa_flash_np1 60 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" \
+  DTENSOR_CONFORMANCE_OPS=sdpa,sdpa_grad DTENSOR_SDPA_PATH=flash "${MPI[@]}" -np 1 \
+  "$G/tests/test_conformance"
 
 # errors, leaks
 step device_errors_np2 60 env DT_DEVICE_BACKEND="$BACKEND" "${MPI[@]}" -np 2 "$G/tests/test_device_errors"

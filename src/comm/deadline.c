@@ -61,19 +61,23 @@ dt_status_t dt__timeout_from_env(void) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_set_timeout(double seconds) {
+static dt_status_t dt__set_timeout(double seconds) {
   if (!isfinite(seconds) || !(seconds > 0))
     return DT_FAIL(DT_ERR_INVALID_ARG,
-                   "timeout %g s: expected a positive finite number of seconds", seconds);
+                   "seconds=%g (valid: a positive finite number of seconds)", seconds);
   dt__timeout = seconds;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_get_timeout(double* seconds) {
+dt_status_t dt_set_timeout(double seconds) { DT_ENTRY_RETURN(dt__set_timeout(seconds)); }
+
+static dt_status_t dt__get_timeout(double* seconds) {
   DT_ARG_NOT_NULL(seconds);
   *seconds = dt__timeout;
   return DT_SUCCESS;
 }
+
+dt_status_t dt_get_timeout(double* seconds) { DT_ENTRY_RETURN(dt__get_timeout(seconds)); }
 
 dt_status_t dt_set_timeout_handler(dt_timeout_fn fn, void* ctx) {
   dt__handler = fn;

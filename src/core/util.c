@@ -107,7 +107,7 @@ int dt__dtype_valid(int dtype) { return dtype >= 0 && dtype < DT_DTYPE_COUNT; }
 size_t dt__itemsize(dt_dtype_t dtype) { return dt__dtype_sizes[dtype]; }
 int dt__dtype_is_float(dt_dtype_t d) { return d == DT_F32 || d == DT_BF16 || d == DT_F16; }
 
-dt_status_t dt_dtype_itemsize(dt_dtype_t dtype, size_t* nbytes) {
+static dt_status_t dt__dtype_itemsize(dt_dtype_t dtype, size_t* nbytes) {
   DT_ARG_NOT_NULL(nbytes);
   *nbytes = 0;
   if (!dt__dtype_valid(dtype))
@@ -116,11 +116,15 @@ dt_status_t dt_dtype_itemsize(dt_dtype_t dtype, size_t* nbytes) {
   return DT_SUCCESS;
 }
 
+dt_status_t dt_dtype_itemsize(dt_dtype_t dtype, size_t* nbytes) {
+  DT_ENTRY_RETURN(dt__dtype_itemsize(dtype, nbytes));
+}
+
 const char* dt_dtype_name(dt_dtype_t dtype) {
   return dt__dtype_valid(dtype) ? dt__dtype_names[dtype] : "invalid";
 }
 
-dt_status_t dt_dtype_parse(const char* text, dt_dtype_t* out) {
+static dt_status_t dt__dtype_parse(const char* text, dt_dtype_t* out) {
   DT_ARG_NOT_NULL(text);
   DT_ARG_NOT_NULL(out);
   static const struct { const char* s; dt_dtype_t d; } alias[] = {
@@ -132,8 +136,12 @@ dt_status_t dt_dtype_parse(const char* text, dt_dtype_t* out) {
       *out = alias[i].d;
       return DT_SUCCESS;
     }
-  return DT_FAIL(DT_ERR_INVALID_ARG, "unknown dtype '%s' (expected f32, bf16, f16, i32 or i64)",
-                 text);
+  return DT_FAIL(DT_ERR_INVALID_ARG, "text '%s' is not a dtype (valid: f32, bf16, f16, i32 or i64 "
+                 "and their long names: float32, bfloat16, float16, half, int32, int64)", text);
+}
+
+dt_status_t dt_dtype_parse(const char* text, dt_dtype_t* out) {
+  DT_ENTRY_RETURN(dt__dtype_parse(text, out));
 }
 
 const char* dt_reduce_op_name(dt_reduce_op_t op) {

@@ -46,16 +46,19 @@ static dt_status_t dt__corpus_give(dt_corpus_t c, dt_corpus_t* out) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_corpus_markov(int vocab, int order, int64_t length, uint64_t seed,
-                             dt_corpus_t* out) {
+static dt_status_t dt__corpus_markov(int vocab, int order, int64_t length, uint64_t seed,
+                                     dt_corpus_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   if (vocab < 2 || vocab > 256 || order < 1 || order > 4 || length < order + 2)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "markov corpus: vocab in [2, 256], order in [1, 4], "
-                                       "length > order + 1");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "vocab=%d, order=%d, length=%lld (valid: vocab 2 to 256, "
+                   "order 1 to 4, length %d or more)", vocab, order, (long long)length,
+                   order + 2);
   int64_t nctx = 1;
   for (int k = 0; k < order; k++) nctx *= vocab;
-  if (nctx > (1 << 20)) return DT_FAIL(DT_ERR_INVALID_ARG, "markov corpus: vocab^order too large");
+  if (nctx > (1 << 20))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "vocab=%d, order=%d: vocab^order = %lld contexts (valid: at "
+                   "most %d)", vocab, order, (long long)nctx, 1 << 20);
   double* P = malloc(sizeof(double) * (size_t)(nctx * vocab));
   double* pi = malloc(sizeof(double) * (size_t)nctx);
   double* nx = malloc(sizeof(double) * (size_t)nctx);
@@ -121,7 +124,12 @@ dt_status_t dt_corpus_markov(int vocab, int order, int64_t length, uint64_t seed
   return dt__corpus_give(c, out);
 }
 
-dt_status_t dt_corpus_file(const char* path, dt_corpus_t* out) {
+dt_status_t dt_corpus_markov(int vocab, int order, int64_t length, uint64_t seed,
+                             dt_corpus_t* out) {
+  DT_ENTRY_RETURN(dt__corpus_markov(vocab, order, length, seed, out));
+}
+
+static dt_status_t dt__corpus_file(const char* path, dt_corpus_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(path);
@@ -156,19 +164,24 @@ dt_status_t dt_corpus_file(const char* path, dt_corpus_t* out) {
   return dt__corpus_give(c, out);
 }
 
+dt_status_t dt_corpus_file(const char* path, dt_corpus_t* out) {
+  DT_ENTRY_RETURN(dt__corpus_file(path, out));
+}
+
 double dt_corpus_entropy_floor(dt_corpus_t c) {
   return dt__corpus_check(c) == DT_SUCCESS ? c->floor : NAN;
 }
 int dt_corpus_vocab(dt_corpus_t c) { return dt__corpus_check(c) == DT_SUCCESS ? c->vocab : 0; }
 
-dt_status_t dt_corpus_batch(dt_corpus_t c, uint64_t seed, int64_t step, int B, int S,
-                            int64_t* tokens, int64_t* targets) {
+static dt_status_t dt__corpus_batch(dt_corpus_t c, uint64_t seed, int64_t step, int B, int S,
+                                    int64_t* tokens, int64_t* targets) {
   DT_CHECK(dt__corpus_check(c));
   DT_ARG_NOT_NULL(tokens);
   DT_ARG_NOT_NULL(targets);
   if (B < 1 || S < 1 || (int64_t)S + 1 > c->length)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "batch %dx%d does not fit a corpus of %lld tokens", B, S,
-                   (long long)c->length);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "B=%d, S=%d: a batch does not fit a corpus of %lld tokens "
+                   "(valid: B >= 1, 1 <= S <= %lld)", B, S, (long long)c->length,
+                   (long long)c->length - 1);
   for (int b = 0; b < B; b++) {
     uint64_t h = dt__mix(seed ^ dt__mix((uint64_t)step * 1315423911u + (uint64_t)b));
     int64_t start = (int64_t)(h % (uint64_t)(c->length - S));
@@ -180,10 +193,17 @@ dt_status_t dt_corpus_batch(dt_corpus_t c, uint64_t seed, int64_t step, int B, i
   return DT_SUCCESS;
 }
 
-dt_status_t dt_corpus_destroy(dt_corpus_t c) {
+dt_status_t dt_corpus_batch(dt_corpus_t c, uint64_t seed, int64_t step, int B, int S,
+                            int64_t* tokens, int64_t* targets) {
+  DT_ENTRY_RETURN(dt__corpus_batch(c, seed, step, B, S, tokens, targets));
+}
+
+static dt_status_t dt__corpus_destroy(dt_corpus_t c) {
   if (c == NULL) return DT_SUCCESS;
   DT_CHECK(dt_handle_unregister(c, &dt__corpus_kind, "corpus"));
   free(c->tok);
   dt_handle_free(c);
   return DT_SUCCESS;
 }
+
+dt_status_t dt_corpus_destroy(dt_corpus_t c) { DT_ENTRY_RETURN(dt__corpus_destroy(c)); }

@@ -54,15 +54,16 @@ static dt_status_t dt__uniform_param(dt_mesh_t mesh, int ndim, const int64_t* sh
   return st;
 }
 
-dt_status_t dt_linear_create(dt_mesh_t mesh, const char* name, int64_t in_features,
-                             int64_t out_features, int bias, uint64_t seed, dt_module_t* out) {
+static dt_status_t dt__linear_create(dt_mesh_t mesh, const char* name, int64_t in_features,
+                                     int64_t out_features, int bias, uint64_t seed,
+                                     dt_module_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(mesh);
   DT_ARG_NOT_NULL(name);
   if (in_features < 1 || out_features < 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "linear '%s': in_features %lld and out_features %lld must "
-                   "be at least 1", name, (long long)in_features, (long long)out_features);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "linear '%s': in_features=%lld, out_features=%lld (valid: "
+                   "1 or more each)", name, (long long)in_features, (long long)out_features);
   dt_module_t m = NULL;
   dt_var_t w = NULL, b = NULL;
   const double bound = 1.0 / sqrt((double)in_features); /* PyTorch's, weight and bias alike */
@@ -88,6 +89,11 @@ fail: /* w and b: created and not yet the module's */
   return st;
 }
 
+dt_status_t dt_linear_create(dt_mesh_t mesh, const char* name, int64_t in_features,
+                             int64_t out_features, int bias, uint64_t seed, dt_module_t* out) {
+  DT_ENTRY_RETURN(dt__linear_create(mesh, name, in_features, out_features, bias, seed, out));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * activations */
 
@@ -99,13 +105,13 @@ static dt_status_t dt__activation_forward(dt_module_t m, dt_tape_t tape, int n_i
   return dt_ag_op(tape, (const char*)dt_module_ctx(m), 1, in, 0, NULL, 0, NULL, 1, out);
 }
 
-dt_status_t dt_activation_create(const char* name, const char* op, dt_module_t* out) {
+static dt_status_t dt__activation_create(const char* name, const char* op, dt_module_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(op);
   dt_op_desc_t d;
   if (dt_op_describe(op, &d) != DT_SUCCESS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "activation: no op '%s' (relu, gelu, silu, tanh, "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "op '%s' is not an op (valid: relu, gelu, silu, tanh, "
                    "sigmoid, ...)", op);
   int ok = d.n_inputs == 1 && !d.variadic && d.n_outputs == 1 && d.has_backward && !d.in_place;
   for (int k = 0; ok && k < d.n_args; k++) {
@@ -114,10 +120,14 @@ dt_status_t dt_activation_create(const char* name, const char* op, dt_module_t* 
     ok = !a.required;
   }
   if (!ok)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "activation: op '%s' is not element-wise-like (one input, "
-                   "one output, a backward rule, no required argument)", op);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "op '%s' is not element-wise-like (valid: one input, one "
+                   "output, a backward rule, no required argument)", op);
   /* the descriptor's name lives as long as the library: the module's context */
   return dt_module_create(name, dt__activation_forward, (void*)d.name, out);
+}
+
+dt_status_t dt_activation_create(const char* name, const char* op, dt_module_t* out) {
+  DT_ENTRY_RETURN(dt__activation_create(name, op, out));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -140,23 +150,24 @@ static dt_status_t dt__sequential_forward(dt_module_t m, dt_tape_t tape, int n_i
   return DT_SUCCESS;
 }
 
-dt_status_t dt_sequential_create(const char* name, int n, const dt_module_t* children,
-                                 dt_module_t* out) {
+static dt_status_t dt__sequential_create(const char* name, int n, const dt_module_t* children,
+                                         dt_module_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   if (n < 0 || (n > 0 && children == NULL))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "sequential: %d children (an array of them)", n);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n=%d with children %s (valid: n >= 0, and an array of n "
+                   "modules when n > 0)", n, children ? "given" : "NULL");
   for (int i = 0; i < n; i++) { /* everything checked before anything is taken */
     const char* ci = dt_module_name(children[i]);
     if (ci == NULL)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "sequential: child %d is not a live module: %s", i,
+      return DT_FAIL(DT_ERR_INVALID_ARG, "children[%d] is not a live module: %s", i,
                      dt_last_error());
     if (dt_module_parent(children[i]) != NULL)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "sequential: child %d ('%s') already has a parent", i,
+      return DT_FAIL(DT_ERR_INVALID_ARG, "children[%d] ('%s') already has a parent", i,
                      ci);
     for (int j = 0; j < i; j++)
       if (children[j] == children[i] || (ci[0] && strcmp(dt_module_name(children[j]), ci) == 0))
-        return DT_FAIL(DT_ERR_INVALID_ARG, "sequential: children %d and %d are both '%s'", j, i,
+        return DT_FAIL(DT_ERR_INVALID_ARG, "children[%d] and children[%d] are both '%s'", j, i,
                        ci);
   }
   dt_module_t m;
@@ -173,6 +184,11 @@ dt_status_t dt_sequential_create(const char* name, int n, const dt_module_t* chi
   return DT_SUCCESS;
 }
 
+dt_status_t dt_sequential_create(const char* name, int n, const dt_module_t* children,
+                                 dt_module_t* out) {
+  DT_ENTRY_RETURN(dt__sequential_create(name, n, children, out));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * losses */
 
@@ -183,8 +199,8 @@ static dt_status_t dt__check_reduction(const char* what, dt_loss_reduction_t r) 
   return DT_SUCCESS;
 }
 
-dt_status_t dt_nn_mse_loss(dt_tape_t tape, dt_var_t pred, dt_var_t target,
-                           dt_loss_reduction_t reduction, dt_var_t* out) {
+static dt_status_t dt__nn_mse_loss(dt_tape_t tape, dt_var_t pred, dt_var_t target,
+                                   dt_loss_reduction_t reduction, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__check_reduction("mse_loss", reduction));
@@ -213,12 +229,22 @@ dt_status_t dt_nn_mse_loss(dt_tape_t tape, dt_var_t pred, dt_var_t target,
                   out);
 }
 
-dt_status_t dt_nn_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
-                                dt_loss_reduction_t reduction, dt_var_t* out) {
+dt_status_t dt_nn_mse_loss(dt_tape_t tape, dt_var_t pred, dt_var_t target,
+                           dt_loss_reduction_t reduction, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_mse_loss(tape, pred, target, reduction, out));
+}
+
+static dt_status_t dt__nn_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
+                                        dt_loss_reduction_t reduction, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__check_reduction("cross_entropy", reduction));
   dt_var_t in[2] = {logits, targets};
   const int64_t r = reduction;
   return dt_ag_op(tape, "cross_entropy", 2, in, 1, &r, 0, NULL, 1, out);
+}
+
+dt_status_t dt_nn_cross_entropy(dt_tape_t tape, dt_var_t logits, dt_var_t targets,
+                                dt_loss_reduction_t reduction, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_cross_entropy(tape, logits, targets, reduction, out));
 }

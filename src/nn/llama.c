@@ -403,7 +403,7 @@ dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg, const 
   DT_ENTRY_RETURN(dt__llama_create(mesh, cfg, plan, out));
 }
 
-dt_status_t dt_llama_destroy(dt_llama_t m) {
+static dt_status_t dt__llama_destroy(dt_llama_t m) {
   if (m == NULL) return DT_SUCCESS;
   DT_CHECK(dt_handle_unregister(m, &dt__llama_kind, "model"));
   dt_module_destroy(m->root);
@@ -414,12 +414,18 @@ dt_status_t dt_llama_destroy(dt_llama_t m) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_llama_module(dt_llama_t m, dt_module_t* root) {
+dt_status_t dt_llama_destroy(dt_llama_t m) { DT_ENTRY_RETURN(dt__llama_destroy(m)); }
+
+static dt_status_t dt__llama_module(dt_llama_t m, dt_module_t* root) {
   DT_ARG_NOT_NULL(root);
   *root = NULL;
   DT_CHECK(dt__llama_check(m));
   *root = m->root;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_llama_module(dt_llama_t m, dt_module_t* root) {
+  DT_ENTRY_RETURN(dt__llama_module(m, root));
 }
 
 static int dt__collect(const char* name, dt_var_t p, void* ctx) {
@@ -430,8 +436,8 @@ static int dt__collect(const char* name, dt_var_t p, void* ctx) {
   return 0;
 }
 
-dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names, int* n,
-                            int64_t* numel) {
+static dt_status_t dt__llama_params(dt_llama_t m, dt_var_t** params, const char* const** names,
+                                    int* n, int64_t* numel) {
   DT_CHECK(dt__llama_check(m));
   int count;
   DT_CHECK(dt_module_num_params(m->root, &count));
@@ -455,12 +461,21 @@ dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const**
   return DT_SUCCESS;
 }
 
-dt_status_t dt_llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out) {
+dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names, int* n,
+                            int64_t* numel) {
+  DT_ENTRY_RETURN(dt__llama_params(m, params, names, n, numel));
+}
+
+static dt_status_t dt__llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   DT_CHECK(dt__llama_check(m));
   *out = m->moe_stats;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out) {
+  DT_ENTRY_RETURN(dt__llama_moe_stats(m, out));
 }
 
 double dt_llama_flops_per_token(const dt_llama_config_t* cfg_in) {
@@ -477,8 +492,8 @@ double dt_llama_flops_per_token(const dt_llama_config_t* cfg_in) {
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
-dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, dt_tensor_t targets,
-                             dt_var_t* loss, double* aux_out) {
+static dt_status_t dt__llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens,
+                                     dt_tensor_t targets, dt_var_t* loss, double* aux_out) {
   DT_ARG_NOT_NULL(loss);
   *loss = NULL;
   DT_CHECK(dt__llama_check(m));
@@ -488,8 +503,12 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
   int64_t ts[DT_MAX_DIMS];
   DT_CHECK(dt_tensor_ndim(tokens, &nd));
   DT_CHECK(dt_tensor_shape(tokens, ts));
-  if (nd != 2 || ts[1] > c->seq_len)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "tokens must be (B, S) with S <= seq_len %d", c->seq_len);
+  if (nd != 2)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tokens has %d dims (valid: 2, (B, S) with S <= seq_len "
+                   "%d)", nd, c->seq_len);
+  if (ts[1] > c->seq_len)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tokens (B, S) has S=%lld (valid: at most seq_len %d)",
+                   (long long)ts[1], c->seq_len);
   int64_t N = ts[0] * ts[1];
   /* the tape keeps its own copies of the ids (the backward pass needs them) */
   dt_tensor_t tok_copy, tgt_copy;
@@ -530,4 +549,9 @@ dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, d
   }
   *loss = res[0];
   return DT_SUCCESS;
+}
+
+dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens, dt_tensor_t targets,
+                             dt_var_t* loss, double* aux_out) {
+  DT_ENTRY_RETURN(dt__llama_forward(m, tape, tokens, targets, loss, aux_out));
 }

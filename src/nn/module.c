@@ -229,8 +229,8 @@ static dt_status_t dt__name_check(const char* name, const char* what) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, void* ctx,
-                             dt_module_t* out) {
+static dt_status_t dt__module_create(const char* name, dt_module_forward_fn forward, void* ctx,
+                                     dt_module_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__name_check(name, "module"));
@@ -246,6 +246,11 @@ dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, voi
   m->ctx = ctx;
   *out = m;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_module_create(const char* name, dt_module_forward_fn forward, void* ctx,
+                             dt_module_t* out) {
+  DT_ENTRY_RETURN(dt__module_create(name, forward, ctx, out));
 }
 
 /* Frees m and what it owns (parameters a caller destroyed already are skipped). */
@@ -264,7 +269,7 @@ static void dt__module_free(dt_module_t m) {
   dt_handle_free(m);
 }
 
-dt_status_t dt_module_destroy(dt_module_t m) {
+static dt_status_t dt__module_destroy(dt_module_t m) {
   if (m == NULL) return DT_SUCCESS;
   DT_CHECK(dt__module_check(m));
   if (m->parent != NULL)
@@ -273,6 +278,8 @@ dt_status_t dt_module_destroy(dt_module_t m) {
   dt__module_free(m);
   return DT_SUCCESS;
 }
+
+dt_status_t dt_module_destroy(dt_module_t m) { DT_ENTRY_RETURN(dt__module_destroy(m)); }
 
 const char* dt_module_name(dt_module_t m) {
   return dt__module_check(m) == DT_SUCCESS ? m->name : NULL;
@@ -315,7 +322,7 @@ dt_status_t dt_module_add_param(dt_module_t m, const char* name, dt_var_t param)
   DT_ENTRY_RETURN(dt__add_param(m, name, param));
 }
 
-dt_status_t dt_module_add_child(dt_module_t m, dt_module_t child) {
+static dt_status_t dt__module_add_child(dt_module_t m, dt_module_t child) {
   DT_CHECK(dt__module_check(m));
   DT_CHECK(dt__module_check(child));
   if (child->parent != NULL)
@@ -325,6 +332,10 @@ dt_status_t dt_module_add_child(dt_module_t m, dt_module_t child) {
   DT_CHECK(dt__add(m, child->name, NULL, child));
   child->parent = m;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_module_add_child(dt_module_t m, dt_module_t child) {
+  DT_ENTRY_RETURN(dt__module_add_child(m, child));
 }
 
 /* The entry holding the parameter at `path` below m (unnamed children are looked through), and
@@ -374,7 +385,7 @@ static _Thread_local char dt__miss_msg[400];
 static _Thread_local unsigned long dt__misses;
 static _Thread_local int dt__miss_open;
 
-dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* out) {
+static dt_status_t dt__module_param(dt_module_t m, const char* name, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__module_check(m));
@@ -383,6 +394,10 @@ dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* out) {
   if (e == NULL) return dt__no_param(__func__, m, name);
   *out = e->param;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__module_param(m, name, out));
 }
 
 dt_var_t dt_module_get(dt_module_t m, const char* name) {
@@ -440,8 +455,8 @@ static dt__attachment_t* dt__find_att(dt_module_t m, const char* key) {
   return NULL;
 }
 
-dt_status_t dt_module_attach(dt_module_t m, const char* key, void* data,
-                             dt_module_free_fn free_fn) {
+static dt_status_t dt__module_attach(dt_module_t m, const char* key, void* data,
+                                     dt_module_free_fn free_fn) {
   DT_CHECK(dt__module_check(m));
   DT_ARG_NOT_NULL(key);
   if (strlen(key) == 0 || strlen(key) >= DT_MODULE_NAME_MAX)
@@ -460,13 +475,18 @@ dt_status_t dt_module_attach(dt_module_t m, const char* key, void* data,
   return DT_SUCCESS;
 }
 
+dt_status_t dt_module_attach(dt_module_t m, const char* key, void* data,
+                             dt_module_free_fn free_fn) {
+  DT_ENTRY_RETURN(dt__module_attach(m, key, data, free_fn));
+}
+
 void* dt_module_attachment(dt_module_t m, const char* key) {
   if (dt__module_check(m) != DT_SUCCESS || key == NULL) return NULL;
   dt__attachment_t* a = dt__find_att(m, key);
   return a ? a->data : NULL;
 }
 
-dt_status_t dt_module_detach(dt_module_t m, const char* key) {
+static dt_status_t dt__module_detach(dt_module_t m, const char* key) {
   DT_CHECK(dt__module_check(m));
   DT_ARG_NOT_NULL(key);
   dt__attachment_t* a = dt__find_att(m, key);
@@ -474,6 +494,10 @@ dt_status_t dt_module_detach(dt_module_t m, const char* key) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no attachment '%s'", m->name, key);
   *a = m->att[--m->n_att];
   return DT_SUCCESS;
+}
+
+dt_status_t dt_module_detach(dt_module_t m, const char* key) {
+  DT_ENTRY_RETURN(dt__module_detach(m, key));
 }
 
 static dt_module_t dt__find_module(dt_module_t m, const char* path) {
@@ -491,7 +515,7 @@ static dt_module_t dt__find_module(dt_module_t m, const char* path) {
   return NULL;
 }
 
-dt_status_t dt_module_find(dt_module_t m, const char* path, dt_module_t* out) {
+static dt_status_t dt__module_find(dt_module_t m, const char* path, dt_module_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__module_check(m));
@@ -502,7 +526,11 @@ dt_status_t dt_module_find(dt_module_t m, const char* path, dt_module_t* out) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_module_num_children(dt_module_t m, int* n) {
+dt_status_t dt_module_find(dt_module_t m, const char* path, dt_module_t* out) {
+  DT_ENTRY_RETURN(dt__module_find(m, path, out));
+}
+
+static dt_status_t dt__module_num_children(dt_module_t m, int* n) {
   DT_ARG_NOT_NULL(n);
   *n = 0;
   DT_CHECK(dt__module_check(m));
@@ -510,7 +538,11 @@ dt_status_t dt_module_num_children(dt_module_t m, int* n) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_module_child(dt_module_t m, int i, dt_module_t* out) {
+dt_status_t dt_module_num_children(dt_module_t m, int* n) {
+  DT_ENTRY_RETURN(dt__module_num_children(m, n));
+}
+
+static dt_status_t dt__module_child(dt_module_t m, int i, dt_module_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_CHECK(dt__module_check(m));
@@ -520,6 +552,10 @@ dt_status_t dt_module_child(dt_module_t m, int i, dt_module_t* out) {
       return DT_SUCCESS;
     }
   return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s' has no child %d", m->name, i);
+}
+
+dt_status_t dt_module_child(dt_module_t m, int i, dt_module_t* out) {
+  DT_ENTRY_RETURN(dt__module_child(m, i, out));
 }
 
 /* The tied parameters a walk has listed already (it lists each once, under its first name). */
@@ -880,12 +916,14 @@ static int dt__zero(const char* name, dt_var_t p, void* ctx) {
   return *st != DT_SUCCESS;
 }
 
-dt_status_t dt_module_zero_grad(dt_module_t m) {
+static dt_status_t dt__module_zero_grad(dt_module_t m) {
   dt_status_t st = DT_SUCCESS;
   DT_CHECK(dt_module_for_each_param(m, dt__zero, &st));
   if (st != DT_SUCCESS) return DT_FAIL(st, "module '%s': %s", m->name, dt_last_error());
   return DT_SUCCESS;
 }
+
+dt_status_t dt_module_zero_grad(dt_module_t m) { DT_ENTRY_RETURN(dt__module_zero_grad(m)); }
 
 /* ---------------------------------------------------------------------------------------------
  * hooks and forward */
@@ -900,24 +938,43 @@ static dt_status_t dt__add_hook(dt_module_t m, int kind, void* fn, void* ctx) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_module_add_forward_pre_hook(dt_module_t m, dt_module_forward_hook_fn fn,
-                                           void* ctx) {
+static dt_status_t dt__module_add_forward_pre_hook(dt_module_t m, dt_module_forward_hook_fn fn,
+                                                   void* ctx) {
   return dt__add_hook(m, DT__FPRE, (void*)fn, ctx);
 }
-dt_status_t dt_module_add_forward_post_hook(dt_module_t m, dt_module_forward_hook_fn fn,
-                                            void* ctx) {
+
+dt_status_t dt_module_add_forward_pre_hook(dt_module_t m, dt_module_forward_hook_fn fn, void* ctx) {
+  DT_ENTRY_RETURN(dt__module_add_forward_pre_hook(m, fn, ctx));
+}
+static dt_status_t dt__module_add_forward_post_hook(dt_module_t m, dt_module_forward_hook_fn fn,
+                                                    void* ctx) {
   return dt__add_hook(m, DT__FPOST, (void*)fn, ctx);
 }
-dt_status_t dt_module_add_backward_pre_hook(dt_module_t m, dt_module_backward_hook_fn fn,
+
+dt_status_t dt_module_add_forward_post_hook(dt_module_t m, dt_module_forward_hook_fn fn,
                                             void* ctx) {
+  DT_ENTRY_RETURN(dt__module_add_forward_post_hook(m, fn, ctx));
+}
+static dt_status_t dt__module_add_backward_pre_hook(dt_module_t m, dt_module_backward_hook_fn fn,
+                                                    void* ctx) {
   return dt__add_hook(m, DT__BPRE, (void*)fn, ctx);
 }
-dt_status_t dt_module_add_backward_post_hook(dt_module_t m, dt_module_backward_hook_fn fn,
-                                             void* ctx) {
+
+dt_status_t dt_module_add_backward_pre_hook(dt_module_t m, dt_module_backward_hook_fn fn,
+                                            void* ctx) {
+  DT_ENTRY_RETURN(dt__module_add_backward_pre_hook(m, fn, ctx));
+}
+static dt_status_t dt__module_add_backward_post_hook(dt_module_t m, dt_module_backward_hook_fn fn,
+                                                     void* ctx) {
   return dt__add_hook(m, DT__BPOST, (void*)fn, ctx);
 }
 
-dt_status_t dt_module_remove_hooks(dt_module_t m, void* ctx) {
+dt_status_t dt_module_add_backward_post_hook(dt_module_t m, dt_module_backward_hook_fn fn,
+                                             void* ctx) {
+  DT_ENTRY_RETURN(dt__module_add_backward_post_hook(m, fn, ctx));
+}
+
+static dt_status_t dt__module_remove_hooks(dt_module_t m, void* ctx) {
   DT_CHECK(dt__module_check(m));
   for (int k = 0; k < DT__HOOK_KINDS; k++) {
     int w = 0;
@@ -926,6 +983,10 @@ dt_status_t dt_module_remove_hooks(dt_module_t m, void* ctx) {
     m->n_hooks[k] = w;
   }
   return DT_SUCCESS;
+}
+
+dt_status_t dt_module_remove_hooks(dt_module_t m, void* ctx) {
+  DT_ENTRY_RETURN(dt__module_remove_hooks(m, ctx));
 }
 
 static dt_status_t dt__backward_hooks(dt_module_t m, dt_tape_t tape, int kind) {
@@ -951,8 +1012,8 @@ static dt_status_t dt__forward_hooks(dt_module_t m, dt_tape_t tape, int kind, in
   return DT_SUCCESS;
 }
 
-dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
-                              int n_out, dt_var_t* out) {
+static dt_status_t dt__module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                      int n_out, dt_var_t* out) {
   DT_CHECK(dt__module_check(m));
   if (n_in < 0 || n_in > DT_MODULE_IO_MAX || n_out < 0 || n_out > DT_MODULE_IO_MAX ||
       (n_in > 0 && in == NULL) || (n_out > 0 && out == NULL))
@@ -982,4 +1043,9 @@ dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_
                                       m->n_hooks[DT__BPOST] ? dt__span_post : NULL, m));
   }
   return dt__forward_hooks(m, tape, DT__FPOST, n_out, out);
+}
+
+dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                              int n_out, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__module_forward(m, tape, n_in, in, n_out, out));
 }

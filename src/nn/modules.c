@@ -37,8 +37,8 @@ int dt_nn_name_match(const char* p, const char* s) {
   return *p == '\0';
 }
 
-dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
-                              dt_placement_t* out) {
+static dt_status_t dt__nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
+                                      dt_placement_t* out) {
   DT_ARG_NOT_NULL(out);
   DT_ARG_NOT_NULL(name);
   if (mesh_ndim < 1 || mesh_ndim > DT_MAX_MESH_DIMS)
@@ -82,15 +82,20 @@ dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
   return DT_SUCCESS;
 }
 
+dt_status_t dt_nn_plan_lookup(const char* plan, const char* name, int mesh_ndim,
+                              dt_placement_t* out) {
+  DT_ENTRY_RETURN(dt__nn_plan_lookup(plan, name, mesh_ndim, out));
+}
+
 static uint64_t dt__name_seed(uint64_t seed, const char* name) {
   uint64_t h = 1469598103934665603ull ^ seed;
   for (const unsigned char* p = (const unsigned char*)name; *p; p++) h = (h ^ *p) * 1099511628211ull;
   return h;
 }
 
-dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int ndim,
-                        const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
-                        dt_var_t* out) {
+static dt_status_t dt__nn_param(dt_mesh_t mesh, const char* plan, const char* name, int ndim,
+                                const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
+                                dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(name);
@@ -119,6 +124,12 @@ dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int 
   return st;
 }
 
+dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int ndim,
+                        const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
+                        dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_param(mesh, plan, name, ndim, shape, init, std, seed, out));
+}
+
 static dt_status_t ag(dt_tape_t tape, const char* op, int n, dt_var_t* in, int ni,
                       const int64_t* ia, int nf, const double* fa, dt_var_t* out) {
   return dt_ag_op(tape, op, n, in, ni, ia, nf, fa, 1, out);
@@ -127,24 +138,34 @@ static dt_status_t ag2(dt_tape_t tape, const char* op, dt_var_t a, dt_var_t b, d
   dt_var_t in[2] = {a, b};
   return ag(tape, op, 2, in, 0, NULL, 0, NULL, out);
 }
-static dt_status_t shape_of(dt_var_t v, int* nd, int64_t* shape) {
+static dt_status_t shape_of(const char* what, dt_var_t v, int* nd, int64_t* shape) {
   dt_tensor_t t = dt_var_value(v);
-  if (t == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "variable has no value");
+  if (t == NULL) {
+    int rg;
+    dt_status_t st = dt_var_requires_grad(v, &rg); /* records why v is not a variable */
+    if (st != DT_SUCCESS) return DT_FAIL(st, "%s: %s", what, dt_last_error());
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s has no value (valid: a variable holding a tensor)",
+                   what);
+  }
   DT_CHECK(dt_tensor_ndim(t, nd));
   return dt_tensor_shape(t, shape);
 }
 
-dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
-                         dt_var_t* out) {
+static dt_status_t dt__nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
+                                 dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   int nd, wnd;
   int64_t xs[DT_MAX_DIMS], ws[DT_MAX_DIMS];
-  DT_CHECK(shape_of(x, &nd, xs));
-  DT_CHECK(shape_of(weight, &wnd, ws));
-  if (nd < 1 || wnd != 2 || xs[nd - 1] != ws[1])
-    return DT_FAIL(DT_ERR_INVALID_ARG, "linear: x (..., %lld) against weight (O, K) of K = %lld",
-                   nd ? (long long)xs[nd - 1] : 0LL, (long long)ws[1]);
+  DT_CHECK(shape_of("x", x, &nd, xs));
+  DT_CHECK(shape_of("weight", weight, &wnd, ws));
+  if (wnd != 2)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "weight has %d dims (valid: 2, (out_features, "
+                   "in_features))", wnd);
+  if (nd < 1 || xs[nd - 1] != ws[1])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "x (..., %lld) against weight (%lld, %lld) (valid: x's "
+                   "last dim = weight's in_features %lld)", nd ? (long long)xs[nd - 1] : 0LL,
+                   (long long)ws[0], (long long)ws[1], (long long)ws[1]);
   int64_t rows = 1;
   for (int d = 0; d + 1 < nd; d++) rows *= xs[d];
   dt_var_t x2 = x, y2;
@@ -166,25 +187,43 @@ dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t b
   return ag(tape, "reshape", 1, &y2, nd, xs, 0, NULL, out);
 }
 
-dt_status_t dt_nn_embedding(dt_tape_t tape, dt_var_t weight, dt_var_t ids, dt_var_t* out) {
+dt_status_t dt_nn_linear(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
+                         dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_linear(tape, x, weight, bias, out));
+}
+
+static dt_status_t dt__nn_embedding(dt_tape_t tape, dt_var_t weight, dt_var_t ids, dt_var_t* out) {
   return ag2(tape, "embedding", weight, ids, out);
 }
 
-dt_status_t dt_nn_rms_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, double eps,
-                           dt_var_t* out) {
+dt_status_t dt_nn_embedding(dt_tape_t tape, dt_var_t weight, dt_var_t ids, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_embedding(tape, weight, ids, out));
+}
+
+static dt_status_t dt__nn_rms_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, double eps,
+                                   dt_var_t* out) {
   dt_var_t in[2] = {x, weight};
   return ag(tape, "rms_norm", 2, in, 0, NULL, 1, &eps, out);
 }
 
-dt_status_t dt_nn_layer_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
-                             double eps, dt_var_t* out) {
+dt_status_t dt_nn_rms_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, double eps, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_rms_norm(tape, x, weight, eps, out));
+}
+
+static dt_status_t dt__nn_layer_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias,
+                                     double eps, dt_var_t* out) {
   dt_var_t in[3] = {x, weight, bias};
   return ag(tape, "layer_norm", 3, in, 0, NULL, 1, &eps, out);
 }
 
+dt_status_t dt_nn_layer_norm(dt_tape_t tape, dt_var_t x, dt_var_t weight, dt_var_t bias, double eps,
+                             dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_layer_norm(tape, x, weight, bias, eps, out));
+}
+
 /* x (..., D) as rows (N, D): one reshape (a copy) instead of one per projection */
 static dt_status_t as_rows(dt_tape_t tape, dt_var_t x, dt_var_t* rows, int* nd, int64_t* xs) {
-  DT_CHECK(shape_of(x, nd, xs));
+  DT_CHECK(shape_of("x", x, nd, xs));
   if (*nd == 2) {
     *rows = x;
     return DT_SUCCESS;
@@ -195,15 +234,15 @@ static dt_status_t as_rows(dt_tape_t tape, dt_var_t x, dt_var_t* rows, int* nd, 
   return ag(tape, "reshape", 1, &x, 2, s2, 0, NULL, rows);
 }
 
-dt_status_t dt_nn_attention_core(dt_tape_t tape, dt_var_t q, dt_var_t k, dt_var_t v, int H,
-                                 int G, double rope_theta, dt_var_t* out) {
+static dt_status_t dt__nn_attention_core(dt_tape_t tape, dt_var_t q, dt_var_t k, dt_var_t v, int H,
+                                         int G, double rope_theta, dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   int nd, knd, vnd;
   int64_t qs[DT_MAX_DIMS], ks[DT_MAX_DIMS], vs[DT_MAX_DIMS];
-  DT_CHECK(shape_of(q, &nd, qs));
-  DT_CHECK(shape_of(k, &knd, ks));
-  DT_CHECK(shape_of(v, &vnd, vs));
+  DT_CHECK(shape_of("q", q, &nd, qs));
+  DT_CHECK(shape_of("k", k, &knd, ks));
+  DT_CHECK(shape_of("v", v, &vnd, vs));
   if (nd != 3 || H <= 0 || G <= 0 || H % G != 0 || qs[2] % H != 0 || knd != 3 || vnd != 3 ||
       ks[0] != qs[0] || ks[1] != qs[1] || ks[2] != qs[2] / H * G ||
       memcmp(ks, vs, sizeof(int64_t) * 3) != 0)
@@ -227,13 +266,19 @@ dt_status_t dt_nn_attention_core(dt_tape_t tape, dt_var_t q, dt_var_t k, dt_var_
   return ag(tape, "reshape", 1, &o, 3, s3, 0, NULL, out);
 }
 
-dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk, dt_var_t wv,
-                            dt_var_t wo, int H, int G, double rope_theta, dt_var_t* out) {
+dt_status_t dt_nn_attention_core(dt_tape_t tape, dt_var_t q, dt_var_t k, dt_var_t v, int H, int G,
+                                 double rope_theta, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_attention_core(tape, q, k, v, H, G, rope_theta, out));
+}
+
+static dt_status_t dt__nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk,
+                                    dt_var_t wv, dt_var_t wo, int H, int G, double rope_theta,
+                                    dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   int nd;
   int64_t xs[DT_MAX_DIMS];
-  DT_CHECK(shape_of(x, &nd, xs));
+  DT_CHECK(shape_of("x", x, &nd, xs));
   if (nd != 3 || H <= 0 || G <= 0 || H % G != 0 || xs[2] % H != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "attention: x (B, S, D) with D a multiple of %d heads, "
                                        "heads a multiple of %d kv heads", H, G);
@@ -243,8 +288,13 @@ dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk
   return dt_nn_linear(tape, o, wo, NULL, out);
 }
 
-dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
-                         dt_var_t* out) {
+dt_status_t dt_nn_attention(dt_tape_t tape, dt_var_t x, dt_var_t wq, dt_var_t wk, dt_var_t wv,
+                            dt_var_t wo, int H, int G, double rope_theta, dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_attention(tape, x, wq, wk, wv, wo, H, G, rope_theta, out));
+}
+
+static dt_status_t dt__nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
+                                 dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   int nd;
@@ -263,6 +313,11 @@ dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, d
   return ag(tape, "reshape", 1, &y, nd, xs, 0, NULL, out);
 }
 
+dt_status_t dt_nn_swiglu(dt_tape_t tape, dt_var_t x, dt_var_t w1, dt_var_t w3, dt_var_t w2,
+                         dt_var_t* out) {
+  DT_ENTRY_RETURN(dt__nn_swiglu(tape, x, w1, w3, w2, out));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * mixture of experts */
 
@@ -276,7 +331,7 @@ static dt_status_t dt__moe_check(const char* what, dt_var_t x, dt_var_t router, 
   static const char* const kNames[5] = {"x", "router", "w1", "w3", "w2"};
   for (int i = 0; i < 5; i++) {
     if (v[i] == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %s is NULL", what, kNames[i]);
-    DT_CHECK(shape_of(v[i], &nd[i], s[i]));
+    DT_CHECK(shape_of(kNames[i], v[i], &nd[i], s[i]));
   }
   if (nd[0] != 2 || nd[1] != 2 || nd[2] != 3 || nd[3] != 3 || nd[4] != 3)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: x (N, D), router (E, D), w1 and w3 (E, F, D), w2 "
@@ -483,7 +538,7 @@ static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_
                                   int64_t* kept) {
   int nd;
   int64_t xs_[DT_MAX_DIMS];
-  DT_CHECK(shape_of(x, &nd, xs_));
+  DT_CHECK(shape_of("x", x, &nd, xs_));
   const int64_t N = xs_[0], D = xs_[1], S = N * top_k;
   dt_var_t rt[3];
   const int64_t ra[2] = {E, capacity};
@@ -705,9 +760,9 @@ static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, i
   return dt_ag_from_local(tape, ol, xe, out);
 }
 
-dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, dt_var_t w3,
-                      dt_var_t w2, int top_k, double capacity_factor, double aux_coef,
-                      dt_var_t* out, dt_var_t* aux, dt_moe_stats_t* stats) {
+static dt_status_t dt__nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, dt_var_t w3,
+                              dt_var_t w2, int top_k, double capacity_factor, double aux_coef,
+                              dt_var_t* out, dt_var_t* aux, dt_moe_stats_t* stats) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   if (aux) *aux = NULL;
@@ -781,9 +836,16 @@ dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, 
   return dt__moe_aux(tape, xr, probs, tk[1], N, E, top_k, aux_coef, aux);
 }
 
-dt_status_t dt_nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,
-                            dt_var_t w3, dt_var_t w2, int top_k, double aux_coef, dt_var_t* out,
-                            dt_var_t* aux) {
+dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, dt_var_t w3,
+                      dt_var_t w2, int top_k, double capacity_factor, double aux_coef,
+                      dt_var_t* out, dt_var_t* aux, dt_moe_stats_t* stats) {
+  DT_ENTRY_RETURN(
+      dt__nn_moe(tape, x, router, w1, w3, w2, top_k, capacity_factor, aux_coef, out, aux, stats));
+}
+
+static dt_status_t dt__nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,
+                                    dt_var_t w3, dt_var_t w2, int top_k, double aux_coef,
+                                    dt_var_t* out, dt_var_t* aux) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   if (aux) *aux = NULL;
@@ -820,4 +882,9 @@ dt_status_t dt_nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_
   *out = acc;
   if (aux == NULL) return DT_SUCCESS;
   return dt__moe_aux(tape, x, probs, tk[1], N, E, top_k, aux_coef, aux);
+}
+
+dt_status_t dt_nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1, dt_var_t w3,
+                            dt_var_t w2, int top_k, double aux_coef, dt_var_t* out, dt_var_t* aux) {
+  DT_ENTRY_RETURN(dt__nn_moe_dense(tape, x, router, w1, w3, w2, top_k, aux_coef, out, aux));
 }

@@ -134,7 +134,7 @@ dt_status_t dt_adamw_create(const dt_adamw_config_t* cfg, int n, dt_var_t* param
   DT_ENTRY_RETURN(dt__adamw_create(cfg, n, params, out));
 }
 
-dt_status_t dt_adamw_step(dt_adamw_t o, double lr) {
+static dt_status_t dt__adamw_step(dt_adamw_t o, double lr) {
   DT_CHECK(dt__adamw_check(o));
   if (lr == DT_ADAMW_LR_CONFIG) lr = o->cfg.lr;
   if (!isfinite(lr) || lr < 0)
@@ -162,8 +162,10 @@ dt_status_t dt_adamw_step(dt_adamw_t o, double lr) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_adamw_state(dt_adamw_t o, int i, dt_tensor_t* exp_avg, dt_tensor_t* exp_avg_sq,
-                           dt_tensor_t* step) {
+dt_status_t dt_adamw_step(dt_adamw_t o, double lr) { DT_ENTRY_RETURN(dt__adamw_step(o, lr)); }
+
+static dt_status_t dt__adamw_state(dt_adamw_t o, int i, dt_tensor_t* exp_avg,
+                                   dt_tensor_t* exp_avg_sq, dt_tensor_t* step) {
   DT_CHECK(dt__adamw_check(o));
   if (i < 0 || i >= o->n)
     return DT_FAIL(DT_ERR_INVALID_ARG, "adamw: parameter %d out of range [0, %d)", i, o->n);
@@ -173,7 +175,12 @@ dt_status_t dt_adamw_state(dt_adamw_t o, int i, dt_tensor_t* exp_avg, dt_tensor_
   return DT_SUCCESS;
 }
 
-dt_status_t dt_adamw_destroy(dt_adamw_t o) {
+dt_status_t dt_adamw_state(dt_adamw_t o, int i, dt_tensor_t* exp_avg, dt_tensor_t* exp_avg_sq,
+                           dt_tensor_t* step) {
+  DT_ENTRY_RETURN(dt__adamw_state(o, i, exp_avg, exp_avg_sq, step));
+}
+
+static dt_status_t dt__adamw_destroy(dt_adamw_t o) {
   if (o == NULL) return DT_SUCCESS;
   DT_CHECK(dt_handle_unregister(o, &dt__adamw_kind, "optimizer"));
   for (int i = 0; i < o->n; i++) {
@@ -188,6 +195,8 @@ dt_status_t dt_adamw_destroy(dt_adamw_t o) {
   dt_handle_free(o);
   return DT_SUCCESS;
 }
+
+dt_status_t dt_adamw_destroy(dt_adamw_t o) { DT_ENTRY_RETURN(dt__adamw_destroy(o)); }
 
 /* acc += x for 0-d tensors (acc NULL: takes x). Consumes x. */
 static dt_status_t dt__accumulate_scalar(dt_tensor_t* acc, dt_tensor_t x) {

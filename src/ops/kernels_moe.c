@@ -9,11 +9,13 @@
 
 static int64_t dt__grouped_flops = 0; /* 2 per multiply-add, since the last reset */
 
-dt_status_t dt_grouped_mm_flops(int64_t* flops) {
+static dt_status_t dt__grouped_mm_flops(int64_t* flops) {
   DT_ARG_NOT_NULL(flops);
   *flops = dt__grouped_flops;
   return DT_SUCCESS;
 }
+
+dt_status_t dt_grouped_mm_flops(int64_t* flops) { DT_ENTRY_RETURN(dt__grouped_mm_flops(flops)); }
 
 void dt__grouped_mm_flops_add(int64_t flops) { dt__grouped_flops += flops; }
 

@@ -487,14 +487,18 @@ static dt_status_t dt__ddp_get(dt_module_t m, dt__ddp_t** out) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_ddp_set_requires_gradient_sync(dt_module_t m, int sync) {
+static dt_status_t dt__ddp_set_requires_gradient_sync(dt_module_t m, int sync) {
   dt__ddp_t* d;
   DT_CHECK(dt__ddp_get(m, &d));
   d->sync = sync != 0;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_ddp_num_buckets(dt_module_t m, int* n) {
+dt_status_t dt_ddp_set_requires_gradient_sync(dt_module_t m, int sync) {
+  DT_ENTRY_RETURN(dt__ddp_set_requires_gradient_sync(m, sync));
+}
+
+static dt_status_t dt__ddp_num_buckets(dt_module_t m, int* n) {
   DT_ARG_NOT_NULL(n);
   *n = 0;
   dt__ddp_t* d;
@@ -503,7 +507,11 @@ dt_status_t dt_ddp_num_buckets(dt_module_t m, int* n) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64_t* nbytes) {
+dt_status_t dt_ddp_num_buckets(dt_module_t m, int* n) {
+  DT_ENTRY_RETURN(dt__ddp_num_buckets(m, n));
+}
+
+static dt_status_t dt__ddp_bucket_info(dt_module_t m, int i, int* n_params, int64_t* nbytes) {
   if (n_params) *n_params = 0;
   if (nbytes) *nbytes = 0;
   dt__ddp_t* d;
@@ -514,4 +522,8 @@ dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64_t* nby
   if (n_params) *n_params = d->buckets[i].n;
   if (nbytes) *nbytes = d->buckets[i].numel * (int64_t)d->buckets[i].itemsize;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64_t* nbytes) {
+  DT_ENTRY_RETURN(dt__ddp_bucket_info(m, i, n_params, nbytes));
 }

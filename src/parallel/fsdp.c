@@ -426,7 +426,7 @@ static dt_status_t finish_reduce(fsdp_group_t* g) {
   return st;
 }
 
-dt_status_t dt_fsdp_wait(void) {
+static dt_status_t dt__fsdp_wait(void) {
   dt_status_t first = DT_SUCCESS;
   for (fsdp_group_t* g = g_fsdp.groups; g; g = g->next) {
     dt_status_t st = finish_reduce(g);
@@ -434,6 +434,8 @@ dt_status_t dt_fsdp_wait(void) {
   }
   return first;
 }
+
+dt_status_t dt_fsdp_wait(void) { DT_ENTRY_RETURN(dt__fsdp_wait()); }
 
 /* Unconsumed prefetches: stale once the parameters change (the optimizer step). */
 static void discard_prefetches(void) {
@@ -958,7 +960,7 @@ static int below(dt_module_t x, dt_module_t m) {
   return 0;
 }
 
-dt_status_t dt_fsdp_set_requires_gradient_sync(dt_module_t m, int sync) {
+static dt_status_t dt__fsdp_set_requires_gradient_sync(dt_module_t m, int sync) {
   DT_ARG_NOT_NULL(m);
   if (dt_module_name(m) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module");
   int found = 0;
@@ -973,21 +975,33 @@ dt_status_t dt_fsdp_set_requires_gradient_sync(dt_module_t m, int sync) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_fsdp_set_prefetch(dt_module_t m, int forward, int backward) {
+dt_status_t dt_fsdp_set_requires_gradient_sync(dt_module_t m, int sync) {
+  DT_ENTRY_RETURN(dt__fsdp_set_requires_gradient_sync(m, sync));
+}
+
+static dt_status_t dt__fsdp_set_prefetch(dt_module_t m, int forward, int backward) {
   DT_ARG_NOT_NULL(m);
   fsdp_group_t* g = group_of(m);
-  if (g == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "module is not an FSDP group");
+  if (g == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "m ('%s') is not an FSDP group (valid: a module given to "
+                   "dt_fully_shard)", dt_module_name(m) ? dt_module_name(m) : "not a live module");
   if (forward >= 0) g->prefetch_fwd = forward != 0;
   if (backward >= 0) g->prefetch_bwd = backward != 0;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out) {
+dt_status_t dt_fsdp_set_prefetch(dt_module_t m, int forward, int backward) {
+  DT_ENTRY_RETURN(dt__fsdp_set_prefetch(m, forward, backward));
+}
+
+static dt_status_t dt__fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   DT_ARG_NOT_NULL(m);
   fsdp_group_t* g = group_of(m);
-  if (g == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "module is not an FSDP group");
+  if (g == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "m ('%s') is not an FSDP group (valid: a module given to "
+                   "dt_fully_shard)", dt_module_name(m) ? dt_module_name(m) : "not a live module");
   out->n_params = g->n;
   out->numel = g->total;
   out->padded_numel = (int64_t)g->N * g->seg;
@@ -1000,4 +1014,8 @@ dt_status_t dt_fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out) {
   out->prefetched = g->prefetched;
   out->reductions = g->reductions;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out) {
+  DT_ENTRY_RETURN(dt__fsdp_group_info(m, out));
 }

@@ -481,8 +481,8 @@ dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
 
 /* ---- the Llama plan ------------------------------------------------------------------------- */
 
-dt_status_t dt_tp_plan_llama(const dt_llama_config_t* cfg, int sequence_parallel,
-                             int loss_parallel, dt_tp_plan_entry_t* out, int cap, int* n) {
+static dt_status_t dt__tp_plan_llama(const dt_llama_config_t* cfg, int sequence_parallel,
+                                     int loss_parallel, dt_tp_plan_entry_t* out, int cap, int* n) {
   DT_ARG_NOT_NULL(cfg);
   DT_ARG_NOT_NULL(out);
   DT_ARG_NOT_NULL(n);
@@ -520,4 +520,9 @@ dt_status_t dt_tp_plan_llama(const dt_llama_config_t* cfg, int sequence_parallel
   memcpy(out, e, sizeof(dt_tp_plan_entry_t) * (size_t)k);
   *n = k;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_tp_plan_llama(const dt_llama_config_t* cfg, int sequence_parallel, int loss_parallel,
+                             dt_tp_plan_entry_t* out, int cap, int* n) {
+  DT_ENTRY_RETURN(dt__tp_plan_llama(cfg, sequence_parallel, loss_parallel, out, cap, n));
 }

@@ -43,7 +43,7 @@ static int dt__parse_op(const char* s, size_t len, int* op) {
   return 0;
 }
 
-dt_status_t dt_placement_parse(const char* text, dt_placement_t* out) {
+static dt_status_t dt__placement_parse(const char* text, dt_placement_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   DT_ARG_NOT_NULL(text);
@@ -53,8 +53,8 @@ dt_status_t dt_placement_parse(const char* text, dt_placement_t* out) {
   while (b < e && isspace((unsigned char)text[b])) b++;
   while (e > b && isspace((unsigned char)text[e - 1])) e--;
   if (e - b == 0 || e - b >= sizeof s)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (expected S(d), Sd, R, P or P(op))",
-                   text);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "text '%s' is not a placement (valid: S(d), Sd, R, P or "
+                   "P(op), at most %zu characters)", text, sizeof s - 1);
   memcpy(s, text + b, e - b);
   s[e - b] = '\0';
   size_t n = e - b, i;
@@ -68,7 +68,8 @@ dt_status_t dt_placement_parse(const char* text, dt_placement_t* out) {
     i = strncmp(s, "Partial(", 8) == 0 ? 8 : (s[1] == '(' ? 2 : 0);
     if (i == 0 || s[n - 1] != ')' || !dt__parse_op(s + i, n - 1 - i, &p.op))
       return DT_FAIL(DT_ERR_INVALID_ARG,
-                     "bad placement '%s' (Partial takes sum, avg, max or min: P(sum))", text);
+                     "text '%s' is not a placement (Partial takes sum, avg, max or min: P(sum))",
+                     text);
     p.kind = DT_PARTIAL;
   } else if (s[0] == 'S') {
     p.kind = DT_SHARD;
@@ -76,27 +77,32 @@ dt_status_t dt_placement_parse(const char* text, dt_placement_t* out) {
     int paren = (i == 6) || s[1] == '(';
     if (i == 1 && paren) i = 2;
     if (!dt__parse_int(s, &i, &p.dim))
-      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (Shard needs a dim: S(0) or S0)",
-                     text);
+      return DT_FAIL(DT_ERR_INVALID_ARG,
+                     "text '%s' is not a placement (Shard needs a dim: S(0) or S0)", text);
     if (paren ? !(s[i] == ')' && s[i + 1] == '\0') : s[i] != '\0')
-      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (expected S(d) or Sd)", text);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "text '%s' is not a placement (valid: S(d) or Sd)",
+                     text);
     if (p.dim < -DT_MAX_DIMS || p.dim >= DT_MAX_DIMS)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s': shard dim out of range [-%d, %d)",
-                     text, DT_MAX_DIMS, DT_MAX_DIMS);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "text '%s': Shard dim %d out of range (valid: %d to %d)",
+                     text, p.dim, -DT_MAX_DIMS, DT_MAX_DIMS - 1);
   } else {
-    return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement '%s' (expected S(d), Sd, R, P or P(op))",
-                   text);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "text '%s' is not a placement (valid: S(d), Sd, R, P or "
+                   "P(op))", text);
   }
   *out = p;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_placements_parse(const char* text, dt_placement_t* out, int cap, int* n) {
+dt_status_t dt_placement_parse(const char* text, dt_placement_t* out) {
+  DT_ENTRY_RETURN(dt__placement_parse(text, out));
+}
+
+static dt_status_t dt__placements_parse(const char* text, dt_placement_t* out, int cap, int* n) {
   DT_ARG_NOT_NULL(text);
   DT_ARG_NOT_NULL(out);
   DT_ARG_NOT_NULL(n);
   *n = 0;
-  if (cap <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap must be positive, got %d", cap);
+  if (cap <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap=%d (valid: 1 or more)", cap);
   const char* s = text;
   int count = 0;
   for (;;) {
@@ -104,16 +110,17 @@ dt_status_t dt_placements_parse(const char* text, dt_placement_t* out, int cap, 
     size_t len = comma ? (size_t)(comma - s) : strlen(s);
     char item[64];
     if (len >= sizeof item)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "bad placement list '%s' (item too long)", text);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "text '%s': item %d is %zu characters (valid: under %zu)",
+                     text, count, len, sizeof item);
     if (count >= cap)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "placement list '%s' has more than %d items", text, cap);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "text '%s' has more than %d items (valid: at most cap=%d)",
+                     text, cap, cap);
     memcpy(item, s, len);
     item[len] = '\0';
     dt_status_t st = dt_placement_parse(item, &out[count]);
     if (st != DT_SUCCESS) {
       *n = 0;
-      return DT_FAIL(st, "bad placement list '%s': item %d '%s' is not a placement", text,
-                     count, item);
+      return DT_FAIL(st, "text '%s': item %d: %s", text, count, dt_last_error());
     }
     count++;
     if (!comma) break;
@@ -123,51 +130,71 @@ dt_status_t dt_placements_parse(const char* text, dt_placement_t* out, int cap, 
   return DT_SUCCESS;
 }
 
-dt_status_t dt_placement_format(dt_placement_t p, char* buf, size_t cap) {
+dt_status_t dt_placements_parse(const char* text, dt_placement_t* out, int cap, int* n) {
+  DT_ENTRY_RETURN(dt__placements_parse(text, out, cap, n));
+}
+
+static dt_status_t dt__placement_format(dt_placement_t p, char* buf, size_t cap) {
   DT_ARG_NOT_NULL(buf);
-  if (cap == 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap is 0");
+  if (cap == 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap=0 (valid: room for the text and its NUL)");
   int w;
   switch (p.kind) {
     case DT_REPLICATE: w = snprintf(buf, cap, "R"); break;
     case DT_SHARD: w = snprintf(buf, cap, "S(%d)", p.dim); break;
     case DT_PARTIAL:
       if (p.op < 0 || p.op >= DT_REDUCE_COUNT)
-        return DT_FAIL(DT_ERR_INVALID_ARG, "partial op %d out of range", p.op);
+        return DT_FAIL(DT_ERR_INVALID_ARG, "p: Partial reduce op %d out of range (valid: 0 to %d)",
+                       p.op, DT_REDUCE_COUNT - 1);
       w = snprintf(buf, cap, "P(%s)", dt_reduce_op_name((dt_reduce_op_t)p.op));
       break;
     default:
       buf[0] = '\0';
-      return DT_FAIL(DT_ERR_INVALID_ARG, "placement kind %d out of range", p.kind);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "p: placement kind %d out of range (valid: 0 to %d)",
+                     p.kind, DT_PLACEMENT_KIND_COUNT - 1);
   }
-  if (w < 0 || (size_t)w >= cap) return DT_FAIL(DT_ERR_INVALID_ARG, "buffer too small (%zu)", cap);
+  if (w < 0 || (size_t)w >= cap)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cap=%zu too small for '%s' (valid: %d or more)", cap, buf,
+                   w + 1);
   return DT_SUCCESS;
 }
 
-dt_status_t dt_placements_format(const dt_placement_t* p, int n, const char* sep, char* buf,
-                                 size_t cap) {
+dt_status_t dt_placement_format(dt_placement_t p, char* buf, size_t cap) {
+  DT_ENTRY_RETURN(dt__placement_format(p, buf, cap));
+}
+
+static dt_status_t dt__placements_format(const dt_placement_t* p, int n, const char* sep, char* buf,
+                                         size_t cap) {
   DT_ARG_NOT_NULL(p);
   DT_ARG_NOT_NULL(buf);
-  if (cap == 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap is 0");
+  if (cap == 0) return DT_FAIL(DT_ERR_INVALID_ARG, "cap=0 (valid: room for the text and its NUL)");
   if (n < 0 || n > DT_MAX_MESH_DIMS * 4)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "n = %d out of range", n);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "n=%d out of range (valid: 0 to %d)", n,
+                   DT_MAX_MESH_DIMS * 4);
   size_t used = 0;
   buf[0] = '\0';
   for (int i = 0; i < n; i++) {
     char one[32];
-    DT_CHECK(dt_placement_format(p[i], one, sizeof one));
+    dt_status_t st = dt_placement_format(p[i], one, sizeof one);
+    if (st != DT_SUCCESS) return DT_FAIL(st, "p[%d]: %s", i, dt_last_error());
     int w = snprintf(buf + used, cap - used, "%s%s", (i && sep) ? sep : "", one);
     if (w < 0 || (size_t)w >= cap - used)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "buffer too small (%zu)", cap);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "cap=%zu too small for %d placements (valid: %zu or more "
+                     "by item %d)", cap, n, used + (size_t)(w < 0 ? 0 : w) + 1, i);
     used += (size_t)w;
   }
   return DT_SUCCESS;
 }
 
-dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim) {
+dt_status_t dt_placements_format(const dt_placement_t* p, int n, const char* sep, char* buf,
+                                 size_t cap) {
+  DT_ENTRY_RETURN(dt__placements_format(p, n, sep, buf, cap));
+}
+
+static dt_status_t dt__placement_normalize(dt_placement_t* p, int tensor_ndim) {
   DT_ARG_NOT_NULL(p);
   if (tensor_ndim < 0 || tensor_ndim > DT_MAX_DIMS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor ndim %d out of range [0, %d]", tensor_ndim,
-                   DT_MAX_DIMS);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tensor_ndim=%d out of range (valid: 0 to %d)",
+                   tensor_ndim, DT_MAX_DIMS);
   switch (p->kind) {
     case DT_REPLICATE:
       p->dim = 0;
@@ -175,22 +202,27 @@ dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim) {
       return DT_SUCCESS;
     case DT_PARTIAL:
       if (p->op < 0 || p->op >= DT_REDUCE_COUNT)
-        return DT_FAIL(DT_ERR_INVALID_ARG, "Partial reduce op %d out of range [0, %d)", p->op,
-                       DT_REDUCE_COUNT);
+        return DT_FAIL(DT_ERR_INVALID_ARG, "p: Partial reduce op %d out of range (valid: 0 to %d)",
+                       p->op, DT_REDUCE_COUNT - 1);
       p->dim = 0;
       return DT_SUCCESS;
     case DT_SHARD: {
       int d = p->dim < 0 ? p->dim + tensor_ndim : p->dim;
       if (d < 0 || d >= tensor_ndim)
-        return DT_FAIL(DT_ERR_INVALID_ARG, "Shard dim %d out of range for a %d-dim tensor",
-                       p->dim, tensor_ndim);
+        return DT_FAIL(DT_ERR_INVALID_ARG, "p: Shard dim %d out of range for a %d-dim tensor "
+                       "(valid: %d to %d)", p->dim, tensor_ndim, -tensor_ndim, tensor_ndim - 1);
       p->dim = d;
       p->op = 0;
       return DT_SUCCESS;
     }
     default:
-      return DT_FAIL(DT_ERR_INVALID_ARG, "placement kind %d out of range", p->kind);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "p: placement kind %d out of range (valid: 0 to %d)",
+                     p->kind, DT_PLACEMENT_KIND_COUNT - 1);
   }
+}
+
+dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim) {
+  DT_ENTRY_RETURN(dt__placement_normalize(p, tensor_ndim));
 }
 
 int64_t dt_placement_encode(dt_placement_t p) {
@@ -198,28 +230,37 @@ int64_t dt_placement_encode(dt_placement_t p) {
          (int64_t)((uint32_t)p.dim & 0xffu) << 8;
 }
 
-dt_status_t dt_placement_decode(int64_t code, dt_placement_t* out) {
+static dt_status_t dt__placement_decode(int64_t code, dt_placement_t* out) {
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   if (code < 0 || code >= (1 << 16))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "placement code %lld out of range", (long long)code);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "code=%lld out of range (valid: 0 to %d)",
+                   (long long)code, (1 << 16) - 1);
   dt_placement_t p = {(int32_t)(code & 15), (int32_t)(int8_t)((code >> 8) & 0xff),
                       (int32_t)((code >> 4) & 15)};
   if (p.kind >= DT_PLACEMENT_KIND_COUNT || (p.kind == DT_PARTIAL && p.op >= DT_REDUCE_COUNT) ||
       (p.kind != DT_SHARD && p.dim != 0) || (p.kind != DT_PARTIAL && p.op != 0) ||
       p.dim < -DT_MAX_DIMS || p.dim >= DT_MAX_DIMS)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "placement code %lld is not a placement", (long long)code);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "code=%lld is not a placement (valid: what "
+                   "dt_placement_encode returns)", (long long)code);
   *out = p;
   return DT_SUCCESS;
 }
 
-dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64_t* len) {
+dt_status_t dt_placement_decode(int64_t code, dt_placement_t* out) {
+  DT_ENTRY_RETURN(dt__placement_decode(code, out));
+}
+
+static dt_status_t dt__chunk(int64_t size, int nparts, int index, int64_t* offset, int64_t* len) {
   DT_ARG_NOT_NULL(offset);
   DT_ARG_NOT_NULL(len);
-  if (size < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "size %lld is negative", (long long)size);
-  if (nparts <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "nparts %d must be positive", nparts);
+  if (size < 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "size=%lld is negative (valid: 0 or more)", (long long)size);
+  if (nparts <= 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "nparts=%d (valid: 1 or more)", nparts);
   if (index < 0 || index >= nparts)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "index %d out of range [0, %d)", index, nparts);
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index=%d out of range (valid: 0 to %d)", index,
+                   nparts - 1);
   /* torch.chunk: chunks of ceil(size / nparts), the last ones short or empty. Written so that
    * nothing overflows for sizes up to INT64_MAX. */
   int64_t c = size / nparts + (size % nparts != 0);
@@ -228,4 +269,8 @@ dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64
   *offset = start;
   *len = size - start < c ? size - start : c;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64_t* len) {
+  DT_ENTRY_RETURN(dt__chunk(size, nparts, index, offset, len));
 }

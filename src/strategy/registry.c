@@ -189,8 +189,8 @@ const dt_op_info_t* dt__op_info(int id) {
 /* ---------------------------------------------------------------------------------------------
  * host registration */
 
-dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
-                           dt_op_kernel_fn kernel) {
+static dt_status_t dt__op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
+                                   dt_op_kernel_fn kernel) {
   DT_ARG_NOT_NULL(name);
   DT_ARG_NOT_NULL(rules);
   size_t len = strlen(name);
@@ -234,7 +234,13 @@ dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
   return DT_SUCCESS;
 }
 
-dt_status_t dt_op_register_kernel(const char* name, dt_device_t device, dt_op_kernel_fn kernel) {
+dt_status_t dt_op_register(const char* name, int n_inputs, dt_op_rules_fn rules,
+                           dt_op_kernel_fn kernel) {
+  DT_ENTRY_RETURN(dt__op_register(name, n_inputs, rules, kernel));
+}
+
+static dt_status_t dt__op_register_kernel(const char* name, dt_device_t device,
+                                          dt_op_kernel_fn kernel) {
   DT_ARG_NOT_NULL(name);
   if (device < 0 || device >= DT_DEVICE_COUNT)
     return DT_FAIL(DT_ERR_INVALID_ARG, "op %s: device=%d out of range [0, %d)", name, (int)device,
@@ -252,12 +258,20 @@ dt_status_t dt_op_register_kernel(const char* name, dt_device_t device, dt_op_ke
   return DT_SUCCESS;
 }
 
-dt_status_t dt_op_lookup(const char* name, int* found) {
+dt_status_t dt_op_register_kernel(const char* name, dt_device_t device, dt_op_kernel_fn kernel) {
+  DT_ENTRY_RETURN(dt__op_register_kernel(name, device, kernel));
+}
+
+static dt_status_t dt__op_lookup(const char* name, int* found) {
   DT_ARG_NOT_NULL(found);
   *found = 0;
   DT_ARG_NOT_NULL(name);
   *found = dt__op_find(name) >= 0;
   return DT_SUCCESS;
+}
+
+dt_status_t dt_op_lookup(const char* name, int* found) {
+  DT_ENTRY_RETURN(dt__op_lookup(name, found));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -412,7 +426,7 @@ static int dt__op_at(int index) {
   return -1;
 }
 
-dt_status_t dt_op_count(int* n) {
+static dt_status_t dt__op_count(int* n) {
   DT_ARG_NOT_NULL(n);
   dt__index_builtins();
   int c = 0;
@@ -421,7 +435,9 @@ dt_status_t dt_op_count(int* n) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt_op_name_at(int index, const char** name) {
+dt_status_t dt_op_count(int* n) { DT_ENTRY_RETURN(dt__op_count(n)); }
+
+static dt_status_t dt__op_name_at(int index, const char** name) {
   DT_ARG_NOT_NULL(name);
   *name = NULL;
   int n;
@@ -430,6 +446,10 @@ dt_status_t dt_op_name_at(int index, const char** name) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "index=%d out of range [0, %d) (dt_op_count)", index, n);
   *name = dt__name_of(dt__op_at(index));
   return DT_SUCCESS;
+}
+
+dt_status_t dt_op_name_at(int index, const char** name) {
+  DT_ENTRY_RETURN(dt__op_name_at(index, name));
 }
 
 static dt_status_t dt__op_describe(const char* name, dt_op_desc_t* out) {

@@ -17,7 +17,13 @@
  * collective out of range, a mesh dim out of range, broken JSON (cost.c); a destroyed tape,
  * tensor and variable, an unknown op through the tape, a hook on a non-leaf, dropping a leaf
  * (tape.c); an unknown backend name, a made-up and a NULL backend handle (storage.c); a handle of
- * the wrong kind and a second unregister (handle.c). np 1 and 2; every rank checks its own. */
+ * the wrong kind and a second unregister (handle.c); a bad item in a placement list, too many
+ * items, a Shard dim out of range, too small a buffer, a zero-part chunk, a bad placement code
+ * (placement.c); an unknown dtype name (util.c), a negative timeout (deadline.c), an op index out
+ * of range (registry.c); a bad Linear size and module name, a negative Sequential count, an
+ * unknown activation (layers.c); bad Markov-corpus arguments, too long a batch, a second destroy
+ * (data.c); a Linear shape mismatch, a NULL weight, float ids for the embedding (modules.c); a
+ * module that FSDP never wrapped (fsdp.c). np 1 and 2; every rank checks its own. */
 #include <math.h>
 #include <string.h>
 
@@ -231,6 +237,88 @@ int main(int argc, char** argv) {
   EXPECT(dt_handle_unregister(obj, &widget, "w"), DT_ERR_INVALID_USAGE, "dt_handle_unregister",
          "w is not a live widget", "destroyed");
   dt_handle_free(obj);
+
+  /* placement.c: a failure inside a helper, or a nested public call (dt_placement_parse inside
+   * dt_placements_parse), names the function called and the offending text */
+  dt_placement_t pl[4];
+  int npl;
+  EXPECT(dt_placements_parse("S(0),Q", pl, 4, &npl), DT_ERR_INVALID_ARG, "dt_placements_parse",
+         "'S(0),Q': item 1", "'Q' is not a placement");
+  EXPECT(dt_placements_parse("R,R,R", pl, 2, &npl), DT_ERR_INVALID_ARG, "dt_placements_parse",
+         "cap=2", "'R,R,R'");
+  EXPECT(dt_placement_parse("S(9)", pl), DT_ERR_INVALID_ARG, "dt_placement_parse",
+         "Shard dim 9", "valid: -8 to 7");
+  EXPECT(dt_placements_format(s0, 1, ",", buf, 3), DT_ERR_INVALID_ARG, "dt_placements_format",
+         "cap=3", "valid: 5 or more");
+  int64_t off, len;
+  EXPECT(dt_chunk(10, 0, 0, &off, &len), DT_ERR_INVALID_ARG, "dt_chunk", "nparts=0",
+         "valid: 1 or more");
+  EXPECT(dt_placement_decode(1 << 20, pl), DT_ERR_INVALID_ARG, "dt_placement_decode",
+         "code=1048576", "valid: 0 to 65535");
+
+  /* util.c, deadline.c, registry.c */
+  dt_dtype_t dt;
+  EXPECT(dt_dtype_parse("f8", &dt), DT_ERR_INVALID_ARG, "dt_dtype_parse", "'f8'", "bf16");
+  EXPECT(dt_set_timeout(-1.0), DT_ERR_INVALID_ARG, "dt_set_timeout", "seconds=-1", "positive");
+  const char* opname;
+  EXPECT(dt_op_name_at(-1, &opname), DT_ERR_INVALID_ARG, "dt_op_name_at", "index=-1", "[0, ");
+
+  /* layers.c: the layer constructors name themselves even when the failure is inside
+   * dt_module_create or dt_op_describe */
+  dt_module_t mod = NULL;
+  EXPECT(dt_linear_create(mesh, "fc", 0, 4, 1, 0, &mod), DT_ERR_INVALID_ARG, "dt_linear_create",
+         "in_features=0", "1 or more");
+  EXPECT(dt_linear_create(mesh, "a.b", 2, 4, 1, 0, &mod), DT_ERR_INVALID_ARG, "dt_linear_create",
+         "'a.b'", NULL);
+  EXPECT(dt_sequential_create("seq", -1, NULL, &mod), DT_ERR_INVALID_ARG, "dt_sequential_create",
+         "n=-1", "valid");
+  EXPECT(dt_activation_create("act", "nope", &mod), DT_ERR_INVALID_ARG, "dt_activation_create",
+         "'nope'", "relu");
+  DT_ASSERT_TRUE(mod == NULL, "a failed constructor returned a module");
+
+  /* data.c */
+  dt_corpus_t corpus;
+  EXPECT(dt_corpus_markov(1, 2, 100, 7, &corpus), DT_ERR_INVALID_ARG, "dt_corpus_markov",
+         "vocab=1", "vocab 2 to 256");
+  EXPECT(dt_corpus_markov(16, 2, 3, 7, &corpus), DT_ERR_INVALID_ARG, "dt_corpus_markov",
+         "length=3", "length 4 or more");
+  DT_ASSERT_OK(dt_corpus_markov(16, 1, 64, 7, &corpus));
+  int64_t toks[256], tgts[256];
+  EXPECT(dt_corpus_batch(corpus, 1, 0, 1, 64, toks, tgts), DT_ERR_INVALID_ARG, "dt_corpus_batch",
+         "S=64", "S <= 63");
+  DT_ASSERT_OK(dt_corpus_destroy(corpus));
+  EXPECT(dt_corpus_destroy(corpus), DT_ERR_INVALID_USAGE, "dt_corpus_destroy", "corpus",
+         "destroyed");
+
+  /* modules.c: a shape mismatch, and a failure inside the op the nn function records (it read
+   * "dt_ag_op: ..." before) */
+  dt_tape_t nt;
+  DT_ASSERT_OK(dt_tape_create(&nt));
+  const int64_t s35[2] = {3, 5};
+  dt_tensor_t wt, ids;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, s35, rep, full, &wt));
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, s46, rep, full, &ids));
+  dt_var_t xv = x, wv, idv, yv; /* x: a's variable (above) */
+  DT_ASSERT_OK(dt_var_leaf(wt, 1, &wv));
+  DT_ASSERT_OK(dt_var_leaf(ids, 0, &idv));
+  EXPECT(dt_nn_linear(nt, xv, wv, NULL, &yv), DT_ERR_INVALID_ARG, "dt_nn_linear", "x (..., 6)",
+         "in_features 5");
+  EXPECT(dt_nn_linear(nt, xv, NULL, NULL, &yv), DT_ERR_INVALID_ARG, "dt_nn_linear", "weight",
+         NULL);
+  dt_clear_error();
+  dt_status_t est = dt_nn_embedding(nt, wv, idv, &yv);
+  DT_ASSERT_TRUE(est != DT_SUCCESS, "embedding with f32 ids succeeded");
+  expect(est, est, "dt_nn_embedding", "embedding", NULL, __LINE__);
+  DT_ASSERT_OK(dt_var_destroy(wv));
+  DT_ASSERT_OK(dt_var_destroy(idv));
+  DT_ASSERT_OK(dt_tape_destroy(nt)); /* wt and ids went with their variables */
+
+  /* fsdp.c: a module that was never wrapped */
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc", 6, 3, 1, 0, &mod));
+  dt_fsdp_group_info_t gi;
+  EXPECT(dt_fsdp_group_info(mod, &gi), DT_ERR_INVALID_ARG, "dt_fsdp_group_info", "m ('fc')",
+         "not an FSDP group");
+  DT_ASSERT_OK(dt_module_destroy(mod));
 
   if (dt_test_rank() == 0) printf("test_entry_messages: %d messages checked\n", g_cases);
   DT_ASSERT_OK(dt_var_destroy(x));
