@@ -9,8 +9,33 @@
  * attention: query head h reads kv head h / (H / G)). Layout 0 is (B, H, S, D), layout 1
  * (B, S, H, D); D is the q/k feature size, E the v feature size (they may differ).
  *
- * Here the same math runs tiled, flash-attention style, in plain CUDA (no tensor cores, so the
- * SIMT emulator runs it; tensor-core versions come later):
+ * Two implementations; DTENSOR_SDPA_PATH (read once per process) chooses:
+ *   auto (default)  the GEMM path when one (batch, kv head) entry fits the workspace cap, else
+ *                   the flash path;
+ *   gemm            the GEMM path always (an entry over the cap runs alone);
+ *   flash           the flash path (the GEMM path where its tiles exceed shared memory).
+ *
+ * The GEMM path ("materialized scores") runs every product through the backend's GEMM
+ * (cuBLASLt on a GPU: tensor cores for bf16/f16, TF32 for f32 where allowed; the host GEMM in the
+ * emulator) and only the row-wise steps in kernels here. Work is split into entries (b, g), one
+ * per batch entry and kv head, each with its r = H / G query heads; entries go in chunks of as
+ * many as fit DTENSOR_SDPA_WORKSPACE_MB (MiB of scratch, default 512; fractions allowed), one
+ * strided batched GEMM per product per chunk with M = r S rows: a group's query heads are
+ * consecutive row blocks (layout 0 as stored; layout 1 operands are first copied, chunk by chunk,
+ * into that packed (entry, head, row, feature) order and the results copied back, which keeps
+ * every product one GEMM and sums a group's dK and dV inside the GEMM, in f32, rounded once).
+ * - forward: X = scale Q K^T (f32 scratch, r S x T per entry, rows padded to 8), P = softmax(X)
+ *   with the causal mask (dt_attn_softmax_kernel; P in the operand dtype, written over X for
+ *   f32), O = P V;
+ * - backward: X and P again; X = dP = dO V^T (f32); dV = P^T dO; dS = scale P (dP - rowsum(P dP))
+ *   written over P (dt_attn_ds_kernel); dK = dS^T Q (the sum over the group's heads is the
+ *   GEMM's k = r S); dQ = dS K.
+ * Scratch per entry: r S T (4 + item) bytes (forward f32: 4) plus, for layout 1, the packed
+ * operands. P and dS are rounded to bf16/f16 for half inputs (as flash attention rounds them);
+ * everything else accumulates in f32.
+ *
+ * The flash path is the same math tiled, flash-attention style, in plain CUDA (no tensor cores;
+ * inputs loaded as f32, outputs rounded once):
  * - forward (dt_attn_fwd_kernel): one block per (batch, head, tile of BQ query rows); the key
  *   and value tiles of BK keys stream through shared memory and every row keeps a running max m
  *   and sum l of its exponentials (online softmax), rescaling its output accumulator when m
@@ -23,20 +48,19 @@
  *   query tile, looping over key tiles) and dt_attn_dkv_kernel (one block per (batch, kv head,
  *   key tile), looping over the group's query heads and the query tiles; causal attention skips
  *   the query tiles that see none of its keys).
+ * A block's tiles live in shared memory, 192 (D + E) bytes in the forward kernel and about
+ * 320 (D + E) in the backward's dK/dV kernel (the largest); where they exceed the device's
+ * per-block limit (227 KiB on an H100, which the emulator reports too: D + E above about 710 for
+ * sdpa_grad, about 1200 for sdpa) the GEMM path runs instead.
  * Accumulation is f32 (exp through expf); the host sums the softmax denominator in double, so
- * results agree to f32 rounding (about 1e-6 relative), not bit for bit.
+ * f32 results agree to f32 rounding (about 1e-6 relative), not bit for bit.
  *
- * The kernels take f32 only (registered without DT_KERNEL_ANY_DTYPE: the library hands them f32
- * copies of bf16/f16 tensors, whose cost is small next to attention's).
- *
- * Fallback: a block's tiles live in shared memory, 192 (D + E) bytes in the forward kernel and
- * about 320 (D + E) in the backward's dK/dV kernel (the largest). Where a kernel's tiles exceed
- * the device's per-block limit (227 KiB on an H100, which the emulator reports too: D + E above
- * about 710 for sdpa_grad, about 1200 for sdpa; on an A100's 163 KiB, D = E = 256 already
- * falls back in sdpa_grad), that op runs the host's S x T formulation instead (dt_attn_*_full:
- * backend GEMMs and row kernels on S x T floats of scratch, one (batch, head) at a time).
+ * Both kernels take f32, bf16 and f16 storage themselves (DT_KERNEL_ANY_DTYPE; q, k, v and the
+ * outputs share one dtype, as the op's rules require; a dO of another float dtype is converted
+ * to theirs first).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/cuda/cuda_ops.h"
@@ -66,7 +90,7 @@ struct dt_attn_geom {
   int64_t B, H, G, S, T, D, E, rep; /* rep = H / G query heads per kv head */
   dt_attn_strides q, k, v, o;       /* q and dq; k and dk; v and dv; o and dO (E features) */
   int64_t q0;                       /* global position of the first local query row */
-  int causal;
+  int causal, layout;
   float scale; /* 0 when D == 0: the host's scores are then 0 whatever the scale */
 };
 
@@ -99,6 +123,7 @@ static void dt_attn_geom_init(const dt_op_call_t* call, const dt_local_tensor_t*
   g->o = dt_attn_strides_of(layout, g->H, g->S, g->E);
   g->q0 = q->offset[sd];
   g->causal = (int)dt__op_iarg(DT_OP_SDPA, call, 0);
+  g->layout = layout;
   double scale = dt__op_farg(DT_OP_SDPA, call, 0); /* NaN: the op's default 1/sqrt(D) */
   if (scale != scale) scale = 1.0 / sqrt((double)g->D);
   g->scale = g->D > 0 ? (float)scale : 0.0f;
@@ -163,12 +188,14 @@ static unsigned dt_attn_grid(const dt_local_tensor_t* t, int64_t items) {
 /* ---------------------------------------------------------------------------------------------
  * Device helpers */
 
-/* dst[r * ldd + c] = src[r * ld + c] for r < rows, c < cols; rows valid .. rows - 1 are zeros. */
-__device__ __forceinline__ void dt_attn_load(float* dst, int ldd, const float* src, int64_t ld,
+/* dst[r * ldd + c] = src[r * ld + c] (as f32) for r < rows, c < cols; rows valid .. rows - 1 are
+ * zeros. */
+template <typename T>
+__device__ __forceinline__ void dt_attn_load(float* dst, int ldd, const T* src, int64_t ld,
                                              int rows, int valid, int cols) {
   for (int x = threadIdx.x; x < rows * cols; x += DT_ATTN_NT) {
     const int r = x / cols, c = x - r * cols;
-    dst[r * ldd + c] = r < valid ? src[r * ld + c] : 0.0f;
+    dst[r * ldd + c] = r < valid ? dt_cu_f32(src[r * ld + c]) : 0.0f;
   }
 }
 
@@ -204,9 +231,10 @@ __device__ __forceinline__ int64_t dt_attn_key_end(const dt_attn_geom& g, int64_
 /* Work item it: query tile qt (the last ones first: under causal masking they have the most
  * keys) of (batch, head) bh. Writes O (when o is not NULL); with dout, the row statistics of the
  * backward pass: lse = m + log l and delta = dO . O. */
+template <typename T>
 __global__ void __launch_bounds__(DT_ATTN_NT)
-    dt_attn_fwd_kernel(dt_attn_geom g, const float* q, const float* k, const float* v, float* o,
-                       float* lse, float* delta, const float* dout) {
+    dt_attn_fwd_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, T* o, float* lse,
+                       float* delta, const T* dout) {
   DT_SIMT_DYN_SHARED(float, sm);
   const int BQ = DT_ATTN_BQ, BK = DT_ATTN_BK, D = (int)g.D, E = (int)g.E, ldk = dt_attn_odd(D);
   float* Qs = sm;            /* BQ x D */
@@ -221,8 +249,8 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
     const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
     const int64_t i0 = qt * BQ, kvh = h / g.rep;
     const int nq = (int)(g.S - i0 < BQ ? g.S - i0 : BQ);
-    const float* kb = k + b * g.k.sb + kvh * g.k.sh;
-    const float* vb = v + b * g.v.sb + kvh * g.v.sh;
+    const T* kb = k + b * g.k.sb + kvh * g.k.sh;
+    const T* vb = v + b * g.v.sb + kvh * g.v.sh;
     __syncthreads(); /* the previous item is done with the shared tiles */
     dt_attn_load(Qs, D, q + b * g.q.sb + h * g.q.sh + i0 * g.q.ss, g.q.ss, BQ, nq, D);
     for (int x = tid; x < BQ * E; x += DT_ATTN_NT) Os[x] = 0.0f;
@@ -270,19 +298,20 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
     }
     __syncthreads();
     if (o != NULL) {
-      float* ob = o + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
+      T* ob = o + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
       for (int x = tid; x < nq * E; x += DT_ATTN_NT) {
         const int i = x / E, e = x - i * E;
-        ob[i * g.o.ss + e] = Os[x] * As[i];
+        ob[i * g.o.ss + e] = dt_cu_from_f32<T>(Os[x] * As[i]);
       }
     }
     if (dout != NULL) {
-      const float* gb = dout + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
+      const T* gb = dout + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
       for (int r = 0; r < DT_ATTN_RPW; r++) {
         const int i = warp + r * (DT_ATTN_NT / 32);
         float d = 0.0f;
         if (i < nq)
-          for (int e = lane; e < E; e += 32) d += Os[i * E + e] * As[i] * gb[i * g.o.ss + e];
+          for (int e = lane; e < E; e += 32)
+            d += Os[i * E + e] * As[i] * dt_cu_f32(gb[i * g.o.ss + e]);
         d = dt_cu_warp_sum(d);
         if (lane == 0 && i < nq) delta[bh * g.S + i0 + i] = d;
       }
@@ -314,8 +343,9 @@ __device__ __forceinline__ void dt_attn_pds(const dt_attn_geom& g, const float* 
 }
 
 /* Loads the query tile i0 (nq valid rows) of (b, h): Q, dO and the rows' lse and delta. */
-__device__ __forceinline__ void dt_attn_load_rows(const dt_attn_geom& g, const float* q,
-                                                  const float* dout, const float* lse,
+template <typename T>
+__device__ __forceinline__ void dt_attn_load_rows(const dt_attn_geom& g, const T* q,
+                                                  const T* dout, const float* lse,
                                                   const float* delta, int64_t b, int64_t h,
                                                   int64_t i0, int nq, float* Qs, float* dOs,
                                                   float* Ls, float* Dl) {
@@ -330,9 +360,10 @@ __device__ __forceinline__ void dt_attn_load_rows(const dt_attn_geom& g, const f
 }
 
 /* dQ of query tile qt of (batch, head) bh: scale * sum over key tiles of dS K. */
+template <typename T>
 __global__ void __launch_bounds__(DT_ATTN_NT)
-    dt_attn_dq_kernel(dt_attn_geom g, const float* q, const float* k, const float* v,
-                      const float* dout, const float* lse, const float* delta, float* dq) {
+    dt_attn_dq_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, const T* dout,
+                      const float* lse, const float* delta, T* dq) {
   DT_SIMT_DYN_SHARED(float, sm);
   const int BQ = DT_ATTN_BQ, BK = DT_ATTN_BK, D = (int)g.D, E = (int)g.E;
   const int ldk = dt_attn_odd(D), ldv = dt_attn_odd(E);
@@ -350,8 +381,8 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
     const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
     const int64_t i0 = qt * BQ, kvh = h / g.rep;
     const int nq = (int)(g.S - i0 < BQ ? g.S - i0 : BQ);
-    const float* kb = k + b * g.k.sb + kvh * g.k.sh;
-    const float* vb = v + b * g.v.sb + kvh * g.v.sh;
+    const T* kb = k + b * g.k.sb + kvh * g.k.sh;
+    const T* vb = v + b * g.v.sb + kvh * g.v.sh;
     __syncthreads();
     dt_attn_load_rows(g, q, dout, lse, delta, b, h, i0, nq, Qs, dOs, Ls, Dl);
     for (int x = tid; x < BQ * D; x += DT_ATTN_NT) dQs[x] = 0.0f;
@@ -372,10 +403,10 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
       }
     }
     __syncthreads();
-    float* db = dq + b * g.q.sb + h * g.q.sh + i0 * g.q.ss;
+    T* db = dq + b * g.q.sb + h * g.q.sh + i0 * g.q.ss;
     for (int x = tid; x < nq * D; x += DT_ATTN_NT) {
       const int i = x / D, d = x - i * D;
-      db[i * g.q.ss + d] = g.scale * dQs[x];
+      db[i * g.q.ss + d] = dt_cu_from_f32<T>(g.scale * dQs[x]);
     }
   }
 }
@@ -383,10 +414,10 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
 /* dK and dV of key tile kt of (batch, kv head) bg: sums over the group's query heads and their
  * query tiles of scale dS^T Q and P^T dO (the first key tiles first: under causal masking they
  * have the most queries). */
+template <typename T>
 __global__ void __launch_bounds__(DT_ATTN_NT)
-    dt_attn_dkv_kernel(dt_attn_geom g, const float* q, const float* k, const float* v,
-                       const float* dout, const float* lse, const float* delta, float* dk,
-                       float* dv) {
+    dt_attn_dkv_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, const T* dout,
+                       const float* lse, const float* delta, T* dk, T* dv) {
   DT_SIMT_DYN_SHARED(float, sm);
   const int BQ = DT_ATTN_BQ, BK = DT_ATTN_BK, D = (int)g.D, E = (int)g.E;
   const int ldk = dt_attn_odd(D), ldv = dt_attn_odd(E);
@@ -435,22 +466,30 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
         }
       }
     __syncthreads();
-    float* kd = dk + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss;
-    float* vd = dv + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss;
+    T* kd = dk + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss;
+    T* vd = dv + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss;
     for (int x = tid; x < nk * D; x += DT_ATTN_NT) {
       const int j = x / D, d = x - j * D;
-      kd[j * g.k.ss + d] = g.scale * dKs[x];
+      kd[j * g.k.ss + d] = dt_cu_from_f32<T>(g.scale * dKs[x]);
     }
     for (int x = tid; x < nk * E; x += DT_ATTN_NT) {
       const int j = x / E, e = x - j * E;
-      vd[j * g.v.ss + e] = dVs[x];
+      vd[j * g.v.ss + e] = dt_cu_from_f32<T>(dVs[x]);
     }
   }
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The S x T fallback (tiles too large for shared memory): the host's formulation, per
- * (batch, head) GEMMs through the backend and row kernels on an S x T score matrix. */
+ * The GEMM path: scores materialized per chunk of (batch, kv head) entries, products through the
+ * backend's GEMM, the row-wise steps here */
+
+#define DT_ATTN_RV 8      /* row values each thread of the row kernels keeps in registers */
+#define DT_ATTN_ALIGN 256 /* byte alignment of the scratch regions */
+#ifdef __CUDACC__
+#define DT_ATTN_UNROLL _Pragma("unroll") /* the register arrays stay registers */
+#else
+#define DT_ATTN_UNROLL
+#endif
 
 /* Max of v over the block (see dt_cu_block_sum). */
 __device__ __forceinline__ float dt_attn_block_max(float v, float* smem) {
@@ -464,49 +503,218 @@ __device__ __forceinline__ float dt_attn_block_max(float v, float* smem) {
   return s;
 }
 
-/* Row-wise softmax of p (S, T) in place (the host's dt__attn_softmax_rows): row i sees keys
- * 0 .. last (causal: q0 + i), the rest become 0. One block per row. */
-__global__ void dt_attn_softmax_kernel(float* p, int64_t S, int64_t T, int64_t q0, int causal) {
+/* P = softmax of the scores x row by row (the host's dt__attn_softmax_rows), `rows` rows of nk
+ * keys, ld apart; row r is query row r % S (a chunk's rows are entry, head, query row), which
+ * sees keys 0 .. last (causal: q0 + r % S); the other keys get 0. p may be x (f32): every
+ * element is read and written by one thread. One block per row; the first DT_ATTN_RV values of
+ * each thread stay in registers, longer rows are read again. */
+template <typename T>
+__global__ void __launch_bounds__(DT_CU_BLOCK)
+    dt_attn_softmax_kernel(const float* x, T* p, int64_t rows, int64_t S, int64_t nk, int64_t ld,
+                           int64_t q0, int causal) {
   __shared__ float red[32];
-  for (int64_t i = blockIdx.x; i < S; i += gridDim.x) {
-    float* row = p + i * T;
-    int64_t last = causal ? q0 + i : T - 1;
-    if (last > T - 1) last = T - 1;
+  const int64_t nt = blockDim.x, far = DT_ATTN_RV * nt;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * ld;
+    T* pr = p + r * ld;
+    int64_t last = causal ? q0 + r % S : nk - 1;
+    if (last > nk - 1) last = nk - 1;
+    float v[DT_ATTN_RV];
     float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) mx = fmaxf(mx, row[j]);
+DT_ATTN_UNROLL
+    for (int c = 0; c < DT_ATTN_RV; c++) {
+      const int64_t j = threadIdx.x + c * nt;
+      v[c] = j <= last ? xr[j] : -INFINITY;
+      mx = fmaxf(mx, v[c]); /* NaN scores are skipped, as the host's max skips them */
+    }
+    for (int64_t j = threadIdx.x + far; j <= last; j += nt) mx = fmaxf(mx, xr[j]);
     mx = dt_attn_block_max(mx, red);
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) {
-      const float e = expf(row[j] - mx);
-      row[j] = e;
-      sum += e;
-    }
+DT_ATTN_UNROLL
+    for (int c = 0; c < DT_ATTN_RV; c++)
+      if (threadIdx.x + c * nt <= last) {
+        v[c] = expf(v[c] - mx);
+        sum += v[c];
+      }
+    for (int64_t j = threadIdx.x + far; j <= last; j += nt) sum += expf(xr[j] - mx);
     sum = dt_cu_block_sum(sum, red);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= last ? row[j] * inv : 0.0f;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f; /* the host's (a NaN sum: 0, NaN stays) */
+DT_ATTN_UNROLL
+    for (int c = 0; c < DT_ATTN_RV; c++) {
+      const int64_t j = threadIdx.x + c * nt;
+      if (j < nk) pr[j] = dt_cu_from_f32<T>(j <= last ? v[c] * inv : 0.0f);
+    }
+    for (int64_t j = threadIdx.x + far; j < nk; j += nt)
+      pr[j] = dt_cu_from_f32<T>(j <= last ? expf(xr[j] - mx) * inv : 0.0f);
   }
 }
 
-/* dP (S, T) = P * (dP - sum over the visible keys of P dP), row by row (the host's loop). */
-__global__ void dt_attn_ds_kernel(const float* p, float* dp, int64_t S, int64_t T, int64_t q0,
-                                  int causal) {
+/* dS = scale P (dP - sum over the visible keys of P dP), row by row (the host's loop, with the
+ * scale of dQ and dK folded in), written over P; rows as in dt_attn_softmax_kernel. */
+template <typename T>
+__global__ void __launch_bounds__(DT_CU_BLOCK)
+    dt_attn_ds_kernel(const float* dp, T* p, int64_t rows, int64_t S, int64_t nk, int64_t ld,
+                      int64_t q0, int causal, float scale) {
   __shared__ float red[32];
-  for (int64_t i = blockIdx.x; i < S; i += gridDim.x) {
-    const float* pr = p + i * T;
-    float* dr = dp + i * T;
-    int64_t vis = causal ? q0 + i + 1 : T;
-    if (vis > T) vis = T;
+  const int64_t nt = blockDim.x, far = DT_ATTN_RV * nt;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* dr = dp + r * ld;
+    T* pr = p + r * ld;
+    int64_t vis = causal ? q0 + r % S + 1 : nk; /* P is 0 past the visible keys */
+    if (vis > nk) vis = nk;
+    float pv[DT_ATTN_RV], dv[DT_ATTN_RV];
     float dot = 0.0f;
-    for (int64_t j = threadIdx.x; j < vis; j += blockDim.x) dot += pr[j] * dr[j];
+DT_ATTN_UNROLL
+    for (int c = 0; c < DT_ATTN_RV; c++) {
+      const int64_t j = threadIdx.x + c * nt;
+      pv[c] = j < nk ? dt_cu_f32(pr[j]) : 0.0f;
+      dv[c] = j < nk ? dr[j] : 0.0f;
+      if (j < vis) dot += pv[c] * dv[c];
+    }
+    for (int64_t j = threadIdx.x + far; j < vis; j += nt) dot += dt_cu_f32(pr[j]) * dr[j];
     dot = dt_cu_block_sum(dot, red);
-    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) dr[j] = pr[j] * (dr[j] - dot);
+DT_ATTN_UNROLL
+    for (int c = 0; c < DT_ATTN_RV; c++) {
+      const int64_t j = threadIdx.x + c * nt;
+      if (j < nk) pr[j] = dt_cu_from_f32<T>(scale * (pv[c] * (dv[c] - dot)));
+    }
+    for (int64_t j = threadIdx.x + far; j < nk; j += nt)
+      pr[j] = dt_cu_from_f32<T>(scale * (dt_cu_f32(pr[j]) * (dr[j] - dot)));
   }
 }
 
-/* An f32 GEMM through the backend (see dt_gemm_t); k > 0. */
-static dt_status_t dt_attn_gemm(const dt_local_tensor_t* t, int ta, int tb, int64_t m, int64_t n,
-                                int64_t k, float alpha, const float* a, int64_t lda,
-                                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+/* Between an operand of layout 1 and its packed chunk (to_packed: tensor -> packed): entries
+ * e0 .. e0 + n - 1, entry e being batch e / G with heads (e % G) hpe .. (e % G + 1) hpe - 1, each
+ * head rows x feat, packed in (entry, head, row, feature) order. */
+template <typename T>
+__global__ void dt_attn_pack_kernel(T* packed, T* tensor, dt_attn_strides s, int64_t e0,
+                                    int64_t n, int64_t G, int64_t hpe, int64_t rows, int64_t feat,
+                                    int to_packed) {
+  const int64_t total = n * hpe * rows * feat;
+  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < total;
+       x += (int64_t)gridDim.x * blockDim.x) {
+    int64_t t = x / feat;
+    const int64_t f = x - t * feat, i = t % rows;
+    t /= rows;
+    const int64_t j = t % hpe, e = e0 + t / hpe;
+    const int64_t off = e / G * s.sb + (e % G * hpe + j) * s.sh + i * s.ss + f;
+    if (to_packed) packed[x] = tensor[off];
+    else tensor[off] = packed[x];
+  }
+}
+
+/* The rounded-up n. */
+static int64_t dt_attn_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+/* Scratch regions of a chunk of n entries (byte offsets, each DT_ATTN_ALIGN-aligned; 0 bytes for
+ * a region the case does not use): the f32 scores x, P (and dS), and for layout 1 the packed q
+ * (then dq), k, v (then dv), o (O, or dO) and dk. */
+struct dt_attn_ws {
+  int64_t ldt;                          /* row stride of x and p (T rounded up to 8) */
+  size_t x, p, q, k, v, o, dk, nbytes;  /* offsets and the total */
+  size_t raw;                           /* the regions' bytes without alignment */
+  int p_is_x;                           /* forward in f32: P written over the scores */
+};
+
+static void dt_attn_ws_plan(const dt_attn_geom& g, size_t item, int bwd, int64_t n,
+                            dt_attn_ws* w) {
+  const int64_t M = g.rep * g.S, packed = g.layout == 1;
+  memset(w, 0, sizeof *w);
+  w->ldt = dt_attn_up(g.T, 8);
+  w->p_is_x = !bwd && item == sizeof(float);
+  const size_t sizes[7] = {
+      sizeof(float) * (size_t)(n * M * w->ldt),
+      w->p_is_x ? 0 : item * (size_t)(n * M * w->ldt),
+      packed ? item * (size_t)(n * M * g.D) : 0,
+      packed ? item * (size_t)(n * g.T * g.D) : 0,
+      packed ? item * (size_t)(n * g.T * g.E) : 0,
+      packed ? item * (size_t)(n * M * g.E) : 0,
+      packed && bwd ? item * (size_t)(n * g.T * g.D) : 0,
+  };
+  size_t* offs[7] = {&w->x, &w->p, &w->q, &w->k, &w->v, &w->o, &w->dk};
+  size_t at = 0;
+  for (int i = 0; i < 7; i++) {
+    *offs[i] = at;
+    at += (size_t)dt_attn_up((int64_t)sizes[i], DT_ATTN_ALIGN);
+    w->raw += sizes[i];
+  }
+  w->nbytes = at;
+  if (w->p_is_x) w->p = w->x;
+}
+
+/* DTENSOR_SDPA_PATH and DTENSOR_SDPA_WORKSPACE_MB, read once per process. */
+enum { DT_ATTN_AUTO = 0, DT_ATTN_GEMM = 1, DT_ATTN_FLASH = 2 };
+
+static int dt_attn_read_path(void) {
+  const char* e = getenv("DTENSOR_SDPA_PATH");
+  if (e == NULL || *e == '\0' || strcmp(e, "auto") == 0) return DT_ATTN_AUTO;
+  if (strcmp(e, "gemm") == 0) return DT_ATTN_GEMM;
+  if (strcmp(e, "flash") == 0) return DT_ATTN_FLASH;
+  dt__log("cuda", "ignoring DTENSOR_SDPA_PATH=%s: expected auto, gemm or flash", e);
+  return DT_ATTN_AUTO;
+}
+static size_t dt_attn_read_cap(void) {
+  const size_t def = (size_t)512 << 20;
+  const char* e = getenv("DTENSOR_SDPA_WORKSPACE_MB");
+  if (e == NULL || *e == '\0') return def;
+  char* end = NULL;
+  const double mb = strtod(e, &end);
+  if (end == e || *end != '\0' || !(mb >= 0.0 && mb <= 1e9)) {
+    dt__log("cuda", "ignoring DTENSOR_SDPA_WORKSPACE_MB=%s: expected MiB, a number >= 0", e);
+    return def;
+  }
+  return (size_t)(mb * 1048576.0);
+}
+static int dt_attn_path(void) {
+  static const int path = dt_attn_read_path(); /* thread-safe initialization */
+  return path;
+}
+static size_t dt_attn_cap(void) {
+  static const size_t cap = dt_attn_read_cap();
+  return cap;
+}
+
+/* Entries per chunk of the GEMM path, or 0 for the flash path (flash_ok: its tiles fit). */
+static int64_t dt_attn_choose(const dt_attn_geom& g, size_t item, int bwd, int flash_ok) {
+  const int path = dt_attn_path();
+  if (path == DT_ATTN_FLASH && flash_ok) return 0;
+  const int64_t entries = g.B * g.G;
+  const size_t cap = dt_attn_cap();
+  dt_attn_ws one;
+  dt_attn_ws_plan(g, item, bwd, 1, &one);
+  if (one.nbytes > cap) return path == DT_ATTN_AUTO && flash_ok ? 0 : 1;
+  /* n entries take at most n * (one entry's unaligned bytes) + the regions' alignment */
+  const size_t slack = 7 * DT_ATTN_ALIGN;
+  int64_t n = cap > slack + one.raw ? (int64_t)((cap - slack) / one.raw) : 1;
+  return n < entries ? n : entries;
+}
+
+/* Operand of a chunk as the GEMMs see it: consecutive heads' rows back to back (ld = feat), entry
+ * i at p + i * stride elements. */
+struct dt_attn_view {
+  char* p;
+  int64_t ld, stride;
+};
+
+/* The view of an operand with strides s, hpe heads per entry of rows x feat: the tensor itself
+ * from entry e0 (layout 0), else its packed region. */
+static dt_attn_view dt_attn_view_of(const dt_attn_geom& g, void* tensor, const dt_attn_strides& s,
+                                    int64_t hpe, int64_t rows, int64_t feat, size_t item,
+                                    int64_t e0, char* packed) {
+  dt_attn_view v;
+  v.p = g.layout == 1 ? packed
+                      : (char*)tensor + item * (size_t)(e0 / g.G * s.sb + e0 % g.G * hpe * s.sh);
+  v.ld = feat > 0 ? feat : 1;
+  v.stride = hpe * rows * feat;
+  return v;
+}
+
+/* One strided batched GEMM through the backend: C_i = alpha op(A_i) op(B_i) (beta 0). */
+static dt_status_t dt_attn_gemm(const dt_local_tensor_t* t, dt_dtype_t ab, dt_dtype_t c_dt, int ta,
+                                int tb, int64_t m, int64_t n, int64_t k, int64_t batch,
+                                float alpha, const void* a, int64_t lda, int64_t sa,
+                                const void* b, int64_t ldb, int64_t sb, void* c, int64_t ldc,
+                                int64_t sc) {
   dt_gemm_t gm;
   memset(&gm, 0, sizeof gm);
   gm.trans_a = ta;
@@ -514,147 +722,188 @@ static dt_status_t dt_attn_gemm(const dt_local_tensor_t* t, int ta, int tb, int6
   gm.m = m;
   gm.n = n;
   gm.k = k;
-  gm.batch = 1;
+  gm.batch = batch;
   gm.alpha = alpha;
-  gm.beta = beta;
-  gm.ab_dtype = DT_F32;
-  gm.c_dtype = DT_F32;
+  gm.beta = 0.0f;
+  gm.ab_dtype = ab;
+  gm.c_dtype = c_dt;
   gm.a = a;
   gm.lda = lda;
+  gm.stride_a = sa;
   gm.b = b;
   gm.ldb = ldb;
+  gm.stride_b = sb;
   gm.c = c;
   gm.ldc = ldc;
+  gm.stride_c = sc;
   return t->backend->iface->gemm(t->backend, &gm);
 }
 
-/* Zeros the n floats at p on t's stream. */
-static dt_status_t dt_attn_zero(const dt_local_tensor_t* t, float* p, int64_t n) {
-  if (n <= 0) return DT_SUCCESS;
-  const int rc = (int)cudaMemsetAsync(p, 0, sizeof(float) * (size_t)n, dt_cu_stream(t));
-  return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "sdpa zero fill");
+/* Threads per row of the row kernels: enough for DT_ATTN_RV keys each, a multiple of 32 from 32
+ * to DT_CU_BLOCK (short rows do not leave most of a block idle). */
+static int dt_attn_row_threads(int64_t nk) {
+  const int64_t want = (nk + DT_ATTN_RV - 1) / DT_ATTN_RV;
+  if (want >= DT_CU_BLOCK) return DT_CU_BLOCK;
+  return want <= 32 ? 32 : (int)((want + 31) / 32 * 32);
 }
 
-/* P (S, T) of (b, h): softmax(scale q k^T) with the causal mask. */
-static dt_status_t dt_attn_probs(const char* op, const dt_local_tensor_t* in,
-                                 const dt_attn_geom& g, int64_t b, int64_t h, float* p) {
-  const float* qh = (const float*)in[0].data + b * g.q.sb + h * g.q.sh;
-  const float* kh = (const float*)in[1].data + b * g.k.sb + h / g.rep * g.k.sh;
-  if (g.D > 0)
-    DT_CHECK(dt_attn_gemm(&in[0], 0, 1, g.S, g.T, g.D, g.scale, qh, g.q.ss, kh, g.k.ss, 0.0f, p,
-                          g.T));
-  else
-    DT_CHECK(dt_attn_zero(&in[0], p, g.S * g.T));
-  DT_CU_LAUNCH(op, dt_attn_softmax_kernel, dt_attn_grid(&in[0], g.S), DT_CU_BLOCK, 0,
-               dt_cu_stream(&in[0]), p, g.S, g.T, g.q0, g.causal);
+/* Launches the pack kernel for one operand (nothing when it is empty). */
+template <typename T>
+static dt_status_t dt_attn_pack(const char* op, const dt_local_tensor_t* t, T* packed,
+                                void* tensor, const dt_attn_strides& s, const dt_attn_geom& g,
+                                int64_t e0, int64_t n, int64_t hpe, int64_t rows, int64_t feat,
+                                int to_packed) {
+  const int64_t total = n * hpe * rows * feat;
+  if (total == 0) return DT_SUCCESS;
+  DT_CU_LAUNCH(op, dt_attn_pack_kernel<T>, dt_cu_grid(t, total), DT_CU_BLOCK, 0, dt_cu_stream(t),
+               packed, (T*)tensor, s, e0, n, g.G, hpe, rows, feat, to_packed);
   return DT_SUCCESS;
 }
 
-static dt_status_t dt_attn_fwd_full(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                    float* o, const dt_attn_geom& g) {
-  const size_t pn = sizeof(float) * (size_t)(g.S * g.T);
-  void* scratch;
-  DT_CHECK(dt_cu_scratch(&in[0], call->op, pn, &scratch));
-  float* p = (float*)scratch;
-  dt_status_t st = DT_SUCCESS;
-  for (int64_t b = 0; b < g.B && st == DT_SUCCESS; b++)
-    for (int64_t h = 0; h < g.H && st == DT_SUCCESS; h++) {
-      st = dt_attn_probs(call->op, in, g, b, h, p);
-      if (st == DT_SUCCESS)
-        st = dt_attn_gemm(&in[0], 0, 0, g.S, g.E, g.T, 1.0f, p, g.T,
-                          (const float*)in[2].data + b * g.v.sb + h / g.rep * g.v.sh, g.v.ss,
-                          0.0f, o + b * g.o.sb + h * g.o.sh, g.o.ss);
-    }
-  dt_cu_scratch_free(&in[0], scratch, pn); /* stream-ordered: after the kernels */
-  return st;
+/* Entries e0 .. e0 + n - 1 of sdpa (bwd 0: out = {O}) or sdpa_grad (bwd 1: in gets dO, out =
+ * {dQ, dK, dV}) in the scratch `ws` planned by w. */
+template <typename T>
+static dt_status_t dt_attn_chunk(const char* op, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out, const dt_attn_geom& g, dt_dtype_t dt,
+                                 const dt_attn_ws& w, char* ws, int64_t e0, int64_t n, int bwd) {
+  const size_t item = sizeof(T);
+  const int64_t M = g.rep * g.S, ldt = w.ldt, sx = M * ldt, rows = n * M;
+  const dt_local_tensor_t* t = &in[0];
+  const cudaStream_t st = dt_cu_stream(t);
+  float* x = (float*)(ws + w.x);
+  T* p = (T*)(ws + w.p);
+  const dt_attn_view q = dt_attn_view_of(g, in[0].data, g.q, g.rep, g.S, g.D, item, e0, ws + w.q);
+  const dt_attn_view k = dt_attn_view_of(g, in[1].data, g.k, 1, g.T, g.D, item, e0, ws + w.k);
+  const dt_attn_view v = dt_attn_view_of(g, in[2].data, g.v, 1, g.T, g.E, item, e0, ws + w.v);
+  /* O (forward) or dO (backward) */
+  const dt_attn_view o = dt_attn_view_of(g, bwd ? in[3].data : out[0].data, g.o, g.rep, g.S, g.E,
+                                         item, e0, ws + w.o);
+  if (g.layout == 1) {
+    DT_CHECK(dt_attn_pack<T>(op, t, (T*)q.p, in[0].data, g.q, g, e0, n, g.rep, g.S, g.D, 1));
+    DT_CHECK(dt_attn_pack<T>(op, t, (T*)k.p, in[1].data, g.k, g, e0, n, 1, g.T, g.D, 1));
+    DT_CHECK(dt_attn_pack<T>(op, t, (T*)v.p, in[2].data, g.v, g, e0, n, 1, g.T, g.E, 1));
+    if (bwd)
+      DT_CHECK(dt_attn_pack<T>(op, t, (T*)o.p, in[3].data, g.o, g, e0, n, g.rep, g.S, g.E, 1));
+  }
+  const unsigned grid = dt_attn_grid(t, rows);
+  const int nt = dt_attn_row_threads(g.T);
+  /* X = scale Q K^T; P = softmax(X) */
+  DT_CHECK(dt_attn_gemm(t, dt, DT_F32, 0, 1, M, g.T, g.D, n, g.scale, q.p, q.ld, q.stride, k.p,
+                        k.ld, k.stride, x, ldt, sx));
+  DT_CU_LAUNCH(op, dt_attn_softmax_kernel<T>, grid, nt, 0, st, (const float*)x, p, rows,
+               g.S, g.T, ldt, g.q0, g.causal);
+  if (!bwd) { /* O = P V */
+    DT_CHECK(dt_attn_gemm(t, dt, dt, 0, 0, M, g.E, g.T, n, 1.0f, p, ldt, sx, v.p, v.ld, v.stride,
+                          o.p, o.ld, o.stride));
+    if (g.layout == 1)
+      DT_CHECK(dt_attn_pack<T>(op, t, (T*)o.p, out[0].data, g.o, g, e0, n, g.rep, g.S, g.E, 0));
+    return DT_SUCCESS;
+  }
+  /* X = dP = dO V^T; dV = P^T dO (layout 1: over the packed V, read by now) */
+  DT_CHECK(dt_attn_gemm(t, dt, DT_F32, 0, 1, M, g.T, g.E, n, 1.0f, o.p, o.ld, o.stride, v.p, v.ld,
+                        v.stride, x, ldt, sx));
+  const dt_attn_view dv = dt_attn_view_of(g, out[2].data, g.v, 1, g.T, g.E, item, e0, ws + w.v);
+  DT_CHECK(dt_attn_gemm(t, dt, dt, 1, 0, g.T, g.E, M, n, 1.0f, p, ldt, sx, o.p, o.ld, o.stride,
+                        dv.p, dv.ld, dv.stride));
+  /* dS = scale P (dP - rowsum(P dP)) over P; dK = dS^T Q (summed over the group's heads: k is
+   * r S); dQ = dS K (layout 1: over the packed Q, read by now) */
+  DT_CU_LAUNCH(op, dt_attn_ds_kernel<T>, grid, nt, 0, st, (const float*)x, p, rows, g.S,
+               g.T, ldt, g.q0, g.causal, g.scale);
+  const dt_attn_view dk = dt_attn_view_of(g, out[1].data, g.k, 1, g.T, g.D, item, e0, ws + w.dk);
+  DT_CHECK(dt_attn_gemm(t, dt, dt, 1, 0, g.T, g.D, M, n, 1.0f, p, ldt, sx, q.p, q.ld, q.stride,
+                        dk.p, dk.ld, dk.stride));
+  const dt_attn_view dq = dt_attn_view_of(g, out[0].data, g.q, g.rep, g.S, g.D, item, e0, ws + w.q);
+  DT_CHECK(dt_attn_gemm(t, dt, dt, 0, 0, M, g.D, g.T, n, 1.0f, p, ldt, sx, k.p, k.ld, k.stride,
+                        dq.p, dq.ld, dq.stride));
+  if (g.layout == 1) {
+    DT_CHECK(dt_attn_pack<T>(op, t, (T*)dq.p, out[0].data, g.q, g, e0, n, g.rep, g.S, g.D, 0));
+    DT_CHECK(dt_attn_pack<T>(op, t, (T*)dk.p, out[1].data, g.k, g, e0, n, 1, g.T, g.D, 0));
+    DT_CHECK(dt_attn_pack<T>(op, t, (T*)dv.p, out[2].data, g.v, g, e0, n, 1, g.T, g.E, 0));
+  }
+  return DT_SUCCESS;
 }
 
-static dt_status_t dt_attn_bwd_full(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                    float* dq, float* dk, float* dv, const dt_attn_geom& g) {
-  DT_CHECK(dt_attn_zero(&in[0], dk, g.B * g.G * g.T * g.D));
-  DT_CHECK(dt_attn_zero(&in[0], dv, g.B * g.G * g.T * g.E));
-  const size_t pn = sizeof(float) * (size_t)(2 * g.S * g.T);
-  void* scratch;
-  DT_CHECK(dt_cu_scratch(&in[0], call->op, pn, &scratch));
-  float *p = (float*)scratch, *dp = p + g.S * g.T;
-  const float *q = (const float*)in[0].data, *k = (const float*)in[1].data,
-              *v = (const float*)in[2].data, *go = (const float*)in[3].data;
+/* The GEMM path over all entries, `chunk` at a time, in one scratch block. */
+template <typename T>
+static dt_status_t dt_attn_gemm_path(const char* op, const dt_local_tensor_t* in,
+                                     dt_local_tensor_t* out, const dt_attn_geom& g, dt_dtype_t dt,
+                                     int bwd, int64_t chunk) {
+  const int64_t entries = g.B * g.G;
+  dt_attn_ws w;
+  dt_attn_ws_plan(g, sizeof(T), bwd, chunk, &w);
+  void* ws;
+  DT_CHECK(dt_cu_scratch(&in[0], op, w.nbytes, &ws));
   dt_status_t st = DT_SUCCESS;
-  for (int64_t b = 0; b < g.B && st == DT_SUCCESS; b++)
-    for (int64_t h = 0; h < g.H && st == DT_SUCCESS; h++) {
-      const int64_t gi = h / g.rep;
-      const int64_t oq = b * g.q.sb + h * g.q.sh, ok = b * g.k.sb + gi * g.k.sh,
-                    ov = b * g.v.sb + gi * g.v.sh, og = b * g.o.sb + h * g.o.sh;
-      st = dt_attn_probs(call->op, in, g, b, h, p);
-      if (st != DT_SUCCESS) break;
-      /* dv += P^T dO ; dP = dO v^T */
-      st = dt_attn_gemm(&in[0], 1, 0, g.T, g.E, g.S, 1.0f, p, g.T, go + og, g.o.ss, 1.0f, dv + ov,
-                        g.v.ss);
-      if (st == DT_SUCCESS)
-        st = g.E > 0 ? dt_attn_gemm(&in[0], 0, 1, g.S, g.T, g.E, 1.0f, go + og, g.o.ss, v + ov,
-                                    g.v.ss, 0.0f, dp, g.T)
-                     : dt_attn_zero(&in[0], dp, g.S * g.T);
-      if (st != DT_SUCCESS) break;
-      {
-        int rc = dt_simt_launch(dt_attn_ds_kernel, dt_attn_grid(&in[0], g.S), DT_CU_BLOCK, 0,
-                                dt_cu_stream(&in[0]), (const float*)p, dp, g.S, g.T, g.q0,
-                                g.causal);
-        if (rc != 0) st = DT_CUDA_NAME(status)(rc, call->op);
-      }
-      if (st == DT_SUCCESS && g.D > 0) {
-        st = dt_attn_gemm(&in[0], 0, 0, g.S, g.D, g.T, g.scale, dp, g.T, k + ok, g.k.ss, 0.0f,
-                          dq + oq, g.q.ss);
-        if (st == DT_SUCCESS)
-          st = dt_attn_gemm(&in[0], 1, 0, g.T, g.D, g.S, g.scale, dp, g.T, q + oq, g.q.ss, 1.0f,
-                            dk + ok, g.k.ss);
-      }
-    }
-  dt_cu_scratch_free(&in[0], scratch, pn);
+  for (int64_t e0 = 0; e0 < entries && st == DT_SUCCESS; e0 += chunk)
+    st = dt_attn_chunk<T>(op, in, out, g, dt, w, (char*)ws, e0,
+                          entries - e0 < chunk ? entries - e0 : chunk, bwd);
+  dt_cu_scratch_free(&in[0], ws, w.nbytes); /* stream-ordered: after the kernels */
   return st;
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Kernels */
 
-/* sdpa (q, k, v), iargs [causal = 0, layout = 0], fargs [scale = 1 / sqrt(D)]: out = softmax(scale
- * q k^T) v, of q's layout with v's feature size. */
-DT_CU_KERNEL(dt_cu_sdpa) {
-  DT_CHECK(dt_cu_need_f32(call, in, 3));
-  DT_CHECK(dt_cu_need_f32(call, out, 1));
-  dt_attn_geom g;
-  dt_attn_geom_init(call, in, &g);
-  float* o = (float*)out[0].data;
-  if (g.B * g.H * g.S * g.E == 0) return DT_SUCCESS;
-  if (g.T == 0) return dt_attn_zero(&out[0], o, g.B * g.H * g.S * g.E); /* the host's zeros */
-  const size_t smem = dt_attn_fwd_smem(&g);
-  if (smem > dt_attn_smem_limit()) return dt_attn_fwd_full(call, in, o, g);
-  const int rc = dt_attn_allow_smem(dt_attn_fwd_kernel, smem);
-  if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
-  const int64_t items = (g.S + DT_ATTN_BQ - 1) / DT_ATTN_BQ * g.B * g.H;
-  DT_CU_LAUNCH(call->op, dt_attn_fwd_kernel, dt_attn_grid(&in[0], items), DT_ATTN_NT, smem,
-               dt_cu_stream(&in[0]), g, (const float*)in[0].data, (const float*)in[1].data,
-               (const float*)in[2].data, o, (float*)NULL, (float*)NULL, (const float*)NULL);
+/* The float dtype q, k, v (and dO) and the outputs share (the op's rules require one). */
+static dt_status_t dt_attn_dtype(const dt_op_call_t* call, const dt_local_tensor_t* in, int n_in,
+                                 const dt_local_tensor_t* out, int n_out, dt_dtype_t* dt) {
+  *dt = in[0].dtype;
+  if (*dt != DT_F32 && *dt != DT_BF16 && *dt != DT_F16)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported (float dtypes only)",
+                   call->op, dt_dtype_name(*dt));
+  for (int i = 0; i < n_in + n_out; i++) {
+    const dt_local_tensor_t* t = i < n_in ? &in[i] : &out[i - n_in];
+    if (t->dtype != *dt)
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: %s %d is %s, input 0 is %s", call->op,
+                     i < n_in ? "input" : "output", i < n_in ? i : i - n_in,
+                     dt_dtype_name(t->dtype), dt_dtype_name(*dt));
+  }
   return DT_SUCCESS;
 }
 
-/* sdpa_grad (q, k, v, dO), sdpa's arguments: (dq, dk, dv). */
-DT_CU_KERNEL(dt_cu_sdpa_grad) {
-  DT_CHECK(dt_cu_need_f32(call, in, 4));
-  DT_CHECK(dt_cu_need_f32(call, out, 3));
+/* Zeros nbytes at p on t's stream. */
+static dt_status_t dt_attn_zero(const dt_local_tensor_t* t, void* p, size_t nbytes) {
+  if (nbytes == 0) return DT_SUCCESS;
+  const int rc = (int)cudaMemsetAsync(p, 0, nbytes, dt_cu_stream(t));
+  return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "sdpa zero fill");
+}
+static size_t dt_attn_nbytes(const dt_local_tensor_t* t) {
+  return dt__itemsize(t->dtype) * (size_t)dt_cu_numel(t);
+}
+
+/* sdpa (q, k, v), iargs [causal = 0, layout = 0], fargs [scale = 1 / sqrt(D)]: out = softmax(scale
+ * q k^T) v, of q's layout with v's feature size. */
+DT_CU_KERNEL(dt_cu_sdpa) {
+  dt_dtype_t dt;
+  DT_CHECK(dt_attn_dtype(call, in, 3, out, 1, &dt));
   dt_attn_geom g;
   dt_attn_geom_init(call, in, &g);
-  float *dq = (float*)out[0].data, *dk = (float*)out[1].data, *dv = (float*)out[2].data;
-  if (g.B * g.H * g.S * g.T == 0) { /* the host's zeros */
-    DT_CHECK(dt_attn_zero(&out[0], dq, dt_cu_numel(&out[0])));
-    DT_CHECK(dt_attn_zero(&out[1], dk, dt_cu_numel(&out[1])));
-    return dt_attn_zero(&out[2], dv, dt_cu_numel(&out[2]));
-  }
-  const size_t lim = dt_attn_smem_limit(), s_fwd = dt_attn_fwd_smem(&g),
-               s_dq = dt_attn_dq_smem(&g), s_dkv = dt_attn_dkv_smem(&g);
-  if (s_fwd > lim || s_dq > lim || s_dkv > lim) return dt_attn_bwd_full(call, in, dq, dk, dv, g);
-  int rc = dt_attn_allow_smem(dt_attn_fwd_kernel, s_fwd);
-  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dq_kernel, s_dq);
-  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dkv_kernel, s_dkv);
+  if (g.B * g.H * g.S * g.E == 0) return DT_SUCCESS;
+  if (g.T == 0) return dt_attn_zero(&out[0], out[0].data, dt_attn_nbytes(&out[0])); /* host's */
+  const size_t smem = dt_attn_fwd_smem(&g);
+  const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 0, smem <= dt_attn_smem_limit());
+  return dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    if (chunk > 0) return dt_attn_gemm_path<T>(call->op, in, out, g, dt, 0, chunk);
+    const int rc = dt_attn_allow_smem(dt_attn_fwd_kernel<T>, smem);
+    if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
+    const int64_t items = (g.S + DT_ATTN_BQ - 1) / DT_ATTN_BQ * g.B * g.H;
+    DT_CU_LAUNCH(call->op, dt_attn_fwd_kernel<T>, dt_attn_grid(&in[0], items), DT_ATTN_NT, smem,
+                 dt_cu_stream(&in[0]), g, (const T*)in[0].data, (const T*)in[1].data,
+                 (const T*)in[2].data, (T*)out[0].data, (float*)NULL, (float*)NULL,
+                 (const T*)NULL);
+    return DT_SUCCESS;
+  });
+}
+
+/* The flash path of sdpa_grad. */
+template <typename T>
+static dt_status_t dt_attn_flash_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                      dt_local_tensor_t* out, const dt_attn_geom& g, size_t s_fwd,
+                                      size_t s_dq, size_t s_dkv) {
+  int rc = dt_attn_allow_smem(dt_attn_fwd_kernel<T>, s_fwd);
+  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dq_kernel<T>, s_dq);
+  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dkv_kernel<T>, s_dkv);
   if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
   /* per query row of every (batch, head): lse, then delta */
   const int64_t rows = g.B * g.H * g.S;
@@ -662,29 +911,74 @@ DT_CU_KERNEL(dt_cu_sdpa_grad) {
   void* scratch;
   DT_CHECK(dt_cu_scratch(&in[0], call->op, nbytes, &scratch));
   float *lse = (float*)scratch, *delta = lse + rows;
-  const float *q = (const float*)in[0].data, *k = (const float*)in[1].data,
-              *v = (const float*)in[2].data, *go = (const float*)in[3].data;
+  const T *q = (const T*)in[0].data, *k = (const T*)in[1].data, *v = (const T*)in[2].data,
+          *go = (const T*)in[3].data;
+  T *dq = (T*)out[0].data, *dk = (T*)out[1].data, *dv = (T*)out[2].data;
   cudaStream_t st = dt_cu_stream(&in[0]);
   const int64_t q_items = (g.S + DT_ATTN_BQ - 1) / DT_ATTN_BQ * g.B * g.H;
   const int64_t k_items = (g.T + DT_ATTN_BK - 1) / DT_ATTN_BK * g.B * g.G;
-  rc = dt_simt_launch(dt_attn_fwd_kernel, dt_attn_grid(&in[0], q_items), DT_ATTN_NT, s_fwd, st, g,
-                      q, k, v, (float*)NULL, lse, delta, go);
+  rc = dt_simt_launch(dt_attn_fwd_kernel<T>, dt_attn_grid(&in[0], q_items), DT_ATTN_NT, s_fwd, st,
+                      g, q, k, v, (T*)NULL, lse, delta, go);
   if (rc == 0)
-    rc = dt_simt_launch(dt_attn_dq_kernel, dt_attn_grid(&in[0], q_items), DT_ATTN_NT, s_dq, st, g,
-                        q, k, v, go, (const float*)lse, (const float*)delta, dq);
+    rc = dt_simt_launch(dt_attn_dq_kernel<T>, dt_attn_grid(&in[0], q_items), DT_ATTN_NT, s_dq, st,
+                        g, q, k, v, go, (const float*)lse, (const float*)delta, dq);
   if (rc == 0)
-    rc = dt_simt_launch(dt_attn_dkv_kernel, dt_attn_grid(&in[0], k_items), DT_ATTN_NT, s_dkv, st,
-                        g, q, k, v, go, (const float*)lse, (const float*)delta, dk, dv);
+    rc = dt_simt_launch(dt_attn_dkv_kernel<T>, dt_attn_grid(&in[0], k_items), DT_ATTN_NT, s_dkv,
+                        st, g, q, k, v, go, (const float*)lse, (const float*)delta, dk, dv);
   dt_cu_scratch_free(&in[0], scratch, nbytes); /* stream-ordered: after the kernels */
   return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, call->op);
 }
 
+/* sdpa_grad (q, k, v, dO), sdpa's arguments: (dq, dk, dv). */
+DT_CU_KERNEL(dt_cu_sdpa_grad) {
+  dt_dtype_t dt;
+  DT_CHECK(dt_attn_dtype(call, in, 3, out, 3, &dt));
+  dt_attn_geom g;
+  dt_attn_geom_init(call, in, &g);
+  const dt_dtype_t gdt = in[3].dtype;
+  if (gdt != DT_F32 && gdt != DT_BF16 && gdt != DT_F16)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dO dtype %s is not supported (float dtypes only)",
+                   call->op, dt_dtype_name(gdt));
+  if (g.B * g.H * g.S * g.T == 0) { /* the host's zeros */
+    for (int i = 0; i < 3; i++)
+      DT_CHECK(dt_attn_zero(&out[i], out[i].data, dt_attn_nbytes(&out[i])));
+    return DT_SUCCESS;
+  }
+  /* dO of another float dtype than q, k, v (the rules leave it free; the host computes in f32):
+   * a copy in theirs */
+  dt_local_tensor_t args[4] = {in[0], in[1], in[2], in[3]};
+  void* go = NULL;
+  const size_t go_nb = gdt == dt ? 0 : dt__itemsize(dt) * (size_t)dt_cu_numel(&in[3]);
+  if (gdt != dt) {
+    DT_CHECK(dt_cu_scratch(&in[3], call->op, go_nb, &go));
+    const dt_status_t cs = in[3].backend->iface->convert(in[3].backend, in[3].data, gdt, go, dt,
+                                                         dt_cu_numel(&in[3]));
+    if (cs != DT_SUCCESS) {
+      dt_cu_scratch_free(&in[3], go, go_nb);
+      return cs;
+    }
+    args[3].data = go;
+    args[3].dtype = dt;
+  }
+  const size_t lim = dt_attn_smem_limit(), s_fwd = dt_attn_fwd_smem(&g),
+               s_dq = dt_attn_dq_smem(&g), s_dkv = dt_attn_dkv_smem(&g);
+  const int flash_ok = s_fwd <= lim && s_dq <= lim && s_dkv <= lim;
+  const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 1, flash_ok);
+  const dt_status_t st = dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    if (chunk > 0) return dt_attn_gemm_path<T>(call->op, args, out, g, dt, 1, chunk);
+    return dt_attn_flash_grad<T>(call, args, out, g, s_fwd, s_dq, s_dkv);
+  });
+  dt_cu_scratch_free(&in[3], go, go_nb); /* stream-ordered: after the kernels */
+  return st;
+}
+
 /* ---------------------------------------------------------------------------------------------
- * Registration: f32 kernels (bf16/f16 tensors reach them as f32 copies). */
+ * Registration: every float dtype, as stored. */
 
 }  // namespace
 
 DT_CU_FILL(attention) {
-  t[DT_OP_SDPA] = {dt_cu_sdpa, 0};
-  t[DT_OP_SDPA_GRAD] = {dt_cu_sdpa_grad, 0};
+  t[DT_OP_SDPA] = {dt_cu_sdpa, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_SDPA_GRAD] = {dt_cu_sdpa_grad, DT_KERNEL_ANY_DTYPE};
 }
