@@ -5,6 +5,7 @@
  * functions), so that every message recorded below one starts with its name (dtensor/status.h).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "strategy/strategy.h"
@@ -34,6 +35,11 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
     if (dt__world_rank() == 0) dt__log("cost", "ignoring calibrated cost model: %s", why);
     dt__error_restore(saved);
   }
+  const char* blas = dt__cpu_blas_notice(); /* backend: a CPU OpenBLAS does not know */
+  const char* quiet = getenv("DTENSOR_QUIET");
+  if (blas != NULL && dt__world_rank() == 0 &&
+      (quiet == NULL || quiet[0] == '\0' || strcmp(quiet, "0") == 0))
+    dt__log("blas", "%s (DTENSOR_QUIET=1 hides this)", blas);
   return DT_SUCCESS;
 }
 

@@ -225,6 +225,9 @@ void dt__host_stage_free(dt_backend_t b, void* p, size_t nbytes);
 static inline int dt__backend_is_device(dt_backend_t b) { return b->device != DT_DEVICE_HOST; }
 
 /* ---- the host implementation both host backends share (src/backend/cpu.c) ------------------ */
+/* A one-line notice when OpenBLAS runs its generic kernels on a CPU with AVX2 / AVX-512 and
+ * OPENBLAS_CORETYPE is not set (dt_init prints it on rank 0); NULL when there is nothing to say. */
+const char* dt__cpu_blas_notice(void);
 dt_status_t dt__host_memset(dt_backend_t b, void* dst, int value, size_t nbytes);
 dt_status_t dt__host_fill(dt_backend_t b, void* dst, dt_dtype_t dtype, int64_t n, double value);
 dt_status_t dt__host_copy(dt_backend_t b, void* dst, const void* src, size_t nbytes,

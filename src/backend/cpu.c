@@ -8,6 +8,9 @@
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
 
 #include "backend/backend.h"
 #include "placement/layout.h"
@@ -18,6 +21,35 @@ static void dt__blas_threads(void) {
   done = 1;
   /* One BLAS thread per rank unless the user chose otherwise: ranks already run in parallel. */
   if (getenv("OPENBLAS_NUM_THREADS") == NULL) openblas_set_num_threads(1);
+}
+
+/* OpenBLAS picks its kernels by CPU model at load time, and a release older than the CPU (Debian
+ * 12's 0.3.21 on Sapphire Rapids and later) falls back to its generic SSE3 kernels, several times
+ * slower than the AVX2 / AVX-512 ones the CPU can run; OPENBLAS_CORETYPE overrides the choice. */
+const char* dt__cpu_blas_notice(void) {
+  static char text[320];
+  if (getenv("OPENBLAS_CORETYPE") != NULL) return NULL;
+  const char* core = openblas_get_corename();
+  if (core == NULL) return NULL;
+  static const char* const kGeneric[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
+                                         "atom"};
+  int generic = 0;
+  for (size_t i = 0; i < sizeof kGeneric / sizeof kGeneric[0]; i++)
+    generic |= strcasecmp(core, kGeneric[i]) == 0;
+  if (!generic) return NULL;
+  const char* want = NULL;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+         : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                            : NULL;
+#endif
+  if (want == NULL) return NULL;
+  snprintf(text, sizeof text,
+           "OpenBLAS uses its generic %s kernels on this CPU, which has %s: GEMMs are several "
+           "times faster with OPENBLAS_CORETYPE=%s in the environment",
+           core, strcmp(want, "SkylakeX") == 0 ? "AVX-512" : "AVX2", want);
+  return text;
 }
 
 static void* dt__cpu_alloc(dt_backend_t b, size_t nbytes) {
