@@ -10,10 +10,21 @@
  * - gemm: GFLOP/s of dt_mm on a 1-rank mesh (1024^3 and 512x2048x1024) against cblas_sgemm on the
  *   same shapes, alternating, best of 5 (one BLAS thread).
  * Last line: dispatch_hit_us=<x> dispatch_miss_us=<y> gemm_ratio=<z> (worst gemm shape).
+ *
+ *   mpirun -np N build/bench/bench_dispatch --peer [ROUNDS]
+ *
+ * The peer mode (bench/peer.sh, against PyTorch's DTensor in bench/peer_dispatch.py): on a 1-D
+ * mesh of all ranks, `a + a` with a Shard(0) 512x512 f32 (no communication), whole call times
+ * including the kernel and the output's allocation: hit = the same call repeated (best of ROUNDS
+ * runs of 2,000 calls); miss = a new shape every call, (512, 512 + i) for i < 200, so neither the
+ * propagation nor the plan cache can help (mean over the 200, once); again = the same 200 calls
+ * repeated (hits with the misses' memory traffic: miss - again is the selection itself). Max over
+ * ranks. Last line: peer_dispatch np=<n> hit_us=<x> miss_us=<y> again_us=<z>
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <math.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +35,76 @@
 
 static volatile float g_sink;
 
+/* Seconds per call of the slowest rank. */
+static double max_over_ranks(double t) {
+  double m;
+  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
+/* --peer: `a + a`, Shard(0), 512x512 f32 on a mesh of all ranks, cache hits and misses. */
+static int peer_main(int rounds) {
+  int n;
+  CHECK(dt_world_size(&n));
+  dt_mesh_t mesh;
+  CHECK(dt_mesh_create(1, &n, NULL, NULL, &mesh));
+  dt_placement_t s0[1] = {dt_shard(0)};
+  enum { HIT_CALLS = 2000, MISS_CALLS = 200 };
+  int64_t shape[2] = {512, 512};
+  dt_tensor_t a, miss[MISS_CALLS];
+  CHECK(dt_tensor_rand(mesh, DT_F32, 2, shape, s0, 1, &a));
+  for (int i = 0; i < MISS_CALLS; i++) {
+    int64_t si[2] = {512, 512 + i};
+    CHECK(dt_tensor_rand(mesh, DT_F32, 2, si, s0, 2 + i, &miss[i]));
+  }
+  for (int i = 0; i < 100; i++) { /* warmup: fill the hit's caches, fault the allocator in */
+    dt_tensor_t c;
+    CHECK(dt_add(a, a, &c));
+    CHECK(dt_tensor_destroy(c));
+  }
+  double hit = 1e30, mis = 1e30, again = 0;
+  for (int r = 0; r < rounds; r++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_us();
+    for (int i = 0; i < HIT_CALLS; i++) {
+      dt_tensor_t c;
+      CHECK(dt_add(a, a, &c));
+      CHECK(dt_tensor_destroy(c));
+    }
+    hit = fmin(hit, max_over_ranks((now_us() - t0) / HIT_CALLS));
+    if (r == 0) { /* the misses can run once: afterwards every shape is cached */
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = now_us();
+      for (int i = 0; i < MISS_CALLS; i++) {
+        dt_tensor_t c;
+        CHECK(dt_add(miss[i], miss[i], &c));
+        CHECK(dt_tensor_destroy(c));
+      }
+      mis = max_over_ranks((now_us() - t0) / MISS_CALLS);
+      MPI_Barrier(MPI_COMM_WORLD); /* the same calls again: hits on the same cold data */
+      t0 = now_us();
+      for (int i = 0; i < MISS_CALLS; i++) {
+        dt_tensor_t c;
+        CHECK(dt_add(miss[i], miss[i], &c));
+        CHECK(dt_tensor_destroy(c));
+      }
+      again = max_over_ranks((now_us() - t0) / MISS_CALLS);
+    }
+  }
+  int rank;
+  CHECK(dt_world_rank(&rank));
+  if (rank == 0) printf("peer_dispatch np=%d hit_us=%.2f miss_us=%.2f again_us=%.2f\n", n, hit, mis,
+                         again);
+  CHECK(dt_tensor_destroy(a));
+  for (int i = 0; i < MISS_CALLS; i++) CHECK(dt_tensor_destroy(miss[i]));
+  CHECK(dt_mesh_destroy(mesh));
+  CHECK(dt_finalize());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CHECK(dt_init(&argc, &argv));
+  if (argc > 1 && !strcmp(argv[1], "--peer")) return peer_main(argc > 2 ? atoi(argv[2]) : 5);
   int one = 1;
   dt_mesh_t mesh;
   CHECK(dt_mesh_create(1, &one, NULL, NULL, &mesh));

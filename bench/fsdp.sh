@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # fsdp.sh - data-parallel training throughput of bench_train's Llama-style model at three sizes:
-# ours on one rank without a wrapper, our DDP and FSDP at np 2, and PyTorch 1.13's
-# DistributedDataParallel (gloo) at np 2, all with one OpenBLAS thread per rank and the same
+# ours on one rank without a wrapper, our DDP and FSDP at np 2, and PyTorch's
+# DistributedDataParallel (gloo) at np 2 -- the PyTorch 2.x peer of tools/peer-env.sh
+# (bench/peer_train.py), which also runs FSDP2 (fully_shard, "torch FSDP2" rows), or, when that
+# environment is unavailable, Debian's 1.13 (bench/fsdp_torch.py, DDP only) --, all with one
+# thread per rank and the same
 # per-rank batch (8 x 128 tokens) and optimizer (AdamW, clipping at 1). Also np independent
 # single-rank runs side by side ("alone": no communication), whose throughput over np times one
 # rank's is the ceiling any scaling efficiency can reach on this machine (shared cores, caches
@@ -15,9 +18,10 @@
 # table shows each configuration's best step over the rounds (step 0 of every run is a warmup); the
 # ratios below are medians over the rounds of ratios taken within a round, between runs made back to
 # back (this machine's speed drifts by 10-15% over minutes, so best steps from different moments
-# would compare the moments, not the configurations). Installs
+# would compare the moments, not the configurations). Without the 2.x peer it installs
 # python3-torch when it is missing and we are root; otherwise torch is skipped (its columns say
-# "-"). Prints a table, then exactly one last line:
+# "-"). bench/peer.sh compares against the 2.x peer at np 2 and 4 with spreads. Prints a table,
+# then exactly one last line:
 #   fsdp_vs_torch_min=<min over 10M, 50M of FSDP tokens/s / torch DDP tokens/s> (each a median
 #   over rounds as above)
 #   fsdp_vs_torch_small=<the same at 1M> fsdp_vs_ddp_time=<max over sizes of FSDP step time / DDP
@@ -38,7 +42,11 @@ export OPENBLAS_NUM_THREADS=1
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OPENBLAS_NUM_THREADS)
 
 have_torch=1
-if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+TORCH_PY=/usr/bin/python3 TORCH_SCRIPT=bench/fsdp_torch.py
+if PEER_PY=$(tools/peer-env.sh --python 2>/dev/null); then
+  TORCH_PY=$PEER_PY TORCH_SCRIPT=bench/peer_train.py
+  echo "fsdp.sh: torch peer $("$PEER_PY" -c 'import torch; print(torch.__version__)') (tools/peer-env.sh)"
+elif ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "fsdp.sh: installing python3-torch (Debian, about 635 MB)"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch; } \
@@ -71,9 +79,11 @@ run() {
   case $cfg in
     none) "${MPIRUN[@]}" -np 1 "$BIN" --parallel none $args >"$LOG" 2>&1 || rc=$? ;;
     alone | ddp | fsdp) "${MPIRUN[@]}" -np "$NP" "$BIN" --parallel "$cfg" $args >"$LOG" 2>&1 || rc=$? ;;
-    torch)
+    torch | tfsdp)
       port=$((port + 1))
-      "${MPIRUN[@]}" -np "$NP" /usr/bin/python3 bench/fsdp_torch.py $args --port $port \
+      local mode=()
+      [ "$TORCH_SCRIPT" = bench/peer_train.py ] && mode=(--parallel "$([ $cfg = torch ] && echo ddp || echo fsdp)")
+      "${MPIRUN[@]}" -np "$NP" "$TORCH_PY" "$TORCH_SCRIPT" "${mode[@]}" $args --port $port \
         >"$LOG" 2>&1 || rc=$?
       ;;
   esac
@@ -91,10 +101,11 @@ echo "# bench_fsdp: np $NP, $ROUNDS rounds, sizes $SIZES; $(grep -m1 'model name
 for size in $SIZES; do
   echo "# $size: load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
   for r in $(seq "$ROUNDS"); do
-    cfgs="none alone torch ddp fsdp"
-    [ $((r % 2)) -eq 0 ] && cfgs="fsdp ddp torch alone none"
+    cfgs="none alone torch ddp fsdp tfsdp"
+    [ $((r % 2)) -eq 0 ] && cfgs="tfsdp fsdp ddp torch alone none"
     for c in $cfgs; do
       [ "$c" = torch ] && [ $have_torch -eq 0 ] && continue
+      [ "$c" = tfsdp ] && [ "$TORCH_SCRIPT" != bench/peer_train.py ] && continue
       run "$size" "$c" "$r"
     done
   done
@@ -119,18 +130,18 @@ awk -v sizes="$SIZES" -v np="$NP" '
   function fmt(x) { return x == "" ? "-" : x }
   END {
     printf "\n| size | parameters | configuration | ranks | best step (ms) | tokens/s | peak MiB/rank |\n|---|---:|---|---:|---:|---:|---:|\n"
-    n = split(sizes, S, " "); split("none alone ddp fsdp torch", C, " ")
-    name["none"] = "ours, no wrapper"; name["alone"] = "ours, independent copies"; name["ddp"] = "ours DDP"; name["fsdp"] = "ours FSDP"; name["torch"] = "torch DDP (gloo)"
-    for (i = 1; i <= n; i++) for (j = 1; j <= 5; j++) { k = S[i] " " C[j]; if (!(k in best)) continue
+    n = split(sizes, S, " "); split("none alone ddp fsdp torch tfsdp", C, " ")
+    name["none"] = "ours, no wrapper"; name["alone"] = "ours, independent copies"; name["ddp"] = "ours DDP"; name["fsdp"] = "ours FSDP"; name["torch"] = "torch DDP (gloo)"; name["tfsdp"] = "torch FSDP2 (gloo)"
+    for (i = 1; i <= n; i++) for (j = 1; j <= 6; j++) { k = S[i] " " C[j]; if (!(k in best)) continue
       printf "| %s | %s | %s | %d | %.1f | %.1f | %s |\n", S[i], params[S[i]], name[C[j]], C[j] == "none" ? 1 : np, best[k], tps[k], fmt(peak[k]) }
     printf "\nRatios: the median over the rounds of the ratio within each round (configurations run back to back).\n"
-    printf "\n| size | FSDP / torch DDP (tokens/s) | FSDP / DDP (step time) | FSDP scaling efficiency | DDP scaling efficiency | ceiling (independent copies) | FSDP / independent copies |\n|---|---:|---:|---:|---:|---:|---:|\n"
+    printf "\n| size | FSDP / torch DDP (tokens/s) | FSDP / torch FSDP2 (tokens/s) | FSDP / DDP (step time) | FSDP scaling efficiency | DDP scaling efficiency | ceiling (independent copies) | FSDP / independent copies |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
     vmin = "nan"; vsmall = "nan"; tmax = "nan"; emin = "nan"; cmin = "nan"; amin = "nan"
     for (i = 1; i <= n; i++) { s = S[i]; f = s " fsdp"; d = s " ddp"; t = s " torch"; o = s " none"; a = s " alone"
       r1 = med("tps", f, t, 1); r2 = med("time", f, d, 1)
       e1 = med("tps", f, o, np); e2 = med("tps", d, o, np)
-      c1 = med("tps", a, o, np); a1 = med("tps", f, a, 1)
-      printf "| %s | %s | %s | %s | %s | %s | %s |\n", s, r1 == "nan" ? "-" : sprintf("%.3f", r1), r2 == "nan" ? "-" : sprintf("%.3f", r2), e1 == "nan" ? "-" : sprintf("%.3f", e1), e2 == "nan" ? "-" : sprintf("%.3f", e2), c1 == "nan" ? "-" : sprintf("%.3f", c1), a1 == "nan" ? "-" : sprintf("%.3f", a1)
+      c1 = med("tps", a, o, np); a1 = med("tps", f, a, 1); r3 = med("tps", f, s " tfsdp", 1)
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", s, r1 == "nan" ? "-" : sprintf("%.3f", r1), r3 == "nan" ? "-" : sprintf("%.3f", r3), r2 == "nan" ? "-" : sprintf("%.3f", r2), e1 == "nan" ? "-" : sprintf("%.3f", e1), e2 == "nan" ? "-" : sprintf("%.3f", e2), c1 == "nan" ? "-" : sprintf("%.3f", c1), a1 == "nan" ? "-" : sprintf("%.3f", a1)
       if (r1 != "nan") { if (s == "1M") vsmall = r1; else if (vmin == "nan" || r1 < vmin) vmin = r1 }
       if (r2 != "nan" && (tmax == "nan" || r2 > tmax)) tmax = r2
       if (e1 != "nan" && (emin == "nan" || e1 < emin)) emin = e1

@@ -8,7 +8,9 @@ the rank and world size come from Open MPI's environment.
       --vocab 4096 --ffn 688 --batch 8 --seq 128 --steps 6 [--port 29517]
 
 (torch 1.13's FSDP does not import under Debian's Python 3.11, see the shared environment
-notes, so DDP is the peer.) Step time is the slowest rank's, each step starting after a barrier;
+notes, so DDP is the peer.) This is bench/fsdp.sh's fallback for Debian's torch 1.13: with the
+PyTorch 2.x peer of tools/peer-env.sh, fsdp.sh and bench/peer.sh run bench/peer_train.py (DDP and
+FSDP2) instead. Step time is the slowest rank's, each step starting after a barrier;
 step 0 is a warmup. Rank 0 prints per-step times and a last line
   result parallel=torch_ddp np=<n> params=<count> step_ms=<best> median_ms=<median> tokens_per_s=<x>
 with tokens_per_s = global tokens per step (batch x seq x np) / best step time.

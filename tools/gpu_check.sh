@@ -68,7 +68,7 @@ step() {
   return 0
 }
 
-note "== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) backend $BACKEND, commit $(cat gpu-build/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+note "== gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) backend $BACKEND"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 note "os: $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"), $(getconf GNU_LIBC_VERSION), $(nproc) cores"
 
@@ -77,6 +77,7 @@ if [ ! -d gpu-build ] && [ -f .gpu-build.tar.xz ]; then
   tar -xJf .gpu-build.tar.xz 2>/dev/null || python3 -c "import tarfile; tarfile.open('.gpu-build.tar.xz').extractall('.')"
 fi
 [ -d gpu-build ] || { note "FAIL  no gpu-build/ (run tools/gpu_pack.sh here and carry .gpu-build.tar.xz)"; exit 1; }
+note "programs: built from commit $(cut -c1-12 gpu-build/COMMIT 2>/dev/null || echo unknown)"
 if [ "$BACKEND" = cuda ]; then
   # shellcheck source=tools/gpu_env.sh
   source tools/gpu_env.sh 2>&1 | tee -a "$SUMMARY" || true
@@ -145,7 +146,7 @@ gemm=na tvt1=na tvt2=na mfu=na
 if [ "$BACKEND" = cuda ]; then
   if [ -x "$G/bench/bench_gpu" ]; then
     step bench_gpu 120 "$G/bench/bench_gpu"
-    gemm=$(sed -n 's/.*gemm_vs_cublaslt=\([0-9.]*\).*/\1/p' "$OUT/bench_gpu.log" | tail -n 1)
+    gemm=$(sed -n 's/.*gemm_vs_cublaslt=\([0-9.]*\).*/\1/p' "$OUT/bench_gpu.log" 2>/dev/null | tail -n 1)
   fi
   # name dim layers heads batch seq steps
   train_pair() {
@@ -157,6 +158,10 @@ if [ "$BACKEND" = cuda ]; then
       --heads "$heads" --vocab 256 --batch "$batch" --seq "$seq" --steps "$steps"
   }
   train_pair 125M 896 13 14 8 1024 12
+  # attention's flash path (CUDA cores) against the default GEMM path (tensor cores), same model
+  step train_ours_125M_flash 150 env DTENSOR_SDPA_PATH=flash "${MPI[@]}" -np 1 "$G/examples/train" \
+    --device cuda --parallel fsdp --param-dtype bf16 --dim 896 --layers 13 --heads 14 --batch 8 \
+    --seq 1024 --steps 8 --vocab 256 --order 1 --warmup 2 --metrics "$OUT/ours_125M_flash.jsonl"
   train_pair 1B 2048 20 16 4 1024 8
   ours_tps() { # median tokens/s of steps 3.. of our metrics
     [ -f "$1" ] && sed -n 's/.*"tokens_per_s":\([0-9.]*\).*/\1/p' "$1" | tail -n +4 | sort -g |
@@ -165,10 +170,12 @@ if [ "$BACKEND" = cuda ]; then
   ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.3f", a / b; else print "na" }'; }
   for name in 125M 1B; do
     o=$(ours_tps "$OUT/ours_$name.jsonl")
-    t=$(sed -n 's/.*torch_tokens_per_s=\([0-9.]*\).*/\1/p' "$OUT/train_torch_$name.log" | tail -n 1)
+    t=$(sed -n 's/.*torch_tokens_per_s=\([0-9.]*\).*/\1/p' "$OUT/train_torch_$name.log" 2>/dev/null | tail -n 1)
     note "train $name: ours ${o:-na} tokens/s, torch ${t:-na} tokens/s"
     if [ "$name" = 125M ]; then tvt1=$(ratio "$o" "$t"); else tvt2=$(ratio "$o" "$t"); fi
   done
+  [ -f "$OUT/ours_125M_flash.jsonl" ] &&
+    note "train 125M, attention's flash path: ours $(ours_tps "$OUT/ours_125M_flash.jsonl") tokens/s"
   mfu=$(sed -n 's/.*"mfu":\([0-9.e-]*\).*/\1/p' "$OUT/ours_1B.jsonl" 2>/dev/null | tail -n +4 | sort -g |
         awk '{a[NR]=$1} END {if (NR) printf "%.3f", a[int((NR+1)/2)]; else print "na"}')
 fi
