@@ -90,6 +90,17 @@ DT_API dt_status_t dt_placement_decode(int64_t code, dt_placement_t* out);
  * 13 over 4 -> 4,4,4,1; 5 over 4 -> 2,2,1,0. */
 DT_API dt_status_t dt_chunk(int64_t size, int nparts, int index, int64_t* offset, int64_t* len);
 
+/* The box, offset[d] and len[d] per tensor dim, that mesh coordinate coords[0..mesh_ndim) holds
+ * of a tensor of shape[0..ndim) placed by placements[0..mesh_ndim) on a mesh of mesh_shape: the
+ * chunk rule above per sharded mesh dim, applied in mesh-dim order (so two mesh dims sharding one
+ * tensor dim nest: the second splits the first's chunk); Replicate and Partial leave a dim whole.
+ * Any rank's shard, computed anywhere and without a mesh (a checkpoint's writer and reader
+ * intersect such boxes). A shard may be empty (some len 0). DT_ERR_INVALID_ARG naming the bad
+ * shape, placement, mesh shape or coordinate. */
+DT_API dt_status_t dt_placements_box(int ndim, const int64_t* shape, int mesh_ndim,
+                                     const int* mesh_shape, const dt_placement_t* placements,
+                                     const int* coords, int64_t* offset, int64_t* len);
+
 /* dtypes */
 DT_API dt_status_t dt_dtype_itemsize(dt_dtype_t dtype, size_t* nbytes);
 DT_API const char* dt_dtype_name(dt_dtype_t dtype); /* "f32"...; "invalid" when out of range */

@@ -179,3 +179,38 @@ void dt__split_copy(int ndim, size_t item, const int64_t* shape, int dim, int n,
     }
   }
 }
+
+/* dt_placements_box: the public face of dt__layout_box, every argument checked (it computes any
+ * rank's shard anywhere: checkpoint writers and readers, box intersections). */
+static dt_status_t dt__placements_box(int ndim, const int64_t* shape, int mesh_ndim,
+                                      const int* mesh_shape, const dt_placement_t* placements,
+                                      const int* coords, int64_t* offset, int64_t* len) {
+  if (mesh_ndim < 1 || mesh_ndim > DT_MAX_MESH_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh_ndim=%d (valid: 1 to %d)", mesh_ndim,
+                   DT_MAX_MESH_DIMS);
+  DT_ARG_NOT_NULL(mesh_shape);
+  DT_ARG_NOT_NULL(coords);
+  if (ndim > 0) {
+    DT_ARG_NOT_NULL(offset);
+    DT_ARG_NOT_NULL(len);
+  }
+  for (int i = 0; i < mesh_ndim; i++) {
+    if (mesh_shape[i] < 1)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "mesh_shape[%d]=%d (valid: 1 or more)", i,
+                     mesh_shape[i]);
+    if (coords[i] < 0 || coords[i] >= mesh_shape[i])
+      return DT_FAIL(DT_ERR_INVALID_ARG, "coords[%d]=%d (valid: 0 to %d, mesh_shape[%d]=%d)", i,
+                     coords[i], mesh_shape[i] - 1, i, mesh_shape[i]);
+  }
+  dt_layout_t l;
+  DT_CHECK(dt__layout_init(&l, mesh_ndim, mesh_shape, ndim, shape, placements));
+  dt__layout_box(&l, coords, offset, len);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_placements_box(int ndim, const int64_t* shape, int mesh_ndim,
+                              const int* mesh_shape, const dt_placement_t* placements,
+                              const int* coords, int64_t* offset, int64_t* len) {
+  DT_ENTRY_RETURN(dt__placements_box(ndim, shape, mesh_ndim, mesh_shape, placements, coords,
+                                     offset, len));
+}

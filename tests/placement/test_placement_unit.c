@@ -176,6 +176,61 @@ static void test_normalize(void** state) {
   assert_false(dt_placement_equal(dt_replicate(), dt_partial(DT_REDUCE_SUM)));
 }
 
+/* dt_placements_box: the nested chunk rule (written out by hand for one case), a partition of
+ * the tensor by the boxes of every coordinate for every Shard-only layout of a 2x3 mesh, whole
+ * dims for Replicate and Partial, and errors naming the argument. */
+static void test_placements_box(void** state) {
+  (void)state;
+  const int mesh[2] = {2, 3};
+  /* S(0),S(0) on 13 rows: 7 | 6 over the first mesh dim, then 3,3,1 | 2,2,2 */
+  const int64_t rows = 13, want_off[6] = {0, 3, 6, 7, 9, 11}, want_len[6] = {3, 3, 1, 2, 2, 2};
+  dt_placement_t nest[2] = {dt_shard(0), dt_shard(0)};
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 3; b++) {
+      int c[2] = {a, b};
+      int64_t off, len;
+      assert_int_equal(dt_placements_box(1, &rows, 2, mesh, nest, c, &off, &len), DT_SUCCESS);
+      assert_int_equal(off, want_off[a * 3 + b]);
+      assert_int_equal(len, want_len[a * 3 + b]);
+    }
+  /* every Shard-only layout of a (5, 4) or (2, 1) tensor: each element in exactly one box */
+  const int64_t shapes[2][2] = {{5, 4}, {2, 1}};
+  for (int si = 0; si < 2; si++)
+    for (int p0 = -1; p0 < 2; p0++)
+      for (int p1 = -1; p1 < 2; p1++) {
+        dt_placement_t pl[2] = {p0 < 0 ? dt_replicate() : dt_shard(p0),
+                                p1 < 0 ? dt_partial(DT_REDUCE_SUM) : dt_shard(p1)};
+        int count[5][4] = {{0}};
+        for (int a = 0; a < 2; a++)
+          for (int b = 0; b < 3; b++) {
+            int c[2] = {a, b};
+            int64_t off[2], len[2];
+            assert_int_equal(dt_placements_box(2, shapes[si], 2, mesh, pl, c, off, len),
+                             DT_SUCCESS);
+            for (int64_t i = off[0]; i < off[0] + len[0]; i++)
+              for (int64_t j = off[1]; j < off[1] + len[1]; j++) count[i][j]++;
+          }
+        /* replicas: the mesh dims that do not shard, times */
+        int copies = (p0 < 0 ? 2 : 1) * (p1 < 0 ? 3 : 1);
+        for (int64_t i = 0; i < shapes[si][0]; i++)
+          for (int64_t j = 0; j < shapes[si][1]; j++) assert_int_equal(count[i][j], copies);
+      }
+  /* errors */
+  int c[2] = {1, 3};
+  int64_t off, len;
+  assert_int_equal(dt_placements_box(1, &rows, 2, mesh, nest, c, &off, &len), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "dt_placements_box: coords[1]=3"));
+  c[1] = 0;
+  dt_placement_t bad[2] = {dt_shard(1), dt_replicate()};
+  assert_int_equal(dt_placements_box(1, &rows, 2, mesh, bad, c, &off, &len), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "dt_placements_box: "));
+  assert_non_null(strstr(dt_last_error(), "Shard dim 1"));
+  assert_int_equal(dt_placements_box(1, &rows, 0, mesh, nest, c, &off, &len), DT_ERR_INVALID_ARG);
+  const int zero[2] = {2, 0};
+  assert_int_equal(dt_placements_box(1, &rows, 2, zero, nest, c, &off, &len), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "mesh_shape[1]=0"));
+}
+
 static void test_dtypes_and_status(void** state) {
   (void)state;
   const char* names[] = {"f32", "bf16", "f16", "i32", "i64"};
@@ -214,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_chunk_rule),   cmocka_unit_test(test_parse_valid),
       cmocka_unit_test(test_parse_malformed), cmocka_unit_test(test_parse_lists),
       cmocka_unit_test(test_normalize),    cmocka_unit_test(test_dtypes_and_status),
+      cmocka_unit_test(test_placements_box),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
