@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev libopenblas-dev
-      libcmocka-dev libcjson-dev clang libclang-rt-14-dev gnuplot-nox)
+      libcmocka-dev libcjson-dev libxxhash-dev clang libclang-rt-14-dev gnuplot-nox)
 
 install_deps() {
   local missing=()

@@ -20,5 +20,6 @@
 #include "dtensor/module.h"
 #include "dtensor/nn.h"
 #include "dtensor/parallel.h"
+#include "dtensor/checkpoint.h"
 
 #endif /* DTENSOR_DTENSOR_H */

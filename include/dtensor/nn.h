@@ -260,6 +260,10 @@ DT_API dt_status_t dt_adamw_step(dt_adamw_t opt, double lr);
  * dt_tensor_gather_full and restores them with dt_tensor_redistribute_into. */
 DT_API dt_status_t dt_adamw_state(dt_adamw_t opt, int i, dt_tensor_t* exp_avg,
                                   dt_tensor_t* exp_avg_sq, dt_tensor_t* step);
+/* The optimizer's parameter count in *n and (param not NULL) parameter i, borrowed (either
+ * output may be NULL; i is checked only when param is given): a checkpoint names parameter i's
+ * state after the parameter. */
+DT_API dt_status_t dt_adamw_param(dt_adamw_t opt, int i, dt_var_t* param, int* n);
 DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);
 
 /* Total L2 norm of the gradients over every placement (a replicated gradient counted once), with

@@ -43,7 +43,8 @@ extern "C" {
   X(DT_ERR_TIMEOUT, 10, "timeout")                                                \
   X(DT_ERR_INTERNAL, 11, "internal error (library bug)")                          \
   X(DT_ERR_IO, 12, "file input/output error")                                     \
-  X(DT_ERR_NOT_INITIALIZED, 13, "library not initialized (call dt_init first)")
+  X(DT_ERR_NOT_INITIALIZED, 13, "library not initialized (call dt_init first)")     \
+  X(DT_ERR_CORRUPT, 14, "corrupt or inconsistent data (checksum, format)")
 
 typedef enum dt_status {
 #define DT__STATUS_ENUM(name, value, text) name = value,

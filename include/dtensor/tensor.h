@@ -105,6 +105,14 @@ DT_API dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape);
 /* Global index of the local shard's first element along each dim. */
 DT_API dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset);
 DT_API dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel);
+/* Local. Marks a tensor whose local values differ from rank to rank although its placements
+ * say otherwise (a per-rank buffer wrapped as Replicate, e.g. expert weights a program keeps
+ * itself): 1 marks, 0 clears. Nothing computes differently; dt_checkpoint_save refuses such a
+ * tensor added with dt_checkpoint_add_tensor (it would keep one rank's copy) and takes it through
+ * dt_checkpoint_add_tensor_as, which says what its local values are a shard of. New tensors are
+ * not rank-local; results of ops on rank-local tensors are not marked. */
+DT_API dt_status_t dt_tensor_set_rank_local(dt_tensor_t t, int rank_local);
+DT_API dt_status_t dt_tensor_is_rank_local(dt_tensor_t t, int* rank_local);
 /* The local shard: pointer (may be NULL when empty) and, if local_shape != NULL, its extent. The
  * pointer lives in the memory of the tensor's backend (dt_tensor_to_local_backend says which):
  * host memory for the cpu and guarded backends, device memory for cuda (the backend is

@@ -180,6 +180,22 @@ dt_status_t dt_adamw_state(dt_adamw_t o, int i, dt_tensor_t* exp_avg, dt_tensor_
   DT_ENTRY_RETURN(dt__adamw_state(o, i, exp_avg, exp_avg_sq, step));
 }
 
+static dt_status_t dt__adamw_param(dt_adamw_t o, int i, dt_var_t* param, int* n) {
+  if (param) *param = NULL;
+  if (n) *n = 0;
+  DT_CHECK(dt__adamw_check(o));
+  if (n) *n = o->n;
+  if (param == NULL) return DT_SUCCESS;
+  if (i < 0 || i >= o->n)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "i=%d (valid: 0 to %d)", i, o->n - 1);
+  *param = o->params[i];
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_adamw_param(dt_adamw_t o, int i, dt_var_t* param, int* n) {
+  DT_ENTRY_RETURN(dt__adamw_param(o, i, param, n));
+}
+
 static dt_status_t dt__adamw_destroy(dt_adamw_t o) {
   if (o == NULL) return DT_SUCCESS;
   DT_CHECK(dt_handle_unregister(o, &dt__adamw_kind, "optimizer"));

@@ -638,6 +638,30 @@ dt_status_t dt_tensor_local_numel(dt_tensor_t t, int64_t* numel) {
   DT_ENTRY_RETURN(dt__tensor_local_numel_impl(t, numel));
 }
 
+static dt_status_t dt__tensor_set_rank_local_impl(dt_tensor_t t, int rank_local) {
+  DT_CHECK(dt__tensor_check(t, "tensor"));
+  if (rank_local != 0 && rank_local != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rank_local=%d (valid: 0 or 1)", rank_local);
+  t->rank_local = rank_local;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_set_rank_local(dt_tensor_t t, int rank_local) {
+  DT_ENTRY_RETURN(dt__tensor_set_rank_local_impl(t, rank_local));
+}
+
+static dt_status_t dt__tensor_is_rank_local_impl(dt_tensor_t t, int* rank_local) {
+  DT_ARG_NOT_NULL(rank_local);
+  *rank_local = 0;
+  DT_CHECK(dt__tensor_check(t, "tensor"));
+  *rank_local = t->rank_local;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_is_rank_local(dt_tensor_t t, int* rank_local) {
+  DT_ENTRY_RETURN(dt__tensor_is_rank_local_impl(t, rank_local));
+}
+
 dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape) {
   DT_ENTRY_RETURN(dt_tensor_to_local_backend(t, data, local_shape, NULL));
 }

@@ -28,6 +28,7 @@ struct dt_tensor {
   void* data;            /* storage->ptr + offset (NULL for a meta tensor) */
   int meta;
   int held; /* owned by a variable (autograd): dt_tensor_destroy refuses it */
+  int rank_local; /* dt_tensor_set_rank_local: values differ per rank despite Replicate */
 };
 
 /* DT_SUCCESS for a live tensor handle, else DT_ERR_INVALID_ARG for NULL and DT_ERR_INVALID_USAGE

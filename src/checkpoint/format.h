@@ -1,0 +1,166 @@
+/* format.h - the checkpoint format shared by save, load and the tools: index.json and the
+ * safetensors headers (writers and validating parsers), checksums, box runs and file helpers.
+ * Public API only below it (like src/parallel), plus cJSON and xxhash. */
+#ifndef DT_CHECKPOINT_FORMAT_H
+#define DT_CHECKPOINT_FORMAT_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "dtensor/checkpoint.h"
+#include "dtensor/check.h"
+#include "dtensor/dtensor.h"
+
+#define DT__CK_FORMAT "dtensor-checkpoint"
+#define DT__CK_VERSION 1
+#define DT__CK_INDEX "index.json"
+#define DT__CK_LATEST "latest"
+#define DT__CK_HEADER_MAX ((uint64_t)100 << 20) /* safetensors' own limit on a header */
+#define DT__CK_INDEX_MAX ((int64_t)1 << 30)
+#define DT__CK_BLOCK_DEFAULT ((int64_t)1 << 20)
+#define DT__CK_BLOCK_MIN ((int64_t)4 << 10)
+#define DT__CK_BLOCK_MAX ((int64_t)64 << 20)
+#define DT__CK_FILE_MAX 64 /* a data file's name, NUL included */
+#define DT__CK_PATH_MAX 4096
+
+/* One saved box of one tensor. */
+typedef struct {
+  int file;  /* index into dt__ck_index_t.files */
+  char* key; /* its name in the file's safetensors header */
+  int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
+  int64_t data_offset; /* absolute byte offset in the file */
+  int64_t nbytes;
+  uint64_t xxh64;   /* of the box's bytes */
+  int64_t n_blocks; /* ceil(nbytes / block_nbytes) */
+  uint64_t* blocks; /* xxh64 of each block */
+} dt__ck_box_t;
+
+typedef struct {
+  char* name;
+  char kind[16]; /* "param", "optim" or "tensor" */
+  int n_alias;
+  char** alias;
+  dt_dtype_t dtype;
+  int ndim;
+  int64_t shape[DT_MAX_DIMS];
+  int mesh_ndim;
+  int mesh_shape[DT_MAX_MESH_DIMS];
+  char mesh_names[DT_MAX_MESH_DIMS][32];
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
+  int n_boxes;
+  dt__ck_box_t* boxes;
+} dt__ck_tensor_t;
+
+typedef struct {
+  char name[DT__CK_FILE_MAX];
+  int64_t nbytes;
+} dt__ck_file_t;
+
+typedef struct {
+  char library[32];
+  int64_t step;
+  int world_size;
+  int64_t block_nbytes;
+  int n_files;
+  dt__ck_file_t* files;
+  int n_tensors;
+  dt__ck_tensor_t* tensors;
+  cJSON* values; /* owned object: key -> {"i64": "decimal"} | {"f64": number} */
+} dt__ck_index_t;
+
+/* index.json */
+char* dt__ck_index_to_json(const dt__ck_index_t* ix); /* NULL when out of memory */
+/* Parses and validates everything (types, ranges, names, boxes within shapes, boxes tiling each
+ * tensor exactly once, byte ranges within their files); `what` names the text in messages.
+ * DT_ERR_CORRUPT for anything malformed. On failure *out is left empty. */
+dt_status_t dt__ck_index_parse(const char* text, size_t len, const char* what,
+                               dt__ck_index_t* out);
+/* Reads and parses ckdir/index.json. */
+dt_status_t dt__ck_index_read(const char* ckdir, dt__ck_index_t* out);
+void dt__ck_index_free(dt__ck_index_t* ix);
+/* The tensor named `name` or having it as an alias; -1 when none. */
+int dt__ck_index_find(const dt__ck_index_t* ix, const char* name);
+
+/* safetensors */
+const char* dt__ck_st_dtype(dt_dtype_t dt); /* "F32", "BF16", "F16", "I32", "I64" */
+int dt__ck_st_dtype_parse(const char* s, dt_dtype_t* out); /* 0 when unknown */
+typedef struct {
+  char* key;
+  char dtype_name[16]; /* as written, for messages about dtypes the library lacks */
+  dt_dtype_t dtype;    /* DT_DTYPE_COUNT when unknown */
+  int ndim;
+  int64_t shape[DT_MAX_DIMS];
+  int64_t begin, end; /* data_offsets, relative to the data */
+} dt__ck_st_entry_t;
+/* A header (JSON text) for n entries packed in order, padded with spaces to a multiple of 8;
+ * *len its length. NULL when out of memory. */
+char* dt__ck_st_header(int n, const char* const* keys, const dt_dtype_t* dtypes, const int* ndims,
+                       const int64_t* const* shapes, const int64_t* nbytes, size_t* len);
+/* Parses a header of `len` bytes for a file whose data part has data_nbytes bytes: every entry's
+ * dtype known or named, shape times itemsize equal to its byte range, ranges within the data and
+ * packed without holes or overlaps (the safetensors rules). DT_ERR_CORRUPT naming `what`. */
+dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, const char* what,
+                            dt__ck_st_entry_t** out, int* n);
+void dt__ck_st_free(dt__ck_st_entry_t* e, int n);
+/* Reads the 8-byte length and the header of an open file of file_nbytes bytes (the length
+ * checked against DT__CK_HEADER_MAX and the file). *hdr is malloc'd (NUL-terminated). */
+dt_status_t dt__ck_st_read_header(int fd, int64_t file_nbytes, const char* what, char** hdr,
+                                  uint64_t* hdr_len);
+
+/* checksums */
+uint64_t dt__ck_hash(const void* p, size_t n);
+void dt__ck_hash_format(uint64_t h, char out[17]);
+
+/* The runs of the intersection of a saved box (src) with a destination box (dst), both in
+ * global coordinates and row-major: fn(src_byte, dst_byte, nbytes) per contiguous run (byte
+ * offsets into each box's data), in increasing src order. Returns the bytes covered (0: no
+ * intersection); a nonzero fn result stops and is returned negated. */
+typedef int (*dt__ck_run_fn)(int64_t src_byte, int64_t dst_byte, int64_t nbytes, void* ctx);
+int64_t dt__ck_runs(int ndim, const int64_t* src_off, const int64_t* src_len,
+                    const int64_t* dst_off, const int64_t* dst_len, int64_t itemsize,
+                    dt__ck_run_fn fn, void* ctx);
+
+/* Reading saved boxes: a file opened once per load (fd -1 before), its size and safetensors
+ * header checked against the index; path[cap] gets its path. */
+typedef struct {
+  int fd;
+  int checked;
+} dt__ck_fd_t;
+dt_status_t dt__ck_file_open(const char* ckdir, const dt__ck_index_t* ix, int f, dt__ck_fd_t* fds,
+                             char* path, size_t cap);
+/* A dt__ck_runs callback: copies a run of a saved box into dst, reading through blockbuf the
+ * checksum blocks that hold it and checking each (DT_ERR_CORRUPT naming file and tensor). */
+typedef struct {
+  const dt__ck_index_t* ix;
+  const dt__ck_tensor_t* t;
+  const dt__ck_box_t* box;
+  int box_index;
+  const char* path; /* the file's */
+  int fd;
+  unsigned char* dst;
+  unsigned char* blockbuf; /* block_nbytes */
+  int64_t loaded;          /* block index held in blockbuf, -1 none */
+  dt_status_t st;
+} dt__ck_reader_t;
+int dt__ck_read_run(int64_t src, int64_t dst, int64_t n, void* ctx);
+
+/* files */
+dt_status_t dt__ck_write_all(int fd, const void* p, size_t n, const char* path);
+dt_status_t dt__ck_pread_all(int fd, void* p, size_t n, int64_t off, const char* path);
+dt_status_t dt__ck_fsync_path(const char* path); /* a file or a directory */
+dt_status_t dt__ck_mkdir_p(const char* path);
+dt_status_t dt__ck_rm_rf(const char* path);
+/* dir/name written through dir/name.tmp: write, fsync, rename, fsync dir. */
+dt_status_t dt__ck_write_atomic(const char* dir, const char* name, const void* p, size_t n);
+/* Reads a whole small file (at most max bytes) into a malloc'd NUL-terminated buffer. */
+dt_status_t dt__ck_read_file(const char* path, int64_t max, char** out, size_t* len);
+/* A checkpoint directory from `path`: path itself when it holds index.json, else path/<latest>. */
+dt_status_t dt__ck_resolve(const char* path, char* ckdir, size_t cap);
+/* A name usable as a checkpoint or tensor name (printable, no '"', '\\', ':' or '/' for a
+ * checkpoint); 0 when not. */
+int dt__ck_name_ok(const char* s, int is_dir);
+double dt__ck_now(void);
+
+#endif /* DT_CHECKPOINT_FORMAT_H */

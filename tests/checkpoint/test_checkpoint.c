@@ -1,0 +1,542 @@
+/* test_checkpoint.c - distributed checkpoints within one job (np 1, 2, 4, 8):
+ *
+ *  - resharding: tensors of several dtypes and ranks (uneven dims, dims smaller than the mesh so
+ *    some shards are empty, 0-d, zero-size) saved from one mesh and placements and loaded onto
+ *    every other layout of a list (1-D and 2-D meshes, Shard on any dim, two mesh dims sharding
+ *    one tensor dim, Replicate, Partial sum/avg/max), each one checked bit for bit against the
+ *    dense values (dt_tensor_gather_full); sync and async saves;
+ *  - the plan: each box written once (the index's boxes tile each tensor; the file bytes equal
+ *    the tensor bytes plus headers), a replicated tensor's writers spread over the ranks;
+ *  - rank-local tensors refused by add_tensor, saved through add_tensor_as;
+ *  - named values round trip; keep_last prunes; `latest` follows; a save over an existing name is
+ *    refused on every rank; a leftover NAME.tmp is ignored by load and removed by the next save;
+ *  - bad input: a flipped byte, a truncated file, a malformed or oversized header, a missing
+ *    tensor, a wrong dtype or shape, an index from another model: the same status and message
+ *    on every rank (naming the file and the tensor), and the tensors unchanged.
+ * The directory is argv[1] (default /tmp/dt_ckpt_test_<pid of rank 0>).
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dt_test.h"
+#include "dtensor/checkpoint.h"
+
+static int g_world, g_rank;
+static char g_dir[512];
+
+typedef struct {
+  const char* name;
+  dt_dtype_t dtype;
+  int ndim;
+  int64_t shape[3];
+} spec_t;
+
+static const spec_t g_specs[] = {
+    {"w.even", DT_F32, 2, {8, 12}},   {"w.uneven", DT_F32, 2, {13, 5}},
+    {"b.small", DT_BF16, 1, {3}},     {"e.ids", DT_I64, 2, {7, 3}},
+    {"h.half", DT_F16, 3, {5, 2, 6}}, {"s.scalar", DT_F32, 0, {0}},
+    {"z.empty", DT_F32, 2, {0, 4}},   {"c.i32", DT_I32, 1, {9}},
+};
+#define NSPEC ((int)(sizeof g_specs / sizeof g_specs[0]))
+
+static int64_t numel_of(const spec_t* s) {
+  int64_t n = 1;
+  for (int d = 0; d < s->ndim; d++) n *= s->shape[d];
+  return n;
+}
+
+/* Dense value of element i of tensor k at version v, exactly representable in every dtype. */
+static double value_at(int k, int64_t i, int v) {
+  return (double)(((i * 7 + k * 13 + v * 5) % 61) - 30) / 4.0;
+}
+
+static void fill_dense(const spec_t* s, int k, int v, void* buf) {
+  int64_t n = numel_of(s);
+  for (int64_t i = 0; i < n; i++) {
+    double x = value_at(k, i, v);
+    switch (s->dtype) {
+      case DT_F32: ((float*)buf)[i] = (float)x; break;
+      case DT_I32: ((int32_t*)buf)[i] = (int32_t)(x * 4); break;
+      case DT_I64: ((int64_t*)buf)[i] = (int64_t)(x * 4) * 1000000007LL; break;
+      case DT_BF16: {
+        float f = (float)x;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        ((uint16_t*)buf)[i] = (uint16_t)(u >> 16); /* exact: x has few mantissa bits */
+        break;
+      }
+      case DT_F16: { /* x = m / 4 with |m| <= 30: build the half by hand */
+        float f = (float)x;
+        uint16_t h = 0;
+        if (f != 0) {
+          uint32_t u;
+          memcpy(&u, &f, 4);
+          uint32_t sign = u >> 31, exp = (u >> 23) & 0xff, man = u & 0x7fffff;
+          h = (uint16_t)(sign << 15 | (exp - 127 + 15) << 10 | man >> 13);
+        }
+        ((uint16_t*)buf)[i] = h;
+        break;
+      }
+      default: break;
+    }
+  }
+}
+
+typedef struct {
+  const char* mesh; /* "4", "2x2" */
+  const char* pl;   /* per spec k: placements text with {d} meaning shard dim k-specific */
+} layout_t;
+
+static dt_mesh_t make_mesh(const char* text) {
+  int shape[4], nd = 0;
+  if (strcmp(text, "world") == 0) {
+    shape[0] = g_world;
+    nd = 1;
+  } else if (strcmp(text, "2x") == 0) {
+    shape[0] = 2;
+    shape[1] = g_world / 2;
+    nd = 2;
+  } else if (strcmp(text, "x2") == 0) {
+    shape[0] = g_world / 2;
+    shape[1] = 2;
+    nd = 2;
+  }
+  dt_mesh_t m;
+  DT_ASSERT_OK(dt_mesh_create(nd, shape, NULL, NULL, &m));
+  return m;
+}
+
+/* Placements of layout `lay` for a tensor of ndim dims (shard dims clamped to the rank). */
+static void layout_pl(int lay, int ndim, int mesh_nd, dt_placement_t* pl) {
+  for (int d = 0; d < mesh_nd; d++) {
+    memset(&pl[d], 0, sizeof pl[d]);
+    pl[d].kind = DT_REPLICATE;
+  }
+  int last = ndim - 1;
+  switch (lay) {
+    case 0: break; /* all Replicate */
+    case 1: if (ndim > 0) { pl[0].kind = DT_SHARD; pl[0].dim = 0; } break;
+    case 2: if (ndim > 0) { pl[0].kind = DT_SHARD; pl[0].dim = last; } break;
+    case 3: /* 2-D: S(0), S(last) */
+      if (ndim > 0) { pl[0].kind = DT_SHARD; pl[0].dim = 0; }
+      if (ndim > 0 && mesh_nd > 1) { pl[1].kind = DT_SHARD; pl[1].dim = last; }
+      break;
+    case 4: /* 2-D: S(0), S(0): nested */
+      if (ndim > 0) { pl[0].kind = DT_SHARD; pl[0].dim = 0; }
+      if (ndim > 0 && mesh_nd > 1) { pl[1].kind = DT_SHARD; pl[1].dim = 0; }
+      break;
+    case 5: /* Partial(sum) on the first mesh dim, Shard(0) on the second */
+      pl[0].kind = DT_PARTIAL;
+      pl[0].op = DT_REDUCE_SUM;
+      if (ndim > 0 && mesh_nd > 1) { pl[1].kind = DT_SHARD; pl[1].dim = 0; }
+      break;
+    case 6: /* HSDP-like: Replicate, Shard(0) */
+      if (ndim > 0 && mesh_nd > 1) { pl[1].kind = DT_SHARD; pl[1].dim = 0; }
+      break;
+  }
+}
+
+static const struct { const char* mesh; int lay; } g_layouts[] = {
+    {"world", 0}, {"world", 1}, {"world", 2}, {"2x", 3}, {"2x", 4},
+    {"x2", 5},    {"2x", 6},    {"x2", 3},    {"world", 5},
+};
+#define NLAY ((int)(sizeof g_layouts / sizeof g_layouts[0]))
+
+static int layout_ok(int li) {
+  return strcmp(g_layouts[li].mesh, "world") == 0 || (g_world % 2 == 0 && g_world >= 2);
+}
+
+typedef struct {
+  dt_mesh_t mesh;
+  dt_tensor_t t[NSPEC];
+} set_t;
+
+/* Tensors of layout li holding version v (Partial ones: the value as from Replicate). */
+static set_t make_set(int li, int v) {
+  set_t s;
+  s.mesh = make_mesh(g_layouts[li].mesh);
+  int mnd = 0;
+  DT_ASSERT_OK(dt_mesh_ndim(s.mesh, &mnd));
+  for (int k = 0; k < NSPEC; k++) {
+    const spec_t* sp = &g_specs[k];
+    dt_placement_t pl[4], rep[4];
+    layout_pl(g_layouts[li].lay, sp->ndim, mnd, pl);
+    layout_pl(0, sp->ndim, mnd, rep);
+    size_t isz = 0;
+    DT_ASSERT_OK(dt_dtype_itemsize(sp->dtype, &isz));
+    void* full = calloc((size_t)numel_of(sp) + 1, isz);
+    fill_dense(sp, k, v, full);
+    int partial = 0;
+    for (int d = 0; d < mnd; d++) partial |= pl[d].kind == DT_PARTIAL;
+    if (partial && sp->dtype != DT_I32 && sp->dtype != DT_I64 && sp->dtype != DT_F32) {
+      pl[0].kind = DT_REPLICATE; /* R -> P(sum) divides half floats inexactly: keep them R */
+      pl[0].op = 0;
+    }
+    if (partial) {
+      dt_tensor_t r;
+      DT_ASSERT_OK(dt_tensor_from_full(s.mesh, sp->dtype, sp->ndim, sp->shape, rep, full, &r));
+      DT_ASSERT_OK(dt_tensor_redistribute(r, pl, &s.t[k]));
+      DT_ASSERT_OK(dt_tensor_destroy(r));
+    } else {
+      DT_ASSERT_OK(dt_tensor_from_full(s.mesh, sp->dtype, sp->ndim, sp->shape, pl, full, &s.t[k]));
+    }
+    free(full);
+  }
+  return s;
+}
+
+static void free_set(set_t* s) {
+  for (int k = 0; k < NSPEC; k++) DT_ASSERT_OK(dt_tensor_destroy(s->t[k]));
+  DT_ASSERT_OK(dt_mesh_destroy(s->mesh));
+}
+
+static dt_checkpoint_t list_of(set_t* s) {
+  dt_checkpoint_t ck;
+  DT_ASSERT_OK(dt_checkpoint_create(&ck));
+  for (int k = 0; k < NSPEC; k++) DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, g_specs[k].name, s->t[k]));
+  return ck;
+}
+
+/* Every tensor of s equals version v, bit for bit (Partial(sum) of floats: within rounding of
+ * the R -> P split, which divides by the mesh-dim size: the values are multiples of 1/4 and the
+ * sizes powers of two, so it is exact too). */
+static void check_set(set_t* s, int v, const char* what) {
+  for (int k = 0; k < NSPEC; k++) {
+    const spec_t* sp = &g_specs[k];
+    size_t isz = 0;
+    DT_ASSERT_OK(dt_dtype_itemsize(sp->dtype, &isz));
+    size_t nb = (size_t)numel_of(sp) * isz;
+    unsigned char* got = calloc(nb + 1, 1);
+    unsigned char* want = calloc(nb + 1, 1);
+    fill_dense(sp, k, v, want);
+    DT_ASSERT_OK(dt_tensor_gather_full(s->t[k], got, nb + 1));
+    DT_ASSERT_TRUE(memcmp(got, want, nb) == 0, "%s: tensor %s differs from version %d", what,
+                   sp->name, v);
+    free(got);
+    free(want);
+  }
+}
+
+static void run_cmd(const char* fmt, const char* a) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, fmt, a, a, a); /* every %s is `a` */
+  DT_ASSERT_EQ(system(cmd), 0);
+}
+
+static int exists(const char* p) {
+  struct stat sb;
+  return stat(p, &sb) == 0;
+}
+
+static void barrier(void) { MPI_Barrier(MPI_COMM_WORLD); }
+
+/* Every layout saved, and loaded into every layout. */
+static void test_reshard(void) {
+  int n = 0;
+  for (int a = 0; a < NLAY; a++) {
+    if (!layout_ok(a)) continue;
+    set_t src = make_set(a, 1);
+    dt_checkpoint_t ck = list_of(&src);
+    char name[64];
+    snprintf(name, sizeof name, "from_%d", a);
+    dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
+    o.step = a;
+    o.async = a % 2;
+    o.block_nbytes = 4096;
+    DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, name, &o));
+    DT_ASSERT_OK(dt_checkpoint_wait(ck));
+    dt_checkpoint_stats_t st;
+    DT_ASSERT_OK(dt_checkpoint_stats(ck, &st));
+    DT_ASSERT_EQ(st.pending, 0);
+    int64_t want_nbytes = 0;
+    for (int k = 0; k < NSPEC; k++) {
+      size_t isz;
+      dt_dtype_itemsize(g_specs[k].dtype, &isz);
+      want_nbytes += numel_of(&g_specs[k]) * (int64_t)isz;
+    }
+    DT_ASSERT_EQ(st.nbytes, want_nbytes); /* each box once */
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    for (int b = 0; b < NLAY; b++) {
+      if (!layout_ok(b)) continue;
+      set_t dst = make_set(b, 2);
+      dt_checkpoint_t ld = list_of(&dst);
+      DT_ASSERT_OK(dt_checkpoint_load(ld, g_dir, name));
+      char what[64];
+      snprintf(what, sizeof what, "layout %d -> %d", a, b);
+      check_set(&dst, 1, what);
+      DT_ASSERT_OK(dt_checkpoint_destroy(ld));
+      free_set(&dst);
+      n++;
+    }
+    free_set(&src);
+  }
+  if (g_rank == 0) printf("reshard: %d (save layout, load layout) pairs bit-identical\n", n);
+  if (g_rank == 0) run_cmd("rm -rf %s/from_*", g_dir);
+  barrier();
+}
+
+/* Values, latest, keep_last, refusal of an existing name, leftovers. */
+static void test_publish(void) {
+  set_t s = make_set(1, 3);
+  dt_checkpoint_t ck = list_of(&s);
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/publish", g_dir);
+  for (int step = 1; step <= 4; step++) {
+    DT_ASSERT_OK(dt_checkpoint_set_i64(ck, "step", step * 10));
+    DT_ASSERT_OK(dt_checkpoint_set_i64(ck, "seed", -1234567890123456789LL));
+    DT_ASSERT_OK(dt_checkpoint_set_f64(ck, "lr", 0.1 / 3 * step));
+    dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
+    o.step = step * 10;
+    o.keep_last = 2;
+    o.async = step % 2;
+    if (step == 3 && g_rank == 0) { /* a save that died: its leftover is cleaned */
+      char p[1300];
+      snprintf(p, sizeof p, "mkdir -p %s/step_00000099.tmp && touch %s/step_00000099.tmp/x", dir, dir);
+      DT_ASSERT_EQ(system(p), 0);
+    }
+    barrier();
+    DT_ASSERT_OK(dt_checkpoint_save(ck, dir, NULL, &o));
+    if (o.async) DT_ASSERT_OK(dt_checkpoint_wait(ck));
+    char latest[64];
+    DT_ASSERT_OK(dt_checkpoint_latest(dir, latest, sizeof latest));
+    char want[64];
+    snprintf(want, sizeof want, "step_%08d", step * 10);
+    DT_ASSERT_TRUE(strcmp(latest, want) == 0, "latest %s, want %s", latest, want);
+  }
+  char p[700];
+  snprintf(p, sizeof p, "%s/step_00000010", dir);
+  DT_ASSERT_TRUE(!exists(p), "keep_last 2 kept %s", p);
+  snprintf(p, sizeof p, "%s/step_00000030", dir);
+  DT_ASSERT_TRUE(exists(p), "keep_last 2 removed %s", p);
+  snprintf(p, sizeof p, "%s/step_00000099.tmp", dir);
+  DT_ASSERT_TRUE(!exists(p), "the leftover %s was not removed", p);
+  /* the same name again: refused on every rank, nothing changed */
+  dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
+  o.step = 40;
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, dir, NULL, &o), DT_ERR_INVALID_USAGE);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "exists already") != NULL, "%s", dt_last_error());
+  /* values come back with the load; a leftover NAME.tmp next to it is ignored */
+  if (g_rank == 0) run_cmd("mkdir -p %s/junk.tmp", dir);
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_set_i64(ck, "step", 0));
+  DT_ASSERT_OK(dt_checkpoint_set_i64(ck, "other", 5));
+  DT_ASSERT_OK(dt_checkpoint_load(ck, dir, NULL));
+  int64_t step = 0, seed = 0;
+  double lr = 0;
+  DT_ASSERT_OK(dt_checkpoint_get_i64(ck, "step", &step));
+  DT_ASSERT_OK(dt_checkpoint_get_i64(ck, "seed", &seed));
+  DT_ASSERT_OK(dt_checkpoint_get_f64(ck, "lr", &lr));
+  DT_ASSERT_EQ(step, 40);
+  DT_ASSERT_TRUE(seed == -1234567890123456789LL, "seed %lld", (long long)seed);
+  DT_ASSERT_TRUE(lr == 0.1 / 3 * 4, "lr %.17g", lr);
+  DT_ASSERT_STATUS(dt_checkpoint_get_i64(ck, "other", &step), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_checkpoint_get_f64(ck, "step", &lr), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_checkpoint_set_i64(ck, "bad key", 1), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_checkpoint_set_f64(ck, "x", NAN), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_checkpoint_info(dir, g_rank == 0 ? stdout : fopen("/dev/null", "w")));
+  DT_ASSERT_OK(dt_checkpoint_verify(dir, NULL));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  free_set(&s);
+  barrier();
+}
+
+/* Rank-local tensors: refused as such, saved through add_tensor_as. */
+static void test_rank_local(void) {
+  dt_mesh_t m = make_mesh("world");
+  dt_placement_t rep = {DT_REPLICATE, 0, 0}, sh = {DT_SHARD, 0, 0};
+  int64_t lshape[2] = {2, 3}, gshape[2] = {2 * g_world, 3};
+  float local[6];
+  for (int i = 0; i < 6; i++) local[i] = (float)(g_rank * 10 + i);
+  dt_tensor_t t;
+  DT_ASSERT_OK(dt_tensor_from_local(m, DT_F32, 2, lshape, &rep, local, lshape, &t));
+  DT_ASSERT_OK(dt_tensor_set_rank_local(t, 1));
+  dt_checkpoint_t ck;
+  DT_ASSERT_OK(dt_checkpoint_create(&ck));
+  DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "experts", t));
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "rl", NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "rank-local") != NULL, "%s", dt_last_error());
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  DT_ASSERT_OK(dt_checkpoint_create(&ck));
+  DT_ASSERT_OK(dt_checkpoint_add_tensor_as(ck, "experts", t, 2, gshape, &sh));
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "rl", NULL));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  /* load as a plain Shard(0) tensor: the concatenation of every rank's values */
+  dt_tensor_t full;
+  DT_ASSERT_OK(dt_tensor_zeros(m, DT_F32, 2, gshape, &rep, &full));
+  DT_ASSERT_OK(dt_checkpoint_create(&ck));
+  DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "experts", full));
+  DT_ASSERT_OK(dt_checkpoint_load(ck, g_dir, "rl"));
+  float* got = calloc((size_t)(6 * g_world), sizeof *got);
+  DT_ASSERT_OK(dt_tensor_gather_full(full, got, (size_t)(6 * g_world) * sizeof *got));
+  for (int r = 0; r < g_world; r++)
+    for (int i = 0; i < 6; i++) DT_ASSERT_EQ(got[r * 6 + i], r * 10 + i);
+  free(got);
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  DT_ASSERT_OK(dt_tensor_destroy(full));
+  DT_ASSERT_OK(dt_tensor_destroy(t));
+  DT_ASSERT_OK(dt_mesh_destroy(m));
+}
+
+/* The message every rank returns must be the same: compare its hash over the world. */
+static void same_everywhere(const char* msg) {
+  unsigned long h = 5381;
+  for (const char* c = msg; *c; c++) h = h * 33 + (unsigned char)*c;
+  unsigned long lo = h, hi = h;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UNSIGNED_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UNSIGNED_LONG, MPI_MAX, MPI_COMM_WORLD);
+  DT_ASSERT_TRUE(lo == hi, "the ranks' messages differ; this one: %s", msg);
+}
+
+static void expect_load_fails(set_t* dst, const char* name, dt_status_t want, const char* needle,
+                              const char* needle2) {
+  dt_checkpoint_t ck = list_of(dst);
+  DT_ASSERT_STATUS(dt_checkpoint_load(ck, g_dir, name), want);
+  const char* e = dt_last_error();
+  DT_ASSERT_TRUE(strstr(e, needle) != NULL, "'%s' not in: %s", needle, e);
+  if (needle2) DT_ASSERT_TRUE(strstr(e, needle2) != NULL, "'%s' not in: %s", needle2, e);
+  same_everywhere(e);
+  check_set(dst, 2, "after a failed load"); /* nothing changed */
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+}
+
+static void test_bad_input(void) {
+  int lay = g_world >= 2 && g_world % 2 == 0 ? 3 : 1;
+  set_t src = make_set(lay, 1);
+  dt_checkpoint_t ck = list_of(&src);
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "good", NULL));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  set_t dst = make_set(1, 2);
+  const char* file0 = "rank_00000.safetensors";
+  char p[800];
+  /* 1. a flipped byte in the last box of rank 0's file */
+  if (g_rank == 0) {
+    run_cmd("rm -rf %s/b1 && cp -r %s/good %s/b1", g_dir);
+    snprintf(p, sizeof p, "%s/b1/%s", g_dir, file0);
+    int fd = open(p, O_RDWR);
+    struct stat sb;
+    fstat(fd, &sb);
+    unsigned char c;
+    DT_ASSERT_EQ(pread(fd, &c, 1, sb.st_size - 1), 1);
+    c ^= 0x10;
+    DT_ASSERT_EQ(pwrite(fd, &c, 1, sb.st_size - 1), 1);
+    close(fd);
+  }
+  barrier();
+  expect_load_fails(&dst, "b1", DT_ERR_CORRUPT, "checksum mismatch", file0);
+  /* 2. a truncated file */
+  if (g_rank == 0) {
+    run_cmd("rm -rf %s/b2 && cp -r %s/good %s/b2", g_dir);
+    snprintf(p, sizeof p, "%s/b2/%s", g_dir, file0);
+    struct stat sb;
+    stat(p, &sb);
+    DT_ASSERT_EQ(truncate(p, sb.st_size - 3), 0);
+  }
+  barrier();
+  expect_load_fails(&dst, "b2", DT_ERR_CORRUPT, "truncated", file0);
+  /* 3. an oversized header length */
+  if (g_rank == 0) {
+    run_cmd("rm -rf %s/b3 && cp -r %s/good %s/b3", g_dir);
+    snprintf(p, sizeof p, "%s/b3/%s", g_dir, file0);
+    int fd = open(p, O_RDWR);
+    unsigned char big[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
+    DT_ASSERT_EQ(pwrite(fd, big, 8, 0), 8);
+    close(fd);
+  }
+  barrier();
+  expect_load_fails(&dst, "b3", DT_ERR_CORRUPT, "header length", file0);
+  /* 4. a header that is not JSON */
+  if (g_rank == 0) {
+    run_cmd("rm -rf %s/b4 && cp -r %s/good %s/b4", g_dir);
+    snprintf(p, sizeof p, "%s/b4/%s", g_dir, file0);
+    int fd = open(p, O_RDWR);
+    DT_ASSERT_EQ(pwrite(fd, "{{{{", 4, 8), 4);
+    close(fd);
+  }
+  barrier();
+  expect_load_fails(&dst, "b4", DT_ERR_CORRUPT, "not a JSON object", file0);
+  /* 5. a bad index */
+  if (g_rank == 0) {
+    run_cmd("rm -rf %s/b5 && cp -r %s/good %s/b5", g_dir);
+    snprintf(p, sizeof p, "%s/b5/index.json", g_dir);
+    FILE* f = fopen(p, "w");
+    fputs("{\"format\": \"dtensor-checkpoint\", \"format_version\": 1, \"tensors\": 3}", f);
+    fclose(f);
+  }
+  barrier();
+  expect_load_fails(&dst, "b5", DT_ERR_CORRUPT, "index.json", NULL);
+  /* 6. a missing tensor, 7. a wrong shape, 8. a wrong dtype: another model's checkpoint */
+  {
+    dt_mesh_t m = make_mesh("world");
+    dt_placement_t rep = {DT_REPLICATE, 0, 0};
+    int64_t sh[2] = {8, 12}, sh2[2] = {8, 13};
+    dt_tensor_t a, b;
+    DT_ASSERT_OK(dt_tensor_zeros(m, DT_F32, 2, sh, &rep, &a));
+    DT_ASSERT_OK(dt_tensor_zeros(m, DT_F32, 2, sh2, &rep, &b));
+    DT_ASSERT_OK(dt_checkpoint_create(&ck));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "w.even", a));
+    DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "other1", NULL));
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    expect_load_fails(&dst, "other1", DT_ERR_INVALID_ARG, "has no tensor 'w.uneven'", "index.json");
+    DT_ASSERT_OK(dt_checkpoint_create(&ck));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "w.even", b));
+    for (int k = 1; k < NSPEC; k++) DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, g_specs[k].name, src.t[k]));
+    DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "other2", NULL));
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    expect_load_fails(&dst, "other2", DT_ERR_INVALID_ARG, "tensor 'w.even' was saved as f32 (8, 13)", NULL);
+    dt_tensor_t c;
+    DT_ASSERT_OK(dt_tensor_zeros(m, DT_BF16, 2, sh, &rep, &c));
+    DT_ASSERT_OK(dt_checkpoint_create(&ck));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "w.even", c));
+    for (int k = 1; k < NSPEC; k++) DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, g_specs[k].name, src.t[k]));
+    DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "other3", NULL));
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    expect_load_fails(&dst, "other3", DT_ERR_INVALID_ARG, "saved as bf16", NULL);
+    DT_ASSERT_OK(dt_tensor_destroy(a));
+    DT_ASSERT_OK(dt_tensor_destroy(b));
+    DT_ASSERT_OK(dt_tensor_destroy(c));
+    DT_ASSERT_OK(dt_mesh_destroy(m));
+  }
+  /* 9. a checkpoint that does not exist */
+  expect_load_fails(&dst, "nothing_here", DT_ERR_IO, "nothing_here", NULL);
+  /* bad arguments */
+  DT_ASSERT_OK(dt_checkpoint_create(&ck));
+  DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "a:b", src.t[0]), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "", src.t[0]), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "x", src.t[0]));
+  DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "x", src.t[1]), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "a/b", NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "latest", NULL), DT_ERR_INVALID_ARG);
+  dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
+  o.block_nbytes = 100;
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "ok", &o), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  DT_ASSERT_STATUS(dt_checkpoint_destroy(ck), DT_ERR_INVALID_USAGE);
+  free_set(&dst);
+  free_set(&src);
+  barrier();
+  if (g_rank == 0) printf("bad input: 9 damaged or mismatched checkpoints refused alike on every rank\n");
+}
+
+int main(int argc, char** argv) {
+  DT_ASSERT_OK(dt_init(&argc, &argv));
+  DT_ASSERT_OK(dt_world_size(&g_world));
+  DT_ASSERT_OK(dt_world_rank(&g_rank));
+  int pid = (int)getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (argc > 1) snprintf(g_dir, sizeof g_dir, "%s", argv[1]);
+  else snprintf(g_dir, sizeof g_dir, "/tmp/dt_ckpt_test_%d", pid);
+  test_reshard();
+  test_publish();
+  test_rank_local();
+  test_bad_input();
+  barrier();
+  if (g_rank == 0 && argc <= 1) run_cmd("rm -rf %s", g_dir);
+  DT_ASSERT_OK(dt_finalize());
+  return 0;
+}
