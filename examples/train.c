@@ -8,7 +8,14 @@
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
  *       [--device cpu|cuda|cuda-emu] [--tie-embeddings]
+ *       [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-last K] [--async-checkpoint]
+ *       [--resume]
  *   build/examples/train --help     (every flag, grouped, with its default; the JSON keys)
+ *
+ * --checkpoint-dir saves distributed checkpoints (dtensor/checkpoint.h) every --checkpoint-every
+ * steps and after the last one: parameters, AdamW state and the step, loadable onto any mesh and
+ * parallel config; --resume continues from the newest one there (e.g. saved by FSDP on 4 ranks,
+ * resumed with --tp 2 on 2). A line per save gives its size, time and the stall.
  *
  * --device puts every tensor on that backend (include/dtensor/backend.h): cpu (default), cuda
  * (this rank's GPU: the local rank modulo the GPU count, or $DTENSOR_CUDA_DEVICE; several ranks
@@ -92,6 +99,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dtensor/check.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
 #include "train_config.h"
@@ -361,6 +369,42 @@ static void plot_losses(const train_opts_t* o, const char* title, const char* su
   else printf("# loss curve: %s\n", o->plot);
 }
 
+/* One line per save: its size, how long it took, and how long training stalled for it. */
+static void report_checkpoint(dt_checkpoint_t ck, int finished) {
+  dt_checkpoint_stats_t st;
+  if (dt_checkpoint_stats(ck, &st) != DT_SUCCESS || g_rank != 0 || !st.name[0]) return;
+  if (!finished && st.pending)
+    printf("# checkpoint %s: %.2f MiB of tensors, training stalled %.3f s (writing in the "
+           "background)\n", st.name, st.nbytes / 1048576.0, st.stall_s);
+  else if (!st.pending)
+    printf("# checkpoint %s saved: %.2f MiB in files, %.3f s, training stalled %.3f s\n",
+           st.name, st.file_nbytes / 1048576.0, st.total_s, st.stall_s);
+  fflush(stdout);
+}
+
+/* Saves after `next` steps (the previous save, when asynchronous, is published first). */
+static dt_status_t save_checkpoint(dt_checkpoint_t ck, const train_opts_t* o, int next) {
+  dt_checkpoint_stats_t prev;
+  DT_CHECK(dt_checkpoint_stats(ck, &prev));
+  if (prev.pending) {
+    DT_CHECK(dt_checkpoint_wait(ck));
+    report_checkpoint(ck, 1);
+  }
+  DT_CHECK(dt_checkpoint_set_i64(ck, "next_step", next));
+  DT_CHECK(dt_checkpoint_set_i64(ck, "seed", o->seed));
+  DT_CHECK(dt_checkpoint_set_i64(ck, "data_position", next)); /* batches are drawn by step */
+  DT_CHECK(dt_checkpoint_set_i64(ck, "schedule_total_steps", o->steps));
+  DT_CHECK(dt_checkpoint_set_i64(ck, "schedule_warmup", o->warmup));
+  DT_CHECK(dt_checkpoint_set_f64(ck, "lr", o->lr));
+  dt_checkpoint_save_opts_t so = dt_checkpoint_save_opts_default();
+  so.step = next;
+  so.keep_last = o->keep_last;
+  so.async = o->async_checkpoint;
+  DT_CHECK(dt_checkpoint_save(ck, o->checkpoint_dir, NULL, &so));
+  report_checkpoint(ck, 0);
+  return DT_SUCCESS;
+}
+
 int main(int argc, char** argv) {
   /* --help needs no MPI; under mpirun only the first rank prints it */
   for (int i = 1; i < argc; i++)
@@ -595,6 +639,33 @@ int main(int argc, char** argv) {
   dt_adamw_config_t ac = {o.lr, 0.9, 0.95, 1e-8, 0.1, o.bf16_moments};
   dt_adamw_t opt;
   CHECK(dt_adamw_create(&ac, np, params, &opt));
+  /* distributed checkpoints: the parameters as the wrapped model holds them (FSDP shards, TP
+   * shards, experts), the AdamW state, and where the run is (loaded onto any layout) */
+  dt_checkpoint_t ck = NULL;
+  int start = 0;
+  if (o.checkpoint_dir[0]) {
+    CHECK(dt_checkpoint_create(&ck));
+    CHECK(dt_checkpoint_add_module(ck, NULL, root));
+    CHECK(dt_checkpoint_add_adamw(ck, "optim", opt, root));
+    char latest[DT_CHECKPOINT_NAME_MAX];
+    if (o.resume && dt_checkpoint_latest(o.checkpoint_dir, latest, sizeof latest) == DT_SUCCESS) {
+      double t0 = now_s();
+      CHECK(dt_checkpoint_load(ck, o.checkpoint_dir, latest));
+      int64_t next = 0, seed = 0;
+      CHECK(dt_checkpoint_get_i64(ck, "next_step", &next));
+      CHECK(dt_checkpoint_get_i64(ck, "seed", &seed));
+      if (seed != o.seed && g_rank == 0)
+        fprintf(stderr, "train: warning: the checkpoint was trained with --seed %lld, this run "
+                "draws its batches with %lld\n", (long long)seed, o.seed);
+      start = (int)next;
+      if (g_rank == 0)
+        printf("# resumed from %s/%s at step %d (%.2f s)\n", o.checkpoint_dir, latest, start,
+               now_s() - t0);
+    } else if (o.resume && g_rank == 0) {
+      dt_clear_error();
+      printf("# --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir);
+    }
+  }
   dt_tape_t tape;
   CHECK(dt_tape_create(&tape));
   if (o.checkpoint) CHECK(dt_tape_set_checkpoint(tape, dt_ckpt_policy_default, NULL));
@@ -632,7 +703,7 @@ int main(int argc, char** argv) {
   const int64_t shape[2] = {o.batch, o.seq};
   double last[10] = {0}, tps_sum = 0.0;
   int nlast = 0, ntps = 0;
-  for (int step = 0; step < o.steps; step++) {
+  for (int step = start; step < o.steps; step++) {
     MPI_Barrier(MPI_COMM_WORLD);
     if (step == o.steps - 1) CHECK(dt_counters_reset(NULL)); /* the last step's traffic */
     double t0 = now_s();
@@ -696,6 +767,16 @@ int main(int argc, char** argv) {
                 step, lv, aux, lr, gnorm, tps, gf, gf / peak_total);
       fflush(stdout);
     }
+    if (ck && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) ||
+               step == o.steps - 1))
+      CHECK(save_checkpoint(ck, &o, step + 1));
+  }
+  if (ck) { /* the last save, when asynchronous, is published before the program ends */
+    dt_checkpoint_stats_t cs;
+    CHECK(dt_checkpoint_stats(ck, &cs));
+    CHECK(dt_checkpoint_wait(ck));
+    if (cs.pending) report_checkpoint(ck, 1);
+    dt_checkpoint_destroy(ck);
   }
   for (int mi = 0; g_rank == 0 && o.steps > 0 && mi < 2; mi++) { /* collectives of the last
                                                                  * step, per mesh dim (rank 0) */

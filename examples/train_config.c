@@ -111,6 +111,16 @@ static const opt_doc_t kDocs[] = {
     {"sp", "parallelism", NULL, "with --tp: sequence parallelism", "off"},
     {"loss_parallel", "parallelism", NULL, "with --tp: class-sharded logits into the loss", "off"},
     {"checkpoint", "memory", NULL, "selective activation checkpointing", "off"},
+    {"checkpoint_dir", "checkpoints", "DIR",
+     "save distributed checkpoints to DIR/step_NNNNNNNN (loadable on any layout)", "none"},
+    {"checkpoint_every", "checkpoints", "N", "save every N steps (and after the last step)",
+     "0: after the last step only"},
+    {"keep_last", "checkpoints", "K", "keep the newest K checkpoints", "0: all"},
+    {"async_checkpoint", "checkpoints", NULL,
+     "write checkpoints in the background (the step stalls only for the host copy)", "off"},
+    {"resume", "checkpoints", NULL,
+     "continue from the latest checkpoint in --checkpoint-dir (any mesh and parallel config)",
+     "off"},
     {"metrics", "output", "FILE.jsonl", "one JSON line of metrics per step", "none"},
     {"plot", "output", "FILE.png", "the loss curve (needs gnuplot)", "none"},
 };
@@ -174,6 +184,8 @@ static const struct {
     INT_OPT(reshard_after_forward, 0, 1 << 20), INT_OPT(dp, 1, 1 << 16),
     INT_OPT(tp, 1, 1 << 16),      INT_OPT(ep, 1, 1 << 16),        INT_OPT(sp, 0, 1),
     INT_OPT(loss_parallel, 0, 1), INT_OPT(tie_embeddings, 0, 1),
+    INT_OPT(checkpoint_every, 0, 1 << 30), INT_OPT(keep_last, 0, 1 << 20),
+    INT_OPT(async_checkpoint, 0, 1), INT_OPT(resume, 0, 1),
 #undef INT_OPT
 };
 static const struct {
@@ -183,7 +195,7 @@ static const struct {
 #define STR_OPT(name) {#name, offsetof(train_opts_t, name), sizeof(((train_opts_t*)0)->name)}
     STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
     STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
-    STR_OPT(device),
+    STR_OPT(device),  STR_OPT(checkpoint_dir),
 #undef STR_OPT
 };
 

@@ -10,6 +10,7 @@
 
 typedef struct train_opts {
   char mesh[32], model[16], data[256], plan[1024], metrics[256], plot[256];
+  char checkpoint_dir[256]; /* distributed checkpoints go here ("": none) */
   char parallel[8];    /* none (tensor parallel by plan), ddp, fsdp or hsdp */
   char param_dtype[8]; /* FSDP/HSDP all-gather and compute dtype: f32 or bf16 ("" until set: f32
                         * on the cpu, bf16 on a cuda device) */
@@ -25,6 +26,10 @@ typedef struct train_opts {
   int sp;           /* tensor parallel: sequence parallelism */
   int loss_parallel; /* tensor parallel: class-sharded logits into the loss */
   double capacity_factor; /* MoE: 0 dropless (the default); c > 0 caps each expert's slots */
+  int checkpoint_every; /* save every N steps (0: only at the end when checkpoint_dir is set) */
+  int keep_last;        /* keep the newest K checkpoints (0: all) */
+  int async_checkpoint; /* save in the background: training stalls only for the host copy */
+  int resume;           /* start from checkpoint_dir's latest checkpoint when there is one */
   long long seed;
 } train_opts_t;
 
