@@ -7,7 +7,7 @@
 #   0 core (src/core, src/internal)   1 placement   2 backend, comm   3 mesh   4 redistribute
 #   5 tensor   6 strategy   7 ops   8 autograd   9 lib.c (init/finalize of every layer)
 # src/nn and src/parallel are built on the public API: they include only <dtensor/...> headers
-# (and the C library). Public headers (include/dtensor) may include only each other.
+# (and the C library); src/checkpoint too, and its own checkpoint/format.h. Public headers (include/dtensor) may include only each other.
 # Tensor bytes above the backend seam: outside src/backend and the kernels (src/ops/kernels_*.c,
 # src/ops/cuda/), no memcpy/memset/memmove may take a tensor's data (`->data`, `.data`) and no
 # tensor data may be cast to a typed pointer (only backend members move or read it: a device
@@ -34,6 +34,7 @@ layer_of() { # path relative to src -> layer number, or "public"
     autograd/*) echo 8 ;;
     lib.c) echo 9 ;;
     nn/* | parallel/*) echo public ;;
+    checkpoint/*) echo checkpoint ;;
     *) echo unknown ;;
   esac
 }
@@ -58,6 +59,11 @@ while IFS= read -r -d '' f; do
       dtensor/*) continue ;; # the public API is below every internal layer
       ../* | */../*) report "$rel:$n: relative include \"$hdr\" hides its layer"; continue ;;
     esac
+    if [ "$mine" = checkpoint ]; then
+      case "$hdr" in checkpoint/*) continue ;; esac
+      report "$rel:$n: includes \"$hdr\"; checkpoint may include only <dtensor/...> and checkpoint/"
+      continue
+    fi
     if [ "$mine" = public ]; then
       report "$rel:$n: includes \"$hdr\"; nn and parallel may include only <dtensor/...>"
       continue
@@ -82,7 +88,7 @@ while IFS= read -r -d '' f; do
     report "$rel:${line%%:*}: tensor data read through a typed pointer above the backend seam"
   done < <(grep -nE '\([[:space:]]*(const[[:space:]]+)?(float|double|u?int(8|16|32|64)_t|int|long)[[:space:]]*\*[[:space:]]*\)[[:space:]]*\(?[A-Za-z_][A-Za-z0-9_]*(->|\.)data\b' "$f" || true)
   case "$rel" in
-    nn/* | parallel/*)
+    nn/* | parallel/* | checkpoint/*)
       while IFS= read -r line; do
         report "$rel:${line%%:*}: takes a tensor's local pointer (nn and parallel move tensor bytes with dt_tensor_read_local / write_local / copy_local / fill_local)"
       done < <(grep -nE '\bdt_tensor_(to_local|to_local_backend|from_local|from_local_backend)[[:space:]]*\(' "$f" || true)
