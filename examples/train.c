@@ -657,6 +657,11 @@ int main(int argc, char** argv) {
       if (seed != o.seed && g_rank == 0)
         fprintf(stderr, "train: warning: the checkpoint was trained with --seed %lld, this run "
                 "draws its batches with %lld\n", (long long)seed, o.seed);
+      int64_t total = 0;
+      CHECK(dt_checkpoint_get_i64(ck, "schedule_total_steps", &total));
+      if (total != o.steps && g_rank == 0)
+        fprintf(stderr, "train: warning: the checkpoint's run had --steps %lld: the learning-rate "
+                "schedule now follows --steps %d\n", (long long)total, o.steps);
       start = (int)next;
       if (g_rank == 0)
         printf("# resumed from %s/%s at step %d (%.2f s)\n", o.checkpoint_dir, latest, start,
