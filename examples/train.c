@@ -15,7 +15,8 @@
  * --checkpoint-dir saves distributed checkpoints (dtensor/checkpoint.h) every --checkpoint-every
  * steps and after the last one: parameters, AdamW state and the step, loadable onto any mesh and
  * parallel config; --resume continues from the newest one there (e.g. saved by FSDP on 4 ranks,
- * resumed with --tp 2 on 2). A line per save gives its size, time and the stall.
+ * resumed with --tp 2 on 2). A line per save gives its size, time and the stall. --steps 0 saves
+ * the initial weights (a seed checkpoint: build on one rank, load onto any layout).
  *
  * --device puts every tensor on that backend (include/dtensor/backend.h): cpu (default), cuda
  * (this rank's GPU: the local rank modulo the GPU count, or $DTENSOR_CUDA_DEVICE; several ranks
@@ -671,6 +672,7 @@ int main(int argc, char** argv) {
       printf("# --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir);
     }
   }
+  if (ck && o.steps == 0) CHECK(save_checkpoint(ck, &o, 0)); /* a seed checkpoint */
   dt_tape_t tape;
   CHECK(dt_tape_create(&tape));
   if (o.checkpoint) CHECK(dt_tape_set_checkpoint(tape, dt_ckpt_policy_default, NULL));

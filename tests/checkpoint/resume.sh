@@ -7,6 +7,8 @@
 #    1e-5 of the uninterrupted run;
 #  - MoE: 4 steps under --dp 2 --tp 2 --ep 2 on 8 ranks (experts sharded over ep, saved every 2
 #    steps), resumed from step 2 under FSDP on 4 ranks and on 1 rank: losses within 1e-5;
+#  - a seed checkpoint (--steps 0 on 1 rank) trained from under FSDP on 4 ranks matches the run
+#    that initialized itself, within 1e-5;
 #  - keep_last 1 leaves one checkpoint; --resume with an empty directory starts at step 0; a
 #    resume onto another model (wider) fails with a message naming the tensor and the shapes.
 #   resume.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -86,6 +88,14 @@ for spec in "4 --parallel fsdp" "1"; do
     --metrics "$W/moe_r$np.jsonl" > "$W/moe_r$np.txt" 2>&1 || { cat "$W/moe_r$np.txt"; exit 1; }
   compare "$W/moe.jsonl" "$W/moe_r$np.jsonl" 2 1e-5
 done
+
+# a seed checkpoint: the initial weights saved on 1 rank, trained from under FSDP on 4 ranks
+run -np 1 "$TRAIN" $DENSE --steps 0 --checkpoint-dir "$W/seed" > "$W/seed.txt" 2>&1 || { cat "$W/seed.txt"; exit 1; }
+[ "$(cat "$W/seed/latest")" = step_00000000 ] || { echo "no seed checkpoint"; cat "$W/seed.txt"; exit 1; }
+run -np 4 "$TRAIN" $DENSE --parallel fsdp --checkpoint-dir "$W/seed" --resume \
+  --metrics "$W/seed.jsonl" > "$W/seed4.txt" 2>&1 || { cat "$W/seed4.txt"; exit 1; }
+grep -q "resumed from $W/seed/step_00000000 at step 0" "$W/seed4.txt" || { echo "seed not loaded"; exit 1; }
+compare "$W/full.jsonl" "$W/seed.jsonl" 0 1e-5
 
 # keep_last, an empty directory, another model
 run -np 2 "$TRAIN" $DENSE --steps 3 --checkpoint-dir "$W/keep" --checkpoint-every 1 --keep-last 1 \
