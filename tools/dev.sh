@@ -59,7 +59,7 @@ configure_build() { # dir, extra cmake args...: everything (library, tools, test
   cmake --build "$1" -j "$(nproc)"
 }
 
-FUZZERS=(placement cost_model explain train_config plan_pattern)
+FUZZERS=(placement cost_model explain train_config plan_pattern ckpt_index ckpt_header)
 
 build_fuzzers() { # dir
   CC=clang cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTENSOR_WERROR=ON \

@@ -146,10 +146,14 @@ dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, co
                             dt__ck_st_entry_t** out, int* n) {
   *out = NULL;
   *n = 0;
-  cJSON* root = cJSON_ParseWithLength(hdr, len);
-  if (root == NULL || !cJSON_IsObject(root)) {
+  const char* end = NULL;
+  cJSON* root = cJSON_ParseWithLengthOpts(hdr, len, &end, 0);
+  int trailing = 0; /* only the padding spaces may follow the object */
+  for (const char* c = end; root && c && c < hdr + len; c++) trailing |= *c != ' ';
+  if (root == NULL || !cJSON_IsObject(root) || trailing) {
     cJSON_Delete(root);
-    return DT_FAIL(DT_ERR_CORRUPT, "%s: the safetensors header is not a JSON object", what);
+    return DT_FAIL(DT_ERR_CORRUPT, "%s: the safetensors header is not a JSON object%s", what,
+                   trailing ? " followed by space padding only" : "");
   }
   int count = 0;
   for (cJSON* e = root->child; e; e = e->next)
@@ -557,7 +561,7 @@ static dt_status_t dt__ck_parse_values(const cJSON* v, const char* what) {
       if (ok) (void)strtoll(i->valuestring, &end, 10);
       ok = ok && errno == 0 && end && *end == '\0';
     } else if (ok && f) {
-      ok = cJSON_IsNumber(f);
+      ok = cJSON_IsNumber(f) && isfinite(f->valuedouble);
     } else {
       ok = 0;
     }
@@ -626,14 +630,11 @@ static dt_status_t dt__ck_index_parse_impl(const cJSON* root, const char* what,
   for (const cJSON* o = tensors->child; o; o = o->next, i++) {
     dt__ck_tensor_t* t = &ix->tensors[ix->n_tensors++];
     DT_CHECK(dt__ck_parse_tensor(o, ix, i, what, t));
-    const char* names[1 + 64];
-    int nn = 0;
-    names[nn++] = t->name;
-    for (int a = 0; a < t->n_alias && nn < 65; a++) names[nn++] = t->alias[a];
-    for (int k = 0; k < nn; k++) {
-      int j = dt__ck_index_find(ix, names[k]);
+    for (int k = -1; k < t->n_alias; k++) { /* the name and every alias: unused before */
+      const char* nm = k < 0 ? t->name : t->alias[k];
+      int j = dt__ck_index_find(ix, nm);
       if (j >= 0 && j < ix->n_tensors - 1)
-        return DT_FAIL(DT_ERR_CORRUPT, "%s: name '%s' is used by two tensors", what, names[k]);
+        return DT_FAIL(DT_ERR_CORRUPT, "%s: name '%s' is used by two tensors", what, nm);
     }
   }
   return DT_SUCCESS;
@@ -642,10 +643,17 @@ static dt_status_t dt__ck_index_parse_impl(const cJSON* root, const char* what,
 dt_status_t dt__ck_index_parse(const char* text, size_t len, const char* what,
                                dt__ck_index_t* out) {
   memset(out, 0, sizeof *out);
-  cJSON* root = cJSON_ParseWithLength(text, len);
+  const char* end = NULL;
+  cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   if (root == NULL)
     return DT_FAIL(DT_ERR_CORRUPT, "%s: not valid JSON (near byte %td)", what,
                    cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : (ptrdiff_t)-1);
+  for (const char* c = end; c && c < text + len; c++)
+    if (*c != ' ' && *c != '\n' && *c != '\r' && *c != '\t') {
+      cJSON_Delete(root);
+      return DT_FAIL(DT_ERR_CORRUPT, "%s: bytes after the JSON object (at byte %td)", what,
+                     c - text);
+    }
   dt_status_t st = dt__ck_index_parse_impl(root, what, out);
   cJSON_Delete(root);
   if (st != DT_SUCCESS) dt__ck_index_free(out);

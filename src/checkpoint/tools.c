@@ -48,7 +48,7 @@ static dt_status_t dt__checkpoint_info(const char* path, FILE* out) {
   }
   for (int i = 0; i < ix.n_tensors; i++) {
     const dt__ck_tensor_t* t = &ix.tensors[i];
-    char sh[200] = "", mesh[120] = "", pl[120] = "";
+    char sh[256] = "", mesh[256] = "", pl[160] = "";
     size_t at = 0;
     for (int d = 0; d < t->ndim; d++) at += (size_t)snprintf(sh + at, sizeof sh - at, "%s%" PRId64, d ? ", " : "", t->shape[d]);
     at = 0;
@@ -254,12 +254,13 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
     int* start = calloc((size_t)n + 1, sizeof *start);
     int nfiles = 0;
     if (start == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "consolidate");
-    for (int k = 0, acc = 0; k < n && st == DT_SUCCESS; k++) {
-      if (k == 0 || (acc > 0 && (int64_t)acc + nbytes[k] > max_file_nbytes)) {
+    int64_t acc = 0;
+    for (int k = 0; k < n && st == DT_SUCCESS; k++) {
+      if (k == 0 || (acc > 0 && acc + nbytes[k] > max_file_nbytes)) {
         start[nfiles++] = k;
         acc = 0;
       }
-      acc += (int)(nbytes[k] > INT32_MAX ? INT32_MAX : nbytes[k]);
+      acc += nbytes[k];
     }
     if (start) start[nfiles] = n;
     char dirpart[DT__CK_PATH_MAX];

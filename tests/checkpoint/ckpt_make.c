@@ -9,7 +9,7 @@
  *                             rank 0 writes each tensor's dense bytes (dt_tensor_gather_full) to
  *                             DIR/ref/<name>.bin and the names, one a line, to DIR/ref/names
  *                             (optimizer state in DIR/ref/optim_names).
- *   ckpt_make DIR load PATH   loads PATH (a checkpoint, or a directory with `latest`) into the
+ *   ckpt_make DIR load CKDIR  loads the checkpoint CKDIR/latest names (dt_checkpoint_load) into the
  *                             same tensors laid out otherwise (a 1-D mesh of the world, other
  *                             shard dims; every element set to 77 first) and compares each with
  *                             DIR/ref/<name>.bin, byte for byte: the optimizer state is not
