@@ -9,7 +9,7 @@
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
  *       [--device cpu|cuda|cuda-emu] [--tie-embeddings]
  *       [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-last K] [--async-checkpoint]
- *       [--resume]
+ *       [--resume] [--resume-from DIR/NAME]
  *   build/examples/train --help     (every flag, grouped, with its default; the JSON keys)
  *
  * --checkpoint-dir saves distributed checkpoints (dtensor/checkpoint.h) every --checkpoint-every
@@ -17,6 +17,8 @@
  * parallel config; --resume continues from the newest one there (e.g. saved by FSDP on 4 ranks,
  * resumed with --tp 2 on 2). A line per save gives its size, time and the stall. --steps 0 saves
  * the initial weights (a seed checkpoint: build on one rank, load onto any layout).
+ * --resume-from DIR/NAME starts from that checkpoint instead (saving to --checkpoint-dir, if any);
+ * with no step left to train it saves what it loaded, i.e. converts a checkpoint to this layout.
  *
  * --device puts every tensor on that backend (include/dtensor/backend.h): cpu (default), cuda
  * (this rank's GPU: the local rank modulo the GPU count, or $DTENSOR_CUDA_DEVICE; several ranks
@@ -643,15 +645,25 @@ int main(int argc, char** argv) {
   /* distributed checkpoints: the parameters as the wrapped model holds them (FSDP shards, TP
    * shards, experts), the AdamW state, and where the run is (loaded onto any layout) */
   dt_checkpoint_t ck = NULL;
-  int start = 0;
-  if (o.checkpoint_dir[0]) {
+  int start = 0, loaded_here = 0; /* resumed from --checkpoint-dir itself */
+  if (o.checkpoint_dir[0] || o.resume_from[0]) {
     CHECK(dt_checkpoint_create(&ck));
     CHECK(dt_checkpoint_add_module(ck, NULL, root));
     CHECK(dt_checkpoint_add_adamw(ck, "optim", opt, root));
-    char latest[DT_CHECKPOINT_NAME_MAX];
-    if (o.resume && dt_checkpoint_latest(o.checkpoint_dir, latest, sizeof latest) == DT_SUCCESS) {
+    char latest[DT_CHECKPOINT_NAME_MAX], from[256];
+    snprintf(from, sizeof from, "%s", o.checkpoint_dir);
+    int found = o.resume && dt_checkpoint_latest(o.checkpoint_dir, latest, sizeof latest) == 0;
+    if (o.resume_from[0]) { /* DIR/NAME: split at the last '/' */
+      char* slash = strrchr(o.resume_from, '/');
+      snprintf(from, sizeof from, "%.*s", slash ? (int)(slash - o.resume_from) : 1,
+               slash ? o.resume_from : ".");
+      snprintf(latest, sizeof latest, "%s", slash ? slash + 1 : o.resume_from);
+      found = 1;
+    }
+    if (found) {
+      loaded_here = !o.resume_from[0];
       double t0 = now_s();
-      CHECK(dt_checkpoint_load(ck, o.checkpoint_dir, latest));
+      CHECK(dt_checkpoint_load(ck, from, latest));
       int64_t next = 0, seed = 0;
       CHECK(dt_checkpoint_get_i64(ck, "next_step", &next));
       CHECK(dt_checkpoint_get_i64(ck, "seed", &seed));
@@ -665,14 +677,15 @@ int main(int argc, char** argv) {
                 "schedule now follows --steps %d\n", (long long)total, o.steps);
       start = (int)next;
       if (g_rank == 0)
-        printf("# resumed from %s/%s at step %d (%.2f s)\n", o.checkpoint_dir, latest, start,
-               now_s() - t0);
+        printf("# resumed from %s/%s at step %d (%.2f s)\n", from, latest, start, now_s() - t0);
     } else if (o.resume && g_rank == 0) {
       dt_clear_error();
       printf("# --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir);
     }
   }
-  if (ck && o.steps == 0) CHECK(save_checkpoint(ck, &o, 0)); /* a seed checkpoint */
+  /* nothing to train: a seed checkpoint (--steps 0), or the loaded one saved on this layout */
+  if (ck && o.checkpoint_dir[0] && start >= o.steps && !loaded_here)
+    CHECK(save_checkpoint(ck, &o, start));
   dt_tape_t tape;
   CHECK(dt_tape_create(&tape));
   if (o.checkpoint) CHECK(dt_tape_set_checkpoint(tape, dt_ckpt_policy_default, NULL));
@@ -774,8 +787,8 @@ int main(int argc, char** argv) {
                 step, lv, aux, lr, gnorm, tps, gf, gf / peak_total);
       fflush(stdout);
     }
-    if (ck && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) ||
-               step == o.steps - 1))
+    if (ck && o.checkpoint_dir[0] &&
+        ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || step == o.steps - 1))
       CHECK(save_checkpoint(ck, &o, step + 1));
   }
   if (ck) { /* the last save, when asynchronous, is published before the program ends */

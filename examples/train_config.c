@@ -121,6 +121,10 @@ static const opt_doc_t kDocs[] = {
     {"resume", "checkpoints", NULL,
      "continue from the latest checkpoint in --checkpoint-dir (any mesh and parallel config)",
      "off"},
+    {"resume_from", "checkpoints", "DIR/NAME",
+     "start from this checkpoint (any layout; with --checkpoint-dir, saves go there); when "
+     "no step is left to train, saves what it loaded: a checkpoint converted to this layout",
+     "none"},
     {"metrics", "output", "FILE.jsonl", "one JSON line of metrics per step", "none"},
     {"plot", "output", "FILE.png", "the loss curve (needs gnuplot)", "none"},
 };
@@ -195,7 +199,7 @@ static const struct {
 #define STR_OPT(name) {#name, offsetof(train_opts_t, name), sizeof(((train_opts_t*)0)->name)}
     STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
     STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
-    STR_OPT(device),  STR_OPT(checkpoint_dir),
+    STR_OPT(device),  STR_OPT(checkpoint_dir), STR_OPT(resume_from),
 #undef STR_OPT
 };
 

@@ -11,6 +11,7 @@
 typedef struct train_opts {
   char mesh[32], model[16], data[256], plan[1024], metrics[256], plot[256];
   char checkpoint_dir[256]; /* distributed checkpoints go here ("": none) */
+  char resume_from[256];    /* a checkpoint (DIR/NAME) to start from, any layout ("": none) */
   char parallel[8];    /* none (tensor parallel by plan), ddp, fsdp or hsdp */
   char param_dtype[8]; /* FSDP/HSDP all-gather and compute dtype: f32 or bf16 ("" until set: f32
                         * on the cpu, bf16 on a cuda device) */

@@ -11,9 +11,13 @@
 #    that initialized itself, within 1e-5;
 #  - keep_last 1 leaves one checkpoint; --resume with an empty directory starts at step 0; a
 #    resume onto another model (wider) fails with a message naming the tensor and the shapes.
-#   resume.sh MPIEXEC TRAIN_BINARY WORKDIR
+#  - conversions (--resume-from with nothing left to train saves what it loaded): the dense step-3
+#    checkpoint onto 1 rank, --tp 2, HSDP 2x2, --dp 2 --tp 2 and back to FSDP on 4; the MoE one
+#    from --dp 2 --tp 2 --ep 2 on 8 ranks onto FSDP on 4, 1 rank, and back to 8: every tensor,
+#    parameters and AdamW state, bit-identical to the saved one (dtensor-ckpt consolidate, cmp).
+#   resume.sh MPIEXEC TRAIN_BINARY WORKDIR DTENSOR_CKPT
 set -euo pipefail
-MPI=$1 TRAIN=$2 W=$3
+MPI=$1 TRAIN=$2 W=$3 CKPT=$4
 rm -rf "$W"
 mkdir -p "$W"
 run() { "$MPI" --allow-run-as-root --oversubscribe "$@" < /dev/null; }
@@ -88,6 +92,30 @@ for spec in "4 --parallel fsdp" "1"; do
     --metrics "$W/moe_r$np.jsonl" > "$W/moe_r$np.txt" 2>&1 || { cat "$W/moe_r$np.txt"; exit 1; }
   compare "$W/moe.jsonl" "$W/moe_r$np.jsonl" 2 1e-5
 done
+
+# conversions, bit for bit: DIR/NAME loaded with args and saved again, consolidated, compared
+convert() { # convert SRC_CKPT DST_DIR NP MODEL_ARGS... ; the converted checkpoint's bytes = SRC's
+  src=$1 dst=$2 np=$3
+  shift 3
+  rm -rf "$dst"
+  run -np "$np" "$TRAIN" "$@" --resume-from "$src" --checkpoint-dir "$dst" > "$dst.txt" 2>&1 || { cat "$dst.txt"; exit 1; }
+  name=$(basename "$src")
+  [ -d "$dst/$name" ] || { echo "no converted checkpoint $dst/$name"; cat "$dst.txt"; exit 1; }
+  "$CKPT" consolidate "$src" "$dst.src.safetensors" --with-optimizer > /dev/null
+  "$CKPT" consolidate "$dst/$name" "$dst.safetensors" --with-optimizer > /dev/null
+  cmp "$dst.src.safetensors" "$dst.safetensors" || { echo "$dst: tensors differ from $src"; exit 1; }
+  echo "ok $dst: $np ranks $*: every tensor bit-identical"
+}
+convert "$W/ck/step_00000003" "$W/c1" 1 $DENSE --steps 3
+convert "$W/c1/step_00000003" "$W/c2" 2 $DENSE --steps 3 --tp 2
+convert "$W/c2/step_00000003" "$W/c3" 4 $DENSE --steps 3 --parallel hsdp --mesh 2x2
+convert "$W/c3/step_00000003" "$W/c4" 4 $DENSE --steps 3 --dp 2 --tp 2
+convert "$W/c4/step_00000003" "$W/c5" 4 $DENSE --steps 3 --parallel fsdp
+cmp "$W/c1.src.safetensors" "$W/c5.safetensors" || { echo "the round trip changed a tensor"; exit 1; }
+convert "$W/moe/step_00000002" "$W/mc1" 4 $MOE --steps 2 --parallel fsdp
+convert "$W/mc1/step_00000002" "$W/mc2" 1 $MOE --steps 2
+convert "$W/mc2/step_00000002" "$W/mc3" 8 $MOE --steps 2 --dp 2 --tp 2 --ep 2
+cmp "$W/mc1.src.safetensors" "$W/mc3.safetensors" || { echo "the MoE round trip changed a tensor"; exit 1; }
 
 # a seed checkpoint: the initial weights saved on 1 rank, trained from under FSDP on 4 ranks
 run -np 1 "$TRAIN" $DENSE --steps 0 --checkpoint-dir "$W/seed" > "$W/seed.txt" 2>&1 || { cat "$W/seed.txt"; exit 1; }
