@@ -585,7 +585,8 @@ static dt_status_t dt__ck_plan(dt_checkpoint_t ck, dt__ck_save_t* s) {
   if (st == DT_SUCCESS && data_start == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "save plan");
   for (int r = 0; r < ck->world_size && st == DT_SUCCESS; r++) {
     file_of[r] = -1;
-    if (file_boxes[r] == 0) continue;
+    /* rank 0 writes the index: it needs every file's header; the others only their own */
+    if (file_boxes[r] == 0 || (ck->rank != 0 && r != ck->rank)) continue;
     int n = file_boxes[r], k = 0;
     char** keys = calloc((size_t)n, sizeof *keys);
     dt_dtype_t* dts = calloc((size_t)n, sizeof *dts);
