@@ -1,8 +1,9 @@
 /* checkpoint.c - distributed checkpoints (dtensor/checkpoint.h) against plain POSIX file I/O of
  * the same bytes, the stall of an async save, and the host memory of a resharding load.
  *
- *   mpirun -np 2 build/bench/bench_checkpoint [--mib M] [--tensors K] [--reps R] [--dir D]
- *       [--work-ms W]
+ *   DTENSOR_QUIET=1 mpirun -np 2 build/bench/bench_checkpoint [--mib M] [--tensors K] [--reps R]
+ *       [--dir D] [--work-ms W]
+ * (DTENSOR_QUIET: dt_init's notices go to stderr, which mpirun may print after the last line.)
  *
  * K (default 8) f32 tensors of M MiB in all (default 256; rows x cols, cols 4096, 2048, 1024,
  * 8192 in turn), Shard(0) on a 1-D mesh of all ranks (FSDP's layout: each rank holds 1/np of
@@ -286,7 +287,8 @@ int main(int argc, char** argv) {
   }
   enum { SAVE, RAWW, LOAD, RAWR, LOADC, RAWRC, ASYNC, WAIT, RESHARD, NT };
   double* t[NT];
-  double *mem = calloc((size_t)reps, sizeof(double)), *extra_mib = calloc((size_t)reps, sizeof(double));
+  double* mem = calloc((size_t)reps, sizeof(double));
+  double* extra_mib = calloc((size_t)reps, sizeof(double));
   for (int i = 0; i < NT; i++) t[i] = calloc((size_t)reps, sizeof(double));
   if (mem == NULL || extra_mib == NULL) die("calloc");
   for (int i = 0; i < NT; i++)
@@ -438,8 +440,8 @@ int main(int argc, char** argv) {
            ra.med, ra.lo, ra.hi);
     printf("#   reshard_load_mem_ratio %.3g (%.3g..%.3g)   [peak extra RSS / own shard bytes]\n",
            rm.med, rm.lo, rm.hi);
-    printf("save_vs_raw=%.3g load_vs_raw=%.3g async_stall_ratio=%.3g reshard_load_mem_ratio=%.3g\n",
-           rs.med, rl.med, ra.med, rm.med);
+    printf("save_vs_raw=%#.3g load_vs_raw=%#.3g async_stall_ratio=%#.3g "
+           "reshard_load_mem_ratio=%#.3g\n", rs.med, rl.med, ra.med, rm.med);
   }
   for (int i = 0; i < NT; i++) free(t[i]);
   free(mem);

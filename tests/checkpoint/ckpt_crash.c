@@ -105,7 +105,8 @@ static int check_step(dt_mesh_t mesh, dt_tensor_t* t, int64_t s, int save_layout
     DT_ASSERT_OK(dt_tensor_read_local(e, 0, n, a));
     DT_ASSERT_OK(dt_tensor_read_local(t[k], 0, n, b));
     if (memcmp(a, b, (size_t)nb) != 0) {
-      printf("[rank %d] tensor '%s' differs from step %" PRId64 "'s values\n", g_rank, kNames[k], s);
+      printf("[rank %d] tensor '%s' differs from step %" PRId64 "'s values\n", g_rank, kNames[k],
+             s);
       bad++;
     }
     free(a);
@@ -210,7 +211,8 @@ static int run_save(const char* dir, const char* piddir, int64_t steps) {
     dt_checkpoint_stats_t st;
     DT_ASSERT_OK(dt_checkpoint_stats(ck, &st));
     snprintf(name, sizeof name, "step_%08" PRId64, s);
-    if (st.pending || strcmp(st.name, name) != 0) FAIL("stats: pending %d, name %s", st.pending, st.name);
+    if (st.pending || strcmp(st.name, name) != 0)
+      FAIL("stats: pending %d, name %s", st.pending, st.name);
     if (g_rank == 0) {
       printf("saved step %" PRId64 "\n", s);
       if (s == s0) printf("ready\n");
@@ -235,7 +237,8 @@ static int run_check(const char* dir) {
                 dir, s, s);
   if (g_rank == 0) {
     dt_status_t st = dt_checkpoint_verify(dir, NULL);
-    if (st != DT_SUCCESS) FAIL("dt_checkpoint_verify(%s): %s: %s", dir, dt_status_name(st), dt_last_error());
+    if (st != DT_SUCCESS)
+      FAIL("dt_checkpoint_verify(%s): %s: %s", dir, dt_status_name(st), dt_last_error());
     printf("check ok step %" PRId64 "\n", s);
   }
   DT_ASSERT_OK(dt_checkpoint_destroy(ck));

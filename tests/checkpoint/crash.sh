@@ -94,7 +94,9 @@ for run in $(seq 1 "$runs"); do
   wait "$job" 2>/dev/null || true
   job=
   for p in "$p0" "$p1"; do gone_within "$p" 5 || fail "rank process $p survived kill -9"; done
-  grep -qE 'FAIL|returned DT_' "$log" && fail "ckpt_crash save: $(grep -E 'FAIL|returned DT_' "$log" | head -n 1)"
+  if grep -qE 'FAIL|returned DT_' "$log"; then
+    fail "ckpt_crash save: $(grep -E 'FAIL|returned DT_' "$log" | head -n 1)"
+  fi
   saves=$(grep -c '^saved step' "$log" || true)
   total_saves=$((total_saves + saves))
   grep -q '^unpublished step' "$log" && unpublished=$((unpublished + 1))
@@ -109,14 +111,17 @@ for run in $(seq 1 "$runs"); do
   for d in "$dir"/step_*; do
     [ -d "$d" ] || continue
     case $d in *.tmp) continue ;; esac
-    [ -f "$d/index.json" ] || case " $stale " in *" ${d##*/} "*) ;; *) stale="$stale ${d##*/}" ;; esac
+    [ -f "$d/index.json" ] && continue
+    case " $stale " in *" ${d##*/} "*) ;; *) stale="$stale ${d##*/}" ;; esac
   done
   np=$((run % 2 == 1 ? 2 : 1))
   chk=$tmp/check.$run
-  mpi -np "$np" "$prog" check "$dir" >"$chk" 2>&1 || fail "ckpt_crash check (np $np): $(tail -n 5 "$chk")"
+  mpi -np "$np" "$prog" check "$dir" >"$chk" 2>&1 ||
+    fail "ckpt_crash check (np $np): $(tail -n 5 "$chk")"
   step=$(grep '^check ok step' "$chk" | awk '{print $4}')
   [ -n "$step" ] || fail "ckpt_crash check printed no result: $(tail -n 5 "$chk")"
-  [ "$step" -ge "$last" ] || fail "latest is step $step, but step $last was published before the kill"
+  [ "$step" -ge "$last" ] ||
+    fail "latest is step $step, but step $last was published before the kill"
   echo "run $run: killed $what after ${ms} ms, $saves saves (last reported $last), $state;" \
     "latest step $step checked at np $np"
 done
