@@ -33,6 +33,7 @@
 
 #include "checkpoint/format.h"
 #include "dtensor/handle.h"
+#include <xxhash.h>
 
 typedef struct {
   char name[DT_CHECKPOINT_NAME_MAX];
@@ -92,7 +93,37 @@ struct dt_checkpoint {
   int rank, world_size;
   dt__ck_save_t* pending;
   dt_checkpoint_stats_t stats;
+  /* host staging kept between saves and loads (pages already faulted in: the copy that stalls
+   * training is a plain memcpy from the second save on) */
+  unsigned char* keep;
+  int64_t keep_nbytes;
 };
+
+/* A staging buffer of at least n bytes: the kept one when large enough. */
+static unsigned char* dt__ck_take(dt_checkpoint_t ck, int64_t n) {
+  if (n <= 0) return NULL;
+  if (ck->keep && ck->keep_nbytes >= n) {
+    unsigned char* p = ck->keep;
+    ck->keep = NULL;
+    return p;
+  }
+  free(ck->keep);
+  ck->keep = NULL;
+  ck->keep_nbytes = 0;
+  return malloc((size_t)n);
+}
+
+/* Gives a staging buffer of n bytes back for the next save or load (the larger one stays). */
+static void dt__ck_give(dt_checkpoint_t ck, unsigned char* p, int64_t n) {
+  if (p == NULL) return;
+  if (ck->keep && ck->keep_nbytes >= n) {
+    free(p);
+    return;
+  }
+  free(ck->keep);
+  ck->keep = p;
+  ck->keep_nbytes = n;
+}
 
 static const dt_handle_kind_t dt__ck_kind = {"checkpoint"};
 
@@ -144,6 +175,7 @@ static dt_status_t dt__checkpoint_destroy(dt_checkpoint_t ck) {
   }
   free(ck->items);
   cJSON_Delete(ck->values);
+  free(ck->keep);
   if (ck->world) dt_mesh_destroy(ck->world);
   dt_handle_free(ck);
   return DT_SUCCESS;
@@ -666,7 +698,7 @@ static dt_status_t dt__ck_plan(dt_checkpoint_t ck, dt__ck_save_t* s) {
  * over each reduced tensor's mesh. */
 static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s) {
   if (s->staging_nbytes > 0) {
-    s->staging = malloc((size_t)s->staging_nbytes);
+    s->staging = dt__ck_take(ck, s->staging_nbytes);
     if (s->staging == NULL)
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%" PRId64 " bytes of host staging", s->staging_nbytes);
   }
@@ -704,20 +736,22 @@ static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s) {
   return st;
 }
 
-/* Writes this rank's file and hashes its boxes (on the writer thread when async). */
+typedef struct {
+  int fd;
+  int rc, err;
+} dt__ck_fsync_t;
+
+static void* dt__ck_fsync_thread(void* a) {
+  dt__ck_fsync_t* f = a;
+  f->rc = fsync(f->fd);
+  f->err = errno;
+  return NULL;
+}
+
+/* Writes this rank's file, then hashes its boxes (each block, and the box in the same pass)
+ * while the file is fsynced on a helper thread (on the writer thread when async). */
 static dt_status_t dt__ck_write_file(dt_checkpoint_t ck, dt__ck_save_t* s) {
-  (void)ck;
   if (s->header == NULL) return DT_SUCCESS; /* nothing to write */
-  for (int b = 0; b < s->n_boxes; b++) {
-    const dt__ck_pbox_t* p = &s->boxes[b];
-    if (p->writer != ck->rank) continue;
-    const unsigned char* d = s->staging + p->rel;
-    s->hashes[p->hash_slot] = dt__ck_hash(d, (size_t)p->nbytes);
-    for (int64_t k = 0; k < p->n_blocks; k++) {
-      int64_t o = k * s->block, n = p->nbytes - o < s->block ? p->nbytes - o : s->block;
-      s->hashes[p->hash_slot + 1 + k] = dt__ck_hash(d + o, (size_t)n);
-    }
-  }
   int fd = open(s->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) return DT_FAIL(DT_ERR_IO, "creating %s: %s", s->path, strerror(errno));
   unsigned char len8[8];
@@ -725,8 +759,28 @@ static dt_status_t dt__ck_write_file(dt_checkpoint_t ck, dt__ck_save_t* s) {
   dt_status_t st = dt__ck_write_all(fd, len8, 8, s->path);
   if (st == DT_SUCCESS) st = dt__ck_write_all(fd, s->header, s->header_len, s->path);
   if (st == DT_SUCCESS) st = dt__ck_write_all(fd, s->staging, (size_t)s->staging_nbytes, s->path);
-  if (st == DT_SUCCESS && fsync(fd) != 0)
-    st = DT_FAIL(DT_ERR_IO, "fsync %s: %s", s->path, strerror(errno));
+  dt__ck_fsync_t fs = {fd, 0, 0};
+  pthread_t th;
+  int threaded = st == DT_SUCCESS && pthread_create(&th, NULL, dt__ck_fsync_thread, &fs) == 0;
+  if (st == DT_SUCCESS && !threaded) dt__ck_fsync_thread(&fs);
+  XXH64_state_t* h = XXH64_createState();
+  if (h == NULL && st == DT_SUCCESS) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "hash state");
+  for (int b = 0; b < s->n_boxes && st == DT_SUCCESS; b++) {
+    const dt__ck_pbox_t* p = &s->boxes[b];
+    if (p->writer != ck->rank) continue;
+    const unsigned char* d = s->staging + p->rel;
+    XXH64_reset(h, 0);
+    for (int64_t k = 0; k < p->n_blocks; k++) {
+      int64_t o = k * s->block, n = p->nbytes - o < s->block ? p->nbytes - o : s->block;
+      s->hashes[p->hash_slot + 1 + k] = dt__ck_hash(d + o, (size_t)n);
+      XXH64_update(h, d + o, (size_t)n);
+    }
+    s->hashes[p->hash_slot] = (uint64_t)XXH64_digest(h);
+  }
+  XXH64_freeState(h);
+  if (threaded) pthread_join(th, NULL);
+  if (st == DT_SUCCESS && fs.rc != 0)
+    st = DT_FAIL(DT_ERR_IO, "fsync %s: %s", s->path, strerror(fs.err));
   if (close(fd) != 0 && st == DT_SUCCESS)
     st = DT_FAIL(DT_ERR_IO, "closing %s: %s", s->path, strerror(errno));
   return st;
@@ -737,8 +791,6 @@ static void* dt__ck_thread(void* arg) {
   dt__ck_save_t* s = ck->pending;
   s->st = dt__ck_write_file(ck, s);
   if (s->st != DT_SUCCESS) snprintf(s->err, sizeof s->err, "%s", dt_last_error());
-  free(s->staging); /* the host copy is not needed once written */
-  s->staging = NULL;
   return NULL;
 }
 
@@ -790,13 +842,44 @@ static dt_status_t dt__ck_prune(const char* dir, int keep, const char* keep_name
     for (int i = 0; i < n && extra > 0 && st == DT_SUCCESS; i++) {
       if (strcmp(list[i].name, keep_name) == 0) continue;
       char p[DT__CK_PATH_MAX];
-      if (snprintf(p, sizeof p, "%s/%s", dir, list[i].name) < (int)sizeof p) st = dt__ck_rm_rf(p);
+      /* renamed first: a prune cut short leaves a *.tmp the next save removes, never a
+       * half-deleted checkpoint directory */
+      char q[DT__CK_PATH_MAX + 16];
+      if (snprintf(p, sizeof p, "%s/%s", dir, list[i].name) < (int)sizeof p &&
+          snprintf(q, sizeof q, "%s.pruned.tmp", p) < (int)sizeof q) {
+        if (rename(p, q) != 0) st = DT_FAIL(DT_ERR_IO, "renaming %s: %s", p, strerror(errno));
+        else st = dt__ck_rm_rf(q);
+      }
       extra--;
     }
     if (st == DT_SUCCESS) st = dt__ck_fsync_path(dir);
   }
   free(list);
   return st;
+}
+
+/* Whether dir/name is a save that died after its rename but before `latest` named it: latest
+ * names another checkpoint with an older step (or none), or dir/name has no valid index. Such
+ * a directory was never published: loads of `latest` never saw it, and a save may replace it. */
+static int dt__ck_unpublished(const char* dir, const char* name) {
+  char latest[DT_CHECKPOINT_NAME_MAX], p[DT__CK_PATH_MAX + DT_CHECKPOINT_NAME_MAX];
+  int has_latest = dt_checkpoint_latest(dir, latest, sizeof latest) == DT_SUCCESS;
+  if (has_latest && strcmp(latest, name) == 0) return 0;
+  dt__ck_index_t mine, pub;
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  if (dt__ck_index_read(p, &mine) != DT_SUCCESS) {
+    dt_clear_error();
+    return 1;
+  }
+  int newer = 1;
+  snprintf(p, sizeof p, "%s/%s", dir, latest);
+  if (has_latest && dt__ck_index_read(p, &pub) == DT_SUCCESS) {
+    newer = mine.step > pub.step;
+    dt__ck_index_free(&pub);
+  }
+  dt__ck_index_free(&mine);
+  dt_clear_error();
+  return newer;
 }
 
 /* Removes leftovers of saves that died: NAME.tmp directories and latest.tmp. Rank 0. */
@@ -836,10 +919,8 @@ static dt_status_t dt__ck_finish(dt_checkpoint_t ck, dt__ck_save_t* s) {
       for (int64_t k = 0; k < p->n_blocks; k++) x->blocks[k] = s->hashes[p->hash_slot + 1 + k];
     }
     free(seen);
-    cJSON_Delete(ix->values);
-    ix->values = cJSON_Duplicate(ck->values, 1);
     char* text = st == DT_SUCCESS ? dt__ck_index_to_json(ix) : NULL;
-    if (st == DT_SUCCESS && (text == NULL || ix->values == NULL))
+    if (st == DT_SUCCESS && text == NULL)
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "index.json");
     const char* final = s->final;
     if (st == DT_SUCCESS) st = dt__ck_write_atomic(s->tmpdir, DT__CK_INDEX, text, strlen(text));
@@ -882,6 +963,8 @@ static dt_status_t dt__checkpoint_wait(dt_checkpoint_t ck) {
   if (s == NULL) return DT_SUCCESS;
   dt_status_t st = dt__ck_finish(ck, s);
   ck->pending = NULL;
+  dt__ck_give(ck, s->staging, s->staging_nbytes);
+  s->staging = NULL;
   dt__ck_save_free(s);
   return st;
 }
@@ -919,6 +1002,8 @@ static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, con
                      "per rank; add it with dt_checkpoint_add_tensor_as and the placements its "
                      "values follow", ck->items[i].name);
   }
+  s->index.values = cJSON_Duplicate(ck->values, 1); /* as they are now, not at the wait */
+  if (s->index.values == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "values");
   s->index.step = o->step;
   s->index.world_size = ck->world_size;
   s->index.block_nbytes = s->block;
@@ -943,9 +1028,17 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
     const char* final = s->final;
     struct stat sb;
     st = dt__ck_mkdir_p(s->dir);
-    if (st == DT_SUCCESS && stat(final, &sb) == 0)
-      st = DT_FAIL(DT_ERR_INVALID_USAGE, "checkpoint %s exists already (complete checkpoints are "
-                   "never overwritten: choose another name or remove it)", final);
+    if (st == DT_SUCCESS && stat(final, &sb) == 0) {
+      if (dt__ck_unpublished(s->dir, s->name)) { /* a save that died before `latest` named it */
+        char q[DT__CK_PATH_MAX + DT_CHECKPOINT_NAME_MAX + 16];
+        snprintf(q, sizeof q, "%s.unpublished.tmp", final);
+        if (rename(final, q) != 0)
+          st = DT_FAIL(DT_ERR_IO, "renaming %s: %s", final, strerror(errno));
+      } else {
+        st = DT_FAIL(DT_ERR_INVALID_USAGE, "checkpoint %s exists already (complete checkpoints "
+                     "are never overwritten: choose another name or remove it)", final);
+      }
+    }
     if (st == DT_SUCCESS) {
       dt__ck_clean(s->dir);
       if (mkdir(s->tmpdir, 0777) != 0)
@@ -979,12 +1072,12 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
   }
   s->st = dt__ck_write_file(ck, s);
   if (s->st != DT_SUCCESS) snprintf(s->err, sizeof s->err, "%s", dt_last_error());
-  free(s->staging);
-  s->staging = NULL;
   ck->stats.stall_s = 0; /* counted in finish: the whole save is a stall */
   st = dt__ck_finish(ck, s);
   ck->stats.stall_s = dt__ck_now() - t0;
   ck->pending = NULL;
+  dt__ck_give(ck, s->staging, s->staging_nbytes);
+  s->staging = NULL;
   dt__ck_save_free(s);
   return st;
 }

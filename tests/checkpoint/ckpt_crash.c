@@ -177,19 +177,13 @@ static int run_save(const char* dir, const char* piddir, int64_t steps) {
     if (g_rank == 0) printf("resumed step %" PRId64 "\n", s);
   }
   /* a save killed between publishing its directory and replacing `latest` leaves a complete
-   * step_<s0> that latest does not name; saving step s0 again would be refused */
+   * step_<s0> that latest does not name: the save of step s0 must replace it */
   snprintf(p, sizeof p, "%s/step_%08" PRId64, dir, s0);
   int orphan = stat(p, &sb) == 0;
   MPI_Allreduce(MPI_IN_PLACE, &orphan, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (orphan) {
-    if (g_rank == 0) {
-      printf("unpublished step %" PRId64 ": complete, not named by latest; removed\n", s0);
-      char cmd[4200];
-      snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
-      if (system(cmd) != 0) FAIL("%s", cmd);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-  }
+  if (orphan && g_rank == 0)
+    printf("unpublished step %" PRId64 ": complete, not named by latest; the save replaces it\n",
+           s0);
   fflush(stdout);
   int64_t values_of = -1;
   for (int64_t s = s0; steps < 0 || s < s0 + steps; s++) {
@@ -201,9 +195,11 @@ static int run_save(const char* dir, const char* piddir, int64_t steps) {
     o.keep_last = 2;
     o.async = (int)(s % 2);
     DT_ASSERT_OK(dt_checkpoint_save(ck, dir, NULL, &o));
-    if (o.async) { /* training goes on: the next step's values while the files are written */
+    if (o.async) { /* training goes on: the next step's values (tensors and the named value,
+                    * which the pending save must not take) while the files are written */
       set_step(mesh, t, s + 1);
       values_of = s + 1;
+      DT_ASSERT_OK(dt_checkpoint_set_i64(ck, "step", s + 1));
       DT_ASSERT_OK(dt_checkpoint_wait(ck));
     } else if (g_rank == 0) {
       no_tmp_left(dir, s);
