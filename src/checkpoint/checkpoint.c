@@ -1105,7 +1105,8 @@ typedef struct {
   int zero;           /* fill with zeros (a Partial(sum) coordinate other than 0) */
   int64_t numel;      /* local */
   int64_t off[DT_MAX_DIMS], len[DT_MAX_DIMS];
-  unsigned char* staging;
+  int64_t at;             /* byte offset of its staging in the load's buffer */
+  unsigned char* staging; /* borrowed from that buffer */
 } dt__ck_dst_t;
 
 static dt_status_t dt__ck_match(dt_checkpoint_t ck, const dt__ck_index_t* ix, const char* ckdir,
@@ -1168,27 +1169,40 @@ static dt_status_t dt__ck_dst_box(const dt__ck_item_t* it, dt__ck_dst_t* d) {
 }
 
 static dt_status_t dt__ck_read_all(dt_checkpoint_t ck, const dt__ck_index_t* ix, const char* ckdir,
-                                   dt__ck_dst_t* dst) {
+                                   dt__ck_dst_t* dst, unsigned char** staging,
+                                   int64_t* staging_nbytes) {
   dt__ck_fd_t* fds = calloc((size_t)(ix->n_files > 0 ? ix->n_files : 1), sizeof *fds);
   unsigned char* blockbuf = malloc((size_t)ix->block_nbytes);
   dt_status_t st = fds && blockbuf ? DT_SUCCESS : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "load buffers");
   for (int f = 0; fds && f < ix->n_files; f++) fds[f].fd = -1;
+  /* every box first: one staging buffer (the kept one) for the rank's whole share */
+  int64_t total = 0;
+  for (int i = 0; i < ck->n && st == DT_SUCCESS; i++) {
+    dt__ck_dst_t* d = &dst[i];
+    int j = d->index;
+    size_t isz = 0;
+    st = dt__ck_dst_box(&ck->items[i], d);
+    if (st != DT_SUCCESS || d->index < 0 || d->zero) continue;
+    d->index = j;
+    st = dt_dtype_itemsize(ix->tensors[j].dtype, &isz);
+    d->at = total;
+    total += d->numel * (int64_t)isz;
+  }
+  if (st == DT_SUCCESS && total > 0) {
+    *staging = dt__ck_take(ck, total);
+    *staging_nbytes = total;
+    if (*staging == NULL)
+      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%" PRId64 " bytes of host staging", total);
+  }
   for (int i = 0; i < ck->n && st == DT_SUCCESS; i++) {
     const dt__ck_item_t* it = &ck->items[i];
     dt__ck_dst_t* d = &dst[i];
+    if (d->index < 0 || d->zero || d->numel == 0) continue;
     int j = d->index;
-    st = dt__ck_dst_box(it, d);
-    if (st != DT_SUCCESS || d->index < 0 || d->zero) continue;
-    d->index = j;
     size_t isz = 0;
     st = dt_dtype_itemsize(ix->tensors[j].dtype, &isz);
     if (st != DT_SUCCESS) break;
-    d->staging = malloc((size_t)d->numel * isz);
-    if (d->staging == NULL) {
-      st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "tensor '%s': %" PRId64 " bytes of staging", it->name,
-                   d->numel * (int64_t)isz);
-      break;
-    }
+    d->staging = *staging + d->at;
     const dt__ck_tensor_t* t = &ix->tensors[j];
     int64_t covered = 0;
     for (int b = 0; b < t->n_boxes && st == DT_SUCCESS; b++) {
@@ -1236,7 +1250,10 @@ static dt_status_t dt__checkpoint_load(dt_checkpoint_t ck, const char* dir, cons
   if (st == DT_SUCCESS && dst == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "load");
   if (st == DT_SUCCESS) st = dt__ck_match(ck, &ix, ckdir, dst);
   st = dt__ck_agree(ck, st);
-  if (st == DT_SUCCESS) st = dt__ck_agree(ck, dt__ck_read_all(ck, &ix, ckdir, dst));
+  unsigned char* staging = NULL;
+  int64_t staging_nbytes = 0;
+  if (st == DT_SUCCESS)
+    st = dt__ck_agree(ck, dt__ck_read_all(ck, &ix, ckdir, dst, &staging, &staging_nbytes));
   /* commit: nothing was written before every rank had read and checked everything */
   dt_status_t cst = DT_SUCCESS;
   for (int i = 0; st == DT_SUCCESS && i < ck->n && cst == DT_SUCCESS; i++) {
@@ -1248,9 +1265,8 @@ static dt_status_t dt__checkpoint_load(dt_checkpoint_t ck, const char* dir, cons
     } else {
       cst = dt_tensor_write_local(ck->items[i].t, 0, d->numel, d->staging);
     }
-    free(d->staging);
-    d->staging = NULL;
   }
+  dt__ck_give(ck, staging, staging_nbytes);
   if (st == DT_SUCCESS) st = dt__ck_agree(ck, cst);
   if (st == DT_SUCCESS) {
     cJSON* v = cJSON_Duplicate(ix.values, 1);
@@ -1259,7 +1275,6 @@ static dt_status_t dt__checkpoint_load(dt_checkpoint_t ck, const char* dir, cons
       ck->values = v;
     }
   }
-  for (int i = 0; dst && i < ck->n; i++) free(dst[i].staging);
   free(dst);
   dt__ck_index_free(&ix);
   return st;
