@@ -37,6 +37,12 @@
  * byte, a truncated file, a malformed header) changes nothing, and every rank returns the same
  * status and message, naming the file and the tensor. Saved tensors not listed are ignored.
  *
+ * Host memory: a save stages this rank's shards (its share of the writes) in one host buffer,
+ * a load its own shards; the object keeps that buffer between its saves and loads (so that the
+ * copy that stalls training writes memory already mapped) and frees it in dt_checkpoint_destroy.
+ * A load needs no more: each rank's extra host memory is its own shard bytes plus one checksum
+ * block, whatever the resharding.
+ *
  * Collective calls (marked) must be made by every rank of the world with the same objects added
  * in the same order. Files live in a directory every rank sees (a shared filesystem across
  * nodes). The inspection functions at the end are local and need no dt_init (tools use them).
