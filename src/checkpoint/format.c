@@ -136,6 +136,10 @@ void dt__ck_st_free(dt__ck_st_entry_t* e, int n) {
   free(e);
 }
 
+static int dt__ck_cmp_key(const void* a, const void* b) {
+  return strcmp(((const dt__ck_st_entry_t*)a)->key, ((const dt__ck_st_entry_t*)b)->key);
+}
+
 static int dt__ck_cmp_begin(const void* a, const void* b) {
   const dt__ck_st_entry_t* x = a;
   const dt__ck_st_entry_t* y = b;
@@ -233,6 +237,11 @@ dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, co
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: sort", what);
     } else {
       memcpy(sorted, es, (size_t)k * sizeof *sorted);
+      qsort(sorted, (size_t)k, sizeof *sorted, dt__ck_cmp_key); /* one entry per name */
+      for (int i = 1; i < k && st == DT_SUCCESS; i++)
+        if (strcmp(sorted[i - 1].key, sorted[i].key) == 0)
+          st = DT_FAIL(DT_ERR_CORRUPT, "%s: tensor '%.200s' appears twice in the header", what,
+                       sorted[i].key);
       qsort(sorted, (size_t)k, sizeof *sorted, dt__ck_cmp_begin);
       int64_t at = 0;
       for (int i = 0; i < k && st == DT_SUCCESS; i++) {
