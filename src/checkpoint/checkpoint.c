@@ -754,10 +754,7 @@ static dt_status_t dt__ck_write_file(dt_checkpoint_t ck, dt__ck_save_t* s) {
   if (s->header == NULL) return DT_SUCCESS; /* nothing to write */
   int fd = open(s->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) return DT_FAIL(DT_ERR_IO, "creating %s: %s", s->path, strerror(errno));
-  unsigned char len8[8];
-  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)s->header_len >> (8 * i));
-  dt_status_t st = dt__ck_write_all(fd, len8, 8, s->path);
-  if (st == DT_SUCCESS) st = dt__ck_write_all(fd, s->header, s->header_len, s->path);
+  dt_status_t st = dt__ck_st_write_header(fd, s->header, s->header_len, s->path);
   if (st == DT_SUCCESS) st = dt__ck_write_all(fd, s->staging, (size_t)s->staging_nbytes, s->path);
   dt__ck_fsync_t fs = {fd, 0, 0};
   pthread_t th;
@@ -1171,10 +1168,9 @@ static dt_status_t dt__ck_dst_box(const dt__ck_item_t* it, dt__ck_dst_t* d) {
 static dt_status_t dt__ck_read_all(dt_checkpoint_t ck, const dt__ck_index_t* ix, const char* ckdir,
                                    dt__ck_dst_t* dst, unsigned char** staging,
                                    int64_t* staging_nbytes) {
-  dt__ck_fd_t* fds = calloc((size_t)(ix->n_files > 0 ? ix->n_files : 1), sizeof *fds);
+  dt__ck_fd_t* fds = dt__ck_fds_new(ix->n_files);
   unsigned char* blockbuf = malloc((size_t)ix->block_nbytes);
   dt_status_t st = fds && blockbuf ? DT_SUCCESS : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "load buffers");
-  for (int f = 0; fds && f < ix->n_files; f++) fds[f].fd = -1;
   /* every box first: one staging buffer (the kept one) for the rank's whole share */
   int64_t total = 0;
   for (int i = 0; i < ck->n && st == DT_SUCCESS; i++) {
@@ -1224,9 +1220,7 @@ static dt_status_t dt__ck_read_all(dt_checkpoint_t ck, const dt__ck_index_t* ix,
       st = DT_FAIL(DT_ERR_CORRUPT, "%s: tensor '%s': the saved boxes cover %" PRId64 " of this "
                    "rank's %" PRId64 " bytes", ckdir, it->name, covered, d->numel * (int64_t)isz);
   }
-  for (int f = 0; fds && f < ix->n_files; f++)
-    if (fds[f].fd >= 0) close(fds[f].fd);
-  free(fds);
+  dt__ck_fds_close(fds, ix->n_files);
   free(blockbuf);
   return st;
 }

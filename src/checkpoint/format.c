@@ -295,6 +295,13 @@ dt_status_t dt__ck_st_read_header(int fd, int64_t file_nbytes, const char* what,
   return DT_SUCCESS;
 }
 
+dt_status_t dt__ck_st_write_header(int fd, const char* hdr, size_t len, const char* path) {
+  unsigned char len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)len >> (8 * i));
+  DT_CHECK(dt__ck_write_all(fd, len8, 8, path));
+  return dt__ck_write_all(fd, hdr, len, path);
+}
+
 /* ---- index.json ---------------------------------------------------------------------------- */
 
 static cJSON* dt__ck_ints(const int64_t* v, int n) {
@@ -790,6 +797,18 @@ int dt__ck_read_run(int64_t src, int64_t dst, int64_t n, void* ctx) {
     n -= take;
   }
   return 0;
+}
+
+dt__ck_fd_t* dt__ck_fds_new(int n) {
+  dt__ck_fd_t* fds = calloc((size_t)(n > 0 ? n : 1), sizeof *fds);
+  for (int f = 0; fds && f < n; f++) fds[f].fd = -1;
+  return fds;
+}
+
+void dt__ck_fds_close(dt__ck_fd_t* fds, int n) {
+  for (int f = 0; fds && f < n; f++)
+    if (fds[f].fd >= 0) close(fds[f].fd);
+  free(fds);
 }
 
 /* Opens file f once, checking its size and its safetensors header against the index. */

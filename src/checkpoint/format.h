@@ -108,6 +108,8 @@ void dt__ck_st_free(dt__ck_st_entry_t* e, int n);
  * checked against DT__CK_HEADER_MAX and the file). *hdr is malloc'd (NUL-terminated). */
 dt_status_t dt__ck_st_read_header(int fd, int64_t file_nbytes, const char* what, char** hdr,
                                   uint64_t* hdr_len);
+/* Writes the 8-byte little-endian length and the header (what the reader above reads). */
+dt_status_t dt__ck_st_write_header(int fd, const char* hdr, size_t len, const char* path);
 
 /* checksums */
 uint64_t dt__ck_hash(const void* p, size_t n);
@@ -130,6 +132,9 @@ typedef struct {
 } dt__ck_fd_t;
 dt_status_t dt__ck_file_open(const char* ckdir, const dt__ck_index_t* ix, int f, dt__ck_fd_t* fds,
                              char* path, size_t cap);
+/* A table of n files, none open (NULL when out of memory); closing closes the open ones. */
+dt__ck_fd_t* dt__ck_fds_new(int n);
+void dt__ck_fds_close(dt__ck_fd_t* fds, int n);
 /* A dt__ck_runs callback: copies a run of a saved box into dst, reading through blockbuf the
  * checksum blocks that hold it and checking each (DT_ERR_CORRUPT naming file and tensor). */
 typedef struct {

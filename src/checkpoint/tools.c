@@ -14,18 +14,6 @@
 
 #include "checkpoint/format.h"
 
-static void dt__ck_fds_close(dt__ck_fd_t* fds, int n) {
-  for (int f = 0; fds && f < n; f++)
-    if (fds[f].fd >= 0) close(fds[f].fd);
-  free(fds);
-}
-
-static dt__ck_fd_t* dt__ck_fds_new(int n) {
-  dt__ck_fd_t* fds = calloc((size_t)(n > 0 ? n : 1), sizeof *fds);
-  for (int f = 0; fds && f < n; f++) fds[f].fd = -1;
-  return fds;
-}
-
 /* ---- info ---------------------------------------------------------------------------------- */
 
 static dt_status_t dt__checkpoint_info(const char* path, FILE* out) {
@@ -191,12 +179,7 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) st = DT_FAIL(DT_ERR_IO, "creating %s: %s", tmp, strerror(errno));
   }
-  if (st == DT_SUCCESS) {
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hl >> (8 * i));
-    st = dt__ck_write_all(fd, len8, 8, tmp);
-    if (st == DT_SUCCESS) st = dt__ck_write_all(fd, hdr, hl, tmp);
-  }
+  if (st == DT_SUCCESS) st = dt__ck_st_write_header(fd, hdr, hl, tmp);
   for (int k = 0; k < n && st == DT_SUCCESS; k++) {
     st = dt__ck_gather(ckdir, ix, &ix->tensors[sel[lo + k]], fds, buf, blockbuf);
     if (st == DT_SUCCESS) st = dt__ck_write_all(fd, buf, (size_t)nb[k], tmp);
@@ -473,10 +456,7 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
   if (st == DT_SUCCESS && total > 0) {
     fd = open(fpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) st = DT_FAIL(DT_ERR_IO, "creating %s: %s", fpath, strerror(errno));
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hl >> (8 * i));
-    if (st == DT_SUCCESS) st = dt__ck_write_all(fd, len8, 8, fpath);
-    if (st == DT_SUCCESS) st = dt__ck_write_all(fd, hdr, hl, fpath);
+    if (st == DT_SUCCESS) st = dt__ck_st_write_header(fd, hdr, hl, fpath);
     snprintf(ix.files[0].name, sizeof ix.files[0].name, "rank_00000.safetensors");
     ix.n_files = 1;
   }
