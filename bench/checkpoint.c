@@ -22,11 +22,19 @@
  *    each of the two reads every rank calls posix_fadvise(POSIX_FADV_DONTNEED) on the files it
  *    is about to read (its checkpoint file, the index, and its raw file), which drops their clean
  *    pages from this guest's page cache; the host below the VM may still cache the disk image,
- *    so "evicted" is a lower bound of a cold read. load_vs_raw = raw time / load time (warm).
- *  - async: dt_checkpoint_save with async = 1 (its time is the stall: the copy to host staging),
- *    then W ms of simulated training (a CPU loop; W default: the sync save's time of the same
- *    round, so the background write has about the time it needs), then dt_checkpoint_wait.
- *    async_stall_ratio = async save time / sync save time of the same round.
+ *    so "evicted" is a lower bound of a cold read. load_vs_raw = raw time / load time (evicted:
+ *    the comparison of I/O; the warm ratio is the CPU cost of checking every block and of
+ *    staging everything before the commit, printed beside it).
+ *  - async, copy in save: dt_checkpoint_save with async = DT_CHECKPOINT_ASYNC (its time is the
+ *    stall: the copy to host staging), then W ms of simulated training (a CPU loop; W default:
+ *    the sync save's time of the same round, so the background write has about the time it
+ *    needs), then dt_checkpoint_wait. Ratio: async save time / sync save time.
+ *  - async, copy deferred (the trainer's --async-checkpoint): dt_checkpoint_save with async =
+ *    DT_CHECKPOINT_ASYNC_DEFER_COPY, W ms of work (the forward and backward passes), then
+ *    dt_checkpoint_wait_staged (where the optimizer step would start), then dt_checkpoint_wait.
+ *    async_stall_ratio = (save + wait_staged time) / sync save time of the same round. The
+ *    background thread takes CPU from the work: the work loop's progress beside each async save
+ *    over its progress undisturbed (the same W ms run just before) is printed too.
  *  - reshard: dt_checkpoint_load of the Shard(0) checkpoint into Shard(1) tensors (columns
  *    split: every rank reads part of every row of every saved box, the worst case for partial
  *    reads), values checked once against dt_tensor_rand. Memory: the peak resident set of the
@@ -38,7 +46,8 @@
  *    reshard_load_mem_ratio = that extra peak / this rank's bytes of the Shard(1) tensors.
  * Times are the slowest rank's (a barrier before each), memory the largest rank's. Each ratio is
  * computed per round; the table gives the median and the spread (min..max) over the rounds.
- * Last line: save_vs_raw=X load_vs_raw=X async_stall_ratio=X reshard_load_mem_ratio=X (medians).
+ * Last line: save_vs_raw=X load_vs_raw=X async_stall_ratio=X reshard_load_mem_ratio=X (medians;
+ * load_vs_raw evicted, async_stall_ratio with the copy deferred).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -186,12 +195,16 @@ static void reset_peak_rss(void) {
 
 static volatile double g_sink;
 
-/* simulated training: a CPU loop for ms milliseconds */
-static void work(double ms) {
+/* simulated training: a CPU loop for ms milliseconds; returns how much it computed */
+static int64_t work(double ms) {
   double t0 = now_us(), x = 1.0;
-  while (now_us() - t0 < ms * 1e3)
+  int64_t done = 0;
+  while (now_us() - t0 < ms * 1e3) {
     for (int i = 0; i < 10000; i++) x = x * 1.0000001 + 1e-9;
+    done++;
+  }
   g_sink = x;
+  return done;
 }
 
 static void usage(const char* prog) {
@@ -285,20 +298,24 @@ int main(int argc, char** argv) {
            g_world, ntens, (double)total / (1 << 20), (double)mine / (1 << 20), dir, reps);
     fflush(stdout);
   }
-  enum { SAVE, RAWW, LOAD, RAWR, LOADC, RAWRC, ASYNC, WAIT, RESHARD, NT };
+  enum { SAVE, RAWW, LOAD, RAWR, LOADC, RAWRC, ASYNC, WAIT, DEFER, WAITD, RESHARD, NT };
   double* t[NT];
   double* mem = calloc((size_t)reps, sizeof(double));
   double* extra_mib = calloc((size_t)reps, sizeof(double));
+  double* work_frac = calloc((size_t)reps, sizeof(double));
+  double* work_frac_a = calloc((size_t)reps, sizeof(double));
   for (int i = 0; i < NT; i++) t[i] = calloc((size_t)reps, sizeof(double));
-  if (mem == NULL || extra_mib == NULL) die("calloc");
+  if (mem == NULL || extra_mib == NULL || work_frac == NULL || work_frac_a == NULL)
+    die("calloc");
   for (int i = 0; i < NT; i++)
     if (t[i] == NULL) die("calloc");
   double used_work_ms = 0;
   for (int r = -1; r < reps; r++) {
     int ri = r < 0 ? 0 : r, raw_first = ri % 2 == 0;
-    char name[64], aname[64], ckfile[2400], index[2400];
+    char name[64], aname[64], dname[64], ckfile[2400], index[2400];
     snprintf(name, sizeof name, "sync_%d", r + 1);
     snprintf(aname, sizeof aname, "async_%d", r + 1);
+    snprintf(dname, sizeof dname, "defer_%d", r + 1);
     snprintf(ckfile, sizeof ckfile, "%s/%s/rank_%05d.safetensors", dir, name, g_rank);
     snprintf(index, sizeof index, "%s/%s/index.json", dir, name);
     double v[NT];
@@ -340,12 +357,38 @@ int main(int argc, char** argv) {
     double wms = work_ms > 0 ? work_ms : v[SAVE] * 1e3;
     used_work_ms = wms;
     v[ASYNC] = timed_save(ck, dir, aname, 1);
-    work(wms);
+    int64_t beside_a = work(wms);
     MPI_Barrier(MPI_COMM_WORLD);
     double tw = now_us();
     CHECK(dt_checkpoint_wait(ck));
     v[WAIT] = slowest((now_us() - tw) * 1e-6);
     remove_checkpoint(dir, aname);
+    /* async with the copy deferred (the trainer's --async-checkpoint): the save, the simulated
+     * forward and backward passes, dt_checkpoint_wait_staged (the optimizer step would follow),
+     * then the wait; the stall is the save plus wait_staged. The same work undisturbed first:
+     * work_frac = what the loop computed beside the background copy and write / undisturbed. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    int64_t undisturbed = work(wms);
+    dt_checkpoint_save_opts_t od = dt_checkpoint_save_opts_default();
+    od.async = DT_CHECKPOINT_ASYNC_DEFER_COPY;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double td = now_us();
+    CHECK(dt_checkpoint_save(ck, dir, dname, &od));
+    double stall_d = now_us() - td;
+    int64_t beside = work(wms);
+    td = now_us();
+    CHECK(dt_checkpoint_wait_staged(ck));
+    stall_d += now_us() - td;
+    v[DEFER] = slowest(stall_d * 1e-6);
+    MPI_Barrier(MPI_COMM_WORLD);
+    td = now_us();
+    CHECK(dt_checkpoint_wait(ck));
+    v[WAITD] = slowest((now_us() - td) * 1e-6);
+    double frac = undisturbed > 0 ? (double)beside / (double)undisturbed : 1.0;
+    double frac_a = undisturbed > 0 ? (double)beside_a / (double)undisturbed : 1.0;
+    frac = -slowest(-frac); /* the smallest over the ranks */
+    frac_a = -slowest(-frac_a);
+    remove_checkpoint(dir, dname);
     /* reshard Shard(0) -> Shard(1), memory: a fresh checkpoint object, so that its staging
      * buffer (kept between a checkpoint object's saves and loads) is allocated and counted */
     CHECK(dt_checkpoint_destroy(ck1));
@@ -395,12 +438,16 @@ int main(int argc, char** argv) {
     if (r < 0) continue;
     for (int i = 0; i < NT; i++) t[i][r] = v[i];
     mem[r] = ratio;
+    work_frac[r] = frac;
+    work_frac_a[r] = frac_a;
     extra_mib[r] = emib;
     if (g_rank == 0) {
       printf("# round %d (%s first): save %.3f s raw %.3f | load %.3f raw %.3f | evicted: load "
-             "%.3f raw %.3f | async %.3f wait %.3f after %.0f ms | reshard %.3f s, +%.1f MiB "
-             "(%.3f)\n", r, raw_first ? "raw" : "library", v[SAVE], v[RAWW], v[LOAD], v[RAWR],
-             v[LOADC], v[RAWRC], v[ASYNC], v[WAIT], wms, v[RESHARD], emib, ratio);
+             "%.3f raw %.3f | async %.3f wait %.3f after %.0f ms | deferred copy: stall %.4f "
+             "wait %.3f, work %.2f | reshard %.3f s, +%.1f MiB (%.3f)\n", r,
+             raw_first ? "raw" : "library", v[SAVE], v[RAWW], v[LOAD], v[RAWR], v[LOADC],
+             v[RAWRC], v[ASYNC], v[WAIT], wms, v[DEFER], v[WAITD], frac, v[RESHARD], emib,
+             ratio);
       fflush(stdout);
     }
   }
@@ -408,16 +455,18 @@ int main(int argc, char** argv) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (g_rank == 0) rm_rf(dir);
 
-  double q_save[64], q_load[64], q_loadc[64], q_async[64];
+  double q_save[64], q_load[64], q_loadc[64], q_async[64], q_defer[64];
   for (int r = 0; r < reps; r++) {
     q_save[r] = t[RAWW][r] / t[SAVE][r];
     q_load[r] = t[RAWR][r] / t[LOAD][r];
     q_loadc[r] = t[RAWRC][r] / t[LOADC][r];
     q_async[r] = t[ASYNC][r] / t[SAVE][r];
+    q_defer[r] = t[DEFER][r] / t[SAVE][r];
   }
   const int nr = reps;
   spread_t rs = spread(q_save, nr), rl = spread(q_load, nr), rlc = spread(q_loadc, nr),
-           ra = spread(q_async, nr), rm = spread(mem, nr);
+           ra = spread(q_async, nr), rd = spread(q_defer, nr), rm = spread(mem, nr),
+           wf = spread(work_frac, nr), wfa = spread(work_frac_a, nr);
   if (g_rank == 0) {
     const char* names[NT] = {"dt_checkpoint_save (sync)",
                              "raw write + fsync",
@@ -426,6 +475,8 @@ int main(int argc, char** argv) {
                              "dt_checkpoint_load (evicted)",
                              "raw read (evicted)",
                              "dt_checkpoint_save (async): stall",
+                             "dt_checkpoint_wait after the work",
+                             "async, copy deferred: stall",
                              "dt_checkpoint_wait after the work",
                              "dt_checkpoint_load S(0) -> S(1)"};
     printf("# %-36s | %22s | %18s\n", "operation", "seconds median (min..max)", "MiB/s (median)");
@@ -441,19 +492,27 @@ int main(int argc, char** argv) {
     printf("# ratios, median (min..max) over %d rounds:\n", nr);
     printf("#   save_vs_raw            %.3g (%.3g..%.3g)   [raw write+fsync time / save time]\n",
            rs.med, rs.lo, rs.hi);
-    printf("#   load_vs_raw (warm)     %.3g (%.3g..%.3g)   [raw read time / load time]\n", rl.med,
-           rl.lo, rl.hi);
-    printf("#   load_vs_raw (evicted)  %.3g (%.3g..%.3g)\n", rlc.med, rlc.lo, rlc.hi);
-    printf("#   async_stall_ratio      %.3g (%.3g..%.3g)   [async save time / sync save time]\n",
+    printf("#   load_vs_raw (evicted)  %.3g (%.3g..%.3g)   [raw read time / load time, pages "
+           "not cached: the I/O comparison]\n", rlc.med, rlc.lo, rlc.hi);
+    printf("#   load_vs_raw (warm)     %.3g (%.3g..%.3g)   [the same, pages cached: the CPU cost "
+           "of checking every block and of the all-or-nothing commit]\n", rl.med, rl.lo, rl.hi);
+    printf("#   async_stall_ratio      %.3g (%.3g..%.3g)   [copy deferred: (save + wait_staged) / "
+           "sync save time]\n", rd.med, rd.lo, rd.hi);
+    printf("#   async (copy in save)   %.3g (%.3g..%.3g)   [async save time / sync save time]\n",
            ra.med, ra.lo, ra.hi);
+    printf("#   simulated work done beside the background save, of the undisturbed loop's: "
+           "%.3g (%.3g..%.3g) copy deferred, %.3g (%.3g..%.3g) copy in save\n", wf.med, wf.lo,
+           wf.hi, wfa.med, wfa.lo, wfa.hi);
     printf("#   reshard_load_mem_ratio %.3g (%.3g..%.3g)   [peak extra RSS / own shard bytes]\n",
            rm.med, rm.lo, rm.hi);
     printf("save_vs_raw=%#.3g load_vs_raw=%#.3g async_stall_ratio=%#.3g "
-           "reshard_load_mem_ratio=%#.3g\n", rs.med, rl.med, ra.med, rm.med);
+           "reshard_load_mem_ratio=%#.3g\n", rs.med, rlc.med, rd.med, rm.med);
   }
   for (int i = 0; i < NT; i++) free(t[i]);
   free(mem);
   free(extra_mib);
+  free(work_frac);
+  free(work_frac_a);
   free(buf);
   free(orig);
   for (int k = 0; k < ntens; k++) {

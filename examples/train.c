@@ -402,7 +402,9 @@ static dt_status_t save_checkpoint(dt_checkpoint_t ck, const train_opts_t* o, in
   dt_checkpoint_save_opts_t so = dt_checkpoint_save_opts_default();
   so.step = next;
   so.keep_last = o->keep_last;
-  so.async = o->async_checkpoint;
+  /* async: the copy to staging runs on the writer thread during the next forward and backward
+   * passes; the optimizer step waits for it (dt_checkpoint_wait_staged) */
+  so.async = o->async_checkpoint ? DT_CHECKPOINT_ASYNC_DEFER_COPY : DT_CHECKPOINT_SYNC;
   DT_CHECK(dt_checkpoint_save(ck, o->checkpoint_dir, NULL, &so));
   report_checkpoint(ck, 0);
   return DT_SUCCESS;
@@ -764,6 +766,7 @@ int main(int argc, char** argv) {
     double gnorm;
     CHECK(dt_clip_grad_norm(np, params, o.clip, &gnorm));
     double lr = dt_lr_schedule(step, o.warmup, o.steps, o.lr, o.lr * 0.1);
+    if (ck) CHECK(dt_checkpoint_wait_staged(ck)); /* the last save's copy, before the update */
     CHECK(dt_adamw_step(opt, lr));
     for (int i = 0; i < np; i++) CHECK(dt_var_zero_grad(params[i]));
     dt_tensor_destroy(tt);

@@ -117,7 +117,8 @@ static const opt_doc_t kDocs[] = {
      "0: after the last step only"},
     {"keep_last", "checkpoints", "K", "keep the newest K checkpoints", "0: all"},
     {"async_checkpoint", "checkpoints", NULL,
-     "write checkpoints in the background (the step stalls only for the host copy)", "off"},
+     "copy and write checkpoints in the background (the next optimizer step waits for the "
+     "copy)", "off"},
     {"resume", "checkpoints", NULL,
      "continue from the latest checkpoint in --checkpoint-dir (any mesh and parallel config)",
      "off"},

@@ -28,6 +28,12 @@
  * host staging memory (that copy is the only stall); a background thread writes the files while
  * training goes on, and dt_checkpoint_wait (collective) finishes the save: agrees on the outcome,
  * writes the index and publishes it. The saved tensors may change as soon as save returns.
+ * With async DT_CHECKPOINT_ASYNC_DEFER_COPY even that copy leaves the caller: save returns once
+ * the plan is agreed (Partial tensors reduced, device shards copied), the background thread
+ * copies the host-memory shards first and writes them after, and the caller keeps every saved
+ * tensor alive and unchanged until dt_checkpoint_wait_staged returns (a trainer calls it before
+ * its optimizer step, so the copy runs during the forward and backward passes, as torchtitan
+ * stages while the next step computes).
  *
  * Loading reads, on each rank, only the byte ranges its own shards need (the intersection of each
  * saved box with the rank's box, read by pread in contiguous runs; whole blocks of block_nbytes
@@ -106,11 +112,18 @@ DT_API dt_status_t dt_checkpoint_set_f64(dt_checkpoint_t ck, const char* key, do
 DT_API dt_status_t dt_checkpoint_get_i64(dt_checkpoint_t ck, const char* key, int64_t* value);
 DT_API dt_status_t dt_checkpoint_get_f64(dt_checkpoint_t ck, const char* key, double* value);
 
+enum {
+  DT_CHECKPOINT_SYNC = 0,
+  DT_CHECKPOINT_ASYNC = 1,
+  DT_CHECKPOINT_ASYNC_DEFER_COPY = 2
+};
 typedef struct dt_checkpoint_save_opts {
   int64_t step;     /* recorded in index.json ("step") */
   int keep_last;    /* > 0: after publishing, remove the oldest complete checkpoints of DIR (by
                      * step, then name) until keep_last remain; 0: keep every one */
-  int async;        /* 1: return after staging; dt_checkpoint_wait publishes */
+  int async;        /* DT_CHECKPOINT_SYNC (0), _ASYNC (1): return after staging, or
+                     * _ASYNC_DEFER_COPY (2): return before the copy of host shards (see above);
+                     * dt_checkpoint_wait publishes */
   int64_t block_nbytes; /* checksum block (0: 1 MiB; 4 KiB to 64 MiB) */
 } dt_checkpoint_save_opts_t;
 DT_API dt_checkpoint_save_opts_t dt_checkpoint_save_opts_default(void);
@@ -126,7 +139,8 @@ typedef struct dt_checkpoint_stats {
   int64_t nbytes;       /* tensor bytes written, all ranks */
   int64_t rank_nbytes;  /* of which this rank wrote */
   int64_t file_nbytes;  /* all files of the checkpoint, index included */
-  double stall_s;       /* this rank's time inside dt_checkpoint_save (+ the wait, when async) */
+  double stall_s;       /* this rank's time inside dt_checkpoint_save (+ dt_checkpoint_wait_staged
+                         * and dt_checkpoint_wait, when async) */
   double total_s;       /* from the start of the save until it was published */
   int pending;          /* 1: an async save is still to be waited for */
   char name[DT_CHECKPOINT_NAME_MAX];
@@ -135,6 +149,10 @@ typedef struct dt_checkpoint_stats {
  * writes the index and publishes the checkpoint (the same error on every rank when any rank's
  * writes failed; the NAME.tmp is then removed). A no-op returning DT_SUCCESS otherwise. */
 DT_API dt_status_t dt_checkpoint_wait(dt_checkpoint_t ck);
+/* Local. Returns once the pending save (DT_CHECKPOINT_ASYNC_DEFER_COPY) has copied this rank's
+ * shards to staging: from then on the saved tensors may change. The time it blocks counts in
+ * stall_s. A no-op returning DT_SUCCESS when no save is pending or the copy was made in save. */
+DT_API dt_status_t dt_checkpoint_wait_staged(dt_checkpoint_t ck);
 /* The last save's figures (pending 1 until dt_checkpoint_wait). Local. */
 DT_API dt_status_t dt_checkpoint_stats(dt_checkpoint_t ck, dt_checkpoint_stats_t* out);
 

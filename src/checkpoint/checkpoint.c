@@ -58,6 +58,13 @@ typedef struct {
   int64_t n_blocks;
 } dt__ck_pbox_t;
 
+/* A copy of a host-memory shard into staging, deferred to the writer thread. */
+typedef struct {
+  unsigned char* dst;
+  const unsigned char* src;
+  size_t nbytes;
+} dt__ck_copy_t;
+
 typedef struct {
   /* plan */
   int n_boxes;
@@ -83,6 +90,13 @@ typedef struct {
   char err[1024];
   double t0, stall;
   int64_t nbytes_total, rank_nbytes;
+  /* DT_CHECKPOINT_ASYNC_DEFER_COPY: the copies of host-memory shards the writer thread makes
+   * before writing; `staged` (under mu, signalled on cv) once they are done */
+  dt__ck_copy_t* copies;
+  int n_copies, cap_copies;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int staged;
 } dt__ck_save_t;
 
 struct dt_checkpoint {
@@ -157,6 +171,9 @@ dt_status_t dt_checkpoint_create(dt_checkpoint_t* out) {
 static void dt__ck_save_free(dt__ck_save_t* s) {
   if (s == NULL) return;
   if (s->thread_started) pthread_join(s->thread, NULL);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s->copies);
   free(s->boxes);
   free(s->hashes);
   dt__ck_index_free(&s->index);
@@ -694,9 +711,43 @@ static dt_status_t dt__ck_plan(dt_checkpoint_t ck, dt__ck_save_t* s) {
   return st;
 }
 
+/* Lists the copy of a box of `t` (its whole local shard) for the writer thread when its memory
+ * is the host's; *listed 0 when it is not (the caller copies now). */
+static dt_status_t dt__ck_defer(dt__ck_save_t* s, dt_tensor_t t, unsigned char* dst,
+                                int64_t nbytes, int* listed) {
+  void* data = NULL;
+  dt_backend_t be = NULL;
+  dt_device_t dev = DT_DEVICE_CUDA;
+  *listed = 0;
+  DT_CHECK(dt_tensor_to_local_backend(t, &data, NULL, &be));
+  if (data == NULL || be == NULL) return DT_SUCCESS;
+  DT_CHECK(dt_backend_device(be, &dev));
+  if (dev != DT_DEVICE_HOST) return DT_SUCCESS;
+  if (s->n_copies == s->cap_copies) {
+    int cap = s->cap_copies ? 2 * s->cap_copies : 16;
+    dt__ck_copy_t* c = realloc(s->copies, (size_t)cap * sizeof *c);
+    if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "copy list");
+    s->copies = c;
+    s->cap_copies = cap;
+  }
+  s->copies[s->n_copies++] = (dt__ck_copy_t){dst, data, (size_t)nbytes};
+  *listed = 1;
+  return DT_SUCCESS;
+}
+
+/* The writer thread's first task: the deferred copies, then `staged` is signalled. */
+static void dt__ck_copy_deferred(dt__ck_save_t* s) {
+  for (int i = 0; i < s->n_copies; i++) memcpy(s->copies[i].dst, s->copies[i].src, s->copies[i].nbytes);
+  pthread_mutex_lock(&s->mu);
+  s->staged = 1;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
 /* Copies this rank's boxes to the staging buffer (Partial tensors reduced first). Collective
- * over each reduced tensor's mesh. */
-static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s) {
+ * over each reduced tensor's mesh. `defer`: boxes in host memory are only listed, for the writer
+ * thread to copy (dt__ck_copy_deferred). */
+static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s, int defer) {
   if (s->staging_nbytes > 0) {
     s->staging = dt__ck_take(ck, s->staging_nbytes);
     if (s->staging == NULL)
@@ -729,7 +780,10 @@ static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s) {
                      "tensor '%s': this rank holds %" PRId64 " elements, its box under the "
                      "placements saved has %" PRId64 " (dt_checkpoint_add_tensor_as: the local "
                      "shape must be the box)", it->name, lnumel, numel);
-      if (st == DT_SUCCESS) st = dt_tensor_read_local(src, 0, numel, s->staging + p->rel);
+      int listed = 0;
+      if (st == DT_SUCCESS && defer && tmp == NULL)
+        st = dt__ck_defer(s, src, s->staging + p->rel, p->nbytes, &listed);
+      if (st == DT_SUCCESS && !listed) st = dt_tensor_read_local(src, 0, numel, s->staging + p->rel);
     }
     if (tmp) dt_tensor_destroy(tmp);
   }
@@ -751,6 +805,7 @@ static void* dt__ck_fsync_thread(void* a) {
 /* Writes this rank's file, then hashes its boxes (each block, and the box in the same pass)
  * while the file is fsynced on a helper thread (on the writer thread when async). */
 static dt_status_t dt__ck_write_file(dt_checkpoint_t ck, dt__ck_save_t* s) {
+  dt__ck_copy_deferred(s);
   if (s->header == NULL) return DT_SUCCESS; /* nothing to write */
   int fd = open(s->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) return DT_FAIL(DT_ERR_IO, "creating %s: %s", s->path, strerror(errno));
@@ -968,11 +1023,28 @@ static dt_status_t dt__checkpoint_wait(dt_checkpoint_t ck) {
 
 dt_status_t dt_checkpoint_wait(dt_checkpoint_t ck) { DT_ENTRY_RETURN(dt__checkpoint_wait(ck)); }
 
+static dt_status_t dt__checkpoint_wait_staged(dt_checkpoint_t ck) {
+  DT_CHECK(dt__ck_check(ck));
+  dt__ck_save_t* s = ck->pending;
+  if (s == NULL || !s->thread_started) return DT_SUCCESS;
+  double t0 = dt__ck_now();
+  pthread_mutex_lock(&s->mu);
+  while (!s->staged) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  ck->stats.stall_s += dt__ck_now() - t0;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_checkpoint_wait_staged(dt_checkpoint_t ck) {
+  DT_ENTRY_RETURN(dt__checkpoint_wait_staged(ck));
+}
+
 static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, const char* dir,
                                        const char* name, const dt_checkpoint_save_opts_t* o) {
   if (o->keep_last < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "opts->keep_last=%d (valid: >= 0)", o->keep_last);
-  if (o->async != 0 && o->async != 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "opts->async=%d (valid: 0 or 1)", o->async);
+  if (o->async < DT_CHECKPOINT_SYNC || o->async > DT_CHECKPOINT_ASYNC_DEFER_COPY)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "opts->async=%d (valid: 0 sync, 1 async, 2 async with "
+                   "the copy deferred)", o->async);
   s->block = o->block_nbytes ? o->block_nbytes : DT__CK_BLOCK_DEFAULT;
   if (s->block < DT__CK_BLOCK_MIN || s->block > DT__CK_BLOCK_MAX)
     return DT_FAIL(DT_ERR_INVALID_ARG, "opts->block_nbytes=%" PRId64 " (valid: 0, or %" PRId64
@@ -1017,6 +1089,10 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
   DT_CHECK(dt__checkpoint_wait(ck));
   dt_checkpoint_save_opts_t o = opts ? *opts : dt_checkpoint_save_opts_default();
   dt__ck_save_t* s = calloc(1, sizeof *s);
+  if (s) {
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+  }
   dt_status_t st = s ? dt__ck_save_prepare(ck, s, dir, name, &o)
                      : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "save");
   if (s) s->t0 = t0;
@@ -1043,7 +1119,8 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
     }
   }
   st = dt__ck_agree(ck, st);
-  if (st == DT_SUCCESS) st = dt__ck_agree(ck, dt__ck_stage(ck, s));
+  if (st == DT_SUCCESS)
+    st = dt__ck_agree(ck, dt__ck_stage(ck, s, o.async == DT_CHECKPOINT_ASYNC_DEFER_COPY));
   if (st != DT_SUCCESS) {
     if (ck->rank == 0 && s && s->tmpdir[0] && strstr(dt_last_error(), "exists already") == NULL) {
       char msg[1024];

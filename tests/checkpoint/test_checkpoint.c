@@ -4,7 +4,9 @@
  *    some shards are empty, 0-d, zero-size) saved from one mesh and placements and loaded onto
  *    every other layout of a list (1-D and 2-D meshes, Shard on any dim, two mesh dims sharding
  *    one tensor dim, Replicate, Partial sum/avg/max), each one checked bit for bit against the
- *    dense values (dt_tensor_gather_full); sync and async saves;
+ *    dense values (dt_tensor_gather_full); sync and async saves (the copy made in the save, or
+ *    deferred to the writer thread, the tensors overwritten once dt_checkpoint_wait_staged
+ *    returns);
  *  - the plan: each box written once (the index's boxes tile each tensor; the file bytes equal
  *    the tensor bytes plus headers), a replicated tensor's writers spread over the ranks;
  *  - rank-local tensors refused by add_tensor, saved through add_tensor_as;
@@ -247,10 +249,21 @@ static void test_reshard(void) {
     snprintf(name, sizeof name, "from_%d", a);
     dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
     o.step = a;
-    o.async = a % 2;
+    o.async = a % 3; /* sync, async, async with the copy deferred to the writer thread */
     o.block_nbytes = 4096;
     DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, name, &o));
+    if (o.async == DT_CHECKPOINT_ASYNC_DEFER_COPY) {
+      /* once staged, the tensors may change: the checkpoint keeps the values of the save */
+      DT_ASSERT_OK(dt_checkpoint_wait_staged(ck));
+      DT_ASSERT_OK(dt_checkpoint_wait_staged(ck)); /* again: returns at once */
+      for (int k = 0; k < NSPEC; k++) {
+        int64_t ln = 0, zero = 0;
+        DT_ASSERT_OK(dt_tensor_local_numel(src.t[k], &ln));
+        if (ln > 0) DT_ASSERT_OK(dt_tensor_fill_local(src.t[k], 1, &zero, &ln, 99.0));
+      }
+    }
     DT_ASSERT_OK(dt_checkpoint_wait(ck));
+    DT_ASSERT_OK(dt_checkpoint_wait_staged(ck)); /* nothing pending: a no-op */
     dt_checkpoint_stats_t st;
     DT_ASSERT_OK(dt_checkpoint_stats(ck, &st));
     DT_ASSERT_EQ(st.pending, 0);
@@ -339,6 +352,10 @@ static void test_publish(void) {
   DT_ASSERT_STATUS(dt_checkpoint_get_f64(ck, "step", &lr), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_checkpoint_set_i64(ck, "bad key", 1), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_checkpoint_set_f64(ck, "x", NAN), DT_ERR_INVALID_ARG);
+  dt_checkpoint_save_opts_t bad = dt_checkpoint_save_opts_default();
+  bad.async = 3;
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, dir, "bad_async", &bad), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "opts->async=3") != NULL, "%s", dt_last_error());
   /* a save that died after renaming its directory but before replacing `latest`: the next save
    * of that name replaces it; the values an async save records are those of the save call */
   dt_checkpoint_save_opts_t o5 = dt_checkpoint_save_opts_default();
