@@ -5,8 +5,9 @@
  *       Resumes from DIR/latest when there is one (loads it and checks its values), else starts
  *       at step 0. Then, for each step s (forever, or STEPS steps): sets the tensors to step s's
  *       values, sets the named value "step" = s and saves DIR/step_<s> (keep_last 2; even steps
- *       sync, odd steps async: right after the async save returns, the tensors already take
- *       step s+1's values while the files are written, then dt_checkpoint_wait). Prints
+ *       sync, odd steps async, the copy made in the save or (s % 4 == 3) deferred: right after
+ *       the async save returns (and dt_checkpoint_wait_staged, when deferred), the tensors
+ *       already take step s+1's values while the files are written, then dt_checkpoint_wait). Prints
  *       "saved step S" once S is published, and "ready" after the first one. After each sync
  *       save (nothing pending) rank 0 checks that DIR holds no *.tmp entry: leftovers of
  *       killed saves are removed by the next successful one. Writes its pid to PIDDIR/pid.<rank>.
@@ -193,8 +194,10 @@ static int run_save(const char* dir, const char* piddir, int64_t steps) {
     dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
     o.step = s;
     o.keep_last = 2;
-    o.async = (int)(s % 2);
+    o.async = s % 2 == 0 ? DT_CHECKPOINT_SYNC
+              : s % 4 == 1 ? DT_CHECKPOINT_ASYNC : DT_CHECKPOINT_ASYNC_DEFER_COPY;
     DT_ASSERT_OK(dt_checkpoint_save(ck, dir, NULL, &o));
+    if (o.async == DT_CHECKPOINT_ASYNC_DEFER_COPY) DT_ASSERT_OK(dt_checkpoint_wait_staged(ck));
     if (o.async) { /* training goes on: the next step's values (tensors and the named value,
                     * which the pending save must not take) while the files are written */
       set_step(mesh, t, s + 1);
