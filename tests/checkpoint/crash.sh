@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # crash.sh CKPT_CRASH MPIEXEC [RUNS] [SEED] - crash safety of checkpoints (dtensor/checkpoint.h).
-#   RUNS times (default 20): starts `ckpt_crash save` (np 2: a save at every step, sync and async (copy
-#   in save or deferred) in turn, keep_last 2, resuming from `latest`), waits for its first save to be published, then
-#   after a random 0.05 to 1.5 s kills with kill -9 rank 0, rank 1 or the whole job (mpirun and
+#   RUNS times (default 20): starts `ckpt_crash save` (np 2: a save at every step, sync and async
+#   (the copy in the save or deferred) in turn, keep_last 2, resuming from `latest`), waits for
+#   its first save to be published, then after a random 0.05 to 1.5 s kills with kill -9 rank 0, rank 1 or the whole job (mpirun and
 #   both ranks), in turn. After each kill (every process gone):
 #     - `ckpt_crash check` (np 2 and np 1 in turn) loads `latest` onto other placements, checks
 #       every value is exactly that of the step recorded in it and that `latest` names that step,
