@@ -12,19 +12,24 @@
 
 #include "dtensor/dtensor.h"
 
-static inline int dt_test_rank(void) {
-  int r = 0, init = 0;
+/* MPI is running (initialized and not finalized: tests may run on after dt_finalize). */
+static inline int dt_test_mpi_up(void) {
+  int init = 0, fin = 0;
   MPI_Initialized(&init);
-  if (init) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (init) MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+static inline int dt_test_rank(void) {
+  int r = 0;
+  if (dt_test_mpi_up()) MPI_Comm_rank(MPI_COMM_WORLD, &r);
   return r;
 }
 
 static inline void dt_test_die(void) {
-  int init = 0;
   fflush(stdout);
   fflush(stderr);
-  MPI_Initialized(&init);
-  if (init) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (dt_test_mpi_up()) MPI_Abort(MPI_COMM_WORLD, 1);
   exit(1);
 }
 

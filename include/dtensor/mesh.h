@@ -27,7 +27,10 @@ typedef struct dt_mesh* dt_mesh_t;
  * $DTENSOR_COST_MODEL or, when present, $HOME/.cache/dtensor/cost_model.json. argc/argv may be
  * NULL. Calling it twice is DT_ERR_INVALID_USAGE. */
 DT_API dt_status_t dt_init(int* argc, char*** argv);
-/* Releases library state; finalizes MPI only if dt_init initialized it. Idempotent. */
+/* Releases library state; finalizes MPI only if dt_init initialized it. Idempotent. Objects made
+ * before it (meshes, tensors, works, models, optimizers, checkpoints) stay valid handles: local
+ * queries and reads work, destroy frees them, and every call that would communicate returns
+ * DT_ERR_NOT_INITIALIZED ("the library was finalized"). */
 DT_API dt_status_t dt_finalize(void);
 DT_API dt_status_t dt_world_rank(int* rank);
 DT_API dt_status_t dt_world_size(int* size);

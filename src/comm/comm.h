@@ -139,6 +139,14 @@ dt_status_t dt__comm_mpi_finalize_owned(void);
 const dt_comm_t* dt__comm_world(void);
 /* Releases a communicator (NULL or zeroed: no-op) and zeroes it. */
 void dt__comm_release(dt_comm_t* c);
+/* Releases the memory a request keeps (any request of this layer's implementations). */
+void dt__comm_req_free(dt_comm_req_t* req);
+
+/* ---- closed communicators (src/comm/comm_closed.c) ----------------------------------------- */
+/* Releases a communicator and leaves in its place one whose every call fails with
+ * DT_ERR_NOT_INITIALIZED ("the library was finalized"), size and rank kept (dt_finalize: the
+ * meshes that outlive it). A zeroed one (none, or a rank outside it) stays zeroed. */
+void dt__comm_close(dt_comm_t* c);
 /* Largest element count one MPI call carries (INT_MAX; $DTENSOR_COMM_MAX_COUNT lowers it so tests
  * run the chunked paths on small tensors). Larger counts are split into several calls. */
 int64_t dt__comm_max_count(void);

@@ -1143,6 +1143,8 @@ static const struct dt_comm_i dt__mpi_iface = {
     .req_free = dt__req_free,
 };
 
+void dt__comm_req_free(dt_comm_req_t* req) { dt__req_free(req); }
+
 void dt__comm_release(dt_comm_t* c) {
   if (c != NULL && c->iface != NULL && c->iface->destroy != NULL) c->iface->destroy(c);
   if (c != NULL) memset(c, 0, sizeof *c);

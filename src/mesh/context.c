@@ -27,7 +27,7 @@ void dt__ctx_finalize(void) {
   dt__free(dt__ctx.counts);
   dt__ctx.counts = NULL;
   dt__ctx.ints_cap = 0;
-  dt__mesh_release_all_comms(); /* live meshes keep their shape; their communicators go now */
+  dt__mesh_close_all_comms(); /* live meshes keep their shape; their communicators close now */
   dt__ctx.initialized = 0;
   dt__ctx.world_rank = -1;
   dt__ctx.world_size = 0;

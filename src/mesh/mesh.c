@@ -80,15 +80,19 @@ static void dt__mesh_link(dt_mesh_t m) {
   dt__meshes = m;
 }
 
-static void dt__mesh_free_comms(dt_mesh_t m) {
-  for (int i = 0; i < m->ndim; i++) dt__comm_release(&m->dim_comm[i]);
-  dt__comm_release(&m->all_comm);
-  for (int f = 0; f < m->nflat; f++) dt__comm_release(&m->flat[f].comm);
+/* Applies fn to each of the mesh's communicators. */
+static void dt__mesh_each_comm(dt_mesh_t m, void (*fn)(dt_comm_t*)) {
+  for (int i = 0; i < m->ndim; i++) fn(&m->dim_comm[i]);
+  fn(&m->all_comm);
+  for (int f = 0; f < m->nflat; f++) fn(&m->flat[f].comm);
   for (int s = 0; s < DT_ASYNC_SLOTS; s++)
-    for (int k = 0; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1; k++) {
-      dt__comm_release(&m->slot_comm[s][k].comm);
-      m->slot_comm[s][k].mask = 0;
-    }
+    for (int k = 0; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1; k++) fn(&m->slot_comm[s][k].comm);
+}
+
+static void dt__mesh_free_comms(dt_mesh_t m) {
+  dt__mesh_each_comm(m, dt__comm_release);
+  for (int s = 0; s < DT_ASYNC_SLOTS; s++)
+    for (int k = 0; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1; k++) m->slot_comm[s][k].mask = 0;
 }
 
 /* A communicator split from the library's world (color < 0: none for this rank). */
@@ -117,8 +121,8 @@ dt_status_t dt__mesh_slot_comm(dt_mesh_t m, int slot, unsigned mask, dt_comm_t**
   return DT_SUCCESS;
 }
 
-void dt__mesh_release_all_comms(void) {
-  for (dt_mesh_t m = dt__meshes; m != NULL; m = m->next) dt__mesh_free_comms(m);
+void dt__mesh_close_all_comms(void) {
+  for (dt_mesh_t m = dt__meshes; m != NULL; m = m->next) dt__mesh_each_comm(m, dt__comm_close);
 }
 
 void dt__mesh_reset_all_counters(void) {

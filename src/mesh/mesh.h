@@ -83,8 +83,9 @@ dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask);
 /* The duplicate of the communicator over `mask` that asynchronous slot `slot` uses, created on
  * first use (collective over that communicator: every rank starts the work at the same point). */
 dt_status_t dt__mesh_slot_comm(dt_mesh_t m, int slot, unsigned mask, dt_comm_t** out);
-/* Releases the communicators of every live mesh (dt_finalize: MPI goes away). */
-void dt__mesh_release_all_comms(void);
+/* Closes the communicators of every live mesh (dt_finalize: MPI goes away; a later collective on
+ * such a mesh fails with DT_ERR_NOT_INITIALIZED, see dt__comm_close). */
+void dt__mesh_close_all_comms(void);
 /* Resets the counters of every live mesh. */
 void dt__mesh_reset_all_counters(void);
 
