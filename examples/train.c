@@ -120,10 +120,16 @@
   "tok_emb=S(0);*.router=R"
 
 static int g_rank;
+static int g_sim;  /* --estimate-only: a simulated world (dt_init_simulated), no MPI */
+static int g_lead; /* the rank that prints: rank 0, or the simulated rank */
+
+static void barrier(void) {
+  if (!g_sim) MPI_Barrier(MPI_COMM_WORLD);
+}
 
 /* A mistake in how options combine: rank 0 says why, every rank leaves with status 2. */
 static int usage_error(const char* fmt, ...) {
-  if (g_rank == 0) {
+  if (g_lead) {
     va_list ap;
     va_start(ap, fmt);
     fputs("train: ", stderr);
@@ -140,6 +146,7 @@ static int usage_error(const char* fmt, ...) {
     dt_status_t st_ = (call);                                                         \
     if (st_ != DT_SUCCESS) {                                                          \
       fprintf(stderr, "train: %s: %s: %s\n", #call, dt_status_name(st_), dt_last_error()); \
+      if (g_sim) exit(1);                                                             \
       MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
     }                                                                                 \
   } while (0)
@@ -166,7 +173,7 @@ static double measure_peak_device(dt_mesh_t mesh, int n) {
   CHECK(dt_backend_synchronize(be));
   double best = 0.0;
   for (int r = 0; r < 5; r++) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    barrier();
     double t0 = now_s();
     CHECK(dt_mm(a, b, &c));
     CHECK(dt_backend_synchronize(be));
@@ -419,17 +426,20 @@ int main(int argc, char** argv) {
       if (r == NULL || !strcmp(r, "0")) train_opts_help(stdout, DEFAULT_PLAN);
       return 0;
     }
-  CHECK(dt_init(&argc, &argv));
-  int world;
-  CHECK(dt_world_rank(&g_rank));
-  CHECK(dt_world_size(&world));
+  /* options first (rank 0 of the launch reports mistakes), then the library: MPI, or a simulated
+   * world for --estimate-only */
+  {
+    const char* r = getenv("OMPI_COMM_WORLD_RANK");
+    if (r == NULL) r = getenv("PMI_RANK");
+    g_lead = r == NULL || !strcmp(r, "0");
+  }
   train_opts_t o;
   train_opts_defaults(&o, DEFAULT_PLAN);
   char err[1200];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc) {
       if (!train_opts_load_file(&o, argv[++i], err, sizeof err)) {
-        if (g_rank == 0) fprintf(stderr, "train: cannot use config %s: %s\n", argv[i], err);
+        if (g_lead) fprintf(stderr, "train: cannot use config %s: %s\n", argv[i], err);
         dt_finalize();
         return 2;
       }
@@ -452,19 +462,40 @@ int main(int argc, char** argv) {
         continue;
       }
     }
-    if (g_rank == 0)
+    if (g_lead)
       fprintf(stderr, "train: bad argument '%s': %s (train --help lists the flags)\n", argv[i],
               err);
     dt_finalize();
     return 2;
   }
+  g_sim = o.estimate_only;
+  if (g_sim) {
+    if (o.estimate_rank >= o.np) {
+      if (g_lead) fprintf(stderr, "train: --estimate-rank %d: the world has --np %d ranks\n",
+                          o.estimate_rank, o.np);
+      return 2;
+    }
+    if (o.checkpoint_dir[0] || o.resume_from[0] || o.metrics[0] || o.plot[0]) {
+      if (g_lead) fprintf(stderr, "train: --estimate-only writes nothing: drop --checkpoint-dir, "
+                          "--resume-from, --metrics and --plot\n");
+      return 2;
+    }
+    if (o.steps > 2) o.steps = 2; /* the peak: the first step allocates the optimizer state */
+    CHECK(dt_init_simulated(o.np, o.estimate_rank));
+  } else {
+    CHECK(dt_init(&argc, &argv));
+  }
+  int world;
+  CHECK(dt_world_rank(&g_rank));
+  CHECK(dt_world_size(&world));
+  g_lead = g_sim || g_rank == 0;
   /* the device: every mesh takes its backend */
   const int on_device = strcmp(o.device, "cpu") != 0;
   if (!o.param_dtype[0]) strcpy(o.param_dtype, strncmp(o.device, "cuda", 4) ? "f32" : "bf16");
-  if (on_device) {
+  if (on_device && !g_sim) { /* a simulated run's tensors are meta whatever the device */
     dt_backend_t be;
     if (dt_backend_get(o.device, &be) != DT_SUCCESS) {
-      if (g_rank == 0) fprintf(stderr, "train: --device %s: %s\n", o.device, dt_last_error());
+      if (g_lead) fprintf(stderr, "train: --device %s: %s\n", o.device, dt_last_error());
       dt_finalize();
       return 2;
     }
@@ -473,7 +504,7 @@ int main(int argc, char** argv) {
   /* mesh (checked by train_opts_set) */
   int mshape[4] = {world}, mnd = 1;
   if (o.mesh[0] && !train_mesh_parse(o.mesh, mshape, &mnd)) {
-    if (g_rank == 0) fprintf(stderr, "train: bad mesh '%s'\n", o.mesh);
+    if (g_lead) fprintf(stderr, "train: bad mesh '%s'\n", o.mesh);
     dt_finalize();
     return 2;
   }
@@ -540,16 +571,21 @@ int main(int argc, char** argv) {
     CHECK(dt_mesh_create(mnd, mshape, NULL, NULL, &mesh));
   }
   /* data */
-  dt_corpus_t corpus;
-  if (!strcmp(o.data, "markov")) CHECK(dt_corpus_markov(o.vocab, o.order, 1 << 20, 7, &corpus));
-  else CHECK(dt_corpus_file(o.data, &corpus));
+  dt_corpus_t corpus = NULL; /* none when simulated: the tokens are zeros, --vocab any size */
+  if (g_sim) {
+    if (strcmp(o.data, "markov") != 0) o.vocab = 256; /* a file's bytes */
+  } else if (!strcmp(o.data, "markov")) {
+    CHECK(dt_corpus_markov(o.vocab, o.order, 1 << 20, 7, &corpus));
+  } else {
+    CHECK(dt_corpus_file(o.data, &corpus));
+  }
   dt_llama_config_t cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.dim = o.dim;
   cfg.n_layers = o.layers;
   cfg.n_heads = o.heads;
   cfg.n_kv_heads = o.kv_heads;
-  cfg.vocab = dt_corpus_vocab(corpus);
+  cfg.vocab = corpus ? dt_corpus_vocab(corpus) : o.vocab;
   cfg.seq_len = o.seq;
   cfg.n_experts = !strcmp(o.model, "moe") ? o.experts : 0;
   cfg.capacity_factor = o.capacity_factor;
@@ -669,18 +705,18 @@ int main(int argc, char** argv) {
       int64_t next = 0, seed = 0;
       CHECK(dt_checkpoint_get_i64(ck, "next_step", &next));
       CHECK(dt_checkpoint_get_i64(ck, "seed", &seed));
-      if (seed != o.seed && g_rank == 0)
+      if (seed != o.seed && g_lead)
         fprintf(stderr, "train: warning: the checkpoint was trained with --seed %lld, this run "
                 "draws its batches with %lld\n", (long long)seed, o.seed);
       int64_t total = 0;
       CHECK(dt_checkpoint_get_i64(ck, "schedule_total_steps", &total));
-      if (total != o.steps && g_rank == 0)
+      if (total != o.steps && g_lead)
         fprintf(stderr, "train: warning: the checkpoint's run had --steps %lld: the learning-rate "
                 "schedule now follows --steps %d\n", (long long)total, o.steps);
       start = (int)next;
-      if (g_rank == 0)
+      if (g_lead)
         printf("# resumed from %s/%s at step %d (%.2f s)\n", from, latest, start, now_s() - t0);
-    } else if (o.resume && g_rank == 0) {
+    } else if (o.resume && g_lead) {
       dt_clear_error();
       printf("# --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir);
     }
@@ -691,14 +727,16 @@ int main(int argc, char** argv) {
   dt_tape_t tape;
   CHECK(dt_tape_create(&tape));
   if (o.checkpoint) CHECK(dt_tape_set_checkpoint(tape, dt_ckpt_policy_default, NULL));
-  double peak = on_device ? measure_peak_device(mesh, strcmp(o.device, "cuda") ? 128 : 8192)
-                          : measure_peak(),
-         peak_total;
-  MPI_Allreduce(&peak, &peak_total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  double peak = 0.0, peak_total = 0.0; /* nothing is computed when simulated */
+  if (!g_sim) {
+    peak = on_device ? measure_peak_device(mesh, strcmp(o.device, "cuda") ? 128 : 8192)
+                     : measure_peak();
+    MPI_Allreduce(&peak, &peak_total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  }
   double flops_tok = 3.0 * dt_llama_flops_per_token(&cfg);
   FILE* metrics = NULL;
-  if (g_rank == 0 && o.metrics[0]) metrics = fopen(o.metrics, "w");
-  if (g_rank == 0) {
+  if (g_lead && o.metrics[0]) metrics = fopen(o.metrics, "w");
+  if (g_lead) {
     printf("# dtensor train: %s model, %lld parameters%s, mesh %s over %d ranks, parallel %s, "
            "batch %dx%d, vocab %d, %d steps\n# plan: %s\n"
            "# device %s; peak %s %.1f GFLOP/s per rank (%.1f total)\n",
@@ -706,7 +744,7 @@ int main(int argc, char** argv) {
            mesh_desc, world, par_desc, o.batch, o.seq, cfg.vocab, o.steps,
            data_par ? "*=R (every parameter replicated, then wrapped)" : nn_plan, o.device,
            on_device ? "bf16 GEMM" : "sgemm", peak, peak_total);
-    if (!isnan(dt_corpus_entropy_floor(corpus)))
+    if (corpus && !isnan(dt_corpus_entropy_floor(corpus)))
       printf("# corpus: order-%d Markov chain over %d symbols, entropy floor %.4f nats\n", o.order,
              o.vocab, dt_corpus_entropy_floor(corpus));
   }
@@ -718,7 +756,7 @@ int main(int argc, char** argv) {
   for (int d = 0; d < 4; d++) tok_pl[d] = data_par ? dt_shard(0) : dt_replicate();
   if (pconf) tok_pl[0] = dt_replicate(); /* tokens replicated over tp, sharded over dp */
   float* hist = NULL; /* the loss of every step, for the plot */
-  if (g_rank == 0 && o.plot[0] && o.steps > 0) {
+  if (g_lead && o.plot[0] && o.steps > 0) {
     hist = malloc(sizeof(float) * (size_t)o.steps);
     if (hist == NULL) fprintf(stderr, "train: no memory for the loss history: no plot\n");
   }
@@ -726,10 +764,11 @@ int main(int argc, char** argv) {
   double last[10] = {0}, tps_sum = 0.0;
   int nlast = 0, ntps = 0;
   for (int step = start; step < o.steps; step++) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    barrier();
     if (step == o.steps - 1) CHECK(dt_counters_reset(NULL)); /* the last step's traffic */
     double t0 = now_s();
-    CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
+    if (corpus) CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
+    else memset(tok, 0, sizeof(int64_t) * (size_t)bs), memset(tgt, 0, sizeof(int64_t) * (size_t)bs);
     dt_tensor_t tt, gt;
     CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, tok_pl, tok, &tt));
     CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, tok_pl, tgt, &gt));
@@ -745,14 +784,14 @@ int main(int argc, char** argv) {
     CHECK(dt_tape_stats(tape, NULL, &held));
     CHECK(dt_tape_backward(tape, loss));
     CHECK(dt_tape_checkpoint_stats(tape, &saved, &recomputed));
-    if (step == 0 && g_rank == 0)
+    if (step == 0 && g_lead)
       printf("# activations held by the tape after the forward pass: %.1f KiB on rank 0; "
              "checkpointing freed %.1f KiB and recomputed %lld ops in the backward pass\n",
              held / 1024.0, saved / 1024.0, (long long)recomputed);
     if (step == 0 && cfg.n_experts) { /* how the MoE layers ran */
       dt_moe_stats_t ms;
       CHECK(dt_llama_moe_stats(model, &ms));
-      if (g_rank == 0) {
+      if (g_lead) {
         if (ms.expert_parallel_dim >= 0)
           printf("# moe: expert parallel over mesh dim %d (experts Shard(0) there)",
                  ms.expert_parallel_dim);
@@ -771,7 +810,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < np; i++) CHECK(dt_var_zero_grad(params[i]));
     dt_tensor_destroy(tt);
     dt_tensor_destroy(gt);
-    MPI_Barrier(MPI_COMM_WORLD);
+    barrier();
     double dt = now_s() - t0, tps = (double)bs / dt, gf = flops_tok * (double)bs / dt / 1e9;
     if (step >= 2) { /* the first steps fill the plan and propagation caches */
       tps_sum += tps;
@@ -779,7 +818,7 @@ int main(int argc, char** argv) {
     }
     last[nlast++ % 10] = lv;
     if (hist != NULL) hist[step] = lv;
-    if (g_rank == 0) {
+    if (g_lead && !g_sim) {
       printf("step %4d loss %.4f%s lr %.2e gnorm %.3f tokens/s %.0f GFLOP/s %.2f MFU %.1f%%\n",
              step, lv, cfg.n_experts ? "" : "", lr, gnorm, tps, gf, 100.0 * gf / peak_total);
       if (cfg.n_experts) printf("     aux %.5f\n", aux);
@@ -801,7 +840,7 @@ int main(int argc, char** argv) {
     if (cs.pending) report_checkpoint(ck, 1);
     dt_checkpoint_destroy(ck);
   }
-  for (int mi = 0; g_rank == 0 && o.steps > 0 && mi < 2; mi++) { /* collectives of the last
+  for (int mi = 0; g_lead && o.steps > 0 && mi < 2; mi++) { /* collectives of the last
                                                                  * step, per mesh dim (rank 0) */
     dt_mesh_t cm = mi == 0 ? mesh : emesh;
     if (cm == NULL) continue;
@@ -828,7 +867,7 @@ int main(int argc, char** argv) {
   int nf = nlast < 10 ? nlast : 10;
   for (int i = 0; i < nf; i++) final += last[i] / nf;
   if (metrics) fclose(metrics);
-  if (g_rank == 0 && o.plot[0] && (hist != NULL || o.steps == 0)) {
+  if (g_lead && o.plot[0] && (hist != NULL || o.steps == 0)) {
     char title[256], subtitle[320];
     snprintf(title, sizeof title,
              "dtensor train: %s Llama, %d layer%s, dim %d, %d rank%s (mesh %s), parallel %s",
@@ -853,29 +892,38 @@ int main(int argc, char** argv) {
     int64_t mine[DT_MEM_COUNT + 1], *all = NULL;
     memcpy(mine, ms.peak, sizeof ms.peak);
     mine[DT_MEM_COUNT] = ms.total_peak;
-    int nranks = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    if (g_rank == 0) all = malloc(sizeof mine * (size_t)nranks);
-    MPI_Gather(mine, DT_MEM_COUNT + 1, MPI_INT64_T, all, DT_MEM_COUNT + 1, MPI_INT64_T, 0,
-               MPI_COMM_WORLD);
-    for (int q = 0; g_rank == 0 && all != NULL && q < nranks; q++) {
-      printf("peak_memory rank %d:", q);
+    int nranks = 1, q0 = g_sim ? g_rank : 0; /* simulated: the one rank estimated */
+    if (g_sim) {
+      all = malloc(sizeof mine);
+      if (all) memcpy(all, mine, sizeof mine);
+    } else {
+      MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+      if (g_lead) all = malloc(sizeof mine * (size_t)nranks);
+      MPI_Gather(mine, DT_MEM_COUNT + 1, MPI_INT64_T, all, DT_MEM_COUNT + 1, MPI_INT64_T, 0,
+                 MPI_COMM_WORLD);
+    }
+    for (int q = 0; g_lead && all != NULL && q < nranks; q++) {
+      const int64_t* v = all + q * (DT_MEM_COUNT + 1);
+      printf("peak_memory rank %d:", q0 + q);
       for (int c = 0; c < DT_MEM_COUNT; c++)
-        printf(" %s=%.2fMiB", dt_mem_category_name((dt_mem_category_t)c),
-               (double)all[q * (DT_MEM_COUNT + 1) + c] / 1048576.0);
-      printf(" total=%.2fMiB\n", (double)all[q * (DT_MEM_COUNT + 1) + DT_MEM_COUNT] / 1048576.0);
+        printf(" %s=%.2fMiB", dt_mem_category_name((dt_mem_category_t)c), (double)v[c] / 1048576.0);
+      printf(" total=%.2fMiB\n", (double)v[DT_MEM_COUNT] / 1048576.0);
+      printf("peak_memory_bytes rank %d:", q0 + q); /* the same, exact (for tools and tests) */
+      for (int c = 0; c < DT_MEM_COUNT; c++)
+        printf(" %s=%lld", dt_mem_category_name((dt_mem_category_t)c), (long long)v[c]);
+      printf(" total=%lld\n", (long long)v[DT_MEM_COUNT]);
     }
     free(all);
   }
-  if (g_rank == 0)
+  if (g_lead)
     printf("final_loss=%.4f entropy_floor=%.4f tokens_per_s=%.0f\n", final,
-           dt_corpus_entropy_floor(corpus), ntps ? tps_sum / ntps : 0.0);
+           corpus ? dt_corpus_entropy_floor(corpus) : NAN, ntps ? tps_sum / ntps : 0.0);
   free(tok);
   free(tgt);
   dt_tape_destroy(tape);
   dt_adamw_destroy(opt);
   dt_llama_destroy(model);
-  dt_corpus_destroy(corpus);
+  if (corpus) dt_corpus_destroy(corpus);
   dt_mesh_destroy(emesh);
   dt_mesh_destroy(mesh);
   dt_finalize();

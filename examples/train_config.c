@@ -30,6 +30,7 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   strcpy(o->device, "cpu");
   snprintf(o->plan, sizeof o->plan, "%s", default_plan ? default_plan : "");
   o->steps = 1000;
+  o->np = 1;
   o->batch = 32;
   o->seq = 32;
   o->dim = 64;
@@ -126,6 +127,12 @@ static const opt_doc_t kDocs[] = {
      "start from this checkpoint (any layout; with --checkpoint-dir, saves go there); when "
      "no step is left to train, saves what it loaded: a checkpoint converted to this layout",
      "none"},
+    {"estimate_only", "estimate", NULL,
+     "estimate instead of training: --steps (at most 2) on a simulated world of --np ranks as "
+     "rank --estimate-rank, without MPI or tensor memory; prints that rank's peak memory per "
+     "category and the traffic of a step", "off"},
+    {"np", "estimate", "N", "with --estimate-only: the world size", NULL},
+    {"estimate_rank", "estimate", "R", "with --estimate-only: the rank to estimate", NULL},
     {"metrics", "output", "FILE.jsonl", "one JSON line of metrics per step", "none"},
     {"plot", "output", "FILE.png", "the loss curve (needs gnuplot)", "none"},
 };
@@ -191,6 +198,7 @@ static const struct {
     INT_OPT(loss_parallel, 0, 1), INT_OPT(tie_embeddings, 0, 1),
     INT_OPT(checkpoint_every, 0, 1 << 30), INT_OPT(keep_last, 0, 1 << 20),
     INT_OPT(async_checkpoint, 0, 1), INT_OPT(resume, 0, 1),
+    INT_OPT(estimate_only, 0, 1), INT_OPT(np, 1, 1 << 24), INT_OPT(estimate_rank, 0, (1 << 24) - 1),
 #undef INT_OPT
 };
 static const struct {

@@ -31,6 +31,9 @@ typedef struct train_opts {
   int keep_last;        /* keep the newest K checkpoints (0: all) */
   int async_checkpoint; /* save in the background: training stalls only for the host copy */
   int resume;           /* start from checkpoint_dir's latest checkpoint when there is one */
+  int estimate_only;    /* simulate instead of training (dt_init_simulated): memory and traffic */
+  int np;               /* with estimate_only: the simulated world size */
+  int estimate_rank;    /* with estimate_only: the rank simulated */
   long long seed;
 } train_opts_t;
 

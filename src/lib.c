@@ -47,6 +47,25 @@ dt_status_t dt_init(int* argc, char*** argv) {
   DT_ENTRY_RETURN(dt__init_impl(argc, argv));
 }
 
+static dt_status_t dt__init_simulated_impl(int world_size, int rank) {
+  if (dt__ctx_initialized())
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "the library is already initialized (call dt_finalize "
+                   "before calling it again)");
+  if (world_size < 1 || world_size > (1 << 24))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "world_size=%d (valid: 1 to 2^24)", world_size);
+  if (rank < 0 || rank >= world_size)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rank=%d (valid: 0 to %d)", rank, world_size - 1);
+  DT_CHECK(dt__ctx_init_simulated(world_size, rank)); /* mesh: a world without MPI */
+  char saved[1024]; /* the calibrated cost model, as dt_init loads it: the same plans */
+  snprintf(saved, sizeof saved, "%s", dt_last_error());
+  if (dt__cost_model_autoload() != DT_SUCCESS) dt__error_restore(saved);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_init_simulated(int world_size, int rank) {
+  DT_ENTRY_RETURN(dt__init_simulated_impl(world_size, rank));
+}
+
 static dt_status_t dt__finalize_impl(void) {
   dt__prop_cache_release(); /* strategy */
   dt__work_finalize_all();  /* redistribute: works in flight complete first */
@@ -54,7 +73,8 @@ static dt_status_t dt__finalize_impl(void) {
   dt__backend_release_all(); /* backend: pooled blocks, workspace (live tensors keep theirs) */
   if (dt__ctx_initialized()) {
     dt__ctx_finalize(); /* mesh: workspace, communicators of live meshes */
-    DT_CHECK(dt__comm_mpi_finalize_owned()); /* comm: MPI, if dt_init started it */
+    DT_CHECK(dt__comm_mpi_finalize_owned()); /* comm: MPI, if dt_init started it (not when
+                                              * simulated: nothing started it) */
   }
   dt__handle_release_all(); /* core: memory of destroyed objects held back */
   return DT_SUCCESS;

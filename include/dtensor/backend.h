@@ -34,16 +34,19 @@ extern "C" {
 typedef enum dt_device {
   DT_DEVICE_HOST = 0, /* ordinary process memory */
   DT_DEVICE_CUDA = 1, /* CUDA device memory */
+  DT_DEVICE_META = 2, /* none: the meta backend's tensors have shapes, not bytes (never
+                       * dereference its pointers; reads into host memory give zeros) */
   DT_DEVICE_COUNT
 } dt_device_t;
 
-/* "host", "cuda"; "invalid" out of range. */
+/* "host", "cuda", "meta"; "invalid" out of range. */
 DT_API const char* dt_device_name(dt_device_t device);
 
 typedef struct dt_backend* dt_backend_t;
 
-/* The backend called `name` ("cpu", "guarded", "cuda", "cuda:N", "cuda-emu"), opened on first
- * use. DT_ERR_UNSUPPORTED when this build has no such backend, DT_ERR_CUDA (with the driver's
+/* The backend called `name` ("cpu", "guarded", "cuda", "cuda:N", "cuda-emu", "meta"), opened on
+ * first use. "meta": tensors without memory whose ops and collectives do nothing but count (the
+ * memory a run would take, per category in dt_memory_stats, as the cpu backend takes it). DT_ERR_UNSUPPORTED when this build has no such backend, DT_ERR_CUDA (with the driver's
  * reason) when CUDA is built in but no usable GPU exists; the host backends are unaffected. */
 DT_API dt_status_t dt_backend_get(const char* name, dt_backend_t* out);
 /* The backend new meshes take. */

@@ -32,6 +32,21 @@ DT_API dt_status_t dt_init(int* argc, char*** argv);
  * queries and reads work, destroy frees them, and every call that would communicate returns
  * DT_ERR_NOT_INITIALIZED ("the library was finalized"). */
 DT_API dt_status_t dt_finalize(void);
+/* Initializes the library for a simulated world of world_size ranks in which this process plays
+ * `rank`, without MPI: for knowing what a run takes (memory per category, traffic per collective)
+ * without running it, at any world size, in one process. dt_world_size and dt_world_rank report
+ * the simulated values; meshes (dt_mesh_create, with explicit ranks too) get simulated
+ * communicators, which move nothing (every other rank is taken to do what this one does: an
+ * all-reduce sum of host values gives size times the value, a gather repeats this rank's block)
+ * and count their calls and bytes in dt_counters_get as the real run does; their backend is
+ * "meta" (tensors without memory, kernels that do nothing, storage counted in dt_memory_stats
+ * as the cpu backend counts it; reading values gives zeros). The same program (model, wrappers,
+ * optimizer) run after it reports that rank's memory and traffic. A posted collective completes
+ * when waited for or at the second dt_work_test after it was posted (a real run's usual timing;
+ * $DTENSOR_SIM_COMPLETE=wait: only when waited for, as on a rank that lags the others, the most
+ * communication memory held at once).
+ * dt_finalize ends the simulation. DT_ERR_INVALID_USAGE when already initialized. */
+DT_API dt_status_t dt_init_simulated(int world_size, int rank);
 DT_API dt_status_t dt_world_rank(int* rank);
 DT_API dt_status_t dt_world_size(int* size);
 

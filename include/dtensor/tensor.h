@@ -101,6 +101,9 @@ DT_API dt_status_t dt_tensor_ndim(dt_tensor_t t, int* ndim);
 DT_API dt_status_t dt_tensor_shape(dt_tensor_t t, int64_t* shape);           /* ndim values */
 DT_API dt_status_t dt_tensor_placements(dt_tensor_t t, dt_placement_t* out); /* mesh ndim */
 DT_API dt_status_t dt_tensor_mesh(dt_tensor_t t, dt_mesh_t* mesh);           /* borrowed */
+/* The backend whose memory holds the local shard (usually the mesh's; dt_backend_device says
+ * whether that is host memory, a device's, or none: meta). */
+DT_API dt_status_t dt_tensor_backend(dt_tensor_t t, dt_backend_t* backend);
 DT_API dt_status_t dt_tensor_local_shape(dt_tensor_t t, int64_t* shape);
 /* Global index of the local shard's first element along each dim. */
 DT_API dt_status_t dt_tensor_local_offset(dt_tensor_t t, int64_t* offset);

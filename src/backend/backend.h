@@ -159,9 +159,12 @@ typedef enum dt_kernel_set {
   DT_KERNELS_COUNT
 } dt_kernel_set_t;
 
-/* The built-in backends (src/backend/cpu.c, src/backend/guarded.c). */
+/* The built-in backends (src/backend/cpu.c, src/backend/guarded.c, src/backend/meta.c). */
 extern struct dt_backend dt__backend_cpu;
 extern struct dt_backend dt__backend_guarded;
+extern struct dt_backend dt__backend_meta;
+/* 1 when p is an address the meta backend handed out (never dereferenced: no memory behind it). */
+int dt__meta_ptr(const void* p);
 /* Adds a backend to the list dt_backend_get searches (at most DT_MAX_BACKENDS). */
 #define DT_MAX_BACKENDS 16
 dt_status_t dt__backend_register(dt_backend_t b);
@@ -221,8 +224,14 @@ dt_status_t dt__gemm_batched(dt_backend_t b, int trans_a, int trans_b, int64_t m
 /* Host staging memory of backend b (its host_alloc, else dt__malloc) and its release. */
 void* dt__host_stage_alloc(dt_backend_t b, size_t nbytes);
 void dt__host_stage_free(dt_backend_t b, void* p, size_t nbytes);
-/* 1 when b computes on memory the host cannot read directly (a device backend). */
-static inline int dt__backend_is_device(dt_backend_t b) { return b->device != DT_DEVICE_HOST; }
+/* 1 when b computes on memory the host cannot read directly and reaches through copies (a device
+ * backend: collectives stage through host memory). The meta backend takes the host paths: its
+ * members never touch its own memory. */
+static inline int dt__backend_is_device(dt_backend_t b) { return b->device == DT_DEVICE_CUDA; }
+/* The device whose kernel table b runs (the meta backend runs the host table's, as no-ops). */
+static inline dt_device_t dt__backend_kernel_device(dt_backend_t b) {
+  return b->device == DT_DEVICE_META ? DT_DEVICE_HOST : b->device;
+}
 
 /* ---- the host implementation both host backends share (src/backend/cpu.c) ------------------ */
 /* A one-line notice when OpenBLAS runs its generic kernels on a CPU with AVX2 / AVX-512 and

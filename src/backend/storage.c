@@ -23,8 +23,9 @@
  * backends */
 
 /* Every backend dt_backend_get can return: the host ones, then device backends as they open. */
-static dt_backend_t dt__backends[DT_MAX_BACKENDS] = {&dt__backend_cpu, &dt__backend_guarded};
-static int dt__nbackends = 2;
+static dt_backend_t dt__backends[DT_MAX_BACKENDS] = {&dt__backend_cpu, &dt__backend_guarded,
+                                                      &dt__backend_meta};
+static int dt__nbackends = 3;
 static pthread_mutex_t dt__backends_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static dt_backend_t dt__default = NULL;
@@ -53,7 +54,7 @@ dt_status_t dt__backend_check(dt_backend_t b) {
 }
 
 const char* dt_device_name(dt_device_t device) {
-  static const char* const names[DT_DEVICE_COUNT] = {"host", "cuda"};
+  static const char* const names[DT_DEVICE_COUNT] = {"host", "cuda", "meta"};
   return (device >= 0 && device < DT_DEVICE_COUNT) ? names[device] : "invalid";
 }
 

@@ -61,8 +61,8 @@ typedef struct {
 /* A copy of a host-memory shard into staging, deferred to the writer thread. */
 typedef struct {
   unsigned char* dst;
-  const unsigned char* src;
-  size_t nbytes;
+  dt_tensor_t t;
+  int64_t numel;
 } dt__ck_copy_t;
 
 typedef struct {
@@ -714,15 +714,13 @@ static dt_status_t dt__ck_plan(dt_checkpoint_t ck, dt__ck_save_t* s) {
 /* Lists the copy of a box of `t` (its whole local shard) for the writer thread when its memory
  * is the host's; *listed 0 when it is not (the caller copies now). */
 static dt_status_t dt__ck_defer(dt__ck_save_t* s, dt_tensor_t t, unsigned char* dst,
-                                int64_t nbytes, int* listed) {
-  void* data = NULL;
+                                int64_t numel, int* listed) {
   dt_backend_t be = NULL;
   dt_device_t dev = DT_DEVICE_CUDA;
   *listed = 0;
-  DT_CHECK(dt_tensor_to_local_backend(t, &data, NULL, &be));
-  if (data == NULL || be == NULL) return DT_SUCCESS;
+  DT_CHECK(dt_tensor_backend(t, &be));
   DT_CHECK(dt_backend_device(be, &dev));
-  if (dev != DT_DEVICE_HOST) return DT_SUCCESS;
+  if (dev != DT_DEVICE_HOST || numel == 0) return DT_SUCCESS; /* a device's: copied in the call */
   if (s->n_copies == s->cap_copies) {
     int cap = s->cap_copies ? 2 * s->cap_copies : 16;
     dt__ck_copy_t* c = realloc(s->copies, (size_t)cap * sizeof *c);
@@ -730,18 +728,23 @@ static dt_status_t dt__ck_defer(dt__ck_save_t* s, dt_tensor_t t, unsigned char* 
     s->copies = c;
     s->cap_copies = cap;
   }
-  s->copies[s->n_copies++] = (dt__ck_copy_t){dst, data, (size_t)nbytes};
+  s->copies[s->n_copies++] = (dt__ck_copy_t){dst, t, numel};
   *listed = 1;
   return DT_SUCCESS;
 }
 
-/* The writer thread's first task: the deferred copies, then `staged` is signalled. */
-static void dt__ck_copy_deferred(dt__ck_save_t* s) {
-  for (int i = 0; i < s->n_copies; i++) memcpy(s->copies[i].dst, s->copies[i].src, s->copies[i].nbytes);
+/* The writer thread's first task: the deferred copies (host memory to host memory: a plain copy
+ * through the backend, safe beside the caller's thread, which only reads these tensors until
+ * `staged`), then `staged` is signalled. */
+static dt_status_t dt__ck_copy_deferred(dt__ck_save_t* s) {
+  dt_status_t st = DT_SUCCESS;
+  for (int i = 0; i < s->n_copies && st == DT_SUCCESS; i++)
+    st = dt_tensor_read_local(s->copies[i].t, 0, s->copies[i].numel, s->copies[i].dst);
   pthread_mutex_lock(&s->mu);
   s->staged = 1;
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
+  return st;
 }
 
 /* Copies this rank's boxes to the staging buffer (Partial tensors reduced first). Collective
@@ -782,7 +785,7 @@ static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s, int defer)
                      "shape must be the box)", it->name, lnumel, numel);
       int listed = 0;
       if (st == DT_SUCCESS && defer && tmp == NULL)
-        st = dt__ck_defer(s, src, s->staging + p->rel, p->nbytes, &listed);
+        st = dt__ck_defer(s, src, s->staging + p->rel, numel, &listed);
       if (st == DT_SUCCESS && !listed) st = dt_tensor_read_local(src, 0, numel, s->staging + p->rel);
     }
     if (tmp) dt_tensor_destroy(tmp);
@@ -805,7 +808,7 @@ static void* dt__ck_fsync_thread(void* a) {
 /* Writes this rank's file, then hashes its boxes (each block, and the box in the same pass)
  * while the file is fsynced on a helper thread (on the writer thread when async). */
 static dt_status_t dt__ck_write_file(dt_checkpoint_t ck, dt__ck_save_t* s) {
-  dt__ck_copy_deferred(s);
+  DT_CHECK(dt__ck_copy_deferred(s));
   if (s->header == NULL) return DT_SUCCESS; /* nothing to write */
   int fd = open(s->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) return DT_FAIL(DT_ERR_IO, "creating %s: %s", s->path, strerror(errno));

@@ -137,10 +137,20 @@ dt_status_t dt__comm_mpi_finalize(int we_initialized);
 dt_status_t dt__comm_mpi_finalize_owned(void);
 /* The library's world communicator (NULL before dt_init). */
 const dt_comm_t* dt__comm_world(void);
+/* Whether the MPI comm's all_to_all_box places these boxes directly (for a communicator of c's
+ * size and rank): the simulated comm decides as the MPI run it stands for would. */
+int dt__comm_mpi_box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape,
+                          const int64_t* roffs, const int64_t* rlens, dt_dtype_t dtype);
 /* Releases a communicator (NULL or zeroed: no-op) and zeroes it. */
 void dt__comm_release(dt_comm_t* c);
 /* Releases the memory a request keeps (any request of this layer's implementations). */
 void dt__comm_req_free(dt_comm_req_t* req);
+
+/* ---- simulated communicators (src/comm/comm_sim.c) ----------------------------------------- */
+/* A communicator of `size` simulated ranks in which this process is `rank`: moves nothing, never
+ * waits, leaves meta-backend buffers alone and fills host buffers as if every rank held what this
+ * one holds (see the file). The communicators of dt_mesh_create_simulated. */
+dt_status_t dt__comm_sim_create(int size, int rank, dt_comm_t* out);
 
 /* ---- closed communicators (src/comm/comm_closed.c) ----------------------------------------- */
 /* Releases a communicator and leaves in its place one whose every call fails with

@@ -776,6 +776,11 @@ static int dt__box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape, con
   return big >= dt__box_min;
 }
 
+int dt__comm_mpi_box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape,
+                          const int64_t* roffs, const int64_t* rlens, dt_dtype_t dtype) {
+  return dt__box_fits(c, ndim, rshape, roffs, rlens, dtype);
+}
+
 /* Posts the boxes dt__box_fits accepted. */
 static dt_status_t dt__box_post(dt_comm_t* c, const void* send, const int64_t* scounts,
                                 const int64_t* sdispls, void* recv, int ndim,

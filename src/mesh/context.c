@@ -7,7 +7,7 @@
 #include "mesh/mesh.h"
 
 static struct {
-  int initialized;
+  int initialized, finalized, simulated;
   int world_rank, world_size;
   int64_t* counts; /* counts/displs arrays of blocking collectives */
   size_t ints_cap;
@@ -20,8 +20,20 @@ dt_status_t dt__ctx_init(void) {
   dt__ctx.world_rank = world->rank;
   dt__ctx.world_size = world->size;
   dt__ctx.initialized = 1;
+  dt__ctx.finalized = 0;
   return DT_SUCCESS;
 }
+
+dt_status_t dt__ctx_init_simulated(int size, int rank) {
+  dt__ctx.world_rank = rank;
+  dt__ctx.world_size = size;
+  dt__ctx.initialized = 1;
+  dt__ctx.finalized = 0;
+  dt__ctx.simulated = 1;
+  return DT_SUCCESS;
+}
+
+int dt__ctx_simulated(void) { return dt__ctx.simulated; }
 
 void dt__ctx_finalize(void) {
   dt__free(dt__ctx.counts);
@@ -29,12 +41,15 @@ void dt__ctx_finalize(void) {
   dt__ctx.ints_cap = 0;
   dt__mesh_close_all_comms(); /* live meshes keep their shape; their communicators close now */
   dt__ctx.initialized = 0;
+  dt__ctx.finalized = 1;
+  dt__ctx.simulated = 0;
   dt__ctx.world_rank = -1;
   dt__ctx.world_size = 0;
   memset(&dt__ctx.counters, 0, sizeof dt__ctx.counters);
 }
 
 int dt__ctx_initialized(void) { return dt__ctx.initialized; }
+int dt__ctx_finalized(void) { return dt__ctx.finalized; }
 int dt__world_rank(void) { return dt__ctx.world_rank; }
 int dt__world_size(void) { return dt__ctx.world_size; }
 

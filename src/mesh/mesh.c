@@ -95,10 +95,13 @@ static void dt__mesh_free_comms(dt_mesh_t m) {
     for (int k = 0; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1; k++) m->slot_comm[s][k].mask = 0;
 }
 
-/* A communicator split from the library's world (color < 0: none for this rank). */
-static dt_status_t dt__world_split(int color, int key, dt_comm_t* out) {
-  const dt_comm_t* w = dt__comm_world();
+/* A communicator of mesh m's ranks that pass the same color (color < 0: none for this rank),
+ * ranked by key: split from the library's world, or, on a simulated mesh, a simulated one of
+ * `size` ranks in which this rank is `key`. */
+static dt_status_t dt__mesh_comm_new(dt_mesh_t m, int color, int key, int size, dt_comm_t* out) {
   memset(out, 0, sizeof *out);
+  if (m->simulated) return color < 0 ? DT_SUCCESS : dt__comm_sim_create(size, key, out);
+  const dt_comm_t* w = dt__comm_world();
   if (w == NULL) return DT_FAIL(DT_ERR_NOT_INITIALIZED, "no world communicator (dt_init)");
   return w->iface->split(w, color, key, out);
 }
@@ -155,10 +158,10 @@ static dt_status_t dt__mesh_build_comms(dt_mesh_t m, int group) {
     memcpy(c, m->coords, sizeof c);
     c[i] = 0;
     int color = in ? group * m->numel + dt__grid_index(m->ndim, m->shape, c) : -1;
-    DT_CHECK(dt__world_split(color, in ? m->coords[i] : 0, &m->dim_comm[i]));
+    DT_CHECK(dt__mesh_comm_new(m, color, in ? m->coords[i] : 0, m->shape[i], &m->dim_comm[i]));
   }
   int key = in ? dt__grid_index(m->ndim, m->shape, m->coords) : 0;
-  DT_CHECK(dt__world_split(in ? group : -1, key, &m->all_comm));
+  DT_CHECK(dt__mesh_comm_new(m, in ? group : -1, key, m->numel, &m->all_comm));
   return DT_SUCCESS;
 }
 
@@ -207,6 +210,8 @@ static dt_status_t dt__mesh_create_impl(int ndim, const int* shape, const char* 
       }
   m->member = pos >= 0;
   if (m->member) dt__grid_coords(ndim, m->shape, pos, m->coords);
+  m->simulated = dt__ctx_simulated();
+  if (m->simulated) m->backend = &dt__backend_meta; /* nothing of a simulated run has bytes */
   DT_CHECK_GOTO(dt__mesh_build_comms(m, 0), st, fail);
   dt__mesh_link(m);
   if ((dt__debug_mask() & DT_DBG_MESH) && me == 0)
@@ -259,6 +264,9 @@ dt_status_t dt_mesh_destroy(dt_mesh_t mesh) {
 static dt_status_t dt__mesh_set_backend_impl(dt_mesh_t mesh, dt_backend_t backend) {
   DT_CHECK(dt__mesh_check(mesh));
   DT_CHECK(dt__backend_check(backend));
+  if (mesh->simulated && backend != &dt__backend_meta)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "mesh is simulated (dt_init_simulated): its tensors are "
+                   "meta, backend '%s' cannot hold them", backend->name);
   mesh->backend = backend;
   return DT_SUCCESS;
 }
@@ -477,6 +485,7 @@ static dt_status_t dt__mesh_sub(dt_mesh_t p, unsigned mask, int flat, const char
     DT_CHECK(dt__mesh_alloc(nd, shape, named ? names : NULL, &m));
   dt_status_t st = DT_SUCCESS;
   m->abstract = p->abstract;
+  m->simulated = p->simulated;
   m->backend = p->backend;
   if (!p->abstract) {
     m->member = p->member;
@@ -593,7 +602,7 @@ static dt_status_t dt__mesh_flatten_impl(dt_mesh_t mesh, int ndims, const int* d
     ng.mask = mask;
     snprintf(ng.name, DT_NAME_MAX, "%s", name);
     if (!mesh->abstract) {
-      int color = -1, key = 0;
+      int color = -1, key = 0, size = 1;
       if (mesh->member) {
         color = 0;
         for (int i = 0; i < mesh->ndim; i++) {
@@ -601,7 +610,9 @@ static dt_status_t dt__mesh_flatten_impl(dt_mesh_t mesh, int ndims, const int* d
           else color = color * mesh->shape[i] + mesh->coords[i];
         }
       }
-      DT_CHECK(dt__world_split(color, key, &ng.comm));
+      for (int i = 0; i < mesh->ndim; i++)
+        if (mask & (1u << i)) size *= mesh->shape[i];
+      DT_CHECK(dt__mesh_comm_new(mesh, color, key, size, &ng.comm));
     }
     mesh->flat[mesh->nflat++] = ng;
     g = &mesh->flat[mesh->nflat - 1];

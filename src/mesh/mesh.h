@@ -16,8 +16,14 @@
 /* Sets up the world after the comm layer started (dt_init); tears the layer down (dt_finalize):
  * releases the workspace and the communicators of meshes still alive. */
 dt_status_t dt__ctx_init(void);
+/* The same for a simulated world (dt_init_simulated): `size` ranks, this process `rank`, no MPI. */
+dt_status_t dt__ctx_init_simulated(int size, int rank);
+/* 1 while the world is simulated: meshes get simulated communicators and the meta backend. */
+int dt__ctx_simulated(void);
 void dt__ctx_finalize(void);
 int dt__ctx_initialized(void);
+/* 1 once dt_finalize has run (until the next dt_init): nothing may be kept for later use. */
+int dt__ctx_finalized(void);
 int dt__world_rank(void); /* -1 before dt_init */
 int dt__world_size(void); /* 0 before dt_init */
 dt_status_t dt__require_init(const char* what);
@@ -44,6 +50,7 @@ struct dt_mesh {
   int shape[DT_MAX_MESH_DIMS];
   char names[DT_MAX_MESH_DIMS][DT_NAME_MAX];
   int abstract;
+  int simulated; /* made under dt_init_simulated: simulated communicators, meta backend */
   int member;
   dt_backend_t backend; /* where tensors created on the mesh live */
   int coords[DT_MAX_MESH_DIMS];

@@ -451,6 +451,17 @@ static dt_status_t dt__read_i64(dt_var_t v, int64_t n, int64_t* out) {
   return dt_tensor_read_local(dt_var_value(v), 0, n, out);
 }
 
+/* 1 when v has no values (the meta backend: a simulated run, dt_init_simulated). Its routing
+ * counts read as zeros; the simulation takes the routing as balanced instead. */
+static int dt__is_meta(dt_var_t v) {
+  dt_mesh_t mesh = NULL;
+  dt_backend_t be = NULL;
+  dt_device_t dev = DT_DEVICE_HOST;
+  return dt_tensor_mesh(dt_var_value(v), &mesh) == DT_SUCCESS &&
+         dt_mesh_backend(mesh, &be) == DT_SUCCESS && dt_backend_device(be, &dev) == DT_SUCCESS &&
+         dev == DT_DEVICE_META;
+}
+
 /* Expert parallelism's dispatch: xs (T, D) rank-local rows sorted by expert, c (E) their counts
  * -> xg (R, D) the rows every rank sends to this rank's experts, expert-major, and lcounts
  * (E_l); *inv (R) puts expert-major rows back in arrival (rank-major) order; send/recv (n each)
@@ -487,6 +498,9 @@ static dt_status_t dt__ep_dispatch(dt_tape_t tape, const dt__ep_t* ep, dt_var_t 
     if (rc == NULL || lc == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: received counts");
   }
   if (st == DT_SUCCESS) st = dt__read_i64(rcv, n * El, rc);
+  if (st == DT_SUCCESS && dt__is_meta(rcv)) /* simulated: every peer routes as this rank does */
+    for (int i = 0; i < n; i++)
+      for (int64_t e = 0; e < El; e++) rc[i * El + e] = c[ep->lo[me] + e];
   for (int i = 0; st == DT_SUCCESS && i < n; i++) {
     recv[i] = 0;
     for (int64_t e = 0; e < El; e++) recv[i] += rc[i * El + e];
@@ -553,6 +567,11 @@ static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_
     c = malloc(sizeof(int64_t) * (size_t)E);
     if (c == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: %lld counts", (long long)E);
     st = dt__read_i64(counts, E, c);
+    if (st == DT_SUCCESS && dt__is_meta(counts)) /* simulated: the S slots spread evenly */
+      for (int64_t e = 0; e < E; e++) {
+        c[e] = S / E + (e < S % E);
+        if (capacity > 0 && c[e] > capacity) c[e] = capacity;
+      }
     T = 0;
     for (int64_t e = 0; e < E; e++) T += c[e];
     if (st == DT_SUCCESS && T < S) {
@@ -666,8 +685,8 @@ static dt_status_t dt__moe_expert_grad_pl(dt_mesh_t xm, const dt_placement_t* xp
   DT_CHECK(dt_mesh_ndim(em, &end));
   DT_CHECK(dt_mesh_shape(em, eshape));
   DT_CHECK(dt_mesh_coordinate(em, ec));
-  int self;
-  DT_CHECK(dt_world_rank(&self));
+  int self; /* this rank's world rank (of the simulated world, on a simulated mesh) */
+  DT_CHECK(dt_mesh_rank_at(em, ec, &self));
   DT_CHECK(dt__mesh_coords_of(xm, self, me));
   for (int i = 0; i < end; i++) {
     int differ = 0, same = 0;

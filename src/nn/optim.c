@@ -312,10 +312,9 @@ static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, 
     if (st == DT_SUCCESS) st = dt__accumulate_scalar(&accs[k], p);
   }
   if (st != DT_SUCCESS || nm == 0) goto done;
-  int world;
-  DT_CHECK_GOTO(dt_world_size(&world), st, done);
-  int spans = 1; /* every mesh covers the world: their partial scalars add up rank by rank */
-  for (int k = 0; k < nm; k++) {
+  int world = 0, spans = 1; /* every mesh covers the world: partial scalars add up rank by rank */
+  if (nm > 1) DT_CHECK_GOTO(dt_world_size(&world), st, done);
+  for (int k = 0; k < nm && nm > 1; k++) {
     int numel, member;
     DT_CHECK_GOTO(dt_mesh_numel(meshes[k], &numel), st, done);
     DT_CHECK_GOTO(dt_mesh_is_member(meshes[k], &member), st, done);

@@ -46,7 +46,7 @@ dt_op_kernel_fn dt__op_kernel(int id, dt_backend_t b, unsigned* flags) {
   if (set == NULL || id >= DT_OP_COUNT || info != &dt__op_table[id]) {
     /* host kernels, host-registered ops and overrides: the op's own kernel for b's device */
     *flags = (info->flags & DT_OPF_ANY_DTYPE) ? DT_KERNEL_ANY_DTYPE : 0u;
-    return info->kernel[b->device];
+    return info->kernel[dt__backend_kernel_device(b)];
   }
   *flags = set[id].flags & DT_KERNEL_ANY_DTYPE;
   return set[id].fn;

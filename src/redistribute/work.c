@@ -199,7 +199,7 @@ static struct dt__work* dt__work_get(dt_backend_t b, dt_backend_t dev) {
 /* A destroyed work: kept as a spare (buffers too, when not too large) or freed. */
 static void dt__work_put(struct dt__work* w) {
   if (w->abandoned) return; /* leaked on purpose: a timed-out collective owns its buffers */
-  if (dt__nspares >= DT_WORK_SPARES || !dt__ctx_initialized()) { /* none kept after finalize */
+  if (dt__nspares >= DT_WORK_SPARES || dt__ctx_finalized()) { /* none kept after finalize */
     dt__work_buffers_free(w);
     dt__free(w);
     return;

@@ -227,7 +227,7 @@ static dt_status_t dt__upload_box(dt_tensor_t t, const void* full) {
   dt_backend_t b = dt__tensor_backend(t);
   int64_t zero[DT_MAX_DIMS] = {0};
   size_t item = dt__itemsize(t->dtype);
-  if (b->device == DT_DEVICE_HOST)
+  if (!dt__backend_is_device(b))
     return b->iface->box_copy(b, t->layout.ndim, item, t->local_shape, t->data, t->local_shape,
                               zero, full, t->layout.shape, t->local_off);
   void* tmp = dt__malloc(dt__tensor_nbytes(t));
@@ -345,7 +345,7 @@ static dt_status_t dt__tensor_from_local_backend_impl(
   dt_status_t st = dt__from_local_args(backend, ndim, local_shape, placements, out);
   /* host memory by default: the mesh's backend when it is a host one, else the cpu backend */
   if (backend == NULL)
-    backend = mesh->backend->device == DT_DEVICE_HOST ? mesh->backend : &dt__backend_cpu;
+    backend = !dt__backend_is_device(mesh->backend) ? mesh->backend : &dt__backend_cpu;
   int64_t gshape[DT_MAX_DIMS];
   if (global_shape == NULL) {
     if (st == DT_SUCCESS) st = dt__from_local_infer(mesh, ndim, local_shape, placements, gshape);
@@ -527,7 +527,7 @@ static dt_status_t dt__tensor_distribute_impl(dt_mesh_t mesh, dt_dtype_t dtype, 
     lv = next;
   }
   DT_CHECK_GOTO(b->iface->copy(b, t->data, cur, dt__tensor_nbytes(t),
-                               b->device == DT_DEVICE_HOST ? DT_COPY_H2H : DT_COPY_H2D),
+                               !dt__backend_is_device(b) ? DT_COPY_H2H : DT_COPY_H2D),
                 st, fail);
   DT_CHECK_GOTO(dt__partition(t), st, fail);
   return DT_SUCCESS;
@@ -602,6 +602,18 @@ static dt_status_t dt__tensor_mesh_impl(dt_tensor_t t, dt_mesh_t* mesh) {
 
 dt_status_t dt_tensor_mesh(dt_tensor_t t, dt_mesh_t* mesh) {
   DT_ENTRY_RETURN(dt__tensor_mesh_impl(t, mesh));
+}
+
+static dt_status_t dt__tensor_backend_impl(dt_tensor_t t, dt_backend_t* backend) {
+  DT_ARG_NOT_NULL(backend);
+  *backend = NULL;
+  DT_CHECK(dt__tensor_check(t, "tensor"));
+  *backend = dt__tensor_backend(t);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_backend(dt_tensor_t t, dt_backend_t* backend) {
+  DT_ENTRY_RETURN(dt__tensor_backend_impl(t, backend));
 }
 
 static dt_status_t dt__tensor_local_shape_impl(dt_tensor_t t, int64_t* shape) {
@@ -841,7 +853,7 @@ static dt_status_t dt__tensor_gather_full_impl(dt_tensor_t t, void* out, size_t 
   dt_tensor_t r;
   DT_CHECK(dt__tensor_shell(t->mesh, t->dtype, t->layout.ndim, t->layout.shape, rep, 0, &r));
   dt_status_t st;
-  if (b->device == DT_DEVICE_HOST) { /* gather straight into the caller's array */
+  if (!dt__backend_is_device(b)) { /* gather straight into the caller's array */
     st = dt__storage_borrow(b, out, need, &r->storage);
     if (st == DT_SUCCESS) {
       r->data = out;
@@ -903,6 +915,10 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
     if (st == DT_SUCCESS) st = dt__partition(t);
     goto done;
   }
+  if (dt__meta_ptr(t->data)) { /* the meta backend: nothing to generate */
+    st = dt__partition(t);
+    goto done;
+  }
   /* values from (seed, global index), generated on the host in chunks and copied in */
   size_t item = dt__itemsize(dtype);
   int64_t chunk = t->local_numel < 65536 ? t->local_numel : 65536;
@@ -930,7 +946,7 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
       }
     }
     st = be->iface->copy(be, (char*)t->data + (size_t)k0 * item, buf, (size_t)n * item,
-                         be->device == DT_DEVICE_HOST ? DT_COPY_H2H : DT_COPY_H2D);
+                         !dt__backend_is_device(be) ? DT_COPY_H2H : DT_COPY_H2D);
   }
   dt__free(buf);
   if (st == DT_SUCCESS) st = dt__partition(t);
