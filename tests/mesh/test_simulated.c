@@ -1,0 +1,232 @@
+/* test_simulated.c - dt_init_simulated, the meta backend and simulated communicators (no MPI):
+ *
+ *  - arguments: world_size and rank out of range, a second init, refused with messages; the
+ *    simulated world's size and rank reported; dt_finalize ends it and a new one can start;
+ *  - meshes get the meta backend (device kind "meta"), and no other backend;
+ *  - meta tensors take no memory but are counted: a 1 MiB f32 tensor is 1 MiB under its
+ *    category in dt_memory_stats; reads give zeros; small tensors keep uploaded values;
+ *  - traffic: Shard(0) -> Replicate of an (8n, 16) f32 tensor on n ranks counts one all-gather of
+ *    n * 8 * 16 * 4 bytes; a 2-D mesh's dims count under their own dim;
+ *  - host values: an all-reduce sum of host values gives world size times the value, max the
+ *    value; a gather of a tensor into a host array gives zeros; a posted asynchronous
+ *    redistribution completes at dt_work_wait, or at its second poll (the post's, then the first
+ *    dt_work_test);
+ *  - a model step (Llama, FSDP over 8 simulated ranks, AdamW) runs and counts the parameters'
+ *    shards: 1/8 of the model per rank, rounded as the pool rounds.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dtensor/dtensor.h"
+#include "dtensor/nn.h"
+#include "dtensor/parallel.h"
+
+#define OK(x) assert_int_equal((x), DT_SUCCESS)
+
+static void test_args(void** state) {
+  (void)state;
+  assert_int_equal(dt_init_simulated(0, 0), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "world_size=0"));
+  assert_int_equal(dt_init_simulated(4, 4), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "rank=4"));
+  assert_int_equal(dt_init_simulated(4, -1), DT_ERR_INVALID_ARG);
+  OK(dt_init_simulated(512, 37));
+  assert_int_equal(dt_init_simulated(4, 0), DT_ERR_INVALID_USAGE);
+  int ws = 0, r = 0;
+  OK(dt_world_size(&ws));
+  OK(dt_world_rank(&r));
+  assert_int_equal(ws, 512);
+  assert_int_equal(r, 37);
+  int shape[2] = {32, 16};
+  dt_mesh_t m;
+  OK(dt_mesh_create(2, shape, NULL, NULL, &m));
+  int c[2];
+  OK(dt_mesh_coordinate(m, c));
+  assert_int_equal(c[0], 2); /* rank 37 = 2 * 16 + 5 */
+  assert_int_equal(c[1], 5);
+  dt_backend_t be, cpu;
+  dt_device_t dev;
+  OK(dt_mesh_backend(m, &be));
+  OK(dt_backend_device(be, &dev));
+  assert_int_equal(dev, DT_DEVICE_META);
+  assert_string_equal(dt_device_name(dev), "meta");
+  assert_string_equal(dt_backend_name(be), "meta");
+  OK(dt_backend_get("cpu", &cpu));
+  assert_int_equal(dt_mesh_set_backend(m, cpu), DT_ERR_INVALID_USAGE);
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+  OK(dt_init_simulated(2, 1)); /* again, another world */
+  OK(dt_world_size(&ws));
+  assert_int_equal(ws, 2);
+  OK(dt_finalize());
+}
+
+static void test_memory_and_values(void** state) {
+  (void)state;
+  OK(dt_init_simulated(4, 3));
+  int n = 4;
+  dt_mesh_t m;
+  OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  dt_memory_stats_t before, after;
+  OK(dt_memory_stats(&before));
+  const int64_t shape[2] = {1024, 1024};
+  dt_placement_t r = dt_replicate(), s0 = dt_shard(0);
+  dt_tensor_t t, u;
+  OK(dt_tensor_randn(m, DT_F32, 2, shape, &r, 1, &t)); /* 4 MiB replicated */
+  OK(dt_tensor_set_memory_category(t, DT_MEM_PARAMETERS));
+  OK(dt_memory_stats(&after));
+  assert_int_equal(after.current[DT_MEM_PARAMETERS] - before.current[DT_MEM_PARAMETERS], 4 << 20);
+  OK(dt_tensor_redistribute(t, &s0, &u)); /* a local slice: 1 MiB */
+  OK(dt_memory_stats(&after));
+  assert_int_equal(after.current[DT_MEM_OTHER] - before.current[DT_MEM_OTHER], 1 << 20);
+  float v[4] = {1, 1, 1, 1};
+  OK(dt_tensor_read_local(u, 0, 4, v));
+  assert_true(v[0] == 0.0f && v[3] == 0.0f); /* no values: zeros */
+  int meta = 0;
+  OK(dt_tensor_is_meta(u, &meta));
+  assert_int_equal(meta, 0); /* a tensor with storage, of the meta backend */
+  /* small tensors keep uploaded values (split counts reach ops that way) */
+  const int64_t four[1] = {4};
+  int64_t vals[4] = {3, 1, 4, 1}, back[4] = {0};
+  dt_tensor_t small;
+  OK(dt_tensor_from_full(m, DT_I64, 1, four, &r, vals, &small));
+  OK(dt_tensor_read_local(small, 0, 4, back));
+  assert_memory_equal(vals, back, sizeof vals);
+  /* host collectives: every rank holds what this one holds */
+  float x[2] = {1.5f, -2.0f};
+  OK(dt_mesh_all_reduce_host(m, 0, NULL, x, 2, DT_F32, DT_REDUCE_SUM));
+  assert_true(x[0] == 6.0f && x[1] == -8.0f);
+  OK(dt_mesh_all_reduce_host(m, 0, NULL, x, 2, DT_F32, DT_REDUCE_MAX));
+  assert_true(x[0] == 6.0f);
+  float* full = malloc(sizeof(float) * 1024 * 1024);
+  assert_non_null(full);
+  full[0] = 7.0f;
+  OK(dt_tensor_gather_full(u, full, sizeof(float) * 1024 * 1024));
+  assert_true(full[0] == 0.0f && full[1024 * 1024 - 1] == 0.0f);
+  free(full);
+  OK(dt_tensor_destroy(small));
+  OK(dt_tensor_destroy(u));
+  OK(dt_tensor_destroy(t));
+  OK(dt_memory_stats(&after));
+  for (int k = 0; k < DT_MEM_COUNT; k++) assert_int_equal(after.current[k], before.current[k]);
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+}
+
+static void test_traffic_and_works(void** state) {
+  (void)state;
+  OK(dt_init_simulated(8, 0));
+  int shape[2] = {2, 4};
+  dt_mesh_t m;
+  const char* names[2] = {"dp", "tp"};
+  OK(dt_mesh_create(2, shape, names, NULL, &m));
+  const int64_t ts[2] = {64, 16};
+  dt_placement_t src[2] = {dt_replicate(), dt_shard(0)}, dst[2] = {dt_replicate(), dt_replicate()};
+  dt_tensor_t t, u;
+  OK(dt_tensor_rand(m, DT_F32, 2, ts, src, 1, &t));
+  OK(dt_counters_reset(m));
+  OK(dt_tensor_redistribute(t, dst, &u));
+  dt_counters_t c;
+  OK(dt_counters_get(m, &c));
+  assert_int_equal(c.dim_calls[1][DT_COLL_ALL_GATHER], 1);
+  assert_int_equal(c.dim_nbytes[1][DT_COLL_ALL_GATHER], 64 * 16 * 4); /* the gathered bytes */
+  assert_int_equal(c.dim_calls[0][DT_COLL_ALL_GATHER], 0);
+  OK(dt_tensor_destroy(u));
+  /* asynchronous: done at the wait, or after polls */
+  dt_work_t w;
+  OK(dt_tensor_redistribute_async(t, dst, &u, &w));
+  OK(dt_work_wait(w));
+  OK(dt_work_destroy(w));
+  OK(dt_tensor_destroy(u));
+  OK(dt_tensor_redistribute_async(t, dst, &u, &w));
+  int done = 0, polls = 0;
+  while (!done && polls < 1000) {
+    OK(dt_work_test(w, &done));
+    polls++;
+  }
+  assert_true(done); /* the post polled once, this test a second time */
+  assert_int_equal(polls, 1);
+  OK(dt_work_destroy(w));
+  OK(dt_tensor_destroy(u));
+  OK(dt_tensor_destroy(t));
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+}
+
+static void test_model_step(void** state) {
+  (void)state;
+  OK(dt_init_simulated(8, 5));
+  int n = 8;
+  dt_mesh_t m;
+  OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  dt_llama_config_t c;
+  memset(&c, 0, sizeof c);
+  c.dim = 256;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.vocab = 1024;
+  c.seq_len = 64;
+  c.ffn_dim = 512;
+  c.seed = 1;
+  dt_llama_t model;
+  dt_module_t root;
+  OK(dt_llama_create(m, &c, "*=R", &model));
+  OK(dt_llama_module(model, &root));
+  dt_fsdp_config_t fc = dt_fsdp_config_default(1);
+  OK(dt_fully_shard(root, m, &fc));
+  dt_var_t* params;
+  int np = 0;
+  int64_t numel = 0;
+  OK(dt_llama_params(model, &params, NULL, &np, &numel));
+  dt_memory_stats_t ms;
+  OK(dt_memory_stats(&ms));
+  /* the sharded parameters: 1/8 of every one, padded to the group's 8-way split, rounded up to
+   * the pool's 4 KiB when 64 KiB or more */
+  int64_t shard = (numel + 7) / 8 * 4;
+  assert_true(ms.current[DT_MEM_PARAMETERS] >= shard);
+  assert_true(ms.current[DT_MEM_PARAMETERS] <= shard + 8 * 4096);
+  dt_adamw_config_t ac = dt_adamw_config_default();
+  dt_adamw_t opt;
+  OK(dt_adamw_create(&ac, np, params, &opt));
+  dt_tape_t tape;
+  OK(dt_tape_create(&tape));
+  const int64_t bs[2] = {8, 64};
+  dt_placement_t s0 = dt_shard(0);
+  dt_tensor_t tok, tgt;
+  OK(dt_tensor_full_value(m, DT_I64, 2, bs, &s0, 0.0, &tok));
+  OK(dt_tensor_full_value(m, DT_I64, 2, bs, &s0, 0.0, &tgt));
+  dt_var_t loss;
+  OK(dt_llama_forward(model, tape, tok, tgt, &loss, NULL));
+  OK(dt_tape_backward(tape, loss));
+  OK(dt_tape_reset(tape));
+  double gn = -1;
+  OK(dt_clip_grad_norm(np, params, 1.0, &gn));
+  assert_true(gn == 0.0); /* gradients of meta values read as zeros */
+  OK(dt_adamw_step(opt, 1e-3));
+  OK(dt_memory_stats(&ms));
+  assert_true(ms.peak[DT_MEM_ACTIVATIONS] > 0);
+  assert_true(ms.current[DT_MEM_OPTIMIZER] >= 2 * shard); /* two moments of the shard */
+  OK(dt_tensor_destroy(tok));
+  OK(dt_tensor_destroy(tgt));
+  OK(dt_tape_destroy(tape));
+  OK(dt_adamw_destroy(opt));
+  OK(dt_llama_destroy(model));
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_args),
+      cmocka_unit_test(test_memory_and_values),
+      cmocka_unit_test(test_traffic_and_works),
+      cmocka_unit_test(test_model_step),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
