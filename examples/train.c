@@ -551,7 +551,7 @@ int main(int argc, char** argv) {
     return usage_error("--plan applies to --parallel none only: %s builds every parameter "
                        "replicated (*=R) and wraps the model",
                        o.parallel);
-  if (data_par && o.batch < world)
+  if ((ddp || fsdp || hsdp) && o.batch < world) /* the parallel config checked its own above */
     return usage_error("--parallel %s shards the batch over the %d ranks: --batch %d is smaller",
                        o.parallel, world, o.batch);
   if ((fsdp || hsdp) && o.reshard_after_forward > 1 &&

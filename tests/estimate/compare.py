@@ -46,7 +46,7 @@ def main():
     if len(real) != len(est_paths):
         print(f"the real run reports {len(real)} ranks, {len(est_paths)} estimates given")
         return 1
-    bad, worst = 0, {}
+    bad, worst, point = 0, {}, {}
     for r, p in enumerate(est_paths):
         est = mem_lines(p)
         late = mem_lines(late_paths[r]) if late_paths else {}
@@ -59,6 +59,8 @@ def main():
                 print(f"rank {r}: {k} missing in the estimate")
                 bad = 1
                 continue
+            pe = abs(e - v) / v if v else (0.0 if e == 0 else 1.0)
+            point[k] = max(point.get(k, 0.0), pe)
             lo, hi = e, e
             if k in ("communication", "total") and r in late:
                 lo, hi = min(e, late[r][k]), max(e, late[r][k])
@@ -77,7 +79,9 @@ def main():
               "\n  estimate: " + "\n  estimate: ".join(t_est))
         bad = 1
     print("worst relative error: " + " ".join(f"{k}={v:.4f}" for k, v in worst.items()) +
-          f"; traffic lines {'equal' if t_real == t_est else 'DIFFER'} ({len(t_real)})")
+          f"; traffic lines {'equal' if t_real == t_est else 'DIFFER'} ({len(t_real)})" +
+          "; point estimate: " + " ".join(f"{k}={point[k]:.4f}" for k in ("communication", "total")
+                                         if k in point))
     return bad
 
 
