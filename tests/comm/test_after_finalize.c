@@ -9,6 +9,10 @@
  *    message saying the library was finalized;
  *  - local queries and local reads still work and see the values from before;
  *  - every object is destroyed without error (and without leaks: LeakSanitizer in CI).
+ * Before all that, the process asks before allocating: a simulated world (dt_init_simulated) of
+ * the real world's size, as this rank, estimates the memory of the model and optimizer the real
+ * run then builds; dt_finalize ends the simulation and dt_init starts MPI in the same process;
+ * the real run's dt_memory_stats equal the estimate, category by category.
  */
 #include <stdio.h>
 #include <string.h>
@@ -34,7 +38,55 @@
     (void)st_;                                                                                   \
   } while (0)
 
+/* A Llama model under FSDP over the world and its AdamW (created, not stepped). */
+static dt_llama_config_t small_config(void) {
+  dt_llama_config_t c;
+  memset(&c, 0, sizeof c);
+  c.dim = 16;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  c.vocab = 32;
+  c.seq_len = 4;
+  c.ffn_dim = 24;
+  c.seed = 5;
+  return c;
+}
+
+static void build_model(dt_mesh_t m, dt_llama_t* model, dt_adamw_t* opt) {
+  dt_llama_config_t c = small_config();
+  dt_module_t root;
+  DT_ASSERT_OK(dt_llama_create(m, &c, NULL, model));
+  DT_ASSERT_OK(dt_llama_module(*model, &root));
+  dt_fsdp_config_t fc = dt_fsdp_config_default(1);
+  DT_ASSERT_OK(dt_fully_shard(root, m, &fc));
+  dt_var_t* params;
+  int np = 0;
+  int64_t numel = 0;
+  DT_ASSERT_OK(dt_llama_params(*model, &params, NULL, &np, &numel));
+  dt_adamw_config_t ac = dt_adamw_config_default();
+  DT_ASSERT_OK(dt_adamw_create(&ac, np, params, opt));
+}
+
 int main(int argc, char** argv) {
+  /* ask before allocating: the world's size and this rank come from the launcher */
+  const char* ws = getenv("OMPI_COMM_WORLD_SIZE");
+  const char* wr = getenv("OMPI_COMM_WORLD_RANK");
+  dt_memory_stats_t est, real;
+  int simulated = ws != NULL && wr != NULL;
+  if (simulated) {
+    int sw = atoi(ws);
+    DT_ASSERT_OK(dt_init_simulated(sw, atoi(wr)));
+    dt_mesh_t sm;
+    DT_ASSERT_OK(dt_mesh_create(1, &sw, NULL, NULL, &sm));
+    dt_llama_t smodel;
+    dt_adamw_t sopt;
+    build_model(sm, &smodel, &sopt);
+    DT_ASSERT_OK(dt_memory_stats(&est));
+    DT_ASSERT_OK(dt_adamw_destroy(sopt));
+    DT_ASSERT_OK(dt_llama_destroy(smodel));
+    DT_ASSERT_OK(dt_mesh_destroy(sm));
+    DT_ASSERT_OK(dt_finalize());
+  }
   DT_ASSERT_OK(dt_init(&argc, &argv));
   int world = 0, rank = 0;
   DT_ASSERT_OK(dt_world_size(&world));
@@ -72,29 +124,25 @@ int main(int argc, char** argv) {
   dt_work_t work = NULL;
   DT_ASSERT_OK(dt_tensor_redistribute_async(ts, &r, &tw, &work));
 
-  /* a model under FSDP, its optimizer and tape, a checkpoint of it */
-  dt_llama_config_t c;
-  memset(&c, 0, sizeof c);
-  c.dim = 16;
-  c.n_layers = 1;
-  c.n_heads = 2;
-  c.vocab = 32;
-  c.seq_len = 4;
-  c.ffn_dim = 24;
-  c.seed = 5;
+  /* a model under FSDP, its optimizer and tape, a checkpoint of it (first alone: its memory
+   * against the simulated estimate) */
+  dt_memory_stats_t base;
+  DT_ASSERT_OK(dt_memory_stats(&base));
   dt_llama_t model;
+  dt_adamw_t opt;
   dt_module_t root;
-  DT_ASSERT_OK(dt_llama_create(m1, &c, NULL, &model));
+  build_model(m1, &model, &opt);
   DT_ASSERT_OK(dt_llama_module(model, &root));
-  dt_fsdp_config_t fc = dt_fsdp_config_default(1);
-  DT_ASSERT_OK(dt_fully_shard(root, m1, &fc));
+  DT_ASSERT_OK(dt_memory_stats(&real));
+  for (int k = 0; simulated && k < DT_MEM_COUNT; k++)
+    DT_ASSERT_TRUE(real.current[k] - base.current[k] == est.current[k],
+                   "category %s: the run holds %lld bytes, the simulation said %lld",
+                   dt_mem_category_name((dt_mem_category_t)k),
+                   (long long)(real.current[k] - base.current[k]), (long long)est.current[k]);
   dt_var_t* params;
   int np = 0;
   int64_t numel = 0;
   DT_ASSERT_OK(dt_llama_params(model, &params, NULL, &np, &numel));
-  dt_adamw_config_t ac = dt_adamw_config_default();
-  dt_adamw_t opt;
-  DT_ASSERT_OK(dt_adamw_create(&ac, np, params, &opt));
   dt_tape_t tape;
   DT_ASSERT_OK(dt_tape_create(&tape));
   dt_checkpoint_t ck;
