@@ -159,6 +159,8 @@ static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt
   return dt_ag_op(tape, "reshape", 1, &f[0], 3, bsd, 0, NULL, 1, &out[0]);
 }
 
+static dt_status_t dt__to_f32(dt_tape_t tape, dt_var_t* v);
+
 /* (h, aux so far or NULL) -> (h, aux so far or NULL). Children in order: attn_norm, attention,
  * ffn_norm, mlp or moe. */
 static dt_status_t dt__fwd_block(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
@@ -181,8 +183,11 @@ static dt_status_t dt__fwd_block(dt_module_t m, dt_tape_t tape, int n_in, const 
   if (moe) {
     if (aux_total == NULL) {
       aux_total = ff[1];
-    } else {
+    } else { /* in f32: a wrapper may have cast the running total at the block boundary (FSDP
+              * casts its inputs to the compute dtype), the layer's is f32 */
+      DT_CHECK(dt__to_f32(tape, &aux_total));
       dt_var_t at[2] = {aux_total, ff[1]};
+      DT_CHECK(dt__to_f32(tape, &at[1]));
       DT_CHECK(dt_ag_op(tape, "add", 2, at, 0, NULL, 0, NULL, 1, &aux_total));
     }
   }

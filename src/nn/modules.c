@@ -369,19 +369,22 @@ static dt_status_t dt__moe_router(dt_tape_t tape, dt_var_t x, dt_var_t router, i
   return dt_ag_op(tape, "topk", 1, probs, 2, ka, 0, NULL, 2, tk);
 }
 
-/* A tape constant of zeros (replicated) of x's mesh. */
-static dt_status_t dt__moe_zeros(dt_tape_t tape, dt_var_t x, int nd, const int64_t* shape,
-                                 dt_var_t* out) {
+/* A tape constant of zeros (replicated, of dtype dt) of x's mesh. */
+static dt_status_t dt__moe_zeros(dt_tape_t tape, dt_var_t x, dt_dtype_t dt, int nd,
+                                 const int64_t* shape, dt_var_t* out) {
   dt_mesh_t mesh;
   DT_CHECK(dt_tensor_mesh(dt_var_value(x), &mesh));
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
   dt_tensor_t z;
-  DT_CHECK(dt_tensor_zeros(mesh, DT_F32, nd, shape, rep, &z));
+  DT_CHECK(dt_tensor_zeros(mesh, dt, nd, shape, rep, &z));
   dt_status_t st = dt_tape_constant(tape, z, out);
   if (st != DT_SUCCESS) dt_tensor_destroy(z);
   return st;
 }
+
+/* *v cast to like's dtype (defined below). */
+static dt_status_t dt__moe_to_dtype(dt_tape_t tape, dt_var_t like, dt_var_t* v);
 
 /* Load-balancing loss: aux_coef * E * sum_e f_e P_e, f_e the fraction of the routing choices that
  * went to e (no gradient), P_e the mean router probability. */
@@ -401,7 +404,7 @@ static dt_status_t dt__moe_aux(dt_tape_t tape, dt_var_t x, dt_var_t probs, dt_va
     st = dt_tape_constant(tape, ones, &onesv);
     if (st != DT_SUCCESS) dt_tensor_destroy(ones);
   }
-  if (st == DT_SUCCESS) st = dt__moe_zeros(tape, x, 2, ne, &z2v);
+  if (st == DT_SUCCESS) st = dt__moe_zeros(tape, x, DT_F32, 2, ne, &z2v);
   if (st == DT_SUCCESS) {
     dt_var_t cin[3] = {z2v, idx, onesv};
     st = ag(tape, "scatter_add", 3, cin, 1, one, 0, NULL, &cnt);
@@ -413,6 +416,8 @@ static dt_status_t dt__moe_aux(dt_tape_t tape, dt_var_t x, dt_var_t probs, dt_va
   DT_CHECK(st);
   dt_var_t pm, prod, sum;
   DT_CHECK(ag(tape, "mean", 1, &probs, 2, m0, 0, NULL, &pm));
+  DT_CHECK(dt__moe_to_dtype(tape, fr, &pm)); /* the loss in f32 (bf16 probabilities under mixed
+                                              * precision) */
   DT_CHECK(ag2(tape, "mul", fr, pm, &prod));
   const int64_t all[1] = {0};
   DT_CHECK(ag(tape, "sum", 1, &prod, 1, all, 0, NULL, &sum));
@@ -460,6 +465,16 @@ static int dt__is_meta(dt_var_t v) {
   return dt_tensor_mesh(dt_var_value(v), &mesh) == DT_SUCCESS &&
          dt_mesh_backend(mesh, &be) == DT_SUCCESS && dt_backend_device(be, &dev) == DT_SUCCESS &&
          dev == DT_DEVICE_META;
+}
+
+/* *v cast (recorded on the tape) to like's dtype when it has another one. */
+static dt_status_t dt__moe_to_dtype(dt_tape_t tape, dt_var_t like, dt_var_t* v) {
+  dt_dtype_t want, have;
+  DT_CHECK(dt_tensor_dtype(dt_var_value(like), &want));
+  DT_CHECK(dt_tensor_dtype(dt_var_value(*v), &have));
+  if (want == have) return DT_SUCCESS;
+  const int64_t to[1] = {want};
+  return ag(tape, "cast", 1, v, 1, to, 0, NULL, v);
 }
 
 /* Expert parallelism's dispatch: xs (T, D) rank-local rows sorted by expert, c (E) their counts
@@ -600,6 +615,11 @@ static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_
     }
   }
   free(c);
+  /* experts kept in another dtype than the tokens (f32 experts beside bf16 FSDP blocks): cast to
+   * the tokens' compute dtype here, the gradient flows back to them in theirs */
+  dt_var_t cw[3] = {w1, w3, w2};
+  for (int k = 0; k < 3 && st == DT_SUCCESS; k++) st = dt__moe_to_dtype(tape, xg, &cw[k]);
+  w1 = cw[0], w3 = cw[1], w2 = cw[2];
   dt_var_t in1[3] = {xg, w1, gc}, in3[3] = {xg, w3, gc};
   if (st == DT_SUCCESS) st = ag(tape, "grouped_mm", 3, in1, 0, NULL, 0, NULL, &a);
   if (st == DT_SUCCESS) st = ag(tape, "grouped_mm", 3, in3, 0, NULL, 0, NULL, &b);
@@ -619,8 +639,13 @@ static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_
   dt_var_t gin[2] = {gflat, order};
   DT_CHECK(ag(tape, "gather", 2, gin, 1, d0, 0, NULL, &g)); /* each sorted row's gate */
   DT_CHECK(ag(tape, "reshape", 1, &g, 2, col, 0, NULL, &g2));
+  DT_CHECK(dt__moe_to_dtype(tape, y, &g2)); /* the gates in the rows' dtype (bf16 rows under
+                                             * mixed precision, f32 router probabilities) */
   DT_CHECK(ag2(tape, "mul", y, g2, &yw));
-  DT_CHECK(dt__moe_zeros(tape, x, 2, nd_, &zero));
+  DT_CHECK(dt__moe_to_dtype(tape, x, &yw));
+  dt_dtype_t xdt;
+  DT_CHECK(dt_tensor_dtype(dt_var_value(x), &xdt)); /* bf16 under mixed precision */
+  DT_CHECK(dt__moe_zeros(tape, x, xdt, 2, nd_, &zero));
   dt_var_t cin[3] = {zero, tok, yw};
   return ag(tape, "index_add", 3, cin, 0, NULL, 0, NULL, out);
 }
@@ -873,7 +898,7 @@ static dt_status_t dt__nn_moe_dense(dt_tape_t tape, dt_var_t x, dt_var_t router,
   dt_var_t probs, tk[2], gates, zv;
   DT_CHECK(dt__moe_router(tape, x, router, top_k, &probs, tk));
   const int64_t ne[2] = {N, E}, one[1] = {1};
-  DT_CHECK(dt__moe_zeros(tape, x, 2, ne, &zv));
+  DT_CHECK(dt__moe_zeros(tape, x, DT_F32, 2, ne, &zv));
   dt_var_t sin[3] = {zv, tk[1], tk[0]};
   DT_CHECK(ag(tape, "scatter_add", 3, sin, 1, one, 0, NULL, &gates)); /* dense (N, E) gates */
   dt_var_t acc = NULL;

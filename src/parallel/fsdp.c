@@ -342,9 +342,11 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
     st = dt_tensor_placements(gr, have);
     int ok = st == DT_SUCCESS, meta = 0;
     for (int d = 0; ok && d < g->mesh_ndim; d++) ok = dt_placement_equal(have[d], want[d]);
-    if (st == DT_SUCCESS && !ok) { /* e.g. Replicate on a dim: to Partial (a local step) */
-      st = dt_tensor_redistribute(gr, want, &tmp);
-      gr = tmp;
+    if (st == DT_SUCCESS && !ok) { /* Replicate on a dim: to Partial (a local step); a Shard
+                                    * (an op chose to reduce the gradient itself): through
+                                    * Replicate, since a new Partial cannot come from a Shard */
+      st = dt_var_reduce_grad(q->full, want);
+      gr = dt_var_grad(q->full);
     }
     if (st == DT_SUCCESS) st = dt_tensor_is_meta(gr, &meta);
     if (st == DT_SUCCESS && meta)
