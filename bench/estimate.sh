@@ -2,7 +2,7 @@
 # estimate.sh - how well and how fast train --estimate-only (dt_init_simulated: the meta backend
 # and simulated communicators) predicts a run, without running it.
 #   bench/estimate.sh [BUILD_DIR]
-# 1. The test matrix of tests/estimate/estimate.sh (14 configurations at np 1 to 8: none, DDP,
+# 1. The test matrix of tests/estimate/estimate.sh (16 configurations at np 1 to 8: none, DDP,
 #    FSDP with reshard 1, 0 and 2, bf16 and activation checkpointing, HSDP, TP, TP+SP with loss
 #    parallelism, FSDP x TP, MoE with FSDP, EP, FSDP x TP x EP) against real runs:
 #    estimate_worst_err = the largest relative error of any category of any rank over the

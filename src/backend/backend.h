@@ -165,6 +165,9 @@ extern struct dt_backend dt__backend_guarded;
 extern struct dt_backend dt__backend_meta;
 /* 1 when p is an address the meta backend handed out (never dereferenced: no memory behind it). */
 int dt__meta_ptr(const void* p);
+/* The scratch (bytes, "other") the next kernel run on the meta backend holds while it runs: what
+ * the host kernel would allocate (dispatch sets it before each run on the meta backend). */
+void dt__backend_meta_scratch(size_t nbytes);
 /* Adds a backend to the list dt_backend_get searches (at most DT_MAX_BACKENDS). */
 #define DT_MAX_BACKENDS 16
 dt_status_t dt__backend_register(dt_backend_t b);

@@ -260,6 +260,8 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     unsigned kf = kdtype |
                   ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u) |
                   (writes ? DT_KERNEL_INPLACE : 0u);
+    if (b->device == DT_DEVICE_META) /* the simulated kernel holds the real one's scratch */
+      dt__backend_meta_scratch(dt__kernel_scratch_nbytes(id, &call, lin));
     st = b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs);
     /* a value only some ranks hold may be rejected: every rank returns the same status before
      * any goes on to its next collective (a cast to a float type rejects nothing) */

@@ -141,7 +141,7 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
   memset(dv, 0, sizeof(float) * (size_t)dt__local_numel(&out[2]));
   if (B * H * S * T == 0) return DT_SUCCESS;
   dt_backend_t bk = in[0].backend;
-  size_t pn = sizeof(float) * (size_t)(2 * S * T);
+  size_t pn = dt__kernel_scratch_nbytes(DT_OP_SDPA_GRAD, call, in);
   float* p = (float*)dt__backend_alloc(bk, pn);
   if (p != NULL) dt__mem_count(DT_MEM_OTHER, (int64_t)pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa_grad: scores");

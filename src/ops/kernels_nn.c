@@ -180,6 +180,16 @@ int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t s
   return layout ? (b * seq * heads + h) * feat : (b * heads + h) * seq * feat;
 }
 
+size_t dt__kernel_scratch_nbytes(int id, const dt_op_call_t* call, const dt_local_tensor_t* in) {
+  if (id != DT_OP_SDPA && id != DT_OP_SDPA_GRAD) return 0;
+  const int layout = (int)dt__op_iarg(id, call, 1);
+  int64_t H, S, D, G, T;
+  dt__attn_geom(&in[0], layout, &H, &S, &D);
+  dt__attn_geom(&in[1], layout, &G, &T, &D);
+  if (in[0].shape[0] * H * S * T == 0) return 0; /* nothing to score: no allocation */
+  return sizeof(float) * (size_t)(S * T) * (id == DT_OP_SDPA_GRAD ? 2u : 1u);
+}
+
 dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* in,
                             dt_local_tensor_t* out) {
   for (int t = 0; t < 3; t++) DT_CHECK(dt__need_f32(call, &in[t]));
@@ -202,7 +212,7 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
     return DT_SUCCESS;
   }
   dt_backend_t bk = in[0].backend;
-  size_t pn = sizeof(float) * (size_t)(S * T);
+  size_t pn = dt__kernel_scratch_nbytes(DT_OP_SDPA, call, in);
   float* p = (float*)dt__backend_alloc(bk, pn);
   if (p != NULL) dt__mem_count(DT_MEM_OTHER, (int64_t)pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa: %lld score floats", (long long)(S * T));

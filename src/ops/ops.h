@@ -291,5 +291,10 @@ void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causa
 void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
                    int64_t* feat);
 int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t feat);
+/* Bytes of scores the host attention kernel of op `id` (sdpa: S x T floats; sdpa_grad: 2 S x T)
+ * allocates for one call on these local inputs; 0 when it allocates none, and for other ops. The
+ * kernels size their scratch with it, and dispatch counts it for the meta backend (a simulated
+ * run holds what the real kernel would). */
+size_t dt__kernel_scratch_nbytes(int id, const dt_op_call_t* call, const dt_local_tensor_t* in);
 
 #endif

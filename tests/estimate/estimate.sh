@@ -5,7 +5,8 @@
 # every rank R, compared by compare.py (every rank's peak memory per category within 3 %, rank 0's
 # traffic per mesh dim equal byte for byte). Dense and MoE models, f32 and bf16 parameters, with and
 # without activation checkpointing; none (tensor parallel by the plan), DDP, FSDP with
-# reshard_after_forward 1, 0 and 2, HSDP, TP, TP+SP, FSDP x TP with checkpointing, and (routed:
+# reshard_after_forward 1, 0 and 2, HSDP, TP, TP+SP, FSDP x TP with checkpointing, TP and FSDP
+# at sequence 256 and 128 (the attention kernels' scratch grows as its square), and (routed:
 # the simulation takes the routing as balanced, so 25 % and calls only) EP and FSDP x TP x EP.
 # A real run's communication peak depends on when its asynchronous collectives complete (FSDP's
 # prefetch): it may lie between the estimate and the estimate with DTENSOR_SIM_COMPLETE=wait (a
@@ -65,6 +66,8 @@ run 2 --tp 2
 run 2 --tp 2 --sp --loss-parallel
 run 4 --dp 2 --tp 2 --sp --checkpoint
 run 2 --model moe --parallel fsdp
+run 2 --tp 2 --seq 256 --batch 4 # long sequences: the attention kernels' score scratch
+run 2 --parallel fsdp --seq 128 --batch 4 --checkpoint
 run 2 --routed --model moe --ep 2
 run 8 --routed --model moe --dp 2 --tp 2 --ep 2 --sp
 [ $fail = 0 ] && echo "estimate: $n configurations, every one as the real run"
