@@ -40,7 +40,8 @@ DT_API dt_status_t dt_finalize(void);
  * all-reduce sum of host values gives size times the value, a gather repeats this rank's block)
  * and count their calls and bytes in dt_counters_get as the real run does; their backend is
  * "meta" (tensors without memory, kernels that do nothing, storage counted in dt_memory_stats
- * as the cpu backend counts it; reading values gives zeros). The same program (model, wrappers,
+ * as the cpu backend counts it; reading values gives zeros, except host values a broadcast
+ * handed out: the root's are taken to be this rank's). The same program (model, wrappers,
  * optimizer) run after it reports that rank's memory and traffic. A posted collective completes
  * when waited for or at the second dt_work_test after it was posted (a real run's usual timing;
  * $DTENSOR_SIM_COMPLETE=wait: only when waited for, as on a rank that lags the others, the most

@@ -121,7 +121,9 @@ DT_API dt_status_t dt_tensor_is_rank_local(dt_tensor_t t, int* rank_local);
  * host memory for the cpu and guarded backends, device memory for cuda (the backend is
  * synchronized first, so the caller's own streams may use it at once; library code and portable
  * callers use dt_tensor_read_local and friends instead). Views share storage: writes through one
- * tensor's local data are seen by every tensor that aliases it (see dt_op_run). */
+ * tensor's local data are seen by every tensor that aliases it (see dt_op_run). On the meta
+ * backend (dt_backend_device: DT_DEVICE_META, a simulated world) the pointer must not be
+ * dereferenced: there is no memory behind it (dt_tensor_read_local gives zeros). */
 DT_API dt_status_t dt_tensor_to_local(dt_tensor_t t, void** data, int64_t* local_shape);
 /* The same, and the backend whose memory holds the data (may be NULL). */
 DT_API dt_status_t dt_tensor_to_local_backend(dt_tensor_t t, void** data, int64_t* local_shape,

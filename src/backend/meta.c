@@ -18,7 +18,9 @@
 
 #include "backend/backend.h"
 
-#define DT__META_BASE ((uintptr_t)0x4000000000000000ull) /* non-canonical: faults if touched */
+/* 2^55: no process maps it (x86-64: non-canonical with 4-level paging; AArch64: past the 48- or
+ * 52-bit address space, also with the top byte ignored), so a stray access faults */
+#define DT__META_BASE ((uintptr_t)0x0080000000000000ull)
 #define DT__META_ALIGN ((uintptr_t)256)
 #define DT__META_REAL_MAX 4096
 
@@ -106,7 +108,7 @@ static dt_status_t dt__meta_split_copy(dt_backend_t b, int ndim, size_t item, co
     if (d != dim) row *= (size_t)shape[d];
   int64_t rows = 0;
   for (int q = 0; q < n; q++) rows += lens[q];
-  size_t nb = row * (size_t)(to_packed ? rows : shape[dim]);
+  size_t nb = row * (size_t)(to_packed ? shape[dim] : rows); /* the source's extent */
   if (nb == 0) return DT_SUCCESS;
   void* zeros = dt__calloc(1, nb);
   if (zeros == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "meta backend: %zu bytes of zeros", nb);

@@ -454,7 +454,21 @@ static dt_status_t dt__ck_world(dt_checkpoint_t ck) {
   DT_CHECK(dt_world_rank(&ck->rank));
   DT_CHECK(dt_world_size(&ck->world_size));
   const char* names[1] = {"world"};
-  return dt_mesh_create(1, &ck->world_size, names, NULL, &ck->world);
+  dt_mesh_t w;
+  DT_CHECK(dt_mesh_create(1, &ck->world_size, names, NULL, &w));
+  dt_backend_t be = NULL;
+  dt_device_t dev = DT_DEVICE_HOST;
+  dt_status_t st = dt_mesh_backend(w, &be);
+  if (st == DT_SUCCESS) st = dt_backend_device(be, &dev);
+  if (st == DT_SUCCESS && dev == DT_DEVICE_META) /* nothing to write, no file every rank sees */
+    st = DT_FAIL(DT_ERR_INVALID_USAGE, "the world is simulated (dt_init_simulated): checkpoints "
+                 "need a real run");
+  if (st != DT_SUCCESS) {
+    dt_mesh_destroy(w);
+    return st;
+  }
+  ck->world = w;
+  return DT_SUCCESS;
 }
 
 #define DT__CK_MSG 480

@@ -149,7 +149,7 @@ void dt__comm_req_free(dt_comm_req_t* req);
 /* ---- simulated communicators (src/comm/comm_sim.c) ----------------------------------------- */
 /* A communicator of `size` simulated ranks in which this process is `rank`: moves nothing, never
  * waits, leaves meta-backend buffers alone and fills host buffers as if every rank held what this
- * one holds (see the file). The communicators of dt_mesh_create_simulated. */
+ * one holds (see the file). The communicators of meshes under dt_init_simulated. */
 dt_status_t dt__comm_sim_create(int size, int rank, dt_comm_t* out);
 
 /* ---- closed communicators (src/comm/comm_closed.c) ----------------------------------------- */

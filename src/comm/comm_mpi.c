@@ -67,7 +67,8 @@ static MPI_Op dt__half_ops[2][3]; /* [bf16, f16][sum, max, min] */
 static int dt__half_ops_ready = 0;
 static int dt__mpi_owned = 0; /* dt_init started MPI */
 static int64_t dt__maxc = INT_MAX;
-static int64_t dt__box_min; /* all_to_all_box: DT__BOX_MIN_NBYTES or $DTENSOR_COMM_BOX_MIN_NBYTES */
+static int64_t dt__box_min = -1; /* all_to_all_box: DT__BOX_MIN_NBYTES or
+                                   * $DTENSOR_COMM_BOX_MIN_NBYTES (-1 until read) */
 static int* dt__ints;         /* count arrays of blocking calls */
 static size_t dt__ints_cap;
 static dt_comm_req_t dt__local; /* handles of blocking point-to-point calls (memory reused) */
@@ -759,6 +760,18 @@ static int dt__subarray_dims(int ndim, const int64_t* shape, const int64_t* off,
 
 /* 1 when all_to_all_box places these boxes directly: every remote box one message (the sender's
  * pieces), describable by a subarray datatype, and one of them large enough. */
+/* $DTENSOR_COMM_MAX_COUNT and $DTENSOR_COMM_BOX_MIN_NBYTES (dt_init, or the first simulated
+ * decision). */
+static void dt__limits_read(void) {
+  const char* e = getenv("DTENSOR_COMM_MAX_COUNT");
+  long long v = e && *e ? strtoll(e, NULL, 10) : 0;
+  dt__maxc = v >= 1 && v < INT_MAX ? (int64_t)v : INT_MAX;
+  e = getenv("DTENSOR_COMM_BOX_MIN_NBYTES"); /* a non-negative integer, else the default */
+  char* end = NULL;
+  v = e && *e ? strtoll(e, &end, 10) : -1;
+  dt__box_min = v >= 0 && end && *end == '\0' ? (int64_t)v : DT__BOX_MIN_NBYTES;
+}
+
 static int dt__box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape, const int64_t* roffs,
                         const int64_t* rlens, dt_dtype_t dtype) {
   int n = c->size, me = c->rank;
@@ -778,6 +791,7 @@ static int dt__box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape, con
 
 int dt__comm_mpi_box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape,
                           const int64_t* roffs, const int64_t* rlens, dt_dtype_t dtype) {
+  if (dt__box_min < 0) dt__limits_read(); /* a simulated world: MPI never started */
   return dt__box_fits(c, ndim, rshape, roffs, rlens, dtype);
 }
 
@@ -1190,13 +1204,7 @@ dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
   }
   dt__ck_on = (dt__debug_mask() & DT_DBG_COLLECTIVES) != 0;
   DT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &dt__ck_wrank));
-  const char* e = getenv("DTENSOR_COMM_MAX_COUNT");
-  long long v = e && *e ? strtoll(e, NULL, 10) : 0;
-  dt__maxc = v >= 1 && v < INT_MAX ? (int64_t)v : INT_MAX;
-  e = getenv("DTENSOR_COMM_BOX_MIN_NBYTES"); /* a non-negative integer, else the default */
-  char* end = NULL;
-  v = e && *e ? strtoll(e, &end, 10) : -1;
-  dt__box_min = v >= 0 && end && *end == '\0' ? (int64_t)v : DT__BOX_MIN_NBYTES;
+  dt__limits_read();
   return DT_SUCCESS;
 }
 

@@ -1,4 +1,4 @@
-/* comm_sim.c - the communicator of a simulated mesh (dt_mesh_create_simulated): `size` ranks of
+/* comm_sim.c - the communicator of a simulated mesh (dt_init_simulated): `size` ranks of
  * which this process plays one, every other rank assumed to do exactly what this one does (the
  * SPMD symmetry of a training step). Nothing moves and nothing waits; the traffic is counted
  * where the real run counts it (the executor's counters), so a simulated step reports the calls
@@ -8,8 +8,9 @@
  * agreed statuses, counts, shapes, a gather into the caller's array) get what the symmetry
  * implies: an all-reduce of x is x for max, min and avg and size * x for sum, a gather repeats
  * this rank's block, an all-to-all returns to each peer's slot what this rank sends to it, a
- * broadcast or a receive from a peer holds what this rank has (a receive: zeros); a host result
- * computed from meta memory is zeros.
+ * broadcast leaves this rank's values (the root's are taken to be the same: control flags
+ * agree); what only another rank holds (a scatter's blocks off the root, a receive from a peer)
+ * is zeros, and so is a host result computed from meta memory.
  */
 #include "backend/backend.h"
 #include "comm/comm.h"
@@ -152,16 +153,22 @@ static dt_status_t dt__sim_all_to_all_box(dt_comm_t* c, const void* send, const 
 
 static dt_status_t dt__sim_broadcast(dt_comm_t* c, void* buf, int64_t numel, dt_dtype_t dtype,
                                      int root, dt_comm_req_t* req) {
+  /* the root is taken to hold what this rank holds: a control flag broadcast to agree on (a NULL
+   * checked on the source) keeps this rank's value, as in a run where the source agrees */
   (void)c, (void)buf, (void)numel, (void)dtype, (void)root;
-  return dt__sim_post(req); /* the root holds what this rank holds */
+  return dt__sim_post(req);
 }
 
 static dt_status_t dt__sim_scatter_v(dt_comm_t* c, const void* send, const int64_t* counts,
                                      const int64_t* displs, void* recv, dt_dtype_t dtype,
                                      int root, dt_comm_req_t* req) {
   (void)root;
-  if (dt__meta_ptr(recv) || send == NULL) return dt__sim_post(req);
   const size_t item = dt__itemsize(dtype);
+  if (send == NULL) { /* not the root: its blocks are unknown here, zeros */
+    dt__sim_put(recv, NULL, (size_t)counts[c->rank] * item);
+    return dt__sim_post(req);
+  }
+  if (dt__meta_ptr(recv)) return dt__sim_post(req);
   const char* src = dt__meta_ptr(send) ? (const char*)send
                                          : (const char*)send + displs[c->rank] * (int64_t)item;
   dt__sim_put(recv, src, (size_t)counts[c->rank] * item);

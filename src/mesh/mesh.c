@@ -100,6 +100,9 @@ static void dt__mesh_free_comms(dt_mesh_t m) {
  * `size` ranks in which this rank is `key`. */
 static dt_status_t dt__mesh_comm_new(dt_mesh_t m, int color, int key, int size, dt_comm_t* out) {
   memset(out, 0, sizeof *out);
+  if (m->simulated && !dt__ctx_simulated()) /* a sub-mesh of a mesh that outlived its simulation */
+    return DT_FAIL(DT_ERR_NOT_INITIALIZED, "the simulation this mesh belongs to has ended "
+                   "(dt_finalize)");
   if (m->simulated) return color < 0 ? DT_SUCCESS : dt__comm_sim_create(size, key, out);
   const dt_comm_t* w = dt__comm_world();
   if (w == NULL) return DT_FAIL(DT_ERR_NOT_INITIALIZED, "no world communicator (dt_init)");
@@ -212,6 +215,12 @@ static dt_status_t dt__mesh_create_impl(int ndim, const int* shape, const char* 
   if (m->member) dt__grid_coords(ndim, m->shape, pos, m->coords);
   m->simulated = dt__ctx_simulated();
   if (m->simulated) m->backend = &dt__backend_meta; /* nothing of a simulated run has bytes */
+  if (!m->simulated && m->backend == &dt__backend_meta) {
+    st = DT_FAIL(DT_ERR_INVALID_USAGE, "the default backend is 'meta' (no memory): it belongs "
+                 "to simulated worlds (dt_init_simulated); choose another ($DTENSOR_BACKEND, "
+                 "dt_backend_set_default)");
+    goto fail;
+  }
   DT_CHECK_GOTO(dt__mesh_build_comms(m, 0), st, fail);
   dt__mesh_link(m);
   if ((dt__debug_mask() & DT_DBG_MESH) && me == 0)
@@ -267,6 +276,9 @@ static dt_status_t dt__mesh_set_backend_impl(dt_mesh_t mesh, dt_backend_t backen
   if (mesh->simulated && backend != &dt__backend_meta)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "mesh is simulated (dt_init_simulated): its tensors are "
                    "meta, backend '%s' cannot hold them", backend->name);
+  if (!mesh->simulated && backend == &dt__backend_meta)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "backend 'meta' holds no memory: it belongs to simulated "
+                   "worlds (dt_init_simulated), this mesh communicates for real");
   mesh->backend = backend;
   return DT_SUCCESS;
 }

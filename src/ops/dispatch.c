@@ -243,9 +243,10 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   }
   if (mesh->member && !meta && alias < 0) {
     dt_backend_t b = mesh->backend;
-    for (int t = 0; t < n_inputs; t++) { /* host backends share memory; a device backend its own */
+    for (int t = 0; t < n_inputs; t++) { /* host backends share memory; a device backend, and the
+                                          * meta backend (no memory), have their own */
       dt_backend_t ib = lin[t].backend;
-      if (ib != b && (dt__backend_is_device(ib) || dt__backend_is_device(b))) {
+      if (ib != b && (ib->device != DT_DEVICE_HOST || b->device != DT_DEVICE_HOST)) {
         st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: input %d lives in %s memory (backend %s), the "
                      "mesh computes on %s (backend %s): move it with dt_tensor_copy_local or "
                      "create it on the mesh", name, t, dt_device_name(ib->device), ib->name,

@@ -245,6 +245,9 @@ static dt_status_t dt__op_register_kernel(const char* name, dt_device_t device,
   if (device < 0 || device >= DT_DEVICE_COUNT)
     return DT_FAIL(DT_ERR_INVALID_ARG, "op %s: device=%d out of range [0, %d)", name, (int)device,
                    (int)DT_DEVICE_COUNT);
+  if (device == DT_DEVICE_META)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "op %s: the meta device runs no kernels (its ops only "
+                   "count: register the host kernel)", name);
   int id = dt__op_find(name);
   dt_host_op_t* h = NULL;
   if (id >= DT_OP_COUNT) h = &dt__reg.host[id - DT_OP_COUNT];

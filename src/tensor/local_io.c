@@ -192,7 +192,8 @@ static dt_status_t dt__tensor_copy_local_impl(dt_tensor_t dst, dt_tensor_t src, 
       r[stride + i] = src_off[i] * item;
       r[2 * stride + i] = numel[i] * item;
     }
-    dt_backend_t b = ddev ? db : (sdev ? sb : db);
+    /* a meta side: the meta backend's copy (zeros into host memory, nothing into meta) */
+    dt_backend_t b = ddev ? db : sdev ? sb : sb->device == DT_DEVICE_META ? sb : db;
     st = b->iface->copy_ranges(b, dst->data, src->data, n, r, r + stride, r + 2 * stride);
     if (r != &inl[0][0]) dt__free(r);
     return st;

@@ -346,6 +346,9 @@ static dt_status_t dt__tensor_from_local_backend_impl(
   /* host memory by default: the mesh's backend when it is a host one, else the cpu backend */
   if (backend == NULL)
     backend = !dt__backend_is_device(mesh->backend) ? mesh->backend : &dt__backend_cpu;
+  if (st == DT_SUCCESS && backend == &dt__backend_meta && !mesh->simulated)
+    st = DT_FAIL(DT_ERR_INVALID_USAGE, "backend 'meta' holds no memory: it belongs to simulated "
+                 "worlds (dt_init_simulated)");
   int64_t gshape[DT_MAX_DIMS];
   if (global_shape == NULL) {
     if (st == DT_SUCCESS) st = dt__from_local_infer(mesh, ndim, local_shape, placements, gshape);

@@ -159,6 +159,57 @@ static void test_traffic_and_works(void** state) {
   OK(dt_finalize());
 }
 
+/* What review found: packing from meta memory into a host buffer sized as the source, meta and
+ * host tensors mixed, a sub-mesh after the simulation ended, values only the root holds. */
+static void test_edges(void** state) {
+  (void)state;
+  OK(dt_init_simulated(2, 1));
+  int n = 2;
+  dt_mesh_t m;
+  OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  /* S(0) -> S(1) of a 16 KiB tensor: the sends are packed (ASan/valgrind watch the zero source) */
+  const int64_t sh[2] = {16, 256};
+  dt_placement_t s0 = dt_shard(0), s1 = dt_shard(1);
+  dt_tensor_t t, u;
+  OK(dt_tensor_randn(m, DT_F32, 2, sh, &s0, 3, &t));
+  OK(dt_tensor_redistribute(t, &s1, &u));
+  OK(dt_tensor_destroy(u));
+  /* a tensor in host memory (cpu backend) beside meta ones: ops refuse the mix, copies work */
+  dt_backend_t cpu;
+  OK(dt_backend_get("cpu", &cpu));
+  float host[8 * 256];
+  for (int i = 0; i < 8 * 256; i++) host[i] = 5.0f;
+  const int64_t ls[2] = {8, 256};
+  dt_tensor_t h;
+  OK(dt_tensor_from_local_backend(m, cpu, DT_F32, 2, sh, &s0, host, ls, &h));
+  dt_tensor_t sum = NULL;
+  assert_int_equal(dt_add(t, h, &sum), DT_ERR_INVALID_ARG);
+  assert_null(sum);
+  const int64_t zero = 0, cnt = 8 * 256;
+  OK(dt_tensor_copy_local(h, t, 1, &zero, &zero, &cnt)); /* meta -> host: zeros */
+  assert_true(host[0] == 0.0f && host[8 * 256 - 1] == 0.0f);
+  OK(dt_tensor_copy_local(t, h, 1, &zero, &zero, &cnt)); /* host -> meta: nothing to write */
+  OK(dt_tensor_destroy(h));
+  /* a shard only the source rank (0) holds reads as zeros on this rank (1): a scatter off the
+   * root (a 4x4 tensor: real memory, so stale values would show) */
+  const int64_t four[2] = {4, 4};
+  dt_tensor_t d;
+  OK(dt_tensor_distribute(m, DT_F32, 2, four, &s0, NULL, 0, &d));
+  float got[8];
+  for (int i = 0; i < 8; i++) got[i] = 1.0f;
+  OK(dt_tensor_read_local(d, 0, 8, got));
+  for (int i = 0; i < 8; i++) assert_true(got[i] == 0.0f);
+  OK(dt_tensor_destroy(d));
+  OK(dt_tensor_destroy(t));
+  OK(dt_finalize());
+  /* the mesh outlived its simulation: no new sub-mesh gets simulated communicators */
+  int dims[1] = {0};
+  dt_mesh_t f = NULL;
+  assert_int_equal(dt_mesh_flatten(m, 1, dims, "all", &f), DT_ERR_NOT_INITIALIZED);
+  assert_null(f);
+  OK(dt_mesh_destroy(m));
+}
+
 static void test_model_step(void** state) {
   (void)state;
   OK(dt_init_simulated(8, 5));
@@ -226,6 +277,7 @@ int main(void) {
       cmocka_unit_test(test_args),
       cmocka_unit_test(test_memory_and_values),
       cmocka_unit_test(test_traffic_and_works),
+      cmocka_unit_test(test_edges),
       cmocka_unit_test(test_model_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

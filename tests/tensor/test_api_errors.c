@@ -235,6 +235,28 @@ static void plan_and_cost_errors(dt_mesh_t mesh) {
   EXPECT(dt_cost_estimate(DT_COLL_ALL_GATHER, 0, 10, &c), DT_ERR_INVALID_ARG, "n = 0");
 }
 
+/* The meta backend (no memory) belongs to simulated worlds: a mesh that communicates for real
+ * refuses it as its backend, as the default its meshes take, and for a tensor's memory. */
+static void meta_refused(dt_mesh_t mesh, int world) {
+  dt_backend_t meta, def;
+  DT_ASSERT_OK(dt_backend_get("meta", &meta));
+  EXPECT(dt_mesh_set_backend(mesh, meta), DT_ERR_INVALID_USAGE, "simulated");
+  DT_ASSERT_OK(dt_backend_default(&def));
+  DT_ASSERT_OK(dt_backend_set_default(meta));
+  dt_mesh_t m2 = NULL;
+  EXPECT(dt_mesh_create(1, &world, NULL, NULL, &m2), DT_ERR_INVALID_USAGE, "meta");
+  DT_ASSERT_TRUE(m2 == NULL, "a mesh was made");
+  DT_ASSERT_OK(dt_backend_set_default(def));
+  float v[4] = {1, 2, 3, 4};
+  const int64_t ls[1] = {4}, gs[1] = {4 * (int64_t)world};
+  dt_placement_t s0 = dt_shard(0);
+  dt_tensor_t t = NULL;
+  EXPECT(dt_tensor_from_local_backend(mesh, meta, DT_F32, 1, gs, &s0, v, ls, &t),
+         DT_ERR_INVALID_USAGE, "simulated");
+  DT_ASSERT_TRUE(t == NULL, "a tensor was made");
+  EXPECT(dt_op_register_kernel("add", DT_DEVICE_META, NULL), DT_ERR_INVALID_ARG, "meta");
+}
+
 int main(int argc, char** argv) {
   before_init();
   DT_ASSERT_OK(dt_init(&argc, &argv));
@@ -248,6 +270,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_mesh_create(1, &world, NULL, NULL, &mesh));
   tensor_errors(mesh, world, rank);
   plan_and_cost_errors(mesh);
+  meta_refused(mesh, world);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
   if (rank == 0) printf("test_api_errors np=%d: ok\n", world);
   DT_ASSERT_OK(dt_finalize());
