@@ -130,7 +130,7 @@ static const opt_doc_t kDocs[] = {
     {"estimate_only", "estimate", NULL,
      "estimate instead of training: --steps (at most 2) on a simulated world of --np ranks as "
      "rank --estimate-rank, without MPI or tensor memory; prints that rank's peak memory per "
-     "category and the traffic of a step", "off"},
+     "category and the traffic of a step, as a run on the cpu backend takes them", "off"},
     {"np", "estimate", "N", "with --estimate-only: the world size", NULL},
     {"estimate_rank", "estimate", "R", "with --estimate-only: the rank to estimate", NULL},
     {"metrics", "output", "FILE.jsonl", "one JSON line of metrics per step", "none"},
