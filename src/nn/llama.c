@@ -367,6 +367,35 @@ static dt_status_t dt__tied_plan_check(dt_mesh_t mesh, const char* plan) {
                  "(Shard(0), the vocabulary, is what tensor parallelism gives both)", te, to);
 }
 
+/* The first constraint c breaks, named with its values. */
+static dt_status_t dt__llama_config_check(const dt_llama_config_t* c) {
+  const struct {
+    const char* name;
+    long long v;
+  } pos[] = {{"dim", c->dim},   {"n_layers", c->n_layers}, {"n_heads", c->n_heads},
+             {"vocab", c->vocab}, {"seq_len", c->seq_len}};
+  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+    if (pos[i].v <= 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: %s=%lld (valid: 1 or more)", pos[i].name,
+                     pos[i].v);
+  if (c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: dim=%d over n_heads=%d: the head dim must "
+                   "be a whole even number (rotary positions rotate pairs)", c->dim, c->n_heads);
+  if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: n_kv_heads=%d must divide n_heads=%d",
+                   c->n_kv_heads, c->n_heads);
+  if (c->n_experts < 0 || c->n_experts > 64)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: n_experts=%d (valid: 0, dense, to 64)",
+                   c->n_experts);
+  if (c->n_experts > 0 && (c->top_k < 1 || c->top_k > c->n_experts))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: top_k=%d (valid: 1 to n_experts=%d)",
+                   c->top_k, c->n_experts);
+  if (!isfinite(c->capacity_factor))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: capacity_factor=%g must be finite",
+                   c->capacity_factor);
+  return DT_SUCCESS;
+}
+
 static dt_status_t dt__llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in,
                                    const char* plan, dt_llama_t* out) {
   DT_ARG_NOT_NULL(out);
@@ -374,15 +403,7 @@ static dt_status_t dt__llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg
   DT_ARG_NOT_NULL(cfg_in);
   dt_llama_config_t cfg = *cfg_in;
   dt_llama_config_defaults(&cfg);
-  if (cfg.dim <= 0 || cfg.n_layers <= 0 || cfg.n_heads <= 0 || cfg.vocab <= 0 ||
-      cfg.seq_len <= 0 || cfg.dim % cfg.n_heads != 0 || cfg.n_heads % cfg.n_kv_heads != 0 ||
-      (cfg.dim / cfg.n_heads) % 2 != 0 || cfg.n_experts < 0 || cfg.n_experts > 64 ||
-      (cfg.n_experts > 0 && (cfg.top_k < 1 || cfg.top_k > cfg.n_experts)) ||
-      !isfinite(cfg.capacity_factor))
-    return DT_FAIL(DT_ERR_INVALID_ARG,
-                   "llama config: need dim, layers, heads, vocab, seq_len > 0; dim a multiple of "
-                   "heads with an even head dim; heads a multiple of kv heads; at most 64 "
-                   "experts; 1 <= top_k <= experts; a finite capacity factor");
+  DT_CHECK(dt__llama_config_check(&cfg));
   if (cfg.tie_embeddings) DT_CHECK(dt__tied_plan_check(mesh, plan));
   dt_llama_t m = calloc(1, sizeof *m);
   if (m == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the model");

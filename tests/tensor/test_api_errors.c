@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "dt_test.h"
+#include "dtensor/nn.h"
 
 /* Expects status `want` and a last-error message containing `needle` (NULL: any non-empty). */
 #define EXPECT(call, want, needle)                                                        \
@@ -257,6 +258,31 @@ static void meta_refused(dt_mesh_t mesh, int world) {
   EXPECT(dt_op_register_kernel("add", DT_DEVICE_META, NULL), DT_ERR_INVALID_ARG, "meta");
 }
 
+/* A model config that cannot exist: the message names the constraint and the values. */
+static void llama_config_errors(dt_mesh_t mesh) {
+  dt_llama_config_t c;
+  memset(&c, 0, sizeof c);
+  c.dim = 30;
+  c.n_layers = 1;
+  c.n_heads = 8;
+  c.vocab = 16;
+  c.seq_len = 4;
+  dt_llama_t m = NULL;
+  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "dim=30 over n_heads=8");
+  c.dim = 24;
+  c.n_heads = 3;
+  c.n_kv_heads = 2;
+  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "n_kv_heads=2 must divide n_heads=3");
+  c.n_kv_heads = 0;
+  c.n_experts = 2;
+  c.top_k = 3;
+  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "top_k=3 (valid: 1 to n_experts=2)");
+  c.n_experts = 0;
+  c.seq_len = 0;
+  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "seq_len=0");
+  DT_ASSERT_TRUE(m == NULL, "a model was made");
+}
+
 int main(int argc, char** argv) {
   before_init();
   DT_ASSERT_OK(dt_init(&argc, &argv));
@@ -271,6 +297,7 @@ int main(int argc, char** argv) {
   tensor_errors(mesh, world, rank);
   plan_and_cost_errors(mesh);
   meta_refused(mesh, world);
+  llama_config_errors(mesh);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
   if (rank == 0) printf("test_api_errors np=%d: ok\n", world);
   DT_ASSERT_OK(dt_finalize());
