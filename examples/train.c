@@ -766,6 +766,7 @@ int main(int argc, char** argv) {
   for (int step = start; step < o.steps; step++) {
     barrier();
     if (step == o.steps - 1) CHECK(dt_counters_reset(NULL)); /* the last step's traffic */
+    if (g_sim && step == o.steps - 1) CHECK(dt_sim_time_reset()); /* and its simulated time */
     double t0 = now_s();
     if (corpus) CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
     else memset(tok, 0, sizeof(int64_t) * (size_t)bs), memset(tgt, 0, sizeof(int64_t) * (size_t)bs);
@@ -862,6 +863,16 @@ int main(int argc, char** argv) {
         }
       printf("%s\n", any ? "" : " none");
     }
+  }
+  if (g_sim && o.steps > 0) { /* the last step's simulated time (dt_sim_time_get) */
+    dt_sim_time_t t;
+    CHECK(dt_sim_time_get(&t));
+    double s = t.elapsed_us * 1e-6;
+    printf("estimate_step rank %d: time_ms=%.3f compute_ms=%.3f comm_ms=%.3f exposed_comm_ms=%.3f "
+           "gemm_gflop=%.3f ops=%llu tokens_per_s=%.0f\n",
+           g_rank, t.elapsed_us * 1e-3, t.compute_us * 1e-3, t.comm_us * 1e-3,
+           t.exposed_comm_us * 1e-3, t.flops * 1e-9, (unsigned long long)t.ops,
+           s > 0 ? (double)o.batch * o.seq / s : 0.0);
   }
   double final = 0.0;
   int nf = nlast < 10 ? nlast : 10;

@@ -11,7 +11,9 @@
  * library's all-to-all algorithms of reduce-scatter and all-reduce ("reduce_scatter_a2a",
  * "all_reduce_a2a") are fit the same way from dt_tensor_redistribute_into P -> S(0) and P -> R
  * with that algorithm forced, on a mesh dim of 2 ranks (mesh (world/2, 2), even worlds) and on
- * the whole world. Prints the fit; writes it only to the FILE of -o (dt_init loads
+ * the whole world. The compute model of simulated step times (dt_compute_model_set: the fixed
+ * cost of an op, memory bandwidth of an add, the GEMM rate of mm at 512^3 in f32 and bf16) is
+ * measured with every rank running at once, the slowest rank's figures kept. Prints the fit; writes it only to the FILE of -o (dt_init loads
  * $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json: pass that path to make the fit every
  * program's default).
  *
@@ -225,6 +227,72 @@ static double memcpy_gbps(void* dst, const void* src, long bytes) {
   return best;
 }
 
+/* The time (us) of one run of op `name` on a and b: the median over `reps` timings of `inner`
+ * runs back to back, every rank at once (as in a training step: ranks sharing cores see the rate
+ * they will get, and the runs are long enough that the ranks overlap); -1 on a failure. */
+static double op_us(const char* name, dt_tensor_t a, dt_tensor_t b, int reps, int inner) {
+  double t[64];
+  if (reps > 64) reps = 64;
+  for (int r = -1; r < reps; r++) { /* a warm-up timing */
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < inner; i++) {
+      dt_tensor_t x[2] = {a, b}, y = NULL;
+      if (dt_op_run(name, 2, x, 0, NULL, 0, NULL, &y) != DT_SUCCESS) return -1.0;
+      dt_tensor_destroy(y);
+    }
+    double dt = (MPI_Wtime() - t0) * 1e6 / inner;
+    if (r >= 0) t[r] = dt;
+  }
+  for (int i = 1; i < reps; i++) /* insertion sort: a few dozen values */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double v = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = v;
+    }
+  return t[reps / 2];
+}
+
+/* The compute model (dt_compute_params_t): the fixed cost of an op (an add of one element),
+ * memory bandwidth (an add of 1 Mi floats: 12 MiB read and written), the GEMM rate of mm at
+ * 512^3 in f32 and bf16, all ranks running at once; the slowest rank's figures. 0 on success. */
+static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
+  dt_placement_t rep[1] = {dt_replicate()};
+  const int64_t one[1] = {1}, big[1] = {1 << 20}, sq[2] = {512, 512};
+  dt_tensor_t t[8] = {NULL};
+  int bad = dt_tensor_rand(mesh, DT_F32, 1, one, rep, 1, &t[0]) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_F32, 1, one, rep, 2, &t[1]) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_F32, 1, big, rep, 3, &t[2]) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_F32, 1, big, rep, 4, &t[3]) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_F32, 2, sq, rep, 5, &t[4]) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_F32, 2, sq, rep, 6, &t[5]) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_BF16, 2, sq, rep, 7, &t[6]) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_BF16, 2, sq, rep, 8, &t[7]) != DT_SUCCESS;
+  double m[4] = {-1, -1, -1, -1};
+  if (!bad) {
+    m[0] = op_us("add", t[0], t[1], 9, 2000);
+    m[1] = op_us("add", t[2], t[3], 9, 40);
+    m[2] = op_us("mm", t[4], t[5], 7, 10);
+    m[3] = op_us("mm", t[6], t[7], 7, 10);
+  }
+  for (int i = 0; i < 8; i++) dt_tensor_destroy(t[i]);
+  for (int i = 0; i < 4; i++) bad |= m[i] < 0;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (bad) return 1;
+  MPI_Allreduce(MPI_IN_PLACE, m, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  out->op_us = m[0];
+  const double flops = 2.0 * 512.0 * 512.0 * 512.0, nbytes = 3.0 * 4.0 * (double)(1 << 20);
+  double rest[3];
+  for (int i = 0; i < 3; i++) { /* the time beyond the fixed cost (at least a tenth of it) */
+    rest[i] = m[i + 1] - m[0];
+    if (rest[i] < 0.1 * m[i + 1]) rest[i] = 0.1 * m[i + 1];
+  }
+  out->mem_gbps = nbytes / (rest[0] * 1e3);
+  out->gemm_gflops = flops / (rest[1] * 1e3);
+  out->gemm_bf16_gflops = flops / (rest[2] * 1e3);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   char path[1024] = "";
   long maxb = 16l << 20;
@@ -400,6 +468,15 @@ int main(int argc, char** argv) {
   }
 #undef WHY
   dt_cost_model_force_algo(DT_ALGO_COUNT);
+  dt_compute_params_t cp;
+  if (measure_compute(world_mesh, &cp) != 0 || dt_compute_model_set(&cp) != DT_SUCCESS) {
+    if (rank == 0) fprintf(stderr, "dtensor-calibrate: compute model: %s\n", dt_last_error());
+    dt_finalize();
+    return 1;
+  }
+  if (rank == 0)
+    printf("compute: op_us %.2f, mem_gbps %.2f, gemm_gflops %.1f (f32, mm 512^3), "
+           "gemm_bf16_gflops %.1f\n", cp.op_us, cp.mem_gbps, cp.gemm_gflops, cp.gemm_bf16_gflops);
   if (pair_mesh) dt_mesh_destroy(pair_mesh);
   dt_mesh_destroy(world_mesh);
   int rc = 0;

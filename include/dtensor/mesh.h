@@ -48,6 +48,28 @@ DT_API dt_status_t dt_finalize(void);
  * communication memory held at once).
  * dt_finalize ends the simulation. DT_ERR_INVALID_USAGE when already initialized. */
 DT_API dt_status_t dt_init_simulated(int world_size, int rank);
+/* The simulated rank's step time: a clock that kernels advance by the compute model
+ * (dt_compute_model_get: matrix-product FLOPs at the GEMM rate, other kernels' bytes at the
+ * memory bandwidth, a fixed cost per op) and that collectives advance only when the program waits
+ * for them. Collectives run on one communication stream in the order posted, each priced by the
+ * cost model of its mesh dims (dt_mesh_set_cost_model) and starting when posted or when the one
+ * before it ends; a blocking one is waited for at once, an asynchronous one (dt_work_t: FSDP's
+ * prefetched all-gathers, bucketed reductions) when dt_work_wait, dt_work_destroy or a start that
+ * needs its slot waits for it, so what the wrappers overlap is hidden as they schedule it. Not
+ * counted: host-side control values (agreed statuses, host reductions: a few bytes each) and the
+ * planner's own time. Times in microseconds since dt_init_simulated or dt_sim_time_reset. */
+typedef struct dt_sim_time {
+  double elapsed_us;      /* the rank's clock */
+  double compute_us;      /* kernels and local redistribution steps */
+  double comm_us;         /* collectives on the communication stream (overlapped or not) */
+  double exposed_comm_us; /* waits for collectives: elapsed_us - compute_us */
+  double flops;           /* matrix-product FLOPs of the kernels run */
+  double nbytes;          /* bytes read and written by the other kernels */
+  uint64_t ops;           /* kernels run */
+} dt_sim_time_t;
+/* DT_ERR_INVALID_USAGE unless the library runs a simulated world. */
+DT_API dt_status_t dt_sim_time_get(dt_sim_time_t* out);
+DT_API dt_status_t dt_sim_time_reset(void);
 DT_API dt_status_t dt_world_rank(int* rank);
 DT_API dt_status_t dt_world_size(int* size);
 

@@ -136,6 +136,27 @@ DT_API dt_status_t dt_mesh_get_cost_model(dt_mesh_t mesh, int dim, dt_collective
 DT_API dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_collective_t c,
                                          uint64_t nbytes, double* cost_us);
 
+/* ---- compute model (simulated step time) -------------------------------------------------
+ * How long a rank's kernels take, for the step time of a simulated run (dt_init_simulated,
+ * dt_sim_time_get): a matrix product (mm, bmm, linear, grouped products, attention and their
+ * gradients) of F FLOPs costs F / (gemm_gflops * 1e3) microseconds (gemm_bf16_gflops with bf16
+ * operands), every other kernel its bytes read and written over mem_gbps, the larger of the two
+ * when an op has both, plus op_us per op (dispatch and launch). Defaults: one core of the
+ * development machine (OpenBLAS sgemm 157 GFLOP/s at 1024^3, memcpy 7 GB/s, docs/environment.md;
+ * op_us 5); `dtensor-calibrate` measures them with the collectives and writes them under the key
+ * "compute" of the cost model file ({"gemm_gflops":..,"gemm_bf16_gflops":..,"mem_gbps":..,
+ * "op_us":..}), which dt_cost_model_load and dt_cost_model_save read and write with the rest;
+ * dt_cost_model_reset restores the defaults. Valid values: the rates in [1e-6, 1e9], op_us in
+ * [0, 1e6]. */
+typedef struct dt_compute_params {
+  double gemm_gflops;      /* f32 matrix products, GFLOP/s per rank */
+  double gemm_bf16_gflops; /* bf16 operands */
+  double mem_gbps;         /* bytes of other kernels, GB/s */
+  double op_us;            /* fixed cost per op, microseconds */
+} dt_compute_params_t;
+DT_API dt_status_t dt_compute_model_get(dt_compute_params_t* out);
+DT_API dt_status_t dt_compute_model_set(const dt_compute_params_t* params);
+
 /* ---- asynchronous redistribution --------------------------------------------------------- */
 /* A redistribution in flight (dt_tensor_redistribute_async). It advances whenever the library is
  * entered (dt_work_test, dt_work_wait, any op); the source and target tensors may be destroyed

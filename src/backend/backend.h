@@ -168,6 +168,29 @@ int dt__meta_ptr(const void* p);
 /* The scratch (bytes, "other") the next kernel run on the meta backend holds while it runs: what
  * the host kernel would allocate (dispatch sets it before each run on the meta backend). */
 void dt__backend_meta_scratch(size_t nbytes);
+/* The simulated clock of a run on the meta backend (dt_init_simulated): this rank's compute
+ * stream, on which kernels and blocking waits advance the time, and one communication stream on
+ * which collectives run in the order posted, each starting when posted or when the previous one
+ * ends. Microseconds from the last reset. Only the simulation feeds it (dispatch, the executor,
+ * works); dt_sim_time_get reads it. */
+typedef struct dt__sim_clock {
+  double now;       /* the compute stream */
+  double origin;    /* `now` at the last dt_sim_time_reset (the clock itself runs on) */
+  double comm_free; /* when the communication stream finishes what was posted */
+  double compute_us, comm_us, exposed_us; /* kernels; collectives; waits on them */
+  double flops, nbytes;                   /* matrix products' FLOPs; other kernels' bytes */
+  uint64_t ops;
+} dt__sim_clock_t;
+dt__sim_clock_t* dt__sim_clock(void);
+void dt__sim_clock_reset(void);
+/* Zeroes the sums and starts the elapsed time here (what is in flight keeps its end). */
+void dt__sim_clock_mark(void);
+/* A kernel of `us` on the compute stream. */
+void dt__sim_compute(double us);
+/* A collective of `us` posted now: returns when it ends. */
+double dt__sim_comm_post(double us);
+/* The compute stream waits until time t (a collective's end): the wait counts as exposed. */
+void dt__sim_wait_until(double t);
 /* Adds a backend to the list dt_backend_get searches (at most DT_MAX_BACKENDS). */
 #define DT_MAX_BACKENDS 16
 dt_status_t dt__backend_register(dt_backend_t b);

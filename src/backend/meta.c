@@ -142,6 +142,40 @@ static dt_status_t dt__meta_gemm(dt_backend_t b, const dt_gemm_t* g) {
   return DT_SUCCESS;
 }
 
+/* The simulated clock (backend.h). One per process: a simulation runs one rank on one thread. */
+static dt__sim_clock_t dt__clock;
+
+dt__sim_clock_t* dt__sim_clock(void) { return &dt__clock; }
+void dt__sim_clock_reset(void) { memset(&dt__clock, 0, sizeof dt__clock); }
+
+void dt__sim_clock_mark(void) {
+  double now = dt__clock.now, comm_free = dt__clock.comm_free;
+  memset(&dt__clock, 0, sizeof dt__clock);
+  dt__clock.now = dt__clock.origin = now;
+  dt__clock.comm_free = comm_free;
+}
+
+void dt__sim_compute(double us) {
+  if (!(us > 0.0)) return;
+  dt__clock.now += us;
+  dt__clock.compute_us += us;
+}
+
+double dt__sim_comm_post(double us) {
+  double start = dt__clock.comm_free > dt__clock.now ? dt__clock.comm_free : dt__clock.now;
+  if (!(us > 0.0)) us = 0.0;
+  dt__clock.comm_free = start + us;
+  dt__clock.comm_us += us;
+  return dt__clock.comm_free;
+}
+
+void dt__sim_wait_until(double t) {
+  if (t > dt__clock.now) {
+    dt__clock.exposed_us += t - dt__clock.now;
+    dt__clock.now = t;
+  }
+}
+
 /* The scratch the next kernel run holds while it runs (dispatch sets it: the ops layer knows
  * what each host kernel allocates), counted as the cpu backend's kernel counts it. */
 static _Thread_local size_t dt__meta_scratch;

@@ -30,6 +30,7 @@ dt_status_t dt__ctx_init_simulated(int size, int rank) {
   dt__ctx.initialized = 1;
   dt__ctx.finalized = 0;
   dt__ctx.simulated = 1;
+  dt__sim_clock_reset();
   return DT_SUCCESS;
 }
 
@@ -43,6 +44,7 @@ void dt__ctx_finalize(void) {
   dt__ctx.initialized = 0;
   dt__ctx.finalized = 1;
   dt__ctx.simulated = 0;
+  dt__sim_clock_reset();
   dt__ctx.world_rank = -1;
   dt__ctx.world_size = 0;
   memset(&dt__ctx.counters, 0, sizeof dt__ctx.counters);
@@ -84,6 +86,42 @@ static dt_status_t dt__world_size_impl(int* size) {
 
 dt_status_t dt_world_size(int* size) {
   DT_ENTRY_RETURN(dt__world_size_impl(size));
+}
+
+static dt_status_t dt__sim_check(void) {
+  if (!dt__ctx.simulated)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "no simulated world: the step time is estimated only "
+                   "after dt_init_simulated");
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__sim_time_get_impl(dt_sim_time_t* out) {
+  DT_ARG_NOT_NULL(out);
+  memset(out, 0, sizeof *out);
+  DT_CHECK(dt__sim_check());
+  const dt__sim_clock_t* c = dt__sim_clock();
+  out->elapsed_us = c->now - c->origin;
+  out->compute_us = c->compute_us;
+  out->comm_us = c->comm_us;
+  out->exposed_comm_us = c->exposed_us;
+  out->flops = c->flops;
+  out->nbytes = c->nbytes;
+  out->ops = c->ops;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_sim_time_get(dt_sim_time_t* out) {
+  DT_ENTRY_RETURN(dt__sim_time_get_impl(out));
+}
+
+static dt_status_t dt__sim_time_reset_impl(void) {
+  DT_CHECK(dt__sim_check());
+  dt__sim_clock_mark();
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_sim_time_reset(void) {
+  DT_ENTRY_RETURN(dt__sim_time_reset_impl());
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -261,8 +261,15 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     unsigned kf = kdtype |
                   ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u) |
                   (writes ? DT_KERNEL_INPLACE : 0u);
-    if (b->device == DT_DEVICE_META) /* the simulated kernel holds the real one's scratch */
+    if (b->device == DT_DEVICE_META) { /* the simulated kernel: the real one's scratch and time */
       dt__backend_meta_scratch(dt__kernel_scratch_nbytes(id, &call, lin));
+      double f, nb, us = dt__op_sim_us(id, &call, lin, n_inputs, lout, n_outputs, &f, &nb);
+      dt__sim_clock_t* ck = dt__sim_clock();
+      ck->flops += f;
+      ck->nbytes += nb;
+      ck->ops++;
+      dt__sim_compute(us);
+    }
     st = b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs);
     /* a value only some ranks hold may be rejected: every rank returns the same status before
      * any goes on to its next collective (a cast to a float type rejects nothing) */

@@ -301,6 +301,11 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
   }
   if (exchanged) dt__count_collective(mesh, 1u << dim, DT_COLL_ALL_TO_ALL, (uint64_t)(n - 1) * 8);
   dt__count_collective(mesh, 1u << dim, DT_COLL_ALL_TO_ALL, sent);
+  if (exchanged) /* simulated: the counts' exchange and the rows' (the model prices a send buffer
+                  * that includes this rank's own block) */
+    dt__sim_collective(mesh, 1u << dim, DT_COLL_ALL_TO_ALL, DT_ALGO_NATIVE, n, (uint64_t)n * 8, 0);
+  dt__sim_collective(mesh, 1u << dim, DT_COLL_ALL_TO_ALL, DT_ALGO_NATIVE, n,
+                     n > 1 ? sent * (uint64_t)n / (uint64_t)(n - 1) : 0, 0);
   if (saved) { /* the backward's splits: send what was received, receive what was sent */
     const int64_t s2[1] = {2 * n};
     st = dt__tensor_new(mesh, DT_I64, 1, s2, rep, 0, saved);

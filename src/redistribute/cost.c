@@ -53,11 +53,16 @@ static int dt__cost_ready = 0;
 static uint64_t dt__cost_gen = 1;
 static dt_coll_algo_t dt__cost_forced = DT_ALGO_COUNT; /* none */
 
+/* The compute model (dtensor/redistribute.h): one core of the development machine. */
+static const dt_compute_params_t dt__compute_defaults = {157.0, 157.0, 7.0, 5.0};
+static dt_compute_params_t dt__compute;
+
 static void dt__cost_defaults_set(void) {
   for (int c = 0; c < DT_COLL_COUNT; c++) {
     dt__cost[c][DT_ALGO_NATIVE] = dt__cost_defaults[c];
     dt__cost[c][DT_ALGO_A2A] = dt__cost_a2a_defaults[c];
   }
+  dt__compute = dt__compute_defaults;
   dt__cost_ready = 1;
 }
 
@@ -162,6 +167,24 @@ double dt__cost_of_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, int n, u
   return best;
 }
 
+double dt__sim_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, dt_coll_algo_t algo,
+                          int n, uint64_t nbytes, int async) {
+  if (!dt__ctx_simulated()) return 0.0;
+  double us;
+  if (algo == DT_ALGO_COUNT) {
+    us = dt__cost_of_on(m, mask, c, n, nbytes, NULL);
+  } else {
+    double a, b;
+    dt__cost_linear_on(m, mask, c, algo, n, &a, &b);
+    us = a + b * (double)nbytes;
+  }
+  if (!isfinite(us)) us = dt__cost_of_on(m, mask, c, n, nbytes, NULL); /* not the forced one */
+  if (!isfinite(us)) us = 0.0;
+  double done = dt__sim_comm_post(us);
+  if (!async) dt__sim_wait_until(done);
+  return done;
+}
+
 static dt_status_t dt__coll_check(dt_collective_t c) {
   if (c < 0 || c >= DT_COLL_COUNT)
     return DT_FAIL(DT_ERR_INVALID_ARG, "collective %d out of range [0, %d)", (int)c,
@@ -188,6 +211,48 @@ static dt_status_t dt__params_check(const dt_cost_params_t* p, const char* what)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: bw_gbps = %g out of range [%g, %g] (GB/s)", what,
                    p->bw_gbps, DT__BW_MIN_GBPS, DT__BW_MAX_GBPS);
   return DT_SUCCESS;
+}
+
+#define DT__RATE_MIN 1e-6
+#define DT__RATE_MAX 1e9
+static dt_status_t dt__compute_check(const dt_compute_params_t* p, const char* what) {
+  const double r[3] = {p->gemm_gflops, p->gemm_bf16_gflops, p->mem_gbps};
+  static const char* names[3] = {"gemm_gflops", "gemm_bf16_gflops", "mem_gbps"};
+  for (int i = 0; i < 3; i++) /* written so that NaN fails too */
+    if (!(r[i] >= DT__RATE_MIN && r[i] <= DT__RATE_MAX))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %s = %g out of range [%g, %g]", what, names[i],
+                     r[i], DT__RATE_MIN, DT__RATE_MAX);
+  if (!(p->op_us >= 0.0 && p->op_us <= DT__LAT_MAX_US))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: op_us = %g out of range [0, %g] (microseconds)", what,
+                   p->op_us, DT__LAT_MAX_US);
+  return DT_SUCCESS;
+}
+
+const dt_compute_params_t* dt__compute_model(void) {
+  dt__cost_init();
+  return &dt__compute;
+}
+
+static dt_status_t dt__compute_model_get_impl(dt_compute_params_t* out) {
+  DT_ARG_NOT_NULL(out);
+  *out = *dt__compute_model();
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_compute_model_get(dt_compute_params_t* out) {
+  DT_ENTRY_RETURN(dt__compute_model_get_impl(out));
+}
+
+static dt_status_t dt__compute_model_set_impl(const dt_compute_params_t* params) {
+  DT_ARG_NOT_NULL(params);
+  DT_CHECK(dt__compute_check(params, "params"));
+  dt__cost_init();
+  dt__compute = *params;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_compute_model_set(const dt_compute_params_t* params) {
+  DT_ENTRY_RETURN(dt__compute_model_set_impl(params));
 }
 
 static dt_status_t dt__algo_check(dt_collective_t c, dt_coll_algo_t a) {
@@ -394,8 +459,28 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
     st = dt__params_check(&p, where);
     if (st == DT_SUCCESS) next[c][a] = p;
   }
+  dt_compute_params_t comp = dt__compute; /* "compute": fields left out keep their values */
+  cJSON* ce = cJSON_GetObjectItemCaseSensitive(root, "compute");
+  if (st == DT_SUCCESS && ce != NULL) {
+    static const char* keys[4] = {"gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "op_us"};
+    double* fields[4] = {&comp.gemm_gflops, &comp.gemm_bf16_gflops, &comp.mem_gbps, &comp.op_us};
+    if (!cJSON_IsObject(ce))
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"compute\" must be an object", what);
+    for (int i = 0; i < 4 && st == DT_SUCCESS; i++) {
+      cJSON* v = cJSON_GetObjectItemCaseSensitive(ce, keys[i]);
+      if (v == NULL) continue;
+      if (!cJSON_IsNumber(v))
+        st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"compute\".\"%s\" must be a number",
+                     what, keys[i]);
+      else *fields[i] = v->valuedouble;
+    }
+    char where[160];
+    snprintf(where, sizeof where, "cost model %s: \"compute\"", what);
+    if (st == DT_SUCCESS) st = dt__compute_check(&comp, where);
+  }
   cJSON_Delete(root);
   if (st != DT_SUCCESS) return st;
+  dt__compute = comp;
   memcpy(dt__cost, next, sizeof next);
   dt__cost_gen++;
   return DT_SUCCESS;
@@ -471,6 +556,14 @@ static dt_status_t dt__cost_model_save_impl(const char* path) {
       cJSON_Delete(root);
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
     }
+  }
+  cJSON* ce = cJSON_AddObjectToObject(root, "compute");
+  if (ce == NULL || !cJSON_AddNumberToObject(ce, "gemm_gflops", dt__compute.gemm_gflops) ||
+      !cJSON_AddNumberToObject(ce, "gemm_bf16_gflops", dt__compute.gemm_bf16_gflops) ||
+      !cJSON_AddNumberToObject(ce, "mem_gbps", dt__compute.mem_gbps) ||
+      !cJSON_AddNumberToObject(ce, "op_us", dt__compute.op_us)) {
+    cJSON_Delete(root);
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
   }
   char* text = cJSON_Print(root);
   cJSON_Delete(root);

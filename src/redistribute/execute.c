@@ -553,8 +553,14 @@ dt_status_t dt__advance(dt__run_t* r) {
       r->pending = 0;
       return st;
     }
-    if (first && r->s->coll != DT_COLL_LOCAL) /* one logical collective per step */
+    if (first && r->s->coll != DT_COLL_LOCAL) { /* one logical collective per step */
       dt__count_collective(r->m, r->s->mask, r->s->coll, r->nbytes);
+      r->sim_done = dt__sim_collective(r->m, r->s->mask, r->s->coll, r->s->algo, r->gn, r->nbytes,
+                                       r->async);
+    } else if (first && dt__ctx_simulated()) { /* a local step: the shard read and written */
+      double nb = (double)dt__box_numel(r->la.ndim, r->ob_len) * (double)r->item;
+      dt__sim_compute(2.0 * nb / (dt__compute_model()->mem_gbps * 1e3));
+    }
   }
   return DT_SUCCESS;
 }

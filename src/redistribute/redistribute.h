@@ -66,6 +66,14 @@ double dt__cost_of_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, int n, u
                       dt_coll_algo_t* algo);
 /* 1 when collective c has an alternative algorithm enabled (reduce-scatter, all-reduce). */
 int dt__cost_has_alt(dt_collective_t c);
+/* The compute model (dt_compute_model_get/set; the "compute" key of the cost model file). */
+const dt_compute_params_t* dt__compute_model(void);
+/* In a simulated run (dt_init_simulated): collective c of nbytes over the mesh dims `mask` (a
+ * group of n, algorithm algo; DT_ALGO_COUNT: the cheapest) posted on the simulated communication
+ * stream at its cost-model price, a blocking one (async 0) waited for at once. Returns when it
+ * ends on the simulated clock; 0 and nothing done outside a simulation. */
+double dt__sim_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, dt_coll_algo_t algo,
+                          int n, uint64_t nbytes, int async);
 /* Loads $DTENSOR_COST_MODEL or $HOME/.cache/dtensor/cost_model.json when present (dt_init). */
 dt_status_t dt__cost_model_autoload(void);
 
@@ -106,6 +114,7 @@ typedef struct dt__run {
   const void* send;               /* reduce-scatter: the (packed) send buffer */
   int64_t start_me, my;           /* reductions: offset and size of my block */
   uint64_t nbytes;                /* counted bytes (nccl-tests convention) */
+  double sim_done;                /* simulated: when the step's collective ends */
 } dt__run_t;
 
 /* Sets up step k of plan p from `in` to `out` (comm: the group's communicator, NULL for local

@@ -53,6 +53,7 @@ struct dt__work {
   size_t stage_cap[2];
   void* dst_dev;
   size_t dst_nbytes;
+  double sim_done; /* simulated: when its last posted collective ends */
   int done;
   int abandoned; /* timed out with a collective still posted: its memory is never freed */
   dt_status_t status;
@@ -285,6 +286,7 @@ static dt_status_t dt__work_run_step(struct dt__work* w, int block) {
       w->run.pending = 0;
     }
     st = dt__advance(&w->run);
+    if (w->run.sim_done > w->sim_done) w->sim_done = w->run.sim_done;
     if (st != DT_SUCCESS) break;
     if (w->run.pending) continue;
     if (++w->k == w->plan->nsteps) { /* staged: the result into the device's memory */
@@ -332,6 +334,7 @@ static dt_status_t dt__slot_take(dt_mesh_t m, struct dt__work* w) {
   struct dt__work* o = m->slot_owner[oldest];
   if (o != NULL) {
     DT_CHECK(dt__work_run(o, 1));
+    dt__sim_wait_until(o->sim_done);
     dt__slot_release(o);
   }
   m->slot_owner[oldest] = w;
@@ -342,7 +345,10 @@ static dt_status_t dt__slot_take(dt_mesh_t m, struct dt__work* w) {
 /* Completes a work if it is still running (its buffers belong to the collective until then),
  * releases what it holds and keeps it as a spare. */
 static void dt__work_end(struct dt__work* w) {
-  if (!w->done) dt__work_run(w, 1);
+  if (!w->done) {
+    dt__work_run(w, 1);
+    dt__sim_wait_until(w->sim_done);
+  }
   dt__slot_release(w);
   dt__finish(w, w->status);
   if (w->plan) dt__plan_release(w->plan);
@@ -448,6 +454,7 @@ static dt_status_t dt__work_wait_impl(dt_work_t h) {
   struct dt__work* w;
   DT_CHECK(dt__work_check(h, &w));
   dt_status_t st = w->done ? w->status : dt__work_run(w, 1);
+  dt__sim_wait_until(w->sim_done); /* simulated: the wait lasts until the collective ends */
   dt__slot_release(w);
   if (st != DT_SUCCESS && w->msg[0]) return DT_FAIL(st, "%s", w->msg);
   return st;

@@ -12,14 +12,22 @@
  *    redistribution completes at dt_work_wait, or at its second poll (the post's, then the first
  *    dt_work_test);
  *  - a model step (Llama, FSDP over 8 simulated ranks, AdamW) runs and counts the parameters'
- *    shards: 1/8 of the model per rank, rounded as the pool rounds.
+ *    shards: 1/8 of the model per rank, rounded as the pool rounds;
+ *  - step time (dt_sim_time_get): a product priced by the compute model (FLOPs, f32 and bf16
+ *    rates), an add by its bytes, a blocking all-gather by the cost model and exposed whole, an
+ *    asynchronous one hidden behind the compute before its wait (partly, then entirely), two
+ *    posted at once queued on the one communication stream; the compute model's checks and its
+ *    round trip through the cost model file.
  */
+#define _POSIX_C_SOURCE 200809L /* mkstemp */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <math.h>
 
 #include <cmocka.h>
 
@@ -272,6 +280,148 @@ static void test_model_step(void** state) {
   OK(dt_finalize());
 }
 
+/* The simulated clock: kernels priced by the compute model, collectives by the cost model,
+ * asynchronous ones hidden behind the compute done before their wait. */
+static void test_step_time(void** state) {
+  (void)state;
+  dt_sim_time_t t;
+  assert_int_equal(dt_sim_time_get(&t), DT_ERR_INVALID_USAGE); /* no simulation */
+  assert_non_null(strstr(dt_last_error(), "dt_init_simulated"));
+  assert_int_equal(dt_sim_time_reset(), DT_ERR_INVALID_USAGE);
+  /* the compute model: checked, and kept through the cost model file */
+  dt_compute_params_t cp0, cp = {100.0, 200.0, 1000.0, 2.0}, bad = cp;
+  OK(dt_compute_model_get(&cp0));
+  assert_true(cp0.gemm_gflops > 0 && cp0.mem_gbps > 0 && cp0.op_us >= 0);
+  bad.mem_gbps = 0.0 / 0.0;
+  assert_int_equal(dt_compute_model_set(&bad), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "mem_gbps"));
+  bad = cp;
+  bad.op_us = -1;
+  assert_int_equal(dt_compute_model_set(&bad), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_compute_model_set(NULL), DT_ERR_INVALID_ARG);
+  const char* txt = "{\"compute\": {\"gemm_gflops\": 100, \"gemm_bf16_gflops\": 200, "
+                    "\"mem_gbps\": 1000, \"op_us\": 2}}";
+  OK(dt_cost_model_load_string(txt, strlen(txt)));
+  dt_compute_params_t got;
+  OK(dt_compute_model_get(&got));
+  assert_true(got.gemm_gflops == 100.0 && got.gemm_bf16_gflops == 200.0 &&
+              got.mem_gbps == 1000.0 && got.op_us == 2.0);
+  const char* badtxt = "{\"compute\": {\"gemm_gflops\": -5}}";
+  assert_int_equal(dt_cost_model_load_string(badtxt, strlen(badtxt)), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "gemm_gflops"));
+  OK(dt_compute_model_get(&got));
+  assert_true(got.gemm_gflops == 100.0); /* nothing applied */
+  char path[] = "/tmp/dt_sim_cost_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  OK(dt_cost_model_save(path));
+  OK(dt_cost_model_reset());
+  OK(dt_compute_model_get(&got));
+  assert_true(got.gemm_gflops == cp0.gemm_gflops);
+  OK(dt_cost_model_load(path));
+  OK(dt_compute_model_get(&got));
+  assert_true(got.gemm_gflops == 100.0 && got.op_us == 2.0);
+  unlink(path);
+  dt_cost_params_t ag = {10.0, 0.0, 1.0}; /* all-gathers: 10 us + bytes at 1 GB/s */
+  OK(dt_cost_model_set(DT_COLL_ALL_GATHER, &ag));
+
+  OK(dt_init_simulated(4, 1));
+  OK(dt_sim_time_get(&t));
+  assert_true(t.elapsed_us == 0.0 && t.ops == 0);
+  int n = 4;
+  dt_mesh_t m;
+  OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  dt_placement_t r = dt_replicate(), s0 = dt_shard(0);
+  const int64_t as[2] = {64, 128}, bs[2] = {128, 32}, gs[2] = {64, 16};
+  dt_tensor_t a, b, c, a16, b16, g, u, u2;
+  OK(dt_tensor_rand(m, DT_F32, 2, as, &r, 1, &a));
+  OK(dt_tensor_rand(m, DT_F32, 2, bs, &r, 2, &b));
+  OK(dt_tensor_rand(m, DT_F32, 2, gs, &s0, 3, &g));
+  OK(dt_sim_time_reset());
+  /* one f32 product: 2 * 64 * 128 * 32 FLOPs at 100 GFLOP/s (its 56 KiB at 1000 GB/s are
+   * faster) plus the op's 2 us */
+  const double mm_us = 2.0 + 2.0 * 64 * 128 * 32 / 100e3;
+  OK(dt_mm(a, b, &c));
+  OK(dt_tensor_destroy(c));
+  OK(dt_sim_time_get(&t));
+  assert_int_equal(t.ops, 1);
+  assert_true(t.flops == 2.0 * 64 * 128 * 32);
+  assert_true(fabs(t.elapsed_us - mm_us) < 1e-9);
+  assert_true(fabs(t.compute_us - mm_us) < 1e-9);
+  assert_true(t.comm_us == 0.0 && t.exposed_comm_us == 0.0);
+  /* bf16 operands at their own rate */
+  OK(dt_cast(a, DT_BF16, &a16));
+  OK(dt_cast(b, DT_BF16, &b16));
+  OK(dt_sim_time_reset());
+  OK(dt_mm(a16, b16, &c));
+  OK(dt_tensor_destroy(c));
+  OK(dt_sim_time_get(&t));
+  assert_true(fabs(t.elapsed_us - (2.0 + 2.0 * 64 * 128 * 32 / 200e3)) < 1e-9);
+  /* a kernel without FLOPs: its bytes (two inputs, one output) at 1000 GB/s */
+  OK(dt_sim_time_reset());
+  OK(dt_add(a, a, &c));
+  OK(dt_tensor_destroy(c));
+  OK(dt_sim_time_get(&t));
+  assert_true(fabs(t.elapsed_us - (2.0 + 3.0 * 64 * 128 * 4 / 1000e3)) < 1e-9);
+  assert_true(t.flops == 0.0 && t.nbytes == 3.0 * 64 * 128 * 4);
+  /* a blocking all-gather of 64 x 16 floats on 4 ranks: 10 us + 3/4 of 4096 bytes at 1 GB/s,
+   * all of it exposed */
+  const double ag_us = 10.0 + 0.75 * 4096 / 1e3;
+  dt_placement_t rr = dt_replicate();
+  OK(dt_sim_time_reset());
+  OK(dt_tensor_redistribute(g, &rr, &u));
+  OK(dt_tensor_destroy(u));
+  OK(dt_sim_time_get(&t));
+  assert_true(fabs(t.comm_us - ag_us) < 1e-9);
+  assert_true(fabs(t.exposed_comm_us - ag_us) < 1e-9);
+  assert_true(fabs(t.elapsed_us - t.compute_us - t.exposed_comm_us) < 1e-9);
+  /* asynchronous, with one product before the wait: the product hides part of it */
+  dt_work_t w, w2;
+  OK(dt_sim_time_reset());
+  OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
+  OK(dt_mm(a, b, &c));
+  OK(dt_tensor_destroy(c));
+  OK(dt_work_wait(w));
+  OK(dt_work_destroy(w));
+  OK(dt_tensor_destroy(u));
+  OK(dt_sim_time_get(&t));
+  assert_true(fabs(t.elapsed_us - ag_us) < 1e-9);
+  assert_true(fabs(t.exposed_comm_us - (ag_us - mm_us)) < 1e-9);
+  /* with two products before the wait it is hidden entirely */
+  OK(dt_sim_time_reset());
+  OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
+  for (int i = 0; i < 2; i++) {
+    OK(dt_mm(a, b, &c));
+    OK(dt_tensor_destroy(c));
+  }
+  OK(dt_work_wait(w));
+  OK(dt_work_destroy(w));
+  OK(dt_tensor_destroy(u));
+  OK(dt_sim_time_get(&t));
+  assert_true(fabs(t.elapsed_us - 2 * mm_us) < 1e-9);
+  assert_true(t.exposed_comm_us == 0.0);
+  /* two posted at once share the one communication stream: the second ends after both */
+  OK(dt_sim_time_reset());
+  OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
+  OK(dt_tensor_redistribute_async(g, &rr, &u2, &w2));
+  OK(dt_work_wait(w2));
+  OK(dt_work_wait(w));
+  OK(dt_sim_time_get(&t));
+  assert_true(fabs(t.elapsed_us - 2 * ag_us) < 1e-9);
+  assert_true(fabs(t.comm_us - 2 * ag_us) < 1e-9);
+  OK(dt_work_destroy(w));
+  OK(dt_work_destroy(w2));
+  OK(dt_tensor_destroy(u));
+  OK(dt_tensor_destroy(u2));
+  dt_tensor_t all[6] = {a, b, a16, b16, g, NULL};
+  for (int i = 0; all[i]; i++) OK(dt_tensor_destroy(all[i]));
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+  assert_int_equal(dt_sim_time_get(&t), DT_ERR_INVALID_USAGE); /* the simulation ended */
+  OK(dt_cost_model_reset());
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_args),
@@ -279,6 +429,7 @@ int main(void) {
       cmocka_unit_test(test_traffic_and_works),
       cmocka_unit_test(test_edges),
       cmocka_unit_test(test_model_step),
+      cmocka_unit_test(test_step_time),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
