@@ -119,6 +119,30 @@
   "*.wq=S(0);*.wk=S(0);*.wv=S(0);*.w1=S(0);*.w3=S(0);*.wo=S(1);*.w2=S(1);output=S(0);" \
   "tok_emb=S(0);*.router=R"
 
+/* --machine h100|h200 (--estimate-only): figures for the step time of a GPU run. Assumed, not
+ * measured here: compute from this project's H200 measurement (bench_gpu: bf16 GEMM 798 TFLOP/s
+ * at 8192^3, f32 with TF32 401 at 4096^3; H100 SXM has the same SMs), less at training shapes,
+ * and the HBM bandwidth at ~80% of the data sheet's (3.35 TB/s H100 SXM, 4.8 H200); NVLink 4
+ * collectives at ~350 GB/s bus bandwidth and 8 x 400 Gb/s InfiniBand at ~45 GB/s per GPU, the
+ * figures nccl-tests reach on DGX H100 nodes. A dim whose group spans nodes (--gpus-per-node)
+ * is priced by "inter_node". Replace them with a calibrated file for real planning. */
+#define MACHINE_LINKS(bw_in, base_in, hop_in)                                                   \
+  "\"all_gather\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"         \
+  "\"reduce_scatter\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"     \
+  "\"all_reduce\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"         \
+  "\"all_to_all\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"         \
+  "\"broadcast\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"          \
+  "\"scatter\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"            \
+  "\"reduce_scatter_a2a\":{\"base_us\":100,\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"         \
+  "\"all_reduce_a2a\":{\"base_us\":100,\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "}"
+#define MACHINE_GPU(mem_gbps)                                                                   \
+  "{\"compute\":{\"gemm_gflops\":350000,\"gemm_bf16_gflops\":700000,\"mem_gbps\":" mem_gbps      \
+  ",\"op_us\":8}," MACHINE_LINKS("350", "8", "0.5") ",\"local\":{\"base_us\":0,\"hop_us\":0,"      \
+  "\"bw_gbps\":" mem_gbps "},\"inter_node\":{" MACHINE_LINKS("45", "15", "3") "}}"
+static const struct {
+  const char *name, *json;
+} kMachines[] = {{"h100", MACHINE_GPU("2700")}, {"h200", MACHINE_GPU("3800")}};
+
 static int g_rank;
 static int g_sim;  /* --estimate-only: a simulated world (dt_init_simulated), no MPI */
 static int g_lead; /* the rank that prints: rank 0, or the simulated rank */
@@ -213,6 +237,79 @@ static double measure_peak(void) {
  * the data ranks; FSDP leaves the experts as they are), or over the ep dim of the expert mesh
  * (tp, ep, efsdp), another view of the same ranks (FSDP then shards them over efsdp). dt_nn_moe
  * dispatches tokens to their experts' ranks with a ragged all-to-all. */
+/* --machine: loads the figures (a preset or a file) into the cost and compute models and keeps
+ * its "inter_node" entries for price_dims. 0 on success, else a message in err. */
+static cJSON* g_inter; /* the machine's inter_node object (NULL: every dim priced alike) */
+static int load_machine(const char* machine, char* err, size_t cap) {
+  const char* text = NULL;
+  char* file = NULL;
+  for (size_t i = 0; i < sizeof kMachines / sizeof kMachines[0]; i++)
+    if (!strcmp(machine, kMachines[i].name)) text = kMachines[i].json;
+  if (text == NULL) {
+    FILE* f = fopen(machine, "rb");
+    long len = -1;
+    if (f != NULL && fseek(f, 0, SEEK_END) == 0) len = ftell(f);
+    if (f == NULL || len < 0 || len > (1 << 20) || fseek(f, 0, SEEK_SET) != 0) {
+      snprintf(err, cap, "--machine %s: not h100 or h200, and not a readable file of at most "
+               "1 MiB", machine);
+      if (f) fclose(f);
+      return 1;
+    }
+    file = malloc((size_t)len + 1);
+    size_t got = file ? fread(file, 1, (size_t)len, f) : 0;
+    fclose(f);
+    if (file == NULL) return snprintf(err, cap, "no memory"), 1;
+    file[got] = '\0';
+    text = file;
+  }
+  int rc = 0;
+  if (dt_cost_model_load_string(text, strlen(text)) != DT_SUCCESS) {
+    snprintf(err, cap, "--machine %s: %s", machine, dt_last_error());
+    rc = 1;
+  } else {
+    cJSON* root = cJSON_Parse(text);
+    cJSON* in = cJSON_DetachItemFromObjectCaseSensitive(root, "inter_node");
+    cJSON_Delete(root);
+    for (cJSON* e = in ? in->child : NULL; e != NULL && rc == 0; e = e->next) {
+      const char* k[3] = {"base_us", "hop_us", "bw_gbps"};
+      for (int i = 0; i < 3 && rc == 0; i++)
+        if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, k[i]))) {
+          snprintf(err, cap, "--machine %s: \"inter_node\".\"%s\" needs numbers base_us, "
+                   "hop_us, bw_gbps", machine, e->string ? e->string : "?");
+          rc = 1;
+        }
+    }
+    if (in != NULL && !cJSON_IsObject(in)) {
+      snprintf(err, cap, "--machine %s: \"inter_node\" must be an object", machine);
+      rc = 1;
+    }
+    if (rc == 0) g_inter = in;
+    else cJSON_Delete(in);
+  }
+  free(file);
+  return rc;
+}
+
+/* Mesh dim d of `mesh`, whose group is `size` world ranks `stride` apart: priced by the
+ * --machine's inter_node figures when the group spans nodes of `per_node` ranks (a figure out of
+ * range is refused with dt_mesh_set_cost_model's message). */
+static dt_status_t price_dim(dt_mesh_t mesh, int d, int stride, int size, int per_node) {
+  if (g_inter == NULL || size <= 1 || (long long)stride * (size - 1) < per_node) return DT_SUCCESS;
+  for (int c = 1; c < DT_COLL_COUNT; c++)
+    for (int a = 0; a < 2; a++) {
+      char key[64];
+      snprintf(key, sizeof key, "%s%s", dt_collective_name((dt_collective_t)c), a ? "_a2a" : "");
+      cJSON* e = cJSON_GetObjectItemCaseSensitive(g_inter, key);
+      if (e == NULL || (a == 1 && c != DT_COLL_ALL_REDUCE && c != DT_COLL_REDUCE_SCATTER)) continue;
+      dt_cost_params_t q = {cJSON_GetObjectItemCaseSensitive(e, "base_us")->valuedouble,
+                            cJSON_GetObjectItemCaseSensitive(e, "hop_us")->valuedouble,
+                            cJSON_GetObjectItemCaseSensitive(e, "bw_gbps")->valuedouble};
+      dt_status_t st = dt_mesh_set_cost_model(mesh, d, (dt_collective_t)c, (dt_coll_algo_t)a, &q);
+      if (st != DT_SUCCESS) return st;
+    }
+  return DT_SUCCESS;
+}
+
 static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) {
   static const char* const w[3] = {"w1", "w3", "w2"};
   /* Shard(0) on dp of the (tp, dp) mesh, or on ep of the expert mesh (tp, ep, efsdp) */
@@ -417,7 +514,7 @@ static dt_status_t save_checkpoint(dt_checkpoint_t ck, const train_opts_t* o, in
   return DT_SUCCESS;
 }
 
-int main(int argc, char** argv) {
+int train_main(int argc, char** argv) {
   /* --help needs no MPI; under mpirun only the first rank prints it */
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -482,6 +579,15 @@ int main(int argc, char** argv) {
     }
     if (o.steps > 2) o.steps = 2; /* the peak: the first step allocates the optimizer state */
     CHECK(dt_init_simulated(o.np, o.estimate_rank));
+    if (o.machine[0] && load_machine(o.machine, err, sizeof err) != 0) {
+      if (g_lead) fprintf(stderr, "train: %s\n", err);
+      dt_finalize();
+      return 2;
+    }
+  } else if (o.machine[0]) {
+    if (g_lead) fprintf(stderr, "train: --machine goes with --estimate-only (a real run measures "
+                        "its machine)\n");
+    return 2;
   } else {
     CHECK(dt_init(&argc, &argv));
   }
@@ -567,8 +673,14 @@ int main(int argc, char** argv) {
     const char* names[2] = {"tp", "dp"};
     CHECK(dt_mesh_create(2, mshape, names, ranks, &mesh));
     free(ranks);
+    CHECK(price_dim(mesh, 0, 1, T, o.gpus_per_node));
+    CHECK(price_dim(mesh, 1, T, D * E, o.gpus_per_node));
   } else {
     CHECK(dt_mesh_create(mnd, mshape, NULL, NULL, &mesh));
+    for (int d = 0, stride = world; d < mnd; d++) { /* row-major: the last dim adjacent */
+      stride /= mshape[d];
+      CHECK(price_dim(mesh, d, stride, mshape[d], o.gpus_per_node));
+    }
   }
   /* data */
   dt_corpus_t corpus = NULL; /* none when simulated: the tokens are zeros, --vocab any size */
@@ -630,6 +742,9 @@ int main(int argc, char** argv) {
     dt_status_t st = dt_mesh_create(3, eshape, names, ranks, &emesh);
     free(ranks);
     CHECK(st);
+    CHECK(price_dim(emesh, 0, 1, T, o.gpus_per_node));
+    CHECK(price_dim(emesh, 1, T, E, o.gpus_per_node));
+    CHECK(price_dim(emesh, 2, T * E, D, o.gpus_per_node));
     snprintf(mesh_desc + strlen(mesh_desc), sizeof mesh_desc - strlen(mesh_desc),
              ", experts (tp, ep, efsdp) %dx%dx%d", T, E, D);
   }
@@ -938,5 +1053,11 @@ int main(int argc, char** argv) {
   dt_mesh_destroy(emesh);
   dt_mesh_destroy(mesh);
   dt_finalize();
+  cJSON_Delete(g_inter);
+  g_inter = NULL;
   return 0;
 }
+
+#ifndef TRAIN_NO_MAIN /* tools/dtensor-estimate.c has its own main and runs train_main */
+int main(int argc, char** argv) { return train_main(argc, argv); }
+#endif

@@ -47,6 +47,7 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   o->reshard_after_forward = 1;
   o->prefetch = 1;
   o->bucket_mb = 25.0;
+  o->gpus_per_node = 8;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -133,6 +134,13 @@ static const opt_doc_t kDocs[] = {
      "category and the traffic of a step, as a run on the cpu backend takes them", "off"},
     {"np", "estimate", "N", "with --estimate-only: the world size", NULL},
     {"estimate_rank", "estimate", "R", "with --estimate-only: the rank to estimate", NULL},
+    {"machine", "estimate", "h100|h200|FILE.json",
+     "with --estimate-only: the compute and communication figures of the step time: built-in "
+     "GPU figures, or a cost model file (dtensor-calibrate -o; an \"inter_node\" object prices "
+     "mesh dims that cross nodes)", "the loaded cost model"},
+    {"gpus_per_node", "estimate", "N",
+     "with --machine: ranks per node; a mesh dim whose group spans nodes is priced as "
+     "inter-node", NULL},
     {"metrics", "output", "FILE.jsonl", "one JSON line of metrics per step", "none"},
     {"plot", "output", "FILE.png", "the loss curve (needs gnuplot)", "none"},
 };
@@ -199,6 +207,7 @@ static const struct {
     INT_OPT(checkpoint_every, 0, 1 << 30), INT_OPT(keep_last, 0, 1 << 20),
     INT_OPT(async_checkpoint, 0, 1), INT_OPT(resume, 0, 1),
     INT_OPT(estimate_only, 0, 1), INT_OPT(np, 1, 1 << 24), INT_OPT(estimate_rank, 0, (1 << 24) - 1),
+    INT_OPT(gpus_per_node, 1, 1 << 16),
 #undef INT_OPT
 };
 static const struct {
@@ -208,7 +217,7 @@ static const struct {
 #define STR_OPT(name) {#name, offsetof(train_opts_t, name), sizeof(((train_opts_t*)0)->name)}
     STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
     STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
-    STR_OPT(device),  STR_OPT(checkpoint_dir), STR_OPT(resume_from),
+    STR_OPT(device),  STR_OPT(checkpoint_dir), STR_OPT(resume_from), STR_OPT(machine),
 #undef STR_OPT
 };
 

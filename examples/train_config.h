@@ -34,6 +34,9 @@ typedef struct train_opts {
   int estimate_only;    /* simulate instead of training (dt_init_simulated): memory and traffic */
   int np;               /* with estimate_only: the simulated world size */
   int estimate_rank;    /* with estimate_only: the rank simulated */
+  char machine[256];    /* with estimate_only: the compute and cost model ("": the loaded one;
+                         * h100, h200: built-in figures; else a cost model JSON file) */
+  int gpus_per_node;    /* with estimate_only and machine: ranks per node (inter-node dims) */
   long long seed;
 } train_opts_t;
 
@@ -58,6 +61,9 @@ int train_mesh_parse(const char* s, int* shape, int* nd);
 const char* train_opts_key(int i, int* is_switch);
 /* 1 when key names a switch (--checkpoint, --sp, ...), else 0. */
 int train_opts_is_switch(const char* key);
+/* The trainer (examples/train.c) as a function: its command line, its exit status. Under
+ * --estimate-only it needs no MPI, so tools/dtensor-estimate runs it once per layout. */
+int train_main(int argc, char** argv);
 /* Prints the usage: every flag grouped, with its value and default, the JSON config keys and
  * the default plan (the one train.c passes to train_opts_defaults). */
 void train_opts_help(FILE* f, const char* default_plan);
