@@ -579,14 +579,15 @@ int train_main(int argc, char** argv) {
     }
     if (o.steps > 2) o.steps = 2; /* the peak: the first step allocates the optimizer state */
     CHECK(dt_init_simulated(o.np, o.estimate_rank));
+    CHECK(dt_sim_set_routing_imbalance(o.routing_imbalance));
     if (o.machine[0] && load_machine(o.machine, err, sizeof err) != 0) {
       if (g_lead) fprintf(stderr, "train: %s\n", err);
       dt_finalize();
       return 2;
     }
-  } else if (o.machine[0]) {
-    if (g_lead) fprintf(stderr, "train: --machine goes with --estimate-only (a real run measures "
-                        "its machine)\n");
+  } else if (o.machine[0] || o.routing_imbalance != 1.0) {
+    if (g_lead) fprintf(stderr, "train: --machine and --routing-imbalance go with --estimate-only "
+                        "(a real run measures its machine and routes its tokens)\n");
     return 2;
   } else {
     CHECK(dt_init(&argc, &argv));

@@ -48,6 +48,7 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   o->prefetch = 1;
   o->bucket_mb = 25.0;
   o->gpus_per_node = 8;
+  o->routing_imbalance = 1.0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -138,6 +139,9 @@ static const opt_doc_t kDocs[] = {
      "with --estimate-only: the compute and communication figures of the step time: built-in "
      "GPU figures, or a cost model file (dtensor-calibrate -o; an \"inter_node\" object prices "
      "mesh dims that cross nodes)", "the loaded cost model"},
+    {"routing_imbalance", "estimate", "X",
+     "with --estimate-only and --ep: the rows this rank's experts receive, as a multiple (>= 1) "
+     "of balanced routing (the simulated router sees no values)", NULL},
     {"gpus_per_node", "estimate", "N",
      "with --machine: ranks per node; a mesh dim whose group spans nodes is priced as "
      "inter-node", NULL},
@@ -290,6 +294,15 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
     o->capacity_factor = v;
     return 1;
   }
+  if (!strcmp(key, "routing_imbalance")) {
+    char* end;
+    double v = strtod(val, &end);
+    if (end == val || *end != '\0' || !isfinite(v) || v < 1.0 || v > 1e3)
+      return fail(err, cap, "routing_imbalance must be a number in [1, 1e3] (1: balanced), got "
+                  "'%.64s'", val);
+    o->routing_imbalance = v;
+    return 1;
+  }
   if (!strcmp(key, "seed")) {
     long long v;
     if (!parse_ll(val, LLONG_MIN, LLONG_MAX, &v))
@@ -424,6 +437,7 @@ static void default_text(const train_opts_t* d, const opt_doc_t* doc, char* buf,
   else if (!strcmp(doc->key, "clip")) snprintf(buf, cap, "%g", d->clip);
   else if (!strcmp(doc->key, "bucket_mb")) snprintf(buf, cap, "%g", d->bucket_mb);
   else if (!strcmp(doc->key, "capacity_factor")) snprintf(buf, cap, "%g", d->capacity_factor);
+  else if (!strcmp(doc->key, "routing_imbalance")) snprintf(buf, cap, "%g", d->routing_imbalance);
   else if (!strcmp(doc->key, "seed")) snprintf(buf, cap, "%lld", d->seed);
   else snprintf(buf, cap, "?");
 }

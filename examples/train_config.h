@@ -37,6 +37,7 @@ typedef struct train_opts {
   char machine[256];    /* with estimate_only: the compute and cost model ("": the loaded one;
                          * h100, h200: built-in figures; else a cost model JSON file) */
   int gpus_per_node;    /* with estimate_only and machine: ranks per node (inter-node dims) */
+  double routing_imbalance; /* with estimate_only: MoE rows to this rank's experts, x balanced */
   long long seed;
 } train_opts_t;
 

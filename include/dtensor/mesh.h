@@ -70,6 +70,14 @@ typedef struct dt_sim_time {
 /* DT_ERR_INVALID_USAGE unless the library runs a simulated world. */
 DT_API dt_status_t dt_sim_time_get(dt_sim_time_t* out);
 DT_API dt_status_t dt_sim_time_reset(void);
+/* Routing in a simulated run, whose router sees no values: MoE layers take it as balanced (every
+ * expert the same share of the rows) times `factor` for the rows this rank's experts receive
+ * under expert parallelism (its peers' rows and the all-to-all's bytes), the worst rank of a
+ * router that sends that much more than the mean to one rank's experts. 1 (the default at
+ * dt_init_simulated) is balanced; DT_ERR_INVALID_ARG outside [1, 1e3] or NaN, DT_ERR_INVALID_USAGE
+ * outside a simulation. dt_sim_routing_imbalance reads it (1 outside a simulation). */
+DT_API dt_status_t dt_sim_set_routing_imbalance(double factor);
+DT_API double dt_sim_routing_imbalance(void);
 DT_API dt_status_t dt_world_rank(int* rank);
 DT_API dt_status_t dt_world_size(int* size);
 

@@ -8,6 +8,7 @@
 
 static struct {
   int initialized, finalized, simulated;
+  double imbalance; /* simulated MoE routing (dt_sim_set_routing_imbalance) */
   int world_rank, world_size;
   int64_t* counts; /* counts/displs arrays of blocking collectives */
   size_t ints_cap;
@@ -30,6 +31,7 @@ dt_status_t dt__ctx_init_simulated(int size, int rank) {
   dt__ctx.initialized = 1;
   dt__ctx.finalized = 0;
   dt__ctx.simulated = 1;
+  dt__ctx.imbalance = 1.0;
   dt__sim_clock_reset();
   return DT_SUCCESS;
 }
@@ -123,6 +125,21 @@ static dt_status_t dt__sim_time_reset_impl(void) {
 dt_status_t dt_sim_time_reset(void) {
   DT_ENTRY_RETURN(dt__sim_time_reset_impl());
 }
+
+static dt_status_t dt__sim_set_routing_imbalance_impl(double factor) {
+  if (!(factor >= 1.0 && factor <= 1e3))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "factor=%g out of range [1, 1000] (1: balanced routing)",
+                   factor);
+  DT_CHECK(dt__sim_check());
+  dt__ctx.imbalance = factor;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_sim_set_routing_imbalance(double factor) {
+  DT_ENTRY_RETURN(dt__sim_set_routing_imbalance_impl(factor));
+}
+
+double dt_sim_routing_imbalance(void) { return dt__ctx.simulated ? dt__ctx.imbalance : 1.0; }
 
 /* ---------------------------------------------------------------------------------------------
  * collective count arrays (grow-only) */

@@ -457,7 +457,8 @@ static dt_status_t dt__read_i64(dt_var_t v, int64_t n, int64_t* out) {
 }
 
 /* 1 when v has no values (the meta backend: a simulated run, dt_init_simulated). Its routing
- * counts read as zeros; the simulation takes the routing as balanced instead. */
+ * counts read as zeros; the simulation takes the routing as balanced instead (times
+ * dt_sim_routing_imbalance for the rows this rank's experts receive). */
 static int dt__is_meta(dt_var_t v) {
   dt_mesh_t mesh = NULL;
   dt_backend_t be = NULL;
@@ -513,9 +514,13 @@ static dt_status_t dt__ep_dispatch(dt_tape_t tape, const dt__ep_t* ep, dt_var_t 
     if (rc == NULL || lc == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "moe: received counts");
   }
   if (st == DT_SUCCESS) st = dt__read_i64(rcv, n * El, rc);
-  if (st == DT_SUCCESS && dt__is_meta(rcv)) /* simulated: every peer routes as this rank does */
+  if (st == DT_SUCCESS && dt__is_meta(rcv)) { /* simulated: every peer routes as this rank
+                                                * does, times the stated imbalance */
+    const double f = dt_sim_routing_imbalance();
     for (int i = 0; i < n; i++)
-      for (int64_t e = 0; e < El; e++) rc[i * El + e] = c[ep->lo[me] + e];
+      for (int64_t e = 0; e < El; e++)
+        rc[i * El + e] = (int64_t)ceil((double)c[ep->lo[me] + e] * f);
+  }
   for (int i = 0; st == DT_SUCCESS && i < n; i++) {
     recv[i] = 0;
     for (int64_t e = 0; e < El; e++) recv[i] += rc[i * El + e];

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# plan.sh ESTIMATE TRAIN - dtensor-estimate (no MPI, no real run):
+#  - one layout: the worst rank's lines are the trainer's own estimate of that rank (byte for
+#    byte), the ranks evaluated are the first and last coordinates of each mesh dim (FSDP on 3
+#    ranks: 0 and 2; dp 2 x tp 2: 0, 1, 2, 3), the verdict follows --budget (exit 0 fits, 1 not);
+#  - --plan: at least 6 layouts fit a generous budget, ranked by tokens/s (non-increasing), each
+#    peak within the budget, the best one named; a layout the trainer refuses is listed with its
+#    reason (tp 4 with 6 heads); MoE adds the --ep layouts; a budget below every layout exits 1
+#    naming the smallest peak;
+#  - --machine: the h100 figures change the step time, not the model's memory; a missing file, a file
+#    with a bad "compute" or "inter_node" entry are refused with a message; an inter-node dim is
+#    priced by the inter-node figures (slower);
+#  - --routing-imbalance 2 with --ep: more rows and bytes for the worst rank;
+#  - bad flags exit 2 with a message: no --np, a bad --budget, --plan with a layout flag,
+#    --estimate-rank (the tool's).
+set -uo pipefail
+EST=$1 TRAIN=$2
+export DTENSOR_QUIET=1
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fail=0
+check() { # DESCRIPTION CONDITION...
+  local d=$1
+  shift
+  if "$@"; then echo "ok   $d"; else echo "FAIL $d"; fail=1; fi
+}
+M=(--dim 64 --layers 2 --heads 4 --seq 32 --batch 8 --vocab 64)
+
+# one layout: the trainer's estimate of the worst rank
+"$EST" --np 4 "${M[@]}" --dp 2 --tp 2 > "$W/one.txt" 2>&1
+rc=$?
+check "one layout exits 0 without a budget" test "$rc" = 0
+check "dp 2 x tp 2 evaluates ranks 0 1 2 3" grep -q "^# ranks evaluated: 0 1 2 3;" "$W/one.txt"
+worst=$(sed -n 's/.*the worst: rank \([0-9]*\) by memory.*/\1/p' "$W/one.txt")
+"$TRAIN" --estimate-only --np 4 --estimate-rank "${worst:-0}" "${M[@]}" --dp 2 --tp 2 > "$W/train.txt" 2>&1
+check "the worst rank's lines are the trainer's" \
+  cmp -s <(grep "^peak_memory\|^estimate_step\|^traffic" "$W/one.txt") \
+         <(grep "^peak_memory\|^estimate_step\|^traffic" "$W/train.txt")
+"$EST" --np 3 "${M[@]}" --batch 9 --parallel fsdp > "$W/three.txt" 2>&1
+check "FSDP on 3 ranks evaluates ranks 0 and 2" grep -q "^# ranks evaluated: 0 2;" "$W/three.txt"
+peak=$(sed -n 's/.*(peak \([0-9.]*\) GiB).*/\1/p' "$W/one.txt")
+"$EST" --np 4 "${M[@]}" --dp 2 --tp 2 --budget 1GiB > "$W/fit.txt" 2>&1
+check "fits in 1 GiB: exit 0, fits=yes" bash -c "[ $? = 0 ] && grep -q '^fits=yes' '$W/fit.txt'"
+"$EST" --np 4 "${M[@]}" --dp 2 --tp 2 --budget 64KiB > "$W/nofit.txt" 2>&1
+rc=$?
+check "does not fit in 64 KiB: exit 1, fits=no (peak $peak GiB)" \
+  bash -c "[ $rc = 1 ] && grep -q '^fits=no' '$W/nofit.txt'"
+
+# --plan
+"$EST" --np 4 "${M[@]}" --heads 6 --dim 96 --plan --budget 1GiB --top 100 > "$W/plan.txt" 2>&1
+rc=$?
+check "--plan exits 0" test "$rc" = 0
+nfit=$(grep -c "^[0-9]" "$W/plan.txt")
+check "--plan: at least 6 layouts fit ($nfit)" test "$nfit" -ge 6
+check "--plan: ranked by tokens/s, peaks within the budget" python3 - "$W/plan.txt" <<'PY'
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if l[:1].isdigit()]
+tps = [float(r[-4]) for r in rows]
+peaks = [float(r[-1]) for r in rows]
+sys.exit(0 if tps == sorted(tps, reverse=True) and all(p <= 1.0 for p in peaks) else 1)
+PY
+check "--plan: tp 4 with 6 heads refused with the trainer's reason" \
+  grep -q "refused: --dp 1 --tp 4 --ep 1: train: --tp 4 must divide the heads (6)" "$W/plan.txt"
+check "--plan: the best layout named" grep -q "^best: " "$W/plan.txt"
+"$EST" --np 4 "${M[@]}" --model moe --experts 4 --plan > "$W/moe.txt" 2>&1
+check "--plan with moe: expert-parallel layouts" grep -q -- "--ep 4" "$W/moe.txt"
+"$EST" --np 4 "${M[@]}" --plan --budget 4KiB > "$W/none.txt" 2>&1
+rc=$?
+check "--plan under every peak: exit 1, the smallest named" \
+  bash -c "[ $rc = 1 ] && grep -q 'no layout fits in 0.00 GiB: the smallest peak is' '$W/none.txt'"
+
+# --machine
+"$EST" --np 4 "${M[@]}" --parallel fsdp > "$W/cpu.txt" 2>&1
+"$EST" --np 4 "${M[@]}" --parallel fsdp --machine h100 > "$W/h100.txt" 2>&1
+t_cpu=$(sed -n 's/^estimate_step.*time_ms=\([0-9.]*\).*/\1/p' "$W/cpu.txt")
+t_gpu=$(sed -n 's/^estimate_step.*time_ms=\([0-9.]*\).*/\1/p' "$W/h100.txt")
+check "--machine h100: a shorter step ($t_gpu ms vs $t_cpu)" \
+  python3 -c "import sys; sys.exit(0 if 0 < float('$t_gpu') < float('$t_cpu') else 1)"
+# (communication memory may differ: the machine's cost model chooses the reductions' algorithm)
+cats() { sed -n 's/^peak_memory_bytes.*\(parameters=[0-9]* gradients=[0-9]* optimizer=[0-9]* activations=[0-9]*\).*/\1/p' "$1"; }
+check "--machine h100: the same parameters, gradients, optimizer state, activations" \
+  bash -c "[ -n \"$(cats "$W/cpu.txt")\" ] && [ \"$(cats "$W/cpu.txt")\" = \"$(cats "$W/h100.txt")\" ]"
+"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/missing.json" > "$W/m1.txt" 2>&1
+rc=$?
+check "--machine missing file: exit 1 with a message" \
+  bash -c "[ $rc = 1 ] && grep -q 'not h100 or h200, and not a readable file' '$W/m1.txt'"
+echo '{"compute": {"gemm_gflops": -1}}' > "$W/bad.json"
+"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad.json" > "$W/m2.txt" 2>&1
+check "--machine bad compute: refused naming gemm_gflops" grep -q "gemm_gflops" "$W/m2.txt"
+echo '{"inter_node": {"all_gather": {"base_us": 1}}}' > "$W/bad2.json"
+"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad2.json" > "$W/m3.txt" 2>&1
+check "--machine bad inter_node: refused naming the entry" grep -q '"inter_node"."all_gather"' "$W/m3.txt"
+"$EST" --np 4 "${M[@]}" --parallel fsdp --machine h100 --gpus-per-node 2 > "$W/inter.txt" 2>&1
+t_inter=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/inter.txt")
+t_intra=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/h100.txt")
+check "inter-node dim: more communication time ($t_inter ms vs $t_intra)" \
+  python3 -c "import sys; sys.exit(0 if float('$t_inter') > float('$t_intra') else 1)"
+
+# routing imbalance
+E=(--np 4 "${M[@]}" --model moe --experts 4 --dp 1 --ep 4)
+"$EST" "${E[@]}" > "$W/bal.txt" 2>&1
+"$EST" "${E[@]}" --routing-imbalance 2 > "$W/imb.txt" 2>&1
+a_bal=$(sed -n 's/^peak_memory_bytes.* activations=\([0-9]*\).*/\1/p' "$W/bal.txt")
+a_imb=$(sed -n 's/^peak_memory_bytes.* activations=\([0-9]*\).*/\1/p' "$W/imb.txt")
+check "--routing-imbalance 2: more activations ($a_imb vs $a_bal)" test "${a_imb:-0}" -gt "${a_bal:-0}"
+"$TRAIN" --routing-imbalance 2 "${M[@]}" --steps 1 > "$W/imb_real.txt" 2>&1
+check "--routing-imbalance without --estimate-only refused" grep -q "go with --estimate-only" "$W/imb_real.txt"
+
+# bad flags
+for args in "${M[*]}" "--np 4 --budget lots" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \
+            "--np 4 --routing-imbalance 0.5"; do
+  # shellcheck disable=SC2086
+  "$EST" $args > "$W/bad.txt" 2>&1
+  rc=$?
+  check "bad flags '$args': exit 2 with a message" \
+    bash -c "[ $rc = 2 ] && [ -s '$W/bad.txt' ]"
+done
+[ "$fail" = 0 ] && echo "plan: every check passed"
+exit "$fail"
