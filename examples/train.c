@@ -698,6 +698,7 @@ int train_main(int argc, char** argv) {
   cfg.n_layers = o.layers;
   cfg.n_heads = o.heads;
   cfg.n_kv_heads = o.kv_heads;
+  cfg.ffn_dim = o.ffn_dim;
   cfg.vocab = corpus ? dt_corpus_vocab(corpus) : o.vocab;
   cfg.seq_len = o.seq;
   cfg.n_experts = !strcmp(o.model, "moe") ? o.experts : 0;

@@ -76,6 +76,8 @@ static const opt_doc_t kDocs[] = {
     {"layers", "model", "L", "decoder blocks", NULL},
     {"heads", "model", "H", "attention heads", NULL},
     {"kv_heads", "model", "G", "key/value heads (grouped-query attention)", "as --heads"},
+    {"ffn_dim", "model", "F", "MLP hidden width (Llama 3 8B: 14336)",
+     "8/3 dim rounded up to a multiple of 8"},
     {"experts", "model", "E", "moe: experts per layer", NULL},
     {"top_k", "model", "K", "moe: experts per token", NULL},
     {"capacity_factor", "model", "X",
@@ -202,7 +204,7 @@ static const struct {
 #define INT_OPT(name, lo, hi) {#name, offsetof(train_opts_t, name), lo, hi}
     INT_OPT(steps, 0, 1 << 30),   INT_OPT(batch, 1, 1 << 20),     INT_OPT(seq, 1, 1 << 20),
     INT_OPT(dim, 1, 1 << 20),     INT_OPT(layers, 1, 1 << 16),    INT_OPT(heads, 1, 1 << 16),
-    INT_OPT(kv_heads, 0, 1 << 16), INT_OPT(experts, 1, 1 << 16),  INT_OPT(top_k, 1, 1 << 16),
+    INT_OPT(kv_heads, 0, 1 << 16), INT_OPT(ffn_dim, 0, 1 << 20), INT_OPT(experts, 1, 1 << 16),  INT_OPT(top_k, 1, 1 << 16),
     INT_OPT(vocab, 2, 1 << 20),   INT_OPT(order, 1, 64),          INT_OPT(warmup, 0, 1 << 30),
     INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),     INT_OPT(prefetch, 0, 1),
     INT_OPT(reshard_after_forward, 0, 1 << 20), INT_OPT(dp, 1, 1 << 16),

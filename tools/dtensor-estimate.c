@@ -23,7 +23,8 @@
  * of them and the smallest of those that do not fit.
  *
  * Exit status: 0 when the layout fits (or, with --plan, some layout fits; always 0 without
- * --budget), 1 when nothing fits or an estimate failed, 2 on bad flags.
+ * --budget), 1 when nothing fits or an estimate failed, 2 on bad flags (the tool's, or flags the
+ * trainer refuses).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -41,6 +42,7 @@
 typedef struct {
   char desc[160];   /* the layout's flags */
   int ok;           /* estimated */
+  int rc;           /* the trainer's exit status when not */
   char why[512];    /* refused: the trainer's message */
   double peak;      /* worst rank's total peak, bytes */
   int peak_rank;
@@ -157,6 +159,7 @@ static void estimate(char** base, int nbase, const char* layout, const int* rank
     snprintf(rank_s, sizeof rank_s, "%d", ranks[k]);
     int rc = run_child(argv, argc, out, sizeof out, err, sizeof err);
     if (rc != 0) {
+      r->rc = rc;
       first_line(r->why, sizeof r->why, err[0] ? err : "the estimate failed");
       if (rc < 0 && !err[0]) snprintf(r->why, sizeof r->why, "the estimate crashed");
       r->ok = 0;
@@ -323,7 +326,7 @@ int main(int argc, char** argv) {
     estimate(base, nbase, "", ranks, nr, &r, 1);
     if (!r.ok) {
       fprintf(stderr, "dtensor-estimate: %s\n", r.why);
-      return 1;
+      return r.rc == 2 ? 2 : 1; /* the trainer refused the flags, or the estimate failed */
     }
     printf("# ranks evaluated:");
     for (int k = 0; k < nr; k++) printf(" %d", ranks[k]);
@@ -362,9 +365,12 @@ int main(int argc, char** argv) {
       for (int e = 1; e <= np / t; e++) {
         if ((np / t) % e || (t == 1 && e == 1) || (e > 1 && !moe)) continue;
         int d = np / t / e;
+        char eps[24] = ""; /* --ep only for MoE */
+        if (e > 1) snprintf(eps, sizeof eps, " --ep %d", e);
         for (int sp = 0; sp <= (t > 1); sp++)
           for (int ra = 1; ra >= (d * e > 1 ? 0 : 1); ra--)
-            ADD("--dp %d --tp %d --ep %d%s%s%s", d, t, e, sp ? " --sp --loss-parallel" : "",
+            ADD("--dp %d --tp %d%s%s%s%s", d, t, eps,
+                sp ? " --sp --loss-parallel" : "",
                 ra ? "" : " --reshard-after-forward 0", cks);
       }
     }
@@ -398,13 +404,13 @@ int main(int argc, char** argv) {
   qsort(sorted + nfit, (size_t)nover, sizeof *sorted, by_peak);
   printf("# %d layouts of %d ranks: %d fit%s, %d over the budget, %d refused by the trainer\n", nl,
          np, nfit, budget > 0 ? "" : " (no --budget)", nover, nref);
-  printf("%-4s %-72s %10s %9s %10s %9s\n", "rank", "layout", "tokens/s", "step_ms",
+  printf("%-4s %-64s %10s %9s %10s %9s\n", "rank", "layout", "tokens/s", "step_ms",
          "exposed_ms", "peak_GiB");
   for (int i = 0; i < nfit && i < top; i++)
-    printf("%-4d %-72s %10.0f %9.1f %10.1f %9.3f\n", i + 1, sorted[i].desc, sorted[i].tokens_s,
+    printf("%-4d %-64s %10.0f %9.1f %10.1f %9.3f\n", i + 1, sorted[i].desc, sorted[i].tokens_s,
            sorted[i].step_ms, sorted[i].exposed_ms, sorted[i].peak / 1073741824.0);
   for (int i = nfit; i < nfit + nover && i < nfit + 5; i++)
-    printf("%-4s %-72s %10.0f %9.1f %10.1f %9.3f  over budget\n", "-", sorted[i].desc,
+    printf("%-4s %-64s %10.0f %9.1f %10.1f %9.3f  over budget\n", "-", sorted[i].desc,
            sorted[i].tokens_s, sorted[i].step_ms, sorted[i].exposed_ms,
            sorted[i].peak / 1073741824.0);
   for (int i = nfit + nover; i < nl; i++) printf("#   refused: %s: %s\n", sorted[i].desc, sorted[i].why);

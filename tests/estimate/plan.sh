@@ -8,7 +8,7 @@
 #    reason (tp 4 with 6 heads); MoE adds the --ep layouts; a budget below every layout exits 1
 #    naming the smallest peak;
 #  - --machine: the h100 figures change the step time, not the model's memory; a missing file, a file
-#    with a bad "compute" or "inter_node" entry are refused with a message; an inter-node dim is
+#    with a bad "compute" or "inter_node" entry are refused with a message (exit 2); an inter-node dim is
 #    priced by the inter-node figures (slower);
 #  - --routing-imbalance 2 with --ep: more rows and bytes for the worst rank;
 #  - bad flags exit 2 with a message: no --np, a bad --budget, --plan with a layout flag,
@@ -60,7 +60,7 @@ peaks = [float(r[-1]) for r in rows]
 sys.exit(0 if tps == sorted(tps, reverse=True) and all(p <= 1.0 for p in peaks) else 1)
 PY
 check "--plan: tp 4 with 6 heads refused with the trainer's reason" \
-  grep -q "refused: --dp 1 --tp 4 --ep 1: train: --tp 4 must divide the heads (6)" "$W/plan.txt"
+  grep -q "refused: --dp 1 --tp 4: train: --tp 4 must divide the heads (6)" "$W/plan.txt"
 check "--plan: the best layout named" grep -q "^best: " "$W/plan.txt"
 "$EST" --np 4 "${M[@]}" --model moe --experts 4 --plan > "$W/moe.txt" 2>&1
 check "--plan with moe: expert-parallel layouts" grep -q -- "--ep 4" "$W/moe.txt"
@@ -82,8 +82,8 @@ check "--machine h100: the same parameters, gradients, optimizer state, activati
   bash -c "[ -n \"$(cats "$W/cpu.txt")\" ] && [ \"$(cats "$W/cpu.txt")\" = \"$(cats "$W/h100.txt")\" ]"
 "$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/missing.json" > "$W/m1.txt" 2>&1
 rc=$?
-check "--machine missing file: exit 1 with a message" \
-  bash -c "[ $rc = 1 ] && grep -q 'not h100 or h200, and not a readable file' '$W/m1.txt'"
+check "--machine missing file: exit 2 with a message" \
+  bash -c "[ $rc = 2 ] && grep -q 'not h100 or h200, and not a readable file' '$W/m1.txt'"
 echo '{"compute": {"gemm_gflops": -1}}' > "$W/bad.json"
 "$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad.json" > "$W/m2.txt" 2>&1
 check "--machine bad compute: refused naming gemm_gflops" grep -q "gemm_gflops" "$W/m2.txt"
