@@ -263,7 +263,8 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
                   (writes ? DT_KERNEL_INPLACE : 0u);
     if (b->device == DT_DEVICE_META) { /* the simulated kernel: the real one's scratch and time */
       dt__backend_meta_scratch(dt__kernel_scratch_nbytes(id, &call, lin));
-      double f, nb, us = dt__op_sim_us(id, &call, lin, n_inputs, lout, n_outputs, &f, &nb);
+      double f, nb, us = dt__op_sim_us(id, &call, lin, n_inputs, lout, n_outputs,
+                                       !(kf & DT_KERNEL_ANY_DTYPE), &f, &nb);
       dt__sim_clock_t* ck = dt__sim_clock();
       ck->flops += f;
       ck->nbytes += nb;

@@ -48,17 +48,27 @@ double dt__op_flops(int id, const dt_op_call_t* call, const dt_local_tensor_t* i
 }
 
 double dt__op_sim_us(int id, const dt_op_call_t* call, const dt_local_tensor_t* in, int n_in,
-                     const dt_local_tensor_t* out, int n_out, double* flops, double* nbytes) {
+                     const dt_local_tensor_t* out, int n_out, int converts, double* flops,
+                     double* nbytes) {
   const dt_compute_params_t* cm = dt__compute_model();
-  double nb = 0.0;
+  double nb = 0.0, conv = 0.0;
   int bf16 = 0;
   for (int t = 0; t < n_in; t++) {
-    nb += dt__numel_of(&in[t]) * (double)dt__itemsize(in[t].dtype);
+    double n = dt__numel_of(&in[t]), item = (double)dt__itemsize(in[t].dtype);
+    nb += n * item;
+    if (converts && (in[t].dtype == DT_BF16 || in[t].dtype == DT_F16)) conv += n * (item + 4.0);
     bf16 |= in[t].dtype == DT_BF16;
   }
-  for (int o = 0; o < n_out; o++) nb += dt__numel_of(&out[o]) * (double)dt__itemsize(out[o].dtype);
+  for (int o = 0; o < n_out; o++) {
+    double n = dt__numel_of(&out[o]), item = (double)dt__itemsize(out[o].dtype);
+    nb += n * item;
+    if (converts && (out[o].dtype == DT_BF16 || out[o].dtype == DT_F16)) conv += n * (item + 4.0);
+  }
   double f = dt__op_flops(id, call, in, out);
   double rate = bf16 ? cm->gemm_bf16_gflops : cm->gemm_gflops;
+  /* half operands of a kernel that computes in f32: the f32 copies are read and written too
+   * (the GEMM rate of bf16 operands was measured with them) */
+  if (f == 0.0) nb += conv;
   double t_f = f / (rate * 1e3), t_b = nb / (cm->mem_gbps * 1e3);
   *flops = f;
   *nbytes = f > 0.0 ? 0.0 : nb;

@@ -298,10 +298,12 @@ int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t s
 size_t dt__kernel_scratch_nbytes(int id, const dt_op_call_t* call, const dt_local_tensor_t* in);
 /* src/ops/flops.c: the matrix-product FLOPs of op `id` on these local shards (0 for the others),
  * and the simulated time of its kernel in microseconds under the compute model (its FLOPs and
- * its bytes read and written: *flops and *nbytes, the bytes of the ops without FLOPs). */
+ * its bytes read and written: *flops and *nbytes, the bytes of the ops without FLOPs; `converts`:
+ * the kernel computes in f32 on copies of bf16/f16 operands, whose bytes count too). */
 double dt__op_flops(int id, const dt_op_call_t* call, const dt_local_tensor_t* in,
                     const dt_local_tensor_t* out);
 double dt__op_sim_us(int id, const dt_op_call_t* call, const dt_local_tensor_t* in, int n_in,
-                     const dt_local_tensor_t* out, int n_out, double* flops, double* nbytes);
+                     const dt_local_tensor_t* out, int n_out, int converts, double* flops,
+                     double* nbytes);
 
 #endif

@@ -14,7 +14,7 @@
  *  - a model step (Llama, FSDP over 8 simulated ranks, AdamW) runs and counts the parameters'
  *    shards: 1/8 of the model per rank, rounded as the pool rounds;
  *  - step time (dt_sim_time_get): a product priced by the compute model (FLOPs, f32 and bf16
- *    rates), an add by its bytes, a blocking all-gather by the cost model and exposed whole, an
+ *    rates), an add by its bytes (bf16: with its f32 copies'), a blocking all-gather by the cost model and exposed whole, an
  *    asynchronous one hidden behind the compute before its wait (partly, then entirely), two
  *    posted at once queued on the one communication stream; the compute model's checks and its
  *    round trip through the cost model file.
@@ -365,6 +365,13 @@ static void test_step_time(void** state) {
   OK(dt_sim_time_get(&t));
   assert_true(fabs(t.elapsed_us - (2.0 + 3.0 * 64 * 128 * 4 / 1000e3)) < 1e-9);
   assert_true(t.flops == 0.0 && t.nbytes == 3.0 * 64 * 128 * 4);
+  /* in bf16 the host kernel computes on f32 copies: their bytes count too (2 + 4 per element of
+   * each operand, beside the operands' own 2) */
+  OK(dt_sim_time_reset());
+  OK(dt_add(a16, a16, &c));
+  OK(dt_tensor_destroy(c));
+  OK(dt_sim_time_get(&t));
+  assert_true(t.nbytes == 3.0 * 64 * 128 * 2 + 3.0 * 64 * 128 * 6);
   /* a blocking all-gather of 64 x 16 floats on 4 ranks: 10 us + 3/4 of 4096 bytes at 1 GB/s,
    * all of it exposed */
   const double ag_us = 10.0 + 0.75 * 4096 / 1e3;
