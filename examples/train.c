@@ -9,7 +9,9 @@
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
  *       [--device cpu|cuda|cuda-emu] [--tie-embeddings]
  *       [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-last K] [--async-checkpoint]
- *       [--resume] [--resume-from DIR/NAME]
+ *       [--resume] [--resume-from DIR/NAME] [--micro-batches K] [--ffn-dim F]
+ *       [--estimate-only --np N [--estimate-rank R] [--machine h100|h200|FILE.json]
+ *        [--gpus-per-node G] [--routing-imbalance X]]
  *   build/examples/train --help     (every flag, grouped, with its default; the JSON keys)
  *
  * --checkpoint-dir saves distributed checkpoints (dtensor/checkpoint.h) every --checkpoint-every
@@ -70,6 +72,16 @@
  * the untied embedding's Shard(1); under --tp both styles (embedding rowwise, colwise) shard the
  * vocabulary too; FSDP groups it with the root (the lowest module holding both uses), DDP
  * reduces its gradient once. A --plan that places output and tok_emb differently is refused.
+ *
+ * --micro-batches K runs each step's batch as K sequential passes of B/K sequences (gradient
+ * accumulation): each pass's loss scaled by 1/K, FSDP/HSDP and DDP reduce after the last pass only
+ * (dt_fsdp_set_requires_gradient_sync, dt_ddp_set_requires_gradient_sync), so the step is the
+ * same in less activation memory; every data rank needs a sequence per pass.
+ *
+ * --estimate-only simulates instead (dt_init_simulated, no MPI): --steps (at most 2) on a world
+ * of --np ranks as rank --estimate-rank; prints that rank's peak memory per category, the
+ * traffic and the simulated step time (estimate_step ...); --machine prices the time
+ * (tools/dtensor-estimate runs this per layout).
  *
  * --checkpoint turns on selective activation checkpointing (matmul outputs saved, pointwise ops and
  * views recomputed); the first step reports the activation memory it saved.
@@ -622,6 +634,8 @@ int train_main(int argc, char** argv) {
     return 2;
   }
   /* the parallel config (--dp, --tp, --ep): a (tp, dp) mesh */
+  if (o.batch % o.micro_batches != 0)
+    return usage_error("--micro-batches %d must divide --batch %d", o.micro_batches, o.batch);
   const int pconf = o.dp > 0 || o.tp > 0 || o.ep > 0;
   const int D = o.dp > 0 ? o.dp : 1, T = o.tp > 0 ? o.tp : 1, E = o.ep > 0 ? o.ep : 1;
   if (pconf) {
@@ -638,9 +652,9 @@ int train_main(int argc, char** argv) {
     if (T > 1 && (o.heads % T || kv % T || (o.sp && o.seq % T)))
       return usage_error("--tp %d must divide the heads (%d), the kv heads (%d)%s", T, o.heads,
                          kv, o.sp ? " and --seq (sequence parallel)" : "");
-    if (D * E > 1 && o.batch < D * E)
-      return usage_error("the batch is sharded over %d data ranks: --batch %d is smaller", D * E,
-                         o.batch);
+    if (D * E > 1 && o.batch / o.micro_batches < D * E)
+      return usage_error("the batch is sharded over %d data ranks: --batch %d%s is smaller", D * E,
+                         o.batch / o.micro_batches, o.micro_batches > 1 ? " / --micro-batches" : "");
   } else if (o.sp || o.loss_parallel) {
     return usage_error("--sp and --loss-parallel go with --tp");
   }
@@ -664,9 +678,10 @@ int train_main(int argc, char** argv) {
     return usage_error("--plan applies to --parallel none only: %s builds every parameter "
                        "replicated (*=R) and wraps the model",
                        o.parallel);
-  if ((ddp || fsdp || hsdp) && o.batch < world) /* the parallel config checked its own above */
-    return usage_error("--parallel %s shards the batch over the %d ranks: --batch %d is smaller",
-                       o.parallel, world, o.batch);
+  if ((ddp || fsdp || hsdp) && o.batch / o.micro_batches < world) /* pconf checked its own */
+    return usage_error("--parallel %s shards the batch over the %d ranks: --batch %d%s is smaller",
+                       o.parallel, world, o.batch / o.micro_batches,
+                       o.micro_batches > 1 ? " / --micro-batches" : "");
   if ((fsdp || hsdp) && o.reshard_after_forward > 1 &&
       mshape[mnd - 1] % o.reshard_after_forward != 0)
     return usage_error("--reshard-after-forward %d must divide the shard dim's %d ranks",
@@ -883,7 +898,7 @@ int train_main(int argc, char** argv) {
     hist = malloc(sizeof(float) * (size_t)o.steps);
     if (hist == NULL) fprintf(stderr, "train: no memory for the loss history: no plot\n");
   }
-  const int64_t shape[2] = {o.batch, o.seq};
+  const int64_t mshape_b[2] = {o.batch / o.micro_batches, o.seq}; /* one micro-batch */
   double last[10] = {0}, tps_sum = 0.0;
   int nlast = 0, ntps = 0;
   for (int step = start; step < o.steps; step++) {
@@ -893,21 +908,43 @@ int train_main(int argc, char** argv) {
     double t0 = now_s();
     if (corpus) CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
     else memset(tok, 0, sizeof(int64_t) * (size_t)bs), memset(tgt, 0, sizeof(int64_t) * (size_t)bs);
-    dt_tensor_t tt, gt;
-    CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, tok_pl, tok, &tt));
-    CHECK(dt_tensor_from_full(mesh, DT_I64, 2, shape, tok_pl, tgt, &gt));
-    dt_var_t loss;
+    /* K micro-batches of B/K sequences: each loss scaled by 1/K (the mean over the batch), the
+     * gradients accumulated, the data wrappers' reductions only after the last pass */
+    float lv = 0.0f;
     double aux = 0.0;
-    CHECK(dt_llama_forward(model, tape, tt, gt, &loss, &aux));
-    float lv;
-    dt_tensor_t lr_t;
-    CHECK(dt_tensor_redistribute(dt_var_value(loss), rep, &lr_t));
-    CHECK(dt_tensor_gather_full(lr_t, &lv, sizeof lv));
-    dt_tensor_destroy(lr_t);
-    int64_t held, saved = 0, recomputed = 0;
-    CHECK(dt_tape_stats(tape, NULL, &held));
-    CHECK(dt_tape_backward(tape, loss));
-    CHECK(dt_tape_checkpoint_stats(tape, &saved, &recomputed));
+    int64_t held = 0, saved = 0, recomputed = 0;
+    const int K = o.micro_batches;
+    for (int mb = 0; mb < K; mb++) {
+      const int sync = mb == K - 1;
+      if (K > 1 && (fsdp || hsdp || (pconf && D * E > 1))) CHECK(dt_fsdp_set_requires_gradient_sync(root, sync));
+      if (K > 1 && ddp) CHECK(dt_ddp_set_requires_gradient_sync(root, sync));
+      const int64_t off = (int64_t)mb * (bs / K);
+      dt_tensor_t tt, gt;
+      CHECK(dt_tensor_from_full(mesh, DT_I64, 2, mshape_b, tok_pl, tok + off, &tt));
+      CHECK(dt_tensor_from_full(mesh, DT_I64, 2, mshape_b, tok_pl, tgt + off, &gt));
+      dt_var_t loss;
+      double mb_aux = 0.0;
+      CHECK(dt_llama_forward(model, tape, tt, gt, &loss, &mb_aux));
+      float mv;
+      dt_tensor_t lr_t;
+      CHECK(dt_tensor_redistribute(dt_var_value(loss), rep, &lr_t));
+      CHECK(dt_tensor_gather_full(lr_t, &mv, sizeof mv));
+      dt_tensor_destroy(lr_t);
+      lv += mv / (float)K;
+      aux += mb_aux / K;
+      if (K > 1) {
+        const double inv = 1.0 / K;
+        CHECK(dt_ag_op(tape, "mul_scalar", 1, &loss, 0, NULL, 1, &inv, 1, &loss));
+      }
+      int64_t h = 0, s = 0, r = 0;
+      CHECK(dt_tape_stats(tape, NULL, &h));
+      CHECK(dt_tape_backward(tape, loss));
+      CHECK(dt_tape_checkpoint_stats(tape, &s, &r));
+      if (mb == 0) held = h, saved = s, recomputed = r;
+      if (mb < K - 1) CHECK(dt_tape_reset(tape));
+      dt_tensor_destroy(tt);
+      dt_tensor_destroy(gt);
+    }
     if (step == 0 && g_lead)
       printf("# activations held by the tape after the forward pass: %.1f KiB on rank 0; "
              "checkpointing freed %.1f KiB and recomputed %lld ops in the backward pass\n",
@@ -932,8 +969,6 @@ int train_main(int argc, char** argv) {
     if (ck) CHECK(dt_checkpoint_wait_staged(ck)); /* the last save's copy, before the update */
     CHECK(dt_adamw_step(opt, lr));
     for (int i = 0; i < np; i++) CHECK(dt_var_zero_grad(params[i]));
-    dt_tensor_destroy(tt);
-    dt_tensor_destroy(gt);
     barrier();
     double dt = now_s() - t0, tps = (double)bs / dt, gf = flops_tok * (double)bs / dt / 1e9;
     if (step >= 2) { /* the first steps fill the plan and propagation caches */

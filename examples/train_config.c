@@ -48,6 +48,7 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan) {
   o->prefetch = 1;
   o->bucket_mb = 25.0;
   o->gpus_per_node = 8;
+  o->micro_batches = 1;
   o->routing_imbalance = 1.0;
 }
 
@@ -91,6 +92,9 @@ static const opt_doc_t kDocs[] = {
     {"vocab", "data", "V", "markov: symbols", NULL},
     {"order", "data", "K", "markov: order of the chain", NULL},
     {"batch", "data", "B", "sequences per step, all ranks together", NULL},
+    {"micro_batches", "data", "K",
+     "run each step's batch as K passes of B/K sequences, gradients accumulated (the data "
+     "wrappers reduce after the last pass only): the same step in less activation memory", NULL},
     {"seq", "data", "S", "tokens per sequence", NULL},
     {"lr", "optimizer (AdamW)", "X",
      "peak learning rate: linear warmup, then cosine decay to lr/10", NULL},
@@ -213,7 +217,7 @@ static const struct {
     INT_OPT(checkpoint_every, 0, 1 << 30), INT_OPT(keep_last, 0, 1 << 20),
     INT_OPT(async_checkpoint, 0, 1), INT_OPT(resume, 0, 1),
     INT_OPT(estimate_only, 0, 1), INT_OPT(np, 1, 1 << 24), INT_OPT(estimate_rank, 0, (1 << 24) - 1),
-    INT_OPT(gpus_per_node, 1, 1 << 16),
+    INT_OPT(gpus_per_node, 1, 1 << 16), INT_OPT(micro_batches, 1, 1 << 20),
 #undef INT_OPT
 };
 static const struct {

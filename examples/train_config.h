@@ -18,6 +18,7 @@ typedef struct train_opts {
   char device[16];     /* where tensors live: cpu (default), cuda, cuda-emu */
   int steps, batch, seq, dim, layers, heads, kv_heads, experts, top_k, vocab, order, warmup;
   int ffn_dim; /* MLP width (0: the model's default rule) */
+  int micro_batches; /* the batch in this many sequential passes, gradients accumulated */
   int bf16_moments, checkpoint;
   int tie_embeddings; /* the output projection is the token embedding (one (V, D) table) */
   int reshard_after_forward; /* FSDP/HSDP: 1 (ZeRO-3), 0 (ZeRO-2) or k > 1 (a slice over k) */

@@ -16,9 +16,9 @@
  * --plan enumerates the layouts of N ranks: DDP, FSDP (reshard after forward 1 and 0), HSDP
  * (every R x S with R, S > 1), and the parallel configs dp x tp x ep (tp dividing N, ep with
  * --model moe) with and without sequence and loss parallelism (together) and both reshard
- * modes, each with and
- * without activation checkpointing, at the same global batch. Layouts the trainer refuses (tp
- * not dividing the heads, a batch smaller than the data ranks, ...) are listed with its reason.
+ * modes; each with and without activation checkpointing and at 1, 2 and 4 micro-batches (where
+ * the batch divides and every data rank keeps a sequence per pass), at the same global batch.
+ * Layouts the trainer refuses (tp not dividing the heads, ...) are listed with its reason.
  * Those that fit the budget are ranked by estimated tokens/s; the table shows --top K (default 20)
  * of them and the smallest of those that do not fit.
  *
@@ -40,7 +40,7 @@
 #define MAX_ARGS 256
 
 typedef struct {
-  char desc[160];   /* the layout's flags */
+  char desc[200];   /* the layout's flags */
   int ok;           /* estimated */
   int rc;           /* the trainer's exit status when not */
   char why[512];    /* refused: the trainer's message */
@@ -308,9 +308,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (plan && (o.dp || o.tp || o.ep || o.sp || strcmp(o.parallel, "none") || o.mesh[0] ||
-               o.checkpoint || o.reshard_after_forward != 1)) {
+               o.checkpoint || o.reshard_after_forward != 1 || o.micro_batches != 1)) {
     fprintf(stderr, "dtensor-estimate: --plan chooses the layout: drop --dp, --tp, --ep, --sp, "
-            "--parallel, --mesh, --checkpoint and --reshard-after-forward\n");
+            "--parallel, --mesh, --checkpoint, --reshard-after-forward and --micro-batches\n");
     return 2;
   }
   int ranks[4];
@@ -342,40 +342,46 @@ int main(int argc, char** argv) {
     return 0;
   }
   /* --plan: the layouts of np ranks */
-  char (*lay)[160] = calloc(4096, sizeof *lay);
+  char (*lay)[200] = calloc(4096, sizeof *lay);
   int nl = 0;
   const int moe = !strcmp(o.model, "moe");
-  for (int ck = 0; ck < 2; ck++) {
-    const char* cks = ck ? " --checkpoint" : "";
-#define ADD(...)                                                   \
-  do {                                                             \
-    if (nl < 4096) snprintf(lay[nl++], sizeof lay[0], __VA_ARGS__); \
+  /* each layout at K = 1, 2, 4 micro-batches where the batch divides and every data rank still
+   * gets a sequence per pass; with and without activation checkpointing */
+  for (int k = 1; k <= 4; k *= 2)
+    for (int ck = 0; ck < 2; ck++) {
+      char cks[64];
+      snprintf(cks, sizeof cks, "%s%s", ck ? " --checkpoint" : "", "");
+      if (k > 1) snprintf(cks + strlen(cks), sizeof cks - strlen(cks), " --micro-batches %d", k);
+      const int ok_k = o.batch % k == 0; /* data ranks checked per layout below */
+#define ADD(data_ranks, ...)                                                        \
+  do {                                                                              \
+    if (nl < 4096 && ok_k && o.batch / k >= (data_ranks))                           \
+      snprintf(lay[nl++], sizeof lay[0], __VA_ARGS__);                              \
   } while (0)
-    if (np > 1) {
-      ADD("--parallel ddp%s", cks);
-      ADD("--parallel fsdp%s", cks);
-      ADD("--parallel fsdp --reshard-after-forward 0%s", cks);
-      for (int r = 2; r < np; r++)
-        if (np % r == 0) ADD("--parallel hsdp --mesh %dx%d%s", r, np / r, cks);
-    } else {
-      ADD("--parallel none --dp 1%s", cks);
-    }
-    for (int t = 1; t <= np; t++) {
-      if (np % t) continue;
-      for (int e = 1; e <= np / t; e++) {
-        if ((np / t) % e || (t == 1 && e == 1) || (e > 1 && !moe)) continue;
-        int d = np / t / e;
-        char eps[24] = ""; /* --ep only for MoE */
-        if (e > 1) snprintf(eps, sizeof eps, " --ep %d", e);
-        for (int sp = 0; sp <= (t > 1); sp++)
-          for (int ra = 1; ra >= (d * e > 1 ? 0 : 1); ra--)
-            ADD("--dp %d --tp %d%s%s%s%s", d, t, eps,
-                sp ? " --sp --loss-parallel" : "",
-                ra ? "" : " --reshard-after-forward 0", cks);
+      if (np > 1) {
+        ADD(np, "--parallel ddp%s", cks);
+        ADD(np, "--parallel fsdp%s", cks);
+        ADD(np, "--parallel fsdp --reshard-after-forward 0%s", cks);
+        for (int r = 2; r < np; r++)
+          if (np % r == 0) ADD(np, "--parallel hsdp --mesh %dx%d%s", r, np / r, cks);
+      } else {
+        ADD(1, "--parallel none --dp 1%s", cks);
       }
-    }
+      for (int t = 1; t <= np; t++) {
+        if (np % t) continue;
+        for (int e = 1; e <= np / t; e++) {
+          if ((np / t) % e || (t == 1 && e == 1) || (e > 1 && !moe)) continue;
+          int d = np / t / e;
+          char eps[24] = ""; /* --ep only for MoE */
+          if (e > 1) snprintf(eps, sizeof eps, " --ep %d", e);
+          for (int sp = 0; sp <= (t > 1); sp++)
+            for (int ra = 1; ra >= (d * e > 1 ? 0 : 1); ra--)
+              ADD(d * e, "--dp %d --tp %d%s%s%s%s", d, t, eps, sp ? " --sp --loss-parallel" : "",
+                  ra ? "" : " --reshard-after-forward 0", cks);
+        }
+      }
 #undef ADD
-  }
+    }
   result_t* res = calloc((size_t)nl, sizeof *res);
   if (lay == NULL || res == NULL) {
     fprintf(stderr, "dtensor-estimate: no memory\n");

@@ -11,6 +11,8 @@
 #    with a bad "compute" or "inter_node" entry are refused with a message (exit 2); an inter-node dim is
 #    priced by the inter-node figures (slower);
 #  - --routing-imbalance 2 with --ep: more rows and bytes for the worst rank;
+#  - --micro-batches 2: fewer activation bytes; --plan lists 2 and 4 micro-batches; a count that
+#    does not divide the batch, or leaves a data rank without a sequence, refused;
 #  - bad flags exit 2 with a message: no --np, a bad --budget, --plan with a layout flag,
 #    --estimate-rank (the tool's).
 set -uo pipefail
@@ -105,6 +107,23 @@ a_imb=$(sed -n 's/^peak_memory_bytes.* activations=\([0-9]*\).*/\1/p' "$W/imb.tx
 check "--routing-imbalance 2: more activations ($a_imb vs $a_bal)" test "${a_imb:-0}" -gt "${a_bal:-0}"
 "$TRAIN" --routing-imbalance 2 "${M[@]}" --steps 1 > "$W/imb_real.txt" 2>&1
 check "--routing-imbalance without --estimate-only refused" grep -q "go with --estimate-only" "$W/imb_real.txt"
+
+# micro-batches: less activation memory for the same step; --plan varies them
+"$EST" --np 4 "${M[@]}" --parallel fsdp --micro-batches 2 > "$W/mb2.txt" 2>&1
+a_one=$(sed -n 's/^peak_memory_bytes.* activations=\([0-9]*\).*/\1/p' "$W/cpu.txt")
+a_two=$(sed -n 's/^peak_memory_bytes.* activations=\([0-9]*\).*/\1/p' "$W/mb2.txt")
+check "--micro-batches 2: fewer activation bytes ($a_two vs $a_one)" \
+  bash -c "[ -n '$a_two' ] && [ '$a_two' -lt '$a_one' ]"
+check "--plan: layouts at 2 and 4 micro-batches" \
+  bash -c "grep -q -- '--micro-batches 2' '$W/plan.txt' && grep -q -- '--micro-batches 4' '$W/plan.txt'"
+"$TRAIN" --estimate-only --np 4 "${M[@]}" --parallel fsdp --micro-batches 3 > "$W/mb3.txt" 2>&1
+rc=$?
+check "--micro-batches 3 with --batch 8: refused (exit 2)" \
+  bash -c "[ $rc = 2 ] && grep -q 'must divide --batch 8' '$W/mb3.txt'"
+"$TRAIN" --estimate-only --np 4 "${M[@]}" --parallel fsdp --micro-batches 4 > "$W/mb4.txt" 2>&1
+rc=$?
+check "--micro-batches 4 leaves 2 sequences for 4 ranks: refused (exit 2)" \
+  bash -c "[ $rc = 2 ] && grep -q 'batch 2 / --micro-batches is smaller' '$W/mb4.txt'"
 
 # bad flags
 for args in "${M[*]}" "--np 4 --budget lots" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \

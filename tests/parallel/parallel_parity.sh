@@ -2,7 +2,8 @@
 # parallel_parity.sh - the trainer's parallel configs (--dp, --tp, --ep, --sp, --loss-parallel)
 # against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE, on 2,
 # 3, 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP; FSDP on 3 ranks, where shards
-# are uneven), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
+# are uneven), gradient accumulation (--micro-batches: FSDP 2 micro-batches, DDP 4, reducing after
+# the last only), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
 # steps, every f32 loss within 1e-5 relative (the worst printed per config), bf16 parameters with
 # routed experts under FSDP and EP within 2e-2, and a rerun bitwise equal. Ends with one line per config and "parallel_parity: passed".
 #   parallel_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -46,6 +47,8 @@ configs=(
   "tp2_ep4    8 moe   --tp 2 --ep 4"
   "dp3        3 dense --dp 3"
   "dp3_moe    3 moe   --dp 3"
+  "dp2_mb2    2 dense --dp 2 --micro-batches 2"
+  "ddp_mb4    2 dense --parallel ddp --micro-batches 4"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
