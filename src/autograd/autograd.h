@@ -24,6 +24,8 @@ struct dt_var {
   void* hook_ctx;
   int64_t ready_at; /* during a backward pass: the node after which the gradient is complete */
   int touched;      /* during a backward pass: a gradient arrived */
+  int64_t first_use; /* during a backward pass: the lowest node that names it (in or out) */
+  int restored;      /* during a backward pass: recomputed by it (dropped again after first_use) */
 };
 
 /* Hooks around a span of recorded nodes (dt_tape_add_span_hooks). */

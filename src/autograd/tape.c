@@ -38,6 +38,7 @@ struct dt_tape {
   dt__span_t* spans; /* hooks around spans of nodes */
   int64_t n_spans, cap_spans;
   int64_t held_nbytes;             /* bytes of the tape-owned values held now (dt_tape_stats) */
+  int in_backward;                 /* recomputations mark what they restore (dt__ensure_value) */
   int64_t warn_nodes, warn_nbytes; /* growth warning thresholds (0: off), read at creation */
   int warned;                      /* the growth warning was given (once per tape) */
 };
@@ -155,6 +156,7 @@ static dt_status_t dt__ensure_value(dt_tape_t tape, dt_var_t v) {
       w->value = res[o];
       tape->held_nbytes += dt__value_nbytes(w->value);
       w->dropped = 0;
+      w->restored = tape->in_backward;
       w->value->held = 1;
       dt__storage_set_category(w->value->storage, DT_MEM_ACTIVATIONS);
     } else {
@@ -822,6 +824,21 @@ static dt_status_t dt__spans_fire(dt_tape_t tape, int64_t k, int runs) {
   return DT_SUCCESS;
 }
 
+/* After node k's backward: the values this pass recomputed that no lower node names are
+ * dropped again (checkpointing keeps them only for the nodes that need them, so the pass holds
+ * one block's recomputed values at a time, not every block's). */
+static void dt__release_restored(dt_tape_t tape, const dt__node_t* n, int64_t k) {
+  for (int i = 0; i < n->n_in + n->n_out; i++) {
+    dt_var_t v = i < n->n_in ? n->in[i] : n->out[i - n->n_in];
+    if (!v->restored || v->dropped || v->first_use < k) continue;
+    tape->held_nbytes -= dt__value_nbytes(v->value);
+    dt__tensor_free(v->value);
+    v->value = NULL;
+    v->dropped = 1;
+    v->restored = 0;
+  }
+}
+
 static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
   DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(loss));
@@ -850,6 +867,14 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
       }
     }
   for (int64_t s = 0; s < tape->n_spans; s++) tape->spans[s].state = 0;
+  for (int64_t k = tape->n_nodes - 1; k >= 0; k--) /* each value's lowest user */
+    for (int i = 0; i < tape->nodes[k]->n_in + tape->nodes[k]->n_out; i++) {
+      dt__node_t* n = tape->nodes[k];
+      dt_var_t v = i < n->n_in ? n->in[i] : n->out[i - n->n_in];
+      v->first_use = k;
+      v->restored = 0;
+    }
+  tape->in_backward = 1;
   for (int64_t k = tape->n_nodes - 1; k >= 0 && st == DT_SUCCESS; k--) {
     dt__node_t* n = tape->nodes[k];
     dt_tensor_t gout[DT_OP_MAX_OUTPUTS] = {NULL}, gin[DT_OP_MAX_INPUTS] = {NULL};
@@ -861,6 +886,7 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
     st = dt__spans_fire(tape, k, any);
     if (st != DT_SUCCESS) break;
     if (!any) {
+      dt__release_restored(tape, n, k);
       st = dt__leaf_hooks(n, k);
       continue;
     }
@@ -908,8 +934,10 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
       }
     }
     if (st != DT_SUCCESS) break;
+    dt__release_restored(tape, n, k);
     st = dt__leaf_hooks(n, k);
   }
+  tape->in_backward = 0;
   if (st == DT_SUCCESS) st = dt__spans_fire(tape, -1, 0); /* every post hook still due */
   dt__grad_off = prev;
   /* no gradient of an intermediate (the loss included) outlives the pass: a later backward on
