@@ -4,7 +4,7 @@
 #   mpirun and lists the flags on stdout; a bad flag exits 2;
 #   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
-#   nothing written, and written with --force;
+#   nothing written, and written with --force, its "compute" model too (positive rates, printed);
 #   dt_init says on rank 0 (once) which cost model it loaded: $DTENSOR_COST_MODEL or the per-user
 #   default, and nothing under DTENSOR_QUIET=1 or DTENSOR_COST_MODEL=none.
 set -euo pipefail
@@ -64,6 +64,14 @@ expect 0 env DTENSOR_CALIBRATE_CPUS=1 DTENSOR_COST_MODEL=none "$mpiexec" --allow
   --oversubscribe -np 2 "$calib" -e 65536 -o "$tmp/m/model.json" --force
 grep -q "oversubscribed" "$tmp/err" || fail "--force hides the warning"
 [ -s "$tmp/m/model.json" ] || fail "--force did not write $tmp/m/model.json"
+# the compute model of simulated step times, measured with the collectives: positive figures
+/usr/bin/python3 - "$tmp/m/model.json" <<'PY' || fail "the fit has no plausible \"compute\" entry"
+import json, sys
+c = json.load(open(sys.argv[1]))["compute"]
+ok = all(c[k] > 0 for k in ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps")) and c["op_us"] >= 0
+sys.exit(0 if ok else 1)
+PY
+grep -q "^compute: op_us" "$tmp/out" || fail "calibrate does not print the compute model"
 
 echo "== where dt_init's cost model came from"
 notice_lines() { grep -c "calibrated cost model" "$tmp/err" || true; }
