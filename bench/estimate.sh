@@ -28,7 +28,8 @@
 #    ranks, which is what the runs see too; ranks yield their core while they wait in MPI,
 #    OMPI_MCA_mpi_yield_when_idle=1, in the calibration and the runs alike). The worst relative
 #    error of an estimated step time is printed before the last line. RANK_LAYOUTS=0 skips this
-#    part (rank_corr=nan).
+#    part (rank_corr=nan); RANK_NP=2 measures at np 2 instead (one rank per vCPU here; the
+#    tensor-parallel layouts become tp 2, tp 2 + sp, tp 2 + sp + loss parallel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -81,25 +82,27 @@ if [ "${RANK_LAYOUTS:-1}" != 0 ]; then
   # the waiting ranks take CPU from the computing ones: 30-40 % slower steps, measured)
   export OMPI_MCA_mpi_yield_when_idle=1
   CAL="$BUILD/tools/dtensor-calibrate"
-  DTENSOR_QUIET=1 mpirun --oversubscribe -np 4 "$CAL" -o "$W/cost.json" --force > "$W/cal.txt" 2>&1 ||
+  N=${RANK_NP:-4}
+  DTENSOR_QUIET=1 mpirun --oversubscribe -np "$N" "$CAL" -o "$W/cost.json" --force > "$W/cal.txt" 2>&1 ||
     { cat "$W/cal.txt"; echo "estimate.sh: calibration failed" >&2; exit 1; }
-  grep "^compute:" "$W/cal.txt" | sed 's/^/# np 4 /'
+  grep "^compute:" "$W/cal.txt" | sed "s/^/# np $N /"
   M=(--dim 256 --layers 4 --heads 8 --seq 128 --batch 8)
+  TPL=("--dp 2 --tp 2" "--dp 1 --tp 4" "--dp 1 --tp 4 --sp --loss-parallel")
+  [ "$N" = 2 ] && TPL=("--dp 1 --tp 2" "--dp 1 --tp 2 --sp" "--dp 1 --tp 2 --sp --loss-parallel")
   LAYOUTS=("--parallel ddp" "--parallel fsdp" "--parallel fsdp --reshard-after-forward 0"
-           "--parallel fsdp --checkpoint" "--parallel fsdp --param-dtype bf16" "--dp 2 --tp 2"
-           "--dp 1 --tp 4" "--dp 1 --tp 4 --sp --loss-parallel" "--parallel ddp --bucket-mb 0.02"
-           "--parallel fsdp --prefetch 0")
+           "--parallel fsdp --checkpoint" "--parallel fsdp --param-dtype bf16" "${TPL[@]}"
+           "--parallel ddp --bucket-mb 0.02" "--parallel fsdp --prefetch 0")
   : > "$W/rank.txt"
   for i in "${!LAYOUTS[@]}"; do
     # shellcheck disable=SC2086
-    est=$(DTENSOR_COST_MODEL="$W/cost.json" "$TRAIN" --estimate-only --np 4 "${M[@]}" ${LAYOUTS[$i]} 2>&1 |
+    est=$(DTENSOR_COST_MODEL="$W/cost.json" "$TRAIN" --estimate-only --np "$N" "${M[@]}" ${LAYOUTS[$i]} 2>&1 |
           sed -n 's/^estimate_step rank 0:.*tokens_per_s=\([0-9.]*\).*/\1/p')
     echo "$i ${est:-0}" >> "$W/est.txt"
   done
   for round in 1 2 3; do
     for i in "${!LAYOUTS[@]}"; do
       # shellcheck disable=SC2086
-      got=$(DTENSOR_COST_MODEL="$W/cost.json" DTENSOR_QUIET=1 mpirun --oversubscribe -np 4 "$TRAIN" \
+      got=$(DTENSOR_COST_MODEL="$W/cost.json" DTENSOR_QUIET=1 mpirun --oversubscribe -np "$N" "$TRAIN" \
               "${M[@]}" ${LAYOUTS[$i]} --steps 8 2>&1 | sed -n 's/^final_loss=.*tokens_per_s=\([0-9.]*\).*/\1/p')
       echo "$i ${got:-0}" >> "$W/real.txt"
     done
