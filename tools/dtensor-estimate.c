@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     }
   }
   np = o.np;
-  int have_np = 0;
+  int have_np = np != 1; /* from --config */
   for (int i = 1; i < argc; i++) have_np |= !strcmp(argv[i], "--np");
   if (!have_np) {
     fprintf(stderr, "dtensor-estimate: --np N (the world size) is required\n");
