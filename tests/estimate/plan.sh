@@ -64,9 +64,10 @@ PY
 check "--plan: tp 4 with 6 heads refused with the trainer's reason" \
   grep -q "refused: --dp 1 --tp 4: train: --tp 4 must divide the heads (6)" "$W/plan.txt"
 check "--plan: the best layout named" grep -q "^best: " "$W/plan.txt"
-"$EST" --np 4 "${M[@]}" --model moe --experts 4 --plan > "$W/moe.txt" 2>&1
-check "--plan with moe: expert-parallel layouts" grep -q -- "--ep 4" "$W/moe.txt"
-"$EST" --np 4 "${M[@]}" --plan --budget 4KiB > "$W/none.txt" 2>&1
+# (np 2 from here: fewer layouts, the same paths; the sanitizer build runs this too)
+"$EST" --np 2 "${M[@]}" --model moe --experts 4 --plan > "$W/moe.txt" 2>&1
+check "--plan with moe: expert-parallel layouts" grep -q -- "--ep 2" "$W/moe.txt"
+"$EST" --np 2 "${M[@]}" --plan --budget 4KiB > "$W/none.txt" 2>&1
 rc=$?
 check "--plan under every peak: exit 1, the smallest named" \
   bash -c "[ $rc = 1 ] && grep -q 'no layout fits in 0.00 GiB: the smallest peak is' '$W/none.txt'"
