@@ -636,15 +636,27 @@ int train_main(int argc, char** argv) {
   /* the parallel config (--dp, --tp, --ep): a (tp, dp) mesh */
   if (o.batch % o.micro_batches != 0)
     return usage_error("--micro-batches %d must divide --batch %d", o.micro_batches, o.batch);
-  const int pconf = o.dp > 0 || o.tp > 0 || o.ep > 0;
-  const int D = o.dp > 0 ? o.dp : 1, T = o.tp > 0 ? o.tp : 1, E = o.ep > 0 ? o.ep : 1;
+  const int pconf = o.dp > 0 || o.tp > 0 || o.ep > 0 || o.cp > 0;
+  const int D = o.dp > 0 ? o.dp : 1, T = o.tp > 0 ? o.tp : 1, E = o.ep > 0 ? o.ep : 1,
+            CP = o.cp > 0 ? o.cp : 1;
   if (pconf) {
     if (strcmp(o.parallel, "none") != 0 || o.mesh[0] || strcmp(o.plan, DEFAULT_PLAN) != 0)
-      return usage_error("--dp/--tp/--ep build their own mesh and plan: drop --parallel %s, "
+      return usage_error("--dp/--tp/--ep/--cp build their own mesh and plan: drop --parallel %s, "
                          "--mesh and --plan", o.parallel);
-    if ((long long)D * T * E != world)
-      return usage_error("--dp %d x --tp %d x --ep %d = %lld ranks, the world has %d", D, T, E,
-                         (long long)D * T * E, world);
+    if ((long long)D * T * E * CP != world)
+      return usage_error("--dp %d x --tp %d x --ep %d x --cp %d = %lld ranks, the world has %d", D,
+                         T, E, CP, (long long)D * T * E * CP, world);
+    if (CP > 1 && o.seq % (2 * CP) != 0)
+      return usage_error("--cp %d splits each sequence into %d chunks (2 per rank, load-balanced "
+                         "for causal attention): --seq %d is not a multiple of %d", CP, 2 * CP,
+                         o.seq, 2 * CP);
+    if (CP > 1 && (E > 1 || o.sp))
+      return usage_error("--cp with %s is not supported yet (context parallelism composes with "
+                         "--dp, --tp and --loss-parallel)", E > 1 ? "--ep" : "--sp");
+    if (CP > 1 && (o.batch / o.micro_batches) % (D * E) != 0)
+      return usage_error("--cp: the batch of %d%s must split evenly over the %d data ranks",
+                         o.batch / o.micro_batches, o.micro_batches > 1 ? " per micro-batch" : "",
+                         D * E);
     if (E > 1 && (strcmp(o.model, "moe") != 0 || o.experts % E != 0))
       return usage_error("--ep %d needs --model moe with a multiple of %d experts (got %s, %d)",
                          E, E, o.model, o.experts);
@@ -659,9 +671,10 @@ int train_main(int argc, char** argv) {
     return usage_error("--sp and --loss-parallel go with --tp");
   }
   if (pconf) {
-    mnd = 2;
+    mnd = CP > 1 ? 3 : 2;
     mshape[0] = T;
     mshape[1] = D * E;
+    mshape[2] = CP;
   }
   /* data-parallel modes: how --parallel combines with --mesh, --plan and --batch */
   const int ddp = !strcmp(o.parallel, "ddp"), fsdp = !strcmp(o.parallel, "fsdp"),
@@ -687,16 +700,19 @@ int train_main(int argc, char** argv) {
     return usage_error("--reshard-after-forward %d must divide the shard dim's %d ranks",
                        o.reshard_after_forward, mshape[mnd - 1]);
   dt_mesh_t mesh;
-  if (pconf) { /* mesh coordinates (t, d) on world rank d T + t: a tp group is adjacent ranks */
+  if (pconf) { /* mesh coordinates (t, d, c) on world rank (d CP + c) T + t: a tp group is
+                * adjacent ranks, then the cp ring, then the data ranks */
     int* ranks = malloc(sizeof(int) * (size_t)world);
     if (ranks == NULL) return usage_error("no memory for the mesh");
     for (int t = 0; t < T; t++)
-      for (int d = 0; d < D * E; d++) ranks[t * D * E + d] = d * T + t;
-    const char* names[2] = {"tp", "dp"};
-    CHECK(dt_mesh_create(2, mshape, names, ranks, &mesh));
+      for (int d = 0; d < D * E; d++)
+        for (int c = 0; c < CP; c++) ranks[(t * D * E + d) * CP + c] = (d * CP + c) * T + t;
+    const char* names[3] = {"tp", "dp", "cp"};
+    CHECK(dt_mesh_create(mnd, mshape, names, ranks, &mesh));
     free(ranks);
     CHECK(price_dim(mesh, 0, 1, T, o.gpus_per_node));
-    CHECK(price_dim(mesh, 1, T, D * E, o.gpus_per_node));
+    CHECK(price_dim(mesh, 1, T * CP, D * E, o.gpus_per_node));
+    if (CP > 1) CHECK(price_dim(mesh, 2, T, CP, o.gpus_per_node));
   } else {
     CHECK(dt_mesh_create(mnd, mshape, NULL, NULL, &mesh));
     for (int d = 0, stride = world; d < mnd; d++) { /* row-major: the last dim adjacent */
@@ -737,7 +753,8 @@ int train_main(int argc, char** argv) {
   dt_module_t root;
   CHECK(dt_llama_module(model, &root));
   char par_desc[160], mesh_desc[128];
-  if (pconf) snprintf(mesh_desc, sizeof mesh_desc, "(tp, dp) %dx%d", T, D * E);
+  if (pconf && CP > 1) snprintf(mesh_desc, sizeof mesh_desc, "(tp, dp, cp) %dx%dx%d", T, D * E, CP);
+  else if (pconf) snprintf(mesh_desc, sizeof mesh_desc, "(tp, dp) %dx%d", T, D * E);
   else snprintf(mesh_desc, sizeof mesh_desc, "%s", o.mesh[0] ? o.mesh : "1-D");
   if (pconf && T > 1) {
     if (cfg.vocab % T || cfg.ffn_dim % T)
@@ -749,8 +766,11 @@ int train_main(int argc, char** argv) {
     CHECK(dt_parallelize_module(root, mesh, 0, n, plan));
   }
   if (pconf) {
-    snprintf(par_desc, sizeof par_desc, "dp %d x tp %d x ep %d%s%s", D, T, E,
+    char cpd[48] = "";
+    if (CP > 1) snprintf(cpd, sizeof cpd, " x cp %d (ring attention)", CP);
+    snprintf(par_desc, sizeof par_desc, "dp %d x tp %d x ep %d%s%s%s", D, T, E, cpd,
              o.sp ? ", sequence parallel" : "", o.loss_parallel ? ", loss parallel" : "");
+    if (CP > 1) CHECK(dt_llama_set_context_parallel(model, 2));
   }
   dt_mesh_t emesh = NULL;
   if (pconf && E > 1 && D > 1) { /* the expert mesh (tp, ep, efsdp) = (T, E, D): position
@@ -889,10 +909,12 @@ int train_main(int argc, char** argv) {
   int64_t bs = (int64_t)o.batch * o.seq;
   int64_t* tok = malloc(sizeof(int64_t) * (size_t)bs);
   int64_t* tgt = malloc(sizeof(int64_t) * (size_t)bs);
+  int64_t* cp_row = malloc(sizeof(int64_t) * (size_t)(2 * o.seq)); /* --cp: one row reordered */
   dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
   dt_placement_t tok_pl[4]; /* data parallel: the batch dim sharded over every mesh dim */
   for (int d = 0; d < 4; d++) tok_pl[d] = data_par ? dt_shard(0) : dt_replicate();
   if (pconf) tok_pl[0] = dt_replicate(); /* tokens replicated over tp, sharded over dp */
+  if (pconf && CP > 1) tok_pl[2] = dt_shard(1); /* and the sequence over cp */
   float* hist = NULL; /* the loss of every step, for the plot */
   if (g_lead && o.plot[0] && o.steps > 0) {
     hist = malloc(sizeof(float) * (size_t)o.steps);
@@ -908,6 +930,17 @@ int train_main(int argc, char** argv) {
     double t0 = now_s();
     if (corpus) CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
     else memset(tok, 0, sizeof(int64_t) * (size_t)bs), memset(tgt, 0, sizeof(int64_t) * (size_t)bs);
+    if (pconf && CP > 1) { /* each sequence in the load-balanced order of the cp ranks */
+      for (int b = 0; b < o.batch; b++) {
+        int64_t *tr = tok + (int64_t)b * o.seq, *gr = tgt + (int64_t)b * o.seq;
+        for (int i = 0; i < o.seq; i++) {
+          cp_row[i] = tr[dt_cp_position(i, o.seq, CP)];
+          cp_row[o.seq + i] = gr[dt_cp_position(i, o.seq, CP)];
+        }
+        memcpy(tr, cp_row, sizeof(int64_t) * (size_t)o.seq);
+        memcpy(gr, cp_row + o.seq, sizeof(int64_t) * (size_t)o.seq);
+      }
+    }
     /* K micro-batches of B/K sequences: each loss scaled by 1/K (the mean over the batch), the
      * gradients accumulated, the data wrappers' reductions only after the last pass */
     float lv = 0.0f;
@@ -1089,6 +1122,7 @@ int train_main(int argc, char** argv) {
            corpus ? dt_corpus_entropy_floor(corpus) : NAN, ntps ? tps_sum / ntps : 0.0);
   free(tok);
   free(tgt);
+  free(cp_row);
   dt_tape_destroy(tape);
   dt_adamw_destroy(opt);
   dt_llama_destroy(model);

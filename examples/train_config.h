@@ -26,6 +26,7 @@ typedef struct train_opts {
   double lr, clip;
   double bucket_mb; /* DDP: gradient bytes per all-reduce bucket, in MiB (> 0) */
   int dp, tp, ep;   /* parallel config: FSDP, tensor and expert parallel degrees (0: unset) */
+  int cp;           /* parallel config: context-parallel degree (0: unset) */
   int sp;           /* tensor parallel: sequence parallelism */
   int loss_parallel; /* tensor parallel: class-sharded logits into the loss */
   double capacity_factor; /* MoE: 0 dropless (the default); c > 0 caps each expert's slots */

@@ -48,8 +48,9 @@ static const entry_t kEntries[] = {
     {DT_COLL_REDUCE_SCATTER, DT_ALGO_NATIVE}, {DT_COLL_ALL_TO_ALL, DT_ALGO_NATIVE},
     {DT_COLL_BROADCAST, DT_ALGO_NATIVE},      {DT_COLL_SCATTER, DT_ALGO_NATIVE},
     {DT_COLL_REDUCE_SCATTER, DT_ALGO_A2A},    {DT_COLL_ALL_REDUCE, DT_ALGO_A2A},
+    {DT_COLL_SEND_RECV, DT_ALGO_NATIVE},
 };
-#define NENTRIES 8
+#define NENTRIES 9
 
 /* A plausible fit: latency (base + hops at the largest group measured) at most this, */
 static const double kMaxLatencyUs = 1000.0;
@@ -67,10 +68,11 @@ typedef struct {
 } job_t;
 
 static double hops_of(dt_collective_t c, int n) {
+  if (c == DT_COLL_SEND_RECV) return 1.0;
   return c == DT_COLL_ALL_REDUCE ? 2.0 * (n - 1) : (double)(n - 1);
 }
 static double factor_of(dt_collective_t c, int n) {
-  if (c == DT_COLL_BROADCAST) return 1.0;
+  if (c == DT_COLL_BROADCAST || c == DT_COLL_SEND_RECV) return 1.0;
   return c == DT_COLL_ALL_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
 }
 
@@ -87,6 +89,13 @@ static int run_once(const job_t* j) {
     case DT_COLL_ALL_TO_ALL: return MPI_Alltoall(a, per, MPI_FLOAT, b, per, MPI_FLOAT, j->comm);
     case DT_COLL_BROADCAST: return MPI_Bcast(a, all, MPI_FLOAT, 0, j->comm);
     case DT_COLL_SCATTER: return MPI_Scatter(a, per, MPI_FLOAT, b, per, MPI_FLOAT, 0, j->comm);
+    case DT_COLL_SEND_RECV: { /* one ring step: `bytes` to the successor, as many from the
+                               * predecessor */
+      int me, n = j->n;
+      MPI_Comm_rank(j->comm, &me);
+      return MPI_Sendrecv(a, all, MPI_FLOAT, (me + 1) % n, 7, b, all, MPI_FLOAT, (me + n - 1) % n,
+                          7, j->comm, MPI_STATUS_IGNORE);
+    }
     default: return MPI_ERR_ARG;
   }
 }

@@ -217,6 +217,16 @@ DT_API dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* 
  * cast to f32 before the cross-entropy). Records on `tape` when grad mode is on. */
 DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens,
                                     dt_tensor_t targets, dt_var_t* loss, double* aux);
+/* Context parallelism over mesh dim `mesh_dim` of the model's mesh (-1: off, the default): the
+ * sequence of every activation sharded over that dim's n ranks. dt_llama_forward then takes
+ * tokens and targets (B, S) Shard(1) on it, in the load-balanced order (dt_cp_position, S a
+ * multiple of 2n), Shard(0) (B splitting evenly) or Replicate on the other dims; the residual
+ * stream runs as rows (B S, D) holding each rank's own tokens (no communication), attention as
+ * ring attention over the dim with rotary at the real positions; the loss is the mean over all
+ * B S tokens. Parameters are replicated over the dim (their gradients are partial sums there,
+ * reduced where they are reduced over the data dims). DT_ERR_INVALID_ARG for a dim out of range
+ * or a seq_len that is not a multiple of 2n. */
+DT_API dt_status_t dt_llama_set_context_parallel(dt_llama_t m, int mesh_dim);
 /* What the MoE layers of the last dt_llama_forward routed and dropped, summed over the layers
  * (zeros for a dense model or before a forward). */
 DT_API dt_status_t dt_llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out);

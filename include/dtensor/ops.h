@@ -36,7 +36,11 @@ extern "C" {
  *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
  *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,
  *               H, D))]; fargs [scale], default 1/sqrt(D)), rotary (iargs [seq_dim=1,
- *               inverse=0]; fargs [theta=10000])
+ *               inverse=0, cp=0 (> 0: positions in context parallelism's load-balanced order,
+ *               dt_cp_position)]; fargs [theta=10000])
+ *   context:    ring_attention (q, k, v; iargs [mesh_dim, causal=0, layout=0, balanced=1,
+ *               algo=0]; fargs [scale]): attention with the sequence sharded on a mesh dim
+ *               (dt_ring_attention below)
  *   shape:      view / reshape (iargs: the shape, one -1 allowed), flatten (iargs [start, end]),
  *               unflatten (iargs [dim, sizes...]), squeeze ([] or [dim]), unsqueeze ([dim]),
  *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end,
@@ -160,6 +164,36 @@ DT_API dt_status_t dt_chunks(dt_tensor_t x, int n_chunks, int dim, dt_tensor_t* 
 DT_API dt_status_t dt_sdpa(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int causal, double scale,
                            dt_tensor_t* out);
 DT_API dt_status_t dt_rotary(dt_tensor_t x, int seq_dim, double theta, dt_tensor_t* out);
+
+/* ---- context parallelism -------------------------------------------------------------------
+ * The sequence of every activation sharded over one mesh dim (the cp dim, n ranks). Causal
+ * attention does unequal work per query chunk, so the sequence is kept in a load-balanced order:
+ * split into 2n chunks, rank r holds chunks r and 2n-1-r (each rank then sees the same number of
+ * unmasked query-key pairs). dt_cp_position maps an index of that order to the token's real
+ * position (cp <= 0: the index itself); the caller lays tokens, labels and positions out in it
+ * (rotary's cp argument turns by real positions). seq must be a multiple of 2 cp (else -1). */
+DT_API int64_t dt_cp_position(int64_t index, int64_t seq, int cp);
+/* Scaled dot-product attention over a sequence sharded on mesh dim `mesh_dim` (op
+ * "ring_attention"): q (B, H, S, D), k (B, G, S, D), v (B, G, S, E) (layout 1: (B, S, H, D)), H a
+ * multiple of G, the same S for q and k (self-attention). The tensors' global sequence is in the
+ * load-balanced order when `balanced` (else in order: rank r holds chunk r); the causal mask uses
+ * real positions. Equal to dt_sdpa of the un-permuted sequence, permuted back.
+ * Placements: the inputs are moved to Shard(seq) on mesh_dim; on the other mesh dims they keep
+ * their batch or head sharding (q's decides; heads only where both H and G split evenly) and are
+ * replicated otherwise. The output has q's placements after that move.
+ * Algorithm (algo): 1 ring: key/value blocks travel around the mesh dim, each step's transfer
+ * posted before the step's blocks are computed (overlapped), blocks merged by their log-sum-exp,
+ * fully masked block pairs skipped; backward passes the key/value blocks and their gradients. 2
+ * all-gather: the keys and values gathered once (n times the memory), the gradients
+ * reduce-scattered. 0: the cheaper under the cost model and the compute model (the ring's
+ * exposed transfers against one all-gather). Traffic counts under DT_COLL_SEND_RECV (ring: n-1
+ * steps of this rank's k and v bytes forward; backward n-1 of k and v plus n of their gradients)
+ * or DT_COLL_ALL_GATHER / DT_COLL_REDUCE_SCATTER on mesh_dim.
+ * Errors: DT_ERR_INVALID_ARG for shapes, a sequence that is not a multiple of 2n (balanced) or n,
+ * a mesh_dim out of range; DT_ERR_UNSUPPORTED for dtypes other than f32 and for device backends
+ * (host and simulated runs for now). scale <= 0: 1/sqrt(D). */
+DT_API dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int mesh_dim,
+                                     int causal, int balanced, double scale, dt_tensor_t* out);
 /* Indexing and routing. */
 DT_API dt_status_t dt_topk(dt_tensor_t x, int64_t k, int dim, dt_tensor_t* values,
                            dt_tensor_t* indices);

@@ -23,10 +23,13 @@ typedef enum dt_collective {
   DT_COLL_ALL_TO_ALL = 4,
   DT_COLL_BROADCAST = 5, /* used by dt_tensor_distribute */
   DT_COLL_SCATTER = 6,   /* used by dt_tensor_distribute */
+  DT_COLL_SEND_RECV = 7, /* one ring step: each rank sends nbytes to its successor along the mesh
+                          * dim and receives as many from its predecessor (ring attention) */
   DT_COLL_COUNT
 } dt_collective_t;
 
-/* "local", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "scatter". */
+/* "local", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "scatter",
+ * "send_recv". */
 DT_API const char* dt_collective_name(dt_collective_t c);
 
 /* Algorithm of a reduction step. P -> S (reduce-scatter) and P -> R (all-reduce) can run as the

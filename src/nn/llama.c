@@ -34,6 +34,13 @@ struct dt_llama {
   dt_var_t* params;
   char (*names)[DT_PARAM_NAME_MAX];
   const char** name_ptrs;
+  /* context parallelism (dt_llama_set_context_parallel): the cp mesh dim (-1: none) and, during
+   * a forward, the batch's geometry: (B, S) tokens placed `seq` (S(1) on cp, S(0) on the batch
+   * dims), the residual stream as rows (B S, D) placed `rows` (S(0) on both: each rank's tokens
+   * flattened in place) */
+  int cp_dim, cp_n;
+  int64_t cp_B, cp_S;
+  dt_placement_t cp_seq[DT_MAX_MESH_DIMS], cp_rows[DT_MAX_MESH_DIMS];
 };
 
 static const dt_handle_kind_t dt__llama_kind = {"model"};
@@ -88,6 +95,89 @@ static dt_status_t dt__child(dt_module_t m, int i, dt_tape_t tape, dt_var_t x, d
   return dt_module_forward(c, tape, 1, &x, 1, out);
 }
 
+/* Context parallelism: x (B S, F) rows (placed cp_rows; F sharded or not on the other dims) as
+ * (B, S, F / dh, dh) placed cp_seq on the batch and cp dims (each rank's rows are its tokens, in
+ * order: a view, no copy), or back (to_rows). The rank-local crossing (to_local, from_local) keeps
+ * both on the tape. */
+static dt_status_t dt__cp_relayout(struct dt_llama* m, dt_tape_t tape, dt_var_t x, int64_t dh,
+                                   int to_rows, dt_var_t* out) {
+  dt_tensor_t xv = dt_var_value(x);
+  int mnd, nd;
+  int64_t gs[DT_MAX_DIMS], ls[DT_MAX_DIMS];
+  dt_placement_t xp[DT_MAX_MESH_DIMS], pl[DT_MAX_MESH_DIMS];
+  dt_dtype_t dt;
+  DT_CHECK(dt_mesh_ndim(m->mesh, &mnd));
+  DT_CHECK(dt_tensor_ndim(xv, &nd));
+  DT_CHECK(dt_tensor_shape(xv, gs));
+  DT_CHECK(dt_tensor_local_shape(xv, ls));
+  DT_CHECK(dt_tensor_placements(xv, xp));
+  DT_CHECK(dt_tensor_dtype(xv, &dt));
+  const int fdim = to_rows ? 2 : 1; /* the feature (heads) dim of x */
+  int64_t shape[4], lshape[4];
+  int ond;
+  if (to_rows) { /* (B, S, h, dh) -> (B S, h dh) */
+    ond = 2;
+    shape[0] = gs[0] * gs[1];
+    shape[1] = gs[2] * gs[3];
+    lshape[0] = ls[0] * ls[1];
+    lshape[1] = ls[2] * ls[3];
+  } else { /* (B S, F) -> (B, S, F / dh, dh) */
+    ond = 4;
+    const int64_t Sl = m->cp_S / m->cp_n;
+    shape[0] = m->cp_B;
+    shape[1] = m->cp_S;
+    shape[2] = gs[1] / dh;
+    shape[3] = dh;
+    lshape[0] = Sl > 0 ? ls[0] / Sl : 0;
+    lshape[1] = Sl;
+    lshape[2] = ls[1] / dh;
+    lshape[3] = dh;
+  }
+  for (int i = 0; i < mnd; i++) {
+    const int feat = xp[i].kind == DT_SHARD && xp[i].dim == fdim;
+    if (m->cp_rows[i].kind == DT_SHARD)
+      pl[i] = to_rows ? m->cp_rows[i] : m->cp_seq[i];
+    else if (feat)
+      pl[i] = dt_shard(to_rows ? 1 : 2);
+    else if (xp[i].kind == DT_REPLICATE)
+      pl[i] = dt_replicate();
+    else
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "context parallelism: attention input of %d dims placed "
+                     "%s%d on mesh dim %d (expected Replicate or its heads sharded)", nd,
+                     xp[i].kind == DT_PARTIAL ? "Partial, " : "Shard ", xp[i].dim, i);
+  }
+  dt_var_t xl, xr, like;
+  dt_tensor_t lt;
+  DT_CHECK(dt_ag_to_local(tape, x, NULL, &xl));
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &xl, ond, lshape, 0, NULL, 1, &xr));
+  DT_CHECK(dt_tensor_meta(m->mesh, dt, ond, shape, pl, &lt));
+  dt_status_t st = dt_tape_constant(tape, lt, &like);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(lt);
+    return st;
+  }
+  return dt_ag_from_local(tape, xr, like, out);
+}
+
+/* Attention with the sequence sharded over the cp dim: rotary at the tokens' real positions,
+ * ring attention over the cp ranks (dt_ring_attention). q (B S, H Dh), k, v (B S, G Dh) rows. */
+static dt_status_t dt__cp_attention(struct dt_llama* m, dt_tape_t tape, dt_var_t q, dt_var_t k,
+                                    dt_var_t v, dt_var_t* out) {
+  const dt_llama_config_t* c = &m->cfg;
+  const int64_t dh = c->dim / c->n_heads;
+  dt_var_t in[3] = {q, k, v}, x4[3], o4;
+  for (int j = 0; j < 3; j++) {
+    DT_CHECK(dt__cp_relayout(m, tape, in[j], dh, 0, &x4[j]));
+    if (j < 2) { /* (B, S, h, dh): seq dim 1, positions in the load-balanced order of cp_n */
+      const int64_t ra[3] = {1, 0, m->cp_n};
+      DT_CHECK(dt_ag_op(tape, "rotary", 1, &x4[j], 3, ra, 1, &c->rope_theta, 1, &x4[j]));
+    }
+  }
+  const int64_t aa[5] = {m->cp_dim, 1, 1, 1, 0}; /* causal, (B, S, H, D), balanced, auto */
+  DT_CHECK(dt_ag_op(tape, "ring_attention", 3, x4, 5, aa, 0, NULL, 1, &o4));
+  return dt__cp_relayout(m, tape, o4, dh, 1, out);
+}
+
 /* Children wq, wk, wv, wo (linear layers, so a tensor-parallel plan can hook each). */
 static dt_status_t dt__fwd_attention(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
                                      int n_out, dt_var_t* out) {
@@ -98,7 +188,11 @@ static dt_status_t dt__fwd_attention(dt_module_t m, dt_tape_t tape, int n_in, co
   DT_CHECK(dt__child(m, 0, tape, in[0], &q));
   DT_CHECK(dt__child(m, 1, tape, in[0], &k));
   DT_CHECK(dt__child(m, 2, tape, in[0], &v));
-  DT_CHECK(dt_nn_attention_core(tape, q, k, v, c->n_heads, c->n_kv_heads, c->rope_theta, &o));
+  struct dt_llama* model = dt_module_ctx(m);
+  if (model->cp_dim >= 0)
+    DT_CHECK(dt__cp_attention(model, tape, q, k, v, &o));
+  else
+    DT_CHECK(dt_nn_attention_core(tape, q, k, v, c->n_heads, c->n_kv_heads, c->rope_theta, &o));
   return dt__child(m, 3, tape, o, &out[0]);
 }
 
@@ -147,15 +241,24 @@ static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt
   (void)n_in;
   (void)n_out;
   int64_t bsd[DT_MAX_DIMS];
+  int xnd;
+  DT_CHECK(dt_tensor_ndim(dt_var_value(in[0]), &xnd));
   DT_CHECK(dt_tensor_shape(dt_var_value(in[0]), bsd));
   const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
   dt_module_t experts;
   DT_CHECK(dt_module_find(m, "experts", &experts));
   dt_var_t xr[2], f[2];
-  DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &xr[0]));
+  if (xnd == 2) /* rows already (context parallelism) */
+    xr[0] = in[0];
+  else
+    DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &xr[0]));
   xr[1] = dt_module_get(m, "router");
   DT_CHECK(dt_module_forward(experts, tape, 2, xr, 2, f));
   out[1] = f[1];
+  if (xnd == 2) {
+    out[0] = f[0];
+    return DT_SUCCESS;
+  }
   return dt_ag_op(tape, "reshape", 1, &f[0], 3, bsd, 0, NULL, 1, &out[0]);
 }
 
@@ -230,11 +333,16 @@ static dt_status_t dt__fwd_llama(dt_module_t m, dt_tape_t tape, int n_in, const 
     aux = io[1];
   }
   int64_t bsd[DT_MAX_DIMS];
+  int hnd;
+  DT_CHECK(dt_tensor_ndim(dt_var_value(h), &hnd));
   DT_CHECK(dt_tensor_shape(dt_var_value(h), bsd));
   const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
   dt_var_t n, n2, logits, ce;
   DT_CHECK(dt_module_forward(norm, tape, 1, &h, 1, &n));
-  DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
+  if (hnd == 2) /* rows already (context parallelism) */
+    n2 = n;
+  else
+    DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
   DT_CHECK(dt_module_forward(output, tape, 1, &n2, 1, &logits));
   /* the loss in f32 whatever the compute dtype (FSDP's param_dtype bf16 makes bf16 logits): the
    * cross-entropy of the logits upcast to f32 (a recorded cast: its backward hands the output
@@ -413,6 +521,8 @@ static dt_status_t dt__llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg
   }
   m->cfg = cfg;
   m->mesh = mesh;
+  m->cp_dim = -1;
+  m->cp_n = 1;
   dt_status_t st = dt__build(m, plan);
   if (st != DT_SUCCESS) {
     char msg[1024];
@@ -518,6 +628,73 @@ double dt_llama_flops_per_token(const dt_llama_config_t* cfg_in) {
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
+/* Context parallelism: the batch's geometry from the tokens' layout (B, S): Shard(1) on the cp
+ * dim, Shard(0) or Replicate elsewhere, the targets alike, S split into 2 cp chunks, B evenly
+ * over the batch dims (each rank's rows are then exactly its tokens). */
+static dt_status_t dt__cp_geometry(dt_llama_t m, dt_tensor_t tokens, dt_tensor_t targets,
+                                   const int64_t* ts) {
+  int mnd, tnd;
+  dt_placement_t tp[DT_MAX_MESH_DIMS], gp[DT_MAX_MESH_DIMS];
+  DT_CHECK(dt_mesh_ndim(m->mesh, &mnd));
+  DT_CHECK(dt_tensor_placements(tokens, tp));
+  DT_CHECK(dt_tensor_ndim(targets, &tnd));
+  int64_t gs[DT_MAX_DIMS];
+  DT_CHECK(dt_tensor_shape(targets, gs));
+  if (tnd != 2 || gs[0] != ts[0] || gs[1] != ts[1])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "context parallelism: targets must be (B, S) = (%lld, "
+                   "%lld) like the tokens", (long long)ts[0], (long long)ts[1]);
+  DT_CHECK(dt_tensor_placements(targets, gp));
+  int64_t batch_parts = 1;
+  for (int i = 0; i < mnd; i++) {
+    int size;
+    DT_CHECK(dt_mesh_size(m->mesh, i, &size));
+    const dt_placement_t p = tp[i];
+    const int ok = i == m->cp_dim ? (p.kind == DT_SHARD && p.dim == 1)
+                                  : (p.kind == DT_REPLICATE || (p.kind == DT_SHARD && p.dim == 0));
+    if (!ok || !dt_placement_equal(p, gp[i]))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "context parallelism over mesh dim %d: tokens and "
+                     "targets must be Shard(1) there (the sequence, in the load-balanced order of "
+                     "dt_cp_position) and Shard(0) or Replicate on the other dims; mesh dim %d "
+                     "differs", m->cp_dim, i);
+    if (p.kind == DT_SHARD && p.dim == 0) batch_parts *= size;
+    m->cp_seq[i] = p;
+    m->cp_rows[i] = p.kind == DT_SHARD ? dt_shard(0) : dt_replicate();
+  }
+  if (ts[1] % (2 * (int64_t)m->cp_n) != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "context parallelism over %d ranks: the sequence of %lld "
+                   "tokens must split into %d equal chunks (pad it to a multiple of %d)", m->cp_n,
+                   (long long)ts[1], 2 * m->cp_n, 2 * m->cp_n);
+  if (ts[0] % batch_parts != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "context parallelism: the batch of %lld must split evenly "
+                   "over its %lld data-parallel ranks", (long long)ts[0], (long long)batch_parts);
+  m->cp_B = ts[0];
+  m->cp_S = ts[1];
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__llama_set_cp(dt_llama_t m, int mesh_dim) {
+  DT_CHECK(dt__llama_check(m));
+  int mnd;
+  DT_CHECK(dt_mesh_ndim(m->mesh, &mnd));
+  if (mesh_dim < -1 || mesh_dim >= mnd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mesh_dim=%d: the model's mesh has %d dims (-1: off)",
+                   mesh_dim, mnd);
+  int n = 1;
+  if (mesh_dim >= 0) DT_CHECK(dt_mesh_size(m->mesh, mesh_dim, &n));
+  const dt_llama_config_t* c = &m->cfg;
+  if (mesh_dim >= 0 && c->seq_len % (2 * n) != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "context parallelism over mesh dim %d (%d ranks): seq_len "
+                   "%d must be a multiple of %d (2 chunks per rank)", mesh_dim, n, c->seq_len,
+                   2 * n);
+  m->cp_dim = mesh_dim;
+  m->cp_n = n;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_llama_set_context_parallel(dt_llama_t m, int mesh_dim) {
+  DT_ENTRY_RETURN(dt__llama_set_cp(m, mesh_dim));
+}
+
 static dt_status_t dt__llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens,
                                      dt_tensor_t targets, dt_var_t* loss, double* aux_out) {
   DT_ARG_NOT_NULL(loss);
@@ -539,8 +716,15 @@ static dt_status_t dt__llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t t
   /* the tape keeps its own copies of the ids (the backward pass needs them) */
   dt_tensor_t tok_copy, tgt_copy;
   const int64_t flat[1] = {N};
-  DT_CHECK(dt_op_run("reshape", 1, &tokens, 2, ts, 0, NULL, &tok_copy));
-  dt_status_t st0 = dt_op_run("reshape", 1, &targets, 1, flat, 0, NULL, &tgt_copy);
+  dt_status_t st0;
+  if (m->cp_dim >= 0) { /* context parallelism: the ids as rows, each rank's own flattened */
+    DT_CHECK(dt__cp_geometry(m, tokens, targets, ts));
+    DT_CHECK(dt_tensor_view_local(tokens, 0, 1, flat, m->cp_rows, &tok_copy));
+    st0 = dt_tensor_view_local(targets, 0, 1, flat, m->cp_rows, &tgt_copy);
+  } else {
+    DT_CHECK(dt_op_run("reshape", 1, &tokens, 2, ts, 0, NULL, &tok_copy));
+    st0 = dt_op_run("reshape", 1, &targets, 1, flat, 0, NULL, &tgt_copy);
+  }
   if (st0 != DT_SUCCESS) {
     dt_tensor_destroy(tok_copy);
     return st0;

@@ -96,6 +96,20 @@ dt_status_t dt_sdpa(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int causal, dou
   DT_ENTRY_RETURN(dt__opa(DT_OP_SDPA, 3, in, 1, a, scale > 0.0 ? 1 : 0, f, out));
 }
 
+int64_t dt_cp_position(int64_t index, int64_t seq, int cp) {
+  if (cp <= 0) return index;
+  if (seq <= 0 || seq % (2 * (int64_t)cp) != 0 || index < 0 || index >= seq) return -1;
+  return dt__cp_position(index, seq, cp);
+}
+
+dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int mesh_dim,
+                              int causal, int balanced, double scale, dt_tensor_t* out) {
+  const dt_tensor_t in[3] = {q, k, v};
+  const int64_t a[4] = {mesh_dim, causal, 0, balanced};
+  const double f[1] = {scale};
+  DT_ENTRY_RETURN(dt__opa(DT_OP_RING_ATTENTION, 3, in, 4, a, scale > 0.0 ? 1 : 0, f, out));
+}
+
 dt_status_t dt_rotary(dt_tensor_t x, int seq_dim, double theta, dt_tensor_t* out) {
   const int64_t a[1] = {seq_dim};
   const double f[1] = {theta};

@@ -486,9 +486,10 @@ dt_status_t dt__bw_slice(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t*
 
 dt_status_t dt__bw_rotary(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   /* the same seq_dim, the other direction (the schema's defaults where not given) */
-  const int64_t a[2] = {dt__op_iarg_n(DT_OP_ROTARY, c->n_iargs, c->iargs, 0),
-                        dt__op_iarg_n(DT_OP_ROTARY, c->n_iargs, c->iargs, 1) ? 0 : 1};
-  return dt__opa(DT_OP_ROTARY, 1, &gout[0], 2, a, c->n_fargs, c->fargs, &gin[0]);
+  const int64_t a[3] = {dt__op_iarg_n(DT_OP_ROTARY, c->n_iargs, c->iargs, 0),
+                        dt__op_iarg_n(DT_OP_ROTARY, c->n_iargs, c->iargs, 1) ? 0 : 1,
+                        dt__op_iarg_n(DT_OP_ROTARY, c->n_iargs, c->iargs, 2)};
+  return dt__opa(DT_OP_ROTARY, 1, &gout[0], 3, a, c->n_fargs, c->fargs, &gin[0]);
 }
 
 dt_status_t dt__bw_sdpa(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {

@@ -6,8 +6,7 @@
 #include "ops/ops.h"
 #include "strategy/strategy.h"
 
-/* The kernel's view of a tensor's local shard. */
-static void dt__local_view(dt_tensor_t x, dt_local_tensor_t* v) {
+void dt__tensor_local_view(dt_tensor_t x, dt_local_tensor_t* v) {
   v->dtype = x->dtype;
   v->ndim = x->layout.ndim;
   memcpy(v->shape, x->local_shape, sizeof v->shape);
@@ -222,7 +221,7 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   for (int t = 0; t < n_inputs; t++) {
     dt_tensor_t x = moved[t] ? moved[t] : inputs[t];
     if (t == 0) x0 = x;
-    dt__local_view(x, &lin[t]);
+    dt__tensor_local_view(x, &lin[t]);
   }
   int64_t alias = -1; /* views share the input's storage: no kernel runs */
   if (info->flags & DT_OPF_VIEW) alias = 0;
@@ -239,7 +238,7 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
                           !builtin || !mesh->member, &res[o]);
     }
     if (st != DT_SUCCESS) goto done;
-    dt__local_view(res[o], &lout[o]);
+    dt__tensor_local_view(res[o], &lout[o]);
   }
   if (mesh->member && !meta && alias < 0) {
     dt_backend_t b = mesh->backend;

@@ -251,6 +251,7 @@ dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t*
   const int sd = (int)(seq_dim < 0 ? seq_dim + nd : seq_dim);
   const double theta = dt__op_farg(DT_OP_ROTARY, call, 0);
   const double dir = dt__op_iarg(DT_OP_ROTARY, call, 1) ? -1.0 : 1.0; /* inverse rotation */
+  const int64_t cp = dt__op_iarg(DT_OP_ROTARY, call, 2), seq = call->in[0].shape[sd];
   int64_t D = x->shape[nd - 1], rows = dt__local_numel(x) / (D ? D : 1);
   if (D == 0) return DT_SUCCESS;
   int64_t inner = 1; /* rows per step of seq_dim */
@@ -263,7 +264,7 @@ dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t*
   for (int64_t i = 0; i < H2; i++) fr[i] = pow(theta, -2.0 * (double)i / (double)D);
   for (int64_t p = 0; p < L; p++)
     for (int64_t i = 0; i < H2; i++) {
-      double ang = (double)(x->offset[sd] + p) * fr[i];
+      double ang = (double)dt__cp_position(x->offset[sd] + p, seq, cp) * fr[i];
       cs[2 * (p * H2 + i)] = cos(ang);
       cs[2 * (p * H2 + i) + 1] = dir * sin(ang);
     }

@@ -263,6 +263,7 @@ DT__BACKWARD(dt__bw_index_add);
 DT__BACKWARD(dt__bw_to_local);
 DT__BACKWARD(dt__bw_from_local);
 DT__BACKWARD(dt__bw_all_to_all_single);
+DT__BACKWARD(dt__bw_ring_attention); /* src/ops/ring_attention.c */
 #undef DT__BACKWARD
 
 /* ---- composite ops (src/ops/loss.c, src/ops/dispatch.c, src/ops/local.c) ------------------ */
@@ -274,6 +275,7 @@ DT__COMPOSITE(dt__redistribute_fwd);
 DT__COMPOSITE(dt__to_local_fwd);        /* src/ops/local.c */
 DT__COMPOSITE(dt__from_local_fwd);
 DT__COMPOSITE(dt__all_to_all_single_fwd);
+DT__COMPOSITE(dt__ring_attention_fwd); /* src/ops/ring_attention.c */
 #undef DT__COMPOSITE
 
 /* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c); *lse_out (may be NULL)
@@ -281,6 +283,9 @@ DT__COMPOSITE(dt__all_to_all_single_fwd);
 dt_status_t dt__cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
                               dt_loss_reduction_t reduction, dt_tensor_t* loss,
                               dt_tensor_t* lse_out);
+
+/* The kernel's view of a tensor's local shard (src/ops/dispatch.c). */
+void dt__tensor_local_view(dt_tensor_t x, dt_local_tensor_t* v);
 
 /* ---- helpers shared by kernels ---------------------------------------------------------------- */
 /* Row-wise softmax of attention scores p (S, T) in place; with `causal`, query row i (global
@@ -291,6 +296,69 @@ void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causa
 void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
                    int64_t* feat);
 int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t feat);
+/* ---- ring attention's block kernels (src/ops/kernels_ring.c; host memory, f32) ----
+ * Geometry of one rank's operands: q and o (B, H, S, D|E), k and v buffers (B, G, T, D|E) in
+ * layout 0 or (B, S|T, H|G, D|E) in layout 1; per-row arrays (m, l, lse, d) are (B, H, S). */
+typedef struct dt__ring_geom {
+  dt_backend_t bk;
+  int layout;
+  int64_t B, H, G, D, E, S, T;
+  double scale;
+} dt__ring_geom_t;
+/* Scratch floats' bytes that one block call of C x C pairs needs (forward or backward). */
+size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C);
+/* Query rows qr..qr+C of q against key/value rows kr..kr+C (diag: the causal diagonal block, key
+ * j visible to query i when j <= i; else every pair), merged into the running unnormalized o and
+ * the rows' running max m (start at -inf) and sum l (start at 0). */
+dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const float* k,
+                               const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
+                               float* o, float* m, float* l, float* scratch);
+/* o /= l and lse = m + log l (rows without a visible key: o 0, lse -inf). */
+void dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, const float* l,
+                     float* lse);
+/* d = rowsum(o * go) per (b, h, s): the backward's softmax correction. */
+void dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d);
+/* The block's gradients from the output gradient go, the rows' lse and d: dq (q's geometry) and
+ * dk, dv (the buffers' rows kr..) accumulated. */
+dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const float* k,
+                               const float* v, const float* go, const float* lse, const float* dd,
+                               int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
+                               float* dv, float* scratch);
+#define DT_MAX_RANKS_CP 1024 /* ranks along the cp dim */
+
+enum { DT_RING_AUTO = 0, DT_RING_RING = 1, DT_RING_GATHER = 2 };
+
+/* One ring_attention call (src/ops/ring_attention.c sets the arguments and placements,
+ * dt__ring_setup the local geometry and the cp group; kernels_ring.c runs it). */
+typedef struct dt__ring_call {
+  int dim, causal, layout, balanced, algo, hd, sd;
+  double scale;
+  dt_mesh_t mesh;
+  dt_placement_t pl[DT_MAX_MESH_DIMS];     /* q, k, v and o */
+  dt_placement_t lse_pl[DT_MAX_MESH_DIMS]; /* the (B, H, S) log-sum-exp */
+  struct dt_comm* comm;
+  int n, r;    /* ranks along the cp dim, this rank's coordinate */
+  int sim;     /* the meta backend: nothing to compute or move */
+  int stage;   /* a device backend: the shards staged through host memory, computed there */
+  dt_backend_t dev; /* the tensors' backend */
+  int m;       /* chunks per rank (2 balanced, else 1) */
+  int64_t C;   /* rows per chunk */
+  int64_t nk, nv; /* local numel of k and v */
+  dt__ring_geom_t g;
+} dt__ring_call_t;
+/* The local geometry of q, k, v's shards and the cp group's communicator. */
+dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
+                           const dt_local_tensor_t* k, const dt_local_tensor_t* v);
+/* Forward over the ring (or the all-gather): o (q's layout, E features) and the rows' lse. */
+dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
+                             const dt_local_tensor_t* k, const dt_local_tensor_t* v,
+                             const dt_local_tensor_t* o, const dt_local_tensor_t* lse);
+/* Backward: dq, dk, dv from the output o, its gradient go and the saved lse. */
+dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
+                              const dt_local_tensor_t* k, const dt_local_tensor_t* v,
+                              const dt_local_tensor_t* o, const dt_local_tensor_t* go,
+                              const dt_local_tensor_t* lse, const dt_local_tensor_t* dq,
+                              const dt_local_tensor_t* dk, const dt_local_tensor_t* dv);
 /* Bytes of scores the host attention kernel of op `id` (sdpa: S x T floats; sdpa_grad: 2 S x T)
  * allocates for one call on these local inputs; 0 when it allocates none, and for other ops. The
  * kernels size their scratch with it, and dispatch counts it for the meta backend (a simulated

@@ -4,7 +4,8 @@
  * input, all-reduce buffer, all-to-all send buffer) is estimated as
  *     base_us + hops(n) * hop_us + factor(n) * B / (bw_gbps * 1e3)     [microseconds]
  * with ring factors: all-gather, reduce-scatter, all-to-all hops = n-1, factor = (n-1)/n;
- * all-reduce hops = 2(n-1), factor = 2(n-1)/n. Local steps (slice, partition) cost B over the
+ * all-reduce hops = 2(n-1), factor = 2(n-1)/n; a send_recv ring step (B the bytes each rank sends
+ * to its neighbour) one hop, factor 1. Local steps (slice, partition) cost B over the
  * memory bandwidth. A step on a mesh dim of size 1 moves nothing and costs 0.
  *
  * Defaults are PyTorch's CPU constants (every dim counts as inter-host: base 6.6 us, 2.7 us per
@@ -39,8 +40,9 @@ static const dt_cost_params_t dt__cost_defaults[DT_COLL_COUNT] = {
     [DT_COLL_ALL_TO_ALL] = {6.6, 2.7, 19.294},
     [DT_COLL_BROADCAST] = {6.6, 2.7, 19.294},
     [DT_COLL_SCATTER] = {6.6, 2.7, 19.294},
+    [DT_COLL_SEND_RECV] = {6.6, 2.7, 19.294},
 };
-_Static_assert(DT_COLL_COUNT == 7, "update the cost defaults and collective names");
+_Static_assert(DT_COLL_COUNT == 8, "update the cost defaults and collective names");
 
 /* The all-to-all algorithm of the reductions (the others have none). */
 static const dt_cost_params_t dt__cost_a2a_defaults[DT_COLL_COUNT] = {
@@ -88,7 +90,7 @@ uint64_t dt__cost_generation(void) { return dt__cost_gen; }
 const char* dt_collective_name(dt_collective_t c) {
   static const char* const names[DT_COLL_COUNT] = {
       "local", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast",
-      "scatter"};
+      "scatter", "send_recv"};
   return (c >= 0 && c < DT_COLL_COUNT) ? names[c] : "invalid";
 }
 
@@ -119,6 +121,7 @@ static void dt__cost_line(const dt_cost_params_t* p, dt_collective_t c, dt_coll_
   double hops = (c == DT_COLL_ALL_REDUCE) ? 2.0 * (n - 1) : (double)(n - 1);
   double factor = (c == DT_COLL_ALL_REDUCE) ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
   if (c == DT_COLL_BROADCAST) factor = 1.0;
+  if (c == DT_COLL_SEND_RECV) hops = factor = 1.0;
   *a = p->base_us + hops * p->hop_us;
   *b = factor / (p->bw_gbps * 1e3);
 }

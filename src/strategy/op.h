@@ -129,4 +129,20 @@ double dt__op_farg(int id, const dt_op_call_t* call, int k);
 int64_t dt__op_iarg(int id, const dt_op_call_t* call, int k);
 int64_t dt__op_iarg_n(int id, int n_iargs, const int64_t* iargs, int k);
 
+
+/* Context parallelism's load-balanced order (dt_cp_position, dtensor/ops.h): the token at index
+ * `index` of a sequence of `seq` tokens (a multiple of 2 cp) split into 2 cp chunks of which rank
+ * r holds chunks r and 2 cp - 1 - r, in that order; its real position. cp <= 0: the index. Host
+ * and device code (rotary's angle table). */
+#if defined(__CUDACC__)
+#define DT__HOST_DEVICE __host__ __device__
+#else
+#define DT__HOST_DEVICE
+#endif
+static inline DT__HOST_DEVICE int64_t dt__cp_position(int64_t index, int64_t seq, int64_t cp) {
+  if (cp <= 0 || seq <= 0) return index;
+  const int64_t c = seq / (2 * cp), k = index / c, r = k / 2;
+  return ((k % 2 == 0) ? r : 2 * cp - 1 - r) * c + index % c;
+}
+
 #endif

@@ -98,7 +98,7 @@
     dt__kernel_gather_dim, NULL)                                                                         \
   X(SDPA, "sdpa", 3, 1, "causal=0, layout=0, scale:f?", dt__sdpa_rules, dt__sdpa_check, dt__bw_sdpa,     \
     DT__W, dt__kernel_sdpa, NULL)                                                                        \
-  X(ROTARY, "rotary", 1, 1, "seq_dim=1, inverse=0, theta:f=10000", dt__rotary_rules, NULL,               \
+  X(ROTARY, "rotary", 1, 1, "seq_dim=1, inverse=0, cp=0, theta:f=10000", dt__rotary_rules, NULL,               \
     dt__bw_rotary, DT__WR, dt__kernel_rotary, NULL)                                                      \
   /* shape (views alias storage where they can; see tensor.h) */                                         \
   X(VIEW, "view", 1, 1, "shape:l", dt__reshape_rules, dt__view_check, dt__bw_view, DT__VIEW,             \
@@ -166,7 +166,10 @@
   X(FROM_LOCAL, "from_local", 2, 1, "", NULL, NULL, dt__bw_from_local, DT_OPF_MESHES, NULL,               \
     dt__from_local_fwd)                                                                                  \
   X(ALL_TO_ALL_SINGLE, "all_to_all_single", 2, 1, "mesh_dim=0", NULL, NULL, dt__bw_all_to_all_single,   \
-    0, NULL, dt__all_to_all_single_fwd)
+    0, NULL, dt__all_to_all_single_fwd)                                                                  \
+  /* context parallelism (src/ops/ring_attention.c): attention, the sequence sharded on a mesh dim */   \
+  X(RING_ATTENTION, "ring_attention", 3, 1, "mesh_dim, causal=0, layout=0, balanced=1, algo=0, "         \
+    "scale:f?", NULL, NULL, dt__bw_ring_attention, 0, NULL, dt__ring_attention_fwd)
 /* clang-format on */
 
 #endif

@@ -256,7 +256,9 @@ int dt__sdpa_check(dt_mesh_t mesh, const dt_op_call_t* call, const dt_op_choice_
  * rotary embedding: x (..., S, ..., D) with D even, iargs [seq_dim] (default 1), fargs [theta]
  * (default 10000). Pairs (x[2i], x[2i+1]) turn by pos * theta^(-2i/D), pos the global index along
  * seq_dim (Meta Llama's interleaved convention); iargs[1] = 1 turns the other way (the inverse,
- * which is the gradient). Any dim but the last may be sharded. */
+ * which is the gradient); iargs[2] = cp > 0: the sequence is in context parallelism's
+ * load-balanced order of cp ranks, pos the real position of the index (dt_cp_position). Any dim
+ * but the last may be sharded. */
 
 dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                     int* n_out, dt_op_rule_t* rules, int cap, int* n) {
@@ -276,6 +278,11 @@ dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
                    (long long)inverse);
   if (x->shape[x->ndim - 1] % 2 != 0 || !dt__dtype_is_float(x->dtype))
     return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: the last dim must be even and the dtype float");
+  const int64_t cp = dt__op_iarg(DT_OP_ROTARY, call, 2);
+  if (cp < 0 || cp > (1 << 20) || (cp > 0 && x->shape[sd] % (2 * cp) != 0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: cp=%lld (iargs[2]): the sequence of %lld tokens "
+                   "in the load-balanced order of cp ranks must split into 2 cp equal chunks",
+                   (long long)cp, (long long)x->shape[sd]);
   *out_meta = *x;
   dt_op_rule_t r;
   memset(&r, 0, sizeof r);

@@ -17,7 +17,11 @@
  *    rates), an add by its bytes (bf16: with its f32 copies'), a blocking all-gather by the cost model and exposed whole, an
  *    asynchronous one hidden behind the compute before its wait (partly, then entirely), two
  *    posted at once queued on the one communication stream; the compute model's checks and its
- *    round trip through the cost model file.
+ *    round trip through the cost model file;
+ *  - ring attention (context parallelism) on 4 simulated ranks: the ring's traffic as the real
+ *    run counts it (3 forward key/value shards; backward 3 more and 4 gradient shards), its
+ *    transfers priced and overlapped with its blocks' FLOPs on the clock, the scratch counted;
+ *    the all-gather variant's collectives.
  */
 #define _POSIX_C_SOURCE 200809L /* mkstemp */
 #include <setjmp.h>
@@ -429,6 +433,68 @@ static void test_step_time(void** state) {
   OK(dt_cost_model_reset());
 }
 
+static void test_ring_attention(void** state) {
+  (void)state;
+  OK(dt_init_simulated(4, 2));
+  dt_mesh_t m;
+  int n = 4;
+  OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  const int64_t sh[4] = {2, 4, 64, 16}; /* B, H, S, D: 8 rows per chunk */
+  dt_placement_t pl[1] = {dt_shard(2)};
+  for (int algo = 1; algo <= 2; algo++) {
+    dt_tensor_t q, k, v;
+    OK(dt_tensor_rand(m, DT_F32, 4, sh, pl, 1, &q));
+    OK(dt_tensor_rand(m, DT_F32, 4, sh, pl, 2, &k));
+    OK(dt_tensor_rand(m, DT_F32, 4, sh, pl, 3, &v));
+    dt_tape_t tape;
+    OK(dt_tape_create(&tape));
+    dt_var_t vq, vk, vv, o, loss;
+    OK(dt_var_leaf(q, 1, &vq));
+    OK(dt_var_leaf(k, 1, &vk));
+    OK(dt_var_leaf(v, 1, &vv));
+    const dt_var_t in[3] = {vq, vk, vv};
+    const int64_t a[5] = {0, 1, 0, 1, algo};
+    OK(dt_counters_reset(m));
+    OK(dt_sim_time_reset());
+    OK(dt_ag_op(tape, "ring_attention", 3, in, 5, a, 0, NULL, 1, &o));
+    dt_sim_time_t t;
+    OK(dt_sim_time_get(&t));
+    dt_counters_t c;
+    OK(dt_counters_get(m, &c));
+    const uint64_t kv = 2 * 4 * 16 * 16 * 4 * 2; /* this rank's k and v shards, bytes */
+    /* forward: the ring's 2 x 2 chunk pairs per step, half of them masked but the own step's */
+    const double pair = 2.0 * 2 * 4 * 8 * 8 * (16 + 16);
+    if (algo == 1) {
+      assert_int_equal(c.dim_calls[0][DT_COLL_SEND_RECV], 3);
+      assert_int_equal(c.dim_nbytes[0][DT_COLL_SEND_RECV], 3 * kv);
+      assert_true(fabs(t.flops - pair * (3 + 3 * 2)) < 1.0);
+      assert_true(t.comm_us > 0.0 && t.elapsed_us >= t.compute_us);
+    } else {
+      assert_int_equal(c.dim_calls[0][DT_COLL_ALL_GATHER], 2);
+      assert_int_equal(c.dim_nbytes[0][DT_COLL_ALL_GATHER], 4 * kv);
+      assert_int_equal(c.dim_calls[0][DT_COLL_SEND_RECV], 0);
+    }
+    OK(dt_ag_op(tape, "sum", 1, &o, 0, NULL, 0, NULL, 1, &loss));
+    OK(dt_tape_backward(tape, loss));
+    OK(dt_counters_get(m, &c));
+    if (algo == 1) {
+      assert_int_equal(c.dim_calls[0][DT_COLL_SEND_RECV], 3 + 3 + 4);
+      assert_int_equal(c.dim_nbytes[0][DT_COLL_SEND_RECV], (3 + 3 + 4) * kv);
+    } else {
+      assert_int_equal(c.dim_calls[0][DT_COLL_ALL_GATHER], 4);
+      assert_int_equal(c.dim_calls[0][DT_COLL_REDUCE_SCATTER], 2);
+      assert_int_equal(c.dim_nbytes[0][DT_COLL_REDUCE_SCATTER], 4 * kv);
+    }
+    assert_non_null(dt_var_grad(vq));
+    OK(dt_tape_destroy(tape));
+    OK(dt_var_destroy(vq));
+    OK(dt_var_destroy(vk));
+    OK(dt_var_destroy(vv));
+  }
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_args),
@@ -437,6 +503,7 @@ int main(void) {
       cmocka_unit_test(test_edges),
       cmocka_unit_test(test_model_step),
       cmocka_unit_test(test_step_time),
+      cmocka_unit_test(test_ring_attention),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

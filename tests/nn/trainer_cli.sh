@@ -88,9 +88,12 @@ echo '{"dp": 2, "tp": 2, "sp": true}' > "$W/pc.json"
 dp_run pc_dp_tp 4 --config "$W/pc.json"
 grep -q 'parallel dp 2 x tp 2 x ep 1, sequence parallel' "$W/pc_dp_tp.txt" || { echo "json parallel config not applied"; head -3 "$W/pc_dp_tp.txt"; exit 1; }
 same_loss dp_none pc_dp_tp
-refused pc_world "train: --dp 1 x --tp 2 x --ep 1 = 2 ranks, the world has 1" 1 --tp 2
+refused pc_world "train: --dp 1 x --tp 2 x --ep 1 x --cp 1 = 2 ranks, the world has 1" 1 --tp 2
 refused pc_heads "train: --tp 3 must divide the heads (4)" 3 --tp 3
 refused pc_sp "train: --sp and --loss-parallel go with --tp" 1 --sp
 refused pc_ep_div "train: --ep 2 needs --model moe with a multiple of 2 experts (got moe, 3)" 2 --ep 2 --model moe --experts 3
-refused pc_mix "train: --dp/--tp/--ep build their own mesh and plan" 2 --tp 2 --parallel fsdp
+refused pc_mix "train: --dp/--tp/--ep/--cp build their own mesh and plan" 2 --tp 2 --parallel fsdp
+refused cp_seq "train: --cp 3 splits each sequence into 6 chunks (2 per rank, load-balanced for causal attention): --seq 16 is not a multiple of 6" 3 --cp 3
+refused cp_ep "train: --cp with --ep is not supported yet" 4 --cp 2 --ep 2 --model moe
+refused cp_sp "train: --cp with --sp is not supported yet" 4 --cp 2 --tp 2 --sp
 echo "trainer_cli: passed"

@@ -3,7 +3,8 @@
 # against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE, on 2,
 # 3, 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP; FSDP on 3 ranks, where shards
 # are uneven), gradient accumulation (--micro-batches: FSDP 2 micro-batches, DDP 4, reducing after
-# the last only), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
+# the last only), context parallelism (--cp: cp 2 and 4, with tp, dp, dp x tp, MoE; its ring's
+# traffic and halved activations), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
 # steps, every f32 loss within 1e-5 relative (the worst printed per config), bf16 parameters with
 # routed experts under FSDP and EP within 2e-2, and a rerun bitwise equal. Ends with one line per config and "parallel_parity: passed".
 #   parallel_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -53,6 +54,14 @@ configs=(
   "dp3_moe    3 moe   --dp 3"
   "dp2_mb2    2 dense --dp 2 --micro-batches 2"
   "ddp_mb4    2 dense --parallel ddp --micro-batches 4"
+  "cp2        2 dense --cp 2"
+  "cp4        4 dense --cp 4"
+  "cp2_tp2    4 dense --cp 2 --tp 2 --loss-parallel"
+  "dp2_cp2    4 dense --dp 2 --cp 2"
+  "dp2_cp2_tp2 8 dense --dp 2 --cp 2 --tp 2"
+  "cp2_moe    2 moe   --cp 2"
+  "dp2_cp2_moe 4 moe  --dp 2 --cp 2"
+  "cp2_tp2_moe 4 moe  --cp 2 --tp 2"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
@@ -124,4 +133,16 @@ for n in dp2_ep2 dp2_tp2_ep2; do
   grep -q "^traffic last step, expert mesh dim 2 efsdp: all_gather .* reduce_scatter" "$W/$n.log" ||
     { echo "$n: the experts were not sharded over efsdp"; exit 1; }
 done
+# context parallelism: the sequence over the cp dim, attention as ring attention (send_recv on
+# cp: per layer 1 step forward, 3 backward at cp 2), activations halved
+for n in cp2 dp2_cp2_tp2; do
+  wanted "$n" || continue
+  grep -q "^traffic last step, mesh dim 2 cp: .*send_recv 8 calls" "$W/$n.log" ||
+    { echo "$n: no ring over cp (2 layers x 4 send_recv)"; exit 1; }
+done
+if wanted cp2; then
+  act() { sed -n 's/^peak_memory_bytes rank 0: .*activations=\([0-9]*\).*/\1/p' "$W/$1.log"; }
+  a1=$(act dense_np1) a2=$(act cp2)
+  awk -v a="$a1" -v b="$a2" 'BEGIN { r = b / a; if (r < 0.45 || r > 0.55) { printf "cp2 holds %s activation bytes, np1 %s: expected about half\n", b, a; exit 1 } }'
+fi
 echo "parallel_parity: passed"

@@ -172,9 +172,12 @@ static void test_args_parse(void** state) {
   /* describe the arguments */
   dt_op_arg_desc_t ad;
   assert_int_equal(dt_op_arg_describe("rotary", 2, &ad), DT_SUCCESS);
+  assert_string_equal(ad.name, "cp");
+  assert_true(ad.kind == DT_ARG_INT && ad.has_default && ad.default_value == 0.0);
+  assert_int_equal(dt_op_arg_describe("rotary", 3, &ad), DT_SUCCESS);
   assert_string_equal(ad.name, "theta");
   assert_true(ad.kind == DT_ARG_FLOAT && ad.has_default && ad.default_value == 10000.0);
-  assert_int_equal(dt_op_arg_describe("rotary", 3, &ad), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_op_arg_describe("rotary", 4, &ad), DT_ERR_INVALID_ARG);
 }
 
 /* Selection checks argument counts against the schema. */

@@ -374,10 +374,10 @@ static void test_named_args_and_listing(void** state) {
   o = cJSON_Parse(out);
   assert_int_equal(cJSON_GetArraySize(o), 1);
   cJSON* args = cJSON_GetObjectItem(cJSON_GetArrayItem(o, 0), "args");
-  assert_int_equal(cJSON_GetArraySize(args), 3);
-  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(args, 2), "name")->valuestring,
+  assert_int_equal(cJSON_GetArraySize(args), 4);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(args, 3), "name")->valuestring,
                       "theta");
-  assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(args, 2), "default")->valuedouble == 10000);
+  assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(args, 3), "default")->valuedouble == 10000);
   cJSON_Delete(o);
   free(out);
 }

@@ -548,20 +548,22 @@ DT_CU_KERNEL(dt_cu_rms_norm_grad) { return dt_cu_norm_grad<false>(call, in, out)
 DT_CU_KERNEL(dt_cu_layer_norm_grad) { return dt_cu_norm_grad<true>(call, in, out); }
 
 /* ---------------------------------------------------------------------------------------------
- * rotary embedding (iargs [seq_dim=1, inverse=0], fargs [theta=10000]) on interleaved pairs
- * (x[2i], x[2i+1]) of the last dim D: the pair turns by the angle pos * theta^(-2i/D) (the
+ * rotary embedding (iargs [seq_dim=1, inverse=0, cp=0], fargs [theta=10000]) on interleaved
+ * pairs (x[2i], x[2i+1]) of the last dim D: the pair turns by the angle pos * theta^(-2i/D) (the
  * opposite way with inverse), pos the GLOBAL index along seq_dim (the shard's offset plus the
- * local index), as the host computes it. */
+ * local index; with cp > 0 its real position in the load-balanced order), as the host computes
+ * it. */
 
 /* cos and (dir) sin of every (local position p < L, pair i < H2), computed in double as the
  * host does: positions times frequencies reach 1e5 radians and more, far beyond what a float
  * angle resolves. */
 __global__ void dt_cu_rotary_table_k(float* tab, int64_t L, int64_t H2, int64_t D, int64_t pos0,
-                                     double theta, double dir) {
+                                     int64_t seq, int64_t cp, double theta, double dir) {
   for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < L * H2;
        k += (int64_t)gridDim.x * blockDim.x) {
     const int64_t p = k / H2, i = k % H2;
-    const double ang = (double)(pos0 + p) * pow(theta, -2.0 * (double)i / (double)D);
+    const double ang = (double)dt__cp_position(pos0 + p, seq, cp) *
+                       pow(theta, -2.0 * (double)i / (double)D);
     tab[2 * k] = (float)cos(ang);
     tab[2 * k + 1] = (float)(dir * sin(ang));
   }
@@ -607,7 +609,8 @@ DT_CU_KERNEL(dt_cu_rotary) {
     DT_CHECK(dt_cu_scratch(x, "rotary", tab_nbytes, &tab));
     const cudaStream_t stream = dt_cu_stream(x);
     dt_status_t st = dt_cu_run("rotary", dt_cu_rotary_table_k, dt_cu_grid(x, L * H2), stream,
-                               (float*)tab, L, H2, D, x->offset[sd], theta, dir);
+                               (float*)tab, L, H2, D, x->offset[sd], call->in[0].shape[sd],
+                               dt__op_iarg(DT_OP_ROTARY, call, 2), theta, dir);
     if (st == DT_SUCCESS)
       st = dt_cu_run("rotary", dt_cu_rotary_k<T>, dt_cu_grid(x, pairs), stream, (const T*)x->data,
                      (T*)out->data, (const float*)tab, pairs, H2, inner, L);

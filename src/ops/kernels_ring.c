@@ -1,0 +1,678 @@
+/* kernels_ring.c - ring attention on local shards (the op and its schedule: src/ops/
+ * ring_attention.c): one block pair of attention at a time (a chunk of query rows against a chunk
+ * of key/value rows), merged into running per-row maxima and sums (the online softmax), and its
+ * gradient from the rows' log-sum-exp, so that blocks arriving one by one give exactly attention
+ * over all of them; and the ring itself, which moves the key/value shards (and, backward, their
+ * gradients) between the ranks of the cp dim with point-to-point calls posted before each step's
+ * blocks. f32 on host memory, matrix products through the backend's GEMM; a device backend's
+ * shards are staged through host memory (its fused kernel comes with the GPU backend).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "mesh/mesh.h"
+#include "ops/ops.h"
+#include "redistribute/redistribute.h"
+
+static const char* const kRingOp = "ring_attention";
+
+/* The (batch, head) slabs of q, o (S rows), k, v (T rows) and their row strides. */
+typedef struct {
+  int64_t q, k, v, o;     /* element offsets of the slab's row 0 */
+  int64_t lq, lk, lv, lo; /* row strides */
+} dt__ring_slab_t;
+
+static void dt__ring_slab(const dt__ring_geom_t* g, int64_t b, int64_t h, dt__ring_slab_t* s) {
+  const int64_t gi = h / (g->H / g->G), L = g->layout;
+  s->q = dt__attn_base(g->layout, b, h, g->H, g->S, g->D);
+  s->o = dt__attn_base(g->layout, b, h, g->H, g->S, g->E);
+  s->k = dt__attn_base(g->layout, b, gi, g->G, g->T, g->D);
+  s->v = dt__attn_base(g->layout, b, gi, g->G, g->T, g->E);
+  s->lq = L ? g->H * g->D : g->D;
+  s->lo = L ? g->H * g->E : g->E;
+  s->lk = L ? g->G * g->D : g->D;
+  s->lv = L ? g->G * g->E : g->E;
+}
+
+size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C) {
+  return sizeof(float) * (size_t)(2 * C * C + C * g->E + 2 * C);
+}
+
+dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const float* k,
+                               const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
+                               float* o, float* m, float* l, float* scratch) {
+  float *p = scratch, *t = p + C * C, *mb = t + C * g->E, *lb = mb + C;
+  dt_status_t st = DT_SUCCESS;
+  for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
+    for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
+      dt__ring_slab_t s;
+      dt__ring_slab(g, b, h, &s);
+      const float *qb = q + s.q + qr * s.lq, *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv;
+      if (g->D > 0)
+        st = dt__gemm(g->bk, 0, 1, C, C, g->D, (float)g->scale, qb, s.lq, kb, s.lk, 0.0f, p, C);
+      else
+        memset(p, 0, sizeof(float) * (size_t)(C * C));
+      for (int64_t i = 0; i < C; i++) { /* the block's softmax numerators, row max and sum */
+        float* row = p + i * C;
+        const int64_t vis = diag ? i + 1 : C; /* the diagonal block: keys 0..i of the chunk */
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < vis; j++) mx = row[j] > mx ? row[j] : mx;
+        double sum = 0.0;
+        for (int64_t j = 0; j < vis; j++) {
+          row[j] = expf(row[j] - mx);
+          sum += row[j];
+        }
+        for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
+        mb[i] = mx;
+        lb[i] = (float)sum;
+      }
+      if (g->E > 0 && st == DT_SUCCESS)
+        st = dt__gemm(g->bk, 0, 0, C, g->E, C, 1.0f, p, C, vb, s.lv, 0.0f, t, g->E);
+      for (int64_t i = 0; i < C; i++) { /* merge into the running (o, m, l) of the row */
+        const int64_t r = (b * g->H + h) * g->S + qr + i;
+        const float mo = m[r], mn = mo > mb[i] ? mo : mb[i];
+        const float a = mo == -INFINITY ? 0.0f : expf(mo - mn), c = expf(mb[i] - mn);
+        float* orow = o + s.o + (qr + i) * s.lo;
+        for (int64_t e = 0; e < g->E; e++) orow[e] = orow[e] * a + t[i * g->E + e] * c;
+        l[r] = l[r] * a + lb[i] * c;
+        m[r] = mn;
+      }
+    }
+  return st;
+}
+
+void dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, const float* l,
+                     float* lse) {
+  for (int64_t b = 0; b < g->B; b++)
+    for (int64_t h = 0; h < g->H; h++) {
+      dt__ring_slab_t s;
+      dt__ring_slab(g, b, h, &s);
+      for (int64_t i = 0; i < g->S; i++) {
+        const int64_t r = (b * g->H + h) * g->S + i;
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        float* orow = o + s.o + i * s.lo;
+        for (int64_t e = 0; e < g->E; e++) orow[e] *= inv;
+        lse[r] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+      }
+    }
+}
+
+void dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d) {
+  for (int64_t b = 0; b < g->B; b++)
+    for (int64_t h = 0; h < g->H; h++) {
+      dt__ring_slab_t s;
+      dt__ring_slab(g, b, h, &s);
+      for (int64_t i = 0; i < g->S; i++) {
+        const float *a = o + s.o + i * s.lo, *c = go + s.o + i * s.lo;
+        double acc = 0.0;
+        for (int64_t e = 0; e < g->E; e++) acc += (double)a[e] * c[e];
+        d[(b * g->H + h) * g->S + i] = (float)acc;
+      }
+    }
+}
+
+/* Per (b, h): P = exp(scale q k^T - lse) (masked: 0), dv += P^T g, dP = g v^T,
+ * dS = P (dP - D), dq += scale dS k, dk += scale dS^T q. */
+dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const float* k,
+                               const float* v, const float* go, const float* lse, const float* dd,
+                               int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
+                               float* dv, float* scratch) {
+  float *p = scratch, *dp = p + C * C;
+  const float sc = (float)g->scale;
+  dt_status_t st = DT_SUCCESS;
+  for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
+    for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
+      dt__ring_slab_t s;
+      dt__ring_slab(g, b, h, &s);
+      const float *qb = q + s.q + qr * s.lq, *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv,
+                  *gb = go + s.o + qr * s.lo;
+      float *dqb = dq + s.q + qr * s.lq, *dkb = dk + s.k + kr * s.lk, *dvb = dv + s.v + kr * s.lv;
+      if (g->D > 0)
+        st = dt__gemm(g->bk, 0, 1, C, C, g->D, sc, qb, s.lq, kb, s.lk, 0.0f, p, C);
+      else
+        memset(p, 0, sizeof(float) * (size_t)(C * C));
+      const int64_t r0 = (b * g->H + h) * g->S + qr;
+      for (int64_t i = 0; i < C; i++) {
+        float* row = p + i * C;
+        const int64_t vis = diag ? i + 1 : C;
+        const float ls = lse[r0 + i];
+        for (int64_t j = 0; j < vis; j++) row[j] = ls == -INFINITY ? 0.0f : expf(row[j] - ls);
+        for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
+      }
+      if (g->E > 0) {
+        if (st == DT_SUCCESS)
+          st = dt__gemm(g->bk, 1, 0, C, g->E, C, 1.0f, p, C, gb, s.lo, 1.0f, dvb, s.lv);
+        if (st == DT_SUCCESS)
+          st = dt__gemm(g->bk, 0, 1, C, C, g->E, 1.0f, gb, s.lo, vb, s.lv, 0.0f, dp, C);
+      } else {
+        memset(dp, 0, sizeof(float) * (size_t)(C * C));
+      }
+      for (int64_t i = 0; i < C; i++) {
+        const float di = dd[r0 + i];
+        float *pr = p + i * C, *dr = dp + i * C;
+        for (int64_t j = 0; j < C; j++) dr[j] = pr[j] * (dr[j] - di);
+      }
+      if (g->D > 0) {
+        if (st == DT_SUCCESS)
+          st = dt__gemm(g->bk, 0, 0, C, g->D, C, sc, dp, C, kb, s.lk, 1.0f, dqb, s.lq);
+        if (st == DT_SUCCESS)
+          st = dt__gemm(g->bk, 1, 0, C, g->D, C, sc, dp, C, qb, s.lq, 1.0f, dkb, s.lk);
+      }
+    }
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the ring */
+
+dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
+                           const dt_local_tensor_t* k, const dt_local_tensor_t* v) {
+  dt_mesh_t mesh = a->mesh;
+  a->n = mesh->shape[a->dim];
+  a->sim = mesh->backend->device == DT_DEVICE_META;
+  a->dev = mesh->backend;
+  a->stage = !a->sim && mesh->backend->device != DT_DEVICE_HOST;
+  a->comm = dt__mesh_group_comm(mesh, 1u << a->dim);
+  if (a->comm == NULL)
+    return DT_FAIL(DT_ERR_INTERNAL, "%s: no communicator for mesh dim %d", kRingOp, a->dim);
+  a->r = a->comm->rank;
+  a->m = a->balanced ? 2 : 1;
+  dt__ring_geom_t* g = &a->g;
+  g->bk = a->stage ? &dt__backend_cpu : mesh->backend;
+  g->layout = a->layout;
+  g->B = q->shape[0];
+  g->H = q->shape[a->hd];
+  g->S = q->shape[a->sd];
+  g->D = q->shape[3];
+  g->G = k->shape[a->hd];
+  g->T = k->shape[a->sd];
+  g->E = v->shape[3];
+  g->scale = isnan(a->scale) || a->scale <= 0.0 ? 1.0 / sqrt((double)(g->D > 0 ? g->D : 1))
+                                                : a->scale;
+  a->C = g->S / a->m;
+  a->nk = dt__local_numel(k);
+  a->nv = dt__local_numel(v);
+  return DT_SUCCESS;
+}
+
+/* The chunk ids rank r holds. */
+static int dt__ra_chunks(const dt__ring_call_t* a, int r, int* ids) {
+  ids[0] = r;
+  if (a->m == 2) ids[1] = 2 * a->n - 1 - r;
+  return a->m;
+}
+
+/* Block of query chunk cq against key chunk ck: 0 skipped, 1 full, 2 the causal diagonal. */
+static int dt__ra_mode(const dt__ring_call_t* a, int cq, int ck) {
+  if (!a->causal) return 1;
+  return ck < cq ? 1 : ck == cq ? 2 : 0;
+}
+
+/* Block pairs this rank computes against the shard of rank s. */
+static int dt__ra_pairs(const dt__ring_call_t* a, int s) {
+  int cq[2], ck[2], np = 0;
+  dt__ra_chunks(a, a->r, cq);
+  dt__ra_chunks(a, s, ck);
+  for (int i = 0; i < a->m; i++)
+    for (int j = 0; j < a->m; j++) np += dt__ra_mode(a, cq[i], ck[j]) != 0;
+  return np;
+}
+
+/* FLOPs of one block pair (forward: scores and weighted values; backward: scores, dV, dP, dQ,
+ * dK), as kernels_ring.c computes them (masked pairs of the diagonal included). */
+static double dt__ra_pair_flops(const dt__ring_call_t* a, int backward) {
+  const dt__ring_geom_t* g = &a->g;
+  const double pairs = (double)g->B * (double)g->H * (double)a->C * (double)a->C;
+  return 2.0 * pairs * (backward ? (double)(3 * g->D + 2 * g->E) : (double)(g->D + g->E));
+}
+
+/* The simulated time of a step's blocks (and the clock's sums). */
+static double dt__ra_step_us(const dt__ring_call_t* a, int s, int backward) {
+  const dt_compute_params_t* cm = dt__compute_model();
+  const double f = dt__ra_pair_flops(a, backward) * dt__ra_pairs(a, s);
+  return cm->op_us + f / (cm->gemm_gflops * 1e3);
+}
+
+static void dt__ra_sim_compute(const dt__ring_call_t* a, int s, int backward) {
+  if (!a->sim) return;
+  dt__sim_clock_t* ck = dt__sim_clock();
+  ck->flops += dt__ra_pair_flops(a, backward) * dt__ra_pairs(a, s);
+  ck->ops++;
+  dt__sim_compute(dt__ra_step_us(a, s, backward));
+}
+
+/* Ring or all-gather for this call (every rank of the cp group decides alike: the inputs are
+ * the group's shapes and the model's prices). */
+static int dt__ra_algo(const dt__ring_call_t* a) {
+  if (a->algo != DT_RING_AUTO) return a->algo;
+  if (a->n == 1) return DT_RING_RING;
+  const unsigned mask = 1u << a->dim;
+  const uint64_t kv = (uint64_t)(a->nk + a->nv) * sizeof(float);
+  double pa, pb, ga, gb;
+  dt__cost_linear_on(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->n, &pa, &pb);
+  dt__cost_linear_on(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, a->n, &ga, &gb);
+  double ring = 0.0, gather = 2.0 * ga + gb * (double)kv * a->n;
+  for (int t = 0; t < a->n; t++) {
+    const double step = dt__ra_step_us(a, (a->r - t + a->n) % a->n, 0);
+    const double xfer = t + 1 < a->n ? pa + pb * (double)kv : 0.0;
+    ring += step > xfer ? step : xfer;
+    gather += step;
+  }
+  return ring <= gather ? DT_RING_RING : DT_RING_GATHER;
+}
+
+/* Host scratch counted as "other" memory (the meta backend hands out addresses only). */
+#define DT_RA_MAX_BUFS 16
+typedef struct {
+  dt_backend_t b;
+  void* p[DT_RA_MAX_BUFS];
+  size_t nb[DT_RA_MAX_BUFS];
+  int n;
+} dt__ra_mem_t;
+
+static float* dt__ra_alloc(dt__ra_mem_t* mm, size_t nbytes, int zero) {
+  if (mm->n >= DT_RA_MAX_BUFS) return NULL;
+  if (nbytes == 0) nbytes = sizeof(float);
+  void* p = dt__backend_alloc(mm->b, nbytes);
+  if (p == NULL) return NULL;
+  dt__mem_count(DT_MEM_OTHER, (int64_t)nbytes);
+  if (zero && mm->b->device == DT_DEVICE_HOST) memset(p, 0, nbytes);
+  mm->p[mm->n] = p;
+  mm->nb[mm->n++] = nbytes;
+  return (float*)p;
+}
+
+static void dt__ra_free_all(dt__ra_mem_t* mm) {
+  for (int i = mm->n - 1; i >= 0; i--) {
+    dt__backend_free(mm->b, mm->p[i], mm->nb[i]);
+    dt__mem_count(DT_MEM_OTHER, -(int64_t)mm->nb[i]);
+  }
+  mm->n = 0;
+}
+
+/* A tensor's local shard as host floats: its own memory, or (staged) a host copy in mm (copied
+ * in when `in`). NULL when the copy could not be made. */
+static float* dt__ra_host(const dt__ring_call_t* a, dt__ra_mem_t* mm, const dt_local_tensor_t* t,
+                          int in, int* ok) {
+  if (!a->stage) return (float*)t->data;
+  const size_t nb = sizeof(float) * (size_t)dt__local_numel(t);
+  float* h = dt__ra_alloc(mm, nb, 0);
+  if (h == NULL ||
+      (in && nb > 0 && a->dev->iface->copy(a->dev, h, t->data, nb, DT_COPY_D2H) != DT_SUCCESS))
+    *ok = 0;
+  return h;
+}
+
+/* Staged: the host result back into the tensor's memory. */
+static dt_status_t dt__ra_host_out(const dt__ring_call_t* a, const dt_local_tensor_t* t,
+                                  const float* h) {
+  const size_t nb = sizeof(float) * (size_t)dt__local_numel(t);
+  if (!a->stage || nb == 0) return DT_SUCCESS;
+  return a->dev->iface->copy(a->dev, t->data, h, nb, DT_COPY_H2D);
+}
+
+/* The blocks of this rank's queries against the shard of rank s (k, v: its buffers). */
+static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const float* q, const float* k,
+                                     const float* v, float* o, float* m, float* l, float* scr) {
+  int cq[2], ck[2];
+  dt__ra_chunks(a, a->r, cq);
+  dt__ra_chunks(a, s, ck);
+  for (int i = 0; i < a->m; i++)
+    for (int j = 0; j < a->m; j++) {
+      const int mode = dt__ra_mode(a, cq[i], ck[j]);
+      if (mode != 0)
+        DT_CHECK(dt__ring_block_fwd(&a->g, q, k, v, i * a->C, j * a->C, a->C, mode == 2, o, m, l,
+                                    scr));
+    }
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__ra_bwd_blocks(const dt__ring_call_t* a, int s, const float* q, const float* k,
+                                     const float* v, const float* go, const float* lse,
+                                     const float* dd, float* dq, float* dk, float* dv, float* scr) {
+  int cq[2], ck[2];
+  dt__ra_chunks(a, a->r, cq);
+  dt__ra_chunks(a, s, ck);
+  for (int i = 0; i < a->m; i++)
+    for (int j = 0; j < a->m; j++) {
+      const int mode = dt__ra_mode(a, cq[i], ck[j]);
+      if (mode != 0)
+        DT_CHECK(dt__ring_block_bwd(&a->g, q, k, v, go, lse, dd, i * a->C, j * a->C, a->C,
+                                    mode == 2, dq, dk, dv, scr));
+    }
+  return DT_SUCCESS;
+}
+
+/* Posts the transfers of one ring step: `count` floats of each (send, recv) pair to r + 1 and
+ * from r - 1. */
+static dt_status_t dt__ra_post(const dt__ring_call_t* a, int npairs, const float* const* send,
+                               float* const* recv, const int64_t* count, dt_comm_req_t* req) {
+  dt_comm_t* c = a->comm;
+  const int next = (a->r + 1) % a->n, prev = (a->r + a->n - 1) % a->n;
+  for (int i = 0; i < npairs; i++) {
+    DT_CHECK(c->iface->recv(c, recv[i], count[i], DT_F32, prev, &req[2 * i]));
+    DT_CHECK(c->iface->send(c, send[i], count[i], DT_F32, next, &req[2 * i + 1]));
+  }
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__ra_wait(const dt__ring_call_t* a, int nreq, dt_comm_req_t* req) {
+  dt_status_t st = DT_SUCCESS;
+  for (int i = 0; i < nreq; i++) {
+    dt_status_t s2 = a->comm->iface->wait(a->comm, &req[i]);
+    if (st == DT_SUCCESS) st = s2;
+  }
+  return st;
+}
+
+static void dt__ra_count(const dt__ring_call_t* a, dt_collective_t c, uint64_t nbytes) {
+  dt__count_collective(a->mesh, 1u << a->dim, c, nbytes);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * forward */
+
+dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
+                             const dt_local_tensor_t* k, const dt_local_tensor_t* v,
+                             const dt_local_tensor_t* o, const dt_local_tensor_t* lse) {
+  const dt__ring_geom_t* g = &a->g;
+  const int n = a->n, algo = dt__ra_algo(a);
+  const int64_t rows = g->B * g->H * g->S;
+  const unsigned mask = 1u << a->dim;
+  const uint64_t kvb = (uint64_t)(a->nk + a->nv) * sizeof(float);
+  dt__ra_mem_t mm = {.b = g->bk};
+  float* scr = dt__ra_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
+  float* l = dt__ra_alloc(&mm, sizeof(float) * (size_t)rows, 1);
+  float *kb = NULL, *vb = NULL, *kb2 = NULL, *vb2 = NULL;
+  if (algo == DT_RING_GATHER) {
+    kb = dt__ra_alloc(&mm, sizeof(float) * (size_t)(a->nk * n), 0);
+    vb = dt__ra_alloc(&mm, sizeof(float) * (size_t)(a->nv * n), 0);
+  } else if (n > 1) {
+    kb = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
+    vb = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
+    kb2 = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
+    vb2 = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
+  }
+  int need = 2 + (algo == DT_RING_GATHER ? 2 : n > 1 ? 4 : 0);
+  int ok = 1;
+  float *qd = dt__ra_host(a, &mm, q, 1, &ok), *kd = dt__ra_host(a, &mm, k, 1, &ok),
+        *vd = dt__ra_host(a, &mm, v, 1, &ok), *od = dt__ra_host(a, &mm, o, 0, &ok),
+        *m = dt__ra_host(a, &mm, lse, 0, &ok);
+  need += a->stage ? 5 : 0;
+  dt_status_t st = mm.n == need && ok
+                       ? DT_SUCCESS
+                       : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %zu bytes of scratch", kRingOp,
+                                 dt__ring_block_scratch(g, a->C));
+  /* a rank short of memory must not leave the others in the ring */
+  st = dt__mesh_agree(a->mesh, st, kRingOp);
+  if (st != DT_SUCCESS) {
+    dt__ra_free_all(&mm);
+    return st;
+  }
+  if (!a->sim) {
+    memset(od, 0, sizeof(float) * (size_t)dt__local_numel(o));
+    for (int64_t i = 0; i < rows; i++) m[i] = -INFINITY;
+  }
+  if (algo == DT_RING_GATHER) {
+    int64_t ck[DT_MAX_RANKS_CP], dk[DT_MAX_RANKS_CP], cv[DT_MAX_RANKS_CP], dv[DT_MAX_RANKS_CP];
+    for (int j = 0; j < n; j++) {
+      ck[j] = a->nk;
+      dk[j] = a->nk * j;
+      cv[j] = a->nv;
+      dv[j] = a->nv * j;
+    }
+    if (!a->sim) {
+      st = a->comm->iface->all_gather_v(a->comm, kd, kb, ck, dk, DT_F32, NULL);
+      if (st == DT_SUCCESS) st = a->comm->iface->all_gather_v(a->comm, vd, vb, cv, dv, DT_F32, NULL);
+    } else {
+      dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
+                         (uint64_t)(a->nk * n) * sizeof(float), 0);
+      dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
+                         (uint64_t)(a->nv * n) * sizeof(float), 0);
+    }
+    dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nk * n) * sizeof(float));
+    dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nv * n) * sizeof(float));
+    for (int s = 0; s < n && st == DT_SUCCESS; s++) {
+      dt__ra_sim_compute(a, s, 0);
+      if (!a->sim)
+        st = dt__ra_fwd_blocks(a, s, qd, kb + a->nk * s, vb + a->nv * s, od, m, l, scr);
+    }
+  } else {
+    const float *cur_k = kd, *cur_v = vd;
+    float* bufk[2] = {kb, kb2};
+    float* bufv[2] = {vb, vb2};
+    for (int t = 0; t < n && st == DT_SUCCESS; t++) {
+      const int s = (a->r - t + n) % n, more = t + 1 < n;
+      dt_comm_req_t req[4];
+      memset(req, 0, sizeof req);
+      double end = 0.0;
+      if (more) {
+        dt__ra_count(a, DT_COLL_SEND_RECV, kvb);
+        if (a->sim) {
+          end = dt__sim_collective(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, n, kvb, 1);
+        } else {
+          const float* snd[2] = {cur_k, cur_v};
+          float* rcv[2] = {bufk[t % 2], bufv[t % 2]};
+          const int64_t cnt[2] = {a->nk, a->nv};
+          st = dt__ra_post(a, 2, snd, rcv, cnt, req);
+        }
+      }
+      dt__ra_sim_compute(a, s, 0);
+      if (!a->sim && st == DT_SUCCESS) st = dt__ra_fwd_blocks(a, s, qd, cur_k, cur_v, od, m, l, scr);
+      if (more) {
+        if (a->sim) {
+          dt__sim_wait_until(end);
+        } else {
+          dt_status_t w = dt__ra_wait(a, 4, req);
+          if (st == DT_SUCCESS) st = w;
+          for (int i = 0; i < 4; i++) a->comm->iface->req_free(&req[i]);
+        }
+        cur_k = bufk[t % 2];
+        cur_v = bufv[t % 2];
+      }
+    }
+  }
+  if (st == DT_SUCCESS && !a->sim) dt__ring_finish(g, od, m, l, m);
+  if (st == DT_SUCCESS) st = dt__ra_host_out(a, o, od);
+  if (st == DT_SUCCESS) st = dt__ra_host_out(a, lse, m);
+  dt__ra_free_all(&mm);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * backward */
+
+static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const float* kd,
+                                   const float* vd, const float* god, const float* ls,
+                                   const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
+                                   float* const* kvbuf, float* const* acc, float* tmp);
+
+dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
+                              const dt_local_tensor_t* k, const dt_local_tensor_t* v,
+                              const dt_local_tensor_t* o, const dt_local_tensor_t* go,
+                              const dt_local_tensor_t* lse, const dt_local_tensor_t* dq,
+                              const dt_local_tensor_t* dk, const dt_local_tensor_t* dv) {
+  const dt__ring_geom_t* g = &a->g;
+  const int n = a->n, algo = dt__ra_algo(a);
+  const int64_t rows = g->B * g->H * g->S, nkv = a->nk + a->nv;
+  const unsigned mask = 1u << a->dim;
+  dt__ra_mem_t mm = {.b = g->bk};
+  float* scr = dt__ra_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
+  float* dd = dt__ra_alloc(&mm, sizeof(float) * (size_t)rows, 0);
+  float *all = NULL, *dall = NULL, *kvbuf[2] = {NULL, NULL}, *acc[2] = {NULL, NULL}, *tmp = NULL;
+  int need = 2;
+  if (algo == DT_RING_GATHER) {
+    all = dt__ra_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 0);
+    dall = dt__ra_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 1);
+    need += 2;
+  } else if (n > 1) {
+    for (int i = 0; i < 2; i++) {
+      kvbuf[i] = dt__ra_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+      acc[i] = dt__ra_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+    }
+    tmp = dt__ra_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+    need += 5;
+  }
+  int ok = 1;
+  const float *qd = dt__ra_host(a, &mm, q, 1, &ok), *kd = dt__ra_host(a, &mm, k, 1, &ok),
+              *vd = dt__ra_host(a, &mm, v, 1, &ok), *odat = dt__ra_host(a, &mm, o, 1, &ok),
+              *god = dt__ra_host(a, &mm, go, 1, &ok), *ls = dt__ra_host(a, &mm, lse, 1, &ok);
+  float *dqd = dt__ra_host(a, &mm, dq, 0, &ok), *dkd = dt__ra_host(a, &mm, dk, 0, &ok),
+        *dvd = dt__ra_host(a, &mm, dv, 0, &ok);
+  need += a->stage ? 9 : 0;
+  dt_status_t st = mm.n == need && ok
+                       ? DT_SUCCESS
+                       : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s (backward): %lld floats of scratch",
+                                 kRingOp, (long long)(nkv * (n + 1)));
+  st = dt__mesh_agree(a->mesh, st, kRingOp);
+  if (st != DT_SUCCESS) {
+    dt__ra_free_all(&mm);
+    return st;
+  }
+  if (!a->sim) {
+    dt__ring_rowdot(g, odat, god, dd);
+    memset(dqd, 0, sizeof(float) * (size_t)dt__local_numel(dq));
+    memset(dkd, 0, sizeof(float) * (size_t)a->nk);
+    memset(dvd, 0, sizeof(float) * (size_t)a->nv);
+  }
+  if (algo == DT_RING_GATHER) {
+    int64_t cnt[DT_MAX_RANKS_CP], dsp[DT_MAX_RANKS_CP];
+    for (int pass = 0; pass < 2 && st == DT_SUCCESS; pass++) { /* k, then v, into `all` */
+      const int64_t e = pass ? a->nv : a->nk;
+      for (int j = 0; j < n; j++) {
+        cnt[j] = e;
+        dsp[j] = (pass ? a->nk * n : 0) + e * j;
+      }
+      if (!a->sim)
+        st = a->comm->iface->all_gather_v(a->comm, pass ? vd : kd, all, cnt, dsp, DT_F32, NULL);
+      else
+        dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
+                           (uint64_t)(e * n) * sizeof(float), 0);
+      dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(e * n) * sizeof(float));
+    }
+    for (int s = 0; s < n && st == DT_SUCCESS; s++) {
+      dt__ra_sim_compute(a, s, 1);
+      if (!a->sim)
+        st = dt__ra_bwd_blocks(a, s, qd, all + a->nk * s, all + a->nk * n + a->nv * s, god, ls, dd,
+                               dqd, dall + a->nk * s, dall + a->nk * n + a->nv * s, scr);
+    }
+    for (int pass = 0; pass < 2 && st == DT_SUCCESS; pass++) { /* the sums of the dk, dv shards */
+      const int64_t e = pass ? a->nv : a->nk;
+      for (int j = 0; j < n; j++) cnt[j] = e;
+      if (!a->sim)
+        st = a->comm->iface->reduce_scatter_v(a->comm, dall + (pass ? a->nk * n : 0),
+                                              pass ? dvd : dkd, cnt, DT_F32, DT_REDUCE_SUM, NULL);
+      else
+        dt__sim_collective(a->mesh, mask, DT_COLL_REDUCE_SCATTER, DT_ALGO_NATIVE, n,
+                           (uint64_t)(e * n) * sizeof(float), 0);
+      dt__ra_count(a, DT_COLL_REDUCE_SCATTER, (uint64_t)(e * n) * sizeof(float));
+    }
+  } else if (n == 1) {
+    dt__ra_sim_compute(a, a->r, 1);
+    if (!a->sim) st = dt__ra_bwd_blocks(a, a->r, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr);
+  } else {
+    st = dt__ra_bwd_ring(a, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr, kvbuf, acc, tmp);
+  }
+  if (st == DT_SUCCESS) st = dt__ra_host_out(a, dq, dqd);
+  if (st == DT_SUCCESS) st = dt__ra_host_out(a, dk, dkd);
+  if (st == DT_SUCCESS) st = dt__ra_host_out(a, dv, dvd);
+  dt__ra_free_all(&mm);
+  return st;
+}
+
+/* The backward ring (n > 1): k/v of rank s = r - t at step t, its gradient accumulator one step
+ * behind; dk, dv get this rank's own shard's gradient when it comes home. */
+static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const float* kd,
+                                   const float* vd, const float* god, const float* ls,
+                                   const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
+                                   float* const* kvbuf, float* const* acc, float* tmp) {
+  const int n = a->n;
+  const int64_t nkv = a->nk + a->nv;
+  const unsigned mask = 1u << a->dim;
+  const uint64_t kvb = (uint64_t)nkv * sizeof(float);
+  dt_status_t st = DT_SUCCESS;
+  const float *cur_k = kd, *cur_v = vd;
+  dt_comm_req_t kvreq[4], areq[2]; /* areq: the accumulator's receive and send in flight */
+  memset(kvreq, 0, sizeof kvreq);
+  memset(areq, 0, sizeof areq);
+  int acc_inflight = 0;
+  double acc_end = 0.0;
+  for (int t = 0; t < n && st == DT_SUCCESS; t++) {
+    const int s = (a->r - t + n) % n, more = t + 1 < n;
+    float* A = acc[t % 2];
+    double kv_end = 0.0;
+    if (more) {
+      dt__ra_count(a, DT_COLL_SEND_RECV, kvb);
+      if (a->sim) {
+        kv_end = dt__sim_collective(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, n, kvb, 1);
+      } else {
+        const float* snd[2] = {cur_k, cur_v};
+        float* rcv[2] = {kvbuf[t % 2], kvbuf[t % 2] + a->nk};
+        const int64_t cnt[2] = {a->nk, a->nv};
+        st = dt__ra_post(a, 2, snd, rcv, cnt, kvreq);
+      }
+    }
+    /* this step's contribution to shard s's gradient: straight into the accumulator at t = 0,
+     * else into scratch while the accumulator arrives */
+    float* into = t == 0 ? A : tmp;
+    if (!a->sim && st == DT_SUCCESS) {
+      memset(into, 0, sizeof(float) * (size_t)nkv);
+      st = dt__ra_bwd_blocks(a, s, qd, cur_k, cur_v, god, ls, dd, dqd, into, into + a->nk, scr);
+    }
+    dt__ra_sim_compute(a, s, 1);
+    if (acc_inflight) { /* the accumulator of shard s (into A) and the previous send */
+      if (a->sim) {
+        dt__sim_wait_until(acc_end);
+      } else {
+        dt_status_t w = dt__ra_wait(a, 2, areq);
+        if (st == DT_SUCCESS) st = w;
+        for (int i = 0; i < 2; i++) a->comm->iface->req_free(&areq[i]);
+        if (st == DT_SUCCESS)
+          for (int64_t i = 0; i < nkv; i++) A[i] += tmp[i];
+      }
+      acc_inflight = 0;
+    }
+    /* shard s's accumulator on to r + 1; the next one (or, after the last step, this rank's
+     * own, home) from r - 1 */
+    if (st == DT_SUCCESS) {
+      dt__ra_count(a, DT_COLL_SEND_RECV, kvb);
+      if (a->sim) {
+        acc_end = dt__sim_collective(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, n, kvb, 1);
+      } else {
+        const float* snd[1] = {A};
+        float* rcv[1] = {acc[(t + 1) % 2]};
+        const int64_t cnt[1] = {nkv};
+        st = dt__ra_post(a, 1, snd, rcv, cnt, areq);
+      }
+      acc_inflight = st == DT_SUCCESS;
+    }
+    if (more) {
+      if (a->sim) {
+        dt__sim_wait_until(kv_end);
+      } else {
+        dt_status_t w = dt__ra_wait(a, 4, kvreq);
+        if (st == DT_SUCCESS) st = w;
+        for (int i = 0; i < 4; i++) a->comm->iface->req_free(&kvreq[i]);
+      }
+      cur_k = kvbuf[t % 2];
+      cur_v = kvbuf[t % 2] + a->nk;
+    }
+  }
+  if (acc_inflight) {
+    if (a->sim) {
+      dt__sim_wait_until(acc_end);
+    } else {
+      dt_status_t w = dt__ra_wait(a, 2, areq);
+      if (st == DT_SUCCESS) st = w;
+      for (int i = 0; i < 2; i++) a->comm->iface->req_free(&areq[i]);
+    }
+  }
+  if (st == DT_SUCCESS && !a->sim) { /* home: this rank's shard's gradient */
+    const float* home = acc[n % 2];
+    memcpy(dkd, home, sizeof(float) * (size_t)a->nk);
+    memcpy(dvd, home + a->nk, sizeof(float) * (size_t)a->nv);
+  }
+  return st;
+}
+

@@ -1,0 +1,318 @@
+/* test_ring_attention.c - context parallelism's attention (op ring_attention) on 2 and 4 ranks
+ * against the library's dense attention (dt_sdpa, itself checked against PyTorch's fixtures) of
+ * the un-permuted sequence on every rank:
+ *   - outputs and the gradients of q, k, v within 1e-5 (relative to the largest magnitude), for
+ *     causal and not, the load-balanced and the in-order layout, both tensor layouts, grouped
+ *     query heads (4 query heads, 2 kv heads), v's feature size unlike q's, and the ring, the
+ *     all-gather and the cost model's choice; on 4 ranks also a 2 x 2 mesh with the heads sharded
+ *     on the other dim;
+ *   - traffic from the counters: the ring sends n-1 key/value shards forward, and n-1 key/value
+ *     shards plus n gradient shards backward (send_recv on the cp dim, nothing else); the
+ *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
+ *   - dt_cp_position's order, rotary with cp (real positions), and refusals: a sequence that does
+ *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, bf16.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "dt_test.h"
+
+static int g_n, g_rank;
+
+typedef struct {
+  int causal, balanced, layout, algo;
+} cfg_t;
+
+/* Deterministic values in [-1, 1). */
+static void fill(float* x, int64_t n, int seed) {
+  uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(seed + 1);
+  for (int64_t i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+  }
+}
+
+/* Index of element (b, h, s, d) for layout 0 (B, H, S, D) or 1 (B, S, H, D). */
+static int64_t at(int layout, int64_t b, int64_t h, int64_t s, int64_t d, int64_t H, int64_t S,
+                  int64_t D) {
+  return layout ? ((b * S + s) * H + h) * D + d : ((b * H + h) * S + s) * D + d;
+}
+
+/* dst[real position] = src[stored index] along the sequence (to_real), or the other way. */
+static void permute(float* dst, const float* src, int layout, int64_t B, int64_t H, int64_t S,
+                    int64_t D, int cp, int to_real) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < S; i++) {
+        int64_t p = dt_cp_position(i, S, cp);
+        for (int64_t d = 0; d < D; d++) {
+          if (to_real)
+            dst[at(layout, b, h, p, d, H, S, D)] = src[at(layout, b, h, i, d, H, S, D)];
+          else
+            dst[at(layout, b, h, i, d, H, S, D)] = src[at(layout, b, h, p, d, H, S, D)];
+        }
+      }
+}
+
+static void shape4(int layout, int64_t B, int64_t H, int64_t S, int64_t D, int64_t* sh) {
+  sh[0] = B;
+  sh[1] = layout ? S : H;
+  sh[2] = layout ? H : S;
+  sh[3] = D;
+}
+
+static float max_abs(const float* x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+  return m;
+}
+
+static void expect_close(const float* got, const float* want, int64_t n, const char* what,
+                         const cfg_t* c) {
+  float scale = max_abs(want, n), worst = 0.0f;
+  DT_ASSERT_TRUE(scale > 0.0f, "%s: an all-zero reference", what);
+  for (int64_t i = 0; i < n; i++) {
+    float d = fabsf(got[i] - want[i]);
+    worst = d > worst ? d : worst;
+  }
+  DT_ASSERT_TRUE(worst <= 1e-5f * scale, "%s (causal %d balanced %d layout %d algo %d): worst "
+                 "difference %g of %g", what, c->causal, c->balanced, c->layout, c->algo,
+                 (double)worst, (double)scale);
+}
+
+enum { B = 2, H = 4, G = 2, D = 8, E = 6 };
+
+static dt_tensor_t make(dt_mesh_t mesh, const float* full, int layout, int64_t heads, int64_t S,
+                        int64_t feat, const dt_placement_t* pl) {
+  int64_t sh[4];
+  shape4(layout, B, heads, S, feat, sh);
+  dt_tensor_t t;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 4, sh, pl, full, &t));
+  return t;
+}
+
+/* sum(out * w) through the tape; *out_full and the inputs' gradients gathered (global order).
+ * The variables take q, k, v and the tape w (all freed here). */
+static void forward_backward(const char* op, dt_tensor_t q, dt_tensor_t k, dt_tensor_t v,
+                             dt_tensor_t w, int n_iargs, const int64_t* iargs, float* out_full,
+                             size_t out_nb, float* gq, float* gk, float* gv, size_t qnb,
+                             size_t knb, size_t vnb, dt_counters_t* fwd, dt_counters_t* all,
+                             dt_mesh_t mesh) {
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t vq, vk, vv, vw, o, ow, loss;
+  DT_ASSERT_OK(dt_var_leaf(q, 1, &vq));
+  DT_ASSERT_OK(dt_var_leaf(k, 1, &vk));
+  DT_ASSERT_OK(dt_var_leaf(v, 1, &vv));
+  DT_ASSERT_OK(dt_tape_constant(tape, w, &vw));
+  const dt_var_t in[3] = {vq, vk, vv};
+  if (mesh) DT_ASSERT_OK(dt_counters_reset(mesh));
+  DT_ASSERT_OK(dt_ag_op(tape, op, 3, in, n_iargs, iargs, 0, NULL, 1, &o));
+  if (fwd) DT_ASSERT_OK(dt_counters_get(mesh, fwd));
+  const dt_var_t m2[2] = {o, vw};
+  DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, m2, 0, NULL, 0, NULL, 1, &ow));
+  DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &ow, 0, NULL, 0, NULL, 1, &loss));
+  DT_ASSERT_OK(dt_tape_backward(tape, loss));
+  if (all) DT_ASSERT_OK(dt_counters_get(mesh, all));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(o), out_full, out_nb));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(vq), gq, qnb));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(vk), gk, knb));
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(vv), gv, vnb));
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_var_destroy(vq));
+  DT_ASSERT_OK(dt_var_destroy(vk));
+  DT_ASSERT_OK(dt_var_destroy(vv));
+}
+
+/* One configuration on `mesh` (q, k, v placed by pl; the sequence sharded on cp_dim). */
+static void run_case(dt_mesh_t mesh, dt_mesh_t rep_mesh, const dt_placement_t* pl, int cp_dim,
+                     const cfg_t* c) {
+  int n;
+  DT_ASSERT_OK(dt_mesh_size(mesh, cp_dim, &n));
+  const int cp = c->balanced ? n : 0;
+  const int64_t S = 2 * (int64_t)n * 3; /* 3 rows per chunk */
+  const int64_t nq = B * H * S * D, nk = B * G * S * D, nv = B * G * S * E, no = B * H * S * E;
+  float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
+        *v = malloc(sizeof(float) * nv), *w = malloc(sizeof(float) * no);
+  float *qr = malloc(sizeof(float) * nq), *kr = malloc(sizeof(float) * nk),
+        *vr = malloc(sizeof(float) * nv), *wr = malloc(sizeof(float) * no);
+  float *o1 = malloc(sizeof(float) * no), *g1q = malloc(sizeof(float) * nq),
+        *g1k = malloc(sizeof(float) * nk), *g1v = malloc(sizeof(float) * nv);
+  float *o2 = malloc(sizeof(float) * no), *g2q = malloc(sizeof(float) * nq),
+        *g2k = malloc(sizeof(float) * nk), *g2v = malloc(sizeof(float) * nv);
+  float* tmp = malloc(sizeof(float) * nq);
+  fill(q, nq, 1);
+  fill(k, nk, 2);
+  fill(v, nv, 3);
+  fill(w, no, 4);
+  /* the reference: dense attention of the sequence in real order, replicated */
+  permute(qr, q, c->layout, B, H, S, D, cp, 1);
+  permute(kr, k, c->layout, B, G, S, D, cp, 1);
+  permute(vr, v, c->layout, B, G, S, E, cp, 1);
+  permute(wr, w, c->layout, B, H, S, E, cp, 1);
+  dt_placement_t rep[1] = {dt_replicate()};
+  dt_tensor_t tq = make(rep_mesh, qr, c->layout, H, S, D, rep),
+              tk = make(rep_mesh, kr, c->layout, G, S, D, rep),
+              tv = make(rep_mesh, vr, c->layout, G, S, E, rep),
+              tw = make(rep_mesh, wr, c->layout, H, S, E, rep);
+  const int64_t sa[2] = {c->causal, c->layout};
+  forward_backward("sdpa", tq, tk, tv, tw, 2, sa, o1, sizeof(float) * no, g1q, g1k, g1v,
+                   sizeof(float) * nq, sizeof(float) * nk, sizeof(float) * nv, NULL, NULL, NULL);
+  /* the ring, on the stored order */
+  dt_tensor_t sq = make(mesh, q, c->layout, H, S, D, pl), sk = make(mesh, k, c->layout, G, S, D, pl),
+              sv = make(mesh, v, c->layout, G, S, E, pl), sw = make(mesh, w, c->layout, H, S, E, pl);
+  const int64_t ra[5] = {cp_dim, c->causal, c->layout, c->balanced, c->algo};
+  dt_counters_t fwd, all;
+  forward_backward("ring_attention", sq, sk, sv, sw, 5, ra, o2, sizeof(float) * no, g2q, g2k, g2v,
+                   sizeof(float) * nq, sizeof(float) * nk, sizeof(float) * nv, &fwd, &all, mesh);
+  /* compare in real order */
+  permute(tmp, o2, c->layout, B, H, S, E, cp, 1);
+  expect_close(tmp, o1, no, "output", c);
+  permute(tmp, g2q, c->layout, B, H, S, D, cp, 1);
+  expect_close(tmp, g1q, nq, "grad q", c);
+  permute(tmp, g2k, c->layout, B, G, S, D, cp, 1);
+  expect_close(tmp, g1k, nk, "grad k", c);
+  permute(tmp, g2v, c->layout, B, G, S, E, cp, 1);
+  expect_close(tmp, g1v, nv, "grad v", c);
+  /* traffic on the cp dim: this rank's k and v shards */
+  int nd;
+  DT_ASSERT_OK(dt_mesh_ndim(mesh, &nd));
+  int heads_split = 1;
+  for (int i = 0; i < nd; i++)
+    if (i != cp_dim && pl[i].kind == DT_SHARD && pl[i].dim == (c->layout ? 2 : 1)) {
+      int sz;
+      DT_ASSERT_OK(dt_mesh_size(mesh, i, &sz));
+      heads_split *= sz;
+    }
+  const uint64_t kvb = sizeof(float) * (uint64_t)(nk + nv) / (uint64_t)n / (uint64_t)heads_split;
+  const int x = cp_dim;
+  if (c->algo == 1) {
+    DT_ASSERT_EQ(fwd.dim_calls[x][DT_COLL_SEND_RECV], (uint64_t)(n - 1));
+    DT_ASSERT_EQ(fwd.dim_nbytes[x][DT_COLL_SEND_RECV], (uint64_t)(n - 1) * kvb);
+    DT_ASSERT_EQ(all.dim_nbytes[x][DT_COLL_SEND_RECV] - fwd.dim_nbytes[x][DT_COLL_SEND_RECV],
+                 (uint64_t)(2 * n - 1) * kvb);
+    DT_ASSERT_EQ(all.dim_calls[x][DT_COLL_ALL_GATHER], 0);
+  } else if (c->algo == 2) {
+    DT_ASSERT_EQ(fwd.dim_calls[x][DT_COLL_ALL_GATHER], 2);
+    DT_ASSERT_EQ(fwd.dim_nbytes[x][DT_COLL_ALL_GATHER], (uint64_t)n * kvb);
+    DT_ASSERT_EQ(all.dim_calls[x][DT_COLL_ALL_GATHER], 4);
+    DT_ASSERT_EQ(all.dim_calls[x][DT_COLL_REDUCE_SCATTER], 2);
+    DT_ASSERT_EQ(all.dim_nbytes[x][DT_COLL_REDUCE_SCATTER], (uint64_t)n * kvb);
+    DT_ASSERT_EQ(all.dim_calls[x][DT_COLL_SEND_RECV], 0);
+  }
+  /* the inputs were placed as the op wants: nothing moved in the forward pass */
+  DT_ASSERT_EQ(fwd.redistributes, 0);
+  /* the tensors went to their variables and the tape (freed with them) */
+  float* bufs[17] = {q, k, v, w, qr, kr, vr, wr, o1, g1q, g1k, g1v, o2, g2q, g2k, g2v, tmp};
+  for (int i = 0; i < 17; i++) free(bufs[i]);
+}
+
+static void test_position(void) {
+  /* 2 ranks, 8 tokens: chunks of 2; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2 */
+  const int64_t want[8] = {0, 1, 6, 7, 2, 3, 4, 5};
+  for (int i = 0; i < 8; i++) DT_ASSERT_EQ(dt_cp_position(i, 8, 2), want[i]);
+  DT_ASSERT_EQ(dt_cp_position(5, 8, 0), 5);
+  DT_ASSERT_EQ(dt_cp_position(0, 10, 3), -1); /* 10 is not a multiple of 6 */
+  DT_ASSERT_EQ(dt_cp_position(8, 8, 2), -1);
+  /* a permutation for every cp */
+  for (int cp = 1; cp <= 5; cp++) {
+    int64_t seq = 2 * cp * 3, seen = 0;
+    for (int64_t i = 0; i < seq; i++) seen |= (int64_t)1 << dt_cp_position(i, seq, cp);
+    DT_ASSERT_EQ(seen, ((int64_t)1 << seq) - 1);
+  }
+}
+
+/* rotary with cp: the real positions' rotation of the stored order, on a sequence sharded in it */
+static void test_rotary(dt_mesh_t mesh, dt_mesh_t rep_mesh) {
+  const int64_t S = 4 * g_n, n = B * S * H * D, sh[4] = {B, S, H, D};
+  float *x = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n),
+        *y1 = malloc(sizeof(float) * n), *y2 = malloc(sizeof(float) * n),
+        *t = malloc(sizeof(float) * n);
+  fill(x, n, 9);
+  permute(xr, x, 1, B, H, S, D, g_n, 1);
+  dt_placement_t rep[1] = {dt_replicate()}, sp[1] = {dt_shard(1)};
+  dt_tensor_t a, b, ya, yb;
+  DT_ASSERT_OK(dt_tensor_from_full(rep_mesh, DT_F32, 4, sh, rep, xr, &a));
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 4, sh, sp, x, &b));
+  DT_ASSERT_OK(dt_rotary(a, 1, 10000.0, &ya));
+  const int64_t ia[3] = {1, 0, g_n};
+  const double th = 10000.0;
+  DT_ASSERT_OK(dt_op_run("rotary", 1, &b, 3, ia, 1, &th, &yb));
+  DT_ASSERT_OK(dt_tensor_gather_full(ya, y1, sizeof(float) * n));
+  DT_ASSERT_OK(dt_tensor_gather_full(yb, y2, sizeof(float) * n));
+  permute(t, y2, 1, B, H, S, D, g_n, 1);
+  cfg_t c = {0, 1, 1, 0};
+  expect_close(t, y1, n, "rotary cp", &c);
+  /* a cp that does not split the sequence: refused */
+  const int64_t bad[3] = {1, 0, 3 * S};
+  dt_tensor_t yc = NULL;
+  DT_ASSERT_STATUS(dt_op_run("rotary", 1, &b, 3, bad, 1, &th, &yc), DT_ERR_INVALID_ARG);
+  dt_tensor_t ts[4] = {a, b, ya, yb};
+  for (int i = 0; i < 4; i++) DT_ASSERT_OK(dt_tensor_destroy(ts[i]));
+  free(x);
+  free(xr);
+  free(y1);
+  free(y2);
+  free(t);
+}
+
+static void test_refusals(dt_mesh_t mesh) {
+  dt_placement_t pl[1] = {dt_shard(2)};
+  const int64_t S = 2 * g_n * 2 + 2; /* not a multiple of 2n */
+  int64_t sh[4] = {1, 2, S, 4}, sh2[4] = {1, 2, 4 * g_n, 4};
+  dt_tensor_t q, k, q2, o = NULL, qb;
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, sh, pl, &q));
+  DT_ASSERT_STATUS(dt_ring_attention(q, q, q, 0, 1, 1, 0.0, &o), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "pad it") != NULL, "message: %s", dt_last_error());
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, sh2, pl, &k));
+  DT_ASSERT_STATUS(dt_ring_attention(q, k, k, 0, 1, 1, 0.0, &o), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_ring_attention(k, k, k, 1, 1, 1, 0.0, &o), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_BF16, 4, sh2, pl, &qb));
+  DT_ASSERT_STATUS(dt_ring_attention(qb, qb, qb, 0, 1, 1, 0.0, &o), DT_ERR_UNSUPPORTED);
+  /* in order (not balanced) only n chunks are needed */
+  int64_t sh3[4] = {1, 2, 3 * g_n, 4};
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, sh3, pl, &q2));
+  DT_ASSERT_STATUS(dt_ring_attention(q2, q2, q2, 0, 1, 1, 0.0, &o), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_ring_attention(q2, q2, q2, 0, 1, 0, 0.0, &o));
+  DT_ASSERT_OK(dt_tensor_destroy(o));
+  dt_tensor_t ts[4] = {q, k, q2, qb};
+  for (int i = 0; i < 4; i++) DT_ASSERT_OK(dt_tensor_destroy(ts[i]));
+}
+
+int main(int argc, char** argv) {
+  DT_ASSERT_OK(dt_init(&argc, &argv));
+  DT_ASSERT_OK(dt_world_size(&g_n));
+  DT_ASSERT_OK(dt_world_rank(&g_rank));
+  test_position();
+  const char* names[1] = {"cp"};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, &g_n, names, NULL, &mesh));
+  dt_mesh_t solo = mesh; /* the reference: replicated, computed whole on every rank */
+  test_refusals(mesh);
+  test_rotary(mesh, solo);
+  for (int causal = 0; causal < 2; causal++)
+    for (int balanced = 0; balanced < 2; balanced++)
+      for (int layout = 0; layout < 2; layout++)
+        for (int algo = 0; algo < 3; algo++) {
+          cfg_t c = {causal, balanced, layout, algo};
+          dt_placement_t pl[1] = {dt_shard(layout ? 1 : 2)};
+          run_case(mesh, solo, pl, 0, &c);
+        }
+  if (g_n == 4) { /* 2 x 2: heads on dim 0 (tp), the sequence on dim 1 (cp) */
+    const int shape[2] = {2, 2};
+    const char* n2[2] = {"tp", "cp"};
+    dt_mesh_t m2;
+    DT_ASSERT_OK(dt_mesh_create(2, shape, n2, NULL, &m2));
+    for (int algo = 1; algo < 3; algo++)
+      for (int layout = 0; layout < 2; layout++) {
+        cfg_t c = {1, 1, layout, algo};
+        dt_placement_t pl[2] = {dt_shard(layout ? 2 : 1), dt_shard(layout ? 1 : 2)};
+        run_case(m2, solo, pl, 1, &c);
+      }
+    DT_ASSERT_OK(dt_mesh_destroy(m2));
+  }
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+  if (g_rank == 0) printf("test_ring_attention: passed on %d ranks\n", g_n);
+  DT_ASSERT_OK(dt_finalize());
+  return 0;
+}
