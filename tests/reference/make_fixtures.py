@@ -237,6 +237,19 @@ case("moe_route_capacity", "moe_route", [ridx], route_ref(ridx, 4, 2), iargs=[4,
 ix, iidx, isrc = rnd(5, 4), ints(5, 7), rnd(7, 4)
 case("index_add", "index_add", [ix, iidx, isrc], ix.index_add(0, iidx, isrc))
 
+# ring attention (context parallelism) over mesh dim 0: results that do not depend on that dim's
+# size, which the harness varies: causal in order (rank r holds chunk r: the stored order is the
+# real one), and not causal in the load-balanced order (a permutation of the keys changes nothing
+# and the output rows follow the queries'); iargs [mesh_dim, causal, layout, balanced, algo]
+rq, rk, rv = rnd(2, 4, 8, 3), rnd(2, 2, 8, 3), rnd(2, 2, 8, 5)
+case("ring_attention_causal", "ring_attention", [rq, rk, rv], sdpa_ref(rq, rk, rv, True),
+     iargs=[0, 1, 0, 0, 0])
+case("ring_attention_balanced", "ring_attention", [rq, rk, rv], sdpa_ref(rq, rk, rv, False),
+     iargs=[0, 0, 0, 1, 1])
+rqb, rkb, rvb = (t.transpose(1, 2).contiguous() for t in (rq, rk, rv))
+case("ring_attention_bshd_gather", "ring_attention", [rqb, rkb, rvb],
+     sdpa_ref(rq, rk, rv, True).transpose(1, 2).contiguous(), iargs=[0, 1, 1, 0, 2])
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
@@ -288,6 +301,11 @@ def torch_op(op, x, ia, fa):
             t = [v.transpose(1, 2) for v in x]
             return sdpa_ref(t[0], t[1], t[2], bool(ia[0]), fa[0] if fa else None).transpose(1, 2)
         return sdpa_ref(x[0], x[1], x[2], bool(ia[0]), fa[0] if fa else None)
+    if op == "ring_attention":  # the cases above: equal to sdpa of the stored order
+        if ia[2]:
+            t = [v.transpose(1, 2) for v in x]
+            return sdpa_ref(t[0], t[1], t[2], bool(ia[1])).transpose(1, 2)
+        return sdpa_ref(x[0], x[1], x[2], bool(ia[1]))
     if op == "rotary": return rotary_ref(x[0], ia[0], fa[0])
     if op == "gather": return torch.gather(x[0], ia[0], x[1])
     if op == "scatter_add": return x[0].scatter_add(ia[0], x[1], x[2])
