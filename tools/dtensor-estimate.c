@@ -15,8 +15,8 @@
  *
  * --plan enumerates the layouts of N ranks: DDP, FSDP (reshard after forward 1 and 0), HSDP
  * (every R x S with R, S > 1), and the parallel configs dp x tp x ep (tp dividing N, ep with
- * --model moe) with and without sequence and loss parallelism (together) and both reshard
- * modes; each with and without activation checkpointing and at 1, 2 and 4 micro-batches (where
+ * --model moe) and dp x tp x cp (context parallelism) with and without sequence and loss
+ * parallelism (together; not with cp) and both reshard modes; each with and without activation checkpointing and at 1, 2 and 4 micro-batches (where
  * the batch divides and every data rank keeps a sequence per pass), at the same global batch.
  * Layouts the trainer refuses (tp not dividing the heads, ...) are listed with its reason.
  * Those that fit the budget are ranked by estimated tokens/s; the table shows --top K (default 20)
@@ -227,7 +227,7 @@ static void usage(FILE* f) {
   fprintf(f,
           "usage: dtensor-estimate --np N [--budget 80GiB] [--machine h100|h200|FILE.json]\n"
           "                        [--plan [--top K]] [TRAINER FLAGS: --config FILE.json, --dim, "
-          "--layers, --batch, --seq, --dp/--tp/--ep/--sp, --parallel, --checkpoint, --device ...]\n"
+          "--layers, --batch, --seq, --dp/--tp/--ep/--cp/--sp, --parallel, --checkpoint, --device ...]\n"
           "  Estimates the trainer's step on a simulated world of N ranks (no MPI, no tensor "
           "memory):\n"
           "  the worst rank's peak memory per category, the traffic per mesh dim, the step time.\n"
@@ -307,9 +307,9 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  if (plan && (o.dp || o.tp || o.ep || o.sp || strcmp(o.parallel, "none") || o.mesh[0] ||
+  if (plan && (o.dp || o.tp || o.ep || o.cp || o.sp || strcmp(o.parallel, "none") || o.mesh[0] ||
                o.checkpoint || o.reshard_after_forward != 1 || o.micro_batches != 1)) {
-    fprintf(stderr, "dtensor-estimate: --plan chooses the layout: drop --dp, --tp, --ep, --sp, "
+    fprintf(stderr, "dtensor-estimate: --plan chooses the layout: drop --dp, --tp, --ep, --cp, --sp, "
             "--parallel, --mesh, --checkpoint, --reshard-after-forward and --micro-batches\n");
     return 2;
   }
@@ -370,14 +370,18 @@ int main(int argc, char** argv) {
       for (int t = 1; t <= np; t++) {
         if (np % t) continue;
         for (int e = 1; e <= np / t; e++) {
-          if ((np / t) % e || (t == 1 && e == 1) || (e > 1 && !moe)) continue;
-          int d = np / t / e;
-          char eps[24] = ""; /* --ep only for MoE */
-          if (e > 1) snprintf(eps, sizeof eps, " --ep %d", e);
-          for (int sp = 0; sp <= (t > 1); sp++)
-            for (int ra = 1; ra >= (d * e > 1 ? 0 : 1); ra--)
-              ADD(d * e, "--dp %d --tp %d%s%s%s%s", d, t, eps, sp ? " --sp --loss-parallel" : "",
-                  ra ? "" : " --reshard-after-forward 0", cks);
+          if ((np / t) % e || (e > 1 && !moe)) continue;
+          for (int cp = 1; cp <= np / t / e; cp++) { /* context parallel: not with ep, sp */
+            if ((np / t / e) % cp || (t == 1 && e == 1 && cp == 1) || (cp > 1 && e > 1)) continue;
+            int d = np / t / e / cp;
+            char eps[48] = ""; /* --ep only for MoE */
+            if (e > 1) snprintf(eps, sizeof eps, " --ep %d", e);
+            if (cp > 1) snprintf(eps, sizeof eps, " --cp %d", cp);
+            for (int sp = 0; sp <= (t > 1 && cp == 1); sp++)
+              for (int ra = 1; ra >= (d * e > 1 ? 0 : 1); ra--)
+                ADD(d * e, "--dp %d --tp %d%s%s%s%s", d, t, eps, sp ? " --sp --loss-parallel" : "",
+                    ra ? "" : " --reshard-after-forward 0", cks);
+          }
         }
       }
 #undef ADD

@@ -62,6 +62,8 @@ configs=(
   "cp2_moe    2 moe   --cp 2"
   "dp2_cp2_moe 4 moe  --dp 2 --cp 2"
   "cp2_tp2_moe 4 moe  --cp 2 --tp 2"
+  "cp4_moe    4 moe   --cp 4"
+  "dp2_cp2_tp2_moe 8 moe --dp 2 --cp 2 --tp 2"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
