@@ -382,10 +382,13 @@ static dt_fsdp_config_t keep_gathered(dt_fsdp_config_t fc) {
 }
 
 /* FSDP for the parallel config: over the dp dim (1) of the (tp, dp) mesh, one group per block
- * and the root, the loss in f32. */
+ * and the root, the loss in f32. With context parallelism ((tp, dp, cp) mesh) the cp dim is the
+ * replicate dim (HSDP): the parameters' gradients, partial sums over cp (each cp rank saw other
+ * tokens), are summed there by FSDP's reduction of each group, not one parameter at a time. */
 static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt_mesh_t emesh,
                                 const train_opts_t* o) {
-  dt_fsdp_config_t fc = dt_fsdp_config_for(1, -1); /* shard over dp (mesh dim 1), no replicas */
+  /* shard over dp (mesh dim 1); replicas over cp (dim 2) when there is one */
+  dt_fsdp_config_t fc = dt_fsdp_config_for(1, o->cp > 1 ? 2 : -1);
   fc.reshard_after_forward = o->reshard_after_forward;
   fc.param_dtype = !strcmp(o->param_dtype, "bf16") ? DT_BF16 : DT_F32;
   fc.prefetch_forward = fc.prefetch_backward = o->prefetch;
@@ -650,9 +653,10 @@ int train_main(int argc, char** argv) {
       return usage_error("--cp %d splits each sequence into %d chunks (2 per rank, load-balanced "
                          "for causal attention): --seq %d is not a multiple of %d", CP, 2 * CP,
                          o.seq, 2 * CP);
-    if (CP > 1 && (E > 1 || o.sp))
+    if (CP > 1 && ((E > 1 && D > 1) || o.sp))
       return usage_error("--cp with %s is not supported yet (context parallelism composes with "
-                         "--dp, --tp and --loss-parallel)", E > 1 ? "--ep" : "--sp");
+                         "--dp, --tp, --loss-parallel, and --ep when --dp is 1)",
+                         o.sp ? "--sp" : "--ep and --dp");
     if (CP > 1 && (o.batch / o.micro_batches) % (D * E) != 0)
       return usage_error("--cp: the batch of %d%s must split evenly over the %d data ranks",
                          o.batch / o.micro_batches, o.micro_batches > 1 ? " per micro-batch" : "",
@@ -794,7 +798,7 @@ int train_main(int argc, char** argv) {
   if (pconf && E > 1) /* expert parallelism: the stacked experts Shard(0) over the ep ranks */
     CHECK(shard_experts(root, o.layers, emesh));
   if (pconf) {
-    if (D * E > 1) CHECK(shard_blocks(root, o.layers, mesh, emesh, &o));
+    if (D * E * CP > 1) CHECK(shard_blocks(root, o.layers, mesh, emesh, &o));
   } else if (fsdp || hsdp) {
     dt_fsdp_config_t fc = dt_fsdp_config_default(mnd);
     fc.reshard_after_forward = o.reshard_after_forward;
@@ -949,7 +953,8 @@ int train_main(int argc, char** argv) {
     const int K = o.micro_batches;
     for (int mb = 0; mb < K; mb++) {
       const int sync = mb == K - 1;
-      if (K > 1 && (fsdp || hsdp || (pconf && D * E > 1))) CHECK(dt_fsdp_set_requires_gradient_sync(root, sync));
+      if (K > 1 && (fsdp || hsdp || (pconf && D * E * CP > 1)))
+        CHECK(dt_fsdp_set_requires_gradient_sync(root, sync));
       if (K > 1 && ddp) CHECK(dt_ddp_set_requires_gradient_sync(root, sync));
       const int64_t off = (int64_t)mb * (bs / K);
       dt_tensor_t tt, gt;

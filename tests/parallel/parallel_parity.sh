@@ -3,8 +3,8 @@
 # against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE, on 2,
 # 3, 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP; FSDP on 3 ranks, where shards
 # are uneven), gradient accumulation (--micro-batches: FSDP 2 micro-batches, DDP 4, reducing after
-# the last only), context parallelism (--cp: cp 2 and 4, with tp, dp, dp x tp, MoE; its ring's
-# traffic and halved activations), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
+# the last only), context parallelism (--cp: cp 2 and 4, with tp, dp, dp x tp, ep, tp x ep, MoE;
+# its ring's traffic and halved activations), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
 # steps, every f32 loss within 1e-5 relative (the worst printed per config), bf16 parameters with
 # routed experts under FSDP and EP within 2e-2, and a rerun bitwise equal. Ends with one line per config and "parallel_parity: passed".
 #   parallel_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -64,6 +64,9 @@ configs=(
   "cp2_tp2_moe 4 moe  --cp 2 --tp 2"
   "cp4_moe    4 moe   --cp 4"
   "dp2_cp2_tp2_moe 8 moe --dp 2 --cp 2 --tp 2"
+  "ep2_cp2    4 moe   --ep 2 --cp 2"
+  "tp2_ep2_cp2 8 moe  --tp 2 --ep 2 --cp 2 --loss-parallel"
+  "cp2_mb2    2 dense --cp 2 --micro-batches 2"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
@@ -141,6 +144,9 @@ for n in cp2 dp2_cp2_tp2; do
   wanted "$n" || continue
   grep -q "^traffic last step, mesh dim 2 cp: .*send_recv 8 calls" "$W/$n.log" ||
     { echo "$n: no ring over cp (2 layers x 4 send_recv)"; exit 1; }
+  # the parameters' gradients summed over cp once per FSDP group (3) and the loss, not per parameter
+  grep -q "^traffic last step, mesh dim 2 cp: all_reduce 4 calls" "$W/$n.log" ||
+    { echo "$n: gradients not reduced over cp by FSDP's groups"; grep "mesh dim 2" "$W/$n.log"; exit 1; }
 done
 if wanted cp2; then
   act() { sed -n 's/^peak_memory_bytes rank 0: .*activations=\([0-9]*\).*/\1/p' "$W/$1.log"; }
