@@ -189,9 +189,13 @@ DT_API int64_t dt_cp_position(int64_t index, int64_t seq, int cp);
  * exposed transfers against one all-gather). Traffic counts under DT_COLL_SEND_RECV (ring: n-1
  * steps of this rank's k and v bytes forward; backward n-1 of k and v plus n of their gradients)
  * or DT_COLL_ALL_GATHER / DT_COLL_REDUCE_SCATTER on mesh_dim.
+ * Backends: host memory computes in place; a device backend's shards are staged through host
+ * memory and computed there (correct, not fast: the GPU backend's fused kernel is to come);
+ * simulated runs count the traffic and price the steps. Every rank allocates its scratch before
+ * the first transfer and the ranks agree on the outcome (a rank out of memory fails them all).
  * Errors: DT_ERR_INVALID_ARG for shapes, a sequence that is not a multiple of 2n (balanced) or n,
- * a mesh_dim out of range; DT_ERR_UNSUPPORTED for dtypes other than f32 and for device backends
- * (host and simulated runs for now). scale <= 0: 1/sqrt(D). */
+ * a mesh_dim out of range; DT_ERR_UNSUPPORTED for dtypes other than f32. scale <= 0:
+ * 1/sqrt(D). */
 DT_API dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int mesh_dim,
                                      int causal, int balanced, double scale, dt_tensor_t* out);
 /* Indexing and routing. */
