@@ -1,6 +1,8 @@
 /* ring_attention.c - context parallelism's attention (op "ring_attention", dt_ring_attention):
  * q, k, v sharded on the sequence over one mesh dim (the cp dim, n ranks), attention computed
- * block by block.
+ * block by block. This file checks the call, moves the inputs to their placements, makes the
+ * outputs and holds the backward rule; the ring itself and the block kernels are in
+ * kernels_ring.c (docs/design.md, "Context parallelism").
  *
  * Layout. With `balanced`, the global sequence is in the load-balanced order: 2n chunks of
  * C = S / 2n rows, rank r holding chunks r and 2n-1-r (dt_cp_position); otherwise rank r holds
@@ -10,13 +12,12 @@
  *
  * Forward, ring (algo 1): at step t = 0 .. n-1 this rank holds the key/value shard of rank
  * s = r - t (mod n); before computing its blocks it posts the shard's send to r + 1 and the
- * receive of the next from r - 1 (two buffers: the transfer runs under the computation), then
- * merges the blocks into running row maxima and sums (kernels_ring.c); at the end o /= l and the
- * rows' log-sum-exp is kept (the saved by-product) for the backward pass.
- * Backward, ring: the key/value shards travel the same way, and each shard's gradient
- * accumulator travels one step behind it: at step t the blocks' dk, dv are computed into a
- * scratch shard while the accumulator of that shard arrives from r - 1, then added to it and
- * sent on to r + 1; after n steps every accumulator is home. Traffic per rank: forward n-1
+ * receive of the next from r - 1 (two buffers), then merges the blocks into running row maxima
+ * and sums; at the end o /= l and the rows' log-sum-exp is kept (the saved by-product) for the
+ * backward pass. Backward, ring: the key/value shards travel the same way, and each shard's
+ * gradient accumulator travels one step behind it: at step t the blocks' dk, dv are computed
+ * into a scratch shard while the accumulator of that shard arrives from r - 1, then added to it
+ * and sent on to r + 1; after n steps every accumulator is home. Traffic per rank: forward n-1
  * shards of k and v; backward n-1 of k and v and n of their gradients.
  * All-gather (algo 2): k and v gathered once (n shards of memory), every block computed locally;
  * backward gathers them again and reduce-scatters the n gradient shards.
@@ -25,17 +26,14 @@
  *
  * Simulated runs (the meta backend): nothing computed or sent; the scratch is allocated as the
  * real run would, the traffic counted, the steps priced on the simulated clock with the overlap
- * of the ring. Device backends are refused for now (their fused kernel comes with the GPU
- * backend).
+ * of the ring. Device backends: the shards are staged through host memory and computed there
+ * (their fused kernel comes with the GPU backend).
  */
 #include <math.h>
 #include <string.h>
 
-#include "comm/comm.h"
 #include "mesh/mesh.h"
 #include "ops/ops.h"
-#include "redistribute/redistribute.h"
-
 
 static const char* const kOp = "ring_attention";
 
@@ -160,12 +158,17 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   int meta = in[0]->meta || in[1]->meta || in[2]->meta;
   dt_tensor_t o = NULL, lse = NULL, mv[3] = {NULL, NULL, NULL}, x[3];
   dt_status_t st = DT_SUCCESS;
+  /* the inputs' moves run on meta tensors too: a dry run (dtensor-explain) shows them */
+  for (int t = 0; t < 3 && st == DT_SUCCESS; t++) {
+    dt__trace_input(t); /* a trace names the input being moved */
+    st = dt__ra_move(&a, in[t], &x[t], &mv[t]);
+  }
+  dt__trace_input(-1);
   if (meta) { /* layouts only */
-    st = dt__tensor_meta(mesh, DT_F32, 4, oshape, a.pl, &o);
+    if (st == DT_SUCCESS) st = dt__tensor_meta(mesh, DT_F32, 4, oshape, a.pl, &o);
     if (st == DT_SUCCESS && saved) st = dt__tensor_meta(mesh, DT_F32, 3, lshape, a.lse_pl, &lse);
     goto done;
   }
-  for (int t = 0; t < 3 && st == DT_SUCCESS; t++) st = dt__ra_move(&a, in[t], &x[t], &mv[t]);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 4, oshape, a.pl, 0, &o);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 3, lshape, a.lse_pl, 0, &lse);
   if (st == DT_SUCCESS && mesh->member) {
