@@ -171,6 +171,8 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   }
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 4, oshape, a.pl, 0, &o);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 3, lshape, a.lse_pl, 0, &lse);
+  /* an output one rank could not allocate must not leave the others in the ring */
+  if (mesh->member) st = dt__mesh_agree(mesh, st, kOp);
   if (st == DT_SUCCESS && mesh->member) {
     dt_local_tensor_t lv[5];
     const dt_tensor_t t5[5] = {x[0], x[1], x[2], o, lse};
@@ -211,6 +213,7 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
               : dt__tensor_new(mesh, DT_F32, 4, src[t]->layout.shape, a.pl, 0, &gr[t]);
   if (meta) goto done;
   for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__ra_move(&a, src[t], &x[t], &mv[t]);
+  if (mesh->member) st = dt__mesh_agree(mesh, st, kOp); /* as in the forward */
   if (st == DT_SUCCESS && mesh->member) {
     dt_local_tensor_t lv[9];
     const dt_tensor_t t9[9] = {x[0], x[1], x[2], x[3], x[4], c->saved, gr[0], gr[1], gr[2]};

@@ -2,8 +2,8 @@
  *
  * Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (only dtensor's code and this
  * program are wrapped; Open MPI's own allocations are not). A scenario of public calls (mesh,
- * tensors, redistributions, ops, a recorded forward and backward pass, AdamW, clipping,
- * asynchronous work) is run once to count its allocations, then once per allocation k with the
+ * tensors, redistributions, ops, a recorded forward and backward pass with ring attention in it,
+ * AdamW, clipping, asynchronous work) is run once to count its allocations, then once per allocation k with the
  * k-th one failing: every run must end without a crash, each failing call must return a status
  * with a message (DT_ERR_OUT_OF_MEMORY for the failed allocation itself), and everything the
  * scenario made is destroyed afterwards, so ASan's leak check and valgrind see no leak. A last
@@ -73,6 +73,10 @@ static dt_status_t scenario(dt_mesh_t m, double* loss_out) {
   }
   TRY(dt_ag_op(tape, "mm", 2, (dt_var_t[]){in, w}, 0, NULL, 0, NULL, 1, &h));
   TRY(dt_ag_op(tape, "relu", 1, &h, 0, NULL, 0, NULL, 1, &h));
+  /* ring attention (a composite with its own scratch and a saved by-product) */
+  TRY(dt_ag_op(tape, "reshape", 1, &h, 4, (int64_t[]){1, 1, 6, 4}, 0, NULL, 1, &h));
+  TRY(dt_ag_op(tape, "ring_attention", 3, (dt_var_t[]){h, h, h}, 2, (int64_t[]){0, 1}, 0, NULL, 1,
+               &h));
   TRY(dt_ag_op(tape, "sum", 1, &h, 1, (int64_t[]){0}, 0, NULL, 1, &loss));
   TRY(dt_tape_backward(tape, loss));
   {
