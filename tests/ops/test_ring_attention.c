@@ -10,7 +10,8 @@
  *     shards plus n gradient shards backward (send_recv on the cp dim, nothing else); the
  *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
  *   - dt_cp_position's order, rotary with cp (real positions), and refusals: a sequence that does
- *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, bf16.
+ *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, bf16; an
+ *     empty batch and empty value features run forward and backward.
  */
 #include <math.h>
 #include <string.h>
@@ -277,6 +278,30 @@ static void test_refusals(dt_mesh_t mesh) {
   DT_ASSERT_OK(dt_tensor_destroy(o));
   dt_tensor_t ts[4] = {q, k, q2, qb};
   for (int i = 0; i < 4; i++) DT_ASSERT_OK(dt_tensor_destroy(ts[i]));
+  /* empty extents: no batch, no value features; forward and backward run and give empty or
+   * zero results */
+  const int64_t e0[4] = {0, 2, 4 * g_n, 4}, e1[4] = {1, 2, 4 * g_n, 0};
+  for (int c = 0; c < 2; c++) {
+    dt_tensor_t eq, ev;
+    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, c ? sh2 : e0, pl, &eq));
+    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, c ? e1 : e0, pl, &ev));
+    dt_tape_t tape;
+    DT_ASSERT_OK(dt_tape_create(&tape));
+    dt_var_t vq, vv, vo, loss;
+    DT_ASSERT_OK(dt_var_leaf(eq, 1, &vq));
+    DT_ASSERT_OK(dt_var_leaf(ev, 1, &vv));
+    const dt_var_t in[3] = {vq, vq, vv};
+    const int64_t a[2] = {0, 1};
+    DT_ASSERT_OK(dt_ag_op(tape, "ring_attention", 3, in, 2, a, 0, NULL, 1, &vo));
+    DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &vo, 0, NULL, 0, NULL, 1, &loss));
+    DT_ASSERT_OK(dt_tape_backward(tape, loss));
+    float lv = 1.0f;
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(loss), &lv, sizeof lv));
+    DT_ASSERT_TRUE(lv == 0.0f, "empty attention summed to %g", (double)lv);
+    DT_ASSERT_OK(dt_tape_destroy(tape));
+    DT_ASSERT_OK(dt_var_destroy(vq));
+    DT_ASSERT_OK(dt_var_destroy(vv));
+  }
 }
 
 int main(int argc, char** argv) {
