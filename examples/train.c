@@ -325,7 +325,7 @@ static dt_status_t price_dim(dt_mesh_t mesh, int d, int stride, int size, int pe
 static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) {
   static const char* const w[3] = {"w1", "w3", "w2"};
   /* Shard(0) on dp of the (tp, dp) mesh, or on ep of the expert mesh (tp, ep, efsdp) */
-  const dt_placement_t pl[3] = {dt_replicate(), dt_shard(0), dt_replicate()};
+  const dt_placement_t pl[4] = {dt_replicate(), dt_shard(0), dt_replicate(), dt_replicate()};
   for (int l = 0; l < layers; l++)
     for (int k = 0; k < 3; k++) {
       char name[64];
@@ -392,9 +392,10 @@ static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt
   fc.reshard_after_forward = o->reshard_after_forward;
   fc.param_dtype = !strcmp(o->param_dtype, "bf16") ? DT_BF16 : DT_F32;
   fc.prefetch_forward = fc.prefetch_backward = o->prefetch;
-  dt_fsdp_config_t efc = fc; /* the experts: over efsdp (dim 2) of the expert mesh */
+  dt_fsdp_config_t efc = fc; /* the experts: over efsdp (dim 2) of the expert mesh, replicas over
+                             * its cp dim (3) when there is one */
   efc.shard_dim = 2;
-  efc.replicate_dim = -1;
+  efc.replicate_dim = o->cp > 1 ? 3 : -1;
   for (int l = 0; l < layers; l++) {
     char path[48];
     dt_module_t blk;
@@ -653,10 +654,9 @@ int train_main(int argc, char** argv) {
       return usage_error("--cp %d splits each sequence into %d chunks (2 per rank, load-balanced "
                          "for causal attention): --seq %d is not a multiple of %d", CP, 2 * CP,
                          o.seq, 2 * CP);
-    if (CP > 1 && ((E > 1 && D > 1) || o.sp))
-      return usage_error("--cp with %s is not supported yet (context parallelism composes with "
-                         "--dp, --tp, --loss-parallel, and --ep when --dp is 1)",
-                         o.sp ? "--sp" : "--ep and --dp");
+    if (CP > 1 && o.sp)
+      return usage_error("--cp with --sp is not supported yet (context parallelism composes with "
+                         "--dp, --tp, --ep and --loss-parallel)");
     if (CP > 1 && (o.batch / o.micro_batches) % (D * E) != 0)
       return usage_error("--cp: the batch of %d%s must split evenly over the %d data ranks",
                          o.batch / o.micro_batches, o.micro_batches > 1 ? " per micro-batch" : "",
@@ -777,23 +777,30 @@ int train_main(int argc, char** argv) {
     if (CP > 1) CHECK(dt_llama_set_context_parallel(model, 2));
   }
   dt_mesh_t emesh = NULL;
-  if (pconf && E > 1 && D > 1) { /* the expert mesh (tp, ep, efsdp) = (T, E, D): position
-                                  * (t, e, f) is the dense mesh's (t, f E + e) */
+  if (pconf && E > 1 && D > 1) { /* the expert mesh (tp, ep, efsdp[, cp]) = (T, E, D[, CP]):
+                                  * position (t, e, f, c) is the dense mesh's (t, f E + e, c) */
     int* ranks = malloc(sizeof(int) * (size_t)world);
     if (ranks == NULL) return usage_error("no memory for the expert mesh");
     for (int t = 0; t < T; t++)
       for (int e = 0; e < E; e++)
-        for (int f = 0; f < D; f++) ranks[(t * E + e) * D + f] = (f * E + e) * T + t;
-    const int eshape[3] = {T, E, D};
-    const char* names[3] = {"tp", "ep", "efsdp"};
-    dt_status_t st = dt_mesh_create(3, eshape, names, ranks, &emesh);
+        for (int f = 0; f < D; f++)
+          for (int c = 0; c < CP; c++)
+            ranks[((t * E + e) * D + f) * CP + c] = ((f * E + e) * CP + c) * T + t;
+    const int eshape[4] = {T, E, D, CP};
+    const char* names[4] = {"tp", "ep", "efsdp", "cp"};
+    dt_status_t st = dt_mesh_create(CP > 1 ? 4 : 3, eshape, names, ranks, &emesh);
     free(ranks);
     CHECK(st);
     CHECK(price_dim(emesh, 0, 1, T, o.gpus_per_node));
-    CHECK(price_dim(emesh, 1, T, E, o.gpus_per_node));
-    CHECK(price_dim(emesh, 2, T * E, D, o.gpus_per_node));
-    snprintf(mesh_desc + strlen(mesh_desc), sizeof mesh_desc - strlen(mesh_desc),
-             ", experts (tp, ep, efsdp) %dx%dx%d", T, E, D);
+    CHECK(price_dim(emesh, 1, T * CP, E, o.gpus_per_node));
+    CHECK(price_dim(emesh, 2, T * CP * E, D, o.gpus_per_node));
+    if (CP > 1) CHECK(price_dim(emesh, 3, T, CP, o.gpus_per_node));
+    size_t l = strlen(mesh_desc);
+    if (CP > 1)
+      snprintf(mesh_desc + l, sizeof mesh_desc - l, ", experts (tp, ep, efsdp, cp) %dx%dx%dx%d", T,
+               E, D, CP);
+    else
+      snprintf(mesh_desc + l, sizeof mesh_desc - l, ", experts (tp, ep, efsdp) %dx%dx%d", T, E, D);
   }
   if (pconf && E > 1) /* expert parallelism: the stacked experts Shard(0) over the ep ranks */
     CHECK(shard_experts(root, o.layers, emesh));

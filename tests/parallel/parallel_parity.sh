@@ -3,8 +3,8 @@
 # against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE, on 2,
 # 3, 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP; FSDP on 3 ranks, where shards
 # are uneven), gradient accumulation (--micro-batches: FSDP 2 micro-batches, DDP 4, reducing after
-# the last only), context parallelism (--cp: cp 2 and 4, with tp, dp, dp x tp, ep, tp x ep, MoE;
-# its ring's traffic and halved activations), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
+# the last only), context parallelism (--cp: cp 2 and 4, with tp, dp, dp x tp, ep, tp x ep,
+# dp x ep (the expert mesh takes cp), MoE; its ring's traffic and halved activations), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
 # steps, every f32 loss within 1e-5 relative (the worst printed per config), bf16 parameters with
 # routed experts under FSDP and EP within 2e-2, and a rerun bitwise equal. Ends with one line per config and "parallel_parity: passed".
 #   parallel_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -67,6 +67,7 @@ configs=(
   "ep2_cp2    4 moe   --ep 2 --cp 2"
   "tp2_ep2_cp2 8 moe  --tp 2 --ep 2 --cp 2 --loss-parallel"
   "cp2_mb2    2 dense --cp 2 --micro-batches 2"
+  "dp2_ep2_cp2 8 moe  --dp 2 --ep 2 --cp 2"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
@@ -130,9 +131,9 @@ if wanted ep2; then
   grep -q "^# moe: expert parallel over mesh dim 1" "$W/ep2.log" || { echo "ep2 did not run expert parallel"; exit 1; }
 fi
 # FSDP x EP: the experts on their own mesh view, sharded over efsdp, dispatched over ep
-for n in dp2_ep2 dp2_tp2_ep2; do
+for n in dp2_ep2 dp2_tp2_ep2 dp2_ep2_cp2; do
   wanted "$n" || continue
-  grep -q "experts (tp, ep, efsdp)" "$W/$n.log" || { echo "$n: no expert mesh"; exit 1; }
+  grep -q "experts (tp, ep, efsdp" "$W/$n.log" || { echo "$n: no expert mesh"; exit 1; }
   grep -q "^traffic last step, expert mesh dim 1 ep: all_to_all" "$W/$n.log" ||
     { echo "$n: no all-to-all over ep"; exit 1; }
   grep -q "^traffic last step, expert mesh dim 2 efsdp: all_gather .* reduce_scatter" "$W/$n.log" ||
