@@ -5,7 +5,8 @@
  * Causal attention (B 1, H 4 heads of 64, f32, the load-balanced layout) with the sequence
  * sharded over a 1-D mesh of the N ranks (the cp dim), forward only, timed four ways (the slowest
  * rank's median of K after a warm-up, a barrier before each):
- *   ring       dt_ring_attention over the ring (algo 1): transfers posted before each step's blocks;
+ *   ring       dt_ring_attention over the ring (algo 1): transfers posted before each step's
+ *              blocks;
  *   gather     the all-gather variant (algo 2): one all-gather of k and v, then every block;
  *   ring_comm  the ring's transfers alone: N - 1 MPI_Sendrecv steps of this rank's k and v shards;
  *   gather_comm the all-gather alone (MPI_Allgather of k, then of v).
@@ -55,7 +56,8 @@ int main(int argc, char** argv) {
   CHECK(dt_world_size(&n));
   CHECK(dt_world_rank(&rank));
   if (iters < 1 || iters > 1000 || S < 2 * n || S % (2 * n) != 0) {
-    if (rank == 0) fprintf(stderr, "bench_cp: --seq must be a multiple of %d, --iters 1..1000\n", 2 * n);
+    if (rank == 0)
+      fprintf(stderr, "bench_cp: --seq must be a multiple of %d, --iters 1..1000\n", 2 * n);
     dt_finalize();
     return 2;
   }
@@ -109,7 +111,10 @@ int main(int argc, char** argv) {
   double ex[1000];
   for (int i = 0; i < iters; i++) ex[i] = t_ring[i] - (t_gather[i] - t_gc[i]);
   double emin = ex[0], emax = ex[0];
-  for (int i = 1; i < iters; i++) emin = ex[i] < emin ? ex[i] : emin, emax = ex[i] > emax ? ex[i] : emax;
+  for (int i = 1; i < iters; i++) {
+    emin = ex[i] < emin ? ex[i] : emin;
+    emax = ex[i] > emax ? ex[i] : emax;
+  }
   double exposed = median_max(ex, iters);
   double ring = median_max(t_ring, iters), gather = median_max(t_gather, iters),
          rc = median_max(t_rc, iters), gc = median_max(t_gc, iters);

@@ -313,7 +313,8 @@ static dt_status_t dt__ra_host_out(const dt__ring_call_t* a, const dt_local_tens
 }
 
 /* The blocks of this rank's queries against the shard of rank s (k, v: its buffers). */
-static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const float* q, const float* k,
+static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const float* q,
+                                     const float* k,
                                      const float* v, float* o, float* m, float* l, float* scr) {
   int cq[2], ck[2];
   dt__ra_chunks(a, a->r, cq);
@@ -328,7 +329,8 @@ static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const floa
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__ra_bwd_blocks(const dt__ring_call_t* a, int s, const float* q, const float* k,
+static dt_status_t dt__ra_bwd_blocks(const dt__ring_call_t* a, int s, const float* q,
+                                     const float* k,
                                      const float* v, const float* go, const float* lse,
                                      const float* dd, float* dq, float* dk, float* dv, float* scr) {
   int cq[2], ck[2];
@@ -424,7 +426,8 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     }
     if (!a->sim) {
       st = a->comm->iface->all_gather_v(a->comm, kd, kb, ck, dk, DT_F32, NULL);
-      if (st == DT_SUCCESS) st = a->comm->iface->all_gather_v(a->comm, vd, vb, cv, dv, DT_F32, NULL);
+      if (st == DT_SUCCESS)
+        st = a->comm->iface->all_gather_v(a->comm, vd, vb, cv, dv, DT_F32, NULL);
     } else {
       dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
                          (uint64_t)(a->nk * n) * sizeof(float), 0);
@@ -459,7 +462,8 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
         }
       }
       dt__ra_sim_compute(a, s, 0);
-      if (!a->sim && st == DT_SUCCESS) st = dt__ra_fwd_blocks(a, s, qd, cur_k, cur_v, od, m, l, scr);
+      if (!a->sim && st == DT_SUCCESS)
+        st = dt__ra_fwd_blocks(a, s, qd, cur_k, cur_v, od, m, l, scr);
       if (more) {
         if (a->sim) {
           dt__sim_wait_until(end);

@@ -126,7 +126,8 @@ static dt_status_t dt__ra_plan(dt__ring_call_t* a, dt_tensor_t q, dt_tensor_t k,
 }
 
 /* `x` at the call's placements: x itself (*owned NULL) or a redistributed copy (*owned). */
-static dt_status_t dt__ra_move(const dt__ring_call_t* a, dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned) {
+static dt_status_t dt__ra_move(const dt__ring_call_t* a, dt_tensor_t x, dt_tensor_t* y,
+                               dt_tensor_t* owned) {
   *owned = NULL;
   *y = x;
   int same = 1;

@@ -160,8 +160,10 @@ static void run_case(dt_mesh_t mesh, dt_mesh_t rep_mesh, const dt_placement_t* p
   forward_backward("sdpa", tq, tk, tv, tw, 2, sa, o1, sizeof(float) * no, g1q, g1k, g1v,
                    sizeof(float) * nq, sizeof(float) * nk, sizeof(float) * nv, NULL, NULL, NULL);
   /* the ring, on the stored order */
-  dt_tensor_t sq = make(mesh, q, c->layout, H, S, D, pl), sk = make(mesh, k, c->layout, G, S, D, pl),
-              sv = make(mesh, v, c->layout, G, S, E, pl), sw = make(mesh, w, c->layout, H, S, E, pl);
+  dt_tensor_t sq = make(mesh, q, c->layout, H, S, D, pl);
+  dt_tensor_t sk = make(mesh, k, c->layout, G, S, D, pl);
+  dt_tensor_t sv = make(mesh, v, c->layout, G, S, E, pl);
+  dt_tensor_t sw = make(mesh, w, c->layout, H, S, E, pl);
   const int64_t ra[5] = {cp_dim, c->causal, c->layout, c->balanced, c->algo};
   dt_counters_t fwd, all;
   forward_backward("ring_attention", sq, sk, sv, sw, 5, ra, o2, sizeof(float) * no, g2q, g2k, g2v,
