@@ -18,7 +18,8 @@
 #   conformance test_conformance at np 1 and 2 (every op x dtype, cpu against cuda)
 #   errors      test_device_errors and test_device_leaks (1000 FSDP steps) at np 2
 #   twins       the device twins: redistribution (np 2, 4), ops against PyTorch's fixtures,
-#               autograd, FSDP (np 2, 4), DDP, TP, EP, optimizer, memory, local transfers
+#               autograd, FSDP (np 2, 4), DDP, TP, EP, optimizer, memory, local transfers, ring
+#               attention (staged through host memory until the fused kernel)
 #   parity      tests/nn/loss_parity.sh on the GPU (np 1, 2, 4 on one GPU, f32, rtol 1e-5) and
 #               tests/parallel/parallel_parity.sh (every parallel config of the trainer, np up to 8)
 #   gemm        bench_gpu: dt_mm bf16 4096^3 and 8192^3 against the same cuBLASLt call made
@@ -133,6 +134,7 @@ twin test_optim 2
 twin test_memory 2
 twin test_views 2
 twin test_moe_ep 4
+twin test_ring_attention 2
 
 # loss parity on one GPU: np 1, 2, 4 (host-staged communication), f32
 step loss_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/nn/loss_parity.sh mpirun \
