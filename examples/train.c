@@ -49,7 +49,7 @@
  * The optimizer and gradient clipping work on the parameters the wrapper leaves (sharded ones
  * for fsdp/hsdp).
  *
- * The parallel config --dp D --tp T --ep E (and the JSON keys dp, tp, ep, sp, loss_parallel), in
+ * The parallel config --dp D --tp T --ep E (and the JSON keys dp, tp, ep, cp, sp, loss_parallel), in
  * place of --parallel, --mesh and --plan: D x T x E must be the world size. The mesh is (tp, dp)
  * of T x D E ranks, a tp group on adjacent ranks; the model is built replicated, then tensor
  * parallel over tp (dt_tp_plan_llama: Megatron-LM; --sp keeps the residual stream sequence
@@ -63,6 +63,12 @@
  * the expert mesh (tp, ep, efsdp) = (T, E, D) (torchtitan's, fsdp x tp = efsdp x ep x tp),
  * where position (t, e, f) is the dense mesh's (t, f E + e): the experts are Shard(0) on ep and
  * FSDP-sharded over efsdp (one group per layer's experts, inside the block's group).
+ * --cp C (context parallelism, dt_llama_set_context_parallel) adds a cp dim: the mesh is
+ * (tp, dp, cp), rank (d C + c) T + t; each sequence is permuted on the host to the load-balanced
+ * order (2 C chunks, rank c holds c and 2 C - 1 - c; --seq a multiple of 2 C) and sharded over
+ * cp, attention runs as ring attention, FSDP takes cp as its replicate dim (with --ep and D > 1
+ * the expert mesh is (tp, ep, efsdp, cp)); --sp splits each cp rank's tokens over tp (--seq / C
+ * a multiple of T).
  *
  * --tie-embeddings ties the output projection to the token embedding (GPT-2, Llama 3.2 1B/3B):
  * one (V, D) parameter held by the modules tok_emb and output (dt_llama_config_t.tie_embeddings),
@@ -654,9 +660,6 @@ int train_main(int argc, char** argv) {
       return usage_error("--cp %d splits each sequence into %d chunks (2 per rank, load-balanced "
                          "for causal attention): --seq %d is not a multiple of %d", CP, 2 * CP,
                          o.seq, 2 * CP);
-    if (CP > 1 && o.sp)
-      return usage_error("--cp with --sp is not supported yet (context parallelism composes with "
-                         "--dp, --tp, --ep and --loss-parallel)");
     if (CP > 1 && (o.batch / o.micro_batches) % (D * E) != 0)
       return usage_error("--cp: the batch of %d%s must split evenly over the %d data ranks",
                          o.batch / o.micro_batches, o.micro_batches > 1 ? " per micro-batch" : "",
@@ -665,9 +668,10 @@ int train_main(int argc, char** argv) {
       return usage_error("--ep %d needs --model moe with a multiple of %d experts (got %s, %d)",
                          E, E, o.model, o.experts);
     int kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
-    if (T > 1 && (o.heads % T || kv % T || (o.sp && o.seq % T)))
+    if (T > 1 && (o.heads % T || kv % T || (o.sp && (o.seq / CP) % T)))
       return usage_error("--tp %d must divide the heads (%d), the kv heads (%d)%s", T, o.heads,
-                         kv, o.sp ? " and --seq (sequence parallel)" : "");
+                         kv, !o.sp ? "" : CP > 1 ? " and --seq / --cp (sequence parallel)"
+                                                 : " and --seq (sequence parallel)");
     if (D * E > 1 && o.batch / o.micro_batches < D * E)
       return usage_error("the batch is sharded over %d data ranks: --batch %d%s is smaller", D * E,
                          o.batch / o.micro_batches, o.micro_batches > 1 ? " / --micro-batches" : "");

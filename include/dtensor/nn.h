@@ -221,9 +221,10 @@ DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t to
  * sequence of every activation sharded over that dim's n ranks. dt_llama_forward then takes
  * tokens and targets (B, S) Shard(1) on it, in the load-balanced order (dt_cp_position, S a
  * multiple of 2n), Shard(0) (B splitting evenly) or Replicate on the other dims; the residual
- * stream runs as rows (B S, D) holding each rank's own tokens (no communication), attention as
- * ring attention over the dim with rotary at the real positions; the loss is the mean over all
- * B S tokens. Parameters are replicated over the dim (their gradients are partial sums there,
+ * stream runs as blocks of rows (P, B S / P, D), P the number of token shards, each rank's block
+ * its own tokens (no communication; dim 1 is the sequence dim a sequence-parallel plan shards
+ * over tp, dt_tp_plan_llama's Shard(1)), attention as ring attention over the dim with rotary at
+ * the real positions; the loss is the mean over all B S tokens. Parameters are replicated over the dim (their gradients are partial sums there,
  * reduced where they are reduced over the data dims). DT_ERR_INVALID_ARG for a dim out of range
  * or a seq_len that is not a multiple of 2n. */
 DT_API dt_status_t dt_llama_set_context_parallel(dt_llama_t m, int mesh_dim);

@@ -36,10 +36,11 @@ struct dt_llama {
   const char** name_ptrs;
   /* context parallelism (dt_llama_set_context_parallel): the cp mesh dim (-1: none) and, during
    * a forward, the batch's geometry: (B, S) tokens placed `seq` (S(1) on cp, S(0) on the batch
-   * dims), the residual stream as rows (B S, D) placed `rows` (S(0) on both: each rank's tokens
-   * flattened in place) */
+   * dims), the residual stream as blocks of rows (P, R, D) placed `rows` (S(0) on the cp and
+   * batch dims, P the product of their sizes: each rank's block is its R = B S / P tokens in
+   * place; dim 1 is free for sequence parallelism over tp) */
   int cp_dim, cp_n;
-  int64_t cp_B, cp_S;
+  int64_t cp_B, cp_S, cp_P;
   dt_placement_t cp_seq[DT_MAX_MESH_DIMS], cp_rows[DT_MAX_MESH_DIMS];
 };
 
@@ -95,10 +96,10 @@ static dt_status_t dt__child(dt_module_t m, int i, dt_tape_t tape, dt_var_t x, d
   return dt_module_forward(c, tape, 1, &x, 1, out);
 }
 
-/* Context parallelism: x (B S, F) rows (placed cp_rows; F sharded or not on the other dims) as
- * (B, S, F / dh, dh) placed cp_seq on the batch and cp dims (each rank's rows are its tokens, in
- * order: a view, no copy), or back (to_rows). The rank-local crossing (to_local, from_local) keeps
- * both on the tape. */
+/* Context parallelism: x (P, R, F) blocks of rows (placed cp_rows on the cp and batch dims, F
+ * sharded or not on the others) as (B, S, F / dh, dh) placed cp_seq there (each rank's rows are
+ * its tokens, in order: a view, no copy), or back (to_rows). The rank-local crossing (to_local,
+ * from_local) keeps both on the tape. */
 static dt_status_t dt__cp_relayout(struct dt_llama* m, dt_tape_t tape, dt_var_t x, int64_t dh,
                                    int to_rows, dt_var_t* out) {
   dt_tensor_t xv = dt_var_value(x);
@@ -112,39 +113,46 @@ static dt_status_t dt__cp_relayout(struct dt_llama* m, dt_tape_t tape, dt_var_t 
   DT_CHECK(dt_tensor_local_shape(xv, ls));
   DT_CHECK(dt_tensor_placements(xv, xp));
   DT_CHECK(dt_tensor_dtype(xv, &dt));
-  const int fdim = to_rows ? 2 : 1; /* the feature (heads) dim of x */
+  if (nd != (to_rows ? 4 : 3))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "context parallelism: attention %s of %d dims (expected "
+                   "%d)", to_rows ? "output" : "input", nd, to_rows ? 4 : 3);
   int64_t shape[4], lshape[4];
   int ond;
-  if (to_rows) { /* (B, S, h, dh) -> (B S, h dh) */
-    ond = 2;
-    shape[0] = gs[0] * gs[1];
-    shape[1] = gs[2] * gs[3];
-    lshape[0] = ls[0] * ls[1];
-    lshape[1] = ls[2] * ls[3];
-  } else { /* (B S, F) -> (B, S, F / dh, dh) */
+  if (to_rows) { /* (B, S, h, dh) -> (P, R, h dh) */
+    ond = 3;
+    shape[0] = m->cp_P;
+    shape[1] = gs[0] * gs[1] / m->cp_P;
+    shape[2] = gs[2] * gs[3];
+    lshape[0] = 1;
+    lshape[1] = ls[0] * ls[1];
+    lshape[2] = ls[2] * ls[3];
+  } else { /* (P, R, F) -> (B, S, F / dh, dh) */
     ond = 4;
     const int64_t Sl = m->cp_S / m->cp_n;
     shape[0] = m->cp_B;
     shape[1] = m->cp_S;
-    shape[2] = gs[1] / dh;
+    shape[2] = gs[2] / dh;
     shape[3] = dh;
-    lshape[0] = Sl > 0 ? ls[0] / Sl : 0;
+    lshape[0] = Sl > 0 ? ls[0] * ls[1] / Sl : 0;
     lshape[1] = Sl;
-    lshape[2] = ls[1] / dh;
+    lshape[2] = ls[2] / dh;
     lshape[3] = dh;
   }
-  for (int i = 0; i < mnd; i++) {
-    const int feat = xp[i].kind == DT_SHARD && xp[i].dim == fdim;
-    if (m->cp_rows[i].kind == DT_SHARD)
+  for (int i = 0; i < mnd; i++) { /* the heads (features) are dim 2 on both sides */
+    const int feat = xp[i].kind == DT_SHARD && xp[i].dim == 2;
+    const dt_placement_t want = to_rows ? m->cp_seq[i] : m->cp_rows[i];
+    if (m->cp_rows[i].kind == DT_SHARD && dt_placement_equal(xp[i], want))
       pl[i] = to_rows ? m->cp_rows[i] : m->cp_seq[i];
-    else if (feat)
-      pl[i] = dt_shard(to_rows ? 1 : 2);
-    else if (xp[i].kind == DT_REPLICATE)
+    else if (m->cp_rows[i].kind != DT_SHARD && feat)
+      pl[i] = dt_shard(2);
+    else if (m->cp_rows[i].kind != DT_SHARD && xp[i].kind == DT_REPLICATE)
       pl[i] = dt_replicate();
     else
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "context parallelism: attention input of %d dims placed "
-                     "%s%d on mesh dim %d (expected Replicate or its heads sharded)", nd,
-                     xp[i].kind == DT_PARTIAL ? "Partial, " : "Shard ", xp[i].dim, i);
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "context parallelism: attention %s of %d dims placed "
+                     "%s%d on mesh dim %d (expected %s)", to_rows ? "output" : "input", nd,
+                     xp[i].kind == DT_PARTIAL ? "Partial, " : xp[i].kind == DT_SHARD ? "Shard "
+                     : "Replicate, ", xp[i].dim, i, m->cp_rows[i].kind == DT_SHARD
+                     ? "the tokens' shards" : "Replicate or its heads sharded");
   }
   dt_var_t xl, xr, like;
   dt_tensor_t lt;
@@ -159,15 +167,22 @@ static dt_status_t dt__cp_relayout(struct dt_llama* m, dt_tape_t tape, dt_var_t 
   return dt_ag_from_local(tape, xr, like, out);
 }
 
+static dt_status_t dt__to_f32(dt_tape_t tape, dt_var_t* v);
+
 /* Attention with the sequence sharded over the cp dim: rotary at the tokens' real positions,
- * ring attention over the cp ranks (dt_ring_attention). q (B S, H Dh), k, v (B S, G Dh) rows. */
+ * ring attention over the cp ranks (dt_ring_attention). q (P, R, H Dh), k, v (P, R, G Dh). The
+ * ring computes in f32: a lower compute dtype (FSDP's param_dtype bf16) is cast up around it
+ * (recorded casts; the output goes back to q's dtype). */
 static dt_status_t dt__cp_attention(struct dt_llama* m, dt_tape_t tape, dt_var_t q, dt_var_t k,
                                     dt_var_t v, dt_var_t* out) {
   const dt_llama_config_t* c = &m->cfg;
   const int64_t dh = c->dim / c->n_heads;
   dt_var_t in[3] = {q, k, v}, x4[3], o4;
+  dt_dtype_t qdt;
+  DT_CHECK(dt_tensor_dtype(dt_var_value(q), &qdt));
   for (int j = 0; j < 3; j++) {
     DT_CHECK(dt__cp_relayout(m, tape, in[j], dh, 0, &x4[j]));
+    DT_CHECK(dt__to_f32(tape, &x4[j]));
     if (j < 2) { /* (B, S, h, dh): seq dim 1, positions in the load-balanced order of cp_n */
       const int64_t ra[3] = {1, 0, m->cp_n};
       DT_CHECK(dt_ag_op(tape, "rotary", 1, &x4[j], 3, ra, 1, &c->rope_theta, 1, &x4[j]));
@@ -175,6 +190,10 @@ static dt_status_t dt__cp_attention(struct dt_llama* m, dt_tape_t tape, dt_var_t
   }
   const int64_t aa[5] = {m->cp_dim, 1, 1, 1, 0}; /* causal, (B, S, H, D), balanced, auto */
   DT_CHECK(dt_ag_op(tape, "ring_attention", 3, x4, 5, aa, 0, NULL, 1, &o4));
+  if (qdt != DT_F32) {
+    const int64_t to = qdt;
+    DT_CHECK(dt_ag_op(tape, "cast", 1, &o4, 1, &to, 0, NULL, 1, &o4));
+  }
   return dt__cp_relayout(m, tape, o4, dh, 1, out);
 }
 
@@ -241,28 +260,17 @@ static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt
   (void)n_in;
   (void)n_out;
   int64_t bsd[DT_MAX_DIMS];
-  int xnd;
-  DT_CHECK(dt_tensor_ndim(dt_var_value(in[0]), &xnd));
   DT_CHECK(dt_tensor_shape(dt_var_value(in[0]), bsd));
   const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
   dt_module_t experts;
   DT_CHECK(dt_module_find(m, "experts", &experts));
   dt_var_t xr[2], f[2];
-  if (xnd == 2) /* rows already (context parallelism) */
-    xr[0] = in[0];
-  else
-    DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &xr[0]));
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &xr[0]));
   xr[1] = dt_module_get(m, "router");
   DT_CHECK(dt_module_forward(experts, tape, 2, xr, 2, f));
   out[1] = f[1];
-  if (xnd == 2) {
-    out[0] = f[0];
-    return DT_SUCCESS;
-  }
   return dt_ag_op(tape, "reshape", 1, &f[0], 3, bsd, 0, NULL, 1, &out[0]);
 }
-
-static dt_status_t dt__to_f32(dt_tape_t tape, dt_var_t* v);
 
 /* (h, aux so far or NULL) -> (h, aux so far or NULL). Children in order: attn_norm, attention,
  * ffn_norm, mlp or moe. */
@@ -333,16 +341,11 @@ static dt_status_t dt__fwd_llama(dt_module_t m, dt_tape_t tape, int n_in, const 
     aux = io[1];
   }
   int64_t bsd[DT_MAX_DIMS];
-  int hnd;
-  DT_CHECK(dt_tensor_ndim(dt_var_value(h), &hnd));
   DT_CHECK(dt_tensor_shape(dt_var_value(h), bsd));
   const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
   dt_var_t n, n2, logits, ce;
   DT_CHECK(dt_module_forward(norm, tape, 1, &h, 1, &n));
-  if (hnd == 2) /* rows already (context parallelism) */
-    n2 = n;
-  else
-    DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &n, 2, nd2, 0, NULL, 1, &n2));
   DT_CHECK(dt_module_forward(output, tape, 1, &n2, 1, &logits));
   /* the loss in f32 whatever the compute dtype (FSDP's param_dtype bf16 makes bf16 logits): the
    * cross-entropy of the logits upcast to f32 (a recorded cast: its backward hands the output
@@ -669,6 +672,7 @@ static dt_status_t dt__cp_geometry(dt_llama_t m, dt_tensor_t tokens, dt_tensor_t
                    "over its %lld data-parallel ranks", (long long)ts[0], (long long)batch_parts);
   m->cp_B = ts[0];
   m->cp_S = ts[1];
+  m->cp_P = batch_parts * m->cp_n;
   return DT_SUCCESS;
 }
 
@@ -717,9 +721,11 @@ static dt_status_t dt__llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t t
   dt_tensor_t tok_copy, tgt_copy;
   const int64_t flat[1] = {N};
   dt_status_t st0;
-  if (m->cp_dim >= 0) { /* context parallelism: the ids as rows, each rank's own flattened */
+  if (m->cp_dim >= 0) { /* context parallelism: the ids as blocks of rows (P, R), each rank's
+                         * own tokens in place; the targets flattened alike */
     DT_CHECK(dt__cp_geometry(m, tokens, targets, ts));
-    DT_CHECK(dt_tensor_view_local(tokens, 0, 1, flat, m->cp_rows, &tok_copy));
+    const int64_t blocks[2] = {m->cp_P, N / m->cp_P};
+    DT_CHECK(dt_tensor_view_local(tokens, 0, 2, blocks, m->cp_rows, &tok_copy));
     st0 = dt_tensor_view_local(targets, 0, 1, flat, m->cp_rows, &tgt_copy);
   } else {
     DT_CHECK(dt_op_run("reshape", 1, &tokens, 2, ts, 0, NULL, &tok_copy));

@@ -73,5 +73,6 @@ run 2 --routed --model moe --ep 2
 run 8 --routed --model moe --dp 2 --tp 2 --ep 2 --sp
 run 4 --dp 2 --cp 2 --seq 64 --batch 4 # context parallelism: ring attention's blocks and transfers
 run 4 --cp 2 --tp 2 --seq 64 --batch 4 --checkpoint
+run 4 --cp 2 --tp 2 --sp --loss-parallel --seq 64 --batch 4 # the cp ranks' rows sequence-sharded over tp
 [ $fail = 0 ] && echo "estimate: $n configurations, every one as the real run"
 exit $fail

@@ -5,7 +5,7 @@
 #    ranks: 0 and 2; dp 2 x tp 2: 0, 1, 2, 3), the verdict follows --budget (exit 0 fits, 1 not);
 #  - --plan: at least 6 layouts fit a generous budget, ranked by tokens/s (non-increasing), each
 #    peak within the budget, the best one named; a layout the trainer refuses is listed with its
-#    reason (tp 4 with 6 heads); context-parallel layouts (--cp 2) are among them; MoE adds the
+#    reason (tp 4 with 6 heads); context-parallel layouts (--cp 2, with --sp too) are among them; MoE adds the
 #    --ep layouts; a budget below every layout exits 1
 #    naming the smallest peak;
 #  - --machine: the h100 figures change the step time, not the model's memory; a missing file, a file
@@ -66,6 +66,8 @@ check "--plan: tp 4 with 6 heads refused with the trainer's reason" \
   grep -q "refused: --dp 1 --tp 4: train: --tp 4 must divide the heads (6)" "$W/plan.txt"
 check "--plan: the best layout named" grep -q "^best: " "$W/plan.txt"
 check "--plan: context-parallel layouts estimated" grep -q -- "^[0-9-].* --cp 2" "$W/plan.txt"
+check "--plan: context x sequence parallel layouts estimated" \
+  grep -q -- "^[0-9-].* --tp 2 --cp 2 --sp --loss-parallel" "$W/plan.txt"
 # (np 2 from here: fewer layouts, the same paths; the sanitizer build runs this too)
 "$EST" --np 2 "${M[@]}" --model moe --experts 4 --plan > "$W/moe.txt" 2>&1
 check "--plan with moe: expert-parallel layouts" grep -q -- "--ep 2" "$W/moe.txt"

@@ -94,5 +94,5 @@ refused pc_sp "train: --sp and --loss-parallel go with --tp" 1 --sp
 refused pc_ep_div "train: --ep 2 needs --model moe with a multiple of 2 experts (got moe, 3)" 2 --ep 2 --model moe --experts 3
 refused pc_mix "train: --dp/--tp/--ep/--cp build their own mesh and plan" 2 --tp 2 --parallel fsdp
 refused cp_seq "train: --cp 3 splits each sequence into 6 chunks (2 per rank, load-balanced for causal attention): --seq 16 is not a multiple of 6" 3 --cp 3
-refused cp_sp "train: --cp with --sp is not supported yet" 4 --cp 2 --tp 2 --sp
+refused cp_sp "train: --tp 4 must divide the heads (4), the kv heads (4) and --seq / --cp (sequence parallel)" 8 --cp 2 --tp 4 --sp --seq 12
 echo "trainer_cli: passed"

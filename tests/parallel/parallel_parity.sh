@@ -4,7 +4,7 @@
 # 3, 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP; FSDP on 3 ranks, where shards
 # are uneven), gradient accumulation (--micro-batches: FSDP 2 micro-batches, DDP 4, reducing after
 # the last only), context parallelism (--cp: cp 2 and 4, with tp, dp, dp x tp, ep, tp x ep,
-# dp x ep (the expert mesh takes cp), MoE; its ring's traffic and halved activations), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
+# dp x ep (the expert mesh takes cp), with sequence parallelism over tp, MoE; its ring's traffic and halved activations), and tied embeddings under TP, FSDP (on 2 and 3 ranks), DDP and FSDP x TP: 20
 # steps, every f32 loss within 1e-5 relative (the worst printed per config), bf16 parameters with
 # routed experts under FSDP and EP within 2e-2, and a rerun bitwise equal. Ends with one line per config and "parallel_parity: passed".
 #   parallel_parity.sh MPIEXEC TRAIN_BINARY WORKDIR
@@ -68,6 +68,9 @@ configs=(
   "tp2_ep2_cp2 8 moe  --tp 2 --ep 2 --cp 2 --loss-parallel"
   "cp2_mb2    2 dense --cp 2 --micro-batches 2"
   "dp2_ep2_cp2 8 moe  --dp 2 --ep 2 --cp 2"
+  "cp2_tp2_sp 4 dense --cp 2 --tp 2 --sp"
+  "cp2_tp2_sp_moe 4 moe --cp 2 --tp 2 --sp --loss-parallel"
+  "dp2_cp2_tp2_sp 8 dense --dp 2 --cp 2 --tp 2 --sp --loss-parallel"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
@@ -107,11 +110,14 @@ for c in "${tied_configs[@]}"; do
   compare "$name" "${model}_tied_np1" 1e-5
 done
 # bf16 parameters under FSDP with routed experts (the experts kept in f32 beside bf16 blocks under
-# EP without FSDP; bf16 rows, f32 gates and f32 aux loss): within bf16's reach of the f32 run
+# EP without FSDP; bf16 rows, f32 gates and f32 aux loss), and with context parallelism (the ring
+# in f32 between bf16 projections): within bf16's reach of the f32 run
 bf16_configs=(
   "dp2_moe_bf16 2 moe --dp 2 --param-dtype bf16"
   "ep2_bf16     2 moe --ep 2 --param-dtype bf16"
   "dp2_ep2_bf16 4 moe --dp 2 --ep 2 --param-dtype bf16"
+  "dp2_cp2_bf16 4 moe --dp 2 --cp 2 --param-dtype bf16"
+  "cp2_tp2_sp_bf16 4 dense --cp 2 --tp 2 --sp --param-dtype bf16"
 )
 for c in "${bf16_configs[@]}"; do
   read -r name np model flags <<< "$c"
@@ -149,8 +155,21 @@ for n in cp2 dp2_cp2_tp2; do
   grep -q "^traffic last step, mesh dim 2 cp: all_reduce 4 calls" "$W/$n.log" ||
     { echo "$n: gradients not reduced over cp by FSDP's groups"; grep "mesh dim 2" "$W/$n.log"; exit 1; }
 done
+# context x sequence parallelism: the residual stream of each cp rank's tokens sharded over tp
+# (all-gathers before the projections, reduce-scatters after), the ring still over cp
+for n in cp2_tp2_sp dp2_cp2_tp2_sp; do
+  wanted "$n" || continue
+  grep -q "^traffic last step, mesh dim 0 tp: all_gather .* reduce_scatter" "$W/$n.log" ||
+    { echo "$n: the residual stream was not sequence-sharded over tp"; grep "mesh dim 0" "$W/$n.log"; exit 1; }
+  grep -q "^traffic last step, mesh dim 2 cp: .*send_recv 8 calls" "$W/$n.log" ||
+    { echo "$n: no ring over cp"; exit 1; }
+done
+act() { sed -n 's/^peak_memory_bytes rank 0: .*activations=\([0-9]*\).*/\1/p' "$W/$1.log"; }
+if wanted cp2_tp2 && wanted cp2_tp2_sp; then
+  a1=$(act cp2_tp2) a2=$(act cp2_tp2_sp)
+  [ "$a2" -lt "$a1" ] || { echo "cp2_tp2_sp holds $a2 activation bytes, cp2_tp2 $a1: expected fewer"; exit 1; }
+fi
 if wanted cp2; then
-  act() { sed -n 's/^peak_memory_bytes rank 0: .*activations=\([0-9]*\).*/\1/p' "$W/$1.log"; }
   a1=$(act dense_np1) a2=$(act cp2)
   awk -v a="$a1" -v b="$a2" 'BEGIN { r = b / a; if (r < 0.45 || r > 0.55) { printf "cp2 holds %s activation bytes, np1 %s: expected about half\n", b, a; exit 1 } }'
 fi
