@@ -66,9 +66,10 @@
  * --cp C (context parallelism, dt_llama_set_context_parallel) adds a cp dim: the mesh is
  * (tp, dp, cp), rank (d C + c) T + t; each sequence is permuted on the host to the load-balanced
  * order (2 C chunks, rank c holds c and 2 C - 1 - c; --seq a multiple of 2 C) and sharded over
- * cp, attention runs as ring attention, FSDP takes cp as its replicate dim (with --ep and D > 1
- * the expert mesh is (tp, ep, efsdp, cp)); --sp splits each cp rank's tokens over tp (--seq / C
- * a multiple of T).
+ * cp, attention runs as ring attention, FSDP shards the parameters over dp and cp together
+ * (shard_span 2; with --ep and D > 1 the expert mesh is (tp, ep, efsdp, cp), the experts sharded
+ * over efsdp and cp); --sp splits each cp rank's tokens over tp (--seq / C a multiple of T). The
+ * traffic lines add one for collectives merged over flattened dims.
  *
  * --tie-embeddings ties the output projection to the token embedding (GPT-2, Llama 3.2 1B/3B):
  * one (V, D) parameter held by the modules tok_emb and output (dt_llama_config_t.tie_embeddings),
@@ -388,20 +389,20 @@ static dt_fsdp_config_t keep_gathered(dt_fsdp_config_t fc) {
 }
 
 /* FSDP for the parallel config: over the dp dim (1) of the (tp, dp) mesh, one group per block
- * and the root, the loss in f32. With context parallelism ((tp, dp, cp) mesh) the cp dim is the
- * replicate dim (HSDP): the parameters' gradients, partial sums over cp (each cp rank saw other
- * tokens), are summed there by FSDP's reduction of each group, not one parameter at a time. */
+ * and the root, the loss in f32. With context parallelism ((tp, dp, cp) mesh) over dp and cp
+ * together (shard_span 2, torchtitan's dp_shard_cp): the parameters are sharded over every rank
+ * that sees other tokens, and their gradients, partial sums over dp and cp, are reduce-scattered
+ * over both by one collective per group. */
 static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt_mesh_t emesh,
                                 const train_opts_t* o) {
-  /* shard over dp (mesh dim 1); replicas over cp (dim 2) when there is one */
-  dt_fsdp_config_t fc = dt_fsdp_config_for(1, o->cp > 1 ? 2 : -1);
+  dt_fsdp_config_t fc = dt_fsdp_config_for(1, -1); /* over dp (mesh dim 1) and cp (2) */
+  fc.shard_span = o->cp > 1 ? 2 : 1;
   fc.reshard_after_forward = o->reshard_after_forward;
   fc.param_dtype = !strcmp(o->param_dtype, "bf16") ? DT_BF16 : DT_F32;
   fc.prefetch_forward = fc.prefetch_backward = o->prefetch;
-  dt_fsdp_config_t efc = fc; /* the experts: over efsdp (dim 2) of the expert mesh, replicas over
-                             * its cp dim (3) when there is one */
+  dt_fsdp_config_t efc = fc; /* the experts: over efsdp (dim 2) of the expert mesh, and its cp
+                             * dim (3) when there is one */
   efc.shard_dim = 2;
-  efc.replicate_dim = o->cp > 1 ? 3 : -1;
   for (int l = 0; l < layers; l++) {
     char path[48];
     dt_module_t blk;
@@ -1069,6 +1070,16 @@ int train_main(int argc, char** argv) {
           any = 1;
         }
       printf("%s\n", any ? "" : " none");
+    }
+    int flat = 0; /* steps merged over flattened dims (FSDP over dp x cp) */
+    for (int k = 0; k < DT_COLL_COUNT; k++) flat |= c.flat_calls[k] != 0;
+    if (flat) {
+      printf("traffic last step, %smesh flattened dims:", mi ? "expert " : "");
+      for (int k = 0; k < DT_COLL_COUNT; k++)
+        if (c.flat_calls[k])
+          printf(" %s %llu calls %llu bytes;", dt_collective_name((dt_collective_t)k),
+                 (unsigned long long)c.flat_calls[k], (unsigned long long)c.flat_nbytes[k]);
+      printf("\n");
     }
   }
   if (g_sim && o.steps > 0) { /* the last step's simulated time (dt_sim_time_get) */

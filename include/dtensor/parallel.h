@@ -82,6 +82,9 @@ typedef struct dt_fsdp_config {
   dt_dtype_t output_dtype;   /* the group's floating outputs, or DT_FSDP_KEEP_DTYPE */
   int prefetch_forward;      /* start the next group's all-gather before computing this one */
   int prefetch_backward;     /* the same in the backward pass */
+  int shard_span;            /* 0 or 1: over shard_dim alone; s > 1: over the s mesh dims from
+                              * shard_dim on, flattened (e.g. dp and cp: torchtitan's
+                              * dp_shard_cp) */
 } dt_fsdp_config_t;
 
 /* The defaults over the data dims given: shard over mesh dim `shard_dim`, replicate over
@@ -89,7 +92,8 @@ typedef struct dt_fsdp_config {
  * reduction, outputs kept, prefetch both ways. Every other mesh dim is left to the parameters'
  * own placements (tensor parallelism, applied first). FSDP x TP on a (tp, dp) mesh:
  * dt_fsdp_config_for(1, -1); HSDP on (replicate, shard): dt_fsdp_config_for(1, 0); HSDP x TP on
- * (tp, replicate, shard): dt_fsdp_config_for(2, 1). dt_fully_shard checks the dims. */
+ * (tp, replicate, shard): dt_fsdp_config_for(2, 1); FSDP over dp x cp on (tp, dp, cp):
+ * dt_fsdp_config_for(1, -1) with shard_span 2. dt_fully_shard checks the dims. */
 DT_API dt_fsdp_config_t dt_fsdp_config_for(int shard_dim, int replicate_dim);
 /* The defaults for a mesh whose every dim is a data dim: `mesh_ndim` 1 is FSDP over it, 2 is HSDP
  * (shard over dim 1, replicate over dim 0), i.e. dt_fsdp_config_for(mesh_ndim - 1, mesh_ndim -
@@ -104,10 +108,16 @@ DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
  * colwise weight [Shard(0), Replicate] on a (tp, dp) mesh (dt_fsdp_config_for(1, -1)) becomes
  * [Shard(0), Shard(0)] (dp splits the tp shard: mesh-dim order), gathered back to [Shard(0),
  * Replicate] for the forward. A Shard(0) on a dim after the shard dim would not nest that way and
- * is refused; reshard k > 1 needs the other dims to be of size 1. Parameters already Shard on the
+ * is refused; reshard k > 1 needs the other dims to be of size 1 (and one shard dim). With a
+ * shard_span s > 1 the dims shard_dim .. shard_dim + s - 1 shard together: each parameter
+ * Shard(0) on all of them (nested in mesh-dim order, N the product of their sizes); the group's
+ * dims are registered with dt_mesh_flatten, so the planner runs each all-gather and
+ * reduce-scatter as one collective over them (counted under flat_*) or dim by dim, whichever its
+ * cost model prices lower. Parameters already Shard on the
  * shard dim (experts under expert parallelism over that dim, whose gradients are complete where
  * they are held) are left out of the group, as they are. Errors leave the module as it was:
- * DT_ERR_INVALID_ARG for a dim outside the mesh, shard == replicate dim, a parameter on another
+ * DT_ERR_INVALID_ARG for a dim outside the mesh, a replicate dim among the shard dims, a
+ * parameter on another
  * mesh or not placed as above, a reshard k that does not divide the shard dim, an integer dtype;
  * DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or inside a module wrapped
  * before it (wrapped top-down: that group holds its parameters; wrap bottom-up);

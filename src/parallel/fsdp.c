@@ -3,7 +3,11 @@
  * ranks), mixed precision, forward and backward prefetch. See dtensor/parallel.h and the FSDP
  * section of docs/design.md.
  *
- * Buffers of a group of n parameters on a shard dim of N ranks (chunk_i = ceil(rows_i / N)):
+ * Buffers of a group of n parameters on a shard dim of N ranks (chunk_i = ceil(rows_i / N); with
+ * shard_span s > 1 the s dims from shard_dim on act as one of N = the product of their sizes, a
+ * rank's index row-major over them, rows split by the nested chunk rule of Shard(0) on each in
+ * turn and chunk_i the largest such segment; dt_mesh_flatten lets the planner merge the
+ * collectives over them):
  *   flat   this rank's flat segment, L = sum_i chunk_i * rest_i elements (padding zeroed): a 1-D
  *          tensor of N*L elements, Shard(0) on the shard dim, Replicate elsewhere, persistent;
  *          the sharded parameters are views of it (dt_tensor_view_local), so the optimizer
@@ -61,6 +65,7 @@ struct fsdp_group {
   dt_mesh_t kmesh;           /* reshard k > 1: the mesh with the shard dim split (N/k, k) */
   dt_fsdp_config_t cfg;
   int mesh_ndim, N, R, rank, k; /* shard size, replicas, my shard index, reshard group size */
+  int sizes[DT_MAX_MESH_DIMS]; /* the shard dims' sizes (N their product) */
   int n;
   fsdp_param_t* p;
   int64_t seg, total, total_pad; /* L, T, T padded to a multiple of k */
@@ -109,19 +114,43 @@ dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim) {
   return dt_fsdp_config_for(mesh_ndim > 0 ? mesh_ndim - 1 : 0, mesh_ndim > 1 ? mesh_ndim - 2 : -1);
 }
 
-/* Placements of the group's tensors: `data` on the shard dim (and `rep` on the replicate dim),
+/* The number of shard dims (shard_dim .. shard_dim + span - 1) and whether d is one. */
+static int shard_span(const dt_fsdp_config_t* c) { return c->shard_span > 1 ? c->shard_span : 1; }
+
+static int is_shard_dim(const fsdp_group_t* g, int d) {
+  return d >= g->cfg.shard_dim && d < g->cfg.shard_dim + shard_span(&g->cfg);
+}
+
+/* Placements of the group's tensors: `data` on the shard dims (and `rep` on the replicate dim),
  * Replicate elsewhere. */
 static void placements(const fsdp_group_t* g, dt_placement_t shard, dt_placement_t rep,
                        dt_placement_t* pl) {
-  for (int d = 0; d < g->mesh_ndim; d++) pl[d] = dt_replicate();
-  pl[g->cfg.shard_dim] = shard;
+  for (int d = 0; d < g->mesh_ndim; d++) pl[d] = is_shard_dim(g, d) ? shard : dt_replicate();
   if (g->cfg.replicate_dim >= 0) pl[g->cfg.replicate_dim] = rep;
 }
 
-/* A parameter's sharded placements: its own with Shard(0) on the shard dim. */
+/* A parameter's sharded placements: its own with Shard(0) on the shard dims. */
 static void shard_placements(const fsdp_group_t* g, const fsdp_param_t* q, dt_placement_t* pl) {
   memcpy(pl, q->pl, sizeof q->pl);
-  pl[g->cfg.shard_dim] = dt_shard(0);
+  for (int d = 0; d < g->mesh_ndim; d++)
+    if (is_shard_dim(g, d)) pl[d] = dt_shard(0);
+}
+
+/* Segment k of `rows` rows over the shard dims (k in mesh-dim order, the last dim fastest): the
+ * nested chunk rule of Shard(0) on each of them in turn, as the sharded parameters' layout. */
+static void segment_rows(const fsdp_group_t* g, int64_t rows, int64_t k, int64_t* off,
+                         int64_t* len) {
+  int64_t o = 0, l = rows, rest = g->N;
+  for (int i = 0; i < shard_span(&g->cfg); i++) {
+    const int64_t n = g->sizes[i], c = k / (rest / n) % n;
+    int64_t co, cl;
+    dt_chunk(l, n, c, &co, &cl);
+    o += co;
+    l = cl;
+    rest /= n;
+  }
+  *off = o;
+  *len = l;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -337,8 +366,8 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
     }
     dt_placement_t have[DT_MAX_MESH_DIMS], want[DT_MAX_MESH_DIMS];
     memcpy(want, q->pl, sizeof want);
-    want[g->cfg.shard_dim] = sum;
-    if (g->cfg.replicate_dim >= 0) want[g->cfg.replicate_dim] = sum;
+    for (int d = 0; d < g->mesh_ndim; d++)
+      if (is_shard_dim(g, d) || d == g->cfg.replicate_dim) want[d] = sum;
     st = dt_tensor_placements(gr, have);
     int ok = st == DT_SUCCESS, meta = 0;
     for (int d = 0; ok && d < g->mesh_ndim; d++) ok = dt_placement_equal(have[d], want[d]);
@@ -671,7 +700,7 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
    * gradient complete on the rank that holds it */
   if (pl[g->cfg.shard_dim].kind == DT_SHARD) return 0;
   for (int d = 0; d < g->mesh_ndim; d++) {
-    int data = d == g->cfg.shard_dim || d == g->cfg.replicate_dim;
+    int data = is_shard_dim(g, d) || d == g->cfg.replicate_dim;
     /* tensor parallel on another dim: FSDP shards that shard's dim 0, which nests inside the
      * other dim's split only when that dim comes first in the mesh (mesh-dim order) */
     int nested_ok = pl[d].kind == DT_SHARD && (pl[d].dim != 0 || d < g->cfg.shard_dim);
@@ -727,9 +756,16 @@ static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* 
   if (c->shard_dim < 0 || c->shard_dim >= *nd)
     return DT_FAIL(DT_ERR_INVALID_ARG, "shard dim %d is not a dim of the %d-dim mesh",
                    c->shard_dim, *nd);
-  if (c->replicate_dim < -1 || c->replicate_dim >= *nd || c->replicate_dim == c->shard_dim)
+  const int span = shard_span(c);
+  if (c->shard_span < 0 || c->shard_dim + span > *nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "shard_span %d from shard dim %d: the %d-dim mesh has no "
+                   "such dims (valid: 0 or 1, or s > 1 with shard_dim + s <= %d)", c->shard_span,
+                   c->shard_dim, *nd, *nd);
+  if (c->replicate_dim < -1 || c->replicate_dim >= *nd ||
+      (c->replicate_dim >= c->shard_dim && c->replicate_dim < c->shard_dim + span))
     return DT_FAIL(DT_ERR_INVALID_ARG, "replicate dim %d: -1 (none) or a dim of the "
-                   "%d-dim mesh other than the shard dim %d", c->replicate_dim, *nd, c->shard_dim);
+                   "%d-dim mesh other than the shard dim%s %d%s", c->replicate_dim, *nd,
+                   span > 1 ? "s" : "", c->shard_dim, span > 1 ? " on" : "");
   if (!is_float(c->param_dtype) || !is_float(c->reduce_dtype) ||
       (!is_float(c->output_dtype) && c->output_dtype != DT_FSDP_KEEP_DTYPE))
     return DT_FAIL(DT_ERR_INVALID_ARG, "param, reduce and output dtypes must be "
@@ -738,6 +774,9 @@ static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* 
   int N;
   DT_CHECK(dt_mesh_size(mesh, c->shard_dim, &N));
   int k = c->reshard_after_forward;
+  if (k > 1 && span > 1)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "reshard_after_forward %d with shard_span %d: groups of k "
+                   "ranks need one shard dim", k, span);
   if (k < 0 || (k > 1 && (k > N || N % k != 0)))
     return DT_FAIL(DT_ERR_INVALID_ARG, "reshard_after_forward %d: 0, 1, or a group "
                    "size k > 1 that divides the shard dim's %d ranks", k, N);
@@ -771,7 +810,7 @@ static dt_status_t make_ranges(fsdp_group_t* g) {
     r += 5 * N;
     for (int k = 0; k < g->N; k++) {
       int64_t off, len;
-      dt_chunk(q->rows, g->N, k, &off, &len);
+      segment_rows(g, q->rows, k, &off, &len);
       const int64_t seg = (int64_t)k * g->seg + q->seg_off;
       q->in_dst[k] = seg;
       q->in_src[k] = off * q->rest;
@@ -859,10 +898,22 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
   g->k = c.reshard_after_forward > 1 ? c.reshard_after_forward : 1;
   dt_status_t st = DT_SUCCESS;
   collect_t col = {g, 0, DT_SUCCESS};
-  DT_CHECK_GOTO(dt_mesh_size(mesh, c.shard_dim, &g->N), st, fail);
+  g->N = 1;
+  g->rank = 0;
+  for (int i = 0; i < shard_span(&c); i++) { /* the shard dims as one, the last fastest */
+    int r;
+    DT_CHECK_GOTO(dt_mesh_size(mesh, c.shard_dim + i, &g->sizes[i]), st, fail);
+    DT_CHECK_GOTO(dt_mesh_local_rank(mesh, c.shard_dim + i, &r), st, fail);
+    g->N *= g->sizes[i];
+    g->rank = g->rank * g->sizes[i] + r;
+  }
+  if (shard_span(&c) > 1) { /* one communicator over them: merged collectives (no-op if known) */
+    int dims[DT_MAX_MESH_DIMS];
+    for (int i = 0; i < shard_span(&c); i++) dims[i] = c.shard_dim + i;
+    DT_CHECK_GOTO(dt_mesh_flatten(mesh, shard_span(&c), dims, NULL, NULL), st, fail);
+  }
   if (c.replicate_dim >= 0) DT_CHECK_GOTO(dt_mesh_size(mesh, c.replicate_dim, &g->R), st, fail);
   else g->R = 1;
-  DT_CHECK_GOTO(dt_mesh_local_rank(mesh, c.shard_dim, &g->rank), st, fail);
   DT_CHECK_GOTO(dt_dtype_itemsize(c.param_dtype, &g->pes), st, fail);
   DT_CHECK_GOTO(dt_dtype_itemsize(c.reduce_dtype, &g->res), st, fail);
   DT_CHECK_GOTO(dt_module_for_each_param(m, collect, &col), st, fail);
@@ -872,7 +923,8 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
    * end of the outermost backward), as FSDP2 does for a root without parameters of its own */
   for (int i = 0; i < g->n; i++) {
     fsdp_param_t* q = &g->p[i];
-    q->chunk = (q->rows + g->N - 1) / g->N;
+    int64_t off0;
+    segment_rows(g, q->rows, 0, &off0, &q->chunk); /* the first segment is the largest */
     q->seg_off = g->seg;
     g->seg += q->chunk * q->rest;
     q->full_off = g->total;

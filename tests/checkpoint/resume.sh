@@ -3,7 +3,8 @@
 #  - dense: 6 steps under FSDP on 4 ranks, saving every 3 steps (asynchronously; the save line
 #    gives size, time and stall); the run resumed from step 3 on the same layout repeats steps
 #    3-5 bit for bit (loss and gradient norm, printed with 9 digits); resumed on 1 rank (no
-#    parallelism), on 2 (--tp 2), on 4 as HSDP 2x2 and as --dp 2 --tp 2, each step's loss within
+#    parallelism), on 2 (--tp 2), on 4 as HSDP 2x2, as --dp 2 --tp 2 and as --dp 2 --cp 2
+#    (parameters sharded over dp x cp), each step's loss within
 #    1e-5 of the uninterrupted run;
 #  - MoE: 4 steps under --dp 2 --tp 2 --ep 2 on 8 ranks (experts sharded over ep, saved every 2
 #    steps), resumed from step 2 under FSDP on 4 ranks and on 1 rank: losses within 1e-5;
@@ -12,7 +13,8 @@
 #  - keep_last 1 leaves one checkpoint; --resume with an empty directory starts at step 0; a
 #    resume onto another model (wider) fails with a message naming the tensor and the shapes.
 #  - conversions (--resume-from with nothing left to train saves what it loaded): the dense step-3
-#    checkpoint onto 1 rank, --tp 2, HSDP 2x2, --dp 2 --tp 2 and back to FSDP on 4; the MoE one
+#    checkpoint onto 1 rank, --tp 2, HSDP 2x2, --dp 2 --tp 2, --dp 2 --cp 2 and back to FSDP on
+#    4; the MoE one
 #    from --dp 2 --tp 2 --ep 2 on 8 ranks onto FSDP on 4, 1 rank, and back to 8: every tensor,
 #    parameters and AdamW state, bit-identical to the saved one (dtensor-ckpt consolidate, cmp).
 #   resume.sh MPIEXEC TRAIN_BINARY WORKDIR DTENSOR_CKPT
@@ -77,6 +79,7 @@ done <<EOF
 2 1e-5 --tp 2
 4 1e-5 --parallel hsdp --mesh 2x2
 4 1e-5 --dp 2 --tp 2
+4 1e-5 --dp 2 --cp 2
 EOF
 
 # MoE: FSDP x TP x EP on 8 ranks, resumed under FSDP on 4 and on 1
@@ -110,7 +113,8 @@ convert "$W/ck/step_00000003" "$W/c1" 1 $DENSE --steps 3
 convert "$W/c1/step_00000003" "$W/c2" 2 $DENSE --steps 3 --tp 2
 convert "$W/c2/step_00000003" "$W/c3" 4 $DENSE --steps 3 --parallel hsdp --mesh 2x2
 convert "$W/c3/step_00000003" "$W/c4" 4 $DENSE --steps 3 --dp 2 --tp 2
-convert "$W/c4/step_00000003" "$W/c5" 4 $DENSE --steps 3 --parallel fsdp
+convert "$W/c4/step_00000003" "$W/c4cp" 4 $DENSE --steps 3 --dp 2 --cp 2
+convert "$W/c4cp/step_00000003" "$W/c5" 4 $DENSE --steps 3 --parallel fsdp
 cmp "$W/c1.src.safetensors" "$W/c5.safetensors" || { echo "the round trip changed a tensor"; exit 1; }
 convert "$W/moe/step_00000002" "$W/mc1" 4 $MOE --steps 2 --parallel fsdp
 convert "$W/mc1/step_00000002" "$W/mc2" 1 $MOE --steps 2

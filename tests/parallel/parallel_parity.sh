@@ -142,18 +142,20 @@ for n in dp2_ep2 dp2_tp2_ep2 dp2_ep2_cp2; do
   grep -q "experts (tp, ep, efsdp" "$W/$n.log" || { echo "$n: no expert mesh"; exit 1; }
   grep -q "^traffic last step, expert mesh dim 1 ep: all_to_all" "$W/$n.log" ||
     { echo "$n: no all-to-all over ep"; exit 1; }
-  grep -q "^traffic last step, expert mesh dim 2 efsdp: all_gather .* reduce_scatter" "$W/$n.log" ||
+  # (with cp: over efsdp x cp, merged)
+  grep -Eq "^traffic last step, expert mesh (dim 2 efsdp|flattened dims): all_gather .* reduce_scatter" "$W/$n.log" ||
     { echo "$n: the experts were not sharded over efsdp"; exit 1; }
 done
 # context parallelism: the sequence over the cp dim, attention as ring attention (send_recv on
-# cp: per layer 1 step forward, 3 backward at cp 2), activations halved
+# cp: per layer 1 step forward, 3 backward at cp 2), activations halved, parameters sharded over dp x cp
 for n in cp2 dp2_cp2_tp2; do
   wanted "$n" || continue
   grep -q "^traffic last step, mesh dim 2 cp: .*send_recv 8 calls" "$W/$n.log" ||
     { echo "$n: no ring over cp (2 layers x 4 send_recv)"; exit 1; }
-  # the parameters' gradients summed over cp once per FSDP group (3) and the loss, not per parameter
-  grep -q "^traffic last step, mesh dim 2 cp: all_reduce 4 calls" "$W/$n.log" ||
-    { echo "$n: gradients not reduced over cp by FSDP's groups"; grep "mesh dim 2" "$W/$n.log"; exit 1; }
+  # the parameters sharded over dp x cp (FSDP's shard_span 2): their gradients reduce-scattered
+  # once per FSDP group (3) over cp (dp 1) or dp x cp merged, not all-reduced per parameter
+  grep -Eq "^traffic last step, mesh (dim 2 cp|flattened dims): all_gather [0-9]+ calls [0-9]+ bytes; (all_reduce [12] calls [0-9] bytes; )?reduce_scatter 3 calls" "$W/$n.log" ||
+    { echo "$n: parameters not sharded over dp x cp by FSDP's groups"; grep "^traffic" "$W/$n.log"; exit 1; }
 done
 # context x sequence parallelism: the residual stream of each cp rank's tokens sharded over tp
 # (all-gathers before the projections, reduce-scatters after), the ring still over cp
@@ -172,5 +174,9 @@ fi
 if wanted cp2; then
   a1=$(act dense_np1) a2=$(act cp2)
   awk -v a="$a1" -v b="$a2" 'BEGIN { r = b / a; if (r < 0.45 || r > 0.55) { printf "cp2 holds %s activation bytes, np1 %s: expected about half\n", b, a; exit 1 } }'
+  # the optimizer state of parameters sharded over cp (dp 1): half of one rank's
+  opt() { sed -n 's/^peak_memory_bytes rank 0: .*optimizer=\([0-9]*\).*/\1/p' "$W/$1.log"; }
+  o1=$(opt dense_np1) o2=$(opt cp2)
+  awk -v a="$o1" -v b="$o2" 'BEGIN { r = b / a; if (r < 0.45 || r > 0.55) { printf "cp2 holds %s optimizer bytes, np1 %s: expected about half\n", b, a; exit 1 } }'
 fi
 echo "parallel_parity: passed"

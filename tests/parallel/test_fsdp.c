@@ -2,7 +2,8 @@
  *
  *  - loss parity over 20 steps (AdamW, clipping on the sharded gradients) against the dense
  *    computation (every parameter and the batch replicated on every rank): reshard after forward
- *    on and off, prefetch on and off, reshard to groups of 2 (np 4), HSDP 2x2 (np 4); uneven
+ *    on and off, prefetch on and off, reshard to groups of 2 (np 4), HSDP 2x2 (np 4), FSDP over
+ *    both dims of a 2x2 mesh (shard_span 2, nested uneven shards; np 4); uneven
  *    parameter shapes (vocab 61, dim 30, ffn 50: dim 0 does not split evenly); every step within
  *    1e-5 relative, the worst printed; a repeated run bitwise equal;
  *  - bf16 parameters (f32 reduction, f32 outputs): within 0.05 relative of the f32 losses and the
@@ -15,7 +16,8 @@
  *  - a sharded value replaced by dt_var_set_value trains exactly as the same values written in
  *    place (the shards are views of the group's all-gather buffer);
  *  - dt_fsdp_config_for(shard, replicate): the defaults over those dims (default(n) is one case);
- *  - bad input: clear errors and nothing half-wrapped; parameters of two dtypes in one group; a
+ *  - bad input: clear errors and nothing half-wrapped (shard_span out of the mesh, over the
+ *    replicate dim, with reshard to groups of k); parameters of two dtypes in one group; a
  *    module inside a group wrapped before it (top-down) refused, naming both; a module with
  *    nothing to shard is a group without parameters.
  */
@@ -227,6 +229,13 @@ static void test_parity(void) {
     parity("hsdp 2x2", &r, ref, 1e-5);
     r.fsdp.reshard_after_forward = 0;
     parity("hsdp 2x2 no-reshard", &r, ref, 1e-5);
+    /* FSDP over both dims of the 2x2 mesh (shard_span 2: dp x cp's layout): uneven rows split
+     * nested (61 = 31 + 30, then 16 + 15 and 15 + 15), not as one split of 4 */
+    r.fsdp = dt_fsdp_config_for(0, -1);
+    r.fsdp.shard_span = 2;
+    parity("fsdp over 2x2 (shard_span 2)", &r, ref, 1e-5);
+    r.fsdp.reshard_after_forward = 0;
+    parity("fsdp over 2x2 no-reshard", &r, ref, 1e-5);
   }
   /* two micro-batches, the first not synced, against the dense double batch */
   r = fsdp_run(1, 1);
@@ -619,6 +628,13 @@ static void test_bad_input(void) {
   cfg.replicate_dim = 0; /* the shard dim */
   DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
   cfg = dt_fsdp_config_default(1);
+  cfg.shard_span = 2; /* dims 0 and 1: the mesh has one */
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "shard_span 2 from shard dim 0") != NULL, "message: %s",
+                 dt_last_error());
+  cfg.shard_span = -1;
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  cfg = dt_fsdp_config_default(1);
   cfg.param_dtype = DT_I32;
   DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
   cfg = dt_fsdp_config_default(1);
@@ -744,6 +760,42 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* shard_span on a 2x2 mesh (np 4): a replicate dim among the shard dims and reshard to groups
+ * of k over two shard dims refused, naming the reason, and nothing wrapped. */
+static void test_span_bad(void) {
+  if (g_world != 4) return;
+  int shape2[2] = {2, 2};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(2, shape2, NULL, NULL, &mesh));
+  dt_llama_config_t c = model_config();
+  dt_llama_t model;
+  DT_ASSERT_OK(dt_llama_create(mesh, &c, NULL, &model));
+  dt_module_t root, blk;
+  DT_ASSERT_OK(dt_llama_module(model, &root));
+  DT_ASSERT_OK(dt_module_find(root, "layers.0", &blk));
+  dt_fsdp_config_t cfg = dt_fsdp_config_for(0, 1);
+  cfg.shard_span = 2; /* dim 1 both a shard and the replicate dim */
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "replicate dim 1") != NULL, "message: %s",
+                 dt_last_error());
+  cfg = dt_fsdp_config_for(0, -1);
+  cfg.shard_span = 2;
+  cfg.reshard_after_forward = 2;
+  DT_ASSERT_STATUS(dt_fully_shard(blk, mesh, &cfg), DT_ERR_UNSUPPORTED);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "need one shard dim") != NULL, "message: %s",
+                 dt_last_error());
+  DT_ASSERT_TRUE(!dt_fsdp_is_group(blk), "a refused config wrapped the block");
+  /* accepted: the group's shard size is the product of both dims */
+  cfg.reshard_after_forward = 1;
+  DT_ASSERT_OK(dt_fully_shard(blk, mesh, &cfg));
+  dt_fsdp_group_info_t gi;
+  DT_ASSERT_OK(dt_fsdp_group_info(blk, &gi));
+  DT_ASSERT_TRUE(gi.shard_size == 4 && gi.replicate_size == 1, "shard %d replicate %d",
+                 gi.shard_size, gi.replicate_size);
+  DT_ASSERT_OK(dt_llama_destroy(model));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_size(&g_world));
@@ -751,6 +803,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_corpus_markov(61, 1, 1 << 14, 3, &g_corpus));
   test_config_for();
   test_bad_input();
+  test_span_bad();
   test_traffic();
   test_memory();
   test_replaced_values();
