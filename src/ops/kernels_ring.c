@@ -346,30 +346,55 @@ static dt_status_t dt__ra_bwd_blocks(const dt__ring_call_t* a, int s, const floa
   return DT_SUCCESS;
 }
 
-/* Posts the transfers of one ring step: `count` floats of each (send, recv) pair to r + 1 and
- * from r - 1. */
-static dt_status_t dt__ra_post(const dt__ring_call_t* a, int npairs, const float* const* send,
-                               float* const* recv, const int64_t* count, dt_comm_req_t* req) {
+static void dt__ra_count(const dt__ring_call_t* a, dt_collective_t c, uint64_t nbytes) {
+  dt__count_collective(a->mesh, 1u << a->dim, c, nbytes);
+}
+
+/* One ring exchange in flight: up to two (send to r + 1, receive from r - 1) pairs, counted as one
+ * send_recv call; simulated, the time it ends on the simulated clock. */
+typedef struct {
+  int npairs;
+  dt_comm_req_t req[4];
+  double end;
+} dt__ra_xfer_t;
+
+/* Starts an exchange of `count[i]` floats of send[i] into recv[i] (i < npairs <= 2). */
+static dt_status_t dt__ra_start(const dt__ring_call_t* a, dt__ra_xfer_t* x, int npairs,
+                                const float* const* send, float* const* recv,
+                                const int64_t* count) {
+  memset(x, 0, sizeof *x);
+  uint64_t nbytes = 0;
+  for (int i = 0; i < npairs; i++) nbytes += (uint64_t)count[i] * sizeof(float);
+  dt__ra_count(a, DT_COLL_SEND_RECV, nbytes);
+  if (a->sim) {
+    x->end = dt__sim_collective(a->mesh, 1u << a->dim, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->n,
+                                nbytes, 1);
+    return DT_SUCCESS;
+  }
   dt_comm_t* c = a->comm;
   const int next = (a->r + 1) % a->n, prev = (a->r + a->n - 1) % a->n;
   for (int i = 0; i < npairs; i++) {
-    DT_CHECK(c->iface->recv(c, recv[i], count[i], DT_F32, prev, &req[2 * i]));
-    DT_CHECK(c->iface->send(c, send[i], count[i], DT_F32, next, &req[2 * i + 1]));
+    x->npairs = i + 1; /* what was posted is waited for, even after a failure */
+    DT_CHECK(c->iface->recv(c, recv[i], count[i], DT_F32, prev, &x->req[2 * i]));
+    DT_CHECK(c->iface->send(c, send[i], count[i], DT_F32, next, &x->req[2 * i + 1]));
   }
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__ra_wait(const dt__ring_call_t* a, int nreq, dt_comm_req_t* req) {
-  dt_status_t st = DT_SUCCESS;
-  for (int i = 0; i < nreq; i++) {
-    dt_status_t s2 = a->comm->iface->wait(a->comm, &req[i]);
-    if (st == DT_SUCCESS) st = s2;
+/* Completes an exchange (simulated: waits until its end); the first failure is returned. */
+static dt_status_t dt__ra_finish(const dt__ring_call_t* a, dt__ra_xfer_t* x) {
+  if (a->sim) {
+    dt__sim_wait_until(x->end);
+    return DT_SUCCESS;
   }
+  dt_status_t st = DT_SUCCESS;
+  for (int i = 0; i < 2 * x->npairs; i++) {
+    dt_status_t s2 = a->comm->iface->wait(a->comm, &x->req[i]);
+    if (st == DT_SUCCESS) st = s2;
+    a->comm->iface->req_free(&x->req[i]);
+  }
+  x->npairs = 0;
   return st;
-}
-
-static void dt__ra_count(const dt__ring_call_t* a, dt_collective_t c, uint64_t nbytes) {
-  dt__count_collective(a->mesh, 1u << a->dim, c, nbytes);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -382,7 +407,6 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
   const int n = a->n, algo = dt__ra_algo(a);
   const int64_t rows = g->B * g->H * g->S;
   const unsigned mask = 1u << a->dim;
-  const uint64_t kvb = (uint64_t)(a->nk + a->nv) * sizeof(float);
   dt__ra_mem_t mm = {.b = g->bk};
   float* scr = dt__ra_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
   float* l = dt__ra_alloc(&mm, sizeof(float) * (size_t)rows, 1);
@@ -447,31 +471,19 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     float* bufv[2] = {vb, vb2};
     for (int t = 0; t < n && st == DT_SUCCESS; t++) {
       const int s = (a->r - t + n) % n, more = t + 1 < n;
-      dt_comm_req_t req[4];
-      memset(req, 0, sizeof req);
-      double end = 0.0;
-      if (more) {
-        dt__ra_count(a, DT_COLL_SEND_RECV, kvb);
-        if (a->sim) {
-          end = dt__sim_collective(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, n, kvb, 1);
-        } else {
-          const float* snd[2] = {cur_k, cur_v};
-          float* rcv[2] = {bufk[t % 2], bufv[t % 2]};
-          const int64_t cnt[2] = {a->nk, a->nv};
-          st = dt__ra_post(a, 2, snd, rcv, cnt, req);
-        }
+      dt__ra_xfer_t x;
+      if (more) { /* the next shard in while this one's blocks run */
+        const float* snd[2] = {cur_k, cur_v};
+        float* rcv[2] = {bufk[t % 2], bufv[t % 2]};
+        const int64_t cnt[2] = {a->nk, a->nv};
+        st = dt__ra_start(a, &x, 2, snd, rcv, cnt);
       }
       dt__ra_sim_compute(a, s, 0);
       if (!a->sim && st == DT_SUCCESS)
         st = dt__ra_fwd_blocks(a, s, qd, cur_k, cur_v, od, m, l, scr);
       if (more) {
-        if (a->sim) {
-          dt__sim_wait_until(end);
-        } else {
-          dt_status_t w = dt__ra_wait(a, 4, req);
-          if (st == DT_SUCCESS) st = w;
-          for (int i = 0; i < 4; i++) a->comm->iface->req_free(&req[i]);
-        }
+        dt_status_t w = dt__ra_finish(a, &x);
+        if (st == DT_SUCCESS) st = w;
         cur_k = bufk[t % 2];
         cur_v = bufv[t % 2];
       }
@@ -593,29 +605,18 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
                                    float* const* kvbuf, float* const* acc, float* tmp) {
   const int n = a->n;
   const int64_t nkv = a->nk + a->nv;
-  const unsigned mask = 1u << a->dim;
-  const uint64_t kvb = (uint64_t)nkv * sizeof(float);
   dt_status_t st = DT_SUCCESS;
   const float *cur_k = kd, *cur_v = vd;
-  dt_comm_req_t kvreq[4], areq[2]; /* areq: the accumulator's receive and send in flight */
-  memset(kvreq, 0, sizeof kvreq);
-  memset(areq, 0, sizeof areq);
+  dt__ra_xfer_t kvx, ax; /* ax: the accumulator's receive and send in flight */
   int acc_inflight = 0;
-  double acc_end = 0.0;
   for (int t = 0; t < n && st == DT_SUCCESS; t++) {
     const int s = (a->r - t + n) % n, more = t + 1 < n;
     float* A = acc[t % 2];
-    double kv_end = 0.0;
     if (more) {
-      dt__ra_count(a, DT_COLL_SEND_RECV, kvb);
-      if (a->sim) {
-        kv_end = dt__sim_collective(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, n, kvb, 1);
-      } else {
-        const float* snd[2] = {cur_k, cur_v};
-        float* rcv[2] = {kvbuf[t % 2], kvbuf[t % 2] + a->nk};
-        const int64_t cnt[2] = {a->nk, a->nv};
-        st = dt__ra_post(a, 2, snd, rcv, cnt, kvreq);
-      }
+      const float* snd[2] = {cur_k, cur_v};
+      float* rcv[2] = {kvbuf[t % 2], kvbuf[t % 2] + a->nk};
+      const int64_t cnt[2] = {a->nk, a->nv};
+      st = dt__ra_start(a, &kvx, 2, snd, rcv, cnt);
     }
     /* this step's contribution to shard s's gradient: straight into the accumulator at t = 0,
      * else into scratch while the accumulator arrives */
@@ -626,51 +627,31 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
     }
     dt__ra_sim_compute(a, s, 1);
     if (acc_inflight) { /* the accumulator of shard s (into A) and the previous send */
-      if (a->sim) {
-        dt__sim_wait_until(acc_end);
-      } else {
-        dt_status_t w = dt__ra_wait(a, 2, areq);
-        if (st == DT_SUCCESS) st = w;
-        for (int i = 0; i < 2; i++) a->comm->iface->req_free(&areq[i]);
-        if (st == DT_SUCCESS)
-          for (int64_t i = 0; i < nkv; i++) A[i] += tmp[i];
-      }
+      dt_status_t w = dt__ra_finish(a, &ax);
+      if (st == DT_SUCCESS) st = w;
+      if (st == DT_SUCCESS && !a->sim)
+        for (int64_t i = 0; i < nkv; i++) A[i] += tmp[i];
       acc_inflight = 0;
     }
     /* shard s's accumulator on to r + 1; the next one (or, after the last step, this rank's
      * own, home) from r - 1 */
     if (st == DT_SUCCESS) {
-      dt__ra_count(a, DT_COLL_SEND_RECV, kvb);
-      if (a->sim) {
-        acc_end = dt__sim_collective(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, n, kvb, 1);
-      } else {
-        const float* snd[1] = {A};
-        float* rcv[1] = {acc[(t + 1) % 2]};
-        const int64_t cnt[1] = {nkv};
-        st = dt__ra_post(a, 1, snd, rcv, cnt, areq);
-      }
-      acc_inflight = st == DT_SUCCESS;
+      const float* snd[1] = {A};
+      float* rcv[1] = {acc[(t + 1) % 2]};
+      const int64_t cnt[1] = {nkv};
+      st = dt__ra_start(a, &ax, 1, snd, rcv, cnt);
+      acc_inflight = 1; /* whatever was posted is completed below */
     }
     if (more) {
-      if (a->sim) {
-        dt__sim_wait_until(kv_end);
-      } else {
-        dt_status_t w = dt__ra_wait(a, 4, kvreq);
-        if (st == DT_SUCCESS) st = w;
-        for (int i = 0; i < 4; i++) a->comm->iface->req_free(&kvreq[i]);
-      }
+      dt_status_t w = dt__ra_finish(a, &kvx);
+      if (st == DT_SUCCESS) st = w;
       cur_k = kvbuf[t % 2];
       cur_v = kvbuf[t % 2] + a->nk;
     }
   }
   if (acc_inflight) {
-    if (a->sim) {
-      dt__sim_wait_until(acc_end);
-    } else {
-      dt_status_t w = dt__ra_wait(a, 2, areq);
-      if (st == DT_SUCCESS) st = w;
-      for (int i = 0; i < 2; i++) a->comm->iface->req_free(&areq[i]);
-    }
+    dt_status_t w = dt__ra_finish(a, &ax);
+    if (st == DT_SUCCESS) st = w;
   }
   if (st == DT_SUCCESS && !a->sim) { /* home: this rank's shard's gradient */
     const float* home = acc[n % 2];

@@ -82,7 +82,7 @@ for c in "${configs[@]}"; do
 done
 # tied embeddings (--tie-embeddings: one (V, D) table for tok_emb and output): TP 2 (embedding
 # rowwise and output colwise agree on Shard(0)), FSDP 2 (the root group holds it), DDP 2 (one
-# reduction), FSDP 2 x TP 2, dense and MoE, against the tied single-rank run
+# reduction), FSDP 2 x TP 2, CP 2 x TP 2 with SP, dense and MoE, against the tied single-rank run
 tied_configs=(
   "tied_tp2         2 dense --tp 2"
   "tied_tp2_sp_lp   2 dense --tp 2 --sp --loss-parallel"
@@ -94,6 +94,7 @@ tied_configs=(
   "tied_ddp2_moe    2 moe   --parallel ddp"
   "tied_dp2_tp2_moe 4 moe   --dp 2 --tp 2"
   "tied_dp3         3 dense --dp 3"
+  "tied_cp2_tp2_sp  4 dense --cp 2 --tp 2 --sp --loss-parallel"
 )
 for model in dense moe; do
   run "${model}_tied_np1" 1 --model $model --tie-embeddings
