@@ -193,9 +193,10 @@ DT_API int64_t dt_cp_position(int64_t index, int64_t seq, int cp);
  * memory and computed there (correct, not fast: the GPU backend's fused kernel is to come);
  * simulated runs count the traffic and price the steps. Every rank allocates its scratch before
  * the first transfer and the ranks agree on the outcome (a rank out of memory fails them all).
- * Errors: DT_ERR_INVALID_ARG for shapes, a sequence that is not a multiple of 2n (balanced) or n,
- * a mesh_dim out of range; DT_ERR_UNSUPPORTED for dtypes other than f32. scale <= 0:
- * 1/sqrt(D). */
+ * Dtypes: q, k, v share one float dtype; bf16/f16 are cast to f32 copies after the moves (the
+ * blocks compute and the ring moves f32), the output and the gradients come back in the inputs'
+ * dtype. Errors: DT_ERR_INVALID_ARG for shapes, mixed or integer dtypes, a sequence that is not a
+ * multiple of 2n (balanced) or n, a mesh_dim out of range. scale <= 0: 1/sqrt(D). */
 DT_API dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int mesh_dim,
                                      int causal, int balanced, double scale, dt_tensor_t* out);
 /* Indexing and routing. */

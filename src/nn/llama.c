@@ -167,22 +167,16 @@ static dt_status_t dt__cp_relayout(struct dt_llama* m, dt_tape_t tape, dt_var_t 
   return dt_ag_from_local(tape, xr, like, out);
 }
 
-static dt_status_t dt__to_f32(dt_tape_t tape, dt_var_t* v);
-
 /* Attention with the sequence sharded over the cp dim: rotary at the tokens' real positions,
- * ring attention over the cp ranks (dt_ring_attention). q (P, R, H Dh), k, v (P, R, G Dh). The
- * ring computes in f32: a lower compute dtype (FSDP's param_dtype bf16) is cast up around it
- * (recorded casts; the output goes back to q's dtype). */
+ * ring attention over the cp ranks (dt_ring_attention; under bf16 compute it casts to f32 and
+ * back itself). q (P, R, H Dh), k, v (P, R, G Dh). */
 static dt_status_t dt__cp_attention(struct dt_llama* m, dt_tape_t tape, dt_var_t q, dt_var_t k,
                                     dt_var_t v, dt_var_t* out) {
   const dt_llama_config_t* c = &m->cfg;
   const int64_t dh = c->dim / c->n_heads;
   dt_var_t in[3] = {q, k, v}, x4[3], o4;
-  dt_dtype_t qdt;
-  DT_CHECK(dt_tensor_dtype(dt_var_value(q), &qdt));
   for (int j = 0; j < 3; j++) {
     DT_CHECK(dt__cp_relayout(m, tape, in[j], dh, 0, &x4[j]));
-    DT_CHECK(dt__to_f32(tape, &x4[j]));
     if (j < 2) { /* (B, S, h, dh): seq dim 1, positions in the load-balanced order of cp_n */
       const int64_t ra[3] = {1, 0, m->cp_n};
       DT_CHECK(dt_ag_op(tape, "rotary", 1, &x4[j], 3, ra, 1, &c->rope_theta, 1, &x4[j]));
@@ -190,10 +184,6 @@ static dt_status_t dt__cp_attention(struct dt_llama* m, dt_tape_t tape, dt_var_t
   }
   const int64_t aa[5] = {m->cp_dim, 1, 1, 1, 0}; /* causal, (B, S, H, D), balanced, auto */
   DT_CHECK(dt_ag_op(tape, "ring_attention", 3, x4, 5, aa, 0, NULL, 1, &o4));
-  if (qdt != DT_F32) {
-    const int64_t to = qdt;
-    DT_CHECK(dt_ag_op(tape, "cast", 1, &o4, 1, &to, 0, NULL, 1, &o4));
-  }
   return dt__cp_relayout(m, tape, o4, dh, 1, out);
 }
 
@@ -271,6 +261,8 @@ static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt
   out[1] = f[1];
   return dt_ag_op(tape, "reshape", 1, &f[0], 3, bsd, 0, NULL, 1, &out[0]);
 }
+
+static dt_status_t dt__to_f32(dt_tape_t tape, dt_var_t* v);
 
 /* (h, aux so far or NULL) -> (h, aux so far or NULL). Children in order: attn_norm, attention,
  * ffn_norm, mlp or moe. */

@@ -27,7 +27,9 @@
  * Simulated runs (the meta backend): nothing computed or sent; the scratch is allocated as the
  * real run would, the traffic counted, the steps priced on the simulated clock with the overlap
  * of the ring. Device backends: the shards are staged through host memory and computed there
- * (their fused kernel comes with the GPU backend).
+ * (their fused kernel comes with the GPU backend). bf16/f16 inputs: the blocks compute in f32,
+ * so q, k, v (backward: o and its gradient too) are cast to f32 copies after their moves and
+ * the results cast back (o and the gradients in the inputs' dtype, lse f32); the ring moves f32.
  */
 #include <math.h>
 #include <string.h>
@@ -79,9 +81,6 @@ static dt_status_t dt__ra_plan(dt__ring_call_t* a, dt_tensor_t q, dt_tensor_t k,
                    a->layout ? "B, S, H, D" : "B, H, S, D");
   if (!dt__dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: q, k, v must share one float dtype", kOp);
-  if (q->dtype != DT_F32)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s: the ring's blocks compute f32 (cast first)",
-                   kOp, dt_dtype_name(q->dtype));
   if (ks[0] != qs[0] || vs[0] != qs[0] || ks[3] != qs[3] || vs[hd] != ks[hd] || vs[sd] != ks[sd])
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shapes q %lldx%lldx%lldx%lld, k %lldx%lldx%lldx%lld "
                    "and v do not match", kOp, (long long)qs[0], (long long)qs[1],
@@ -125,6 +124,28 @@ static dt_status_t dt__ra_plan(dt__ring_call_t* a, dt_tensor_t q, dt_tensor_t k,
   return DT_SUCCESS;
 }
 
+/* x as f32 for the ring's blocks: x itself (*owned NULL) or an f32 copy (*owned). */
+static dt_status_t dt__ra_f32(dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned) {
+  *owned = NULL;
+  *y = x;
+  if (x->dtype == DT_F32) return DT_SUCCESS;
+  const int64_t to = DT_F32;
+  DT_CHECK(dt_op_run("cast", 1, &x, 1, &to, 0, NULL, owned));
+  *y = *owned;
+  return DT_SUCCESS;
+}
+
+/* *t cast to dtype `to` in place of itself (the f32 tensor is freed). */
+static dt_status_t dt__ra_to(dt_tensor_t* t, dt_dtype_t to) {
+  if ((*t)->dtype == to) return DT_SUCCESS;
+  const int64_t ta = to;
+  dt_tensor_t y;
+  DT_CHECK(dt_op_run("cast", 1, t, 1, &ta, 0, NULL, &y));
+  dt__tensor_free(*t);
+  *t = y;
+  return DT_SUCCESS;
+}
+
 /* `x` at the call's placements: x itself (*owned NULL) or a redistributed copy (*owned). */
 static dt_status_t dt__ra_move(const dt__ring_call_t* a, dt_tensor_t x, dt_tensor_t* y,
                                dt_tensor_t* owned) {
@@ -157,7 +178,8 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   lshape[1] = oshape[a.hd];
   lshape[2] = oshape[a.sd];
   int meta = in[0]->meta || in[1]->meta || in[2]->meta;
-  dt_tensor_t o = NULL, lse = NULL, mv[3] = {NULL, NULL, NULL}, x[3];
+  const dt_dtype_t w = in[0]->dtype; /* the blocks compute f32: bf16/f16 cast up and back */
+  dt_tensor_t o = NULL, lse = NULL, mv[3] = {NULL, NULL, NULL}, cv[3] = {NULL, NULL, NULL}, x[3];
   dt_status_t st = DT_SUCCESS;
   /* the inputs' moves run on meta tensors too: a dry run (dtensor-explain) shows them */
   for (int t = 0; t < 3 && st == DT_SUCCESS; t++) {
@@ -166,10 +188,11 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   }
   dt__trace_input(-1);
   if (meta) { /* layouts only */
-    if (st == DT_SUCCESS) st = dt__tensor_meta(mesh, DT_F32, 4, oshape, a.pl, &o);
+    if (st == DT_SUCCESS) st = dt__tensor_meta(mesh, w, 4, oshape, a.pl, &o);
     if (st == DT_SUCCESS && saved) st = dt__tensor_meta(mesh, DT_F32, 3, lshape, a.lse_pl, &lse);
     goto done;
   }
+  for (int t = 0; t < 3 && st == DT_SUCCESS; t++) st = dt__ra_f32(x[t], &x[t], &cv[t]);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 4, oshape, a.pl, 0, &o);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 3, lshape, a.lse_pl, 0, &lse);
   /* an output one rank could not allocate must not leave the others in the ring */
@@ -181,8 +204,12 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
     st = dt__ring_setup(&a, &lv[0], &lv[1], &lv[2]);
     if (st == DT_SUCCESS) st = dt__ring_forward(&a, &lv[0], &lv[1], &lv[2], &lv[3], &lv[4]);
   }
+  if (st == DT_SUCCESS) st = dt__ra_to(&o, w);
 done:
-  for (int t = 0; t < 3; t++) dt__tensor_free(mv[t]);
+  for (int t = 0; t < 3; t++) {
+    dt__tensor_free(cv[t]);
+    dt__tensor_free(mv[t]);
+  }
   if (st != DT_SUCCESS) {
     dt__tensor_free(o);
     dt__tensor_free(lse);
@@ -204,16 +231,17 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
   dt_mesh_t mesh = c->in[0]->mesh;
   DT_CHECK(dt__ra_args(c->n_iargs, c->iargs, c->n_fargs, c->fargs, mesh, &a));
   DT_CHECK(dt__ra_plan(&a, c->in[0], c->in[1], c->in[2]));
-  dt_tensor_t mv[5] = {NULL}, x[5], gr[3] = {NULL, NULL, NULL};
+  dt_tensor_t mv[5] = {NULL}, cv[5] = {NULL}, x[5], gr[3] = {NULL, NULL, NULL};
   const dt_tensor_t src[5] = {c->in[0], c->in[1], c->in[2], c->out[0], gout[0]};
   int meta = 0;
   for (int t = 0; t < 5; t++) meta |= src[t]->meta;
   dt_status_t st = DT_SUCCESS;
   for (int t = 0; t < 3 && st == DT_SUCCESS; t++)
-    st = meta ? dt__tensor_meta(mesh, DT_F32, 4, src[t]->layout.shape, a.pl, &gr[t])
+    st = meta ? dt__tensor_meta(mesh, src[t]->dtype, 4, src[t]->layout.shape, a.pl, &gr[t])
               : dt__tensor_new(mesh, DT_F32, 4, src[t]->layout.shape, a.pl, 0, &gr[t]);
   if (meta) goto done;
   for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__ra_move(&a, src[t], &x[t], &mv[t]);
+  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__ra_f32(x[t], &x[t], &cv[t]);
   if (mesh->member) st = dt__mesh_agree(mesh, st, kOp); /* as in the forward */
   if (st == DT_SUCCESS && mesh->member) {
     dt_local_tensor_t lv[9];
@@ -224,8 +252,13 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
       st = dt__ring_backward(&a, &lv[0], &lv[1], &lv[2], &lv[3], &lv[4], &lv[5], &lv[6], &lv[7],
                              &lv[8]);
   }
+  for (int t = 0; t < 3 && st == DT_SUCCESS; t++) /* each gradient in its input's dtype */
+    if (c->needs[t]) st = dt__ra_to(&gr[t], src[t]->dtype);
 done:
-  for (int t = 0; t < 5; t++) dt__tensor_free(mv[t]);
+  for (int t = 0; t < 5; t++) {
+    dt__tensor_free(cv[t]);
+    dt__tensor_free(mv[t]);
+  }
   if (st != DT_SUCCESS) {
     for (int t = 0; t < 3; t++) dt__tensor_free(gr[t]);
     return st;

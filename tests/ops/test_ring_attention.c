@@ -10,10 +10,13 @@
  *     shards plus n gradient shards backward (send_recv on the cp dim, nothing else); the
  *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
  *   - dt_cp_position's order, rotary with cp (real positions), and refusals: a sequence that does
- *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, bf16; an
+ *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, q and k
+ *     of different dtypes; bf16 and f16 inputs give results in their dtype equal to the f32
+ *     ring's on the rounded values within the dtype's rounding; an
  *     empty batch and empty value features run forward and backward.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dt_test.h"
@@ -259,6 +262,88 @@ static void test_rotary(dt_mesh_t mesh, dt_mesh_t rep_mesh) {
   free(t);
 }
 
+static dt_tensor_t cast_to(dt_tensor_t t, dt_dtype_t to) {
+  const int64_t a = to;
+  dt_tensor_t y;
+  DT_ASSERT_OK(dt_op_run("cast", 1, &t, 1, &a, 0, NULL, &y));
+  return y;
+}
+
+/* bf16 and f16 inputs: the output and the gradients come in the inputs' dtype and equal the f32
+ * ring's on the same (rounded) values within the dtype's rounding. */
+static void test_half(dt_mesh_t mesh) {
+  const int64_t S = 4 * (int64_t)g_n, nq = B * H * S * D, nk = B * G * S * D, nv = B * G * S * E,
+                no = B * H * S * E;
+  const dt_placement_t pl[1] = {dt_shard(2)};
+  const dt_dtype_t half[2] = {DT_BF16, DT_F16};
+  float *x[4], *ref[4], *got[4];
+  const int64_t nn[4] = {nq, nk, nv, no}, rn[4] = {no, nq, nk, nv}; /* q k v w; o dq dk dv */
+  for (int i = 0; i < 4; i++) {
+    x[i] = malloc(sizeof(float) * (size_t)nn[i]);
+    ref[i] = malloc(sizeof(float) * (size_t)rn[i]);
+    got[i] = malloc(sizeof(float) * (size_t)rn[i]);
+    DT_ASSERT_TRUE(x[i] && ref[i] && got[i], "out of memory");
+    fill(x[i], nn[i], 40 + i);
+  }
+  const int64_t heads[3] = {H, G, G}, feat[3] = {D, D, E};
+  for (int h = 0; h < 2; h++) {
+    for (int run = 0; run < 2; run++) { /* run 0: f32 on the rounded values; 1: in the dtype */
+      dt_tensor_t t[4];
+      for (int i = 0; i < 4; i++) {
+        dt_tensor_t f = make(mesh, x[i], 0, i < 3 ? heads[i] : H, S, i < 3 ? feat[i] : E, pl);
+        dt_tensor_t r = cast_to(f, half[h]); /* the values the dtype holds */
+        DT_ASSERT_OK(dt_tensor_destroy(f));
+        t[i] = run ? r : cast_to(r, DT_F32);
+        if (!run) DT_ASSERT_OK(dt_tensor_destroy(r));
+      }
+      dt_tape_t tape;
+      DT_ASSERT_OK(dt_tape_create(&tape));
+      dt_var_t v[3], vw, o, ow, loss;
+      for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_var_leaf(t[i], 1, &v[i]));
+      DT_ASSERT_OK(dt_tape_constant(tape, t[3], &vw));
+      const int64_t a[3] = {0, 1, 0}; /* cp dim 0, causal, (B, H, S, D) */
+      DT_ASSERT_OK(dt_ag_op(tape, "ring_attention", 3, v, 3, a, 0, NULL, 1, &o));
+      const dt_var_t m2[2] = {o, vw};
+      DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, m2, 0, NULL, 0, NULL, 1, &ow));
+      DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &ow, 0, NULL, 0, NULL, 1, &loss));
+      DT_ASSERT_OK(dt_tape_backward(tape, loss));
+      const dt_tensor_t res[4] = {dt_var_value(o), dt_var_grad(v[0]), dt_var_grad(v[1]),
+                                  dt_var_grad(v[2])};
+      for (int i = 0; i < 4; i++) {
+        dt_dtype_t dt;
+        DT_ASSERT_OK(dt_tensor_dtype(res[i], &dt));
+        DT_ASSERT_TRUE(dt == (run ? half[h] : DT_F32), "%s run: result %d is %s",
+                       dt_dtype_name(half[h]), i, dt_dtype_name(dt));
+        dt_tensor_t f = cast_to(res[i], DT_F32);
+        DT_ASSERT_OK(dt_tensor_gather_full(f, run ? got[i] : ref[i],
+                                           sizeof(float) * (size_t)rn[i]));
+        DT_ASSERT_OK(dt_tensor_destroy(f));
+      }
+      DT_ASSERT_OK(dt_tape_destroy(tape));
+      for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_var_destroy(v[i]));
+    }
+    /* the dtype's rounding of results computed in f32: 2^-8 (bf16) or 2^-11 (f16) relative */
+    const double tol = h == 0 ? 8e-3 : 1e-3;
+    const char* what[4] = {"o", "dq", "dk", "dv"};
+    for (int i = 0; i < 4; i++) {
+      const double m = max_abs(ref[i], rn[i]);
+      double worst = 0;
+      for (int64_t j = 0; j < rn[i]; j++)
+        worst = fmax(worst, fabs((double)got[i][j] - ref[i][j]) / m);
+      if (g_rank == 0)
+        printf("%s %s: worst difference from the f32 ring %.3g of the largest |value| %.3g\n",
+               dt_dtype_name(half[h]), what[i], worst, m);
+      DT_ASSERT_TRUE(worst <= tol, "%s %s: %.3g above %.3g", dt_dtype_name(half[h]), what[i],
+                     worst, tol);
+    }
+  }
+  for (int i = 0; i < 4; i++) {
+    free(x[i]);
+    free(ref[i]);
+    free(got[i]);
+  }
+}
+
 static void test_refusals(dt_mesh_t mesh) {
   dt_placement_t pl[1] = {dt_shard(2)};
   const int64_t S = 2 * g_n * 2 + 2; /* not a multiple of 2n */
@@ -271,7 +356,7 @@ static void test_refusals(dt_mesh_t mesh) {
   DT_ASSERT_STATUS(dt_ring_attention(q, k, k, 0, 1, 1, 0.0, &o), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_ring_attention(k, k, k, 1, 1, 1, 0.0, &o), DT_ERR_INVALID_ARG);
   DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_BF16, 4, sh2, pl, &qb));
-  DT_ASSERT_STATUS(dt_ring_attention(qb, qb, qb, 0, 1, 1, 0.0, &o), DT_ERR_UNSUPPORTED);
+  DT_ASSERT_STATUS(dt_ring_attention(qb, k, k, 0, 1, 1, 0.0, &o), DT_ERR_INVALID_ARG); /* mixed */
   /* in order (not balanced) only n chunks are needed */
   int64_t sh3[4] = {1, 2, 3 * g_n, 4};
   DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, sh3, pl, &q2));
@@ -316,6 +401,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_mesh_create(1, &g_n, names, NULL, &mesh));
   dt_mesh_t solo = mesh; /* the reference: replicated, computed whole on every rank */
   test_refusals(mesh);
+  test_half(mesh);
   test_rotary(mesh, solo);
   for (int causal = 0; causal < 2; causal++)
     for (int balanced = 0; balanced < 2; balanced++)
