@@ -351,8 +351,12 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) 
         if (st == DT_SUCCESS) st = dt_tensor_dtype(dt_var_value(v), &dt);
         if (st == DT_SUCCESS) st = dt_dtype_itemsize(dt, &item);
         if (st == DT_SUCCESS) st = dt_tensor_local_numel(dt_var_value(v), &n);
-        if (st == DT_SUCCESS && g_sim) { /* simulated: no values to carry over */
-          st = dt_tensor_empty(emesh, dt, 3, shape, pl, &t);
+        int meta = 0;
+        if (st == DT_SUCCESS) st = dt_tensor_is_meta(dt_var_value(v), &meta);
+        if (st == DT_SUCCESS && (g_sim || meta)) { /* simulated, or deferred init: no values to
+                                                    * carry over (the layout on the expert mesh) */
+          st = meta ? dt_tensor_meta(emesh, dt, 3, shape, pl, &t)
+                    : dt_tensor_empty(emesh, dt, 3, shape, pl, &t);
           if (st != DT_SUCCESS) return st;
           goto have;
         }
@@ -753,6 +757,11 @@ int train_main(int argc, char** argv) {
   cfg.seed = (uint64_t)o.seed;
   cfg.tie_embeddings = o.tie_embeddings;
   dt_llama_config_defaults(&cfg);
+  /* FSDP / HSDP and the parallel configs (TP, FSDP, EP) place every parameter after building:
+   * build them as layouts only and fill each rank's shards after wrapping
+   * (dt_llama_init_weights), so no rank holds the whole model */
+  const int sharded = fsdp || hsdp || pconf;
+  cfg.defer_init = sharded;
   const char* nn_plan =
       o.tie_embeddings && !strcmp(o.plan, DEFAULT_PLAN) ? DEFAULT_PLAN_TIED : o.plan;
   dt_llama_t model;
@@ -846,6 +855,7 @@ int train_main(int argc, char** argv) {
   } else {
     snprintf(par_desc, sizeof par_desc, "none (tensor parallel by the plan)");
   }
+  if (sharded) CHECK(dt_llama_init_weights(model)); /* each rank its shards, in place */
   /* after wrapping: FSDP has replaced the parameters by sharded ones */
   dt_var_t* params;
   int np;

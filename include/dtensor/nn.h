@@ -44,6 +44,14 @@ typedef enum dt_nn_init { DT_INIT_NORMAL = 0, DT_INIT_ZEROS = 1, DT_INIT_ONES = 
 DT_API dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int ndim,
                                const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
                                dt_var_t* out);
+/* Writes into parameter p what dt_nn_param(mesh, plan, name, .., init, std, seed) would have
+ * given it, at p's current placements whatever they are (tensor parallel, FSDP's nested shards):
+ * the values depend on name, seed and the global index only, so each rank computes its own shard
+ * and nothing is communicated. A meta value (a parameter built without data: deferred
+ * initialization) is replaced by a real tensor of its layout; another float dtype is rounded.
+ * DT_ERR_INVALID_ARG for a Partial value or a bad init / std. */
+DT_API dt_status_t dt_nn_param_init(dt_var_t p, const char* name, dt_nn_init_t init, double std,
+                                    uint64_t seed);
 /* The placements (mesh_ndim of them) that `plan` gives the parameter `name`, as dt_nn_param places
  * it: the first entry whose pattern matches the whole name ('*' matches any run of characters,
  * spaces around the pattern are ignored; time linear in the name per star at worst), all
@@ -186,6 +194,10 @@ typedef struct dt_llama_config {
   int tie_embeddings;     /* 1: the output projection is the token embedding (GPT-2, Llama 3.2
                              1B/3B, Gemma): one (V, D) parameter held by "tok_emb" and "output",
                              initialized as the embedding, its gradient the sum of both uses' */
+  int defer_init;         /* 1: parameters built as meta tensors (a layout, no memory) for
+                             wrappers to place (tensor parallelism, FSDP) before
+                             dt_llama_init_weights fills each rank's shards: no rank ever holds
+                             the whole model. The values equal the eager build's. */
 } dt_llama_config_t;
 
 /* Defaults for the fields left 0 (norm_eps 1e-5, rope_theta 10000, n_kv_heads = n_heads,
@@ -201,6 +213,11 @@ typedef struct dt_llama* dt_llama_t;
 DT_API dt_status_t dt_llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg, const char* plan,
                                    dt_llama_t* out);
 DT_API dt_status_t dt_llama_destroy(dt_llama_t m);
+/* Initializes every parameter of the model in place at its current placements (after wrapping a
+ * model built with defer_init; on an eager model it resets the initial values): normal(0, 0.02)
+ * weights (the residual projections wo, w2 scaled by 1 / sqrt(2 n_layers)), ones for the norms,
+ * the same values dt_llama_create gives, shard by shard (dt_nn_param_init). */
+DT_API dt_status_t dt_llama_init_weights(dt_llama_t m);
 /* The model's module tree (borrowed; see the parameter names above): "tok_emb", "layers" with one
  * child per block ("layers.3"; children attn_norm, the attention, ffn_norm, the MLP or MoE),
  * "norm", "output". Wrappers hook or replace parameters in it; dt_llama_forward runs it. */

@@ -41,6 +41,13 @@ struct dt_llama {
    * place; dim 1 is free for sequence parallelism over tp) */
   int cp_dim, cp_n;
   int64_t cp_B, cp_S, cp_P;
+  /* how each parameter was initialized, by its full name (dt_llama_init_weights) */
+  int n_init, cap_init;
+  struct dt__llama_init {
+    char name[DT_PARAM_NAME_MAX];
+    int kind; /* 0: N(0, std); 1: ones */
+    double std;
+  } * init;
   dt_placement_t cp_seq[DT_MAX_MESH_DIMS], cp_rows[DT_MAX_MESH_DIMS];
 };
 
@@ -371,9 +378,36 @@ static dt_status_t dt__module(dt_llama_t m, dt_module_t parent, const char* name
  * N(0, std); 1: ones). */
 static dt_status_t dt__param(dt_llama_t m, const char* plan, dt_module_t mod, const char* local,
                              const char* full, int nd, const int64_t* shape, int kind, double std) {
+  if (strlen(full) >= DT_PARAM_NAME_MAX)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "parameter name '%s' too long", full);
+  if (m->n_init == m->cap_init) {
+    const int cap = m->cap_init ? 2 * m->cap_init : 16;
+    struct dt__llama_init* ni = realloc(m->init, sizeof *ni * (size_t)cap);
+    if (ni == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "parameter init table");
+    m->init = ni;
+    m->cap_init = cap;
+  }
   dt_var_t v;
-  DT_CHECK(dt_nn_param(m->mesh, plan, full, nd, shape, kind ? DT_INIT_ONES : DT_INIT_NORMAL, std,
-                       m->cfg.seed, &v));
+  if (m->cfg.defer_init) { /* a layout only: the wrappers place it, init_weights fills it */
+    int mnd;
+    dt_placement_t pl[DT_MAX_MESH_DIMS];
+    dt_tensor_t t;
+    DT_CHECK(dt_mesh_ndim(m->mesh, &mnd));
+    DT_CHECK(dt_nn_plan_lookup(plan, full, mnd, pl));
+    DT_CHECK(dt_tensor_meta(m->mesh, DT_F32, nd, shape, pl, &t));
+    dt_status_t s0 = dt_var_leaf(t, 1, &v);
+    if (s0 != DT_SUCCESS) {
+      dt_tensor_destroy(t);
+      return s0;
+    }
+  } else {
+    DT_CHECK(dt_nn_param(m->mesh, plan, full, nd, shape, kind ? DT_INIT_ONES : DT_INIT_NORMAL,
+                         std, m->cfg.seed, &v));
+  }
+  struct dt__llama_init* e = &m->init[m->n_init++];
+  snprintf(e->name, sizeof e->name, "%s", full);
+  e->kind = kind;
+  e->std = std;
   dt_status_t st = dt_module_add_param(mod, local, v);
   if (st != DT_SUCCESS) {
     dt_var_destroy(v);
@@ -538,6 +572,7 @@ static dt_status_t dt__llama_destroy(dt_llama_t m) {
   if (m == NULL) return DT_SUCCESS;
   DT_CHECK(dt_handle_unregister(m, &dt__llama_kind, "model"));
   dt_module_destroy(m->root);
+  free(m->init);
   free(m->params);
   free(m->names);
   free(m->name_ptrs);
@@ -546,6 +581,29 @@ static dt_status_t dt__llama_destroy(dt_llama_t m) {
 }
 
 dt_status_t dt_llama_destroy(dt_llama_t m) { DT_ENTRY_RETURN(dt__llama_destroy(m)); }
+
+static dt_status_t dt__llama_params(dt_llama_t m, dt_var_t** params, const char* const** names,
+                                    int* n, int64_t* numel);
+
+static dt_status_t dt__llama_init_weights(dt_llama_t m) {
+  dt_var_t* params;
+  const char* const* names;
+  int n;
+  DT_CHECK(dt__llama_params(m, &params, &names, &n, NULL));
+  for (int i = 0; i < n; i++) {
+    const struct dt__llama_init* e = NULL;
+    for (int j = 0; j < m->n_init && e == NULL; j++)
+      if (strcmp(m->init[j].name, names[i]) == 0) e = &m->init[j];
+    if (e == NULL)
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "parameter '%s' is not one the model made (was it "
+                     "replaced under another name?)", names[i]);
+    DT_CHECK(dt_nn_param_init(params[i], names[i], e->kind ? DT_INIT_ONES : DT_INIT_NORMAL,
+                              e->std, m->cfg.seed));
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_llama_init_weights(dt_llama_t m) { DT_ENTRY_RETURN(dt__llama_init_weights(m)); }
 
 static dt_status_t dt__llama_module(dt_llama_t m, dt_module_t* root) {
   DT_ARG_NOT_NULL(root);

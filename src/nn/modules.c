@@ -93,32 +93,36 @@ static uint64_t dt__name_seed(uint64_t seed, const char* name) {
   return h;
 }
 
+/* The initial values of parameter `name` at placements pl (each rank computes its own shard). */
+static dt_status_t dt__nn_init_tensor(dt_mesh_t mesh, const char* name, int ndim,
+                                      const int64_t* shape, const dt_placement_t* pl,
+                                      dt_nn_init_t init, double std, uint64_t seed,
+                                      dt_tensor_t* t) {
+  if (init != DT_INIT_NORMAL && init != DT_INIT_ZEROS && init != DT_INIT_ONES)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: init %d is not a dt_nn_init_t", name, (int)init);
+  if (init == DT_INIT_NORMAL && !(isfinite(std) && std >= 0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: std %g must be finite and >= 0", name, std);
+  if (init == DT_INIT_ONES) return dt_tensor_ones(mesh, DT_F32, ndim, shape, pl, t);
+  if (init == DT_INIT_ZEROS) return dt_tensor_zeros(mesh, DT_F32, ndim, shape, pl, t);
+  dt_tensor_t r;
+  DT_CHECK(dt_tensor_randn(mesh, DT_F32, ndim, shape, pl, dt__name_seed(seed, name), &r));
+  dt_status_t st = dt_op_run("mul_scalar", 1, &r, 0, NULL, 1, &std, t);
+  dt_tensor_destroy(r);
+  return st;
+}
+
 static dt_status_t dt__nn_param(dt_mesh_t mesh, const char* plan, const char* name, int ndim,
                                 const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
                                 dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(name);
-  if (init != DT_INIT_NORMAL && init != DT_INIT_ZEROS && init != DT_INIT_ONES)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: init %d is not a dt_nn_init_t", name, (int)init);
-  if (init == DT_INIT_NORMAL && !(isfinite(std) && std >= 0))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: std %g must be finite and >= 0", name, std);
   dt_placement_t pl[DT_MAX_MESH_DIMS];
   int mnd;
   DT_CHECK(dt_mesh_ndim(mesh, &mnd));
   DT_CHECK(dt_nn_plan_lookup(plan, name, mnd, pl));
   dt_tensor_t t;
-  if (init == DT_INIT_ONES) {
-    DT_CHECK(dt_tensor_ones(mesh, DT_F32, ndim, shape, pl, &t));
-  } else if (init == DT_INIT_ZEROS) {
-    DT_CHECK(dt_tensor_zeros(mesh, DT_F32, ndim, shape, pl, &t));
-  } else {
-    dt_tensor_t r;
-    DT_CHECK(dt_tensor_randn(mesh, DT_F32, ndim, shape, pl, dt__name_seed(seed, name), &r));
-    dt_status_t st = dt_op_run("mul_scalar", 1, &r, 0, NULL, 1, &std, &t);
-    dt_tensor_destroy(r);
-    DT_CHECK(st);
-  }
+  DT_CHECK(dt__nn_init_tensor(mesh, name, ndim, shape, pl, init, std, seed, &t));
   dt_status_t st = dt_var_leaf(t, 1, out);
   if (st != DT_SUCCESS) dt_tensor_destroy(t);
   return st;
@@ -128,6 +132,54 @@ dt_status_t dt_nn_param(dt_mesh_t mesh, const char* plan, const char* name, int 
                         const int64_t* shape, dt_nn_init_t init, double std, uint64_t seed,
                         dt_var_t* out) {
   DT_ENTRY_RETURN(dt__nn_param(mesh, plan, name, ndim, shape, init, std, seed, out));
+}
+
+static dt_status_t dt__nn_param_init(dt_var_t p, const char* name, dt_nn_init_t init, double std,
+                                     uint64_t seed) {
+  DT_ARG_NOT_NULL(p);
+  DT_ARG_NOT_NULL(name);
+  dt_tensor_t cur = dt_var_value(p);
+  if (cur == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: not a live variable", name);
+  dt_mesh_t mesh;
+  int nd, meta;
+  int64_t shape[DT_MAX_DIMS];
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
+  dt_dtype_t dt;
+  DT_CHECK(dt_tensor_mesh(cur, &mesh));
+  DT_CHECK(dt_tensor_ndim(cur, &nd));
+  DT_CHECK(dt_tensor_shape(cur, shape));
+  DT_CHECK(dt_tensor_placements(cur, pl));
+  DT_CHECK(dt_tensor_dtype(cur, &dt));
+  DT_CHECK(dt_tensor_is_meta(cur, &meta));
+  int mnd;
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  for (int i = 0; i < mnd; i++)
+    if (pl[i].kind == DT_PARTIAL)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "param %s: Partial on mesh dim %d (a parameter is "
+                     "Replicate or Shard)", name, i);
+  dt_tensor_t t, c = NULL;
+  DT_CHECK(dt__nn_init_tensor(mesh, name, nd, shape, pl, init, std, seed, &t));
+  dt_status_t st = DT_SUCCESS;
+  if (dt != DT_F32) { /* a parameter kept in another float dtype */
+    const int64_t to = dt;
+    st = dt_op_run("cast", 1, &t, 1, &to, 0, NULL, &c);
+    dt_tensor_destroy(t);
+    t = c;
+  }
+  if (st != DT_SUCCESS) return st;
+  if (meta) { /* built without data: the initialized tensor becomes its value */
+    st = dt_var_set_value(p, t);
+    if (st != DT_SUCCESS) dt_tensor_destroy(t);
+    return st;
+  }
+  st = dt_tensor_redistribute_into(t, cur); /* same placements: this rank's shard, copied */
+  dt_tensor_destroy(t);
+  return st;
+}
+
+dt_status_t dt_nn_param_init(dt_var_t p, const char* name, dt_nn_init_t init, double std,
+                             uint64_t seed) {
+  DT_ENTRY_RETURN(dt__nn_param_init(p, name, init, std, seed));
 }
 
 static dt_status_t ag(dt_tape_t tape, const char* op, int n, dt_var_t* in, int ni,

@@ -952,7 +952,11 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
     dt_placement_t spl[DT_MAX_MESH_DIMS];
     shard_placements(g, q, spl);
     st = dt_tensor_view_local(g->flat, q->seg_off, q->ndim, q->shape, spl, &s);
-    if (st == DT_SUCCESS) st = dt_tensor_redistribute_into(dt_var_value(q->sharded), s);
+    int src_meta = 0; /* a parameter built without data (deferred init): its shard stays zero
+                       * until the caller initializes it in place */
+    if (st == DT_SUCCESS) st = dt_tensor_is_meta(dt_var_value(q->sharded), &src_meta);
+    if (st == DT_SUCCESS && !src_meta)
+      st = dt_tensor_redistribute_into(dt_var_value(q->sharded), s);
     if (st == DT_SUCCESS) st = dt_var_leaf(s, 1, &sv);
     if (st != DT_SUCCESS) dt_tensor_destroy(s);
     if (st == DT_SUCCESS) st = dt_tensor_meta(mesh, c.param_dtype, q->ndim, q->shape, q->pl, &f);

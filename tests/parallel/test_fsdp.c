@@ -16,6 +16,8 @@
  *  - a sharded value replaced by dt_var_set_value trains exactly as the same values written in
  *    place (the shards are views of the group's all-gather buffer);
  *  - dt_fsdp_config_for(shard, replicate): the defaults over those dims (default(n) is one case);
+ *  - deferred initialization: a model built as layouts, wrapped, then initialized shard by shard
+ *    equals the eager build bit for bit without ever holding the whole model;
  *  - bad input: clear errors and nothing half-wrapped (shard_span out of the mesh, over the
  *    replicate dim, with reshard to groups of k); parameters of two dtypes in one group; a
  *    module inside a group wrapped before it (top-down) refused, naming both; a module with
@@ -24,6 +26,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dt_test.h"
@@ -760,6 +763,101 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* Deferred initialization (dt_llama_config_t.defer_init): the model built as layouts, wrapped
+ * by FSDP, then dt_llama_init_weights fills each rank's shards. Every parameter equals the eager
+ * build's bit for bit, and the build never held the whole model: the peak of all memory from
+ * creation to initialization stays under 3/4 of the model's f32 bytes (the eager build's peak,
+ * also checked, is at least all of them). Unwrapped, init_weights materializes the meta
+ * parameters themselves; dt_nn_param_init refuses NULL arguments. */
+static int64_t global_numel(dt_tensor_t t) {
+  int nd;
+  int64_t sh[DT_MAX_DIMS], k = 1;
+  DT_ASSERT_OK(dt_tensor_ndim(t, &nd));
+  DT_ASSERT_OK(dt_tensor_shape(t, sh));
+  for (int d = 0; d < nd; d++) k *= sh[d];
+  return k;
+}
+
+static void test_defer_init(void) {
+  int shape1[1] = {g_world};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, shape1, NULL, NULL, &mesh));
+  dt_llama_config_t c = model_config();
+  dt_memory_stats_t ms;
+  /* eager: the reference values */
+  DT_ASSERT_OK(dt_memory_reset_peak());
+  dt_memory_stats_t m0;
+  DT_ASSERT_OK(dt_memory_stats(&m0));
+  dt_llama_t eager;
+  DT_ASSERT_OK(dt_llama_create(mesh, &c, NULL, &eager));
+  DT_ASSERT_OK(dt_memory_stats(&ms));
+  dt_var_t* ep;
+  const char* const* en;
+  int n;
+  int64_t numel;
+  DT_ASSERT_OK(dt_llama_params(eager, &ep, &en, &n, &numel));
+  const int64_t full_nbytes = numel * (int64_t)sizeof(float);
+  DT_ASSERT_TRUE(ms.total_peak - m0.total_current >= full_nbytes, "the eager build peaked at "
+                 "%lld bytes, below the model's %lld", (long long)(ms.total_peak -
+                 m0.total_current), (long long)full_nbytes);
+  float* want = malloc(sizeof(float) * (size_t)numel);
+  float* got = malloc(sizeof(float) * (size_t)numel);
+  DT_ASSERT_TRUE(want && got, "out of memory");
+  int64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    const int64_t k = global_numel(dt_var_value(ep[i]));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(ep[i]), want + off, sizeof(float) * (size_t)k));
+    off += k;
+  }
+  DT_ASSERT_OK(dt_llama_destroy(eager));
+  for (int wrap = 1; wrap >= 0; wrap--) {
+    DT_ASSERT_OK(dt_memory_stats(&m0));
+    DT_ASSERT_OK(dt_memory_reset_peak());
+    c.defer_init = 1;
+    dt_llama_t model;
+    DT_ASSERT_OK(dt_llama_create(mesh, &c, NULL, &model));
+    dt_module_t root;
+    DT_ASSERT_OK(dt_llama_module(model, &root));
+    if (wrap) {
+      dt_fsdp_config_t fc = dt_fsdp_config_default(1);
+      for (int l = 0; l < c.n_layers; l++) {
+        char path[32];
+        dt_module_t blk;
+        snprintf(path, sizeof path, "layers.%d", l);
+        DT_ASSERT_OK(dt_module_find(root, path, &blk));
+        DT_ASSERT_OK(dt_fully_shard(blk, mesh, &fc));
+      }
+      DT_ASSERT_OK(dt_fully_shard(root, mesh, &fc));
+    }
+    DT_ASSERT_OK(dt_llama_init_weights(model));
+    DT_ASSERT_OK(dt_memory_stats(&ms));
+    const int64_t held = ms.total_peak - m0.total_current;
+    if (g_rank == 0)
+      printf("deferred init%s np %d: peak %lld bytes from creation to initialization, the model "
+             "%lld\n", wrap ? " under FSDP" : " (unwrapped)", g_world, (long long)held,
+             (long long)full_nbytes);
+    if (wrap)
+      DT_ASSERT_TRUE(held * 4 < full_nbytes * 3, "deferred init under FSDP peaked at %lld bytes "
+                     "of a %lld-byte model", (long long)held, (long long)full_nbytes);
+    dt_var_t* p;
+    DT_ASSERT_OK(dt_llama_params(model, &p, NULL, &n, NULL));
+    off = 0;
+    for (int i = 0; i < n; i++) {
+      const int64_t k = global_numel(dt_var_value(p[i]));
+      DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(p[i]), got + off,
+                                         sizeof(float) * (size_t)k));
+      off += k;
+    }
+    DT_ASSERT_TRUE(off == numel && memcmp(got, want, sizeof(float) * (size_t)numel) == 0,
+                   "deferred init%s differs from the eager build", wrap ? " under FSDP" : "");
+    DT_ASSERT_OK(dt_llama_destroy(model));
+  }
+  DT_ASSERT_STATUS(dt_nn_param_init(NULL, "x", DT_INIT_ONES, 0, 0), DT_ERR_INVALID_ARG);
+  free(want);
+  free(got);
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 /* shard_span on a 2x2 mesh (np 4): a replicate dim among the shard dims and reshard to groups
  * of k over two shard dims refused, naming the reason, and nothing wrapped. */
 static void test_span_bad(void) {
@@ -804,6 +902,7 @@ int main(int argc, char** argv) {
   test_config_for();
   test_bad_input();
   test_span_bad();
+  test_defer_init();
   test_traffic();
   test_memory();
   test_replaced_values();
