@@ -43,7 +43,9 @@
  *         (default 1, forward and backward);
  *   hsdp  fsdp sharded over mesh dim 1 and replicated over dim 0: needs --mesh RxS (e.g. 2x2).
  * ddp and fsdp run on a 1-D mesh over all ranks (a --mesh of more than one dim is refused). For
- * all three the model is built with every parameter replicated ("*=R") and then wrapped, so a
+ * all three the model is built with every parameter replicated ("*=R") and then wrapped (fsdp,
+ * hsdp and the parallel config below build it as layouts, dt_llama_config_t.defer_init, and fill
+ * each rank's shards after wrapping: no rank holds the whole model), so a
  * --plan (other than the default) is refused; the tokens and targets are Shard(0) on the batch dim over every
  * mesh dim (--batch must be at least the rank count; an uneven batch follows the chunk rule).
  * The optimizer and gradient clipping work on the parameters the wrapper leaves (sharded ones
