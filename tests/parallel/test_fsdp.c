@@ -76,6 +76,19 @@ typedef struct {
   dt_tape_t tape;
 } setup_t;
 
+/* FSDP2's wrapping: each block with cfg, then the root with root_cfg. */
+static void wrap_blocks(dt_module_t root, dt_mesh_t mesh, int n_layers, const dt_fsdp_config_t* cfg,
+                        const dt_fsdp_config_t* root_cfg) {
+  for (int l = 0; l < n_layers; l++) {
+    char path[32];
+    dt_module_t blk;
+    snprintf(path, sizeof path, "layers.%d", l);
+    DT_ASSERT_OK(dt_module_find(root, path, &blk));
+    DT_ASSERT_OK(dt_fully_shard(blk, mesh, cfg));
+  }
+  DT_ASSERT_OK(dt_fully_shard(root, mesh, root_cfg));
+}
+
 static void setup(const run_t* r, setup_t* s) {
   memset(s, 0, sizeof *s);
   int shape1[1] = {g_world}, shape2[2] = {2, g_world / 2};
@@ -85,16 +98,9 @@ static void setup(const run_t* r, setup_t* s) {
   DT_ASSERT_OK(dt_llama_create(s->mesh, &c, NULL, &s->model));
   DT_ASSERT_OK(dt_llama_module(s->model, &s->root));
   if (r->mode == MODE_FSDP) {
-    for (int l = 0; l < c.n_layers; l++) {
-      char path[32];
-      dt_module_t blk;
-      snprintf(path, sizeof path, "layers.%d", l);
-      DT_ASSERT_OK(dt_module_find(s->root, path, &blk));
-      DT_ASSERT_OK(dt_fully_shard(blk, s->mesh, &r->fsdp));
-    }
     dt_fsdp_config_t rc = r->fsdp;
     if (rc.param_dtype != DT_F32 && !r->root_keep) rc.output_dtype = DT_F32;
-    DT_ASSERT_OK(dt_fully_shard(s->root, s->mesh, &rc));
+    wrap_blocks(s->root, s->mesh, c.n_layers, &r->fsdp, &rc);
   }
   DT_ASSERT_OK(dt_llama_params(s->model, &s->params, NULL, &s->np, &s->numel));
   dt_adamw_config_t ac = {1e-2, 0.9, 0.95, 1e-8, 0.0, 0};
@@ -819,15 +825,8 @@ static void test_defer_init(void) {
     dt_module_t root;
     DT_ASSERT_OK(dt_llama_module(model, &root));
     if (wrap) {
-      dt_fsdp_config_t fc = dt_fsdp_config_default(1);
-      for (int l = 0; l < c.n_layers; l++) {
-        char path[32];
-        dt_module_t blk;
-        snprintf(path, sizeof path, "layers.%d", l);
-        DT_ASSERT_OK(dt_module_find(root, path, &blk));
-        DT_ASSERT_OK(dt_fully_shard(blk, mesh, &fc));
-      }
-      DT_ASSERT_OK(dt_fully_shard(root, mesh, &fc));
+      const dt_fsdp_config_t fc = dt_fsdp_config_default(1);
+      wrap_blocks(root, mesh, c.n_layers, &fc, &fc);
     }
     DT_ASSERT_OK(dt_llama_init_weights(model));
     DT_ASSERT_OK(dt_memory_stats(&ms));
