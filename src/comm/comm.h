@@ -146,6 +146,31 @@ void dt__comm_release(dt_comm_t* c);
 /* Releases the memory a request keeps (any request of this layer's implementations). */
 void dt__comm_req_free(dt_comm_req_t* req);
 
+/* Ends the job after a deadline the host's handler did not turn into a return (MPI_Abort of the
+ * world with `code`): what every implementation's timeout path calls last. */
+void dt__comm_abort_job(int code);
+
+/* ---- the NCCL implementation (src/comm/comm_nccl.cu; src/comm/comm_data.c) ------------------ */
+/* Built with the cuda backend (NCCL loaded at run time) and with the cuda-emu backend (NCCL
+ * emulated over MPI, src/comm/nccl_emu.h). The NCCL world of CUDA backend b: collective over
+ * ctrl (the MPI world; every rank passes its own backend): NCCL is loaded and rank 0's unique id
+ * broadcast over ctrl, the ranks agreeing on failure first, so none waits in ncclCommInitRank for
+ * one that failed. Other NCCL communicators are splits of it (the vtable's split, dup), which run
+ * on a comm stream of their own ordered after b's compute stream (see the file). DT_ERR_UNSUPPORTED
+ * when the build has no NCCL communicator for b. */
+dt_status_t dt__comm_nccl_world(dt_backend_t b, const dt_comm_t* ctrl, dt_comm_t* out);
+/* 1 when c is an NCCL communicator (it carries its backend's device memory, not host memory). */
+int dt__comm_is_nccl(const dt_comm_t* c);
+/* The NCCL version the cuda backend loads (e.g. 22809), or 0 with a message when none loads;
+ * DT_ERR_UNSUPPORTED without the cuda backend. */
+dt_status_t dt__comm_nccl_version(int* version);
+dt_status_t dt__cuda_nccl_world(dt_backend_t b, const dt_comm_t* ctrl, dt_comm_t* out);
+dt_status_t dt__cudaemu_nccl_world(dt_backend_t b, const dt_comm_t* ctrl, dt_comm_t* out);
+int dt__cuda_nccl_is(const dt_comm_t* c);
+int dt__cudaemu_nccl_is(const dt_comm_t* c);
+dt_status_t dt__cuda_nccl_version(int* version);
+dt_status_t dt__cudaemu_nccl_version(int* version);
+
 /* ---- simulated communicators (src/comm/comm_sim.c) ----------------------------------------- */
 /* A communicator of `size` simulated ranks in which this process is `rank`: moves nothing, never
  * waits, leaves meta-backend buffers alone and fills host buffers as if every rank held what this

@@ -139,7 +139,7 @@ static dt_status_t dt__wait_handles(MPI_Comm comm, int n, MPI_Request* h, const 
         MPI_Comm_rank(MPI_COMM_WORLD, &wr);
         MPI_Comm_size(comm, &cs);
         if (dt__comm_timeout(op, wr, cs, now - t0, &st)) return st;
-        MPI_Abort(MPI_COMM_WORLD, (int)DT_ERR_TIMEOUT);
+        dt__comm_abort_job((int)DT_ERR_TIMEOUT);
         return st; /* not reached */
       }
       nap = now - t0 >= DT__NAP_AFTER_S;
