@@ -15,7 +15,9 @@
 #   machine     GPU, driver, OS, glibc; the runtime (tools/gpu_env.sh) and the packed programs
 #   backend     test_cuda_backend (every vtable member against the cpu backend), test_simt_emu_gpu
 #               (the emulator's own test kernels on the real GPU: the emulator's rules are CUDA's)
-#   conformance test_conformance at np 1 and 2 (every op x dtype, cpu against cuda)
+#   conformance test_conformance at np 1 and 2 (every op x dtype, cpu against cuda);
+#               test_comm_conformance (the NCCL communicator against MPI, bit for bit) at np 1
+#               and np = number of GPUs
 #   errors      test_device_errors and test_device_leaks (1000 FSDP steps) at np 2
 #   twins       the device twins: redistribution (np 2, 4), ops against PyTorch's fixtures,
 #               autograd, FSDP (np 2, 4), DDP, TP, EP, optimizer, memory, local transfers, ring
@@ -28,7 +30,8 @@
 #               the same ~125M-parameter model, then ~1B, alternating ours and theirs
 # Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
 # the device tool's machine set OUT to its $OUT so the logs come back), and the last line:
-#   gpu_check: gemm_vs_cublaslt=<x> train_vs_torch=<125M>/<1B> mfu=<x> conformance_ops=<n> failed=<k>
+#   gpu_check: gemm_vs_cublaslt=<x> train_vs_torch=<125M>/<1B> mfu=<x> conformance_ops=<n>
+#              nccl_conformance=PASS:<cases> failed=<k>
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -104,6 +107,15 @@ step test_cuda_backend 60 "$G/tests/test_cuda_backend"
 for np in 1 2; do
   step "conformance_np$np" 120 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" "${MPI[@]}" -np $np \
     "$G/tests/test_conformance"
+done
+
+# the NCCL communicator against MPI, bit for bit: np = number of GPUs (NCCL refuses two ranks on
+# one GPU), at least 1
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "${ngpu:-0}" -ge 1 ] || ngpu=1
+for np in $(printf '%s\n' 1 "$ngpu" | sort -un); do
+  step "nccl_conformance_np$np" 120 env DTENSOR_BACKEND="$BACKEND" "${MPI[@]}" -np "$np" \
+    "$G/tests/test_comm_conformance"
 done
 
 # attention's other path (the default, auto, takes the tensor-core GEMM path where it fits)
@@ -182,5 +194,6 @@ if [ "$BACKEND" = cuda ]; then
         awk '{a[NR]=$1} END {if (NR) printf "%.3f", a[int((NR+1)/2)]; else print "na"}')
 fi
 ops=$(sed -n 's/^test_conformance np=1: \([0-9]*\) ops.*/\1/p' "$OUT/conformance_np1.log" 2>/dev/null | tail -n 1)
-note "gpu_check: gemm_vs_cublaslt=${gemm:-na} train_vs_torch=${tvt1}/${tvt2} mfu=${mfu:-na} conformance_ops=${ops:-0} failed=$failed elapsed_s=$(elapsed)"
+ncc=$(sed -n 's/^nccl_conformance=\(PASS\) cases=\([0-9]*\).*/\1:\2/p' "$OUT/nccl_conformance_np1.log" 2>/dev/null | tail -n 1)
+note "gpu_check: gemm_vs_cublaslt=${gemm:-na} train_vs_torch=${tvt1}/${tvt2} mfu=${mfu:-na} conformance_ops=${ops:-0} nccl_conformance=${ncc:-na} failed=$failed elapsed_s=$(elapsed)"
 [ "$failed" -eq 0 ]

@@ -200,6 +200,16 @@ print("\n".join(x for x in p + sys.path if x))' 2>/dev/null)
       case ":$ext_dirs:" in *":$f:"*) ;; *) ext_dirs=${ext_dirs:+$ext_dirs:}$f ;; esac
       found[$soname]=$f
     done <"$R/manifest/external.txt"
+    # NCCL, optional (218 MB: not carried): PyTorch's wheels ship one. Without it the library
+    # moves device data through host-staged MPI and says so.
+    if [ -z "${DTENSOR_NCCL:-}" ]; then
+      for d in "${cands[@]}"; do
+        if [ -e "$d/libnccl.so.2" ]; then
+          export DTENSOR_NCCL="$(cd "$d" && pwd)/libnccl.so.2"
+          break
+        fi
+      done
+    fi
   fi
   cudart_from=""
   if [ -n "$(ls "$R"/cuda/ 2>/dev/null)" ]; then
@@ -275,7 +285,7 @@ print("\n".join(x for x in p + sys.path if x))' 2>/dev/null)
       cublas_note="$cublas_note${cublas_note:+, }${soname%%.so*} ${found[$soname]:-system path}"
     done <"$R/manifest/external.txt"
   fi
-  echo "gpu_env: Open MPI ${ompi_version:-?} from $R ($state) | $cublas_note${cudart_from:+ | cudart $cudart_from} | system:${compat_sys:- none} | carried compat:${compat_ours:- none} | libcuda.so.1 ${driver:-not found (no NVIDIA driver)}$vader_note${foreign:+ | kept outside settings: $foreign}" >&2
+  echo "gpu_env: Open MPI ${ompi_version:-?} from $R ($state) | $cublas_note | NCCL ${DTENSOR_NCCL:-not found (device data through host-staged MPI)}${cudart_from:+ | cudart $cudart_from} | system:${compat_sys:- none} | carried compat:${compat_ours:- none} | libcuda.so.1 ${driver:-not found (no NVIDIA driver)}$vader_note${foreign:+ | kept outside settings: $foreign}" >&2
   return 0
 }
 

@@ -141,6 +141,9 @@ const dt_comm_t* dt__comm_world(void);
  * size and rank): the simulated comm decides as the MPI run it stands for would. */
 int dt__comm_mpi_box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape,
                           const int64_t* roffs, const int64_t* rlens, dt_dtype_t dtype);
+/* The MPI_Comm behind an MPI communicator (a pointer to it), NULL for any other kind: what the
+ * emulated NCCL (src/comm/nccl_emu.h) bootstraps over. */
+const void* dt__comm_mpi_native(const dt_comm_t* c);
 /* Releases a communicator (NULL or zeroed: no-op) and zeroes it. */
 void dt__comm_release(dt_comm_t* c);
 /* Releases the memory a request keeps (any request of this layer's implementations). */

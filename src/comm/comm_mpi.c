@@ -1164,6 +1164,11 @@ static const struct dt_comm_i dt__mpi_iface = {
 
 void dt__comm_req_free(dt_comm_req_t* req) { dt__req_free(req); }
 
+const void* dt__comm_mpi_native(const dt_comm_t* c) {
+  if (c == NULL || c->iface != &dt__mpi_iface || c->context == NULL) return NULL;
+  return &((const dt__mpi_t*)c->context)->comm;
+}
+
 void dt__comm_release(dt_comm_t* c) {
   if (c != NULL && c->iface != NULL && c->iface->destroy != NULL) c->iface->destroy(c);
   if (c != NULL) memset(c, 0, sizeof *c);

@@ -20,9 +20,8 @@
  * waited at once. The buffers belong to the communicator until then, as comm.h says; memory is
  * freed only after its collective has completed, so stream-ordered frees stay safe.
  *
- * Forms: all-gather with equal counts is ncclAllGather, else one ncclBroadcast per root in a
- * group (displs must be the prefix sums of counts: blocks back to back, which is what the
- * library passes; anything else is refused before any call is made); reduce-scatter with equal
+ * Forms: all-gather of equal blocks back to back is ncclAllGather, else one ncclBroadcast per
+ * root in a group (any displacements); reduce-scatter with equal
  * counts is ncclReduceScatter, else one ncclReduce per root in a group; all-reduce is
  * ncclAllReduce (sum, max, min; avg is the caller's division as on MPI); all-to-all and scatter
  * are grouped ncclSend / ncclRecv (this rank's own block a device copy on the comm stream);
@@ -417,18 +416,19 @@ static dt_status_t dt__nc_all_gather_v(dt_comm_t* c, const void* send, void* rec
                                        const int64_t* counts, const int64_t* displs,
                                        dt_dtype_t dtype, dt_comm_req_t* req) {
   int n = c->size, me = c->rank;
-  for (int64_t r = 0, at = 0; r < n; at += counts[r], r++)
-    if (displs[r] != at || counts[r] < 0)
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "all_gather_v on NCCL takes blocks back to back "
-                     "(displs the prefix sums of counts): block %lld at %lld, expected %lld",
-                     (long long)r, (long long)displs[r], (long long)at);
+  /* ncclAllGather for equal blocks back to back; else a broadcast per root (any displs). The
+   * choice reads this rank's displs: callers compute them from the agreed counts alike. */
+  int direct = counts[0] > 0 && dt__nc_even(n, counts);
+  for (int r = 0; r < n && direct; r++) direct = displs[r] == displs[0] + r * counts[0];
   ncclDataType_t t = ncclFloat32;
   DT_CHECK(dt__nc_coll(c, &t, dtype));
   dt__nc_t* x = dt__nc(c);
   size_t item = dt__itemsize(dtype);
   const char* mine = send ? (const char*)send : (const char*)recv + (size_t)displs[me] * item;
-  if (dt__nc_even(n, counts)) {
-    DT__NC(ncclAllGather(mine, recv, (size_t)counts[0], t, x->nc, x->stream), "ncclAllGather");
+  if (direct) {
+    DT__NC(ncclAllGather(mine, (char*)recv + (size_t)displs[0] * item, (size_t)counts[0], t, x->nc,
+                         x->stream),
+           "ncclAllGather");
   } else {
     DT__NC(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
@@ -582,6 +582,11 @@ static dt_status_t dt__nc_wait(dt_comm_t* c, dt_comm_req_t* req) {
   dt__nc_t* x = dt__nc(c);
   if (x->n_p2p > 0) DT_CHECK(dt__nc_flush(c)); /* calls still pending (this one's, maybe) */
   cudaEvent_t e = dt__req_event(req);
+  if (e == NULL) { /* its flush failed before the call was issued (reported then) */
+    req->n = 0;
+    return DT_FAIL(DT_ERR_NCCL, "%s was never issued: an earlier NCCL call of its group failed",
+                   req->op ? req->op : "the call");
+  }
   dt_status_t st = dt__nc_wait_event(c, e, req->op ? req->op : "collective");
   if (st == DT_ERR_TIMEOUT) return st; /* still posted: nothing may wait for it again */
   dt__nc_event_put(x, e);
@@ -602,6 +607,11 @@ static dt_status_t dt__nc_test(dt_comm_t* c, dt_comm_req_t* req, int* done) {
     }
   }
   cudaEvent_t e = dt__req_event(req);
+  if (e == NULL) {
+    req->n = 0;
+    return DT_FAIL(DT_ERR_NCCL, "%s was never issued: an earlier NCCL call of its group failed",
+                   req->op ? req->op : "the call");
+  }
   cudaError_t q = cudaEventQuery(e);
   if (q == cudaErrorNotReady) {
     ncclResult_t ae = ncclSuccess;
@@ -738,7 +748,14 @@ extern "C" dt_status_t DT_CUDA_NAME(nccl_world)(dt_backend_t b, const dt_comm_t*
   DT_CHECK(ctrl->iface->broadcast((dt_comm_t*)ctrl, &id, (int64_t)(sizeof id / 4), DT_I32, 0,
                                   NULL));
   ncclComm_t nc = NULL;
+#ifdef DT_SIMT_EMULATE
+  const MPI_Comm* over = (const MPI_Comm*)dt__comm_mpi_native(ctrl);
+  st = over == NULL ? DT_FAIL(DT_ERR_INTERNAL, "the emulated NCCL bootstraps over an MPI comm")
+                    : dt__nc_fail(dt_nccl_emu_init_over(&nc, *over, ctrl->size, id, ctrl->rank),
+                                  "ncclCommInitRank (emulated)");
+#else
   st = dt__nc_fail(ncclCommInitRank(&nc, ctrl->size, id, ctrl->rank), "ncclCommInitRank");
+#endif
   bad = st != DT_SUCCESS;
   snprintf(why, sizeof why, "%s", st != DT_SUCCESS ? dt_last_error() : "");
   dt_status_t ast =

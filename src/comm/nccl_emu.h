@@ -7,9 +7,9 @@
  * memory" is host memory (cuda_rt_emu.h) and every call has finished when it returns, since the
  * emulated streams are synchronous: a collective is a blocking MPI call; ncclSend / ncclRecv
  * between ncclGroupStart and ncclGroupEnd are posted non-blocking and completed by ncclGroupEnd
- * (outside a group each completes at once). ncclCommInitRank is collective over MPI_COMM_WORLD
- * (nranks must be its size: the library bootstraps its NCCL world over the whole job);
- * ncclCommSplit is MPI_Comm_split. Counts above INT_MAX bytes are refused
+ * (outside a group each completes at once). ncclCommInitRank has a stand-in that duplicates the
+ * MPI communicator the unique id went over (dt_nccl_emu_init_over); ncclCommSplit is
+ * MPI_Comm_split. Counts above INT_MAX bytes are refused
  * (ncclInvalidArgument); nothing reports an asynchronous error. Include after
  * cuda_rt_emu.h and backend/backend.h (the host reduction).
  */
@@ -153,15 +153,19 @@ static inline ncclResult_t dt_nccl_emu_wrap(MPI_Comm mc, ncclComm_t* out) {
   return ncclSuccess;
 }
 
-static inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
-                                            int rank) {
+/* ncclCommInitRank's stand-in: NCCL finds its peers through the unique id, which MPI cannot;
+ * the emulation is handed the MPI communicator the id was broadcast over (the library's control
+ * plane) and duplicates it, collectively over its ranks. */
+static inline ncclResult_t dt_nccl_emu_init_over(ncclComm_t* comm, MPI_Comm over, int nranks,
+                                                 ncclUniqueId id, int rank) {
   (void)id;
-  int wsize = 0, wrank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &wsize);
-  MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
-  if (nranks != wsize || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  int size = 0, me = 0;
+  *comm = NULL;
+  if (MPI_Comm_size(over, &size) != MPI_SUCCESS || MPI_Comm_rank(over, &me) != MPI_SUCCESS)
+    return ncclSystemError;
+  if (nranks != size || rank != me) return ncclInvalidArgument;
   MPI_Comm mc = MPI_COMM_NULL;
-  if (MPI_Comm_split(MPI_COMM_WORLD, 0, rank, &mc) != MPI_SUCCESS) return ncclSystemError;
+  if (MPI_Comm_dup(over, &mc) != MPI_SUCCESS) return ncclSystemError;
   MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
   return dt_nccl_emu_wrap(mc, comm);
 }

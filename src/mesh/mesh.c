@@ -3,7 +3,11 @@
  * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
  * functions), so that every message recorded below one starts with its name (dtensor/status.h).
  */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "mesh/mesh.h"
 
@@ -80,19 +84,30 @@ static void dt__mesh_link(dt_mesh_t m) {
   dt__meshes = m;
 }
 
-/* Applies fn to each of the mesh's communicators. */
+/* Applies fn to each of the mesh's communicators (the NCCL plane's first: they were
+ * bootstrapped over the MPI ones). */
 static void dt__mesh_each_comm(dt_mesh_t m, void (*fn)(dt_comm_t*)) {
+  dt_mesh_plane_t* d = m->dev;
+  if (d != NULL) {
+    for (int s = 0; s < DT_ASYNC_SLOTS; s++)
+      for (int k = 0; k < DT_SLOT_COMMS; k++) fn(&d->slot[s][k].comm);
+    for (int f = 0; f < m->nflat; f++) fn(&d->flat[f]);
+    for (int i = 0; i < m->ndim; i++) fn(&d->dim[i]);
+    fn(&d->all);
+  }
   for (int i = 0; i < m->ndim; i++) fn(&m->dim_comm[i]);
   fn(&m->all_comm);
   for (int f = 0; f < m->nflat; f++) fn(&m->flat[f].comm);
   for (int s = 0; s < DT_ASYNC_SLOTS; s++)
-    for (int k = 0; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1; k++) fn(&m->slot_comm[s][k].comm);
+    for (int k = 0; k < DT_SLOT_COMMS; k++) fn(&m->slot_comm[s][k].comm);
 }
 
 static void dt__mesh_free_comms(dt_mesh_t m) {
   dt__mesh_each_comm(m, dt__comm_release);
   for (int s = 0; s < DT_ASYNC_SLOTS; s++)
-    for (int k = 0; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1; k++) m->slot_comm[s][k].mask = 0;
+    for (int k = 0; k < DT_SLOT_COMMS; k++) m->slot_comm[s][k].mask = 0;
+  dt__free(m->dev);
+  m->dev = NULL;
 }
 
 /* A communicator of mesh m's ranks that pass the same color (color < 0: none for this rank),
@@ -109,22 +124,169 @@ static dt_status_t dt__mesh_comm_new(dt_mesh_t m, int color, int key, int size, 
   return w->iface->split(w, color, key, out);
 }
 
-dt_status_t dt__mesh_slot_comm(dt_mesh_t m, int slot, unsigned mask, dt_comm_t** out) {
+/* Releases the NCCL plane (the MPI communicators stay). */
+static void dt__mesh_plane_release(dt_mesh_t m) {
+  dt_mesh_plane_t* d = m->dev;
+  if (d == NULL) return;
+  for (int s = 0; s < DT_ASYNC_SLOTS; s++)
+    for (int k = 0; k < DT_SLOT_COMMS; k++) dt__comm_release(&d->slot[s][k].comm);
+  for (int f = 0; f < DT_MAX_FLAT; f++) dt__comm_release(&d->flat[f]);
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) dt__comm_release(&d->dim[i]);
+  dt__comm_release(&d->all);
+  dt__free(d);
+  m->dev = NULL;
+}
+
+static int dt__mesh_nccl_for(dt_mesh_t m, dt_backend_t b) {
+  return m->dev_state > 0 && m->dev != NULL && m->dev->backend == b;
+}
+
+dt_status_t dt__mesh_slot_comm(dt_mesh_t m, dt_backend_t b, int slot, unsigned mask,
+                               dt_comm_t** out) {
   *out = NULL;
+  dt_slot_comm_t* sc = dt__mesh_nccl_for(m, b) ? m->dev->slot[slot] : m->slot_comm[slot];
   int k = 0;
-  for (; k < DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1 && m->slot_comm[slot][k].mask != 0; k++)
-    if (m->slot_comm[slot][k].mask == mask) {
-      *out = &m->slot_comm[slot][k].comm;
+  for (; k < DT_SLOT_COMMS && sc[k].mask != 0; k++)
+    if (sc[k].mask == mask) {
+      *out = &sc[k].comm;
       return DT_SUCCESS;
     }
-  dt_comm_t* base = dt__mesh_group_comm(m, mask);
+  dt_comm_t* base = dt__mesh_data_comm(m, b, mask);
   if (base == NULL) return DT_FAIL(DT_ERR_INTERNAL, "no communicator for mesh dims 0x%x", mask);
-  if (k == DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1)
+  if (k == DT_SLOT_COMMS)
     return DT_FAIL(DT_ERR_INTERNAL, "asynchronous slot %d has no room for dims 0x%x", slot, mask);
-  DT_CHECK(base->iface->dup(base, &m->slot_comm[slot][k].comm));
-  m->slot_comm[slot][k].mask = mask;
-  *out = &m->slot_comm[slot][k].comm;
+  DT_CHECK(base->iface->dup(base, &sc[k].comm));
+  sc[k].mask = mask;
+  *out = &sc[k].comm;
   return DT_SUCCESS;
+}
+
+/* The split of the mesh's members that groups the ranks differing only along the dims of mask:
+ * color numbers the coordinates outside mask, key orders those inside (row-major). */
+static void dt__mesh_mask_split(dt_mesh_t m, unsigned mask, int* color, int* key) {
+  *color = 0;
+  *key = 0;
+  for (int i = 0; i < m->ndim; i++) {
+    if (mask & (1u << i)) *key = *key * m->shape[i] + m->coords[i];
+    else *color = *color * m->shape[i] + m->coords[i];
+  }
+}
+
+/* This member's reason not to move device data over NCCL ("" when it can): the build, or a GPU
+ * it shares with another member (real GPUs only: NCCL refuses two ranks on one). Collective over
+ * the mesh's MPI communicator (the check of shared GPUs gathers every member's device). */
+static dt_status_t dt__mesh_nccl_why(dt_mesh_t m, dt_backend_t b, char* why, size_t cap) {
+  why[0] = '\0';
+  if (b->kernel_set == DT_KERNELS_CUDA_EMU) return DT_SUCCESS; /* emulated: no such limit */
+  int version = 0;
+  if (b->kernel_set != DT_KERNELS_CUDA) {
+    snprintf(why, cap, "backend %s has no NCCL communicator", b->name);
+  } else if (dt__comm_nccl_version(&version) != DT_SUCCESS) {
+    snprintf(why, cap, "%s", dt_last_error());
+  }
+  /* (host, device) of every member: a pair seen twice is a shared GPU */
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a of the host name */
+  for (const char* c = host; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  int n = m->all_comm.size;
+  int64_t* all = (int64_t*)dt__calloc((size_t)n * 3, sizeof *all);
+  if (all == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "gathering the members' devices");
+  int64_t *counts = all + n, *displs = all + 2 * n;
+  for (int r = 0; r < n; r++) {
+    counts[r] = 1;
+    displs[r] = r;
+  }
+  all[m->all_comm.rank] = (int64_t)((h << 8) ^ (uint64_t)(b->ordinal & 0xff));
+  dt_status_t st =
+      m->all_comm.iface->all_gather_v(&m->all_comm, NULL, all, counts, displs, DT_I64, NULL);
+  for (int r = 0; st == DT_SUCCESS && !why[0] && r < n; r++)
+    for (int q = 0; q < r; q++)
+      if (all[q] == all[r]) {
+        snprintf(why, cap, "mesh ranks %d and %d use one GPU (NCCL refuses two ranks on one GPU)",
+                 q, r);
+        break;
+      }
+  dt__free(all);
+  return st;
+}
+
+/* Makes the NCCL plane of backend b: a communicator bootstrapped over the mesh's MPI one, split
+ * per dim and per flattened group. Collective over the members. */
+static dt_status_t dt__mesh_plane_build(dt_mesh_t m, dt_backend_t b) {
+  dt_mesh_plane_t* d = (dt_mesh_plane_t*)dt__calloc(1, sizeof *d);
+  if (d == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the NCCL plane");
+  d->backend = b;
+  m->dev = d; /* released with the mesh's communicators, also half made */
+  DT_CHECK(dt__comm_nccl_world(b, &m->all_comm, &d->all));
+  for (int i = 0; i < m->ndim; i++) {
+    int color, key;
+    dt__mesh_mask_split(m, 1u << i, &color, &key);
+    DT_CHECK(d->all.iface->split(&d->all, color, key, &d->dim[i]));
+  }
+  for (int f = 0; f < m->nflat; f++) {
+    int color, key;
+    dt__mesh_mask_split(m, m->flat[f].mask, &color, &key);
+    DT_CHECK(d->all.iface->split(&d->all, color, key, &d->flat[f]));
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__mesh_data_plane(dt_mesh_t m, dt_backend_t b, int* nccl) {
+  *nccl = 0;
+  if (!dt__backend_is_device(b) || m->abstract || m->simulated || !m->member) return DT_SUCCESS;
+  if (m->dev_state != 0) {
+    *nccl = dt__mesh_nccl_for(m, b);
+    return DT_SUCCESS;
+  }
+  const char* mode = getenv("DTENSOR_DATA_COMM");
+  if (mode == NULL || !mode[0]) mode = "auto";
+  int want = strcmp(mode, "nccl") == 0, auto_ = strcmp(mode, "auto") == 0;
+  if (!want && !auto_ && strcmp(mode, "mpi") != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "DTENSOR_DATA_COMM=%s: expected auto, nccl or mpi", mode);
+  if (!want && !auto_) { /* mpi: host staging, decided alike on every member */
+    m->dev_state = -1;
+    return DT_SUCCESS;
+  }
+  char why[512];
+  dt_status_t st = dt__mesh_nccl_why(m, b, why, sizeof why);
+  int64_t bad = st != DT_SUCCESS ? 2 : why[0] != '\0', any = 0;
+  DT_CHECK(m->all_comm.iface->all_reduce(&m->all_comm, &bad, &any, 1, DT_I64, DT_REDUCE_MAX,
+                                         NULL));
+  if (any == 2) return st != DT_SUCCESS ? st : DT_FAIL(DT_ERR_MPI, "another member failed to "
+                                                       "report its GPU (see its message)");
+  if (any) {
+    if (want)
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "DTENSOR_DATA_COMM=nccl, but %s", why[0] ? why :
+                     "another member of the mesh cannot use NCCL (see its log)");
+    m->dev_state = -1;
+    if (m->all_comm.rank == 0 && getenv("DTENSOR_QUIET") == NULL)
+      dt__log("comm", "device data of this %d-rank mesh moves through host-staged MPI: %s "
+              "(DTENSOR_DATA_COMM=mpi chooses this, =nccl requires NCCL; DTENSOR_QUIET=1 hides "
+              "this)", m->numel, why[0] ? why : "another member cannot use NCCL");
+    return DT_SUCCESS;
+  }
+  st = dt__mesh_plane_build(m, b);
+  st = dt__mesh_agree(m, st, "making the mesh's NCCL communicators");
+  if (st != DT_SUCCESS) {
+    dt__mesh_plane_release(m);
+    return st;
+  }
+  m->dev_state = 1;
+  m->generation++; /* no host staging to price any more: cached plans go stale */
+  *nccl = 1;
+  return DT_SUCCESS;
+}
+
+dt_comm_t* dt__mesh_data_comm(dt_mesh_t m, dt_backend_t b, unsigned mask) {
+  if (!dt__mesh_nccl_for(m, b)) return dt__mesh_group_comm(m, mask);
+  dt_mesh_plane_t* d = m->dev;
+  for (int i = 0; i < m->ndim; i++)
+    if (mask == (1u << i)) return d->dim[i].iface ? &d->dim[i] : NULL;
+  for (int f = 0; f < m->nflat; f++)
+    if (m->flat[f].mask == mask) return d->flat[f].iface ? &d->flat[f] : NULL;
+  if (mask == (1u << m->ndim) - 1u) return d->all.iface ? &d->all : NULL;
+  return NULL;
 }
 
 void dt__mesh_close_all_comms(void) {
@@ -615,16 +777,18 @@ static dt_status_t dt__mesh_flatten_impl(dt_mesh_t mesh, int ndims, const int* d
     snprintf(ng.name, DT_NAME_MAX, "%s", name);
     if (!mesh->abstract) {
       int color = -1, key = 0, size = 1;
-      if (mesh->member) {
-        color = 0;
-        for (int i = 0; i < mesh->ndim; i++) {
-          if (mask & (1u << i)) key = key * mesh->shape[i] + mesh->coords[i];
-          else color = color * mesh->shape[i] + mesh->coords[i];
-        }
-      }
+      if (mesh->member) dt__mesh_mask_split(mesh, mask, &color, &key);
       for (int i = 0; i < mesh->ndim; i++)
         if (mask & (1u << i)) size *= mesh->shape[i];
       DT_CHECK(dt__mesh_comm_new(mesh, color, key, size, &ng.comm));
+      if (mesh->member && mesh->dev_state > 0) { /* the NCCL plane gets the group too */
+        dt_mesh_plane_t* d = mesh->dev;
+        dt_status_t st = d->all.iface->split(&d->all, color, key, &d->flat[mesh->nflat]);
+        if (st != DT_SUCCESS) {
+          dt__comm_release(&ng.comm);
+          return st;
+        }
+      }
     }
     mesh->flat[mesh->nflat++] = ng;
     g = &mesh->flat[mesh->nflat - 1];

@@ -39,6 +39,23 @@ typedef struct dt_flat_group {
   dt_comm_t comm;
 } dt_flat_group_t;
 
+/* An asynchronous slot's duplicate of the communicator over `mask` (0: unused). */
+typedef struct dt_slot_comm {
+  unsigned mask;
+  dt_comm_t comm;
+} dt_slot_comm_t;
+#define DT_SLOT_COMMS (DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1)
+
+/* The device data plane of a mesh: its communicators again, over NCCL, for the tensor data of
+ * one CUDA backend (the MPI ones stay the control plane and carry host memory). */
+typedef struct dt_mesh_plane {
+  dt_backend_t backend;
+  dt_comm_t all;
+  dt_comm_t dim[DT_MAX_MESH_DIMS];
+  dt_comm_t flat[DT_MAX_FLAT]; /* parallel to the mesh's flat[] */
+  dt_slot_comm_t slot[DT_ASYNC_SLOTS][DT_SLOT_COMMS];
+} dt_mesh_plane_t;
+
 extern const dt_handle_kind_t dt__mesh_kind;
 
 struct dt_mesh {
@@ -68,10 +85,11 @@ struct dt_mesh {
   /* asynchronous slots: the work holding each, and its duplicates of the communicators (one per
    * mask used: single dims, flattened groups, all dims), created on first use */
   struct dt__work* slot_owner[DT_ASYNC_SLOTS];
-  struct {
-    unsigned mask;
-    dt_comm_t comm;
-  } slot_comm[DT_ASYNC_SLOTS][DT_MAX_MESH_DIMS + DT_MAX_FLAT + 1];
+  dt_slot_comm_t slot_comm[DT_ASYNC_SLOTS][DT_SLOT_COMMS];
+  /* which plane carries device data (dt__mesh_data_plane): 0 not decided yet, 1 NCCL (dev),
+   * -1 MPI with host staging */
+  int dev_state;
+  dt_mesh_plane_t* dev;
   struct dt_mesh *next, *prev; /* live meshes (counter resets, finalize) */
 };
 
@@ -87,9 +105,23 @@ dt_status_t dt__mesh_check(dt_mesh_t m);
 /* Communicator over the mesh dims in `mask` (a single dim, a flattened group, or all dims).
  * NULL when none exists. */
 dt_comm_t* dt__mesh_group_comm(dt_mesh_t m, unsigned mask);
-/* The duplicate of the communicator over `mask` that asynchronous slot `slot` uses, created on
- * first use (collective over that communicator: every rank starts the work at the same point). */
-dt_status_t dt__mesh_slot_comm(dt_mesh_t m, int slot, unsigned mask, dt_comm_t** out);
+/* Which plane carries backend b's tensor data on mesh m: *nccl = 1 when the mesh's NCCL plane
+ * does (device memory moves as it is), 0 for MPI (host memory: a device backend stages through
+ * it). For a device backend the first call decides, collectively over the mesh's members (it
+ * runs at each member's first collective on device data of the mesh): NCCL when the build has
+ * it for b, every member has a GPU of its own (NCCL refuses two ranks on one) and
+ * $DTENSOR_DATA_COMM is not "mpi"; "nccl" makes anything else an error. The NCCL plane is made
+ * then (an NCCL communicator bootstrapped over the mesh's MPI one, split per dim and flattened
+ * group) and kept for the first device backend that asked; others stage through MPI. */
+dt_status_t dt__mesh_data_plane(dt_mesh_t m, dt_backend_t b, int* nccl);
+/* The communicator over `mask` that carries backend b's data (after dt__mesh_data_plane): the
+ * NCCL plane's when it carries b, else the MPI one (dt__mesh_group_comm). NULL when none. */
+dt_comm_t* dt__mesh_data_comm(dt_mesh_t m, dt_backend_t b, unsigned mask);
+/* The duplicate of the data communicator over `mask` for backend b (as dt__mesh_data_comm) that
+ * asynchronous slot `slot` uses, created on first use (collective over that communicator: every
+ * rank starts the work at the same point). */
+dt_status_t dt__mesh_slot_comm(dt_mesh_t m, dt_backend_t b, int slot, unsigned mask,
+                               dt_comm_t** out);
 /* Closes the communicators of every live mesh (dt_finalize: MPI goes away; a later collective on
  * such a mesh fails with DT_ERR_NOT_INITIALIZED, see dt__comm_close). */
 void dt__mesh_close_all_comms(void);

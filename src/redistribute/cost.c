@@ -142,8 +142,10 @@ void dt__cost_linear_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, dt_col
   }
   dt__cost_line(p, c, algo, n, a, b);
   /* host staging of a device backend: the shard out of the device and the result back in (about
-   * the step's bytes once each way, the all-reduce's buffer and result alike) */
-  if (mesh != NULL && c != DT_COLL_LOCAL && n > 1 && isfinite(*a) && mesh->backend->stage_gbps > 0) {
+   * the step's bytes once each way, the all-reduce's buffer and result alike); none once the
+   * mesh's NCCL plane carries the data */
+  if (mesh != NULL && c != DT_COLL_LOCAL && n > 1 && isfinite(*a) &&
+      mesh->backend->stage_gbps > 0 && mesh->dev_state <= 0) {
     *a += 2.0 * mesh->backend->stage_us;
     *b += 2.0 / (mesh->backend->stage_gbps * 1e3);
   }

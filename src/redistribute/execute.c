@@ -584,7 +584,10 @@ dt_status_t dt__plan_execute(dt_mesh_t m, dt_backend_t b, const struct dt_plan* 
   if (m->abstract)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "cannot move data on an abstract mesh (no ranks)");
   if (!m->member) return DT_SUCCESS;
-  if (dt__backend_is_device(b) && dt__plan_communicates(p)) {
+  int nccl = 0; /* the mesh's NCCL plane carries b's memory as it is */
+  if (dt__backend_is_device(b) && dt__plan_communicates(p))
+    DT_CHECK(dt__mesh_data_plane(m, b, &nccl));
+  if (dt__backend_is_device(b) && dt__plan_communicates(p) && !nccl) {
     /* the MPI comm carries host memory: run the plan on host copies of the shards (persistent
      * staging buffers of the backend), one copy out of the device and one back in */
     size_t in_nb = dt__plan_local_nbytes(p, m, 0), out_nb = dt__plan_local_nbytes(p, m, 1);
@@ -619,7 +622,7 @@ dt_status_t dt__plan_execute(dt_mesh_t m, dt_backend_t b, const struct dt_plan* 
     }
     dt__run_t r;
     DT_CHECK(dt__run_init(&r, m, b, p, k, cur, out, &sc,
-                          dt__mesh_group_comm(m, p->steps[k].mask), NULL));
+                          dt__mesh_data_comm(m, b, p->steps[k].mask), NULL));
     dt__run_what(&r);
     dt_status_t st = dt__advance(&r);
     dt__comm_what_clear();

@@ -254,7 +254,7 @@ static dt_status_t dt__step_begin(struct dt__work* w) {
   const void* in = w->k == 0 ? w->src : w->inter[(w->k - 1) & 1];
   dt_comm_t* c = NULL;
   if (w->plan->steps[w->k].coll != DT_COLL_LOCAL)
-    DT_CHECK(dt__mesh_slot_comm(w->mesh, w->slot, w->plan->steps[w->k].mask, &c));
+    DT_CHECK(dt__mesh_slot_comm(w->mesh, w->b, w->slot, w->plan->steps[w->k].mask, &c));
   if (c != NULL) {
     if (w->req_iface != NULL && w->req_iface != c->iface) { /* another implementation's memory */
       w->req_iface->req_free(&w->req);
@@ -362,8 +362,11 @@ static dt_status_t dt__work_start_body(dt_mesh_t m, dt_backend_t b, struct dt_pl
                            dt_storage_t* src_hold, void* dst, dt_storage_t* dst_hold,
                                         struct dt__work** out) {
   *out = NULL;
-  const int stage = m != NULL && p != NULL && m->member && !m->abstract &&
-                    dt__backend_is_device(b) && dt__plan_communicates(p);
+  int nccl = 0; /* the mesh's NCCL plane carries b's memory: no staging */
+  const int comm = m != NULL && p != NULL && m->member && !m->abstract &&
+                   dt__backend_is_device(b) && dt__plan_communicates(p);
+  if (comm) DT_CHECK(dt__mesh_data_plane(m, b, &nccl));
+  const int stage = comm && !nccl;
   struct dt__work* w = dt__work_get(stage ? &dt__backend_cpu : b, stage ? b : NULL);
   if (w == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a work");
   if (m == NULL || p == NULL || m->abstract || !m->member) { /* nothing moves here */
@@ -420,7 +423,7 @@ static dt_status_t dt__work_start_body(dt_mesh_t m, dt_backend_t b, struct dt_pl
    * the program on every rank, not when a step begins during progress */
   for (int k = 0; k < p->nsteps && st == DT_SUCCESS; k++) {
     dt_comm_t* c;
-    if (p->steps[k].coll != DT_COLL_LOCAL) st = dt__mesh_slot_comm(m, w->slot, p->steps[k].mask, &c);
+    if (p->steps[k].coll != DT_COLL_LOCAL) st = dt__mesh_slot_comm(m, w->b, w->slot, p->steps[k].mask, &c);
   }
   if (st == DT_SUCCESS) st = dt__step_begin(w);
   if (st == DT_SUCCESS) st = dt__work_run(w, 0);

@@ -10,13 +10,15 @@
  *
  * Communicators: the world, a dup of it, and at np >= 2 the splits into halves (color rank / 2
  * ... ) and into the odd and even ranks with reversed keys, so rank order differs from the
- * parent's. Calls: all_gather_v (even and uneven counts with an empty block; in place and not),
+ * parent's, and an NCCL world bootstrapped over the MPI halves (a sub-mesh's plane). Calls: all_gather_v (even, uneven with an empty block, and even with gaps between
+ * blocks in reverse order; in place and not),
  * all_reduce (sum, max, min; in place and not), reduce_scatter_v (even and uneven), all_to_all_v
  * (ragged, with empty pairs), all_to_all_box (NCCL declines: placed = 0), broadcast and scatter_v
  * from every root, send / recv around a ring with requests (recv posted before send) and in a
  * group without, and several non-blocking calls in flight on one communicator completed by test
- * and wait. Refusals come back as statuses on every rank without a hang: avg, displacements that
- * are not back to back, a split without a parent. The last line says how many results matched:
+ * and wait. Refusals come back as statuses on every rank without a hang: avg, a dtype NCCL does
+ * not have, a split without a parent, and a broadcast from a root past the last rank, which NCCL
+ * itself fails (DT_ERR_NCCL). The last line says how many results matched:
  * "nccl_conformance=PASS cases=N".
  */
 #include <stdio.h>
@@ -77,10 +79,12 @@ static void t_all_gather(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char*
   int n = mc->size, me = mc->rank;
   size_t item = dt__itemsize(d);
   int64_t counts[64], displs[64];
-  for (int uneven = 0; uneven < 2; uneven++)
+  for (int uneven = 0; uneven < 3; uneven++) /* even, uneven, even with gaps between blocks */
     for (int inplace = 0; inplace < 2; inplace++) {
-      counts_of(n, uneven, 5, counts, displs);
-      int64_t total = displs[n - 1] + counts[n - 1];
+      counts_of(n, uneven == 1, 5, counts, displs);
+      if (uneven == 2)
+        for (int r = 0; r < n; r++) displs[r] = (n - 1 - r) * 7; /* reversed, 2 apart */
+      int64_t total = uneven == 2 ? 7 * (int64_t)n : displs[n - 1] + counts[n - 1];
       size_t nb = (size_t)total * item;
       void* send = fill(d, counts[me], me + 1);
       void* hrecv = fill(d, total, 99); /* the same garbage in both */
@@ -95,7 +99,9 @@ static void t_all_gather(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char*
                                            NULL));
       DT_ASSERT_OK(nc->iface->all_gather_v(nc, inplace ? NULL : dsend, drecv, counts, displs, d,
                                            NULL));
-      same(hrecv, drecv, nb, uneven ? "all_gather_v uneven" : "all_gather_v even", dn);
+      same(hrecv, drecv, nb,
+           uneven == 2 ? "all_gather_v gaps" : uneven ? "all_gather_v uneven" : "all_gather_v even",
+           dn);
       dfree(drecv, nb);
       dfree(dsend, (size_t)counts[me] * item);
       free(send);
@@ -327,14 +333,9 @@ static void t_refusals(dt_comm_t* nc) {
   float* d = dev_from((float[8]){0}, 8 * sizeof(float));
   DT_ASSERT_STATUS(nc->iface->all_reduce(nc, d, d, 8, DT_F32, DT_REDUCE_AVG, NULL),
                    DT_ERR_INTERNAL);
-  int64_t counts[64], displs[64];
-  for (int r = 0; r < nc->size; r++) {
-    counts[r] = 1;
-    displs[r] = 2 * r; /* gaps */
-  }
-  if (nc->size > 1)
-    DT_ASSERT_STATUS(nc->iface->all_gather_v(nc, NULL, d, counts, displs, DT_F32, NULL),
-                     DT_ERR_UNSUPPORTED);
+  DT_ASSERT_STATUS(nc->iface->broadcast(nc, d, 8, (dt_dtype_t)99, 0, NULL), DT_ERR_INVALID_ARG);
+  /* a call NCCL itself fails (a root past the last rank): DT_ERR_NCCL on every rank, no hang */
+  DT_ASSERT_STATUS(nc->iface->broadcast(nc, d, 8, DT_F32, nc->size, NULL), DT_ERR_NCCL);
   dt_comm_t none;
   DT_ASSERT_STATUS(nc->iface->split(NULL, 0, 0, &none), DT_ERR_INVALID_USAGE);
   DT_ASSERT_OK(nc->iface->all_reduce(nc, d, d, 8, DT_F32, DT_REDUCE_SUM, NULL));
@@ -368,6 +369,12 @@ int main(int argc, char** argv) {
       DT_ASSERT_OK(world->iface->split(world, colors[s], keys[s], &ms));
       DT_ASSERT_OK(nw.iface->split(&nw, colors[s], keys[s], &ns));
       t_all(&ms, &ns, s ? "odd/even reversed" : "halves");
+      if (s == 0) { /* an NCCL world bootstrapped over a part of the job (a sub-mesh's) */
+        dt_comm_t nsub;
+        DT_ASSERT_OK(dt__comm_nccl_world(g_b, &ms, &nsub));
+        t_all(&ms, &nsub, "NCCL bootstrapped over the halves");
+        dt__comm_release(&nsub);
+      }
       dt__comm_release(&ns);
       dt__comm_release(&ms);
     }
