@@ -25,13 +25,14 @@
 #   parity      tests/nn/loss_parity.sh on the GPU (np 1, 2, 4 on one GPU, f32, rtol 1e-5) and
 #               tests/parallel/parallel_parity.sh (every parallel config of the trainer, np up to 8)
 #   gemm        bench_gpu: dt_mm bf16 4096^3 and 8192^3 against the same cuBLASLt call made
-#               directly, TF32, host-staging bandwidth
+#               directly, TF32, host-staging bandwidth; bench_nccl: redistributions over the NCCL
+#               plane against raw NCCL calls, 1-256 MiB
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
 #               the same ~125M-parameter model, then ~1B, alternating ours and theirs
 # Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
 # the device tool's machine set OUT to its $OUT so the logs come back), and the last line:
 #   gpu_check: gemm_vs_cublaslt=<x> train_vs_torch=<125M>/<1B> mfu=<x> conformance_ops=<n>
-#              nccl_conformance=PASS:<cases> failed=<k>
+#              nccl_conformance=PASS:<cases> nccl_vs_raw=<x> failed=<k>
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -156,11 +157,18 @@ step parallel_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/parallel/para
   mpirun "$G/examples/train" "$OUT/parallel_parity"
 
 # benchmarks (GPU only)
-gemm=na tvt1=na tvt2=na mfu=na
+gemm=na tvt1=na tvt2=na mfu=na nvr=na
 if [ "$BACKEND" = cuda ]; then
   if [ -x "$G/bench/bench_gpu" ]; then
     step bench_gpu 120 "$G/bench/bench_gpu"
     gemm=$(sed -n 's/.*gemm_vs_cublaslt=\([0-9.]*\).*/\1/p' "$OUT/bench_gpu.log" 2>/dev/null | tail -n 1)
+  fi
+  # redistributions over the NCCL plane against raw NCCL (np = number of GPUs; at np 1 the plan
+  # moves nothing, so the difference is the per-call overhead)
+  if [ -x "$G/bench/bench_nccl" ]; then
+    step bench_nccl 120 "${MPI[@]}" -np "$ngpu" "$G/bench/bench_nccl" -b 1M -e 256M -n 10 -r 3
+    nvr=$(sed -n 's/^nccl_vs_raw=\([^ ]*\) overhead_us=\([^ ]*\).*/\1,overhead_us=\2/p' \
+      "$OUT/bench_nccl.log" 2>/dev/null | tail -n 1)
   fi
   # name dim layers heads batch seq steps
   train_pair() {
@@ -195,5 +203,5 @@ if [ "$BACKEND" = cuda ]; then
 fi
 ops=$(sed -n 's/^test_conformance np=1: \([0-9]*\) ops.*/\1/p' "$OUT/conformance_np1.log" 2>/dev/null | tail -n 1)
 ncc=$(sed -n 's/^nccl_conformance=\(PASS\) cases=\([0-9]*\).*/\1:\2/p' "$OUT/nccl_conformance_np1.log" 2>/dev/null | tail -n 1)
-note "gpu_check: gemm_vs_cublaslt=${gemm:-na} train_vs_torch=${tvt1}/${tvt2} mfu=${mfu:-na} conformance_ops=${ops:-0} nccl_conformance=${ncc:-na} failed=$failed elapsed_s=$(elapsed)"
+note "gpu_check: gemm_vs_cublaslt=${gemm:-na} train_vs_torch=${tvt1}/${tvt2} mfu=${mfu:-na} conformance_ops=${ops:-0} nccl_conformance=${ncc:-na} nccl_vs_raw=${nvr:-na} failed=$failed elapsed_s=$(elapsed)"
 [ "$failed" -eq 0 ]

@@ -25,7 +25,9 @@ for t in "${TESTS[@]}"; do
   strip -o "$stage/gpu-build/tests/$t" "$B/tests/$t"
 done
 strip -o "$stage/gpu-build/examples/train" "$B/examples/train"
-[ -x "$B/bench/bench_gpu" ] && strip -o "$stage/gpu-build/bench/bench_gpu" "$B/bench/bench_gpu"
+for b in bench_gpu bench_nccl; do
+  [ -x "$B/bench/$b" ] && strip -o "$stage/gpu-build/bench/$b" "$B/bench/$b"
+done
 for so in "$B"/libdtensor.so*; do
   if [ -L "$so" ]; then cp -P "$so" "$stage/gpu-build/lib/"; else strip -o "$stage/gpu-build/lib/$(basename "$so")" "$so"; fi
 done
