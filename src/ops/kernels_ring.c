@@ -4,8 +4,12 @@
  * gradient from the rows' log-sum-exp, so that blocks arriving one by one give exactly attention
  * over all of them; and the ring itself, which moves the key/value shards (and, backward, their
  * gradients) between the ranks of the cp dim with point-to-point calls posted before each step's
- * blocks. f32 on host memory, matrix products through the backend's GEMM; a device backend's
- * shards are staged through host memory (its fused kernel comes with the GPU backend).
+ * blocks. f32, matrix products through the backend's GEMM and the steps between them through
+ * dt__ring_rows_t (host loops here, CUDA kernels in src/ops/cuda/ring.cu). A device backend
+ * computes in its own memory and rings over the mesh's NCCL plane (the pairs of a step issued
+ * as one group on the communicator's stream while the step's blocks run on the compute stream);
+ * where the plane is MPI (ranks sharing a GPU) its shards are staged through host memory and
+ * computed there.
  */
 #include <math.h>
 #include <string.h>
@@ -39,77 +43,148 @@ size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C) {
   return sizeof(float) * (size_t)(2 * C * C + C * g->E + 2 * C);
 }
 
-dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const float* k,
-                               const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
-                               float* o, float* m, float* l, float* scratch) {
-  float *p = scratch, *t = p + C * C, *mb = t + C * g->E, *lb = mb + C;
-  dt_status_t st = DT_SUCCESS;
-  for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
-    for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
-      dt__ring_slab_t s;
-      dt__ring_slab(g, b, h, &s);
-      const float *qb = q + s.q + qr * s.lq, *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv;
-      if (g->D > 0)
-        st = dt__gemm(g->bk, 0, 1, C, C, g->D, (float)g->scale, qb, s.lq, kb, s.lk, 0.0f, p, C);
-      else
-        memset(p, 0, sizeof(float) * (size_t)(C * C));
-      for (int64_t i = 0; i < C; i++) { /* the block's softmax numerators, row max and sum */
-        float* row = p + i * C;
-        const int64_t vis = diag ? i + 1 : C; /* the diagonal block: keys 0..i of the chunk */
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < vis; j++) mx = row[j] > mx ? row[j] : mx;
-        double sum = 0.0;
-        for (int64_t j = 0; j < vis; j++) {
-          row[j] = expf(row[j] - mx);
-          sum += row[j];
-        }
-        for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
-        mb[i] = mx;
-        lb[i] = (float)sum;
-      }
-      if (g->E > 0 && st == DT_SUCCESS)
-        st = dt__gemm(g->bk, 0, 0, C, g->E, C, 1.0f, p, C, vb, s.lv, 0.0f, t, g->E);
-      for (int64_t i = 0; i < C; i++) { /* merge into the running (o, m, l) of the row */
-        const int64_t r = (b * g->H + h) * g->S + qr + i;
-        const float mo = m[r], mn = mo > mb[i] ? mo : mb[i];
-        const float a = mo == -INFINITY ? 0.0f : expf(mo - mn), c = expf(mb[i] - mn);
-        float* orow = o + s.o + (qr + i) * s.lo;
-        for (int64_t e = 0; e < g->E; e++) orow[e] = orow[e] * a + t[i * g->E + e] * c;
-        l[r] = l[r] * a + lb[i] * c;
-        m[r] = mn;
-      }
+/* ---- the row-wise steps on host memory (dt__ring_rows_t; ring.cu has the CUDA ones) ---------- */
+
+static dt_status_t dt__rr_softmax(dt_backend_t b, float* p, int64_t C, int diag, float* mb,
+                                  float* lb) {
+  (void)b;
+  for (int64_t i = 0; i < C; i++) { /* the block's softmax numerators, row max and sum */
+    float* row = p + i * C;
+    const int64_t vis = diag ? i + 1 : C; /* the diagonal block: keys 0..i of the chunk */
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < vis; j++) mx = row[j] > mx ? row[j] : mx;
+    double sum = 0.0;
+    for (int64_t j = 0; j < vis; j++) {
+      row[j] = expf(row[j] - mx);
+      sum += row[j];
     }
-  return st;
+    for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
+    mb[i] = mx;
+    lb[i] = (float)sum;
+  }
+  return DT_SUCCESS;
 }
 
-void dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, const float* l,
-                     float* lse) {
-  for (int64_t b = 0; b < g->B; b++)
+static dt_status_t dt__rr_merge(dt_backend_t b, float* o, int64_t lo, const float* t, int64_t E,
+                                int64_t C, float* m, float* l, const float* mb, const float* lb) {
+  (void)b;
+  for (int64_t i = 0; i < C; i++) { /* merge into the running (o, m, l) of the row */
+    const float mo = m[i], mn = mo > mb[i] ? mo : mb[i];
+    const float a = mo == -INFINITY ? 0.0f : expf(mo - mn), c = expf(mb[i] - mn);
+    float* orow = o + i * lo;
+    for (int64_t e = 0; e < E; e++) orow[e] = orow[e] * a + t[i * E + e] * c;
+    l[i] = l[i] * a + lb[i] * c;
+    m[i] = mn;
+  }
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__rr_finish(dt_backend_t b, const dt__ring_geom_t* g, float* o,
+                                 const float* m, const float* l, float* lse) {
+  (void)b;
+  for (int64_t bb = 0; bb < g->B; bb++)
     for (int64_t h = 0; h < g->H; h++) {
       dt__ring_slab_t s;
-      dt__ring_slab(g, b, h, &s);
+      dt__ring_slab(g, bb, h, &s);
       for (int64_t i = 0; i < g->S; i++) {
-        const int64_t r = (b * g->H + h) * g->S + i;
+        const int64_t r = (bb * g->H + h) * g->S + i;
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         float* orow = o + s.o + i * s.lo;
         for (int64_t e = 0; e < g->E; e++) orow[e] *= inv;
         lse[r] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
       }
     }
+  return DT_SUCCESS;
 }
 
-void dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d) {
-  for (int64_t b = 0; b < g->B; b++)
+static dt_status_t dt__rr_rowdot(dt_backend_t b, const dt__ring_geom_t* g, const float* o,
+                                 const float* go, float* d) {
+  (void)b;
+  for (int64_t bb = 0; bb < g->B; bb++)
     for (int64_t h = 0; h < g->H; h++) {
       dt__ring_slab_t s;
-      dt__ring_slab(g, b, h, &s);
+      dt__ring_slab(g, bb, h, &s);
       for (int64_t i = 0; i < g->S; i++) {
-        const float *a = o + s.o + i * s.lo, *c = go + s.o + i * s.lo;
+        const float *x = o + s.o + i * s.lo, *y = go + s.o + i * s.lo;
         double acc = 0.0;
-        for (int64_t e = 0; e < g->E; e++) acc += (double)a[e] * c[e];
-        d[(b * g->H + h) * g->S + i] = (float)acc;
+        for (int64_t e = 0; e < g->E; e++) acc += (double)x[e] * y[e];
+        d[(bb * g->H + h) * g->S + i] = (float)acc;
       }
     }
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__rr_probs(dt_backend_t b, float* p, int64_t C, int diag, const float* lse) {
+  (void)b;
+  for (int64_t i = 0; i < C; i++) {
+    float* row = p + i * C;
+    const int64_t vis = diag ? i + 1 : C;
+    const float ls = lse[i];
+    for (int64_t j = 0; j < vis; j++) row[j] = ls == -INFINITY ? 0.0f : expf(row[j] - ls);
+    for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
+  }
+  return DT_SUCCESS;
+}
+
+static dt_status_t dt__rr_dscore(dt_backend_t b, float* dp, const float* p, int64_t C,
+                                 const float* dd) {
+  (void)b;
+  for (int64_t i = 0; i < C; i++) {
+    const float di = dd[i];
+    const float* pr = p + i * C;
+    float* dr = dp + i * C;
+    for (int64_t j = 0; j < C; j++) dr[j] = pr[j] * (dr[j] - di);
+  }
+  return DT_SUCCESS;
+}
+
+static const dt__ring_rows_t dt__ring_rows_host = {dt__rr_softmax, dt__rr_merge,  dt__rr_finish,
+                                                   dt__rr_rowdot,  dt__rr_probs,  dt__rr_dscore};
+
+const dt__ring_rows_t* dt__ring_rows_for(dt_backend_t b) {
+#ifdef DTENSOR_HAVE_CUDA
+  if (b->kernel_set == DT_KERNELS_CUDA) return dt__cuda_ring_rows();
+#endif
+#ifdef DTENSOR_HAVE_SIMT_EMU
+  if (b->kernel_set == DT_KERNELS_CUDA_EMU) return dt__cudaemu_ring_rows();
+#endif
+  return &dt__ring_rows_host;
+}
+
+/* ---- the blocks ------------------------------------------------------------------------------ */
+
+dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const float* k,
+                               const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
+                               float* o, float* m, float* l, float* scratch) {
+  float *p = scratch, *t = p + C * C, *mb = t + C * g->E, *lb = mb + C;
+  const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
+  dt_status_t st = DT_SUCCESS;
+  for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
+    for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
+      dt__ring_slab_t s;
+      dt__ring_slab(g, b, h, &s);
+      const float *qb = q + s.q + qr * s.lq, *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv;
+      const int64_t r0 = (b * g->H + h) * g->S + qr;
+      if (g->D > 0)
+        st = dt__gemm(g->bk, 0, 1, C, C, g->D, (float)g->scale, qb, s.lq, kb, s.lk, 0.0f, p, C);
+      else
+        st = g->bk->iface->memset(g->bk, p, 0, sizeof(float) * (size_t)(C * C));
+      if (st == DT_SUCCESS) st = R->softmax(g->bk, p, C, diag, mb, lb);
+      if (g->E > 0 && st == DT_SUCCESS)
+        st = dt__gemm(g->bk, 0, 0, C, g->E, C, 1.0f, p, C, vb, s.lv, 0.0f, t, g->E);
+      if (st == DT_SUCCESS)
+        st = R->merge(g->bk, o + s.o + qr * s.lo, s.lo, t, g->E, C, m + r0, l + r0, mb, lb);
+    }
+  return st;
+}
+
+dt_status_t dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, const float* l,
+                            float* lse) {
+  return dt__ring_rows_for(g->bk)->finish(g->bk, g, o, m, l, lse);
+}
+
+dt_status_t dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d) {
+  return dt__ring_rows_for(g->bk)->rowdot(g->bk, g, o, go, d);
 }
 
 /* Per (b, h): P = exp(scale q k^T - lse) (masked: 0), dv += P^T g, dP = g v^T,
@@ -120,6 +195,8 @@ dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const f
                                float* dv, float* scratch) {
   float *p = scratch, *dp = p + C * C;
   const float sc = (float)g->scale;
+  const size_t block_nb = sizeof(float) * (size_t)(C * C);
+  const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
   dt_status_t st = DT_SUCCESS;
   for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
     for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
@@ -128,31 +205,21 @@ dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const f
       const float *qb = q + s.q + qr * s.lq, *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv,
                   *gb = go + s.o + qr * s.lo;
       float *dqb = dq + s.q + qr * s.lq, *dkb = dk + s.k + kr * s.lk, *dvb = dv + s.v + kr * s.lv;
+      const int64_t r0 = (b * g->H + h) * g->S + qr;
       if (g->D > 0)
         st = dt__gemm(g->bk, 0, 1, C, C, g->D, sc, qb, s.lq, kb, s.lk, 0.0f, p, C);
       else
-        memset(p, 0, sizeof(float) * (size_t)(C * C));
-      const int64_t r0 = (b * g->H + h) * g->S + qr;
-      for (int64_t i = 0; i < C; i++) {
-        float* row = p + i * C;
-        const int64_t vis = diag ? i + 1 : C;
-        const float ls = lse[r0 + i];
-        for (int64_t j = 0; j < vis; j++) row[j] = ls == -INFINITY ? 0.0f : expf(row[j] - ls);
-        for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
-      }
+        st = g->bk->iface->memset(g->bk, p, 0, block_nb);
+      if (st == DT_SUCCESS) st = R->probs(g->bk, p, C, diag, lse + r0);
       if (g->E > 0) {
         if (st == DT_SUCCESS)
           st = dt__gemm(g->bk, 1, 0, C, g->E, C, 1.0f, p, C, gb, s.lo, 1.0f, dvb, s.lv);
         if (st == DT_SUCCESS)
           st = dt__gemm(g->bk, 0, 1, C, C, g->E, 1.0f, gb, s.lo, vb, s.lv, 0.0f, dp, C);
-      } else {
-        memset(dp, 0, sizeof(float) * (size_t)(C * C));
+      } else if (st == DT_SUCCESS) {
+        st = g->bk->iface->memset(g->bk, dp, 0, block_nb);
       }
-      for (int64_t i = 0; i < C; i++) {
-        const float di = dd[r0 + i];
-        float *pr = p + i * C, *dr = dp + i * C;
-        for (int64_t j = 0; j < C; j++) dr[j] = pr[j] * (dr[j] - di);
-      }
+      if (st == DT_SUCCESS) st = R->dscore(g->bk, dp, p, C, dd + r0);
       if (g->D > 0) {
         if (st == DT_SUCCESS)
           st = dt__gemm(g->bk, 0, 0, C, g->D, C, sc, dp, C, kb, s.lk, 1.0f, dqb, s.lq);
@@ -172,8 +239,15 @@ dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
   a->n = mesh->shape[a->dim];
   a->sim = mesh->backend->device == DT_DEVICE_META;
   a->dev = mesh->backend;
-  a->stage = !a->sim && mesh->backend->device != DT_DEVICE_HOST;
-  a->comm = dt__mesh_group_comm(mesh, 1u << a->dim);
+  /* device memory: computed there when the mesh's NCCL plane carries it, else staged through host
+   * memory and the MPI comm (deciding the plane is collective over the mesh: every member runs
+   * this op) */
+  int nccl = 0;
+  if (!a->sim && dt__backend_is_device(mesh->backend))
+    DT_CHECK(dt__mesh_data_plane(mesh, mesh->backend, &nccl));
+  a->stage = !a->sim && mesh->backend->device != DT_DEVICE_HOST && !nccl;
+  a->comm = nccl ? dt__mesh_data_comm(mesh, mesh->backend, 1u << a->dim)
+                 : dt__mesh_group_comm(mesh, 1u << a->dim);
   if (a->comm == NULL)
     return DT_FAIL(DT_ERR_INTERNAL, "%s: no communicator for mesh dim %d", kRingOp, a->dim);
   a->r = a->comm->rank;
@@ -277,7 +351,11 @@ static float* dt__ra_alloc(dt__ra_mem_t* mm, size_t nbytes, int zero) {
   void* p = dt__backend_alloc(mm->b, nbytes);
   if (p == NULL) return NULL;
   dt__mem_count(DT_MEM_OTHER, (int64_t)nbytes);
-  if (zero && mm->b->device == DT_DEVICE_HOST) memset(p, 0, nbytes);
+  if (zero && mm->b->device != DT_DEVICE_META && mm->b->iface->memset(mm->b, p, 0, nbytes)) {
+    dt__backend_free(mm->b, p, nbytes);
+    dt__mem_count(DT_MEM_OTHER, -(int64_t)nbytes);
+    return NULL;
+  }
   mm->p[mm->n] = p;
   mm->nb[mm->n++] = nbytes;
   return (float*)p;
@@ -373,12 +451,20 @@ static dt_status_t dt__ra_start(const dt__ring_call_t* a, dt__ra_xfer_t* x, int 
   }
   dt_comm_t* c = a->comm;
   const int next = (a->r + 1) % a->n, prev = (a->r + a->n - 1) % a->n;
-  for (int i = 0; i < npairs; i++) {
+  /* one group: NCCL issues the pairs together at group_end, so they run while this step's
+   * blocks compute (MPI posts each at once either way) */
+  dt_status_t st = c->iface->group_start ? c->iface->group_start(c) : DT_SUCCESS;
+  for (int i = 0; i < npairs && st == DT_SUCCESS; i++) {
     x->npairs = i + 1; /* what was posted is waited for, even after a failure */
-    DT_CHECK(c->iface->recv(c, recv[i], count[i], DT_F32, prev, &x->req[2 * i]));
-    DT_CHECK(c->iface->send(c, send[i], count[i], DT_F32, next, &x->req[2 * i + 1]));
+    st = c->iface->recv(c, recv[i], count[i], DT_F32, prev, &x->req[2 * i]);
+    if (st == DT_SUCCESS)
+      st = c->iface->send(c, send[i], count[i], DT_F32, next, &x->req[2 * i + 1]);
   }
-  return DT_SUCCESS;
+  if (c->iface->group_end != NULL) {
+    dt_status_t e = c->iface->group_end(c);
+    if (st == DT_SUCCESS) st = e;
+  }
+  return st;
 }
 
 /* Completes an exchange (simulated: waits until its end); the first failure is returned. */
@@ -437,8 +523,8 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     return st;
   }
   if (!a->sim) {
-    memset(od, 0, sizeof(float) * (size_t)dt__local_numel(o));
-    for (int64_t i = 0; i < rows; i++) m[i] = -INFINITY;
+    st = g->bk->iface->memset(g->bk, od, 0, sizeof(float) * (size_t)dt__local_numel(o));
+    if (st == DT_SUCCESS) st = g->bk->iface->fill(g->bk, m, DT_F32, rows, -INFINITY);
   }
   if (algo == DT_RING_GATHER) {
     int64_t ck[DT_MAX_RANKS_CP], dk[DT_MAX_RANKS_CP], cv[DT_MAX_RANKS_CP], dv[DT_MAX_RANKS_CP];
@@ -489,7 +575,7 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
       }
     }
   }
-  if (st == DT_SUCCESS && !a->sim) dt__ring_finish(g, od, m, l, m);
+  if (st == DT_SUCCESS && !a->sim) st = dt__ring_finish(g, od, m, l, m);
   if (st == DT_SUCCESS) st = dt__ra_host_out(a, o, od);
   if (st == DT_SUCCESS) st = dt__ra_host_out(a, lse, m);
   dt__ra_free_all(&mm);
@@ -547,10 +633,12 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
     return st;
   }
   if (!a->sim) {
-    dt__ring_rowdot(g, odat, god, dd);
-    memset(dqd, 0, sizeof(float) * (size_t)dt__local_numel(dq));
-    memset(dkd, 0, sizeof(float) * (size_t)a->nk);
-    memset(dvd, 0, sizeof(float) * (size_t)a->nv);
+    dt_backend_t bk = g->bk;
+    st = dt__ring_rowdot(g, odat, god, dd);
+    if (st == DT_SUCCESS)
+      st = bk->iface->memset(bk, dqd, 0, sizeof(float) * (size_t)dt__local_numel(dq));
+    if (st == DT_SUCCESS) st = bk->iface->memset(bk, dkd, 0, sizeof(float) * (size_t)a->nk);
+    if (st == DT_SUCCESS) st = bk->iface->memset(bk, dvd, 0, sizeof(float) * (size_t)a->nv);
   }
   if (algo == DT_RING_GATHER) {
     int64_t cnt[DT_MAX_RANKS_CP], dsp[DT_MAX_RANKS_CP];
@@ -605,6 +693,7 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
                                    float* const* kvbuf, float* const* acc, float* tmp) {
   const int n = a->n;
   const int64_t nkv = a->nk + a->nv;
+  dt_backend_t bk = a->g.bk;
   dt_status_t st = DT_SUCCESS;
   const float *cur_k = kd, *cur_v = vd;
   dt__ra_xfer_t kvx, ax; /* ax: the accumulator's receive and send in flight */
@@ -622,15 +711,16 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
      * else into scratch while the accumulator arrives */
     float* into = t == 0 ? A : tmp;
     if (!a->sim && st == DT_SUCCESS) {
-      memset(into, 0, sizeof(float) * (size_t)nkv);
-      st = dt__ra_bwd_blocks(a, s, qd, cur_k, cur_v, god, ls, dd, dqd, into, into + a->nk, scr);
+      st = bk->iface->memset(bk, into, 0, sizeof(float) * (size_t)nkv);
+      if (st == DT_SUCCESS)
+        st = dt__ra_bwd_blocks(a, s, qd, cur_k, cur_v, god, ls, dd, dqd, into, into + a->nk, scr);
     }
     dt__ra_sim_compute(a, s, 1);
     if (acc_inflight) { /* the accumulator of shard s (into A) and the previous send */
       dt_status_t w = dt__ra_finish(a, &ax);
       if (st == DT_SUCCESS) st = w;
       if (st == DT_SUCCESS && !a->sim)
-        for (int64_t i = 0; i < nkv; i++) A[i] += tmp[i];
+        st = bk->iface->reduce(bk, A, A, tmp, DT_F32, nkv, DT_REDUCE_SUM);
       acc_inflight = 0;
     }
     /* shard s's accumulator on to r + 1; the next one (or, after the last step, this rank's
@@ -655,8 +745,9 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
   }
   if (st == DT_SUCCESS && !a->sim) { /* home: this rank's shard's gradient */
     const float* home = acc[n % 2];
-    memcpy(dkd, home, sizeof(float) * (size_t)a->nk);
-    memcpy(dvd, home + a->nk, sizeof(float) * (size_t)a->nv);
+    st = bk->iface->copy(bk, dkd, home, sizeof(float) * (size_t)a->nk, DT_COPY_D2D);
+    if (st == DT_SUCCESS)
+      st = bk->iface->copy(bk, dvd, home + a->nk, sizeof(float) * (size_t)a->nv, DT_COPY_D2D);
   }
   return st;
 }

@@ -296,7 +296,7 @@ void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causa
 void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
                    int64_t* feat);
 int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t feat);
-/* ---- ring attention's block kernels (src/ops/kernels_ring.c; host memory, f32) ----
+/* ---- ring attention's block kernels (src/ops/kernels_ring.c; f32, the backend's memory) ----
  * Geometry of one rank's operands: q and o (B, H, S, D|E), k and v buffers (B, G, T, D|E) in
  * layout 0 or (B, S|T, H|G, D|E) in layout 1; per-row arrays (m, l, lse, d) are (B, H, S). */
 typedef struct dt__ring_geom {
@@ -314,16 +314,42 @@ dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const f
                                const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
                                float* o, float* m, float* l, float* scratch);
 /* o /= l and lse = m + log l (rows without a visible key: o 0, lse -inf). */
-void dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, const float* l,
-                     float* lse);
+dt_status_t dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, const float* l,
+                            float* lse);
 /* d = rowsum(o * go) per (b, h, s): the backward's softmax correction. */
-void dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d);
+dt_status_t dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d);
 /* The block's gradients from the output gradient go, the rows' lse and d: dq (q's geometry) and
  * dk, dv (the buffers' rows kr..) accumulated. */
 dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const float* k,
                                const float* v, const float* go, const float* lse, const float* dd,
                                int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
                                float* dv, float* scratch);
+/* The row-wise steps between a block's products, on one backend's memory (f32; the products go
+ * through the backend's GEMM): the host loops of kernels_ring.c for host memory, CUDA kernels
+ * for the cuda backends (src/ops/cuda/ring.cu). p and dp are one (batch, head) slab's C x C
+ * block; per-row arrays (m, l, mb, lb, lse, dd) start at the block's first row. */
+typedef struct dt__ring_rows {
+  /* p's visible scores (diag: key j <= query i) -> exp(score - rowmax), the rest 0; mb, lb:
+   * each row's max and sum */
+  dt_status_t (*softmax)(dt_backend_t b, float* p, int64_t C, int diag, float* mb, float* lb);
+  /* o rows (lo apart) = o a + t c, l = l a + lb c, m = max(m, mb), a and c rescaling both to
+   * the new max; t: C x E */
+  dt_status_t (*merge)(dt_backend_t b, float* o, int64_t lo, const float* t, int64_t E,
+                       int64_t C, float* m, float* l, const float* mb, const float* lb);
+  /* dt__ring_finish and dt__ring_rowdot over every row of g */
+  dt_status_t (*finish)(dt_backend_t b, const dt__ring_geom_t* g, float* o, const float* m,
+                        const float* l, float* lse);
+  dt_status_t (*rowdot)(dt_backend_t b, const dt__ring_geom_t* g, const float* o,
+                        const float* go, float* d);
+  /* p's visible scores -> exp(score - lse) (lse -inf: 0), the rest 0 */
+  dt_status_t (*probs)(dt_backend_t b, float* p, int64_t C, int diag, const float* lse);
+  /* dp = p (dp - dd) per row */
+  dt_status_t (*dscore)(dt_backend_t b, float* dp, const float* p, int64_t C, const float* dd);
+} dt__ring_rows_t;
+/* The table for backend b's memory (host loops for host and meta backends). */
+const dt__ring_rows_t* dt__ring_rows_for(dt_backend_t b);
+const dt__ring_rows_t* dt__cuda_ring_rows(void);
+const dt__ring_rows_t* dt__cudaemu_ring_rows(void);
 #define DT_MAX_RANKS_CP 1024 /* ranks along the cp dim */
 
 enum { DT_RING_AUTO = 0, DT_RING_RING = 1, DT_RING_GATHER = 2 };
@@ -339,7 +365,8 @@ typedef struct dt__ring_call {
   struct dt_comm* comm;
   int n, r;    /* ranks along the cp dim, this rank's coordinate */
   int sim;     /* the meta backend: nothing to compute or move */
-  int stage;   /* a device backend: the shards staged through host memory, computed there */
+  int stage;   /* a device backend whose data plane is MPI: the shards staged through host
+                * memory and computed there (over NCCL they stay in device memory) */
   dt_backend_t dev; /* the tensors' backend */
   int m;       /* chunks per rank (2 balanced, else 1) */
   int64_t C;   /* rows per chunk */

@@ -26,8 +26,8 @@
  *
  * Simulated runs (the meta backend): nothing computed or sent; the scratch is allocated as the
  * real run would, the traffic counted, the steps priced on the simulated clock with the overlap
- * of the ring. Device backends: the shards are staged through host memory and computed there
- * (their fused kernel comes with the GPU backend). bf16/f16 inputs: the blocks compute in f32,
+ * of the ring. Device backends compute in device memory and ring over the mesh's NCCL plane,
+ * or stage through host memory where the plane is MPI (kernels_ring.c). bf16/f16 inputs: the blocks compute in f32,
  * so q, k, v (backward: o and its gradient too) are cast to f32 copies after their moves and
  * the results cast back (o and the gradients in the inputs' dtype, lse f32); the ring moves f32.
  */
