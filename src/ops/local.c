@@ -212,14 +212,23 @@ static dt_status_t dt__a2a_counts(dt_tensor_t x, dt_tensor_t splits, int dim, dt
   return DT_SUCCESS;
 }
 
-/* The exchange of rows: straight between the tensors' memory on a host backend; through host
- * staging buffers of sn and rn elements on a device backend (the MPI comm is not CUDA-aware). */
-static dt_status_t dt__a2a_rows(dt_comm_t* comm, dt_tensor_t x, const int64_t* sc,
+/* The exchange of rows over mesh dim `dim`: straight between the tensors' memory on a host
+ * backend and on a device backend whose mesh has an NCCL plane (the rows over NCCL; the counts
+ * went over MPI before); otherwise through host staging buffers of sn and rn elements (the MPI
+ * comm is not CUDA-aware). */
+static dt_status_t dt__a2a_rows(dt_comm_t* comm, int dim, dt_tensor_t x, const int64_t* sc,
                                 const int64_t* sd, dt_tensor_t o, const int64_t* rc,
                                 const int64_t* rd, int64_t sn, int64_t rn) {
   dt_backend_t b = dt__tensor_backend(x);
   if (!dt__backend_is_device(b))
     return comm->iface->all_to_all_v(comm, x->data, sc, sd, o->data, rc, rd, x->dtype, NULL);
+  int nccl = 0;
+  DT_CHECK(dt__mesh_data_plane(x->mesh, b, &nccl));
+  if (nccl) {
+    dt_comm_t* dc = dt__mesh_data_comm(x->mesh, b, 1u << dim);
+    if (dc == NULL) return DT_FAIL(DT_ERR_INTERNAL, "all_to_all_single: no NCCL communicator");
+    return dc->iface->all_to_all_v(dc, x->data, sc, sd, o->data, rc, rd, x->dtype, NULL);
+  }
   const size_t item = dt__itemsize(x->dtype), snb = (size_t)sn * item, rnb = (size_t)rn * item;
   void* hs = dt__host_stage_alloc(b, snb);
   void* hr = dt__host_stage_alloc(b, rnb);
@@ -294,7 +303,7 @@ dt_status_t dt__all_to_all_single_fwd(int n_in, const dt_tensor_t* in, int n_iar
     rc[j] *= row;
     if (j != me) sent += (uint64_t)sc[j] * dt__itemsize(x->dtype);
   }
-  dt_status_t st = dt__a2a_rows(comm, x, sc, sd, o, rc, rd, s_at * row, r_at * row);
+  dt_status_t st = dt__a2a_rows(comm, dim, x, sc, sd, o, rc, rd, s_at * row, r_at * row);
   if (st != DT_SUCCESS) {
     dt__tensor_free(o);
     return st;
