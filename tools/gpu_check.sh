@@ -17,7 +17,7 @@
 #               (the emulator's own test kernels on the real GPU: the emulator's rules are CUDA's)
 #   conformance test_conformance at np 1 and 2 (every op x dtype, cpu against cuda);
 #               test_comm_conformance (the NCCL communicator against MPI, bit for bit) at np 1
-#               and np = number of GPUs
+#               and np = number of GPUs; test_nccl_timeout (NCCL's deadline, np 1)
 #   errors      test_device_errors and test_device_leaks (1000 FSDP steps) at np 2
 #   twins       the device twins: redistribution (np 2, 4), ops against PyTorch's fixtures,
 #               autograd, FSDP (np 2, 4), DDP, TP, EP, optimizer, memory, local transfers, ring
@@ -118,6 +118,10 @@ for np in $(printf '%s\n' 1 "$ngpu" | sort -un); do
   step "nccl_conformance_np$np" 120 env DTENSOR_BACKEND="$BACKEND" "${MPI[@]}" -np "$np" \
     "$G/tests/test_comm_conformance"
 done
+
+# NCCL's deadline: the comm stream stalled 4 s by the test hook against a 1 s deadline (np 1)
+step nccl_timeout_np1 30 env DTENSOR_BACKEND="$BACKEND" DTENSOR_NCCL_STALL_MS=4000 \
+  DTENSOR_TIMEOUT_S=1 "${MPI[@]}" -np 1 "$G/tests/test_nccl_timeout"
 
 # attention's other path (the default, auto, takes the tensor-core GEMM path where it fits)
 step conformance_sdpa_flash_np1 60 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" \

@@ -43,6 +43,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -145,6 +146,20 @@ static dt_status_t dt__nccl_load(void) { return DT_SUCCESS; }
 #define DT__NC_NAP_AFTER_S 0.05
 #define DT__NC_NAP_NS 200000L
 
+#ifndef DT_SIMT_EMULATE
+/* Test hook ($DTENSOR_NCCL_STALL_MS, read when a communicator is made; GPUs only): before each
+ * operation the comm stream runs a kernel that spins that many milliseconds, so that one rank
+ * (even np 1) can stand for a peer that stopped inside a collective and the deadline path runs.
+ * The spin ends by itself, so the stream drains after the communicator is aborted. */
+__global__ void dt__nc_spin_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+#endif
+
 /* a point-to-point call waiting for the next flush */
 typedef struct {
   int is_send;
@@ -165,6 +180,7 @@ typedef struct {
   int n_p2p, cap_p2p;
   cudaEvent_t* pool;    /* completion events for reuse */
   int n_pool, cap_pool;
+  unsigned long long stall_ns; /* the test hook's spin before each operation (0: none) */
 } dt__nc_t;
 
 static dt__nc_t* dt__nc(const dt_comm_t* c) { return (dt__nc_t*)c->context; }
@@ -296,6 +312,12 @@ static dt_status_t dt__nc_begin(dt_comm_t* c) {
   dt_status_t st = dt__nc_cuda(cudaStreamWaitEvent(x->stream, (cudaEvent_t)ev, 0),
                                "NCCL comm: cudaStreamWaitEvent");
   x->b->iface->event_free(x->b, ev);
+#ifndef DT_SIMT_EMULATE
+  if (st == DT_SUCCESS && x->stall_ns > 0) {
+    dt__nc_spin_kernel<<<1, 1, 0, x->stream>>>(x->stall_ns);
+    st = dt__nc_cuda(cudaGetLastError(), "NCCL comm: the stall hook's launch");
+  }
+#endif
   return st;
 }
 
@@ -664,6 +686,8 @@ static dt_status_t dt__nc_wrap(ncclComm_t nc, dt_backend_t b, int world_rank, in
   x->stream = s;
   x->b = b;
   x->world_rank = world_rank;
+  const char* stall = getenv("DTENSOR_NCCL_STALL_MS");
+  x->stall_ns = stall != NULL ? (unsigned long long)(strtod(stall, NULL) * 1e6) : 0;
   out->iface = &dt__nc_iface;
   out->context = x;
   out->api_version = DT_COMM_API_VERSION;
