@@ -171,7 +171,7 @@ if [ "$BACKEND" = cuda ]; then
   # moves nothing, so the difference is the per-call overhead)
   if [ -x "$G/bench/bench_nccl" ]; then
     step bench_nccl 120 "${MPI[@]}" -np "$ngpu" "$G/bench/bench_nccl" -b 1M -e 256M -n 10 -r 3
-    nvr=$(sed -n 's/^nccl_vs_raw=\([^ ]*\) overhead_us=\([^ ]*\).*/\1,overhead_us=\2/p' \
+    nvr=$(sed -n 's/^nccl_vs_raw=\([^ ]*\) overhead_us=\([^ ]*\) overlap_fraction=\([^ ]*\).*/\1,overhead_us=\2,overlap_fraction=\3/p' \
       "$OUT/bench_nccl.log" 2>/dev/null | tail -n 1)
   fi
   # name dim layers heads batch seq steps
