@@ -136,6 +136,20 @@ DT_API dt_status_t dt_mesh_destroy(dt_mesh_t mesh);
 DT_API dt_status_t dt_mesh_set_backend(dt_mesh_t mesh, dt_backend_t backend);
 DT_API dt_status_t dt_mesh_backend(dt_mesh_t mesh, dt_backend_t* backend);
 
+/* Which communicators carry the tensor data of the mesh's backend. Control values (agreed errors,
+ * counts, shapes) always go over Open MPI; device tensors go over NCCL when every member of the
+ * mesh has a GPU of its own (NCCL refuses two ranks on one) and $DTENSOR_DATA_COMM is not "mpi",
+ * else through host memory over Open MPI ("nccl" makes that an error). The choice is made at the
+ * mesh's first collective on device data, by all its members together, and then kept; mesh rank
+ * 0 logs why when it falls back. Local: asks nothing of other ranks. */
+typedef enum dt_data_plane {
+  DT_PLANE_MPI = 0,        /* host memory over Open MPI (host backends; abstract, simulated) */
+  DT_PLANE_MPI_STAGED = 1, /* device memory staged through host memory, over Open MPI */
+  DT_PLANE_NCCL = 2,       /* device memory over NCCL */
+  DT_PLANE_UNDECIDED = 3,  /* a device backend before the mesh's first collective on its data */
+} dt_data_plane_t;
+DT_API dt_status_t dt_mesh_data_plane(dt_mesh_t mesh, dt_data_plane_t* plane);
+
 DT_API dt_status_t dt_mesh_ndim(dt_mesh_t mesh, int* ndim);
 /* Size of mesh dim `dim` (negative counts from the end). */
 DT_API dt_status_t dt_mesh_size(dt_mesh_t mesh, int dim, int* size);

@@ -111,7 +111,10 @@ DT_API dt_status_t dt_cost_model_set_algo(dt_collective_t c, dt_coll_algo_t a,
 DT_API dt_status_t dt_cost_model_force_algo(dt_coll_algo_t a);
 DT_API dt_status_t dt_cost_model_reset(void);
 /* Loads / saves {"all_gather":{"base_us":..,"hop_us":..,"bw_gbps":..},...}; the all-to-all
- * algorithms of reductions are the keys "reduce_scatter_a2a" and "all_reduce_a2a". Keys left out
+ * algorithms of reductions are the keys "reduce_scatter_a2a" and "all_reduce_a2a". An object
+ * "nccl" holds the same keys for meshes whose device data goes over NCCL (dt_mesh_data_plane;
+ * `dtensor-calibrate --nccl` measures them): their steps use those where the mesh dim has no
+ * parameters of its own (dt_mesh_set_cost_model), else the global ones. Keys left out
  * keep their values; the file must hold exactly one JSON object (white space may follow it) of at
  * most 1 MiB. Nothing is applied unless every entry is valid (see the ranges above). */
 DT_API dt_status_t dt_cost_model_load(const char* path);
@@ -124,14 +127,16 @@ DT_API dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, d
  * too), for meshes whose dims sit on different links (tensor parallel over NVLink, data parallel
  * over InfiniBand): steps on that dim are priced with them instead of the global model (a step
  * merged over several flattened dims with its slowest member's: the lowest bandwidth). params
- * NULL returns the dim to the global model. Same ranges as dt_cost_model_set; plans of this mesh
+ * NULL returns the dim to the global model (or, for a mesh on the NCCL plane, to the model's
+ * "nccl" parameters where it has them). Same ranges as dt_cost_model_set; plans of this mesh
  * cached before are not used again. A mesh on a device backend whose communication is staged
- * through host memory (cuda until the NCCL communicator) also pays two copies per step, priced
- * by the backend. */
+ * through host memory (DT_PLANE_MPI_STAGED, and DT_PLANE_UNDECIDED until its first collective)
+ * also pays two copies per step, priced by the backend. */
 DT_API dt_status_t dt_mesh_set_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c,
                                           dt_coll_algo_t a, const dt_cost_params_t* params);
 /* The parameters that price collective c with algorithm a on mesh dim `dim` (the dim's own, else
- * the global model's). */
+ * the model's "nccl" ones for a mesh on the NCCL plane where it has them, else the global
+ * model's). */
 DT_API dt_status_t dt_mesh_get_cost_model(dt_mesh_t mesh, int dim, dt_collective_t c,
                                           dt_coll_algo_t a, dt_cost_params_t* out);
 /* Estimated cost of collective c moving nbytes over the mesh dims in `mask` (bit i: dim i) of

@@ -278,6 +278,21 @@ dt_status_t dt__mesh_data_plane(dt_mesh_t m, dt_backend_t b, int* nccl) {
   return DT_SUCCESS;
 }
 
+static dt_status_t dt__mesh_data_plane_impl(dt_mesh_t mesh, dt_data_plane_t* plane) {
+  DT_ARG_NOT_NULL(plane);
+  *plane = DT_PLANE_MPI;
+  DT_CHECK(dt__mesh_check(mesh));
+  if (!dt__backend_is_device(mesh->backend) || mesh->abstract || mesh->simulated) return DT_SUCCESS;
+  if (dt__mesh_nccl_for(mesh, mesh->backend)) *plane = DT_PLANE_NCCL;
+  else if (mesh->dev_state != 0 || !mesh->member) *plane = DT_PLANE_MPI_STAGED;
+  else *plane = DT_PLANE_UNDECIDED;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_mesh_data_plane(dt_mesh_t mesh, dt_data_plane_t* plane) {
+  DT_ENTRY_RETURN(dt__mesh_data_plane_impl(mesh, plane));
+}
+
 dt_comm_t* dt__mesh_data_comm(dt_mesh_t m, dt_backend_t b, unsigned mask) {
   if (!dt__mesh_nccl_for(m, b)) return dt__mesh_group_comm(m, mask);
   dt_mesh_plane_t* d = m->dev;

@@ -51,6 +51,12 @@ static const dt_cost_params_t dt__cost_a2a_defaults[DT_COLL_COUNT] = {
 };
 
 static dt_cost_params_t dt__cost[DT_COLL_COUNT][DT_ALGO_COUNT];
+/* The NCCL plane's parameters (the model file's "nccl" object, which dtensor-calibrate --nccl
+ * writes): bit c * DT_ALGO_COUNT + a of dt__cost_nccl_set says (c, a) has them. Steps on a mesh
+ * whose device data goes over NCCL use them where the mesh dim has no parameters of its own. */
+static dt_cost_params_t dt__cost_nccl[DT_COLL_COUNT][DT_ALGO_COUNT];
+static uint32_t dt__cost_nccl_set;
+_Static_assert(DT_COLL_COUNT * DT_ALGO_COUNT <= 32, "dt__cost_nccl_set has 32 bits");
 static int dt__cost_ready = 0;
 static uint64_t dt__cost_gen = 1;
 static dt_coll_algo_t dt__cost_forced = DT_ALGO_COUNT; /* none */
@@ -140,6 +146,9 @@ void dt__cost_linear_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, dt_col
     if (p == NULL || q->bw_gbps < p->bw_gbps || (q->bw_gbps == p->bw_gbps && q->base_us > p->base_us))
       p = q;
   }
+  if (p == NULL && mesh != NULL && mesh->dev_state > 0 && c != DT_COLL_LOCAL &&
+      (dt__cost_nccl_set & (1u << (c * DT_ALGO_COUNT + algo))))
+    p = &dt__cost_nccl[c][algo];
   dt__cost_line(p, c, algo, n, a, b);
   /* host staging of a device backend: the shard out of the device and the result back in (about
    * the step's bytes once each way, the all-reduce's buffer and result alike); none once the
@@ -342,8 +351,10 @@ static dt_status_t dt__mesh_get_cost_model_impl(dt_mesh_t mesh, int dim, dt_coll
   DT_ARG_NOT_NULL(out);
   DT_CHECK(dt__mesh_dim_arg(mesh, dim, c, a));
   dt__cost_init();
-  *out = (mesh->dim_cost_set[dim] & (1u << (c * DT_ALGO_COUNT + a))) ? mesh->dim_cost[dim][c][a]
-                                                                      : dt__cost[c][a];
+  const uint32_t bit = 1u << (c * DT_ALGO_COUNT + a);
+  *out = (mesh->dim_cost_set[dim] & bit)                           ? mesh->dim_cost[dim][c][a]
+         : mesh->dev_state > 0 && (dt__cost_nccl_set & bit) != 0 ? dt__cost_nccl[c][a]
+                                                                   : dt__cost[c][a];
   return DT_SUCCESS;
 }
 
@@ -396,6 +407,7 @@ dt_status_t dt_cost_model_force_algo(dt_coll_algo_t a) {
 
 dt_status_t dt_cost_model_reset(void) {
   dt__cost_defaults_set();
+  dt__cost_nccl_set = 0;
   dt__cost_forced = DT_ALGO_COUNT;
   dt__cost_gen++;
   return DT_SUCCESS;
@@ -413,6 +425,34 @@ static dt_status_t dt__cost_estimate_impl(dt_collective_t c, int n, uint64_t nby
 
 dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us) {
   DT_ENTRY_RETURN(dt__cost_estimate_impl(c, n, nbytes, cost_us));
+}
+
+/* The per-collective entries of object `obj` ("all_gather": {"base_us":..}, ...) into `next`,
+ * each one found setting its bit in *set; `prefix` goes before the key in messages. */
+static dt_status_t dt__cost_entries(cJSON* obj, dt_cost_params_t next[DT_COLL_COUNT][DT_ALGO_COUNT],
+                                    uint32_t* set, const char* what, const char* prefix) {
+  for (int k = 0; k < DT_COLL_COUNT * DT_ALGO_COUNT; k++) {
+    dt_collective_t c = (dt_collective_t)(k / DT_ALGO_COUNT);
+    dt_coll_algo_t a = (dt_coll_algo_t)(k % DT_ALGO_COUNT);
+    if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c)) continue;
+    char key[64];
+    dt__cost_key(c, a, key, sizeof key);
+    cJSON* e = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (e == NULL) continue;
+    cJSON* b = cJSON_GetObjectItemCaseSensitive(e, "base_us");
+    cJSON* h = cJSON_GetObjectItemCaseSensitive(e, "hop_us");
+    cJSON* w = cJSON_GetObjectItemCaseSensitive(e, "bw_gbps");
+    if (!cJSON_IsObject(e) || !cJSON_IsNumber(b) || !cJSON_IsNumber(h) || !cJSON_IsNumber(w))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: %s\"%s\" needs numbers base_us, hop_us, "
+                     "bw_gbps", what, prefix, key);
+    dt_cost_params_t p = {b->valuedouble, h->valuedouble, w->valuedouble};
+    char where[192];
+    snprintf(where, sizeof where, "cost model %s: %s\"%s\"", what, prefix, key);
+    DT_CHECK(dt__params_check(&p, where));
+    next[c][a] = p;
+    *set |= 1u << k;
+  }
+  return DT_SUCCESS;
 }
 
 /* Parses and applies a model; `what` names its source in messages. Everything is checked first
@@ -438,31 +478,18 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
     return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: trailing data after the JSON object at "
                    "byte %zu", what, used);
   }
-  dt_cost_params_t next[DT_COLL_COUNT][DT_ALGO_COUNT];
+  dt_cost_params_t next[DT_COLL_COUNT][DT_ALGO_COUNT], nnext[DT_COLL_COUNT][DT_ALGO_COUNT];
   dt__cost_init();
   memcpy(next, dt__cost, sizeof next);
-  dt_status_t st = DT_SUCCESS;
-  for (int k = 0; k < DT_COLL_COUNT * DT_ALGO_COUNT && st == DT_SUCCESS; k++) {
-    dt_collective_t c = (dt_collective_t)(k / DT_ALGO_COUNT);
-    dt_coll_algo_t a = (dt_coll_algo_t)(k % DT_ALGO_COUNT);
-    if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c)) continue;
-    char key[64];
-    dt__cost_key(c, a, key, sizeof key);
-    cJSON* e = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (e == NULL) continue;
-    cJSON* b = cJSON_GetObjectItemCaseSensitive(e, "base_us");
-    cJSON* h = cJSON_GetObjectItemCaseSensitive(e, "hop_us");
-    cJSON* w = cJSON_GetObjectItemCaseSensitive(e, "bw_gbps");
-    if (!cJSON_IsObject(e) || !cJSON_IsNumber(b) || !cJSON_IsNumber(h) || !cJSON_IsNumber(w)) {
-      st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"%s\" needs numbers base_us, hop_us, "
-                   "bw_gbps", what, key);
-      break;
-    }
-    dt_cost_params_t p = {b->valuedouble, h->valuedouble, w->valuedouble};
-    char where[160];
-    snprintf(where, sizeof where, "cost model %s: \"%s\"", what, key);
-    st = dt__params_check(&p, where);
-    if (st == DT_SUCCESS) next[c][a] = p;
+  memcpy(nnext, dt__cost_nccl, sizeof nnext);
+  uint32_t nset = dt__cost_nccl_set, gset = 0;
+  dt_status_t st = dt__cost_entries(root, next, &gset, what, "");
+  cJSON* ne = cJSON_GetObjectItemCaseSensitive(root, "nccl");
+  if (st == DT_SUCCESS && ne != NULL) {
+    if (!cJSON_IsObject(ne))
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"nccl\" must be an object", what);
+    else
+      st = dt__cost_entries(ne, nnext, &nset, what, "\"nccl\".");
   }
   dt_compute_params_t comp = dt__compute; /* "compute": fields left out keep their values */
   cJSON* ce = cJSON_GetObjectItemCaseSensitive(root, "compute");
@@ -487,6 +514,8 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
   if (st != DT_SUCCESS) return st;
   dt__compute = comp;
   memcpy(dt__cost, next, sizeof next);
+  memcpy(dt__cost_nccl, nnext, sizeof nnext);
+  dt__cost_nccl_set = nset;
   dt__cost_gen++;
   return DT_SUCCESS;
 }
@@ -555,6 +584,21 @@ static dt_status_t dt__cost_model_save_impl(const char* path) {
     dt__cost_key(c, a, key, sizeof key);
     const dt_cost_params_t* p = &dt__cost[c][a];
     cJSON* e = cJSON_AddObjectToObject(root, key);
+    if (e == NULL || !cJSON_AddNumberToObject(e, "base_us", p->base_us) ||
+        !cJSON_AddNumberToObject(e, "hop_us", p->hop_us) ||
+        !cJSON_AddNumberToObject(e, "bw_gbps", p->bw_gbps)) {
+      cJSON_Delete(root);
+      return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
+    }
+  }
+  cJSON* ne = dt__cost_nccl_set ? cJSON_AddObjectToObject(root, "nccl") : NULL;
+  for (int k = 0; dt__cost_nccl_set && k < DT_COLL_COUNT * DT_ALGO_COUNT; k++) {
+    if (!(dt__cost_nccl_set & (1u << k))) continue;
+    char key[64];
+    dt__cost_key((dt_collective_t)(k / DT_ALGO_COUNT), (dt_coll_algo_t)(k % DT_ALGO_COUNT), key,
+                 sizeof key);
+    const dt_cost_params_t* p = &dt__cost_nccl[k / DT_ALGO_COUNT][k % DT_ALGO_COUNT];
+    cJSON* e = ne ? cJSON_AddObjectToObject(ne, key) : NULL;
     if (e == NULL || !cJSON_AddNumberToObject(e, "base_us", p->base_us) ||
         !cJSON_AddNumberToObject(e, "hop_us", p->hop_us) ||
         !cJSON_AddNumberToObject(e, "bw_gbps", p->bw_gbps)) {
