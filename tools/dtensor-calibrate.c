@@ -1,6 +1,6 @@
 /* dtensor-calibrate - measures this machine's MPI collectives and fits the planner's cost model.
  *
- *   mpirun -np 4 dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force]
+ *   mpirun -np 4 dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force] [--nccl]
  *   dtensor-calibrate --help
  *
  * For all-gather, all-reduce, reduce-scatter, all-to-all, broadcast and scatter it times sizes
@@ -26,6 +26,15 @@
  * bandwidth (same buffer size), or a time that did not grow with the size. Without -o the
  * warnings are printed and nothing is written. Exit 0 on success, 1 on errors, 2 on bad flags,
  * 3 when the fit was refused.
+ *
+ * --nccl measures the NCCL plane instead (one GPU per rank): all-gather, all-reduce,
+ * reduce-scatter and all-to-all are timed as the library's redistributions S(0) -> R, P -> R,
+ * P -> S(0) and S(0) -> S(1) of device tensors on a mesh of the cuda backend (the default
+ * backend when it is a device one: DTENSOR_BACKEND=cuda-emu makes a dry run on the emulator),
+ * native algorithms forced, fit the same way, and written as the model's "nccl" object; the rest
+ * of the model (the one dt_init loaded) is kept as it was, and the compute model is not
+ * measured. Refused (exit 3) when the meshes' device data does not go over NCCL
+ * (dt_mesh_data_plane: ranks sharing a GPU, no NCCL).
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT, getloadavg */
 #include <errno.h>
@@ -125,14 +134,18 @@ static double time_us(const job_t* j, MPI_Comm comm) {
   return t[2];
 }
 
-/* Library job: a Partial tensor of `bytes` on the last dim of `mesh` (the others Replicate),
- * reduced to S(0) (reduce-scatter) or R (all-reduce) with the all-to-all algorithm forced. */
+/* Library job on the last dim of `mesh` (the others Replicate), `bytes` in nccl-tests' convention:
+ * a Partial tensor reduced to S(0) (reduce-scatter) or R (all-reduce), an S(0) tensor gathered
+ * to R (all-gather) or moved to S(1) (all-to-all: each rank sends `bytes`). */
 static int lib_job(job_t* j, dt_mesh_t mesh, int mdims) {
-  int64_t numel = j->bytes / 4, shape[2] = {numel / 64, 64};
+  int64_t numel = j->bytes / 4 * (j->c == DT_COLL_ALL_TO_ALL ? j->n : 1);
+  int64_t shape[2] = {numel / 64, 64};
   dt_placement_t src[2] = {dt_replicate(), dt_replicate()}, dst[2] = {dt_replicate(),
                                                                        dt_replicate()};
-  src[mdims - 1] = dt_partial(DT_REDUCE_SUM);
+  int reduce = j->c == DT_COLL_ALL_REDUCE || j->c == DT_COLL_REDUCE_SCATTER;
+  src[mdims - 1] = reduce ? dt_partial(DT_REDUCE_SUM) : dt_shard(0);
   if (j->c == DT_COLL_REDUCE_SCATTER) dst[mdims - 1] = dt_shard(0);
+  if (j->c == DT_COLL_ALL_TO_ALL) dst[mdims - 1] = dt_shard(1);
   if (dt_tensor_zeros(mesh, DT_F32, 2, shape, src, &j->x) != DT_SUCCESS) return 1;
   if (dt_tensor_empty(mesh, DT_F32, 2, shape, dst, &j->y) != DT_SUCCESS) return 1;
   return 0;
@@ -140,7 +153,7 @@ static int lib_job(job_t* j, dt_mesh_t mesh, int mdims) {
 
 static void usage(FILE* f) {
   fprintf(f,
-          "usage: mpirun -np N dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force]\n"
+          "usage: mpirun -np N dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force] [--nccl]\n"
           "Times this machine's MPI collectives (and the library's all-to-all reductions) from\n"
           "4 KiB to MAX_BYTES on groups of 2 ranks and of all N (N >= 2; 4+ fits the per-hop\n"
           "latency), fits the planner's cost model and prints it.\n"
@@ -149,6 +162,9 @@ static void usage(FILE* f) {
           "                 -o ~/.cache/dtensor/cost_model.json makes it every program's default\n"
           "  -e MAX_BYTES   largest message timed (default 16777216; at least 65536)\n"
           "  --force        write even a fit that looks implausible (see below)\n"
+          "  --nccl         measure the NCCL plane (one GPU per rank): the library's S(0)->R,\n"
+          "                 P->R, P->S(0), S(0)->S(1) of device tensors, written as the model's\n"
+          "                 \"nccl\" object (the rest kept as loaded; no compute model)\n"
           "  -h, --help     this text\n"
           "A fit is refused (exit 3, nothing written) when a node ran more ranks than usable\n"
           "cores, a node's load average already exceeded its cores, a latency exceeds %.0f us,\n"
@@ -305,7 +321,7 @@ static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
 int main(int argc, char** argv) {
   char path[1024] = "";
   long maxb = 16l << 20;
-  int force = 0;
+  int force = 0, nccl = 0;
   for (int i = 1; i < argc; i++) { /* before dt_init: --help and bad flags need no MPI */
     char* end = NULL;
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -324,6 +340,8 @@ int main(int argc, char** argv) {
       }
     } else if (!strcmp(argv[i], "--force")) {
       force = 1;
+    } else if (!strcmp(argv[i], "--nccl")) {
+      nccl = 1;
     } else {
       if (first_rank_env()) {
         fprintf(stderr, "dtensor-calibrate: unknown or incomplete argument '%s'\n", argv[i]);
@@ -385,10 +403,31 @@ int main(int argc, char** argv) {
     dt_finalize();
     return 1;
   }
-  if (dt_cost_model_force_algo(DT_ALGO_A2A) != DT_SUCCESS) return 1;
+  if (nccl) { /* the meshes on a device backend: the default one, else cuda */
+    dt_backend_t be = NULL;
+    dt_device_t dev = DT_DEVICE_HOST;
+    dt_status_t st = dt_mesh_backend(world_mesh, &be);
+    if (st == DT_SUCCESS) st = dt_backend_device(be, &dev);
+    if (st == DT_SUCCESS && dev != DT_DEVICE_CUDA) st = dt_backend_get("cuda", &be);
+    if (st == DT_SUCCESS) st = dt_mesh_set_backend(world_mesh, be);
+    if (st == DT_SUCCESS && pair_mesh) st = dt_mesh_set_backend(pair_mesh, be);
+    if (st != DT_SUCCESS) {
+      if (rank == 0)
+        fprintf(stderr, "dtensor-calibrate: --nccl needs a CUDA backend (a GPU per rank; "
+                "DTENSOR_BACKEND=cuda-emu for a dry run on the emulator): %s\n", dt_last_error());
+      dt_finalize();
+      return 1;
+    }
+  }
+  if (dt_cost_model_force_algo(nccl ? DT_ALGO_NATIVE : DT_ALGO_A2A) != DT_SUCCESS) return 1;
+  char nccl_json[2048] = "{\"nccl\":{";
+  size_t nj = strlen(nccl_json);
   for (int k = 0; k < NENTRIES; k++) {
     dt_collective_t c = kEntries[k].c;
-    int lib = kEntries[k].algo == DT_ALGO_A2A;
+    if (nccl && (kEntries[k].algo != DT_ALGO_NATIVE || c == DT_COLL_BROADCAST ||
+                 c == DT_COLL_SCATTER || c == DT_COLL_SEND_RECV))
+      continue; /* no redistribution times them */
+    int lib = nccl || kEntries[k].algo == DT_ALGO_A2A;
     double lat[2] = {0, 0}, bw[2] = {0, 0};
     int have[2] = {0, 0}, flat[2] = {0, 0};
     for (int g = 0; g < ngroups; g++) {
@@ -407,6 +446,18 @@ int main(int argc, char** argv) {
           int bad = lib_job(&j, mesh, g == 0 && world > 2 ? 2 : 1);
           MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
           t = bad ? -1.0 : time_us(&j, MPI_COMM_WORLD);
+          dt_data_plane_t plane = DT_PLANE_NCCL;
+          if (nccl && t >= 0 && dt_mesh_data_plane(mesh, &plane) == DT_SUCCESS &&
+              plane != DT_PLANE_NCCL) {
+            if (rank == 0)
+              fprintf(stderr, "dtensor-calibrate: --nccl: this mesh's device data does not go "
+                      "over NCCL (dt_mesh_data_plane %d: ranks share a GPU, or NCCL cannot be "
+                      "loaded; see the library's log line): nothing to measure\n", (int)plane);
+            dt_tensor_destroy(j.x);
+            dt_tensor_destroy(j.y);
+            dt_finalize();
+            return 3;
+          }
           dt_tensor_destroy(j.x);
           dt_tensor_destroy(j.y);
         } else if (comm != MPI_COMM_NULL) {
@@ -451,13 +502,19 @@ int main(int argc, char** argv) {
       p.hop_us = 0;
       p.bw_gbps = bw[0];
     }
-    if (dt_cost_model_set_algo(c, kEntries[k].algo, &p) != DT_SUCCESS) {
+    if (nccl) { /* collected, applied as the model's "nccl" object after the loop */
+      nj += (size_t)snprintf(nccl_json + nj, sizeof nccl_json - nj,
+                             "%s\"%s\":{\"base_us\":%.17g,\"hop_us\":%.17g,\"bw_gbps\":%.17g}",
+                             nccl_json[nj - 1] == '{' ? "" : ",", dt_collective_name(c), p.base_us,
+                             p.hop_us, p.bw_gbps);
+    } else if (dt_cost_model_set_algo(c, kEntries[k].algo, &p) != DT_SUCCESS) {
       if (rank == 0) fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
       dt_finalize();
       return 1;
     }
     char name[40];
-    snprintf(name, sizeof name, "%s%s", dt_collective_name(c), lib ? "_a2a" : "");
+    snprintf(name, sizeof name, "%s%s%s", nccl ? "nccl " : "", dt_collective_name(c),
+             kEntries[k].algo == DT_ALGO_A2A ? "_a2a" : "");
     if (rank == 0)
       for (int g = 0; g < ngroups; g++)
         if (have[g])
@@ -477,15 +534,27 @@ int main(int argc, char** argv) {
   }
 #undef WHY
   dt_cost_model_force_algo(DT_ALGO_COUNT);
-  dt_compute_params_t cp;
-  if (measure_compute(world_mesh, &cp) != 0 || dt_compute_model_set(&cp) != DT_SUCCESS) {
-    if (rank == 0) fprintf(stderr, "dtensor-calibrate: compute model: %s\n", dt_last_error());
-    dt_finalize();
-    return 1;
+  if (nccl) {
+    if (nj + 3 > sizeof nccl_json ||
+        (strcat(nccl_json, "}}"),
+         dt_cost_model_load_string(nccl_json, strlen(nccl_json)) != DT_SUCCESS)) {
+      if (rank == 0) fprintf(stderr, "dtensor-calibrate: the nccl fit: %s\n", dt_last_error());
+      dt_finalize();
+      return 1;
+    }
+    if (rank == 0) printf("nccl: %s\n", nccl_json);
+  } else {
+    dt_compute_params_t cp;
+    if (measure_compute(world_mesh, &cp) != 0 || dt_compute_model_set(&cp) != DT_SUCCESS) {
+      if (rank == 0) fprintf(stderr, "dtensor-calibrate: compute model: %s\n", dt_last_error());
+      dt_finalize();
+      return 1;
+    }
+    if (rank == 0)
+      printf("compute: op_us %.2f, mem_gbps %.2f, gemm_gflops %.1f (f32, mm 512^3), "
+             "gemm_bf16_gflops %.1f\n", cp.op_us, cp.mem_gbps, cp.gemm_gflops,
+             cp.gemm_bf16_gflops);
   }
-  if (rank == 0)
-    printf("compute: op_us %.2f, mem_gbps %.2f, gemm_gflops %.1f (f32, mm 512^3), "
-           "gemm_bf16_gflops %.1f\n", cp.op_us, cp.mem_gbps, cp.gemm_gflops, cp.gemm_bf16_gflops);
   if (pair_mesh) dt_mesh_destroy(pair_mesh);
   dt_mesh_destroy(world_mesh);
   int rc = 0;

@@ -72,6 +72,27 @@ ok = all(c[k] > 0 for k in ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps")) and 
 sys.exit(0 if ok else 1)
 PY
 grep -q "^compute: op_us" "$tmp/out" || fail "calibrate does not print the compute model"
+# --nccl: on a host backend it needs a GPU (exit 1, a message); a dry run on the emulated GPU
+# (NCCL emulated over MPI) adds an "nccl" object and keeps the rest of the loaded model
+rc=0
+DTENSOR_BACKEND=cpu "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$calib" --nccl \
+  -e 65536 >"$tmp/out" 2>"$tmp/err" || rc=$?
+# no GPU: no cuda backend (1); a GPU shared by both ranks: not on NCCL (3)
+{ [ "$rc" = 1 ] || [ "$rc" = 3 ]; } && grep -q -- "--nccl" "$tmp/err" ||
+  fail "calibrate --nccl without a GPU per rank: rc $rc, $(cat "$tmp/err")"
+if [ "${DT_HAVE_EMU:-0}" = 1 ]; then
+  expect 0 env DTENSOR_BACKEND=cuda-emu DTENSOR_COST_MODEL="$tmp/m/model.json" "$mpiexec" \
+    --allow-run-as-root --oversubscribe -np 2 "$calib" --nccl -e 65536 -o "$tmp/m/nccl.json" --force
+  /usr/bin/python3 - "$tmp/m/model.json" "$tmp/m/nccl.json" <<'PY' || fail "the --nccl fit is wrong"
+import json, sys
+host, both = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+n = both["nccl"]
+ok = sorted(n) == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"]
+ok = ok and all(n[k]["bw_gbps"] > 0 and n[k]["base_us"] >= 0 for k in n)
+ok = ok and all(both[k] == host[k] for k in host)  # the loaded model kept as it was
+sys.exit(0 if ok else 1)
+PY
+fi
 
 echo "== where dt_init's cost model came from"
 notice_lines() { grep -c "calibrated cost model" "$tmp/err" || true; }
