@@ -81,14 +81,7 @@ static dt_status_t dt__lt_load(void) {
     dt__lt.tried = 1;
     const char* names[4] = {getenv("DTENSOR_CUBLASLT"), "libcublasLt.so.13", "libcublasLt.so.12",
                             "libcublasLt.so"};
-    size_t at = 0;
-    for (int i = 0; i < 4 && dt__lt.handle == NULL; i++) {
-      if (names[i] == NULL || !names[i][0]) continue;
-      dt__lt.handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-      if (dt__lt.handle == NULL && at < sizeof dt__lt.why)
-        at += (size_t)snprintf(dt__lt.why + at, sizeof dt__lt.why - at, "%s%s", at ? "; " : "",
-                               dlerror());
-    }
+    dt__lt.handle = dt__dlopen_first(names, 4, dt__lt.why, sizeof dt__lt.why);
     int ok = dt__lt.handle != NULL;
 #define DT__LT_SYM(f)                                                                  \
   if (ok && (dt__lt.f = (decltype(dt__lt.f))dlsym(dt__lt.handle, #f)) == NULL) {       \

@@ -218,6 +218,23 @@ int dt__comm_timeout(const char* op, int world_rank, int comm_size, double waite
                      dt_status_t* st);
 /* Monotonic clock in seconds. */
 double dt__now_s(void);
+/* The pacing of a wait loop, which every implementation's waits share: after each poll that
+ * found the wait unfinished, dt__poll_next spins (the first `spin` polls: no clock read, no
+ * system call), then yields the core between polls, reads the clock every 64 polls and, once
+ * the wait has lasted nap_after_s, naps nap_ns between polls (a peer that late is not coming
+ * within microseconds). It returns 1, with the seconds waited, once the wait has lasted the
+ * library's timeout (read at the first clock read): the caller reports (dt__comm_timeout). */
+typedef struct dt__poll {
+  unsigned polls, spin;
+  int started, nap;
+  double t0, limit, nap_after_s;
+  long nap_ns;
+} dt__poll_t;
+void dt__poll_init(dt__poll_t* p, unsigned spin, double nap_after_s, long nap_ns);
+int dt__poll_next(dt__poll_t* p, double* waited);
+/* 1 when the last dt__poll_next read the clock (checks as rare as that, e.g. asynchronous
+ * errors, go there). */
+int dt__poll_clock_read(const dt__poll_t* p);
 
 /* ---- the collective check (src/comm/deadline.c: records and verdict, no MPI) ---------------- */
 /* Kinds of checked calls (explicit values; 0 is none). all_to_all_box is an all_to_all. */

@@ -23,9 +23,10 @@
  * the destination (strided all-gathers and all-to-alls need no scratch and no unpack pass).
  *
  * Deadlines: a blocking call posts the non-blocking form too and completes it in dt__wait_handles,
- * like wait and group_end: MPI_Testall in a loop that spins DT__SPIN_POLLS times (the fast path:
+ * like wait and group_end: MPI_Testall in a loop paced by dt__poll_t (src/comm/deadline.c, shared
+ * with the NCCL comm) that spins DT__SPIN_POLLS times (the fast path:
  * no clock read, no system call), then yields the core between polls, reads the clock every
- * DT__CLOCK_EVERY polls and, once the wait has lasted DT__NAP_AFTER_S, naps DT__NAP_NS between
+ * 64 polls and, once the wait has lasted DT__NAP_AFTER_S, naps DT__NAP_NS between
  * polls (a peer that is that late is not coming within microseconds; a collective that is still
  * moving data progresses at each poll). Past the timeout, dt__comm_timeout reports, and the job
  * is aborted or DT_ERR_TIMEOUT returned with the handles left posted. Communicator duplicates use
@@ -40,7 +41,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
 #include <mpi.h>
-#include <sched.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -85,7 +85,6 @@ static dt_comm_req_t dt__ck_req; /* the handles of a blocking check */
 #define DT__TAG_CHECK 9 /* the collective check's records: never matched by data traffic */
 
 #define DT__SPIN_POLLS 256    /* polls before the first yield or clock read */
-#define DT__CLOCK_EVERY 64    /* polls between clock reads (a power of 2) */
 #define DT__NAP_AFTER_S 1.0   /* waits longer than this nap between polls */
 #define DT__NAP_NS 50000L
 /* A blocking all-reduce runs point-to-point (every rank sends its buffer to every peer and
@@ -119,36 +118,22 @@ int64_t dt__comm_max_count(void) { return dt__maxc; }
 /* Completes n handles posted on comm within the deadline (see the top of this file). On a
  * timeout that returns, the handles stay posted. */
 static dt_status_t dt__wait_handles(MPI_Comm comm, int n, MPI_Request* h, const char* op) {
-  double t0 = 0, limit = 0;
-  int started = 0, nap = 0;
-  for (unsigned polls = 1;; polls++) {
+  dt__poll_t p;
+  dt__poll_init(&p, DT__SPIN_POLLS, DT__NAP_AFTER_S, DT__NAP_NS);
+  for (;;) {
     int flag = 0;
     int rc = MPI_Testall(n, h, &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) return dt__mpi_fail(rc, "MPI_Testall");
     if (flag) return DT_SUCCESS;
-    if (polls < DT__SPIN_POLLS) continue;
-    if ((polls & (DT__CLOCK_EVERY - 1)) == 0) {
-      double now = dt__now_s();
-      if (!started) {
-        started = 1;
-        t0 = now;
-        limit = dt__timeout_s();
-      } else if (now - t0 >= limit) {
-        int wr = -1, cs = 0;
-        dt_status_t st = DT_ERR_TIMEOUT;
-        MPI_Comm_rank(MPI_COMM_WORLD, &wr);
-        MPI_Comm_size(comm, &cs);
-        if (dt__comm_timeout(op, wr, cs, now - t0, &st)) return st;
-        dt__comm_abort_job((int)DT_ERR_TIMEOUT);
-        return st; /* not reached */
-      }
-      nap = now - t0 >= DT__NAP_AFTER_S;
-    }
-    if (nap) {
-      struct timespec ts = {0, DT__NAP_NS};
-      nanosleep(&ts, NULL);
-    } else {
-      sched_yield();
+    double waited;
+    if (dt__poll_next(&p, &waited)) {
+      int wr = -1, cs = 0;
+      dt_status_t st = DT_ERR_TIMEOUT;
+      MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+      MPI_Comm_size(comm, &cs);
+      if (dt__comm_timeout(op, wr, cs, waited, &st)) return st;
+      dt__comm_abort_job((int)DT_ERR_TIMEOUT);
+      return st; /* not reached */
     }
   }
 }

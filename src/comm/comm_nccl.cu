@@ -40,12 +40,10 @@
 #include "backend/simt.h"
 
 #include <limits.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #ifdef DT_SIMT_EMULATE
 #include "backend/cuda_rt_emu.h"
@@ -84,14 +82,7 @@ static dt_status_t dt__nccl_load(void) {
   if (!dt__nl.tried) {
     dt__nl.tried = 1;
     const char* names[3] = {getenv("DTENSOR_NCCL"), "libnccl.so.2", "libnccl.so"};
-    size_t at = 0;
-    for (int i = 0; i < 3 && dt__nl.handle == NULL; i++) {
-      if (names[i] == NULL || !names[i][0]) continue;
-      dt__nl.handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-      if (dt__nl.handle == NULL && at < sizeof dt__nl.why)
-        at += (size_t)snprintf(dt__nl.why + at, sizeof dt__nl.why - at, "%s%s", at ? "; " : "",
-                               dlerror());
-    }
+    dt__nl.handle = dt__dlopen_first(names, 3, dt__nl.why, sizeof dt__nl.why);
     int ok = dt__nl.handle != NULL;
 #define DT__NL_SYM(f)                                                              \
   if (ok && (dt__nl.f = (decltype(dt__nl.f))dlsym(dt__nl.handle, #f)) == NULL) {   \
@@ -140,9 +131,9 @@ static dt_status_t dt__nccl_load(void) { return DT_SUCCESS; }
 #define DT__NCCL_WHAT "NCCL"
 #endif
 
-/* polling of a wait (as the MPI comm's): spin, then yield, then nap; the clock every few polls */
+/* the pacing of a wait (dt__poll_t): spin, then yield, then nap; the asynchronous error is asked
+ * at the clock reads */
 #define DT__NC_SPIN_POLLS 2048u
-#define DT__NC_CLOCK_EVERY 64u
 #define DT__NC_NAP_AFTER_S 0.05
 #define DT__NC_NAP_NS 200000L
 
@@ -262,43 +253,31 @@ static void dt__nc_abort(dt_comm_t* c) {
 /* Completes event e of `op` within the deadline (the top of the file). */
 static dt_status_t dt__nc_wait_event(dt_comm_t* c, cudaEvent_t e, const char* op) {
   dt__nc_t* x = dt__nc(c);
-  double t0 = 0, limit = 0;
-  int started = 0, nap = 0;
-  for (unsigned polls = 1;; polls++) {
+  dt__poll_t p;
+  dt__poll_init(&p, DT__NC_SPIN_POLLS, DT__NC_NAP_AFTER_S, DT__NC_NAP_NS);
+  for (;;) {
     cudaError_t q = cudaEventQuery(e);
     if (q == cudaSuccess) return DT_SUCCESS;
     if (q != cudaErrorNotReady) return dt__nc_cuda(q, "NCCL comm: cudaEventQuery");
-    if (polls < DT__NC_SPIN_POLLS) continue;
-    if ((polls & (DT__NC_CLOCK_EVERY - 1)) == 0) {
-      ncclResult_t ae = ncclSuccess;
-      if (x->nc != NULL && ncclCommGetAsyncError(x->nc, &ae) == ncclSuccess && ae != ncclSuccess &&
-          ae != ncclInProgress) {
-        dt_status_t st = DT_FAIL(DT_ERR_NCCL, "%s on a communicator of %d ranks: NCCL reported "
-                                 "%s (%d); the communicator was aborted", op, c->size,
-                                 ncclGetErrorString(ae), (int)ae);
-        dt__nc_abort(c);
-        return st;
-      }
-      double now = dt__now_s();
-      if (!started) {
-        started = 1;
-        t0 = now;
-        limit = dt__timeout_s();
-      } else if (now - t0 >= limit) {
-        dt_status_t st = DT_ERR_TIMEOUT;
-        int ret = dt__comm_timeout(op, x->world_rank, c->size, now - t0, &st);
-        dt__nc_abort(c);
-        if (ret) return st;
-        dt__comm_abort_job((int)DT_ERR_TIMEOUT);
-        return st; /* not reached */
-      }
-      nap = now - t0 >= DT__NC_NAP_AFTER_S;
+    double waited;
+    const int late = dt__poll_next(&p, &waited);
+    ncclResult_t ae = ncclSuccess;
+    if (dt__poll_clock_read(&p) && x->nc != NULL &&
+        ncclCommGetAsyncError(x->nc, &ae) == ncclSuccess && ae != ncclSuccess &&
+        ae != ncclInProgress) {
+      dt_status_t st = DT_FAIL(DT_ERR_NCCL, "%s on a communicator of %d ranks: NCCL reported "
+                               "%s (%d); the communicator was aborted", op, c->size,
+                               ncclGetErrorString(ae), (int)ae);
+      dt__nc_abort(c);
+      return st;
     }
-    if (nap) {
-      struct timespec ts = {0, DT__NC_NAP_NS};
-      nanosleep(&ts, NULL);
-    } else {
-      sched_yield();
+    if (late) {
+      dt_status_t st = DT_ERR_TIMEOUT;
+      int ret = dt__comm_timeout(op, x->world_rank, c->size, waited, &st);
+      dt__nc_abort(c);
+      if (ret) return st;
+      dt__comm_abort_job((int)DT_ERR_TIMEOUT);
+      return st; /* not reached */
     }
   }
 }

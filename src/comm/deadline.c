@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -35,6 +36,43 @@ double dt__now_s(void) {
 }
 
 double dt__timeout_s(void) { return dt__timeout; }
+
+#define DT__POLL_CLOCK_EVERY 64u /* polls between clock reads (a power of 2) */
+
+void dt__poll_init(dt__poll_t* p, unsigned spin, double nap_after_s, long nap_ns) {
+  memset(p, 0, sizeof *p);
+  p->spin = spin;
+  p->nap_after_s = nap_after_s;
+  p->nap_ns = nap_ns;
+}
+
+int dt__poll_next(dt__poll_t* p, double* waited) {
+  *waited = 0.0;
+  if (++p->polls < p->spin) return 0;
+  if ((p->polls & (DT__POLL_CLOCK_EVERY - 1)) == 0) {
+    double now = dt__now_s();
+    if (!p->started) {
+      p->started = 1;
+      p->t0 = now;
+      p->limit = dt__timeout;
+    } else if (now - p->t0 >= p->limit) {
+      *waited = now - p->t0;
+      return 1;
+    }
+    p->nap = now - p->t0 >= p->nap_after_s;
+  }
+  if (p->nap) {
+    struct timespec ts = {0, p->nap_ns};
+    nanosleep(&ts, NULL);
+  } else {
+    sched_yield();
+  }
+  return 0;
+}
+
+int dt__poll_clock_read(const dt__poll_t* p) {
+  return p->polls >= p->spin && (p->polls & (DT__POLL_CLOCK_EVERY - 1)) == 0;
+}
 
 dt_status_t dt__timeout_parse(const char* text, const char* source, double* out) {
   if (text == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "%s: no value", source);

@@ -1,4 +1,6 @@
-/* util.c - allocation wrappers, debug logging, dtype tables and conversions. */
+/* util.c - allocation wrappers, loading optional libraries, debug logging, dtype tables and
+ * conversions. */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,6 +11,20 @@
  * allocation */
 
 void* dt__malloc(size_t n) { return malloc(n ? n : 1); }
+
+void* dt__dlopen_first(const char* const* names, int n, char* why, size_t cap) {
+  size_t at = 0;
+  if (cap) why[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    if (names[i] == NULL || !names[i][0]) continue;
+    void* h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (h != NULL) return h;
+    const char* e = dlerror();
+    if (at < cap)
+      at += (size_t)snprintf(why + at, cap - at, "%s%s", at ? "; " : "", e ? e : names[i]);
+  }
+  return NULL;
+}
 void* dt__calloc(size_t count, size_t size) { return calloc(count ? count : 1, size ? size : 1); }
 void* dt__realloc(void* p, size_t n) { return realloc(p, n ? n : 1); }
 void dt__free(void* p) { free(p); }

@@ -19,6 +19,11 @@ void* dt__calloc(size_t count, size_t size);
 void* dt__realloc(void* p, size_t n);
 void dt__free(void* p);
 
+/* dlopen (RTLD_NOW | RTLD_LOCAL) of the first of the n file names that loads (NULL or "" names
+ * skipped): the handle, or NULL with the loader's reasons for each name, "; "-joined, in why.
+ * How optional run-time libraries (cuBLASLt, NCCL) are found. */
+void* dt__dlopen_first(const char* const* names, int n, char* why, size_t cap);
+
 /* Frees the handle quarantine, and the registry when no handle is live (dt_finalize). */
 void dt__handle_release_all(void);
 

@@ -571,6 +571,14 @@ dt_status_t dt_cost_model_load(const char* path) {
   DT_ENTRY_RETURN(dt__cost_model_load_impl(path));
 }
 
+/* obj[key] = {"base_us":..,"hop_us":..,"bw_gbps":..}; 0 when out of memory. */
+static int dt__cost_entry_json(cJSON* obj, const char* key, const dt_cost_params_t* p) {
+  cJSON* e = cJSON_AddObjectToObject(obj, key);
+  return e != NULL && cJSON_AddNumberToObject(e, "base_us", p->base_us) &&
+         cJSON_AddNumberToObject(e, "hop_us", p->hop_us) &&
+         cJSON_AddNumberToObject(e, "bw_gbps", p->bw_gbps);
+}
+
 static dt_status_t dt__cost_model_save_impl(const char* path) {
   DT_ARG_NOT_NULL(path);
   dt__cost_init();
@@ -582,11 +590,7 @@ static dt_status_t dt__cost_model_save_impl(const char* path) {
     if (a != DT_ALGO_NATIVE && !dt__cost_has_alt(c)) continue;
     char key[64];
     dt__cost_key(c, a, key, sizeof key);
-    const dt_cost_params_t* p = &dt__cost[c][a];
-    cJSON* e = cJSON_AddObjectToObject(root, key);
-    if (e == NULL || !cJSON_AddNumberToObject(e, "base_us", p->base_us) ||
-        !cJSON_AddNumberToObject(e, "hop_us", p->hop_us) ||
-        !cJSON_AddNumberToObject(e, "bw_gbps", p->bw_gbps)) {
+    if (!dt__cost_entry_json(root, key, &dt__cost[c][a])) {
       cJSON_Delete(root);
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
     }
@@ -597,11 +601,8 @@ static dt_status_t dt__cost_model_save_impl(const char* path) {
     char key[64];
     dt__cost_key((dt_collective_t)(k / DT_ALGO_COUNT), (dt_coll_algo_t)(k % DT_ALGO_COUNT), key,
                  sizeof key);
-    const dt_cost_params_t* p = &dt__cost_nccl[k / DT_ALGO_COUNT][k % DT_ALGO_COUNT];
-    cJSON* e = ne ? cJSON_AddObjectToObject(ne, key) : NULL;
-    if (e == NULL || !cJSON_AddNumberToObject(e, "base_us", p->base_us) ||
-        !cJSON_AddNumberToObject(e, "hop_us", p->hop_us) ||
-        !cJSON_AddNumberToObject(e, "bw_gbps", p->bw_gbps)) {
+    if (ne == NULL ||
+        !dt__cost_entry_json(ne, key, &dt__cost_nccl[k / DT_ALGO_COUNT][k % DT_ALGO_COUNT])) {
       cJSON_Delete(root);
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
     }

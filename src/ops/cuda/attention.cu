@@ -491,18 +491,6 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
 #define DT_ATTN_UNROLL
 #endif
 
-/* Max of v over the block (see dt_cu_block_sum). */
-__device__ __forceinline__ float dt_attn_block_max(float v, float* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = dt_cu_warp_max(v);
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  float s = lane < nw ? smem[lane] : -INFINITY;
-  s = dt_cu_warp_max(s);
-  __syncthreads();
-  return s;
-}
-
 /* P = softmax of the scores x row by row (the host's dt__attn_softmax_rows), `rows` rows of nk
  * keys, ld apart; row r is query row r % S (a chunk's rows are entry, head, query row), which
  * sees keys 0 .. last (causal: q0 + r % S); the other keys get 0. p may be x (f32): every
@@ -528,7 +516,7 @@ DT_ATTN_UNROLL
       mx = fmaxf(mx, v[c]); /* NaN scores are skipped, as the host's max skips them */
     }
     for (int64_t j = threadIdx.x + far; j <= last; j += nt) mx = fmaxf(mx, xr[j]);
-    mx = dt_attn_block_max(mx, red);
+    mx = dt_cu_block_max(mx, red);
     float sum = 0.0f;
 DT_ATTN_UNROLL
     for (int c = 0; c < DT_ATTN_RV; c++)

@@ -130,6 +130,18 @@ __device__ __forceinline__ float dt_cu_block_sum(float v, float* smem) {
   return s;
 }
 
+/* Max of v over the block (as dt_cu_block_sum). */
+__device__ __forceinline__ float dt_cu_block_max(float v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = dt_cu_warp_max(v);
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  float s = lane < nw ? smem[lane] : -INFINITY;
+  s = dt_cu_warp_max(s);
+  __syncthreads(); /* smem may be reused by the caller */
+  return s;
+}
+
 /* ---- scratch ----------------------------------------------------------------------------- */
 /* nbytes of device memory for the duration of one kernel (counted as "other"). */
 static inline dt_status_t dt_cu_scratch(const dt_local_tensor_t* t, const char* op, size_t nbytes,

@@ -17,17 +17,6 @@ namespace {
 
 #define DT_RING_NT 128 /* threads per row */
 
-__device__ __forceinline__ float dt_ring_block_max(float v, float* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = dt_cu_warp_max(v);
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  float s = lane < nw ? smem[lane] : -INFINITY;
-  s = dt_cu_warp_max(s);
-  __syncthreads();
-  return s;
-}
-
 /* p (C x C): row i's visible scores (diag: 0..i) -> exp(score - rowmax), the rest 0; mb, lb: the
  * row's max and sum. */
 __global__ void __launch_bounds__(DT_RING_NT)
@@ -38,7 +27,7 @@ dt_ring_softmax_kernel(float* p, int64_t C, int diag, float* mb, float* lb) {
     const int64_t vis = diag ? i + 1 : C;
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < vis; j += blockDim.x) mx = fmaxf(mx, row[j]);
-    mx = dt_ring_block_max(mx, red);
+    mx = dt_cu_block_max(mx, red);
     float sum = 0.0f;
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
       const float e = j < vis ? expf(row[j] - mx) : 0.0f;
