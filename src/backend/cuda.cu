@@ -219,6 +219,19 @@ extern "C" void* DT_CUDA_NAME(stream)(dt_backend_t b) { return (void*)dt__cu_ctx
 
 extern "C" int DT_CUDA_NAME(sm_count)(dt_backend_t b) { return dt__cu_ctx(b)->sm_count; }
 
+extern "C" dt_status_t DT_CUDA_NAME(device_key)(dt_backend_t b, uint64_t* key) {
+  *key = (uint64_t)(b->ordinal + 1);
+#ifndef DT_SIMT_EMULATE
+  char bus[64] = {0};
+  DT_CHECK(DT__CU(cudaDeviceGetPCIBusId(bus, (int)sizeof bus - 1, b->ordinal),
+                  "the device's PCI bus id (cudaDeviceGetPCIBusId)"));
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = bus; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  *key = h;
+#endif
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * device helpers: the host's dtype conversions (src/core/util.c), bit for bit */
 

@@ -41,4 +41,8 @@ dt_status_t DT_CUDA_NAME(status)(int err, const char* what);
 dt_status_t DT_CUDA_NAME(allocator_stats)(dt_backend_t b, int64_t* live, int64_t* cached,
                                           int64_t* peak, int64_t* mallocs);
 
+/* A key of b's physical device: a hash of its PCI bus id (two ranks on one GPU get the same key,
+ * whatever their CUDA_VISIBLE_DEVICES); the emulator's is its ordinal. */
+dt_status_t DT_CUDA_NAME(device_key)(dt_backend_t b, uint64_t* key);
+
 #endif

@@ -11,7 +11,10 @@
  * returning; otherwise the call only starts it and the request completes it (wait, test): until
  * then the buffers belong to the communicator. Between group_start and group_end, send and recv
  * without a request are collected and completed by group_end (NCCL's grouping; MPI posts them
- * non-blocking). Every rank of a communicator must start its collectives in the same order, and
+ * non-blocking); with a request they complete with it. Point-to-point calls that depend on each
+ * other (a ring step's receive from one peer and send to the other) must be posted in one group:
+ * an NCCL communicator runs its calls in order on one stream, so a receive issued alone waits for
+ * the peer's send, which the peer may have queued behind its own receive. Every rank of a communicator must start its collectives in the same order, and
  * an implementation may choose how to run a call only from values every rank passes alike (a
  * rank sees only its own all_to_all_v counts: choosing MPI_Alltoallv on one rank and
  * point-to-point on another would deadlock).

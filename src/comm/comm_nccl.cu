@@ -159,6 +159,7 @@ typedef struct {
   ncclDataType_t type;
   int peer;
   dt_comm_req_t* req; /* NULL: completed by the flush itself */
+  int fresh;          /* the flush gave req its event */
 } dt__nc_p2p_t;
 
 typedef struct {
@@ -175,6 +176,18 @@ typedef struct {
 } dt__nc_t;
 
 static dt__nc_t* dt__nc(const dt_comm_t* c) { return (dt__nc_t*)c->context; }
+
+/* Makes backend b's device the calling thread's current one (NCCL and the comm stream belong to
+ * it; other code may have changed the device since). */
+static void dt__nc_enter(dt_backend_t b) {
+#ifdef DT_SIMT_EMULATE
+  (void)b;
+#else
+  int cur = -1;
+  if (b->ordinal >= 0 && (cudaGetDevice(&cur) != cudaSuccess || cur != b->ordinal))
+    (void)cudaSetDevice(b->ordinal);
+#endif
+}
 
 static dt_status_t dt__nc_fail(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return DT_SUCCESS;
@@ -242,6 +255,18 @@ static cudaEvent_t dt__req_event(const dt_comm_req_t* r) {
   return (cudaEvent_t)(uintptr_t)r->inline_h[0];
 }
 
+static void dt__nc_event_put(dt__nc_t* x, cudaEvent_t e);
+static void dt__nc_scratch_free(dt__nc_t* x, dt_comm_req_t* r);
+
+/* Completes a request's bookkeeping: its event back to the pool, its scratch freed (after the
+ * operation has finished), nothing posted any more. */
+static void dt__nc_req_reset(dt__nc_t* x, dt_comm_req_t* r) {
+  dt__nc_event_put(x, dt__req_event(r));
+  dt__nc_scratch_free(x, r);
+  r->inline_h[0] = 0;
+  r->n = 0;
+}
+
 /* Aborts the communicator after an asynchronous error or a timeout: NCCL's kernels stop, and
  * every later call fails. */
 static void dt__nc_abort(dt_comm_t* c) {
@@ -286,6 +311,7 @@ static dt_status_t dt__nc_wait_event(dt_comm_t* c, cudaEvent_t e, const char* op
 static dt_status_t dt__nc_begin(dt_comm_t* c) {
   DT_CHECK(dt__nc_live(c));
   dt__nc_t* x = dt__nc(c);
+  dt__nc_enter(x->b);
   void* ev = NULL;
   DT_CHECK(x->b->iface->event_record(x->b, &ev));
   dt_status_t st = dt__nc_cuda(cudaStreamWaitEvent(x->stream, (cudaEvent_t)ev, 0),
@@ -321,6 +347,32 @@ static dt_status_t dt__nc_end(dt_comm_t* c, dt_comm_req_t* req, const char* op) 
   return dt__nc_cuda(cudaEventRecord(e, x->stream), "NCCL comm: cudaEventRecord");
 }
 
+static dt_status_t dt__nc_wait(dt_comm_t* c, dt_comm_req_t* req);
+
+/* dt__nc_end for an operation that used scratch `scr` (nbytes of the backend's memory) on the comm
+ * stream: freed once the operation has completed (at once for a blocking call; at the request's
+ * completion otherwise, the request holding it). */
+static dt_status_t dt__nc_end_scratch(dt_comm_t* c, dt_comm_req_t* req, const char* op, void* scr,
+                                      size_t nbytes) {
+  dt__nc_t* x = dt__nc(c);
+  if (req != NULL && req->inline_h[1] != 0) { /* a request holds one scratch block at a time */
+    DT_CHECK(dt__nc_wait(c, req));
+  }
+  dt_status_t st = dt__nc_end(c, req, op);
+  if (req == NULL || st != DT_SUCCESS) {
+    if (st != DT_ERR_TIMEOUT) dt__backend_free(x->b, scr, nbytes); /* timed out: still in use */
+    return st;
+  }
+  req->inline_h[1] = (uint64_t)(uintptr_t)scr;
+  req->inline_h[2] = (uint64_t)nbytes;
+  return DT_SUCCESS;
+}
+
+static void dt__nc_scratch_free(dt__nc_t* x, dt_comm_req_t* r) {
+  if (r->inline_h[1] != 0) dt__backend_free(x->b, (void*)(uintptr_t)r->inline_h[1], (size_t)r->inline_h[2]);
+  r->inline_h[1] = r->inline_h[2] = 0;
+}
+
 /* Issues the point-to-point calls waiting in the communicator as one NCCL group; then the
  * requests among them record their events and the calls without one are completed here. */
 static dt_status_t dt__nc_flush(dt_comm_t* c) {
@@ -328,6 +380,28 @@ static dt_status_t dt__nc_flush(dt_comm_t* c) {
   if (x->n_p2p == 0) return DT_SUCCESS;
   int n = x->n_p2p, blocking = 0;
   x->n_p2p = 0;
+  /* every request's event before anything is issued: past ncclGroupEnd nothing may fail half
+   * way (a request without its event would look never issued while NCCL still uses its buffer) */
+  for (int i = 0; i < n; i++) {
+    dt_comm_req_t* q = x->p2p[i].req;
+    if (q != NULL && dt__req_event(q) == NULL) {
+      cudaEvent_t e = NULL;
+      dt_status_t st = dt__nc_event(x, &e);
+      if (st != DT_SUCCESS) { /* nothing of this flush was issued: the events just taken back
+                               * (the calls' requests then report that at their wait) */
+        for (int j = 0; j < i; j++) {
+          dt_comm_req_t* r = x->p2p[j].req;
+          if (r != NULL && x->p2p[j].fresh) {
+            dt__nc_event_put(x, dt__req_event(r));
+            r->inline_h[0] = 0;
+          }
+        }
+        return st;
+      }
+      q->inline_h[0] = (uint64_t)(uintptr_t)e;
+      x->p2p[i].fresh = 1;
+    }
+  }
   DT_CHECK(dt__nc_begin(c));
   DT__NC(ncclGroupStart(), "ncclGroupStart");
   ncclResult_t r = ncclSuccess;
@@ -363,13 +437,15 @@ static dt_status_t dt__nc_p2p(dt_comm_t* c, int is_send, void* buf, int64_t nume
     x->p2p = p;
     x->cap_p2p = cap;
   }
-  if (req != NULL) { /* pending: no event until the flush */
+  if (req != NULL) { /* pending: its event comes with the flush */
     if (req->n == 0) req->inline_h[0] = 0;
     req->n = 1;
     req->op = is_send ? "send" : "recv";
   }
-  x->p2p[x->n_p2p++] = dt__nc_p2p_t{is_send, buf, (size_t)numel, t, peer, req};
-  if (req == NULL && x->group == 0) return dt__nc_flush(c);
+  x->p2p[x->n_p2p++] = dt__nc_p2p_t{is_send, buf, (size_t)numel, t, peer, req, 0};
+  /* outside a group a call is issued at once (it "only starts" with a request, as on MPI); the
+   * calls of a group go together at group_end */
+  if (x->group == 0) return dt__nc_flush(c);
   return DT_SUCCESS;
 }
 
@@ -417,19 +493,36 @@ static dt_status_t dt__nc_all_gather_v(dt_comm_t* c, const void* send, void* rec
                                        const int64_t* counts, const int64_t* displs,
                                        dt_dtype_t dtype, dt_comm_req_t* req) {
   int n = c->size, me = c->rank;
-  /* ncclAllGather for equal blocks back to back; else a broadcast per root (any displs). The
-   * choice reads this rank's displs: callers compute them from the agreed counts alike. */
-  int direct = counts[0] > 0 && dt__nc_even(n, counts);
-  for (int r = 0; r < n && direct; r++) direct = displs[r] == displs[0] + r * counts[0];
+  /* ncclAllGather for equal blocks, else a broadcast per root (any displs): decided from the
+   * counts, which every rank passes alike. Equal blocks that are not back to back in this rank's
+   * recv go through scratch and are copied into place (on the comm stream). */
+  const int even = counts[0] > 0 && dt__nc_even(n, counts);
+  int packed = even;
+  for (int r = 0; r < n && packed; r++) packed = displs[r] == displs[0] + r * counts[0];
   ncclDataType_t t = ncclFloat32;
   DT_CHECK(dt__nc_coll(c, &t, dtype));
   dt__nc_t* x = dt__nc(c);
   size_t item = dt__itemsize(dtype);
   const char* mine = send ? (const char*)send : (const char*)recv + (size_t)displs[me] * item;
-  if (direct) {
+  if (even && packed) {
     DT__NC(ncclAllGather(mine, (char*)recv + (size_t)displs[0] * item, (size_t)counts[0], t, x->nc,
                          x->stream),
            "ncclAllGather");
+  } else if (even) {
+    const size_t blk = (size_t)counts[0] * item, nb = blk * (size_t)n;
+    void* scr = dt__backend_alloc(x->b, nb);
+    if (scr == NULL)
+      return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "all_gather_v on NCCL: %zu bytes of scratch", nb);
+    ncclResult_t r = ncclAllGather(mine, scr, (size_t)counts[0], t, x->nc, x->stream);
+    for (int q = 0; q < n && r == ncclSuccess; q++)
+      if (cudaMemcpyAsync((char*)recv + (size_t)displs[q] * item, (char*)scr + (size_t)q * blk,
+                          blk, cudaMemcpyDeviceToDevice, x->stream) != cudaSuccess)
+        r = ncclUnhandledCudaError;
+    if (r != ncclSuccess) {
+      dt__backend_free(x->b, scr, nb); /* nothing of it ran past the failed call */
+      return dt__nc_fail(r, "ncclAllGather (blocks not back to back)");
+    }
+    return dt__nc_end_scratch(c, req, "all_gather", scr, nb);
   } else {
     DT__NC(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
@@ -581,18 +674,21 @@ static dt_status_t dt__nc_scatter_v(dt_comm_t* c, const void* send, const int64_
 static dt_status_t dt__nc_wait(dt_comm_t* c, dt_comm_req_t* req) {
   if (req->n == 0) return DT_SUCCESS;
   dt__nc_t* x = dt__nc(c);
+  if (x->nc == NULL) { /* aborted: its data is whatever NCCL had written */
+    dt__nc_req_reset(x, req);
+    return dt__nc_live(c);
+  }
   if (x->n_p2p > 0) DT_CHECK(dt__nc_flush(c)); /* calls still pending (this one's, maybe) */
   cudaEvent_t e = dt__req_event(req);
   if (e == NULL) { /* its flush failed before the call was issued (reported then) */
-    req->n = 0;
+    dt__nc_req_reset(x, req);
     return DT_FAIL(DT_ERR_NCCL, "%s was never issued: an earlier NCCL call of its group failed",
                    req->op ? req->op : "the call");
   }
+  dt__nc_enter(x->b);
   dt_status_t st = dt__nc_wait_event(c, e, req->op ? req->op : "collective");
   if (st == DT_ERR_TIMEOUT) return st; /* still posted: nothing may wait for it again */
-  dt__nc_event_put(x, e);
-  req->inline_h[0] = 0;
-  req->n = 0;
+  dt__nc_req_reset(x, req);
   return st;
 }
 
@@ -600,35 +696,38 @@ static dt_status_t dt__nc_test(dt_comm_t* c, dt_comm_req_t* req, int* done) {
   *done = 1;
   if (req->n == 0) return DT_SUCCESS;
   dt__nc_t* x = dt__nc(c);
+  if (x->nc == NULL) {
+    dt__nc_req_reset(x, req);
+    return dt__nc_live(c);
+  }
   if (x->n_p2p > 0) {
     dt_status_t st = dt__nc_flush(c);
     if (st != DT_SUCCESS) {
-      req->n = 0;
+      dt__nc_req_reset(x, req);
       return st;
     }
   }
   cudaEvent_t e = dt__req_event(req);
   if (e == NULL) {
-    req->n = 0;
+    dt__nc_req_reset(x, req);
     return DT_FAIL(DT_ERR_NCCL, "%s was never issued: an earlier NCCL call of its group failed",
                    req->op ? req->op : "the call");
   }
+  dt__nc_enter(x->b);
   cudaError_t q = cudaEventQuery(e);
   if (q == cudaErrorNotReady) {
     ncclResult_t ae = ncclSuccess;
-    if (x->nc != NULL && ncclCommGetAsyncError(x->nc, &ae) == ncclSuccess && ae != ncclSuccess &&
+    if (ncclCommGetAsyncError(x->nc, &ae) == ncclSuccess && ae != ncclSuccess &&
         ae != ncclInProgress) {
       dt__nc_abort(c);
-      req->n = 0;
+      dt__nc_req_reset(x, req);
       return DT_FAIL(DT_ERR_NCCL, "%s: NCCL reported %s (%d); the communicator was aborted",
                      req->op ? req->op : "collective", ncclGetErrorString(ae), (int)ae);
     }
     *done = 0;
     return DT_SUCCESS;
   }
-  dt__nc_event_put(x, e);
-  req->inline_h[0] = 0;
-  req->n = 0;
+  dt__nc_req_reset(x, req);
   return q == cudaSuccess ? DT_SUCCESS : dt__nc_cuda(q, "NCCL comm: cudaEventQuery");
 }
 
@@ -651,6 +750,7 @@ static dt_status_t dt__nc_wrap(ncclComm_t nc, dt_backend_t b, int world_rank, in
                                dt_comm_t* out) {
   memset(out, 0, sizeof *out);
   if (nc == NULL) return DT_SUCCESS;
+  dt__nc_enter(b);
   dt__nc_t* x = (dt__nc_t*)dt__calloc(1, sizeof *x);
   cudaStream_t s = NULL;
   dt_status_t st = x == NULL ? DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating an NCCL communicator")
@@ -683,6 +783,7 @@ static dt_status_t dt__nc_split(const dt_comm_t* parent, int color, int key, dt_
   DT_CHECK(dt__nc_live(parent));
   DT_CHECK(dt__nc_flush((dt_comm_t*)parent));
   dt__nc_t* x = dt__nc(parent);
+  dt__nc_enter(x->b);
   ncclComm_t nc = NULL;
   DT__NC(ncclCommSplit(x->nc, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, NULL),
          "ncclCommSplit");
@@ -704,6 +805,7 @@ static dt_status_t dt__nc_dup(const dt_comm_t* c, dt_comm_t* out) {
 static void dt__nc_destroy(dt_comm_t* c) {
   dt__nc_t* x = dt__nc(c);
   if (x == NULL) return;
+  dt__nc_enter(x->b);
   if (x->n_p2p > 0) (void)dt__nc_flush(c); /* nothing may stay half posted on the peers */
   if (x->nc != NULL) {
     (void)cudaStreamSynchronize(x->stream);

@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include "mesh/mesh.h"
+#ifdef DTENSOR_HAVE_CUDA
+#include "backend/cuda.h" /* the device's PCI bus id */
+#endif
 
 static dt_mesh_t dt__meshes = NULL; /* live meshes */
 
@@ -184,22 +187,29 @@ static dt_status_t dt__mesh_nccl_why(dt_mesh_t m, dt_backend_t b, char* why, siz
   } else if (dt__comm_nccl_version(&version) != DT_SUCCESS) {
     snprintf(why, cap, "%s", dt_last_error());
   }
-  /* (host, device) of every member: a pair seen twice is a shared GPU */
+  /* (host, device) of every member: a pair seen twice is a shared GPU. The device is its PCI
+   * bus id (per-rank CUDA_VISIBLE_DEVICES makes every rank's ordinal 0) */
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  uint64_t h = 1469598103934665603ull; /* FNV-1a of the host name */
+  uint64_t h = 1469598103934665603ull; /* FNV-1a of the host name, then of the device */
   for (const char* c = host; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  uint64_t dev = (uint64_t)(b->ordinal + 1);
+#ifdef DTENSOR_HAVE_CUDA
+  if (b->kernel_set == DT_KERNELS_CUDA && dt__cuda_device_key(b, &dev) != DT_SUCCESS)
+    snprintf(why, cap, "%s", dt_last_error());
+#endif
+  for (int k = 0; k < 8; k++) h = (h ^ ((dev >> (8 * k)) & 0xff)) * 1099511628211ull;
   int n = m->all_comm.size;
   int64_t* all = (int64_t*)dt__calloc((size_t)n * 3, sizeof *all);
-  if (all == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "gathering the members' devices");
+  dt_status_t st = all ? DT_SUCCESS : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "gathering the devices");
+  DT_CHECK(dt__mesh_agree(m, st, "choosing the data plane")); /* before the gather */
   int64_t *counts = all + n, *displs = all + 2 * n;
   for (int r = 0; r < n; r++) {
     counts[r] = 1;
     displs[r] = r;
   }
-  all[m->all_comm.rank] = (int64_t)((h << 8) ^ (uint64_t)(b->ordinal & 0xff));
-  dt_status_t st =
-      m->all_comm.iface->all_gather_v(&m->all_comm, NULL, all, counts, displs, DT_I64, NULL);
+  all[m->all_comm.rank] = (int64_t)h;
+  st = m->all_comm.iface->all_gather_v(&m->all_comm, NULL, all, counts, displs, DT_I64, NULL);
   for (int r = 0; st == DT_SUCCESS && !why[0] && r < n; r++)
     for (int q = 0; q < r; q++)
       if (all[q] == all[r]) {
@@ -214,20 +224,26 @@ static dt_status_t dt__mesh_nccl_why(dt_mesh_t m, dt_backend_t b, char* why, siz
 /* Makes the NCCL plane of backend b: a communicator bootstrapped over the mesh's MPI one, split
  * per dim and per flattened group. Collective over the members. */
 static dt_status_t dt__mesh_plane_build(dt_mesh_t m, dt_backend_t b) {
+  static const char* what = "making the mesh's NCCL communicators";
   dt_mesh_plane_t* d = (dt_mesh_plane_t*)dt__calloc(1, sizeof *d);
-  if (d == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the NCCL plane");
+  dt_status_t st = d ? DT_SUCCESS : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating the NCCL plane");
+  /* agreed after every step: the next one is collective, and NCCL's have no deadline */
+  DT_CHECK(dt__mesh_agree(m, st, what));
   d->backend = b;
   m->dev = d; /* released with the mesh's communicators, also half made */
-  DT_CHECK(dt__comm_nccl_world(b, &m->all_comm, &d->all));
+  st = dt__comm_nccl_world(b, &m->all_comm, &d->all);
+  DT_CHECK(dt__mesh_agree(m, st, what));
   for (int i = 0; i < m->ndim; i++) {
     int color, key;
     dt__mesh_mask_split(m, 1u << i, &color, &key);
-    DT_CHECK(d->all.iface->split(&d->all, color, key, &d->dim[i]));
+    st = d->all.iface->split(&d->all, color, key, &d->dim[i]);
+    DT_CHECK(dt__mesh_agree(m, st, what));
   }
   for (int f = 0; f < m->nflat; f++) {
     int color, key;
     dt__mesh_mask_split(m, m->flat[f].mask, &color, &key);
-    DT_CHECK(d->all.iface->split(&d->all, color, key, &d->flat[f]));
+    st = d->all.iface->split(&d->all, color, key, &d->flat[f]);
+    DT_CHECK(dt__mesh_agree(m, st, what));
   }
   return DT_SUCCESS;
 }
@@ -239,24 +255,33 @@ dt_status_t dt__mesh_data_plane(dt_mesh_t m, dt_backend_t b, int* nccl) {
     *nccl = dt__mesh_nccl_for(m, b);
     return DT_SUCCESS;
   }
-  const char* mode = getenv("DTENSOR_DATA_COMM");
-  if (mode == NULL || !mode[0]) mode = "auto";
-  int want = strcmp(mode, "nccl") == 0, auto_ = strcmp(mode, "auto") == 0;
-  if (!want && !auto_ && strcmp(mode, "mpi") != 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "DTENSOR_DATA_COMM=%s: expected auto, nccl or mpi", mode);
-  if (!want && !auto_) { /* mpi: host staging, decided alike on every member */
+  /* $DTENSOR_DATA_COMM, agreed: ranks launched with different values must not take different
+   * paths into the next collective */
+  const char* env = getenv("DTENSOR_DATA_COMM");
+  const char* mode = env == NULL || !env[0] ? "auto" : env;
+  const int64_t kind = !strcmp(mode, "auto") ? 0 : !strcmp(mode, "nccl") ? 1
+                       : !strcmp(mode, "mpi") ? 2 : 3;
+  char why[512] = "";
+  dt_status_t st = DT_SUCCESS;
+  if (kind == 3)
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "DTENSOR_DATA_COMM=%s: expected auto, nccl or mpi", mode);
+  else if (kind != 2)
+    st = dt__mesh_nccl_why(m, b, why, sizeof why); /* collective over the mesh's MPI comm */
+  /* max over the members of (failure, NCCL impossible here, kind, -kind) */
+  int64_t v[4] = {st != DT_SUCCESS, why[0] != '\0', kind, -kind}, all[4] = {0, 0, 0, 0};
+  DT_CHECK(m->all_comm.iface->all_reduce(&m->all_comm, v, all, 4, DT_I64, DT_REDUCE_MAX, NULL));
+  if (all[0]) return st != DT_SUCCESS ? st : DT_FAIL(DT_ERR_INVALID_ARG, "another member of the "
+                                                     "mesh failed to choose its data plane (see "
+                                                     "its message)");
+  if (all[2] != -all[3])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "DTENSOR_DATA_COMM differs between the mesh's ranks (this "
+                   "one: %s): set it alike everywhere", mode);
+  if (kind == 2) { /* mpi: host staging, chosen */
     m->dev_state = -1;
     return DT_SUCCESS;
   }
-  char why[512];
-  dt_status_t st = dt__mesh_nccl_why(m, b, why, sizeof why);
-  int64_t bad = st != DT_SUCCESS ? 2 : why[0] != '\0', any = 0;
-  DT_CHECK(m->all_comm.iface->all_reduce(&m->all_comm, &bad, &any, 1, DT_I64, DT_REDUCE_MAX,
-                                         NULL));
-  if (any == 2) return st != DT_SUCCESS ? st : DT_FAIL(DT_ERR_MPI, "another member failed to "
-                                                       "report its GPU (see its message)");
-  if (any) {
-    if (want)
+  if (all[1]) {
+    if (kind == 1)
       return DT_FAIL(DT_ERR_UNSUPPORTED, "DTENSOR_DATA_COMM=nccl, but %s", why[0] ? why :
                      "another member of the mesh cannot use NCCL (see its log)");
     m->dev_state = -1;
@@ -267,7 +292,6 @@ dt_status_t dt__mesh_data_plane(dt_mesh_t m, dt_backend_t b, int* nccl) {
     return DT_SUCCESS;
   }
   st = dt__mesh_plane_build(m, b);
-  st = dt__mesh_agree(m, st, "making the mesh's NCCL communicators");
   if (st != DT_SUCCESS) {
     dt__mesh_plane_release(m);
     return st;

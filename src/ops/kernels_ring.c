@@ -283,10 +283,10 @@ static int dt__ra_mode(const dt__ring_call_t* a, int cq, int ck) {
   return ck < cq ? 1 : ck == cq ? 2 : 0;
 }
 
-/* Block pairs this rank computes against the shard of rank s. */
-static int dt__ra_pairs(const dt__ring_call_t* a, int s) {
+/* Block pairs rank r computes against the shard of rank s. */
+static int dt__ra_pairs_of(const dt__ring_call_t* a, int r, int s) {
   int cq[2], ck[2], np = 0;
-  dt__ra_chunks(a, a->r, cq);
+  dt__ra_chunks(a, r, cq);
   dt__ra_chunks(a, s, ck);
   for (int i = 0; i < a->m; i++)
     for (int j = 0; j < a->m; j++) np += dt__ra_mode(a, cq[i], ck[j]) != 0;
@@ -301,11 +301,18 @@ static double dt__ra_pair_flops(const dt__ring_call_t* a, int backward) {
   return 2.0 * pairs * (backward ? (double)(3 * g->D + 2 * g->E) : (double)(g->D + g->E));
 }
 
+static int dt__ra_pairs(const dt__ring_call_t* a, int s) { return dt__ra_pairs_of(a, a->r, s); }
+
+/* The modeled time of rank r's blocks against the shard of rank s. */
+static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int backward) {
+  const dt_compute_params_t* cm = dt__compute_model();
+  const double f = dt__ra_pair_flops(a, backward) * dt__ra_pairs_of(a, r, s);
+  return cm->op_us + f / (cm->gemm_gflops * 1e3);
+}
+
 /* The simulated time of a step's blocks (and the clock's sums). */
 static double dt__ra_step_us(const dt__ring_call_t* a, int s, int backward) {
-  const dt_compute_params_t* cm = dt__compute_model();
-  const double f = dt__ra_pair_flops(a, backward) * dt__ra_pairs(a, s);
-  return cm->op_us + f / (cm->gemm_gflops * 1e3);
+  return dt__ra_step_us_of(a, a->r, s, backward);
 }
 
 static void dt__ra_sim_compute(const dt__ring_call_t* a, int s, int backward) {
@@ -316,8 +323,10 @@ static void dt__ra_sim_compute(const dt__ring_call_t* a, int s, int backward) {
   dt__sim_compute(dt__ra_step_us(a, s, backward));
 }
 
-/* Ring or all-gather for this call (every rank of the cp group decides alike: the inputs are
- * the group's shapes and the model's prices). */
+/* Ring or all-gather for this call. Every rank of the cp group must decide alike (one waiting in
+ * the ring for a peer that gathers would never return): the decision compares the slowest rank's
+ * time under each, computed here for every rank of the group from the group's shapes and the
+ * model's prices (causal blocks make ranks' own sums differ). */
 static int dt__ra_algo(const dt__ring_call_t* a) {
   if (a->algo != DT_RING_AUTO) return a->algo;
   if (a->n == 1) return DT_RING_RING;
@@ -326,13 +335,19 @@ static int dt__ra_algo(const dt__ring_call_t* a) {
   double pa, pb, ga, gb;
   dt__cost_linear_on(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->n, &pa, &pb);
   dt__cost_linear_on(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, a->n, &ga, &gb);
-  double ring = 0.0, gather = 2.0 * ga + gb * (double)kv * a->n;
-  for (int t = 0; t < a->n; t++) {
-    const double step = dt__ra_step_us(a, (a->r - t + a->n) % a->n, 0);
-    const double xfer = t + 1 < a->n ? pa + pb * (double)kv : 0.0;
-    ring += step > xfer ? step : xfer;
-    gather += step;
+  double ring_max = 0.0, gather_max = 0.0;
+  for (int r = 0; r < a->n; r++) {
+    double ring = 0.0, gather = 2.0 * ga + gb * (double)kv * a->n;
+    for (int t = 0; t < a->n; t++) {
+      const double step = dt__ra_step_us_of(a, r, (r - t + a->n) % a->n, 0);
+      const double xfer = t + 1 < a->n ? pa + pb * (double)kv : 0.0;
+      ring += step > xfer ? step : xfer;
+      gather += step;
+    }
+    ring_max = ring > ring_max ? ring : ring_max;
+    gather_max = gather > gather_max ? gather : gather_max;
   }
+  const double ring = ring_max, gather = gather_max;
   return ring <= gather ? DT_RING_RING : DT_RING_GATHER;
 }
 

@@ -308,12 +308,20 @@ static dt_status_t dt__work_run_step(struct dt__work* w, int block) {
   return st;
 }
 
-void dt__progress_all(void) {
+/* Advances the works in flight; `explicit` 0 (an op's dispatch) skips works whose data moves
+ * over NCCL (their backend is a device one): those post their next phase only at points every
+ * rank reaches alike (their start, dt_work_test, dt_work_wait), since NCCL calls on several
+ * communicators must be issued in the same order on every rank, and an op's dispatch finds a
+ * phase complete at different points on different ranks. MPI's progress has no such rule. */
+static void dt__progress(int explicit_call) {
   for (struct dt__work *w = dt__inflight, *next; w != NULL; w = next) {
     next = w->next;
+    if (!explicit_call && dt__backend_is_device(w->b)) continue;
     dt__work_run(w, 0); /* a failure is kept in the work for its wait */
   }
 }
+
+void dt__progress_all(void) { dt__progress(0); }
 
 static void dt__slot_release(struct dt__work* w) {
   if (w->slot >= 0 && w->mesh) w->mesh->slot_owner[w->slot] = NULL;
@@ -472,7 +480,7 @@ static dt_status_t dt__work_test_impl(dt_work_t h, int* done) {
   *done = 0;
   struct dt__work* w;
   DT_CHECK(dt__work_check(h, &w));
-  if (!w->done) dt__progress_all();
+  if (!w->done) dt__progress(1);
   *done = w->done;
   if (w->done && w->status != DT_SUCCESS) return DT_FAIL(w->status, "%s", w->msg);
   return DT_SUCCESS;

@@ -14,9 +14,12 @@
  * blocks in reverse order; in place and not),
  * all_reduce (sum, max, min; in place and not), reduce_scatter_v (even and uneven), all_to_all_v
  * (ragged, with empty pairs), all_to_all_box (NCCL declines: placed = 0), broadcast and scatter_v
- * from every root, send / recv around a ring with requests (recv posted before send) and in a
- * group without, and several non-blocking calls in flight on one communicator completed by test
- * and wait. Refusals come back as statuses on every rank without a hang: avg, a dtype NCCL does
+ * from every root, send / recv around a ring in a group (recv posted before send) with and
+ * without requests, and several non-blocking calls in flight on one communicator completed by test
+ * and wait; equal counts gathered to displacements that differ between ranks; a ring step in one
+ * group with requests, one of them first used by an all-reduce still in flight; a send with a
+ * request outside a group that starts at once (its peer receives it before the sender waits).
+ * Refusals come back as statuses on every rank without a hang: avg, a dtype NCCL does
  * not have, a split without a parent, and a broadcast from a root past the last rank, which NCCL
  * itself fails (DT_ERR_NCCL). The last line says how many results matched:
  * "nccl_conformance=PASS cases=N".
@@ -224,8 +227,7 @@ static void t_rooted(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char* dn)
   }
 }
 
-/* a ring: recv from prev posted before send to next, with requests; then the same in a group
- * without requests */
+/* a ring: recv from prev posted before send to next in one group, with requests and without */
 static void t_p2p(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char* dn) {
   int n = mc->size, me = mc->rank;
   if (n < 2) return;
@@ -247,11 +249,13 @@ static void t_p2p(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char* dn) {
         DT_ASSERT_OK(c->iface->recv(c, bufs[k][1], numel, d, prev, NULL));
         DT_ASSERT_OK(c->iface->send(c, bufs[k][0], numel, d, next, NULL));
         DT_ASSERT_OK(c->iface->group_end(c));
-      } else {
+      } else { /* with requests, still one group: dependent calls must be (comm.h) */
         dt_comm_req_t rq[2];
         memset(rq, 0, sizeof rq);
+        DT_ASSERT_OK(c->iface->group_start(c));
         DT_ASSERT_OK(c->iface->recv(c, bufs[k][1], numel, d, prev, &rq[0]));
         DT_ASSERT_OK(c->iface->send(c, bufs[k][0], numel, d, next, &rq[1]));
+        DT_ASSERT_OK(c->iface->group_end(c));
         DT_ASSERT_OK(c->iface->wait(c, &rq[1]));
         DT_ASSERT_OK(c->iface->wait(c, &rq[0]));
         c->iface->req_free(&rq[0]);
@@ -292,11 +296,15 @@ static void t_nonblocking(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char
     DT_ASSERT_OK(c->iface->all_gather_v(c, x, o[0], counts, displs, d, &rq[0]));
     DT_ASSERT_OK(c->iface->all_reduce(c, y, o[1], total, d, DT_REDUCE_SUM, &rq[1]));
     DT_ASSERT_OK(c->iface->reduce_scatter_v(c, y, o[2], counts, d, DT_REDUCE_MAX, &rq[2]));
-    for (int spins = 0, done = 0; !done && spins < 1000000; spins++)
+    int done = 0;
+    for (int spins = 0; !done && spins < 1000000; spins++)
       DT_ASSERT_OK(c->iface->test(c, &rq[2], &done));
+    DT_ASSERT_TRUE(done, "test never reported the reduce-scatter done (%s)", k ? "NCCL" : "MPI");
     DT_ASSERT_OK(c->iface->wait(c, &rq[0]));
     DT_ASSERT_OK(c->iface->wait(c, &rq[1]));
     DT_ASSERT_OK(c->iface->wait(c, &rq[2])); /* completed already: a no-op */
+    DT_ASSERT_OK(c->iface->test(c, &rq[1], &done));
+    DT_ASSERT_TRUE(done, "test of a completed request says not done");
     for (int i = 0; i < 3; i++) c->iface->req_free(&rq[i]);
   }
   same(h[0], dh[0], (size_t)total * item, "non-blocking all_gather_v", dn);
@@ -312,6 +320,102 @@ static void t_nonblocking(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char
   free(b);
 }
 
+/* Equal counts, displacements that differ between ranks (odd ranks: reversed with gaps; even
+ * ranks: back to back): the implementations may choose their form only from the counts. */
+static void t_gather_displs(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char* dn) {
+  int n = mc->size, me = mc->rank;
+  size_t item = dt__itemsize(d);
+  int64_t counts[64], displs[64];
+  for (int r = 0; r < n; r++) {
+    counts[r] = 3;
+    displs[r] = me % 2 ? (int64_t)(n - 1 - r) * 5 : 3 * r;
+  }
+  int64_t total = me % 2 ? 5 * (int64_t)n : 3 * (int64_t)n;
+  size_t nb = (size_t)total * item;
+  void* send = fill(d, 3, me + 7);
+  void* h = fill(d, total, 31);
+  void* dv = dev_from(h, nb);
+  void* ds = dev_from(send, 3 * item);
+  for (int k = 0; k < 2; k++) { /* blocking, then with a request */
+    dt_comm_req_t rq[2];
+    memset(rq, 0, sizeof rq);
+    DT_ASSERT_OK(mc->iface->all_gather_v(mc, send, h, counts, displs, d, k ? &rq[0] : NULL));
+    DT_ASSERT_OK(nc->iface->all_gather_v(nc, ds, dv, counts, displs, d, k ? &rq[1] : NULL));
+    if (k) {
+      DT_ASSERT_OK(mc->iface->wait(mc, &rq[0]));
+      DT_ASSERT_OK(nc->iface->wait(nc, &rq[1]));
+      mc->iface->req_free(&rq[0]);
+      nc->iface->req_free(&rq[1]);
+    }
+    same(h, dv, nb, "all_gather_v with per-rank displacements", dn);
+  }
+  dfree(dv, nb);
+  dfree(ds, 3 * item);
+  free(send);
+  free(h);
+}
+
+/* A ring step posted in one group with requests (ring attention's pattern), the send's request
+ * first used for an all-reduce still in flight (one request, two operations), and a send with a
+ * request outside a group that must start at once: rank 0's peer receives it before rank 0 waits. */
+static void t_p2p_requests(dt_comm_t* mc, dt_comm_t* nc, dt_dtype_t d, const char* dn,
+                           int world) {
+  int n = mc->size, me = mc->rank;
+  if (n < 2) return;
+  int next = (me + 1) % n, prev = (me + n - 1) % n;
+  size_t item = dt__itemsize(d);
+  const int64_t numel = 11;
+  const size_t nb = (size_t)numel * item;
+  void* send = fill(d, numel, me + 3);
+  void* red = fill(d, numel, me + 5);
+  void *hr = fill(d, numel, 0), *hred = fill(d, numel, 0);
+  void *ds = dev_from(send, nb), *dr = dev_from(hr, nb), *dred = dev_from(red, nb);
+  void* dredo = dev_from(hred, nb);
+  dt_comm_t* cs[2] = {mc, nc};
+  void* b[2][4] = {{send, hr, red, hred}, {ds, dr, dred, dredo}};
+  for (int k = 0; k < 2; k++) {
+    dt_comm_t* c = cs[k];
+    dt_comm_req_t rq[2];
+    memset(rq, 0, sizeof rq);
+    DT_ASSERT_OK(c->iface->all_reduce(c, b[k][2], b[k][3], numel, d, DT_REDUCE_MAX, &rq[1]));
+    if (c->iface->group_start) DT_ASSERT_OK(c->iface->group_start(c));
+    DT_ASSERT_OK(c->iface->recv(c, b[k][1], numel, d, prev, &rq[0]));
+    DT_ASSERT_OK(c->iface->send(c, b[k][0], numel, d, next, &rq[1]));
+    if (c->iface->group_end) DT_ASSERT_OK(c->iface->group_end(c));
+    DT_ASSERT_OK(c->iface->wait(c, &rq[1]));
+    DT_ASSERT_OK(c->iface->wait(c, &rq[0]));
+    c->iface->req_free(&rq[0]);
+    c->iface->req_free(&rq[1]);
+  }
+  same(hr, dr, nb, "ring step in a group with requests", dn);
+  same(hred, dredo, nb, "all-reduce sharing a request with a send", dn);
+  /* outside a group: rank 0's send starts at once (its peer's blocking receive returns before
+   * rank 0 waits, which it does only after a message from that peer) */
+  if (world && me < 2) { /* on the world: communicator ranks are world ranks */
+    dt_comm_req_t rq;
+    memset(&rq, 0, sizeof rq);
+    int token = 0;
+    if (me == 0) {
+      DT_ASSERT_OK(nc->iface->send(nc, ds, numel, d, 1, &rq));
+      MPI_Recv(&token, 1, MPI_INT, 1, 99, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
+      DT_ASSERT_OK(nc->iface->wait(nc, &rq));
+      nc->iface->req_free(&rq);
+    } else {
+      DT_ASSERT_OK(nc->iface->recv(nc, dr, numel, d, 0, NULL));
+      MPI_Send(&token, 1, MPI_INT, 0, 99, MPI_COMM_WORLD);
+    }
+  }
+  dfree(ds, nb);
+  dfree(dr, nb);
+  dfree(dred, nb);
+  dfree(dredo, nb);
+  free(send);
+  free(red);
+  free(hr);
+  free(hred);
+}
+
 static void t_all(dt_comm_t* mc, dt_comm_t* nc, const char* name) {
   DT_ASSERT_TRUE(mc->size == nc->size && mc->rank == nc->rank,
                  "%s: MPI has rank %d of %d, NCCL rank %d of %d", name, mc->rank, mc->size,
@@ -323,7 +427,9 @@ static void t_all(dt_comm_t* mc, dt_comm_t* nc, const char* name) {
     t_all_to_all(mc, nc, k_dtypes[i], k_dnames[i]);
     t_rooted(mc, nc, k_dtypes[i], k_dnames[i]);
     t_p2p(mc, nc, k_dtypes[i], k_dnames[i]);
+    t_gather_displs(mc, nc, k_dtypes[i], k_dnames[i]);
   }
+  t_p2p_requests(mc, nc, DT_F32, "f32", !strcmp(name, "world"));
   t_nonblocking(mc, nc, DT_F32, "f32");
   t_nonblocking(mc, nc, DT_BF16, "bf16");
 }
