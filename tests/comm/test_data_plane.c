@@ -25,8 +25,30 @@ static void expect_cost(dt_mesh_t m, double want, const char* what) {
                  "expected %.6f", what, got, want);
 }
 
+/* argv[1] "mixed": launched with DTENSOR_DATA_COMM=mpi on some ranks only (an MPMD launch):
+ * the first device collective fails on every rank with DT_ERR_INVALID_ARG naming the variable,
+ * instead of ranks taking different paths into it. */
+static int mixed(void) {
+  int n = 0;
+  DT_ASSERT_OK(dt_world_size(&n));
+  dt_mesh_t m;
+  DT_ASSERT_OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  int64_t shape[1] = {4 * (int64_t)n};
+  dt_placement_t s0 = dt_shard(0), rep = dt_replicate();
+  dt_tensor_t x, y = NULL;
+  DT_ASSERT_OK(dt_tensor_zeros(m, DT_F32, 1, shape, &s0, &x));
+  dt_status_t st = dt_tensor_redistribute(x, &rep, &y);
+  DT_ASSERT_TRUE(st == DT_ERR_INVALID_ARG && strstr(dt_last_error(), "DTENSOR_DATA_COMM") != NULL,
+                 "mixed DTENSOR_DATA_COMM: %s (%s)", dt_status_name(st), dt_last_error());
+  DT_ASSERT_OK(dt_tensor_destroy(x));
+  DT_ASSERT_OK(dt_mesh_destroy(m));
+  DT_ASSERT_OK(dt_finalize());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
+  if (argc > 1 && !strcmp(argv[1], "mixed")) return mixed();
   int n = 0, rank = 0;
   DT_ASSERT_OK(dt_world_size(&n));
   DT_ASSERT_OK(dt_world_rank(&rank));
