@@ -6,7 +6,8 @@
  * all-reduce on an NCCL communicator must: call the host's handler once with the library's line
  * ("DT_ERR_TIMEOUT: all_reduce ..."), return DT_ERR_TIMEOUT (the handler returns
  * DT_TIMEOUT_RETURN) within the deadline plus a margin, and leave the communicator aborted, so
- * that the next call fails at once with DT_ERR_NCCL instead of waiting. The process then leaves
+ * that the next call fails at once with DT_ERR_NCCL instead of waiting; then the same through a
+ * non-blocking all-reduce and its wait on a second communicator. The process then leaves
  * with _exit (after a timeout no collective or dt_finalize may follow).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -68,7 +69,20 @@ int main(int argc, char** argv) {
   DT_ASSERT_TRUE(st == DT_ERR_NCCL && strstr(dt_last_error(), "aborted") != NULL &&
                      now_s() - t0 < 0.5,
                  "after the timeout: %s (%s)", dt_status_name(st), dt_last_error());
-  printf("test_nccl_timeout: DT_ERR_TIMEOUT after %.2f s, then DT_ERR_NCCL at once: ok\n", took);
+  /* the same through a posted request and its wait (np 1: a second NCCL world is still safe) */
+  dt_comm_t nw2;
+  DT_ASSERT_OK(dt__comm_nccl_world(b, dt__comm_world(), &nw2));
+  dt_comm_req_t rq;
+  memset(&rq, 0, sizeof rq);
+  DT_ASSERT_OK(nw2.iface->all_reduce(&nw2, d, d, 1024, DT_F32, DT_REDUCE_SUM, &rq));
+  t0 = now_s();
+  st = nw2.iface->wait(&nw2, &rq);
+  double took2 = now_s() - t0;
+  DT_ASSERT_TRUE(st == DT_ERR_TIMEOUT && took2 >= 0.9 && took2 < 3.5 && h.calls == 2,
+                 "wait on a posted all_reduce: %s after %.2f s, handler calls %d (%s)",
+                 dt_status_name(st), took2, h.calls, dt_last_error());
+  printf("test_nccl_timeout: DT_ERR_TIMEOUT after %.2f s (blocking) and %.2f s (wait), then "
+         "DT_ERR_NCCL at once: ok\n", took, took2);
   fflush(stdout);
   _exit(0);
 }
