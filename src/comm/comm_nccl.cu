@@ -20,16 +20,16 @@
  * waited at once. The buffers belong to the communicator until then, as comm.h says; memory is
  * freed only after its collective has completed, so stream-ordered frees stay safe.
  *
- * Forms: all-gather of equal blocks back to back is ncclAllGather, else one ncclBroadcast per
- * root in a group (any displacements); reduce-scatter with equal
- * counts is ncclReduceScatter, else one ncclReduce per root in a group; all-reduce is
- * ncclAllReduce (sum, max, min; avg is the caller's division as on MPI); all-to-all and scatter
- * are grouped ncclSend / ncclRecv (this rank's own block a device copy on the comm stream);
- * broadcast is ncclBroadcast; all_to_all_box declines (the executor unpacks). Point-to-point
- * calls are not issued when called: they wait in the communicator until its next flush (group
- * end, wait, test, any collective, or at once for a call without a request outside a group),
- * where they are issued as one NCCL group, because NCCL's send and recv kernels on one stream
- * would otherwise wait on each other (a ring's recv before its send deadlocks).
+ * Forms, chosen only from values every rank passes alike (the counts): all-gather of equal
+ * blocks is ncclAllGather (into scratch, then copied into place, where this rank's blocks are not
+ * back to back), else one ncclBroadcast per root in a group; reduce-scatter with equal counts is
+ * ncclReduceScatter, else one ncclReduce per root in a group; all-reduce is ncclAllReduce (sum,
+ * max, min; avg is the caller's division as on MPI); all-to-all and scatter are grouped ncclSend
+ * / ncclRecv (this rank's own block a device copy on the comm stream); broadcast is
+ * ncclBroadcast; all_to_all_box declines (the executor unpacks). Point-to-point calls outside a
+ * group are issued at once; inside one they wait in the communicator and go out together at
+ * group_end as one NCCL group (comm.h: calls that depend on each other must be grouped, since
+ * NCCL's send and recv kernels on one stream would otherwise wait on each other).
  *
  * Deadlines and errors: a wait polls the event and ncclCommGetAsyncError; an asynchronous error
  * aborts the communicator (ncclCommAbort) and returns DT_ERR_NCCL with NCCL's text; past the
