@@ -576,16 +576,18 @@ static dt_status_t dt__nc_reduce_scatter_v(dt_comm_t* c, const void* send, void*
   return dt__nc_end(c, req, "reduce_scatter");
 }
 
-/* The grouped point-to-point exchange of all_to_all_v and scatter_v: to peer q scounts[q]
- * elements from send + sdispls[q] (send NULL: none), from q rcounts[q] into recv + rdispls[q]
- * (recv NULL: none); this rank's own block is a device copy on the comm stream. */
-static dt_status_t dt__nc_exchange(dt_comm_t* c, const void* send, const int64_t* scounts,
-                                   const int64_t* sdispls, void* recv, const int64_t* rcounts,
-                                   const int64_t* rdispls, dt_dtype_t dtype, ncclDataType_t t) {
+/* Grouped ncclSend / ncclRecv with every peer; this rank's own block a device copy on the comm
+ * stream. */
+static dt_status_t dt__nc_all_to_all_v(dt_comm_t* c, const void* send, const int64_t* scounts,
+                                       const int64_t* sdispls, void* recv, const int64_t* rcounts,
+                                       const int64_t* rdispls, dt_dtype_t dtype,
+                                       dt_comm_req_t* req) {
+  ncclDataType_t t = ncclFloat32;
+  DT_CHECK(dt__nc_coll(c, &t, dtype));
   dt__nc_t* x = dt__nc(c);
   int n = c->size, me = c->rank;
   size_t item = dt__itemsize(dtype);
-  if (send != NULL && recv != NULL && scounts[me] > 0) {
+  if (scounts[me] > 0) {
     if (scounts[me] != rcounts[me])
       return DT_FAIL(DT_ERR_INVALID_ARG, "this rank sends itself %lld elements and receives %lld",
                      (long long)scounts[me], (long long)rcounts[me]);
@@ -599,26 +601,16 @@ static dt_status_t dt__nc_exchange(dt_comm_t* c, const void* send, const int64_t
   ncclResult_t r = ncclSuccess;
   for (int q = 0; q < n && r == ncclSuccess; q++) {
     if (q == me) continue;
-    if (recv != NULL && rcounts[q] > 0)
+    if (rcounts[q] > 0)
       r = ncclRecv((char*)recv + (size_t)rdispls[q] * item, (size_t)rcounts[q], t, q, x->nc,
                    x->stream);
-    if (r == ncclSuccess && send != NULL && scounts[q] > 0)
+    if (r == ncclSuccess && scounts[q] > 0)
       r = ncclSend((const char*)send + (size_t)sdispls[q] * item, (size_t)scounts[q], t, q, x->nc,
                    x->stream);
   }
   ncclResult_t e = ncclGroupEnd();
   DT__NC(r, "ncclSend / ncclRecv");
   DT__NC(e, "ncclGroupEnd");
-  return DT_SUCCESS;
-}
-
-static dt_status_t dt__nc_all_to_all_v(dt_comm_t* c, const void* send, const int64_t* scounts,
-                                       const int64_t* sdispls, void* recv, const int64_t* rcounts,
-                                       const int64_t* rdispls, dt_dtype_t dtype,
-                                       dt_comm_req_t* req) {
-  ncclDataType_t t = ncclFloat32;
-  DT_CHECK(dt__nc_coll(c, &t, dtype));
-  DT_CHECK(dt__nc_exchange(c, send, scounts, sdispls, recv, rcounts, rdispls, dtype, t));
   return dt__nc_end(c, req, "all_to_all");
 }
 
