@@ -7,7 +7,7 @@
  *       [--metrics FILE.jsonl] [--plot FILE.png] [--bf16-moments] [--checkpoint]
  *       [--parallel none|ddp|fsdp|hsdp] [--reshard-after-forward N] [--param-dtype f32|bf16]
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
- *       [--device cpu|cuda|cuda-emu] [--tie-embeddings]
+ *       [--async-tp] [--device cpu|cuda|cuda-emu] [--tie-embeddings]
  *       [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-last K] [--async-checkpoint]
  *       [--resume] [--resume-from DIR/NAME] [--micro-batches K] [--ffn-dim F]
  *       [--estimate-only --np N [--estimate-rank R] [--machine h100|h200|FILE.json]
@@ -685,6 +685,7 @@ int train_main(int argc, char** argv) {
   } else if (o.sp || o.loss_parallel) {
     return usage_error("--sp and --loss-parallel go with --tp");
   }
+  if (o.async_tp && !o.sp) return usage_error("--async-tp goes with --sp (and --tp)");
   if (pconf) {
     mnd = CP > 1 ? 3 : 2;
     mshape[0] = T;
@@ -782,14 +783,16 @@ int train_main(int argc, char** argv) {
                          cfg.vocab, cfg.ffn_dim);
     dt_tp_plan_entry_t plan[16];
     int n;
-    CHECK(dt_tp_plan_llama(&cfg, o.sp, o.loss_parallel, plan, 16, &n));
+    CHECK(dt_tp_plan_llama(&cfg, o.sp ? (o.async_tp ? DT_TP_SP_ASYNC : 1) : 0, o.loss_parallel,
+                           plan, 16, &n));
     CHECK(dt_parallelize_module(root, mesh, 0, n, plan));
   }
   if (pconf) {
     char cpd[48] = "";
     if (CP > 1) snprintf(cpd, sizeof cpd, " x cp %d (ring attention)", CP);
     snprintf(par_desc, sizeof par_desc, "dp %d x tp %d x ep %d%s%s%s", D, T, E, cpd,
-             o.sp ? ", sequence parallel" : "", o.loss_parallel ? ", loss parallel" : "");
+             o.sp ? (o.async_tp ? ", sequence parallel (async TP)" : ", sequence parallel") : "",
+             o.loss_parallel ? ", loss parallel" : "");
     if (CP > 1) CHECK(dt_llama_set_context_parallel(model, 2));
   }
   dt_mesh_t emesh = NULL;

@@ -121,6 +121,9 @@ static const opt_doc_t kDocs[] = {
      "parallel config: context-parallel degree (the sequence sharded, ring attention)", "unset"},
     {"sp", "parallelism", NULL, "with --tp: sequence parallelism", "off"},
     {"loss_parallel", "parallelism", NULL, "with --tp: class-sharded logits into the loss", "off"},
+    {"async_tp", "parallelism", NULL,
+     "with --sp: asynchronous TP (each block's all-gather and reduce-scatter overlap its "
+     "linears' GEMMs)", "off"},
     {"checkpoint", "memory", NULL, "selective activation checkpointing", "off"},
     {"checkpoint_dir", "checkpoints", "DIR",
      "save distributed checkpoints to DIR/step_NNNNNNNN (loadable on any layout)", "none"},
@@ -216,7 +219,7 @@ static const struct {
     INT_OPT(reshard_after_forward, 0, 1 << 20), INT_OPT(dp, 1, 1 << 16),
     INT_OPT(tp, 1, 1 << 16),      INT_OPT(ep, 1, 1 << 16),        INT_OPT(sp, 0, 1),
     INT_OPT(cp, 1, 1 << 16),
-    INT_OPT(loss_parallel, 0, 1), INT_OPT(tie_embeddings, 0, 1),
+    INT_OPT(loss_parallel, 0, 1), INT_OPT(async_tp, 0, 1), INT_OPT(tie_embeddings, 0, 1),
     INT_OPT(checkpoint_every, 0, 1 << 30), INT_OPT(keep_last, 0, 1 << 20),
     INT_OPT(async_checkpoint, 0, 1), INT_OPT(resume, 0, 1),
     INT_OPT(estimate_only, 0, 1), INT_OPT(np, 1, 1 << 24), INT_OPT(estimate_rank, 0, (1 << 24) - 1),

@@ -64,6 +64,12 @@ DT_API dt_status_t dt_module_destroy(dt_module_t m);
 /* Borrowed: the module's own name, and its context. */
 DT_API const char* dt_module_name(dt_module_t m);
 DT_API void* dt_module_ctx(dt_module_t m);
+/* Replaces m's forward function (not its context: the new one reads the same dt_module_ctx)
+ * and returns the old one in *old (may be NULL): a wrapper taking over a module's computation
+ * calls or restores the old one (tensor parallelism's asynchronous linears do).
+ * DT_ERR_INVALID_ARG for a NULL forward. */
+DT_API dt_status_t dt_module_set_forward(dt_module_t m, dt_module_forward_fn forward,
+                                         dt_module_forward_fn* old);
 
 /* Adds a parameter (ownership passes to the module; "" allowed once). Names are unique among a
  * module's parameters and children. A variable some module holds already (this one under another

@@ -41,6 +41,10 @@ extern "C" {
  *   context:    ring_attention (q, k, v; iargs [mesh_dim, causal=0, layout=0, balanced=1,
  *               algo=0]; fargs [scale]): attention with the sequence sharded on a mesh dim
  *               (dt_ring_attention below)
+ *   tensor parallel: all_gather_linear (x, w; iargs [mesh_dim, gather_dim=1]; outputs y and
+ *               the gathered x),
+ *               linear_reduce_scatter (x, w; iargs [mesh_dim, scatter_dim=1]): a linear with
+ *               its all-gather or reduce-scatter overlapped (dt_all_gather_linear below)
  *   shape:      view / reshape (iargs: the shape, one -1 allowed), flatten (iargs [start, end]),
  *               unflatten (iargs [dim, sizes...]), squeeze ([] or [dim]), unsqueeze ([dim]),
  *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end,
@@ -199,6 +203,36 @@ DT_API int64_t dt_cp_position(int64_t index, int64_t seq, int cp);
  * multiple of 2n (balanced) or n, a mesh_dim out of range. scale <= 0: 1/sqrt(D). */
 DT_API dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int mesh_dim,
                                      int causal, int balanced, double scale, dt_tensor_t* out);
+/* Asynchronous tensor parallelism (ops "all_gather_linear" and "linear_reduce_scatter"): the two
+ * linears of sequence parallelism, x w^T (x (..., K), w (N, K), no bias), with their collective
+ * split into ring steps that overlap the GEMM (PyTorch's fused all-gather-matmul and
+ * matmul-reduce-scatter). Both equal dt_linear's result up to the order of the sums.
+ * dt_all_gather_linear: x is moved to Shard(gather_dim) on mesh dim `mesh_dim` (a row dim: not
+ * the last; negative counts from the end) and w to Shard(0) (colwise); the output is Shard(-1)
+ * there. The shards of x travel around the ring of that mesh dim, each step's GEMM computing the
+ * output rows of the shard at hand while the next one moves. The gathered x (Replicate there) is
+ * the op's second output (*gathered; NULL: not wanted): the backward reads it for w's gradient,
+ * and other linears of the same input may read it instead of gathering again (tensor
+ * parallelism's q, k, v projections); its own gradient (theirs, a partial sum) joins dx in the
+ * backward's reduce-scatter ring (below).
+ * dt_linear_reduce_scatter: x is moved to Shard(-1) and w to Shard(1) (rowwise); the output is
+ * Shard(scatter_dim) there. Each step computes this rank's partial sum of one rank's chunk of rows
+ * while the running sum of that chunk arrives, adds them and sends them on; the backward gathers
+ * the output gradient around the ring, computing dx's rows and dw's terms as slots arrive.
+ * On the other mesh dims w is replicated and x keeps a shard of a row dim (the gather/scatter
+ * dim only where that mesh dim comes before mesh_dim, so the shards nest); anything else is
+ * replicated first; the output keeps x's placements there (w's gradient is a partial sum over
+ * x's shards).
+ * Uneven shards follow the chunk rule. Traffic counts under DT_COLL_SEND_RECV on mesh_dim, (n-1)/n
+ * of the gathered or scattered bytes per rank (the ring collectives'). x and w share one float
+ * dtype; bf16/f16 compute in f32 copies, results rounded once. Device backends compute in device
+ * memory over the mesh's NCCL plane (or staged through host memory where that plane is MPI);
+ * simulated runs price each step as the larger of its GEMM and its transfer. Errors:
+ * DT_ERR_INVALID_ARG for shapes, dtypes, dims out of range, tensors of two meshes. */
+DT_API dt_status_t dt_all_gather_linear(dt_tensor_t x, dt_tensor_t w, int mesh_dim, int gather_dim,
+                                        dt_tensor_t* out, dt_tensor_t* gathered);
+DT_API dt_status_t dt_linear_reduce_scatter(dt_tensor_t x, dt_tensor_t w, int mesh_dim,
+                                            int scatter_dim, dt_tensor_t* out);
 /* Indexing and routing. */
 DT_API dt_status_t dt_topk(dt_tensor_t x, int64_t k, int dim, dt_tensor_t* values,
                            dt_tensor_t* indices);

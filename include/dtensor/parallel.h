@@ -221,6 +221,22 @@ DT_API dt_status_t dt_ddp_bucket_info(dt_module_t m, int i, int* n_params, int64
  * boundary and its class-sharded logits go straight into the cross-entropy (dt_ag_cross_entropy,
  * or dt_ag_op "cross_entropy" with any reduction), which never gathers them.
  *
+ * Asynchronous TP (async_tp 1 on a colwise or rowwise style; off by default until measured
+ * faster, docs/performance.md): under sequence parallelism the all-gather before a colwise linear
+ * and the reduce-scatter after a rowwise one run as rings whose steps overlap the GEMM
+ * (dt_all_gather_linear, dt_linear_reduce_scatter of dtensor/ops.h). A colwise module whose input
+ * arrives sharded on a row dim over the tp dim (the sequence: give the norm before it no
+ * Replicate output) computes through all_gather_linear; the colwise modules under one parent
+ * that read the same input in one forward of the parent (q, k, v; w1, w3) gather it once, the
+ * first one's ring gathering it while its GEMM runs, the others reading the gathered input (their
+ * input gradients are reduce-scattered in the first one's backward ring). A rowwise module whose
+ * output boundary shards a row dim computes through linear_reduce_scatter (the boundary then has
+ * nothing left to do). Only modules whose one parameter is a 2-dim weight (no bias) run fused;
+ * elsewhere, and for inputs or boundaries of other layouts, a module runs as without the switch.
+ * The module's forward function is replaced (dt_module_set_forward) by one that calls the fused
+ * op or, where it does not apply, the module's own. Results equal the synchronous plan's up to
+ * the order of the sums; the traffic is the same collectives' bytes, counted as send_recv.
+ *
  * Wrap before FSDP/DDP (those then shard or replicate over the other mesh dims). */
 typedef enum dt_tp_kind {
   DT_TP_COLWISE = 1,
@@ -238,6 +254,7 @@ typedef struct dt_tp_style {
   unsigned in_mask, out_mask; /* bit i: in[i] / out[i] applies */
   dt_placement_t in[DT_TP_IO_MAX];
   dt_placement_t out[DT_TP_IO_MAX];
+  int async_tp; /* asynchronous TP (colwise, rowwise; see below); 0 by default */
 } dt_tp_style_t;
 
 /* The styles with their defaults (above). */
@@ -273,9 +290,14 @@ DT_API dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_d
  * output projection colwise, its logits gathered (Replicate) unless loss_parallel. With
  * sequence_parallel the residual stream stays Shard(1) (sequence) between blocks: norms run on
  * sequence shards and hand the attention and MLP an all-gathered input, wo, w2 and the
- * embedding reduce-scatter. A MoE model (cfg->n_experts > 0) gets no MLP entries: its router and
- * experts are left to expert parallelism. Writes up to `cap` entries (16 suffice) and their
- * count. */
+ * embedding reduce-scatter. sequence_parallel DT_TP_SP_ASYNC (2): sequence parallelism with
+ * asynchronous TP: the blocks' norms keep their output sequence-sharded (the attention's and the
+ * dense MLP's colwise linears gather it, overlapped) and every colwise and rowwise style of the
+ * blocks has async_tp set. A MoE model (cfg->n_experts > 0) gets no MLP entries: its router and
+ * experts are left to expert parallelism (its ffn_norm keeps the Replicate output). Writes up to
+ * `cap` entries (16 suffice) and their count. DT_ERR_INVALID_ARG for a sequence_parallel other
+ * than 0, 1 or 2. */
+#define DT_TP_SP_ASYNC 2
 DT_API dt_status_t dt_tp_plan_llama(const dt_llama_config_t* cfg, int sequence_parallel,
                                     int loss_parallel, dt_tp_plan_entry_t* out, int cap, int* n);
 

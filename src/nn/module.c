@@ -286,6 +286,21 @@ const char* dt_module_name(dt_module_t m) {
 }
 void* dt_module_ctx(dt_module_t m) { return dt__module_check(m) == DT_SUCCESS ? m->ctx : NULL; }
 
+static dt_status_t dt__module_set_forward(dt_module_t m, dt_module_forward_fn forward,
+                                          dt_module_forward_fn* old) {
+  DT_CHECK(dt__module_check(m));
+  if (forward == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s': a NULL forward function", m->name);
+  if (old) *old = m->forward;
+  m->forward = forward;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_module_set_forward(dt_module_t m, dt_module_forward_fn forward,
+                                  dt_module_forward_fn* old) {
+  DT_ENTRY_RETURN(dt__module_set_forward(m, forward, old));
+}
+
 static dt_status_t dt__add(dt_module_t m, const char* name, dt_var_t param, dt_module_t child) {
   for (int i = 0; i < m->n; i++) /* unique names; several unnamed children are fine */
     if (strcmp(m->entries[i].name, name) == 0 && (name[0] || param || m->entries[i].param))

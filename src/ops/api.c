@@ -110,6 +110,34 @@ dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int m
   DT_ENTRY_RETURN(dt__opa(DT_OP_RING_ATTENTION, 3, in, 4, a, scale > 0.0 ? 1 : 0, f, out));
 }
 
+static dt_status_t dt__all_gather_linear_impl(dt_tensor_t x, dt_tensor_t w, int mesh_dim,
+                                              int gather_dim, dt_tensor_t* out,
+                                              dt_tensor_t* gathered) {
+  DT_ARG_NOT_NULL(out);
+  const dt_tensor_t in[2] = {x, w};
+  const int64_t a[2] = {mesh_dim, gather_dim};
+  dt_tensor_t outs[2] = {NULL, NULL};
+  DT_CHECK(dt__op_apply(DT_OP_ALL_GATHER_LINEAR, 2, in, 2, a, 0, NULL, 2, outs, NULL));
+  *out = outs[0];
+  if (gathered)
+    *gathered = outs[1];
+  else
+    dt__tensor_free(outs[1]);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_all_gather_linear(dt_tensor_t x, dt_tensor_t w, int mesh_dim, int gather_dim,
+                                 dt_tensor_t* out, dt_tensor_t* gathered) {
+  DT_ENTRY_RETURN(dt__all_gather_linear_impl(x, w, mesh_dim, gather_dim, out, gathered));
+}
+
+dt_status_t dt_linear_reduce_scatter(dt_tensor_t x, dt_tensor_t w, int mesh_dim, int scatter_dim,
+                                     dt_tensor_t* out) {
+  const dt_tensor_t in[2] = {x, w};
+  const int64_t a[2] = {mesh_dim, scatter_dim};
+  DT_ENTRY_RETURN(dt__opa(DT_OP_LINEAR_REDUCE_SCATTER, 2, in, 2, a, 0, NULL, out));
+}
+
 dt_status_t dt_rotary(dt_tensor_t x, int seq_dim, double theta, dt_tensor_t* out) {
   const int64_t a[1] = {seq_dim};
   const double f[1] = {theta};

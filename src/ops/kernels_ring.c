@@ -233,27 +233,35 @@ dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const f
 /* ---------------------------------------------------------------------------------------------
  * the ring */
 
-dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
-                           const dt_local_tensor_t* k, const dt_local_tensor_t* v) {
-  dt_mesh_t mesh = a->mesh;
-  a->n = mesh->shape[a->dim];
-  a->sim = mesh->backend->device == DT_DEVICE_META;
-  a->dev = mesh->backend;
+dt_status_t dt__ring_link_init(dt_mesh_t mesh, int dim, const char* op, dt__ring_link_t* l) {
+  memset(l, 0, sizeof *l);
+  l->mesh = mesh;
+  l->dim = dim;
+  l->n = mesh->shape[dim];
+  l->sim = mesh->backend->device == DT_DEVICE_META;
+  l->dev = mesh->backend;
   /* device memory: computed there when the mesh's NCCL plane carries it, else staged through host
    * memory and the MPI comm (deciding the plane is collective over the mesh: every member runs
-   * this op) */
+   * the op) */
   int nccl = 0;
-  if (!a->sim && dt__backend_is_device(mesh->backend))
+  if (!l->sim && dt__backend_is_device(mesh->backend))
     DT_CHECK(dt__mesh_data_plane(mesh, mesh->backend, &nccl));
-  a->stage = !a->sim && mesh->backend->device != DT_DEVICE_HOST && !nccl;
-  a->comm = nccl ? dt__mesh_data_comm(mesh, mesh->backend, 1u << a->dim)
-                 : dt__mesh_group_comm(mesh, 1u << a->dim);
-  if (a->comm == NULL)
-    return DT_FAIL(DT_ERR_INTERNAL, "%s: no communicator for mesh dim %d", kRingOp, a->dim);
-  a->r = a->comm->rank;
+  l->stage = !l->sim && mesh->backend->device != DT_DEVICE_HOST && !nccl;
+  l->bk = l->stage ? &dt__backend_cpu : mesh->backend;
+  l->comm = nccl ? dt__mesh_data_comm(mesh, mesh->backend, 1u << dim)
+                 : dt__mesh_group_comm(mesh, 1u << dim);
+  if (l->comm == NULL)
+    return DT_FAIL(DT_ERR_INTERNAL, "%s: no communicator for mesh dim %d", op, dim);
+  l->r = l->comm->rank;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
+                           const dt_local_tensor_t* k, const dt_local_tensor_t* v) {
+  DT_CHECK(dt__ring_link_init(a->mesh, a->dim, kRingOp, &a->link));
   a->m = a->balanced ? 2 : 1;
   dt__ring_geom_t* g = &a->g;
-  g->bk = a->stage ? &dt__backend_cpu : mesh->backend;
+  g->bk = a->link.bk;
   g->layout = a->layout;
   g->B = q->shape[0];
   g->H = q->shape[a->hd];
@@ -273,7 +281,7 @@ dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
 /* The chunk ids rank r holds. */
 static int dt__ra_chunks(const dt__ring_call_t* a, int r, int* ids) {
   ids[0] = r;
-  if (a->m == 2) ids[1] = 2 * a->n - 1 - r;
+  if (a->m == 2) ids[1] = 2 * a->link.n - 1 - r;
   return a->m;
 }
 
@@ -301,7 +309,7 @@ static double dt__ra_pair_flops(const dt__ring_call_t* a, int backward) {
   return 2.0 * pairs * (backward ? (double)(3 * g->D + 2 * g->E) : (double)(g->D + g->E));
 }
 
-static int dt__ra_pairs(const dt__ring_call_t* a, int s) { return dt__ra_pairs_of(a, a->r, s); }
+static int dt__ra_pairs(const dt__ring_call_t* a, int s) { return dt__ra_pairs_of(a, a->link.r, s); }
 
 /* The modeled time of rank r's blocks against the shard of rank s. */
 static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int backward) {
@@ -312,11 +320,11 @@ static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int back
 
 /* The simulated time of a step's blocks (and the clock's sums). */
 static double dt__ra_step_us(const dt__ring_call_t* a, int s, int backward) {
-  return dt__ra_step_us_of(a, a->r, s, backward);
+  return dt__ra_step_us_of(a, a->link.r, s, backward);
 }
 
 static void dt__ra_sim_compute(const dt__ring_call_t* a, int s, int backward) {
-  if (!a->sim) return;
+  if (!a->link.sim) return;
   dt__sim_clock_t* ck = dt__sim_clock();
   ck->flops += dt__ra_pair_flops(a, backward) * dt__ra_pairs(a, s);
   ck->ops++;
@@ -329,18 +337,18 @@ static void dt__ra_sim_compute(const dt__ring_call_t* a, int s, int backward) {
  * model's prices (causal blocks make ranks' own sums differ). */
 static int dt__ra_algo(const dt__ring_call_t* a) {
   if (a->algo != DT_RING_AUTO) return a->algo;
-  if (a->n == 1) return DT_RING_RING;
+  if (a->link.n == 1) return DT_RING_RING;
   const unsigned mask = 1u << a->dim;
   const uint64_t kv = (uint64_t)(a->nk + a->nv) * sizeof(float);
   double pa, pb, ga, gb;
-  dt__cost_linear_on(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->n, &pa, &pb);
-  dt__cost_linear_on(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, a->n, &ga, &gb);
+  dt__cost_linear_on(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->link.n, &pa, &pb);
+  dt__cost_linear_on(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, a->link.n, &ga, &gb);
   double ring_max = 0.0, gather_max = 0.0;
-  for (int r = 0; r < a->n; r++) {
-    double ring = 0.0, gather = 2.0 * ga + gb * (double)kv * a->n;
-    for (int t = 0; t < a->n; t++) {
-      const double step = dt__ra_step_us_of(a, r, (r - t + a->n) % a->n, 0);
-      const double xfer = t + 1 < a->n ? pa + pb * (double)kv : 0.0;
+  for (int r = 0; r < a->link.n; r++) {
+    double ring = 0.0, gather = 2.0 * ga + gb * (double)kv * a->link.n;
+    for (int t = 0; t < a->link.n; t++) {
+      const double step = dt__ra_step_us_of(a, r, (r - t + a->link.n) % a->link.n, 0);
+      const double xfer = t + 1 < a->link.n ? pa + pb * (double)kv : 0.0;
       ring += step > xfer ? step : xfer;
       gather += step;
     }
@@ -351,17 +359,8 @@ static int dt__ra_algo(const dt__ring_call_t* a) {
   return ring <= gather ? DT_RING_RING : DT_RING_GATHER;
 }
 
-/* Host scratch counted as "other" memory (the meta backend hands out addresses only). */
-#define DT_RA_MAX_BUFS 16
-typedef struct {
-  dt_backend_t b;
-  void* p[DT_RA_MAX_BUFS];
-  size_t nb[DT_RA_MAX_BUFS];
-  int n;
-} dt__ra_mem_t;
-
-static float* dt__ra_alloc(dt__ra_mem_t* mm, size_t nbytes, int zero) {
-  if (mm->n >= DT_RA_MAX_BUFS) return NULL;
+float* dt__ring_mem_alloc(dt__ring_mem_t* mm, size_t nbytes, int zero) {
+  if (mm->n >= DT_RING_MAX_BUFS) return NULL;
   if (nbytes == 0) nbytes = sizeof(float);
   void* p = dt__backend_alloc(mm->b, nbytes);
   if (p == NULL) return NULL;
@@ -376,7 +375,7 @@ static float* dt__ra_alloc(dt__ra_mem_t* mm, size_t nbytes, int zero) {
   return (float*)p;
 }
 
-static void dt__ra_free_all(dt__ra_mem_t* mm) {
+void dt__ring_mem_free(dt__ring_mem_t* mm) {
   for (int i = mm->n - 1; i >= 0; i--) {
     dt__backend_free(mm->b, mm->p[i], mm->nb[i]);
     dt__mem_count(DT_MEM_OTHER, -(int64_t)mm->nb[i]);
@@ -384,25 +383,21 @@ static void dt__ra_free_all(dt__ra_mem_t* mm) {
   mm->n = 0;
 }
 
-/* A tensor's local shard as host floats: its own memory, or (staged) a host copy in mm (copied
- * in when `in`). NULL when the copy could not be made. */
-static float* dt__ra_host(const dt__ring_call_t* a, dt__ra_mem_t* mm, const dt_local_tensor_t* t,
-                          int in, int* ok) {
-  if (!a->stage) return (float*)t->data;
+float* dt__ring_mem_host(const dt__ring_link_t* l, dt__ring_mem_t* mm, const dt_local_tensor_t* t,
+                         int in, int* ok) {
+  if (!l->stage) return (float*)t->data;
   const size_t nb = sizeof(float) * (size_t)dt__local_numel(t);
-  float* h = dt__ra_alloc(mm, nb, 0);
+  float* h = dt__ring_mem_alloc(mm, nb, 0);
   if (h == NULL ||
-      (in && nb > 0 && a->dev->iface->copy(a->dev, h, t->data, nb, DT_COPY_D2H) != DT_SUCCESS))
+      (in && nb > 0 && l->dev->iface->copy(l->dev, h, t->data, nb, DT_COPY_D2H) != DT_SUCCESS))
     *ok = 0;
   return h;
 }
 
-/* Staged: the host result back into the tensor's memory. */
-static dt_status_t dt__ra_host_out(const dt__ring_call_t* a, const dt_local_tensor_t* t,
-                                  const float* h) {
+dt_status_t dt__ring_mem_out(const dt__ring_link_t* l, const dt_local_tensor_t* t, const float* h) {
   const size_t nb = sizeof(float) * (size_t)dt__local_numel(t);
-  if (!a->stage || nb == 0) return DT_SUCCESS;
-  return a->dev->iface->copy(a->dev, t->data, h, nb, DT_COPY_H2D);
+  if (!l->stage || nb == 0) return DT_SUCCESS;
+  return l->dev->iface->copy(l->dev, t->data, h, nb, DT_COPY_H2D);
 }
 
 /* The blocks of this rank's queries against the shard of rank s (k, v: its buffers). */
@@ -410,7 +405,7 @@ static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const floa
                                      const float* k,
                                      const float* v, float* o, float* m, float* l, float* scr) {
   int cq[2], ck[2];
-  dt__ra_chunks(a, a->r, cq);
+  dt__ra_chunks(a, a->link.r, cq);
   dt__ra_chunks(a, s, ck);
   for (int i = 0; i < a->m; i++)
     for (int j = 0; j < a->m; j++) {
@@ -427,7 +422,7 @@ static dt_status_t dt__ra_bwd_blocks(const dt__ring_call_t* a, int s, const floa
                                      const float* v, const float* go, const float* lse,
                                      const float* dd, float* dq, float* dk, float* dv, float* scr) {
   int cq[2], ck[2];
-  dt__ra_chunks(a, a->r, cq);
+  dt__ra_chunks(a, a->link.r, cq);
   dt__ra_chunks(a, s, ck);
   for (int i = 0; i < a->m; i++)
     for (int j = 0; j < a->m; j++) {
@@ -443,35 +438,27 @@ static void dt__ra_count(const dt__ring_call_t* a, dt_collective_t c, uint64_t n
   dt__count_collective(a->mesh, 1u << a->dim, c, nbytes);
 }
 
-/* One ring exchange in flight: up to two (send to r + 1, receive from r - 1) pairs, counted as one
- * send_recv call; simulated, the time it ends on the simulated clock. */
-typedef struct {
-  int npairs;
-  dt_comm_req_t req[4];
-  double end;
-} dt__ra_xfer_t;
-
-/* Starts an exchange of `count[i]` floats of send[i] into recv[i] (i < npairs <= 2). */
-static dt_status_t dt__ra_start(const dt__ring_call_t* a, dt__ra_xfer_t* x, int npairs,
+dt_status_t dt__ring_xfer_start(const dt__ring_link_t* l, dt__ring_xfer_t* x, int npairs,
                                 const float* const* send, float* const* recv,
-                                const int64_t* count) {
+                                const int64_t* count, const int64_t* rcount) {
   memset(x, 0, sizeof *x);
+  if (rcount == NULL) rcount = count;
   uint64_t nbytes = 0;
   for (int i = 0; i < npairs; i++) nbytes += (uint64_t)count[i] * sizeof(float);
-  dt__ra_count(a, DT_COLL_SEND_RECV, nbytes);
-  if (a->sim) {
-    x->end = dt__sim_collective(a->mesh, 1u << a->dim, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->n,
+  dt__count_collective(l->mesh, 1u << l->dim, DT_COLL_SEND_RECV, nbytes);
+  if (l->sim) {
+    x->end = dt__sim_collective(l->mesh, 1u << l->dim, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, l->n,
                                 nbytes, 1);
     return DT_SUCCESS;
   }
-  dt_comm_t* c = a->comm;
-  const int next = (a->r + 1) % a->n, prev = (a->r + a->n - 1) % a->n;
+  dt_comm_t* c = l->comm;
+  const int next = (l->r + 1) % l->n, prev = (l->r + l->n - 1) % l->n;
   /* one group: NCCL issues the pairs together at group_end, so they run while this step's
-   * blocks compute (MPI posts each at once either way) */
+   * compute does (MPI posts each at once either way) */
   dt_status_t st = c->iface->group_start ? c->iface->group_start(c) : DT_SUCCESS;
   for (int i = 0; i < npairs && st == DT_SUCCESS; i++) {
     x->npairs = i + 1; /* what was posted is waited for, even after a failure */
-    st = c->iface->recv(c, recv[i], count[i], DT_F32, prev, &x->req[2 * i]);
+    st = c->iface->recv(c, recv[i], rcount[i], DT_F32, prev, &x->req[2 * i]);
     if (st == DT_SUCCESS)
       st = c->iface->send(c, send[i], count[i], DT_F32, next, &x->req[2 * i + 1]);
   }
@@ -482,17 +469,16 @@ static dt_status_t dt__ra_start(const dt__ring_call_t* a, dt__ra_xfer_t* x, int 
   return st;
 }
 
-/* Completes an exchange (simulated: waits until its end); the first failure is returned. */
-static dt_status_t dt__ra_finish(const dt__ring_call_t* a, dt__ra_xfer_t* x) {
-  if (a->sim) {
+dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x) {
+  if (l->sim) {
     dt__sim_wait_until(x->end);
     return DT_SUCCESS;
   }
   dt_status_t st = DT_SUCCESS;
   for (int i = 0; i < 2 * x->npairs; i++) {
-    dt_status_t s2 = a->comm->iface->wait(a->comm, &x->req[i]);
+    dt_status_t s2 = l->comm->iface->wait(l->comm, &x->req[i]);
     if (st == DT_SUCCESS) st = s2;
-    a->comm->iface->req_free(&x->req[i]);
+    l->comm->iface->req_free(&x->req[i]);
   }
   x->npairs = 0;
   return st;
@@ -505,28 +491,28 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
                              const dt_local_tensor_t* k, const dt_local_tensor_t* v,
                              const dt_local_tensor_t* o, const dt_local_tensor_t* lse) {
   const dt__ring_geom_t* g = &a->g;
-  const int n = a->n, algo = dt__ra_algo(a);
+  const int n = a->link.n, algo = dt__ra_algo(a);
   const int64_t rows = g->B * g->H * g->S;
   const unsigned mask = 1u << a->dim;
-  dt__ra_mem_t mm = {.b = g->bk};
-  float* scr = dt__ra_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
-  float* l = dt__ra_alloc(&mm, sizeof(float) * (size_t)rows, 1);
+  dt__ring_mem_t mm = {.b = g->bk};
+  float* scr = dt__ring_mem_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
+  float* l = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)rows, 1);
   float *kb = NULL, *vb = NULL, *kb2 = NULL, *vb2 = NULL;
   if (algo == DT_RING_GATHER) {
-    kb = dt__ra_alloc(&mm, sizeof(float) * (size_t)(a->nk * n), 0);
-    vb = dt__ra_alloc(&mm, sizeof(float) * (size_t)(a->nv * n), 0);
+    kb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->nk * n), 0);
+    vb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->nv * n), 0);
   } else if (n > 1) {
-    kb = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
-    vb = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
-    kb2 = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
-    vb2 = dt__ra_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
+    kb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
+    vb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
+    kb2 = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
+    vb2 = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
   }
   int need = 2 + (algo == DT_RING_GATHER ? 2 : n > 1 ? 4 : 0);
   int ok = 1;
-  float *qd = dt__ra_host(a, &mm, q, 1, &ok), *kd = dt__ra_host(a, &mm, k, 1, &ok),
-        *vd = dt__ra_host(a, &mm, v, 1, &ok), *od = dt__ra_host(a, &mm, o, 0, &ok),
-        *m = dt__ra_host(a, &mm, lse, 0, &ok);
-  need += a->stage ? 5 : 0;
+  float *qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok), *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
+        *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok), *od = dt__ring_mem_host(&a->link, &mm, o, 0, &ok),
+        *m = dt__ring_mem_host(&a->link, &mm, lse, 0, &ok);
+  need += a->link.stage ? 5 : 0;
   dt_status_t st = mm.n == need && ok
                        ? DT_SUCCESS
                        : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %zu bytes of scratch", kRingOp,
@@ -534,10 +520,10 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
   /* a rank short of memory must not leave the others in the ring */
   st = dt__mesh_agree(a->mesh, st, kRingOp);
   if (st != DT_SUCCESS) {
-    dt__ra_free_all(&mm);
+    dt__ring_mem_free(&mm);
     return st;
   }
-  if (!a->sim) {
+  if (!a->link.sim) {
     st = g->bk->iface->memset(g->bk, od, 0, sizeof(float) * (size_t)dt__local_numel(o));
     if (st == DT_SUCCESS) st = g->bk->iface->fill(g->bk, m, DT_F32, rows, -INFINITY);
   }
@@ -549,10 +535,10 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
       cv[j] = a->nv;
       dv[j] = a->nv * j;
     }
-    if (!a->sim) {
-      st = a->comm->iface->all_gather_v(a->comm, kd, kb, ck, dk, DT_F32, NULL);
+    if (!a->link.sim) {
+      st = a->link.comm->iface->all_gather_v(a->link.comm, kd, kb, ck, dk, DT_F32, NULL);
       if (st == DT_SUCCESS)
-        st = a->comm->iface->all_gather_v(a->comm, vd, vb, cv, dv, DT_F32, NULL);
+        st = a->link.comm->iface->all_gather_v(a->link.comm, vd, vb, cv, dv, DT_F32, NULL);
     } else {
       dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
                          (uint64_t)(a->nk * n) * sizeof(float), 0);
@@ -563,7 +549,7 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nv * n) * sizeof(float));
     for (int s = 0; s < n && st == DT_SUCCESS; s++) {
       dt__ra_sim_compute(a, s, 0);
-      if (!a->sim)
+      if (!a->link.sim)
         st = dt__ra_fwd_blocks(a, s, qd, kb + a->nk * s, vb + a->nv * s, od, m, l, scr);
     }
   } else {
@@ -571,29 +557,29 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     float* bufk[2] = {kb, kb2};
     float* bufv[2] = {vb, vb2};
     for (int t = 0; t < n && st == DT_SUCCESS; t++) {
-      const int s = (a->r - t + n) % n, more = t + 1 < n;
-      dt__ra_xfer_t x;
+      const int s = (a->link.r - t + n) % n, more = t + 1 < n;
+      dt__ring_xfer_t x;
       if (more) { /* the next shard in while this one's blocks run */
         const float* snd[2] = {cur_k, cur_v};
         float* rcv[2] = {bufk[t % 2], bufv[t % 2]};
         const int64_t cnt[2] = {a->nk, a->nv};
-        st = dt__ra_start(a, &x, 2, snd, rcv, cnt);
+        st = dt__ring_xfer_start(&a->link, &x, 2, snd, rcv, cnt, NULL);
       }
       dt__ra_sim_compute(a, s, 0);
-      if (!a->sim && st == DT_SUCCESS)
+      if (!a->link.sim && st == DT_SUCCESS)
         st = dt__ra_fwd_blocks(a, s, qd, cur_k, cur_v, od, m, l, scr);
       if (more) {
-        dt_status_t w = dt__ra_finish(a, &x);
+        dt_status_t w = dt__ring_xfer_finish(&a->link, &x);
         if (st == DT_SUCCESS) st = w;
         cur_k = bufk[t % 2];
         cur_v = bufv[t % 2];
       }
     }
   }
-  if (st == DT_SUCCESS && !a->sim) st = dt__ring_finish(g, od, m, l, m);
-  if (st == DT_SUCCESS) st = dt__ra_host_out(a, o, od);
-  if (st == DT_SUCCESS) st = dt__ra_host_out(a, lse, m);
-  dt__ra_free_all(&mm);
+  if (st == DT_SUCCESS && !a->link.sim) st = dt__ring_finish(g, od, m, l, m);
+  if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, o, od);
+  if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, lse, m);
+  dt__ring_mem_free(&mm);
   return st;
 }
 
@@ -611,43 +597,43 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
                               const dt_local_tensor_t* lse, const dt_local_tensor_t* dq,
                               const dt_local_tensor_t* dk, const dt_local_tensor_t* dv) {
   const dt__ring_geom_t* g = &a->g;
-  const int n = a->n, algo = dt__ra_algo(a);
+  const int n = a->link.n, algo = dt__ra_algo(a);
   const int64_t rows = g->B * g->H * g->S, nkv = a->nk + a->nv;
   const unsigned mask = 1u << a->dim;
-  dt__ra_mem_t mm = {.b = g->bk};
-  float* scr = dt__ra_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
-  float* dd = dt__ra_alloc(&mm, sizeof(float) * (size_t)rows, 0);
+  dt__ring_mem_t mm = {.b = g->bk};
+  float* scr = dt__ring_mem_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
+  float* dd = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)rows, 0);
   float *all = NULL, *dall = NULL, *kvbuf[2] = {NULL, NULL}, *acc[2] = {NULL, NULL}, *tmp = NULL;
   int need = 2;
   if (algo == DT_RING_GATHER) {
-    all = dt__ra_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 0);
-    dall = dt__ra_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 1);
+    all = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 0);
+    dall = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 1);
     need += 2;
   } else if (n > 1) {
     for (int i = 0; i < 2; i++) {
-      kvbuf[i] = dt__ra_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
-      acc[i] = dt__ra_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+      kvbuf[i] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+      acc[i] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
     }
-    tmp = dt__ra_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+    tmp = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
     need += 5;
   }
   int ok = 1;
-  const float *qd = dt__ra_host(a, &mm, q, 1, &ok), *kd = dt__ra_host(a, &mm, k, 1, &ok),
-              *vd = dt__ra_host(a, &mm, v, 1, &ok), *odat = dt__ra_host(a, &mm, o, 1, &ok),
-              *god = dt__ra_host(a, &mm, go, 1, &ok), *ls = dt__ra_host(a, &mm, lse, 1, &ok);
-  float *dqd = dt__ra_host(a, &mm, dq, 0, &ok), *dkd = dt__ra_host(a, &mm, dk, 0, &ok),
-        *dvd = dt__ra_host(a, &mm, dv, 0, &ok);
-  need += a->stage ? 9 : 0;
+  const float *qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok), *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
+              *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok), *odat = dt__ring_mem_host(&a->link, &mm, o, 1, &ok),
+              *god = dt__ring_mem_host(&a->link, &mm, go, 1, &ok), *ls = dt__ring_mem_host(&a->link, &mm, lse, 1, &ok);
+  float *dqd = dt__ring_mem_host(&a->link, &mm, dq, 0, &ok), *dkd = dt__ring_mem_host(&a->link, &mm, dk, 0, &ok),
+        *dvd = dt__ring_mem_host(&a->link, &mm, dv, 0, &ok);
+  need += a->link.stage ? 9 : 0;
   dt_status_t st = mm.n == need && ok
                        ? DT_SUCCESS
                        : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s (backward): %lld floats of scratch",
                                  kRingOp, (long long)(nkv * (n + 1)));
   st = dt__mesh_agree(a->mesh, st, kRingOp);
   if (st != DT_SUCCESS) {
-    dt__ra_free_all(&mm);
+    dt__ring_mem_free(&mm);
     return st;
   }
-  if (!a->sim) {
+  if (!a->link.sim) {
     dt_backend_t bk = g->bk;
     st = dt__ring_rowdot(g, odat, god, dd);
     if (st == DT_SUCCESS)
@@ -663,8 +649,8 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
         cnt[j] = e;
         dsp[j] = (pass ? a->nk * n : 0) + e * j;
       }
-      if (!a->sim)
-        st = a->comm->iface->all_gather_v(a->comm, pass ? vd : kd, all, cnt, dsp, DT_F32, NULL);
+      if (!a->link.sim)
+        st = a->link.comm->iface->all_gather_v(a->link.comm, pass ? vd : kd, all, cnt, dsp, DT_F32, NULL);
       else
         dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
                            (uint64_t)(e * n) * sizeof(float), 0);
@@ -672,15 +658,15 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
     }
     for (int s = 0; s < n && st == DT_SUCCESS; s++) {
       dt__ra_sim_compute(a, s, 1);
-      if (!a->sim)
+      if (!a->link.sim)
         st = dt__ra_bwd_blocks(a, s, qd, all + a->nk * s, all + a->nk * n + a->nv * s, god, ls, dd,
                                dqd, dall + a->nk * s, dall + a->nk * n + a->nv * s, scr);
     }
     for (int pass = 0; pass < 2 && st == DT_SUCCESS; pass++) { /* the sums of the dk, dv shards */
       const int64_t e = pass ? a->nv : a->nk;
       for (int j = 0; j < n; j++) cnt[j] = e;
-      if (!a->sim)
-        st = a->comm->iface->reduce_scatter_v(a->comm, dall + (pass ? a->nk * n : 0),
+      if (!a->link.sim)
+        st = a->link.comm->iface->reduce_scatter_v(a->link.comm, dall + (pass ? a->nk * n : 0),
                                               pass ? dvd : dkd, cnt, DT_F32, DT_REDUCE_SUM, NULL);
       else
         dt__sim_collective(a->mesh, mask, DT_COLL_REDUCE_SCATTER, DT_ALGO_NATIVE, n,
@@ -688,15 +674,15 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
       dt__ra_count(a, DT_COLL_REDUCE_SCATTER, (uint64_t)(e * n) * sizeof(float));
     }
   } else if (n == 1) {
-    dt__ra_sim_compute(a, a->r, 1);
-    if (!a->sim) st = dt__ra_bwd_blocks(a, a->r, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr);
+    dt__ra_sim_compute(a, a->link.r, 1);
+    if (!a->link.sim) st = dt__ra_bwd_blocks(a, a->link.r, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr);
   } else {
     st = dt__ra_bwd_ring(a, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr, kvbuf, acc, tmp);
   }
-  if (st == DT_SUCCESS) st = dt__ra_host_out(a, dq, dqd);
-  if (st == DT_SUCCESS) st = dt__ra_host_out(a, dk, dkd);
-  if (st == DT_SUCCESS) st = dt__ra_host_out(a, dv, dvd);
-  dt__ra_free_all(&mm);
+  if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, dq, dqd);
+  if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, dk, dkd);
+  if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, dv, dvd);
+  dt__ring_mem_free(&mm);
   return st;
 }
 
@@ -706,35 +692,35 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
                                    const float* vd, const float* god, const float* ls,
                                    const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
                                    float* const* kvbuf, float* const* acc, float* tmp) {
-  const int n = a->n;
+  const int n = a->link.n;
   const int64_t nkv = a->nk + a->nv;
   dt_backend_t bk = a->g.bk;
   dt_status_t st = DT_SUCCESS;
   const float *cur_k = kd, *cur_v = vd;
-  dt__ra_xfer_t kvx, ax; /* ax: the accumulator's receive and send in flight */
+  dt__ring_xfer_t kvx, ax; /* ax: the accumulator's receive and send in flight */
   int acc_inflight = 0;
   for (int t = 0; t < n && st == DT_SUCCESS; t++) {
-    const int s = (a->r - t + n) % n, more = t + 1 < n;
+    const int s = (a->link.r - t + n) % n, more = t + 1 < n;
     float* A = acc[t % 2];
     if (more) {
       const float* snd[2] = {cur_k, cur_v};
       float* rcv[2] = {kvbuf[t % 2], kvbuf[t % 2] + a->nk};
       const int64_t cnt[2] = {a->nk, a->nv};
-      st = dt__ra_start(a, &kvx, 2, snd, rcv, cnt);
+      st = dt__ring_xfer_start(&a->link, &kvx, 2, snd, rcv, cnt, NULL);
     }
     /* this step's contribution to shard s's gradient: straight into the accumulator at t = 0,
      * else into scratch while the accumulator arrives */
     float* into = t == 0 ? A : tmp;
-    if (!a->sim && st == DT_SUCCESS) {
+    if (!a->link.sim && st == DT_SUCCESS) {
       st = bk->iface->memset(bk, into, 0, sizeof(float) * (size_t)nkv);
       if (st == DT_SUCCESS)
         st = dt__ra_bwd_blocks(a, s, qd, cur_k, cur_v, god, ls, dd, dqd, into, into + a->nk, scr);
     }
     dt__ra_sim_compute(a, s, 1);
     if (acc_inflight) { /* the accumulator of shard s (into A) and the previous send */
-      dt_status_t w = dt__ra_finish(a, &ax);
+      dt_status_t w = dt__ring_xfer_finish(&a->link, &ax);
       if (st == DT_SUCCESS) st = w;
-      if (st == DT_SUCCESS && !a->sim)
+      if (st == DT_SUCCESS && !a->link.sim)
         st = bk->iface->reduce(bk, A, A, tmp, DT_F32, nkv, DT_REDUCE_SUM);
       acc_inflight = 0;
     }
@@ -744,21 +730,21 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
       const float* snd[1] = {A};
       float* rcv[1] = {acc[(t + 1) % 2]};
       const int64_t cnt[1] = {nkv};
-      st = dt__ra_start(a, &ax, 1, snd, rcv, cnt);
+      st = dt__ring_xfer_start(&a->link, &ax, 1, snd, rcv, cnt, NULL);
       acc_inflight = 1; /* whatever was posted is completed below */
     }
     if (more) {
-      dt_status_t w = dt__ra_finish(a, &kvx);
+      dt_status_t w = dt__ring_xfer_finish(&a->link, &kvx);
       if (st == DT_SUCCESS) st = w;
       cur_k = kvbuf[t % 2];
       cur_v = kvbuf[t % 2] + a->nk;
     }
   }
   if (acc_inflight) {
-    dt_status_t w = dt__ra_finish(a, &ax);
+    dt_status_t w = dt__ring_xfer_finish(&a->link, &ax);
     if (st == DT_SUCCESS) st = w;
   }
-  if (st == DT_SUCCESS && !a->sim) { /* home: this rank's shard's gradient */
+  if (st == DT_SUCCESS && !a->link.sim) { /* home: this rank's shard's gradient */
     const float* home = acc[n % 2];
     st = bk->iface->copy(bk, dkd, home, sizeof(float) * (size_t)a->nk, DT_COPY_D2D);
     if (st == DT_SUCCESS)

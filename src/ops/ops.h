@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "dtensor/ops.h"
 #include "strategy/strategy.h"
 #include "tensor/tensor.h"
@@ -264,6 +265,8 @@ DT__BACKWARD(dt__bw_to_local);
 DT__BACKWARD(dt__bw_from_local);
 DT__BACKWARD(dt__bw_all_to_all_single);
 DT__BACKWARD(dt__bw_ring_attention); /* src/ops/ring_attention.c */
+DT__BACKWARD(dt__bw_all_gather_linear); /* src/ops/tp_overlap.c */
+DT__BACKWARD(dt__bw_linear_reduce_scatter);
 #undef DT__BACKWARD
 
 /* ---- composite ops (src/ops/loss.c, src/ops/dispatch.c, src/ops/local.c) ------------------ */
@@ -276,6 +279,15 @@ DT__COMPOSITE(dt__to_local_fwd);        /* src/ops/local.c */
 DT__COMPOSITE(dt__from_local_fwd);
 DT__COMPOSITE(dt__all_to_all_single_fwd);
 DT__COMPOSITE(dt__ring_attention_fwd); /* src/ops/ring_attention.c */
+DT__COMPOSITE(dt__all_gather_linear_fwd); /* src/ops/tp_overlap.c */
+DT__COMPOSITE(dt__linear_reduce_scatter_fwd);
+/* Helpers of composite ops (src/ops/tp_overlap.c): x at placements pl (x itself, *owned NULL, or
+ * a redistributed copy, *owned); x as f32 (itself or a cast copy, *owned); *t cast to `to` in
+ * place of itself (the old tensor freed). */
+dt_status_t dt__op_move_to(dt_tensor_t x, const dt_placement_t* pl, dt_tensor_t* y,
+                           dt_tensor_t* owned);
+dt_status_t dt__op_as_f32(dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned);
+dt_status_t dt__op_cast_in_place(dt_tensor_t* t, dt_dtype_t to);
 #undef DT__COMPOSITE
 
 /* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c); *lse_out (may be NULL)
@@ -352,6 +364,57 @@ const dt__ring_rows_t* dt__cuda_ring_rows(void);
 const dt__ring_rows_t* dt__cudaemu_ring_rows(void);
 #define DT_MAX_RANKS_CP 1024 /* ranks along the cp dim */
 
+/* ---- rings over one mesh dim (src/ops/kernels_ring.c): ring attention and the overlapped
+ * tensor-parallel linears (src/ops/tp_overlap.c) pass shards around the ranks of a mesh dim with
+ * point-to-point pairs posted before a step's compute and completed after it. f32 throughout. */
+typedef struct dt__ring_link {
+  dt_mesh_t mesh;
+  int dim;
+  struct dt_comm* comm;
+  int n, r;         /* ranks along the dim, this rank's coordinate */
+  int sim;          /* the meta backend: nothing to compute or move */
+  int stage;        /* a device backend whose data plane is MPI: the shards staged through host
+                     * memory and computed there (over NCCL they stay in device memory) */
+  dt_backend_t dev; /* the tensors' backend */
+  dt_backend_t bk;  /* where the ring computes: dev, or the host's when staged */
+} dt__ring_link_t;
+/* The ring of mesh dim `dim` (collective over the mesh for a device backend: it decides the data
+ * plane). `op` names the caller in messages. */
+dt_status_t dt__ring_link_init(dt_mesh_t mesh, int dim, const char* op, dt__ring_link_t* l);
+/* One exchange in flight: up to two pairs (send to r + 1, receive from r - 1), counted as one
+ * send_recv call; simulated, the time it ends on the simulated clock. */
+typedef struct dt__ring_xfer {
+  int npairs;
+  dt_comm_req_t req[4];
+  double end;
+} dt__ring_xfer_t;
+/* Starts an exchange of count[i] floats of send[i] to r + 1 and of rcount[i] floats from r - 1
+ * into recv[i] (i < npairs <= 2; rcount NULL: count), the pairs one group (NCCL issues them
+ * together at its end). The bytes sent are counted. */
+dt_status_t dt__ring_xfer_start(const dt__ring_link_t* l, dt__ring_xfer_t* x, int npairs,
+                                const float* const* send, float* const* recv,
+                                const int64_t* count, const int64_t* rcount);
+/* Completes an exchange (simulated: waits until its end); the first failure is returned. */
+dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x);
+/* Scratch of a ring call in the computing backend's memory, counted as "other" memory (the meta
+ * backend hands out addresses only); freed together. */
+#define DT_RING_MAX_BUFS 16
+typedef struct dt__ring_mem {
+  dt_backend_t b;
+  void* p[DT_RING_MAX_BUFS];
+  size_t nb[DT_RING_MAX_BUFS];
+  int n;
+} dt__ring_mem_t;
+/* nbytes of scratch (zeroed when `zero`); NULL when out of memory or slots. */
+float* dt__ring_mem_alloc(dt__ring_mem_t* mm, size_t nbytes, int zero);
+void dt__ring_mem_free(dt__ring_mem_t* mm);
+/* An f32 tensor's local shard where the ring computes: its own memory, or (staged) a host copy
+ * in mm (copied in when `in`); *ok cleared when the copy could not be made. */
+float* dt__ring_mem_host(const dt__ring_link_t* l, dt__ring_mem_t* mm, const dt_local_tensor_t* t,
+                         int in, int* ok);
+/* Staged: the host result h back into the tensor's memory (else nothing to do). */
+dt_status_t dt__ring_mem_out(const dt__ring_link_t* l, const dt_local_tensor_t* t, const float* h);
+
 enum { DT_RING_AUTO = 0, DT_RING_RING = 1, DT_RING_GATHER = 2 };
 
 /* One ring_attention call (src/ops/ring_attention.c sets the arguments and placements,
@@ -362,12 +425,7 @@ typedef struct dt__ring_call {
   dt_mesh_t mesh;
   dt_placement_t pl[DT_MAX_MESH_DIMS];     /* q, k, v and o */
   dt_placement_t lse_pl[DT_MAX_MESH_DIMS]; /* the (B, H, S) log-sum-exp */
-  struct dt_comm* comm;
-  int n, r;    /* ranks along the cp dim, this rank's coordinate */
-  int sim;     /* the meta backend: nothing to compute or move */
-  int stage;   /* a device backend whose data plane is MPI: the shards staged through host
-                * memory and computed there (over NCCL they stay in device memory) */
-  dt_backend_t dev; /* the tensors' backend */
+  dt__ring_link_t link; /* the cp dim's ring */
   int m;       /* chunks per rank (2 balanced, else 1) */
   int64_t C;   /* rows per chunk */
   int64_t nk, nv; /* local numel of k and v */

@@ -124,41 +124,6 @@ static dt_status_t dt__ra_plan(dt__ring_call_t* a, dt_tensor_t q, dt_tensor_t k,
   return DT_SUCCESS;
 }
 
-/* x as f32 for the ring's blocks: x itself (*owned NULL) or an f32 copy (*owned). */
-static dt_status_t dt__ra_f32(dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned) {
-  *owned = NULL;
-  *y = x;
-  if (x->dtype == DT_F32) return DT_SUCCESS;
-  const int64_t to = DT_F32;
-  DT_CHECK(dt_op_run("cast", 1, &x, 1, &to, 0, NULL, owned));
-  *y = *owned;
-  return DT_SUCCESS;
-}
-
-/* *t cast to dtype `to` in place of itself (the f32 tensor is freed). */
-static dt_status_t dt__ra_to(dt_tensor_t* t, dt_dtype_t to) {
-  if ((*t)->dtype == to) return DT_SUCCESS;
-  const int64_t ta = to;
-  dt_tensor_t y;
-  DT_CHECK(dt_op_run("cast", 1, t, 1, &ta, 0, NULL, &y));
-  dt__tensor_free(*t);
-  *t = y;
-  return DT_SUCCESS;
-}
-
-/* `x` at the call's placements: x itself (*owned NULL) or a redistributed copy (*owned). */
-static dt_status_t dt__ra_move(const dt__ring_call_t* a, dt_tensor_t x, dt_tensor_t* y,
-                               dt_tensor_t* owned) {
-  *owned = NULL;
-  *y = x;
-  int same = 1;
-  for (int i = 0; i < a->mesh->ndim; i++) same &= dt_placement_equal(x->layout.pl[i], a->pl[i]);
-  if (same) return DT_SUCCESS;
-  DT_CHECK(dt_tensor_redistribute(x, a->pl, owned));
-  *y = *owned;
-  return DT_SUCCESS;
-}
-
 dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
                                    const int64_t* iargs, int n_fargs, const double* fargs,
                                    dt_tensor_t* out, dt_tensor_t* saved) {
@@ -184,7 +149,7 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   /* the inputs' moves run on meta tensors too: a dry run (dtensor-explain) shows them */
   for (int t = 0; t < 3 && st == DT_SUCCESS; t++) {
     dt__trace_input(t); /* a trace names the input being moved */
-    st = dt__ra_move(&a, in[t], &x[t], &mv[t]);
+    st = dt__op_move_to(in[t], a.pl, &x[t], &mv[t]);
   }
   dt__trace_input(-1);
   if (meta) { /* layouts only */
@@ -192,7 +157,7 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
     if (st == DT_SUCCESS && saved) st = dt__tensor_meta(mesh, DT_F32, 3, lshape, a.lse_pl, &lse);
     goto done;
   }
-  for (int t = 0; t < 3 && st == DT_SUCCESS; t++) st = dt__ra_f32(x[t], &x[t], &cv[t]);
+  for (int t = 0; t < 3 && st == DT_SUCCESS; t++) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 4, oshape, a.pl, 0, &o);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 3, lshape, a.lse_pl, 0, &lse);
   /* an output one rank could not allocate must not leave the others in the ring */
@@ -204,7 +169,7 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
     st = dt__ring_setup(&a, &lv[0], &lv[1], &lv[2]);
     if (st == DT_SUCCESS) st = dt__ring_forward(&a, &lv[0], &lv[1], &lv[2], &lv[3], &lv[4]);
   }
-  if (st == DT_SUCCESS) st = dt__ra_to(&o, w);
+  if (st == DT_SUCCESS) st = dt__op_cast_in_place(&o, w);
 done:
   for (int t = 0; t < 3; t++) {
     dt__tensor_free(cv[t]);
@@ -240,8 +205,8 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
     st = meta ? dt__tensor_meta(mesh, src[t]->dtype, 4, src[t]->layout.shape, a.pl, &gr[t])
               : dt__tensor_new(mesh, DT_F32, 4, src[t]->layout.shape, a.pl, 0, &gr[t]);
   if (meta) goto done;
-  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__ra_move(&a, src[t], &x[t], &mv[t]);
-  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__ra_f32(x[t], &x[t], &cv[t]);
+  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__op_move_to(src[t], a.pl, &x[t], &mv[t]);
+  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
   if (mesh->member) st = dt__mesh_agree(mesh, st, kOp); /* as in the forward */
   if (st == DT_SUCCESS && mesh->member) {
     dt_local_tensor_t lv[9];
@@ -253,7 +218,7 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
                              &lv[8]);
   }
   for (int t = 0; t < 3 && st == DT_SUCCESS; t++) /* each gradient in its input's dtype */
-    if (c->needs[t]) st = dt__ra_to(&gr[t], src[t]->dtype);
+    if (c->needs[t]) st = dt__op_cast_in_place(&gr[t], src[t]->dtype);
 done:
   for (int t = 0; t < 5; t++) {
     dt__tensor_free(cv[t]);

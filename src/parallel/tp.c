@@ -17,10 +17,24 @@
 #define TP_KEY "tp"
 #define TP_PATH_MAX 256
 
+/* Asynchronous TP: the colwise linears under one parent (q, k and v under the attention) share
+ * one gathered input per forward of the parent (its "tp.async" attachment). */
+#define TP_ASYNC_KEY "tp.async"
+typedef struct {
+  int active; /* inside the parent's forward */
+  dt_tape_t tape;
+  dt_var_t in, gathered; /* the input a colwise linear gathered, and the gathered variable */
+} tp_shared_t;
+
 /* What a styled module keeps (its "tp" attachment, also the hooks' context). */
 typedef struct {
   dt_tp_style_t style;
   int tp_dim;
+  /* asynchronous: the module's own forward (run where the fused op does not apply), its weight's
+   * name, and the parent's shared gather (colwise; NULL: none) */
+  dt_module_forward_fn inner;
+  char weight[TP_PATH_MAX];
+  tp_shared_t* shared;
 } tp_module_t;
 
 /* One module the plan styles. */
@@ -132,6 +146,135 @@ static dt_status_t tp_post_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_
                                    void* ctx) {
   const tp_module_t* t = ctx;
   return tp_boundary(t, m, tape, n, vars, t->style.out_mask, t->style.out, "output");
+}
+
+static void tp_free(dt_module_t m, void* data);
+
+/* ---- asynchronous tensor parallelism ------------------------------------------------------- */
+
+static dt_status_t tp_shared_open(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars,
+                                  void* ctx) {
+  (void)m;
+  (void)tape;
+  (void)n;
+  (void)vars;
+  tp_shared_t* sh = ctx;
+  memset(sh, 0, sizeof *sh);
+  sh->active = 1;
+  return DT_SUCCESS;
+}
+
+static dt_status_t tp_shared_close(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars,
+                                   void* ctx) {
+  (void)m;
+  (void)tape;
+  (void)n;
+  (void)vars;
+  memset(ctx, 0, sizeof(tp_shared_t));
+  return DT_SUCCESS;
+}
+
+/* dim of placement p on a tensor of nd dims when it is a Shard of a row dim (not the last), else
+ * -1. */
+static int tp_row_shard(dt_placement_t p, int nd) {
+  if (p.kind != DT_SHARD || dt_placement_normalize(&p, nd) != DT_SUCCESS) return -1;
+  return p.dim < nd - 1 ? p.dim : -1;
+}
+
+/* The forward of an asynchronous colwise or rowwise linear: the fused op where its layout asks
+ * for the collective (colwise: an input sharded on a row dim over the tp dim; rowwise: an output
+ * boundary sharding a row dim), else the module's own forward. */
+static dt_status_t tp_async_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                    int n_out, dt_var_t* out) {
+  tp_module_t* t = dt_module_attachment(m, TP_KEY);
+  if (t == NULL || t->inner == NULL)
+    return DT_FAIL(DT_ERR_INTERNAL, "tp: '%s' has no forward of its own", dt_module_name(m));
+  if (n_in != 1 || n_out < 1 || in[0] == NULL) return t->inner(m, tape, n_in, in, n_out, out);
+  dt_var_t w = dt_module_get(m, t->weight);
+  dt_tensor_t xv = dt_var_value(in[0]);
+  if (w == NULL || xv == NULL) return t->inner(m, tape, n_in, in, n_out, out);
+  int nd;
+  dt_placement_t pl[DT_MAX_MESH_DIMS];
+  DT_CHECK(dt_tensor_ndim(xv, &nd));
+  DT_CHECK(dt_tensor_placements(xv, pl));
+  const int64_t tp = t->tp_dim;
+  if (t->style.kind == DT_TP_COLWISE) {
+    const int g = tp_row_shard(pl[t->tp_dim], nd);
+    if (g < 0) return t->inner(m, tape, n_in, in, n_out, out);
+    tp_shared_t* sh = t->shared;
+    if (sh && sh->active && tape != NULL && sh->tape == tape && sh->in == in[0])
+      return t->inner(m, tape, 1, &sh->gathered, n_out, out); /* a sibling gathered it */
+    const dt_var_t io[2] = {in[0], w};
+    const int64_t ia[2] = {tp, g};
+    dt_var_t o2[2];
+    DT_CHECK(dt_ag_op(tape, "all_gather_linear", 2, io, 2, ia, 0, NULL, 2, o2));
+    out[0] = o2[0];
+    if (sh && sh->active && tape != NULL) {
+      sh->tape = tape;
+      sh->in = in[0];
+      sh->gathered = o2[1];
+    }
+    return DT_SUCCESS;
+  }
+  /* rowwise */
+  const int g = (t->style.out_mask & 1u) ? tp_row_shard(t->style.out[0], nd) : -1;
+  if (g < 0) return t->inner(m, tape, n_in, in, n_out, out);
+  const dt_var_t io[2] = {in[0], w};
+  const int64_t ia[2] = {tp, g};
+  return dt_ag_op(tape, "linear_reduce_scatter", 2, io, 2, ia, 0, NULL, 1, out);
+}
+
+/* Whether styled module m runs asynchronously: the style asks, it is colwise or rowwise, has a
+ * forward and no children, and its one parameter is a 2-dim weight (*weight: its name). */
+static int tp_async_fits(dt_module_t m, const dt_tp_style_t* s, char* weight, size_t cap) {
+  if (!s->async_tp || (s->kind != DT_TP_COLWISE && s->kind != DT_TP_ROWWISE)) return 0;
+  int np = 0, nc = 0, nd = 0;
+  dt_var_t v;
+  if (dt_module_num_params(m, &np) != DT_SUCCESS || np != 1) return 0;
+  if (dt_module_num_children(m, &nc) != DT_SUCCESS || nc != 0) return 0;
+  if (dt_module_param_at(m, 0, weight, cap, &v) != DT_SUCCESS) return 0;
+  if (dt_tensor_ndim(dt_var_value(v), &nd) != DT_SUCCESS || nd != 2) return 0;
+  return 1;
+}
+
+/* Makes styled module m asynchronous (see tp_async_fits): its forward replaced, a colwise one's
+ * parent given the shared gather (once). *made_shared: whether this call created the parent's. */
+static dt_status_t tp_async_setup(dt_module_t m, tp_module_t* t, int* made_shared) {
+  *made_shared = 0;
+  if (!tp_async_fits(m, &t->style, t->weight, sizeof t->weight)) return DT_SUCCESS;
+  dt_module_t parent = dt_module_parent(m);
+  if (t->style.kind == DT_TP_COLWISE && parent != NULL) {
+    tp_shared_t* sh = dt_module_attachment(parent, TP_ASYNC_KEY);
+    if (sh == NULL) {
+      sh = calloc(1, sizeof *sh);
+      if (sh == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "tp: the shared gather");
+      dt_status_t st = dt_module_attach(parent, TP_ASYNC_KEY, sh, tp_free);
+      if (st == DT_SUCCESS) st = dt_module_add_forward_pre_hook(parent, tp_shared_open, sh);
+      if (st == DT_SUCCESS) st = dt_module_add_forward_post_hook(parent, tp_shared_close, sh);
+      if (st != DT_SUCCESS) {
+        dt_module_remove_hooks(parent, sh);
+        if (dt_module_attachment(parent, TP_ASYNC_KEY) == sh) dt_module_detach(parent, TP_ASYNC_KEY);
+        free(sh);
+        return st;
+      }
+      *made_shared = 1;
+    }
+    t->shared = sh;
+  }
+  return dt_module_set_forward(m, tp_async_forward, &t->inner);
+}
+
+/* Undoes tp_async_setup. */
+static void tp_async_undo(dt_module_t m, tp_module_t* t, int made_shared) {
+  if (t->inner) dt_module_set_forward(m, t->inner, NULL);
+  t->inner = NULL;
+  dt_module_t parent = dt_module_parent(m);
+  if (made_shared && parent != NULL && t->shared != NULL) {
+    dt_module_remove_hooks(parent, t->shared);
+    dt_module_detach(parent, TP_ASYNC_KEY);
+    free(t->shared);
+  }
+  t->shared = NULL;
 }
 
 static void tp_free(dt_module_t m, void* data) {
@@ -400,6 +543,7 @@ static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
   tp_walk_t walk = {plan, n, NULL, NULL, 0, 0, DT_SUCCESS};
   tp_param_t* ps = NULL;
   tp_module_t** made = NULL;
+  int* made_shared = NULL;
   int nps = 0, cap_ps = 0, n_made = 0;
   dt_status_t st = DT_SUCCESS;
   walk.hits = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
@@ -430,7 +574,8 @@ static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
   /* state and hooks of every styled module */
   if (st == DT_SUCCESS && walk.n > 0) {
     made = calloc((size_t)walk.n, sizeof *made);
-    if (made == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "module state");
+    made_shared = calloc((size_t)walk.n, sizeof *made_shared);
+    if (made == NULL || made_shared == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "module state");
   }
   for (int i = 0; i < walk.n && st == DT_SUCCESS; i++) {
     tp_module_t* t = calloc(1, sizeof *t);
@@ -451,9 +596,11 @@ static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
       st = dt_module_add_forward_pre_hook(tm, tp_pre_forward, t);
     if (st == DT_SUCCESS && t->style.out_mask)
       st = dt_module_add_forward_post_hook(tm, tp_post_forward, t);
+    if (st == DT_SUCCESS) st = tp_async_setup(tm, t, &made_shared[i]);
   }
   if (st != DT_SUCCESS) {
-    for (int i = 0; i < n_made; i++) {
+    for (int i = n_made - 1; i >= 0; i--) {
+      tp_async_undo(walk.t[i].m, made[i], made_shared[i]);
       dt_module_remove_hooks(walk.t[i].m, made[i]);
       dt_module_detach(walk.t[i].m, TP_KEY);
       free(made[i]);
@@ -468,6 +615,7 @@ static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
     }
   }
   free(made);
+  free(made_shared);
   free(ps);
   free(walk.t);
   free(walk.hits);
@@ -487,29 +635,41 @@ static dt_status_t dt__tp_plan_llama(const dt_llama_config_t* cfg, int sequence_
   DT_ARG_NOT_NULL(out);
   DT_ARG_NOT_NULL(n);
   *n = 0;
+  if (sequence_parallel < 0 || sequence_parallel > DT_TP_SP_ASYNC)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tp_plan_llama: sequence_parallel %d (0: none, 1: "
+                   "sequence parallel, %d: with asynchronous TP)", sequence_parallel,
+                   DT_TP_SP_ASYNC);
+  const int async = sequence_parallel == DT_TP_SP_ASYNC;
   dt_tp_plan_entry_t e[16];
   int k = 0;
   /* the stream between blocks: replicated, or sequence shards */
   dt_tp_style_t norm = sequence_parallel ? dt_tp_sequence_parallel(1) : dt_tp_prepare();
   norm.out_mask = 1;
   norm.out[0] = dt_replicate(); /* the gathered input of the attention / MLP / output */
-  dt_tp_style_t row = dt_tp_rowwise(), emb = dt_tp_embedding_rowwise();
+  /* asynchronous: the blocks' norms hand the colwise linears sequence shards (they gather) */
+  dt_tp_style_t bnorm = norm, fnorm = norm;
+  if (async) {
+    bnorm.out[0] = dt_shard(1);
+    if (cfg->n_experts == 0) fnorm.out[0] = dt_shard(1);
+  }
+  dt_tp_style_t row = dt_tp_rowwise(), emb = dt_tp_embedding_rowwise(), col = dt_tp_colwise();
   if (sequence_parallel) row.out[0] = emb.out[0] = dt_shard(1);
+  row.async_tp = col.async_tp = async;
   dt_tp_style_t out_proj = dt_tp_colwise();
   if (!loss_parallel) {
     out_proj.out_mask = 1;
     out_proj.out[0] = dt_replicate();
   }
   e[k++] = (dt_tp_plan_entry_t){"tok_emb", emb};
-  e[k++] = (dt_tp_plan_entry_t){"layers.*.attn_norm", norm};
-  e[k++] = (dt_tp_plan_entry_t){"layers.*.wq", dt_tp_colwise()};
-  e[k++] = (dt_tp_plan_entry_t){"layers.*.wk", dt_tp_colwise()};
-  e[k++] = (dt_tp_plan_entry_t){"layers.*.wv", dt_tp_colwise()};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.attn_norm", bnorm};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.wq", col};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.wk", col};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.wv", col};
   e[k++] = (dt_tp_plan_entry_t){"layers.*.wo", row};
-  e[k++] = (dt_tp_plan_entry_t){"layers.*.ffn_norm", norm};
+  e[k++] = (dt_tp_plan_entry_t){"layers.*.ffn_norm", fnorm};
   if (cfg->n_experts == 0) {
-    e[k++] = (dt_tp_plan_entry_t){"layers.*.w1", dt_tp_colwise()};
-    e[k++] = (dt_tp_plan_entry_t){"layers.*.w3", dt_tp_colwise()};
+    e[k++] = (dt_tp_plan_entry_t){"layers.*.w1", col};
+    e[k++] = (dt_tp_plan_entry_t){"layers.*.w3", col};
     e[k++] = (dt_tp_plan_entry_t){"layers.*.w2", row};
   }
   e[k++] = (dt_tp_plan_entry_t){"norm", norm};

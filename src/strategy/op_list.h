@@ -169,7 +169,12 @@
     0, NULL, dt__all_to_all_single_fwd)                                                                  \
   /* context parallelism (src/ops/ring_attention.c): attention, the sequence sharded on a mesh dim */   \
   X(RING_ATTENTION, "ring_attention", 3, 1, "mesh_dim, causal=0, layout=0, balanced=1, algo=0, "         \
-    "scale:f?", NULL, NULL, dt__bw_ring_attention, 0, NULL, dt__ring_attention_fwd)
+    "scale:f?", NULL, NULL, dt__bw_ring_attention, 0, NULL, dt__ring_attention_fwd)                  \
+  /* asynchronous tensor parallelism (src/ops/tp_overlap.c): a linear and its collective, overlapped */ \
+  X(ALL_GATHER_LINEAR, "all_gather_linear", 2, 2, "mesh_dim, gather_dim=1", NULL, NULL,                 \
+    dt__bw_all_gather_linear, 0, NULL, dt__all_gather_linear_fwd)                                      \
+  X(LINEAR_REDUCE_SCATTER, "linear_reduce_scatter", 2, 1, "mesh_dim, scatter_dim=1", NULL, NULL,        \
+    dt__bw_linear_reduce_scatter, 0, NULL, dt__linear_reduce_scatter_fwd)
 /* clang-format on */
 
 #endif

@@ -147,6 +147,13 @@ static const gen_case_t kGen[] = {
      0, {0, 0, 0, 0, 2}, {0}, 0},
     {"ring_attention", 3, {F, F, F}, {4, 4, 4}, {{1, 8, 2, 4}, {1, 8, 2, 4}, {1, 8, 2, 4}}, {0}, 5,
      0, {0, 1, 1, 1, 1}, {0}, 0},
+    /* asynchronous TP's linears over mesh dim 0: the sequence (dim 1) gathered or scattered,
+     * uneven at np 2 and 4 (7 rows); a dim between the sequence and the features */
+    {"all_gather_linear", 2, {F, F}, {3, 2}, {{2, 7, 5}, {6, 5}}, {0}, 2, 0, {0, 1}, {0}, 0},
+    {"all_gather_linear", 2, {F, F}, {4, 2}, {{1, 8, 3, 4}, {5, 4}}, {0}, 2, 0, {0, 1}, {0}, 0},
+    {"linear_reduce_scatter", 2, {F, F}, {3, 2}, {{2, 7, 8}, {5, 8}}, {0}, 2, 0, {0, 1}, {0}, 0},
+    {"linear_reduce_scatter", 2, {F, F}, {4, 2}, {{1, 8, 3, 4}, {6, 4}}, {0}, 2, 0, {0, -3}, {0},
+     0},
     {"sumsq", 1, {F}, {2}, {{7, 4}}, {0}, 0, 0, {0}, {0}, 0},
     {"scale_", 1, {F}, {2}, {{7, 4}}, {0}, 0, 1, {0}, {-0.75}, 0},
     {"adamw", 5, {F, F, F, F, L}, {2, 2, 2, 2, 0}, {{5, 6}, {5, 6}, {5, 6}, {5, 6}, {0}},

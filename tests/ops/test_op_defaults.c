@@ -98,6 +98,10 @@ static const spec_t kSpecs[] = {
   {"rotary", 1, {{DT_F32, T4(1, 4, 2, 6), F_VAL, 0, 0}}, {NULL}},
   {"ring_attention", 3, {{DT_F32, T4(1, 2, 8, 3), F_VAL, 0, 0}, {DT_F32, T4(1, 2, 8, 3), F_POS, 0, 0},
                          {DT_F32, T4(1, 2, 8, 3), F_VAL, 0, 0}}, {"mesh_dim=0"}},
+  {"all_gather_linear", 2, {{DT_F32, T3(2, 4, 3), F_VAL, 0, 0}, {DT_F32, T2(4, 3), F_VAL, 0, 0}},
+   {"mesh_dim=0"}},
+  {"linear_reduce_scatter", 2, {{DT_F32, T3(2, 4, 4), F_VAL, 0, 0}, {DT_F32, T2(3, 4), F_VAL, 0, 0}},
+   {"mesh_dim=0"}},
   {"view", 1, {{DT_F32, T2(1, 1), F_VAL, 0, 0}}, {NULL}},    /* no shape: 0-d */
   {"reshape", 1, {{DT_F32, T2(1, 1), F_VAL, 0, 0}}, {NULL}}, /* no shape: 0-d */
   {"flatten", 1, {{DT_F32, T3(2, 3, 4), F_VAL, 0, 0}}, {NULL}},

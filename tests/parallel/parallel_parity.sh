@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# parallel_parity.sh - the trainer's parallel configs (--dp, --tp, --ep, --sp, --loss-parallel)
+# parallel_parity.sh - the trainer's parallel configs (--dp, --tp, --ep, --sp, --loss-parallel, --async-tp)
 # against the single-rank run (--parallel none on 1 rank) from the same seed, dense and MoE, on 2,
 # 3, 4 and 8 ranks (FSDP x TP, FSDP x EP, TP x EP, FSDP x TP x EP; FSDP on 3 ranks, where shards
 # are uneven), gradient accumulation (--micro-batches: FSDP 2 micro-batches, DDP 4, reducing after
@@ -15,13 +15,14 @@ MPI=$1 TRAIN=$2 W=$3
 only=" ${PARITY_CONFIGS:-} "
 wanted() { [ "$only" = "  " ] || [[ "$only" == *" $1 "* ]]; }
 mkdir -p "$W"
-common=(--steps 20 --batch 8 --seq 16 --dim 32 --layers 2 --heads 4 --experts 4 --warmup 5)
+steps=${PARITY_STEPS:-20} # fewer under the sanitizers (CI's time): every path still runs
+common=(--steps "$steps" --batch 8 --seq 16 --dim 32 --layers 2 --heads 4 --experts 4 --warmup 5)
 run() { # name np flags...
   local name=$1 np=$2
   shift 2
   "$MPI" --allow-run-as-root --oversubscribe -np "$np" "$TRAIN" "${common[@]}" "$@" \
     --metrics "$W/$name.jsonl" > "$W/$name.log" 2>&1 || { cat "$W/$name.log"; exit 1; }
-  [ "$(wc -l < "$W/$name.jsonl")" -eq 20 ] || { echo "$name: expected 20 steps"; exit 1; }
+  [ "$(wc -l < "$W/$name.jsonl")" -eq "$steps" ] || { echo "$name: expected $steps steps"; exit 1; }
 }
 losses() { sed 's/.*"loss":\([^,]*\),.*/\1/' "$1"; }
 compare() { # a b rtol
@@ -71,6 +72,11 @@ configs=(
   "cp2_tp2_sp 4 dense --cp 2 --tp 2 --sp"
   "cp2_tp2_sp_moe 4 moe --cp 2 --tp 2 --sp --loss-parallel"
   "dp2_cp2_tp2_sp 8 dense --dp 2 --cp 2 --tp 2 --sp --loss-parallel"
+  "tp2_sp_async 2 dense --tp 2 --sp --async-tp"
+  "tp4_sp_lp_async 4 dense --tp 4 --sp --loss-parallel --async-tp"
+  "dp2_tp2_sp_async 4 dense --dp 2 --tp 2 --sp --loss-parallel --async-tp"
+  "tp2_moe_async 2 moe --tp 2 --sp --async-tp"
+  "cp2_tp2_sp_async 4 dense --cp 2 --tp 2 --sp --async-tp"
 )
 for model in dense moe; do run "${model}_np1" 1 --model $model; done
 for c in "${configs[@]}"; do
@@ -166,6 +172,14 @@ for n in cp2_tp2_sp dp2_cp2_tp2_sp; do
     { echo "$n: the residual stream was not sequence-sharded over tp"; grep "mesh dim 0" "$W/$n.log"; exit 1; }
   grep -q "^traffic last step, mesh dim 2 cp: .*send_recv 8 calls" "$W/$n.log" ||
     { echo "$n: no ring over cp"; exit 1; }
+done
+# asynchronous TP: each block's all-gathers and reduce-scatters over tp became rings (send_recv:
+# per dense layer 4 forward (q/k/v's gather, wo's scatter, w1/w3's gather, w2's scatter) and 4
+# backward; MoE layers 2 and 2); what is left of all_gather is outside the blocks
+for n in tp2_sp_async:16 tp4_sp_lp_async:48 dp2_tp2_sp_async:16 tp2_moe_async:8; do
+  wanted "${n%%:*}" || continue
+  grep -q "^traffic last step, mesh dim 0 tp: .*send_recv ${n##*:} calls" "$W/${n%%:*}.log" ||
+    { echo "${n%%:*}: expected ${n##*:} ring steps over tp"; grep "mesh dim 0" "$W/${n%%:*}.log"; exit 1; }
 done
 act() { sed -n 's/^peak_memory_bytes rank 0: .*activations=\([0-9]*\).*/\1/p' "$W/$1.log"; }
 if wanted cp2_tp2 && wanted cp2_tp2_sp; then

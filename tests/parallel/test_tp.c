@@ -13,6 +13,9 @@
  *    gradients for every reduction, with an upstream gradient other than 1;
  *  - FSDP 2 x TP 2 (np 4, a (tp, dp) mesh): parity, and one step's traffic per mesh dim;
  *  - clipping over gradients on two views of the world: the dense norm, one all-reduce;
+ *  - asynchronous TP: parity (sequence + loss parallel, rerun bitwise equal); the MLP with both
+ *    linears async (rings only, the dense results), a biased linear left unfused, the Llama async
+ *    plan's layouts and its bad switches;
  *  - bad input: clear errors and the module unchanged.
  */
 #include <math.h>
@@ -169,10 +172,10 @@ static void test_parity(void) {
   run_t dense = {0, 0, 0, 2, STEPS, 0};
   float ref[STEPS];
   train(&dense, ref);
-  static const char* const what[4] = {"tp", "tp + loss parallel", "tp + sp",
-                                      "tp + sp + loss parallel"};
-  for (int k = 0; k < 4; k++) {
-    run_t r = tp_run(k >= 2, k & 1);
+  static const char* const what[5] = {"tp", "tp + loss parallel", "tp + sp",
+                                      "tp + sp + loss parallel", "tp + async sp + lp"};
+  for (int k = 0; k < 5; k++) {
+    run_t r = tp_run(k == 4 ? DT_TP_SP_ASYNC : k >= 2, k == 4 || (k & 1));
     float l[STEPS], l2[STEPS];
     train(&r, l);
     double w = worst_rel(l, ref, STEPS);
@@ -181,7 +184,7 @@ static void test_parity(void) {
              "last %.5f)\n", what[k], g_world, STEPS, w, l[0], l[STEPS - 1]);
     DT_ASSERT_TRUE(w <= 1e-5, "%s: worst relative difference %.3g above 1e-5", what[k], w);
     DT_ASSERT_TRUE(l[STEPS - 1] < l[0], "%s: the loss did not fall", what[k]);
-    if (k == 0 || k == 3) {
+    if (k == 0 || k == 3 || k == 4) {
       train(&r, l2);
       DT_ASSERT_TRUE(memcmp(l, l2, sizeof l) == 0, "%s: a repeated run differs", what[k]);
     }
@@ -462,6 +465,88 @@ static void test_mlp(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* Asynchronous TP on the two-linear MLP with sequence parallelism: fc1 colwise taking the
+ * input as sequence shards (its boundary Shard(1)), fc2 rowwise handing them back (Shard(1)), both
+ * async: the all-gather and the reduce-scatter become rings (n-1 send_recv each, forward and
+ * backward, nothing else), the results the dense module's. A linear with a bias (dt_linear_create)
+ * styled async runs unfused: the same traffic as without the switch. */
+static void test_async_mlp(void) {
+  enum { B = 2, S = 8, D = 8, F = 16 };
+  dt_mesh_t mesh;
+  int shape[1] = {g_world};
+  DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
+  float xs[B * S * D], y0[B * S * D], g0[B * S * D], y1[B * S * D], g1[B * S * D];
+  for (int i = 0; i < B * S * D; i++) xs[i] = (float)sin(0.29 * i + 0.3);
+  dt_module_t dense = make_mlp(mesh, D, F), tp = make_mlp(mesh, D, F);
+  dt_tp_style_t col = dt_tp_colwise(), row = dt_tp_rowwise();
+  col.in_mask = 1;
+  col.in[0] = dt_shard(1);
+  row.out[0] = dt_shard(1);
+  col.async_tp = row.async_tp = 1;
+  dt_tp_plan_entry_t plan[2] = {{"fc1", col}, {"fc2", row}};
+  DT_ASSERT_OK(dt_parallelize_module(tp, mesh, 0, 2, plan));
+  dt_counters_t cd[2], ct[2];
+  mlp_step(dense, mesh, xs, B, S, D, y0, g0, cd);
+  mlp_step(tp, mesh, xs, B, S, D, y1, g1, ct);
+  double wy = 0, wg = 0;
+  for (int i = 0; i < B * S * D; i++) {
+    wy = fmax(wy, fabs((double)y0[i] - y1[i]));
+    wg = fmax(wg, fabs((double)g0[i] - g1[i]));
+  }
+  DT_ASSERT_TRUE(wy < 1e-5 && wg < 1e-5, "async tp mlp differs: output %.3g, input gradient %.3g",
+                 wy, wg);
+  DT_ASSERT_EQ(ct[0].calls[DT_COLL_SEND_RECV], 2 * (g_world - 1));
+  DT_ASSERT_EQ(ct[1].calls[DT_COLL_SEND_RECV], 4 * (g_world - 1));
+  for (int k = 0; k < DT_COLL_COUNT; k++)
+    if (k != DT_COLL_SEND_RECV && k != DT_COLL_ALL_GATHER) DT_ASSERT_EQ(ct[1].calls[k], 0);
+  /* the one all-gather: the backward of fc1's input boundary (x's gradient back to the leaf's
+   * Replicate); none forward */
+  DT_ASSERT_EQ(ct[0].calls[DT_COLL_ALL_GATHER], 0);
+  DT_ASSERT_EQ(ct[1].calls[DT_COLL_ALL_GATHER], 1);
+  if (g_rank == 0)
+    printf("async mlp colwise + rowwise np %d: %d ring steps forward, %d in all; within %.2g of "
+           "the dense module\n", g_world, 2 * (g_world - 1), 4 * (g_world - 1), fmax(wy, wg));
+  DT_ASSERT_OK(dt_module_destroy(dense));
+  DT_ASSERT_OK(dt_module_destroy(tp));
+  /* a linear with a bias: unfused (the boundary's all-gather forward, no ring) */
+  dt_module_t lin, lin0;
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc", D, D, 1, 7, &lin));
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc", D, D, 1, 7, &lin0));
+  dt_tp_style_t cb = dt_tp_colwise();
+  cb.in_mask = 1;
+  cb.in[0] = dt_shard(1);
+  cb.async_tp = 1;
+  dt_tp_plan_entry_t one[1] = {{"", cb}};
+  DT_ASSERT_OK(dt_parallelize_module(lin, mesh, 0, 1, one));
+  mlp_step(lin0, mesh, xs, B, S, D, y0, g0, cd);
+  mlp_step(lin, mesh, xs, B, S, D, y1, g1, ct);
+  wy = 0;
+  for (int i = 0; i < B * S * D; i++)
+    wy = fmax(wy, fabs((double)y0[i] - y1[i]) + fabs((double)g0[i] - g1[i]));
+  DT_ASSERT_TRUE(wy < 1e-5, "a biased async colwise linear differs by %.3g", wy);
+  DT_ASSERT_EQ(ct[1].calls[DT_COLL_SEND_RECV], 0);
+  DT_ASSERT_OK(dt_module_destroy(lin));
+  DT_ASSERT_OK(dt_module_destroy(lin0));
+  /* the async plan of the Llama model: the blocks' norms keep sequence shards; bad switches */
+  dt_llama_config_t c = model_config(1);
+  dt_tp_plan_entry_t lp[16];
+  int n;
+  DT_ASSERT_OK(dt_tp_plan_llama(&c, DT_TP_SP_ASYNC, 0, lp, 16, &n));
+  int colwise_async = 0;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(lp[i].pattern, "layers.*.attn_norm") == 0)
+      DT_ASSERT_TRUE(dt_placement_equal(lp[i].style.out[0], dt_shard(1)), "attn_norm out");
+    if (strcmp(lp[i].pattern, "norm") == 0)
+      DT_ASSERT_TRUE(dt_placement_equal(lp[i].style.out[0], dt_replicate()), "final norm out");
+    colwise_async += lp[i].style.kind == DT_TP_COLWISE && lp[i].style.async_tp;
+  }
+  DT_ASSERT_EQ(colwise_async, 5); /* wq wk wv w1 w3; not the output projection */
+  DT_ASSERT_STATUS(dt_tp_plan_llama(&c, 3, 0, lp, 16, &n), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_tp_plan_llama(&c, -1, 0, lp, 16, &n), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_module_set_forward(NULL, fwd_linear, NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 /* ---- loss parallel cross-entropy ------------------------------------------------------------ */
 
 /* Loss and logits gradient of cross_entropy(logits placed `pl`, reduction) with an upstream
@@ -716,6 +801,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_corpus_markov(64, 1, 1 << 14, 3, &g_corpus));
   test_bad_input();
   test_mlp();
+  test_async_mlp();
   test_loss_parallel();
   test_clip_two_meshes();
   test_traffic();

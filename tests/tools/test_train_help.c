@@ -34,8 +34,9 @@ static void test_keys_known(void** state) {
     }
   }
   assert_true(n >= 30);
-  assert_int_equal(nswitch, 8); /* bf16_moments, sp, loss_parallel, checkpoint, tie_embeddings,
-                                 * async_checkpoint, resume, estimate_only */
+  assert_int_equal(nswitch, 9); /* bf16_moments, sp, loss_parallel, async_tp, checkpoint,
+                                 * tie_embeddings, async_checkpoint, resume, estimate_only */
+  assert_true(train_opts_is_switch("async_tp"));
   assert_true(train_opts_is_switch("estimate_only") && !train_opts_is_switch("np"));
   assert_true(train_opts_is_switch("resume") && train_opts_is_switch("async_checkpoint"));
   assert_true(train_opts_is_switch("checkpoint") && train_opts_is_switch("loss_parallel"));
