@@ -152,6 +152,10 @@ twin test_memory 2
 twin test_views 2
 twin test_moe_ep 4
 twin test_ring_attention 2
+# asynchronous TP's rings: np 1 computes in device memory (cuBLASLt GEMMs with the rings' strides,
+# over NCCL); np 2 shares the GPU (staged through host memory over MPI)
+twin test_tp_overlap 1
+twin test_tp_overlap 2
 
 # loss parity on one GPU: np 1, 2, 4 (host-staged communication), f32
 step loss_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/nn/loss_parity.sh mpirun \
@@ -173,6 +177,11 @@ if [ "$BACKEND" = cuda ]; then
     step bench_nccl 120 "${MPI[@]}" -np "$ngpu" "$G/bench/bench_nccl" -b 1M -e 256M -n 10 -r 3
     nvr=$(sed -n 's/^nccl_vs_raw=\([^ ]*\) overhead_us=\([^ ]*\) overlap_fraction=\([^ ]*\).*/\1,overhead_us=\2,overlap_fraction=\3/p' \
       "$OUT/bench_nccl.log" 2>/dev/null | tail -n 1)
+  fi
+  # asynchronous TP on and off (one rank per GPU: only with two or more)
+  if [ "$ngpu" -ge 2 ]; then
+    step async_tp 240 env TP="$ngpu" DEVICE=cuda ROUNDS=3 DIM=2048 SEQ=2048 BATCH=2 \
+      bash bench/async_tp.sh "$G"
   fi
   # name dim layers heads batch seq steps
   train_pair() {
