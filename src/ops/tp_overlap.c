@@ -346,6 +346,42 @@ dt_status_t dt__op_cast_in_place(dt_tensor_t* t, dt_dtype_t to) {
   return DT_SUCCESS;
 }
 
+/* x as dtype `to`, element by element, its placements kept (the cast op would first reduce a
+ * Partial x: w's gradient is a partial sum over x's shards, the gathered x's gradient one over
+ * the tp dim): *y is x itself (*owned NULL) or a converted copy (*owned). */
+static dt_status_t dt__tpo_as(dt_tensor_t x, dt_dtype_t to, dt_tensor_t* y, dt_tensor_t* owned) {
+  *owned = NULL;
+  *y = x;
+  if (x->dtype == to) return DT_SUCCESS;
+  dt_tensor_t c;
+  DT_CHECK(dt__tensor_new(x->mesh, to, x->layout.ndim, x->layout.shape, x->layout.pl, 0, &c));
+  dt_local_tensor_t lx, lc;
+  dt__tensor_local_view(x, &lx);
+  dt__tensor_local_view(c, &lc);
+  const int64_t n = dt__local_numel(&lx);
+  dt_backend_t b = x->mesh->backend;
+  dt_status_t st = DT_SUCCESS;
+  if (n > 0 && b->device != DT_DEVICE_META)
+    st = b->iface->convert(b, lx.data, x->dtype, lc.data, to, n);
+  if (st != DT_SUCCESS) {
+    dt__tensor_free(c);
+    return st;
+  }
+  *owned = *y = c;
+  return DT_SUCCESS;
+}
+
+/* *t as dtype `to` in place of itself (the old tensor freed). */
+static dt_status_t dt__tpo_to(dt_tensor_t* t, dt_dtype_t to) {
+  dt_tensor_t y, owned;
+  DT_CHECK(dt__tpo_as(*t, to, &y, &owned));
+  if (owned != NULL) {
+    dt__tensor_free(*t);
+    *t = y;
+  }
+  return DT_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
@@ -435,7 +471,7 @@ static dt_status_t dt__tpo_fwd(int gather, const dt_tensor_t* in, int n_iargs,
       st = dt__tensor_meta(mesh, dtype, a.nd, in[0]->layout.shape, spl, &xs);
     goto done;
   }
-  for (int t = 0; t < 2 && st == DT_SUCCESS; t++) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+  for (int t = 0; t < 2 && st == DT_SUCCESS; t++) st = dt__tpo_as(x[t], DT_F32, &x[t], &cv[t]);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, a.nd, a.yshape, a.ypl, 0, &y);
   if (st == DT_SUCCESS && gather)
     st = dt__tensor_new(mesh, DT_F32, a.nd, in[0]->layout.shape, spl, 0, &xs);
@@ -447,8 +483,8 @@ static dt_status_t dt__tpo_fwd(int gather, const dt_tensor_t* in, int n_iargs,
       st = dt__tpo_fwd_local(&a, x[0], x[1], y, xs);
     }
   }
-  if (st == DT_SUCCESS) st = dt__op_cast_in_place(&y, dtype);
-  if (st == DT_SUCCESS && keep) st = dt__op_cast_in_place(&xs, dtype);
+  if (st == DT_SUCCESS) st = dt__tpo_to(&y, dtype);
+  if (st == DT_SUCCESS && keep) st = dt__tpo_to(&xs, dtype);
 done:
   for (int t = 0; t < 2; t++) {
     dt__tensor_free(cv[t]);
@@ -601,7 +637,7 @@ static dt_status_t dt__tpo_bw(int gather, const dt_grad_ctx_t* c, dt_tensor_t* g
   for (int t = 0; t < 4 && st == DT_SUCCESS; t++)
     if (src[t] != NULL) st = dt__op_move_to(src[t], pls[t], &x[t], &mv[t]);
   for (int t = 0; t < 4 && st == DT_SUCCESS; t++)
-    if (src[t] != NULL) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+    if (src[t] != NULL) st = dt__tpo_as(x[t], DT_F32, &x[t], &cv[t]);
   if (mesh->member) st = dt__mesh_agree(mesh, st, a.op);
   if (st == DT_SUCCESS && mesh->member) {
     st = dt__ring_link_init(mesh, a.d, a.op, &a.l);
@@ -611,7 +647,7 @@ static dt_status_t dt__tpo_bw(int gather, const dt_grad_ctx_t* c, dt_tensor_t* g
     }
   }
   for (int t = 0; t < 2 && st == DT_SUCCESS; t++) /* each gradient in its input's dtype */
-    if (gr[t]) st = dt__op_cast_in_place(&gr[t], c->in[t]->dtype);
+    if (gr[t]) st = dt__tpo_to(&gr[t], c->in[t]->dtype);
 done:
   for (int t = 0; t < 4; t++) {
     dt__tensor_free(cv[t]);
