@@ -282,10 +282,12 @@ DT__COMPOSITE(dt__ring_attention_fwd); /* src/ops/ring_attention.c */
 DT__COMPOSITE(dt__all_gather_linear_fwd); /* src/ops/tp_overlap.c */
 DT__COMPOSITE(dt__linear_reduce_scatter_fwd);
 /* Helpers of composite ops (src/ops/tp_overlap.c): x at placements pl (x itself, *owned NULL, or
- * a redistributed copy, *owned); x as f32 (itself or a cast copy, *owned); *t cast to `to` in
- * place of itself (the old tensor freed). */
+ * a redistributed copy, *owned); x as dtype `to` element by element with its placements kept
+ * (the cast op would reduce a Partial x first: cast is not linear), itself or a converted copy
+ * (*owned); x as f32; *t converted in place of itself (the old tensor freed). */
 dt_status_t dt__op_move_to(dt_tensor_t x, const dt_placement_t* pl, dt_tensor_t* y,
                            dt_tensor_t* owned);
+dt_status_t dt__op_convert(dt_tensor_t x, dt_dtype_t to, dt_tensor_t* y, dt_tensor_t* owned);
 dt_status_t dt__op_as_f32(dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned);
 dt_status_t dt__op_cast_in_place(dt_tensor_t* t, dt_dtype_t to);
 #undef DT__COMPOSITE

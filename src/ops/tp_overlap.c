@@ -326,30 +326,7 @@ dt_status_t dt__op_move_to(dt_tensor_t x, const dt_placement_t* pl, dt_tensor_t*
   return DT_SUCCESS;
 }
 
-dt_status_t dt__op_as_f32(dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned) {
-  *owned = NULL;
-  *y = x;
-  if (x->dtype == DT_F32) return DT_SUCCESS;
-  const int64_t to = DT_F32;
-  DT_CHECK(dt_op_run("cast", 1, &x, 1, &to, 0, NULL, owned));
-  *y = *owned;
-  return DT_SUCCESS;
-}
-
-dt_status_t dt__op_cast_in_place(dt_tensor_t* t, dt_dtype_t to) {
-  if ((*t)->dtype == to) return DT_SUCCESS;
-  const int64_t ta = to;
-  dt_tensor_t y;
-  DT_CHECK(dt_op_run("cast", 1, t, 1, &ta, 0, NULL, &y));
-  dt__tensor_free(*t);
-  *t = y;
-  return DT_SUCCESS;
-}
-
-/* x as dtype `to`, element by element, its placements kept (the cast op would first reduce a
- * Partial x: w's gradient is a partial sum over x's shards, the gathered x's gradient one over
- * the tp dim): *y is x itself (*owned NULL) or a converted copy (*owned). */
-static dt_status_t dt__tpo_as(dt_tensor_t x, dt_dtype_t to, dt_tensor_t* y, dt_tensor_t* owned) {
+dt_status_t dt__op_convert(dt_tensor_t x, dt_dtype_t to, dt_tensor_t* y, dt_tensor_t* owned) {
   *owned = NULL;
   *y = x;
   if (x->dtype == to) return DT_SUCCESS;
@@ -371,10 +348,13 @@ static dt_status_t dt__tpo_as(dt_tensor_t x, dt_dtype_t to, dt_tensor_t* y, dt_t
   return DT_SUCCESS;
 }
 
-/* *t as dtype `to` in place of itself (the old tensor freed). */
-static dt_status_t dt__tpo_to(dt_tensor_t* t, dt_dtype_t to) {
+dt_status_t dt__op_as_f32(dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned) {
+  return dt__op_convert(x, DT_F32, y, owned);
+}
+
+dt_status_t dt__op_cast_in_place(dt_tensor_t* t, dt_dtype_t to) {
   dt_tensor_t y, owned;
-  DT_CHECK(dt__tpo_as(*t, to, &y, &owned));
+  DT_CHECK(dt__op_convert(*t, to, &y, &owned));
   if (owned != NULL) {
     dt__tensor_free(*t);
     *t = y;
@@ -471,7 +451,7 @@ static dt_status_t dt__tpo_fwd(int gather, const dt_tensor_t* in, int n_iargs,
       st = dt__tensor_meta(mesh, dtype, a.nd, in[0]->layout.shape, spl, &xs);
     goto done;
   }
-  for (int t = 0; t < 2 && st == DT_SUCCESS; t++) st = dt__tpo_as(x[t], DT_F32, &x[t], &cv[t]);
+  for (int t = 0; t < 2 && st == DT_SUCCESS; t++) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, a.nd, a.yshape, a.ypl, 0, &y);
   if (st == DT_SUCCESS && gather)
     st = dt__tensor_new(mesh, DT_F32, a.nd, in[0]->layout.shape, spl, 0, &xs);
@@ -483,8 +463,8 @@ static dt_status_t dt__tpo_fwd(int gather, const dt_tensor_t* in, int n_iargs,
       st = dt__tpo_fwd_local(&a, x[0], x[1], y, xs);
     }
   }
-  if (st == DT_SUCCESS) st = dt__tpo_to(&y, dtype);
-  if (st == DT_SUCCESS && keep) st = dt__tpo_to(&xs, dtype);
+  if (st == DT_SUCCESS) st = dt__op_cast_in_place(&y, dtype);
+  if (st == DT_SUCCESS && keep) st = dt__op_cast_in_place(&xs, dtype);
 done:
   for (int t = 0; t < 2; t++) {
     dt__tensor_free(cv[t]);
@@ -637,7 +617,7 @@ static dt_status_t dt__tpo_bw(int gather, const dt_grad_ctx_t* c, dt_tensor_t* g
   for (int t = 0; t < 4 && st == DT_SUCCESS; t++)
     if (src[t] != NULL) st = dt__op_move_to(src[t], pls[t], &x[t], &mv[t]);
   for (int t = 0; t < 4 && st == DT_SUCCESS; t++)
-    if (src[t] != NULL) st = dt__tpo_as(x[t], DT_F32, &x[t], &cv[t]);
+    if (src[t] != NULL) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
   if (mesh->member) st = dt__mesh_agree(mesh, st, a.op);
   if (st == DT_SUCCESS && mesh->member) {
     st = dt__ring_link_init(mesh, a.d, a.op, &a.l);
@@ -647,7 +627,7 @@ static dt_status_t dt__tpo_bw(int gather, const dt_grad_ctx_t* c, dt_tensor_t* g
     }
   }
   for (int t = 0; t < 2 && st == DT_SUCCESS; t++) /* each gradient in its input's dtype */
-    if (gr[t]) st = dt__tpo_to(&gr[t], c->in[t]->dtype);
+    if (gr[t]) st = dt__op_cast_in_place(&gr[t], c->in[t]->dtype);
 done:
   for (int t = 0; t < 4; t++) {
     dt__tensor_free(cv[t]);
