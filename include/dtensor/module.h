@@ -66,8 +66,9 @@ DT_API const char* dt_module_name(dt_module_t m);
 DT_API void* dt_module_ctx(dt_module_t m);
 /* Replaces m's forward function (not its context: the new one reads the same dt_module_ctx)
  * and returns the old one in *old (may be NULL): a wrapper taking over a module's computation
- * calls or restores the old one (tensor parallelism's asynchronous linears do).
- * DT_ERR_INVALID_ARG for a NULL forward. */
+ * calls or restores the old one (tensor parallelism's asynchronous linears do). forward NULL
+ * makes m a container that is not run itself (as dt_module_create with NULL).
+ * DT_ERR_INVALID_ARG for a module that is not live. */
 DT_API dt_status_t dt_module_set_forward(dt_module_t m, dt_module_forward_fn forward,
                                          dt_module_forward_fn* old);
 

@@ -227,8 +227,12 @@ DT_API dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v
  * of the gathered or scattered bytes per rank (the ring collectives'). x and w share one float
  * dtype; bf16/f16 compute in f32 copies, results rounded once. Device backends compute in device
  * memory over the mesh's NCCL plane (or staged through host memory where that plane is MPI);
- * simulated runs price each step as the larger of its GEMM and its transfer. Errors:
- * DT_ERR_INVALID_ARG for shapes, dtypes, dims out of range, tensors of two meshes. */
+ * simulated runs price each step as the larger of its GEMM and its transfer. The default
+ * gather/scatter dim 1 is the sequence of (B, S, ...) inputs (a 2-dim x needs 0). A rank whose step
+ * fails (a kernel error) leaves the others waiting for its transfer until the deadline
+ * (DTENSOR_TIMEOUT_S), as ring attention does; scratch allocation is agreed before the ring.
+ * Errors: DT_ERR_INVALID_ARG for shapes, dtypes, dims out of range, tensors of two meshes;
+ * DT_ERR_UNSUPPORTED for a mesh dim of more than 256 ranks. */
 DT_API dt_status_t dt_all_gather_linear(dt_tensor_t x, dt_tensor_t w, int mesh_dim, int gather_dim,
                                         dt_tensor_t* out, dt_tensor_t* gathered);
 DT_API dt_status_t dt_linear_reduce_scatter(dt_tensor_t x, dt_tensor_t w, int mesh_dim,

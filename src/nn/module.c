@@ -289,8 +289,6 @@ void* dt_module_ctx(dt_module_t m) { return dt__module_check(m) == DT_SUCCESS ? 
 static dt_status_t dt__module_set_forward(dt_module_t m, dt_module_forward_fn forward,
                                           dt_module_forward_fn* old) {
   DT_CHECK(dt__module_check(m));
-  if (forward == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s': a NULL forward function", m->name);
   if (old) *old = m->forward;
   m->forward = forward;
   return DT_SUCCESS;

@@ -70,8 +70,8 @@ static dt_status_t dt__tpo_args(int gather, int n_iargs, const int64_t* iargs, d
   if (nd < 2 || w->layout.ndim != 2 || w->layout.shape[1] != x->layout.shape[nd - 1])
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: x (..., K) of 2 or more dims and w (N, K) expected, "
                    "got x of %d dims (last %lld) and w of %d dims (last %lld)", a->op, nd,
-                   (long long)x->layout.shape[nd - 1], w->layout.ndim,
-                   (long long)w->layout.shape[w->layout.ndim - 1]);
+                   nd > 0 ? (long long)x->layout.shape[nd - 1] : 0LL, w->layout.ndim,
+                   w->layout.ndim > 0 ? (long long)w->layout.shape[w->layout.ndim - 1] : 0LL);
   const int64_t g = g0 < 0 ? g0 + nd : g0;
   if (g < 0 || g >= nd - 1)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %s_dim=%lld (iargs[1]) must be a row dim of x's %d "
@@ -602,6 +602,7 @@ static dt_status_t dt__tpo_bw(int gather, const dt_grad_ctx_t* c, dt_tensor_t* g
   const dt_placement_t* gpl[2] = {a.xpl, a.gwpl};
   /* no gradient of the product: w gets none, x only its gathered copy's (reduce-scattered) */
   const int needs[2] = {c->needs[0], c->needs[1] && gout[0] != NULL};
+  if (!needs[0] && !needs[1]) return DT_SUCCESS;
   int meta = 0;
   for (int t = 0; t < 4; t++) meta |= src[t] != NULL && src[t]->meta;
   dt_status_t st = DT_SUCCESS;

@@ -18,12 +18,14 @@
 #define TP_PATH_MAX 256
 
 /* Asynchronous TP: the colwise linears under one parent (q, k and v under the attention) share
- * one gathered input per forward of the parent (its "tp.async" attachment). */
+ * one gathered input per forward of the parent (its "tp.async" attachment; the parent's forward
+ * is wrapped so that the cache lives exactly as long as one run of it, failed or not). */
 #define TP_ASYNC_KEY "tp.async"
 typedef struct {
   int active; /* inside the parent's forward */
   dt_tape_t tape;
-  dt_var_t in, gathered; /* the input a colwise linear gathered, and the gathered variable */
+  dt_var_t in, gathered;      /* the input a colwise linear gathered, and the gathered variable */
+  dt_module_forward_fn inner; /* the parent's own forward */
 } tp_shared_t;
 
 /* What a styled module keeps (its "tp" attachment, also the hooks' context). */
@@ -152,26 +154,20 @@ static void tp_free(dt_module_t m, void* data);
 
 /* ---- asynchronous tensor parallelism ------------------------------------------------------- */
 
-static dt_status_t tp_shared_open(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars,
-                                  void* ctx) {
-  (void)m;
-  (void)tape;
-  (void)n;
-  (void)vars;
-  tp_shared_t* sh = ctx;
-  memset(sh, 0, sizeof *sh);
+/* The parent's forward: its own, with the shared gather open for exactly that run. */
+static dt_status_t tp_shared_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                                     int n_out, dt_var_t* out) {
+  tp_shared_t* sh = dt_module_attachment(m, TP_ASYNC_KEY);
+  if (sh == NULL || sh->inner == NULL)
+    return DT_FAIL(DT_ERR_INTERNAL, "tp: '%s' has no forward of its own", dt_module_name(m));
+  sh->tape = NULL;
+  sh->in = sh->gathered = NULL;
   sh->active = 1;
-  return DT_SUCCESS;
-}
-
-static dt_status_t tp_shared_close(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars,
-                                   void* ctx) {
-  (void)m;
-  (void)tape;
-  (void)n;
-  (void)vars;
-  memset(ctx, 0, sizeof(tp_shared_t));
-  return DT_SUCCESS;
+  dt_status_t st = sh->inner(m, tape, n_in, in, n_out, out);
+  sh->active = 0;
+  sh->tape = NULL;
+  sh->in = sh->gathered = NULL;
+  return st;
 }
 
 /* dim of placement p on a tensor of nd dims when it is a Shard of a row dim (not the last), else
@@ -193,9 +189,15 @@ static dt_status_t tp_async_forward(dt_module_t m, dt_tape_t tape, int n_in, con
   dt_var_t w = dt_module_get(m, t->weight);
   dt_tensor_t xv = dt_var_value(in[0]);
   if (w == NULL || xv == NULL) return t->inner(m, tape, n_in, in, n_out, out);
-  int nd;
+  int nd, mnd;
+  dt_mesh_t mesh;
   dt_placement_t pl[DT_MAX_MESH_DIMS];
   DT_CHECK(dt_tensor_ndim(xv, &nd));
+  DT_CHECK(dt_tensor_mesh(xv, &mesh));
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  if (t->tp_dim >= mnd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "tp: input 0 of '%s' lives on a mesh of %d dims, the tp "
+                   "dim is %d", dt_module_name(m), mnd, t->tp_dim);
   DT_CHECK(dt_tensor_placements(xv, pl));
   const int64_t tp = t->tp_dim;
   if (t->style.kind == DT_TP_COLWISE) {
@@ -224,8 +226,8 @@ static dt_status_t tp_async_forward(dt_module_t m, dt_tape_t tape, int n_in, con
   return dt_ag_op(tape, "linear_reduce_scatter", 2, io, 2, ia, 0, NULL, 1, out);
 }
 
-/* Whether styled module m runs asynchronously: the style asks, it is colwise or rowwise, has a
- * forward and no children, and its one parameter is a 2-dim weight (*weight: its name). */
+/* Whether styled module m may run asynchronously: the style asks, it is colwise or rowwise, has
+ * no children, and its one parameter is a 2-dim weight (*weight: its name). */
 static int tp_async_fits(dt_module_t m, const dt_tp_style_t* s, char* weight, size_t cap) {
   if (!s->async_tp || (s->kind != DT_TP_COLWISE && s->kind != DT_TP_ROWWISE)) return 0;
   int np = 0, nc = 0, nd = 0;
@@ -237,31 +239,39 @@ static int tp_async_fits(dt_module_t m, const dt_tp_style_t* s, char* weight, si
   return 1;
 }
 
-/* Makes styled module m asynchronous (see tp_async_fits): its forward replaced, a colwise one's
- * parent given the shared gather (once). *made_shared: whether this call created the parent's. */
+/* Makes styled module m asynchronous where it fits (tp_async_fits, and a forward of its own): its
+ * forward replaced, a colwise one's parent (one with a forward) given the shared gather once.
+ * *made_shared: whether this call made the parent's. */
 static dt_status_t tp_async_setup(dt_module_t m, tp_module_t* t, int* made_shared) {
   *made_shared = 0;
   if (!tp_async_fits(m, &t->style, t->weight, sizeof t->weight)) return DT_SUCCESS;
-  dt_module_t parent = dt_module_parent(m);
-  if (t->style.kind == DT_TP_COLWISE && parent != NULL) {
-    tp_shared_t* sh = dt_module_attachment(parent, TP_ASYNC_KEY);
-    if (sh == NULL) {
-      sh = calloc(1, sizeof *sh);
-      if (sh == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "tp: the shared gather");
-      dt_status_t st = dt_module_attach(parent, TP_ASYNC_KEY, sh, tp_free);
-      if (st == DT_SUCCESS) st = dt_module_add_forward_pre_hook(parent, tp_shared_open, sh);
-      if (st == DT_SUCCESS) st = dt_module_add_forward_post_hook(parent, tp_shared_close, sh);
-      if (st != DT_SUCCESS) {
-        dt_module_remove_hooks(parent, sh);
-        if (dt_module_attachment(parent, TP_ASYNC_KEY) == sh) dt_module_detach(parent, TP_ASYNC_KEY);
-        free(sh);
-        return st;
-      }
-      *made_shared = 1;
-    }
-    t->shared = sh;
+  DT_CHECK(dt_module_set_forward(m, tp_async_forward, &t->inner));
+  if (t->inner == NULL) { /* a container: nothing to take over */
+    dt_module_set_forward(m, NULL, NULL);
+    return DT_SUCCESS;
   }
-  return dt_module_set_forward(m, tp_async_forward, &t->inner);
+  dt_module_t parent = dt_module_parent(m);
+  if (t->style.kind != DT_TP_COLWISE || parent == NULL) return DT_SUCCESS;
+  tp_shared_t* sh = dt_module_attachment(parent, TP_ASYNC_KEY);
+  if (sh == NULL) {
+    sh = calloc(1, sizeof *sh);
+    if (sh == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "tp: the shared gather");
+    dt_status_t st = dt_module_set_forward(parent, tp_shared_forward, &sh->inner);
+    if (st != DT_SUCCESS || sh->inner == NULL) { /* a parent without a forward: no sharing */
+      if (st == DT_SUCCESS) dt_module_set_forward(parent, NULL, NULL);
+      free(sh);
+      return st;
+    }
+    st = dt_module_attach(parent, TP_ASYNC_KEY, sh, tp_free);
+    if (st != DT_SUCCESS) {
+      dt_module_set_forward(parent, sh->inner, NULL);
+      free(sh);
+      return st;
+    }
+    *made_shared = 1;
+  }
+  t->shared = sh;
+  return DT_SUCCESS;
 }
 
 /* Undoes tp_async_setup. */
@@ -270,7 +280,7 @@ static void tp_async_undo(dt_module_t m, tp_module_t* t, int made_shared) {
   t->inner = NULL;
   dt_module_t parent = dt_module_parent(m);
   if (made_shared && parent != NULL && t->shared != NULL) {
-    dt_module_remove_hooks(parent, t->shared);
+    dt_module_set_forward(parent, t->shared->inner, NULL);
     dt_module_detach(parent, TP_ASYNC_KEY);
     free(t->shared);
   }

@@ -15,7 +15,8 @@
  *  - clipping over gradients on two views of the world: the dense norm, one all-reduce;
  *  - asynchronous TP: parity (sequence + loss parallel, rerun bitwise equal); the MLP with both
  *    linears async (rings only, the dense results), a biased linear left unfused, the Llama async
- *    plan's layouts and its bad switches;
+ *    plan's layouts and its bad switches; two colwise siblings share one gather per forward of
+ *    their parent, and after a forward that failed between them one alone gathers for itself;
  *  - bad input: clear errors and the module unchanged.
  */
 #include <math.h>
@@ -465,6 +466,77 @@ static void test_mlp(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* Two colwise linears "a", "b" reading the parent's input (as q and k do); the parent fails
+ * between them when g_pair_fail is set. */
+static int g_pair_fail;
+static dt_status_t fwd_pair(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                            int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)n_out;
+  dt_module_t a, b;
+  dt_var_t ya, yb;
+  DT_CHECK(dt_module_child(m, 0, &a));
+  DT_CHECK(dt_module_child(m, 1, &b));
+  DT_CHECK(dt_module_forward(a, tape, 1, in, 1, &ya));
+  if (g_pair_fail) return DT_FAIL(DT_ERR_INVALID_ARG, "pair: failing on purpose");
+  DT_CHECK(dt_module_forward(b, tape, 1, in, 1, &yb));
+  dt_var_t ab[2] = {ya, yb};
+  return dt_ag_op(tape, "add", 2, ab, 0, NULL, 0, NULL, 1, out);
+}
+
+/* The shared gather: a and b under one parent gather once per forward of the parent; after a
+ * forward that failed between them (a tape reset since), b called alone gathers for itself. */
+static void test_async_shared(void) {
+  enum { B = 2, S = 8, D = 8 };
+  dt_mesh_t mesh;
+  int shape[1] = {g_world};
+  DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
+  dt_module_t pair, a, b;
+  DT_ASSERT_OK(dt_module_create("pair", fwd_pair, NULL, &pair));
+  DT_ASSERT_OK(dt_module_create("a", fwd_linear, NULL, &a));
+  DT_ASSERT_OK(dt_module_create("b", fwd_linear, NULL, &b));
+  const int64_t ws[2] = {D, D}, xs[3] = {B, S, D};
+  dt_var_t wa, wb;
+  DT_ASSERT_OK(dt_nn_param(mesh, NULL, "a", 2, ws, DT_INIT_NORMAL, 0.2, 3, &wa));
+  DT_ASSERT_OK(dt_nn_param(mesh, NULL, "b", 2, ws, DT_INIT_NORMAL, 0.2, 4, &wb));
+  DT_ASSERT_OK(dt_module_add_param(a, "", wa));
+  DT_ASSERT_OK(dt_module_add_param(b, "", wb));
+  DT_ASSERT_OK(dt_module_add_child(pair, a));
+  DT_ASSERT_OK(dt_module_add_child(pair, b));
+  dt_tp_style_t col = dt_tp_colwise();
+  col.async_tp = 1;
+  dt_tp_plan_entry_t plan[2] = {{"a", col}, {"b", col}};
+  DT_ASSERT_OK(dt_parallelize_module(pair, mesh, 0, 2, plan));
+  const dt_placement_t seq[1] = {dt_shard(1)};
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_counters_t c;
+  for (int round = 0; round < 3; round++) {
+    dt_tensor_t xt;
+    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 3, xs, seq, &xt));
+    dt_var_t x, y;
+    DT_ASSERT_OK(dt_var_leaf(xt, 1, &x));
+    DT_ASSERT_OK(dt_counters_reset(mesh));
+    g_pair_fail = round == 1;
+    if (round == 2) { /* after the failed forward and a reset: b alone gathers */
+      DT_ASSERT_OK(dt_module_forward(b, tape, 1, &x, 1, &y));
+    } else if (round == 1) {
+      DT_ASSERT_STATUS(dt_module_forward(pair, tape, 1, &x, 1, &y), DT_ERR_INVALID_ARG);
+    } else {
+      DT_ASSERT_OK(dt_module_forward(pair, tape, 1, &x, 1, &y));
+    }
+    DT_ASSERT_OK(dt_counters_get(mesh, &c));
+    DT_ASSERT_EQ(c.calls[DT_COLL_SEND_RECV], g_world - 1); /* one ring, a's or b's own */
+    DT_ASSERT_EQ(c.calls[DT_COLL_ALL_GATHER], 0);
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    DT_ASSERT_OK(dt_var_destroy(x));
+  }
+  g_pair_fail = 0;
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_module_destroy(pair));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 /* Asynchronous TP on the two-linear MLP with sequence parallelism: fc1 colwise taking the
  * input as sequence shards (its boundary Shard(1)), fc2 rowwise handing them back (Shard(1)), both
  * async: the all-gather and the reduce-scatter become rings (n-1 send_recv each, forward and
@@ -802,6 +874,7 @@ int main(int argc, char** argv) {
   test_bad_input();
   test_mlp();
   test_async_mlp();
+  test_async_shared();
   test_loss_parallel();
   test_clip_two_meshes();
   test_traffic();
