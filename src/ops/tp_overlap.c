@@ -444,10 +444,9 @@ static dt_status_t dt__tpo_fwd(int gather, const dt_tensor_t* in, int n_iargs,
     st = dt__op_move_to(in[t], pls[t], &x[t], &mv[t]);
   }
   dt__trace_input(-1);
-  const int keep = gather; /* the gathered x: all_gather_linear's second output */
   if (meta) { /* layouts only */
     if (st == DT_SUCCESS) st = dt__tensor_meta(mesh, dtype, a.nd, a.yshape, a.ypl, &y);
-    if (st == DT_SUCCESS && keep)
+    if (st == DT_SUCCESS && gather) /* the gathered x: all_gather_linear's second output */
       st = dt__tensor_meta(mesh, dtype, a.nd, in[0]->layout.shape, spl, &xs);
     goto done;
   }
@@ -464,17 +463,14 @@ static dt_status_t dt__tpo_fwd(int gather, const dt_tensor_t* in, int n_iargs,
     }
   }
   if (st == DT_SUCCESS) st = dt__op_cast_in_place(&y, dtype);
-  if (st == DT_SUCCESS && keep) st = dt__op_cast_in_place(&xs, dtype);
+  if (st == DT_SUCCESS && gather) st = dt__op_cast_in_place(&xs, dtype);
 done:
   for (int t = 0; t < 2; t++) {
     dt__tensor_free(cv[t]);
     dt__tensor_free(mv[t]);
   }
-  if (st != DT_SUCCESS || !keep) {
-    dt__tensor_free(xs);
-    xs = NULL;
-  }
   if (st != DT_SUCCESS) {
+    dt__tensor_free(xs);
     dt__tensor_free(y);
     return st;
   }
@@ -499,8 +495,7 @@ dt_status_t dt__linear_reduce_scatter_fwd(int n_in, const dt_tensor_t* in, int n
   (void)n_in;
   (void)n_fargs;
   (void)fargs;
-  if (saved) *saved = NULL;
-  return dt__tpo_fwd(0, in, n_iargs, iargs, out, NULL);
+  return dt__tpo_fwd(0, in, n_iargs, iargs, out, saved);
 }
 
 /* ---------------------------------------------------------------------------------------------
