@@ -64,7 +64,10 @@
  * the ep ranks are the dp dim itself; with D > 1 the experts live on a second view of the world,
  * the expert mesh (tp, ep, efsdp) = (T, E, D) (torchtitan's, fsdp x tp = efsdp x ep x tp),
  * where position (t, e, f) is the dense mesh's (t, f E + e): the experts are Shard(0) on ep and
- * FSDP-sharded over efsdp (one group per layer's experts, inside the block's group).
+ * FSDP-sharded over efsdp (one group per layer's experts, inside the block's group). A MoE layer
+ * takes its tokens sequence-sharded over tp (each tp rank routes and computes its own); without
+ * --ep its experts are whole on every rank, so with FSDP they form a group of their own over
+ * (tp, dp[, cp]) flattened (tp is a data dim for them).
  * --cp C (context parallelism, dt_llama_set_context_parallel) adds a cp dim: the mesh is
  * (tp, dp, cp), rank (d C + c) T + t; each sequence is permuted on the host to the load-balanced
  * order (2 C chunks, rank c holds c and 2 C - 1 - c; --seq a multiple of 2 C) and sharded over
@@ -409,15 +412,24 @@ static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt
   dt_fsdp_config_t efc = fc; /* the experts: over efsdp (dim 2) of the expert mesh, and its cp
                              * dim (3) when there is one */
   efc.shard_dim = 2;
+  /* MoE under TP without expert parallelism: the experts are whole on every tp rank, each rank
+   * computing them on its own tokens, so tp is a data dim for them: a group of their own over
+   * (tp, dp[, cp]) flattened holds 1/(T D CP) of their parameters, gradients and optimizer state
+   * per rank, and reduce-scatters their gradients (partial over tp as over dp) in one collective */
+  const int tp_experts = emesh == NULL && !strcmp(o->model, "moe") && o->tp > 1 && o->ep <= 1;
+  dt_fsdp_config_t tfc = fc;
+  tfc.shard_dim = 0;
+  tfc.shard_span = fc.shard_span + 1;
   for (int l = 0; l < layers; l++) {
     char path[48];
     dt_module_t blk;
     dt_status_t st = DT_SUCCESS;
-    if (emesh != NULL) {
+    if (emesh != NULL || tp_experts) {
       snprintf(path, sizeof path, "layers.%d.experts", l);
       st = dt_module_find(root, path, &blk);
-      dt_fsdp_config_t ec = l == layers - 1 ? keep_gathered(efc) : efc;
-      if (st == DT_SUCCESS) st = dt_fully_shard(blk, emesh, &ec);
+      dt_fsdp_config_t ec = emesh != NULL ? efc : tfc;
+      if (l == layers - 1) ec = keep_gathered(ec);
+      if (st == DT_SUCCESS) st = dt_fully_shard(blk, emesh != NULL ? emesh : mesh, &ec);
     }
     snprintf(path, sizeof path, "layers.%d", l);
     if (st == DT_SUCCESS) st = dt_module_find(root, path, &blk);
@@ -1021,6 +1033,8 @@ int train_main(int argc, char** argv) {
         if (ms.expert_parallel_dim >= 0)
           printf("# moe: expert parallel over mesh dim %d (experts Shard(0) there)",
                  ms.expert_parallel_dim);
+        else if (ms.local_routing)
+          printf("# moe: each rank routes its own tokens (experts whole on every rank)");
         else
           printf("# moe: global routing");
         printf("; %lld routing choices, %lld dropped\n", (long long)ms.assignments,

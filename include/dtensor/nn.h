@@ -143,6 +143,8 @@ typedef struct dt_moe_stats {
                           parallelism; the last layer's in a sum) */
   int expert_parallel_dim; /* the mesh dim the experts are Shard(0) on, -1 without expert
                               parallelism */
+  int local_routing;       /* 1: each rank routed its own tokens (split tokens: expert
+                              parallelism, or rows Shard(0) beside whole experts); 0: global */
 } dt_moe_stats_t;
 
 /* Routed mixture of SwiGLU experts on x (N, D). The router (E, D) gives softmax probabilities,
@@ -167,10 +169,16 @@ typedef struct dt_moe_stats {
  * x's ranks (an expert mesh such as (ep, efsdp) next to the tokens' (dp) mesh, as torchtitan
  * builds them): x keeps its placements, the ranks along the experts' Shard(0) dim must hold
  * different tokens (DT_ERR_INVALID_ARG otherwise), and the experts' gradients are summed over
- * the expert mesh's other dims where their ranks hold different tokens. Otherwise the routing is global
- * (Replicate) and x, the weights and the output are placed as the ops' rules allow (experts
- * sharded on their hidden dim for tensor parallelism: w1/w3 Shard(1), w2 Shard(2)). Dropless,
- * both give the same result. Collective over the mesh. */
+ * the expert mesh's other dims where their ranks hold different tokens.
+ * Split tokens beside whole experts: when x's rows arrive Shard(0) on some mesh dims (a batch
+ * split by data parallelism, a sequence split by sequence or tensor parallelism) and every rank
+ * holds every expert whole (w1, w3, w2 Replicate on one mesh), each rank routes and computes its
+ * own tokens with no communication (*out keeps x's placements; the experts' and the router's
+ * gradients are Partial(sum) over the splitting dims; a capacity applies per rank, as under
+ * expert parallelism). Otherwise the routing is global (Replicate) and x, the weights and the
+ * output are placed as the ops' rules allow (experts sharded on their hidden dim for tensor
+ * parallelism: w1/w3 Shard(1), w2 Shard(2)). Dropless, all give the same result. Collective
+ * over the mesh. */
 DT_API dt_status_t dt_nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_var_t w1,
                              dt_var_t w3, dt_var_t w2, int top_k, double capacity_factor,
                              double aux_coef, dt_var_t* out, dt_var_t* aux,

@@ -294,7 +294,11 @@ DT_API dt_status_t dt_parallelize_module(dt_module_t m, dt_mesh_t mesh, int tp_d
  * asynchronous TP: the blocks' norms keep their output sequence-sharded (the attention's and the
  * dense MLP's colwise linears gather it, overlapped) and every colwise and rowwise style of the
  * blocks has async_tp set. A MoE model (cfg->n_experts > 0) gets no MLP entries: its router and
- * experts are left to expert parallelism (its ffn_norm keeps the Replicate output). Writes up to
+ * experts stay whole on every tp rank (or are left to expert parallelism), and its ffn_norm
+ * hands the layer sequence shards (Shard(1)) in every mode, so that each tp rank routes and
+ * computes only its own tokens (dt_nn_moe; the experts' and the router's gradients are summed
+ * over tp); without sequence parallelism the block's output is gathered after the residual add
+ * (ffn_norm's Replicate output before). Writes up to
  * `cap` entries (16 suffice) and their count. DT_ERR_INVALID_ARG for a sequence_parallel other
  * than 0, 1 or 2. */
 #define DT_TP_SP_ASYNC 2

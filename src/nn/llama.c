@@ -248,25 +248,89 @@ static dt_status_t dt__fwd_experts(dt_module_t m, dt_tape_t tape, int n_in, cons
   model->moe_stats.expert_rows += st.expert_rows;
   model->moe_stats.capacity = st.capacity;
   model->moe_stats.expert_parallel_dim = st.expert_parallel_dim;
+  model->moe_stats.local_routing = st.local_routing;
   return DT_SUCCESS;
 }
 
-/* (B, S, D) -> (ff (B, S, D), aux) */
+/* The tokens x (B, S, D) as rows (B S, D) for the experts, a view where the batch or the
+ * sequence is split: each rank's (b, s, D) block becomes its rows, placed Shard(0) on every mesh
+ * dim that splits dim 0 or 1 (data, sequence or tensor parallelism), so that the experts route
+ * each rank's own tokens with no communication (dt_nn_moe). The rows' global order is then the
+ * ranks' blocks', which a per-token layer does not see. Only for even shards (each block the
+ * rows' chunk on every rank, decided from the global shapes alike on every rank) and no Partial
+ * or feature shard; else (*viewed 0) a reshape, which moves what the placements need. */
+static dt_status_t dt__moe_rows(dt_tape_t tape, dt_var_t x, dt_var_t* rows, int* viewed) {
+  dt_tensor_t xv = dt_var_value(x);
+  dt_mesh_t mesh;
+  int mnd, msh[DT_MAX_MESH_DIMS];
+  int64_t gs[DT_MAX_DIMS], ls[DT_MAX_DIMS], split[2] = {1, 1};
+  dt_placement_t xp[DT_MAX_MESH_DIMS], rp[DT_MAX_MESH_DIMS];
+  dt_dtype_t dt;
+  DT_CHECK(dt_tensor_mesh(xv, &mesh));
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  DT_CHECK(dt_mesh_shape(mesh, msh));
+  DT_CHECK(dt_tensor_shape(xv, gs));
+  DT_CHECK(dt_tensor_local_shape(xv, ls));
+  DT_CHECK(dt_tensor_placements(xv, xp));
+  DT_CHECK(dt_tensor_dtype(xv, &dt));
+  const int64_t nd2[2] = {gs[0] * gs[1], gs[2]};
+  int ok = 1, any = 0;
+  for (int i = 0; i < mnd; i++) {
+    const int rowdim = xp[i].kind == DT_SHARD && (xp[i].dim == 0 || xp[i].dim == 1);
+    ok &= rowdim || xp[i].kind == DT_REPLICATE;
+    if (rowdim) split[xp[i].dim] *= msh[i];
+    any |= rowdim;
+    rp[i] = rowdim ? dt_shard(0) : dt_replicate();
+  }
+  *viewed = ok && any && gs[0] % split[0] == 0 && gs[1] % split[1] == 0;
+  if (!*viewed) return dt_ag_op(tape, "reshape", 1, &x, 2, nd2, 0, NULL, 1, rows);
+  const int64_t lrows[2] = {ls[0] * ls[1], ls[2]};
+  dt_var_t xl, like;
+  dt_tensor_t lt;
+  DT_CHECK(dt_ag_to_local(tape, x, NULL, &xl));
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &xl, 2, lrows, 0, NULL, 1, &xl));
+  DT_CHECK(dt_tensor_meta(mesh, dt, 2, nd2, rp, &lt));
+  dt_status_t st = dt_tape_constant(tape, lt, &like);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(lt);
+    return st;
+  }
+  return dt_ag_from_local(tape, xl, like, rows);
+}
+
+/* (B, S, D) -> (ff (B, S, D) placed as the input, aux) */
 static dt_status_t dt__fwd_moe(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
                                int n_out, dt_var_t* out) {
   (void)n_in;
   (void)n_out;
-  int64_t bsd[DT_MAX_DIMS];
-  DT_CHECK(dt_tensor_shape(dt_var_value(in[0]), bsd));
-  const int64_t nd2[2] = {bsd[0] * bsd[1], bsd[2]};
+  dt_tensor_t xv = dt_var_value(in[0]);
+  int64_t bsd[DT_MAX_DIMS], ls[DT_MAX_DIMS];
+  DT_CHECK(dt_tensor_shape(xv, bsd));
   dt_module_t experts;
   DT_CHECK(dt_module_find(m, "experts", &experts));
   dt_var_t xr[2], f[2];
-  DT_CHECK(dt_ag_op(tape, "reshape", 1, &in[0], 2, nd2, 0, NULL, 1, &xr[0]));
+  int viewed;
+  DT_CHECK(dt__moe_rows(tape, in[0], &xr[0], &viewed));
   xr[1] = dt_module_get(m, "router");
   DT_CHECK(dt_module_forward(experts, tape, 2, xr, 2, f));
   out[1] = f[1];
-  return dt_ag_op(tape, "reshape", 1, &f[0], 3, bsd, 0, NULL, 1, &out[0]);
+  if (!viewed) return dt_ag_op(tape, "reshape", 1, &f[0], 3, bsd, 0, NULL, 1, &out[0]);
+  /* back: the rows in the view's placements (the experts keep them; brought there if a layout
+   * of theirs moved them), each rank's block reshaped as the input's */
+  dt_placement_t rp[DT_MAX_MESH_DIMS], fp[DT_MAX_MESH_DIMS];
+  dt_mesh_t mesh;
+  int mnd, same = 1;
+  DT_CHECK(dt_tensor_mesh(xv, &mesh));
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  DT_CHECK(dt_tensor_placements(dt_var_value(xr[0]), rp));
+  DT_CHECK(dt_tensor_placements(dt_var_value(f[0]), fp));
+  for (int i = 0; i < mnd; i++) same &= dt_placement_equal(rp[i], fp[i]);
+  dt_var_t y = f[0], yl;
+  if (!same) DT_CHECK(dt_ag_redistribute(tape, y, rp, &y));
+  DT_CHECK(dt_tensor_local_shape(xv, ls));
+  DT_CHECK(dt_ag_to_local(tape, y, NULL, &yl));
+  DT_CHECK(dt_ag_op(tape, "reshape", 1, &yl, 3, ls, 0, NULL, 1, &yl));
+  return dt_ag_from_local(tape, yl, in[0], &out[0]);
 }
 
 static dt_status_t dt__to_f32(dt_tape_t tape, dt_var_t* v);

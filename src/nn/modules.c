@@ -737,6 +737,28 @@ static dt_status_t dt__moe_ep_dim(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* di
   return DT_SUCCESS;
 }
 
+/* *whole = 1 when w1, w3 and w2 live on one mesh, Replicate on every dim of it (every rank holds
+ * every expert whole). */
+static dt_status_t dt__moe_experts_whole(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* whole) {
+  *whole = 0;
+  dt_mesh_t mesh;
+  int mnd;
+  DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &mesh));
+  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
+  dt_var_t w[3] = {w1, w3, w2};
+  for (int k = 0; k < 3; k++) {
+    dt_mesh_t m2;
+    dt_placement_t pl[DT_MAX_MESH_DIMS];
+    DT_CHECK(dt_tensor_mesh(dt_var_value(w[k]), &m2));
+    if (m2 != mesh) return DT_SUCCESS;
+    DT_CHECK(dt_tensor_placements(dt_var_value(w[k]), pl));
+    for (int i = 0; i < mnd; i++)
+      if (pl[i].kind != DT_REPLICATE) return DT_SUCCESS;
+  }
+  *whole = 1;
+  return DT_SUCCESS;
+}
+
 /* The coordinates of world rank r on mesh m (all of them scanned: meshes are small). */
 static dt_status_t dt__mesh_coords_of(dt_mesh_t m, int r, int* coords) {
   int nd, shape[DT_MAX_MESH_DIMS], numel;
@@ -800,20 +822,23 @@ static dt_status_t dt__moe_expert_grad_pl(dt_mesh_t xm, const dt_placement_t* xp
   return DT_SUCCESS;
 }
 
-/* The routed layer under expert parallelism over mesh dim `dim`: xe the tokens split over it
- * (rows Shard(0)), tk their router's gates and choices. Each rank routes its own tokens, sends
- * each expert's rows to the rank that holds it, runs its experts and sends the results back;
- * the output has the split tokens' placements. `dim` is a dim of the experts' mesh, which may be
- * another view of the tokens' ranks (then the rank-local tokens cross to it and back). */
+/* The routed layer on split tokens: xe the tokens (rows Shard(0) on the dims that split them), tk
+ * their router's gates and choices; each rank routes its own tokens. Under expert parallelism
+ * over mesh dim `dim` of the experts' mesh (which may be another view of the tokens' ranks: the
+ * rank-local tokens cross to it and back) it sends each expert's rows to the rank that holds it,
+ * runs its experts and sends the results back; with `dim` -1 (every expert on every rank) it
+ * runs them in place, with no communication. The output has the split tokens' placements. */
 static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, int dim,
                               int64_t E, int top_k, double capacity_factor, dt_var_t w1,
                               dt_var_t w3, dt_var_t w2, dt_var_t* out, int64_t* kept_local) {
   dt_mesh_t mesh, em;
-  int n, me;
+  int n = 1, me = 0;
   DT_CHECK(dt_tensor_mesh(dt_var_value(xe), &mesh));
   DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &em));
-  DT_CHECK(dt_mesh_size(em, dim, &n));
-  DT_CHECK(dt_mesh_local_rank(em, dim, &me));
+  if (dim >= 0) {
+    DT_CHECK(dt_mesh_size(em, dim, &n));
+    DT_CHECK(dt_mesh_local_rank(em, dim, &me));
+  }
   dt_placement_t xpl[DT_MAX_MESH_DIMS], wpl[DT_MAX_MESH_DIMS];
   DT_CHECK(dt_tensor_placements(dt_var_value(xe), xpl));
   /* the experts' gradients: Shard(0) on the expert dim, a part of the sum where the tokens are
@@ -853,8 +878,8 @@ static dt_status_t dt__moe_ep(dt_tape_t tape, const dt_var_t* tk, dt_var_t xe, i
     if (capacity < 1) capacity = 1;
   }
   if (st == DT_SUCCESS)
-    st = dt__moe_routed(tape, xl, vl, il, E, top_k, capacity, wl[0], wl[1], wl[2], &ep, &ol,
-                        kept_local);
+    st = dt__moe_routed(tape, xl, vl, il, E, top_k, capacity, wl[0], wl[1], wl[2],
+                        dim >= 0 ? &ep : NULL, &ol, kept_local);
   free(ep.lo);
   DT_CHECK(st);
   DT_CHECK(dt_ag_local_to_mesh(tape, ol, mesh, &ol));
@@ -884,9 +909,17 @@ static dt_status_t dt__nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_va
   dt_placement_t xpl[DT_MAX_MESH_DIMS], epl[DT_MAX_MESH_DIMS];
   dt_mesh_t em;
   DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &em));
-  if (ep_dim >= 0) { /* the tokens split over the expert dim (and kept split where they are); on
-                      * another mesh, split where they are only */
-    DT_CHECK(dt_tensor_placements(dt_var_value(x), xpl));
+  DT_CHECK(dt_tensor_placements(dt_var_value(x), xpl));
+  /* each rank routes its own tokens under expert parallelism, and where the tokens arrive split
+   * (rows Shard(0): a batch or sequence shard) beside experts every rank holds whole */
+  int local = ep_dim >= 0;
+  if (!local) {
+    int split = 0;
+    for (int i = 0; i < mnd; i++) split |= xpl[i].kind == DT_SHARD && xpl[i].dim == 0;
+    if (split) DT_CHECK(dt__moe_experts_whole(w1, w3, w2, &local));
+  }
+  if (local) { /* the tokens split over the expert dim (and kept split where they are); on
+                * another mesh, split where they are only */
     int same = 1;
     for (int i = 0; i < mnd; i++) {
       epl[i] = (em == mesh && i == ep_dim) || (xpl[i].kind == DT_SHARD && xpl[i].dim == 0)
@@ -898,7 +931,7 @@ static dt_status_t dt__nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_va
   }
   DT_CHECK(dt__moe_router(tape, xr, router, top_k, &probs, tk));
   int64_t kept = 0, capacity = 0;
-  if (ep_dim >= 0) {
+  if (local) {
     for (int k = 0; k < 2; k++) { /* the router's rows where the tokens are */
       dt_placement_t p[DT_MAX_MESH_DIMS];
       DT_CHECK(dt_tensor_placements(dt_var_value(tk[k]), p));
@@ -932,6 +965,7 @@ static dt_status_t dt__nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_va
     stats->capacity = capacity;
     stats->expert_rows = kept;
     stats->expert_parallel_dim = ep_dim;
+    stats->local_routing = local;
   }
   if (aux == NULL) return DT_SUCCESS;
   return dt__moe_aux(tape, xr, probs, tk[1], N, E, top_k, aux_coef, aux);

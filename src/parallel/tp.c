@@ -656,12 +656,13 @@ static dt_status_t dt__tp_plan_llama(const dt_llama_config_t* cfg, int sequence_
   dt_tp_style_t norm = sequence_parallel ? dt_tp_sequence_parallel(1) : dt_tp_prepare();
   norm.out_mask = 1;
   norm.out[0] = dt_replicate(); /* the gathered input of the attention / MLP / output */
-  /* asynchronous: the blocks' norms hand the colwise linears sequence shards (they gather) */
+  /* asynchronous: the blocks' norms hand the colwise linears sequence shards (they gather). A
+   * mixture of experts takes its tokens split over tp in every mode (a sequence shard: each tp
+   * rank routes and computes its own, with no communication; replicated, every tp rank would
+   * run every expert on every token) */
   dt_tp_style_t bnorm = norm, fnorm = norm;
-  if (async) {
-    bnorm.out[0] = dt_shard(1);
-    if (cfg->n_experts == 0) fnorm.out[0] = dt_shard(1);
-  }
+  if (async) bnorm.out[0] = dt_shard(1);
+  if (async || cfg->n_experts > 0) fnorm.out[0] = dt_shard(1);
   dt_tp_style_t row = dt_tp_rowwise(), emb = dt_tp_embedding_rowwise(), col = dt_tp_colwise();
   if (sequence_parallel) row.out[0] = emb.out[0] = dt_shard(1);
   row.async_tp = col.async_tp = async;

@@ -8,6 +8,9 @@
  *   output, aux loss and the gradients of x, the router and the stacked weights to 1e-5, with
  *   the parameters replicated, tensor-parallel (w1/w3 Shard(1), w2 Shard(2)) and expert-sharded
  *   (Shard(0)), x replicated or row-sharded;
+ * - x row-sharded beside whole experts: each rank routes its own tokens (its rows' grouped-GEMM
+ *   FLOPs only, no all-gather / all-to-all / reduce-scatter / send-recv, the output Shard(0)),
+ *   and a capacity drops per rank exactly what the host computes from each rank's choices;
  * - moe_route sorts a hand-made routing exactly, and with a capacity drops exactly the slots past
  *   it in token order; dt_nn_moe with a capacity factor drops the count computed on the host from
  *   the same top-k choices (and a factor large enough drops nothing and matches dropless);
@@ -238,6 +241,10 @@ static void check_routed_vs_dense(dt_mesh_t mesh, const char* xpl, const char* w
   DT_ASSERT_EQ(st.assignments, N * K);
   DT_ASSERT_EQ(st.dropped, 0);
   DT_ASSERT_EQ(st.expert_rows, N * K);
+  /* each rank routes its own tokens under expert parallelism and where split tokens meet whole
+   * experts */
+  DT_ASSERT_EQ(st.local_routing, !strcmp(w13pl, "S(0)") || (!strcmp(xpl, "S(0)") &&
+                                                            !strcmp(w13pl, "R")));
   DT_ASSERT_OK(dt_nn_moe_dense(tape[1], p[1].x, p[1].router, p[1].w1, p[1].w3, p[1].w2, K, 0.01,
                                &out[1], &aux[1]));
   char what[160];
@@ -263,6 +270,78 @@ static void test_routed_vs_dense(dt_mesh_t mesh) {
   check_routed_vs_dense(mesh, "R", "S(0)", "S(0)"); /* experts sharded */
   check_routed_vs_dense(mesh, "S(0)", "R", "R");    /* tokens sharded */
   check_routed_vs_dense(mesh, "S(0)", "S(1)", "S(2)");
+}
+
+/* The routing choices dt_nn_moe makes for p (the top-k experts of softmax(x router^T)), all N K
+ * of them in token order, on the host. */
+static void host_choices(const moe_params_t* p, int K, int64_t* idx, size_t nbytes) {
+  dt_tensor_t logits, probs, tk[2];
+  DT_ASSERT_OK(dt_linear(dt_var_value(p->x), dt_var_value(p->router), NULL, &logits));
+  const int64_t last[1] = {-1};
+  DT_ASSERT_OK(dt_op_run("softmax", 1, &logits, 1, last, 0, NULL, &probs));
+  DT_ASSERT_OK(dt_topk(probs, K, 1, &tk[0], &tk[1]));
+  DT_ASSERT_OK(dt_tensor_gather_full(tk[1], idx, nbytes));
+  dt_tensor_destroy(logits);
+  dt_tensor_destroy(probs);
+  dt_tensor_destroy(tk[0]);
+  dt_tensor_destroy(tk[1]);
+}
+
+/* Tokens split (rows Shard(0)) beside whole experts: each rank routes and computes only its own
+ * tokens (the grouped GEMMs' FLOPs of its N / world rows, not of all N), with nothing gathered or
+ * exchanged; the output keeps x's placement. A capacity applies per rank (stats->capacity -1):
+ * the drops equal those computed on the host from each rank's own choices, summed. */
+static void test_local_routing(dt_mesh_t mesh) {
+  const int64_t N = 24, D = 8, E = 4, F = 8;
+  const int K = 2;
+  moe_params_t p = moe_params(mesh, N, D, E, F, "S(0)", "R", "R", "R");
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t out, aux;
+  dt_moe_stats_t st;
+  dt_counters_t c0, c1;
+  int64_t fl;
+  DT_ASSERT_OK(dt_counters_get(mesh, &c0));
+  DT_ASSERT_OK(dt_grouped_mm_flops_reset());
+  DT_ASSERT_OK(dt_nn_moe(tape, p.x, p.router, p.w1, p.w3, p.w2, K, 0.0, 0.01, &out, &aux, &st));
+  DT_ASSERT_OK(dt_grouped_mm_flops(&fl));
+  DT_ASSERT_OK(dt_counters_get(mesh, &c1));
+  DT_ASSERT_EQ(st.local_routing, 1);
+  DT_ASSERT_EQ(st.expert_parallel_dim, -1);
+  const int64_t Nl = N / g_world; /* 24 splits evenly over 1, 2, 3, 4 ranks */
+  DT_ASSERT_EQ(fl, 2 * 3 * Nl * K * D * F);
+  static const dt_collective_t kMoves[4] = {DT_COLL_ALL_GATHER, DT_COLL_ALL_TO_ALL,
+                                            DT_COLL_REDUCE_SCATTER, DT_COLL_SEND_RECV};
+  for (int i = 0; i < 4; i++)
+    DT_ASSERT_TRUE(c1.calls[kMoves[i]] == c0.calls[kMoves[i]],
+                   "the forward ran %llu collectives of kind %d",
+                   (unsigned long long)(c1.calls[kMoves[i]] - c0.calls[kMoves[i]]), kMoves[i]);
+  dt_placement_t op[DT_MAX_MESH_DIMS];
+  DT_ASSERT_OK(dt_tensor_placements(dt_var_value(out), op));
+  DT_ASSERT_TRUE(op[0].kind == DT_SHARD && op[0].dim == 0, "the output is not Shard(0)");
+  backward_of(tape, out, aux);
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+
+  /* per-rank capacity: the host's count from this rank's rows of the same top-k choices */
+  int64_t idx[48];
+  host_choices(&p, K, idx, sizeof idx);
+  const double cf = 0.5;
+  const int64_t cap = (int64_t)ceil(cf * (double)(Nl * K) / (double)E);
+  int64_t want = 0;
+  for (int r = 0; r < g_world; r++) {
+    int64_t load[4] = {0};
+    for (int64_t i = r * Nl * K; i < (r + 1) * Nl * K; i++) load[idx[i]]++;
+    for (int e = 0; e < E; e++) want += load[e] > cap ? load[e] - cap : 0;
+  }
+  DT_ASSERT_TRUE(want > 0, "the test drops nothing");
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  DT_ASSERT_OK(dt_nn_moe(tape, p.x, p.router, p.w1, p.w3, p.w2, K, cf, 0.01, &out, NULL, &st));
+  DT_ASSERT_EQ(st.capacity, -1);
+  DT_ASSERT_EQ(st.dropped, want);
+  DT_ASSERT_EQ(st.expert_rows, N * K - want);
+  backward_of(tape, out, NULL);
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  moe_params_destroy(&p);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -306,14 +385,8 @@ static void test_capacity(dt_mesh_t mesh) {
   const int64_t N = 24, D = 8, E = 4, F = 8;
   const int K = 2;
   moe_params_t p = moe_params(mesh, N, D, E, F, "R", "R", "R", "R");
-  /* the choices, as dt_nn_moe makes them */
-  dt_tensor_t logits, probs, tk[2];
-  DT_ASSERT_OK(dt_linear(dt_var_value(p.x), dt_var_value(p.router), NULL, &logits));
-  const int64_t last[1] = {-1};
-  DT_ASSERT_OK(dt_op_run("softmax", 1, &logits, 1, last, 0, NULL, &probs));
-  DT_ASSERT_OK(dt_topk(probs, K, 1, &tk[0], &tk[1]));
   int64_t idx[48], load[4] = {0};
-  DT_ASSERT_OK(dt_tensor_gather_full(tk[1], idx, sizeof idx));
+  host_choices(&p, K, idx, sizeof idx);
   for (int i = 0; i < N * K; i++) load[idx[i]]++;
   int64_t maxload = 0;
   for (int e = 0; e < E; e++) maxload = load[e] > maxload ? load[e] : maxload;
@@ -347,10 +420,6 @@ static void test_capacity(dt_mesh_t mesh) {
     DT_ASSERT_OK(dt_tape_destroy(tape));
   }
   DT_ASSERT_TRUE(saw_drop && maxload > (int64_t)ceil(0.5 * N * K / E), "the test drops nothing");
-  dt_tensor_destroy(logits);
-  dt_tensor_destroy(probs);
-  dt_tensor_destroy(tk[0]);
-  dt_tensor_destroy(tk[1]);
   DT_ASSERT_OK(dt_tape_destroy(rt));
   moe_params_destroy(&p);
 }
@@ -509,6 +578,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
   test_grouped_mm(mesh);
   test_routed_vs_dense(mesh);
+  test_local_routing(mesh);
   test_route(mesh);
   test_capacity(mesh);
   test_flops(mesh);

@@ -151,6 +151,18 @@ fi
 if wanted ep2; then
   grep -q "^# moe: expert parallel over mesh dim 1" "$W/ep2.log" || { echo "ep2 did not run expert parallel"; exit 1; }
 fi
+# MoE under TP, FSDP x TP and CP x TP: each rank routes its own tokens (the sequence split over
+# tp, the batch over dp), not every token on every tp rank
+for n in tp2_moe dp2_tp2_moe cp2_tp2_moe tp2_moe_async; do
+  wanted "$n" || continue
+  grep -q "^# moe: each rank routes its own tokens" "$W/$n.log" || { echo "$n: not routed per rank"; grep "^# moe" "$W/$n.log"; exit 1; }
+done
+# FSDP x TP with MoE and no EP: the experts (whole on every tp rank) in groups of their own over
+# (tp, dp) flattened: their all-gathers and reduce-scatters run on the merged dims
+if wanted dp2_tp2_moe; then
+  grep -Eq "^traffic last step, mesh flattened dims: all_gather .* reduce_scatter" "$W/dp2_tp2_moe.log" ||
+    { echo "dp2_tp2_moe: the experts were not sharded over tp x dp"; grep "^traffic" "$W/dp2_tp2_moe.log"; exit 1; }
+fi
 # FSDP x EP: the experts on their own mesh view, sharded over efsdp, dispatched over ep
 for n in dp2_ep2 dp2_tp2_ep2 dp2_ep2_cp2; do
   wanted "$n" || continue
