@@ -67,7 +67,8 @@
  * FSDP-sharded over efsdp (one group per layer's experts, inside the block's group). A MoE layer
  * takes its tokens sequence-sharded over tp (each tp rank routes and computes its own); without
  * --ep its experts are whole on every rank, so with FSDP they form a group of their own over
- * (tp, dp[, cp]) flattened (tp is a data dim for them).
+ * (tp, dp[, cp]) flattened (tp is a data dim for them) where the experts divide evenly over
+ * those ranks.
  * --cp C (context parallelism, dt_llama_set_context_parallel) adds a cp dim: the mesh is
  * (tp, dp, cp), rank (d C + c) T + t; each sequence is permuted on the host to the load-balanced
  * order (2 C chunks, rank c holds c and 2 C - 1 - c; --seq a multiple of 2 C) and sharded over
@@ -256,11 +257,6 @@ static double measure_peak(void) {
   return best;
 }
 
-/* Expert parallelism for the parallel config: each layer's stacked experts (E, ...) become
- * Shard(0) over the data dim (1) of the (tp, dp) mesh (emesh NULL: --dp 1, the ep ranks are all
- * the data ranks; FSDP leaves the experts as they are), or over the ep dim of the expert mesh
- * (tp, ep, efsdp), another view of the same ranks (FSDP then shards them over efsdp). dt_nn_moe
- * dispatches tokens to their experts' ranks with a ragged all-to-all. */
 /* --machine: loads the figures (a preset or a file) into the cost and compute models and keeps
  * its "inter_node" entries for price_dims. 0 on success, else a message in err. */
 static cJSON* g_inter; /* the machine's inter_node object (NULL: every dim priced alike) */
@@ -334,6 +330,11 @@ static dt_status_t price_dim(dt_mesh_t mesh, int d, int stride, int size, int pe
   return DT_SUCCESS;
 }
 
+/* Expert parallelism for the parallel config: each layer's stacked experts (E, ...) become
+ * Shard(0) over the data dim (1) of the (tp, dp) mesh (emesh NULL: --dp 1, the ep ranks are all
+ * the data ranks; FSDP leaves the experts as they are), or over the ep dim of the expert mesh
+ * (tp, ep, efsdp), another view of the same ranks (FSDP then shards them over efsdp). dt_nn_moe
+ * dispatches tokens to their experts' ranks with a ragged all-to-all. */
 static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) {
   static const char* const w[3] = {"w1", "w3", "w2"};
   /* Shard(0) on dp of the (tp, dp) mesh, or on ep of the expert mesh (tp, ep, efsdp) */
@@ -415,8 +416,13 @@ static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt
   /* MoE under TP without expert parallelism: the experts are whole on every tp rank, each rank
    * computing them on its own tokens, so tp is a data dim for them: a group of their own over
    * (tp, dp[, cp]) flattened holds 1/(T D CP) of their parameters, gradients and optimizer state
-   * per rank, and reduce-scatters their gradients (partial over tp as over dp) in one collective */
-  const int tp_experts = emesh == NULL && !strcmp(o->model, "moe") && o->tp > 1 && o->ep <= 1;
+   * per rank, and reduce-scatters their gradients (partial over tp as over dp) in one collective.
+   * Only where the experts divide evenly over those ranks: FSDP splits a parameter's dim 0 (the E
+   * experts), and an uneven split pads every rank's segment to the largest (with E below the
+   * ranks, a whole expert each: no smaller, and gathers of padding) */
+  const int ranks = o->tp * (o->dp > 1 ? o->dp : 1) * (o->cp > 1 ? o->cp : 1);
+  const int tp_experts = emesh == NULL && !strcmp(o->model, "moe") && o->tp > 1 &&
+                         o->ep <= 1 && o->experts % ranks == 0;
   dt_fsdp_config_t tfc = fc;
   tfc.shard_dim = 0;
   tfc.shard_span = fc.shard_span + 1;

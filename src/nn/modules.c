@@ -816,7 +816,8 @@ static dt_status_t dt__moe_expert_grad_pl(dt_mesh_t xm, const dt_placement_t* xp
                      "partly the same tokens; lay the meshes out so a dim's ranks hold all the "
                      "same or all different tokens", i);
     } else {
-      wpl[i] = differ ? dt_partial(DT_REDUCE_SUM) : dt_replicate();
+      /* (a dim of one rank: Partial, a sum over that rank, as a data dim's wrapper expects) */
+      wpl[i] = differ || eshape[i] == 1 ? dt_partial(DT_REDUCE_SUM) : dt_replicate();
     }
   }
   return DT_SUCCESS;
