@@ -9,7 +9,11 @@
  * FSDP (dt_fully_shard), FSDP2-like:
  *  - each parameter of the wrapped module (not already in a group of its own) becomes
  *    Shard(0) on the shard mesh dim (uneven dim 0 by the chunk rule, padded inside the
- *    communication buffer); with a replicate dim as well (a 2-D mesh) it is HSDP;
+ *    communication buffer); a parameter whose dim 0 has fewer entries than the shard ranks
+ *    (stacked experts: E, or E / EP under expert parallelism) is split on its first dim with at
+ *    least as many that tensor parallelism leaves whole instead (Shard(1) for experts, as
+ *    torchtitan shards them), so that no rank holds a padded expert in place of its share; with
+ *    a replicate dim as well (a 2-D mesh) it is HSDP;
  *  - one call = one group: the group's shards are views of one persistent flat buffer, which one
  *    all-gather sends as it is before the group's forward (cast first for a param_dtype other
  *    than the parameters'); the result is copied out into one unsharded buffer the gathered
@@ -21,10 +25,11 @@
  *    groups (or which has none, e.g. a root holding only blocks) still becomes a group, with no
  *    buffer and no collective of its own: it only schedules its children (its forward starts
  *    the first block's gather, its backward ends with every reduction finished), as in FSDP2;
- *  - between steps the module holds the sharded parameters (Shard(0); an optimizer, clipping and
- *    checkpoints work on them); during a group's forward it holds the gathered ones, views of
- *    the group's unsharded buffer: a view an op makes of one (dt_ag_to_local of the experts
- *    under expert parallelism) keeps that buffer alive, and valid, until the tape lets it go;
+ *  - between steps the module holds the sharded parameters (Shard(0) or as above; an optimizer,
+ *    clipping and checkpoints work on them); during a group's forward it holds the gathered
+ *    ones, views of the group's unsharded buffer: a view an op makes of one (dt_ag_to_local of
+ *    the experts under expert parallelism) keeps that buffer alive, and valid, until the tape
+ *    lets it go;
  *  - reshard_after_forward 1 frees the gathered parameters after the forward and gathers again
  *    before the backward (ZeRO-3), 0 keeps them until the group's backward is done (ZeRO-2), and
  *    k > 1 keeps a 1/k slice after the forward, so the backward gathers only within groups of k

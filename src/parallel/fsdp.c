@@ -1,7 +1,8 @@
-/* fsdp.c - FSDP / HSDP on the public API: per-parameter Shard(0) parameters, one flat all-gather
- * and one flat reduce-scatter per group, reshard after forward (ZeRO-3, ZeRO-2, or to groups of k
- * ranks), mixed precision, forward and backward prefetch. See dtensor/parallel.h and the FSDP
- * section of docs/design.md.
+/* fsdp.c - FSDP / HSDP on the public API: per-parameter Shard(0) parameters (Shard(d) where dim 0
+ * has fewer entries than the shard ranks: each parameter's "rows" are then its dim d, in pre
+ * blocks of the dims before it), one flat all-gather and one flat reduce-scatter per group,
+ * reshard after forward (ZeRO-3, ZeRO-2, or to groups of k ranks), mixed precision, forward and
+ * backward prefetch. See dtensor/parallel.h and the FSDP section of docs/design.md.
  *
  * Buffers of a group of n parameters on a shard dim of N ranks (chunk_i = ceil(rows_i / N); with
  * shard_span s > 1 the s dims from shard_dim on act as one of N = the product of their sizes, a
@@ -49,12 +50,15 @@ typedef struct {
   int64_t shape[DT_MAX_DIMS];  /* global */
   int64_t lshape[DT_MAX_DIMS]; /* this rank's tensor before FSDP (a tensor-parallel shard) */
   dt_placement_t pl[DT_MAX_MESH_DIMS]; /* the gathered parameter's: Replicate on the data dims */
-  int64_t rows, rest;       /* dim 0 of lshape, elements per row */
+  int sdim;                 /* the tensor dim FSDP splits: 0, or (fewer rows than ranks) the
+                             * first dim with at least as many entries */
+  int64_t pre, rows, rest;  /* lshape: elements before sdim, sdim's size, elements after it */
   int64_t chunk;            /* ceil(rows / N) */
   int64_t seg_off;          /* offset in a rank's flat segment (elements) */
   int64_t full_off;         /* offset in U (elements) */
-  /* copy-in of its gradient: N ranges (rank r's rows, into segment r of the reduce buffer) from
-   * in_src of the gradient's local elements to in_dst, in_len each; then the padding ranges */
+  /* copy-in of its gradient: N pre ranges (rank r's rows of each of the pre blocks, into segment
+   * r of the reduce buffer, rank-major) from in_src of the gradient's local elements to in_dst,
+   * in_len each; then N padding ranges (one per segment) */
   int64_t *in_dst, *in_src, *in_len, *pad_off, *pad_len;
 } fsdp_param_t;
 
@@ -129,11 +133,11 @@ static void placements(const fsdp_group_t* g, dt_placement_t shard, dt_placement
   if (g->cfg.replicate_dim >= 0) pl[g->cfg.replicate_dim] = rep;
 }
 
-/* A parameter's sharded placements: its own with Shard(0) on the shard dims. */
+/* A parameter's sharded placements: its own with Shard(sdim) on the shard dims. */
 static void shard_placements(const fsdp_group_t* g, const fsdp_param_t* q, dt_placement_t* pl) {
   memcpy(pl, q->pl, sizeof q->pl);
   for (int d = 0; d < g->mesh_ndim; d++)
-    if (is_shard_dim(g, d)) pl[d] = dt_shard(0);
+    if (is_shard_dim(g, d)) pl[d] = dt_shard(q->sdim);
 }
 
 /* Segment k of `rows` rows over the shard dims (k in mesh-dim order, the last dim fastest): the
@@ -359,8 +363,8 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
     dt_tensor_t gr = dt_var_grad(q->full), tmp = NULL, view = NULL, cast = NULL;
     if (gr == NULL) { /* no gradient reached it: zeros (its rows and padding in every segment) */
       for (int r = 0; r < g->N && st == DT_SUCCESS; r++) {
-        const int64_t len = q->chunk * q->rest;
-        st = dt_tensor_fill_local(send, 1, &q->in_dst[r], &len, 0.0);
+        const int64_t len = q->pre * q->chunk * q->rest;
+        st = dt_tensor_fill_local(send, 1, &q->in_dst[r * q->pre], &len, 0.0);
       }
       continue;
     }
@@ -390,7 +394,7 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
       src = cast;
     }
     if (st == DT_SUCCESS)
-      st = dt_tensor_copy_local(send, src, g->N, q->in_dst, q->in_src, q->in_len);
+      st = dt_tensor_copy_local(send, src, g->N * q->pre, q->in_dst, q->in_src, q->in_len);
     if (st == DT_SUCCESS) st = dt_tensor_fill_local(send, g->N, q->pad_off, q->pad_len, 0.0);
     dt_tensor_destroy(cast);
     dt_tensor_destroy(view);
@@ -745,9 +749,22 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
   dt_tensor_shape(t, q->shape);
   dt_tensor_local_shape(t, q->lshape);
   memcpy(q->pl, pl, sizeof q->pl);
-  q->rows = q->lshape[0];
-  q->rest = 1;
-  for (int d = 1; d < nd; d++) q->rest *= q->lshape[d];
+  /* dim 0, unless it has fewer rows than shard ranks (stacked experts: E / EP of them over
+   * efsdp): then the first dim with at least N entries that tensor parallelism leaves whole, so
+   * that no rank holds padding in place of its share (torchtitan shards such experts on dim 1) */
+  q->sdim = 0;
+  for (int d = 1; q->lshape[0] < g->N && q->sdim == 0 && d < nd; d++) {
+    int whole = q->lshape[d] >= g->N;
+    for (int k = 0; whole && k < g->mesh_ndim; k++)
+      whole = !(pl[k].kind == DT_SHARD && pl[k].dim == d);
+    if (whole) q->sdim = d;
+  }
+  q->pre = q->rest = 1;
+  for (int d = 0; d < nd; d++) {
+    if (d < q->sdim) q->pre *= q->lshape[d];
+    if (d > q->sdim) q->rest *= q->lshape[d];
+  }
+  q->rows = q->lshape[q->sdim];
   return 0;
 }
 
@@ -792,39 +809,47 @@ static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* 
 static dt_status_t make_ranges(fsdp_group_t* g) {
   const int64_t N = g->N, n = g->n;
   if (n == 0) return DT_SUCCESS; /* a group without parameters has no layout */
-  g->ranges = malloc(sizeof(int64_t) * (size_t)(8 * N * n));
+  int64_t blocks = 0; /* the pre blocks of every parameter */
+  for (int i = 0; i < g->n; i++) blocks += g->p[i].pre;
+  g->ranges = malloc(sizeof(int64_t) * (size_t)(6 * N * blocks + 2 * N * n));
   if (g->ranges == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "range tables");
   int64_t* r = g->ranges;
   g->out_dst = r;
-  g->out_src = r + N * n;
-  g->out_len = r + 2 * N * n;
-  r += 3 * N * n;
+  g->out_src = r + N * blocks;
+  g->out_len = r + 2 * N * blocks;
+  r += 3 * N * blocks;
   g->n_out = 0;
   for (int i = 0; i < g->n; i++) {
     fsdp_param_t* q = &g->p[i];
+    const int64_t np = N * q->pre;
     q->in_dst = r;
-    q->in_src = r + N;
-    q->in_len = r + 2 * N;
-    q->pad_off = r + 3 * N;
-    q->pad_len = r + 4 * N;
-    r += 5 * N;
+    q->in_src = r + np;
+    q->in_len = r + 2 * np;
+    q->pad_off = r + 3 * np;
+    q->pad_len = r + 3 * np + N;
+    r += 3 * np + 2 * N;
     for (int k = 0; k < g->N; k++) {
       int64_t off, len;
       segment_rows(g, q->rows, k, &off, &len);
-      const int64_t seg = (int64_t)k * g->seg + q->seg_off;
-      q->in_dst[k] = seg;
-      q->in_src[k] = off * q->rest;
-      q->in_len[k] = len * q->rest;
-      q->pad_off[k] = seg + len * q->rest;
-      q->pad_len[k] = (q->chunk - len) * q->rest;
+      const int64_t seg = (int64_t)k * g->seg + q->seg_off; /* (pre, len, rest), then padding */
+      for (int64_t b = 0; b < q->pre; b++) {
+        q->in_dst[k * q->pre + b] = seg + b * len * q->rest;
+        q->in_src[k * q->pre + b] = (b * q->rows + off) * q->rest;
+        q->in_len[k * q->pre + b] = len * q->rest;
+      }
+      q->pad_off[k] = seg + q->pre * len * q->rest;
+      q->pad_len[k] = q->pre * (q->chunk - len) * q->rest;
     }
   }
   for (int k = 0; k < g->N; k++) /* rank by rank, as the segments arrive */
     for (int i = 0; i < g->n; i++) {
       fsdp_param_t* q = &g->p[i];
-      g->out_dst[g->n_out] = q->full_off + q->in_src[k];
-      g->out_src[g->n_out] = q->in_dst[k];
-      g->out_len[g->n_out++] = q->in_len[k];
+      for (int64_t b = 0; b < q->pre; b++) {
+        const int64_t j = k * q->pre + b;
+        g->out_dst[g->n_out] = q->full_off + q->in_src[j];
+        g->out_src[g->n_out] = q->in_dst[j];
+        g->out_len[g->n_out++] = q->in_len[j];
+      }
     }
   return DT_SUCCESS;
 }
@@ -926,9 +951,9 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
     int64_t off0;
     segment_rows(g, q->rows, 0, &off0, &q->chunk); /* the first segment is the largest */
     q->seg_off = g->seg;
-    g->seg += q->chunk * q->rest;
+    g->seg += q->pre * q->chunk * q->rest;
     q->full_off = g->total;
-    g->total += q->rows * q->rest;
+    g->total += q->pre * q->rows * q->rest;
   }
   g->total_pad = (g->total + g->k - 1) / g->k * g->k;
   DT_CHECK_GOTO(make_ranges(g), st, fail);

@@ -16,6 +16,8 @@
  *  - a sharded value replaced by dt_var_set_value trains exactly as the same values written in
  *    place (the shards are views of the group's all-gather buffer);
  *  - dt_fsdp_config_for(shard, replicate): the defaults over those dims (default(n) is one case);
+ *  - stacked experts with fewer experts than ranks: sharded on their next dim (Shard(1): each
+ *    rank a share, no padded expert), the dense curve within 1e-5;
  *  - deferred initialization: a model built as layouts, wrapped, then initialized shard by shard
  *    equals the eager build bit for bit without ever holding the whole model;
  *  - bad input: clear errors and nothing half-wrapped (shard_span out of the mesh, over the
@@ -63,6 +65,7 @@ typedef struct {
   int micro;      /* 2: two micro-batches per step, sync skipped on the first */
   int steps;
   int root_keep;  /* the root keeps its output dtype under bf16 too (no cast of the loss) */
+  int experts;    /* > 0: a mixture of that many experts (top 2) in place of the MLP */
 } run_t;
 
 typedef struct {
@@ -95,6 +98,8 @@ static void setup(const run_t* r, setup_t* s) {
   DT_ASSERT_OK(dt_mesh_create(r->mesh2d ? 2 : 1, r->mesh2d ? shape2 : shape1, NULL, NULL,
                               &s->mesh));
   dt_llama_config_t c = model_config();
+  c.n_experts = r->experts;
+  c.top_k = r->experts > 0 ? 2 : 0;
   DT_ASSERT_OK(dt_llama_create(s->mesh, &c, NULL, &s->model));
   DT_ASSERT_OK(dt_llama_module(s->model, &s->root));
   if (r->mode == MODE_FSDP) {
@@ -857,6 +862,47 @@ static void test_defer_init(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* Stacked experts with fewer experts than shard ranks (2 experts (2, F, D) over 4 ranks): FSDP
+ * splits their first dim with enough entries (F = 50: 13, 13, 13, 11 rows) instead of giving two
+ * ranks a padded expert each and two nothing; with as many experts as ranks (np 2) dim 0. Every
+ * rank's shard holds its part and no padding; 20 steps train to the dense curve within 1e-5. */
+static void test_few_rows(void) {
+  run_t dense;
+  memset(&dense, 0, sizeof dense);
+  dense.mode = MODE_DENSE;
+  dense.steps = STEPS;
+  dense.experts = 2;
+  float ref[STEPS];
+  train(&dense, ref);
+  run_t r = fsdp_run(1, 1);
+  r.experts = 2;
+  setup_t s;
+  setup(&r, &s);
+  const char* const* names;
+  DT_ASSERT_OK(dt_llama_params(s.model, &s.params, &names, &s.np, NULL));
+  int seen = 0;
+  for (int i = 0; i < s.np; i++) {
+    if (strstr(names[i], "experts.") == NULL) continue;
+    dt_tensor_t t = dt_var_value(s.params[i]);
+    dt_placement_t pl[1];
+    int64_t gs[3], ls[3];
+    DT_ASSERT_OK(dt_tensor_placements(t, pl));
+    DT_ASSERT_OK(dt_tensor_shape(t, gs));
+    DT_ASSERT_OK(dt_tensor_local_shape(t, ls));
+    const int want = g_world > 2 ? 1 : 0; /* 2 experts: dim 0 over 2 ranks, dim 1 over 4 */
+    DT_ASSERT_TRUE(pl[0].kind == DT_SHARD && pl[0].dim == want, "%s: placed %d(%d), want "
+                   "Shard(%d)", names[i], pl[0].kind, pl[0].dim, want);
+    int64_t off, len;
+    dt_chunk(gs[want], g_world, g_rank, &off, &len);
+    for (int d = 0; d < 3; d++)
+      DT_ASSERT_EQ(ls[d], d == want ? len : gs[d]);
+    seen++;
+  }
+  DT_ASSERT_EQ(seen, 6); /* w1, w3, w2 of 2 layers */
+  teardown(&s);
+  parity("fsdp, 2 experts (few rows)", &r, ref, 1e-5);
+}
+
 /* shard_span on a 2x2 mesh (np 4): a replicate dim among the shard dims and reshard to groups
  * of k over two shard dims refused, naming the reason, and nothing wrapped. */
 static void test_span_bad(void) {
@@ -908,6 +954,7 @@ int main(int argc, char** argv) {
   test_prefetch();
   test_bf16_loss();
   test_parity();
+  test_few_rows();
   DT_ASSERT_OK(dt_corpus_destroy(g_corpus));
   DT_ASSERT_OK(dt_finalize());
   if (g_rank == 0) printf("test_fsdp: ok\n");
