@@ -62,20 +62,20 @@
  * stacked experts Shard(0) over E ranks (expert parallelism: tokens go to their experts' ranks
  * by a ragged all-to-all), the dense parameters still FSDP over all D E data ranks. With --dp 1
  * the ep ranks are the dp dim itself; with D > 1 the experts live on a second view of the world,
- * the expert mesh (tp, ep, efsdp) = (T, E, D) (torchtitan's, fsdp x tp = efsdp x ep x tp),
- * where position (t, e, f) is the dense mesh's (t, f E + e): the experts are Shard(0) on ep and
- * FSDP-sharded over efsdp (one group per layer's experts, inside the block's group). A MoE layer
- * takes its tokens sequence-sharded over tp (each tp rank routes and computes its own); without
- * --ep its experts are whole on every rank, so with FSDP they form a group of their own over
- * (tp, dp[, cp]) flattened (tp is a data dim for them) where the experts divide evenly over
- * those ranks.
+ * the expert mesh (ep, tp, efsdp) = (E, T, D) (torchtitan's, fsdp x tp = efsdp x ep x tp),
+ * where position (e, t, f) is the dense mesh's (t, f E + e): the experts are Shard(0) on ep and
+ * FSDP-sharded over tp x efsdp (one group per layer's experts, inside the block's group). A MoE
+ * layer takes its tokens sequence-sharded over tp (each tp rank routes and dispatches or
+ * computes its own), so tp is a data dim for the experts: under EP they shard over it with
+ * efsdp; without --ep they are whole on every rank, and with FSDP form a group of their own
+ * over (tp, dp[, cp]) flattened.
  * --cp C (context parallelism, dt_llama_set_context_parallel) adds a cp dim: the mesh is
  * (tp, dp, cp), rank (d C + c) T + t; each sequence is permuted on the host to the load-balanced
  * order (2 C chunks, rank c holds c and 2 C - 1 - c; --seq a multiple of 2 C) and sharded over
  * cp, attention runs as ring attention, FSDP shards the parameters over dp and cp together
- * (shard_span 2; with --ep and D > 1 the expert mesh is (tp, ep, efsdp, cp), the experts sharded
- * over efsdp and cp); --sp splits each cp rank's tokens over tp (--seq / C a multiple of T). The
- * traffic lines add one for collectives merged over flattened dims.
+ * (shard_span 2; with --ep and D > 1 the expert mesh is (ep, tp, efsdp, cp), the experts
+ * sharded over tp, efsdp and cp); --sp splits each cp rank's tokens over tp (--seq / C a multiple
+ * of T). The traffic lines add one for collectives merged over flattened dims.
  *
  * --tie-embeddings ties the output projection to the token embedding (GPT-2, Llama 3.2 1B/3B):
  * one (V, D) parameter held by the modules tok_emb and output (dt_llama_config_t.tie_embeddings),
@@ -332,13 +332,15 @@ static dt_status_t price_dim(dt_mesh_t mesh, int d, int stride, int size, int pe
 
 /* Expert parallelism for the parallel config: each layer's stacked experts (E, ...) become
  * Shard(0) over the data dim (1) of the (tp, dp) mesh (emesh NULL: --dp 1, the ep ranks are all
- * the data ranks; FSDP leaves the experts as they are), or over the ep dim of the expert mesh
- * (tp, ep, efsdp), another view of the same ranks (FSDP then shards them over efsdp). dt_nn_moe
- * dispatches tokens to their experts' ranks with a ragged all-to-all. */
+ * the data ranks; FSDP leaves the experts as they are), or over the ep dim (0) of the expert
+ * mesh (ep, tp, efsdp), another view of the same ranks (FSDP then shards them over tp x efsdp).
+ * dt_nn_moe dispatches tokens to their experts' ranks with a ragged all-to-all. */
 static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) {
   static const char* const w[3] = {"w1", "w3", "w2"};
-  /* Shard(0) on dp of the (tp, dp) mesh, or on ep of the expert mesh (tp, ep, efsdp) */
-  const dt_placement_t pl[4] = {dt_replicate(), dt_shard(0), dt_replicate(), dt_replicate()};
+  /* Shard(0) on dp of the (tp, dp) mesh, or on ep of the expert mesh (ep, tp, efsdp) */
+  const dt_placement_t dense_pl[4] = {dt_replicate(), dt_shard(0), dt_replicate(),
+                                      dt_replicate()};
+  const dt_placement_t pl[4] = {dt_shard(0), dt_replicate(), dt_replicate(), dt_replicate()};
   for (int l = 0; l < layers; l++)
     for (int k = 0; k < 3; k++) {
       char name[64];
@@ -347,7 +349,7 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) 
       dt_tensor_t t;
       dt_status_t st = dt_module_param(root, name, &v);
       if (st == DT_SUCCESS && emesh == NULL) {
-        st = dt_tensor_redistribute(dt_var_value(v), pl, &t);
+        st = dt_tensor_redistribute(dt_var_value(v), dense_pl, &t);
       } else if (st == DT_SUCCESS) { /* replicated on the dense mesh: this rank's copy is whole */
         int64_t shape[3], n = 0;
         size_t item = 0;
@@ -410,19 +412,22 @@ static dt_status_t shard_blocks(dt_module_t root, int layers, dt_mesh_t mesh, dt
   fc.reshard_after_forward = o->reshard_after_forward;
   fc.param_dtype = !strcmp(o->param_dtype, "bf16") ? DT_BF16 : DT_F32;
   fc.prefetch_forward = fc.prefetch_backward = o->prefetch;
-  dt_fsdp_config_t efc = fc; /* the experts: over efsdp (dim 2) of the expert mesh, and its cp
-                             * dim (3) when there is one */
-  efc.shard_dim = 2;
+  /* the experts under EP: over (tp, efsdp[, cp]) (dims 1.. of the expert mesh) flattened: each
+   * tp rank dispatches its own tokens, so tp is a data dim for the experts (their gradients,
+   * partial over tp as over efsdp, reduce-scattered in one collective; with fewer experts per ep
+   * rank than those ranks FSDP splits their F) */
+  dt_fsdp_config_t efc = fc;
+  efc.shard_dim = o->tp > 1 ? 1 : 2;
+  efc.shard_span = fc.shard_span + (o->tp > 1);
   /* MoE under TP without expert parallelism: the experts are whole on every tp rank, each rank
    * computing them on its own tokens, so tp is a data dim for them: a group of their own over
    * (tp, dp[, cp]) flattened holds 1/(T D CP) of their parameters, gradients and optimizer state
    * per rank, and reduce-scatters their gradients (partial over tp as over dp) in one collective.
-   * Only where the experts divide evenly over those ranks: FSDP splits a parameter's dim 0 (the E
-   * experts), and an uneven split pads every rank's segment to the largest (with E below the
-   * ranks, a whole expert each: no smaller, and gathers of padding) */
+   * Where the E experts split evenly over those ranks, or are fewer (FSDP then splits their F);
+   * an uneven split of E would pad every rank's segment to the largest share */
   const int ranks = o->tp * (o->dp > 1 ? o->dp : 1) * (o->cp > 1 ? o->cp : 1);
   const int tp_experts = emesh == NULL && !strcmp(o->model, "moe") && o->tp > 1 &&
-                         o->ep <= 1 && o->experts % ranks == 0;
+                         o->ep <= 1 && (o->experts % ranks == 0 || o->experts < ranks);
   dt_fsdp_config_t tfc = fc;
   tfc.shard_dim = 0;
   tfc.shard_span = fc.shard_span + 1;
@@ -814,30 +819,31 @@ int train_main(int argc, char** argv) {
     if (CP > 1) CHECK(dt_llama_set_context_parallel(model, 2));
   }
   dt_mesh_t emesh = NULL;
-  if (pconf && E > 1 && D > 1) { /* the expert mesh (tp, ep, efsdp[, cp]) = (T, E, D[, CP]):
-                                  * position (t, e, f, c) is the dense mesh's (t, f E + e, c) */
+  if (pconf && E > 1 && D > 1) { /* the expert mesh (ep, tp, efsdp[, cp]) = (E, T, D[, CP]):
+                                  * position (e, t, f, c) is the dense mesh's (t, f E + e, c);
+                                  * the experts' data dims tp, efsdp, cp adjacent (one FSDP span) */
     int* ranks = malloc(sizeof(int) * (size_t)world);
     if (ranks == NULL) return usage_error("no memory for the expert mesh");
-    for (int t = 0; t < T; t++)
-      for (int e = 0; e < E; e++)
+    for (int e = 0; e < E; e++)
+      for (int t = 0; t < T; t++)
         for (int f = 0; f < D; f++)
           for (int c = 0; c < CP; c++)
-            ranks[((t * E + e) * D + f) * CP + c] = ((f * E + e) * CP + c) * T + t;
-    const int eshape[4] = {T, E, D, CP};
-    const char* names[4] = {"tp", "ep", "efsdp", "cp"};
+            ranks[((e * T + t) * D + f) * CP + c] = ((f * E + e) * CP + c) * T + t;
+    const int eshape[4] = {E, T, D, CP};
+    const char* names[4] = {"ep", "tp", "efsdp", "cp"};
     dt_status_t st = dt_mesh_create(CP > 1 ? 4 : 3, eshape, names, ranks, &emesh);
     free(ranks);
     CHECK(st);
-    CHECK(price_dim(emesh, 0, 1, T, o.gpus_per_node));
-    CHECK(price_dim(emesh, 1, T * CP, E, o.gpus_per_node));
+    CHECK(price_dim(emesh, 0, T * CP, E, o.gpus_per_node));
+    CHECK(price_dim(emesh, 1, 1, T, o.gpus_per_node));
     CHECK(price_dim(emesh, 2, T * CP * E, D, o.gpus_per_node));
     if (CP > 1) CHECK(price_dim(emesh, 3, T, CP, o.gpus_per_node));
     size_t l = strlen(mesh_desc);
     if (CP > 1)
-      snprintf(mesh_desc + l, sizeof mesh_desc - l, ", experts (tp, ep, efsdp, cp) %dx%dx%dx%d", T,
-               E, D, CP);
+      snprintf(mesh_desc + l, sizeof mesh_desc - l, ", experts (ep, tp, efsdp, cp) %dx%dx%dx%d", E,
+               T, D, CP);
     else
-      snprintf(mesh_desc + l, sizeof mesh_desc - l, ", experts (tp, ep, efsdp) %dx%dx%d", T, E, D);
+      snprintf(mesh_desc + l, sizeof mesh_desc - l, ", experts (ep, tp, efsdp) %dx%dx%d", E, T, D);
   }
   if (pconf && E > 1) /* expert parallelism: the stacked experts Shard(0) over the ep ranks */
     CHECK(shard_experts(root, o.layers, emesh));

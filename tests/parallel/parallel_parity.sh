@@ -163,16 +163,23 @@ if wanted dp2_tp2_moe; then
   grep -Eq "^traffic last step, mesh flattened dims: all_gather .* reduce_scatter" "$W/dp2_tp2_moe.log" ||
     { echo "dp2_tp2_moe: the experts were not sharded over tp x dp"; grep "^traffic" "$W/dp2_tp2_moe.log"; exit 1; }
 fi
-# FSDP x EP: the experts on their own mesh view, sharded over efsdp, dispatched over ep
+# FSDP x EP: the experts on their own mesh view, sharded over efsdp (and tp, where tp > 1: each tp
+# rank dispatches its own tokens), dispatched over ep
 for n in dp2_ep2 dp2_tp2_ep2 dp2_ep2_cp2; do
   wanted "$n" || continue
-  grep -q "experts (tp, ep, efsdp" "$W/$n.log" || { echo "$n: no expert mesh"; exit 1; }
-  grep -q "^traffic last step, expert mesh dim 1 ep: all_to_all" "$W/$n.log" ||
+  grep -q "experts (ep, tp, efsdp" "$W/$n.log" || { echo "$n: no expert mesh"; exit 1; }
+  grep -q "^traffic last step, expert mesh dim 0 ep: all_to_all" "$W/$n.log" ||
     { echo "$n: no all-to-all over ep"; exit 1; }
   # (with cp: over efsdp x cp, merged)
   grep -Eq "^traffic last step, expert mesh (dim 2 efsdp|flattened dims): all_gather .* reduce_scatter" "$W/$n.log" ||
     { echo "$n: the experts were not sharded over efsdp"; exit 1; }
 done
+# with tp as well: sharded over tp x efsdp merged, no separate reduction of their gradients over tp
+if wanted dp2_tp2_ep2; then
+  grep -Eq "^traffic last step, expert mesh flattened dims: all_gather .* reduce_scatter" "$W/dp2_tp2_ep2.log" &&
+    grep -q "^traffic last step, expert mesh dim 1 tp: none" "$W/dp2_tp2_ep2.log" ||
+    { echo "dp2_tp2_ep2: the experts were not sharded over tp x efsdp"; grep "^traffic" "$W/dp2_tp2_ep2.log"; exit 1; }
+fi
 # context parallelism: the sequence over the cp dim, attention as ring attention (send_recv on
 # cp: per layer 1 step forward, 3 backward at cp 2), activations halved, parameters sharded over dp x cp
 for n in cp2 dp2_cp2_tp2; do
