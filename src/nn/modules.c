@@ -707,10 +707,14 @@ static dt_status_t dt__moe_routed(dt_tape_t tape, dt_var_t x, dt_var_t vals, dt_
   return ag(tape, "index_add", 3, cin, 0, NULL, 0, NULL, out);
 }
 
-/* The expert-parallel mesh dim: the one on which w1, w3 and w2 are all Shard(0), Replicate on
- * every other; -1 when there is none (then the routing is global). */
-static dt_status_t dt__moe_ep_dim(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* dim) {
+/* The experts' layout: *dim the expert-parallel mesh dim, the one on which w1, w3 and w2 are all
+ * Shard(0), Replicate on every other, -1 when there is none; *whole 1 when they are Replicate on
+ * every dim of one mesh (every rank holds every expert whole: split tokens are routed where they
+ * are). Neither: the routing is global. */
+static dt_status_t dt__moe_expert_layout(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* dim,
+                                         int* whole) {
   *dim = -1;
+  *whole = 0;
   dt_mesh_t mesh;
   int mnd;
   DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &mesh));
@@ -723,39 +727,19 @@ static dt_status_t dt__moe_ep_dim(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* di
     if (m2 != mesh) return DT_SUCCESS;
     DT_CHECK(dt_tensor_placements(dt_var_value(w[k]), pl[k]));
   }
-  int d = -1;
+  int d = -1, all_rep = 1;
   for (int i = 0; i < mnd; i++) {
     int s0 = 1, rep = 1;
     for (int k = 0; k < 3; k++) {
       s0 &= pl[k][i].kind == DT_SHARD && pl[k][i].dim == 0;
       rep &= pl[k][i].kind == DT_REPLICATE;
     }
+    all_rep &= rep;
     if (s0 && d < 0) d = i;
     else if (!rep) return DT_SUCCESS;
   }
   *dim = d;
-  return DT_SUCCESS;
-}
-
-/* *whole = 1 when w1, w3 and w2 live on one mesh, Replicate on every dim of it (every rank holds
- * every expert whole). */
-static dt_status_t dt__moe_experts_whole(dt_var_t w1, dt_var_t w3, dt_var_t w2, int* whole) {
-  *whole = 0;
-  dt_mesh_t mesh;
-  int mnd;
-  DT_CHECK(dt_tensor_mesh(dt_var_value(w1), &mesh));
-  DT_CHECK(dt_mesh_ndim(mesh, &mnd));
-  dt_var_t w[3] = {w1, w3, w2};
-  for (int k = 0; k < 3; k++) {
-    dt_mesh_t m2;
-    dt_placement_t pl[DT_MAX_MESH_DIMS];
-    DT_CHECK(dt_tensor_mesh(dt_var_value(w[k]), &m2));
-    if (m2 != mesh) return DT_SUCCESS;
-    DT_CHECK(dt_tensor_placements(dt_var_value(w[k]), pl));
-    for (int i = 0; i < mnd; i++)
-      if (pl[i].kind != DT_REPLICATE) return DT_SUCCESS;
-  }
-  *whole = 1;
+  *whole = all_rep;
   return DT_SUCCESS;
 }
 
@@ -901,7 +885,8 @@ static dt_status_t dt__nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_va
                    "dropless)", capacity_factor);
   const int64_t S = N * top_k; /* routing choices (token, expert) */
   int ep_dim;
-  DT_CHECK(dt__moe_ep_dim(w1, w3, w2, &ep_dim));
+  int whole;
+  DT_CHECK(dt__moe_expert_layout(w1, w3, w2, &ep_dim, &whole));
   dt_var_t xr = x, probs, tk[2];
   dt_mesh_t mesh;
   int mnd;
@@ -914,11 +899,7 @@ static dt_status_t dt__nn_moe(dt_tape_t tape, dt_var_t x, dt_var_t router, dt_va
   /* each rank routes its own tokens under expert parallelism, and where the tokens arrive split
    * (rows Shard(0): a batch or sequence shard) beside experts every rank holds whole */
   int local = ep_dim >= 0;
-  if (!local) {
-    int split = 0;
-    for (int i = 0; i < mnd; i++) split |= xpl[i].kind == DT_SHARD && xpl[i].dim == 0;
-    if (split) DT_CHECK(dt__moe_experts_whole(w1, w3, w2, &local));
-  }
+  for (int i = 0; i < mnd && whole; i++) local |= xpl[i].kind == DT_SHARD && xpl[i].dim == 0;
   if (local) { /* the tokens split over the expert dim (and kept split where they are); on
                 * another mesh, split where they are only */
     int same = 1;
