@@ -19,9 +19,10 @@
 #               test_comm_conformance (the NCCL communicator against MPI, bit for bit) at np 1
 #               and np = number of GPUs; test_nccl_timeout (NCCL's deadline, np 1)
 #   errors      test_device_errors and test_device_leaks (1000 FSDP steps) at np 2
-#   twins       the device twins: redistribution (np 2, 4), ops against PyTorch's fixtures,
-#               autograd, FSDP (np 2, 4), DDP, TP, EP, optimizer, memory, local transfers, ring
-#               attention (staged through host memory until the fused kernel)
+#   twins       every device twin of tests/CMakeLists.txt (tools/gpu_twins.sh) at each of its np:
+#               redistribution, ops against PyTorch's fixtures, autograd, FSDP, DDP, TP, EP, MoE,
+#               optimizer, memory, local transfers, ring attention, async TP, checkpoints, ...
+#   estimate    tests/estimate/estimate.sh with --device cuda (np <= 2): the estimate against device peaks
 #   parity      tests/nn/loss_parity.sh on the GPU (np 1, 2, 4 on one GPU, f32, rtol 1e-5) and
 #               tests/parallel/parallel_parity.sh (every parallel config of the trainer, np up to 8)
 #   gemm        bench_gpu: dt_mm bf16 4096^3 and 8192^3 against the same cuBLASLt call made
@@ -62,7 +63,8 @@ step() {
   fi
   local s
   s=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  # stdin from /dev/null: mpirun forwards its stdin to rank 0 and would eat a loop's input
+  timeout --kill-after=10 "$limit" "$@" < /dev/null > "$OUT/$name.log" 2>&1
   local rc=$? d=$(($(date +%s) - s))
   if [ $rc -eq 0 ]; then note "PASS  $name (${d}s)"
   elif [ $rc -eq 77 ]; then note "SKIP  $name (${d}s): $(tail -n 1 "$OUT/$name.log")"
@@ -121,7 +123,7 @@ done
 
 # NCCL's deadline: the comm stream stalled 4 s by the test hook against a 1 s deadline (np 1)
 step nccl_timeout_np1 30 env DTENSOR_BACKEND="$BACKEND" DTENSOR_NCCL_STALL_MS=4000 \
-  DTENSOR_TIMEOUT_S=1 "${MPI[@]}" -np 1 "$G/tests/test_nccl_timeout"
+  DTENSOR_TIMEOUT_S=1 bash tests/comm/nccl_timeout.sh mpirun "$G/tests/test_nccl_timeout"
 
 # attention's other path (the default, auto, takes the tensor-core GEMM path where it fits)
 step conformance_sdpa_flash_np1 60 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" \
@@ -132,30 +134,26 @@ step conformance_sdpa_flash_np1 60 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" \
 step device_errors_np2 60 env DT_DEVICE_BACKEND="$BACKEND" "${MPI[@]}" -np 2 "$G/tests/test_device_errors"
 step device_leaks_np2 120 env DT_DEVICE_BACKEND="$BACKEND" "${MPI[@]}" -np 2 "$G/tests/test_device_leaks"
 
-# twins
+# twins: every dt_device_twins(NAME NP...) of tests/CMakeLists.txt at each of its np (what ctest's
+# `cuda` label runs), the paths no GPU has run yet first; the NCCL conformance ran above
+declare -A ran=()
 twin() { # test np
+  ran["$1_np$2"]=1
   step "$1_np$2" 90 env DTENSOR_BACKEND="$BACKEND" "${MPI[@]}" -np "$2" "$G/tests/$1"
 }
-twin test_exhaustive 2
-twin test_exhaustive 4
-twin test_ops_reference 2
-twin test_autograd 2
-twin test_fsdp 2
-twin test_fsdp 4
-twin test_ddp 2
-twin test_tp 2
-twin test_moe_ep 2
-twin test_local_io 2
-twin test_async 2
-twin test_optim 2
-twin test_memory 2
-twin test_views 2
-twin test_moe_ep 4
-twin test_ring_attention 2
 # asynchronous TP's rings: np 1 computes in device memory (cuBLASLt GEMMs with the rings' strides,
 # over NCCL); np 2 shares the GPU (staged through host memory over MPI)
 twin test_tp_overlap 1
-twin test_tp_overlap 2
+for t in test_tp_overlap test_ring_attention test_moe test_checkpoint test_data_plane \
+         test_after_finalize test_moe_ep; do
+  twin "$t" 2
+done
+while read -r name nps; do
+  [ "$name" = test_comm_conformance ] && continue
+  for np in $nps; do
+    [ -n "${ran["${name}_np$np"]:-}" ] || twin "$name" "$np"
+  done
+done < <(tools/gpu_twins.sh)
 
 # loss parity on one GPU: np 1, 2, 4 (host-staged communication), f32
 step loss_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/nn/loss_parity.sh mpirun \
@@ -163,6 +161,11 @@ step loss_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/nn/loss_parity.sh
 # the trainer's parallel configs (TP, SP, loss parallel, FSDP x TP, EP, up to 8 ranks on the GPU)
 step parallel_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/parallel/parallel_parity.sh \
   mpirun "$G/examples/train" "$OUT/parallel_parity"
+
+# the estimator (train --estimate-only --device cuda) against the device runs' memory and traffic,
+# configurations of up to $DT_GPU_CHECK_ESTIMATE_NP (default 2) ranks (tests/estimate/estimate.sh)
+step estimate_cuda 90 env ESTIMATE_ARGS="--device $BACKEND" ESTIMATE_MAX_NP="${DT_GPU_CHECK_ESTIMATE_NP:-2}" \
+  bash tests/estimate/estimate.sh "$G/examples/train" mpirun "$OUT/estimate"
 
 # benchmarks (GPU only)
 gemm=na tvt1=na tvt2=na mfu=na nvr=na

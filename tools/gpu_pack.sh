@@ -13,9 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-gpu}
 [ -d "$B/tests" ] || { echo "gpu_pack: no build in $B (see the header of this script)" >&2; exit 1; }
+# the programs gpu_check.sh names, and every device twin of tests/CMakeLists.txt
+mapfile -t twins < <(tools/gpu_twins.sh | cut -d' ' -f1)
 TESTS=(probe_backend test_cuda_backend test_simt_emu_gpu test_conformance test_device_errors
-       test_device_leaks test_exhaustive test_async test_local_io test_ops_reference test_autograd
-       test_fsdp test_ddp test_tp test_moe_ep test_optim test_memory test_views test_ring_attention test_comm_conformance test_nccl_timeout)
+       test_device_leaks test_nccl_timeout "${twins[@]}")
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/gpu-build/tests" "$stage/gpu-build/examples" "$stage/gpu-build/bench" \

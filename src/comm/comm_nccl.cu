@@ -141,13 +141,16 @@ static dt_status_t dt__nccl_load(void) { return DT_SUCCESS; }
 /* Test hook ($DTENSOR_NCCL_STALL_MS, read when a communicator is made; GPUs only): before each
  * operation the comm stream runs a kernel that spins that many milliseconds, so that one rank
  * (even np 1) can stand for a peer that stopped inside a collective and the deadline path runs.
- * The spin ends by itself, so the stream drains after the communicator is aborted. */
-__global__ void dt__nc_spin_kernel(unsigned long long ns) {
+ * Like NCCL's own kernels it stops when the communicator is aborted (*stop, host memory mapped
+ * for the device, set by dt__nc_abort): ncclCommAbort waits for the device's work, so a spin that
+ * ignored the abort would hold the timeout's return until it ended (measured on an H200: 4.0 s
+ * for a 1 s deadline before this flag). */
+__global__ void dt__nc_spin_kernel(unsigned long long ns, const volatile int* stop) {
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
+  } while (t - t0 < ns && *stop == 0);
 }
 #endif
 
@@ -173,6 +176,7 @@ typedef struct {
   cudaEvent_t* pool;    /* completion events for reuse */
   int n_pool, cap_pool;
   unsigned long long stall_ns; /* the test hook's spin before each operation (0: none) */
+  volatile int* stall_stop;    /* the hook's stop flag (mapped host memory; NULL: no hook) */
 } dt__nc_t;
 
 static dt__nc_t* dt__nc(const dt_comm_t* c) { return (dt__nc_t*)c->context; }
@@ -271,6 +275,7 @@ static void dt__nc_req_reset(dt__nc_t* x, dt_comm_req_t* r) {
  * every later call fails. */
 static void dt__nc_abort(dt_comm_t* c) {
   dt__nc_t* x = dt__nc(c);
+  if (x->stall_stop != NULL) *x->stall_stop = 1; /* the test hook's spin ends like NCCL's kernels */
   if (x->nc != NULL) (void)ncclCommAbort(x->nc);
   x->nc = NULL;
 }
@@ -318,8 +323,8 @@ static dt_status_t dt__nc_begin(dt_comm_t* c) {
                                "NCCL comm: cudaStreamWaitEvent");
   x->b->iface->event_free(x->b, ev);
 #ifndef DT_SIMT_EMULATE
-  if (st == DT_SUCCESS && x->stall_ns > 0) {
-    dt__nc_spin_kernel<<<1, 1, 0, x->stream>>>(x->stall_ns);
+  if (st == DT_SUCCESS && x->stall_ns > 0 && x->stall_stop != NULL) {
+    dt__nc_spin_kernel<<<1, 1, 0, x->stream>>>(x->stall_ns, x->stall_stop);
     st = dt__nc_cuda(cudaGetLastError(), "NCCL comm: the stall hook's launch");
   }
 #endif
@@ -759,6 +764,13 @@ static dt_status_t dt__nc_wrap(ncclComm_t nc, dt_backend_t b, int world_rank, in
   x->world_rank = world_rank;
   const char* stall = getenv("DTENSOR_NCCL_STALL_MS");
   x->stall_ns = stall != NULL ? (unsigned long long)(strtod(stall, NULL) * 1e6) : 0;
+#ifndef DT_SIMT_EMULATE
+  void* flag = NULL; /* the hook's stop flag, read by the device through unified addressing */
+  if (x->stall_ns > 0 && cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped) == cudaSuccess) {
+    x->stall_stop = (volatile int*)flag;
+    *x->stall_stop = 0;
+  }
+#endif
   out->iface = &dt__nc_iface;
   out->context = x;
   out->api_version = DT_COMM_API_VERSION;
@@ -806,6 +818,13 @@ static void dt__nc_destroy(dt_comm_t* c) {
   for (int i = 0; i < x->n_pool; i++) (void)cudaEventDestroy(x->pool[i]);
   dt__free(x->pool);
   dt__free(x->p2p);
+#ifndef DT_SIMT_EMULATE
+  if (x->stall_stop != NULL) { /* the hook's spins end, then their flag goes */
+    *x->stall_stop = 1;
+    (void)cudaStreamSynchronize(x->stream);
+    (void)cudaFreeHost((void*)x->stall_stop);
+  }
+#endif
   (void)cudaStreamDestroy(x->stream);
   dt__free(x);
   c->context = NULL;

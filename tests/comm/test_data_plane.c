@@ -4,13 +4,15 @@
  *   cpu / guarded      DT_PLANE_MPI before and after a redistribution; the "nccl" parameters
  *                      never price its steps;
  *   cuda-emu (cuda)    DT_PLANE_UNDECIDED until the first redistribution, then DT_PLANE_NCCL
- *                      (DT_PLANE_MPI_STAGED under DTENSOR_DATA_COMM=mpi); once on NCCL, an
+ *                      (DT_PLANE_MPI_STAGED under DTENSOR_DATA_COMM=mpi, or on real GPUs when
+ *                      two ranks share one); once on NCCL, an
  *                      all-gather on the mesh is priced exactly by the "nccl" line (no staging
  *                      copies), dt_mesh_get_cost_model returns it, a per-dim model overrides it;
  *                      staged, the global line plus the backend's two staging copies.
  * Everywhere: a model file saved and loaded again keeps the "nccl" object; malformed "nccl"
  * objects are refused and change nothing; dt_cost_model_reset drops them; bad arguments.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -60,7 +62,24 @@ int main(int argc, char** argv) {
   dt_device_t dev;
   DT_ASSERT_OK(dt_backend_device(b, &dev));
   const char* mode = getenv("DTENSOR_DATA_COMM");
-  const int device = dev == DT_DEVICE_CUDA, staged = device && mode && !strcmp(mode, "mpi");
+  const int device = dev == DT_DEVICE_CUDA;
+  /* staged: asked for, or (real GPUs) two ranks on one GPU, which NCCL refuses: told apart here
+   * by (host, device ordinal), as launched by ctest and tools/gpu_check.sh (every rank sees every
+   * GPU; the library itself compares PCI bus ids) */
+  int staged = device && mode && !strcmp(mode, "mpi");
+  if (device && !staged && n > 1 && !strcmp(dt_backend_name(b), "cuda")) {
+    char me[300] = {0};
+    int ordinal = -1;
+    DT_ASSERT_OK(dt_backend_ordinal(b, &ordinal));
+    gethostname(me, 255);
+    snprintf(me + strlen(me), sizeof me - strlen(me), "#%d", ordinal);
+    char* all = (char*)calloc((size_t)n, sizeof me);
+    DT_ASSERT_TRUE(all != NULL, "calloc");
+    MPI_Allgather(me, (int)sizeof me, MPI_CHAR, all, (int)sizeof me, MPI_CHAR, MPI_COMM_WORLD);
+    for (int r = 0; r < n; r++)
+      if (r != rank && !strcmp(all + (size_t)r * sizeof me, me)) staged = 1;
+    free(all);
+  }
   dt_data_plane_t pl;
   DT_ASSERT_OK(dt_mesh_data_plane(m, &pl));
   DT_ASSERT_TRUE(pl == (device ? DT_PLANE_UNDECIDED : DT_PLANE_MPI), "before: plane %d", (int)pl);

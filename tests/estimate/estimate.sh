@@ -18,6 +18,10 @@ TRAIN=$1 MPI=$2 W=${3:-$(mktemp -d)}
 mkdir -p "$W"
 export DTENSOR_QUIET=1 OPENBLAS_NUM_THREADS=1
 COMMON=(--steps 2 --dim 32 --layers 2 --batch 16 --seq 16)
+# ESTIMATE_ARGS: more trainer flags for every run and estimate (e.g. "--device cuda": the estimate
+# against device memory; tools/gpu_check.sh)
+read -r -a extra <<< "${ESTIMATE_ARGS:-}"
+COMMON+=("${extra[@]}")
 fail=0 n=0
 run() { # NP [--routed] ARGS...
   local np=$1
