@@ -56,6 +56,7 @@ static dt_status_t dt__init_simulated_impl(int world_size, int rank) {
   if (rank < 0 || rank >= world_size)
     return DT_FAIL(DT_ERR_INVALID_ARG, "rank=%d (valid: 0 to %d)", rank, world_size - 1);
   DT_CHECK(dt__ctx_init_simulated(world_size, rank)); /* mesh: a world without MPI */
+  dt__backend_meta_target(DT_KERNELS_HOST); /* backend: host kernels until dt_sim_set_device */
   char saved[1024]; /* the calibrated cost model, as dt_init loads it: the same plans */
   snprintf(saved, sizeof saved, "%s", dt_last_error());
   if (dt__cost_model_autoload() != DT_SUCCESS) dt__error_restore(saved);

@@ -22,7 +22,7 @@
 #   twins       every device twin of tests/CMakeLists.txt (tools/gpu_twins.sh) at each of its np:
 #               redistribution, ops against PyTorch's fixtures, autograd, FSDP, DDP, TP, EP, MoE,
 #               optimizer, memory, local transfers, ring attention, async TP, checkpoints, ...
-#   estimate    tests/estimate/estimate.sh with --device cuda (np <= 2): the estimate against device peaks
+#   estimate    tests/estimate/estimate.sh with --device cuda (np <= GPUs): the estimate against device peaks
 #   parity      tests/nn/loss_parity.sh on the GPU (np 1, 2, 4 on one GPU, f32, rtol 1e-5) and
 #               tests/parallel/parallel_parity.sh (every parallel config of the trainer, np up to 8)
 #   gemm        bench_gpu: dt_mm bf16 4096^3 and 8192^3 against the same cuBLASLt call made
@@ -108,7 +108,8 @@ step test_cuda_backend 60 "$G/tests/test_cuda_backend"
 
 # conformance
 for np in 1 2; do
-  step "conformance_np$np" 120 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" "${MPI[@]}" -np $np \
+  step "conformance_np$np" 120 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" DTENSOR_CHECK_SCRATCH=1 \
+    "${MPI[@]}" -np $np \
     "$G/tests/test_conformance"
 done
 
@@ -162,9 +163,10 @@ step loss_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/nn/loss_parity.sh
 step parallel_parity 150 env DTENSOR_BACKEND="$BACKEND" bash tests/parallel/parallel_parity.sh \
   mpirun "$G/examples/train" "$OUT/parallel_parity"
 
-# the estimator (train --estimate-only --device cuda) against the device runs' memory and traffic,
-# configurations of up to $DT_GPU_CHECK_ESTIMATE_NP (default 2) ranks (tests/estimate/estimate.sh)
-step estimate_cuda 90 env ESTIMATE_ARGS="--device $BACKEND" ESTIMATE_MAX_NP="${DT_GPU_CHECK_ESTIMATE_NP:-2}" \
+# the estimator (train --estimate-only --device cuda: one GPU per rank) against the device runs'
+# memory and traffic, configurations of up to $DT_GPU_CHECK_ESTIMATE_NP ranks (default: the GPUs;
+# ranks sharing a GPU stage their data through host memory, which the estimate does not assume)
+step estimate_cuda 90 env ESTIMATE_ARGS="--device $BACKEND" ESTIMATE_MAX_NP="${DT_GPU_CHECK_ESTIMATE_NP:-$ngpu}" \
   bash tests/estimate/estimate.sh "$G/examples/train" mpirun "$OUT/estimate"
 
 # benchmarks (GPU only)

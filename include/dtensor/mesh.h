@@ -78,6 +78,16 @@ DT_API dt_status_t dt_sim_time_reset(void);
  * outside a simulation. dt_sim_routing_imbalance reads it (1 outside a simulation). */
 DT_API dt_status_t dt_sim_set_routing_imbalance(double factor);
 DT_API double dt_sim_routing_imbalance(void);
+/* The device a simulated run plays: "cpu" (the default after dt_init_simulated), "cuda" or
+ * "cuda-emu". A device makes the simulated kernels those of its kernel set, as a run on one GPU
+ * per rank would run them: bf16/f16 storage taken natively or through f32 copies as each kernel
+ * does, each kernel's device scratch counted as "other" (attention's workspace and the like, as
+ * the kernel sizes it; the kernels' sizes follow an H100 / H200: 227 KiB of shared memory per
+ * block), and storage counted at its exact size (the host's storage pool rounds). Choose it after
+ * dt_init_simulated and before making tensors. DT_ERR_INVALID_ARG for another name,
+ * DT_ERR_INVALID_USAGE outside a simulation or once simulated tensors exist, DT_ERR_UNSUPPORTED
+ * when this build has no such kernels (no "cuda" without DTENSOR_CUDA). */
+DT_API dt_status_t dt_sim_set_device(const char* backend);
 DT_API dt_status_t dt_world_rank(int* rank);
 DT_API dt_status_t dt_world_size(int* size);
 

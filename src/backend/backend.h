@@ -168,6 +168,10 @@ int dt__meta_ptr(const void* p);
 /* The scratch (bytes, "other") the next kernel run on the meta backend holds while it runs: what
  * the host kernel would allocate (dispatch sets it before each run on the meta backend). */
 void dt__backend_meta_scratch(size_t nbytes);
+/* The kernel set the meta backend plays (dt_sim_set_device): its kernels' dtype handling and
+ * scratch; a device set also counts storage at its exact size (device allocators do not round
+ * like the host's storage pool). DT_KERNELS_HOST restores the default. */
+void dt__backend_meta_target(int kernel_set);
 /* The simulated clock of a run on the meta backend (dt_init_simulated): this rank's compute
  * stream, on which kernels and blocking waits advance the time, and one communication stream on
  * which collectives run in the order posted, each starting when posted or when the previous one
@@ -213,6 +217,11 @@ typedef struct dt_storage {
 
 /* Memory accounting (dt_memory_stats): nbytes more (or fewer, when negative) under category c. */
 void dt__mem_count(int c, int64_t nbytes);
+/* A window over one kernel run: begin returns category c's current bytes and lets its peak
+ * restart from them (the old peak saved in *saved_peak); end returns the most bytes held above
+ * the start in between and restores the peak (the larger of the two). */
+int64_t dt__mem_window_begin(int c, int64_t* saved_peak);
+int64_t dt__mem_window_end(int c, int64_t start, int64_t saved_peak);
 /* Moves an owned storage's bytes to category c. */
 void dt__storage_set_category(dt_storage_t* s, int c);
 
@@ -288,5 +297,8 @@ dt_status_t dt__host_gemm(dt_backend_t b, const dt_gemm_t* g);
 dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
                                    const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
                                    dt_local_tensor_t* out, int n_out);
+/* The bytes of the f32 copies dt__backend_run_kernel makes for a kernel with these flags. */
+size_t dt__run_kernel_copies_nbytes(unsigned flags, const dt_local_tensor_t* in, int n_in,
+                                    const dt_local_tensor_t* out, int n_out);
 
 #endif

@@ -182,6 +182,11 @@ static _Thread_local size_t dt__meta_scratch;
 
 void dt__backend_meta_scratch(size_t nbytes) { dt__meta_scratch = nbytes; }
 
+void dt__backend_meta_target(int kernel_set) {
+  dt__backend_meta.kernel_set = kernel_set;
+  dt__backend_meta.pooled = kernel_set == DT_KERNELS_HOST;
+}
+
 static dt_status_t dt__meta_kernel(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                    dt_local_tensor_t* out) {
   (void)call, (void)in, (void)out;

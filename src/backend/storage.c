@@ -507,6 +507,34 @@ static int64_t dt__local_numel(const dt_local_tensor_t* v) {
   return n;
 }
 
+/* The f32 copy run_kernel makes of a bf16/f16 tensor (0 for other dtypes). */
+static size_t dt__f32_copy_nbytes(const dt_local_tensor_t* t) {
+  if (!dt__half(t->dtype)) return 0;
+  const int64_t n = dt__local_numel(t);
+  return sizeof(float) * (size_t)(n ? n : 1);
+}
+
+size_t dt__run_kernel_copies_nbytes(unsigned flags, const dt_local_tensor_t* in, int n_in,
+                                    const dt_local_tensor_t* out, int n_out) {
+  if (flags & DT_KERNEL_ANY_DTYPE) return 0;
+  size_t s = 0;
+  for (int t = 0; t < n_in; t++) s += dt__f32_copy_nbytes(&in[t]);
+  for (int o = 0; o < n_out; o++) s += dt__f32_copy_nbytes(&out[o]);
+  return s;
+}
+
+int64_t dt__mem_window_begin(int c, int64_t* saved_peak) {
+  *saved_peak = dt__mem.peak[c];
+  dt__mem.peak[c] = dt__mem.cur[c];
+  return dt__mem.cur[c];
+}
+
+int64_t dt__mem_window_end(int c, int64_t start, int64_t saved_peak) {
+  const int64_t held = dt__mem.peak[c] - start;
+  if (saved_peak > dt__mem.peak[c]) dt__mem.peak[c] = saved_peak;
+  return held;
+}
+
 dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
                                    const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
                                    dt_local_tensor_t* out, int n_out) {
@@ -524,7 +552,7 @@ dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsig
     lin[t] = in[t];
     if (!dt__half(in[t].dtype)) continue;
     int64_t n = dt__local_numel(&in[t]);
-    nb_in[t] = sizeof(float) * (size_t)(n ? n : 1);
+    nb_in[t] = dt__f32_copy_nbytes(&in[t]);
     tmp_in[t] = dt__backend_alloc(b, nb_in[t]);
     if (tmp_in[t] == NULL) {
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 copy of input %d", call->op, t);
@@ -538,8 +566,7 @@ dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsig
   for (int o = 0; o < n_out; o++) {
     lout[o] = out[o];
     if (!dt__half(out[o].dtype)) continue;
-    int64_t n = dt__local_numel(&out[o]);
-    nb_out[o] = sizeof(float) * (size_t)(n ? n : 1);
+    nb_out[o] = dt__f32_copy_nbytes(&out[o]);
     tmp_out[o] = dt__backend_alloc(b, nb_out[o]);
     if (tmp_out[o] == NULL) {
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 buffer of output %d", call->op, o);

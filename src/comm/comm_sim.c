@@ -54,15 +54,18 @@ static void dt__sim_put(void* dst, const void* src, size_t n) {
  * the memory peaks of FSDP's prefetching match the real run's exactly with 2 to 8 polls, and
  * complete-at-post (0) or complete-only-when-waited (the most overlap) differ by 15 %. A rank
  * that lags the others sees its collectives complete late: $DTENSOR_SIM_COMPLETE=wait makes
- * every one complete only when waited for (the upper end of what timing can do; "poll", the
- * default, is the usual case). Read once. */
+ * every one complete only when waited for (the upper end of what timing can do); "now" makes it
+ * complete at its first test (the lower end: a device whose work finishes before each call
+ * returns, as the emulated GPU's, or a transfer faster than the code between post and test);
+ * "poll", the default, is the usual case. Read once. */
 #define DT__SIM_POLLS 2
 
 static uint64_t dt__sim_polls(void) {
   static int polls = -1;
   if (polls < 0) {
     const char* e = getenv("DTENSOR_SIM_COMPLETE");
-    polls = (e != NULL && strcmp(e, "wait") == 0) ? 0 : DT__SIM_POLLS;
+    polls = e == NULL ? DT__SIM_POLLS : strcmp(e, "wait") == 0 ? 0 : strcmp(e, "now") == 0 ? 1
+                                                                                            : DT__SIM_POLLS;
   }
   return polls == 0 ? UINT64_MAX : (uint64_t)polls;
 }

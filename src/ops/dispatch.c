@@ -2,6 +2,7 @@
  * redistribution, local kernel, output tensor with the chosen placements; composite ops run
  * their forward. Names become ids here, once, at the public boundary. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "ops/ops.h"
 #include "strategy/strategy.h"
@@ -35,6 +36,50 @@ static const dt_device_kernel_t* dt__kernel_set(int set) {
     dt__ksets.filled[set] = 1;
   }
   return dt__ksets.table[set];
+}
+
+size_t dt__op_scratch_nbytes(int id, dt_backend_t b, const dt_op_call_t* call,
+                             const dt_local_tensor_t* in, const dt_local_tensor_t* out) {
+  const dt_device_kernel_t* set = dt__kernel_set(b->kernel_set);
+  const dt_op_info_t* info = dt__op_info(id);
+  if (set == NULL || info == NULL || id >= DT_OP_COUNT || info != &dt__op_table[id])
+    return dt__kernel_scratch_nbytes(id, call, in);
+  return set[id].scratch != NULL ? set[id].scratch(call, in, out) : 0;
+}
+
+static dt_status_t dt__sim_set_device_impl(const char* backend) {
+  DT_ARG_NOT_NULL(backend);
+  int set;
+  if (!strcmp(backend, "cpu")) set = DT_KERNELS_HOST;
+  else if (!strcmp(backend, "cuda")) set = DT_KERNELS_CUDA;
+  else if (!strcmp(backend, "cuda-emu")) set = DT_KERNELS_CUDA_EMU;
+  else
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_sim_set_device: unknown device '%s' (cpu, cuda or "
+                   "cuda-emu)", backend);
+  if (!dt__ctx_simulated())
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_sim_set_device: the library does not run a "
+                   "simulated world (dt_init_simulated)");
+  int built = set == DT_KERNELS_HOST;
+#ifdef DTENSOR_HAVE_CUDA
+  built |= set == DT_KERNELS_CUDA;
+#endif
+#ifdef DTENSOR_HAVE_SIMT_EMU
+  built |= set == DT_KERNELS_CUDA_EMU;
+#endif
+  if (!built)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "dt_sim_set_device: this build has no %s kernels to "
+                   "simulate (configure with DTENSOR_CUDA%s)", backend,
+                   set == DT_KERNELS_CUDA ? "=ON" : "=ON and DTENSOR_SIMT_EMU=ON");
+  if (dt__backend_meta.live_blocks != 0)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_sim_set_device: %lld simulated allocations are "
+                   "live; choose the device before making tensors",
+                   (long long)dt__backend_meta.live_blocks);
+  dt__backend_meta_target(set);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_sim_set_device(const char* backend) {
+  DT_ENTRY_RETURN(dt__sim_set_device_impl(backend));
 }
 
 dt_op_kernel_fn dt__op_kernel(int id, dt_backend_t b, unsigned* flags) {
@@ -261,7 +306,7 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
                   ((info->flags & DT_OPF_WRITES_ALL) ? DT_KERNEL_WRITES_ALL : 0u) |
                   (writes ? DT_KERNEL_INPLACE : 0u);
     if (b->device == DT_DEVICE_META) { /* the simulated kernel: the real one's scratch and time */
-      dt__backend_meta_scratch(dt__kernel_scratch_nbytes(id, &call, lin));
+      dt__backend_meta_scratch(dt__op_scratch_nbytes(id, b, &call, lin, lout));
       double f, nb, us = dt__op_sim_us(id, &call, lin, n_inputs, lout, n_outputs,
                                        !(kf & DT_KERNEL_ANY_DTYPE), &f, &nb);
       dt__sim_clock_t* ck = dt__sim_clock();
@@ -270,7 +315,29 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
       ck->ops++;
       dt__sim_compute(us);
     }
+    /* $DTENSOR_CHECK_SCRATCH=1 (tests): the scratch a kernel held ("other" above its start) must
+     * be what a simulated run counts for it: its f32 copies and its scratch function's bytes */
+    static int check_scratch = -1;
+    if (check_scratch < 0) {
+      const char* e = getenv("DTENSOR_CHECK_SCRATCH");
+      check_scratch = e != NULL && strcmp(e, "1") == 0;
+    }
+    const int check = check_scratch && b->device != DT_DEVICE_META;
+    size_t want = 0;
+    int64_t w0 = 0, peak0 = 0;
+    if (check) {
+      want = dt__run_kernel_copies_nbytes(kf, lin, n_inputs, lout, n_outputs) +
+             dt__op_scratch_nbytes(id, b, &call, lin, lout);
+      w0 = dt__mem_window_begin(DT_MEM_OTHER, &peak0);
+    }
     st = b->iface->run_kernel(b, kernel, kf, &call, lin, n_inputs, lout, n_outputs);
+    if (check) {
+      const int64_t held = dt__mem_window_end(DT_MEM_OTHER, w0, peak0);
+      if (st == DT_SUCCESS && held != (int64_t)want)
+        st = DT_FAIL(DT_ERR_INTERNAL, "%s on backend %s: the kernel held %lld bytes of scratch, "
+                     "a simulated run counts %zu (DTENSOR_CHECK_SCRATCH)", name, b->name,
+                     (long long)held, want);
+    }
     /* a value only some ranks hold may be rejected: every rank returns the same status before
      * any goes on to its next collective (a cast to a float type rejects nothing) */
     if ((info->flags & DT_OPF_CHECKS_DATA) &&

@@ -18,16 +18,26 @@
 dt_status_t dt__op_apply(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
                          int n_fargs, const double* fargs, int n_out, dt_tensor_t* out,
                          dt_tensor_t* saved);
-/* A device kernel-set entry: the kernel of one op for one kernel set and its DT_KERNEL_ANY_DTYPE
- * flag (the kernel takes bf16/f16 storage itself; without it run_kernel hands it f32 copies). */
+/* A device kernel-set entry: the kernel of one op for one kernel set, its DT_KERNEL_ANY_DTYPE
+ * flag (the kernel takes bf16/f16 storage itself; without it run_kernel hands it f32 copies) and,
+ * where the kernel allocates device scratch, the most it holds at once for the given shapes (the
+ * kernel sizes its scratch with the same function; a simulated run of that kernel set counts it,
+ * see dt_sim_set_device). NULL: no scratch, or none worth modelling (a flag word). */
+typedef size_t (*dt_kernel_scratch_fn)(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                       const dt_local_tensor_t* out);
 typedef struct dt_device_kernel {
   dt_op_kernel_fn fn;
   unsigned flags;
+  dt_kernel_scratch_fn scratch;
 } dt_device_kernel_t;
 /* The kernel that runs op `id` on backend b (NULL: none) and its DT_KERNEL_* dtype flag in
  * *flags: a host-registered op's or override's kernel for b's device, else the built-in kernel
  * of b's kernel set. */
 dt_op_kernel_fn dt__op_kernel(int id, dt_backend_t b, unsigned* flags);
+/* The scratch the kernel of op `id` on backend b holds at its peak for these local tensors: the
+ * kernel set's scratch function, or the host kernels' (dt__kernel_scratch_nbytes). */
+size_t dt__op_scratch_nbytes(int id, dt_backend_t b, const dt_op_call_t* call,
+                             const dt_local_tensor_t* in, const dt_local_tensor_t* out);
 /* The CUDA kernel sets (src/ops/cuda, one source compiled by nvcc and for the SIMT emulator):
  * fill table[DT_OP_COUNT] (entries without a kernel stay NULL). */
 void dt__cuda_kernels_fill(dt_device_kernel_t* table);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""compare.py [--routed] REAL.txt EST_0.txt ... EST_{N-1}.txt [-- LATE_0.txt ... LATE_{N-1}.txt]
+"""compare.py [--routed] REAL.txt EST_0.txt ... EST_{N-1}.txt [-- LATE_0.txt ... LATE_{N-1}.txt [-- ...]]
 - a simulated run (train --estimate-only, one file per rank) against the real run (train under
 mpirun, REAL.txt): every rank's peak memory per category (the "peak_memory_bytes rank R:" lines)
 within TOL (default 3 %, $DT_EST_TOL) of the real run's, and the real run's traffic lines (rank
@@ -7,6 +7,8 @@ within TOL (default 3 %, $DT_EST_TOL) of the real run's, and the real run's traf
 With LATE files (the same simulation with DTENSOR_SIM_COMPLETE=wait: collectives complete only
 when waited for), the timing-dependent figures (communication, total) may lie anywhere between
 the two estimates (within TOL of that range): a real rank that lags sees its collectives late.
+More "--" groups (EARLY files: DTENSOR_SIM_COMPLETE=now, every collective complete at its first
+test, as on a device whose work finishes before each call returns) widen the range the same way.
 --routed (expert parallelism: the real run's row counts follow its routing, the simulation takes
 the routing as balanced): TOL 25 % and traffic compared by calls only.
 Prints the worst relative error per category; exits 1 on any difference."""
@@ -37,10 +39,11 @@ def main():
     if routed:
         args = args[1:]
     tol = float(os.environ.get("DT_EST_TOL", "0.25" if routed else "0.03"))
-    late_paths = []
-    if "--" in args:
-        k = args.index("--")
-        args, late_paths = args[:k], args[k + 1:]
+    groups = []  # the bound files of each "--" group
+    while "--" in args:
+        k = len(args) - 1 - args[::-1].index("--")
+        groups.insert(0, args[k + 1:])
+        args = args[:k]
     real_path, est_paths = args[0], args[1:]
     real = mem_lines(real_path)
     if len(real) != len(est_paths):
@@ -49,7 +52,7 @@ def main():
     bad, worst, point = 0, {}, {}
     for r, p in enumerate(est_paths):
         est = mem_lines(p)
-        late = mem_lines(late_paths[r]) if late_paths else {}
+        bounds = [mem_lines(g[r]) for g in groups if r < len(g)]
         if r not in est or r not in real:
             print(f"rank {r}: no peak_memory_bytes line ({p})")
             return 1
@@ -62,8 +65,10 @@ def main():
             pe = abs(e - v) / v if v else (0.0 if e == 0 else 1.0)
             point[k] = max(point.get(k, 0.0), pe)
             lo, hi = e, e
-            if k in ("communication", "total") and r in late:
-                lo, hi = min(e, late[r][k]), max(e, late[r][k])
+            if k in ("communication", "total"):
+                for b in bounds:
+                    if r in b and k in b[r]:
+                        lo, hi = min(lo, b[r][k]), max(hi, b[r][k])
             e = lo if v < lo else hi if v > hi else v  # the nearest end of the range
             err = abs(e - v) / v if v else (0.0 if e == 0 else 1.0)
             worst[k] = max(worst.get(k, 0.0), err)

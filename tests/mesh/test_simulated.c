@@ -21,7 +21,11 @@
  *  - ring attention (context parallelism) on 4 simulated ranks: the ring's traffic as the real
  *    run counts it (3 forward key/value shards; backward 3 more and 4 gradient shards), its
  *    transfers priced and overlapped with its blocks' FLOPs on the clock, the scratch counted;
- *    the all-gather variant's collectives.
+ *    the all-gather variant's collectives;
+ *  - dt_sim_set_device: bad names, outside a simulation and once tensors exist refused; a build
+ *    without the emulated GPU's kernels says so; with them, an f32 attention forward counts the
+ *    GEMM path's workspace (the 64 x 64 scores of both heads, 32 KiB) instead of the host
+ *    kernel's (one head's scores, 16 KiB), and a new dt_init_simulated plays the cpu again.
  */
 #define _POSIX_C_SOURCE 200809L /* mkstemp */
 #include <setjmp.h>
@@ -495,6 +499,58 @@ static void test_ring_attention(void** state) {
   OK(dt_finalize());
 }
 
+/* The most "other" bytes above the start while one f32 attention forward (1 x 2 x 64 x 16) runs
+ * on a fresh simulated world playing `device` (NULL: the default). */
+static int64_t sdpa_other_peak(const char* device) {
+  OK(dt_init_simulated(1, 0));
+  if (device != NULL) OK(dt_sim_set_device(device));
+  int n = 1;
+  dt_mesh_t m;
+  OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  const int64_t shape[4] = {1, 2, 64, 16};
+  dt_placement_t r = dt_replicate();
+  dt_tensor_t q, o;
+  OK(dt_tensor_zeros(m, DT_F32, 4, shape, &r, &q));
+  dt_memory_stats_t st;
+  OK(dt_memory_reset_peak());
+  OK(dt_memory_stats(&st));
+  const int64_t start = st.current[DT_MEM_OTHER];
+  OK(dt_sdpa(q, q, q, 0, 0.0, &o));
+  OK(dt_memory_stats(&st));
+  const int64_t held = st.peak[DT_MEM_OTHER] - start;
+  /* tensors exist: too late to choose the device */
+  assert_int_equal(dt_sim_set_device("cpu"), DT_ERR_INVALID_USAGE);
+  assert_non_null(strstr(dt_last_error(), "before making tensors"));
+  OK(dt_tensor_destroy(o));
+  OK(dt_tensor_destroy(q));
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+  return held;
+}
+
+static void test_sim_device(void** state) {
+  (void)state;
+  assert_int_equal(dt_sim_set_device("cuda"), DT_ERR_INVALID_USAGE); /* no simulated world */
+  assert_non_null(strstr(dt_last_error(), "dt_init_simulated"));
+  OK(dt_init_simulated(2, 0));
+  assert_int_equal(dt_sim_set_device(NULL), DT_ERR_INVALID_ARG);
+  assert_int_equal(dt_sim_set_device("tpu"), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "unknown device 'tpu'"));
+  OK(dt_sim_set_device("cpu"));
+  const dt_status_t emu = dt_sim_set_device("cuda-emu");
+  if (emu == DT_ERR_UNSUPPORTED) /* a build without the SIMT emulator */
+    assert_non_null(strstr(dt_last_error(), "DTENSOR_CUDA"));
+  OK(dt_finalize());
+  const int64_t cpu = sdpa_other_peak(NULL);
+  /* the output (2 x 64 x 16 f32, 8 KiB) and the host kernel's scores of one head (16 KiB) */
+  assert_int_equal(cpu, 8192 + 16384);
+  if (emu == DT_ERR_UNSUPPORTED) return;
+  assert_int_equal(emu, DT_SUCCESS);
+  /* the output and the GEMM path's f32 scores of both heads (2 x 64 x 64 x 4 bytes; P over them) */
+  assert_int_equal(sdpa_other_peak("cuda-emu"), 8192 + 32768);
+  assert_int_equal(sdpa_other_peak(NULL), cpu); /* dt_init_simulated went back to the cpu */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_args),
@@ -504,6 +560,7 @@ int main(void) {
       cmocka_unit_test(test_model_step),
       cmocka_unit_test(test_step_time),
       cmocka_unit_test(test_ring_attention),
+      cmocka_unit_test(test_sim_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

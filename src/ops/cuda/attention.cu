@@ -884,6 +884,15 @@ DT_CU_KERNEL(dt_cu_sdpa) {
   });
 }
 
+/* The flash path of sdpa_grad's scratch: lse and delta per query row of every (batch, head). */
+static size_t dt_attn_flash_grad_nbytes(const dt_attn_geom& g) {
+  return sizeof(float) * (size_t)(2 * g.B * g.H * g.S);
+}
+/* sdpa_grad's copy of a dO whose float dtype is not q's (0: none). */
+static size_t dt_attn_go_nbytes(const dt_local_tensor_t* in, dt_dtype_t dt) {
+  return in[3].dtype == dt ? 0 : dt__itemsize(dt) * (size_t)dt_cu_numel(&in[3]);
+}
+
 /* The flash path of sdpa_grad. */
 template <typename T>
 static dt_status_t dt_attn_flash_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
@@ -895,7 +904,7 @@ static dt_status_t dt_attn_flash_grad(const dt_op_call_t* call, const dt_local_t
   if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
   /* per query row of every (batch, head): lse, then delta */
   const int64_t rows = g.B * g.H * g.S;
-  const size_t nbytes = sizeof(float) * (size_t)(2 * rows);
+  const size_t nbytes = dt_attn_flash_grad_nbytes(g);
   void* scratch;
   DT_CHECK(dt_cu_scratch(&in[0], call->op, nbytes, &scratch));
   float *lse = (float*)scratch, *delta = lse + rows;
@@ -936,7 +945,7 @@ DT_CU_KERNEL(dt_cu_sdpa_grad) {
    * a copy in theirs */
   dt_local_tensor_t args[4] = {in[0], in[1], in[2], in[3]};
   void* go = NULL;
-  const size_t go_nb = gdt == dt ? 0 : dt__itemsize(dt) * (size_t)dt_cu_numel(&in[3]);
+  const size_t go_nb = dt_attn_go_nbytes(in, dt);
   if (gdt != dt) {
     DT_CHECK(dt_cu_scratch(&in[3], call->op, go_nb, &go));
     const dt_status_t cs = in[3].backend->iface->convert(in[3].backend, in[3].data, gdt, go, dt,
@@ -961,12 +970,55 @@ DT_CU_KERNEL(dt_cu_sdpa_grad) {
   return st;
 }
 
+/* The device scratch sdpa (bwd 0) or sdpa_grad (bwd 1) holds at once for these tensors on a
+ * device with smem bytes of shared memory per block: the kernels above decide the same way (the
+ * path and chunk through dt_attn_choose, the sizes through dt_attn_ws_plan,
+ * dt_attn_flash_grad_nbytes and dt_attn_go_nbytes). For simulated runs (dt_sim_set_device). */
+static size_t dt_attn_scratch(const dt_op_call_t* call, const dt_local_tensor_t* in, int bwd,
+                              size_t smem) {
+  const dt_dtype_t dt = in[0].dtype;
+  if (dt != DT_F32 && dt != DT_BF16 && dt != DT_F16) return 0;
+  dt_attn_geom g;
+  dt_attn_geom_init(call, in, &g);
+  const size_t item = dt__itemsize(dt);
+  if (!bwd) {
+    if (g.B * g.H * g.S * g.E == 0 || g.T == 0) return 0;
+    const int64_t chunk = dt_attn_choose(g, item, 0, dt_attn_fwd_smem(&g) <= smem);
+    if (chunk <= 0) return 0; /* the flash forward keeps everything on chip */
+    dt_attn_ws w;
+    dt_attn_ws_plan(g, item, 0, chunk, &w);
+    return dt_cu_scratch_size(w.nbytes);
+  }
+  if (g.B * g.H * g.S * g.T == 0) return 0;
+  const int flash_ok = dt_attn_fwd_smem(&g) <= smem && dt_attn_dq_smem(&g) <= smem &&
+                       dt_attn_dkv_smem(&g) <= smem;
+  const int64_t chunk = dt_attn_choose(g, item, 1, flash_ok);
+  size_t path = dt_attn_flash_grad_nbytes(g);
+  if (chunk > 0) {
+    dt_attn_ws w;
+    dt_attn_ws_plan(g, item, 1, chunk, &w);
+    path = w.nbytes;
+  }
+  const size_t go = dt_attn_go_nbytes(in, dt);
+  return (go ? dt_cu_scratch_size(go) : 0) + dt_cu_scratch_size(path);
+}
+/* The shared memory per block of in[0]'s device, or of the one a simulation plays. */
+static size_t dt_attn_smem_of(const dt_local_tensor_t* t) {
+  return t->backend->device == DT_DEVICE_META ? DT_CU_SIM_SMEM : dt_attn_smem_limit();
+}
+DT_CU_SCRATCH(dt_cu_sdpa_scratch) {
+  return (void)out, dt_attn_scratch(call, in, 0, dt_attn_smem_of(&in[0]));
+}
+DT_CU_SCRATCH(dt_cu_sdpa_grad_scratch) {
+  return (void)out, dt_attn_scratch(call, in, 1, dt_attn_smem_of(&in[0]));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Registration: every float dtype, as stored. */
 
 }  // namespace
 
 DT_CU_FILL(attention) {
-  t[DT_OP_SDPA] = {dt_cu_sdpa, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_SDPA_GRAD] = {dt_cu_sdpa_grad, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_SDPA] = {dt_cu_sdpa, DT_KERNEL_ANY_DTYPE, dt_cu_sdpa_scratch};
+  t[DT_OP_SDPA_GRAD] = {dt_cu_sdpa_grad, DT_KERNEL_ANY_DTYPE, dt_cu_sdpa_grad_scratch};
 }

@@ -47,13 +47,37 @@ static inline int64_t dt_cu_numel(const dt_local_tensor_t* t) { return dt__local
 
 #define DT_CU_BLOCK 256
 
-/* Blocks for a grid-stride loop over n items, block threads each: enough to fill the device a
- * few times over, never more than the items need (at least 1). */
-static inline unsigned dt_cu_grid(const dt_local_tensor_t* t, int64_t n, int block = DT_CU_BLOCK) {
-  int64_t want = (n + block - 1) / block, cap = (int64_t)DT_CUDA_NAME(sm_count)(t->backend) * 8;
+/* Blocks for a grid-stride loop over n items, block threads each, on a device of sms SMs: enough
+ * to fill the device a few times over, never more than the items need (at least 1). */
+static inline unsigned dt_cu_grid_sms(int64_t n, int sms, int block = DT_CU_BLOCK) {
+  int64_t want = (n + block - 1) / block, cap = (int64_t)sms * 8;
   if (want > cap) want = cap;
   return (unsigned)(want < 1 ? 1 : want);
 }
+/* The same on t's device. */
+static inline unsigned dt_cu_grid(const dt_local_tensor_t* t, int64_t n, int block = DT_CU_BLOCK) {
+  return dt_cu_grid_sms(n, DT_CUDA_NAME(sm_count)(t->backend), block);
+}
+
+/* The device a simulated run of this kernel set plays (dt_sim_set_device; the kernels' scratch
+ * functions size their scratch for it): the emulator's, or an H100's / H200's (132 SMs, 227 KiB
+ * of shared memory per block). */
+#ifdef DT_SIMT_EMULATE
+#define DT_CU_SIM_SMS DT_CU_EMU_SM_COUNT
+#else
+#define DT_CU_SIM_SMS 132
+#endif
+#define DT_CU_SIM_SMEM ((size_t)227 * 1024)
+/* The SMs of t's device, or of the device a simulated run plays (t on the meta backend): the
+ * scratch functions size for whichever runs them (DTENSOR_CHECK_SCRATCH compares them with the
+ * kernels on a real device too). */
+static inline int dt_cu_sms_of(const dt_local_tensor_t* t) {
+  return t->backend->device == DT_DEVICE_META ? DT_CU_SIM_SMS : DT_CUDA_NAME(sm_count)(t->backend);
+}
+/* A scratch function (dt_kernel_scratch_fn) definition: static. */
+#define DT_CU_SCRATCH(name)                                                                 \
+  static size_t name(const dt_op_call_t* call, const dt_local_tensor_t* in,                 \
+                     const dt_local_tensor_t* out)
 
 /* Launches and returns a status on failure (the launch is asynchronous on a GPU: errors inside
  * the kernel surface at the next synchronization). */
@@ -143,19 +167,21 @@ __device__ __forceinline__ float dt_cu_block_max(float v, float* smem) {
 }
 
 /* ---- scratch ----------------------------------------------------------------------------- */
+/* The bytes a scratch request of nbytes takes (an empty one takes 1: every block is distinct). */
+static inline size_t dt_cu_scratch_size(size_t nbytes) { return nbytes ? nbytes : 1; }
 /* nbytes of device memory for the duration of one kernel (counted as "other"). */
 static inline dt_status_t dt_cu_scratch(const dt_local_tensor_t* t, const char* op, size_t nbytes,
                                         void** out) {
-  *out = dt__backend_alloc(t->backend, nbytes ? nbytes : 1);
+  *out = dt__backend_alloc(t->backend, dt_cu_scratch_size(nbytes));
   if (*out == NULL)
     return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %zu bytes of device scratch", op, nbytes);
-  dt__mem_count(DT_MEM_OTHER, (int64_t)(nbytes ? nbytes : 1));
+  dt__mem_count(DT_MEM_OTHER, (int64_t)dt_cu_scratch_size(nbytes));
   return DT_SUCCESS;
 }
 static inline void dt_cu_scratch_free(const dt_local_tensor_t* t, void* p, size_t nbytes) {
   if (p == NULL) return;
-  dt__backend_free(t->backend, p, nbytes ? nbytes : 1);
-  dt__mem_count(DT_MEM_OTHER, -(int64_t)(nbytes ? nbytes : 1));
+  dt__backend_free(t->backend, p, dt_cu_scratch_size(nbytes));
+  dt__mem_count(DT_MEM_OTHER, -(int64_t)dt_cu_scratch_size(nbytes));
 }
 
 #endif

@@ -431,20 +431,28 @@ __global__ void dt_ew_cast_kernel(const void* src, int from, void* dst, int to, 
 
 __global__ void dt_ew_set_u64_kernel(unsigned long long* p, unsigned long long v) { *p = v; }
 
+/* cast's scratch: a flag word where values can be rejected (float -> integer), else none. */
+DT_CU_SCRATCH(dt_cu_cast_scratch) {
+  (void)call;
+  const dt_dtype_t from = in[0].dtype, to = out[0].dtype;
+  if (dt_cu_numel(out) == 0 || dt_ew_is_float(to) || !dt_ew_is_float(from)) return 0;
+  return sizeof(unsigned long long);
+}
+
 DT_CU_KERNEL(dt_cu_cast) {
   const dt_dtype_t from = in[0].dtype, to = out[0].dtype;
   const int64_t n = dt_cu_numel(out);
   if (n == 0) return DT_SUCCESS;
   cudaStream_t st = dt_cu_stream(&in[0]);
   const unsigned grid = dt_cu_grid(out, n);
-  if (dt_ew_is_float(to) || !dt_ew_is_float(from)) { /* nothing to reject */
+  if (dt_cu_cast_scratch(call, in, out) == 0) { /* nothing to reject */
     DT_CU_LAUNCH(call->op, dt_ew_cast_kernel, grid, DT_CU_BLOCK, 0, st, (const void*)in[0].data,
                  (int)from, out[0].data, (int)to, n, (unsigned long long*)NULL);
     return DT_SUCCESS;
   }
   /* float -> integer: the kernel flags the first NaN / inf; the host waits for the flag (a data
    * check: the status must be known before the op returns, see DT_OPF_CHECKS_DATA) */
-  void* flag = NULL;
+  void* flag = NULL; /* dt_cu_cast_scratch's word */
   DT_CHECK(dt_cu_scratch(&in[0], call->op, sizeof(unsigned long long), &flag));
   unsigned long long* bad = (unsigned long long*)flag;
   int rc = dt_simt_launch(dt_ew_set_u64_kernel, 1, 1, 0, st, bad, ~0ull);
@@ -738,13 +746,20 @@ __global__ void dt_ew_sumsq_final_kernel(const double* partial, int n, float* ou
   if (threadIdx.x == 0) *out = (float)s;
 }
 
+/* sumsq's scratch: a double per block of the first pass. */
+static size_t dt_ew_sumsq_nbytes(unsigned grid) { return grid * sizeof(double); }
+DT_CU_SCRATCH(dt_cu_sumsq_scratch) {
+  (void)call, (void)out;
+  return dt_ew_sumsq_nbytes(dt_cu_grid_sms(dt_cu_numel(&in[0]), dt_cu_sms_of(&in[0])));
+}
+
 DT_CU_KERNEL(dt_cu_sumsq) {
   DT_CHECK(dt_cu_need_f32(call, in, 1));
   const int64_t n = dt_cu_numel(&in[0]);
   const unsigned grid = dt_cu_grid(&in[0], n);
   cudaStream_t st = dt_cu_stream(&in[0]);
   void* scratch = NULL;
-  const size_t nbytes = grid * sizeof(double);
+  const size_t nbytes = dt_ew_sumsq_nbytes(grid);
   DT_CHECK(dt_cu_scratch(&in[0], call->op, nbytes, &scratch));
   double* partial = (double*)scratch;
   int rc = dt_simt_launch(dt_ew_sumsq_partial_kernel, grid, DT_CU_BLOCK, 0, st,
@@ -762,34 +777,34 @@ DT_CU_KERNEL(dt_cu_sumsq) {
 }  // namespace
 
 DT_CU_FILL(elementwise) {
-  t[DT_OP_ADD] = {dt_cu_add, 0};
-  t[DT_OP_SUB] = {dt_cu_sub, 0};
-  t[DT_OP_MUL] = {dt_cu_mul, 0};
-  t[DT_OP_DIV] = {dt_cu_div, 0};
-  t[DT_OP_MAXIMUM] = {dt_cu_maximum, 0};
-  t[DT_OP_MINIMUM] = {dt_cu_minimum, 0};
-  t[DT_OP_EQ] = {dt_cu_eq, 0};
-  t[DT_OP_GE] = {dt_cu_ge, 0};
-  t[DT_OP_GT] = {dt_cu_gt, 0};
-  t[DT_OP_NEG] = {dt_cu_neg, 0};
-  t[DT_OP_RELU] = {dt_cu_relu, 0};
-  t[DT_OP_EXP] = {dt_cu_exp, 0};
-  t[DT_OP_LOG] = {dt_cu_log, 0};
-  t[DT_OP_SQRT] = {dt_cu_sqrt, 0};
-  t[DT_OP_RSQRT] = {dt_cu_rsqrt, 0};
-  t[DT_OP_GELU] = {dt_cu_gelu, 0};
-  t[DT_OP_SILU] = {dt_cu_silu, 0};
-  t[DT_OP_SIGMOID] = {dt_cu_sigmoid, 0};
-  t[DT_OP_TANH] = {dt_cu_tanh, 0};
-  t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, 0};
-  t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, 0};
-  t[DT_OP_POW] = {dt_cu_pow, 0};
-  t[DT_OP_WHERE] = {dt_cu_where, 0};
-  t[DT_OP_MASKED_FILL] = {dt_cu_masked_fill, 0};
-  t[DT_OP_CAST] = {dt_cu_cast, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_DROPOUT] = {dt_cu_dropout, 0};
-  t[DT_OP_ACT_GRAD] = {dt_cu_act_grad, 0};
-  t[DT_OP_ADAMW] = {dt_cu_adamw, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_SCALE_] = {dt_cu_scale_, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_SUMSQ] = {dt_cu_sumsq, 0};
+  t[DT_OP_ADD] = {dt_cu_add, 0, NULL};
+  t[DT_OP_SUB] = {dt_cu_sub, 0, NULL};
+  t[DT_OP_MUL] = {dt_cu_mul, 0, NULL};
+  t[DT_OP_DIV] = {dt_cu_div, 0, NULL};
+  t[DT_OP_MAXIMUM] = {dt_cu_maximum, 0, NULL};
+  t[DT_OP_MINIMUM] = {dt_cu_minimum, 0, NULL};
+  t[DT_OP_EQ] = {dt_cu_eq, 0, NULL};
+  t[DT_OP_GE] = {dt_cu_ge, 0, NULL};
+  t[DT_OP_GT] = {dt_cu_gt, 0, NULL};
+  t[DT_OP_NEG] = {dt_cu_neg, 0, NULL};
+  t[DT_OP_RELU] = {dt_cu_relu, 0, NULL};
+  t[DT_OP_EXP] = {dt_cu_exp, 0, NULL};
+  t[DT_OP_LOG] = {dt_cu_log, 0, NULL};
+  t[DT_OP_SQRT] = {dt_cu_sqrt, 0, NULL};
+  t[DT_OP_RSQRT] = {dt_cu_rsqrt, 0, NULL};
+  t[DT_OP_GELU] = {dt_cu_gelu, 0, NULL};
+  t[DT_OP_SILU] = {dt_cu_silu, 0, NULL};
+  t[DT_OP_SIGMOID] = {dt_cu_sigmoid, 0, NULL};
+  t[DT_OP_TANH] = {dt_cu_tanh, 0, NULL};
+  t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, 0, NULL};
+  t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, 0, NULL};
+  t[DT_OP_POW] = {dt_cu_pow, 0, NULL};
+  t[DT_OP_WHERE] = {dt_cu_where, 0, NULL};
+  t[DT_OP_MASKED_FILL] = {dt_cu_masked_fill, 0, NULL};
+  t[DT_OP_CAST] = {dt_cu_cast, DT_KERNEL_ANY_DTYPE, dt_cu_cast_scratch};
+  t[DT_OP_DROPOUT] = {dt_cu_dropout, 0, NULL};
+  t[DT_OP_ACT_GRAD] = {dt_cu_act_grad, 0, NULL};
+  t[DT_OP_ADAMW] = {dt_cu_adamw, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SCALE_] = {dt_cu_scale_, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SUMSQ] = {dt_cu_sumsq, 0, dt_cu_sumsq_scratch};
 }

@@ -89,6 +89,11 @@ __global__ void dt_cu_bad_index_k(const void* ix, int is64, int64_t n, int64_t l
   }
 }
 
+/* The scratch of a data check of ix's indices: a flag word, where there are indices. */
+static size_t dt_cu_index_check_nbytes(const dt_local_tensor_t* ix) {
+  return dt_cu_numel(ix) ? sizeof(unsigned long long) : 0;
+}
+
 /* A data check of the n indices of ix against [0, hi): start() launches the scan, finish()
  * copies its result back (waiting for the stream) and gives the position and value of the
  * first bad index (*pos = -1 when all are good). */
@@ -101,7 +106,7 @@ struct dt_cu_index_check {
     ix = idx;
     n = dt_cu_numel(idx);
     if (n == 0) return DT_SUCCESS;
-    DT_CHECK(flag.alloc(op, sizeof(unsigned long long)));
+    DT_CHECK(flag.alloc(op, dt_cu_index_check_nbytes(idx)));
     unsigned long long* f = (unsigned long long*)flag.p;
     cudaStream_t s = dt_cu_stream(idx);
     DT_CU_LAUNCH(op, dt_cu_fill_u64_k, 1, 1, 0, s, f, (int64_t)1, (unsigned long long)n);
@@ -586,6 +591,25 @@ __global__ void dt_cu_rows_sum_k(const int64_t* start, const int64_t* list, int6
   }
 }
 
+/* dt_cu_rows_add's scratch for rows rows and n indices: counts, starts, and the list of
+ * (row, index) pairs, then sorted. */
+static void dt_cu_rows_add_sizes(int64_t rows, int64_t n, size_t nb[3]) {
+  nb[0] = sizeof(unsigned long long) * (size_t)rows;
+  nb[1] = sizeof(int64_t) * (size_t)(rows + 1);
+  nb[2] = sizeof(int64_t) * (size_t)(2 * n);
+}
+/* embedding_grad's and index_add's scratch (the check's flag and dt_cu_rows_add's), rows the
+ * local rows of output 0. */
+DT_CU_SCRATCH(dt_cu_rows_add_scratch) {
+  (void)call;
+  size_t nb[3];
+  dt_cu_rows_add_sizes(out[0].shape[0], dt_cu_numel(&in[1]), nb);
+  return dt_cu_index_check_nbytes(&in[1]) + dt_cu_scratch_size(nb[0]) +
+         dt_cu_scratch_size(nb[1]) + dt_cu_scratch_size(nb[2]);
+}
+/* The scratch of the kernels whose only scratch is the check of input 1's indices. */
+DT_CU_SCRATCH(dt_cu_index_check_scratch) { return (void)call, (void)out, dt_cu_index_check_nbytes(&in[1]); }
+
 static dt_status_t dt_cu_rows_add(const dt_op_call_t* call, const dt_local_tensor_t* ix,
                                   const float* src, const float* base, float* out, int64_t rows,
                                   int64_t D, int64_t r0) {
@@ -594,9 +618,11 @@ static dt_status_t dt_cu_rows_add(const dt_op_call_t* call, const dt_local_tenso
   int is64 = ix->dtype == DT_I64;
   cudaStream_t s = dt_cu_stream(ix);
   dt_cu_buf cnt(ix), start(ix), list(ix);
-  DT_CHECK(cnt.alloc(op, sizeof(unsigned long long) * (size_t)rows));
-  DT_CHECK(start.alloc(op, sizeof(int64_t) * (size_t)(rows + 1)));
-  DT_CHECK(list.alloc(op, sizeof(int64_t) * (size_t)(2 * n))); /* the list, then sorted */
+  size_t nb[3];
+  dt_cu_rows_add_sizes(rows, n, nb);
+  DT_CHECK(cnt.alloc(op, nb[0]));
+  DT_CHECK(start.alloc(op, nb[1]));
+  DT_CHECK(list.alloc(op, nb[2])); /* the list, then sorted */
   unsigned long long* c = (unsigned long long*)cnt.p;
   int64_t *st = (int64_t*)start.p, *l = (int64_t*)list.p;
   DT_CU_LAUNCH(op, dt_cu_fill_u64_k, dt_cu_grid(ix, rows), DT_CU_BLOCK, 0, s, c, rows, 0ull);
@@ -709,33 +735,73 @@ __global__ void dt_cu_topk_k(const T* x, T* ov, int64_t* oi, int64_t outer, int6
 
 /* topk: values and i64 indices along dim (whole on this rank), sorted; NaN counts as largest,
  * ties go to the lower index. */
+/* topk's launch over rows rows of L keys on a device of sms SMs: keys padded to P2 (a power of
+ * 2), threads per block, blocks, and where the keys sort: shared memory (*smem bytes) or device
+ * scratch (*scratch bytes). */
+static void dt_cu_topk_plan(int64_t rows, int64_t L, int sms, int64_t* P2, int* threads,
+                            unsigned* grid, size_t* smem, size_t* scratch) {
+  *P2 = 1;
+  while (*P2 < L) *P2 <<= 1;
+  *threads = (int)(*P2 / 2 < 32 ? 32 : *P2 / 2 > DT_CU_BLOCK ? DT_CU_BLOCK : *P2 / 2);
+  const size_t kbytes = sizeof(unsigned long long) * (size_t)*P2;
+  *grid = dt_cu_grid_sms(rows, sms, 1);
+  *smem = *scratch = 0;
+  if (kbytes <= DT_CU_TOPK_SHARED_MAX) {
+    *smem = kbytes;
+  } else {
+    size_t cap = DT_CU_TOPK_GLOBAL_MAX / kbytes;
+    if (*grid > cap) *grid = cap < 1 ? 1 : (unsigned)cap;
+    *scratch = kbytes * *grid;
+  }
+}
+/* topk's rows (outer x inner) and keys per row (L) of x; 0 rows when it computes nothing. */
+static void dt_cu_topk_shape(const dt_op_call_t* call, const dt_local_tensor_t* x, int64_t* rows,
+                             int64_t* outer, int64_t* inner, int64_t* L) {
+  int64_t k;
+  int dim, largest;
+  *rows = *outer = *inner = 1;
+  *L = 0;
+  if (dt__topk_args(call, &k, &dim, &largest) != DT_SUCCESS) {
+    *rows = 0;
+    return;
+  }
+  *L = x->shape[dim];
+  for (int d = 0; d < dim; d++) *outer *= x->shape[d];
+  for (int d = dim + 1; d < x->ndim; d++) *inner *= x->shape[d];
+  *rows = k == 0 ? 0 : *outer * *inner;
+}
+DT_CU_SCRATCH(dt_cu_topk_scratch) {
+  (void)out;
+  int64_t rows, outer, inner, L, P2;
+  dt_cu_topk_shape(call, &in[0], &rows, &outer, &inner, &L);
+  if (rows == 0 || L > 0x7FFFFFFF) return 0;
+  int threads;
+  unsigned grid;
+  size_t smem, scratch;
+  dt_cu_topk_plan(rows, L, dt_cu_sms_of(&in[0]), &P2, &threads, &grid, &smem, &scratch);
+  return scratch ? dt_cu_scratch_size(scratch) : 0;
+}
+
 DT_CU_KERNEL(dt_cu_topk) {
   int64_t k;
   int dim, largest;
   const dt_local_tensor_t* x = &in[0];
   DT_CHECK(dt_cu_need_float(call, x));
   DT_CHECK(dt__topk_args(call, &k, &dim, &largest));
-  int64_t outer = 1, inner = 1, L = x->shape[dim];
-  for (int d = 0; d < dim; d++) outer *= x->shape[d];
-  for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
-  if (outer * inner == 0 || k == 0) return DT_SUCCESS;
+  int64_t rows, outer, inner, L;
+  dt_cu_topk_shape(call, x, &rows, &outer, &inner, &L);
+  if (rows == 0) return DT_SUCCESS;
   if (L > 0x7FFFFFFF)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "topk: %lld elements along dim (at most 2^31 - 1)",
                    (long long)L);
-  int64_t P2 = 1, rows = outer * inner;
-  while (P2 < L) P2 <<= 1;
-  int threads = (int)(P2 / 2 < 32 ? 32 : P2 / 2 > DT_CU_BLOCK ? DT_CU_BLOCK : P2 / 2);
-  size_t kbytes = sizeof(unsigned long long) * (size_t)P2;
-  unsigned grid = dt_cu_grid(x, rows, 1);
+  int64_t P2;
+  int threads;
+  unsigned grid;
+  size_t smem, scratch_nbytes;
+  dt_cu_topk_plan(rows, L, DT_CUDA_NAME(sm_count)(x->backend), &P2, &threads, &grid, &smem,
+                  &scratch_nbytes);
   dt_cu_buf scratch(x);
-  size_t smem = 0;
-  if (kbytes <= DT_CU_TOPK_SHARED_MAX) {
-    smem = kbytes;
-  } else {
-    size_t cap = DT_CU_TOPK_GLOBAL_MAX / kbytes;
-    if (grid > cap) grid = cap < 1 ? 1 : (unsigned)cap;
-    DT_CHECK(scratch.alloc(call->op, kbytes * grid));
-  }
+  if (scratch_nbytes) DT_CHECK(scratch.alloc(call->op, scratch_nbytes));
   unsigned long long* gbuf = (unsigned long long*)scratch.p;
   return dt_cu_float_dispatch(call->op, x->dtype, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
@@ -819,6 +885,17 @@ __global__ void dt_cu_moe_route_k(const void* ix, int is64, int64_t S, int64_t K
   }
 }
 
+/* moe_route's scratch for E experts: per-expert counts and cursors, and the flag word. */
+static size_t dt_cu_moe_route_nbytes(int64_t E) {
+  return sizeof(unsigned long long) * (size_t)(2 * E + 1);
+}
+DT_CU_SCRATCH(dt_cu_moe_route_scratch) {
+  (void)in, (void)out;
+  int64_t E, capacity;
+  if (dt__moe_route_args(call, &E, &capacity) != DT_SUCCESS) return 0;
+  return dt_cu_moe_route_nbytes(E);
+}
+
 /* moe_route (idx (N, K) of experts) iargs [experts, capacity = 0]: order, tok, counts (i64);
  * see rules_moe.c. */
 DT_CU_KERNEL(dt_cu_moe_route) {
@@ -827,7 +904,7 @@ DT_CU_KERNEL(dt_cu_moe_route) {
   const dt_local_tensor_t* ix = &in[0];
   int64_t N = ix->shape[0], K = ix->shape[1], S = N * K;
   dt_cu_buf scratch(ix);
-  DT_CHECK(scratch.alloc(call->op, sizeof(unsigned long long) * (size_t)(2 * E + 1)));
+  DT_CHECK(scratch.alloc(call->op, dt_cu_moe_route_nbytes(E)));
   unsigned long long* cnt = (unsigned long long*)scratch.p;
   DT_CU_LAUNCH(call->op, dt_cu_moe_route_k, 1, DT_CU_BLOCK, 0, dt_cu_stream(ix), ix->data,
                (int)(ix->dtype == DT_I64), S, K, E, capacity, (int64_t*)out[0].data,
@@ -855,26 +932,26 @@ DT_CU_KERNEL(dt_cu_moe_route) {
 }  // namespace
 
 DT_CU_FILL(index) {
-  const dt_device_kernel_t view = {dt_cu_view, DT_KERNEL_ANY_DTYPE};
+  const dt_device_kernel_t view = {dt_cu_view, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_VIEW] = view;
   t[DT_OP_RESHAPE] = view;
   t[DT_OP_FLATTEN] = view;
   t[DT_OP_UNFLATTEN] = view;
   t[DT_OP_SQUEEZE] = view;
   t[DT_OP_UNSQUEEZE] = view;
-  t[DT_OP_PERMUTE] = {dt_cu_permute, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_TRANSPOSE] = {dt_cu_transpose, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_T] = {dt_cu_t, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_SLICE] = {dt_cu_slice, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_NARROW] = {dt_cu_narrow, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_CAT] = {dt_cu_cat, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_PERMUTE] = {dt_cu_permute, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_TRANSPOSE] = {dt_cu_transpose, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_T] = {dt_cu_t, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SLICE] = {dt_cu_slice, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_NARROW] = {dt_cu_narrow, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_CAT] = {dt_cu_cat, DT_KERNEL_ANY_DTYPE, NULL};
   /* lookups move raw bf16/f16 storage (no f32 round trip); the adds run on f32 */
-  t[DT_OP_EMBEDDING] = {dt_cu_embedding, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_GATHER_DIM] = {dt_cu_gather_dim, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_GATHER] = {dt_cu_gather, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_TOPK] = {dt_cu_topk, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_EMBEDDING_GRAD] = {dt_cu_embedding_grad, 0};
-  t[DT_OP_SCATTER_ADD] = {dt_cu_scatter_add, 0};
-  t[DT_OP_INDEX_ADD] = {dt_cu_index_add, 0};
-  t[DT_OP_MOE_ROUTE] = {dt_cu_moe_route, 0};
+  t[DT_OP_EMBEDDING] = {dt_cu_embedding, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
+  t[DT_OP_GATHER_DIM] = {dt_cu_gather_dim, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
+  t[DT_OP_GATHER] = {dt_cu_gather, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
+  t[DT_OP_TOPK] = {dt_cu_topk, DT_KERNEL_ANY_DTYPE, dt_cu_topk_scratch};
+  t[DT_OP_EMBEDDING_GRAD] = {dt_cu_embedding_grad, 0, dt_cu_rows_add_scratch};
+  t[DT_OP_SCATTER_ADD] = {dt_cu_scatter_add, 0, dt_cu_index_check_scratch};
+  t[DT_OP_INDEX_ADD] = {dt_cu_index_add, 0, dt_cu_rows_add_scratch};
+  t[DT_OP_MOE_ROUTE] = {dt_cu_moe_route, 0, dt_cu_moe_route_scratch};
 }

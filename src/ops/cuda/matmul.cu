@@ -152,6 +152,20 @@ DT_CU_KERNEL(dt_cu_bmm) {
  * exactly the host's order: o = (float)beta * b, then o += alpha * mat1 mat2 (so a NaN in the
  * input stays a NaN even with beta 0). With bf16/f16 storage that sum is kept in an f32 scratch
  * and rounded to the storage dtype once, at the end, as the host's f32 kernel is. */
+/* addmm's f32 sum of bf16/f16 storage (0: the bias epilogue, f32, or nothing to compute). */
+static size_t dt_mm_addmm_acc_nbytes(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                     dt_dtype_t dt) {
+  const double beta = dt__op_farg(DT_OP_ADDMM, call, 0);
+  const int64_t M = in[1].shape[0], N = in[2].shape[1];
+  if ((in[0].ndim != 2 && (float)beta == 1.0f) || M * N == 0 || dt == DT_F32) return 0;
+  return sizeof(float) * (size_t)(M * N);
+}
+DT_CU_SCRATCH(dt_cu_addmm_scratch) {
+  (void)out;
+  const size_t nb = dt_mm_addmm_acc_nbytes(call, in, in[0].dtype);
+  return nb ? dt_cu_scratch_size(nb) : 0;
+}
+
 DT_CU_KERNEL(dt_cu_addmm) {
   dt_dtype_t dt;
   DT_CHECK(dt_mm_dtype(call, in, 3, out, &dt));
@@ -166,7 +180,7 @@ DT_CU_KERNEL(dt_cu_addmm) {
     return dt_mm_gemm(&in[0], dt, 0, 0, M, N, K, 1, (float)alpha, in[1].data, K, 0,
                       in[2].data, N, 0, 1.0f, out[0].data, N, 0, NULL);
   float* acc = NULL; /* half storage: the f32 sum, rounded once into out at the end */
-  const size_t acc_nb = dt == DT_F32 ? 0 : sizeof(float) * (size_t)(M * N);
+  const size_t acc_nb = dt_mm_addmm_acc_nbytes(call, in, dt);
   if (acc_nb) DT_CHECK(dt_cu_scratch(&out[0], call->op, acc_nb, (void**)&acc));
   dt_status_t st = dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
@@ -328,12 +342,12 @@ DT_CU_KERNEL(dt_cu_grouped_mm_wgrad) {
 }  // namespace
 
 DT_CU_FILL(matmul) {
-  t[DT_OP_MM] = {dt_cu_mm, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_BMM] = {dt_cu_bmm, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_MM_T] = {dt_cu_mm_t, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_ADDMM] = {dt_cu_addmm, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_LINEAR] = {dt_cu_linear, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_LINEAR_NOBIAS] = {dt_cu_linear, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_GROUPED_MM] = {dt_cu_grouped_mm, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_GROUPED_MM_WGRAD] = {dt_cu_grouped_mm_wgrad, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_MM] = {dt_cu_mm, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_BMM] = {dt_cu_bmm, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_MM_T] = {dt_cu_mm_t, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_ADDMM] = {dt_cu_addmm, DT_KERNEL_ANY_DTYPE, dt_cu_addmm_scratch};
+  t[DT_OP_LINEAR] = {dt_cu_linear, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_LINEAR_NOBIAS] = {dt_cu_linear, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_GROUPED_MM] = {dt_cu_grouped_mm, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_GROUPED_MM_WGRAD] = {dt_cu_grouped_mm_wgrad, DT_KERNEL_ANY_DTYPE, NULL};
 }

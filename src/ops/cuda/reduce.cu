@@ -169,6 +169,14 @@ static dt_status_t dt_cu_reduce_pass(const char* op, const dt_local_tensor_t* t,
 #define DT_CU_SPLIT_CHUNK 4096
 #endif
 
+/* The partial results of one pass over rows of R elements: splits per output, and their bytes. */
+static int64_t dt_cu_reduce_splits(int64_t R) {
+  return (R + DT_CU_SPLIT_CHUNK - 1) / DT_CU_SPLIT_CHUNK;
+}
+static size_t dt_cu_reduce_part_nbytes(int64_t n_out, int64_t splits) {
+  return sizeof(float) * (size_t)(n_out * splits);
+}
+
 template <int OP>
 static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, dt_cu_rgeom_t g, int64_t n_out,
@@ -179,11 +187,11 @@ static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_ten
   size_t scratch_nbytes[2] = {0, 0};
   int pass = 0;
   while (R > DT_CU_SPLIT_MIN) {
-    const int64_t splits = (R + DT_CU_SPLIT_CHUNK - 1) / DT_CU_SPLIT_CHUNK;
+    const int64_t splits = dt_cu_reduce_splits(R);
     const int k = pass++ & 1; /* two buffers in turn: a pass reads the other one */
     dt_cu_scratch_free(in, scratch[k], scratch_nbytes[k]); /* stream-ordered: safe to reuse */
     scratch[k] = NULL;
-    scratch_nbytes[k] = sizeof(float) * (size_t)(n_out * splits);
+    scratch_nbytes[k] = dt_cu_reduce_part_nbytes(n_out, splits);
     DT_CHECK_GOTO(dt_cu_scratch(in, call->op, scratch_nbytes[k], &scratch[k]), st, done);
     float* part = (float*)scratch[k];
     DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, DT_CU_BLOCK, x, part, g, n_out * splits, R,
@@ -262,6 +270,33 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
     default: return dt_cu_reduce_run<DT_CU_OP_MIN>(call, in, out, g, n_out, R, div);
   }
 }
+
+/* The most scratch dt_cu_reduce_run holds: two consecutive passes' partial results. */
+static size_t dt_cu_reduce_nbytes(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  int kind) {
+  unsigned mask;
+  int keep;
+  if (dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep) != DT_SUCCESS) return 0;
+  int64_t n_out = 1, R = 1;
+  for (int d = 0; d < in->ndim; d++) {
+    if ((mask >> d) & 1u) R *= in->shape[d];
+    else n_out *= in->shape[d];
+  }
+  if (n_out == 0) return 0;
+  size_t peak = 0, prev = 0;
+  while (R > DT_CU_SPLIT_MIN) {
+    const int64_t splits = dt_cu_reduce_splits(R);
+    const size_t now = dt_cu_scratch_size(dt_cu_reduce_part_nbytes(n_out, splits));
+    if (prev + now > peak) peak = prev + now;
+    prev = now;
+    R = splits;
+  }
+  return peak;
+}
+DT_CU_SCRATCH(dt_cu_sum_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 0); }
+DT_CU_SCRATCH(dt_cu_mean_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 1); }
+DT_CU_SCRATCH(dt_cu_amax_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 2); }
+DT_CU_SCRATCH(dt_cu_amin_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 3); }
 
 DT_CU_KERNEL(dt_cu_sum) { return dt_cu_reduce(call, in, out, 0); }
 DT_CU_KERNEL(dt_cu_mean) { return dt_cu_reduce(call, in, out, 1); }
@@ -490,6 +525,27 @@ __global__ void dt_cu_sum_chunks_k(const float* part, float* gw, int64_t D, int6
   }
 }
 
+/* The norm gradients' chunks of rows (at least 128 rows, at most 1024 chunks; no rows: one empty
+ * chunk, gw = 0) and their scratch: per-row statistics, and per-chunk partial sums of gw. */
+static void dt_cu_norm_grad_plan(int64_t rows, int64_t D, int64_t* chunk, int64_t* nchunks,
+                                 size_t* stats_nbytes, size_t* part_nbytes) {
+  *chunk = (rows + 1023) / 1024;
+  if (*chunk < 128) *chunk = 128;
+  *nchunks = rows ? (rows + *chunk - 1) / *chunk : 1;
+  *stats_nbytes = sizeof(dt_cu_rowstat_t) * (size_t)rows;
+  *part_nbytes = *nchunks > 1 ? sizeof(float) * (size_t)(*nchunks * D) : 0;
+}
+DT_CU_SCRATCH(dt_cu_norm_grad_scratch) {
+  (void)call, (void)out;
+  const dt_local_tensor_t* x = &in[1];
+  if (x->ndim < 1 || x->shape[x->ndim - 1] == 0) return 0;
+  const int64_t D = x->shape[x->ndim - 1], rows = dt_cu_numel(x) / D;
+  int64_t chunk, nchunks;
+  size_t stats, part;
+  dt_cu_norm_grad_plan(rows, D, &chunk, &nchunks, &stats, &part);
+  return dt_cu_scratch_size(stats) + (nchunks > 1 ? dt_cu_scratch_size(part) : 0);
+}
+
 template <bool LAYER>
 static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                    dt_local_tensor_t* out) {
@@ -506,14 +562,11 @@ static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tens
               *w = (const float*)in[2].data;
   float *gx = (float*)out[0].data, *gw = (float*)out[1].data;
   const cudaStream_t stream = dt_cu_stream(x);
-  /* chunks of at least 128 rows, at most 1024 chunks; no rows: one empty chunk (gw = 0) */
-  int64_t chunk = (rows + 1023) / 1024;
-  if (chunk < 128) chunk = 128;
-  const int64_t nchunks = rows ? (rows + chunk - 1) / chunk : 1;
+  int64_t chunk, nchunks;
+  size_t stats_nbytes, part_nbytes;
+  dt_cu_norm_grad_plan(rows, D, &chunk, &nchunks, &stats_nbytes, &part_nbytes);
   dt_status_t st = DT_SUCCESS;
   void *stats = NULL, *part = NULL;
-  const size_t stats_nbytes = sizeof(dt_cu_rowstat_t) * (size_t)rows;
-  const size_t part_nbytes = nchunks > 1 ? sizeof(float) * (size_t)(nchunks * D) : 0;
   DT_CHECK_GOTO(dt_cu_scratch(x, call->op, stats_nbytes, &stats), st, done);
   if (nchunks > 1) DT_CHECK_GOTO(dt_cu_scratch(x, call->op, part_nbytes, &part), st, done);
   if (rows > 0)
@@ -584,6 +637,20 @@ __global__ void dt_cu_rotary_k(const T* x, T* y, const float* tab, int64_t pairs
   }
 }
 
+/* rotary's table of (cos, sin) per position and pair, and the scratch it takes (x: its input). */
+static size_t dt_cu_rotary_tab_nbytes(int64_t L, int64_t H2) {
+  return sizeof(float) * 2 * (size_t)(L * H2);
+}
+DT_CU_SCRATCH(dt_cu_rotary_scratch) {
+  (void)out;
+  const dt_local_tensor_t* x = &in[0];
+  const int nd = x->ndim;
+  const int64_t seq_dim = dt__op_iarg(DT_OP_ROTARY, call, 0);
+  const int64_t sd = seq_dim < 0 ? seq_dim + nd : seq_dim;
+  if (nd < 2 || sd < 0 || sd >= nd - 1 || dt_cu_numel(x) / 2 == 0) return 0;
+  return dt_cu_rotary_tab_nbytes(x->shape[sd], x->shape[nd - 1] / 2);
+}
+
 DT_CU_KERNEL(dt_cu_rotary) {
   const dt_local_tensor_t* x = &in[0];
   const int nd = x->ndim;
@@ -604,7 +671,7 @@ DT_CU_KERNEL(dt_cu_rotary) {
   if (pairs == 0) return DT_SUCCESS;
   return dt_cu_float_dispatch("rotary", x->dtype, [&](auto tag) {
     using T = decltype(tag);
-    const size_t tab_nbytes = sizeof(float) * 2 * (size_t)(L * H2);
+    const size_t tab_nbytes = dt_cu_rotary_tab_nbytes(L, H2);
     void* tab = NULL;
     DT_CHECK(dt_cu_scratch(x, "rotary", tab_nbytes, &tab));
     const cudaStream_t stream = dt_cu_stream(x);
@@ -625,15 +692,15 @@ DT_CU_KERNEL(dt_cu_rotary) {
 }  // namespace
 
 DT_CU_FILL(reduce) {
-  t[DT_OP_SUM] = {dt_cu_sum, 0};
-  t[DT_OP_MEAN] = {dt_cu_mean, 0};
-  t[DT_OP_AMAX] = {dt_cu_amax, 0};
-  t[DT_OP_AMIN] = {dt_cu_amin, 0};
-  t[DT_OP_SOFTMAX] = {dt_cu_softmax_fwd, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_LOG_SOFTMAX] = {dt_cu_log_softmax, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_RMS_NORM] = {dt_cu_rms_norm, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_LAYER_NORM] = {dt_cu_layer_norm, DT_KERNEL_ANY_DTYPE};
-  t[DT_OP_RMS_NORM_GRAD] = {dt_cu_rms_norm_grad, 0};
-  t[DT_OP_LAYER_NORM_GRAD] = {dt_cu_layer_norm_grad, 0};
-  t[DT_OP_ROTARY] = {dt_cu_rotary, DT_KERNEL_ANY_DTYPE};
+  t[DT_OP_SUM] = {dt_cu_sum, 0, dt_cu_sum_scratch};
+  t[DT_OP_MEAN] = {dt_cu_mean, 0, dt_cu_mean_scratch};
+  t[DT_OP_AMAX] = {dt_cu_amax, 0, dt_cu_amax_scratch};
+  t[DT_OP_AMIN] = {dt_cu_amin, 0, dt_cu_amin_scratch};
+  t[DT_OP_SOFTMAX] = {dt_cu_softmax_fwd, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_LOG_SOFTMAX] = {dt_cu_log_softmax, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_RMS_NORM] = {dt_cu_rms_norm, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_LAYER_NORM] = {dt_cu_layer_norm, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_RMS_NORM_GRAD] = {dt_cu_rms_norm_grad, 0, dt_cu_norm_grad_scratch};
+  t[DT_OP_LAYER_NORM_GRAD] = {dt_cu_layer_norm_grad, 0, dt_cu_norm_grad_scratch};
+  t[DT_OP_ROTARY] = {dt_cu_rotary, DT_KERNEL_ANY_DTYPE, dt_cu_rotary_scratch};
 }
