@@ -123,6 +123,13 @@ static inline dt_status_t dt_cu_float_dispatch(const char* op, dt_dtype_t dt, F&
 
 /* DT_ERR_UNSUPPORTED unless the first n tensors are f32 (kernels registered without
  * DT_KERNEL_ANY_DTYPE see f32 copies of half storage; integers must not reach them). */
+/* DT_ERR_UNSUPPORTED unless t holds floats of any width (the kernels registered for any dtype
+ * reject integers as the host kernels, which take f32 only, do). */
+static inline dt_status_t dt_cu_need_float(const dt_op_call_t* call, const dt_local_tensor_t* t) {
+  if (t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16) return DT_SUCCESS;
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported by its CUDA kernel", call->op,
+                 dt_dtype_name(t->dtype));
+}
 static inline dt_status_t dt_cu_need_f32(const dt_op_call_t* call, const dt_local_tensor_t* t,
                                          int n) {
   for (int i = 0; i < n; i++)

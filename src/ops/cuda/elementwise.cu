@@ -189,8 +189,11 @@ static dt_status_t dt_ew_d2h(const dt_local_tensor_t* t, void* dst, const void* 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Binary ops with broadcasting (kernels_cpu.c dt__binary): f32; comparisons give 1.0 / 0.0,
- * maximum / minimum propagate a NaN of either side. */
+ * Binary ops with broadcasting (kernels_cpu.c dt__binary): f32 arithmetic on f32, bf16 or f16
+ * storage of each operand and of the output, read and written in place (loaded exactly, the
+ * result rounded once as the host rounds its f32 copy's result into that storage, so without
+ * the f32 copies and their conversion passes the results are the same); comparisons give
+ * 1.0 / 0.0, maximum / minimum propagate a NaN of either side. */
 
 enum { DT_EW_ADD, DT_EW_SUB, DT_EW_MUL, DT_EW_DIV, DT_EW_MAX, DT_EW_MIN, DT_EW_EQ, DT_EW_GE,
        DT_EW_GT };
@@ -213,33 +216,33 @@ __device__ __forceinline__ float dt_ew_binop(float a, float b) {
 /* mode 0: a and b have out's shape; 1: a full, b one value per row of `inner` elements;
  * 2: a full, b one value; 3: general broadcasting through s. */
 template <int OP>
-__global__ void dt_ew_binary_kernel(const float* a, const float* b, float* o, int64_t n, int mode,
-                                    int64_t inner, dt_ew_shape s) {
+__global__ void dt_ew_binary_kernel(const void* a, int ta, const void* b, int tb, void* o, int to,
+                                    int64_t n, int mode, int64_t inner, dt_ew_shape s) {
   DT_EW_FOR(i, n) {
-    float x, y;
+    int64_t ia = i, ib;
     if (mode == 0) {
-      x = a[i];
-      y = b[i];
+      ib = i;
     } else if (mode == 1) {
-      x = a[i];
-      y = b[i / inner];
+      ib = i / inner;
     } else if (mode == 2) {
-      x = a[i];
-      y = b[0];
+      ib = 0;
     } else {
       int64_t off[2];
       dt_ew_offsets(s, i, 2, off);
-      x = a[off[0]];
-      y = b[off[1]];
+      ia = off[0];
+      ib = off[1];
     }
-    o[i] = dt_ew_binop<OP>(x, y);
+    dt_ew_store_float(o, to, i,
+                      dt_ew_binop<OP>(dt_ew_load_float(a, ta, ia), dt_ew_load_float(b, tb, ib)));
   }
 }
 
 template <int OP>
 static dt_status_t dt_ew_binary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out) {
-  DT_CHECK(dt_cu_need_f32(call, in, 2));
+  DT_CHECK(dt_cu_need_float(call, &in[0]));
+  DT_CHECK(dt_cu_need_float(call, &in[1]));
+  DT_CHECK(dt_cu_need_float(call, out));
   const int64_t n = dt_cu_numel(out);
   if (n == 0) return DT_SUCCESS;
   const dt_local_tensor_t* ins[2] = {&in[0], &in[1]};
@@ -255,8 +258,8 @@ static dt_status_t dt_ew_binary(const dt_op_call_t* call, const dt_local_tensor_
   int mode = s.full ? 0 : (a_full && dt_cu_numel(&in[1]) == 1) ? 2 : rows ? 1 : 3;
   cudaStream_t st = dt_cu_stream(&in[0]);
   DT_CU_LAUNCH(call->op, dt_ew_binary_kernel<OP>, dt_cu_grid(out, n), DT_CU_BLOCK, 0, st,
-               (const float*)in[0].data, (const float*)in[1].data, (float*)out->data, n, mode,
-               inner, s);
+               (const void*)in[0].data, (int)in[0].dtype, (const void*)in[1].data,
+               (int)in[1].dtype, out->data, (int)out->dtype, n, mode, inner, s);
   return DT_SUCCESS;
 }
 
@@ -274,8 +277,9 @@ DT_EW_BINARY(dt_cu_gt, DT_EW_GT)
 #undef DT_EW_BINARY
 
 /* ---------------------------------------------------------------------------------------------
- * Unary ops (kernels_cpu.c dt__unary) and the scalar ops of kernels_nn.c: f32. gelu is the erf
- * form; exp, sigmoid and silu use the host's exp. */
+ * Unary ops (kernels_cpu.c dt__unary) and the scalar ops of kernels_nn.c: f32 arithmetic on
+ * f32, bf16 or f16 storage, as the binary ops. gelu is the erf form; exp, sigmoid and silu use
+ * the host's exp. */
 
 enum { DT_EW_NEG, DT_EW_RELU, DT_EW_EXP, DT_EW_LOG, DT_EW_SQRT, DT_EW_RSQRT, DT_EW_GELU,
        DT_EW_SIGMOID, DT_EW_SILU, DT_EW_TANH, DT_EW_ADD_SCALAR, DT_EW_MUL_SCALAR, DT_EW_SQUARE,
@@ -302,18 +306,20 @@ __device__ __forceinline__ float dt_ew_unop(float x, float s) {
 }
 
 template <int OP>
-__global__ void dt_ew_unary_kernel(const float* a, float* o, int64_t n, float s) {
-  DT_EW_FOR(i, n) o[i] = dt_ew_unop<OP>(a[i], s);
+__global__ void dt_ew_unary_kernel(const void* a, int ta, void* o, int to, int64_t n, float s) {
+  DT_EW_FOR(i, n) dt_ew_store_float(o, to, i, dt_ew_unop<OP>(dt_ew_load_float(a, ta, i), s));
 }
 
 template <int OP>
 static dt_status_t dt_ew_unary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                dt_local_tensor_t* out, float s) {
-  DT_CHECK(dt_cu_need_f32(call, in, 1));
+  DT_CHECK(dt_cu_need_float(call, &in[0]));
+  DT_CHECK(dt_cu_need_float(call, out));
   const int64_t n = dt_cu_numel(out);
   if (n == 0) return DT_SUCCESS;
   DT_CU_LAUNCH(call->op, dt_ew_unary_kernel<OP>, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
-               dt_cu_stream(&in[0]), (const float*)in[0].data, (float*)out->data, n, s);
+               dt_cu_stream(&in[0]), (const void*)in[0].data, (int)in[0].dtype, out->data,
+               (int)out->dtype, n, s);
   return DT_SUCCESS;
 }
 
@@ -536,12 +542,14 @@ DT_CU_KERNEL(dt_cu_dropout) {
 
 /* ---------------------------------------------------------------------------------------------
  * act_grad (kernels_grad.c): g * f'(x), iargs [kind]; g and x of one local size; the sigmoid and
- * tanh kinds take the forward's output as x. */
+ * tanh kinds take the forward's output as x. f32 arithmetic on f32, bf16 or f16 storage, as the
+ * binary ops. */
 
 template <int KIND>
-__global__ void dt_ew_act_grad_kernel(const float* g, const float* x, float* o, int64_t n) {
+__global__ void dt_ew_act_grad_kernel(const void* g, int tg, const void* x, int tx, void* o,
+                                      int to, int64_t n) {
   DT_EW_FOR(i, n) {
-    const float xi = x[i], gi = g[i];
+    const float xi = dt_ew_load_float(x, tx, i), gi = dt_ew_load_float(g, tg, i);
     float r;
     if (KIND == DT_ACT_RELU) {
       r = xi > 0.0f ? gi : 0.0f;
@@ -557,12 +565,14 @@ __global__ void dt_ew_act_grad_kernel(const float* g, const float* x, float* o, 
     } else { /* DT_ACT_TANH_OUT */
       r = gi * __fadd_rn(1.0f, -__fmul_rn(xi, xi));
     }
-    o[i] = r;
+    dt_ew_store_float(o, to, i, r);
   }
 }
 
 DT_CU_KERNEL(dt_cu_act_grad) {
-  DT_CHECK(dt_cu_need_f32(call, in, 2));
+  DT_CHECK(dt_cu_need_float(call, &in[0]));
+  DT_CHECK(dt_cu_need_float(call, &in[1]));
+  DT_CHECK(dt_cu_need_float(call, out));
   const int64_t n = dt_cu_numel(out);
   if (dt_cu_numel(&in[0]) != n || dt_cu_numel(&in[1]) != n)
     return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: g and x must have the same shape");
@@ -570,30 +580,31 @@ DT_CU_KERNEL(dt_cu_act_grad) {
   if (kind < 0 || kind >= DT_ACT_COUNT)
     return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: kind %lld", (long long)call->iargs[0]);
   if (n == 0) return DT_SUCCESS;
-  const float *g = (const float*)in[0].data, *x = (const float*)in[1].data;
-  float* o = (float*)out->data;
+  const void *g = in[0].data, *x = in[1].data;
+  void* o = out->data;
+  const int tg = (int)in[0].dtype, tx = (int)in[1].dtype, to = (int)out->dtype;
   const unsigned grid = dt_cu_grid(out, n);
   cudaStream_t st = dt_cu_stream(&in[0]);
   switch (kind) {
     case DT_ACT_RELU:
-      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_RELU>, grid, DT_CU_BLOCK, 0, st, g, x, o,
-                   n);
+      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_RELU>, grid, DT_CU_BLOCK, 0, st, g, tg,
+                   x, tx, o, to, n);
       break;
     case DT_ACT_SILU:
-      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_SILU>, grid, DT_CU_BLOCK, 0, st, g, x, o,
-                   n);
+      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_SILU>, grid, DT_CU_BLOCK, 0, st, g, tg,
+                   x, tx, o, to, n);
       break;
     case DT_ACT_GELU:
-      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_GELU>, grid, DT_CU_BLOCK, 0, st, g, x, o,
-                   n);
+      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_GELU>, grid, DT_CU_BLOCK, 0, st, g, tg,
+                   x, tx, o, to, n);
       break;
     case DT_ACT_SIGMOID_OUT:
       DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_SIGMOID_OUT>, grid, DT_CU_BLOCK, 0, st,
-                   g, x, o, n);
+                   g, tg, x, tx, o, to, n);
       break;
     default:
       DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_TANH_OUT>, grid, DT_CU_BLOCK, 0, st, g,
-                   x, o, n);
+                   tg, x, tx, o, to, n);
       break;
   }
   return DT_SUCCESS;
@@ -777,33 +788,33 @@ DT_CU_KERNEL(dt_cu_sumsq) {
 }  // namespace
 
 DT_CU_FILL(elementwise) {
-  t[DT_OP_ADD] = {dt_cu_add, 0, NULL};
-  t[DT_OP_SUB] = {dt_cu_sub, 0, NULL};
-  t[DT_OP_MUL] = {dt_cu_mul, 0, NULL};
-  t[DT_OP_DIV] = {dt_cu_div, 0, NULL};
-  t[DT_OP_MAXIMUM] = {dt_cu_maximum, 0, NULL};
-  t[DT_OP_MINIMUM] = {dt_cu_minimum, 0, NULL};
-  t[DT_OP_EQ] = {dt_cu_eq, 0, NULL};
-  t[DT_OP_GE] = {dt_cu_ge, 0, NULL};
-  t[DT_OP_GT] = {dt_cu_gt, 0, NULL};
-  t[DT_OP_NEG] = {dt_cu_neg, 0, NULL};
-  t[DT_OP_RELU] = {dt_cu_relu, 0, NULL};
-  t[DT_OP_EXP] = {dt_cu_exp, 0, NULL};
-  t[DT_OP_LOG] = {dt_cu_log, 0, NULL};
-  t[DT_OP_SQRT] = {dt_cu_sqrt, 0, NULL};
-  t[DT_OP_RSQRT] = {dt_cu_rsqrt, 0, NULL};
-  t[DT_OP_GELU] = {dt_cu_gelu, 0, NULL};
-  t[DT_OP_SILU] = {dt_cu_silu, 0, NULL};
-  t[DT_OP_SIGMOID] = {dt_cu_sigmoid, 0, NULL};
-  t[DT_OP_TANH] = {dt_cu_tanh, 0, NULL};
-  t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, 0, NULL};
-  t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, 0, NULL};
-  t[DT_OP_POW] = {dt_cu_pow, 0, NULL};
+  t[DT_OP_ADD] = {dt_cu_add, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SUB] = {dt_cu_sub, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_MUL] = {dt_cu_mul, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_DIV] = {dt_cu_div, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_MAXIMUM] = {dt_cu_maximum, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_MINIMUM] = {dt_cu_minimum, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_EQ] = {dt_cu_eq, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_GE] = {dt_cu_ge, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_GT] = {dt_cu_gt, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_NEG] = {dt_cu_neg, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_RELU] = {dt_cu_relu, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_EXP] = {dt_cu_exp, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_LOG] = {dt_cu_log, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SQRT] = {dt_cu_sqrt, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_RSQRT] = {dt_cu_rsqrt, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_GELU] = {dt_cu_gelu, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SILU] = {dt_cu_silu, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SIGMOID] = {dt_cu_sigmoid, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_TANH] = {dt_cu_tanh, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_POW] = {dt_cu_pow, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_WHERE] = {dt_cu_where, 0, NULL};
   t[DT_OP_MASKED_FILL] = {dt_cu_masked_fill, 0, NULL};
   t[DT_OP_CAST] = {dt_cu_cast, DT_KERNEL_ANY_DTYPE, dt_cu_cast_scratch};
   t[DT_OP_DROPOUT] = {dt_cu_dropout, 0, NULL};
-  t[DT_OP_ACT_GRAD] = {dt_cu_act_grad, 0, NULL};
+  t[DT_OP_ACT_GRAD] = {dt_cu_act_grad, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ADAMW] = {dt_cu_adamw, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_SCALE_] = {dt_cu_scale_, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_SUMSQ] = {dt_cu_sumsq, 0, dt_cu_sumsq_scratch};

@@ -133,13 +133,6 @@ struct dt_cu_index_check {
   }
 };
 
-/* DT_ERR_UNSUPPORTED unless t holds floats (the byte-moving kernels registered for any dtype
- * reject integers as the host kernels, which take f32 only, do). */
-static dt_status_t dt_cu_need_float(const dt_op_call_t* call, const dt_local_tensor_t* t) {
-  if (t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16) return DT_SUCCESS;
-  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported by its CUDA kernel", call->op,
-                 dt_dtype_name(t->dtype));
-}
 
 /* Calls f(U{}) with U an unsigned type of `unit` bytes (1, 2, 4, 8 or 16): the storage unit of
  * the byte movers. */
