@@ -54,10 +54,10 @@ static dt_status_t dt__sim_set_device_impl(const char* backend) {
   else if (!strcmp(backend, "cuda")) set = DT_KERNELS_CUDA;
   else if (!strcmp(backend, "cuda-emu")) set = DT_KERNELS_CUDA_EMU;
   else
-    return DT_FAIL(DT_ERR_INVALID_ARG, "dt_sim_set_device: unknown device '%s' (cpu, cuda or "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "unknown device '%s' (cpu, cuda or "
                    "cuda-emu)", backend);
   if (!dt__ctx_simulated())
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_sim_set_device: the library does not run a "
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "the library does not run a "
                    "simulated world (dt_init_simulated)");
   int built = set == DT_KERNELS_HOST;
 #ifdef DTENSOR_HAVE_CUDA
@@ -67,11 +67,11 @@ static dt_status_t dt__sim_set_device_impl(const char* backend) {
   built |= set == DT_KERNELS_CUDA_EMU;
 #endif
   if (!built)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "dt_sim_set_device: this build has no %s kernels to "
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "this build has no %s kernels to "
                    "simulate (configure with DTENSOR_CUDA%s)", backend,
                    set == DT_KERNELS_CUDA ? "=ON" : "=ON and DTENSOR_SIMT_EMU=ON");
   if (dt__backend_meta.live_blocks != 0)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "dt_sim_set_device: %lld simulated allocations are "
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "%lld simulated allocations are "
                    "live; choose the device before making tensors",
                    (long long)dt__backend_meta.live_blocks);
   dt__backend_meta_target(set);

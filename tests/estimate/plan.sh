@@ -12,6 +12,8 @@
 #    with a bad "compute" or "inter_node" entry are refused with a message (exit 2); an inter-node dim is
 #    priced by the inter-node figures (slower);
 #  - --routing-imbalance 2 with --ep: more rows and bytes for the worst rank;
+#  - --device cuda estimates with the CUDA kernels' figures, or (a build without them) says so and
+#    uses the host's;
 #  - --micro-batches 2: fewer activation bytes; --plan lists 2 and 4 micro-batches; a count that
 #    does not divide the batch, or leaves a data rank without a sequence, refused;
 #  - bad flags exit 2 with a message: no --np, a bad --budget, --plan with a layout flag,
@@ -129,6 +131,14 @@ check "--micro-batches 3 with --batch 8: refused (exit 2)" \
 rc=$?
 check "--micro-batches 4 leaves 2 sequences for 4 ranks: refused (exit 2)" \
   bash -c "[ $rc = 2 ] && grep -q 'batch 2 / --micro-batches is smaller' '$W/mb4.txt'"
+
+# --device cuda: the CUDA kernels' figures where the build has them, else the host's, said once
+"$TRAIN" --estimate-only --np 2 "${M[@]}" --parallel fsdp --device cuda > "$W/dev.txt" 2>&1
+rc=$?
+check "--device cuda estimates (exit 0, a peak line)" \
+  bash -c "[ $rc = 0 ] && grep -q '^peak_memory_bytes rank 0:' '$W/dev.txt'"
+check "--device cuda: either no note, or the no-CUDA-kernels one" \
+  bash -c "! grep -q '^train: --device' '$W/dev.txt' || grep -q 'no cuda kernels to simulate.*host kernels' '$W/dev.txt'"
 
 # bad flags
 for args in "${M[*]}" "--np 4 --budget lots" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \
