@@ -662,8 +662,11 @@ static size_t dt_attn_cap(void) {
   return cap;
 }
 
-/* Entries per chunk of the GEMM path, or 0 for the flash path (flash_ok: its tiles fit). */
-static int64_t dt_attn_choose(const dt_attn_geom& g, size_t item, int bwd, int flash_ok) {
+/* Entries per chunk of the GEMM path, or 0 for the flash path, on a device with smem bytes of
+ * shared memory per block (the flash path only where its kernels' tiles fit). */
+static int64_t dt_attn_choose(const dt_attn_geom& g, size_t item, int bwd, size_t smem) {
+  const int flash_ok = dt_attn_fwd_smem(&g) <= smem &&
+                       (!bwd || (dt_attn_dq_smem(&g) <= smem && dt_attn_dkv_smem(&g) <= smem));
   const int path = dt_attn_path();
   if (path == DT_ATTN_FLASH && flash_ok) return 0;
   const int64_t entries = g.B * g.G;
@@ -869,7 +872,7 @@ DT_CU_KERNEL(dt_cu_sdpa) {
   if (g.B * g.H * g.S * g.E == 0) return DT_SUCCESS;
   if (g.T == 0) return dt_attn_zero(&out[0], out[0].data, dt_attn_nbytes(&out[0])); /* host's */
   const size_t smem = dt_attn_fwd_smem(&g);
-  const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 0, smem <= dt_attn_smem_limit());
+  const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 0, dt_attn_smem_limit());
   return dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
     if (chunk > 0) return dt_attn_gemm_path<T>(call->op, in, out, g, dt, 0, chunk);
@@ -957,10 +960,9 @@ DT_CU_KERNEL(dt_cu_sdpa_grad) {
     args[3].data = go;
     args[3].dtype = dt;
   }
-  const size_t lim = dt_attn_smem_limit(), s_fwd = dt_attn_fwd_smem(&g),
-               s_dq = dt_attn_dq_smem(&g), s_dkv = dt_attn_dkv_smem(&g);
-  const int flash_ok = s_fwd <= lim && s_dq <= lim && s_dkv <= lim;
-  const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 1, flash_ok);
+  const size_t s_fwd = dt_attn_fwd_smem(&g), s_dq = dt_attn_dq_smem(&g),
+               s_dkv = dt_attn_dkv_smem(&g);
+  const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 1, dt_attn_smem_limit());
   const dt_status_t st = dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
     if (chunk > 0) return dt_attn_gemm_path<T>(call->op, args, out, g, dt, 1, chunk);
@@ -983,16 +985,14 @@ static size_t dt_attn_scratch(const dt_op_call_t* call, const dt_local_tensor_t*
   const size_t item = dt__itemsize(dt);
   if (!bwd) {
     if (g.B * g.H * g.S * g.E == 0 || g.T == 0) return 0;
-    const int64_t chunk = dt_attn_choose(g, item, 0, dt_attn_fwd_smem(&g) <= smem);
+    const int64_t chunk = dt_attn_choose(g, item, 0, smem);
     if (chunk <= 0) return 0; /* the flash forward keeps everything on chip */
     dt_attn_ws w;
     dt_attn_ws_plan(g, item, 0, chunk, &w);
     return dt_cu_scratch_size(w.nbytes);
   }
   if (g.B * g.H * g.S * g.T == 0) return 0;
-  const int flash_ok = dt_attn_fwd_smem(&g) <= smem && dt_attn_dq_smem(&g) <= smem &&
-                       dt_attn_dkv_smem(&g) <= smem;
-  const int64_t chunk = dt_attn_choose(g, item, 1, flash_ok);
+  const int64_t chunk = dt_attn_choose(g, item, 1, smem);
   size_t path = dt_attn_flash_grad_nbytes(g);
   if (chunk > 0) {
     dt_attn_ws w;

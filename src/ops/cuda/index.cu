@@ -133,7 +133,6 @@ struct dt_cu_index_check {
   }
 };
 
-
 /* Calls f(U{}) with U an unsigned type of `unit` bytes (1, 2, 4, 8 or 16): the storage unit of
  * the byte movers. */
 typedef uint4 dt_cu_u128;
@@ -601,7 +600,9 @@ DT_CU_SCRATCH(dt_cu_rows_add_scratch) {
          dt_cu_scratch_size(nb[1]) + dt_cu_scratch_size(nb[2]);
 }
 /* The scratch of the kernels whose only scratch is the check of input 1's indices. */
-DT_CU_SCRATCH(dt_cu_index_check_scratch) { return (void)call, (void)out, dt_cu_index_check_nbytes(&in[1]); }
+DT_CU_SCRATCH(dt_cu_index_check_scratch) {
+  return (void)call, (void)out, dt_cu_index_check_nbytes(&in[1]);
+}
 
 static dt_status_t dt_cu_rows_add(const dt_op_call_t* call, const dt_local_tensor_t* ix,
                                   const float* src, const float* base, float* out, int64_t rows,
@@ -726,8 +727,6 @@ __global__ void dt_cu_topk_k(const T* x, T* ov, int64_t* oi, int64_t outer, int6
 #define DT_CU_TOPK_SHARED_MAX (32 << 10)
 #define DT_CU_TOPK_GLOBAL_MAX ((size_t)64 << 20)
 
-/* topk: values and i64 indices along dim (whole on this rank), sorted; NaN counts as largest,
- * ties go to the lower index. */
 /* topk's launch over rows rows of L keys on a device of sms SMs: keys padded to P2 (a power of
  * 2), threads per block, blocks, and where the keys sort: shared memory (*smem bytes) or device
  * scratch (*scratch bytes). */
@@ -775,6 +774,8 @@ DT_CU_SCRATCH(dt_cu_topk_scratch) {
   return scratch ? dt_cu_scratch_size(scratch) : 0;
 }
 
+/* topk: values and i64 indices along dim (whole on this rank), sorted; NaN counts as largest,
+ * ties go to the lower index. */
 DT_CU_KERNEL(dt_cu_topk) {
   int64_t k;
   int dim, largest;
