@@ -198,7 +198,8 @@ if [ "$BACKEND" = cuda ]; then
       --heads "$heads" --vocab 256 --batch "$batch" --seq "$seq" --steps "$steps"
   }
   train_pair 125M 896 13 14 8 1024 12
-  # attention's flash path (CUDA cores) against the default GEMM path (tensor cores), same model
+  # attention's flash path (bf16: tensor-core wmma kernels, scores on chip) against the default GEMM
+  # path (cuBLASLt products, scores through memory), same model: decides what auto should take
   step train_ours_125M_flash 150 env DTENSOR_SDPA_PATH=flash "${MPI[@]}" -np 1 "$G/examples/train" \
     --device cuda --parallel fsdp --param-dtype bf16 --dim 896 --layers 13 --heads 14 --batch 8 \
     --seq 1024 --steps 8 --vocab 256 --order 1 --warmup 2 --metrics "$OUT/ours_125M_flash.jsonl"

@@ -30,7 +30,8 @@
  * - Checks are stricter than hardware: a warp operation whose mask names an exited lane, two
  *   warp operations or masks that do not match, and threads waiting at two different
  *   __syncthreads call sites end the launch with an error (see simt_emu.cpp).
- * - No tensor cores (mma, wmma), no cooperative groups, no __half arithmetic operators or
+ * - Tensor cores only through nvcuda::wmma's 16 x 16 x 16 bf16/f16 shape (below; no mma PTX),
+ *   no cooperative groups, no __half arithmetic operators or
  *   implicit __half <-> float conversions (use the conversion functions), no __half2 /
  *   __nv_bfloat162, no texture or __constant__ copies (cudaMemcpyToSymbol); __CUDA_ARCH__ is
  *   not defined. The fast-math intrinsics (__expf, __sinf, ...) are computed exactly; GPU
@@ -62,10 +63,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h> /* nvcuda::wmma */
 
-/* A char array cast to T, so kernels with different element types can share the name. */
-#define DT_SIMT_DYN_SHARED(T, name)                                  \
-  extern __shared__ __align__(16) unsigned char dt_simt_dyn_smem_[]; \
+/* A char array cast to T, so kernels with different element types can share the name; 128-byte
+ * aligned (wmma's operands need 32). */
+#define DT_SIMT_DYN_SHARED(T, name)                                   \
+  extern __shared__ __align__(128) unsigned char dt_simt_dyn_smem_[]; \
   T* name = reinterpret_cast<T*>(dt_simt_dyn_smem_)
 
 template <typename... P, typename... A>
@@ -85,8 +88,10 @@ inline const char* dt_simt_strerror(int rc) { return cudaGetErrorString((cudaErr
 #include <math.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory> /* before the __noinline__ macro: libstdc++ spells __attribute__((__noinline__)) */
+#include <stdexcept>
 #include <tuple>
 #include <type_traits>
 
@@ -398,6 +403,114 @@ inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }
 inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor cores: CUDA's warp matrix API (nvcuda::wmma, <mma.h>) for the 16 x 16 x 16 shape with
+ * __nv_bfloat16 or __half operands and float accumulators. Like the hardware's, the fragments are
+ * opaque: lane l holds elements 8 l .. 8 l + 7 of the fragment's matrix in row-major order (the
+ * GPU's distribution differs, so code that gives elements meaning by index is wrong on one of
+ * them; element-wise arithmetic on x[] is fine). mma_sync is a warp operation (all 32 lanes, with
+ * __syncwarp's checks); loads, stores and fill_fragment touch only the lane's own elements and
+ * neither wait for the other lanes nor order memory: as on the GPU, lanes that read what other lanes wrote (a stored tile, a tile
+ * they filled) need a __syncwarp or __syncthreads between, and the emulator, running each lane
+ * to its next barrier, shows a missing one as wrong values. Loads and stores check what the GPU
+ * requires and leaves undefined when broken: a 32-byte-aligned pointer and ldm a multiple of 16
+ * bytes (a violation fails the launch). mma_sync sums each output in f32 in the order k = 0 .. 15 after the accumulator (the
+ * GPU's order and rounding of the partial sums differ in the last bits). */
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "wmma (emulated): only the 16 x 16 x 16 shape");
+  static constexpr int num_elements = 8;
+  T x[8];
+};
+
+inline float dt_simt_wmma_f32_(float v) { return v; }
+inline float dt_simt_wmma_f32_(__nv_bfloat16 v) { return __bfloat162float(v); }
+inline float dt_simt_wmma_f32_(__half v) { return __half2float(v); }
+
+/* The calling thread's lane and its warp within the block. */
+inline unsigned dt_simt_wmma_tid_() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+template <typename T>
+inline void dt_simt_wmma_check_(const T* p, unsigned ldm, const char* what) {
+  if ((uintptr_t)p % 32 != 0 || (ldm * sizeof(T)) % 16 != 0) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "wmma::%s: pointer %p or ldm %u breaks the 32-byte / 16-byte rule",
+             what, (const void*)p, ldm);
+    throw std::runtime_error(msg);
+  }
+}
+/* Reads the lane's elements of a rows x cols matrix at p (element (r, c) at p[r * ldm + c] for
+ * row-major memory, p[c * ldm + r] for column-major). */
+template <typename F, typename T>
+inline void dt_simt_wmma_load_(F& f, const T* p, unsigned ldm, bool col, const char* what) {
+  dt_simt_wmma_check_(p, ldm, what);
+  const unsigned lane = dt_simt_wmma_tid_() % 32;
+  for (int i = 0; i < 8; i++) {
+    const unsigned e = lane * 8 + i, r = e / 16, c = e % 16;
+    f.x[i] = col ? p[c * ldm + r] : p[r * ldm + c];
+  }
+}
+template <typename Use, typename T, typename L>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, const T* p, unsigned ldm) {
+  static_assert(std::is_same<L, row_major>::value || std::is_same<L, col_major>::value,
+                "wmma: matrix_a / matrix_b fragments name their layout");
+  dt_simt_wmma_load_(f, p, ldm, std::is_same<L, col_major>::value, "load_matrix_sync");
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+                             unsigned ldm, layout_t layout) {
+  dt_simt_wmma_load_(f, p, ldm, layout == mem_col_major, "load_matrix_sync");
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+  dt_simt_wmma_check_(p, ldm, "store_matrix_sync");
+  const unsigned lane = dt_simt_wmma_tid_() % 32;
+  for (int i = 0; i < 8; i++) {
+    const unsigned e = lane * 8 + i, r = e / 16, c = e % 16;
+    (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[i];
+  }
+}
+template <typename Use, typename T, typename L>
+inline void fill_fragment(fragment<Use, 16, 16, 16, T, L>& f, const T& v) {
+  for (int i = 0; i < 8; i++) f.x[i] = v;
+}
+/* d = a b + c; d may be c. The warp's operands meet in a per-warp buffer (blocks run one at a
+ * time, so one buffer per warp of a block serves every launch). */
+template <typename T, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+                     const fragment<matrix_a, 16, 16, 16, T, LA>& a,
+                     const fragment<matrix_b, 16, 16, 16, T, LB>& b,
+                     const fragment<accumulator, 16, 16, 16, float>& c) {
+  static float buf[32][2][256];
+  const unsigned tid = dt_simt_wmma_tid_(), lane = tid % 32;
+  float(*w)[256] = buf[tid / 32];
+  __syncwarp(); /* every lane is done with the buffer's last use */
+  for (int i = 0; i < 8; i++) {
+    w[0][lane * 8 + i] = dt_simt_wmma_f32_(a.x[i]);
+    w[1][lane * 8 + i] = dt_simt_wmma_f32_(b.x[i]);
+  }
+  __syncwarp();
+  float out[8];
+  for (int i = 0; i < 8; i++) {
+    const unsigned e = lane * 8 + i, r = e / 16, col = e % 16;
+    float acc = c.x[i];
+    for (int k = 0; k < 16; k++) acc += w[0][r * 16 + k] * w[1][k * 16 + col];
+    out[i] = acc;
+  }
+  for (int i = 0; i < 8; i++) d.x[i] = out[i];
+}
+}  // namespace wmma
+}  // namespace nvcuda
 
 /* ---------------------------------------------------------------------------------------------
  * Launch. The arguments are converted to the kernel's parameter types once, as <<<>>> does, and

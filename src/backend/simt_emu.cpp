@@ -47,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <vector>
 
@@ -458,14 +459,19 @@ void fiber_main() {
 #endif
   Fiber* f = g_cur;
   bool threw = false;
+  char what[256] = "";
   try {
     g_launch.desc->body(g_launch.desc->ctx);
-  } catch (...) { /* leave the handler first: it must not stay open on an abandoned stack */
+  } catch (const std::exception& e) { /* leave the handler first: it must not stay open on an
+                                         abandoned stack */
+    threw = true;
+    snprintf(what, sizeof what, ": %s", e.what());
+  } catch (...) {
     threw = true;
   }
   if (threw) {
     begin_error(DT_SIMT_ERR_LAUNCH_FAILED, f);
-    append("a C++ exception left the kernel");
+    append("a C++ exception left the kernel%s", what);
     fail_here(f);
   }
   unsigned i = index_of(f), w = i / 32, bit = 1u << (i % 32);
@@ -580,8 +586,11 @@ int run_launch(const dt_simt_launch_desc_t* d) {
     append("cannot map %llu fiber stacks of %zu bytes", threads, g_stack_bytes);
     return L.error;
   }
-  /* Exactly smem_bytes (at least 1), so that AddressSanitizer sees overruns. */
-  L.dyn_smem = static_cast<unsigned char*>(malloc(d->smem_bytes ? d->smem_bytes : 1));
+  /* Exactly smem_bytes (at least 1), so that AddressSanitizer sees overruns; 128-byte aligned
+   * like a GPU's (wmma loads need 32). */
+  void* smem = nullptr;
+  if (posix_memalign(&smem, 128, d->smem_bytes ? d->smem_bytes : 1) != 0) smem = nullptr;
+  L.dyn_smem = static_cast<unsigned char*>(smem);
   if (L.dyn_smem == nullptr) {
     begin_error(DT_SIMT_ERR_OUT_OF_MEMORY, nullptr);
     append("cannot allocate %zu bytes of dynamic shared memory", d->smem_bytes);

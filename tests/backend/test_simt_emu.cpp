@@ -41,7 +41,12 @@ static int g_failures;
  * Host side, identical in both modes except for memory. */
 
 #ifdef DT_SIMT_EMULATE
-static void* test_alloc(size_t nbytes) { return calloc(1, nbytes ? nbytes : 1); }
+static void* test_alloc(size_t nbytes) { /* 256-byte aligned, as cudaMalloc's */
+  void* p = nullptr;
+  if (posix_memalign(&p, 256, nbytes ? nbytes : 1) != 0) return nullptr;
+  memset(p, 0, nbytes);
+  return p;
+}
 static void test_free(void* p) { free(p); }
 static int test_sync(void) { return 0; }
 #else
@@ -809,6 +814,112 @@ static void test_math(void) {
 #endif
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * (j) Tensor cores through nvcuda::wmma: D = A B + C over two k steps for each operand layout
+ * (A row- or column-major, B row- or column-major, C loaded and D stored either way), bf16 and
+ * f16, against a double reference; in the emulator a misaligned operand fails the launch. Two
+ * warps each compute their own 16-row block, through shared memory that every lane fills (so a
+ * missing __syncwarp / __syncthreads between filling and loading would show). */
+
+template <typename T>
+__device__ T test_from_f32(float v);
+template <>
+__device__ __nv_bfloat16 test_from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __half test_from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+template <typename T, typename LA, typename LB>
+__global__ void wmma_kernel(const float* a, const float* b, const float* c, float* d, int c_col,
+                            int d_col, int skew) {
+  /* A: 32 x 32 (two warps' 16 rows), B: 32 x 16, C and D: 32 x 16; ld 40 (16-bit), 20 (f32) */
+  DT_SIMT_DYN_SHARED(unsigned char, sm);
+  T* As = reinterpret_cast<T*>(sm);
+  T* Bs = As + 32 * 40;
+  float* Cs = reinterpret_cast<float*>(Bs + 32 * 40);
+  const bool a_col = std::is_same<LA, nvcuda::wmma::col_major>::value;
+  const bool b_col = std::is_same<LB, nvcuda::wmma::col_major>::value;
+  for (int x = threadIdx.x; x < 32 * 32; x += blockDim.x) {
+    const int r = x / 32, k = x % 32;
+    As[a_col ? k * 40 + r : r * 40 + k] = test_from_f32<T>(a[x]);
+  }
+  for (int x = threadIdx.x; x < 32 * 16; x += blockDim.x) {
+    const int k = x / 16, n = x % 16;
+    Bs[b_col ? n * 40 + k : k * 40 + n] = test_from_f32<T>(b[x]);
+    const int r = x / 16;
+    Cs[c_col ? (r / 16) * 16 * 20 + n * 20 + r % 16 : r * 20 + n] = c[x];
+  }
+  __syncthreads();
+  const int w = threadIdx.x / 32;
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
+  const nvcuda::wmma::layout_t cl = c_col ? nvcuda::wmma::mem_col_major : nvcuda::wmma::mem_row_major;
+  nvcuda::wmma::load_matrix_sync(acc, Cs + w * 16 * 20, 20, cl);
+  for (int kk = 0; kk < 2; kk++) {
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, LA> fa;
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, LB> fb;
+    const int r0 = w * 16, k0 = kk * 16;
+    nvcuda::wmma::load_matrix_sync(fa, As + (a_col ? k0 * 40 + r0 : r0 * 40 + k0) + skew, 40);
+    nvcuda::wmma::load_matrix_sync(fb, Bs + (b_col ? k0 : k0 * 40), 40);
+    nvcuda::wmma::mma_sync(acc, fa, fb, acc);
+  }
+  for (int i = 0; i < acc.num_elements; i++) acc.x[i] *= 2.0f; /* element-wise: any layout */
+  const nvcuda::wmma::layout_t dl = d_col ? nvcuda::wmma::mem_col_major : nvcuda::wmma::mem_row_major;
+  if (d_col)
+    nvcuda::wmma::store_matrix_sync(d + w * 16, acc, 32, dl); /* D^T: 16 x 32 */
+  else
+    nvcuda::wmma::store_matrix_sync(d + w * 16 * 16, acc, 16, dl);
+}
+
+template <typename T, typename LA, typename LB>
+static void wmma_case(const char* name, int c_col, int d_col) {
+  const int smem = 2 * 32 * 40 * 2 + 32 * 20 * 4;
+  float* a = alloc_n<float>(32 * 32);
+  float* b = alloc_n<float>(32 * 16);
+  float* c = alloc_n<float>(32 * 16);
+  float* d = alloc_n<float>(32 * 16);
+  uint32_t rng = 777u;
+  auto next = [&rng]() { /* small integers and halves: exact in bf16 and f16 */
+    rng = rng * 1664525u + 1013904223u;
+    return (float)((int)(rng >> 27) - 16) * 0.5f;
+  };
+  for (int i = 0; i < 32 * 32; i++) a[i] = next();
+  for (int i = 0; i < 32 * 16; i++) b[i] = next(), c[i] = next();
+  LAUNCH_OK((wmma_kernel<T, LA, LB>), 1, 64, smem, nullptr, (const float*)a, (const float*)b,
+            (const float*)c, d, c_col, d_col, 0);
+  int bad = 0;
+  for (int r = 0; r < 32; r++)
+    for (int n = 0; n < 16; n++) {
+      double want = c[r * 16 + n];
+      for (int k = 0; k < 32; k++) want += (double)a[r * 32 + k] * b[k * 16 + n];
+      const float got = d_col ? d[n * 32 + r] : d[r * 16 + n];
+      bad += got != (float)(2.0 * want); /* every partial sum is exact in f32 */
+    }
+  CHECK(bad == 0, "wmma %s (C %s, D %s): %d of 512 wrong", name, c_col ? "col" : "row",
+        d_col ? "col" : "row", bad);
+#ifdef DT_SIMT_EMULATE
+  expect_error("wmma misaligned",
+               dt_simt_launch(wmma_kernel<T, LA, LB>, 1, 64, smem, nullptr, (const float*)a,
+                              (const float*)b, (const float*)c, d, c_col, d_col, 8),
+               DT_SIMT_ERR_LAUNCH_FAILED, "32-byte");
+#endif
+  test_free(a);
+  test_free(b);
+  test_free(c);
+  test_free(d);
+}
+
+static void test_wmma(void) {
+  using nvcuda::wmma::col_major;
+  using nvcuda::wmma::row_major;
+  wmma_case<__nv_bfloat16, row_major, row_major>("bf16 A row B row", 0, 0);
+  wmma_case<__nv_bfloat16, row_major, col_major>("bf16 A row B col", 1, 0);
+  wmma_case<__half, col_major, row_major>("f16 A col B row", 0, 1);
+  wmma_case<__half, col_major, col_major>("f16 A col B col", 1, 1);
+}
+
 int main(void) {
 #ifndef DT_SIMT_EMULATE
   int devices = 0;
@@ -826,6 +937,7 @@ int main(void) {
   test_errors();
   test_conversions();
   test_math();
+  test_wmma();
   if (g_failures) {
     fprintf(stderr, "test_simt_emu: %d checks failed\n", g_failures);
     return 1;

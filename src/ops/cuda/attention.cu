@@ -13,7 +13,10 @@
  *   auto (default)  the GEMM path when one (batch, kv head) entry fits the workspace cap, else
  *                   the flash path;
  *   gemm            the GEMM path always (an entry over the cap runs alone);
- *   flash           the flash path (the GEMM path where its tiles exceed shared memory).
+ *   flash           the flash path (the GEMM path where its tiles exceed shared memory, or, for
+ *                   bf16/f16, where D or E exceeds 128).
+ * (auto keeps the GEMM path first until a GPU run has timed the tensor-core flash kernels against
+ * it: tools/gpu_check.sh's train_ours_125M_flash step.)
  *
  * The GEMM path ("materialized scores") runs every product through the backend's GEMM
  * (cuBLASLt on a GPU: tensor cores for bf16/f16, TF32 for f32 where allowed; the host GEMM in the
@@ -34,8 +37,9 @@
  * operands. P and dS are rounded to bf16/f16 for half inputs (as flash attention rounds them);
  * everything else accumulates in f32.
  *
- * The flash path is the same math tiled, flash-attention style, in plain CUDA (no tensor cores;
- * inputs loaded as f32, outputs rounded once):
+ * The flash path is the same math tiled, flash-attention style. For bf16 and f16 its products run
+ * on tensor cores (nvcuda::wmma; the dt_tc_* kernels, described where they are defined); for f32
+ * (and as the definition those follow) in plain CUDA (inputs loaded as f32, outputs rounded once):
  * - forward (dt_attn_fwd_kernel): one block per (batch, head, tile of BQ query rows); the key
  *   and value tiles of BK keys stream through shared memory and every row keeps a running max m
  *   and sum l of its exponentials (online softmax), rescaling its output accumulator when m
@@ -62,6 +66,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "ops/cuda/cuda_ops.h"
 #ifdef DT_SIMT_EMULATE
@@ -187,6 +193,12 @@ static unsigned dt_attn_grid(const dt_local_tensor_t* t, int64_t items) {
 
 /* ---------------------------------------------------------------------------------------------
  * Device helpers */
+
+#ifdef __CUDACC__
+#define DT_ATTN_UNROLL _Pragma("unroll") /* the register arrays stay registers */
+#else
+#define DT_ATTN_UNROLL
+#endif
 
 /* dst[r * ldd + c] = src[r * ld + c] (as f32) for r < rows, c < cols; rows valid .. rows - 1 are
  * zeros. */
@@ -480,16 +492,493 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The flash path on tensor cores (bf16 and f16 storage, D and E up to 128): the same tiling and
+ * recomputation as the kernels above, every product through nvcuda::wmma (16 x 16 x 16, f32
+ * accumulation), tiles of 64 query rows and 64 keys, each of the 4 warps owning 16 rows of the
+ * tile (query rows in the forward and dQ kernels, keys in the dK/dV kernel). A warp's scores and
+ * their exponentials stay in its slice of shared memory and its accumulators (O, dQ, or dK and
+ * dV) in registers, so apart from the tile loads only __syncwarp orders its steps. Row-wise
+ * steps: lane l takes row l % 16 of the warp's 16 and half l / 16 of the 64 columns (visited in
+ * a lane-rotated order: no bank conflicts); the two lanes of a row combine with one shuffle.
+ * The forward's online softmax rescales lazily: a row's reference max moves only when a score
+ * exceeds it by more than DT_TC_TAU (the exponentials stay <= e^8, far from overflow, and the
+ * result is the same up to rounding), so the output accumulator, whose fragments' layout is
+ * opaque, makes a round trip through shared memory only in the rare key tile that moves a max.
+ * P and dS are rounded to the storage dtype before their products (as the GEMM path and flash
+ * attention do); features are padded to multiples of 16 with zeros in shared memory. */
+
+#define DT_TC_B 64     /* query rows per query tile, keys per key tile */
+#define DT_TC_NT 128   /* threads per block: 4 warps */
+#define DT_TC_TAU 8.0f /* lazy rescaling's threshold (natural log units) */
+#define DT_TC_MAXF 128 /* the largest D and E (accumulators of 8 fragments) */
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dt_tc_acc;
+template <typename T>
+using dt_tc_a =
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major>;
+template <typename T>
+using dt_tc_b =
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::row_major>;
+template <typename T>
+using dt_tc_bt =
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::col_major>;
+
+/* Leading dimensions (elements) of the shared tiles: 16-bit tiles of D and E features, the f32
+ * score tile, the 16-bit score tile and the f32 staging of D and E features. Every one keeps
+ * wmma's rules (rows a multiple of 16 bytes apart; 16-row and 16-column steps 32-byte aligned). */
+struct dt_tc_ld {
+  int dp, ep, q, v, s, p, d, e;
+};
+__host__ __device__ __forceinline__ dt_tc_ld dt_tc_ld_of(int64_t D, int64_t E) {
+  dt_tc_ld l;
+  l.dp = (int)((D + 15) / 16 * 16);
+  l.ep = (int)((E + 15) / 16 * 16);
+  l.q = l.dp + 8;
+  l.v = l.ep + 8;
+  l.s = DT_TC_B + 4;
+  l.p = DT_TC_B + 8;
+  l.d = l.dp + 4;
+  l.e = l.ep + 4;
+  return l;
+}
+
+/* Shared memory carved into regions of the given bytes, each 128-byte aligned: the kernels carve
+ * their pointers and the host its sizes with the same calls. */
+struct dt_tc_carve {
+  size_t off;
+  __host__ __device__ __forceinline__ size_t take(size_t nbytes) {
+    const size_t o = off;
+    off += (nbytes + 127) / 128 * 128;
+    return o;
+  }
+};
+
+/* The three kernels' regions (byte offsets), in one place. Forward (which 0): Q, K, V, scores
+ * (f32), exponentials, output staging, 1/l per row. dQ (1): Q, dO, K, V, scores, dS, dQ staging,
+ * lse, delta. dK/dV (2): K, V, Q, dO, scores, P, dS, dK and dV staging, lse, delta. */
+struct dt_tc_smem {
+  size_t q, k, v, dout, s, p, ds, acc, acc2, l, dl, nbytes;
+};
+__host__ __device__ __forceinline__ dt_tc_smem dt_tc_smem_of(int which, int64_t D, int64_t E) {
+  const dt_tc_ld ld = dt_tc_ld_of(D, E);
+  const size_t B = DT_TC_B, h = 2, f = 4; /* bytes of a 16-bit and an f32 element */
+  dt_tc_carve c = {0};
+  dt_tc_smem m = {};
+  if (which == 0) {
+    m.q = c.take(B * ld.q * h);
+    m.k = c.take(B * ld.q * h);
+    m.v = c.take(B * ld.v * h);
+    m.s = c.take(B * ld.s * f);
+    m.p = c.take(B * ld.p * h);
+    m.acc = c.take(B * ld.e * f);
+    m.l = c.take(B * f);
+  } else if (which == 1) {
+    m.q = c.take(B * ld.q * h);
+    m.dout = c.take(B * ld.v * h);
+    m.k = c.take(B * ld.q * h);
+    m.v = c.take(B * ld.v * h);
+    m.s = c.take(B * ld.s * f);
+    m.ds = c.take(B * ld.p * h);
+    m.acc = c.take(B * ld.d * f);
+    m.l = c.take(B * f);
+    m.dl = c.take(B * f);
+  } else {
+    m.k = c.take(B * ld.q * h);
+    m.v = c.take(B * ld.v * h);
+    m.q = c.take(B * ld.q * h);
+    m.dout = c.take(B * ld.v * h);
+    m.s = c.take(B * ld.s * f);
+    m.p = c.take(B * ld.p * h);
+    m.ds = c.take(B * ld.p * h);
+    m.acc = c.take(B * ld.d * f);
+    m.acc2 = c.take(B * ld.e * f);
+    m.l = c.take(B * f);
+    m.dl = c.take(B * f);
+  }
+  m.nbytes = c.off;
+  return m;
+}
+
+/* Accumulator fragments of the register arrays: 4 (features up to 64) or 8 (up to 128); 0 where
+ * the tensor-core kernels do not take D and E. */
+static int dt_tc_frags(int64_t D, int64_t E) {
+  const int64_t f = D > E ? D : E;
+  return f <= 64 ? 4 : f <= DT_TC_MAXF ? 8 : 0;
+}
+/* Calls f(std::integral_constant<int, NF>) with the kernels' NF for g (where they take g). */
+template <typename F>
+static dt_status_t dt_tc_frags_dispatch(const dt_attn_geom& g, F&& f) {
+  if (dt_tc_frags(g.D, g.E) == 4) return f(std::integral_constant<int, 4>{});
+  return f(std::integral_constant<int, 8>{});
+}
+
+/* dst[r * ldd + c] = src[r * ld + c] for r < valid, c < cols; zeros up to 64 rows and colsp
+ * columns (the padding the products read). 16-byte copies where the layout allows. */
+template <typename T>
+__device__ __forceinline__ void dt_tc_load(T* dst, int ldd, const T* src, int64_t ld, int valid,
+                                           int cols, int colsp) {
+  const T zero = dt_cu_from_f32<T>(0.0f);
+  if (cols == colsp && ld % 8 == 0 && (uintptr_t)src % 16 == 0) { /* 8 elements per copy */
+    const int vc = cols / 8;
+    for (int x = threadIdx.x; x < DT_TC_B * vc; x += DT_TC_NT) {
+      const int r = x / vc, c = (x - r * vc) * 8;
+      uint4 w = make_uint4(0u, 0u, 0u, 0u);
+      if (r < valid) w = *reinterpret_cast<const uint4*>(src + r * ld + c);
+      *reinterpret_cast<uint4*>(dst + r * ldd + c) = w;
+    }
+    return;
+  }
+  for (int x = threadIdx.x; x < DT_TC_B * colsp; x += DT_TC_NT) {
+    const int r = x / colsp, c = x - r * colsp;
+    dst[r * ldd + c] = r < valid && c < cols ? src[r * ld + c] : zero;
+  }
+}
+
+/* out (16 x 64, f32, lds) = A (16 rows of n16 * 16 features) Bm^T, Bm 64 rows of the same
+ * features: the warp's 16 rows against the tile's 64 (scores, or dO V^T). */
+template <typename T>
+__device__ __forceinline__ void dt_tc_abt(float* out, int lds, const T* A, int lda, const T* Bm,
+                                          int ldb, int n16) {
+  for (int n = 0; n < DT_TC_B / 16; n++) {
+    dt_tc_acc acc;
+    nvcuda::wmma::fill_fragment(acc, 0.0f);
+    for (int kk = 0; kk < n16; kk++) {
+      dt_tc_a<T> a;
+      dt_tc_bt<T> b;
+      nvcuda::wmma::load_matrix_sync(a, A + kk * 16, lda);
+      nvcuda::wmma::load_matrix_sync(b, Bm + n * 16 * ldb + kk * 16, ldb);
+      nvcuda::wmma::mma_sync(acc, a, b, acc);
+    }
+    nvcuda::wmma::store_matrix_sync(out + n * 16, acc, lds, nvcuda::wmma::mem_row_major);
+  }
+}
+
+/* acc[n] (16 x 16 block n of a 16 x n16 * 16 product) += A (16 x 64, lda) Bm (64 x n16 * 16,
+ * ldb), n < n16 <= NF. */
+template <typename T, int NF>
+__device__ __forceinline__ void dt_tc_ab(dt_tc_acc (&acc)[NF], int n16, const T* A, int lda,
+                                         const T* Bm, int ldb) {
+  for (int kk = 0; kk < DT_TC_B / 16; kk++) {
+    dt_tc_a<T> a;
+    nvcuda::wmma::load_matrix_sync(a, A + kk * 16, lda);
+DT_ATTN_UNROLL
+    for (int n = 0; n < NF; n++)
+      if (n < n16) {
+        dt_tc_b<T> b;
+        nvcuda::wmma::load_matrix_sync(b, Bm + kk * 16 * ldb + n * 16, ldb);
+        nvcuda::wmma::mma_sync(acc[n], a, b, acc[n]);
+      }
+  }
+}
+
+template <int NF>
+__device__ __forceinline__ void dt_tc_zero(dt_tc_acc (&acc)[NF]) {
+DT_ATTN_UNROLL
+  for (int n = 0; n < NF; n++) nvcuda::wmma::fill_fragment(acc[n], 0.0f);
+}
+/* Stores acc[n], n < n16, as a 16 x n16 * 16 row-major f32 block at out (ld). */
+template <int NF>
+__device__ __forceinline__ void dt_tc_store(float* out, int ld, const dt_tc_acc (&acc)[NF],
+                                            int n16) {
+DT_ATTN_UNROLL
+  for (int n = 0; n < NF; n++)
+    if (n < n16) nvcuda::wmma::store_matrix_sync(out + n * 16, acc[n], ld, nvcuda::wmma::mem_row_major);
+}
+
+/* Column t (0 .. 31) of the calling lane's half row: lanes l and l ^ 16 share row l % 16. */
+__device__ __forceinline__ int dt_tc_col(int lane, int t) {
+  return (lane >> 4) * 32 + ((t + lane) & 31);
+}
+
+/* Forward on tensor cores: dt_attn_fwd_kernel's contract (one block per query tile of a (batch,
+ * head), the last tiles first; O, and for the backward lse and delta). NF: see dt_tc_frags. */
+template <typename T, int NF>
+__global__ void __launch_bounds__(DT_TC_NT)
+    dt_tc_fwd_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, T* o, float* lse,
+                     float* delta, const T* dout) {
+  DT_SIMT_DYN_SHARED(unsigned char, sm);
+  const int B = DT_TC_B, D = (int)g.D, E = (int)g.E;
+  const dt_tc_ld ld = dt_tc_ld_of(g.D, g.E);
+  const dt_tc_smem L = dt_tc_smem_of(0, g.D, g.E);
+  T* Qs = (T*)(sm + L.q);
+  T* Ks = (T*)(sm + L.k);
+  T* Vs = (T*)(sm + L.v);
+  float* Sf = (float*)(sm + L.s);
+  T* Ps = (T*)(sm + L.p);
+  float* Of = (float*)(sm + L.acc);
+  float* Is = (float*)(sm + L.l);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane & 15;
+  const int i = warp * 16 + r, ne16 = ld.ep / 16; /* i: the lane's row in the tile */
+  float* Sw = Sf + warp * 16 * ld.s;
+  T* Pw = Ps + warp * 16 * ld.p;
+  float* Ow = Of + warp * 16 * ld.e;
+  const int64_t nqt = (g.S + B - 1) / B, BH = g.B * g.H, items = nqt * BH;
+  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
+    const int64_t i0 = qt * B, kvh = h / g.rep;
+    const int nq = (int)(g.S - i0 < B ? g.S - i0 : B);
+    const T* kb = k + b * g.k.sb + kvh * g.k.sh;
+    const T* vb = v + b * g.v.sb + kvh * g.v.sh;
+    __syncthreads(); /* the previous item is done with the shared tiles */
+    dt_tc_load(Qs, ld.q, q + b * g.q.sb + h * g.q.sh + i0 * g.q.ss, g.q.ss, nq, D, ld.dp);
+    dt_tc_acc acc[NF];
+    dt_tc_zero(acc);
+    /* the row's reference max and its sum of exponentials (both lanes of the row hold them) */
+    float m = -INFINITY, l = 0.0f;
+    const int64_t kend = dt_attn_key_end(g, i0, nq);
+    for (int64_t j0 = 0; j0 < kend; j0 += B) {
+      const int nk = (int)(kend - j0 < B ? kend - j0 : B);
+      __syncthreads(); /* everyone is done with the previous K and V tiles */
+      dt_tc_load(Ks, ld.q, kb + j0 * g.k.ss, g.k.ss, nk, D, ld.dp);
+      dt_tc_load(Vs, ld.v, vb + j0 * g.v.ss, g.v.ss, nk, E, ld.ep);
+      __syncthreads();
+      dt_tc_abt(Sw, ld.s, Qs + warp * 16 * ld.q, ld.q, Ks, ld.q, ld.dp / 16);
+      __syncwarp();
+      float x[32];
+      float mx = -INFINITY;
+      unsigned vis = 0;
+DT_ATTN_UNROLL
+      for (int t = 0; t < 32; t++) {
+        const int c = dt_tc_col(lane, t);
+        /* rows past S (a partial last tile) see the tile's keys: finite, never written */
+        const bool s = c < nk && (i >= nq || dt_attn_visible(g, i0 + i, j0 + c));
+        x[t] = s ? Sw[r * ld.s + c] * g.scale : -INFINITY;
+        vis |= (unsigned)s << t;
+        mx = fmaxf(mx, x[t]); /* NaN scores are skipped, as the host */
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      float alpha = 1.0f;
+      if (mx > m + DT_TC_TAU) { /* the reference max moves (and always from -inf) */
+        alpha = m == -INFINITY ? 0.0f : expf(m - mx);
+        m = mx;
+      }
+      float sum = 0.0f;
+DT_ATTN_UNROLL
+      for (int t = 0; t < 32; t++) {
+        const float p = (vis >> t) & 1u ? expf(x[t] - m) : 0.0f;
+        Pw[r * ld.p + dt_tc_col(lane, t)] = dt_cu_from_f32<T>(p);
+        sum += p;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+      l = l * alpha + sum;
+      /* rows whose accumulator is not 0 and must shrink: the warp's fragments go through its
+       * staging rows (their layout is opaque) */
+      if (__any_sync(0xffffffffu, alpha != 1.0f && l != sum)) {
+        dt_tc_store(Ow, ld.e, acc, ne16);
+        __syncwarp();
+        for (int e = lane >> 4; e < ld.ep; e += 2) Ow[r * ld.e + e] *= alpha;
+        __syncwarp();
+DT_ATTN_UNROLL
+        for (int n = 0; n < NF; n++)
+          if (n < ne16)
+            nvcuda::wmma::load_matrix_sync(acc[n], Ow + n * 16, ld.e, nvcuda::wmma::mem_row_major);
+      }
+      __syncwarp();
+      dt_tc_ab(acc, ne16, Pw, ld.p, Vs, ld.v);
+    }
+    dt_tc_store(Ow, ld.e, acc, ne16);
+    __syncwarp();
+    /* the host's inv = sum > 0 ? 1 / sum : 0 (no keys: zeros; a NaN sum: NaN stays) */
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (lane < 16) Is[i] = inv;
+    if (lane < 16 && lse != NULL && i < nq) lse[bh * g.S + i0 + i] = m + logf(l);
+    if (dout != NULL) {
+      float d = 0.0f;
+      if (i < nq) {
+        const T* gb = dout + b * g.o.sb + h * g.o.sh + (i0 + i) * g.o.ss;
+        for (int e = lane >> 4; e < E; e += 2) d += Ow[r * ld.e + e] * inv * dt_cu_f32(gb[e]);
+      }
+      d += __shfl_xor_sync(0xffffffffu, d, 16);
+      if (lane < 16 && i < nq) delta[bh * g.S + i0 + i] = d;
+    }
+    if (o != NULL) {
+      __syncthreads();
+      T* ob = o + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
+      for (int x = tid; x < nq * E; x += DT_TC_NT) {
+        const int ii = x / E, e = x - ii * E;
+        ob[ii * g.o.ss + e] = dt_cu_from_f32<T>(Of[ii * ld.e + e] * Is[ii]);
+      }
+    }
+  }
+}
+
+/* Loads query tile i0 (nq rows) of (b, h) for the backward kernels: Q, dO, lse and delta. */
+template <typename T>
+__device__ __forceinline__ void dt_tc_load_rows(const dt_attn_geom& g, const dt_tc_ld& ld,
+                                                const T* q, const T* dout, const float* lse,
+                                                const float* delta, int64_t b, int64_t h,
+                                                int64_t i0, int nq, T* Qs, T* dOs, float* Ls,
+                                                float* Dl) {
+  dt_tc_load(Qs, ld.q, q + b * g.q.sb + h * g.q.sh + i0 * g.q.ss, g.q.ss, nq, (int)g.D, ld.dp);
+  dt_tc_load(dOs, ld.v, dout + b * g.o.sb + h * g.o.sh + i0 * g.o.ss, g.o.ss, nq, (int)g.E,
+             ld.ep);
+  const int64_t row = (b * g.H + h) * g.S + i0;
+  for (int x = threadIdx.x; x < DT_TC_B; x += DT_TC_NT) {
+    Ls[x] = x < nq ? lse[row + x] : 0.0f;
+    Dl[x] = x < nq ? delta[row + x] : 0.0f;
+  }
+}
+
+/* dQ on tensor cores: dt_attn_dq_kernel's contract. A warp's rows: S = Q K^T, P (in registers),
+ * dP = dO V^T over the same f32 slice, dS rounded, then dQ += dS K in registers. */
+template <typename T, int NF>
+__global__ void __launch_bounds__(DT_TC_NT)
+    dt_tc_dq_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, const T* dout,
+                    const float* lse, const float* delta, T* dq) {
+  DT_SIMT_DYN_SHARED(unsigned char, sm);
+  const int B = DT_TC_B, D = (int)g.D, E = (int)g.E;
+  const dt_tc_ld ld = dt_tc_ld_of(g.D, g.E);
+  const dt_tc_smem L = dt_tc_smem_of(1, g.D, g.E);
+  T* Qs = (T*)(sm + L.q);
+  T* dOs = (T*)(sm + L.dout);
+  T* Ks = (T*)(sm + L.k);
+  T* Vs = (T*)(sm + L.v);
+  float* Sf = (float*)(sm + L.s);
+  T* dSs = (T*)(sm + L.ds);
+  float* dQf = (float*)(sm + L.acc);
+  float* Ls = (float*)(sm + L.l);
+  float* Dl = (float*)(sm + L.dl);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane & 15;
+  const int i = warp * 16 + r;
+  float* Sw = Sf + warp * 16 * ld.s;
+  T* dSw = dSs + warp * 16 * ld.p;
+  const int64_t nqt = (g.S + B - 1) / B, BH = g.B * g.H, items = nqt * BH;
+  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
+    const int64_t i0 = qt * B, kvh = h / g.rep;
+    const int nq = (int)(g.S - i0 < B ? g.S - i0 : B);
+    const T* kb = k + b * g.k.sb + kvh * g.k.sh;
+    const T* vb = v + b * g.v.sb + kvh * g.v.sh;
+    __syncthreads();
+    dt_tc_load_rows(g, ld, q, dout, lse, delta, b, h, i0, nq, Qs, dOs, Ls, Dl);
+    dt_tc_acc acc[NF];
+    dt_tc_zero(acc);
+    const int64_t kend = dt_attn_key_end(g, i0, nq);
+    for (int64_t j0 = 0; j0 < kend; j0 += B) {
+      const int nk = (int)(kend - j0 < B ? kend - j0 : B);
+      __syncthreads();
+      dt_tc_load(Ks, ld.q, kb + j0 * g.k.ss, g.k.ss, nk, D, ld.dp);
+      dt_tc_load(Vs, ld.v, vb + j0 * g.v.ss, g.v.ss, nk, E, ld.ep);
+      __syncthreads();
+      dt_tc_abt(Sw, ld.s, Qs + warp * 16 * ld.q, ld.q, Ks, ld.q, ld.dp / 16);
+      __syncwarp();
+      float p[32];
+DT_ATTN_UNROLL
+      for (int t = 0; t < 32; t++) {
+        const int c = dt_tc_col(lane, t);
+        const bool s = i < nq && c < nk && dt_attn_visible(g, i0 + i, j0 + c);
+        p[t] = s ? expf(Sw[r * ld.s + c] * g.scale - Ls[i]) : 0.0f;
+      }
+      __syncwarp(); /* the scores are read: dP goes over them */
+      dt_tc_abt(Sw, ld.s, dOs + warp * 16 * ld.v, ld.v, Vs, ld.v, ld.ep / 16);
+      __syncwarp();
+DT_ATTN_UNROLL
+      for (int t = 0; t < 32; t++) {
+        const int c = dt_tc_col(lane, t);
+        dSw[r * ld.p + c] = dt_cu_from_f32<T>(p[t] * (Sw[r * ld.s + c] - Dl[i]));
+      }
+      __syncwarp();
+      dt_tc_ab(acc, ld.dp / 16, dSw, ld.p, Ks, ld.q);
+    }
+    dt_tc_store(dQf + warp * 16 * ld.d, ld.d, acc, ld.dp / 16);
+    __syncthreads();
+    T* db = dq + b * g.q.sb + h * g.q.sh + i0 * g.q.ss;
+    for (int x = tid; x < nq * D; x += DT_TC_NT) {
+      const int ii = x / D, d = x - ii * D;
+      db[ii * g.q.ss + d] = dt_cu_from_f32<T>(g.scale * dQf[ii * ld.d + d]);
+    }
+  }
+}
+
+/* dK and dV on tensor cores: dt_attn_dkv_kernel's contract. A warp owns 16 keys of the tile and
+ * works on transposed scores (its keys against the query tile's 64 rows): S^T = K Q^T, P^T,
+ * dP^T = V dO^T, dS^T, then dV += P^T dO and dK += dS^T Q in registers. */
+template <typename T, int NF>
+__global__ void __launch_bounds__(DT_TC_NT)
+    dt_tc_dkv_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, const T* dout,
+                     const float* lse, const float* delta, T* dk, T* dv) {
+  DT_SIMT_DYN_SHARED(unsigned char, sm);
+  const int B = DT_TC_B, D = (int)g.D, E = (int)g.E;
+  const dt_tc_ld ld = dt_tc_ld_of(g.D, g.E);
+  const dt_tc_smem L = dt_tc_smem_of(2, g.D, g.E);
+  T* Ks = (T*)(sm + L.k);
+  T* Vs = (T*)(sm + L.v);
+  T* Qs = (T*)(sm + L.q);
+  T* dOs = (T*)(sm + L.dout);
+  float* Sf = (float*)(sm + L.s);
+  T* Ps = (T*)(sm + L.p);
+  T* dSs = (T*)(sm + L.ds);
+  float* dKf = (float*)(sm + L.acc);
+  float* dVf = (float*)(sm + L.acc2);
+  float* Ls = (float*)(sm + L.l);
+  float* Dl = (float*)(sm + L.dl);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane & 15;
+  const int jl = warp * 16 + r; /* the lane's key in the tile */
+  float* Sw = Sf + warp * 16 * ld.s;
+  T* Pw = Ps + warp * 16 * ld.p;
+  T* dSw = dSs + warp * 16 * ld.p;
+  const int64_t nkt = (g.T + B - 1) / B, BG = g.B * g.G, items = nkt * BG;
+  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const int64_t kt = it / BG, bg = it % BG, b = bg / g.G, kvh = bg % g.G, j0 = kt * B;
+    const int nk = (int)(g.T - j0 < B ? g.T - j0 : B);
+    __syncthreads();
+    dt_tc_load(Ks, ld.q, k + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss, g.k.ss, nk, D, ld.dp);
+    dt_tc_load(Vs, ld.v, v + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss, g.v.ss, nk, E, ld.ep);
+    dt_tc_acc dka[NF], dva[NF];
+    dt_tc_zero(dka);
+    dt_tc_zero(dva);
+    /* the first query row that sees key j0 (causal: global position q0 + i >= j0) */
+    int64_t first = g.causal ? j0 - g.q0 : 0;
+    if (first < 0) first = 0;
+    for (int64_t h = kvh * g.rep; h < (kvh + 1) * g.rep; h++)
+      for (int64_t i0 = first / B * B; i0 < g.S; i0 += B) {
+        const int nq = (int)(g.S - i0 < B ? g.S - i0 : B);
+        __syncthreads();
+        dt_tc_load_rows(g, ld, q, dout, lse, delta, b, h, i0, nq, Qs, dOs, Ls, Dl);
+        __syncthreads();
+        dt_tc_abt(Sw, ld.s, Ks + warp * 16 * ld.q, ld.q, Qs, ld.q, ld.dp / 16);
+        __syncwarp();
+        for (int t = 0; t < 32; t++) {
+          const int c = dt_tc_col(lane, t); /* query row of the tile */
+          const bool s = c < nq && jl < nk && dt_attn_visible(g, i0 + c, j0 + jl);
+          Pw[r * ld.p + c] = dt_cu_from_f32<T>(s ? expf(Sw[r * ld.s + c] * g.scale - Ls[c]) : 0.0f);
+        }
+        __syncwarp(); /* the scores are read: dP^T goes over them */
+        dt_tc_abt(Sw, ld.s, Vs + warp * 16 * ld.v, ld.v, dOs, ld.v, ld.ep / 16);
+        __syncwarp();
+        /* dS from the rounded P (as the GEMM path): the lane's own P elements, no registers kept
+         * across the product */
+        for (int t = 0; t < 32; t++) {
+          const int c = dt_tc_col(lane, t);
+          const float p = dt_cu_f32(Pw[r * ld.p + c]);
+          dSw[r * ld.p + c] = dt_cu_from_f32<T>(p * (Sw[r * ld.s + c] - Dl[c]));
+        }
+        __syncwarp();
+        dt_tc_ab(dva, ld.ep / 16, Pw, ld.p, dOs, ld.v);
+        dt_tc_ab(dka, ld.dp / 16, dSw, ld.p, Qs, ld.q);
+      }
+    dt_tc_store(dKf + warp * 16 * ld.d, ld.d, dka, ld.dp / 16);
+    dt_tc_store(dVf + warp * 16 * ld.e, ld.e, dva, ld.ep / 16);
+    __syncthreads();
+    T* kd = dk + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss;
+    T* vd = dv + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss;
+    for (int x = tid; x < nk * D; x += DT_TC_NT) {
+      const int j = x / D, d = x - j * D;
+      kd[j * g.k.ss + d] = dt_cu_from_f32<T>(g.scale * dKf[j * ld.d + d]);
+    }
+    for (int x = tid; x < nk * E; x += DT_TC_NT) {
+      const int j = x / E, e = x - j * E;
+      vd[j * g.v.ss + e] = dt_cu_from_f32<T>(dVf[j * ld.e + e]);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The GEMM path: scores materialized per chunk of (batch, kv head) entries, products through the
  * backend's GEMM, the row-wise steps here */
 
 #define DT_ATTN_RV 8      /* row values each thread of the row kernels keeps in registers */
 #define DT_ATTN_ALIGN 256 /* byte alignment of the scratch regions */
-#ifdef __CUDACC__
-#define DT_ATTN_UNROLL _Pragma("unroll") /* the register arrays stay registers */
-#else
-#define DT_ATTN_UNROLL
-#endif
 
 /* P = softmax of the scores x row by row (the host's dt__attn_softmax_rows), `rows` rows of nk
  * keys, ld apart; row r is query row r % S (a chunk's rows are entry, head, query row), which
@@ -664,9 +1153,16 @@ static size_t dt_attn_cap(void) {
 
 /* Entries per chunk of the GEMM path, or 0 for the flash path, on a device with smem bytes of
  * shared memory per block (the flash path only where its kernels' tiles fit). */
+static int dt_attn_flash_fits(const dt_attn_geom& g, size_t item, int bwd, size_t smem) {
+  if (item == 2) /* bf16, f16: the tensor-core kernels */
+    return dt_tc_frags(g.D, g.E) > 0 && dt_tc_smem_of(0, g.D, g.E).nbytes <= smem &&
+           (!bwd || (dt_tc_smem_of(1, g.D, g.E).nbytes <= smem &&
+                     dt_tc_smem_of(2, g.D, g.E).nbytes <= smem));
+  return dt_attn_fwd_smem(&g) <= smem &&
+         (!bwd || (dt_attn_dq_smem(&g) <= smem && dt_attn_dkv_smem(&g) <= smem));
+}
 static int64_t dt_attn_choose(const dt_attn_geom& g, size_t item, int bwd, size_t smem) {
-  const int flash_ok = dt_attn_fwd_smem(&g) <= smem &&
-                       (!bwd || (dt_attn_dq_smem(&g) <= smem && dt_attn_dkv_smem(&g) <= smem));
+  const int flash_ok = dt_attn_flash_fits(g, item, bwd, smem);
   const int path = dt_attn_path();
   if (path == DT_ATTN_FLASH && flash_ok) return 0;
   const int64_t entries = g.B * g.G;
@@ -871,11 +1367,24 @@ DT_CU_KERNEL(dt_cu_sdpa) {
   dt_attn_geom_init(call, in, &g);
   if (g.B * g.H * g.S * g.E == 0) return DT_SUCCESS;
   if (g.T == 0) return dt_attn_zero(&out[0], out[0].data, dt_attn_nbytes(&out[0])); /* host's */
-  const size_t smem = dt_attn_fwd_smem(&g);
   const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 0, dt_attn_smem_limit());
   return dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
     if (chunk > 0) return dt_attn_gemm_path<T>(call->op, in, out, g, dt, 0, chunk);
+    if constexpr (sizeof(T) == 2) /* tensor cores */
+      return dt_tc_frags_dispatch(g, [&](auto nf) -> dt_status_t {
+        const auto kernel = dt_tc_fwd_kernel<T, decltype(nf)::value>;
+        const size_t smem = dt_tc_smem_of(0, g.D, g.E).nbytes;
+        const int rc = dt_attn_allow_smem(kernel, smem);
+        if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
+        const int64_t items = (g.S + DT_TC_B - 1) / DT_TC_B * g.B * g.H;
+        DT_CU_LAUNCH(call->op, kernel, dt_attn_grid(&in[0], items), DT_TC_NT, smem,
+                     dt_cu_stream(&in[0]), g, (const T*)in[0].data, (const T*)in[1].data,
+                     (const T*)in[2].data, (T*)out[0].data, (float*)NULL, (float*)NULL,
+                     (const T*)NULL);
+        return DT_SUCCESS;
+      });
+    const size_t smem = dt_attn_fwd_smem(&g);
     const int rc = dt_attn_allow_smem(dt_attn_fwd_kernel<T>, smem);
     if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
     const int64_t items = (g.S + DT_ATTN_BQ - 1) / DT_ATTN_BQ * g.B * g.H;
@@ -896,14 +1405,17 @@ static size_t dt_attn_go_nbytes(const dt_local_tensor_t* in, dt_dtype_t dt) {
   return in[3].dtype == dt ? 0 : dt__itemsize(dt) * (size_t)dt_cu_numel(&in[3]);
 }
 
-/* The flash path of sdpa_grad. */
-template <typename T>
+/* The flash path of sdpa_grad: the three kernels (KF, KQ, KKV: the forward, dQ and dK/dV
+ * kernels of either implementation, whose tiles are bq query rows and bk keys) with s_fwd, s_dq
+ * and s_dkv bytes of shared memory and nt threads a block. */
+template <typename T, typename KF, typename KQ, typename KKV>
 static dt_status_t dt_attn_flash_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                      dt_local_tensor_t* out, const dt_attn_geom& g, size_t s_fwd,
+                                      dt_local_tensor_t* out, const dt_attn_geom& g, KF kfwd,
+                                      KQ kdq, KKV kdkv, int bq, int bk, int nt, size_t s_fwd,
                                       size_t s_dq, size_t s_dkv) {
-  int rc = dt_attn_allow_smem(dt_attn_fwd_kernel<T>, s_fwd);
-  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dq_kernel<T>, s_dq);
-  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dkv_kernel<T>, s_dkv);
+  int rc = dt_attn_allow_smem(kfwd, s_fwd);
+  if (rc == 0) rc = dt_attn_allow_smem(kdq, s_dq);
+  if (rc == 0) rc = dt_attn_allow_smem(kdkv, s_dkv);
   if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
   /* per query row of every (batch, head): lse, then delta */
   const int64_t rows = g.B * g.H * g.S;
@@ -915,16 +1427,16 @@ static dt_status_t dt_attn_flash_grad(const dt_op_call_t* call, const dt_local_t
           *go = (const T*)in[3].data;
   T *dq = (T*)out[0].data, *dk = (T*)out[1].data, *dv = (T*)out[2].data;
   cudaStream_t st = dt_cu_stream(&in[0]);
-  const int64_t q_items = (g.S + DT_ATTN_BQ - 1) / DT_ATTN_BQ * g.B * g.H;
-  const int64_t k_items = (g.T + DT_ATTN_BK - 1) / DT_ATTN_BK * g.B * g.G;
-  rc = dt_simt_launch(dt_attn_fwd_kernel<T>, dt_attn_grid(&in[0], q_items), DT_ATTN_NT, s_fwd, st,
-                      g, q, k, v, (T*)NULL, lse, delta, go);
+  const int64_t q_items = (g.S + bq - 1) / bq * g.B * g.H;
+  const int64_t k_items = (g.T + bk - 1) / bk * g.B * g.G;
+  rc = dt_simt_launch(kfwd, dt_attn_grid(&in[0], q_items), nt, s_fwd, st, g, q, k, v, (T*)NULL,
+                      lse, delta, go);
   if (rc == 0)
-    rc = dt_simt_launch(dt_attn_dq_kernel<T>, dt_attn_grid(&in[0], q_items), DT_ATTN_NT, s_dq, st,
-                        g, q, k, v, go, (const float*)lse, (const float*)delta, dq);
+    rc = dt_simt_launch(kdq, dt_attn_grid(&in[0], q_items), nt, s_dq, st, g, q, k, v, go,
+                        (const float*)lse, (const float*)delta, dq);
   if (rc == 0)
-    rc = dt_simt_launch(dt_attn_dkv_kernel<T>, dt_attn_grid(&in[0], k_items), DT_ATTN_NT, s_dkv,
-                        st, g, q, k, v, go, (const float*)lse, (const float*)delta, dk, dv);
+    rc = dt_simt_launch(kdkv, dt_attn_grid(&in[0], k_items), nt, s_dkv, st, g, q, k, v, go,
+                        (const float*)lse, (const float*)delta, dk, dv);
   dt_cu_scratch_free(&in[0], scratch, nbytes); /* stream-ordered: after the kernels */
   return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, call->op);
 }
@@ -960,13 +1472,24 @@ DT_CU_KERNEL(dt_cu_sdpa_grad) {
     args[3].data = go;
     args[3].dtype = dt;
   }
-  const size_t s_fwd = dt_attn_fwd_smem(&g), s_dq = dt_attn_dq_smem(&g),
-               s_dkv = dt_attn_dkv_smem(&g);
   const int64_t chunk = dt_attn_choose(g, dt__itemsize(dt), 1, dt_attn_smem_limit());
   const dt_status_t st = dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
     if (chunk > 0) return dt_attn_gemm_path<T>(call->op, args, out, g, dt, 1, chunk);
-    return dt_attn_flash_grad<T>(call, args, out, g, s_fwd, s_dq, s_dkv);
+    if constexpr (sizeof(T) == 2) /* tensor cores */
+      return dt_tc_frags_dispatch(g, [&](auto nf) -> dt_status_t {
+        constexpr int NF = decltype(nf)::value;
+        return dt_attn_flash_grad<T>(call, args, out, g, dt_tc_fwd_kernel<T, NF>,
+                                     dt_tc_dq_kernel<T, NF>, dt_tc_dkv_kernel<T, NF>, DT_TC_B,
+                                     DT_TC_B, DT_TC_NT, dt_tc_smem_of(0, g.D, g.E).nbytes,
+                                     dt_tc_smem_of(1, g.D, g.E).nbytes,
+                                     dt_tc_smem_of(2, g.D, g.E).nbytes);
+      });
+    else
+      return dt_attn_flash_grad<T>(call, args, out, g, dt_attn_fwd_kernel<T>,
+                                   dt_attn_dq_kernel<T>, dt_attn_dkv_kernel<T>, DT_ATTN_BQ,
+                                   DT_ATTN_BK, DT_ATTN_NT, dt_attn_fwd_smem(&g),
+                                   dt_attn_dq_smem(&g), dt_attn_dkv_smem(&g));
   });
   dt_cu_scratch_free(&in[3], go, go_nb); /* stream-ordered: after the kernels */
   return st;
