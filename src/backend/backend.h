@@ -25,6 +25,8 @@ enum {
   DT_KERNEL_ANY_DTYPE = 1u << 0,  /* handles bf16/f16 itself (or only moves bytes) */
   DT_KERNEL_WRITES_ALL = 1u << 1, /* writes every output element */
   DT_KERNEL_INPLACE = 1u << 2,    /* updates inputs in place (outputs alias them) */
+  DT_KERNEL_ONE_DTYPE = 1u << 3,  /* handles bf16/f16 itself when every input and output of the
+                                     call has one dtype (a mix: f32 copies, as without a flag) */
 };
 
 /* One GEMM (batch times): C_i = alpha op(A_i) op(B_i) + beta C_i (+ bias), row-major, with
@@ -291,12 +293,17 @@ dt_status_t dt__host_copy_ranges(dt_backend_t b, void* dst, const void* src, int
                                  const int64_t* dst_off, const int64_t* src_off,
                                  const int64_t* nbytes);
 dt_status_t dt__host_gemm(dt_backend_t b, const dt_gemm_t* g);
-/* Runs a kernel on local shards for any backend: without DT_KERNEL_ANY_DTYPE, bf16/f16 inputs
- * and outputs are handed to the kernel as f32 copies made with the backend's convert (and the
- * outputs converted back). */
+/* Runs a kernel on local shards for any backend: where dt__run_kernel_converts says so, bf16/f16
+ * inputs and outputs are handed to the kernel as f32 copies made with the backend's convert (and
+ * the outputs converted back). */
 dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
                                    const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
                                    dt_local_tensor_t* out, int n_out);
+/* Whether dt__backend_run_kernel hands a kernel with these flags f32 copies of this call's
+ * bf16/f16 tensors: some tensor is bf16/f16, and neither DT_KERNEL_ANY_DTYPE nor
+ * DT_KERNEL_ONE_DTYPE with every tensor of one dtype. */
+int dt__run_kernel_converts(unsigned flags, const dt_local_tensor_t* in, int n_in,
+                            const dt_local_tensor_t* out, int n_out);
 /* The bytes of the f32 copies dt__backend_run_kernel makes for a kernel with these flags. */
 size_t dt__run_kernel_copies_nbytes(unsigned flags, const dt_local_tensor_t* in, int n_in,
                                     const dt_local_tensor_t* out, int n_out);

@@ -514,9 +514,25 @@ static size_t dt__f32_copy_nbytes(const dt_local_tensor_t* t) {
   return sizeof(float) * (size_t)(n ? n : 1);
 }
 
+int dt__run_kernel_converts(unsigned flags, const dt_local_tensor_t* in, int n_in,
+                            const dt_local_tensor_t* out, int n_out) {
+  int half = 0, one = 1;
+  const dt_dtype_t first = n_in > 0 ? in[0].dtype : n_out > 0 ? out[0].dtype : DT_F32;
+  for (int t = 0; t < n_in; t++) {
+    half |= dt__half(in[t].dtype);
+    one &= in[t].dtype == first;
+  }
+  for (int o = 0; o < n_out; o++) {
+    half |= dt__half(out[o].dtype);
+    one &= out[o].dtype == first;
+  }
+  if (!half || (flags & DT_KERNEL_ANY_DTYPE)) return 0;
+  return !((flags & DT_KERNEL_ONE_DTYPE) && one);
+}
+
 size_t dt__run_kernel_copies_nbytes(unsigned flags, const dt_local_tensor_t* in, int n_in,
                                     const dt_local_tensor_t* out, int n_out) {
-  if (flags & DT_KERNEL_ANY_DTYPE) return 0;
+  if (!dt__run_kernel_converts(flags, in, n_in, out, n_out)) return 0;
   size_t s = 0;
   for (int t = 0; t < n_in; t++) s += dt__f32_copy_nbytes(&in[t]);
   for (int o = 0; o < n_out; o++) s += dt__f32_copy_nbytes(&out[o]);
@@ -538,10 +554,7 @@ int64_t dt__mem_window_end(int c, int64_t start, int64_t saved_peak) {
 dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsigned flags,
                                    const dt_op_call_t* call, dt_local_tensor_t* in, int n_in,
                                    dt_local_tensor_t* out, int n_out) {
-  int convert = 0;
-  for (int t = 0; t < n_in; t++) convert |= dt__half(in[t].dtype);
-  for (int o = 0; o < n_out; o++) convert |= dt__half(out[o].dtype);
-  if (!convert || (flags & DT_KERNEL_ANY_DTYPE)) return kernel(call, in, out);
+  if (!dt__run_kernel_converts(flags, in, n_in, out, n_out)) return kernel(call, in, out);
   /* bf16/f16 storage: the kernel sees f32 copies (converted on load, stored back after) */
   dt_status_t st = DT_SUCCESS;
   void* tmp_in[DT_OP_MAX_INPUTS] = {NULL};

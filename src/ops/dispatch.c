@@ -92,7 +92,7 @@ dt_op_kernel_fn dt__op_kernel(int id, dt_backend_t b, unsigned* flags) {
     *flags = (info->flags & DT_OPF_ANY_DTYPE) ? DT_KERNEL_ANY_DTYPE : 0u;
     return info->kernel[dt__backend_kernel_device(b)];
   }
-  *flags = set[id].flags & DT_KERNEL_ANY_DTYPE;
+  *flags = set[id].flags & (DT_KERNEL_ANY_DTYPE | DT_KERNEL_ONE_DTYPE);
   return set[id].fn;
 }
 
@@ -308,7 +308,9 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
     if (b->device == DT_DEVICE_META) { /* the simulated kernel: the real one's scratch and time */
       dt__backend_meta_scratch(dt__op_scratch_nbytes(id, b, &call, lin, lout));
       double f, nb, us = dt__op_sim_us(id, &call, lin, n_inputs, lout, n_outputs,
-                                       !(kf & DT_KERNEL_ANY_DTYPE), &f, &nb);
+                                       dt__run_kernel_converts(kf, lin, n_inputs, lout,
+                                                               n_outputs),
+                                       &f, &nb);
       dt__sim_clock_t* ck = dt__sim_clock();
       ck->flops += f;
       ck->nbytes += nb;

@@ -18,8 +18,9 @@
 dt_status_t dt__op_apply(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
                          int n_fargs, const double* fargs, int n_out, dt_tensor_t* out,
                          dt_tensor_t* saved);
-/* A device kernel-set entry: the kernel of one op for one kernel set, its DT_KERNEL_ANY_DTYPE
- * flag (the kernel takes bf16/f16 storage itself; without it run_kernel hands it f32 copies) and,
+/* A device kernel-set entry: the kernel of one op for one kernel set, its DT_KERNEL_ANY_DTYPE or
+ * DT_KERNEL_ONE_DTYPE flag (the kernel takes bf16/f16 storage itself, always or when the call's
+ * tensors share one dtype; otherwise run_kernel hands it f32 copies) and,
  * where the kernel allocates device scratch, the most it holds at once for the given shapes (the
  * kernel sizes its scratch with the same function; a simulated run of that kernel set counts it,
  * see dt_sim_set_device). NULL: no scratch, or none worth modelling (a flag word). */

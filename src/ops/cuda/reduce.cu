@@ -15,10 +15,10 @@
  * element before summing for the mean (so a large common offset costs no precision). Rotary
  * angles are computed in double, as on the host.
  *
- * dtypes: softmax, log_softmax, rms_norm, layer_norm and rotary read and write f32, bf16 and f16
- * storage themselves (DT_KERNEL_ANY_DTYPE; computing in float and rounding once on the store, as
- * the host's f32 copies do); sum, mean, amax, amin and the norm gradients take f32 (the library
- * hands them f32 copies of half storage).
+ * dtypes: every kernel here reads and writes f32, bf16 and f16 storage itself, computing in
+ * float and rounding once on the store, as the host's f32 copies do (softmax, log_softmax, the
+ * norms and rotary: DT_KERNEL_ANY_DTYPE; the reductions and the norm gradients:
+ * DT_KERNEL_ONE_DTYPE, so a call that mixes dtypes gets f32 copies of its half tensors).
  */
 #include <type_traits>
 
@@ -130,33 +130,34 @@ __device__ __forceinline__ int64_t dt_cu_digits_offset(int n, const int64_t* ext
 
 /* Item `it` of items = outputs * splits: output it / splits over its reduced elements
  * [chunk * (it % splits), + chunk) (splits == 1: all R of them). y[it] gets the result, divided
- * by div unless div is 0. */
-template <int OP, int G>
-__global__ void dt_cu_reduce_k(const float* x, float* y, dt_cu_rgeom_t g, int64_t items, int64_t R,
+ * by div unless div is 0, rounded once to TO. TI, TO: float, __nv_bfloat16 or __half (a pass of
+ * several reads the input's storage and writes f32 partial results, the last pass reads those
+ * and writes the output's storage). */
+template <int OP, int G, typename TI, typename TO>
+__global__ void dt_cu_reduce_k(const TI* x, TO* y, dt_cu_rgeom_t g, int64_t items, int64_t R,
                                int64_t chunk, int64_t splits, float div) {
   __shared__ float smem[32];
   const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
   for (int64_t it = dt_cu_group_id<G>(); it < items; it += step) {
     const int64_t o = it / splits, r0 = (it % splits) * chunk;
     const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;
-    const float* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
+    const TI* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
     float acc = dt_cu_ident<OP>();
     for (int64_t r = r0 + lane; r < r1; r += G)
-      acc = dt_cu_comb<OP>(acc, xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]);
+      acc = dt_cu_comb<OP>(acc, dt_cu_f32(xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]));
     acc = dt_cu_group_reduce<OP, G>(acc, smem);
-    if (lane == 0) y[it] = div != 0.0f ? acc / div : acc;
+    if (lane == 0) y[it] = dt_cu_from_f32<TO>(div != 0.0f ? acc / div : acc);
   }
 }
 
-template <int OP>
+template <int OP, typename TI, typename TO>
 static dt_status_t dt_cu_reduce_pass(const char* op, const dt_local_tensor_t* t, int group,
-                                     const float* x, float* y, const dt_cu_rgeom_t& g,
-                                     int64_t items, int64_t R, int64_t chunk, int64_t splits,
-                                     float div) {
+                                     const TI* x, TO* y, const dt_cu_rgeom_t& g, int64_t items,
+                                     int64_t R, int64_t chunk, int64_t splits, float div) {
   return dt_cu_group_dispatch(group, [&](auto gc) {
     constexpr int G = decltype(gc)::value;
-    return dt_cu_run(op, dt_cu_reduce_k<OP, G>, dt_cu_grid(t, items * G), dt_cu_stream(t), x, y, g,
-                     items, R, chunk, splits, div);
+    return dt_cu_run(op, dt_cu_reduce_k<OP, G, TI, TO>, dt_cu_grid(t, items * G), dt_cu_stream(t),
+                     x, y, g, items, R, chunk, splits, div);
   });
 }
 
@@ -177,12 +178,12 @@ static size_t dt_cu_reduce_part_nbytes(int64_t n_out, int64_t splits) {
   return sizeof(float) * (size_t)(n_out * splits);
 }
 
-template <int OP>
+template <int OP, typename T>
 static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, dt_cu_rgeom_t g, int64_t n_out,
                                     int64_t R, float div) {
   dt_status_t st = DT_SUCCESS;
-  const float* x = (const float*)in->data;
+  const float* x = NULL; /* the last pass's partial results (NULL: no pass yet, read the input) */
   void* scratch[2] = {NULL, NULL};
   size_t scratch_nbytes[2] = {0, 0};
   int pass = 0;
@@ -194,9 +195,14 @@ static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_ten
     scratch_nbytes[k] = dt_cu_reduce_part_nbytes(n_out, splits);
     DT_CHECK_GOTO(dt_cu_scratch(in, call->op, scratch_nbytes[k], &scratch[k]), st, done);
     float* part = (float*)scratch[k];
-    DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, DT_CU_BLOCK, x, part, g, n_out * splits, R,
-                                        DT_CU_SPLIT_CHUNK, splits, 0.0f),
-                  st, done);
+    if (x == NULL)
+      DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, DT_CU_BLOCK, (const T*)in->data, part, g,
+                                          n_out * splits, R, DT_CU_SPLIT_CHUNK, splits, 0.0f),
+                    st, done);
+    else
+      DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, DT_CU_BLOCK, x, part, g, n_out * splits, R,
+                                          DT_CU_SPLIT_CHUNK, splits, 0.0f),
+                    st, done);
     /* the partial results form an (n_out, splits) row-major array */
     g.nk = 1;
     g.kn[0] = n_out;
@@ -213,9 +219,14 @@ static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_ten
     const int contiguous = g.nr == 1 && g.rs[0] == 1;
     int group = dt_cu_row_group(R);
     if (!contiguous && (n_out >= 4096 || R <= 8)) group = 1;
-    DT_CHECK_GOTO(
-        dt_cu_reduce_pass<OP>(call->op, in, group, x, (float*)out->data, g, n_out, R, R, 1, div),
-        st, done);
+    T* y = (T*)out->data;
+    if (x == NULL)
+      DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, group, (const T*)in->data, y, g, n_out, R,
+                                          R, 1, div),
+                    st, done);
+    else
+      DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, group, x, y, g, n_out, R, R, 1, div), st,
+                    done);
   }
 done:
   dt_cu_scratch_free(in, scratch[0], scratch_nbytes[0]);
@@ -226,7 +237,10 @@ done:
 /* kind: 0 sum, 1 mean, 2 amax, 3 amin (the host's numbering). */
 static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out, int kind) {
-  DT_CHECK(dt_cu_need_f32(call, in, 1));
+  DT_CHECK(dt_cu_need_float(call, in));
+  if (out->dtype != in->dtype)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: output dtype %s differs from the input's %s",
+                   call->op, dt_dtype_name(out->dtype), dt_dtype_name(in->dtype));
   unsigned mask;
   int keep;
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
@@ -263,12 +277,15 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output has %lld elements, expected %lld", call->op,
                    (long long)dt_cu_numel(out), (long long)n_out);
   const float div = kind == 1 && count > 0 ? (float)count : 0.0f;
-  switch (kind) {
-    case 0:
-    case 1: return dt_cu_reduce_run<DT_CU_OP_SUM>(call, in, out, g, n_out, R, div);
-    case 2: return dt_cu_reduce_run<DT_CU_OP_MAX>(call, in, out, g, n_out, R, div);
-    default: return dt_cu_reduce_run<DT_CU_OP_MIN>(call, in, out, g, n_out, R, div);
-  }
+  return dt_cu_float_dispatch(call->op, in->dtype, [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    switch (kind) {
+      case 0:
+      case 1: return dt_cu_reduce_run<DT_CU_OP_SUM, T>(call, in, out, g, n_out, R, div);
+      case 2: return dt_cu_reduce_run<DT_CU_OP_MAX, T>(call, in, out, g, n_out, R, div);
+      default: return dt_cu_reduce_run<DT_CU_OP_MIN, T>(call, in, out, g, n_out, R, div);
+    }
+  });
 }
 
 /* The most scratch dt_cu_reduce_run holds: two consecutive passes' partial results. */
@@ -465,7 +482,8 @@ DT_CU_KERNEL(dt_cu_rms_norm) { return dt_cu_norm<false>(call, in, out); }
 DT_CU_KERNEL(dt_cu_layer_norm) { return dt_cu_norm<true>(call, in, out); }
 
 /* ---------------------------------------------------------------------------------------------
- * rms_norm_grad / layer_norm_grad (g, x, w) -> (gx, gw), f32, over the last dim:
+ * rms_norm_grad / layer_norm_grad (g, x, w) -> (gx, gw), over the last dim, every tensor in one
+ * float dtype (computing in f32, each output rounded once):
  *   xhat = (x - mean) inv, dxhat = g w,
  *   gx = inv (dxhat - mean(dxhat) - xhat mean(dxhat xhat))   (mean(dxhat) for layer_norm only),
  *   gw = sum over this rank's rows of g xhat.
@@ -473,35 +491,37 @@ DT_CU_KERNEL(dt_cu_layer_norm) { return dt_cu_norm<true>(call, in, out); }
  * kernel saves each row's statistics, blocks of columns sum chunks of rows into a scratch array
  * of partial sums, and a last kernel adds the chunks up in order. */
 
-template <int G, bool LAYER>
-__global__ void dt_cu_norm_grad_k(const float* g, const float* x, const float* w, float* gx,
+template <typename T, int G, bool LAYER>
+__global__ void dt_cu_norm_grad_k(const T* g, const T* x, const T* w, T* gx,
                                   dt_cu_rowstat_t* stats, int64_t rows, int64_t D, float eps) {
   __shared__ float smem[32];
   const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
   for (int64_t r = dt_cu_group_id<G>(); r < rows; r += step) {
-    const float *xr = x + r * D, *gr = g + r * D;
-    float* gxr = gx + r * D;
-    const dt_cu_rowstat_t rs = dt_cu_row_stats<float, G, LAYER>(xr, D, eps, lane, smem);
+    const T *xr = x + r * D, *gr = g + r * D;
+    T* gxr = gx + r * D;
+    const dt_cu_rowstat_t rs = dt_cu_row_stats<T, G, LAYER>(xr, D, eps, lane, smem);
     float m1 = 0.0f, m2 = 0.0f;
     for (int64_t j = lane; j < D; j += G) {
-      const float dxh = gr[j] * w[j];
+      const float dxh = dt_cu_f32(gr[j]) * dt_cu_f32(w[j]);
       if constexpr (LAYER) m1 += dxh;
-      m2 += dxh * (dt_cu_centred(rs, xr[j]) * rs.inv);
+      m2 += dxh * (dt_cu_centred(rs, dt_cu_f32(xr[j])) * rs.inv);
     }
     if constexpr (LAYER) m1 = dt_cu_group_reduce<DT_CU_OP_SUM, G>(m1, smem) / (float)D;
     m2 = dt_cu_group_reduce<DT_CU_OP_SUM, G>(m2, smem) / (float)D;
     for (int64_t j = lane; j < D; j += G) {
-      const float xh = dt_cu_centred(rs, xr[j]) * rs.inv;
-      gxr[j] = rs.inv * (gr[j] * w[j] - m1 - xh * m2);
+      const float xh = dt_cu_centred(rs, dt_cu_f32(xr[j])) * rs.inv;
+      gxr[j] = dt_cu_from_f32<T>(rs.inv * (dt_cu_f32(gr[j]) * dt_cu_f32(w[j]) - m1 - xh * m2));
     }
     if (lane == 0) stats[r] = rs;
   }
 }
 
-/* Partial gw: part[c * D + j] = sum over rows [c * chunk, + chunk) of g xhat at column j; a
- * thread per column, a block per (chunk, 256 columns). */
-__global__ void dt_cu_norm_wgrad_k(const float* g, const float* x, const dt_cu_rowstat_t* stats,
-                                   float* part, int64_t rows, int64_t D, int64_t chunk,
+/* Partial gw: part[c * D + j] = sum over rows [c * chunk, + chunk) of g xhat at column j, rounded
+ * to TO (f32 partial sums, or gw itself when there is one chunk); a thread per column, a block
+ * per (chunk, 256 columns). */
+template <typename T, typename TO>
+__global__ void dt_cu_norm_wgrad_k(const T* g, const T* x, const dt_cu_rowstat_t* stats,
+                                   TO* part, int64_t rows, int64_t D, int64_t chunk,
                                    int64_t nchunks) {
   const int64_t colblocks = (D + blockDim.x - 1) / blockDim.x, items = colblocks * nchunks;
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
@@ -510,18 +530,20 @@ __global__ void dt_cu_norm_wgrad_k(const float* g, const float* x, const dt_cu_r
     const int64_t r0 = c * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
     float acc = 0.0f;
     for (int64_t r = r0; r < r1; r++)
-      acc += g[r * D + j] * (dt_cu_centred(stats[r], x[r * D + j]) * stats[r].inv);
-    part[c * D + j] = acc;
+      acc += dt_cu_f32(g[r * D + j]) *
+             (dt_cu_centred(stats[r], dt_cu_f32(x[r * D + j])) * stats[r].inv);
+    part[c * D + j] = dt_cu_from_f32<TO>(acc);
   }
 }
 
 /* gw[j] = sum over c < nchunks of part[c * D + j], in order of c. */
-__global__ void dt_cu_sum_chunks_k(const float* part, float* gw, int64_t D, int64_t nchunks) {
+template <typename T>
+__global__ void dt_cu_sum_chunks_k(const float* part, T* gw, int64_t D, int64_t nchunks) {
   for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < D;
        j += (int64_t)gridDim.x * blockDim.x) {
     float acc = 0.0f;
     for (int64_t c = 0; c < nchunks; c++) acc += part[c * D + j];
-    gw[j] = acc;
+    gw[j] = dt_cu_from_f32<T>(acc);
   }
 }
 
@@ -546,21 +568,13 @@ DT_CU_SCRATCH(dt_cu_norm_grad_scratch) {
   return dt_cu_scratch_size(stats) + (nchunks > 1 ? dt_cu_scratch_size(part) : 0);
 }
 
-template <bool LAYER>
-static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                   dt_local_tensor_t* out) {
-  DT_CHECK(dt_cu_need_f32(call, in, 3));
+template <typename T, bool LAYER>
+static dt_status_t dt_cu_norm_grad_run(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                       dt_local_tensor_t* out, int64_t rows, int64_t D) {
   const dt_local_tensor_t* x = &in[1];
-  if (x->ndim < 1 || in[0].ndim != x->ndim || dt_cu_numel(&in[0]) != dt_cu_numel(x) ||
-      in[2].ndim != 1 || in[2].shape[0] != x->shape[x->ndim - 1])
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: expects g and x of one shape and w of the last dim",
-                   call->op);
-  const int64_t D = x->shape[x->ndim - 1], rows = D ? dt_cu_numel(x) / D : 0;
-  if (D == 0) return DT_SUCCESS;
   const float eps = dt_cu_norm_eps(call, LAYER);
-  const float *g = (const float*)in[0].data, *xv = (const float*)x->data,
-              *w = (const float*)in[2].data;
-  float *gx = (float*)out[0].data, *gw = (float*)out[1].data;
+  const T *g = (const T*)in[0].data, *xv = (const T*)x->data, *w = (const T*)in[2].data;
+  T *gx = (T*)out[0].data, *gw = (T*)out[1].data;
   const cudaStream_t stream = dt_cu_stream(x);
   int64_t chunk, nchunks;
   size_t stats_nbytes, part_nbytes;
@@ -573,7 +587,7 @@ static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tens
     DT_CHECK_GOTO(dt_cu_group_dispatch(dt_cu_row_group(D),
                                        [&](auto gc) {
                                          constexpr int G = decltype(gc)::value;
-                                         return dt_cu_run(call->op, dt_cu_norm_grad_k<G, LAYER>,
+                                         return dt_cu_run(call->op, dt_cu_norm_grad_k<T, G, LAYER>,
                                                           dt_cu_grid(x, rows * G), stream, g, xv, w,
                                                           gx, (dt_cu_rowstat_t*)stats, rows, D,
                                                           eps);
@@ -581,20 +595,49 @@ static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tens
                   st, done);
   {
     const int64_t colblocks = (D + DT_CU_BLOCK - 1) / DT_CU_BLOCK;
-    float* dst = nchunks > 1 ? (float*)part : gw;
-    DT_CHECK_GOTO(
-        dt_cu_run(call->op, dt_cu_norm_wgrad_k, dt_cu_grid(x, colblocks * nchunks * DT_CU_BLOCK),
-                  stream, g, xv, (const dt_cu_rowstat_t*)stats, dst, rows, D, chunk, nchunks),
-        st, done);
+    const unsigned grid = dt_cu_grid(x, colblocks * nchunks * DT_CU_BLOCK);
+    const dt_cu_rowstat_t* rs = (const dt_cu_rowstat_t*)stats;
+    if (nchunks > 1)
+      DT_CHECK_GOTO(dt_cu_run(call->op, dt_cu_norm_wgrad_k<T, float>, grid, stream, g, xv, rs,
+                              (float*)part, rows, D, chunk, nchunks),
+                    st, done);
+    else
+      DT_CHECK_GOTO(dt_cu_run(call->op, dt_cu_norm_wgrad_k<T, T>, grid, stream, g, xv, rs, gw,
+                              rows, D, chunk, nchunks),
+                    st, done);
   }
   if (nchunks > 1)
-    DT_CHECK_GOTO(dt_cu_run(call->op, dt_cu_sum_chunks_k, dt_cu_grid(x, D), stream,
+    DT_CHECK_GOTO(dt_cu_run(call->op, dt_cu_sum_chunks_k<T>, dt_cu_grid(x, D), stream,
                             (const float*)part, gw, D, nchunks),
                   st, done);
 done:
   dt_cu_scratch_free(x, part, part_nbytes);
   dt_cu_scratch_free(x, stats, stats_nbytes);
   return st;
+}
+
+/* Every tensor in one float dtype (DT_KERNEL_ONE_DTYPE: a mix comes as f32 copies). */
+template <bool LAYER>
+static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                   dt_local_tensor_t* out) {
+  DT_CHECK(dt_cu_need_float(call, &in[1]));
+  for (int t = 0; t < 5; t++) {
+    const dt_local_tensor_t* v = t < 3 ? &in[t] : &out[t - 3];
+    if (v->dtype != in[1].dtype)
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: %s %d is %s, x is %s", call->op,
+                     t < 3 ? "input" : "output", t < 3 ? t : t - 3, dt_dtype_name(v->dtype),
+                     dt_dtype_name(in[1].dtype));
+  }
+  const dt_local_tensor_t* x = &in[1];
+  if (x->ndim < 1 || in[0].ndim != x->ndim || dt_cu_numel(&in[0]) != dt_cu_numel(x) ||
+      in[2].ndim != 1 || in[2].shape[0] != x->shape[x->ndim - 1])
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: expects g and x of one shape and w of the last dim",
+                   call->op);
+  const int64_t D = x->shape[x->ndim - 1], rows = D ? dt_cu_numel(x) / D : 0;
+  if (D == 0) return DT_SUCCESS;
+  return dt_cu_float_dispatch(call->op, x->dtype, [&](auto tag) {
+    return dt_cu_norm_grad_run<decltype(tag), LAYER>(call, in, out, rows, D);
+  });
 }
 
 DT_CU_KERNEL(dt_cu_rms_norm_grad) { return dt_cu_norm_grad<false>(call, in, out); }
@@ -692,15 +735,15 @@ DT_CU_KERNEL(dt_cu_rotary) {
 }  // namespace
 
 DT_CU_FILL(reduce) {
-  t[DT_OP_SUM] = {dt_cu_sum, 0, dt_cu_sum_scratch};
-  t[DT_OP_MEAN] = {dt_cu_mean, 0, dt_cu_mean_scratch};
-  t[DT_OP_AMAX] = {dt_cu_amax, 0, dt_cu_amax_scratch};
-  t[DT_OP_AMIN] = {dt_cu_amin, 0, dt_cu_amin_scratch};
+  t[DT_OP_SUM] = {dt_cu_sum, DT_KERNEL_ONE_DTYPE, dt_cu_sum_scratch};
+  t[DT_OP_MEAN] = {dt_cu_mean, DT_KERNEL_ONE_DTYPE, dt_cu_mean_scratch};
+  t[DT_OP_AMAX] = {dt_cu_amax, DT_KERNEL_ONE_DTYPE, dt_cu_amax_scratch};
+  t[DT_OP_AMIN] = {dt_cu_amin, DT_KERNEL_ONE_DTYPE, dt_cu_amin_scratch};
   t[DT_OP_SOFTMAX] = {dt_cu_softmax_fwd, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_LOG_SOFTMAX] = {dt_cu_log_softmax, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_RMS_NORM] = {dt_cu_rms_norm, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_LAYER_NORM] = {dt_cu_layer_norm, DT_KERNEL_ANY_DTYPE, NULL};
-  t[DT_OP_RMS_NORM_GRAD] = {dt_cu_rms_norm_grad, 0, dt_cu_norm_grad_scratch};
-  t[DT_OP_LAYER_NORM_GRAD] = {dt_cu_layer_norm_grad, 0, dt_cu_norm_grad_scratch};
+  t[DT_OP_RMS_NORM_GRAD] = {dt_cu_rms_norm_grad, DT_KERNEL_ONE_DTYPE, dt_cu_norm_grad_scratch};
+  t[DT_OP_LAYER_NORM_GRAD] = {dt_cu_layer_norm_grad, DT_KERNEL_ONE_DTYPE, dt_cu_norm_grad_scratch};
   t[DT_OP_ROTARY] = {dt_cu_rotary, DT_KERNEL_ANY_DTYPE, dt_cu_rotary_scratch};
 }
