@@ -25,8 +25,9 @@ enum {
   DT_KERNEL_ANY_DTYPE = 1u << 0,  /* handles bf16/f16 itself (or only moves bytes) */
   DT_KERNEL_WRITES_ALL = 1u << 1, /* writes every output element */
   DT_KERNEL_INPLACE = 1u << 2,    /* updates inputs in place (outputs alias them) */
-  DT_KERNEL_ONE_DTYPE = 1u << 3,  /* handles bf16/f16 itself when every input and output of the
-                                     call has one dtype (a mix: f32 copies, as without a flag) */
+  DT_KERNEL_ONE_DTYPE = 1u << 3,  /* handles bf16/f16 itself when the call's float inputs and
+                                     outputs share one dtype (integer ones, indices, do not
+                                     count; a mix: f32 copies, as without a flag) */
 };
 
 /* One GEMM (batch times): C_i = alpha op(A_i) op(B_i) + beta C_i (+ bias), row-major, with
@@ -301,7 +302,7 @@ dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsig
                                    dt_local_tensor_t* out, int n_out);
 /* Whether dt__backend_run_kernel hands a kernel with these flags f32 copies of this call's
  * bf16/f16 tensors: some tensor is bf16/f16, and neither DT_KERNEL_ANY_DTYPE nor
- * DT_KERNEL_ONE_DTYPE with every tensor of one dtype. */
+ * DT_KERNEL_ONE_DTYPE with every float tensor of one dtype. */
 int dt__run_kernel_converts(unsigned flags, const dt_local_tensor_t* in, int n_in,
                             const dt_local_tensor_t* out, int n_out);
 /* The bytes of the f32 copies dt__backend_run_kernel makes for a kernel with these flags. */

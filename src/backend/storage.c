@@ -517,14 +517,13 @@ static size_t dt__f32_copy_nbytes(const dt_local_tensor_t* t) {
 int dt__run_kernel_converts(unsigned flags, const dt_local_tensor_t* in, int n_in,
                             const dt_local_tensor_t* out, int n_out) {
   int half = 0, one = 1;
-  const dt_dtype_t first = n_in > 0 ? in[0].dtype : n_out > 0 ? out[0].dtype : DT_F32;
-  for (int t = 0; t < n_in; t++) {
-    half |= dt__half(in[t].dtype);
-    one &= in[t].dtype == first;
-  }
-  for (int o = 0; o < n_out; o++) {
-    half |= dt__half(out[o].dtype);
-    one &= out[o].dtype == first;
+  dt_dtype_t first = DT_DTYPE_COUNT; /* the first float dtype met; integer tensors do not count */
+  for (int t = 0; t < n_in + n_out; t++) {
+    const dt_dtype_t d = t < n_in ? in[t].dtype : out[t - n_in].dtype;
+    if (d != DT_F32 && !dt__half(d)) continue;
+    half |= dt__half(d);
+    if (first == DT_DTYPE_COUNT) first = d;
+    one &= d == first;
   }
   if (!half || (flags & DT_KERNEL_ANY_DTYPE)) return 0;
   return !((flags & DT_KERNEL_ONE_DTYPE) && one);

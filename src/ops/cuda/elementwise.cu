@@ -352,17 +352,21 @@ DT_CU_KERNEL(dt_cu_pow) {
 
 /* ---------------------------------------------------------------------------------------------
  * where (cond, a, b) and masked_fill (x, mask) with broadcasting (kernels_nn.c dt__select): the
- * condition / mask is i32 or i64 (nonzero = true), the values f32. Inputs of s: 0 the condition,
- * 1 a (x), 2 b (where only). */
+ * condition / mask is i32 or i64 (nonzero = true), the values f32, bf16 or f16 storage read in
+ * place (the result rounded once to the output's). Inputs of s: 0 the condition, 1 a (x), 2 b
+ * (where only). */
 
 template <typename C>
-__global__ void dt_ew_select_kernel(int where, const C* c, const float* a, const float* b,
-                                    float fill, float* o, int64_t n, dt_ew_shape s) {
+__global__ void dt_ew_select_kernel(int where, const C* c, const void* a, int ta, const void* b,
+                                    int tb, float fill, void* o, int to, int64_t n,
+                                    dt_ew_shape s) {
   DT_EW_FOR(i, n) {
     int64_t off[3];
     dt_ew_offsets(s, i, where ? 3 : 2, off);
     const bool sel = c[off[0]] != 0;
-    o[i] = where ? (sel ? a[off[1]] : b[off[2]]) : (sel ? fill : a[off[1]]);
+    const float v = where ? (sel ? dt_ew_load_float(a, ta, off[1]) : dt_ew_load_float(b, tb, off[2]))
+                          : (sel ? fill : dt_ew_load_float(a, ta, off[1]));
+    dt_ew_store_float(o, to, i, v);
   }
 }
 
@@ -370,23 +374,27 @@ static dt_status_t dt_ew_select(int where, const dt_op_call_t* call, const dt_lo
                                 dt_local_tensor_t* out) {
   const dt_local_tensor_t *c = &in[where ? 0 : 1], *a = &in[where ? 1 : 0];
   const dt_local_tensor_t* b = where ? &in[2] : NULL;
-  DT_CHECK(dt_cu_need_f32(call, a, 1));
-  if (b) DT_CHECK(dt_cu_need_f32(call, b, 1));
+  DT_CHECK(dt_cu_need_float(call, a));
+  if (b) DT_CHECK(dt_cu_need_float(call, b));
+  DT_CHECK(dt_cu_need_float(call, out));
   const float fill = where ? 0.0f : (float)call->fargs[0];
   const int64_t n = dt_cu_numel(out);
   if (n == 0) return DT_SUCCESS;
   const dt_local_tensor_t* ins[3] = {c, a, b};
   dt_ew_shape s;
   dt_ew_shape_init(&s, out, ins, where ? 3 : 2);
-  const float *av = (const float*)a->data, *bv = b ? (const float*)b->data : NULL;
+  const void* bv = b ? b->data : NULL;
+  const int tb = b ? (int)b->dtype : (int)DT_F32;
   const unsigned grid = dt_cu_grid(out, n);
   cudaStream_t st = dt_cu_stream(a);
   if (c->dtype == DT_I64)
     DT_CU_LAUNCH(call->op, dt_ew_select_kernel<long long>, grid, DT_CU_BLOCK, 0, st, where,
-                 (const long long*)c->data, av, bv, fill, (float*)out->data, n, s);
+                 (const long long*)c->data, (const void*)a->data, (int)a->dtype, bv, tb, fill,
+                 out->data, (int)out->dtype, n, s);
   else
     DT_CU_LAUNCH(call->op, dt_ew_select_kernel<int>, grid, DT_CU_BLOCK, 0, st, where,
-                 (const int*)c->data, av, bv, fill, (float*)out->data, n, s);
+                 (const int*)c->data, (const void*)a->data, (int)a->dtype, bv, tb, fill, out->data,
+                 (int)out->dtype, n, s);
   return DT_SUCCESS;
 }
 
@@ -485,7 +493,8 @@ DT_CU_KERNEL(dt_cu_cast) {
 /* ---------------------------------------------------------------------------------------------
  * dropout (kernels_nn.c): fargs [p], iargs [seed]; element g (global row-major index) is kept
  * when the 53-bit uniform dt__mix64(seed ^ dt__mix64(g)) >> 11 is at least p 2^53, and kept
- * values are scaled by 1 / (1 - p). Bit-identical masks on every backend and placement. */
+ * values are scaled by 1 / (1 - p) (f32 arithmetic on f32, bf16 or f16 storage, rounded once).
+ * Bit-identical masks on every backend and placement. */
 
 __device__ __forceinline__ uint64_t dt_ew_mix64(uint64_t x) { /* src/core/util.c dt__mix64 */
   x += 0x9e3779b97f4a7c15ull;
@@ -501,8 +510,9 @@ struct dt_ew_dropout_geom {
   int64_t global[DT_MAX_DIMS]; /* global shape */
 };
 
-__global__ void dt_ew_dropout_kernel(const float* a, float* o, int64_t n, dt_ew_dropout_geom geo,
-                                     uint64_t seed, uint64_t thresh, int keep_any, float scale) {
+__global__ void dt_ew_dropout_kernel(const void* a, int ta, void* o, int to, int64_t n,
+                                     dt_ew_dropout_geom geo, uint64_t seed, uint64_t thresh,
+                                     int keep_any, float scale) {
   DT_EW_FOR(i, n) {
     int64_t idx[DT_MAX_DIMS], r = i;
     for (int d = geo.nd - 1; d >= 0; d--) {
@@ -513,12 +523,13 @@ __global__ void dt_ew_dropout_kernel(const float* a, float* o, int64_t n, dt_ew_
     for (int d = 0; d < geo.nd; d++)
       g = g * (uint64_t)geo.global[d] + (uint64_t)(geo.offset[d] + idx[d]);
     const uint64_t u = dt_ew_mix64(seed ^ dt_ew_mix64(g)) >> 11;
-    o[i] = (keep_any && u >= thresh) ? a[i] * scale : 0.0f;
+    dt_ew_store_float(o, to, i, (keep_any && u >= thresh) ? dt_ew_load_float(a, ta, i) * scale : 0.0f);
   }
 }
 
 DT_CU_KERNEL(dt_cu_dropout) {
-  DT_CHECK(dt_cu_need_f32(call, in, 1));
+  DT_CHECK(dt_cu_need_float(call, in));
+  DT_CHECK(dt_cu_need_float(call, out));
   const dt_local_tensor_t* x = &in[0];
   const double p = call->fargs[0];
   const uint64_t seed = (uint64_t)call->iargs[0];
@@ -535,8 +546,8 @@ DT_CU_KERNEL(dt_cu_dropout) {
     geo.global[d] = call->in[0].shape[d];
   }
   DT_CU_LAUNCH(call->op, dt_ew_dropout_kernel, dt_cu_grid(x, n), DT_CU_BLOCK, 0, dt_cu_stream(x),
-               (const float*)x->data, (float*)out->data, n, geo, seed, thresh, (int)(p < 1.0),
-               scale);
+               (const void*)x->data, (int)x->dtype, out->data, (int)out->dtype, n, geo, seed,
+               thresh, (int)(p < 1.0), scale);
   return DT_SUCCESS;
 }
 
@@ -810,10 +821,10 @@ DT_CU_FILL(elementwise) {
   t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_POW] = {dt_cu_pow, DT_KERNEL_ANY_DTYPE, NULL};
-  t[DT_OP_WHERE] = {dt_cu_where, 0, NULL};
-  t[DT_OP_MASKED_FILL] = {dt_cu_masked_fill, 0, NULL};
+  t[DT_OP_WHERE] = {dt_cu_where, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_MASKED_FILL] = {dt_cu_masked_fill, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_CAST] = {dt_cu_cast, DT_KERNEL_ANY_DTYPE, dt_cu_cast_scratch};
-  t[DT_OP_DROPOUT] = {dt_cu_dropout, 0, NULL};
+  t[DT_OP_DROPOUT] = {dt_cu_dropout, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ACT_GRAD] = {dt_cu_act_grad, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ADAMW] = {dt_cu_adamw, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_SCALE_] = {dt_cu_scale_, DT_KERNEL_ANY_DTYPE, NULL};

@@ -13,7 +13,10 @@
  *   host's order: one thread sums each output element, starting from the host's value (0 or x)
  *   and adding its contributions in increasing index order, so the f32 sums are the host's
  *   exactly. No float atomics (embedding_grad and index_add group the indices by row with a
- *   counting sort; scatter_add walks each index fiber in order).
+ *   counting sort; scatter_add walks each index fiber in order). embedding_grad and index_add
+ *   read and write bf16/f16 storage themselves (an f32 sum, each output rounded once: the host's
+ *   result on its f32 copies); scatter_add, whose additions land in the output one by one, takes
+ *   f32 (f32 copies of half storage).
  * - topk sorts (value, index) pairs packed into distinct 64-bit keys, whose order is the host
  *   comparator's (NaN largest, ties to the lower index), so the indices match too.
  * - Data-checking ops scan their indices on the device (dt_cu_bad_index_k) and report the first
@@ -460,7 +463,7 @@ DT_CU_KERNEL(dt_cu_gather) {
   return DT_SUCCESS;
 }
 
-/* ---- scatter-adds (f32): deterministic, in the host's order ------------------------------ */
+/* ---- scatter-adds: deterministic, in the host's order ------------------------------------ */
 
 /* scatter_add after out = x: one thread per fiber of idx (its coordinates other than dim), which
  * walks the fiber in order. The fibers' targets are disjoint (a target has the fiber's
@@ -515,7 +518,8 @@ DT_CU_KERNEL(dt_cu_scatter_add) {
 }
 
 /* Row scatter-add (embedding_grad, index_add): out (rows, D) = base (or 0) plus, for every i in
- * increasing order whose ix[i] - r0 is a local row r, src row i added to row r. A counting
+ * increasing order whose ix[i] - r0 is a local row r, src row i added to row r (f32 sums of f32,
+ * bf16 or f16 storage, each output rounded once). A counting
  * sort groups the i by row: count, scan, fill (atomic, so unordered within a row); then one
  * block per row ranks its list (indices are distinct: rank = how many are smaller, O(c^2) for
  * a row of c entries) and sums the rows in increasing i, one thread per column. */
@@ -564,9 +568,9 @@ __global__ void dt_cu_rows_fill_k(const void* ix, int is64, int64_t n, int64_t r
   }
 }
 
+template <typename T>
 __global__ void dt_cu_rows_sum_k(const int64_t* start, const int64_t* list, int64_t* sorted,
-                                 const float* src, const float* base, float* out, int64_t rows,
-                                 int64_t D) {
+                                 const T* src, const T* base, T* out, int64_t rows, int64_t D) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t s0 = start[r], c = start[r + 1] - s0;
     for (int64_t p = threadIdx.x; p < c; p += blockDim.x) {
@@ -576,9 +580,9 @@ __global__ void dt_cu_rows_sum_k(const int64_t* start, const int64_t* list, int6
     }
     __syncthreads();
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-      float acc = base ? base[r * D + d] : 0.0f;
-      for (int64_t q = 0; q < c; q++) acc += src[sorted[s0 + q] * D + d];
-      out[r * D + d] = acc;
+      float acc = base ? dt_cu_f32(base[r * D + d]) : 0.0f;
+      for (int64_t q = 0; q < c; q++) acc += dt_cu_f32(src[sorted[s0 + q] * D + d]);
+      out[r * D + d] = dt_cu_from_f32<T>(acc);
     }
   }
 }
@@ -604,9 +608,10 @@ DT_CU_SCRATCH(dt_cu_index_check_scratch) {
   return (void)call, (void)out, dt_cu_index_check_nbytes(&in[1]);
 }
 
+template <typename T>
 static dt_status_t dt_cu_rows_add(const dt_op_call_t* call, const dt_local_tensor_t* ix,
-                                  const float* src, const float* base, float* out, int64_t rows,
-                                  int64_t D, int64_t r0) {
+                                  const T* src, const T* base, T* out, int64_t rows, int64_t D,
+                                  int64_t r0) {
   const char* op = call->op;
   int64_t n = dt_cu_numel(ix);
   int is64 = ix->dtype == DT_I64;
@@ -625,20 +630,33 @@ static dt_status_t dt_cu_rows_add(const dt_op_call_t* call, const dt_local_tenso
   DT_CU_LAUNCH(op, dt_cu_rows_scan_k, 1, DT_CU_BLOCK, 0, s, c, st, rows);
   DT_CU_LAUNCH(op, dt_cu_rows_fill_k, dt_cu_grid(ix, n), DT_CU_BLOCK, 0, s, ix->data, is64, n, r0,
                rows, c, l);
-  DT_CU_LAUNCH(op, dt_cu_rows_sum_k, dt_cu_grid(ix, rows, 1), DT_CU_BLOCK, 0, s,
+  DT_CU_LAUNCH(op, dt_cu_rows_sum_k<T>, dt_cu_grid(ix, rows, 1), DT_CU_BLOCK, 0, s,
                (const int64_t*)st, (const int64_t*)l, l + n, src, base, out, rows, D);
   return DT_SUCCESS;
+}
+
+/* The rows' source and the output in one float dtype (DT_KERNEL_ONE_DTYPE makes it so). */
+static dt_status_t dt_cu_rows_same(const dt_op_call_t* call, const dt_local_tensor_t* src,
+                                   const dt_local_tensor_t* out) {
+  if (src->dtype == out->dtype) return dt_cu_need_float(call, src);
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: rows of %s into an output of %s", call->op,
+                 dt_dtype_name(src->dtype), dt_dtype_name(out->dtype));
 }
 
 /* embedding_grad (g (.., D), indices (..)) iargs [V]: the rows of the local vocabulary shard
  * (out rows offset[0] .. + shape[0]) accumulate the g rows of their tokens; other rows are 0. */
 DT_CU_KERNEL(dt_cu_embedding_grad) {
-  DT_CHECK(dt_cu_need_f32(call, in, 1));
+  DT_CHECK(dt_cu_need_float(call, in));
+  DT_CHECK(dt_cu_rows_same(call, in, out));
   const dt_local_tensor_t *g = &in[0], *ix = &in[1];
   int64_t V = call->iargs[0], v0 = out->offset[0], vl = out->shape[0], D = out->shape[1];
   dt_cu_index_check check(ix);
   DT_CHECK(check.start(call->op, ix, V));
-  DT_CHECK(dt_cu_rows_add(call, ix, (const float*)g->data, NULL, (float*)out->data, vl, D, v0));
+  DT_CHECK(dt_cu_float_dispatch(call->op, g->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return dt_cu_rows_add<T>(call, ix, (const T*)g->data, (const T*)NULL, (T*)out->data, vl, D,
+                             v0);
+  }));
   int64_t pos, bad;
   DT_CHECK(check.finish(call->op, &pos, &bad));
   if (pos >= 0)
@@ -651,13 +669,19 @@ DT_CU_KERNEL(dt_cu_embedding_grad) {
  * for the indices in the local rows. */
 DT_CU_KERNEL(dt_cu_index_add) {
   const dt_local_tensor_t *x = &in[0], *ix = &in[1], *src = &in[2];
-  DT_CHECK(dt_cu_need_f32(call, x, 1));
-  DT_CHECK(dt_cu_need_f32(call, src, 1));
+  DT_CHECK(dt_cu_need_float(call, x));
+  DT_CHECK(dt_cu_rows_same(call, src, out));
+  if (x->dtype != out->dtype)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: x is %s, the output %s", call->op,
+                   dt_dtype_name(x->dtype), dt_dtype_name(out->dtype));
   int64_t N = call->in[0].shape[0], x0 = x->offset[0], xl = x->shape[0], D = x->shape[1];
   dt_cu_index_check check(ix);
   DT_CHECK(check.start(call->op, ix, N));
-  DT_CHECK(dt_cu_rows_add(call, ix, (const float*)src->data, (const float*)x->data,
-                          (float*)out->data, xl, D, x0));
+  DT_CHECK(dt_cu_float_dispatch(call->op, x->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return dt_cu_rows_add<T>(call, ix, (const T*)src->data, (const T*)x->data, (T*)out->data, xl,
+                             D, x0);
+  }));
   int64_t pos, bad;
   DT_CHECK(check.finish(call->op, &pos, &bad));
   if (pos >= 0)
@@ -944,8 +968,8 @@ DT_CU_FILL(index) {
   t[DT_OP_GATHER_DIM] = {dt_cu_gather_dim, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
   t[DT_OP_GATHER] = {dt_cu_gather, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
   t[DT_OP_TOPK] = {dt_cu_topk, DT_KERNEL_ANY_DTYPE, dt_cu_topk_scratch};
-  t[DT_OP_EMBEDDING_GRAD] = {dt_cu_embedding_grad, 0, dt_cu_rows_add_scratch};
+  t[DT_OP_EMBEDDING_GRAD] = {dt_cu_embedding_grad, DT_KERNEL_ONE_DTYPE, dt_cu_rows_add_scratch};
   t[DT_OP_SCATTER_ADD] = {dt_cu_scatter_add, 0, dt_cu_index_check_scratch};
-  t[DT_OP_INDEX_ADD] = {dt_cu_index_add, 0, dt_cu_rows_add_scratch};
+  t[DT_OP_INDEX_ADD] = {dt_cu_index_add, DT_KERNEL_ONE_DTYPE, dt_cu_rows_add_scratch};
   t[DT_OP_MOE_ROUTE] = {dt_cu_moe_route, 0, dt_cu_moe_route_scratch};
 }
