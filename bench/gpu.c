@@ -1,6 +1,7 @@
 /* gpu.c - GPU benchmarks of the cuda backend (built with DTENSOR_CUDA; exits 77 without a GPU).
  *
  *   build/bench/bench_gpu [--quick]          (one rank: mpirun -np 1, or no mpirun)
+ *   build/bench/bench_gpu --attention        (only 4. below)
  *
  * 1. dt_mm in bf16 (f32 accumulation) on n x n x n for n = 4096 and 8192 against the same
  *    cuBLASLt matmul made directly (same operand layout, compute type, workspace size and the
@@ -14,6 +15,13 @@
  *    of bench_redistribute runs with --device cuda can be read against the host path.
  * The last line: gemm_vs_cublaslt=<min over n of ours/direct> tflops_bf16_8192=<ours>
  * d2h_gbps=<x> h2d_gbps=<y>
+ * 4. (--attention) causal attention in bf16 at the two training shapes of tools/gpu_check.sh
+ *    (~125M: B 8, S 1024, 14 heads of 64; ~1B: B 4, S 1024, 16 heads of 128; layout (B, S, H, D)
+ *    as the trainer's): sdpa forward, and sdpa_grad (dQ, dK, dV), ms per call (median of 5
+ *    rounds of 10 calls), through dt_op_run on the path DTENSOR_SDPA_PATH chose (read once per
+ *    process: gpu_check.sh runs it once per path; bench/sdpa_torch_gpu.py times PyTorch's SDPA
+ *    on the same shapes). Last line: attention path=<auto|gemm|flash> fwd_ms_125M=
+ *    bwd_ms_125M= fwd_ms_1B= bwd_ms_1B=
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <cublasLt.h>
@@ -103,11 +111,75 @@ static double ours_gemm_ms(dt_backend_t be, dt_tensor_t a, dt_tensor_t b, int it
   return (now_us() - t0) / 1e3 / iters;
 }
 
+static int cmp_double(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median over 5 rounds of the ms per call of sdpa (grad 0) or sdpa_grad (grad 1). */
+static double attention_ms(dt_backend_t be, const dt_tensor_t* qkvg, int grad) {
+  const int64_t iargs[2] = {1, 1}; /* causal, layout (B, S, H, D) */
+  double ms[5];
+  for (int round = -1; round < 5; round++) { /* round -1: warm-up */
+    CHECK(dt_backend_synchronize(be));
+    const double t0 = now_us();
+    const int iters = round < 0 ? 1 : 10;
+    for (int i = 0; i < iters; i++) {
+      dt_tensor_t out[3];
+      if (grad) {
+        CHECK(dt_op_run_multi("sdpa_grad", 4, qkvg, 2, iargs, 0, NULL, 3, out));
+        for (int k = 0; k < 3; k++) CHECK(dt_tensor_destroy(out[k]));
+      } else {
+        CHECK(dt_op_run("sdpa", 3, qkvg, 2, iargs, 0, NULL, &out[0]));
+        CHECK(dt_tensor_destroy(out[0]));
+      }
+    }
+    CHECK(dt_backend_synchronize(be));
+    if (round >= 0) ms[round] = (now_us() - t0) / 1e3 / iters;
+  }
+  qsort(ms, 5, sizeof ms[0], cmp_double);
+  return ms[2];
+}
+
+static int attention_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
+  struct {
+    const char* name;
+    int64_t B, S, H, D;
+  } shapes[2] = {{"125M", 8, 1024, 14, 64}, {"1B", 4, 1024, 16, 128}};
+  for (int i = 0; small && i < 2; i++) shapes[i].B = 1, shapes[i].S = 80; /* the emulator */
+  const char* path = getenv("DTENSOR_SDPA_PATH");
+  double fwd[2], bwd[2];
+  dt_placement_t r[1] = {dt_replicate()};
+  for (int i = 0; i < 2; i++) {
+    const int64_t shape[4] = {shapes[i].B, shapes[i].S, shapes[i].H, shapes[i].D};
+    dt_tensor_t t[4];
+    for (int k = 0; k < 4; k++) CHECK(dt_tensor_randn(mesh, DT_BF16, 4, shape, r, 10 + k, &t[k]));
+    fwd[i] = attention_ms(be, t, 0);
+    bwd[i] = attention_ms(be, t, 1);
+    /* causal: half the S x S pairs; forward 2 products, backward 4 (dP, dV, dQ, dK) plus the
+     * recomputed scores */
+    const double pairs = 0.5 * shapes[i].B * shapes[i].H * (double)shapes[i].S * shapes[i].S;
+    printf("attention %s (B %lld, S %lld, %lld heads of %lld, causal, bf16): forward %.3f ms "
+           "(%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s of 5 products)\n", shapes[i].name,
+           (long long)shapes[i].B, (long long)shapes[i].S, (long long)shapes[i].H,
+           (long long)shapes[i].D, fwd[i], 4.0 * pairs * shapes[i].D / (fwd[i] * 1e9),
+           bwd[i], 10.0 * pairs * shapes[i].D / (bwd[i] * 1e9));
+    for (int k = 0; k < 4; k++) CHECK(dt_tensor_destroy(t[k]));
+  }
+  printf("attention path=%s fwd_ms_125M=%.3f bwd_ms_125M=%.3f fwd_ms_1B=%.3f bwd_ms_1B=%.3f\n",
+         path && *path ? path : "auto", fwd[0], bwd[0], fwd[1], bwd[1]);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  int attention = argc > 1 && strcmp(argv[1], "--attention") == 0;
   CHECK(dt_init(&argc, &argv));
+  /* (--attention runs on another device backend too: BENCH_GPU_BACKEND=cuda-emu checks the
+   * benchmark itself on a machine without a GPU; the times mean nothing there) */
+  const char* bname = attention && getenv("BENCH_GPU_BACKEND") ? getenv("BENCH_GPU_BACKEND") : "cuda";
   dt_backend_t be;
-  if (dt_backend_get("cuda", &be) != DT_SUCCESS) {
+  if (dt_backend_get(bname, &be) != DT_SUCCESS) {
     printf("bench_gpu: skipped: %s\n", dt_last_error());
     dt_finalize();
     return 77;
@@ -116,6 +188,12 @@ int main(int argc, char** argv) {
   dt_mesh_t mesh;
   CHECK(dt_mesh_create(1, &one, NULL, NULL, &mesh)); /* this rank alone */
   CHECK(dt_mesh_set_backend(mesh, be));
+  if (attention && strcmp(bname, "cuda") != 0) {
+    attention_bench(mesh, be, 1);
+    CHECK(dt_mesh_destroy(mesh));
+    CHECK(dt_finalize());
+    return 0;
+  }
   struct cudaDeviceProp prop;
   int dev = 0, drv = 0;
   CU(cudaGetDevice(&dev));
@@ -124,6 +202,12 @@ int main(int argc, char** argv) {
   printf("# bench_gpu: %s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d\n", prop.name, prop.major,
          prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, drv / 1000,
          (drv % 1000) / 10);
+  if (attention) {
+    attention_bench(mesh, be, 0);
+    CHECK(dt_mesh_destroy(mesh));
+    CHECK(dt_finalize());
+    return 0;
+  }
   const int sizes[2] = {4096, 8192};
   double worst = 1e9, tf8192 = 0.0;
   dt_placement_t r[1] = {dt_replicate()};

@@ -27,7 +27,9 @@
 #               tests/parallel/parallel_parity.sh (every parallel config of the trainer, np up to 8)
 #   gemm        bench_gpu: dt_mm bf16 4096^3 and 8192^3 against the same cuBLASLt call made
 #               directly, TF32, host-staging bandwidth; bench_nccl: redistributions over the NCCL
-#               plane against raw NCCL calls, 1-256 MiB
+#               plane against raw NCCL calls, 1-256 MiB; bench_gpu --attention on each of
+#               attention's paths (DTENSOR_SDPA_PATH=gemm, flash) against bench/sdpa_torch_gpu.py
+#               (PyTorch's SDPA) at the two training shapes, bf16, forward + backward
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
 #               the same ~125M-parameter model, then ~1B, alternating ours and theirs
 # Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
@@ -175,6 +177,25 @@ if [ "$BACKEND" = cuda ]; then
   if [ -x "$G/bench/bench_gpu" ]; then
     step bench_gpu 120 "$G/bench/bench_gpu"
     gemm=$(sed -n 's/.*gemm_vs_cublaslt=\([0-9.]*\).*/\1/p' "$OUT/bench_gpu.log" 2>/dev/null | tail -n 1)
+    # attention alone, bf16 at the training shapes: each of our two paths (the variable is read
+    # once per process) and PyTorch's SDPA (flash); forward + backward per call, ours / torch
+    for p in gemm flash; do
+      step "attention_$p" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --attention
+    done
+    step attention_torch 60 python3 bench/sdpa_torch_gpu.py
+    att_ms() { # LOG PREFIX SHAPE: forward + backward ms from a last line
+      sed -n "s/^$2 .*fwd_ms_$3=\([0-9.]*\) bwd_ms_$3=\([0-9.]*\).*/\1 \2/p" "$1" 2>/dev/null |
+        tail -n 1 | awk '{ if (NF == 2) printf "%.3f", $1 + $2 }'
+    }
+    for sh in 125M 1B; do
+      t=$(att_ms "$OUT/attention_torch.log" torch_attention "$sh")
+      line="attention $sh fwd+bwd ms: torch ${t:-na}"
+      for p in gemm flash; do
+        o=$(att_ms "$OUT/attention_$p.log" attention "$sh")
+        line="$line, ours $p ${o:-na} ($(awk -v a="$o" -v b="$t" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2fx torch", a / b; else print "na" }'))"
+      done
+      note "$line"
+    done
   fi
   # redistributions over the NCCL plane against raw NCCL (np = number of GPUs; at np 1 the plan
   # moves nothing, so the difference is the per-call overhead)

@@ -733,7 +733,8 @@ DT_CU_KERNEL(dt_cu_scale_) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * sumsq (kernels_optim.c): out (0-d f32) = the sum of x^2 over the local elements. Accumulated
+ * sumsq (kernels_optim.c): out (0-d f32) = the sum of x^2 over the local elements of f32, bf16
+ * or f16 storage (read in place). Accumulated
  * in double like the host (a gradient norm over up to billions of elements: f32 partial sums
  * would lose digits the host keeps; the reduction is memory-bound, so double costs nothing on
  * data-centre GPUs). Two passes without atomics, so the same data always gives the same result:
@@ -749,11 +750,11 @@ __device__ __forceinline__ double dt_ew_block_sum_d(double v, double* smem) {
   return s;
 }
 
-__global__ void dt_ew_sumsq_partial_kernel(const float* x, int64_t n, double* partial) {
+__global__ void dt_ew_sumsq_partial_kernel(const void* x, int tx, int64_t n, double* partial) {
   __shared__ double smem[32];
   double s = 0.0;
   DT_EW_FOR(i, n) {
-    const double xi = x[i];
+    const double xi = dt_ew_load_float(x, tx, i);
     s += xi * xi; /* exact product in double; an fma changes nothing */
   }
   s = dt_ew_block_sum_d(s, smem);
@@ -776,7 +777,8 @@ DT_CU_SCRATCH(dt_cu_sumsq_scratch) {
 }
 
 DT_CU_KERNEL(dt_cu_sumsq) {
-  DT_CHECK(dt_cu_need_f32(call, in, 1));
+  DT_CHECK(dt_cu_need_float(call, in));
+  DT_CHECK(dt_cu_need_f32(call, out, 1));
   const int64_t n = dt_cu_numel(&in[0]);
   const unsigned grid = dt_cu_grid(&in[0], n);
   cudaStream_t st = dt_cu_stream(&in[0]);
@@ -785,7 +787,7 @@ DT_CU_KERNEL(dt_cu_sumsq) {
   DT_CHECK(dt_cu_scratch(&in[0], call->op, nbytes, &scratch));
   double* partial = (double*)scratch;
   int rc = dt_simt_launch(dt_ew_sumsq_partial_kernel, grid, DT_CU_BLOCK, 0, st,
-                          (const float*)in[0].data, n, partial);
+                          (const void*)in[0].data, (int)in[0].dtype, n, partial);
   if (rc == 0)
     rc = dt_simt_launch(dt_ew_sumsq_final_kernel, 1, DT_CU_BLOCK, 0, st, (const double*)partial,
                         (int)grid, (float*)out[0].data);
@@ -828,5 +830,5 @@ DT_CU_FILL(elementwise) {
   t[DT_OP_ACT_GRAD] = {dt_cu_act_grad, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ADAMW] = {dt_cu_adamw, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_SCALE_] = {dt_cu_scale_, DT_KERNEL_ANY_DTYPE, NULL};
-  t[DT_OP_SUMSQ] = {dt_cu_sumsq, 0, dt_cu_sumsq_scratch};
+  t[DT_OP_SUMSQ] = {dt_cu_sumsq, DT_KERNEL_ANY_DTYPE, dt_cu_sumsq_scratch};
 }
