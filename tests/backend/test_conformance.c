@@ -175,13 +175,18 @@ static const gen_case_t kGen[] = {
     {"adamw", 5, {F, F, B, B, L}, {2, 2, 2, 2, 0}, {{5, 6}, {5, 6}, {5, 6}, {5, 6}, {0}},
      {0, 0, 0, 0, 4}, 0, 5, {0}, {1e-2, 0.9, 0.95, 1e-6, 0.0}, 0},
 };
-/* cases whose outputs alone are compared: their gradients are too ill-conditioned for bf16/f16 */
+/* cases whose outputs alone are compared: their gradients are too ill-conditioned for bf16/f16;
+ * their keys ramp up along the sequence (gen_tensor) */
 static const gen_case_t kGenFwd[] = {
     /* sharp scores (scale 40): row maxima grow by far more than the tensor-core forward's lazy
      * rescaling threshold from one key tile to the next (near one-hot softmax rows give gradients
      * near 0 that P's rounding to bf16 dominates, on either device path) */
     {"sdpa", 3, {F, F, F}, {4, 4, 4}, {{1, 2, 70, 16}, {1, 2, 200, 16}, {1, 2, 200, 16}}, {0}, 2,
      1, {0, 0}, {40.0}, 0},
+    /* sharper (scale 3000): a later tile's max above the earlier ones' by more than exp's range
+     * (the earlier terms must vanish, not stay) */
+    {"sdpa", 3, {F, F, F}, {4, 4, 4}, {{1, 2, 70, 16}, {1, 2, 200, 16}, {1, 2, 200, 16}}, {0}, 2,
+     1, {0, 0}, {3000.0}, 0},
 };
 #undef F
 #undef L
@@ -235,7 +240,9 @@ static void seen(const char* op) {
 
 /* Deterministic inputs: small multiples of 1/8 (exact in bf16) with repeats (ties for the
  * comparisons), integers in [0, hi); the grouped GEMMs' counts (2, 0, 4) sum to their 6 rows. */
-static void gen_tensor(const gen_case_t* g, int t, int k, fx_tensor_t* x) {
+/* Input t of case g (k its index): a pattern of period 23; with ramp, input 1 (attention's keys)
+ * grows with its row, so that later key tiles hold larger scores. */
+static void gen_tensor(const gen_case_t* g, int t, int k, int ramp, fx_tensor_t* x) {
   x->dtype = g->dtype[t];
   x->ndim = g->ndim[t];
   x->numel = 1;
@@ -249,6 +256,7 @@ static void gen_tensor(const gen_case_t* g, int t, int k, fx_tensor_t* x) {
     x->data[i] = x->dtype == DT_I64 ? (double)(h % g->hi[t]) : (double)(h % 9 - 4) * 0.125 + 0.0625;
     if (strcmp(g->op, "adamw") == 0 && t == 3) x->data[i] = fabs(x->data[i]); /* exp_avg_sq */
     if (strncmp(g->op, "grouped_mm", 10) == 0 && t == 2) x->data[i] = (double)(i == 0 ? 2 : i == 1 ? 0 : 4);
+    if (ramp && t == 1) x->data[i] += (double)(i / x->shape[x->ndim - 1]) * 0.005;
   }
 }
 
@@ -569,7 +577,7 @@ int main(int argc, char** argv) {
     for (size_t k = 0; k < ngen + nfwd; k++) {
       const gen_case_t* g = k < ngen ? &kGen[k] : &kGenFwd[k - ngen];
       fx_tensor_t in[FX_MAXT];
-      for (int t = 0; t < g->nin; t++) gen_tensor(g, t, (int)k, &in[t]);
+      for (int t = 0; t < g->nin; t++) gen_tensor(g, t, (int)k, k >= ngen, &in[t]);
       int64_t iargs[8];
       int nia = g->nia;
       memcpy(iargs, g->iargs, sizeof iargs);

@@ -748,8 +748,9 @@ DT_ATTN_UNROLL
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
       float alpha = 1.0f;
-      if (mx > m + DT_TC_TAU) { /* the reference max moves (and always from -inf) */
-        alpha = m == -INFINITY ? 0.0f : expf(m - mx);
+      const bool had = m != -INFINITY; /* the row's accumulator holds earlier keys' terms */
+      if (mx > m + DT_TC_TAU) {        /* the reference max moves (and always from -inf) */
+        alpha = had ? expf(m - mx) : 0.0f;
         m = mx;
       }
       float sum = 0.0f;
@@ -761,9 +762,9 @@ DT_ATTN_UNROLL
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 16);
       l = l * alpha + sum;
-      /* rows whose accumulator is not 0 and must shrink: the warp's fragments go through its
-       * staging rows (their layout is opaque) */
-      if (__any_sync(0xffffffffu, alpha != 1.0f && l != sum)) {
+      /* rows whose accumulator holds terms and must shrink (alpha may underflow to 0): the
+       * warp's fragments go through its staging rows (their layout is opaque) */
+      if (__any_sync(0xffffffffu, alpha != 1.0f && had)) {
         dt_tc_store(Ow, ld.e, acc, ne16);
         __syncwarp();
         for (int e = lane >> 4; e < ld.ep; e += 2) Ow[r * ld.e + e] *= alpha;
