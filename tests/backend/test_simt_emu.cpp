@@ -618,8 +618,8 @@ static void test_errors(void) {
                dt_simt_launch(saxpy_plain, 0, 32, 0, nullptr, 0, 1.0f, (const float*)nullptr,
                               (float*)nullptr),
                config, "invalid launch configuration");
-  expect_error("smem 228K+1",
-               dt_simt_launch(saxpy_plain, 1, 32, 228 * 1024 + 1, nullptr, 0, 1.0f,
+  expect_error("smem 227K+1",
+               dt_simt_launch(saxpy_plain, 1, 32, 227 * 1024 + 1, nullptr, 0, 1.0f,
                               (const float*)nullptr, (float*)nullptr),
                config, "dynamic shared memory");
   out[0] = -1;

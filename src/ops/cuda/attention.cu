@@ -868,7 +868,8 @@ DT_ATTN_UNROLL
       for (int t = 0; t < 32; t++) {
         const int c = dt_tc_col(lane, t);
         const bool s = i < nq && c < nk && dt_attn_visible(g, i0 + i, j0 + c);
-        p[t] = s ? expf(Sw[r * ld.s + c] * g.scale - Ls[i]) : 0.0f;
+        /* rounded as the dK/dV kernel's P (and the GEMM path's): one dS for dQ and dK */
+        p[t] = dt_cu_f32(dt_cu_from_f32<T>(s ? expf(Sw[r * ld.s + c] * g.scale - Ls[i]) : 0.0f));
       }
       __syncwarp(); /* the scores are read: dP goes over them */
       dt_tc_abt(Sw, ld.s, dOs + warp * 16 * ld.v, ld.v, Vs, ld.v, ld.ep / 16);
