@@ -225,6 +225,46 @@ __device__ __forceinline__ void dt_attn_dots(const float* A, int lda, const floa
   }
 }
 
+/* Work items of the flash kernels, handed out grid-stride. Query tiles (forward, dQ): item it of
+ * (S / bq tiles) x (B H), the last tiles first (under causal masking they have the most keys).
+ * Key tiles (dK/dV): item it of (T / bk tiles) x (B G). */
+struct dt_attn_qitem {
+  int64_t bh, b, h, kvh, i0; /* (batch, head) as one index and apart, its kv head, first row */
+  int nq;                    /* rows of the tile (the last one may be partial) */
+};
+struct dt_attn_kitem {
+  int64_t b, kvh, j0; /* batch, kv head, first key */
+  int nk;             /* keys of the tile */
+};
+__host__ __device__ __forceinline__ int64_t dt_attn_qitems(const dt_attn_geom& g, int bq) {
+  return (g.S + bq - 1) / bq * g.B * g.H;
+}
+__host__ __device__ __forceinline__ int64_t dt_attn_kitems(const dt_attn_geom& g, int bk) {
+  return (g.T + bk - 1) / bk * g.B * g.G;
+}
+__device__ __forceinline__ dt_attn_qitem dt_attn_qitem_of(const dt_attn_geom& g, int bq,
+                                                          int64_t it) {
+  const int64_t BH = g.B * g.H, nqt = (g.S + bq - 1) / bq;
+  dt_attn_qitem w;
+  w.bh = it % BH;
+  w.b = w.bh / g.H;
+  w.h = w.bh % g.H;
+  w.kvh = w.h / g.rep;
+  w.i0 = (nqt - 1 - it / BH) * bq;
+  w.nq = (int)(g.S - w.i0 < bq ? g.S - w.i0 : bq);
+  return w;
+}
+__device__ __forceinline__ dt_attn_kitem dt_attn_kitem_of(const dt_attn_geom& g, int bk,
+                                                          int64_t it) {
+  const int64_t BG = g.B * g.G, bg = it % BG;
+  dt_attn_kitem w;
+  w.b = bg / g.G;
+  w.kvh = bg % g.G;
+  w.j0 = it / BG * bk;
+  w.nk = (int)(g.T - w.j0 < bk ? g.T - w.j0 : bk);
+  return w;
+}
+
 /* Key j (global) is visible from query row qi (local, global q0 + qi). */
 __device__ __forceinline__ bool dt_attn_visible(const dt_attn_geom& g, int64_t qi, int64_t j) {
   return j < g.T && (!g.causal || j <= g.q0 + qi);
@@ -240,9 +280,8 @@ __device__ __forceinline__ int64_t dt_attn_key_end(const dt_attn_geom& g, int64_
 /* ---------------------------------------------------------------------------------------------
  * Forward */
 
-/* Work item it: query tile qt (the last ones first: under causal masking they have the most
- * keys) of (batch, head) bh. Writes O (when o is not NULL); with dout, the row statistics of the
- * backward pass: lse = m + log l and delta = dO . O. */
+/* One block per query tile of a (batch, head) (dt_attn_qitem_of). Writes O (when o is not NULL);
+ * with dout, the row statistics of the backward pass: lse = m + log l and delta = dO . O. */
 template <typename T>
 __global__ void __launch_bounds__(DT_ATTN_NT)
     dt_attn_fwd_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, T* o, float* lse,
@@ -256,11 +295,11 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
   float* Ps = Os + BQ * E;   /* BQ x BK: this key tile's exponentials */
   float* As = Ps + BQ * BK;  /* BQ: the rescale of the key tile; 1 / l at the end */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t nqt = (g.S + BQ - 1) / BQ, BH = g.B * g.H, items = nqt * BH;
+  const int64_t items = dt_attn_qitems(g, BQ);
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
-    const int64_t i0 = qt * BQ, kvh = h / g.rep;
-    const int nq = (int)(g.S - i0 < BQ ? g.S - i0 : BQ);
+    const dt_attn_qitem w = dt_attn_qitem_of(g, BQ, it);
+    const int64_t bh = w.bh, b = w.b, h = w.h, i0 = w.i0, kvh = w.kvh;
+    const int nq = w.nq;
     const T* kb = k + b * g.k.sb + kvh * g.k.sh;
     const T* vb = v + b * g.v.sb + kvh * g.v.sh;
     __syncthreads(); /* the previous item is done with the shared tiles */
@@ -388,11 +427,11 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
   float* Ls = dQs + BQ * D;  /* BQ */
   float* Dl = Ls + BQ;       /* BQ */
   const int tid = threadIdx.x;
-  const int64_t nqt = (g.S + BQ - 1) / BQ, BH = g.B * g.H, items = nqt * BH;
+  const int64_t items = dt_attn_qitems(g, BQ);
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
-    const int64_t i0 = qt * BQ, kvh = h / g.rep;
-    const int nq = (int)(g.S - i0 < BQ ? g.S - i0 : BQ);
+    const dt_attn_qitem w = dt_attn_qitem_of(g, BQ, it);
+    const int64_t b = w.b, h = w.h, i0 = w.i0, kvh = w.kvh;
+    const int nq = w.nq;
     const T* kb = k + b * g.k.sb + kvh * g.k.sh;
     const T* vb = v + b * g.v.sb + kvh * g.v.sh;
     __syncthreads();
@@ -423,9 +462,9 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
   }
 }
 
-/* dK and dV of key tile kt of (batch, kv head) bg: sums over the group's query heads and their
- * query tiles of scale dS^T Q and P^T dO (the first key tiles first: under causal masking they
- * have the most queries). */
+/* dK and dV of a key tile of a (batch, kv head) (dt_attn_kitem_of; the first key tiles first:
+ * under causal masking they have the most queries): sums over the group's query heads and their
+ * query tiles of scale dS^T Q and P^T dO. */
 template <typename T>
 __global__ void __launch_bounds__(DT_ATTN_NT)
     dt_attn_dkv_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, const T* dout,
@@ -444,10 +483,11 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
   float* dKs = Dl + BQ;       /* BK x D */
   float* dVs = dKs + BK * D;  /* BK x E */
   const int tid = threadIdx.x;
-  const int64_t nkt = (g.T + BK - 1) / BK, BG = g.B * g.G, items = nkt * BG;
+  const int64_t items = dt_attn_kitems(g, BK);
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t kt = it / BG, bg = it % BG, b = bg / g.G, kvh = bg % g.G, j0 = kt * BK;
-    const int nk = (int)(g.T - j0 < BK ? g.T - j0 : BK);
+    const dt_attn_kitem w = dt_attn_kitem_of(g, BK, it);
+    const int64_t b = w.b, kvh = w.kvh, j0 = w.j0;
+    const int nk = w.nk;
     __syncthreads();
     dt_attn_load(Ks, ldk, k + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss, g.k.ss, BK, nk, D);
     dt_attn_load(Vs, ldv, v + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss, g.v.ss, BK, nk, E);
@@ -712,11 +752,11 @@ __global__ void __launch_bounds__(DT_TC_NT)
   float* Sw = Sf + warp * 16 * ld.s;
   T* Pw = Ps + warp * 16 * ld.p;
   float* Ow = Of + warp * 16 * ld.e;
-  const int64_t nqt = (g.S + B - 1) / B, BH = g.B * g.H, items = nqt * BH;
+  const int64_t items = dt_attn_qitems(g, B);
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
-    const int64_t i0 = qt * B, kvh = h / g.rep;
-    const int nq = (int)(g.S - i0 < B ? g.S - i0 : B);
+    const dt_attn_qitem w = dt_attn_qitem_of(g, B, it);
+    const int64_t bh = w.bh, b = w.b, h = w.h, i0 = w.i0, kvh = w.kvh;
+    const int nq = w.nq;
     const T* kb = k + b * g.k.sb + kvh * g.k.sh;
     const T* vb = v + b * g.v.sb + kvh * g.v.sh;
     __syncthreads(); /* the previous item is done with the shared tiles */
@@ -843,11 +883,11 @@ __global__ void __launch_bounds__(DT_TC_NT)
   const int i = warp * 16 + r;
   float* Sw = Sf + warp * 16 * ld.s;
   T* dSw = dSs + warp * 16 * ld.p;
-  const int64_t nqt = (g.S + B - 1) / B, BH = g.B * g.H, items = nqt * BH;
+  const int64_t items = dt_attn_qitems(g, B);
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t qt = nqt - 1 - it / BH, bh = it % BH, b = bh / g.H, h = bh % g.H;
-    const int64_t i0 = qt * B, kvh = h / g.rep;
-    const int nq = (int)(g.S - i0 < B ? g.S - i0 : B);
+    const dt_attn_qitem w = dt_attn_qitem_of(g, B, it);
+    const int64_t b = w.b, h = w.h, i0 = w.i0, kvh = w.kvh;
+    const int nq = w.nq;
     const T* kb = k + b * g.k.sb + kvh * g.k.sh;
     const T* vb = v + b * g.v.sb + kvh * g.v.sh;
     __syncthreads();
@@ -919,10 +959,11 @@ __global__ void __launch_bounds__(DT_TC_NT)
   float* Sw = Sf + warp * 16 * ld.s;
   T* Pw = Ps + warp * 16 * ld.p;
   T* dSw = dSs + warp * 16 * ld.p;
-  const int64_t nkt = (g.T + B - 1) / B, BG = g.B * g.G, items = nkt * BG;
+  const int64_t items = dt_attn_kitems(g, B);
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t kt = it / BG, bg = it % BG, b = bg / g.G, kvh = bg % g.G, j0 = kt * B;
-    const int nk = (int)(g.T - j0 < B ? g.T - j0 : B);
+    const dt_attn_kitem w = dt_attn_kitem_of(g, B, it);
+    const int64_t b = w.b, kvh = w.kvh, j0 = w.j0;
+    const int nk = w.nk;
     __syncthreads();
     dt_tc_load(Ks, ld.q, k + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss, g.k.ss, nk, D, ld.dp);
     dt_tc_load(Vs, ld.v, v + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss, g.v.ss, nk, E, ld.ep);
@@ -1379,7 +1420,7 @@ DT_CU_KERNEL(dt_cu_sdpa) {
         const size_t smem = dt_tc_smem_of(0, g.D, g.E).nbytes;
         const int rc = dt_attn_allow_smem(kernel, smem);
         if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
-        const int64_t items = (g.S + DT_TC_B - 1) / DT_TC_B * g.B * g.H;
+        const int64_t items = dt_attn_qitems(g, DT_TC_B);
         DT_CU_LAUNCH(call->op, kernel, dt_attn_grid(&in[0], items), DT_TC_NT, smem,
                      dt_cu_stream(&in[0]), g, (const T*)in[0].data, (const T*)in[1].data,
                      (const T*)in[2].data, (T*)out[0].data, (float*)NULL, (float*)NULL,
@@ -1389,7 +1430,7 @@ DT_CU_KERNEL(dt_cu_sdpa) {
     const size_t smem = dt_attn_fwd_smem(&g);
     const int rc = dt_attn_allow_smem(dt_attn_fwd_kernel<T>, smem);
     if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
-    const int64_t items = (g.S + DT_ATTN_BQ - 1) / DT_ATTN_BQ * g.B * g.H;
+    const int64_t items = dt_attn_qitems(g, DT_ATTN_BQ);
     DT_CU_LAUNCH(call->op, dt_attn_fwd_kernel<T>, dt_attn_grid(&in[0], items), DT_ATTN_NT, smem,
                  dt_cu_stream(&in[0]), g, (const T*)in[0].data, (const T*)in[1].data,
                  (const T*)in[2].data, (T*)out[0].data, (float*)NULL, (float*)NULL,
@@ -1429,8 +1470,7 @@ static dt_status_t dt_attn_flash_grad(const dt_op_call_t* call, const dt_local_t
           *go = (const T*)in[3].data;
   T *dq = (T*)out[0].data, *dk = (T*)out[1].data, *dv = (T*)out[2].data;
   cudaStream_t st = dt_cu_stream(&in[0]);
-  const int64_t q_items = (g.S + bq - 1) / bq * g.B * g.H;
-  const int64_t k_items = (g.T + bk - 1) / bk * g.B * g.G;
+  const int64_t q_items = dt_attn_qitems(g, bq), k_items = dt_attn_kitems(g, bk);
   rc = dt_simt_launch(kfwd, dt_attn_grid(&in[0], q_items), nt, s_fwd, st, g, q, k, v, (T*)NULL,
                       lse, delta, go);
   if (rc == 0)
