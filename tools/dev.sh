@@ -114,7 +114,7 @@ case "$cmd" in
         -DDTENSOR_SIMT_EMU=OFF
       # Open MPI keeps allocations past exit and dlcloses components; see docs/testing.md.
       export OMPI_MCA_mca_base_component_disable_dlclose=1
-      export ASAN_OPTIONS=fast_unwind_on_malloc=0:detect_leaks=1
+      export ASAN_OPTIONS=detect_leaks=1
       export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
       # The cpu-backend half of the suite: the guarded backend's copies of each test check the
