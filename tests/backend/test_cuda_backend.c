@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "ops/ops.h"
 #include "dt_test.h"
 
 #define DT_TEST_SKIPPED 77
@@ -700,6 +701,56 @@ static void test_run_kernel(dt_backend_t b) {
   dev_free(b, dout, sizeof h);
 }
 
+/* The kernels that take bf16/f16 storage in place (DT_KERNEL_ONE_DTYPE, the GEMMs, attention)
+ * check that their float tensors share one float dtype (dt_cu_one_float): an integer where a
+ * float belongs fails through the runner (which copies only float tensors), a mix of float
+ * dtypes when the kernel is called around the runner; index tensors are not looked at. The
+ * dtype checks come before any data is read, so the tensors hold none. */
+static void test_one_float(dt_backend_t b) {
+  static const struct {
+    int op, n_in, n_out;
+    dt_dtype_t dt[6]; /* inputs then outputs */
+    int direct;       /* call the kernel itself, not through run_kernel */
+    const char* msg;
+  } cases[] = {
+      {DT_OP_SUM, 1, 1, {DT_I32, DT_I32}, 0, "dtype i32 is not supported"},
+      {DT_OP_SUM, 1, 1, {DT_F32, DT_BF16}, 1, "output 0 is bf16, input 0 is f32"},
+      {DT_OP_EMBEDDING_GRAD, 2, 1, {DT_I64, DT_I64, DT_F32}, 0, "dtype i64 is not supported"},
+      {DT_OP_EMBEDDING_GRAD, 2, 1, {DT_BF16, DT_I64, DT_F32}, 1, "output 0 is f32, input 0 is bf16"},
+      {DT_OP_INDEX_ADD, 3, 1, {DT_F32, DT_I64, DT_BF16, DT_F32}, 1, "input 2 is bf16, input 0 is f32"},
+      {DT_OP_RMS_NORM_GRAD, 3, 2, {DT_F32, DT_F32, DT_F32, DT_F32, DT_I32}, 0,
+       "output 1 is i32, input 0 is f32"},
+      {DT_OP_MM, 2, 1, {DT_F16, DT_F16, DT_F32}, 1, "output 0 is f32, input 0 is f16"},
+      {DT_OP_SDPA, 3, 1, {DT_BF16, DT_I32, DT_BF16, DT_BF16}, 0, "input 1 is i32, input 0 is bf16"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    unsigned flags = 0;
+    dt_op_kernel_fn fn = dt__op_kernel(cases[c].op, b, &flags);
+    DT_ASSERT_TRUE(fn != NULL, "case %zu: no kernel", c);
+    dt_local_tensor_t t[6];
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < cases[c].n_in + cases[c].n_out; i++) {
+      t[i].dtype = cases[c].dt[i];
+      t[i].ndim = 2;
+      t[i].shape[0] = t[i].shape[1] = 4;
+      t[i].backend = b;
+    }
+    dt_op_call_t call;
+    memset(&call, 0, sizeof call);
+    call.op = dt__op_table[cases[c].op].name;
+    call.n_inputs = cases[c].n_in;
+    dt_local_tensor_t* out = &t[cases[c].n_in];
+    dt_status_t st = cases[c].direct
+                         ? fn(&call, t, out)
+                         : b->iface->run_kernel(b, fn, flags, &call, t, cases[c].n_in, out,
+                                                cases[c].n_out);
+    DT_ASSERT_STATUS(st, DT_ERR_UNSUPPORTED);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), cases[c].msg) != NULL &&
+                       strstr(dt_last_error(), call.op) != NULL,
+                   "case %zu: %s", c, dt_last_error());
+  }
+}
+
 /* release frees the cache and library handles; live blocks are freed later, and everything
  * works again afterwards. */
 static void test_release(dt_backend_t b, stats_fn fn) {
@@ -760,6 +811,7 @@ static void test_backend(dt_backend_t b, stats_fn fn, int kernel_set) {
   test_events(b);
   test_host_staging(b);
   test_run_kernel(b);
+  test_one_float(b);
   if (fn != NULL) {
     test_allocator(b, fn);
     test_release(b, fn);

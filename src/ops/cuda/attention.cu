@@ -1374,23 +1374,6 @@ static dt_status_t dt_attn_gemm_path(const char* op, const dt_local_tensor_t* in
 /* ---------------------------------------------------------------------------------------------
  * Kernels */
 
-/* The float dtype q, k, v (and dO) and the outputs share (the op's rules require one). */
-static dt_status_t dt_attn_dtype(const dt_op_call_t* call, const dt_local_tensor_t* in, int n_in,
-                                 const dt_local_tensor_t* out, int n_out, dt_dtype_t* dt) {
-  *dt = in[0].dtype;
-  if (*dt != DT_F32 && *dt != DT_BF16 && *dt != DT_F16)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported (float dtypes only)",
-                   call->op, dt_dtype_name(*dt));
-  for (int i = 0; i < n_in + n_out; i++) {
-    const dt_local_tensor_t* t = i < n_in ? &in[i] : &out[i - n_in];
-    if (t->dtype != *dt)
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: %s %d is %s, input 0 is %s", call->op,
-                     i < n_in ? "input" : "output", i < n_in ? i : i - n_in,
-                     dt_dtype_name(t->dtype), dt_dtype_name(*dt));
-  }
-  return DT_SUCCESS;
-}
-
 /* Zeros nbytes at p on t's stream. */
 static dt_status_t dt_attn_zero(const dt_local_tensor_t* t, void* p, size_t nbytes) {
   if (nbytes == 0) return DT_SUCCESS;
@@ -1405,7 +1388,7 @@ static size_t dt_attn_nbytes(const dt_local_tensor_t* t) {
  * q k^T) v, of q's layout with v's feature size. */
 DT_CU_KERNEL(dt_cu_sdpa) {
   dt_dtype_t dt;
-  DT_CHECK(dt_attn_dtype(call, in, 3, out, 1, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 3, 0, out, 1, &dt));
   dt_attn_geom g;
   dt_attn_geom_init(call, in, &g);
   if (g.B * g.H * g.S * g.E == 0) return DT_SUCCESS;
@@ -1486,7 +1469,7 @@ static dt_status_t dt_attn_flash_grad(const dt_op_call_t* call, const dt_local_t
 /* sdpa_grad (q, k, v, dO), sdpa's arguments: (dq, dk, dv). */
 DT_CU_KERNEL(dt_cu_sdpa_grad) {
   dt_dtype_t dt;
-  DT_CHECK(dt_attn_dtype(call, in, 3, out, 3, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 3, 0, out, 3, &dt));
   dt_attn_geom g;
   dt_attn_geom_init(call, in, &g);
   const dt_dtype_t gdt = in[3].dtype;

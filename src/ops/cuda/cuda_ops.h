@@ -121,8 +121,6 @@ static inline dt_status_t dt_cu_float_dispatch(const char* op, dt_dtype_t dt, F&
   }
 }
 
-/* DT_ERR_UNSUPPORTED unless the first n tensors are f32 (kernels registered without
- * DT_KERNEL_ANY_DTYPE see f32 copies of half storage; integers must not reach them). */
 /* DT_ERR_UNSUPPORTED unless t holds floats of any width (the kernels registered for any dtype
  * reject integers as the host kernels, which take f32 only, do). */
 static inline dt_status_t dt_cu_need_float(const dt_op_call_t* call, const dt_local_tensor_t* t) {
@@ -130,6 +128,36 @@ static inline dt_status_t dt_cu_need_float(const dt_op_call_t* call, const dt_lo
   return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported by its CUDA kernel", call->op,
                  dt_dtype_name(t->dtype));
 }
+/* The float dtype that inputs 0..n_in-1 (less those in the bit mask `skip`: index tensors) and
+ * outputs 0..n_out-1 share, in *dt; DT_ERR_UNSUPPORTED for anything else. The kernels that read
+ * bf16/f16 storage in place run their arithmetic in one storage type (the runner gives a call
+ * that mixes float dtypes f32 copies: see dt__run_kernel_converts), so this rejects an integer
+ * where a float belongs, or a call made around the runner. */
+static inline dt_status_t dt_cu_one_float(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                          int n_in, unsigned skip, const dt_local_tensor_t* out,
+                                          int n_out, dt_dtype_t* dt) {
+  int first = -1;
+  *dt = DT_DTYPE_COUNT; /* no tensor to look at: a dtype every kernel refuses */
+  for (int i = 0; i < n_in + n_out; i++) {
+    if (i < n_in && (skip >> i & 1u)) continue;
+    const dt_dtype_t d = i < n_in ? in[i].dtype : out[i - n_in].dtype;
+    if (first < 0) {
+      first = i;
+      *dt = d;
+      if (d != DT_F32 && d != DT_BF16 && d != DT_F16)
+        return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported (float dtypes only)",
+                       call->op, dt_dtype_name(d));
+    } else if (d != *dt) {
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: %s %d is %s, %s %d is %s", call->op,
+                     i < n_in ? "input" : "output", i < n_in ? i : i - n_in, dt_dtype_name(d),
+                     first < n_in ? "input" : "output", first < n_in ? first : first - n_in,
+                     dt_dtype_name(*dt));
+    }
+  }
+  return DT_SUCCESS;
+}
+/* DT_ERR_UNSUPPORTED unless the first n tensors are f32 (kernels registered without
+ * DT_KERNEL_ANY_DTYPE see f32 copies of half storage; integers must not reach them). */
 static inline dt_status_t dt_cu_need_f32(const dt_op_call_t* call, const dt_local_tensor_t* t,
                                          int n) {
   for (int i = 0; i < n; i++)

@@ -635,24 +635,16 @@ static dt_status_t dt_cu_rows_add(const dt_op_call_t* call, const dt_local_tenso
   return DT_SUCCESS;
 }
 
-/* The rows' source and the output in one float dtype (DT_KERNEL_ONE_DTYPE makes it so). */
-static dt_status_t dt_cu_rows_same(const dt_op_call_t* call, const dt_local_tensor_t* src,
-                                   const dt_local_tensor_t* out) {
-  if (src->dtype == out->dtype) return dt_cu_need_float(call, src);
-  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: rows of %s into an output of %s", call->op,
-                 dt_dtype_name(src->dtype), dt_dtype_name(out->dtype));
-}
-
 /* embedding_grad (g (.., D), indices (..)) iargs [V]: the rows of the local vocabulary shard
  * (out rows offset[0] .. + shape[0]) accumulate the g rows of their tokens; other rows are 0. */
 DT_CU_KERNEL(dt_cu_embedding_grad) {
-  DT_CHECK(dt_cu_need_float(call, in));
-  DT_CHECK(dt_cu_rows_same(call, in, out));
+  dt_dtype_t dt;
+  DT_CHECK(dt_cu_one_float(call, in, 2, 1u << 1, out, 1, &dt)); /* g and out; in[1]: indices */
   const dt_local_tensor_t *g = &in[0], *ix = &in[1];
   int64_t V = call->iargs[0], v0 = out->offset[0], vl = out->shape[0], D = out->shape[1];
   dt_cu_index_check check(ix);
   DT_CHECK(check.start(call->op, ix, V));
-  DT_CHECK(dt_cu_float_dispatch(call->op, g->dtype, [&](auto tag) {
+  DT_CHECK(dt_cu_float_dispatch(call->op, dt, [&](auto tag) {
     using T = decltype(tag);
     return dt_cu_rows_add<T>(call, ix, (const T*)g->data, (const T*)NULL, (T*)out->data, vl, D,
                              v0);
@@ -669,15 +661,12 @@ DT_CU_KERNEL(dt_cu_embedding_grad) {
  * for the indices in the local rows. */
 DT_CU_KERNEL(dt_cu_index_add) {
   const dt_local_tensor_t *x = &in[0], *ix = &in[1], *src = &in[2];
-  DT_CHECK(dt_cu_need_float(call, x));
-  DT_CHECK(dt_cu_rows_same(call, src, out));
-  if (x->dtype != out->dtype)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: x is %s, the output %s", call->op,
-                   dt_dtype_name(x->dtype), dt_dtype_name(out->dtype));
+  dt_dtype_t dt;
+  DT_CHECK(dt_cu_one_float(call, in, 3, 1u << 1, out, 1, &dt)); /* x, src, out; in[1]: indices */
   int64_t N = call->in[0].shape[0], x0 = x->offset[0], xl = x->shape[0], D = x->shape[1];
   dt_cu_index_check check(ix);
   DT_CHECK(check.start(call->op, ix, N));
-  DT_CHECK(dt_cu_float_dispatch(call->op, x->dtype, [&](auto tag) {
+  DT_CHECK(dt_cu_float_dispatch(call->op, dt, [&](auto tag) {
     using T = decltype(tag);
     return dt_cu_rows_add<T>(call, ix, (const T*)src->data, (const T*)x->data, (T*)out->data, xl,
                              D, x0);

@@ -34,24 +34,6 @@ static inline void* dt_mm_at(const void* p, int64_t i, size_t item) {
   return (char*)p + (size_t)i * item;
 }
 
-/* The float dtype every operand (the first n inputs and the output) shares; DT_ERR_UNSUPPORTED
- * for anything else, as the host kernels refuse non-f32 data they are given. */
-static dt_status_t dt_mm_dtype(const dt_op_call_t* call, const dt_local_tensor_t* in, int n,
-                               const dt_local_tensor_t* out, dt_dtype_t* dt) {
-  *dt = in[0].dtype;
-  if (*dt != DT_F32 && *dt != DT_BF16 && *dt != DT_F16)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported (float dtypes only)",
-                   call->op, dt_dtype_name(*dt));
-  for (int t = 1; t < n; t++)
-    if (in[t].dtype != *dt)
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: input %d is %s, input 0 is %s", call->op, t,
-                     dt_dtype_name(in[t].dtype), dt_dtype_name(*dt));
-  if (out->dtype != *dt)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: output dtype %s differs from the inputs' %s", call->op,
-                   dt_dtype_name(out->dtype), dt_dtype_name(*dt));
-  return DT_SUCCESS;
-}
-
 /* Grid-stride loop over i in [0, n). */
 #define DT_MM_FOR(i, n)                                                                   \
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);               \
@@ -119,7 +101,7 @@ static dt_status_t dt_mm_gemm(const dt_local_tensor_t* t, dt_dtype_t dt, int ta,
 /* mm: C (m, n) = A (m, k) B (k, n). */
 DT_CU_KERNEL(dt_cu_mm) {
   dt_dtype_t dt;
-  DT_CHECK(dt_mm_dtype(call, in, 2, out, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 2, 0, out, 1, &dt));
   const int64_t m = in[0].shape[0], k = in[0].shape[1], n = in[1].shape[1];
   return dt_mm_gemm(&in[0], dt, 0, 0, m, n, k, 1, 1.0f, in[0].data, k, 0, in[1].data, n,
                     0, 0.0f, out[0].data, n, 0, NULL);
@@ -128,7 +110,7 @@ DT_CU_KERNEL(dt_cu_mm) {
 /* mm_t: C (m, n) = A^T B with A (k, m), B (k, n). */
 DT_CU_KERNEL(dt_cu_mm_t) {
   dt_dtype_t dt;
-  DT_CHECK(dt_mm_dtype(call, in, 2, out, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 2, 0, out, 1, &dt));
   const int64_t k = in[0].shape[0], m = in[0].shape[1], n = in[1].shape[1];
   return dt_mm_gemm(&in[0], dt, 1, 0, m, n, k, 1, 1.0f, in[0].data, m, 0, in[1].data, n,
                     0, 0.0f, out[0].data, n, 0, NULL);
@@ -137,7 +119,7 @@ DT_CU_KERNEL(dt_cu_mm_t) {
 /* bmm: C_b (m, n) = A_b (m, k) B_b (k, n), one strided batched GEMM. */
 DT_CU_KERNEL(dt_cu_bmm) {
   dt_dtype_t dt;
-  DT_CHECK(dt_mm_dtype(call, in, 2, out, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 2, 0, out, 1, &dt));
   const int64_t B = in[0].shape[0], m = in[0].shape[1], k = in[0].shape[2], n = in[1].shape[2];
   return dt_mm_gemm(&in[0], dt, 0, 0, m, n, k, B, 1.0f, in[0].data, k, m * k,
                     in[1].data, n, k * n, 0.0f, out[0].data, n, m * n, NULL);
@@ -168,7 +150,7 @@ DT_CU_SCRATCH(dt_cu_addmm_scratch) {
 
 DT_CU_KERNEL(dt_cu_addmm) {
   dt_dtype_t dt;
-  DT_CHECK(dt_mm_dtype(call, in, 3, out, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 3, 0, out, 1, &dt));
   const double beta = dt__op_farg(DT_OP_ADDMM, call, 0);
   const double alpha = dt__op_farg(DT_OP_ADDMM, call, 1);
   const int64_t M = in[1].shape[0], K = in[1].shape[1], N = in[2].shape[1];
@@ -208,7 +190,7 @@ DT_CU_KERNEL(dt_cu_addmm) {
  * (+ bias), the bias through the GEMM's epilogue. Every dim of x but the last is a row. */
 DT_CU_KERNEL(dt_cu_linear) {
   dt_dtype_t dt;
-  DT_CHECK(dt_mm_dtype(call, in, call->n_inputs, out, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, call->n_inputs, 0, out, 1, &dt));
   const dt_local_tensor_t* x = &in[0];
   const int64_t K = x->ndim > 0 ? x->shape[x->ndim - 1] : 1, O = in[1].shape[0];
   int64_t N = 1;
@@ -282,7 +264,7 @@ static dt_status_t dt_mm_zero(const dt_local_tensor_t* t, void* p, size_t nbytes
  * slices of its dims). Rows of experts this rank does not hold (experts sharded) are zeros. */
 DT_CU_KERNEL(dt_cu_grouped_mm) {
   dt_dtype_t dt;
-  DT_CHECK(dt_mm_dtype(call, in, 2, out, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 2, 0, out, 1, &dt));
   int trans;
   DT_CHECK(dt__grouped_mm_args(call, &trans));
   const dt_local_tensor_t *x = &in[0], *w = &in[1];
@@ -311,7 +293,7 @@ DT_CU_KERNEL(dt_cu_grouped_mm) {
  * of each local expert; zeros for an expert without local rows. */
 DT_CU_KERNEL(dt_cu_grouped_mm_wgrad) {
   dt_dtype_t dt;
-  DT_CHECK(dt_mm_dtype(call, in, 2, out, &dt));
+  DT_CHECK(dt_cu_one_float(call, in, 2, 0, out, 1, &dt));
   const dt_local_tensor_t *a = &in[0], *b = &in[1];
   const size_t item = dt__itemsize(dt);
   int64_t* off;

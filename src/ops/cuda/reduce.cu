@@ -237,10 +237,8 @@ done:
 /* kind: 0 sum, 1 mean, 2 amax, 3 amin (the host's numbering). */
 static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out, int kind) {
-  DT_CHECK(dt_cu_need_float(call, in));
-  if (out->dtype != in->dtype)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: output dtype %s differs from the input's %s",
-                   call->op, dt_dtype_name(out->dtype), dt_dtype_name(in->dtype));
+  dt_dtype_t dt;
+  DT_CHECK(dt_cu_one_float(call, in, 1, 0, out, 1, &dt));
   unsigned mask;
   int keep;
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
@@ -277,7 +275,7 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output has %lld elements, expected %lld", call->op,
                    (long long)dt_cu_numel(out), (long long)n_out);
   const float div = kind == 1 && count > 0 ? (float)count : 0.0f;
-  return dt_cu_float_dispatch(call->op, in->dtype, [&](auto tag) -> dt_status_t {
+  return dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
     switch (kind) {
       case 0:
@@ -616,18 +614,11 @@ done:
   return st;
 }
 
-/* Every tensor in one float dtype (DT_KERNEL_ONE_DTYPE: a mix comes as f32 copies). */
 template <bool LAYER>
 static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                    dt_local_tensor_t* out) {
-  DT_CHECK(dt_cu_need_float(call, &in[1]));
-  for (int t = 0; t < 5; t++) {
-    const dt_local_tensor_t* v = t < 3 ? &in[t] : &out[t - 3];
-    if (v->dtype != in[1].dtype)
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: %s %d is %s, x is %s", call->op,
-                     t < 3 ? "input" : "output", t < 3 ? t : t - 3, dt_dtype_name(v->dtype),
-                     dt_dtype_name(in[1].dtype));
-  }
+  dt_dtype_t dt;
+  DT_CHECK(dt_cu_one_float(call, in, 3, 0, out, 2, &dt));
   const dt_local_tensor_t* x = &in[1];
   if (x->ndim < 1 || in[0].ndim != x->ndim || dt_cu_numel(&in[0]) != dt_cu_numel(x) ||
       in[2].ndim != 1 || in[2].shape[0] != x->shape[x->ndim - 1])
@@ -635,7 +626,7 @@ static dt_status_t dt_cu_norm_grad(const dt_op_call_t* call, const dt_local_tens
                    call->op);
   const int64_t D = x->shape[x->ndim - 1], rows = D ? dt_cu_numel(x) / D : 0;
   if (D == 0) return DT_SUCCESS;
-  return dt_cu_float_dispatch(call->op, x->dtype, [&](auto tag) {
+  return dt_cu_float_dispatch(call->op, dt, [&](auto tag) {
     return dt_cu_norm_grad_run<decltype(tag), LAYER>(call, in, out, rows, D);
   });
 }
