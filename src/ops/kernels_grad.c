@@ -13,8 +13,8 @@ static dt_status_t dt__f32(const dt_op_call_t* call, const dt_local_tensor_t* t,
 }
 
 /* g * f'(x); x and g share the local shape (broadcasting is not needed by the backward rules). */
-dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                dt_local_tensor_t* out) {
+DT_SIMD dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                        dt_local_tensor_t* out) {
   DT_CHECK(dt__f32(call, in, 2));
   int64_t n = dt__local_numel(out);
   if (dt__local_numel(&in[0]) != n || dt__local_numel(&in[1]) != n)
@@ -50,8 +50,8 @@ dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local_tensor_
 }
 
 /* Norm over the last dim (whole here): gx and this rank's rows' contribution to gw. */
-static dt_status_t dt__norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                 dt_local_tensor_t* out, int layer) {
+DT_SIMD static dt_status_t dt__norm_grad(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                         dt_local_tensor_t* out, int layer) {
   DT_CHECK(dt__f32(call, in, 3));
   const double eps = dt__op_farg(layer ? DT_OP_LAYER_NORM_GRAD : DT_OP_RMS_NORM_GRAD, call, 0);
   const dt_local_tensor_t* x = &in[1];

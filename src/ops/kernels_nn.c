@@ -153,7 +153,7 @@ dt_status_t dt__kernel_masked_fill(const dt_op_call_t* call, const dt_local_tens
 /* ---------------------------------------------------------------------------------------------
  * scaled dot-product attention on the local (batch, heads, queries); keys and values whole */
 
-void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal) {
+DT_SIMD void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal) {
   for (int64_t i = 0; i < S; i++) {
     float* row = p + i * T;
     int64_t last = causal ? q0 + i : T - 1; /* keys 0..last are visible */
@@ -242,7 +242,7 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
 /* ---------------------------------------------------------------------------------------------
  * rotary embedding (interleaved pairs), positions from the global index along seq_dim */
 
-dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t* in,
+DT_SIMD dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, &in[0]));
   const dt_local_tensor_t* x = &in[0];

@@ -10,7 +10,7 @@
  *   p -= lr (wd p + (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps))
  * f32 moments: the update in f32 (it vectorizes); bf16 moments: in double, the moments rounded
  * to bf16 once per step. */
-dt_status_t dt__kernel_adamw(const dt_op_call_t* call, const dt_local_tensor_t* in,
+DT_SIMD dt_status_t dt__kernel_adamw(const dt_op_call_t* call, const dt_local_tensor_t* in,
                              dt_local_tensor_t* out) {
   (void)out;
   const double lr = dt__op_farg(DT_OP_ADAMW, call, 0), b1 = dt__op_farg(DT_OP_ADAMW, call, 1),
@@ -49,7 +49,7 @@ dt_status_t dt__kernel_adamw(const dt_op_call_t* call, const dt_local_tensor_t* 
 }
 
 /* x *= alpha in place (f32 exactly as x * (float)alpha; bf16/f16 through f32). */
-dt_status_t dt__kernel_scale_(const dt_op_call_t* call, const dt_local_tensor_t* in,
+DT_SIMD dt_status_t dt__kernel_scale_(const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_local_tensor_t* out) {
   (void)out;
   const int64_t n = dt__local_numel(&in[0]);
@@ -65,7 +65,7 @@ dt_status_t dt__kernel_scale_(const dt_op_call_t* call, const dt_local_tensor_t*
 }
 
 /* out (0-d f32) = sum of x^2 over the local elements, accumulated in double. */
-dt_status_t dt__kernel_sumsq(const dt_op_call_t* call, const dt_local_tensor_t* in,
+DT_SIMD dt_status_t dt__kernel_sumsq(const dt_op_call_t* call, const dt_local_tensor_t* in,
                              dt_local_tensor_t* out) {
   (void)call;
   const int64_t n = dt__local_numel(&in[0]);
