@@ -147,6 +147,7 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa_grad: scores");
   dt_status_t st = DT_SUCCESS;
   float* dp = p + S * T;
+  const int64_t rb = causal ? DT_ATTN_ROW_BLOCK : S; /* query rows per block */
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t gi = h / rep;
@@ -155,34 +156,40 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
       const float *qh = (const float*)q->data + oq, *kh = (const float*)k->data + ok,
                   *vh = (const float*)v->data + ov, *gh = (const float*)g->data + og;
       float *dqh = dq + oq, *dkh = dk + ok, *dvh = dv + ov;
-      if (D > 0) {
-        if (st == DT_SUCCESS)
-          st = dt__gemm(bk, 0, 1, S, T, D, (float)scale, qh, lq, kh, lk, 0.0f, p, T);
-      } else {
-        memset(p, 0, sizeof(float) * (size_t)(S * T));
-      }
-      dt__attn_softmax_rows(p, S, T, q0, causal);
-      if (E > 0) {
-        /* dv += P^T g ; dP = g v^T */
-        if (st == DT_SUCCESS)
-          st = dt__gemm(bk, 1, 0, T, E, S, 1.0f, p, T, gh, lg, 1.0f, dvh, lv);
-        if (st == DT_SUCCESS)
-          st = dt__gemm(bk, 0, 1, S, T, E, 1.0f, gh, lg, vh, lv, 0.0f, dp, T);
-      } else {
-        memset(dp, 0, sizeof(float) * (size_t)(S * T));
-      }
-      for (int64_t i = 0; i < S; i++) {
-        float *pr = p + i * T, *dr = dp + i * T;
-        int64_t vis = causal ? q0 + i + 1 : T; /* P is 0 past the visible keys */
-        if (vis > T) vis = T;
-        float dot = (float)dt__dot_d(pr, dr, vis);
-        for (int64_t j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - dot);
-      }
-      if (D > 0) {
-        if (st == DT_SUCCESS)
-          st = dt__gemm(bk, 0, 0, S, D, T, (float)scale, dp, T, kh, lk, 0.0f, dqh, lq);
-        if (st == DT_SUCCESS)
-          st = dt__gemm(bk, 1, 0, T, D, S, (float)scale, dp, T, qh, lq, 1.0f, dkh, lk);
+      /* causal: blocks of query rows over the keys they see (dk, dv accumulate block by block) */
+      for (int64_t i0 = 0; i0 < S && st == DT_SUCCESS; i0 += rb) {
+        const int64_t rn = S - i0 < rb ? S - i0 : rb, kn = dt__attn_keys_seen(causal, q0, i0, rn, T);
+        float *pb = p + i0 * T, *dpb = dp + i0 * T; /* rn rows of kn, T apart */
+        const float *qb = qh + i0 * lq, *gb = gh + i0 * lg;
+        if (D > 0) {
+          st = dt__gemm(bk, 0, 1, rn, kn, D, (float)scale, qb, lq, kh, lk, 0.0f, pb, T);
+        } else {
+          for (int64_t i = 0; i < rn; i++) memset(pb + i * T, 0, sizeof(float) * (size_t)kn);
+        }
+        dt__attn_softmax_rows(pb, rn, kn, T, q0 + i0, causal);
+        if (E > 0) {
+          /* dv += P^T g ; dP = g v^T */
+          if (st == DT_SUCCESS)
+            st = dt__gemm(bk, 1, 0, kn, E, rn, 1.0f, pb, T, gb, lg, 1.0f, dvh, lv);
+          if (st == DT_SUCCESS)
+            st = dt__gemm(bk, 0, 1, rn, kn, E, 1.0f, gb, lg, vh, lv, 0.0f, dpb, T);
+        } else {
+          for (int64_t i = 0; i < rn; i++) memset(dpb + i * T, 0, sizeof(float) * (size_t)kn);
+        }
+        for (int64_t i = 0; i < rn; i++) {
+          float *pr = pb + i * T, *dr = dpb + i * T;
+          int64_t vis = causal ? q0 + i0 + i + 1 : kn; /* P is 0 past the visible keys */
+          if (vis > kn) vis = kn;
+          float dot = (float)dt__dot_d(pr, dr, vis);
+          for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * (dr[j] - dot);
+        }
+        if (D > 0) {
+          if (st == DT_SUCCESS)
+            st = dt__gemm(bk, 0, 0, rn, D, kn, (float)scale, dpb, T, kh, lk, 0.0f, dqh + i0 * lq,
+                          lq);
+          if (st == DT_SUCCESS)
+            st = dt__gemm(bk, 1, 0, kn, D, rn, (float)scale, dpb, T, qb, lq, 1.0f, dkh, lk);
+        }
       }
     }
   dt__backend_free(bk, p, pn);

@@ -153,9 +153,10 @@ dt_status_t dt__kernel_masked_fill(const dt_op_call_t* call, const dt_local_tens
 /* ---------------------------------------------------------------------------------------------
  * scaled dot-product attention on the local (batch, heads, queries); keys and values whole */
 
-DT_SIMD void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal) {
+DT_SIMD void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t ld, int64_t q0,
+                                   int causal) {
   for (int64_t i = 0; i < S; i++) {
-    float* row = p + i * T;
+    float* row = p + i * ld;
     int64_t last = causal ? q0 + i : T - 1; /* keys 0..last are visible */
     if (last > T - 1) last = T - 1;
     float mx = dt__max_f(row, last + 1, -INFINITY);
@@ -217,6 +218,7 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
   if (p != NULL) dt__mem_count(DT_MEM_OTHER, (int64_t)pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa: %lld score floats", (long long)(S * T));
   dt_status_t st = DT_SUCCESS;
+  const int64_t rb = causal ? DT_ATTN_ROW_BLOCK : S; /* query rows per block */
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t g = h / rep;
@@ -224,15 +226,18 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
       const float* kh = (const float*)k->data + dt__attn_base(layout, b, g, G, T, D);
       const float* vh = (const float*)v->data + dt__attn_base(layout, b, g, G, T, E);
       float* oh = o + dt__attn_base(layout, b, h, H, S, E);
-      if (D > 0) {
-        if (st == DT_SUCCESS)
-          st = dt__gemm(bk, 0, 1, S, T, D, (float)scale, qh, lq, kh, lk, 0.0f, p, T);
-      } else {
-        memset(p, 0, sizeof(float) * (size_t)(S * T));
+      for (int64_t i0 = 0; i0 < S && st == DT_SUCCESS; i0 += rb) {
+        const int64_t rn = S - i0 < rb ? S - i0 : rb, kn = dt__attn_keys_seen(causal, q0, i0, rn, T);
+        float* pb = p + i0 * T; /* the block's scores: rn rows of kn, T apart */
+        if (D > 0) {
+          st = dt__gemm(bk, 0, 1, rn, kn, D, (float)scale, qh + i0 * lq, lq, kh, lk, 0.0f, pb, T);
+        } else {
+          for (int64_t i = 0; i < rn; i++) memset(pb + i * T, 0, sizeof(float) * (size_t)kn);
+        }
+        dt__attn_softmax_rows(pb, rn, kn, T, q0 + i0, causal);
+        if (E > 0 && st == DT_SUCCESS)
+          st = dt__gemm(bk, 0, 0, rn, E, kn, 1.0f, pb, T, vh, lv, 0.0f, oh + i0 * lo, lo);
       }
-      dt__attn_softmax_rows(p, S, T, q0, causal);
-      if (E > 0 && st == DT_SUCCESS)
-        st = dt__gemm(bk, 0, 0, S, E, T, 1.0f, p, T, vh, lv, 0.0f, oh, lo);
     }
   dt__backend_free(bk, p, pn);
   dt__mem_count(DT_MEM_OTHER, -(int64_t)pn);

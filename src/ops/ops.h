@@ -325,9 +325,19 @@ dt_status_t dt__cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
 void dt__tensor_local_view(dt_tensor_t x, dt_local_tensor_t* v);
 
 /* ---- helpers shared by kernels ---------------------------------------------------------------- */
-/* Row-wise softmax of attention scores p (S, T) in place; with `causal`, query row i (global
- * position q0 + i) sees keys 0 .. q0 + i and the rest become 0. Shared by sdpa and sdpa_grad. */
-void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t q0, int causal);
+/* Row-wise softmax of attention scores in place: S rows of T scores, rows ld floats apart; with
+ * `causal`, query row i (global position q0 + i) sees keys 0 .. q0 + i and the rest of its T
+ * become 0. Shared by sdpa and sdpa_grad. */
+void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t ld, int64_t q0, int causal);
+/* Causal attention runs in blocks of this many query rows, each over the keys its last row sees
+ * (0 .. q0 + last row): the masked upper triangle is neither scored nor multiplied. */
+#define DT_ATTN_ROW_BLOCK 64
+/* Keys that rows i0 .. i0 + rn - 1 of a query shard starting at q0 see among T (all T unless
+ * causal). */
+static inline int64_t dt__attn_keys_seen(int causal, int64_t q0, int64_t i0, int64_t rn, int64_t T) {
+  const int64_t n = causal ? q0 + i0 + rn : T;
+  return n < T ? n : T;
+}
 /* Attention operand geometry for layout 0 (B, H, S, D) or 1 (B, S, H, D): heads, sequence length,
  * feature size; and the offset of the (b, h) matrix (its row stride is feat, or heads * feat). */
 void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
