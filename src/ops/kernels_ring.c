@@ -45,19 +45,16 @@ size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C) {
 
 /* ---- the row-wise steps on host memory (dt__ring_rows_t; ring.cu has the CUDA ones) ---------- */
 
-static dt_status_t dt__rr_softmax(dt_backend_t b, float* p, int64_t C, int diag, float* mb,
-                                  float* lb) {
+/* The loops as the dense attention's (dt__max_f, dt__expf, dt__sum_d; DT_SIMD clones). */
+DT_SIMD static dt_status_t dt__rr_softmax(dt_backend_t b, float* p, int64_t C, int diag,
+                                          float* mb, float* lb) {
   (void)b;
   for (int64_t i = 0; i < C; i++) { /* the block's softmax numerators, row max and sum */
     float* row = p + i * C;
     const int64_t vis = diag ? i + 1 : C; /* the diagonal block: keys 0..i of the chunk */
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < vis; j++) mx = row[j] > mx ? row[j] : mx;
-    double sum = 0.0;
-    for (int64_t j = 0; j < vis; j++) {
-      row[j] = expf(row[j] - mx);
-      sum += row[j];
-    }
+    const float mx = dt__max_f(row, vis, -INFINITY);
+    for (int64_t j = 0; j < vis; j++) row[j] = dt__expf(row[j] - mx);
+    const double sum = dt__sum_d(row, vis);
     for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
     mb[i] = mx;
     lb[i] = (float)sum;
@@ -65,8 +62,9 @@ static dt_status_t dt__rr_softmax(dt_backend_t b, float* p, int64_t C, int diag,
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__rr_merge(dt_backend_t b, float* o, int64_t lo, const float* t, int64_t E,
-                                int64_t C, float* m, float* l, const float* mb, const float* lb) {
+DT_SIMD static dt_status_t dt__rr_merge(dt_backend_t b, float* o, int64_t lo, const float* t,
+                                        int64_t E, int64_t C, float* m, float* l, const float* mb,
+                                        const float* lb) {
   (void)b;
   for (int64_t i = 0; i < C; i++) { /* merge into the running (o, m, l) of the row */
     const float mo = m[i], mn = mo > mb[i] ? mo : mb[i];
@@ -106,28 +104,30 @@ static dt_status_t dt__rr_rowdot(dt_backend_t b, const dt__ring_geom_t* g, const
       dt__ring_slab(g, bb, h, &s);
       for (int64_t i = 0; i < g->S; i++) {
         const float *x = o + s.o + i * s.lo, *y = go + s.o + i * s.lo;
-        double acc = 0.0;
-        for (int64_t e = 0; e < g->E; e++) acc += (double)x[e] * y[e];
-        d[(bb * g->H + h) * g->S + i] = (float)acc;
+        d[(bb * g->H + h) * g->S + i] = (float)dt__dot_d(x, y, g->E);
       }
     }
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__rr_probs(dt_backend_t b, float* p, int64_t C, int diag, const float* lse) {
+DT_SIMD static dt_status_t dt__rr_probs(dt_backend_t b, float* p, int64_t C, int diag,
+                                        const float* lse) {
   (void)b;
   for (int64_t i = 0; i < C; i++) {
     float* row = p + i * C;
     const int64_t vis = diag ? i + 1 : C;
     const float ls = lse[i];
-    for (int64_t j = 0; j < vis; j++) row[j] = ls == -INFINITY ? 0.0f : expf(row[j] - ls);
+    if (ls == -INFINITY) /* no visible key in the whole sequence: P is 0 */
+      for (int64_t j = 0; j < vis; j++) row[j] = 0.0f;
+    else
+      for (int64_t j = 0; j < vis; j++) row[j] = dt__expf(row[j] - ls);
     for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
   }
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__rr_dscore(dt_backend_t b, float* dp, const float* p, int64_t C,
-                                 const float* dd) {
+DT_SIMD static dt_status_t dt__rr_dscore(dt_backend_t b, float* dp, const float* p, int64_t C,
+                                         const float* dd) {
   (void)b;
   for (int64_t i = 0; i < C; i++) {
     const float di = dd[i];
