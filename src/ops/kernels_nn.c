@@ -247,7 +247,7 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
 /* ---------------------------------------------------------------------------------------------
  * rotary embedding (interleaved pairs), positions from the global index along seq_dim */
 
-DT_SIMD dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t* in,
+dt_status_t dt__kernel_rotary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, &in[0]));
   const dt_local_tensor_t* x = &in[0];

@@ -58,8 +58,12 @@ dt_status_t dt__opa(int id, int n_in, const dt_tensor_t* in, int n_iargs, const 
  * function multiversioning, a glibc ifunc): the library itself is built for baseline x86-64
  * (SSE2). Every clone computes the same values bit for bit: ISO C mode contracts no a * b + c
  * into an FMA (-ffp-contract=off) and nothing is reassociated, so only the vector width differs.
- * Put on a function holding the loops (its static callees are inlined into each clone). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+ * Put on a function holding the loops (its static callees are inlined into each clone); not on
+ * one whose products pair into a * b +- c * d, which GCC's vectorizer fuses into AVX-512's
+ * vfmaddsub even with -ffp-contract=off (rotary: found by review, 1 ulp apart).
+ * tools/check_simd.sh (a ctest) fails the build's tests if a clone holds a fused multiply-add.
+ * glibc only: the loader's ifunc picks the clone (musl has none). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 #define DT_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define DT_SIMD
