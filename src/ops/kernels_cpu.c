@@ -158,7 +158,7 @@ static float dt__f_silu(float x) { return x / (1.0f + dt__expf(-x)); }
 static float dt__f_tanh(float x) { return tanhf(x); }
 
 static inline dt_status_t dt__unary(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                             dt_local_tensor_t* out, dt__unop_t f) {
+                                    dt_local_tensor_t* out, dt__unop_t f) {
   DT_CHECK(dt__need_f32(call, in, 1));
   int64_t n = 1;
   for (int d = 0; d < out->ndim; d++) n *= out->shape[d];
@@ -169,8 +169,8 @@ static inline dt_status_t dt__unary(const dt_op_call_t* call, const dt_local_ten
 }
 
 #define DT__UNARY_KERNEL(name, f)                                                       \
-  DT_SIMD dt_status_t name(const dt_op_call_t* call, const dt_local_tensor_t* in,               \
-                   dt_local_tensor_t* out) {                                            \
+  DT_SIMD dt_status_t name(const dt_op_call_t* call, const dt_local_tensor_t* in,       \
+                           dt_local_tensor_t* out) {                                    \
     return dt__unary(call, in, out, f);                                                 \
   }
 DT__UNARY_KERNEL(dt__kernel_neg, dt__f_neg)

@@ -161,12 +161,7 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
         const int64_t rn = S - i0 < rb ? S - i0 : rb, kn = dt__attn_keys_seen(causal, q0, i0, rn, T);
         float *pb = p + i0 * T, *dpb = dp + i0 * T; /* rn rows of kn, T apart */
         const float *qb = qh + i0 * lq, *gb = gh + i0 * lg;
-        if (D > 0) {
-          st = dt__gemm(bk, 0, 1, rn, kn, D, (float)scale, qb, lq, kh, lk, 0.0f, pb, T);
-        } else {
-          for (int64_t i = 0; i < rn; i++) memset(pb + i * T, 0, sizeof(float) * (size_t)kn);
-        }
-        dt__attn_softmax_rows(pb, rn, kn, T, q0 + i0, causal);
+        st = dt__attn_block_probs(bk, qb, lq, kh, lk, rn, kn, D, scale, pb, T, q0 + i0, causal);
         if (E > 0) {
           /* dv += P^T g ; dP = g v^T */
           if (st == DT_SUCCESS)

@@ -153,8 +153,8 @@ dt_status_t dt__kernel_masked_fill(const dt_op_call_t* call, const dt_local_tens
 /* ---------------------------------------------------------------------------------------------
  * scaled dot-product attention on the local (batch, heads, queries); keys and values whole */
 
-DT_SIMD void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t ld, int64_t q0,
-                                   int causal) {
+DT_SIMD static void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t ld,
+                                          int64_t q0, int causal) {
   for (int64_t i = 0; i < S; i++) {
     float* row = p + i * ld;
     int64_t last = causal ? q0 + i : T - 1; /* keys 0..last are visible */
@@ -166,6 +166,17 @@ DT_SIMD void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t ld, i
     for (int64_t j = 0; j <= last; j++) row[j] *= inv;
     for (int64_t j = last + 1; j < T; j++) row[j] = 0.0f;
   }
+}
+
+dt_status_t dt__attn_block_probs(dt_backend_t bk, const float* q, int lq, const float* k, int lk,
+                                 int64_t rn, int64_t kn, int64_t D, double scale, float* p,
+                                 int64_t ld, int64_t q0, int causal) {
+  if (D > 0)
+    DT_CHECK(dt__gemm(bk, 0, 1, rn, kn, D, (float)scale, q, lq, k, lk, 0.0f, p, ld));
+  else
+    for (int64_t i = 0; i < rn; i++) memset(p + i * ld, 0, sizeof(float) * (size_t)kn);
+  dt__attn_softmax_rows(p, rn, kn, ld, q0, causal);
+  return DT_SUCCESS;
 }
 
 /* Geometry of one attention operand on this rank: heads, sequence, feature size, and where the
@@ -228,13 +239,9 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
       float* oh = o + dt__attn_base(layout, b, h, H, S, E);
       for (int64_t i0 = 0; i0 < S && st == DT_SUCCESS; i0 += rb) {
         const int64_t rn = S - i0 < rb ? S - i0 : rb, kn = dt__attn_keys_seen(causal, q0, i0, rn, T);
-        float* pb = p + i0 * T; /* the block's scores: rn rows of kn, T apart */
-        if (D > 0) {
-          st = dt__gemm(bk, 0, 1, rn, kn, D, (float)scale, qh + i0 * lq, lq, kh, lk, 0.0f, pb, T);
-        } else {
-          for (int64_t i = 0; i < rn; i++) memset(pb + i * T, 0, sizeof(float) * (size_t)kn);
-        }
-        dt__attn_softmax_rows(pb, rn, kn, T, q0 + i0, causal);
+        float* pb = p + i0 * T; /* the block's probabilities: rn rows of kn, T apart */
+        st = dt__attn_block_probs(bk, qh + i0 * lq, lq, kh, lk, rn, kn, D, scale, pb, T, q0 + i0,
+                                  causal);
         if (E > 0 && st == DT_SUCCESS)
           st = dt__gemm(bk, 0, 0, rn, E, kn, 1.0f, pb, T, vh, lv, 0.0f, oh + i0 * lo, lo);
       }

@@ -329,10 +329,13 @@ dt_status_t dt__cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
 void dt__tensor_local_view(dt_tensor_t x, dt_local_tensor_t* v);
 
 /* ---- helpers shared by kernels ---------------------------------------------------------------- */
-/* Row-wise softmax of attention scores in place: S rows of T scores, rows ld floats apart; with
- * `causal`, query row i (global position q0 + i) sees keys 0 .. q0 + i and the rest of its T
- * become 0. Shared by sdpa and sdpa_grad. */
-void dt__attn_softmax_rows(float* p, int64_t S, int64_t T, int64_t ld, int64_t q0, int causal);
+/* Attention probabilities of rn query rows (global positions q0 ..) over kn keys, in p (rows ld
+ * floats apart): softmax(scale q k^T) row by row, with `causal` row i sees keys 0 .. q0 + i and
+ * the rest of its kn are 0; q rows lq apart, k rows lk apart, D features (0: uniform rows).
+ * Shared by sdpa and sdpa_grad. */
+dt_status_t dt__attn_block_probs(dt_backend_t bk, const float* q, int lq, const float* k, int lk,
+                                 int64_t rn, int64_t kn, int64_t D, double scale, float* p,
+                                 int64_t ld, int64_t q0, int causal);
 /* Causal attention runs in blocks of this many query rows, each over the keys its last row sees
  * (0 .. q0 + last row): the masked upper triangle is neither scored nor multiplied. */
 #define DT_ATTN_ROW_BLOCK 64
