@@ -2,6 +2,7 @@
  *
  *   build/bench/bench_gpu [--quick]          (one rank: mpirun -np 1, or no mpirun)
  *   build/bench/bench_gpu --attention        (only 4. below)
+ *   build/bench/bench_gpu --ring             (only 5. below)
  *
  * 1. dt_mm in bf16 (f32 accumulation) on n x n x n for n = 4096 and 8192 against the same
  *    cuBLASLt matmul made directly (same operand layout, compute type, workspace size and the
@@ -22,6 +23,14 @@
  *    process: gpu_check.sh runs it once per path; bench/sdpa_torch_gpu.py times PyTorch's SDPA
  *    on the same shapes). Last line: attention path=<auto|gemm|flash> fwd_ms_125M=
  *    bwd_ms_125M= fwd_ms_1B= bwd_ms_1B=
+ * 5. (--ring) ring attention's blocks in device memory: one rank, a cp dim of 1 (the ring is the
+ *    rank's own shard: the load-balanced causal layout's two diagonal blocks and one full block),
+ *    f32, layout (B, S, H, D), a training step of the op (forward, sum, backward through the
+ *    tape), ms per step (median of 5 rounds of 5), at B 1, S 8192, 16 heads of 64 (long context)
+ *    and B 8, S 1024, 14 heads of 64 (the 125M model's shape), on the block path that
+ *    DTENSOR_SDPA_PATH chose (flash: the fused kernels, one forward and two backward launches per
+ *    block; auto, gemm: products and row steps per (batch, head)). gpu_check.sh alternates
+ *    processes of the two. Last line: ring path= ms_8k= ms_1k=
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <cublasLt.h>
@@ -171,13 +180,73 @@ static int attention_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
   return 0;
 }
 
+/* Median over 5 rounds of the ms of one ring_attention step (forward, sum, backward) on q, k, v
+ * (leaves of a cp mesh of one rank). */
+static double ring_ms(dt_backend_t be, dt_var_t vq, dt_var_t vk, dt_var_t vv) {
+  const int64_t ia[5] = {0, 1, 1, 1, 1}; /* cp dim, causal, layout, balanced, the ring */
+  dt_tape_t tape;
+  CHECK(dt_tape_create(&tape));
+  double ms[5];
+  for (int round = -1; round < 5; round++) { /* round -1: warm-up */
+    CHECK(dt_backend_synchronize(be));
+    const double t0 = now_us();
+    const int iters = round < 0 ? 1 : 5;
+    for (int i = 0; i < iters; i++) {
+      const dt_var_t in[3] = {vq, vk, vv};
+      dt_var_t o, loss;
+      CHECK(dt_ag_op(tape, "ring_attention", 3, in, 5, ia, 0, NULL, 1, &o));
+      CHECK(dt_ag_op(tape, "sum", 1, &o, 0, NULL, 0, NULL, 1, &loss));
+      CHECK(dt_tape_backward(tape, loss));
+      CHECK(dt_tape_reset(tape));
+    }
+    CHECK(dt_backend_synchronize(be));
+    if (round >= 0) ms[round] = (now_us() - t0) / 1e3 / iters;
+  }
+  CHECK(dt_tape_destroy(tape));
+  qsort(ms, 5, sizeof ms[0], cmp_double);
+  return ms[2];
+}
+
+static int ring_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
+  struct {
+    const char* name;
+    int64_t B, S, H, D;
+  } shapes[2] = {{"8k", 1, 8192, 16, 64}, {"1k", 8, 1024, 14, 64}};
+  for (int i = 0; small && i < 2; i++) shapes[i].B = 1, shapes[i].S = 96; /* the emulator */
+  const char* path = getenv("DTENSOR_SDPA_PATH");
+  double ms[2];
+  dt_placement_t sh[1] = {dt_shard(1)};
+  for (int i = 0; i < 2; i++) {
+    const int64_t shape[4] = {shapes[i].B, shapes[i].S, shapes[i].H, shapes[i].D};
+    dt_var_t v[3];
+    for (int k = 0; k < 3; k++) {
+      dt_tensor_t t;
+      CHECK(dt_tensor_randn(mesh, DT_F32, 4, shape, sh, 20 + k, &t));
+      CHECK(dt_var_leaf(t, 1, &v[k]));
+    }
+    ms[i] = ring_ms(be, v[0], v[1], v[2]);
+    /* causal: half the S x S pairs (the diagonal blocks' masked halves computed too); forward 2
+     * products, backward 5 (scores again, dP, dV, dQ, dK) */
+    const double pairs = 0.5 * shapes[i].B * shapes[i].H * (double)shapes[i].S * shapes[i].S;
+    printf("ring %s (B %lld, S %lld, %lld heads of %lld, causal, f32): step %.3f ms "
+           "(%.1f TFLOP/s of 7 products)\n", shapes[i].name, (long long)shapes[i].B,
+           (long long)shapes[i].S, (long long)shapes[i].H, (long long)shapes[i].D, ms[i],
+           14.0 * pairs * shapes[i].D / (ms[i] * 1e9));
+    for (int k = 0; k < 3; k++) CHECK(dt_var_destroy(v[k]));
+  }
+  printf("ring path=%s ms_8k=%.3f ms_1k=%.3f\n", path && *path ? path : "auto", ms[0], ms[1]);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
   int attention = argc > 1 && strcmp(argv[1], "--attention") == 0;
+  int ring = argc > 1 && strcmp(argv[1], "--ring") == 0;
   CHECK(dt_init(&argc, &argv));
-  /* (--attention runs on another device backend too: BENCH_GPU_BACKEND=cuda-emu checks the
-   * benchmark itself on a machine without a GPU; the times mean nothing there) */
-  const char* bname = attention && getenv("BENCH_GPU_BACKEND") ? getenv("BENCH_GPU_BACKEND") : "cuda";
+  /* (--attention and --ring run on another device backend too: BENCH_GPU_BACKEND=cuda-emu
+   * checks the benchmark itself on a machine without a GPU; the times mean nothing there) */
+  const char* bname =
+      (attention || ring) && getenv("BENCH_GPU_BACKEND") ? getenv("BENCH_GPU_BACKEND") : "cuda";
   dt_backend_t be;
   if (dt_backend_get(bname, &be) != DT_SUCCESS) {
     printf("bench_gpu: skipped: %s\n", dt_last_error());
@@ -188,8 +257,9 @@ int main(int argc, char** argv) {
   dt_mesh_t mesh;
   CHECK(dt_mesh_create(1, &one, NULL, NULL, &mesh)); /* this rank alone */
   CHECK(dt_mesh_set_backend(mesh, be));
-  if (attention && strcmp(bname, "cuda") != 0) {
-    attention_bench(mesh, be, 1);
+  if ((attention || ring) && strcmp(bname, "cuda") != 0) {
+    if (attention) attention_bench(mesh, be, 1);
+    if (ring) ring_bench(mesh, be, 1);
     CHECK(dt_mesh_destroy(mesh));
     CHECK(dt_finalize());
     return 0;
@@ -202,8 +272,9 @@ int main(int argc, char** argv) {
   printf("# bench_gpu: %s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d\n", prop.name, prop.major,
          prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, drv / 1000,
          (drv % 1000) / 10);
-  if (attention) {
-    attention_bench(mesh, be, 0);
+  if (attention || ring) {
+    if (attention) attention_bench(mesh, be, 0);
+    if (ring) ring_bench(mesh, be, 0);
     CHECK(dt_mesh_destroy(mesh));
     CHECK(dt_finalize());
     return 0;

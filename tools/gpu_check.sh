@@ -15,7 +15,8 @@
 #   machine     GPU, driver, OS, glibc; the runtime (tools/gpu_env.sh) and the packed programs
 #   backend     test_cuda_backend (every vtable member against the cpu backend), test_simt_emu_gpu
 #               (the emulator's own test kernels on the real GPU: the emulator's rules are CUDA's)
-#   conformance test_conformance at np 1 and 2 (every op x dtype, cpu against cuda);
+#   conformance test_conformance at np 1 and 2 (every op x dtype, cpu against cuda), sdpa's flash
+#               path, ring attention at np 1 on both block paths (auto; flash: fused kernels);
 #               test_comm_conformance (the NCCL communicator against MPI, bit for bit) at np 1
 #               and np = number of GPUs; test_nccl_timeout (NCCL's deadline, np 1)
 #   errors      test_device_errors and test_device_leaks (1000 FSDP steps) at np 2
@@ -29,7 +30,8 @@
 #               directly, TF32, host-staging bandwidth; bench_nccl: redistributions over the NCCL
 #               plane against raw NCCL calls, 1-256 MiB; bench_gpu --attention on each of
 #               attention's paths (DTENSOR_SDPA_PATH=gemm, flash) against bench/sdpa_torch_gpu.py
-#               (PyTorch's SDPA) at the two training shapes, bf16, forward + backward
+#               (PyTorch's SDPA) at the two training shapes, bf16, forward + backward;
+#               bench_gpu --ring on ring attention's two block paths (gemm, flash), alternated
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
 #               the same ~125M-parameter model, then ~1B, alternating ours and theirs
 # Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
@@ -132,6 +134,12 @@ step nccl_timeout_np1 30 env DTENSOR_BACKEND="$BACKEND" DTENSOR_NCCL_STALL_MS=40
 step conformance_sdpa_flash_np1 60 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" \
   DTENSOR_CONFORMANCE_OPS=sdpa,sdpa_grad DTENSOR_SDPA_PATH=flash "${MPI[@]}" -np 1 \
   "$G/tests/test_conformance"
+# ring attention in device memory (np 1: over the NCCL plane; np 2 on one GPU stages through the
+# host) on both block paths: products and row steps (auto), the fused flash kernels (flash)
+for p in auto flash; do
+  step "ring_attention_${p}_np1" 60 env DTENSOR_BACKEND="$BACKEND" DTENSOR_SDPA_PATH="$p" \
+    "${MPI[@]}" -np 1 "$G/tests/test_ring_attention"
+done
 
 # errors, leaks
 step device_errors_np2 60 env DT_DEVICE_BACKEND="$BACKEND" "${MPI[@]}" -np 2 "$G/tests/test_device_errors"
@@ -183,6 +191,21 @@ if [ "$BACKEND" = cuda ]; then
       step "attention_$p" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --attention
     done
     step attention_torch 60 python3 bench/sdpa_torch_gpu.py
+    # ring attention's blocks, f32, the two block paths alternated (two processes each)
+    for r in 1 2; do
+      for p in gemm flash; do
+        step "ring_${p}_$r" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --ring
+      done
+    done
+    for sh in 8k 1k; do
+      line="ring $sh step ms:"
+      for p in gemm flash; do
+        v=$(cat "$OUT/ring_${p}_1.log" "$OUT/ring_${p}_2.log" 2>/dev/null |
+          sed -n "s/^ring path=.*ms_$sh=\([0-9.]*\).*/\1/p" | paste -sd/ -)
+        line="$line $p ${v:-na}"
+      done
+      note "$line"
+    done
     att_ms() { # LOG PREFIX SHAPE: forward + backward ms from a last line
       sed -n "s/^$2 .*fwd_ms_$3=\([0-9.]*\) bwd_ms_$3=\([0-9.]*\).*/\1 \2/p" "$1" 2>/dev/null |
         tail -n 1 | awk '{ if (NF == 2) printf "%.3f", $1 + $2 }'

@@ -5,7 +5,8 @@
  * over all of them; and the ring itself, which moves the key/value shards (and, backward, their
  * gradients) between the ranks of the cp dim with point-to-point calls posted before each step's
  * blocks. f32, matrix products through the backend's GEMM and the steps between them through
- * dt__ring_rows_t (host loops here, CUDA kernels in src/ops/cuda/ring.cu). A device backend
+ * dt__ring_rows_t (host loops here, CUDA kernels in src/ops/cuda/ring.cu), or, where that table
+ * has them, a whole block in fused kernels (the CUDA backends' flash kernels). A device backend
  * computes in its own memory and rings over the mesh's NCCL plane (the pairs of a step issued
  * as one group on the communicator's stream while the step's blocks run on the compute stream);
  * where the plane is MPI (ranks sharing a GPU) its shards are staged through host memory and
@@ -39,7 +40,13 @@ static void dt__ring_slab(const dt__ring_geom_t* g, int64_t b, int64_t h, dt__ri
   s->lv = L ? g->G * g->E : g->E;
 }
 
+/* Whether the fused kernels of g's backend take its blocks of C rows. */
+static int dt__ring_fused(const dt__ring_rows_t* R, const dt__ring_geom_t* g, int64_t C) {
+  return R->fused != NULL && R->fused(g, C);
+}
+
 size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C) {
+  if (dt__ring_fused(dt__ring_rows_for(g->bk), g, C)) return 0;
   return sizeof(float) * (size_t)(2 * C * C + C * g->E + 2 * C);
 }
 
@@ -138,8 +145,9 @@ DT_SIMD static dt_status_t dt__rr_dscore(dt_backend_t b, float* dp, const float*
   return DT_SUCCESS;
 }
 
-static const dt__ring_rows_t dt__ring_rows_host = {dt__rr_softmax, dt__rr_merge,  dt__rr_finish,
-                                                   dt__rr_rowdot,  dt__rr_probs,  dt__rr_dscore};
+static const dt__ring_rows_t dt__ring_rows_host = {
+    dt__rr_softmax, dt__rr_merge, dt__rr_finish, dt__rr_rowdot, dt__rr_probs, dt__rr_dscore,
+    NULL,           NULL,         NULL};
 
 const dt__ring_rows_t* dt__ring_rows_for(dt_backend_t b) {
 #ifdef DTENSOR_HAVE_CUDA
@@ -158,6 +166,7 @@ dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const f
                                float* o, float* m, float* l, float* scratch) {
   float *p = scratch, *t = p + C * C, *mb = t + C * g->E, *lb = mb + C;
   const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
+  if (dt__ring_fused(R, g, C)) return R->block_fwd(g, q, k, v, qr, kr, C, diag, o, m, l);
   dt_status_t st = DT_SUCCESS;
   for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
     for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
@@ -197,6 +206,8 @@ dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const f
   const float sc = (float)g->scale;
   const size_t block_nb = sizeof(float) * (size_t)(C * C);
   const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
+  if (dt__ring_fused(R, g, C))
+    return R->block_bwd(g, q, k, v, go, lse, dd, qr, kr, C, diag, dq, dk, dv);
   dt_status_t st = DT_SUCCESS;
   for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
     for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {

@@ -359,7 +359,8 @@ typedef struct dt__ring_geom {
   int64_t B, H, G, D, E, S, T;
   double scale;
 } dt__ring_geom_t;
-/* Scratch floats' bytes that one block call of C x C pairs needs (forward or backward). */
+/* Scratch floats' bytes that one block call of C x C pairs needs (forward or backward; 0 where
+ * the backend's fused kernels take the blocks). */
 size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C);
 /* Query rows qr..qr+C of q against key/value rows kr..kr+C (diag: the causal diagonal block, key
  * j visible to query i when j <= i; else every pair), merged into the running unnormalized o and
@@ -399,6 +400,17 @@ typedef struct dt__ring_rows {
   dt_status_t (*probs)(dt_backend_t b, float* p, int64_t C, int diag, const float* lse);
   /* dp = p (dp - dd) per row */
   dt_status_t (*dscore)(dt_backend_t b, float* dp, const float* p, int64_t C, const float* dd);
+  /* Whole blocks of dt__ring_block_fwd / dt__ring_block_bwd (every (batch, head), no scratch)
+   * in fused kernels: `fused` (NULL where there are none) says whether they take blocks of C
+   * rows of g, forward and backward alike; otherwise the products and the steps above run. */
+  int (*fused)(const dt__ring_geom_t* g, int64_t C);
+  dt_status_t (*block_fwd)(const dt__ring_geom_t* g, const float* q, const float* k,
+                           const float* v, int64_t qr, int64_t kr, int64_t C, int diag, float* o,
+                           float* m, float* l);
+  dt_status_t (*block_bwd)(const dt__ring_geom_t* g, const float* q, const float* k,
+                           const float* v, const float* go, const float* lse, const float* dd,
+                           int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
+                           float* dv);
 } dt__ring_rows_t;
 /* The table for backend b's memory (host loops for host and meta backends). */
 const dt__ring_rows_t* dt__ring_rows_for(dt_backend_t b);

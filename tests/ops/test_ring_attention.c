@@ -5,7 +5,8 @@
  *     causal and not, the load-balanced and the in-order layout, both tensor layouts, grouped
  *     query heads (4 query heads, 2 kv heads), v's feature size unlike q's, and the ring, the
  *     all-gather and the cost model's choice; on 4 ranks also a 2 x 2 mesh with the heads sharded
- *     on the other dim;
+ *     on the other dim; chunks of 3 rows and, on the ring, of 37 (more than one tile of the
+ *     GPU's fused blocks);
  *   - traffic from the counters: the ring sends n-1 key/value shards forward, and n-1 key/value
  *     shards plus n gradient shards backward (send_recv on the cp dim, nothing else); the
  *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
@@ -25,6 +26,7 @@ static int g_n, g_rank;
 
 typedef struct {
   int causal, balanced, layout, algo;
+  int rows; /* rows per chunk of the sequence */
 } cfg_t;
 
 /* Deterministic values in [-1, 1). */
@@ -79,9 +81,9 @@ static void expect_close(const float* got, const float* want, int64_t n, const c
     float d = fabsf(got[i] - want[i]);
     worst = d > worst ? d : worst;
   }
-  DT_ASSERT_TRUE(worst <= 1e-5f * scale, "%s (causal %d balanced %d layout %d algo %d): worst "
-                 "difference %g of %g", what, c->causal, c->balanced, c->layout, c->algo,
-                 (double)worst, (double)scale);
+  DT_ASSERT_TRUE(worst <= 1e-5f * scale, "%s (causal %d balanced %d layout %d algo %d rows %d): "
+                 "worst difference %g of %g", what, c->causal, c->balanced, c->layout, c->algo,
+                 c->rows, (double)worst, (double)scale);
 }
 
 enum { B = 2, H = 4, G = 2, D = 8, E = 6 };
@@ -134,7 +136,7 @@ static void run_case(dt_mesh_t mesh, dt_mesh_t rep_mesh, const dt_placement_t* p
   int n;
   DT_ASSERT_OK(dt_mesh_size(mesh, cp_dim, &n));
   const int cp = c->balanced ? n : 0;
-  const int64_t S = 2 * (int64_t)n * 3; /* 3 rows per chunk */
+  const int64_t S = 2 * (int64_t)n * c->rows;
   const int64_t nq = B * H * S * D, nk = B * G * S * D, nv = B * G * S * E, no = B * H * S * E;
   float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
         *v = malloc(sizeof(float) * nv), *w = malloc(sizeof(float) * no);
@@ -196,7 +198,7 @@ static void run_case(dt_mesh_t mesh, dt_mesh_t rep_mesh, const dt_placement_t* p
     DT_ASSERT_EQ(fwd.dim_calls[x][DT_COLL_SEND_RECV], (uint64_t)(n - 1));
     DT_ASSERT_EQ(fwd.dim_nbytes[x][DT_COLL_SEND_RECV], (uint64_t)(n - 1) * kvb);
     DT_ASSERT_EQ(all.dim_nbytes[x][DT_COLL_SEND_RECV] - fwd.dim_nbytes[x][DT_COLL_SEND_RECV],
-                 (uint64_t)(2 * n - 1) * kvb);
+                 (uint64_t)(n > 1 ? 2 * n - 1 : 0) * kvb); /* alone: nothing comes back */
     DT_ASSERT_EQ(all.dim_calls[x][DT_COLL_ALL_GATHER], 0);
   } else if (c->algo == 2) {
     DT_ASSERT_EQ(fwd.dim_calls[x][DT_COLL_ALL_GATHER], 2);
@@ -247,7 +249,7 @@ static void test_rotary(dt_mesh_t mesh, dt_mesh_t rep_mesh) {
   DT_ASSERT_OK(dt_tensor_gather_full(ya, y1, sizeof(float) * n));
   DT_ASSERT_OK(dt_tensor_gather_full(yb, y2, sizeof(float) * n));
   permute(t, y2, 1, B, H, S, D, g_n, 1);
-  cfg_t c = {0, 1, 1, 0};
+  cfg_t c = {0, 1, 1, 0, 0};
   expect_close(t, y1, n, "rotary cp", &c);
   /* a cp that does not split the sequence: refused */
   const int64_t bad[3] = {1, 0, 3 * S};
@@ -346,7 +348,7 @@ static void test_half(dt_mesh_t mesh) {
 
 static void test_refusals(dt_mesh_t mesh) {
   dt_placement_t pl[1] = {dt_shard(2)};
-  const int64_t S = 2 * g_n * 2 + 2; /* not a multiple of 2n */
+  const int64_t S = 2 * g_n * 2 + 1; /* not a multiple of 2n (odd) */
   int64_t sh[4] = {1, 2, S, 4}, sh2[4] = {1, 2, 4 * g_n, 4};
   dt_tensor_t q, k, q2, o = NULL, qb;
   DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, sh, pl, &q));
@@ -407,10 +409,23 @@ int main(int argc, char** argv) {
     for (int balanced = 0; balanced < 2; balanced++)
       for (int layout = 0; layout < 2; layout++)
         for (int algo = 0; algo < 3; algo++) {
-          cfg_t c = {causal, balanced, layout, algo};
+          cfg_t c = {causal, balanced, layout, algo, 3};
           dt_placement_t pl[1] = {dt_shard(layout ? 1 : 2)};
           run_case(mesh, solo, pl, 0, &c);
         }
+  /* chunks longer than a GPU kernel's tiles (16 query rows, 32 keys; the fused blocks under
+   * DTENSOR_SDPA_PATH=flash): several tiles per block, the last ones partial */
+  for (int causal = 0; causal < 2; causal++)
+    for (int layout = 0; layout < 2; layout++) {
+      cfg_t c = {causal, 1, layout, 1, 37};
+      dt_placement_t pl[1] = {dt_shard(layout ? 1 : 2)};
+      run_case(mesh, solo, pl, 0, &c);
+    }
+  {
+    cfg_t c = {1, 0, 0, 1, 37}; /* in order: one block of 2 x 37 rows per pair */
+    dt_placement_t pl[1] = {dt_shard(2)};
+    run_case(mesh, solo, pl, 0, &c);
+  }
   if (g_n == 4) { /* 2 x 2: heads on dim 0 (tp), the sequence on dim 1 (cp) */
     const int shape[2] = {2, 2};
     const char* n2[2] = {"tp", "cp"};
@@ -418,7 +433,7 @@ int main(int argc, char** argv) {
     DT_ASSERT_OK(dt_mesh_create(2, shape, n2, NULL, &m2));
     for (int algo = 1; algo < 3; algo++)
       for (int layout = 0; layout < 2; layout++) {
-        cfg_t c = {1, 1, layout, algo};
+        cfg_t c = {1, 1, layout, algo, 3};
         dt_placement_t pl[2] = {dt_shard(layout ? 2 : 1), dt_shard(layout ? 1 : 2)};
         run_case(m2, solo, pl, 1, &c);
       }

@@ -96,7 +96,11 @@ struct dt_attn_geom {
   int64_t B, H, G, S, T, D, E, rep; /* rep = H / G query heads per kv head */
   dt_attn_strides q, k, v, o;       /* q and dq; k and dk; v and dv; o and dO (E features) */
   int64_t q0;                       /* global position of the first local query row */
+  int64_t lds;                      /* rows of the per-row arrays (lse, delta) per (batch, head):
+                                       S, or a ring block's whole shard */
   int causal, layout;
+  int accum; /* ring blocks (f32 kernels only): the forward merges into a running output (see
+                dt_attn_fwd_kernel), the backward adds to dq, dk and dv */
   float scale; /* 0 when D == 0: the host's scores are then 0 whatever the scale */
 };
 
@@ -128,6 +132,7 @@ static void dt_attn_geom_init(const dt_op_call_t* call, const dt_local_tensor_t*
   g->v = dt_attn_strides_of(layout, g->G, g->T, g->E);
   g->o = dt_attn_strides_of(layout, g->H, g->S, g->E);
   g->q0 = q->offset[sd];
+  g->lds = g->S;
   g->causal = (int)dt__op_iarg(DT_OP_SDPA, call, 0);
   g->layout = layout;
   double scale = dt__op_farg(DT_OP_SDPA, call, 0); /* NaN: the op's default 1/sqrt(D) */
@@ -141,7 +146,7 @@ __host__ __device__ __forceinline__ int dt_attn_odd(int64_t n) { return (int)(n 
 static size_t dt_attn_fwd_smem(const dt_attn_geom* g) {
   const int64_t BQ = DT_ATTN_BQ, BK = DT_ATTN_BK;
   return sizeof(float) *
-         (size_t)(BQ * g->D + BK * dt_attn_odd(g->D) + BK * g->E + BQ * g->E + BQ * BK + BQ);
+         (size_t)(BQ * g->D + BK * dt_attn_odd(g->D) + BK * g->E + BQ * g->E + BQ * BK + 2 * BQ);
 }
 static size_t dt_attn_dq_smem(const dt_attn_geom* g) {
   const int64_t BQ = DT_ATTN_BQ, BK = DT_ATTN_BK;
@@ -185,10 +190,14 @@ static int dt_attn_allow_smem(K kernel, size_t nbytes) {
 #endif
 }
 
-/* Blocks for a grid-stride loop over `items` tiles (a few per SM; at least 1). */
-static unsigned dt_attn_grid(const dt_local_tensor_t* t, int64_t items) {
-  const int64_t cap = (int64_t)DT_CUDA_NAME(sm_count)(t->backend) * 32;
+/* Blocks for a grid-stride loop over `items` tiles on backend b's device (a few per SM; at
+ * least 1), or on t's. */
+static unsigned dt_attn_grid_on(dt_backend_t b, int64_t items) {
+  const int64_t cap = (int64_t)DT_CUDA_NAME(sm_count)(b) * 32;
   return (unsigned)(items < cap ? (items < 1 ? 1 : items) : cap);
+}
+static unsigned dt_attn_grid(const dt_local_tensor_t* t, int64_t items) {
+  return dt_attn_grid_on(t->backend, items);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -281,7 +290,10 @@ __device__ __forceinline__ int64_t dt_attn_key_end(const dt_attn_geom& g, int64_
  * Forward */
 
 /* One block per query tile of a (batch, head) (dt_attn_qitem_of). Writes O (when o is not NULL);
- * with dout, the row statistics of the backward pass: lse = m + log l and delta = dO . O. */
+ * with dout, the row statistics of the backward pass: lse = m + log l and delta = dO . O.
+ * With g.accum (a ring attention block, src/ops/kernels_ring.c): o holds the rows' running
+ * unnormalized output, lse their running max and delta their running sum of exponentials; the
+ * tile's own (O l, m, l) merge into them, both rescaled to the larger max (dout is NULL). */
 template <typename T>
 __global__ void __launch_bounds__(DT_ATTN_NT)
     dt_attn_fwd_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, T* o, float* lse,
@@ -294,6 +306,7 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
   float* Os = Vs + BK * E;   /* BQ x E: the unnormalized output */
   float* Ps = Os + BQ * E;   /* BQ x BK: this key tile's exponentials */
   float* As = Ps + BQ * BK;  /* BQ: the rescale of the key tile; 1 / l at the end */
+  float* Cs = As + BQ;       /* BQ: accum: the rescale of the tile's output */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t items = dt_attn_qitems(g, BQ);
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
@@ -341,11 +354,32 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
       }
     }
     __syncthreads();
+    if (g.accum) { /* the merge of kernels_ring.c's dt__rr_merge, row by row */
+      for (int r = 0; r < DT_ATTN_RPW; r++) {
+        const int i = warp + r * (DT_ATTN_NT / 32);
+        if (lane != 0 || i >= nq) continue;
+        const int64_t row = bh * g.lds + i0 + i;
+        const float mo = lse[row], mn = mo > m[r] ? mo : m[r];
+        const float a = mo == -INFINITY ? 0.0f : expf(mo - mn), c = expf(m[r] - mn);
+        As[i] = a;
+        Cs[i] = c;
+        delta[row] = delta[row] * a + l[r] * c;
+        lse[row] = mn;
+      }
+      __syncthreads();
+      T* ob = o + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
+      for (int x = tid; x < nq * E; x += DT_ATTN_NT) {
+        const int i = x / E, e = x - i * E;
+        ob[i * g.o.ss + e] =
+            dt_cu_from_f32<T>(dt_cu_f32(ob[i * g.o.ss + e]) * As[i] + Os[x] * Cs[i]);
+      }
+      continue;
+    }
     for (int r = 0; r < DT_ATTN_RPW; r++) {
       const int i = warp + r * (DT_ATTN_NT / 32);
       /* the host's inv = sum > 0 ? 1 / sum : 0 (no keys: zeros; a NaN sum: NaN stays) */
       if (lane == 0) As[i] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      if (lane == 0 && lse != NULL && i < nq) lse[bh * g.S + i0 + i] = m[r] + logf(l[r]);
+      if (lane == 0 && lse != NULL && i < nq) lse[bh * g.lds + i0 + i] = m[r] + logf(l[r]);
     }
     __syncthreads();
     if (o != NULL) {
@@ -364,7 +398,7 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
           for (int e = lane; e < E; e += 32)
             d += Os[i * E + e] * As[i] * dt_cu_f32(gb[i * g.o.ss + e]);
         d = dt_cu_warp_sum(d);
-        if (lane == 0 && i < nq) delta[bh * g.S + i0 + i] = d;
+        if (lane == 0 && i < nq) delta[bh * g.lds + i0 + i] = d;
       }
     }
   }
@@ -403,7 +437,7 @@ __device__ __forceinline__ void dt_attn_load_rows(const dt_attn_geom& g, const T
   const int D = (int)g.D, E = (int)g.E;
   dt_attn_load(Qs, D, q + b * g.q.sb + h * g.q.sh + i0 * g.q.ss, g.q.ss, DT_ATTN_BQ, nq, D);
   dt_attn_load(dOs, E, dout + b * g.o.sb + h * g.o.sh + i0 * g.o.ss, g.o.ss, DT_ATTN_BQ, nq, E);
-  const int64_t row = (b * g.H + h) * g.S + i0;
+  const int64_t row = (b * g.H + h) * g.lds + i0;
   for (int i = threadIdx.x; i < DT_ATTN_BQ; i += DT_ATTN_NT) {
     Ls[i] = i < nq ? lse[row + i] : 0.0f;
     Dl[i] = i < nq ? delta[row + i] : 0.0f;
@@ -457,7 +491,8 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
     T* db = dq + b * g.q.sb + h * g.q.sh + i0 * g.q.ss;
     for (int x = tid; x < nq * D; x += DT_ATTN_NT) {
       const int i = x / D, d = x - i * D;
-      db[i * g.q.ss + d] = dt_cu_from_f32<T>(g.scale * dQs[x]);
+      const float prev = g.accum ? dt_cu_f32(db[i * g.q.ss + d]) : 0.0f;
+      db[i * g.q.ss + d] = dt_cu_from_f32<T>(prev + g.scale * dQs[x]);
     }
   }
 }
@@ -522,11 +557,13 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
     T* vd = dv + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss;
     for (int x = tid; x < nk * D; x += DT_ATTN_NT) {
       const int j = x / D, d = x - j * D;
-      kd[j * g.k.ss + d] = dt_cu_from_f32<T>(g.scale * dKs[x]);
+      const float prev = g.accum ? dt_cu_f32(kd[j * g.k.ss + d]) : 0.0f;
+      kd[j * g.k.ss + d] = dt_cu_from_f32<T>(prev + g.scale * dKs[x]);
     }
     for (int x = tid; x < nk * E; x += DT_ATTN_NT) {
       const int j = x / E, e = x - j * E;
-      vd[j * g.v.ss + e] = dt_cu_from_f32<T>(dVs[x]);
+      const float prev = g.accum ? dt_cu_f32(vd[j * g.v.ss + e]) : 0.0f;
+      vd[j * g.v.ss + e] = dt_cu_from_f32<T>(prev + dVs[x]);
     }
   }
 }
@@ -822,7 +859,7 @@ DT_ATTN_UNROLL
     /* the host's inv = sum > 0 ? 1 / sum : 0 (no keys: zeros; a NaN sum: NaN stays) */
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     if (lane < 16) Is[i] = inv;
-    if (lane < 16 && lse != NULL && i < nq) lse[bh * g.S + i0 + i] = m + logf(l);
+    if (lane < 16 && lse != NULL && i < nq) lse[bh * g.lds + i0 + i] = m + logf(l);
     if (dout != NULL) {
       float d = 0.0f;
       if (i < nq) {
@@ -830,7 +867,7 @@ DT_ATTN_UNROLL
         for (int e = lane >> 4; e < E; e += 2) d += Ow[r * ld.e + e] * inv * dt_cu_f32(gb[e]);
       }
       d += __shfl_xor_sync(0xffffffffu, d, 16);
-      if (lane < 16 && i < nq) delta[bh * g.S + i0 + i] = d;
+      if (lane < 16 && i < nq) delta[bh * g.lds + i0 + i] = d;
     }
     if (o != NULL) {
       __syncthreads();
@@ -853,7 +890,7 @@ __device__ __forceinline__ void dt_tc_load_rows(const dt_attn_geom& g, const dt_
   dt_tc_load(Qs, ld.q, q + b * g.q.sb + h * g.q.sh + i0 * g.q.ss, g.q.ss, nq, (int)g.D, ld.dp);
   dt_tc_load(dOs, ld.v, dout + b * g.o.sb + h * g.o.sh + i0 * g.o.ss, g.o.ss, nq, (int)g.E,
              ld.ep);
-  const int64_t row = (b * g.H + h) * g.S + i0;
+  const int64_t row = (b * g.H + h) * g.lds + i0;
   for (int x = threadIdx.x; x < DT_TC_B; x += DT_TC_NT) {
     Ls[x] = x < nq ? lse[row + x] : 0.0f;
     Dl[x] = x < nq ? delta[row + x] : 0.0f;
@@ -1562,9 +1599,99 @@ DT_CU_SCRATCH(dt_cu_sdpa_grad_scratch) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Ring attention's blocks (src/ops/kernels_ring.c, dt__ring_rows_t's block_fwd and block_bwd):
+ * query rows qr .. qr + C of a rank's q against key rows kr .. kr + C of a k/v shard, every
+ * (batch, head) in one launch of the f32 flash kernels above in their accumulating mode (the
+ * forward merges into the ring's running output, max and sum; the backward adds to dq, dk, dv),
+ * instead of four (forward) or seven (backward) launches per (batch, head) of the products and
+ * row steps. The block's geometry: S = T = C, the strides of the whole shard's tensors (the
+ * pointers advanced to the block's first rows), per-row arrays lds = S apart, and the causal
+ * diagonal block as causal attention from position 0 (key j visible to query i when j <= i).
+ * Taken (ring_fused) under DTENSOR_SDPA_PATH=flash where the tiles fit in shared memory, and then
+ * the ring allocates no C x C scratch; auto and gemm keep the products until a GPU has timed the
+ * two (tools/gpu_check.sh's ring steps). */
+
+static dt_attn_geom dt_attn_ring_geom(const dt__ring_geom_t* rg, int64_t C, int diag) {
+  dt_attn_geom g;
+  memset(&g, 0, sizeof g);
+  g.B = rg->B;
+  g.H = rg->H;
+  g.G = rg->G;
+  g.S = C;
+  g.T = C;
+  g.D = rg->D;
+  g.E = rg->E;
+  g.rep = g.G > 0 ? g.H / g.G : 1;
+  g.q = dt_attn_strides_of(rg->layout, rg->H, rg->S, rg->D);
+  g.k = dt_attn_strides_of(rg->layout, rg->G, rg->T, rg->D);
+  g.v = dt_attn_strides_of(rg->layout, rg->G, rg->T, rg->E);
+  g.o = dt_attn_strides_of(rg->layout, rg->H, rg->S, rg->E);
+  g.lds = rg->S;
+  g.causal = diag;
+  g.layout = rg->layout;
+  g.accum = 1;
+  g.scale = rg->D > 0 ? (float)rg->scale : 0.0f;
+  return g;
+}
+
+
+static cudaStream_t dt_attn_ring_stream(dt_backend_t b) {
+  return (cudaStream_t)DT_CUDA_NAME(stream)(b);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Registration: every float dtype, as stored. */
 
 }  // namespace
+
+/* Forward and backward tiles alike (the diagonal block's causal flag changes no tile size). */
+extern "C" int DT_CUDA_NAME(ring_fused)(const dt__ring_geom_t* rg, int64_t C) {
+  const dt_attn_geom g = dt_attn_ring_geom(rg, C, 0);
+  return dt_attn_path() == DT_ATTN_FLASH &&
+         dt_attn_flash_fits(g, sizeof(float), 1, dt_attn_smem_limit());
+}
+
+extern "C" dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* rg, const float* q,
+                                                    const float* k, const float* v, int64_t qr,
+                                                    int64_t kr, int64_t C, int diag, float* o,
+                                                    float* m, float* l) {
+  const dt_attn_geom g = dt_attn_ring_geom(rg, C, diag);
+  if (g.B * g.H * C == 0) return DT_SUCCESS;
+  const size_t smem = dt_attn_fwd_smem(&g);
+  int rc = dt_attn_allow_smem(dt_attn_fwd_kernel<float>, smem);
+  if (rc == 0)
+    rc = dt_simt_launch(dt_attn_fwd_kernel<float>,
+                        dt_attn_grid_on(rg->bk, dt_attn_qitems(g, DT_ATTN_BQ)), DT_ATTN_NT, smem,
+                        dt_attn_ring_stream(rg->bk), g, q + qr * g.q.ss, k + kr * g.k.ss,
+                        v + kr * g.v.ss, o + qr * g.o.ss, m + qr, l + qr, (const float*)NULL);
+  return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "ring_attention: block forward");
+}
+
+extern "C" dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* rg, const float* q,
+                                                    const float* k, const float* v,
+                                                    const float* go, const float* lse,
+                                                    const float* dd, int64_t qr, int64_t kr,
+                                                    int64_t C, int diag, float* dq, float* dk,
+                                                    float* dv) {
+  const dt_attn_geom g = dt_attn_ring_geom(rg, C, diag);
+  if (g.B * g.H * C == 0) return DT_SUCCESS;
+  const size_t s_dq = dt_attn_dq_smem(&g), s_dkv = dt_attn_dkv_smem(&g);
+  const float *qb = q + qr * g.q.ss, *kb = k + kr * g.k.ss, *vb = v + kr * g.v.ss,
+              *gb = go + qr * g.o.ss;
+  cudaStream_t st = dt_attn_ring_stream(rg->bk);
+  int rc = dt_attn_allow_smem(dt_attn_dq_kernel<float>, s_dq);
+  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dkv_kernel<float>, s_dkv);
+  if (rc == 0)
+    rc = dt_simt_launch(dt_attn_dq_kernel<float>,
+                        dt_attn_grid_on(rg->bk, dt_attn_qitems(g, DT_ATTN_BQ)), DT_ATTN_NT, s_dq,
+                        st, g, qb, kb, vb, gb, lse + qr, dd + qr, dq + qr * g.q.ss);
+  if (rc == 0)
+    rc = dt_simt_launch(dt_attn_dkv_kernel<float>,
+                        dt_attn_grid_on(rg->bk, dt_attn_kitems(g, DT_ATTN_BK)), DT_ATTN_NT, s_dkv,
+                        st, g, qb, kb, vb, gb, lse + qr, dd + qr, dk + kr * g.k.ss,
+                        dv + kr * g.v.ss);
+  return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "ring_attention: block backward");
+}
 
 DT_CU_FILL(attention) {
   t[DT_OP_SDPA] = {dt_cu_sdpa, DT_KERNEL_ANY_DTYPE, dt_cu_sdpa_scratch};

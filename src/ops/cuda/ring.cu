@@ -1,11 +1,12 @@
 /* ring.cu - ring attention's row-wise steps in the CUDA backend's memory (the table behind
  * dt__ring_rows_for for the cuda and cuda-emu backends; the host loops of src/ops/kernels_ring.c
- * define what each computes). The block products run through the backend's GEMM; these kernels
- * do what lies between them: the block's softmax numerators with their row max and sum, the
- * merge into the running (o, m, l), the final normalization and log-sum-exp, the backward's row
- * dot, recomputed probabilities and score gradients. f32 throughout, one thread block per row
- * (a block's threads stride over the row's columns; maxima and sums are block reductions, so
- * sums differ from the host's double-precision ones in the last bits).
+ * define what each computes; the table's fused blocks are attention.cu's). Where a block is not
+ * fused, its products run through the backend's GEMM; these kernels do what lies between them:
+ * the block's softmax numerators with their row max and sum, the merge into the running
+ * (o, m, l), the final normalization and log-sum-exp, the backward's row dot, recomputed
+ * probabilities and score gradients. f32 throughout, one thread block per row (a block's threads
+ * stride over the row's columns; maxima and sums are block reductions, so sums differ from the
+ * host's double-precision ones in the last bits).
  *
  * Everything is issued on the backend's compute stream and nothing waits for it.
  */
@@ -167,8 +168,15 @@ static dt_status_t dt_ring_dscore(dt_backend_t b, float* dp, const float* p, int
   DT_RING_LAUNCH("score gradient", dt_ring_dscore_kernel, b, C, dp, p, C, dd);
 }
 
-const dt__ring_rows_t dt_ring_rows = {dt_ring_softmax, dt_ring_merge, dt_ring_finish,
-                                      dt_ring_rowdot,  dt_ring_probs, dt_ring_dscore};
+const dt__ring_rows_t dt_ring_rows = {dt_ring_softmax,
+                                      dt_ring_merge,
+                                      dt_ring_finish,
+                                      dt_ring_rowdot,
+                                      dt_ring_probs,
+                                      dt_ring_dscore,
+                                      DT_CUDA_NAME(ring_fused),
+                                      DT_CUDA_NAME(ring_block_fwd),
+                                      DT_CUDA_NAME(ring_block_bwd)};
 
 } /* namespace */
 
