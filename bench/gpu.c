@@ -125,36 +125,52 @@ static int cmp_double(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
-/* Median over 5 rounds of the ms per call of sdpa (grad 0) or sdpa_grad (grad 1). */
-static double attention_ms(dt_backend_t be, const dt_tensor_t* qkvg, int grad) {
-  const int64_t iargs[2] = {1, 1}; /* causal, layout (B, S, H, D) */
+/* The median over 5 rounds (after one warm-up call) of the ms per call of fn(ctx), iters calls a
+ * round, the device synchronized around each round. */
+static double median_ms(dt_backend_t be, int iters, void (*fn)(void*), void* ctx) {
   double ms[5];
-  for (int round = -1; round < 5; round++) { /* round -1: warm-up */
+  for (int round = -1; round < 5; round++) {
     CHECK(dt_backend_synchronize(be));
     const double t0 = now_us();
-    const int iters = round < 0 ? 1 : 10;
-    for (int i = 0; i < iters; i++) {
-      dt_tensor_t out[3];
-      if (grad) {
-        CHECK(dt_op_run_multi("sdpa_grad", 4, qkvg, 2, iargs, 0, NULL, 3, out));
-        for (int k = 0; k < 3; k++) CHECK(dt_tensor_destroy(out[k]));
-      } else {
-        CHECK(dt_op_run("sdpa", 3, qkvg, 2, iargs, 0, NULL, &out[0]));
-        CHECK(dt_tensor_destroy(out[0]));
-      }
-    }
+    const int n = round < 0 ? 1 : iters;
+    for (int i = 0; i < n; i++) fn(ctx);
     CHECK(dt_backend_synchronize(be));
-    if (round >= 0) ms[round] = (now_us() - t0) / 1e3 / iters;
+    if (round >= 0) ms[round] = (now_us() - t0) / 1e3 / n;
   }
   qsort(ms, 5, sizeof ms[0], cmp_double);
   return ms[2];
 }
 
+/* One call of sdpa (grad 0) or sdpa_grad (grad 1) on q, k, v (and dO). */
+typedef struct {
+  const dt_tensor_t* qkvg;
+  int grad;
+} attention_call_t;
+static void attention_call(void* ctx) {
+  const attention_call_t* a = ctx;
+  const int64_t iargs[2] = {1, 1}; /* causal, layout (B, S, H, D) */
+  dt_tensor_t out[3];
+  if (a->grad) {
+    CHECK(dt_op_run_multi("sdpa_grad", 4, a->qkvg, 2, iargs, 0, NULL, 3, out));
+    for (int k = 0; k < 3; k++) CHECK(dt_tensor_destroy(out[k]));
+  } else {
+    CHECK(dt_op_run("sdpa", 3, a->qkvg, 2, iargs, 0, NULL, &out[0]));
+    CHECK(dt_tensor_destroy(out[0]));
+  }
+}
+static double attention_ms(dt_backend_t be, const dt_tensor_t* qkvg, int grad) {
+  attention_call_t a = {qkvg, grad};
+  return median_ms(be, 10, attention_call, &a);
+}
+
+/* An attention shape: batch, sequence, heads, head size. */
+typedef struct {
+  const char* name;
+  int64_t B, S, H, D;
+} shape_t;
+
 static int attention_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
-  struct {
-    const char* name;
-    int64_t B, S, H, D;
-  } shapes[2] = {{"125M", 8, 1024, 14, 64}, {"1B", 4, 1024, 16, 128}};
+  shape_t shapes[2] = {{"125M", 8, 1024, 14, 64}, {"1B", 4, 1024, 16, 128}};
   for (int i = 0; small && i < 2; i++) shapes[i].B = 1, shapes[i].S = 80; /* the emulator */
   const char* path = getenv("DTENSOR_SDPA_PATH");
   double fwd[2], bwd[2];
@@ -180,38 +196,31 @@ static int attention_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
   return 0;
 }
 
-/* Median over 5 rounds of the ms of one ring_attention step (forward, sum, backward) on q, k, v
- * (leaves of a cp mesh of one rank). */
-static double ring_ms(dt_backend_t be, dt_var_t vq, dt_var_t vk, dt_var_t vv) {
-  const int64_t ia[5] = {0, 1, 1, 1, 1}; /* cp dim, causal, layout, balanced, the ring */
+/* One ring_attention step (forward, sum, backward) on leaves q, k, v of a cp mesh of one rank. */
+typedef struct {
   dt_tape_t tape;
-  CHECK(dt_tape_create(&tape));
-  double ms[5];
-  for (int round = -1; round < 5; round++) { /* round -1: warm-up */
-    CHECK(dt_backend_synchronize(be));
-    const double t0 = now_us();
-    const int iters = round < 0 ? 1 : 5;
-    for (int i = 0; i < iters; i++) {
-      const dt_var_t in[3] = {vq, vk, vv};
-      dt_var_t o, loss;
-      CHECK(dt_ag_op(tape, "ring_attention", 3, in, 5, ia, 0, NULL, 1, &o));
-      CHECK(dt_ag_op(tape, "sum", 1, &o, 0, NULL, 0, NULL, 1, &loss));
-      CHECK(dt_tape_backward(tape, loss));
-      CHECK(dt_tape_reset(tape));
-    }
-    CHECK(dt_backend_synchronize(be));
-    if (round >= 0) ms[round] = (now_us() - t0) / 1e3 / iters;
-  }
-  CHECK(dt_tape_destroy(tape));
-  qsort(ms, 5, sizeof ms[0], cmp_double);
-  return ms[2];
+  dt_var_t q, k, v;
+} ring_call_t;
+static void ring_call(void* ctx) {
+  const ring_call_t* r = ctx;
+  const int64_t ia[5] = {0, 1, 1, 1, 1}; /* cp dim, causal, layout, balanced, the ring */
+  const dt_var_t in[3] = {r->q, r->k, r->v};
+  dt_var_t o, loss;
+  CHECK(dt_ag_op(r->tape, "ring_attention", 3, in, 5, ia, 0, NULL, 1, &o));
+  CHECK(dt_ag_op(r->tape, "sum", 1, &o, 0, NULL, 0, NULL, 1, &loss));
+  CHECK(dt_tape_backward(r->tape, loss));
+  CHECK(dt_tape_reset(r->tape));
+}
+static double ring_ms(dt_backend_t be, dt_var_t vq, dt_var_t vk, dt_var_t vv) {
+  ring_call_t r = {NULL, vq, vk, vv};
+  CHECK(dt_tape_create(&r.tape));
+  const double ms = median_ms(be, 5, ring_call, &r);
+  CHECK(dt_tape_destroy(r.tape));
+  return ms;
 }
 
 static int ring_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
-  struct {
-    const char* name;
-    int64_t B, S, H, D;
-  } shapes[2] = {{"8k", 1, 8192, 16, 64}, {"1k", 8, 1024, 14, 64}};
+  shape_t shapes[2] = {{"8k", 1, 8192, 16, 64}, {"1k", 8, 1024, 14, 64}};
   for (int i = 0; small && i < 2; i++) shapes[i].B = 1, shapes[i].S = 96; /* the emulator */
   const char* path = getenv("DTENSOR_SDPA_PATH");
   double ms[2];

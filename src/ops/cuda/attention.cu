@@ -1644,11 +1644,12 @@ static cudaStream_t dt_attn_ring_stream(dt_backend_t b) {
 
 }  // namespace
 
-/* Forward and backward tiles alike (the diagonal block's causal flag changes no tile size). */
+/* Forward and backward tiles alike (the diagonal block's causal flag changes no tile size); on
+ * the meta backend (a simulated run sizing the ring's scratch) for the device it plays. */
 extern "C" int DT_CUDA_NAME(ring_fused)(const dt__ring_geom_t* rg, int64_t C) {
   const dt_attn_geom g = dt_attn_ring_geom(rg, C, 0);
-  return dt_attn_path() == DT_ATTN_FLASH &&
-         dt_attn_flash_fits(g, sizeof(float), 1, dt_attn_smem_limit());
+  const size_t smem = rg->bk->device == DT_DEVICE_META ? DT_CU_SIM_SMEM : dt_attn_smem_limit();
+  return dt_attn_path() == DT_ATTN_FLASH && dt_attn_flash_fits(g, sizeof(float), 1, smem);
 }
 
 extern "C" dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* rg, const float* q,
