@@ -8,7 +8,8 @@
 # reshard_after_forward 1, 0 and 2, HSDP, TP, TP+SP, FSDP x TP with checkpointing, TP and FSDP
 # at sequence 256 and 128 (the attention kernels' scratch grows as its square), and (routed:
 # the simulation takes the routing as balanced, so 25 % and calls only) EP and FSDP x TP x EP;
-# context parallelism (FSDP x CP, CP x TP with checkpointing); asynchronous TP.
+# context parallelism (CP alone, also with DTENSOR_SDPA_PATH=flash; FSDP x CP, CP x TP with
+# checkpointing); asynchronous TP.
 # A real run's communication peak depends on when its asynchronous collectives complete (FSDP's
 # prefetch): it may lie between the estimate and the estimate with DTENSOR_SIM_COMPLETE=wait (a
 # rank that lags sees every collective complete late); when it is outside even so, the real run
@@ -87,6 +88,9 @@ run 2 --tp 2 --seq 256 --batch 4 # long sequences: the attention kernels' score 
 run 2 --parallel fsdp --seq 128 --batch 4 --checkpoint
 run 2 --routed --model moe --ep 2
 run 8 --routed --model moe --dp 2 --tp 2 --ep 2 --sp
+run 2 --cp 2 --seq 64 --batch 4 # context parallelism: ring attention's block scratch and transfers
+# the blocks in the fused flash kernels (a device: no block scratch; the host: the same as above)
+DTENSOR_SDPA_PATH=flash run 2 --cp 2 --seq 128 --batch 2 --checkpoint
 run 4 --dp 2 --cp 2 --seq 64 --batch 4 # context parallelism: ring attention's blocks and transfers
 run 4 --cp 2 --tp 2 --seq 64 --batch 4 --checkpoint
 run 4 --cp 2 --tp 2 --sp --loss-parallel --seq 64 --batch 4 # the cp ranks' rows sequence-sharded over tp

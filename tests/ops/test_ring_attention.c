@@ -1,6 +1,6 @@
-/* test_ring_attention.c - context parallelism's attention (op ring_attention) on 2 and 4 ranks
- * against the library's dense attention (dt_sdpa, itself checked against PyTorch's fixtures) of
- * the un-permuted sequence on every rank:
+/* test_ring_attention.c - context parallelism's attention (op ring_attention) on 1, 2 and 4
+ * ranks against the library's dense attention (dt_sdpa, itself checked against PyTorch's
+ * fixtures) of the un-permuted sequence on every rank, on the host backend:
  *   - outputs and the gradients of q, k, v within 1e-5 (relative to the largest magnitude), for
  *     causal and not, the load-balanced and the in-order layout, both tensor layouts, grouped
  *     query heads (4 query heads, 2 kv heads), v's feature size unlike q's, and the ring, the
@@ -401,7 +401,13 @@ int main(int argc, char** argv) {
   const char* names[1] = {"cp"};
   dt_mesh_t mesh;
   DT_ASSERT_OK(dt_mesh_create(1, &g_n, names, NULL, &mesh));
-  dt_mesh_t solo = mesh; /* the reference: replicated, computed whole on every rank */
+  /* the reference: replicated, computed whole on every rank, by the host's kernels (under a
+   * device backend the ring's fused blocks and the device's sdpa share kernels) */
+  dt_mesh_t solo;
+  dt_backend_t cpu;
+  DT_ASSERT_OK(dt_mesh_create(1, &g_n, names, NULL, &solo));
+  DT_ASSERT_OK(dt_backend_get("cpu", &cpu));
+  DT_ASSERT_OK(dt_mesh_set_backend(solo, cpu));
   test_refusals(mesh);
   test_half(mesh);
   test_rotary(mesh, solo);
@@ -439,6 +445,7 @@ int main(int argc, char** argv) {
       }
     DT_ASSERT_OK(dt_mesh_destroy(m2));
   }
+  DT_ASSERT_OK(dt_mesh_destroy(solo));
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
   if (g_rank == 0) printf("test_ring_attention: passed on %d ranks\n", g_n);
   DT_ASSERT_OK(dt_finalize());
