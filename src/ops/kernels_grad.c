@@ -146,8 +146,8 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
   if (p != NULL) dt__mem_count(DT_MEM_OTHER, (int64_t)pn);
   if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa_grad: scores");
   dt_status_t st = DT_SUCCESS;
-  float* dp = p + S * T;
-  const int64_t rb = causal ? DT_ATTN_ROW_BLOCK : S; /* query rows per block */
+  const int64_t rb = dt__attn_row_block(S); /* query rows per block */
+  float* dp = p + rb * T;
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t gi = h / rep;
@@ -156,10 +156,10 @@ dt_status_t dt__kernel_sdpa_grad(const dt_op_call_t* call, const dt_local_tensor
       const float *qh = (const float*)q->data + oq, *kh = (const float*)k->data + ok,
                   *vh = (const float*)v->data + ov, *gh = (const float*)g->data + og;
       float *dqh = dq + oq, *dkh = dk + ok, *dvh = dv + ov;
-      /* causal: blocks of query rows over the keys they see (dk, dv accumulate block by block) */
+      /* blocks of query rows (causal: over the keys they see); dk, dv accumulate block by block */
       for (int64_t i0 = 0; i0 < S && st == DT_SUCCESS; i0 += rb) {
         const int64_t rn = S - i0 < rb ? S - i0 : rb, kn = dt__attn_keys_seen(causal, q0, i0, rn, T);
-        float *pb = p + i0 * T, *dpb = dp + i0 * T; /* rn rows of kn, T apart */
+        float *pb = p, *dpb = dp; /* rn rows of kn, T apart */
         const float *qb = qh + i0 * lq, *gb = gh + i0 * lg;
         st = dt__attn_block_probs(bk, qb, lq, kh, lk, rn, kn, D, scale, pb, T, q0 + i0, causal);
         if (E > 0) {

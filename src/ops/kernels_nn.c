@@ -199,7 +199,7 @@ size_t dt__kernel_scratch_nbytes(int id, const dt_op_call_t* call, const dt_loca
   dt__attn_geom(&in[0], layout, &H, &S, &D);
   dt__attn_geom(&in[1], layout, &G, &T, &D);
   if (in[0].shape[0] * H * S * T == 0) return 0; /* nothing to score: no allocation */
-  return sizeof(float) * (size_t)(S * T) * (id == DT_OP_SDPA_GRAD ? 2u : 1u);
+  return sizeof(float) * (size_t)(dt__attn_row_block(S) * T) * (id == DT_OP_SDPA_GRAD ? 2u : 1u);
 }
 
 dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* in,
@@ -227,9 +227,10 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
   size_t pn = dt__kernel_scratch_nbytes(DT_OP_SDPA, call, in);
   float* p = (float*)dt__backend_alloc(bk, pn);
   if (p != NULL) dt__mem_count(DT_MEM_OTHER, (int64_t)pn);
-  if (p == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa: %lld score floats", (long long)(S * T));
+  if (p == NULL)
+    return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "sdpa: %zu bytes of block scores", pn);
   dt_status_t st = DT_SUCCESS;
-  const int64_t rb = causal ? DT_ATTN_ROW_BLOCK : S; /* query rows per block */
+  const int64_t rb = dt__attn_row_block(S); /* query rows per block */
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t g = h / rep;
@@ -239,11 +240,11 @@ dt_status_t dt__kernel_sdpa(const dt_op_call_t* call, const dt_local_tensor_t* i
       float* oh = o + dt__attn_base(layout, b, h, H, S, E);
       for (int64_t i0 = 0; i0 < S && st == DT_SUCCESS; i0 += rb) {
         const int64_t rn = S - i0 < rb ? S - i0 : rb, kn = dt__attn_keys_seen(causal, q0, i0, rn, T);
-        float* pb = p + i0 * T; /* the block's probabilities: rn rows of kn, T apart */
-        st = dt__attn_block_probs(bk, qh + i0 * lq, lq, kh, lk, rn, kn, D, scale, pb, T, q0 + i0,
+        /* the block's probabilities in p: rn rows of kn, T apart */
+        st = dt__attn_block_probs(bk, qh + i0 * lq, lq, kh, lk, rn, kn, D, scale, p, T, q0 + i0,
                                   causal);
         if (E > 0 && st == DT_SUCCESS)
-          st = dt__gemm(bk, 0, 0, rn, E, kn, 1.0f, pb, T, vh, lv, 0.0f, oh + i0 * lo, lo);
+          st = dt__gemm(bk, 0, 0, rn, E, kn, 1.0f, p, T, vh, lv, 0.0f, oh + i0 * lo, lo);
       }
     }
   dt__backend_free(bk, p, pn);

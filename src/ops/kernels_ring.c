@@ -45,24 +45,36 @@ static int dt__ring_fused(const dt__ring_rows_t* R, const dt__ring_geom_t* g, in
   return R->fused != NULL && R->fused(g, C);
 }
 
+/* Query rows per chunk of a block of C rows on g's backend. */
+static int64_t dt__ring_chunk_rows(const dt__ring_rows_t* R, int64_t C) {
+  return R->row_block > 0 && R->row_block < C ? R->row_block : C;
+}
+
 size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C) {
-  if (dt__ring_fused(dt__ring_rows_for(g->bk), g, C)) return 0;
-  return sizeof(float) * (size_t)(2 * C * C + C * g->E + 2 * C);
+  const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
+  if (dt__ring_fused(R, g, C)) return 0;
+  const int64_t rb = dt__ring_chunk_rows(R, C);
+  return sizeof(float) * (size_t)(2 * rb * C + rb * g->E + 2 * rb);
 }
 
 /* ---- the row-wise steps on host memory (dt__ring_rows_t; ring.cu has the CUDA ones) ---------- */
 
+/* Keys row i of a chunk sees among cols (d0 < 0: all). */
+static inline int64_t dt__rr_vis(int64_t d0, int64_t i, int64_t cols) {
+  return d0 < 0 || d0 + i + 1 > cols ? cols : d0 + i + 1;
+}
+
 /* The loops as the dense attention's (dt__max_f, dt__expf, dt__sum_d; DT_SIMD clones). */
-DT_SIMD static dt_status_t dt__rr_softmax(dt_backend_t b, float* p, int64_t C, int diag,
-                                          float* mb, float* lb) {
+DT_SIMD static dt_status_t dt__rr_softmax(dt_backend_t b, float* p, int64_t rows, int64_t cols,
+                                          int64_t ld, int64_t d0, float* mb, float* lb) {
   (void)b;
-  for (int64_t i = 0; i < C; i++) { /* the block's softmax numerators, row max and sum */
-    float* row = p + i * C;
-    const int64_t vis = diag ? i + 1 : C; /* the diagonal block: keys 0..i of the chunk */
+  for (int64_t i = 0; i < rows; i++) { /* the block's softmax numerators, row max and sum */
+    float* row = p + i * ld;
+    const int64_t vis = dt__rr_vis(d0, i, cols);
     const float mx = dt__max_f(row, vis, -INFINITY);
     for (int64_t j = 0; j < vis; j++) row[j] = dt__expf(row[j] - mx);
     const double sum = dt__sum_d(row, vis);
-    for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
+    for (int64_t j = vis; j < cols; j++) row[j] = 0.0f;
     mb[i] = mx;
     lb[i] = (float)sum;
   }
@@ -70,10 +82,10 @@ DT_SIMD static dt_status_t dt__rr_softmax(dt_backend_t b, float* p, int64_t C, i
 }
 
 DT_SIMD static dt_status_t dt__rr_merge(dt_backend_t b, float* o, int64_t lo, const float* t,
-                                        int64_t E, int64_t C, float* m, float* l, const float* mb,
-                                        const float* lb) {
+                                        int64_t E, int64_t rows, float* m, float* l,
+                                        const float* mb, const float* lb) {
   (void)b;
-  for (int64_t i = 0; i < C; i++) { /* merge into the running (o, m, l) of the row */
+  for (int64_t i = 0; i < rows; i++) { /* merge into the running (o, m, l) of the row */
     const float mo = m[i], mn = mo > mb[i] ? mo : mb[i];
     const float a = mo == -INFINITY ? 0.0f : expf(mo - mn), c = expf(mb[i] - mn);
     float* orow = o + i * lo;
@@ -117,37 +129,37 @@ static dt_status_t dt__rr_rowdot(dt_backend_t b, const dt__ring_geom_t* g, const
   return DT_SUCCESS;
 }
 
-DT_SIMD static dt_status_t dt__rr_probs(dt_backend_t b, float* p, int64_t C, int diag,
-                                        const float* lse) {
+DT_SIMD static dt_status_t dt__rr_probs(dt_backend_t b, float* p, int64_t rows, int64_t cols,
+                                        int64_t ld, int64_t d0, const float* lse) {
   (void)b;
-  for (int64_t i = 0; i < C; i++) {
-    float* row = p + i * C;
-    const int64_t vis = diag ? i + 1 : C;
+  for (int64_t i = 0; i < rows; i++) {
+    float* row = p + i * ld;
+    const int64_t vis = dt__rr_vis(d0, i, cols);
     const float ls = lse[i];
     if (ls == -INFINITY) /* no visible key in the whole sequence: P is 0 */
       for (int64_t j = 0; j < vis; j++) row[j] = 0.0f;
     else
       for (int64_t j = 0; j < vis; j++) row[j] = dt__expf(row[j] - ls);
-    for (int64_t j = vis; j < C; j++) row[j] = 0.0f;
+    for (int64_t j = vis; j < cols; j++) row[j] = 0.0f;
   }
   return DT_SUCCESS;
 }
 
-DT_SIMD static dt_status_t dt__rr_dscore(dt_backend_t b, float* dp, const float* p, int64_t C,
-                                         const float* dd) {
+DT_SIMD static dt_status_t dt__rr_dscore(dt_backend_t b, float* dp, const float* p, int64_t rows,
+                                         int64_t cols, int64_t ld, const float* dd) {
   (void)b;
-  for (int64_t i = 0; i < C; i++) {
+  for (int64_t i = 0; i < rows; i++) {
     const float di = dd[i];
-    const float* pr = p + i * C;
-    float* dr = dp + i * C;
-    for (int64_t j = 0; j < C; j++) dr[j] = pr[j] * (dr[j] - di);
+    const float* pr = p + i * ld;
+    float* dr = dp + i * ld;
+    for (int64_t j = 0; j < cols; j++) dr[j] = pr[j] * (dr[j] - di);
   }
   return DT_SUCCESS;
 }
 
 static const dt__ring_rows_t dt__ring_rows_host = {
-    dt__rr_softmax, dt__rr_merge, dt__rr_finish, dt__rr_rowdot, dt__rr_probs, dt__rr_dscore,
-    NULL,           NULL,         NULL};
+    DT_ATTN_ROW_BLOCK, dt__rr_softmax, dt__rr_merge, dt__rr_finish, dt__rr_rowdot, dt__rr_probs,
+    dt__rr_dscore,     NULL,           NULL,         NULL};
 
 const dt__ring_rows_t* dt__ring_rows_for(dt_backend_t b) {
 #ifdef DTENSOR_HAVE_CUDA
@@ -161,28 +173,38 @@ const dt__ring_rows_t* dt__ring_rows_for(dt_backend_t b) {
 
 /* ---- the blocks ------------------------------------------------------------------------------ */
 
+/* Per (b, h) and chunk of rn query rows (from r0 of the block): P = softmax(scale q k^T) over
+ * the kn keys the chunk sees (the diagonal block: up to its last row), t = P v, merged into the
+ * rows' running (o, m, l). */
 dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const float* k,
                                const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
                                float* o, float* m, float* l, float* scratch) {
-  float *p = scratch, *t = p + C * C, *mb = t + C * g->E, *lb = mb + C;
   const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
   if (dt__ring_fused(R, g, C)) return R->block_fwd(g, q, k, v, qr, kr, C, diag, o, m, l);
+  const int64_t rb = dt__ring_chunk_rows(R, C);
+  float *p = scratch, *t = p + rb * C, *mb = t + rb * g->E, *lb = mb + rb;
   dt_status_t st = DT_SUCCESS;
   for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
     for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
       dt__ring_slab_t s;
       dt__ring_slab(g, b, h, &s);
-      const float *qb = q + s.q + qr * s.lq, *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv;
-      const int64_t r0 = (b * g->H + h) * g->S + qr;
-      if (g->D > 0)
-        st = dt__gemm(g->bk, 0, 1, C, C, g->D, (float)g->scale, qb, s.lq, kb, s.lk, 0.0f, p, C);
-      else
-        st = g->bk->iface->memset(g->bk, p, 0, sizeof(float) * (size_t)(C * C));
-      if (st == DT_SUCCESS) st = R->softmax(g->bk, p, C, diag, mb, lb);
-      if (g->E > 0 && st == DT_SUCCESS)
-        st = dt__gemm(g->bk, 0, 0, C, g->E, C, 1.0f, p, C, vb, s.lv, 0.0f, t, g->E);
-      if (st == DT_SUCCESS)
-        st = R->merge(g->bk, o + s.o + qr * s.lo, s.lo, t, g->E, C, m + r0, l + r0, mb, lb);
+      const float *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv;
+      for (int64_t r0 = 0; r0 < C && st == DT_SUCCESS; r0 += rb) {
+        const int64_t rn = C - r0 < rb ? C - r0 : rb, kn = diag ? r0 + rn : C;
+        const float* qb = q + s.q + (qr + r0) * s.lq;
+        const int64_t i0 = (b * g->H + h) * g->S + qr + r0; /* the chunk's first row */
+        if (g->D > 0)
+          st = dt__gemm(g->bk, 0, 1, rn, kn, g->D, (float)g->scale, qb, s.lq, kb, s.lk, 0.0f, p,
+                        C);
+        else
+          st = g->bk->iface->memset(g->bk, p, 0, sizeof(float) * (size_t)(rn * C));
+        if (st == DT_SUCCESS) st = R->softmax(g->bk, p, rn, kn, C, diag ? r0 : -1, mb, lb);
+        if (g->E > 0 && st == DT_SUCCESS)
+          st = dt__gemm(g->bk, 0, 0, rn, g->E, kn, 1.0f, p, C, vb, s.lv, 0.0f, t, g->E);
+        if (st == DT_SUCCESS)
+          st = R->merge(g->bk, o + s.o + (qr + r0) * s.lo, s.lo, t, g->E, rn, m + i0, l + i0,
+                        mb, lb);
+      }
     }
   return st;
 }
@@ -196,46 +218,52 @@ dt_status_t dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const floa
   return dt__ring_rows_for(g->bk)->rowdot(g->bk, g, o, go, d);
 }
 
-/* Per (b, h): P = exp(scale q k^T - lse) (masked: 0), dv += P^T g, dP = g v^T,
- * dS = P (dP - D), dq += scale dS k, dk += scale dS^T q. */
+/* Per (b, h) and chunk of rn query rows seeing kn keys (as the forward): P = exp(scale q k^T -
+ * lse) (masked: 0), dv += P^T g, dP = g v^T, dS = P (dP - D), dq += scale dS k,
+ * dk += scale dS^T q. */
 dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const float* k,
                                const float* v, const float* go, const float* lse, const float* dd,
                                int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
                                float* dv, float* scratch) {
-  float *p = scratch, *dp = p + C * C;
-  const float sc = (float)g->scale;
-  const size_t block_nb = sizeof(float) * (size_t)(C * C);
   const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
   if (dt__ring_fused(R, g, C))
     return R->block_bwd(g, q, k, v, go, lse, dd, qr, kr, C, diag, dq, dk, dv);
+  const int64_t rb = dt__ring_chunk_rows(R, C);
+  float *p = scratch, *dp = p + rb * C;
+  const float sc = (float)g->scale;
   dt_status_t st = DT_SUCCESS;
   for (int64_t b = 0; b < g->B && st == DT_SUCCESS; b++)
     for (int64_t h = 0; h < g->H && st == DT_SUCCESS; h++) {
       dt__ring_slab_t s;
       dt__ring_slab(g, b, h, &s);
-      const float *qb = q + s.q + qr * s.lq, *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv,
-                  *gb = go + s.o + qr * s.lo;
-      float *dqb = dq + s.q + qr * s.lq, *dkb = dk + s.k + kr * s.lk, *dvb = dv + s.v + kr * s.lv;
-      const int64_t r0 = (b * g->H + h) * g->S + qr;
-      if (g->D > 0)
-        st = dt__gemm(g->bk, 0, 1, C, C, g->D, sc, qb, s.lq, kb, s.lk, 0.0f, p, C);
-      else
-        st = g->bk->iface->memset(g->bk, p, 0, block_nb);
-      if (st == DT_SUCCESS) st = R->probs(g->bk, p, C, diag, lse + r0);
-      if (g->E > 0) {
-        if (st == DT_SUCCESS)
-          st = dt__gemm(g->bk, 1, 0, C, g->E, C, 1.0f, p, C, gb, s.lo, 1.0f, dvb, s.lv);
-        if (st == DT_SUCCESS)
-          st = dt__gemm(g->bk, 0, 1, C, C, g->E, 1.0f, gb, s.lo, vb, s.lv, 0.0f, dp, C);
-      } else if (st == DT_SUCCESS) {
-        st = g->bk->iface->memset(g->bk, dp, 0, block_nb);
-      }
-      if (st == DT_SUCCESS) st = R->dscore(g->bk, dp, p, C, dd + r0);
-      if (g->D > 0) {
-        if (st == DT_SUCCESS)
-          st = dt__gemm(g->bk, 0, 0, C, g->D, C, sc, dp, C, kb, s.lk, 1.0f, dqb, s.lq);
-        if (st == DT_SUCCESS)
-          st = dt__gemm(g->bk, 1, 0, C, g->D, C, sc, dp, C, qb, s.lq, 1.0f, dkb, s.lk);
+      const float *kb = k + s.k + kr * s.lk, *vb = v + s.v + kr * s.lv;
+      float *dkb = dk + s.k + kr * s.lk, *dvb = dv + s.v + kr * s.lv;
+      for (int64_t r0 = 0; r0 < C && st == DT_SUCCESS; r0 += rb) {
+        const int64_t rn = C - r0 < rb ? C - r0 : rb, kn = diag ? r0 + rn : C, d0 = diag ? r0 : -1;
+        const size_t chunk_nb = sizeof(float) * (size_t)(rn * C);
+        const float *qb = q + s.q + (qr + r0) * s.lq, *gb = go + s.o + (qr + r0) * s.lo;
+        float* dqb = dq + s.q + (qr + r0) * s.lq;
+        const int64_t i0 = (b * g->H + h) * g->S + qr + r0; /* the chunk's first row */
+        if (g->D > 0)
+          st = dt__gemm(g->bk, 0, 1, rn, kn, g->D, sc, qb, s.lq, kb, s.lk, 0.0f, p, C);
+        else
+          st = g->bk->iface->memset(g->bk, p, 0, chunk_nb);
+        if (st == DT_SUCCESS) st = R->probs(g->bk, p, rn, kn, C, d0, lse + i0);
+        if (g->E > 0) {
+          if (st == DT_SUCCESS)
+            st = dt__gemm(g->bk, 1, 0, kn, g->E, rn, 1.0f, p, C, gb, s.lo, 1.0f, dvb, s.lv);
+          if (st == DT_SUCCESS)
+            st = dt__gemm(g->bk, 0, 1, rn, kn, g->E, 1.0f, gb, s.lo, vb, s.lv, 0.0f, dp, C);
+        } else if (st == DT_SUCCESS) {
+          st = g->bk->iface->memset(g->bk, dp, 0, chunk_nb);
+        }
+        if (st == DT_SUCCESS) st = R->dscore(g->bk, dp, p, rn, kn, C, dd + i0);
+        if (g->D > 0) {
+          if (st == DT_SUCCESS)
+            st = dt__gemm(g->bk, 0, 0, rn, g->D, kn, sc, dp, C, kb, s.lk, 1.0f, dqb, s.lq);
+          if (st == DT_SUCCESS)
+            st = dt__gemm(g->bk, 1, 0, kn, g->D, rn, sc, dp, C, qb, s.lq, 1.0f, dkb, s.lk);
+        }
       }
     }
   return st;

@@ -336,9 +336,14 @@ void dt__tensor_local_view(dt_tensor_t x, dt_local_tensor_t* v);
 dt_status_t dt__attn_block_probs(dt_backend_t bk, const float* q, int lq, const float* k, int lk,
                                  int64_t rn, int64_t kn, int64_t D, double scale, float* p,
                                  int64_t ld, int64_t q0, int causal);
-/* Causal attention runs in blocks of this many query rows, each over the keys its last row sees
+/* Attention on the host runs in blocks of this many query rows (scratch: a block's scores, not
+ * the S x T matrix); under a causal mask each block goes over the keys its last row sees
  * (0 .. q0 + last row): the masked upper triangle is neither scored nor multiplied. */
 #define DT_ATTN_ROW_BLOCK 64
+/* Query rows of a block of sdpa / sdpa_grad on the host for S rows. */
+static inline int64_t dt__attn_row_block(int64_t S) {
+  return S < DT_ATTN_ROW_BLOCK ? S : DT_ATTN_ROW_BLOCK;
+}
 /* Keys that rows i0 .. i0 + rn - 1 of a query shard starting at q0 see among T (all T unless
  * causal). */
 static inline int64_t dt__attn_keys_seen(int causal, int64_t q0, int64_t i0, int64_t rn, int64_t T) {
@@ -381,25 +386,31 @@ dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const f
                                float* dv, float* scratch);
 /* The row-wise steps between a block's products, on one backend's memory (f32; the products go
  * through the backend's GEMM): the host loops of kernels_ring.c for host memory, CUDA kernels
- * for the cuda backends (src/ops/cuda/ring.cu). p and dp are one (batch, head) slab's C x C
- * block; per-row arrays (m, l, mb, lb, lse, dd) start at the block's first row. */
+ * for the cuda backends (src/ops/cuda/ring.cu). A block of C query rows is computed in chunks
+ * of row_block rows (0: all C at once): p and dp hold one (batch, head) slab's chunk, `rows`
+ * rows of `cols` scores, ld apart; key j is visible to row i of the chunk when d0 < 0 (a full
+ * block) or j <= d0 + i (the causal diagonal block, d0 the chunk's first row in it); per-row
+ * arrays (m, l, mb, lb, lse, dd) start at the chunk's first row. */
 typedef struct dt__ring_rows {
-  /* p's visible scores (diag: key j <= query i) -> exp(score - rowmax), the rest 0; mb, lb:
-   * each row's max and sum */
-  dt_status_t (*softmax)(dt_backend_t b, float* p, int64_t C, int diag, float* mb, float* lb);
+  int64_t row_block;
+  /* p's visible scores -> exp(score - rowmax), the rest 0; mb, lb: each row's max and sum */
+  dt_status_t (*softmax)(dt_backend_t b, float* p, int64_t rows, int64_t cols, int64_t ld,
+                         int64_t d0, float* mb, float* lb);
   /* o rows (lo apart) = o a + t c, l = l a + lb c, m = max(m, mb), a and c rescaling both to
-   * the new max; t: C x E */
+   * the new max; t: rows x E */
   dt_status_t (*merge)(dt_backend_t b, float* o, int64_t lo, const float* t, int64_t E,
-                       int64_t C, float* m, float* l, const float* mb, const float* lb);
+                       int64_t rows, float* m, float* l, const float* mb, const float* lb);
   /* dt__ring_finish and dt__ring_rowdot over every row of g */
   dt_status_t (*finish)(dt_backend_t b, const dt__ring_geom_t* g, float* o, const float* m,
                         const float* l, float* lse);
   dt_status_t (*rowdot)(dt_backend_t b, const dt__ring_geom_t* g, const float* o,
                         const float* go, float* d);
   /* p's visible scores -> exp(score - lse) (lse -inf: 0), the rest 0 */
-  dt_status_t (*probs)(dt_backend_t b, float* p, int64_t C, int diag, const float* lse);
+  dt_status_t (*probs)(dt_backend_t b, float* p, int64_t rows, int64_t cols, int64_t ld,
+                       int64_t d0, const float* lse);
   /* dp = p (dp - dd) per row */
-  dt_status_t (*dscore)(dt_backend_t b, float* dp, const float* p, int64_t C, const float* dd);
+  dt_status_t (*dscore)(dt_backend_t b, float* dp, const float* p, int64_t rows, int64_t cols,
+                        int64_t ld, const float* dd);
   /* Whole blocks of dt__ring_block_fwd / dt__ring_block_bwd (every (batch, head), no scratch)
    * in fused kernels: `fused` (NULL where there are none) says whether they take blocks of C
    * rows of g, forward and backward alike; otherwise the products and the steps above run. */

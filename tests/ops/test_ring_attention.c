@@ -5,8 +5,8 @@
  *     causal and not, the load-balanced and the in-order layout, both tensor layouts, grouped
  *     query heads (4 query heads, 2 kv heads), v's feature size unlike q's, and the ring, the
  *     all-gather and the cost model's choice; on 4 ranks also a 2 x 2 mesh with the heads sharded
- *     on the other dim; chunks of 3 rows and, on the ring, of 37 (more than one tile of the
- *     GPU's fused blocks);
+ *     on the other dim; chunks of 3 rows and, on the ring, of 37 and 70 (more than one tile of
+ *     the GPU's fused blocks, more than one of the host's chunks of 64 rows);
  *   - traffic from the counters: the ring sends n-1 key/value shards forward, and n-1 key/value
  *     shards plus n gradient shards backward (send_recv on the cp dim, nothing else); the
  *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
@@ -420,16 +420,17 @@ int main(int argc, char** argv) {
           run_case(mesh, solo, pl, 0, &c);
         }
   /* chunks longer than a GPU kernel's tiles (16 query rows, 32 keys; the fused blocks under
-   * DTENSOR_SDPA_PATH=flash): several tiles per block, the last ones partial */
+   * DTENSOR_SDPA_PATH=flash): several tiles per block, the last ones partial; and longer than
+   * the host's chunks of 64 rows (70: 64 + 6; in order, one block of 140 rows: 64 + 64 + 12) */
   for (int causal = 0; causal < 2; causal++)
     for (int layout = 0; layout < 2; layout++) {
-      cfg_t c = {causal, 1, layout, 1, 37};
+      cfg_t c = {causal, 1, layout, 1, causal ? 70 : 37};
       dt_placement_t pl[1] = {dt_shard(layout ? 1 : 2)};
       run_case(mesh, solo, pl, 0, &c);
     }
-  {
-    cfg_t c = {1, 0, 0, 1, 37}; /* in order: one block of 2 x 37 rows per pair */
-    dt_placement_t pl[1] = {dt_shard(2)};
+  for (int causal = 0; causal < 2; causal++) {
+    cfg_t c = {causal, 0, causal, 1, causal ? 70 : 37}; /* in order: one block of 2 rows x chunk */
+    dt_placement_t pl[1] = {dt_shard(causal ? 1 : 2)};
     run_case(mesh, solo, pl, 0, &c);
   }
   if (g_n == 4) { /* 2 x 2: heads on dim 0 (tp), the sequence on dim 1 (cp) */

@@ -18,19 +18,25 @@ namespace {
 
 #define DT_RING_NT 128 /* threads per row */
 
-/* p (C x C): row i's visible scores (diag: 0..i) -> exp(score - rowmax), the rest 0; mb, lb: the
- * row's max and sum. */
+/* Keys row i of a chunk sees among cols (d0 < 0: all; else 0 .. d0 + i). */
+__device__ __forceinline__ int64_t dt_ring_vis(int64_t d0, int64_t i, int64_t cols) {
+  return d0 < 0 || d0 + i + 1 > cols ? cols : d0 + i + 1;
+}
+
+/* p (rows x cols, ld apart): row i's visible scores -> exp(score - rowmax), the rest 0; mb, lb:
+ * the row's max and sum. */
 __global__ void __launch_bounds__(DT_RING_NT)
-dt_ring_softmax_kernel(float* p, int64_t C, int diag, float* mb, float* lb) {
+dt_ring_softmax_kernel(float* p, int64_t rows, int64_t cols, int64_t ld, int64_t d0, float* mb,
+                       float* lb) {
   __shared__ float red[32];
-  for (int64_t i = blockIdx.x; i < C; i += gridDim.x) {
-    float* row = p + i * C;
-    const int64_t vis = diag ? i + 1 : C;
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    float* row = p + i * ld;
+    const int64_t vis = dt_ring_vis(d0, i, cols);
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < vis; j += blockDim.x) mx = fmaxf(mx, row[j]);
     mx = dt_cu_block_max(mx, red);
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const float e = j < vis ? expf(row[j] - mx) : 0.0f;
       row[j] = e;
       sum += e;
@@ -46,9 +52,9 @@ dt_ring_softmax_kernel(float* p, int64_t C, int diag, float* mb, float* lb) {
 /* Row i: o_i = o_i a + t_i c, l = l a + lb c, m = max(m, mb) (a, c the rescalings to the new
  * max); o rows lo apart, t rows E apart; m, l of this block's rows. */
 __global__ void __launch_bounds__(DT_RING_NT)
-dt_ring_merge_kernel(float* o, int64_t lo, const float* t, int64_t E, int64_t C, float* m,
+dt_ring_merge_kernel(float* o, int64_t lo, const float* t, int64_t E, int64_t rows, float* m,
                      float* l, const float* mb, const float* lb) {
-  for (int64_t i = blockIdx.x; i < C; i += gridDim.x) {
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
     const float mo = m[i], mn = fmaxf(mo, mb[i]);
     const float a = mo == -INFINITY ? 0.0f : expf(mo - mn), c = expf(mb[i] - mn);
     float* orow = o + i * lo;
@@ -97,25 +103,27 @@ dt_ring_rowdot_kernel(const float* o, const float* go, float* d, int64_t rows, i
   }
 }
 
-/* p (C x C scores) -> exp(score - lse_i) where visible (lse -inf: 0), else 0 */
+/* p (rows x cols scores, ld apart) -> exp(score - lse_i) where visible (lse -inf: 0), else 0 */
 __global__ void __launch_bounds__(DT_RING_NT)
-dt_ring_probs_kernel(float* p, int64_t C, int diag, const float* lse) {
-  for (int64_t i = blockIdx.x; i < C; i += gridDim.x) {
-    float* row = p + i * C;
-    const int64_t vis = diag ? i + 1 : C;
+dt_ring_probs_kernel(float* p, int64_t rows, int64_t cols, int64_t ld, int64_t d0,
+                     const float* lse) {
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    float* row = p + i * ld;
+    const int64_t vis = dt_ring_vis(d0, i, cols);
     const float ls = lse[i];
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       row[j] = j < vis && ls != -INFINITY ? expf(row[j] - ls) : 0.0f;
   }
 }
 
 /* dp = p (dp - d_i) */
 __global__ void __launch_bounds__(DT_RING_NT)
-dt_ring_dscore_kernel(float* dp, const float* p, int64_t C, const float* dd) {
-  for (int64_t i = blockIdx.x; i < C; i += gridDim.x) {
+dt_ring_dscore_kernel(float* dp, const float* p, int64_t rows, int64_t cols, int64_t ld,
+                      const float* dd) {
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
     const float di = dd[i];
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
-      dp[i * C + j] = p[i * C + j] * (dp[i * C + j] - di);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      dp[i * ld + j] = p[i * ld + j] * (dp[i * ld + j] - di);
   }
 }
 
@@ -137,14 +145,15 @@ static cudaStream_t dt_ring_stream(dt_backend_t b) {
     return rc_ == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc_, "ring_attention: " what);        \
   } while (0)
 
-static dt_status_t dt_ring_softmax(dt_backend_t b, float* p, int64_t C, int diag, float* mb,
-                                   float* lb) {
-  DT_RING_LAUNCH("block softmax", dt_ring_softmax_kernel, b, C, p, C, diag, mb, lb);
+static dt_status_t dt_ring_softmax(dt_backend_t b, float* p, int64_t rows, int64_t cols,
+                                   int64_t ld, int64_t d0, float* mb, float* lb) {
+  DT_RING_LAUNCH("block softmax", dt_ring_softmax_kernel, b, rows, p, rows, cols, ld, d0, mb, lb);
 }
 
 static dt_status_t dt_ring_merge(dt_backend_t b, float* o, int64_t lo, const float* t, int64_t E,
-                                 int64_t C, float* m, float* l, const float* mb, const float* lb) {
-  DT_RING_LAUNCH("merge", dt_ring_merge_kernel, b, C, o, lo, t, E, C, m, l, mb, lb);
+                                 int64_t rows, float* m, float* l, const float* mb,
+                                 const float* lb) {
+  DT_RING_LAUNCH("merge", dt_ring_merge_kernel, b, rows, o, lo, t, E, rows, m, l, mb, lb);
 }
 
 static dt_status_t dt_ring_finish(dt_backend_t b, const dt__ring_geom_t* g, float* o,
@@ -159,16 +168,20 @@ static dt_status_t dt_ring_rowdot(dt_backend_t b, const dt__ring_geom_t* g, cons
                  g->B * g->H * g->S, g->layout, g->H, g->S, g->E);
 }
 
-static dt_status_t dt_ring_probs(dt_backend_t b, float* p, int64_t C, int diag, const float* lse) {
-  DT_RING_LAUNCH("probabilities", dt_ring_probs_kernel, b, C, p, C, diag, lse);
+static dt_status_t dt_ring_probs(dt_backend_t b, float* p, int64_t rows, int64_t cols,
+                                 int64_t ld, int64_t d0, const float* lse) {
+  DT_RING_LAUNCH("probabilities", dt_ring_probs_kernel, b, rows, p, rows, cols, ld, d0, lse);
 }
 
-static dt_status_t dt_ring_dscore(dt_backend_t b, float* dp, const float* p, int64_t C,
-                                  const float* dd) {
-  DT_RING_LAUNCH("score gradient", dt_ring_dscore_kernel, b, C, dp, p, C, dd);
+static dt_status_t dt_ring_dscore(dt_backend_t b, float* dp, const float* p, int64_t rows,
+                                  int64_t cols, int64_t ld, const float* dd) {
+  DT_RING_LAUNCH("score gradient", dt_ring_dscore_kernel, b, rows, dp, p, rows, cols, ld, dd);
 }
 
-const dt__ring_rows_t dt_ring_rows = {dt_ring_softmax,
+/* row_block 0: a block's C rows at once (one GEMM per product and slab; scratch is device
+ * memory) */
+const dt__ring_rows_t dt_ring_rows = {0,
+                                      dt_ring_softmax,
                                       dt_ring_merge,
                                       dt_ring_finish,
                                       dt_ring_rowdot,
