@@ -341,7 +341,8 @@ static int dt__ra_pairs_of(const dt__ring_call_t* a, int r, int s) {
 }
 
 /* FLOPs of one block pair (forward: scores and weighted values; backward: scores, dV, dP, dQ,
- * dK), as kernels_ring.c computes them (masked pairs of the diagonal included). */
+ * dK), masked pairs of the diagonal included: as a device's products compute them; the host's
+ * chunks skip most of a diagonal block's masked pairs, so there it is an upper bound. */
 static double dt__ra_pair_flops(const dt__ring_call_t* a, int backward) {
   const dt__ring_geom_t* g = &a->g;
   const double pairs = (double)g->B * (double)g->H * (double)a->C * (double)a->C;
