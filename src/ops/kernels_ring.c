@@ -330,32 +330,39 @@ static int dt__ra_mode(const dt__ring_call_t* a, int cq, int ck) {
   return ck < cq ? 1 : ck == cq ? 2 : 0;
 }
 
-/* Block pairs rank r computes against the shard of rank s. */
-static int dt__ra_pairs_of(const dt__ring_call_t* a, int r, int s) {
-  int cq[2], ck[2], np = 0;
+/* Query-key pairs one (batch, head) slab of a block scores: C x C for a full block; for the
+ * causal diagonal, as the chunks of rb rows compute it (each up to its last row: masked pairs of
+ * a device's whole-block products included; its fused kernels skip more, so there an upper
+ * bound). */
+static double dt__ra_block_pairs(const dt__ring_call_t* a, int mode) {
+  const double C = (double)a->C;
+  if (mode != 2) return C * C;
+  const int64_t rb = dt__ring_chunk_rows(dt__ring_rows_for(a->g.bk), a->C);
+  const double k = (double)(a->C / rb), rem = (double)(a->C % rb), r = (double)rb;
+  return r * r * k * (k + 1.0) / 2.0 + rem * C; /* chunk i (0-based): rb rows of (i + 1) rb keys */
+}
+
+/* FLOPs of rank r's blocks against the shard of rank s (forward: scores and weighted values;
+ * backward: scores, dV, dP, dQ, dK). */
+static double dt__ra_step_flops_of(const dt__ring_call_t* a, int r, int s, int backward) {
+  const dt__ring_geom_t* g = &a->g;
+  int cq[2], ck[2];
   dt__ra_chunks(a, r, cq);
   dt__ra_chunks(a, s, ck);
+  double pairs = 0.0;
   for (int i = 0; i < a->m; i++)
-    for (int j = 0; j < a->m; j++) np += dt__ra_mode(a, cq[i], ck[j]) != 0;
-  return np;
+    for (int j = 0; j < a->m; j++) {
+      const int mode = dt__ra_mode(a, cq[i], ck[j]);
+      if (mode != 0) pairs += dt__ra_block_pairs(a, mode);
+    }
+  const double per = backward ? (double)(3 * g->D + 2 * g->E) : (double)(g->D + g->E);
+  return 2.0 * (double)g->B * (double)g->H * pairs * per;
 }
-
-/* FLOPs of one block pair (forward: scores and weighted values; backward: scores, dV, dP, dQ,
- * dK), masked pairs of the diagonal included: as a device's products compute them; the host's
- * chunks skip most of a diagonal block's masked pairs, so there it is an upper bound. */
-static double dt__ra_pair_flops(const dt__ring_call_t* a, int backward) {
-  const dt__ring_geom_t* g = &a->g;
-  const double pairs = (double)g->B * (double)g->H * (double)a->C * (double)a->C;
-  return 2.0 * pairs * (backward ? (double)(3 * g->D + 2 * g->E) : (double)(g->D + g->E));
-}
-
-static int dt__ra_pairs(const dt__ring_call_t* a, int s) { return dt__ra_pairs_of(a, a->link.r, s); }
 
 /* The modeled time of rank r's blocks against the shard of rank s. */
 static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int backward) {
   const dt_compute_params_t* cm = dt__compute_model();
-  const double f = dt__ra_pair_flops(a, backward) * dt__ra_pairs_of(a, r, s);
-  return cm->op_us + f / (cm->gemm_gflops * 1e3);
+  return cm->op_us + dt__ra_step_flops_of(a, r, s, backward) / (cm->gemm_gflops * 1e3);
 }
 
 /* The simulated time of a step's blocks (and the clock's sums). */
@@ -366,7 +373,7 @@ static double dt__ra_step_us(const dt__ring_call_t* a, int s, int backward) {
 static void dt__ra_sim_compute(const dt__ring_call_t* a, int s, int backward) {
   if (!a->link.sim) return;
   dt__sim_clock_t* ck = dt__sim_clock();
-  ck->flops += dt__ra_pair_flops(a, backward) * dt__ra_pairs(a, s);
+  ck->flops += dt__ra_step_flops_of(a, a->link.r, s, backward);
   ck->ops++;
   dt__sim_compute(dt__ra_step_us(a, s, backward));
 }
