@@ -1,5 +1,5 @@
 /* attention.cu - CUDA kernels of scaled dot-product attention (see cuda_ops.h for the
- * conventions): sdpa and its gradient sdpa_grad.
+ * conventions): sdpa and its gradient sdpa_grad, and ring attention's blocks fused (at the end).
  *
  * The host kernels (dt__kernel_sdpa in src/ops/kernels_nn.c, dt__kernel_sdpa_grad in
  * kernels_grad.c) define the results with the S x T formulation: per (batch, head), scores
@@ -1634,13 +1634,9 @@ static dt_attn_geom dt_attn_ring_geom(const dt__ring_geom_t* rg, int64_t C, int 
   return g;
 }
 
-
 static cudaStream_t dt_attn_ring_stream(dt_backend_t b) {
   return (cudaStream_t)DT_CUDA_NAME(stream)(b);
 }
-
-/* ---------------------------------------------------------------------------------------------
- * Registration: every float dtype, as stored. */
 
 }  // namespace
 
@@ -1693,6 +1689,9 @@ extern "C" dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* rg, c
                         dv + kr * g.v.ss);
   return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "ring_attention: block backward");
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Registration: every float dtype, as stored. */
 
 DT_CU_FILL(attention) {
   t[DT_OP_SDPA] = {dt_cu_sdpa, DT_KERNEL_ANY_DTYPE, dt_cu_sdpa_scratch};
