@@ -6,7 +6,8 @@
  *     query heads (4 query heads, 2 kv heads), v's feature size unlike q's, and the ring, the
  *     all-gather and the cost model's choice; on 4 ranks also a 2 x 2 mesh with the heads sharded
  *     on the other dim; chunks of 3 rows and, on the ring, of 37 and 70 (more than one tile of
- *     the GPU's fused blocks, more than one of the host's chunks of 64 rows);
+ *     the GPU's fused blocks, more than one of the host's chunks of 64 rows); feature sizes 5
+ *     and 9, and 400 and 400 (too wide for the fused blocks' tiles);
  *   - traffic from the counters: the ring sends n-1 key/value shards forward, and n-1 key/value
  *     shards plus n gradient shards backward (send_recv on the cp dim, nothing else); the
  *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
@@ -27,6 +28,7 @@ static int g_n, g_rank;
 typedef struct {
   int causal, balanced, layout, algo;
   int rows; /* rows per chunk of the sequence */
+  int d, e; /* q/k and v feature sizes (0: D and E below) */
 } cfg_t;
 
 /* Deterministic values in [-1, 1). */
@@ -136,8 +138,8 @@ static void run_case(dt_mesh_t mesh, dt_mesh_t rep_mesh, const dt_placement_t* p
   int n;
   DT_ASSERT_OK(dt_mesh_size(mesh, cp_dim, &n));
   const int cp = c->balanced ? n : 0;
-  const int64_t S = 2 * (int64_t)n * c->rows;
-  const int64_t nq = B * H * S * D, nk = B * G * S * D, nv = B * G * S * E, no = B * H * S * E;
+  const int64_t S = 2 * (int64_t)n * c->rows, Dq = c->d ? c->d : D, Ev = c->e ? c->e : E;
+  const int64_t nq = B * H * S * Dq, nk = B * G * S * Dq, nv = B * G * S * Ev, no = B * H * S * Ev;
   float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
         *v = malloc(sizeof(float) * nv), *w = malloc(sizeof(float) * no);
   float *qr = malloc(sizeof(float) * nq), *kr = malloc(sizeof(float) * nk),
@@ -146,41 +148,41 @@ static void run_case(dt_mesh_t mesh, dt_mesh_t rep_mesh, const dt_placement_t* p
         *g1k = malloc(sizeof(float) * nk), *g1v = malloc(sizeof(float) * nv);
   float *o2 = malloc(sizeof(float) * no), *g2q = malloc(sizeof(float) * nq),
         *g2k = malloc(sizeof(float) * nk), *g2v = malloc(sizeof(float) * nv);
-  float* tmp = malloc(sizeof(float) * nq);
+  float* tmp = malloc(sizeof(float) * (nq > no ? nq : no));
   fill(q, nq, 1);
   fill(k, nk, 2);
   fill(v, nv, 3);
   fill(w, no, 4);
   /* the reference: dense attention of the sequence in real order, replicated */
-  permute(qr, q, c->layout, B, H, S, D, cp, 1);
-  permute(kr, k, c->layout, B, G, S, D, cp, 1);
-  permute(vr, v, c->layout, B, G, S, E, cp, 1);
-  permute(wr, w, c->layout, B, H, S, E, cp, 1);
+  permute(qr, q, c->layout, B, H, S, Dq, cp, 1);
+  permute(kr, k, c->layout, B, G, S, Dq, cp, 1);
+  permute(vr, v, c->layout, B, G, S, Ev, cp, 1);
+  permute(wr, w, c->layout, B, H, S, Ev, cp, 1);
   dt_placement_t rep[1] = {dt_replicate()};
-  dt_tensor_t tq = make(rep_mesh, qr, c->layout, H, S, D, rep),
-              tk = make(rep_mesh, kr, c->layout, G, S, D, rep),
-              tv = make(rep_mesh, vr, c->layout, G, S, E, rep),
-              tw = make(rep_mesh, wr, c->layout, H, S, E, rep);
+  dt_tensor_t tq = make(rep_mesh, qr, c->layout, H, S, Dq, rep),
+              tk = make(rep_mesh, kr, c->layout, G, S, Dq, rep),
+              tv = make(rep_mesh, vr, c->layout, G, S, Ev, rep),
+              tw = make(rep_mesh, wr, c->layout, H, S, Ev, rep);
   const int64_t sa[2] = {c->causal, c->layout};
   forward_backward("sdpa", tq, tk, tv, tw, 2, sa, o1, sizeof(float) * no, g1q, g1k, g1v,
                    sizeof(float) * nq, sizeof(float) * nk, sizeof(float) * nv, NULL, NULL, NULL);
   /* the ring, on the stored order */
-  dt_tensor_t sq = make(mesh, q, c->layout, H, S, D, pl);
-  dt_tensor_t sk = make(mesh, k, c->layout, G, S, D, pl);
-  dt_tensor_t sv = make(mesh, v, c->layout, G, S, E, pl);
-  dt_tensor_t sw = make(mesh, w, c->layout, H, S, E, pl);
+  dt_tensor_t sq = make(mesh, q, c->layout, H, S, Dq, pl);
+  dt_tensor_t sk = make(mesh, k, c->layout, G, S, Dq, pl);
+  dt_tensor_t sv = make(mesh, v, c->layout, G, S, Ev, pl);
+  dt_tensor_t sw = make(mesh, w, c->layout, H, S, Ev, pl);
   const int64_t ra[5] = {cp_dim, c->causal, c->layout, c->balanced, c->algo};
   dt_counters_t fwd, all;
   forward_backward("ring_attention", sq, sk, sv, sw, 5, ra, o2, sizeof(float) * no, g2q, g2k, g2v,
                    sizeof(float) * nq, sizeof(float) * nk, sizeof(float) * nv, &fwd, &all, mesh);
   /* compare in real order */
-  permute(tmp, o2, c->layout, B, H, S, E, cp, 1);
+  permute(tmp, o2, c->layout, B, H, S, Ev, cp, 1);
   expect_close(tmp, o1, no, "output", c);
-  permute(tmp, g2q, c->layout, B, H, S, D, cp, 1);
+  permute(tmp, g2q, c->layout, B, H, S, Dq, cp, 1);
   expect_close(tmp, g1q, nq, "grad q", c);
-  permute(tmp, g2k, c->layout, B, G, S, D, cp, 1);
+  permute(tmp, g2k, c->layout, B, G, S, Dq, cp, 1);
   expect_close(tmp, g1k, nk, "grad k", c);
-  permute(tmp, g2v, c->layout, B, G, S, E, cp, 1);
+  permute(tmp, g2v, c->layout, B, G, S, Ev, cp, 1);
   expect_close(tmp, g1v, nv, "grad v", c);
   /* traffic on the cp dim: this rank's k and v shards */
   int nd;
@@ -249,7 +251,7 @@ static void test_rotary(dt_mesh_t mesh, dt_mesh_t rep_mesh) {
   DT_ASSERT_OK(dt_tensor_gather_full(ya, y1, sizeof(float) * n));
   DT_ASSERT_OK(dt_tensor_gather_full(yb, y2, sizeof(float) * n));
   permute(t, y2, 1, B, H, S, D, g_n, 1);
-  cfg_t c = {0, 1, 1, 0, 0};
+  cfg_t c = {0, 1, 1, 0, 0, 0, 0};
   expect_close(t, y1, n, "rotary cp", &c);
   /* a cp that does not split the sequence: refused */
   const int64_t bad[3] = {1, 0, 3 * S};
@@ -415,7 +417,7 @@ int main(int argc, char** argv) {
     for (int balanced = 0; balanced < 2; balanced++)
       for (int layout = 0; layout < 2; layout++)
         for (int algo = 0; algo < 3; algo++) {
-          cfg_t c = {causal, balanced, layout, algo, 3};
+          cfg_t c = {causal, balanced, layout, algo, 3, 0, 0};
           dt_placement_t pl[1] = {dt_shard(layout ? 1 : 2)};
           run_case(mesh, solo, pl, 0, &c);
         }
@@ -424,14 +426,21 @@ int main(int argc, char** argv) {
    * the host's chunks of 64 rows (70: 64 + 6; in order, one block of 140 rows: 64 + 64 + 12) */
   for (int causal = 0; causal < 2; causal++)
     for (int layout = 0; layout < 2; layout++) {
-      cfg_t c = {causal, 1, layout, 1, causal ? 70 : 37};
+      cfg_t c = {causal, 1, layout, 1, causal ? 70 : 37, 0, 0};
       dt_placement_t pl[1] = {dt_shard(layout ? 1 : 2)};
       run_case(mesh, solo, pl, 0, &c);
     }
   for (int causal = 0; causal < 2; causal++) {
-    cfg_t c = {causal, 0, causal, 1, causal ? 70 : 37}; /* in order: one block of 2 rows x chunk */
+    cfg_t c = {causal, 0, causal, 1, causal ? 70 : 37, 0, 0}; /* in order: 2 rows x chunk */
     dt_placement_t pl[1] = {dt_shard(causal ? 1 : 2)};
     run_case(mesh, solo, pl, 0, &c);
+  }
+  /* feature sizes: v's wider than q's and odd; heads too wide for a GPU kernel's tiles in shared
+   * memory (D + E = 800: the fused blocks leave them to the products) */
+  const cfg_t wide[2] = {{0, 1, 0, 1, 20, 5, 9}, {1, 1, 1, 1, 3, 400, 400}};
+  for (int i = 0; i < 2; i++) {
+    dt_placement_t pl[1] = {dt_shard(wide[i].layout ? 1 : 2)};
+    run_case(mesh, solo, pl, 0, &wide[i]);
   }
   if (g_n == 4) { /* 2 x 2: heads on dim 0 (tp), the sequence on dim 1 (cp) */
     const int shape[2] = {2, 2};
@@ -440,7 +449,7 @@ int main(int argc, char** argv) {
     DT_ASSERT_OK(dt_mesh_create(2, shape, n2, NULL, &m2));
     for (int algo = 1; algo < 3; algo++)
       for (int layout = 0; layout < 2; layout++) {
-        cfg_t c = {1, 1, layout, algo, 3};
+        cfg_t c = {1, 1, layout, algo, 3, 0, 0};
         dt_placement_t pl[2] = {dt_shard(layout ? 2 : 1), dt_shard(layout ? 1 : 2)};
         run_case(m2, solo, pl, 1, &c);
       }
