@@ -336,7 +336,7 @@ static int dt__ra_mode(const dt__ring_call_t* a, int cq, int ck) {
  * bound). */
 static double dt__ra_block_pairs(const dt__ring_call_t* a, int mode) {
   const double C = (double)a->C;
-  if (mode != 2) return C * C;
+  if (mode != 2 || a->C == 0) return C * C; /* (an empty sequence: no chunk) */
   const int64_t rb = dt__ring_chunk_rows(dt__ring_rows_for(a->g.bk), a->C);
   const double k = (double)(a->C / rb), rem = (double)(a->C % rb), r = (double)rb;
   return r * r * k * (k + 1.0) / 2.0 + rem * C; /* chunk i (0-based): rb rows of (i + 1) rb keys */

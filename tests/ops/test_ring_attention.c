@@ -15,7 +15,7 @@
  *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, q and k
  *     of different dtypes; bf16 and f16 inputs give results in their dtype equal to the f32
  *     ring's on the rounded values within the dtype's rounding; an
- *     empty batch and empty value features run forward and backward.
+ *     empty batch, empty value features and an empty sequence run forward and backward.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -369,13 +369,16 @@ static void test_refusals(dt_mesh_t mesh) {
   DT_ASSERT_OK(dt_tensor_destroy(o));
   dt_tensor_t ts[4] = {q, k, q2, qb};
   for (int i = 0; i < 4; i++) DT_ASSERT_OK(dt_tensor_destroy(ts[i]));
-  /* empty extents: no batch, no value features; forward and backward run and give empty or
-   * zero results */
-  const int64_t e0[4] = {0, 2, 4 * g_n, 4}, e1[4] = {1, 2, 4 * g_n, 0};
-  for (int c = 0; c < 2; c++) {
+  /* empty extents: no batch, no value features, no sequence (causal, the cost model's choice:
+   * its price of an empty diagonal block); forward and backward run and give empty or zero
+   * results */
+  const int64_t e0[4] = {0, 2, 4 * g_n, 4}, e1[4] = {1, 2, 4 * g_n, 0}, e2[4] = {1, 2, 0, 4};
+  const int64_t* eqs[3] = {e0, sh2, e2};
+  const int64_t* evs[3] = {e0, e1, e2};
+  for (int c = 0; c < 3; c++) {
     dt_tensor_t eq, ev;
-    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, c ? sh2 : e0, pl, &eq));
-    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, c ? e1 : e0, pl, &ev));
+    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, eqs[c], pl, &eq));
+    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 4, evs[c], pl, &ev));
     dt_tape_t tape;
     DT_ASSERT_OK(dt_tape_create(&tape));
     dt_var_t vq, vv, vo, loss;
