@@ -314,6 +314,11 @@ dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
   a->C = g->S / a->m;
   a->nk = dt__local_numel(k);
   a->nv = dt__local_numel(v);
+  a->kvt = k->dtype;
+  if (v->dtype != k->dtype || !dt__dtype_is_float(k->dtype) || q->dtype != DT_F32)
+    return DT_FAIL(DT_ERR_INTERNAL, "%s: q %s, k %s, v %s (q f32, k and v one float dtype)",
+                   kRingOp, dt_dtype_name(q->dtype), dt_dtype_name(k->dtype),
+                   dt_dtype_name(v->dtype));
   return DT_SUCCESS;
 }
 
@@ -386,7 +391,7 @@ static int dt__ra_algo(const dt__ring_call_t* a) {
   if (a->algo != DT_RING_AUTO) return a->algo;
   if (a->link.n == 1) return DT_RING_RING;
   const unsigned mask = 1u << a->dim;
-  const uint64_t kv = (uint64_t)(a->nk + a->nv) * sizeof(float);
+  const uint64_t kv = (uint64_t)(a->nk + a->nv) * dt__itemsize(a->kvt);
   double pa, pb, ga, gb;
   dt__cost_linear_on(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->link.n, &pa, &pb);
   dt__cost_linear_on(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, a->link.n, &ga, &gb);
@@ -430,10 +435,10 @@ void dt__ring_mem_free(dt__ring_mem_t* mm) {
   mm->n = 0;
 }
 
-float* dt__ring_mem_host(const dt__ring_link_t* l, dt__ring_mem_t* mm, const dt_local_tensor_t* t,
-                         int in, int* ok) {
-  if (!l->stage) return (float*)t->data;
-  const size_t nb = sizeof(float) * (size_t)dt__local_numel(t);
+void* dt__ring_mem_host(const dt__ring_link_t* l, dt__ring_mem_t* mm, const dt_local_tensor_t* t,
+                        int in, int* ok) {
+  if (!l->stage) return t->data;
+  const size_t nb = dt__itemsize(t->dtype) * (size_t)dt__local_numel(t);
   float* h = dt__ring_mem_alloc(mm, nb, 0);
   if (h == NULL ||
       (in && nb > 0 && l->dev->iface->copy(l->dev, h, t->data, nb, DT_COPY_D2H) != DT_SUCCESS))
@@ -441,8 +446,8 @@ float* dt__ring_mem_host(const dt__ring_link_t* l, dt__ring_mem_t* mm, const dt_
   return h;
 }
 
-dt_status_t dt__ring_mem_out(const dt__ring_link_t* l, const dt_local_tensor_t* t, const float* h) {
-  const size_t nb = sizeof(float) * (size_t)dt__local_numel(t);
+dt_status_t dt__ring_mem_out(const dt__ring_link_t* l, const dt_local_tensor_t* t, const void* h) {
+  const size_t nb = dt__itemsize(t->dtype) * (size_t)dt__local_numel(t);
   if (!l->stage || nb == 0) return DT_SUCCESS;
   return l->dev->iface->copy(l->dev, t->data, h, nb, DT_COPY_H2D);
 }
@@ -486,12 +491,12 @@ static void dt__ra_count(const dt__ring_call_t* a, dt_collective_t c, uint64_t n
 }
 
 dt_status_t dt__ring_xfer_start(const dt__ring_link_t* l, dt__ring_xfer_t* x, int npairs,
-                                const float* const* send, float* const* recv,
-                                const int64_t* count, const int64_t* rcount) {
+                                const void* const* send, void* const* recv, const int64_t* count,
+                                const int64_t* rcount, dt_dtype_t dtype) {
   memset(x, 0, sizeof *x);
   if (rcount == NULL) rcount = count;
   uint64_t nbytes = 0;
-  for (int i = 0; i < npairs; i++) nbytes += (uint64_t)count[i] * sizeof(float);
+  for (int i = 0; i < npairs; i++) nbytes += (uint64_t)count[i] * dt__itemsize(dtype);
   dt__count_collective(l->mesh, 1u << l->dim, DT_COLL_SEND_RECV, nbytes);
   if (l->sim) {
     x->end = dt__sim_collective(l->mesh, 1u << l->dim, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, l->n,
@@ -505,9 +510,9 @@ dt_status_t dt__ring_xfer_start(const dt__ring_link_t* l, dt__ring_xfer_t* x, in
   dt_status_t st = c->iface->group_start ? c->iface->group_start(c) : DT_SUCCESS;
   for (int i = 0; i < npairs && st == DT_SUCCESS; i++) {
     x->npairs = i + 1; /* what was posted is waited for, even after a failure */
-    st = c->iface->recv(c, recv[i], rcount[i], DT_F32, prev, &x->req[2 * i]);
+    st = c->iface->recv(c, recv[i], rcount[i], dtype, prev, &x->req[2 * i]);
     if (st == DT_SUCCESS)
-      st = c->iface->send(c, send[i], count[i], DT_F32, next, &x->req[2 * i + 1]);
+      st = c->iface->send(c, send[i], count[i], dtype, next, &x->req[2 * i + 1]);
   }
   if (c->iface->group_end != NULL) {
     dt_status_t e = c->iface->group_end(c);
@@ -534,6 +539,24 @@ dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x) {
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
+/* The f32 values the blocks take of n elements of a k/v shard (k and v's dtype): the shard
+ * itself when f32, else converted into `work` (f32, the ring's scratch). */
+static dt_status_t dt__ra_f32(const dt__ring_call_t* a, const void* shard, int64_t n, float* work,
+                              const float** out) {
+  if (a->kvt == DT_F32) {
+    *out = (const float*)shard;
+    return DT_SUCCESS;
+  }
+  *out = work;
+  if (a->link.sim || n == 0) return DT_SUCCESS;
+  return a->g.bk->iface->convert(a->g.bk, shard, a->kvt, work, DT_F32, n);
+}
+
+/* Element i of a buffer of k/v's dtype. */
+static void* dt__ra_at(const dt__ring_call_t* a, const void* p, int64_t i) {
+  return (char*)p + dt__itemsize(a->kvt) * (size_t)i;
+}
+
 dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
                              const dt_local_tensor_t* k, const dt_local_tensor_t* v,
                              const dt_local_tensor_t* o, const dt_local_tensor_t* lse) {
@@ -541,23 +564,34 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
   const int n = a->link.n, algo = dt__ra_algo(a);
   const int64_t rows = g->B * g->H * g->S;
   const unsigned mask = 1u << a->dim;
+  const size_t it = dt__itemsize(a->kvt);
   dt__ring_mem_t mm = {.b = g->bk};
   float* scr = dt__ring_mem_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
   float* l = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)rows, 1);
-  float *kb = NULL, *vb = NULL, *kb2 = NULL, *vb2 = NULL;
+  void *kb = NULL, *vb = NULL, *kb2 = NULL, *vb2 = NULL; /* shards in k and v's dtype */
+  float *kf = NULL, *vf = NULL; /* a shard's f32 values (k and v not f32) */
+  int need = 2;
   if (algo == DT_RING_GATHER) {
-    kb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->nk * n), 0);
-    vb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->nv * n), 0);
+    kb = dt__ring_mem_alloc(&mm, it * (size_t)(a->nk * n), 0);
+    vb = dt__ring_mem_alloc(&mm, it * (size_t)(a->nv * n), 0);
+    need += 2;
   } else if (n > 1) {
-    kb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
-    vb = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
-    kb2 = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
-    vb2 = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
+    kb = dt__ring_mem_alloc(&mm, it * (size_t)a->nk, 0);
+    vb = dt__ring_mem_alloc(&mm, it * (size_t)a->nv, 0);
+    kb2 = dt__ring_mem_alloc(&mm, it * (size_t)a->nk, 0);
+    vb2 = dt__ring_mem_alloc(&mm, it * (size_t)a->nv, 0);
+    need += 4;
   }
-  int need = 2 + (algo == DT_RING_GATHER ? 2 : n > 1 ? 4 : 0);
+  if (a->kvt != DT_F32) {
+    kf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
+    vf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
+    need += 2;
+  }
   int ok = 1;
-  float *qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok), *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
-        *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok), *od = dt__ring_mem_host(&a->link, &mm, o, 0, &ok),
+  const float* qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok);
+  const void *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
+             *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok);
+  float *od = dt__ring_mem_host(&a->link, &mm, o, 0, &ok),
         *m = dt__ring_mem_host(&a->link, &mm, lse, 0, &ok);
   need += a->link.stage ? 5 : 0;
   dt_status_t st = mm.n == need && ok
@@ -574,6 +608,7 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     st = g->bk->iface->memset(g->bk, od, 0, sizeof(float) * (size_t)dt__local_numel(o));
     if (st == DT_SUCCESS) st = g->bk->iface->fill(g->bk, m, DT_F32, rows, -INFINITY);
   }
+  const float *kc = NULL, *vc = NULL; /* the f32 values of the shard at hand */
   if (algo == DT_RING_GATHER) {
     int64_t ck[DT_MAX_RANKS_CP], dk[DT_MAX_RANKS_CP], cv[DT_MAX_RANKS_CP], dv[DT_MAX_RANKS_CP];
     for (int j = 0; j < n; j++) {
@@ -583,38 +618,42 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
       dv[j] = a->nv * j;
     }
     if (!a->link.sim) {
-      st = a->link.comm->iface->all_gather_v(a->link.comm, kd, kb, ck, dk, DT_F32, NULL);
+      st = a->link.comm->iface->all_gather_v(a->link.comm, kd, kb, ck, dk, a->kvt, NULL);
       if (st == DT_SUCCESS)
-        st = a->link.comm->iface->all_gather_v(a->link.comm, vd, vb, cv, dv, DT_F32, NULL);
+        st = a->link.comm->iface->all_gather_v(a->link.comm, vd, vb, cv, dv, a->kvt, NULL);
     } else {
       dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
-                         (uint64_t)(a->nk * n) * sizeof(float), 0);
+                         (uint64_t)(a->nk * n) * it, 0);
       dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
-                         (uint64_t)(a->nv * n) * sizeof(float), 0);
+                         (uint64_t)(a->nv * n) * it, 0);
     }
-    dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nk * n) * sizeof(float));
-    dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nv * n) * sizeof(float));
+    dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nk * n) * it);
+    dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nv * n) * it);
     for (int s = 0; s < n && st == DT_SUCCESS; s++) {
+      st = dt__ra_f32(a, dt__ra_at(a, kb, a->nk * s), a->nk, kf, &kc);
+      if (st == DT_SUCCESS) st = dt__ra_f32(a, dt__ra_at(a, vb, a->nv * s), a->nv, vf, &vc);
       dt__ra_sim_compute(a, s, 0);
-      if (!a->link.sim)
-        st = dt__ra_fwd_blocks(a, s, qd, kb + a->nk * s, vb + a->nv * s, od, m, l, scr);
+      if (!a->link.sim && st == DT_SUCCESS)
+        st = dt__ra_fwd_blocks(a, s, qd, kc, vc, od, m, l, scr);
     }
   } else {
-    const float *cur_k = kd, *cur_v = vd;
-    float* bufk[2] = {kb, kb2};
-    float* bufv[2] = {vb, vb2};
+    const void *cur_k = kd, *cur_v = vd;
+    void* bufk[2] = {kb, kb2};
+    void* bufv[2] = {vb, vb2};
     for (int t = 0; t < n && st == DT_SUCCESS; t++) {
       const int s = (a->link.r - t + n) % n, more = t + 1 < n;
       dt__ring_xfer_t x;
       if (more) { /* the next shard in while this one's blocks run */
-        const float* snd[2] = {cur_k, cur_v};
-        float* rcv[2] = {bufk[t % 2], bufv[t % 2]};
+        const void* snd[2] = {cur_k, cur_v};
+        void* rcv[2] = {bufk[t % 2], bufv[t % 2]};
         const int64_t cnt[2] = {a->nk, a->nv};
-        st = dt__ring_xfer_start(&a->link, &x, 2, snd, rcv, cnt, NULL);
+        st = dt__ring_xfer_start(&a->link, &x, 2, snd, rcv, cnt, NULL, a->kvt);
       }
+      if (st == DT_SUCCESS) st = dt__ra_f32(a, cur_k, a->nk, kf, &kc);
+      if (st == DT_SUCCESS) st = dt__ra_f32(a, cur_v, a->nv, vf, &vc);
       dt__ra_sim_compute(a, s, 0);
       if (!a->link.sim && st == DT_SUCCESS)
-        st = dt__ra_fwd_blocks(a, s, qd, cur_k, cur_v, od, m, l, scr);
+        st = dt__ra_fwd_blocks(a, s, qd, kc, vc, od, m, l, scr);
       if (more) {
         dt_status_t w = dt__ring_xfer_finish(&a->link, &x);
         if (st == DT_SUCCESS) st = w;
@@ -633,10 +672,19 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
 /* ---------------------------------------------------------------------------------------------
  * backward */
 
-static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const float* kd,
-                                   const float* vd, const float* god, const float* ls,
+static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const void* kd,
+                                   const void* vd, const float* god, const float* ls,
                                    const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
-                                   float* const* kvbuf, float* const* acc, float* tmp);
+                                   void* const* kvbuf, float* kvf, float* const* acc, float* tmp);
+
+/* The f32 values of shard s's k (at k) and v (at v) in kvf (k's nk, then v's nv), or where they
+ * are when f32 (*kc, *vc). */
+static dt_status_t dt__ra_kv_f32(const dt__ring_call_t* a, const void* k, const void* v,
+                                 float* kvf, const float** kc, const float** vc) {
+  dt_status_t st = dt__ra_f32(a, k, a->nk, kvf, kc);
+  if (st == DT_SUCCESS) st = dt__ra_f32(a, v, a->nv, kvf ? kvf + a->nk : NULL, vc);
+  return st;
+}
 
 dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
                               const dt_local_tensor_t* k, const dt_local_tensor_t* v,
@@ -647,34 +695,45 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
   const int n = a->link.n, algo = dt__ra_algo(a);
   const int64_t rows = g->B * g->H * g->S, nkv = a->nk + a->nv;
   const unsigned mask = 1u << a->dim;
+  const size_t it = dt__itemsize(a->kvt);
   dt__ring_mem_t mm = {.b = g->bk};
   float* scr = dt__ring_mem_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
   float* dd = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)rows, 0);
-  float *all = NULL, *dall = NULL, *kvbuf[2] = {NULL, NULL}, *acc[2] = {NULL, NULL}, *tmp = NULL;
+  /* k and v travel in their dtype (kvbuf, all), their gradients in f32 (acc, dall) */
+  void *all = NULL, *kvbuf[2] = {NULL, NULL};
+  float *dall = NULL, *acc[2] = {NULL, NULL}, *tmp = NULL, *kvf = NULL;
   int need = 2;
   if (algo == DT_RING_GATHER) {
-    all = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 0);
+    all = dt__ring_mem_alloc(&mm, it * (size_t)(nkv * n), 0);
     dall = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(nkv * n), 1);
     need += 2;
   } else if (n > 1) {
     for (int i = 0; i < 2; i++) {
-      kvbuf[i] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+      kvbuf[i] = dt__ring_mem_alloc(&mm, it * (size_t)nkv, 0);
       acc[i] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
     }
     tmp = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
     need += 5;
   }
+  if (a->kvt != DT_F32) { /* a shard's f32 values */
+    kvf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
+    need++;
+  }
   int ok = 1;
-  const float *qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok), *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
-              *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok), *odat = dt__ring_mem_host(&a->link, &mm, o, 1, &ok),
-              *god = dt__ring_mem_host(&a->link, &mm, go, 1, &ok), *ls = dt__ring_mem_host(&a->link, &mm, lse, 1, &ok);
-  float *dqd = dt__ring_mem_host(&a->link, &mm, dq, 0, &ok), *dkd = dt__ring_mem_host(&a->link, &mm, dk, 0, &ok),
+  const float *qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok),
+              *odat = dt__ring_mem_host(&a->link, &mm, o, 1, &ok),
+              *god = dt__ring_mem_host(&a->link, &mm, go, 1, &ok),
+              *ls = dt__ring_mem_host(&a->link, &mm, lse, 1, &ok);
+  const void *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
+             *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok);
+  float *dqd = dt__ring_mem_host(&a->link, &mm, dq, 0, &ok),
+        *dkd = dt__ring_mem_host(&a->link, &mm, dk, 0, &ok),
         *dvd = dt__ring_mem_host(&a->link, &mm, dv, 0, &ok);
   need += a->link.stage ? 9 : 0;
   dt_status_t st = mm.n == need && ok
                        ? DT_SUCCESS
-                       : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s (backward): %lld floats of scratch",
-                                 kRingOp, (long long)(nkv * (n + 1)));
+                       : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s (backward): scratch of %lld key/value "
+                                 "elements", kRingOp, (long long)(nkv * (n + 1)));
   st = dt__mesh_agree(a->mesh, st, kRingOp);
   if (st != DT_SUCCESS) {
     dt__ring_mem_free(&mm);
@@ -688,6 +747,7 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
     if (st == DT_SUCCESS) st = bk->iface->memset(bk, dkd, 0, sizeof(float) * (size_t)a->nk);
     if (st == DT_SUCCESS) st = bk->iface->memset(bk, dvd, 0, sizeof(float) * (size_t)a->nv);
   }
+  const float *kc = NULL, *vc = NULL; /* the f32 values of the shard at hand */
   if (algo == DT_RING_GATHER) {
     int64_t cnt[DT_MAX_RANKS_CP], dsp[DT_MAX_RANKS_CP];
     for (int pass = 0; pass < 2 && st == DT_SUCCESS; pass++) { /* k, then v, into `all` */
@@ -697,17 +757,20 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
         dsp[j] = (pass ? a->nk * n : 0) + e * j;
       }
       if (!a->link.sim)
-        st = a->link.comm->iface->all_gather_v(a->link.comm, pass ? vd : kd, all, cnt, dsp, DT_F32, NULL);
+        st = a->link.comm->iface->all_gather_v(a->link.comm, pass ? vd : kd, all, cnt, dsp,
+                                               a->kvt, NULL);
       else
         dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
-                           (uint64_t)(e * n) * sizeof(float), 0);
-      dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(e * n) * sizeof(float));
+                           (uint64_t)(e * n) * it, 0);
+      dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(e * n) * it);
     }
     for (int s = 0; s < n && st == DT_SUCCESS; s++) {
+      st = dt__ra_kv_f32(a, dt__ra_at(a, all, a->nk * s), dt__ra_at(a, all, a->nk * n + a->nv * s),
+                         kvf, &kc, &vc);
       dt__ra_sim_compute(a, s, 1);
-      if (!a->link.sim)
-        st = dt__ra_bwd_blocks(a, s, qd, all + a->nk * s, all + a->nk * n + a->nv * s, god, ls, dd,
-                               dqd, dall + a->nk * s, dall + a->nk * n + a->nv * s, scr);
+      if (!a->link.sim && st == DT_SUCCESS)
+        st = dt__ra_bwd_blocks(a, s, qd, kc, vc, god, ls, dd, dqd, dall + a->nk * s,
+                               dall + a->nk * n + a->nv * s, scr);
     }
     for (int pass = 0; pass < 2 && st == DT_SUCCESS; pass++) { /* the sums of the dk, dv shards */
       const int64_t e = pass ? a->nv : a->nk;
@@ -721,10 +784,12 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
       dt__ra_count(a, DT_COLL_REDUCE_SCATTER, (uint64_t)(e * n) * sizeof(float));
     }
   } else if (n == 1) {
+    st = dt__ra_kv_f32(a, kd, vd, kvf, &kc, &vc);
     dt__ra_sim_compute(a, a->link.r, 1);
-    if (!a->link.sim) st = dt__ra_bwd_blocks(a, a->link.r, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr);
+    if (!a->link.sim && st == DT_SUCCESS)
+      st = dt__ra_bwd_blocks(a, a->link.r, qd, kc, vc, god, ls, dd, dqd, dkd, dvd, scr);
   } else {
-    st = dt__ra_bwd_ring(a, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr, kvbuf, acc, tmp);
+    st = dt__ra_bwd_ring(a, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr, kvbuf, kvf, acc, tmp);
   }
   if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, dq, dqd);
   if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, dk, dkd);
@@ -735,33 +800,35 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
 
 /* The backward ring (n > 1): k/v of rank s = r - t at step t, its gradient accumulator one step
  * behind; dk, dv get this rank's own shard's gradient when it comes home. */
-static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const float* kd,
-                                   const float* vd, const float* god, const float* ls,
+static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const void* kd,
+                                   const void* vd, const float* god, const float* ls,
                                    const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
-                                   float* const* kvbuf, float* const* acc, float* tmp) {
+                                   void* const* kvbuf, float* kvf, float* const* acc, float* tmp) {
   const int n = a->link.n;
   const int64_t nkv = a->nk + a->nv;
   dt_backend_t bk = a->g.bk;
   dt_status_t st = DT_SUCCESS;
-  const float *cur_k = kd, *cur_v = vd;
+  const void *cur_k = kd, *cur_v = vd;
   dt__ring_xfer_t kvx, ax; /* ax: the accumulator's receive and send in flight */
   int acc_inflight = 0;
   for (int t = 0; t < n && st == DT_SUCCESS; t++) {
     const int s = (a->link.r - t + n) % n, more = t + 1 < n;
     float* A = acc[t % 2];
     if (more) {
-      const float* snd[2] = {cur_k, cur_v};
-      float* rcv[2] = {kvbuf[t % 2], kvbuf[t % 2] + a->nk};
+      const void* snd[2] = {cur_k, cur_v};
+      void* rcv[2] = {kvbuf[t % 2], dt__ra_at(a, kvbuf[t % 2], a->nk)};
       const int64_t cnt[2] = {a->nk, a->nv};
-      st = dt__ring_xfer_start(&a->link, &kvx, 2, snd, rcv, cnt, NULL);
+      st = dt__ring_xfer_start(&a->link, &kvx, 2, snd, rcv, cnt, NULL, a->kvt);
     }
     /* this step's contribution to shard s's gradient: straight into the accumulator at t = 0,
      * else into scratch while the accumulator arrives */
     float* into = t == 0 ? A : tmp;
+    const float *kc = NULL, *vc = NULL;
+    if (st == DT_SUCCESS) st = dt__ra_kv_f32(a, cur_k, cur_v, kvf, &kc, &vc);
     if (!a->link.sim && st == DT_SUCCESS) {
       st = bk->iface->memset(bk, into, 0, sizeof(float) * (size_t)nkv);
       if (st == DT_SUCCESS)
-        st = dt__ra_bwd_blocks(a, s, qd, cur_k, cur_v, god, ls, dd, dqd, into, into + a->nk, scr);
+        st = dt__ra_bwd_blocks(a, s, qd, kc, vc, god, ls, dd, dqd, into, into + a->nk, scr);
     }
     dt__ra_sim_compute(a, s, 1);
     if (acc_inflight) { /* the accumulator of shard s (into A) and the previous send */
@@ -774,17 +841,17 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
     /* shard s's accumulator on to r + 1; the next one (or, after the last step, this rank's
      * own, home) from r - 1 */
     if (st == DT_SUCCESS) {
-      const float* snd[1] = {A};
-      float* rcv[1] = {acc[(t + 1) % 2]};
+      const void* snd[1] = {A};
+      void* rcv[1] = {acc[(t + 1) % 2]};
       const int64_t cnt[1] = {nkv};
-      st = dt__ring_xfer_start(&a->link, &ax, 1, snd, rcv, cnt, NULL);
+      st = dt__ring_xfer_start(&a->link, &ax, 1, snd, rcv, cnt, NULL, DT_F32);
       acc_inflight = 1; /* whatever was posted is completed below */
     }
     if (more) {
       dt_status_t w = dt__ring_xfer_finish(&a->link, &kvx);
       if (st == DT_SUCCESS) st = w;
       cur_k = kvbuf[t % 2];
-      cur_v = kvbuf[t % 2] + a->nk;
+      cur_v = dt__ra_at(a, kvbuf[t % 2], a->nk);
     }
   }
   if (acc_inflight) {
@@ -799,4 +866,3 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
   }
   return st;
 }
-

@@ -431,7 +431,8 @@ const dt__ring_rows_t* dt__cudaemu_ring_rows(void);
 
 /* ---- rings over one mesh dim (src/ops/kernels_ring.c): ring attention and the overlapped
  * tensor-parallel linears (src/ops/tp_overlap.c) pass shards around the ranks of a mesh dim with
- * point-to-point pairs posted before a step's compute and completed after it. f32 throughout. */
+ * point-to-point pairs posted before a step's compute and completed after it. They compute in
+ * f32; what travels is in the dtype the caller names (ring attention's k and v in their own). */
 typedef struct dt__ring_link {
   dt_mesh_t mesh;
   int dim;
@@ -453,17 +454,17 @@ typedef struct dt__ring_xfer {
   dt_comm_req_t req[4];
   double end;
 } dt__ring_xfer_t;
-/* Starts an exchange of count[i] floats of send[i] to r + 1 and of rcount[i] floats from r - 1
- * into recv[i] (i < npairs <= 2; rcount NULL: count), the pairs one group (NCCL issues them
- * together at its end). The bytes sent are counted. */
+/* Starts an exchange of count[i] elements of `dtype` of send[i] to r + 1 and of rcount[i] from
+ * r - 1 into recv[i] (i < npairs <= 2; rcount NULL: count), the pairs one group (NCCL issues
+ * them together at its end). The bytes sent are counted. */
 dt_status_t dt__ring_xfer_start(const dt__ring_link_t* l, dt__ring_xfer_t* x, int npairs,
-                                const float* const* send, float* const* recv,
-                                const int64_t* count, const int64_t* rcount);
+                                const void* const* send, void* const* recv, const int64_t* count,
+                                const int64_t* rcount, dt_dtype_t dtype);
 /* Completes an exchange (simulated: waits until its end); the first failure is returned. */
 dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x);
 /* Scratch of a ring call in the computing backend's memory, counted as "other" memory (the meta
  * backend hands out addresses only); freed together. */
-#define DT_RING_MAX_BUFS 16
+#define DT_RING_MAX_BUFS 20
 typedef struct dt__ring_mem {
   dt_backend_t b;
   void* p[DT_RING_MAX_BUFS];
@@ -473,12 +474,12 @@ typedef struct dt__ring_mem {
 /* nbytes of scratch (zeroed when `zero`); NULL when out of memory or slots. */
 float* dt__ring_mem_alloc(dt__ring_mem_t* mm, size_t nbytes, int zero);
 void dt__ring_mem_free(dt__ring_mem_t* mm);
-/* An f32 tensor's local shard where the ring computes: its own memory, or (staged) a host copy
- * in mm (copied in when `in`); *ok cleared when the copy could not be made. */
-float* dt__ring_mem_host(const dt__ring_link_t* l, dt__ring_mem_t* mm, const dt_local_tensor_t* t,
-                         int in, int* ok);
+/* A tensor's local shard where the ring computes: its own memory, or (staged) a host copy in mm
+ * (copied in when `in`); *ok cleared when the copy could not be made. */
+void* dt__ring_mem_host(const dt__ring_link_t* l, dt__ring_mem_t* mm, const dt_local_tensor_t* t,
+                        int in, int* ok);
 /* Staged: the host result h back into the tensor's memory (else nothing to do). */
-dt_status_t dt__ring_mem_out(const dt__ring_link_t* l, const dt_local_tensor_t* t, const float* h);
+dt_status_t dt__ring_mem_out(const dt__ring_link_t* l, const dt_local_tensor_t* t, const void* h);
 
 enum { DT_RING_AUTO = 0, DT_RING_RING = 1, DT_RING_GATHER = 2 };
 
@@ -494,6 +495,7 @@ typedef struct dt__ring_call {
   int m;       /* chunks per rank (2 balanced, else 1) */
   int64_t C;   /* rows per chunk */
   int64_t nk, nv; /* local numel of k and v */
+  dt_dtype_t kvt;  /* k and v's dtype: what their shards travel in (the blocks compute f32) */
   dt__ring_geom_t g;
 } dt__ring_call_t;
 /* The local geometry of q, k, v's shards and the cp group's communicator. */

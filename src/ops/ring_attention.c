@@ -28,8 +28,10 @@
  * real run would, the traffic counted, the steps priced on the simulated clock with the overlap
  * of the ring. Device backends compute in device memory and ring over the mesh's NCCL plane,
  * or stage through host memory where the plane is MPI (kernels_ring.c). bf16/f16 inputs: the blocks compute in f32,
- * so q, k, v (backward: o and its gradient too) are cast to f32 copies after their moves and
- * the results cast back (o and the gradients in the inputs' dtype, lse f32); the ring moves f32.
+ * so q (backward: o and its gradient too) is cast to an f32 copy after its move and the results
+ * cast back (o and the gradients in the inputs' dtype, lse f32); k and v travel in their own
+ * dtype (half a f32 ring's bytes) and each shard is converted to f32 where its blocks run; the
+ * gradient accumulators of k and v travel in f32 (sums over the ring, as a reduce-scatter's).
  */
 #include <math.h>
 #include <string.h>
@@ -157,7 +159,7 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
     if (st == DT_SUCCESS && saved) st = dt__tensor_meta(mesh, DT_F32, 3, lshape, a.lse_pl, &lse);
     goto done;
   }
-  for (int t = 0; t < 3 && st == DT_SUCCESS; t++) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+  if (st == DT_SUCCESS) st = dt__op_as_f32(x[0], &x[0], &cv[0]); /* k, v: as they are */
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 4, oshape, a.pl, 0, &o);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 3, lshape, a.lse_pl, 0, &lse);
   /* an output one rank could not allocate must not leave the others in the ring */
@@ -206,7 +208,8 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
               : dt__tensor_new(mesh, DT_F32, 4, src[t]->layout.shape, a.pl, 0, &gr[t]);
   if (meta) goto done;
   for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__op_move_to(src[t], a.pl, &x[t], &mv[t]);
-  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) /* q, o, go in f32; k, v as they are */
+    if (t != 1 && t != 2) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
   if (mesh->member) st = dt__mesh_agree(mesh, st, kOp); /* as in the forward */
   if (st == DT_SUCCESS && mesh->member) {
     dt_local_tensor_t lv[9];

@@ -184,10 +184,10 @@ static dt_status_t dt__tpo_gather_ring(const dt__tpo_t* a, float* packed, int64_
     const int s = (r - t + n) % n, p = (s - 1 + n) % n, more = t + 1 < n;
     dt__ring_xfer_t x;
     if (more) { /* slot s on to r + 1, slot s - 1 in from r - 1 */
-      const float* snd[1] = {packed + row * a->start[s]};
-      float* rcv[1] = {packed + row * a->start[p]};
+      const void* snd[1] = {packed + row * a->start[s]};
+      void* rcv[1] = {packed + row * a->start[p]};
       const int64_t cnt[1] = {row * a->len[s]}, rc[1] = {row * a->len[p]};
-      st = dt__ring_xfer_start(&a->l, &x, 1, snd, rcv, cnt, rc);
+      st = dt__ring_xfer_start(&a->l, &x, 1, snd, rcv, cnt, rc, DT_F32);
     }
     if (st == DT_SUCCESS) st = fn(a, s, packed + row * a->start[s], ctx);
     if (more) {
@@ -226,10 +226,10 @@ static dt_status_t dt__tpo_scatter_ring(const dt__tpo_t* a, int64_t F, dt__tpo_p
     }
     if (st == DT_SUCCESS && t + 1 < n) { /* chunk c's sum on to r + 1, chunk c - 1's in */
       const int cn = (c - 1 + n) % n;
-      const float* snd[1] = {A};
-      float* rcv[1] = {acc[(t + 1) % 2]};
+      const void* snd[1] = {A};
+      void* rcv[1] = {acc[(t + 1) % 2]};
       const int64_t cnt[1] = {row * a->len[c]}, rc[1] = {row * a->len[cn]};
-      st = dt__ring_xfer_start(&a->l, &x, 1, snd, rcv, cnt, rc);
+      st = dt__ring_xfer_start(&a->l, &x, 1, snd, rcv, cnt, rc, DT_F32);
       inflight = 1; /* whatever was posted is completed */
     }
   }

@@ -89,6 +89,7 @@ run 2 --parallel fsdp --seq 128 --batch 4 --checkpoint
 run 2 --routed --model moe --ep 2
 run 8 --routed --model moe --dp 2 --tp 2 --ep 2 --sp
 run 2 --cp 2 --seq 64 --batch 4 # context parallelism: ring attention's block scratch and transfers
+run 2 --cp 2 --seq 64 --batch 4 --param-dtype bf16 # k and v around the ring in bf16
 # the blocks in the fused flash kernels (a device: no block scratch; the host: the same as above)
 DTENSOR_SDPA_PATH=flash run 2 --cp 2 --seq 128 --batch 2 --checkpoint
 run 4 --dp 2 --cp 2 --seq 64 --batch 4 # context parallelism: ring attention's blocks and transfers

@@ -13,8 +13,10 @@
  *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
  *   - dt_cp_position's order, rotary with cp (real positions), and refusals: a sequence that does
  *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, q and k
- *     of different dtypes; bf16 and f16 inputs give results in their dtype equal to the f32
- *     ring's on the rounded values within the dtype's rounding; an
+ *     of different dtypes; bf16 and f16 inputs (ring and all-gather) give results in their
+ *     dtype equal to the f32 ring's on the rounded values (the output exactly, once rounded;
+ *     the gradients within the dtype's rounding), k and v crossing the cp dim in their dtype's
+ *     bytes and their gradients in f32's; an
  *     empty batch, empty value features and an empty sequence run forward and backward.
  */
 #include <math.h>
@@ -273,8 +275,11 @@ static dt_tensor_t cast_to(dt_tensor_t t, dt_dtype_t to) {
   return y;
 }
 
-/* bf16 and f16 inputs: the output and the gradients come in the inputs' dtype and equal the f32
- * ring's on the same (rounded) values within the dtype's rounding. */
+/* bf16 and f16 inputs, on the ring and the all-gather: the output and the gradients come in the
+ * inputs' dtype; the output is the f32 ring's on the same (rounded) values rounded to the dtype,
+ * exactly (k and v travel in their dtype and convert to f32 exactly), the gradients within the
+ * dtype's rounding (they use the rounded output); k and v cross the cp dim in their dtype's
+ * bytes, their gradients in f32's. */
 static void test_half(dt_mesh_t mesh) {
   const int64_t S = 4 * (int64_t)g_n, nq = B * H * S * D, nk = B * G * S * D, nv = B * G * S * E,
                 no = B * H * S * E;
@@ -290,7 +295,9 @@ static void test_half(dt_mesh_t mesh) {
     fill(x[i], nn[i], 40 + i);
   }
   const int64_t heads[3] = {H, G, G}, feat[3] = {D, D, E};
-  for (int h = 0; h < 2; h++) {
+  for (int hc = 0; hc < 4; hc++) {
+    const int h = hc % 2, algo = 1 + hc / 2;
+    dt_counters_t fwd, all;
     for (int run = 0; run < 2; run++) { /* run 0: f32 on the rounded values; 1: in the dtype */
       dt_tensor_t t[4];
       for (int i = 0; i < 4; i++) {
@@ -305,12 +312,15 @@ static void test_half(dt_mesh_t mesh) {
       dt_var_t v[3], vw, o, ow, loss;
       for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_var_leaf(t[i], 1, &v[i]));
       DT_ASSERT_OK(dt_tape_constant(tape, t[3], &vw));
-      const int64_t a[3] = {0, 1, 0}; /* cp dim 0, causal, (B, H, S, D) */
-      DT_ASSERT_OK(dt_ag_op(tape, "ring_attention", 3, v, 3, a, 0, NULL, 1, &o));
+      const int64_t a[5] = {0, 1, 0, 1, algo}; /* cp dim 0, causal, (B, H, S, D), balanced */
+      DT_ASSERT_OK(dt_counters_reset(mesh));
+      DT_ASSERT_OK(dt_ag_op(tape, "ring_attention", 3, v, 5, a, 0, NULL, 1, &o));
+      DT_ASSERT_OK(dt_counters_get(mesh, &fwd));
       const dt_var_t m2[2] = {o, vw};
       DT_ASSERT_OK(dt_ag_op(tape, "mul", 2, m2, 0, NULL, 0, NULL, 1, &ow));
       DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &ow, 0, NULL, 0, NULL, 1, &loss));
       DT_ASSERT_OK(dt_tape_backward(tape, loss));
+      DT_ASSERT_OK(dt_counters_get(mesh, &all));
       const dt_tensor_t res[4] = {dt_var_value(o), dt_var_grad(v[0]), dt_var_grad(v[1]),
                                   dt_var_grad(v[2])};
       for (int i = 0; i < 4; i++) {
@@ -318,14 +328,35 @@ static void test_half(dt_mesh_t mesh) {
         DT_ASSERT_OK(dt_tensor_dtype(res[i], &dt));
         DT_ASSERT_TRUE(dt == (run ? half[h] : DT_F32), "%s run: result %d is %s",
                        dt_dtype_name(half[h]), i, dt_dtype_name(dt));
-        dt_tensor_t f = cast_to(res[i], DT_F32);
+        /* the f32 run's output rounded to the dtype, as the dtype's run rounds its own */
+        dt_tensor_t rd = !run && i == 0 ? cast_to(res[i], half[h]) : NULL;
+        dt_tensor_t f = cast_to(rd ? rd : res[i], DT_F32);
         DT_ASSERT_OK(dt_tensor_gather_full(f, run ? got[i] : ref[i],
                                            sizeof(float) * (size_t)rn[i]));
         DT_ASSERT_OK(dt_tensor_destroy(f));
+        if (rd) DT_ASSERT_OK(dt_tensor_destroy(rd));
       }
       DT_ASSERT_OK(dt_tape_destroy(tape));
       for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_var_destroy(v[i]));
     }
+    /* the dtype's run (the counters of the last run): k and v's shards at 2 bytes an element,
+     * their gradients' at 4 */
+    const uint64_t kvh = 2 * (uint64_t)(nk + nv) / (uint64_t)g_n, kvf = 2 * kvh;
+    const uint64_t n = (uint64_t)g_n;
+    if (algo == 1) {
+      DT_ASSERT_EQ(fwd.dim_nbytes[0][DT_COLL_SEND_RECV], (n - 1) * kvh);
+      DT_ASSERT_EQ(all.dim_nbytes[0][DT_COLL_SEND_RECV] - fwd.dim_nbytes[0][DT_COLL_SEND_RECV],
+                   n > 1 ? (n - 1) * kvh + n * kvf : 0);
+    } else {
+      DT_ASSERT_EQ(fwd.dim_nbytes[0][DT_COLL_ALL_GATHER], n * kvh);
+      DT_ASSERT_EQ(all.dim_nbytes[0][DT_COLL_ALL_GATHER], 2 * n * kvh);
+      DT_ASSERT_EQ(all.dim_nbytes[0][DT_COLL_REDUCE_SCATTER], n * kvf);
+      DT_ASSERT_EQ(all.dim_calls[0][DT_COLL_SEND_RECV], 0);
+    }
+    int64_t bad = 0; /* the output: the f32 run's, rounded */
+    for (int64_t j = 0; j < no; j++) bad += got[0][j] != ref[0][j];
+    DT_ASSERT_TRUE(bad == 0, "%s algo %d: %lld of %lld outputs differ from the f32 run's, "
+                   "rounded", dt_dtype_name(half[h]), algo, (long long)bad, (long long)no);
     /* the dtype's rounding of results computed in f32: 2^-8 (bf16) or 2^-11 (f16) relative */
     const double tol = h == 0 ? 8e-3 : 1e-3;
     const char* what[4] = {"o", "dq", "dk", "dv"};
@@ -335,10 +366,10 @@ static void test_half(dt_mesh_t mesh) {
       for (int64_t j = 0; j < rn[i]; j++)
         worst = fmax(worst, fabs((double)got[i][j] - ref[i][j]) / m);
       if (g_rank == 0)
-        printf("%s %s: worst difference from the f32 ring %.3g of the largest |value| %.3g\n",
-               dt_dtype_name(half[h]), what[i], worst, m);
-      DT_ASSERT_TRUE(worst <= tol, "%s %s: %.3g above %.3g", dt_dtype_name(half[h]), what[i],
-                     worst, tol);
+        printf("%s algo %d %s: worst difference from the f32 ring %.3g of the largest |value| "
+               "%.3g\n", dt_dtype_name(half[h]), algo, what[i], worst, m);
+      DT_ASSERT_TRUE(worst <= tol, "%s algo %d %s: %.3g above %.3g", dt_dtype_name(half[h]),
+                     algo, what[i], worst, tol);
     }
   }
   for (int i = 0; i < 4; i++) {
