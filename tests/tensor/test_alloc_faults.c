@@ -2,7 +2,8 @@
  *
  * Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (only dtensor's code and this
  * program are wrapped; Open MPI's own allocations are not). A scenario of public calls (mesh,
- * tensors, redistributions, ops, a recorded forward and backward pass with ring attention in it,
+ * tensors, redistributions, ops, a recorded forward and backward pass with ring attention in it
+ * (f32, then bf16),
  * AdamW, clipping, asynchronous work) is run once to count its allocations, then once per allocation k with the
  * k-th one failing: every run must end without a crash, each failing call must return a status
  * with a message (DT_ERR_OUT_OF_MEMORY for the failed allocation itself), and everything the
@@ -77,6 +78,11 @@ static dt_status_t scenario(dt_mesh_t m, double* loss_out) {
   TRY(dt_ag_op(tape, "reshape", 1, &h, 4, (int64_t[]){1, 1, 6, 4}, 0, NULL, 1, &h));
   TRY(dt_ag_op(tape, "ring_attention", 3, (dt_var_t[]){h, h, h}, 2, (int64_t[]){0, 1}, 0, NULL, 1,
                &h));
+  /* again in bf16: k and v's shards in their dtype, converted to f32 in the ring's scratch */
+  TRY(dt_ag_op(tape, "cast", 1, &h, 1, (int64_t[]){DT_BF16}, 0, NULL, 1, &h));
+  TRY(dt_ag_op(tape, "ring_attention", 3, (dt_var_t[]){h, h, h}, 2, (int64_t[]){0, 1}, 0, NULL, 1,
+               &h));
+  TRY(dt_ag_op(tape, "cast", 1, &h, 1, (int64_t[]){DT_F32}, 0, NULL, 1, &h));
   TRY(dt_ag_op(tape, "sum", 1, &h, 1, (int64_t[]){0}, 0, NULL, 1, &loss));
   TRY(dt_tape_backward(tape, loss));
   {
