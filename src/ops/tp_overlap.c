@@ -21,8 +21,11 @@
  * counted under DT_COLL_SEND_RECV on mesh dim d; every step posts its pair before computing, as
  * one group (NCCL) or two non-blocking calls (MPI). Uneven shards (the chunk rule) are fine: each
  * step moves the shard it moves. f32 compute: bf16/f16 inputs are cast to f32 copies after their
- * moves and the results cast back (as ring attention does). Host memory computes in place; a
- * device backend computes in its memory over the mesh's NCCL plane, or stages through host memory
+ * moves and the results cast back, except what a gather ring moves (all_gather_linear's x, and
+ * linear_reduce_scatter's dy backward): that travels in its dtype (half a f32 ring's bytes under
+ * bf16), each slot converted to f32 where its GEMM runs (as ring attention's k and v), and the
+ * gathered x is kept in its dtype; reduce-scatter rings move f32 partial sums. Host memory
+ * computes in place; a device backend computes in its memory over the mesh's NCCL plane, or stages through host memory
  * where that plane is MPI; simulated runs count the traffic and price each step (GEMM against
  * transfer, the overlap of the ring).
  */
@@ -49,6 +52,7 @@ typedef struct {
   dt_placement_t gwpl[DT_MAX_MESH_DIMS]; /* w's gradient */
   int64_t yshape[DT_MAX_DIMS];
   dt__ring_link_t l;
+  dt_dtype_t rt; /* what the gather rings move (x forward, dy backward: the inputs' dtype) */
   int64_t P, R, S, K, N; /* K: x's local features, N: the output's local features */
   int64_t len[DT_TPO_MAX_RANKS], start[DT_TPO_MAX_RANKS];
 } dt__tpo_t;
@@ -172,24 +176,33 @@ static dt_status_t dt__tpo_gemm(const dt__tpo_t* a, int trans_a, int trans_b, in
 /* Computes with slot s of a gathered array (a step's shard of rank s). */
 typedef dt_status_t (*dt__tpo_slot_fn)(const dt__tpo_t* a, int s, const float* slot, void* ctx);
 
-/* Gathers the row chunks of an array of F features around the ring into `packed` (slot s, rank
- * s's P x len[s] x R rows, at row P R start[s]; this rank's slot filled by the caller), calling fn
- * on each slot while the next one moves. */
-static dt_status_t dt__tpo_gather_ring(const dt__tpo_t* a, float* packed, int64_t F,
-                                       dt__tpo_slot_fn fn, void* ctx) {
+/* Gathers the row chunks of an array of F features around the ring into `packed` (a->rt; slot
+ * s, rank s's P x len[s] x R rows, at row P R start[s]; this rank's slot filled by the caller),
+ * calling fn on each slot's f32 values while the next one moves: the slot itself when a->rt is
+ * f32, else converted into f32 scratch `work` (the largest slot). */
+static dt_status_t dt__tpo_gather_ring(const dt__tpo_t* a, void* packed, int64_t F,
+                                       dt__tpo_slot_fn fn, void* ctx, float* work) {
   const int n = a->l.n, r = a->l.r;
-  const int64_t row = a->P * a->R * F; /* floats per unit of chunk length */
+  const int64_t row = a->P * a->R * F; /* elements per unit of chunk length */
+  const size_t it = dt__itemsize(a->rt);
   dt_status_t st = DT_SUCCESS;
   for (int t = 0; t < n && st == DT_SUCCESS; t++) {
     const int s = (r - t + n) % n, p = (s - 1 + n) % n, more = t + 1 < n;
+    char* slot = (char*)packed + it * (size_t)(row * a->start[s]);
     dt__ring_xfer_t x;
     if (more) { /* slot s on to r + 1, slot s - 1 in from r - 1 */
-      const void* snd[1] = {packed + row * a->start[s]};
-      void* rcv[1] = {packed + row * a->start[p]};
+      const void* snd[1] = {slot};
+      void* rcv[1] = {(char*)packed + it * (size_t)(row * a->start[p])};
       const int64_t cnt[1] = {row * a->len[s]}, rc[1] = {row * a->len[p]};
-      st = dt__ring_xfer_start(&a->l, &x, 1, snd, rcv, cnt, rc, DT_F32);
+      st = dt__ring_xfer_start(&a->l, &x, 1, snd, rcv, cnt, rc, a->rt);
     }
-    if (st == DT_SUCCESS) st = fn(a, s, packed + row * a->start[s], ctx);
+    const float* vals = (const float*)slot;
+    if (a->rt != DT_F32 && st == DT_SUCCESS) {
+      vals = work;
+      if (!a->l.sim && row * a->len[s] > 0)
+        st = a->l.bk->iface->convert(a->l.bk, slot, a->rt, work, DT_F32, row * a->len[s]);
+    }
+    if (st == DT_SUCCESS) st = fn(a, s, vals, ctx);
     if (more) {
       dt_status_t w = dt__ring_xfer_finish(&a->l, &x);
       if (st == DT_SUCCESS) st = w;
@@ -388,14 +401,20 @@ static dt_status_t dt__tpo_fwd_local(dt__tpo_t* a, dt_tensor_t x, dt_tensor_t w,
   if (xs) dt__tensor_local_view(xs, &ls);
   dt__ring_mem_t mm = {.b = a->l.bk};
   int ok = 1;
-  const float* xh = dt__ring_mem_host(&a->l, &mm, &lx, 1, &ok);
+  const void* xh = dt__ring_mem_host(&a->l, &mm, &lx, 1, &ok); /* gather: x's dtype */
   dt__tpo_io_t io = {.w = dt__ring_mem_host(&a->l, &mm, &lw, 1, &ok), .x = xh};
   io.y = dt__ring_mem_host(&a->l, &mm, &ly, 0, &ok);
   const int64_t big = a->P * dt__tpo_max_len(a) * a->R;
-  float *packed = NULL, *acc[2] = {NULL, NULL}, *tmp = NULL, *xsh = NULL;
+  const size_t it = dt__itemsize(a->rt);
+  void *packed = NULL, *xsh = NULL; /* x's dtype (a->rt) */
+  float *acc[2] = {NULL, NULL}, *tmp = NULL, *work = NULL;
   if (a->gather) {
     xsh = dt__ring_mem_host(&a->l, &mm, &ls, 0, &ok);
-    packed = a->P == 1 ? xsh : dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->P * a->S * a->R * a->K), 0);
+    packed = a->P == 1 ? xsh : dt__ring_mem_alloc(&mm, it * (size_t)(a->P * a->S * a->R * a->K), 0);
+    if (a->rt != DT_F32) { /* a slot's f32 values */
+      work = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(big * a->K), 0);
+      ok = ok && work;
+    }
   } else {
     acc[0] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(big * a->N), 0);
     acc[1] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(big * a->N), 0);
@@ -410,13 +429,13 @@ static dt_status_t dt__tpo_fwd_local(dt__tpo_t* a, dt_tensor_t x, dt_tensor_t w,
   if (st == DT_SUCCESS && a->gather) {
     const int64_t row = a->P * a->R * a->K, own = row * a->len[a->l.r];
     if (!a->l.sim && own > 0)
-      st = a->l.bk->iface->copy(a->l.bk, packed + row * a->start[a->l.r], xh,
-                                sizeof(float) * (size_t)own, DT_COPY_D2D);
-    if (st == DT_SUCCESS) st = dt__tpo_gather_ring(a, packed, a->K, dt__agl_fwd_slot, &io);
+      st = a->l.bk->iface->copy(a->l.bk, (char*)packed + it * (size_t)(row * a->start[a->l.r]),
+                                xh, it * (size_t)own, DT_COPY_D2D);
+    if (st == DT_SUCCESS) st = dt__tpo_gather_ring(a, packed, a->K, dt__agl_fwd_slot, &io, work);
     if (st == DT_SUCCESS && packed != xsh && !a->l.sim) { /* rank-major slots -> (P, S, R) rows */
       const int64_t shape[3] = {a->P, a->S, a->R * a->K};
-      st = a->l.bk->iface->split_copy(a->l.bk, 3, sizeof(float), shape, 1, a->l.n, a->start,
-                                      a->len, xsh, packed, 0);
+      st = a->l.bk->iface->split_copy(a->l.bk, 3, it, shape, 1, a->l.n, a->start, a->len, xsh,
+                                      packed, 0);
     }
     if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->l, &ls, xsh);
   } else if (st == DT_SUCCESS) {
@@ -450,10 +469,14 @@ static dt_status_t dt__tpo_fwd(int gather, const dt_tensor_t* in, int n_iargs,
       st = dt__tensor_meta(mesh, dtype, a.nd, in[0]->layout.shape, spl, &xs);
     goto done;
   }
-  for (int t = 0; t < 2 && st == DT_SUCCESS; t++) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+  /* f32 compute: w (and linear_reduce_scatter's x) as f32 copies; all_gather_linear's x travels
+   * and is kept gathered in its dtype, each slot converted where its GEMM runs */
+  for (int t = gather ? 1 : 0; t < 2 && st == DT_SUCCESS; t++)
+    st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+  a.rt = in[0]->dtype; /* (the moves keep it) */
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, a.nd, a.yshape, a.ypl, 0, &y);
   if (st == DT_SUCCESS && gather)
-    st = dt__tensor_new(mesh, DT_F32, a.nd, in[0]->layout.shape, spl, 0, &xs);
+    st = dt__tensor_new(mesh, a.rt, a.nd, in[0]->layout.shape, spl, 0, &xs);
   if (mesh->member) st = dt__mesh_agree(mesh, st, a.op);
   if (st == DT_SUCCESS && mesh->member) {
     st = dt__ring_link_init(mesh, a.d, a.op, &a.l);
@@ -531,15 +554,21 @@ static dt_status_t dt__tpo_bwd_local(dt__tpo_t* a, dt_tensor_t xs, dt_tensor_t w
     io.dw = dt__ring_mem_host(&a->l, &mm, &lgw, 0, &ok);
   }
   const int64_t big = a->P * dt__tpo_max_len(a) * a->R;
-  float *packed = NULL, *acc[2] = {NULL, NULL}, *tmp = NULL;
+  const size_t it = dt__itemsize(a->rt);
+  void* packed = NULL; /* linear_reduce_scatter's gathered dy, in its dtype (a->rt) */
+  float *acc[2] = {NULL, NULL}, *tmp = NULL, *work = NULL;
   if (a->gather && gx) {
     acc[0] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(big * a->K), 0);
     acc[1] = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(big * a->K), 0);
     tmp = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(big * a->K), 0);
     ok = ok && acc[0] && acc[1] && tmp;
   } else if (!a->gather) {
-    packed = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->P * a->S * a->R * a->N), 0);
+    packed = dt__ring_mem_alloc(&mm, it * (size_t)(a->P * a->S * a->R * a->N), 0);
     ok = ok && packed;
+    if (a->rt != DT_F32) { /* a slot's f32 values */
+      work = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(big * a->N), 0);
+      ok = ok && work;
+    }
     io.xr = io.x;
     if (gw && a->P > 1) { /* x's rows in slot order: one dw GEMM per slot */
       float* xr = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->P * a->S * a->R * a->K), 0);
@@ -564,9 +593,9 @@ static dt_status_t dt__tpo_bwd_local(dt__tpo_t* a, dt_tensor_t xs, dt_tensor_t w
   } else if (st == DT_SUCCESS) {
     const int64_t row = a->P * a->R * a->N, own = row * a->len[a->l.r];
     if (!a->l.sim && own > 0)
-      st = a->l.bk->iface->copy(a->l.bk, packed + row * a->start[a->l.r], io.dy,
-                                sizeof(float) * (size_t)own, DT_COPY_D2D);
-    if (st == DT_SUCCESS) st = dt__tpo_gather_ring(a, packed, a->N, dt__lrs_bwd_slot, &io);
+      st = a->l.bk->iface->copy(a->l.bk, (char*)packed + it * (size_t)(row * a->start[a->l.r]),
+                                io.dy, it * (size_t)own, DT_COPY_D2D);
+    if (st == DT_SUCCESS) st = dt__tpo_gather_ring(a, packed, a->N, dt__lrs_bwd_slot, &io, work);
     if (st == DT_SUCCESS && gw && io.first && !a->l.sim) /* no rows at all: dw = 0 */
       st = a->l.bk->iface->memset(a->l.bk, io.dw, 0, sizeof(float) * (size_t)(a->N * a->K));
   }
@@ -612,8 +641,10 @@ static dt_status_t dt__tpo_bw(int gather, const dt_grad_ctx_t* c, dt_tensor_t* g
   if (meta) goto done;
   for (int t = 0; t < 4 && st == DT_SUCCESS; t++)
     if (src[t] != NULL) st = dt__op_move_to(src[t], pls[t], &x[t], &mv[t]);
+  /* f32 compute; linear_reduce_scatter's dy travels in its dtype (each slot converted) */
   for (int t = 0; t < 4 && st == DT_SUCCESS; t++)
-    if (src[t] != NULL) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+    if (src[t] != NULL && (gather || t != 2)) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
+  a.rt = gather || src[2] == NULL ? DT_F32 : src[2]->dtype;
   if (mesh->member) st = dt__mesh_agree(mesh, st, a.op);
   if (st == DT_SUCCESS && mesh->member) {
     st = dt__ring_link_init(mesh, a.d, a.op, &a.l);

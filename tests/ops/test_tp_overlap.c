@@ -10,7 +10,8 @@
  *     on the tp dim, the other dim's shard kept;
  *   - traffic from the counters: the forward of either op and its backward are n-1 send_recv
  *     calls on the tp dim carrying the bytes the ring moves (every chunk but one), no other
- *     collective once the inputs are in place;
+ *     collective once the inputs are in place; under bf16 a gather ring's chunks (x forward, dy
+ *     backward) at 2 bytes an element, a reduce-scatter ring's partial sums at 4;
  *   - the gathered x (all_gather_linear's second output) read by a second linear, as TP's k and v
  *     projections read q's: one ring forward, and x's gradient the sum of both linears' (the
  *     second's partial sum reduced in the first's backward ring);
@@ -189,7 +190,8 @@ static void run_case(dt_mesh_t mesh, const case_t* c, int count_traffic) {
 
   if (count_traffic) {
     /* every rank's ring moves every chunk but one: (n-1) calls, the bytes of the chunks this
-     * rank sends (f32 on the wire) */
+     * rank sends: a gather ring's (x forward, dy backward) in the inputs' dtype, a reduce-scatter
+     * ring's partial sums in f32 */
     const int d = c->tp_dim;
     DT_ASSERT_EQ(fwd.dim_calls[d][DT_COLL_SEND_RECV], n - 1);
     DT_ASSERT_EQ(fwd.calls[DT_COLL_ALL_GATHER] + fwd.calls[DT_COLL_REDUCE_SCATTER] +
@@ -204,9 +206,9 @@ static void run_case(dt_mesh_t mesh, const case_t* c, int count_traffic) {
     uint64_t tot[2];
     MPI_Allreduce(sent, tot, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     const uint64_t copies = mnd == 2 && xat[1 - d].kind != DT_SHARD ? (uint64_t)(g_n / n) : 1;
-    const uint64_t want = copies * (uint64_t)(n - 1) * (uint64_t)rows * (gather ? K : N) * 4;
-    DT_ASSERT_EQ(tot[0], want);
-    DT_ASSERT_EQ(tot[1], want);
+    const uint64_t es = c->dtype == DT_BF16 ? 2 : 4, hops = copies * (uint64_t)(n - 1) * rows;
+    DT_ASSERT_EQ(tot[0], hops * (gather ? K * es : N * 4));
+    DT_ASSERT_EQ(tot[1], hops * (gather ? K * 4 : N * es));
   }
 
   DT_ASSERT_OK(dt_tensor_destroy(yo));
@@ -346,9 +348,13 @@ int main(int argc, char** argv) {
         c.wpl[0] = dt_replicate();
         run_case(mesh, &c, 0);
       }
-  for (int o = 0; o < 2; o++) { /* bf16 */
+  for (int o = 0; o < 2; o++) { /* bf16: from Replicate, and as the op wants (its traffic) */
     case_t c = {ops[o], 3, 12, 0, {dt_replicate()}, {dt_replicate()}, DT_BF16};
     run_case(mesh, &c, 0);
+    c.xpl[0] = dt_shard(o == 0 ? 1 : 2);
+    c.wpl[0] = dt_shard(o == 0 ? 0 : 1);
+    c.S = 7; /* uneven chunks */
+    run_case(mesh, &c, 1);
   }
   if (g_n == 4) { /* 2 x 2: (dp, tp), x's batch or sequence sharded on dp */
     const int shape[2] = {2, 2};
@@ -365,7 +371,7 @@ int main(int argc, char** argv) {
         run_case(m2, &c, 1);
         if (other == 0) { /* bf16 with w's gradient a partial sum over dp */
           c.dtype = DT_BF16;
-          run_case(m2, &c, 0);
+          run_case(m2, &c, 1);
         }
       }
     DT_ASSERT_OK(dt_mesh_destroy(m2));
