@@ -1634,10 +1634,6 @@ static dt_attn_geom dt_attn_ring_geom(const dt__ring_geom_t* rg, int64_t C, int 
   return g;
 }
 
-static cudaStream_t dt_attn_ring_stream(dt_backend_t b) {
-  return (cudaStream_t)DT_CUDA_NAME(stream)(b);
-}
-
 }  // namespace
 
 /* Forward and backward tiles alike (the diagonal block's causal flag changes no tile size); on
@@ -1659,7 +1655,7 @@ extern "C" dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* rg, c
   if (rc == 0)
     rc = dt_simt_launch(dt_attn_fwd_kernel<float>,
                         dt_attn_grid_on(rg->bk, dt_attn_qitems(g, DT_ATTN_BQ)), DT_ATTN_NT, smem,
-                        dt_attn_ring_stream(rg->bk), g, q + qr * g.q.ss, k + kr * g.k.ss,
+                        dt_cu_backend_stream(rg->bk), g, q + qr * g.q.ss, k + kr * g.k.ss,
                         v + kr * g.v.ss, o + qr * g.o.ss, m + qr, l + qr, (const float*)NULL);
   return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "ring_attention: block forward");
 }
@@ -1675,7 +1671,7 @@ extern "C" dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* rg, c
   const size_t s_dq = dt_attn_dq_smem(&g), s_dkv = dt_attn_dkv_smem(&g);
   const float *qb = q + qr * g.q.ss, *kb = k + kr * g.k.ss, *vb = v + kr * g.v.ss,
               *gb = go + qr * g.o.ss;
-  cudaStream_t st = dt_attn_ring_stream(rg->bk);
+  cudaStream_t st = dt_cu_backend_stream(rg->bk);
   int rc = dt_attn_allow_smem(dt_attn_dq_kernel<float>, s_dq);
   if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dkv_kernel<float>, s_dkv);
   if (rc == 0)

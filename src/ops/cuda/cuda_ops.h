@@ -49,8 +49,11 @@ dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* g, const float* 
                           dt_local_tensor_t* out)
 
 /* ---- stream, sizes, launches ------------------------------------------------------------- */
+static inline cudaStream_t dt_cu_backend_stream(dt_backend_t b) {
+  return (cudaStream_t)DT_CUDA_NAME(stream)(b);
+}
 static inline cudaStream_t dt_cu_stream(const dt_local_tensor_t* t) {
-  return (cudaStream_t)DT_CUDA_NAME(stream)(t->backend);
+  return dt_cu_backend_stream(t->backend);
 }
 
 static inline int64_t dt_cu_numel(const dt_local_tensor_t* t) { return dt__local_numel(t); }

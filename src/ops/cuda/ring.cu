@@ -133,15 +133,11 @@ static unsigned dt_ring_grid(dt_backend_t b, int64_t rows) {
   return (unsigned)(rows < 1 ? 1 : rows < cap ? rows : cap);
 }
 
-static cudaStream_t dt_ring_stream(dt_backend_t b) {
-  return (cudaStream_t)DT_CUDA_NAME(stream)(b);
-}
-
 #define DT_RING_LAUNCH(what, kernel, b, rows, ...)                                             \
   do {                                                                                         \
     if ((rows) <= 0) return DT_SUCCESS;                                                        \
     int rc_ = dt_simt_launch(kernel, dim3(dt_ring_grid((b), (rows))), dim3(DT_RING_NT), 0,     \
-                             dt_ring_stream(b), __VA_ARGS__);                                  \
+                             dt_cu_backend_stream(b), __VA_ARGS__);                            \
     return rc_ == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc_, "ring_attention: " what);        \
   } while (0)
 
