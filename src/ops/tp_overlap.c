@@ -422,8 +422,10 @@ static dt_status_t dt__tpo_fwd_local(dt__tpo_t* a, dt_tensor_t x, dt_tensor_t w,
   }
   ok = ok && (a->gather ? packed != NULL : acc[0] && acc[1] && tmp);
   dt_status_t st = ok ? DT_SUCCESS
-                      : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: scratch of %lld floats", a->op,
-                                (long long)(a->gather ? a->P * a->S * a->R * a->K : 3 * big * a->N));
+                      : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: ring scratch of %zu bytes", a->op,
+                                a->gather ? it * (size_t)(a->P * a->S * a->R * a->K) +
+                                                (work ? sizeof(float) * (size_t)(big * a->K) : 0)
+                                          : 3 * sizeof(float) * (size_t)(big * a->N));
   /* a rank short of memory must not leave the others in the ring */
   st = dt__mesh_agree(a->l.mesh, st, a->op);
   if (st == DT_SUCCESS && a->gather) {

@@ -82,7 +82,7 @@ run 4 --parallel hsdp --mesh 2x2
 run 2 --tp 2
 run 2 --tp 2 --sp --loss-parallel
 run 2 --tp 2 --sp --async-tp # asynchronous TP: the rings' scratch and send_recv traffic
-run 2 --tp 2 --sp --async-tp --param-dtype bf16 # its gather rings in bf16, its scatter rings in f32
+run 4 --dp 2 --tp 2 --sp --async-tp --param-dtype bf16 # gather rings in bf16, scatter rings in f32 (bf16: FSDP over dp)
 run 4 --dp 2 --tp 2 --sp --checkpoint
 run 2 --model moe --parallel fsdp
 run 2 --tp 2 --seq 256 --batch 4 # long sequences: the attention kernels' score scratch

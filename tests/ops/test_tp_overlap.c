@@ -15,7 +15,8 @@
  *   - the gathered x (all_gather_linear's second output) read by a second linear, as TP's k and v
  *     projections read q's: one ring forward, and x's gradient the sum of both linears' (the
  *     second's partial sum reduced in the first's backward ring);
- *   - bf16 gives bf16 results within bf16 rounding of the f32 ones (on the 2 x 2 mesh too);
+ *   - bf16 (and f16) gives results in its dtype within its rounding of the f32 ones (bf16 on the
+ *     2 x 2 mesh too);
  *   - refusals: a gather dim that is the feature dim, w of the wrong width, mixed dtypes, a mesh
  *     dim out of range.
  */
@@ -101,7 +102,7 @@ static void run_case(dt_mesh_t mesh, const case_t* c, int count_traffic) {
   fill(x, rows * K, 1 + (int)c->S);
   fill(w, N * K, 2);
   fill(cc, rows * N, 3);
-  if (c->dtype == DT_BF16) { /* the reference on the values bf16 holds */
+  if (c->dtype != DT_F32) { /* the reference on the values bf16 (f16) holds */
     dt_tensor_t t[3];
     float* a[3] = {x, w, cc};
     const int64_t nn[3] = {rows * K, N * K, rows * N};
@@ -110,7 +111,7 @@ static void run_case(dt_mesh_t mesh, const case_t* c, int count_traffic) {
       const int64_t sh[1] = {nn[i]};
       dt_tensor_t f, h;
       DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 1, sh, rep, a[i], &f));
-      DT_ASSERT_OK(dt_cast(f, DT_BF16, &h));
+      DT_ASSERT_OK(dt_cast(f, c->dtype, &h));
       DT_ASSERT_OK(dt_cast(h, DT_F32, &t[i]));
       DT_ASSERT_OK(dt_tensor_gather_full(t[i], a[i], sizeof(float) * (size_t)nn[i]));
       DT_ASSERT_OK(dt_tensor_destroy(f));
@@ -183,7 +184,7 @@ static void run_case(dt_mesh_t mesh, const case_t* c, int count_traffic) {
   DT_ASSERT_OK(dt_tensor_gather_full(yo, gy, sizeof(float) * rows * N));
   DT_ASSERT_OK(dt_tensor_gather_full(gx, gdx, sizeof(float) * rows * K));
   DT_ASSERT_OK(dt_tensor_gather_full(gw, gdw, sizeof(float) * N * K));
-  const double tol = c->dtype == DT_BF16 ? 2e-2 : 1e-5;
+  const double tol = c->dtype == DT_BF16 ? 2e-2 : c->dtype == DT_F16 ? 3e-3 : 1e-5;
   expect_close(gy, y, rows * N, tol, "output", c->op, c->S);
   expect_close(gdx, dx, rows * K, tol, "dx", c->op, c->S);
   expect_close(gdw, dw, N * K, tol, "dw", c->op, c->S);
@@ -206,7 +207,7 @@ static void run_case(dt_mesh_t mesh, const case_t* c, int count_traffic) {
     uint64_t tot[2];
     MPI_Allreduce(sent, tot, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     const uint64_t copies = mnd == 2 && xat[1 - d].kind != DT_SHARD ? (uint64_t)(g_n / n) : 1;
-    const uint64_t es = c->dtype == DT_BF16 ? 2 : 4, hops = copies * (uint64_t)(n - 1) * rows;
+    const uint64_t es = c->dtype == DT_F32 ? 4 : 2, hops = copies * (uint64_t)(n - 1) * rows;
     DT_ASSERT_EQ(tot[0], hops * (gather ? K * es : N * 4));
     DT_ASSERT_EQ(tot[1], hops * (gather ? K * 4 : N * es));
   }
@@ -354,6 +355,8 @@ int main(int argc, char** argv) {
     c.xpl[0] = dt_shard(o == 0 ? 1 : 2);
     c.wpl[0] = dt_shard(o == 0 ? 0 : 1);
     c.S = 7; /* uneven chunks */
+    run_case(mesh, &c, 1);
+    c.dtype = DT_F16; /* f16 likewise */
     run_case(mesh, &c, 1);
   }
   if (g_n == 4) { /* 2 x 2: (dp, tp), x's batch or sequence sharded on dp */
