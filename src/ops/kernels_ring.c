@@ -618,9 +618,11 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
       dv[j] = a->nv * j;
     }
     if (!a->link.sim) {
-      st = a->link.comm->iface->all_gather_v(a->link.comm, kd, kb, ck, dk, a->kvt, NULL);
-      if (st == DT_SUCCESS)
-        st = a->link.comm->iface->all_gather_v(a->link.comm, vd, vb, cv, dv, a->kvt, NULL);
+      /* entered whatever came before (the peers are in it); the first failure kept */
+      dt_status_t e = a->link.comm->iface->all_gather_v(a->link.comm, kd, kb, ck, dk, a->kvt, NULL);
+      if (e == DT_SUCCESS)
+        e = a->link.comm->iface->all_gather_v(a->link.comm, vd, vb, cv, dv, a->kvt, NULL);
+      if (st == DT_SUCCESS) st = e;
     } else {
       dt__sim_collective(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, n,
                          (uint64_t)(a->nk * n) * it, 0);
@@ -784,12 +786,15 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
       dt__ra_count(a, DT_COLL_REDUCE_SCATTER, (uint64_t)(e * n) * sizeof(float));
     }
   } else if (n == 1) {
-    st = dt__ra_kv_f32(a, kd, vd, kvf, &kc, &vc);
+    if (st == DT_SUCCESS) st = dt__ra_kv_f32(a, kd, vd, kvf, &kc, &vc);
     dt__ra_sim_compute(a, a->link.r, 1);
     if (!a->link.sim && st == DT_SUCCESS)
       st = dt__ra_bwd_blocks(a, a->link.r, qd, kc, vc, god, ls, dd, dqd, dkd, dvd, scr);
   } else {
-    st = dt__ra_bwd_ring(a, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr, kvbuf, kvf, acc, tmp);
+    /* entered whatever came before (the peers are in it); the first failure kept */
+    dt_status_t e =
+        dt__ra_bwd_ring(a, qd, kd, vd, god, ls, dd, dqd, dkd, dvd, scr, kvbuf, kvf, acc, tmp);
+    if (st == DT_SUCCESS) st = e;
   }
   if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, dq, dqd);
   if (st == DT_SUCCESS) st = dt__ring_mem_out(&a->link, dk, dkd);
