@@ -16,7 +16,7 @@
  *     projections read q's: one ring forward, and x's gradient the sum of both linears' (the
  *     second's partial sum reduced in the first's backward ring);
  *   - bf16 (and f16) gives results in its dtype within its rounding of the f32 ones (bf16 on the
- *     2 x 2 mesh too);
+ *     2 x 2 mesh too; f16 also with a batch of one: the gathered x is the ring's own buffer);
  *   - refusals: a gather dim that is the feature dim, w of the wrong width, mixed dtypes, a mesh
  *     dim out of range.
  */
@@ -79,6 +79,7 @@ typedef struct {
   int tp_dim;                    /* the mesh dim of the ring */
   dt_placement_t xpl[2], wpl[2]; /* where x and w start (moved by the op as needed) */
   dt_dtype_t dtype;
+  int64_t batch; /* 0: B */
 } case_t;
 
 enum { B = 2, R = 3, K = 5, N = 6 };
@@ -90,8 +91,8 @@ static void run_case(dt_mesh_t mesh, const case_t* c, int count_traffic) {
   int mnd, n;
   DT_ASSERT_OK(dt_mesh_ndim(mesh, &mnd));
   DT_ASSERT_OK(dt_mesh_size(mesh, c->tp_dim, &n));
-  const int64_t rows = B * c->S * (c->ndim == 4 ? R : 1);
-  int64_t xs[4] = {B, c->S, c->ndim == 4 ? R : K, K}, ys[4], ws[2] = {N, K};
+  const int64_t bt = c->batch ? c->batch : B, rows = bt * c->S * (c->ndim == 4 ? R : 1);
+  int64_t xs[4] = {bt, c->S, c->ndim == 4 ? R : K, K}, ys[4], ws[2] = {N, K};
   memcpy(ys, xs, sizeof ys);
   ys[c->ndim - 1] = N;
   float *x = malloc(sizeof(float) * rows * K), *w = malloc(sizeof(float) * N * K),
@@ -339,7 +340,7 @@ int main(int argc, char** argv) {
   for (int o = 0; o < 2; o++)
     for (int nd = 3; nd <= 4; nd++)
       for (int si = 0; si < 2; si++) {
-        case_t c = {ops[o], nd, seqs[si], 0, {dt_replicate()}, {dt_replicate()}, DT_F32};
+        case_t c = {ops[o], nd, seqs[si], 0, {dt_replicate()}, {dt_replicate()}, DT_F32, 0};
         /* x and w arrive as the op wants them (the traffic is then the ring's alone) */
         c.xpl[0] = dt_shard(o == 0 ? 1 : nd - 1);
         c.wpl[0] = dt_shard(o == 0 ? 0 : 1);
@@ -350,13 +351,15 @@ int main(int argc, char** argv) {
         run_case(mesh, &c, 0);
       }
   for (int o = 0; o < 2; o++) { /* bf16: from Replicate, and as the op wants (its traffic) */
-    case_t c = {ops[o], 3, 12, 0, {dt_replicate()}, {dt_replicate()}, DT_BF16};
+    case_t c = {ops[o], 3, 12, 0, {dt_replicate()}, {dt_replicate()}, DT_BF16, 0};
     run_case(mesh, &c, 0);
     c.xpl[0] = dt_shard(o == 0 ? 1 : 2);
     c.wpl[0] = dt_shard(o == 0 ? 0 : 1);
     c.S = 7; /* uneven chunks */
     run_case(mesh, &c, 1);
     c.dtype = DT_F16; /* f16 likewise */
+    run_case(mesh, &c, 1);
+    c.batch = 1; /* one block of rows: the gathered x is the ring's own buffer */
     run_case(mesh, &c, 1);
   }
   if (g_n == 4) { /* 2 x 2: (dp, tp), x's batch or sequence sharded on dp */
@@ -367,7 +370,7 @@ int main(int argc, char** argv) {
     for (int o = 0; o < 2; o++)
       for (int other = 0; other < 3; other++) {
         case_t c = {ops[o], 3, 12, 1, {dt_replicate(), dt_replicate()},
-                    {dt_replicate(), dt_replicate()}, DT_F32};
+                    {dt_replicate(), dt_replicate()}, DT_F32, 0};
         c.xpl[0] = other == 0 ? dt_shard(0) : other == 1 ? dt_shard(1) : dt_replicate();
         c.xpl[1] = dt_shard(o == 0 ? 1 : 2);
         c.wpl[1] = dt_shard(o == 0 ? 0 : 1);
