@@ -13,7 +13,8 @@
  *     all-gather variant two all-gathers forward, two more and two reduce-scatters backward;
  *   - dt_cp_position's order, rotary with cp (real positions), and refusals: a sequence that does
  *     not split into 2n chunks, q and k of different lengths, a mesh dim out of range, q and k
- *     of different dtypes; bf16 and f16 inputs (ring and all-gather) give results in their
+ *     of different dtypes; bf16 and f16 inputs (ring and all-gather; on 4 ranks also on the
+ *     2 x 2 mesh, heads sharded on the other dim) give results in their
  *     dtype equal to the f32 ring's on the rounded values (the output exactly, once rounded;
  *     the gradients within the dtype's rounding), k and v crossing the cp dim in their dtype's
  *     bytes and their gradients in f32's; an
@@ -283,7 +284,12 @@ static dt_tensor_t cast_to(dt_tensor_t t, dt_dtype_t to) {
 static void test_half(dt_mesh_t mesh) {
   const int64_t S = 4 * (int64_t)g_n, nq = B * H * S * D, nk = B * G * S * D, nv = B * G * S * E,
                 no = B * H * S * E;
-  const dt_placement_t pl[1] = {dt_shard(2)};
+  int nd, ncp;
+  DT_ASSERT_OK(dt_mesh_ndim(mesh, &nd));
+  /* 1-dim: the sequence over every rank; 2-dim: heads over dim 0, the sequence over dim 1 */
+  const int cpd = nd - 1;
+  DT_ASSERT_OK(dt_mesh_size(mesh, cpd, &ncp));
+  const dt_placement_t pl[2] = {dt_shard(nd == 2 ? 1 : 2), dt_shard(2)};
   const dt_dtype_t half[2] = {DT_BF16, DT_F16};
   float *x[4], *ref[4], *got[4];
   const int64_t nn[4] = {nq, nk, nv, no}, rn[4] = {no, nq, nk, nv}; /* q k v w; o dq dk dv */
@@ -312,7 +318,7 @@ static void test_half(dt_mesh_t mesh) {
       dt_var_t v[3], vw, o, ow, loss;
       for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_var_leaf(t[i], 1, &v[i]));
       DT_ASSERT_OK(dt_tape_constant(tape, t[3], &vw));
-      const int64_t a[5] = {0, 1, 0, 1, algo}; /* cp dim 0, causal, (B, H, S, D), balanced */
+      const int64_t a[5] = {cpd, 1, 0, 1, algo}; /* causal, (B, H, S, D), balanced */
       DT_ASSERT_OK(dt_counters_reset(mesh));
       DT_ASSERT_OK(dt_ag_op(tape, "ring_attention", 3, v, 5, a, 0, NULL, 1, &o));
       DT_ASSERT_OK(dt_counters_get(mesh, &fwd));
@@ -339,19 +345,20 @@ static void test_half(dt_mesh_t mesh) {
       DT_ASSERT_OK(dt_tape_destroy(tape));
       for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_var_destroy(v[i]));
     }
-    /* the dtype's run (the counters of the last run): k and v's shards at 2 bytes an element,
-     * their gradients' at 4 */
+    /* the dtype's run (the counters of the last run): k and v's shards (1/g_n of them: the
+     * sequence over the cp dim, heads over the other) at 2 bytes an element, their gradients'
+     * at 4 */
     const uint64_t kvh = 2 * (uint64_t)(nk + nv) / (uint64_t)g_n, kvf = 2 * kvh;
-    const uint64_t n = (uint64_t)g_n;
+    const uint64_t n = (uint64_t)ncp;
     if (algo == 1) {
-      DT_ASSERT_EQ(fwd.dim_nbytes[0][DT_COLL_SEND_RECV], (n - 1) * kvh);
-      DT_ASSERT_EQ(all.dim_nbytes[0][DT_COLL_SEND_RECV] - fwd.dim_nbytes[0][DT_COLL_SEND_RECV],
+      DT_ASSERT_EQ(fwd.dim_nbytes[cpd][DT_COLL_SEND_RECV], (n - 1) * kvh);
+      DT_ASSERT_EQ(all.dim_nbytes[cpd][DT_COLL_SEND_RECV] - fwd.dim_nbytes[cpd][DT_COLL_SEND_RECV],
                    n > 1 ? (n - 1) * kvh + n * kvf : 0);
     } else {
-      DT_ASSERT_EQ(fwd.dim_nbytes[0][DT_COLL_ALL_GATHER], n * kvh);
-      DT_ASSERT_EQ(all.dim_nbytes[0][DT_COLL_ALL_GATHER], 2 * n * kvh);
-      DT_ASSERT_EQ(all.dim_nbytes[0][DT_COLL_REDUCE_SCATTER], n * kvf);
-      DT_ASSERT_EQ(all.dim_calls[0][DT_COLL_SEND_RECV], 0);
+      DT_ASSERT_EQ(fwd.dim_nbytes[cpd][DT_COLL_ALL_GATHER], n * kvh);
+      DT_ASSERT_EQ(all.dim_nbytes[cpd][DT_COLL_ALL_GATHER], 2 * n * kvh);
+      DT_ASSERT_EQ(all.dim_nbytes[cpd][DT_COLL_REDUCE_SCATTER], n * kvf);
+      DT_ASSERT_EQ(all.dim_calls[cpd][DT_COLL_SEND_RECV], 0);
     }
     int64_t bad = 0; /* the output: the f32 run's, rounded */
     for (int64_t j = 0; j < no; j++) bad += got[0][j] != ref[0][j];
@@ -487,6 +494,7 @@ int main(int argc, char** argv) {
         dt_placement_t pl[2] = {dt_shard(layout ? 2 : 1), dt_shard(layout ? 1 : 2)};
         run_case(m2, solo, pl, 1, &c);
       }
+    test_half(m2);
     DT_ASSERT_OK(dt_mesh_destroy(m2));
   }
   DT_ASSERT_OK(dt_mesh_destroy(solo));
