@@ -364,10 +364,15 @@ static double dt__ra_step_flops_of(const dt__ring_call_t* a, int r, int s, int b
   return 2.0 * (double)g->B * (double)g->H * pairs * per;
 }
 
-/* The modeled time of rank r's blocks against the shard of rank s. */
+/* The modeled time of rank r's blocks against the shard of rank s (with, for k and v of another
+ * dtype, the shard's conversion to f32: read in its dtype, written in f32). */
 static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int backward) {
   const dt_compute_params_t* cm = dt__compute_model();
-  return cm->op_us + dt__ra_step_flops_of(a, r, s, backward) / (cm->gemm_gflops * 1e3);
+  const double conv = a->kvt == DT_F32 ? 0.0
+                                       : (double)(a->nk + a->nv) *
+                                             (double)(dt__itemsize(a->kvt) + sizeof(float)) /
+                                             (cm->mem_gbps * 1e3);
+  return cm->op_us + conv + dt__ra_step_flops_of(a, r, s, backward) / (cm->gemm_gflops * 1e3);
 }
 
 /* The simulated time of a step's blocks (and the clock's sums). */

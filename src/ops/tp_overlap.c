@@ -199,6 +199,9 @@ static dt_status_t dt__tpo_gather_ring(const dt__tpo_t* a, void* packed, int64_t
     const float* vals = (const float*)slot;
     if (a->rt != DT_F32 && st == DT_SUCCESS) {
       vals = work;
+      if (a->l.sim) /* the conversion on the simulated clock: read in its dtype, written f32 */
+        dt__sim_compute((double)(row * a->len[s]) * (double)(it + sizeof(float)) /
+                        (dt__compute_model()->mem_gbps * 1e3));
       if (!a->l.sim && row * a->len[s] > 0)
         st = a->l.bk->iface->convert(a->l.bk, slot, a->rt, work, DT_F32, row * a->len[s]);
     }
