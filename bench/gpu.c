@@ -2,7 +2,7 @@
  *
  *   build/bench/bench_gpu [--quick]          (one rank: mpirun -np 1, or no mpirun)
  *   build/bench/bench_gpu --attention        (only 4. below)
- *   build/bench/bench_gpu --ring             (only 5. below)
+ *   build/bench/bench_gpu --ring [bf16]      (only 5. below)
  *
  * 1. dt_mm in bf16 (f32 accumulation) on n x n x n for n = 4096 and 8192 against the same
  *    cuBLASLt matmul made directly (same operand layout, compute type, workspace size and the
@@ -25,12 +25,13 @@
  *    bwd_ms_125M= fwd_ms_1B= bwd_ms_1B=
  * 5. (--ring) ring attention's blocks in device memory: one rank, a cp dim of 1 (the ring is the
  *    rank's own shard: the load-balanced causal layout's two diagonal blocks and one full block),
- *    f32, layout (B, S, H, D), a training step of the op (forward, sum, backward through the
+ *    f32 (or bf16: k and v around the ring in bf16, the blocks in f32), layout (B, S, H, D), a
+ *    training step of the op (forward, sum, backward through the
  *    tape), ms per step (median of 5 rounds of 5), at B 1, S 8192, 16 heads of 64 (long context)
  *    and B 8, S 1024, 14 heads of 64 (the 125M model's shape), on the block path that
  *    DTENSOR_SDPA_PATH chose (flash: the fused kernels, one forward and two backward launches per
  *    block; auto, gemm: products and row steps per (batch, head)). gpu_check.sh alternates
- *    processes of the two. Last line: ring path= ms_8k= ms_1k=
+ *    processes of the two. Last line: ring path= dtype= ms_8k= ms_1k=
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <cublasLt.h>
@@ -219,7 +220,7 @@ static double ring_ms(dt_backend_t be, dt_var_t vq, dt_var_t vk, dt_var_t vv) {
   return ms;
 }
 
-static int ring_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
+static int ring_bench(dt_mesh_t mesh, dt_backend_t be, int small, dt_dtype_t dt) {
   shape_t shapes[2] = {{"8k", 1, 8192, 16, 64}, {"1k", 8, 1024, 14, 64}};
   for (int i = 0; small && i < 2; i++) shapes[i].B = 1, shapes[i].S = 96; /* the emulator */
   const char* path = getenv("DTENSOR_SDPA_PATH");
@@ -230,20 +231,22 @@ static int ring_bench(dt_mesh_t mesh, dt_backend_t be, int small) {
     dt_var_t v[3];
     for (int k = 0; k < 3; k++) {
       dt_tensor_t t;
-      CHECK(dt_tensor_randn(mesh, DT_F32, 4, shape, sh, 20 + k, &t));
+      CHECK(dt_tensor_randn(mesh, dt, 4, shape, sh, 20 + k, &t));
       CHECK(dt_var_leaf(t, 1, &v[k]));
     }
     ms[i] = ring_ms(be, v[0], v[1], v[2]);
     /* causal: half the S x S pairs (the diagonal blocks' masked halves computed too); forward 2
      * products, backward 5 (scores again, dP, dV, dQ, dK) */
     const double pairs = 0.5 * shapes[i].B * shapes[i].H * (double)shapes[i].S * shapes[i].S;
-    printf("ring %s (B %lld, S %lld, %lld heads of %lld, causal, f32): step %.3f ms "
+    printf("ring %s (B %lld, S %lld, %lld heads of %lld, causal, %s): step %.3f ms "
            "(%.1f TFLOP/s of 7 products)\n", shapes[i].name, (long long)shapes[i].B,
-           (long long)shapes[i].S, (long long)shapes[i].H, (long long)shapes[i].D, ms[i],
+           (long long)shapes[i].S, (long long)shapes[i].H, (long long)shapes[i].D,
+           dt_dtype_name(dt), ms[i],
            14.0 * pairs * shapes[i].D / (ms[i] * 1e9));
     for (int k = 0; k < 3; k++) CHECK(dt_var_destroy(v[k]));
   }
-  printf("ring path=%s ms_8k=%.3f ms_1k=%.3f\n", path && *path ? path : "auto", ms[0], ms[1]);
+  printf("ring path=%s dtype=%s ms_8k=%.3f ms_1k=%.3f\n", path && *path ? path : "auto",
+         dt_dtype_name(dt), ms[0], ms[1]);
   return 0;
 }
 
@@ -251,6 +254,7 @@ int main(int argc, char** argv) {
   int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
   int attention = argc > 1 && strcmp(argv[1], "--attention") == 0;
   int ring = argc > 1 && strcmp(argv[1], "--ring") == 0;
+  const dt_dtype_t ring_dt = ring && argc > 2 && strcmp(argv[2], "bf16") == 0 ? DT_BF16 : DT_F32;
   CHECK(dt_init(&argc, &argv));
   /* (--attention and --ring run on another device backend too: BENCH_GPU_BACKEND=cuda-emu
    * checks the benchmark itself on a machine without a GPU; the times mean nothing there) */
@@ -268,7 +272,7 @@ int main(int argc, char** argv) {
   CHECK(dt_mesh_set_backend(mesh, be));
   if ((attention || ring) && strcmp(bname, "cuda") != 0) {
     if (attention) attention_bench(mesh, be, 1);
-    if (ring) ring_bench(mesh, be, 1);
+    if (ring) ring_bench(mesh, be, 1, ring_dt);
     CHECK(dt_mesh_destroy(mesh));
     CHECK(dt_finalize());
     return 0;
@@ -283,7 +287,7 @@ int main(int argc, char** argv) {
          (drv % 1000) / 10);
   if (attention || ring) {
     if (attention) attention_bench(mesh, be, 0);
-    if (ring) ring_bench(mesh, be, 0);
+    if (ring) ring_bench(mesh, be, 0, ring_dt);
     CHECK(dt_mesh_destroy(mesh));
     CHECK(dt_finalize());
     return 0;

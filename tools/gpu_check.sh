@@ -31,7 +31,8 @@
 #               plane against raw NCCL calls, 1-256 MiB; bench_gpu --attention on each of
 #               attention's paths (DTENSOR_SDPA_PATH=gemm, flash) against bench/sdpa_torch_gpu.py
 #               (PyTorch's SDPA) at the two training shapes, bf16, forward + backward;
-#               bench_gpu --ring on ring attention's two block paths (gemm, flash), alternated
+#               bench_gpu --ring on ring attention's two block paths (gemm, flash), alternated,
+#               then each once with bf16 inputs
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
 #               the same ~125M-parameter model, then ~1B, alternating ours and theirs
 # Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
@@ -197,12 +198,18 @@ if [ "$BACKEND" = cuda ]; then
         step "ring_${p}_$r" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --ring
       done
     done
+    # and bf16 inputs (k and v around the ring in bf16, the blocks in f32; the 1k shape is the
+    # 125M model's: against attention_* above, what the ring's f32 blocks cost over bf16 sdpa)
+    for p in gemm flash; do
+      step "ring_${p}_bf16" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --ring bf16
+    done
     for sh in 8k 1k; do
       line="ring $sh step ms:"
       for p in gemm flash; do
         v=$(cat "$OUT/ring_${p}_1.log" "$OUT/ring_${p}_2.log" 2>/dev/null |
           sed -n "s/^ring path=.*ms_$sh=\([0-9.]*\).*/\1/p" | paste -sd/ -)
-        line="$line $p ${v:-na}"
+        b=$(sed -n "s/^ring path=.*ms_$sh=\([0-9.]*\).*/\1/p" "$OUT/ring_${p}_bf16.log" 2>/dev/null)
+        line="$line $p ${v:-na} (bf16 ${b:-na})"
       done
       note "$line"
     done
