@@ -544,17 +544,25 @@ dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x) {
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
-/* The f32 values the blocks take of n elements of a k/v shard (k and v's dtype): the shard
- * itself when f32, else converted into `work` (f32, the ring's scratch). */
-static dt_status_t dt__ra_f32(const dt__ring_call_t* a, const void* shard, int64_t n, float* work,
-                              const float** out) {
-  if (a->kvt == DT_F32) {
-    *out = (const float*)shard;
+dt_status_t dt__ring_f32(const dt__ring_link_t* l, const void* src, dt_dtype_t dtype, int64_t n,
+                         float* work, const float** out) {
+  if (dtype == DT_F32) {
+    *out = (const float*)src;
     return DT_SUCCESS;
   }
   *out = work;
-  if (a->link.sim || n == 0) return DT_SUCCESS;
-  return a->g.bk->iface->convert(a->g.bk, shard, a->kvt, work, DT_F32, n);
+  if (l->sim || n == 0) return DT_SUCCESS;
+  return l->bk->iface->convert(l->bk, src, dtype, work, DT_F32, n);
+}
+
+/* The f32 values of a k/v shard's k (at k) and v (at v): kvf (k's nk, then v's nv) or, when f32,
+ * the shard itself (*kc, *vc). */
+static dt_status_t dt__ra_kv_f32(const dt__ring_call_t* a, const void* k, const void* v,
+                                 float* kvf, const float** kc, const float** vc) {
+  dt_status_t st = dt__ring_f32(&a->link, k, a->kvt, a->nk, kvf, kc);
+  if (st == DT_SUCCESS)
+    st = dt__ring_f32(&a->link, v, a->kvt, a->nv, kvf ? kvf + a->nk : NULL, vc);
+  return st;
 }
 
 /* Element i of a buffer of k/v's dtype. */
@@ -574,7 +582,7 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
   float* scr = dt__ring_mem_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
   float* l = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)rows, 1);
   void *kb = NULL, *vb = NULL, *kb2 = NULL, *vb2 = NULL; /* shards in k and v's dtype */
-  float *kf = NULL, *vf = NULL; /* a shard's f32 values (k and v not f32) */
+  float* kvf = NULL; /* a shard's f32 values (k and v not f32) */
   int need = 2;
   if (algo == DT_RING_GATHER) {
     kb = dt__ring_mem_alloc(&mm, it * (size_t)(a->nk * n), 0);
@@ -588,9 +596,8 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     need += 4;
   }
   if (a->kvt != DT_F32) {
-    kf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nk, 0);
-    vf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)a->nv, 0);
-    need += 2;
+    kvf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->nk + a->nv), 0);
+    need++;
   }
   int ok = 1;
   const float* qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok);
@@ -637,8 +644,8 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nk * n) * it);
     dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nv * n) * it);
     for (int s = 0; s < n && st == DT_SUCCESS; s++) {
-      st = dt__ra_f32(a, dt__ra_at(a, kb, a->nk * s), a->nk, kf, &kc);
-      if (st == DT_SUCCESS) st = dt__ra_f32(a, dt__ra_at(a, vb, a->nv * s), a->nv, vf, &vc);
+      st = dt__ra_kv_f32(a, dt__ra_at(a, kb, a->nk * s), dt__ra_at(a, vb, a->nv * s), kvf, &kc,
+                         &vc);
       dt__ra_sim_compute(a, s, 0);
       if (!a->link.sim && st == DT_SUCCESS)
         st = dt__ra_fwd_blocks(a, s, qd, kc, vc, od, m, l, scr);
@@ -656,8 +663,7 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
         const int64_t cnt[2] = {a->nk, a->nv};
         st = dt__ring_xfer_start(&a->link, &x, 2, snd, rcv, cnt, NULL, a->kvt);
       }
-      if (st == DT_SUCCESS) st = dt__ra_f32(a, cur_k, a->nk, kf, &kc);
-      if (st == DT_SUCCESS) st = dt__ra_f32(a, cur_v, a->nv, vf, &vc);
+      if (st == DT_SUCCESS) st = dt__ra_kv_f32(a, cur_k, cur_v, kvf, &kc, &vc);
       dt__ra_sim_compute(a, s, 0);
       if (!a->link.sim && st == DT_SUCCESS)
         st = dt__ra_fwd_blocks(a, s, qd, kc, vc, od, m, l, scr);
@@ -683,15 +689,6 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
                                    const void* vd, const float* god, const float* ls,
                                    const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
                                    void* const* kvbuf, float* kvf, float* const* acc, float* tmp);
-
-/* The f32 values of shard s's k (at k) and v (at v) in kvf (k's nk, then v's nv), or where they
- * are when f32 (*kc, *vc). */
-static dt_status_t dt__ra_kv_f32(const dt__ring_call_t* a, const void* k, const void* v,
-                                 float* kvf, const float** kc, const float** vc) {
-  dt_status_t st = dt__ra_f32(a, k, a->nk, kvf, kc);
-  if (st == DT_SUCCESS) st = dt__ra_f32(a, v, a->nv, kvf ? kvf + a->nk : NULL, vc);
-  return st;
-}
 
 dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
                               const dt_local_tensor_t* k, const dt_local_tensor_t* v,
