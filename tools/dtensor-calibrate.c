@@ -12,10 +12,11 @@
  * "all_reduce_a2a") are fit the same way from dt_tensor_redistribute_into P -> S(0) and P -> R
  * with that algorithm forced, on a mesh dim of 2 ranks (mesh (world/2, 2), even worlds) and on
  * the whole world. The compute model of simulated step times (dt_compute_model_set: the fixed
- * cost of an op, memory bandwidth of an add, the GEMM rate of mm at 512^3 in f32 and bf16) is
- * measured with every rank running at once, the slowest rank's figures kept. Prints the fit; writes it only to the FILE of -o (dt_init loads
- * $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json: pass that path to make the fit every
- * program's default).
+ * cost of an op, memory bandwidth of an add, the GEMM rate of mm at 512^3 in f32 and bf16,
+ * attention's rate from sdpa and its gradient at sequence 1024, head dim 64) is measured with
+ * every rank running at once, the slowest rank's figures kept. Prints the fit; writes it only to
+ * the FILE of -o (dt_init loads $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json: pass
+ * that path to make the fit every program's default).
  *
  * A fit measured in bad conditions misleads every plan made with it (an oversubscribed run once
  * priced a 4 MB transfer at 14 ms instead of 242 us), so before writing it checks, and refuses
@@ -252,19 +253,21 @@ static double memcpy_gbps(void* dst, const void* src, long bytes) {
   return best;
 }
 
-/* The time (us) of one run of op `name` on a and b: the median over `reps` timings of `inner`
- * runs back to back, every rank at once (as in a training step: ranks sharing cores see the rate
- * they will get, and the runs are long enough that the ranks overlap); -1 on a failure. */
-static double op_us(const char* name, dt_tensor_t a, dt_tensor_t b, int reps, int inner) {
+/* The time (us) of one run of op `name` on n_in inputs (n_out outputs): the median over `reps`
+ * timings of `inner` runs back to back, every rank at once (as in a training step: ranks sharing
+ * cores see the rate they will get, and the runs are long enough that the ranks overlap); -1 on
+ * a failure. */
+static double op_us(const char* name, int n_in, const dt_tensor_t* in, int n_out, int reps,
+                    int inner) {
   double t[64];
   if (reps > 64) reps = 64;
   for (int r = -1; r < reps; r++) { /* a warm-up timing */
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     for (int i = 0; i < inner; i++) {
-      dt_tensor_t x[2] = {a, b}, y = NULL;
-      if (dt_op_run(name, 2, x, 0, NULL, 0, NULL, &y) != DT_SUCCESS) return -1.0;
-      dt_tensor_destroy(y);
+      dt_tensor_t y[4] = {NULL, NULL, NULL, NULL};
+      if (dt_op_run_multi(name, n_in, in, 0, NULL, 0, NULL, n_out, y) != DT_SUCCESS) return -1.0;
+      for (int o = 0; o < n_out; o++) dt_tensor_destroy(y[o]);
     }
     double dt = (MPI_Wtime() - t0) * 1e6 / inner;
     if (r >= 0) t[r] = dt;
@@ -278,43 +281,57 @@ static double op_us(const char* name, dt_tensor_t a, dt_tensor_t b, int reps, in
   return t[reps / 2];
 }
 
+/* The attention measured for attn_gflops: q, k, v and the output's gradient (1, 2, 1024, 64),
+ * without a mask (the query-key pairs are then S x T exactly). */
+#define ATTN_H 2
+#define ATTN_S 1024
+#define ATTN_D 64
+
 /* The compute model (dt_compute_params_t): the fixed cost of an op (an add of one element),
  * memory bandwidth (an add of 1 Mi floats: 12 MiB read and written), the GEMM rate of mm at
- * 512^3 in f32 and bf16, all ranks running at once; the slowest rank's figures. 0 on success. */
+ * 512^3 in f32 and bf16, and attention's rate (sdpa and sdpa_grad at the shape above, FLOPs
+ * counted as dtensor/redistribute.h says), all ranks running at once; the slowest rank's
+ * figures. 0 on success. */
 static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
   dt_placement_t rep[1] = {dt_replicate()};
   const int64_t one[1] = {1}, big[1] = {1 << 20}, sq[2] = {512, 512};
-  dt_tensor_t t[8] = {NULL};
-  int bad = dt_tensor_rand(mesh, DT_F32, 1, one, rep, 1, &t[0]) != DT_SUCCESS ||
-            dt_tensor_rand(mesh, DT_F32, 1, one, rep, 2, &t[1]) != DT_SUCCESS ||
-            dt_tensor_rand(mesh, DT_F32, 1, big, rep, 3, &t[2]) != DT_SUCCESS ||
-            dt_tensor_rand(mesh, DT_F32, 1, big, rep, 4, &t[3]) != DT_SUCCESS ||
-            dt_tensor_rand(mesh, DT_F32, 2, sq, rep, 5, &t[4]) != DT_SUCCESS ||
-            dt_tensor_rand(mesh, DT_F32, 2, sq, rep, 6, &t[5]) != DT_SUCCESS ||
-            dt_tensor_rand(mesh, DT_BF16, 2, sq, rep, 7, &t[6]) != DT_SUCCESS ||
-            dt_tensor_rand(mesh, DT_BF16, 2, sq, rep, 8, &t[7]) != DT_SUCCESS;
-  double m[4] = {-1, -1, -1, -1};
-  if (!bad) {
-    m[0] = op_us("add", t[0], t[1], 9, 2000);
-    m[1] = op_us("add", t[2], t[3], 9, 40);
-    m[2] = op_us("mm", t[4], t[5], 7, 10);
-    m[3] = op_us("mm", t[6], t[7], 7, 10);
+  const int64_t at[4] = {1, ATTN_H, ATTN_S, ATTN_D};
+  dt_tensor_t t[12] = {NULL};
+  int bad = 0;
+  for (int i = 0; i < 12 && !bad; i++) {
+    const int nd = i < 4 ? 1 : i < 8 ? 2 : 4;
+    const int64_t* shape = i < 2 ? one : i < 4 ? big : i < 8 ? sq : at;
+    const dt_dtype_t dt = i == 6 || i == 7 ? DT_BF16 : DT_F32;
+    bad = dt_tensor_rand(mesh, dt, nd, shape, rep, (uint64_t)i + 1, &t[i]) != DT_SUCCESS;
   }
-  for (int i = 0; i < 8; i++) dt_tensor_destroy(t[i]);
-  for (int i = 0; i < 4; i++) bad |= m[i] < 0;
+  double m[6] = {-1, -1, -1, -1, -1, -1};
+  if (!bad) {
+    m[0] = op_us("add", 2, &t[0], 1, 9, 2000);
+    m[1] = op_us("add", 2, &t[2], 1, 9, 40);
+    m[2] = op_us("mm", 2, &t[4], 1, 7, 10);
+    m[3] = op_us("mm", 2, &t[6], 1, 7, 10);
+    m[4] = op_us("sdpa", 3, &t[8], 1, 5, 2);
+    m[5] = op_us("sdpa_grad", 4, &t[8], 3, 5, 1);
+  }
+  for (int i = 0; i < 12; i++) dt_tensor_destroy(t[i]);
+  for (int i = 0; i < 6; i++) bad |= m[i] < 0;
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (bad) return 1;
-  MPI_Allreduce(MPI_IN_PLACE, m, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, m, 6, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   out->op_us = m[0];
   const double flops = 2.0 * 512.0 * 512.0 * 512.0, nbytes = 3.0 * 4.0 * (double)(1 << 20);
-  double rest[3];
-  for (int i = 0; i < 3; i++) { /* the time beyond the fixed cost (at least a tenth of it) */
-    rest[i] = m[i + 1] - m[0];
-    if (rest[i] < 0.1 * m[i + 1]) rest[i] = 0.1 * m[i + 1];
+  /* forward 2 (D + E) a pair, backward 2 (3 D + 2 E), E = D */
+  const double pairs = (double)ATTN_H * ATTN_S * ATTN_S, attn = pairs * 2.0 * 7.0 * ATTN_D;
+  double rest[4];
+  for (int i = 0; i < 4; i++) { /* the time beyond the fixed cost (at least a tenth of it) */
+    const double us = i < 3 ? m[i + 1] : m[4] + m[5], fixed = i < 3 ? m[0] : 2.0 * m[0];
+    rest[i] = us - fixed;
+    if (rest[i] < 0.1 * us) rest[i] = 0.1 * us;
   }
   out->mem_gbps = nbytes / (rest[0] * 1e3);
   out->gemm_gflops = flops / (rest[1] * 1e3);
   out->gemm_bf16_gflops = flops / (rest[2] * 1e3);
+  out->attn_gflops = attn / (rest[3] * 1e3);
   return 0;
 }
 
@@ -552,8 +569,9 @@ int main(int argc, char** argv) {
     }
     if (rank == 0)
       printf("compute: op_us %.2f, mem_gbps %.2f, gemm_gflops %.1f (f32, mm 512^3), "
-             "gemm_bf16_gflops %.1f\n", cp.op_us, cp.mem_gbps, cp.gemm_gflops,
-             cp.gemm_bf16_gflops);
+             "gemm_bf16_gflops %.1f, attn_gflops %.1f (sdpa and its gradient, S %d, D %d)\n",
+             cp.op_us, cp.mem_gbps, cp.gemm_gflops, cp.gemm_bf16_gflops, cp.attn_gflops, ATTN_S,
+             ATTN_D);
   }
   if (pair_mesh) dt_mesh_destroy(pair_mesh);
   dt_mesh_destroy(world_mesh);

@@ -146,21 +146,29 @@ DT_API dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_colle
 
 /* ---- compute model (simulated step time) -------------------------------------------------
  * How long a rank's kernels take, for the step time of a simulated run (dt_init_simulated,
- * dt_sim_time_get): a matrix product (mm, bmm, linear, grouped products, attention and their
- * gradients) of F FLOPs costs F / (gemm_gflops * 1e3) microseconds (gemm_bf16_gflops with bf16
- * operands), every other kernel its bytes read and written over mem_gbps, the larger of the two
- * when an op has both, plus op_us per op (dispatch and launch). Defaults: one core of the
- * development machine (OpenBLAS sgemm 157 GFLOP/s at 1024^3, memcpy 7 GB/s, docs/environment.md;
- * op_us 5); `dtensor-calibrate` measures them with the collectives and writes them under the key
- * "compute" of the cost model file ({"gemm_gflops":..,"gemm_bf16_gflops":..,"mem_gbps":..,
- * "op_us":..}), which dt_cost_model_load and dt_cost_model_save read and write with the rest;
- * dt_cost_model_reset restores the defaults. Valid values: the rates in [1e-6, 1e9], op_us in
- * [0, 1e6]. */
+ * dt_sim_time_get): a matrix product (mm, bmm, linear, grouped products and their gradients) of
+ * F FLOPs costs F / (gemm_gflops * 1e3) microseconds (gemm_bf16_gflops with bf16 operands),
+ * attention (sdpa, its gradient, ring attention's blocks) F / (attn_gflops * 1e3), every other
+ * kernel its bytes read and written over mem_gbps, the larger of the two when an op has both,
+ * plus op_us per op (dispatch and launch). Attention's F counts the query-key pairs its kernel
+ * scores (all S x T, or under a causal mask the keys each block of rows sees): 2 (D + E) FLOPs a
+ * pair forward and 2 (3 D + 2 E) backward; attn_gflops is that count over the kernel's whole
+ * time, its softmax passes and narrow (D-deep) products included, so it sits below the GEMM rate
+ * (0.6 of it on the development machine's host kernels). 0: attention at the GEMM rate of its
+ * operands.
+ * Defaults: one core of the development machine (OpenBLAS sgemm 157 GFLOP/s at 1024^3, memcpy
+ * 7 GB/s, docs/environment.md; op_us 5; attn_gflops 0); `dtensor-calibrate` measures them with
+ * the collectives and writes them under the key "compute" of the cost model file
+ * ({"gemm_gflops":..,"gemm_bf16_gflops":..,"mem_gbps":..,"op_us":..,"attn_gflops":..}), which
+ * dt_cost_model_load and dt_cost_model_save read and write with the rest (a file without
+ * attn_gflops keeps the current value); dt_cost_model_reset restores the defaults. Valid values:
+ * the rates in [1e-6, 1e9] (attn_gflops also 0), op_us in [0, 1e6]. */
 typedef struct dt_compute_params {
   double gemm_gflops;      /* f32 matrix products, GFLOP/s per rank */
   double gemm_bf16_gflops; /* bf16 operands */
   double mem_gbps;         /* bytes of other kernels, GB/s */
   double op_us;            /* fixed cost per op, microseconds */
+  double attn_gflops;      /* attention's FLOPs over its kernels' time; 0: the GEMM rate */
 } dt_compute_params_t;
 DT_API dt_status_t dt_compute_model_get(dt_compute_params_t* out);
 DT_API dt_status_t dt_compute_model_set(const dt_compute_params_t* params);

@@ -2,9 +2,11 @@
  * dt_sim_time_get): the FLOPs of the matrix products and the bytes every kernel reads and
  * writes, priced by the compute model (dt_compute_model_get, dtensor/redistribute.h).
  *
- * FLOPs count what the host kernels compute: attention scores every (query, key) pair, causal or
- * not (the kernel computes the masked block and zeroes it in the softmax), and its gradient
- * recomputes the scores. Every shape here is a local shard's: the rank's own work.
+ * FLOPs count what the host kernels compute: attention scores the (query, key) pairs of
+ * dt__attn_pairs (causal: blocks of rows up to the keys their last row sees; a device's fused
+ * kernels skip more, so there an upper bound), its gradient recomputes the scores; attention is
+ * priced at its own rate (dt__attn_gflops). Every shape here is a local shard's: the rank's own
+ * work.
  */
 #include "ops/ops.h"
 
@@ -37,7 +39,9 @@ double dt__op_flops(int id, const dt_op_call_t* call, const dt_local_tensor_t* i
       dt__attn_geom(&in[0], layout, &H, &S, &D);
       dt__attn_geom(&in[1], layout, &G, &T, &D);
       dt__attn_geom(&in[2], layout, &G, &T, &E);
-      double pairs = (double)in[0].shape[0] * (double)H * (double)S * (double)T;
+      const int causal = (int)dt__op_iarg(id, call, 0);
+      const double pairs = (double)in[0].shape[0] * (double)H *
+                           dt__attn_pairs(causal, in[0].offset[layout ? 1 : 2], S, T);
       /* forward: scores (D) and the weighted values (E); backward: the scores again, dV (E),
        * dP (E), dQ (D), dK (D) */
       return 2.0 * pairs * (id == DT_OP_SDPA ? (double)(D + E) : (double)(3 * D + 2 * E));
@@ -45,6 +49,13 @@ double dt__op_flops(int id, const dt_op_call_t* call, const dt_local_tensor_t* i
     default:
       return 0.0;
   }
+}
+
+double dt__attn_gflops(int bf16) {
+  const dt_compute_params_t* cm = dt__compute_model();
+  return cm->attn_gflops > 0.0 ? cm->attn_gflops
+         : bf16                ? cm->gemm_bf16_gflops
+                               : cm->gemm_gflops;
 }
 
 double dt__op_sim_us(int id, const dt_op_call_t* call, const dt_local_tensor_t* in, int n_in,
@@ -65,7 +76,9 @@ double dt__op_sim_us(int id, const dt_op_call_t* call, const dt_local_tensor_t* 
     if (converts && (out[o].dtype == DT_BF16 || out[o].dtype == DT_F16)) conv += n * (item + 4.0);
   }
   double f = dt__op_flops(id, call, in, out);
-  double rate = bf16 ? cm->gemm_bf16_gflops : cm->gemm_gflops;
+  double rate = id == DT_OP_SDPA || id == DT_OP_SDPA_GRAD ? dt__attn_gflops(bf16)
+                : bf16                                   ? cm->gemm_bf16_gflops
+                                                         : cm->gemm_gflops;
   /* half operands of a kernel that computes in f32: the f32 copies are read and written too
    * (the GEMM rate of bf16 operands was measured with them) */
   if (f == 0.0) nb += conv;

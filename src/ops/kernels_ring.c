@@ -372,7 +372,7 @@ static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int back
                                        : (double)(a->nk + a->nv) *
                                              (double)(dt__itemsize(a->kvt) + sizeof(float)) /
                                              (cm->mem_gbps * 1e3);
-  return cm->op_us + conv + dt__ra_step_flops_of(a, r, s, backward) / (cm->gemm_gflops * 1e3);
+  return cm->op_us + conv + dt__ra_step_flops_of(a, r, s, backward) / (dt__attn_gflops(0) * 1e3);
 }
 
 /* The simulated time of a step's blocks (and the clock's sums). */

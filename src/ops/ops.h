@@ -350,6 +350,19 @@ static inline int64_t dt__attn_keys_seen(int causal, int64_t q0, int64_t i0, int
   const int64_t n = causal ? q0 + i0 + rn : T;
   return n < T ? n : T;
 }
+/* Query-key pairs the host kernel scores for S query rows (global positions q0 ..) over T keys:
+ * S x T, or under a causal mask each block of rows up to the keys its last row sees. The
+ * compute model's count of attention's work (src/ops/flops.c). */
+static inline double dt__attn_pairs(int causal, int64_t q0, int64_t S, int64_t T) {
+  if (!causal) return (double)S * (double)T;
+  const int64_t rb = dt__attn_row_block(S);
+  double n = 0.0;
+  for (int64_t i0 = 0; i0 < S; i0 += rb) {
+    const int64_t rn = S - i0 < rb ? S - i0 : rb;
+    n += (double)rn * (double)dt__attn_keys_seen(causal, q0, i0, rn, T);
+  }
+  return n;
+}
 /* Attention operand geometry for layout 0 (B, H, S, D) or 1 (B, S, H, D): heads, sequence length,
  * feature size; and the offset of the (b, h) matrix (its row stride is feat, or heads * feat). */
 void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
@@ -529,5 +542,8 @@ double dt__op_flops(int id, const dt_op_call_t* call, const dt_local_tensor_t* i
 double dt__op_sim_us(int id, const dt_op_call_t* call, const dt_local_tensor_t* in, int n_in,
                      const dt_local_tensor_t* out, int n_out, int converts, double* flops,
                      double* nbytes);
+/* The compute model's rate of attention's FLOPs (GFLOP/s): attn_gflops, or where that is 0 the
+ * GEMM rate of its operands (bf16: any of them bf16). */
+double dt__attn_gflops(int bf16);
 
 #endif

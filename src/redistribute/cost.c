@@ -62,7 +62,7 @@ static uint64_t dt__cost_gen = 1;
 static dt_coll_algo_t dt__cost_forced = DT_ALGO_COUNT; /* none */
 
 /* The compute model (dtensor/redistribute.h): one core of the development machine. */
-static const dt_compute_params_t dt__compute_defaults = {157.0, 157.0, 7.0, 5.0};
+static const dt_compute_params_t dt__compute_defaults = {157.0, 157.0, 7.0, 5.0, 0.0};
 static dt_compute_params_t dt__compute;
 
 static void dt__cost_defaults_set(void) {
@@ -239,6 +239,10 @@ static dt_status_t dt__compute_check(const dt_compute_params_t* p, const char* w
   if (!(p->op_us >= 0.0 && p->op_us <= DT__LAT_MAX_US))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: op_us = %g out of range [0, %g] (microseconds)", what,
                    p->op_us, DT__LAT_MAX_US);
+  const double a = p->attn_gflops; /* 0: the GEMM rate */
+  if (!(a == 0.0 || (a >= DT__RATE_MIN && a <= DT__RATE_MAX)))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: attn_gflops = %g out of range (0, or [%g, %g])", what,
+                   p->attn_gflops, DT__RATE_MIN, DT__RATE_MAX);
   return DT_SUCCESS;
 }
 
@@ -494,11 +498,13 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
   dt_compute_params_t comp = dt__compute; /* "compute": fields left out keep their values */
   cJSON* ce = cJSON_GetObjectItemCaseSensitive(root, "compute");
   if (st == DT_SUCCESS && ce != NULL) {
-    static const char* keys[4] = {"gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "op_us"};
-    double* fields[4] = {&comp.gemm_gflops, &comp.gemm_bf16_gflops, &comp.mem_gbps, &comp.op_us};
+    static const char* keys[5] = {"gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "op_us",
+                                  "attn_gflops"};
+    double* fields[5] = {&comp.gemm_gflops, &comp.gemm_bf16_gflops, &comp.mem_gbps, &comp.op_us,
+                         &comp.attn_gflops};
     if (!cJSON_IsObject(ce))
       st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"compute\" must be an object", what);
-    for (int i = 0; i < 4 && st == DT_SUCCESS; i++) {
+    for (int i = 0; i < 5 && st == DT_SUCCESS; i++) {
       cJSON* v = cJSON_GetObjectItemCaseSensitive(ce, keys[i]);
       if (v == NULL) continue;
       if (!cJSON_IsNumber(v))
@@ -611,7 +617,8 @@ static dt_status_t dt__cost_model_save_impl(const char* path) {
   if (ce == NULL || !cJSON_AddNumberToObject(ce, "gemm_gflops", dt__compute.gemm_gflops) ||
       !cJSON_AddNumberToObject(ce, "gemm_bf16_gflops", dt__compute.gemm_bf16_gflops) ||
       !cJSON_AddNumberToObject(ce, "mem_gbps", dt__compute.mem_gbps) ||
-      !cJSON_AddNumberToObject(ce, "op_us", dt__compute.op_us)) {
+      !cJSON_AddNumberToObject(ce, "op_us", dt__compute.op_us) ||
+      !cJSON_AddNumberToObject(ce, "attn_gflops", dt__compute.attn_gflops)) {
     cJSON_Delete(root);
     return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
   }

@@ -297,7 +297,7 @@ static void test_step_time(void** state) {
   assert_non_null(strstr(dt_last_error(), "dt_init_simulated"));
   assert_int_equal(dt_sim_time_reset(), DT_ERR_INVALID_USAGE);
   /* the compute model: checked, and kept through the cost model file */
-  dt_compute_params_t cp0, cp = {100.0, 200.0, 1000.0, 2.0}, bad = cp;
+  dt_compute_params_t cp0, cp = {100.0, 200.0, 1000.0, 2.0, 0.0}, bad = cp;
   OK(dt_compute_model_get(&cp0));
   assert_true(cp0.gemm_gflops > 0 && cp0.mem_gbps > 0 && cp0.op_us >= 0);
   bad.mem_gbps = 0.0 / 0.0;
@@ -307,13 +307,21 @@ static void test_step_time(void** state) {
   bad.op_us = -1;
   assert_int_equal(dt_compute_model_set(&bad), DT_ERR_INVALID_ARG);
   assert_int_equal(dt_compute_model_set(NULL), DT_ERR_INVALID_ARG);
+  bad = cp;
+  bad.attn_gflops = -1.0; /* 0 (the GEMM rate) or a rate */
+  assert_int_equal(dt_compute_model_set(&bad), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "attn_gflops"));
+  assert_true(cp0.attn_gflops == 0.0);
   const char* txt = "{\"compute\": {\"gemm_gflops\": 100, \"gemm_bf16_gflops\": 200, "
-                    "\"mem_gbps\": 1000, \"op_us\": 2}}";
+                    "\"mem_gbps\": 1000, \"op_us\": 2, \"attn_gflops\": 50}}";
   OK(dt_cost_model_load_string(txt, strlen(txt)));
   dt_compute_params_t got;
   OK(dt_compute_model_get(&got));
   assert_true(got.gemm_gflops == 100.0 && got.gemm_bf16_gflops == 200.0 &&
-              got.mem_gbps == 1000.0 && got.op_us == 2.0);
+              got.mem_gbps == 1000.0 && got.op_us == 2.0 && got.attn_gflops == 50.0);
+  const char* badattn = "{\"compute\": {\"attn_gflops\": \"fast\"}}";
+  assert_int_equal(dt_cost_model_load_string(badattn, strlen(badattn)), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "attn_gflops"));
   const char* badtxt = "{\"compute\": {\"gemm_gflops\": -5}}";
   assert_int_equal(dt_cost_model_load_string(badtxt, strlen(badtxt)), DT_ERR_INVALID_ARG);
   assert_non_null(strstr(dt_last_error(), "gemm_gflops"));
@@ -327,9 +335,10 @@ static void test_step_time(void** state) {
   OK(dt_cost_model_reset());
   OK(dt_compute_model_get(&got));
   assert_true(got.gemm_gflops == cp0.gemm_gflops);
+  assert_true(got.attn_gflops == 0.0);
   OK(dt_cost_model_load(path));
   OK(dt_compute_model_get(&got));
-  assert_true(got.gemm_gflops == 100.0 && got.op_us == 2.0);
+  assert_true(got.gemm_gflops == 100.0 && got.op_us == 2.0 && got.attn_gflops == 50.0);
   unlink(path);
   dt_cost_params_t ag = {10.0, 0.0, 1.0}; /* all-gathers: 10 us + bytes at 1 GB/s */
   OK(dt_cost_model_set(DT_COLL_ALL_GATHER, &ag));
@@ -380,6 +389,36 @@ static void test_step_time(void** state) {
   OK(dt_tensor_destroy(c));
   OK(dt_sim_time_get(&t));
   assert_true(t.nbytes == 3.0 * 64 * 128 * 2 + 3.0 * 64 * 128 * 6);
+  /* causal attention: the pairs the host kernel scores (blocks of 64 query rows, each up to the
+   * keys its last row sees: of 130 rows, 64 x 64 + 64 x 128 + 2 x 130 per head), at attn_gflops
+   * (50), forward 2 (D + E) FLOPs a pair and backward 2 (3 D + 2 E); 0 is the GEMM rate (100) */
+  {
+    const int64_t qs[4] = {1, 2, 130, 16}, cz[1] = {1};
+    dt_tensor_t qkv[4], o, gr[3];
+    for (int i = 0; i < 4; i++) OK(dt_tensor_rand(m, DT_F32, 4, qs, &r, 10 + (uint64_t)i, &qkv[i]));
+    const double pairs = 2.0 * (64 * 64 + 64 * 128 + 2 * 130);
+    OK(dt_sim_time_reset());
+    OK(dt_op_run("sdpa", 3, qkv, 1, cz, 0, NULL, &o));
+    OK(dt_tensor_destroy(o));
+    OK(dt_sim_time_get(&t));
+    assert_true(t.flops == pairs * 2.0 * 32);
+    assert_true(fabs(t.elapsed_us - (2.0 + pairs * 2.0 * 32 / 50e3)) < 1e-9);
+    OK(dt_sim_time_reset());
+    OK(dt_op_run_multi("sdpa_grad", 4, qkv, 1, cz, 0, NULL, 3, gr));
+    for (int i = 0; i < 3; i++) OK(dt_tensor_destroy(gr[i]));
+    OK(dt_sim_time_get(&t));
+    assert_true(t.flops == pairs * 2.0 * 80);
+    assert_true(fabs(t.elapsed_us - (2.0 + pairs * 2.0 * 80 / 50e3)) < 1e-9);
+    dt_compute_params_t gemm_rate = cp;
+    OK(dt_compute_model_set(&gemm_rate)); /* attn_gflops 0 */
+    OK(dt_sim_time_reset());
+    OK(dt_op_run("sdpa", 3, qkv, 0, NULL, 0, NULL, &o)); /* no mask: 130 x 130 pairs a head */
+    OK(dt_tensor_destroy(o));
+    OK(dt_sim_time_get(&t));
+    assert_true(t.flops == 2.0 * 130 * 130 * 2.0 * 32);
+    assert_true(fabs(t.elapsed_us - (2.0 + 2.0 * 130 * 130 * 2.0 * 32 / 100e3)) < 1e-9);
+    for (int i = 0; i < 4; i++) OK(dt_tensor_destroy(qkv[i]));
+  }
   /* a blocking all-gather of 64 x 16 floats on 4 ranks: 10 us + 3/4 of 4096 bytes at 1 GB/s,
    * all of it exposed */
   const double ag_us = 10.0 + 0.75 * 4096 / 1e3;

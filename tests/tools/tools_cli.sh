@@ -65,10 +65,12 @@ expect 0 env DTENSOR_CALIBRATE_CPUS=1 DTENSOR_COST_MODEL=none "$mpiexec" --allow
 grep -q "oversubscribed" "$tmp/err" || fail "--force hides the warning"
 [ -s "$tmp/m/model.json" ] || fail "--force did not write $tmp/m/model.json"
 # the compute model of simulated step times, measured with the collectives: positive figures
+# (attention's rate too: 0 would mean "the GEMM rate", i.e. not measured)
 /usr/bin/python3 - "$tmp/m/model.json" <<'PY' || fail "the fit has no plausible \"compute\" entry"
 import json, sys
 c = json.load(open(sys.argv[1]))["compute"]
-ok = all(c[k] > 0 for k in ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps")) and c["op_us"] >= 0
+rates = ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "attn_gflops")
+ok = all(c[k] > 0 for k in rates) and c["op_us"] >= 0
 sys.exit(0 if ok else 1)
 PY
 grep -q "^compute: op_us" "$tmp/out" || fail "calibrate does not print the compute model"
