@@ -30,6 +30,10 @@
 #    error of an estimated step time is printed before the last line. RANK_LAYOUTS=0 skips this
 #    part (rank_corr=nan); RANK_NP=2 measures at np 2 instead (one rank per vCPU here; the
 #    tensor-parallel layouts become tp 2, tp 2 + sp, tp 2 + sp + loss parallel).
+# 4. LONG_SEQ=1 (off by default: about 5 minutes here): attention-bound steps, a dense Llama of
+#    1 layer, dim 128, 2 heads of 64, batch 1 at sequence 4096, 8192 and 16384, cp 1 (one rank)
+#    and cp 2 (two ranks), three real runs each (alternating) against the estimate made with an
+#    np 2 calibration; printed as comments, the last line unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -147,6 +151,37 @@ rho = cov / (va * vb) if va > 0 and vb > 0 else float("nan")
 print("%.3f %.3f" % (rho, worst))
 PY
 )
+fi
+if [ "${LONG_SEQ:-0}" = 1 ]; then
+  export OMPI_MCA_mpi_yield_when_idle=1
+  DTENSOR_QUIET=1 mpirun --oversubscribe -np 2 "$BUILD/tools/dtensor-calibrate" -o "$W/cost2.json" \
+    --force > "$W/cal2.txt" 2>&1 || { cat "$W/cal2.txt"; echo "estimate.sh: calibration failed" >&2; exit 1; }
+  grep "^compute:" "$W/cal2.txt" | sed "s/^/# np 2 /"
+  L=(--steps 3 --batch 1 --dim 128 --layers 1 --heads 2 --vocab 256 --model dense)
+  declare -A got
+  for round in 1 2 3; do
+    for seq in 4096 8192 16384; do
+      for cp in 1 2; do
+        f=(); [ "$cp" -gt 1 ] && f=(--cp "$cp")
+        got[$seq.$cp]+="$(DTENSOR_COST_MODEL="$W/cost2.json" DTENSOR_QUIET=1 mpirun --oversubscribe \
+          -np "$cp" "$TRAIN" "${L[@]}" --seq "$seq" "${f[@]}" 2>&1 |
+          sed -n 's/^final_loss=.*tokens_per_s=\([0-9.]*\).*/\1/p') "
+      done
+    done
+  done
+  for seq in 4096 8192 16384; do
+    for cp in 1 2; do
+      f=(); [ "$cp" -gt 1 ] && f=(--cp "$cp")
+      est=$(DTENSOR_COST_MODEL="$W/cost2.json" "$TRAIN" "${L[@]}" --seq "$seq" "${f[@]}" \
+            --estimate-only --np "$cp" 2>&1 | sed -n 's/^estimate_step rank 0:.*tokens_per_s=\([0-9.]*\).*/\1/p')
+      python3 -c 'import sys
+seq, cp, est, runs = sys.argv[1], sys.argv[2], float(sys.argv[3]), [float(v) for v in sys.argv[4:]]
+med = sorted(runs)[len(runs) // 2]
+print("# seq %s cp %s: estimated %.0f tokens/s, measured %.0f (%s), step time error %+.1f%%"
+      % (seq, cp, est, med, " / ".join("%.0f" % v for v in runs), 100.0 * (med / est - 1.0)))' \
+        "$seq" "$cp" "${est:-0}" ${got[$seq.$cp]}
+    done
+  done
 fi
 rm -rf "$W"
 echo "# step time: worst relative error of an estimate against its measured median: $terr"
