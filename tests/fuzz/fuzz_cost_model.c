@@ -1,7 +1,8 @@
 /* fuzz_cost_model.c - libFuzzer harness for the cost-model loader: the input goes through
  * dt_cost_model_load (from a temporary file, the whole load path) and dt_cost_model_load_string,
- * which must agree; a refused model changes nothing; an accepted one holds only values in the
- * documented ranges, and with it every estimate is finite and the planner finds every plan. */
+ * which must agree; a refused model changes nothing (collectives and the compute model); an
+ * accepted one holds only values in the documented ranges, and with it every estimate is finite
+ * and the planner finds every plan. */
 #include <math.h>
 #include <unistd.h>
 
@@ -28,12 +29,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dt_cost_model_reset();
   dt_cost_params_t before[DT_COLL_COUNT][DT_ALGO_COUNT], after[DT_COLL_COUNT][DT_ALGO_COUNT];
+  dt_compute_params_t cbefore, cafter;
   snapshot(before);
+  DT_FUZZ_ASSERT(dt_compute_model_get(&cbefore) == DT_SUCCESS);
   FILE* f = fopen(g_path, "wb");
   if (f == NULL || fwrite(data, 1, size, f) != size || fclose(f) != 0) abort();
   dt_status_t st = dt_cost_model_load(g_path);
   dt_fuzz_check_error(st, "dt_cost_model_load");
   snapshot(after);
+  DT_FUZZ_ASSERT(dt_compute_model_get(&cafter) == DT_SUCCESS);
   dt_cost_model_reset();
   dt_status_t st2 = dt_cost_model_load_string((const char*)data, size);
   dt_fuzz_check_error(st2, "dt_cost_model_load_string");
@@ -41,8 +45,13 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (st != DT_SUCCESS) {
     DT_FUZZ_ASSERT(st == DT_ERR_INVALID_ARG);
     DT_FUZZ_ASSERT(memcmp(before, after, sizeof before) == 0);
+    DT_FUZZ_ASSERT(memcmp(&cbefore, &cafter, sizeof cbefore) == 0);
     return 0;
   }
+  const double rates[4] = {cafter.gemm_gflops, cafter.gemm_bf16_gflops, cafter.mem_gbps,
+                           cafter.attn_gflops == 0.0 ? 1.0 : cafter.attn_gflops};
+  for (int i = 0; i < 4; i++) DT_FUZZ_ASSERT(rates[i] >= 1e-6 && rates[i] <= 1e9);
+  DT_FUZZ_ASSERT(cafter.op_us >= 0.0 && cafter.op_us <= 1e6);
   for (int c = 0; c < DT_COLL_COUNT; c++)
     for (int a = 0; a < DT_ALGO_COUNT; a++) {
       const dt_cost_params_t* p = &after[c][a];
