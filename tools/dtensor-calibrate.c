@@ -14,7 +14,8 @@
  * the whole world. The compute model of simulated step times (dt_compute_model_set: the fixed
  * cost of an op, memory bandwidth of an add, the GEMM rate of mm at 512^3 in f32 and bf16,
  * attention's rate from sdpa and its gradient at sequence 1024, head dim 64) is measured with
- * every rank running at once, the slowest rank's figures kept. Prints the fit; writes it only to
+ * every rank running at once, the slowest rank's figures kept, on the default backend: with
+ * DTENSOR_BACKEND=cuda it is the GPU's (each timing ends with dt_backend_synchronize). Prints the fit; writes it only to
  * the FILE of -o (dt_init loads $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json: pass
  * that path to make the fit every program's default).
  *
@@ -253,15 +254,17 @@ static double memcpy_gbps(void* dst, const void* src, long bytes) {
   return best;
 }
 
-/* The time (us) of one run of op `name` on n_in inputs (n_out outputs): the median over `reps`
- * timings of `inner` runs back to back, every rank at once (as in a training step: ranks sharing
- * cores see the rate they will get, and the runs are long enough that the ranks overlap); -1 on
- * a failure. */
-static double op_us(const char* name, int n_in, const dt_tensor_t* in, int n_out, int reps,
-                    int inner) {
+/* The time (us) of one run of op `name` on n_in inputs (n_out outputs) on backend `be`: the
+ * median over `reps` timings of `inner` runs back to back, every rank at once (as in a training
+ * step: ranks sharing cores see the rate they will get, and the runs are long enough that the
+ * ranks overlap), each timing ended by dt_backend_synchronize (a device backend runs its kernels
+ * after the calls return); -1 on a failure. */
+static double op_us(dt_backend_t be, const char* name, int n_in, const dt_tensor_t* in,
+                    int n_out, int reps, int inner) {
   double t[64];
   if (reps > 64) reps = 64;
   for (int r = -1; r < reps; r++) { /* a warm-up timing */
+    if (dt_backend_synchronize(be) != DT_SUCCESS) return -1.0;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     for (int i = 0; i < inner; i++) {
@@ -269,6 +272,7 @@ static double op_us(const char* name, int n_in, const dt_tensor_t* in, int n_out
       if (dt_op_run_multi(name, n_in, in, 0, NULL, 0, NULL, n_out, y) != DT_SUCCESS) return -1.0;
       for (int o = 0; o < n_out; o++) dt_tensor_destroy(y[o]);
     }
+    if (dt_backend_synchronize(be) != DT_SUCCESS) return -1.0;
     double dt = (MPI_Wtime() - t0) * 1e6 / inner;
     if (r >= 0) t[r] = dt;
   }
@@ -305,13 +309,15 @@ static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
     bad = dt_tensor_rand(mesh, dt, nd, shape, rep, (uint64_t)i + 1, &t[i]) != DT_SUCCESS;
   }
   double m[6] = {-1, -1, -1, -1, -1, -1};
+  dt_backend_t be = NULL;
+  bad |= dt_mesh_backend(mesh, &be) != DT_SUCCESS;
   if (!bad) {
-    m[0] = op_us("add", 2, &t[0], 1, 9, 2000);
-    m[1] = op_us("add", 2, &t[2], 1, 9, 40);
-    m[2] = op_us("mm", 2, &t[4], 1, 7, 10);
-    m[3] = op_us("mm", 2, &t[6], 1, 7, 10);
-    m[4] = op_us("sdpa", 3, &t[8], 1, 5, 2);
-    m[5] = op_us("sdpa_grad", 4, &t[8], 3, 5, 1);
+    m[0] = op_us(be, "add", 2, &t[0], 1, 9, 2000);
+    m[1] = op_us(be, "add", 2, &t[2], 1, 9, 40);
+    m[2] = op_us(be, "mm", 2, &t[4], 1, 7, 10);
+    m[3] = op_us(be, "mm", 2, &t[6], 1, 7, 10);
+    m[4] = op_us(be, "sdpa", 3, &t[8], 1, 5, 2);
+    m[5] = op_us(be, "sdpa_grad", 4, &t[8], 3, 5, 1);
   }
   for (int i = 0; i < 12; i++) dt_tensor_destroy(t[i]);
   for (int i = 0; i < 6; i++) bad |= m[i] < 0;
