@@ -1,6 +1,6 @@
 /* dtensor-calibrate - measures this machine's MPI collectives and fits the planner's cost model.
  *
- *   mpirun -np 4 dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force] [--nccl]
+ *   mpirun -np 4 dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force] [--nccl | --compute-only]
  *   dtensor-calibrate --help
  *
  * For all-gather, all-reduce, reduce-scatter, all-to-all, broadcast and scatter it times sizes
@@ -37,6 +37,9 @@
  * of the model (the one dt_init loaded) is kept as it was, and the compute model is not
  * measured. Refused (exit 3) when the meshes' device data does not go over NCCL
  * (dt_mesh_data_plane: ranks sharing a GPU, no NCCL).
+ *
+ * --compute-only measures the compute model alone (one rank is enough: a machine with one GPU,
+ * DTENSOR_BACKEND=cuda) and keeps the collectives of the model dt_init loaded.
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT, getloadavg */
 #include <errno.h>
@@ -155,7 +158,8 @@ static int lib_job(job_t* j, dt_mesh_t mesh, int mdims) {
 
 static void usage(FILE* f) {
   fprintf(f,
-          "usage: mpirun -np N dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force] [--nccl]\n"
+          "usage: mpirun -np N dtensor-calibrate [-o FILE] [-e MAX_BYTES] [--force]\n"
+          "                                      [--nccl | --compute-only]\n"
           "Times this machine's MPI collectives (and the library's all-to-all reductions) from\n"
           "4 KiB to MAX_BYTES on groups of 2 ranks and of all N (N >= 2; 4+ fits the per-hop\n"
           "latency), fits the planner's cost model and prints it.\n"
@@ -167,6 +171,9 @@ static void usage(FILE* f) {
           "  --nccl         measure the NCCL plane (one GPU per rank): the library's S(0)->R,\n"
           "                 P->R, P->S(0), S(0)->S(1) of device tensors, written as the model's\n"
           "                 \"nccl\" object (the rest kept as loaded; no compute model)\n"
+          "  --compute-only measure only the compute model (op cost, bandwidth, GEMM and\n"
+          "                 attention rates) on the default backend (DTENSOR_BACKEND=cuda: the\n"
+          "                 GPU's); N >= 1; the collectives kept as loaded\n"
           "  -h, --help     this text\n"
           "A fit is refused (exit 3, nothing written) when a node ran more ranks than usable\n"
           "cores, a node's load average already exceeded its cores, a latency exceeds %.0f us,\n"
@@ -344,7 +351,7 @@ static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
 int main(int argc, char** argv) {
   char path[1024] = "";
   long maxb = 16l << 20;
-  int force = 0, nccl = 0;
+  int force = 0, nccl = 0, compute_only = 0;
   for (int i = 1; i < argc; i++) { /* before dt_init: --help and bad flags need no MPI */
     char* end = NULL;
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -365,6 +372,8 @@ int main(int argc, char** argv) {
       force = 1;
     } else if (!strcmp(argv[i], "--nccl")) {
       nccl = 1;
+    } else if (!strcmp(argv[i], "--compute-only")) {
+      compute_only = 1;
     } else {
       if (first_rank_env()) {
         fprintf(stderr, "dtensor-calibrate: unknown or incomplete argument '%s'\n", argv[i]);
@@ -373,6 +382,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (nccl && compute_only) {
+    if (first_rank_env())
+      fprintf(stderr, "dtensor-calibrate: --nccl and --compute-only exclude each other\n");
+    return 2;
+  }
   if (dt_init(&argc, &argv) != DT_SUCCESS) {
     fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
     return 1;
@@ -380,7 +394,7 @@ int main(int argc, char** argv) {
   int rank, world;
   dt_world_rank(&rank);
   dt_world_size(&world);
-  if (world < 2) {
+  if (world < 2 && !compute_only) {
     if (rank == 0) fprintf(stderr, "dtensor-calibrate: run under mpirun with at least 2 ranks\n");
     dt_finalize();
     return 1;
@@ -413,7 +427,7 @@ int main(int argc, char** argv) {
         cond.load_per_core);
   int sizes_n[2] = {2, world};
   int ngroups = world > 2 ? 2 : 1;
-  if (rank == 0)
+  if (rank == 0 && !compute_only)
     printf("%-19s %5s %12s %12s %10s %10s\n", "collective", "n", "latency_us", "bw_GB/s",
            "base_us", "hop_us");
   /* meshes for the library's algorithms: a dim of 2 ranks (even worlds), and the whole world */
@@ -445,6 +459,7 @@ int main(int argc, char** argv) {
   if (dt_cost_model_force_algo(nccl ? DT_ALGO_NATIVE : DT_ALGO_A2A) != DT_SUCCESS) return 1;
   char nccl_json[2048] = "{\"nccl\":{";
   size_t nj = strlen(nccl_json);
+  if (compute_only) goto compute; /* the collectives as loaded */
   for (int k = 0; k < NENTRIES; k++) {
     dt_collective_t c = kEntries[k].c;
     if (nccl && (kEntries[k].algo != DT_ALGO_NATIVE || c == DT_COLL_BROADCAST ||
@@ -556,6 +571,7 @@ int main(int argc, char** argv) {
           kMinBwFraction * 100.0, copy_gbps);
   }
 #undef WHY
+compute:
   dt_cost_model_force_algo(DT_ALGO_COUNT);
   if (nccl) {
     if (nj + 3 > sizeof nccl_json ||
@@ -586,7 +602,8 @@ int main(int argc, char** argv) {
     const int bad = why[0] != '\0';
     if (bad)
       fprintf(stderr, "dtensor-calibrate: warning: this fit looks implausible:\n%s", why);
-    if (ngroups == 1) printf("# one group size: hop_us = 0; run with 4+ ranks to fit it\n");
+    if (ngroups == 1 && !compute_only)
+      printf("# one group size: hop_us = 0; run with 4+ ranks to fit it\n");
     if (path[0] == '\0') {
       printf("# not written (no -o FILE). dt_init loads $DTENSOR_COST_MODEL, else "
              "~/.cache/dtensor/cost_model.json\n");

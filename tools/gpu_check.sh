@@ -186,6 +186,11 @@ if [ "$BACKEND" = cuda ]; then
   if [ -x "$G/bench/bench_gpu" ]; then
     step bench_gpu 120 "$G/bench/bench_gpu"
     gemm=$(sed -n 's/.*gemm_vs_cublaslt=\([0-9.]*\).*/\1/p' "$OUT/bench_gpu.log" 2>/dev/null | tail -n 1)
+    # the estimator's compute model of this GPU (GEMM rates, bandwidth, attention's rate: the
+    # --machine h100/h200 figures assume them), written to $OUT/compute_cuda.json
+    step calibrate_compute 60 env DTENSOR_BACKEND=cuda DTENSOR_COST_MODEL=none "${MPI[@]}" -np 1 \
+      "$G/tools/dtensor-calibrate" --compute-only --force -o "$OUT/compute_cuda.json"
+    note "$(grep '^compute:' "$OUT/calibrate_compute.log" 2>/dev/null || echo 'compute: na')"
     # attention alone, bf16 at the training shapes: each of our two paths (the variable is read
     # once per process) and PyTorch's SDPA (flash); forward + backward per call, ours / torch
     for p in gemm flash; do

@@ -20,12 +20,13 @@ TESTS=(probe_backend test_cuda_backend test_simt_emu_gpu test_conformance test_d
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/gpu-build/tests" "$stage/gpu-build/examples" "$stage/gpu-build/bench" \
-  "$stage/gpu-build/lib"
+  "$stage/gpu-build/lib" "$stage/gpu-build/tools"
 for t in "${TESTS[@]}"; do
   [ -x "$B/tests/$t" ] || { echo "gpu_pack: $B/tests/$t is missing (a build with DTENSOR_CUDA?)" >&2; exit 1; }
   strip -o "$stage/gpu-build/tests/$t" "$B/tests/$t"
 done
 strip -o "$stage/gpu-build/examples/train" "$B/examples/train"
+strip -o "$stage/gpu-build/tools/dtensor-calibrate" "$B/tools/dtensor-calibrate"
 for b in bench_gpu bench_nccl; do
   [ -x "$B/bench/$b" ] && strip -o "$stage/gpu-build/bench/$b" "$B/bench/$b"
 done

@@ -5,6 +5,7 @@
 #   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
 #   nothing written, and written with --force, its "compute" model too (positive rates, printed);
+#   --compute-only on one rank measures only the compute model and keeps the loaded collectives;
 #   dt_init says on rank 0 (once) which cost model it loaded: $DTENSOR_COST_MODEL or the per-user
 #   default, and nothing under DTENSOR_QUIET=1 or DTENSOR_COST_MODEL=none.
 set -euo pipefail
@@ -95,6 +96,22 @@ ok = ok and all(both[k] == host[k] for k in host)  # the loaded model kept as it
 sys.exit(0 if ok else 1)
 PY
 fi
+
+# --compute-only: one rank is enough; the compute model measured, the loaded collectives kept
+expect 2 "$calib" --compute-only --nccl
+grep -q "exclude each other" "$tmp/err" || fail "--compute-only --nccl: no reason given"
+expect 0 env DTENSOR_COST_MODEL="$tmp/m/model.json" "$mpiexec" --allow-run-as-root \
+  --oversubscribe -np 1 "$calib" --compute-only -o "$tmp/m/compute.json"
+grep -q "^compute: op_us" "$tmp/out" || fail "--compute-only does not print the compute model"
+grep -q "^all_gather" "$tmp/out" && fail "--compute-only timed the collectives"
+/usr/bin/python3 - "$tmp/m/model.json" "$tmp/m/compute.json" <<'PY' || fail "the --compute-only file is wrong"
+import json, sys
+host, new = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+ok = all(new[k] == host[k] for k in host if k != "compute")  # the loaded collectives kept
+c = new["compute"]
+ok = ok and all(c[k] > 0 for k in ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "attn_gflops"))
+sys.exit(0 if ok else 1)
+PY
 
 echo "== where dt_init's cost model came from"
 notice_lines() { grep -c "calibrated cost model" "$tmp/err" || true; }
