@@ -32,7 +32,8 @@
 #               attention's paths (DTENSOR_SDPA_PATH=gemm, flash) against bench/sdpa_torch_gpu.py
 #               (PyTorch's SDPA) at the two training shapes, bf16, forward + backward;
 #               bench_gpu --ring on ring attention's two block paths (gemm, flash), alternated,
-#               then each once with bf16 inputs
+#               then each once with bf16 inputs; dtensor-calibrate --compute-only on the GPU
+#               (the estimator's GEMM, bandwidth and attention rates: $OUT/compute_cuda.json)
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
 #               the same ~125M-parameter model, then ~1B, alternating ours and theirs
 # Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
