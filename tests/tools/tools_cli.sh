@@ -101,7 +101,7 @@ fi
 expect 2 "$calib" --compute-only --nccl
 grep -q "exclude each other" "$tmp/err" || fail "--compute-only --nccl: no reason given"
 expect 0 env DTENSOR_COST_MODEL="$tmp/m/model.json" "$mpiexec" --allow-run-as-root \
-  --oversubscribe -np 1 "$calib" --compute-only -o "$tmp/m/compute.json"
+  --oversubscribe -np 1 "$calib" --compute-only --force -o "$tmp/m/compute.json"
 grep -q "^compute: op_us" "$tmp/out" || fail "--compute-only does not print the compute model"
 grep -q "^all_gather" "$tmp/out" && fail "--compute-only timed the collectives"
 /usr/bin/python3 - "$tmp/m/model.json" "$tmp/m/compute.json" <<'PY' || fail "the --compute-only file is wrong"
