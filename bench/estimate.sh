@@ -52,6 +52,13 @@ worst() { # lines -> the largest "name=value" over them
 err=$(grep -v "(routed)" "$W/matrix.txt" | grep "worst relative error" | sed 's/.*worst relative error://; s/;.*//' | worst)
 point=$(grep -v "(routed)" "$W/matrix.txt" | grep "point estimate" | sed 's/.*point estimate://; s/ \[real.*//' | worst)
 routed=$(grep "(routed)" "$W/matrix.txt" | grep "worst relative error" | sed 's/.*worst relative error://; s/;.*//' | worst)
+est_tps() { sed -n 's/^estimate_step rank 0:.*tokens_per_s=\([0-9.]*\).*/\1/p'; }  # train output
+real_tps() { sed -n 's/^final_loss=.*tokens_per_s=\([0-9.]*\).*/\1/p'; }
+calibrate() { # NP FILE: dtensor-calibrate's fit at NP ranks (--force: fewer cores than ranks here)
+  DTENSOR_QUIET=1 mpirun --oversubscribe -np "$1" "$BUILD/tools/dtensor-calibrate" -o "$2" --force \
+    > "$W/cal.txt" 2>&1 || { cat "$W/cal.txt"; echo "estimate.sh: calibration failed" >&2; exit 1; }
+  grep "^compute:" "$W/cal.txt" | sed "s/^/# np $1 /"
+}
 exact=1
 grep -q "traffic lines equal" "$W/matrix.txt" || exact=0
 grep -q "DIFFER" "$W/matrix.txt" && exact=0
@@ -85,11 +92,8 @@ if [ "${RANK_LAYOUTS:-1}" != 0 ]; then
   # 4 ranks on 2 cores: a rank waiting in MPI yields its core (Open MPI busy-polls otherwise, and
   # the waiting ranks take CPU from the computing ones: 30-40 % slower steps, measured)
   export OMPI_MCA_mpi_yield_when_idle=1
-  CAL="$BUILD/tools/dtensor-calibrate"
   N=${RANK_NP:-4}
-  DTENSOR_QUIET=1 mpirun --oversubscribe -np "$N" "$CAL" -o "$W/cost.json" --force > "$W/cal.txt" 2>&1 ||
-    { cat "$W/cal.txt"; echo "estimate.sh: calibration failed" >&2; exit 1; }
-  grep "^compute:" "$W/cal.txt" | sed "s/^/# np $N /"
+  calibrate "$N" "$W/cost.json"
   M=(--dim 256 --layers 4 --heads 8 --seq 128 --batch 8)
   TPL=("--dp 2 --tp 2" "--dp 1 --tp 4" "--dp 1 --tp 4 --sp --loss-parallel")
   [ "$N" = 2 ] && TPL=("--dp 1 --tp 2" "--dp 1 --tp 2 --sp" "--dp 1 --tp 2 --sp --loss-parallel")
@@ -99,15 +103,15 @@ if [ "${RANK_LAYOUTS:-1}" != 0 ]; then
   : > "$W/rank.txt"
   for i in "${!LAYOUTS[@]}"; do
     # shellcheck disable=SC2086
-    est=$(DTENSOR_COST_MODEL="$W/cost.json" "$TRAIN" --estimate-only --np "$N" "${M[@]}" ${LAYOUTS[$i]} 2>&1 |
-          sed -n 's/^estimate_step rank 0:.*tokens_per_s=\([0-9.]*\).*/\1/p')
+    est=$(DTENSOR_COST_MODEL="$W/cost.json" "$TRAIN" --estimate-only --np "$N" "${M[@]}" \
+          ${LAYOUTS[$i]} 2>&1 | est_tps)
     echo "$i ${est:-0}" >> "$W/est.txt"
   done
   for round in 1 2 3; do
     for i in "${!LAYOUTS[@]}"; do
       # shellcheck disable=SC2086
       got=$(DTENSOR_COST_MODEL="$W/cost.json" DTENSOR_QUIET=1 mpirun --oversubscribe -np "$N" "$TRAIN" \
-              "${M[@]}" ${LAYOUTS[$i]} --steps 8 2>&1 | sed -n 's/^final_loss=.*tokens_per_s=\([0-9.]*\).*/\1/p')
+              "${M[@]}" ${LAYOUTS[$i]} --steps 8 2>&1 | real_tps)
       echo "$i ${got:-0}" >> "$W/real.txt"
     done
   done
@@ -154,9 +158,7 @@ PY
 fi
 if [ "${LONG_SEQ:-0}" = 1 ]; then
   export OMPI_MCA_mpi_yield_when_idle=1
-  DTENSOR_QUIET=1 mpirun --oversubscribe -np 2 "$BUILD/tools/dtensor-calibrate" -o "$W/cost2.json" \
-    --force > "$W/cal2.txt" 2>&1 || { cat "$W/cal2.txt"; echo "estimate.sh: calibration failed" >&2; exit 1; }
-  grep "^compute:" "$W/cal2.txt" | sed "s/^/# np 2 /"
+  calibrate 2 "$W/cost2.json"
   L=(--steps 3 --batch 1 --dim 128 --layers 1 --heads 2 --vocab 256 --model dense)
   declare -A got
   for round in 1 2 3; do
@@ -164,8 +166,7 @@ if [ "${LONG_SEQ:-0}" = 1 ]; then
       for cp in 1 2; do
         f=(); [ "$cp" -gt 1 ] && f=(--cp "$cp")
         got[$seq.$cp]+="$(DTENSOR_COST_MODEL="$W/cost2.json" DTENSOR_QUIET=1 mpirun --oversubscribe \
-          -np "$cp" "$TRAIN" "${L[@]}" --seq "$seq" "${f[@]}" 2>&1 |
-          sed -n 's/^final_loss=.*tokens_per_s=\([0-9.]*\).*/\1/p') "
+          -np "$cp" "$TRAIN" "${L[@]}" --seq "$seq" "${f[@]}" 2>&1 | real_tps) "
       done
     done
   done
@@ -173,7 +174,7 @@ if [ "${LONG_SEQ:-0}" = 1 ]; then
     for cp in 1 2; do
       f=(); [ "$cp" -gt 1 ] && f=(--cp "$cp")
       est=$(DTENSOR_COST_MODEL="$W/cost2.json" "$TRAIN" "${L[@]}" --seq "$seq" "${f[@]}" \
-            --estimate-only --np "$cp" 2>&1 | sed -n 's/^estimate_step rank 0:.*tokens_per_s=\([0-9.]*\).*/\1/p')
+            --estimate-only --np "$cp" 2>&1 | est_tps)
       python3 -c 'import sys
 seq, cp, est, runs = sys.argv[1], sys.argv[2], float(sys.argv[3]), [float(v) for v in sys.argv[4:]]
 med = sorted(runs)[len(runs) // 2]

@@ -15,9 +15,9 @@
  * cost of an op, memory bandwidth of an add, the GEMM rate of mm at 512^3 in f32 and bf16,
  * attention's rate from sdpa and its gradient at sequence 1024, head dim 64) is measured with
  * every rank running at once, the slowest rank's figures kept, on the default backend: with
- * DTENSOR_BACKEND=cuda it is the GPU's (each timing ends with dt_backend_synchronize). Prints the fit; writes it only to
- * the FILE of -o (dt_init loads $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json: pass
- * that path to make the fit every program's default).
+ * DTENSOR_BACKEND=cuda it is the GPU's (each timing ends with dt_backend_synchronize). Prints
+ * the fit; writes it only to the FILE of -o (dt_init loads $DTENSOR_COST_MODEL, else
+ * ~/.cache/dtensor/cost_model.json: pass that path to make the fit every program's default).
  *
  * A fit measured in bad conditions misleads every plan made with it (an oversubscribed run once
  * priced a 4 MB transfer at 14 ms instead of 242 us), so before writing it checks, and refuses
