@@ -14,8 +14,8 @@
  * other rank lies between), i.e. at most four ranks of the trainer's meshes.
  *
  * --plan enumerates the layouts of N ranks: DDP, FSDP (reshard after forward 1 and 0), HSDP
- * (every R x S with R, S > 1), and the parallel configs dp x tp x ep (tp dividing N, ep with
- * --model moe) and dp x tp x cp (context parallelism) with and without sequence and loss
+ * (every R x S with R, S > 1), and the parallel configs dp x tp x ep x cp (tp dividing N, ep with
+ * --model moe, cp: context parallelism, with ep too) with and without sequence and loss
  * parallelism (together) and both reshard modes; each with and without activation checkpointing and at 1, 2 and 4 micro-batches (where
  * the batch divides and every data rank keeps a sequence per pass), at the same global batch.
  * Layouts the trainer refuses (tp not dividing the heads, ...) are listed with its reason.
@@ -371,12 +371,12 @@ int main(int argc, char** argv) {
         if (np % t) continue;
         for (int e = 1; e <= np / t; e++) {
           if ((np / t) % e || (e > 1 && !moe)) continue;
-          for (int cp = 1; cp <= np / t / e; cp++) { /* context parallel: not with ep */
-            if ((np / t / e) % cp || (t == 1 && e == 1 && cp == 1) || (cp > 1 && e > 1)) continue;
+          for (int cp = 1; cp <= np / t / e; cp++) { /* context parallel */
+            if ((np / t / e) % cp || (t == 1 && e == 1 && cp == 1)) continue;
             int d = np / t / e / cp;
-            char eps[48] = ""; /* --ep only for MoE */
-            if (e > 1) snprintf(eps, sizeof eps, " --ep %d", e);
-            if (cp > 1) snprintf(eps, sizeof eps, " --cp %d", cp);
+            char eps[48] = ""; /* --ep only for MoE, --cp where it is > 1 */
+            int n = e > 1 ? snprintf(eps, sizeof eps, " --ep %d", e) : 0;
+            if (cp > 1) snprintf(eps + n, sizeof eps - (size_t)n, " --cp %d", cp);
             for (int sp = 0; sp <= (t > 1); sp++)
               for (int ra = 1; ra >= (d * e > 1 ? 0 : 1); ra--)
                 ADD(d * e, "--dp %d --tp %d%s%s%s%s", d, t, eps, sp ? " --sp --loss-parallel" : "",

@@ -9,7 +9,7 @@
 # at sequence 256 and 128 (the attention kernels' scratch grows as its square), and (routed:
 # the simulation takes the routing as balanced, so 25 % and calls only) EP and FSDP x TP x EP;
 # context parallelism (CP alone, also with DTENSOR_SDPA_PATH=flash; FSDP x CP, CP x TP with
-# checkpointing); asynchronous TP.
+# checkpointing, EP x CP); asynchronous TP.
 # A real run's communication peak depends on when its asynchronous collectives complete (FSDP's
 # prefetch): it may lie between the estimate and the estimate with DTENSOR_SIM_COMPLETE=wait (a
 # rank that lags sees every collective complete late); when it is outside even so, the real run
@@ -96,5 +96,6 @@ DTENSOR_SDPA_PATH=flash run 2 --cp 2 --seq 128 --batch 2 --checkpoint
 run 4 --dp 2 --cp 2 --seq 64 --batch 4 # context parallelism: ring attention's blocks and transfers
 run 4 --cp 2 --tp 2 --seq 64 --batch 4 --checkpoint
 run 4 --cp 2 --tp 2 --sp --loss-parallel --seq 64 --batch 4 # the cp ranks' rows sequence-sharded over tp
+run 4 --routed --model moe --ep 2 --cp 2 --seq 64 --batch 4 # experts over ep, attention's ring over cp
 [ $fail = 0 ] && echo "estimate: $n configurations, every one as the real run"
 exit $fail

@@ -6,7 +6,7 @@
 #  - --plan: at least 6 layouts fit a generous budget, ranked by tokens/s (non-increasing), each
 #    peak within the budget, the best one named; a layout the trainer refuses is listed with its
 #    reason (tp 4 with 6 heads); context-parallel layouts (--cp 2, with --sp too) are among them; MoE adds the
-#    --ep layouts; a budget below every layout exits 1
+#    --ep layouts, with --cp too; a budget below every layout exits 1
 #    naming the smallest peak;
 #  - --machine: the h100 figures change the step time, not the model's memory; a missing file, a file
 #    with a bad "compute" or "inter_node" entry are refused with a message (exit 2); an inter-node dim is
@@ -73,6 +73,9 @@ check "--plan: context x sequence parallel layouts estimated" \
 # (np 2 from here: fewer layouts, the same paths; the sanitizer build runs this too)
 "$EST" --np 2 "${M[@]}" --model moe --experts 4 --plan > "$W/moe.txt" 2>&1
 check "--plan with moe: expert-parallel layouts" grep -q -- "--ep 2" "$W/moe.txt"
+"$EST" --np 4 "${M[@]}" --model moe --experts 4 --plan --top 1000 > "$W/moe4.txt" 2>&1
+check "--plan with moe: expert x context parallel layouts estimated" \
+  grep -q -- "^[0-9-].* --dp 1 --tp 1 --ep 2 --cp 2" "$W/moe4.txt"
 "$EST" --np 2 "${M[@]}" --plan --budget 4KiB > "$W/none.txt" 2>&1
 rc=$?
 check "--plan under every peak: exit 1, the smallest named" \
