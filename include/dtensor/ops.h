@@ -35,11 +35,12 @@ extern "C" {
  *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
  *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
  *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,
- *               H, D))]; fargs [scale], default 1/sqrt(D)), rotary (iargs [seq_dim=1,
+ *               H, D))]; fargs [scale]: default (absent or NaN) 1/sqrt(D), else taken as
+ *               given, finite, 0 and negative too), rotary (iargs [seq_dim=1,
  *               inverse=0, cp=0 (> 0: positions in context parallelism's load-balanced order,
  *               dt_cp_position)]; fargs [theta=10000])
  *   context:    ring_attention (q, k, v; iargs [mesh_dim, causal=0, layout=0, balanced=1,
- *               algo=0]; fargs [scale]): attention with the sequence sharded on a mesh dim
+ *               algo=0]; fargs [scale] as sdpa's): attention with the sequence sharded on a mesh dim
  *               (dt_ring_attention below)
  *   tensor parallel: all_gather_linear (x, w; iargs [mesh_dim, gather_dim=1]; outputs y and
  *               the gathered x),

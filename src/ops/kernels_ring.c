@@ -309,8 +309,8 @@ dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
   g->G = k->shape[a->hd];
   g->T = k->shape[a->sd];
   g->E = v->shape[3];
-  g->scale = isnan(a->scale) || a->scale <= 0.0 ? 1.0 / sqrt((double)(g->D > 0 ? g->D : 1))
-                                                : a->scale;
+  /* as sdpa's: NaN (absent) is 1/sqrt(D), anything else literal */
+  g->scale = isnan(a->scale) ? 1.0 / sqrt((double)(g->D > 0 ? g->D : 1)) : a->scale;
   a->C = g->S / a->m;
   a->nk = dt__local_numel(k);
   a->nv = dt__local_numel(v);
@@ -388,11 +388,11 @@ static void dt__ra_sim_compute(const dt__ring_call_t* a, int s, int backward) {
   dt__sim_compute(dt__ra_step_us(a, s, backward));
 }
 
-/* Ring or all-gather for this call. Every rank of the cp group must decide alike (one waiting in
- * the ring for a peer that gathers would never return): the decision compares the slowest rank's
- * time under each, computed here for every rank of the group from the group's shapes and the
- * model's prices (causal blocks make ranks' own sums differ). */
-static int dt__ra_algo(const dt__ring_call_t* a) {
+/* Ring or all-gather for this call, as the models price them. Every rank of the cp group must
+ * decide alike (one waiting in the ring for a peer that gathers would never return): the decision
+ * compares the slowest rank's time under each, computed here for every rank of the group from the
+ * group's shapes and the model's prices (causal blocks make ranks' own sums differ). */
+static int dt__ra_algo_priced(const dt__ring_call_t* a) {
   if (a->algo != DT_RING_AUTO) return a->algo;
   if (a->link.n == 1) return DT_RING_RING;
   const unsigned mask = 1u << a->dim;
@@ -414,6 +414,23 @@ static int dt__ra_algo(const dt__ring_call_t* a) {
   }
   const double ring = ring_max, gather = gather_max;
   return ring <= gather ? DT_RING_RING : DT_RING_GATHER;
+}
+
+/* The algorithm of this call, agreed by the cp group. The models are each rank's own (a file
+ * some ranks loaded, dt_compute_model_set on one rank), so under auto the group takes the
+ * all-gather when any rank priced it cheaper: one 8-byte all-reduce over the dim's control
+ * communicator (MPI; not counted as traffic). A simulated rank decides alone: every simulated
+ * rank runs the same model. */
+static dt_status_t dt__ra_algo(const dt__ring_call_t* a, int* algo) {
+  *algo = dt__ra_algo_priced(a);
+  if (a->algo != DT_RING_AUTO || a->link.n == 1 || a->link.sim) return DT_SUCCESS;
+  dt_comm_t* c = dt__mesh_group_comm(a->mesh, 1u << a->dim);
+  if (c == NULL) return DT_FAIL(DT_ERR_INTERNAL, "%s: no communicator for mesh dim %d", kRingOp,
+                                a->dim);
+  int64_t mine = *algo, all = 0;
+  DT_CHECK(c->iface->all_reduce(c, &mine, &all, 1, DT_I64, DT_REDUCE_MAX, NULL));
+  *algo = (int)all;
+  return DT_SUCCESS;
 }
 
 float* dt__ring_mem_alloc(dt__ring_mem_t* mm, size_t nbytes, int zero) {
@@ -574,7 +591,9 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
                              const dt_local_tensor_t* k, const dt_local_tensor_t* v,
                              const dt_local_tensor_t* o, const dt_local_tensor_t* lse) {
   const dt__ring_geom_t* g = &a->g;
-  const int n = a->link.n, algo = dt__ra_algo(a);
+  const int n = a->link.n;
+  int algo;
+  DT_CHECK(dt__ra_algo(a, &algo));
   const int64_t rows = g->B * g->H * g->S;
   const unsigned mask = 1u << a->dim;
   const size_t it = dt__itemsize(a->kvt);
@@ -696,7 +715,9 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
                               const dt_local_tensor_t* lse, const dt_local_tensor_t* dq,
                               const dt_local_tensor_t* dk, const dt_local_tensor_t* dv) {
   const dt__ring_geom_t* g = &a->g;
-  const int n = a->link.n, algo = dt__ra_algo(a);
+  const int n = a->link.n;
+  int algo;
+  DT_CHECK(dt__ra_algo(a, &algo));
   const int64_t rows = g->B * g->H * g->S, nkv = a->nk + a->nv;
   const unsigned mask = 1u << a->dim;
   const size_t it = dt__itemsize(a->kvt);

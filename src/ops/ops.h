@@ -88,11 +88,13 @@ static inline float dt__expf(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   float y = p * r * r + r + 1.0f;
-  int32_t tb, b1, b2;
+  /* the exponent bits in unsigned arithmetic: a NaN's bits make k anything, and the shifts must
+   * not overflow then (the result is NaN through y either way) */
+  uint32_t tb, b1, b2;
   memcpy(&tb, &t, sizeof tb);
-  int32_t k = tb - 0x4B400000, k1 = k >> 1, k2 = k - k1; /* n in [-150, 129] */
-  b1 = (k1 + 127) * (1 << 23);
-  b2 = (k2 + 127) * (1 << 23);
+  int32_t k = (int32_t)(tb - 0x4B400000u), k1 = k >> 1, k2 = k - k1; /* n in [-150, 129] */
+  b1 = (uint32_t)(k1 + 127) << 23;
+  b2 = (uint32_t)(k2 + 127) << 23;
   float s1, s2;
   memcpy(&s1, &b1, sizeof s1);
   memcpy(&s2, &b2, sizeof s2);

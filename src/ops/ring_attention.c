@@ -68,6 +68,9 @@ static dt_status_t dt__ra_args(int n_iargs, const int64_t* iargs, int n_fargs, c
   a->hd = layout ? 2 : 1;
   a->sd = layout ? 1 : 2;
   a->scale = n_fargs > 0 && fargs != NULL ? fargs[0] : NAN;
+  if (isinf(a->scale))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: scale=%g (fargs[0]): expected a finite number (absent "
+                   "or NaN: 1/sqrt(D))", kOp, a->scale);
   a->mesh = mesh;
   return DT_SUCCESS;
 }

@@ -185,6 +185,10 @@ dt_status_t dt__sdpa_layout(const dt_op_call_t* call, int* hd, int* sd) {
   if (layout != 0 && layout != 1)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: layout=%lld (iargs[1]), expected 0 (B, H, S, D) or 1 "
                    "(B, S, H, D)", call->op, (long long)layout);
+  const double scale = dt__op_farg(DT_OP_SDPA, call, 0);
+  if (isinf(scale))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: scale=%g (fargs[0]): expected a finite number (absent "
+                   "or NaN: 1/sqrt(D))", call->op, scale);
   *hd = layout ? 2 : 1;
   *sd = layout ? 1 : 2;
   return DT_SUCCESS;

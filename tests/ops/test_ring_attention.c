@@ -436,6 +436,111 @@ static void test_refusals(dt_mesh_t mesh) {
   }
 }
 
+/* The scale as sdpa takes it (absent or NaN: 1/sqrt(D); 0 and negative literal; +-inf refused),
+ * and NaN inputs, which must give NaN (not undefined behaviour in the vectorized exp). */
+static void test_scale(dt_mesh_t mesh) {
+  const int64_t S = 4 * g_n, nq = B * H * S * D, nk = B * G * S * D, nv = B * G * S * E,
+                no = B * H * S * E;
+  float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
+        *v = malloc(sizeof(float) * nv), *o1 = malloc(sizeof(float) * no),
+        *o2 = malloc(sizeof(float) * no);
+  fill(q, nq, 11);
+  fill(k, nk, 12);
+  fill(v, nv, 13);
+  const dt_placement_t pl[1] = {dt_shard(2)};
+  dt_tensor_t tq = make(mesh, q, 0, H, S, D, pl), tk = make(mesh, k, 0, G, S, D, pl),
+              tv = make(mesh, v, 0, G, S, E, pl);
+  const dt_tensor_t in[3] = {tq, tk, tv};
+  const int64_t ra[4] = {0, 0, 0, 0}; /* mesh dim 0, not causal, layout 0, in order */
+  const double scales[3] = {-0.5, 0.0, 0.75};
+  for (int i = 0; i < 3; i++) {
+    dt_tensor_t a, b;
+    DT_ASSERT_OK(dt_op_run("ring_attention", 3, in, 4, ra, 1, &scales[i], &a));
+    DT_ASSERT_OK(dt_op_run("sdpa", 3, in, 0, NULL, 1, &scales[i], &b));
+    DT_ASSERT_OK(dt_tensor_gather_full(a, o1, sizeof(float) * no));
+    DT_ASSERT_OK(dt_tensor_gather_full(b, o2, sizeof(float) * no));
+    cfg_t c = {0, 0, 0, 0, 4, 0, 0};
+    expect_close(o1, o2, no, scales[i] < 0 ? "ring vs sdpa, scale -0.5"
+                             : scales[i] == 0 ? "ring vs sdpa, scale 0" : "ring vs sdpa, scale 0.75",
+                 &c);
+    DT_ASSERT_OK(dt_tensor_destroy(a));
+    DT_ASSERT_OK(dt_tensor_destroy(b));
+  }
+  const double infs[2] = {INFINITY, -INFINITY};
+  for (int i = 0; i < 2; i++) {
+    dt_tensor_t a = NULL;
+    DT_ASSERT_STATUS(dt_op_run("ring_attention", 3, in, 4, ra, 1, &infs[i], &a), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "scale=") != NULL, "message: %s", dt_last_error());
+    DT_ASSERT_STATUS(dt_op_run("sdpa", 3, in, 0, NULL, 1, &infs[i], &a), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "scale=") != NULL, "message: %s", dt_last_error());
+  }
+  dt_tensor_t a = NULL;
+  DT_ASSERT_STATUS(dt_sdpa(tq, tk, tv, 0, INFINITY, &a), DT_ERR_INVALID_ARG);
+  /* a NaN query row: its outputs NaN, the other rows' finite */
+  q[0] = NAN;
+  dt_tensor_t tn = make(mesh, q, 0, H, S, D, pl);
+  const dt_tensor_t inn[3] = {tn, tk, tv};
+  for (int op = 0; op < 2; op++) {
+    DT_ASSERT_OK(op ? dt_op_run("sdpa", 3, inn, 0, NULL, 0, NULL, &a)
+                    : dt_op_run("ring_attention", 3, inn, 4, ra, 0, NULL, &a));
+    DT_ASSERT_OK(dt_tensor_gather_full(a, o1, sizeof(float) * no));
+    DT_ASSERT_TRUE(isnan(o1[0]) && isfinite(o1[E]), "%s with a NaN query: row 0 %g, row 1 %g",
+                   op ? "sdpa" : "ring_attention", (double)o1[0], (double)o1[E]);
+    DT_ASSERT_OK(dt_tensor_destroy(a));
+  }
+  dt_tensor_t ts[4] = {tq, tk, tv, tn};
+  for (int i = 0; i < 4; i++) DT_ASSERT_OK(dt_tensor_destroy(ts[i]));
+  free(q), free(k), free(v), free(o1), free(o2);
+}
+
+/* Under algo auto the ranks decide alike even when their models differ (each rank's own: here
+ * rank 0 prices attention as slow, where the ring hides the transfers, and the others as fast,
+ * where one all-gather beats the ring's slow point-to-point steps): the group agrees on the
+ * all-gather, and the call completes on every rank with the sdpa result. */
+static void test_algo_agreed(dt_mesh_t mesh) {
+  if (g_n < 2) return;
+  dt_cost_params_t p0, g0, p;
+  dt_compute_params_t c0, c;
+  DT_ASSERT_OK(dt_cost_model_get(DT_COLL_SEND_RECV, &p0));
+  DT_ASSERT_OK(dt_cost_model_get(DT_COLL_ALL_GATHER, &g0));
+  DT_ASSERT_OK(dt_compute_model_get(&c0));
+  p = p0;
+  p.base_us = 1e5;
+  DT_ASSERT_OK(dt_cost_model_set(DT_COLL_SEND_RECV, &p));
+  p = g0;
+  p.base_us = 1.0;
+  p.bw_gbps = 1e5;
+  DT_ASSERT_OK(dt_cost_model_set(DT_COLL_ALL_GATHER, &p));
+  c = c0;
+  c.attn_gflops = g_rank == 0 ? 1e-6 : 1e6;
+  DT_ASSERT_OK(dt_compute_model_set(&c));
+  const int64_t S = 4 * g_n, nq = B * H * S * D, no = B * H * S * D;
+  float *q = malloc(sizeof(float) * nq), *o1 = malloc(sizeof(float) * no),
+        *o2 = malloc(sizeof(float) * no);
+  fill(q, nq, 21);
+  const dt_placement_t pl[1] = {dt_shard(2)};
+  dt_tensor_t tq = make(mesh, q, 0, H, S, D, pl), a = NULL, b = NULL;
+  dt_counters_t ct;
+  DT_ASSERT_OK(dt_counters_reset(mesh));
+  DT_ASSERT_OK(dt_ring_attention(tq, tq, tq, 0, 0, 0, 0.0, &a)); /* not causal, in order */
+  DT_ASSERT_OK(dt_counters_get(mesh, &ct));
+  DT_ASSERT_TRUE(ct.calls[DT_COLL_ALL_GATHER] > 0 && ct.calls[DT_COLL_SEND_RECV] == 0,
+                 "rank %d: %llu all-gathers and %llu send_recv: the group did not agree on the "
+                 "all-gather", g_rank, (unsigned long long)ct.calls[DT_COLL_ALL_GATHER],
+                 (unsigned long long)ct.calls[DT_COLL_SEND_RECV]);
+  DT_ASSERT_OK(dt_sdpa(tq, tq, tq, 0, 0.0, &b));
+  DT_ASSERT_OK(dt_tensor_gather_full(a, o1, sizeof(float) * no));
+  DT_ASSERT_OK(dt_tensor_gather_full(b, o2, sizeof(float) * no));
+  cfg_t cf = {0, 0, 0, 0, 4, 0, 0};
+  expect_close(o1, o2, no, "ring attention with the algorithm agreed", &cf);
+  DT_ASSERT_OK(dt_cost_model_set(DT_COLL_SEND_RECV, &p0));
+  DT_ASSERT_OK(dt_cost_model_set(DT_COLL_ALL_GATHER, &g0));
+  DT_ASSERT_OK(dt_compute_model_set(&c0));
+  dt_tensor_t ts[3] = {tq, a, b};
+  for (int i = 0; i < 3; i++) DT_ASSERT_OK(dt_tensor_destroy(ts[i]));
+  free(q), free(o1), free(o2);
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_size(&g_n));
@@ -452,6 +557,8 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_backend_get("cpu", &cpu));
   DT_ASSERT_OK(dt_mesh_set_backend(solo, cpu));
   test_refusals(mesh);
+  test_scale(mesh);
+  test_algo_agreed(mesh);
   test_half(mesh);
   test_rotary(mesh, solo);
   for (int causal = 0; causal < 2; causal++)
