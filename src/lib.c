@@ -10,6 +10,21 @@
 
 #include "strategy/strategy.h"
 
+/* redistribute: the calibrated cost model ($DTENSOR_COST_MODEL or the per-user file). A missing
+ * file is fine; a broken one is reported (rank 0) but fails nothing, and the caller's last-error
+ * text stays what it was. */
+static void dt__cost_model_autoload_reported(void) {
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", dt_last_error());
+  if (dt__cost_model_autoload() != DT_SUCCESS) {
+    const char* why = dt_last_error(); /* "dt_init: ...": the log line needs no entry */
+    if (strncmp(why, "dt_init: ", 9) == 0) why += 9;
+    if (strncmp(why, "dt_init_simulated: ", 19) == 0) why += 19;
+    if (dt__world_rank() == 0) dt__log("cost", "ignoring calibrated cost model: %s", why);
+    dt__error_restore(saved);
+  }
+}
+
 static dt_status_t dt__init_impl(int* argc, char*** argv) {
   if (dt__ctx_initialized())
     return DT_FAIL(DT_ERR_INVALID_USAGE, "the library is already initialized (called twice: "
@@ -25,16 +40,8 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
     return st;
   }
   dt__comm_mpi_set_owned(we_init_mpi);
-  /* redistribute: a missing cost file is fine; a broken one is reported but does not fail init
-   * (and the caller's last-error text stays what it was) */
-  char saved[1024];
-  snprintf(saved, sizeof saved, "%s", dt_last_error());
-  if (dt__cost_model_autoload() != DT_SUCCESS) {
-    const char* why = dt_last_error(); /* "dt_init: ...": the log line needs no entry */
-    if (strncmp(why, "dt_init: ", 9) == 0) why += 9;
-    if (dt__world_rank() == 0) dt__log("cost", "ignoring calibrated cost model: %s", why);
-    dt__error_restore(saved);
-  }
+  dt_memory_reset_peak(); /* backend: a new world's peaks (an estimate may have run before) */
+  dt__cost_model_autoload_reported();
   const char* blas = dt__cpu_blas_notice(); /* backend: a CPU OpenBLAS does not know */
   const char* quiet = getenv("DTENSOR_QUIET");
   if (blas != NULL && dt__world_rank() == 0 &&
@@ -57,9 +64,8 @@ static dt_status_t dt__init_simulated_impl(int world_size, int rank) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "rank=%d (valid: 0 to %d)", rank, world_size - 1);
   DT_CHECK(dt__ctx_init_simulated(world_size, rank)); /* mesh: a world without MPI */
   dt__backend_meta_target(DT_KERNELS_HOST); /* backend: host kernels until dt_sim_set_device */
-  char saved[1024]; /* the calibrated cost model, as dt_init loads it: the same plans */
-  snprintf(saved, sizeof saved, "%s", dt_last_error());
-  if (dt__cost_model_autoload() != DT_SUCCESS) dt__error_restore(saved);
+  dt_memory_reset_peak();
+  dt__cost_model_autoload_reported(); /* as dt_init loads it: the same plans */
   return DT_SUCCESS;
 }
 

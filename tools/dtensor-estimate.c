@@ -135,8 +135,24 @@ static void first_line(char* dst, size_t cap, const char* s) {
   dst[n] = '\0';
 }
 
+/* The reason in a failed child's stderr: its first line that is not one of the library's
+ * notices ("[dtensor ...] ...", e.g. which cost model it loaded), else its first line. */
+static void reason_line(char* dst, size_t cap, const char* err) {
+  for (const char* p = err; *p;) {
+    while (*p == '\n') p++;
+    if (*p && strncmp(p, "[dtensor", 8) != 0) {
+      first_line(dst, cap, p);
+      return;
+    }
+    p += strcspn(p, "\n");
+  }
+  first_line(dst, cap, err);
+}
+
 /* Estimates one layout (base args + layout args) on every rank of `ranks`; the worst rank's
- * memory and time into r. Prints the trainer's output of the worst memory rank when `echo`. */
+ * memory and time into r. Prints the trainer's output of the worst memory rank when `echo`.
+ * What the first successful child of the process wrote to stderr (the library's notices, the
+ * trainer's warnings: every child would repeat them) goes to stderr once. */
 static void estimate(char** base, int nbase, const char* layout, const int* ranks, int nranks,
                      result_t* r, int echo) {
   static char out[1 << 20], err[1 << 16], keep[1 << 20];
@@ -160,10 +176,15 @@ static void estimate(char** base, int nbase, const char* layout, const int* rank
     int rc = run_child(argv, argc, out, sizeof out, err, sizeof err);
     if (rc != 0) {
       r->rc = rc;
-      first_line(r->why, sizeof r->why, err[0] ? err : "the estimate failed");
+      reason_line(r->why, sizeof r->why, err[0] ? err : "the estimate failed");
       if (rc < 0 && !err[0]) snprintf(r->why, sizeof r->why, "the estimate crashed");
       r->ok = 0;
       return;
+    }
+    static int notices_shown = 0;
+    if (!notices_shown) {
+      notices_shown = 1;
+      fputs(err, stderr);
     }
     char prefix[64];
     snprintf(prefix, sizeof prefix, "peak_memory_bytes rank %d:", ranks[k]);

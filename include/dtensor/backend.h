@@ -97,6 +97,8 @@ typedef struct dt_memory_stats {
 } dt_memory_stats_t;
 /* "parameters", "gradients", "optimizer", "activations", "communication", "other"; "invalid". */
 DT_API const char* dt_mem_category_name(dt_mem_category_t c);
+/* This process's figures; the peaks restart at dt_init and dt_init_simulated (a simulated
+ * estimate's peaks do not carry into the real run that follows it). */
 DT_API dt_status_t dt_memory_stats(dt_memory_stats_t* out);
 /* Peaks restart from the current values. */
 DT_API dt_status_t dt_memory_reset_peak(void);

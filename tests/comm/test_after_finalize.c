@@ -12,7 +12,8 @@
  * Before all that, the process asks before allocating: a simulated world (dt_init_simulated) of
  * the real world's size, as this rank, estimates the memory of the model and optimizer the real
  * run then builds; dt_finalize ends the simulation and dt_init starts MPI in the same process;
- * the real run's dt_memory_stats equal the estimate, category by category.
+ * the real run's dt_memory_stats equal the estimate, category by category, and its peaks start
+ * afresh at dt_init (not at the simulation's).
  */
 #include <stdio.h>
 #include <string.h>
@@ -88,6 +89,14 @@ int main(int argc, char** argv) {
     DT_ASSERT_OK(dt_finalize());
   }
   DT_ASSERT_OK(dt_init(&argc, &argv));
+  dt_memory_stats_t fresh; /* the simulation's peaks stay with it */
+  DT_ASSERT_OK(dt_memory_stats(&fresh));
+  for (int k = 0; k < DT_MEM_COUNT; k++)
+    DT_ASSERT_TRUE(fresh.peak[k] == fresh.current[k], "category %s: peak %lld after dt_init, "
+                   "holding %lld", dt_mem_category_name((dt_mem_category_t)k),
+                   (long long)fresh.peak[k], (long long)fresh.current[k]);
+  DT_ASSERT_TRUE(fresh.total_peak == fresh.total_current, "total peak %lld after dt_init",
+                 (long long)fresh.total_peak);
   int world = 0, rank = 0;
   DT_ASSERT_OK(dt_world_size(&world));
   DT_ASSERT_OK(dt_world_rank(&rank));

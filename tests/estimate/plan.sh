@@ -13,7 +13,9 @@
 #    priced by the inter-node figures (slower);
 #  - --routing-imbalance 2 with --ep: more rows and bytes for the worst rank;
 #  - --device cuda estimates with the CUDA kernels' figures, or (a build without them) says so and
-#    uses the host's;
+#    uses the host's (the tool passing the note on, once);
+#  - a cost model's notice (the children's first stderr line) does not replace a refusal's reason;
+#    a broken one is reported by a simulated run too;
 #  - --micro-batches 2: fewer activation bytes; --plan lists 2 and 4 micro-batches; a count that
 #    does not divide the batch, or leaves a data rank without a sequence, refused;
 #  - bad flags exit 2 with a message: no --np, a bad --budget, --plan with a layout flag,
@@ -142,6 +144,28 @@ check "--device cuda estimates (exit 0, a peak line)" \
   bash -c "[ $rc = 0 ] && grep -q '^peak_memory_bytes rank 0:' '$W/dev.txt'"
 check "--device cuda: either no note, or the no-CUDA-kernels one" \
   bash -c "! grep -q '^train: --device' '$W/dev.txt' || grep -q 'no cuda kernels to simulate.*host kernels' '$W/dev.txt'"
+"$EST" --np 2 "${M[@]}" --parallel fsdp --device cuda > "$W/devt.txt" 2> "$W/devt.err"
+check "dtensor-estimate --device cuda: the trainer's note passed on (once) where it has one" \
+  bash -c "! grep -q '^train: --device' '$W/dev.txt' || [ \$(grep -c 'no cuda kernels to simulate' '$W/devt.err') = 1 ]"
+
+# a loaded cost model's notice (the children's first stderr line) neither hides a refusal's
+# reason nor repeats per child
+echo '{"compute": {"gemm_gflops": 50}}' > "$W/cm.json"
+env -u DTENSOR_QUIET DTENSOR_COST_MODEL="$W/cm.json" "$EST" --np 4 "${M[@]}" --tp 3 > "$W/cm1.txt" 2>&1
+rc=$?
+check "with a cost model loaded, a refusal exits 2 with the trainer's reason" \
+  bash -c "[ $rc = 2 ] && grep -q 'dtensor-estimate: train: .*the world has 4' '$W/cm1.txt'"
+env -u DTENSOR_QUIET DTENSOR_COST_MODEL="$W/cm.json" "$EST" --np 4 "${M[@]}" --heads 6 --dim 96 \
+  --plan --top 1 > "$W/cm2.txt" 2>&1
+check "with a cost model loaded, --plan's refusals give the trainer's reasons" \
+  grep -q "refused: --dp 1 --tp 4: train: --tp 4 must divide the heads" "$W/cm2.txt"
+check "with a cost model loaded, its notice is printed once" \
+  test "$(grep -c 'calibrated cost model' "$W/cm2.txt")" = 1
+echo '{"compute": ' > "$W/bad.json"
+env -u DTENSOR_QUIET DTENSOR_COST_MODEL="$W/bad.json" "$TRAIN" --estimate-only --np 2 "${M[@]}" \
+  > "$W/cm3.txt" 2>&1
+check "a simulated run says it ignores a broken cost model, as dt_init does" \
+  grep -q "ignoring calibrated cost model: .*bad.json" "$W/cm3.txt"
 
 # bad flags
 for args in "${M[*]}" "--np 4 --budget lots" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \
