@@ -696,9 +696,15 @@ int train_main(int argc, char** argv) {
   const int D = o.dp > 0 ? o.dp : 1, T = o.tp > 0 ? o.tp : 1, E = o.ep > 0 ? o.ep : 1,
             CP = o.cp > 0 ? o.cp : 1;
   if (pconf) {
-    if (strcmp(o.parallel, "none") != 0 || o.mesh[0] || strcmp(o.plan, DEFAULT_PLAN) != 0)
-      return usage_error("--dp/--tp/--ep/--cp build their own mesh and plan: drop --parallel %s, "
-                         "--mesh and --plan", o.parallel);
+    if (strcmp(o.parallel, "none") != 0 || o.mesh[0] || strcmp(o.plan, DEFAULT_PLAN) != 0) {
+      char what[96] = ""; /* the flags given */
+      if (strcmp(o.parallel, "none") != 0)
+        snprintf(what, sizeof what, " --parallel %.40s", o.parallel);
+      if (o.mesh[0]) snprintf(what + strlen(what), sizeof what - strlen(what), " --mesh");
+      if (strcmp(o.plan, DEFAULT_PLAN) != 0)
+        snprintf(what + strlen(what), sizeof what - strlen(what), " --plan");
+      return usage_error("--dp/--tp/--ep/--cp build their own mesh and plan: drop%s", what);
+    }
     if ((long long)D * T * E * CP != world)
       return usage_error("--dp %d x --tp %d x --ep %d x --cp %d = %lld ranks, the world has %d", D,
                          T, E, CP, (long long)D * T * E * CP, world);
@@ -710,6 +716,9 @@ int train_main(int argc, char** argv) {
       return usage_error("--cp: the batch of %d%s must split evenly over the %d data ranks",
                          o.batch / o.micro_batches, o.micro_batches > 1 ? " per micro-batch" : "",
                          D * E);
+    if (T == 1 && (o.sp || o.loss_parallel))
+      return usage_error("--sp and --loss-parallel go with --tp (2 or more): with --tp 1 nothing "
+                         "would be sharded");
     if (E > 1 && (strcmp(o.model, "moe") != 0 || o.experts % E != 0))
       return usage_error("--ep %d needs --model moe with a multiple of %d experts (got %s, %d)",
                          E, E, o.model, o.experts);
@@ -956,7 +965,12 @@ int train_main(int argc, char** argv) {
   dt_tape_t tape;
   CHECK(dt_tape_create(&tape));
   if (o.checkpoint) CHECK(dt_tape_set_checkpoint(tape, dt_ckpt_policy_default, NULL));
-  double peak = 0.0, peak_total = 0.0; /* nothing is computed when simulated */
+  double peak = 0.0, peak_total = 0.0; /* simulated: the compute model's rate, nothing measured */
+  dt_compute_params_t model_rate;
+  if (g_sim && dt_compute_model_get(&model_rate) == DT_SUCCESS) {
+    peak = on_device ? model_rate.gemm_bf16_gflops : model_rate.gemm_gflops;
+    peak_total = peak * o.np;
+  }
   if (!g_sim) {
     peak = on_device ? measure_peak_device(mesh, strcmp(o.device, "cuda") ? 128 : 8192)
                      : measure_peak();
@@ -981,9 +995,16 @@ int train_main(int argc, char** argv) {
              o.vocab, dt_corpus_entropy_floor(corpus));
   }
   int64_t bs = (int64_t)o.batch * o.seq;
-  int64_t* tok = malloc(sizeof(int64_t) * (size_t)bs);
-  int64_t* tgt = malloc(sizeof(int64_t) * (size_t)bs);
+  const int fits = (uint64_t)bs <= SIZE_MAX / sizeof(int64_t);
+  int64_t* tok = fits ? malloc(sizeof(int64_t) * (size_t)bs) : NULL;
+  int64_t* tgt = fits ? malloc(sizeof(int64_t) * (size_t)bs) : NULL;
   int64_t* cp_row = malloc(sizeof(int64_t) * (size_t)(2 * o.seq)); /* --cp: one row reordered */
+  if (tok == NULL || tgt == NULL || cp_row == NULL) {
+    fprintf(stderr, "train: no memory for the token ids of a batch (--batch %d x --seq %d, %.3g "
+            "bytes)\n", o.batch, o.seq, 2.0 * sizeof(int64_t) * (double)bs);
+    if (g_sim) exit(1);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   dt_placement_t rep[4] = {dt_replicate(), dt_replicate(), dt_replicate(), dt_replicate()};
   dt_placement_t tok_pl[4]; /* data parallel: the batch dim sharded over every mesh dim */
   for (int d = 0; d < 4; d++) tok_pl[d] = data_par ? dt_shard(0) : dt_replicate();

@@ -28,6 +28,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,10 +52,35 @@ typedef struct {
   char cats[512]; /* worst rank's peak_memory line */
 } result_t;
 
-/* "80GiB", "80GB", "80G", "512MiB", "1e9": bytes; -1 when malformed. */
+/* --plan's layouts: trainer flags, one string each, in a growing array. */
+typedef struct {
+  char (*v)[200];
+  int n, cap, failed;
+} layouts_t;
+
+static void layouts_add(layouts_t* l, const char* fmt, ...) {
+  if (l->failed) return;
+  if (l->n == l->cap) {
+    const int cap = l->cap ? 2 * l->cap : 256;
+    char(*v)[200] = realloc(l->v, (size_t)cap * sizeof *v);
+    if (v == NULL) {
+      l->failed = 1;
+      return;
+    }
+    l->v = v;
+    l->cap = cap;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(l->v[l->n++], sizeof l->v[0], fmt, ap);
+  va_end(ap);
+}
+
+/* "80GiB", "80GB", "80G", "512MiB", "1e9": bytes; -1 when malformed or outside [1 byte, 8 EiB]. */
 static double parse_bytes(const char* s) {
   char* end;
   errno = 0;
+  if (strpbrk(s, "xXpP") != NULL) return -1; /* strtod's hexadecimal floats */
   double v = strtod(s, &end);
   if (end == s || errno != 0 || !(v > 0) || !isfinite(v)) return -1;
   static const struct {
@@ -65,7 +91,10 @@ static double parse_bytes(const char* s) {
                {"G", 1073741824.0}, {"T", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
                {"GB", 1e9}, {"TB", 1e12}};
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-    if (!strcmp(end, units[i].unit)) return v * units[i].mult;
+    if (!strcmp(end, units[i].unit)) {
+      const double b = v * units[i].mult; /* a byte at least, and finite in its unit too */
+      return isfinite(b) && b >= 1.0 && b <= 9.2e18 ? b : -1;
+    }
   return -1;
 }
 
@@ -265,7 +294,14 @@ int main(int argc, char** argv) {
   base[nbase++] = "--estimate-only";
   train_opts_t o; /* the model flags, read here only to know the mesh for the worst rank */
   train_opts_defaults(&o, "");
+  o.np = 0; /* 0: no --np yet (neither a flag nor the config's key) */
   char err[1200];
+  /* the trainer reads --config first and lets the flags override it, wherever they stand */
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--config") && !train_opts_load_file(&o, argv[i + 1], err, sizeof err)) {
+      fprintf(stderr, "dtensor-estimate: cannot use config %s: %s\n", argv[i + 1], err);
+      return 2;
+    }
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -276,8 +312,8 @@ int main(int argc, char** argv) {
     } else if (!strcmp(a, "--budget") && i + 1 < argc) {
       budget = parse_bytes(argv[++i]);
       if (budget <= 0) {
-        fprintf(stderr, "dtensor-estimate: --budget %s: a size such as 80GiB, 80GB or 85899345920\n",
-                argv[i]);
+        fprintf(stderr, "dtensor-estimate: --budget %s: a size from 1 byte to 8 EiB, such as "
+                "80GiB, 80GB or 85899345920\n", argv[i]);
         return 2;
       }
     } else if (!strcmp(a, "--top") && i + 1 < argc) {
@@ -303,11 +339,7 @@ int main(int argc, char** argv) {
         for (char* p = key; *p; p++)
           if (*p == '-') *p = '_';
         if (!strcmp(key, "config") && i + 1 < argc) {
-          base[nbase++] = argv[++i];
-          if (!train_opts_load_file(&o, argv[i], err, sizeof err)) {
-            fprintf(stderr, "dtensor-estimate: cannot use config %s: %s\n", argv[i], err);
-            return 2;
-          }
+          base[nbase++] = argv[++i]; /* read above */
         } else if (!train_opts_is_switch(key) && i + 1 < argc) {
           base[nbase++] = argv[++i];
           if (!train_opts_set(&o, key, argv[i], err, sizeof err)) {
@@ -321,17 +353,17 @@ int main(int argc, char** argv) {
     }
   }
   np = o.np;
-  int have_np = np != 1; /* from --config */
-  for (int i = 1; i < argc; i++) have_np |= !strcmp(argv[i], "--np");
-  if (!have_np) {
+  if (np == 0) {
     fprintf(stderr, "dtensor-estimate: --np N (the world size) is required\n");
     usage(stderr);
     return 2;
   }
-  if (plan && (o.dp || o.tp || o.ep || o.cp || o.sp || strcmp(o.parallel, "none") || o.mesh[0] ||
-               o.checkpoint || o.reshard_after_forward != 1 || o.micro_batches != 1)) {
+  if (plan && (o.dp || o.tp || o.ep || o.cp || o.sp || o.loss_parallel || o.async_tp ||
+               strcmp(o.parallel, "none") || o.mesh[0] || o.plan[0] || o.checkpoint ||
+               o.reshard_after_forward != 1 || o.micro_batches != 1)) {
     fprintf(stderr, "dtensor-estimate: --plan chooses the layout: drop --dp, --tp, --ep, --cp, --sp, "
-            "--parallel, --mesh, --checkpoint, --reshard-after-forward and --micro-batches\n");
+            "--loss-parallel, --async-tp, --parallel, --mesh, a config's \"plan\", --checkpoint, "
+            "--reshard-after-forward and --micro-batches\n");
     return 2;
   }
   int ranks[4];
@@ -362,9 +394,8 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  /* --plan: the layouts of np ranks */
-  char (*lay)[200] = calloc(4096, sizeof *lay);
-  int nl = 0;
+  /* --plan: the layouts of np ranks (as many as the world's divisors make) */
+  layouts_t lays = {0};
   const int moe = !strcmp(o.model, "moe");
   /* each layout at K = 1, 2, 4 micro-batches where the batch divides and every data rank still
    * gets a sequence per pass; with and without activation checkpointing */
@@ -376,8 +407,7 @@ int main(int argc, char** argv) {
       const int ok_k = o.batch % k == 0; /* data ranks checked per layout below */
 #define ADD(data_ranks, ...)                                                        \
   do {                                                                              \
-    if (nl < 4096 && ok_k && o.batch / k >= (data_ranks))                           \
-      snprintf(lay[nl++], sizeof lay[0], __VA_ARGS__);                              \
+    if (ok_k && o.batch / k >= (data_ranks)) layouts_add(&lays, __VA_ARGS__);       \
   } while (0)
       if (np > 1) {
         ADD(np, "--parallel ddp%s", cks);
@@ -407,9 +437,12 @@ int main(int argc, char** argv) {
       }
 #undef ADD
     }
-  result_t* res = calloc((size_t)nl, sizeof *res);
-  if (lay == NULL || res == NULL) {
-    fprintf(stderr, "dtensor-estimate: no memory\n");
+  const int nl = lays.n;
+  char(*lay)[200] = lays.v;
+  result_t* res = calloc((size_t)nl + 1, sizeof *res);
+  result_t* sorted = calloc((size_t)nl + 1, sizeof *sorted);
+  if (lays.failed || res == NULL || sorted == NULL) {
+    fprintf(stderr, "dtensor-estimate: no memory for %d layouts\n", nl);
     return 1;
   }
   int nfit = 0, nover = 0, nref = 0;
@@ -424,7 +457,6 @@ int main(int argc, char** argv) {
     else nfit++;
   }
   /* fitting ones first (by tokens/s), then those over the budget (by peak), then refused */
-  result_t* sorted = calloc((size_t)nl, sizeof *sorted);
   int a = 0, b = nfit, c = nfit + nover;
   for (int i = 0; i < nl; i++) {
     if (!res[i].ok) sorted[c++] = res[i];

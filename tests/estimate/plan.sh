@@ -18,7 +18,9 @@
 #    a broken one is reported by a simulated run too;
 #  - --micro-batches 2: fewer activation bytes; --plan lists 2 and 4 micro-batches; a count that
 #    does not divide the batch, or leaves a data rank without a sequence, refused;
-#  - bad flags exit 2 with a message: no --np, a bad --budget, --plan with a layout flag,
+#  - --config read first, the flags overriding it wherever they stand (a config's np 1 counts);
+#  - bad flags exit 2 with a message: no --np, a bad --budget (hexadecimal, below a byte, beyond
+#    8 EiB in its unit), --plan with a layout flag,
 #    --estimate-rank (the tool's).
 set -uo pipefail
 EST=$1 TRAIN=$2
@@ -167,8 +169,17 @@ env -u DTENSOR_QUIET DTENSOR_COST_MODEL="$W/bad.json" "$TRAIN" --estimate-only -
 check "a simulated run says it ignores a broken cost model, as dt_init does" \
   grep -q "ignoring calibrated cost model: .*bad.json" "$W/cm3.txt"
 
+# --config is read first and the flags override it wherever they stand (as the trainer does)
+printf '{"np": 2, "dim": 64, "layers": 2, "heads": 4, "seq": 32, "batch": 8, "vocab": 64}' > "$W/np2.json"
+"$EST" --np 8 --config "$W/np2.json" > "$W/cfg1.txt" 2>&1
+check "--np 8 before a config of np 2: ranks 0 and 7 evaluated" grep -q "^# ranks evaluated: 0 7;" "$W/cfg1.txt"
+printf '{"np": 1, "dim": 64, "layers": 2, "heads": 4, "seq": 32, "batch": 8, "vocab": 64}' > "$W/np1.json"
+"$EST" --config "$W/np1.json" > "$W/cfg2.txt" 2>&1
+check "a config's np 1 is an --np" grep -q "^# ranks evaluated: 0;" "$W/cfg2.txt"
+
 # bad flags
-for args in "${M[*]}" "--np 4 --budget lots" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \
+for args in "${M[*]}" "--np 4 --plan --loss-parallel" "--np 4 --budget lots" "--np 4 --budget 1e308TiB" "--np 4 --budget 0x10GiB" \
+    "--np 4 --budget 0.5" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \
             "--np 4 --routing-imbalance 0.5"; do
   # shellcheck disable=SC2086
   "$EST" $args > "$W/bad.txt" 2>&1

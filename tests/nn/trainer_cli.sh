@@ -92,7 +92,9 @@ refused pc_world "train: --dp 1 x --tp 2 x --ep 1 x --cp 1 = 2 ranks, the world 
 refused pc_heads "train: --tp 3 must divide the heads (4)" 3 --tp 3
 refused pc_sp "train: --sp and --loss-parallel go with --tp" 1 --sp
 refused pc_ep_div "train: --ep 2 needs --model moe with a multiple of 2 experts (got moe, 3)" 2 --ep 2 --model moe --experts 3
-refused pc_mix "train: --dp/--tp/--ep/--cp build their own mesh and plan" 2 --tp 2 --parallel fsdp
+refused pc_mix "train: --dp/--tp/--ep/--cp build their own mesh and plan: drop --parallel fsdp" 2 --tp 2 --parallel fsdp
+refused pc_mesh "train: --dp/--tp/--ep/--cp build their own mesh and plan: drop --mesh" 2 --cp 2 --mesh 2
+refused pc_sp_tp1 "train: --sp and --loss-parallel go with --tp (2 or more)" 2 --cp 2 --sp
 refused cp_seq "train: --cp 3 splits each sequence into 6 chunks (2 per rank, load-balanced for causal attention): --seq 16 is not a multiple of 6" 3 --cp 3
 refused cp_sp "train: --tp 4 must divide the heads (4), the kv heads (4) and --seq / --cp (sequence parallel)" 8 --cp 2 --tp 4 --sp --seq 12
 echo "trainer_cli: passed"
