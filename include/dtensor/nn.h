@@ -250,8 +250,9 @@ DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t to
  * its own tokens (no communication; dim 1 is the sequence dim a sequence-parallel plan shards
  * over tp, dt_tp_plan_llama's Shard(1)), attention as ring attention over the dim with rotary at
  * the real positions; the loss is the mean over all B S tokens. Parameters are replicated over the dim (their gradients are partial sums there,
- * reduced where they are reduced over the data dims). DT_ERR_INVALID_ARG for a dim out of range
- * or a seq_len that is not a multiple of 2n. */
+ * reduced where they are reduced over the data dims). A dim of one rank is the same as -1 (off).
+ * DT_ERR_INVALID_ARG for a dim out of range or a seq_len that is not a multiple of 2n; at the
+ * forward, for tokens or targets on another mesh. */
 DT_API dt_status_t dt_llama_set_context_parallel(dt_llama_t m, int mesh_dim);
 /* What the MoE layers of the last dt_llama_forward routed and dropped, summed over the layers
  * (zeros for a dense model or before a forward). */

@@ -156,10 +156,11 @@ static dt_status_t dt__cp_relayout(struct dt_llama* m, dt_tape_t tape, dt_var_t 
       pl[i] = dt_replicate();
     else
       return DT_FAIL(DT_ERR_UNSUPPORTED, "context parallelism: attention %s of %d dims placed "
-                     "%s%d on mesh dim %d (expected %s)", to_rows ? "output" : "input", nd,
-                     xp[i].kind == DT_PARTIAL ? "Partial, " : xp[i].kind == DT_SHARD ? "Shard "
-                     : "Replicate, ", xp[i].dim, i, m->cp_rows[i].kind == DT_SHARD
-                     ? "the tokens' shards" : "Replicate or its heads sharded");
+                     "%s(%d) on mesh dim %d (expected %s)", to_rows ? "output" : "input", nd,
+                     xp[i].kind == DT_PARTIAL ? "Partial" : xp[i].kind == DT_SHARD ? "Shard"
+                     : "Replicate", xp[i].kind == DT_SHARD ? xp[i].dim : 0, i,
+                     m->cp_rows[i].kind == DT_SHARD ? "the tokens' shards"
+                                                    : "Replicate or its heads sharded");
   }
   dt_var_t xl, xr, like;
   dt_tensor_t lt;
@@ -752,6 +753,12 @@ static dt_status_t dt__cp_geometry(dt_llama_t m, dt_tensor_t tokens, dt_tensor_t
                                    const int64_t* ts) {
   int mnd, tnd;
   dt_placement_t tp[DT_MAX_MESH_DIMS], gp[DT_MAX_MESH_DIMS];
+  dt_mesh_t tm, gm;
+  DT_CHECK(dt_tensor_mesh(tokens, &tm));
+  DT_CHECK(dt_tensor_mesh(targets, &gm));
+  if (tm != m->mesh || gm != m->mesh) /* their placements are read per dim of the model's mesh */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "context parallelism: the %s must live on the model's mesh",
+                   tm != m->mesh ? "tokens" : "targets");
   DT_CHECK(dt_mesh_ndim(m->mesh, &mnd));
   DT_CHECK(dt_tensor_placements(tokens, tp));
   DT_CHECK(dt_tensor_ndim(targets, &tnd));
@@ -804,7 +811,7 @@ static dt_status_t dt__llama_set_cp(dt_llama_t m, int mesh_dim) {
     return DT_FAIL(DT_ERR_INVALID_ARG, "context parallelism over mesh dim %d (%d ranks): seq_len "
                    "%d must be a multiple of %d (2 chunks per rank)", mesh_dim, n, c->seq_len,
                    2 * n);
-  m->cp_dim = mesh_dim;
+  m->cp_dim = n > 1 ? mesh_dim : -1; /* one rank holds the whole sequence: nothing to split */
   m->cp_n = n;
   return DT_SUCCESS;
 }
