@@ -152,6 +152,10 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
     DT_CHECK(dt__tensor_check(x, what));
     if (*mesh != NULL && x->mesh != *mesh && !(info->flags & DT_OPF_MESHES)) {
       dt_backend_t b0 = dt__tensor_backend(inputs[0]), bt = dt__tensor_backend(x);
+      if (b0 == bt)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs 0 and %d live on different meshes (two "
+                       "dt_mesh_t handles, even of one shape, are two meshes): an op takes "
+                       "tensors of one mesh", name, t);
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: inputs live on different meshes (input 0 in %s "
                      "memory, backend %s; input %d in %s memory, backend %s)", name,
                      dt_device_name(b0->device), b0->name, t, dt_device_name(bt->device),
@@ -186,8 +190,8 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_inputs=%d, expected %d (%s takes %d tensor inputs)",
                      name, n_inputs, info->n_in, name, info->n_in);
     if (n_outputs != info->n_out)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs=%d, expected %d (%s has %d outputs%s)",
-                     name, n_outputs, info->n_out, name, info->n_out,
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs=%d, expected %d (%s has %d output%s%s)",
+                     name, n_outputs, info->n_out, name, info->n_out, info->n_out == 1 ? "" : "s",
                      info->n_out == 1 ? "" : ": use dt_op_run_multi");
     DT_CHECK(dt__op_check_counts(id, n_iargs, n_fargs));
     if (!dt__trace_active())
@@ -217,8 +221,8 @@ dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_
   dt_op_choice_t ch;
   DT_CHECK(dt__op_select(mesh, id, &call, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in_pl, &ch));
   if (ch.n_outputs != n_outputs)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs=%d, expected %d (%s has %d outputs%s)", name,
-                   n_outputs, ch.n_outputs, name, ch.n_outputs,
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_outputs=%d, expected %d (%s has %d output%s%s)",
+                   name, n_outputs, ch.n_outputs, name, ch.n_outputs, ch.n_outputs == 1 ? "" : "s",
                    ch.n_outputs > 1 && n_outputs == 1 ? ": use dt_op_run_multi" : "");
   const int trace = dt__trace_active();
   if (trace) {

@@ -88,9 +88,10 @@ static dt_status_t dt__ra_plan(dt__ring_call_t* a, dt_tensor_t q, dt_tensor_t k,
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: q, k, v must share one float dtype", kOp);
   if (ks[0] != qs[0] || vs[0] != qs[0] || ks[3] != qs[3] || vs[hd] != ks[hd] || vs[sd] != ks[sd])
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: shapes q %lldx%lldx%lldx%lld, k %lldx%lldx%lldx%lld "
-                   "and v do not match", kOp, (long long)qs[0], (long long)qs[1],
-                   (long long)qs[2], (long long)qs[3], (long long)ks[0], (long long)ks[1],
-                   (long long)ks[2], (long long)ks[3]);
+                   "and v %lldx%lldx%lldx%lld do not match", kOp, (long long)qs[0],
+                   (long long)qs[1], (long long)qs[2], (long long)qs[3], (long long)ks[0],
+                   (long long)ks[1], (long long)ks[2], (long long)ks[3], (long long)vs[0],
+                   (long long)vs[1], (long long)vs[2], (long long)vs[3]);
   if (ks[hd] == 0 || qs[hd] % ks[hd] != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %lld query heads are not a multiple of %lld kv heads",
                    kOp, (long long)qs[hd], (long long)ks[hd]);

@@ -100,6 +100,9 @@ dt_status_t dt__sdpa_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_
   const dt_tensor_meta_t* g = &call->in[3];
   if (g->ndim != 4 || memcmp(g->shape, out_meta[0].shape, sizeof(int64_t) * 4) != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa_grad: g must have the output's shape");
+  if (!dt__dtype_is_float(g->dtype)) /* another float dtype is converted by the kernels */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa_grad: g is %s, expected a float dtype",
+                   dt_dtype_name(g->dtype));
   out_meta[0] = call->in[0];
   out_meta[1] = call->in[1];
   out_meta[2] = call->in[2];

@@ -209,12 +209,17 @@ dt_status_t dt__sdpa_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
   if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[3] != q->shape[3] ||
       v->shape[hd] != k->shape[hd] || v->shape[sd] != k->shape[sd])
     return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: shapes q %lldx%lldx%lldx%lld, k %lldx%lldx%lldx%lld "
-                   "and v do not match", (long long)q->shape[0], (long long)q->shape[1],
-                   (long long)q->shape[2], (long long)q->shape[3], (long long)k->shape[0],
-                   (long long)k->shape[1], (long long)k->shape[2], (long long)k->shape[3]);
+                   "and v %lldx%lldx%lldx%lld do not match (batch alike, k and v alike but for "
+                   "the last dim, q's last dim k's)", (long long)q->shape[0],
+                   (long long)q->shape[1], (long long)q->shape[2], (long long)q->shape[3],
+                   (long long)k->shape[0], (long long)k->shape[1], (long long)k->shape[2],
+                   (long long)k->shape[3], (long long)v->shape[0], (long long)v->shape[1],
+                   (long long)v->shape[2], (long long)v->shape[3]);
   if (k->shape[hd] == 0 || q->shape[hd] % k->shape[hd] != 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "sdpa: %lld query heads are not a multiple of %lld kv heads",
-                   (long long)q->shape[hd], (long long)k->shape[hd]);
+    return DT_FAIL(DT_ERR_INVALID_ARG, k->shape[hd] == 0 ? "sdpa: k has 0 kv heads (valid: 1 or "
+                   "more, %lld query heads a multiple of them)" : "sdpa: %lld query heads are not "
+                   "a multiple of %lld kv heads", (long long)q->shape[hd],
+                   (long long)k->shape[hd]);
   *out_meta = *q;
   out_meta->shape[3] = v->shape[3];
   dt_op_rule_t r;
@@ -283,7 +288,10 @@ dt_status_t dt__rotary_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
   if (x->shape[x->ndim - 1] % 2 != 0 || !dt__dtype_is_float(x->dtype))
     return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: the last dim must be even and the dtype float");
   const int64_t cp = dt__op_iarg(DT_OP_ROTARY, call, 2);
-  if (cp < 0 || cp > (1 << 20) || (cp > 0 && x->shape[sd] % (2 * cp) != 0))
+  if (cp < 0 || cp > (1 << 20))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: cp=%lld (iargs[2]) out of range (valid: 0, no "
+                   "context parallelism, to 2^20 ranks)", (long long)cp);
+  if (cp > 0 && x->shape[sd] % (2 * cp) != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "rotary: cp=%lld (iargs[2]): the sequence of %lld tokens "
                    "in the load-balanced order of cp ranks must split into 2 cp equal chunks",
                    (long long)cp, (long long)x->shape[sd]);

@@ -476,6 +476,20 @@ static void test_scale(dt_mesh_t mesh) {
   }
   dt_tensor_t a = NULL;
   DT_ASSERT_STATUS(dt_sdpa(tq, tk, tv, 0, INFINITY, &a), DT_ERR_INVALID_ARG);
+  /* sdpa_grad's g: a float dtype (i32 refused by the rules, not the kernel) */
+  dt_tensor_t gi, grads[3];
+  const int64_t osh[4] = {B, H, S, E};
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_I32, 4, osh, pl, &gi));
+  const dt_tensor_t gin[4] = {tq, tk, tv, gi};
+  DT_ASSERT_STATUS(dt_op_run_multi("sdpa_grad", 4, gin, 0, NULL, 0, NULL, 3, grads),
+                   DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "expected a float dtype") != NULL, "message: %s",
+                 dt_last_error());
+  DT_ASSERT_OK(dt_tensor_destroy(gi));
+  /* a v of the wrong length: the message shows v's shape */
+  const dt_tensor_t bad[3] = {tq, tk, tq};
+  DT_ASSERT_STATUS(dt_op_run("sdpa", 3, bad, 0, NULL, 0, NULL, &a), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "and v 2x4x") != NULL, "message: %s", dt_last_error());
   /* a NaN query row: its outputs NaN, the other rows' finite */
   q[0] = NAN;
   dt_tensor_t tn = make(mesh, q, 0, H, S, D, pl);
