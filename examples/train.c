@@ -293,18 +293,19 @@ static int load_machine(const char* machine, char* err, size_t cap) {
     cJSON* root = cJSON_Parse(text);
     cJSON* in = cJSON_DetachItemFromObjectCaseSensitive(root, "inter_node");
     cJSON_Delete(root);
-    for (cJSON* e = in ? in->child : NULL; e != NULL && rc == 0; e = e->next) {
-      const char* k[3] = {"base_us", "hop_us", "bw_gbps"};
-      for (int i = 0; i < 3 && rc == 0; i++)
-        if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, k[i]))) {
-          snprintf(err, cap, "--machine %s: \"inter_node\".\"%s\" needs numbers base_us, "
-                   "hop_us, bw_gbps", machine, e->string ? e->string : "?");
-          rc = 1;
-        }
-    }
     if (in != NULL && !cJSON_IsObject(in)) {
       snprintf(err, cap, "--machine %s: \"inter_node\" must be an object", machine);
       rc = 1;
+    } else if (in != NULL) { /* every entry checked now, whether a dim spans nodes or not */
+      char* it = cJSON_PrintUnformatted(in);
+      if (it == NULL || dt_cost_model_check_string(it, strlen(it)) != DT_SUCCESS) {
+        const char* why = it == NULL ? "no memory" : dt_last_error();
+        const char* at = strstr(why, "cost model text: "); /* the library's prefix, renamed */
+        snprintf(err, cap, "--machine %s: \"inter_node\": %s", machine,
+                 at ? at + strlen("cost model text: ") : why);
+        rc = 1;
+      }
+      free(it);
     }
     if (rc == 0) g_inter = in;
     else cJSON_Delete(in);

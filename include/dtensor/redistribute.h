@@ -115,11 +115,16 @@ DT_API dt_status_t dt_cost_model_reset(void);
  * "nccl" holds the same keys for meshes whose device data goes over NCCL (dt_mesh_data_plane;
  * `dtensor-calibrate --nccl` measures them): their steps use those where the mesh dim has no
  * parameters of its own (dt_mesh_set_cost_model), else the global ones. Keys left out
- * keep their values; the file must hold exactly one JSON object (white space may follow it) of at
- * most 1 MiB. Nothing is applied unless every entry is valid (see the ranges above). */
+ * keep their values; a key given twice, or one not named here or in the compute model below, is
+ * refused (a misspelt key would leave its value as it was), except "inter_node" (the trainer's
+ * --machine figures for mesh dims that span nodes), which is accepted and not read here. The
+ * file must hold exactly one JSON object (white space may follow it) of at most 1 MiB. Nothing is
+ * applied unless every entry is valid (see the ranges above). */
 DT_API dt_status_t dt_cost_model_load(const char* path);
 /* The same from memory: `len` bytes of JSON text (no NUL needed; one inside is refused). */
 DT_API dt_status_t dt_cost_model_load_string(const char* text, size_t len);
+/* Checks text as dt_cost_model_load_string would, with its messages, and applies nothing. */
+DT_API dt_status_t dt_cost_model_check_string(const char* text, size_t len);
 DT_API dt_status_t dt_cost_model_save(const char* path);
 /* Estimated cost of one collective on n ranks (its cheapest algorithm). */
 DT_API dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* cost_us);

@@ -431,6 +431,38 @@ dt_status_t dt_cost_estimate(dt_collective_t c, int n, uint64_t nbytes, double* 
   DT_ENTRY_RETURN(dt__cost_estimate_impl(c, n, nbytes, cost_us));
 }
 
+/* Whether k names a collective entry ("all_gather", "all_reduce_a2a", ...). */
+static int dt__cost_is_entry_key(const char* k) {
+  for (int x = 0; x < DT_COLL_COUNT * DT_ALGO_COUNT; x++) {
+    dt_collective_t c = (dt_collective_t)(x / DT_ALGO_COUNT);
+    dt_coll_algo_t a = (dt_coll_algo_t)(x % DT_ALGO_COUNT);
+    char key[64];
+    dt__cost_key(c, a, key, sizeof key);
+    if ((a == DT_ALGO_NATIVE || dt__cost_has_alt(c)) && strcmp(k, key) == 0) return 1;
+  }
+  return 0;
+}
+
+/* Every key of object o once, and a known one: listed in `known` (n of them) or, with `entries`,
+ * a collective entry's key. A misspelt key would otherwise leave its value as it was, silently;
+ * a repeated one is read once, the other ignored. */
+static dt_status_t dt__cost_keys_check(const cJSON* o, const char* const* known, int n,
+                                       int entries, const char* what, const char* where) {
+  for (const cJSON* e = o->child; e != NULL; e = e->next) {
+    const char* k = e->string ? e->string : "";
+    int ok = entries && dt__cost_is_entry_key(k);
+    for (int i = 0; i < n && !ok; i++) ok = strcmp(k, known[i]) == 0;
+    if (!ok)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: unknown key \"%s\"%s%s", what, k,
+                     where[0] ? " in " : "", where);
+    for (const cJSON* f = o->child; f != e; f = f->next)
+      if (f->string && strcmp(f->string, k) == 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: key \"%s\" given twice%s%s", what, k,
+                       where[0] ? " in " : "", where);
+  }
+  return DT_SUCCESS;
+}
+
 /* The per-collective entries of object `obj` ("all_gather": {"base_us":..}, ...) into `next`,
  * each one found setting its bit in *set; `prefix` goes before the key in messages. */
 static dt_status_t dt__cost_entries(cJSON* obj, dt_cost_params_t next[DT_COLL_COUNT][DT_ALGO_COUNT],
@@ -449,19 +481,24 @@ static dt_status_t dt__cost_entries(cJSON* obj, dt_cost_params_t next[DT_COLL_CO
     if (!cJSON_IsObject(e) || !cJSON_IsNumber(b) || !cJSON_IsNumber(h) || !cJSON_IsNumber(w))
       return DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: %s\"%s\" needs numbers base_us, hop_us, "
                      "bw_gbps", what, prefix, key);
+    static const char* const fields[3] = {"base_us", "hop_us", "bw_gbps"};
+    char where[160];
+    snprintf(where, sizeof where, "%s\"%s\"", prefix, key);
+    DT_CHECK(dt__cost_keys_check(e, fields, 3, 0, what, where));
     dt_cost_params_t p = {b->valuedouble, h->valuedouble, w->valuedouble};
-    char where[192];
-    snprintf(where, sizeof where, "cost model %s: %s\"%s\"", what, prefix, key);
-    DT_CHECK(dt__params_check(&p, where));
+    char at[192];
+    snprintf(at, sizeof at, "cost model %s: %s\"%s\"", what, prefix, key);
+    DT_CHECK(dt__params_check(&p, at));
     next[c][a] = p;
     *set |= 1u << k;
   }
   return DT_SUCCESS;
 }
 
-/* Parses and applies a model; `what` names its source in messages. Everything is checked first
- * and applied only if every entry is valid (no half-loaded model). */
-static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char* what) {
+/* Parses and (apply) applies a model; `what` names its source in messages. Everything is checked
+ * first and applied only if every entry is valid (no half-loaded model). */
+static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char* what,
+                                        int apply) {
   const char* end = NULL;
   cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   if (root == NULL || !cJSON_IsObject(root)) {
@@ -487,13 +524,16 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
   memcpy(next, dt__cost, sizeof next);
   memcpy(nnext, dt__cost_nccl, sizeof nnext);
   uint32_t nset = dt__cost_nccl_set, gset = 0;
-  dt_status_t st = dt__cost_entries(root, next, &gset, what, "");
+  /* "inter_node": the trainer's --machine figures for mesh dims that span nodes (not read here) */
+  static const char* const top[3] = {"nccl", "compute", "inter_node"};
+  dt_status_t st = dt__cost_keys_check(root, top, 3, 1, what, "");
+  if (st == DT_SUCCESS) st = dt__cost_entries(root, next, &gset, what, "");
   cJSON* ne = cJSON_GetObjectItemCaseSensitive(root, "nccl");
   if (st == DT_SUCCESS && ne != NULL) {
     if (!cJSON_IsObject(ne))
       st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"nccl\" must be an object", what);
-    else
-      st = dt__cost_entries(ne, nnext, &nset, what, "\"nccl\".");
+    else st = dt__cost_keys_check(ne, NULL, 0, 1, what, "\"nccl\"");
+    if (st == DT_SUCCESS) st = dt__cost_entries(ne, nnext, &nset, what, "\"nccl\".");
   }
   dt_compute_params_t comp = dt__compute; /* "compute": fields left out keep their values */
   cJSON* ce = cJSON_GetObjectItemCaseSensitive(root, "compute");
@@ -504,6 +544,7 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
                          &comp.attn_gflops};
     if (!cJSON_IsObject(ce))
       st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"compute\" must be an object", what);
+    else st = dt__cost_keys_check(ce, keys, 5, 0, what, "\"compute\"");
     for (int i = 0; i < 5 && st == DT_SUCCESS; i++) {
       cJSON* v = cJSON_GetObjectItemCaseSensitive(ce, keys[i]);
       if (v == NULL) continue;
@@ -517,7 +558,7 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
     if (st == DT_SUCCESS) st = dt__compute_check(&comp, where);
   }
   cJSON_Delete(root);
-  if (st != DT_SUCCESS) return st;
+  if (st != DT_SUCCESS || !apply) return st;
   dt__compute = comp;
   memcpy(dt__cost, next, sizeof next);
   memcpy(dt__cost_nccl, nnext, sizeof nnext);
@@ -526,17 +567,21 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__cost_model_load_string_impl(const char* text, size_t len) {
+static dt_status_t dt__cost_model_load_string_impl(const char* text, size_t len, int apply) {
   DT_ARG_NOT_NULL(text);
   if (len > (1u << 20))
     return DT_FAIL(DT_ERR_INVALID_ARG, "len=%zu: cost model text larger than 1 MiB", len);
   if (memchr(text, '\0', len) != NULL)
     return DT_FAIL(DT_ERR_INVALID_ARG, "cost model text contains a NUL byte");
-  return dt__cost_model_parse(text, len, "text");
+  return dt__cost_model_parse(text, len, "text", apply);
 }
 
 dt_status_t dt_cost_model_load_string(const char* text, size_t len) {
-  DT_ENTRY_RETURN(dt__cost_model_load_string_impl(text, len));
+  DT_ENTRY_RETURN(dt__cost_model_load_string_impl(text, len, 1));
+}
+
+dt_status_t dt_cost_model_check_string(const char* text, size_t len) {
+  DT_ENTRY_RETURN(dt__cost_model_load_string_impl(text, len, 0));
 }
 
 static dt_status_t dt__cost_model_load_impl(const char* path) {
@@ -568,7 +613,7 @@ static dt_status_t dt__cost_model_load_impl(const char* path) {
     st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model '%s' contains a NUL byte (not a JSON file)",
                  path);
   else
-    st = dt__cost_model_parse(text, got, what);
+    st = dt__cost_model_parse(text, got, what, 1);
   dt__free(text);
   return st;
 }

@@ -1,6 +1,6 @@
 /* fuzz_cost_model.c - libFuzzer harness for the cost-model loader: the input goes through
- * dt_cost_model_load (from a temporary file, the whole load path) and dt_cost_model_load_string,
- * which must agree; a refused model changes nothing (collectives and the compute model); an
+ * dt_cost_model_load (from a temporary file, the whole load path), dt_cost_model_load_string
+ * and dt_cost_model_check_string (which applies nothing), which must agree; a refused model changes nothing (collectives and the compute model); an
  * accepted one holds only values in the documented ranges, and with it every estimate is finite
  * and the planner finds every plan. */
 #include <math.h>
@@ -39,9 +39,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   snapshot(after);
   DT_FUZZ_ASSERT(dt_compute_model_get(&cafter) == DT_SUCCESS);
   dt_cost_model_reset();
+  /* the check alone: the same verdict, nothing applied */
+  dt_status_t st3 = dt_cost_model_check_string((const char*)data, size);
+  dt_fuzz_check_error(st3, "dt_cost_model_check_string");
+  dt_cost_params_t checked[DT_COLL_COUNT][DT_ALGO_COUNT];
+  snapshot(checked);
+  DT_FUZZ_ASSERT(memcmp(before, checked, sizeof before) == 0);
   dt_status_t st2 = dt_cost_model_load_string((const char*)data, size);
   dt_fuzz_check_error(st2, "dt_cost_model_load_string");
-  DT_FUZZ_ASSERT(st == st2);
+  DT_FUZZ_ASSERT(st == st2 && st == st3);
   if (st != DT_SUCCESS) {
     DT_FUZZ_ASSERT(st == DT_ERR_INVALID_ARG);
     DT_FUZZ_ASSERT(memcmp(before, after, sizeof before) == 0);

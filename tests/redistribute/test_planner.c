@@ -567,6 +567,17 @@ static void test_cost_load_strict(void** state) {
        "[0, 1e+06]"},
       {"{\"scatter\": {\"base_us\": 0, \"hop_us\": -1e-9, \"bw_gbps\": 1}}", "hop_us", "scatter"},
       {"{\"all_gather\": [1, 2, 3]}", "all_gather", "numbers"},
+      /* misspelt and repeated keys (each would leave a value as it was, silently) */
+      {"{\"alll_gather\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 10}}", "unknown key",
+       "alll_gather"},
+      {"{\"compute\": {\"gemm_gflopz\": 5}}", "unknown key \"gemm_gflopz\"", "\"compute\""},
+      {"{\"all_gather\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 10, \"bw\": 2}}",
+       "unknown key \"bw\"", "\"all_gather\""},
+      {"{\"nccl\": {\"gather\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 10}}}",
+       "unknown key \"gather\"", "\"nccl\""},
+      {"{\"all_gather\": {\"base_us\": 1, \"hop_us\": 1, \"bw_gbps\": 10}, \"all_gather\": "
+       "{\"base_us\": 2, \"hop_us\": 1, \"bw_gbps\": 10}}", "\"all_gather\" given twice", NULL},
+      {"{\"compute\": {\"op_us\": 1, \"op_us\": 2}}", "\"op_us\" given twice", "\"compute\""},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     assert_int_equal(load_text(bad[k].text), DT_ERR_INVALID_ARG);
@@ -587,6 +598,14 @@ static void test_cost_load_strict(void** state) {
   dt_cost_params_t q;
   assert_int_equal(dt_cost_model_get(DT_COLL_ALL_GATHER, &q), DT_SUCCESS);
   assert_true(q.base_us == 1e6 && q.hop_us == 0.0 && q.bw_gbps == 1e-6);
+  /* checked, not applied; "inter_node" (the trainer's) accepted and not read */
+  const char* chk = "{\"all_gather\": {\"base_us\": 7, \"hop_us\": 7, \"bw_gbps\": 7}, "
+                    "\"inter_node\": {\"all_gather\": {\"base_us\": 1}}}";
+  assert_int_equal(dt_cost_model_check_string(chk, strlen(chk)), DT_SUCCESS);
+  assert_int_equal(dt_cost_model_get(DT_COLL_ALL_GATHER, &q), DT_SUCCESS);
+  assert_true(q.base_us == 1e6 && q.hop_us == 0.0 && q.bw_gbps == 1e-6);
+  assert_int_equal(dt_cost_model_check_string("{\"x\": 1}", 8), DT_ERR_INVALID_ARG);
+  assert_err_mentions("unknown key \"x\"", NULL);
   const char* two = "{\"all_gather\": {\"base_us\": 2, \"hop_us\": 3, \"bw_gbps\": 4}}GARBAGE";
   assert_int_equal(dt_cost_model_load_string(two, strlen(two) - 7), DT_SUCCESS);
   assert_int_equal(dt_cost_model_get(DT_COLL_ALL_GATHER, &q), DT_SUCCESS);
