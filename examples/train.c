@@ -314,11 +314,24 @@ static int load_machine(const char* machine, char* err, size_t cap) {
   return rc;
 }
 
+/* Whether a group of `size` world ranks `stride` apart crosses a node boundary (nodes of
+ * `per_node` consecutive ranks): the groups start at the ranks whose digit for that stride is 0
+ * (the trainer's meshes number world ranks in mixed radix), and one crosses where its first and
+ * last rank lie on different nodes (a group {2, 3} does at 3 ranks a node, though 1 apart). */
+static int spans_nodes(int world, int stride, int size, int per_node) {
+  for (int r = 0; r < world; r++)
+    if ((r / stride) % size == 0 && r / per_node != (r + stride * (size - 1)) / per_node) return 1;
+  return 0;
+}
+
 /* Mesh dim d of `mesh`, whose group is `size` world ranks `stride` apart: priced by the
- * --machine's inter_node figures when the group spans nodes of `per_node` ranks (a figure out of
+ * --machine's inter_node figures when a group spans nodes of `per_node` ranks (a figure out of
  * range is refused with dt_mesh_set_cost_model's message). */
 static dt_status_t price_dim(dt_mesh_t mesh, int d, int stride, int size, int per_node) {
-  if (g_inter == NULL || size <= 1 || (long long)stride * (size - 1) < per_node) return DT_SUCCESS;
+  int world = 0;
+  if (g_inter == NULL || size <= 1 || dt_world_size(&world) != DT_SUCCESS ||
+      !spans_nodes(world, stride, size, per_node))
+    return DT_SUCCESS;
   for (int c = 1; c < DT_COLL_COUNT; c++)
     for (int a = 0; a < 2; a++) {
       char key[64];

@@ -9,7 +9,8 @@
 #    --ep layouts, with --cp too; a budget below every layout exits 1
 #    naming the smallest peak;
 #  - --machine: the h100 figures change the step time, not the model's memory; a missing file, a file
-#    with a bad "compute" or "inter_node" entry are refused with a message (exit 2); an inter-node dim is
+#    with a bad "compute" or "inter_node" entry are refused with a message (exit 2); an inter-node dim
+#    (also a group that crosses a node boundary narrower than a node) is
 #    priced by the inter-node figures (slower);
 #  - --routing-imbalance 2 with --ep: more rows and bytes for the worst rank;
 #  - --device cuda estimates with the CUDA kernels' figures, or (a build without them) says so and
@@ -125,6 +126,16 @@ t_inter=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/inter.txt")
 t_intra=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/h100.txt")
 check "inter-node dim: more communication time ($t_inter ms vs $t_intra)" \
   python3 -c "import sys; sys.exit(0 if float('$t_inter') > float('$t_intra') else 1)"
+# a group that crosses a node boundary without spanning a node's width: tp 2 over ranks {2, 3}
+# at 3 ranks a node (nodes {0, 1, 2}, {3, 4, 5}), none at 4 a node
+for g in 3 4; do
+  "$TRAIN" --estimate-only --np 6 --dim 64 --layers 2 --heads 4 --seq 32 --batch 6 --vocab 64 \
+    --tp 2 --dp 3 --machine h100 --gpus-per-node $g > "$W/gpn$g.txt" 2>&1
+done
+c3=$(sed -n 's/^estimate_step rank 0:.*comm_ms=\([0-9.]*\).*/\1/p' "$W/gpn3.txt")
+c4=$(sed -n 's/^estimate_step rank 0:.*comm_ms=\([0-9.]*\).*/\1/p' "$W/gpn4.txt")
+check "tp {2, 3} across nodes of 3: more communication time ($c3 ms vs $c4 at 4 a node)" \
+  python3 -c "import sys; sys.exit(0 if float('$c3') > float('$c4') else 1)"
 
 # routing imbalance
 E=(--np 4 "${M[@]}" --model moe --experts 4 --dp 1 --ep 4)
