@@ -125,6 +125,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "dtensor/check.h"
@@ -193,14 +194,17 @@ static int usage_error(const char* fmt, ...) {
   return 2;
 }
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    dt_status_t st_ = (call);                                                         \
-    if (st_ != DT_SUCCESS) {                                                          \
-      fprintf(stderr, "train: %s: %s: %s\n", #call, dt_status_name(st_), dt_last_error()); \
-      if (g_sim) exit(1);                                                             \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
-    }                                                                                 \
+/* A failed library call ends the run: the library's message first, the call after it; exit
+ * status 2 where the library refused a value (the flags asked for something it cannot do: a
+ * usage error, as usage_error's), else 1. */
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    dt_status_t st_ = (call);                                                               \
+    if (st_ != DT_SUCCESS) {                                                                \
+      fprintf(stderr, "train: %s: %s (in %s)\n", dt_status_name(st_), dt_last_error(), #call); \
+      if (g_sim) exit(st_ == DT_ERR_INVALID_ARG ? 2 : 1);                                   \
+      MPI_Abort(MPI_COMM_WORLD, st_ == DT_ERR_INVALID_ARG ? 2 : 1);                         \
+    }                                                                                       \
   } while (0)
 
 static double now_s(void) {
@@ -269,7 +273,8 @@ static int load_machine(const char* machine, char* err, size_t cap) {
   for (size_t i = 0; i < sizeof kMachines / sizeof kMachines[0]; i++)
     if (!strcmp(machine, kMachines[i].name)) text = kMachines[i].json;
   if (text == NULL) {
-    FILE* f = fopen(machine, "rb");
+    struct stat sb; /* a FIFO would block the open */
+    FILE* f = stat(machine, &sb) == 0 && S_ISREG(sb.st_mode) ? fopen(machine, "rb") : NULL;
     long len = -1;
     if (f != NULL && fseek(f, 0, SEEK_END) == 0) len = ftell(f);
     if (f == NULL || len < 0 || len > (1 << 20) || fseek(f, 0, SEEK_SET) != 0) {

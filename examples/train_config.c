@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int fail(char* err, size_t cap, const char* fmt, ...) {
   if (err != NULL && cap > 0) {
@@ -373,6 +374,9 @@ int train_opts_load_json(train_opts_t* o, const char* text, size_t len, char* er
 }
 
 int train_opts_load_file(train_opts_t* o, const char* path, char* err, size_t cap) {
+  struct stat sb; /* a FIFO or a device would block the open or never end */
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return fail(err, cap, "%s is not a regular file", path);
   FILE* f = fopen(path, "rb");
   if (f == NULL) return fail(err, cap, "cannot open %s", path);
   long n = -1;

@@ -309,6 +309,9 @@ int main(int argc, char** argv) {
       return 0;
     } else if (!strcmp(a, "--plan")) {
       plan = 1;
+    } else if ((!strcmp(a, "--budget") || !strcmp(a, "--top")) && i + 1 == argc) {
+      fprintf(stderr, "dtensor-estimate: %s needs a value\n", a);
+      return 2;
     } else if (!strcmp(a, "--budget") && i + 1 < argc) {
       budget = parse_bytes(argv[++i]);
       if (budget <= 0) {
@@ -338,6 +341,19 @@ int main(int argc, char** argv) {
         snprintf(key, sizeof key, "%s", a + 2);
         for (char* p = key; *p; p++)
           if (*p == '-') *p = '_';
+        int known = !strcmp(key, "config") || !strcmp(key, "help");
+        for (int k = 0; !known && train_opts_key(k, NULL) != NULL; k++)
+          known = !strcmp(train_opts_key(k, NULL), key);
+        if (!known) {
+          fprintf(stderr, "dtensor-estimate: unknown flag %s (dtensor-estimate --help, train "
+                  "--help)\n", a);
+          return 2;
+        }
+        if ((!strcmp(key, "config") || !train_opts_is_switch(key)) && i + 1 == argc) {
+          /* the trainer would take the tool's --estimate-rank as its value */
+          fprintf(stderr, "dtensor-estimate: %s needs a value\n", a);
+          return 2;
+        }
         if (!strcmp(key, "config") && i + 1 < argc) {
           base[nbase++] = argv[++i]; /* read above */
         } else if (!train_opts_is_switch(key) && i + 1 < argc) {

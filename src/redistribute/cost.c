@@ -29,6 +29,7 @@
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "redistribute/redistribute.h"
 
@@ -586,6 +587,9 @@ dt_status_t dt_cost_model_check_string(const char* text, size_t len) {
 
 static dt_status_t dt__cost_model_load_impl(const char* path) {
   DT_ARG_NOT_NULL(path);
+  struct stat sb; /* a FIFO would block the open (dt_init loads $DTENSOR_COST_MODEL) */
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return DT_FAIL(DT_ERR_IO, "cost model '%s' is not a regular file", path);
   FILE* f = fopen(path, "rb");
   if (f == NULL) return DT_FAIL(DT_ERR_IO, "cannot open cost model '%s'", path);
   char* text = NULL;

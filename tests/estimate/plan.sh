@@ -20,8 +20,9 @@
 #  - --micro-batches 2: fewer activation bytes; --plan lists 2 and 4 micro-batches; a count that
 #    does not divide the batch, or leaves a data rank without a sequence, refused;
 #  - --config read first, the flags overriding it wherever they stand (a config's np 1 counts);
-#  - bad flags exit 2 with a message: no --np, a bad --budget (hexadecimal, below a byte, beyond
-#    8 EiB in its unit), --plan with a layout flag,
+#  - bad flags exit 2 with a message: no --np, a flag without its value, an unknown flag, a bad
+#    --budget (hexadecimal, below a byte, beyond 8 EiB in its unit), a model the library refuses
+#    (6 heads of 64 features), --plan with a layout flag,
 #    --estimate-rank (the tool's).
 set -uo pipefail
 EST=$1 TRAIN=$2
@@ -203,9 +204,10 @@ printf '{"np": 1, "dim": 64, "layers": 2, "heads": 4, "seq": 32, "batch": 8, "vo
 check "a config's np 1 is an --np" grep -q "^# ranks evaluated: 0;" "$W/cfg2.txt"
 
 # bad flags
-for args in "${M[*]}" "--np 4 --plan --loss-parallel" "--np 4 --budget lots" "--np 4 --budget 1e308TiB" "--np 4 --budget 0x10GiB" \
+for args in "${M[*]}" "--np 4 --plan --loss-parallel" "--np" "--np 4 --budget" "--np 4 --dim" \
+    "--np 4 --bogus 1" "--np 4 --budget lots" "--np 4 --budget 1e308TiB" "--np 4 --budget 0x10GiB" \
     "--np 4 --budget 0.5" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \
-            "--np 4 --routing-imbalance 0.5"; do
+    "--np 4 --routing-imbalance 0.5" "--np 2 --dim 64 --heads 6 --seq 32 --batch 8 --vocab 64"; do
   # shellcheck disable=SC2086
   "$EST" $args > "$W/bad.txt" 2>&1
   rc=$?
