@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "dtensor/dtensor.h"
 
@@ -207,6 +208,31 @@ static void make_parent_dirs(const char* file) {
   mkdir(dir, 0755);
 }
 
+/* Whether `file` can be written: its directory made (make_parent_dirs) and writable, and the
+ * file itself, when it exists, a writable regular file. errno says why not. */
+static int writable(const char* file) {
+  make_parent_dirs(file);
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", file);
+  char* slash = strrchr(dir, '/');
+  if (slash == NULL) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = '\0';
+  else *slash = '\0';
+  struct stat sb;
+  if (stat(file, &sb) == 0) {
+    if (!S_ISREG(sb.st_mode)) {
+      errno = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
+      return 0;
+    }
+    return access(file, W_OK) == 0;
+  }
+  if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+    errno = ENOTDIR;
+    return 0;
+  }
+  return access(dir, W_OK | X_OK) == 0;
+}
+
 /* The run's conditions, agreed over the world: the most ranks per usable core on any node and
  * the highest 1-minute load average per core before the run (-1 when unknown). */
 typedef struct {
@@ -358,7 +384,13 @@ int main(int argc, char** argv) {
       if (first_rank_env()) usage(stdout);
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
-      snprintf(path, sizeof path, "%s", argv[++i]);
+      if (argv[++i][0] == '\0' || strlen(argv[i]) >= sizeof path) {
+        if (first_rank_env())
+          fprintf(stderr, "dtensor-calibrate: -o needs a file name of 1 to %zu characters\n",
+                  sizeof path - 1);
+        return 2;
+      }
+      snprintf(path, sizeof path, "%s", argv[i]);
     } else if (!strcmp(argv[i], "-e") && i + 1 < argc) {
       errno = 0;
       maxb = strtol(argv[++i], &end, 10);
@@ -385,6 +417,12 @@ int main(int argc, char** argv) {
   if (nccl && compute_only) {
     if (first_rank_env())
       fprintf(stderr, "dtensor-calibrate: --nccl and --compute-only exclude each other\n");
+    return 2;
+  }
+  if (path[0] && !writable(path)) { /* now, not after minutes of measuring */
+    if (first_rank_env())
+      fprintf(stderr, "dtensor-calibrate: -o %s: cannot write there: %s\n", path,
+              strerror(errno));
     return 2;
   }
   if (dt_init(&argc, &argv) != DT_SUCCESS) {

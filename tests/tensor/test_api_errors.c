@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dt_test.h"
@@ -205,6 +206,13 @@ static void plan_and_cost_errors(dt_mesh_t mesh) {
   EXPECT(dt_cost_model_set(DT_COLL_ALL_GATHER, &bad), DT_ERR_INVALID_ARG, "bw_gbps");
   EXPECT(dt_cost_model_set((dt_collective_t)9, &before), DT_ERR_INVALID_ARG, "out of range");
   EXPECT(dt_cost_model_load("/nonexistent/dtensor_cost.json"), DT_ERR_IO, "cannot open");
+  EXPECT(dt_cost_model_load("/tmp"), DT_ERR_IO, "not a regular file");
+  char fifo[64]; /* opening a FIFO with no writer would block forever */
+  snprintf(fifo, sizeof fifo, "/tmp/dt_cost_fifo_%d", (int)getpid());
+  if (mkfifo(fifo, 0600) == 0) {
+    EXPECT(dt_cost_model_load(fifo), DT_ERR_IO, "not a regular file");
+    unlink(fifo);
+  }
   char path[64];
   snprintf(path, sizeof path, "/tmp/dt_cost_bad_%d.json", (int)getpid());
   FILE* f = fopen(path, "w");

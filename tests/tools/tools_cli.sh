@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools_cli.sh TRAIN EXPLAIN CALIBRATE COST_NOTICE MPIEXEC - the command-line tools:
 #   --help of train, dtensor-explain (and its subcommands) and dtensor-calibrate exits 0 without
-#   mpirun and lists the flags on stdout; a bad flag exits 2;
+#   mpirun and lists the flags on stdout; a bad flag exits 2 (-o checked before measuring: an empty
+#   or overlong name, a path it cannot write);
 #   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
 #   nothing written, and written with --force, its "compute" model too (positive rates, printed);
@@ -47,6 +48,13 @@ expect 0 "$calib" --help
 lists "dtensor-calibrate --help" "-o FILE" "-e MAX_BYTES" --force "cost_model.json"
 expect 2 "$calib" --bogus
 expect 2 "$calib" -e lots
+# -o checked before measuring: an empty or overlong name, a path through a file, a directory
+expect 2 "$calib" -o ""
+expect 2 "$calib" -o "/tmp/$(printf 'a%.0s' $(seq 1 1100))"
+touch "$tmp/plain"
+expect 2 "$calib" -o "$tmp/plain/model.json"
+grep -q "cannot write there: Not a directory" "$tmp/err" || fail "calibrate -o through a file: $(cat "$tmp/err")"
+expect 2 "$calib" -o "$tmp"
 expect 2 mpi -np 1 "$train" --bogus-flag
 grep -q -- "--help" "$tmp/err" || fail "train's bad-flag message does not point at --help"
 
