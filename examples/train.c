@@ -197,6 +197,15 @@ static int usage_error(const char* fmt, ...) {
 /* A failed library call ends the run: the library's message first, the call after it; exit
  * status 2 where the library refused a value (the flags asked for something it cannot do: a
  * usage error, as usage_error's), else 1. */
+/* " / --micro-batches M (= N sequences a pass)" after a --batch in a message, "" for one pass. */
+static const char* mb_note(int batch, int micro) {
+  static char note[96];
+  if (micro <= 1) return "";
+  snprintf(note, sizeof note, " / --micro-batches %d (= %d sequences a pass)", micro,
+           batch / micro);
+  return note;
+}
+
 #define CHECK(call)                                                                         \
   do {                                                                                      \
     dt_status_t st_ = (call);                                                               \
@@ -647,6 +656,10 @@ int train_main(int argc, char** argv) {
   }
   g_sim = o.estimate_only;
   if (g_sim) {
+    if (o.steps < 1) {
+      if (g_lead) fprintf(stderr, "train: --estimate-only estimates a step: --steps 0 has none\n");
+      return 2;
+    }
     if (o.estimate_rank >= o.np) {
       if (g_lead) fprintf(stderr, "train: --estimate-rank %d: the world has --np %d ranks\n",
                           o.estimate_rank, o.np);
@@ -747,8 +760,9 @@ int train_main(int argc, char** argv) {
                          kv, !o.sp ? "" : CP > 1 ? " and --seq / --cp (sequence parallel)"
                                                  : " and --seq (sequence parallel)");
     if (D * E > 1 && o.batch / o.micro_batches < D * E)
-      return usage_error("the batch is sharded over %d data ranks: --batch %d%s is smaller", D * E,
-                         o.batch / o.micro_batches, o.micro_batches > 1 ? " / --micro-batches" : "");
+      return usage_error("the batch is sharded over %d data ranks: --batch %d%s is smaller",
+                         D * E, o.micro_batches > 1 ? o.batch : o.batch / o.micro_batches,
+                         mb_note(o.batch, o.micro_batches));
   } else if (o.sp || o.loss_parallel) {
     return usage_error("--sp and --loss-parallel go with --tp");
   }
@@ -776,8 +790,7 @@ int train_main(int argc, char** argv) {
                        o.parallel);
   if ((ddp || fsdp || hsdp) && o.batch / o.micro_batches < world) /* pconf checked its own */
     return usage_error("--parallel %s shards the batch over the %d ranks: --batch %d%s is smaller",
-                       o.parallel, world, o.batch / o.micro_batches,
-                       o.micro_batches > 1 ? " / --micro-batches" : "");
+                       o.parallel, world, o.batch, mb_note(o.batch, o.micro_batches));
   if ((fsdp || hsdp) && o.reshard_after_forward > 1 &&
       mshape[mnd - 1] % o.reshard_after_forward != 0)
     return usage_error("--reshard-after-forward %d must divide the shard dim's %d ranks",
