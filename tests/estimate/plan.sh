@@ -163,7 +163,7 @@ check "--micro-batches 3 with --batch 8: refused (exit 2)" \
 "$TRAIN" --estimate-only --np 4 "${M[@]}" --parallel fsdp --micro-batches 4 > "$W/mb4.txt" 2>&1
 rc=$?
 check "--micro-batches 4 leaves 2 sequences for 4 ranks: refused (exit 2)" \
-  bash -c "[ $rc = 2 ] && grep -q 'batch 2 / --micro-batches is smaller' '$W/mb4.txt'"
+  bash -c "[ $rc = 2 ] && grep -q 'batch 8 / --micro-batches 4 (= 2 sequences a pass) is smaller' '$W/mb4.txt'"
 
 # --device cuda: the CUDA kernels' figures where the build has them, else the host's, said once
 "$TRAIN" --estimate-only --np 2 "${M[@]}" --parallel fsdp --device cuda > "$W/dev.txt" 2>&1
