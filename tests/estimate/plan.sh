@@ -102,26 +102,23 @@ check "--machine h100: the same parameters, gradients, optimizer state, activati
 rc=$?
 check "--machine missing file: exit 2 with a message" \
   bash -c "[ $rc = 2 ] && grep -q 'not h100 or h200, and not a readable file' '$W/m1.txt'"
-echo '{"compute": {"gemm_gflops": -1}}' > "$W/bad.json"
-"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad.json" > "$W/m2.txt" 2>&1
-check "--machine bad compute: refused naming gemm_gflops" grep -q "gemm_gflops" "$W/m2.txt"
-echo '{"inter_node": {"all_gather": {"base_us": 1}}}' > "$W/bad2.json"
-"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad2.json" > "$W/m3.txt" 2>&1
-check "--machine bad inter_node: refused naming the entry" grep -q '"inter_node": "all_gather"' "$W/m3.txt"
-# inter_node checked whether or not a dim spans nodes: a misspelt collective, a zero bandwidth
-echo '{"inter_node": {"all_gahter": {"base_us": 1, "hop_us": 1, "bw_gbps": 1}}}' > "$W/bad3.json"
-"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad3.json" > "$W/m4.txt" 2>&1
-rc=$?
-check "--machine inter_node with a misspelt key: exit 2 naming it" \
-  bash -c "[ $rc = 2 ] && grep -q 'unknown key \"all_gahter\"' '$W/m4.txt'"
-echo '{"inter_node": {"all_gather": {"base_us": 1, "hop_us": 1, "bw_gbps": 0}}}' > "$W/bad4.json"
-"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad4.json" > "$W/m5.txt" 2>&1
-rc=$?
-check "--machine inter_node bandwidth 0, no dim across nodes: exit 2" \
-  bash -c "[ $rc = 2 ] && grep -q 'bw_gbps = 0 out of range' '$W/m5.txt'"
-echo '{"compute": {"gemm_gflops": 10, "gemm_gflops": 1e30}}' > "$W/bad5.json"
-"$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/bad5.json" > "$W/m6.txt" 2>&1
-check "--machine with a repeated key: refused" grep -q 'given twice' "$W/m6.txt"
+# bad machine files: exit 2 with the reason (inter_node checked whether or not a dim spans nodes)
+bad_machine() { # DESCRIPTION JSON PATTERN
+  printf '%s' "$2" > "$W/badm.json"
+  "$EST" --np 4 "${M[@]}" --parallel fsdp --machine "$W/badm.json" > "$W/badm.txt" 2>&1
+  local rc=$?
+  check "--machine $1: exit 2 naming it" bash -c "[ $rc = 2 ] && grep -qF -- '$3' '$W/badm.txt'"
+}
+bad_machine "bad compute" '{"compute": {"gemm_gflops": -1}}' 'gemm_gflops'
+bad_machine "bad inter_node" '{"inter_node": {"all_gather": {"base_us": 1}}}' \
+  '"inter_node": "all_gather"'
+bad_machine "inter_node with a misspelt key" \
+  '{"inter_node": {"all_gahter": {"base_us": 1, "hop_us": 1, "bw_gbps": 1}}}' \
+  'unknown key "all_gahter"'
+bad_machine "inter_node bandwidth 0, no dim across nodes" \
+  '{"inter_node": {"all_gather": {"base_us": 1, "hop_us": 1, "bw_gbps": 0}}}' \
+  'bw_gbps = 0 out of range'
+bad_machine "a repeated key" '{"compute": {"gemm_gflops": 10, "gemm_gflops": 1e30}}' 'given twice'
 "$EST" --np 4 "${M[@]}" --parallel fsdp --machine h100 --gpus-per-node 2 > "$W/inter.txt" 2>&1
 t_inter=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/inter.txt")
 t_intra=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/h100.txt")
