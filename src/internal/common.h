@@ -37,12 +37,40 @@ enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_MESH = 1u << 1, DT_DBG_COLLECTIVES 
 unsigned dt__debug_mask(void);
 void dt__log(const char* subsys, const char* fmt, ...) DT__PRINTF(2, 3);
 
+/* The hot host loops (element-wise, softmax, norms, reductions, AdamW, dtype conversions) are compiled three times,
+ * for AVX-512, AVX2 and baseline x86-64, and the loader picks one for the CPU it runs on (GCC's
+ * function multiversioning, a glibc ifunc): the library itself is built for baseline x86-64
+ * (SSE2). Every clone computes the same values bit for bit: ISO C mode contracts no a * b + c
+ * into an FMA (-ffp-contract=off) and nothing is reassociated, so only the vector width differs.
+ * Put on a function holding the loops (its static callees are inlined into each clone); not on
+ * one whose products pair into a * b +- c * d, which GCC's vectorizer fuses into AVX-512's
+ * vfmaddsub even with -ffp-contract=off (rotary: found by review, 1 ulp apart).
+ * tools/check_simd.sh (a ctest) fails the build's tests if a clone holds a fused multiply-add.
+ * glibc only: the loader's ifunc picks the clone (musl has none). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
+#define DT_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DT_SIMD
+#endif
+
 /* dtype helpers (dtype must already be validated). */
 size_t dt__itemsize(dt_dtype_t dtype);
 int dt__dtype_valid(int dtype);
 int dt__dtype_is_float(dt_dtype_t dtype);
-float dt__bf16_to_f32(uint16_t h);
-uint16_t dt__f32_to_bf16(float f);
+/* bf16 <-> f32 inline, so that the loops calling them vectorize (dt__host_convert's). */
+static inline float dt__bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t dt__f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
 float dt__f16_to_f32(uint16_t h);
 uint16_t dt__f32_to_f16(float f);
 /* Stores double v into element i of a buffer of dtype (rounding for bf16/f16, truncation

@@ -53,21 +53,6 @@ dt_status_t dt__op2(int id, dt_tensor_t a, dt_tensor_t b, dt_tensor_t* out);
 dt_status_t dt__opa(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
                     int n_fargs, const double* fargs, dt_tensor_t* out);
 
-/* The hot host loops (element-wise, softmax, norms, reductions, AdamW) are compiled three times,
- * for AVX-512, AVX2 and baseline x86-64, and the loader picks one for the CPU it runs on (GCC's
- * function multiversioning, a glibc ifunc): the library itself is built for baseline x86-64
- * (SSE2). Every clone computes the same values bit for bit: ISO C mode contracts no a * b + c
- * into an FMA (-ffp-contract=off) and nothing is reassociated, so only the vector width differs.
- * Put on a function holding the loops (its static callees are inlined into each clone); not on
- * one whose products pair into a * b +- c * d, which GCC's vectorizer fuses into AVX-512's
- * vfmaddsub even with -ffp-contract=off (rotary: found by review, 1 ulp apart).
- * tools/check_simd.sh (a ctest) fails the build's tests if a clone holds a fused multiply-add.
- * glibc only: the loader's ifunc picks the clone (musl has none). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
-#define DT_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DT_SIMD
-#endif
 
 /* expf(x) for f32 kernels, written so that GCC vectorizes the loops that call it (libm's expf is
  * a call per element): Cephes' range reduction x = n ln2 + r, |r| <= ln2 / 2, a degree-6
