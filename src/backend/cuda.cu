@@ -233,7 +233,8 @@ extern "C" dt_status_t DT_CUDA_NAME(device_key)(dt_backend_t b, uint64_t* key) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * device helpers: the host's dtype conversions (src/core/util.c), bit for bit */
+ * device helpers: the host's dtype conversions (src/internal/common.h, src/core/util.c), bit
+ * for bit */
 
 #define DT_CU_FOR(i, n)                                                      \
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \

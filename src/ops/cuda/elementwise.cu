@@ -9,8 +9,8 @@
  * __fmul_rn / __fadd_rn so that nvcc cannot contract a * b + c into an fma: those results match
  * the host bit for bit. Library math (logf, tanhf, erff, powf) is CUDA's, within its documented
  * few ulp of glibc. Conversions (cast, bf16/f16 storage of scale_ and adamw) use the host's own
- * rounding and NaN rules (dt__f32_to_bf16 and friends in src/core/util.c), not the CUDA
- * intrinsics, whose NaN encodings differ.
+ * rounding and NaN rules (dt__f32_to_bf16 and friends: src/internal/common.h, src/core/util.c),
+ * not the CUDA intrinsics, whose NaN encodings differ.
  */
 #include <limits.h>
 #include <math.h>
@@ -108,8 +108,9 @@ __device__ __forceinline__ double dt_ew_dadd(double a, double b) {
 #endif
 }
 
-/* bf16 / f16 bits <-> f32 with the host's rules (src/core/util.c): round to nearest even, a NaN
- * keeps its sign and payload where the format can (CUDA's intrinsics return a canonical NaN). */
+/* bf16 / f16 bits <-> f32 with the host's rules (src/internal/common.h, src/core/util.c): round
+ * to nearest even, a NaN keeps its sign and payload where the format can (CUDA's intrinsics
+ * return a canonical NaN). */
 __device__ __forceinline__ float dt_ew_bf16_to_f32(uint16_t h) {
   return __uint_as_float((uint32_t)h << 16);
 }
