@@ -194,9 +194,6 @@ static int usage_error(const char* fmt, ...) {
   return 2;
 }
 
-/* A failed library call ends the run: the library's message first, the call after it; exit
- * status 2 where the library refused a value (the flags asked for something it cannot do: a
- * usage error, as usage_error's), else 1. */
 /* " / --micro-batches M (= N sequences a pass)" after a --batch in a message, "" for one pass. */
 static const char* mb_note(int batch, int micro) {
   static char note[96];
@@ -206,6 +203,9 @@ static const char* mb_note(int batch, int micro) {
   return note;
 }
 
+/* A failed library call ends the run: the library's message first, the call after it; exit
+ * status 2 where the library refused a value (the flags asked for something it cannot do: a
+ * usage error, as usage_error's), else 1. */
 #define CHECK(call)                                                                         \
   do {                                                                                      \
     dt_status_t st_ = (call);                                                               \
@@ -311,8 +311,15 @@ static int load_machine(const char* machine, char* err, size_t cap) {
       snprintf(err, cap, "--machine %s: \"inter_node\" must be an object", machine);
       rc = 1;
     } else if (in != NULL) { /* every entry checked now, whether a dim spans nodes or not */
-      char* it = cJSON_PrintUnformatted(in);
-      if (it == NULL || dt_cost_model_check_string(it, strlen(it)) != DT_SUCCESS) {
+      for (cJSON* e = in->child; e != NULL && rc == 0; e = e->next) /* collectives only */
+        if (e->string == NULL || !strcmp(e->string, "compute") || !strcmp(e->string, "nccl") ||
+            !strcmp(e->string, "inter_node") || !strcmp(e->string, "local")) {
+          snprintf(err, cap, "--machine %s: \"inter_node\": \"%s\" is not a collective priced "
+                   "across nodes", machine, e->string ? e->string : "");
+          rc = 1;
+        }
+      char* it = rc == 0 ? cJSON_PrintUnformatted(in) : NULL;
+      if (rc == 0 && (it == NULL || dt_cost_model_check_string(it, strlen(it)) != DT_SUCCESS)) {
         const char* why = it == NULL ? "no memory" : dt_last_error();
         const char* at = strstr(why, "cost model text: "); /* the library's prefix, renamed */
         snprintf(err, cap, "--machine %s: \"inter_node\": %s", machine,

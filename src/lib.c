@@ -11,16 +11,17 @@
 #include "strategy/strategy.h"
 
 /* redistribute: the calibrated cost model ($DTENSOR_COST_MODEL or the per-user file). A missing
- * file is fine; a broken one is reported (rank 0) but fails nothing, and the caller's last-error
- * text stays what it was. */
-static void dt__cost_model_autoload_reported(void) {
+ * file is fine; a broken one is reported (rank 0, or any simulated rank: each is alone in its
+ * process) but fails nothing, and the caller's last-error text stays what it was. */
+static void dt__cost_model_autoload_reported(int simulated) {
   char saved[1024];
   snprintf(saved, sizeof saved, "%s", dt_last_error());
-  if (dt__cost_model_autoload() != DT_SUCCESS) {
+  if (dt__cost_model_autoload(simulated) != DT_SUCCESS) {
     const char* why = dt_last_error(); /* "dt_init: ...": the log line needs no entry */
     if (strncmp(why, "dt_init: ", 9) == 0) why += 9;
     if (strncmp(why, "dt_init_simulated: ", 19) == 0) why += 19;
-    if (dt__world_rank() == 0) dt__log("cost", "ignoring calibrated cost model: %s", why);
+    if (simulated || dt__world_rank() == 0)
+      dt__log("cost", "ignoring calibrated cost model: %s", why);
     dt__error_restore(saved);
   }
 }
@@ -41,7 +42,7 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
   }
   dt__comm_mpi_set_owned(we_init_mpi);
   dt_memory_reset_peak(); /* backend: a new world's peaks (an estimate may have run before) */
-  dt__cost_model_autoload_reported();
+  dt__cost_model_autoload_reported(0);
   const char* blas = dt__cpu_blas_notice(); /* backend: a CPU OpenBLAS does not know */
   const char* quiet = getenv("DTENSOR_QUIET");
   if (blas != NULL && dt__world_rank() == 0 &&
@@ -65,7 +66,7 @@ static dt_status_t dt__init_simulated_impl(int world_size, int rank) {
   DT_CHECK(dt__ctx_init_simulated(world_size, rank)); /* mesh: a world without MPI */
   dt__backend_meta_target(DT_KERNELS_HOST); /* backend: host kernels until dt_sim_set_device */
   dt_memory_reset_peak();
-  dt__cost_model_autoload_reported(); /* as dt_init loads it: the same plans */
+  dt__cost_model_autoload_reported(1); /* as dt_init loads it: the same plans */
   return DT_SUCCESS;
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# check_simd.sh - fails when a CPU-specific clone of a host kernel (DT_SIMD in src/ops/ops.h: the
-# `.avx2` and `.avx512f` functions GCC's target_clones makes) holds a fused multiply-add. The
-# clones must compute what the baseline build computes, bit for bit; an FMA rounds once where the
-# baseline rounds twice (GCC's vectorizer can fuse a * b +- c * d even with -ffp-contract=off).
+# check_simd.sh - fails when a CPU-specific clone of a host kernel (DT_SIMD in
+# src/internal/common.h: the `.avx2` and `.avx512f` functions GCC's target_clones makes) holds a
+# fused multiply-add. The clones must compute what the baseline build computes, bit for bit; an
+# FMA rounds once where the baseline rounds twice (GCC's vectorizer can fuse a * b +- c * d even
+# with -ffp-contract=off).
 #
 #   tools/check_simd.sh LIBRARY        (libdtensor.so or libdtensor.a)
 #

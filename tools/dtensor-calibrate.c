@@ -208,29 +208,37 @@ static void make_parent_dirs(const char* file) {
   mkdir(dir, 0755);
 }
 
-/* Whether `file` can be written: its directory made (make_parent_dirs) and writable, and the
- * file itself, when it exists, a writable regular file. errno says why not. */
+/* Whether `file` can be written, without creating anything: it exists and is not a directory or
+ * a FIFO (a device such as /dev/null will do) and is writable; or its nearest existing ancestor
+ * is a writable directory (make_parent_dirs makes the rest at the save). errno says why not. */
 static int writable(const char* file) {
-  make_parent_dirs(file);
-  char dir[1024];
-  snprintf(dir, sizeof dir, "%s", file);
-  char* slash = strrchr(dir, '/');
-  if (slash == NULL) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = '\0';
-  else *slash = '\0';
   struct stat sb;
   if (stat(file, &sb) == 0) {
-    if (!S_ISREG(sb.st_mode)) {
+    if (S_ISDIR(sb.st_mode) || S_ISFIFO(sb.st_mode)) {
       errno = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
       return 0;
     }
     return access(file, W_OK) == 0;
   }
-  if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-    errno = ENOTDIR;
-    return 0;
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", file);
+  for (;;) {
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) {
+      snprintf(dir, sizeof dir, ".");
+    } else if (slash == dir) {
+      dir[1] = '\0';
+    } else {
+      *slash = '\0';
+      if (stat(dir, &sb) != 0) continue; /* not there yet: the level above decides */
+    }
+    if (stat(dir, &sb) != 0) return 0;
+    if (!S_ISDIR(sb.st_mode)) {
+      errno = ENOTDIR;
+      return 0;
+    }
+    return access(dir, W_OK | X_OK) == 0;
   }
-  return access(dir, W_OK | X_OK) == 0;
 }
 
 /* The run's conditions, agreed over the world: the most ranks per usable core on any node and
@@ -384,10 +392,11 @@ int main(int argc, char** argv) {
       if (first_rank_env()) usage(stdout);
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
-      if (argv[++i][0] == '\0' || strlen(argv[i]) >= sizeof path) {
+      const size_t len = strlen(argv[++i]);
+      if (len == 0 || len >= sizeof path || argv[i][len - 1] == '/') {
         if (first_rank_env())
-          fprintf(stderr, "dtensor-calibrate: -o needs a file name of 1 to %zu characters\n",
-                  sizeof path - 1);
+          fprintf(stderr, "dtensor-calibrate: -o needs a file name of 1 to %zu characters, not "
+                  "a directory ('%s')\n", sizeof path - 1, len < 64 ? argv[i] : "...");
         return 2;
       }
       snprintf(path, sizeof path, "%s", argv[i]);
@@ -419,10 +428,9 @@ int main(int argc, char** argv) {
       fprintf(stderr, "dtensor-calibrate: --nccl and --compute-only exclude each other\n");
     return 2;
   }
-  if (path[0] && !writable(path)) { /* now, not after minutes of measuring */
-    if (first_rank_env())
-      fprintf(stderr, "dtensor-calibrate: -o %s: cannot write there: %s\n", path,
-              strerror(errno));
+  if (path[0] && first_rank_env() && !writable(path)) { /* the writer, now, not after minutes
+                                                          * of measuring (mpirun ends the rest) */
+    fprintf(stderr, "dtensor-calibrate: -o %s: cannot write there: %s\n", path, strerror(errno));
     return 2;
   }
   if (dt_init(&argc, &argv) != DT_SUCCESS) {

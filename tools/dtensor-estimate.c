@@ -164,18 +164,17 @@ static void first_line(char* dst, size_t cap, const char* s) {
   dst[n] = '\0';
 }
 
-/* The reason in a failed child's stderr: its first line that is not one of the library's
- * notices ("[dtensor ...] ...", e.g. which cost model it loaded), else its first line. */
+/* The reason in a failed child's stderr: its last line that is not one of the library's notices
+ * ("[dtensor ...] ...", e.g. which cost model it loaded); the trainer's notes (--device's) come
+ * before the refusal that ends it. Else its first line. */
 static void reason_line(char* dst, size_t cap, const char* err) {
+  const char* last = NULL;
   for (const char* p = err; *p;) {
     while (*p == '\n') p++;
-    if (*p && strncmp(p, "[dtensor", 8) != 0) {
-      first_line(dst, cap, p);
-      return;
-    }
+    if (*p && strncmp(p, "[dtensor", 8) != 0) last = p;
     p += strcspn(p, "\n");
   }
-  first_line(dst, cap, err);
+  first_line(dst, cap, last ? last : err);
 }
 
 /* Estimates one layout (base args + layout args) on every rank of `ranks`; the worst rank's

@@ -164,8 +164,8 @@ DT_API dt_status_t dt_split(dt_tensor_t x, int64_t size, int dim, dt_tensor_t* o
                             int* n);
 DT_API dt_status_t dt_chunks(dt_tensor_t x, int n_chunks, int dim, dt_tensor_t* outs, int cap,
                             int* n);
-/* Attention: q (B, H, S, D), k and v (B, G, T, D|E) with H a multiple of G; scale <= 0 means
- * 1/sqrt(D). Rotary: interleaved pairs of the last dim, positions = global index on seq_dim. */
+/* Attention: q (B, H, S, D), k and v (B, G, T, D|E) with H a multiple of G; scale <= 0 (or NaN)
+ * means 1/sqrt(D), an infinite one is refused. Rotary: interleaved pairs of the last dim, positions = global index on seq_dim. */
 DT_API dt_status_t dt_sdpa(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int causal, double scale,
                            dt_tensor_t* out);
 DT_API dt_status_t dt_rotary(dt_tensor_t x, int seq_dim, double theta, dt_tensor_t* out);
@@ -201,7 +201,8 @@ DT_API int64_t dt_cp_position(int64_t index, int64_t seq, int cp);
  * Dtypes: q, k, v share one float dtype; bf16/f16 are cast to f32 copies after the moves (the
  * blocks compute and the ring moves f32), the output and the gradients come back in the inputs'
  * dtype. Errors: DT_ERR_INVALID_ARG for shapes, mixed or integer dtypes, a sequence that is not a
- * multiple of 2n (balanced) or n, a mesh_dim out of range. scale <= 0: 1/sqrt(D). */
+ * multiple of 2n (balanced) or n, a mesh_dim out of range, an infinite scale. scale <= 0 (or
+ * NaN): 1/sqrt(D). */
 DT_API dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int mesh_dim,
                                      int causal, int balanced, double scale, dt_tensor_t* out);
 /* Asynchronous tensor parallelism (ops "all_gather_linear" and "linear_reduce_scatter"): the two

@@ -155,12 +155,15 @@ static dt_status_t dt__cp_relayout(struct dt_llama* m, dt_tape_t tape, dt_var_t 
     else if (m->cp_rows[i].kind != DT_SHARD && xp[i].kind == DT_REPLICATE)
       pl[i] = dt_replicate();
     else
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "context parallelism: attention %s of %d dims placed "
-                     "%s(%d) on mesh dim %d (expected %s)", to_rows ? "output" : "input", nd,
-                     xp[i].kind == DT_PARTIAL ? "Partial" : xp[i].kind == DT_SHARD ? "Shard"
-                     : "Replicate", xp[i].kind == DT_SHARD ? xp[i].dim : 0, i,
+    {
+      char got[32];
+      if (xp[i].kind == DT_SHARD) snprintf(got, sizeof got, "Shard(%d)", xp[i].dim);
+      else snprintf(got, sizeof got, "%s", xp[i].kind == DT_PARTIAL ? "Partial" : "Replicate");
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "context parallelism: attention %s of %d dims placed %s "
+                     "on mesh dim %d (expected %s)", to_rows ? "output" : "input", nd, got, i,
                      m->cp_rows[i].kind == DT_SHARD ? "the tokens' shards"
                                                     : "Replicate or its heads sharded");
+    }
   }
   dt_var_t xl, xr, like;
   dt_tensor_t lt;

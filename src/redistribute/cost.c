@@ -691,7 +691,7 @@ dt_status_t dt_cost_model_save(const char* path) {
 
 /* A loaded model changes every plan's choices, so rank 0 says which file it came from (one line
  * on stderr) unless DTENSOR_QUIET is set (to anything but "" or "0"). */
-dt_status_t dt__cost_model_autoload(void) {
+dt_status_t dt__cost_model_autoload(int any_rank) {
   const char* env = getenv("DTENSOR_COST_MODEL");
   if (env != NULL && strcmp(env, "none") == 0) return DT_SUCCESS; /* built-in defaults only */
   char path[1024];
@@ -702,14 +702,14 @@ dt_status_t dt__cost_model_autoload(void) {
     const char* home = getenv("HOME");
     if (home == NULL) return DT_SUCCESS;
     snprintf(path, sizeof path, "%s/.cache/dtensor/cost_model.json", home);
-    FILE* f = fopen(path, "rb");
-    if (f == NULL) return DT_SUCCESS;
-    fclose(f);
+    struct stat sb; /* present or not (not opened here: a FIFO would block) */
+    if (stat(path, &sb) != 0) return DT_SUCCESS;
     from = "the per-user default; DTENSOR_COST_MODEL=none ignores it";
   }
   DT_CHECK(dt_cost_model_load(path));
   const char* quiet = getenv("DTENSOR_QUIET");
-  if (dt__world_rank() == 0 && (quiet == NULL || quiet[0] == '\0' || strcmp(quiet, "0") == 0))
+  if ((any_rank || dt__world_rank() == 0) &&
+      (quiet == NULL || quiet[0] == '\0' || strcmp(quiet, "0") == 0))
     dt__log("cost", "calibrated cost model %s (%s)", path, from);
   return DT_SUCCESS;
 }

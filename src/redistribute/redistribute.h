@@ -74,8 +74,9 @@ const dt_compute_params_t* dt__compute_model(void);
  * ends on the simulated clock; 0 and nothing done outside a simulation. */
 double dt__sim_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, dt_coll_algo_t algo,
                           int n, uint64_t nbytes, int async);
-/* Loads $DTENSOR_COST_MODEL or $HOME/.cache/dtensor/cost_model.json when present (dt_init). */
-dt_status_t dt__cost_model_autoload(void);
+/* Loads $DTENSOR_COST_MODEL or $HOME/.cache/dtensor/cost_model.json when present (dt_init),
+ * saying which on rank 0 (any_rank: on this rank whatever it is: a simulated rank is alone). */
+dt_status_t dt__cost_model_autoload(int any_rank);
 
 /* ---- executor (src/redistribute/execute.c) ------------------------------------------------- */
 /* Scratch of one execution: the backend's persistent workspace (owned = 0, blocking) or buffers

@@ -119,6 +119,8 @@ bad_machine "inter_node bandwidth 0, no dim across nodes" \
   '{"inter_node": {"all_gather": {"base_us": 1, "hop_us": 1, "bw_gbps": 0}}}' \
   'bw_gbps = 0 out of range'
 bad_machine "a repeated key" '{"compute": {"gemm_gflops": 10, "gemm_gflops": 1e30}}' 'given twice'
+bad_machine "inter_node holding compute" '{"inter_node": {"compute": {"op_us": 1}}}' \
+  'is not a collective priced across nodes'
 "$EST" --np 4 "${M[@]}" --parallel fsdp --machine h100 --gpus-per-node 2 > "$W/inter.txt" 2>&1
 t_inter=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/inter.txt")
 t_intra=$(sed -n 's/^estimate_step.*comm_ms=\([0-9.]*\).*/\1/p' "$W/h100.txt")
@@ -191,6 +193,22 @@ env -u DTENSOR_QUIET DTENSOR_COST_MODEL="$W/bad.json" "$TRAIN" --estimate-only -
   > "$W/cm3.txt" 2>&1
 check "a simulated run says it ignores a broken cost model, as dt_init does" \
   grep -q "ignoring calibrated cost model: .*bad.json" "$W/cm3.txt"
+env -u DTENSOR_QUIET DTENSOR_COST_MODEL="$W/bad.json" "$TRAIN" --estimate-only --np 4 \
+  --estimate-rank 3 "${M[@]}" > "$W/cm4.txt" 2>&1
+check "... on any simulated rank (each is alone in its process)" \
+  grep -q "ignoring calibrated cost model" "$W/cm4.txt"
+# a FIFO as the per-user default is reported, not opened (it would block dt_init)
+mkdir -p "$W/fhome/.cache/dtensor" && mkfifo "$W/fhome/.cache/dtensor/cost_model.json"
+env -u DTENSOR_QUIET -u DTENSOR_COST_MODEL HOME="$W/fhome" timeout 60 "$TRAIN" --estimate-only \
+  --np 2 "${M[@]}" > "$W/cm5.txt" 2>&1
+rc=$?
+check "a FIFO as the per-user cost model: the run ends (rc $rc), saying it is not a regular file" \
+  bash -c "[ $rc = 0 ] && grep -q 'not a regular file' '$W/cm5.txt'"
+# the trainer's --device note (a build without CUDA kernels prints one) does not hide a refusal
+"$EST" --np 4 "${M[@]}" --device cuda --tp 3 > "$W/dev3.txt" 2>&1
+rc=$?
+check "--device cuda --tp 3: exit 2 with the trainer's reason" \
+  bash -c "[ $rc = 2 ] && grep -q 'dtensor-estimate: train: .*the world has 4' '$W/dev3.txt'"
 
 # --config is read first and the flags override it wherever they stand (as the trainer does)
 printf '{"np": 2, "dim": 64, "layers": 2, "heads": 4, "seq": 32, "batch": 8, "vocab": 64}' > "$W/np2.json"

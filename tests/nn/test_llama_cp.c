@@ -103,12 +103,14 @@ int main(int argc, char** argv) {
                    "tokens on a 2-D mesh: %s: %s", dt_status_name(st), dt_last_error());
     DT_ASSERT_OK(dt_mesh_destroy(other));
     DT_ASSERT_OK(dt_llama_destroy(cpm));
-    /* seq_len 8 splits into 2 n chunks only up to n = 4 */
-    if (SEQ % (2 * g_world) != 0) {
-      DT_ASSERT_OK(dt_llama_create(world, &c, NULL, &cpm));
-      DT_ASSERT_STATUS(dt_llama_set_context_parallel(cpm, 0), DT_ERR_INVALID_ARG);
-      DT_ASSERT_OK(dt_llama_destroy(cpm));
-    }
+    /* a seq_len of 2 n + 2 does not split into 2 n chunks */
+    dt_llama_config_t odd = c;
+    odd.seq_len = 2 * g_world + 2;
+    DT_ASSERT_OK(dt_llama_create(world, &odd, NULL, &cpm));
+    DT_ASSERT_STATUS(dt_llama_set_context_parallel(cpm, 0), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "must be a multiple of") != NULL, "message: %s",
+                   dt_last_error());
+    DT_ASSERT_OK(dt_llama_destroy(cpm));
   }
   DT_ASSERT_OK(dt_llama_destroy(ref));
   DT_ASSERT_OK(dt_mesh_destroy(m2));

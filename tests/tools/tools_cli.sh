@@ -55,6 +55,8 @@ touch "$tmp/plain"
 expect 2 "$calib" -o "$tmp/plain/model.json"
 grep -q "cannot write there: Not a directory" "$tmp/err" || fail "calibrate -o through a file: $(cat "$tmp/err")"
 expect 2 "$calib" -o "$tmp"
+expect 2 "$calib" -o "$tmp/newdir/sub/"
+[ -e "$tmp/newdir" ] && fail "a refused -o created $tmp/newdir"
 expect 2 mpi -np 1 "$train" --bogus-flag
 grep -q -- "--help" "$tmp/err" || fail "train's bad-flag message does not point at --help"
 
