@@ -276,6 +276,16 @@ static double measure_peak(void) {
 /* --machine: loads the figures (a preset or a file) into the cost and compute models and keeps
  * its "inter_node" entries for price_dims. 0 on success, else a message in err. */
 static cJSON* g_inter; /* the machine's inter_node object (NULL: every dim priced alike) */
+
+/* The inter_node key of collective c (not "local") with algorithm a (1: the all-to-all form of
+ * all_reduce and reduce_scatter) into key; 0 where (c, a) has none. */
+static int inter_node_key(int c, int a, char* key, size_t cap) {
+  if (c < 1 || c >= DT_COLL_COUNT || (a == 1 && c != DT_COLL_ALL_REDUCE &&
+                                      c != DT_COLL_REDUCE_SCATTER))
+    return 0;
+  snprintf(key, cap, "%s%s", dt_collective_name((dt_collective_t)c), a ? "_a2a" : "");
+  return 1;
+}
 static int load_machine(const char* machine, char* err, size_t cap) {
   const char* text = NULL;
   char* file = NULL;
@@ -311,13 +321,19 @@ static int load_machine(const char* machine, char* err, size_t cap) {
       snprintf(err, cap, "--machine %s: \"inter_node\" must be an object", machine);
       rc = 1;
     } else if (in != NULL) { /* every entry checked now, whether a dim spans nodes or not */
-      for (cJSON* e = in->child; e != NULL && rc == 0; e = e->next) /* collectives only */
-        if (e->string == NULL || !strcmp(e->string, "compute") || !strcmp(e->string, "nccl") ||
-            !strcmp(e->string, "inter_node") || !strcmp(e->string, "local")) {
+      for (cJSON* e = in->child; e != NULL && rc == 0; e = e->next) { /* price_dim's keys only */
+        int priced = 0;
+        for (int c = 1; c < DT_COLL_COUNT && !priced; c++)
+          for (int a = 0; a < 2 && !priced; a++) {
+            char key[64];
+            priced = inter_node_key(c, a, key, sizeof key) && e->string && !strcmp(key, e->string);
+          }
+        if (!priced) {
           snprintf(err, cap, "--machine %s: \"inter_node\": \"%s\" is not a collective priced "
                    "across nodes", machine, e->string ? e->string : "");
           rc = 1;
         }
+      }
       char* it = rc == 0 ? cJSON_PrintUnformatted(in) : NULL;
       if (rc == 0 && (it == NULL || dt_cost_model_check_string(it, strlen(it)) != DT_SUCCESS)) {
         const char* why = it == NULL ? "no memory" : dt_last_error();
@@ -356,9 +372,9 @@ static dt_status_t price_dim(dt_mesh_t mesh, int d, int stride, int size, int pe
   for (int c = 1; c < DT_COLL_COUNT; c++)
     for (int a = 0; a < 2; a++) {
       char key[64];
-      snprintf(key, sizeof key, "%s%s", dt_collective_name((dt_collective_t)c), a ? "_a2a" : "");
-      cJSON* e = cJSON_GetObjectItemCaseSensitive(g_inter, key);
-      if (e == NULL || (a == 1 && c != DT_COLL_ALL_REDUCE && c != DT_COLL_REDUCE_SCATTER)) continue;
+      cJSON* e = inter_node_key(c, a, key, sizeof key)
+                     ? cJSON_GetObjectItemCaseSensitive(g_inter, key) : NULL;
+      if (e == NULL) continue;
       dt_cost_params_t q = {cJSON_GetObjectItemCaseSensitive(e, "base_us")->valuedouble,
                             cJSON_GetObjectItemCaseSensitive(e, "hop_us")->valuedouble,
                             cJSON_GetObjectItemCaseSensitive(e, "bw_gbps")->valuedouble};

@@ -174,6 +174,8 @@ const char* train_opts_key(int i, int* is_switch) {
   return kDocs[i].key;
 }
 
+int train_opts_known(const char* key) { return key != NULL && find_doc(key) != NULL; }
+
 int train_opts_is_switch(const char* key) {
   const opt_doc_t* d = key != NULL ? find_doc(key) : NULL;
   return d != NULL && d->arg == NULL;

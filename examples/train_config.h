@@ -66,6 +66,8 @@ int train_mesh_parse(const char* s, int* shape, int* nd);
 const char* train_opts_key(int i, int* is_switch);
 /* 1 when key names a switch (--checkpoint, --sp, ...), else 0. */
 int train_opts_is_switch(const char* key);
+/* 1 when key names a documented option (a flag without its "--", a JSON key), else 0. */
+int train_opts_known(const char* key);
 /* The trainer (examples/train.c) as a function: its command line, its exit status. Under
  * --estimate-only it needs no MPI, so tools/dtensor-estimate runs it once per layout. */
 int train_main(int argc, char** argv);

@@ -222,23 +222,18 @@ static int writable(const char* file) {
   }
   char dir[1024];
   snprintf(dir, sizeof dir, "%s", file);
-  for (;;) {
+  for (;;) { /* up the path to the first directory level that exists */
     char* slash = strrchr(dir, '/');
-    if (slash == NULL) {
-      snprintf(dir, sizeof dir, ".");
-    } else if (slash == dir) {
-      dir[1] = '\0';
-    } else {
-      *slash = '\0';
-      if (stat(dir, &sb) != 0) continue; /* not there yet: the level above decides */
-    }
-    if (stat(dir, &sb) != 0) return 0;
-    if (!S_ISDIR(sb.st_mode)) {
-      errno = ENOTDIR;
-      return 0;
-    }
-    return access(dir, W_OK | X_OK) == 0;
+    if (slash == NULL) snprintf(dir, sizeof dir, ".");
+    else *(slash == dir ? slash + 1 : slash) = '\0';
+    if (stat(dir, &sb) == 0) break;
+    if (slash == NULL || slash == dir) return 0;
   }
+  if (!S_ISDIR(sb.st_mode)) {
+    errno = ENOTDIR;
+    return 0;
+  }
+  return access(dir, W_OK | X_OK) == 0;
 }
 
 /* The run's conditions, agreed over the world: the most ranks per usable core on any node and

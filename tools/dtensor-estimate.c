@@ -340,10 +340,7 @@ int main(int argc, char** argv) {
         snprintf(key, sizeof key, "%s", a + 2);
         for (char* p = key; *p; p++)
           if (*p == '-') *p = '_';
-        int known = !strcmp(key, "config") || !strcmp(key, "help");
-        for (int k = 0; !known && train_opts_key(k, NULL) != NULL; k++)
-          known = !strcmp(train_opts_key(k, NULL), key);
-        if (!known) {
+        if (strcmp(key, "config") && strcmp(key, "help") && !train_opts_known(key)) {
           fprintf(stderr, "dtensor-estimate: unknown flag %s (dtensor-estimate --help, train "
                   "--help)\n", a);
           return 2;
