@@ -321,7 +321,16 @@ static int load_machine(const char* machine, char* err, size_t cap) {
       snprintf(err, cap, "--machine %s: \"inter_node\" must be an object", machine);
       rc = 1;
     } else if (in != NULL) { /* every entry checked now, whether a dim spans nodes or not */
-      for (cJSON* e = in->child; e != NULL && rc == 0; e = e->next) { /* price_dim's keys only */
+      char* it = cJSON_PrintUnformatted(in); /* the library's checks first, then price_dim's keys */
+      if (it == NULL || dt_cost_model_check_string(it, strlen(it)) != DT_SUCCESS) {
+        const char* why = it == NULL ? "no memory" : dt_last_error();
+        const char* at = strstr(why, "cost model text: "); /* the library's prefix, renamed */
+        snprintf(err, cap, "--machine %s: \"inter_node\": %s", machine,
+                 at ? at + strlen("cost model text: ") : why);
+        rc = 1;
+      }
+      free(it);
+      for (cJSON* e = in->child; e != NULL && rc == 0; e = e->next) {
         int priced = 0;
         for (int c = 1; c < DT_COLL_COUNT && !priced; c++)
           for (int a = 0; a < 2 && !priced; a++) {
@@ -334,15 +343,6 @@ static int load_machine(const char* machine, char* err, size_t cap) {
           rc = 1;
         }
       }
-      char* it = rc == 0 ? cJSON_PrintUnformatted(in) : NULL;
-      if (rc == 0 && (it == NULL || dt_cost_model_check_string(it, strlen(it)) != DT_SUCCESS)) {
-        const char* why = it == NULL ? "no memory" : dt_last_error();
-        const char* at = strstr(why, "cost model text: "); /* the library's prefix, renamed */
-        snprintf(err, cap, "--machine %s: \"inter_node\": %s", machine,
-                 at ? at + strlen("cost model text: ") : why);
-        rc = 1;
-      }
-      free(it);
     }
     if (rc == 0) g_inter = in;
     else cJSON_Delete(in);
