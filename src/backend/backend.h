@@ -250,6 +250,11 @@ dt_status_t dt__backend_check(dt_backend_t b);
 /* Bytes and blocks allocated through the backend (tensor storage and workspace). */
 void* dt__backend_alloc(dt_backend_t b, size_t nbytes);
 void dt__backend_free(dt_backend_t b, void* p, size_t nbytes);
+/* The same through the storage pool (storage.c) for a pooled backend: a block of at least nbytes
+ * (its size in *got, which the free takes back). For buffers that every step makes again, such as
+ * a kernel's f32 copies of bf16 operands: a fresh block costs a page fault per 4 KiB. */
+void* dt__pool_alloc(dt_backend_t b, size_t nbytes, size_t* got);
+void dt__pool_free(dt_backend_t b, void* p, size_t got);
 
 /* f32 GEMM through a backend (the helper the host kernels call; see dt_gemm_t). */
 dt_status_t dt__gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,

@@ -246,14 +246,23 @@ static int64_t dt__span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, 
   return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
-/* An f32 copy of a half operand's span (NULL when empty). */
+/* An f32 copy of a half operand's span (NULL when empty): from the storage pool on a pooled
+ * backend (every step makes the same copies again; *got is the block's size), else from the heap
+ * (*got 0: the emulated device's GEMMs run here too). dt__f32_copy_free releases it. */
 static dt_status_t dt__f32_copy(dt_backend_t b, const void* src, dt_dtype_t dt, int64_t n,
-                                float** out) {
+                                float** out, size_t* got) {
   *out = NULL;
+  *got = 0;
   if (n <= 0) return DT_SUCCESS;
-  *out = (float*)dt__malloc(sizeof(float) * (size_t)n);
+  const size_t nbytes = sizeof(float) * (size_t)n;
+  *out = (float*)(b->pooled ? dt__pool_alloc(b, nbytes, got) : dt__malloc(nbytes));
   if (*out == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "GEMM: f32 copy of %lld elements", (long long)n);
   return dt__host_convert(b, src, dt, *out, DT_F32, n);
+}
+
+static void dt__f32_copy_free(dt_backend_t b, float* p, size_t got) {
+  if (got) dt__pool_free(b, p, got);
+  else dt__free(p);
 }
 
 dt_status_t dt__host_gemm(dt_backend_t b, const dt_gemm_t* g) {
@@ -262,15 +271,16 @@ dt_status_t dt__host_gemm(dt_backend_t b, const dt_gemm_t* g) {
   dt_status_t st = DT_SUCCESS;
   float *a = (float*)g->a, *bm = (float*)g->b, *c = (float*)g->c;
   float *ta = NULL, *tb = NULL, *tc = NULL;
+  size_t na = 0, nb = 0, nbc = 0;
   int64_t nc = dt__span(g->m, g->n, g->ldc, g->stride_c, g->batch);
   if (g->ab_dtype != DT_F32) { /* half operands: computed in f32 on converted copies */
-    DT_CHECK_GOTO(dt__f32_copy(b, g->a, g->ab_dtype, dt__span(ra, ca, g->lda, g->stride_a, g->batch), &ta), st, done);
-    DT_CHECK_GOTO(dt__f32_copy(b, g->b, g->ab_dtype, dt__span(rb, cb, g->ldb, g->stride_b, g->batch), &tb), st, done);
+    DT_CHECK_GOTO(dt__f32_copy(b, g->a, g->ab_dtype, dt__span(ra, ca, g->lda, g->stride_a, g->batch), &ta, &na), st, done);
+    DT_CHECK_GOTO(dt__f32_copy(b, g->b, g->ab_dtype, dt__span(rb, cb, g->ldb, g->stride_b, g->batch), &tb, &nb), st, done);
     a = ta;
     bm = tb;
   }
   if (g->c_dtype != DT_F32) {
-    DT_CHECK_GOTO(dt__f32_copy(b, g->c, g->c_dtype, nc, &tc), st, done);
+    DT_CHECK_GOTO(dt__f32_copy(b, g->c, g->c_dtype, nc, &tc, &nbc), st, done);
     c = tc;
   }
   DT_CHECK_GOTO(dt__sgemm(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, a, g->lda,
@@ -284,9 +294,9 @@ dt_status_t dt__host_gemm(dt_backend_t b, const dt_gemm_t* g) {
       }
   if (tc != NULL) st = dt__host_convert(b, tc, DT_F32, g->c, g->c_dtype, nc);
 done:
-  dt__free(ta);
-  dt__free(tb);
-  dt__free(tc);
+  dt__f32_copy_free(b, ta, na);
+  dt__f32_copy_free(b, tb, nb);
+  dt__f32_copy_free(b, tc, nbc);
   return st;
 }
 

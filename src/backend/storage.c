@@ -257,7 +257,7 @@ static void dt__pool_release(void) {
 }
 
 /* A block of at least n bytes (its exact size in *got, which the free must pass back). */
-static void* dt__pool_alloc(dt_backend_t b, size_t n, size_t* got) {
+void* dt__pool_alloc(dt_backend_t b, size_t n, size_t* got) {
   *got = n;
   if (!b->pooled || n < DT_POOL_MIN) return dt__backend_alloc(b, n);
   size_t c = dt__pool_class(n);
@@ -282,7 +282,7 @@ static void* dt__pool_alloc(dt_backend_t b, size_t n, size_t* got) {
   return p;
 }
 
-static void dt__pool_free(dt_backend_t b, void* p, size_t got) {
+void dt__pool_free(dt_backend_t b, void* p, size_t got) {
   if (p == NULL) return;
   if (!b->pooled || got < DT_POOL_MIN) {
     dt__backend_free(b, p, got);
@@ -558,19 +558,21 @@ dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsig
   dt_status_t st = DT_SUCCESS;
   void* tmp_in[DT_OP_MAX_INPUTS] = {NULL};
   void* tmp_out[DT_OP_MAX_OUTPUTS] = {NULL};
-  size_t nb_in[DT_OP_MAX_INPUTS] = {0}, nb_out[DT_OP_MAX_OUTPUTS] = {0};
+  size_t nb_in[DT_OP_MAX_INPUTS] = {0}, nb_out[DT_OP_MAX_OUTPUTS] = {0}; /* the pool's blocks */
+  size_t cnt_in[DT_OP_MAX_INPUTS] = {0}, cnt_out[DT_OP_MAX_OUTPUTS] = {0}; /* counted as "other" */
   dt_local_tensor_t lin[DT_OP_MAX_INPUTS], lout[DT_OP_MAX_OUTPUTS];
   for (int t = 0; t < n_in; t++) {
     lin[t] = in[t];
     if (!dt__half(in[t].dtype)) continue;
     int64_t n = dt__local_numel(&in[t]);
-    nb_in[t] = dt__f32_copy_nbytes(&in[t]);
-    tmp_in[t] = dt__backend_alloc(b, nb_in[t]);
+    size_t need = dt__f32_copy_nbytes(&in[t]);
+    tmp_in[t] = dt__pool_alloc(b, need, &nb_in[t]);
     if (tmp_in[t] == NULL) {
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 copy of input %d", call->op, t);
       goto done;
     }
-    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_in[t]);
+    dt__mem_count(DT_MEM_OTHER, (int64_t)need);
+    cnt_in[t] = need;
     DT_CHECK_GOTO(b->iface->convert(b, in[t].data, in[t].dtype, tmp_in[t], DT_F32, n), st, done);
     lin[t].data = tmp_in[t];
     lin[t].dtype = DT_F32;
@@ -578,13 +580,14 @@ dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsig
   for (int o = 0; o < n_out; o++) {
     lout[o] = out[o];
     if (!dt__half(out[o].dtype)) continue;
-    nb_out[o] = dt__f32_copy_nbytes(&out[o]);
-    tmp_out[o] = dt__backend_alloc(b, nb_out[o]);
+    size_t need = dt__f32_copy_nbytes(&out[o]);
+    tmp_out[o] = dt__pool_alloc(b, need, &nb_out[o]);
     if (tmp_out[o] == NULL) {
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: f32 buffer of output %d", call->op, o);
       goto done;
     }
-    dt__mem_count(DT_MEM_OTHER, (int64_t)nb_out[o]);
+    dt__mem_count(DT_MEM_OTHER, (int64_t)need);
+    cnt_out[o] = need;
     lout[o].data = tmp_out[o];
     lout[o].dtype = DT_F32;
   }
@@ -597,13 +600,13 @@ dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsig
 done:
   for (int t = 0; t < n_in; t++)
     if (tmp_in[t] != NULL) {
-      dt__backend_free(b, tmp_in[t], nb_in[t]);
-      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_in[t]);
+      dt__pool_free(b, tmp_in[t], nb_in[t]);
+      dt__mem_count(DT_MEM_OTHER, -(int64_t)cnt_in[t]);
     }
   for (int o = 0; o < n_out; o++)
     if (tmp_out[o] != NULL) {
-      dt__backend_free(b, tmp_out[o], nb_out[o]);
-      dt__mem_count(DT_MEM_OTHER, -(int64_t)nb_out[o]);
+      dt__pool_free(b, tmp_out[o], nb_out[o]);
+      dt__mem_count(DT_MEM_OTHER, -(int64_t)cnt_out[o]);
     }
   return st;
 }
