@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dtensor/dtensor.h"
@@ -377,6 +378,303 @@ static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
   return 0;
 }
 
+/* ---- op cost and bandwidth fitted to training steps ----------------------------------------
+ * An isolated add (measure_compute) misses most of what a training step's kernels pay besides
+ * their arithmetic: page faults on fresh activation buffers, libm in rotary and the loss, strided
+ * copies, the tape's work around each op. So op_us and mem_gbps are fitted to whole steps of a
+ * small dense Llama (vocabulary 256) on a mesh of this rank alone: forward with its loss, the
+ * loss read back, backward, gradient clipping and AdamW, as examples/train runs a step, at four
+ * sizes from one where the fixed cost per op dominates to one where the bytes do. A simulation of
+ * each step (dt_init_simulated, run before dt_init) counts its kernels, their bytes and their
+ * FLOPs; the measured time less the FLOPs at the measured GEMM and attention rates is fitted as
+ * ops * op_us + bytes / mem_gbps (least squares in relative error, both terms non-negative). */
+typedef struct {
+  int dim, layers, heads, seq, batch;
+} step_shape_t;
+static const step_shape_t kSteps[] = {
+    {32, 1, 2, 16, 1}, {64, 2, 4, 32, 2}, {128, 2, 4, 64, 4}, {256, 2, 8, 128, 8}};
+#define NSHAPES 4
+#define STEP_WARM 2  /* steps before the timed ones (plan and propagation caches fill) */
+#define STEP_TIMED 5 /* the median of these is the step's time */
+#define STEP_SPAN_US 50000.0 /* each timing at least this long */
+
+/* What the simulation of a step counted. */
+typedef struct {
+  double ops, nbytes, gemm_flops, attn_flops;
+} step_count_t;
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* One training step of the model (forward with its loss, the loss read back, backward, clipping,
+ * AdamW, gradients cleared), ended by dt_backend_synchronize. 0 on success. */
+typedef struct {
+  dt_llama_t model;
+  dt_adamw_t opt;
+  dt_tape_t tape;
+  dt_tensor_t tok, tgt;
+  dt_backend_t be;
+  dt_var_t* params;
+  int np;
+} stepper_t;
+
+static int step_once(const stepper_t* m) {
+  dt_var_t loss = NULL;
+  float lv = 0.0f;
+  double norm = 0.0;
+  int bad = dt_llama_forward(m->model, m->tape, m->tok, m->tgt, &loss, NULL) != DT_SUCCESS ||
+            dt_tensor_gather_full(dt_var_value(loss), &lv, sizeof lv) != DT_SUCCESS ||
+            dt_tape_backward(m->tape, loss) != DT_SUCCESS || dt_tape_reset(m->tape) != DT_SUCCESS ||
+            dt_clip_grad_norm(m->np, m->params, 1.0, &norm) != DT_SUCCESS ||
+            dt_adamw_step(m->opt, 1e-4) != DT_SUCCESS;
+  for (int p = 0; p < m->np && !bad; p++) bad = dt_var_zero_grad(m->params[p]) != DT_SUCCESS;
+  return bad || dt_backend_synchronize(m->be) != DT_SUCCESS;
+}
+
+/* The time (us) of one step, every rank running `reps` steps back to back, once every rank has
+ * come this far without a failure (*bad, agreed: no rank waits for one that gave up). */
+static double step_us(const stepper_t* m, int reps, int* bad) {
+  MPI_Allreduce(MPI_IN_PLACE, bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (*bad) return -1.0;
+  const double t0 = now_us();
+  for (int i = 0; i < reps; i++)
+    if (step_once(m) != 0) return -1.0;
+  return (now_us() - t0) / reps;
+}
+
+/* Trains shape s on `mesh` (one rank) after STEP_WARM steps. Real run (sim NULL): *us gets the
+ * median of STEP_TIMED timings of a step, each over enough steps back to back (the same number
+ * on every rank) to last STEP_SPAN_US: the ranks then run at once, as in training, also where a
+ * step is short. Simulated (sim not NULL): *sim gets the clock of one step. 0 on success. */
+static int train_steps(dt_mesh_t mesh, const step_shape_t* s, double* us, dt_sim_time_t* sim) {
+  dt_llama_config_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.dim = s->dim;
+  cfg.n_layers = s->layers;
+  cfg.n_heads = s->heads;
+  cfg.vocab = 256;
+  cfg.seq_len = s->seq;
+  cfg.seed = 1;
+  dt_llama_config_defaults(&cfg);
+  const int64_t shape[2] = {s->batch, s->seq}, n = (int64_t)s->batch * s->seq;
+  dt_placement_t rep[1] = {dt_replicate()};
+  stepper_t m = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+  int64_t numel = 0;
+  int64_t* ids = malloc(sizeof(int64_t) * (size_t)(2 * n));
+  int bad = ids == NULL;
+  for (int64_t i = 0; !bad && i < 2 * n; i++) ids[i] = (i * 7919 + 13) % 256; /* any tokens */
+  const dt_adamw_config_t ac = dt_adamw_config_default();
+  bad = bad || dt_mesh_backend(mesh, &m.be) != DT_SUCCESS ||
+        dt_llama_create(mesh, &cfg, NULL, &m.model) != DT_SUCCESS ||
+        dt_llama_params(m.model, &m.params, NULL, &m.np, &numel) != DT_SUCCESS ||
+        dt_adamw_create(&ac, m.np, m.params, &m.opt) != DT_SUCCESS ||
+        dt_tape_create(&m.tape) != DT_SUCCESS ||
+        dt_tensor_from_full(mesh, DT_I64, 2, shape, rep, ids, &m.tok) != DT_SUCCESS ||
+        dt_tensor_from_full(mesh, DT_I64, 2, shape, rep, ids + n, &m.tgt) != DT_SUCCESS;
+  for (int i = 0; i < STEP_WARM && !bad; i++) bad = step_once(&m) != 0;
+  if (sim != NULL) {
+    bad = bad || dt_sim_time_reset() != DT_SUCCESS || step_once(&m) != 0 ||
+          dt_sim_time_get(sim) != DT_SUCCESS;
+  } else {
+    double one = step_us(&m, 1, &bad), t[STEP_TIMED];
+    bad = bad || !(one > 0.0);
+    MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); /* agreed reps */
+    const int reps = bad ? 1 : one >= STEP_SPAN_US ? 1
+                           : (int)(STEP_SPAN_US / one) + 1 > 1000 ? 1000
+                                                                   : (int)(STEP_SPAN_US / one) + 1;
+    for (int i = 0; i < STEP_TIMED; i++) { /* every rank every time: step_us agrees first */
+      t[i] = step_us(&m, reps, &bad);
+      bad = bad || t[i] < 0.0;
+      for (int j = i; j > 0 && !bad && t[j] < t[j - 1]; j--) { /* insertion: sorted so far */
+        const double v = t[j];
+        t[j] = t[j - 1];
+        t[j - 1] = v;
+      }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); /* the same return */
+    *us = bad ? 0.0 : t[STEP_TIMED / 2];
+  }
+  dt_tensor_destroy(m.tok);
+  dt_tensor_destroy(m.tgt);
+  dt_tape_destroy(m.tape);
+  dt_adamw_destroy(m.opt);
+  dt_llama_destroy(m.model);
+  free(ids);
+  return bad;
+}
+
+/* The simulated device of the steps: the one DTENSOR_BACKEND names for the real run when it is a
+ * device backend, else the host's kernels. */
+static const char* step_device(void) {
+  const char* b = getenv("DTENSOR_BACKEND");
+  if (b != NULL && (!strcmp(b, "cuda") || !strcmp(b, "cuda-emu"))) return b;
+  return "cpu";
+}
+
+/* Counts every shape's step in a simulated world of one rank (before dt_init: no MPI). The
+ * compute model priced FLOPs alone there (GEMMs at 1 GFLOP/s, the rest free), so the clock gives
+ * the GEMM FLOPs and the rest of the FLOPs are attention's. 0 on success; on a failure *why
+ * says what failed. */
+static int simulate_steps(step_count_t* cnt, char* why, size_t why_n) {
+  if (dt_init_simulated(1, 0) != DT_SUCCESS) {
+    snprintf(why, why_n, "%s", dt_last_error());
+    return 1;
+  }
+  dt_compute_params_t keep, unit = {1.0, 1.0, 1e9, 0.0, 1e9};
+  dt_mesh_t mesh = NULL;
+  const int one = 1;
+  int bad = dt_compute_model_get(&keep) != DT_SUCCESS ||
+            dt_sim_set_device(step_device()) != DT_SUCCESS ||
+            dt_compute_model_set(&unit) != DT_SUCCESS ||
+            dt_mesh_create(1, &one, NULL, NULL, &mesh) != DT_SUCCESS;
+  for (int k = 0; k < NSHAPES && !bad; k++) {
+    dt_sim_time_t t;
+    bad = train_steps(mesh, &kSteps[k], NULL, &t) != 0;
+    if (bad) break;
+    cnt[k].ops = (double)t.ops;
+    cnt[k].nbytes = t.nbytes;
+    cnt[k].gemm_flops = t.compute_us * 1e3; /* the bytes at 1e9 GB/s: nothing */
+    cnt[k].attn_flops = t.flops > cnt[k].gemm_flops ? t.flops - cnt[k].gemm_flops : 0.0;
+  }
+  if (bad) snprintf(why, why_n, "%s", dt_last_error());
+  dt_mesh_destroy(mesh);
+  dt_compute_model_set(&keep);
+  dt_finalize();
+  return bad;
+}
+
+/* The non-negative least-squares fit of r ~ a x + b y over n points weighted by w. */
+static void fit_nonneg2(int n, const double* x, const double* y, const double* r,
+                        const double* w, double* a, double* b) {
+  double sxx = 0, sxy = 0, syy = 0, sxr = 0, syr = 0;
+  for (int i = 0; i < n; i++) {
+    const double w2 = w[i] * w[i];
+    sxx += w2 * x[i] * x[i], sxy += w2 * x[i] * y[i], syy += w2 * y[i] * y[i];
+    sxr += w2 * x[i] * r[i], syr += w2 * y[i] * r[i];
+  }
+  const double det = sxx * syy - sxy * sxy;
+  double ca[3] = {0, 0, 0}, cb[3] = {0, 0, 0}; /* both terms, x alone, y alone */
+  int ok[3] = {0, 1, 1};
+  if (det > 1e-12 * sxx * syy) {
+    ca[0] = (sxr * syy - syr * sxy) / det, cb[0] = (syr * sxx - sxr * sxy) / det;
+    ok[0] = ca[0] >= 0 && cb[0] >= 0;
+  }
+  ca[1] = sxx > 0 && sxr > 0 ? sxr / sxx : 0.0;
+  cb[2] = syy > 0 && syr > 0 ? syr / syy : 0.0;
+  double best = -1.0;
+  for (int c = 0; c < 3; c++) {
+    if (!ok[c]) continue;
+    double e = 0;
+    for (int i = 0; i < n; i++) {
+      const double d = w[i] * (ca[c] * x[i] + cb[c] * y[i] - r[i]);
+      e += d * d;
+    }
+    if (best < 0 || e < best) best = e, *a = ca[c], *b = cb[c];
+  }
+}
+
+/* $DTENSOR_CALIBRATE_STEP_US (tests): NSHAPES comma-separated step times in microseconds that
+ * replace the measured ones in the fit (the steps still run). 0 when unset; 1 and a message when
+ * malformed; else 2 with the times in t. */
+static int step_times_env(double* t) {
+  const char* e = getenv("DTENSOR_CALIBRATE_STEP_US");
+  if (e == NULL || *e == '\0') return 0;
+  const char* p = e;
+  for (int k = 0; k < NSHAPES; k++) {
+    char* end = NULL;
+    errno = 0;
+    t[k] = strtod(p, &end);
+    if (errno != 0 || end == p || !(t[k] > 0.0 && t[k] < 1e12) ||
+        *end != (k == NSHAPES - 1 ? '\0' : ',')) {
+      if (first_rank_env())
+        fprintf(stderr, "dtensor-calibrate: DTENSOR_CALIBRATE_STEP_US needs %d positive step "
+                "times in microseconds, comma-separated, got '%.64s'\n", NSHAPES, e);
+      return 1;
+    }
+    p = end + 1;
+  }
+  return 2;
+}
+
+/* Fits op_us and mem_gbps of *cp (its rates measured) to the steps counted in cnt, run for real
+ * on a mesh of this rank alone (every rank at once; the slowest rank's times). Prints the fit on
+ * rank 0. A backend that is not the simulated device's, or a fit that finds no cost beyond the
+ * FLOPs, keeps the isolated figures. 0 on success, 1 on a failure (dt_last_error). */
+static int fit_steps(dt_mesh_t world_mesh, const step_count_t* cnt, int rank,
+                     dt_compute_params_t* cp) {
+  const char* names[2] = {"w", "self"};
+  int world = 1, shape[2] = {1, 1};
+  dt_mesh_numel(world_mesh, &world);
+  shape[0] = world;
+  dt_mesh_t grid = NULL, self = NULL;
+  dt_backend_t be = NULL;
+  dt_device_t dev = DT_DEVICE_HOST;
+  int bad = dt_mesh_create(2, shape, names, NULL, &grid) != DT_SUCCESS ||
+            dt_mesh_slice(grid, 1, &names[1], &self) != DT_SUCCESS ||
+            dt_mesh_backend(self, &be) != DT_SUCCESS || dt_backend_device(be, &dev) != DT_SUCCESS;
+  const int sim_dev = strcmp(step_device(), "cpu") != 0;
+  if (!bad && sim_dev != (dev != DT_DEVICE_HOST)) { /* counted for other kernels */
+    if (rank == 0)
+      printf("# steps: not fitted (the backend %s is not the simulated %s): op_us and mem_gbps "
+             "from the isolated add\n", dt_backend_name(be), step_device());
+    dt_mesh_destroy(self);
+    dt_mesh_destroy(grid);
+    return 0;
+  }
+  double T[NSHAPES] = {0};
+  for (int k = 0; k < NSHAPES && !bad; k++) bad = train_steps(self, &kSteps[k], &T[k], NULL) != 0;
+  dt_mesh_destroy(self);
+  dt_mesh_destroy(grid);
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (bad) return 1;
+  MPI_Allreduce(MPI_IN_PLACE, T, NSHAPES, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  step_times_env(T); /* checked before dt_init */
+  const double attn_rate = cp->attn_gflops > 0 ? cp->attn_gflops : cp->gemm_gflops;
+  double x[NSHAPES], y[NSHAPES], r[NSHAPES], w[NSHAPES], a = 0.0, b = 0.0;
+  for (int k = 0; k < NSHAPES; k++) {
+    x[k] = cnt[k].ops;
+    y[k] = cnt[k].nbytes;
+    r[k] = T[k] - cnt[k].gemm_flops / (cp->gemm_gflops * 1e3) -
+           cnt[k].attn_flops / (attn_rate * 1e3);
+    w[k] = 1.0 / T[k];
+  }
+  fit_nonneg2(NSHAPES, x, y, r, w, &a, &b);
+  const dt_compute_params_t iso = *cp;
+  if (b > 0.0) { /* bytes have a cost: the fit's bandwidth */
+    cp->mem_gbps = 1e-3 / b;
+    cp->op_us = a;
+  } else { /* bytes look free: the isolated bandwidth, the fixed cost refitted over the rest */
+    double sxx = 0, sxr = 0;
+    for (int k = 0; k < NSHAPES; k++) {
+      const double rr = r[k] - y[k] / (iso.mem_gbps * 1e3);
+      sxx += w[k] * w[k] * x[k] * x[k], sxr += w[k] * w[k] * x[k] * rr;
+    }
+    cp->op_us = sxr > 0 ? sxr / sxx : iso.op_us;
+  }
+  if (cp->mem_gbps > 1e9) cp->mem_gbps = 1e9;
+  if (cp->mem_gbps < 1e-6) cp->mem_gbps = 1e-6;
+  if (cp->op_us > 1e6) cp->op_us = 1e6;
+  if (rank == 0) {
+    printf("# steps: op_us %.2f, mem_gbps %.2f fitted to %d training steps (the isolated add: "
+           "op_us %.2f, mem_gbps %.2f)\n", cp->op_us, cp->mem_gbps, NSHAPES, iso.op_us,
+           iso.mem_gbps);
+    for (int k = 0; k < NSHAPES; k++) {
+      const step_shape_t* s = &kSteps[k];
+      const double flops_us = T[k] - r[k];
+      printf("#   dim %3d, %d layers, seq %3d, batch %d: %8.2f ms measured, %8.2f fitted, "
+             "%8.2f isolated (%.0f ops, %.0f bytes, %.0f FLOPs)\n", s->dim, s->layers, s->seq,
+             s->batch, T[k] * 1e-3,
+             (flops_us + x[k] * cp->op_us + y[k] / (cp->mem_gbps * 1e3)) * 1e-3,
+             (flops_us + x[k] * iso.op_us + y[k] / (iso.mem_gbps * 1e3)) * 1e-3, x[k], y[k],
+             cnt[k].gemm_flops + cnt[k].attn_flops);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   char path[1024] = "";
   long maxb = 16l << 20;
@@ -428,6 +726,11 @@ int main(int argc, char** argv) {
     fprintf(stderr, "dtensor-calibrate: -o %s: cannot write there: %s\n", path, strerror(errno));
     return 2;
   }
+  double given[NSHAPES];
+  if (step_times_env(given) == 1) return 2;
+  step_count_t counts[NSHAPES];
+  char sim_why[512] = "";
+  const int counted = !nccl && simulate_steps(counts, sim_why, sizeof sim_why) == 0;
   if (dt_init(&argc, &argv) != DT_SUCCESS) {
     fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
     return 1;
@@ -625,7 +928,12 @@ compute:
     if (rank == 0) printf("nccl: %s\n", nccl_json);
   } else {
     dt_compute_params_t cp;
-    if (measure_compute(world_mesh, &cp) != 0 || dt_compute_model_set(&cp) != DT_SUCCESS) {
+    if (!counted && rank == 0)
+      printf("# steps: not fitted (their simulation failed: %s): op_us and mem_gbps from the "
+             "isolated add\n", sim_why);
+    if (measure_compute(world_mesh, &cp) != 0 ||
+        (counted && fit_steps(world_mesh, counts, rank, &cp) != 0) ||
+        dt_compute_model_set(&cp) != DT_SUCCESS) {
       if (rank == 0) fprintf(stderr, "dtensor-calibrate: compute model: %s\n", dt_last_error());
       dt_finalize();
       return 1;

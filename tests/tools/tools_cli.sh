@@ -7,6 +7,8 @@
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
 #   nothing written, and written with --force, its "compute" model too (positive rates, printed);
 #   --compute-only on one rank measures only the compute model and keeps the loaded collectives;
+#   its op cost and bandwidth are fitted to training steps (given step times come back as the
+#   figures they were made of; steps faster than their FLOPs keep the isolated measurements);
 #   dt_init says on rank 0 (once) which cost model it loaded: $DTENSOR_COST_MODEL or the per-user
 #   default, and nothing under DTENSOR_QUIET=1 or DTENSOR_COST_MODEL=none.
 set -euo pipefail
@@ -122,6 +124,34 @@ c = new["compute"]
 ok = ok and all(c[k] > 0 for k in ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "attn_gflops"))
 sys.exit(0 if ok else 1)
 PY
+
+# op_us and mem_gbps are fitted to four training steps; $DTENSOR_CALIBRATE_STEP_US replaces the
+# measured step times: times made of 2000 us per op and 0.01 GB/s (the steps' own counts, which
+# the output prints) give those figures back; times shorter than the steps' FLOPs leave the
+# isolated add's figures; a malformed list is refused before measuring (exit 2)
+grep -q "^# steps: op_us .* fitted to 4 training steps" "$tmp/out" || fail "no step fit printed"
+times=$(/usr/bin/python3 - "$tmp/out" <<'PY'
+import re, sys
+rows = re.findall(r"\((\d+) ops, (\d+) bytes, (\d+) FLOPs\)", open(sys.argv[1]).read())
+assert len(rows) == 4 and all(int(o) > 0 and int(b) > 0 for o, b, f in rows), rows
+print(",".join("%.1f" % (int(o) * 2000.0 + int(b) / 10.0) for o, b, f in rows))
+PY
+) || fail "the step lines lack their counts"
+expect 0 env DTENSOR_CALIBRATE_STEP_US="$times" DTENSOR_COST_MODEL="$tmp/m/model.json" \
+  "$mpiexec" --allow-run-as-root --oversubscribe -np 1 "$calib" --compute-only --force \
+  -o "$tmp/m/steps.json"
+/usr/bin/python3 - "$tmp/m/steps.json" <<'PY' || fail "the step fit did not recover 2000 us and 0.01 GB/s: $(grep steps: "$tmp/out")"
+import json, sys
+c = json.load(open(sys.argv[1]))["compute"]
+sys.exit(0 if abs(c["op_us"] / 2000.0 - 1) < 0.03 and abs(c["mem_gbps"] / 0.01 - 1) < 0.03 else 1)
+PY
+expect 0 env DTENSOR_CALIBRATE_STEP_US=1,1,1,1 DTENSOR_COST_MODEL=none "$mpiexec" \
+  --allow-run-as-root --oversubscribe -np 1 "$calib" --compute-only --force
+iso=$(sed -n 's/.*(the isolated add: op_us \([0-9.]*\), mem_gbps \([0-9.]*\)).*/\1 \2/p' "$tmp/out")
+got=$(sed -n 's/^compute: op_us \([0-9.]*\), mem_gbps \([0-9.]*\),.*/\1 \2/p' "$tmp/out")
+[ -n "$iso" ] && [ "$iso" = "$got" ] || fail "steps faster than their FLOPs: '$got', not the isolated '$iso'"
+expect 2 env DTENSOR_CALIBRATE_STEP_US=1,2 "$calib" --compute-only
+grep -q "DTENSOR_CALIBRATE_STEP_US needs 4 positive step times" "$tmp/err" || fail "a bad step list: $(cat "$tmp/err")"
 
 echo "== where dt_init's cost model came from"
 notice_lines() { grep -c "calibrated cost model" "$tmp/err" || true; }
