@@ -11,13 +11,19 @@
  * library's all-to-all algorithms of reduce-scatter and all-reduce ("reduce_scatter_a2a",
  * "all_reduce_a2a") are fit the same way from dt_tensor_redistribute_into P -> S(0) and P -> R
  * with that algorithm forced, on a mesh dim of 2 ranks (mesh (world/2, 2), even worlds) and on
- * the whole world. The compute model of simulated step times (dt_compute_model_set: the fixed
- * cost of an op, memory bandwidth of an add, the GEMM rate of mm at 512^3 in f32 and bf16,
- * attention's rate from sdpa and its gradient at sequence 1024, head dim 64) is measured with
- * every rank running at once, the slowest rank's figures kept, on the default backend: with
- * DTENSOR_BACKEND=cuda it is the GPU's (each timing ends with dt_backend_synchronize). Prints
- * the fit; writes it only to the FILE of -o (dt_init loads $DTENSOR_COST_MODEL, else
- * ~/.cache/dtensor/cost_model.json: pass that path to make the fit every program's default).
+ * the whole world. The compute model of simulated step times (dt_compute_model_set) is measured
+ * with every rank running at once, the slowest rank's figures kept, on the default backend (with
+ * DTENSOR_BACKEND=cuda the GPU's: each timing ends with dt_backend_synchronize): the GEMM rate of
+ * mm at 512^3 in f32 and bf16; attention's rate from sdpa and its gradient at sequence 1024,
+ * head dim 64; the fixed cost of an op and the memory bandwidth fitted to four small training
+ * steps (a dense Llama on a mesh of each rank alone, from dim 32 to dim 256: counted by a
+ * simulation of the same steps, timed for real, their time beyond the FLOPs fitted as ops x
+ * op_us + bytes / mem_gbps; see fit_steps), which an isolated add would underprice (page faults,
+ * libm, the tape); and, with 2+ ranks on the host, comm_overlap: the part of an asynchronous
+ * all-gather that small ops run meanwhile hide. Prints the fit; writes it only to the FILE of
+ * -o (dt_init loads $DTENSOR_COST_MODEL, else ~/.cache/dtensor/cost_model.json: pass that path
+ * to make the fit every program's default). $DTENSOR_CALIBRATE_STEP_US (tests) gives the four
+ * step times instead of the measured ones.
  *
  * A fit measured in bad conditions misleads every plan made with it (an oversubscribed run once
  * priced a 4 MB transfer at 14 ms instead of 242 us), so before writing it checks, and refuses
@@ -173,9 +179,11 @@ static void usage(FILE* f) {
           "  --nccl         measure the NCCL plane (one GPU per rank): the library's S(0)->R,\n"
           "                 P->R, P->S(0), S(0)->S(1) of device tensors, written as the model's\n"
           "                 \"nccl\" object (the rest kept as loaded; no compute model)\n"
-          "  --compute-only measure only the compute model (op cost, bandwidth, GEMM and\n"
-          "                 attention rates) on the default backend (DTENSOR_BACKEND=cuda: the\n"
-          "                 GPU's); N >= 1; the collectives kept as loaded\n"
+          "  --compute-only measure only the compute model (GEMM and attention rates; op cost\n"
+          "                 and bandwidth fitted to four small training steps; with N >= 2 on\n"
+          "                 the host, the overlap of collectives and kernels) on the default\n"
+          "                 backend (DTENSOR_BACKEND=cuda: the GPU's); N >= 1; the collectives\n"
+          "                 kept as loaded\n"
           "  -h, --help     this text\n"
           "A fit is refused (exit 3, nothing written) when a node ran more ranks than usable\n"
           "cores, a node's load average already exceeded its cores, a latency exceeds %.0f us,\n"
@@ -378,6 +386,79 @@ static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
   return 0;
 }
 
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* The median of n timings (sorted in place). */
+static double median(double* t, int n) {
+  for (int i = 1; i < n; i++) /* insertion sort: a few values */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      const double v = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = v;
+    }
+  return t[n / 2];
+}
+
+#define OVERLAP_REPS 7
+/* comm_overlap (dt_compute_params_t): how much of an asynchronous all-gather over the world (4 MiB
+ * from each rank, S(0) -> R) a run of small ops hides (adds of 64 Ki floats, as many as last about
+ * as long as the all-gather), as the wrappers' prefetches and bucketed reductions run beside a
+ * step's kernels: (t_comm + t_ops - t_both) / min(t_comm, t_ops), each time the median of
+ * OVERLAP_REPS timings, the slowest rank's (in m[0..2], microseconds); clamped to [0, 1]. -1 on a
+ * failure (dt_last_error). */
+static double measure_overlap(dt_mesh_t mesh, int world, double* m) {
+  const int64_t gshape[2] = {(int64_t)world * 256, 4096}, ashape[1] = {1 << 16};
+  dt_placement_t s0 = dt_shard(0), r = dt_replicate();
+  dt_tensor_t x = NULL, a = NULL;
+  int bad = dt_tensor_rand(mesh, DT_F32, 2, gshape, &s0, 1, &x) != DT_SUCCESS ||
+            dt_tensor_rand(mesh, DT_F32, 1, ashape, &r, 2, &a) != DT_SUCCESS;
+  double tc[OVERLAP_REPS], tk[OVERLAP_REPS], tb[OVERLAP_REPS];
+  m[0] = m[1] = m[2] = 0.0;
+  long k = 64; /* adds per run: first a guess, then as many as the all-gather lasts */
+  for (int phase = 0; phase < 2; phase++) {
+    for (int i = 0; i < OVERLAP_REPS; i++) {
+      for (int what = 0; what < 3; what++) { /* all-gather alone, adds alone, both */
+        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (bad) break;
+        dt_tensor_t y = NULL;
+        dt_work_t w = NULL;
+        const double t0 = now_us();
+        if (what == 0) bad = dt_tensor_redistribute(x, &r, &y) != DT_SUCCESS;
+        if (what == 2) bad = dt_tensor_redistribute_async(x, &r, &y, &w) != DT_SUCCESS;
+        for (long j = 0; j < (what ? k : 0) && !bad; j++) {
+          dt_tensor_t c = NULL;
+          bad = dt_add(a, a, &c) != DT_SUCCESS;
+          dt_tensor_destroy(c);
+        }
+        if (w != NULL && dt_work_wait(w) != DT_SUCCESS) bad = 1;
+        const double dt = now_us() - t0;
+        dt_work_destroy(w);
+        dt_tensor_destroy(y);
+        (what == 0 ? tc : what == 1 ? tk : tb)[i] = dt;
+      }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); /* the last run's */
+    if (bad) break;
+    m[0] = median(tc, OVERLAP_REPS), m[1] = median(tk, OVERLAP_REPS), m[2] = median(tb, OVERLAP_REPS);
+    MPI_Allreduce(MPI_IN_PLACE, m, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (phase == 0) { /* the number of adds that lasts as long as the all-gather */
+      const double per = m[1] / (double)k;
+      k = per > 0 ? (long)(m[0] / per) + 1 : 1;
+      if (k > 100000) k = 100000;
+    }
+  }
+  dt_tensor_destroy(x);
+  dt_tensor_destroy(a);
+  if (bad) return -1.0;
+  const double lo = m[0] < m[1] ? m[0] : m[1];
+  double f = lo > 0 ? (m[0] + m[1] - m[2]) / lo : 0.0;
+  return f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
+}
+
 /* ---- op cost and bandwidth fitted to training steps ----------------------------------------
  * An isolated add (measure_compute) misses most of what a training step's kernels pay besides
  * their arithmetic: page faults on fresh activation buffers, libm in rotary and the loss, strided
@@ -402,12 +483,6 @@ static const step_shape_t kSteps[] = {
 typedef struct {
   double ops, nbytes, gemm_flops, attn_flops;
 } step_count_t;
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
 
 /* One training step of the model (forward with its loss, the loss read back, backward, clipping,
  * AdamW, gradients cleared), ended by dt_backend_synchronize. 0 on success. */
@@ -488,14 +563,9 @@ static int train_steps(dt_mesh_t mesh, const step_shape_t* s, double* us, dt_sim
     for (int i = 0; i < STEP_TIMED; i++) { /* every rank every time: step_us agrees first */
       t[i] = step_us(&m, reps, &bad);
       bad = bad || t[i] < 0.0;
-      for (int j = i; j > 0 && !bad && t[j] < t[j - 1]; j--) { /* insertion: sorted so far */
-        const double v = t[j];
-        t[j] = t[j - 1];
-        t[j - 1] = v;
-      }
     }
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); /* the same return */
-    *us = bad ? 0.0 : t[STEP_TIMED / 2];
+    *us = bad ? 0.0 : median(t, STEP_TIMED);
   }
   dt_tensor_destroy(m.tok);
   dt_tensor_destroy(m.tgt);
@@ -523,7 +593,7 @@ static int simulate_steps(step_count_t* cnt, char* why, size_t why_n) {
     snprintf(why, why_n, "%s", dt_last_error());
     return 1;
   }
-  dt_compute_params_t keep, unit = {1.0, 1.0, 1e9, 0.0, 1e9};
+  dt_compute_params_t keep, unit = {1.0, 1.0, 1e9, 0.0, 1e9, 1.0};
   dt_mesh_t mesh = NULL;
   const int one = 1;
   int bad = dt_compute_model_get(&keep) != DT_SUCCESS ||
@@ -928,21 +998,34 @@ compute:
     if (rank == 0) printf("nccl: %s\n", nccl_json);
   } else {
     dt_compute_params_t cp;
+    dt_compute_model_get(&cp); /* comm_overlap kept as loaded where it is not measured */
     if (!counted && rank == 0)
       printf("# steps: not fitted (their simulation failed: %s): op_us and mem_gbps from the "
              "isolated add\n", sim_why);
+    dt_backend_t be = NULL;
+    dt_device_t dev = DT_DEVICE_HOST;
+    if (dt_mesh_backend(world_mesh, &be) == DT_SUCCESS) dt_backend_device(be, &dev);
+    const int overlap = world > 1 && dev == DT_DEVICE_HOST; /* host collectives to measure */
+    double ov[3] = {0, 0, 0};
     if (measure_compute(world_mesh, &cp) != 0 ||
         (counted && fit_steps(world_mesh, counts, rank, &cp) != 0) ||
+        (overlap && (cp.comm_overlap = measure_overlap(world_mesh, world, ov)) < 0.0) ||
         dt_compute_model_set(&cp) != DT_SUCCESS) {
       if (rank == 0) fprintf(stderr, "dtensor-calibrate: compute model: %s\n", dt_last_error());
       dt_finalize();
       return 1;
     }
+    if (rank == 0 && overlap)
+      printf("# comm_overlap: an all-gather of %d MiB %.2f ms, small ops %.2f ms, both at once "
+             "%.2f ms\n", 4 * world, ov[0] * 1e-3, ov[1] * 1e-3, ov[2] * 1e-3);
     if (rank == 0)
       printf("compute: op_us %.2f, mem_gbps %.2f, gemm_gflops %.1f (f32, mm 512^3), "
-             "gemm_bf16_gflops %.1f, attn_gflops %.1f (sdpa and its gradient, S %d, D %d)\n",
+             "gemm_bf16_gflops %.1f, attn_gflops %.1f (sdpa and its gradient, S %d, D %d), "
+             "comm_overlap %.2f (%s)\n",
              cp.op_us, cp.mem_gbps, cp.gemm_gflops, cp.gemm_bf16_gflops, cp.attn_gflops, ATTN_S,
-             ATTN_D);
+             ATTN_D, cp.comm_overlap,
+             overlap ? "an all-gather beside small ops" : world > 1 ? "kept: a device backend"
+                                                                  : "kept: one rank");
   }
   if (pair_mesh) dt_mesh_destroy(pair_mesh);
   dt_mesh_destroy(world_mesh);

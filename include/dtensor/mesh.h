@@ -55,7 +55,9 @@ DT_API dt_status_t dt_init_simulated(int world_size, int rank);
  * cost model of its mesh dims (dt_mesh_set_cost_model) and starting when posted or when the one
  * before it ends; a blocking one is waited for at once, an asynchronous one (dt_work_t: FSDP's
  * prefetched all-gathers, bucketed reductions) when dt_work_wait, dt_work_destroy or a start that
- * needs its slot waits for it, so what the wrappers overlap is hidden as they schedule it. Not
+ * needs its slot waits for it, so what the wrappers overlap is hidden as they schedule it. On
+ * the host (the "cpu" device) only the compute model's comm_overlap of each collective can hide:
+ * the rest occupies the rank when posted (MPI's copies run on its core). Not
  * counted: host-side control values (agreed statuses, host reductions: a few bytes each) and the
  * planner's own time. Times in microseconds since dt_init_simulated or dt_sim_time_reset. */
 typedef struct dt_sim_time {

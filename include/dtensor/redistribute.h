@@ -162,18 +162,29 @@ DT_API dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_colle
  * (0.6 of it on the development machine's host kernels). 0: attention at the GEMM rate of its
  * operands.
  * Defaults: one core of the development machine (OpenBLAS sgemm 157 GFLOP/s at 1024^3, memcpy
- * 7 GB/s, docs/environment.md; op_us 5; attn_gflops 0); `dtensor-calibrate` measures them with
- * the collectives and writes them under the key "compute" of the cost model file
+ * 7 GB/s, docs/environment.md; op_us 5; attn_gflops 0; comm_overlap 1); `dtensor-calibrate`
+ * measures them with the collectives (op_us and mem_gbps fitted to whole training steps, whose
+ * other kernels pay more than an isolated one: page faults, libm, the tape's work) and writes
+ * them under the key "compute" of the cost model file
  * ({"gemm_gflops":..,"gemm_bf16_gflops":..,"mem_gbps":..,"op_us":..,"attn_gflops":..}), which
  * dt_cost_model_load and dt_cost_model_save read and write with the rest (a file without
- * attn_gflops keeps the current value); dt_cost_model_reset restores the defaults. Valid values:
- * the rates in [1e-6, 1e9] (attn_gflops also 0), op_us in [0, 1e6]. */
+ * attn_gflops or comm_overlap keeps the current value); dt_cost_model_reset restores the
+ * defaults. Valid values: the rates in [1e-6, 1e9] (attn_gflops also 0), op_us in [0, 1e6],
+ * comm_overlap in [0, 1].
+ * comm_overlap is the fraction of a collective's time that runs beside the rank's kernels when
+ * the simulated device is the host ("cpu"): MPI moves a posted collective forward only inside
+ * library calls, and over shared memory its copies and reductions run on the rank's own core, so
+ * what does not overlap occupies the rank when posted. dtensor-calibrate measures it (an
+ * asynchronous all-gather beside a run of small ops, against each alone); 1 (the default) is full
+ * overlap. A simulated GPU (dt_sim_set_device "cuda") always overlaps fully: NCCL runs on its
+ * own stream. */
 typedef struct dt_compute_params {
   double gemm_gflops;      /* f32 matrix products, GFLOP/s per rank */
   double gemm_bf16_gflops; /* bf16 operands */
   double mem_gbps;         /* bytes of other kernels, GB/s */
   double op_us;            /* fixed cost per op, microseconds */
   double attn_gflops;      /* attention's FLOPs over its kernels' time; 0: the GEMM rate */
+  double comm_overlap;     /* host collectives: the fraction of their time hidden by kernels */
 } dt_compute_params_t;
 DT_API dt_status_t dt_compute_model_get(dt_compute_params_t* out);
 DT_API dt_status_t dt_compute_model_set(const dt_compute_params_t* params);

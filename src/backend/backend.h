@@ -194,8 +194,9 @@ void dt__sim_clock_reset(void);
 void dt__sim_clock_mark(void);
 /* A kernel of `us` on the compute stream. */
 void dt__sim_compute(double us);
-/* A collective of `us` posted now: returns when it ends. */
-double dt__sim_comm_post(double us);
+/* A collective of `us` posted now: returns when it ends. The fraction 1 - overlap of it keeps
+ * the compute stream busy at once (counted as exposed): work the rank's own core does. */
+double dt__sim_comm_post(double us, double overlap);
 /* The compute stream waits until time t (a collective's end): the wait counts as exposed. */
 void dt__sim_wait_until(double t);
 /* Adds a backend to the list dt_backend_get searches (at most DT_MAX_BACKENDS). */

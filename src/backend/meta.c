@@ -161,11 +161,16 @@ void dt__sim_compute(double us) {
   dt__clock.compute_us += us;
 }
 
-double dt__sim_comm_post(double us) {
+double dt__sim_comm_post(double us, double overlap) {
   double start = dt__clock.comm_free > dt__clock.now ? dt__clock.comm_free : dt__clock.now;
   if (!(us > 0.0)) us = 0.0;
   dt__clock.comm_free = start + us;
   dt__clock.comm_us += us;
+  const double busy = (1.0 - overlap) * us; /* the part the rank's own core runs */
+  if (busy > 0.0) {
+    dt__clock.now += busy;
+    dt__clock.exposed_us += busy;
+  }
   return dt__clock.comm_free;
 }
 

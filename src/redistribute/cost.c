@@ -63,7 +63,7 @@ static uint64_t dt__cost_gen = 1;
 static dt_coll_algo_t dt__cost_forced = DT_ALGO_COUNT; /* none */
 
 /* The compute model (dtensor/redistribute.h): one core of the development machine. */
-static const dt_compute_params_t dt__compute_defaults = {157.0, 157.0, 7.0, 5.0, 0.0};
+static const dt_compute_params_t dt__compute_defaults = {157.0, 157.0, 7.0, 5.0, 0.0, 1.0};
 static dt_compute_params_t dt__compute;
 
 static void dt__cost_defaults_set(void) {
@@ -195,7 +195,10 @@ double dt__sim_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, dt_coll
   }
   if (!isfinite(us)) us = dt__cost_of_on(m, mask, c, n, nbytes, NULL); /* not the forced one */
   if (!isfinite(us)) us = 0.0;
-  double done = dt__sim_comm_post(us);
+  /* a simulated GPU's collectives run on NCCL's stream; the host's partly on the rank's core */
+  const double overlap =
+      dt__backend_meta.kernel_set == DT_KERNELS_HOST ? dt__compute_model()->comm_overlap : 1.0;
+  double done = dt__sim_comm_post(us, overlap);
   if (!async) dt__sim_wait_until(done);
   return done;
 }
@@ -244,6 +247,9 @@ static dt_status_t dt__compute_check(const dt_compute_params_t* p, const char* w
   if (!(a == 0.0 || (a >= DT__RATE_MIN && a <= DT__RATE_MAX)))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: attn_gflops = %g out of range (0, or [%g, %g])", what,
                    p->attn_gflops, DT__RATE_MIN, DT__RATE_MAX);
+  if (!(p->comm_overlap >= 0.0 && p->comm_overlap <= 1.0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: comm_overlap = %g out of range [0, 1]", what,
+                   p->comm_overlap);
   return DT_SUCCESS;
 }
 
@@ -539,14 +545,14 @@ static dt_status_t dt__cost_model_parse(const char* text, size_t len, const char
   dt_compute_params_t comp = dt__compute; /* "compute": fields left out keep their values */
   cJSON* ce = cJSON_GetObjectItemCaseSensitive(root, "compute");
   if (st == DT_SUCCESS && ce != NULL) {
-    static const char* keys[5] = {"gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "op_us",
-                                  "attn_gflops"};
-    double* fields[5] = {&comp.gemm_gflops, &comp.gemm_bf16_gflops, &comp.mem_gbps, &comp.op_us,
-                         &comp.attn_gflops};
+    static const char* keys[6] = {"gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "op_us",
+                                  "attn_gflops", "comm_overlap"};
+    double* fields[6] = {&comp.gemm_gflops, &comp.gemm_bf16_gflops, &comp.mem_gbps, &comp.op_us,
+                         &comp.attn_gflops, &comp.comm_overlap};
     if (!cJSON_IsObject(ce))
       st = DT_FAIL(DT_ERR_INVALID_ARG, "cost model %s: \"compute\" must be an object", what);
-    else st = dt__cost_keys_check(ce, keys, 5, 0, what, "\"compute\"");
-    for (int i = 0; i < 5 && st == DT_SUCCESS; i++) {
+    else st = dt__cost_keys_check(ce, keys, 6, 0, what, "\"compute\"");
+    for (int i = 0; i < 6 && st == DT_SUCCESS; i++) {
       cJSON* v = cJSON_GetObjectItemCaseSensitive(ce, keys[i]);
       if (v == NULL) continue;
       if (!cJSON_IsNumber(v))
@@ -667,7 +673,8 @@ static dt_status_t dt__cost_model_save_impl(const char* path) {
       !cJSON_AddNumberToObject(ce, "gemm_bf16_gflops", dt__compute.gemm_bf16_gflops) ||
       !cJSON_AddNumberToObject(ce, "mem_gbps", dt__compute.mem_gbps) ||
       !cJSON_AddNumberToObject(ce, "op_us", dt__compute.op_us) ||
-      !cJSON_AddNumberToObject(ce, "attn_gflops", dt__compute.attn_gflops)) {
+      !cJSON_AddNumberToObject(ce, "attn_gflops", dt__compute.attn_gflops) ||
+      !cJSON_AddNumberToObject(ce, "comm_overlap", dt__compute.comm_overlap)) {
     cJSON_Delete(root);
     return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "building JSON");
   }

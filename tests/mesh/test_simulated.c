@@ -297,7 +297,7 @@ static void test_step_time(void** state) {
   assert_non_null(strstr(dt_last_error(), "dt_init_simulated"));
   assert_int_equal(dt_sim_time_reset(), DT_ERR_INVALID_USAGE);
   /* the compute model: checked, and kept through the cost model file */
-  dt_compute_params_t cp0, cp = {100.0, 200.0, 1000.0, 2.0, 0.0}, bad = cp;
+  dt_compute_params_t cp0, cp = {100.0, 200.0, 1000.0, 2.0, 0.0, 1.0}, bad = cp;
   OK(dt_compute_model_get(&cp0));
   assert_true(cp0.gemm_gflops > 0 && cp0.mem_gbps > 0 && cp0.op_us >= 0);
   bad.mem_gbps = 0.0 / 0.0;
@@ -312,13 +312,25 @@ static void test_step_time(void** state) {
   assert_int_equal(dt_compute_model_set(&bad), DT_ERR_INVALID_ARG);
   assert_non_null(strstr(dt_last_error(), "attn_gflops"));
   assert_true(cp0.attn_gflops == 0.0);
+  assert_true(cp0.comm_overlap == 1.0); /* the default: collectives hidden where they can be */
+  for (int k = 0; k < 3; k++) { /* a fraction: [0, 1] */
+    bad = cp;
+    bad.comm_overlap = k == 0 ? -0.1 : k == 1 ? 1.5 : 0.0 / 0.0;
+    assert_int_equal(dt_compute_model_set(&bad), DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "comm_overlap"));
+  }
+  const char* badov = "{\"compute\": {\"comm_overlap\": 2}}";
+  assert_int_equal(dt_cost_model_load_string(badov, strlen(badov)), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "comm_overlap = 2 out of range [0, 1]"));
   const char* txt = "{\"compute\": {\"gemm_gflops\": 100, \"gemm_bf16_gflops\": 200, "
-                    "\"mem_gbps\": 1000, \"op_us\": 2, \"attn_gflops\": 50}}";
+                    "\"mem_gbps\": 1000, \"op_us\": 2, \"attn_gflops\": 50, "
+                    "\"comm_overlap\": 0.25}}";
   OK(dt_cost_model_load_string(txt, strlen(txt)));
   dt_compute_params_t got;
   OK(dt_compute_model_get(&got));
   assert_true(got.gemm_gflops == 100.0 && got.gemm_bf16_gflops == 200.0 &&
-              got.mem_gbps == 1000.0 && got.op_us == 2.0 && got.attn_gflops == 50.0);
+              got.mem_gbps == 1000.0 && got.op_us == 2.0 && got.attn_gflops == 50.0 &&
+              got.comm_overlap == 0.25);
   const char* badattn = "{\"compute\": {\"attn_gflops\": \"fast\"}}";
   assert_int_equal(dt_cost_model_load_string(badattn, strlen(badattn)), DT_ERR_INVALID_ARG);
   assert_non_null(strstr(dt_last_error(), "attn_gflops"));
@@ -335,10 +347,11 @@ static void test_step_time(void** state) {
   OK(dt_cost_model_reset());
   OK(dt_compute_model_get(&got));
   assert_true(got.gemm_gflops == cp0.gemm_gflops);
-  assert_true(got.attn_gflops == 0.0);
+  assert_true(got.attn_gflops == 0.0 && got.comm_overlap == 1.0);
   OK(dt_cost_model_load(path));
   OK(dt_compute_model_get(&got));
-  assert_true(got.gemm_gflops == 100.0 && got.op_us == 2.0 && got.attn_gflops == 50.0);
+  assert_true(got.gemm_gflops == 100.0 && got.op_us == 2.0 && got.attn_gflops == 50.0 &&
+              got.comm_overlap == 0.25);
   unlink(path);
   dt_cost_params_t ag = {10.0, 0.0, 1.0}; /* all-gathers: 10 us + bytes at 1 GB/s */
   OK(dt_cost_model_set(DT_COLL_ALL_GATHER, &ag));
@@ -468,6 +481,27 @@ static void test_step_time(void** state) {
   OK(dt_work_destroy(w2));
   OK(dt_tensor_destroy(u));
   OK(dt_tensor_destroy(u2));
+  /* comm_overlap on the host: the fraction 1 - f of a collective occupies the rank when it is
+   * posted; the rest runs beside the product (0: nothing hidden, all of it exposed) */
+  for (int k = 0; k < 3; k++) {
+    const double f = k == 0 ? 0.0 : k == 1 ? 0.5 : 0.9;
+    dt_compute_params_t part = cp;
+    part.comm_overlap = f;
+    OK(dt_compute_model_set(&part));
+    OK(dt_sim_time_reset());
+    OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
+    OK(dt_mm(a, b, &c));
+    OK(dt_tensor_destroy(c));
+    OK(dt_work_wait(w));
+    OK(dt_work_destroy(w));
+    OK(dt_tensor_destroy(u));
+    OK(dt_sim_time_get(&t));
+    const double busy = (1.0 - f) * ag_us, want = fmax(busy + mm_us, ag_us);
+    assert_true(fabs(t.elapsed_us - want) < 1e-9);
+    assert_true(fabs(t.exposed_comm_us - (want - mm_us)) < 1e-9);
+    assert_true(fabs(t.comm_us - ag_us) < 1e-9);
+  }
+  OK(dt_compute_model_set(&cp));
   dt_tensor_t all[6] = {a, b, a16, b16, g, NULL};
   for (int i = 0; all[i]; i++) OK(dt_tensor_destroy(all[i]));
   OK(dt_mesh_destroy(m));
@@ -567,6 +601,42 @@ static int64_t sdpa_other_peak(const char* device) {
   return held;
 }
 
+/* The step time of an asynchronous all-gather (64 x 16 floats from Shard(0) on 4 ranks: 10 us +
+ * 3/4 of 4096 bytes at 1 GB/s) posted before a product (2 us + 2 x 64 x 128 x 32 FLOPs at 100
+ * GFLOP/s) and waited for after it, with comm_overlap 0, on a fresh simulated world playing
+ * `device` (NULL: the default). */
+static double async_gather_us(const char* device) {
+  OK(dt_init_simulated(4, 0));
+  if (device != NULL) OK(dt_sim_set_device(device));
+  const dt_compute_params_t cp = {100.0, 200.0, 1000.0, 2.0, 0.0, 0.0};
+  const dt_cost_params_t ag = {10.0, 0.0, 1.0};
+  OK(dt_compute_model_set(&cp));
+  OK(dt_cost_model_set(DT_COLL_ALL_GATHER, &ag));
+  int n = 4;
+  dt_mesh_t m;
+  OK(dt_mesh_create(1, &n, NULL, NULL, &m));
+  dt_placement_t r = dt_replicate(), s0 = dt_shard(0);
+  const int64_t as[2] = {64, 128}, bs[2] = {128, 32}, gs[2] = {64, 16};
+  dt_tensor_t a, b, c, g, u;
+  dt_work_t w;
+  OK(dt_tensor_rand(m, DT_F32, 2, as, &r, 1, &a));
+  OK(dt_tensor_rand(m, DT_F32, 2, bs, &r, 2, &b));
+  OK(dt_tensor_rand(m, DT_F32, 2, gs, &s0, 3, &g));
+  OK(dt_sim_time_reset());
+  OK(dt_tensor_redistribute_async(g, &r, &u, &w));
+  OK(dt_mm(a, b, &c));
+  OK(dt_work_wait(w));
+  dt_sim_time_t t;
+  OK(dt_sim_time_get(&t));
+  OK(dt_work_destroy(w));
+  dt_tensor_t all[5] = {a, b, c, g, u};
+  for (int i = 0; i < 5; i++) OK(dt_tensor_destroy(all[i]));
+  OK(dt_mesh_destroy(m));
+  OK(dt_finalize());
+  OK(dt_cost_model_reset());
+  return t.elapsed_us;
+}
+
 static void test_sim_device(void** state) {
   (void)state;
   assert_int_equal(dt_sim_set_device("cuda"), DT_ERR_INVALID_USAGE); /* no simulated world */
@@ -583,7 +653,12 @@ static void test_sim_device(void** state) {
   const int64_t cpu = sdpa_other_peak(NULL);
   /* the output (2 x 64 x 16 f32, 8 KiB) and the host kernel's scores of one head (16 KiB) */
   assert_int_equal(cpu, 8192 + 16384);
+  /* comm_overlap 0: the host runs the all-gather and the product one after the other */
+  const double ag_us = 10.0 + 0.75 * 4096 / 1e3, mm_us = 2.0 + 2.0 * 64 * 128 * 32 / 100e3;
+  assert_true(fabs(async_gather_us(NULL) - (ag_us + mm_us)) < 1e-9);
   if (emu == DT_ERR_UNSUPPORTED) return;
+  /* a device's collectives run on their own stream whatever comm_overlap says */
+  assert_true(fabs(async_gather_us("cuda-emu") - fmax(ag_us, mm_us)) < 1e-9);
   assert_int_equal(emu, DT_SUCCESS);
   /* the output and the GEMM path's f32 scores of both heads (2 x 64 x 64 x 4 bytes; P over them) */
   assert_int_equal(sdpa_other_peak("cuda-emu"), 8192 + 32768);
