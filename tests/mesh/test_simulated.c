@@ -288,6 +288,26 @@ static void test_model_step(void** state) {
   OK(dt_finalize());
 }
 
+/* The simulated clock after an asynchronous all-gather of g (to Replicate) posted before
+ * `products` products a x b and waited for after them (the clock reset first). */
+static dt_sim_time_t gather_beside(dt_tensor_t g, dt_tensor_t a, dt_tensor_t b, int products) {
+  dt_placement_t rr = dt_replicate();
+  dt_tensor_t u, c;
+  dt_work_t w;
+  dt_sim_time_t t;
+  OK(dt_sim_time_reset());
+  OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
+  for (int i = 0; i < products; i++) {
+    OK(dt_mm(a, b, &c));
+    OK(dt_tensor_destroy(c));
+  }
+  OK(dt_work_wait(w));
+  OK(dt_work_destroy(w));
+  OK(dt_tensor_destroy(u));
+  OK(dt_sim_time_get(&t));
+  return t;
+}
+
 /* The simulated clock: kernels priced by the compute model, collectives by the cost model,
  * asynchronous ones hidden behind the compute done before their wait. */
 static void test_step_time(void** state) {
@@ -445,27 +465,11 @@ static void test_step_time(void** state) {
   assert_true(fabs(t.elapsed_us - t.compute_us - t.exposed_comm_us) < 1e-9);
   /* asynchronous, with one product before the wait: the product hides part of it */
   dt_work_t w, w2;
-  OK(dt_sim_time_reset());
-  OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
-  OK(dt_mm(a, b, &c));
-  OK(dt_tensor_destroy(c));
-  OK(dt_work_wait(w));
-  OK(dt_work_destroy(w));
-  OK(dt_tensor_destroy(u));
-  OK(dt_sim_time_get(&t));
+  t = gather_beside(g, a, b, 1);
   assert_true(fabs(t.elapsed_us - ag_us) < 1e-9);
   assert_true(fabs(t.exposed_comm_us - (ag_us - mm_us)) < 1e-9);
   /* with two products before the wait it is hidden entirely */
-  OK(dt_sim_time_reset());
-  OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
-  for (int i = 0; i < 2; i++) {
-    OK(dt_mm(a, b, &c));
-    OK(dt_tensor_destroy(c));
-  }
-  OK(dt_work_wait(w));
-  OK(dt_work_destroy(w));
-  OK(dt_tensor_destroy(u));
-  OK(dt_sim_time_get(&t));
+  t = gather_beside(g, a, b, 2);
   assert_true(fabs(t.elapsed_us - 2 * mm_us) < 1e-9);
   assert_true(t.exposed_comm_us == 0.0);
   /* two posted at once share the one communication stream: the second ends after both */
@@ -488,14 +492,7 @@ static void test_step_time(void** state) {
     dt_compute_params_t part = cp;
     part.comm_overlap = f;
     OK(dt_compute_model_set(&part));
-    OK(dt_sim_time_reset());
-    OK(dt_tensor_redistribute_async(g, &rr, &u, &w));
-    OK(dt_mm(a, b, &c));
-    OK(dt_tensor_destroy(c));
-    OK(dt_work_wait(w));
-    OK(dt_work_destroy(w));
-    OK(dt_tensor_destroy(u));
-    OK(dt_sim_time_get(&t));
+    t = gather_beside(g, a, b, 1);
     const double busy = (1.0 - f) * ag_us, want = fmax(busy + mm_us, ag_us);
     assert_true(fabs(t.elapsed_us - want) < 1e-9);
     assert_true(fabs(t.exposed_comm_us - (want - mm_us)) < 1e-9);
@@ -617,20 +614,13 @@ static double async_gather_us(const char* device) {
   OK(dt_mesh_create(1, &n, NULL, NULL, &m));
   dt_placement_t r = dt_replicate(), s0 = dt_shard(0);
   const int64_t as[2] = {64, 128}, bs[2] = {128, 32}, gs[2] = {64, 16};
-  dt_tensor_t a, b, c, g, u;
-  dt_work_t w;
+  dt_tensor_t a, b, g;
   OK(dt_tensor_rand(m, DT_F32, 2, as, &r, 1, &a));
   OK(dt_tensor_rand(m, DT_F32, 2, bs, &r, 2, &b));
   OK(dt_tensor_rand(m, DT_F32, 2, gs, &s0, 3, &g));
-  OK(dt_sim_time_reset());
-  OK(dt_tensor_redistribute_async(g, &r, &u, &w));
-  OK(dt_mm(a, b, &c));
-  OK(dt_work_wait(w));
-  dt_sim_time_t t;
-  OK(dt_sim_time_get(&t));
-  OK(dt_work_destroy(w));
-  dt_tensor_t all[5] = {a, b, c, g, u};
-  for (int i = 0; i < 5; i++) OK(dt_tensor_destroy(all[i]));
+  const dt_sim_time_t t = gather_beside(g, a, b, 1);
+  dt_tensor_t all[3] = {a, b, g};
+  for (int i = 0; i < 3; i++) OK(dt_tensor_destroy(all[i]));
   OK(dt_mesh_destroy(m));
   OK(dt_finalize());
   OK(dt_cost_model_reset());
