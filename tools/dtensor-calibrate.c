@@ -403,15 +403,15 @@ static double median(double* t, int n) {
   return t[n / 2];
 }
 
-#define OVERLAP_REPS 7
-/* comm_overlap (dt_compute_params_t): how much of an asynchronous all-gather over the world (4 MiB
+#define OVERLAP_REPS 15
+/* comm_overlap (dt_compute_params_t): how much of an asynchronous all-gather over the world (8 MiB
  * from each rank, S(0) -> R) a run of small ops hides (adds of 64 Ki floats, as many as last about
  * as long as the all-gather), as the wrappers' prefetches and bucketed reductions run beside a
  * step's kernels: (t_comm + t_ops - t_both) / min(t_comm, t_ops), each time the median of
  * OVERLAP_REPS timings, the slowest rank's (in m[0..2], microseconds); clamped to [0, 1]. -1 on a
  * failure (dt_last_error). */
 static double measure_overlap(dt_mesh_t mesh, int world, double* m) {
-  const int64_t gshape[2] = {(int64_t)world * 256, 4096}, ashape[1] = {1 << 16};
+  const int64_t gshape[2] = {(int64_t)world * 512, 4096}, ashape[1] = {1 << 16};
   dt_placement_t s0 = dt_shard(0), r = dt_replicate();
   dt_tensor_t x = NULL, a = NULL;
   int bad = dt_tensor_rand(mesh, DT_F32, 2, gshape, &s0, 1, &x) != DT_SUCCESS ||
@@ -589,7 +589,15 @@ static const char* step_device(void) {
  * the GEMM FLOPs and the rest of the FLOPs are attention's. 0 on success; on a failure *why
  * says what failed. */
 static int simulate_steps(step_count_t* cnt, char* why, size_t why_n) {
-  if (dt_init_simulated(1, 0) != DT_SUCCESS) {
+  /* quiet: every process plays rank 0 here, and dt_init says which cost model it loaded */
+  const char* q = getenv("DTENSOR_QUIET");
+  char quiet[64];
+  snprintf(quiet, sizeof quiet, "%s", q ? q : "");
+  setenv("DTENSOR_QUIET", "1", 1);
+  const dt_status_t init = dt_init_simulated(1, 0);
+  if (q != NULL) setenv("DTENSOR_QUIET", quiet, 1);
+  else unsetenv("DTENSOR_QUIET");
+  if (init != DT_SUCCESS) {
     snprintf(why, why_n, "%s", dt_last_error());
     return 1;
   }
@@ -1017,7 +1025,7 @@ compute:
     }
     if (rank == 0 && overlap)
       printf("# comm_overlap: an all-gather of %d MiB %.2f ms, small ops %.2f ms, both at once "
-             "%.2f ms\n", 4 * world, ov[0] * 1e-3, ov[1] * 1e-3, ov[2] * 1e-3);
+             "%.2f ms\n", 8 * world, ov[0] * 1e-3, ov[1] * 1e-3, ov[2] * 1e-3);
     if (rank == 0)
       printf("compute: op_us %.2f, mem_gbps %.2f, gemm_gflops %.1f (f32, mm 512^3), "
              "gemm_bf16_gflops %.1f, attn_gflops %.1f (sdpa and its gradient, S %d, D %d), "
