@@ -694,7 +694,15 @@ static int fit_steps(dt_mesh_t world_mesh, const step_count_t* cnt, int rank,
             dt_mesh_slice(grid, 1, &names[1], &self) != DT_SUCCESS ||
             dt_mesh_backend(self, &be) != DT_SUCCESS || dt_backend_device(be, &dev) != DT_SUCCESS;
   const int sim_dev = strcmp(step_device(), "cpu") != 0;
-  if (!bad && sim_dev != (dev != DT_DEVICE_HOST)) { /* counted for other kernels */
+  int other = !bad && sim_dev != (dev != DT_DEVICE_HOST); /* counted for other kernels */
+  int agree[2] = {bad, other}; /* every rank trains the steps, or none does */
+  MPI_Allreduce(MPI_IN_PLACE, agree, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (agree[0]) {
+    dt_mesh_destroy(self);
+    dt_mesh_destroy(grid);
+    return 1;
+  }
+  if (agree[1]) {
     if (rank == 0)
       printf("# steps: not fitted (the backend %s is not the simulated %s): op_us and mem_gbps "
              "from the isolated add\n", dt_backend_name(be), step_device());
@@ -808,7 +816,7 @@ int main(int argc, char** argv) {
   if (step_times_env(given) == 1) return 2;
   step_count_t counts[NSHAPES];
   char sim_why[512] = "";
-  const int counted = !nccl && simulate_steps(counts, sim_why, sizeof sim_why) == 0;
+  int counted = !nccl && simulate_steps(counts, sim_why, sizeof sim_why) == 0;
   if (dt_init(&argc, &argv) != DT_SUCCESS) {
     fprintf(stderr, "dtensor-calibrate: %s\n", dt_last_error());
     return 1;
@@ -816,6 +824,14 @@ int main(int argc, char** argv) {
   int rank, world;
   dt_world_rank(&rank);
   dt_world_size(&world);
+  if (!nccl) { /* the step fit runs on every rank or on none (it is collective) */
+    int all = counted;
+    MPI_Allreduce(&counted, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!counted) fprintf(stderr, "dtensor-calibrate: rank %d: the steps' simulation: %s\n", rank,
+                          sim_why);
+    if (!all && counted) snprintf(sim_why, sizeof sim_why, "on another rank");
+    counted = all;
+  }
   if (world < 2 && !compute_only) {
     if (rank == 0) fprintf(stderr, "dtensor-calibrate: run under mpirun with at least 2 ranks\n");
     dt_finalize();

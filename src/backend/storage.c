@@ -588,6 +588,10 @@ dt_status_t dt__backend_run_kernel(dt_backend_t b, dt_op_kernel_fn kernel, unsig
     }
     dt__mem_count(DT_MEM_OTHER, (int64_t)need);
     cnt_out[o] = need;
+    if (!(flags & DT_KERNEL_WRITES_ALL)) /* what the kernel leaves is the output's own value */
+      DT_CHECK_GOTO(b->iface->convert(b, out[o].data, out[o].dtype, tmp_out[o], DT_F32,
+                                      dt__local_numel(&out[o])),
+                    st, done);
     lout[o].data = tmp_out[o];
     lout[o].dtype = DT_F32;
   }

@@ -400,13 +400,15 @@ static int dt__ra_algo_priced(const dt__ring_call_t* a) {
   double pa, pb, ga, gb;
   dt__cost_linear_on(a->mesh, mask, DT_COLL_SEND_RECV, DT_ALGO_NATIVE, a->link.n, &pa, &pb);
   dt__cost_linear_on(a->mesh, mask, DT_COLL_ALL_GATHER, DT_ALGO_NATIVE, a->link.n, &ga, &gb);
+  const double busy = 1.0 - dt__comm_overlap_on(a->mesh); /* a transfer's part on the core */
   double ring_max = 0.0, gather_max = 0.0;
   for (int r = 0; r < a->link.n; r++) {
     double ring = 0.0, gather = 2.0 * ga + gb * (double)kv * a->link.n;
     for (int t = 0; t < a->link.n; t++) {
       const double step = dt__ra_step_us_of(a, r, (r - t + a->link.n) % a->link.n, 0);
       const double xfer = t + 1 < a->link.n ? pa + pb * (double)kv : 0.0;
-      ring += step > xfer ? step : xfer;
+      const double beside = step + busy * xfer; /* the step and the transfer's own share */
+      ring += beside > xfer ? beside : xfer;
       gather += step;
     }
     ring_max = ring > ring_max ? ring : ring_max;

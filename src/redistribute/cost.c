@@ -182,6 +182,12 @@ double dt__cost_of_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, int n, u
   return best;
 }
 
+double dt__comm_overlap_on(dt_mesh_t mesh) {
+  const int host = dt__ctx_simulated() ? dt__backend_meta.kernel_set == DT_KERNELS_HOST
+                                       : mesh->backend->device == DT_DEVICE_HOST;
+  return host ? dt__compute_model()->comm_overlap : 1.0; /* a GPU's: NCCL's own stream */
+}
+
 double dt__sim_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, dt_coll_algo_t algo,
                           int n, uint64_t nbytes, int async) {
   if (!dt__ctx_simulated()) return 0.0;
@@ -195,10 +201,7 @@ double dt__sim_collective(dt_mesh_t m, unsigned mask, dt_collective_t c, dt_coll
   }
   if (!isfinite(us)) us = dt__cost_of_on(m, mask, c, n, nbytes, NULL); /* not the forced one */
   if (!isfinite(us)) us = 0.0;
-  /* a simulated GPU's collectives run on NCCL's stream; the host's partly on the rank's core */
-  const double overlap =
-      dt__backend_meta.kernel_set == DT_KERNELS_HOST ? dt__compute_model()->comm_overlap : 1.0;
-  double done = dt__sim_comm_post(us, overlap);
+  double done = dt__sim_comm_post(us, dt__comm_overlap_on(m));
   if (!async) dt__sim_wait_until(done);
   return done;
 }

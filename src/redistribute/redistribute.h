@@ -68,6 +68,10 @@ double dt__cost_of_on(dt_mesh_t mesh, unsigned mask, dt_collective_t c, int n, u
 int dt__cost_has_alt(dt_collective_t c);
 /* The compute model (dt_compute_model_get/set; the "compute" key of the cost model file). */
 const dt_compute_params_t* dt__compute_model(void);
+/* The fraction of a collective on `mesh` that its kernels hide: the compute model's
+ * comm_overlap where they run on the host (a real host backend, or a simulation of the host's
+ * kernels), 1 on a device (NCCL's own stream). */
+double dt__comm_overlap_on(dt_mesh_t mesh);
 /* In a simulated run (dt_init_simulated): collective c of nbytes over the mesh dims `mask` (a
  * group of n, algorithm algo; DT_ALGO_COUNT: the cheapest) posted on the simulated communication
  * stream at its cost-model price, a blocking one (async 0) waited for at once. Returns when it

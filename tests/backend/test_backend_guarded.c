@@ -147,6 +147,44 @@ static dt_status_t lazy_kernel(const dt_op_call_t* c, const dt_local_tensor_t* i
   return DT_SUCCESS;
 }
 
+static dt_status_t even_kernel(const dt_op_call_t* c, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out) {
+  (void)c;
+  for (int64_t i = 0; i < numel_of(in); i += 2) ((float*)out->data)[i] = ((float*)in->data)[i];
+  return DT_SUCCESS;
+}
+
+/* A host op's kernel that writes part of its output: the rest reads back as the zeros it was
+ * given, also for bf16 tensors, whose kernels run on f32 copies from the storage pool (the block
+ * a previous kernel's copy left there: 32 Ki elements, 128 KiB of f32, pooled). */
+static void test_partial_writer(void) {
+  int world;
+  DT_ASSERT_OK(dt_world_size(&world));
+  int shape[1] = {world};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh)); /* the cpu backend: pooled */
+  dt_placement_t r[1] = {dt_replicate()};
+  const int64_t n = 32768;
+  dt_tensor_t x, y, z;
+  DT_ASSERT_OK(dt_tensor_arange(mesh, DT_BF16, 1, &n, r, 1.0, 0.0, &x)); /* all ones */
+  DT_ASSERT_OK(dt_op_register("copy_all", 1, copy_rules, good_kernel));
+  DT_ASSERT_OK(dt_op_register("copy_even", 1, copy_rules, even_kernel));
+  DT_ASSERT_OK(dt_op_run("copy_all", 1, &x, 0, NULL, 0, NULL, &y));
+  DT_ASSERT_OK(dt_op_run("copy_even", 1, &x, 0, NULL, 0, NULL, &z));
+  float* got = malloc(sizeof(float) * (size_t)n);
+  DT_ASSERT_TRUE(got != NULL, "memory");
+  dt_tensor_t zf;
+  DT_ASSERT_OK(dt_cast(z, DT_F32, &zf));
+  DT_ASSERT_OK(dt_tensor_gather_full(zf, got, sizeof(float) * (size_t)n));
+  for (int64_t i = 0; i < n; i++)
+    DT_ASSERT_TRUE(got[i] == (i % 2 ? 0.0f : 1.0f), "element %lld of a half-written bf16 output "
+                   "is %g", (long long)i, got[i]);
+  free(got);
+  dt_tensor_t all[4] = {x, y, z, zf};
+  for (int i = 0; i < 4; i++) DT_ASSERT_OK(dt_tensor_destroy(all[i]));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 static void test_kernels(void) {
   int world;
   DT_ASSERT_OK(dt_world_size(&world));
@@ -218,6 +256,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_STATUS(dt_backend_device((dt_backend_t)(void*)&dev, &dev), DT_ERR_INVALID_ARG);
   test_range_checks();
   test_kernels();
+  test_partial_writer();
   test_recorded_damage(); /* last: the problem count stays raised */
   if (rank == 0) printf("test_backend_guarded: every class of damage was caught\n");
   DT_ASSERT_OK(dt_finalize());

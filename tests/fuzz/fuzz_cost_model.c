@@ -58,6 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                            cafter.attn_gflops == 0.0 ? 1.0 : cafter.attn_gflops};
   for (int i = 0; i < 4; i++) DT_FUZZ_ASSERT(rates[i] >= 1e-6 && rates[i] <= 1e9);
   DT_FUZZ_ASSERT(cafter.op_us >= 0.0 && cafter.op_us <= 1e6);
+  DT_FUZZ_ASSERT(cafter.comm_overlap >= 0.0 && cafter.comm_overlap <= 1.0);
   for (int c = 0; c < DT_COLL_COUNT; c++)
     for (int a = 0; a < DT_ALGO_COUNT; a++) {
       const dt_cost_params_t* p = &after[c][a];

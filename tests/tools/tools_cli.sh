@@ -84,9 +84,12 @@ import json, sys
 c = json.load(open(sys.argv[1]))["compute"]
 rates = ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "attn_gflops")
 ok = all(c[k] > 0 for k in rates) and c["op_us"] >= 0
+ok = ok and 0.0 <= c["comm_overlap"] <= 1.0  # measured: 2 ranks on the host
 sys.exit(0 if ok else 1)
 PY
 grep -q "^compute: op_us" "$tmp/out" || fail "calibrate does not print the compute model"
+grep -q "comm_overlap [0-9.]* (an all-gather beside small ops)" "$tmp/out" ||
+  fail "calibrate on 2 host ranks does not measure comm_overlap"
 # --nccl: on a host backend it needs a GPU (exit 1, a message); a dry run on the emulated GPU
 # (NCCL emulated over MPI) adds an "nccl" object and keeps the rest of the loaded model
 rc=0
@@ -121,6 +124,7 @@ import json, sys
 host, new = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 ok = all(new[k] == host[k] for k in host if k != "compute")  # the loaded collectives kept
 c = new["compute"]
+ok = ok and c["comm_overlap"] == host["compute"]["comm_overlap"]  # one rank: kept as loaded
 ok = ok and all(c[k] > 0 for k in ("gemm_gflops", "gemm_bf16_gflops", "mem_gbps", "attn_gflops"))
 sys.exit(0 if ok else 1)
 PY
