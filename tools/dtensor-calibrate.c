@@ -589,14 +589,16 @@ static const char* step_device(void) {
  * the GEMM FLOPs and the rest of the FLOPs are attention's. 0 on success; on a failure *why
  * says what failed. */
 static int simulate_steps(step_count_t* cnt, char* why, size_t why_n) {
-  /* quiet: every process plays rank 0 here, and dt_init says which cost model it loaded */
-  const char* q = getenv("DTENSOR_QUIET");
-  char quiet[64];
-  snprintf(quiet, sizeof quiet, "%s", q ? q : "");
-  setenv("DTENSOR_QUIET", "1", 1);
+  /* without the cost model file: the steps' counts need none (their compute model is set
+   * below), and every process plays rank 0 here (dt_init reads and reports the file once) */
+  const char* m = getenv("DTENSOR_COST_MODEL");
+  char model[4096];
+  const int asis = m != NULL && strlen(m) >= sizeof model; /* too long to restore: left alone */
+  snprintf(model, sizeof model, "%s", m != NULL && !asis ? m : "");
+  if (!asis) setenv("DTENSOR_COST_MODEL", "none", 1);
   const dt_status_t init = dt_init_simulated(1, 0);
-  if (q != NULL) setenv("DTENSOR_QUIET", quiet, 1);
-  else unsetenv("DTENSOR_QUIET");
+  if (m != NULL && !asis) setenv("DTENSOR_COST_MODEL", model, 1);
+  else if (m == NULL) unsetenv("DTENSOR_COST_MODEL");
   if (init != DT_SUCCESS) {
     snprintf(why, why_n, "%s", dt_last_error());
     return 1;
