@@ -286,6 +286,23 @@ static conditions_t measure_conditions(void) {
   return c;
 }
 
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* The median of n timings (sorted in place). */
+static double median(double* t, int n) {
+  for (int i = 1; i < n; i++) /* insertion sort: a few values */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      const double v = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = v;
+    }
+  return t[n / 2];
+}
+
 /* memcpy bandwidth in GB/s of `bytes` between a and b: best of 5 after a warm-up. */
 static double memcpy_gbps(void* dst, const void* src, long bytes) {
   double best = 0.0;
@@ -321,13 +338,7 @@ static double op_us(dt_backend_t be, const char* name, int n_in, const dt_tensor
     double dt = (MPI_Wtime() - t0) * 1e6 / inner;
     if (r >= 0) t[r] = dt;
   }
-  for (int i = 1; i < reps; i++) /* insertion sort: a few dozen values */
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      double v = t[j];
-      t[j] = t[j - 1];
-      t[j - 1] = v;
-    }
-  return t[reps / 2];
+  return median(t, reps);
 }
 
 /* The attention measured for attn_gflops: q, k, v and the output's gradient (1, 2, 1024, 64),
@@ -384,23 +395,6 @@ static int measure_compute(dt_mesh_t mesh, dt_compute_params_t* out) {
   out->gemm_bf16_gflops = flops / (rest[2] * 1e3);
   out->attn_gflops = attn / (rest[3] * 1e3);
   return 0;
-}
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-/* The median of n timings (sorted in place). */
-static double median(double* t, int n) {
-  for (int i = 1; i < n; i++) /* insertion sort: a few values */
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      const double v = t[j];
-      t[j] = t[j - 1];
-      t[j - 1] = v;
-    }
-  return t[n / 2];
 }
 
 #define OVERLAP_REPS 15
@@ -680,11 +674,11 @@ static int step_times_env(double* t) {
 }
 
 /* Fits op_us and mem_gbps of *cp (its rates measured) to the steps counted in cnt, run for real
- * on a mesh of this rank alone (every rank at once; the slowest rank's times). Prints the fit on
+ * (their times replaced by `given` when not NULL) on a mesh of this rank alone (every rank at once; the slowest rank's times). Prints the fit on
  * rank 0. A backend that is not the simulated device's, or a fit that finds no cost beyond the
  * FLOPs, keeps the isolated figures. 0 on success, 1 on a failure (dt_last_error). */
-static int fit_steps(dt_mesh_t world_mesh, const step_count_t* cnt, int rank,
-                     dt_compute_params_t* cp) {
+static int fit_steps(dt_mesh_t world_mesh, const step_count_t* cnt, const double* given,
+                     int rank, dt_compute_params_t* cp) {
   const char* names[2] = {"w", "self"};
   int world = 1, shape[2] = {1, 1};
   dt_mesh_numel(world_mesh, &world);
@@ -719,7 +713,7 @@ static int fit_steps(dt_mesh_t world_mesh, const step_count_t* cnt, int rank,
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (bad) return 1;
   MPI_Allreduce(MPI_IN_PLACE, T, NSHAPES, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  step_times_env(T); /* checked before dt_init */
+  if (given != NULL) memcpy(T, given, sizeof T); /* $DTENSOR_CALIBRATE_STEP_US */
   const double attn_rate = cp->attn_gflops > 0 ? cp->attn_gflops : cp->gemm_gflops;
   double x[NSHAPES], y[NSHAPES], r[NSHAPES], w[NSHAPES], a = 0.0, b = 0.0;
   for (int k = 0; k < NSHAPES; k++) {
@@ -815,7 +809,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   double given[NSHAPES];
-  if (step_times_env(given) == 1) return 2;
+  const int have_given = step_times_env(given);
+  if (have_given == 1) return 2;
   step_count_t counts[NSHAPES];
   char sim_why[512] = "";
   int counted = !nccl && simulate_steps(counts, sim_why, sizeof sim_why) == 0;
@@ -1034,7 +1029,7 @@ compute:
     const int overlap = world > 1 && dev == DT_DEVICE_HOST; /* host collectives to measure */
     double ov[3] = {0, 0, 0};
     if (measure_compute(world_mesh, &cp) != 0 ||
-        (counted && fit_steps(world_mesh, counts, rank, &cp) != 0) ||
+        (counted && fit_steps(world_mesh, counts, have_given ? given : NULL, rank, &cp) != 0) ||
         (overlap && (cp.comm_overlap = measure_overlap(world_mesh, world, ov)) < 0.0) ||
         dt_compute_model_set(&cp) != DT_SUCCESS) {
       if (rank == 0) fprintf(stderr, "dtensor-calibrate: compute model: %s\n", dt_last_error());

@@ -166,13 +166,15 @@ DT_API dt_status_t dt_mesh_cost_estimate(dt_mesh_t mesh, unsigned mask, dt_colle
  * measures them with the collectives (op_us and mem_gbps fitted to whole training steps, whose
  * other kernels pay more than an isolated one: page faults, libm, the tape's work) and writes
  * them under the key "compute" of the cost model file
- * ({"gemm_gflops":..,"gemm_bf16_gflops":..,"mem_gbps":..,"op_us":..,"attn_gflops":..}), which
+ * ({"gemm_gflops":..,"gemm_bf16_gflops":..,"mem_gbps":..,"op_us":..,"attn_gflops":..,
+ * "comm_overlap":..}), which
  * dt_cost_model_load and dt_cost_model_save read and write with the rest (a file without
  * attn_gflops or comm_overlap keeps the current value); dt_cost_model_reset restores the
  * defaults. Valid values: the rates in [1e-6, 1e9] (attn_gflops also 0), op_us in [0, 1e6],
  * comm_overlap in [0, 1].
  * comm_overlap is the fraction of a collective's time that runs beside the rank's kernels when
- * the simulated device is the host ("cpu"): MPI moves a posted collective forward only inside
+ * they run on the host (a host backend, or the simulated "cpu" device; it prices simulated steps
+ * and ring attention's automatic choice between the ring and an all-gather): MPI moves a posted collective forward only inside
  * library calls, and over shared memory its copies and reductions run on the rank's own core, so
  * what does not overlap occupies the rank when posted. dtensor-calibrate measures it (an
  * asynchronous all-gather beside a run of small ops, against each alone); 1 (the default) is full
