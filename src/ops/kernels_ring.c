@@ -438,22 +438,24 @@ static dt_status_t dt__ra_algo(const dt__ring_call_t* a, int* algo) {
 float* dt__ring_mem_alloc(dt__ring_mem_t* mm, size_t nbytes, int zero) {
   if (mm->n >= DT_RING_MAX_BUFS) return NULL;
   if (nbytes == 0) nbytes = sizeof(float);
-  void* p = dt__backend_alloc(mm->b, nbytes);
+  size_t got = 0;
+  void* p = dt__pool_alloc(mm->b, nbytes, &got);
   if (p == NULL) return NULL;
   dt__mem_count(DT_MEM_OTHER, (int64_t)nbytes);
   if (zero && mm->b->device != DT_DEVICE_META && mm->b->iface->memset(mm->b, p, 0, nbytes)) {
-    dt__backend_free(mm->b, p, nbytes);
+    dt__pool_free(mm->b, p, got);
     dt__mem_count(DT_MEM_OTHER, -(int64_t)nbytes);
     return NULL;
   }
   mm->p[mm->n] = p;
+  mm->got[mm->n] = got;
   mm->nb[mm->n++] = nbytes;
   return (float*)p;
 }
 
 void dt__ring_mem_free(dt__ring_mem_t* mm) {
   for (int i = mm->n - 1; i >= 0; i--) {
-    dt__backend_free(mm->b, mm->p[i], mm->nb[i]);
+    dt__pool_free(mm->b, mm->p[i], mm->got[i]);
     dt__mem_count(DT_MEM_OTHER, -(int64_t)mm->nb[i]);
   }
   mm->n = 0;

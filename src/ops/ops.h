@@ -466,13 +466,15 @@ dt_status_t dt__ring_f32(const dt__ring_link_t* l, const void* src, dt_dtype_t d
                          float* work, const float** out);
 /* Completes an exchange (simulated: waits until its end); the first failure is returned. */
 dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x);
-/* Scratch of a ring call in the computing backend's memory, counted as "other" memory (the meta
- * backend hands out addresses only); freed together. */
+/* Scratch of a ring call in the computing backend's memory, from its storage pool (a ring runs
+ * every layer and step: fresh blocks would fault in their pages each time), counted as "other"
+ * memory at the size asked for (the meta backend hands out addresses only); freed together. */
 #define DT_RING_MAX_BUFS 20
 typedef struct dt__ring_mem {
   dt_backend_t b;
   void* p[DT_RING_MAX_BUFS];
-  size_t nb[DT_RING_MAX_BUFS];
+  size_t nb[DT_RING_MAX_BUFS];  /* asked for (counted) */
+  size_t got[DT_RING_MAX_BUFS]; /* handed out (what the pool takes back) */
   int n;
 } dt__ring_mem_t;
 /* nbytes of scratch (zeroed when `zero`); NULL when out of memory or slots. */
