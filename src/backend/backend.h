@@ -214,7 +214,8 @@ typedef struct dt_storage {
   int refcount;
   dt_backend_t backend;
   void* ptr;
-  size_t nbytes;
+  size_t nbytes; /* counted: the request rounded to the pool's class (dt__pool_counted) */
+  size_t block;  /* the block the pool handed out (at least nbytes; what its free takes back) */
   int owned; /* allocated by the backend (freed with the last reference); else borrowed */
   int category; /* dt_mem_category_t its bytes count under (owned storage) */
 } dt_storage_t;
@@ -254,6 +255,10 @@ void dt__backend_free(dt_backend_t b, void* p, size_t nbytes);
 /* The same through the storage pool (storage.c) for a pooled backend: a block of at least nbytes
  * (its size in *got, which the free takes back). For buffers that every step makes again, such as
  * a kernel's f32 copies of bf16 operands: a fresh block costs a page fault per 4 KiB. */
+/* What a block of nbytes counts as in memory statistics: its class size on a pooled backend
+ * (a cached block handed out for it may be up to a quarter larger), else nbytes; the same on
+ * the meta backend, so that estimates equal real runs. */
+size_t dt__pool_counted(dt_backend_t b, size_t nbytes);
 void* dt__pool_alloc(dt_backend_t b, size_t nbytes, size_t* got);
 void dt__pool_free(dt_backend_t b, void* p, size_t got);
 

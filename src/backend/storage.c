@@ -7,9 +7,12 @@
  * (13% of a training step on the development machine before the cache). Blocks of at least
  * 64 KiB of a pooled backend are rounded up to 4 KiB and kept on free up to DTENSOR_POOL_MB
  * (default 1024; 0 disables) and 1024 blocks; an allocation takes the most recently freed block
- * of its size class and backend. Smaller blocks go straight to the backend. The guarded backend
- * is not pooled: its frees must poison and quarantine. Everything cached is released at
- * dt_finalize.
+ * of its size class and backend, else the smallest cached one at most a quarter larger: sizes
+ * that change from step to step, such as expert-parallel token counts, would otherwise miss
+ * every time (and a block idle in the pool holds the same memory). Memory statistics count the
+ * class size, whichever block served it, so they do not depend on what the pool held. Smaller
+ * blocks go straight to the backend. The guarded backend is not pooled: its frees must poison
+ * and quarantine. Everything cached is released at dt_finalize.
  *
  * Public functions name themselves with DT_ENTRY_RETURN (their bodies are static dt__*_impl
  * functions), so that every message recorded below one starts with its name (dtensor/status.h).
@@ -256,28 +259,37 @@ static void dt__pool_release(void) {
   pthread_mutex_unlock(&dt__pool.mu);
 }
 
+size_t dt__pool_counted(dt_backend_t b, size_t n) {
+  return b->pooled && n >= DT_POOL_MIN ? dt__pool_class(n) : n;
+}
+
 /* A block of at least n bytes (its exact size in *got, which the free must pass back). */
 void* dt__pool_alloc(dt_backend_t b, size_t n, size_t* got) {
   *got = n;
   if (!b->pooled || n < DT_POOL_MIN) return dt__backend_alloc(b, n);
-  size_t c = dt__pool_class(n);
+  const size_t c = dt__pool_class(n), most = c + c / 4;
   *got = c;
+  int best = -1;
   void* p = NULL;
   pthread_mutex_lock(&dt__pool.mu);
   dt__pool_init_locked();
-  for (int i = dt__pool.n - 1; i >= 0; i--)
-    if (dt__pool.size[i] == c && dt__pool.owner[i] == b) {
-      p = dt__pool.ptr[i];
-      dt__pool.held -= c;
-      dt__pool.n--;
-      dt__pool.size[i] = dt__pool.size[dt__pool.n];
-      dt__pool.ptr[i] = dt__pool.ptr[dt__pool.n];
-      dt__pool.owner[i] = dt__pool.owner[dt__pool.n];
-      break;
-    }
+  for (int i = dt__pool.n - 1; i >= 0; i--) { /* its class, most recent first; else best fit */
+    if (dt__pool.owner[i] != b || dt__pool.size[i] < c || dt__pool.size[i] > most) continue;
+    if (best < 0 || dt__pool.size[i] < dt__pool.size[best]) best = i;
+    if (dt__pool.size[i] == c) break;
+  }
+  if (best >= 0) {
+    p = dt__pool.ptr[best];
+    *got = dt__pool.size[best];
+    dt__pool.held -= *got;
+    dt__pool.n--;
+    dt__pool.size[best] = dt__pool.size[dt__pool.n];
+    dt__pool.ptr[best] = dt__pool.ptr[dt__pool.n];
+    dt__pool.owner[best] = dt__pool.owner[dt__pool.n];
+  }
   pthread_mutex_unlock(&dt__pool.mu);
   if (p == NULL) return dt__backend_alloc(b, c);
-  b->live_nbytes += (int64_t)c; /* handed out again */
+  b->live_nbytes += (int64_t)*got; /* handed out again */
   b->live_blocks++;
   return p;
 }
@@ -368,10 +380,11 @@ dt_status_t dt__storage_new(dt_backend_t b, size_t nbytes, int zero, dt_storage_
   }
   s->refcount = 1;
   s->backend = b;
-  s->nbytes = got;
+  s->nbytes = dt__pool_counted(b, nbytes ? nbytes : 1);
+  s->block = got;
   s->owned = 1;
   s->category = DT_MEM_OTHER;
-  dt__mem_count(DT_MEM_OTHER, (int64_t)got);
+  dt__mem_count(DT_MEM_OTHER, (int64_t)s->nbytes);
   if (zero && nbytes) {
     dt_status_t st = b->iface->memset(b, s->ptr, 0, nbytes);
     if (st != DT_SUCCESS) {
@@ -391,6 +404,7 @@ dt_status_t dt__storage_borrow(dt_backend_t b, void* ptr, size_t nbytes, dt_stor
   s->backend = b;
   s->ptr = ptr;
   s->nbytes = nbytes;
+  s->block = nbytes;
   s->owned = 0;
   s->category = DT_MEM_OTHER;
   *out = s;
@@ -405,7 +419,7 @@ void dt__storage_release(dt_storage_t* s) {
   if (s == NULL || --s->refcount > 0) return;
   if (s->owned) {
     dt__mem_count(s->category, -(int64_t)s->nbytes);
-    dt__pool_free(s->backend, s->ptr, s->nbytes);
+    dt__pool_free(s->backend, s->ptr, s->block);
   }
   dt__free(s);
 }
