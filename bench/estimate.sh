@@ -18,18 +18,23 @@
 #    activation checkpointing) on 512 ranks as FSDP 16 x TP 8 x EP 4 with sequence parallelism,
 #    in one process (the whole `train --estimate-only` process). The dense 6.7 G model on
 #    dp 64 x tp 8 of earlier runs is timed too (printed apart).
-# 3. rank_corr = Spearman's correlation between the estimated and the measured tokens/s of 10
-#    layouts of one model at np 4 (DDP with 25 MiB and with 0.02 MiB buckets; FSDP with reshard 1
-#    and 0, with activation checkpointing, with bf16 parameters and without prefetching; dp 2 x
-#    tp 2; tp 4; tp 4 with sequence and loss parallelism), each
-#    real run measured three times (alternating the layouts; tokens/s of the steps after the
-#    first two, the median run), the estimate made with a compute and cost model that
-#    dtensor-calibrate measured at np 4 just before (--force: this machine has fewer cores than
-#    ranks, which is what the runs see too; ranks yield their core while they wait in MPI,
-#    OMPI_MCA_mpi_yield_when_idle=1, in the calibration and the runs alike). The worst relative
-#    error of an estimated step time is printed before the last line. RANK_LAYOUTS=0 skips this
-#    part (rank_corr=nan); RANK_NP=2 measures at np 2 instead (one rank per vCPU here; the
-#    tensor-parallel layouts become tp 2, tp 2 + sp, tp 2 + sp + loss parallel).
+# 3. rank_corr = Spearman's correlation between the estimated and the measured tokens/s of
+#    PLAN_LAYOUTS (10) layouts of one model at np 4 taken from the planner's own table
+#    (dtensor-estimate --plan: every layout of 4 ranks it enumerates, ranked by its estimate),
+#    spread evenly over its ranks (of layouts with equal estimates, such as reshard 1 and 0 on
+#    one data-parallel group, the first). Beside it, rank_corr_fixed (a comment line) does the
+#    same for 10 fixed layouts whose speeds differ by about as much as repeated runs of one
+#    layout do here (DDP with 25 MiB and with 0.02 MiB buckets; FSDP with reshard 1 and 0, with
+#    activation checkpointing, with bf16 parameters and without prefetching; dp 2 x tp 2; tp 4;
+#    tp 4 with sequence and loss parallelism). Each real run is measured RANK_ROUNDS (3) times
+#    (alternating all the layouts; tokens/s of the steps after the first two, the median run),
+#    the estimates made with a compute and cost model that dtensor-calibrate measured at np 4
+#    just before (--force: this machine has fewer cores than ranks, which is what the runs see
+#    too; ranks yield their core while they wait in MPI, OMPI_MCA_mpi_yield_when_idle=1, in the
+#    calibration and the runs alike). The worst relative error of an estimated step time (both
+#    sets) is printed before the last line. RANK_LAYOUTS=0 skips this part (rank_corr=nan);
+#    RANK_NP=2 measures at np 2 instead (one rank per vCPU here; the fixed tensor-parallel
+#    layouts become tp 2, tp 2 + sp, tp 2 + sp + loss parallel).
 # 4. LONG_SEQ=1 (off by default: about 5 minutes here): attention-bound steps, a dense Llama of
 #    1 layer, dim 128, 2 heads of 64, batch 1 at sequence 4096, 8192 and 16384, cp 1 (one rank)
 #    and cp 2 (two ranks), three real runs each (alternating) against the estimate made with an
@@ -87,7 +92,7 @@ printf "# the dense 6.7 G model on dp 64 x tp 8: median %.1f ms (%.1f..%.1f)\n" 
 echo "# EP configurations (balanced routing assumed): worst relative error $routed"
 echo "# communication and total against the point estimate alone (not the [poll, wait] range): worst $point"
 [ "$matrix_rc" = 0 ] || echo "# the test matrix reported a difference (see above)"
-corr=nan terr=nan
+corr=nan corr_fixed=nan terr=nan
 if [ "${RANK_LAYOUTS:-1}" != 0 ]; then
   # 4 ranks on 2 cores: a rank waiting in MPI yields its core (Open MPI busy-polls otherwise, and
   # the waiting ranks take CPU from the computing ones: 30-40 % slower steps, measured)
@@ -97,17 +102,41 @@ if [ "${RANK_LAYOUTS:-1}" != 0 ]; then
   M=(--dim 256 --layers 4 --heads 8 --seq 128 --batch 8)
   TPL=("--dp 2 --tp 2" "--dp 1 --tp 4" "--dp 1 --tp 4 --sp --loss-parallel")
   [ "$N" = 2 ] && TPL=("--dp 1 --tp 2" "--dp 1 --tp 2 --sp" "--dp 1 --tp 2 --sp --loss-parallel")
-  LAYOUTS=("--parallel ddp" "--parallel fsdp" "--parallel fsdp --reshard-after-forward 0"
-           "--parallel fsdp --checkpoint" "--parallel fsdp --param-dtype bf16" "${TPL[@]}"
-           "--parallel ddp --bucket-mb 0.02" "--parallel fsdp --prefetch 0")
-  : > "$W/rank.txt"
+  FIXED=("--parallel ddp" "--parallel fsdp" "--parallel fsdp --reshard-after-forward 0"
+         "--parallel fsdp --checkpoint" "--parallel fsdp --param-dtype bf16" "${TPL[@]}"
+         "--parallel ddp --bucket-mb 0.02" "--parallel fsdp --prefetch 0")
+  # the planner's own table of this model at N ranks, with the same calibration: PLAN_LAYOUTS
+  # layouts spread evenly over its ranks (of layouts with equal estimates, the first)
+  DTENSOR_COST_MODEL="$W/cost.json" "$BUILD/tools/dtensor-estimate" --np "$N" "${M[@]}" --plan \
+    --top 10000 > "$W/plan.txt" 2>&1 || { cat "$W/plan.txt"; echo "estimate.sh: --plan failed" >&2; exit 1; }
+  mapfile -t PLAN < <(python3 - "$W/plan.txt" "${PLAN_LAYOUTS:-10}" <<'PY'
+import sys
+rows, seen = [], set()
+for line in open(sys.argv[1]):
+    f = line.split()
+    if not f or not f[0].isdigit():
+        continue
+    tps = f[-4]
+    if tps in seen:
+        continue
+    seen.add(tps)
+    rows.append(" ".join(f[1:-4]))
+k = min(int(sys.argv[2]), len(rows))
+for j in range(k):
+    print(rows[round(j * (len(rows) - 1) / max(k - 1, 1))])
+PY
+)
+  echo "# the planner's table at np $N: $(grep -c '^[0-9]' "$W/plan.txt") layouts, ${#PLAN[@]} measured"
+  LAYOUTS=("${FIXED[@]}" "${PLAN[@]}")
+  : > "$W/est.txt"
+  : > "$W/real.txt"
   for i in "${!LAYOUTS[@]}"; do
     # shellcheck disable=SC2086
     est=$(DTENSOR_COST_MODEL="$W/cost.json" "$TRAIN" --estimate-only --np "$N" "${M[@]}" \
           ${LAYOUTS[$i]} 2>&1 | est_tps)
     echo "$i ${est:-0}" >> "$W/est.txt"
   done
-  for round in 1 2 3; do
+  for round in $(seq "${RANK_ROUNDS:-3}"); do
     for i in "${!LAYOUTS[@]}"; do
       # shellcheck disable=SC2086
       got=$(DTENSOR_COST_MODEL="$W/cost.json" DTENSOR_QUIET=1 mpirun --oversubscribe -np "$N" "$TRAIN" \
@@ -115,7 +144,8 @@ if [ "${RANK_LAYOUTS:-1}" != 0 ]; then
       echo "$i ${got:-0}" >> "$W/real.txt"
     done
   done
-  read -r corr terr < <(python3 - "$W/est.txt" "$W/real.txt" "${LAYOUTS[@]}" <<'PY'
+  read -r corr corr_fixed terr < <(python3 - "$W/est.txt" "$W/real.txt" "${#FIXED[@]}" \
+                                    "${LAYOUTS[@]}" <<'PY'
 import sys
 est = {}
 for line in open(sys.argv[1]):
@@ -123,8 +153,8 @@ for line in open(sys.argv[1]):
 real = {}
 for line in open(sys.argv[2]):
     i, v = line.split(); real.setdefault(int(i), []).append(float(v))
-names = sys.argv[3:]
-keys = sorted(est)
+nfixed = int(sys.argv[3])
+names = sys.argv[4:]
 def ranks(xs):
     order = sorted(range(len(xs)), key=lambda k: xs[k])
     r = [0.0] * len(xs)
@@ -135,24 +165,36 @@ def ranks(xs):
         for k in range(i, j + 1): r[order[k]] = (i + j) / 2.0
         i = j + 1
     return r
-e = [est[k] for k in keys]
-m = [sorted(real[k])[len(real[k]) // 2] for k in keys]  # the median run
+def spearman(e, m):
+    re, rm = ranks(e), ranks(m)
+    n = len(e)
+    if n < 2:
+        return float("nan")
+    mr = sum(re) / n
+    mm = sum(rm) / n
+    cov = sum((a - mr) * (b - mm) for a, b in zip(re, rm))
+    va = sum((a - mr) ** 2 for a in re) ** 0.5
+    vb = sum((b - mm) ** 2 for b in rm) ** 0.5
+    return cov / (va * vb) if va > 0 and vb > 0 else float("nan")
 worst = 0.0
-for k, ev, mv in zip(keys, e, m):
-    err = abs(mv / ev - 1.0) if ev > 0 and mv > 0 else float("inf")  # step time = tokens / (tokens/s)
-    worst = max(worst, err)
-    spread = " / ".join("%.0f" % v for v in real[k])
-    print("#   %-45s estimated %7.0f tokens/s, measured %7.0f (%s), step time error %+.1f%%"
-          % (names[k], ev, mv, spread, 100.0 * (mv / ev - 1.0) if ev > 0 else float("nan")),
-          file=sys.stderr)
-re, rm = ranks(e), ranks(m)
-n = len(keys)
-mr = sum(re) / n
-cov = sum((a - mr) * (b - mr) for a, b in zip(re, rm))
-va = sum((a - mr) ** 2 for a in re) ** 0.5
-vb = sum((b - mr) ** 2 for b in rm) ** 0.5
-rho = cov / (va * vb) if va > 0 and vb > 0 else float("nan")
-print("%.3f %.3f" % (rho, worst))
+out = []
+for title, keys in (("fixed layouts (near-ties: they differ by about the runs' noise)",
+                     [k for k in sorted(est) if k < nfixed]),
+                    ("layouts spread over the planner's table", [k for k in sorted(est) if k >= nfixed])):
+    print("# %s:" % title, file=sys.stderr)
+    e = [est[k] for k in keys]
+    m = [sorted(real[k])[len(real[k]) // 2] for k in keys]  # the median run
+    for k, ev, mv in zip(keys, e, m):
+        err = abs(mv / ev - 1.0) if ev > 0 and mv > 0 else float("inf")  # step time = tokens / (tokens/s)
+        worst = max(worst, err)
+        spread = " / ".join("%.0f" % v for v in real[k])
+        print("#   %-62s estimated %7.0f tokens/s, measured %7.0f (%s), step time error %+.1f%%"
+              % (names[k], ev, mv, spread, 100.0 * (mv / ev - 1.0) if ev > 0 else float("nan")),
+              file=sys.stderr)
+    rho = spearman(e, m)
+    print("#   Spearman %.3f" % rho, file=sys.stderr)
+    out.append(rho)
+print("%.3f %.3f %.3f" % (out[1], out[0], worst))
 PY
 )
 fi
@@ -186,5 +228,6 @@ print("# seq %s cp %s: estimated %.0f tokens/s, measured %.0f (%s), step time er
 fi
 rm -rf "$W"
 echo "# step time: worst relative error of an estimate against its measured median: $terr"
+[ "$corr" = nan ] || echo "# rank_corr_fixed=$corr_fixed (the 10 fixed layouts)"
 printf "estimate_worst_err=%s traffic_exact=%s rank_corr=%s estimate_ms_512=%.1f\n" \
   "$err" "$exact" "$corr" "$med"

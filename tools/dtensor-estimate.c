@@ -479,13 +479,20 @@ int main(int argc, char** argv) {
   qsort(sorted + nfit, (size_t)nover, sizeof *sorted, by_peak);
   printf("# %d layouts of %d ranks: %d fit%s, %d over the budget, %d refused by the trainer\n", nl,
          np, nfit, budget > 0 ? "" : " (no --budget)", nover, nref);
-  printf("%-4s %-64s %10s %9s %10s %9s\n", "rank", "layout", "tokens/s", "step_ms",
+  int w = 6; /* the layout column as wide as its widest printed entry */
+  for (int i = 0; i < nfit + nover; i++)
+    if ((i < nfit && i < top) || (i >= nfit && i < nfit + 5)) {
+      const int len = (int)strlen(sorted[i].desc);
+      if (len > w) w = len;
+    }
+  printf("%-4s %-*s %10s %9s %10s %9s\n", "rank", w, "layout", "tokens/s", "step_ms",
          "exposed_ms", "peak_GiB");
   for (int i = 0; i < nfit && i < top; i++)
-    printf("%-4d %-64s %10.0f %9.1f %10.1f %9.3f\n", i + 1, sorted[i].desc, sorted[i].tokens_s,
-           sorted[i].step_ms, sorted[i].exposed_ms, sorted[i].peak / 1073741824.0);
+    printf("%-4d %-*s %10.0f %9.1f %10.1f %9.3f\n", i + 1, w, sorted[i].desc,
+           sorted[i].tokens_s, sorted[i].step_ms, sorted[i].exposed_ms,
+           sorted[i].peak / 1073741824.0);
   for (int i = nfit; i < nfit + nover && i < nfit + 5; i++)
-    printf("%-4s %-64s %10.0f %9.1f %10.1f %9.3f  over budget\n", "-", sorted[i].desc,
+    printf("%-4s %-*s %10.0f %9.1f %10.1f %9.3f  over budget\n", "-", w, sorted[i].desc,
            sorted[i].tokens_s, sorted[i].step_ms, sorted[i].exposed_ms,
            sorted[i].peak / 1073741824.0);
   for (int i = nfit + nover; i < nl; i++) printf("#   refused: %s: %s\n", sorted[i].desc, sorted[i].why);
