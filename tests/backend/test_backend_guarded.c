@@ -185,6 +185,59 @@ static void test_partial_writer(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* The storage pool (cpu backend): a freed block serves a later request of its class or of a
+ * class up to a quarter smaller (the smallest such block first), and the memory statistics
+ * count the request's class whichever block served it. Sizes of a few MiB, unlike any other
+ * block this test leaves in the pool. */
+static void* pool_block(dt_mesh_t mesh, int64_t n, dt_tensor_t* t, int64_t* counted) {
+  dt_placement_t r[1] = {dt_replicate()};
+  dt_memory_stats_t before, after;
+  DT_ASSERT_OK(dt_memory_stats(&before));
+  DT_ASSERT_OK(dt_tensor_arange(mesh, DT_F32, 1, &n, r, 1.0, 0.0, t));
+  DT_ASSERT_OK(dt_memory_stats(&after));
+  *counted = after.total_current - before.total_current;
+  void* data;
+  int64_t shape[1];
+  DT_ASSERT_OK(dt_tensor_to_local(*t, &data, shape));
+  return data;
+}
+
+static void test_pool_best_fit(void) {
+  int world;
+  DT_ASSERT_OK(dt_world_size(&world));
+  int shape[1] = {world};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
+  dt_backend_t cpu; /* pooled (whatever DTENSOR_BACKEND made the default) */
+  DT_ASSERT_OK(dt_backend_get("cpu", &cpu));
+  DT_ASSERT_OK(dt_mesh_set_backend(mesh, cpu));
+  const int64_t class_of_a = 733 * 4096, class_of_e = 684 * 4096; /* 4 KiB multiples */
+  dt_tensor_t a, e, b, c;
+  int64_t na, ne, nb, nc;
+  void* pa = pool_block(mesh, 750000, &a, &na); /* 3,000,000 bytes */
+  void* pe = pool_block(mesh, 700000, &e, &ne); /* 2,800,000 bytes */
+  DT_ASSERT_EQ(na, class_of_a);
+  DT_ASSERT_EQ(ne, class_of_e);
+  DT_ASSERT_OK(dt_tensor_destroy(a));
+  DT_ASSERT_OK(dt_tensor_destroy(e));
+  /* its own class first, though a's block (7 % larger) fits too */
+  void* pb = pool_block(mesh, 700000, &b, &nb);
+  DT_ASSERT_TRUE(pb == pe, "a request of e's class takes e's block");
+  DT_ASSERT_OK(dt_tensor_destroy(b));
+  /* a class that no block has: 2,600,000 bytes, a's and e's blocks at most a quarter larger;
+   * e's, the smaller, serves it, counted at the request's class */
+  pb = pool_block(mesh, 650000, &b, &nb);
+  DT_ASSERT_TRUE(pb == pe, "the smallest block that fits serves a missing class");
+  DT_ASSERT_EQ(nb, 635 * 4096);
+  /* 1,600,000 bytes: a's block is more than a quarter larger, so it stays in the pool */
+  void* pc = pool_block(mesh, 400000, &c, &nc);
+  DT_ASSERT_TRUE(pc != pa && pc != pe, "no block over a quarter larger serves a request");
+  DT_ASSERT_EQ(nc, 391 * 4096);
+  dt_tensor_t all[2] = {b, c};
+  for (int i = 0; i < 2; i++) DT_ASSERT_OK(dt_tensor_destroy(all[i]));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 static void test_kernels(void) {
   int world;
   DT_ASSERT_OK(dt_world_size(&world));
@@ -257,6 +310,7 @@ int main(int argc, char** argv) {
   test_range_checks();
   test_kernels();
   test_partial_writer();
+  test_pool_best_fit();
   test_recorded_damage(); /* last: the problem count stays raised */
   if (rank == 0) printf("test_backend_guarded: every class of damage was caught\n");
   DT_ASSERT_OK(dt_finalize());
