@@ -3,7 +3,7 @@
  * clock), without MPI, GPUs or tensor memory.
  *
  *   dtensor-estimate --np N [--budget 80GiB] [--machine h100|h200|FILE.json] [TRAINER FLAGS]
- *   dtensor-estimate --np N --plan [--budget 80GiB] [--top K] [TRAINER FLAGS]
+ *   dtensor-estimate --np N --plan [--budget 80GiB] [--top K] [--jobs J] [TRAINER FLAGS]
  *
  * The model, batch, device and layout are the trainer's (examples/train.c: --config FILE.json
  * and the same flags; `train --help` lists them). Without --plan it estimates that layout: the
@@ -20,7 +20,8 @@
  * the batch divides and every data rank keeps a sequence per pass), at the same global batch.
  * Layouts the trainer refuses (tp not dividing the heads, ...) are listed with its reason.
  * Those that fit the budget are ranked by estimated tokens/s; the table shows --top K (default 20)
- * of them and the smallest of those that do not fit.
+ * of them and the smallest of those that do not fit. Each layout's ranks are estimated in child
+ * processes, --jobs J (default: the online CPUs) at once; the table does not depend on J.
  *
  * Exit status: 0 when the layout fits (or, with --plan, some layout fits; always 0 without
  * --budget), 1 when nothing fits or an estimate failed, 2 on bad flags (the tool's, or flags the
@@ -98,31 +99,52 @@ static double parse_bytes(const char* s) {
   return -1;
 }
 
-/* Runs train_main(argv) in a child with its output in `out` and `err` (NUL-terminated, cut at
- * cap). Returns its exit status (-1: it did not exit normally). */
-static int run_child(char** argv, int argc, char* out, size_t out_cap, char* err, size_t err_cap) {
-  char po[] = "/tmp/dt_estimate_out_XXXXXX", pe[] = "/tmp/dt_estimate_err_XXXXXX";
-  int fo = mkstemp(po), fe = mkstemp(pe);
-  if (fo < 0 || fe < 0) {
+/* One trainer run in a child process: its output goes to two temporary files, read back when
+ * it has exited. */
+typedef struct {
+  pid_t pid; /* > 0 while running */
+  int fo, fe;
+  char po[32], pe[32];
+} child_t;
+
+/* Forks train_main(argv) with its output to temporary files. 0, or -1 with the reason in err. */
+static int child_start(child_t* c, char** argv, int argc, char* err, size_t err_cap) {
+  snprintf(c->po, sizeof c->po, "/tmp/dt_estimate_out_XXXXXX");
+  snprintf(c->pe, sizeof c->pe, "/tmp/dt_estimate_err_XXXXXX");
+  c->pid = -1;
+  c->fo = mkstemp(c->po);
+  c->fe = mkstemp(c->pe);
+  if (c->fo < 0 || c->fe < 0) {
     snprintf(err, err_cap, "cannot create temporary files: %s", strerror(errno));
-    if (fo >= 0) close(fo), unlink(po);
-    if (fe >= 0) close(fe), unlink(pe);
+    if (c->fo >= 0) close(c->fo), unlink(c->po);
+    if (c->fe >= 0) close(c->fe), unlink(c->pe);
     return -1;
   }
   fflush(stdout);
   fflush(stderr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fo, 1);
-    dup2(fe, 2);
+  c->pid = fork();
+  if (c->pid == 0) {
+    dup2(c->fo, 1);
+    dup2(c->fe, 2);
     int rc = train_main(argc, argv);
     fflush(stdout);
     fflush(stderr);
     _exit(rc);
   }
-  int status = 0;
-  if (pid > 0) waitpid(pid, &status, 0);
-  const int fds[2] = {fo, fe};
+  if (c->pid < 0) {
+    snprintf(err, err_cap, "fork failed: %s", strerror(errno));
+    close(c->fo), unlink(c->po);
+    close(c->fe), unlink(c->pe);
+    return -1;
+  }
+  return 0;
+}
+
+/* After the child has exited with `status`: its output into out and err (NUL-terminated, cut at
+ * their caps), the files removed. Returns its exit status (-1: it did not exit normally). */
+static int child_finish(child_t* c, int status, char* out, size_t out_cap, char* err,
+                        size_t err_cap) {
+  const int fds[2] = {c->fo, c->fe};
   char* bufs[2] = {out, err};
   size_t caps[2] = {out_cap, err_cap};
   for (int k = 0; k < 2; k++) {
@@ -133,13 +155,21 @@ static int run_child(char** argv, int argc, char* out, size_t out_cap, char* err
     bufs[k][n] = '\0';
     close(fds[k]);
   }
-  unlink(po);
-  unlink(pe);
-  if (pid < 0) {
-    snprintf(err, err_cap, "fork failed: %s", strerror(errno));
-    return -1;
-  }
+  unlink(c->po);
+  unlink(c->pe);
+  c->pid = 0;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Runs train_main(argv) in a child and waits for it (see child_finish). */
+static int run_child(char** argv, int argc, char* out, size_t out_cap, char* err, size_t err_cap) {
+  child_t c;
+  out[0] = '\0';
+  if (child_start(&c, argv, argc, err, err_cap) != 0) return -1;
+  int status = 0;
+  while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return child_finish(&c, status, out, out_cap, err, err_cap);
 }
 
 /* The value after "key=" on the line starting with `prefix`, or NAN. */
@@ -177,68 +207,93 @@ static void reason_line(char* dst, size_t cap, const char* err) {
   first_line(dst, cap, last ? last : err);
 }
 
-/* Estimates one layout (base args + layout args) on every rank of `ranks`; the worst rank's
- * memory and time into r. Prints the trainer's output of the worst memory rank when `echo`.
- * What the first successful child of the process wrote to stderr (the library's notices, the
- * trainer's warnings: every child would repeat them) goes to stderr once. */
-static void estimate(char** base, int nbase, const char* layout, const int* ranks, int nranks,
-                     result_t* r, int echo) {
-  static char out[1 << 20], err[1 << 16], keep[1 << 20];
-  memset(r, 0, sizeof *r);
-  snprintf(r->desc, sizeof r->desc, "%s", layout);
-  r->peak = -1;
-  r->step_ms = -1;
-  char* argv[MAX_ARGS + 8];
-  char lay[512], rank_s[16];
-  snprintf(lay, sizeof lay, "%s", layout);
+/* The trainer's argv for one layout and rank: base args, the layout's flags, the rank. `lay`
+ * (the layout's copy, cut into tokens) and `rank_s` must outlive argv. Returns argc. */
+static int layout_argv(char** argv, char** base, int nbase, const char* layout, char* lay,
+                       size_t lay_cap, char* rank_s, size_t rank_cap, int rank) {
+  snprintf(lay, lay_cap, "%s", layout);
+  snprintf(rank_s, rank_cap, "%d", rank);
   int argc = 0;
   for (int i = 0; i < nbase; i++) argv[argc++] = base[i];
-  for (char* tok = strtok(lay, " "); tok && argc < MAX_ARGS; tok = strtok(NULL, " "))
+  char* save = NULL;
+  for (char* tok = strtok_r(lay, " ", &save); tok && argc < MAX_ARGS; tok = strtok_r(NULL, " ", &save))
     argv[argc++] = tok;
   argv[argc++] = "--estimate-rank";
   argv[argc++] = rank_s;
   argv[argc] = NULL;
-  for (int k = 0; k < nranks; k++) {
-    if (k > 0 && ranks[k] == ranks[k - 1]) continue;
-    snprintf(rank_s, sizeof rank_s, "%d", ranks[k]);
-    int rc = run_child(argv, argc, out, sizeof out, err, sizeof err);
-    if (rc != 0) {
-      r->rc = rc;
-      reason_line(r->why, sizeof r->why, err[0] ? err : "the estimate failed");
-      if (rc < 0 && !err[0]) snprintf(r->why, sizeof r->why, "the estimate crashed");
-      r->ok = 0;
-      return;
-    }
-    static int notices_shown = 0;
-    if (!notices_shown) {
-      notices_shown = 1;
-      fputs(err, stderr);
-    }
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "peak_memory_bytes rank %d:", ranks[k]);
-    double peak = field(out, prefix, "total");
-    snprintf(prefix, sizeof prefix, "estimate_step rank %d:", ranks[k]);
-    double ms = field(out, prefix, "time_ms");
-    if (isnan(peak) || isnan(ms)) {
-      snprintf(r->why, sizeof r->why, "no estimate lines in the trainer's output");
-      return;
-    }
-    if (ms > r->step_ms) {
-      r->step_ms = ms;
-      r->exposed_ms = field(out, prefix, "exposed_comm_ms");
-      r->tokens_s = field(out, prefix, "tokens_per_s");
-      r->time_rank = ranks[k];
-    }
-    if (peak > r->peak) {
-      r->peak = peak;
-      r->peak_rank = ranks[k];
-      snprintf(prefix, sizeof prefix, "peak_memory rank %d:", ranks[k]);
-      const char* line = strstr(out, prefix);
-      if (line) first_line(r->cats, sizeof r->cats, line + strlen(prefix));
-      if (echo) snprintf(keep, sizeof keep, "%s", out);
-    }
+  return argc;
+}
+
+static void result_init(result_t* r, const char* layout) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->desc, sizeof r->desc, "%s", layout);
+  r->peak = -1;
+  r->step_ms = -1;
+}
+
+/* One rank's run of a layout into r (the worst rank's memory and time so far). Returns 0 when
+ * the layout is decided: refused or failed (r->ok stays 0), so its other ranks need not count.
+ * What the first successful run wrote to stderr (the library's notices, the trainer's warnings:
+ * every run would repeat them) goes to stderr once. With `keep`, the output of the worst memory
+ * rank is copied there. */
+static int absorb(result_t* r, int rank, int rc, const char* out, const char* err, char* keep,
+                  size_t keep_cap) {
+  if (rc != 0) {
+    r->rc = rc;
+    reason_line(r->why, sizeof r->why, err[0] ? err : "the estimate failed");
+    if (rc < 0 && !err[0]) snprintf(r->why, sizeof r->why, "the estimate crashed");
+    r->ok = 0;
+    return 0;
+  }
+  static int notices_shown = 0;
+  if (!notices_shown) {
+    notices_shown = 1;
+    fputs(err, stderr);
+  }
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "peak_memory_bytes rank %d:", rank);
+  double peak = field(out, prefix, "total");
+  snprintf(prefix, sizeof prefix, "estimate_step rank %d:", rank);
+  double ms = field(out, prefix, "time_ms");
+  if (isnan(peak) || isnan(ms)) {
+    snprintf(r->why, sizeof r->why, "no estimate lines in the trainer's output");
+    r->ok = 0;
+    return 0;
+  }
+  if (ms > r->step_ms) {
+    r->step_ms = ms;
+    r->exposed_ms = field(out, prefix, "exposed_comm_ms");
+    r->tokens_s = field(out, prefix, "tokens_per_s");
+    r->time_rank = rank;
+  }
+  if (peak > r->peak) {
+    r->peak = peak;
+    r->peak_rank = rank;
+    snprintf(prefix, sizeof prefix, "peak_memory rank %d:", rank);
+    const char* line = strstr(out, prefix);
+    if (line) first_line(r->cats, sizeof r->cats, line + strlen(prefix));
+    if (keep) snprintf(keep, keep_cap, "%s", out);
   }
   r->ok = 1;
+  return 1;
+}
+
+/* Estimates one layout (base args + layout args) on every rank of `ranks` (sorted), one after
+ * the other; the worst rank's memory and time into r. Prints the trainer's output of the worst
+ * memory rank when `echo`. */
+static void estimate(char** base, int nbase, const char* layout, const int* ranks, int nranks,
+                     result_t* r, int echo) {
+  static char out[1 << 20], err[1 << 16], keep[1 << 20];
+  result_init(r, layout);
+  char* argv[MAX_ARGS + 8];
+  char lay[512], rank_s[16];
+  for (int k = 0; k < nranks; k++) {
+    if (k > 0 && ranks[k] == ranks[k - 1]) continue;
+    int argc = layout_argv(argv, base, nbase, layout, lay, sizeof lay, rank_s, sizeof rank_s,
+                           ranks[k]);
+    int rc = run_child(argv, argc, out, sizeof out, err, sizeof err);
+    if (!absorb(r, ranks[k], rc, out, err, echo ? keep : NULL, sizeof keep)) return;
+  }
   if (echo) { /* the worst rank's lines, the trainer's header and the final line left out */
     for (char* line = strtok(keep, "\n"); line; line = strtok(NULL, "\n"))
       if (strncmp(line, "final_loss=", 11) != 0) printf("%s\n", line);
@@ -263,6 +318,95 @@ static int distinct_ranks(int np, int inner, int* out) {
   return n;
 }
 
+/* --plan's runs: one per (layout, rank), up to `jobs` children at once; each layout's result as
+ * estimate() would give it (its ranks absorbed in order; after a refusal the rest are ignored). */
+typedef struct {
+  int layout, rank, rc;
+  char *out, *err;
+} job_t;
+
+static int estimate_all(char** base, int nbase, char (*lay)[200], int nl, int np,
+                        result_t* res, int jobs) {
+  job_t* jv = calloc((size_t)nl * 4 + 1, sizeof *jv);
+  child_t* kids = calloc((size_t)jobs, sizeof *kids);
+  int* kid_job = calloc((size_t)jobs, sizeof *kid_job);
+  int nj = 0, rc = 0;
+  if (jv == NULL || kids == NULL || kid_job == NULL) {
+    fprintf(stderr, "dtensor-estimate: no memory for %d layouts' runs\n", nl);
+    rc = 1;
+    goto done;
+  }
+  for (int i = 0; i < nl; i++) {
+    int inner = 1, t = 0, r = 0, sh = 0, ranks[4];
+    if (sscanf(lay[i], "--dp %*d --tp %d", &t) == 1) inner = t;
+    else if (sscanf(lay[i], "--parallel hsdp --mesh %dx%d", &r, &sh) == 2) inner = sh;
+    const int nr = distinct_ranks(np, inner, ranks);
+    for (int k = 0; k < nr; k++) jv[nj++] = (job_t){.layout = i, .rank = ranks[k], .rc = -1};
+  }
+  static char out[1 << 20], err[1 << 16];
+  int next = 0, running = 0;
+  while (next < nj || running > 0) {
+    while (running < jobs && next < nj) { /* start the next run in a free slot */
+      int slot = 0;
+      while (kids[slot].pid > 0) slot++;
+      char* argv[MAX_ARGS + 8];
+      char lay_copy[512], rank_s[16];
+      int argc = layout_argv(argv, base, nbase, lay[jv[next].layout], lay_copy, sizeof lay_copy,
+                             rank_s, sizeof rank_s, jv[next].rank);
+      if (child_start(&kids[slot], argv, argc, err, sizeof err) != 0) {
+        jv[next].err = strdup(err);
+        jv[next].out = strdup("");
+        next++;
+        continue;
+      }
+      kid_job[slot] = next++;
+      running++;
+    }
+    if (running == 0) break;
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      fprintf(stderr, "dtensor-estimate: waiting for the estimates: %s\n", strerror(errno));
+      rc = 1;
+      goto done;
+    }
+    for (int slot = 0; slot < jobs; slot++)
+      if (kids[slot].pid == pid) {
+        job_t* j = &jv[kid_job[slot]];
+        j->rc = child_finish(&kids[slot], status, out, sizeof out, err, sizeof err);
+        j->out = strdup(out);
+        j->err = strdup(err);
+        running--;
+        break;
+      }
+  }
+  for (int a = 0, b = 0; a < nj; a = b) { /* each layout's runs, its ranks in order */
+    result_init(&res[jv[a].layout], lay[jv[a].layout]);
+    for (b = a; b < nj && jv[b].layout == jv[a].layout; b++) {
+    }
+    for (int k = a; k < b; k++) {
+      const job_t* j = &jv[k];
+      if (j->out == NULL || j->err == NULL) {
+        snprintf(res[j->layout].why, sizeof res[j->layout].why, "no memory for its output");
+        res[j->layout].ok = 0;
+        break;
+      }
+      if (!absorb(&res[j->layout], j->rank, j->rc, j->out, j->err, NULL, 0)) break;
+    }
+  }
+done:
+  if (jv)
+    for (int k = 0; k < nj; k++) {
+      free(jv[k].out);
+      free(jv[k].err);
+    }
+  free(jv);
+  free(kids);
+  free(kid_job);
+  return rc;
+}
+
 static int by_speed(const void* a, const void* b) {
   const result_t *x = a, *y = b;
   return (x->tokens_s < y->tokens_s) - (x->tokens_s > y->tokens_s);
@@ -275,12 +419,13 @@ static int by_peak(const void* a, const void* b) {
 static void usage(FILE* f) {
   fprintf(f,
           "usage: dtensor-estimate --np N [--budget 80GiB] [--machine h100|h200|FILE.json]\n"
-          "                        [--plan [--top K]] [TRAINER FLAGS: --config FILE.json, --dim, "
+          "                        [--plan [--top K] [--jobs J]] [TRAINER FLAGS: --config FILE.json, --dim, "
           "--layers, --batch, --seq, --dp/--tp/--ep/--cp/--sp, --parallel, --checkpoint, --device ...]\n"
           "  Estimates the trainer's step on a simulated world of N ranks (no MPI, no tensor "
           "memory):\n"
           "  the worst rank's peak memory per category, the traffic per mesh dim, the step time.\n"
-          "  --plan ranks the layouts of N ranks that fit --budget by estimated tokens/s.\n"
+          "  --plan ranks the layouts of N ranks that fit --budget by estimated tokens/s,\n"
+          "  J estimates at once (default: the online CPUs).\n"
           "  --machine prices the step time (default: the loaded cost model, dtensor-calibrate -o).\n"
           "  Exit 0 fits (or no --budget), 1 nothing fits or an estimate failed, 2 bad flags.\n");
 }
@@ -288,6 +433,8 @@ static void usage(FILE* f) {
 int main(int argc, char** argv) {
   char* base[MAX_ARGS];
   int nbase = 0, np = 0, plan = 0, top = 20;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  int jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
   double budget = -1;
   base[nbase++] = "train";
   base[nbase++] = "--estimate-only";
@@ -308,7 +455,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (!strcmp(a, "--plan")) {
       plan = 1;
-    } else if ((!strcmp(a, "--budget") || !strcmp(a, "--top")) && i + 1 == argc) {
+    } else if ((!strcmp(a, "--budget") || !strcmp(a, "--top") || !strcmp(a, "--jobs")) &&
+               i + 1 == argc) {
       fprintf(stderr, "dtensor-estimate: %s needs a value\n", a);
       return 2;
     } else if (!strcmp(a, "--budget") && i + 1 < argc) {
@@ -326,6 +474,14 @@ int main(int argc, char** argv) {
         return 2;
       }
       top = (int)v;
+    } else if (!strcmp(a, "--jobs") && i + 1 < argc) {
+      char* end;
+      long v = strtol(argv[++i], &end, 10);
+      if (*end || v < 1 || v > 1024) {
+        fprintf(stderr, "dtensor-estimate: --jobs needs a count in [1, 1024]\n");
+        return 2;
+      }
+      jobs = (int)v;
     } else if (!strcmp(a, "--estimate-only") || !strcmp(a, "--estimate-rank")) {
       fprintf(stderr, "dtensor-estimate: %s is the tool's to set\n", a);
       return 2;
@@ -458,12 +614,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   int nfit = 0, nover = 0, nref = 0;
+  if (estimate_all(base, nbase, lay, nl, np, res, jobs) != 0) return 1;
   for (int i = 0; i < nl; i++) {
-    int inner = 1, t = 0, r = 0, s = 0;
-    if (sscanf(lay[i], "--dp %*d --tp %d", &t) == 1) inner = t;
-    else if (sscanf(lay[i], "--parallel hsdp --mesh %dx%d", &r, &s) == 2) inner = s;
-    int nr = distinct_ranks(np, inner, ranks);
-    estimate(base, nbase, lay[i], ranks, nr, &res[i], 0);
     if (!res[i].ok) nref++;
     else if (budget > 0 && res[i].peak > budget) nover++;
     else nfit++;

@@ -7,7 +7,8 @@
 #    peak within the budget, the best one named; a layout the trainer refuses is listed with its
 #    reason (tp 4 with 6 heads); context-parallel layouts (--cp 2, with --sp too) are among them; MoE adds the
 #    --ep layouts, with --cp too; a budget below every layout exits 1
-#    naming the smallest peak;
+#    naming the smallest peak; the table is the same at --jobs 1, 5 and the default (the online
+#    CPUs), and a --jobs outside [1, 1024] is refused;
 #  - --machine: the h100 figures change the step time, not the model's memory; a missing file, a file
 #    with a bad "compute" or "inter_node" entry are refused with a message (exit 2); an inter-node dim
 #    (also a group that crosses a node boundary narrower than a node) is
@@ -70,6 +71,17 @@ tps = [float(r[-4]) for r in rows]
 peaks = [float(r[-1]) for r in rows]
 sys.exit(0 if tps == sorted(tps, reverse=True) and all(p <= 1.0 for p in peaks) else 1)
 PY
+# the estimates run in child processes, --jobs at once: the table does not depend on how many
+"$EST" --np 4 "${M[@]}" --heads 6 --dim 96 --plan --budget 1GiB --top 100 --jobs 1 > "$W/plan_j1.txt" 2>&1
+"$EST" --np 4 "${M[@]}" --heads 6 --dim 96 --plan --budget 1GiB --top 100 --jobs 5 > "$W/plan_j5.txt" 2>&1
+check "--plan --jobs 1 and --jobs 5: the same table as the default" \
+  bash -c "cmp -s '$W/plan.txt' '$W/plan_j1.txt' && cmp -s '$W/plan.txt' '$W/plan_j5.txt'"
+for bad in 0 -1 x 1025; do
+  "$EST" --np 4 "${M[@]}" --plan --jobs "$bad" > "$W/badj.txt" 2>&1
+  rc=$?
+  check "--jobs $bad refused: exit 2 naming it" \
+    bash -c "[ $rc = 2 ] && grep -q -- '--jobs needs a count' '$W/badj.txt'"
+done
 check "--plan: tp 4 with 6 heads refused with the trainer's reason" \
   grep -q "refused: --dp 1 --tp 4: train: --tp 4 must divide the heads (6)" "$W/plan.txt"
 check "--plan: the best layout named" grep -q "^best: " "$W/plan.txt"
