@@ -70,7 +70,9 @@ DT_API dt_status_t dt_backend_set_tf32(dt_backend_t backend, int allow);
  * count of problems found so far goes to *n_errors (may be NULL). A no-op for the cpu backend. */
 DT_API dt_status_t dt_backend_verify(dt_backend_t backend, int64_t* n_errors);
 /* Bytes the backend currently holds for live tensors and workspace, and the blocks behind them
- * (allocation counting; cached pool blocks are not included). */
+ * (allocation counting; cached pool blocks are not included). These are the blocks' real sizes:
+ * on a pooled host backend a reused block may be up to a quarter larger than the size class
+ * that dt_memory_stats counts for its tensor. */
 DT_API dt_status_t dt_backend_memory(dt_backend_t backend, int64_t* nbytes, int64_t* blocks);
 
 /* ---- memory accounting ----
