@@ -466,22 +466,15 @@ int main(int argc, char** argv) {
                 "80GiB, 80GB or 85899345920\n", argv[i]);
         return 2;
       }
-    } else if (!strcmp(a, "--top") && i + 1 < argc) {
+    } else if ((!strcmp(a, "--top") || !strcmp(a, "--jobs")) && i + 1 < argc) {
+      const int most = !strcmp(a, "--top") ? 10000 : 1024;
       char* end;
       long v = strtol(argv[++i], &end, 10);
-      if (*end || v < 1 || v > 10000) {
-        fprintf(stderr, "dtensor-estimate: --top needs a count in [1, 10000]\n");
+      if (*end || v < 1 || v > most) {
+        fprintf(stderr, "dtensor-estimate: %s needs a count in [1, %d]\n", a, most);
         return 2;
       }
-      top = (int)v;
-    } else if (!strcmp(a, "--jobs") && i + 1 < argc) {
-      char* end;
-      long v = strtol(argv[++i], &end, 10);
-      if (*end || v < 1 || v > 1024) {
-        fprintf(stderr, "dtensor-estimate: --jobs needs a count in [1, 1024]\n");
-        return 2;
-      }
-      jobs = (int)v;
+      *(!strcmp(a, "--top") ? &top : &jobs) = (int)v;
     } else if (!strcmp(a, "--estimate-only") || !strcmp(a, "--estimate-rank")) {
       fprintf(stderr, "dtensor-estimate: %s is the tool's to set\n", a);
       return 2;
