@@ -255,12 +255,12 @@ void dt__backend_free(dt_backend_t b, void* p, size_t nbytes);
 /* The same through the storage pool (storage.c) for a pooled backend: a block of at least nbytes
  * (its size in *got, which the free takes back). For buffers that every step makes again, such as
  * a kernel's f32 copies of bf16 operands: a fresh block costs a page fault per 4 KiB. */
+void* dt__pool_alloc(dt_backend_t b, size_t nbytes, size_t* got);
+void dt__pool_free(dt_backend_t b, void* p, size_t got);
 /* What a block of nbytes counts as in memory statistics: its class size on a pooled backend
  * (a cached block handed out for it may be up to a quarter larger), else nbytes; the same on
  * the meta backend, so that estimates equal real runs. */
 size_t dt__pool_counted(dt_backend_t b, size_t nbytes);
-void* dt__pool_alloc(dt_backend_t b, size_t nbytes, size_t* got);
-void dt__pool_free(dt_backend_t b, void* p, size_t got);
 
 /* f32 GEMM through a backend (the helper the host kernels call; see dt_gemm_t). */
 dt_status_t dt__gemm(dt_backend_t b, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
