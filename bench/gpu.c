@@ -25,7 +25,8 @@
  *    bwd_ms_125M= fwd_ms_1B= bwd_ms_1B=
  * 5. (--ring) ring attention's blocks in device memory: one rank, a cp dim of 1 (the ring is the
  *    rank's own shard: the load-balanced causal layout's two diagonal blocks and one full block),
- *    f32 (or bf16: k and v around the ring in bf16, the blocks in f32), layout (B, S, H, D), a
+ *    f32 (or bf16: k and v around the ring in bf16; the blocks on f32 copies, or under flash
+ *    on tensor cores reading bf16 as stored), layout (B, S, H, D), a
  *    training step of the op (forward, sum, backward through the
  *    tape), ms per step (median of 5 rounds of 5), at B 1, S 8192, 16 heads of 64 (long context)
  *    and B 8, S 1024, 14 heads of 64 (the 125M model's shape), on the block path that

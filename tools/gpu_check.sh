@@ -204,8 +204,9 @@ if [ "$BACKEND" = cuda ]; then
         step "ring_${p}_$r" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --ring
       done
     done
-    # and bf16 inputs (k and v around the ring in bf16, the blocks in f32; the 1k shape is the
-    # 125M model's: against attention_* above, what the ring's f32 blocks cost over bf16 sdpa)
+    # and bf16 inputs (k and v around the ring in bf16; gemm: the blocks' f32 products on f32
+    # copies, flash: the tensor-core kernels reading bf16 as stored, accumulating in f32; the 1k
+    # shape is the 125M model's: against attention_* above, what the ring costs over bf16 sdpa)
     for p in gemm flash; do
       step "ring_${p}_bf16" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --ring bf16
     done

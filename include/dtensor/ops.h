@@ -194,13 +194,16 @@ DT_API int64_t dt_cp_position(int64_t index, int64_t seq, int cp);
  * exposed transfers against one all-gather). Traffic counts under DT_COLL_SEND_RECV (ring: n-1
  * steps of this rank's k and v bytes forward; backward n-1 of k and v plus n of their gradients)
  * or DT_COLL_ALL_GATHER / DT_COLL_REDUCE_SCATTER on mesh_dim.
- * Backends: host memory computes in place; a device backend's shards are staged through host
- * memory and computed there (correct, not fast: the GPU backend's fused kernel is to come);
- * simulated runs count the traffic and price the steps. Every rank allocates its scratch before
+ * Backends: host memory computes in place; a device backend computes in device memory and
+ * rings over the mesh's NCCL plane (ranks sharing a GPU, whose plane is MPI: staged through host
+ * memory and computed there); simulated runs count the traffic and price the steps.
+ * bf16/f16: k and v travel in their dtype; the blocks compute on f32 copies, or (a CUDA backend
+ * under DTENSOR_SDPA_PATH=flash) on tensor cores reading the dtype as stored, P rounded to it as
+ * flash attention rounds it; the output and the gradients accumulate in f32 and return in the
+ * inputs' dtype. Every rank allocates its scratch before
  * the first transfer and the ranks agree on the outcome (a rank out of memory fails them all).
- * Dtypes: q, k, v share one float dtype; bf16/f16 are cast to f32 copies after the moves (the
- * blocks compute and the ring moves f32), the output and the gradients come back in the inputs'
- * dtype. Errors: DT_ERR_INVALID_ARG for shapes, mixed or integer dtypes, a sequence that is not a
+ * Dtypes: q, k, v share one float dtype (bf16/f16: above); lse and the gradient accumulators
+ * that travel the ring are f32. Errors: DT_ERR_INVALID_ARG for shapes, mixed or integer dtypes, a sequence that is not a
  * multiple of 2n (balanced) or n, a mesh_dim out of range, an infinite scale. scale <= 0 (or
  * NaN): 1/sqrt(D). */
 DT_API dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int mesh_dim,

@@ -6,7 +6,8 @@
  * gradients) between the ranks of the cp dim with point-to-point calls posted before each step's
  * blocks. f32, matrix products through the backend's GEMM and the steps between them through
  * dt__ring_rows_t (host loops here, CUDA kernels in src/ops/cuda/ring.cu), or, where that table
- * has them, a whole block in fused kernels (the CUDA backends' flash kernels). A device backend
+ * has them, a whole block in fused kernels (the CUDA backends' flash kernels: f32, or bf16/f16
+ * inputs read as stored by the tensor-core kernels, dt__ring_geom_t's dt). A device backend
  * computes in its own memory and rings over the mesh's NCCL plane (the pairs of a step issued
  * as one group on the communicator's stream while the step's blocks run on the compute stream);
  * where the plane is MPI (ranks sharing a GPU) its shards are staged through host memory and
@@ -114,9 +115,13 @@ static dt_status_t dt__rr_finish(dt_backend_t b, const dt__ring_geom_t* g, float
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__rr_rowdot(dt_backend_t b, const dt__ring_geom_t* g, const float* o,
-                                 const float* go, float* d) {
+static dt_status_t dt__rr_rowdot(dt_backend_t b, const dt__ring_geom_t* g, const void* of,
+                                 const void* gof, float* d) {
   (void)b;
+  if (g->dt != DT_F32) /* no fused kernels here: the blocks' inputs are f32 */
+    return DT_FAIL(DT_ERR_INTERNAL, "%s: host row dot of %s values", kRingOp,
+                   dt_dtype_name(g->dt));
+  const float *o = of, *go = gof;
   for (int64_t bb = 0; bb < g->B; bb++)
     for (int64_t h = 0; h < g->H; h++) {
       dt__ring_slab_t s;
@@ -176,11 +181,20 @@ const dt__ring_rows_t* dt__ring_rows_for(dt_backend_t b) {
 /* Per (b, h) and chunk of rn query rows (from r0 of the block): P = softmax(scale q k^T) over
  * the kn keys the chunk sees (the diagonal block: up to its last row), t = P v, merged into the
  * rows' running (o, m, l). */
-dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const float* k,
-                               const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
+/* Blocks of g->dt inputs other than f32 go only where fused kernels take them (dt__ring_setup). */
+static dt_status_t dt__ring_unfused(const dt__ring_geom_t* g) {
+  return g->dt == DT_F32 ? DT_SUCCESS
+                         : DT_FAIL(DT_ERR_INTERNAL, "%s: %s blocks without fused kernels",
+                                   kRingOp, dt_dtype_name(g->dt));
+}
+
+dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const void* qv, const void* kv,
+                               const void* vv, int64_t qr, int64_t kr, int64_t C, int diag,
                                float* o, float* m, float* l, float* scratch) {
   const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
-  if (dt__ring_fused(R, g, C)) return R->block_fwd(g, q, k, v, qr, kr, C, diag, o, m, l);
+  if (dt__ring_fused(R, g, C)) return R->block_fwd(g, qv, kv, vv, qr, kr, C, diag, o, m, l);
+  DT_CHECK(dt__ring_unfused(g));
+  const float *q = qv, *k = kv, *v = vv;
   const int64_t rb = dt__ring_chunk_rows(R, C);
   float *p = scratch, *t = p + rb * C, *mb = t + rb * g->E, *lb = mb + rb;
   dt_status_t st = DT_SUCCESS;
@@ -214,20 +228,22 @@ dt_status_t dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, 
   return dt__ring_rows_for(g->bk)->finish(g->bk, g, o, m, l, lse);
 }
 
-dt_status_t dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d) {
+dt_status_t dt__ring_rowdot(const dt__ring_geom_t* g, const void* o, const void* go, float* d) {
   return dt__ring_rows_for(g->bk)->rowdot(g->bk, g, o, go, d);
 }
 
 /* Per (b, h) and chunk of rn query rows seeing kn keys (as the forward): P = exp(scale q k^T -
  * lse) (masked: 0), dv += P^T g, dP = g v^T, dS = P (dP - D), dq += scale dS k,
  * dk += scale dS^T q. */
-dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const float* k,
-                               const float* v, const float* go, const float* lse, const float* dd,
+dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const void* qv, const void* kv,
+                               const void* vv, const void* gov, const float* lse, const float* dd,
                                int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
                                float* dv, float* scratch) {
   const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
   if (dt__ring_fused(R, g, C))
-    return R->block_bwd(g, q, k, v, go, lse, dd, qr, kr, C, diag, dq, dk, dv);
+    return R->block_bwd(g, qv, kv, vv, gov, lse, dd, qr, kr, C, diag, dq, dk, dv);
+  DT_CHECK(dt__ring_unfused(g));
+  const float *q = qv, *k = kv, *v = vv, *go = gov;
   const int64_t rb = dt__ring_chunk_rows(R, C);
   float *p = scratch, *dp = p + rb * C;
   const float sc = (float)g->scale;
@@ -315,10 +331,14 @@ dt_status_t dt__ring_setup(dt__ring_call_t* a, const dt_local_tensor_t* q,
   a->nk = dt__local_numel(k);
   a->nv = dt__local_numel(v);
   a->kvt = k->dtype;
-  if (v->dtype != k->dtype || !dt__dtype_is_float(k->dtype) || q->dtype != DT_F32)
-    return DT_FAIL(DT_ERR_INTERNAL, "%s: q %s, k %s, v %s (q f32, k and v one float dtype)",
-                   kRingOp, dt_dtype_name(q->dtype), dt_dtype_name(k->dtype),
-                   dt_dtype_name(v->dtype));
+  if (v->dtype != k->dtype || q->dtype != k->dtype || !dt__dtype_is_float(k->dtype))
+    return DT_FAIL(DT_ERR_INTERNAL, "%s: q %s, k %s, v %s (one float dtype)", kRingOp,
+                   dt_dtype_name(q->dtype), dt_dtype_name(k->dtype), dt_dtype_name(v->dtype));
+  /* the blocks read bf16/f16 as stored where the backend's fused kernels take them (the
+   * cp group decides alike: the same shapes and devices), else f32 copies */
+  const dt__ring_rows_t* R = dt__ring_rows_for(g->bk);
+  g->dt = a->kvt;
+  if (a->kvt == DT_F32 || !dt__ring_fused(R, g, a->C)) g->dt = DT_F32;
   return DT_SUCCESS;
 }
 
@@ -364,15 +384,18 @@ static double dt__ra_step_flops_of(const dt__ring_call_t* a, int r, int s, int b
   return 2.0 * (double)g->B * (double)g->H * pairs * per;
 }
 
+/* The modeled time of a conversion of n elements of `from` to f32 (read, then written). */
+static double dt__ra_conv_us(dt_dtype_t from, int64_t n) {
+  return (double)n * (double)(dt__itemsize(from) + sizeof(float)) /
+         (dt__compute_model()->mem_gbps * 1e3);
+}
+
 /* The modeled time of rank r's blocks against the shard of rank s (with, for k and v of another
- * dtype, the shard's conversion to f32: read in its dtype, written in f32). */
+ * dtype than the blocks', the shard's conversion to f32); bf16/f16 blocks at that rate. */
 static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int backward) {
-  const dt_compute_params_t* cm = dt__compute_model();
-  const double conv = a->kvt == DT_F32 ? 0.0
-                                       : (double)(a->nk + a->nv) *
-                                             (double)(dt__itemsize(a->kvt) + sizeof(float)) /
-                                             (cm->mem_gbps * 1e3);
-  return cm->op_us + conv + dt__ra_step_flops_of(a, r, s, backward) / (dt__attn_gflops(0) * 1e3);
+  const double conv = a->kvt == a->g.dt ? 0.0 : dt__ra_conv_us(a->kvt, a->nk + a->nv);
+  return dt__compute_model()->op_us + conv +
+         dt__ra_step_flops_of(a, r, s, backward) / (dt__attn_gflops(a->g.dt != DT_F32) * 1e3);
 }
 
 /* The simulated time of a step's blocks (and the clock's sums). */
@@ -479,9 +502,9 @@ dt_status_t dt__ring_mem_out(const dt__ring_link_t* l, const dt_local_tensor_t* 
 }
 
 /* The blocks of this rank's queries against the shard of rank s (k, v: its buffers). */
-static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const float* q,
-                                     const float* k,
-                                     const float* v, float* o, float* m, float* l, float* scr) {
+static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const void* q,
+                                     const void* k, const void* v, float* o, float* m, float* l,
+                                     float* scr) {
   int cq[2], ck[2];
   dt__ra_chunks(a, a->link.r, cq);
   dt__ra_chunks(a, s, ck);
@@ -495,10 +518,10 @@ static dt_status_t dt__ra_fwd_blocks(const dt__ring_call_t* a, int s, const floa
   return DT_SUCCESS;
 }
 
-static dt_status_t dt__ra_bwd_blocks(const dt__ring_call_t* a, int s, const float* q,
-                                     const float* k,
-                                     const float* v, const float* go, const float* lse,
-                                     const float* dd, float* dq, float* dk, float* dv, float* scr) {
+static dt_status_t dt__ra_bwd_blocks(const dt__ring_call_t* a, int s, const void* q,
+                                     const void* k, const void* v, const void* go,
+                                     const float* lse, const float* dd, float* dq, float* dk,
+                                     float* dv, float* scr) {
   int cq[2], ck[2];
   dt__ra_chunks(a, a->link.r, cq);
   dt__ra_chunks(a, s, ck);
@@ -576,14 +599,49 @@ dt_status_t dt__ring_f32(const dt__ring_link_t* l, const void* src, dt_dtype_t d
   return l->bk->iface->convert(l->bk, src, dtype, work, DT_F32, n);
 }
 
-/* The f32 values of a k/v shard's k (at k) and v (at v): kvf (k's nk, then v's nv) or, when f32,
- * the shard itself (*kc, *vc). */
-static dt_status_t dt__ra_kv_f32(const dt__ring_call_t* a, const void* k, const void* v,
-                                 float* kvf, const float** kc, const float** vc) {
-  dt_status_t st = dt__ring_f32(&a->link, k, a->kvt, a->nk, kvf, kc);
+/* n elements of dtype `from` at *p as the blocks take them (g.dt): *p itself, or converted into
+ * work (n elements of g.dt; simulated: not converted). */
+static dt_status_t dt__ra_in(const dt__ring_call_t* a, dt_dtype_t from, int64_t n, void* work,
+                             const void** p) {
+  if (from == a->g.dt) return DT_SUCCESS;
+  const void* src = *p;
+  *p = work;
+  if (a->link.sim || n == 0) return DT_SUCCESS;
+  return a->g.bk->iface->convert(a->g.bk, src, from, work, a->g.dt, n);
+}
+
+/* A k/v shard's k (at k) and v (at v) as the blocks take them: the shard itself, or converted
+ * into kvf (k's nk, then v's nv). */
+static dt_status_t dt__ra_kv_in(const dt__ring_call_t* a, const void* k, const void* v,
+                                void* kvf, const void** kc, const void** vc) {
+  *kc = k;
+  *vc = v;
+  dt_status_t st = dt__ra_in(a, a->kvt, a->nk, kvf, kc);
   if (st == DT_SUCCESS)
-    st = dt__ring_f32(&a->link, v, a->kvt, a->nv, kvf ? kvf + a->nk : NULL, vc);
+    st = dt__ra_in(a, a->kvt, a->nv,
+                   kvf ? (char*)kvf + dt__itemsize(a->g.dt) * (size_t)a->nk : NULL, vc);
   return st;
+}
+
+/* Scratch for n elements of dtype `from` converted to the blocks' dtype (none when they take
+ * `from`); *need counts the buffers asked for. */
+static void* dt__ra_in_mem(const dt__ring_call_t* a, dt__ring_mem_t* mm, dt_dtype_t from,
+                           int64_t n, int* need) {
+  if (from == a->g.dt) return NULL;
+  ++*need;
+  return dt__ring_mem_alloc(mm, dt__itemsize(a->g.dt) * (size_t)n, 0);
+}
+
+/* A tensor read once per call (q; backward also o and the output's gradient, each of its own
+ * dtype) as the blocks take it, converted into work where needed (priced on the simulated
+ * clock: the per-step conversions of k/v shards are priced with their blocks). */
+static dt_status_t dt__ra_once_in(const dt__ring_call_t* a, const dt_local_tensor_t* t,
+                                  void* work, const void** p) {
+  const int64_t n = dt__local_numel(t);
+  if (a->link.sim && t->dtype != a->g.dt)
+    dt__sim_compute((double)n * (double)(dt__itemsize(t->dtype) + dt__itemsize(a->g.dt)) /
+                    (dt__compute_model()->mem_gbps * 1e3));
+  return dt__ra_in(a, t->dtype, n, work, p);
 }
 
 /* Element i of a buffer of k/v's dtype. */
@@ -605,7 +663,6 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
   float* scr = dt__ring_mem_alloc(&mm, dt__ring_block_scratch(g, a->C), 0);
   float* l = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)rows, 1);
   void *kb = NULL, *vb = NULL, *kb2 = NULL, *vb2 = NULL; /* shards in k and v's dtype */
-  float* kvf = NULL; /* a shard's f32 values (k and v not f32) */
   int need = 2;
   if (algo == DT_RING_GATHER) {
     kb = dt__ring_mem_alloc(&mm, it * (size_t)(a->nk * n), 0);
@@ -618,12 +675,11 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     vb2 = dt__ring_mem_alloc(&mm, it * (size_t)a->nv, 0);
     need += 4;
   }
-  if (a->kvt != DT_F32) {
-    kvf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)(a->nk + a->nv), 0);
-    need++;
-  }
+  /* f32 values of a shard and of q where the blocks take f32 of another dtype */
+  void* kvf = dt__ra_in_mem(a, &mm, a->kvt, a->nk + a->nv, &need);
+  void* qf = dt__ra_in_mem(a, &mm, q->dtype, dt__local_numel(q), &need);
   int ok = 1;
-  const float* qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok);
+  const void* qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok);
   const void *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
              *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok);
   float *od = dt__ring_mem_host(&a->link, &mm, o, 0, &ok),
@@ -643,7 +699,8 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     st = g->bk->iface->memset(g->bk, od, 0, sizeof(float) * (size_t)dt__local_numel(o));
     if (st == DT_SUCCESS) st = g->bk->iface->fill(g->bk, m, DT_F32, rows, -INFINITY);
   }
-  const float *kc = NULL, *vc = NULL; /* the f32 values of the shard at hand */
+  if (st == DT_SUCCESS) st = dt__ra_once_in(a, q, qf, &qd);
+  const void *kc = NULL, *vc = NULL; /* the shard at hand as the blocks take it */
   if (algo == DT_RING_GATHER) {
     int64_t ck[DT_MAX_RANKS_CP], dk[DT_MAX_RANKS_CP], cv[DT_MAX_RANKS_CP], dv[DT_MAX_RANKS_CP];
     for (int j = 0; j < n; j++) {
@@ -667,8 +724,8 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
     dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nk * n) * it);
     dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(a->nv * n) * it);
     for (int s = 0; s < n && st == DT_SUCCESS; s++) {
-      st = dt__ra_kv_f32(a, dt__ra_at(a, kb, a->nk * s), dt__ra_at(a, vb, a->nv * s), kvf, &kc,
-                         &vc);
+      st = dt__ra_kv_in(a, dt__ra_at(a, kb, a->nk * s), dt__ra_at(a, vb, a->nv * s), kvf, &kc,
+                        &vc);
       dt__ra_sim_compute(a, s, 0);
       if (!a->link.sim && st == DT_SUCCESS)
         st = dt__ra_fwd_blocks(a, s, qd, kc, vc, od, m, l, scr);
@@ -686,7 +743,7 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
         const int64_t cnt[2] = {a->nk, a->nv};
         st = dt__ring_xfer_start(&a->link, &x, 2, snd, rcv, cnt, NULL, a->kvt);
       }
-      if (st == DT_SUCCESS) st = dt__ra_kv_f32(a, cur_k, cur_v, kvf, &kc, &vc);
+      if (st == DT_SUCCESS) st = dt__ra_kv_in(a, cur_k, cur_v, kvf, &kc, &vc);
       dt__ra_sim_compute(a, s, 0);
       if (!a->link.sim && st == DT_SUCCESS)
         st = dt__ra_fwd_blocks(a, s, qd, kc, vc, od, m, l, scr);
@@ -708,10 +765,10 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
 /* ---------------------------------------------------------------------------------------------
  * backward */
 
-static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const void* kd,
-                                   const void* vd, const float* god, const float* ls,
+static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const void* qd, const void* kd,
+                                   const void* vd, const void* god, const float* ls,
                                    const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
-                                   void* const* kvbuf, float* kvf, float* const* acc, float* tmp);
+                                   void* const* kvbuf, void* kvf, float* const* acc, float* tmp);
 
 dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t* q,
                               const dt_local_tensor_t* k, const dt_local_tensor_t* v,
@@ -730,7 +787,7 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
   float* dd = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)rows, 0);
   /* k and v travel in their dtype (kvbuf, all), their gradients in f32 (acc, dall) */
   void *all = NULL, *kvbuf[2] = {NULL, NULL};
-  float *dall = NULL, *acc[2] = {NULL, NULL}, *tmp = NULL, *kvf = NULL;
+  float *dall = NULL, *acc[2] = {NULL, NULL}, *tmp = NULL;
   int need = 2;
   if (algo == DT_RING_GATHER) {
     all = dt__ring_mem_alloc(&mm, it * (size_t)(nkv * n), 0);
@@ -744,15 +801,16 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
     tmp = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
     need += 5;
   }
-  if (a->kvt != DT_F32) { /* a shard's f32 values */
-    kvf = dt__ring_mem_alloc(&mm, sizeof(float) * (size_t)nkv, 0);
-    need++;
-  }
+  /* f32 values of a shard, of q, o and go where the blocks take f32 of another dtype */
+  void* kvf = dt__ra_in_mem(a, &mm, a->kvt, nkv, &need);
+  void* qf = dt__ra_in_mem(a, &mm, q->dtype, dt__local_numel(q), &need);
+  void* of = dt__ra_in_mem(a, &mm, o->dtype, dt__local_numel(o), &need);
+  void* gof = dt__ra_in_mem(a, &mm, go->dtype, dt__local_numel(go), &need);
   int ok = 1;
-  const float *qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok),
-              *odat = dt__ring_mem_host(&a->link, &mm, o, 1, &ok),
-              *god = dt__ring_mem_host(&a->link, &mm, go, 1, &ok),
-              *ls = dt__ring_mem_host(&a->link, &mm, lse, 1, &ok);
+  const void *qd = dt__ring_mem_host(&a->link, &mm, q, 1, &ok),
+             *odat = dt__ring_mem_host(&a->link, &mm, o, 1, &ok),
+             *god = dt__ring_mem_host(&a->link, &mm, go, 1, &ok);
+  const float* ls = dt__ring_mem_host(&a->link, &mm, lse, 1, &ok);
   const void *kd = dt__ring_mem_host(&a->link, &mm, k, 1, &ok),
              *vd = dt__ring_mem_host(&a->link, &mm, v, 1, &ok);
   float *dqd = dt__ring_mem_host(&a->link, &mm, dq, 0, &ok),
@@ -768,7 +826,10 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
     dt__ring_mem_free(&mm);
     return st;
   }
-  if (!a->link.sim) {
+  st = dt__ra_once_in(a, q, qf, &qd);
+  if (st == DT_SUCCESS) st = dt__ra_once_in(a, o, of, &odat);
+  if (st == DT_SUCCESS) st = dt__ra_once_in(a, go, gof, &god);
+  if (!a->link.sim && st == DT_SUCCESS) {
     dt_backend_t bk = g->bk;
     st = dt__ring_rowdot(g, odat, god, dd);
     if (st == DT_SUCCESS)
@@ -776,7 +837,7 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
     if (st == DT_SUCCESS) st = bk->iface->memset(bk, dkd, 0, sizeof(float) * (size_t)a->nk);
     if (st == DT_SUCCESS) st = bk->iface->memset(bk, dvd, 0, sizeof(float) * (size_t)a->nv);
   }
-  const float *kc = NULL, *vc = NULL; /* the f32 values of the shard at hand */
+  const void *kc = NULL, *vc = NULL; /* the shard at hand as the blocks take it */
   if (algo == DT_RING_GATHER) {
     int64_t cnt[DT_MAX_RANKS_CP], dsp[DT_MAX_RANKS_CP];
     for (int pass = 0; pass < 2 && st == DT_SUCCESS; pass++) { /* k, then v, into `all` */
@@ -794,8 +855,8 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
       dt__ra_count(a, DT_COLL_ALL_GATHER, (uint64_t)(e * n) * it);
     }
     for (int s = 0; s < n && st == DT_SUCCESS; s++) {
-      st = dt__ra_kv_f32(a, dt__ra_at(a, all, a->nk * s), dt__ra_at(a, all, a->nk * n + a->nv * s),
-                         kvf, &kc, &vc);
+      st = dt__ra_kv_in(a, dt__ra_at(a, all, a->nk * s), dt__ra_at(a, all, a->nk * n + a->nv * s),
+                        kvf, &kc, &vc);
       dt__ra_sim_compute(a, s, 1);
       if (!a->link.sim && st == DT_SUCCESS)
         st = dt__ra_bwd_blocks(a, s, qd, kc, vc, god, ls, dd, dqd, dall + a->nk * s,
@@ -813,7 +874,7 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
       dt__ra_count(a, DT_COLL_REDUCE_SCATTER, (uint64_t)(e * n) * sizeof(float));
     }
   } else if (n == 1) {
-    if (st == DT_SUCCESS) st = dt__ra_kv_f32(a, kd, vd, kvf, &kc, &vc);
+    if (st == DT_SUCCESS) st = dt__ra_kv_in(a, kd, vd, kvf, &kc, &vc);
     dt__ra_sim_compute(a, a->link.r, 1);
     if (!a->link.sim && st == DT_SUCCESS)
       st = dt__ra_bwd_blocks(a, a->link.r, qd, kc, vc, god, ls, dd, dqd, dkd, dvd, scr);
@@ -832,10 +893,10 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
 
 /* The backward ring (n > 1): k/v of rank s = r - t at step t, its gradient accumulator one step
  * behind; dk, dv get this rank's own shard's gradient when it comes home. */
-static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, const void* kd,
-                                   const void* vd, const float* god, const float* ls,
+static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const void* qd, const void* kd,
+                                   const void* vd, const void* god, const float* ls,
                                    const float* dd, float* dqd, float* dkd, float* dvd, float* scr,
-                                   void* const* kvbuf, float* kvf, float* const* acc, float* tmp) {
+                                   void* const* kvbuf, void* kvf, float* const* acc, float* tmp) {
   const int n = a->link.n;
   const int64_t nkv = a->nk + a->nv;
   dt_backend_t bk = a->g.bk;
@@ -855,8 +916,8 @@ static dt_status_t dt__ra_bwd_ring(const dt__ring_call_t* a, const float* qd, co
     /* this step's contribution to shard s's gradient: straight into the accumulator at t = 0,
      * else into scratch while the accumulator arrives */
     float* into = t == 0 ? A : tmp;
-    const float *kc = NULL, *vc = NULL;
-    if (st == DT_SUCCESS) st = dt__ra_kv_f32(a, cur_k, cur_v, kvf, &kc, &vc);
+    const void *kc = NULL, *vc = NULL;
+    if (st == DT_SUCCESS) st = dt__ra_kv_in(a, cur_k, cur_v, kvf, &kc, &vc);
     if (!a->link.sim && st == DT_SUCCESS) {
       st = bk->iface->memset(bk, into, 0, sizeof(float) * (size_t)nkv);
       if (st == DT_SUCCESS)

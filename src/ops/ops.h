@@ -355,14 +355,18 @@ static inline double dt__attn_pairs(int causal, int64_t q0, int64_t S, int64_t T
 void dt__attn_geom(const dt_local_tensor_t* t, int layout, int64_t* heads, int64_t* seq,
                    int64_t* feat);
 int64_t dt__attn_base(int layout, int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t feat);
-/* ---- ring attention's block kernels (src/ops/kernels_ring.c; f32, the backend's memory) ----
+/* ---- ring attention's block kernels (src/ops/kernels_ring.c; the backend's memory) ----------
  * Geometry of one rank's operands: q and o (B, H, S, D|E), k and v buffers (B, G, T, D|E) in
- * layout 0 or (B, S|T, H|G, D|E) in layout 1; per-row arrays (m, l, lse, d) are (B, H, S). */
+ * layout 0 or (B, S|T, H|G, D|E) in layout 1; per-row arrays (m, l, lse, d) are (B, H, S).
+ * dt: the dtype q, k, v (backward: o and its gradient too) reach the blocks in: f32, or bf16/f16
+ * where the backend's fused kernels take them as stored (tensor cores); the running output, the
+ * per-row arrays and the gradients the blocks accumulate are f32 either way. */
 typedef struct dt__ring_geom {
   dt_backend_t bk;
   int layout;
   int64_t B, H, G, D, E, S, T;
   double scale;
+  dt_dtype_t dt;
 } dt__ring_geom_t;
 /* Scratch floats' bytes that one block call of C x C pairs needs (forward or backward; 0 where
  * the backend's fused kernels take the blocks). */
@@ -370,18 +374,18 @@ size_t dt__ring_block_scratch(const dt__ring_geom_t* g, int64_t C);
 /* Query rows qr..qr+C of q against key/value rows kr..kr+C (diag: the causal diagonal block, key
  * j visible to query i when j <= i; else every pair), merged into the running unnormalized o and
  * the rows' running max m (start at -inf) and sum l (start at 0). */
-dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const float* q, const float* k,
-                               const float* v, int64_t qr, int64_t kr, int64_t C, int diag,
+dt_status_t dt__ring_block_fwd(const dt__ring_geom_t* g, const void* q, const void* k,
+                               const void* v, int64_t qr, int64_t kr, int64_t C, int diag,
                                float* o, float* m, float* l, float* scratch);
 /* o /= l and lse = m + log l (rows without a visible key: o 0, lse -inf). */
 dt_status_t dt__ring_finish(const dt__ring_geom_t* g, float* o, const float* m, const float* l,
                             float* lse);
-/* d = rowsum(o * go) per (b, h, s): the backward's softmax correction. */
-dt_status_t dt__ring_rowdot(const dt__ring_geom_t* g, const float* o, const float* go, float* d);
+/* d = rowsum(o * go) per (b, h, s): the backward's softmax correction (o, go of g->dt). */
+dt_status_t dt__ring_rowdot(const dt__ring_geom_t* g, const void* o, const void* go, float* d);
 /* The block's gradients from the output gradient go, the rows' lse and d: dq (q's geometry) and
  * dk, dv (the buffers' rows kr..) accumulated. */
-dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const float* q, const float* k,
-                               const float* v, const float* go, const float* lse, const float* dd,
+dt_status_t dt__ring_block_bwd(const dt__ring_geom_t* g, const void* q, const void* k,
+                               const void* v, const void* go, const float* lse, const float* dd,
                                int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
                                float* dv, float* scratch);
 /* The row-wise steps between a block's products, on one backend's memory (f32; the products go
@@ -403,8 +407,8 @@ typedef struct dt__ring_rows {
   /* dt__ring_finish and dt__ring_rowdot over every row of g */
   dt_status_t (*finish)(dt_backend_t b, const dt__ring_geom_t* g, float* o, const float* m,
                         const float* l, float* lse);
-  dt_status_t (*rowdot)(dt_backend_t b, const dt__ring_geom_t* g, const float* o,
-                        const float* go, float* d);
+  dt_status_t (*rowdot)(dt_backend_t b, const dt__ring_geom_t* g, const void* o,
+                        const void* go, float* d);
   /* p's visible scores -> exp(score - lse) (lse -inf: 0), the rest 0 */
   dt_status_t (*probs)(dt_backend_t b, float* p, int64_t rows, int64_t cols, int64_t ld,
                        int64_t d0, const float* lse);
@@ -413,13 +417,14 @@ typedef struct dt__ring_rows {
                         int64_t ld, const float* dd);
   /* Whole blocks of dt__ring_block_fwd / dt__ring_block_bwd (every (batch, head), no scratch)
    * in fused kernels: `fused` (NULL where there are none) says whether they take blocks of C
-   * rows of g, forward and backward alike; otherwise the products and the steps above run. */
+   * rows of g with inputs of g->dt, forward and backward alike; otherwise (f32 only) the
+   * products and the steps above run. */
   int (*fused)(const dt__ring_geom_t* g, int64_t C);
-  dt_status_t (*block_fwd)(const dt__ring_geom_t* g, const float* q, const float* k,
-                           const float* v, int64_t qr, int64_t kr, int64_t C, int diag, float* o,
+  dt_status_t (*block_fwd)(const dt__ring_geom_t* g, const void* q, const void* k,
+                           const void* v, int64_t qr, int64_t kr, int64_t C, int diag, float* o,
                            float* m, float* l);
-  dt_status_t (*block_bwd)(const dt__ring_geom_t* g, const float* q, const float* k,
-                           const float* v, const float* go, const float* lse, const float* dd,
+  dt_status_t (*block_bwd)(const dt__ring_geom_t* g, const void* q, const void* k,
+                           const void* v, const void* go, const float* lse, const float* dd,
                            int64_t qr, int64_t kr, int64_t C, int diag, float* dq, float* dk,
                            float* dv);
 } dt__ring_rows_t;
@@ -501,7 +506,7 @@ typedef struct dt__ring_call {
   int m;       /* chunks per rank (2 balanced, else 1) */
   int64_t C;   /* rows per chunk */
   int64_t nk, nv; /* local numel of k and v */
-  dt_dtype_t kvt;  /* k and v's dtype: what their shards travel in (the blocks compute f32) */
+  dt_dtype_t kvt;  /* q, k and v's dtype: what k and v's shards travel in (g.dt: the blocks') */
   dt__ring_geom_t g;
 } dt__ring_call_t;
 /* The local geometry of q, k, v's shards and the cp group's communicator. */

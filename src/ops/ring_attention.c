@@ -27,11 +27,13 @@
  * Simulated runs (the meta backend): nothing computed or sent; the scratch is allocated as the
  * real run would, the traffic counted, the steps priced on the simulated clock with the overlap
  * of the ring. Device backends compute in device memory and ring over the mesh's NCCL plane,
- * or stage through host memory where the plane is MPI (kernels_ring.c). bf16/f16 inputs: the blocks compute in f32,
- * so q (backward: o and its gradient too) is cast to an f32 copy after its move and the results
- * cast back (o and the gradients in the inputs' dtype, lse f32); k and v travel in their own
- * dtype (half a f32 ring's bytes) and each shard is converted to f32 where its blocks run; the
- * gradient accumulators of k and v travel in f32 (sums over the ring, as a reduce-scatter's).
+ * or stage through host memory where the plane is MPI (kernels_ring.c). bf16/f16 inputs: k and
+ * v travel in their own dtype (half a f32 ring's bytes); the blocks read q, k, v (backward: o
+ * and its gradient too) as stored where the backend's fused kernels take that dtype (the CUDA
+ * tensor-core kernels under DTENSOR_SDPA_PATH=flash), else f32 copies made where the blocks run
+ * (kernels_ring.c); either way they accumulate in f32: the running output, lse and the
+ * gradients, cast back to the inputs' dtype at the end (lse stays f32). The gradient
+ * accumulators of k and v travel in f32 (sums over the ring, as a reduce-scatter's).
  */
 #include <math.h>
 #include <string.h>
@@ -149,8 +151,8 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   lshape[1] = oshape[a.hd];
   lshape[2] = oshape[a.sd];
   int meta = in[0]->meta || in[1]->meta || in[2]->meta;
-  const dt_dtype_t w = in[0]->dtype; /* the blocks compute f32: bf16/f16 cast up and back */
-  dt_tensor_t o = NULL, lse = NULL, mv[3] = {NULL, NULL, NULL}, cv[3] = {NULL, NULL, NULL}, x[3];
+  const dt_dtype_t w = in[0]->dtype; /* the output accumulates in f32: cast back at the end */
+  dt_tensor_t o = NULL, lse = NULL, mv[3] = {NULL, NULL, NULL}, x[3];
   dt_status_t st = DT_SUCCESS;
   /* the inputs' moves run on meta tensors too: a dry run (dtensor-explain) shows them */
   for (int t = 0; t < 3 && st == DT_SUCCESS; t++) {
@@ -163,7 +165,6 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
     if (st == DT_SUCCESS && saved) st = dt__tensor_meta(mesh, DT_F32, 3, lshape, a.lse_pl, &lse);
     goto done;
   }
-  if (st == DT_SUCCESS) st = dt__op_as_f32(x[0], &x[0], &cv[0]); /* k, v: as they are */
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 4, oshape, a.pl, 0, &o);
   if (st == DT_SUCCESS) st = dt__tensor_new(mesh, DT_F32, 3, lshape, a.lse_pl, 0, &lse);
   /* an output one rank could not allocate must not leave the others in the ring */
@@ -177,10 +178,7 @@ dt_status_t dt__ring_attention_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
   }
   if (st == DT_SUCCESS) st = dt__op_cast_in_place(&o, w);
 done:
-  for (int t = 0; t < 3; t++) {
-    dt__tensor_free(cv[t]);
-    dt__tensor_free(mv[t]);
-  }
+  for (int t = 0; t < 3; t++) dt__tensor_free(mv[t]);
   if (st != DT_SUCCESS) {
     dt__tensor_free(o);
     dt__tensor_free(lse);
@@ -202,7 +200,7 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
   dt_mesh_t mesh = c->in[0]->mesh;
   DT_CHECK(dt__ra_args(c->n_iargs, c->iargs, c->n_fargs, c->fargs, mesh, &a));
   DT_CHECK(dt__ra_plan(&a, c->in[0], c->in[1], c->in[2]));
-  dt_tensor_t mv[5] = {NULL}, cv[5] = {NULL}, x[5], gr[3] = {NULL, NULL, NULL};
+  dt_tensor_t mv[5] = {NULL}, x[5], gr[3] = {NULL, NULL, NULL}; /* x: as they are */
   const dt_tensor_t src[5] = {c->in[0], c->in[1], c->in[2], c->out[0], gout[0]};
   int meta = 0;
   for (int t = 0; t < 5; t++) meta |= src[t]->meta;
@@ -212,8 +210,6 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
               : dt__tensor_new(mesh, DT_F32, 4, src[t]->layout.shape, a.pl, 0, &gr[t]);
   if (meta) goto done;
   for (int t = 0; t < 5 && st == DT_SUCCESS; t++) st = dt__op_move_to(src[t], a.pl, &x[t], &mv[t]);
-  for (int t = 0; t < 5 && st == DT_SUCCESS; t++) /* q, o, go in f32; k, v as they are */
-    if (t != 1 && t != 2) st = dt__op_as_f32(x[t], &x[t], &cv[t]);
   if (mesh->member) st = dt__mesh_agree(mesh, st, kOp); /* as in the forward */
   if (st == DT_SUCCESS && mesh->member) {
     dt_local_tensor_t lv[9];
@@ -227,10 +223,7 @@ dt_status_t dt__bw_ring_attention(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_
   for (int t = 0; t < 3 && st == DT_SUCCESS; t++) /* each gradient in its input's dtype */
     if (c->needs[t]) st = dt__op_cast_in_place(&gr[t], src[t]->dtype);
 done:
-  for (int t = 0; t < 5; t++) {
-    dt__tensor_free(cv[t]);
-    dt__tensor_free(mv[t]);
-  }
+  for (int t = 0; t < 5; t++) dt__tensor_free(mv[t]);
   if (st != DT_SUCCESS) {
     for (int t = 0; t < 3; t++) dt__tensor_free(gr[t]);
     return st;

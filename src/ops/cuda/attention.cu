@@ -631,7 +631,8 @@ struct dt_tc_carve {
 };
 
 /* The three kernels' regions (byte offsets), in one place. Forward (which 0): Q, K, V, scores
- * (f32), exponentials, output staging, 1/l per row. dQ (1): Q, dO, K, V, scores, dS, dQ staging,
+ * (f32), exponentials, output staging, 1/l per row (accumulating: the rescales of the running
+ * and of the tile's output). dQ (1): Q, dO, K, V, scores, dS, dQ staging,
  * lse, delta. dK/dV (2): K, V, Q, dO, scores, P, dS, dK and dV staging, lse, delta. */
 struct dt_tc_smem {
   size_t q, k, v, dout, s, p, ds, acc, acc2, l, dl, nbytes;
@@ -649,6 +650,7 @@ __host__ __device__ __forceinline__ dt_tc_smem dt_tc_smem_of(int which, int64_t 
     m.p = c.take(B * ld.p * h);
     m.acc = c.take(B * ld.e * f);
     m.l = c.take(B * f);
+    m.dl = c.take(B * f);
   } else if (which == 1) {
     m.q = c.take(B * ld.q * h);
     m.dout = c.take(B * ld.v * h);
@@ -762,16 +764,25 @@ DT_ATTN_UNROLL
     if (n < n16) nvcuda::wmma::store_matrix_sync(out + n * 16, acc[n], ld, nvcuda::wmma::mem_row_major);
 }
 
+/* Whether a tensor-core kernel accumulates (a ring block: g.accum, outputs in f32); false at
+ * compile time where the outputs are of the inputs' type (sdpa: no accumulating code at all). */
+template <typename T, typename TO>
+__device__ __forceinline__ bool dt_tc_accum(const dt_attn_geom& g) {
+  return !std::is_same<T, TO>::value && g.accum;
+}
+
 /* Column t (0 .. 31) of the calling lane's half row: lanes l and l ^ 16 share row l % 16. */
 __device__ __forceinline__ int dt_tc_col(int lane, int t) {
   return (lane >> 4) * 32 + ((t + lane) & 31);
 }
 
 /* Forward on tensor cores: dt_attn_fwd_kernel's contract (one block per query tile of a (batch,
- * head), the last tiles first; O, and for the backward lse and delta). NF: see dt_tc_frags. */
-template <typename T, int NF>
+ * head), the last tiles first; O, and for the backward lse and delta; accumulating (TO f32,
+ * g.accum: dt_tc_accum), a ring block merged into the running f32 output o, max lse and sum
+ * delta). TO: O's type. NF: see dt_tc_frags. */
+template <typename T, typename TO, int NF>
 __global__ void __launch_bounds__(DT_TC_NT)
-    dt_tc_fwd_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, T* o, float* lse,
+    dt_tc_fwd_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, TO* o, float* lse,
                      float* delta, const T* dout) {
   DT_SIMT_DYN_SHARED(unsigned char, sm);
   const int B = DT_TC_B, D = (int)g.D, E = (int)g.E;
@@ -784,6 +795,7 @@ __global__ void __launch_bounds__(DT_TC_NT)
   T* Ps = (T*)(sm + L.p);
   float* Of = (float*)(sm + L.acc);
   float* Is = (float*)(sm + L.l);
+  float* Cs = (float*)(sm + L.dl);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane & 15;
   const int i = warp * 16 + r, ne16 = ld.ep / 16; /* i: the lane's row in the tile */
   float* Sw = Sf + warp * 16 * ld.s;
@@ -856,6 +868,26 @@ DT_ATTN_UNROLL
     }
     dt_tc_store(Ow, ld.e, acc, ne16);
     __syncwarp();
+    if (dt_tc_accum<T, TO>(g)) { /* kernels_ring.c's dt__rr_merge (m: the reference max) */
+      if (lane < 16 && i < nq) {
+        const int64_t row = bh * g.lds + i0 + i;
+        const float mo = lse[row], mn = fmaxf(mo, m);
+        const float a = mo == -INFINITY ? 0.0f : expf(mo - mn);
+        const float c = m == -INFINITY ? 0.0f : expf(m - mn);
+        Is[i] = a;
+        Cs[i] = c;
+        delta[row] = delta[row] * a + l * c;
+        lse[row] = mn;
+      }
+      __syncthreads();
+      TO* ob = o + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
+      for (int x = tid; x < nq * E; x += DT_TC_NT) {
+        const int ii = x / E, e = x - ii * E;
+        ob[ii * g.o.ss + e] = dt_cu_from_f32<TO>(dt_cu_f32(ob[ii * g.o.ss + e]) * Is[ii] +
+                                                 Of[ii * ld.e + e] * Cs[ii]);
+      }
+      continue;
+    }
     /* the host's inv = sum > 0 ? 1 / sum : 0 (no keys: zeros; a NaN sum: NaN stays) */
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     if (lane < 16) Is[i] = inv;
@@ -871,10 +903,10 @@ DT_ATTN_UNROLL
     }
     if (o != NULL) {
       __syncthreads();
-      T* ob = o + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
+      TO* ob = o + b * g.o.sb + h * g.o.sh + i0 * g.o.ss;
       for (int x = tid; x < nq * E; x += DT_TC_NT) {
         const int ii = x / E, e = x - ii * E;
-        ob[ii * g.o.ss + e] = dt_cu_from_f32<T>(Of[ii * ld.e + e] * Is[ii]);
+        ob[ii * g.o.ss + e] = dt_cu_from_f32<TO>(Of[ii * ld.e + e] * Is[ii]);
       }
     }
   }
@@ -898,11 +930,12 @@ __device__ __forceinline__ void dt_tc_load_rows(const dt_attn_geom& g, const dt_
 }
 
 /* dQ on tensor cores: dt_attn_dq_kernel's contract. A warp's rows: S = Q K^T, P (in registers),
- * dP = dO V^T over the same f32 slice, dS rounded, then dQ += dS K in registers. */
-template <typename T, int NF>
+ * dP = dO V^T over the same f32 slice, dS rounded, then dQ += dS K in registers. TO: dQ's type
+ * (T, or f32 added to: dt_tc_accum). */
+template <typename T, typename TO, int NF>
 __global__ void __launch_bounds__(DT_TC_NT)
     dt_tc_dq_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, const T* dout,
-                    const float* lse, const float* delta, T* dq) {
+                    const float* lse, const float* delta, TO* dq) {
   DT_SIMT_DYN_SHARED(unsigned char, sm);
   const int B = DT_TC_B, D = (int)g.D, E = (int)g.E;
   const dt_tc_ld ld = dt_tc_ld_of(g.D, g.E);
@@ -961,21 +994,22 @@ DT_ATTN_UNROLL
     }
     dt_tc_store(dQf + warp * 16 * ld.d, ld.d, acc, ld.dp / 16);
     __syncthreads();
-    T* db = dq + b * g.q.sb + h * g.q.sh + i0 * g.q.ss;
+    TO* db = dq + b * g.q.sb + h * g.q.sh + i0 * g.q.ss;
     for (int x = tid; x < nq * D; x += DT_TC_NT) {
       const int ii = x / D, d = x - ii * D;
-      db[ii * g.q.ss + d] = dt_cu_from_f32<T>(g.scale * dQf[ii * ld.d + d]);
+      const float prev = dt_tc_accum<T, TO>(g) ? dt_cu_f32(db[ii * g.q.ss + d]) : 0.0f;
+      db[ii * g.q.ss + d] = dt_cu_from_f32<TO>(prev + g.scale * dQf[ii * ld.d + d]);
     }
   }
 }
 
 /* dK and dV on tensor cores: dt_attn_dkv_kernel's contract. A warp owns 16 keys of the tile and
  * works on transposed scores (its keys against the query tile's 64 rows): S^T = K Q^T, P^T,
- * dP^T = V dO^T, dS^T, then dV += P^T dO and dK += dS^T Q in registers. */
-template <typename T, int NF>
+ * dP^T = V dO^T, dS^T, then dV += P^T dO and dK += dS^T Q in registers. TO: as dQ's. */
+template <typename T, typename TO, int NF>
 __global__ void __launch_bounds__(DT_TC_NT)
     dt_tc_dkv_kernel(dt_attn_geom g, const T* q, const T* k, const T* v, const T* dout,
-                     const float* lse, const float* delta, T* dk, T* dv) {
+                     const float* lse, const float* delta, TO* dk, TO* dv) {
   DT_SIMT_DYN_SHARED(unsigned char, sm);
   const int B = DT_TC_B, D = (int)g.D, E = (int)g.E;
   const dt_tc_ld ld = dt_tc_ld_of(g.D, g.E);
@@ -1040,15 +1074,17 @@ __global__ void __launch_bounds__(DT_TC_NT)
     dt_tc_store(dKf + warp * 16 * ld.d, ld.d, dka, ld.dp / 16);
     dt_tc_store(dVf + warp * 16 * ld.e, ld.e, dva, ld.ep / 16);
     __syncthreads();
-    T* kd = dk + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss;
-    T* vd = dv + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss;
+    TO* kd = dk + b * g.k.sb + kvh * g.k.sh + j0 * g.k.ss;
+    TO* vd = dv + b * g.v.sb + kvh * g.v.sh + j0 * g.v.ss;
     for (int x = tid; x < nk * D; x += DT_TC_NT) {
       const int j = x / D, d = x - j * D;
-      kd[j * g.k.ss + d] = dt_cu_from_f32<T>(g.scale * dKf[j * ld.d + d]);
+      const float prev = dt_tc_accum<T, TO>(g) ? dt_cu_f32(kd[j * g.k.ss + d]) : 0.0f;
+      kd[j * g.k.ss + d] = dt_cu_from_f32<TO>(prev + g.scale * dKf[j * ld.d + d]);
     }
     for (int x = tid; x < nk * E; x += DT_TC_NT) {
       const int j = x / E, e = x - j * E;
-      vd[j * g.v.ss + e] = dt_cu_from_f32<T>(dVf[j * ld.e + e]);
+      const float prev = dt_tc_accum<T, TO>(g) ? dt_cu_f32(vd[j * g.v.ss + e]) : 0.0f;
+      vd[j * g.v.ss + e] = dt_cu_from_f32<TO>(prev + dVf[j * ld.e + e]);
     }
   }
 }
@@ -1436,7 +1472,7 @@ DT_CU_KERNEL(dt_cu_sdpa) {
     if (chunk > 0) return dt_attn_gemm_path<T>(call->op, in, out, g, dt, 0, chunk);
     if constexpr (sizeof(T) == 2) /* tensor cores */
       return dt_tc_frags_dispatch(g, [&](auto nf) -> dt_status_t {
-        const auto kernel = dt_tc_fwd_kernel<T, decltype(nf)::value>;
+        const auto kernel = dt_tc_fwd_kernel<T, T, decltype(nf)::value>;
         const size_t smem = dt_tc_smem_of(0, g.D, g.E).nbytes;
         const int rc = dt_attn_allow_smem(kernel, smem);
         if (rc != 0) return DT_CUDA_NAME(status)(rc, call->op);
@@ -1541,8 +1577,8 @@ DT_CU_KERNEL(dt_cu_sdpa_grad) {
     if constexpr (sizeof(T) == 2) /* tensor cores */
       return dt_tc_frags_dispatch(g, [&](auto nf) -> dt_status_t {
         constexpr int NF = decltype(nf)::value;
-        return dt_attn_flash_grad<T>(call, args, out, g, dt_tc_fwd_kernel<T, NF>,
-                                     dt_tc_dq_kernel<T, NF>, dt_tc_dkv_kernel<T, NF>, DT_TC_B,
+        return dt_attn_flash_grad<T>(call, args, out, g, dt_tc_fwd_kernel<T, T, NF>,
+                                     dt_tc_dq_kernel<T, T, NF>, dt_tc_dkv_kernel<T, T, NF>, DT_TC_B,
                                      DT_TC_B, DT_TC_NT, dt_tc_smem_of(0, g.D, g.E).nbytes,
                                      dt_tc_smem_of(1, g.D, g.E).nbytes,
                                      dt_tc_smem_of(2, g.D, g.E).nbytes);
@@ -1609,7 +1645,9 @@ DT_CU_SCRATCH(dt_cu_sdpa_grad_scratch) {
  * diagonal block as causal attention from position 0 (key j visible to query i when j <= i).
  * Taken (ring_fused) under DTENSOR_SDPA_PATH=flash where the tiles fit in shared memory, and then
  * the ring allocates no C x C scratch; auto and gemm keep the products until a GPU has timed the
- * two (tools/gpu_check.sh's ring steps). */
+ * two (tools/gpu_check.sh's ring steps). bf16/f16 inputs (dt__ring_geom_t's dt) take the
+ * tensor-core kernels in the same accumulating mode: q, k, v (and dO) read as stored, the running
+ * output, max and sum and the gradients f32 (TO = float). */
 
 static dt_attn_geom dt_attn_ring_geom(const dt__ring_geom_t* rg, int64_t C, int diag) {
   dt_attn_geom g;
@@ -1636,54 +1674,85 @@ static dt_attn_geom dt_attn_ring_geom(const dt__ring_geom_t* rg, int64_t C, int 
 
 }  // namespace
 
-/* Forward and backward tiles alike (the diagonal block's causal flag changes no tile size); on
- * the meta backend (a simulated run sizing the ring's scratch) for the device it plays. */
+/* Forward and backward tiles alike (the diagonal block's causal flag changes no tile size), for
+ * inputs of rg->dt (bf16/f16: the tensor-core kernels'); on the meta backend (a simulated run
+ * sizing the ring's scratch) for the device it plays. */
 extern "C" int DT_CUDA_NAME(ring_fused)(const dt__ring_geom_t* rg, int64_t C) {
   const dt_attn_geom g = dt_attn_ring_geom(rg, C, 0);
   const size_t smem = rg->bk->device == DT_DEVICE_META ? DT_CU_SIM_SMEM : dt_attn_smem_limit();
-  return dt_attn_path() == DT_ATTN_FLASH && dt_attn_flash_fits(g, sizeof(float), 1, smem);
+  return dt_attn_path() == DT_ATTN_FLASH &&
+         dt_attn_flash_fits(g, dt__itemsize(rg->dt), 1, smem);
 }
 
-extern "C" dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* rg, const float* q,
-                                                    const float* k, const float* v, int64_t qr,
+extern "C" dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* rg, const void* q,
+                                                    const void* k, const void* v, int64_t qr,
                                                     int64_t kr, int64_t C, int diag, float* o,
                                                     float* m, float* l) {
   const dt_attn_geom g = dt_attn_ring_geom(rg, C, diag);
   if (g.B * g.H * C == 0) return DT_SUCCESS;
-  const size_t smem = dt_attn_fwd_smem(&g);
-  int rc = dt_attn_allow_smem(dt_attn_fwd_kernel<float>, smem);
-  if (rc == 0)
-    rc = dt_simt_launch(dt_attn_fwd_kernel<float>,
-                        dt_attn_grid_on(rg->bk, dt_attn_qitems(g, DT_ATTN_BQ)), DT_ATTN_NT, smem,
-                        dt_cu_backend_stream(rg->bk), g, q + qr * g.q.ss, k + kr * g.k.ss,
-                        v + kr * g.v.ss, o + qr * g.o.ss, m + qr, l + qr, (const float*)NULL);
-  return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "ring_attention: block forward");
+  const char* what = "ring_attention: block forward";
+  cudaStream_t st = dt_cu_backend_stream(rg->bk);
+  return dt_cu_float_dispatch(what, rg->dt, [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    const T *qb = (const T*)q + qr * g.q.ss, *kb = (const T*)k + kr * g.k.ss,
+            *vb = (const T*)v + kr * g.v.ss;
+    /* the forward kernel with its shared memory and query tile */
+    auto launch = [&](auto kernel, size_t smem, int bq, int nt) -> dt_status_t {
+      int rc = dt_attn_allow_smem(kernel, smem);
+      if (rc == 0)
+        rc = dt_simt_launch(kernel, dt_attn_grid_on(rg->bk, dt_attn_qitems(g, bq)), nt, smem, st,
+                            g, qb, kb, vb, o + qr * g.o.ss, m + qr, l + qr, (const T*)NULL);
+      return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, what);
+    };
+    if constexpr (sizeof(T) == 2) /* tensor cores, accumulating into the f32 (o, m, l) */
+      return dt_tc_frags_dispatch(g, [&](auto nf) -> dt_status_t {
+        return launch(dt_tc_fwd_kernel<T, float, decltype(nf)::value>,
+                      dt_tc_smem_of(0, g.D, g.E).nbytes, DT_TC_B, DT_TC_NT);
+      });
+    else
+      return launch(dt_attn_fwd_kernel<float>, dt_attn_fwd_smem(&g), DT_ATTN_BQ, DT_ATTN_NT);
+  });
 }
 
-extern "C" dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* rg, const float* q,
-                                                    const float* k, const float* v,
-                                                    const float* go, const float* lse,
+extern "C" dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* rg, const void* q,
+                                                    const void* k, const void* v,
+                                                    const void* go, const float* lse,
                                                     const float* dd, int64_t qr, int64_t kr,
                                                     int64_t C, int diag, float* dq, float* dk,
                                                     float* dv) {
   const dt_attn_geom g = dt_attn_ring_geom(rg, C, diag);
   if (g.B * g.H * C == 0) return DT_SUCCESS;
-  const size_t s_dq = dt_attn_dq_smem(&g), s_dkv = dt_attn_dkv_smem(&g);
-  const float *qb = q + qr * g.q.ss, *kb = k + kr * g.k.ss, *vb = v + kr * g.v.ss,
-              *gb = go + qr * g.o.ss;
+  const char* what = "ring_attention: block backward";
   cudaStream_t st = dt_cu_backend_stream(rg->bk);
-  int rc = dt_attn_allow_smem(dt_attn_dq_kernel<float>, s_dq);
-  if (rc == 0) rc = dt_attn_allow_smem(dt_attn_dkv_kernel<float>, s_dkv);
-  if (rc == 0)
-    rc = dt_simt_launch(dt_attn_dq_kernel<float>,
-                        dt_attn_grid_on(rg->bk, dt_attn_qitems(g, DT_ATTN_BQ)), DT_ATTN_NT, s_dq,
-                        st, g, qb, kb, vb, gb, lse + qr, dd + qr, dq + qr * g.q.ss);
-  if (rc == 0)
-    rc = dt_simt_launch(dt_attn_dkv_kernel<float>,
-                        dt_attn_grid_on(rg->bk, dt_attn_kitems(g, DT_ATTN_BK)), DT_ATTN_NT, s_dkv,
-                        st, g, qb, kb, vb, gb, lse + qr, dd + qr, dk + kr * g.k.ss,
-                        dv + kr * g.v.ss);
-  return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, "ring_attention: block backward");
+  return dt_cu_float_dispatch(what, rg->dt, [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    const T *qb = (const T*)q + qr * g.q.ss, *kb = (const T*)k + kr * g.k.ss,
+            *vb = (const T*)v + kr * g.v.ss, *gb = (const T*)go + qr * g.o.ss;
+    float *dqb = dq + qr * g.q.ss, *dkb = dk + kr * g.k.ss, *dvb = dv + kr * g.v.ss;
+    /* the dQ kernel, then the dK/dV one, each with its shared memory and tile */
+    auto launch = [&](auto kdq, auto kdkv, size_t s_dq, size_t s_dkv, int bq, int bk,
+                      int nt) -> dt_status_t {
+      int rc = dt_attn_allow_smem(kdq, s_dq);
+      if (rc == 0) rc = dt_attn_allow_smem(kdkv, s_dkv);
+      if (rc == 0)
+        rc = dt_simt_launch(kdq, dt_attn_grid_on(rg->bk, dt_attn_qitems(g, bq)), nt, s_dq, st, g,
+                            qb, kb, vb, gb, lse + qr, dd + qr, dqb);
+      if (rc == 0)
+        rc = dt_simt_launch(kdkv, dt_attn_grid_on(rg->bk, dt_attn_kitems(g, bk)), nt, s_dkv, st,
+                            g, qb, kb, vb, gb, lse + qr, dd + qr, dkb, dvb);
+      return rc == 0 ? DT_SUCCESS : DT_CUDA_NAME(status)(rc, what);
+    };
+    if constexpr (sizeof(T) == 2) /* tensor cores, adding to the f32 gradients */
+      return dt_tc_frags_dispatch(g, [&](auto nf) -> dt_status_t {
+        constexpr int NF = decltype(nf)::value;
+        return launch(dt_tc_dq_kernel<T, float, NF>, dt_tc_dkv_kernel<T, float, NF>,
+                      dt_tc_smem_of(1, g.D, g.E).nbytes, dt_tc_smem_of(2, g.D, g.E).nbytes,
+                      DT_TC_B, DT_TC_B, DT_TC_NT);
+      });
+    else
+      return launch(dt_attn_dq_kernel<float>, dt_attn_dkv_kernel<float>, dt_attn_dq_smem(&g),
+                    dt_attn_dkv_smem(&g), DT_ATTN_BQ, DT_ATTN_BK, DT_ATTN_NT);
+  });
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -31,11 +31,11 @@ extern "C" {
 
 /* Ring attention's fused blocks (attention.cu; ring.cu's dt__ring_rows_t members). */
 int DT_CUDA_NAME(ring_fused)(const dt__ring_geom_t* g, int64_t C);
-dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* g, const float* q, const float* k,
-                                         const float* v, int64_t qr, int64_t kr, int64_t C,
+dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* g, const void* q, const void* k,
+                                         const void* v, int64_t qr, int64_t kr, int64_t C,
                                          int diag, float* o, float* m, float* l);
-dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* g, const float* q, const float* k,
-                                         const float* v, const float* go, const float* lse,
+dt_status_t DT_CUDA_NAME(ring_block_bwd)(const dt__ring_geom_t* g, const void* q, const void* k,
+                                         const void* v, const void* go, const float* lse,
                                          const float* dd, int64_t qr, int64_t kr, int64_t C,
                                          int diag, float* dq, float* dk, float* dv);
 }

@@ -4,9 +4,10 @@
  * fused, its products run through the backend's GEMM; these kernels do what lies between them:
  * the block's softmax numerators with their row max and sum, the merge into the running
  * (o, m, l), the final normalization and log-sum-exp, the backward's row dot, recomputed
- * probabilities and score gradients. f32 throughout, one thread block per row (a block's threads
- * stride over the row's columns; maxima and sums are block reductions, so sums differ from the
- * host's double-precision ones in the last bits).
+ * probabilities and score gradients. f32 throughout (but the row dot, which reads bf16/f16 o
+ * and dO as stored where the fused tensor-core blocks take them), one thread block per row (a
+ * block's threads stride over the row's columns; maxima and sums are block reductions, so sums
+ * differ from the host's double-precision ones in the last bits).
  *
  * Everything is issued on the backend's compute stream and nothing waits for it.
  */
@@ -89,15 +90,17 @@ dt_ring_finish_kernel(float* o, const float* m, const float* l, float* lse, int6
   }
 }
 
-/* d[r] = sum_e o[r, e] go[r, e] */
+/* d[r] = sum_e o[r, e] go[r, e] (o and go of the blocks' dtype, read as stored) */
+template <typename T>
 __global__ void __launch_bounds__(DT_RING_NT)
-dt_ring_rowdot_kernel(const float* o, const float* go, float* d, int64_t rows, int layout,
-                      int64_t H, int64_t S, int64_t E) {
+dt_ring_rowdot_kernel(const T* o, const T* go, float* d, int64_t rows, int layout, int64_t H,
+                      int64_t S, int64_t E) {
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t off = dt_ring_row_off(layout, r, H, S, E);
     float acc = 0.0f;
-    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) acc += o[off + e] * go[off + e];
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+      acc += dt_cu_f32(o[off + e]) * dt_cu_f32(go[off + e]);
     acc = dt_cu_block_sum(acc, red);
     if (threadIdx.x == 0) d[r] = acc;
   }
@@ -158,10 +161,13 @@ static dt_status_t dt_ring_finish(dt_backend_t b, const dt__ring_geom_t* g, floa
                  g->B * g->H * g->S, g->layout, g->H, g->S, g->E);
 }
 
-static dt_status_t dt_ring_rowdot(dt_backend_t b, const dt__ring_geom_t* g, const float* o,
-                                  const float* go, float* d) {
-  DT_RING_LAUNCH("row dot", dt_ring_rowdot_kernel, b, g->B * g->H * g->S, o, go, d,
-                 g->B * g->H * g->S, g->layout, g->H, g->S, g->E);
+static dt_status_t dt_ring_rowdot(dt_backend_t b, const dt__ring_geom_t* g, const void* o,
+                                  const void* go, float* d) {
+  return dt_cu_float_dispatch("ring_attention: row dot", g->dt, [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    DT_RING_LAUNCH("row dot", dt_ring_rowdot_kernel<T>, b, g->B * g->H * g->S, (const T*)o,
+                   (const T*)go, d, g->B * g->H * g->S, g->layout, g->H, g->S, g->E);
+  });
 }
 
 static dt_status_t dt_ring_probs(dt_backend_t b, float* p, int64_t rows, int64_t cols,
