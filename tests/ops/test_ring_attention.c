@@ -279,13 +279,18 @@ static dt_tensor_t cast_to(dt_tensor_t t, dt_dtype_t to) {
 }
 
 /* Whether mesh's ring blocks read bf16/f16 as stored on tensor cores: a CUDA backend (or its
- * emulation) under DTENSOR_SDPA_PATH=flash, for the feature sizes of test_half (up to 128). */
+ * emulation) computing in its own memory (the NCCL plane; staged through the host, the host's
+ * f32 blocks run) under DTENSOR_SDPA_PATH=flash, for the feature sizes of test_half (up to
+ * 128). Asked after a ring call (the plane is decided by the mesh's first collective). */
 static int tc_blocks(dt_mesh_t mesh) {
   dt_backend_t be = NULL;
+  dt_data_plane_t plane;
   DT_ASSERT_OK(dt_mesh_backend(mesh, &be));
+  DT_ASSERT_OK(dt_mesh_data_plane(mesh, &plane));
   const char* name = dt_backend_name(be);
   const char* path = getenv("DTENSOR_SDPA_PATH");
-  return path != NULL && strcmp(path, "flash") == 0 && strncmp(name, "cuda", 4) == 0;
+  return path != NULL && strcmp(path, "flash") == 0 && strncmp(name, "cuda", 4) == 0 &&
+         plane == DT_PLANE_NCCL;
 }
 
 /* bf16 and f16 inputs, on the ring and the all-gather: the output and the gradients come in the
@@ -297,7 +302,6 @@ static int tc_blocks(dt_mesh_t mesh) {
  * cp dim in their dtype's bytes, their gradients in f32's. A sequence of 2 x ranks x `rows`
  * positions (the 1-dim mesh: chunks of `rows`), q and k of fd features, v of fe. */
 static void test_half(dt_mesh_t mesh, int64_t rows, int64_t fd, int64_t fe) {
-  const int tc = tc_blocks(mesh);
   const int64_t S = 2 * rows * (int64_t)g_n, nq = B * H * S * fd, nk = B * G * S * fd,
                 nv = B * G * S * fe, no = B * H * S * fe;
   int nd, ncp;
@@ -376,6 +380,7 @@ static void test_half(dt_mesh_t mesh, int64_t rows, int64_t fd, int64_t fe) {
       DT_ASSERT_EQ(all.dim_nbytes[cpd][DT_COLL_REDUCE_SCATTER], n * kvf);
       DT_ASSERT_EQ(all.dim_calls[cpd][DT_COLL_SEND_RECV], 0);
     }
+    const int tc = tc_blocks(mesh);
     int64_t bad = 0; /* the output: the f32 run's, rounded (tensor cores: not exactly) */
     for (int64_t j = 0; j < no; j++) bad += got[0][j] != ref[0][j];
     if (g_rank == 0)
