@@ -384,17 +384,18 @@ static double dt__ra_step_flops_of(const dt__ring_call_t* a, int r, int s, int b
   return 2.0 * (double)g->B * (double)g->H * pairs * per;
 }
 
-/* The modeled time of a conversion of n elements of `from` to f32 (read, then written). */
-static double dt__ra_conv_us(dt_dtype_t from, int64_t n) {
-  return (double)n * (double)(dt__itemsize(from) + sizeof(float)) /
+/* The modeled time of a conversion of n elements of `from` to the blocks' dtype (read, then
+ * written); 0 where the blocks take `from`. */
+static double dt__ra_conv_us(const dt__ring_call_t* a, dt_dtype_t from, int64_t n) {
+  if (from == a->g.dt) return 0.0;
+  return (double)n * (double)(dt__itemsize(from) + dt__itemsize(a->g.dt)) /
          (dt__compute_model()->mem_gbps * 1e3);
 }
 
 /* The modeled time of rank r's blocks against the shard of rank s (with, for k and v of another
  * dtype than the blocks', the shard's conversion to f32); bf16/f16 blocks at that rate. */
 static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int backward) {
-  const double conv = a->kvt == a->g.dt ? 0.0 : dt__ra_conv_us(a->kvt, a->nk + a->nv);
-  return dt__compute_model()->op_us + conv +
+  return dt__compute_model()->op_us + dt__ra_conv_us(a, a->kvt, a->nk + a->nv) +
          dt__ra_step_flops_of(a, r, s, backward) / (dt__attn_gflops(a->g.dt != DT_F32) * 1e3);
 }
 
@@ -638,9 +639,7 @@ static void* dt__ra_in_mem(const dt__ring_call_t* a, dt__ring_mem_t* mm, dt_dtyp
 static dt_status_t dt__ra_once_in(const dt__ring_call_t* a, const dt_local_tensor_t* t,
                                   void* work, const void** p) {
   const int64_t n = dt__local_numel(t);
-  if (a->link.sim && t->dtype != a->g.dt)
-    dt__sim_compute((double)n * (double)(dt__itemsize(t->dtype) + dt__itemsize(a->g.dt)) /
-                    (dt__compute_model()->mem_gbps * 1e3));
+  if (a->link.sim && t->dtype != a->g.dt) dt__sim_compute(dt__ra_conv_us(a, t->dtype, n));
   return dt__ra_in(a, t->dtype, n, work, p);
 }
 
