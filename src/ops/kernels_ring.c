@@ -688,17 +688,18 @@ dt_status_t dt__ring_forward(const dt__ring_call_t* a, const dt_local_tensor_t* 
                        ? DT_SUCCESS
                        : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s: %zu bytes of scratch", kRingOp,
                                  dt__ring_block_scratch(g, a->C));
-  /* a rank short of memory must not leave the others in the ring */
+  /* the local preparation before the ring: a rank short of memory or failing here must not
+   * leave the others in it */
+  if (st == DT_SUCCESS && !a->link.sim) {
+    st = g->bk->iface->memset(g->bk, od, 0, sizeof(float) * (size_t)dt__local_numel(o));
+    if (st == DT_SUCCESS) st = g->bk->iface->fill(g->bk, m, DT_F32, rows, -INFINITY);
+  }
+  if (st == DT_SUCCESS) st = dt__ra_once_in(a, q, qf, &qd);
   st = dt__mesh_agree(a->mesh, st, kRingOp);
   if (st != DT_SUCCESS) {
     dt__ring_mem_free(&mm);
     return st;
   }
-  if (!a->link.sim) {
-    st = g->bk->iface->memset(g->bk, od, 0, sizeof(float) * (size_t)dt__local_numel(o));
-    if (st == DT_SUCCESS) st = g->bk->iface->fill(g->bk, m, DT_F32, rows, -INFINITY);
-  }
-  if (st == DT_SUCCESS) st = dt__ra_once_in(a, q, qf, &qd);
   const void *kc = NULL, *vc = NULL; /* the shard at hand as the blocks take it */
   if (algo == DT_RING_GATHER) {
     int64_t ck[DT_MAX_RANKS_CP], dk[DT_MAX_RANKS_CP], cv[DT_MAX_RANKS_CP], dv[DT_MAX_RANKS_CP];
@@ -820,12 +821,8 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
                        ? DT_SUCCESS
                        : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%s (backward): scratch of %lld key/value "
                                  "elements", kRingOp, (long long)(nkv * (n + 1)));
-  st = dt__mesh_agree(a->mesh, st, kRingOp);
-  if (st != DT_SUCCESS) {
-    dt__ring_mem_free(&mm);
-    return st;
-  }
-  st = dt__ra_once_in(a, q, qf, &qd);
+  /* the local preparation, then the agreement (as in the forward) */
+  if (st == DT_SUCCESS) st = dt__ra_once_in(a, q, qf, &qd);
   if (st == DT_SUCCESS) st = dt__ra_once_in(a, o, of, &odat);
   if (st == DT_SUCCESS) st = dt__ra_once_in(a, go, gof, &god);
   if (!a->link.sim && st == DT_SUCCESS) {
@@ -835,6 +832,11 @@ dt_status_t dt__ring_backward(const dt__ring_call_t* a, const dt_local_tensor_t*
       st = bk->iface->memset(bk, dqd, 0, sizeof(float) * (size_t)dt__local_numel(dq));
     if (st == DT_SUCCESS) st = bk->iface->memset(bk, dkd, 0, sizeof(float) * (size_t)a->nk);
     if (st == DT_SUCCESS) st = bk->iface->memset(bk, dvd, 0, sizeof(float) * (size_t)a->nv);
+  }
+  st = dt__mesh_agree(a->mesh, st, kRingOp);
+  if (st != DT_SUCCESS) {
+    dt__ring_mem_free(&mm);
+    return st;
   }
   const void *kc = NULL, *vc = NULL; /* the shard at hand as the blocks take it */
   if (algo == DT_RING_GATHER) {

@@ -474,7 +474,7 @@ dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x);
 /* Scratch of a ring call in the computing backend's memory, from its storage pool (a ring runs
  * every layer and step: fresh blocks would fault in their pages each time), counted as "other"
  * memory at the size asked for (the meta backend hands out addresses only); freed together. */
-#define DT_RING_MAX_BUFS 20
+#define DT_RING_MAX_BUFS 24 /* the staged half backward takes 20 */
 typedef struct dt__ring_mem {
   dt_backend_t b;
   void* p[DT_RING_MAX_BUFS];

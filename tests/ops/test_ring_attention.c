@@ -300,8 +300,10 @@ static int tc_blocks(dt_mesh_t mesh) {
  * (tc_blocks), P and dS are rounded to the dtype before their products: the output is then
  * within the dtype's rounding too, and not exact (which shows that path ran). k and v cross the
  * cp dim in their dtype's bytes, their gradients in f32's. A sequence of 2 x ranks x `rows`
- * positions (the 1-dim mesh: chunks of `rows`), q and k of fd features, v of fe. */
-static void test_half(dt_mesh_t mesh, int64_t rows, int64_t fd, int64_t fe) {
+ * positions (the 1-dim mesh: chunks of `rows`), q and k of fd features, v of fe; q's values
+ * times qscale (large scores: the tensor-core forward moves a row's reference max within a
+ * tile). */
+static void test_half(dt_mesh_t mesh, int64_t rows, int64_t fd, int64_t fe, float qscale) {
   const int64_t S = 2 * rows * (int64_t)g_n, nq = B * H * S * fd, nk = B * G * S * fd,
                 nv = B * G * S * fe, no = B * H * S * fe;
   int nd, ncp;
@@ -320,6 +322,7 @@ static void test_half(dt_mesh_t mesh, int64_t rows, int64_t fd, int64_t fe) {
     DT_ASSERT_TRUE(x[i] && ref[i] && got[i], "out of memory");
     fill(x[i], nn[i], 40 + i);
   }
+  for (int64_t j = 0; j < nq; j++) x[0][j] *= qscale;
   const int64_t heads[3] = {H, G, G}, feat[3] = {fd, fd, fe};
   for (int hc = 0; hc < 4; hc++) {
     const int h = hc % 2, algo = 1 + hc / 2;
@@ -599,9 +602,9 @@ int main(int argc, char** argv) {
   test_refusals(mesh);
   test_scale(mesh);
   test_algo_agreed(mesh);
-  test_half(mesh, 2, D, E);
+  test_half(mesh, 2, D, E, 1.0f);
   /* chunks of more than one 64-row tile of the tensor-core blocks, features in 8 fragments */
-  test_half(mesh, 70, 72, 40);
+  test_half(mesh, 70, 72, 40, 12.0f);
   test_rotary(mesh, solo);
   for (int causal = 0; causal < 2; causal++)
     for (int balanced = 0; balanced < 2; balanced++)
@@ -643,7 +646,7 @@ int main(int argc, char** argv) {
         dt_placement_t pl[2] = {dt_shard(layout ? 2 : 1), dt_shard(layout ? 1 : 2)};
         run_case(m2, solo, pl, 1, &c);
       }
-    test_half(m2, 2, D, E);
+    test_half(m2, 2, D, E, 1.0f);
     DT_ASSERT_OK(dt_mesh_destroy(m2));
   }
   DT_ASSERT_OK(dt_mesh_destroy(solo));
