@@ -384,18 +384,16 @@ static double dt__ra_step_flops_of(const dt__ring_call_t* a, int r, int s, int b
   return 2.0 * (double)g->B * (double)g->H * pairs * per;
 }
 
-/* The modeled time of a conversion of n elements of `from` to the blocks' dtype (read, then
- * written); 0 where the blocks take `from`. */
-static double dt__ra_conv_us(const dt__ring_call_t* a, dt_dtype_t from, int64_t n) {
-  if (from == a->g.dt) return 0.0;
-  return (double)n * (double)(dt__itemsize(from) + dt__itemsize(a->g.dt)) /
+double dt__ring_conv_us(dt_dtype_t from, dt_dtype_t to, int64_t n) {
+  if (from == to) return 0.0;
+  return (double)n * (double)(dt__itemsize(from) + dt__itemsize(to)) /
          (dt__compute_model()->mem_gbps * 1e3);
 }
 
 /* The modeled time of rank r's blocks against the shard of rank s (with, for k and v of another
  * dtype than the blocks', the shard's conversion to f32); bf16/f16 blocks at that rate. */
 static double dt__ra_step_us_of(const dt__ring_call_t* a, int r, int s, int backward) {
-  return dt__compute_model()->op_us + dt__ra_conv_us(a, a->kvt, a->nk + a->nv) +
+  return dt__compute_model()->op_us + dt__ring_conv_us(a->kvt, a->g.dt, a->nk + a->nv) +
          dt__ra_step_flops_of(a, r, s, backward) / (dt__attn_gflops(a->g.dt != DT_F32) * 1e3);
 }
 
@@ -589,26 +587,18 @@ dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x) {
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
-dt_status_t dt__ring_f32(const dt__ring_link_t* l, const void* src, dt_dtype_t dtype, int64_t n,
-                         float* work, const float** out) {
-  if (dtype == DT_F32) {
-    *out = (const float*)src;
-    return DT_SUCCESS;
-  }
-  *out = work;
-  if (l->sim || n == 0) return DT_SUCCESS;
-  return l->bk->iface->convert(l->bk, src, dtype, work, DT_F32, n);
+dt_status_t dt__ring_as(const dt__ring_link_t* l, const void* src, dt_dtype_t from, dt_dtype_t to,
+                        int64_t n, void* work, const void** out) {
+  *out = from == to ? src : work;
+  if (from == to || l->sim || n == 0) return DT_SUCCESS;
+  return l->bk->iface->convert(l->bk, src, from, work, to, n);
 }
 
 /* n elements of dtype `from` at *p as the blocks take them (g.dt): *p itself, or converted into
- * work (n elements of g.dt; simulated: not converted). */
+ * work (n elements of g.dt). */
 static dt_status_t dt__ra_in(const dt__ring_call_t* a, dt_dtype_t from, int64_t n, void* work,
                              const void** p) {
-  if (from == a->g.dt) return DT_SUCCESS;
-  const void* src = *p;
-  *p = work;
-  if (a->link.sim || n == 0) return DT_SUCCESS;
-  return a->g.bk->iface->convert(a->g.bk, src, from, work, a->g.dt, n);
+  return dt__ring_as(&a->link, *p, from, a->g.dt, n, work, p);
 }
 
 /* A k/v shard's k (at k) and v (at v) as the blocks take them: the shard itself, or converted
@@ -639,7 +629,7 @@ static void* dt__ra_in_mem(const dt__ring_call_t* a, dt__ring_mem_t* mm, dt_dtyp
 static dt_status_t dt__ra_once_in(const dt__ring_call_t* a, const dt_local_tensor_t* t,
                                   void* work, const void** p) {
   const int64_t n = dt__local_numel(t);
-  if (a->link.sim && t->dtype != a->g.dt) dt__sim_compute(dt__ra_conv_us(a, t->dtype, n));
+  if (a->link.sim && t->dtype != a->g.dt) dt__sim_compute(dt__ring_conv_us(t->dtype, a->g.dt, n));
   return dt__ra_in(a, t->dtype, n, work, p);
 }
 

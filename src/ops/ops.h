@@ -465,10 +465,13 @@ typedef struct dt__ring_xfer {
 dt_status_t dt__ring_xfer_start(const dt__ring_link_t* l, dt__ring_xfer_t* x, int npairs,
                                 const void* const* send, void* const* recv, const int64_t* count,
                                 const int64_t* rcount, dt_dtype_t dtype);
-/* The f32 values of n elements of dtype at src, in the ring's computing memory: src itself when
- * f32, else converted into `work` (n floats; simulated: not converted). */
-dt_status_t dt__ring_f32(const dt__ring_link_t* l, const void* src, dt_dtype_t dtype, int64_t n,
-                         float* work, const float** out);
+/* n elements of dtype `from` at src as dtype `to`, in the ring's computing memory: src itself
+ * when the dtypes agree, else converted into `work` (n elements of `to`; simulated: not
+ * converted). */
+dt_status_t dt__ring_as(const dt__ring_link_t* l, const void* src, dt_dtype_t from, dt_dtype_t to,
+                        int64_t n, void* work, const void** out);
+/* The modeled time of such a conversion (read in `from`, written in `to`; 0 when they agree). */
+double dt__ring_conv_us(dt_dtype_t from, dt_dtype_t to, int64_t n);
 /* Completes an exchange (simulated: waits until its end); the first failure is returned. */
 dt_status_t dt__ring_xfer_finish(const dt__ring_link_t* l, dt__ring_xfer_t* x);
 /* Scratch of a ring call in the computing backend's memory, from its storage pool (a ring runs

@@ -196,12 +196,11 @@ static dt_status_t dt__tpo_gather_ring(const dt__tpo_t* a, void* packed, int64_t
       const int64_t cnt[1] = {row * a->len[s]}, rc[1] = {row * a->len[p]};
       st = dt__ring_xfer_start(&a->l, &x, 1, snd, rcv, cnt, rc, a->rt);
     }
-    const float* vals = NULL;
-    if (a->l.sim && a->rt != DT_F32) /* the conversion on the simulated clock: read in its
-                                      * dtype, written f32 */
-      dt__sim_compute((double)(row * a->len[s]) * (double)(it + sizeof(float)) /
-                      (dt__compute_model()->mem_gbps * 1e3));
-    if (st == DT_SUCCESS) st = dt__ring_f32(&a->l, slot, a->rt, row * a->len[s], work, &vals);
+    const void* vals = NULL;
+    if (a->l.sim) /* the conversion on the simulated clock */
+      dt__sim_compute(dt__ring_conv_us(a->rt, DT_F32, row * a->len[s]));
+    if (st == DT_SUCCESS)
+      st = dt__ring_as(&a->l, slot, a->rt, DT_F32, row * a->len[s], work, &vals);
     if (st == DT_SUCCESS) st = fn(a, s, vals, ctx);
     if (more) {
       dt_status_t w = dt__ring_xfer_finish(&a->l, &x);
