@@ -146,6 +146,8 @@ DT_API dt_status_t dt_ag_local_to_mesh(dt_tape_t tape, dt_var_t x, dt_mesh_t mes
  * rows received, from coordinate 0 up. recv_counts NULL: the counts are exchanged first (n
  * integers to and from each peer, one more collective); given, they must equal what the peers
  * send (they are not checked: a mismatch is an MPI truncation error or a wait to the deadline).
+ * Rows of different shapes or dtypes on the ranks of the mesh dim are DT_ERR_INVALID_ARG on every
+ * rank (checked by one 16-byte all-reduce over the mesh dim, not counted as traffic).
  * Backward: the reverse exchange (the counts swapped, none exchanged). Collective over the mesh
  * dim (every rank of the mesh calls it). Counted under DT_COLL_ALL_TO_ALL on that mesh dim: the
  * bytes this rank sends to other ranks (its own block stays), and 8 (n - 1) for an exchange of

@@ -207,6 +207,24 @@ static dt_status_t dt__a2a_counts(dt_tensor_t x, dt_tensor_t splits, int dim, dt
                    "rows but receives %lld from itself", op, me, dim, (long long)sp[me],
                    (long long)sp[n + me]);
   }
+  /* every rank of the group sends rows of one shape and dtype (else a peer's rows would not fit
+   * this rank's receive buffer: an MPI error on some ranks only); a simulated comm moves nothing */
+  if (!x->mesh->simulated) {
+    int64_t sig = x->layout.ndim, width = 1, v[2], all[2]; /* ndim, row dims, dtype */
+    for (int k = 1; k < x->layout.ndim; k++) {
+      sig = sig * 131 + x->local_shape[k];
+      width *= x->local_shape[k];
+    }
+    v[0] = sig * 16 + (int64_t)x->dtype;
+    v[1] = -v[0];
+    dt_status_t cst = comm->iface->all_reduce(comm, v, all, 2, DT_I64, DT_REDUCE_MAX, NULL);
+    if (cst != DT_SUCCESS) return cst; /* the comm failed: nothing more can be agreed */
+    if (st == DT_SUCCESS && (all[0] != v[0] || all[1] != v[1]))
+      st = DT_FAIL(DT_ERR_INVALID_ARG, "%s: the ranks of mesh dim %d send rows of different "
+                   "shapes or dtypes (here a %d-d x, rows of %lld %s elements): a row must be the "
+                   "same on every rank", op, dim, x->layout.ndim, (long long)width,
+                   dt_dtype_name(x->dtype));
+  }
   st = dt__mesh_agree(x->mesh, st, op);
   if (st != DT_SUCCESS || splits->local_numel == 2 * n) return st;
   int64_t one[DT_MAX_RANKS_A2A], disp[DT_MAX_RANKS_A2A];

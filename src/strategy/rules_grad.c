@@ -1,6 +1,7 @@
 /* rules_grad.c - rule generators of the ops that backward passes use: act_grad (g * f'(x) of an
  * activation), rms_norm_grad, layer_norm_grad, embedding_grad and sdpa_grad.
- *   act_grad (g, x) iargs [kind]:      pointwise; Partial passes through g only (linear in g)
+ *   act_grad (g, x) iargs [kind]:      pointwise on one shape; Partial passes through g only
+ *                                      (linear in g)
  *   rms_norm_grad / layer_norm_grad (g, x, w) -> (gx, gw): rows sharded give gx S(d) and gw P(sum)
  *   embedding_grad (g (.., D), idx (..)) iargs [V] -> gw (V, D): [S(0); R, R] by masked local
  *     accumulation (a vocabulary-sharded table), [S(1); S(last), R], [P(sum); S(d), S(d)] for
@@ -21,6 +22,10 @@ dt_status_t dt__act_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_m
   *n_out = 1;
   if (call->n_iargs != 1 || call->iargs[0] < 0 || call->iargs[0] >= DT_ACT_COUNT)
     return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad takes iargs [kind]");
+  const dt_tensor_meta_t *g = &call->in[0], *x = &call->in[1];
+  if (g->ndim != x->ndim || memcmp(g->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: g and x must have the same shape (no "
+                   "broadcasting)");
   return dt__rules_pointwise(call, DT_LIN_NUMERATOR, out_meta, rules, cap, n);
 }
 
