@@ -313,7 +313,8 @@ DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);
  * scaled, once. */
 DT_API dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm);
 
-/* Linear warmup to lr_max over `warmup` steps, then cosine decay to lr_min at `total`. */
+/* Linear warmup to lr_max over `warmup` steps, then cosine decay to lr_min at `total` (and lr_min
+ * after it). A negative step or warmup counts as 0. */
 DT_API double dt_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr_max,
                              double lr_min);
 

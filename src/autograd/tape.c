@@ -575,6 +575,18 @@ dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_va
                                  n_outputs, outs));
 }
 
+/* The op arguments of n placements for a tensor of x's shape, each checked first (encoding keeps
+ * only the low bits of each field: an out-of-range one would come out as another placement). */
+static dt_status_t dt__ag_placement_codes(dt_var_t x, const dt_placement_t* pl, int n,
+                                          int64_t* code) {
+  for (int i = 0; i < n; i++) {
+    dt_placement_t p = pl[i];
+    DT_CHECK(dt_placement_normalize(&p, x->value->layout.ndim));
+    code[i] = dt_placement_encode(p);
+  }
+  return DT_SUCCESS;
+}
+
 static dt_status_t dt__ag_redistribute_impl(dt_tape_t tape, dt_var_t x, const dt_placement_t* dst,
                                             dt_var_t* out) {
   DT_ARG_NOT_NULL(out);
@@ -585,7 +597,7 @@ static dt_status_t dt__ag_redistribute_impl(dt_tape_t tape, dt_var_t x, const dt
   DT_CHECK(dt__ensure_value(tape, x));
   int nd = x->value->mesh->ndim;
   int64_t code[DT_MAX_MESH_DIMS];
-  for (int i = 0; i < nd; i++) code[i] = dt_placement_encode(dst[i]);
+  DT_CHECK(dt__ag_placement_codes(x, dst, nd, code));
   return dt__ag_apply(tape, DT_OP_REDISTRIBUTE, 1, &x, nd, code, 0, NULL, 1, out);
 }
 
@@ -618,7 +630,7 @@ static dt_status_t dt__ag_to_local_impl(dt_tape_t tape, dt_var_t x,
   DT_CHECK(dt__ensure_value(tape, x));
   int nd = x->value->mesh->ndim;
   int64_t code[DT_MAX_MESH_DIMS];
-  for (int i = 0; grad_placements && i < nd; i++) code[i] = dt_placement_encode(grad_placements[i]);
+  if (grad_placements) DT_CHECK(dt__ag_placement_codes(x, grad_placements, nd, code));
   return dt__ag_apply(tape, DT_OP_TO_LOCAL, 1, &x, grad_placements ? nd : 0, code, 0, NULL, 1,
                       out);
 }
@@ -842,7 +854,12 @@ static void dt__release_restored(dt_tape_t tape, const dt__node_t* n, int64_t k)
 static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
   DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(loss));
+  if (loss->dropped) /* dropped (dt_tape_drop, a checkpoint policy): recomputed, as an input is */
+    DT_CHECK(dt__ensure_value(tape, loss));
   dt_tensor_t lv = loss->value;
+  if (lv == NULL)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "loss has no value (it was released and cannot be "
+                   "recomputed)");
   if (lv->layout.ndim != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "loss has %d dims: backward needs a scalar (0-dim) loss "
                    "(reduce it first, e.g. with \"sum\" or \"mean\")", lv->layout.ndim);

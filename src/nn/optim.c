@@ -355,9 +355,11 @@ dt_status_t dt_clip_grad_norm(int n, dt_var_t* params, double max_norm, double* 
 }
 
 double dt_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min) {
-  if (warmup > 0 && step < warmup) return lr_max * (double)(step + 1) / (double)warmup;
-  if (total <= warmup) return lr_max;
-  double p = (double)(step - warmup) / (double)(total - warmup);
+  /* a negative step or warmup counts as 0; the differences in double (no int64 overflow) */
+  const double s = step > 0 ? (double)step : 0.0, w = warmup > 0 ? (double)warmup : 0.0;
+  if (s < w) return lr_max * (s + 1.0) / w;
+  if ((double)total <= w) return lr_max;
+  double p = (s - w) / ((double)total - w);
   if (p > 1.0) p = 1.0;
   return lr_min + 0.5 * (lr_max - lr_min) * (1.0 + cos(3.14159265358979323846 * p));
 }

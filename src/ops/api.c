@@ -44,7 +44,7 @@ static dt_status_t dt__split_impl(dt_tensor_t x, int64_t size, int dim, dt_tenso
     return DT_FAIL(DT_ERR_INVALID_ARG, "dim=%d out of range for a %d-dim x (valid: %d to %d)", dim,
                    nd, -nd, nd - 1);
   if (size <= 0) return DT_FAIL(DT_ERR_INVALID_ARG, "size=%lld must be positive", (long long)size);
-  int64_t L = x->layout.shape[d], pieces = L == 0 ? 1 : (L + size - 1) / size;
+  int64_t L = x->layout.shape[d], pieces = L == 0 ? 1 : 1 + (L - 1) / size;
   if (pieces > 0 && outs == NULL)
     return DT_FAIL(DT_ERR_INVALID_ARG, "outs is NULL (room for %lld pieces needed)",
                    (long long)pieces);

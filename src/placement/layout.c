@@ -15,11 +15,13 @@ static dt_status_t dt__layout_fill(dt_layout_t* l, int mesh_ndim, const int* mes
     return DT__LFAIL("tensor ndim %d out of range [0, %d]", ndim, DT_MAX_DIMS);
   if (ndim > 0 && shape == NULL) return DT__LFAIL("shape is NULL");
   if (pl == NULL) return DT__LFAIL("placements is NULL");
-  int64_t numel = 1;
+  int64_t bound = 1; /* the product of the non-zero dims: an empty tensor's other dims are
+                     * bounded too, since shape code multiplies them (reshape, flatten) */
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0) return DT__LFAIL("shape[%d] = %lld is negative", d, (long long)shape[d]);
-    if (!dt__mul_i64(numel, shape[d], &numel) || numel > ((int64_t)1 << 48))
-      return DT__LFAIL("tensor too large (more than 2^48 elements)");
+    if (shape[d] > 0 && (!dt__mul_i64(bound, shape[d], &bound) || bound > ((int64_t)1 << 48)))
+      return DT__LFAIL("tensor too large (more than 2^48 elements, or dims whose product is, "
+                       "besides a dim of 0)");
     l->shape[d] = shape[d];
   }
   l->ndim = ndim;

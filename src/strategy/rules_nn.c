@@ -128,7 +128,8 @@ dt_status_t dt__pow_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, 
 dt_status_t dt__cast_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
-  if (call->n_iargs != 1 || !dt__dtype_valid((int)call->iargs[0]))
+  if (call->n_iargs != 1 || call->iargs[0] < 0 || call->iargs[0] >= DT_DTYPE_COUNT ||
+      !dt__dtype_valid((int)call->iargs[0]))
     return DT_FAIL(DT_ERR_INVALID_ARG, "cast takes iargs [dtype] (a dt_dtype_t value)");
   DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
   out_meta->dtype = (dt_dtype_t)call->iargs[0];

@@ -296,7 +296,7 @@ dt_status_t dt__slice_args(int op, const dt_op_call_t* call, int* dim, int64_t* 
   e = e < 0 ? 0 : e > size ? size : e;
   *start = s;
   *step = st;
-  *len = e > s ? (e - s + st - 1) / st : 0;
+  *len = e > s ? 1 + (e - s - 1) / st : 0; /* (no overflow with a huge step) */
   return DT_SUCCESS;
 }
 

@@ -1025,6 +1025,76 @@ static void test_state_intact(dt_mesh_t m1, dt_mesh_t m2) {
   DT_ASSERT_OK(dt_tensor_destroy(o2));
 }
 
+/* Arguments past int64 and fields past their encodings (found by an adversarial review): an
+ * empty tensor whose other dims multiply past 2^48, a slice step and a split size near INT64_MAX,
+ * a cast to a dtype that only its low 32 bits make valid, placements out of range through
+ * autograd, a loss whose value was dropped, and the learning-rate schedule's extremes. */
+static void test_extremes(dt_mesh_t m1) {
+  dt_placement_t rep[1] = {dt_replicate()};
+  dt_tensor_t t = NULL, o = NULL;
+  const int64_t empty_big[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40};
+  EXPECT(dt_tensor_zeros(m1, DT_F32, 3, empty_big, rep, &t), DT_ERR_INVALID_ARG, "2^48");
+  DT_ASSERT_TRUE(t == NULL, "a refused tensor was returned");
+  const int64_t empty_ok[3] = {0, 1 << 20, 1 << 20}; /* 2^40 <= 2^48: allowed */
+  DT_ASSERT_OK(dt_tensor_zeros(m1, DT_F32, 3, empty_ok, rep, &t));
+  const int64_t huge_view[3] = {0, (int64_t)1 << 20, (int64_t)1 << 60};
+  EXPECT(dt_reshape(t, 3, huge_view, &o), DT_ERR_INVALID_ARG, NULL);
+  DT_ASSERT_TRUE(o == NULL, "a refused reshape returned a tensor");
+  DT_ASSERT_OK(dt_tensor_destroy(t));
+
+  const int64_t s34[2] = {3, 4};
+  DT_ASSERT_OK(dt_tensor_arange(m1, DT_F32, 2, s34, rep, 0.0, 1.0, &t));
+  const int64_t sl[4] = {1, 0, 4, INT64_MAX}; /* dim 1, [0, 4), step INT64_MAX: one column */
+  DT_ASSERT_OK(dt_op_run("slice", 1, &t, 4, sl, 0, NULL, &o));
+  int64_t sh[2];
+  DT_ASSERT_OK(dt_tensor_shape(o, sh));
+  DT_ASSERT_TRUE(sh[0] == 3 && sh[1] == 1, "slice with a huge step: shape (%lld, %lld), "
+                 "expected (3, 1)", (long long)sh[0], (long long)sh[1]);
+  DT_ASSERT_OK(dt_tensor_destroy(o));
+  dt_tensor_t pieces[4];
+  int np = 0;
+  DT_ASSERT_OK(dt_split(t, INT64_MAX, 1, pieces, 4, &np)); /* one piece: the whole dim */
+  DT_ASSERT_TRUE(np == 1, "split with a huge size: %d pieces, expected 1", np);
+  DT_ASSERT_OK(dt_tensor_destroy(pieces[0]));
+  const int64_t to[1] = {((int64_t)1 << 32) | DT_BF16}; /* low bits a valid dtype */
+  o = BAD_PTR;
+  EXPECT(dt_op_run("cast", 1, &t, 1, to, 0, NULL, &o), DT_ERR_INVALID_ARG, "dtype");
+  DT_ASSERT_TRUE(o == NULL, "a refused cast returned a tensor");
+
+  /* autograd: placements checked before they are encoded into the op's arguments */
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t x, y = NULL, l;
+  DT_ASSERT_OK(dt_var_leaf(t, 1, &x));
+  t = NULL;
+  const dt_placement_t bad_dim[1] = {{DT_SHARD, 256, 0}}, bad_op[1] = {{DT_PARTIAL, 0, 16}};
+  EXPECT(dt_ag_redistribute(tape, x, bad_dim, &y), DT_ERR_INVALID_ARG, "Shard dim 256");
+  EXPECT(dt_ag_redistribute(tape, x, bad_op, &y), DT_ERR_INVALID_ARG, "reduce op 16");
+  EXPECT(dt_ag_to_local(tape, x, bad_dim, &y), DT_ERR_INVALID_ARG, "Shard dim 256");
+  DT_ASSERT_TRUE(y == NULL, "a refused autograd call returned a variable");
+  /* a dropped loss is recomputed, as a dropped input is */
+  DT_ASSERT_OK(dt_ag_op(tape, "exp", 1, &x, 0, NULL, 0, NULL, 1, &y));
+  DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &y, 0, NULL, 0, NULL, 1, &l));
+  DT_ASSERT_OK(dt_tape_drop(tape, l));
+  DT_ASSERT_OK(dt_tape_backward(tape, l));
+  float g[12];
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(x), g, sizeof g));
+  for (int i = 0; i < 12; i++) /* d sum(exp(x)) / dx = exp(x), x = arange */
+    DT_ASSERT_TRUE(fabsf(g[i] - expf((float)i)) <= 1e-5f * expf((float)i), "grad %d: %g", i,
+                   (double)g[i]);
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_var_destroy(x));
+
+  /* the schedule: negative step or warmup count as 0, no overflow near INT64_MAX */
+  const double lr0 = dt_lr_schedule(0, -1, INT64_MAX, 1.0, 0.0);
+  DT_ASSERT_TRUE(lr0 == 1.0, "lr_schedule(0, -1, INT64_MAX): %g, expected 1", lr0);
+  const double lrn = dt_lr_schedule(-5, 10, 100, 1.0, 0.0);
+  DT_ASSERT_TRUE(lrn == 0.1, "lr_schedule(-5, 10, 100): %g, expected 0.1 (step 0)", lrn);
+  const double lrend = dt_lr_schedule(INT64_MAX, INT64_MAX - 1, INT64_MAX, 1.0, 0.25);
+  DT_ASSERT_TRUE(lrend >= 0.25 && lrend <= 1.0, "lr_schedule near INT64_MAX: %g", lrend);
+  g_checks += 8;
+}
+
 int main(int argc, char** argv) {
   memset(g_junk_blob, 0xa5, sizeof g_junk_blob);
   test_before_init();
@@ -1057,6 +1127,7 @@ int main(int argc, char** argv) {
   test_cost_model_bad();
   test_partial_mesh();
   test_mesh_destroyed_first();
+  test_extremes(m1);
   test_state_intact(m1, m2);
 
   DT_ASSERT_OK(dt_mesh_destroy(m1));
