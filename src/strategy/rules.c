@@ -259,6 +259,9 @@ dt_status_t dt__softmax_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_me
   if (dim < 0 || dim >= nd)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range for a %d-dim tensor", call->op,
                    (long long)call->iargs[0], nd);
+  if (!dt__dtype_is_float(call->in[0].dtype)) /* (as torch.softmax: probabilities are floats) */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: x is %s, expected a float dtype (f32, bf16 or f16)",
+                   call->op, dt_dtype_name(call->in[0].dtype));
   *out_meta = call->in[0];
   dt_op_rule_t r;
   memset(&r, 0, sizeof r);

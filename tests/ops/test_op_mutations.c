@@ -14,7 +14,9 @@
  *     next collective);
  *   - a failure has a message that starts with the entry point called and names no internal
  *     function ("dt__");
- *   - a success gives outputs whose shape and local values can be read;
+ *   - a success gives outputs whose shape and local values can be read; an op with a backward
+ *     rule is then recorded on a tape the same way and, when its first output is a float,
+ *     differentiated (backward from its sum), every stage's status agreed and explained;
  *   - nothing leaks: run three times, with its inputs and outputs destroyed each time, the call
  *     holds no more memory after the third run than after the second (dt_memory_stats; ASan's leak
  *     check at exit sees the rest);
@@ -230,6 +232,8 @@ static void check_output(dt_tensor_t o, const call_t* c) {
   free(buf);
 }
 
+static void run_autograd(const call_t* c, const dt_op_desc_t* d);
+
 /* Runs call c once, every check of the top of the file but the leak's. Returns its status. */
 static dt_status_t run_once(const call_t* c) {
   dt_op_desc_t d;
@@ -261,7 +265,54 @@ static dt_status_t run_once(const call_t* c) {
     }
   }
   for (int t = 0; t < c->sp.n_in; t++) DT_ASSERT_OK(dt_tensor_destroy(own[t]));
+  if (st == DT_SUCCESS && d.has_backward) run_autograd(c, &d);
   return st;
+}
+
+static int g_backwards; /* backward passes that succeeded */
+
+static int is_float(dt_dtype_t d) { return d == DT_F32 || d == DT_BF16 || d == DT_F16; }
+
+/* The same call recorded on a tape (float inputs are leaves that require a gradient), then, when
+ * it records and its first output is a float, backward from that output's sum: statuses agreed
+ * at each stage, failures with a message, the tape and leaves destroyed. */
+static void run_autograd(const call_t* c, const dt_op_desc_t* d) {
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t leaf[DT_OP_MAX_INPUTS] = {NULL}, in[DT_OP_MAX_INPUTS] = {NULL};
+  dt_var_t outs[DT_OP_MAX_OUTPUTS] = {NULL};
+  dt_status_t st = DT_SUCCESS;
+  for (int t = 0; t < c->sp.n_in && st == DT_SUCCESS; t++) {
+    dt_tensor_t x = NULL;
+    st = spec_input(g_mesh, &c->sp.in[t], t, g_world, c->pl[t], &x);
+    if (st == DT_SUCCESS) st = dt_var_leaf(x, is_float(c->sp.in[t].dtype), &leaf[t]);
+  }
+  agreed(st, c, "autograd inputs");
+  if (st == DT_SUCCESS) {
+    for (int t = 0; t < c->n_in; t++)
+      in[t] = c->null_in == t ? NULL : leaf[c->alias[t] >= 0 ? c->alias[t] : t];
+    st = dt_ag_op(tape, c->sp.op, c->n_in, in, c->ni, c->iv, c->nf, c->fv, d->n_outputs, outs);
+    check_message(st, "dt_ag_op", c);
+    agreed(st, c, "dt_ag_op");
+  }
+  dt_tensor_t y = st == DT_SUCCESS && d->n_outputs > 0 ? dt_var_value(outs[0]) : NULL;
+  dt_dtype_t yd = DT_F32;
+  if (y != NULL) DT_ASSERT_OK(dt_tensor_dtype(y, &yd));
+  int64_t rg = 0;
+  for (int t = 0; t < c->sp.n_in; t++) rg += leaf[t] != NULL && is_float(c->sp.in[t].dtype);
+  if (y != NULL && is_float(yd) && rg > 0) {
+    dt_var_t loss;
+    st = dt_ag_op(tape, "sum", 1, &outs[0], 0, NULL, 0, NULL, 1, &loss);
+    agreed(st, c, "sum");
+    if (st == DT_SUCCESS) {
+      st = dt_tape_backward(tape, loss);
+      check_message(st, "dt_tape_backward", c);
+      agreed(st, c, "dt_tape_backward");
+      g_backwards += st == DT_SUCCESS;
+    }
+  }
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  for (int t = 0; t < c->sp.n_in; t++) DT_ASSERT_OK(dt_var_destroy(leaf[t]));
 }
 
 /* Runs call c three times: the same status each time, and the third run holds no more memory
@@ -322,9 +373,10 @@ int main(int argc, char** argv) {
                    name, dt_status_name(valid), dt_status_name(after), dt_last_error());
     ops++;
   }
+  DT_ASSERT_TRUE(g_backwards > 0, "no mutated call was differentiated");
   if (g_rank == 0)
-    printf("test_op_mutations np=%d: %d ops, %d mutated calls (%d succeeded, %d refused)\n",
-           g_world, ops, calls, ok, calls - ok);
+    printf("test_op_mutations np=%d: %d ops, %d mutated calls (%d succeeded, %d refused), %d "
+           "backward passes\n", g_world, ops, calls, ok, calls - ok, g_backwards);
   DT_ASSERT_OK(dt_mesh_destroy(g_mesh));
   DT_ASSERT_OK(dt_finalize());
   return 0;
