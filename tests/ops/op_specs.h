@@ -144,6 +144,19 @@ static const spec_t* find_spec(const char* op) {
   return NULL;
 }
 
+/* The row of op i of the table (dt_op_name_at), NULL for an op the host registered; an op
+ * without a row fails the test, so a new op gets one. */
+static const spec_t* spec_at(int i) {
+  const char* name;
+  dt_op_desc_t d;
+  DT_ASSERT_OK(dt_op_name_at(i, &name));
+  DT_ASSERT_OK(dt_op_describe(name, &d));
+  if (d.host) return NULL;
+  const spec_t* sp = find_spec(name);
+  DT_ASSERT_TRUE(sp != NULL, "op '%s' has no row in tests/ops/op_specs.h: add one", name);
+  return sp;
+}
+
 /* The host data of input t of a row (values exact in f32 and bf16) for `s` at `world` ranks:
  * its global shape in shape[0..s->ndim), its values in buf as s->dtype (f32, bf16, i32 or i64;
  * anything else is read as f32). Returns the element count, or -1 above SPEC_MAX_NUMEL. */
