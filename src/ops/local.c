@@ -210,12 +210,13 @@ static dt_status_t dt__a2a_counts(dt_tensor_t x, dt_tensor_t splits, int dim, dt
   /* every rank of the group sends rows of one shape and dtype (else a peer's rows would not fit
    * this rank's receive buffer: an MPI error on some ranks only); a simulated comm moves nothing */
   if (!x->mesh->simulated) {
-    int64_t sig = x->layout.ndim, width = 1, v[2], all[2]; /* ndim, row dims, dtype */
+    uint64_t sig = (uint64_t)x->layout.ndim; /* ndim, row dims, dtype (wrapping arithmetic) */
+    int64_t width = 1, v[2], all[2];
     for (int k = 1; k < x->layout.ndim; k++) {
-      sig = sig * 131 + x->local_shape[k];
+      sig = sig * 131u + (uint64_t)x->local_shape[k];
       width *= x->local_shape[k];
     }
-    v[0] = sig * 16 + (int64_t)x->dtype;
+    v[0] = (int64_t)((sig * 16u + (uint64_t)x->dtype) & (UINT64_MAX >> 2)); /* -v[0] defined */
     v[1] = -v[0];
     dt_status_t cst = comm->iface->all_reduce(comm, v, all, 2, DT_I64, DT_REDUCE_MAX, NULL);
     if (cst != DT_SUCCESS) return cst; /* the comm failed: nothing more can be agreed */
