@@ -584,6 +584,9 @@ static dt_status_t dt__ck_parse_values(const cJSON* v, const char* what) {
     if (!ok)
       return DT_FAIL(DT_ERR_CORRUPT, "%s: value '%.64s' is not {\"i64\": \"decimal\"} or "
                      "{\"f64\": number}", what, e->string ? e->string : "");
+    for (const cJSON* p = v->child; p != e; p = p->next) /* a key twice: which one is meant? */
+      if (strcmp(p->string, e->string) == 0)
+        return DT_FAIL(DT_ERR_CORRUPT, "%s: value '%.64s' appears twice", what, e->string);
   }
   return DT_SUCCESS;
 }
