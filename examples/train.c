@@ -119,6 +119,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -1006,6 +1007,11 @@ int train_main(int argc, char** argv) {
       if (total != o.steps && g_lead)
         fprintf(stderr, "train: warning: the checkpoint's run had --steps %lld: the learning-rate "
                 "schedule now follows --steps %d\n", (long long)total, o.steps);
+      if (next < 0 || next > INT_MAX) { /* (a damaged index: the loop and --plot index by it) */
+        fprintf(stderr, "train: %s: the checkpoint's next_step is %lld, not a step (0 to %d)\n",
+                dt_status_name(DT_ERR_CORRUPT), (long long)next, INT_MAX);
+        MPI_Abort(MPI_COMM_WORLD, 1); /* every rank read the same index */
+      }
       start = (int)next;
       if (g_lead)
         printf("# resumed from %s/%s at step %d (%.2f s)\n", from, latest, start, now_s() - t0);

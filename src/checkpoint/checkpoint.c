@@ -927,9 +927,11 @@ static dt_status_t dt__ck_prune(const char* dir, int keep, const char* keep_name
   return st;
 }
 
-/* Whether dir/name is a save that died after its rename but before `latest` named it: latest
- * names another checkpoint with an older step (or none), or dir/name has no valid index. Such
- * a directory was never published: loads of `latest` never saw it, and a save may replace it. */
+/* Whether dir/name is a save that died after its rename but before `latest` named it: a readable
+ * latest names another checkpoint with an older step, or dir/name has no valid index. Such a
+ * directory was never published: loads of `latest` never saw it, and a save may replace it. A
+ * complete checkpoint next to a missing or damaged `latest` counts as published (never replaced:
+ * nothing proves that it is not the one a user wants). */
 static int dt__ck_unpublished(const char* dir, const char* name) {
   char latest[DT_CHECKPOINT_NAME_MAX], p[DT__CK_PATH_MAX + DT_CHECKPOINT_NAME_MAX];
   int has_latest = dt_checkpoint_latest(dir, latest, sizeof latest) == DT_SUCCESS;
@@ -940,7 +942,7 @@ static int dt__ck_unpublished(const char* dir, const char* name) {
     dt_clear_error();
     return 1;
   }
-  int newer = 1;
+  int newer = 0;
   snprintf(p, sizeof p, "%s/%s", dir, latest);
   if (has_latest && dt__ck_index_read(p, &pub) == DT_SUCCESS) {
     newer = mine.step > pub.step;
@@ -1066,6 +1068,9 @@ static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, con
   if (s->block < DT__CK_BLOCK_MIN || s->block > DT__CK_BLOCK_MAX)
     return DT_FAIL(DT_ERR_INVALID_ARG, "opts->block_nbytes=%" PRId64 " (valid: 0, or %" PRId64
                    " to %" PRId64 ")", o->block_nbytes, DT__CK_BLOCK_MIN, DT__CK_BLOCK_MAX);
+  if (o->step < 0 || o->step > DT__CK_MAX_SAFE)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "opts->step=%" PRId64 " (valid: 0 to 2^53, what an "
+                   "index can hold exactly)", o->step);
   if (name == NULL) snprintf(s->name, sizeof s->name, "step_%08" PRId64, o->step);
   else if (!dt__ck_name_ok(name, 1))
     return DT_FAIL(DT_ERR_INVALID_ARG,

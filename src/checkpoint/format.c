@@ -17,7 +17,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define DT__CK_MAX_SAFE ((int64_t)1 << 53) /* integers exact in a JSON number (a double) */
 
 double dt__ck_now(void) {
   struct timespec ts;
@@ -819,11 +818,12 @@ dt_status_t dt__ck_file_open(const char* ckdir, const dt__ck_index_t* ix, int f,
                                dt__ck_fd_t* fds, char* path, size_t cap) {
   snprintf(path, cap, "%s/%s", ckdir, ix->files[f].name);
   if (fds[f].checked) return DT_SUCCESS;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
   if (fd < 0) return DT_FAIL(DT_ERR_IO, "opening %s: %s", path, strerror(errno));
   fds[f].fd = fd;
   struct stat sb;
   if (fstat(fd, &sb) != 0) return DT_FAIL(DT_ERR_IO, "stat %s: %s", path, strerror(errno));
+  if (!S_ISREG(sb.st_mode)) return DT_FAIL(DT_ERR_IO, "%s is not a regular file", path);
   if ((int64_t)sb.st_size != ix->files[f].nbytes)
     return DT_FAIL(DT_ERR_CORRUPT, "%s: %lld bytes, the index says %" PRId64 " (truncated or "
                    "replaced)", path, (long long)sb.st_size, ix->files[f].nbytes);
@@ -962,7 +962,7 @@ dt_status_t dt__ck_write_atomic(const char* dir, const char* name, const void* p
 dt_status_t dt__ck_read_file(const char* path, int64_t max, char** out, size_t* len) {
   *out = NULL;
   *len = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
   if (fd < 0) return DT_FAIL(DT_ERR_IO, "opening %s: %s", path, strerror(errno));
   struct stat sb;
   dt_status_t st = DT_SUCCESS;

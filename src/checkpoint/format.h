@@ -19,6 +19,7 @@
 #define DT__CK_LATEST "latest"
 #define DT__CK_HEADER_MAX ((uint64_t)100 << 20) /* safetensors' own limit on a header */
 #define DT__CK_INDEX_MAX ((int64_t)1 << 30)
+#define DT__CK_MAX_SAFE ((int64_t)1 << 53) /* integers exact in a JSON number (a double) */
 #define DT__CK_BLOCK_DEFAULT ((int64_t)1 << 20)
 #define DT__CK_BLOCK_MIN ((int64_t)4 << 10)
 #define DT__CK_BLOCK_MAX ((int64_t)64 << 20)

@@ -387,6 +387,9 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
                                          int64_t step) {
   DT_ARG_NOT_NULL(src_path);
   DT_ARG_NOT_NULL(dir);
+  if (step < 0 || step > DT__CK_MAX_SAFE)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "step=%" PRId64 " (valid: 0 to 2^53, what an index can "
+                   "hold exactly)", step);
   char nm[DT_CHECKPOINT_NAME_MAX];
   if (name == NULL) snprintf(nm, sizeof nm, "step_%08" PRId64, step);
   else if (!dt__ck_name_ok(name, 1)) return DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);

@@ -553,6 +553,41 @@ static void test_bad_input(void) {
   }
   /* 9. a checkpoint that does not exist */
   expect_load_fails(&dst, "nothing_here", DT_ERR_IO, "nothing_here", NULL);
+  /* an index that is a FIFO: refused at once (an open of it would block) */
+  char path[600];
+  if (g_rank == 0) {
+    snprintf(path, sizeof path, "%s/fifo", g_dir);
+    DT_ASSERT_TRUE(mkdir(path, 0755) == 0, "mkdir %s", path);
+    snprintf(path, sizeof path, "%s/fifo/index.json", g_dir);
+    DT_ASSERT_TRUE(mkfifo(path, 0644) == 0, "mkfifo %s", path);
+  }
+  barrier();
+  expect_load_fails(&dst, "fifo", DT_ERR_IO, "not a regular file", NULL);
+  /* a damaged `latest` does not make a complete checkpoint replaceable: the save is refused
+   * and the checkpoint stays whole */
+  ck = list_of(&src);
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "kept", NULL));
+  barrier();
+  if (g_rank == 0) {
+    snprintf(path, sizeof path, "%s/latest", g_dir);
+    FILE* f = fopen(path, "w");
+    DT_ASSERT_TRUE(f != NULL && fputs("garbage!\n", f) >= 0 && fclose(f) == 0, "writing %s", path);
+  }
+  barrier();
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "kept", NULL), DT_ERR_INVALID_USAGE);
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  ck = list_of(&dst);
+  DT_ASSERT_OK(dt_checkpoint_load(ck, g_dir, "kept"));
+  check_set(&dst, 1, "the checkpoint kept beside a damaged latest");
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  /* steps an index cannot hold exactly (above 2^53) or negative ones are refused */
+  ck = list_of(&src);
+  dt_checkpoint_save_opts_t big = dt_checkpoint_save_opts_default();
+  big.step = ((int64_t)1 << 53) + 1;
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, NULL, &big), DT_ERR_INVALID_ARG);
+  big.step = -1;
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, NULL, &big), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
   /* bad arguments */
   DT_ASSERT_OK(dt_checkpoint_create(&ck));
   DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "a:b", src.t[0]), DT_ERR_INVALID_ARG);
@@ -569,7 +604,8 @@ static void test_bad_input(void) {
   free_set(&dst);
   free_set(&src);
   barrier();
-  if (g_rank == 0) printf("bad input: 9 damaged or mismatched checkpoints refused alike on every rank\n");
+  if (g_rank == 0) printf("bad input: 10 damaged or mismatched checkpoints refused alike on every rank; a "
+                          "damaged latest overwrites nothing\n");
 }
 
 int main(int argc, char** argv) {
