@@ -770,20 +770,27 @@ static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s, int defer)
     if (s->staging == NULL)
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%" PRId64 " bytes of host staging", s->staging_nbytes);
   }
+  /* A failure here is this rank's alone (a rank-local tensor of the wrong shape): the loop goes
+   * on through every entry's collective redistribution, so that no peer waits in one, and the
+   * caller agrees on the outcome. */
   dt_status_t st = DT_SUCCESS;
-  for (int i = 0; i < ck->n && st == DT_SUCCESS; i++) {
+  for (int i = 0; i < ck->n; i++) {
     const dt__ck_item_t* it = &ck->items[i];
     dt_mesh_t mesh;
     int mnd = 0, partial = 0;
     dt_placement_t pl[DT_MAX_MESH_DIMS];
-    st = dt_tensor_mesh(it->t, &mesh);
-    if (st == DT_SUCCESS) st = dt_mesh_ndim(mesh, &mnd);
-    if (st != DT_SUCCESS) break;
+    dt_status_t ms = dt_tensor_mesh(it->t, &mesh); /* (the same on every rank: checked at add) */
+    if (ms == DT_SUCCESS) ms = dt_mesh_ndim(mesh, &mnd);
+    if (ms != DT_SUCCESS) return ms;
     dt__ck_eff(it, mnd, pl);
     for (int d = 0; d < mnd; d++) partial |= it->pl[d].kind == DT_PARTIAL;
     dt_tensor_t src = it->t, tmp = NULL;
     if (partial && !it->as) {
-      st = dt_tensor_redistribute(it->t, pl, &tmp); /* collective over the tensor's mesh */
+      char kept[1024]; /* a failure met before keeps its message */
+      snprintf(kept, sizeof kept, "%s", st != DT_SUCCESS ? dt_last_error() : "");
+      dt_status_t rs = dt_tensor_redistribute(it->t, pl, &tmp); /* collective over t's mesh */
+      if (st == DT_SUCCESS) st = rs;
+      else if (kept[0]) (void)DT_FAIL(st, "%s", kept);
       src = tmp;
     }
     for (int b = 0; b < s->n_boxes && st == DT_SUCCESS; b++) {

@@ -580,6 +580,28 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_checkpoint_load(ck, g_dir, "kept"));
   check_set(&dst, 1, "the checkpoint kept beside a damaged latest");
   DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  /* a rank-local entry of the right shape on some ranks only, then a Partial one: every rank
+   * fails the save (no rank left in the Partial tensor's redistribution) */
+  if (g_world >= 2) {
+    int w = g_world;
+    dt_mesh_t m1;
+    DT_ASSERT_OK(dt_mesh_create(1, &w, NULL, NULL, &m1));
+    const dt_placement_t rep1[1] = {dt_replicate()}, sh1[1] = {dt_shard(0)},
+                         par1[1] = {dt_partial(DT_REDUCE_SUM)};
+    const int64_t s44[2] = {4, 4}, odd[2] = {4 * (int64_t)g_world - 1, 4};
+    dt_tensor_t a, pt;
+    DT_ASSERT_OK(dt_tensor_full_value(m1, DT_F32, 2, s44, rep1, 1.0, &a));
+    DT_ASSERT_OK(dt_tensor_full_value(m1, DT_F32, 2, s44, par1, 1.0, &pt));
+    DT_ASSERT_OK(dt_checkpoint_create(&ck));
+    /* boxes of 4 rows on every rank but the last (3): a's 4 local rows fit only those */
+    DT_ASSERT_OK(dt_checkpoint_add_tensor_as(ck, "a", a, 2, odd, sh1));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "p", pt));
+    DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "half_right", NULL), DT_ERR_INVALID_ARG);
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    DT_ASSERT_OK(dt_tensor_destroy(a));
+    DT_ASSERT_OK(dt_tensor_destroy(pt));
+    DT_ASSERT_OK(dt_mesh_destroy(m1));
+  }
   /* steps an index cannot hold exactly (above 2^53) or negative ones are refused */
   ck = list_of(&src);
   dt_checkpoint_save_opts_t big = dt_checkpoint_save_opts_default();
