@@ -69,6 +69,9 @@ DT_API dt_status_t dt_var_zero_grad(dt_var_t v);
 /* Whether gradients flow to v; also the status check of a variable handle (DT_ERR_INVALID_USAGE
  * for a destroyed one). */
 DT_API dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad);
+/* Whether v is a leaf (made by dt_var_leaf, destroyed by the user) rather than a tape's variable
+ * (an op's result or a dt_tape_constant, freed by dt_tape_reset). */
+DT_API dt_status_t dt_var_is_leaf(dt_var_t v, int* is_leaf);
 /* Replaces a leaf's value (the variable takes ownership): same mesh, shape, dtype and placements
  * (DT_ERR_INVALID_ARG otherwise); passing the current value is a no-op. A meta tensor of that
  * layout releases the leaf's data while keeping its place on tapes (FSDP's reshard; ops on it

@@ -75,7 +75,8 @@ DT_API dt_status_t dt_module_set_forward(dt_module_t m, dt_module_forward_fn for
 /* Adds a parameter (ownership passes to the module; "" allowed once). Names are unique among a
  * module's parameters and children. A variable some module holds already (this one under another
  * name, or another one) is tied: the holders share it (see above); nothing is checked, as it is
- * one variable. On failure the caller keeps the variable. */
+ * one variable. The variable is a leaf (dt_var_leaf; DT_ERR_INVALID_ARG for an op's result or a
+ * tape constant, which dt_tape_reset frees). On failure the caller keeps the variable. */
 DT_API dt_status_t dt_module_add_param(dt_module_t m, const char* name, dt_var_t param);
 /* Adds a child (ownership passes to the parent). */
 DT_API dt_status_t dt_module_add_child(dt_module_t m, dt_module_t child);

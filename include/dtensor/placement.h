@@ -81,7 +81,9 @@ DT_API dt_status_t dt_placements_format(const dt_placement_t* p, int n, const ch
 DT_API dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim);
 
 /* One placement as one integer (what the placement-list arguments of ops hold, e.g. the target of
- * a recorded redistribution): kind | op << 4 | (dim & 0xff) << 8. decode checks the ranges. */
+ * a recorded redistribution): kind | op << 4 | (dim & 0xff) << 8, the field the kind does not use
+ * as 0. encode returns -1 (which decode refuses) for a kind or reduce op out of range or a Shard
+ * dim outside -DT_MAX_DIMS..DT_MAX_DIMS-1; decode checks the ranges. */
 DT_API int64_t dt_placement_encode(dt_placement_t p);
 DT_API dt_status_t dt_placement_decode(int64_t code, dt_placement_t* out);
 

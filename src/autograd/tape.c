@@ -372,6 +372,18 @@ dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad) {
   DT_ENTRY_RETURN(dt__var_requires_grad_impl(v, requires_grad));
 }
 
+static dt_status_t dt__var_is_leaf_impl(dt_var_t v, int* is_leaf) {
+  DT_ARG_NOT_NULL(is_leaf);
+  *is_leaf = 0;
+  DT_CHECK(dt__var_check(v));
+  *is_leaf = v->leaf != 0;
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_var_is_leaf(dt_var_t v, int* is_leaf) {
+  DT_ENTRY_RETURN(dt__var_is_leaf_impl(v, is_leaf));
+}
+
 static dt_status_t dt__var_zero_grad_impl(dt_var_t v) {
   DT_CHECK(dt__var_check(v));
   dt__tensor_free(v->grad);
@@ -575,8 +587,8 @@ dt_status_t dt_ag_op(dt_tape_t tape, const char* name, int n_inputs, const dt_va
                                  n_outputs, outs));
 }
 
-/* The op arguments of n placements for a tensor of x's shape, each checked first (encoding keeps
- * only the low bits of each field: an out-of-range one would come out as another placement). */
+/* The op arguments of n placements for a tensor of x's shape, each checked against that shape
+ * first (so the message names the placement, not its code). */
 static dt_status_t dt__ag_placement_codes(dt_var_t x, const dt_placement_t* pl, int n,
                                           int64_t* code) {
   for (int i = 0; i < n; i++) {

@@ -319,12 +319,23 @@ static dt_status_t dt__add(dt_module_t m, const char* name, dt_var_t param, dt_m
   return DT_SUCCESS;
 }
 
+/* A module's parameter is a live leaf: a tape's variable (an op's result, a tape constant) dies
+ * with dt_tape_reset, and the module would list a dead handle. */
+static dt_status_t dt__param_check(dt_var_t param, const char* what, const char* name) {
+  int leaf = 0;
+  if (dt_var_is_leaf(param, &leaf) != DT_SUCCESS || dt_var_value(param) == NULL)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s '%s' is not a live variable", what, name);
+  if (!leaf)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s '%s' is not a leaf (dt_var_leaf): an op's result "
+                   "or a tape constant is freed by dt_tape_reset", what, name);
+  return DT_SUCCESS;
+}
+
 static dt_status_t dt__add_param(dt_module_t m, const char* name, dt_var_t param) {
   DT_CHECK(dt__module_check(m));
   DT_CHECK(dt__name_check(name, "parameter"));
   DT_ARG_NOT_NULL(param);
-  if (dt_var_value(param) == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is not a live variable", name);
+  DT_CHECK(dt__param_check(param, "parameter", name));
   DT_CHECK(dt__hold(param, m));
   dt_status_t st = dt__add(m, name, param, NULL);
   if (st != DT_SUCCESS) dt__unhold(param, m); /* the caller keeps it (or its other holders do) */
@@ -432,8 +443,7 @@ static dt_status_t dt__swap_param(dt_module_t m, const char* name, dt_var_t para
   DT_CHECK(dt__module_check(m));
   DT_ARG_NOT_NULL(name);
   DT_ARG_NOT_NULL(param);
-  if (dt_var_value(param) == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "the new parameter '%s' is not a live variable", name);
+  DT_CHECK(dt__param_check(param, "the new parameter", name));
   dt__entry_t* e = dt__find_param(m, name);
   if (e == NULL) return dt__no_param(__func__, m, name);
   dt_var_t prev = e->param;

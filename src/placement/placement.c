@@ -226,8 +226,14 @@ dt_status_t dt_placement_normalize(dt_placement_t* p, int tensor_ndim) {
 }
 
 int64_t dt_placement_encode(dt_placement_t p) {
-  return (int64_t)((uint32_t)p.kind & 15u) | (int64_t)((uint32_t)p.op & 15u) << 4 |
-         (int64_t)((uint32_t)p.dim & 0xffu) << 8;
+  /* Only what decode gives back: a field out of range would otherwise wrap into another valid
+   * placement. The field a kind does not use is dropped, as dt_placement_equal ignores it. */
+  if (p.kind < 0 || p.kind >= DT_PLACEMENT_KIND_COUNT) return -1;
+  if (p.kind == DT_PARTIAL && (p.op < 0 || p.op >= DT_REDUCE_COUNT)) return -1;
+  if (p.kind == DT_SHARD && (p.dim < -DT_MAX_DIMS || p.dim >= DT_MAX_DIMS)) return -1;
+  int64_t op = p.kind == DT_PARTIAL ? p.op : 0;
+  int64_t dim = p.kind == DT_SHARD ? (int64_t)((uint32_t)p.dim & 0xffu) : 0;
+  return (int64_t)p.kind | op << 4 | dim << 8;
 }
 
 static dt_status_t dt__placement_decode(int64_t code, dt_placement_t* out) {

@@ -229,6 +229,18 @@ static void test_tree(void) {
   float g[4];
   DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(w), g, sizeof g));
   for (int i = 0; i < 4; i++) DT_ASSERT_TRUE(g[i] == 2 * xs[i] * bs[i], "dw[%d]", i);
+  /* an op's result or a tape constant is no parameter (dt_tape_reset frees it) */
+  DT_ASSERT_STATUS(dt_module_add_param(p, "y", y), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "not a leaf") != NULL, "message: %s", dt_last_error());
+  DT_ASSERT_STATUS(dt_module_set_param(root, "a.p.w", loss), DT_ERR_INVALID_ARG);
+  dt_var_t c, prev = NULL;
+  DT_ASSERT_OK(dt_tape_constant(tape, small(1, s, 5, NULL), &c));
+  DT_ASSERT_STATUS(dt_module_swap_param(root, "a.p.w", c, &prev), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(prev == NULL, "a refused swap hands nothing back");
+  DT_ASSERT_OK(dt_module_param(root, "a.p.w", &x));
+  DT_ASSERT_TRUE(x == w, "the refused calls left the parameter in place");
+  DT_ASSERT_OK(dt_module_param_holders(y, &n)); /* y was never held */
+  DT_ASSERT_EQ(n, 0);
   /* replacing a parameter */
   dt_var_t w2 = leaf(1, s, 9, NULL);
   DT_ASSERT_OK(dt_module_set_param(root, "a.p.w", w2));

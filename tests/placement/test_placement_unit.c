@@ -176,6 +176,36 @@ static void test_normalize(void** state) {
   assert_false(dt_placement_equal(dt_replicate(), dt_partial(DT_REDUCE_SUM)));
 }
 
+/* dt_placement_encode/decode: every valid placement round-trips; the unused field is dropped;
+ * out-of-range fields give -1 (which decode refuses) instead of wrapping into another placement. */
+static void test_encode(void** state) {
+  (void)state;
+  dt_placement_t q;
+  for (int d = -DT_MAX_DIMS; d < DT_MAX_DIMS; d++) {
+    int64_t code = dt_placement_encode(dt_shard(d));
+    assert_true(code >= 0);
+    assert_int_equal(dt_placement_decode(code, &q), DT_SUCCESS);
+    assert_true(dt_placement_equal(q, dt_shard(d)));
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    assert_int_equal(dt_placement_decode(dt_placement_encode(dt_partial((dt_reduce_op_t)op)), &q),
+                     DT_SUCCESS);
+    assert_true(dt_placement_equal(q, dt_partial((dt_reduce_op_t)op)));
+  }
+  dt_placement_t r = {DT_REPLICATE, 5, 3}; /* unused fields set: still Replicate */
+  assert_int_equal(dt_placement_encode(r), dt_placement_encode(dt_replicate()));
+  dt_placement_t sp = {DT_SHARD, 1, 2};
+  assert_int_equal(dt_placement_encode(sp), dt_placement_encode(dt_shard(1)));
+  const dt_placement_t bad[] = {dt_shard(DT_MAX_DIMS), dt_shard(-DT_MAX_DIMS - 1), dt_shard(256),
+                                dt_shard(264), dt_partial((dt_reduce_op_t)DT_REDUCE_COUNT),
+                                dt_partial((dt_reduce_op_t)16), dt_partial((dt_reduce_op_t)-1),
+                                {DT_PLACEMENT_KIND_COUNT, 0, 0}, {-1, 0, 0}, {16, 0, 0}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(dt_placement_encode(bad[i]), -1);
+    assert_int_equal(dt_placement_decode(dt_placement_encode(bad[i]), &q), DT_ERR_INVALID_ARG);
+  }
+}
+
 /* dt_placements_box: the nested chunk rule (written out by hand for one case), a partition of
  * the tensor by the boxes of every coordinate for every Shard-only layout of a 2x3 mesh, whole
  * dims for Replicate and Partial, and errors naming the argument. */
@@ -269,7 +299,7 @@ int main(void) {
       cmocka_unit_test(test_chunk_rule),   cmocka_unit_test(test_parse_valid),
       cmocka_unit_test(test_parse_malformed), cmocka_unit_test(test_parse_lists),
       cmocka_unit_test(test_normalize),    cmocka_unit_test(test_dtypes_and_status),
-      cmocka_unit_test(test_placements_box),
+      cmocka_unit_test(test_placements_box), cmocka_unit_test(test_encode),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
