@@ -214,7 +214,8 @@ static dt_status_t adopt_shards(fsdp_group_t* g) {
     if (!same)
       return DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the sharded parameter '%s' was replaced by a "
                      "tensor of another shape, dtype or placements", q->name);
-    if (len > 0 && meta)
+    if (meta) /* whatever the shard's size: a rank with an empty shard fails too, instead of
+               * going on into the all-gather the others have left */
       return DT_FAIL(DT_ERR_INVALID_USAGE, "fsdp: the sharded parameter '%s' has no data (a meta "
                      "tensor?)", q->name);
     DT_CHECK(dt_tensor_view_local(g->flat, q->seg_off, q->ndim, q->shape, want, &view));

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "dt_test.h"
+#include "dtensor/check.h"
 #include "dtensor/nn.h"
 #include "dtensor/parallel.h"
 
@@ -618,6 +619,17 @@ static void test_config_for(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* A module's forward: the sum of its parameter "w" squared. */
+static dt_status_t sum_squares(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
+                               int n_out, dt_var_t* out) {
+  (void)n_in;
+  (void)in;
+  (void)n_out;
+  dt_var_t w = dt_module_get(m, "w"), two[2] = {w, w}, sq;
+  DT_CHECK(dt_ag_op(tape, "mul", 2, two, 0, NULL, 0, NULL, 1, &sq));
+  return dt_ag_op(tape, "sum", 1, &sq, 0, NULL, 0, NULL, 1, out);
+}
+
 static void test_bad_input(void) {
   int shape1[1] = {g_world};
   dt_mesh_t mesh, other;
@@ -768,6 +780,31 @@ static void test_bad_input(void) {
                      "parameter %d after a failed and a good step: sharded with a gradient", i);
     }
     DT_ASSERT_OK(dt_tape_destroy(tape));
+  }
+  /* a sharded parameter replaced by a meta tensor on every rank: the forward fails on every
+   * rank, those with an empty shard included (one row over the ranks), instead of these going
+   * on into the all-gather the others have left */
+  {
+    const int64_t one[1] = {1};
+    dt_placement_t rep = dt_replicate(), sp;
+    dt_tensor_t t, meta;
+    dt_var_t w, out;
+    DT_ASSERT_OK(dt_tensor_ones(mesh, DT_F32, 1, one, &rep, &t));
+    DT_ASSERT_OK(dt_var_leaf(t, 1, &w));
+    DT_ASSERT_OK(dt_module_create("tiny", sum_squares, NULL, &lone));
+    DT_ASSERT_OK(dt_module_add_param(lone, "w", w));
+    DT_ASSERT_OK(dt_fully_shard(lone, mesh, &cfg));
+    w = dt_module_get(lone, "w");
+    DT_ASSERT_OK(dt_tensor_placements(dt_var_value(w), &sp));
+    DT_ASSERT_OK(dt_tensor_meta(mesh, DT_F32, 1, one, &sp, &meta));
+    DT_ASSERT_OK(dt_var_set_value(w, meta));
+    dt_tape_t tape;
+    DT_ASSERT_OK(dt_tape_create(&tape));
+    DT_ASSERT_STATUS(dt_module_forward(lone, tape, 0, NULL, 1, &out), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "'w' has no data") != NULL, "message: %s",
+                   dt_last_error());
+    DT_ASSERT_OK(dt_tape_destroy(tape));
+    DT_ASSERT_OK(dt_module_destroy(lone));
   }
   DT_ASSERT_OK(dt_llama_destroy(model)); /* frees the groups with the modules */
   DT_ASSERT_OK(dt_mesh_destroy(other));
