@@ -199,7 +199,10 @@ DT_API dt_status_t dt_mesh_flatten(dt_mesh_t mesh, int ndims, const int* dims, c
  * dims[0 .. n_dims) (n_dims 0 or dims NULL: every dim). Reduces `numel` values of host memory
  * `buf` in place (dtype f32, i32 or i64; op sum, avg, max or min; avg truncates integers): how
  * control values (counts, norms, flags) computed from tensors of any backend are combined.
- * A one-rank mesh, an abstract mesh or a non-member returns at once with buf unchanged. */
+ * A one-rank mesh, an abstract mesh or a non-member returns at once with buf unchanged. Like an
+ * MPI reduction, numel, dtype, op and dims must be the same on every rank of the group: they are
+ * not exchanged (that would double the cost of every call), so a rank-dependent count fails or
+ * reduces garbage on some ranks (DT_ERR_MPI on others). */
 DT_API dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int* dims, void* buf,
                                            int64_t numel, dt_dtype_t dtype, dt_reduce_op_t op);
 

@@ -18,7 +18,11 @@
  * after (with dt_tape_drop), gather again before its backward, reduce its gradients after.
  *
  * Hooks are called in the order they were added; a hook's failure is the forward's or the
- * backward's status. A module must outlive every tape that recorded it (reset the tape first).
+ * backward's status. When the forward itself fails after the pre hooks ran, the post hooks still
+ * run, with n 0 and vars NULL, so that what a pre hook put in place (a wrapper's gathered
+ * parameters) is put back; the forward's failure is returned. A module must outlive every tape
+ * that recorded it (reset the tape first): a backward pass that reaches a destroyed module's
+ * hooks fails with DT_ERR_INVALID_USAGE.
  *
  * Tied parameters (GPT-2's and Llama 3.2's output projection is the token embedding): one
  * variable held under several names, in one module or in several, added with dt_module_add_param
@@ -46,7 +50,8 @@ extern "C" {
 
 typedef struct dt_module* dt_module_t;
 
-/* Computes outputs from inputs, recording on `tape` (may be NULL with grad mode off). Parameters
+/* Computes outputs from inputs, recording on `tape`. With grad mode off nothing is recorded, but
+ * the tape still owns the outputs (dt_tape_reset frees them), so it is never NULL. Parameters
  * come from dt_module_get / dt_module_param, children run through dt_module_forward. */
 typedef dt_status_t (*dt_module_forward_fn)(dt_module_t m, dt_tape_t tape, int n_in,
                                             const dt_var_t* in, int n_out, dt_var_t* out);

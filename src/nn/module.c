@@ -1019,10 +1019,21 @@ static dt_status_t dt__backward_hooks(dt_module_t m, dt_tape_t tape, int kind) {
   }
   return DT_SUCCESS;
 }
+/* A module destroyed between its forward and the backward pass (against the rule above) is
+ * refused by the registry, which never reads it: its hooks' contexts (a wrapper's state) are
+ * gone. */
+static dt_status_t dt__span_module(void* ctx) {
+  if (dt_handle_is_live(ctx, &dt__module_kind)) return DT_SUCCESS;
+  return DT_FAIL(DT_ERR_INVALID_USAGE, "a module recorded on this tape was destroyed before the "
+                 "backward pass reached it (a module must outlive the tapes that recorded it: "
+                 "reset the tape first)");
+}
 static dt_status_t dt__span_pre(dt_tape_t tape, void* ctx) {
+  DT_CHECK(dt__span_module(ctx));
   return dt__backward_hooks((dt_module_t)ctx, tape, DT__BPRE);
 }
 static dt_status_t dt__span_post(dt_tape_t tape, void* ctx) {
+  DT_CHECK(dt__span_module(ctx));
   return dt__backward_hooks((dt_module_t)ctx, tape, DT__BPOST);
 }
 
@@ -1049,23 +1060,31 @@ static dt_status_t dt__module_forward(dt_module_t m, dt_tape_t tape, int n_in, c
     return DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s' has no forward function", m->name);
   DT_CHECK(dt__forward_hooks(m, tape, DT__FPRE, n_in, args));
   int64_t first = 0, end = 0;
-  if (tape) DT_CHECK(dt_tape_stats(tape, &first, NULL));
+  dt_status_t st = tape ? dt_tape_stats(tape, &first, NULL) : DT_SUCCESS;
   unsigned long misses = dt__misses;
-  dt_status_t st = m->forward(m, tape, n_in, args, n_out, out);
+  if (st == DT_SUCCESS) st = m->forward(m, tape, n_in, args, n_out, out);
   if (dt__misses != misses && dt__miss_open) { /* a lookup during this forward found nothing */
     dt__miss_open = 0; /* reported now (once, not again by the enclosing forwards), or survived */
     if (st != DT_SUCCESS) /* most likely on the NULL: say both, the lookup first */
-      return DT_FAIL(st, "module '%s': the forward failed after %s; the failure: %s", m->name,
-                     dt__miss_msg, dt_last_error());
+      st = DT_FAIL(st, "module '%s': the forward failed after %s; the failure: %s", m->name,
+                   dt__miss_msg, dt_last_error());
   }
-  DT_CHECK(st);
-  if (tape && (m->n_hooks[DT__BPRE] || m->n_hooks[DT__BPOST])) {
-    DT_CHECK(dt_tape_stats(tape, &end, NULL));
-    if (end > first)
-      DT_CHECK(dt_tape_add_span_hooks(tape, first, end, m->n_hooks[DT__BPRE] ? dt__span_pre : NULL,
-                                      m->n_hooks[DT__BPOST] ? dt__span_post : NULL, m));
+  if (st == DT_SUCCESS && tape && (m->n_hooks[DT__BPRE] || m->n_hooks[DT__BPOST])) {
+    st = dt_tape_stats(tape, &end, NULL);
+    if (st == DT_SUCCESS && end > first)
+      st = dt_tape_add_span_hooks(tape, first, end, m->n_hooks[DT__BPRE] ? dt__span_pre : NULL,
+                                  m->n_hooks[DT__BPOST] ? dt__span_post : NULL, m);
   }
-  return dt__forward_hooks(m, tape, DT__FPOST, n_out, out);
+  if (st == DT_SUCCESS) return dt__forward_hooks(m, tape, DT__FPOST, n_out, out);
+  /* failed after the pre hooks: the post hooks still run, with no outputs, so that what a pre
+   * hook put in place (a wrapper's gathered parameters) is put back; the failure's message
+   * stands */
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", dt_last_error());
+  for (int o = 0; o < n_out; o++) out[o] = NULL;
+  if (dt__forward_hooks(m, tape, DT__FPOST, 0, NULL) != DT_SUCCESS)
+    return DT_FAIL(st, "%s; then a post hook failed too: %s", msg, dt_last_error());
+  return strcmp(dt_last_error(), msg) == 0 ? st : DT_FAIL(st, "%s", msg);
 }
 
 dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,

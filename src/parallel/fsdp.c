@@ -24,7 +24,8 @@
  * With tensor parallelism on other mesh dims everything above is per rank of those dims: the
  * parameters' local shapes are their tensor-parallel shards, the flat buffers (nominally
  * Replicate there) hold this rank's, and collectives run over the data dims only.
- * The gathered parameters are leaves the group owns (requires_grad, gradients kept as they come);
+ * The gathered parameters are leaves the group owns (requires_grad as the
+ * original parameter, gradients kept as they come);
  * while the group's forward runs the module holds them in place of the sharded ones
  * (dt_module_swap_param). Released, their value is a meta tensor of the same layout.
  */
@@ -46,6 +47,7 @@ typedef struct {
   dt_tensor_t view;         /* the view of flat that is sharded's value (until replaced) */
   dt_var_t full;            /* the gathered parameter (param dtype, Replicate on the data dims) */
   dt_dtype_t dtype;         /* the sharded parameter's dtype (the group's sdtype) */
+  int requires_grad;        /* the original's: a frozen parameter stays frozen */
   int ndim;
   int64_t shape[DT_MAX_DIMS];  /* global */
   int64_t lshape[DT_MAX_DIMS]; /* this rank's tensor before FSDP (a tensor-parallel shard) */
@@ -197,6 +199,12 @@ static dt_status_t adopt_shards(fsdp_group_t* g) {
     fsdp_param_t* q = &g->p[i];
     dt_tensor_t v = dt_var_value(q->sharded), view = NULL;
     if (v == q->view) continue;
+    int rg;
+    if (v == NULL) { /* the variable itself was destroyed: say which */
+      dt_status_t st = dt_var_requires_grad(q->sharded, &rg);
+      return DT_FAIL(st != DT_SUCCESS ? st : DT_ERR_INVALID_USAGE, "fsdp: the sharded parameter "
+                     "'%s': %s", q->name, st != DT_SUCCESS ? dt_last_error() : "no value");
+    }
     dt_placement_t want[DT_MAX_MESH_DIMS], have[DT_MAX_MESH_DIMS];
     int64_t shape[DT_MAX_DIMS], len = 0;
     dt_dtype_t dt = DT_F32;
@@ -441,6 +449,7 @@ static dt_status_t finish_reduce(fsdp_group_t* g) {
   /* the gradients are views of this rank's segment: no copy (they keep it alive) */
   for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
     fsdp_param_t* q = &g->p[i];
+    if (!q->requires_grad) continue; /* frozen: its (zero) rows are not a gradient */
     dt_tensor_t part = NULL, sum = NULL;
     dt_placement_t spl[DT_MAX_MESH_DIMS];
     shard_placements(g, q, spl);
@@ -746,6 +755,7 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
   strcpy(q->name, name);
   q->sharded = v; /* for now: the replicated parameter itself */
   q->dtype = dt;
+  if ((c->st = dt_var_requires_grad(v, &q->requires_grad)) != DT_SUCCESS) return 1;
   q->ndim = nd;
   dt_tensor_shape(t, q->shape);
   dt_tensor_local_shape(t, q->lshape);
@@ -754,8 +764,19 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
    * efsdp): then the first dim with at least N entries that tensor parallelism leaves whole, so
    * that no rank holds padding in place of its share (torchtitan shards such experts on dim 1) */
   q->sdim = 0;
-  for (int d = 1; q->lshape[0] < g->N && q->sdim == 0 && d < nd; d++) {
-    int whole = q->lshape[d] >= g->N;
+  /* decided on the largest tensor-parallel shard (mesh coordinate 0's), not this rank's: uneven
+   * shards would otherwise give the ranks different placements of one parameter */
+  int mshape[DT_MAX_MESH_DIMS], zero[DT_MAX_MESH_DIMS] = {0};
+  int64_t off[DT_MAX_DIMS], big[DT_MAX_DIMS];
+  dt_status_t st = dt_mesh_shape(g->mesh, mshape);
+  if (st == DT_SUCCESS)
+    st = dt_placements_box(nd, q->shape, g->mesh_ndim, mshape, pl, zero, off, big);
+  if (st != DT_SUCCESS) {
+    c->st = st;
+    return 1;
+  }
+  for (int d = 1; big[0] < g->N && q->sdim == 0 && d < nd; d++) {
+    int whole = big[d] >= g->N;
     for (int k = 0; whole && k < g->mesh_ndim; k++)
       whole = !(pl[k].kind == DT_SHARD && pl[k].dim == d);
     if (whole) q->sdim = d;
@@ -787,21 +808,35 @@ static dt_status_t check_config(dt_mesh_t mesh, const dt_fsdp_config_t* c, int* 
   if (!is_float(c->param_dtype) || !is_float(c->reduce_dtype) ||
       (!is_float(c->output_dtype) && c->output_dtype != DT_FSDP_KEEP_DTYPE))
     return DT_FAIL(DT_ERR_INVALID_ARG, "param, reduce and output dtypes must be "
-                   "f32, bf16 or f16 (got %s, %s, %s)", dt_dtype_name(c->param_dtype),
-                   dt_dtype_name(c->reduce_dtype), dt_dtype_name(c->output_dtype));
+                   "f32, bf16 or f16, the output's also DT_FSDP_KEEP_DTYPE (got %s, %s, %s)",
+                   dt_dtype_name(c->param_dtype), dt_dtype_name(c->reduce_dtype),
+                   c->output_dtype == DT_FSDP_KEEP_DTYPE ? "keep"
+                                                         : dt_dtype_name(c->output_dtype));
   int N;
   DT_CHECK(dt_mesh_size(mesh, c->shard_dim, &N));
-  int k = c->reshard_after_forward;
+  int abstract = 0, member = 0;
+  DT_CHECK(dt_mesh_is_abstract(mesh, &abstract));
+  if (abstract)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "an abstract mesh cannot hold parameters (FSDP shards "
+                   "and gathers them)");
+  DT_CHECK(dt_mesh_is_member(mesh, &member));
+  if (!member)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "this rank is not in the mesh");
+  int k = c->reshard_after_forward, numel, world;
+  DT_CHECK(dt_mesh_numel(mesh, &numel));
+  DT_CHECK(dt_world_size(&world));
+  if ((k > 1 || span > 1) && numel < world) /* decided from the shapes alone: every member
+                                              * refuses, none waits in a collective */
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s on a mesh of %d of the %d ranks: it makes a mesh, "
+                   "which is collective over every rank, and the ranks outside this mesh do not "
+                   "call dt_fully_shard (use a mesh over every rank)",
+                   k > 1 ? "reshard_after_forward > 1" : "shard_span > 1", numel, world);
   if (k > 1 && span > 1)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "reshard_after_forward %d with shard_span %d: groups of k "
                    "ranks need one shard dim", k, span);
   if (k < 0 || (k > 1 && (k > N || N % k != 0)))
     return DT_FAIL(DT_ERR_INVALID_ARG, "reshard_after_forward %d: 0, 1, or a group "
                    "size k > 1 that divides the shard dim's %d ranks", k, N);
-  int member = 0;
-  DT_CHECK(dt_mesh_is_member(mesh, &member));
-  if (!member)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "this rank is not in the mesh");
   return DT_SUCCESS;
 }
 
@@ -889,8 +924,8 @@ static dt_status_t make_kmesh(fsdp_group_t* g) {
 static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg) {
   DT_ARG_NOT_NULL(m);
   DT_ARG_NOT_NULL(mesh);
-  if (dt_module_name(m) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module");
-  int nd;
+  int nd, np;
+  DT_CHECK(dt_module_num_params(m, &np)); /* checks the handle (a destroyed one: invalid usage) */
   DT_CHECK(dt_mesh_ndim(mesh, &nd));
   dt_fsdp_config_t c = cfg ? *cfg : dt_fsdp_config_default(nd);
   DT_CHECK(check_config(mesh, &c, &nd));
@@ -983,11 +1018,11 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
     if (st == DT_SUCCESS) st = dt_tensor_is_meta(dt_var_value(q->sharded), &src_meta);
     if (st == DT_SUCCESS && !src_meta)
       st = dt_tensor_redistribute_into(dt_var_value(q->sharded), s);
-    if (st == DT_SUCCESS) st = dt_var_leaf(s, 1, &sv);
+    if (st == DT_SUCCESS) st = dt_var_leaf(s, q->requires_grad, &sv);
     if (st != DT_SUCCESS) dt_tensor_destroy(s);
     if (st == DT_SUCCESS) st = dt_tensor_meta(mesh, c.param_dtype, q->ndim, q->shape, q->pl, &f);
     if (st == DT_SUCCESS) {
-      st = dt_var_leaf(f, 1, &fv);
+      st = dt_var_leaf(f, q->requires_grad, &fv);
       if (st != DT_SUCCESS) dt_tensor_destroy(f);
     }
     if (st == DT_SUCCESS) st = dt_var_set_grad_mode(fv, DT_GRAD_AS_IS);
@@ -1046,7 +1081,8 @@ static int below(dt_module_t x, dt_module_t m) {
 
 static dt_status_t dt__fsdp_set_requires_gradient_sync(dt_module_t m, int sync) {
   DT_ARG_NOT_NULL(m);
-  if (dt_module_name(m) == NULL) return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module");
+  int np;
+  DT_CHECK(dt_module_num_params(m, &np)); /* checks the handle */
   int found = 0;
   for (fsdp_group_t* g = g_fsdp.groups; g; g = g->next)
     if (below(g->module, m)) {
@@ -1065,10 +1101,12 @@ dt_status_t dt_fsdp_set_requires_gradient_sync(dt_module_t m, int sync) {
 
 static dt_status_t dt__fsdp_set_prefetch(dt_module_t m, int forward, int backward) {
   DT_ARG_NOT_NULL(m);
+  int np;
+  DT_CHECK(dt_module_num_params(m, &np)); /* checks the handle */
   fsdp_group_t* g = group_of(m);
   if (g == NULL)
     return DT_FAIL(DT_ERR_INVALID_ARG, "m ('%s') is not an FSDP group (valid: a module given to "
-                   "dt_fully_shard)", dt_module_name(m) ? dt_module_name(m) : "not a live module");
+                   "dt_fully_shard)", dt_module_name(m));
   if (forward >= 0) g->prefetch_fwd = forward != 0;
   if (backward >= 0) g->prefetch_bwd = backward != 0;
   return DT_SUCCESS;
@@ -1082,10 +1120,12 @@ static dt_status_t dt__fsdp_group_info(dt_module_t m, dt_fsdp_group_info_t* out)
   DT_ARG_NOT_NULL(out);
   memset(out, 0, sizeof *out);
   DT_ARG_NOT_NULL(m);
+  int np;
+  DT_CHECK(dt_module_num_params(m, &np)); /* checks the handle */
   fsdp_group_t* g = group_of(m);
   if (g == NULL)
     return DT_FAIL(DT_ERR_INVALID_ARG, "m ('%s') is not an FSDP group (valid: a module given to "
-                   "dt_fully_shard)", dt_module_name(m) ? dt_module_name(m) : "not a live module");
+                   "dt_fully_shard)", dt_module_name(m));
   out->n_params = g->n;
   out->numel = g->total;
   out->padded_numel = (int64_t)g->N * g->seg;

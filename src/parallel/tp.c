@@ -524,9 +524,8 @@ static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
   if (n < 0 || (n > 0 && plan == NULL))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%d plan entries at %p", n,
                    (const void*)plan);
-  if (dt_module_name(m) == NULL)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "not a live module");
   int nd, abstract, tp_size;
+  DT_CHECK(dt_module_num_params(m, &nd)); /* checks the handle (a destroyed one: invalid usage) */
   DT_CHECK(dt_mesh_ndim(mesh, &nd));
   DT_CHECK(dt_mesh_is_abstract(mesh, &abstract));
   if (abstract)

@@ -515,6 +515,38 @@ static void test_llama_modules(void) {
   DT_ASSERT_OK(dt_llama_destroy(m));
 }
 
+/* A forward that fails after its pre hooks: the post hooks still run, with no outputs, and the
+ * forward's own message is what the caller reads. */
+static int g_post_n = -2;
+static dt_var_t* g_post_vars = (dt_var_t*)&g_post_n;
+static dt_status_t failing_forward(dt_module_t m, dt_tape_t t, int n_in, const dt_var_t* in,
+                                   int n_out, dt_var_t* out) {
+  (void)m, (void)t, (void)n_in, (void)in, (void)n_out, (void)out;
+  return dt_set_error(DT_ERR_INVALID_ARG, "failing_forward", __FILE__, __LINE__, "bad input %d", 7);
+}
+static dt_status_t note_post(dt_module_t m, dt_tape_t t, int n, dt_var_t* v, void* ctx) {
+  (void)m, (void)t, (void)ctx;
+  g_post_n = n;
+  g_post_vars = v;
+  return DT_SUCCESS;
+}
+
+static void test_failed_forward(void) {
+  dt_module_t f;
+  DT_ASSERT_OK(dt_module_create("f", failing_forward, NULL, &f));
+  DT_ASSERT_OK(dt_module_add_forward_post_hook(f, note_post, NULL));
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t out = (dt_var_t)&g_post_n;
+  DT_ASSERT_STATUS(dt_module_forward(f, tape, 0, NULL, 1, &out), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(g_post_n == 0 && g_post_vars == NULL, "post hook saw n %d, vars %p", g_post_n,
+                 (void*)g_post_vars);
+  DT_ASSERT_TRUE(out == NULL, "a failed forward's output is NULL");
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "bad input 7") != NULL, "message: %s", dt_last_error());
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_module_destroy(f));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   int rank;
@@ -527,6 +559,7 @@ int main(int argc, char** argv) {
   test_drop_and_regather();
   test_trace();
   test_llama_modules();
+  test_failed_forward();
   DT_ASSERT_OK(dt_mesh_destroy(g_mesh));
   if (rank == 0) printf("test_hooks np=%d: ok\n", g_world);
   DT_ASSERT_OK(dt_finalize());

@@ -976,12 +976,172 @@ static void test_span_bad(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* Misuse and corner cases of the wrapper (a review's findings): a frozen parameter stays
+ * frozen; a forward that fails puts the sharded parameters back; a module destroyed between
+ * forward and backward fails the backward (no use after free); an unevenly tensor-parallel
+ * parameter gets the same placements on every rank (2x2 mesh); reshard k or shard_span on a mesh
+ * over part of the world is refused by every member (no collective over the world that the
+ * others never join); a destroyed module is DT_ERR_INVALID_USAGE. */
+static dt_module_t tiny_mlp(dt_mesh_t mesh, int frozen_bias) {
+  dt_module_t l[2], m;
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc1", 5, 3, 1, 1, &l[0]));
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc2", 3, 2, 1, 2, &l[1]));
+  if (frozen_bias) { /* fc1.bias: a frozen leaf of the same value */
+    float v[3];
+    const int64_t n3 = 3;
+    dt_placement_t r = dt_replicate();
+    dt_tensor_t c;
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(dt_module_get(l[0], "bias")), v, sizeof v));
+    DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 1, &n3, &r, v, &c));
+    dt_var_t nb;
+    DT_ASSERT_OK(dt_var_leaf(c, 0, &nb));
+    DT_ASSERT_OK(dt_module_set_param(l[0], "bias", nb));
+  }
+  DT_ASSERT_OK(dt_sequential_create("mlp", 2, l, &m));
+  return m;
+}
+
+static dt_status_t tiny_forward(dt_module_t m, dt_tape_t tape, int in_features, dt_var_t* loss) {
+  dt_mesh_t mesh;
+  DT_CHECK(dt_tensor_mesh(dt_var_value(dt_module_get(m, "fc1.weight")), &mesh));
+  const int64_t xs[2] = {6, in_features};
+  dt_placement_t r = dt_replicate();
+  dt_tensor_t xt;
+  dt_var_t xv, y;
+  DT_CHECK(dt_tensor_full_value(mesh, DT_F32, 2, xs, &r, 0.5, &xt));
+  DT_CHECK(dt_tape_constant(tape, xt, &xv));
+  DT_CHECK(dt_module_forward(m, tape, 1, &xv, 1, &y));
+  return dt_ag_op(tape, "sum", 1, &y, 0, NULL, 0, NULL, 1, loss);
+}
+
+static void test_misuse(void) {
+  int shape1[1] = {g_world};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, shape1, NULL, NULL, &mesh));
+  dt_fsdp_config_t cfg = dt_fsdp_config_default(1);
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  dt_var_t loss;
+  /* a frozen parameter: no gradient, not moved by AdamW; the others train */
+  {
+    dt_module_t m = tiny_mlp(mesh, 1);
+    DT_ASSERT_OK(dt_fully_shard(m, mesh, &cfg));
+    dt_var_t b = dt_module_get(m, "fc1.bias"), w = dt_module_get(m, "fc1.weight");
+    int rg = -1;
+    DT_ASSERT_OK(dt_var_requires_grad(b, &rg));
+    DT_ASSERT_EQ(rg, 0);
+    float before[3], after[3];
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(b), before, sizeof before));
+    DT_ASSERT_OK(tiny_forward(m, tape, 5, &loss));
+    DT_ASSERT_OK(dt_tape_backward(tape, loss));
+    DT_ASSERT_TRUE(dt_var_grad(b) == NULL && dt_var_grad(w) != NULL, "frozen bias has a "
+                   "gradient (%p) or the weight has none (%p)", (void*)dt_var_grad(b),
+                   (void*)dt_var_grad(w));
+    dt_var_t* ps;
+    int n;
+    DT_ASSERT_OK(dt_module_params(m, &ps, &n));
+    dt_adamw_config_t ac = dt_adamw_config_default();
+    dt_adamw_t opt;
+    DT_ASSERT_OK(dt_adamw_create(&ac, n, ps, &opt));
+    DT_ASSERT_OK(dt_adamw_step(opt, DT_ADAMW_LR_CONFIG));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(b), after, sizeof after));
+    DT_ASSERT_TRUE(memcmp(before, after, sizeof before) == 0, "the frozen bias moved");
+    DT_ASSERT_OK(dt_adamw_destroy(opt));
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    /* a forward that fails (6 input features for 5) puts the sharded parameters back */
+    DT_ASSERT_STATUS(tiny_forward(m, tape, 6, &loss), DT_ERR_INVALID_ARG);
+    DT_ASSERT_OK(dt_module_params(m, &ps, &n));
+    for (int i = 0; i < n; i++) {
+      dt_placement_t pl;
+      int meta = 1;
+      DT_ASSERT_OK(dt_tensor_placements(dt_var_value(ps[i]), &pl));
+      DT_ASSERT_OK(dt_tensor_is_meta(dt_var_value(ps[i]), &meta));
+      DT_ASSERT_TRUE(pl.kind == DT_SHARD && !meta, "after a failed forward parameter %d is "
+                     "kind %d (meta %d), not its shard", i, pl.kind, meta);
+    }
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    /* destroyed between forward and backward: the backward fails, reads nothing freed */
+    DT_ASSERT_OK(tiny_forward(m, tape, 5, &loss));
+    DT_ASSERT_OK(dt_module_destroy(m));
+    DT_ASSERT_STATUS(dt_tape_backward(tape, loss), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "destroyed before the backward") != NULL,
+                   "message: %s", dt_last_error());
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    DT_ASSERT_STATUS(dt_fully_shard(m, mesh, &cfg), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_STATUS(dt_fsdp_set_prefetch(m, 1, 1), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_STATUS(dt_fsdp_set_requires_gradient_sync(m, 0), DT_ERR_INVALID_USAGE);
+  }
+  if (g_world == 4) {
+    /* (tp, dp) = 2x2, a (3, 4) parameter Shard(0) over tp: tp rank 0 holds 2 rows, tp rank 1
+     * one (fewer than dp's 2 ranks); FSDP splits dim 0 on both, so every rank agrees */
+    int s2[2] = {2, 2};
+    const char* names[2] = {"tp", "dp"};
+    dt_mesh_t m2;
+    DT_ASSERT_OK(dt_mesh_create(2, s2, names, NULL, &m2));
+    float full[12], got[12];
+    for (int i = 0; i < 12; i++) full[i] = 0.25f * (float)i - 1.0f;
+    const int64_t ps2[2] = {3, 4};
+    dt_placement_t pl[2] = {dt_shard(0), dt_replicate()}, q[2];
+    dt_tensor_t t;
+    dt_var_t w;
+    DT_ASSERT_OK(dt_tensor_from_full(m2, DT_F32, 2, ps2, pl, full, &t));
+    DT_ASSERT_OK(dt_var_leaf(t, 1, &w));
+    dt_module_t m;
+    DT_ASSERT_OK(dt_module_create("uneven", sum_squares, NULL, &m));
+    DT_ASSERT_OK(dt_module_add_param(m, "w", w));
+    dt_fsdp_config_t c2 = dt_fsdp_config_for(1, -1);
+    DT_ASSERT_OK(dt_fully_shard(m, m2, &c2));
+    w = dt_module_get(m, "w");
+    DT_ASSERT_OK(dt_tensor_placements(dt_var_value(w), q));
+    DT_ASSERT_TRUE(q[0].kind == DT_SHARD && q[0].dim == 0 && q[1].kind == DT_SHARD &&
+                   q[1].dim == 0, "rank %d: placements kind %d dim %d, kind %d dim %d", g_rank,
+                   q[0].kind, q[0].dim, q[1].kind, q[1].dim);
+    DT_ASSERT_OK(dt_module_forward(m, tape, 0, NULL, 1, &loss));
+    DT_ASSERT_OK(dt_tape_backward(tape, loss));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(w), got, sizeof got));
+    for (int i = 0; i < 12; i++) DT_ASSERT_TRUE(got[i] == full[i], "w[%d] = %g", i, got[i]);
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(w), got, sizeof got));
+    for (int i = 0; i < 12; i++)
+      DT_ASSERT_TRUE(got[i] == 2 * full[i], "dw[%d] = %g, want %g", i, got[i], 2 * full[i]);
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    DT_ASSERT_OK(dt_module_destroy(m));
+    DT_ASSERT_OK(dt_mesh_destroy(m2));
+    /* a mesh over world ranks 0 and 1: reshard k = 2 and shard_span 2 refused by both members;
+     * the other ranks do not call */
+    const int ranks[2] = {0, 1};
+    int s1 = 2, s12[2] = {1, 2};
+    dt_mesh_t sub, sub2;
+    DT_ASSERT_OK(dt_mesh_create(1, &s1, NULL, ranks, &sub));
+    DT_ASSERT_OK(dt_mesh_create(2, s12, NULL, ranks, &sub2));
+    if (g_rank < 2) {
+      m = tiny_mlp(sub, 0);
+      dt_fsdp_config_t ck = dt_fsdp_config_default(1);
+      ck.reshard_after_forward = 2;
+      DT_ASSERT_STATUS(dt_fully_shard(m, sub, &ck), DT_ERR_UNSUPPORTED);
+      DT_ASSERT_TRUE(strstr(dt_last_error(), "mesh of 2 of the 4 ranks") != NULL, "message: %s",
+                     dt_last_error());
+      DT_ASSERT_OK(dt_module_destroy(m));
+      m = tiny_mlp(sub2, 0);
+      dt_fsdp_config_t cs = dt_fsdp_config_for(0, -1);
+      cs.shard_span = 2;
+      DT_ASSERT_STATUS(dt_fully_shard(m, sub2, &cs), DT_ERR_UNSUPPORTED);
+      DT_ASSERT_OK(dt_fully_shard(m, sub2, NULL)); /* plain FSDP over the two: fine */
+      DT_ASSERT_OK(dt_module_destroy(m));
+    }
+    DT_ASSERT_OK(dt_mesh_destroy(sub));
+    DT_ASSERT_OK(dt_mesh_destroy(sub2));
+  }
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_size(&g_world));
   DT_ASSERT_OK(dt_world_rank(&g_rank));
   DT_ASSERT_OK(dt_corpus_markov(61, 1, 1 << 14, 3, &g_corpus));
   test_config_for();
+  test_misuse();
   test_bad_input();
   test_span_bad();
   test_defer_init();
