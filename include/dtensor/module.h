@@ -92,8 +92,8 @@ DT_API dt_status_t dt_module_param(dt_module_t m, const char* name, dt_var_t* ou
 /* The same for forward functions (dt_nn_linear(tape, x, dt_module_get(m, "weight"), ...)): the
  * parameter, or NULL when there is none, with the message above as the last error
  * (dt_last_error). When a forward fails after such a miss, dt_module_forward's error starts with
- * it: "module 'fc1': the forward failed after dt_module_get (...): module 'fc1' has no parameter
- * 'wieght' (it has: weight, bias); the failure: ...". */
+ * it: "module 'fc1': the forward failed after dt_module_get("wieght"): module 'fc1' has no
+ * parameter 'wieght' (it has: weight, bias); the failure: ...". */
 DT_API dt_var_t dt_module_get(dt_module_t m, const char* name);
 /* Replaces the parameter at qualified `name` (ownership of `param` passes; the old one is
  * destroyed): a wrapper swaps a replicated parameter for a sharded one. A tied parameter is

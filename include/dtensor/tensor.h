@@ -161,8 +161,14 @@ DT_API dt_status_t dt_tensor_fill_local(dt_tensor_t t, int n, const int64_t* off
 DT_API dt_status_t dt_tensor_set_memory_category(dt_tensor_t t, dt_mem_category_t c);
 
 /* Collective. Gathers the full global tensor into host memory `out` (out_nbytes at least
- * numel*itemsize) on every rank of the mesh (Partial values reduced). */
+ * numel*itemsize; the bytes of t's dtype, so a bf16 tensor fills 2 bytes an element) on every
+ * rank of the mesh (Partial values reduced). A rank outside the mesh gets DT_SUCCESS and `out`
+ * untouched. */
 DT_API dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes);
+/* Collective, like dt_tensor_gather_full: the value of a one-element tensor (a loss, a norm) as a
+ * double whatever its dtype (torch's .item()): a bf16 loss under mixed precision reads right,
+ * where gather_full would write its 2 raw bytes. DT_ERR_INVALID_ARG for more or fewer elements. */
+DT_API dt_status_t dt_tensor_item(dt_tensor_t t, double* value);
 /* Deprecated: dt_tensor_gather_full under its older name, kept so that existing callers still
  * build and link (the symbol stays in the ABI). The name read like a factory (that is
  * dt_tensor_full_value); GCC and Clang warn at each use (-Wdeprecated-declarations). */

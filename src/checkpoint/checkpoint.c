@@ -781,7 +781,12 @@ static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s, int defer)
     dt_placement_t pl[DT_MAX_MESH_DIMS];
     dt_status_t ms = dt_tensor_mesh(it->t, &mesh); /* (the same on every rank: checked at add) */
     if (ms == DT_SUCCESS) ms = dt_mesh_ndim(mesh, &mnd);
-    if (ms != DT_SUCCESS) return ms;
+    if (ms != DT_SUCCESS)
+      return DT_FAIL(ms, "entry '%s': %s%s", it->name, dt_last_error(),
+                     ms == DT_ERR_INVALID_USAGE
+                         ? " (wrapping a module, dt_fully_shard or dt_parallelize_module, "
+                           "replaces its parameters: add the module after wrapping)"
+                         : "");
     dt__ck_eff(it, mnd, pl);
     for (int d = 0; d < mnd; d++) partial |= it->pl[d].kind == DT_PARTIAL;
     dt_tensor_t src = it->t, tmp = NULL;

@@ -105,7 +105,11 @@ static dt_status_t dt__mpi_fail(int rc, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "code %d", rc);
-  return DT_FAIL(DT_ERR_MPI, "%s failed: %s", what, msg);
+  /* most often the ranks called different collectives (or one with other sizes): say how to
+   * find out, unless that check is on already */
+  return DT_FAIL(DT_ERR_MPI, "%s failed: %s%s", what, msg,
+                 (dt__debug_mask() & DT_DBG_COLLECTIVES) ? "" : " (if the ranks may have made different calls here, "
+                                 "DTENSOR_DEBUG=collectives names them)");
 }
 #define DT_MPI_CHECK(call)                                         \
   do {                                                             \

@@ -214,10 +214,21 @@ static dt_status_t dt__nn_mse_loss(dt_tape_t tape, dt_var_t pred, dt_var_t targe
   DT_CHECK(dt_tensor_ndim(t, &tn));
   DT_CHECK(dt_tensor_shape(p, ps));
   DT_CHECK(dt_tensor_shape(t, ts));
-  if (pn != tn || memcmp(ps, ts, sizeof(int64_t) * (size_t)pn) != 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "mse_loss: pred (%d dims, first %lld) and target (%d dims, "
-                   "first %lld) must have the same shape", pn, pn ? (long long)ps[0] : 0LL, tn,
-                   tn ? (long long)ts[0] : 0LL);
+  if (pn != tn || memcmp(ps, ts, sizeof(int64_t) * (size_t)pn) != 0) {
+    char a[8 * 24], b[8 * 24];
+    int64_t* shp[2] = {ps, ts};
+    int nds[2] = {pn, tn};
+    char* txt[2] = {a, b};
+    for (int k = 0; k < 2; k++) { /* "(4, 3)" */
+      int w = snprintf(txt[k], sizeof a, "(");
+      for (int d = 0; d < nds[k] && w > 0 && (size_t)w < sizeof a; d++)
+        w += snprintf(txt[k] + w, sizeof a - (size_t)w, "%s%lld", d ? ", " : "",
+                      (long long)shp[k][d]);
+      if (w > 0 && (size_t)w < sizeof a) snprintf(txt[k] + w, sizeof a - (size_t)w, ")");
+    }
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mse_loss: pred %s and target %s must have the same shape",
+                   a, b);
+  }
   dt_var_t pt[2] = {pred, target}, d, sq[2];
   DT_CHECK(dt_ag_op(tape, "sub", 2, pt, 0, NULL, 0, NULL, 1, &d));
   sq[0] = sq[1] = d;

@@ -405,7 +405,7 @@ static dt_status_t dt__no_param(const char* func, dt_module_t m, const char* nam
  * whether the last one is still open. A forward that fails after a miss made during it reports
  * the miss (and closes it); a forward that succeeds after one closes it too (it recovered, e.g. a
  * probe for an optional parameter), so no later failure is blamed on it. */
-static _Thread_local char dt__miss_msg[400];
+static _Thread_local char dt__miss_msg[1024];
 static _Thread_local unsigned long dt__misses;
 static _Thread_local int dt__miss_open;
 
@@ -429,8 +429,16 @@ dt_var_t dt_module_get(dt_module_t m, const char* name) {
   if (st == DT_SUCCESS && name == NULL) st = DT_FAIL(DT_ERR_INVALID_ARG, "name is NULL");
   dt__entry_t* e = st == DT_SUCCESS ? dt__find_param(m, name) : NULL;
   if (e != NULL) return e->param;
-  if (st == DT_SUCCESS) dt__no_param(__func__, m, name);
-  snprintf(dt__miss_msg, sizeof dt__miss_msg, "%s", dt_last_error());
+  if (st == DT_SUCCESS) {
+    char names[320];
+    dt__param_names(m, names, sizeof names);
+    /* named after this call, not the entry open around it (the forward calling it) */
+    snprintf(dt__miss_msg, sizeof dt__miss_msg, "dt_module_get(\"%s\"): module '%s' has no "
+             "parameter '%s' (it has: %s)", name, m->name, name, names);
+    dt__no_param(__func__, m, name);
+  } else {
+    snprintf(dt__miss_msg, sizeof dt__miss_msg, "dt_module_get: %s", dt_last_error());
+  }
   dt__misses++;
   dt__miss_open = 1;
   return NULL;

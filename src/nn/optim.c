@@ -143,7 +143,13 @@ static dt_status_t dt__adamw_step(dt_adamw_t o, double lr) {
   for (int i = 0; i < o->n; i++) { /* every parameter still alive before any changes */
     int rg;
     dt_status_t st = dt_var_requires_grad(o->params[i], &rg);
-    if (st != DT_SUCCESS) return DT_FAIL(st, "adamw: parameter %d: %s", i, dt_last_error());
+    if (st != DT_SUCCESS)
+      return DT_FAIL(st, "adamw: parameter %d: %s%s", i, dt_last_error(),
+                     st == DT_ERR_INVALID_USAGE
+                         ? " (wrapping a module, dt_fully_shard or dt_parallelize_module, replaces "
+                           "its parameters: create the optimizer after wrapping, from "
+                           "dt_module_params)"
+                         : "");
   }
   for (int i = 0; i < o->n; i++) {
     dt_tensor_t g = dt_var_grad(o->params[i]), w = dt_var_value(o->params[i]);

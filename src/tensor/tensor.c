@@ -876,6 +876,24 @@ dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes) {
   DT_ENTRY_RETURN(dt__tensor_gather_full_impl(t, out, out_nbytes));
 }
 
+static dt_status_t dt__tensor_item_impl(dt_tensor_t t, double* value) {
+  DT_ARG_NOT_NULL(value);
+  *value = 0.0;
+  DT_CHECK(dt__tensor_check(t, "tensor"));
+  int64_t numel = dt__box_numel(t->layout.ndim, t->layout.shape);
+  if (numel != 1) /* the same on every rank (global shape): no collective left waiting */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "t has %lld elements: only a one-element tensor has an "
+                   "item (dt_tensor_gather_full reads more)", (long long)numel);
+  unsigned char buf[8];
+  DT_CHECK(dt__tensor_gather_full_impl(t, buf, sizeof buf));
+  *value = dt__load(buf, t->dtype, 0);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_tensor_item(dt_tensor_t t, double* value) {
+  DT_ENTRY_RETURN(dt__tensor_item_impl(t, value));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * factories: the value of global element i depends only on i (and the seed) */
 

@@ -385,6 +385,11 @@ static void test_losses(void) {
   dt_var_t t3 = var_of(2, (int64_t[]){N, C - 1}, tv, NULL, 0);
   DT_ASSERT_STATUS(dt_nn_mse_loss(tape, p, t3, DT_LOSS_MEAN, &l), DT_ERR_INVALID_ARG);
   DT_ASSERT_TRUE(l == NULL, "out nulled");
+  char shapes[96];
+  snprintf(shapes, sizeof shapes, "pred (%d, %d) and target (%d, %d)", (int)N, (int)C, (int)N,
+           (int)C - 1);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), shapes) != NULL, "message names both shapes: %s",
+                 dt_last_error());
   DT_ASSERT_STATUS(dt_nn_mse_loss(tape, p, p, (dt_loss_reduction_t)7, &l), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_nn_mse_loss(tape, p, NULL, DT_LOSS_MEAN, &l), DT_ERR_INVALID_ARG);
 
@@ -478,6 +483,9 @@ static void test_missing_param(void) {
   DT_ASSERT_OK(dt_tape_create(&tape));
   DT_ASSERT_STATUS(dt_module_forward(m, tape, 1, &x, 1, &y), DT_ERR_INVALID_ARG);
   DT_ASSERT_TRUE(strstr(dt_last_error(), want) != NULL, "forward: '%s'", dt_last_error());
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "failed after dt_module_get(\"wieght\"): ") != NULL &&
+                 strstr(dt_last_error(), "after dt_module_forward") == NULL,
+                 "the miss is named after dt_module_get: '%s'", dt_last_error());
 
   /* inside a Sequential: reported once */
   dt_module_t seq, probe, fail, outer;

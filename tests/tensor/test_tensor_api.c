@@ -375,6 +375,37 @@ static void test_partial_world(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* dt_tensor_item: a one-element tensor of every dtype read as a double (a Partial(sum) one
+ * reduced first); more than one element refused on every rank; a bf16 value is the bf16
+ * rounding of the f32 one, not its raw bytes. */
+static void test_item(dt_mesh_t mesh) {
+  const dt_dtype_t dts[5] = {DT_F32, DT_BF16, DT_F16, DT_I32, DT_I64};
+  const double want[5] = {-2.5, 3.0, 0.75, -7.0, 123456789.0};
+  dt_placement_t r = dt_replicate(), p = dt_partial(DT_REDUCE_SUM);
+  for (int i = 0; i < 5; i++) {
+    dt_tensor_t t;
+    DT_ASSERT_OK(dt_tensor_full_value(mesh, dts[i], 0, NULL, &r, want[i], &t));
+    double v = 0;
+    DT_ASSERT_OK(dt_tensor_item(t, &v));
+    DT_ASSERT_TRUE(v == want[i], "%s item %g, want %g", dt_dtype_name(dts[i]), v, want[i]);
+    DT_ASSERT_OK(dt_tensor_destroy(t));
+  }
+  const int64_t one[1] = {1}, two[1] = {2};
+  float part = (float)(g_rank + 1);
+  dt_tensor_t t;
+  DT_ASSERT_OK(dt_tensor_from_local(mesh, DT_F32, 1, one, &p, &part, one, &t));
+  double v = 0;
+  DT_ASSERT_OK(dt_tensor_item(t, &v));
+  DT_ASSERT_TRUE(v == g_world * (g_world + 1) / 2.0, "Partial item %g", v);
+  DT_ASSERT_OK(dt_tensor_destroy(t));
+  DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 1, two, &r, &t));
+  DT_ASSERT_STATUS(dt_tensor_item(t, &v), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "dt_tensor_item: t has 2 elements") != NULL,
+                 "message: %s", dt_last_error());
+  DT_ASSERT_STATUS(dt_tensor_item(t, NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_OK(dt_tensor_destroy(t));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_rank(&g_rank));
@@ -391,6 +422,7 @@ int main(int argc, char** argv) {
   test_factories(m1, m2);
   test_mesh_features();
   test_partial_world();
+  test_item(m1);
   DT_ASSERT_OK(dt_mesh_destroy(m1));
   DT_ASSERT_OK(dt_mesh_destroy(m2));
   if (g_rank == 0) printf("test_tensor_api np=%d: ok\n", g_world);
