@@ -75,7 +75,10 @@ extern "C" {
 #endif
 
 /* output_dtype value: leave the outputs as computed (the default; blocks hand their param_dtype
- * activations to the next block, the root may cast its outputs back to f32). */
+ * activations to the next block, the root may cast its outputs back to f32). With param_dtype
+ * bf16 and the default, your own model's outputs, and a loss computed from them, are bf16: set
+ * output_dtype DT_F32 on the root for an f32 loss, and read a loss with dt_tensor_item (any
+ * dtype) rather than dt_tensor_gather_full into a float. */
 #define DT_FSDP_KEEP_DTYPE DT_DTYPE_COUNT
 
 typedef struct dt_fsdp_config {
