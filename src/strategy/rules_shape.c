@@ -7,7 +7,9 @@
  * the chunk rule then puts the same elements on each rank depends on the mesh (7 rows over 2 ranks
  * are 4+3, but 7*6 flattened elements are 21+21), so a per-mesh check keeps only candidates whose
  * every local box maps to the same elements in the same order; otherwise the group is replicated
- * first. Every Partial passes a view (it is linear and keeps max/min).
+ * first. Every Partial passes a view (it is linear and keeps max/min). Shapes of 0 elements are
+ * one group of all dims (any of them reshapes into any other, as in PyTorch): R, the shard of
+ * the leading dims and every Partial pass, other shards are moved first (no elements move).
  *   slice/narrow (dim): [R; R] [S(d); S(d)] for d != dim, every Partial passes
  *   cat (dim):          [R; R..] [S(d); S(d)..] for d != dim, [P(op); P(op)..] for every op
  */
@@ -26,6 +28,17 @@ static int64_t dt__norm_dim(int64_t d, int nd) { return d < 0 ? d + nd : d; }
 int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_group_t* g,
                     int cap) {
   int i = 0, j = 0, n = 0;
+  /* No elements: a product stuck at 0 never meets the other side's, so the group walk below
+   * cannot pair dims. Every shape of 0 elements holds the same (no) elements as every other:
+   * one group of all dims, whose shard rule and per-mesh check then hold trivially. */
+  int za = 0, zb = 0;
+  for (int d = 0; d < na; d++) za |= a[d] == 0;
+  for (int d = 0; d < nb; d++) zb |= b[d] == 0;
+  if (za || zb) {
+    if (!za || !zb || cap < 1) return -1;
+    g[0] = (dt_view_group_t){0, na, 0, nb};
+    return 1;
+  }
   while (i < na || j < nb) {
     if (n >= cap) return -1;
     int i0 = i, j0 = j;
@@ -74,6 +87,10 @@ static dt_status_t dt__view_shape(int op_id, const dt_op_call_t* call, dt_tensor
       out->shape[d] = s;
     }
     if (infer >= 0) {
+      if (known == 0 && numel == 0) /* 0 * s is 0 for every s (PyTorch refuses it too) */
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: cannot infer dim %d (-1) of a tensor of 0 "
+                       "elements: the other sizes multiply to 0, so it could be any value", op,
+                       infer);
       if (known == 0 || numel % known != 0)
         return DT_FAIL(DT_ERR_INVALID_ARG, "%s: cannot infer dim %d of %lld elements", op, infer,
                        (long long)numel);

@@ -110,7 +110,8 @@ dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, in
 dt_status_t dt__view_perm(int op, const dt_op_call_t* call, int* perm);
 
 /* Group decomposition of a reshape: input dims [i0, i1) hold the same elements as output dims
- * [o0, o1). Returns the number of groups, -1 when the element counts differ. */
+ * [o0, o1). Returns the number of groups, -1 when the element counts differ. Shapes of 0
+ * elements make one group of all dims. */
 typedef struct dt_view_group {
   int i0, i1, o0, o1;
 } dt_view_group_t;

@@ -1,4 +1,4 @@
-/* test_moe.c - the routed mixture of experts and its ops, on 1 and 2 ranks.
+/* test_moe.c - the routed mixture of experts and its ops, on 1, 2 and 3 ranks.
  *
  * - grouped_mm equals a loop of one linear per expert (narrowed rows and weights, through the
  *   ops), forward and backward (gradients of x and w), for both transposes, with experts that
@@ -8,6 +8,9 @@
  *   output, aux loss and the gradients of x, the router and the stacked weights to 1e-5, with
  *   the parameters replicated, tensor-parallel (w1/w3 Shard(1), w2 Shard(2)) and expert-sharded
  *   (Shard(0)), x replicated or row-sharded;
+ * - fewer tokens than ranks (1 and world - 1 tokens at np 2, 3): ranks with no token route
+ *   nothing and still join the collectives, expert-parallel and beside whole experts, with the
+ *   dense reference's output and gradients;
  * - x row-sharded beside whole experts: each rank routes its own tokens (its rows' grouped-GEMM
  *   FLOPs only, no all-gather / all-to-all / reduce-scatter / send-recv, the output Shard(0)),
  *   and a capacity drops per rank exactly what the host computes from each rank's choices;
@@ -223,9 +226,9 @@ static void moe_params_destroy(moe_params_t* p) {
   for (int i = 0; i < 5; i++) DT_ASSERT_OK(dt_var_destroy(*v[i]));
 }
 
-static void check_routed_vs_dense(dt_mesh_t mesh, const char* xpl, const char* w13pl,
+static void check_routed_vs_dense(dt_mesh_t mesh, int64_t N, const char* xpl, const char* w13pl,
                                   const char* w2pl) {
-  const int64_t N = 12, D = 8, E = 4, F = 16;
+  const int64_t D = 8, E = 4, F = 16;
   const int K = 2;
   moe_params_t p[2];
   dt_tape_t tape[2];
@@ -248,14 +251,16 @@ static void check_routed_vs_dense(dt_mesh_t mesh, const char* xpl, const char* w
   DT_ASSERT_OK(dt_nn_moe_dense(tape[1], p[1].x, p[1].router, p[1].w1, p[1].w3, p[1].w2, K, 0.01,
                                &out[1], &aux[1]));
   char what[160];
-  snprintf(what, sizeof what, "moe x %s w1/w3 %s w2 %s: output", xpl, w13pl, w2pl);
+  snprintf(what, sizeof what, "moe N %lld x %s w1/w3 %s w2 %s: output", (long long)N, xpl, w13pl,
+           w2pl);
   expect_close(dt_var_value(out[0]), dt_var_value(out[1]), 1e-5, what);
   expect_close(dt_var_value(aux[0]), dt_var_value(aux[1]), 1e-6, "aux");
   for (int v = 0; v < 2; v++) backward_of(tape[v], out[v], aux[v]);
   static const char* const kNames[5] = {"x", "router", "w1", "w3", "w2"};
   for (int i = 0; i < 5; i++) {
     dt_var_t a = (&p[0].x)[i], b = (&p[1].x)[i];
-    snprintf(what, sizeof what, "moe x %s w1/w3 %s w2 %s: d %s", xpl, w13pl, w2pl, kNames[i]);
+    snprintf(what, sizeof what, "moe N %lld x %s w1/w3 %s w2 %s: d %s", (long long)N, xpl, w13pl,
+             w2pl, kNames[i]);
     expect_close(dt_var_grad(a), dt_var_grad(b), 1e-5, what);
   }
   for (int v = 0; v < 2; v++) {
@@ -265,11 +270,23 @@ static void check_routed_vs_dense(dt_mesh_t mesh, const char* xpl, const char* w
 }
 
 static void test_routed_vs_dense(dt_mesh_t mesh) {
-  check_routed_vs_dense(mesh, "R", "R", "R");
-  check_routed_vs_dense(mesh, "R", "S(1)", "S(2)"); /* tensor parallel on F */
-  check_routed_vs_dense(mesh, "R", "S(0)", "S(0)"); /* experts sharded */
-  check_routed_vs_dense(mesh, "S(0)", "R", "R");    /* tokens sharded */
-  check_routed_vs_dense(mesh, "S(0)", "S(1)", "S(2)");
+  check_routed_vs_dense(mesh, 12, "R", "R", "R");
+  check_routed_vs_dense(mesh, 12, "R", "S(1)", "S(2)"); /* tensor parallel on F */
+  check_routed_vs_dense(mesh, 12, "R", "S(0)", "S(0)"); /* experts sharded */
+  check_routed_vs_dense(mesh, 12, "S(0)", "R", "R");    /* tokens sharded */
+  check_routed_vs_dense(mesh, 12, "S(0)", "S(1)", "S(2)");
+}
+
+/* Fewer tokens than ranks: the chunk rule leaves some ranks no rows, which route nothing (their
+ * gates, (0, K), reshape to (0) on the way) but still join the others' collectives, both
+ * expert-parallel and beside whole experts; at np 3 and 4 E = 4 experts also split unevenly. */
+static void test_few_tokens(dt_mesh_t mesh) {
+  const int64_t ns[2] = {1, g_world - 1};
+  for (int k = 0; k < 2; k++) {
+    if (ns[k] < 1 || (k == 1 && ns[1] == ns[0])) continue;
+    check_routed_vs_dense(mesh, ns[k], "S(0)", "S(0)", "S(0)"); /* expert parallel */
+    check_routed_vs_dense(mesh, ns[k], "S(0)", "R", "R");       /* each rank its own tokens */
+  }
 }
 
 /* The routing choices dt_nn_moe makes for p (the top-k experts of softmax(x router^T)), all N K
@@ -578,6 +595,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
   test_grouped_mm(mesh);
   test_routed_vs_dense(mesh);
+  test_few_tokens(mesh);
   test_local_routing(mesh);
   test_route(mesh);
   test_capacity(mesh);

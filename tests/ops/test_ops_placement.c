@@ -5,7 +5,9 @@
  *
  * Expected (n = ranks, 1-D mesh unless noted):
  *   reshape (4n, 6, 8) S(0) -> (4n*6, 8): S(0), nothing moves; (3, 4) S(0) -> (12) at n = 2:
- *     uneven shard boundaries move, so it must redistribute (and stay right)
+ *     uneven shard boundaries move, so it must redistribute (and stay right); shapes of 0
+ *     elements: (0, 2n) S(0) -> (2n, 0), (0), (n, 0, 5): S(0), nothing moves; (3, 0, n) S(2) ->
+ *     (0, n) or (0): moves first (only a shard of the leading dims passes an empty reshape)
  *   unflatten (2, 5, 4n*2) S(2) -> (2, 5, 4n, 2): S(2) (tensor-parallel heads), nothing moves
  *   cat of S(0) inputs along dim 1: S(0), nothing moves; narrow on a sharded dim: moves
  *   sdpa with heads or batch sharded, or queries sharded (k, v replicated): nothing moves;
@@ -159,6 +161,20 @@ static void views(void) {
     check("reshape", 1, &z, 1, all, 0, NULL, NULL, -1);
     dt_tensor_destroy(z);
   }
+  /* 0 elements: any shape of 0 elements reshapes into any other (as in PyTorch); a shard of the
+   * leading dims passes (every rank's part is empty), a shard elsewhere is moved first */
+  int64_t e[2] = {0, 2 * g_n}, e3[3] = {3, 0, g_n};
+  dt_tensor_t z0 = make(2, e, "S(0)", 6), z1 = make(3, e3, "S(2)", 7);
+  const int64_t swap[2] = {2 * g_n, 0}, none[1] = {0}, spread[3] = {g_n, 0, 5};
+  check("reshape", 1, &z0, 2, swap, 0, NULL, "S(0)", 0);
+  check("view", 1, &z0, 1, none, 0, NULL, "S(0)", 0);
+  check("reshape", 1, &z0, 3, spread, 0, NULL, "S(0)", 0);
+  check("flatten", 1, &z0, 2, fl, 0, NULL, "S(0)", 0);
+  check("flatten", 1, &z1, 2, fl, 0, NULL, NULL, -1); /* (3, 0, n) -> (0, n) */
+  check("reshape", 1, &z1, 1, none, 0, NULL, NULL, -1);
+  check("unsqueeze", 1, &z0, 1, unsq, 0, NULL, "S(1)", 0);
+  dt_tensor_destroy(z0);
+  dt_tensor_destroy(z1);
   /* cat along 1 of row-sharded inputs; narrow of a sharded dim */
   int64_t a[2] = {2 * g_n, 3}, b[2] = {2 * g_n, 5};
   dt_tensor_t c[2] = {make(2, a, "S(0)", 4), make(2, b, "S(0)", 5)};
@@ -375,6 +391,15 @@ static void bad_input(void) {
   DT_ASSERT_TRUE(y == NULL && strstr(dt_last_error(), "reshape") != NULL, "%s", dt_last_error());
   const int64_t two_infer[2] = {-1, -1};
   DT_ASSERT_STATUS(dt_op_run("view", 1, &x, 2, two_infer, 0, NULL, &y), DT_ERR_INVALID_ARG);
+  int64_t s0[2] = {0, 6}; /* 0 elements: a -1 beside a 0 size could be anything */
+  dt_tensor_t e = make(2, s0, "S(0)", 1);
+  const int64_t any[2] = {-1, 0}, three[1] = {3};
+  DT_ASSERT_STATUS(dt_op_run("reshape", 1, &e, 2, any, 0, NULL, &y), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(y == NULL && strstr(dt_last_error(), "any value") != NULL, "%s", dt_last_error());
+  DT_ASSERT_STATUS(dt_op_run("reshape", 1, &e, 1, three, 0, NULL, &y), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_op_run("reshape", 1, &x, 2, any, 0, NULL, &y), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "any value") == NULL, "%s", dt_last_error());
+  dt_tensor_destroy(e);
   int64_t s2[2] = {4, 3};
   dt_tensor_t i = make_idx(2, s2, 3, "R");
   dt_tensor_t c[2] = {x, i};

@@ -415,6 +415,51 @@ static void test_cache_key(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* Shapes of 0 elements reshape into one another (PyTorch allows any reshape between equal
+ * numel, 0 included): a shard on the leading dims and every Partial pass with nothing moved; a
+ * -1 beside a 0 size cannot be inferred, and 0 elements never fit a shape of more. */
+static void test_views_zero_size(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(2, 2, 2);
+  dt_placement_t in[1][DT_MAX_MESH_DIMS];
+  dt_op_choice_t ch;
+  dt_op_call_t c = call2("reshape", 2, (const int64_t[]){0, 4}, 0, NULL);
+  c.n_iargs = 2;
+  c.iargs[0] = 4, c.iargs[1] = 0;
+  set_pl(in, 0, "S0,P(sum)");
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "S(0),P(sum)");
+  assert_int_equal(ch.steps, 0);
+  assert_int_equal(ch.out_meta[0].ndim, 2);
+  assert_int_equal(ch.out_meta[0].shape[0], 4);
+  assert_int_equal(ch.out_meta[0].shape[1], 0);
+  c.n_iargs = 1; /* (0, 4) -> (0) */
+  c.iargs[0] = 0;
+  set_pl(in, 0, "R,R");
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "R,R");
+  assert_int_equal(ch.steps, 0);
+  assert_int_equal(ch.out_meta[0].ndim, 1);
+  assert_int_equal(ch.out_meta[0].shape[0], 0);
+  c.n_iargs = 3; /* (0, 4) -> (2, -1, 3): 0 elements, the -1 is 0 */
+  c.iargs[0] = 2, c.iargs[1] = -1, c.iargs[2] = 3;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].shape[1], 0);
+  c.iargs[0] = 0; /* (0, -1, 3): any size fits */
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "any value"));
+  c.n_iargs = 1; /* (0, 4) -> (3) */
+  c.iargs[0] = 3;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_ERR_INVALID_ARG);
+  dt_op_call_t f = call2("flatten", 3, (const int64_t[]){2, 0, 3}, 0, NULL);
+  set_pl(in, 0, "S0,R");
+  assert_int_equal(dt_op_select(m, &f, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "S(0),R");
+  assert_int_equal(ch.out_meta[0].ndim, 1);
+  assert_int_equal(ch.out_meta[0].shape[0], 0);
+  dt_mesh_destroy(m);
+}
+
 /* errno semantics: a selection that succeeds leaves the last error alone, even when it probed and
  * dropped candidates on the way (an uneven reshape's sharded candidates fail its per-mesh check). */
 static void test_last_error_kept(void** state) {
@@ -445,6 +490,7 @@ int main(void) {
       cmocka_unit_test(test_reductions), cmocka_unit_test(test_views_softmax),
       cmocka_unit_test(test_registry),     cmocka_unit_test(test_cache_key),
       cmocka_unit_test(test_last_error_kept),
+      cmocka_unit_test(test_views_zero_size),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
