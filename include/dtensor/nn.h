@@ -305,7 +305,10 @@ DT_API dt_status_t dt_adamw_destroy(dt_adamw_t opt);
 
 /* Total L2 norm of the gradients over every placement (a replicated gradient counted once), with
  * one all-reduce (sumsq op per gradient, one Partial scalar); scales gradients in place (scale_
- * op) so the norm is at most max_norm (<= 0: no scaling). *norm gets the norm before scaling.
+ * op) so the norm is at most max_norm (<= 0: no scaling). *norm gets the norm before scaling:
+ * any norm f32 holds, also where the f32 sum of squares does not (norms under 2^-30 or from
+ * 2^64 take a second pass on copies scaled by 2^64 or 2^-64, one gradient at a time, and a second
+ * all-reduce); a NaN gradient gives NaN, an infinite one inf (and the gradients scaled by 0).
  * The gradients may live on up to 8 meshes that each cover the world (e.g. the dense and the
  * expert parameters' views of one world): each rank adds its shares and the sum is still one
  * all-reduce (DT_ERR_UNSUPPORTED when a mesh covers only part of the world). Partial gradients

@@ -1,9 +1,10 @@
 /* optim.c - AdamW (fp32 master weights, optional bf16 moments), gradient-norm clipping with one
- * all-reduce, and the warmup + cosine learning-rate schedule. Built on the public API only: the
- * update is the adamw op, the norm's local sums the sumsq op and the scaling the scale_ op, so any
- * backend runs them and tensor memory is read only through dt_tensor_read_local (the norm's
- * scalar, all-reduced as a host value). The moments and step counts are
- * tensors (dt_adamw_state), which a checkpoint can save and restore. */
+ * all-reduce (two for norms whose sum of squares leaves f32's range), and the warmup + cosine
+ * learning-rate schedule. Built on the public API only: the update is the adamw op, the norm's
+ * local sums the sumsq op and the scaling the scale_ op, so any backend runs them and tensor
+ * memory is read only through dt_tensor_read_local (the norm's scalar, all-reduced as a host
+ * value). The moments and step counts are tensors (dt_adamw_state), which a checkpoint can save
+ * and restore. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -262,17 +263,42 @@ static int dt__repeat(int any, dt_var_t* params, int i) {
   return 0;
 }
 
-static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm) {
-  if (norm) *norm = 0.0;
-  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "n = %d parameters", n);
-  if (isnan(max_norm)) return DT_FAIL(DT_ERR_INVALID_ARG, "max_norm is NaN");
-  if (n == 0) return DT_SUCCESS;
-  DT_ARG_NOT_NULL(params);
-  for (int i = 0; i < n; i++) {
-    int rg;
-    dt_status_t st = dt_var_requires_grad(params[i], &rg);
-    if (st != DT_SUCCESS) return DT_FAIL(st, "parameter %d: %s", i, dt_last_error());
+/* x * prescale in a new f32 tensor (bf16 and f16 through an f32 copy: the scaled values need
+ * f32's range). */
+static dt_status_t dt__prescaled(dt_tensor_t x, double prescale, dt_tensor_t* out) {
+  dt_dtype_t dt;
+  DT_CHECK(dt_tensor_dtype(x, &dt));
+  if (dt == DT_F32) return dt_op_run("mul_scalar", 1, &x, 0, NULL, 1, &prescale, out);
+  const int64_t f32 = DT_F32;
+  DT_CHECK(dt_op_run("cast", 1, &x, 1, &f32, 0, NULL, out));
+  dt_status_t st = dt_op_run_multi("scale_", 1, out, 0, NULL, 1, &prescale, 0, NULL);
+  if (st != DT_SUCCESS) {
+    dt_tensor_destroy(*out);
+    *out = NULL;
   }
+  return st;
+}
+
+/* 1 when x has no values to read (a meta tensor, or any tensor of a simulated run: its mesh's
+ * backend is the meta device), which read as zeros. */
+static dt_status_t dt__no_values(dt_tensor_t x, int* none) {
+  dt_mesh_t mesh;
+  dt_backend_t be;
+  dt_device_t dev;
+  DT_CHECK(dt_tensor_is_meta(x, none));
+  DT_CHECK(dt_tensor_mesh(x, &mesh));
+  DT_CHECK(dt_mesh_backend(mesh, &be));
+  DT_CHECK(dt_backend_device(be, &dev));
+  *none |= dev == DT_DEVICE_META;
+  return DT_SUCCESS;
+}
+
+/* The sum of squares of the gradients (each taken times `prescale`, exact for a power of two
+ * while no element leaves f32's range), summed over the ranks in f32: *total; *found 0 when no
+ * parameter has a gradient (then nothing is reduced), *meta_any 1 when some gradient has no
+ * values (dt__no_values). */
+static dt_status_t dt__grad_sumsq(int n, dt_var_t* params, int any, double prescale,
+                                  float* total, int* found, int* meta_any) {
   /* Per gradient the sum of squares of its shard (sumsq: Partial(sum) over the mesh dims that
    * shard it), brought to Partial(sum) on every mesh dim (a replicated dim divides by its size,
    * locally, so a replicated gradient counts once), added up: one Partial scalar per mesh (the
@@ -281,17 +307,18 @@ static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, 
   dt_mesh_t meshes[MAX_MESHES];
   dt_tensor_t accs[MAX_MESHES];
   int nm = 0;
+  *total = 0.0f;
+  *found = 0;
+  *meta_any = 0;
 
-  int any = dt__has_repeats(n, params);
-  if (any < 0) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%d parameters", n);
   dt_status_t st = DT_SUCCESS;
   dt_placement_t ps[DT_MAX_MESH_DIMS];
   for (int d = 0; d < DT_MAX_MESH_DIMS; d++) ps[d] = dt_partial(DT_REDUCE_SUM);
   for (int i = 0; i < n && st == DT_SUCCESS; i++) {
-    dt_tensor_t g = dt_var_grad(params[i]), s = NULL, p = NULL;
+    dt_tensor_t g = dt_var_grad(params[i]), x = NULL, s = NULL, p = NULL;
     if (g == NULL || dt__repeat(any, params, i)) continue;
     dt_mesh_t gm;
-    int mnd, k = 0;
+    int mnd, k = 0, meta = 0;
     dt_placement_t pl[DT_MAX_MESH_DIMS];
     DT_CHECK_GOTO(dt_tensor_mesh(g, &gm), st, done);
     while (k < nm && meshes[k] != gm) k++;
@@ -312,7 +339,13 @@ static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, 
                      "first)", i);
         goto done;
       }
-    DT_CHECK_GOTO(dt_op_run("sumsq", 1, &g, 0, NULL, 0, NULL, &s), st, done);
+    /* a gradient without values reads as zeros, scaled or not: no copy for it */
+    DT_CHECK_GOTO(dt__no_values(g, &meta), st, done);
+    *meta_any |= meta;
+    if (prescale != 1.0 && !meta) DT_CHECK_GOTO(dt__prescaled(g, prescale, &x), st, done);
+    st = dt_op_run("sumsq", 1, x ? &x : &g, 0, NULL, 0, NULL, &s);
+    dt_tensor_destroy(x);
+    if (st != DT_SUCCESS) goto done;
     st = dt_tensor_redistribute(s, ps, &p);
     dt_tensor_destroy(s);
     if (st == DT_SUCCESS) st = dt__accumulate_scalar(&accs[k], p);
@@ -333,16 +366,52 @@ static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, 
   }
   /* this rank's share of every mesh's scalar, summed over the ranks of the first mesh (every
    * mesh spans the same ranks when there are several): one all-reduce of a host value */
-  float total = 0.0f;
+  float sum = 0.0f;
   for (int k = 0; k < nm; k++) {
     float v = 0.0f;
     DT_CHECK_GOTO(dt_tensor_read_local(accs[k], 0, 1, &v), st, done);
-    total += v;
+    sum += v;
   }
-  DT_CHECK_GOTO(dt_mesh_all_reduce_host(meshes[0], 0, NULL, &total, 1, DT_F32, DT_REDUCE_SUM), st,
+  DT_CHECK_GOTO(dt_mesh_all_reduce_host(meshes[0], 0, NULL, &sum, 1, DT_F32, DT_REDUCE_SUM), st,
                 done);
+  *total = sum;
+  *found = 1;
+done:
+  for (int k = 0; k < nm; k++) dt_tensor_destroy(accs[k]);
+  return st;
+}
+
+static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, double* norm) {
+  if (norm) *norm = 0.0;
+  if (n < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "n = %d parameters", n);
+  if (isnan(max_norm)) return DT_FAIL(DT_ERR_INVALID_ARG, "max_norm is NaN");
+  if (n == 0) return DT_SUCCESS;
+  DT_ARG_NOT_NULL(params);
+  for (int i = 0; i < n; i++) {
+    int rg;
+    dt_status_t st = dt_var_requires_grad(params[i], &rg);
+    if (st != DT_SUCCESS) return DT_FAIL(st, "parameter %d: %s", i, dt_last_error());
+  }
+  int any = dt__has_repeats(n, params);
+  if (any < 0) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%d parameters", n);
+  float total;
+  int found, meta;
+  DT_CHECK(dt__grad_sumsq(n, params, any, 1.0, &total, &found, &meta));
   double nrm = sqrt((double)total);
+  /* The f32 sum of squares holds norms from 2^-30 to 2^64 (squares from 2^-60, where a share
+   * that underflowed no longer shows, to FLT_MAX, past which it is inf: 1e20 is a finite norm).
+   * Outside, the same sums again on gradients times 2^-64 or 2^64 (a temporary copy of each,
+   * one at a time, and a second all-reduce) cover every norm f32 holds. The decision reads the
+   * all-reduced total, so every rank takes it. A NaN total (a NaN gradient) stays NaN, and an
+   * inf element gives inf again. Gradients without values (a simulated run, whose gradients
+   * read as zeros) keep the one all-reduce that a real step's gradients take. */
+  if (found && !meta && (isinf(total) || total < 0x1p-60f)) {
+    const int e = isinf(total) ? -64 : 64;
+    DT_CHECK(dt__grad_sumsq(n, params, any, ldexp(1.0, e), &total, &found, &meta));
+    nrm = ldexp(sqrt((double)total), -e);
+  }
   if (norm) *norm = nrm;
+  dt_status_t st = DT_SUCCESS;
   if (max_norm > 0 && nrm > max_norm) {
     double scale = (float)(max_norm / (nrm + 1e-6));
     for (int i = 0; i < n && st == DT_SUCCESS; i++) {
@@ -351,8 +420,6 @@ static dt_status_t dt__clip_grad_norm(int n, dt_var_t* params, double max_norm, 
         st = dt_op_run_multi("scale_", 1, &g, 0, NULL, 1, &scale, 0, NULL);
     }
   }
-done:
-  for (int k = 0; k < nm; k++) dt_tensor_destroy(accs[k]);
   return st;
 }
 
