@@ -863,12 +863,24 @@ dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what) {
   dt_status_t agreed = (dt_status_t)(all >> 32);
   if (agreed == DT_SUCCESS) return DT_SUCCESS;
   int who = 0x7fffffff - (int)(all & 0xffffffff);
+  /* the failure path only: the lowest failing rank tells the others why (512 bytes) */
+  int32_t why[128];
+  memset(why, 0, sizeof why);
+  if (c->rank == who) {
+    size_t len = strlen(saved);
+    memcpy(why, saved, len < sizeof why - 1 ? len : sizeof why - 1);
+  }
+  dt_status_t bst = c->iface->broadcast(c, why, 128, DT_I32, who, NULL);
+  ((char*)why)[sizeof why - 1] = '\0';
   if (st != DT_SUCCESS) {
     dt__error_restore(saved); /* this rank's own message, the agreed status */
     return agreed;
   }
-  return DT_FAIL(agreed, "%s failed on rank %d of the mesh (%s there); every rank of the mesh "
-                 "returns it", what, who, dt_status_name(agreed));
+  if (bst != DT_SUCCESS || ((char*)why)[0] == '\0')
+    return DT_FAIL(agreed, "%s failed on rank %d of the mesh (%s there); every rank of the mesh "
+                   "returns it", what, who, dt_status_name(agreed));
+  return DT_FAIL(agreed, "%s failed on rank %d of the mesh (%s there: %s); every rank of the "
+                 "mesh returns it", what, who, dt_status_name(agreed), (const char*)why);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -41,6 +41,10 @@ static void expect_agreed(dt_status_t st, double t0, dt_tensor_t t, const char* 
              g_world - 1);
   DT_ASSERT_TRUE(strstr(dt_last_error(), want) != NULL, "%s: no '%s' in '%s'", what, want,
                  dt_last_error());
+  /* the other ranks are told the last rank's reason too */
+  DT_ASSERT_TRUE(g_rank == g_world - 1 || strstr(dt_last_error(), own) != NULL,
+                 "%s: the last rank's reason '%s' is not relayed: '%s'", what, own,
+                 dt_last_error());
 }
 
 /* A good from_local (4 rows per rank, global shape given or inferred) holds rank r's rows. */
