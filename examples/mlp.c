@@ -106,9 +106,15 @@ int main(int argc, char** argv) {
   int both = strcmp(how, "fsdp_tp") == 0;
   if (bad || (!both && strcmp(how, "fsdp") != 0 && strcmp(how, "tp") != 0) || steps < 1 ||
       tp < 1 || world % tp != 0) {
-    if (rank == 0)
-      fprintf(stderr, "usage: mlp [--parallel fsdp|tp|fsdp_tp] [--steps N] [--tp K dividing "
-              "the %d ranks]\n", world);
+    if (rank == 0) {
+      const char* why = bad ? "an unknown flag, or one without its value"
+                        : (!both && strcmp(how, "fsdp") != 0 && strcmp(how, "tp") != 0)
+                            ? "--parallel is fsdp, tp or fsdp_tp"
+                        : steps < 1 ? "--steps must be 1 or more"
+                                    : "--tp must divide the number of ranks";
+      fprintf(stderr, "mlp: %s\nusage: mlp [--parallel fsdp|tp|fsdp_tp] [--steps N] [--tp K "
+              "dividing the %d ranks]\n", why, world);
+    }
     dt_finalize();
     return 2;
   }

@@ -524,8 +524,11 @@ static int explain_op(int argc, char** argv) {
   dt_op_desc_t desc; /* the name first: an unknown one gets the closest names */
   if (dt_op_describe(name, &desc) != DT_SUCCESS) return fail("%s%s", lib_error(), "");
   if (!mesh_s || nshape == 0) return fail("--mesh and at least one --shape are required%s%s", NULL, NULL);
-  if (nin != nshape)
-    return fail("give one --in per --shape (%s %s)", nin < nshape ? "missing --in" : "missing --shape", "");
+  if (nin != nshape) {
+    char counts[64];
+    snprintf(counts, sizeof counts, "%d --shape, %d --in", nshape, nin);
+    return fail("give one --in per --shape (%s)%s", counts, "");
+  }
   int mesh_nd, mesh_shape[DT_MAX_MESH_DIMS];
   if (!parse_mesh(mesh_s, mesh_shape, &mesh_nd))
     return fail("bad --mesh '%s' (expected e.g. 2x2, 1 to 4 dims)%s", mesh_s, NULL);
