@@ -22,7 +22,8 @@
  * run, with n 0 and vars NULL, so that what a pre hook put in place (a wrapper's gathered
  * parameters) is put back; the forward's failure is returned. A module must outlive every tape
  * that recorded it (reset the tape first): a backward pass that reaches a destroyed module's
- * hooks fails with DT_ERR_INVALID_USAGE.
+ * hooks fails with DT_ERR_INVALID_USAGE (told apart by the handle registry, so while the
+ * module's memory is held back: DT_HANDLE_QUARANTINE later destroys, dtensor/handle.h).
  *
  * Tied parameters (GPT-2's and Llama 3.2's output projection is the token embedding): one
  * variable held under several names, in one module or in several, added with dt_module_add_param

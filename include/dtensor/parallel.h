@@ -125,13 +125,15 @@ DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
  * shard dim (experts under expert parallelism over that dim, whose gradients are complete where
  * they are held) are left out of the group, as they are. Errors leave the module as it was:
  * DT_ERR_INVALID_ARG for a dim outside the mesh, a replicate dim among the shard dims, a
- * parameter on another
- * mesh or not placed as above, a reshard k that does not divide the shard dim, an integer dtype;
- * DT_ERR_INVALID_USAGE for a module already wrapped (FSDP or DDP) or inside a module wrapped
- * before it (wrapped top-down: that group holds its parameters; wrap bottom-up);
- * DT_ERR_UNSUPPORTED for a backend whose memory is not the host's and for parameters of
+ * parameter on another mesh or not placed as above, a reshard k that does not divide the shard
+ * dim, an integer dtype, an abstract mesh; DT_ERR_INVALID_USAGE for a destroyed module, a rank outside the mesh, a module
+ * already wrapped (FSDP or DDP) or inside a module wrapped before it (wrapped top-down: that
+ * group holds its parameters; wrap bottom-up);
+ * DT_ERR_UNSUPPORTED for a backend whose memory is not the host's, for parameters of
  * different dtypes (a group's shards share one buffer: wrap them in separate groups, as FSDP2
- * requires too). */
+ * requires too) and for reshard k > 1 or shard_span > 1 on a mesh over part of the world (they
+ * build a mesh, which is collective over every rank). A parameter keeps its requires_grad as
+ * it was when wrapped (a frozen one stays frozen). */
 DT_API dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg);
 /* Whether m is the module of an FSDP group. */
 DT_API int dt_fsdp_is_group(dt_module_t m);

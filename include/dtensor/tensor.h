@@ -167,7 +167,8 @@ DT_API dt_status_t dt_tensor_set_memory_category(dt_tensor_t t, dt_mem_category_
 DT_API dt_status_t dt_tensor_gather_full(dt_tensor_t t, void* out, size_t out_nbytes);
 /* Collective, like dt_tensor_gather_full: the value of a one-element tensor (a loss, a norm) as a
  * double whatever its dtype (torch's .item()): a bf16 loss under mixed precision reads right,
- * where gather_full would write its 2 raw bytes. DT_ERR_INVALID_ARG for more or fewer elements. */
+ * where gather_full would write its 2 raw bytes. DT_ERR_INVALID_ARG for more or fewer elements; a
+ * rank outside the mesh gets DT_SUCCESS and NaN. */
 DT_API dt_status_t dt_tensor_item(dt_tensor_t t, double* value);
 /* Deprecated: dt_tensor_gather_full under its older name, kept so that existing callers still
  * build and link (the symbol stays in the ABI). The name read like a factory (that is

@@ -866,9 +866,12 @@ dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what) {
   /* the failure path only: the lowest failing rank tells the others why (512 bytes) */
   int32_t why[128];
   memset(why, 0, sizeof why);
-  if (c->rank == who) {
-    size_t len = strlen(saved);
-    memcpy(why, saved, len < sizeof why - 1 ? len : sizeof why - 1);
+  if (c->rank == who) { /* its text, without the "dt_entry: " the others' message has too */
+    const char* text = saved;
+    size_t k = strspn(saved, "abcdefghijklmnopqrstuvwxyz0123456789_");
+    if (strncmp(saved, "dt_", 3) == 0 && strncmp(saved + k, ": ", 2) == 0) text = saved + k + 2;
+    size_t len = strlen(text);
+    memcpy(why, text, len < sizeof why - 1 ? len : sizeof why - 1);
   }
   dt_status_t bst = c->iface->broadcast(c, why, 128, DT_I32, who, NULL);
   ((char*)why)[sizeof why - 1] = '\0';

@@ -1054,6 +1054,13 @@ static dt_status_t dt__forward_hooks(dt_module_t m, dt_tape_t tape, int kind, in
   return DT_SUCCESS;
 }
 
+/* A message without the "dt_entry: " that its public entry point put in front. */
+static const char* dt__no_entry(const char* msg) {
+  if (strncmp(msg, "dt_", 3) != 0) return msg;
+  size_t k = strspn(msg, "abcdefghijklmnopqrstuvwxyz0123456789_");
+  return strncmp(msg + k, ": ", 2) == 0 ? msg + k + 2 : msg;
+}
+
 static dt_status_t dt__module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,
                                       int n_out, dt_var_t* out) {
   DT_CHECK(dt__module_check(m));
@@ -1090,9 +1097,15 @@ static dt_status_t dt__module_forward(dt_module_t m, dt_tape_t tape, int n_in, c
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", dt_last_error());
   for (int o = 0; o < n_out; o++) out[o] = NULL;
-  if (dt__forward_hooks(m, tape, DT__FPOST, 0, NULL) != DT_SUCCESS)
-    return DT_FAIL(st, "%s; then a post hook failed too: %s", msg, dt_last_error());
-  return strcmp(dt_last_error(), msg) == 0 ? st : DT_FAIL(st, "%s", msg);
+  dt_status_t pst = dt__forward_hooks(m, tape, DT__FPOST, 0, NULL);
+  if (pst == DT_SUCCESS && strcmp(dt_last_error(), msg) == 0) return st; /* message untouched */
+  /* re-recorded under the same entry: quote the texts without their "entry: " prefix */
+  char hook[1024];
+  snprintf(hook, sizeof hook, "%s", dt_last_error());
+  if (pst != DT_SUCCESS)
+    return DT_FAIL(st, "%s; then a post hook failed too: %s", dt__no_entry(msg),
+                   dt__no_entry(hook));
+  return DT_FAIL(st, "%s", dt__no_entry(msg));
 }
 
 dt_status_t dt_module_forward(dt_module_t m, dt_tape_t tape, int n_in, const dt_var_t* in,

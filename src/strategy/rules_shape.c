@@ -27,37 +27,44 @@ static int64_t dt__norm_dim(int64_t d, int nd) { return d < 0 ? d + nd : d; }
 
 int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_group_t* g,
                     int cap) {
-  int i = 0, j = 0, n = 0;
-  /* No elements: a product stuck at 0 never meets the other side's, so the group walk below
-   * cannot pair dims. Every shape of 0 elements holds the same (no) elements as every other:
-   * one group of all dims, whose shard rule and per-mesh check then hold trivially. */
-  int za = 0, zb = 0;
-  for (int d = 0; d < na; d++) za |= a[d] == 0;
-  for (int d = 0; d < nb; d++) zb |= b[d] == 0;
-  if (za || zb) {
-    if (!za || !zb || cap < 1) return -1;
-    g[0] = (dt_view_group_t){0, na, 0, nb};
-    return 1;
-  }
+  int i = 0, j = 0, n = 0, paired = 1;
   while (i < na || j < nb) {
-    if (n >= cap) return -1;
+    if (n >= cap) {
+      paired = 0;
+      break;
+    }
     int i0 = i, j0 = j;
     int64_t pa = 1, pb = 1;
     if (i < na) pa *= a[i++];
     if (j < nb) pb *= b[j++];
     while (pa != pb) {
       if (pa < pb) {
-        if (i >= na) return -1;
+        if (i >= na) break;
         pa *= a[i++];
       } else {
-        if (j >= nb) return -1;
+        if (j >= nb) break;
         pb *= b[j++];
       }
+    }
+    if (pa != pb) {
+      paired = 0;
+      break;
     }
     /* size-1 dims right after a group belong to it (keeps leading dims stable) */
     g[n++] = (dt_view_group_t){i0, i, j0, j};
   }
-  return n;
+  if (paired) return n;
+  /* No elements, and the walk could not pair the dims ((3, 0) -> (0, 3): a product stuck at 0
+   * never meets the other side's). Every shape of 0 elements holds the same (no) elements as
+   * every other: one group of all dims, whose shard rule and per-mesh check then hold trivially.
+   * Where the walk does pair them ((2, 0, 8) -> (2, 0, 4, 2)) its groups stand, so a shard of
+   * another group still passes without moving. */
+  int za = 0, zb = 0;
+  for (int d = 0; d < na; d++) za |= a[d] == 0;
+  for (int d = 0; d < nb; d++) zb |= b[d] == 0;
+  if (!za || !zb || cap < 1) return -1;
+  g[0] = (dt_view_group_t){0, na, 0, nb};
+  return 1;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -884,9 +884,9 @@ static dt_status_t dt__tensor_item_impl(dt_tensor_t t, double* value) {
   if (numel != 1) /* the same on every rank (global shape): no collective left waiting */
     return DT_FAIL(DT_ERR_INVALID_ARG, "t has %lld elements: only a one-element tensor has an "
                    "item (dt_tensor_gather_full reads more)", (long long)numel);
-  unsigned char buf[8];
+  unsigned char buf[8] = {0};
   DT_CHECK(dt__tensor_gather_full_impl(t, buf, sizeof buf));
-  *value = dt__load(buf, t->dtype, 0);
+  *value = t->mesh->member ? dt__load(buf, t->dtype, 0) : NAN; /* a non-member has no value */
   return DT_SUCCESS;
 }
 

@@ -457,6 +457,15 @@ static void test_views_zero_size(void** state) {
   expect_out(&ch, 2, "S(0),R");
   assert_int_equal(ch.out_meta[0].ndim, 1);
   assert_int_equal(ch.out_meta[0].shape[0], 0);
+  /* (2, 0, 8) -> (2, 0, 4, 2): the walk pairs the dims, so a shard of the last group passes as
+   * it does for a tensor with elements (no one-group fallback, no movement) */
+  dt_op_call_t r4 = call2("reshape", 3, (const int64_t[]){2, 0, 8}, 0, NULL);
+  r4.n_iargs = 4;
+  r4.iargs[0] = 2, r4.iargs[1] = 0, r4.iargs[2] = 4, r4.iargs[3] = 2;
+  set_pl(in, 0, "S2,R");
+  assert_int_equal(dt_op_select(m, &r4, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "S(2),R");
+  assert_int_equal(ch.steps, 0);
   dt_mesh_destroy(m);
 }
 

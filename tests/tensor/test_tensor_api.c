@@ -370,6 +370,13 @@ static void test_partial_world(void) {
     int c;
     DT_ASSERT_STATUS(dt_mesh_local_rank(mesh, 0, &c), DT_ERR_INVALID_USAGE);
   }
+  /* dt_tensor_item: the value on the members, NaN (not stack garbage) on rank 0 */
+  dt_tensor_t one;
+  DT_ASSERT_OK(dt_tensor_full_value(mesh, DT_F32, 0, NULL, r, 4.5, &one));
+  double v = 0;
+  DT_ASSERT_OK(dt_tensor_item(one, &v));
+  DT_ASSERT_TRUE(member ? v == 4.5 : isnan(v), "item %g on a %smember", v, member ? "" : "non-");
+  DT_ASSERT_OK(dt_tensor_destroy(one));
   DT_ASSERT_OK(dt_tensor_destroy(x));
   DT_ASSERT_OK(dt_tensor_destroy(y));
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
