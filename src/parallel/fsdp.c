@@ -555,8 +555,11 @@ static dt_status_t pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* v
   fsdp_group_t* nx = g->prefetch_fwd ? prefetch_target(g, 1) : NULL;
   if (nx) DT_CHECK(start_gather(nx));
   DT_CHECK(swap(g, 1));
-  if (g->cfg.param_dtype != DT_F32) DT_CHECK(cast_vars(tape, n, vars, g->cfg.param_dtype));
-  return DT_SUCCESS;
+  if (g->cfg.param_dtype == DT_F32) return DT_SUCCESS;
+  dt_status_t st = cast_vars(tape, n, vars, g->cfg.param_dtype);
+  if (st != DT_SUCCESS) /* a failed pre hook gets no post hook: put the shards back here */
+    (void)swap(g, 0);
+  return st;
 }
 
 static dt_status_t post_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars, void* ctx) {

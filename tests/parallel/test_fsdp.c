@@ -1061,6 +1061,34 @@ static void test_misuse(void) {
     }
     DT_ASSERT_OK(dt_tape_reset(tape));
     /* destroyed between forward and backward: the backward fails, reads nothing freed */
+    {
+      /* a pre hook that fails after swapping the gathered parameters in (bf16: the input's cast
+       * meets a destroyed variable) puts the shards back too */
+      dt_module_t mb = tiny_mlp(mesh, 0);
+      dt_fsdp_config_t cb = dt_fsdp_config_default(1);
+      cb.param_dtype = DT_BF16;
+      DT_ASSERT_OK(dt_fully_shard(mb, mesh, &cb));
+      const int64_t xs[2] = {6, 5};
+      dt_placement_t r = dt_replicate();
+      dt_tensor_t xt;
+      dt_var_t xv, y;
+      DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 2, xs, &r, &xt));
+      DT_ASSERT_OK(dt_var_leaf(xt, 0, &xv));
+      DT_ASSERT_OK(dt_var_destroy(xv));
+      DT_ASSERT_TRUE(dt_module_forward(mb, tape, 1, &xv, 1, &y) != DT_SUCCESS,
+                     "a forward on a destroyed input succeeded");
+      dt_var_t* pb;
+      int nb;
+      DT_ASSERT_OK(dt_module_params(mb, &pb, &nb));
+      for (int i = 0; i < nb; i++) {
+        dt_placement_t pl;
+        DT_ASSERT_OK(dt_tensor_placements(dt_var_value(pb[i]), &pl));
+        DT_ASSERT_TRUE(pl.kind == DT_SHARD, "after a failed pre hook parameter %d is kind %d", i,
+                       pl.kind);
+      }
+      DT_ASSERT_OK(dt_tape_reset(tape));
+      DT_ASSERT_OK(dt_module_destroy(mb));
+    }
     DT_ASSERT_OK(tiny_forward(m, tape, 5, &loss));
     DT_ASSERT_OK(dt_module_destroy(m));
     DT_ASSERT_STATUS(dt_tape_backward(tape, loss), DT_ERR_INVALID_USAGE);
