@@ -46,6 +46,8 @@ const char* dt_last_error(void) { return dt__err.full; }
 
 const char* dt_last_error_location(void) { return dt__err.loc; }
 
+const char* dt__last_error_text(void) { return dt__err.text; }
+
 void dt_clear_error(void) {
   dt__err.full[0] = dt__err.text[0] = dt__err.entry[0] = dt__err.loc[0] = '\0';
 }

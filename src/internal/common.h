@@ -30,6 +30,9 @@ void dt__handle_release_all(void);
 /* Puts back a last-error text saved earlier (a call that succeeds after an internal failure it
  * recovered from leaves the caller's last error as it was). */
 void dt__error_restore(const char* saved);
+/* The last error's text without the "dt_entry: " of the public function it was recorded under
+ * (what another rank is told: the entry is the same there). */
+const char* dt__last_error_text(void);
 
 /* Debug subsystems selected by DTENSOR_DEBUG (comma-separated names, or "all"). collectives is
  * not a log: it turns on the collective check of the comm layer (src/comm/comm.h). */

@@ -856,8 +856,9 @@ dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what) {
   dt_comm_t* c = &m->all_comm;
   /* max over ranks of (status, lowest failing rank): one 8-byte all-reduce */
   int64_t mine = ((int64_t)st << 32) | (int64_t)(0x7fffffff - c->rank), all = 0;
-  char saved[1024];
+  char saved[1024], text[512];
   snprintf(saved, sizeof saved, "%s", dt_last_error());
+  snprintf(text, sizeof text, "%s", dt__last_error_text());
   dt_status_t cst = c->iface->all_reduce(c, &mine, &all, 1, DT_I64, DT_REDUCE_MAX, NULL);
   if (cst != DT_SUCCESS) return cst;
   dt_status_t agreed = (dt_status_t)(all >> 32);
@@ -866,13 +867,7 @@ dt_status_t dt__mesh_agree(dt_mesh_t m, dt_status_t st, const char* what) {
   /* the failure path only: the lowest failing rank tells the others why (512 bytes) */
   int32_t why[128];
   memset(why, 0, sizeof why);
-  if (c->rank == who) { /* its text, without the "dt_entry: " the others' message has too */
-    const char* text = saved;
-    size_t k = strspn(saved, "abcdefghijklmnopqrstuvwxyz0123456789_");
-    if (strncmp(saved, "dt_", 3) == 0 && strncmp(saved + k, ": ", 2) == 0) text = saved + k + 2;
-    size_t len = strlen(text);
-    memcpy(why, text, len < sizeof why - 1 ? len : sizeof why - 1);
-  }
+  if (c->rank == who) memcpy(why, text, sizeof why); /* without the entry the others name too */
   dt_status_t bst = c->iface->broadcast(c, why, 128, DT_I32, who, NULL);
   ((char*)why)[sizeof why - 1] = '\0';
   if (st != DT_SUCCESS) {
