@@ -646,28 +646,42 @@ int train_main(int argc, char** argv) {
   train_opts_t o;
   train_opts_defaults(&o, DEFAULT_PLAN);
   char err[1200];
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--config") && i + 1 < argc) {
-      if (!train_opts_load_file(&o, argv[++i], err, sizeof err)) {
-        if (g_lead) fprintf(stderr, "train: cannot use config %s: %s\n", argv[i], err);
-        dt_finalize();
-        return 2;
-      }
+  for (int i = 1; i < argc; i++) { /* the config file first: flags override its keys */
+    const char* path = !strncmp(argv[i], "--config=", 9) ? argv[i] + 9
+                       : !strcmp(argv[i], "--config") && i + 1 < argc ? argv[++i]
+                                                                      : NULL;
+    if (path != NULL && !train_opts_load_file(&o, path, err, sizeof err)) {
+      if (g_lead) fprintf(stderr, "train: cannot use config %s: %s\n", path, err);
+      dt_finalize();
+      return 2;
     }
   }
   for (int i = 1; i < argc; i++) {
     snprintf(err, sizeof err, "unknown flag");
-    if (!strncmp(argv[i], "--", 2)) {
+    if (!strncmp(argv[i], "--", 2)) { /* --key value, --key=value, --switch */
       char key[64];
-      snprintf(key, sizeof key, "%s", argv[i] + 2);
+      const char* eq = strchr(argv[i] + 2, '=');
+      int klen = eq ? (int)(eq - argv[i] - 2) : (int)strlen(argv[i] + 2);
+      snprintf(key, sizeof key, "%.*s", klen, argv[i] + 2);
       for (char* p = key; *p; p++)
         if (*p == '-') *p = '_';
       if (!strcmp(key, "config")) {
-        i++;
+        if (eq == NULL) i++;
         continue;
       }
-      if (train_opts_is_switch(key) && train_opts_set(&o, key, "1", err, sizeof err)) continue;
-      if (i + 1 < argc && train_opts_set(&o, key, argv[i + 1], err, sizeof err)) {
+      if (!train_opts_known(key)) { /* a typo: name the flag as typed, and the nearest one */
+        const char* near = train_opts_suggest(key);
+        char flag[64] = "";
+        for (size_t k = 0; near != NULL && near[k] != '\0' && k + 1 < sizeof flag; k++)
+          flag[k] = near[k] == '_' ? '-' : near[k], flag[k + 1] = '\0';
+        if (near != NULL) snprintf(err, sizeof err, "unknown flag (did you mean --%s?)", flag);
+      } else if (eq != NULL) {
+        if (train_opts_set(&o, key, eq + 1, err, sizeof err)) continue;
+      } else if (train_opts_is_switch(key) && train_opts_set(&o, key, "1", err, sizeof err)) {
+        continue;
+      } else if (i + 1 >= argc) {
+        snprintf(err, sizeof err, "a value must follow it");
+      } else if (train_opts_set(&o, key, argv[i + 1], err, sizeof err)) {
         i++;
         continue;
       }
@@ -864,6 +878,9 @@ int train_main(int argc, char** argv) {
   cfg.seed = (uint64_t)o.seed;
   cfg.tie_embeddings = o.tie_embeddings;
   dt_llama_config_defaults(&cfg);
+  if (dt_llama_config_check(&cfg) != DT_SUCCESS) /* the same on every rank: a usage error */
+    return usage_error("%s (the model's flags: --dim, --heads, --kv-heads, --layers, --vocab, "
+                       "--seq, --experts, --top-k)", dt_last_error());
   /* FSDP / HSDP and the parallel configs (TP, FSDP, EP) place every parameter after building:
    * build them as layouts only and fill each rank's shards after wrapping
    * (dt_llama_init_weights), so no rank holds the whole model */

@@ -176,6 +176,52 @@ const char* train_opts_key(int i, int* is_switch) {
 
 int train_opts_known(const char* key) { return key != NULL && find_doc(key) != NULL; }
 
+/* Edit distance (insertions, deletions, substitutions, adjacent swaps) between a and b, capped:
+ * anything above `cap` is cap + 1. Keys are short (under 32 characters). */
+static int key_distance(const char* a, const char* b, int cap) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na > 31 || nb > 31) return cap + 1;
+  int d[32][32];
+  for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= na; i++)
+    for (size_t j = 1; j <= nb; j++) {
+      int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[na][nb] > cap ? cap + 1 : d[na][nb];
+}
+
+const char* train_opts_suggest(const char* key) {
+  if (key == NULL || key[0] == '\0') return NULL;
+  const char* best = NULL;
+  int cap = strlen(key) < 5 ? 1 : 2, best_d = cap + 1;
+  for (size_t i = 0; i < NDOCS; i++) {
+    int dist = key_distance(key, kDocs[i].key, cap);
+    if (dist < best_d) best_d = dist, best = kDocs[i].key;
+  }
+  if (best == NULL) /* a prefix of one key only ("--reshard" for reshard_after_forward) */
+    for (size_t i = 0; i < NDOCS; i++)
+      if (strlen(key) >= 3 && !strncmp(kDocs[i].key, key, strlen(key))) {
+        if (best != NULL) return NULL;
+        best = kDocs[i].key;
+      }
+  return best;
+}
+
+/* "unknown config key 'K'" and, when one key is close, " (did you mean 'KEY'?)". */
+static int fail_unknown(const char* key, char* err, size_t cap) {
+  const char* near = train_opts_suggest(key);
+  if (near != NULL)
+    return fail(err, cap, "unknown config key '%.64s' (did you mean '%s'?)", key, near);
+  return fail(err, cap, "unknown config key '%.64s'", key);
+}
+
 int train_opts_is_switch(const char* key) {
   const opt_doc_t* d = key != NULL ? find_doc(key) : NULL;
   return d != NULL && d->arg == NULL;
@@ -242,7 +288,7 @@ static const struct {
 
 int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err, size_t cap) {
   if (key == NULL || val == NULL) return fail(err, cap, "missing key or value");
-  if (find_doc(key) == NULL) return fail(err, cap, "unknown config key '%.64s'", key);
+  if (find_doc(key) == NULL) return fail_unknown(key, err, cap);
   for (size_t k = 0; k < sizeof kInts / sizeof kInts[0]; k++) {
     if (strcmp(key, kInts[k].key) != 0) continue;
     long long v;
@@ -325,7 +371,7 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
     o->seed = v;
     return 1;
   }
-  return fail(err, cap, "unknown config key '%.64s'", key);
+  return fail_unknown(key, err, cap);
 }
 
 int train_opts_load_json(train_opts_t* o, const char* text, size_t len, char* err, size_t cap) {
@@ -464,7 +510,8 @@ void train_opts_help(FILE* f, const char* default_plan) {
   train_opts_t d;
   train_opts_defaults(&d, default_plan);
   fprintf(f,
-          "usage: mpirun -np N train [--config FILE.json] [--FLAG VALUE | --SWITCH]..\n"
+          "usage: mpirun -np N train [--config FILE.json] [--FLAG VALUE | --FLAG=VALUE |\n"
+          "       --SWITCH]..\n"
           "Trains a Llama-style model on a sharded mesh and prints one line per step (the comment\n"
           "atop examples/train.c has the details).\n\n"
           "  --config FILE.json          a JSON object of the keys below; flags override it\n"

@@ -68,6 +68,10 @@ const char* train_opts_key(int i, int* is_switch);
 int train_opts_is_switch(const char* key);
 /* 1 when key names a documented option (a flag without its "--", a JSON key), else 0. */
 int train_opts_known(const char* key);
+/* The documented key nearest to an unknown one (a typo: at most one edit for keys under 5
+ * characters, two otherwise; or the one key it is a prefix of, 3 characters or more), NULL when
+ * none is near. */
+const char* train_opts_suggest(const char* key);
 /* The trainer (examples/train.c) as a function: its command line, its exit status. Under
  * --estimate-only it needs no MPI, so tools/dtensor-estimate runs it once per layout. */
 int train_main(int argc, char** argv);

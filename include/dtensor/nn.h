@@ -211,6 +211,12 @@ typedef struct dt_llama_config {
 /* Defaults for the fields left 0 (norm_eps 1e-5, rope_theta 10000, n_kv_heads = n_heads,
  * ffn_dim = 4 dim rounded to 8 with the 2/3 SwiGLU factor, top_k 2, aux 0.01). */
 DT_API void dt_llama_config_defaults(dt_llama_config_t* cfg);
+/* Checks a config as dt_llama_create does, building nothing (no mesh, no memory; dt_init not
+ * needed), so a program can refuse bad flags before it creates a mesh: DT_SUCCESS, or
+ * DT_ERR_INVALID_ARG naming the first constraint broken and its values (the head dim must be a
+ * whole even number, n_kv_heads must divide n_heads, ...). Fields left 0 are taken at
+ * dt_llama_config_defaults' values; cfg itself is not changed. */
+DT_API dt_status_t dt_llama_config_check(const dt_llama_config_t* cfg);
 
 typedef struct dt_llama* dt_llama_t;
 

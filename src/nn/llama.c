@@ -601,6 +601,17 @@ static dt_status_t dt__llama_config_check(const dt_llama_config_t* c) {
   return DT_SUCCESS;
 }
 
+static dt_status_t dt__llama_config_check_public(const dt_llama_config_t* cfg_in) {
+  DT_ARG_NOT_NULL(cfg_in);
+  dt_llama_config_t cfg = *cfg_in;
+  dt_llama_config_defaults(&cfg);
+  return dt__llama_config_check(&cfg);
+}
+
+dt_status_t dt_llama_config_check(const dt_llama_config_t* cfg) {
+  DT_ENTRY_RETURN(dt__llama_config_check_public(cfg));
+}
+
 static dt_status_t dt__llama_create(dt_mesh_t mesh, const dt_llama_config_t* cfg_in,
                                    const char* plan, dt_llama_t* out) {
   DT_ARG_NOT_NULL(out);

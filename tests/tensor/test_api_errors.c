@@ -30,6 +30,16 @@ static void before_init(void) {
   EXPECT(dt_mesh_create(1, &one, NULL, NULL, &m), DT_ERR_NOT_INITIALIZED, "dt_init");
   DT_ASSERT_TRUE(m == NULL, "out not cleared");
   DT_ASSERT_OK(dt_finalize()); /* finalize before init is a no-op */
+  dt_llama_config_t c; /* a config is checked without the library initialized */
+  memset(&c, 0, sizeof c);
+  c.dim = 64;
+  c.n_layers = 1;
+  c.n_heads = 3;
+  c.vocab = 16;
+  c.seq_len = 4;
+  EXPECT(dt_llama_config_check(&c), DT_ERR_INVALID_ARG, "dim=64 over n_heads=3");
+  c.n_heads = 4;
+  DT_ASSERT_OK(dt_llama_config_check(&c));
 }
 
 static void mesh_errors(int world) {
@@ -266,6 +276,13 @@ static void meta_refused(dt_mesh_t mesh, int world) {
   EXPECT(dt_op_register_kernel("add", DT_DEVICE_META, NULL), DT_ERR_INVALID_ARG, "meta");
 }
 
+/* dt_llama_create and dt_llama_config_check refuse a config with the same message. */
+#define EXPECT_CONFIG(c, needle)                                                           \
+  do {                                                                                    \
+    EXPECT(dt_llama_config_check(&(c)), DT_ERR_INVALID_ARG, needle);                      \
+    EXPECT(dt_llama_create(mesh, &(c), NULL, &m), DT_ERR_INVALID_ARG, needle);            \
+  } while (0)
+
 /* A model config that cannot exist: the message names the constraint and the values. */
 static void llama_config_errors(dt_mesh_t mesh) {
   dt_llama_config_t c;
@@ -276,19 +293,25 @@ static void llama_config_errors(dt_mesh_t mesh) {
   c.vocab = 16;
   c.seq_len = 4;
   dt_llama_t m = NULL;
-  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "dim=30 over n_heads=8");
+  EXPECT_CONFIG(c, "dim=30 over n_heads=8");
   c.dim = 24;
   c.n_heads = 3;
   c.n_kv_heads = 2;
-  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "n_kv_heads=2 must divide n_heads=3");
+  EXPECT_CONFIG(c, "n_kv_heads=2 must divide n_heads=3");
   c.n_kv_heads = 0;
   c.n_experts = 2;
   c.top_k = 3;
-  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "top_k=3 (valid: 1 to n_experts=2)");
+  EXPECT_CONFIG(c, "top_k=3 (valid: 1 to n_experts=2)");
   c.n_experts = 0;
   c.seq_len = 0;
-  EXPECT(dt_llama_create(mesh, &c, NULL, &m), DT_ERR_INVALID_ARG, "seq_len=0");
+  EXPECT_CONFIG(c, "seq_len=0");
   DT_ASSERT_TRUE(m == NULL, "a model was made");
+  EXPECT(dt_llama_config_check(NULL), DT_ERR_INVALID_ARG, "dt_llama_config_check");
+  c.seq_len = 4;
+  c.n_experts = 2;
+  c.top_k = 0; /* 0: the default, 2 */
+  DT_ASSERT_OK(dt_llama_config_check(&c));
+  DT_ASSERT_TRUE(c.top_k == 0, "the check changed the config");
 }
 
 int main(int argc, char** argv) {

@@ -54,6 +54,32 @@ static void test_undocumented_refused(void** state) {
   assert_false(train_opts_set(&o, "no_such_key", "1", err, sizeof err));
   assert_non_null(strstr(err, "unknown config key"));
   assert_false(train_opts_load_json(&o, "{\"stepz\": 3}", 12, err, sizeof err));
+  assert_non_null(strstr(err, "did you mean 'steps'?"));
+}
+
+/* A typo names the key meant: one edit (two for longer keys), a swap, or a unique prefix. */
+static void test_suggest(void** state) {
+  (void)state;
+  assert_string_equal(train_opts_suggest("stesp"), "steps");       /* a swap */
+  assert_string_equal(train_opts_suggest("step"), "steps");        /* a missing letter */
+  assert_string_equal(train_opts_suggest("kv_head"), "kv_heads");
+  assert_string_equal(train_opts_suggest("micro_batch"), "micro_batches");
+  assert_string_equal(train_opts_suggest("reshard"), "reshard_after_forward"); /* a prefix */
+  assert_null(train_opts_suggest("zzzzzz"));
+  assert_null(train_opts_suggest(""));
+  assert_null(train_opts_suggest(NULL));
+  assert_null(train_opts_suggest("qq")); /* short keys: one edit at most */
+  char big[200];
+  memset(big, 'a', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  assert_null(train_opts_suggest(big));
+  train_opts_t o;
+  train_opts_defaults(&o, PLAN);
+  char err[256] = "";
+  assert_false(train_opts_set(&o, "lerning_rate", "1", err, sizeof err)); /* nothing near */
+  assert_null(strstr(err, "did you mean"));
+  assert_false(train_opts_set(&o, "hedas", "1", err, sizeof err));
+  assert_non_null(strstr(err, "(did you mean 'heads'?)"));
 }
 
 static void test_help_text(void** state) {
@@ -97,6 +123,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_keys_known),
       cmocka_unit_test(test_undocumented_refused),
+      cmocka_unit_test(test_suggest),
       cmocka_unit_test(test_help_text),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

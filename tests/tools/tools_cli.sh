@@ -61,6 +61,19 @@ expect 2 "$calib" -o "$tmp/newdir/sub/"
 [ -e "$tmp/newdir" ] && fail "a refused -o created $tmp/newdir"
 expect 2 mpi -np 1 "$train" --bogus-flag
 grep -q -- "--help" "$tmp/err" || fail "train's bad-flag message does not point at --help"
+expect 2 "$train" --stesp 3 # a typo names the flag meant
+grep -qF -- "unknown flag (did you mean --steps?)" "$tmp/err" || fail "no suggestion: $(cat "$tmp/err")"
+expect 2 "$train" --steps # a flag that takes a value, at the end
+grep -qF "a value must follow it" "$tmp/err" || fail "--steps without a value: $(cat "$tmp/err")"
+expect 2 "$train" --steps=x # --flag=value is checked as --flag value is
+grep -qF "steps must be an integer" "$tmp/err" || fail "--steps=x: $(cat "$tmp/err")"
+expect 0 mpi -np 1 "$train" --steps=2 --dim=32 --layers=1 --batch=4 --seq=8
+grep -q "^step *1 " "$tmp/out" || fail "--steps=2 did not run 2 steps: $(cat "$tmp/out")"
+# a model config the library refuses: one message and exit 2 on every rank, no MPI_Abort
+expect 2 mpi -np 2 "$train" --heads 3 --steps 1
+[ "$(grep -c "head dim must be a whole even number" "$tmp/err")" = 1 ] ||
+  fail "--heads 3 at np 2: $(cat "$tmp/err")"
+grep -q "MPI_ABORT" "$tmp/err" && fail "--heads 3 aborted the job: $(cat "$tmp/err")"
 
 echo "== dtensor-calibrate writes only -o FILE"
 mkdir -p "$tmp/home"
