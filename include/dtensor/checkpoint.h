@@ -176,14 +176,17 @@ DT_API dt_status_t dt_checkpoint_verify(const char* path, FILE* out);
  * with_optimizer) as one safetensors file `out_path`, or, when the tensor bytes exceed
  * max_file_nbytes (> 0), as Hugging Face's sharded form: out_path's directory gets
  * model-00001-of-0000N.safetensors ... and out_path + ".index.json" ("metadata.total_size",
- * "weight_map"). A tied parameter is written once, under its first name. Peak memory: the largest
- * tensor. */
+ * "weight_map"). A tied parameter is written once, under its first name. Each tensor that is not
+ * a parameter has its kind in the file's __metadata__ ("dtensor_kind:NAME": "optim" or
+ * "tensor"), which dt_checkpoint_import reads back. Peak memory: the largest tensor. */
 DT_API dt_status_t dt_checkpoint_consolidate(const char* path, const char* out_path,
                                              int64_t max_file_nbytes, int with_optimizer);
 /* Turns a safetensors file (or a Hugging Face "*.safetensors.index.json" and its shards) into a
  * one-rank checkpoint dir/name (published with dir/latest; name NULL: "step_00000000") that
- * dt_checkpoint_load places onto any mesh: a seed checkpoint. Tensors of dtypes the library lacks
- * are DT_ERR_UNSUPPORTED naming them. */
+ * dt_checkpoint_load places onto any mesh: a seed checkpoint. Tensors are parameters unless the
+ * metadata gives another kind (a consolidated file's optimizer state stays optimizer state); a
+ * kind entry naming no tensor of the file, or no kind, is DT_ERR_CORRUPT. Tensors of dtypes the
+ * library lacks are DT_ERR_UNSUPPORTED naming them. */
 DT_API dt_status_t dt_checkpoint_import(const char* safetensors_path, const char* dir,
                                         const char* name, int64_t step);
 

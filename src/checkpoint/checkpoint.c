@@ -669,7 +669,7 @@ static dt_status_t dt__ck_plan(dt_checkpoint_t ck, dt__ck_save_t* s) {
     }
     size_t hl = 0;
     char* hdr = st == DT_SUCCESS
-                    ? dt__ck_st_header(n, (const char* const*)keys, dts, nds, shapes, nb, &hl)
+                    ? dt__ck_st_header(n, (const char* const*)keys, dts, nds, shapes, nb, NULL, &hl)
                     : NULL;
     if (st == DT_SUCCESS && hdr == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "a header");
     if (st == DT_SUCCESS) {

@@ -89,11 +89,18 @@ static size_t dt__ck_itemsize(dt_dtype_t dt) {
 }
 
 char* dt__ck_st_header(int n, const char* const* keys, const dt_dtype_t* dtypes, const int* ndims,
-                       const int64_t* const* shapes, const int64_t* nbytes, size_t* len) {
+                       const int64_t* const* shapes, const int64_t* nbytes,
+                       const char* const* kinds, size_t* len) {
   cJSON* root = cJSON_CreateObject();
   cJSON* meta = cJSON_AddObjectToObject(root, "__metadata__");
   cJSON_AddStringToObject(meta, "format", "pt");
   cJSON_AddStringToObject(meta, "writer", "dtensor");
+  for (int i = 0; kinds != NULL && i < n; i++) {
+    if (kinds[i] == NULL || strcmp(kinds[i], "param") == 0) continue;
+    char key[DT_CHECKPOINT_NAME_MAX + sizeof DT__CK_KIND_META];
+    snprintf(key, sizeof key, "%s%s", DT__CK_KIND_META, keys[i]);
+    cJSON_AddStringToObject(meta, key, kinds[i]);
+  }
   int64_t at = 0;
   for (int i = 0; i < n; i++) {
     cJSON* e = cJSON_AddObjectToObject(root, keys[i]);
@@ -228,6 +235,21 @@ dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, co
                    " elements", what, x->key, x->end - x->begin, x->dtype_name, numel);
       break;
     }
+  }
+  const cJSON* meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+  const size_t pl = strlen(DT__CK_KIND_META);
+  for (const cJSON* m = meta ? meta->child : NULL; m && st == DT_SUCCESS; m = m->next) {
+    if (strncmp(m->string, DT__CK_KIND_META, pl) != 0) continue;
+    int i = 0;
+    while (i < k && strcmp(es[i].key, m->string + pl) != 0) i++;
+    if (i == k)
+      st = DT_FAIL(DT_ERR_CORRUPT, "%s: __metadata__ '%.200s' names no tensor of the file", what,
+                   m->string);
+    else if (strcmp(m->valuestring, "optim") != 0 && strcmp(m->valuestring, "tensor") != 0)
+      st = DT_FAIL(DT_ERR_CORRUPT, "%s: __metadata__ '%.200s' is '%.40s' (valid: optim, tensor)",
+                   what, m->string, m->valuestring);
+    else
+      snprintf(es[i].kind, sizeof es[i].kind, "%s", m->valuestring);
   }
   cJSON_Delete(root);
   if (st == DT_SUCCESS) {

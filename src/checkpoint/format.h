@@ -94,14 +94,22 @@ typedef struct {
   int ndim;
   int64_t shape[DT_MAX_DIMS];
   int64_t begin, end; /* data_offsets, relative to the data */
+  char kind[8];       /* "optim" or "tensor" when the metadata says so (DT__CK_KIND_META), else "" */
 } dt__ck_st_entry_t;
+/* The __metadata__ key prefix that records a tensor's checkpoint kind where it is not "param"
+ * ("dtensor_kind:NAME": "optim"), so a consolidated file imports back with its kinds. Checkpoint
+ * names never hold ':'. */
+#define DT__CK_KIND_META "dtensor_kind:"
 /* A header (JSON text) for n entries packed in order, padded with spaces to a multiple of 8;
- * *len its length. NULL when out of memory. */
+ * *len its length. kinds (NULL: none) gives each entry's checkpoint kind, recorded in the
+ * metadata where it is not "param". NULL when out of memory. */
 char* dt__ck_st_header(int n, const char* const* keys, const dt_dtype_t* dtypes, const int* ndims,
-                       const int64_t* const* shapes, const int64_t* nbytes, size_t* len);
+                       const int64_t* const* shapes, const int64_t* nbytes,
+                       const char* const* kinds, size_t* len);
 /* Parses a header of `len` bytes for a file whose data part has data_nbytes bytes: every entry's
  * dtype known or named, shape times itemsize equal to its byte range, ranges within the data and
- * packed without holes or overlaps (the safetensors rules). DT_ERR_CORRUPT naming `what`. */
+ * packed without holes or overlaps (the safetensors rules); a DT__CK_KIND_META entry names a
+ * tensor of the file and the kind optim or tensor. DT_ERR_CORRUPT naming `what`. */
 dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, const char* what,
                             dt__ck_st_entry_t** out, int* n);
 void dt__ck_st_free(dt__ck_st_entry_t* e, int n);

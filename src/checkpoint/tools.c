@@ -151,7 +151,9 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
   int* nds = calloc((size_t)(n > 0 ? n : 1), sizeof *nds);
   const int64_t** shapes = calloc((size_t)(n > 0 ? n : 1), sizeof *shapes);
   int64_t* nb = calloc((size_t)(n > 0 ? n : 1), sizeof *nb);
-  dt_status_t st = keys && dts && nds && shapes && nb ? DT_SUCCESS : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "header");
+  const char** kinds = calloc((size_t)(n > 0 ? n : 1), sizeof *kinds);
+  dt_status_t st = keys && dts && nds && shapes && nb && kinds ? DT_SUCCESS
+                                                               : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "header");
   int64_t largest = 0;
   for (int k = 0; k < n && st == DT_SUCCESS; k++) {
     const dt__ck_tensor_t* t = &ix->tensors[sel[lo + k]];
@@ -160,6 +162,7 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
     int64_t numel = 1;
     for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
     keys[k] = t->name;
+    kinds[k] = t->kind;
     dts[k] = t->dtype;
     nds[k] = t->ndim;
     shapes[k] = t->shape;
@@ -167,7 +170,7 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
     if (nb[k] > largest) largest = nb[k];
   }
   size_t hl = 0;
-  char* hdr = st == DT_SUCCESS ? dt__ck_st_header(n, keys, dts, nds, shapes, nb, &hl) : NULL;
+  char* hdr = st == DT_SUCCESS ? dt__ck_st_header(n, keys, dts, nds, shapes, nb, kinds, &hl) : NULL;
   if (st == DT_SUCCESS && hdr == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "header");
   unsigned char* buf = st == DT_SUCCESS ? malloc((size_t)(largest > 0 ? largest : 1)) : NULL;
   if (st == DT_SUCCESS && buf == NULL)
@@ -198,6 +201,7 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
   free(nds);
   free(shapes);
   free(nb);
+  free(kinds);
   return st;
 }
 
@@ -429,7 +433,7 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
       nb[k] = e->end - e->begin;
       dt__ck_tensor_t* t = &ix.tensors[ix.n_tensors++];
       t->name = strdup(e->key);
-      snprintf(t->kind, sizeof t->kind, "param");
+      snprintf(t->kind, sizeof t->kind, "%s", e->kind[0] ? e->kind : "param"); /* consolidate's */
       t->dtype = e->dtype;
       t->ndim = e->ndim;
       memcpy(t->shape, e->shape, sizeof t->shape);
@@ -440,7 +444,7 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
       if (t->name == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "import");
     }
   size_t hl = 0;
-  char* hdr = st == DT_SUCCESS ? dt__ck_st_header(total, keys, dts, nds, shapes, nb, &hl) : NULL;
+  char* hdr = st == DT_SUCCESS ? dt__ck_st_header(total, keys, dts, nds, shapes, nb, NULL, &hl) : NULL;
   if (st == DT_SUCCESS && hdr == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "header");
   char tmpdir[DT__CK_PATH_MAX] = "", fpath[DT__CK_PATH_MAX], final[DT__CK_PATH_MAX];
   if (st == DT_SUCCESS && (snprintf(tmpdir, sizeof tmpdir, "%s/%s.tmp", dir, nm) >= (int)sizeof tmpdir ||

@@ -125,6 +125,35 @@ expect 0 mpi -np 2 "$make" "$work" load "$work/imp_hf"
 cat "$out"
 expect 1 "$ckpt" import "$work/one/model.safetensors" "$work/imp" --name seed
 has "$err" "dtensor-ckpt: " "exists already"
+# with the optimizer: the kinds come back as the checkpoint had them (consolidate records the
+# ones that are not "param" in the metadata), so consolidating again leaves the state out
+expect 0 "$ckpt" import "$work/one/all.safetensors" "$work/imp_all"
+expect 0 "$ckpt" info "$work/imp_all"
+want_kinds=$("$ckpt" info "$ck" | awk '/^  (param|optim|tensor) /{print $1, $2}' | sort)
+got_kinds=$(awk '/^  (param|optim|tensor) /{print $1, $2}' "$out" | sort)
+[ -n "$want_kinds" ] && [ "$want_kinds" = "$got_kinds" ] ||
+  fail "imported kinds differ: $(diff <(echo "$want_kinds") <(echo "$got_kinds"))"
+grep -qE "^  optim +${optim[0]} " "$out" || fail "no optim kind after import"
+expect 0 "$ckpt" consolidate "$work/imp_all" "$work/one/again.safetensors"
+expect 0 "$PY" "$reader" compare "$work/one/again.safetensors" "$work/ref" "$work/ref/names"
+# the metadata names a tensor the file lacks, or a kind that does not exist: corrupt
+for bad in '"dtensor_kind:nope": "optim"' "\"dtensor_kind:${optim[0]}\": \"bias\""; do
+  "$PY" - "$work/one/all.safetensors" "$work/one/bad.safetensors" "$bad" <<'EOF'
+import json, struct, sys
+src, dst, entry = sys.argv[1], sys.argv[2], sys.argv[3]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+h["__metadata__"].update(json.loads("{" + entry + "}"))
+t = json.dumps(h).encode()
+t += b" " * (-len(t) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(t)) + t + raw[8 + n:])
+EOF
+  rm -rf "$work/imp_bad"
+  expect 1 "$ckpt" import "$work/one/bad.safetensors" "$work/imp_bad"
+  has "$err" "dtensor-ckpt: " "__metadata__ 'dtensor_kind:"
+  [ ! -e "$work/imp_bad/step_00000000" ] || fail "a refused import left a checkpoint"
+done
 
 echo "== damaged checkpoints"
 # a flipped byte inside the data of tensor proj's first box
