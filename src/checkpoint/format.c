@@ -96,10 +96,16 @@ char* dt__ck_st_header(int n, const char* const* keys, const dt_dtype_t* dtypes,
   cJSON_AddStringToObject(meta, "format", "pt");
   cJSON_AddStringToObject(meta, "writer", "dtensor");
   for (int i = 0; kinds != NULL && i < n; i++) {
-    if (kinds[i] == NULL || strcmp(kinds[i], "param") == 0) continue;
-    char key[DT_CHECKPOINT_NAME_MAX + sizeof DT__CK_KIND_META];
-    snprintf(key, sizeof key, "%s%s", DT__CK_KIND_META, keys[i]);
-    cJSON_AddStringToObject(meta, key, kinds[i]);
+    if (kinds[i] == NULL || kinds[i][0] == '\0' || strcmp(kinds[i], "param") == 0) continue;
+    size_t kl = strlen(DT__CK_KIND_META) + strlen(keys[i]) + 1;
+    char* key = malloc(kl);
+    if (key != NULL) snprintf(key, kl, "%s%s", DT__CK_KIND_META, keys[i]);
+    if (key == NULL || cJSON_AddStringToObject(meta, key, kinds[i]) == NULL) {
+      free(key);
+      cJSON_Delete(root);
+      return NULL;
+    }
+    free(key);
   }
   int64_t at = 0;
   for (int i = 0; i < n; i++) {

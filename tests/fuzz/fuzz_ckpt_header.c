@@ -11,7 +11,8 @@
  * and equals the file's bytes. Accepted entries satisfy what dt__ck_st_parse promises: a key,
  * at most DT_MAX_DIMS dims, 0 <= begin <= end <= the data size, numel * itemsize == end - begin
  * for a known dtype, and the entries tile the data in offset order without holes or overlaps.
- * Written back with dt__ck_st_header (in offset order), they parse again to the same entries. */
+ * Written back with dt__ck_st_header (in offset order), they parse again to the same entries,
+ * kinds (the DT__CK_KIND_META metadata) included. */
 #define _GNU_SOURCE
 #include <sys/mman.h>
 #include <unistd.h>
@@ -71,16 +72,18 @@ static void check_entries(const dt__ck_st_entry_t* e, int n, int64_t data_nbytes
     int* nds = malloc((size_t)n * sizeof *nds);
     const int64_t** shapes = malloc((size_t)n * sizeof *shapes);
     int64_t* nb = malloc((size_t)n * sizeof *nb);
-    if (!keys || !dts || !nds || !shapes || !nb) abort();
+    const char** kinds = malloc((size_t)n * sizeof *kinds);
+    if (!keys || !dts || !nds || !shapes || !nb || !kinds) abort();
     for (int i = 0; i < n; i++) {
       keys[i] = s[i]->key;
       dts[i] = s[i]->dtype;
       nds[i] = s[i]->ndim;
       shapes[i] = s[i]->shape;
       nb[i] = s[i]->end - s[i]->begin;
+      kinds[i] = s[i]->kind;
     }
     size_t len = 0;
-    char* hdr = dt__ck_st_header(n, keys, dts, nds, shapes, nb, &len);
+    char* hdr = dt__ck_st_header(n, keys, dts, nds, shapes, nb, kinds, &len);
     DT_FUZZ_ASSERT(hdr != NULL && len % 8 == 0 && strlen(hdr) == len);
     dt__ck_st_entry_t* r = NULL;
     int rn = 0;
@@ -92,7 +95,7 @@ static void check_entries(const dt__ck_st_entry_t* e, int n, int64_t data_nbytes
     DT_FUZZ_ASSERT(rn == n);
     for (int i = 0; i < n; i++) {
       DT_FUZZ_ASSERT(strcmp(r[i].key, s[i]->key) == 0 && r[i].dtype == s[i]->dtype);
-      DT_FUZZ_ASSERT(r[i].ndim == s[i]->ndim);
+      DT_FUZZ_ASSERT(r[i].ndim == s[i]->ndim && strcmp(r[i].kind, s[i]->kind) == 0);
       DT_FUZZ_ASSERT(r[i].begin == s[i]->begin && r[i].end == s[i]->end);
       for (int d = 0; d < r[i].ndim; d++) DT_FUZZ_ASSERT(r[i].shape[d] == s[i]->shape[d]);
     }
@@ -103,6 +106,7 @@ static void check_entries(const dt__ck_st_entry_t* e, int n, int64_t data_nbytes
     free(nds);
     free(shapes);
     free(nb);
+    free(kinds);
   }
   free(s);
 }
