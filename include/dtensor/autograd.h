@@ -72,6 +72,14 @@ DT_API dt_status_t dt_var_requires_grad(dt_var_t v, int* requires_grad);
 /* Whether v is a leaf (made by dt_var_leaf, destroyed by the user) rather than a tape's variable
  * (an op's result or a dt_tape_constant, freed by dt_tape_reset). */
 DT_API dt_status_t dt_var_is_leaf(dt_var_t v, int* is_leaf);
+/* Freezes (0) or unfreezes (1) a leaf, as PyTorch's requires_grad_(): ops recorded after the
+ * call compute a gradient for it only while it is set; its current gradient stays (clear it with
+ * dt_var_zero_grad). Change it between steps, not between a forward and its backward. The
+ * wrappers follow: FSDP reads its sharded parameters' flags at every forward, DDP reduces a
+ * parameter frozen at wrapping and trained later outside its buckets (correct, unbucketed), and
+ * AdamW steps only parameters that have a gradient. DT_ERR_INVALID_ARG for a tape's variable
+ * (an op's result or a dt_tape_constant). */
+DT_API dt_status_t dt_var_set_requires_grad(dt_var_t v, int requires_grad);
 /* Replaces a leaf's value (the variable takes ownership): same mesh, shape, dtype and placements
  * (DT_ERR_INVALID_ARG otherwise); passing the current value is a no-op. A meta tensor of that
  * layout releases the leaf's data while keeping its place on tapes (FSDP's reshard; ops on it

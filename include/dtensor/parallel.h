@@ -133,7 +133,9 @@ DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
  * different dtypes (a group's shards share one buffer: wrap them in separate groups, as FSDP2
  * requires too) and for reshard k > 1 or shard_span > 1 on a mesh over part of the world (they
  * build a mesh, which is collective over every rank). A parameter keeps its requires_grad as
- * it was when wrapped (a frozen one stays frozen). */
+ * it was when wrapped (a frozen one stays frozen), and each forward follows the sharded
+ * parameter's flag as it is then (dt_var_set_requires_grad on a dt_module_params entry between
+ * steps freezes or unfreezes it). */
 DT_API dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg);
 /* Whether m is the module of an FSDP group. */
 DT_API int dt_fsdp_is_group(dt_module_t m);

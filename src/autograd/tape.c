@@ -384,6 +384,21 @@ dt_status_t dt_var_is_leaf(dt_var_t v, int* is_leaf) {
   DT_ENTRY_RETURN(dt__var_is_leaf_impl(v, is_leaf));
 }
 
+static dt_status_t dt__var_set_requires_grad_impl(dt_var_t v, int requires_grad) {
+  DT_CHECK(dt__var_check(v));
+  if (!v->leaf)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "only a leaf's requires_grad can be set (dt_var_leaf); "
+                   "an op's result requires a gradient when one of its inputs does");
+  v->requires_grad = requires_grad != 0;
+  if (v->requires_grad && v->value != NULL)
+    dt__storage_set_category(v->value->storage, DT_MEM_PARAMETERS);
+  return DT_SUCCESS;
+}
+
+dt_status_t dt_var_set_requires_grad(dt_var_t v, int requires_grad) {
+  DT_ENTRY_RETURN(dt__var_set_requires_grad_impl(v, requires_grad));
+}
+
 static dt_status_t dt__var_zero_grad_impl(dt_var_t v) {
   DT_CHECK(dt__var_check(v));
   dt__tensor_free(v->grad);

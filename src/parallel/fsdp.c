@@ -24,8 +24,8 @@
  * With tensor parallelism on other mesh dims everything above is per rank of those dims: the
  * parameters' local shapes are their tensor-parallel shards, the flat buffers (nominally
  * Replicate there) hold this rank's, and collectives run over the data dims only.
- * The gathered parameters are leaves the group owns (requires_grad as the
- * original parameter, gradients kept as they come);
+ * The gathered parameters are leaves the group owns (requires_grad as the sharded parameter's
+ * at each forward, gradients kept as they come);
  * while the group's forward runs the module holds them in place of the sharded ones
  * (dt_module_swap_param). Released, their value is a meta tensor of the same layout.
  */
@@ -47,7 +47,7 @@ typedef struct {
   dt_tensor_t view;         /* the view of flat that is sharded's value (until replaced) */
   dt_var_t full;            /* the gathered parameter (param dtype, Replicate on the data dims) */
   dt_dtype_t dtype;         /* the sharded parameter's dtype (the group's sdtype) */
-  int requires_grad;        /* the original's: a frozen parameter stays frozen */
+  int requires_grad;        /* the sharded variable's, read at every forward (follow_flags) */
   int ndim;
   int64_t shape[DT_MAX_DIMS];  /* global */
   int64_t lshape[DT_MAX_DIMS]; /* this rank's tensor before FSDP (a tensor-parallel shard) */
@@ -537,6 +537,21 @@ static fsdp_group_t* prefetch_target(fsdp_group_t* g, int fwd) {
   return nx;
 }
 
+/* Each gathered parameter requires a gradient as its sharded variable does now (the caller may
+ * freeze or unfreeze it between steps, dt_var_set_requires_grad): the backward computes its
+ * gradient, and the reduction keeps it, only while it is set. */
+static dt_status_t follow_flags(fsdp_group_t* g) {
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    int rg = 0;
+    DT_CHECK(dt_var_requires_grad(q->sharded, &rg));
+    if (rg == q->requires_grad) continue;
+    DT_CHECK(dt_var_set_requires_grad(q->full, rg));
+    q->requires_grad = rg;
+  }
+  return DT_SUCCESS;
+}
+
 static dt_status_t pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* vars, void* ctx) {
   (void)m;
   fsdp_group_t* g = ctx;
@@ -552,6 +567,7 @@ static dt_status_t pre_forward(dt_module_t m, dt_tape_t tape, int n, dt_var_t* v
     g->keep = NULL;
   }
   DT_CHECK(gather(g));
+  DT_CHECK(follow_flags(g));
   fsdp_group_t* nx = g->prefetch_fwd ? prefetch_target(g, 1) : NULL;
   if (nx) DT_CHECK(start_gather(nx));
   DT_CHECK(swap(g, 1));

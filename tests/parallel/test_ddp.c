@@ -542,6 +542,44 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_llama_destroy(m));
 }
 
+/* Flags changed after wrapping (dt_var_set_requires_grad): a parameter frozen when wrapped and
+ * unfrozen before training is reduced outside the buckets (its Partial gradient brought to
+ * Replicate by the autograd): the run equals the reference; one frozen after wrapping keeps its
+ * value while the rest trains. */
+static void test_flags_after_wrap(void) {
+  dt_llama_t m = new_model(NULL);
+  dt_module_t root = root_of(m);
+  dt_var_t norm, wq;
+  DT_ASSERT_OK(dt_module_param(root, "norm", &norm));
+  DT_ASSERT_OK(dt_module_param(root, "layers.0.wq", &wq));
+  DT_ASSERT_OK(dt_var_set_requires_grad(norm, 0));
+  dt_ddp_config_t cfg = {0, 16 << 10};
+  DT_ASSERT_OK(dt_data_parallel(root, g_mesh, &cfg));
+  DT_ASSERT_OK(dt_var_set_requires_grad(norm, 1));
+  double losses[3];
+  dt_adamw_t opt = new_opt(m);
+  train(m, opt, 0, 3, 1, losses);
+  for (int s = 0; s < 3; s++)
+    DT_ASSERT_TRUE(rel_dev(losses[s], g_ref[s]) <= 1e-5, "unfrozen after wrapping, step %d: "
+                   "%.9g vs %.9g", s, losses[s], g_ref[s]);
+  int64_t n = 0;
+  DT_ASSERT_OK(dt_tensor_local_numel(dt_var_value(wq), &n)); /* replicated: the whole */
+  float* before = malloc(sizeof(float) * (size_t)n);
+  float* after = malloc(sizeof(float) * (size_t)n);
+  DT_ASSERT_TRUE(before && after, "malloc");
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(wq), before, sizeof(float) * (size_t)n));
+  DT_ASSERT_OK(dt_var_set_requires_grad(wq, 0));
+  train(m, opt, 3, 2, 1, losses);
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(wq), after, sizeof(float) * (size_t)n));
+  DT_ASSERT_TRUE(memcmp(before, after, sizeof(float) * (size_t)n) == 0,
+                 "layers.0.wq frozen after wrapping moved");
+  DT_ASSERT_TRUE(dt_var_grad(wq) == NULL, "frozen wq has a gradient");
+  free(before);
+  free(after);
+  DT_ASSERT_OK(dt_adamw_destroy(opt));
+  DT_ASSERT_OK(dt_llama_destroy(m));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * 6. a 2-D mesh (data x model): tensor-parallel blocks sharded on the model dim, DDP on the data
  * dim (a bucket holds the parameters' local shards; its all-reduce runs on the data dim only) */
@@ -622,6 +660,7 @@ int main(int argc, char** argv) {
   test_traffic();
   test_buckets();
   test_bad_input();
+  test_flags_after_wrap();
   test_2d();
   DT_ASSERT_OK(dt_corpus_destroy(g_corpus));
   DT_ASSERT_OK(dt_mesh_destroy(g_mesh));

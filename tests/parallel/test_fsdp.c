@@ -1048,6 +1048,31 @@ static void test_misuse(void) {
     DT_ASSERT_TRUE(memcmp(before, after, sizeof before) == 0, "the frozen bias moved");
     DT_ASSERT_OK(dt_adamw_destroy(opt));
     DT_ASSERT_OK(dt_tape_reset(tape));
+    /* flags changed between steps: the bias unfrozen gets its gradient (loss = sum(fc2(fc1(x))),
+     * 6 rows: d/db1[j] = 6 * sum_k W2[k][j]), the weight frozen gets none */
+    DT_ASSERT_STATUS(dt_var_set_requires_grad(loss, 0), DT_ERR_INVALID_USAGE); /* reset: dead */
+    DT_ASSERT_OK(dt_var_set_requires_grad(b, 1));
+    DT_ASSERT_OK(dt_var_set_requires_grad(w, 0));
+    for (int i = 0; i < n; i++) DT_ASSERT_OK(dt_var_zero_grad(ps[i]));
+    DT_ASSERT_OK(tiny_forward(m, tape, 5, &loss));
+    DT_ASSERT_STATUS(dt_var_set_requires_grad(loss, 0), DT_ERR_INVALID_ARG); /* not a leaf */
+    DT_ASSERT_OK(dt_tape_backward(tape, loss));
+    DT_ASSERT_TRUE(dt_var_grad(b) != NULL && dt_var_grad(w) == NULL, "unfrozen bias without a "
+                   "gradient (%p) or frozen weight with one (%p)", (void*)dt_var_grad(b),
+                   (void*)dt_var_grad(w));
+    float w2[6], gb[3];
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(dt_module_get(m, "fc2.weight")), w2,
+                                       sizeof w2));
+    DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(b), gb, sizeof gb));
+    for (int j = 0; j < 3; j++) {
+      const double want = 6.0 * ((double)w2[j] + (double)w2[3 + j]);
+      DT_ASSERT_TRUE(fabs(gb[j] - want) <= 1e-5 * (1.0 + fabs(want)), "unfrozen bias gradient "
+                     "%d: %g, want %g", j, (double)gb[j], want);
+    }
+    DT_ASSERT_OK(dt_tape_reset(tape));
+    for (int i = 0; i < n; i++) DT_ASSERT_OK(dt_var_zero_grad(ps[i]));
+    DT_ASSERT_OK(dt_var_set_requires_grad(b, 0)); /* back as built, for what follows */
+    DT_ASSERT_OK(dt_var_set_requires_grad(w, 1));
     /* a forward that fails (6 input features for 5) puts the sharded parameters back */
     DT_ASSERT_STATUS(tiny_forward(m, tape, 6, &loss), DT_ERR_INVALID_ARG);
     DT_ASSERT_OK(dt_module_params(m, &ps, &n));
