@@ -1178,7 +1178,8 @@ dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
   DT_MPI_CHECK(MPI_Initialized(&inited));
   if (!inited) {
     int provided = 0;
-    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    /* SERIALIZED: any thread may call the library, one call at a time (a trainer's worker) */
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) return DT_FAIL(DT_ERR_MPI, "MPI_Init_thread failed (code %d)", rc);
     *we_initialized = 1;
   }
