@@ -119,6 +119,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <cjson/cJSON.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <math.h>
 #include <mpi.h>
@@ -202,6 +203,53 @@ static const char* mb_note(int batch, int micro) {
   snprintf(note, sizeof note, " / --micro-batches %d (= %d sequences a pass)", micro,
            batch / micro);
   return note;
+}
+
+/* --freeze: every parameter whose name matches one of the comma-separated patterns (fnmatch: *,
+ * ?, [...]; "tok_emb", "layers.0.*", "*norm") stops training: no gradient, no optimizer step.
+ * Returns the count frozen and their elements, or -1 with the pattern that matched nothing in
+ * err (a typo would otherwise train everything). Before wrapping, so that every wrapper sees the
+ * parameter frozen (DDP leaves it out of its buckets). */
+static int freeze_params(dt_llama_t model, const char* spec, int64_t* numel, char* err,
+                         size_t cap) {
+  dt_var_t* ps;
+  const char* const* names;
+  int n;
+  if (dt_llama_params(model, &ps, &names, &n, NULL) != DT_SUCCESS) {
+    snprintf(err, cap, "%s", dt_last_error());
+    return -1;
+  }
+  int frozen = 0;
+  *numel = 0;
+  char pats[256];
+  snprintf(pats, sizeof pats, "%s", spec);
+  for (char *save = NULL, *pat = strtok_r(pats, ",", &save); pat;
+       pat = strtok_r(NULL, ",", &save)) {
+    int hits = 0;
+    for (int i = 0; i < n; i++) {
+      if (fnmatch(pat, names[i], 0) != 0) continue;
+      hits++;
+      int rg = 0, nd = 0;
+      int64_t shape[DT_MAX_DIMS], k = 1;
+      if (dt_var_requires_grad(ps[i], &rg) != DT_SUCCESS || !rg) continue; /* matched before */
+      if (dt_var_set_requires_grad(ps[i], 0) != DT_SUCCESS ||
+          dt_tensor_ndim(dt_var_value(ps[i]), &nd) != DT_SUCCESS ||
+          dt_tensor_shape(dt_var_value(ps[i]), shape) != DT_SUCCESS) {
+        snprintf(err, cap, "%s", dt_last_error());
+        return -1;
+      }
+      for (int d = 0; d < nd; d++) k *= shape[d];
+      frozen++;
+      *numel += k;
+    }
+    if (hits == 0) {
+      snprintf(err, cap, "--freeze pattern '%.64s' matches no parameter (names such as %s, %s, "
+               "%s)", pat, n > 0 ? names[0] : "", n > 1 ? names[1] : "",
+               n > 0 ? names[n - 1] : "");
+      return -1;
+    }
+  }
+  return frozen;
 }
 
 /* A failed library call ends the run: the library's message first, the call after it; exit
@@ -894,6 +942,13 @@ int train_main(int argc, char** argv) {
    * final norm and the output projection); DDP the whole model */
   dt_module_t root;
   CHECK(dt_llama_module(model, &root));
+  int64_t frozen_numel = 0;
+  int n_frozen = 0;
+  if (o.freeze[0]) {
+    char ferr[512];
+    n_frozen = freeze_params(model, o.freeze, &frozen_numel, ferr, sizeof ferr);
+    if (n_frozen < 0) return usage_error("%s", ferr);
+  }
   char par_desc[160], mesh_desc[128];
   if (pconf && CP > 1) snprintf(mesh_desc, sizeof mesh_desc, "(tp, dp, cp) %dx%dx%d", T, D * E, CP);
   else if (pconf) snprintf(mesh_desc, sizeof mesh_desc, "(tp, dp) %dx%d", T, D * E);
@@ -990,7 +1045,17 @@ int train_main(int argc, char** argv) {
   CHECK(dt_llama_params(model, &params, NULL, &np, &nparam));
   dt_adamw_config_t ac = {o.lr, 0.9, 0.95, 1e-8, 0.1, o.bf16_moments};
   dt_adamw_t opt;
-  CHECK(dt_adamw_create(&ac, np, params, &opt));
+  /* the optimizer over the trained parameters only (--freeze: no moments for the frozen ones,
+   * as PyTorch's fine-tuning scripts filter on requires_grad) */
+  dt_var_t* trainable = malloc(sizeof(dt_var_t) * (size_t)(np > 0 ? np : 1));
+  int n_train = 0;
+  if (trainable == NULL) return usage_error("no memory for %d parameter handles", np);
+  for (int i = 0; i < np; i++) {
+    int rg = 0;
+    CHECK(dt_var_requires_grad(params[i], &rg));
+    if (rg) trainable[n_train++] = params[i];
+  }
+  CHECK(dt_adamw_create(&ac, n_train, trainable, &opt));
   /* distributed checkpoints: the parameters as the wrapped model holds them (FSDP shards, TP
    * shards, experts), the AdamW state, and where the run is (loaded onto any layout) */
   dt_checkpoint_t ck = NULL;
@@ -1071,6 +1136,9 @@ int train_main(int argc, char** argv) {
     if (corpus && !isnan(dt_corpus_entropy_floor(corpus)))
       printf("# corpus: order-%d Markov chain over %d symbols, entropy floor %.4f nats\n", o.order,
              o.vocab, dt_corpus_entropy_floor(corpus));
+    if (n_frozen > 0)
+      printf("# frozen (--freeze %s): %d parameters, %lld of %lld elements\n", o.freeze, n_frozen,
+             (long long)frozen_numel, (long long)nparam);
   }
   int64_t bs = (int64_t)o.batch * o.seq;
   const int fits = (uint64_t)bs <= SIZE_MAX / sizeof(int64_t);
@@ -1311,6 +1379,7 @@ int train_main(int argc, char** argv) {
   free(cp_row);
   dt_tape_destroy(tape);
   dt_adamw_destroy(opt);
+  free(trainable);
   dt_llama_destroy(model);
   if (corpus) dt_corpus_destroy(corpus);
   dt_mesh_destroy(emesh);

@@ -102,6 +102,10 @@ static const opt_doc_t kDocs[] = {
     {"warmup", "optimizer (AdamW)", "N", "warmup steps", NULL},
     {"clip", "optimizer (AdamW)", "X", "gradient norm clipping threshold", NULL},
     {"bf16_moments", "optimizer (AdamW)", NULL, "keep the AdamW moments in bf16", "off"},
+    {"freeze", "optimizer (AdamW)", "\"PATTERN,..\"",
+     "parameters not trained (fine-tuning): names matching a pattern (* ? [..], e.g. "
+     "\"tok_emb,layers.0.*\") get no gradient and no step; a pattern matching none is an error",
+     "none"},
     {"mesh", "parallelism", "N|AxB[xC]", "the device mesh", "1-D over all ranks"},
     {"plan", "parallelism", "\"PATTERN=PLACEMENTS;..\"",
      "tensor-parallel placements by parameter name (--parallel none)", "Megatron-style, below"},
@@ -283,6 +287,7 @@ static const struct {
     STR_OPT(mesh),    STR_OPT(model), STR_OPT(data),     STR_OPT(plan),
     STR_OPT(metrics), STR_OPT(plot),  STR_OPT(parallel), STR_OPT(param_dtype),
     STR_OPT(device),  STR_OPT(checkpoint_dir), STR_OPT(resume_from), STR_OPT(machine),
+    STR_OPT(freeze),
 #undef STR_OPT
 };
 
@@ -322,6 +327,9 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
         return fail(err, cap, "model must be dense or moe, got '%.64s'", val);
     } else if (!strcmp(key, "data")) {
       if (n == 0) return fail(err, cap, "data must be markov or a file path");
+    } else if (!strcmp(key, "freeze")) {
+      if (n > 0 && (val[0] == ',' || val[n - 1] == ',' || strstr(val, ",,") != NULL))
+        return fail(err, cap, "freeze '%.64s' has an empty pattern (PATTERN,PATTERN,..)", val);
     } else if (!strcmp(key, "metrics") || !strcmp(key, "plot")) {
       if (strpbrk(val, "'\"`$\\") != NULL)
         return fail(err, cap, "%s path '%.64s' must not contain quotes, '$' or '\\'", key, val);

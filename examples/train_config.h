@@ -16,6 +16,7 @@ typedef struct train_opts {
   char param_dtype[8]; /* FSDP/HSDP all-gather and compute dtype: f32 or bf16 ("" until set: f32
                         * on the cpu, bf16 on a cuda device) */
   char device[16];     /* where tensors live: cpu (default), cuda, cuda-emu */
+  char freeze[256];    /* comma-separated name patterns of parameters not trained ("": none) */
   int steps, batch, seq, dim, layers, heads, kv_heads, experts, top_k, vocab, order, warmup;
   int ffn_dim; /* MLP width (0: the model's default rule) */
   int micro_batches; /* the batch in this many sequential passes, gradients accumulated */

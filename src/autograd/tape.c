@@ -959,8 +959,9 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
     }
     for (int t = 0; t < n->n_in && st == DT_SUCCESS; t++) {
       if (gin[t] == NULL) continue;
-      if (!n->in[t]->requires_grad) {
+      if (!n->in[t]->requires_grad) { /* a rule that computes every input's gradient */
         dt__tensor_free(gin[t]);
+        gin[t] = NULL;
         continue;
       }
       st = dt__accumulate(n->in[t], gin[t]);

@@ -6,6 +6,7 @@
  *   - the gradient of a redistribution goes back to the source placements (a source Partial
  *     becoming Replicate) with the right values;
  *   - AdamW with bf16 moments stays within bf16 rounding of the f32-moment update;
+ *   - a frozen embedding: the other gradients as without it, none for it (no double free);
  *   - errors: a non-scalar loss, an op without a backward rule on a variable that needs one
  *     (allowed with grad mode off), a loss that needs no gradient.
  */
@@ -112,6 +113,65 @@ static void micro_batches(dt_corpus_t corpus) {
   free(full);
   DT_ASSERT_OK(dt_tape_destroy(tape));
   DT_ASSERT_OK(dt_llama_destroy(m));
+}
+
+/* A frozen input whose op's rule computes every input's gradient (rms_norm after a frozen
+ * embedding: the normalized activations need none): the gradient made for it is dropped once
+ * (it was freed twice). Every other parameter's gradient equals the unfrozen model's; the frozen
+ * one has none; three passes over the tape (a double free shows under ASan and the guarded
+ * backend). */
+static void frozen_embedding(dt_corpus_t corpus) {
+  dt_llama_config_t c = small_cfg();
+  dt_llama_t m[2];
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  float* want[64] = {NULL};
+  int n = 0;
+  for (int k = 0; k < 2; k++) {
+    DT_ASSERT_OK(dt_llama_create(g_mesh, &c, kTP, &m[k]));
+    dt_var_t* p;
+    const char* const* names;
+    DT_ASSERT_OK(dt_llama_params(m[k], &p, &names, &n, NULL));
+    DT_ASSERT_TRUE(n <= 64 && strcmp(names[0], "tok_emb") == 0, "params %d, first '%s'", n,
+                   names[0]);
+    if (k == 1) DT_ASSERT_OK(dt_var_set_requires_grad(p[0], 0));
+    for (int pass = 0; pass < (k ? 3 : 1); pass++) {
+      dt_tensor_t tok, tgt;
+      dt_var_t loss;
+      for (int i = 0; i < n; i++) DT_ASSERT_OK(dt_var_zero_grad(p[i]));
+      batch(corpus, 0, 8, 0, 8, &tok, &tgt);
+      DT_ASSERT_OK(dt_llama_forward(m[k], tape, tok, tgt, &loss, NULL));
+      DT_ASSERT_OK(dt_tape_backward(tape, loss));
+      DT_ASSERT_OK(dt_tape_reset(tape));
+      dt_tensor_destroy(tok);
+      dt_tensor_destroy(tgt);
+    }
+    DT_ASSERT_TRUE(k == 0 || dt_var_grad(p[0]) == NULL, "the frozen tok_emb has a gradient");
+    for (int i = 1; i < n; i++) {
+      dt_tensor_t g = dt_var_grad(p[i]);
+      DT_ASSERT_TRUE(g != NULL, "parameter %s has no gradient (frozen %d)", names[i], k);
+      int nd;
+      int64_t sh[8], ne = 1;
+      DT_ASSERT_OK(dt_tensor_ndim(g, &nd));
+      DT_ASSERT_OK(dt_tensor_shape(g, sh));
+      for (int d = 0; d < nd; d++) ne *= sh[d];
+      float* v = malloc(sizeof(float) * (size_t)ne);
+      DT_ASSERT_TRUE(v != NULL, "malloc");
+      DT_ASSERT_OK(dt_tensor_gather_full(g, v, sizeof(float) * (size_t)ne));
+      if (k == 0) {
+        want[i] = v;
+        continue;
+      }
+      for (int64_t e = 0; e < ne; e++)
+        DT_ASSERT_TRUE(fabsf(v[e] - want[i][e]) <= 1e-6f * (1.0f + fabsf(want[i][e])),
+                       "%s[%lld]: %g with tok_emb frozen, %g without", names[i], (long long)e,
+                       (double)v[e], (double)want[i][e]);
+      free(v);
+      free(want[i]);
+    }
+  }
+  for (int k = 0; k < 2; k++) DT_ASSERT_OK(dt_llama_destroy(m[k]));
+  DT_ASSERT_OK(dt_tape_destroy(tape));
 }
 
 static void clipping(dt_corpus_t corpus) {
@@ -388,6 +448,7 @@ int main(int argc, char** argv) {
   dt_corpus_t corpus;
   DT_ASSERT_OK(dt_corpus_markov(16, 2, 4096, 3, &corpus));
   micro_batches(corpus);
+  frozen_embedding(corpus);
   clipping(corpus);
   redistribute_grad();
   adamw_bf16();
