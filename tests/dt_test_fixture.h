@@ -1,13 +1,33 @@
-/* dt_test_fixture.h - the PyTorch op fixtures (tests/reference/ops_fixtures.json) for MPI tests:
- * tensors as doubles, packing into a dtype's storage, the per-input placement options. */
+/* dt_test_fixture.h - the PyTorch op fixtures (tests/reference/ops_fixtures.json and
+ * special_fixtures.json) for MPI tests: tensors as doubles, packing into a dtype's storage, the
+ * per-input placement options. */
 #ifndef DT_TEST_FIXTURE_H
 #define DT_TEST_FIXTURE_H
 
+#include <math.h>
 #include <string.h>
 
 #include "dt_test_json.h"
 
 #define FX_MAXT 8
+
+/* A fixture number: a JSON number, or one of the strings "nan", "inf" and "-inf" (JSON has no
+ * non-finite numbers). */
+static inline double fx_num(const cJSON* j) {
+  if (cJSON_IsNumber(j)) return j->valuedouble;
+  DT_ASSERT_TRUE(cJSON_IsString(j), "fixture number expected");
+  if (strcmp(j->valuestring, "nan") == 0) return NAN;
+  if (strcmp(j->valuestring, "inf") == 0) return INFINITY;
+  DT_ASSERT_TRUE(strcmp(j->valuestring, "-inf") == 0, "fixture number '%s'", j->valuestring);
+  return -INFINITY;
+}
+
+/* got matches want: both NaN, the same infinity, or |got - want| <= atol + rtol |want|. */
+static inline int fx_close(double got, double want, double atol, double rtol) {
+  if (isnan(want) || isnan(got)) return isnan(want) && isnan(got);
+  if (isinf(want) || isinf(got)) return got == want;
+  return fabs(got - want) <= atol + rtol * fabs(want);
+}
 
 typedef struct {
   dt_dtype_t dtype;
@@ -34,7 +54,7 @@ static inline void fx_load_tensor(const cJSON* j, fx_tensor_t* t) {
   const cJSON* data = cJSON_GetObjectItem(j, "data");
   DT_ASSERT_EQ(cJSON_GetArraySize(data), t->numel);
   t->data = (double*)malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
-  for (int64_t i = 0; i < t->numel; i++) t->data[i] = cJSON_GetArrayItem(data, (int)i)->valuedouble;
+  for (int64_t i = 0; i < t->numel; i++) t->data[i] = fx_num(cJSON_GetArrayItem(data, (int)i));
 }
 
 static inline size_t fx_itemsize(dt_dtype_t t) {
@@ -136,7 +156,7 @@ static inline void fx_args(const cJSON* c, int* nia, int64_t* iargs, int* nfa, d
   *nia = cJSON_GetArraySize(ja);
   *nfa = cJSON_GetArraySize(jf);
   for (int k = 0; k < *nia; k++) iargs[k] = (int64_t)cJSON_GetArrayItem(ja, k)->valuedouble;
-  for (int k = 0; k < *nfa; k++) fargs[k] = cJSON_GetArrayItem(jf, k)->valuedouble;
+  for (int k = 0; k < *nfa; k++) fargs[k] = fx_num(cJSON_GetArrayItem(jf, k));
 }
 
 #endif
