@@ -63,8 +63,9 @@ typedef struct {
 
 static MPI_Comm dt__world = MPI_COMM_NULL;
 static dt_comm_t dt__world_comm;
-static MPI_Op dt__half_ops[2][3]; /* [bf16, f16][sum, max, min] */
-static int dt__half_ops_ready = 0;
+/* [bf16, f16, f32][sum, max, min]; f32 sums use MPI_SUM (no entry) */
+static MPI_Op dt__user_ops[3][3];
+static int dt__user_ops_ready = 0;
 static int dt__mpi_owned = 0; /* dt_init started MPI */
 static int64_t dt__maxc = INT_MAX;
 static int64_t dt__box_min = -1; /* all_to_all_box: DT__BOX_MIN_NBYTES or
@@ -156,7 +157,8 @@ static dt_status_t dt__wait_handles(MPI_Comm comm, int n, MPI_Request* h, const 
   } while (0)
 
 /* ---------------------------------------------------------------------------------------------
- * 16-bit float reductions */
+ * user reductions: 16-bit floats (computed in f32), and f32 max / min that propagate a NaN of
+ * either side as the host reduction does (MPI_MAX's result depends on the operands' order) */
 
 #define DT__HALF_OP(NAME, LOAD, STORE, EXPR)                              \
   static void NAME(void* in, void* inout, int* len, MPI_Datatype* type) { \
@@ -175,6 +177,19 @@ DT__HALF_OP(dt__f16_sum, dt__f16_to_f32, dt__f32_to_f16, x + y)
 DT__HALF_OP(dt__f16_max, dt__f16_to_f32, dt__f32_to_f16, (x > y || x != x) ? x : y)
 DT__HALF_OP(dt__f16_min, dt__f16_to_f32, dt__f32_to_f16, (x < y || x != x) ? x : y)
 
+#define DT__F32_OP(NAME, EXPR)                                            \
+  static void NAME(void* in, void* inout, int* len, MPI_Datatype* type) { \
+    (void)type;                                                           \
+    const float* a = (const float*)in;                                    \
+    float* b = (float*)inout;                                             \
+    for (int i = 0; i < *len; i++) {                                      \
+      float x = a[i], y = b[i];                                           \
+      b[i] = (EXPR);                                                      \
+    }                                                                     \
+  }
+DT__F32_OP(dt__f32_max, (x > y || x != x) ? x : y)
+DT__F32_OP(dt__f32_min, (x < y || x != x) ? x : y)
+
 static MPI_Datatype dt__mpi_type(dt_dtype_t d) {
   switch (d) {
     case DT_F32: return MPI_FLOAT;
@@ -189,8 +204,8 @@ static MPI_Datatype dt__mpi_type(dt_dtype_t d) {
 static dt_status_t dt__mpi_op(dt_dtype_t d, dt_reduce_op_t op, MPI_Op* out) {
   int k = op == DT_REDUCE_SUM ? 0 : op == DT_REDUCE_MAX ? 1 : op == DT_REDUCE_MIN ? 2 : -1;
   if (k < 0) return DT_FAIL(DT_ERR_INTERNAL, "reduce op %d has no MPI equivalent", (int)op);
-  if (d == DT_BF16 || d == DT_F16) {
-    *out = dt__half_ops[d == DT_F16][k];
+  if (d == DT_BF16 || d == DT_F16 || (d == DT_F32 && k > 0)) {
+    *out = dt__user_ops[d == DT_BF16 ? 0 : d == DT_F16 ? 1 : 2][k];
   } else {
     static const MPI_Op std_ops[3] = {MPI_SUM, MPI_MAX, MPI_MIN};
     *out = std_ops[k];
@@ -1190,12 +1205,16 @@ dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
     DT_CHECK(dt__dup_bounded(dt__world, &wc));
     DT_CHECK(dt__comm_wrap(wc, &dt__world_comm));
   }
-  if (!dt__half_ops_ready) {
-    MPI_User_function* fns[2][3] = {{dt__bf16_sum, dt__bf16_max, dt__bf16_min},
-                                    {dt__f16_sum, dt__f16_max, dt__f16_min}};
-    for (int d = 0; d < 2; d++)
-      for (int k = 0; k < 3; k++) DT_MPI_CHECK(MPI_Op_create(fns[d][k], 1, &dt__half_ops[d][k]));
-    dt__half_ops_ready = 1;
+  if (!dt__user_ops_ready) {
+    MPI_User_function* fns[3][3] = {{dt__bf16_sum, dt__bf16_max, dt__bf16_min},
+                                    {dt__f16_sum, dt__f16_max, dt__f16_min},
+                                    {NULL, dt__f32_max, dt__f32_min}};
+    for (int d = 0; d < 3; d++)
+      for (int k = 0; k < 3; k++) {
+        dt__user_ops[d][k] = MPI_OP_NULL;
+        if (fns[d][k] != NULL) DT_MPI_CHECK(MPI_Op_create(fns[d][k], 1, &dt__user_ops[d][k]));
+      }
+    dt__user_ops_ready = 1;
   }
   dt__ck_on = (dt__debug_mask() & DT_DBG_COLLECTIVES) != 0;
   DT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &dt__ck_wrank));
@@ -1219,10 +1238,11 @@ dt_status_t dt__comm_mpi_finalize(int we_initialized) {
   dt__ck_cap = 0;
   if (finalized) return DT_SUCCESS;
   dt__comm_release(&dt__world_comm);
-  if (dt__half_ops_ready) {
-    for (int d = 0; d < 2; d++)
-      for (int k = 0; k < 3; k++) MPI_Op_free(&dt__half_ops[d][k]);
-    dt__half_ops_ready = 0;
+  if (dt__user_ops_ready) {
+    for (int d = 0; d < 3; d++)
+      for (int k = 0; k < 3; k++)
+        if (dt__user_ops[d][k] != MPI_OP_NULL) MPI_Op_free(&dt__user_ops[d][k]);
+    dt__user_ops_ready = 0;
   }
   if (dt__world != MPI_COMM_NULL) MPI_Comm_free(&dt__world);
   if (we_initialized) DT_MPI_CHECK(MPI_Finalize());
