@@ -68,6 +68,17 @@ extern "C" {
  *               others are redistributed to its placements (a Partial grad is reduced on the way
  *               in), and it must not share memory with another input.
  * bf16/f16 tensors are stored as such and computed in f32 (converted on load and store).
+ * Special values as in PyTorch (tests/reference/make_special_fixtures.py): NaN propagates through
+ * relu, maximum/minimum, amax/amin (across ranks too) and softmax rows; the mean of no elements is
+ * NaN, their sum 0, and amax/amin over an empty dim is DT_ERR_INVALID_ARG; pow computes the
+ * exponents 0.5, -0.5, 2, 3, -1 and -2 as sqrt, rsqrt, products and reciprocals (pow(-inf, 0.5)
+ * is NaN); dropout multiplies (a dropped NaN stays NaN; p = 1 gives x * 0); index ops refuse
+ * negative and out-of-range indices (DT_ERR_INVALID_ARG on every rank). Gradients: relu'(0) = 0,
+ * maximum/minimum give g half to each side on ties, amax/amin share it evenly among ties, pow
+ * with exponent 0 gives zeros. Deliberately different: cast of NaN, inf or a float outside the
+ * integer type's range to i32/i64 is DT_ERR_INVALID_ARG (PyTorch's value is platform-dependent:
+ * the type's minimum on x86), while i64 -> i32 wraps as PyTorch; topk lists tied values by lower
+ * index first (PyTorch leaves the order of ties unspecified) and counts NaN as the largest.
  * Views: view, reshape, flatten, unflatten, squeeze and unsqueeze return a tensor that shares its
  * input's storage (no copy; writes through either are seen by both; the storage lives until the
  * last tensor using it is destroyed) whenever the selected strategy keeps the local elements in

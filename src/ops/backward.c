@@ -235,6 +235,8 @@ dt_status_t dt__bw_rsqrt(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t*
   return dt__power_grad(gout[0], c->out[0], 3.0, -0.5, &gin[0]);
 }
 dt_status_t dt__bw_pow(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  /* exponent 0: zeros, as PyTorch (0 x^-1 would be NaN at x = 0) */
+  if ((float)c->fargs[0] == 0.0f) return dt__zeros_like(c->in[0], &gin[0]);
   return dt__power_grad(gout[0], c->in[0], c->fargs[0] - 1.0, c->fargs[0], &gin[0]);
 }
 
@@ -617,27 +619,24 @@ dt_status_t dt__bw_amin(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
   return dt__extreme_bw(c, gout, gin);
 }
 
-/* maximum/minimum: the gradient goes to the chosen operand, to a on ties. */
+/* maximum/minimum, as PyTorch: the gradient goes to the chosen operand, half to each on ties,
+ * and whole to both where a NaN is compared. Operand t gets g (1 - [t loses] - [a == b] / 2), t
+ * losing where the other is strictly greater (maximum) or smaller (minimum). */
 static dt_status_t dt__minmax_bw(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin,
                                  int mx) {
   dt__scope_t s = {0};
-  dt_tensor_t ma, mb, p;
-  /* a wins where a >= b (maximum) or b >= a (minimum) */
-  dt_status_t st = mx ? dt__op2(DT_OP_GE, c->in[0], c->in[1], &ma)
-                      : dt__op2(DT_OP_GE, c->in[1], c->in[0], &ma);
-  if (st == DT_SUCCESS) {
-    dt__keep(&s, ma);
-    st = dt__scale(ma, -1.0, &mb);
-  }
-  if (st == DT_SUCCESS) {
-    dt_tensor_t one;
-    double c1 = 1.0;
-    st = dt__opa(DT_OP_ADD_SCALAR, 1, (dt__keep(&s, mb), &mb), 0, NULL, 1, &c1, &one);
-    if (st == DT_SUCCESS) mb = dt__keep(&s, one);
-  }
+  dt_tensor_t eq, half, lose, w, w1, p;
+  const double one = 1.0;
+  dt_status_t st = dt__op2(DT_OP_EQ, c->in[0], c->in[1], &eq);
+  if (st == DT_SUCCESS) st = dt__scale(dt__keep(&s, eq), -0.5, &half);
+  if (st == DT_SUCCESS) dt__keep(&s, half);
   for (int t = 0; t < 2 && st == DT_SUCCESS; t++) {
     if (!c->needs[t]) continue;
-    st = dt__op2(DT_OP_MUL, gout[0], t ? mb : ma, &p);
+    dt_tensor_t other = c->in[1 - t];
+    st = mx ? dt__op2(DT_OP_GT, other, c->in[t], &lose) : dt__op2(DT_OP_GT, c->in[t], other, &lose);
+    if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, half, dt__keep(&s, lose), &w);
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_ADD_SCALAR, 1, (dt__keep(&s, w), &w), 0, NULL, 1, &one, &w1);
+    if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, gout[0], dt__keep(&s, w1), &p);
     if (st == DT_SUCCESS) {
       st = dt__unbroadcast(p, c->in[t], &gin[t]);
       dt__tensor_free(p);

@@ -47,8 +47,9 @@ static float dt__f_add(float a, float b) { return a + b; }
 static float dt__f_sub(float a, float b) { return a - b; }
 static float dt__f_mul(float a, float b) { return a * b; }
 static float dt__f_div(float a, float b) { return a / b; }
-static float dt__f_max(float a, float b) { return (a > b || a != a) ? a : b; }
-static float dt__f_min(float a, float b) { return (a < b || a != a) ? a : b; }
+/* a NaN of either side propagates; a on ties (-0.0 against 0.0), as PyTorch */
+static float dt__f_max(float a, float b) { return (a >= b || a != a) ? a : b; }
+static float dt__f_min(float a, float b) { return (a <= b || a != a) ? a : b; }
 static float dt__f_eq(float a, float b) { return a == b ? 1.0f : 0.0f; }
 static float dt__f_ge(float a, float b) { return a >= b ? 1.0f : 0.0f; }
 static float dt__f_gt(float a, float b) { return a > b ? 1.0f : 0.0f; }
@@ -147,7 +148,7 @@ DT__BINARY_KERNEL(dt__kernel_gt, dt__f_gt)
 
 typedef float (*dt__unop_t)(float);
 static float dt__f_neg(float x) { return -x; }
-static float dt__f_relu(float x) { return x > 0.0f ? x : 0.0f; }
+static float dt__f_relu(float x) { return x < 0.0f ? 0.0f : x; } /* NaN stays NaN, as PyTorch */
 static float dt__f_exp(float x) { return dt__expf(x); }
 static float dt__f_log(float x) { return logf(x); }
 static float dt__f_sqrt(float x) { return sqrtf(x); }
@@ -214,7 +215,7 @@ DT_SIMD static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_t
           acc = kind == 2 ? ((x[j] > acc || x[j] != x[j]) ? x[j] : acc)
                           : ((x[j] < acc || x[j] != x[j]) ? x[j] : acc);
       }
-      o[r] = kind == 1 && count > 0 ? acc / (float)count : acc;
+      o[r] = kind == 1 ? acc / (float)count : acc;
     }
     return DT_SUCCESS;
   }
@@ -240,7 +241,7 @@ DT_SIMD static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_t
       idx[d] = 0;
     }
   }
-  if (kind == 1 && count > 0)
+  if (kind == 1) /* count 0: the mean of nothing is 0 / 0 = NaN, as PyTorch */
     for (int64_t i = 0; i < on; i++) o[i] /= (float)count;
   return DT_SUCCESS;
 }
@@ -263,7 +264,9 @@ dt_status_t dt__kernel_amin(const dt_op_call_t* call, const dt_local_tensor_t* i
 }
 
 /* ---------------------------------------------------------------------------------------------
- * softmax / log_softmax along iargs[0] (whole on this rank), numerically stable */
+ * softmax / log_softmax along iargs[0] (whole on this rank), numerically stable: with m the row's
+ * maximum and s = sum exp(x - m), exp(x - m) / s and (x - m) - log s, as PyTorch (not x - lse
+ * with lse = m + log s rounded to f32, which at |m| = 1e4 is off by 5e-4) */
 
 static dt_status_t dt__softmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                dt_local_tensor_t* out, int log_form) {
@@ -282,10 +285,14 @@ static dt_status_t dt__softmax(const dt_op_call_t* call, const dt_local_tensor_t
       float mx = -INFINITY;
       for (int64_t k = 0; k < len; k++) mx = fmaxf(mx, x[k * inner]);
       double sum = 0.0;
-      for (int64_t k = 0; k < len; k++) sum += exp((double)x[k * inner] - mx);
-      float lse = mx + (float)log(sum);
+      for (int64_t k = 0; k < len; k++) {
+        const double e = exp((double)x[k * inner] - mx);
+        sum += e;
+        if (!log_form) y[k * inner] = (float)e;
+      }
+      const double ls = log(sum), inv = 1.0 / sum;
       for (int64_t k = 0; k < len; k++)
-        y[k * inner] = log_form ? x[k * inner] - lse : expf(x[k * inner] - lse);
+        y[k * inner] = (float)(log_form ? ((double)x[k * inner] - mx) - ls : y[k * inner] * inv);
     }
   return DT_SUCCESS;
 }

@@ -23,7 +23,7 @@ DT_SIMD dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local
   float* o = (float*)out->data;
   switch ((int)call->iargs[0]) {
     case DT_ACT_RELU:
-      for (int64_t i = 0; i < n; i++) o[i] = x[i] > 0.0f ? g[i] : 0.0f;
+      for (int64_t i = 0; i < n; i++) o[i] = x[i] <= 0.0f ? 0.0f : g[i]; /* NaN x: g, as PyTorch */
       break;
     case DT_ACT_SILU:
       for (int64_t i = 0; i < n; i++) {

@@ -71,6 +71,9 @@ dt_status_t dt__kernel_mul_scalar(const dt_op_call_t* call, const dt_local_tenso
   return DT_SUCCESS;
 }
 
+/* pow as PyTorch computes it: the exponents 0.5, -0.5, 2, 3, -1 and -2 as sqrt, rsqrt, x x,
+ * x x x, 1 / x and 1 / (x x) (so pow(-inf, 0.5) is NaN and pow(-0.0, -0.5) is -inf, where powf
+ * gives inf and inf), every other one through powf. */
 dt_status_t dt__kernel_pow(const dt_op_call_t* call, const dt_local_tensor_t* in,
                            dt_local_tensor_t* out) {
   DT_CHECK(dt__need_f32(call, &in[0]));
@@ -80,27 +83,49 @@ dt_status_t dt__kernel_pow(const dt_op_call_t* call, const dt_local_tensor_t* in
   float s = (float)call->fargs[0];
   if (s == 2.0f)
     for (int64_t i = 0; i < n; i++) o[i] = a[i] * a[i];
+  else if (s == 3.0f)
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] * a[i] * a[i];
+  else if (s == 0.5f)
+    for (int64_t i = 0; i < n; i++) o[i] = sqrtf(a[i]);
+  else if (s == -0.5f)
+    for (int64_t i = 0; i < n; i++) o[i] = 1.0f / sqrtf(a[i]);
+  else if (s == -1.0f)
+    for (int64_t i = 0; i < n; i++) o[i] = 1.0f / a[i];
+  else if (s == -2.0f)
+    for (int64_t i = 0; i < n; i++) o[i] = 1.0f / (a[i] * a[i]);
   else
     for (int64_t i = 0; i < n; i++) o[i] = powf(a[i], s);
   return DT_SUCCESS;
 }
 
-/* cast: element-wise conversion through double; float to integer truncates toward zero (as
- * PyTorch), NaN/inf to an integer is an error rather than an unspecified value. */
+/* cast: element-wise conversion. Float to integer truncates toward zero (as PyTorch); NaN, inf
+ * and values outside the integer type are an error rather than PyTorch's platform-dependent
+ * value (x86: the type's minimum). Integer to integer is exact, narrowing wraps modulo 2^32 (as
+ * PyTorch); integer to float rounds once. */
 dt_status_t dt__kernel_cast(const dt_op_call_t* call, const dt_local_tensor_t* in,
                             dt_local_tensor_t* out) {
   (void)call;
   int64_t n = dt__local_numel(out);
-  int to_int = !dt__dtype_is_float(out->dtype);
-  if (!to_int && dt__dtype_is_float(in[0].dtype)) /* float to float: the same values, vectorized */
+  int to_int = !dt__dtype_is_float(out->dtype), from_int = !dt__dtype_is_float(in[0].dtype);
+  if (!to_int && !from_int) /* float to float: the same values, vectorized */
     return dt__host_convert(in[0].backend, in[0].data, in[0].dtype, out->data, out->dtype, n);
   for (int64_t i = 0; i < n; i++) {
+    if (from_int) {
+      int64_t v = dt__index_at(&in[0], i);
+      if (out->dtype == DT_I64) ((int64_t*)out->data)[i] = v;
+      else if (out->dtype == DT_I32) ((int32_t*)out->data)[i] = (int32_t)(uint32_t)(uint64_t)v;
+      else if (out->dtype == DT_F32) ((float*)out->data)[i] = (float)v;
+      else dt__store(out->data, out->dtype, i, (double)(float)v);
+      continue;
+    }
     double v = dt__load(in[0].data, in[0].dtype, i);
     if (to_int) {
-      if (!isfinite(v))
-        return DT_FAIL(DT_ERR_INVALID_ARG, "cast: %g cannot be converted to %s", v,
-                       dt_dtype_name(out->dtype));
+      const double lim = out->dtype == DT_I32 ? 0x1p31 : 0x1p63;
       v = trunc(v);
+      if (!(v >= -lim && v < lim)) /* NaN too */
+        return DT_FAIL(DT_ERR_INVALID_ARG, "cast: %g cannot be converted to %s (NaN, inf and "
+                       "values outside its range are refused)", dt__load(in[0].data, in[0].dtype, i),
+                       dt_dtype_name(out->dtype));
     }
     dt__store(out->data, out->dtype, i, v);
   }
@@ -405,7 +430,7 @@ dt_status_t dt__kernel_scatter_add(const dt_op_call_t* call, const dt_local_tens
 }
 
 /* ---------------------------------------------------------------------------------------------
- * dropout with a counter-based mask over global indices */
+ * dropout with a counter-based mask over global indices: x times 1/(1-p) or 0 */
 
 dt_status_t dt__kernel_dropout(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                dt_local_tensor_t* out) {
@@ -425,7 +450,8 @@ dt_status_t dt__kernel_dropout(const dt_op_call_t* call, const dt_local_tensor_t
     uint64_t g = 0;
     for (int d = 0; d < nd; d++) g = g * (uint64_t)gs[d] + (uint64_t)(x->offset[d] + idx[d]);
     uint64_t u = dt__mix64(seed ^ dt__mix64(g)) >> 11;
-    o[i] = (p < 1.0 && u >= thresh) ? a[i] * scale : 0.0f;
+    /* a product, as PyTorch's input * mask: a dropped NaN or inf gives NaN */
+    o[i] = a[i] * ((p < 1.0 && u >= thresh) ? scale : 0.0f);
     for (int d = nd - 1; d >= 0; d--) {
       if (++idx[d] < x->shape[d]) break;
       idx[d] = 0;

@@ -212,6 +212,10 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   int keep;
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   const dt_tensor_meta_t* in = &call->in[0];
+  for (int d = 0; d < in->ndim && kind >= 2; d++) /* amax/amin of nothing: PyTorch raises too */
+    if ((mask & (1u << d)) && in->shape[d] == 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: reduced dim %d has size 0 (the %s of no elements "
+                     "is undefined)", call->op, d, kind == 2 ? "maximum" : "minimum");
   int pos[DT_MAX_DIMS], nd = 0;
   out_meta->dtype = in->dtype;
   for (int d = 0; d < in->ndim; d++) {

@@ -206,8 +206,8 @@ __device__ __forceinline__ float dt_ew_binop(float a, float b) {
     case DT_EW_SUB: return a - b;
     case DT_EW_MUL: return a * b;
     case DT_EW_DIV: return a / b;
-    case DT_EW_MAX: return (a > b || a != a) ? a : b;
-    case DT_EW_MIN: return (a < b || a != a) ? a : b;
+    case DT_EW_MAX: return (a >= b || a != a) ? a : b; /* a on ties, as the host */
+    case DT_EW_MIN: return (a <= b || a != a) ? a : b;
     case DT_EW_EQ: return a == b ? 1.0f : 0.0f;
     case DT_EW_GE: return a >= b ? 1.0f : 0.0f;
     default: return a > b ? 1.0f : 0.0f;
@@ -290,7 +290,7 @@ template <int OP>
 __device__ __forceinline__ float dt_ew_unop(float x, float s) {
   switch (OP) {
     case DT_EW_NEG: return -x;
-    case DT_EW_RELU: return x > 0.0f ? x : 0.0f;
+    case DT_EW_RELU: return x < 0.0f ? 0.0f : x; /* NaN stays NaN */
     case DT_EW_EXP: return dt_ew_expf(x);
     case DT_EW_LOG: return logf(x);
     case DT_EW_SQRT: return sqrtf(x);
@@ -302,7 +302,13 @@ __device__ __forceinline__ float dt_ew_unop(float x, float s) {
     case DT_EW_ADD_SCALAR: return x + s;
     case DT_EW_MUL_SCALAR: return x * s;
     case DT_EW_SQUARE: return x * x;
-    default: return powf(x, s);
+    default: /* the host's exponents that PyTorch special-cases (kernels_nn.c dt__kernel_pow) */
+      if (s == 3.0f) return x * x * x;
+      if (s == 0.5f) return sqrtf(x);
+      if (s == -0.5f) return 1.0f / sqrtf(x);
+      if (s == -1.0f) return 1.0f / x;
+      if (s == -2.0f) return 1.0f / (x * x);
+      return powf(x, s);
   }
 }
 
@@ -403,21 +409,12 @@ DT_CU_KERNEL(dt_cu_where) { return dt_ew_select(1, call, in, out); }
 DT_CU_KERNEL(dt_cu_masked_fill) { return dt_ew_select(0, call, in, out); }
 
 /* ---------------------------------------------------------------------------------------------
- * cast (kernels_nn.c dt__kernel_cast): any dtype pair, element by element as the host does it
- * through double: float to integer truncates toward zero and rejects NaN / inf; integers to float
- * round once from the exact double (i64 rounds to double first, as on the host); an i64 beyond
- * 2^53 passes through double even to i64. A finite value out of the target integer's range
- * becomes that type's minimum, the x86 conversion result the host gets (CUDA would saturate).
+ * cast (kernels_nn.c dt__kernel_cast): any dtype pair, element by element as the host does it:
+ * float to integer truncates toward zero and rejects NaN, inf and values outside the integer
+ * type; integer to integer is exact, narrowing wraps modulo 2^32; integer to float rounds once
+ * to f32 (then to bf16 / f16).
  *
- * bad (only for float -> integer): the smallest index of a NaN / inf element, else ULLONG_MAX. */
-
-__device__ __forceinline__ void dt_ew_store_int(void* p, int dtype, int64_t i, double v) {
-  if (dtype == DT_I32)
-    ((int*)p)[i] = (v >= 2147483648.0 || v < -2147483648.0) ? INT_MIN : (int)v;
-  else
-    ((long long*)p)[i] =
-        (v >= 9223372036854775808.0 || v < -9223372036854775808.0) ? LLONG_MIN : (long long)v;
-}
+ * bad (only for float -> integer): the smallest index of a rejected element, else ULLONG_MAX. */
 
 __global__ void dt_ew_cast_kernel(const void* src, int from, void* dst, int to, int64_t n,
                                   unsigned long long* bad) {
@@ -430,16 +427,20 @@ __global__ void dt_ew_cast_kernel(const void* src, int from, void* dst, int to, 
         /* f32 -> double -> f32 on the host quiets a signalling NaN and keeps its payload */
         if (f != f) f = __uint_as_float(__float_as_uint(f) | 0x400000u);
         dt_ew_store_float(dst, to, i, f);
-      } else if (isfinite(f)) {
-        dt_ew_store_int(dst, to, i, trunc((double)f));
       } else {
-        atomicMin(bad, (unsigned long long)i);
+        const double v = trunc((double)f), lim = to == DT_I32 ? 2147483648.0 : 9223372036854775808.0;
+        if (v >= -lim && v < lim) { /* NaN fails too */
+          if (to == DT_I32) ((int*)dst)[i] = (int)v;
+          else ((long long*)dst)[i] = (long long)v;
+        } else {
+          atomicMin(bad, (unsigned long long)i);
+        }
       }
     } else {
-      const double v = from == DT_I64 ? (double)((const long long*)src)[i]
-                                      : (double)((const int*)src)[i];
+      const long long v = from == DT_I64 ? ((const long long*)src)[i] : ((const int*)src)[i];
       if (to_float) dt_ew_store_float(dst, to, i, (float)v);
-      else dt_ew_store_int(dst, to, i, v); /* an integer already */
+      else if (to == DT_I32) ((int*)dst)[i] = (int)(unsigned)(unsigned long long)v; /* wraps */
+      else ((long long*)dst)[i] = v;
     }
   }
 }
@@ -465,7 +466,7 @@ DT_CU_KERNEL(dt_cu_cast) {
                  (int)from, out[0].data, (int)to, n, (unsigned long long*)NULL);
     return DT_SUCCESS;
   }
-  /* float -> integer: the kernel flags the first NaN / inf; the host waits for the flag (a data
+  /* float -> integer: the kernel flags the first rejected value; the host waits for the flag (a data
    * check: the status must be known before the op returns, see DT_OPF_CHECKS_DATA) */
   void* flag = NULL; /* dt_cu_cast_scratch's word */
   DT_CHECK(dt_cu_scratch(&in[0], call->op, sizeof(unsigned long long), &flag));
@@ -487,8 +488,8 @@ DT_CU_KERNEL(dt_cu_cast) {
   const size_t item = from == DT_F32 ? 4 : 2;
   unsigned char elem[4];
   DT_CHECK(dt_ew_d2h(&in[0], elem, (const unsigned char*)in[0].data + first * item, item));
-  return DT_FAIL(DT_ERR_INVALID_ARG, "cast: %g cannot be converted to %s", dt__load(elem, from, 0),
-                 dt_dtype_name(to));
+  return DT_FAIL(DT_ERR_INVALID_ARG, "cast: %g cannot be converted to %s (NaN, inf and values "
+                 "outside its range are refused)", dt__load(elem, from, 0), dt_dtype_name(to));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -524,7 +525,8 @@ __global__ void dt_ew_dropout_kernel(const void* a, int ta, void* o, int to, int
     for (int d = 0; d < geo.nd; d++)
       g = g * (uint64_t)geo.global[d] + (uint64_t)(geo.offset[d] + idx[d]);
     const uint64_t u = dt_ew_mix64(seed ^ dt_ew_mix64(g)) >> 11;
-    dt_ew_store_float(o, to, i, (keep_any && u >= thresh) ? dt_ew_load_float(a, ta, i) * scale : 0.0f);
+    /* a product, as the host: a dropped NaN or inf gives NaN */
+    dt_ew_store_float(o, to, i, dt_ew_load_float(a, ta, i) * ((keep_any && u >= thresh) ? scale : 0.0f));
   }
 }
 
@@ -564,7 +566,7 @@ __global__ void dt_ew_act_grad_kernel(const void* g, int tg, const void* x, int 
     const float xi = dt_ew_load_float(x, tx, i), gi = dt_ew_load_float(g, tg, i);
     float r;
     if (KIND == DT_ACT_RELU) {
-      r = xi > 0.0f ? gi : 0.0f;
+      r = xi <= 0.0f ? 0.0f : gi;
     } else if (KIND == DT_ACT_SILU) {
       const float s = 1.0f / (1.0f + dt_ew_expf(-xi));
       r = gi * s * __fadd_rn(1.0f, __fmul_rn(xi, 1.0f - s));

@@ -274,7 +274,8 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
   if (n_out != dt_cu_numel(out))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output has %lld elements, expected %lld", call->op,
                    (long long)dt_cu_numel(out), (long long)n_out);
-  const float div = kind == 1 && count > 0 ? (float)count : 0.0f;
+  /* mean of nothing: NaN (0 / 0), as the host */
+  const float div = kind != 1 ? 0.0f : count > 0 ? (float)count : NAN;
   return dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
     using T = decltype(tag);
     switch (kind) {
@@ -320,7 +321,7 @@ DT_CU_KERNEL(dt_cu_amin) { return dt_cu_reduce(call, in, out, 3); }
 
 /* ---------------------------------------------------------------------------------------------
  * softmax / log_softmax along iargs[0] (whole on this rank). As the host: m = the row's fmaxf
- * (NaN ignored), lse = m + log(sum exp(x - m)), y = x - lse or exp(x - lse); a row with a NaN,
+ * (NaN ignored), s = sum exp(x - m), y = (x - m) - log s or exp(x - m) / s; a row with a NaN,
  * or of -inf only, gives NaN. */
 
 /* Row q of outer * inner rows: elements (q / inner) * len * inner + q % inner + k * inner. */
@@ -338,10 +339,10 @@ __global__ void dt_cu_softmax_k(const T* x, T* y, int64_t rows, int64_t len, int
     float s = 0.0f;
     for (int64_t k = lane; k < len; k += G) s += expf(dt_cu_f32(xr[k * inner]) - m);
     s = dt_cu_group_reduce<DT_CU_OP_SUM, G>(s, smem);
-    const float lse = m + logf(s);
+    const float ls = logf(s);
     for (int64_t k = lane; k < len; k += G) {
-      const float v = dt_cu_f32(xr[k * inner]) - lse;
-      yr[k * inner] = dt_cu_from_f32<T>(LOG ? v : expf(v));
+      const float d = dt_cu_f32(xr[k * inner]) - m;
+      yr[k * inner] = dt_cu_from_f32<T>(LOG ? d - ls : expf(d) / s);
     }
   }
 }
