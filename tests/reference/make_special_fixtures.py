@@ -1,0 +1,267 @@
+#!/usr/bin/python3
+"""make_special_fixtures.py - writes special_fixtures.json: PyTorch's results for the edge cases of
+the built-in ops (NaN, +-inf, -0.0, huge and tiny values, empty dims, integer dtypes, casts, index
+errors, ties) and, where differentiable, the gradients of sum(output * r) at those points.
+
+Run with Debian's torch (python3-torch 1.13, CPU):  /usr/bin/python3 tests/reference/make_special_fixtures.py
+The JSON has the layout of ops_fixtures.json (tests/reference/make_fixtures.py) and is replayed by the
+same program (tests/ops/test_ops_reference.c, as test_ops_special) on many placements. Additions:
+non-finite numbers are the strings "nan", "inf" and "-inf" (JSON has no such numbers); a case with
+"error" names the status every placement must fail with (PyTorch raises), and has no outputs.
+Sign of zero is not compared (a Partial(sum) input turns -0.0 into 0.0).
+Where PyTorch 1.13 and 2.x differ, the comment says which one the case follows.
+"""
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+G = torch.Generator().manual_seed(4321)
+CASES = []
+nan, inf = float("nan"), float("inf")
+DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32"}
+F32, BF16, I32, I64 = 0, 1, 3, 4  # dt_dtype_t (cast's iargs)
+
+
+def num(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def tens(t):
+    if t.is_floating_point():
+        data = [num(float(v)) for v in t.detach().float().flatten().tolist()]
+    else:
+        data = [int(v) for v in t.flatten().tolist()]
+    return {"dtype": DT[t.dtype], "shape": list(t.shape), "data": data}
+
+
+def rnd(*shape):
+    return (torch.rand(*shape, generator=G) * 4 - 2).float()
+
+
+def case(name, op, inputs, fn, iargs=(), fargs=(), rtol=1e-5, atol=1e-6, grad=True, error=None):
+    """fn(*inputs) gives PyTorch's output(s); error: the status expected instead (PyTorch raises)."""
+    c = {"name": name, "op": op, "iargs": list(iargs), "fargs": [num(float(v)) for v in fargs],
+         "inputs": [tens(t) for t in inputs], "rtol": rtol, "atol": atol}
+    if error is not None:
+        try:
+            fn(*inputs)
+        except (RuntimeError, IndexError, ValueError):
+            c["outputs"], c["error"] = [], error
+            CASES.append(c)
+            return
+        raise AssertionError(f"{name}: PyTorch does not raise")
+    xs = [t.clone().requires_grad_(grad and t.is_floating_point()) for t in inputs]
+    outs = fn(*xs)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    c["outputs"] = [tens(o) for o in outs]
+    if grad and outs[0].requires_grad:
+        n = outs[0].numel()
+        r = torch.tensor([0.5 + ((i + 1) * 37 % 101) / 101.0 for i in range(n)]).reshape(outs[0].shape)
+        (outs[0] * r).sum().backward()
+        c["grad_weights"] = [float(v) for v in r.flatten().tolist()]
+        c["grads"] = [None if x.grad is None else [num(float(g)) for g in x.grad.flatten().tolist()]
+                      for x in xs]
+    CASES.append(c)
+
+
+# ---- pointwise at the special points (16 elements: uneven shards on 3 ranks)
+SPECIAL = torch.tensor([nan, inf, -inf, -0.0, 0.0, 1e30, -1e30, 88.8, 89.5, -104.0, -110.0, 1.0, -1.0,
+                        1e-40, 20.0, -20.0])
+case("relu_special", "relu", [SPECIAL], torch.relu)  # relu(NaN) = NaN, relu'(0) = 0
+case("neg_special", "neg", [SPECIAL], torch.neg)
+case("exp_special", "exp", [SPECIAL], torch.exp, grad=False)
+case("log_special", "log", [SPECIAL], torch.log, grad=False)
+case("sqrt_special", "sqrt", [SPECIAL], torch.sqrt, grad=False)
+case("rsqrt_special", "rsqrt", [SPECIAL], torch.rsqrt, grad=False)
+case("sigmoid_special", "sigmoid", [SPECIAL], torch.sigmoid, grad=False)
+case("tanh_special", "tanh", [SPECIAL], torch.tanh, grad=False)
+case("silu_special", "silu", [SPECIAL], F.silu, grad=False)
+# gelu(inf) = inf in 1.13 and in 2.x's scalar loop; 2.x's vectorized loop gives NaN (an artifact)
+case("gelu_special", "gelu", [SPECIAL], F.gelu, grad=False)
+# gradients at 0 and at ordinary points (finite everywhere PyTorch's are)
+AT0 = torch.tensor([0.0, 4.0, 0.25, 1.0, 9.0])
+case("sqrt_grad_at0", "sqrt", [AT0], torch.sqrt)  # sqrt'(0) = inf
+case("log_grad_at0", "log", [AT0], torch.log)  # log'(0) = inf
+case("rsqrt_grad_at0", "rsqrt", [AT0], torch.rsqrt)  # rsqrt'(0) = -inf
+case("exp_grad_inf", "exp", [torch.tensor([-inf, 0.0, 1.0, 100.0, -100.0])], torch.exp)
+SAT = torch.tensor([-inf, inf, -100.0, 100.0, 0.0, 0.5])
+case("sigmoid_grad_sat", "sigmoid", [SAT], torch.sigmoid)
+case("tanh_grad_sat", "tanh", [SAT], torch.tanh)
+
+# binary ops: 0/0, x/0, inf-inf, 0*inf, NaN on either side, ties (gradient split in halves)
+A = torch.tensor([1.0, -1.0, 0.0, nan, -0.0, inf, -inf, inf, 2.0, nan, 3.0])
+B = torch.tensor([0.0, 0.0, 0.0, 0.0, -0.0, inf, -inf, -inf, nan, 1.0, 3.0])
+case("add_special", "add", [A, B], torch.add, grad=False)
+case("sub_special", "sub", [A, B], torch.sub, grad=False)
+case("mul_special", "mul", [A, B], torch.mul, grad=False)
+case("div_special", "div", [A, B], torch.div, grad=False)
+case("maximum_special", "maximum", [A, B], torch.maximum, grad=False)
+case("minimum_special", "minimum", [A, B], torch.minimum, grad=False)
+TA, TB = torch.tensor([1.0, 2.0, 2.0, 0.0, -3.0]), torch.tensor([1.0, 3.0, 2.0, 0.5, -3.0])
+case("maximum_grad_ties", "maximum", [TA, TB], torch.maximum)
+case("minimum_grad_ties", "minimum", [TA, TB], torch.minimum)
+case("div_bcast_zero", "div", [torch.tensor([[1.0], [0.0], [-2.0]]), torch.tensor([[0.0, 2.0, -0.0, inf]])],
+     torch.div, grad=False)
+case("add_scalar_inf", "add_scalar", [A], lambda x: x + (-inf), fargs=[-inf], grad=False)
+case("mul_scalar_inf", "mul_scalar", [A], lambda x: x * inf, fargs=[inf], grad=False)
+case("mul_scalar_nan", "mul_scalar", [A], lambda x: x * nan, fargs=[nan], grad=False)
+
+# pow: PyTorch computes exponents 0.5, -0.5, 2, 3, -1, -2 as sqrt, rsqrt, x*x, x*x*x, 1/x, 1/(x*x)
+POWX = torch.tensor([0.0, -0.0, -2.0, 2.0, nan, inf, -inf, 1.0, -1.0, 0.5, -0.5, 3.0])
+for e, tag in [(0.0, "0"), (0.5, "half"), (-0.5, "neg_half"), (2.0, "2"), (3.0, "3"), (-1.0, "neg1"),
+               (-2.0, "neg2"), (1.7, "1_7"), (-1.5, "neg1_5"), (1.0, "1"), (nan, "nan"), (inf, "inf"),
+               (-inf, "neg_inf")]:
+    case("pow_" + tag, "pow", [POWX], lambda x, e=e: torch.pow(x, e), fargs=[e], grad=False)
+POWG = torch.tensor([0.0, 2.0, 0.5, 3.0])
+for e, tag in [(0.0, "0"), (0.5, "half"), (2.0, "2"), (-1.0, "neg1"), (1.7, "1_7"), (3.0, "3")]:
+    case("pow_grad_" + tag, "pow", [POWG], lambda x, e=e: torch.pow(x, e), fargs=[e])
+
+# where / masked_fill with NaN in the branch not taken (no NaN gradient leaks there)
+WC = torch.tensor([1, 0, 1, 0, 1], dtype=torch.int64)
+WA, WB = torch.tensor([nan, 1.0, inf, 2.0, 3.0]), torch.tensor([0.0, nan, -1.0, -inf, nan])
+case("where_nan", "where", [WC, WA, WB], lambda c, a, b: torch.where(c.bool(), a, b))
+case("masked_fill_nan", "masked_fill", [WA, WC], lambda x, m: x.masked_fill(m.bool(), nan), fargs=[nan])
+case("masked_fill_inf", "masked_fill", [WB, WC], lambda x, m: x.masked_fill(m.bool(), -inf), fargs=[-inf])
+
+# ---- casts: truncation toward zero, bf16 round-to-nearest-even (NaN kept, overflow to inf),
+#      integer narrowing wraps (two's complement)
+FR = torch.tensor([-2.7, -0.5, 2.7, 0.5, -0.0, 1e9, -1e9, 2147483520.0, -2147483648.0, 7.99999])
+case("cast_f32_i32_trunc", "cast", [FR], lambda x: x.to(torch.int32), iargs=[I32], grad=False)
+case("cast_f32_i64_trunc", "cast", [FR * 1000], lambda x: x.to(torch.int64), iargs=[I64], grad=False)
+BFX = torch.tensor([1.00390625, 1.01171875, 1.0039063, 1.01171870, nan, inf, -inf, 3.4e38, 3.3e38, -0.0,
+                    1e-40, -1e-39, 65504.0, 0.1, -257.5])
+case("cast_f32_bf16_rne", "cast", [BFX], lambda x: x.to(torch.bfloat16), iargs=[BF16], grad=False)
+BFB = torch.tensor([1.0, nan, inf, -inf, -0.0, 3.3895e38, 9.1835e-41, 0.1], dtype=torch.bfloat16)
+# a Partial(sum) bf16 input holds x / n rounded to bf16 on each rank: bf16's tolerance
+case("cast_bf16_f32", "cast", [BFB], lambda x: x.float(), iargs=[F32], grad=False, rtol=1e-2,
+     atol=1e-6)
+WIDE = torch.tensor([2**31, 2**32 + 5, -2**31 - 1, 7, -7, 2**31 - 1, -2**31, 2**40 + 2**31 + 3])
+case("cast_i64_i32_wrap", "cast", [WIDE], lambda x: x.to(torch.int32), iargs=[I32], grad=False)
+case("cast_i32_i64", "cast", [torch.tensor([-2**31, -1, 0, 2**31 - 1], dtype=torch.int32)],
+     lambda x: x.to(torch.int64), iargs=[I64], grad=False)
+case("cast_i64_f32_round", "cast", [torch.tensor([2**24 + 1, 2**24 + 3, -(2**24 + 1), 2**40 + 1])],
+     lambda x: x.float(), iargs=[F32], grad=False)
+
+# ---- reductions: NaN propagates through amax/amin, inf - inf in sums, empty dims
+R = torch.tensor([[1.0, nan, 3.0, -1.0, 0.0], [inf, 1.0, -inf, 2.0, 0.0], [-inf, -inf, -inf, -inf, -inf]])
+case("sum_special_dim1", "sum", [R], lambda x: x.sum(1), iargs=[0, 1], grad=False)
+case("mean_special_dim1", "mean", [R], lambda x: x.mean(1), iargs=[0, 1], grad=False)
+case("amax_special_dim1", "amax", [R], lambda x: x.amax(1), iargs=[0, 1], grad=False)
+case("amin_special_dim0", "amin", [R], lambda x: x.amin(0), iargs=[0, 0], grad=False)
+case("amax_special_all", "amax", [R], lambda x: x.amax(), grad=False)
+E30, E04 = torch.zeros(3, 0), torch.zeros(0, 4)
+case("sum_empty_dim", "sum", [E30], lambda x: x.sum(1), iargs=[0, 1], grad=False)
+case("mean_empty_dim", "mean", [E30], lambda x: x.mean(1), iargs=[0, 1], grad=False)  # NaN
+case("mean_empty_dim0_keep", "mean", [E04], lambda x: x.mean(0, keepdim=True), iargs=[1, 0], grad=False)
+case("sum_empty_all", "sum", [E04], lambda x: x.sum(), grad=False)
+case("mean_empty_all", "mean", [E04], lambda x: x.mean(), grad=False)
+case("amax_empty_keep_other", "amax", [E30], lambda x: x.amax(0), iargs=[0, 0], grad=False)
+case("amax_empty_dim", "amax", [E30], lambda x: x.amax(1), iargs=[0, 1], error="DT_ERR_INVALID_ARG")
+case("amin_empty_all", "amin", [E04], lambda x: x.amin(), error="DT_ERR_INVALID_ARG")
+# gradient with ties: amax/amin share it evenly among the tied elements
+TIE = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [-1.0, 5.0, -1.0, 4.0]])
+case("amax_grad_ties", "amax", [TIE], lambda x: x.amax(1), iargs=[0, 1])
+case("amin_grad_ties", "amin", [TIE], lambda x: x.amin(1), iargs=[0, 1])
+case("amax_grad_ties_all", "amax", [TIE], lambda x: x.amax())
+
+# ---- softmax family: inf / NaN / all -inf rows, huge logits
+SM = torch.tensor([[inf, 1.0, 2.0], [-inf, -inf, -inf], [nan, 1.0, 2.0], [1e30, 1.0, -1e30],
+                   [-inf, 0.0, 1.0], [100.0, 200.0, 300.0], [-1e4, -1e4 - 1, -1e4 + 1]])
+case("softmax_special", "softmax", [SM], lambda x: torch.softmax(x, 1), iargs=[1], grad=False)
+case("log_softmax_special", "log_softmax", [SM], lambda x: torch.log_softmax(x, 1), iargs=[1], grad=False)
+case("softmax_special_dim0", "softmax", [SM.t().contiguous()], lambda x: torch.softmax(x, 0), iargs=[0],
+     grad=False)
+SMF = torch.tensor([[-inf, 0.0, 1.0], [1e4, 0.0, -1e4], [50.0, 50.0, 50.0]])
+case("softmax_grad_masked", "softmax", [SMF], lambda x: torch.softmax(x, 1), iargs=[1])
+case("log_softmax_grad_masked", "log_softmax", [SMF], lambda x: torch.log_softmax(x, 1), iargs=[1])
+
+# ---- norms: constant rows (zero variance), zero rows, non-finite rows
+NX = torch.tensor([[2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0], [1.0, inf, 2.0, 3.0], [nan, 1.0, 2.0, 3.0],
+                   [1e-3, -1e-3, 1e-3, -1e-3]])
+NW, NB = torch.tensor([1.0, 2.0, -1.0, 0.5]), torch.tensor([0.5, 0.0, -1.0, 2.0])
+case("layer_norm_special", "layer_norm", [NX, NW, NB],
+     lambda x, w, b: F.layer_norm(x, (4,), w, b, 1e-5), fargs=[1e-5], grad=False)
+case("layer_norm_eps_big", "layer_norm", [NX[:2], NW, NB],
+     lambda x, w, b: F.layer_norm(x, (4,), w, b, 10.0), fargs=[10.0])
+case("rms_norm_special", "rms_norm", [NX, NW],
+     lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, fargs=[1e-6], grad=False)
+case("layer_norm_grad_const", "layer_norm", [NX[:2], NW, NB],
+     lambda x, w, b: F.layer_norm(x, (4,), w, b, 1e-5), fargs=[1e-5])
+
+# ---- indexing: out-of-range and negative indices raise; NaN and ties in topk
+W9 = rnd(5, 3)
+case("embedding_neg", "embedding", [W9, torch.tensor([0, -1, 2])], lambda w, i: F.embedding(i, w),
+     error="DT_ERR_INVALID_ARG")
+case("embedding_oob", "embedding", [W9, torch.tensor([[0, 5], [1, 2]])], lambda w, i: F.embedding(i, w),
+     error="DT_ERR_INVALID_ARG")
+GX = rnd(4, 5)
+case("gather_neg", "gather", [GX, torch.tensor([[0, -1], [1, 2], [0, 0], [4, 3]])],
+     lambda x, i: torch.gather(x, 1, i), iargs=[1], error="DT_ERR_INVALID_ARG")
+case("gather_oob", "gather", [GX, torch.tensor([[0, 1], [1, 2], [0, 5], [4, 3]])],
+     lambda x, i: torch.gather(x, 1, i), iargs=[1], error="DT_ERR_INVALID_ARG")
+case("scatter_add_neg", "scatter_add", [GX, torch.tensor([[0, 1, 2], [3, -1, 0]]), rnd(2, 3)],
+     lambda x, i, s: x.scatter_add(0, i, s), iargs=[0], error="DT_ERR_INVALID_ARG")
+case("scatter_add_oob", "scatter_add", [GX, torch.tensor([[0, 1, 2], [3, 4, 0]]), rnd(2, 3)],
+     lambda x, i, s: x.scatter_add(0, i, s), iargs=[0], error="DT_ERR_INVALID_ARG")
+case("index_add_neg", "index_add", [GX, torch.tensor([0, -1, 2]), rnd(3, 5)],
+     lambda x, i, s: x.index_add(0, i, s), error="DT_ERR_INVALID_ARG")
+case("index_add_oob", "index_add", [GX, torch.tensor([0, 4, 2]), rnd(3, 5)],
+     lambda x, i, s: x.index_add(0, i, s), error="DT_ERR_INVALID_ARG")
+case("gather_dim_oob", "gather_dim", [GX, torch.tensor([0, 1, 5, 2])],
+     lambda x, i: torch.gather(x, 1, i[:, None])[:, 0], error="DT_ERR_INVALID_ARG")
+case("gather_dim_neg", "gather_dim", [GX, torch.tensor([0, -1, 4, 2])],
+     lambda x, i: torch.gather(x, 1, i[:, None])[:, 0], error="DT_ERR_INVALID_ARG")
+# index_add with repeated indices (they add up), int32 indices
+case("index_add_repeat_i32", "index_add",
+     [GX, torch.tensor([3, 0, 3, 3], dtype=torch.int32), rnd(4, 5)], lambda x, i, s: x.index_add(0, i, s))
+# NaN counts as the largest value (sorted last for largest=0); no ties: tie order is unspecified
+TK = torch.tensor([[nan, inf, 1e4, 0.0, -1e4, -inf], [1.0, nan, 3.0, nan, -inf, 2.0],
+                   [5.0, -5.0, 4.0, -4.0, 3.0, -3.0]])
+case("topk_nonfinite", "topk", [TK], lambda x: torch.topk(x, 4, 1), iargs=[4, 1], grad=False)
+case("topk_nonfinite_smallest", "topk", [TK], lambda x: torch.topk(x, 4, 1, largest=False),
+     iargs=[4, 1, 0], grad=False)
+case("topk_all_dim0", "topk", [TK.t().contiguous()], lambda x: torch.topk(x, 3, 0), iargs=[3, 0],
+     grad=False)
+case("topk_k0", "topk", [TK], lambda x: torch.topk(x, 0, 1), iargs=[0, 1], grad=False)
+case("topk_k_too_big", "topk", [TK], lambda x: torch.topk(x, 7, 1), iargs=[7, 1], error="DT_ERR_INVALID_ARG")
+
+# ---- shape ops: Python slice semantics, negative narrow start, squeeze of a non-1 dim, empty cat
+SX = rnd(3, 10)
+for tag, (s, e, st) in {"wide": (-100, 100, 3), "backward_empty": (5, 2, 1), "neg": (-3, -1, 1),
+                        "empty": (0, 0, 1), "big_step": (1, 10, 100), "end_past": (8, 1000, 1)}.items():
+    case("slice_" + tag, "slice", [SX], lambda x, s=s, e=e, st=st: x[:, s:e:st], iargs=[1, s, e, st])
+case("slice_step0", "slice", [SX], lambda x: x[:, 0:5:0], iargs=[1, 0, 5, 0], error="DT_ERR_INVALID_ARG")
+case("narrow_neg_start", "narrow", [SX], lambda x: x.narrow(1, -3, 2), iargs=[1, -3, 2])
+case("narrow_at_end", "narrow", [SX], lambda x: x.narrow(1, 10, 0), iargs=[1, 10, 0])
+case("narrow_past_end", "narrow", [SX], lambda x: x.narrow(1, 8, 3), iargs=[1, 8, 3],
+     error="DT_ERR_INVALID_ARG")
+case("narrow_start_below", "narrow", [SX], lambda x: x.narrow(1, -11, 1), iargs=[1, -11, 1],
+     error="DT_ERR_INVALID_ARG")
+case("squeeze_not_one", "squeeze", [SX], lambda x: x.squeeze(1), iargs=[1])
+case("squeeze_neg_one", "squeeze", [rnd(3, 1)], lambda x: x.squeeze(-1), iargs=[-1])
+case("cat_empty_piece", "cat", [rnd(3, 0), rnd(3, 4), rnd(3, 0)], lambda *x: torch.cat(x, 1), iargs=[1])
+case("cat_empty_rows", "cat", [rnd(0, 4), rnd(2, 4)], lambda *x: torch.cat(x, 0), iargs=[0])
+case("cat_neg_dim", "cat", [rnd(2, 3), rnd(2, 2)], lambda *x: torch.cat(x, -1), iargs=[-1])
+
+# ---- dropout: p = 0 is the identity, p = 1 multiplies by 0 (NaN and inf stay NaN)
+DX = torch.tensor([nan, inf, -1.0, 2.0, 0.0, -inf, 3.0])
+case("dropout_p0", "dropout", [DX], lambda x: F.dropout(x, 0.0), iargs=[7], fargs=[0.0], grad=False)
+case("dropout_p1", "dropout", [DX], lambda x: F.dropout(x, 1.0), iargs=[7], fargs=[1.0], grad=False)
+case("dropout_p_above_1", "dropout", [DX], lambda x: F.dropout(x, 1.5), iargs=[7], fargs=[1.5],
+     error="DT_ERR_INVALID_ARG")
+case("dropout_p_neg", "dropout", [DX], lambda x: F.dropout(x, -0.1), iargs=[7], fargs=[-0.1],
+     error="DT_ERR_INVALID_ARG")
+
+for c in CASES:
+    assert c["inputs"], c["name"]
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "special_fixtures.json")
+with open(out, "w") as f:
+    json.dump({"torch": torch.__version__, "generator": "tests/reference/make_special_fixtures.py",
+               "cases": CASES}, f, separators=(",", ":"), allow_nan=False)
+print(f"wrote {len(CASES)} cases ({sum(1 for c in CASES if 'grads' in c)} with gradients) to {out}")
