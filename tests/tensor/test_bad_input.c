@@ -1095,6 +1095,36 @@ static void test_extremes(dt_mesh_t m1) {
   g_checks += 8;
 }
 
+/* cast refuses what PyTorch converts to a platform-dependent value (the deliberate difference
+ * dtensor/ops.h documents): NaN, inf and floats outside the integer type, on every rank (the bad
+ * element sits on the last rank's shard); in-range values of the same tensors convert. */
+static void test_cast_refused(dt_mesh_t m1) {
+  const float bad[4] = {NAN, -INFINITY, 3e9f, 1e19f};
+  const int64_t shape[1] = {4}, to_i32[1] = {DT_I32}, to_i64[1] = {DT_I64};
+  const dt_placement_t s0[1] = {dt_shard(0)};
+  for (int k = 0; k < 4; k++) {
+    const float v[4] = {1.5f, -2.5f, -0.0f, bad[k]};
+    dt_tensor_t t, o = BAD_PTR;
+    DT_ASSERT_OK(dt_tensor_from_full(m1, DT_F32, 1, shape, s0, v, &t));
+    EXPECT(dt_op_run("cast", 1, &t, 1, to_i32, 0, NULL, &o), DT_ERR_INVALID_ARG, "cast|range");
+    DT_ASSERT_TRUE(o == NULL, "a refused cast returned a tensor");
+    if (k == 2) { /* 3e9 fits i64 */
+      int64_t got[4];
+      DT_ASSERT_OK(dt_op_run("cast", 1, &t, 1, to_i64, 0, NULL, &o));
+      DT_ASSERT_OK(dt_tensor_gather_full(o, got, sizeof got));
+      DT_ASSERT_TRUE(got[0] == 1 && got[1] == -2 && got[2] == 0 && got[3] == 3000000000ll,
+                     "cast to i64: %lld %lld %lld %lld", (long long)got[0], (long long)got[1],
+                     (long long)got[2], (long long)got[3]);
+      DT_ASSERT_OK(dt_tensor_destroy(o));
+    } else {
+      o = BAD_PTR;
+      EXPECT(dt_op_run("cast", 1, &t, 1, to_i64, 0, NULL, &o), DT_ERR_INVALID_ARG, "cast|range");
+      DT_ASSERT_TRUE(o == NULL, "a refused cast returned a tensor");
+    }
+    DT_ASSERT_OK(dt_tensor_destroy(t));
+  }
+}
+
 int main(int argc, char** argv) {
   memset(g_junk_blob, 0xa5, sizeof g_junk_blob);
   test_before_init();
@@ -1128,6 +1158,7 @@ int main(int argc, char** argv) {
   test_partial_mesh();
   test_mesh_destroyed_first();
   test_extremes(m1);
+  test_cast_refused(m1);
   test_state_intact(m1, m2);
 
   DT_ASSERT_OK(dt_mesh_destroy(m1));
