@@ -307,7 +307,9 @@ typedef enum dt_loss_reduction {
  * log-softmax over C. Loss parallel: with logits sharded on C, only per-row max, sum of
  * exponentials and target logit are reduced across ranks; the logits are never gathered. The
  * result may be Partial (e.g. Partial(sum) per-row losses): redistribute it to R to read it.
- * Built from the public ops (amax, sub, exp, sum, log, gather_dim, mean). Collective. */
+ * Built from the public ops (amax, sub, exp, sum, log, gather_dim, mean). Collective. Every
+ * target must lie in [0, C) (else DT_ERR_INVALID_ARG): there is no ignore_index (PyTorch's
+ * default -100 is refused, not skipped) and no label smoothing. */
 DT_API dt_status_t dt_cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
                                     dt_loss_reduction_t reduction, dt_tensor_t* out);
 
