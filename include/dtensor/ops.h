@@ -42,6 +42,9 @@ extern "C" {
  *   context:    ring_attention (q, k, v; iargs [mesh_dim, causal=0, layout=0, balanced=1,
  *               algo=0]; fargs [scale] as sdpa's): attention with the sequence sharded on a mesh dim
  *               (dt_ring_attention below)
+ *   loss:       cross_entropy (logits (N, C), targets (N) i32/i64; iargs [reduction=1 (0 none,
+ *               1 mean, 2 sum), ignore_index (none unless given: PyTorch's default is -100)];
+ *               fargs [label_smoothing=0]): dt_cross_entropy below
  *   tensor parallel: all_gather_linear (x, w; iargs [mesh_dim, gather_dim=1]; outputs y and
  *               the gathered x),
  *               linear_reduce_scatter (x, w; iargs [mesh_dim, scatter_dim=1]): a linear with
@@ -305,11 +308,17 @@ typedef enum dt_loss_reduction {
 
 /* Cross-entropy of logits (N, C) against class indices (N) (i32/i64), as in PyTorch with
  * log-softmax over C. Loss parallel: with logits sharded on C, only per-row max, sum of
- * exponentials and target logit are reduced across ranks; the logits are never gathered. The
+ * exponentials and target logit are reduced across ranks; the logits never gathered. The
  * result may be Partial (e.g. Partial(sum) per-row losses): redistribute it to R to read it.
  * Built from the public ops (amax, sub, exp, sum, log, gather_dim, mean). Collective. Every
- * target must lie in [0, C) (else DT_ERR_INVALID_ARG): there is no ignore_index (PyTorch's
- * default -100 is refused, not skipped) and no label smoothing. */
+ * target must lie in [0, C) (else DT_ERR_INVALID_ARG). The op "cross_entropy" (dt_op_run,
+ * dt_ag_op) also takes, as PyTorch's F.cross_entropy does:
+ *  - ignore_index (iargs[1]; PyTorch's default -100 must be given here): rows whose target it is
+ *    count nowhere (loss 0 for reduction none, left out of the sum, and the mean is over the
+ *    other rows: NaN, with zero gradients, when every row is ignored); the mean's count costs
+ *    one scalar all-reduce where the rows are sharded. Without it, a target of -100 is refused;
+ *  - label_smoothing (fargs[0], 0 to 1): (1 - eps) times the loss plus eps times the mean over
+ *    the classes of -log softmax. */
 DT_API dt_status_t dt_cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
                                     dt_loss_reduction_t reduction, dt_tensor_t* out);
 

@@ -13,8 +13,8 @@
  *   rotary: inverse rotation                       sdpa: sdpa_grad (recomputes attention)
  *   dropout: the same mask (same seed, same global indices)
  *   gather: scatter_add into zeros  scatter_add: g, gather(g)  topk: scatter of g into zeros
- *   cross_entropy: (softmax(logits) - onehot) scaled by g (mean: g / N; sum: g; none: g per row),
- *                  computed class-sharded
+ *   cross_entropy: (softmax(logits) - onehot) scaled by g and each row's weight (mean:
+ *                  1 / count; sum: 1; ignored: 0), computed class-sharded
  *   redistribute: back to the source placements, Partial -> Replicate
  *   grouped_mm (x, w, counts): grouped_mm(g, w) with the other transpose, grouped_mm_wgrad
  *                  (g_e^T x_e, or x_e^T g_e for trans 0); counts none
@@ -544,35 +544,64 @@ dt_status_t dt__bw_topk(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
   return st;
 }
 
-/* cross-entropy: d logits = (softmax(logits) - onehot(targets)) times the upstream gradient of
- * each row: g / N for mean, g for sum, g[i] for per-row losses; softmax = exp(x - lse) with the
- * row logsumexp saved by the forward pass; computed class-sharded */
+/* cross-entropy: d logits = (softmax(logits) - (1 - eps) onehot(targets) - eps / C) times the
+ * upstream gradient (a scalar: g / N for mean, g for sum; g[i] for per-row losses) and, with an
+ * ignore_index, each row's weight saved by the forward pass (0 for an ignored row, 1 / count
+ * for mean, else 1) in place of 1 / N; softmax = exp(x - lse) with the row logsumexp saved by the
+ * forward pass ((N, 1), or (N, 2) with the weights); computed class-sharded */
 dt_status_t dt__bw_cross_entropy(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
-  dt_tensor_t x = c->in[0], tg = c->in[1], lse = c->saved;
-  if (lse == NULL) return DT_FAIL(DT_ERR_INTERNAL, "cross_entropy node without its logsumexp");
-  int64_t N = x->layout.shape[0], red = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, c->n_iargs, c->iargs, 0);
+  dt_tensor_t x = c->in[0], tg = c->in[1], sv = c->saved;
+  if (sv == NULL) return DT_FAIL(DT_ERR_INTERNAL, "cross_entropy node without its logsumexp");
+  const dt__ce_args_t a = dt__ce_args(c->n_iargs, c->iargs, c->n_fargs, c->fargs);
+  const int masked = sv->layout.shape[1] == 2;
+  const int64_t N = x->layout.shape[0], C = x->layout.shape[1];
+  const double eps = a.label_smoothing;
   dt__scope_t s = {0};
-  dt_tensor_t z, p, idx, neg, oh, gs;
+  dt_tensor_t lse = sv, w = NULL, z, p, v, safe = tg, idx, neg, oh, gs, g2;
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
-  const int64_t col[2] = {N, 1};
-  dt_status_t st = dt__op2(DT_OP_SUB, x, lse, &z);
+  const int64_t col[2] = {N, 1}, first[3] = {1, 0, 1}, second[3] = {1, 1, 1};
+  dt_status_t st = DT_SUCCESS;
+  if (masked) {
+    st = dt__opa(DT_OP_NARROW, 1, &sv, 3, first, 0, NULL, &lse);
+    if (st == DT_SUCCESS)
+      st = dt__opa(DT_OP_NARROW, 1, &sv, 3, second, 0, NULL, (dt__keep(&s, lse), &w));
+    if (st == DT_SUCCESS) st = dt__ce_targets(tg, a.ignore_index, (dt__keep(&s, w), &v), &safe);
+    if (st == DT_SUCCESS) {
+      dt__keep(&s, v);
+      dt__keep(&s, safe);
+    }
+  }
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, x, lse, &z);
   if (st == DT_SUCCESS) st = dt__op1(DT_OP_EXP, dt__keep(&s, z), &p);
-  if (st == DT_SUCCESS) st = dt__reshape(tg, 2, col, (dt__keep(&s, p), &idx));
+  if (st == DT_SUCCESS) st = dt__reshape(safe, 2, col, (dt__keep(&s, p), &idx));
   if (st == DT_SUCCESS)
-    st = dt_tensor_full_value(x->mesh, x->dtype, 2, col, rep, -1.0, (dt__keep(&s, idx), &neg));
+    st = dt_tensor_full_value(x->mesh, x->dtype, 2, col, rep, -(1.0 - eps),
+                              (dt__keep(&s, idx), &neg));
   if (st == DT_SUCCESS) {
     dt__keep(&s, neg);
     dt_tensor_t in[3] = {p, idx, neg};
     const int64_t one[1] = {1};
     st = dt__opa(DT_OP_SCATTER_ADD, 3, in, 1, one, 0, NULL, &oh);
   }
+  if (st == DT_SUCCESS && eps > 0.0) {
+    const double off = C > 0 ? -eps / (double)C : 0.0;
+    dt_tensor_t o2;
+    st = dt__opa(DT_OP_ADD_SCALAR, 1, (dt__keep(&s, oh), &oh), 0, NULL, 1, &off, &o2);
+    if (st == DT_SUCCESS) oh = o2;
+  }
   if (st == DT_SUCCESS) {
     dt__keep(&s, oh);
-    if (red == DT_LOSS_NONE) /* per-row upstream gradients as a column */
-      st = dt__reshape(gout[0], 2, col, &gs);
-    else /* a scalar: scale it first, then one pass over the logits */
-      st = dt__scale(gout[0], red == DT_LOSS_MEAN ? (N > 0 ? 1.0 / (double)N : 0.0) : 1.0, &gs);
+    if (a.reduction == DT_LOSS_NONE) { /* per-row upstream gradients as a column */
+      st = dt__reshape(gout[0], 2, col, &g2);
+      if (st == DT_SUCCESS && w) st = dt__op2(DT_OP_MUL, w, dt__keep(&s, g2), &gs);
+      else if (st == DT_SUCCESS) gs = g2;
+    } else if (w) { /* the weights times the scalar, then one pass over the logits */
+      st = dt__op2(DT_OP_MUL, w, gout[0], &gs);
+    } else { /* a scalar: scale it first, then one pass over the logits */
+      st = dt__scale(gout[0], a.reduction == DT_LOSS_MEAN ? (N > 0 ? 1.0 / (double)N : 0.0) : 1.0,
+                     &gs);
+    }
   }
   if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, oh, dt__keep(&s, gs), &gin[0]);
   dt__scope_free(&s);

@@ -1,24 +1,61 @@
 /* loss.c - cross-entropy with loss parallel, composed from registry ops (one implementation for
- * dt_cross_entropy and the autograd node, which keeps the row logsumexp for its backward).
+ * dt_cross_entropy and the autograd node, which keeps the row logsumexp and weight for its
+ * backward).
  *
  *   m    = amax(logits, dim -1, keepdim)    class-sharded: P(max), reduced by sub (N values)
  *   z    = logits - m                       stays class-sharded
  *   s    = sum(exp(z), dim -1, keepdim)     P(sum), reduced by log (N values)
  *   lse  = log(s) + m                       (N, 1): the row logsumexp
  *   t    = gather_dim(logits, targets)      P(sum) by masked local gather
- *   l    = lse - t                          per-row losses
+ *   l    = (1 - eps)(lse - t) + eps (lse - sum(logits, -1) / C)     per-row losses
  *   out  = l, mean(l) or sum(l)
+ * With an ignore_index (PyTorch's default -100; here only when given) the rows whose target it
+ * is count nowhere: v = targets != ignore_index (0/1, element-wise on the targets' shards), t
+ * gathers class 0 on them, l is multiplied by v and the mean is sum(l) / sum(v) (NaN when every
+ * row is ignored), which costs one scalar all-reduce where the rows are sharded.
  * The logits never move when they are sharded on the class dim; only N-element vectors do.
  */
 #include "ops/ops.h"
 
-dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, dt_loss_reduction_t reduction,
-                              dt_tensor_t* loss, dt_tensor_t* lse_out) {
+/* The rows to count (targets != ignore) as f32 0/1 and the targets with ignored rows at class 0
+ * (gather_dim and scatter_add take an index in range), both element-wise on the targets' shards
+ * with their placements: no collective (the conversions are exact: |target|, |ignore| <= 2^24). */
+dt_status_t dt__ce_targets(dt_tensor_t tg, int64_t ignore, dt_tensor_t* valid, dt_tensor_t* safe) {
+  *valid = NULL;
+  if (safe) *safe = NULL;
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  dt_tensor_t tf = NULL, tfo = NULL, d = NULL, dd = NULL, one = NULL, sf = NULL, so = NULL,
+              v = NULL;
+  const double shift = -(double)ignore;
+  dt_status_t st = dt__op_convert(tg, DT_F32, &tf, &tfo);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_ADD_SCALAR, 1, &tf, 0, NULL, 1, &shift, &d);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, d, d, &dd); /* 0 or at least 1 */
+  if (st == DT_SUCCESS) st = dt_tensor_full_value(tg->mesh, DT_F32, 0, NULL, rep, 1.0, &one);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MINIMUM, dd, one, &v);
+  if (st == DT_SUCCESS && safe) st = dt__op2(DT_OP_MUL, tf, v, &sf);
+  if (st == DT_SUCCESS && safe) st = dt__op_convert(sf, tg->dtype, safe, &so);
+  if (st == DT_SUCCESS && safe) so = NULL; /* now *safe */
+  dt_tensor_t tmp[7] = {tfo, d, dd, one, sf, so, st == DT_SUCCESS ? NULL : v};
+  for (int i = 0; i < 7; i++) dt__tensor_free(tmp[i]);
+  if (st == DT_SUCCESS) *valid = v;
+  return st;
+}
+
+dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t* a,
+                              dt_tensor_t* loss, dt_tensor_t* saved) {
   *loss = NULL;
-  if (lse_out) *lse_out = NULL;
-  if (reduction < 0 || reduction >= DT_LOSS_REDUCTION_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction=%d out of range: 0 none, 1 mean, "
-                   "2 sum", (int)reduction);
+  if (saved) *saved = NULL;
+  if (a->reduction < 0 || a->reduction >= DT_LOSS_REDUCTION_COUNT)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction=%lld out of range: 0 none, 1 "
+                   "mean, 2 sum", (long long)a->reduction);
+  const int masked = a->ignore_index != DT_OP_IARG_NONE; /* rows to ignore: only if asked */
+  if (masked && (a->ignore_index < -(INT64_C(1) << 24) || a->ignore_index > (INT64_C(1) << 24)))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: ignore_index=%lld (valid: -2^24 to 2^24, "
+                   "e.g. PyTorch's -100)", (long long)a->ignore_index);
+  if (!(a->label_smoothing >= 0.0 && a->label_smoothing <= 1.0))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: label_smoothing=%g (valid: 0 to 1)",
+                   a->label_smoothing);
   DT_CHECK(dt__tensor_check(x, "logits"));
   DT_CHECK(dt__tensor_check(tg, "targets"));
   if (x->layout.ndim != 2 || tg->layout.ndim != 1 || tg->layout.shape[0] != x->layout.shape[0] ||
@@ -28,57 +65,126 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, dt_loss_reduction_t
                    "dims (N=%lld) and %s targets of %d dims (%lld)", x->layout.ndim,
                    (long long)(x->layout.ndim ? x->layout.shape[0] : 0), dt_dtype_name(tg->dtype),
                    tg->layout.ndim, (long long)(tg->layout.ndim ? tg->layout.shape[0] : 0));
-  const int64_t keep_last[2] = {1, -1}, all[1] = {0};
+  const int64_t N = x->layout.shape[0], C = x->layout.shape[1];
+  const int64_t keep_last[2] = {1, -1}, drop_last[2] = {0, -1}, all[1] = {0}, flat[1] = {N},
+                col[2] = {N, 1};
+  const double eps = a->label_smoothing;
   dt_tensor_t m = NULL, z = NULL, e = NULL, s = NULL, ls = NULL, lse = NULL, lse1 = NULL,
-              t = NULL, l = NULL;
+              t = NULL, l = NULL, v = NULL, safe = NULL, nll = NULL, sx = NULL, sm = NULL,
+              w = NULL, w1 = NULL, cnt = NULL, c0 = NULL, tot = NULL, a1 = NULL, a2 = NULL,
+              lv = NULL;
   dt_status_t st = dt__opa(DT_OP_AMAX, 1, &x, 2, keep_last, 0, NULL, &m);
   dt_tensor_t xm[2] = {x, m};
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUB, 2, xm, 0, NULL, 0, NULL, &z);
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_EXP, 1, &z, 0, NULL, 0, NULL, &e);
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUM, 1, &e, 2, keep_last, 0, NULL, &s);
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_LOG, 1, &s, 0, NULL, 0, NULL, &ls);
-  dt_tensor_t lm[2] = {ls, m};
-  if (st == DT_SUCCESS) st = dt__opa(DT_OP_ADD, 2, lm, 0, NULL, 0, NULL, &lse); /* (N, 1) */
-  const int64_t flat[1] = {x->layout.shape[0]};
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_ADD, ls, m, &lse); /* (N, 1) */
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, &lse, 1, flat, 0, NULL, &lse1);
-  dt_tensor_t xt[2] = {x, tg};
-  if (st == DT_SUCCESS) st = dt__opa(DT_OP_GATHER_DIM, 2, xt, 0, NULL, 0, NULL, &t);
-  dt_tensor_t lt[2] = {lse1, t};
-  if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUB, 2, lt, 0, NULL, 0, NULL, &l);
+  if (st == DT_SUCCESS && masked) st = dt__ce_targets(tg, a->ignore_index, &v, &safe);
   if (st == DT_SUCCESS) {
-    if (reduction == DT_LOSS_NONE) {
-      *loss = l;
-      l = NULL;
-    } else {
-      st = dt__opa(reduction == DT_LOSS_MEAN ? DT_OP_MEAN : DT_OP_SUM, 1, &l, 1, all, 0, NULL, loss);
+    st = dt__op2(DT_OP_GATHER_DIM, x, masked ? safe : tg, &t);
+    if (st == DT_ERR_INVALID_ARG) { /* a target out of range: say how rows are skipped */
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", dt__last_error_text());
+      st = DT_FAIL(st, "cross_entropy: a target outside [0, %lld): %s%s", (long long)C, msg,
+                   masked ? "" : " (to skip rows, as PyTorch's ignore_index=-100 does, give the "
+                   "op \"cross_entropy\" iargs [reduction, ignore_index])");
     }
   }
-  dt_tensor_t tmp[8] = {m, z, e, s, ls, lse1, t, l};
-  for (int i = 0; i < 8; i++) dt__tensor_free(tmp[i]);
-  if (st == DT_SUCCESS && lse_out != NULL) *lse_out = lse;
-  else dt__tensor_free(lse);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, lse1, t, &nll);
+  if (st == DT_SUCCESS && eps > 0.0) { /* (1 - eps) nll + eps (lse - mean over the classes) */
+    const double inv_c = C > 0 ? 1.0 / (double)C : 0.0, keep = 1.0 - eps;
+    st = dt__opa(DT_OP_SUM, 1, &x, 2, drop_last, 0, NULL, &sx);
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_MUL_SCALAR, 1, &sx, 0, NULL, 1, &inv_c, &sm);
+    if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, lse1, sm, &a1);
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_MUL_SCALAR, 1, &a1, 0, NULL, 1, &eps, &a2);
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_MUL_SCALAR, 1, &nll, 0, NULL, 1, &keep, &lv);
+    if (st == DT_SUCCESS) {
+      dt__tensor_free(a1);
+      a1 = lv;
+      lv = NULL;
+      st = dt__op2(DT_OP_ADD, a1, a2, &lv);
+    }
+  }
+  if (st == DT_SUCCESS && masked) st = dt__op2(DT_OP_MUL, lv ? lv : nll, v, &l);
+  dt_tensor_t* lp = l ? &l : lv ? &lv : &nll; /* the per-row losses */
+  if (st == DT_SUCCESS && a->reduction == DT_LOSS_NONE) {
+    *loss = *lp;
+    *lp = NULL;
+  } else if (st == DT_SUCCESS && !masked) { /* N rows: the mean's count is known */
+    st = dt__opa(a->reduction == DT_LOSS_MEAN ? DT_OP_MEAN : DT_OP_SUM, 1, lp, 1, all, 0, NULL,
+                 loss);
+  } else if (st == DT_SUCCESS) {
+    st = dt__opa(DT_OP_SUM, 1, &l, 1, all, 0, NULL, &tot);
+    if (st == DT_SUCCESS && a->reduction == DT_LOSS_MEAN) {
+      /* the count of the rows not ignored, reduced once (one scalar all-reduce where the rows
+       * are sharded) for the loss and the backward's weights */
+      dt_placement_t rep[DT_MAX_MESH_DIMS];
+      for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+      st = dt__opa(DT_OP_SUM, 1, &v, 1, all, 0, NULL, &c0);
+      if (st == DT_SUCCESS) st = dt_tensor_redistribute(c0, rep, &cnt);
+      if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, tot, cnt, loss);
+    } else if (st == DT_SUCCESS) {
+      *loss = tot;
+      tot = NULL;
+    }
+  }
+  /* saved for the backward: the row logsumexp (N, 1), and with ignore_index (N, 2): it and the
+   * row's weight in the loss (0 for an ignored row, 1 / count for mean, else 1) */
+  if (st == DT_SUCCESS && saved != NULL && !masked) {
+    *saved = lse;
+    lse = NULL;
+  } else if (st == DT_SUCCESS && saved != NULL) {
+    if (cnt != NULL) { /* 1 / max(count, 1): every row ignored gives a NaN loss, zero gradients */
+      dt_tensor_t one = NULL, c1 = NULL;
+      st = dt_tensor_full_value(cnt->mesh, DT_F32, 0, NULL, cnt->layout.pl, 1.0, &one);
+      if (st == DT_SUCCESS) st = dt__op2(DT_OP_MAXIMUM, cnt, one, &c1);
+      if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, v, c1, &w);
+      dt__tensor_free(one);
+      dt__tensor_free(c1);
+    }
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, w ? &w : &v, 2, col, 0, NULL, &w1);
+    const int64_t dim1[1] = {1};
+    dt_tensor_t lw[2] = {lse, w1};
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_CAT, 2, lw, 1, dim1, 0, NULL, saved);
+  }
+  if (st != DT_SUCCESS) {
+    dt__tensor_free(*loss);
+    *loss = NULL;
+  }
+  dt_tensor_t tmp[22] = {m, z, e, s, ls, lse, lse1, t, l, v, safe, nll, sx, sm, w, w1, cnt, c0,
+                         tot, a1, a2, lv};
+  for (int i = 0; i < 22; i++) dt__tensor_free(tmp[i]);
   return st;
 }
 
-/* The composite op "cross_entropy" (logits, targets) iargs [reduction]: *saved gets the row
- * logsumexp for the backward rule. */
+/* The arguments of the composite op "cross_entropy": iargs [reduction=1, ignore_index=-100],
+ * fargs [label_smoothing=0]. */
+dt__ce_args_t dt__ce_args(int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs) {
+  dt__ce_args_t a;
+  a.reduction = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, n_iargs, iargs, 0);
+  a.ignore_index = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, n_iargs, iargs, 1);
+  a.label_smoothing = n_fargs > 0 && fargs != NULL ? fargs[0] : 0.0;
+  return a;
+}
+
+/* The composite op "cross_entropy" (logits, targets): *saved gets the row logsumexp and weights
+ * for the backward rule. */
 dt_status_t dt__cross_entropy_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
                                   const int64_t* iargs, int n_fargs, const double* fargs,
                                   dt_tensor_t* out, dt_tensor_t* saved) {
   (void)n_in;
-  (void)n_fargs;
-  (void)fargs;
-  const int64_t r = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, n_iargs, iargs, 0); /* reduction=1 */
-  if (r < 0 || r >= DT_LOSS_REDUCTION_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction=%lld (iargs[0]) out of range: 0 "
-                   "none, 1 mean, 2 sum", (long long)r);
-  return dt__cross_entropy(in[0], in[1], (dt_loss_reduction_t)r, &out[0], saved);
+  const dt__ce_args_t a = dt__ce_args(n_iargs, iargs, n_fargs, fargs);
+  return dt__cross_entropy(in[0], in[1], &a, &out[0], saved);
 }
 
 static dt_status_t dt__cross_entropy_public(dt_tensor_t logits, dt_tensor_t targets,
                                             dt_loss_reduction_t reduction, dt_tensor_t* out) {
   DT_ARG_NOT_NULL(out);
-  return dt__cross_entropy(logits, targets, reduction, out, NULL);
+  const int64_t iargs[1] = {(int64_t)reduction};
+  const dt__ce_args_t a = dt__ce_args(1, iargs, 0, NULL);
+  return dt__cross_entropy(logits, targets, &a, out, NULL);
 }
 
 dt_status_t dt_cross_entropy(dt_tensor_t logits, dt_tensor_t targets,

@@ -306,11 +306,20 @@ dt_status_t dt__op_as_f32(dt_tensor_t x, dt_tensor_t* y, dt_tensor_t* owned);
 dt_status_t dt__op_cast_in_place(dt_tensor_t* t, dt_dtype_t to);
 #undef DT__COMPOSITE
 
-/* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c); *lse_out (may be NULL)
- * gets the row logsumexp (N, 1) that the backward pass reuses. */
-dt_status_t dt__cross_entropy(dt_tensor_t logits, dt_tensor_t targets,
-                              dt_loss_reduction_t reduction, dt_tensor_t* loss,
-                              dt_tensor_t* lse_out);
+/* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c): the op's arguments, read
+ * from its iargs and fargs with the schema's defaults; *saved (may be NULL) gets (N, 2): the row
+ * logsumexp and the row's weight in the loss, which the backward pass reuses. dt__ce_targets:
+ * the rows counted (targets != ignore, f32 0/1) and (safe may be NULL) the targets with ignored
+ * rows at class 0, element-wise without a collective. */
+typedef struct {
+  int64_t reduction, ignore_index;
+  double label_smoothing;
+} dt__ce_args_t;
+dt__ce_args_t dt__ce_args(int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs);
+dt_status_t dt__ce_targets(dt_tensor_t targets, int64_t ignore, dt_tensor_t* valid,
+                           dt_tensor_t* safe);
+dt_status_t dt__cross_entropy(dt_tensor_t logits, dt_tensor_t targets, const dt__ce_args_t* a,
+                              dt_tensor_t* loss, dt_tensor_t* saved);
 
 /* The kernel's view of a tensor's local shard (src/ops/dispatch.c). */
 void dt__tensor_local_view(dt_tensor_t x, dt_local_tensor_t* v);

@@ -157,7 +157,8 @@
     dt__kernel_scale_, NULL)                                                                             \
   X(SUMSQ, "sumsq", 1, 1, "", dt__sumsq_rules, NULL, NULL, DT__WN, dt__kernel_sumsq, NULL)                \
   /* composites: forward built from other ops */                                                         \
-  X(CROSS_ENTROPY, "cross_entropy", 2, 1, "reduction=1", NULL, NULL, dt__bw_cross_entropy, 0, NULL,      \
+  X(CROSS_ENTROPY, "cross_entropy", 2, 1, "reduction=1, ignore_index?, label_smoothing:f=0",         \
+    NULL, NULL, dt__bw_cross_entropy, 0, NULL,                                                           \
     dt__cross_entropy_fwd)                                                                               \
   X(REDISTRIBUTE, "redistribute", 1, 1, "placements:p", NULL, NULL, dt__bw_redistribute, 0, NULL,        \
     dt__redistribute_fwd)                                                                            \

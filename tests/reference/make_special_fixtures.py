@@ -258,6 +258,41 @@ case("dropout_p_above_1", "dropout", [DX], lambda x: F.dropout(x, 1.5), iargs=[7
 case("dropout_p_neg", "dropout", [DX], lambda x: F.dropout(x, -0.1), iargs=[7], fargs=[-0.1],
      error="DT_ERR_INVALID_ARG")
 
+# ---- cross_entropy (iargs [reduction=1, ignore_index (none unless given)], fargs
+# [label_smoothing=0]): with ignore_index the rows whose target it is count nowhere (mean over the
+# others; every row ignored: NaN, gradient 0); label smoothing; a target outside [0, C) that is not
+# the ignore index is an error, -100 included when no ignore_index is given (PyTorch's default
+# skips it: here it must be asked for, as with ignore_index=-1 in PyTorch, which raises)
+CEX = rnd(7, 5)
+CET = torch.tensor([0, -100, 3, 4, -100, 1, 2])
+for red, tag in [(1, "mean"), (2, "sum"), (0, "none")]:
+    rname = ["none", "mean", "sum"][red]
+    case("ce_ignore_" + tag, "cross_entropy", [CEX, CET],
+         lambda x, t, r=rname: F.cross_entropy(x, t, reduction=r), iargs=[red, -100])
+    case("ce_smooth_ignore_" + tag, "cross_entropy", [CEX, CET],
+         lambda x, t, r=rname: F.cross_entropy(x, t, reduction=r, label_smoothing=0.2),
+         iargs=[red, -100], fargs=[0.2])
+    case("ce_smooth_" + tag, "cross_entropy", [CEX, torch.tensor([0, 1, 3, 4, 2, 1, 2])],
+         lambda x, t, r=rname: F.cross_entropy(x, t, reduction=r, label_smoothing=0.3),
+         iargs=[red], fargs=[0.3])
+case("ce_ignore_class_2", "cross_entropy", [CEX, torch.tensor([0, 2, 3, 2, 4, 1, 2])],
+     lambda x, t: F.cross_entropy(x, t, ignore_index=2), iargs=[1, 2])
+case("ce_all_ignored", "cross_entropy", [CEX, torch.full((7,), -100, dtype=torch.int64)],
+     lambda x, t: F.cross_entropy(x, t), iargs=[1, -100])
+case("ce_smooth_1", "cross_entropy", [CEX, torch.tensor([0, 1, 3, 4, 2, 1, 2])],
+     lambda x, t: F.cross_entropy(x, t, label_smoothing=1.0), iargs=[1], fargs=[1.0])
+case("ce_i32_targets", "cross_entropy", [CEX, torch.tensor([0, -100, 3, 4, -100, 1, 2], dtype=torch.int32)],
+     lambda x, t: F.cross_entropy(x, t.long()), iargs=[1, -100])
+case("ce_no_ignore_index", "cross_entropy", [CEX, CET],
+     lambda x, t: F.cross_entropy(x, t, ignore_index=-1), iargs=[1], error="DT_ERR_INVALID_ARG")
+case("ce_target_oob", "cross_entropy", [CEX, torch.tensor([0, 1, 5, 4, 2, 1, 2])],
+     lambda x, t: F.cross_entropy(x, t), iargs=[1, -100], error="DT_ERR_INVALID_ARG")
+case("ce_target_neg", "cross_entropy", [CEX, torch.tensor([0, 1, -1, 4, 2, 1, 2])],
+     lambda x, t: F.cross_entropy(x, t), iargs=[1, -100], error="DT_ERR_INVALID_ARG")
+case("ce_smooth_above_1", "cross_entropy", [CEX, CET],
+     lambda x, t: F.cross_entropy(x, t, label_smoothing=1.5), iargs=[1, -100], fargs=[1.5],
+     error="DT_ERR_INVALID_ARG")
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "special_fixtures.json")
