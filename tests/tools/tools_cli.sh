@@ -92,6 +92,11 @@ expect 0 "$train" --estimate-only --np 2 --steps 1 --parallel fsdp --freeze "lay
 expect 2 mpi -np 2 "$train" "${small[@]}" --freeze "layrs.*"
 grep -qF "pattern 'layrs.*' matches no parameter" "$tmp/err" || fail "--freeze typo: $(cat "$tmp/err")"
 expect 2 "$train" --freeze "tok_emb,,norm"
+expect 2 mpi -np 2 "$train" "${small[@]}" --freeze "*"
+grep -qF "leaves no parameter to train" "$tmp/err" || fail "--freeze '*': $(cat "$tmp/err")"
+# tied: one (V, D) table under two names, frozen by either pattern that lists it (tok_emb)
+expect 0 mpi -np 2 "$train" "${small[@]}" --tie-embeddings --freeze "tok_emb"
+grep -q "^# frozen (--freeze tok_emb): 1 parameters" "$tmp/out" || fail "tied freeze: $(cat "$tmp/out")"
 # a model config the library refuses: one message and exit 2 on every rank, no MPI_Abort
 expect 2 mpi -np 2 "$train" --heads 3 --steps 1
 [ "$(grep -c "head dim must be a whole even number" "$tmp/err")" = 1 ] ||
