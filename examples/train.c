@@ -1055,7 +1055,10 @@ int train_main(int argc, char** argv) {
     CHECK(dt_var_requires_grad(params[i], &rg));
     if (rg) trainable[n_train++] = params[i];
   }
-  if (n_train == 0) return usage_error("--freeze %s leaves no parameter to train", o.freeze);
+  if (n_train == 0) {
+    free(trainable);
+    return usage_error("--freeze %s leaves no parameter to train", o.freeze);
+  }
   CHECK(dt_adamw_create(&ac, n_train, trainable, &opt));
   /* distributed checkpoints: the parameters as the wrapped model holds them (FSDP shards, TP
    * shards, experts), the AdamW state, and where the run is (loaded onto any layout) */
