@@ -72,7 +72,7 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
   dt_tensor_t m = NULL, z = NULL, e = NULL, s = NULL, ls = NULL, lse = NULL, lse1 = NULL,
               t = NULL, l = NULL, v = NULL, safe = NULL, nll = NULL, sx = NULL, sm = NULL,
               w = NULL, w1 = NULL, cnt = NULL, c0 = NULL, tot = NULL, a1 = NULL, a2 = NULL,
-              lv = NULL;
+              lv = NULL, vx = NULL, vxo = NULL, c32 = NULL, cnto = NULL;
   dt_status_t st = dt__opa(DT_OP_AMAX, 1, &x, 2, keep_last, 0, NULL, &m);
   dt_tensor_t xm[2] = {x, m};
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUB, 2, xm, 0, NULL, 0, NULL, &z);
@@ -82,6 +82,9 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
   if (st == DT_SUCCESS) st = dt__op2(DT_OP_ADD, ls, m, &lse); /* (N, 1) */
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, &lse, 1, flat, 0, NULL, &lse1);
   if (st == DT_SUCCESS && masked) st = dt__ce_targets(tg, a->ignore_index, &v, &safe);
+  /* the mask in the logits' dtype where it meets their losses (bf16 logits, bf16 losses); the
+   * count is taken from the f32 mask (exact) and then converted */
+  if (st == DT_SUCCESS && masked) st = dt__op_convert(v, x->dtype, &vx, &vxo);
   if (st == DT_SUCCESS) {
     st = dt__op2(DT_OP_GATHER_DIM, x, masked ? safe : tg, &t);
     if (st == DT_ERR_INVALID_ARG) { /* a target out of range: say how rows are skipped */
@@ -107,7 +110,7 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
       st = dt__op2(DT_OP_ADD, a1, a2, &lv);
     }
   }
-  if (st == DT_SUCCESS && masked) st = dt__op2(DT_OP_MUL, lv ? lv : nll, v, &l);
+  if (st == DT_SUCCESS && masked) st = dt__op2(DT_OP_MUL, lv ? lv : nll, vx, &l);
   dt_tensor_t* lp = l ? &l : lv ? &lv : &nll; /* the per-row losses */
   if (st == DT_SUCCESS && a->reduction == DT_LOSS_NONE) {
     *loss = *lp;
@@ -123,7 +126,8 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
       dt_placement_t rep[DT_MAX_MESH_DIMS];
       for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
       st = dt__opa(DT_OP_SUM, 1, &v, 1, all, 0, NULL, &c0);
-      if (st == DT_SUCCESS) st = dt_tensor_redistribute(c0, rep, &cnt);
+      if (st == DT_SUCCESS) st = dt_tensor_redistribute(c0, rep, &c32);
+      if (st == DT_SUCCESS) st = dt__op_convert(c32, x->dtype, &cnt, &cnto);
       if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, tot, cnt, loss);
     } else if (st == DT_SUCCESS) {
       *loss = tot;
@@ -138,13 +142,13 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
   } else if (st == DT_SUCCESS && saved != NULL) {
     if (cnt != NULL) { /* 1 / max(count, 1): every row ignored gives a NaN loss, zero gradients */
       dt_tensor_t one = NULL, c1 = NULL;
-      st = dt_tensor_full_value(cnt->mesh, DT_F32, 0, NULL, cnt->layout.pl, 1.0, &one);
+      st = dt_tensor_full_value(cnt->mesh, cnt->dtype, 0, NULL, cnt->layout.pl, 1.0, &one);
       if (st == DT_SUCCESS) st = dt__op2(DT_OP_MAXIMUM, cnt, one, &c1);
-      if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, v, c1, &w);
+      if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, vx, c1, &w);
       dt__tensor_free(one);
       dt__tensor_free(c1);
     }
-    if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, w ? &w : &v, 2, col, 0, NULL, &w1);
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, w ? &w : &vx, 2, col, 0, NULL, &w1);
     const int64_t dim1[1] = {1};
     dt_tensor_t lw[2] = {lse, w1};
     if (st == DT_SUCCESS) st = dt__opa(DT_OP_CAT, 2, lw, 1, dim1, 0, NULL, saved);
@@ -153,9 +157,9 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
     dt__tensor_free(*loss);
     *loss = NULL;
   }
-  dt_tensor_t tmp[22] = {m, z, e, s, ls, lse, lse1, t, l, v, safe, nll, sx, sm, w, w1, cnt, c0,
-                         tot, a1, a2, lv};
-  for (int i = 0; i < 22; i++) dt__tensor_free(tmp[i]);
+  dt_tensor_t tmp[24] = {m,  z,  e,  s,  ls, lse, lse1, t,   l,   v,   safe, nll,  sx,
+                         sm, w,  w1, c0, tot, a1, a2, lv, vxo, c32, cnto};
+  for (int i = 0; i < 24; i++) dt__tensor_free(tmp[i]);
   return st;
 }
 

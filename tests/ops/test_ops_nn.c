@@ -193,6 +193,92 @@ static long long cross_entropy(dt_mesh_t mesh, int m) {
   return n;
 }
 
+/* cross_entropy with bf16 logits and an ignore_index (the op "cross_entropy" under autograd): the
+ * loss and the gradient are bf16 as the logits, as PyTorch's, and match a double reference within
+ * bf16 precision for each reduction (the row mask, f32, used to meet the bf16 losses) */
+static long long cross_entropy_bf16_ignore(dt_mesh_t mesh, int m) {
+  enum { N = 6, C = 10 };
+  int64_t ls[2] = {N, C}, ts[1] = {N};
+  float x[N * C];
+  int64_t tg[N];
+  for (int i = 0; i < N * C; i++) x[i] = (float)((i * 7) % 13) * 0.25f - 1.5f; /* exact in bf16 */
+  for (int i = 0; i < N; i++) tg[i] = i % 3 == 1 ? -100 : (i * 3 + 2) % C;
+  double lse[N], row[N], sum = 0;
+  int cnt = 0;
+  for (int i = 0; i < N; i++) {
+    double mx = -1e30, se = 0;
+    for (int c = 0; c < C; c++) mx = fmax(mx, x[i * C + c]);
+    for (int c = 0; c < C; c++) se += exp(x[i * C + c] - mx);
+    lse[i] = log(se) + mx;
+    row[i] = tg[i] == -100 ? 0.0 : lse[i] - x[i * C + tg[i]];
+    sum += row[i];
+    cnt += tg[i] != -100;
+  }
+  const char* lpl[3] = {"S1", "R", "S0"};
+  const char* lpl2[3] = {"S0,S1", "R,S1", "S1,S0"};
+  const int64_t to_bf16 = DT_BF16, to_f32 = DT_F32, all[1] = {0};
+  long long n = 0;
+  for (int k = 0; k < 3; k++)
+    for (int red = 0; red < 3; red++) {
+      dt_placement_t pl[2], pt[2];
+      int np;
+      DT_ASSERT_OK(dt_placements_parse(m == 1 ? lpl[k] : lpl2[k], pl, 2, &np));
+      for (int i = 0; i < m; i++)
+        pt[i] = (pl[i].kind == DT_SHARD && pl[i].dim == 0) ? dt_shard(0) : dt_replicate();
+      dt_tensor_t tf, tl, tt, o32;
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, ls, pl, x, &tf));
+      DT_ASSERT_OK(dt_op_run("cast", 1, &tf, 1, &to_bf16, 0, NULL, &tl));
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 1, ts, pt, tg, &tt));
+      dt_var_t v[2], out, loss;
+      DT_ASSERT_OK(dt_var_leaf(tl, 1, &v[0]));
+      DT_ASSERT_OK(dt_var_leaf(tt, 0, &v[1]));
+      dt_tape_t tape;
+      DT_ASSERT_OK(dt_tape_create(&tape));
+      const int64_t ia[2] = {red, -100};
+      DT_ASSERT_OK(dt_ag_op(tape, "cross_entropy", 2, v, 2, ia, 0, NULL, 1, &out));
+      dt_dtype_t dt;
+      DT_ASSERT_OK(dt_tensor_dtype(dt_var_value(out), &dt));
+      DT_ASSERT_TRUE(dt == DT_BF16, "cross_entropy of bf16 logits gave %s", dt_dtype_name(dt));
+      dt_tensor_t ov = dt_var_value(out);
+      DT_ASSERT_OK(dt_op_run("cast", 1, &ov, 1, &to_f32, 0, NULL, &o32));
+      float got[N * C];
+      const int64_t on = red == DT_LOSS_NONE ? N : 1;
+      DT_ASSERT_OK(dt_tensor_gather_full(o32, got, sizeof(float) * (size_t)on));
+      for (int i = 0; i < on; i++) {
+        double want = red == DT_LOSS_NONE ? row[i] : red == DT_LOSS_MEAN ? sum / cnt : sum;
+        DT_ASSERT_TRUE(fabs(got[i] - want) <= 1e-2 * (1 + fabs(want)),
+                       "bf16 cross_entropy %s red %d [%d]: %g vs %g", m == 1 ? lpl[k] : lpl2[k],
+                       red, i, got[i], want);
+      }
+      loss = out;
+      if (red == DT_LOSS_NONE)
+        DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &out, 1, all, 0, NULL, 1, &loss));
+      DT_ASSERT_OK(dt_tape_backward(tape, loss));
+      dt_tensor_t g = dt_var_grad(v[0]), g32;
+      DT_ASSERT_TRUE(g != NULL, "bf16 cross_entropy: no gradient");
+      DT_ASSERT_OK(dt_tensor_dtype(g, &dt));
+      DT_ASSERT_TRUE(dt == DT_BF16, "gradient of bf16 logits is %s", dt_dtype_name(dt));
+      DT_ASSERT_OK(dt_op_run("cast", 1, &g, 1, &to_f32, 0, NULL, &g32));
+      DT_ASSERT_OK(dt_tensor_gather_full(g32, got, sizeof got));
+      for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+          const double w = tg[i] == -100 ? 0.0 : red == DT_LOSS_MEAN ? 1.0 / cnt : 1.0;
+          const double want = w * (exp(x[i * C + c] - lse[i]) - (c == tg[i] ? 1.0 : 0.0));
+          DT_ASSERT_TRUE(fabs(got[i * C + c] - want) <= 2e-3 + 4e-2 * fabs(want),
+                         "bf16 cross_entropy %s red %d grad [%d,%d]: %g vs %g",
+                         m == 1 ? lpl[k] : lpl2[k], red, i, c, got[i * C + c], want);
+        }
+      DT_ASSERT_OK(dt_tape_destroy(tape));
+      DT_ASSERT_OK(dt_var_destroy(v[0]));
+      DT_ASSERT_OK(dt_var_destroy(v[1]));
+      dt_tensor_destroy(tf);
+      dt_tensor_destroy(o32);
+      dt_tensor_destroy(g32);
+      n++;
+    }
+  return n;
+}
+
 /* linear with and without bias: every placement of x, weight in {R, S(0), S(1), P} and bias in
  * {R, S(0), P}; exact (small integers). A column-sharded x with a column-sharded weight gives a
  * Partial output whose bias is counted once. */
@@ -250,11 +336,13 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_world_rank(&rank));
   dt_mesh_t m1, m2 = NULL;
   DT_ASSERT_OK(dt_mesh_create(1, &world, NULL, NULL, &m1));
-  long long n = norms(m1, 1) + embeddings(m1, 1) + cross_entropy(m1, 1) + linear(m1);
+  long long n = norms(m1, 1) + embeddings(m1, 1) + cross_entropy(m1, 1) +
+                  cross_entropy_bf16_ignore(m1, 1) + linear(m1);
   if (world >= 4 && world % 2 == 0) {
     int s[2] = {2, world / 2};
     DT_ASSERT_OK(dt_mesh_create(2, s, NULL, NULL, &m2));
-    n += norms(m2, 2) + embeddings(m2, 2) + cross_entropy(m2, 2);
+    n += norms(m2, 2) + embeddings(m2, 2) + cross_entropy(m2, 2) +
+         cross_entropy_bf16_ignore(m2, 2);
   }
   if (rank == 0) printf("test_ops_nn np=%d: %lld op calls checked\n", world, n);
   DT_ASSERT_OK(dt_mesh_destroy(m1));
