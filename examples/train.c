@@ -1081,7 +1081,17 @@ int train_main(int argc, char** argv) {
     if (found) {
       loaded_here = !o.resume_from[0];
       double t0 = now_s();
-      CHECK(dt_checkpoint_load(ck, from, latest));
+      dt_status_t lst = dt_checkpoint_load(ck, from, latest);
+      if (lst != DT_SUCCESS && strstr(dt_last_error(), "has no tensor 'optim.") != NULL) {
+        /* every rank read the same index: the optimizer state of a parameter that this run
+         * trains and the saved one did not */
+        free(trainable);
+        return usage_error("%s: %s (the checkpoint holds AdamW state for the parameters its run "
+                           "trained: resume with the --freeze it was saved with%s%s)",
+                           dt_status_name(lst), dt_last_error(), o.freeze[0] ? ", not " : "",
+                           o.freeze);
+      }
+      CHECK(lst);
       int64_t next = 0, seed = 0;
       CHECK(dt_checkpoint_get_i64(ck, "next_step", &next));
       CHECK(dt_checkpoint_get_i64(ck, "seed", &seed));

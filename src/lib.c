@@ -45,9 +45,12 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
   dt__cost_model_autoload_reported(0);
   const char* blas = dt__cpu_blas_notice(); /* backend: a CPU OpenBLAS does not know */
   const char* quiet = getenv("DTENSOR_QUIET");
-  if (blas != NULL && dt__world_rank() == 0 &&
-      (quiet == NULL || quiet[0] == '\0' || strcmp(quiet, "0") == 0))
+  const int loud = quiet == NULL || quiet[0] == '\0' || strcmp(quiet, "0") == 0;
+  if (blas != NULL && dt__world_rank() == 0 && loud)
     dt__log("blas", "%s (DTENSOR_QUIET=1 hides this)", blas);
+  if (!dt__comm_mpi_serialized() && dt__world_rank() == 0 && loud)
+    dt__log("mpi", "MPI was started below MPI_THREAD_SERIALIZED: call the library only from the "
+            "thread that started MPI (DTENSOR_QUIET=1 hides this)");
   return DT_SUCCESS;
 }
 

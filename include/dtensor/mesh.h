@@ -26,7 +26,8 @@ typedef struct dt_mesh* dt_mesh_t;
  * did, in which case MPI is left to the host to finalize. Threads: the library is not reentrant;
  * call it from one thread at a time, any thread (a trainer's worker too; each thread has its own
  * dt_last_error). Where the host started MPI at a level below MPI_THREAD_SERIALIZED, call it from
- * the thread that started MPI. Loads the calibrated cost model from
+ * the thread that started MPI (rank 0 says so on stderr unless DTENSOR_QUIET is set). Loads the
+ * calibrated cost model from
  * $DTENSOR_COST_MODEL or, when present, $HOME/.cache/dtensor/cost_model.json. argc/argv may be
  * NULL. Calling it twice is DT_ERR_INVALID_USAGE. */
 DT_API dt_status_t dt_init(int* argc, char*** argv);

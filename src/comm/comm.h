@@ -136,6 +136,9 @@ typedef struct dt_comm {
 dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized);
 /* Remembers whether dt_init started MPI; dt__comm_mpi_finalize_owned finalizes it only then. */
 void dt__comm_mpi_set_owned(int we_initialized);
+/* Whether MPI provides MPI_THREAD_SERIALIZED or more (dt_init asks for it; a host that started MPI
+ * itself may have chosen less: then only the thread that started MPI may call the library). */
+int dt__comm_mpi_serialized(void);
 dt_status_t dt__comm_mpi_finalize(int we_initialized);
 dt_status_t dt__comm_mpi_finalize_owned(void);
 /* The library's world communicator (NULL before dt_init). */

@@ -67,6 +67,7 @@ static dt_comm_t dt__world_comm;
 static MPI_Op dt__user_ops[3][3];
 static int dt__user_ops_ready = 0;
 static int dt__mpi_owned = 0; /* dt_init started MPI */
+static int dt__mpi_serialized = 1; /* MPI takes calls from any thread, one at a time */
 static int64_t dt__maxc = INT_MAX;
 static int64_t dt__box_min = -1; /* all_to_all_box: DT__BOX_MIN_NBYTES or
                                    * $DTENSOR_COMM_BOX_MIN_NBYTES (-1 until read) */
@@ -1180,6 +1181,8 @@ void dt__comm_release(dt_comm_t* c) {
 
 const dt_comm_t* dt__comm_world(void) { return dt__world_comm.iface ? &dt__world_comm : NULL; }
 
+int dt__comm_mpi_serialized(void) { return dt__mpi_serialized; }
+
 /* ---------------------------------------------------------------------------------------------
  * setup */
 
@@ -1198,6 +1201,9 @@ dt_status_t dt__comm_mpi_init(int* argc, char*** argv, int* we_initialized) {
     if (rc != MPI_SUCCESS) return DT_FAIL(DT_ERR_MPI, "MPI_Init_thread failed (code %d)", rc);
     *we_initialized = 1;
   }
+  int level = MPI_THREAD_SINGLE; /* what MPI provides, ours or the host's */
+  DT_MPI_CHECK(MPI_Query_thread(&level));
+  dt__mpi_serialized = level >= MPI_THREAD_SERIALIZED;
   if (dt__world == MPI_COMM_NULL) {
     DT_CHECK(dt__dup_bounded(MPI_COMM_WORLD, &dt__world));
     DT_MPI_CHECK(MPI_Comm_set_errhandler(dt__world, MPI_ERRORS_RETURN));

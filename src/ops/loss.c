@@ -19,7 +19,8 @@
 
 /* The rows to count (targets != ignore) as f32 0/1 and the targets with ignored rows at class 0
  * (gather_dim and scatter_add take an index in range), both element-wise on the targets' shards
- * with their placements: no collective (the conversions are exact: |target|, |ignore| <= 2^24). */
+ * with their placements: no collective (exact for |ignore| < 2^24: a target that the conversion
+ * rounds is 2^24 or more in magnitude, out of every class range, and gather_dim refuses it). */
 dt_status_t dt__ce_targets(dt_tensor_t tg, int64_t ignore, dt_tensor_t* valid, dt_tensor_t* safe) {
   *valid = NULL;
   if (safe) *safe = NULL;
@@ -50,9 +51,11 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
     return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: reduction=%lld out of range: 0 none, 1 "
                    "mean, 2 sum", (long long)a->reduction);
   const int masked = a->ignore_index != DT_OP_IARG_NONE; /* rows to ignore: only if asked */
-  if (masked && (a->ignore_index < -(INT64_C(1) << 24) || a->ignore_index > (INT64_C(1) << 24)))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: ignore_index=%lld (valid: -2^24 to 2^24, "
-                   "e.g. PyTorch's -100)", (long long)a->ignore_index);
+  /* the mask compares in f32: exact while |ignore_index| < 2^24 and C <= 2^24 (a target that
+   * rounds to another value is at least 2^24, past every class, and gather_dim refuses it) */
+  if (masked && (a->ignore_index <= -(INT64_C(1) << 24) || a->ignore_index >= (INT64_C(1) << 24)))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: ignore_index=%lld (valid: above -2^24 "
+                   "and below 2^24, e.g. PyTorch's -100)", (long long)a->ignore_index);
   if (!(a->label_smoothing >= 0.0 && a->label_smoothing <= 1.0))
     return DT_FAIL(DT_ERR_INVALID_ARG, "cross_entropy: label_smoothing=%g (valid: 0 to 1)",
                    a->label_smoothing);
@@ -66,6 +69,9 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
                    (long long)(x->layout.ndim ? x->layout.shape[0] : 0), dt_dtype_name(tg->dtype),
                    tg->layout.ndim, (long long)(tg->layout.ndim ? tg->layout.shape[0] : 0));
   const int64_t N = x->layout.shape[0], C = x->layout.shape[1];
+  if (masked && C > (INT64_C(1) << 24))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "cross_entropy: ignore_index with %lld classes (at most "
+                   "2^24)", (long long)C);
   const int64_t keep_last[2] = {1, -1}, drop_last[2] = {0, -1}, all[1] = {0}, flat[1] = {N},
                 col[2] = {N, 1};
   const double eps = a->label_smoothing;

@@ -276,7 +276,27 @@ static long long cross_entropy_bf16_ignore(dt_mesh_t mesh, int m) {
       dt_tensor_destroy(g32);
       n++;
     }
-  return n;
+  /* the mask compares in f32: ignore_index at 2^24 or beyond is refused, and a target past 2^24
+   * (out of range however it rounds) fails even next to the largest ignore_index allowed */
+  dt_placement_t rep[2] = {dt_replicate(), dt_replicate()};
+  const int64_t big[N] = {0, (1 << 24) + 1, 2, 3, 4, 5};
+  dt_tensor_t xs, ts2, bad = NULL;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, ls, rep, x, &xs));
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 1, ts, rep, big, &ts2));
+  dt_tensor_t in2[2] = {xs, ts2};
+  const int64_t at_limit[2] = {DT_LOSS_MEAN, 1 << 24}, below[2] = {DT_LOSS_MEAN, (1 << 24) - 1};
+  DT_ASSERT_STATUS(dt_op_run("cross_entropy", 2, in2, 2, at_limit, 0, NULL, &bad),
+                   DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "ignore_index=16777216") != NULL, "message: %s",
+                 dt_last_error());
+  DT_ASSERT_STATUS(dt_op_run("cross_entropy", 2, in2, 2, below, 0, NULL, &bad),
+                   DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "a target outside [0, 10)") != NULL, "message: %s",
+                 dt_last_error());
+  DT_ASSERT_TRUE(bad == NULL, "an output after a refusal");
+  dt_tensor_destroy(xs);
+  dt_tensor_destroy(ts2);
+  return n + 2;
 }
 
 /* linear with and without bias: every placement of x, weight in {R, S(0), S(1), P} and bias in

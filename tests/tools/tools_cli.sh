@@ -94,6 +94,11 @@ grep -qF "pattern 'layrs.*' matches no parameter" "$tmp/err" || fail "--freeze t
 expect 2 "$train" --freeze "tok_emb,,norm"
 expect 2 mpi -np 2 "$train" "${small[@]}" --freeze "*"
 grep -qF "leaves no parameter to train" "$tmp/err" || fail "--freeze '*': $(cat "$tmp/err")"
+# resumed without the --freeze it was saved with: the missing AdamW state says so (exit 2)
+expect 0 mpi -np 2 "$train" "${small[@]}" --freeze "tok_emb" --checkpoint-dir "$tmp/fz"
+expect 2 mpi -np 2 "$train" "${small[@]}" --steps 4 --resume --checkpoint-dir "$tmp/fz"
+grep -qF "resume with the --freeze it was saved with" "$tmp/err" || fail "resume: $(cat "$tmp/err")"
+grep -q "MPI_ABORT" "$tmp/err" && fail "the resume aborted the job: $(cat "$tmp/err")"
 # tied: one (V, D) table under two names, frozen by either pattern that lists it (tok_emb)
 expect 0 mpi -np 2 "$train" "${small[@]}" --tie-embeddings --freeze "tok_emb"
 grep -q "^# frozen (--freeze tok_emb): 1 parameters" "$tmp/out" || fail "tied freeze: $(cat "$tmp/out")"
