@@ -206,6 +206,9 @@ typedef struct dt_llama_config {
                              wrappers to place (tensor parallelism, FSDP) before
                              dt_llama_init_weights fills each rank's shards: no rank ever holds
                              the whole model. The values equal the eager build's. */
+  int ignore_targets;     /* 1: targets of -100 (PyTorch's ignore_index) count nowhere in the
+                             loss, which is the mean over the other tokens (prompt masking in
+                             fine-tuning, padding); 0: every target must be a class */
 } dt_llama_config_t;
 
 /* Defaults for the fields left 0 (norm_eps 1e-5, rope_theta 10000, n_kv_heads = n_heads,
@@ -243,7 +246,8 @@ DT_API dt_status_t dt_llama_module(dt_llama_t m, dt_module_t* root);
 DT_API dt_status_t dt_llama_params(dt_llama_t m, dt_var_t** params, const char* const** names,
                                    int* n, int64_t* numel);
 /* Mean next-token cross-entropy of tokens (B, S) i64 against targets (B, S) i64, both replicated
- * or sharded on the batch dim; *aux (may be NULL) gets the MoE load-balancing term, already added
+ * or sharded on the batch dim (with ignore_targets, over the targets that are not -100: one
+ * scalar all-reduce of their count where the batch is sharded); *aux (may be NULL) gets the MoE load-balancing term, already added
  * to the loss. The loss is computed in f32 whatever the parameters' dtype (bf16 logits are
  * cast to f32 before the cross-entropy). Records on `tape` when grad mode is on. */
 DT_API dt_status_t dt_llama_forward(dt_llama_t m, dt_tape_t tape, dt_tensor_t tokens,

@@ -419,7 +419,13 @@ static dt_status_t dt__fwd_llama(dt_module_t m, dt_tape_t tape, int n_in, const 
    * projection a gradient in the logits' dtype), so the loss is not rounded to 8 bits of
    * mantissa; the MoE auxiliary loss likewise */
   DT_CHECK(dt__to_f32(tape, &logits));
-  DT_CHECK(dt_ag_cross_entropy(tape, logits, in[1], &ce));
+  if (c->ignore_targets) { /* targets of -100 count nowhere (cross_entropy's ignore_index) */
+    const int64_t ia[2] = {DT_LOSS_MEAN, -100};
+    dt_var_t lt[2] = {logits, in[1]};
+    DT_CHECK(dt_ag_op(tape, "cross_entropy", 2, lt, 2, ia, 0, NULL, 1, &ce));
+  } else {
+    DT_CHECK(dt_ag_cross_entropy(tape, logits, in[1], &ce));
+  }
   if (aux != NULL) DT_CHECK(dt__to_f32(tape, &aux));
   out[1] = aux;
   if (aux == NULL) {
@@ -595,6 +601,9 @@ static dt_status_t dt__llama_config_check(const dt_llama_config_t* c) {
   if (c->n_experts > 0 && (c->top_k < 1 || c->top_k > c->n_experts))
     return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: top_k=%d (valid: 1 to n_experts=%d)",
                    c->top_k, c->n_experts);
+  if (c->ignore_targets != 0 && c->ignore_targets != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: ignore_targets=%d (valid: 0, or 1: targets "
+                   "of -100 count nowhere)", c->ignore_targets);
   if (!isfinite(c->capacity_factor))
     return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: capacity_factor=%g must be finite",
                    c->capacity_factor);
