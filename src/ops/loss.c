@@ -169,13 +169,14 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
   return st;
 }
 
-/* The arguments of the composite op "cross_entropy": iargs [reduction=1, ignore_index=-100],
- * fargs [label_smoothing=0]. */
+/* The arguments of the composite op "cross_entropy" with the schema's defaults: iargs
+ * [reduction=1, ignore_index (DT_OP_IARG_NONE when not given: no row ignored)], fargs
+ * [label_smoothing=0]. */
 dt__ce_args_t dt__ce_args(int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs) {
   dt__ce_args_t a;
   a.reduction = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, n_iargs, iargs, 0);
   a.ignore_index = dt__op_iarg_n(DT_OP_CROSS_ENTROPY, n_iargs, iargs, 1);
-  a.label_smoothing = n_fargs > 0 && fargs != NULL ? fargs[0] : 0.0;
+  a.label_smoothing = dt__op_farg_n(DT_OP_CROSS_ENTROPY, n_fargs, fargs, 0);
   return a;
 }
 

@@ -117,8 +117,10 @@ dt_status_t dt__op_resolve(const char* name, int* id);
 dt_status_t dt__op_schema(int id, const dt_op_arg_t** args, int* n);
 /* Scalar argument k of a call of built-in op `id` (counting scalars only): the given value, else
  * the schema's default (NaN when it has none). Rules and kernels read defaults this way, so the
- * schema is their one source. */
+ * schema is their one source; the _n form takes the arguments as composites and backward rules
+ * hold them. */
 double dt__op_farg(int id, const dt_op_call_t* call, int k);
+double dt__op_farg_n(int id, int n_fargs, const double* fargs, int k);
 /* Integer argument k of a call of built-in op `id` (counting the integer arguments only: ints,
  * dtypes, then a list's items): the given value, else the schema's default, else
  * DT_OP_IARG_NONE (a required argument the caller checked, an optional one whose default the op

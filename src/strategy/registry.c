@@ -350,7 +350,11 @@ int64_t dt__op_iarg(int id, const dt_op_call_t* call, int k) {
 }
 
 double dt__op_farg(int id, const dt_op_call_t* call, int k) {
-  if (k < call->n_fargs) return call->fargs[k];
+  return dt__op_farg_n(id, call->n_fargs, call->fargs, k);
+}
+
+double dt__op_farg_n(int id, int n_fargs, const double* fargs, int k) {
+  if (k >= 0 && k < n_fargs && fargs != NULL) return fargs[k];
   const dt_op_arg_t* a;
   int n;
   if (dt__op_schema(id, &a, &n) != DT_SUCCESS) return NAN;
