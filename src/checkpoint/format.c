@@ -409,7 +409,8 @@ void dt__ck_index_free(dt__ck_index_t* ix) {
     free(t->name);
     for (int a = 0; a < t->n_alias; a++) free(t->alias[a]);
     free(t->alias);
-    for (int b = 0; b < t->n_boxes; b++) {
+    /* a save plan counts boxes before it allocates them: n_boxes without boxes after a failure */
+    for (int b = 0; t->boxes != NULL && b < t->n_boxes; b++) {
       free(t->boxes[b].key);
       free(t->boxes[b].blocks);
     }

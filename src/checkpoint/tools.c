@@ -507,7 +507,7 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
       }
       at += n;
     }
-  ix.files[0].nbytes = at;
+  if (ix.files != NULL) ix.files[0].nbytes = at; /* NULL when out of memory */
   if (fd >= 0) {
     if (st == DT_SUCCESS && fsync(fd) != 0) st = DT_FAIL(DT_ERR_IO, "fsync %s: %s", fpath, strerror(errno));
     close(fd);

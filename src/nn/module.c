@@ -190,12 +190,32 @@ static int dt__holders(dt_var_t v) {
 }
 
 /* Every entry holding `old` holds `nw` instead (old is then held by nothing; nw keeps any holders
- * it had). Out of memory: nothing changes. */
+ * it had). A new parameter held by nothing yet (the wrappers' commits and FSDP's swaps) takes
+ * over old's record: no allocation, so it cannot fail. Out of memory otherwise: nothing
+ * changes. */
 static dt_status_t dt__rehold(dt_var_t old, dt_var_t nw) {
   if (old == nw) return DT_SUCCESS;
   dt__held_lock();
   dt__holder_t* ho = dt__held_find(old);
   if (ho == NULL) { /* not held (cannot happen for an entry's parameter) */
+    dt__held_unlock();
+    return DT_SUCCESS;
+  }
+  if (dt__held_find(nw) == NULL) { /* the record moves to nw's bucket */
+    for (dt__holder_t** pp = &dt__held.b[dt__held_hash(old, dt__held.nb)]; *pp; pp = &(*pp)->next)
+      if (*pp == ho) {
+        *pp = ho->next;
+        break;
+      }
+    ho->var = nw;
+    size_t k = dt__held_hash(nw, dt__held.nb);
+    ho->next = dt__held.b[k];
+    dt__held.b[k] = ho;
+    for (int i = 0; i < ho->n; i++) {
+      dt_module_t m = ho->mods[i];
+      for (int j = 0; j < m->n; j++)
+        if (m->entries[j].param == old) m->entries[j].param = nw;
+    }
     dt__held_unlock();
     return DT_SUCCESS;
   }

@@ -40,6 +40,7 @@ dt_status_t dt__ce_targets(dt_tensor_t tg, int64_t ignore, dt_tensor_t* valid, d
   dt_tensor_t tmp[7] = {tfo, d, dd, one, sf, so, st == DT_SUCCESS ? NULL : v};
   for (int i = 0; i < 7; i++) dt__tensor_free(tmp[i]);
   if (st == DT_SUCCESS) *valid = v;
+  else if (safe) *safe = NULL;
   return st;
 }
 

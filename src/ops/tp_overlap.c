@@ -333,6 +333,7 @@ dt_status_t dt__op_move_to(dt_tensor_t x, const dt_placement_t* pl, dt_tensor_t*
   int same = 1;
   for (int i = 0; i < x->mesh->ndim; i++) same &= dt_placement_equal(x->layout.pl[i], pl[i]);
   if (same) return DT_SUCCESS;
+  *y = NULL; /* failed: nothing to use (nor to free) */
   DT_CHECK(dt_tensor_redistribute(x, pl, owned));
   *y = *owned;
   return DT_SUCCESS;
@@ -343,6 +344,7 @@ dt_status_t dt__op_convert(dt_tensor_t x, dt_dtype_t to, dt_tensor_t* y, dt_tens
   *y = x;
   if (x->dtype == to) return DT_SUCCESS;
   dt_tensor_t c;
+  *y = NULL; /* failed: nothing to use (nor to free) */
   DT_CHECK(dt__tensor_new(x->mesh, to, x->layout.ndim, x->layout.shape, x->layout.pl, 0, &c));
   dt_local_tensor_t lx, lc;
   dt__tensor_local_view(x, &lx);

@@ -355,7 +355,6 @@ static dt_status_t dt__ddp_build(const dt__ddp_scan_t* s, int64_t cap_nbytes, dt
   d->mesh = s->mesh;
   d->mesh_ndim = s->mesh_ndim;
   d->sync = 1;
-  d->n_params = s->n;
   d->params = calloc((size_t)s->n, sizeof *d->params);
   d->buckets = calloc((size_t)s->n, sizeof *d->buckets); /* at most one per parameter */
   d->order = calloc((size_t)s->n, sizeof *d->order);
@@ -363,6 +362,7 @@ static dt_status_t dt__ddp_build(const dt__ddp_scan_t* s, int64_t cap_nbytes, dt
     st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "DDP state for %d parameters", s->n);
     goto fail;
   }
+  d->n_params = s->n; /* once the arrays exist: dt__ddp_free walks them */
   dt_placement_t flat_pl[DT_MAX_MESH_DIMS];
   for (int i = 0; i < s->mesh_ndim; i++) {
     int data = s->mesh_dim < 0 || i == s->mesh_dim;

@@ -1070,7 +1070,9 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
     goto fail;
   }
   /* commit: the module takes the sharded parameters (the replicated ones are destroyed); a tied
-   * one is replaced for every holder (all below m), and so is each gathered swap later */
+   * one is replaced for every holder (all below m), and so is each gathered swap later. A new
+   * parameter (held by nothing yet) takes over its predecessor's holder record: this cannot
+   * fail. */
   for (int i = 0; i < g->n; i++) dt_module_set_param(m, g->p[i].name, g->p[i].sharded);
   g->next = g_fsdp.groups;
   g_fsdp.groups = g;
