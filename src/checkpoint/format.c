@@ -970,6 +970,11 @@ dt_status_t dt__ck_rm_rf(const char* path) {
 }
 
 dt_status_t dt__ck_write_atomic(const char* dir, const char* name, const void* p, size_t n) {
+  DT_CHECK(dt__ck_write_replace(dir, name, p, n));
+  return dt__ck_fsync_path(dir);
+}
+
+dt_status_t dt__ck_write_replace(const char* dir, const char* name, const void* p, size_t n) {
   char tmp[DT__CK_PATH_MAX], dst[DT__CK_PATH_MAX];
   if (snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name) >= (int)sizeof tmp ||
       snprintf(dst, sizeof dst, "%s/%s", dir, name) >= (int)sizeof dst)
@@ -981,11 +986,8 @@ dt_status_t dt__ck_write_atomic(const char* dir, const char* name, const void* p
   if (close(fd) != 0 && st == DT_SUCCESS) st = DT_FAIL(DT_ERR_IO, "closing %s: %s", tmp, strerror(errno));
   if (st == DT_SUCCESS && rename(tmp, dst) != 0)
     st = DT_FAIL(DT_ERR_IO, "renaming %s to %s: %s", tmp, dst, strerror(errno));
-  if (st != DT_SUCCESS) {
-    unlink(tmp);
-    return st;
-  }
-  return dt__ck_fsync_path(dir);
+  if (st != DT_SUCCESS) unlink(tmp);
+  return st;
 }
 
 dt_status_t dt__ck_read_file(const char* path, int64_t max, char** out, size_t* len) {

@@ -168,6 +168,9 @@ dt_status_t dt__ck_mkdir_p(const char* path);
 dt_status_t dt__ck_rm_rf(const char* path);
 /* dir/name written through dir/name.tmp: write, fsync, rename, fsync dir. */
 dt_status_t dt__ck_write_atomic(const char* dir, const char* name, const void* p, size_t n);
+/* The same without the directory's fsync: once it returns DT_SUCCESS, dir/name holds the new
+ * bytes (on failure it holds the old ones). */
+dt_status_t dt__ck_write_replace(const char* dir, const char* name, const void* p, size_t n);
 /* Reads a whole small file (at most max bytes) into a malloc'd NUL-terminated buffer. */
 dt_status_t dt__ck_read_file(const char* path, int64_t max, char** out, size_t* len);
 /* A checkpoint directory from `path`: path itself when it holds index.json, else path/<latest>. */
