@@ -1005,47 +1005,17 @@ static dt_status_t dt__ck_finish(dt_checkpoint_t ck, dt__ck_save_t* s) {
     char* text = st == DT_SUCCESS ? dt__ck_index_to_json(ix) : NULL;
     if (st == DT_SUCCESS && text == NULL)
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "index.json");
-    const char* final = s->final;
     if (st == DT_SUCCESS) st = dt__ck_write_atomic(s->tmpdir, DT__CK_INDEX, text, strlen(text));
     if (st == DT_SUCCESS) {
       ck->stats.file_nbytes = (int64_t)strlen(text);
       for (int f = 0; f < ix->n_files; f++) ck->stats.file_nbytes += ix->files[f].nbytes;
     }
     free(text);
-    /* publishing: NAME.tmp renamed to NAME, made durable, then `latest` replaced: the commit.
-     * A failure before the commit takes NAME back (a failed save publishes nothing and latest
-     * keeps its old name); after it (the directory's last fsync, pruning) the checkpoint is
-     * saved and named, so the save succeeds and the failure is logged. */
-    int renamed = 0;
-    if (st == DT_SUCCESS && rename(s->tmpdir, final) != 0)
-      st = DT_FAIL(DT_ERR_IO, "renaming %s to %s: %s", s->tmpdir, final, strerror(errno));
-    else if (st == DT_SUCCESS)
-      renamed = 1;
-    if (st == DT_SUCCESS) st = dt__ck_fsync_path(s->dir);
-    if (st == DT_SUCCESS) {
-      char line[DT_CHECKPOINT_NAME_MAX + 1];
-      snprintf(line, sizeof line, "%s\n", s->name);
-      st = dt__ck_write_replace(s->dir, DT__CK_LATEST, line, strlen(line));
-    }
-    if (st != DT_SUCCESS && renamed) {
-      char msg[1024], why[1024];
-      snprintf(msg, sizeof msg, "%s", dt_last_error());
-      if (dt__ck_rm_rf(final) == DT_SUCCESS) {
-        st = DT_FAIL(st, "%s", msg);
-      } else {
-        snprintf(why, sizeof why, "%s", dt_last_error());
-        st = DT_FAIL(st, "%s (and taking %.300s back failed: %s)", msg, final, why);
-      }
-    }
-    if (st == DT_SUCCESS && dt__ck_fsync_path(s->dir) != DT_SUCCESS) {
-      fprintf(stderr, "[dtensor checkpoint] saved %.300s, but %s: its name in latest may not "
-              "survive a crash\n", final, dt_last_error());
-      dt_clear_error();
-    }
+    if (st == DT_SUCCESS) st = dt__ck_publish(s->dir, s->tmpdir, s->name);
     if (st == DT_SUCCESS && s->keep_last > 0 &&
         dt__ck_prune(s->dir, s->keep_last, s->name) != DT_SUCCESS) {
       fprintf(stderr, "[dtensor checkpoint] saved %.300s, but removing older checkpoints "
-              "(keep_last %d) failed: %s\n", final, s->keep_last, dt_last_error());
+              "(keep_last %d) failed: %s\n", s->final, s->keep_last, dt_last_error());
       dt_clear_error();
     }
   }

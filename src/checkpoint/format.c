@@ -990,6 +990,33 @@ dt_status_t dt__ck_write_replace(const char* dir, const char* name, const void* 
   return st;
 }
 
+dt_status_t dt__ck_publish(const char* dir, const char* tmpdir, const char* name) {
+  char final[DT__CK_PATH_MAX], line[DT__CK_PATH_MAX];
+  if (snprintf(final, sizeof final, "%s/%s", dir, name) >= (int)sizeof final)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "path too long: %.200s", dir);
+  if (rename(tmpdir, final) != 0)
+    return DT_FAIL(DT_ERR_IO, "renaming %s to %s: %s", tmpdir, final, strerror(errno));
+  dt_status_t st = dt__ck_fsync_path(dir);
+  if (st == DT_SUCCESS) {
+    snprintf(line, sizeof line, "%s\n", name);
+    st = dt__ck_write_replace(dir, DT__CK_LATEST, line, strlen(line));
+  }
+  if (st != DT_SUCCESS) { /* not committed: take it back */
+    char msg[1024], why[1024];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    if (dt__ck_rm_rf(final) == DT_SUCCESS)
+      return DT_FAIL(st, "%s", msg);
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    return DT_FAIL(st, "%s (and taking %.300s back failed: %s)", msg, final, why);
+  }
+  if (dt__ck_fsync_path(dir) != DT_SUCCESS) {
+    fprintf(stderr, "[dtensor checkpoint] saved %.300s, but %s: its name in latest may not "
+            "survive a crash\n", final, dt_last_error());
+    dt_clear_error();
+  }
+  return DT_SUCCESS;
+}
+
 dt_status_t dt__ck_read_file(const char* path, int64_t max, char** out, size_t* len) {
   *out = NULL;
   *len = 0;

@@ -171,6 +171,11 @@ dt_status_t dt__ck_write_atomic(const char* dir, const char* name, const void* p
 /* The same without the directory's fsync: once it returns DT_SUCCESS, dir/name holds the new
  * bytes (on failure it holds the old ones). */
 dt_status_t dt__ck_write_replace(const char* dir, const char* name, const void* p, size_t n);
+/* Publishes the finished checkpoint directory `tmpdir` as dir/name: renamed, made durable, then
+ * dir/latest replaced to name it (the commit). A failure before the commit takes dir/name back
+ * (nothing published, latest unchanged); one after it (the directory's last fsync) is written
+ * to stderr and the call succeeds. */
+dt_status_t dt__ck_publish(const char* dir, const char* tmpdir, const char* name);
 /* Reads a whole small file (at most max bytes) into a malloc'd NUL-terminated buffer. */
 dt_status_t dt__ck_read_file(const char* path, int64_t max, char** out, size_t* len);
 /* A checkpoint directory from `path`: path itself when it holds index.json, else path/<latest>. */

@@ -515,14 +515,7 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
   char* text = st == DT_SUCCESS ? dt__ck_index_to_json(&ix) : NULL;
   if (st == DT_SUCCESS && text == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "index");
   if (st == DT_SUCCESS) st = dt__ck_write_atomic(tmpdir, DT__CK_INDEX, text, strlen(text));
-  if (st == DT_SUCCESS && rename(tmpdir, final) != 0)
-    st = DT_FAIL(DT_ERR_IO, "renaming %s: %s", tmpdir, strerror(errno));
-  if (st == DT_SUCCESS) st = dt__ck_fsync_path(dir);
-  if (st == DT_SUCCESS) {
-    char line[DT_CHECKPOINT_NAME_MAX + 1];
-    snprintf(line, sizeof line, "%s\n", nm);
-    st = dt__ck_write_atomic(dir, DT__CK_LATEST, line, strlen(line));
-  }
+  if (st == DT_SUCCESS) st = dt__ck_publish(dir, tmpdir, nm);
   if (st != DT_SUCCESS && tmpdir[0]) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", dt_last_error());

@@ -291,7 +291,45 @@ int main(int argc, char** argv) {
   zero_dst();
   DT_ASSERT_OK(load("good", -1, -1, NULL));
   check_loaded("a clean load after the faults");
+  /* the tools' import (local): a consolidated file into a seed checkpoint of its own dir */
+  long i_runs = 0, i_fail = 0;
   if (g_rank == 0) {
+    char good[600], st_path[600], idir[600], nm[64], lt[256];
+    snprintf(good, sizeof good, "%s/good", g_dir);
+    snprintf(st_path, sizeof st_path, "%s/good.safetensors", g_dir);
+    snprintf(idir, sizeof idir, "%s/imported", g_dir);
+    DT_ASSERT_OK(dt_checkpoint_consolidate(good, st_path, 0, 1));
+    DT_ASSERT_OK(dt_checkpoint_import(st_path, idir, "seed", 0));
+    for (long k = 1;; k++, i_runs++) {
+      snprintf(nm, sizeof nm, "seed%ld", k);
+      g_calls = 0;
+      g_fail_at = k;
+      dt_clear_error();
+      dt_status_t st = dt_checkpoint_import(st_path, idir, nm, 0);
+      g_fail_at = -1;
+      if (st == DT_SUCCESS && g_calls < k) break; /* past the last call */
+      char p[700];
+      struct stat sb;
+      snprintf(p, sizeof p, "%s/%s", idir, nm);
+      if (st != DT_SUCCESS) {
+        i_fail++;
+        DT_ASSERT_TRUE(strlen(dt_last_error()) > 0, "import: %s with no message",
+                       dt_status_name(st));
+        DT_ASSERT_TRUE(stat(p, &sb) != 0, "a failed import (%s) published %s", dt_last_error(),
+                       p);
+        DT_ASSERT_OK(dt_checkpoint_latest(idir, lt, sizeof lt));
+        DT_ASSERT_TRUE(strcmp(lt, "seed") == 0, "a failed import moved latest to %s", lt);
+      } else { /* absorbed: a whole checkpoint; latest set back to seed for the next run */
+        DT_ASSERT_OK(dt_checkpoint_verify(p, NULL));
+        snprintf(p, sizeof p, "%s/latest", idir);
+        FILE* f = fopen(p, "w");
+        DT_ASSERT_TRUE(f != NULL && fputs("seed\n", f) >= 0 && fclose(f) == 0, "%s", p);
+      }
+    }
+  }
+  if (g_rank == 0) {
+    printf("test_io_faults np=%d: import with one I/O call failing %ld times (%ld failed)\n",
+           g_world, i_runs, i_fail);
     printf("test_io_faults np=%d: %ld saves with one I/O call failing (%ld failed on every rank, "
            "%ld absorbed and loaded back whole); %ld loads with one failing (%ld failed on every "
            "rank)\n", g_world, n_runs, n_fail, n_absorbed, l_runs, l_fail);
