@@ -135,7 +135,8 @@ DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
  * build a mesh, which is collective over every rank). A parameter keeps its requires_grad as
  * it was when wrapped (a frozen one stays frozen), and each forward follows the sharded
  * parameter's flag as it is then (dt_var_set_requires_grad on a dt_module_params entry between
- * steps freezes or unfreezes it). */
+ * steps freezes or unfreezes it; set it alike on every rank). The gradient reduce-scatter
+ * carries only the parameters that require a gradient; a group with none reduces nothing. */
 DT_API dt_status_t dt_fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg);
 /* Whether m is the module of an FSDP group. */
 DT_API int dt_fsdp_is_group(dt_module_t m);

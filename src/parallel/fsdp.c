@@ -17,10 +17,13 @@
  *   gather the all-gather of the segments (N*L, Replicate): rank r's, then rank r+1's...;
  *   U      the unsharded parameters, param after param (T elements, padded to a multiple of k for
  *          reshard k); the gathered parameters are views of U. Copy-out: gather -> U;
- *   reduce the gradients copied into N segments laid out as the sends (N*L, Partial on the data
- *          dims), reduce-scattered to Shard(0) (HSDP: then all-reduced over the replicate dim);
- *          the sharded parameters' gradients are views of this rank's segment (cast to their
- *          dtype first if needed; added to gradients already there).
+ *   reduce the gradients of the parameters that require one, copied into N segments laid out
+ *          as the sends but without the frozen parameters' rows (N*L' elements, L' <= L,
+ *          Partial on the data dims), reduce-scattered to Shard(0) (HSDP: then all-reduced over
+ *          the replicate dim); the sharded parameters' gradients are views of this rank's
+ *          segment (cast to their dtype first if needed; added to gradients already there). A
+ *          group with nothing to train reduces nothing (FSDP2 reduces only the gradients there
+ *          are); the flags must be the same on every rank, as the parameters are.
  * With tensor parallelism on other mesh dims everything above is per rank of those dims: the
  * parameters' local shapes are their tensor-parallel shards, the flat buffers (nominally
  * Replicate there) hold this rank's, and collectives run over the data dims only.
@@ -57,11 +60,13 @@ typedef struct {
   int64_t pre, rows, rest;  /* lshape: elements before sdim, sdim's size, elements after it */
   int64_t chunk;            /* ceil(rows / N) */
   int64_t seg_off;          /* offset in a rank's flat segment (elements) */
+  int64_t rs_off;           /* offset in a rank's reduce segment; -1: frozen (not reduced) */
   int64_t full_off;         /* offset in U (elements) */
   /* copy-in of its gradient: N pre ranges (rank r's rows of each of the pre blocks, into segment
    * r of the reduce buffer, rank-major) from in_src of the gradient's local elements to in_dst,
-   * in_len each; then N padding ranges (one per segment) */
-  int64_t *in_dst, *in_src, *in_len, *pad_off, *pad_len;
+   * in_len each; then N padding ranges (one per segment); rs_dst and rs_pad: in_dst and
+   * pad_off in the reduce buffer (the frozen parameters' rows left out) */
+  int64_t *in_dst, *in_src, *in_len, *pad_off, *pad_len, *rs_dst, *rs_pad;
 } fsdp_param_t;
 
 typedef struct fsdp_group fsdp_group_t;
@@ -75,6 +80,8 @@ struct fsdp_group {
   int n;
   fsdp_param_t* p;
   int64_t seg, total, total_pad; /* L, T, T padded to a multiple of k */
+  int64_t rs_seg;            /* L': a rank's segment of the reduce buffer (0: nothing to reduce) */
+  int rs_dirty;              /* the requires_grad flags changed: rs_* to be laid out again */
   int n_out;                 /* copy-out: gather (segments in rank order) -> U, N * n ranges */
   int64_t *out_dst, *out_src, *out_len;
   int64_t* ranges;           /* the one allocation behind every range array */
@@ -357,23 +364,53 @@ static dt_status_t keep_slice(fsdp_group_t* g) {
 /* ---------------------------------------------------------------------------------------------
  * reduce: copy-in of the gathered parameters' gradients, one reduce-scatter, accumulate */
 
+/* The reduce buffer's layout for the parameters that require a gradient now: the flat layout
+ * with the frozen parameters' rows left out (the same as it when none is frozen). Allocates
+ * nothing (the tables are make_ranges'). */
+static void reduce_layout(fsdp_group_t* g) {
+  if (!g->rs_dirty) return;
+  g->rs_seg = 0;
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    q->rs_off = q->requires_grad ? g->rs_seg : -1;
+    if (q->requires_grad) g->rs_seg += q->pre * q->chunk * q->rest;
+  }
+  for (int i = 0; i < g->n; i++) {
+    fsdp_param_t* q = &g->p[i];
+    if (q->rs_off < 0) continue;
+    for (int k = 0; k < g->N; k++) { /* in_dst, pad_off moved from segment k's to its own */
+      const int64_t from = (int64_t)k * g->seg + q->seg_off, to = (int64_t)k * g->rs_seg + q->rs_off;
+      for (int64_t b = 0; b < q->pre; b++)
+        q->rs_dst[k * q->pre + b] = q->in_dst[k * q->pre + b] - from + to;
+      q->rs_pad[k] = q->pad_off[k] - from + to;
+    }
+  }
+  g->rs_dirty = 0;
+}
+
 static dt_status_t start_reduce(fsdp_group_t* g) {
   if (g->n == 0) return DT_SUCCESS; /* a group without parameters reduces nothing */
+  reduce_layout(g);
+  if (g->rs_seg == 0) return DT_SUCCESS; /* every parameter frozen: nothing to reduce */
   dt_placement_t ppl[DT_MAX_MESH_DIMS], dst[DT_MAX_MESH_DIMS];
   dt_placement_t sum = dt_partial(DT_REDUCE_SUM);
   placements(g, sum, sum, ppl);
   placements(g, dt_shard(0), sum, dst);
-  const int64_t n = (int64_t)g->N * g->seg;
+  const int64_t n = (int64_t)g->N * g->rs_seg;
   dt_tensor_t send;
   DT_CHECK(dt_tensor_empty(g->mesh, g->cfg.reduce_dtype, 1, &n, ppl, &send));
   dt_status_t st = dt_tensor_set_memory_category(send, DT_MEM_COMMUNICATION);
   for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
     fsdp_param_t* q = &g->p[i];
     dt_tensor_t gr = dt_var_grad(q->full), tmp = NULL, view = NULL, cast = NULL;
+    if (q->rs_off < 0) { /* frozen: not reduced (a gradient set by hand is dropped) */
+      if (gr != NULL) st = dt_var_set_grad(q->full, NULL);
+      continue;
+    }
     if (gr == NULL) { /* no gradient reached it: zeros (its rows and padding in every segment) */
       for (int r = 0; r < g->N && st == DT_SUCCESS; r++) {
         const int64_t len = q->pre * q->chunk * q->rest;
-        st = dt_tensor_fill_local(send, 1, &q->in_dst[r * q->pre], &len, 0.0);
+        st = dt_tensor_fill_local(send, 1, &q->rs_dst[r * q->pre], &len, 0.0);
       }
       continue;
     }
@@ -403,8 +440,8 @@ static dt_status_t start_reduce(fsdp_group_t* g) {
       src = cast;
     }
     if (st == DT_SUCCESS)
-      st = dt_tensor_copy_local(send, src, g->N * q->pre, q->in_dst, q->in_src, q->in_len);
-    if (st == DT_SUCCESS) st = dt_tensor_fill_local(send, g->N, q->pad_off, q->pad_len, 0.0);
+      st = dt_tensor_copy_local(send, src, g->N * q->pre, q->rs_dst, q->in_src, q->in_len);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_local(send, g->N, q->rs_pad, q->pad_len, 0.0);
     dt_tensor_destroy(cast);
     dt_tensor_destroy(view);
     dt_tensor_destroy(tmp);
@@ -449,11 +486,11 @@ static dt_status_t finish_reduce(fsdp_group_t* g) {
   /* the gradients are views of this rank's segment: no copy (they keep it alive) */
   for (int i = 0; i < g->n && st == DT_SUCCESS; i++) {
     fsdp_param_t* q = &g->p[i];
-    if (!q->requires_grad) continue; /* frozen: its (zero) rows are not a gradient */
+    if (q->rs_off < 0) continue; /* frozen when the reduction started: not in it */
     dt_tensor_t part = NULL, sum = NULL;
     dt_placement_t spl[DT_MAX_MESH_DIMS];
     shard_placements(g, q, spl);
-    st = dt_tensor_view_local(out, q->seg_off, q->ndim, q->shape, spl, &part);
+    st = dt_tensor_view_local(out, q->rs_off, q->ndim, q->shape, spl, &part);
     dt_tensor_t old = dt_var_grad(q->sharded);
     if (st == DT_SUCCESS && old != NULL) { /* accumulate (several synced passes) */
       dt_tensor_t two[2] = {old, part};
@@ -548,6 +585,7 @@ static dt_status_t follow_flags(fsdp_group_t* g) {
     if (rg == q->requires_grad) continue;
     DT_CHECK(dt_var_set_requires_grad(q->full, rg));
     q->requires_grad = rg;
+    g->rs_dirty = 1; /* the reduce buffer's layout follows */
   }
   return DT_SUCCESS;
 }
@@ -866,7 +904,7 @@ static dt_status_t make_ranges(fsdp_group_t* g) {
   if (n == 0) return DT_SUCCESS; /* a group without parameters has no layout */
   int64_t blocks = 0; /* the pre blocks of every parameter */
   for (int i = 0; i < g->n; i++) blocks += g->p[i].pre;
-  g->ranges = malloc(sizeof(int64_t) * (size_t)(6 * N * blocks + 2 * N * n));
+  g->ranges = malloc(sizeof(int64_t) * (size_t)(7 * N * blocks + 3 * N * n));
   if (g->ranges == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "range tables");
   int64_t* r = g->ranges;
   g->out_dst = r;
@@ -882,7 +920,9 @@ static dt_status_t make_ranges(fsdp_group_t* g) {
     q->in_len = r + 2 * np;
     q->pad_off = r + 3 * np;
     q->pad_len = r + 3 * np + N;
-    r += 3 * np + 2 * N;
+    q->rs_dst = r + 3 * np + 2 * N;
+    q->rs_pad = r + 4 * np + 2 * N;
+    r += 4 * np + 3 * N;
     for (int k = 0; k < g->N; k++) {
       int64_t off, len;
       segment_rows(g, q->rows, k, &off, &len);
@@ -906,6 +946,7 @@ static dt_status_t make_ranges(fsdp_group_t* g) {
         g->out_len[g->n_out++] = q->in_len[j];
       }
     }
+  g->rs_dirty = 1;
   return DT_SUCCESS;
 }
 

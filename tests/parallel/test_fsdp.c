@@ -1014,6 +1014,23 @@ static dt_status_t tiny_forward(dt_module_t m, dt_tape_t tape, int in_features, 
   return dt_ag_op(tape, "sum", 1, &y, 0, NULL, 0, NULL, 1, loss);
 }
 
+/* One forward and backward of the tiny MLP; the reduce-scatters it made (calls, bytes). */
+static void rs_traffic(dt_module_t m, dt_mesh_t mesh, dt_tape_t tape, uint64_t* calls,
+                       uint64_t* nbytes) {
+  dt_var_t loss, *ps;
+  int n;
+  dt_counters_t c;
+  DT_ASSERT_OK(dt_counters_reset(mesh));
+  DT_ASSERT_OK(tiny_forward(m, tape, 5, &loss));
+  DT_ASSERT_OK(dt_tape_backward(tape, loss));
+  DT_ASSERT_OK(dt_counters_get(mesh, &c));
+  *calls = c.calls[DT_COLL_REDUCE_SCATTER];
+  *nbytes = c.nbytes[DT_COLL_REDUCE_SCATTER];
+  DT_ASSERT_OK(dt_tape_reset(tape));
+  DT_ASSERT_OK(dt_module_params(m, &ps, &n));
+  for (int i = 0; i < n; i++) DT_ASSERT_OK(dt_var_zero_grad(ps[i]));
+}
+
 static void test_misuse(void) {
   int shape1[1] = {g_world};
   dt_mesh_t mesh;
@@ -1071,6 +1088,41 @@ static void test_misuse(void) {
     }
     DT_ASSERT_OK(dt_tape_reset(tape));
     for (int i = 0; i < n; i++) DT_ASSERT_OK(dt_var_zero_grad(ps[i]));
+    /* the reduce-scatter carries only what trains (as FSDP2's): fewer bytes with a parameter
+     * frozen, no reduce-scatter for a group with every parameter frozen (fc1 and the root wrapped
+     * apart); the flags must agree across ranks */
+    {
+      dt_module_t m2 = tiny_mlp(mesh, 0), fc1;
+      DT_ASSERT_OK(dt_module_find(m2, "fc1", &fc1));
+      DT_ASSERT_OK(dt_fully_shard(fc1, mesh, &cfg));
+      DT_ASSERT_OK(dt_fully_shard(m2, mesh, &cfg));
+      dt_var_t w1 = dt_module_get(m2, "fc1.weight"), b1 = dt_module_get(m2, "fc1.bias");
+      uint64_t c_all, b_all, c_w, b_w, c_fc1, b_fc1;
+      rs_traffic(m2, mesh, tape, &c_all, &b_all); /* every parameter trains */
+      DT_ASSERT_OK(dt_var_set_requires_grad(w1, 0));
+      rs_traffic(m2, mesh, tape, &c_w, &b_w); /* fc1.weight frozen */
+      DT_ASSERT_OK(dt_var_set_requires_grad(b1, 0));
+      rs_traffic(m2, mesh, tape, &c_fc1, &b_fc1); /* fc1 frozen: its group reduces nothing */
+      if (g_world > 1)
+        DT_ASSERT_TRUE(c_all == 2 && c_w == 2 && c_fc1 == 1 && b_w < b_all && b_fc1 < b_w,
+                       "reduce-scatters (calls, bytes): all training %llu, %llu; fc1.weight "
+                       "frozen %llu, %llu; fc1 frozen %llu, %llu", (unsigned long long)c_all,
+                       (unsigned long long)b_all, (unsigned long long)c_w,
+                       (unsigned long long)b_w, (unsigned long long)c_fc1,
+                       (unsigned long long)b_fc1);
+      /* and the gradients of what trains are still right: fc2's bias, d/db = 6 per output */
+      DT_ASSERT_OK(tiny_forward(m2, tape, 5, &loss));
+      DT_ASSERT_OK(dt_tape_backward(tape, loss));
+      float gb2[2];
+      dt_var_t b2 = dt_module_get(m2, "fc2.bias");
+      DT_ASSERT_TRUE(dt_var_grad(w1) == NULL && dt_var_grad(b1) == NULL && dt_var_grad(b2) != NULL,
+                     "frozen fc1 with a gradient, or fc2.bias without one");
+      DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(b2), gb2, sizeof gb2));
+      DT_ASSERT_TRUE(gb2[0] == 6.0f && gb2[1] == 6.0f, "fc2.bias gradient %g %g, want 6 6",
+                     (double)gb2[0], (double)gb2[1]);
+      DT_ASSERT_OK(dt_tape_reset(tape));
+      DT_ASSERT_OK(dt_module_destroy(m2));
+    }
     DT_ASSERT_OK(dt_var_set_requires_grad(b, 0)); /* back as built, for what follows */
     DT_ASSERT_OK(dt_var_set_requires_grad(w, 1));
     /* a forward that fails (6 input features for 5) puts the sharded parameters back */
