@@ -547,33 +547,57 @@ dt_status_t dt__bw_topk(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
 /* cross-entropy: d logits = (softmax(logits) - (1 - eps) onehot(targets) - eps / C) times the
  * upstream gradient (a scalar: g / N for mean, g for sum; g[i] for per-row losses) and, with an
  * ignore_index, each row's weight saved by the forward pass (0 for an ignored row, 1 / count
- * for mean, else 1) in place of 1 / N; softmax = exp(x - lse) with the row logsumexp saved by the
- * forward pass ((N, 1), or (N, 2) with the weights); computed class-sharded */
+ * for mean, else 1) in place of 1 / N; softmax = exp((x - m) - log(s)) as PyTorch's (exp(x - lse)
+ * would carry lse's rounding, ~5e-4 at logits of 1e4 in f32) with the row max and log-sum saved
+ * by the forward pass ((N, 2) [m, log(s)], or (N, 3) with the weights); computed class-sharded:
+ * on each mesh dim where the logits' classes are sharded the saved rows are gathered once (N
+ * rows), elsewhere the logits meet the saved rows' placement (a local slice of whole logits, one
+ * reduction of Partial ones, as the forward did) */
 dt_status_t dt__bw_cross_entropy(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   dt_tensor_t x = c->in[0], tg = c->in[1], sv = c->saved;
   if (sv == NULL) return DT_FAIL(DT_ERR_INTERNAL, "cross_entropy node without its logsumexp");
   const dt__ce_args_t a = dt__ce_args(c->n_iargs, c->iargs, c->n_fargs, c->fargs);
-  const int masked = sv->layout.shape[1] == 2;
+  const int masked = sv->layout.shape[1] == 3;
   const int64_t N = x->layout.shape[0], C = x->layout.shape[1];
   const double eps = a.label_smoothing;
   dt__scope_t s = {0};
-  dt_tensor_t lse = sv, w = NULL, z, p, v, safe = tg, idx, neg, oh, gs, g2;
-  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  dt_tensor_t xr = x, xo = NULL, svx = sv, svo = NULL, m, ls, w = NULL, z = NULL, z2, p, v,
+              safe = tg, idx, neg, oh, gs, g2;
+  dt_placement_t rep[DT_MAX_MESH_DIMS], rows[DT_MAX_MESH_DIMS], xpl[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
-  const int64_t col[2] = {N, 1}, first[3] = {1, 0, 1}, second[3] = {1, 1, 1};
-  dt_status_t st = DT_SUCCESS;
-  if (masked) {
-    st = dt__opa(DT_OP_NARROW, 1, &sv, 3, first, 0, NULL, &lse);
-    if (st == DT_SUCCESS)
-      st = dt__opa(DT_OP_NARROW, 1, &sv, 3, second, 0, NULL, (dt__keep(&s, lse), &w));
+  for (int i = 0; i < x->mesh->ndim; i++) { /* rows sharded as the logits' or the saved ones */
+    const dt_placement_t px = x->layout.pl[i], ps = sv->layout.pl[i];
+    const int classes = px.kind == DT_SHARD && px.dim == 1;
+    const int by_rows = (px.kind == DT_SHARD && px.dim == 0) ||
+                        (!classes && ps.kind == DT_SHARD && ps.dim == 0);
+    rows[i] = by_rows ? dt_shard(0) : dt_replicate();
+    xpl[i] = classes ? px : rows[i]; /* Partial logits reduced once; whole ones sliced locally */
+  }
+  const int64_t col[2] = {N, 1}, first[3] = {1, 0, 1}, second[3] = {1, 1, 1},
+                third[3] = {1, 2, 1};
+  dt_status_t st = dt__op_move_to(sv, rows, &svx, &svo);
+  if (st == DT_SUCCESS) st = dt__op_move_to(x, xpl, &xr, (dt__keep(&s, svo), &xo));
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, xo);
+    st = dt__opa(DT_OP_NARROW, 1, &svx, 3, first, 0, NULL, &m);
+  }
+  if (st == DT_SUCCESS) {
+    dt__keep(&s, m);
+    st = dt__opa(DT_OP_NARROW, 1, &svx, 3, second, 0, NULL, &ls);
+  }
+  if (st == DT_SUCCESS) dt__keep(&s, ls);
+  if (st == DT_SUCCESS && masked) {
+    st = dt__opa(DT_OP_NARROW, 1, &svx, 3, third, 0, NULL, &w);
     if (st == DT_SUCCESS) st = dt__ce_targets(tg, a.ignore_index, (dt__keep(&s, w), &v), &safe);
     if (st == DT_SUCCESS) {
       dt__keep(&s, v);
       dt__keep(&s, safe);
     }
   }
-  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, x, lse, &z);
-  if (st == DT_SUCCESS) st = dt__op1(DT_OP_EXP, dt__keep(&s, z), &p);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, xr, m, &z);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, z, ls, &z2);
+  dt__tensor_free(z); /* before exp: as many logits-sized temporaries at once as exp(x - lse) */
+  if (st == DT_SUCCESS) st = dt__op1(DT_OP_EXP, dt__keep(&s, z2), &p);
   if (st == DT_SUCCESS) st = dt__reshape(safe, 2, col, (dt__keep(&s, p), &idx));
   if (st == DT_SUCCESS)
     st = dt_tensor_full_value(x->mesh, x->dtype, 2, col, rep, -(1.0 - eps),

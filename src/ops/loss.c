@@ -1,14 +1,17 @@
 /* loss.c - cross-entropy with loss parallel, composed from registry ops (one implementation for
- * dt_cross_entropy and the autograd node, which keeps the row logsumexp and weight for its
- * backward).
+ * dt_cross_entropy and the autograd node, which keeps the row max and log-sum for its backward).
  *
  *   m    = amax(logits, dim -1, keepdim)    class-sharded: P(max), reduced by sub (N values)
  *   z    = logits - m                       stays class-sharded
  *   s    = sum(exp(z), dim -1, keepdim)     P(sum), reduced by log (N values)
- *   lse  = log(s) + m                       (N, 1): the row logsumexp
- *   t    = gather_dim(logits, targets)      P(sum) by masked local gather
- *   l    = (1 - eps)(lse - t) + eps (lse - sum(logits, -1) / C)     per-row losses
+ *   t    = gather_dim(z, targets)           P(sum) by masked local gather
+ *   l    = (1 - eps)(log(s) - t) + eps (log(s) - sum(z, -1) / C)     per-row losses
  *   out  = l, mean(l) or sum(l)
+ *   saved = [m, log(s)] (N, 2) under autograd, for the softmax exp((x - m) - log(s)) of the
+ *           backward (and the row weights, (N, 3), with an ignore_index, below)
+ * As PyTorch's log_softmax ((x - m) - log(s)), the losses never go through the row logsumexp
+ * m + log(s) rounded to the logits' dtype (~5e-4 off at logits of 1e4 in f32): z cancels the
+ * rows' common offset first, and the partial sums of t and sum(z) stay as small as the losses.
  * With an ignore_index (PyTorch's default -100; here only when given) the rows whose target it
  * is count nowhere: v = targets != ignore_index (0/1, element-wise on the targets' shards), t
  * gathers class 0 on them, l is multiplied by v and the mean is sum(l) / sum(v) (NaN when every
@@ -76,24 +79,22 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
   const int64_t keep_last[2] = {1, -1}, drop_last[2] = {0, -1}, all[1] = {0}, flat[1] = {N},
                 col[2] = {N, 1};
   const double eps = a->label_smoothing;
-  dt_tensor_t m = NULL, z = NULL, e = NULL, s = NULL, ls = NULL, lse = NULL, lse1 = NULL,
-              t = NULL, l = NULL, v = NULL, safe = NULL, nll = NULL, sx = NULL, sm = NULL,
-              w = NULL, w1 = NULL, cnt = NULL, c0 = NULL, tot = NULL, a1 = NULL, a2 = NULL,
-              lv = NULL, vx = NULL, vxo = NULL, c32 = NULL, cnto = NULL;
+  dt_tensor_t m = NULL, z = NULL, e = NULL, s = NULL, ls = NULL, ls1 = NULL, t = NULL, l = NULL,
+              v = NULL, safe = NULL, nll = NULL, sz = NULL, sm = NULL, w = NULL, w1 = NULL,
+              cnt = NULL, c0 = NULL, tot = NULL, a1 = NULL, a2 = NULL, lv = NULL, vx = NULL,
+              vxo = NULL, c32 = NULL, cnto = NULL;
   dt_status_t st = dt__opa(DT_OP_AMAX, 1, &x, 2, keep_last, 0, NULL, &m);
-  dt_tensor_t xm[2] = {x, m};
-  if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUB, 2, xm, 0, NULL, 0, NULL, &z);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, x, m, &z);
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_EXP, 1, &z, 0, NULL, 0, NULL, &e);
   if (st == DT_SUCCESS) st = dt__opa(DT_OP_SUM, 1, &e, 2, keep_last, 0, NULL, &s);
-  if (st == DT_SUCCESS) st = dt__opa(DT_OP_LOG, 1, &s, 0, NULL, 0, NULL, &ls);
-  if (st == DT_SUCCESS) st = dt__op2(DT_OP_ADD, ls, m, &lse); /* (N, 1) */
-  if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, &lse, 1, flat, 0, NULL, &lse1);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_LOG, 1, &s, 0, NULL, 0, NULL, &ls); /* (N, 1) */
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, &ls, 1, flat, 0, NULL, &ls1);
   if (st == DT_SUCCESS && masked) st = dt__ce_targets(tg, a->ignore_index, &v, &safe);
   /* the mask in the logits' dtype where it meets their losses (bf16 logits, bf16 losses); the
    * count is taken from the f32 mask (exact) and then converted */
   if (st == DT_SUCCESS && masked) st = dt__op_convert(v, x->dtype, &vx, &vxo);
   if (st == DT_SUCCESS) {
-    st = dt__op2(DT_OP_GATHER_DIM, x, masked ? safe : tg, &t);
+    st = dt__op2(DT_OP_GATHER_DIM, z, masked ? safe : tg, &t); /* x[t] - m */
     if (st == DT_ERR_INVALID_ARG) { /* a target out of range: say how rows are skipped */
       char msg[512];
       snprintf(msg, sizeof msg, "%s", dt__last_error_text());
@@ -102,12 +103,12 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
                    "op \"cross_entropy\" iargs [reduction, ignore_index])");
     }
   }
-  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, lse1, t, &nll);
-  if (st == DT_SUCCESS && eps > 0.0) { /* (1 - eps) nll + eps (lse - mean over the classes) */
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, ls1, t, &nll);
+  if (st == DT_SUCCESS && eps > 0.0) { /* (1 - eps) nll + eps (log(s) - mean over classes of z) */
     const double inv_c = C > 0 ? 1.0 / (double)C : 0.0, keep = 1.0 - eps;
-    st = dt__opa(DT_OP_SUM, 1, &x, 2, drop_last, 0, NULL, &sx);
-    if (st == DT_SUCCESS) st = dt__opa(DT_OP_MUL_SCALAR, 1, &sx, 0, NULL, 1, &inv_c, &sm);
-    if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, lse1, sm, &a1);
+    st = dt__opa(DT_OP_SUM, 1, &z, 2, drop_last, 0, NULL, &sz);
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_MUL_SCALAR, 1, &sz, 0, NULL, 1, &inv_c, &sm);
+    if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, ls1, sm, &a1);
     if (st == DT_SUCCESS) st = dt__opa(DT_OP_MUL_SCALAR, 1, &a1, 0, NULL, 1, &eps, &a2);
     if (st == DT_SUCCESS) st = dt__opa(DT_OP_MUL_SCALAR, 1, &nll, 0, NULL, 1, &keep, &lv);
     if (st == DT_SUCCESS) {
@@ -141,11 +142,13 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
       tot = NULL;
     }
   }
-  /* saved for the backward: the row logsumexp (N, 1), and with ignore_index (N, 2): it and the
-   * row's weight in the loss (0 for an ignored row, 1 / count for mean, else 1) */
+  /* saved for the backward: the row max and log-sum [m, log(s)] (N, 2), and with ignore_index
+   * (N, 3): them and the row's weight in the loss (0 for an ignored row, 1 / count for mean,
+   * else 1) */
+  const int64_t dim1[1] = {1};
   if (st == DT_SUCCESS && saved != NULL && !masked) {
-    *saved = lse;
-    lse = NULL;
+    dt_tensor_t ml[2] = {m, ls};
+    st = dt__opa(DT_OP_CAT, 2, ml, 1, dim1, 0, NULL, saved);
   } else if (st == DT_SUCCESS && saved != NULL) {
     if (cnt != NULL) { /* 1 / max(count, 1): every row ignored gives a NaN loss, zero gradients */
       dt_tensor_t one = NULL, c1 = NULL;
@@ -156,17 +159,16 @@ dt_status_t dt__cross_entropy(dt_tensor_t x, dt_tensor_t tg, const dt__ce_args_t
       dt__tensor_free(c1);
     }
     if (st == DT_SUCCESS) st = dt__opa(DT_OP_RESHAPE, 1, w ? &w : &vx, 2, col, 0, NULL, &w1);
-    const int64_t dim1[1] = {1};
-    dt_tensor_t lw[2] = {lse, w1};
-    if (st == DT_SUCCESS) st = dt__opa(DT_OP_CAT, 2, lw, 1, dim1, 0, NULL, saved);
+    dt_tensor_t mlw[3] = {m, ls, w1};
+    if (st == DT_SUCCESS) st = dt__opa(DT_OP_CAT, 3, mlw, 1, dim1, 0, NULL, saved);
   }
   if (st != DT_SUCCESS) {
     dt__tensor_free(*loss);
     *loss = NULL;
   }
-  dt_tensor_t tmp[24] = {m,  z,  e,  s,  ls, lse, lse1, t,   l,   v,   safe, nll,  sx,
-                         sm, w,  w1, c0, tot, a1, a2, lv, vxo, c32, cnto};
-  for (int i = 0; i < 24; i++) dt__tensor_free(tmp[i]);
+  dt_tensor_t tmp[23] = {m,  z, e,  s,  ls,  ls1, t,  l,  v,   vxo, safe, nll,
+                         sz, sm, w, w1, c0, tot, a1, a2, lv, c32, cnto};
+  for (int i = 0; i < 23; i++) dt__tensor_free(tmp[i]);
   return st;
 }
 
@@ -181,8 +183,8 @@ dt__ce_args_t dt__ce_args(int n_iargs, const int64_t* iargs, int n_fargs, const 
   return a;
 }
 
-/* The composite op "cross_entropy" (logits, targets): *saved gets the row logsumexp and weights
- * for the backward rule. */
+/* The composite op "cross_entropy" (logits, targets): *saved gets the row max, log-sum and (with
+ * ignore_index) weights for the backward rule. */
 dt_status_t dt__cross_entropy_fwd(int n_in, const dt_tensor_t* in, int n_iargs,
                                   const int64_t* iargs, int n_fargs, const double* fargs,
                                   dt_tensor_t* out, dt_tensor_t* saved) {

@@ -307,10 +307,11 @@ dt_status_t dt__op_cast_in_place(dt_tensor_t* t, dt_dtype_t to);
 #undef DT__COMPOSITE
 
 /* Cross-entropy of logits (N, C) against targets (N) (src/ops/loss.c): the op's arguments, read
- * from its iargs and fargs with the schema's defaults; *saved (may be NULL) gets (N, 2): the row
- * logsumexp and the row's weight in the loss, which the backward pass reuses. dt__ce_targets:
- * the rows counted (targets != ignore, f32 0/1) and (safe may be NULL) the targets with ignored
- * rows at class 0, element-wise without a collective. */
+ * from its iargs and fargs with the schema's defaults; *saved (may be NULL) gets the row max and
+ * log-sum [m, log(s)] (N, 2), with ignore_index (N, 3) [m, log(s), the row's weight in the loss],
+ * which the backward pass reuses. dt__ce_targets: the rows counted (targets != ignore, f32 0/1)
+ * and (safe may be NULL) the targets with ignored rows at class 0, element-wise without a
+ * collective. */
 typedef struct {
   int64_t reduction, ignore_index;
   double label_smoothing;

@@ -378,7 +378,7 @@ static void test_traffic(void) {
           DT_ASSERT_EQ(c2.calls[k], 0);
       /* the logits (N, V): gathered once without loss parallelism; with it, what changes is
        * that gather replaced by collectives over per-row vectors (N elements: row maxima, sums,
-       * target logits) */
+       * target logits), the backward's one gather carrying two (the saved row max and log-sum) */
       const uint64_t logits_nbytes = (uint64_t)(4 * N * V), row = (uint64_t)(4 * N);
       if (!lp) {
         no_lp = c2;
@@ -386,8 +386,8 @@ static void test_traffic(void) {
         for (int k = 0; k < DT_COLL_COUNT; k++) {
           int64_t dc = (int64_t)c2.calls[k] - (int64_t)no_lp.calls[k];
           int64_t db = (int64_t)c2.nbytes[k] - (int64_t)no_lp.nbytes[k];
-          if (k == DT_COLL_ALL_GATHER) { /* the logits' gather becomes a gather of N */
-            db += (int64_t)logits_nbytes - (int64_t)row;
+          if (k == DT_COLL_ALL_GATHER) { /* the logits' gather becomes a gather of (N, 2) */
+            db += (int64_t)logits_nbytes - 2 * (int64_t)row;
           }
           DT_ASSERT_TRUE(dc >= 0 && db == dc * (int64_t)row, "loss parallel, %s: %lld more "
                          "calls, %lld more bytes than without (rows are %llu bytes)",
