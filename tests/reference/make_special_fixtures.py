@@ -3,7 +3,9 @@
 the built-in ops (NaN, +-inf, -0.0, huge and tiny values, empty dims, integer dtypes, casts, index
 errors, ties) and, where differentiable, the gradients of sum(output * r) at those points.
 
-Run with Debian's torch (python3-torch 1.13, CPU):  /usr/bin/python3 tests/reference/make_special_fixtures.py
+Run with Debian's torch (python3-torch 1.13, CPU):  /usr/bin/python3 tests/reference/make_special_fixtures.py [OUT]
+(OUT: where to write, tests/reference/special_fixtures.json when not given; e.g. another torch's
+results, to compare).
 The JSON has the layout of ops_fixtures.json (tests/reference/make_fixtures.py) and is replayed by the
 same program (tests/ops/test_ops_reference.c, as test_ops_special) on many placements. Additions:
 non-finite numbers are the strings "nan", "inf" and "-inf" (JSON has no such numbers); a case with
@@ -14,6 +16,7 @@ Where PyTorch 1.13 and 2.x differ, the comment says which one the case follows.
 import json
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -293,9 +296,34 @@ case("ce_smooth_above_1", "cross_entropy", [CEX, CET],
      lambda x, t: F.cross_entropy(x, t, label_smoothing=1.5), iargs=[1, -100], fargs=[1.5],
      error="DT_ERR_INVALID_ARG")
 
+# large logits: rows near +-1e4 and 3e4 (and one near 0) with small offsets, the target on the row's
+# max and off it; PyTorch's log_softmax is (x - m) - log(s), exact on the max entry, so the loss must
+# not go through a logsumexp rounded at the logits' magnitude (ulp(1e4) ~ 1e-3 in f32), nor the
+# softmax of the gradient through exp(x - lse)
+CEL = torch.tensor([[1e4, 1e4 + 0.5, 1e4 - 1.25, 1e4 + 0.75, 1e4 + 0.1],
+                    [1e4 + 2.0, 1e4 - 0.3, 1e4 + 1.5, 1e4 - 2.5, 1e4 + 0.25],
+                    [-1e4 - 0.5, -1e4 + 0.25, -1e4 + 1.0, -1e4 - 3.0, -1e4 + 0.6],
+                    [-1e4 + 0.1, -1e4 - 1.75, -1e4 + 0.9, -1e4 + 0.4, -1e4 - 0.2],
+                    [3e4 + 0.5, 3e4 - 1.0, 3e4 + 2.25, 3e4 + 1.0, 3e4 - 0.5],
+                    [0.3, -1.2, 2.0, 0.5, -0.7]])
+CELT = torch.tensor([3, 4, 2, 1, 2, 0])  # on the max in rows 0, 2, 4; off it in 1, 3, 5
+CELI = torch.tensor([3, -100, 2, 1, -100, 0])
+for red, tag in [(1, "mean"), (2, "sum"), (0, "none")]:
+    rname = ["none", "mean", "sum"][red]
+    case("ce_large_" + tag, "cross_entropy", [CEL, CELT],
+         lambda x, t, r=rname: F.cross_entropy(x, t, reduction=r), iargs=[red])
+    case("ce_large_ignore_" + tag, "cross_entropy", [CEL, CELI],
+         lambda x, t, r=rname: F.cross_entropy(x, t, reduction=r), iargs=[red, -100])
+    case("ce_large_smooth_ignore_" + tag, "cross_entropy", [CEL, CELI],
+         lambda x, t, r=rname: F.cross_entropy(x, t, reduction=r, label_smoothing=0.2),
+         iargs=[red, -100], fargs=[0.2])
+case("ce_large_smooth_mean", "cross_entropy", [CEL, CELT],
+     lambda x, t: F.cross_entropy(x, t, label_smoothing=0.3), iargs=[1], fargs=[0.3])
+
 for c in CASES:
     assert c["inputs"], c["name"]
-out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "special_fixtures.json")
+out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                         "special_fixtures.json")
 with open(out, "w") as f:
     json.dump({"torch": torch.__version__, "generator": "tests/reference/make_special_fixtures.py",
                "cases": CASES}, f, separators=(",", ":"), allow_nan=False)
