@@ -9,7 +9,8 @@
  * return a status with a message (no partial outputs left to the caller), everything is freed
  * (ASan's leak check sees no leak), a run that absorbs the failure gives the reference bytes, and
  * a clean run after the faults gives them too (no damaged cache or pool). One rank: an
- * allocation failure is rank-local. DT_FAULT_OP=name runs one op. */
+ * allocation failure is rank-local. DT_FAULT_OP=name runs one op. With DTENSOR_BACKEND=cuda-emu
+ * (test_alloc_faults_ops_np1_emu) the CUDA kernels' paths run, device memory failing too. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,9 @@ static int fail_now(void) { return ++g_count == g_fail_at && fault_hit(); }
 void* __wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
 void* __wrap_calloc(size_t a, size_t b) { return fail_now() ? NULL : __real_calloc(a, b); }
 void* __wrap_realloc(void* p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
+/* the emulated device's memory (cudaMalloc, pinned host buffers): DTENSOR_BACKEND=cuda-emu */
+void* __real_aligned_alloc(size_t a, size_t n);
+void* __wrap_aligned_alloc(size_t a, size_t n) { return fail_now() ? NULL : __real_aligned_alloc(a, n); }
 
 #define MAX_BYTES (1 << 16)
 typedef struct {

@@ -13,7 +13,9 @@
  * (ASan's leak check and valgrind see no leak); the checkpoint directory holds no published
  * checkpoint after a failed save; and a last clean run gives the same losses as the first, bit
  * for bit: a failure leaves no damaged state behind (caches, pools, communicators). One rank: an
- * allocation failure is rank-local (the deadline covers other ranks waiting for it). */
+ * allocation failure is rank-local (the deadline covers other ranks waiting for it). With
+ * DTENSOR_BACKEND=cuda-emu (test_alloc_faults_train_np1_emu) the emulated device's memory
+ * (aligned_alloc) fails in turn too. */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
 #include <math.h>
@@ -43,6 +45,9 @@ static int fail_now(void) {
 void* __wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
 void* __wrap_calloc(size_t a, size_t b) { return fail_now() ? NULL : __real_calloc(a, b); }
 void* __wrap_realloc(void* p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
+/* the emulated device's memory (cudaMalloc, pinned host buffers): DTENSOR_BACKEND=cuda-emu */
+void* __real_aligned_alloc(size_t a, size_t n);
+void* __wrap_aligned_alloc(size_t a, size_t n) { return fail_now() ? NULL : __real_aligned_alloc(a, n); }
 
 enum { V_FSDP, V_MOE_DDP, V_TP_FSDP, V_HSDP, V_COUNT };
 static const char* const k_variant[V_COUNT] = {
