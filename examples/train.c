@@ -1181,6 +1181,8 @@ int train_main(int argc, char** argv) {
   for (int step = start; step < o.steps; step++) {
     barrier();
     if (step == o.steps - 1) CHECK(dt_counters_reset(NULL)); /* the last step's traffic */
+    if (o.profile && (step == start + 1 || o.steps - start == 1)) /* past the first step's caches */
+      CHECK(dt_profile_set(1));
     if (g_sim && step == o.steps - 1) CHECK(dt_sim_time_reset()); /* and its simulated time */
     double t0 = now_s();
     if (corpus) CHECK(dt_corpus_batch(corpus, (uint64_t)o.seed, step, o.batch, o.seq, tok, tgt));
@@ -1289,6 +1291,10 @@ int train_main(int argc, char** argv) {
     CHECK(dt_checkpoint_wait(ck));
     if (cs.pending) report_checkpoint(ck, 1);
     dt_checkpoint_destroy(ck);
+  }
+  if (o.profile && dt_profile_enabled()) { /* rank 0's op profile of the steps after the first */
+    if (g_lead) CHECK(dt_profile_report(stdout, 40));
+    CHECK(dt_profile_set(0));
   }
   for (int mi = 0; g_lead && o.steps > 0 && mi < 2; mi++) { /* collectives of the last
                                                                  * step, per mesh dim (rank 0) */

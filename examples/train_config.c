@@ -162,6 +162,9 @@ static const opt_doc_t kDocs[] = {
      "with --machine: ranks per node; a mesh dim whose group spans nodes is priced as "
      "inter-node", NULL},
     {"metrics", "output", "FILE.jsonl", "one JSON line of metrics per step", "none"},
+    {"profile", "output", NULL,
+     "time every op, backward rule and communication wait of the steps after the first; rank "
+     "0 prints the table at the end (on a GPU each op waits for its kernels: slower)", "off"},
     {"plot", "output", "FILE.png", "the loss curve (needs gnuplot)", "none"},
 };
 #define NDOCS (sizeof kDocs / sizeof kDocs[0])
@@ -277,6 +280,7 @@ static const struct {
     INT_OPT(async_checkpoint, 0, 1), INT_OPT(resume, 0, 1),
     INT_OPT(estimate_only, 0, 1), INT_OPT(np, 1, 1 << 24), INT_OPT(estimate_rank, 0, (1 << 24) - 1),
     INT_OPT(gpus_per_node, 1, 1 << 16), INT_OPT(micro_batches, 1, 1 << 20),
+    INT_OPT(profile, 0, 1),
 #undef INT_OPT
 };
 static const struct {

@@ -31,6 +31,7 @@ typedef struct train_opts {
   int sp;           /* tensor parallel: sequence parallelism */
   int loss_parallel; /* tensor parallel: class-sharded logits into the loss */
   int async_tp;      /* sequence parallel: asynchronous TP (dt_tp_plan_llama's DT_TP_SP_ASYNC) */
+  int profile;       /* the op profile of the steps after the first (dt_profile_*), rank 0's table */
   double capacity_factor; /* MoE: 0 dropless (the default); c > 0 caps each expert's slots */
   int checkpoint_every; /* save every N steps (0: only at the end when checkpoint_dir is set) */
   int keep_last;        /* keep the newest K checkpoints (0: all) */

@@ -26,6 +26,14 @@ static void dt__cost_model_autoload_reported(int simulated) {
   }
 }
 
+static int dt__profile_env; /* $DTENSOR_PROFILE turned the op profile on at dt_init */
+
+/* An environment switch: set, not empty and not "0". */
+static int dt__env_on(const char* name) {
+  const char* v = getenv(name);
+  return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
 static dt_status_t dt__init_impl(int* argc, char*** argv) {
   if (dt__ctx_initialized())
     return DT_FAIL(DT_ERR_INVALID_USAGE, "the library is already initialized (called twice: "
@@ -44,13 +52,14 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
   dt_memory_reset_peak(); /* backend: a new world's peaks (an estimate may have run before) */
   dt__cost_model_autoload_reported(0);
   const char* blas = dt__cpu_blas_notice(); /* backend: a CPU OpenBLAS does not know */
-  const char* quiet = getenv("DTENSOR_QUIET");
-  const int loud = quiet == NULL || quiet[0] == '\0' || strcmp(quiet, "0") == 0;
+  const int loud = !dt__env_on("DTENSOR_QUIET");
   if (blas != NULL && dt__world_rank() == 0 && loud)
     dt__log("blas", "%s (DTENSOR_QUIET=1 hides this)", blas);
   if (!dt__comm_mpi_serialized() && dt__world_rank() == 0 && loud)
     dt__log("mpi", "MPI was started below MPI_THREAD_SERIALIZED: call the library only from the "
             "thread that started MPI (DTENSOR_QUIET=1 hides this)");
+  dt__profile_env = dt__env_on("DTENSOR_PROFILE"); /* core: the op profile, reported at finalize */
+  if (dt__profile_env) dt_profile_set(1);
   return DT_SUCCESS;
 }
 
@@ -78,6 +87,12 @@ dt_status_t dt_init_simulated(int world_size, int rank) {
 }
 
 static dt_status_t dt__finalize_impl(void) {
+  if (dt__profile_env && dt__ctx_initialized() && dt__world_rank() == 0) { /* $DTENSOR_PROFILE */
+    fprintf(stderr, "[dtensor profile] rank 0 (DTENSOR_PROFILE=1; dt_profile_report for "
+            "another rank or another time):\n");
+    dt_profile_report(stderr, 30);
+    dt__profile_env = 0;
+  }
   dt__prop_cache_release(); /* strategy */
   dt__work_finalize_all();  /* redistribute: works in flight complete first */
   dt__plan_cache_release(); /* redistribute */

@@ -35,7 +35,8 @@
 #               then each once with bf16 inputs; dtensor-calibrate --compute-only on the GPU
 #               (the estimator's GEMM, bandwidth and attention rates: $OUT/compute_cuda.json)
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
-#               the same ~125M-parameter model, then ~1B, alternating ours and theirs
+#               the same ~125M-parameter model, then ~1B, alternating ours and theirs; then the
+#               125M step's op profile (--profile: time per op, backward rule and wait)
 # Output: one line per step (PASS/FAIL/SKIP, seconds), logs in $OUT (default /tmp/gpu_check; on
 # the device tool's machine set OUT to its $OUT so the logs come back), and the last line:
 #   gpu_check: gemm_vs_cublaslt=<x> train_vs_torch=<125M>/<1B> mfu=<x> conformance_ops=<n>
@@ -262,6 +263,10 @@ if [ "$BACKEND" = cuda ]; then
     --device cuda --parallel fsdp --param-dtype bf16 --dim 896 --layers 13 --heads 14 --batch 8 \
     --seq 1024 --steps 8 --vocab 256 --order 1 --warmup 2 --metrics "$OUT/ours_125M_flash.jsonl"
   train_pair 1B 2048 20 16 4 1024 8
+  # where the 125M step's time goes: the op profile (each op waits for its kernels; steps 2-4)
+  step train_ours_125M_profile 120 "${MPI[@]}" -np 1 "$G/examples/train" --device cuda \
+    --parallel fsdp --param-dtype bf16 --dim 896 --layers 13 --heads 14 --batch 8 --seq 1024 \
+    --steps 4 --vocab 256 --order 1 --warmup 2 --profile
   ours_tps() { # median tokens/s of steps 3.. of our metrics
     [ -f "$1" ] && sed -n 's/.*"tokens_per_s":\([0-9.]*\).*/\1/p' "$1" | tail -n +4 | sort -g |
       awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "na"}' || echo na

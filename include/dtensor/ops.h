@@ -346,6 +346,40 @@ typedef void (*dt_trace_fn)(const dt_trace_event_t* event, void* ctx);
 /* Sets the callback (NULL: tracing off). Not thread-safe; set it around the calls to trace. */
 DT_API void dt_trace_set(dt_trace_fn fn, void* ctx);
 
+/* ---- profile: where this rank's time goes ------------------------------------------------
+ * While profiling is on, every op call (the program's, a composite's pieces, the ops of
+ * backward rules), every backward rule and every wait for communication (a blocking
+ * redistribution, dt_work_wait) is timed on this rank: its calls, its total time, and its self
+ * time (the total less the entries nested in it: an op's redistribution of its inputs, a
+ * composite's pieces), so that the self times add up to the time spent in the library. On a
+ * GPU (the cuda backend) each op ends by synchronizing the device, so its time is its own
+ * kernels' and not the next op's: profiling then slows the run down; use it to find where time
+ * goes, and time the run itself with profiling off. Local, per process; $DTENSOR_PROFILE=1
+ * turns it on at dt_init. */
+typedef enum dt_profile_kind {
+  DT_PROFILE_OP = 0,       /* an op ("mm") */
+  DT_PROFILE_BACKWARD = 1, /* an op's backward rule ("mm.backward" in reports) */
+  DT_PROFILE_COMM = 2,     /* "redistribute" (blocking) and "work_wait" */
+  DT_PROFILE_KIND_COUNT
+} dt_profile_kind_t;
+typedef struct dt_profile_entry {
+  const char* name; /* lives as long as the library */
+  dt_profile_kind_t kind;
+  int64_t calls;
+  double self_s, total_s;
+} dt_profile_entry_t;
+/* Turns profiling on (clearing what was recorded, when it was off) or off (keeping it). */
+DT_API dt_status_t dt_profile_set(int on);
+DT_API int dt_profile_enabled(void);
+/* Clears what was recorded (the report's wall time starts again). */
+DT_API dt_status_t dt_profile_reset(void);
+/* The recorded entries, largest self time first: up to cap of them in out, how many there are
+ * in *n. */
+DT_API dt_status_t dt_profile_entries(dt_profile_entry_t* out, int cap, int* n);
+/* Prints the entries as a table (the `top` largest by self time; top <= 0: all) after a line
+ * with the library's time and the wall time since the profile was cleared. */
+DT_API dt_status_t dt_profile_report(FILE* out, int top);
+
 #ifdef __cplusplus
 }
 #endif

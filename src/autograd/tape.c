@@ -952,7 +952,14 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
     gc.iargs = n->iargs;
     gc.fargs = n->fargs;
     gc.saved = n->saved;
-    st = dt__op_info(n->op)->backward(&gc, gout, gin);
+    if (dt__prof_on()) { /* the rule's time in the op profile, "<op>.backward" */
+      dt__prof_frame_t pf;
+      dt__prof_begin(&pf);
+      st = dt__op_info(n->op)->backward(&gc, gout, gin);
+      dt__prof_end(&pf, dt__op_info(n->op)->name, DT__PROF_BACKWARD);
+    } else {
+      st = dt__op_info(n->op)->backward(&gc, gout, gin);
+    }
     if (st != DT_SUCCESS) {
       for (int t = 0; t < n->n_in; t++) dt__tensor_free(gin[t]);
       break;

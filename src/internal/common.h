@@ -34,6 +34,19 @@ void dt__error_restore(const char* saved);
  * (what another rank is told: the entry is the same there). */
 const char* dt__last_error_text(void);
 
+/* The op profile (src/core/profile.c, dt_profile_* in dtensor/ops.h): a region is timed when
+ * dt__prof_on() was true at its start: dt__prof_begin(&f) ... dt__prof_end(&f, name, kind) with a
+ * name that lives as long as the library and a kind, DT__PROF_* (layers below ops cannot name
+ * dt_profile_kind_t's values). */
+typedef struct dt__prof_frame {
+  double t0, child;
+  struct dt__prof_frame* parent;
+} dt__prof_frame_t;
+enum { DT__PROF_OP = 0, DT__PROF_BACKWARD = 1, DT__PROF_COMM = 2 }; /* dt_profile_kind_t's */
+int dt__prof_on(void);
+void dt__prof_begin(dt__prof_frame_t* f);
+void dt__prof_end(dt__prof_frame_t* f, const char* name, int kind);
+
 /* Debug subsystems selected by DTENSOR_DEBUG (comma-separated names, or "all"). collectives is
  * not a log: it turns on the collective check of the comm layer (src/comm/comm.h). */
 enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_MESH = 1u << 1, DT_DBG_COLLECTIVES = 1u << 2 };

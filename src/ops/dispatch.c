@@ -170,9 +170,40 @@ static dt_status_t dt__call_build(const dt_op_info_t* info, int n_inputs, const 
   return DT_SUCCESS;
 }
 
+static dt_status_t dt__op_apply_impl(int id, int n_inputs, const dt_tensor_t* inputs,
+                                     int n_iargs, const int64_t* iargs, int n_fargs,
+                                     const double* fargs, int n_outputs, dt_tensor_t* outs,
+                                     dt_tensor_t* saved);
+
+/* Every op call: timed in the op profile when it is on (dtensor/ops.h; on a device, the op's
+ * kernels are waited for, so that its time is its own). */
 dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_iargs,
                          const int64_t* iargs, int n_fargs, const double* fargs, int n_outputs,
                          dt_tensor_t* outs, dt_tensor_t* saved) {
+  if (!dt__prof_on())
+    return dt__op_apply_impl(id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs,
+                             outs, saved);
+  dt__prof_frame_t f;
+  dt__prof_begin(&f);
+  dt_status_t st = dt__op_apply_impl(id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs,
+                                     n_outputs, outs, saved);
+  const dt_op_info_t* info = dt__op_info(id);
+  if (info == NULL) { /* refused: nothing to name */
+    dt__prof_end(&f, "(unknown op)", DT__PROF_OP);
+    return st;
+  }
+  /* succeeded: the inputs were checked (a failed call may have been given anything) */
+  dt_backend_t b = st == DT_SUCCESS && n_inputs > 0 ? dt__tensor_backend(inputs[0]) : NULL;
+  if (b != NULL && b->device == DT_DEVICE_CUDA && b->iface->synchronize)
+    st = b->iface->synchronize(b);
+  dt__prof_end(&f, info->name, DT__PROF_OP);
+  return st;
+}
+
+static dt_status_t dt__op_apply_impl(int id, int n_inputs, const dt_tensor_t* inputs,
+                                     int n_iargs, const int64_t* iargs, int n_fargs,
+                                     const double* fargs, int n_outputs, dt_tensor_t* outs,
+                                     dt_tensor_t* saved) {
   if (n_outputs > 0) DT_ARG_NOT_NULL(outs);
   for (int o = 0; o < n_outputs && o < DT_OP_MAX_OUTPUTS; o++) outs[o] = NULL;
   if (saved) *saved = NULL;

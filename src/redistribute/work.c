@@ -471,8 +471,18 @@ static dt_status_t dt__work_wait_impl(dt_work_t h) {
   return st;
 }
 
+/* dt__work_wait_impl, timed in the op profile as "work_wait" (dtensor/ops.h) */
+static dt_status_t dt__work_wait_prof(dt_work_t h) {
+  if (!dt__prof_on()) return dt__work_wait_impl(h);
+  dt__prof_frame_t f;
+  dt__prof_begin(&f);
+  dt_status_t st = dt__work_wait_impl(h);
+  dt__prof_end(&f, "work_wait", DT__PROF_COMM);
+  return st;
+}
+
 dt_status_t dt_work_wait(dt_work_t h) {
-  DT_ENTRY_RETURN(dt__work_wait_impl(h));
+  DT_ENTRY_RETURN(dt__work_wait_prof(h));
 }
 
 static dt_status_t dt__work_test_impl(dt_work_t h, int* done) {

@@ -774,8 +774,18 @@ static dt_status_t dt__tensor_redistribute_into_impl(dt_tensor_t src, dt_tensor_
   return dt__plan_execute(m, b, p, src->data, dst->data);
 }
 
+/* dt__tensor_redistribute_into_impl, timed in the op profile as "redistribute" (dtensor/ops.h) */
+static dt_status_t dt__tensor_redistribute_into_prof(dt_tensor_t src, dt_tensor_t dst) {
+  if (!dt__prof_on()) return dt__tensor_redistribute_into_impl(src, dst);
+  dt__prof_frame_t f;
+  dt__prof_begin(&f);
+  dt_status_t st = dt__tensor_redistribute_into_impl(src, dst);
+  dt__prof_end(&f, "redistribute", DT__PROF_COMM);
+  return st;
+}
+
 dt_status_t dt_tensor_redistribute_into(dt_tensor_t src, dt_tensor_t dst) {
-  DT_ENTRY_RETURN(dt__tensor_redistribute_into_impl(src, dst));
+  DT_ENTRY_RETURN(dt__tensor_redistribute_into_prof(src, dst));
 }
 
 static dt_status_t dt__tensor_redistribute_impl(dt_tensor_t t, const dt_placement_t* dst,

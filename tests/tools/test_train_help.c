@@ -1,5 +1,5 @@
 /* test_train_help.c - the trainer's --help (examples/train_config.c): every documented key is
- * one the option parser knows, an undocumented key is refused, the switches are the seven flags
+ * one the option parser knows, an undocumented key is refused, the switches are the ten flags
  * without a value, and the help text lists every flag (with '-' for '_') and every JSON key with
  * a default, the default plan, and no line over 99 columns. */
 #define _POSIX_C_SOURCE 200809L
@@ -34,9 +34,10 @@ static void test_keys_known(void** state) {
     }
   }
   assert_true(n >= 30);
-  assert_int_equal(nswitch, 9); /* bf16_moments, sp, loss_parallel, async_tp, checkpoint,
-                                 * tie_embeddings, async_checkpoint, resume, estimate_only */
-  assert_true(train_opts_is_switch("async_tp"));
+  assert_int_equal(nswitch, 10); /* bf16_moments, sp, loss_parallel, async_tp, checkpoint,
+                                  * tie_embeddings, async_checkpoint, resume, estimate_only,
+                                  * profile */
+  assert_true(train_opts_is_switch("async_tp") && train_opts_is_switch("profile"));
   assert_true(train_opts_is_switch("estimate_only") && !train_opts_is_switch("np"));
   assert_true(train_opts_is_switch("resume") && train_opts_is_switch("async_checkpoint"));
   assert_true(train_opts_is_switch("checkpoint") && train_opts_is_switch("loss_parallel"));

@@ -69,6 +69,19 @@ expect 2 "$train" --steps=x # --flag=value is checked as --flag value is
 grep -qF "steps must be an integer" "$tmp/err" || fail "--steps=x: $(cat "$tmp/err")"
 expect 0 mpi -np 1 "$train" --steps=2 --dim=32 --layers=1 --batch=4 --seq=8
 grep -q "^step *1 " "$tmp/out" || fail "--steps=2 did not run 2 steps: $(cat "$tmp/out")"
+# --profile: rank 0's op profile of the steps after the first, the losses unchanged
+expect 0 mpi -np 2 "$train" --steps 3 --dim 32 --layers 2 --batch 8 --seq 16 --parallel fsdp
+ref=$(grep "^step *2 " "$tmp/out" | awk '{print $4}')
+expect 0 mpi -np 2 "$train" --steps 3 --dim 32 --layers 2 --batch 8 --seq 16 --parallel fsdp --profile
+grep -q "^# op profile: " "$tmp/out" || fail "--profile printed no table: $(cat "$tmp/out")"
+[ "$(grep -c "^# op profile: " "$tmp/out")" = 1 ] || fail "--profile: a table per rank"
+# 2 profiled steps x (2 layers x 7 linears + the output): 30 linears, 30 backward rules, each
+# one product for the input's gradient (mm) and one for the weight's (mm_t)
+for op in linear_nobias linear_nobias.backward mm mm_t; do
+  grep -Eq "^  $op +30 " "$tmp/out" || fail "--profile: not 30 $op calls: $(cat "$tmp/out")"
+done
+grep -Eq "^  work_wait +[0-9]+ " "$tmp/out" || fail "--profile: no communication wait under FSDP"
+[ "$(grep "^step *2 " "$tmp/out" | awk '{print $4}')" = "$ref" ] || fail "--profile changed the loss"
 # --freeze: the same losses under every data-parallel wrapper (frozen parameters neither
 # gathered into gradients nor stepped), other than the unfrozen run's; AdamW holds no moments for
 # the frozen ones; a pattern that matches nothing is a usage error
