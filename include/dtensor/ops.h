@@ -31,7 +31,8 @@ extern "C" {
  *               where (cond i32/i64, a, b), masked_fill (x, mask; fargs [value]),
  *               cast (iargs [dt_dtype_t]), dropout (fargs [p], iargs [seed])
  *   reductions: sum, mean, amax, amin (iargs [keepdim=0, dim...]; no dims = every dim, so with no
- *               arguments at all the result is 0-d)
+ *               arguments at all the result is 0-d; sums accumulate in double on the host, in
+ *               float trees on a GPU)
  *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
  *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
  *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,

@@ -203,8 +203,25 @@ DT_SIMD static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_t
   float init = kind == 2 ? -INFINITY : kind == 3 ? INFINITY : 0.0f;
   const float* av = (const float*)in->data;
   int nd = in->ndim;
-  if (nd >= 1 && mask == (1u << (nd - 1)) && in->shape[nd - 1] > 0) { /* rows: last dim */
-    int64_t L = in->shape[nd - 1], R = on;
+  /* the dims merged into segments (dims of one element dropped): reduced trailing dims are
+   * rows of L elements (a whole-tensor reduction is one row); reduced middle or leading dims
+   * with the kept ones around them are (O, Rn, I) blocks. Sums accumulate in double in both,
+   * as PyTorch's cascade sums stay exact where a float running sum stalls (2^24 + 1 == 2^24) */
+  int64_t sl[DT_MAX_DIMS];
+  int sr[DT_MAX_DIMS], ns = 0;
+  for (int d = 0; d < nd; d++) {
+    const int red = (mask >> d) & 1u;
+    if (in->shape[d] == 1) continue;
+    if (ns > 0 && sr[ns - 1] == red) {
+      sl[ns - 1] *= in->shape[d];
+    } else {
+      sl[ns] = in->shape[d];
+      sr[ns++] = red;
+    }
+  }
+  const int rows = ns >= 1 && sr[ns - 1] && (ns == 1 || (ns == 2 && !sr[0]));
+  if (rows && sl[ns - 1] > 0) { /* rows: [kept] reduced */
+    int64_t L = sl[ns - 1], R = on;
     for (int64_t r = 0; r < R; r++) {
       const float* x = av + r * L;
       float acc = init;
@@ -217,6 +234,25 @@ DT_SIMD static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_t
       }
       o[r] = kind == 1 ? acc / (float)count : acc;
     }
+    return DT_SUCCESS;
+  }
+  const int block = kind <= 1 && ((ns == 2 && sr[0] && !sr[1]) || (ns == 3 && !sr[0] && sr[1] && !sr[2]));
+  if (block) { /* sums over [kept] reduced kept: 256 double accumulators along the kept row */
+    const int64_t O = ns == 3 ? sl[0] : 1, Rn = sl[ns - 2], I = sl[ns - 1];
+    for (int64_t b = 0; b < O; b++)
+      for (int64_t j0 = 0; j0 < I; j0 += 256) {
+        const int64_t jn = I - j0 < 256 ? I - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; j++) acc[j] = 0.0;
+        for (int64_t r = 0; r < Rn; r++) {
+          const float* x = av + (b * Rn + r) * I + j0;
+          for (int64_t j = 0; j < jn; j++) acc[j] += (double)x[j];
+        }
+        for (int64_t j = 0; j < jn; j++) {
+          const float sum = (float)acc[j];
+          o[b * I + j0 + j] = kind == 1 ? sum / (float)count : sum;
+        }
+      }
     return DT_SUCCESS;
   }
   for (int64_t i = 0; i < on; i++) o[i] = init;

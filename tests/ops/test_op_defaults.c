@@ -135,6 +135,56 @@ static void check_op(dt_mesh_t mesh, const char* op) {
   }
 }
 
+/* Sums that a float running sum gets wrong: 2^24 then ones (2^24 + 1 rounds back to 2^24) over
+ * every dim of a 2-D tensor, over its leading dim and over the middle dim of a 3-D one, as
+ * PyTorch's CPU cascade sums give them (the host kernels accumulate in double); on a device,
+ * whose kernels sum in float trees as PyTorch's CUDA ones do, within 1e-5. */
+static int g_exact = 1;
+static int sum_ok(float got, double want) {
+  return g_exact ? got == (float)want : fabs(got - want) <= 1e-5 * want;
+}
+static void check_sum_precision(dt_mesh_t mesh) {
+  dt_backend_t be;
+  dt_device_t dev;
+  DT_ASSERT_OK(dt_mesh_backend(mesh, &be));
+  DT_ASSERT_OK(dt_backend_device(be, &dev));
+  g_exact = dev == DT_DEVICE_HOST;
+  enum { R = 1001 };
+  static float buf[2 * R * 2];
+  const int64_t s2[2] = {R, 2}, s3[3] = {2, R, 2};
+  for (int i = 0; i < 2 * R * 2; i++) buf[i] = 1.0f;
+  for (int b = 0; b < 2; b++) /* the first row of each (R, 2) block: 2^24 */
+    buf[b * R * 2] = buf[b * R * 2 + 1] = 16777216.0f;
+  dt_placement_t rep[2] = {dt_replicate(), dt_replicate()};
+  dt_tensor_t x2, x3, r;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, s2, rep, buf, &x2));
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 3, s3, rep, buf, &x3));
+  float got[4];
+  DT_ASSERT_OK(dt_op_run("sum", 1, &x2, 0, NULL, 0, NULL, &r)); /* every dim */
+  DT_ASSERT_OK(dt_tensor_gather_full(r, got, sizeof(float)));
+  DT_ASSERT_TRUE(sum_ok(got[0], 33556432.0), "sum of 2^24, 2^24 and 2000 ones: %.1f", (double)got[0]);
+  DT_ASSERT_OK(dt_tensor_destroy(r));
+  const int64_t d0[2] = {0, 0}, d1[2] = {0, 1};
+  DT_ASSERT_OK(dt_op_run("sum", 1, &x2, 2, d0, 0, NULL, &r)); /* the leading dim */
+  DT_ASSERT_OK(dt_tensor_gather_full(r, got, 2 * sizeof(float)));
+  DT_ASSERT_TRUE(sum_ok(got[0], 16778216.0) && sum_ok(got[1], 16778216.0), "column sums %.1f %.1f, want "
+                 "2^24 + 1000", (double)got[0], (double)got[1]);
+  DT_ASSERT_OK(dt_tensor_destroy(r));
+  DT_ASSERT_OK(dt_op_run("sum", 1, &x3, 2, d1, 0, NULL, &r)); /* the middle dim */
+  DT_ASSERT_OK(dt_tensor_gather_full(r, got, 4 * sizeof(float)));
+  for (int i = 0; i < 4; i++)
+    DT_ASSERT_TRUE(sum_ok(got[i], 16778216.0), "middle sum %d: %.1f, want 2^24 + 1000", i,
+                   (double)got[i]);
+  DT_ASSERT_OK(dt_tensor_destroy(r));
+  DT_ASSERT_OK(dt_op_run("mean", 1, &x3, 2, d1, 0, NULL, &r));
+  DT_ASSERT_OK(dt_tensor_gather_full(r, got, 4 * sizeof(float)));
+  DT_ASSERT_TRUE(fabs(got[0] - 16778216.0 / R) <= (g_exact ? 1e-6 : 1e-5) * (16778216.0 / R),
+                 "middle mean %.3f", (double)got[0]);
+  DT_ASSERT_OK(dt_tensor_destroy(r));
+  DT_ASSERT_OK(dt_tensor_destroy(x2));
+  DT_ASSERT_OK(dt_tensor_destroy(x3));
+}
+
 /* The reductions without arguments: every dim, keepdim 0 (a 0-d tensor); keepdim alone keeps
  * every dim as 1. */
 static void check_reductions(dt_mesh_t mesh) {
@@ -210,6 +260,7 @@ int main(int argc, char** argv) {
   dt_mesh_t mesh;
   DT_ASSERT_OK(dt_mesh_create(1, &g_world, NULL, NULL, &mesh));
   check_reductions(mesh);
+  check_sum_precision(mesh);
   int n;
   DT_ASSERT_OK(dt_op_count(&n));
   int checked = 0;
