@@ -349,8 +349,9 @@ DT_API void dt_trace_set(dt_trace_fn fn, void* ctx);
 
 /* ---- profile: where this rank's time goes ------------------------------------------------
  * While profiling is on, every op call (the program's, a composite's pieces, the ops of
- * backward rules), every backward rule and every wait for communication (a blocking
- * redistribution, dt_work_wait) is timed on this rank: its calls, its total time, and its self
+ * backward rules), every backward rule, every wait for communication (a blocking
+ * redistribution, dt_work_wait) and every local transfer (dt_tensor_copy_local and the like:
+ * FSDP's and DDP's packing) is timed on this rank: its calls, its total time, and its self
  * time (the total less the entries nested in it: an op's redistribution of its inputs, a
  * composite's pieces), so that the self times add up to the time spent in the library. On a
  * GPU (the cuda backend) each op ends by synchronizing the device, so its time is its own
@@ -361,6 +362,8 @@ typedef enum dt_profile_kind {
   DT_PROFILE_OP = 0,       /* an op ("mm") */
   DT_PROFILE_BACKWARD = 1, /* an op's backward rule ("mm.backward" in reports) */
   DT_PROFILE_COMM = 2,     /* "redistribute" (blocking) and "work_wait" */
+  DT_PROFILE_LOCAL = 3,    /* "copy_local", "fill_local", "read_local", "write_local": the local
+                            * transfers of dtensor/tensor.h (the wrappers' packing, host I/O) */
   DT_PROFILE_KIND_COUNT
 } dt_profile_kind_t;
 typedef struct dt_profile_entry {

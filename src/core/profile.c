@@ -1,11 +1,11 @@
-/* profile.c - the op profile (dt_profile_*, dtensor/ops.h): time per op, per backward rule and
- * per kind of communication wait, on this rank, while profiling is on.
+/* profile.c - the op profile (dt_profile_*, dtensor/ops.h): time per op, per backward rule, per
+ * communication wait and per local transfer, on this rank, while profiling is on.
  *
  * Each timed region is a frame on a stack: its wall time counts as "total" to its name, and as
  * "self" after taking off the frames nested in it (an op's redistribution of its inputs, the
  * ops a composite or a backward rule calls), so that self times add up to the time spent in
  * the library. Names are static strings (op names live as long as the library) plus a kind
- * (op, backward, wait), kept in a small open-addressing table keyed by the name's pointer. The
+ * (op, backward rule, communication, local transfer), kept in a small open-addressing table keyed by the name's pointer. The
  * library is entered one call at a time (MPI_THREAD_SERIALIZED), so the state is plain globals. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdio.h>
@@ -93,10 +93,11 @@ dt_status_t dt_profile_reset(void) { DT_ENTRY_RETURN(dt__profile_reset()); }
 int dt_profile_enabled(void) { return dt__prof.on; }
 
 _Static_assert(DT__PROF_OP == (int)DT_PROFILE_OP && DT__PROF_BACKWARD == (int)DT_PROFILE_BACKWARD &&
-                   DT__PROF_COMM == (int)DT_PROFILE_COMM,
+                   DT__PROF_COMM == (int)DT_PROFILE_COMM &&
+                   DT__PROF_LOCAL == (int)DT_PROFILE_LOCAL && DT_PROFILE_KIND_COUNT == 4,
                "the internal profile kinds are dt_profile_kind_t's");
 
-static const char* const dt__prof_suffix[DT_PROFILE_KIND_COUNT] = {"", ".backward", ""};
+static const char* const dt__prof_suffix[DT_PROFILE_KIND_COUNT] = {"", ".backward", "", ""};
 
 
 static int dt__prof_cmp(const void* a, const void* b) {

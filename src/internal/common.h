@@ -42,7 +42,8 @@ typedef struct dt__prof_frame {
   double t0, child;
   struct dt__prof_frame* parent;
 } dt__prof_frame_t;
-enum { DT__PROF_OP = 0, DT__PROF_BACKWARD = 1, DT__PROF_COMM = 2 }; /* dt_profile_kind_t's */
+enum { DT__PROF_OP = 0, DT__PROF_BACKWARD = 1, DT__PROF_COMM = 2, DT__PROF_LOCAL = 3 };
+/* (dt_profile_kind_t's values) */
 int dt__prof_on(void);
 void dt__prof_begin(dt__prof_frame_t* f);
 void dt__prof_end(dt__prof_frame_t* f, const char* name, int kind);

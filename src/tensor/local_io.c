@@ -13,6 +13,18 @@
  */
 #include "tensor/tensor.h"
 
+/* The end of a public local transfer timed in the op profile (dtensor/ops.h) as `name` (on a
+ * device, waited for, so that its time is its own); st is the transfer's status. */
+static dt_status_t dt__local_prof_end(dt__prof_frame_t* f, const char* name, dt_tensor_t t,
+                                      dt_status_t st) {
+  if (st == DT_SUCCESS) {
+    dt_backend_t b = dt__tensor_backend(t);
+    if (b->device == DT_DEVICE_CUDA && b->iface->synchronize) st = b->iface->synchronize(b);
+  }
+  dt__prof_end(f, name, DT__PROF_LOCAL);
+  return st;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * argument checks */
 
@@ -76,8 +88,16 @@ static dt_status_t dt__tensor_read_local_impl(dt_tensor_t t, int64_t offset, int
                         dt__backend_is_device(b) ? DT_COPY_D2H : DT_COPY_H2H);
 }
 
+static dt_status_t dt__tensor_read_local_prof(dt_tensor_t t, int64_t offset, int64_t numel,
+                                              void* host) {
+  if (!dt__prof_on()) return dt__tensor_read_local_impl(t, offset, numel, host);
+  dt__prof_frame_t f;
+  dt__prof_begin(&f);
+  return dt__local_prof_end(&f, "read_local", t, dt__tensor_read_local_impl(t, offset, numel, host));
+}
+
 dt_status_t dt_tensor_read_local(dt_tensor_t t, int64_t offset, int64_t numel, void* host) {
-  DT_ENTRY_RETURN(dt__tensor_read_local_impl(t, offset, numel, host));
+  DT_ENTRY_RETURN(dt__tensor_read_local_prof(t, offset, numel, host));
 }
 
 static dt_status_t dt__tensor_write_local_impl(dt_tensor_t t, int64_t offset, int64_t numel,
@@ -91,8 +111,17 @@ static dt_status_t dt__tensor_write_local_impl(dt_tensor_t t, int64_t offset, in
                         dt__backend_is_device(b) ? DT_COPY_H2D : DT_COPY_H2H);
 }
 
+static dt_status_t dt__tensor_write_local_prof(dt_tensor_t t, int64_t offset, int64_t numel,
+                                               const void* host) {
+  if (!dt__prof_on()) return dt__tensor_write_local_impl(t, offset, numel, host);
+  dt__prof_frame_t f;
+  dt__prof_begin(&f);
+  return dt__local_prof_end(&f, "write_local", t,
+                            dt__tensor_write_local_impl(t, offset, numel, host));
+}
+
 dt_status_t dt_tensor_write_local(dt_tensor_t t, int64_t offset, int64_t numel, const void* host) {
-  DT_ENTRY_RETURN(dt__tensor_write_local_impl(t, offset, numel, host));
+  DT_ENTRY_RETURN(dt__tensor_write_local_prof(t, offset, numel, host));
 }
 
 /* A box between the local shard and a dense host array: host backends copy it in place; a device
@@ -218,9 +247,19 @@ static dt_status_t dt__tensor_copy_local_impl(dt_tensor_t dst, dt_tensor_t src, 
   return st;
 }
 
+static dt_status_t dt__tensor_copy_local_prof(dt_tensor_t dst, dt_tensor_t src, int n,
+                                              const int64_t* dst_off, const int64_t* src_off,
+                                              const int64_t* numel) {
+  if (!dt__prof_on()) return dt__tensor_copy_local_impl(dst, src, n, dst_off, src_off, numel);
+  dt__prof_frame_t f;
+  dt__prof_begin(&f);
+  return dt__local_prof_end(&f, "copy_local", dst,
+                            dt__tensor_copy_local_impl(dst, src, n, dst_off, src_off, numel));
+}
+
 dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n, const int64_t* dst_off,
                                   const int64_t* src_off, const int64_t* numel) {
-  DT_ENTRY_RETURN(dt__tensor_copy_local_impl(dst, src, n, dst_off, src_off, numel));
+  DT_ENTRY_RETURN(dt__tensor_copy_local_prof(dst, src, n, dst_off, src_off, numel));
 }
 
 static dt_status_t dt__tensor_fill_local_impl(dt_tensor_t t, int n, const int64_t* off,
@@ -238,7 +277,15 @@ static dt_status_t dt__tensor_fill_local_impl(dt_tensor_t t, int n, const int64_
   return DT_SUCCESS;
 }
 
+static dt_status_t dt__tensor_fill_local_prof(dt_tensor_t t, int n, const int64_t* off,
+                                              const int64_t* numel, double value) {
+  if (!dt__prof_on()) return dt__tensor_fill_local_impl(t, n, off, numel, value);
+  dt__prof_frame_t f;
+  dt__prof_begin(&f);
+  return dt__local_prof_end(&f, "fill_local", t, dt__tensor_fill_local_impl(t, n, off, numel, value));
+}
+
 dt_status_t dt_tensor_fill_local(dt_tensor_t t, int n, const int64_t* off, const int64_t* numel,
                                  double value) {
-  DT_ENTRY_RETURN(dt__tensor_fill_local_impl(t, n, off, numel, value));
+  DT_ENTRY_RETURN(dt__tensor_fill_local_prof(t, n, off, numel, value));
 }

@@ -4,7 +4,8 @@
  * products record k "mm" calls; a recorded graph's backward pass records one "<op>.backward" per
  * node and the ops its rules run; a blocking redistribution records "redistribute" (and at np 2
  * an op whose inputs move records it nested: the op's self time excludes it); a composite
- * (cross_entropy) has a total above its self time, its pieces' time. Every entry has self <=
+ * (cross_entropy) has a total above its self time, its pieces' time; local copies and fills
+ * record "copy_local" and "fill_local". Every entry has self <=
  * total and the self times add up to no more than the wall time. Off: nothing is recorded; reset
  * empties; the report prints a line per entry. Bad arguments are refused with a message. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -143,13 +144,28 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_var_destroy(w));
   DT_ASSERT_OK(dt_var_destroy(t));
 
+  /* a local transfer (FSDP's packing uses them) */
+  DT_ASSERT_OK(dt_profile_reset());
+  {
+    const int64_t zero = 0, cnt = 8;
+    DT_ASSERT_OK(dt_tensor_copy_local(b, b, 1, &cnt, &zero, &cnt));
+    DT_ASSERT_OK(dt_tensor_fill_local(b, 1, &zero, &cnt, 0.5));
+    n = entries();
+    e = find(n, "copy_local", DT_PROFILE_LOCAL);
+    DT_ASSERT_TRUE(e != NULL && e->calls == 1, "copy_local: %lld calls",
+                   e ? (long long)e->calls : -1LL);
+    e = find(n, "fill_local", DT_PROFILE_LOCAL);
+    DT_ASSERT_TRUE(e != NULL && e->calls == 1, "fill_local: %lld calls",
+                   e ? (long long)e->calls : -1LL);
+  }
+
   /* off: nothing more recorded, what was there kept */
   DT_ASSERT_OK(dt_profile_set(0));
   DT_ASSERT_TRUE(!dt_profile_enabled(), "still on");
   const int before = entries();
   DT_ASSERT_OK(dt_mm(a, b, &c));
   DT_ASSERT_OK(dt_tensor_destroy(c));
-  DT_ASSERT_TRUE(entries() == before && find(before, "mm", DT_PROFILE_OP)->calls == 1,
+  DT_ASSERT_TRUE(entries() == before && find(before, "mm", DT_PROFILE_OP) == NULL,
                  "recorded while off");
   DT_ASSERT_OK(dt_profile_set(1)); /* on again: cleared */
   DT_ASSERT_TRUE(entries() == 0, "turned on again with %d old entries", entries());
