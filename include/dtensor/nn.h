@@ -338,7 +338,8 @@ typedef struct dt_corpus* dt_corpus_t;
  * under the stationary distribution, in nats) is computed exactly. */
 DT_API dt_status_t dt_corpus_markov(int vocab, int order, int64_t length, uint64_t seed,
                                     dt_corpus_t* out);
-/* A byte-level corpus (vocab 256) read from a file; entropy floor reported as NaN. */
+/* A byte-level corpus (vocab 256) read from a regular file of at least 2 bytes (a directory, FIFO
+ * or device is DT_ERR_INVALID_ARG); entropy floor reported as NaN. */
 DT_API dt_status_t dt_corpus_file(const char* path, dt_corpus_t* out);
 DT_API double dt_corpus_entropy_floor(dt_corpus_t c);
 DT_API int dt_corpus_vocab(dt_corpus_t c);

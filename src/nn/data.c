@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dtensor/dtensor.h"
 #include "dtensor/nn.h"
@@ -133,11 +134,17 @@ static dt_status_t dt__corpus_file(const char* path, dt_corpus_t* out) {
   DT_ARG_NOT_NULL(out);
   *out = NULL;
   DT_ARG_NOT_NULL(path);
+  struct stat sb; /* a directory has no length to read, a FIFO would block the open */
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s is not a regular file", path);
   FILE* f = fopen(path, "rb");
   if (f == NULL) return DT_FAIL(DT_ERR_IO, "cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
+  long len = -1;
+  if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
+  if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    fclose(f);
+    return DT_FAIL(DT_ERR_IO, "cannot read %s", path);
+  }
   if (len < 2) {
     fclose(f);
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s holds %ld bytes: too short to train on", path, len);

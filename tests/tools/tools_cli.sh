@@ -2,7 +2,7 @@
 # tools_cli.sh TRAIN EXPLAIN CALIBRATE COST_NOTICE MPIEXEC - the command-line tools:
 #   --help of train, dtensor-explain (and its subcommands) and dtensor-calibrate exits 0 without
 #   mpirun and lists the flags on stdout; a bad flag exits 2 (-o checked before measuring: an empty
-#   or overlong name, a path it cannot write);
+#   or overlong name, a path it cannot write); train's --data refuses a directory, FIFO or device;
 #   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
 #   nothing written, and written with --force, its "compute" model too (positive rates, printed);
@@ -82,6 +82,14 @@ for op in linear_nobias linear_nobias.backward mm mm_t; do
 done
 grep -Eq "^  work_wait +[0-9]+ " "$tmp/out" || fail "--profile: no communication wait under FSDP"
 [ "$(grep "^step *2 " "$tmp/out" | awk '{print $4}')" = "$ref" ] || fail "--profile changed the loss"
+# --data: a file's bytes; a directory, a FIFO or a device is refused (exit 2), not read (a
+# directory's length was LONG_MAX to allocate, a FIFO blocked the open)
+mkdir -p "$tmp/datadir"
+mkfifo "$tmp/datafifo"
+for bad in "$tmp/datadir" "$tmp/datafifo" /dev/null; do
+  expect 2 timeout 60 "$train" --steps 1 --dim 16 --layers 1 --batch 2 --seq 4 --data "$bad"
+  grep -qF "$bad is not a regular file" "$tmp/err" || fail "--data $bad: $(cat "$tmp/err")"
+done
 # --freeze: the same losses under every data-parallel wrapper (frozen parameters neither
 # gathered into gradients nor stepped), other than the unfrozen run's; AdamW holds no moments for
 # the frozen ones; a pattern that matches nothing is a usage error
