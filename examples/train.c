@@ -695,6 +695,13 @@ int train_main(int argc, char** argv) {
   train_opts_defaults(&o, DEFAULT_PLAN);
   char err[1200];
   for (int i = 1; i < argc; i++) { /* the config file first: flags override its keys */
+    if (!strcmp(argv[i], "--config") && i + 1 >= argc) {
+      if (g_lead)
+        fprintf(stderr, "train: bad argument '--config': a value must follow it (train --help "
+                "lists the flags)\n");
+      dt_finalize();
+      return 2;
+    }
     const char* path = !strncmp(argv[i], "--config=", 9) ? argv[i] + 9
                        : !strcmp(argv[i], "--config") && i + 1 < argc ? argv[++i]
                                                                       : NULL;

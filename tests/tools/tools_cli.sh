@@ -3,6 +3,7 @@
 #   --help of train, dtensor-explain (and its subcommands) and dtensor-calibrate exits 0 without
 #   mpirun and lists the flags on stdout; a bad flag exits 2 (-o checked before measuring: an empty
 #   or overlong name, a path it cannot write); train's --data refuses a directory, FIFO or device;
+#   --config at the end, without its file, is a bad flag;
 #   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
 #   nothing written, and written with --force, its "compute" model too (positive rates, printed);
@@ -90,6 +91,8 @@ for bad in "$tmp/datadir" "$tmp/datafifo" /dev/null; do
   expect 2 timeout 60 "$train" --steps 1 --dim 16 --layers 1 --batch 2 --seq 4 --data "$bad"
   grep -qF "$bad is not a regular file" "$tmp/err" || fail "--data $bad: $(cat "$tmp/err")"
 done
+expect 2 "$train" --steps 1 --config # the config file's name, at the end
+grep -qF "'--config': a value must follow it" "$tmp/err" || fail "--config without a value: $(cat "$tmp/err")"
 # --freeze: the same losses under every data-parallel wrapper (frozen parameters neither
 # gathered into gradients nor stepped), other than the unfrozen run's; AdamW holds no moments for
 # the frozen ones; a pattern that matches nothing is a usage error
