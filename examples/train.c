@@ -747,6 +747,12 @@ int train_main(int argc, char** argv) {
     dt_finalize();
     return 2;
   }
+  if (o.resume && !o.checkpoint_dir[0]) { /* else nothing would be resumed, and nothing said */
+    if (g_lead) fprintf(stderr, "train: --resume continues from the newest checkpoint in "
+                        "--checkpoint-dir DIR: give it (or --resume-from DIR/NAME alone)\n");
+    dt_finalize();
+    return 2;
+  }
   g_sim = o.estimate_only;
   if (g_sim) {
     if (o.steps < 1) {
