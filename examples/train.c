@@ -794,6 +794,10 @@ int train_main(int argc, char** argv) {
     if (g_lead) fprintf(stderr, "train: --machine and --routing-imbalance go with --estimate-only "
                         "(a real run measures its machine and routes its tokens)\n");
     return 2;
+  } else if (o.np != 1 || o.estimate_rank != 0) {
+    if (g_lead) fprintf(stderr, "train: --np %d and --estimate-rank %d go with --estimate-only (a "
+                        "real run's world is mpirun's -np)\n", o.np, o.estimate_rank);
+    return 2;
   } else {
     CHECK(dt_init(&argc, &argv));
   }

@@ -4,7 +4,7 @@
 #   mpirun and lists the flags on stdout; a bad flag exits 2 (-o checked before measuring: an empty
 #   or overlong name, a path it cannot write); train's --data refuses a directory, FIFO or device;
 #   --config at the end, without its file, is a bad flag, and so is --resume without
-#   --checkpoint-dir;
+#   --checkpoint-dir, --np or --estimate-rank without --estimate-only;
 #   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
 #   nothing written, and written with --force, its "compute" model too (positive rates, printed);
@@ -97,6 +97,11 @@ grep -qF "'--config': a value must follow it" "$tmp/err" || fail "--config witho
 expect 2 "$train" --steps 1 --resume # nothing to resume from
 grep -qF -- "--resume continues from the newest checkpoint in --checkpoint-dir" "$tmp/err" ||
   fail "--resume without --checkpoint-dir: $(cat "$tmp/err")"
+for flag in "--np 4" "--estimate-rank 1"; do # the simulated world's, without --estimate-only
+  # shellcheck disable=SC2086
+  expect 2 "$train" --steps 1 $flag
+  grep -qF -- "go with --estimate-only" "$tmp/err" || fail "$flag in a real run: $(cat "$tmp/err")"
+done
 # --freeze: the same losses under every data-parallel wrapper (frozen parameters neither
 # gathered into gradients nor stepped), other than the unfrozen run's; AdamW holds no moments for
 # the frozen ones; a pattern that matches nothing is a usage error
