@@ -119,6 +119,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fnmatch.h>
 #include <limits.h>
 #include <math.h>
@@ -566,6 +567,25 @@ static void gp_text(char* dst, size_t cap, const char* s) {
   dst[n] = '\0';
 }
 
+/* Whether this process can write `path` (--metrics, --plot): a directory cannot be, another
+ * existing file that is not a regular one (a device, a FIFO) is left to the user; a regular file
+ * or a new one is opened for appending (its bytes kept) and a new one removed again. errno says
+ * why not. */
+static int can_write(const char* path) {
+  struct stat sb;
+  const int existed = stat(path, &sb) == 0;
+  if (existed && S_ISDIR(sb.st_mode)) {
+    errno = EISDIR;
+    return 0;
+  }
+  if (existed && !S_ISREG(sb.st_mode)) return 1;
+  FILE* f = fopen(path, "a");
+  if (f == NULL) return 0;
+  fclose(f);
+  if (!existed) remove(path);
+  return 1;
+}
+
 /* Draws the loss curve to o->plot with gnuplot: the loss of every step, its mean over the last 10
  * steps and, when the corpus has one, its entropy floor. The path has no quotes, '$' or '\'
  * (train_opts_set refuses them), so it is safe inside a single-quoted gnuplot string. */
@@ -579,7 +599,7 @@ static void plot_losses(const train_opts_t* o, const char* title, const char* su
     printf("# no steps: no plot\n");
     return;
   }
-  FILE* gp = popen("gnuplot", "w");
+  FILE* gp = popen("gnuplot >/dev/null", "w"); /* a failed `set output` draws to stdout */
   if (gp == NULL) {
     fprintf(stderr, "train: cannot start gnuplot\n");
     return;
@@ -1076,6 +1096,19 @@ int train_main(int argc, char** argv) {
     free(trainable);
     return usage_error("--freeze %s leaves no parameter to train", o.freeze);
   }
+  /* --metrics and --plot: a path rank 0 cannot write is a usage error now, on every rank (not a
+   * run that ends without them) */
+  FILE* metrics = NULL;
+  int out_ok[2] = {1, 1}, out_errno = 0;
+  if (g_lead && o.metrics[0] && (!can_write(o.metrics) || !(metrics = fopen(o.metrics, "w"))))
+    out_ok[0] = 0, out_errno = errno;
+  if (g_lead && out_ok[0] && o.plot[0] && !can_write(o.plot)) out_ok[1] = 0, out_errno = errno;
+  if (!g_sim) MPI_Bcast(out_ok, 2, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!out_ok[0] || !out_ok[1]) {
+    free(trainable);
+    return usage_error("--%s %s: cannot write there: %s", out_ok[0] ? "plot" : "metrics",
+                       out_ok[0] ? o.plot : o.metrics, strerror(out_errno));
+  }
   CHECK(dt_adamw_create(&ac, n_train, trainable, &opt));
   /* distributed checkpoints: the parameters as the wrapped model holds them (FSDP shards, TP
    * shards, experts), the AdamW state, and where the run is (loaded onto any layout) */
@@ -1154,8 +1187,6 @@ int train_main(int argc, char** argv) {
     CHECK(dt_memory_reset_peak());
   }
   double flops_tok = 3.0 * dt_llama_flops_per_token(&cfg);
-  FILE* metrics = NULL;
-  if (g_lead && o.metrics[0]) metrics = fopen(o.metrics, "w");
   if (g_lead) {
     printf("# dtensor train: %s model, %lld parameters%s, mesh %s over %d ranks, parallel %s, "
            "batch %dx%d, vocab %d, %d steps\n# plan: %s\n"

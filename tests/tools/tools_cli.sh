@@ -4,7 +4,8 @@
 #   mpirun and lists the flags on stdout; a bad flag exits 2 (-o checked before measuring: an empty
 #   or overlong name, a path it cannot write); train's --data refuses a directory, FIFO or device;
 #   --config at the end, without its file, is a bad flag, and so is --resume without
-#   --checkpoint-dir, --np or --estimate-rank without --estimate-only;
+#   --checkpoint-dir, --np or --estimate-rank without --estimate-only; a --metrics or --plot path
+#   that cannot be written is refused before training (exit 2 on every rank);
 #   dtensor-calibrate writes only the -o FILE: nothing in $HOME without it; an implausible fit
 #   (forced oversubscription: DTENSOR_CALIBRATE_CPUS=1 on 2 ranks) is refused with exit 3 and
 #   nothing written, and written with --force, its "compute" model too (positive rates, printed);
@@ -102,6 +103,17 @@ for flag in "--np 4" "--estimate-rank 1"; do # the simulated world's, without --
   expect 2 "$train" --steps 1 $flag
   grep -qF -- "go with --estimate-only" "$tmp/err" || fail "$flag in a real run: $(cat "$tmp/err")"
 done
+# --metrics and --plot: a path rank 0 cannot write is refused before training, every rank exiting
+# 2 (a run ended without its metrics, and gnuplot drew the PNG to stdout)
+mkdir -p "$tmp/outdir"
+for bad in "--metrics $tmp/nodir/m.jsonl" "--metrics $tmp/outdir" "--plot $tmp/nodir/loss.png"; do
+  # shellcheck disable=SC2086
+  expect 2 mpi -np 2 "$train" --steps 1 --dim 16 --layers 1 --batch 2 --seq 4 $bad
+  [ "$(grep -cF -- "${bad%% *} ${bad#* }: cannot write there" "$tmp/err")" = 1 ] ||
+    fail "$bad: $(cat "$tmp/err")"
+  [ -s "$tmp/out" ] && fail "$bad: a refused run wrote to stdout: $(head -c 300 "$tmp/out")"
+done
+[ -e "$tmp/nodir" ] && fail "a refused --metrics created $tmp/nodir"
 # --freeze: the same losses under every data-parallel wrapper (frozen parameters neither
 # gathered into gradients nor stepped), other than the unfrozen run's; AdamW holds no moments for
 # the frozen ones; a pattern that matches nothing is a usage error
