@@ -141,6 +141,16 @@ static int dt__ck_wanted(const dt__ck_tensor_t* t, int with_optimizer) {
   return with_optimizer || strcmp(t->kind, "optim") != 0;
 }
 
+/* An output path of consolidate: written as PATH.tmp and renamed over PATH, so an existing PATH
+ * must be a regular file (a rename would replace a directory's name, a FIFO or /dev/null). */
+static dt_status_t dt__ck_out_check(const char* path) {
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s exists and is not a regular file (the output replaces "
+                   "it)", path);
+  return DT_SUCCESS;
+}
+
 /* One output file: header for tensors [lo, hi) of `sel`, then their gathered data. */
 static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_index_t* ix,
                                              const int* sel, int lo, int hi, const char* out_path,
@@ -178,6 +188,7 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
   char tmp[DT__CK_PATH_MAX];
   snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
   int fd = -1;
+  if (st == DT_SUCCESS) st = dt__ck_out_check(out_path);
   if (st == DT_SUCCESS) {
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) st = DT_FAIL(DT_ERR_IO, "creating %s: %s", tmp, strerror(errno));
@@ -209,6 +220,8 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
                                               int64_t max_file_nbytes, int with_optimizer) {
   DT_ARG_NOT_NULL(path);
   DT_ARG_NOT_NULL(out_path);
+  if (out_path[0] == '\0') return DT_FAIL(DT_ERR_INVALID_ARG, "out_path is empty");
+  DT_CHECK(dt__ck_out_check(out_path)); /* before reading anything */
   if (max_file_nbytes < 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "max_file_nbytes=%" PRId64 " (valid: 0, no limit, or > 0)",
                    max_file_nbytes);
@@ -275,6 +288,7 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
     if (st == DT_SUCCESS && snprintf(ipath, sizeof ipath, "%s.index.json", out_path) >= (int)sizeof ipath)
       st = DT_FAIL(DT_ERR_INVALID_ARG, "out_path too long");
     if (st == DT_SUCCESS && text == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "index");
+    if (st == DT_SUCCESS) st = dt__ck_out_check(ipath);
     if (st == DT_SUCCESS) {
       const char* base = strrchr(ipath, '/');
       st = dt__ck_write_atomic(dirpart, base ? base + 1 : ipath, text, strlen(text));

@@ -11,7 +11,8 @@
 #   import of the one file and of the sharded index, each loaded by dt_checkpoint_load at np 2 on
 #   another layout (1-D mesh, other shard dims) and compared with the reference;
 #   a flipped data byte: verify exits 1 naming the file and the tensor; a truncated file and a
-#   header length past the file: 1; bad command lines: 2; --help: 0.
+#   header length past the file: 1; consolidate onto a FIFO or an empty OUT: 1, the FIFO kept;
+#   bad command lines: 2; --help: 0.
 set -euo pipefail
 ckpt=$1 make=$2 mpiexec=$3 work=$4
 PY=/usr/bin/python3
@@ -195,6 +196,14 @@ printf '\377\377\377\377\000\000\000\000' |
 expect 1 "$ckpt" verify "$work/hdr"
 has "$err" "rank_00000.safetensors" "header length"
 expect 1 "$ckpt" info "$work/nothing"
+# an OUT that is not a regular file is refused before anything is written (it was renamed over:
+# a FIFO, or /dev/null as root, replaced by the file), and an empty OUT (it wrote ".tmp")
+mkfifo "$work/fifo"
+expect 1 "$ckpt" consolidate "$ck" "$work/fifo"
+has "$err" "dtensor-ckpt: " "$work/fifo exists and is not a regular file"
+[ -p "$work/fifo" ] || fail "consolidate replaced the FIFO $work/fifo"
+expect 1 "$ckpt" consolidate "$ck" ""
+has "$err" "out_path is empty"
 expect 1 "$ckpt" import "$work/trunc/rank_00001.safetensors" "$work/imp3"
 [ ! -e "$work/imp3/step_00000000" ] || fail "a failed import left a checkpoint"
 
