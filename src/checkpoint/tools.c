@@ -321,10 +321,11 @@ typedef struct {
 
 static dt_status_t dt__ck_src_open(const char* path, dt__ck_src_t* s) {
   snprintf(s->path, sizeof s->path, "%s", path);
-  s->fd = open(path, O_RDONLY | O_CLOEXEC);
+  s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
   if (s->fd < 0) return DT_FAIL(DT_ERR_IO, "opening %s: %s", path, strerror(errno));
   struct stat sb;
   if (fstat(s->fd, &sb) != 0) return DT_FAIL(DT_ERR_IO, "stat %s: %s", path, strerror(errno));
+  if (!S_ISREG(sb.st_mode)) return DT_FAIL(DT_ERR_IO, "%s is not a regular file", path);
   char* hdr = NULL;
   uint64_t hl = 0;
   DT_CHECK(dt__ck_st_read_header(s->fd, (int64_t)sb.st_size, path, &hdr, &hl));

@@ -12,6 +12,7 @@
 #   another layout (1-D mesh, other shard dims) and compared with the reference;
 #   a flipped data byte: verify exits 1 naming the file and the tensor; a truncated file and a
 #   header length past the file: 1; consolidate onto a FIFO or an empty OUT: 1, the FIFO kept;
+#   import of a FIFO or a directory: 1, at once;
 #   bad command lines: 2; --help: 0.
 set -euo pipefail
 ckpt=$1 make=$2 mpiexec=$3 work=$4
@@ -204,6 +205,12 @@ has "$err" "dtensor-ckpt: " "$work/fifo exists and is not a regular file"
 [ -p "$work/fifo" ] || fail "consolidate replaced the FIFO $work/fifo"
 expect 1 "$ckpt" consolidate "$ck" ""
 has "$err" "out_path is empty"
+# a SRC that is not a regular file: refused, not opened and waited on (a FIFO hung the import)
+expect 1 timeout 60 "$ckpt" import "$work/fifo" "$work/imp5"
+has "$err" "dtensor-ckpt: " "$work/fifo is not a regular file"
+expect 1 "$ckpt" import "$ck" "$work/imp5"
+has "$err" "$ck is not a regular file"
+[ ! -e "$work/imp5/step_00000000" ] || fail "a refused import left a checkpoint"
 expect 1 "$ckpt" import "$work/trunc/rank_00001.safetensors" "$work/imp3"
 [ ! -e "$work/imp3/step_00000000" ] || fail "a failed import left a checkpoint"
 
