@@ -443,33 +443,48 @@ int main(int argc, char** argv) {
   o.np = 0; /* 0: no --np yet (neither a flag nor the config's key) */
   char err[1200];
   /* the trainer reads --config first and lets the flags override it, wherever they stand */
-  for (int i = 1; i + 1 < argc; i++)
-    if (!strcmp(argv[i], "--config") && !train_opts_load_file(&o, argv[i + 1], err, sizeof err)) {
-      fprintf(stderr, "dtensor-estimate: cannot use config %s: %s\n", argv[i + 1], err);
+  for (int i = 1; i < argc; i++) {
+    const char* path = !strncmp(argv[i], "--config=", 9) ? argv[i] + 9
+                       : !strcmp(argv[i], "--config") && i + 1 < argc ? argv[i + 1] : NULL;
+    if (path != NULL && !train_opts_load_file(&o, path, err, sizeof err)) {
+      fprintf(stderr, "dtensor-estimate: cannot use config %s: %s\n", path, err);
       return 2;
     }
+  }
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
+    /* --flag=value, as the trainer takes it: the name in `a`, the value in `inl` */
+    char name[64];
+    const char* inl = NULL;
+    if (!strncmp(a, "--", 2) && strchr(a, '=') != NULL) {
+      inl = strchr(a, '=') + 1;
+      snprintf(name, sizeof name, "%.*s", (int)(inl - 1 - a), a);
+      a = name;
+    }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
+    } else if (!strcmp(a, "--plan") && inl != NULL) {
+      fprintf(stderr, "dtensor-estimate: --plan takes no value, got '%s'\n", argv[i]);
+      return 2;
     } else if (!strcmp(a, "--plan")) {
       plan = 1;
     } else if ((!strcmp(a, "--budget") || !strcmp(a, "--top") || !strcmp(a, "--jobs")) &&
-               i + 1 == argc) {
+               i + 1 == argc && inl == NULL) {
       fprintf(stderr, "dtensor-estimate: %s needs a value\n", a);
       return 2;
-    } else if (!strcmp(a, "--budget") && i + 1 < argc) {
-      budget = parse_bytes(argv[++i]);
+    } else if (!strcmp(a, "--budget")) {
+      const char* v = inl != NULL ? inl : argv[++i];
+      budget = parse_bytes(v);
       if (budget <= 0) {
         fprintf(stderr, "dtensor-estimate: --budget %s: a size from 1 byte to 8 EiB, such as "
-                "80GiB, 80GB or 85899345920\n", argv[i]);
+                "80GiB, 80GB or 85899345920\n", v);
         return 2;
       }
-    } else if ((!strcmp(a, "--top") || !strcmp(a, "--jobs")) && i + 1 < argc) {
+    } else if (!strcmp(a, "--top") || !strcmp(a, "--jobs")) {
       const int most = !strcmp(a, "--top") ? 10000 : 1024;
       char* end;
-      long v = strtol(argv[++i], &end, 10);
+      long v = strtol(inl != NULL ? inl : argv[++i], &end, 10);
       if (*end || v < 1 || v > most) {
         fprintf(stderr, "dtensor-estimate: %s needs a count in [1, %d]\n", a, most);
         return 2;
@@ -491,8 +506,15 @@ int main(int argc, char** argv) {
           if (*p == '-') *p = '_';
         if (strcmp(key, "config") && strcmp(key, "help") && !train_opts_known(key)) {
           fprintf(stderr, "dtensor-estimate: unknown flag %s (dtensor-estimate --help, train "
-                  "--help)\n", a);
+                  "--help)\n", argv[i]);
           return 2;
+        }
+        if (inl != NULL) { /* the trainer reads it as it stands; the config was read above */
+          if (strcmp(key, "config") && !train_opts_set(&o, key, inl, err, sizeof err)) {
+            fprintf(stderr, "dtensor-estimate: %s: %s\n", argv[i], err);
+            return 2;
+          }
+          continue;
         }
         if ((!strcmp(key, "config") || !train_opts_is_switch(key)) && i + 1 == argc) {
           /* the trainer would take the tool's --estimate-rank as its value */

@@ -21,6 +21,7 @@
 #  - --micro-batches 2: fewer activation bytes; --plan lists 2 and 4 micro-batches; a count that
 #    does not divide the batch, or leaves a data rank without a sequence, refused;
 #  - --config read first, the flags overriding it wherever they stand (a config's np 1 counts);
+#    --flag=value as the trainer takes it (--np=4, --config=FILE, --budget=1GiB);
 #  - bad flags exit 2 with a message: no --np, a flag without its value, an unknown flag, a bad
 #    --budget (hexadecimal, below a byte, beyond 8 EiB in its unit), a model the library refuses
 #    (6 heads of 64 features), --plan with a layout flag,
@@ -229,6 +230,15 @@ check "--np 8 before a config of np 2: ranks 0 and 7 evaluated" grep -q "^# rank
 printf '{"np": 1, "dim": 64, "layers": 2, "heads": 4, "seq": 32, "batch": 8, "vocab": 64}' > "$W/np1.json"
 "$EST" --config "$W/np1.json" > "$W/cfg2.txt" 2>&1
 check "a config's np 1 is an --np" grep -q "^# ranks evaluated: 0;" "$W/cfg2.txt"
+# --flag=value, as the trainer takes it (it was an unknown flag): the same as --flag value
+"$EST" --np=4 --config="$W/np2.json" --dim=64 --checkpoint=1 --budget=1GiB > "$W/eq1.txt" 2>&1
+rc=$?
+check "--np=4 --config=FILE --checkpoint=1 --budget=1GiB: exit 0, ranks 0 and 3, fits" \
+  bash -c "[ $rc = 0 ] && grep -q '^# ranks evaluated: 0 3;' '$W/eq1.txt' && grep -q '^fits=yes' '$W/eq1.txt'"
+"$EST" --np=x > "$W/eq2.txt" 2>&1
+rc=$?
+check "--np=x: exit 2 naming the value" \
+  bash -c "[ $rc = 2 ] && grep -q 'np must be an integer .* got .x.' '$W/eq2.txt'"
 
 # bad flags
 for args in "${M[*]}" "--np 4 --plan --loss-parallel" "--np" "--np 4 --budget" "--np 4 --dim" \
