@@ -433,6 +433,7 @@ static void usage(FILE* f) {
 int main(int argc, char** argv) {
   char* base[MAX_ARGS];
   int nbase = 0, np = 0, plan = 0, top = 20;
+  const char* plan_only = NULL; /* --top or --jobs: they go with --plan */
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
   double budget = -1;
@@ -490,6 +491,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       *(!strcmp(a, "--top") ? &top : &jobs) = (int)v;
+      plan_only = !strcmp(a, "--top") ? "--top" : "--jobs"; /* (a may be the loop's buffer) */
     } else if (!strcmp(a, "--estimate-only") || !strcmp(a, "--estimate-rank")) {
       fprintf(stderr, "dtensor-estimate: %s is the tool's to set\n", a);
       return 2;
@@ -536,6 +538,11 @@ int main(int argc, char** argv) {
     }
   }
   np = o.np;
+  if (plan_only != NULL && !plan) {
+    fprintf(stderr, "dtensor-estimate: %s goes with --plan (one layout has no table and runs "
+            "its ranks one after the other)\n", plan_only);
+    return 2;
+  }
   if (np == 0) {
     fprintf(stderr, "dtensor-estimate: --np N (the world size) is required\n");
     usage(stderr);

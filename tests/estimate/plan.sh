@@ -25,7 +25,7 @@
 #  - bad flags exit 2 with a message: no --np, a flag without its value, an unknown flag, a bad
 #    --budget (hexadecimal, below a byte, beyond 8 EiB in its unit), a model the library refuses
 #    (6 heads of 64 features), --plan with a layout flag,
-#    --estimate-rank (the tool's).
+#    --estimate-rank (the tool's), --top or --jobs without --plan.
 set -uo pipefail
 EST=$1 TRAIN=$2
 export DTENSOR_QUIET=1
@@ -244,7 +244,8 @@ check "--np=x: exit 2 naming the value" \
 for args in "${M[*]}" "--np 4 --plan --loss-parallel" "--np" "--np 4 --budget" "--np 4 --dim" \
     "--np 4 --bogus 1" "--np 4 --budget lots" "--np 4 --budget 1e308TiB" "--np 4 --budget 0x10GiB" \
     "--np 4 --budget 0.5" "--np 4 --plan --tp 2" "--np 4 --estimate-rank 1" \
-    "--np 4 --routing-imbalance 0.5" "--np 2 --dim 64 --heads 6 --seq 32 --batch 8 --vocab 64"; do
+    "--np 4 --routing-imbalance 0.5" "--np 2 --dim 64 --heads 6 --seq 32 --batch 8 --vocab 64" \
+    "--np 4 --top 3" "--np 4 --jobs 2"; do
   # shellcheck disable=SC2086
   "$EST" $args > "$W/bad.txt" 2>&1
   rc=$?
