@@ -148,6 +148,14 @@ static dt_checkpoint_t load_list(void) {
   return ck;
 }
 
+/* The message names its entry point once ("dt_x: text", not "dt_x: dt_x: text"). */
+static int named_once(const char* msg) {
+  const char* colon = strstr(msg, ": ");
+  if (strncmp(msg, "dt_", 3) != 0 || colon == NULL) return 1;
+  const size_t k = (size_t)(colon - msg) + 2;
+  return strncmp(msg + k, msg, k) != 0;
+}
+
 /* The same status on every rank (its value). */
 static dt_status_t agreed(dt_status_t st, const char* what) {
   int v = (int)st, lo, hi;
@@ -156,8 +164,9 @@ static dt_status_t agreed(dt_status_t st, const char* what) {
   DT_ASSERT_TRUE(lo == hi, "%s: ranks disagree (%s here: %s)", what, dt_status_name(st),
                  st == DT_SUCCESS ? "" : dt_last_error());
   if (st != DT_SUCCESS)
-    DT_ASSERT_TRUE(strlen(dt_last_error()) > 0, "%s: %s with no message", what,
-                   dt_status_name(st));
+    DT_ASSERT_TRUE(strlen(dt_last_error()) > 0 && named_once(dt_last_error()),
+                   "%s: %s with no message, or its entry named twice: '%s'", what,
+                   dt_status_name(st), dt_last_error());
   return st;
 }
 
@@ -313,8 +322,9 @@ int main(int argc, char** argv) {
       snprintf(p, sizeof p, "%s/%s", idir, nm);
       if (st != DT_SUCCESS) {
         i_fail++;
-        DT_ASSERT_TRUE(strlen(dt_last_error()) > 0, "import: %s with no message",
-                       dt_status_name(st));
+        DT_ASSERT_TRUE(strlen(dt_last_error()) > 0 && named_once(dt_last_error()),
+                       "import: %s with no message, or its entry named twice: '%s'",
+                       dt_status_name(st), dt_last_error());
         DT_ASSERT_TRUE(stat(p, &sb) != 0, "a failed import (%s) published %s", dt_last_error(),
                        p);
         DT_ASSERT_OK(dt_checkpoint_latest(idir, lt, sizeof lt));
