@@ -16,27 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dt_fault_inject.h"
 #include "dt_test.h"
 #include "dtensor/autograd.h"
 
 #include "op_specs.h"
 
-static long g_count = 0, g_fail_at = -1;
-void* __real_malloc(size_t n);
-void* __real_calloc(size_t a, size_t b);
-void* __real_realloc(void* p, size_t n);
-/* where the failing allocation is made: `break fault_hit` in a debugger */
-__attribute__((noinline)) static int fault_hit(void) {
-  __asm__ volatile("");
-  return 1;
-}
-static int fail_now(void) { return ++g_count == g_fail_at && fault_hit(); }
-void* __wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
-void* __wrap_calloc(size_t a, size_t b) { return fail_now() ? NULL : __real_calloc(a, b); }
-void* __wrap_realloc(void* p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
-/* the emulated device's memory (cudaMalloc, pinned host buffers): DTENSOR_BACKEND=cuda-emu */
-void* __real_aligned_alloc(size_t a, size_t n);
-void* __wrap_aligned_alloc(size_t a, size_t n) { return fail_now() ? NULL : __real_aligned_alloc(a, n); }
 
 #define MAX_BYTES (1 << 16)
 typedef struct {

@@ -25,29 +25,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dt_fault_inject.h"
 #include "dt_test.h"
 #include "dtensor/checkpoint.h"
 #include "dtensor/nn.h"
 #include "dtensor/parallel.h"
 
-static long g_count = 0, g_fail_at = -1;
-void* __real_malloc(size_t n);
-void* __real_calloc(size_t a, size_t b);
-void* __real_realloc(void* p, size_t n);
-/* where the failing allocation is made: `break fault_hit` in a debugger */
-__attribute__((noinline)) static int fault_hit(void) {
-  __asm__ volatile("");
-  return 1;
-}
-static int fail_now(void) {
-  return __atomic_add_fetch(&g_count, 1, __ATOMIC_RELAXED) == g_fail_at && fault_hit();
-}
-void* __wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
-void* __wrap_calloc(size_t a, size_t b) { return fail_now() ? NULL : __real_calloc(a, b); }
-void* __wrap_realloc(void* p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
-/* the emulated device's memory (cudaMalloc, pinned host buffers): DTENSOR_BACKEND=cuda-emu */
-void* __real_aligned_alloc(size_t a, size_t n);
-void* __wrap_aligned_alloc(size_t a, size_t n) { return fail_now() ? NULL : __real_aligned_alloc(a, n); }
 
 enum { V_FSDP, V_MOE_DDP, V_TP_FSDP, V_HSDP, V_COUNT };
 static const char* const k_variant[V_COUNT] = {
@@ -81,17 +64,7 @@ static dt_status_t scenario(int variant, result_t* res) {
   dt_var_t* params = NULL;
   int n_params = 0;
   res->loss[0] = res->loss[1] = NAN;
-#define TRY(call)                                                                            \
-  do {                                                                                       \
-    st = (call);                                                                             \
-    if (st != DT_SUCCESS) {                                                                  \
-      if (strlen(dt_last_error()) == 0) {                                                    \
-        fprintf(stderr, "%s failed with %s and no message\n", #call, dt_status_name(st));    \
-        dt_test_die();                                                                       \
-      }                                                                                      \
-      goto done;                                                                             \
-    }                                                                                        \
-  } while (0)
+#define TRY(call) DT_FAULT_TRY(call)
   const int two_d = variant == V_TP_FSDP || variant == V_HSDP;
   int shape[2] = {1, 1};
   TRY(dt_mesh_create(two_d ? 2 : 1, shape, NULL, NULL, &mesh));

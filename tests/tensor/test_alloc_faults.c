@@ -1,6 +1,6 @@
 /* test_alloc_faults.c - fault injection: every allocation the library makes may fail.
  *
- * Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (only dtensor's code and this
+ * Linked with -Wl,--wrap=malloc,... (dt_fault_inject.h; only dtensor's code and this
  * program are wrapped; Open MPI's own allocations are not). A scenario of public calls (mesh,
  * tensors, redistributions, ops, a recorded forward and backward pass with ring attention in it
  * (f32, then bf16),
@@ -15,17 +15,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "dt_fault_inject.h"
 #include "dt_test.h"
 #include "dtensor/nn.h"
-
-static long g_count = 0, g_fail_at = -1;
-void* __real_malloc(size_t n);
-void* __real_calloc(size_t a, size_t b);
-void* __real_realloc(void* p, size_t n);
-static int fail_now(void) { return ++g_count == g_fail_at; }
-void* __wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
-void* __wrap_calloc(size_t a, size_t b) { return fail_now() ? NULL : __real_calloc(a, b); }
-void* __wrap_realloc(void* p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
 
 /* Runs the scenario; returns the status of the first failing call (DT_SUCCESS when none failed)
  * and the loss it computed. Destroys everything it made on every path. */
@@ -39,17 +31,7 @@ static dt_status_t scenario(dt_mesh_t m, double* loss_out) {
   int64_t shape[2] = {6, 4};
   dt_placement_t s0 = dt_shard(0), r = dt_replicate();
   *loss_out = NAN;
-#define TRY(call)                                                                            \
-  do {                                                                                       \
-    st = (call);                                                                             \
-    if (st != DT_SUCCESS) {                                                                  \
-      if (strlen(dt_last_error()) == 0) {                                                    \
-        fprintf(stderr, "%s failed with %s and no message\n", #call, dt_status_name(st));    \
-        dt_test_die();                                                                       \
-      }                                                                                      \
-      goto done;                                                                             \
-    }                                                                                        \
-  } while (0)
+#define TRY(call) DT_FAULT_TRY(call)
   TRY(dt_tensor_arange(m, DT_F32, 2, shape, &s0, 0.0, 0.5, &x));
   TRY(dt_tensor_redistribute(x, &r, &y));
   TRY(dt_tensor_redistribute_async(y, &s0, &z, &work));
