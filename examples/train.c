@@ -129,6 +129,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "dtensor/check.h"
@@ -583,6 +584,35 @@ static int can_write(const char* path) {
   if (f == NULL) return 0;
   fclose(f);
   if (!existed) remove(path);
+  return 1;
+}
+
+/* Whether this process can create files under directory `dir` (--checkpoint-dir; the save
+ * creates it when missing): a file is made and removed in it, or in its nearest existing
+ * ancestor when it does not exist yet. errno says why not. */
+static int can_write_dir(const char* dir) {
+  char at[4096];
+  if (snprintf(at, sizeof at, "%s", dir) >= (int)sizeof at) {
+    errno = ENAMETOOLONG;
+    return 0;
+  }
+  struct stat sb;
+  while (stat(at, &sb) != 0) { /* up to the nearest existing ancestor */
+    char* slash = strrchr(at, '/');
+    if (slash == NULL) snprintf(at, sizeof at, ".");
+    else if (slash == at) at[1] = '\0';
+    else *slash = '\0';
+  }
+  if (!S_ISDIR(sb.st_mode)) {
+    errno = ENOTDIR;
+    return 0;
+  }
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/.train_write_probe_XXXXXX", at);
+  int fd = mkstemp(probe);
+  if (fd < 0) return 0;
+  close(fd);
+  remove(probe);
   return 1;
 }
 
@@ -1096,18 +1126,22 @@ int train_main(int argc, char** argv) {
     free(trainable);
     return usage_error("--freeze %s leaves no parameter to train", o.freeze);
   }
-  /* --metrics and --plot: a path rank 0 cannot write is a usage error now, on every rank (not a
-   * run that ends without them) */
+  /* --metrics, --plot and --checkpoint-dir: a path rank 0 cannot write is a usage error now,
+   * on every rank (not a run that ends without them, or whose checkpoints fail at the end) */
   FILE* metrics = NULL;
-  int out_ok[2] = {1, 1}, out_errno = 0;
+  int out_ok[3] = {1, 1, 1}, out_errno = 0;
   if (g_lead && o.metrics[0] && (!can_write(o.metrics) || !(metrics = fopen(o.metrics, "w"))))
     out_ok[0] = 0, out_errno = errno;
   if (g_lead && out_ok[0] && o.plot[0] && !can_write(o.plot)) out_ok[1] = 0, out_errno = errno;
-  if (!g_sim) MPI_Bcast(out_ok, 2, MPI_INT, 0, MPI_COMM_WORLD);
-  if (!out_ok[0] || !out_ok[1]) {
+  if (g_lead && out_ok[0] && out_ok[1] && !g_sim && o.checkpoint_dir[0] &&
+      !can_write_dir(o.checkpoint_dir))
+    out_ok[2] = 0, out_errno = errno;
+  if (!g_sim) MPI_Bcast(out_ok, 3, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!out_ok[0] || !out_ok[1] || !out_ok[2]) {
     free(trainable);
-    return usage_error("--%s %s: cannot write there: %s", out_ok[0] ? "plot" : "metrics",
-                       out_ok[0] ? o.plot : o.metrics, strerror(out_errno));
+    const char* flag = !out_ok[0] ? "metrics" : !out_ok[1] ? "plot" : "checkpoint-dir";
+    const char* path = !out_ok[0] ? o.metrics : !out_ok[1] ? o.plot : o.checkpoint_dir;
+    return usage_error("--%s %s: cannot write there: %s", flag, path, strerror(out_errno));
   }
   CHECK(dt_adamw_create(&ac, n_train, trainable, &opt));
   /* distributed checkpoints: the parameters as the wrapped model holds them (FSDP shards, TP

@@ -103,10 +103,13 @@ for flag in "--np 4" "--estimate-rank 1"; do # the simulated world's, without --
   expect 2 "$train" --steps 1 $flag
   grep -qF -- "go with --estimate-only" "$tmp/err" || fail "$flag in a real run: $(cat "$tmp/err")"
 done
-# --metrics and --plot: a path rank 0 cannot write is refused before training, every rank exiting
-# 2 (a run ended without its metrics, and gnuplot drew the PNG to stdout)
+# --metrics, --plot and --checkpoint-dir: a path rank 0 cannot write is refused before training,
+# every rank exiting 2 (a run ended without its metrics, gnuplot drew the PNG to stdout, a
+# checkpoint directory under a file failed only after the last step)
 mkdir -p "$tmp/outdir"
-for bad in "--metrics $tmp/nodir/m.jsonl" "--metrics $tmp/outdir" "--plot $tmp/nodir/loss.png"; do
+touch "$tmp/afile"
+for bad in "--metrics $tmp/nodir/m.jsonl" "--metrics $tmp/outdir" "--plot $tmp/nodir/loss.png" \
+  "--checkpoint-dir $tmp/afile/ck"; do
   # shellcheck disable=SC2086
   expect 2 mpi -np 2 "$train" --steps 1 --dim 16 --layers 1 --batch 2 --seq 4 $bad
   [ "$(grep -cF -- "${bad%% *} ${bad#* }: cannot write there" "$tmp/err")" = 1 ] ||
