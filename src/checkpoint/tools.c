@@ -3,6 +3,7 @@
  * sharded form) and import (a safetensors file into a one-rank seed checkpoint). Local, no MPI. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -216,6 +217,32 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
   return st;
 }
 
+/* DT_ERR_INVALID_ARG when out_path would land inside checkpoint directory ckdir, or on the
+ * `latest` pointer or the checkpoint itself in the directory holding it: consolidating into
+ * the checkpoint being read would damage it. */
+static dt_status_t dt__ck_out_apart(const char* ckdir, const char* out_path) {
+  char ck[PATH_MAX], od[PATH_MAX], dir[DT__CK_PATH_MAX];
+  if (realpath(ckdir, ck) == NULL) return DT_SUCCESS; /* reading it will say why */
+  const char* slash = strrchr(out_path, '/');
+  const char* base = slash ? slash + 1 : out_path;
+  if (slash == NULL) snprintf(dir, sizeof dir, ".");
+  else snprintf(dir, sizeof dir, "%.*s", slash == out_path ? 1 : (int)(slash - out_path), out_path);
+  if (realpath(dir, od) == NULL) return DT_SUCCESS; /* writing there will say why */
+  const size_t n = strlen(ck);
+  const int inside = strncmp(od, ck, n) == 0 && (od[n] == '\0' || od[n] == '/');
+  const char* ck_base = strrchr(ck, '/');
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%.*s", ck_base && ck_base != ck ? (int)(ck_base - ck) : 1, ck);
+  const int beside = strcmp(od, parent) == 0 &&
+                     (strncmp(base, DT__CK_LATEST, strlen(DT__CK_LATEST)) == 0 ||
+                      (ck_base && strcmp(base, ck_base + 1) == 0));
+  if (inside || beside)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "out_path %s would write into the checkpoint %s it "
+                   "consolidates (or over its directory's `latest`): write it elsewhere",
+                   out_path, ck);
+  return DT_SUCCESS;
+}
+
 static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_path,
                                               int64_t max_file_nbytes, int with_optimizer) {
   DT_ARG_NOT_NULL(path);
@@ -227,6 +254,7 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
                    max_file_nbytes);
   char ckdir[DT__CK_PATH_MAX];
   DT_CHECK(dt__ck_resolve(path, ckdir, sizeof ckdir));
+  DT_CHECK(dt__ck_out_apart(ckdir, out_path));
   dt__ck_index_t ix;
   DT_CHECK(dt__ck_index_read(ckdir, &ix));
   int* sel = calloc((size_t)(ix.n_tensors > 0 ? ix.n_tensors : 1), sizeof *sel);

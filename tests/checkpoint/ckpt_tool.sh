@@ -205,6 +205,16 @@ has "$err" "dtensor-ckpt: " "$work/fifo exists and is not a regular file"
 [ -p "$work/fifo" ] || fail "consolidate replaced the FIFO $work/fifo"
 expect 1 "$ckpt" consolidate "$ck" ""
 has "$err" "out_path is empty"
+# an OUT inside the checkpoint it reads, or over its directory's `latest`, is refused (it
+# replaced `latest` with the safetensors file: the directory had no checkpoint any more)
+cp "$ck/latest" "$work/latest.before"
+for dst in "$ck/latest" "$ck/step_00000042/model.safetensors"; do
+  expect 1 "$ckpt" consolidate "$ck" "$dst"
+  has "$err" "would write into the checkpoint"
+done
+cmp -s "$ck/latest" "$work/latest.before" || fail "consolidate changed $ck/latest"
+[ ! -e "$ck/step_00000042/model.safetensors" ] || fail "consolidate wrote into the checkpoint"
+expect 0 "$ckpt" verify "$ck"
 # a SRC that is not a regular file: refused, not opened and waited on (a FIFO hung the import)
 expect 1 timeout 60 "$ckpt" import "$work/fifo" "$work/imp5"
 has "$err" "dtensor-ckpt: " "$work/fifo is not a regular file"
