@@ -446,6 +446,8 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
   dt_status_t st = dt__ck_sources(src_path, &src, &ns);
   int total = 0;
   for (int i = 0; i < ns; i++) total += src[i].n;
+  if (st == DT_SUCCESS && total == 0) /* an empty weight_map, a file of no tensors: a mistake */
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "%.300s holds no tensor: nothing to import", src_path);
   dt__ck_index_t ix;
   memset(&ix, 0, sizeof ix);
   ix.step = step;

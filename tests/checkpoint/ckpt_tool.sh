@@ -220,6 +220,17 @@ expect 1 timeout 60 "$ckpt" import "$work/fifo" "$work/imp5"
 has "$err" "dtensor-ckpt: " "$work/fifo is not a regular file"
 expect 1 "$ckpt" import "$ck" "$work/imp5"
 has "$err" "$ck is not a regular file"
+# a file or Hugging Face index of no tensors is refused (it made an empty checkpoint)
+"$PY" -c "import json, struct, sys
+h = json.dumps({'__metadata__': {}}).encode()
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h)
+json.dump({'metadata': {'total_size': 0}, 'weight_map': {}}, open(sys.argv[2], 'w'))" \
+  "$work/empty.safetensors" "$work/empty.safetensors.index.json"
+for src in "$work/empty.safetensors" "$work/empty.safetensors.index.json"; do
+  expect 1 "$ckpt" import "$src" "$work/imp6"
+  has "$err" "holds no tensor"
+done
+[ ! -e "$work/imp6" ] || fail "a refused import made $work/imp6"
 [ ! -e "$work/imp5/step_00000000" ] || fail "a refused import left a checkpoint"
 expect 1 "$ckpt" import "$work/trunc/rank_00001.safetensors" "$work/imp3"
 [ ! -e "$work/imp3/step_00000000" ] || fail "a failed import left a checkpoint"
