@@ -193,7 +193,7 @@ DT_API dt_status_t dt_checkpoint_consolidate(const char* path, const char* out_p
  * metadata gives another kind (a consolidated file's optimizer state stays optimizer state); a
  * kind entry naming no tensor of the file, or no kind, is DT_ERR_CORRUPT. Tensors of dtypes the
  * library lacks are DT_ERR_UNSUPPORTED naming them. A source that is not a regular file (a
- * directory, a FIFO) is DT_ERR_IO. */
+ * directory, a FIFO) is DT_ERR_IO; one of no tensor (an empty weight_map) DT_ERR_INVALID_ARG. */
 DT_API dt_status_t dt_checkpoint_import(const char* safetensors_path, const char* dir,
                                         const char* name, int64_t step);
 
