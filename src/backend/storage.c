@@ -245,8 +245,13 @@ static void dt__pool_init_locked(void) {
   if (dt__pool.init) return;
   dt__pool.init = 1;
   const char* e = getenv("DTENSOR_POOL_MB");
-  long mb = e && *e ? strtol(e, NULL, 10) : 1024;
-  dt__pool.cap = mb > 0 ? (size_t)mb << 20 : 0;
+  char* end = NULL;
+  long long mb = e && *e ? strtoll(e, &end, 10) : 1024;
+  if (e && *e && (end == e || *end != '\0' || mb < 0 || mb > (1LL << 30))) { /* 0: no pool */
+    dt__log("backend", "ignoring DTENSOR_POOL_MB=%s: expected MiB, 0 to 2^30", e);
+    mb = 1024;
+  }
+  dt__pool.cap = (size_t)mb << 20;
 }
 
 static void dt__pool_release(void) {
