@@ -3,9 +3,9 @@
  * sharded form) and import (a safetensors file into a one-rank seed checkpoint). Local, no MPI. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <limits.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
