@@ -1022,7 +1022,7 @@ static dt_status_t dt__ck_finish(dt_checkpoint_t ck, dt__ck_save_t* s) {
   dt_status_t agreed = dt__ck_agree(ck, st);
   if (agreed != DT_SUCCESS && ck->rank == 0) {
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", dt__ck_no_entry(dt_last_error()));
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
     if (dt__ck_rm_rf(s->tmpdir) != DT_SUCCESS) dt_clear_error();
     DT_FAIL(agreed, "%s", msg);
   }
@@ -1154,7 +1154,7 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
   if (st != DT_SUCCESS) {
     if (ck->rank == 0 && s && s->tmpdir[0] && strstr(dt_last_error(), "exists already") == NULL) {
       char msg[1024];
-      snprintf(msg, sizeof msg, "%s", dt__ck_no_entry(dt_last_error()));
+      snprintf(msg, sizeof msg, "%s", dt_last_error());
       if (dt__ck_rm_rf(s->tmpdir) != DT_SUCCESS) dt_clear_error();
       DT_FAIL(st, "%s", msg);
     }

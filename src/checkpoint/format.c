@@ -990,12 +990,6 @@ dt_status_t dt__ck_write_replace(const char* dir, const char* name, const void* 
   return st;
 }
 
-const char* dt__ck_no_entry(const char* msg) {
-  if (strncmp(msg, "dt_", 3) != 0) return msg;
-  size_t k = strspn(msg, "abcdefghijklmnopqrstuvwxyz0123456789_");
-  return strncmp(msg + k, ": ", 2) == 0 ? msg + k + 2 : msg;
-}
-
 dt_status_t dt__ck_publish(const char* dir, const char* tmpdir, const char* name) {
   char final[DT__CK_PATH_MAX], line[DT__CK_PATH_MAX];
   if (snprintf(final, sizeof final, "%s/%s", dir, name) >= (int)sizeof final)
@@ -1009,10 +1003,10 @@ dt_status_t dt__ck_publish(const char* dir, const char* tmpdir, const char* name
   }
   if (st != DT_SUCCESS) { /* not committed: take it back */
     char msg[1024], why[1024];
-    snprintf(msg, sizeof msg, "%s", dt__ck_no_entry(dt_last_error()));
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
     if (dt__ck_rm_rf(final) == DT_SUCCESS)
       return DT_FAIL(st, "%s", msg);
-    snprintf(why, sizeof why, "%s", dt__ck_no_entry(dt_last_error()));
+    snprintf(why, sizeof why, "%s", dt_last_error());
     return DT_FAIL(st, "%s (and taking %.300s back failed: %s)", msg, final, why);
   }
   if (dt__ck_fsync_path(dir) != DT_SUCCESS) {

@@ -176,9 +176,6 @@ dt_status_t dt__ck_write_replace(const char* dir, const char* name, const void* 
  * (nothing published, latest unchanged); one after it (the directory's last fsync) is written
  * to stderr and the call succeeds. */
 dt_status_t dt__ck_publish(const char* dir, const char* tmpdir, const char* name);
-/* msg without the "dt_entry: " its public entry point put in front: what a message saved before
- * a cleanup (which may record another) is recorded again with, DT_FAIL adding the name once. */
-const char* dt__ck_no_entry(const char* msg);
 /* Reads a whole small file (at most max bytes) into a malloc'd NUL-terminated buffer. */
 dt_status_t dt__ck_read_file(const char* path, int64_t max, char** out, size_t* len);
 /* A checkpoint directory from `path`: path itself when it holds index.json, else path/<latest>. */

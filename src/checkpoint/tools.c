@@ -563,7 +563,7 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
   if (st == DT_SUCCESS) st = dt__ck_publish(dir, tmpdir, nm);
   if (st != DT_SUCCESS && tmpdir[0]) {
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", dt__ck_no_entry(dt_last_error()));
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
     (void)dt__ck_rm_rf(tmpdir);
     DT_FAIL(st, "%s", msg);
   }

@@ -101,6 +101,11 @@ dt_status_t dt_set_error(dt_status_t st, const char* func, const char* file, int
                      q + strlen(dt__err.full));
     if (w > 0) memcpy(text, tmp, sizeof tmp); /* cut to the buffer when longer */
   }
+  /* A text that already starts with the entry (a message saved before a cleanup and recorded
+   * again under the same entry): the entry once. */
+  const size_t el = strlen(entry);
+  if (el > 0 && strncmp(text, entry, el) == 0 && strncmp(text + el, ": ", 2) == 0)
+    memmove(text, text + el + 2, strlen(text + el + 2) + 1);
   const char* s = strstr(file, "src/"); /* keep only the path below src/ */
   snprintf(loc, sizeof loc, "%s (%s:%d)", func, s ? s : file, line);
   const char* dbg = getenv("DTENSOR_DEBUG");

@@ -70,7 +70,21 @@ static dt_status_t no_hook(dt_var_t v, void* ctx) {
 
 static _Alignas(64) unsigned char g_junk[256];
 
+/* A message saved, cleared by a cleanup and recorded again under the same entry names the entry
+ * once ("dt_x: text", not "dt_x: dt_x: text"). */
+static dt_status_t rerecord_impl(void) {
+  DT_FAIL(DT_ERR_IO, "writing f");
+  char saved[256];
+  snprintf(saved, sizeof saved, "%s", dt_last_error());
+  dt_clear_error(); /* the cleanup's own failure, forgotten */
+  return DT_FAIL(DT_ERR_IO, "%s", saved);
+}
+static dt_status_t dt_x_rerecord(void) { DT_ENTRY_RETURN(rerecord_impl()); }
+
 int main(int argc, char** argv) {
+  DT_ASSERT_STATUS(dt_x_rerecord(), DT_ERR_IO);
+  DT_ASSERT_TRUE(strcmp(dt_last_error(), "dt_x_rerecord: writing f") == 0, "re-recorded: '%s'",
+                 dt_last_error());
   /* lib.c, context.c, mesh.c before dt_init */
   int r = 0, one = 1;
   dt_mesh_t m0 = NULL;
