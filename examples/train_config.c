@@ -234,12 +234,29 @@ int train_opts_is_switch(const char* key) {
   return d != NULL && d->arg == NULL;
 }
 
-/* A whole decimal integer in [lo, hi] (no trailing characters, no overflow). */
+/* A whole decimal integer in [lo, hi]: an optional '-' and digits, nothing else (no spaces,
+ * no '+', no trailing characters, no overflow). */
 static int parse_ll(const char* val, long long lo, long long hi, long long* out) {
+  const char* d = val[0] == '-' ? val + 1 : val;
+  if (*d < '0' || *d > '9') return 0;
   char* end;
   errno = 0;
   long long v = strtoll(val, &end, 10);
-  if (end == val || *end != '\0' || errno == ERANGE || v < lo || v > hi) return 0;
+  if (*end != '\0' || errno == ERANGE || v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+/* A finite decimal number ("0.1", "-2", "3e-4", ".5"), nothing else: strtod would also take
+ * spaces, '+', hexadecimal floats, inf and nan. */
+static int parse_real(const char* val, double* out) {
+  const char* d = val[0] == '-' ? val + 1 : val;
+  if (!((*d >= '0' && *d <= '9') || (*d == '.' && d[1] >= '0' && d[1] <= '9'))) return 0;
+  if (strpbrk(d, "xXpP") != NULL) return 0;
+  char* end;
+  errno = 0;
+  double v = strtod(val, &end);
+  if (*end != '\0' || errno == ERANGE || !isfinite(v)) return 0;
   *out = v;
   return 1;
 }
@@ -268,7 +285,7 @@ static const struct {
 } kInts[] = {
 #define INT_OPT(name, lo, hi) {#name, offsetof(train_opts_t, name), lo, hi}
     INT_OPT(steps, 0, 1 << 30),   INT_OPT(batch, 1, 1 << 20),     INT_OPT(seq, 1, 1 << 20),
-    INT_OPT(dim, 1, 1 << 20),     INT_OPT(layers, 1, 1 << 16),    INT_OPT(heads, 1, 1 << 16),
+    INT_OPT(dim, 1, 1 << 20),     INT_OPT(layers, 1, 1 << 12),    INT_OPT(heads, 1, 1 << 16),
     INT_OPT(kv_heads, 0, 1 << 16), INT_OPT(ffn_dim, 0, 1 << 20), INT_OPT(experts, 1, 1 << 16),  INT_OPT(top_k, 1, 1 << 16),
     INT_OPT(vocab, 2, 1 << 20),   INT_OPT(order, 1, 64),          INT_OPT(warmup, 0, 1 << 30),
     INT_OPT(bf16_moments, 0, 1),  INT_OPT(checkpoint, 0, 1),     INT_OPT(prefetch, 0, 1),
@@ -278,7 +295,7 @@ static const struct {
     INT_OPT(loss_parallel, 0, 1), INT_OPT(async_tp, 0, 1), INT_OPT(tie_embeddings, 0, 1),
     INT_OPT(checkpoint_every, 0, 1 << 30), INT_OPT(keep_last, 0, 1 << 20),
     INT_OPT(async_checkpoint, 0, 1), INT_OPT(resume, 0, 1),
-    INT_OPT(estimate_only, 0, 1), INT_OPT(np, 1, 1 << 24), INT_OPT(estimate_rank, 0, (1 << 24) - 1),
+    INT_OPT(estimate_only, 0, 1), INT_OPT(np, 1, 1 << 20), INT_OPT(estimate_rank, 0, (1 << 20) - 1),
     INT_OPT(gpus_per_node, 1, 1 << 16), INT_OPT(micro_batches, 1, 1 << 20),
     INT_OPT(profile, 0, 1),
 #undef INT_OPT
@@ -293,6 +310,22 @@ static const struct {
     STR_OPT(device),  STR_OPT(checkpoint_dir), STR_OPT(resume_from), STR_OPT(machine),
     STR_OPT(freeze),
 #undef STR_OPT
+};
+/* The real-valued options: where they live and their range ((lo, hi] when lo_open), as text. */
+static const struct {
+  const char* key;
+  size_t off;
+  double lo, hi;
+  int lo_open;
+  const char* range;
+} kReals[] = {
+    {"lr", offsetof(train_opts_t, lr), 0.0, 1e6, 0, "[0, 1e6]"},
+    {"clip", offsetof(train_opts_t, clip), 0.0, 1e6, 0, "[0, 1e6]"},
+    {"bucket_mb", offsetof(train_opts_t, bucket_mb), 0.0, 1e6, 1, "(0, 1e6] (MiB)"},
+    {"capacity_factor", offsetof(train_opts_t, capacity_factor), 0.0, 1e3, 0,
+     "[0, 1e3] (0: dropless)"},
+    {"routing_imbalance", offsetof(train_opts_t, routing_imbalance), 1.0, 1e3, 0,
+     "[1, 1e3] (1: balanced)"},
 };
 
 int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err, size_t cap) {
@@ -341,39 +374,13 @@ int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err,
     memcpy((char*)o + kStrs[k].off, val, n + 1);
     return 1;
   }
-  if (!strcmp(key, "lr") || !strcmp(key, "clip")) {
-    char* end;
-    double v = strtod(val, &end);
-    if (end == val || *end != '\0' || !isfinite(v) || v < 0.0 || v > 1e6)
-      return fail(err, cap, "%s must be a number in [0, 1e6], got '%.64s'", key, val);
-    if (key[0] == 'l') o->lr = v;
-    else o->clip = v;
-    return 1;
-  }
-  if (!strcmp(key, "bucket_mb")) {
-    char* end;
-    double v = strtod(val, &end);
-    if (end == val || *end != '\0' || !isfinite(v) || !(v > 0.0) || v > 1e6)
-      return fail(err, cap, "bucket_mb must be a number in (0, 1e6] (MiB), got '%.64s'", val);
-    o->bucket_mb = v;
-    return 1;
-  }
-  if (!strcmp(key, "capacity_factor")) {
-    char* end;
-    double v = strtod(val, &end);
-    if (end == val || *end != '\0' || !isfinite(v) || v < 0.0 || v > 1e3)
-      return fail(err, cap, "capacity_factor must be a number in [0, 1e3] (0: dropless), got "
-                  "'%.64s'", val);
-    o->capacity_factor = v;
-    return 1;
-  }
-  if (!strcmp(key, "routing_imbalance")) {
-    char* end;
-    double v = strtod(val, &end);
-    if (end == val || *end != '\0' || !isfinite(v) || v < 1.0 || v > 1e3)
-      return fail(err, cap, "routing_imbalance must be a number in [1, 1e3] (1: balanced), got "
-                  "'%.64s'", val);
-    o->routing_imbalance = v;
+  for (size_t k = 0; k < sizeof kReals / sizeof kReals[0]; k++) {
+    if (strcmp(key, kReals[k].key) != 0) continue;
+    double v;
+    if (!parse_real(val, &v) || !(kReals[k].lo_open ? v > kReals[k].lo : v >= kReals[k].lo) ||
+        v > kReals[k].hi)
+      return fail(err, cap, "%s must be a number in %s, got '%.64s'", key, kReals[k].range, val);
+    *(double*)((char*)o + kReals[k].off) = v;
     return 1;
   }
   if (!strcmp(key, "seed")) {

@@ -46,6 +46,17 @@ static void test_valid(void** state) {
   assert_int_equal(o.steps, 12);
   assert_true(train_opts_set(&o, "kv_heads", "2", err, sizeof err));
   assert_int_equal(o.kv_heads, 2);
+  /* the real-valued keys through their one table: every form a decimal takes, and the bounds */
+  assert_true(train_opts_set(&o, "lr", ".5", err, sizeof err) && o.lr == 0.5);
+  assert_true(train_opts_set(&o, "clip", "1E2", err, sizeof err) && o.clip == 100.0);
+  assert_true(train_opts_set(&o, "bucket_mb", "1e6", err, sizeof err) && o.bucket_mb == 1e6);
+  assert_true(train_opts_set(&o, "capacity_factor", "0", err, sizeof err) &&
+              o.capacity_factor == 0.0);
+  assert_true(train_opts_set(&o, "routing_imbalance", "1", err, sizeof err) &&
+              o.routing_imbalance == 1.0);
+  assert_true(train_opts_set(&o, "layers", "4096", err, sizeof err) && o.layers == 4096);
+  assert_true(train_opts_set(&o, "np", "1048576", err, sizeof err) && o.np == 1048576);
+  assert_true(train_opts_set(&o, "seed", "-0", err, sizeof err) && o.seed == 0);
   int shape[4], nd;
   assert_true(train_mesh_parse("2x1x3", shape, &nd) && nd == 3 && shape[2] == 3);
   /* tied embeddings: off by default, a switch (--tie-embeddings) and a JSON boolean */
@@ -161,6 +172,22 @@ static void test_refused(void** state) {
       {"{\"capacity_factor\": -0.5}", "capacity_factor must be a number in [0, 1e3]"},
       {"{\"capacity_factor\": \"big\"}", "capacity_factor must be a number"},
       {"{\"capacity_factor\": 1e4}", "capacity_factor must be a number"},
+      /* numbers are plain decimals: no spaces, '+', hexadecimal floats, inf or nan */
+      {"{\"seq\": \" 3\"}", "seq must be an integer"},
+      {"{\"seq\": \"+3\"}", "seq must be an integer"},
+      {"{\"seq\": \"-\"}", "seq must be an integer"},
+      {"{\"seed\": \"0x10\"}", "seed must be an integer"},
+      {"{\"lr\": \" 0.1\"}", "lr must be a number in [0, 1e6]"},
+      {"{\"lr\": \"+0.1\"}", "lr must be a number"},
+      {"{\"lr\": \"0x1p-3\"}", "lr must be a number"},
+      {"{\"lr\": \"1e-400x\"}", "lr must be a number"},
+      {"{\"clip\": \"inf\"}", "clip must be a number"},
+      {"{\"clip\": \".\"}", "clip must be a number"},
+      {"{\"routing_imbalance\": 0.5}", "routing_imbalance must be a number in [1, 1e3]"},
+      /* sizes the estimator would take minutes or all memory over */
+      {"{\"layers\": 4097}", "layers must be an integer in [1, 4096]"},
+      {"{\"np\": 1048577}", "np must be an integer in [1, 1048576]"},
+      {"{\"estimate_rank\": 1048576}", "estimate_rank must be an integer in [0, 1048575]"},
       {"{\"parallel\": \"fsdp\", \"parallel\": \"ddp\"}", "appears twice"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
