@@ -265,7 +265,15 @@ static conditions_t measure_conditions(void) {
   MPI_Allreduce(&mine, &all, (int)sizeof mine, MPI_BYTE, MPI_BOR, node);
   int cores = CPU_COUNT(&all);
   const char* env = getenv("DTENSOR_CALIBRATE_CPUS");
-  if (env != NULL && atoi(env) > 0) cores = atoi(env);
+  if (env != NULL && *env != '\0') {
+    char* end = NULL;
+    errno = 0;
+    long v = env[0] >= '0' && env[0] <= '9' ? strtol(env, &end, 10) : 0;
+    if (end != NULL && *end == '\0' && errno == 0 && v >= 1 && v <= (1l << 20)) cores = (int)v;
+    else if (first_rank_env())
+      fprintf(stderr, "dtensor-calibrate: ignoring DTENSOR_CALIBRATE_CPUS=%.64s: expected a core "
+              "count, 1 to 2^20\n", env);
+  }
   if (cores < 1) cores = 1;
   double load = -1.0;
   if (lrank == 0 && getloadavg(&load, 1) == 1) load /= cores;
@@ -778,9 +786,9 @@ int main(int argc, char** argv) {
     } else if (!strcmp(argv[i], "-e") && i + 1 < argc) {
       errno = 0;
       maxb = strtol(argv[++i], &end, 10);
-      if (errno != 0 || end == argv[i] || *end != '\0' || maxb <= 0 || maxb > (1l << 30)) {
+      if (errno != 0 || end == argv[i] || *end != '\0' || maxb < 65536 || maxb > (1l << 30)) {
         if (first_rank_env())
-          fprintf(stderr, "dtensor-calibrate: -e needs a byte count in [1, 2^30], got '%s'\n",
+          fprintf(stderr, "dtensor-calibrate: -e needs a byte count in [65536, 2^30], got '%s'\n",
                   argv[i]);
         return 2;
       }
@@ -834,7 +842,6 @@ int main(int argc, char** argv) {
     dt_finalize();
     return 1;
   }
-  if (maxb < 65536) maxb = 65536;
   conditions_t cond = measure_conditions();
   MPI_Comm pair;
   MPI_Comm_split(MPI_COMM_WORLD, rank < world - world % 2 ? rank / 2 : MPI_UNDEFINED, rank, &pair);

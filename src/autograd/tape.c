@@ -47,14 +47,6 @@ static int64_t dt__value_nbytes(dt_tensor_t t) {
   return t ? t->local_numel * (int64_t)dt__itemsize(t->dtype) : 0;
 }
 
-/* A non-negative integer from the environment; `dflt` when unset or not one. */
-static int64_t dt__env_count(const char* name, int64_t dflt) {
-  const char* e = getenv(name);
-  char* end = NULL;
-  long long v = e && *e ? strtoll(e, &end, 10) : -1;
-  return v >= 0 && end && *end == '\0' ? (int64_t)v : dflt;
-}
-
 /* Says once per tape (on rank 0) that it has grown past a threshold: the usual cause is a
  * training loop that never calls dt_tape_reset. */
 static void dt__tape_check_growth(dt_tape_t tape) {
@@ -179,8 +171,10 @@ static dt_status_t dt__tape_create_impl(dt_tape_t* out) {
   DT_ARG_NOT_NULL(out);
   dt_tape_t t = (dt_tape_t)dt__calloc(1, sizeof(struct dt_tape));
   if (t == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape");
-  t->warn_nodes = dt__env_count("DTENSOR_TAPE_WARN_NODES", DT__TAPE_WARN_NODES);
-  int64_t mb = dt__env_count("DTENSOR_TAPE_WARN_MB", DT__TAPE_WARN_MB);
+  t->warn_nodes = dt__env_int("DTENSOR_TAPE_WARN_NODES", 0, INT64_MAX, DT__TAPE_WARN_NODES, "autograd",
+                               "a node count, 0 (no warning) or more");
+  int64_t mb = dt__env_int("DTENSOR_TAPE_WARN_MB", 0, INT64_MAX >> 20, DT__TAPE_WARN_MB, "autograd",
+                           "MiB, 0 (no warning) or more");
   t->warn_nbytes = mb > INT64_MAX / 1048576 ? INT64_MAX : mb * 1048576;
   dt_status_t st = dt_handle_register(t, &dt__tape_kind);
   if (st != DT_SUCCESS) {

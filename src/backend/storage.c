@@ -244,13 +244,8 @@ static size_t dt__pool_class(size_t n) { return (n + 4095) & ~(size_t)4095; }
 static void dt__pool_init_locked(void) {
   if (dt__pool.init) return;
   dt__pool.init = 1;
-  const char* e = getenv("DTENSOR_POOL_MB");
-  char* end = NULL;
-  long long mb = e && *e ? strtoll(e, &end, 10) : 1024;
-  if (e && *e && (end == e || *end != '\0' || mb < 0 || mb > (1LL << 30))) { /* 0: no pool */
-    dt__log("backend", "ignoring DTENSOR_POOL_MB=%s: expected MiB, 0 to 2^30", e);
-    mb = 1024;
-  }
+  const int64_t mb = dt__env_int("DTENSOR_POOL_MB", 0, (int64_t)1 << 30, 1024, "backend",
+                                 "MiB, 0 (no pool) to 2^30"); /* 0: no pool */
   dt__pool.cap = (size_t)mb << 20;
 }
 

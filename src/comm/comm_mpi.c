@@ -768,13 +768,10 @@ static int dt__subarray_dims(int ndim, const int64_t* shape, const int64_t* off,
 /* $DTENSOR_COMM_MAX_COUNT and $DTENSOR_COMM_BOX_MIN_NBYTES (dt_init, or the first simulated
  * decision). */
 static void dt__limits_read(void) {
-  const char* e = getenv("DTENSOR_COMM_MAX_COUNT");
-  long long v = e && *e ? strtoll(e, NULL, 10) : 0;
-  dt__maxc = v >= 1 && v < INT_MAX ? (int64_t)v : INT_MAX;
-  e = getenv("DTENSOR_COMM_BOX_MIN_NBYTES"); /* a non-negative integer, else the default */
-  char* end = NULL;
-  v = e && *e ? strtoll(e, &end, 10) : -1;
-  dt__box_min = v >= 0 && end && *end == '\0' ? (int64_t)v : DT__BOX_MIN_NBYTES;
+  dt__maxc = dt__env_int("DTENSOR_COMM_MAX_COUNT", 1, INT_MAX, INT_MAX, "comm",
+                         "elements per MPI call, 1 to 2^31 - 1");
+  dt__box_min = dt__env_int("DTENSOR_COMM_BOX_MIN_NBYTES", 0, INT64_MAX, DT__BOX_MIN_NBYTES, "comm",
+                            "bytes, 0 or more");
 }
 
 static int dt__box_fits(const dt_comm_t* c, int ndim, const int64_t* rshape, const int64_t* roffs,

@@ -1,6 +1,7 @@
 /* util.c - allocation wrappers, loading optional libraries, debug logging, dtype tables and
  * conversions. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -108,6 +109,21 @@ void dt__log(const char* subsys, const char* fmt, ...) {
   va_end(ap);
   fprintf(stderr, "[dtensor %s] %s\n", subsys, buf);
   fflush(stderr);
+}
+
+int64_t dt__env_int(const char* name, int64_t lo, int64_t hi, int64_t dflt, const char* subsys,
+                    const char* what) {
+  const char* e = getenv(name);
+  if (e == NULL || *e == '\0') return dflt;
+  const char* d = e[0] == '-' ? e + 1 : e;
+  char* end = NULL;
+  errno = 0;
+  long long v = *d >= '0' && *d <= '9' ? strtoll(e, &end, 10) : 0;
+  if (end == NULL || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+    dt__log(subsys, "ignoring %s=%.64s: expected %s", name, e, what);
+    return dflt;
+  }
+  return (int64_t)v;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -53,6 +53,11 @@ void dt__prof_end(dt__prof_frame_t* f, const char* name, int kind);
 enum { DT_DBG_REDISTRIBUTE = 1u << 0, DT_DBG_MESH = 1u << 1, DT_DBG_COLLECTIVES = 1u << 2 };
 unsigned dt__debug_mask(void);
 void dt__log(const char* subsys, const char* fmt, ...) DT__PRINTF(2, 3);
+/* The whole decimal integer in [lo, hi] that environment variable `name` holds; `dflt` when it is
+ * unset or empty, and also (with a notice naming `what`, e.g. "MiB, 0 to 2^30") when it holds
+ * anything else: garbage, a prefix of a number, a value out of range. */
+int64_t dt__env_int(const char* name, int64_t lo, int64_t hi, int64_t dflt, const char* subsys,
+                    const char* what);
 
 /* The hot host loops (element-wise, softmax, norms, reductions, AdamW, dtype conversions) are compiled three times,
  * for AVX-512, AVX2 and baseline x86-64, and the loader picks one for the CPU it runs on (GCC's

@@ -177,6 +177,17 @@ rc=$?
 check "--micro-batches 4 leaves 2 sequences for 4 ranks: refused (exit 2)" \
   bash -c "[ $rc = 2 ] && grep -q 'batch 8 / --micro-batches 4 (= 2 sequences a pass) is smaller' '$W/mb4.txt'"
 
+# sizes past what the estimate handles in seconds (it took minutes, or every byte of memory):
+# refused at once with the range
+timeout 30 "$EST" --np 16777216 > "$W/np.txt" 2>&1
+rc=$?
+check "--np 16777216: refused (exit 2) with the range" \
+  bash -c "[ $rc = 2 ] && grep -q 'np must be an integer in \[1, 1048576\]' '$W/np.txt'"
+timeout 30 "$EST" --np 2 --layers 65536 > "$W/layers.txt" 2>&1
+rc=$?
+check "--layers 65536: refused (exit 2) with the range" \
+  bash -c "[ $rc = 2 ] && grep -q 'layers must be an integer in \[1, 4096\]' '$W/layers.txt'"
+
 # --device cuda: the CUDA kernels' figures where the build has them, else the host's, said once
 "$TRAIN" --estimate-only --np 2 "${M[@]}" --parallel fsdp --device cuda > "$W/dev.txt" 2>&1
 rc=$?

@@ -53,6 +53,8 @@ expect 0 "$calib" --help
 lists "dtensor-calibrate --help" "-o FILE" "-e MAX_BYTES" --force "cost_model.json"
 expect 2 "$calib" --bogus
 expect 2 "$calib" -e lots
+expect 2 "$calib" -e 100 # below the smallest size timed: refused, not raised silently
+grep -qF "[65536, 2^30], got '100'" "$tmp/err" || fail "calibrate -e 100: $(cat "$tmp/err")"
 # -o checked before measuring: an empty or overlong name, a path through a file, a directory
 expect 2 "$calib" -o ""
 expect 2 "$calib" -o "/tmp/$(printf 'a%.0s' $(seq 1 1100))"
@@ -158,8 +160,10 @@ grep -q "MPI_ABORT" "$tmp/err" && fail "--heads 3 aborted the job: $(cat "$tmp/e
 
 echo "== dtensor-calibrate writes only -o FILE"
 mkdir -p "$tmp/home"
-expect 0 env -u DTENSOR_COST_MODEL HOME="$tmp/home" "$mpiexec" --allow-run-as-root \
-  --oversubscribe -np 2 "$calib" -e 65536
+expect 0 env -u DTENSOR_COST_MODEL HOME="$tmp/home" DTENSOR_CALIBRATE_CPUS=2x "$mpiexec" \
+  --allow-run-as-root --oversubscribe -np 2 "$calib" -e 65536
+[ "$(grep -c "ignoring DTENSOR_CALIBRATE_CPUS=2x" "$tmp/err")" = 1 ] ||
+  fail "calibrate took DTENSOR_CALIBRATE_CPUS=2x without a notice: $(cat "$tmp/err")"
 grep -q "not written" "$tmp/out" || fail "calibrate without -o does not say it wrote nothing"
 left=$(find "$tmp/home" -mindepth 1)
 [ -z "$left" ] || fail "calibrate without -o wrote into \$HOME: $left"
