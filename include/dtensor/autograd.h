@@ -47,7 +47,9 @@ typedef struct dt_var* dt_var_t;
  * stderr ("[dtensor tape] warning: ...", rank 0), naming the threshold it passed; the variables
  * are read when the tape is created (non-negative integers; 0 turns that check off). */
 DT_API dt_status_t dt_tape_create(dt_tape_t* out);
-/* Frees the recorded graph and the tape-owned variables; leaves and their gradients stay. */
+/* Frees the recorded graph and the tape-owned variables; leaves and their gradients stay.
+ * DT_ERR_INVALID_USAGE (nothing freed) while a backward pass runs on the tape (from a hook), as
+ * for dt_tape_destroy. */
 DT_API dt_status_t dt_tape_reset(dt_tape_t tape);
 DT_API dt_status_t dt_tape_destroy(dt_tape_t tape);
 /* Number of recorded op applications and bytes of intermediate values the tape holds. */
@@ -170,7 +172,9 @@ DT_API dt_status_t dt_ag_all_to_all(dt_tape_t tape, dt_var_t x, int mesh_dim, in
 /* Backward from a scalar (0-dim) variable: seeds d loss = 1 and accumulates gradients into every
  * variable that requires one. The graph stays recorded (release it with dt_tape_reset);
  * gradients of intermediates do not outlive the pass, so a second backward on the same tape
- * propagates only from its own loss. */
+ * propagates only from its own loss. The loss is a leaf or a variable this tape recorded
+ * (DT_ERR_INVALID_ARG for another tape's); DT_ERR_INVALID_USAGE for a pass started from a hook
+ * of a pass running on the same tape. */
 DT_API dt_status_t dt_tape_backward(dt_tape_t tape, dt_var_t loss);
 
 /* ---- selective activation checkpointing ----

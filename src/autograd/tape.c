@@ -39,6 +39,9 @@ struct dt_tape {
   int64_t n_spans, cap_spans;
   int64_t held_nbytes;             /* bytes of the tape-owned values held now (dt_tape_stats) */
   int in_backward;                 /* recomputations mark what they restore (dt__ensure_value) */
+  int running;                     /* a backward pass is running on it, its hooks included: a
+                                    * reset, a destroy or another backward pass from a hook is
+                                    * refused (they would free or rewrite the graph it walks) */
   int64_t warn_nodes, warn_nbytes; /* growth warning thresholds (0: off), read at creation */
   int warned;                      /* the growth warning was given (once per tape) */
 };
@@ -208,6 +211,9 @@ static void dt__node_release_inputs(dt__node_t* n) {
 
 static dt_status_t dt__tape_reset_impl(dt_tape_t tape) {
   DT_CHECK(dt__tape_check(tape));
+  if (tape->running)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "a backward pass is running on this tape (called from "
+                   "one of its hooks?): reset or destroy the tape after dt_tape_backward returns");
   for (int64_t i = 0; i < tape->n_nodes; i++) {
     dt__node_release_inputs(tape->nodes[i]);
     dt__tensor_free(tape->nodes[i]->saved);
@@ -887,6 +893,17 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
   if (!loss->requires_grad)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "loss does not depend on any variable that requires a "
                    "gradient (dt_var_leaf with requires_grad = 1)");
+  if (tape->running)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "a backward pass is running on this tape already (called "
+                   "from one of its hooks?): a pass cannot start inside another");
+  if (!loss->leaf) { /* another tape's variable: this pass would reach none of its nodes, and the
+                      * seed would stay on it and double its own tape's next pass */
+    int64_t i = tape->n_owned - 1;
+    while (i >= 0 && tape->owned[i] != loss) i--;
+    if (i < 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "loss was not recorded on this tape (it belongs to "
+                     "another tape: run the backward pass on the tape that recorded it)");
+  }
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
   dt_tensor_t seed;
@@ -913,6 +930,7 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
       v->restored = 0;
     }
   tape->in_backward = 1;
+  tape->running = 1;
   for (int64_t k = tape->n_nodes - 1; k >= 0 && st == DT_SUCCESS; k--) {
     dt__node_t* n = tape->nodes[k];
     dt_tensor_t gout[DT_OP_MAX_OUTPUTS] = {NULL}, gin[DT_OP_MAX_INPUTS] = {NULL};
@@ -992,6 +1010,7 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
     dt__tensor_free(tape->owned[i]->grad);
     tape->owned[i]->grad = NULL;
   }
+  tape->running = 0;
   return st;
 }
 

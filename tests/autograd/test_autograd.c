@@ -8,7 +8,11 @@
  *   - AdamW with bf16 moments stays within bf16 rounding of the f32-moment update;
  *   - a frozen embedding: the other gradients as without it, none for it (no double free);
  *   - errors: a non-scalar loss, an op without a backward rule on a variable that needs one
- *     (allowed with grad mode off), a loss that needs no gradient.
+ *     (allowed with grad mode off), a loss that needs no gradient;
+ *   - misuse of the tape: a loss recorded on another tape is refused and leaves no seed behind
+ *     (the right tape's pass then gives the gradient once, not twice); a hook that resets the
+ *     tape or starts another pass on it is refused (it freed the graph being walked: a
+ *     use-after-free; or recursed until the stack overflowed), and the tape works on after it.
  */
 #include <math.h>
 #include <string.h>
@@ -440,6 +444,76 @@ static void errors(void) {
   DT_ASSERT_OK(dt_var_destroy(x));
 }
 
+static dt_status_t reset_from_hook(dt_tape_t tape, void* ctx) {
+  (void)ctx;
+  return dt_tape_reset(tape);
+}
+static dt_status_t backward_from_hook(dt_tape_t tape, void* ctx) {
+  return dt_tape_backward(tape, (dt_var_t)ctx);
+}
+static dt_status_t destroy_from_hook(dt_tape_t tape, void* ctx) {
+  (void)ctx;
+  return dt_tape_destroy(tape);
+}
+
+/* sum(w) on `tape`, its loss in *l; w's gradient is then ones. */
+static void record_sum(dt_tape_t tape, dt_var_t w, dt_var_t* l) {
+  const int64_t all[1] = {0};
+  DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &w, 1, all, 0, NULL, 1, l));
+}
+
+static float grad0(dt_var_t w) {
+  float g[3];
+  DT_ASSERT_TRUE(dt_var_grad(w) != NULL, "no gradient");
+  DT_ASSERT_OK(dt_tensor_gather_full(dt_var_grad(w), g, sizeof g));
+  return g[0];
+}
+
+static void tape_misuse(void) {
+  const int64_t s[1] = {3};
+  dt_placement_t rep = dt_replicate();
+  dt_tensor_t wt;
+  DT_ASSERT_OK(dt_tensor_ones(g_mesh, DT_F32, 1, s, &rep, &wt));
+  dt_var_t w, la, lb;
+  DT_ASSERT_OK(dt_var_leaf(wt, 1, &w));
+  dt_tape_t a, b;
+  DT_ASSERT_OK(dt_tape_create(&a));
+  DT_ASSERT_OK(dt_tape_create(&b));
+  /* another tape's loss */
+  record_sum(b, w, &lb);
+  DT_ASSERT_STATUS(dt_tape_backward(a, lb), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "another tape") != NULL, "%s", dt_last_error());
+  DT_ASSERT_TRUE(dt_var_grad(w) == NULL, "a gradient from the refused pass");
+  DT_ASSERT_OK(dt_tape_backward(b, lb));
+  DT_ASSERT_TRUE(grad0(w) == 1.0f, "gradient %g after the refused pass (want 1)", grad0(w));
+  DT_ASSERT_OK(dt_var_zero_grad(w));
+  DT_ASSERT_OK(dt_tape_reset(b));
+  /* hooks that reset, destroy or run the tape they are called from */
+  const struct {
+    dt_tape_hook_fn pre, post;
+  } hooks[4] = {{reset_from_hook, NULL}, {NULL, reset_from_hook}, {backward_from_hook, NULL},
+                {destroy_from_hook, NULL}};
+  for (int k = 0; k < 4; k++) {
+    record_sum(a, w, &la);
+    int64_t n;
+    DT_ASSERT_OK(dt_tape_stats(a, &n, NULL));
+    DT_ASSERT_OK(dt_tape_add_span_hooks(a, 0, n, hooks[k].pre, hooks[k].post, la));
+    DT_ASSERT_STATUS(dt_tape_backward(a, la), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "backward pass is running") != NULL, "%s",
+                   dt_last_error());
+    DT_ASSERT_OK(dt_tape_reset(a)); /* the tape is whole, and usable after it */
+    DT_ASSERT_OK(dt_var_zero_grad(w));
+    record_sum(a, w, &la);
+    DT_ASSERT_OK(dt_tape_backward(a, la));
+    DT_ASSERT_TRUE(grad0(w) == 1.0f, "gradient %g after hook %d (want 1)", grad0(w), k);
+    DT_ASSERT_OK(dt_var_zero_grad(w));
+    DT_ASSERT_OK(dt_tape_reset(a));
+  }
+  DT_ASSERT_OK(dt_tape_destroy(a));
+  DT_ASSERT_OK(dt_tape_destroy(b));
+  DT_ASSERT_OK(dt_var_destroy(w));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_rank(&g_rank));
@@ -455,6 +529,7 @@ int main(int argc, char** argv) {
   modules();
   schedule_and_corpus();
   errors();
+  tape_misuse();
   DT_ASSERT_OK(dt_corpus_destroy(corpus));
   DT_ASSERT_OK(dt_mesh_destroy(g_mesh));
   if (g_rank == 0) printf("test_autograd: passed on %d ranks\n", g_n);
