@@ -212,13 +212,15 @@ typedef struct dt_llama_config {
 } dt_llama_config_t;
 
 /* Defaults for the fields left 0 (norm_eps 1e-5, rope_theta 10000, n_kv_heads = n_heads,
- * ffn_dim = 4 dim rounded to 8 with the 2/3 SwiGLU factor, top_k 2, aux 0.01). */
+ * ffn_dim = 4 dim rounded to 8 with the 2/3 SwiGLU factor, top_k 2, aux 0.01); a default ffn_dim
+ * beyond an int stays 0 (dt_llama_config_check refuses it). cfg NULL: nothing. */
 DT_API void dt_llama_config_defaults(dt_llama_config_t* cfg);
 /* Checks a config as dt_llama_create does, building nothing (no mesh, no memory; dt_init not
  * needed), so a program can refuse bad flags before it creates a mesh: DT_SUCCESS, or
  * DT_ERR_INVALID_ARG naming the first constraint broken and its values (the head dim must be a
- * whole even number, n_kv_heads must divide n_heads, ...). Fields left 0 are taken at
- * dt_llama_config_defaults' values; cfg itself is not changed. */
+ * whole even number, n_kv_heads must divide n_heads, norm_eps, rope_theta, aux_loss_coef and
+ * capacity_factor must be finite, ...). Fields left 0 are taken at dt_llama_config_defaults'
+ * values; cfg itself is not changed. */
 DT_API dt_status_t dt_llama_config_check(const dt_llama_config_t* cfg);
 
 typedef struct dt_llama* dt_llama_t;
@@ -268,7 +270,7 @@ DT_API dt_status_t dt_llama_set_context_parallel(dt_llama_t m, int mesh_dim);
  * (zeros for a dense model or before a forward). */
 DT_API dt_status_t dt_llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out);
 /* Forward FLOPs per token (matmuls and attention), for throughput and MFU; an MoE layer counts
- * its router and its top_k experts (what the grouped GEMMs run without dropping). */
+ * its router and its top_k experts (what the grouped GEMMs run without dropping). 0 for NULL. */
 DT_API double dt_llama_flops_per_token(const dt_llama_config_t* cfg);
 
 /* ---- AdamW on local shards, fp32 master weights -------------------------------------------

@@ -11,7 +11,9 @@
  *   block "i": attn_norm | "" attention (linears wq wk wv wo) | ffn_norm | "" mlp (linears w1
  *              w3 w2) or "" moe (router | experts: stacked w1 w3 w2)
  */
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,10 +60,15 @@ static dt_status_t dt__llama_check(dt_llama_t m) {
 }
 
 void dt_llama_config_defaults(dt_llama_config_t* c) {
+  if (c == NULL) return;
   if (c->norm_eps <= 0) c->norm_eps = 1e-5;
   if (c->rope_theta <= 0) c->rope_theta = 10000.0;
   if (c->n_kv_heads <= 0) c->n_kv_heads = c->n_heads;
-  if (c->ffn_dim <= 0) c->ffn_dim = ((c->dim * 8 / 3) + 7) / 8 * 8;
+  if (c->ffn_dim <= 0) { /* in int64: 8 dim overflows an int from dim 2^28; a default past the
+                          * int range stays 0, which dt_llama_config_check refuses */
+    const int64_t f = ((int64_t)c->dim * 8 / 3 + 7) / 8 * 8;
+    c->ffn_dim = f > 0 && f <= INT_MAX ? (int)f : 0;
+  }
   if (c->n_experts > 0 && c->top_k <= 0) c->top_k = c->n_experts < 2 ? c->n_experts : 2;
   if (c->aux_loss_coef <= 0 && c->n_experts > 0) c->aux_loss_coef = 0.01;
   if (c->capacity_factor < 0) c->capacity_factor = 0.0;
@@ -607,6 +614,21 @@ static dt_status_t dt__llama_config_check(const dt_llama_config_t* c) {
   if (!isfinite(c->capacity_factor))
     return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: capacity_factor=%g must be finite",
                    c->capacity_factor);
+  if (c->ffn_dim <= 0) /* after the defaults: only a default too large for an int */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: ffn_dim=0 and dim=%d: the default ffn_dim "
+                   "(8 dim / 3, rounded up to 8) is %lld, beyond an int (set ffn_dim)", c->dim,
+                   (long long)(((int64_t)c->dim * 8 / 3 + 7) / 8 * 8));
+  /* left 0 (or negative) they take the defaults; NaN and inf are bad values (a NaN eps or theta
+   * made every loss NaN without an error) */
+  const struct {
+    const char* name;
+    double v;
+  } fin[] = {{"norm_eps", c->norm_eps}, {"rope_theta", c->rope_theta},
+             {"aux_loss_coef", c->aux_loss_coef}};
+  for (size_t i = 0; i < sizeof fin / sizeof fin[0]; i++)
+    if (!isfinite(fin[i].v))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: %s=%g must be finite (0: the default)",
+                     fin[i].name, fin[i].v);
   return DT_SUCCESS;
 }
 
@@ -756,6 +778,7 @@ dt_status_t dt_llama_moe_stats(dt_llama_t m, dt_moe_stats_t* out) {
 }
 
 double dt_llama_flops_per_token(const dt_llama_config_t* cfg_in) {
+  if (cfg_in == NULL) return 0.0;
   dt_llama_config_t c = *cfg_in;
   dt_llama_config_defaults(&c);
   double D = c.dim, Dh = (double)c.dim / c.n_heads, H = c.n_heads, G = c.n_kv_heads, F = c.ffn_dim;

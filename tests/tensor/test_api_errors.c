@@ -305,6 +305,38 @@ static void llama_config_errors(dt_mesh_t mesh) {
   c.n_experts = 0;
   c.seq_len = 0;
   EXPECT_CONFIG(c, "seq_len=0");
+  c.seq_len = 4;
+  /* a dim whose default ffn_dim (8 dim / 3) is past an int: refused (8 dim overflowed an int,
+   * undefined behaviour, from dim 2^28 on) */
+  c.dim = 1 << 29; /* 8 dim past an int, the default (1431655768) within it */
+  c.n_heads = 1 << 27;
+  DT_ASSERT_OK(dt_llama_config_check(&c));
+  c.dim = 1 << 30;
+  c.n_heads = 1 << 28;
+  EXPECT_CONFIG(c, "ffn_dim=0 and dim=1073741824");
+  c.ffn_dim = 8; /* given: no default needed (dim and ffn_dim as large as that are checked at
+                  * the parameters' allocation) */
+  DT_ASSERT_OK(dt_llama_config_check(&c));
+  c.ffn_dim = 0;
+  c.dim = 24;
+  c.n_heads = 3;
+  /* non-finite floats: NaN was not <= 0 and stayed, a NaN loss at every step */
+  const double bad[2] = {NAN, INFINITY};
+  for (int k = 0; k < 2; k++) {
+    c.norm_eps = bad[k];
+    EXPECT_CONFIG(c, "norm_eps=");
+    c.norm_eps = 0;
+    c.rope_theta = bad[k];
+    EXPECT_CONFIG(c, "rope_theta=");
+    c.rope_theta = 0;
+    c.aux_loss_coef = bad[k];
+    EXPECT_CONFIG(c, "aux_loss_coef=");
+    c.aux_loss_coef = 0;
+  }
+  DT_ASSERT_OK(dt_llama_config_check(&c));
+  DT_ASSERT_TRUE(dt_llama_flops_per_token(NULL) == 0.0, "flops of NULL");
+  dt_llama_config_defaults(NULL); /* nothing, no crash */
+  c.seq_len = 0;
   DT_ASSERT_TRUE(m == NULL, "a model was made");
   EXPECT(dt_llama_config_check(NULL), DT_ERR_INVALID_ARG, "dt_llama_config_check");
   c.seq_len = 4;
