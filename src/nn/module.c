@@ -636,23 +636,33 @@ static int dt__first_sight(dt__seen_t* seen, dt_var_t p) {
 }
 
 /* Depth-first over the parameters with their qualified names (prefix holds the path so far);
- * with `seen`, a tied parameter is visited once (its first name), without it once per name. */
+ * with `seen`, a tied parameter is visited once (its first name), without it once per name. A
+ * path longer than the buffer (a tree nested deeper than DT__PATH_MAX allows) stops the walk
+ * with *too_long set when too_long is given (two parameters would share a truncated name),
+ * and is truncated otherwise (names for messages). */
 static int dt__walk(dt_module_t m, char* prefix, size_t len, size_t cap, dt__seen_t* seen,
-                    dt_module_visit_fn visit, void* ctx) {
+                    int* too_long, dt_module_visit_fn visit, void* ctx) {
   for (int i = 0; i < m->n; i++) {
     dt__entry_t* e = &m->entries[i];
     size_t add = 0;
     if (e->name[0]) {
       int w = snprintf(prefix + len, cap - len, "%s%s", len ? "." : "", e->name);
       add = w > 0 ? (size_t)w : 0;
-      if (len + add >= cap) add = cap - 1 - len; /* truncated (the names were checked) */
+      if (len + add >= cap) {
+        if (too_long != NULL) {
+          *too_long = 1;
+          prefix[len] = '\0';
+          return 1;
+        }
+        add = cap - 1 - len; /* truncated */
+      }
     }
     int stop = 0;
     if (e->param) {
       if (dt__first_sight(seen, e->param)) stop = visit(prefix, e->param, ctx);
       else if (seen->oom) stop = 1;
     } else {
-      stop = dt__walk(e->child, prefix, len + add, cap, seen, visit, ctx);
+      stop = dt__walk(e->child, prefix, len + add, cap, seen, too_long, visit, ctx);
     }
     prefix[len] = '\0';
     if (stop) return stop;
@@ -668,10 +678,15 @@ static dt_status_t dt__visit(dt_module_t m, int unique, dt_module_visit_fn visit
   DT_ARG_NOT_NULL(visit);
   char prefix[DT__PATH_MAX] = "";
   dt__seen_t seen = {NULL, 0, 0, 0};
-  dt__walk(m, prefix, 0, sizeof prefix, unique ? &seen : NULL, visit, ctx);
+  int too_long = 0;
+  dt__walk(m, prefix, 0, sizeof prefix, unique ? &seen : NULL, &too_long, visit, ctx);
   free(seen.v);
   if (seen.oom)
     return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "module '%s': the list of tied parameters", m->name);
+  if (too_long)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "module '%s': a parameter's qualified name is longer "
+                   "than %d characters (modules nested too deep: names cut short would collide)",
+                   m->name, DT__PATH_MAX - 1);
   return DT_SUCCESS;
 }
 
@@ -914,7 +929,7 @@ static void dt__param_names(dt_module_t m, char* buf, size_t cap) {
   dt__names_t a = {buf, cap, 0, 0, 0};
   buf[0] = '\0';
   char prefix[DT__PATH_MAX] = "";
-  dt__walk(m, prefix, 0, sizeof prefix, NULL, dt__name_add, &a);
+  dt__walk(m, prefix, 0, sizeof prefix, NULL, NULL, dt__name_add, &a);
   if (a.n == 0) snprintf(buf, cap, "no parameters");
   else if (a.shown < a.n)
     snprintf(buf + a.len, cap - a.len, ", ... (%d in all)", a.n);

@@ -10,7 +10,10 @@
  *  - a gathered parameter dropped after the forward and gathered again in the backward gives the
  *    same gradients, with exactly one more all-gather;
  *  - the Llama model as modules: block paths, names, hooks per block in order, a replaced
- *    parameter.
+ *    parameter;
+ *  - a tree nested so deep that qualified names pass the walk's 1023 characters is refused by
+ *    the listings (names cut short there made two parameters share one name), not listed under
+ *    truncated names.
  */
 #include <math.h>
 #include <stdint.h>
@@ -547,6 +550,36 @@ static void test_failed_forward(void) {
   DT_ASSERT_OK(dt_module_destroy(f));
 }
 
+/* 20 modules of 62-character names in a chain, a parameter at each level: the deepest names
+ * are longer than 1023 characters. */
+static void test_deep_names(void) {
+  const int64_t s[1] = {4};
+  char nm[DT_MODULE_NAME_MAX];
+  dt_module_t root = NULL, cur = NULL;
+  for (int d = 0; d < 20; d++) {
+    memset(nm, 'a' + d % 26, 62);
+    nm[62] = '\0';
+    dt_module_t m;
+    DT_ASSERT_OK(dt_module_create(nm, NULL, NULL, &m));
+    DT_ASSERT_OK(dt_module_add_param(m, "w", leaf(1, s, 1, NULL)));
+    if (cur) DT_ASSERT_OK(dt_module_add_child(cur, m));
+    else root = m;
+    cur = m;
+  }
+  int n = -1;
+  DT_ASSERT_STATUS(dt_module_num_params(root, &n), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "longer than 1023") != NULL, "%s", dt_last_error());
+  dt_var_t* ps;
+  DT_ASSERT_STATUS(dt_module_params(root, &ps, &n), DT_ERR_INVALID_ARG);
+  /* a subtree whose names fit is listed as before */
+  dt_module_t sub;
+  DT_ASSERT_OK(dt_module_child(root, 0, &sub));
+  for (int d = 0; d < 4; d++) DT_ASSERT_OK(dt_module_child(sub, 0, &sub));
+  DT_ASSERT_OK(dt_module_num_params(sub, &n));
+  DT_ASSERT_EQ(n, 15);
+  DT_ASSERT_OK(dt_module_destroy(root));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   int rank;
@@ -560,6 +593,7 @@ int main(int argc, char** argv) {
   test_trace();
   test_llama_modules();
   test_failed_forward();
+  test_deep_names();
   DT_ASSERT_OK(dt_mesh_destroy(g_mesh));
   if (rank == 0) printf("test_hooks np=%d: ok\n", g_world);
   DT_ASSERT_OK(dt_finalize());
