@@ -947,3 +947,14 @@ dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int* dims,
                                     int64_t numel, dt_dtype_t dtype, dt_reduce_op_t op) {
   DT_ENTRY_RETURN(dt__mesh_all_reduce_host_impl(mesh, n_dims, dims, buf, numel, dtype, op));
 }
+
+static dt_status_t dt__mesh_agree_impl(dt_mesh_t mesh, dt_status_t st, const char* what) {
+  if (st != DT_SUCCESS && (st < 0 || st >= DT_STATUS_COUNT)) /* still takes part: a rank that */
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "st=%d is not a dt_status_t", (int)st); /* left would hang */
+  DT_CHECK(dt__mesh_check(mesh));
+  return dt__mesh_agree(mesh, st, what != NULL && what[0] ? what : "a step");
+}
+
+dt_status_t dt_mesh_agree(dt_mesh_t mesh, dt_status_t st, const char* what) {
+  DT_ENTRY_RETURN(dt__mesh_agree_impl(mesh, st, what));
+}

@@ -412,12 +412,16 @@ fail:
   return st;
 }
 
-static dt_status_t dt__data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg) {
-  DT_ARG_NOT_NULL(m);
+/* dt_data_parallel's local part: the checks and the buckets (no communication), in *out.
+ * *mesh_ok once mesh is a live handle: the ranks agree on the outcome over it. */
+static dt_status_t dt__ddp_plan(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg,
+                                dt__ddp_t** out, int* mesh_ok) {
   DT_ARG_NOT_NULL(mesh);
   int n_all, nd, abstract;
-  DT_CHECK(dt_module_num_params(m, &n_all)); /* checks the handle */
   DT_CHECK(dt_mesh_ndim(mesh, &nd));
+  *mesh_ok = 1;
+  DT_ARG_NOT_NULL(m);
+  DT_CHECK(dt_module_num_params(m, &n_all)); /* checks the handle */
   DT_CHECK(dt_mesh_is_abstract(mesh, &abstract));
   if (abstract)
     return DT_FAIL(DT_ERR_INVALID_ARG, "an abstract mesh cannot move gradients");
@@ -439,10 +443,22 @@ static dt_status_t dt__data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp
   if (st == DT_SUCCESS && s.n == 0)
     st = DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s' has no parameter that requires a "
                  "gradient (%d parameters)", dt_module_name(m), n_all);
-  dt__ddp_t* d = NULL;
-  if (st == DT_SUCCESS) st = dt__ddp_build(&s, cap, &d);
+  if (st == DT_SUCCESS) st = dt__ddp_build(&s, cap, out);
   free(s.vars);
-  DT_CHECK(st);
+  return st;
+}
+
+static dt_status_t dt__data_parallel(dt_module_t m, dt_mesh_t mesh, const dt_ddp_config_t* cfg) {
+  dt__ddp_t* d = NULL;
+  int mesh_ok = 0;
+  dt_status_t st = dt__ddp_plan(m, mesh, cfg, &d, &mesh_ok);
+  /* a check that failed on one rank fails them all (the others would wait in the first
+   * gradient all-reduce until the deadline) */
+  if (mesh_ok) st = dt_mesh_agree(mesh, st, "dt_data_parallel's checks");
+  if (st != DT_SUCCESS) {
+    dt__ddp_free(d);
+    return st;
+  }
 
   /* Changes start here; a failure below removes the module hooks again (dt_module_remove_hooks). */
   d->serial = ++dt__ddp_serial;

@@ -981,12 +981,26 @@ static dt_status_t make_kmesh(fsdp_group_t* g) {
   return st;
 }
 
-static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg) {
-  DT_ARG_NOT_NULL(m);
+/* Frees a group that was never committed (NULL: nothing). */
+static void group_discard(fsdp_group_t* g) {
+  if (g == NULL) return;
+  dt_tensor_destroy(g->flat);
+  dt_mesh_destroy(g->kmesh);
+  free(g->ranges);
+  free(g->p);
+  free(g);
+}
+
+/* dt_fully_shard's local part: the checks and the group's layout (no communication), in *out.
+ * *mesh_ok once mesh is a live handle: the ranks agree on the outcome over it. */
+static dt_status_t plan_group(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg,
+                              fsdp_group_t** out, int* mesh_ok) {
   DT_ARG_NOT_NULL(mesh);
   int nd, np;
-  DT_CHECK(dt_module_num_params(m, &np)); /* checks the handle (a destroyed one: invalid usage) */
   DT_CHECK(dt_mesh_ndim(mesh, &nd));
+  *mesh_ok = 1;
+  DT_ARG_NOT_NULL(m);
+  DT_CHECK(dt_module_num_params(m, &np)); /* checks the handle (a destroyed one: invalid usage) */
   dt_fsdp_config_t c = cfg ? *cfg : dt_fsdp_config_default(nd);
   DT_CHECK(check_config(mesh, &c, &nd));
   if (dt_module_attachment(m, FSDP_KEY) || dt_module_attachment(m, "ddp"))
@@ -1009,6 +1023,7 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
   }
   fsdp_group_t* g = calloc(1, sizeof *g);
   if (g == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "group");
+  *out = g;
   g->module = m;
   g->mesh = mesh;
   g->cfg = c;
@@ -1017,28 +1032,22 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
   g->prefetch_fwd = c.prefetch_forward != 0;
   g->prefetch_bwd = c.prefetch_backward != 0;
   g->k = c.reshard_after_forward > 1 ? c.reshard_after_forward : 1;
-  dt_status_t st = DT_SUCCESS;
   collect_t col = {g, 0, DT_SUCCESS};
   g->N = 1;
   g->rank = 0;
   for (int i = 0; i < shard_span(&c); i++) { /* the shard dims as one, the last fastest */
     int r;
-    DT_CHECK_GOTO(dt_mesh_size(mesh, c.shard_dim + i, &g->sizes[i]), st, fail);
-    DT_CHECK_GOTO(dt_mesh_local_rank(mesh, c.shard_dim + i, &r), st, fail);
+    DT_CHECK(dt_mesh_size(mesh, c.shard_dim + i, &g->sizes[i]));
+    DT_CHECK(dt_mesh_local_rank(mesh, c.shard_dim + i, &r));
     g->N *= g->sizes[i];
     g->rank = g->rank * g->sizes[i] + r;
   }
-  if (shard_span(&c) > 1) { /* one communicator over them: merged collectives (no-op if known) */
-    int dims[DT_MAX_MESH_DIMS];
-    for (int i = 0; i < shard_span(&c); i++) dims[i] = c.shard_dim + i;
-    DT_CHECK_GOTO(dt_mesh_flatten(mesh, shard_span(&c), dims, NULL, NULL), st, fail);
-  }
-  if (c.replicate_dim >= 0) DT_CHECK_GOTO(dt_mesh_size(mesh, c.replicate_dim, &g->R), st, fail);
+  if (c.replicate_dim >= 0) DT_CHECK(dt_mesh_size(mesh, c.replicate_dim, &g->R));
   else g->R = 1;
-  DT_CHECK_GOTO(dt_dtype_itemsize(c.param_dtype, &g->pes), st, fail);
-  DT_CHECK_GOTO(dt_dtype_itemsize(c.reduce_dtype, &g->res), st, fail);
-  DT_CHECK_GOTO(dt_module_for_each_param(m, collect, &col), st, fail);
-  DT_CHECK_GOTO(col.st, st, fail);
+  DT_CHECK(dt_dtype_itemsize(c.param_dtype, &g->pes));
+  DT_CHECK(dt_dtype_itemsize(c.reduce_dtype, &g->res));
+  DT_CHECK(dt_module_for_each_param(m, collect, &col));
+  DT_CHECK(col.st);
   /* g->n 0 (every parameter below m in its children's groups, or none at all): a group with no
    * buffers that only schedules its children (prefetch order, the reductions finished at the
    * end of the outermost backward), as FSDP2 does for a root without parameters of its own */
@@ -1052,9 +1061,28 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
     g->total += q->pre * q->rows * q->rest;
   }
   g->total_pad = (g->total + g->k - 1) / g->k * g->k;
-  DT_CHECK_GOTO(make_ranges(g), st, fail);
+  DT_CHECK(make_ranges(g));
   g->sdtype = g->n > 0 ? g->p[0].dtype : c.param_dtype;
-  DT_CHECK_GOTO(dt_dtype_itemsize(g->sdtype, &g->ses), st, fail);
+  return dt_dtype_itemsize(g->sdtype, &g->ses);
+}
+
+static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_config_t* cfg) {
+  fsdp_group_t* g = NULL;
+  int mesh_ok = 0;
+  dt_status_t st = plan_group(m, mesh, cfg, &g, &mesh_ok);
+  /* a check that failed on one rank fails them all here, before the first collective (the
+   * others would wait in it until the deadline) */
+  if (mesh_ok) st = dt_mesh_agree(mesh, st, "dt_fully_shard's checks");
+  if (st != DT_SUCCESS) {
+    group_discard(g);
+    return st;
+  }
+  const dt_fsdp_config_t c = g->cfg;
+  if (shard_span(&c) > 1) { /* one communicator over them: merged collectives (no-op if known) */
+    int dims[DT_MAX_MESH_DIMS];
+    for (int i = 0; i < shard_span(&c); i++) dims[i] = c.shard_dim + i;
+    DT_CHECK_GOTO(dt_mesh_flatten(mesh, shard_span(&c), dims, NULL, NULL), st, fail);
+  }
   if (g->k > 1 && g->n > 0) DT_CHECK_GOTO(make_kmesh(g), st, fail);
   /* the new leaves: sharded parameters (views of flat, filled by a local slice: no
    * communication), gathered ones (meta); flat's padding stays zero */
@@ -1119,11 +1147,7 @@ static dt_status_t fully_shard(dt_module_t m, dt_mesh_t mesh, const dt_fsdp_conf
   g_fsdp.groups = g;
   return DT_SUCCESS;
 fail:
-  dt_tensor_destroy(g->flat);
-  dt_mesh_destroy(g->kmesh);
-  free(g->ranges);
-  free(g->p);
-  free(g);
+  group_discard(g);
   return st;
 }
 

@@ -517,23 +517,26 @@ static dt_status_t tp_collect(const tp_target_t* tg, const dt_tp_style_t* s, dt_
   return DT_SUCCESS;
 }
 
-static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
-                                  const dt_tp_plan_entry_t* plan) {
-  DT_ARG_NOT_NULL(m);
+/* dt_parallelize_module's argument checks (local); *mesh_ok once mesh is a live handle. */
+static dt_status_t tp_check_args(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
+                                 const dt_tp_plan_entry_t* plan, int* tp_size, int* mesh_ok) {
   DT_ARG_NOT_NULL(mesh);
+  int nd, abstract;
+  DT_CHECK(dt_mesh_ndim(mesh, &nd));
+  *mesh_ok = 1;
+  DT_ARG_NOT_NULL(m);
   if (n < 0 || (n > 0 && plan == NULL))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%d plan entries at %p", n,
                    (const void*)plan);
-  int nd, abstract, tp_size;
-  DT_CHECK(dt_module_num_params(m, &nd)); /* checks the handle (a destroyed one: invalid usage) */
-  DT_CHECK(dt_mesh_ndim(mesh, &nd));
+  int np;
+  DT_CHECK(dt_module_num_params(m, &np)); /* checks the handle (a destroyed one: invalid usage) */
   DT_CHECK(dt_mesh_is_abstract(mesh, &abstract));
   if (abstract)
     return DT_FAIL(DT_ERR_INVALID_ARG, "an abstract mesh has no ranks");
   if (tp_dim < 0 || tp_dim >= nd)
     return DT_FAIL(DT_ERR_INVALID_ARG, "tp dim %d outside a mesh of %d dims",
                    tp_dim, nd);
-  DT_CHECK(dt_mesh_size(mesh, tp_dim, &tp_size));
+  DT_CHECK(dt_mesh_size(mesh, tp_dim, tp_size));
   for (int e = 0; e < n; e++) {
     if (plan[e].pattern == NULL)
       return DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d has no pattern", e);
@@ -548,17 +551,26 @@ static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
   if (w != NULL)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "'%s' or a module below it is "
                    "already wrapped (%s)", dt_module_name(m), w);
+  return DT_SUCCESS;
+}
 
+static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int n,
+                                  const dt_tp_plan_entry_t* plan) {
+  int tp_size = 0, mesh_ok = 0;
+  dt_status_t st = tp_check_args(m, mesh, tp_dim, n, plan, &tp_size, &mesh_ok);
   tp_walk_t walk = {plan, n, NULL, NULL, 0, 0, DT_SUCCESS};
   tp_param_t* ps = NULL;
   tp_module_t** made = NULL;
   int* made_shared = NULL;
   int nps = 0, cap_ps = 0, n_made = 0;
-  dt_status_t st = DT_SUCCESS;
-  walk.hits = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
-  if (walk.hits == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "plan hits");
-  tp_walk(&walk, m, "", 1);
-  st = walk.st;
+  if (st == DT_SUCCESS) {
+    walk.hits = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
+    if (walk.hits == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "plan hits");
+  }
+  if (st == DT_SUCCESS) {
+    tp_walk(&walk, m, "", 1);
+    st = walk.st;
+  }
   for (int e = 0; e < n && st == DT_SUCCESS; e++)
     if (walk.hits[e] == 0)
       st = DT_FAIL(DT_ERR_INVALID_ARG, "plan entry %d ('%s', %s) names no "
@@ -569,6 +581,9 @@ static dt_status_t tp_parallelize(dt_module_t m, dt_mesh_t mesh, int tp_dim, int
     if (tp_has_params(s->kind))
       st = tp_collect(&walk.t[i], s, mesh, tp_dim, tp_size, plan, &ps, &nps, &cap_ps);
   }
+  /* a check that failed on one rank fails them all, before anything changes (the others would
+   * wait in the first forward's collective until the deadline) */
+  if (mesh_ok) st = dt_mesh_agree(mesh, st, "dt_parallelize_module's checks");
   /* the sharded parameters: local slices of the replicated ones */
   for (int i = 0; i < nps && st == DT_SUCCESS; i++) {
     dt_tensor_t t = NULL;

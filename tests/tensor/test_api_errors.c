@@ -9,6 +9,7 @@
 
 #include "dt_test.h"
 #include "dtensor/nn.h"
+#include "dtensor/parallel.h"
 
 /* Expects status `want` and a last-error message containing `needle` (NULL: any non-empty). */
 #define EXPECT(call, want, needle)                                                        \
@@ -346,6 +347,70 @@ static void llama_config_errors(dt_mesh_t mesh) {
   DT_ASSERT_TRUE(c.top_k == 0, "the check changed the config");
 }
 
+/* The wrappers agree on their argument checks: a bad argument on one rank (the last) fails every
+ * rank with DT_ERR_INVALID_ARG (that rank's own message; the others name it), not that rank alone
+ * while the others wait in the first collective; nothing is wrapped, and the same call with good
+ * arguments then succeeds everywhere. */
+static void expect_agreed(dt_status_t st, int rank, int world, const char* own, const char* what) {
+  DT_ASSERT_TRUE(st == DT_ERR_INVALID_ARG, "%s: status %s on rank %d: %s", what,
+                 dt_status_name(st), rank, dt_last_error());
+  char want[128];
+  if (rank == world - 1) snprintf(want, sizeof want, "%s", own);
+  else snprintf(want, sizeof want, "%s failed on rank %d of the mesh", what, world - 1);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), want) != NULL, "rank %d: '%s' lacks '%s'", rank,
+                 dt_last_error(), want);
+}
+
+static void wrapper_agreement(dt_mesh_t mesh, int world, int rank) {
+  const int last = rank == world - 1;
+  /* FSDP: reshard_after_forward -3 on the last rank only */
+  dt_module_t fc;
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc", 8, 8, 1, 7, &fc));
+  dt_fsdp_config_t c = dt_fsdp_config_default(1);
+  if (last) c.reshard_after_forward = -3;
+  expect_agreed(dt_fully_shard(fc, mesh, &c), rank, world, "reshard_after_forward",
+                "dt_fully_shard's checks");
+  DT_ASSERT_TRUE(!dt_fsdp_is_group(fc), "rank %d: a refused dt_fully_shard left a group", rank);
+  c.reshard_after_forward = 1;
+  DT_ASSERT_OK(dt_fully_shard(fc, mesh, &c));
+  DT_ASSERT_TRUE(dt_fsdp_is_group(fc), "rank %d: no group after a good dt_fully_shard", rank);
+  DT_ASSERT_OK(dt_module_destroy(fc));
+  /* DDP: mesh_dim 5 on the last rank only */
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc", 8, 8, 1, 7, &fc));
+  dt_ddp_config_t d;
+  memset(&d, 0, sizeof d);
+  d.mesh_dim = last ? 5 : 0;
+  expect_agreed(dt_data_parallel(fc, mesh, &d), rank, world, "mesh_dim 5",
+                "dt_data_parallel's checks");
+  int nb = -1;
+  DT_ASSERT_TRUE(dt_ddp_num_buckets(fc, &nb) != DT_SUCCESS, "rank %d: a refused DDP wraps", rank);
+  d.mesh_dim = 0;
+  DT_ASSERT_OK(dt_data_parallel(fc, mesh, &d));
+  DT_ASSERT_OK(dt_ddp_num_buckets(fc, &nb));
+  DT_ASSERT_TRUE(nb >= 1, "rank %d: %d buckets", rank, nb);
+  DT_ASSERT_OK(dt_module_destroy(fc));
+  /* TP: a plan entry that names no module on the last rank only */
+  dt_module_t kids[1], seq;
+  DT_ASSERT_OK(dt_linear_create(mesh, "fc", 8, 8, 1, 7, &kids[0]));
+  DT_ASSERT_OK(dt_sequential_create("seq", 1, kids, &seq));
+  dt_tp_plan_entry_t plan[1] = {{last ? "fcx" : "fc", dt_tp_colwise()}};
+  expect_agreed(dt_parallelize_module(seq, mesh, 0, 1, plan), rank, world, "names no module",
+                "dt_parallelize_module's checks");
+  plan[0].pattern = "fc";
+  DT_ASSERT_OK(dt_parallelize_module(seq, mesh, 0, 1, plan));
+  dt_var_t w = NULL;
+  char name[64];
+  DT_ASSERT_OK(dt_module_param_at(seq, 0, name, sizeof name, &w));
+  dt_placement_t pl[1];
+  DT_ASSERT_OK(dt_tensor_placements(dt_var_value(w), pl));
+  DT_ASSERT_TRUE(pl[0].kind == DT_SHARD, "rank %d: %s not sharded after a good plan", rank, name);
+  DT_ASSERT_OK(dt_module_destroy(seq));
+  /* the agreement itself: a status out of range counts as an invalid argument, NULL what */
+  dt_status_t st = dt_mesh_agree(mesh, last ? (dt_status_t)99 : DT_SUCCESS, NULL);
+  expect_agreed(st, rank, world, "st=99 is not a dt_status_t", "a step");
+  DT_ASSERT_OK(dt_mesh_agree(mesh, DT_SUCCESS, "nothing"));
+}
+
 int main(int argc, char** argv) {
   before_init();
   DT_ASSERT_OK(dt_init(&argc, &argv));
@@ -361,6 +426,7 @@ int main(int argc, char** argv) {
   plan_and_cost_errors(mesh);
   meta_refused(mesh, world);
   llama_config_errors(mesh);
+  wrapper_agreement(mesh, world, rank);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
   if (rank == 0) printf("test_api_errors np=%d: ok\n", world);
   DT_ASSERT_OK(dt_finalize());
