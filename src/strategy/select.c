@@ -132,10 +132,18 @@ static dt_status_t dt__call_check(dt_mesh_t mesh, const dt_op_call_t* call,
     if (m->ndim < 0 || m->ndim > DT_MAX_DIMS)
       return DT_FAIL(DT_ERR_INVALID_ARG, "input %d: ndim %d out of range [0, %d]", t, m->ndim,
                      DT_MAX_DIMS);
-    for (int d = 0; d < m->ndim; d++)
+    /* bounded as a tensor's shape is (the rule generators multiply the sizes) */
+    int64_t bound = 1;
+    for (int d = 0; d < m->ndim; d++) {
       if (m->shape[d] < 0)
         return DT_FAIL(DT_ERR_INVALID_ARG, "input %d: shape[%d] = %lld is negative", t, d,
                        (long long)m->shape[d]);
+      if (m->shape[d] > 0 && (!dt__mul_i64(bound, m->shape[d], &bound) ||
+                              bound > ((int64_t)1 << 48)))
+        return DT_FAIL(DT_ERR_INVALID_ARG, "input %d: shape[%d] = %lld makes the tensor too large "
+                       "(more than 2^48 elements, or dims whose product is, besides a dim of 0)",
+                       t, d, (long long)m->shape[d]);
+    }
   }
   if (call->n_iargs < 0 || call->n_iargs > DT_OP_MAX_IARGS || call->n_fargs < 0 ||
       call->n_fargs > DT_OP_MAX_FARGS)

@@ -492,6 +492,45 @@ static void test_last_error_kept(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* dt_op_select and dt_op_candidates take the call's shapes from the caller, not from tensors:
+ * sizes a tensor could not have (more than 2^48 elements, a product past 64 bits) are refused
+ * before the rule generators multiply them (reshape's counted the elements in a signed product
+ * that overflowed: UBSan) and every op's shape check stays within range. */
+static void test_shapes_out_of_range(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(2, 2, 3);
+  dt_placement_t in[2][DT_MAX_MESH_DIMS];
+  set_pl(in, 0, "R,R");
+  set_pl(in, 1, "R,R");
+  dt_op_choice_t ch, all[4];
+  int n = -1;
+  const int64_t huge[3][2] = {{INT64_MAX - 1, 4}, {(int64_t)1 << 32, (int64_t)1 << 32},
+                              {((int64_t)1 << 48) + 1, 1}};
+  for (int k = 0; k < 3; k++) {
+    dt_op_call_t rs = call2("reshape", 2, huge[k], 0, NULL);
+    rs.n_iargs = 1;
+    rs.iargs[0] = -1;
+    assert_int_equal(dt_op_select(m, &rs, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch),
+                     DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "2^48"));
+    assert_int_equal(dt_op_candidates(m, &rs, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, all,
+                                      4, &n), DT_ERR_INVALID_ARG);
+    assert_int_equal(n, 0);
+    dt_op_call_t mm = call2("mm", 2, (const int64_t[]){4, 4}, 2, huge[k]);
+    assert_int_equal(dt_op_select(m, &mm, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch),
+                     DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "input 1"));
+  }
+  /* a dim of 0 makes the others free, up to the same bound on their product */
+  dt_op_call_t ok = call2("reshape", 3, (const int64_t[]){0, (int64_t)1 << 24, (int64_t)1 << 24},
+                          0, NULL);
+  ok.n_iargs = 1;
+  ok.iargs[0] = 0;
+  assert_int_equal(dt_op_select(m, &ok, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch),
+                   DT_SUCCESS);
+  dt_mesh_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
@@ -500,6 +539,7 @@ int main(void) {
       cmocka_unit_test(test_registry),     cmocka_unit_test(test_cache_key),
       cmocka_unit_test(test_last_error_kept),
       cmocka_unit_test(test_views_zero_size),
+      cmocka_unit_test(test_shapes_out_of_range),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
