@@ -76,7 +76,10 @@ DT_API dt_status_t dt_tensor_zeros(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, c
                                    const dt_placement_t* placements, dt_tensor_t* out);
 DT_API dt_status_t dt_tensor_ones(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                                   const dt_placement_t* placements, dt_tensor_t* out);
-/* Every element `value` (torch.full); dt_tensor_gather_full is the call that reads a tensor. */
+/* Every element `value` (torch.full); dt_tensor_gather_full is the call that reads a tensor.
+ * Fill values (value, start, step) must be finite; into an integer dtype a value is truncated
+ * toward zero and must then fit the dtype (arange: its last value too), else DT_ERR_INVALID_ARG
+ * (torch.full refuses it too: "value cannot be converted ... without overflow"). */
 DT_API dt_status_t dt_tensor_full_value(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
                                         const int64_t* shape, const dt_placement_t* placements,
                                         double value, dt_tensor_t* out);
@@ -152,7 +155,8 @@ DT_API dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n,
                                         const int64_t* dst_off, const int64_t* src_off,
                                         const int64_t* numel);
 /* Sets n element ranges of t's local shard (numel[i] elements from off[i]) to `value`, rounded
- * as a store of t's dtype. */
+ * as a store of t's dtype (an integer dtype truncates toward zero; a value that then does not
+ * fit it, NaN and infinities included, is DT_ERR_INVALID_ARG). */
 DT_API dt_status_t dt_tensor_fill_local(dt_tensor_t t, int n, const int64_t* off,
                                         const int64_t* numel, double value);
 

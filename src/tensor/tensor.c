@@ -923,6 +923,18 @@ static double dt__fill_value(dt_fill_t kind, double a, double b, uint64_t seed, 
   return 0.0;
 }
 
+/* A value stored into an integer tensor: truncated toward zero, it must fit the type (C leaves
+ * the conversion of anything else undefined; PyTorch refuses it: "value cannot be converted to
+ * type int32_t without overflow"). Float dtypes take any finite value. */
+dt_status_t dt__int_fill_check(dt_dtype_t dtype, double v, const char* what) {
+  if (dtype != DT_I32 && dtype != DT_I64) return DT_SUCCESS;
+  const double lim = dtype == DT_I32 ? 0x1p31 : 0x1p63, t = trunc(v);
+  if (t >= -lim && t < lim) return DT_SUCCESS; /* NaN fails too */
+  return DT_FAIL(DT_ERR_INVALID_ARG, "%s=%g does not fit dtype %s (valid: -2^%d to 2^%d - 1 "
+                 "after truncation toward zero)", what, v, dt_dtype_name(dtype),
+                 dtype == DT_I32 ? 31 : 63, dtype == DT_I32 ? 31 : 63);
+}
+
 static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
                                const dt_placement_t* pl, dt_fill_t kind, double a, double b,
                                uint64_t seed, dt_tensor_t* out) {
@@ -936,10 +948,19 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s=%g: fill values must be finite",
                    kind == DT_FILL_ARANGE ? "start" : "value", a);
   if (!isfinite(b)) return DT_FAIL(DT_ERR_INVALID_ARG, "step=%g: fill values must be finite", b);
+  if (kind == DT_FILL_CONST || kind == DT_FILL_ARANGE)
+    DT_CHECK(dt__int_fill_check(dtype, a, kind == DT_FILL_ARANGE ? "start" : "value"));
   DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, pl, kind == DT_FILL_CONST && a == 0.0, out));
   dt_tensor_t t = *out;
   dt_backend_t be = dt__tensor_backend(t);
   dt_status_t st = DT_SUCCESS;
+  if (kind == DT_FILL_ARANGE) { /* the last value too (the values between lie between): the
+                                 * global shape's, the same on every rank */
+    const int64_t numel = dt__box_numel(ndim, t->layout.shape);
+    if (numel > 1)
+      st = dt__int_fill_check(dtype, a + b * (double)(numel - 1), "start + step * (numel - 1)");
+    if (st != DT_SUCCESS) goto done;
+  }
   if (t->local_numel == 0 || (kind == DT_FILL_CONST && a == 0.0)) return DT_SUCCESS;
   if (kind == DT_FILL_CONST) {
     st = be->iface->fill(be, t->data, dtype, t->local_numel, a);

@@ -1125,6 +1125,54 @@ static void test_cast_refused(dt_mesh_t m1) {
   }
 }
 
+/* Values stored into integer tensors must fit them (C leaves the conversion of anything else
+ * undefined: x86 stored INT_MIN; torch.full refuses it): the factories (arange: its last value
+ * too) and dt_tensor_fill_local refuse them on every rank; in-range values truncate toward zero
+ * as PyTorch's do, and float tensors take them. */
+static void test_int_fill_range(dt_mesh_t m1) {
+  const dt_placement_t rep[1] = {dt_replicate()}, s0[1] = {dt_shard(0)};
+  const int64_t n4[1] = {4};
+  dt_tensor_t t = BAD_PTR;
+  EXPECT(dt_tensor_full_value(m1, DT_I32, 1, n4, s0, 3e9, &t), DT_ERR_INVALID_ARG, "value|i32");
+  DT_ASSERT_TRUE(t == NULL, "a refused factory returned a tensor");
+  EXPECT(dt_tensor_full_value(m1, DT_I32, 1, n4, rep, -2147483649.0, &t), DT_ERR_INVALID_ARG,
+         "i32");
+  EXPECT(dt_tensor_full_value(m1, DT_I64, 1, n4, rep, 1e19, &t), DT_ERR_INVALID_ARG, "i64");
+  EXPECT(dt_tensor_full_value(m1, DT_I64, 1, n4, rep, 0x1p63, &t), DT_ERR_INVALID_ARG, "i64");
+  EXPECT(dt_tensor_arange(m1, DT_I32, 1, n4, s0, 0.0, 1e9, &t), DT_ERR_INVALID_ARG,
+         "numel|i32"); /* 0, 1e9, 2e9 fit; 3e9 does not */
+  EXPECT(dt_tensor_arange(m1, DT_I32, 1, n4, s0, 3e9, -1e9, &t), DT_ERR_INVALID_ARG,
+         "start|i32");
+  DT_ASSERT_TRUE(t == NULL, "a refused factory returned a tensor");
+  int32_t i32[4];
+  DT_ASSERT_OK(dt_tensor_arange(m1, DT_I32, 1, n4, s0, 2147483647.5, -1.0, &t));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, i32, sizeof i32));
+  DT_ASSERT_TRUE(i32[0] == 2147483647 && i32[3] == 2147483644, "arange i32: %d .. %d", i32[0],
+                 i32[3]);
+  DT_ASSERT_OK(dt_tensor_destroy(t));
+  DT_ASSERT_OK(dt_tensor_full_value(m1, DT_I32, 1, n4, rep, -2147483648.9, &t));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, i32, sizeof i32));
+  DT_ASSERT_TRUE(i32[0] == INT32_MIN, "full i32 of -2147483648.9: %d (truncates to "
+                 "-2147483648)", i32[0]);
+  const int64_t off[1] = {0}, one[1] = {1};
+  const double bad[4] = {NAN, INFINITY, 2147483648.0, -1e300};
+  for (int k = 0; k < 4; k++)
+    EXPECT(dt_tensor_fill_local(t, 1, off, one, bad[k]), DT_ERR_INVALID_ARG, "value|i32");
+  DT_ASSERT_OK(dt_tensor_gather_full(t, i32, sizeof i32));
+  DT_ASSERT_TRUE(i32[0] == INT32_MIN, "a refused fill changed the tensor: %d", i32[0]);
+  DT_ASSERT_OK(dt_tensor_fill_local(t, 1, off, one, -7.9));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, i32, sizeof i32));
+  DT_ASSERT_TRUE(i32[0] == -7 && i32[1] == INT32_MIN, "fill_local -7.9: %d %d", i32[0], i32[1]);
+  DT_ASSERT_OK(dt_tensor_destroy(t));
+  float f[4];
+  DT_ASSERT_OK(dt_tensor_full_value(m1, DT_F32, 1, n4, rep, 3e9, &t));
+  DT_ASSERT_OK(dt_tensor_fill_local(t, 1, off, one, 1e10));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, f, sizeof f));
+  DT_ASSERT_TRUE(f[0] == 1e10f && f[3] == 3e9f, "f32 %g %g", (double)f[0], (double)f[3]);
+  DT_ASSERT_OK(dt_tensor_destroy(t));
+  g_checks += 16;
+}
+
 int main(int argc, char** argv) {
   memset(g_junk_blob, 0xa5, sizeof g_junk_blob);
   test_before_init();
@@ -1159,6 +1207,7 @@ int main(int argc, char** argv) {
   test_mesh_destroyed_first();
   test_extremes(m1);
   test_cast_refused(m1);
+  test_int_fill_range(m1);
   test_state_intact(m1, m2);
 
   DT_ASSERT_OK(dt_mesh_destroy(m1));
