@@ -180,6 +180,43 @@ static dt_status_t dt__op_rules(int id, const dt_op_call_t* call, const dt_op_in
   return dt__op_check_counts(id, call->n_iargs, call->n_fargs);
 }
 
+/* What a rule generator returned, checked before it is used: a host program's generator
+ * (dt_op_register) may return anything, and a rule count past the room it was given, or a
+ * placement of no kind, would be read out of bounds (a built-in's mistake is a library bug:
+ * DT_ERR_INTERNAL; a host op's, DT_ERR_INVALID_ARG). */
+static dt_status_t dt__rules_check(int id, const dt_op_info_t* info, const dt_op_call_t* call,
+                                   const dt_op_choice_t* c, const dt_op_rule_t* rules, int nr,
+                                   int min_out) {
+  const dt_status_t st = id >= DT_OP_COUNT || info != &dt__op_table[id] ? DT_ERR_INVALID_ARG
+                                                                         : DT_ERR_INTERNAL;
+  if (nr < 1 || nr > DT_OP_MAX_RULES || c->n_outputs < min_out ||
+      c->n_outputs > DT_OP_MAX_OUTPUTS)
+    return DT_FAIL(st, "%s: its rule generator returned %d rules (valid: 1 to %d) and %d outputs "
+                   "(valid: %d to %d)", call->op, nr, DT_OP_MAX_RULES, c->n_outputs, min_out,
+                   DT_OP_MAX_OUTPUTS);
+  for (int o = 0; o < c->n_outputs; o++) {
+    const dt_tensor_meta_t* m = &c->out_meta[o];
+    int bad = !dt__dtype_valid(m->dtype) || m->ndim < 0 || m->ndim > DT_MAX_DIMS;
+    for (int d = 0; !bad && d < m->ndim; d++) bad = m->shape[d] < 0;
+    if (bad)
+      return DT_FAIL(st, "%s: its rule generator returned output %d of dtype %d and ndim %d, or a "
+                     "negative size (valid: a dt_dtype_t, 0 to %d dims, sizes >= 0)", call->op, o,
+                     (int)m->dtype, m->ndim, DT_MAX_DIMS);
+  }
+  for (int r = 0; r < nr; r++)
+    for (int k = 0; k < c->n_outputs + call->n_inputs; k++) {
+      const int out = k < c->n_outputs;
+      const dt_placement_t p = out ? rules[r].out[k] : rules[r].in[k - c->n_outputs];
+      if (p.kind < 0 || p.kind >= DT_PLACEMENT_KIND_COUNT ||
+          (p.kind == DT_PARTIAL && (p.op < 0 || p.op >= DT_REDUCE_COUNT)))
+        return DT_FAIL(st, "%s: its rule generator returned rule %d with %s %d placed as kind %d, "
+                       "op %d (valid: a dt_placement_t: dt_shard, dt_replicate, dt_partial)",
+                       call->op, r, out ? "output" : "input", out ? k : k - c->n_outputs,
+                       (int)p.kind, (int)p.op);
+    }
+  return DT_SUCCESS;
+}
+
 static dt_status_t dt__expand(dt_mesh_t mesh, int id, const dt_op_call_t* call,
                               const dt_placement_t in_pl[][DT_MAX_MESH_DIMS], int prune,
                               const double* bound,
@@ -197,9 +234,7 @@ static dt_status_t dt__expand(dt_mesh_t mesh, int id, const dt_op_call_t* call,
   int nr = 0;
   DT_CHECK(fn(call, c.out_meta, &c.n_outputs, rules, DT_OP_MAX_RULES, &nr));
   const unsigned writes = info->flags & DT_OPF_WRITES_MASK;
-  if (nr < 1 || c.n_outputs < (writes ? 0 : 1) || c.n_outputs > DT_OP_MAX_OUTPUTS)
-    return DT_FAIL(DT_ERR_INTERNAL, "%s: generator returned %d rules, %d outputs", call->op, nr,
-                   c.n_outputs);
+  DT_CHECK(dt__rules_check(id, info, call, &c, rules, nr, writes ? 0 : 1));
   const int m = mesh->ndim;
   long ncand = 1;
   for (int i = 0; i < m; i++) ncand *= nr;

@@ -531,6 +531,64 @@ static void test_shapes_out_of_range(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* A host op's rule generator may return anything: what it returns is checked before use (a rule
+ * count past `cap` was read past the rules array, a placement of no kind past the planner's
+ * tables: ASan), and a bad answer is DT_ERR_INVALID_ARG naming the op, for dt_op_select and for
+ * dt_op_run on meta tensors alike. */
+static int g_bad_mode;
+static dt_status_t bad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                             dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  out_meta[0] = call->in[0];
+  memset(rules, 0, sizeof(dt_op_rule_t) * 2);
+  rules[1].out[0] = dt_shard(0);
+  rules[1].in[0] = dt_shard(0);
+  *n = 2;
+  if (g_bad_mode == 1) *n = cap + 1;
+  if (g_bad_mode == 2) rules[1].in[0].kind = DT_PLACEMENT_KIND_COUNT;
+  if (g_bad_mode == 3) rules[1].out[0] = dt_partial((dt_reduce_op_t)DT_REDUCE_COUNT);
+  if (g_bad_mode == 4) out_meta[0].ndim = DT_MAX_DIMS + 1;
+  if (g_bad_mode == 5) out_meta[0].shape[0] = -1;
+  if (g_bad_mode == 6) *n = 0;
+  return DT_SUCCESS;
+}
+
+static dt_status_t noop_kernel(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out) {
+  (void)call;
+  (void)in;
+  (void)out;
+  return DT_SUCCESS;
+}
+
+static void test_host_rules_checked(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(2, 2, 3);
+  assert_int_equal(dt_op_register("bad_rules", 1, bad_rules, noop_kernel), DT_SUCCESS);
+  dt_placement_t in[1][DT_MAX_MESH_DIMS];
+  set_pl(in, 0, "S0,R");
+  dt_op_choice_t ch;
+  for (int mode = 0; mode <= 6; mode++) {
+    g_bad_mode = mode;
+    const int64_t shape[2] = {6, 10 + mode}; /* a new call each time: no cached selection */
+    dt_op_call_t c = call2("bad_rules", 2, shape, 0, NULL);
+    dt_status_t st = dt_op_select(m, &c, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch);
+    if (mode == 0) {
+      assert_int_equal(st, DT_SUCCESS);
+      continue;
+    }
+    assert_int_equal(st, DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "bad_rules: its rule generator returned"));
+    dt_tensor_t x, o = NULL;
+    const int64_t shape2[2] = {6, 20 + mode};
+    assert_int_equal(dt_tensor_meta(m, DT_F32, 2, shape2, in[0], &x), DT_SUCCESS);
+    assert_int_equal(dt_op_run("bad_rules", 1, &x, 0, NULL, 0, NULL, &o), DT_ERR_INVALID_ARG);
+    assert_null(o);
+    assert_int_equal(dt_tensor_destroy(x), DT_SUCCESS);
+  }
+  dt_mesh_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
@@ -540,6 +598,7 @@ int main(void) {
       cmocka_unit_test(test_last_error_kept),
       cmocka_unit_test(test_views_zero_size),
       cmocka_unit_test(test_shapes_out_of_range),
+      cmocka_unit_test(test_host_rules_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
