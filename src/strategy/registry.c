@@ -581,7 +581,8 @@ static dt_status_t dt__op_args_parse(const char* name, int n, const char* const*
         dt_dtype_t dt;
         if (dt_dtype_parse(v, &dt) == DT_SUCCESS) {
           ival[k] = dt;
-        } else if (!dt__parse_i64(v, v + strlen(v), &ival[k]) || !dt__dtype_valid((int)ival[k])) {
+        } else if (!dt__parse_i64(v, v + strlen(v), &ival[k]) || ival[k] < 0 ||
+                   ival[k] >= DT_DTYPE_COUNT) { /* the range before any cast to int */
           return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %s='%s' is not a dtype (f32, bf16, f16, i32, "
                          "i64)", name, a[k].name, v);
         }
@@ -602,7 +603,8 @@ static dt_status_t dt__op_args_parse(const char* name, int n, const char* const*
         while (*p) {
           const char* c = strchr(p, ',');
           const char* e = c ? c : p + strlen(p);
-          if (nlist == DT_OP_MAX_IARGS || !dt__parse_i64(p, e, &list[nlist]))
+          if (nlist == DT_OP_MAX_IARGS || !dt__parse_i64(p, e, &list[nlist]) ||
+              (c != NULL && c[1] == '\0')) /* "1," leaves an empty last item */
             return DT_FAIL(DT_ERR_INVALID_ARG, "%s: %s='%s' is not a list of at most %d integers",
                            name, a[k].name, v, DT_OP_MAX_IARGS);
           nlist++;

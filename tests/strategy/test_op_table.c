@@ -163,6 +163,18 @@ static void test_args_parse(void** state) {
   assert_non_null(strstr(dt_last_error(), "finite"));
   const char* e6[] = {"dtype=f64"};
   assert_int_equal(parse("cast", 1, e6, &ni, iv, &nf, fv), DT_ERR_INVALID_ARG);
+  /* a dtype's number is checked whole (4294967297 is 1 in an int: it was taken), and a list
+   * item left empty by a trailing comma is no integer */
+  const char* e6b[] = {"dtype=4294967297"}, *e6c[] = {"dtype=-1"}, *e6d[] = {"dtype=1"};
+  assert_int_equal(parse("cast", 1, e6b, &ni, iv, &nf, fv), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "4294967297"));
+  assert_int_equal(parse("cast", 1, e6c, &ni, iv, &nf, fv), DT_ERR_INVALID_ARG);
+  assert_int_equal(parse("cast", 1, e6d, &ni, iv, &nf, fv), DT_SUCCESS);
+  assert_true(ni == 1 && iv[0] == DT_BF16);
+  const char* e6e[] = {"dim=1,"}, *e6f[] = {"dim=1,,2"};
+  assert_int_equal(parse("sum", 1, e6e, &ni, iv, &nf, fv), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "not a list"));
+  assert_int_equal(parse("sum", 1, e6f, &ni, iv, &nf, fv), DT_ERR_INVALID_ARG);
   const char* e7[] = {"noequals"};
   assert_int_equal(parse("sum", 1, e7, &ni, iv, &nf, fv), DT_ERR_INVALID_ARG);
   const char* e8[] = {"dim=1,2,3,4,5,6,7,8,9"};
