@@ -1,6 +1,8 @@
 /* api.c - typed convenience entry points over dt_op_run for the shape, attention and indexing
  * ops (each one builds the op's argument list and names itself as the public entry point of its
  * error messages, DT_ENTRY_RETURN). */
+#include <math.h>
+
 #include "ops/ops.h"
 
 static dt_status_t dt__reshape_impl(dt_tensor_t x, int ndim, const int64_t* shape,
@@ -93,7 +95,8 @@ dt_status_t dt_sdpa(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int causal, dou
   dt_tensor_t in[3] = {q, k, v};
   const int64_t a[1] = {causal != 0};
   const double f[1] = {scale};
-  DT_ENTRY_RETURN(dt__opa(DT_OP_SDPA, 3, in, 1, a, scale > 0.0 ? 1 : 0, f, out));
+  /* scale <= 0 or NaN: the default, left out; an infinite one is given, for the op to refuse */
+  DT_ENTRY_RETURN(dt__opa(DT_OP_SDPA, 3, in, 1, a, scale > 0.0 || isinf(scale) ? 1 : 0, f, out));
 }
 
 int64_t dt_cp_position(int64_t index, int64_t seq, int cp) {
@@ -107,7 +110,8 @@ dt_status_t dt_ring_attention(dt_tensor_t q, dt_tensor_t k, dt_tensor_t v, int m
   const dt_tensor_t in[3] = {q, k, v};
   const int64_t a[4] = {mesh_dim, causal, 0, balanced};
   const double f[1] = {scale};
-  DT_ENTRY_RETURN(dt__opa(DT_OP_RING_ATTENTION, 3, in, 4, a, scale > 0.0 ? 1 : 0, f, out));
+  DT_ENTRY_RETURN(
+      dt__opa(DT_OP_RING_ATTENTION, 3, in, 4, a, scale > 0.0 || isinf(scale) ? 1 : 0, f, out));
 }
 
 static dt_status_t dt__all_gather_linear_impl(dt_tensor_t x, dt_tensor_t w, int mesh_dim,

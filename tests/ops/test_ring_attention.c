@@ -504,7 +504,16 @@ static void test_scale(dt_mesh_t mesh) {
     DT_ASSERT_TRUE(strstr(dt_last_error(), "scale=") != NULL, "message: %s", dt_last_error());
   }
   dt_tensor_t a = NULL;
-  DT_ASSERT_STATUS(dt_sdpa(tq, tk, tv, 0, INFINITY, &a), DT_ERR_INVALID_ARG);
+  /* the typed entries too, -inf included (it is <= 0, but infinite: it was taken for the
+   * default 1/sqrt(D)) */
+  for (int i = 0; i < 2; i++) {
+    DT_ASSERT_STATUS(dt_sdpa(tq, tk, tv, 0, infs[i], &a), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(a == NULL && strstr(dt_last_error(), "scale=") != NULL, "message: %s",
+                   dt_last_error());
+    DT_ASSERT_STATUS(dt_ring_attention(tq, tk, tv, 0, 0, 0, infs[i], &a), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(a == NULL && strstr(dt_last_error(), "scale=") != NULL, "message: %s",
+                   dt_last_error());
+  }
   /* sdpa_grad's g: a float dtype (i32 refused by the rules, not the kernel) */
   dt_tensor_t gi, grads[3];
   const int64_t osh[4] = {B, H, S, E};
