@@ -78,8 +78,10 @@ DT_API dt_status_t dt_tensor_ones(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, co
                                   const dt_placement_t* placements, dt_tensor_t* out);
 /* Every element `value` (torch.full); dt_tensor_gather_full is the call that reads a tensor.
  * Fill values (value, start, step) must be finite; into an integer dtype a value is truncated
- * toward zero and must then fit the dtype (arange: its last value too), else DT_ERR_INVALID_ARG
- * (torch.full refuses it too: "value cannot be converted ... without overflow"). */
+ * toward zero and must then fit the dtype, into a float dtype its magnitude must not pass the
+ * largest finite value (f16 65504, bf16 3.39e38, f32 3.40e38) (arange: its last value too), else
+ * DT_ERR_INVALID_ARG (torch.full refuses them too: "value cannot be converted ... without
+ * overflow"). */
 DT_API dt_status_t dt_tensor_full_value(dt_mesh_t mesh, dt_dtype_t dtype, int ndim,
                                         const int64_t* shape, const dt_placement_t* placements,
                                         double value, dt_tensor_t* out);
@@ -156,7 +158,8 @@ DT_API dt_status_t dt_tensor_copy_local(dt_tensor_t dst, dt_tensor_t src, int n,
                                         const int64_t* numel);
 /* Sets n element ranges of t's local shard (numel[i] elements from off[i]) to `value`, rounded
  * as a store of t's dtype (an integer dtype truncates toward zero; a value that then does not
- * fit it, NaN and infinities included, is DT_ERR_INVALID_ARG). */
+ * fit it, NaN and infinities included, is DT_ERR_INVALID_ARG, and so is a finite value past a
+ * float dtype's largest finite one, as torch's fill_; NaN and infinities fill a float tensor). */
 DT_API dt_status_t dt_tensor_fill_local(dt_tensor_t t, int n, const int64_t* off,
                                         const int64_t* numel, double value);
 

@@ -271,7 +271,7 @@ static dt_status_t dt__tensor_fill_local_impl(dt_tensor_t t, int n, const int64_
   DT_ARG_NOT_NULL(numel);
   for (int i = 0; i < n; i++)
     DT_CHECK(dt__io_range("t", "off", "numel", i, off[i], numel[i], t->local_numel));
-  DT_CHECK(dt__int_fill_check(t->dtype, value, "value"));
+  DT_CHECK(dt__fill_check(t->dtype, value, "value"));
   dt_backend_t b = dt__tensor_backend(t);
   for (int i = 0; i < n; i++)
     if (numel[i] > 0) DT_CHECK(b->iface->fill(b, dt__at(t, off[i]), t->dtype, numel[i], value));

@@ -923,16 +923,24 @@ static double dt__fill_value(dt_fill_t kind, double a, double b, uint64_t seed, 
   return 0.0;
 }
 
-/* A value stored into an integer tensor: truncated toward zero, it must fit the type (C leaves
- * the conversion of anything else undefined; PyTorch refuses it: "value cannot be converted to
- * type int32_t without overflow"). Float dtypes take any finite value. */
-dt_status_t dt__int_fill_check(dt_dtype_t dtype, double v, const char* what) {
-  if (dtype != DT_I32 && dtype != DT_I64) return DT_SUCCESS;
-  const double lim = dtype == DT_I32 ? 0x1p31 : 0x1p63, t = trunc(v);
-  if (t >= -lim && t < lim) return DT_SUCCESS; /* NaN fails too */
-  return DT_FAIL(DT_ERR_INVALID_ARG, "%s=%g does not fit dtype %s (valid: -2^%d to 2^%d - 1 "
-                 "after truncation toward zero)", what, v, dt_dtype_name(dtype),
-                 dtype == DT_I32 ? 31 : 63, dtype == DT_I32 ? 31 : 63);
+/* A value stored into a tensor of `dtype`, checked as PyTorch's scalar conversion checks it
+ * ("value cannot be converted to type ... without overflow"): into an integer dtype, truncated
+ * toward zero, it must fit the type (C leaves the conversion of anything else undefined); into a
+ * float dtype its magnitude must not pass the largest finite value (f16 65504: PyTorch refuses
+ * 65519 too, which would round to it); NaN and infinities fail for integers only (a float
+ * tensor holds them: torch's fill_ takes them). */
+dt_status_t dt__fill_check(dt_dtype_t dtype, double v, const char* what) {
+  if (dtype == DT_I32 || dtype == DT_I64) {
+    const double lim = dtype == DT_I32 ? 0x1p31 : 0x1p63, t = trunc(v);
+    if (t >= -lim && t < lim) return DT_SUCCESS; /* NaN fails too */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s=%g does not fit dtype %s (valid: -2^%d to 2^%d - 1 "
+                   "after truncation toward zero)", what, v, dt_dtype_name(dtype),
+                   dtype == DT_I32 ? 31 : 63, dtype == DT_I32 ? 31 : 63);
+  }
+  const double max = dtype == DT_F16 ? 65504.0 : dtype == DT_BF16 ? 0x1.fep127 : 0x1.fffffep127;
+  if (!isfinite(v) || fabs(v) <= max) return DT_SUCCESS;
+  return DT_FAIL(DT_ERR_INVALID_ARG, "%s=%g overflows dtype %s (its largest finite value is %g)",
+                 what, v, dt_dtype_name(dtype), max);
 }
 
 static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const int64_t* shape,
@@ -949,7 +957,7 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
                    kind == DT_FILL_ARANGE ? "start" : "value", a);
   if (!isfinite(b)) return DT_FAIL(DT_ERR_INVALID_ARG, "step=%g: fill values must be finite", b);
   if (kind == DT_FILL_CONST || kind == DT_FILL_ARANGE)
-    DT_CHECK(dt__int_fill_check(dtype, a, kind == DT_FILL_ARANGE ? "start" : "value"));
+    DT_CHECK(dt__fill_check(dtype, a, kind == DT_FILL_ARANGE ? "start" : "value"));
   DT_CHECK(dt__tensor_new(mesh, dtype, ndim, shape, pl, kind == DT_FILL_CONST && a == 0.0, out));
   dt_tensor_t t = *out;
   dt_backend_t be = dt__tensor_backend(t);
@@ -958,7 +966,7 @@ static dt_status_t dt__factory(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, const
                                  * global shape's, the same on every rank */
     const int64_t numel = dt__box_numel(ndim, t->layout.shape);
     if (numel > 1)
-      st = dt__int_fill_check(dtype, a + b * (double)(numel - 1), "start + step * (numel - 1)");
+      st = dt__fill_check(dtype, a + b * (double)(numel - 1), "start + step * (numel - 1)");
     if (st != DT_SUCCESS) goto done;
   }
   if (t->local_numel == 0 || (kind == DT_FILL_CONST && a == 0.0)) return DT_SUCCESS;

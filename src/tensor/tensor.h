@@ -57,10 +57,11 @@ dt_status_t dt__tensor_alias_on(dt_mesh_t mesh, dt_tensor_t base, size_t offset,
 int dt__tensor_shared(dt_tensor_t t);
 /* A copy with its own storage (same layout, same backend). */
 dt_status_t dt__tensor_clone(dt_tensor_t t, dt_tensor_t* out);
-/* DT_ERR_INVALID_ARG (naming `what` and the value) unless v, truncated toward zero, fits integer
- * dtype `dtype` (NaN and infinities never do); any value for a float dtype. The check before a
- * value is stored into an integer tensor (factories, fills). */
-dt_status_t dt__int_fill_check(dt_dtype_t dtype, double v, const char* what);
+/* DT_ERR_INVALID_ARG (naming `what` and the value) unless v fits `dtype`: truncated toward zero
+ * into an integer dtype (NaN and infinities never do), a finite magnitude at most the largest
+ * finite value into a float one (NaN and infinities do). The check before a value is stored
+ * (factories, fills), as PyTorch's scalar conversion. */
+dt_status_t dt__fill_check(dt_dtype_t dtype, double v, const char* what);
 /* Local bytes of the tensor's shard. */
 size_t dt__tensor_nbytes(dt_tensor_t t);
 /* The backend of a tensor's data (the mesh's for a meta tensor). */

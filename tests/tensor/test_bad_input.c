@@ -1169,7 +1169,32 @@ static void test_int_fill_range(dt_mesh_t m1) {
   DT_ASSERT_OK(dt_tensor_fill_local(t, 1, off, one, 1e10));
   DT_ASSERT_OK(dt_tensor_gather_full(t, f, sizeof f));
   DT_ASSERT_TRUE(f[0] == 1e10f && f[3] == 3e9f, "f32 %g %g", (double)f[0], (double)f[3]);
+  /* a float dtype: a finite value past its largest finite one is refused (torch.full and fill_
+   * alike: f16 65519 too, though it would round to 65504); NaN and infinities fill it */
+  EXPECT(dt_tensor_fill_local(t, 1, off, one, 3.5e38), DT_ERR_INVALID_ARG, "overflows dtype f32");
+  DT_ASSERT_OK(dt_tensor_fill_local(t, 1, off, one, -INFINITY));
+  const int64_t off3[1] = {3};
+  DT_ASSERT_OK(dt_tensor_fill_local(t, 1, off3, one, NAN));
+  DT_ASSERT_OK(dt_tensor_gather_full(t, f, sizeof f));
+  DT_ASSERT_TRUE(isinf(f[0]) && f[0] < 0 && isnan(f[3]), "f32 fills: %g %g", (double)f[0],
+                 (double)f[3]);
   DT_ASSERT_OK(dt_tensor_destroy(t));
+  static const struct {
+    dt_dtype_t dtype;
+    double ok, bad;
+  } edge[] = {{DT_F16, 65504.0, 65519.0}, {DT_BF16, 3.38e38, 3.4e38}, {DT_F32, 3.4e38, 3.5e38}};
+  for (int k = 0; k < 3; k++) {
+    EXPECT(dt_tensor_full_value(m1, edge[k].dtype, 1, n4, rep, -edge[k].bad, &t),
+           DT_ERR_INVALID_ARG, "overflows dtype");
+    DT_ASSERT_TRUE(t == NULL, "a refused factory returned a tensor");
+    EXPECT(dt_tensor_arange(m1, edge[k].dtype, 1, n4, rep, 0.0, edge[k].bad / 3.0, &t),
+           DT_ERR_INVALID_ARG, "start + step * (numel - 1)");
+    DT_ASSERT_OK(dt_tensor_full_value(m1, edge[k].dtype, 1, n4, rep, edge[k].ok, &t));
+    DT_ASSERT_OK(dt_tensor_fill_local(t, 1, off, one, -edge[k].ok));
+    EXPECT(dt_tensor_fill_local(t, 1, off, one, edge[k].bad), DT_ERR_INVALID_ARG,
+           "overflows dtype");
+    DT_ASSERT_OK(dt_tensor_destroy(t));
+  }
   g_checks += 16;
 }
 
