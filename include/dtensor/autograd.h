@@ -11,7 +11,8 @@
  * gradient of a replicated parameter is all-reduced; of a Shard(0) parameter reduce-scattered),
  * so an optimizer can work on local shards. Gradients accumulate across backward passes until
  * dt_var_zero_grad (micro-batches). The gradient of a redistribution maps back to the source
- * placements, a source Partial becoming Replicate (PyTorch's rule).
+ * placements, a source Partial becoming Replicate unless the gradient holds that same Partial on
+ * that mesh dim (then it stays: P -> P is a no-op both ways) (PyTorch's rule).
  *
  * With grad mode off (dt_grad_set_enabled(0)) dt_ag_op runs the op and records nothing.
  * Every op of the registry that has a backward rule can be recorded; dt_ag_op on an op without

@@ -15,7 +15,7 @@
  *   gather: scatter_add into zeros  scatter_add: g, gather(g)  topk: scatter of g into zeros
  *   cross_entropy: (softmax(logits) - onehot) scaled by g and each row's weight (mean:
  *                  1 / count; sum: 1; ignored: 0), computed class-sharded
- *   redistribute: back to the source placements, Partial -> Replicate
+ *   redistribute: back to the source placements, Partial -> Replicate (kept where g has it)
  *   grouped_mm (x, w, counts): grouped_mm(g, w) with the other transpose, grouped_mm_wgrad
  *                  (g_e^T x_e, or x_e^T g_e for trans 0); counts none
  *   index_add: g, embedding(g, idx) (the rows the sources were added to)
@@ -632,12 +632,15 @@ dt_status_t dt__bw_cross_entropy(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_t
   return st;
 }
 
-/* redistribute: back to the source placements, a source Partial becoming Replicate */
+/* redistribute: back to the source placements, a source Partial becoming Replicate unless the
+ * gradient already holds that same Partial there (PyTorch's rule: P -> P is a no-op both ways) */
 dt_status_t dt__bw_redistribute(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   dt_placement_t back[DT_MAX_MESH_DIMS];
   const dt_placement_t* src = c->in[0]->layout.pl;
+  const dt_placement_t* g = gout[0]->layout.pl;
   for (int i = 0; i < c->in[0]->mesh->ndim; i++)
-    back[i] = src[i].kind == DT_PARTIAL ? dt_replicate() : src[i];
+    back[i] = src[i].kind != DT_PARTIAL || dt_placement_equal(g[i], src[i]) ? src[i]
+                                                                             : dt_replicate();
   return dt_tensor_redistribute(gout[0], back, &gin[0]);
 }
 

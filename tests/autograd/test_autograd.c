@@ -4,7 +4,8 @@
  *   - gradient-norm clipping gives one norm whatever the parameter placements (all replicated vs
  *     the tensor-parallel plan) and scales the gradients to max_norm;
  *   - the gradient of a redistribution goes back to the source placements (a source Partial
- *     becoming Replicate) with the right values;
+ *     becoming Replicate, unless the gradient comes back as that same Partial: then it stays,
+ *     with no collective) with the right values;
  *   - AdamW with bf16 moments stays within bf16 rounding of the f32-moment update;
  *   - a frozen embedding: the other gradients as without it, none for it (no double free);
  *   - errors: a non-scalar loss, an op without a backward rule on a variable that needs one
@@ -239,6 +240,34 @@ static void redistribute_grad(void) {
     DT_ASSERT_OK(dt_var_destroy(xv));
     DT_ASSERT_OK(dt_var_destroy(rv));
   }
+  /* P(sum) -> P(sum) with a P(sum) gradient coming back: the gradient stays P(sum) as it came
+   * (local ones, no all-reduce), as PyTorch's test_partial_to_partial_forward_backward. */
+  dt_tensor_t xt;
+  DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_F32, 2, s, &psum, x, &xt));
+  dt_var_t xv, y, t, l;
+  DT_ASSERT_OK(dt_var_leaf(xt, 1, &xv));
+  DT_ASSERT_OK(dt_var_set_grad_mode(xv, DT_GRAD_AS_IS));
+  dt_tape_t tape;
+  DT_ASSERT_OK(dt_tape_create(&tape));
+  DT_ASSERT_OK(dt_ag_redistribute(tape, xv, &psum, &y));
+  DT_ASSERT_OK(dt_ag_to_local(tape, y, &psum, &t));
+  DT_ASSERT_OK(dt_ag_op(tape, "sum", 1, &t, 0, NULL, 0, NULL, 1, &l));
+  DT_ASSERT_OK(dt_counters_reset(g_mesh));
+  DT_ASSERT_OK(dt_tape_backward(tape, l));
+  dt_counters_t cnt;
+  DT_ASSERT_OK(dt_counters_get(g_mesh, &cnt));
+  DT_ASSERT_EQ(cnt.calls[DT_COLL_ALL_REDUCE] + cnt.calls[DT_COLL_REDUCE_SCATTER], 0);
+  dt_placement_t gp;
+  DT_ASSERT_OK(dt_tensor_placements(dt_var_grad(xv), &gp));
+  DT_ASSERT_TRUE(dt_placement_equal(gp, psum), "P -> P: the gradient stays P(sum)");
+  float gl[64];
+  int64_t gn;
+  DT_ASSERT_OK(dt_tensor_local_numel(dt_var_grad(xv), &gn));
+  DT_ASSERT_EQ(gn, 6 * g_n);
+  DT_ASSERT_OK(dt_tensor_read_local(dt_var_grad(xv), 0, gn, gl));
+  for (int i = 0; i < 6 * g_n; i++) DT_ASSERT_TRUE(gl[i] == 1.0f, "local d/dx element %d", i);
+  DT_ASSERT_OK(dt_tape_destroy(tape));
+  DT_ASSERT_OK(dt_var_destroy(xv));
 }
 
 static void adamw_bf16(void) {
