@@ -4,6 +4,9 @@
  *   Shard(d)     tensor dim d is split over the ranks of that mesh dim (torch.chunk layout);
  *   Replicate    every rank of that mesh dim holds the same values;
  *   Partial(op)  every rank holds one operand of a pending reduction (sum, avg, max, min).
+ * A placement list may not mix Partial(max) or Partial(min) with another kind of Partial (the
+ * reductions do not commute; PyTorch refuses it too): layouts, tensors and plans of such a list
+ * are DT_ERR_INVALID_ARG. Partial(sum) and Partial(avg) may mix.
  * Text forms: "S(0)", "R", "P(sum)"; on input also "S0", "S(-1)", "P" (= sum), "Shard(0)",
  * "Replicate", "Partial(max)". Everything here is pure and needs no MPI.
  */

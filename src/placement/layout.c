@@ -6,6 +6,18 @@
  */
 #include "placement/layout.h"
 
+int dt__placements_mixed(int n, const dt_placement_t* pl, int* i, int* j) {
+  for (int a = 0; a < n; a++)
+    for (int b = 0; b < n; b++)
+      if (pl[a].kind == DT_PARTIAL && pl[b].kind == DT_PARTIAL && pl[a].op != pl[b].op &&
+          (pl[a].op == DT_REDUCE_MAX || pl[a].op == DT_REDUCE_MIN)) {
+        if (i) *i = a;
+        if (j) *j = b;
+        return 1;
+      }
+  return 0;
+}
+
 /* Validates and normalizes; `quiet` skips the messages (callers probing many candidates). */
 static dt_status_t dt__layout_fill(dt_layout_t* l, int mesh_ndim, const int* mesh_shape, int ndim,
                                    const int64_t* shape, const dt_placement_t* pl, int quiet) {
@@ -46,6 +58,13 @@ static dt_status_t dt__layout_fill(dt_layout_t* l, int mesh_ndim, const int* mes
     }
     l->pl[i] = p;
   }
+  int i, j;
+  if (dt__placements_mixed(mesh_ndim, l->pl, &i, &j))
+    return DT__LFAIL("placements mix Partial(%s) (mesh dim %d) with Partial(%s) (mesh dim %d): a "
+                     "max or min reduction does not commute with another kind, so the value "
+                     "would depend on their order (only sum and avg may mix)",
+                     dt_reduce_op_name((dt_reduce_op_t)l->pl[i].op), i,
+                     dt_reduce_op_name((dt_reduce_op_t)l->pl[j].op), j);
   return DT_SUCCESS;
 #undef DT__LFAIL
 }

@@ -17,7 +17,12 @@ typedef struct dt_layout {
   dt_placement_t pl[DT_MAX_MESH_DIMS]; /* normalized */
 } dt_layout_t;
 
-/* Validates and normalizes shape/placements against a mesh shape into *l. */
+/* 1 when pl[0..n) hold Partial(max) or Partial(min) on one mesh dim and another kind of Partial
+ * on another (*i, *j: the two mesh dims; either may be NULL): such reductions do not commute,
+ * so no layout may hold them (PyTorch refuses them too); sum and avg may mix. */
+int dt__placements_mixed(int n, const dt_placement_t* pl, int* i, int* j);
+/* Validates and normalizes shape/placements against a mesh shape into *l (refusing mixed
+ * Partials, see above). */
 dt_status_t dt__layout_init(dt_layout_t* l, int mesh_ndim, const int* mesh_shape, int ndim,
                             const int64_t* shape, const dt_placement_t* pl);
 /* The same without a message: 1 on success, 0 when the layout is invalid (for checks that probe

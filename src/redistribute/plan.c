@@ -185,6 +185,8 @@ static dt_status_t dt__plan_args(dt_mesh_t mesh, dt_dtype_t dtype, int ndim, con
                      "to %d)", i, ndst[i].dim, ndst[i].dim, ndim, -ndim, ndim - 1);
     DT_CHECK(dt_placement_normalize(&ndst[i], ndim));
   }
+  dt_layout_t dl; /* the target must be a valid layout too (no max/min Partial mixed in) */
+  DT_CHECK(dt__layout_init(&dl, mesh->ndim, mesh->shape, ndim, shape, ndst));
   return DT_SUCCESS;
 }
 

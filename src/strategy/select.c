@@ -2,8 +2,8 @@
  *
  * A candidate takes, for every mesh dim, one rule; each tensor's placement list is the rule's
  * placement for that tensor on each mesh dim. Candidates where a tensor cannot take its placements
- * (shard dim out of range) or an input cannot be redistributed to them (a new Partial from a
- * Shard) are dropped. Cost = sum over inputs of the planner's cost from the current to the
+ * (shard dim out of range, or a max/min Partial mixed with another kind) or an input cannot be
+ * redistributed to them (a new Partial from a Shard) are dropped. Cost = sum over inputs of the planner's cost from the current to the
  * required placements. Order of preference: lower cost; then no movement at all; then fewer
  * redistribution steps; then the first candidate in expansion order (rules in generator order,
  * mesh dim 0 varying slowest).
@@ -278,6 +278,9 @@ static dt_status_t dt__expand(dt_mesh_t mesh, int id, const dt_op_call_t* call,
         ok = dt__fits(&c.in[t][i], call->in[t].ndim);
       }
     }
+    /* no tensor may mix a max/min Partial with another kind (dt__placements_mixed) */
+    for (int o = 0; o < c.n_outputs && ok; o++) ok = !dt__placements_mixed(m, c.out[o], 0, 0);
+    for (int t = 0; t < call->n_inputs && ok; t++) ok = !dt__placements_mixed(m, c.in[t], 0, 0);
     if (ok && check != NULL) ok = check(mesh, call, &c);
     /* Reachable at all? (a new Partial from a Shard is not); an input updated in place
      * cannot move at all */

@@ -589,6 +589,58 @@ static void test_host_rules_checked(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* A max or min Partial never mixes with another kind of Partial in one placement list (the
+ * reductions do not commute: the value would depend on their order; PyTorch refuses such lists
+ * too): no box, no plan target, no op candidate; sum with avg may mix. */
+static void test_mixed_partials(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(2, 2, 2);
+  const int64_t s2[2] = {6, 4};
+  const int ms[2] = {2, 2}, co[2] = {1, 0};
+  int64_t off[2], len[2];
+  dt_placement_t pl[2];
+  int n;
+  const char* bad[4] = {"P(max),P(sum)", "P(sum),P(min)", "P(avg),P(max)", "P(min),P(max)"};
+  for (int k = 0; k < 4; k++) {
+    assert_int_equal(dt_placements_parse(bad[k], pl, 2, &n), DT_SUCCESS);
+    assert_int_equal(dt_placements_box(2, s2, 2, ms, pl, co, off, len), DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "mix Partial"));
+    dt_placement_t rr[2] = {dt_replicate(), dt_replicate()};
+    dt_plan_t plan;
+    assert_int_equal(dt_plan_create(m, DT_F32, 2, s2, rr, pl, &plan), DT_ERR_INVALID_ARG);
+    assert_int_equal(dt_plan_create(m, DT_F32, 2, s2, pl, rr, &plan), DT_ERR_INVALID_ARG);
+  }
+  const char* good[3] = {"P(sum),P(avg)", "P(max),P(max)", "P(min),S(0)"};
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(dt_placements_parse(good[k], pl, 2, &n), DT_SUCCESS);
+    assert_int_equal(dt_placements_box(2, s2, 2, ms, pl, co, off, len), DT_SUCCESS);
+  }
+  /* gather on a class-sharded x is P(sum) there; P(max) elsewhere must not pass beside it */
+  const int64_t xs[2] = {6, 8}, is[2] = {6, 3};
+  dt_op_call_t c = call2("gather", 2, xs, 2, is);
+  c.in[1].dtype = DT_I64;
+  c.n_iargs = 1;
+  c.iargs[0] = 1;
+  dt_placement_t in[2][DT_MAX_MESH_DIMS];
+  set_pl(in, 0, "P(max),S(1)");
+  set_pl(in, 1, "R,R");
+  dt_op_choice_t ch;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  static dt_op_choice_t all[4096];
+  assert_int_equal(dt_op_candidates(m, &c, in, all, 4096, &n), DT_SUCCESS);
+  for (int i = 0; i <= n && i < 4096; i++) {
+    const dt_op_choice_t* x = i < n ? &all[i] : &ch;
+    for (int t = 0; t < 3; t++) {
+      const dt_placement_t* p = t == 2 ? x->out[0] : x->in[t];
+      int kinds = 0;
+      for (int d = 0; d < 2; d++)
+        if (p[d].kind == DT_PARTIAL) kinds |= 1 << p[d].op;
+      assert_true(kinds == 0 || kinds == 3 || (kinds & (kinds - 1)) == 0);
+    }
+  }
+  assert_int_equal(dt_mesh_destroy(m), DT_SUCCESS);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
@@ -599,6 +651,7 @@ int main(void) {
       cmocka_unit_test(test_views_zero_size),
       cmocka_unit_test(test_shapes_out_of_range),
       cmocka_unit_test(test_host_rules_checked),
+      cmocka_unit_test(test_mixed_partials),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
