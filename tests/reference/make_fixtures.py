@@ -29,19 +29,25 @@ def pos(*shape):
 def ints(hi, *shape):
     return torch.randint(0, hi, shape, generator=G, dtype=torch.int64)
 
-DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32"}
+DT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.int64: "i64",
+      torch.int32: "i32"}
+
+def num(v):  # JSON has no non-finite numbers: the strings "nan", "inf", "-inf"
+    if math.isfinite(v):
+        return v
+    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
 
 def tens(t):
     return {"dtype": DT[t.dtype], "shape": list(t.shape),
-            "data": [float(v) if t.is_floating_point() else int(v) for v in t.float().flatten().tolist()]
+            "data": [num(float(v)) for v in t.float().flatten().tolist()]
             if t.is_floating_point() else [int(v) for v in t.flatten().tolist()]}
 
-def case(name, op, inputs, outputs, iargs=(), fargs=(), rtol=1e-5, atol=1e-5):
+def case(name, op, inputs, outputs, iargs=(), fargs=(), rtol=1e-5, atol=1e-5, **extra):
     if not isinstance(outputs, (list, tuple)):
         outputs = [outputs]
     CASES.append({"name": name, "op": op, "iargs": list(iargs), "fargs": list(fargs),
                   "inputs": [tens(t) for t in inputs], "outputs": [tens(t) for t in outputs],
-                  "rtol": rtol, "atol": atol})
+                  "rtol": rtol, "atol": atol, **extra})
 
 # ---- matmul family
 a, b = rnd(6, 5), rnd(5, 7)
@@ -251,6 +257,207 @@ case("ring_attention_bshd_gather", "ring_attention", [rqb, rkb, rvb],
      sdpa_ref(rq, rk, rv, True).transpose(1, 2).contiguous(), iargs=[0, 1, 1, 0, 2])
 
 
+# ---- reduced precision: bf16 and f16 (dtensor computes every op in f32 on the converted inputs
+#      and rounds each output once, round to nearest even, past the range to inf, as PyTorch's
+#      CPU kernels do). The reference is PyTorch's own result in that dtype where torch 1.13 has
+#      the CPU kernel ("ref": "torch"); where it has none (most f16 math) the op computed in f32
+#      on the same inputs and rounded once ("ref": "f32-round": what torch 2.x's CPU kernels do,
+#      and what 1.13 does for bf16). Tolerances: exact (bits) where both round the same f32
+#      value (data movement, casts, + - * / of two values, max/min); one unit in the last place
+#      (relative 2^-7 bf16, 2^-10 f16) where f32 libm results may differ by an f32 ulp before the
+#      rounding; "partial": the looser bound for placement combinations with a Partial(sum) input
+#      or output (each rank's partial result is rounded to the dtype before the sum, as PyTorch
+#      DTensor does): 4 ulps of the largest sum of |terms|.
+BF, HF = torch.bfloat16, torch.float16
+ULP = {BF: 2.0 ** -7, HF: 2.0 ** -10}
+LOW = ((BF, "bf16"), (HF, "f16"))
+
+def f32_round(fn, dt, ins):
+    return fn(*[t.float() if t.is_floating_point() else t for t in ins]).to(dt)
+
+def ref_low(fn, dt, ins, native=True):
+    """(PyTorch's result in dt, how it was computed)."""
+    want = f32_round(fn, dt, ins)
+    if not native:
+        return want, "f32-round"
+    try:
+        got = fn(*ins)
+    except RuntimeError as e:
+        if "not implemented for" not in str(e):
+            raise
+        return want, "f32-round"
+    assert got.dtype == dt, (got.dtype, dt)
+    if os.environ.get("DT_FIXTURE_DIAG"):  # where 1.13's own kernel differs from f32-round
+        nd = (got.float() != want.float()) & ~(got.isnan() & want.isnan())
+        if nd.any():
+            rel = ((got.float() - want.float()).abs() / want.float().abs().clamp_min(1e-30))[nd]
+            print(f"  {CUR[0]}: {int(nd.sum())} of {got.numel()} differ, max rel {rel.max():.3g}",
+                  file=sys.stderr)
+    return got, "torch"
+
+CUR = [""]
+
+def lcase(name, op, dt, ins, fn, iargs=(), fargs=(), ulps=1, atol=0.0, mag=None, native=True,
+          note=None):
+    CUR[0] = name
+    out, how = ref_low(fn, dt, ins, native)
+    extra = {"ref": how}
+    if note:
+        extra["note"] = note
+    if mag is not None:  # the largest sum of |terms| a rank's partial result rounds
+        extra["partial"] = [ulps * ULP[dt], 4 * ULP[dt] * float(mag)]
+    case(name, op, ins, out, iargs=iargs, fargs=fargs, rtol=ulps * ULP[dt], atol=atol, **extra)
+
+# torch 1.13's CPU bf16 mm/bmm/addmm and layer_norm differ from the f32 computation by up to
+# 8 ulps (they lose precision inside); torch 2.11's equal it rounded once, bit for bit (checked)
+OLD13 = "torch 1.13's bf16 kernel loses precision; torch 2.11 equals f32 compute rounded once"
+
+def lo(t, dt):
+    return t.to(dt)
+
+for dt, tag in LOW:
+    p, q, dd = lo(rnd(6, 5), dt), lo(rnd(6, 5), dt), lo(pos(6, 5), dt)
+    row, col = lo(rnd(5), dt), lo(rnd(6, 1), dt)
+    # exact: both round the same f32 value (x + y, x * y, x / y are one f32 rounding of the exact
+    # value from values of 8 or 11 bits)
+    lcase(f"add_bcast_{tag}", "add", dt, [p, row], torch.add, ulps=0)
+    lcase(f"sub_{tag}", "sub", dt, [p, q], torch.sub, ulps=0)
+    lcase(f"mul_bcast_{tag}", "mul", dt, [p, col], torch.mul, ulps=0)
+    lcase(f"div_{tag}", "div", dt, [p, dd], torch.div, ulps=0)
+    lcase(f"maximum_{tag}", "maximum", dt, [p, q], torch.maximum, ulps=0)
+    lcase(f"minimum_{tag}", "minimum", dt, [p, q], torch.minimum, ulps=0)
+    lcase(f"neg_{tag}", "neg", dt, [p], torch.neg, ulps=0)
+    lcase(f"relu_{tag}", "relu", dt, [p], torch.relu, ulps=0)
+    lcase(f"add_scalar_{tag}", "add_scalar", dt, [p], lambda x: x + 1.5, fargs=[1.5], ulps=0)
+    lcase(f"mul_scalar_{tag}", "mul_scalar", dt, [p], lambda x: x * -2.5, fargs=[-2.5], ulps=0)
+    lcase(f"pow2_{tag}", "pow", dt, [p], lambda x: torch.pow(x, 2.0), fargs=[2.0], ulps=0)
+    cond, mask = ints(2, 6, 5), ints(2, 6, 1)
+    lcase(f"where_{tag}", "where", dt, [cond, p, q], lambda c, a, b: torch.where(c.bool(), a, b),
+          ulps=0)
+    lcase(f"masked_fill_{tag}", "masked_fill", dt, [p, mask],
+          lambda x, m: x.masked_fill(m.bool(), -3.1), fargs=[-3.1], ulps=0)
+    # one ulp: libm (ours) against PyTorch's vectorized math, both f32 before the rounding
+    for op, fn, x in (("exp", torch.exp, p), ("log", torch.log, dd), ("sqrt", torch.sqrt, dd),
+                      ("rsqrt", torch.rsqrt, dd), ("gelu", F.gelu, p), ("silu", F.silu, p),
+                      ("sigmoid", torch.sigmoid, p), ("tanh", torch.tanh, p)):
+        lcase(f"{op}_{tag}", op, dt, [x], fn)
+    lcase(f"pow_{tag}", "pow", dt, [dd], lambda x: torch.pow(x, 1.7), fargs=[1.7])
+    lcase(f"pow_half_{tag}", "pow", dt, [dd], lambda x: torch.pow(x, 0.5), fargs=[0.5])
+    lcase(f"pow_m1_{tag}", "pow", dt, [dd], lambda x: torch.pow(x, -1.0), fargs=[-1.0])
+    # reductions over long rows: PyTorch accumulates reduced-precision sums in f32 (ours in
+    # double); both round once
+    r2 = lo(rnd(2, 256), dt)
+    mag = r2.float().abs().sum(1).max()
+    lcase(f"sum_rows_{tag}", "sum", dt, [r2], lambda x: x.sum(1), iargs=[0, 1], mag=mag, atol=1e-3)
+    lcase(f"mean_rows_{tag}", "mean", dt, [r2], lambda x: x.mean(1), iargs=[0, 1],
+          mag=mag / 256, atol=1e-5)
+    r3 = lo(rnd(4, 6, 5), dt)
+    lcase(f"sum_all_{tag}", "sum", dt, [r3], lambda x: x.sum(), iargs=[0],
+          mag=r3.float().abs().sum(), atol=1e-3)
+    lcase(f"sum_dim0_keep_{tag}", "sum", dt, [r3], lambda x: x.sum(0, keepdim=True), iargs=[1, 0],
+          mag=r3.float().abs().sum(0).max(), atol=1e-4)
+    lcase(f"amax_rows_{tag}", "amax", dt, [r2], lambda x: x.amax(1), iargs=[0, 1], ulps=0)
+    lcase(f"amin_dim0_{tag}", "amin", dt, [r3], lambda x: x.amin(0), iargs=[0, 0], ulps=0)
+    # softmax family and norms: one rounding of the f32 result
+    lcase(f"softmax_last_{tag}", "softmax", dt, [r3], lambda x: torch.softmax(x, -1), iargs=[-1],
+          atol=1e-6)
+    lcase(f"softmax_dim1_{tag}", "softmax", dt, [r3], lambda x: torch.softmax(x, 1), iargs=[1],
+          atol=1e-6)
+    lcase(f"log_softmax_{tag}", "log_softmax", dt, [r2], lambda x: torch.log_softmax(x, -1),
+          iargs=[-1], atol=1e-6)
+    xn, wn, bn = lo(rnd(4, 64), dt), lo(rnd(64), dt), lo(rnd(64), dt)
+    lcase(f"layer_norm_{tag}", "layer_norm", dt, [xn, wn, bn],
+          lambda x, w, b: F.layer_norm(x, (64,), w, b, 1e-5), fargs=[1e-5], atol=1e-5,
+          native=False, note=OLD13)
+    lcase(f"rms_norm_{tag}", "rms_norm", dt, [xn, wn],
+          lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, fargs=[1e-6],
+          native=False, atol=1e-5,
+          note="torch 1.13 has no rms_norm; torch 2.11's F.rms_norm in bf16 equals the f32 "
+               "computation rounded once (checked)")
+    # matmuls: f32 accumulation (OpenBLAS sgemm on f32 copies; PyTorch's bf16 gemm), one rounding
+    a, b = lo(rnd(6, 40), dt), lo(rnd(40, 7), dt)
+    lcase(f"mm_k40_{tag}", "mm", dt, [a, b], torch.mm, atol=1e-4, native=False, note=OLD13,
+          mag=(a.float().abs() @ b.float().abs()).max())
+    x3, y3 = lo(rnd(3, 4, 24), dt), lo(rnd(3, 24, 5), dt)
+    lcase(f"bmm_k24_{tag}", "bmm", dt, [x3, y3], torch.bmm, atol=1e-4, native=False, note=OLD13,
+          mag=(x3.float().abs() @ y3.float().abs()).max())
+    bias1 = lo(rnd(7), dt)
+    lcase(f"addmm_{tag}", "addmm", dt, [bias1, a, b],
+          lambda c, m1, m2: torch.addmm(c, m1, m2, beta=0.5, alpha=2.0), fargs=[0.5, 2.0],
+          atol=1e-4, native=False, note=OLD13, mag=2 * (a.float().abs() @ b.float().abs()).max() + 1)
+    xl, w, bl = lo(rnd(6, 40), dt), lo(rnd(7, 40), dt), lo(rnd(7), dt)
+    lcase(f"linear_{tag}", "linear", dt, [xl, w, bl], F.linear, atol=1e-4,
+          mag=(xl.float().abs() @ w.float().abs().t()).max() + 2)
+    # data movement: the same bits
+    emb, ids = lo(rnd(9, 4), dt), ints(9, 3, 5)
+    lcase(f"embedding_{tag}", "embedding", dt, [emb, ids], lambda w, i: F.embedding(i, w), ulps=0)
+    v3 = lo(rnd(4, 6, 5), dt)
+    lcase(f"transpose_{tag}", "transpose", dt, [v3], lambda x: x.transpose(0, 2).contiguous(),
+          iargs=[0, 2], ulps=0)
+    lcase(f"slice_{tag}", "slice", dt, [v3], lambda x: x[:, 1:6:2, :].contiguous(),
+          iargs=[1, 1, 6, 2], ulps=0)
+    lcase(f"cat_{tag}", "cat", dt, [v3, lo(rnd(4, 2, 5), dt)], lambda x, y: torch.cat([x, y], 1),
+          iargs=[1], ulps=0)
+    gx, gi = lo(rnd(5, 7), dt), ints(7, 5, 3)
+    lcase(f"gather_{tag}", "gather", dt, [gx, gi], lambda x, i: torch.gather(x, 1, i), iargs=[1],
+          ulps=0)
+    tk = lo(torch.randperm(35, generator=G).reshape(5, 7).float() / 8 - 2, dt)  # no ties
+    try:
+        tv, ti = torch.topk(tk, 3, dim=1)
+        how = "torch"
+    except RuntimeError:
+        tv, ti = torch.topk(tk.float(), 3, dim=1)
+        tv, how = tv.to(dt), "f32-round"
+    case(f"topk_{tag}", "topk", [tk], [tv, ti], iargs=[3, 1], rtol=0.0, atol=0.0, ref=how)
+    # attention and rotary: f32 compute, one rounding (torch 1.13 has no sdpa; torch 2.x's CPU
+    # flash attention accumulates in f32 and rounds its output once)
+    qa, ka, va = lo(rnd(1, 4, 6, 8), dt), lo(rnd(1, 2, 6, 8), dt), lo(rnd(1, 2, 6, 8), dt)
+    lcase(f"sdpa_gqa_causal_{tag}", "sdpa", dt, [qa, ka, va],
+          lambda q, k, v: sdpa_ref(q, k, v, True), iargs=[1], native=False, atol=1e-4,
+          note="sdpa_ref in f32 on the rounded inputs, rounded once")
+    xr = lo(rnd(2, 6, 3, 8), dt)
+    lcase(f"rotary_{tag}", "rotary", dt, [xr], lambda x: rotary_ref(x, 1, 10000.0), iargs=[1],
+          fargs=[10000.0], native=False, atol=1e-5, note="rotary_ref in double, rounded once")
+    # cross-entropy of low-precision logits: PyTorch rounds log_softmax to the dtype, then the
+    # mean of the picked values (f32 accumulation) rounded again
+    lg, tg = lo(rnd(6, 11) * 2, dt), ints(11, 6)
+    lcase(f"cross_entropy_{tag}", "cross_entropy", dt, [lg, tg], F.cross_entropy, atol=1e-4,
+          ulps=2)
+    lcase(f"cross_entropy_none_{tag}", "cross_entropy", dt, [lg, tg],
+          lambda x, t: F.cross_entropy(x, t, reduction="none"), iargs=[0], atol=1e-4, ulps=2)
+
+# casts: round to nearest even at the ties, past the range to inf, NaN kept, subnormals
+T = 2.0 ** -8
+f32_vals = torch.tensor([1 + T, 1 + 3 * T, -(1 + T), 1 + T + 2 ** -20, 2 - T / 2, 3.3895314e38,
+                         3.3961775e38, 3.4028235e38, -3.4e38, 65504.0, 65519.0, 65520.0, 1e5,
+                         -70000.0, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -14 * 1.5,
+                         1e-40, 0.1, -0.0, float("inf"), float("-inf"), float("nan")],
+                        dtype=torch.float32)
+case("cast_f32_bf16", "cast", [f32_vals], f32_vals.to(BF), iargs=[1], rtol=0.0, atol=0.0)
+case("cast_f32_f16", "cast", [f32_vals], f32_vals.to(HF), iargs=[2], rtol=0.0, atol=0.0)
+bf_vals = torch.tensor([1 + 2 ** -7, 1 + 3 * 2 ** -7, 65504.0, 65536.0, 65280.0, 1e5, -3e38,
+                        2.0 ** -25, 2.0 ** -24 * 1.5, 2.0 ** -24 * 2.5, 2.0 ** -14 * (1 + 2 ** -7),
+                        0.1, -0.0, float("inf"), float("nan")]).to(BF)
+case("cast_bf16_f16", "cast", [bf_vals], bf_vals.to(HF), iargs=[2], rtol=0.0, atol=0.0)
+case("cast_bf16_f32", "cast", [bf_vals], bf_vals.float(), iargs=[0], rtol=0.0, atol=0.0)
+# a Partial(sum) input is made from the full value as PyTorch DTensor makes one (divided by the
+# mesh dim's size: 2^-24 / 2 underflows to 0 in f16), so the f16 subnormals may lose 2^-24 there
+hf_vals = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -10, 65504.0, 2.0 ** -24,
+                        3 * 2.0 ** -24, 0.1, -0.0, float("inf"), float("-inf"),
+                        float("nan")]).to(HF)
+case("cast_f16_bf16", "cast", [hf_vals], hf_vals.to(BF), iargs=[1], rtol=0.0, atol=0.0,
+     partial=[0.0, 2.0 ** -24])
+case("cast_f16_f32", "cast", [hf_vals], hf_vals.float(), iargs=[0], rtol=0.0, atol=0.0,
+     partial=[0.0, 2.0 ** -24])
+big_i = torch.tensor([257, 259, 65535, 65536 + 256, -(2 ** 24 + 1), 123456789], dtype=torch.int64)
+case("cast_i64_bf16", "cast", [big_i], big_i.to(BF), iargs=[1], rtol=0.0, atol=0.0)
+case("cast_i64_f16", "cast", [big_i[:3]], big_i[:3].to(HF), iargs=[2], rtol=0.0, atol=0.0)
+fin = bf_vals[:9].clone()
+fin[[2, 3, 5, 6]] = torch.tensor([-2.75, 300.5, -7.5, 1e4]).to(BF)
+case("cast_bf16_i64", "cast", [fin], fin.to(torch.int64), iargs=[4], rtol=0.0, atol=0.0)
+case("cast_bf16_bf16", "cast", [bf_vals], bf_vals.clone(), iargs=[1], rtol=0.0, atol=0.0)
+
+
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
 NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route"}  # not differentiable, or integer input
@@ -314,7 +521,7 @@ def torch_op(op, x, ia, fa):
     raise KeyError(op)
 
 def add_grads(c):
-    if c["op"] in NO_GRAD or any(t["dtype"] == "bf16" for t in c["inputs"]):
+    if c["op"] in NO_GRAD or any(t["dtype"] in ("bf16", "f16") for t in c["inputs"]):
         return
     ins = []
     for t in c["inputs"]:
@@ -333,6 +540,7 @@ def add_grads(c):
     c["grads"] = [None if v.grad is None else [float(g) for g in v.grad.flatten().tolist()]
                   for v in ins]
 
+assert len({c["name"] for c in CASES}) == len(CASES), "case names must be unique"
 for c in CASES:
     add_grads(c)
 print(f"{sum(1 for c in CASES if 'grads' in c)} cases with gradients")
