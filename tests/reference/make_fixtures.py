@@ -426,6 +426,19 @@ for dt, tag in LOW:
     lcase(f"cross_entropy_none_{tag}", "cross_entropy", dt, [lg, tg],
           lambda x, t: F.cross_entropy(x, t, reduction="none"), iargs=[0], atol=1e-4, ulps=2)
 
+# past the range: an f16 result past 65504 is inf (exp, products, sums accumulated in f32 and
+# rounded once); a mean whose f16 sum would overflow stays finite (torch 2.x accumulates in f32
+# and rounds the mean once; torch 1.13 rounds the sum to f16 first and gives inf)
+big = torch.tensor([[10.0, 11.5, -3.0, 12.0], [30000.0, 30000.0, 30000.0, -1.0]]).to(HF)
+lcase("exp_overflow_f16", "exp", HF, [big[:1]], torch.exp)
+lcase("mul_overflow_f16", "mul", HF, [big[1:], big[1:]], torch.mul, ulps=0)
+lcase("sum_overflow_f16", "sum", HF, [big], lambda x: x.sum(1), iargs=[0, 1], atol=1e-3)
+lcase("mean_big_f16", "mean", HF, [big], lambda x: x.mean(1), iargs=[0, 1], native=False,
+      note="torch 1.13 rounds the f16 sum (inf) before dividing; torch 2.11: 22496, f32 mean rounded once")
+bigb = torch.tensor([[3e38, 3e38, 1.0, -2.0], [1e38, 2e38, -3e38, 5.0]]).to(BF)
+lcase("sum_overflow_bf16", "sum", BF, [bigb], lambda x: x.sum(1), iargs=[0, 1])
+lcase("add_overflow_bf16", "add", BF, [bigb[:1], bigb[:1]], torch.add, ulps=0)
+
 # casts: round to nearest even at the ties, past the range to inf, NaN kept, subnormals
 T = 2.0 ** -8
 f32_vals = torch.tensor([1 + T, 1 + 3 * T, -(1 + T), 1 + T + 2 ** -20, 2 - T / 2, 3.3895314e38,
