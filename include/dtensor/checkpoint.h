@@ -131,7 +131,9 @@ DT_API dt_checkpoint_save_opts_t dt_checkpoint_save_opts_default(void);
 /* Collective. Saves everything listed to dir/name (dir is created when missing; name NULL:
  * "step_%08lld" of opts->step; opts NULL: the defaults). A save still pending on ck is finished
  * first (dt_checkpoint_wait). DT_ERR_INVALID_USAGE when dir/name exists already (complete
- * checkpoints are never overwritten), DT_ERR_IO naming the file for a failed write, open, fsync
+ * checkpoints, and files or directories that are not checkpoints, are never overwritten; only
+ * a checkpoint a save renamed but never published, complete and newer than the one dir/latest
+ * names, is replaced), DT_ERR_IO naming the file for a failed write, open, fsync
  * or rename on any rank: the same status on every rank, and a failed save publishes nothing
  * (no dir/name, no dir/name.tmp, dir/latest unchanged). The save commits when dir/latest names
  * it; what can fail after that (the directory's last fsync, pruning to keep_last) is written to

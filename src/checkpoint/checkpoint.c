@@ -939,24 +939,28 @@ static dt_status_t dt__ck_prune(const char* dir, int keep, const char* keep_name
   return st;
 }
 
-/* Whether dir/name is a save that died after its rename but before `latest` named it: a readable
- * latest names another checkpoint with an older step, or dir/name has no valid index. Such a
- * directory was never published: loads of `latest` never saw it, and a save may replace it. A
- * complete checkpoint next to a missing or damaged `latest` counts as published (never replaced:
- * nothing proves that it is not the one a user wants). */
+/* Whether dir/name is a save that died after its rename but before `latest` named it: dir/name
+ * holds a valid index (a save renames its directory only once the index is written) and a
+ * readable latest names another checkpoint with an older step. Such a directory was never
+ * published: loads of `latest` never saw it, and a save may replace it. Anything else is kept
+ * (the save is refused): a complete checkpoint next to a missing or damaged `latest` (nothing
+ * proves that it is not the one a user wants), and a file or directory without a valid index
+ * (the user's own files, another tool's checkpoint, a checkpoint whose index.json was damaged or
+ * is of a newer format: no save leaves such a directory under its final name). */
 static int dt__ck_unpublished(const char* dir, const char* name) {
   char latest[DT_CHECKPOINT_NAME_MAX], p[DT__CK_PATH_MAX + DT_CHECKPOINT_NAME_MAX];
   int has_latest = dt_checkpoint_latest(dir, latest, sizeof latest) == DT_SUCCESS;
-  if (has_latest && strcmp(latest, name) == 0) return 0;
+  dt_clear_error();
+  if (!has_latest || strcmp(latest, name) == 0) return 0;
   dt__ck_index_t mine, pub;
   snprintf(p, sizeof p, "%s/%s", dir, name);
   if (dt__ck_index_read(p, &mine) != DT_SUCCESS) {
     dt_clear_error();
-    return 1;
+    return 0;
   }
   int newer = 0;
   snprintf(p, sizeof p, "%s/%s", dir, latest);
-  if (has_latest && dt__ck_index_read(p, &pub) == DT_SUCCESS) {
+  if (dt__ck_index_read(p, &pub) == DT_SUCCESS) {
     newer = mine.step > pub.step;
     dt__ck_index_free(&pub);
   }
@@ -1138,8 +1142,9 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
         if (rename(final, q) != 0)
           st = DT_FAIL(DT_ERR_IO, "renaming %s: %s", final, strerror(errno));
       } else {
-        st = DT_FAIL(DT_ERR_INVALID_USAGE, "checkpoint %s exists already (complete checkpoints "
-                     "are never overwritten: choose another name or remove it)", final);
+        st = DT_FAIL(DT_ERR_INVALID_USAGE, "%s exists already (complete checkpoints, and files "
+                     "that are not checkpoints, are never overwritten: choose another name or "
+                     "remove it)", final);
       }
     }
     if (st == DT_SUCCESS) {

@@ -294,6 +294,8 @@ static void test_reshard(void) {
   barrier();
 }
 
+static void same_everywhere(const char* msg);
+
 /* Values, latest, keep_last, refusal of an existing name, leftovers. */
 static void test_publish(void) {
   set_t s = make_set(1, 3);
@@ -390,6 +392,31 @@ static void test_publish(void) {
   DT_ASSERT_OK(dt_checkpoint_info(dir, out));
   if (out != stdout) fclose(out);
   DT_ASSERT_OK(dt_checkpoint_verify(dir, NULL));
+  /* what a save of the same name never replaces, though `latest` names an older step: a
+   * directory of the user's files, a plain file, a checkpoint whose index.json was damaged (a
+   * save that dies leaves its directory under NAME only once the index is complete); each was
+   * deleted as "unpublished" */
+  if (g_rank == 0) {
+    run_cmd("mkdir -p %s/step_00000070 && echo notes > %s/step_00000070/notes.txt", dir);
+    run_cmd("echo precious > %s/userfile", dir);
+    run_cmd("cp -r %s/step_00000060 %s/step_00000080 && echo '{' > %s/step_00000080/index.json",
+            dir);
+  }
+  barrier();
+  static const char* const kept[3] = {"step_00000070/notes.txt", "userfile",
+                                      "step_00000080/rank_00000.safetensors"};
+  for (int k = 0; k < 3; k++) {
+    dt_checkpoint_save_opts_t ok = dt_checkpoint_save_opts_default();
+    ok.step = k == 0 ? 70 : 80;
+    DT_ASSERT_STATUS(dt_checkpoint_save(ck, dir, k == 1 ? "userfile" : NULL, &ok),
+                     DT_ERR_INVALID_USAGE);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "exists already") != NULL, "%s", dt_last_error());
+    same_everywhere(dt_last_error());
+    snprintf(p, sizeof p, "%s/%s", dir, kept[k]);
+    DT_ASSERT_TRUE(exists(p), "a refused save removed %s", p);
+  }
+  DT_ASSERT_OK(dt_checkpoint_latest(dir, latest50, sizeof latest50));
+  DT_ASSERT_TRUE(strcmp(latest50, "step_00000060") == 0, "latest %s", latest50);
   DT_ASSERT_OK(dt_checkpoint_destroy(ck));
   free_set(&s);
   barrier();
