@@ -1117,7 +1117,7 @@ static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, con
 static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, const char* name,
                                        const dt_checkpoint_save_opts_t* opts) {
   DT_CHECK(dt__ck_check(ck));
-  DT_ARG_NOT_NULL(dir);
+  DT__CK_PATH_ARG(dir);
   double t0 = dt__ck_now();
   DT_CHECK(dt__ck_world(ck));
   DT_CHECK(dt__checkpoint_wait(ck));
@@ -1339,7 +1339,7 @@ static dt_status_t dt__ck_read_all(dt_checkpoint_t ck, const dt__ck_index_t* ix,
 
 static dt_status_t dt__checkpoint_load(dt_checkpoint_t ck, const char* dir, const char* name) {
   DT_CHECK(dt__ck_check(ck));
-  DT_ARG_NOT_NULL(dir);
+  DT__CK_PATH_ARG(dir);
   DT_CHECK(dt__ck_world(ck));
   DT_CHECK(dt__checkpoint_wait(ck));
   char nm[DT_CHECKPOINT_NAME_MAX], ckdir[DT__CK_PATH_MAX];

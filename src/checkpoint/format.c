@@ -924,6 +924,7 @@ dt_status_t dt__ck_fsync_path(const char* path) {
 
 dt_status_t dt__ck_mkdir_p(const char* path) {
   char buf[DT__CK_PATH_MAX];
+  if (path[0] == '\0') return DT_FAIL(DT_ERR_INVALID_ARG, "the directory path is empty");
   if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
     return DT_FAIL(DT_ERR_INVALID_ARG, "path too long: %.200s", path);
   for (char* c = buf + 1;; c++) {
@@ -1064,7 +1065,7 @@ dt_status_t dt__ck_resolve(const char* path, char* ckdir, size_t cap) {
 }
 
 static dt_status_t dt__checkpoint_latest(const char* dir, char* name, size_t cap) {
-  DT_ARG_NOT_NULL(dir);
+  DT__CK_PATH_ARG(dir);
   DT_ARG_NOT_NULL(name);
   if (cap > 0) name[0] = '\0';
   char p[DT__CK_PATH_MAX];

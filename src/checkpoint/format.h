@@ -160,6 +160,14 @@ typedef struct {
 } dt__ck_reader_t;
 int dt__ck_read_run(int64_t src, int64_t dst, int64_t n, void* ctx);
 
+/* A path argument: DT_ERR_INVALID_ARG when NULL or empty ("" joined with "/NAME" would name the
+ * root directory's NAME). */
+#define DT__CK_PATH_ARG(p)                                                                     \
+  do {                                                                                         \
+    DT_ARG_NOT_NULL(p);                                                                        \
+    if ((p)[0] == '\0') return DT_FAIL(DT_ERR_INVALID_ARG, "%s is empty (a path is needed)", #p); \
+  } while (0)
+
 /* files */
 dt_status_t dt__ck_write_all(int fd, const void* p, size_t n, const char* path);
 dt_status_t dt__ck_pread_all(int fd, void* p, size_t n, int64_t off, const char* path);

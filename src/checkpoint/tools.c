@@ -18,7 +18,7 @@
 /* ---- info ---------------------------------------------------------------------------------- */
 
 static dt_status_t dt__checkpoint_info(const char* path, FILE* out) {
-  DT_ARG_NOT_NULL(path);
+  DT__CK_PATH_ARG(path);
   DT_ARG_NOT_NULL(out);
   char ckdir[DT__CK_PATH_MAX];
   DT_CHECK(dt__ck_resolve(path, ckdir, sizeof ckdir));
@@ -85,7 +85,7 @@ static dt_status_t dt__ck_verify_box(const dt__ck_index_t* ix, const dt__ck_tens
 }
 
 static dt_status_t dt__checkpoint_verify(const char* path, FILE* out) {
-  DT_ARG_NOT_NULL(path);
+  DT__CK_PATH_ARG(path);
   char ckdir[DT__CK_PATH_MAX];
   DT_CHECK(dt__ck_resolve(path, ckdir, sizeof ckdir));
   dt__ck_index_t ix;
@@ -245,7 +245,7 @@ static dt_status_t dt__ck_out_apart(const char* ckdir, const char* out_path) {
 
 static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_path,
                                               int64_t max_file_nbytes, int with_optimizer) {
-  DT_ARG_NOT_NULL(path);
+  DT__CK_PATH_ARG(path);
   DT_ARG_NOT_NULL(out_path);
   if (out_path[0] == '\0') return DT_FAIL(DT_ERR_INVALID_ARG, "out_path is empty");
   DT_CHECK(dt__ck_out_check(out_path)); /* before reading anything */
@@ -432,8 +432,8 @@ static dt_status_t dt__ck_sources(const char* path, dt__ck_src_t** out, int* n) 
 
 static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, const char* name,
                                          int64_t step) {
-  DT_ARG_NOT_NULL(src_path);
-  DT_ARG_NOT_NULL(dir);
+  DT__CK_PATH_ARG(src_path);
+  DT__CK_PATH_ARG(dir);
   if (step < 0 || step > DT__CK_MAX_SAFE)
     return DT_FAIL(DT_ERR_INVALID_ARG, "step=%" PRId64 " (valid: 0 to 2^53, what an index can "
                    "hold exactly)", step);

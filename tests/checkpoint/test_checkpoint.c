@@ -645,6 +645,21 @@ static void test_bad_input(void) {
   DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "x", src.t[1]), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "a/b", NULL), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "latest", NULL), DT_ERR_INVALID_ARG);
+  /* an empty dir or path is refused: joined with "/NAME" it named the root directory's NAME
+   * (a load read /latest; mkdir_p scanned past the end of "") */
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, "", "ok", NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "dir is empty") != NULL, "%s", dt_last_error());
+  DT_ASSERT_STATUS(dt_checkpoint_load(ck, "", NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_STATUS(dt_checkpoint_load(ck, "", "ok"), DT_ERR_INVALID_ARG);
+  {
+    char nm[64];
+    DT_ASSERT_STATUS(dt_checkpoint_latest("", nm, sizeof nm), DT_ERR_INVALID_ARG);
+    DT_ASSERT_STATUS(dt_checkpoint_info("", stdout), DT_ERR_INVALID_ARG);
+    DT_ASSERT_STATUS(dt_checkpoint_verify("", NULL), DT_ERR_INVALID_ARG);
+    DT_ASSERT_STATUS(dt_checkpoint_consolidate("", "/tmp/x.safetensors", 0, 0), DT_ERR_INVALID_ARG);
+    DT_ASSERT_STATUS(dt_checkpoint_import("", g_dir, "imp", 0), DT_ERR_INVALID_ARG);
+    DT_ASSERT_STATUS(dt_checkpoint_import("/tmp/x.safetensors", "", "imp", 0), DT_ERR_INVALID_ARG);
+  }
   dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
   o.block_nbytes = 100;
   DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "ok", &o), DT_ERR_INVALID_ARG);
