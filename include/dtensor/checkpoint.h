@@ -81,7 +81,8 @@ DT_API dt_status_t dt_checkpoint_destroy(dt_checkpoint_t ck);
 /* Adds tensor `t` (borrowed: it must outlive the checkpoint's saves and loads) under `name`
  * (printable ASCII without '"', '\\' or ':' , unique in the list). A save reads it, a load writes
  * its local shard in place. DT_ERR_INVALID_ARG for a duplicate or bad name, and at save for a
- * rank-local tensor (dt_tensor_set_rank_local). Local. */
+ * rank-local tensor (dt_tensor_set_rank_local); DT_ERR_INVALID_USAGE at save for the name
+ * "__metadata__" (a safetensors header's own key; loads still read it). Local. */
 DT_API dt_status_t dt_checkpoint_add_tensor(dt_checkpoint_t ck, const char* name, dt_tensor_t t);
 /* Adds a tensor whose local values are this rank's shard of a tensor of `shape` (ndim dims) placed
  * by `placements` (one per mesh dim of t's mesh) rather than what t's own layout says: how a

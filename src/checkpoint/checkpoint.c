@@ -1098,6 +1098,10 @@ static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, con
   s->keep_last = o->keep_last;
   for (int i = 0; i < ck->n; i++) {
     int rl = 0;
+    if (strcmp(ck->items[i].name, DT__CK_META_KEY) == 0) /* loads still read old ones */
+      return DT_FAIL(DT_ERR_INVALID_USAGE,
+                     "tensor '%s': a safetensors header cannot have an entry of that name (its "
+                     "own metadata key): add it under another name", ck->items[i].name);
     DT_CHECK(dt_tensor_is_rank_local(ck->items[i].t, &rl));
     if (rl && !ck->items[i].as)
       return DT_FAIL(DT_ERR_INVALID_ARG,

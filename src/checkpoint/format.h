@@ -96,6 +96,9 @@ typedef struct {
   int64_t begin, end; /* data_offsets, relative to the data */
   char kind[8];       /* "optim" or "tensor" when the metadata says so (DT__CK_KIND_META), else "" */
 } dt__ck_st_entry_t;
+/* The safetensors header's own key: no tensor may be named so (a whole-tensor box's entry is
+ * keyed by the tensor's name: the header had the key twice and no reader took the file). */
+#define DT__CK_META_KEY "__metadata__"
 /* The __metadata__ key prefix that records a tensor's checkpoint kind where it is not "param"
  * ("dtensor_kind:NAME": "optim"), so a consolidated file imports back with its kinds. Checkpoint
  * names never hold ':'. */

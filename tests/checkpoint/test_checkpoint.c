@@ -629,6 +629,42 @@ static void test_bad_input(void) {
     DT_ASSERT_OK(dt_tensor_destroy(pt));
     DT_ASSERT_OK(dt_mesh_destroy(m1));
   }
+  /* a checkpoint saved before the name was refused, with a sharded tensor of that name (its
+   * entries keyed "__metadata__:o0", valid): it still loads, and consolidate refuses it (the
+   * output's header would hold the key twice) */
+  if (g_world >= 2) {
+    int w = g_world;
+    dt_mesh_t m1;
+    DT_ASSERT_OK(dt_mesh_create(1, &w, NULL, NULL, &m1));
+    const dt_placement_t sh1[1] = {dt_shard(0)};
+    const int64_t s8[1] = {8};
+    dt_tensor_t a, b;
+    DT_ASSERT_OK(dt_tensor_full_value(m1, DT_F32, 1, s8, sh1, 3.0, &a));
+    DT_ASSERT_OK(dt_tensor_zeros(m1, DT_F32, 1, s8, sh1, &b));
+    DT_ASSERT_OK(dt_checkpoint_create(&ck));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "ZZmetadataZZ", a));
+    DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "oldmeta", NULL));
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    if (g_rank == 0) /* the same length: every offset stays */
+      run_cmd("sed -i 's/ZZmetadataZZ/__metadata__/g' %s/oldmeta/*", g_dir);
+    barrier();
+    DT_ASSERT_OK(dt_checkpoint_create(&ck));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "__metadata__", b));
+    DT_ASSERT_OK(dt_checkpoint_load(ck, g_dir, "oldmeta"));
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    float got[8];
+    DT_ASSERT_OK(dt_tensor_gather_full(b, got, sizeof got));
+    for (int i = 0; i < 8; i++) DT_ASSERT_TRUE(got[i] == 3.0f, "got[%d] = %g", i, got[i]);
+    char ckp[600], outp[600];
+    snprintf(ckp, sizeof ckp, "%s/oldmeta", g_dir);
+    snprintf(outp, sizeof outp, "%s/oldmeta_%d.safetensors", g_dir, g_rank);
+    DT_ASSERT_OK(dt_checkpoint_verify(ckp, NULL));
+    DT_ASSERT_STATUS(dt_checkpoint_consolidate(ckp, outp, 0, 0), DT_ERR_UNSUPPORTED);
+    DT_ASSERT_TRUE(!exists(outp), "%s written", outp);
+    DT_ASSERT_OK(dt_tensor_destroy(a));
+    DT_ASSERT_OK(dt_tensor_destroy(b));
+    DT_ASSERT_OK(dt_mesh_destroy(m1));
+  }
   /* steps an index cannot hold exactly (above 2^53) or negative ones are refused */
   ck = list_of(&src);
   dt_checkpoint_save_opts_t big = dt_checkpoint_save_opts_default();
@@ -641,6 +677,22 @@ static void test_bad_input(void) {
   DT_ASSERT_OK(dt_checkpoint_create(&ck));
   DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "a:b", src.t[0]), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "", src.t[0]), DT_ERR_INVALID_ARG);
+  /* the safetensors header's own key: a whole-tensor box keyed so gave a header with the key
+   * twice, a save that succeeded and a checkpoint no load (nor any safetensors reader) took */
+  {
+    dt_checkpoint_t mk;
+    DT_ASSERT_OK(dt_checkpoint_create(&mk));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(mk, "__metadata__", src.t[0]));
+    DT_ASSERT_STATUS(dt_checkpoint_save(mk, g_dir, "meta_key", NULL), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "__metadata__") != NULL, "%s", dt_last_error());
+    same_everywhere(dt_last_error());
+    DT_ASSERT_OK(dt_checkpoint_destroy(mk));
+    char mp[600];
+    snprintf(mp, sizeof mp, "%s/meta_key", g_dir);
+    DT_ASSERT_TRUE(!exists(mp), "%s saved", mp);
+    snprintf(mp, sizeof mp, "%s/meta_key.tmp", g_dir);
+    DT_ASSERT_TRUE(!exists(mp), "%s left", mp);
+  }
   DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "x", src.t[0]));
   DT_ASSERT_STATUS(dt_checkpoint_add_tensor(ck, "x", src.t[1]), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, "a/b", NULL), DT_ERR_INVALID_ARG);
