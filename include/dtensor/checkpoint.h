@@ -163,9 +163,9 @@ DT_API dt_status_t dt_checkpoint_wait_staged(dt_checkpoint_t ck);
 /* The last save's figures (pending 1 until dt_checkpoint_wait). Local. */
 DT_API dt_status_t dt_checkpoint_stats(dt_checkpoint_t ck, dt_checkpoint_stats_t* out);
 
-/* Collective. Loads dir/name (name NULL: the one dir/latest names) into every listed tensor and
- * the named values (see above). Each listed entry must be in the checkpoint (under its name or
- * one of its aliases) with the same dtype and global shape. */
+/* Collective. Loads dir/name (name NULL: the one dir/latest names, as rank 0 reads it) into
+ * every listed tensor and the named values (see above). Each listed entry must be in the
+ * checkpoint (under its name or one of its aliases) with the same dtype and global shape. */
 DT_API dt_status_t dt_checkpoint_load(dt_checkpoint_t ck, const char* dir, const char* name);
 
 /* Local. The name dir/latest holds (name[cap]); DT_ERR_IO when there is none. */

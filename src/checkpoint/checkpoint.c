@@ -1350,8 +1350,20 @@ static dt_status_t dt__checkpoint_load(dt_checkpoint_t ck, const char* dir, cons
   DT_CHECK(dt__checkpoint_wait(ck));
   char nm[DT_CHECKPOINT_NAME_MAX], ckdir[DT__CK_PATH_MAX];
   dt_status_t st = DT_SUCCESS;
-  if (name == NULL) st = dt_checkpoint_latest(dir, nm, sizeof nm);
-  else if (!dt__ck_name_ok(name, 1)) st = DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);
+  if (name == NULL) { /* rank 0 reads `latest`, every rank loads what it named: a save published
+                       * between the ranks' reads must not give them different checkpoints */
+    int32_t buf[DT_CHECKPOINT_NAME_MAX];
+    memset(buf, 0, sizeof buf);
+    if (ck->rank == 0) st = dt_checkpoint_latest(dir, nm, sizeof nm);
+    for (int i = 0; ck->rank == 0 && st == DT_SUCCESS && nm[i]; i++) buf[i] = (unsigned char)nm[i];
+    st = dt__ck_agree(ck, st);
+    if (st == DT_SUCCESS)
+      st = dt_mesh_all_reduce_host(ck->world, 0, NULL, buf, DT_CHECKPOINT_NAME_MAX, DT_I32,
+                                   DT_REDUCE_SUM);
+    if (st != DT_SUCCESS) return st; /* on every rank */
+    for (int i = 0; i < DT_CHECKPOINT_NAME_MAX; i++) nm[i] = (char)buf[i];
+    nm[DT_CHECKPOINT_NAME_MAX - 1] = '\0';
+  } else if (!dt__ck_name_ok(name, 1)) st = DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);
   else snprintf(nm, sizeof nm, "%s", name);
   if (st == DT_SUCCESS && snprintf(ckdir, sizeof ckdir, "%s/%s", dir, nm) >= (int)sizeof ckdir)
     st = DT_FAIL(DT_ERR_INVALID_ARG, "dir too long: %.200s", dir);

@@ -426,6 +426,48 @@ static void test_publish(void) {
   barrier();
 }
 
+/* A load of `latest` loads the checkpoint rank 0 reads it to name, on every rank. Each rank
+ * reading `latest` itself loaded a mix of two checkpoints when a save was published between the
+ * ranks' reads (an evaluation job loading while training saves); per-rank directories whose
+ * `latest` differ stand for that moment here. */
+static void test_latest_agreed(void) {
+  if (g_world < 2) return;
+  char d0[600], mine[600];
+  snprintf(d0, sizeof d0, "%s/lt_0", g_dir);
+  snprintf(mine, sizeof mine, "%s/lt_%d", g_dir, g_rank);
+  for (int v = 1; v <= 2; v++) {
+    set_t s = make_set(1, v);
+    dt_checkpoint_t ck = list_of(&s);
+    DT_ASSERT_OK(dt_checkpoint_save(ck, d0, v == 1 ? "s1" : "s2", NULL));
+    DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+    free_set(&s);
+  }
+  if (g_rank == 0) {
+    run_cmd("echo s1 > %s/lt_0/latest", g_dir);
+    for (int r = 1; r < g_world; r++) {
+      char cmd[2400];
+      snprintf(cmd, sizeof cmd, "cp -r %s %s/lt_%d && echo s2 > %s/lt_%d/latest", d0, g_dir, r,
+               g_dir, r);
+      DT_ASSERT_EQ(system(cmd), 0);
+    }
+  }
+  barrier();
+  set_t dst = make_set(1, 3);
+  dt_checkpoint_t ck = list_of(&dst);
+  DT_ASSERT_OK(dt_checkpoint_load(ck, mine, NULL));
+  check_set(&dst, 1, "a load of latest (rank 0's s1; the others' latest says s2)");
+  /* rank 0 without a latest: every rank fails alike, none waits */
+  if (g_rank == 0) run_cmd("rm %s/lt_0/latest", g_dir);
+  barrier();
+  DT_ASSERT_STATUS(dt_checkpoint_load(ck, mine, NULL), DT_ERR_IO);
+  same_everywhere(dt_last_error());
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  free_set(&dst);
+  barrier();
+  if (g_rank == 0) run_cmd("rm -rf %s/lt_*", g_dir);
+  barrier();
+}
+
 /* Rank-local tensors: refused as such, saved through add_tensor_as. */
 static void test_rank_local(void) {
   dt_mesh_t m = make_mesh("world");
@@ -739,6 +781,7 @@ int main(int argc, char** argv) {
   test_reshard();
   test_publish();
   test_rank_local();
+  test_latest_agreed();
   test_bad_input();
   barrier();
   if (g_rank == 0 && argc <= 1) run_cmd("rm -rf %s", g_dir);
