@@ -97,7 +97,64 @@ typedef struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int staged;
+  /* rank 0: this save made tmpdir and is listed among the process's saves in flight */
+  int made_tmpdir;
+  dev_t dir_dev;
+  ino_t dir_ino;
 } dt__ck_save_t;
+
+/* The saves of this process whose NAME.tmp exists (rank 0's, between the creation of the
+ * directory and the end of the save): another checkpoint object's save into the same directory
+ * leaves them alone (its clean-up of leftovers removed a pending async save's files) and refuses
+ * their names. */
+static pthread_mutex_t dt__ck_inflight_mu = PTHREAD_MUTEX_INITIALIZER;
+static dt__ck_save_t** dt__ck_inflight;
+static int dt__ck_n_inflight, dt__ck_cap_inflight;
+
+/* Whether a save of this process has dir (dev, ino)/name.tmp in flight. */
+static int dt__ck_inflight_has(dev_t dev, ino_t ino, const char* name, size_t name_len) {
+  pthread_mutex_lock(&dt__ck_inflight_mu);
+  int has = 0;
+  for (int i = 0; i < dt__ck_n_inflight && !has; i++) {
+    const dt__ck_save_t* o = dt__ck_inflight[i];
+    has = o->dir_dev == dev && o->dir_ino == ino && strlen(o->name) == name_len &&
+          strncmp(o->name, name, name_len) == 0;
+  }
+  pthread_mutex_unlock(&dt__ck_inflight_mu);
+  return has;
+}
+
+static int dt__ck_inflight_add(dt__ck_save_t* s) {
+  pthread_mutex_lock(&dt__ck_inflight_mu);
+  int ok = 1;
+  if (dt__ck_n_inflight == dt__ck_cap_inflight) {
+    int cap = dt__ck_cap_inflight ? 2 * dt__ck_cap_inflight : 8;
+    dt__ck_save_t** p = realloc(dt__ck_inflight, (size_t)cap * sizeof *p);
+    if (p == NULL) ok = 0;
+    else {
+      dt__ck_inflight = p;
+      dt__ck_cap_inflight = cap;
+    }
+  }
+  if (ok) dt__ck_inflight[dt__ck_n_inflight++] = s;
+  pthread_mutex_unlock(&dt__ck_inflight_mu);
+  return ok;
+}
+
+static void dt__ck_inflight_remove(dt__ck_save_t* s) {
+  pthread_mutex_lock(&dt__ck_inflight_mu);
+  for (int i = 0; i < dt__ck_n_inflight; i++)
+    if (dt__ck_inflight[i] == s) {
+      dt__ck_inflight[i] = dt__ck_inflight[--dt__ck_n_inflight];
+      break;
+    }
+  if (dt__ck_n_inflight == 0) { /* nothing kept once no save is in flight */
+    free(dt__ck_inflight);
+    dt__ck_inflight = NULL;
+    dt__ck_cap_inflight = 0;
+  }
+  pthread_mutex_unlock(&dt__ck_inflight_mu);
+}
 
 struct dt_checkpoint {
   int n, cap;
@@ -171,6 +228,7 @@ dt_status_t dt_checkpoint_create(dt_checkpoint_t* out) {
 static void dt__ck_save_free(dt__ck_save_t* s) {
   if (s == NULL) return;
   if (s->thread_started) pthread_join(s->thread, NULL);
+  if (s->made_tmpdir) dt__ck_inflight_remove(s);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s->copies);
@@ -969,14 +1027,18 @@ static int dt__ck_unpublished(const char* dir, const char* name) {
   return newer;
 }
 
-/* Removes leftovers of saves that died: NAME.tmp directories and latest.tmp. Rank 0. */
+/* Removes leftovers of saves that died: NAME.tmp directories and latest.tmp (not those of saves
+ * this process has in flight). Rank 0. */
 static void dt__ck_clean(const char* dir) {
+  struct stat ds;
+  if (stat(dir, &ds) != 0) return;
   DIR* d = opendir(dir);
   if (d == NULL) return;
   struct dirent* e;
   while ((e = readdir(d)) != NULL) {
     size_t n = strlen(e->d_name);
     if (n <= 4 || strcmp(e->d_name + n - 4, ".tmp") != 0) continue;
+    if (dt__ck_inflight_has(ds.st_dev, ds.st_ino, e->d_name, n - 4)) continue;
     char p[DT__CK_PATH_MAX];
     if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
     if (dt__ck_rm_rf(p) != DT_SUCCESS) dt_clear_error();
@@ -1139,6 +1201,16 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
     const char* final = s->final;
     struct stat sb;
     st = dt__ck_mkdir_p(s->dir);
+    struct stat ds;
+    if (st == DT_SUCCESS && stat(s->dir, &ds) != 0)
+      st = DT_FAIL(DT_ERR_IO, "stat %s: %s", s->dir, strerror(errno));
+    if (st == DT_SUCCESS) {
+      s->dir_dev = ds.st_dev;
+      s->dir_ino = ds.st_ino;
+      if (dt__ck_inflight_has(ds.st_dev, ds.st_ino, s->name, strlen(s->name)))
+        st = DT_FAIL(DT_ERR_INVALID_USAGE, "a save of %s is pending on another checkpoint "
+                     "object (dt_checkpoint_wait it first)", final);
+    }
     if (st == DT_SUCCESS && stat(final, &sb) == 0) {
       if (dt__ck_unpublished(s->dir, s->name)) { /* a save that died before `latest` named it */
         char q[DT__CK_PATH_MAX + DT_CHECKPOINT_NAME_MAX + 16];
@@ -1157,13 +1229,18 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
       dt__ck_clean(s->dir);
       if (mkdir(s->tmpdir, 0777) != 0)
         st = DT_FAIL(DT_ERR_IO, "creating %s: %s", s->tmpdir, strerror(errno));
+      else if (!dt__ck_inflight_add(s)) {
+        (void)rmdir(s->tmpdir); /* empty: a failed save leaves no NAME.tmp */
+        st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "the list of saves in flight");
+      } else
+        s->made_tmpdir = 1;
     }
   }
   st = dt__ck_agree(ck, st);
   if (st == DT_SUCCESS)
     st = dt__ck_agree(ck, dt__ck_stage(ck, s, o.async == DT_CHECKPOINT_ASYNC_DEFER_COPY));
   if (st != DT_SUCCESS) {
-    if (ck->rank == 0 && s && s->tmpdir[0] && strstr(dt_last_error(), "exists already") == NULL) {
+    if (ck->rank == 0 && s && s->made_tmpdir) { /* (never another save's or a checkpoint) */
       char msg[1024];
       snprintf(msg, sizeof msg, "%s", dt_last_error());
       if (dt__ck_rm_rf(s->tmpdir) != DT_SUCCESS) dt_clear_error();

@@ -468,6 +468,43 @@ static void test_latest_agreed(void) {
   barrier();
 }
 
+/* Two checkpoint objects saving into one directory (the model's and the data loader's, say):
+ * the second's clean-up of leftover NAME.tmp directories removed the first's pending async save
+ * (its wait then failed, its files gone); a save of a pending save's name is refused. */
+static void test_two_objects(void) {
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/two", g_dir);
+  set_t a = make_set(1, 1), b = make_set(1, 2), dst = make_set(1, 3);
+  dt_checkpoint_t ca = list_of(&a), cb = list_of(&b);
+  dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
+  o.async = DT_CHECKPOINT_ASYNC;
+  DT_ASSERT_OK(dt_checkpoint_save(ca, dir, "pa", &o));
+  DT_ASSERT_STATUS(dt_checkpoint_save(cb, dir, "pa", NULL), DT_ERR_INVALID_USAGE);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "pending") != NULL, "%s", dt_last_error());
+  same_everywhere(dt_last_error());
+  DT_ASSERT_OK(dt_checkpoint_save(cb, dir, "pb", NULL));
+  DT_ASSERT_OK(dt_checkpoint_wait(ca));
+  dt_checkpoint_t cd = list_of(&dst);
+  DT_ASSERT_OK(dt_checkpoint_load(cd, dir, "pa"));
+  check_set(&dst, 1, "the async save pending while another object saved into its directory");
+  DT_ASSERT_OK(dt_checkpoint_load(cd, dir, "pb"));
+  check_set(&dst, 2, "the other object's save");
+  /* an abandoned save (its object destroyed) is a leftover again: the next save removes it */
+  DT_ASSERT_OK(dt_checkpoint_save(ca, dir, "pc", &o));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ca)); /* (every rank's writer thread joined) */
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_save(cb, dir, "pd", NULL));
+  char p[700];
+  snprintf(p, sizeof p, "%s/pc.tmp", dir);
+  DT_ASSERT_TRUE(!exists(p), "the abandoned %s was not removed", p);
+  DT_ASSERT_OK(dt_checkpoint_destroy(cb));
+  DT_ASSERT_OK(dt_checkpoint_destroy(cd));
+  free_set(&a);
+  free_set(&b);
+  free_set(&dst);
+  barrier();
+}
+
 /* Rank-local tensors: refused as such, saved through add_tensor_as. */
 static void test_rank_local(void) {
   dt_mesh_t m = make_mesh("world");
@@ -782,6 +819,7 @@ int main(int argc, char** argv) {
   test_publish();
   test_rank_local();
   test_latest_agreed();
+  test_two_objects();
   test_bad_input();
   barrier();
   if (g_rank == 0 && argc <= 1) run_cmd("rm -rf %s", g_dir);
