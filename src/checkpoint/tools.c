@@ -187,8 +187,11 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
   if (st == DT_SUCCESS && buf == NULL)
     st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%" PRId64 " bytes for the largest tensor", largest);
   char tmp[DT__CK_PATH_MAX];
-  snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
   int fd = -1;
+  /* a name cut short could be out_path itself: written in place, and unlinked on a failure */
+  if (st == DT_SUCCESS && snprintf(tmp, sizeof tmp, "%s.tmp", out_path) >= (int)sizeof tmp)
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "out_path too long (its %zu characters and \".tmp\")",
+                 strlen(out_path));
   if (st == DT_SUCCESS) st = dt__ck_out_check(out_path);
   if (st == DT_SUCCESS) {
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -248,6 +251,11 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
   DT__CK_PATH_ARG(path);
   DT_ARG_NOT_NULL(out_path);
   if (out_path[0] == '\0') return DT_FAIL(DT_ERR_INVALID_ARG, "out_path is empty");
+  /* out_path.tmp must fit (cut short it could be out_path itself), and its directory part (cut
+   * short, the shards of the sharded form went into an ancestor directory) */
+  if (strlen(out_path) + sizeof ".tmp" > DT__CK_PATH_MAX)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "out_path too long (%zu characters; at most %d)",
+                   strlen(out_path), (int)(DT__CK_PATH_MAX - sizeof ".tmp"));
   DT_CHECK(dt__ck_out_check(out_path)); /* before reading anything */
   if (max_file_nbytes < 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "max_file_nbytes=%" PRId64 " (valid: 0, no limit, or > 0)",
@@ -497,9 +505,15 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
   char* hdr = st == DT_SUCCESS ? dt__ck_st_header(total, keys, dts, nds, shapes, nb, NULL, &hl) : NULL;
   if (st == DT_SUCCESS && hdr == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "header");
   char tmpdir[DT__CK_PATH_MAX] = "", fpath[DT__CK_PATH_MAX], final[DT__CK_PATH_MAX];
+  /* (the data file's path too: cut short, the file was written under another name and the
+   * checkpoint published without it) */
   if (st == DT_SUCCESS && (snprintf(tmpdir, sizeof tmpdir, "%s/%s.tmp", dir, nm) >= (int)sizeof tmpdir ||
-                           snprintf(final, sizeof final, "%s/%s", dir, nm) >= (int)sizeof final))
+                           snprintf(final, sizeof final, "%s/%s", dir, nm) >= (int)sizeof final ||
+                           snprintf(fpath, sizeof fpath, "%s/rank_00000.safetensors", tmpdir) >=
+                               (int)sizeof fpath)) {
+    tmpdir[0] = '\0'; /* nothing made, nothing to remove */
     st = DT_FAIL(DT_ERR_INVALID_ARG, "dir too long");
+  }
   struct stat sb;
   if (st == DT_SUCCESS) st = dt__ck_mkdir_p(dir);
   if (st == DT_SUCCESS && stat(final, &sb) == 0)
@@ -508,7 +522,6 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
     (void)dt__ck_rm_rf(tmpdir);
     if (mkdir(tmpdir, 0777) != 0) st = DT_FAIL(DT_ERR_IO, "creating %s: %s", tmpdir, strerror(errno));
   }
-  snprintf(fpath, sizeof fpath, "%s/rank_00000.safetensors", tmpdir);
   int fd = -1;
   if (st == DT_SUCCESS && total > 0) {
     fd = open(fpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
