@@ -11,10 +11,14 @@
  *    the tensor bytes plus headers), a replicated tensor's writers spread over the ranks;
  *  - rank-local tensors refused by add_tensor, saved through add_tensor_as;
  *  - named values round trip; keep_last prunes; `latest` follows; a save over an existing name is
- *    refused on every rank; a leftover NAME.tmp is ignored by load and removed by the next save;
+ *    refused on every rank (a checkpoint, or a file or directory that is none); a leftover
+ *    NAME.tmp is ignored by load and removed by the next save, a pending save's NAME.tmp is not
+ *    (two checkpoint objects saving into one directory); a load of `latest` loads what rank 0
+ *    reads it to name;
  *  - bad input: a flipped byte, a truncated file, a malformed or oversized header, a missing
  *    tensor, a wrong dtype or shape, an index from another model: the same status and message
- *    on every rank (naming the file and the tensor), and the tensors unchanged.
+ *    on every rank (naming the file and the tensor), and the tensors unchanged; empty paths,
+ *    paths at the length limit and the name __metadata__ refused.
  * The directory is argv[1] (default /tmp/dt_ckpt_test_<pid of rank 0>).
  */
 #define _GNU_SOURCE
