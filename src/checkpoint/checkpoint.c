@@ -1215,9 +1215,16 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
       if (dt__ck_unpublished(s->dir, s->name)) { /* a save that died before `latest` named it */
         char q[DT__CK_PATH_MAX + DT_CHECKPOINT_NAME_MAX + 16];
         snprintf(q, sizeof q, "%s.unpublished.tmp", final);
-        /* one a save killed before its clean-up left would block the rename (not empty) */
-        if (dt__ck_rm_rf(q) != DT_SUCCESS) dt_clear_error();
-        if (rename(final, q) != 0)
+        /* one a save killed before its clean-up left would block the rename (not empty); not
+         * the directory of a pending save named NAME.unpublished */
+        char qn[DT_CHECKPOINT_NAME_MAX + 16];
+        snprintf(qn, sizeof qn, "%s.unpublished", s->name);
+        if (dt__ck_inflight_has(s->dir_dev, s->dir_ino, qn, strlen(qn)))
+          st = DT_FAIL(DT_ERR_INVALID_USAGE, "a save of %s.unpublished is pending on another "
+                       "checkpoint object (dt_checkpoint_wait it first)", final);
+        else if (dt__ck_rm_rf(q) != DT_SUCCESS)
+          dt_clear_error();
+        if (st == DT_SUCCESS && rename(final, q) != 0)
           st = DT_FAIL(DT_ERR_IO, "renaming %s: %s", final, strerror(errno));
       } else {
         st = DT_FAIL(DT_ERR_INVALID_USAGE, "%s exists already (complete checkpoints, and files "

@@ -274,7 +274,7 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
   int64_t total = 0;
   for (int i = 0; i < ix.n_tensors && st == DT_SUCCESS; i++) {
     if (!dt__ck_wanted(&ix.tensors[i], with_optimizer)) continue;
-    if (strcmp(ix.tensors[i].name, DT__CK_META_KEY) == 0) { /* saved before add refused it */
+    if (strcmp(ix.tensors[i].name, DT__CK_META_KEY) == 0) { /* saved before saves refused it */
       st = DT_FAIL(DT_ERR_UNSUPPORTED, "%s: tensor '%s': a safetensors file cannot hold a tensor "
                    "of that name (its header's own key)", ckdir, ix.tensors[i].name);
       break;

@@ -493,6 +493,23 @@ static void test_two_objects(void) {
   check_set(&dst, 1, "the async save pending while another object saved into its directory");
   DT_ASSERT_OK(dt_checkpoint_load(cd, dir, "pb"));
   check_set(&dst, 2, "the other object's save");
+  /* a save moving an unpublished NAME aside to NAME.unpublished.tmp (removing a leftover there
+   * first) while another object's save of NAME.unpublished is pending: refused, the pending one
+   * kept */
+  dt_checkpoint_save_opts_t s1 = dt_checkpoint_save_opts_default(), s5 = s1;
+  s1.step = 1;
+  s5.step = 5;
+  DT_ASSERT_OK(dt_checkpoint_save(cb, dir, "old", &s1));
+  DT_ASSERT_OK(dt_checkpoint_save(cb, dir, "pu", &s5));
+  if (g_rank == 0) run_cmd("echo old > %s/two/latest", g_dir); /* pu: unpublished */
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_save(ca, dir, "pu.unpublished", &o));
+  DT_ASSERT_STATUS(dt_checkpoint_save(cb, dir, "pu", &s5), DT_ERR_INVALID_USAGE);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "pending") != NULL, "%s", dt_last_error());
+  DT_ASSERT_OK(dt_checkpoint_wait(ca));
+  DT_ASSERT_OK(dt_checkpoint_load(cd, dir, "pu.unpublished"));
+  check_set(&dst, 1, "the pending save of NAME.unpublished");
+  DT_ASSERT_OK(dt_checkpoint_save(cb, dir, "pu", &s5)); /* now it is replaced */
   /* an abandoned save (its object destroyed) is a leftover again: the next save removes it */
   DT_ASSERT_OK(dt_checkpoint_save(ca, dir, "pc", &o));
   DT_ASSERT_OK(dt_checkpoint_destroy(ca)); /* (every rank's writer thread joined) */
