@@ -251,11 +251,12 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
   DT__CK_PATH_ARG(path);
   DT_ARG_NOT_NULL(out_path);
   if (out_path[0] == '\0') return DT_FAIL(DT_ERR_INVALID_ARG, "out_path is empty");
-  /* out_path.tmp must fit (cut short it could be out_path itself), and its directory part (cut
-   * short, the shards of the sharded form went into an ancestor directory) */
-  if (strlen(out_path) + sizeof ".tmp" > DT__CK_PATH_MAX)
+  /* out_path.tmp must fit (cut short it could be out_path itself), out_path.index.json too
+   * (checked after the shards of the sharded form were written over those beside it), and the
+   * directory part (cut short, the shards went into an ancestor directory) */
+  if (strlen(out_path) + sizeof ".index.json" > DT__CK_PATH_MAX)
     return DT_FAIL(DT_ERR_INVALID_ARG, "out_path too long (%zu characters; at most %d)",
-                   strlen(out_path), (int)(DT__CK_PATH_MAX - sizeof ".tmp"));
+                   strlen(out_path), (int)(DT__CK_PATH_MAX - sizeof ".index.json"));
   DT_CHECK(dt__ck_out_check(out_path)); /* before reading anything */
   if (max_file_nbytes < 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "max_file_nbytes=%" PRId64 " (valid: 0, no limit, or > 0)",

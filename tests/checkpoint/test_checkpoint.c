@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -795,6 +796,17 @@ static void test_bad_input(void) {
     DT_ASSERT_TRUE(f && fgets(kept, sizeof kept, f) && strcmp(kept, "keep") == 0, "%s changed",
                    keep);
     fclose(f);
+    /* the sharded form: OUT.index.json too long was found only after the shards were
+     * written (over any model-*.safetensors beside OUT) */
+    long_path(lp, sizeof lp, g_dir,
+              "a_long_name_whose_index_path_is_longer_than_its_shards.safetensors", 4088);
+    DT_ASSERT_STATUS(dt_checkpoint_consolidate(good, lp, 64, 0), DT_ERR_INVALID_ARG);
+    char shard[700];
+    snprintf(shard, sizeof shard, "%s/model-00001-of-*.safetensors", g_dir);
+    glob_t gl;
+    DT_ASSERT_TRUE(glob(shard, 0, NULL, &gl) == GLOB_NOMATCH, "a refused consolidation wrote %s",
+                   shard);
+    globfree(&gl);
     DT_ASSERT_OK(dt_checkpoint_consolidate(good, stp, 0, 0));
     long_path(lp, sizeof lp, g_dir, ".", 4075 - strlen("/imp.tmp")); /* tmpdir: 4075 */
     DT_ASSERT_STATUS(dt_checkpoint_import(stp, lp, "imp", 0), DT_ERR_INVALID_ARG);
