@@ -186,8 +186,9 @@ DT_API dt_status_t dt_checkpoint_verify(const char* path, FILE* out);
  * "weight_map"). A tied parameter is written once, under its first name. Each tensor that is not
  * a parameter has its kind in the file's __metadata__ ("dtensor_kind:NAME": "optim" or
  * "tensor"), which dt_checkpoint_import reads back. Peak memory: the largest tensor. Each output
- * is written beside itself and renamed over it: an existing output that is not a regular file (a
- * directory, a FIFO, a device), or an empty out_path, is DT_ERR_INVALID_ARG. */
+ * is written beside itself and renamed over it (the shards of the sharded form only once every
+ * one is written: a failure leaves a previous output whole): an existing output that is not a
+ * regular file (a directory, a FIFO, a device), or an empty out_path, is DT_ERR_INVALID_ARG. */
 DT_API dt_status_t dt_checkpoint_consolidate(const char* path, const char* out_path,
                                              int64_t max_file_nbytes, int with_optimizer);
 /* Turns a safetensors file (or a Hugging Face "*.safetensors.index.json" and its shards) into a

@@ -152,10 +152,13 @@ static dt_status_t dt__ck_out_check(const char* path) {
   return DT_SUCCESS;
 }
 
-/* One output file: header for tensors [lo, hi) of `sel`, then their gathered data. */
+/* One output file: header for tensors [lo, hi) of `sel`, then their gathered data, written as
+ * out_path.tmp and renamed over out_path (keep_tmp: left as out_path.tmp for the caller, which
+ * renames every file of a set once all are written). */
 static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_index_t* ix,
                                              const int* sel, int lo, int hi, const char* out_path,
-                                             dt__ck_fd_t* fds, unsigned char* blockbuf) {
+                                             dt__ck_fd_t* fds, unsigned char* blockbuf,
+                                             int keep_tmp) {
   int n = hi - lo;
   const char** keys = calloc((size_t)(n > 0 ? n : 1), sizeof *keys);
   dt_dtype_t* dts = calloc((size_t)(n > 0 ? n : 1), sizeof *dts);
@@ -206,7 +209,7 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
     if (st == DT_SUCCESS && fsync(fd) != 0) st = DT_FAIL(DT_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
     close(fd);
   }
-  if (st == DT_SUCCESS && rename(tmp, out_path) != 0)
+  if (st == DT_SUCCESS && !keep_tmp && rename(tmp, out_path) != 0)
     st = DT_FAIL(DT_ERR_IO, "renaming %s to %s: %s", tmp, out_path, strerror(errno));
   if (st != DT_SUCCESS && fd >= 0) unlink(tmp);
   free(buf);
@@ -289,7 +292,7 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
     sel[n++] = i;
   }
   if (st == DT_SUCCESS && (max_file_nbytes == 0 || total <= max_file_nbytes)) {
-    st = dt__ck_write_consolidated(ckdir, &ix, sel, 0, n, out_path, fds, blockbuf);
+    st = dt__ck_write_consolidated(ckdir, &ix, sel, 0, n, out_path, fds, blockbuf, 0);
   } else if (st == DT_SUCCESS) {
     /* Hugging Face's sharded form: greedy files of at most max_file_nbytes (a larger tensor
      * alone in its file) */
@@ -314,13 +317,19 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
     cJSON* meta = cJSON_AddObjectToObject(root, "metadata");
     cJSON_AddNumberToObject(meta, "total_size", (double)total);
     cJSON* map = cJSON_AddObjectToObject(root, "weight_map");
+    /* every shard is written as its .tmp first, and all are renamed only once every one is
+     * written and checked: a failure (a damaged box of a later shard) leaves a previous output's
+     * shards as they were, not some of them replaced beside its old index */
+    int written = 0;
     for (int f = 0; f < nfiles && st == DT_SUCCESS; f++) {
       char fname[64], fpath[DT__CK_PATH_MAX];
       snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", f + 1, nfiles);
       if (snprintf(fpath, sizeof fpath, "%s/%s", dirpart, fname) >= (int)sizeof fpath)
         st = DT_FAIL(DT_ERR_INVALID_ARG, "out_path too long");
       if (st == DT_SUCCESS)
-        st = dt__ck_write_consolidated(ckdir, &ix, sel, start[f], start[f + 1], fpath, fds, blockbuf);
+        st = dt__ck_write_consolidated(ckdir, &ix, sel, start[f], start[f + 1], fpath, fds,
+                                       blockbuf, 1);
+      if (st == DT_SUCCESS) written++;
       for (int k = start[f]; k < start[f + 1] && st == DT_SUCCESS; k++)
         cJSON_AddStringToObject(map, ix.tensors[sel[k]].name, fname);
     }
@@ -331,6 +340,17 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
       st = DT_FAIL(DT_ERR_INVALID_ARG, "out_path too long");
     if (st == DT_SUCCESS && text == NULL) st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "index");
     if (st == DT_SUCCESS) st = dt__ck_out_check(ipath);
+    for (int f = 0; f < written; f++) { /* renamed into place, or removed after a failure */
+      char fpath[DT__CK_PATH_MAX], tmp[DT__CK_PATH_MAX + 8];
+      if (snprintf(fpath, sizeof fpath, "%s/model-%05d-of-%05d.safetensors", dirpart, f + 1,
+                   nfiles) >= (int)sizeof fpath ||
+          snprintf(tmp, sizeof tmp, "%s.tmp", fpath) >= (int)sizeof tmp)
+        continue; /* (each fitted when it was written) */
+      if (st == DT_SUCCESS && rename(tmp, fpath) != 0)
+        st = DT_FAIL(DT_ERR_IO, "renaming %s to %s: %s", tmp, fpath, strerror(errno));
+      else if (st != DT_SUCCESS)
+        (void)unlink(tmp);
+    }
     if (st == DT_SUCCESS) {
       const char* base = strrchr(ipath, '/');
       st = dt__ck_write_atomic(dirpart, base ? base + 1 : ipath, text, strlen(text));

@@ -595,6 +595,19 @@ static void long_path(char* out, size_t cap, const char* base, const char* suffi
   DT_ASSERT_EQ(strlen(out), len);
 }
 
+/* The whole file at p (malloc'd, *n bytes). */
+static unsigned char* slurp(const char* p, size_t* n) {
+  FILE* f = fopen(p, "rb");
+  DT_ASSERT_TRUE(f != NULL, "opening %s", p);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char* b = malloc(*n + 1);
+  DT_ASSERT_TRUE(b && fread(b, 1, *n, f) == *n, "reading %s", p);
+  fclose(f);
+  return b;
+}
+
 static void test_bad_input(void) {
   int lay = g_world >= 2 && g_world % 2 == 0 ? 3 : 1;
   set_t src = make_set(lay, 1);
@@ -814,6 +827,56 @@ static void test_bad_input(void) {
     DT_ASSERT_TRUE(!exists(keep), "%s published", keep);
     snprintf(keep, sizeof keep, "%s/imp.tmp", g_dir);
     DT_ASSERT_TRUE(!exists(keep), "%s left", keep);
+  }
+  barrier();
+  /* consolidate's sharded form over a previous output: a damaged box in a later shard fails it
+   * with every previous shard as it was (each shard was renamed into place as soon as written:
+   * shard 1 held the new values beside the old index and the old later shards) */
+  {
+    set_t s3 = make_set(1, 3); /* other values than good's */
+    dt_checkpoint_t cv = list_of(&s3);
+    DT_ASSERT_OK(dt_checkpoint_save(cv, g_dir, "v2", NULL));
+    DT_ASSERT_OK(dt_checkpoint_destroy(cv));
+    free_set(&s3);
+  }
+  if (g_rank == 0) {
+    char good[600], out[600], pat[600], v2[600], v2st[600], seeds[600], s2[600], s2f[700];
+    snprintf(good, sizeof good, "%s/good", g_dir);
+    snprintf(out, sizeof out, "%s/hf/m.safetensors", g_dir);
+    snprintf(pat, sizeof pat, "%s/hf/model-00001-of-*.safetensors", g_dir);
+    snprintf(v2, sizeof v2, "%s/v2", g_dir);
+    snprintf(v2st, sizeof v2st, "%s/v2.st", g_dir);
+    snprintf(seeds, sizeof seeds, "%s/seeds", g_dir);
+    snprintf(s2, sizeof s2, "%s/seeds/s2", g_dir);
+    snprintf(s2f, sizeof s2f, "%s/seeds/s2/rank_00000.safetensors", g_dir);
+    run_cmd("mkdir -p %s/hf", g_dir);
+    DT_ASSERT_OK(dt_checkpoint_consolidate(good, out, 64, 0));
+    glob_t gl;
+    DT_ASSERT_TRUE(glob(pat, 0, NULL, &gl) == 0 && gl.gl_pathc == 1, "no %s", pat);
+    size_t n0 = 0, n1 = 0;
+    unsigned char* before = slurp(gl.gl_pathv[0], &n0);
+    /* version 3 as a one-file seed whose last tensor (c.i32, in the last shard) is damaged */
+    DT_ASSERT_OK(dt_checkpoint_consolidate(v2, v2st, 0, 0));
+    DT_ASSERT_OK(dt_checkpoint_import(v2st, seeds, "s2", 0));
+    int fd = open(s2f, O_RDWR);
+    struct stat sb;
+    unsigned char c;
+    DT_ASSERT_TRUE(fd >= 0 && fstat(fd, &sb) == 0 && pread(fd, &c, 1, sb.st_size - 1) == 1,
+                   "reading %s", s2f);
+    c ^= 0x40;
+    DT_ASSERT_EQ(pwrite(fd, &c, 1, sb.st_size - 1), 1);
+    close(fd);
+    DT_ASSERT_STATUS(dt_checkpoint_consolidate(s2, out, 64, 0), DT_ERR_CORRUPT);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "c.i32") != NULL, "%s", dt_last_error());
+    unsigned char* after = slurp(gl.gl_pathv[0], &n1);
+    DT_ASSERT_TRUE(n0 == n1 && memcmp(before, after, n0) == 0,
+                   "a failed consolidation replaced %s", gl.gl_pathv[0]);
+    free(before);
+    free(after);
+    globfree(&gl);
+    snprintf(pat, sizeof pat, "%s/hf/*.tmp", g_dir);
+    DT_ASSERT_TRUE(glob(pat, 0, NULL, &gl) == GLOB_NOMATCH, "a failed consolidation left %s", pat);
+    globfree(&gl);
   }
   barrier();
   /* steps an index cannot hold exactly (above 2^53) or negative ones are refused */
