@@ -9,7 +9,7 @@
  *       [--prefetch 0|1] [--bucket-mb X] [--dp N] [--tp N] [--ep N] [--sp] [--loss-parallel]
  *       [--async-tp] [--device cpu|cuda|cuda-emu] [--tie-embeddings]
  *       [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-last K] [--async-checkpoint]
- *       [--resume] [--resume-from DIR/NAME] [--micro-batches K] [--ffn-dim F]
+ *       [--resume] [--resume-from DIR[/NAME]] [--micro-batches K] [--ffn-dim F]
  *       [--estimate-only --np N [--estimate-rank R] [--machine h100|h200|FILE.json]
  *        [--gpus-per-node G] [--routing-imbalance X]]
  *   build/examples/train --help     (every flag, grouped, with its default; the JSON keys)
@@ -19,8 +19,10 @@
  * parallel config; --resume continues from the newest one there (e.g. saved by FSDP on 4 ranks,
  * resumed with --tp 2 on 2). A line per save gives its size, time and the stall. --steps 0 saves
  * the initial weights (a seed checkpoint: build on one rank, load onto any layout).
- * --resume-from DIR/NAME starts from that checkpoint instead (saving to --checkpoint-dir, if any);
- * with no step left to train it saves what it loaded, i.e. converts a checkpoint to this layout.
+ * --resume-from DIR/NAME (or DIR, whose `latest` names one) starts from that checkpoint instead
+ * (saving to --checkpoint-dir, if any); with no step left to train it saves what it loaded, i.e.
+ * converts a checkpoint to this layout. A checkpoint of parameters only (dtensor-ckpt import of
+ * another tool's safetensors) is a seed: AdamW starts fresh and training at step 0.
  *
  * --device puts every tensor on that backend (include/dtensor/backend.h): cpu (default), cuda
  * (this rank's GPU: the local rank modulo the GPU count, or $DTENSOR_CUDA_DEVICE; several ranks
@@ -1155,46 +1157,78 @@ int train_main(int argc, char** argv) {
     char latest[DT_CHECKPOINT_NAME_MAX], from[256];
     snprintf(from, sizeof from, "%s", o.checkpoint_dir);
     int found = o.resume && dt_checkpoint_latest(o.checkpoint_dir, latest, sizeof latest) == 0;
-    if (o.resume_from[0]) { /* DIR/NAME: split at the last '/' */
-      char* slash = strrchr(o.resume_from, '/');
-      snprintf(from, sizeof from, "%.*s", slash ? (int)(slash - o.resume_from) : 1,
-               slash ? o.resume_from : ".");
-      snprintf(latest, sizeof latest, "%s", slash ? slash + 1 : o.resume_from);
+    if (o.resume_from[0]) {
+      char idx[1200];
+      struct stat sb;
+      snprintf(idx, sizeof idx, "%s/index.json", o.resume_from);
+      if (stat(idx, &sb) != 0 && dt_checkpoint_latest(o.resume_from, latest, sizeof latest) == 0) {
+        /* a directory whose `latest` names a checkpoint, as dtensor-ckpt takes it */
+        snprintf(from, sizeof from, "%s", o.resume_from);
+      } else { /* DIR/NAME: split at the last '/' */
+        dt_clear_error();
+        char* slash = strrchr(o.resume_from, '/');
+        snprintf(from, sizeof from, "%.*s", slash ? (int)(slash - o.resume_from) : 1,
+                 slash ? o.resume_from : ".");
+        snprintf(latest, sizeof latest, "%s", slash ? slash + 1 : o.resume_from);
+      }
       found = 1;
     }
     if (found) {
       loaded_here = !o.resume_from[0];
       double t0 = now_s();
       dt_status_t lst = dt_checkpoint_load(ck, from, latest);
+      int seed_only = 0; /* parameters without AdamW state or run position (dtensor-ckpt import) */
+      char why[1024] = "";
       if (lst != DT_SUCCESS && strstr(dt_last_error(), "has no tensor 'optim.") != NULL) {
-        /* every rank read the same index: the optimizer state of a parameter that this run
-         * trains and the saved one did not */
-        free(trainable);
-        return usage_error("%s: %s (the checkpoint holds AdamW state for the parameters its run "
-                           "trained: resume with the --freeze it was saved with%s%s)",
-                           dt_status_name(lst), dt_last_error(), o.freeze[0] ? ", not " : "",
-                           o.freeze);
+        /* every rank read the same index: either a checkpoint of parameters only, which starts
+         * a run (fresh AdamW moments, step 0), or one whose run trained fewer parameters */
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        dt_checkpoint_t pk = NULL;
+        int64_t ignored;
+        CHECK(dt_checkpoint_create(&pk));
+        CHECK(dt_checkpoint_add_module(pk, NULL, root));
+        CHECK(dt_checkpoint_load(pk, from, latest)); /* (a shape mismatch says so here) */
+        if (dt_checkpoint_get_i64(pk, "next_step", &ignored) != DT_SUCCESS) {
+          seed_only = 1;
+          lst = DT_SUCCESS;
+          dt_clear_error();
+        }
+        CHECK(dt_checkpoint_destroy(pk));
+        if (!seed_only) {
+          /* the optimizer state of a parameter that this run trains and the saved one did not */
+          free(trainable);
+          return usage_error("%s: %s (the checkpoint holds AdamW state for the parameters its "
+                             "run trained: resume with the --freeze it was saved with%s%s)",
+                             dt_status_name(lst), why, o.freeze[0] ? ", not " : "", o.freeze);
+        }
       }
       CHECK(lst);
-      int64_t next = 0, seed = 0;
-      CHECK(dt_checkpoint_get_i64(ck, "next_step", &next));
-      CHECK(dt_checkpoint_get_i64(ck, "seed", &seed));
-      if (seed != o.seed && g_lead)
-        fprintf(stderr, "train: warning: the checkpoint was trained with --seed %lld, this run "
-                "draws its batches with %lld\n", (long long)seed, o.seed);
-      int64_t total = 0;
-      CHECK(dt_checkpoint_get_i64(ck, "schedule_total_steps", &total));
-      if (total != o.steps && g_lead)
-        fprintf(stderr, "train: warning: the checkpoint's run had --steps %lld: the learning-rate "
-                "schedule now follows --steps %d\n", (long long)total, o.steps);
-      if (next < 0 || next > INT_MAX) { /* (a damaged index: the loop and --plot index by it) */
-        fprintf(stderr, "train: %s: the checkpoint's next_step is %lld, not a step (0 to %d)\n",
-                dt_status_name(DT_ERR_CORRUPT), (long long)next, INT_MAX);
-        MPI_Abort(MPI_COMM_WORLD, 1); /* every rank read the same index */
+      if (seed_only) {
+        if (g_lead)
+          printf("# started from the parameters of %s/%s (no AdamW state or step in it: a seed, "
+                 "trained from step 0 with fresh moments) (%.2f s)\n", from, latest,
+                 now_s() - t0);
+      } else {
+        int64_t next = 0, seed = 0;
+        CHECK(dt_checkpoint_get_i64(ck, "next_step", &next));
+        CHECK(dt_checkpoint_get_i64(ck, "seed", &seed));
+        if (seed != o.seed && g_lead)
+          fprintf(stderr, "train: warning: the checkpoint was trained with --seed %lld, this run "
+                  "draws its batches with %lld\n", (long long)seed, o.seed);
+        int64_t total = 0;
+        CHECK(dt_checkpoint_get_i64(ck, "schedule_total_steps", &total));
+        if (total != o.steps && g_lead)
+          fprintf(stderr, "train: warning: the checkpoint's run had --steps %lld: the "
+                  "learning-rate schedule now follows --steps %d\n", (long long)total, o.steps);
+        if (next < 0 || next > INT_MAX) { /* (a damaged index: the loop and --plot index by it) */
+          fprintf(stderr, "train: %s: the checkpoint's next_step is %lld, not a step (0 to %d)\n",
+                  dt_status_name(DT_ERR_CORRUPT), (long long)next, INT_MAX);
+          MPI_Abort(MPI_COMM_WORLD, 1); /* every rank read the same index */
+        }
+        start = (int)next;
+        if (g_lead)
+          printf("# resumed from %s/%s at step %d (%.2f s)\n", from, latest, start, now_s() - t0);
       }
-      start = (int)next;
-      if (g_lead)
-        printf("# resumed from %s/%s at step %d (%.2f s)\n", from, latest, start, now_s() - t0);
     } else if (o.resume && g_lead) {
       dt_clear_error();
       printf("# --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir);

@@ -141,9 +141,11 @@ static const opt_doc_t kDocs[] = {
     {"resume", "checkpoints", NULL,
      "continue from the latest checkpoint in --checkpoint-dir (any mesh and parallel config)",
      "off"},
-    {"resume_from", "checkpoints", "DIR/NAME",
-     "start from this checkpoint (any layout; with --checkpoint-dir, saves go there); when "
-     "no step is left to train, saves what it loaded: a checkpoint converted to this layout",
+    {"resume_from", "checkpoints", "DIR/NAME|DIR",
+     "start from this checkpoint, or the one DIR/latest names (any layout; with "
+     "--checkpoint-dir, saves go there); one of parameters only (dtensor-ckpt import) starts "
+     "at step 0 with fresh AdamW state; when no step is left to train, saves what it loaded: a "
+     "checkpoint converted to this layout",
      "none"},
     {"estimate_only", "estimate", NULL,
      "estimate instead of training: --steps (at most 2) on a simulated world of --np ranks as "

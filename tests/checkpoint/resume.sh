@@ -9,7 +9,8 @@
 #  - MoE: 4 steps under --dp 2 --tp 2 --ep 2 on 8 ranks (experts sharded over ep, saved every 2
 #    steps), resumed from step 2 under FSDP on 4 ranks and on 1 rank: losses within 1e-5;
 #  - a seed checkpoint (--steps 0 on 1 rank) trained from under FSDP on 4 ranks matches the run
-#    that initialized itself, within 1e-5;
+#    that initialized itself, within 1e-5; so does the seed consolidated and imported again
+#    (parameters only: fresh AdamW state, step 0), given as --resume-from DIR (DIR/latest);
 #  - keep_last 1 leaves one checkpoint; --resume with an empty directory starts at step 0; a
 #    resume onto another model (wider) fails with a message naming the tensor and the shapes.
 #  - conversions (--resume-from with nothing left to train saves what it loaded): the dense step-3
@@ -131,6 +132,15 @@ run -np 4 "$TRAIN" $DENSE --parallel fsdp --checkpoint-dir "$W/seed" --resume \
   --metrics "$W/seed.jsonl" > "$W/seed4.txt" 2>&1 || { cat "$W/seed4.txt"; exit 1; }
 grep -q "resumed from $W/seed/step_00000000 at step 0" "$W/seed4.txt" || { echo "seed not loaded"; exit 1; }
 compare "$W/full.jsonl" "$W/seed.jsonl" 0 1e-5
+# the same weights through another tool: consolidated, imported (parameters only: no AdamW state,
+# no step), then given to --resume-from as the directory whose `latest` names it
+"$CKPT" consolidate "$W/seed/step_00000000" "$W/seed.safetensors" > /dev/null
+"$CKPT" import "$W/seed.safetensors" "$W/imported" > /dev/null
+run -np 4 "$TRAIN" $DENSE --parallel fsdp --resume-from "$W/imported" \
+  --metrics "$W/imported.jsonl" > "$W/imported.txt" 2>&1 || { cat "$W/imported.txt"; exit 1; }
+grep -q "started from the parameters of $W/imported/step_00000000 (no AdamW state" \
+  "$W/imported.txt" || { echo "imported seed not loaded"; cat "$W/imported.txt"; exit 1; }
+compare "$W/full.jsonl" "$W/imported.jsonl" 0 1e-5
 
 # keep_last, an empty directory, another model
 run -np 2 "$TRAIN" $DENSE --steps 3 --checkpoint-dir "$W/keep" --checkpoint-every 1 --keep-last 1 \
