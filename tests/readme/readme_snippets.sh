@@ -4,7 +4,8 @@
 # the built library (the library's own warnings, as errors) and run under mpirun as listed below
 # (a program's exit status is its check: the Example's tensor comes back whole, the tutorial's
 # loss halves). A listed file that the README lacks is a failure, and so is a file the README has
-# that is not listed.
+# that is not listed. The tutorial's sizes in the prose ("The model is N lines", ...) are its
+# blocks' line counts.
 #   readme_snippets.sh CC README INCLUDE_DIR LIBDTENSOR MPIEXEC WORKDIR
 set -euo pipefail
 CC=$1 README=$2 INC=$3 LIB=$4 MPI=$5 W=$6
@@ -20,6 +21,15 @@ awk -v dir="$W" '
   /^```/ { out = ""; next }
   out != "" { print >> out }' "$README"
 status=0
+# the sizes the prose gives: "The model is N lines ..., its three layouts M ..., the training
+# program K" for the three tutorial.c blocks
+read -r n1 n2 n3 < <(awk '/^```c file=tutorial.c/ { b++; c[b] = 0; f = 1; next }
+  /^```/ { f = 0 } f { c[b]++ } END { print c[1] + 0, c[2] + 0, c[3] + 0 }' "$README")
+prose=$(tr '\n' ' ' < "$README")
+for claim in "The model is $n1 lines" "its three layouts $n2 " "the training program $n3."; do
+  grep -qF "$claim" <<< "$prose" ||
+    { echo "README: the tutorial's blocks are $n1, $n2 and $n3 lines; no \"$claim\""; status=1; }
+done
 for f in "$W"/*.c; do
   [ -e "$f" ] || break
   [ -n "${RUNS[$(basename "$f")]+x}" ] || { echo "README has $(basename "$f"), which this test does not run"; status=1; }
