@@ -892,9 +892,14 @@ int train_main(int argc, char** argv) {
         snprintf(what + strlen(what), sizeof what - strlen(what), " --plan");
       return usage_error("--dp/--tp/--ep/--cp build their own mesh and plan: drop%s", what);
     }
-    if ((long long)D * T * E * CP != world)
-      return usage_error("--dp %d x --tp %d x --ep %d x --cp %d = %lld ranks, the world has %d", D,
-                         T, E, CP, (long long)D * T * E * CP, world);
+    if ((long long)D * T * E * CP != world) {
+      char hint[64] = ""; /* --dp is not inferred: say which one fills the world */
+      long long rest = (long long)T * E * CP;
+      if (o.dp <= 0 && world % rest == 0)
+        snprintf(hint, sizeof hint, " (--dp %lld fills it)", world / rest);
+      return usage_error("--dp %d x --tp %d x --ep %d x --cp %d = %lld ranks, the world has %d%s",
+                         D, T, E, CP, (long long)D * T * E * CP, world, hint);
+    }
     if (CP > 1 && o.seq % (2 * CP) != 0)
       return usage_error("--cp %d splits each sequence into %d chunks (2 per rank, load-balanced "
                          "for causal attention): --seq %d is not a multiple of %d", CP, 2 * CP,

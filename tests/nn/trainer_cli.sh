@@ -89,6 +89,7 @@ dp_run pc_dp_tp 4 --config "$W/pc.json"
 grep -q 'parallel dp 2 x tp 2 x ep 1, sequence parallel' "$W/pc_dp_tp.txt" || { echo "json parallel config not applied"; head -3 "$W/pc_dp_tp.txt"; exit 1; }
 same_loss dp_none pc_dp_tp
 refused pc_world "train: --dp 1 x --tp 2 x --ep 1 x --cp 1 = 2 ranks, the world has 1" 1 --tp 2
+refused pc_world_dp "train: --dp 1 x --tp 2 x --ep 1 x --cp 1 = 2 ranks, the world has 4 (--dp 2 fills it)" 4 --tp 2
 refused pc_heads "train: --tp 3 must divide the heads (4)" 3 --tp 3
 refused pc_sp "train: --sp and --loss-parallel go with --tp" 1 --sp
 refused pc_ep_div "train: --ep 2 needs --model moe with a multiple of 2 experts (got moe, 3)" 2 --ep 2 --model moe --experts 3
