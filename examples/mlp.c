@@ -4,7 +4,8 @@
  *   mpirun -np 4 build/examples/mlp --parallel fsdp      # parameters sharded, batch split
  *   mpirun -np 4 build/examples/mlp --parallel tp        # fc1 colwise, fc2 rowwise (Megatron)
  *   mpirun -np 4 build/examples/mlp --parallel fsdp_tp   # both, on a (tp, dp) mesh
- *   options: --steps N (30), --tp K (fsdp_tp: the tp size, default 2 when it divides the ranks)
+ *   options: --steps N (30), --tp K (fsdp_tp: the tp size, default 2 when it divides the ranks);
+ *   --help prints them
  *
  * Each step draws a fresh batch: x (64, 16) of unit variance, its class (of 4) the index of the
  * largest of x's dot products with 4 fixed directions. Prints "step N loss X" per step and ends
@@ -91,6 +92,17 @@ static float train_step(dt_module_t mlp, dt_adamw_t opt, dt_tape_t tape, dt_mesh
 }
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++) { /* --help: the usage, without mpirun or dt_init */
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      printf("usage: mpirun -np N mlp [--parallel fsdp|tp|fsdp_tp] [--steps N] [--tp K]\n"
+             "  --parallel   fsdp: parameters sharded, batch split; tp: fc1 colwise, fc2 rowwise;\n"
+             "               fsdp_tp: both, on a (tp, dp) mesh (default: fsdp)\n"
+             "  --steps N    training steps (default: 30)\n"
+             "  --tp K       fsdp_tp: the tp size, dividing the ranks (default: 2 when it divides "
+             "them, else 1)\n");
+      return 0;
+    }
+  }
   CHECK(dt_init(&argc, &argv));
   const char* how = "fsdp";
   int steps = 30, rank, world, tp = 0, bad = argc % 2 == 0; /* flags come in pairs */

@@ -3,7 +3,7 @@
 # gives the same loss curve on 1 rank and in every layout (fsdp, tp, fsdp_tp) on 2 and 4 ranks,
 # to rtol 1e-5 over 30 steps (the losses are printed with 9 significant digits, enough to
 # round-trip an f32); each layout really splits the parameters (rank 0 holds about 1/N of them);
-# the loss goes down; a bad flag is refused with status 2.
+# the loss goes down; a bad flag is refused with status 2; --help (no mpirun) prints the flags.
 #   mlp_parity.sh MPIEXEC MLP_BINARY WORKDIR
 set -euo pipefail
 MPI=$1 MLP=$2 W=$3
@@ -51,4 +51,6 @@ if "$MPI" --allow-run-as-root --oversubscribe -np 1 "$MLP" --parallel nope > "$W
   echo "--parallel nope was accepted"; exit 1
 fi
 grep -q "usage: mlp" "$W/bad.log" || { cat "$W/bad.log"; echo "no usage line"; exit 1; }
+"$MLP" --help > "$W/help.log" 2>&1 || { cat "$W/help.log"; echo "--help (without mpirun) failed"; exit 1; }
+grep -q -- "--parallel" "$W/help.log" || { cat "$W/help.log"; echo "--help lists no flags"; exit 1; }
 echo "mlp_parity: passed"
