@@ -118,7 +118,8 @@ static const opt_doc_t kDocs[] = {
     {"prefetch", "parallelism", "0|1", "fsdp/hsdp: prefetch the next group", NULL},
     {"bucket_mb", "parallelism", "X", "ddp: MiB of gradients per all-reduce bucket", NULL},
     {"dp", "parallelism", "N",
-     "parallel config: FSDP degree; D x T x E = ranks, in place of --parallel, --mesh, --plan",
+     "parallel config: FSDP degree; D x T x E x C (--cp) = ranks, in place of --parallel, "
+     "--mesh, --plan",
      "unset"},
     {"tp", "parallelism", "N", "parallel config: tensor-parallel degree", "unset"},
     {"ep", "parallelism", "N", "parallel config: expert-parallel degree (--model moe)", "unset"},
