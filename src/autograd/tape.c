@@ -174,8 +174,8 @@ static dt_status_t dt__tape_create_impl(dt_tape_t* out) {
   DT_ARG_NOT_NULL(out);
   dt_tape_t t = (dt_tape_t)dt__calloc(1, sizeof(struct dt_tape));
   if (t == NULL) return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "allocating a tape");
-  t->warn_nodes = dt__env_int("DTENSOR_TAPE_WARN_NODES", 0, INT64_MAX, DT__TAPE_WARN_NODES, "autograd",
-                               "a node count, 0 (no warning) or more");
+  t->warn_nodes = dt__env_int("DTENSOR_TAPE_WARN_NODES", 0, INT64_MAX, DT__TAPE_WARN_NODES,
+                              "autograd", "a node count, 0 (no warning) or more");
   int64_t mb = dt__env_int("DTENSOR_TAPE_WARN_MB", 0, INT64_MAX >> 20, DT__TAPE_WARN_MB, "autograd",
                            "MiB, 0 (no warning) or more");
   t->warn_nbytes = mb > INT64_MAX / 1048576 ? INT64_MAX : mb * 1048576;

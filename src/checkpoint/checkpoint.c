@@ -1447,8 +1447,11 @@ static dt_status_t dt__checkpoint_load(dt_checkpoint_t ck, const char* dir, cons
     if (st != DT_SUCCESS) return st; /* on every rank */
     for (int i = 0; i < DT_CHECKPOINT_NAME_MAX; i++) nm[i] = (char)buf[i];
     nm[DT_CHECKPOINT_NAME_MAX - 1] = '\0';
-  } else if (!dt__ck_name_ok(name, 1)) st = DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);
-  else snprintf(nm, sizeof nm, "%s", name);
+  } else if (!dt__ck_name_ok(name, 1)) {
+    st = DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);
+  } else {
+    snprintf(nm, sizeof nm, "%s", name);
+  }
   if (st == DT_SUCCESS && snprintf(ckdir, sizeof ckdir, "%s/%s", dir, nm) >= (int)sizeof ckdir)
     st = DT_FAIL(DT_ERR_INVALID_ARG, "dir too long: %.200s", dir);
   dt__ck_index_t ix;

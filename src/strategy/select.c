@@ -3,8 +3,8 @@
  * A candidate takes, for every mesh dim, one rule; each tensor's placement list is the rule's
  * placement for that tensor on each mesh dim. Candidates where a tensor cannot take its placements
  * (shard dim out of range, or a max/min Partial mixed with another kind) or an input cannot be
- * redistributed to them (a new Partial from a Shard) are dropped. Cost = sum over inputs of the planner's cost from the current to the
- * required placements. Order of preference: lower cost; then no movement at all; then fewer
+ * redistributed to them (a new Partial from a Shard) are dropped. Cost = sum over inputs of the
+ * planner's cost from the current to the required placements. Order of preference: lower cost; then no movement at all; then fewer
  * redistribution steps; then the first candidate in expansion order (rules in generator order,
  * mesh dim 0 varying slowest).
  */
