@@ -1159,7 +1159,7 @@ int train_main(int argc, char** argv) {
     CHECK(dt_checkpoint_create(&ck));
     CHECK(dt_checkpoint_add_module(ck, NULL, root));
     CHECK(dt_checkpoint_add_adamw(ck, "optim", opt, root));
-    char latest[DT_CHECKPOINT_NAME_MAX], from[256];
+    char latest[DT_CHECKPOINT_NAME_MAX] = "", from[256];
     snprintf(from, sizeof from, "%s", o.checkpoint_dir);
     int found = o.resume && dt_checkpoint_latest(o.checkpoint_dir, latest, sizeof latest) == 0;
     if (o.resume_from[0]) {
@@ -1177,6 +1177,14 @@ int train_main(int argc, char** argv) {
         snprintf(latest, sizeof latest, "%s", slash ? slash + 1 : o.resume_from);
       }
       found = 1;
+    }
+    /* what rank 0 found is what every rank loads: ranks reading `latest` themselves could name
+     * different checkpoints (a save published between their reads) or leave some out of the
+     * collective load */
+    if (!g_sim) {
+      MPI_Bcast(&found, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      MPI_Bcast(from, (int)sizeof from, MPI_CHAR, 0, MPI_COMM_WORLD);
+      MPI_Bcast(latest, (int)sizeof latest, MPI_CHAR, 0, MPI_COMM_WORLD);
     }
     if (found) {
       loaded_here = !o.resume_from[0];

@@ -187,7 +187,8 @@ DT_API dt_status_t dt_checkpoint_verify(const char* path, FILE* out);
  * a parameter has its kind in the file's __metadata__ ("dtensor_kind:NAME": "optim" or
  * "tensor"), which dt_checkpoint_import reads back. Peak memory: the largest tensor. Each output
  * is written beside itself and renamed over it (the shards of the sharded form only once every
- * one is written: a failure leaves a previous output whole): an existing output that is not a
+ * one is written and checked: a failure to read or write one leaves a previous output whole; a
+ * failed rename, rarer, may leave it part replaced): an existing output that is not a
  * regular file (a directory, a FIFO, a device), or an empty out_path, is DT_ERR_INVALID_ARG. */
 DT_API dt_status_t dt_checkpoint_consolidate(const char* path, const char* out_path,
                                              int64_t max_file_nbytes, int with_optimizer);

@@ -214,9 +214,10 @@ DT_API dt_status_t dt_mesh_all_reduce_host(dt_mesh_t mesh, int n_dims, const int
  * before a collective step, so that a failure on one rank fails every rank instead of leaving
  * the others waiting in the next collective: collective over the mesh's members (one 8-byte
  * all-reduce, and a 512-byte broadcast when some rank failed). Every member returns DT_SUCCESS
- * when every member passed DT_SUCCESS, else the same status (the highest code): a failing rank
- * keeps its own message, the others get one naming the lowest failing rank, its status and its
- * message, and `what` (the step, e.g. "wrapping layers.3"; NULL: "a step"). st out of the
+ * when every member passed DT_SUCCESS, else the same status, the highest code passed. A failing
+ * rank keeps its own message (the library's last error: a caller's own check should leave one,
+ * e.g. a failed call's); the others get one naming `what` (the step, e.g. "wrapping layers.3";
+ * NULL: "a step"), the lowest rank that passed that code, and its message. st out of the
  * dt_status_t range counts as DT_ERR_INVALID_ARG. An abstract mesh, a one-rank mesh or a
  * non-member returns st at once. The wrappers (dt_fully_shard, dt_data_parallel,
  * dt_parallelize_module) agree on their argument checks this way. */

@@ -115,8 +115,9 @@ DT_API dt_status_t dt_module_child(dt_module_t m, int i, dt_module_t* out);
 
 /* Every parameter below m (its own and its children's, recursively, in order) with its
  * qualified name relative to m; a tied parameter once, under its first name. `visit` returns
- * nonzero to stop. A qualified name longer than 1023 characters (modules nested that deep) stops
- * the walk with DT_ERR_INVALID_ARG, here and in every listing built on it (num_params,
+ * nonzero to stop. A qualified name longer than 1023 characters (a parameter's, or a module's
+ * path on the way to one: modules nested that deep) stops the walk with DT_ERR_INVALID_ARG, here
+ * and in every listing built on it (num_params,
  * param_at, params, param_names, zero_grad, the wrappers). */
 typedef int (*dt_module_visit_fn)(const char* name, dt_var_t param, void* ctx);
 DT_API dt_status_t dt_module_for_each_param(dt_module_t m, dt_module_visit_fn visit, void* ctx);

@@ -881,6 +881,18 @@ static void dt__release_restored(dt_tape_t tape, const dt__node_t* n, int64_t k)
 static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
   DT_CHECK(dt__tape_check(tape));
   DT_CHECK(dt__var_check(loss));
+  /* before anything is recomputed for it (a dropped loss), under this tape or inside a pass */
+  if (tape->running)
+    return DT_FAIL(DT_ERR_INVALID_USAGE, "a backward pass is running on this tape already (called "
+                   "from one of its hooks?): a pass cannot start inside another");
+  if (!loss->leaf) { /* another tape's variable: this pass would reach none of its nodes, and the
+                      * seed would stay on it and double its own tape's next pass */
+    int64_t i = tape->n_owned - 1;
+    while (i >= 0 && tape->owned[i] != loss) i--;
+    if (i < 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "loss was not recorded on this tape (it belongs to "
+                     "another tape: run the backward pass on the tape that recorded it)");
+  }
   if (loss->dropped) /* dropped (dt_tape_drop, a checkpoint policy): recomputed, as an input is */
     DT_CHECK(dt__ensure_value(tape, loss));
   dt_tensor_t lv = loss->value;
@@ -893,17 +905,6 @@ static dt_status_t dt__tape_backward_impl(dt_tape_t tape, dt_var_t loss) {
   if (!loss->requires_grad)
     return DT_FAIL(DT_ERR_INVALID_USAGE, "loss does not depend on any variable that requires a "
                    "gradient (dt_var_leaf with requires_grad = 1)");
-  if (tape->running)
-    return DT_FAIL(DT_ERR_INVALID_USAGE, "a backward pass is running on this tape already (called "
-                   "from one of its hooks?): a pass cannot start inside another");
-  if (!loss->leaf) { /* another tape's variable: this pass would reach none of its nodes, and the
-                      * seed would stay on it and double its own tape's next pass */
-    int64_t i = tape->n_owned - 1;
-    while (i >= 0 && tape->owned[i] != loss) i--;
-    if (i < 0)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "loss was not recorded on this tape (it belongs to "
-                     "another tape: run the backward pass on the tape that recorded it)");
-  }
   dt_placement_t rep[DT_MAX_MESH_DIMS];
   for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
   dt_tensor_t seed;

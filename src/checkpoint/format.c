@@ -92,7 +92,7 @@ char* dt__ck_st_header(int n, const char* const* keys, const dt_dtype_t* dtypes,
                        const int64_t* const* shapes, const int64_t* nbytes,
                        const char* const* kinds, size_t* len) {
   cJSON* root = cJSON_CreateObject();
-  cJSON* meta = cJSON_AddObjectToObject(root, "__metadata__");
+  cJSON* meta = cJSON_AddObjectToObject(root, DT__CK_META_KEY);
   cJSON_AddStringToObject(meta, "format", "pt");
   cJSON_AddStringToObject(meta, "writer", "dtensor");
   for (int i = 0; kinds != NULL && i < n; i++) {
@@ -173,7 +173,7 @@ dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, co
   }
   int count = 0;
   for (cJSON* e = root->child; e; e = e->next)
-    if (strcmp(e->string, "__metadata__") != 0) count++;
+    if (strcmp(e->string, DT__CK_META_KEY) != 0) count++;
   dt__ck_st_entry_t* es = calloc(count > 0 ? (size_t)count : 1, sizeof *es);
   if (es == NULL) {
     cJSON_Delete(root);
@@ -182,7 +182,7 @@ dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, co
   dt_status_t st = DT_SUCCESS;
   int k = 0;
   for (cJSON* e = root->child; e && st == DT_SUCCESS; e = e->next) {
-    if (strcmp(e->string, "__metadata__") == 0) {
+    if (strcmp(e->string, DT__CK_META_KEY) == 0) {
       if (!cJSON_IsObject(e)) st = DT_FAIL(DT_ERR_CORRUPT, "%s: __metadata__ is not an object", what);
       for (cJSON* m = e->child; m && st == DT_SUCCESS; m = m->next)
         if (!cJSON_IsString(m))
@@ -242,7 +242,7 @@ dt_status_t dt__ck_st_parse(const char* hdr, size_t len, int64_t data_nbytes, co
       break;
     }
   }
-  const cJSON* meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+  const cJSON* meta = cJSON_GetObjectItemCaseSensitive(root, DT__CK_META_KEY);
   const size_t pl = strlen(DT__CK_KIND_META);
   for (const cJSON* m = meta ? meta->child : NULL; m && st == DT_SUCCESS; m = m->next) {
     if (strncmp(m->string, DT__CK_KIND_META, pl) != 0) continue;

@@ -346,10 +346,12 @@ static dt_status_t dt__checkpoint_consolidate(const char* path, const char* out_
                    nfiles) >= (int)sizeof fpath ||
           snprintf(tmp, sizeof tmp, "%s.tmp", fpath) >= (int)sizeof tmp)
         continue; /* (each fitted when it was written) */
-      if (st == DT_SUCCESS && rename(tmp, fpath) != 0)
+      if (st == DT_SUCCESS && rename(tmp, fpath) != 0) {
         st = DT_FAIL(DT_ERR_IO, "renaming %s to %s: %s", tmp, fpath, strerror(errno));
-      else if (st != DT_SUCCESS)
         (void)unlink(tmp);
+      } else if (st != DT_SUCCESS) {
+        (void)unlink(tmp);
+      }
     }
     if (st == DT_SUCCESS) {
       const char* base = strrchr(ipath, '/');

@@ -438,8 +438,8 @@ static dt_status_t dt__ddp_plan(dt_module_t m, dt_mesh_t mesh, const dt_ddp_conf
                    "for every dim)", mesh_dim, nd, nd - 1);
 
   dt__ddp_scan_t s = {m, mesh, nd, mesh_dim, DT_SUCCESS, NULL, 0, 0};
-  DT_CHECK(dt_module_for_each_param(m, dt__ddp_visit, &s));
-  dt_status_t st = s.st;
+  dt_status_t st = dt_module_for_each_param(m, dt__ddp_visit, &s); /* (may stop part-way) */
+  if (st == DT_SUCCESS) st = s.st;
   if (st == DT_SUCCESS && s.n == 0)
     st = DT_FAIL(DT_ERR_INVALID_USAGE, "module '%s' has no parameter that requires a "
                  "gradient (%d parameters)", dt_module_name(m), n_all);
