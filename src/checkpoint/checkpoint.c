@@ -529,30 +529,39 @@ static dt_status_t dt__ck_world(dt_checkpoint_t ck) {
   return DT_SUCCESS;
 }
 
+#define DT__CK_TEXT_MAX 512
+/* Gives every rank the text (at most cap - 1 <= DT__CK_TEXT_MAX - 1 bytes) that rank `src` holds
+ * in text (the public API has no broadcast: a sum all-reduce of the characters, each other rank
+ * adding zeros; no allocation, so every rank reaches the collective). */
+static dt_status_t dt__ck_share_text(dt_checkpoint_t ck, int src, char* text, int cap) {
+  int32_t buf[DT__CK_TEXT_MAX];
+  if (cap > DT__CK_TEXT_MAX) cap = DT__CK_TEXT_MAX;
+  memset(buf, 0, sizeof buf);
+  for (int i = 0; ck->rank == src && i < cap - 1 && text[i]; i++) buf[i] = (unsigned char)text[i];
+  DT_CHECK(dt_mesh_all_reduce_host(ck->world, 0, NULL, buf, cap, DT_I32, DT_REDUCE_SUM));
+  for (int i = 0; i < cap; i++) text[i] = (char)buf[i];
+  text[cap - 1] = '\0';
+  return DT_SUCCESS;
+}
+
 #define DT__CK_MSG 480
 /* Every rank returns the status of the lowest failing rank, with its message. */
 static dt_status_t dt__ck_agree(dt_checkpoint_t ck, dt_status_t st) {
-  int32_t src = st != DT_SUCCESS ? ck->rank : INT32_MAX;
-  DT_CHECK(dt_mesh_all_reduce_host(ck->world, 0, NULL, &src, 1, DT_I32, DT_REDUCE_MIN));
-  if (src == INT32_MAX) return DT_SUCCESS;
-  int32_t msg[1 + DT__CK_MSG];
-  memset(msg, 0, sizeof msg);
-  if (src == ck->rank) {
-    const char* e = dt_last_error();
-    msg[0] = (int32_t)st;
-    for (int i = 0; i < DT__CK_MSG - 1 && e[i]; i++) msg[1 + i] = (unsigned char)e[i];
-  }
-  DT_CHECK(dt_mesh_all_reduce_host(ck->world, 0, NULL, msg, 1 + DT__CK_MSG, DT_I32, DT_REDUCE_SUM));
+  int32_t src[2] = {st != DT_SUCCESS ? ck->rank : INT32_MAX, 0};
+  DT_CHECK(dt_mesh_all_reduce_host(ck->world, 0, NULL, src, 1, DT_I32, DT_REDUCE_MIN));
+  if (src[0] == INT32_MAX) return DT_SUCCESS;
+  if (src[0] == ck->rank) src[1] = (int32_t)st; /* its status, then its message */
+  DT_CHECK(dt_mesh_all_reduce_host(ck->world, 0, NULL, &src[1], 1, DT_I32, DT_REDUCE_SUM));
   char text[DT__CK_MSG + 1];
-  for (int i = 0; i < DT__CK_MSG; i++) text[i] = (char)msg[1 + i];
-  text[DT__CK_MSG] = '\0';
+  snprintf(text, sizeof text, "%s", src[0] == ck->rank ? dt_last_error() : "");
+  DT_CHECK(dt__ck_share_text(ck, src[0], text, (int)sizeof text));
   /* drop the failing rank's "ENTRY: ": every rank's DT_FAIL puts its own (the same) back */
   const char* body = text;
   const char* colon = strstr(text, ": ");
   if (strncmp(text, "dt_", 3) == 0 && colon && memchr(text, ' ', (size_t)(colon - text)) == NULL)
     body = colon + 2;
-  dt_status_t agreed = msg[0] > 0 && msg[0] < DT_STATUS_COUNT ? (dt_status_t)msg[0] : DT_ERR_REMOTE;
-  if (ck->world_size > 1) return DT_FAIL(agreed, "%s [rank %d]", body, (int)src);
+  dt_status_t agreed = src[1] > 0 && src[1] < DT_STATUS_COUNT ? (dt_status_t)src[1] : DT_ERR_REMOTE;
+  if (ck->world_size > 1) return DT_FAIL(agreed, "%s [rank %d]", body, (int)src[0]);
   return DT_FAIL(agreed, "%s", body);
 }
 
@@ -1436,17 +1445,11 @@ static dt_status_t dt__checkpoint_load(dt_checkpoint_t ck, const char* dir, cons
   dt_status_t st = DT_SUCCESS;
   if (name == NULL) { /* rank 0 reads `latest`, every rank loads what it named: a save published
                        * between the ranks' reads must not give them different checkpoints */
-    int32_t buf[DT_CHECKPOINT_NAME_MAX];
-    memset(buf, 0, sizeof buf);
+    nm[0] = '\0';
     if (ck->rank == 0) st = dt_checkpoint_latest(dir, nm, sizeof nm);
-    for (int i = 0; ck->rank == 0 && st == DT_SUCCESS && nm[i]; i++) buf[i] = (unsigned char)nm[i];
     st = dt__ck_agree(ck, st);
-    if (st == DT_SUCCESS)
-      st = dt_mesh_all_reduce_host(ck->world, 0, NULL, buf, DT_CHECKPOINT_NAME_MAX, DT_I32,
-                                   DT_REDUCE_SUM);
+    if (st == DT_SUCCESS) st = dt__ck_share_text(ck, 0, nm, (int)sizeof nm);
     if (st != DT_SUCCESS) return st; /* on every rank */
-    for (int i = 0; i < DT_CHECKPOINT_NAME_MAX; i++) nm[i] = (char)buf[i];
-    nm[DT_CHECKPOINT_NAME_MAX - 1] = '\0';
   } else if (!dt__ck_name_ok(name, 1)) {
     st = DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);
   } else {
