@@ -51,7 +51,7 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
   dt__comm_mpi_set_owned(we_init_mpi);
   dt_memory_reset_peak(); /* backend: a new world's peaks (an estimate may have run before) */
   dt__cost_model_autoload_reported(0);
-  const char* blas = dt__cpu_blas_notice(); /* backend: a CPU OpenBLAS does not know */
+  const char* blas = dt__cpu_blas_select(); /* backend: a CPU OpenBLAS does not know */
   const int loud = !dt__env_on("DTENSOR_QUIET");
   if (blas != NULL && dt__world_rank() == 0 && loud)
     dt__log("blas", "%s (DTENSOR_QUIET=1 hides this)", blas);

@@ -283,9 +283,11 @@ static inline dt_device_t dt__backend_kernel_device(dt_backend_t b) {
 }
 
 /* ---- the host implementation both host backends share (src/backend/cpu.c) ------------------ */
-/* A one-line notice when OpenBLAS runs its generic kernels on a CPU with AVX2 / AVX-512 and
- * OPENBLAS_CORETYPE is not set (dt_init prints it on rank 0); NULL when there is nothing to say. */
-const char* dt__cpu_blas_notice(void);
+/* When OpenBLAS runs its generic kernels on a CPU with AVX2 / AVX-512 and OPENBLAS_CORETYPE is
+ * not set, switches it to the kernels the CPU allows (unless DTENSOR_BLAS_AUTOCORE=0) and returns
+ * a one-line notice saying what it did or why not (dt_init prints it on rank 0); NULL when there
+ * is nothing to say. Called by dt_init, before any BLAS call of the library. */
+const char* dt__cpu_blas_select(void);
 dt_status_t dt__host_memset(dt_backend_t b, void* dst, int value, size_t nbytes);
 dt_status_t dt__host_fill(dt_backend_t b, void* dst, dt_dtype_t dtype, int64_t n, double value);
 dt_status_t dt__host_copy(dt_backend_t b, void* dst, const void* src, size_t nbytes,

@@ -5,6 +5,7 @@
  * that compute in f32 f32 copies of bf16/f16 inputs and stores their f32 outputs back (converted
  * on load and store). GEMMs on bf16/f16 operands run in f32 on converted copies.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
@@ -23,12 +24,20 @@ static void dt__blas_threads(void) {
   if (getenv("OPENBLAS_NUM_THREADS") == NULL) openblas_set_num_threads(1);
 }
 
-/* OpenBLAS picks its kernels by CPU model at load time, and a release older than the CPU (Debian
- * 12's 0.3.21 on Sapphire Rapids and later) falls back to its generic SSE3 kernels, several times
- * slower than the AVX2 / AVX-512 ones the CPU can run; OPENBLAS_CORETYPE overrides the choice. */
-const char* dt__cpu_blas_notice(void) {
-  static char text[320];
-  if (getenv("OPENBLAS_CORETYPE") != NULL) return NULL;
+/* OpenBLAS picks its kernels by CPU model when it loads, and a release older than the CPU (Debian
+ * 12's 0.3.21 on Sapphire and Emerald Rapids) falls back to its generic SSE3 kernels, 3-5x slower
+ * than the AVX2 / AVX-512 ones the CPU runs (docs/performance.md). A DYNAMIC_ARCH OpenBLAS (every
+ * distribution's) exports the selection it made at load: dt_init makes it again, naming through
+ * OPENBLAS_CORETYPE the kernels the CPU's features allow (the variable is restored right after:
+ * OpenBLAS reads it only there). Weak references: an OpenBLAS built for one target has no such
+ * selection, and then only the notice is given. No BLAS call may run meanwhile: dt_init is the
+ * first library call, and the rank's BLAS calls come from the library's thread. */
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+const char* dt__cpu_blas_select(void) {
+  static char text[400];
+  if (getenv("OPENBLAS_CORETYPE") != NULL) return NULL; /* the user's choice */
   const char* core = openblas_get_corename();
   if (core == NULL) return NULL;
   static const char* const kGeneric[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
@@ -40,15 +49,41 @@ const char* dt__cpu_blas_notice(void) {
   const char* want = NULL;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
-         : __builtin_cpu_supports("avx2")  ? "Haswell"
-                                            : NULL;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512cd"))
+    want = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    want = "Haswell";
 #endif
   if (want == NULL) return NULL;
+  const char* isa = strcmp(want, "SkylakeX") == 0 ? "AVX-512" : "AVX2";
+  char was[32];
+  snprintf(was, sizeof was, "%s", core); /* the name's storage may change with the kernels */
+  const int autocore = (int)dt__env_int("DTENSOR_BLAS_AUTOCORE", 0, 1, 1, "blas", "0 or 1");
+  if (autocore && gotoblas_dynamic_init != NULL && gotoblas_dynamic_quit != NULL &&
+      setenv("OPENBLAS_CORETYPE", want, 1) == 0) {
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE");
+    const char* now = openblas_get_corename();
+    if (now != NULL && strcasecmp(now, want) == 0) {
+      snprintf(text, sizeof text,
+               "OpenBLAS chose its generic %s kernels on this CPU, which has %s: dt_init switched "
+               "it to its %s kernels (OPENBLAS_CORETYPE picks them yourself; "
+               "DTENSOR_BLAS_AUTOCORE=0 keeps OpenBLAS's choice)", was, isa, now);
+      return text;
+    }
+    snprintf(text, sizeof text,
+             "OpenBLAS runs its %s kernels on this CPU, which has %s: switching to its %s kernels "
+             "failed; GEMMs may be several times faster with OPENBLAS_CORETYPE=%s",
+             now ? now : "(unknown)", isa, want, want);
+    return text;
+  }
   snprintf(text, sizeof text,
            "OpenBLAS uses its generic %s kernels on this CPU, which has %s: GEMMs are several "
-           "times faster with OPENBLAS_CORETYPE=%s in the environment",
-           core, strcmp(want, "SkylakeX") == 0 ? "AVX-512" : "AVX2", want);
+           "times faster with OPENBLAS_CORETYPE=%s in the environment%s", was, isa, want,
+           autocore ? "" : " (DTENSOR_BLAS_AUTOCORE=0 kept them)");
   return text;
 }
 
