@@ -219,8 +219,9 @@ DT_API void dt_llama_config_defaults(dt_llama_config_t* cfg);
  * needed), so a program can refuse bad flags before it creates a mesh: DT_SUCCESS, or
  * DT_ERR_INVALID_ARG naming the first constraint broken and its values (the head dim must be a
  * whole even number, n_kv_heads must divide n_heads, norm_eps, rope_theta, aux_loss_coef and
- * capacity_factor must be finite, ...). Fields left 0 are taken at dt_llama_config_defaults'
- * values; cfg itself is not changed. */
+ * capacity_factor must be finite, the switches tie_embeddings, defer_init and ignore_targets
+ * must be 0 or 1, ...). Fields left 0 are taken at dt_llama_config_defaults' values; cfg itself
+ * is not changed. */
 DT_API dt_status_t dt_llama_config_check(const dt_llama_config_t* cfg);
 
 typedef struct dt_llama* dt_llama_t;

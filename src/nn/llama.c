@@ -608,9 +608,18 @@ static dt_status_t dt__llama_config_check(const dt_llama_config_t* c) {
   if (c->n_experts > 0 && (c->top_k < 1 || c->top_k > c->n_experts))
     return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: top_k=%d (valid: 1 to n_experts=%d)",
                    c->top_k, c->n_experts);
-  if (c->ignore_targets != 0 && c->ignore_targets != 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: ignore_targets=%d (valid: 0, or 1: targets "
-                   "of -100 count nowhere)", c->ignore_targets);
+  /* the switches: 0 or 1 only (a 2 or a -1 is a mistake, not another way to say on) */
+  const struct {
+    const char* name;
+    int v;
+    const char* on;
+  } sw[] = {{"ignore_targets", c->ignore_targets, "targets of -100 count nowhere"},
+            {"tie_embeddings", c->tie_embeddings, "the output projection is tok_emb"},
+            {"defer_init", c->defer_init, "parameters built as layouts"}};
+  for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
+    if (sw[i].v != 0 && sw[i].v != 1)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: %s=%d (valid: 0, or 1: %s)", sw[i].name,
+                     sw[i].v, sw[i].on);
   if (!isfinite(c->capacity_factor))
     return DT_FAIL(DT_ERR_INVALID_ARG, "llama config: capacity_factor=%g must be finite",
                    c->capacity_factor);

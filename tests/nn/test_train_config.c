@@ -69,6 +69,21 @@ static void test_valid(void** state) {
   assert_int_equal(o.tie_embeddings, 1);
   assert_false(load(&o, "{\"tie_embeddings\": 2}", err, sizeof err));
   assert_non_null(strstr(err, "tie_embeddings must be an integer in [0, 1]"));
+  /* 0/1 and false/true only (dt_llama_config_check refuses the rest too): the value named */
+  assert_true(load(&o, "{\"tie_embeddings\": false}", err, sizeof err) && o.tie_embeddings == 0);
+  assert_true(load(&o, "{\"tie_embeddings\": 1}", err, sizeof err) && o.tie_embeddings == 1);
+  assert_true(load(&o, "{\"tie_embeddings\": 0}", err, sizeof err) && o.tie_embeddings == 0);
+  const char* const bad_switch[][2] = {{"{\"tie_embeddings\": -1}", "got '-1'"},
+                                       {"{\"tie_embeddings\": 0.5}", "got '0.5'"},
+                                       {"{\"tie_embeddings\": \"yes\"}", "got 'yes'"},
+                                       {"{\"tie_embeddings\": \"true\"}", "got 'true'"}};
+  for (size_t i = 0; i < sizeof bad_switch / sizeof bad_switch[0]; i++) {
+    assert_false(load(&o, bad_switch[i][0], err, sizeof err));
+    assert_non_null(strstr(err, "tie_embeddings must be an integer in [0, 1]"));
+    assert_non_null(strstr(err, bad_switch[i][1]));
+  }
+  assert_false(train_opts_set(&o, "tie_embeddings", "2", err, sizeof err)); /* --tie-embeddings=2 */
+  assert_non_null(strstr(err, "tie_embeddings must be an integer in [0, 1], got '2'"));
 }
 
 /* The data-parallel keys: defaults, every accepted name, and the FSDP/DDP knobs. */

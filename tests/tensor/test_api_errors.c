@@ -335,6 +335,22 @@ static void llama_config_errors(dt_mesh_t mesh) {
     c.aux_loss_coef = 0;
   }
   DT_ASSERT_OK(dt_llama_config_check(&c));
+  /* the switches take 0 or 1 only: any other value was taken as on, without a word */
+  c.tie_embeddings = 2;
+  EXPECT_CONFIG(c, "tie_embeddings=2 (valid: 0, or 1");
+  c.tie_embeddings = -1;
+  EXPECT_CONFIG(c, "tie_embeddings=-1 (valid: 0, or 1");
+  c.tie_embeddings = 1;
+  DT_ASSERT_OK(dt_llama_config_check(&c));
+  c.tie_embeddings = 0;
+  c.defer_init = 7;
+  EXPECT_CONFIG(c, "defer_init=7 (valid: 0, or 1");
+  c.defer_init = 1;
+  DT_ASSERT_OK(dt_llama_config_check(&c));
+  c.defer_init = 0;
+  c.ignore_targets = 2;
+  EXPECT_CONFIG(c, "ignore_targets=2 (valid: 0, or 1");
+  c.ignore_targets = 0;
   DT_ASSERT_TRUE(dt_llama_flops_per_token(NULL) == 0.0, "flops of NULL");
   dt_llama_config_defaults(NULL); /* nothing, no crash */
   c.seq_len = 0;
