@@ -69,6 +69,11 @@ extern "C" {
 typedef struct dt_checkpoint* dt_checkpoint_t;
 
 #define DT_CHECKPOINT_NAME_MAX 256 /* tensor names and checkpoint names, NUL included */
+/* The longest checkpoint name dt_checkpoint_save and dt_checkpoint_import take, in characters
+ * (NUL not included): a save also makes NAME.unpublished.tmp (16 more) beside NAME, and a file
+ * name holds at most 255 bytes (NAME_MAX). Longer names, to DT_CHECKPOINT_NAME_MAX - 1, still
+ * load. */
+#define DT_CHECKPOINT_SAVE_NAME_LEN 239
 #define DT_CHECKPOINT_KEY_MAX 64   /* named values' keys, NUL included */
 
 /* An empty list. Local. */
@@ -131,7 +136,11 @@ DT_API dt_checkpoint_save_opts_t dt_checkpoint_save_opts_default(void);
 
 /* Collective. Saves everything listed to dir/name (dir is created when missing; name NULL:
  * "step_%08lld" of opts->step; opts NULL: the defaults). A save still pending on ck is finished
- * first (dt_checkpoint_wait). DT_ERR_INVALID_USAGE when dir/name exists already (complete
+ * first (dt_checkpoint_wait). The arguments are checked on every rank and agreed before any
+ * file is touched: DT_ERR_INVALID_ARG on every rank, nothing created or removed, when any rank's
+ * are bad, e.g. a name longer than DT_CHECKPOINT_SAVE_NAME_LEN or a path the save would make
+ * (dir/NAME.tmp/rank_RRRRR.safetensors the longest) past PATH_MAX - 1 (4095) characters, both
+ * named with their lengths. DT_ERR_INVALID_USAGE when dir/name exists already (complete
  * checkpoints, and files or directories that are not checkpoints, are never overwritten; only
  * a checkpoint a save renamed but never published, complete and newer than the one dir/latest
  * names, is replaced), DT_ERR_IO naming the file for a failed write, open, fsync
@@ -193,8 +202,9 @@ DT_API dt_status_t dt_checkpoint_verify(const char* path, FILE* out);
 DT_API dt_status_t dt_checkpoint_consolidate(const char* path, const char* out_path,
                                              int64_t max_file_nbytes, int with_optimizer);
 /* Turns a safetensors file (or a Hugging Face "*.safetensors.index.json" and its shards) into a
- * one-rank checkpoint dir/name (published with dir/latest; name NULL: "step_00000000") that
- * dt_checkpoint_load places onto any mesh: a seed checkpoint. Tensors are parameters unless the
+ * one-rank checkpoint dir/name (published with dir/latest; name NULL: "step_00000000"; the
+ * name's and the paths' limits are a save's) that dt_checkpoint_load places onto any mesh: a seed
+ * checkpoint. Tensors are parameters unless the
  * metadata gives another kind (a consolidated file's optimizer state stays optimizer state); a
  * kind entry naming no tensor of the file, or no kind, is DT_ERR_CORRUPT. Tensors of dtypes the
  * library lacks are DT_ERR_UNSUPPORTED naming them. A source that is not a regular file (a

@@ -1141,8 +1141,11 @@ dt_status_t dt_checkpoint_wait_staged(dt_checkpoint_t ck) {
   DT_ENTRY_RETURN(dt__checkpoint_wait_staged(ck));
 }
 
+/* Checks the arguments and computes the plan: local (no I/O, no collective), so that every rank
+ * reaches the agreement that follows it whatever fails. */
 static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, const char* dir,
                                        const char* name, const dt_checkpoint_save_opts_t* o) {
+  DT__CK_PATH_ARG(dir);
   if (o->keep_last < 0) return DT_FAIL(DT_ERR_INVALID_ARG, "opts->keep_last=%d (valid: >= 0)", o->keep_last);
   if (o->async < DT_CHECKPOINT_SYNC || o->async > DT_CHECKPOINT_ASYNC_DEFER_COPY)
     return DT_FAIL(DT_ERR_INVALID_ARG, "opts->async=%d (valid: 0 sync, 1 async, 2 async with "
@@ -1155,11 +1158,14 @@ static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, con
     return DT_FAIL(DT_ERR_INVALID_ARG, "opts->step=%" PRId64 " (valid: 0 to 2^53, what an "
                    "index can hold exactly)", o->step);
   if (name == NULL) snprintf(s->name, sizeof s->name, "step_%08" PRId64, o->step);
-  else if (!dt__ck_name_ok(name, 1))
+  else if (strlen(name) <= DT_CHECKPOINT_SAVE_NAME_LEN && !dt__ck_name_ok(name, 1))
     return DT_FAIL(DT_ERR_INVALID_ARG,
                    "name='%.200s' (valid: printable, no '/', ' ', '\"', '\\' or ':', not "
                    "'latest' nor ending in .tmp)", name);
-  else snprintf(s->name, sizeof s->name, "%s", name);
+  /* a name of 240-255 characters failed half way with a bare I/O error (NAME.unpublished.tmp, or
+   * from 252 on NAME.tmp, is past NAME_MAX), a path past PATH_MAX at the first file */
+  DT_CHECK(dt__ck_save_path_check(dir, name ? name : s->name, ck->world_size));
+  if (name != NULL) snprintf(s->name, sizeof s->name, "%s", name);
   if (snprintf(s->dir, sizeof s->dir, "%s", dir) >= (int)sizeof s->dir ||
       snprintf(s->tmpdir, sizeof s->tmpdir, "%s/%s.tmp", dir, s->name) >= (int)sizeof s->tmpdir ||
       snprintf(s->final, sizeof s->final, "%s/%s", dir, s->name) >= (int)sizeof s->final ||
@@ -1192,7 +1198,6 @@ static dt_status_t dt__ck_save_prepare(dt_checkpoint_t ck, dt__ck_save_t* s, con
 static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, const char* name,
                                        const dt_checkpoint_save_opts_t* opts) {
   DT_CHECK(dt__ck_check(ck));
-  DT__CK_PATH_ARG(dir);
   double t0 = dt__ck_now();
   DT_CHECK(dt__ck_world(ck));
   DT_CHECK(dt__checkpoint_wait(ck));
@@ -1205,8 +1210,12 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
   dt_status_t st = s ? dt__ck_save_prepare(ck, s, dir, name, &o)
                      : DT_FAIL(DT_ERR_OUT_OF_MEMORY, "save");
   if (s) s->t0 = t0;
+  /* the arguments agreed before rank 0 touches dir: a refusal on some ranks only (a dir, name
+   * or option that differs between them) creates, cleans and renames nothing */
+  st = dt__ck_agree(ck, st);
+  const int args_ok = st == DT_SUCCESS; /* the same on every rank */
   /* rank 0 makes the directory (cleaning leftovers); everyone agrees before writing into it */
-  if (st == DT_SUCCESS && ck->rank == 0) {
+  if (args_ok && ck->rank == 0) {
     const char* final = s->final;
     struct stat sb;
     st = dt__ck_mkdir_p(s->dir);
@@ -1252,7 +1261,7 @@ static dt_status_t dt__checkpoint_save(dt_checkpoint_t ck, const char* dir, cons
         s->made_tmpdir = 1;
     }
   }
-  st = dt__ck_agree(ck, st);
+  if (args_ok) st = dt__ck_agree(ck, st); /* (a refusal of the arguments is agreed already) */
   if (st == DT_SUCCESS)
     st = dt__ck_agree(ck, dt__ck_stage(ck, s, o.async == DT_CHECKPOINT_ASYNC_DEFER_COPY));
   if (st != DT_SUCCESS) {

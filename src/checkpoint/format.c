@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,29 @@ int dt__ck_name_ok(const char* s, int is_dir) {
     return 0;
   if (is_dir && strlen(s) > 4 && strcmp(s + strlen(s) - 4, ".tmp") == 0) return 0;
   return 1;
+}
+
+/* The longest name a save derives from NAME (a replaced unpublished save's); NAME.pruned.tmp and
+ * NAME.tmp are shorter. */
+#define DT__CK_LONGEST_SUFFIX ".unpublished.tmp"
+_Static_assert(DT_CHECKPOINT_SAVE_NAME_LEN + sizeof DT__CK_LONGEST_SUFFIX - 1 == NAME_MAX,
+               "DT_CHECKPOINT_SAVE_NAME_LEN: the longest derived name must fit NAME_MAX");
+
+dt_status_t dt__ck_save_path_check(const char* dir, const char* name, int world_size) {
+  const size_t n = strlen(name);
+  if (n > DT_CHECKPOINT_SAVE_NAME_LEN)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "name '%.40s...' is %zu characters long (at most %d: the "
+                   "save also makes NAME%s, and a file name holds at most %d bytes, NAME_MAX)",
+                   name, n, DT_CHECKPOINT_SAVE_NAME_LEN, DT__CK_LONGEST_SUFFIX, NAME_MAX);
+  char file[64];
+  const size_t fl = (size_t)snprintf(file, sizeof file, "rank_%05d.safetensors",
+                                     world_size > 1 ? world_size - 1 : 0);
+  const size_t longest = strlen(dir) + 1 + n + strlen(".tmp/") + fl;
+  if (longest > DT__CK_PATH_MAX - 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "dir and name too long: the save writes DIR/NAME.tmp/%s, "
+                   "%zu characters with this dir (%zu) and name (%zu); a path holds at most %d "
+                   "(PATH_MAX - 1)", file, longest, strlen(dir), n, DT__CK_PATH_MAX - 1);
+  return DT_SUCCESS;
 }
 
 static int dt__ck_file_name_ok(const char* s) {

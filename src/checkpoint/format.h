@@ -194,6 +194,12 @@ dt_status_t dt__ck_resolve(const char* path, char* ckdir, size_t cap);
 /* A name usable as a checkpoint or tensor name (printable, no '"', '\\', ':' or '/' for a
  * checkpoint); 0 when not. */
 int dt__ck_name_ok(const char* s, int is_dir);
+/* Whether every name and path a save (or an import) of dir/name makes fits, by lengths alone
+ * (no I/O): name at most DT_CHECKPOINT_SAVE_NAME_LEN characters (name.unpublished.tmp, the
+ * longest name derived from it, within NAME_MAX) and dir/name.tmp/rank_RRRRR.safetensors, the
+ * longest path (RRRRR the widest rank below world_size), within DT__CK_PATH_MAX - 1.
+ * DT_ERR_INVALID_ARG saying the limit and the length. */
+dt_status_t dt__ck_save_path_check(const char* dir, const char* name, int world_size);
 double dt__ck_now(void);
 
 #endif /* DT_CHECKPOINT_FORMAT_H */

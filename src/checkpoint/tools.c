@@ -475,8 +475,10 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
                    "hold exactly)", step);
   char nm[DT_CHECKPOINT_NAME_MAX];
   if (name == NULL) snprintf(nm, sizeof nm, "step_%08" PRId64, step);
-  else if (!dt__ck_name_ok(name, 1)) return DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);
-  else snprintf(nm, sizeof nm, "%s", name);
+  else if (strlen(name) <= DT_CHECKPOINT_SAVE_NAME_LEN && !dt__ck_name_ok(name, 1))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "name='%.200s' is not a checkpoint name", name);
+  DT_CHECK(dt__ck_save_path_check(dir, name ? name : nm, 1)); /* as a save's (one rank) */
+  if (name != NULL) snprintf(nm, sizeof nm, "%s", name);
   dt__ck_src_t* src = NULL;
   int ns = 0;
   dt_status_t st = dt__ck_sources(src_path, &src, &ns);

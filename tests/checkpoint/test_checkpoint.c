@@ -18,12 +18,17 @@
  *  - bad input: a flipped byte, a truncated file, a malformed or oversized header, a missing
  *    tensor, a wrong dtype or shape, an index from another model: the same status and message
  *    on every rank (naming the file and the tensor), and the tensors unchanged; empty paths,
- *    paths at the length limit and the name __metadata__ refused.
+ *    paths at the length limit and the name __metadata__ refused;
+ *  - name and path lengths: names past DT_CHECKPOINT_SAVE_NAME_LEN (their NAME.unpublished.tmp
+ *    past NAME_MAX) and paths past PATH_MAX - 1 refused up front, alike on every rank, nothing
+ *    made; the longest of each saves and loads; a bad argument on one rank only is agreed
+ *    before rank 0 touches the directory.
  * The directory is argv[1] (default /tmp/dt_ckpt_test_<pid of rank 0>).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -938,6 +943,122 @@ static void test_bad_input(void) {
                           "damaged latest overwrites nothing\n");
 }
 
+/* Name and path lengths. A save also makes NAME.unpublished.tmp beside NAME, so a name of
+ * 240-255 characters failed half way with a bare I/O error (from 252 on at NAME.tmp): it is
+ * refused up front, on every rank with the same message naming the limit and the length, and
+ * nothing is made. The longest name accepted saves, loads and replaces an unpublished save of
+ * itself (through NAME.unpublished.tmp: exactly NAME_MAX); a longer one saved otherwise still
+ * loads. A path past PATH_MAX - 1 is refused the same way. A refusal on one rank only (a name or
+ * a dir that differs) is agreed before rank 0 touches the directory: no hang, nothing cleaned. */
+static void test_name_limits(void) {
+  set_t src = make_set(1, 1), src3 = make_set(1, 3), dst = make_set(1, 2);
+  dt_checkpoint_t ck = list_of(&src);
+  char name[320], p[4400], want[96];
+  const size_t bad[3] = {255, 240, 300};
+  for (int i = 0; i < 3; i++) {
+    memset(name, 'n', bad[i]);
+    name[bad[i]] = '\0';
+    DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, name, NULL), DT_ERR_INVALID_ARG);
+    const char* e = dt_last_error();
+    snprintf(want, sizeof want, "is %zu characters long (at most %d", bad[i],
+             DT_CHECKPOINT_SAVE_NAME_LEN);
+    DT_ASSERT_TRUE(strstr(e, want) != NULL && strstr(e, "NAME_MAX") != NULL, "message: %s", e);
+    same_everywhere(e);
+    if (g_rank == 0) { /* as a save's: before the source is even opened */
+      DT_ASSERT_STATUS(dt_checkpoint_import("/nonexistent.safetensors", g_dir, name, 0),
+                       DT_ERR_INVALID_ARG);
+      DT_ASSERT_TRUE(strstr(dt_last_error(), want) != NULL, "%s", dt_last_error());
+    }
+    name[NAME_MAX - 4] = '\0'; /* NAME.tmp, as long a name as a file can have */
+    snprintf(p, sizeof p, "%s/%s.tmp", g_dir, name);
+    DT_ASSERT_TRUE(!exists(p), "%s made", p);
+  }
+  /* the longest name: saves, loads, and replaces its own unpublished save */
+  memset(name, 'L', DT_CHECKPOINT_SAVE_NAME_LEN);
+  name[DT_CHECKPOINT_SAVE_NAME_LEN] = '\0';
+  dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
+  o.step = 5;
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, name, &o));
+  dt_checkpoint_t lk = list_of(&dst);
+  DT_ASSERT_OK(dt_checkpoint_load(lk, g_dir, NULL)); /* `latest` names it */
+  check_set(&dst, 1, "the longest name, loaded");
+  o.step = 1;
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "lim_pub", &o)); /* latest: an older step */
+  dt_checkpoint_t ck3 = list_of(&src3);
+  o.step = 6;
+  DT_ASSERT_OK(dt_checkpoint_save(ck3, g_dir, name, &o));
+  DT_ASSERT_OK(dt_checkpoint_load(lk, g_dir, name));
+  check_set(&dst, 3, "the longest name, replaced unpublished");
+  snprintf(p, sizeof p, "%s/%s.unpublished.tmp", g_dir, name);
+  DT_ASSERT_TRUE(!exists(p), "%s left", p);
+  /* a longer name saved otherwise (renamed by hand) still loads */
+  char longer[256];
+  memset(longer, 'M', 250);
+  longer[250] = '\0';
+  if (g_rank == 0) {
+    char from[600], to[900];
+    snprintf(from, sizeof from, "%s/lim_pub", g_dir);
+    snprintf(to, sizeof to, "%s/%s", g_dir, longer);
+    DT_ASSERT_EQ(rename(from, to), 0);
+  }
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_load(lk, g_dir, longer));
+  check_set(&dst, 1, "a 250-character name, loaded");
+  /* paths: DIR/NAME.tmp/rank_RRRRR.safetensors past PATH_MAX - 1 is refused, at it saves */
+  const size_t longest = 1 + DT_CHECKPOINT_SAVE_NAME_LEN + strlen(".tmp/rank_00000.safetensors");
+  char dir[4200];
+  long_path(dir, sizeof dir, g_dir, "deep", 4096 - longest);
+  DT_ASSERT_STATUS(dt_checkpoint_save(ck, dir, name, NULL), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "4096 characters") != NULL &&
+                     strstr(dt_last_error(), "at most 4095 (PATH_MAX - 1)") != NULL,
+                 "%s", dt_last_error());
+  same_everywhere(dt_last_error());
+  snprintf(p, sizeof p, "%s/deep", g_dir);
+  DT_ASSERT_TRUE(!exists(p), "%s made", p);
+  long_path(dir, sizeof dir, g_dir, "deep", 4095 - longest);
+  DT_ASSERT_OK(dt_checkpoint_save(ck, dir, name, NULL));
+  DT_ASSERT_OK(dt_checkpoint_load(lk, dir, name));
+  check_set(&dst, 1, "the longest path, loaded");
+  /* one rank's bad argument fails every rank, before rank 0 cleans or makes anything: a
+   * leftover *.tmp (which a save's clean-up removes) stays, and no dir is created */
+  if (g_world >= 2) {
+    char left[600], made[600];
+    snprintf(left, sizeof left, "%s/zz_leftover.tmp", g_dir);
+    snprintf(made, sizeof made, "%s/agreed", g_dir);
+    if (g_rank == 0) {
+      FILE* f = fopen(left, "w");
+      DT_ASSERT_TRUE(f != NULL && fclose(f) == 0, "writing %s", left);
+    }
+    barrier();
+    memset(name, 'n', 240);
+    name[240] = '\0';
+    const int last = g_rank == g_world - 1;
+    DT_ASSERT_STATUS(dt_checkpoint_save(ck, g_dir, last ? name : "agreed", NULL),
+                     DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "is 240 characters long") != NULL, "%s",
+                   dt_last_error());
+    same_everywhere(dt_last_error());
+    DT_ASSERT_STATUS(dt_checkpoint_save(ck, last ? NULL : g_dir, "agreed", NULL),
+                     DT_ERR_INVALID_ARG); /* the others hung in the agreement */
+    same_everywhere(dt_last_error());
+    barrier();
+    DT_ASSERT_TRUE(exists(left), "%s removed by a refused save", left);
+    DT_ASSERT_TRUE(!exists(made), "%s made by a refused save", made);
+    barrier();
+    if (g_rank == 0) DT_ASSERT_EQ(unlink(left), 0);
+  }
+  DT_ASSERT_OK(dt_checkpoint_destroy(lk));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck3));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  free_set(&dst);
+  free_set(&src3);
+  free_set(&src);
+  barrier();
+  if (g_rank == 0)
+    printf("name limits: names of 240, 255 and 300 characters and a path of 4096 refused alike "
+           "on every rank; %d characters and 4095 save and load\n", DT_CHECKPOINT_SAVE_NAME_LEN);
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_size(&g_world));
@@ -952,6 +1073,7 @@ int main(int argc, char** argv) {
   test_latest_agreed();
   test_two_objects();
   test_bad_input();
+  test_name_limits();
   barrier();
   if (g_rank == 0 && argc <= 1) run_cmd("rm -rf %s", g_dir);
   DT_ASSERT_OK(dt_finalize());
