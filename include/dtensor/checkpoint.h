@@ -24,8 +24,14 @@
  * Saving is atomic: files go to DIR/NAME.tmp/, are fsynced, the index is written last, the
  * directory is renamed to DIR/NAME and DIR/latest is replaced the same way (write, fsync,
  * rename). A save that dies half way leaves a NAME.tmp directory, which loads ignore and the next
- * save removes. With async set, dt_checkpoint_save returns once every rank's shards are copied to
- * host staging memory (that copy is the only stall); a background thread writes the files while
+ * save removes. The writers (saves, dt_checkpoint_consolidate, dt_checkpoint_import) write only
+ * through files they create themselves: a symbolic link is never followed. Leftover *.tmp entries
+ * a save finds in DIR at its start are its own and removed (a link itself, not its target); a
+ * link (or anything but a regular file) found at a temporary path the writer then creates
+ * (DIR/latest.tmp, DIR/NAME.tmp/index.json.tmp, OUT.tmp) is DT_ERR_INVALID_USAGE naming it, and
+ * is left in place.
+ * With async set, dt_checkpoint_save returns once every rank's shards are copied to host
+ * staging memory (that copy is the only stall); a background thread writes the files while
  * training goes on, and dt_checkpoint_wait (collective) finishes the save: agrees on the outcome,
  * writes the index and publishes it. The saved tensors may change as soon as save returns.
  * With async DT_CHECKPOINT_ASYNC_DEFER_COPY even that copy leaves the caller: save returns once
@@ -198,7 +204,9 @@ DT_API dt_status_t dt_checkpoint_verify(const char* path, FILE* out);
  * is written beside itself and renamed over it (the shards of the sharded form only once every
  * one is written and checked: a failure to read or write one leaves a previous output whole; a
  * failed rename, rarer, may leave it part replaced): an existing output that is not a
- * regular file (a directory, a FIFO, a device), or an empty out_path, is DT_ERR_INVALID_ARG. */
+ * regular file (a directory, a FIFO, a device), or an empty out_path, is DT_ERR_INVALID_ARG; a
+ * symbolic link at OUT.tmp (or at a shard's .tmp) is DT_ERR_INVALID_USAGE, never written through
+ * (a regular file there, a consolidation's that died, is replaced). */
 DT_API dt_status_t dt_checkpoint_consolidate(const char* path, const char* out_path,
                                              int64_t max_file_nbytes, int with_optimizer);
 /* Turns a safetensors file (or a Hugging Face "*.safetensors.index.json" and its shards) into a

@@ -903,8 +903,8 @@ static void* dt__ck_fsync_thread(void* a) {
 static dt_status_t dt__ck_write_file(dt_checkpoint_t ck, dt__ck_save_t* s) {
   DT_CHECK(dt__ck_copy_deferred(s));
   if (s->header == NULL) return DT_SUCCESS; /* nothing to write */
-  int fd = open(s->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) return DT_FAIL(DT_ERR_IO, "creating %s: %s", s->path, strerror(errno));
+  int fd;
+  DT_CHECK(dt__ck_create(s->path, &fd));
   dt_status_t st = dt__ck_st_write_header(fd, s->header, s->header_len, s->path);
   if (st == DT_SUCCESS) st = dt__ck_write_all(fd, s->staging, (size_t)s->staging_nbytes, s->path);
   dt__ck_fsync_t fs = {fd, 0, 0};

@@ -967,12 +967,21 @@ dt_status_t dt__ck_mkdir_p(const char* path) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt__ck_rm_rf(const char* path) {
+/* rm -rf of name in the directory `at` (path: the same for messages), by file descriptors: a
+ * directory is opened with O_NOFOLLOW, so a symbolic link swapped in for it after the lstat is
+ * not followed (the open fails) and nothing outside is removed. */
+static dt_status_t dt__ck_rm_at(int at, const char* name, const char* path) {
   struct stat sb;
-  if (lstat(path, &sb) != 0) return errno == ENOENT ? DT_SUCCESS : DT_FAIL(DT_ERR_IO, "%s: %s", path, strerror(errno));
+  if (fstatat(at, name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+    return errno == ENOENT ? DT_SUCCESS : DT_FAIL(DT_ERR_IO, "%s: %s", path, strerror(errno));
   if (S_ISDIR(sb.st_mode)) {
-    DIR* d = opendir(path);
-    if (d == NULL) return DT_FAIL(DT_ERR_IO, "opening directory %s: %s", path, strerror(errno));
+    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR* d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+      dt_status_t st = DT_FAIL(DT_ERR_IO, "opening directory %s: %s", path, strerror(errno));
+      if (fd >= 0) close(fd);
+      return st;
+    }
     struct dirent* e;
     dt_status_t st = DT_SUCCESS;
     while (st == DT_SUCCESS && (e = readdir(d)) != NULL) {
@@ -981,16 +990,42 @@ dt_status_t dt__ck_rm_rf(const char* path) {
       if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub)
         st = DT_FAIL(DT_ERR_IO, "path too long under %s", path);
       else
-        st = dt__ck_rm_rf(sub);
+        st = dt__ck_rm_at(dirfd(d), e->d_name, sub);
     }
     closedir(d);
     DT_CHECK(st);
-    if (rmdir(path) != 0 && errno != ENOENT)
+    if (unlinkat(at, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
       return DT_FAIL(DT_ERR_IO, "removing %s: %s", path, strerror(errno));
     return DT_SUCCESS;
   }
-  if (unlink(path) != 0 && errno != ENOENT)
+  if (unlinkat(at, name, 0) != 0 && errno != ENOENT)
     return DT_FAIL(DT_ERR_IO, "removing %s: %s", path, strerror(errno));
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__ck_rm_rf(const char* path) { return dt__ck_rm_at(AT_FDCWD, path, path); }
+
+dt_status_t dt__ck_create(const char* path, int* fd) {
+  *fd = -1;
+  struct stat sb;
+  if (lstat(path, &sb) == 0) {
+    if (!S_ISREG(sb.st_mode))
+      return DT_FAIL(DT_ERR_INVALID_USAGE, "%s is %s: a checkpoint writer never makes one there "
+                     "and writes only through files it creates; remove it", path,
+                     S_ISLNK(sb.st_mode)  ? "a symbolic link"
+                     : S_ISDIR(sb.st_mode) ? "a directory"
+                                           : "not a regular file");
+    if (unlink(path) != 0 && errno != ENOENT) /* a leftover of a writer that died */
+      return DT_FAIL(DT_ERR_IO, "removing the leftover %s: %s", path, strerror(errno));
+  } else if (errno != ENOENT) {
+    return DT_FAIL(DT_ERR_IO, "stat %s: %s", path, strerror(errno));
+  }
+  *fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (*fd < 0) {
+    const int e = errno;
+    return DT_FAIL(DT_ERR_IO, "creating %s: %s%s", path, strerror(e),
+                   e == EEXIST || e == ELOOP ? " (made by someone else meanwhile)" : "");
+  }
   return DT_SUCCESS;
 }
 
@@ -1004,8 +1039,8 @@ dt_status_t dt__ck_write_replace(const char* dir, const char* name, const void* 
   if (snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name) >= (int)sizeof tmp ||
       snprintf(dst, sizeof dst, "%s/%s", dir, name) >= (int)sizeof dst)
     return DT_FAIL(DT_ERR_INVALID_ARG, "path too long: %.200s", dir);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) return DT_FAIL(DT_ERR_IO, "creating %s: %s", tmp, strerror(errno));
+  int fd;
+  DT_CHECK(dt__ck_create(tmp, &fd)); /* (a link there refused, not removed below) */
   dt_status_t st = dt__ck_write_all(fd, p, n, tmp);
   if (st == DT_SUCCESS && fsync(fd) != 0) st = DT_FAIL(DT_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
   if (close(fd) != 0 && st == DT_SUCCESS) st = DT_FAIL(DT_ERR_IO, "closing %s: %s", tmp, strerror(errno));

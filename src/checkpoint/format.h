@@ -176,8 +176,18 @@ dt_status_t dt__ck_write_all(int fd, const void* p, size_t n, const char* path);
 dt_status_t dt__ck_pread_all(int fd, void* p, size_t n, int64_t off, const char* path);
 dt_status_t dt__ck_fsync_path(const char* path); /* a file or a directory */
 dt_status_t dt__ck_mkdir_p(const char* path);
+/* Removes path and, when it is a directory, everything under it; a symbolic link is removed
+ * itself, never followed (nor is one swapped in for a directory while it is removed). */
 dt_status_t dt__ck_rm_rf(const char* path);
-/* dir/name written through dir/name.tmp: write, fsync, rename, fsync dir. */
+/* Creates the file path for writing (*fd), as a file of the writer's own: a regular file there,
+ * the leftover of a writer that died, is removed first; anything else (a symbolic link, a
+ * directory, a FIFO) no writer made, and it is refused with DT_ERR_INVALID_USAGE naming it,
+ * neither followed nor removed. The open takes O_EXCL | O_NOFOLLOW, so a link planted between
+ * that check and the open fails it too (DT_ERR_IO), and a hard link left there is unlinked, not
+ * truncated through. */
+dt_status_t dt__ck_create(const char* path, int* fd);
+/* dir/name written through dir/name.tmp (made by dt__ck_create): write, fsync, rename, fsync
+ * dir. */
 dt_status_t dt__ck_write_atomic(const char* dir, const char* name, const void* p, size_t n);
 /* The same without the directory's fsync: once it returns DT_SUCCESS, dir/name holds the new
  * bytes (on failure it holds the old ones). */

@@ -196,10 +196,7 @@ static dt_status_t dt__ck_write_consolidated(const char* ckdir, const dt__ck_ind
     st = DT_FAIL(DT_ERR_INVALID_ARG, "out_path too long (its %zu characters and \".tmp\")",
                  strlen(out_path));
   if (st == DT_SUCCESS) st = dt__ck_out_check(out_path);
-  if (st == DT_SUCCESS) {
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) st = DT_FAIL(DT_ERR_IO, "creating %s: %s", tmp, strerror(errno));
-  }
+  if (st == DT_SUCCESS) st = dt__ck_create(tmp, &fd); /* a link at OUT.tmp: refused */
   if (st == DT_SUCCESS) st = dt__ck_st_write_header(fd, hdr, hl, tmp);
   for (int k = 0; k < n && st == DT_SUCCESS; k++) {
     st = dt__ck_gather(ckdir, ix, &ix->tensors[sel[lo + k]], fds, buf, blockbuf);
@@ -549,8 +546,7 @@ static dt_status_t dt__checkpoint_import(const char* src_path, const char* dir, 
   }
   int fd = -1;
   if (st == DT_SUCCESS && total > 0) {
-    fd = open(fpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) st = DT_FAIL(DT_ERR_IO, "creating %s: %s", fpath, strerror(errno));
+    st = dt__ck_create(fpath, &fd);
     if (st == DT_SUCCESS) st = dt__ck_st_write_header(fd, hdr, hl, fpath);
     snprintf(ix.files[0].name, sizeof ix.files[0].name, "rank_00000.safetensors");
     ix.n_files = 1;

@@ -22,10 +22,14 @@
  *  - name and path lengths: names past DT_CHECKPOINT_SAVE_NAME_LEN (their NAME.unpublished.tmp
  *    past NAME_MAX) and paths past PATH_MAX - 1 refused up front, alike on every rank, nothing
  *    made; the longest of each saves and loads; a bad argument on one rank only is agreed
- *    before rank 0 touches the directory.
+ *    before rank 0 touches the directory;
+ *  - symbolic links at the writers' temporary paths (DIR/latest.tmp, NAME.tmp/index.json.tmp,
+ *    consolidate's OUT.tmp, an import's latest.tmp) refused, never written through; links left
+ *    as *.tmp in DIR before a save removed by it, their targets untouched.
  * The directory is argv[1] (default /tmp/dt_ckpt_test_<pid of rank 0>).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
@@ -1059,6 +1063,137 @@ static void test_name_limits(void) {
            "on every rank; %d characters and 4095 save and load\n", DT_CHECKPOINT_SAVE_NAME_LEN);
 }
 
+/* A file outside the checkpoint directory, its content as written. */
+static void write_text(const char* path, const char* text) {
+  FILE* f = fopen(path, "w");
+  DT_ASSERT_TRUE(f != NULL && fputs(text, f) >= 0 && fclose(f) == 0, "writing %s", path);
+}
+
+static void expect_text(const char* path, const char* text) {
+  char got[64] = "";
+  FILE* f = fopen(path, "r");
+  DT_ASSERT_TRUE(f != NULL, "opening %s", path);
+  if (fgets(got, sizeof got, f) == NULL) got[0] = '\0';
+  fclose(f);
+  DT_ASSERT_TRUE(strcmp(got, text) == 0, "%s holds '%s', not '%s': written through a link", path,
+                 got, text);
+}
+
+static int is_link(const char* p) {
+  struct stat sb;
+  return lstat(p, &sb) == 0 && S_ISLNK(sb.st_mode);
+}
+
+/* Symbolic links at the temporary paths the writers create: never written through. One planted
+ * while a save is pending (DIR/latest.tmp, DIR/NAME.tmp/index.json.tmp) fails the save on every
+ * rank with DT_ERR_INVALID_USAGE naming it, nothing published, the link kept; one at
+ * consolidate's OUT.tmp or at import's DIR/latest.tmp the same. Leftovers a save finds at its
+ * start (DIR/NAME.tmp, DIR/latest.tmp) are its own and removed, the links themselves: their
+ * targets stay as they were. Each target is a file outside the checkpoint directory. */
+static void test_symlinks(void) {
+  set_t src = make_set(1, 1), dst = make_set(1, 2);
+  dt_checkpoint_t ck = list_of(&src);
+  char victim[600], vdir[600], link[1200], p[1200];
+  snprintf(victim, sizeof victim, "%s_victim", g_dir);
+  snprintf(vdir, sizeof vdir, "%s_victim_dir", g_dir);
+  if (g_rank == 0) {
+    write_text(victim, "victim");
+    DT_ASSERT_TRUE(mkdir(vdir, 0755) == 0 || errno == EEXIST, "mkdir %s", vdir);
+    snprintf(p, sizeof p, "%s/inside", vdir);
+    write_text(p, "inside");
+  }
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "ln_base", NULL)); /* latest: ln_base */
+  /* planted while the save is pending: refused at its commit */
+  const char* planted[2] = {"latest.tmp", "ln_pend.tmp/index.json.tmp"};
+  for (int i = 0; i < 2; i++) {
+    dt_checkpoint_save_opts_t o = dt_checkpoint_save_opts_default();
+    o.async = DT_CHECKPOINT_ASYNC;
+    DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "ln_pend", &o));
+    snprintf(link, sizeof link, "%s/%s", g_dir, planted[i]);
+    if (g_rank == 0) DT_ASSERT_TRUE(symlink(victim, link) == 0, "symlink %s", link);
+    barrier();
+    DT_ASSERT_STATUS(dt_checkpoint_wait(ck), DT_ERR_INVALID_USAGE);
+    const char* e = dt_last_error();
+    DT_ASSERT_TRUE(strstr(e, link) != NULL && strstr(e, "is a symbolic link") != NULL,
+                   "message: %s", e);
+    same_everywhere(e);
+    barrier();
+    if (g_rank == 0) expect_text(victim, "victim");
+    snprintf(p, sizeof p, "%s/ln_pend", g_dir);
+    DT_ASSERT_TRUE(!exists(p), "%s published", p);
+    snprintf(p, sizeof p, "%s/ln_pend.tmp", g_dir);
+    DT_ASSERT_TRUE(!exists(p), "%s left", p);
+    char nm[64];
+    DT_ASSERT_OK(dt_checkpoint_latest(g_dir, nm, sizeof nm));
+    DT_ASSERT_TRUE(strcmp(nm, "ln_base") == 0, "latest names %s", nm);
+    if (g_rank == 0 && i == 0) DT_ASSERT_TRUE(is_link(link), "%s removed", link);
+    if (g_rank == 0 && i == 0) DT_ASSERT_EQ(unlink(link), 0);
+    barrier();
+  }
+  /* leftovers at a save's start are its own: removed, never followed */
+  if (g_rank == 0) {
+    snprintf(link, sizeof link, "%s/ln_left.tmp", g_dir);
+    DT_ASSERT_TRUE(symlink(vdir, link) == 0, "symlink %s", link);
+    snprintf(link, sizeof link, "%s/latest.tmp", g_dir);
+    DT_ASSERT_TRUE(symlink(victim, link) == 0, "symlink %s", link);
+  }
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "ln_left", NULL));
+  dt_checkpoint_t lk = list_of(&dst);
+  DT_ASSERT_OK(dt_checkpoint_load(lk, g_dir, NULL));
+  check_set(&dst, 1, "saved past planted leftovers");
+  barrier();
+  if (g_rank == 0) {
+    expect_text(victim, "victim");
+    snprintf(p, sizeof p, "%s/inside", vdir);
+    expect_text(p, "inside");
+    snprintf(link, sizeof link, "%s/latest.tmp", g_dir);
+    DT_ASSERT_TRUE(!is_link(link), "%s kept", link);
+  }
+  /* consolidate's OUT.tmp; import's DIR/latest.tmp (an import cleans nothing) */
+  if (g_rank == 0) {
+    char ckp[600], out[600], imp[600];
+    snprintf(ckp, sizeof ckp, "%s/ln_left", g_dir);
+    snprintf(out, sizeof out, "%s/ln_out.safetensors", g_dir);
+    snprintf(link, sizeof link, "%s.tmp", out);
+    DT_ASSERT_TRUE(symlink(victim, link) == 0, "symlink %s", link);
+    DT_ASSERT_STATUS(dt_checkpoint_consolidate(ckp, out, 0, 0), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), link) != NULL &&
+                       strstr(dt_last_error(), "is a symbolic link") != NULL,
+                   "message: %s", dt_last_error());
+    expect_text(victim, "victim");
+    DT_ASSERT_TRUE(!exists(out), "%s written", out);
+    DT_ASSERT_TRUE(is_link(link), "%s removed", link);
+    DT_ASSERT_EQ(unlink(link), 0);
+    DT_ASSERT_OK(dt_checkpoint_consolidate(ckp, out, 0, 0));
+    snprintf(imp, sizeof imp, "%s/ln_imp", g_dir);
+    snprintf(link, sizeof link, "%s/latest.tmp", imp);
+    DT_ASSERT_TRUE(mkdir(imp, 0755) == 0, "mkdir %s", imp);
+    DT_ASSERT_TRUE(symlink(victim, link) == 0, "symlink %s", link);
+    DT_ASSERT_STATUS(dt_checkpoint_import(out, imp, "seed", 0), DT_ERR_INVALID_USAGE);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "is a symbolic link") != NULL, "%s", dt_last_error());
+    expect_text(victim, "victim");
+    snprintf(p, sizeof p, "%s/seed", imp);
+    DT_ASSERT_TRUE(!exists(p), "%s published", p);
+    snprintf(p, sizeof p, "%s/seed.tmp", imp);
+    DT_ASSERT_TRUE(!exists(p), "%s left", p);
+    DT_ASSERT_EQ(unlink(link), 0);
+    DT_ASSERT_OK(dt_checkpoint_import(out, imp, "seed", 0));
+  }
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_destroy(lk));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  free_set(&dst);
+  free_set(&src);
+  barrier();
+  if (g_rank == 0) {
+    run_cmd("rm -rf %s_victim %s_victim_dir", g_dir);
+    printf("symlinks: links at latest.tmp, NAME.tmp/index.json.tmp, OUT.tmp and an import's "
+           "latest.tmp refused, leftovers at a save's start removed; no target written\n");
+  }
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_size(&g_world));
@@ -1074,6 +1209,7 @@ int main(int argc, char** argv) {
   test_two_objects();
   test_bad_input();
   test_name_limits();
+  test_symlinks();
   barrier();
   if (g_rank == 0 && argc <= 1) run_cmd("rm -rf %s", g_dir);
   DT_ASSERT_OK(dt_finalize());
