@@ -109,6 +109,10 @@
  * category (dt_memory_stats: parameters, gradients, optimizer, activations, communication, other,
  * and the peak total), then the last line is
  *   final_loss=<mean of the last 10 losses> entropy_floor=<corpus floor> tokens_per_s=<mean>
+ * tokens_per_s is the mean over the steps after this run's first two (warm-up: the plan and
+ * propagation caches fill); when no step is left after them (--steps 1 or 2, or a resume that
+ * runs one or two steps) it is the mean over the steps that ran, and a "# tokens_per_s" line
+ * before it says so. It is 0 only when no step ran.
  * The default plan is Megatron-style tensor parallelism: column-parallel wq/wk/wv/w1/w3 and the
  * output projection (Shard(0) of (out, in) weights), row-parallel wo/w2 (Shard(1)), the
  * embedding sharded on its hidden dim, norms replicated; the MoE's stacked experts the same way
@@ -1305,8 +1309,8 @@ int train_main(int argc, char** argv) {
     if (hist == NULL) fprintf(stderr, "train: no memory for the loss history: no plot\n");
   }
   const int64_t mshape_b[2] = {o.batch / o.micro_batches, o.seq}; /* one micro-batch */
-  double last[10] = {0}, tps_sum = 0.0;
-  int nlast = 0, ntps = 0;
+  double last[10] = {0}, tps_sum = 0.0, tps_all = 0.0;
+  int nlast = 0, ntps = 0, nall = 0;
   for (int step = start; step < o.steps; step++) {
     barrier();
     if (step == o.steps - 1) CHECK(dt_counters_reset(NULL)); /* the last step's traffic */
@@ -1393,10 +1397,12 @@ int train_main(int argc, char** argv) {
     for (int i = 0; i < np; i++) CHECK(dt_var_zero_grad(params[i]));
     barrier();
     double dt = now_s() - t0, tps = (double)bs / dt, gf = flops_tok * (double)bs / dt / 1e9;
-    if (step >= 2) { /* the first steps fill the plan and propagation caches */
+    if (step >= start + 2) { /* this run's first steps fill the plan and propagation caches */
       tps_sum += tps;
       ntps++;
     }
+    tps_all += tps; /* the mean reported when no step is left after those */
+    nall++;
     last[nlast++ % 10] = lv;
     if (hist != NULL) hist[step] = lv;
     if (g_lead && !g_sim) {
@@ -1520,9 +1526,13 @@ int train_main(int argc, char** argv) {
     }
     free(all);
   }
+  if (g_lead && ntps == 0 && nall > 0) /* --steps 1 or 2: report what ran, never 0 */
+    printf("# tokens_per_s: the mean of all %d step%s run, warm-up included (the first 2 are "
+           "left out when more run)\n", nall, nall > 1 ? "s" : "");
   if (g_lead)
     printf("final_loss=%.4f entropy_floor=%.4f tokens_per_s=%.0f\n", final,
-           corpus ? dt_corpus_entropy_floor(corpus) : NAN, ntps ? tps_sum / ntps : 0.0);
+           corpus ? dt_corpus_entropy_floor(corpus) : NAN,
+           ntps ? tps_sum / ntps : nall ? tps_all / nall : 0.0);
   free(tok);
   free(tgt);
   free(cp_row);

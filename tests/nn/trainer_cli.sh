@@ -8,7 +8,8 @@
 # --parallel none, so their final losses agree with it; and clear refusals of fsdp on a 2-D mesh,
 # hsdp on a 1-D one, an explicit --plan with ddp and an unknown --parallel value. Then the
 # parallel config: --tp 2 with --sp and --loss-parallel, and a JSON {"dp": 2, "tp": 2, "sp": true}
-# on 4 ranks, agreeing with --parallel none, the traffic line, and clear refusals.
+# on 4 ranks, agreeing with --parallel none, the traffic line, and clear refusals. --steps 1
+# reports the tokens/s of its one step (the mean leaves out two warm-up steps: it was 0).
 #   trainer_cli.sh MPIEXEC TRAIN_BINARY SOURCE_DIR WORKDIR
 set -euo pipefail
 MPI=$1 TRAIN=$2 SRC=$3 W=$4
@@ -41,6 +42,12 @@ grep -q "bad argument '--frobnicate'" "$W/flag.txt" || { cat "$W/flag.txt"; exit
 # data parallelism: tiny model on the Markov corpus (entropy floor known)
 tiny=(--steps 4 --batch 4 --seq 16 --dim 32 --layers 2 --heads 4)
 final_re='^final_loss=[0-9.]+ entropy_floor=1\.2732 tokens_per_s=[0-9]+$'
+# --steps 1: no step is left after the two warm-up steps; tokens_per_s is that of the step that
+# ran (it was 0), and a '#' line says so
+run -np 1 "$TRAIN" "${tiny[@]}" --steps 1 > "$W/one_step.txt" 2>&1 || { cat "$W/one_step.txt"; exit 1; }
+tail -1 "$W/one_step.txt" | grep -Eq '^final_loss=[0-9.]+ entropy_floor=1\.2732 tokens_per_s=[1-9][0-9]*$' || { echo "--steps 1: tokens_per_s is not the step's"; tail -2 "$W/one_step.txt"; exit 1; }
+grep -q '^# tokens_per_s: the mean of all 1 step run, warm-up included' "$W/one_step.txt" || { echo "--steps 1: no '# tokens_per_s' line"; cat "$W/one_step.txt"; exit 1; }
+if grep -q '^# tokens_per_s' "$W/out.txt"; then echo "5 steps: a '# tokens_per_s' line"; exit 1; fi
 dp_run() { # name np flags...
   local name=$1 np=$2
   shift 2
