@@ -568,9 +568,38 @@ static dt_status_t dt__ag_apply(dt_tape_t tape, int id, int n_inputs, const dt_v
     DT_CHECK(dt__ensure_value(tape, inputs[t])); /* dropped by checkpointing: recompute */
     vals[t] = inputs[t]->value;
   }
-  DT_CHECK(dt__op_apply(id, n_inputs, vals, n_iargs, iargs, n_fargs, fargs, n_outputs, res,
-                        &saved));
-  return dt__record(tape, id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs, res,
+  /* Operands of different dtypes that the op promotes: cast to the result dtype, each cast
+   * recorded as a node when the op is, so that every input's gradient comes back in its own
+   * dtype (PyTorch: a bf16 leaf's gradient is bf16); not recorded, dispatch casts them itself.
+   * The casts and the op run before anything is recorded: a failure leaves the tape as it was. */
+  dt_tensor_t cast[DT_OP_MAX_INPUTS] = {NULL};
+  int needs = 0;
+  for (int t = 0; t < n_inputs; t++) needs |= inputs[t]->requires_grad;
+  needs &= !dt__grad_off;
+  if (needs && (dt__op_info(id)->flags & DT_OPF_PROMOTES_MASK)) {
+    DT_CHECK(dt__op_promote(id, n_inputs, vals, cast));
+    for (int t = 0; t < n_inputs; t++) vals[t] = cast[t] != NULL ? cast[t] : vals[t];
+  }
+  dt_status_t st = dt__op_apply(id, n_inputs, vals, n_iargs, iargs, n_fargs, fargs, n_outputs,
+                                res, &saved);
+  dt_var_t in[DT_OP_MAX_INPUTS];
+  for (int t = 0; t < n_inputs; t++) {
+    in[t] = inputs[t];
+    if (cast[t] == NULL) continue;
+    if (st == DT_SUCCESS) { /* the cast's node: input t -> its value in the op's dtype */
+      const int64_t code = (int64_t)cast[t]->dtype;
+      st = dt__record(tape, DT_OP_CAST, 1, &inputs[t], 1, &code, 0, NULL, 1, &cast[t], NULL,
+                      &in[t]);
+      cast[t] = NULL; /* dt__record took it, or freed it on failure */
+    }
+    dt__tensor_free(cast[t]);
+  }
+  if (st != DT_SUCCESS) {
+    for (int o = 0; o < n_outputs; o++) dt__tensor_free(res[o]);
+    dt__tensor_free(saved);
+    return st;
+  }
+  return dt__record(tape, id, n_inputs, in, n_iargs, iargs, n_fargs, fargs, n_outputs, res,
                     saved, outs);
 }
 

@@ -175,6 +175,47 @@ static dt_status_t dt__op_apply_impl(int id, int n_inputs, const dt_tensor_t* in
                                      const double* fargs, int n_outputs, dt_tensor_t* outs,
                                      dt_tensor_t* saved);
 
+dt_status_t dt__op_promote(int id, int n_in, const dt_tensor_t* in, dt_tensor_t* cast) {
+  for (int t = 0; t < n_in; t++) cast[t] = NULL;
+  const dt_op_info_t* info = dt__op_info(id);
+  if (info == NULL || !(info->flags & DT_OPF_PROMOTES_MASK)) return DT_SUCCESS;
+  dt_tensor_meta_t m[DT_OP_MAX_INPUTS];
+  for (int t = 0; t < n_in; t++) {
+    m[t].dtype = in[t]->dtype;
+    m[t].ndim = in[t]->layout.ndim;
+  }
+  dt_dtype_t dtype;
+  if (!dt__op_result_dtype(info->flags, n_in, m, &dtype)) return DT_SUCCESS;
+  const int64_t code = (int64_t)dtype;
+  for (int t = 0; t < n_in; t++) {
+    if (!(info->flags & DT_OPF_PROMOTES_IN(t)) || in[t]->dtype == dtype) continue;
+    dt_status_t st = dt__op_apply(DT_OP_CAST, 1, &in[t], 1, &code, 0, NULL, 1, &cast[t], NULL);
+    if (st != DT_SUCCESS) {
+      for (int u = 0; u < t; u++) {
+        dt__tensor_free(cast[u]);
+        cast[u] = NULL;
+      }
+      return st;
+    }
+  }
+  return DT_SUCCESS;
+}
+
+/* A promoting op whose operands differ in dtype: the call on the operands cast to the result
+ * dtype (PyTorch casts them the same way before its kernel). */
+static dt_status_t dt__op_apply_promoted(int id, int n_inputs, const dt_tensor_t* inputs,
+                                         int n_iargs, const int64_t* iargs, int n_fargs,
+                                         const double* fargs, int n_outputs, dt_tensor_t* outs,
+                                         dt_tensor_t* saved) {
+  dt_tensor_t cast[DT_OP_MAX_INPUTS], in[DT_OP_MAX_INPUTS];
+  DT_CHECK(dt__op_promote(id, n_inputs, inputs, cast));
+  for (int t = 0; t < n_inputs; t++) in[t] = cast[t] != NULL ? cast[t] : inputs[t];
+  dt_status_t st = dt__op_apply_impl(id, n_inputs, in, n_iargs, iargs, n_fargs, fargs, n_outputs,
+                                     outs, saved);
+  for (int t = 0; t < n_inputs; t++) dt__tensor_free(cast[t]);
+  return st;
+}
+
 /* Every op call: timed in the op profile when it is on (dtensor/ops.h; on a device, the op's
  * kernels are waited for, so that its time is its own). */
 dt_status_t dt__op_apply(int id, int n_inputs, const dt_tensor_t* inputs, int n_iargs,
@@ -216,6 +257,11 @@ static dt_status_t dt__op_apply_impl(int id, int n_inputs, const dt_tensor_t* in
   dt_mesh_t mesh = NULL;
   DT_CHECK(dt__call_build(info, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs,
                           &call, in_pl, &mesh));
+  /* operands of different dtypes (add(bf16, f32)): cast to PyTorch's result dtype first; a
+   * same-dtype call pays a flag test and a dtype compare */
+  if ((info->flags & DT_OPF_PROMOTES_MASK) && dt__op_mixed_dtypes(info->flags, n_inputs, call.in))
+    return dt__op_apply_promoted(id, n_inputs, inputs, n_iargs, iargs, n_fargs, fargs, n_outputs,
+                                 outs, saved);
   if (info->composite != NULL) {
     if (n_inputs != info->n_in)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: n_inputs=%d, expected %d (%s takes %d tensor inputs)",

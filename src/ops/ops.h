@@ -18,6 +18,13 @@
 dt_status_t dt__op_apply(int id, int n_in, const dt_tensor_t* in, int n_iargs, const int64_t* iargs,
                          int n_fargs, const double* fargs, int n_out, dt_tensor_t* out,
                          dt_tensor_t* saved);
+/* Type promotion (DT_OPF_PROMOTES_IN, src/strategy/promote.c): when the operands op `id` promotes
+ * have different dtypes, cast[t] gets input t cast to the result dtype (a new tensor; NULL where
+ * input t keeps its dtype or is not promoted); all NULL otherwise. The casts run as cast ops
+ * (dt__op_apply: traced, profiled and priced like any op, meta tensors too). dt__op_apply runs
+ * this itself; the tape calls it to record the casts as nodes. n_in in [0, DT_OP_MAX_INPUTS],
+ * live tensors. */
+dt_status_t dt__op_promote(int id, int n_in, const dt_tensor_t* in, dt_tensor_t* cast);
 /* A device kernel-set entry: the kernel of one op for one kernel set, its DT_KERNEL_ANY_DTYPE or
  * DT_KERNEL_ONE_DTYPE flag (the kernel takes bf16/f16 storage itself, always or when the call's
  * tensors share one dtype; otherwise run_kernel hands it f32 copies) and,

@@ -51,6 +51,40 @@ enum {
  * the op is DT_OPF_NO_GRAD and DT_OPF_ANY_DTYPE (its kernel writes the storage it is given). */
 #define DT_OPF_WRITES_IN(i) (1u << (16 + (i)))
 #define DT_OPF_WRITES_MASK (0xffu << 16)
+/* Type promotion (PyTorch's TensorIterator with a common dtype: add, sub, mul, div, maximum,
+ * minimum, eq, ge, gt, and where's values): bit 24 + i marks input i as one of the operands that
+ * share the result dtype of dt__op_result_dtype. Operands of another dtype are cast to it first
+ * (dispatch: plain casts; the tape: recorded cast nodes), so the op itself always sees one dtype;
+ * ops without these bits refuse mixed dtypes in their rules. */
+#define DT_OPF_PROMOTES_IN(i) (1u << (24 + (i)))
+#define DT_OPF_PROMOTES_MASK (0xffu << 24)
+
+/* 1 when the operands `flags` marks as promoting do not all have one dtype (then
+ * dt__op_result_dtype names the dtype they are cast to). The test of every dispatch of such an
+ * op: a few dtype compares. */
+static inline int dt__op_mixed_dtypes(unsigned flags, int n, const dt_tensor_meta_t* in) {
+  const unsigned m = (flags & DT_OPF_PROMOTES_MASK) >> 24;
+  int first = -1;
+  for (int t = 0; t < n && (m >> t) != 0; t++) {
+    if (!((m >> t) & 1u)) continue;
+    if (first < 0) first = t;
+    else if (in[t].dtype != in[first].dtype) return 1;
+  }
+  return 0;
+}
+/* PyTorch's c10::promoteTypes over this library's dtypes: the same dtype stays; two float types
+ * give the wider one, and bf16 with f16 gives f32 (neither holds the other); an integer with a
+ * float gives the float; i32 with i64 gives i64. */
+dt_dtype_t dt__promote_types(dt_dtype_t a, dt_dtype_t b);
+/* The dtype the promoting operands of a call of an op with `flags` compute in, as PyTorch's
+ * torch.result_type: the promotion over the operands with at least one dim; a 0-dim operand
+ * changes it only when it is of a higher category (a float 0-dim with integer operands: their
+ * promotion, i.e. the float type); all of them 0-dim: the promotion over them all. Returns 1 when
+ * some promoting operand has another dtype (it needs a cast), else 0. */
+int dt__op_result_dtype(unsigned flags, int n, const dt_tensor_meta_t* in, dt_dtype_t* out);
+/* A call of op `id` as it runs: its promoting operands' dtypes set to the result dtype
+ * (dt_op_select and dt_op_candidates describe the op on the cast operands). */
+void dt__op_call_promote(int id, dt_op_call_t* call);
 
 /* The context a backward rule sees: the forward's inputs and outputs (values), which inputs need
  * a gradient, the arguments and what the forward saved. */

@@ -11,7 +11,8 @@
  *   src/ops (this list only names them); NULL where the op has none: a backward rule is NULL only
  *   with DT_OPF_NO_GRAD, rules and kernel only for a composite (built from other ops);
  * - flags: DT_OPF_* of op.h (W writes all, A any dtype, R recompute, N no gradient, V variadic,
- *   I in place: DT_OPF_WRITES_IN(i) names the inputs it updates; such ops have no outputs).
+ *   I in place: DT_OPF_WRITES_IN(i) names the inputs it updates; such ops have no outputs;
+ *   P2 / P12: inputs 0 and 1 / 1 and 2 are promoted to a common dtype, DT_OPF_PROMOTES_IN(i)).
  * Keep the ids in this order: new ops go at the end of their group, and dt__op_table's
  * _Static_assert on DT_OP_COUNT makes a reviewer look at the docs and tests too.
  */
@@ -27,6 +28,8 @@
 #define DT__VIEW (DT__WRA | DT_OPF_VIEW)
 #define DT__CUT (DT__WRA | DT_OPF_CUT)
 #define DT__I (DT_OPF_NO_GRAD | DT_OPF_ANY_DTYPE)
+#define DT__P2 (DT_OPF_PROMOTES_IN(0) | DT_OPF_PROMOTES_IN(1))
+#define DT__P12 (DT_OPF_PROMOTES_IN(1) | DT_OPF_PROMOTES_IN(2))
 
 /* clang-format off */
 #define DT_OP_LIST(X)                                                                                    \
@@ -42,17 +45,17 @@
   X(GROUPED_MM, "grouped_mm", 3, 1, "trans=1", dt__grouped_mm_rules, NULL, dt__bw_grouped_mm, DT__WC,    \
     dt__kernel_grouped_mm, NULL)                                                                         \
   /* pointwise */                                                                                        \
-  X(ADD, "add", 2, 1, "", dt__additive_rules, NULL, dt__bw_add, DT__WR, dt__kernel_add, NULL)            \
-  X(SUB, "sub", 2, 1, "", dt__additive_rules, NULL, dt__bw_sub, DT__WR, dt__kernel_sub, NULL)            \
-  X(MUL, "mul", 2, 1, "", dt__mult_rules, NULL, dt__bw_mul, DT__WR, dt__kernel_mul, NULL)                \
-  X(DIV, "div", 2, 1, "", dt__numerator_rules, NULL, dt__bw_div, DT__WR, dt__kernel_div, NULL)           \
-  X(MAXIMUM, "maximum", 2, 1, "", dt__max_rules, NULL, dt__bw_maximum, DT__WR, dt__kernel_maximum,       \
-    NULL)                                                                                                \
-  X(MINIMUM, "minimum", 2, 1, "", dt__min_rules, NULL, dt__bw_minimum, DT__WR, dt__kernel_minimum,       \
-    NULL)                                                                                                \
-  X(EQ, "eq", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W, dt__kernel_eq, NULL)              \
-  X(GE, "ge", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W, dt__kernel_ge, NULL)              \
-  X(GT, "gt", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W, dt__kernel_gt, NULL)              \
+  X(ADD, "add", 2, 1, "", dt__additive_rules, NULL, dt__bw_add, DT__WR | DT__P2, dt__kernel_add, NULL)   \
+  X(SUB, "sub", 2, 1, "", dt__additive_rules, NULL, dt__bw_sub, DT__WR | DT__P2, dt__kernel_sub, NULL)   \
+  X(MUL, "mul", 2, 1, "", dt__mult_rules, NULL, dt__bw_mul, DT__WR | DT__P2, dt__kernel_mul, NULL)       \
+  X(DIV, "div", 2, 1, "", dt__numerator_rules, NULL, dt__bw_div, DT__WR | DT__P2, dt__kernel_div, NULL)  \
+  X(MAXIMUM, "maximum", 2, 1, "", dt__max_rules, NULL, dt__bw_maximum, DT__WR | DT__P2,                  \
+    dt__kernel_maximum, NULL)                                                                            \
+  X(MINIMUM, "minimum", 2, 1, "", dt__min_rules, NULL, dt__bw_minimum, DT__WR | DT__P2,                  \
+    dt__kernel_minimum, NULL)                                                                            \
+  X(EQ, "eq", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_eq, NULL)     \
+  X(GE, "ge", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_ge, NULL)     \
+  X(GT, "gt", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_gt, NULL)     \
   X(NEG, "neg", 1, 1, "", dt__unary_linear_rules, NULL, dt__bw_neg, DT__WR, dt__kernel_neg, NULL)        \
   X(RELU, "relu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_relu, DT__WR, dt__kernel_relu, NULL)       \
   X(EXP, "exp", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_exp, DT__WR, dt__kernel_exp, NULL)           \
@@ -69,7 +72,8 @@
   X(MUL_SCALAR, "mul_scalar", 1, 1, "scalar:f", dt__mul_scalar_rules, NULL, dt__bw_mul_scalar, DT__WR,   \
     dt__kernel_mul_scalar, NULL)                                                                         \
   X(POW, "pow", 1, 1, "exponent:f", dt__pow_rules, NULL, dt__bw_pow, DT__WR, dt__kernel_pow, NULL)       \
-  X(WHERE, "where", 3, 1, "", dt__where_rules, NULL, dt__bw_where, DT__WR, dt__kernel_where, NULL)       \
+  X(WHERE, "where", 3, 1, "", dt__where_rules, NULL, dt__bw_where, DT__WR | DT__P12,                     \
+    dt__kernel_where, NULL)                                                                              \
   X(MASKED_FILL, "masked_fill", 2, 1, "value:f", dt__masked_fill_rules, NULL, dt__bw_masked_fill,        \
     DT__WR, dt__kernel_masked_fill, NULL)                                                                \
   X(CAST, "cast", 1, 1, "dtype:d", dt__cast_rules, NULL, dt__bw_cast, DT__WRA | DT_OPF_CHECKS_DATA, dt__kernel_cast, NULL) \

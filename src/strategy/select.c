@@ -380,7 +380,9 @@ static dt_status_t dt__op_select_public(dt_mesh_t mesh, const dt_op_call_t* call
   DT_CHECK(dt__call_check(mesh, call, in_pl));
   int id;
   DT_CHECK(dt__op_resolve(call->op, &id));
-  return dt__op_select(mesh, id, call, in_pl, out);
+  dt_op_call_t c = *call; /* a promoting op's strategy on its operands' result dtype */
+  dt__op_call_promote(id, &c);
+  return dt__op_select(mesh, id, &c, in_pl, out);
 }
 
 dt_status_t dt_op_select(dt_mesh_t mesh, const dt_op_call_t* call,
@@ -408,9 +410,11 @@ static dt_status_t dt__op_candidates(dt_mesh_t mesh, const dt_op_call_t* call,
   DT_CHECK(dt__call_check(mesh, call, in_pl));
   int id;
   DT_CHECK(dt__op_resolve(call->op, &id));
+  dt_op_call_t c = *call;
+  dt__op_call_promote(id, &c);
   dt__list_t l = {out, cap < 0 ? 0 : cap, 0};
   int total = 0;
-  DT_CHECK(dt__expand(mesh, id, call, in_pl, 0, NULL, dt__visit_list, &l, &total));
+  DT_CHECK(dt__expand(mesh, id, &c, in_pl, 0, NULL, dt__visit_list, &l, &total));
   *n = total;
   return DT_SUCCESS;
 }

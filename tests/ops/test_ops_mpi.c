@@ -248,8 +248,16 @@ static void named(dt_mesh_t mesh1) {
   dt_tensor_t zi;
   DT_ASSERT_OK(dt_tensor_zeros(mesh1, DT_I32, 2, s, s0, &zi));
   dt_tensor_t mixed[2] = {x, zi};
-  DT_ASSERT_STATUS(dt_op_run("add", 2, mixed, 0, NULL, 0, NULL, &r), DT_ERR_INVALID_ARG);
-  DT_ASSERT_TRUE(strstr(dt_last_error(), "dtype") != NULL, "%s", dt_last_error());
+  /* add promotes (f32 + i32 -> f32, as PyTorch); mm does not: "mm: dtype mismatch (i32 vs f32)" */
+  DT_ASSERT_OK(dt_op_run("add", 2, mixed, 0, NULL, 0, NULL, &r));
+  dt_dtype_t rdt;
+  DT_ASSERT_OK(dt_tensor_dtype(r, &rdt));
+  DT_ASSERT_EQ(rdt, DT_F32);
+  DT_ASSERT_OK(dt_tensor_destroy(r));
+  r = (dt_tensor_t)0x1;
+  DT_ASSERT_STATUS(dt_op_run("mm", 2, mixed, 0, NULL, 0, NULL, &r), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(r == NULL && strstr(dt_last_error(), "mm: dtype mismatch (i32 vs f32)") != NULL,
+                 "%s", dt_last_error());
   DT_ASSERT_OK(dt_tensor_destroy(zi));
   DT_ASSERT_OK(dt_tensor_destroy(z));
   DT_ASSERT_OK(dt_tensor_destroy(x));
