@@ -19,7 +19,8 @@
  * run the backward pass through the tape: the gradients of L = sum(output * r) equal PyTorch's
  * within 1e-4 absolute + 1e-4 relative, or the case's "grad_tol" [rtol, atol] (bf16: the
  * gradients are bf16 as PyTorch's, rounded at each op of the backward pass); non-finite ones
- * exactly.
+ * exactly. Each input has its own dtype: cases whose inputs differ in dtype check PyTorch's type
+ * promotion (the output in the result dtype, each input's gradient in that input's dtype).
  */
 #include <math.h>
 #include <string.h>
@@ -61,8 +62,9 @@ static void run_backward(const cJSON* c, dt_mesh_t mesh, int m, int nin, const f
   fx_tensor_t r;
   fx_load_tensor(jo, &r); /* the output's shape; data replaced by the weights */
   for (int64_t i = 0; i < r.numel; i++) r.data[i] = fx_num(cJSON_GetArrayItem(jw, (int)i));
-  /* r in the output's dtype (ops do not mix float dtypes; the fixture's bf16 weights are exact
-   * bf16 values, and PyTorch's dL/doutput is r rounded to the output's dtype) */
+  /* r in the output's dtype (the result dtype where the inputs' dtypes differ: type promotion;
+   * the fixture's bf16/f16 weights are exact in that dtype, and PyTorch's dL/doutput is r rounded
+   * to the output's dtype) */
   void* rp = fx_pack(&r);
   dt_placement_t rep[DT_MAX_MESH_DIMS] = {dt_replicate(), dt_replicate()};
   dt_tensor_t rt;

@@ -477,6 +477,88 @@ case("cast_bf16_i64", "cast", [fin], fin.to(torch.int64), iargs=[4], rtol=0.0, a
 case("cast_bf16_bf16", "cast", [bf_vals], bf_vals.clone(), iargs=[1], rtol=0.0, atol=0.0)
 
 
+# ---- type promotion: operands of different dtypes. PyTorch casts each operand to
+#      torch.result_type's dtype (0-dim operands count only when of a higher category) and
+#      computes as for one dtype; dtensor does the same. Outputs and gradients are PyTorch's own at
+#      the inputs' dtypes (each float input's gradient in that input's dtype; L = sum(output * r)
+#      with r rounded to the output's dtype). Left out: integer results (the host kernels of these
+#      ops compute floats only) and eq/ge/gt (PyTorch gives bool, dtensor 0/1 in the result dtype).
+#      Tolerances: one ulp of the result dtype ("partial": 4 ulps of the largest sum of |terms|);
+#      gradients 2 ulps + 4 ulps of the largest gradient of the lowest precision involved.
+I64, I32 = torch.int64, torch.int32
+
+def pcase(name, op, ins, fn, iargs=()):
+    out = fn(*ins)
+    rd = out.dtype
+    dts = [t.dtype for t in ins if t.is_floating_point()] + [rd]
+    ulp = max([ULP.get(d, 0.0) for d in dts])
+    rtol = ULP[rd] if rd in ULP else 1e-5
+    extra = {}
+    if rd in ULP:  # a rank's partial result rounded to the result dtype before the sum
+        mag = float(out.float().abs().max()) + sum(float(t.float().abs().max()) for t in ins)
+        extra["partial"] = [ULP[rd], 4 * ULP[rd] * mag]
+    case(name, op, ins, out, iargs=iargs, rtol=rtol, atol=1e-6, **extra)
+    c = CASES[-1]
+    xs = [t.clone().requires_grad_(t.is_floating_point()) for t in ins]
+    y = fn(*xs)
+    n = y.numel()
+    r = torch.tensor([0.5 + ((i + 1) * 37 % 101) / 101.0 for i in range(n)]).reshape(y.shape)
+    r = r.to(rd)
+    (y * r).sum().backward()
+    grads = [x.grad if x.is_floating_point() else None for x in xs]
+    for x, g in zip(xs, grads):
+        assert g is None or g.dtype == x.dtype, (name, g.dtype, x.dtype)
+    c["grad_weights"] = [float(v) for v in r.float().flatten().tolist()]
+    c["grads"] = [None if g is None else [num(float(v)) for v in g.float().flatten().tolist()]
+                  for g in grads]
+    if ulp > 0:
+        gmax = max(float(g.float().abs().max()) for g in grads if g is not None)
+        c["grad_tol"] = [2 * ulp, 4 * ulp * gmax]
+
+pa, pb, ph = rnd(4, 3), bf(rnd(4, 3)), rnd(4, 3).to(HF)
+pbrow, phrow, pcol = bf(rnd(3)), rnd(3).to(HF), rnd(4, 1)
+pdb, pdh = bf(pos(4, 3)), pos(4, 3).to(HF)
+pi64, pi32 = ints(7, 4, 3) - 3, (ints(5, 4, 3) + 1).to(I32)
+pcond = ints(2, 4, 3)
+z32, zbf, zhf, zi64 = torch.tensor(1.3), bf(torch.tensor(-0.7)), torch.tensor(1.6).to(HF), \
+    torch.tensor(3, dtype=I64)
+pcase("add_f32_bf16", "add", [pa, pb], torch.add)
+pcase("add_bf16_f16_bcast", "add", [pb, phrow], torch.add)
+pcase("sub_f16_f32", "sub", [ph, pa], torch.sub)
+pcase("mul_bf16_f32_bcast", "mul", [pb, pcol], torch.mul)
+pcase("mul_i64_f32", "mul", [pi64, pa], torch.mul)
+pcase("div_f32_bf16", "div", [pa, pdb], torch.div)
+pcase("div_i32_bf16", "div", [pi32, pdb], torch.div)
+pcase("div_f16_bf16", "div", [ph, pdb], torch.div)
+pcase("maximum_bf16_f16", "maximum", [pb, ph], torch.maximum)
+pcase("minimum_f32_i64", "minimum", [pa, pi64], torch.minimum)
+pcase("maximum_i64_bf16", "maximum", [pi64, pb], torch.maximum)
+pcase("where_f32_bf16", "where", [pcond, pa, pb], lambda c, a, b: torch.where(c.bool(), a, b))
+pcase("where_i64_f16", "where", [pcond, pi64, ph], lambda c, a, b: torch.where(c.bool(), a, b))
+# 0-dim operands: a dim operand's dtype wins within its category ...
+pcase("add_bf16_0dim_f32", "add", [pb, z32], torch.add)
+pcase("mul_0dim_f32_f16", "mul", [z32, ph], torch.mul)
+pcase("div_f16_0dim_bf16", "div", [ph, zbf], torch.div)
+pcase("where_bf16_0dim_f32", "where", [pcond, pb, z32], lambda c, a, b: torch.where(c.bool(), a, b))
+# ... a float 0-dim lifts integer operands to its type; an integer 0-dim changes no float
+pcase("mul_i64_0dim_bf16", "mul", [pi64, zbf], torch.mul)
+pcase("add_0dim_f16_i32", "add", [zhf, pi32], torch.add)
+pcase("sub_bf16_0dim_i64", "sub", [pb, zi64], torch.sub)
+# every operand 0-dim: the promotion over them all
+pcase("add_0dim_bf16_0dim_f16", "add", [zbf, zhf], torch.add)
+pcase("maximum_0dim_f32_0dim_bf16", "maximum", [z32, zbf], torch.maximum)
+# ops PyTorch does not promote: refused
+for nm, op, ins, fn in (("mm_f32_bf16", "mm", [pa, bf(rnd(3, 2))], torch.mm),
+                        ("linear_bf16_f32", "linear_nobias", [pb, rnd(2, 3)], F.linear)):
+    try:
+        fn(*ins)
+        raise AssertionError(f"{nm}: PyTorch promotes")
+    except RuntimeError:
+        pass
+    CASES.append({"name": nm, "op": op, "iargs": [], "fargs": [], "inputs": [tens(t) for t in ins],
+                  "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
+
+
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
 NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route"}  # not differentiable, or integer input
@@ -553,6 +635,8 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "relu",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk"}
 
 def add_grads(c):
+    if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none
+        return
     low = any(t["dtype"] in ("bf16", "f16") for t in c["inputs"])
     if c["op"] in NO_GRAD or (low and (c["op"] not in LOW_GRAD_OPS or
                                        any(t["dtype"] == "f16" for t in c["inputs"]))):
