@@ -72,6 +72,21 @@ extern "C" {
  *               others are redistributed to its placements (a Partial grad is reduced on the way
  *               in), and it must not share memory with another input.
  * bf16/f16 tensors are stored as such and computed in f32 (converted on load and store).
+ * Type promotion, as PyTorch's: add, sub, mul, div, maximum, minimum, eq, ge, gt and where (its
+ * values a and b; the condition keeps its dtype) given tensors of different dtypes cast them to
+ * torch.result_type's dtype first and compute as for one dtype (f32 + bf16 -> f32). The rule
+ * (c10::promoteTypes): one dtype stays; two float types give f32 (bf16 with f16 too); an integer
+ * with a float gives the float; i32 with i64 gives i64. 0-dim tensors take part only where they
+ * are of a higher category (float over integer) than the tensors with dims: bf16 (n) + f32 0-d
+ * -> bf16, i32 (n) + f32 0-d -> f32, i32 (n) + i64 0-d -> i32; all 0-d: the rule over them all.
+ * The output has the dtype the op gives for inputs of the result dtype (eq, ge, gt: 1/0 in it,
+ * where PyTorch gives bool; an integer result dtype is DT_ERR_UNSUPPORTED from these ops' f32
+ * kernels, as for inputs of one integer dtype, also for div, which PyTorch computes in f32 for
+ * integers; meta tensors give the dtype). The casts run as cast ops (traced, profiled, on meta
+ * tensors too); recorded with dt_ag_op, they are cast nodes, so each input's gradient comes back
+ * in its own dtype (a bf16 leaf's is bf16) and integer inputs get none. Every other op refuses
+ * inputs of mixed dtypes ("mm: dtype mismatch (bf16 vs f32)"; PyTorch's matmuls refuse them
+ * too).
  * Special values as in PyTorch (tests/reference/make_special_fixtures.py): NaN propagates through
  * relu, maximum/minimum, amax/amin (across ranks too) and softmax rows; the mean of no elements is
  * NaN, their sum 0, and amax/amin over an empty dim is DT_ERR_INVALID_ARG; pow computes the
@@ -94,8 +109,8 @@ extern "C" {
  * "unknown op 'NAME': did you mean 'X'? ..." for an unknown op (common PyTorch names map to this
  * library's op: matmul -> mm, max -> amax, scaled_dot_product_attention -> sdpa, ...; otherwise
  * the closest names by edit distance), and for an op without a kernel for the mesh's backend;
- * DT_ERR_INVALID_ARG for shape/dtype/argument mismatches, naming the argument, the bad value and
- * what is valid. */
+ * DT_ERR_INVALID_ARG for shape/dtype/argument mismatches (mixed dtypes where the op does not
+ * promote: above), naming the argument, the bad value and what is valid. */
 DT_API dt_status_t dt_op_run(const char* name, int n_inputs, const dt_tensor_t* inputs,
                              int n_iargs, const int64_t* iargs, int n_fargs, const double* fargs,
                              dt_tensor_t* out);
