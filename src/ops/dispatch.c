@@ -185,7 +185,9 @@ dt_status_t dt__op_promote(int id, int n_in, const dt_tensor_t* in, dt_tensor_t*
     m[t].ndim = in[t]->layout.ndim;
   }
   dt_dtype_t dtype;
-  if (!dt__op_result_dtype(info->flags, n_in, m, &dtype)) return DT_SUCCESS;
+  if (!dt__op_mixed_dtypes(info->flags, n_in, m) ||
+      !dt__op_result_dtype(info->flags, n_in, m, &dtype))
+    return DT_SUCCESS;
   const int64_t code = (int64_t)dtype;
   for (int t = 0; t < n_in; t++) {
     if (!(info->flags & DT_OPF_PROMOTES_IN(t)) || in[t]->dtype == dtype) continue;
