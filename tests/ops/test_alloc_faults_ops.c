@@ -1,7 +1,10 @@
 /* test_alloc_faults_ops.c - fault injection, op by op: every allocation an op makes may fail.
  *
  * For each op of the table, its valid call of op_specs.h is run on inputs replicated and then
- * sharded on dim 0, in f32 and again with its f32 inputs as bf16 where the op takes them: forward through dt_op_run_multi, then, for an op with a backward rule, recorded
+ * sharded on dim 0, in f32, again with its f32 inputs as bf16 where the op takes them, and with
+ * only its first f32 input as bf16 (mixed dtypes: the ops that promote cast it first, on the
+ * tape as a recorded cast): forward through dt_op_run_multi, then, for an op with a backward
+ * rule, recorded
  * on a tape (floating inputs as leaves that require a gradient), summed to a scalar and
  * differentiated. Linked with --wrap=malloc,calloc,realloc (dtensor's code and this program, not
  * Open MPI's or libc's own), the call is made once to count its allocations and then once per
@@ -58,7 +61,7 @@ typedef struct {
   dt_mesh_t mesh;
   const spec_t* sp;
   int shard; /* inputs Shard(0) where they have a dim, else replicated */
-  int bf16;  /* the row's f32 inputs as bf16 */
+  int bf16;  /* 1: the row's f32 inputs as bf16; 2: its first f32 input only (type promotion) */
   int ni, nf;
   int64_t iv[DT_OP_MAX_IARGS];
   double fv[DT_OP_MAX_FARGS];
@@ -73,7 +76,9 @@ static dt_status_t inputs(const call_t* c, dt_tensor_t* in, int* n_made) {
     for (int i = 0; i < DT_MAX_MESH_DIMS; i++) pl[i] = dt_replicate();
     if (c->shard && c->sp->in[t].ndim > 0) pl[0] = dt_shard(0);
     in_t s = c->sp->in[t];
-    if (c->bf16 && s.dtype == DT_F32) s.dtype = DT_BF16;
+    int first = 1; /* no f32 input before t */
+    for (int u = 0; u < t; u++) first &= c->sp->in[u].dtype != DT_F32;
+    if (s.dtype == DT_F32 && (c->bf16 == 1 || (c->bf16 == 2 && first))) s.dtype = DT_BF16;
     dt_status_t st = spec_input(c->mesh, &s, t, 1, pl, &in[t]);
     if (st != DT_SUCCESS) return st;
     (*n_made)++;
@@ -133,10 +138,19 @@ static dt_status_t run(const call_t* c, bytes_t* out) {
 }
 
 static bytes_t g_ref, g_got;
+static long g_mixed_allocs; /* allocations of the calls with mixed dtypes that ran */
+static int g_mixed_calls;
 
-/* Fails each allocation of the call in turn; returns the number of allocations (0: a bf16 call
- * the op refuses). */
+static const char* mode(const call_t* c) {
+  return c->bf16 == 1 ? ", bf16" : c->bf16 == 2 ? ", mixed" : "";
+}
+
+/* Fails each allocation of the call in turn; returns the number of allocations (0: a bf16 or
+ * mixed call the op refuses). */
 static long inject(const call_t* c) {
+  int n_f32 = 0;
+  for (int t = 0; t < c->sp->n_in; t++) n_f32 += c->sp->in[t].dtype == DT_F32;
+  if (c->bf16 == 2 && n_f32 < 2) return 0; /* nothing to mix */
   dt_status_t warm = run(c, &g_ref); /* warm: plan and strategy caches */
   if (warm != DT_SUCCESS && c->bf16) return 0;
   DT_ASSERT_OK(warm);
@@ -152,18 +166,22 @@ static long inject(const call_t* c) {
     g_fail_at = -1;
     if (st != DT_SUCCESS)
       DT_ASSERT_TRUE(strlen(dt_last_error()) > 0, "%s (%s%s): allocation %ld failed: %s with no "
-                     "message", c->sp->op, c->shard ? "sharded" : "replicated", c->bf16 ? ", bf16" : "", k,
+                     "message", c->sp->op, c->shard ? "sharded" : "replicated", mode(c), k,
                      dt_status_name(st));
     else
       DT_ASSERT_TRUE(g_got.n == g_ref.n && memcmp(g_got.b, g_ref.b, g_ref.n) == 0,
                      "%s (%s%s): allocation %ld failed, the call succeeded with other results",
-                     c->sp->op, c->shard ? "sharded" : "replicated", c->bf16 ? ", bf16" : "", k);
+                     c->sp->op, c->shard ? "sharded" : "replicated", mode(c), k);
+  }
+  if (c->bf16 == 2) {
+    g_mixed_allocs += total;
+    g_mixed_calls++;
   }
   g_count = 0;
   DT_ASSERT_OK(run(c, &g_got));
   DT_ASSERT_TRUE(g_got.n == g_ref.n && memcmp(g_got.b, g_ref.b, g_ref.n) == 0,
                  "%s (%s%s): other results after the faults", c->sp->op,
-                 c->shard ? "sharded" : "replicated", c->bf16 ? ", bf16" : "");
+                 c->shard ? "sharded" : "replicated", mode(c));
   return total;
 }
 
@@ -191,13 +209,16 @@ int main(int argc, char** argv) {
     int n = 0;
     for (int k = 0; k < 4 && sp->req[k]; k++) as[n++] = sp->req[k];
     DT_ASSERT_OK(dt_op_args_parse(sp->op, n, as, &c.ni, c.iv, &c.nf, c.fv));
-    for (c.bf16 = 0; c.bf16 < 2; c.bf16++)
+    for (c.bf16 = 0; c.bf16 < 3; c.bf16++)
       for (c.shard = 0; c.shard < 2; c.shard++) total += inject(&c);
     ops++;
   }
   DT_ASSERT_TRUE(ops > 0, "no op ran");
-  printf("test_alloc_faults_ops: %d ops, replicated and sharded, f32 and bf16, forward and backward: each of "
-         "%ld allocations failed in turn\n", ops, total);
+  /* add, sub, mul, div, maximum, minimum, eq, ge, gt and where, replicated and sharded */
+  DT_ASSERT_TRUE(only != NULL || g_mixed_calls >= 20, "%d promoted calls", g_mixed_calls);
+  printf("test_alloc_faults_ops: %d ops, replicated and sharded, f32, bf16 and mixed, forward and "
+         "backward: each of %ld allocations failed in turn (%ld in %d promoted calls)\n", ops, total,
+         g_mixed_allocs, g_mixed_calls);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
   DT_ASSERT_OK(dt_finalize());
   return 0;
