@@ -72,9 +72,9 @@ static inline int dt__op_mixed_dtypes(unsigned flags, int n, const dt_tensor_met
   }
   return 0;
 }
-/* PyTorch's c10::promoteTypes over this library's dtypes: the same dtype stays; two float types
- * give the wider one, and bf16 with f16 gives f32 (neither holds the other); an integer with a
- * float gives the float; i32 with i64 gives i64. */
+/* PyTorch's c10::promoteTypes over this library's dtypes: the same dtype stays; two different
+ * float types give f32 (bf16 with f16 too: neither holds the other); an integer with a float
+ * gives the float; i32 with i64 gives i64. */
 dt_dtype_t dt__promote_types(dt_dtype_t a, dt_dtype_t b);
 /* The dtype the promoting operands of a call of an op with `flags` compute in, as PyTorch's
  * torch.result_type: the promotion over the operands with at least one dim; a 0-dim operand
