@@ -41,6 +41,10 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
   if ((argc == NULL) != (argv == NULL))
     return DT_FAIL(DT_ERR_INVALID_ARG, "argc is %s but argv is %s: pass both or neither",
                    argc ? "set" : "NULL", argv ? "set" : "NULL");
+  /* backend: a CPU OpenBLAS does not know. First, while the process has the fewest threads
+   * (MPI starts its own): the switch sets and restores OPENBLAS_CORETYPE around OpenBLAS's
+   * re-selection, and setenv is not safe beside another thread's getenv. */
+  const char* blas = dt__cpu_blas_select();
   int we_init_mpi = 0;
   DT_CHECK(dt__comm_mpi_init(argc, argv, &we_init_mpi)); /* comm */
   dt_status_t st = dt__ctx_init();                        /* mesh: the world */
@@ -51,7 +55,6 @@ static dt_status_t dt__init_impl(int* argc, char*** argv) {
   dt__comm_mpi_set_owned(we_init_mpi);
   dt_memory_reset_peak(); /* backend: a new world's peaks (an estimate may have run before) */
   dt__cost_model_autoload_reported(0);
-  const char* blas = dt__cpu_blas_select(); /* backend: a CPU OpenBLAS does not know */
   const int loud = !dt__env_on("DTENSOR_QUIET");
   if (blas != NULL && dt__world_rank() == 0 && loud)
     dt__log("blas", "%s (DTENSOR_QUIET=1 hides this)", blas);

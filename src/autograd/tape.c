@@ -571,7 +571,9 @@ static dt_status_t dt__ag_apply(dt_tape_t tape, int id, int n_inputs, const dt_v
   /* Operands of different dtypes that the op promotes: cast to the result dtype, each cast
    * recorded as a node when the op is, so that every input's gradient comes back in its own
    * dtype (PyTorch: a bf16 leaf's gradient is bf16); not recorded, dispatch casts them itself.
-   * The casts and the op run before anything is recorded: a failure leaves the tape as it was. */
+   * The casts and the op run before anything is recorded, so a failed cast or op leaves the tape
+   * as it was; a failure while recording (out of memory) may leave the cast nodes recorded before
+   * it, as a failed op leaves the ops before it: unused nodes, freed by the tape's reset. */
   dt_tensor_t cast[DT_OP_MAX_INPUTS] = {NULL};
   int needs = 0;
   for (int t = 0; t < n_inputs; t++) needs |= inputs[t]->requires_grad;

@@ -35,39 +35,47 @@ static void dt__blas_threads(void) {
 extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
 
+static int dt__blas_core_generic(const char* core) {
+  static const char* const kGeneric[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
+                                         "atom"};
+  if (core == NULL) return 0;
+  for (size_t i = 0; i < sizeof kGeneric / sizeof kGeneric[0]; i++)
+    if (strcasecmp(core, kGeneric[i]) == 0) return 1;
+  return 0;
+}
+
 const char* dt__cpu_blas_select(void) {
   static char text[400];
   if (getenv("OPENBLAS_CORETYPE") != NULL) return NULL; /* the user's choice */
   const char* core = openblas_get_corename();
-  if (core == NULL) return NULL;
-  static const char* const kGeneric[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
-                                         "atom"};
-  int generic = 0;
-  for (size_t i = 0; i < sizeof kGeneric / sizeof kGeneric[0]; i++)
-    generic |= strcasecmp(core, kGeneric[i]) == 0;
-  if (!generic) return NULL;
-  const char* want = NULL;
+  if (!dt__blas_core_generic(core)) return NULL;
+  /* the kernels to ask for, best first: an OpenBLAS older than the name (SkylakeX came in
+   * 0.3.0) or built without AVX-512 kernels gives something else for it; Haswell is next */
+  const char* want[2] = {NULL, NULL};
+  int n_want = 0;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512cd"))
-    want = "SkylakeX";
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    want = "Haswell";
+    want[n_want++] = "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) want[n_want++] = "Haswell";
 #endif
-  if (want == NULL) return NULL;
-  const char* isa = strcmp(want, "SkylakeX") == 0 ? "AVX-512" : "AVX2";
+  if (n_want == 0) return NULL;
+  const char* isa = strcmp(want[0], "SkylakeX") == 0 ? "AVX-512" : "AVX2";
   char was[32];
   snprintf(was, sizeof was, "%s", core); /* the name's storage may change with the kernels */
   const int autocore = (int)dt__env_int("DTENSOR_BLAS_AUTOCORE", 0, 1, 1, "blas", "0 or 1");
-  if (autocore && gotoblas_dynamic_init != NULL && gotoblas_dynamic_quit != NULL &&
-      setenv("OPENBLAS_CORETYPE", want, 1) == 0) {
-    gotoblas_dynamic_quit();
-    gotoblas_dynamic_init();
-    unsetenv("OPENBLAS_CORETYPE");
-    const char* now = openblas_get_corename();
-    if (now != NULL && strcasecmp(now, want) == 0) {
+  if (autocore && gotoblas_dynamic_init != NULL && gotoblas_dynamic_quit != NULL) {
+    const char* now = core;
+    for (int i = 0; i < n_want && dt__blas_core_generic(now); i++) {
+      if (setenv("OPENBLAS_CORETYPE", want[i], 1) != 0) break;
+      gotoblas_dynamic_quit();
+      gotoblas_dynamic_init(); /* an unknown name: OpenBLAS's own fallback */
+      unsetenv("OPENBLAS_CORETYPE");
+      now = openblas_get_corename();
+    }
+    if (now != NULL && !dt__blas_core_generic(now)) {
       snprintf(text, sizeof text,
                "OpenBLAS chose its generic %s kernels on this CPU, which has %s: dt_init switched "
                "it to its %s kernels (OPENBLAS_CORETYPE picks them yourself; "
@@ -75,14 +83,15 @@ const char* dt__cpu_blas_select(void) {
       return text;
     }
     snprintf(text, sizeof text,
-             "OpenBLAS runs its %s kernels on this CPU, which has %s: switching to its %s kernels "
-             "failed; GEMMs may be several times faster with OPENBLAS_CORETYPE=%s",
-             now ? now : "(unknown)", isa, want, want);
+             "OpenBLAS runs its generic %s kernels on this CPU, which has %s: asking it for its "
+             "%s%s%s kernels did not take (an OpenBLAS without them?); GEMMs are several times "
+             "faster with an OpenBLAS that has them", now ? now : "(unknown)", isa, want[0],
+             n_want > 1 ? " or " : "", n_want > 1 ? want[1] : "");
     return text;
   }
   snprintf(text, sizeof text,
            "OpenBLAS uses its generic %s kernels on this CPU, which has %s: GEMMs are several "
-           "times faster with OPENBLAS_CORETYPE=%s in the environment%s", was, isa, want,
+           "times faster with OPENBLAS_CORETYPE=%s in the environment%s", was, isa, want[0],
            autocore ? "" : " (DTENSOR_BLAS_AUTOCORE=0 kept them)");
   return text;
 }
