@@ -80,9 +80,9 @@ extern "C" {
  * are of a higher category (float over integer) than the tensors with dims: bf16 (n) + f32 0-d
  * -> bf16, i32 (n) + f32 0-d -> f32, i32 (n) + i64 0-d -> i32; all 0-d: the rule over them all.
  * The output has the dtype the op gives for inputs of the result dtype (eq, ge, gt: 1/0 in it,
- * where PyTorch gives bool; an integer result dtype is DT_ERR_UNSUPPORTED from these ops' f32
- * kernels, as for inputs of one integer dtype, also for div, which PyTorch computes in f32 for
- * integers; meta tensors give the dtype). The casts run as cast ops (traced, profiled, on meta
+ * where PyTorch gives bool). Integer results (i32, i64) compute in their dtype as PyTorch's:
+ * two's complement arithmetic that wraps, exact comparisons; div of integers gives f32 (PyTorch's
+ * true division: each operand converted to f32, then divided). The casts run as cast ops (traced, profiled, on meta
  * tensors too); recorded with dt_ag_op, they are cast nodes, so each input's gradient comes back
  * in its own dtype (a bf16 leaf's is bf16) and integer inputs get none. Every other op refuses
  * inputs of mixed dtypes ("mm: dtype mismatch (bf16 vs f32)"; PyTorch's matmuls refuse them

@@ -1,5 +1,5 @@
-/* kernels_cpu.c - CPU kernels on local shards (f32): GEMM through OpenBLAS, broadcasting
- * pointwise ops. Kept apart from dispatch so a CUDA kernel can sit beside each one. */
+/* kernels_cpu.c - CPU kernels on local shards (f32; the broadcasting arithmetic and comparisons
+ * also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops. Kept apart from dispatch so a CUDA kernel can sit beside each one. */
 #include <math.h>
 
 #include "ops/ops.h"
@@ -73,8 +73,81 @@ static float dt__f_gt(float a, float b) { return a > b ? 1.0f : 0.0f; }
       }                                                                                 \
   } while (0)
 
+/* Element strides of inputs 0 and 1 over out's dims (0 on broadcast dims). */
+static void dt__bcast_strides(const dt_local_tensor_t* in, const dt_local_tensor_t* out,
+                              int64_t* sa, int64_t* sb) {
+  const int nd = out->ndim;
+  for (int t = 0; t < 2; t++) {
+    int64_t* s = t ? sb : sa;
+    int64_t st = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+      int td = d - (nd - in[t].ndim);
+      int64_t len = td >= 0 ? in[t].shape[td] : 1;
+      s[d] = (len == 1 && out->shape[d] != 1) ? 0 : st;
+      st *= len;
+    }
+  }
+}
+
+/* Integer operands (i32 or i64, one dtype: promotion made them so) of add, sub, mul, maximum,
+ * minimum and the comparisons, as PyTorch: two's complement arithmetic that wraps, comparisons
+ * giving 1 / 0 in the dtype. div is never given integers (promotion makes it f32, PyTorch's
+ * true division). */
+static dt_status_t dt__binary_int(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  dt_local_tensor_t* out, dt__binop_t f) {
+  const dt_dtype_t d = out->dtype;
+  if ((d != DT_I32 && d != DT_I64) || in[0].dtype != d || in[1].dtype != d)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s, %s -> %s are not supported (integer "
+                   "operands of one dtype, or floats)", call->op, dt_dtype_name(in[0].dtype),
+                   dt_dtype_name(in[1].dtype), dt_dtype_name(d));
+  enum { ADD, SUB, MUL, MAX, MIN, EQ, GE, GT } k;
+  if (f == dt__f_add) k = ADD;
+  else if (f == dt__f_sub) k = SUB;
+  else if (f == dt__f_mul) k = MUL;
+  else if (f == dt__f_max) k = MAX;
+  else if (f == dt__f_min) k = MIN;
+  else if (f == dt__f_eq) k = EQ;
+  else if (f == dt__f_ge) k = GE;
+  else if (f == dt__f_gt) k = GT;
+  else
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: integer operands are not supported (cast them to a "
+                   "float dtype)", call->op);
+  const int nd = out->ndim;
+  int64_t n = 1, sa[DT_MAX_DIMS], sb[DT_MAX_DIMS], idx[DT_MAX_DIMS] = {0}, ia = 0, ib = 0;
+  for (int i = 0; i < nd; i++) n *= out->shape[i];
+  dt__bcast_strides(in, out, sa, sb);
+  const int w = d == DT_I64;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t x = w ? ((const int64_t*)in[0].data)[ia] : ((const int32_t*)in[0].data)[ia];
+    const int64_t y = w ? ((const int64_t*)in[1].data)[ib] : ((const int32_t*)in[1].data)[ib];
+    uint64_t r; /* unsigned: wraps as two's complement, no signed overflow */
+    switch (k) {
+      case ADD: r = (uint64_t)x + (uint64_t)y; break;
+      case SUB: r = (uint64_t)x - (uint64_t)y; break;
+      case MUL: r = (uint64_t)x * (uint64_t)y; break;
+      case MAX: r = (uint64_t)(x >= y ? x : y); break;
+      case MIN: r = (uint64_t)(x <= y ? x : y); break;
+      case EQ: r = x == y; break;
+      case GE: r = x >= y; break;
+      default: r = x > y; break;
+    }
+    if (w) ((int64_t*)out->data)[i] = (int64_t)r;
+    else ((int32_t*)out->data)[i] = (int32_t)(uint32_t)r;
+    for (int j = nd - 1; j >= 0; j--) {
+      ia += sa[j];
+      ib += sb[j];
+      if (++idx[j] < out->shape[j]) break;
+      ia -= sa[j] * idx[j];
+      ib -= sb[j] * idx[j];
+      idx[j] = 0;
+    }
+  }
+  return DT_SUCCESS;
+}
+
 DT_SIMD static dt_status_t dt__binary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                       dt_local_tensor_t* out, dt__binop_t f) {
+  if (in[0].dtype == DT_I32 || in[0].dtype == DT_I64) return dt__binary_int(call, in, out, f);
   DT_CHECK(dt__need_f32(call, in, 2));
   const int nd = out->ndim;
   int64_t n = 1;
@@ -104,18 +177,8 @@ DT_SIMD static dt_status_t dt__binary(const dt_op_call_t* call, const dt_local_t
     else DT__BIN_LOOPS(f(x, y));
     return DT_SUCCESS;
   }
-  /* strides with 0 on broadcast dims */
   int64_t sa[DT_MAX_DIMS], sb[DT_MAX_DIMS], idx[DT_MAX_DIMS] = {0};
-  for (int t = 0; t < 2; t++) {
-    int64_t* s = t ? sb : sa;
-    int64_t st = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-      int td = d - (nd - in[t].ndim);
-      int64_t len = td >= 0 ? in[t].shape[td] : 1;
-      s[d] = (len == 1 && out->shape[d] != 1) ? 0 : st;
-      st *= len;
-    }
-  }
+  dt__bcast_strides(in, out, sa, sb);
   int64_t ia = 0, ib = 0;
   for (int64_t i = 0; i < n; i++) {
     o[i] = f(a[ia], b[ib]);

@@ -44,6 +44,8 @@ enum {
                                    is agreed over the mesh before the op returns */
   DT_OPF_MESHES = 1u << 8,      /* its inputs may live on different meshes over the same ranks
                                    (from_local: the output is on `like`'s mesh) */
+  DT_OPF_INT_TO_FLOAT = 1u << 9, /* with DT_OPF_PROMOTES_IN: an integer result dtype becomes f32
+                                    (div: PyTorch's true division of integers) */
 };
 /* In-place ops (the optimizer's update, gradient scaling) write some of their inputs: bit 16 + i
  * marks input i. Such an input never moves (candidates that would move it are dropped, so its
@@ -59,9 +61,9 @@ enum {
 #define DT_OPF_PROMOTES_IN(i) (1u << (24 + (i)))
 #define DT_OPF_PROMOTES_MASK (0xffu << 24)
 
-/* 1 when the operands `flags` marks as promoting do not all have one dtype (then
- * dt__op_result_dtype names the dtype they are cast to). The test of every dispatch of such an
- * op: a few dtype compares. */
+/* 1 when the operands `flags` marks as promoting do not all have one dtype, or are integers of an
+ * op that computes them in floats (then dt__op_result_dtype names the dtype they are cast to).
+ * The test of every dispatch of such an op: a few dtype compares. */
 static inline int dt__op_mixed_dtypes(unsigned flags, int n, const dt_tensor_meta_t* in) {
   const unsigned m = (flags & DT_OPF_PROMOTES_MASK) >> 24;
   int first = -1;
@@ -70,7 +72,9 @@ static inline int dt__op_mixed_dtypes(unsigned flags, int n, const dt_tensor_met
     if (first < 0) first = t;
     else if (in[t].dtype != in[first].dtype) return 1;
   }
-  return 0;
+  /* one integer dtype where the op computes in floats (div) */
+  return first >= 0 && (flags & DT_OPF_INT_TO_FLOAT) && in[first].dtype != DT_F32 &&
+         in[first].dtype != DT_BF16 && in[first].dtype != DT_F16;
 }
 /* PyTorch's c10::promoteTypes over this library's dtypes: the same dtype stays; two different
  * float types give f32 (bf16 with f16 too: neither holds the other); an integer with a float

@@ -48,7 +48,8 @@
   X(ADD, "add", 2, 1, "", dt__additive_rules, NULL, dt__bw_add, DT__WR | DT__P2, dt__kernel_add, NULL)   \
   X(SUB, "sub", 2, 1, "", dt__additive_rules, NULL, dt__bw_sub, DT__WR | DT__P2, dt__kernel_sub, NULL)   \
   X(MUL, "mul", 2, 1, "", dt__mult_rules, NULL, dt__bw_mul, DT__WR | DT__P2, dt__kernel_mul, NULL)       \
-  X(DIV, "div", 2, 1, "", dt__numerator_rules, NULL, dt__bw_div, DT__WR | DT__P2, dt__kernel_div, NULL)  \
+  X(DIV, "div", 2, 1, "", dt__numerator_rules, NULL, dt__bw_div,                                          \
+    DT__WR | DT__P2 | DT_OPF_INT_TO_FLOAT, dt__kernel_div, NULL)                                         \
   X(MAXIMUM, "maximum", 2, 1, "", dt__max_rules, NULL, dt__bw_maximum, DT__WR | DT__P2,                  \
     dt__kernel_maximum, NULL)                                                                            \
   X(MINIMUM, "minimum", 2, 1, "", dt__min_rules, NULL, dt__bw_minimum, DT__WR | DT__P2,                  \

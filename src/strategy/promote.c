@@ -13,7 +13,9 @@
  *     i64    f32   bf16  f16   i64   i64
  *
  * with 0-dim operands counted apart: they decide only where they are of a higher category (float
- * over integer) than the operands with dims, or where every operand is 0-dim.
+ * over integer) than the operands with dims, or where every operand is 0-dim. An op that divides
+ * (DT_OPF_INT_TO_FLOAT: div) turns an integer result into f32, PyTorch's default float dtype
+ * (torch.div's true division: promote_integer_inputs_to_float).
  */
 #include "strategy/strategy.h"
 
@@ -45,6 +47,7 @@ int dt__op_result_dtype(unsigned flags, int n, const dt_tensor_meta_t* in, dt_dt
   else if (have_zero && !dt__dtype_is_float(dim) && dt__dtype_is_float(zero))
     r = dt__promote_types(dim, zero); /* a float 0-dim lifts integer operands to its type */
   else r = dim;
+  if ((flags & DT_OPF_INT_TO_FLOAT) && !dt__dtype_is_float(r)) r = DT_F32; /* div: true division */
   *out = r;
   int mixed = 0;
   for (int t = 0; t < n; t++) mixed |= ((m >> t) & 1u) && in[t].dtype != r;

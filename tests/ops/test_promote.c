@@ -127,10 +127,9 @@ static double* gather(dt_tensor_t x, int64_t numel) {
   return v;
 }
 
-/* Every op, every dtype pair, every 0-dim arrangement: the result dtype; with real tensors and a
- * float result also the values. Integer results are checked on meta tensors only: the host
- * kernels of these ops compute f32 (bf16/f16 through f32 copies) and refuse integers, as before
- * promotion ("add: dtype i64 is not supported yet (f32 only)"). */
+/* Every op, every dtype pair, every 0-dim arrangement: the result dtype, and with real tensors
+ * the values (integer results too: the kernels compute integers in their dtype; div of integers
+ * is f32, PyTorch's true division). */
 static void test_table(dt_mesh_t mesh, int meta) {
   static const dt_placement_t PL[3][2] = {
       {{DT_SHARD, 0, 0}, {DT_SHARD, 1, 0}},
@@ -143,7 +142,7 @@ static void test_table(dt_mesh_t mesh, int meta) {
         for (int z = 0; z < 4; z++) { /* z bit 0: a is 0-dim; bit 1: b is 0-dim */
           const int za = z & 1, zb = (z >> 1) & 1;
           dt_dtype_t want = za == zb ? DIM_DIM[a][b] : zb ? DIM_ZERO[a][b] : DIM_ZERO[b][a];
-          if (!meta && !is_float(want)) continue;
+          if (!strcmp(OPS[o], "div") && !is_float(want)) want = F32; /* torch.div: true division */
           const int k = (o + a + b + z) % 3; /* placements vary over the cases */
           fx_tensor_t ta, tb;
           make(&ta, DTS[a], za ? 0 : 2, 0);
@@ -456,6 +455,107 @@ static void test_cast_ops(dt_mesh_t mesh) {
   free(tb.data);
 }
 
+/* Integer operands of one dtype (no promotion) as PyTorch computes them: two's complement
+ * arithmetic that wraps at the dtype's width, exact comparisons of values past 2^24 (which an f32
+ * path would round together), a broadcast row and a 0-dim operand; div gives f32, each operand
+ * converted to f32 and divided there (PyTorch's true division). a is (6, 4) Shard(0), b (4)
+ * Replicate or 0-dim. */
+static int64_t wrap(dt_dtype_t d, uint64_t r) {
+  return d == I64 ? (int64_t)r : (int64_t)(int32_t)(uint32_t)r;
+}
+
+static void test_int_values(dt_mesh_t mesh) {
+  static const char* const IOPS[] = {"add", "sub", "mul", "maximum", "minimum", "eq", "ge", "gt",
+                                     "div"};
+  int checked = 0;
+  for (int w = 0; w < 2; w++) {
+    const dt_dtype_t d = w ? I64 : I32;
+    const int64_t hi = w ? INT64_MAX : INT32_MAX, lo = w ? INT64_MIN : INT32_MIN;
+    const int64_t pool[] = {hi, lo, -1, 0, 1, 16777217, -16777217, hi - 1, lo + 1, 16777216, 7, -7};
+    int64_t av[24], bv[4] = {1, -1, 16777216, hi};
+    for (int i = 0; i < 24; i++) av[i] = pool[(i * 5 + i / 4) % 12];
+    const size_t is = w ? 8 : 4;
+    unsigned char abuf[24 * 8], bbuf[4 * 8];
+    for (int i = 0; i < 24; i++) {
+      if (w) memcpy(abuf + 8 * i, &av[i], 8);
+      else { int32_t v = (int32_t)av[i]; memcpy(abuf + 4 * i, &v, 4); }
+    }
+    for (int i = 0; i < 4; i++) {
+      if (w) memcpy(bbuf + 8 * i, &bv[i], 8);
+      else { int32_t v = (int32_t)bv[i]; memcpy(bbuf + 4 * i, &v, 4); }
+    }
+    const int64_t ashape[2] = {6, 4}, bshape[1] = {4};
+    dt_placement_t s0 = dt_shard(0), r = dt_replicate();
+    dt_tensor_t a, b, b0;
+    DT_ASSERT_OK(dt_tensor_from_full(mesh, d, 2, ashape, &s0, abuf, &a));
+    DT_ASSERT_OK(dt_tensor_from_full(mesh, d, 1, bshape, &r, bbuf, &b));
+    DT_ASSERT_OK(dt_tensor_from_full(mesh, d, 0, bshape, &r, bbuf + 3 * is, &b0)); /* hi */
+    for (int o = 0; o < (int)(sizeof IOPS / sizeof IOPS[0]); o++)
+      for (int z = 0; z < 2; z++) {
+        dt_tensor_t in[2] = {a, z ? b0 : b}, res = NULL;
+        DT_ASSERT_TRUE(dt_op_run(IOPS[o], 2, in, 0, NULL, 0, NULL, &res) == DT_SUCCESS,
+                       "%s(%s, %s%s): %s", IOPS[o], dt_dtype_name(d), dt_dtype_name(d),
+                       z ? " 0-dim" : "", dt_last_error());
+        const int div = !strcmp(IOPS[o], "div");
+        DT_ASSERT_TRUE(dtype_of(res) == (div ? F32 : d), "%s(%s, %s): %s", IOPS[o],
+                       dt_dtype_name(d), dt_dtype_name(d), dt_dtype_name(dtype_of(res)));
+        unsigned char got[24 * 8];
+        DT_ASSERT_OK(dt_tensor_gather_full(res, got, 24 * (div ? 4 : is)));
+        for (int i = 0; i < 24; i++) {
+          const int64_t x = av[i], y = z ? hi : bv[i % 4];
+          if (div) {
+            float g, want = (float)x / (float)y;
+            memcpy(&g, got + 4 * i, 4);
+            DT_ASSERT_TRUE(g == want, "div(%s) element %d: %.9g / %.9g gave %.9g, want %.9g",
+                           dt_dtype_name(d), i, (double)x, (double)y, (double)g, (double)want);
+            continue;
+          }
+          int64_t g;
+          if (w) memcpy(&g, got + 8 * i, 8);
+          else { int32_t v; memcpy(&v, got + 4 * i, 4); g = v; }
+          uint64_t ux = (uint64_t)x, uy = (uint64_t)y, want;
+          switch (o) {
+            case 0: want = ux + uy; break;
+            case 1: want = ux - uy; break;
+            case 2: want = ux * uy; break;
+            case 3: want = (uint64_t)(x >= y ? x : y); break;
+            case 4: want = (uint64_t)(x <= y ? x : y); break;
+            case 5: want = x == y; break;
+            case 6: want = x >= y; break;
+            default: want = x > y; break;
+          }
+          DT_ASSERT_TRUE(g == wrap(d, want), "%s(%s) element %d: %lld and %lld gave %lld, want "
+                         "%lld", IOPS[o], dt_dtype_name(d), i, (long long)x, (long long)y,
+                         (long long)g, (long long)wrap(d, want));
+          checked++;
+        }
+        DT_ASSERT_OK(dt_tensor_destroy(res));
+      }
+    /* i32 with i64: i64, the i32 operand widened first */
+    if (w) {
+      dt_tensor_t a32, in[2], res;
+      int32_t v32[24];
+      for (int i = 0; i < 24; i++) v32[i] = (int32_t)((int64_t)i * 100000007 % 2147483647) - 1000;
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, I32, 2, ashape, &s0, v32, &a32));
+      in[0] = a32;
+      in[1] = b;
+      DT_ASSERT_OK(dt_op_run("add", 2, in, 0, NULL, 0, NULL, &res));
+      DT_ASSERT_TRUE(dtype_of(res) == I64, "add(i32, i64): %s", dt_dtype_name(dtype_of(res)));
+      int64_t got[24];
+      DT_ASSERT_OK(dt_tensor_gather_full(res, got, sizeof got));
+      for (int i = 0; i < 24; i++)
+        DT_ASSERT_TRUE(got[i] == (int64_t)((uint64_t)v32[i] + (uint64_t)bv[i % 4]),
+                       "add(i32, i64) element %d: %lld", i, (long long)got[i]);
+      DT_ASSERT_OK(dt_tensor_destroy(res));
+      DT_ASSERT_OK(dt_tensor_destroy(a32));
+    }
+    DT_ASSERT_OK(dt_tensor_destroy(a));
+    DT_ASSERT_OK(dt_tensor_destroy(b));
+    DT_ASSERT_OK(dt_tensor_destroy(b0));
+  }
+  if (g_rank == 0) printf("integer values: %d elements exact, wrapping as PyTorch\n", checked);
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_rank(&g_rank));
@@ -464,6 +564,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_mesh_create(1, &g_world, NULL, NULL, &mesh));
   test_table(mesh, 1);
   test_table(mesh, 0);
+  test_int_values(mesh);
   test_where(mesh);
   test_autograd(mesh);
   test_cast_ops(mesh);

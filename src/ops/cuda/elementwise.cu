@@ -238,9 +238,55 @@ __global__ void dt_ew_binary_kernel(const void* a, int ta, const void* b, int tb
   }
 }
 
+/* Integer operands of one dtype (i32 or i64; kernels_cpu.c dt__binary_int): two's complement
+ * arithmetic that wraps, comparisons giving 1 / 0 in the dtype. */
+template <int OP>
+__global__ void dt_ew_binary_int_kernel(const void* a, const void* b, void* o, int wide,
+                                        int64_t n, dt_ew_shape s) {
+  DT_EW_FOR(i, n) {
+    int64_t off[2];
+    dt_ew_offsets(s, i, 2, off);
+    const long long x = wide ? ((const long long*)a)[off[0]] : ((const int*)a)[off[0]];
+    const long long y = wide ? ((const long long*)b)[off[1]] : ((const int*)b)[off[1]];
+    unsigned long long r;
+    switch (OP) {
+      case DT_EW_ADD: r = (unsigned long long)x + (unsigned long long)y; break;
+      case DT_EW_SUB: r = (unsigned long long)x - (unsigned long long)y; break;
+      case DT_EW_MUL: r = (unsigned long long)x * (unsigned long long)y; break;
+      case DT_EW_MAX: r = (unsigned long long)(x >= y ? x : y); break;
+      case DT_EW_MIN: r = (unsigned long long)(x <= y ? x : y); break;
+      case DT_EW_EQ: r = x == y; break;
+      case DT_EW_GE: r = x >= y; break;
+      default: r = x > y; break;
+    }
+    if (wide) ((long long*)o)[i] = (long long)r;
+    else ((int*)o)[i] = (int)(unsigned)r;
+  }
+}
+
+template <int OP>
+static dt_status_t dt_ew_binary_int(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                    dt_local_tensor_t* out) {
+  const dt_dtype_t d = out->dtype;
+  if (OP == DT_EW_DIV || (d != DT_I32 && d != DT_I64) || in[0].dtype != d || in[1].dtype != d)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s, %s -> %s are not supported by its CUDA "
+                   "kernel (integer operands of one dtype, or floats)", call->op,
+                   dt_dtype_name(in[0].dtype), dt_dtype_name(in[1].dtype), dt_dtype_name(d));
+  const int64_t n = dt_cu_numel(out);
+  if (n == 0) return DT_SUCCESS;
+  const dt_local_tensor_t* ins[2] = {&in[0], &in[1]};
+  dt_ew_shape s;
+  dt_ew_shape_init(&s, out, ins, 2);
+  DT_CU_LAUNCH(call->op, dt_ew_binary_int_kernel<OP>, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
+               dt_cu_stream(&in[0]), (const void*)in[0].data, (const void*)in[1].data, out->data,
+               (int)(d == DT_I64), n, s);
+  return DT_SUCCESS;
+}
+
 template <int OP>
 static dt_status_t dt_ew_binary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out) {
+  if (in[0].dtype == DT_I32 || in[0].dtype == DT_I64) return dt_ew_binary_int<OP>(call, in, out);
   DT_CHECK(dt_cu_need_float(call, &in[0]));
   DT_CHECK(dt_cu_need_float(call, &in[1]));
   DT_CHECK(dt_cu_need_float(call, out));
