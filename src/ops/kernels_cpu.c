@@ -89,6 +89,19 @@ static void dt__bcast_strides(const dt_local_tensor_t* in, const dt_local_tensor
   }
 }
 
+/* The next output element's input offsets (*ia, *ib) in row-major order over shape. */
+static inline void dt__bcast_next(int nd, const int64_t* shape, const int64_t* sa,
+                                  const int64_t* sb, int64_t* idx, int64_t* ia, int64_t* ib) {
+  for (int d = nd - 1; d >= 0; d--) {
+    *ia += sa[d];
+    *ib += sb[d];
+    if (++idx[d] < shape[d]) return;
+    *ia -= sa[d] * idx[d];
+    *ib -= sb[d] * idx[d];
+    idx[d] = 0;
+  }
+}
+
 /* Integer operands (i32 or i64, one dtype: promotion made them so) of add, sub, mul, maximum,
  * minimum and the comparisons, as PyTorch: two's complement arithmetic that wraps, comparisons
  * giving 1 / 0 in the dtype. div is never given integers (promotion makes it f32, PyTorch's
@@ -133,14 +146,7 @@ static dt_status_t dt__binary_int(const dt_op_call_t* call, const dt_local_tenso
     }
     if (w) ((int64_t*)out->data)[i] = (int64_t)r;
     else ((int32_t*)out->data)[i] = (int32_t)(uint32_t)r;
-    for (int j = nd - 1; j >= 0; j--) {
-      ia += sa[j];
-      ib += sb[j];
-      if (++idx[j] < out->shape[j]) break;
-      ia -= sa[j] * idx[j];
-      ib -= sb[j] * idx[j];
-      idx[j] = 0;
-    }
+    dt__bcast_next(nd, out->shape, sa, sb, idx, &ia, &ib);
   }
   return DT_SUCCESS;
 }
@@ -182,14 +188,7 @@ DT_SIMD static dt_status_t dt__binary(const dt_op_call_t* call, const dt_local_t
   int64_t ia = 0, ib = 0;
   for (int64_t i = 0; i < n; i++) {
     o[i] = f(a[ia], b[ib]);
-    for (int d = nd - 1; d >= 0; d--) {
-      ia += sa[d];
-      ib += sb[d];
-      if (++idx[d] < out->shape[d]) break;
-      ia -= sa[d] * idx[d];
-      ib -= sb[d] * idx[d];
-      idx[d] = 0;
-    }
+    dt__bcast_next(nd, out->shape, sa, sb, idx, &ia, &ib);
   }
   return DT_SUCCESS;
 }
