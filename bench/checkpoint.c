@@ -46,6 +46,11 @@
  *    reshard_load_mem_ratio = that extra peak / this rank's bytes of the Shard(1) tensors.
  * Times are the slowest rank's (a barrier before each), memory the largest rank's. Each ratio is
  * computed per round; the table gives the median and the spread (min..max) over the rounds.
+ * After each round's comment line a machine-readable one, `checkpoint_round round=R save_s=X
+ * raw_write_s=X load_s=X raw_read_s=X load_evicted_s=X raw_read_evicted_s=X async_stall_s=X
+ * async_wait_s=X work_ms=X work_frac=X (copy in save) staged_stall_s=X staged_wait_s=X
+ * work_frac_staged=X (copy deferred) reshard_s=X reshard_extra_mib=X reshard_ratio=X`
+ * (bench/peer.sh's checkpoint part reads it; bench/peer_checkpoint.py prints the same keys).
  * Last line: save_vs_raw=X load_vs_raw=X async_stall_ratio=X reshard_load_mem_ratio=X (medians;
  * load_vs_raw evicted, async_stall_ratio with the copy deferred).
  */
@@ -448,6 +453,14 @@ int main(int argc, char** argv) {
              raw_first ? "raw" : "library", v[SAVE], v[RAWW], v[LOAD], v[RAWR], v[LOADC],
              v[RAWRC], v[ASYNC], v[WAIT], wms, v[DEFER], v[WAITD], frac, v[RESHARD], emib,
              ratio);
+      /* the same, machine-readable (bench/peer.sh's checkpoint part; its keys are those of
+       * bench/peer_checkpoint.py's lines where the two measure the same thing) */
+      printf("checkpoint_round round=%d save_s=%.4f raw_write_s=%.4f load_s=%.4f raw_read_s=%.4f "
+             "load_evicted_s=%.4f raw_read_evicted_s=%.4f async_stall_s=%.4f async_wait_s=%.4f "
+             "work_ms=%.1f work_frac=%.3f staged_stall_s=%.4f staged_wait_s=%.4f "
+             "work_frac_staged=%.3f reshard_s=%.4f reshard_extra_mib=%.1f reshard_ratio=%.4f\n",
+             r, v[SAVE], v[RAWW], v[LOAD], v[RAWR], v[LOADC], v[RAWRC], v[ASYNC], v[WAIT], wms,
+             frac_a, v[DEFER], v[WAITD], frac, v[RESHARD], emib, ratio);
       fflush(stdout);
     }
   }

@@ -11,6 +11,15 @@
 #                  (DistributedDataParallel, FSDP2 fully_shard) at about 1M/10M/50M parameters
 #   tp             examples/train --tp N --sp vs bench/peer_train.py --parallel tp
 #                  (parallelize_module: colwise/rowwise + SequenceParallel), tp.sh's model
+#   checkpoint     bench_checkpoint --reps 1 vs bench/peer_checkpoint.py (torch.distributed.
+#                  checkpoint: dcp.save / dcp.load / dcp.async_save, FileSystemWriter with
+#                  sync_files=True): K f32 tensors of CKPT_MIB MiB, Shard(0); sync save, load
+#                  warm, load evicted, async save stall and all it blocks, the same with the
+#                  copy off the training thread (ours' deferred copy, theirs' DefaultStager),
+#                  the work done beside them, Shard(0) -> Shard(1) load and its peak extra RSS.
+#                  Not in the default PARTS: every run (a warm-up round and one measured)
+#                  writes and fsyncs 6-8x CKPT_MIB to CKPT_DIR (up to 2 GiB per side and round
+#                  at 256 MiB, removed as it goes).
 # at np 2 and 4. Every round runs ours, then theirs (reversed in even rounds); a row's ratio is
 # ours / theirs in speed (theirs' time / ours'), taken within each round and reported as the
 # median over rounds and its spread (min..max); the times are medians over rounds. Theirs runs at
@@ -18,19 +27,27 @@
 # the faster. Ours: one OpenBLAS thread per rank. Peak memory: the largest peak RSS over ranks
 # (/usr/bin/time for ours; getrusage in the scripts for theirs), in MiB.
 #
-#   bench/peer.sh [BUILD_DIR]       (default build; needs bench_dispatch, bench_redistribute,
-#                                    bench_fsdp and examples/train built)
+#   bench/peer.sh [BUILD_DIR]       (default build; needs what PARTS run built: bench_dispatch,
+#                                    bench_redistribute, bench_fsdp, examples/train,
+#                                    bench_checkpoint)
 #
 # Environment: PEER_RESULTS (a file: keep the raw per-round results there),
-# PARTS (default "dispatch redistribute fsdp tp"), NPS ("2 4"), ROUNDS (3: dispatch,
-# redistribute, tp), FSDP_ROUNDS (2), FSDP_SIZES ("1M 10M 50M"), FSDP_BIG_NP ("2": the nps at
-# which 50M runs, 1 round and 3 steps: one step takes tens of seconds on two shared cores),
-# FSDP_MODES ("ddp fsdp"), TORCH_THREADS (unset: probe; a number: use it, no probe; the probe
-# runs FSDP2 at 1M for the fsdp part, and DDP's best count can differ).
+# PARTS (default "dispatch redistribute fsdp tp"; "checkpoint" only when named), NPS ("2 4"),
+# ROUNDS (3: dispatch, redistribute, tp, checkpoint), CKPT_MIB (256), CKPT_TENSORS (8), CKPT_DIR
+# (/tmp), CKPT_WORK_MS (the simulated work between an async save and its wait, the same on both
+# sides; default CKPT_MIB, i.e. 1 ms per MiB), CKPT_DCP_ARGS (theirs' writer: default
+# "--thread-count 2": the fastest sync save here, see docs/performance.md), FSDP_ROUNDS (2),
+# FSDP_SIZES ("1M 10M 50M"), FSDP_BIG_NP ("2": the nps at which 50M runs, 1 round and 3 steps:
+# one step takes tens of seconds on two shared cores), FSDP_MODES ("ddp fsdp"), TORCH_THREADS
+# (unset: probe; a number: use it, no probe; the probe runs FSDP2 at 1M for the fsdp part, and
+# DDP's best count can differ; the checkpoint part's probes the sync save and loads).
 # Prints the rows as markdown tables, then exactly one last line:
 #   peer_dispatch_ratio=<min over the dispatch rows hit, miss, miss_vs_cleared> peer_redistribute_min=<min over transitions and
 #   sizes, ours over shared memory> peer_fsdp_min=<min over sizes, nps, DDP and FSDP>
 #   peer_tp_min=<min over nps> peer_redistribute_tcp_min=<the same with ours over TCP>
+#   [peer_checkpoint_min=<min over the operations save, load, load_evicted, async_stall,
+#   async_blocked, staged_stall, staged_blocked, reshard and the nps; on the same line, when
+#   the checkpoint part ran>]
 # (every one a median ratio as above: > 1 means ours is faster). Exit status 77 when
 # tools/peer-env.sh reports the peer unavailable (PyPI unreachable, no environment).
 set -euo pipefail
@@ -42,8 +59,23 @@ ROUNDS=${ROUNDS:-3}
 FSDP_ROUNDS=${FSDP_ROUNDS:-2}
 FSDP_SIZES=${FSDP_SIZES:-"1M 10M 50M"}
 FSDP_BIG_NP=${FSDP_BIG_NP:-2}
-for b in bench/bench_dispatch bench/bench_redistribute bench/bench_fsdp examples/train; do
-  [ -x "$BUILD/$b" ] || { echo "peer.sh: $BUILD/$b not found: build first" >&2; exit 2; }
+CKPT_MIB=${CKPT_MIB:-256}
+CKPT_TENSORS=${CKPT_TENSORS:-8}
+CKPT_DIR=${CKPT_DIR:-/tmp}
+CKPT_WORK_MS=${CKPT_WORK_MS:-$CKPT_MIB}
+CKPT_DCP_ARGS=${CKPT_DCP_ARGS:---thread-count 2}
+for part in $PARTS; do
+  case $part in
+    dispatch) bins=bench/bench_dispatch ;;
+    redistribute) bins=bench/bench_redistribute ;;
+    fsdp) bins=bench/bench_fsdp ;;
+    tp) bins=examples/train ;;
+    checkpoint) bins=bench/bench_checkpoint ;;
+    *) echo "peer.sh: unknown part $part" >&2; exit 2 ;;
+  esac
+  for b in $bins; do
+    [ -x "$BUILD/$b" ] || { echo "peer.sh: $BUILD/$b not found: build first" >&2; exit 2; }
+  done
 done
 rc=0
 PY=$(tools/peer-env.sh --python) || rc=$?
@@ -251,6 +283,60 @@ part_tp() {
   done
 }
 
+# ---- distributed checkpoints: ours vs torch.distributed.checkpoint ----
+# Rows, from the per-round lines (the same keys on both sides): save, load, load_evicted, reshard
+# (their _s), async_stall (the copy in the call), async_blocked (its stall + the wait after
+# CKPT_WORK_MS of work: all the training thread waits for one async save), staged_stall and
+# staged_blocked (the same with the copy off the training thread: ours' deferred copy, theirs'
+# DefaultStager), async_work and staged_work (work_frac, work_frac_staged: the work done beside
+# the background save over the work done undisturbed; higher is better, the ratio is ours /
+# theirs). Ours' raw POSIX write and reads of the same bytes beside save and the loads, and the
+# reshard load's peak extra RSS.
+CKPT_ROWS="save load load_evicted async_stall async_blocked staged_stall staged_blocked reshard async_work staged_work"
+# shellcheck disable=SC2086
+part_checkpoint() {
+  local np=$1 t r log args=(--mib "$CKPT_MIB" --tensors "$CKPT_TENSORS" --dir "$CKPT_DIR")
+  t=$(best_threads total_s "$np" "$W/probe.log" bench/peer_checkpoint.py "${args[@]}" --reps 1 \
+    --no-async $CKPT_DCP_ARGS)
+  echo "# checkpoint np $np: torch threads $t, theirs $CKPT_DCP_ARGS, work $CKPT_WORK_MS ms"
+  for r in $(seq "$ROUNDS"); do
+    for who in $([ $((r % 2)) -eq 1 ] && echo "ours theirs" || echo "theirs ours"); do
+      log=$W/c.log
+      if [ $who = ours ]; then
+        DTENSOR_QUIET=1 ours "$np" "$log" -- "$BUILD/bench/bench_checkpoint" "${args[@]}" --reps 1 \
+          --work-ms "$CKPT_WORK_MS" || continue
+      else
+        theirs "$np" "$log" bench/peer_checkpoint.py "${args[@]}" --reps 1 --work-ms "$CKPT_WORK_MS" \
+          $CKPT_DCP_ARGS --threads "$t" || continue
+      fi
+      local line row v raw rss
+      line=$(grep -E '^(checkpoint_round|peer_checkpoint) ' "$log" | tail -1)
+      [ -n "$line" ] || { echo "peer.sh: no result line from $who (np $np)" >&2; continue; }
+      echo "checkpoint np=$np round=$r $who: $line"
+      for row in $CKPT_ROWS; do
+        raw="" rss=""
+        case $row in
+          async_blocked | staged_blocked)
+            v=$(awk -v a="$(echo " $line" | kv "${row%_blocked}_stall_s")" \
+              -v b="$(echo " $line" | kv "${row%_blocked}_wait_s")" 'BEGIN { printf "%.4f", a + b }') ;;
+          async_work) v=$(echo " $line" | kv work_frac) ;;
+          staged_work) v=$(echo " $line" | kv work_frac_staged) ;;
+          *) v=$(echo " $line" | kv "${row}_s") ;;
+        esac
+        if [ $who = ours ]; then
+          case $row in
+            save) raw=$(echo " $line" | kv raw_write_s) ;;
+            load) raw=$(echo " $line" | kv raw_read_s) ;;
+            load_evicted) raw=$(echo " $line" | kv raw_read_evicted_s) ;;
+          esac
+        fi
+        [ $row = reshard ] && rss=$(echo " $line" | kv reshard_extra_mib)
+        record checkpoint "$row" "$np" "$r" $who s="$v" raw="$raw" rss="$rss" threads="$t"
+      done
+    done
+  done
+}
+
 for part in $PARTS; do
   for np in $NPS; do
     echo "# $part np $np: load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -270,15 +356,16 @@ awk '
     return n % 2 ? arr[(n + 1) / 2] : (arr[n / 2] + arr[n / 2 + 1]) / 2 }
   { part = $1; row = $2; np = $3; r = $4; who = $5; key = part " " row " " np
     if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
-    t = val($0, part == "fsdp" || part == "tp" ? "ms" : "us"); T[key, who, r] = t
+    t = val($0, part == "fsdp" || part == "tp" ? "ms" : part == "checkpoint" ? "s" : "us"); T[key, who, r] = t
+    RAW[key, who, r] = val($0, "raw")
     if (who != "ours" && who != "tcp") th[key] = val($0, "threads")
     TPS[key, who, r] = val($0, "tps"); RSS[key, who, r] = val($0, "rss"); if (r > nr) nr = r }
   function stat(key, who, what,   r, n, v) { n = 0
-    for (r = 1; r <= nr; r++) if ((key, who, r) in T && T[key, who, r] != "") v[++n] = (what == "t" ? T[key, who, r] : what == "tps" ? TPS[key, who, r] : RSS[key, who, r]) + 0
+    for (r = 1; r <= nr; r++) if ((key, who, r) in T && T[key, who, r] != "" && (what != "raw" || RAW[key, who, r] != "") && (what != "rss" || part != "checkpoint" || RSS[key, who, r] != "")) v[++n] = (what == "t" ? T[key, who, r] : what == "tps" ? TPS[key, who, r] : what == "raw" ? RAW[key, who, r] : RSS[key, who, r]) + 0
     return n ? med(v, n) : "" }
   function ratio(key, who,   r, n, v, lo, hi, m) { n = 0; lo = ""; hi = ""
     for (r = 1; r <= nr; r++) if ((key, who, r) in T && (key, "theirs", r) in T && T[key, who, r] > 0 && T[key, "theirs", r] > 0) {
-      x = T[key, "theirs", r] / T[key, who, r]; v[++n] = x; if (lo == "" || x < lo) lo = x; if (hi == "" || x > hi) hi = x }
+      x = key ~ /^checkpoint [a-z]+_work / ? T[key, who, r] / T[key, "theirs", r] : T[key, "theirs", r] / T[key, who, r]; v[++n] = x; if (lo == "" || x < lo) lo = x; if (hi == "" || x > hi) hi = x }
     if (n == 0) return "-"
     m = med(v, n); last_med = m
     return sprintf("%.2f (%.2f..%.2f)", m, lo, hi) }
@@ -287,6 +374,7 @@ awk '
     hdr["dispatch"] = "\n### Dispatch (`a + a`, Shard(0), 512x512 f32; µs per call)\n\n| row | np | ours (µs) | theirs (µs) | ours/theirs speed: median (min..max) | torch threads |\n|---|---:|---:|---:|---:|---:|"
     hdr["redistribute"] = "\n### Redistribution (f32 (S/1024, 256); µs per call; ours over shared memory and over TCP, theirs gloo over TCP)\n\n| transition | bytes | np | ours shm (µs) | ours TCP (µs) | theirs (µs) | speed ratio, shm: median (min..max) | speed ratio, TCP: median (min..max) | torch threads |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     hdr["fsdp"] = "\n### FSDP2 and DDP (best step after step 0; RSS = largest peak over ranks)\n\n| size | mode | np | ours step (ms) | theirs step (ms) | ours tokens/s | theirs tokens/s | ours RSS (MiB) | theirs RSS (MiB) | speed ratio: median (min..max) | torch threads |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    hdr["checkpoint"] = "\n### Distributed checkpoints (ours vs torch.distributed.checkpoint; seconds, slowest rank; raw = ours\x27 POSIX write + fsync / read of the same bytes in the same run)\n\n| operation | np | ours (s) | theirs (s) | raw POSIX (s) | speed ratio: median (min..max) | ours peak extra RSS (MiB) | theirs peak extra RSS (MiB) | torch threads |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     hdr["tp"] = "\n### Tensor parallel + sequence parallel (dim 256, 4 layers, seq 128, vocab 256, 8 sequences; best step after two)\n\n| config | np | ours step (ms) | theirs step (ms) | ours tokens/s | theirs tokens/s | ours RSS (MiB) | theirs RSS (MiB) | speed ratio: median (min..max) | torch threads |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for (i = 1; i <= nk; i++) { key = order[i]; split(key, k, " "); part = k[1]; row = k[2]; np = k[3]
       if (!(part in printed)) { print hdr[part]; printed[part] = 1 }
@@ -298,6 +386,11 @@ awk '
         s1 = ratio(key, "ours"); m1 = last_med; s2 = ratio(key, "tcp"); m2 = last_med
         if (s1 != "-") upd("redistribute", m1); if (s2 != "-") upd("redistribute_tcp", m2)
         printf "| %s | %s | %s | %.1f | %.1f | %.1f | %s | %s | %s |\n", rb[1], rb[2], np, stat(key, "ours", "t"), stat(key, "tcp", "t"), stat(key, "theirs", "t"), s1, s2, th[key]
+      } else if (part == "checkpoint") {
+        s = ratio(key, "ours"); m = last_med
+        if (s != "-" && row !~ /_work$/) upd("checkpoint", m)
+        rw = stat(key, "ours", "raw"); ro = stat(key, "ours", "rss"); rt = stat(key, "theirs", "rss")
+        printf "| %s | %s | %.4f | %.4f | %s | %s | %s | %s | %s |\n", row (row ~ /_work$/ ? " (fraction of the work done)" : ""), np, stat(key, "ours", "t"), stat(key, "theirs", "t"), rw == "" ? "-" : sprintf("%.4f", rw), s, ro == "" ? "-" : sprintf("%.1f", ro), rt == "" ? "-" : sprintf("%.1f", rt), th[key]
       } else {
         s = ratio(key, "ours"); m = last_med; if (s != "-") upd(part, m)
         if (part == "fsdp") { split(row, sm, "@"); lead = sm[1] " | " (sm[2] == "fsdp" ? "FSDP / FSDP2" : "DDP / DDP") }
@@ -305,8 +398,10 @@ awk '
         printf "| %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %s | %s | %s |\n", lead, np, stat(key, "ours", "t"), stat(key, "theirs", "t"), stat(key, "ours", "tps"), stat(key, "theirs", "tps"), stat(key, "ours", "rss"), stat(key, "theirs", "rss"), s, th[key]
       } }
     f = "%.2f"
-    printf "\npeer_dispatch_ratio=%s peer_redistribute_min=%s peer_fsdp_min=%s peer_tp_min=%s peer_redistribute_tcp_min=%s\n",
+    printf "\npeer_dispatch_ratio=%s peer_redistribute_min=%s peer_fsdp_min=%s peer_tp_min=%s peer_redistribute_tcp_min=%s",
       "dispatch" in mins ? sprintf(f, mins["dispatch"]) : "-", "redistribute" in mins ? sprintf(f, mins["redistribute"]) : "-",
       "fsdp" in mins ? sprintf(f, mins["fsdp"]) : "-", "tp" in mins ? sprintf(f, mins["tp"]) : "-",
       "redistribute_tcp" in mins ? sprintf(f, mins["redistribute_tcp"]) : "-"
+    if ("checkpoint" in printed) printf " peer_checkpoint_min=%s", "checkpoint" in mins ? sprintf(f, mins["checkpoint"]) : "-"
+    printf "\n"
   }' "$RES"
