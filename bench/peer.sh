@@ -36,7 +36,10 @@
 # ROUNDS (3: dispatch, redistribute, tp, checkpoint), CKPT_MIB (256), CKPT_TENSORS (8), CKPT_DIR
 # (/tmp), CKPT_WORK_MS (the simulated work between an async save and its wait, the same on both
 # sides; default CKPT_MIB, i.e. 1 ms per MiB), CKPT_DCP_ARGS (theirs' writer: default
-# "--thread-count 2": the fastest sync save here, see docs/performance.md), FSDP_ROUNDS (2),
+# "--thread-count 2": the fastest sync save here, see docs/performance.md), CKPT_OURS_MPI (ours'
+# mpirun flags: default "--bind-to none", unbound as torchrun's processes, so that the
+# background writer thread may run on any core as theirs do; "" for mpirun's default binding,
+# one core per rank at np 2), FSDP_ROUNDS (2),
 # FSDP_SIZES ("1M 10M 50M"), FSDP_BIG_NP ("2": the nps at which 50M runs, 1 round and 3 steps:
 # one step takes tens of seconds on two shared cores), FSDP_MODES ("ddp fsdp"), TORCH_THREADS
 # (unset: probe; a number: use it, no probe; the probe runs FSDP2 at 1M for the fsdp part, and
@@ -64,6 +67,7 @@ CKPT_TENSORS=${CKPT_TENSORS:-8}
 CKPT_DIR=${CKPT_DIR:-/tmp}
 CKPT_WORK_MS=${CKPT_WORK_MS:-$CKPT_MIB}
 CKPT_DCP_ARGS=${CKPT_DCP_ARGS:---thread-count 2}
+CKPT_OURS_MPI=${CKPT_OURS_MPI:---bind-to none}
 for part in $PARTS; do
   case $part in
     dispatch) bins=bench/bench_dispatch ;;
@@ -298,13 +302,14 @@ part_checkpoint() {
   local np=$1 t r log args=(--mib "$CKPT_MIB" --tensors "$CKPT_TENSORS" --dir "$CKPT_DIR")
   t=$(best_threads total_s "$np" "$W/probe.log" bench/peer_checkpoint.py "${args[@]}" --reps 1 \
     --no-async $CKPT_DCP_ARGS)
-  echo "# checkpoint np $np: torch threads $t, theirs $CKPT_DCP_ARGS, work $CKPT_WORK_MS ms"
+  echo "# checkpoint np $np: torch threads $t, theirs $CKPT_DCP_ARGS, ours mpirun $CKPT_OURS_MPI," \
+    "work $CKPT_WORK_MS ms"
   for r in $(seq "$ROUNDS"); do
     for who in $([ $((r % 2)) -eq 1 ] && echo "ours theirs" || echo "theirs ours"); do
       log=$W/c.log
       if [ $who = ours ]; then
-        DTENSOR_QUIET=1 ours "$np" "$log" -- "$BUILD/bench/bench_checkpoint" "${args[@]}" --reps 1 \
-          --work-ms "$CKPT_WORK_MS" || continue
+        DTENSOR_QUIET=1 ours "$np" "$log" $CKPT_OURS_MPI -- "$BUILD/bench/bench_checkpoint" \
+          "${args[@]}" --reps 1 --work-ms "$CKPT_WORK_MS" || continue
       else
         theirs "$np" "$log" bench/peer_checkpoint.py "${args[@]}" --reps 1 --work-ms "$CKPT_WORK_MS" \
           $CKPT_DCP_ARGS --threads "$t" || continue
