@@ -38,8 +38,9 @@
 # sides; default CKPT_MIB, i.e. 1 ms per MiB), CKPT_DCP_ARGS (theirs' writer: default
 # "--thread-count 2": the fastest sync save here, see docs/performance.md), CKPT_OURS_MPI (ours'
 # mpirun flags: default "--bind-to none", unbound as torchrun's processes, so that the
-# background writer thread may run on any core as theirs do; "" for mpirun's default binding,
-# one core per rank at np 2), FSDP_ROUNDS (2),
+# background writer thread may run on any core as theirs do; set and empty: mpirun's default
+# binding, one core per rank at np 2; CKPT_DCP_ARGS set and empty: DCP's defaults),
+# FSDP_ROUNDS (2),
 # FSDP_SIZES ("1M 10M 50M"), FSDP_BIG_NP ("2": the nps at which 50M runs, 1 round and 3 steps:
 # one step takes tens of seconds on two shared cores), FSDP_MODES ("ddp fsdp"), TORCH_THREADS
 # (unset: probe; a number: use it, no probe; the probe runs FSDP2 at 1M for the fsdp part, and
@@ -66,8 +67,8 @@ CKPT_MIB=${CKPT_MIB:-256}
 CKPT_TENSORS=${CKPT_TENSORS:-8}
 CKPT_DIR=${CKPT_DIR:-/tmp}
 CKPT_WORK_MS=${CKPT_WORK_MS:-$CKPT_MIB}
-CKPT_DCP_ARGS=${CKPT_DCP_ARGS:---thread-count 2}
-CKPT_OURS_MPI=${CKPT_OURS_MPI:---bind-to none}
+CKPT_DCP_ARGS=${CKPT_DCP_ARGS---thread-count 2}
+CKPT_OURS_MPI=${CKPT_OURS_MPI---bind-to none}
 for part in $PARTS; do
   case $part in
     dispatch) bins=bench/bench_dispatch ;;
