@@ -56,6 +56,7 @@ import ctypes
 import gc
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -128,6 +129,18 @@ dist.broadcast_object_list(pid0, src=0)
 base = os.path.join(a.dir, f"dt_peer_ckpt_{pid0[0]}")
 if rank == 0:
     os.makedirs(base)
+
+    def _remove_and_leave(signum, frame):  # torchrun stops the other ranks when one fails
+        shutil.rmtree(base, ignore_errors=True)
+        os._exit(128 + signum)
+
+    def _remove_and_raise(kind, value, tb):  # an exception on rank 0
+        shutil.rmtree(base, ignore_errors=True)
+        sys.__excepthook__(kind, value, tb)
+
+    signal.signal(signal.SIGTERM, _remove_and_leave)
+    signal.signal(signal.SIGINT, _remove_and_leave)
+    sys.excepthook = _remove_and_raise
 dist.barrier()
 
 
@@ -194,6 +207,7 @@ def check_equal(got, want, what):
     if int(bad):
         if rank == 0:
             print(f"peer_checkpoint: {what}: the loaded values differ", file=sys.stderr, flush=True)
+            shutil.rmtree(base, ignore_errors=True)
         dist.barrier()
         os._exit(1)
 
