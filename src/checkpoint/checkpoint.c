@@ -174,9 +174,9 @@ struct dt_checkpoint {
 /* A new staging buffer of n bytes. A large one starts on a 2 MiB boundary, whole 2 MiB pages,
  * and asks for transparent huge pages: the page faults of a fresh buffer were half of a
  * resharding load's time (docs/performance.md, "Checkpoints against PyTorch DCP"). */
-static unsigned char* dt__ck_staging_alloc(int64_t n) {
+static unsigned char* dt__ck_staging_alloc(int64_t n, int huge_pages) {
   const size_t huge = (size_t)2 << 20;
-  if ((size_t)n < 2 * huge) return malloc((size_t)n);
+  if (!huge_pages || (size_t)n < 2 * huge) return malloc((size_t)n);
   const size_t nbytes = ((size_t)n + huge - 1) / huge * huge;
   unsigned char* p = aligned_alloc(huge, nbytes);
 #ifdef MADV_HUGEPAGE
@@ -185,8 +185,9 @@ static unsigned char* dt__ck_staging_alloc(int64_t n) {
   return p;
 }
 
-/* A staging buffer of at least n bytes: the kept one when large enough. */
-static unsigned char* dt__ck_take(dt_checkpoint_t ck, int64_t n) {
+/* A staging buffer of at least n bytes: the kept one when large enough; a new one on huge pages
+ * for a load (huge_pages). */
+static unsigned char* dt__ck_take(dt_checkpoint_t ck, int64_t n, int huge_pages) {
   if (n <= 0) return NULL;
   if (ck->keep && ck->keep_nbytes >= n) {
     unsigned char* p = ck->keep;
@@ -196,7 +197,7 @@ static unsigned char* dt__ck_take(dt_checkpoint_t ck, int64_t n) {
   free(ck->keep);
   ck->keep = NULL;
   ck->keep_nbytes = 0;
-  return dt__ck_staging_alloc(n);
+  return dt__ck_staging_alloc(n, huge_pages);
 }
 
 /* Gives a staging buffer of n bytes back for the next save or load (the larger one stays). */
@@ -848,7 +849,7 @@ static dt_status_t dt__ck_copy_deferred(dt__ck_save_t* s) {
  * thread to copy (dt__ck_copy_deferred). */
 static dt_status_t dt__ck_stage(dt_checkpoint_t ck, dt__ck_save_t* s, int defer) {
   if (s->staging_nbytes > 0) {
-    s->staging = dt__ck_take(ck, s->staging_nbytes);
+    s->staging = dt__ck_take(ck, s->staging_nbytes, 0);
     if (s->staging == NULL)
       return DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%" PRId64 " bytes of host staging", s->staging_nbytes);
   }
@@ -1420,7 +1421,7 @@ static dt_status_t dt__ck_read_all(dt_checkpoint_t ck, const dt__ck_index_t* ix,
     total += d->numel * (int64_t)isz;
   }
   if (st == DT_SUCCESS && total > 0) {
-    *staging = dt__ck_take(ck, total);
+    *staging = dt__ck_take(ck, total, 1);
     *staging_nbytes = total;
     if (*staging == NULL)
       st = DT_FAIL(DT_ERR_OUT_OF_MEMORY, "%" PRId64 " bytes of host staging", total);
