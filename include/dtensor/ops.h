@@ -82,8 +82,8 @@ extern "C" {
  * The output has the dtype the op gives for inputs of the result dtype (eq, ge, gt: 1/0 in it,
  * where PyTorch gives bool). Integer results (i32, i64) compute in their dtype as PyTorch's:
  * two's complement arithmetic that wraps, exact comparisons; div of integers gives f32 (PyTorch's
- * true division: each operand converted to f32, then divided). The casts run as cast ops (traced, profiled, on meta
- * tensors too); recorded with dt_ag_op, they are cast nodes, so each input's gradient comes back
+ * true division: each operand converted to f32, then divided). The casts run as cast ops
+ * (traced, profiled, on meta tensors too); recorded with dt_ag_op, they are cast nodes, so each input's gradient comes back
  * in its own dtype (a bf16 leaf's is bf16) and integer inputs get none. Every other op refuses
  * inputs of mixed dtypes ("mm: dtype mismatch (bf16 vs f32)"; PyTorch's matmuls refuse them
  * too).

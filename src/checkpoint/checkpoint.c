@@ -200,7 +200,8 @@ static unsigned char* dt__ck_take(dt_checkpoint_t ck, int64_t n, int huge_pages)
   return dt__ck_staging_alloc(n, huge_pages);
 }
 
-/* Gives a staging buffer of n bytes back for the next save or load (the larger one stays). */
+/* Gives a staging buffer of n bytes back for the next save or load (the larger one stays; a
+ * load's, on huge pages, may then serve a save: its pages are faulted in already). */
 static void dt__ck_give(dt_checkpoint_t ck, unsigned char* p, int64_t n) {
   if (p == NULL) return;
   if (ck->keep && ck->keep_nbytes >= n) {

@@ -969,8 +969,14 @@ dt_status_t dt__ck_mkdir_p(const char* path) {
 
 /* rm -rf of name in the directory `at` (path: the same for messages), by file descriptors: a
  * directory is opened with O_NOFOLLOW, so a symbolic link swapped in for it after the lstat is
- * not followed (the open fails) and nothing outside is removed. */
-static dt_status_t dt__ck_rm_at(int at, const char* name, const char* path) {
+ * not followed (the open fails) and nothing outside is removed. A checkpoint's trees are two
+ * levels deep: past DT__CK_RM_DEPTH levels (a planted tree) it stops with an error instead of
+ * exhausting the stack or the open files. */
+#define DT__CK_RM_DEPTH 64
+static dt_status_t dt__ck_rm_at(int at, const char* name, const char* path, int depth) {
+  if (depth > DT__CK_RM_DEPTH)
+    return DT_FAIL(DT_ERR_IO, "removing %s: more than %d directory levels (not a checkpoint's "
+                   "tree: remove it by hand)", path, DT__CK_RM_DEPTH);
   struct stat sb;
   if (fstatat(at, name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
     return errno == ENOENT ? DT_SUCCESS : DT_FAIL(DT_ERR_IO, "%s: %s", path, strerror(errno));
@@ -990,7 +996,7 @@ static dt_status_t dt__ck_rm_at(int at, const char* name, const char* path) {
        * PATH_MAX (a pruned or unpublished save's files under a long dir) is cut, not refused */
       char sub[DT__CK_PATH_MAX];
       snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-      st = dt__ck_rm_at(dirfd(d), e->d_name, sub);
+      st = dt__ck_rm_at(dirfd(d), e->d_name, sub, depth + 1);
     }
     closedir(d);
     DT_CHECK(st);
@@ -1003,7 +1009,7 @@ static dt_status_t dt__ck_rm_at(int at, const char* name, const char* path) {
   return DT_SUCCESS;
 }
 
-dt_status_t dt__ck_rm_rf(const char* path) { return dt__ck_rm_at(AT_FDCWD, path, path); }
+dt_status_t dt__ck_rm_rf(const char* path) { return dt__ck_rm_at(AT_FDCWD, path, path, 0); }
 
 dt_status_t dt__ck_create(const char* path, int* fd) {
   *fd = -1;

@@ -176,8 +176,9 @@ dt_status_t dt__ck_write_all(int fd, const void* p, size_t n, const char* path);
 dt_status_t dt__ck_pread_all(int fd, void* p, size_t n, int64_t off, const char* path);
 dt_status_t dt__ck_fsync_path(const char* path); /* a file or a directory */
 dt_status_t dt__ck_mkdir_p(const char* path);
-/* Removes path and, when it is a directory, everything under it; a symbolic link is removed
- * itself, never followed (nor is one swapped in for a directory while it is removed). */
+/* Removes path and, when it is a directory, everything under it (at most 64 levels deep: past
+ * that DT_ERR_IO, the rest left); a symbolic link is removed itself, never followed (nor is one
+ * swapped in for a directory while it is removed). */
 dt_status_t dt__ck_rm_rf(const char* path);
 /* Creates the file path for writing (*fd), as a file of the writer's own: a regular file there,
  * the leftover of a writer that died, is removed first; anything else (a symbolic link, a

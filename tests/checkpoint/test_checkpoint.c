@@ -253,6 +253,44 @@ static int exists(const char* p) {
 static void barrier(void) { MPI_Barrier(MPI_COMM_WORLD); }
 
 /* Every layout saved, and loaded into every layout. */
+/* Loads whose staging is 4 MiB or more (a new one on 2 MiB pages): a 1280 x 1024 f32 tensor
+ * saved Replicate (5 MiB per rank) and loaded into fresh objects as Replicate and as Shard(1),
+ * values exact. */
+static void test_large_staging(void) {
+  dt_mesh_t mesh = make_mesh("world");
+  const int64_t shape[2] = {1280, 1024}, n = shape[0] * shape[1];
+  float* full = malloc(sizeof(float) * (size_t)n);
+  float* got = malloc(sizeof(float) * (size_t)n);
+  DT_ASSERT_TRUE(full != NULL && got != NULL, "allocating %lld floats", (long long)n);
+  for (int64_t i = 0; i < n; i++) full[i] = (float)(i % 1999) * 0.5f;
+  dt_placement_t pl[2] = {dt_replicate(), dt_shard(1)};
+  dt_tensor_t a;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_F32, 2, shape, &pl[0], full, &a));
+  dt_checkpoint_t ck;
+  DT_ASSERT_OK(dt_checkpoint_create(&ck));
+  DT_ASSERT_OK(dt_checkpoint_add_tensor(ck, "big", a));
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "big_staging", NULL));
+  DT_ASSERT_OK(dt_checkpoint_destroy(ck));
+  for (int k = 0; k < 2; k++) {
+    dt_tensor_t b;
+    DT_ASSERT_OK(dt_tensor_zeros(mesh, DT_F32, 2, shape, &pl[k], &b));
+    dt_checkpoint_t ld;
+    DT_ASSERT_OK(dt_checkpoint_create(&ld));
+    DT_ASSERT_OK(dt_checkpoint_add_tensor(ld, "big", b));
+    DT_ASSERT_OK(dt_checkpoint_load(ld, g_dir, "big_staging"));
+    DT_ASSERT_OK(dt_tensor_gather_full(b, got, sizeof(float) * (size_t)n));
+    DT_ASSERT_TRUE(memcmp(got, full, sizeof(float) * (size_t)n) == 0,
+                   "the 5 MiB tensor loaded as %s differs", k ? "Shard(1)" : "Replicate");
+    DT_ASSERT_OK(dt_checkpoint_destroy(ld));
+    DT_ASSERT_OK(dt_tensor_destroy(b));
+  }
+  DT_ASSERT_OK(dt_tensor_destroy(a));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+  free(full);
+  free(got);
+  if (g_rank == 0) printf("large staging: a 5 MiB load into Replicate and Shard(1), exact\n");
+}
+
 static void test_reshard(void) {
   int n = 0;
   for (int a = 0; a < NLAY; a++) {
@@ -1069,6 +1107,31 @@ static void test_name_limits(void) {
     barrier();
     if (g_rank == 0) DT_ASSERT_EQ(unlink(left), 0);
   }
+  /* a planted leftover 70 directories deep: the clean-up stops at 64 levels (no longer
+   * exhausting the stack or the open files on a deep tree), leaves it, and the save goes on */
+  char deep[600];
+  snprintf(deep, sizeof deep, "%s/zz_deep.tmp", g_dir);
+  if (g_rank == 0) {
+    DT_ASSERT_EQ(mkdir(deep, 0777), 0);
+    int fd = open(deep, O_RDONLY | O_DIRECTORY);
+    for (int i = 0; i < 70 && fd >= 0; i++) {
+      DT_ASSERT_EQ(mkdirat(fd, "a", 0777), 0);
+      int next = openat(fd, "a", O_RDONLY | O_DIRECTORY);
+      close(fd);
+      fd = next;
+    }
+    DT_ASSERT_TRUE(fd >= 0, "making %s", deep);
+    close(fd);
+  }
+  barrier();
+  DT_ASSERT_OK(dt_checkpoint_save(ck, g_dir, "after_deep", NULL));
+  DT_ASSERT_TRUE(g_rank != 0 || exists(deep), "%s: the clean-up went past its depth limit", deep);
+  barrier();
+  if (g_rank == 0) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", deep);
+    DT_ASSERT_EQ(system(cmd), 0);
+  }
   DT_ASSERT_OK(dt_checkpoint_destroy(lk));
   DT_ASSERT_OK(dt_checkpoint_destroy(ck3));
   DT_ASSERT_OK(dt_checkpoint_destroy(ck));
@@ -1221,6 +1284,7 @@ int main(int argc, char** argv) {
   if (argc > 1) snprintf(g_dir, sizeof g_dir, "%s", argv[1]);
   else snprintf(g_dir, sizeof g_dir, "/tmp/dt_ckpt_test_%d", pid);
   test_reshard();
+  test_large_staging();
   test_publish();
   test_rank_local();
   test_latest_agreed();
