@@ -562,6 +562,9 @@ int main(int argc, char** argv) {
     DT_ASSERT_OK(dt_mesh_set_backend(mg, g_target));
     for (int k = 0; k < cJSON_GetArraySize(cases); k++) {
       const cJSON* c = cJSON_GetArrayItem(cases, k);
+      /* a case PyTorch refuses (mixed dtypes of mm): test_ops_reference checks the refusal on
+       * every backend (its device twins too); nothing to compare here */
+      if (cJSON_GetObjectItem(c, "error") != NULL) continue;
       const cJSON* ji = cJSON_GetObjectItem(c, "inputs");
       int nin = cJSON_GetArraySize(ji), nia, nfa;
       int64_t iargs[8];
