@@ -15,6 +15,7 @@
 #define DT_STRATEGY_OP_H
 
 #include "dtensor/ops.h"
+#include "internal/common.h"
 #include "strategy/op_list.h"
 
 /* Built-in op ids. */
@@ -73,8 +74,7 @@ static inline int dt__op_mixed_dtypes(unsigned flags, int n, const dt_tensor_met
     else if (in[t].dtype != in[first].dtype) return 1;
   }
   /* one integer dtype where the op computes in floats (div) */
-  return first >= 0 && (flags & DT_OPF_INT_TO_FLOAT) && in[first].dtype != DT_F32 &&
-         in[first].dtype != DT_BF16 && in[first].dtype != DT_F16;
+  return first >= 0 && (flags & DT_OPF_INT_TO_FLOAT) && !dt__dtype_is_float(in[first].dtype);
 }
 /* PyTorch's c10::promoteTypes over this library's dtypes: the same dtype stays; two different
  * float types give f32 (bf16 with f16 too: neither holds the other); an integer with a float
