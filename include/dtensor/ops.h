@@ -26,8 +26,12 @@ extern "C" {
  * where one exists):
  *   matmul:     mm, bmm, addmm (input, m1, m2; fargs [beta, alpha]), linear (x, w (O, K), b),
  *               linear_nobias
- *   pointwise:  add, sub, mul, div, maximum, minimum (broadcasting), neg, relu, exp, log, sqrt,
- *               rsqrt, gelu, silu, sigmoid, tanh, add_scalar / mul_scalar / pow (fargs [s]),
+ *   pointwise:  add, sub, mul, div, maximum, minimum, and the comparisons eq, ne, lt, le, ge, gt
+ *               (broadcasting; 1 / 0 in the operands' dtype, where PyTorch gives bool; NaN
+ *               compares unequal to everything), neg, abs, relu, exp, log, sqrt, rsqrt, gelu,
+ *               silu, sigmoid, tanh, add_scalar / mul_scalar / pow (fargs [s]), clamp (fargs
+ *               [min, max]: either may be absent or NaN for no bound, not both; min > max gives
+ *               max everywhere, as PyTorch; float tensors),
  *               where (cond i32/i64, a, b), masked_fill (x, mask; fargs [value]),
  *               cast (iargs [dt_dtype_t]), dropout (fargs [p], iargs [seed])
  *   reductions: sum, mean, amax, amin (iargs [keepdim=0, dim...]; no dims = every dim, so with no
@@ -72,14 +76,14 @@ extern "C" {
  *               others are redistributed to its placements (a Partial grad is reduced on the way
  *               in), and it must not share memory with another input.
  * bf16/f16 tensors are stored as such and computed in f32 (converted on load and store).
- * Type promotion, as PyTorch's: add, sub, mul, div, maximum, minimum, eq, ge, gt and where (its
+ * Type promotion, as PyTorch's: add, sub, mul, div, maximum, minimum, the comparisons and where (its
  * values a and b; the condition keeps its dtype) given tensors of different dtypes cast them to
  * torch.result_type's dtype first and compute as for one dtype (f32 + bf16 -> f32). The rule
  * (c10::promoteTypes): one dtype stays; two float types give f32 (bf16 with f16 too); an integer
  * with a float gives the float; i32 with i64 gives i64. 0-dim tensors take part only where they
  * are of a higher category (float over integer) than the tensors with dims: bf16 (n) + f32 0-d
  * -> bf16, i32 (n) + f32 0-d -> f32, i32 (n) + i64 0-d -> i32; all 0-d: the rule over them all.
- * The output has the dtype the op gives for inputs of the result dtype (eq, ge, gt: 1/0 in it,
+ * The output has the dtype the op gives for inputs of the result dtype (comparisons: 1/0 in it,
  * where PyTorch gives bool). Integer results (i32, i64) compute in their dtype as PyTorch's:
  * two's complement arithmetic that wraps, exact comparisons; div of integers gives f32 (PyTorch's
  * true division: each operand converted to f32, then divided). The casts run as cast ops
@@ -94,7 +98,8 @@ extern "C" {
  * is NaN); dropout multiplies (a dropped NaN stays NaN; p = 1 gives x * 0); index ops refuse
  * negative and out-of-range indices (DT_ERR_INVALID_ARG on every rank). Gradients: relu'(0) = 0,
  * maximum/minimum give g half to each side on ties, amax/amin share it evenly among ties, pow
- * with exponent 0 gives zeros. Deliberately different: cast of NaN, inf or a float outside the
+ * with exponent 0 gives zeros, abs'(x) = sign(x) (0 at 0 and NaN), clamp passes g where
+ * min <= x <= max (0 at NaN and where min > max). Deliberately different: cast of NaN, inf or a float outside the
  * integer type's range to i32/i64 is DT_ERR_INVALID_ARG (PyTorch's value is platform-dependent:
  * the type's minimum on x86), while i64 -> i32 wraps as PyTorch; topk lists tied values by lower
  * index first (PyTorch leaves the order of ties unspecified) and counts NaN as the largest.

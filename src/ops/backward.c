@@ -260,6 +260,15 @@ dt_status_t dt__bw_sigmoid(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_
 dt_status_t dt__bw_tanh(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   return dt__act(gout[0], c->out[0], DT_ACT_TANH_OUT, &gin[0]);
 }
+dt_status_t dt__bw_abs(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__act(gout[0], c->in[0], DT_ACT_ABS, &gin[0]);
+}
+dt_status_t dt__bw_clamp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  /* the forward's bounds as given (0 to 2 of them; the absent ones are NaN for both ops) */
+  dt_tensor_t in[2] = {gout[0], c->in[0]};
+  const int64_t kind = DT_ACT_CLAMP;
+  return dt__opa(DT_OP_ACT_GRAD, 2, in, 1, &kind, c->n_fargs, c->fargs, &gin[0]);
+}
 
 /* mm: a g b^T, a^T g with no transposed copies (linear_nobias computes g b^T, mm_t a^T g) */
 dt_status_t dt__bw_mm(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {

@@ -54,6 +54,9 @@ static float dt__f_min(float a, float b) { return (a <= b || a != a) ? a : b; }
 static float dt__f_eq(float a, float b) { return a == b ? 1.0f : 0.0f; }
 static float dt__f_ge(float a, float b) { return a >= b ? 1.0f : 0.0f; }
 static float dt__f_gt(float a, float b) { return a > b ? 1.0f : 0.0f; }
+static float dt__f_ne(float a, float b) { return a != b ? 1.0f : 0.0f; } /* NaN != NaN: 1 */
+static float dt__f_lt(float a, float b) { return a < b ? 1.0f : 0.0f; }
+static float dt__f_le(float a, float b) { return a <= b ? 1.0f : 0.0f; }
 
 /* Inlined loops for the common layouts (the function pointer stops vectorization):
  * same shapes, and b one value per row of a ((.., N, C) op (.., N, 1)) or a scalar. */
@@ -114,7 +117,7 @@ static dt_status_t dt__binary_int(const dt_op_call_t* call, const dt_local_tenso
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s, %s -> %s are not supported (integer "
                    "operands of one dtype, or floats)", call->op, dt_dtype_name(in[0].dtype),
                    dt_dtype_name(in[1].dtype), dt_dtype_name(d));
-  enum { ADD, SUB, MUL, MAX, MIN, EQ, GE, GT } k;
+  enum { ADD, SUB, MUL, MAX, MIN, EQ, GE, GT, NE, LT, LE } k;
   if (f == dt__f_add) k = ADD;
   else if (f == dt__f_sub) k = SUB;
   else if (f == dt__f_mul) k = MUL;
@@ -123,6 +126,9 @@ static dt_status_t dt__binary_int(const dt_op_call_t* call, const dt_local_tenso
   else if (f == dt__f_eq) k = EQ;
   else if (f == dt__f_ge) k = GE;
   else if (f == dt__f_gt) k = GT;
+  else if (f == dt__f_ne) k = NE;
+  else if (f == dt__f_lt) k = LT;
+  else if (f == dt__f_le) k = LE;
   else
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: integer operands are not supported (cast them to a "
                    "float dtype)", call->op);
@@ -143,7 +149,10 @@ static dt_status_t dt__binary_int(const dt_op_call_t* call, const dt_local_tenso
       case MIN: r = (uint64_t)(x <= y ? x : y); break;
       case EQ: r = x == y; break;
       case GE: r = x >= y; break;
-      default: r = x > y; break;
+      case GT: r = x > y; break;
+      case NE: r = x != y; break;
+      case LT: r = x < y; break;
+      default: r = x <= y; break;
     }
     if (w) ((int64_t*)out->data)[i] = (int64_t)r;
     else ((int32_t*)out->data)[i] = (int32_t)(uint32_t)r;
@@ -208,6 +217,9 @@ DT__BINARY_KERNEL(dt__kernel_minimum, dt__f_min)
 DT__BINARY_KERNEL(dt__kernel_eq, dt__f_eq) /* comparisons give 1.0 / 0.0 (gradient masks) */
 DT__BINARY_KERNEL(dt__kernel_ge, dt__f_ge)
 DT__BINARY_KERNEL(dt__kernel_gt, dt__f_gt)
+DT__BINARY_KERNEL(dt__kernel_ne, dt__f_ne)
+DT__BINARY_KERNEL(dt__kernel_lt, dt__f_lt)
+DT__BINARY_KERNEL(dt__kernel_le, dt__f_le)
 
 typedef float (*dt__unop_t)(float);
 static float dt__f_neg(float x) { return -x; }
@@ -220,6 +232,7 @@ static float dt__f_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678
 static float dt__f_sigmoid(float x) { return 1.0f / (1.0f + dt__expf(-x)); }
 static float dt__f_silu(float x) { return x / (1.0f + dt__expf(-x)); }
 static float dt__f_tanh(float x) { return tanhf(x); }
+static float dt__f_abs(float x) { return fabsf(x); }
 
 static inline dt_status_t dt__unary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, dt__unop_t f) {
@@ -247,6 +260,7 @@ DT__UNARY_KERNEL(dt__kernel_gelu, dt__f_gelu)
 DT__UNARY_KERNEL(dt__kernel_sigmoid, dt__f_sigmoid)
 DT__UNARY_KERNEL(dt__kernel_silu, dt__f_silu)
 DT__UNARY_KERNEL(dt__kernel_tanh, dt__f_tanh)
+DT__UNARY_KERNEL(dt__kernel_abs, dt__f_abs)
 
 /* ---------------------------------------------------------------------------------------------
  * reductions over dims (iargs [keepdim, dim...]); mean divides by the GLOBAL count of reduced

@@ -44,6 +44,17 @@ DT_SIMD dt_status_t dt__kernel_act_grad(const dt_op_call_t* call, const dt_local
     case DT_ACT_TANH_OUT:
       for (int64_t i = 0; i < n; i++) o[i] = g[i] * (1.0f - x[i] * x[i]);
       break;
+    case DT_ACT_ABS: /* g * sign(x), sign(0) = sign(NaN) = 0: an infinite g at 0 gives NaN */
+      for (int64_t i = 0; i < n; i++)
+        o[i] = g[i] * (float)((x[i] > 0.0f) - (x[i] < 0.0f));
+      break;
+    case DT_ACT_CLAMP: { /* g where lo <= x <= hi (absent bounds: infinities), else 0 */
+      const double dlo = dt__op_farg(DT_OP_ACT_GRAD, call, 0);
+      const double dhi = dt__op_farg(DT_OP_ACT_GRAD, call, 1);
+      const float lo = isnan(dlo) ? -INFINITY : (float)dlo, hi = isnan(dhi) ? INFINITY : (float)dhi;
+      for (int64_t i = 0; i < n; i++) o[i] = (x[i] >= lo && x[i] <= hi) ? g[i] : 0.0f;
+      break;
+    }
     default: return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: kind %lld", (long long)call->iargs[0]);
   }
   return DT_SUCCESS;

@@ -98,6 +98,25 @@ dt_status_t dt__kernel_pow(const dt_op_call_t* call, const dt_local_tensor_t* in
   return DT_SUCCESS;
 }
 
+/* clamp, fargs [min, max] (NaN or absent: no bound): min first, then max, as PyTorch (min > max
+ * gives max everywhere); a NaN element stays NaN; the bounds are rounded to f32 like PyTorch's
+ * scalars for an f32 tensor. */
+DT_SIMD dt_status_t dt__kernel_clamp(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                     dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, &in[0]));
+  const double dlo = dt__op_farg(DT_OP_CLAMP, call, 0), dhi = dt__op_farg(DT_OP_CLAMP, call, 1);
+  /* an absent side compares against an infinity: never true for a number or a NaN */
+  const float lo = isnan(dlo) ? -INFINITY : (float)dlo, hi = isnan(dhi) ? INFINITY : (float)dhi;
+  const int64_t n = dt__local_numel(out);
+  const float* a = (const float*)in[0].data;
+  float* o = (float*)out->data;
+  for (int64_t i = 0; i < n; i++) {
+    float v = a[i] < lo ? lo : a[i];
+    o[i] = v > hi ? hi : v;
+  }
+  return DT_SUCCESS;
+}
+
 /* cast: element-wise conversion. Float to integer truncates toward zero (as PyTorch); NaN, inf
  * and values outside the integer type are an error rather than PyTorch's platform-dependent
  * value (x86: the type's minimum). Integer to integer is exact, narrowing wraps modulo 2^32 (as

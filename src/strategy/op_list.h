@@ -57,6 +57,9 @@
   X(EQ, "eq", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_eq, NULL)     \
   X(GE, "ge", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_ge, NULL)     \
   X(GT, "gt", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_gt, NULL)     \
+  X(NE, "ne", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_ne, NULL)     \
+  X(LT, "lt", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_lt, NULL)     \
+  X(LE, "le", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_le, NULL)     \
   X(NEG, "neg", 1, 1, "", dt__unary_linear_rules, NULL, dt__bw_neg, DT__WR, dt__kernel_neg, NULL)        \
   X(RELU, "relu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_relu, DT__WR, dt__kernel_relu, NULL)       \
   X(EXP, "exp", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_exp, DT__WR, dt__kernel_exp, NULL)           \
@@ -68,6 +71,9 @@
   X(SIGMOID, "sigmoid", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sigmoid, DT__WR,                     \
     dt__kernel_sigmoid, NULL)                                                                            \
   X(TANH, "tanh", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_tanh, DT__WR, dt__kernel_tanh, NULL)       \
+  X(ABS, "abs", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_abs, DT__WR, dt__kernel_abs, NULL)           \
+  X(CLAMP, "clamp", 1, 1, "min:f?, max:f?", dt__clamp_rules, NULL, dt__bw_clamp, DT__WR,                 \
+    dt__kernel_clamp, NULL)                                                                              \
   X(ADD_SCALAR, "add_scalar", 1, 1, "scalar:f", dt__add_scalar_rules, NULL, dt__bw_add_scalar, DT__WR,   \
     dt__kernel_add_scalar, NULL)                                                                         \
   X(MUL_SCALAR, "mul_scalar", 1, 1, "scalar:f", dt__mul_scalar_rules, NULL, dt__bw_mul_scalar, DT__WR,   \
@@ -141,8 +147,8 @@
   X(INDEX_ADD, "index_add", 3, 1, "", dt__index_add_rules, NULL, dt__bw_index_add, DT__WC,               \
     dt__kernel_index_add, NULL)                                                                          \
   /* fused gradient ops (what backward rules run) */                                                     \
-  X(ACT_GRAD, "act_grad", 2, 1, "kind", dt__act_grad_rules, NULL, NULL, DT__WN, dt__kernel_act_grad,     \
-    NULL)                                                                                                \
+  X(ACT_GRAD, "act_grad", 2, 1, "kind, lo:f?, hi:f?", dt__act_grad_rules, NULL, NULL, DT__WN,         \
+    dt__kernel_act_grad, NULL)                                                                           \
   X(RMS_NORM_GRAD, "rms_norm_grad", 3, 2, "eps:f=1e-6", dt__norm_grad_rules, NULL, NULL, DT__WN,         \
     dt__kernel_rms_norm_grad, NULL)                                                                      \
   X(LAYER_NORM_GRAD, "layer_norm_grad", 3, 2, "eps:f=1e-5", dt__norm_grad_rules, NULL, NULL, DT__WN,     \

@@ -21,7 +21,10 @@ dt_status_t dt__act_grad_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_m
                                       int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   if (call->n_iargs != 1 || call->iargs[0] < 0 || call->iargs[0] >= DT_ACT_COUNT)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad takes iargs [kind]");
+    return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad takes iargs [kind] (0 to %d)", DT_ACT_COUNT - 1);
+  if (call->n_fargs > 2)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad takes fargs [lo, hi] (clamp's bounds), got %d "
+                   "values", call->n_fargs);
   const dt_tensor_meta_t *g = &call->in[0], *x = &call->in[1];
   if (g->ndim != x->ndim || memcmp(g->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0)
     return DT_FAIL(DT_ERR_INVALID_ARG, "act_grad: g and x must have the same shape (no "

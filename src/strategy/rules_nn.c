@@ -125,6 +125,26 @@ dt_status_t dt__pow_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, 
   return dt__scalar_common(call, out_meta, n_out, rules, cap, n);
 }
 
+/* clamp, fargs [min, max] (either NaN or absent: no bound on that side). Monotone non-decreasing,
+ * so clamp(max_i x_i) = max_i clamp(x_i): Partial(max) and Partial(min) pass through. */
+dt_status_t dt__clamp_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  const double lo = dt__op_farg(DT_OP_CLAMP, call, 0), hi = dt__op_farg(DT_OP_CLAMP, call, 1);
+  if (call->n_fargs > 2)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "clamp takes fargs [min, max], got %d values",
+                   call->n_fargs);
+  if (isnan(lo) && isnan(hi))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "clamp: give min or max (fargs [min, max]; NaN or absent "
+                   "means no bound on that side), as PyTorch's 'at least one of min or max'");
+  if (!dt__dtype_is_float(call->in[0].dtype))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "clamp needs a float tensor (f32, bf16, f16), got %s "
+                   "(cast it first)", dt_dtype_name(call->in[0].dtype));
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  dt__partial_rules(rules, cap, n, 1, 1u, (1u << DT_REDUCE_MAX) | (1u << DT_REDUCE_MIN));
+  return DT_SUCCESS;
+}
+
 dt_status_t dt__cast_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                   int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;

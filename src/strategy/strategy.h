@@ -26,6 +26,7 @@ DT__RULES(dt__unary_linear_rules);
 DT__RULES(dt__add_scalar_rules);
 DT__RULES(dt__mul_scalar_rules);
 DT__RULES(dt__pow_rules);
+DT__RULES(dt__clamp_rules);
 DT__RULES(dt__where_rules);
 DT__RULES(dt__masked_fill_rules);
 DT__RULES(dt__cast_rules);
@@ -118,9 +119,11 @@ typedef struct dt_view_group {
 int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_group_t* g,
                     int cap);
 
-/* Activation kinds of act_grad (g * f'(x)); sigmoid and tanh take the forward OUTPUT as x. */
-enum { DT_ACT_RELU = 0, DT_ACT_SILU, DT_ACT_GELU, DT_ACT_SIGMOID_OUT, DT_ACT_TANH_OUT,
-       DT_ACT_COUNT };
+/* Activation kinds of act_grad (g * f'(x)); sigmoid and tanh take the forward OUTPUT as x; abs
+ * is g * sign(x) (0 at 0 and NaN, as PyTorch's sgn); clamp passes g where lo <= x <= hi (fargs
+ * [lo, hi], NaN or absent: no bound) and gives 0 elsewhere and at NaN. */
+enum { DT_ACT_RELU = 0, DT_ACT_SILU, DT_ACT_GELU, DT_ACT_SIGMOID_OUT, DT_ACT_TANH_OUT, DT_ACT_ABS,
+       DT_ACT_CLAMP, DT_ACT_COUNT };
 
 /* slice (op DT_OP_SLICE: [dim, start, end(, step)], Python semantics) or narrow (DT_OP_NARROW:
  * [dim, start, length]) normalized: elements start, start+step, ... (len of them) along dim. */

@@ -45,7 +45,7 @@ def tens(t):
 def case(name, op, inputs, outputs, iargs=(), fargs=(), rtol=1e-5, atol=1e-5, **extra):
     if not isinstance(outputs, (list, tuple)):
         outputs = [outputs]
-    CASES.append({"name": name, "op": op, "iargs": list(iargs), "fargs": list(fargs),
+    CASES.append({"name": name, "op": op, "iargs": list(iargs), "fargs": [num(v) for v in fargs],
                   "inputs": [tens(t) for t in inputs], "outputs": [tens(t) for t in outputs],
                   "rtol": rtol, "atol": atol, **extra})
 
@@ -559,9 +559,40 @@ for nm, op, ins, fn in (("mm_f32_bf16", "mm", [pa, bf(rnd(3, 2))], torch.mm),
                   "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
 
 
+# ---- comparisons, abs and clamp (appended: the generator's earlier draws stay as they were).
+#      Comparisons give 1 / 0 in the operands' dtype where PyTorch gives bool (its .float()).
+ca, cb = rnd(6, 5), rnd(6, 5)
+cb[::2] = ca[::2]  # ties on every other row
+cb[1, 1], ca[3, 2], ca[5, 0], cb[5, 0] = math.nan, math.nan, math.nan, math.nan  # NaN: unequal
+crow = ca[2].clone()  # a broadcast row tied with row 2
+for op, fn in (("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le),
+               ("ge", torch.ge), ("gt", torch.gt)):
+    case(f"{op}_ties_nan", op, [ca, cb], fn(ca, cb).float(), rtol=0.0, atol=0.0)
+    case(f"{op}_bcast_row", op, [ca, crow], fn(ca, crow).float(), rtol=0.0, atol=0.0)
+ci, cj = ints(5, 6, 5) - 2, ints(5, 5) - 2
+for op, fn in (("ne", torch.ne), ("lt", torch.lt), ("le", torch.le)):
+    case(f"{op}_i64_bcast", op, [ci, cj], fn(ci, cj).long(), rtol=0.0, atol=0.0)
+ab = rnd(6, 5)
+ab[0, 0], ab[1, 1], ab[2, 2] = 0.0, -0.0, -2.0
+case("abs", "abs", [ab], torch.abs(ab), rtol=0.0, atol=0.0)
+case("clamp", "clamp", [ab], torch.clamp(ab, -0.5, 0.75), fargs=[-0.5, 0.75], rtol=0.0, atol=0.0)
+case("clamp_min", "clamp", [ab], torch.clamp(ab, min=0.25), fargs=[0.25], rtol=0.0, atol=0.0)
+case("clamp_max_only", "clamp", [ab], torch.clamp(ab, max=-0.25), fargs=[math.nan, -0.25],
+     rtol=0.0, atol=0.0)
+case("clamp_min_above_max", "clamp", [ab], torch.clamp(ab, 1.0, -1.0), fargs=[1.0, -1.0],
+     rtol=0.0, atol=0.0)
+for dt, tag in LOW:
+    x = lo(ab, dt)
+    lcase(f"abs_{tag}", "abs", dt, [x], torch.abs, ulps=0)
+    lcase(f"clamp_{tag}", "clamp", dt, [x], lambda t: torch.clamp(t, -0.5, 0.75),
+          fargs=[-0.5, 0.75], ulps=0)
+    lcase(f"lt_{tag}", "lt", dt, [x, lo(cb, dt)], lambda a, b: torch.lt(a, b).to(a.dtype), ulps=0)
+
+
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
-NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route"}  # not differentiable, or integer input
+NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route",  # not differentiable, or integer input
+           "eq", "ne", "lt", "le", "ge", "gt"}
 
 def torch_op(op, x, ia, fa):
     if op == "mm": return x[0] @ x[1]
@@ -575,6 +606,10 @@ def torch_op(op, x, ia, fa):
     if op == "masked_fill": return x[0].masked_fill(x[1].bool(), fa[0])
     if op == "topk": return torch.topk(x[0], ia[0], dim=ia[1], largest=bool(ia[2]) if len(ia) > 2 else True)[0]
     if op == "neg": return -x[0]
+    if op == "abs": return torch.abs(x[0])
+    if op == "clamp":
+        lo_, hi_ = (float(v) for v in (list(fa) + ["nan", "nan"])[:2])  # "nan": no bound
+        return torch.clamp(x[0], None if math.isnan(lo_) else lo_, None if math.isnan(hi_) else hi_)
     if op == "add_scalar": return x[0] + fa[0]
     if op == "mul_scalar": return x[0] * fa[0]
     if op == "pow": return torch.pow(x[0], fa[0])
@@ -628,8 +663,8 @@ def torch_op(op, x, ia, fa):
 # backward kernels include its imprecise gemm). dtensor's backward rounds at every op as PyTorch
 # bf16 autograd does: tolerance 2 ulps + 4 ulps of the largest |gradient|. f16: no gradients
 # (torch 1.13 has no CPU f16 backward kernels for most ops).
-LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "relu", "add_scalar",
-                "mul_scalar", "pow", "exp", "log", "sqrt", "rsqrt", "gelu", "silu", "sigmoid",
+LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "clamp", "relu",
+                "add_scalar", "mul_scalar", "pow", "exp", "log", "sqrt", "rsqrt", "gelu", "silu", "sigmoid",
                 "tanh", "sum", "mean", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm",
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk"}
@@ -676,5 +711,5 @@ print(f"{sum(1 for c in CASES if 'grads' in c)} cases with gradients")
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops_fixtures.json")
 with open(out, "w") as f:
     json.dump({"torch": torch.__version__, "generator": "tests/reference/make_fixtures.py",
-               "cases": CASES}, f, separators=(",", ":"))
+               "cases": CASES}, f, separators=(",", ":"), allow_nan=False)
 print(f"wrote {len(CASES)} cases to {out}")

@@ -320,6 +320,20 @@ for red, tag in [(1, "mean"), (2, "sum"), (0, "none")]:
 case("ce_large_smooth_mean", "cross_entropy", [CEL, CELT],
      lambda x, t: F.cross_entropy(x, t, label_smoothing=0.3), iargs=[1], fargs=[0.3])
 
+# ---- comparisons, abs and clamp at the special points (appended: earlier draws unchanged).
+# Comparisons give 1 / 0 in the operands' dtype (PyTorch: bool); NaN is unequal to everything.
+for op in ("eq", "ne", "lt", "le", "ge", "gt"):
+    case(op + "_special", op, [A, B], lambda a, b, f=getattr(torch, op): f(a, b).float(), grad=False,
+         rtol=0.0, atol=0.0)
+case("abs_special", "abs", [SPECIAL], torch.abs)  # abs'(x) = sign(x): 0 at 0, -0 and NaN
+case("clamp_special", "clamp", [SPECIAL], lambda x: torch.clamp(x, -1.0, 20.0), fargs=[-1.0, 20.0])
+case("clamp_inf_bounds", "clamp", [SPECIAL], lambda x: torch.clamp(x, -inf, inf), fargs=[-inf, inf])
+case("clamp_min_above_max_special", "clamp", [SPECIAL], lambda x: torch.clamp(x, 2.0, -3.0),
+     fargs=[2.0, -3.0])  # max everywhere but NaN; gradient 0 everywhere
+case("clamp_at_bounds", "clamp", [torch.tensor([-1.0, -0.0, 0.0, 1.0, 0.5, -1.5, 1.5])],
+     lambda x: torch.clamp(x, -1.0, 1.0), fargs=[-1.0, 1.0])  # the bounds pass the gradient
+case("clamp_no_bound", "clamp", [SPECIAL], lambda x: torch.clamp(x), error="DT_ERR_INVALID_ARG")
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),

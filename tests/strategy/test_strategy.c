@@ -188,6 +188,39 @@ static void test_pointwise_partial(void** state) {
   assert_int_equal(dt_op_select(m, &neg, in, &ch), DT_SUCCESS);
   expect_out(&ch, 1, "P(sum)");
   assert_int_equal(ch.steps, 0);
+  /* clamp is monotone: P(max) and P(min) stay, P(sum) and P(avg) are reduced first; abs and the
+   * comparisons reduce every Partial */
+  dt_op_call_t clamp = call2("clamp", 2, s, 0, NULL);
+  clamp.n_fargs = 2;
+  clamp.fargs[0] = -0.5;
+  clamp.fargs[1] = 0.5;
+  const char* keep[] = {"P(max)", "P(min)"};
+  for (int k = 0; k < 2; k++) {
+    set_pl(in, 0, keep[k]);
+    assert_int_equal(dt_op_select(m, &clamp, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, keep[k]);
+    assert_int_equal(ch.steps, 0);
+  }
+  const char* reduce[] = {"P(sum)", "P(avg)"};
+  for (int k = 0; k < 2; k++) {
+    set_pl(in, 0, reduce[k]);
+    assert_int_equal(dt_op_select(m, &clamp, in, &ch), DT_SUCCESS);
+    assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+    assert_true(ch.steps >= 1);
+  }
+  dt_op_call_t ab = call2("abs", 2, s, 0, NULL), lt = call2("lt", 2, s, 2, s);
+  set_pl(in, 0, "P(max)");
+  set_pl(in, 1, "P(max)");
+  assert_int_equal(dt_op_select(m, &ab, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  assert_int_equal(dt_op_select(m, &lt, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  /* clamp needs a bound: none (both NaN or absent) is refused, naming the fix */
+  clamp.fargs[0] = clamp.fargs[1] = NAN;
+  assert_int_equal(dt_op_select(m, &clamp, in, &ch), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "give min or max"));
+  clamp.n_fargs = 0;
+  assert_int_equal(dt_op_select(m, &clamp, in, &ch), DT_ERR_INVALID_ARG);
   dt_mesh_destroy(m);
 }
 

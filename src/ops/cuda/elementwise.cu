@@ -197,7 +197,7 @@ static dt_status_t dt_ew_d2h(const dt_local_tensor_t* t, void* dst, const void* 
  * 1.0 / 0.0, maximum / minimum propagate a NaN of either side. */
 
 enum { DT_EW_ADD, DT_EW_SUB, DT_EW_MUL, DT_EW_DIV, DT_EW_MAX, DT_EW_MIN, DT_EW_EQ, DT_EW_GE,
-       DT_EW_GT };
+       DT_EW_GT, DT_EW_NE, DT_EW_LT, DT_EW_LE };
 
 template <int OP>
 __device__ __forceinline__ float dt_ew_binop(float a, float b) {
@@ -210,7 +210,10 @@ __device__ __forceinline__ float dt_ew_binop(float a, float b) {
     case DT_EW_MIN: return (a <= b || a != a) ? a : b;
     case DT_EW_EQ: return a == b ? 1.0f : 0.0f;
     case DT_EW_GE: return a >= b ? 1.0f : 0.0f;
-    default: return a > b ? 1.0f : 0.0f;
+    case DT_EW_GT: return a > b ? 1.0f : 0.0f;
+    case DT_EW_NE: return a != b ? 1.0f : 0.0f;
+    case DT_EW_LT: return a < b ? 1.0f : 0.0f;
+    default: return a <= b ? 1.0f : 0.0f;
   }
 }
 
@@ -257,7 +260,10 @@ __global__ void dt_ew_binary_int_kernel(const void* a, const void* b, void* o, i
       case DT_EW_MIN: r = (unsigned long long)(x <= y ? x : y); break;
       case DT_EW_EQ: r = x == y; break;
       case DT_EW_GE: r = x >= y; break;
-      default: r = x > y; break;
+      case DT_EW_GT: r = x > y; break;
+      case DT_EW_NE: r = x != y; break;
+      case DT_EW_LT: r = x < y; break;
+      default: r = x <= y; break;
     }
     if (wide) ((long long*)o)[i] = (long long)r;
     else ((int*)o)[i] = (int)(unsigned)r;
@@ -321,6 +327,9 @@ DT_EW_BINARY(dt_cu_minimum, DT_EW_MIN)
 DT_EW_BINARY(dt_cu_eq, DT_EW_EQ)
 DT_EW_BINARY(dt_cu_ge, DT_EW_GE)
 DT_EW_BINARY(dt_cu_gt, DT_EW_GT)
+DT_EW_BINARY(dt_cu_ne, DT_EW_NE)
+DT_EW_BINARY(dt_cu_lt, DT_EW_LT)
+DT_EW_BINARY(dt_cu_le, DT_EW_LE)
 #undef DT_EW_BINARY
 
 /* ---------------------------------------------------------------------------------------------
@@ -329,8 +338,8 @@ DT_EW_BINARY(dt_cu_gt, DT_EW_GT)
  * the host's exp. */
 
 enum { DT_EW_NEG, DT_EW_RELU, DT_EW_EXP, DT_EW_LOG, DT_EW_SQRT, DT_EW_RSQRT, DT_EW_GELU,
-       DT_EW_SIGMOID, DT_EW_SILU, DT_EW_TANH, DT_EW_ADD_SCALAR, DT_EW_MUL_SCALAR, DT_EW_SQUARE,
-       DT_EW_POW };
+       DT_EW_SIGMOID, DT_EW_SILU, DT_EW_TANH, DT_EW_ABS, DT_EW_ADD_SCALAR, DT_EW_MUL_SCALAR,
+       DT_EW_SQUARE, DT_EW_POW };
 
 template <int OP>
 __device__ __forceinline__ float dt_ew_unop(float x, float s) {
@@ -345,6 +354,7 @@ __device__ __forceinline__ float dt_ew_unop(float x, float s) {
     case DT_EW_SIGMOID: return 1.0f / (1.0f + dt_ew_expf(-x));
     case DT_EW_SILU: return x / (1.0f + dt_ew_expf(-x));
     case DT_EW_TANH: return tanhf(x);
+    case DT_EW_ABS: return fabsf(x);
     case DT_EW_ADD_SCALAR: return x + s;
     case DT_EW_MUL_SCALAR: return x * s;
     case DT_EW_SQUARE: return x * x;
@@ -388,6 +398,7 @@ DT_EW_UNARY(dt_cu_gelu, DT_EW_GELU)
 DT_EW_UNARY(dt_cu_sigmoid, DT_EW_SIGMOID)
 DT_EW_UNARY(dt_cu_silu, DT_EW_SILU)
 DT_EW_UNARY(dt_cu_tanh, DT_EW_TANH)
+DT_EW_UNARY(dt_cu_abs, DT_EW_ABS)
 #undef DT_EW_UNARY
 
 /* fargs [scalar] (fargs [exponent] for pow), read as the host reads them. */
@@ -401,6 +412,34 @@ DT_CU_KERNEL(dt_cu_pow) {
   const float s = (float)call->fargs[0];
   if (s == 2.0f) return dt_ew_unary<DT_EW_SQUARE>(call, in, out, s); /* exactly x * x */
   return dt_ew_unary<DT_EW_POW>(call, in, out, s);
+}
+
+/* clamp (kernels_nn.c dt__kernel_clamp), fargs [min, max]: min first, then max; an absent (NaN)
+ * bound is an infinity, which no number or NaN passes. */
+__global__ void dt_ew_clamp_kernel(const void* a, int ta, void* o, int to, int64_t n, float lo,
+                                   float hi) {
+  DT_EW_FOR(i, n) {
+    const float x = dt_ew_load_float(a, ta, i), v = x < lo ? lo : x;
+    dt_ew_store_float(o, to, i, v > hi ? hi : v);
+  }
+}
+
+/* A clamp bound as the host reads it: NaN (absent) becomes the infinity on its side. */
+static float dt_ew_bound(const dt_op_call_t* call, int op, int k, float absent) {
+  const double v = dt__op_farg(op, call, k);
+  return v != v ? absent : (float)v;
+}
+
+DT_CU_KERNEL(dt_cu_clamp) {
+  DT_CHECK(dt_cu_need_float(call, &in[0]));
+  DT_CHECK(dt_cu_need_float(call, out));
+  const int64_t n = dt_cu_numel(out);
+  if (n == 0) return DT_SUCCESS;
+  DT_CU_LAUNCH(call->op, dt_ew_clamp_kernel, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
+               dt_cu_stream(&in[0]), (const void*)in[0].data, (int)in[0].dtype, out->data,
+               (int)out->dtype, n, dt_ew_bound(call, DT_OP_CLAMP, 0, -INFINITY),
+               dt_ew_bound(call, DT_OP_CLAMP, 1, INFINITY));
+  return DT_SUCCESS;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -607,7 +646,7 @@ DT_CU_KERNEL(dt_cu_dropout) {
 
 template <int KIND>
 __global__ void dt_ew_act_grad_kernel(const void* g, int tg, const void* x, int tx, void* o,
-                                      int to, int64_t n) {
+                                      int to, int64_t n, float lo, float hi) {
   DT_EW_FOR(i, n) {
     const float xi = dt_ew_load_float(x, tx, i), gi = dt_ew_load_float(g, tg, i);
     float r;
@@ -622,6 +661,10 @@ __global__ void dt_ew_act_grad_kernel(const void* g, int tg, const void* x, int 
       r = gi * __fadd_rn(cdf, __fmul_rn(xi, pdf));
     } else if (KIND == DT_ACT_SIGMOID_OUT) {
       r = gi * xi * (1.0f - xi);
+    } else if (KIND == DT_ACT_ABS) { /* sign(0) = sign(NaN) = 0 */
+      r = gi * (float)((xi > 0.0f) - (xi < 0.0f));
+    } else if (KIND == DT_ACT_CLAMP) {
+      r = (xi >= lo && xi <= hi) ? gi : 0.0f;
     } else { /* DT_ACT_TANH_OUT */
       r = gi * __fadd_rn(1.0f, -__fmul_rn(xi, xi));
     }
@@ -645,26 +688,36 @@ DT_CU_KERNEL(dt_cu_act_grad) {
   const int tg = (int)in[0].dtype, tx = (int)in[1].dtype, to = (int)out->dtype;
   const unsigned grid = dt_cu_grid(out, n);
   cudaStream_t st = dt_cu_stream(&in[0]);
+  const float lo = dt_ew_bound(call, DT_OP_ACT_GRAD, 0, -INFINITY);
+  const float hi = dt_ew_bound(call, DT_OP_ACT_GRAD, 1, INFINITY);
   switch (kind) {
     case DT_ACT_RELU:
       DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_RELU>, grid, DT_CU_BLOCK, 0, st, g, tg,
-                   x, tx, o, to, n);
+                   x, tx, o, to, n, lo, hi);
       break;
     case DT_ACT_SILU:
       DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_SILU>, grid, DT_CU_BLOCK, 0, st, g, tg,
-                   x, tx, o, to, n);
+                   x, tx, o, to, n, lo, hi);
       break;
     case DT_ACT_GELU:
       DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_GELU>, grid, DT_CU_BLOCK, 0, st, g, tg,
-                   x, tx, o, to, n);
+                   x, tx, o, to, n, lo, hi);
       break;
     case DT_ACT_SIGMOID_OUT:
       DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_SIGMOID_OUT>, grid, DT_CU_BLOCK, 0, st,
-                   g, tg, x, tx, o, to, n);
+                   g, tg, x, tx, o, to, n, lo, hi);
+      break;
+    case DT_ACT_ABS:
+      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_ABS>, grid, DT_CU_BLOCK, 0, st, g, tg,
+                   x, tx, o, to, n, lo, hi);
+      break;
+    case DT_ACT_CLAMP:
+      DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_CLAMP>, grid, DT_CU_BLOCK, 0, st, g,
+                   tg, x, tx, o, to, n, lo, hi);
       break;
     default:
       DT_CU_LAUNCH(call->op, dt_ew_act_grad_kernel<DT_ACT_TANH_OUT>, grid, DT_CU_BLOCK, 0, st, g,
-                   tg, x, tx, o, to, n);
+                   tg, x, tx, o, to, n, lo, hi);
       break;
   }
   return DT_SUCCESS;
@@ -859,6 +912,9 @@ DT_CU_FILL(elementwise) {
   t[DT_OP_EQ] = {dt_cu_eq, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_GE] = {dt_cu_ge, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_GT] = {dt_cu_gt, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_NE] = {dt_cu_ne, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_LT] = {dt_cu_lt, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_LE] = {dt_cu_le, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_NEG] = {dt_cu_neg, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_RELU] = {dt_cu_relu, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_EXP] = {dt_cu_exp, DT_KERNEL_ANY_DTYPE, NULL};
@@ -869,6 +925,8 @@ DT_CU_FILL(elementwise) {
   t[DT_OP_SILU] = {dt_cu_silu, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_SIGMOID] = {dt_cu_sigmoid, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_TANH] = {dt_cu_tanh, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_ABS] = {dt_cu_abs, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_CLAMP] = {dt_cu_clamp, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_POW] = {dt_cu_pow, DT_KERNEL_ANY_DTYPE, NULL};
