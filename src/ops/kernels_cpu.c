@@ -1,5 +1,5 @@
-/* kernels_cpu.c - CPU kernels on local shards (f32; the broadcasting arithmetic and comparisons
- * also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops. Kept apart from dispatch
+/* kernels_cpu.c - CPU kernels on local shards (f32; the broadcasting arithmetic and comparisons,
+ * neg, sum, amax and amin also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops. Kept apart from dispatch
  * so a CUDA kernel can sit beside each one. */
 #include <math.h>
 
@@ -234,8 +234,23 @@ static float dt__f_silu(float x) { return x / (1.0f + dt__expf(-x)); }
 static float dt__f_tanh(float x) { return tanhf(x); }
 static float dt__f_abs(float x) { return fabsf(x); }
 
+/* neg of i32 / i64 (its dtype out), as PyTorch: two's complement, so -INT_MIN is INT_MIN. */
+static dt_status_t dt__neg_int(const dt_local_tensor_t* in, dt_local_tensor_t* out) {
+  int64_t n = 1;
+  for (int d = 0; d < out->ndim; d++) n *= out->shape[d];
+  if (in->dtype == DT_I64)
+    for (int64_t i = 0; i < n; i++)
+      ((int64_t*)out->data)[i] = (int64_t)(0u - (uint64_t)((const int64_t*)in->data)[i]);
+  else
+    for (int64_t i = 0; i < n; i++)
+      ((int32_t*)out->data)[i] = (int32_t)(0u - (uint32_t)((const int32_t*)in->data)[i]);
+  return DT_SUCCESS;
+}
+
 static inline dt_status_t dt__unary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, dt__unop_t f) {
+  if (f == dt__f_neg && (in->dtype == DT_I32 || in->dtype == DT_I64) && out->dtype == in->dtype)
+    return dt__neg_int(in, out);
   DT_CHECK(dt__need_f32(call, in, 1));
   int64_t n = 1;
   for (int d = 0; d < out->ndim; d++) n *= out->shape[d];
@@ -266,11 +281,57 @@ DT__UNARY_KERNEL(dt__kernel_abs, dt__f_abs)
  * reductions over dims (iargs [keepdim, dim...]); mean divides by the GLOBAL count of reduced
  * elements so that a sharded reduced dim yields an exact Partial(sum) */
 
+/* sum (kind 0: into i64, wrapping as PyTorch's int64 sum), amax (2) and amin (3: the dtype kept) of
+ * i32 / i64. A local shard with no reduced elements gives the identity (0, the dtype's minimum
+ * or maximum), so its Partial(sum / max / min) combines exactly; the rules refuse an empty
+ * amax / amin of the whole tensor, as PyTorch. */
+static dt_status_t dt__reduce_int(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  dt_local_tensor_t* out, int kind, unsigned mask) {
+  const int w = in->dtype == DT_I64;
+  const dt_dtype_t od = kind == 0 ? dt__sum_dtype(in->dtype) : in->dtype;
+  if (kind == 1 || out->dtype != od)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported (integer sum gives "
+                   "i64, amax / amin their input's dtype, mean refuses integers)", call->op,
+                   dt_dtype_name(in->dtype), dt_dtype_name(out->dtype));
+  int64_t on = 1, n = 1, ostride[DT_MAX_DIMS], st = 1, idx[DT_MAX_DIMS] = {0}, oi = 0;
+  for (int d = 0; d < out->ndim; d++) on *= out->shape[d];
+  for (int d = in->ndim - 1; d >= 0; d--) { /* output stride of every input dim (0: reduced) */
+    ostride[d] = (mask & (1u << d)) ? 0 : st;
+    if (!(mask & (1u << d))) st *= in->shape[d];
+    n *= in->shape[d];
+  }
+  int64_t* o64 = (int64_t*)out->data; /* sum, and amax / amin of i64 */
+  int32_t* o32 = (int32_t*)out->data; /* amax / amin of i32 */
+  const int64_t init = kind == 0 ? 0 : kind == 2 ? (w ? INT64_MIN : INT32_MIN)
+                                                 : (w ? INT64_MAX : INT32_MAX);
+  for (int64_t i = 0; i < on; i++) {
+    if (od == DT_I64) o64[i] = init;
+    else o32[i] = (int32_t)init;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t x = w ? ((const int64_t*)in->data)[i] : ((const int32_t*)in->data)[i];
+    if (kind == 0) o64[oi] = (int64_t)((uint64_t)o64[oi] + (uint64_t)x); /* wraps, as PyTorch */
+    else if (od == DT_I64) o64[oi] = (kind == 2 ? x > o64[oi] : x < o64[oi]) ? x : o64[oi];
+    else o32[oi] = (kind == 2 ? x > o32[oi] : x < o32[oi]) ? (int32_t)x : o32[oi];
+    for (int d = in->ndim - 1; d >= 0; d--) {
+      oi += ostride[d];
+      if (++idx[d] < in->shape[d]) break;
+      oi -= ostride[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+  return DT_SUCCESS;
+}
+
 DT_SIMD static dt_status_t dt__reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                       dt_local_tensor_t* out, int kind) {
-  DT_CHECK(dt__need_f32(call, in, 1));
   unsigned mask;
   int keep;
+  if (in->dtype == DT_I32 || in->dtype == DT_I64) {
+    DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
+    return dt__reduce_int(call, in, out, kind, mask);
+  }
+  DT_CHECK(dt__need_f32(call, in, 1));
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   int64_t on = 1, count = 1;
   for (int d = 0; d < out->ndim; d++) on *= out->shape[d];

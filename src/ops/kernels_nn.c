@@ -152,15 +152,38 @@ dt_status_t dt__kernel_cast(const dt_op_call_t* call, const dt_local_tensor_t* i
 }
 
 /* ---------------------------------------------------------------------------------------------
- * where (cond, a, b) / masked_fill (x, mask) with broadcasting */
+ * where (cond, a, b) / masked_fill (x, mask) with broadcasting. The condition / mask may be of any
+ * dtype, nonzero meaning true (NaN too, as C's != 0); the values are f32 or i32 / i64 (one dtype,
+ * the output's), and masked_fill's value goes into integers truncated toward zero (the rules
+ * checked that it fits). */
+
+/* Whether element i of a condition is nonzero. */
+static inline int dt__nonzero_at(const dt_local_tensor_t* c, int64_t i) {
+  switch (c->dtype) {
+    case DT_I64: return ((const int64_t*)c->data)[i] != 0;
+    case DT_I32: return ((const int32_t*)c->data)[i] != 0;
+    case DT_F32: return ((const float*)c->data)[i] != 0.0f;
+    default: return dt__load(c->data, c->dtype, i) != 0.0; /* bf16 / f16 */
+  }
+}
 
 static dt_status_t dt__select(int where, const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_local_tensor_t* out) {
   const dt_local_tensor_t *c = &in[where ? 0 : 1], *a = &in[where ? 1 : 0];
   const dt_local_tensor_t* b = where ? &in[2] : NULL;
-  DT_CHECK(dt__need_f32(call, a));
-  if (b) DT_CHECK(dt__need_f32(call, b));
+  const int integer = a->dtype == DT_I32 || a->dtype == DT_I64;
+  if (integer) {
+    if (out->dtype != a->dtype || (b && b->dtype != a->dtype))
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: values of dtype %s and %s are not supported "
+                     "(one dtype: the rules promote them)", call->op, dt_dtype_name(a->dtype),
+                     dt_dtype_name(b ? b->dtype : out->dtype));
+  } else {
+    DT_CHECK(dt__need_f32(call, a));
+    if (b) DT_CHECK(dt__need_f32(call, b));
+  }
+  const int w = a->dtype == DT_I64;
   float fill = where ? 0.0f : (float)call->fargs[0];
+  const int64_t ifill = where ? 0 : (int64_t)call->fargs[0]; /* in range: dt__fill_check */
   int nd = out->ndim;
   int64_t sc[DT_MAX_DIMS], sa[DT_MAX_DIMS], sb[DT_MAX_DIMS], idx[DT_MAX_DIMS] = {0};
   dt__bstrides(c, out, sc);
@@ -170,20 +193,34 @@ static dt_status_t dt__select(int where, const dt_op_call_t* call, const dt_loca
   const float *av = (const float*)a->data, *bv = b ? (const float*)b->data : NULL;
   float* o = (float*)out->data;
   int64_t n = dt__local_numel(out), ic = 0, ia = 0, ib = 0;
-  for (int64_t i = 0; i < n; i++) {
-    int sel = dt__index_at(c, ic) != 0;
-    o[i] = where ? (sel ? av[ia] : bv[ib]) : (sel ? fill : av[ia]);
-    for (int d = nd - 1; d >= 0; d--) {
-      ic += sc[d];
-      ia += sa[d];
-      ib += sb[d];
-      if (++idx[d] < out->shape[d]) break;
-      ic -= sc[d] * idx[d];
-      ia -= sa[d] * idx[d];
-      ib -= sb[d] * idx[d];
-      idx[d] = 0;
-    }
+  /* one loop per value dtype (the dtype test out of the loop) */
+#define DT__SELECT_LOOP(STORE)                   \
+  for (int64_t i = 0; i < n; i++) {              \
+    const int sel = dt__nonzero_at(c, ic);       \
+    STORE;                                       \
+    for (int d = nd - 1; d >= 0; d--) {          \
+      ic += sc[d];                               \
+      ia += sa[d];                               \
+      ib += sb[d];                               \
+      if (++idx[d] < out->shape[d]) break;       \
+      ic -= sc[d] * idx[d];                      \
+      ia -= sa[d] * idx[d];                      \
+      ib -= sb[d] * idx[d];                      \
+      idx[d] = 0;                                \
+    }                                            \
   }
+  if (!integer) {
+    DT__SELECT_LOOP(o[i] = where ? (sel ? av[ia] : bv[ib]) : (sel ? fill : av[ia]));
+  } else if (w) {
+    const int64_t *x = (const int64_t*)a->data, *y = b ? (const int64_t*)b->data : NULL;
+    int64_t* r = (int64_t*)out->data;
+    DT__SELECT_LOOP(r[i] = where ? (sel ? x[ia] : y[ib]) : (sel ? ifill : x[ia]));
+  } else {
+    const int32_t *x = (const int32_t*)a->data, *y = b ? (const int32_t*)b->data : NULL;
+    int32_t* r = (int32_t*)out->data;
+    DT__SELECT_LOOP(r[i] = where ? (sel ? x[ia] : y[ib]) : (sel ? (int32_t)ifill : x[ia]));
+  }
+#undef DT__SELECT_LOOP
   return DT_SUCCESS;
 }
 

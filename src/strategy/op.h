@@ -86,6 +86,9 @@ dt_dtype_t dt__promote_types(dt_dtype_t a, dt_dtype_t b);
  * promotion, i.e. the float type); all of them 0-dim: the promotion over them all. Returns 1 when
  * some promoting operand has another dtype (it needs a cast), else 0. */
 int dt__op_result_dtype(unsigned flags, int n, const dt_tensor_meta_t* in, dt_dtype_t* out);
+/* The dtype of torch.sum of a tensor of `dtype`: integers (i32, i64) sum to i64, floats keep
+ * their dtype. The sum rules (rules.c) set it; the kernels read it from their output. */
+dt_dtype_t dt__sum_dtype(dt_dtype_t dtype);
 /* A call of op `id` as it runs: its promoting operands' dtypes set to the result dtype
  * (dt_op_select and dt_op_candidates describe the op on the cast operands). */
 void dt__op_call_promote(int id, dt_op_call_t* call);

@@ -15,7 +15,8 @@
  * with 0-dim operands counted apart: they decide only where they are of a higher category (float
  * over integer) than the operands with dims, or where every operand is 0-dim. An op that divides
  * (DT_OPF_INT_TO_FLOAT: div) turns an integer result into f32, PyTorch's default float dtype
- * (torch.div's true division: promote_integer_inputs_to_float).
+ * (torch.div's true division: promote_integer_inputs_to_float). Reductions: torch.sum of an
+ * integer tensor is i64 (dt__sum_dtype); amax / amin keep the dtype; mean refuses integers.
  */
 #include "strategy/strategy.h"
 
@@ -26,6 +27,10 @@ dt_dtype_t dt__promote_types(dt_dtype_t a, dt_dtype_t b) {
   if (fa) return a;  /* an integer with a float: the float */
   if (fb) return b;
   return DT_I64;     /* i32 with i64 */
+}
+
+dt_dtype_t dt__sum_dtype(dt_dtype_t dtype) {
+  return dt__dtype_is_float(dtype) ? dtype : DT_I64; /* i32 and i64 alike, as torch.sum */
 }
 
 int dt__op_result_dtype(unsigned flags, int n, const dt_tensor_meta_t* in, dt_dtype_t* out) {

@@ -212,12 +212,17 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   int keep;
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   const dt_tensor_meta_t* in = &call->in[0];
+  const int integer = !dt__dtype_is_float(in->dtype);
+  if (kind == 1 && integer) /* torch.mean's own words */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "mean: could not infer output dtype: input dtype %s must "
+                   "be a float dtype (f32, bf16 or f16), as torch.mean requires; cast it first, "
+                   "or use sum", dt_dtype_name(in->dtype));
   for (int d = 0; d < in->ndim && kind >= 2; d++) /* amax/amin of nothing: PyTorch raises too */
     if ((mask & (1u << d)) && in->shape[d] == 0)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: reduced dim %d has size 0 (the %s of no elements "
                      "is undefined)", call->op, d, kind == 2 ? "maximum" : "minimum");
   int pos[DT_MAX_DIMS], nd = 0;
-  out_meta->dtype = in->dtype;
+  out_meta->dtype = kind == 0 ? dt__sum_dtype(in->dtype) : in->dtype; /* sum: i32 -> i64 */
   for (int d = 0; d < in->ndim; d++) {
     pos[d] = -1;
     if ((mask & (1u << d)) && !keep) continue;
@@ -237,10 +242,12 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
     dt__add_rule(rules, cap, n_rules, &r);
   }
   /* Partial inputs that pass through: sum and mean are linear (P(sum), P(avg)); amax keeps
-   * P(max), amin keeps P(min). */
+   * P(max), amin keeps P(min). Integer sums pass P(sum) only, and only i64 in: an i32 partial
+   * value wraps at 32 bits, its i64 sum must not (the input is reduced first). */
   for (int op = 0; op < DT_REDUCE_COUNT; op++) {
     int ok = kind <= 1 ? (op == DT_REDUCE_SUM || op == DT_REDUCE_AVG)
                        : op == (kind == 2 ? DT_REDUCE_MAX : DT_REDUCE_MIN);
+    if (integer && kind == 0) ok = op == DT_REDUCE_SUM && in->dtype == out_meta->dtype;
     if (!ok) continue;
     memset(&r, 0, sizeof r);
     r.in[0] = dt_partial((dt_reduce_op_t)op);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "strategy/strategy.h"
+#include "tensor/tensor.h" /* dt__fill_check */
 
 static int dt__add(dt_op_rule_t* rules, int cap, int* n, const dt_op_rule_t* r) {
   if (*n >= cap) return 0;
@@ -164,14 +165,17 @@ static dt_status_t dt__select_rules(int where, const dt_op_call_t* call,
                                     int cap, int* n) {
   *n_out = 1;
   int ci = where ? 0 : 1, vi = where ? 1 : 0;
-  if (!dt__is_index(call->in[ci].dtype))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the %s must be i32 or i64 (nonzero = true), got %s",
-                   call->op, where ? "condition" : "mask", dt_dtype_name(call->in[ci].dtype));
+  /* the condition / mask may be of any dtype (nonzero = true, NaN too): the comparisons give
+   * 1 / 0 in their operands' dtype, there being no bool dtype */
   if (where && call->in[1].dtype != call->in[2].dtype)
     return DT_FAIL(DT_ERR_INVALID_ARG, "where: a and b differ in dtype (%s vs %s)",
                    dt_dtype_name(call->in[1].dtype), dt_dtype_name(call->in[2].dtype));
   if (!where && call->n_fargs != 1)
     return DT_FAIL(DT_ERR_INVALID_ARG, "masked_fill takes fargs [value]");
+  /* into an integer x the value is truncated toward zero and must fit, as PyTorch's masked_fill
+   * ("value cannot be converted to type int without overflow"; NaN and infinities too) */
+  if (!where && dt__is_index(call->in[0].dtype))
+    DT_CHECK(dt__fill_check(call->in[0].dtype, call->fargs[0], "masked_fill: value"));
   dt_op_call_t c = *call;
   c.in[ci].dtype = call->in[vi].dtype;
   DT_CHECK(dt__rules_pointwise(&c, DT_LIN_NONE, out_meta, rules, cap, n));

@@ -98,7 +98,9 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
 /* Reductions over dims: iargs = [keepdim, dim...]; keepdim defaults to 0 (the schema) and no
  * dims means every dim, so a call without arguments reduces to a 0-d tensor. kind 0 sum, 1 mean,
  * 2 amax, 3 amin (op DT_OP_SUM + kind). A reduced sharded dim gives P(sum) for sum and mean (mean
- * divides by the global count, so uneven shards stay exact), P(max) for amax, P(min) for amin. */
+ * divides by the global count, so uneven shards stay exact), P(max) for amax, P(min) for amin.
+ * dtypes as PyTorch: sum of i32 or i64 is i64 (dt__sum_dtype), amax / amin keep the dtype, mean
+ * refuses integers (DT_ERR_INVALID_ARG). */
 dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_t* out_meta,
                              dt_op_rule_t* rules, int cap, int* n_rules);
 /* Which input dims reduction `id` (DT_OP_SUM .. DT_OP_AMIN) reduces (bitmask) and its keepdim,

@@ -18,8 +18,8 @@
  *   - the casts run as cast ops (a trace sees "cast" before "add"), dt_op_select describes the op
  *     on the promoted dtype;
  *   - misuse: ops PyTorch does not promote (mm, linear, rms_norm, sdpa) refuse mixed dtypes with
- *     their messages, where's condition must still be an integer, and a promoted call that fails
- *     (shapes that do not broadcast) fails plainly and leaves the tape as it was.
+ *     their messages, where's condition is not promoted (an f32 one stays f32), and a promoted
+ *     call that fails (shapes that do not broadcast) fails plainly and leaves the tape as it was.
  */
 #include <math.h>
 #include <stdio.h>
@@ -420,10 +420,18 @@ static void test_cast_ops(dt_mesh_t mesh) {
   DT_ASSERT_STATUS(dt_sdpa(q, k, k, 0, 0.0, &r), DT_ERR_INVALID_ARG);
   DT_ASSERT_TRUE(strstr(dt_last_error(), "sdpa: q, k, v must share one float dtype"), "%s",
                  dt_last_error());
-  /* where's condition is not promoted: a float condition is refused as before */
-  DT_ASSERT_STATUS(dt_where(x, w, x, &r), DT_ERR_INVALID_ARG);
-  DT_ASSERT_TRUE(strstr(dt_last_error(), "where: the condition must be i32 or i64") != NULL, "%s",
-                 dt_last_error());
+  /* where's condition is not promoted: an f32 condition (x, never 0) stays f32 and selects the
+   * bf16 values, promoted with the f32 ones to f32 */
+  DT_ASSERT_OK(dt_where(x, w, x, &r));
+  DT_ASSERT_TRUE(dtype_of(r) == F32, "where(f32, bf16, f32): %s", dt_dtype_name(dtype_of(r)));
+  {
+    double* got = gather(r, 30);
+    for (int i = 0; i < 30; i++)
+      DT_ASSERT_TRUE(got[i] == ta.data[i], "where(f32 condition) element %d: %g, expected %g", i,
+                     got[i], ta.data[i]);
+    free(got);
+  }
+  DT_ASSERT_OK(dt_tensor_destroy(r));
   /* a promoted call that fails otherwise: the op's own message, nothing recorded */
   int64_t s45[2] = {4, 5};
   dt_tensor_t bad;

@@ -386,9 +386,28 @@ static dt_status_t dt_ew_unary(const dt_op_call_t* call, const dt_local_tensor_t
   return DT_SUCCESS;
 }
 
+/* neg of i32 / i64 (kernels_cpu.c dt__neg_int): two's complement, -INT_MIN is INT_MIN. */
+__global__ void dt_ew_neg_int_kernel(const void* a, void* o, int wide, int64_t n) {
+  DT_EW_FOR(i, n) {
+    if (wide) ((long long*)o)[i] = (long long)(0ull - (unsigned long long)((const long long*)a)[i]);
+    else ((int*)o)[i] = (int)(0u - (unsigned)((const int*)a)[i]);
+  }
+}
+
+DT_CU_KERNEL(dt_cu_neg) {
+  const dt_dtype_t d = in[0].dtype;
+  if ((d == DT_I32 || d == DT_I64) && out->dtype == d) {
+    const int64_t n = dt_cu_numel(out);
+    if (n == 0) return DT_SUCCESS;
+    DT_CU_LAUNCH(call->op, dt_ew_neg_int_kernel, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
+                 dt_cu_stream(&in[0]), (const void*)in[0].data, out->data, (int)(d == DT_I64), n);
+    return DT_SUCCESS;
+  }
+  return dt_ew_unary<DT_EW_NEG>(call, in, out, 0.0f);
+}
+
 #define DT_EW_UNARY(name, OP) \
   DT_CU_KERNEL(name) { return dt_ew_unary<OP>(call, in, out, 0.0f); }
-DT_EW_UNARY(dt_cu_neg, DT_EW_NEG)
 DT_EW_UNARY(dt_cu_relu, DT_EW_RELU)
 DT_EW_UNARY(dt_cu_exp, DT_EW_EXP)
 DT_EW_UNARY(dt_cu_log, DT_EW_LOG)
@@ -444,50 +463,101 @@ DT_CU_KERNEL(dt_cu_clamp) {
 
 /* ---------------------------------------------------------------------------------------------
  * where (cond, a, b) and masked_fill (x, mask) with broadcasting (kernels_nn.c dt__select): the
- * condition / mask is i32 or i64 (nonzero = true), the values f32, bf16 or f16 storage read in
- * place (the result rounded once to the output's). Inputs of s: 0 the condition, 1 a (x), 2 b
- * (where only). */
+ * condition / mask of any dtype (nonzero = true, NaN too), the values f32, bf16 or f16 storage
+ * read in place (the result rounded once to the output's), or i32 / i64 of one dtype copied
+ * exactly (masked_fill's value truncated toward zero: the rules checked that it fits). Inputs of
+ * s: 0 the condition, 1 a (x), 2 b (where only). */
 
-template <typename C>
-__global__ void dt_ew_select_kernel(int where, const C* c, const void* a, int ta, const void* b,
+template <int TC>
+__device__ __forceinline__ bool dt_ew_nonzero(const void* c, int64_t i) {
+  if (TC == DT_I64) return ((const long long*)c)[i] != 0;
+  if (TC == DT_I32) return ((const int*)c)[i] != 0;
+  return dt_ew_load_float(c, TC, i) != 0.0f; /* NaN != 0 */
+}
+
+template <int TC>
+__global__ void dt_ew_select_kernel(int where, const void* c, const void* a, int ta, const void* b,
                                     int tb, float fill, void* o, int to, int64_t n,
                                     dt_ew_shape s) {
   DT_EW_FOR(i, n) {
     int64_t off[3];
     dt_ew_offsets(s, i, where ? 3 : 2, off);
-    const bool sel = c[off[0]] != 0;
+    const bool sel = dt_ew_nonzero<TC>(c, off[0]);
     const float v = where ? (sel ? dt_ew_load_float(a, ta, off[1]) : dt_ew_load_float(b, tb, off[2]))
                           : (sel ? fill : dt_ew_load_float(a, ta, off[1]));
     dt_ew_store_float(o, to, i, v);
   }
 }
 
+template <int TC>
+__global__ void dt_ew_select_int_kernel(int where, const void* c, const void* a, const void* b,
+                                        long long fill, void* o, int wide, int64_t n,
+                                        dt_ew_shape s) {
+  DT_EW_FOR(i, n) {
+    int64_t off[3];
+    dt_ew_offsets(s, i, where ? 3 : 2, off);
+    const bool sel = dt_ew_nonzero<TC>(c, off[0]);
+    if (wide) {
+      const long long *x = (const long long*)a, *y = (const long long*)b;
+      ((long long*)o)[i] = where ? (sel ? x[off[1]] : y[off[2]]) : (sel ? fill : x[off[1]]);
+    } else {
+      const int *x = (const int*)a, *y = (const int*)b;
+      ((int*)o)[i] = where ? (sel ? x[off[1]] : y[off[2]]) : (sel ? (int)fill : x[off[1]]);
+    }
+  }
+}
+
+template <int TC>
+static dt_status_t dt_ew_select_launch(int where, const dt_op_call_t* call,
+                                       const dt_local_tensor_t* c, const dt_local_tensor_t* a,
+                                       const dt_local_tensor_t* b, dt_local_tensor_t* out,
+                                       int64_t n, const dt_ew_shape& s) {
+  const void* bv = b ? b->data : NULL;
+  const unsigned grid = dt_cu_grid(out, n);
+  cudaStream_t st = dt_cu_stream(a);
+  if (a->dtype == DT_I32 || a->dtype == DT_I64) {
+    const long long fill = where ? 0 : (long long)call->fargs[0];
+    DT_CU_LAUNCH(call->op, dt_ew_select_int_kernel<TC>, grid, DT_CU_BLOCK, 0, st, where,
+                 (const void*)c->data, (const void*)a->data, bv, fill, out->data,
+                 (int)(a->dtype == DT_I64), n, s);
+  } else {
+    const float fill = where ? 0.0f : (float)call->fargs[0];
+    DT_CU_LAUNCH(call->op, dt_ew_select_kernel<TC>, grid, DT_CU_BLOCK, 0, st, where,
+                 (const void*)c->data, (const void*)a->data, (int)a->dtype, bv,
+                 b ? (int)b->dtype : (int)DT_F32, fill, out->data, (int)out->dtype, n, s);
+  }
+  return DT_SUCCESS;
+}
+
 static dt_status_t dt_ew_select(int where, const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out) {
   const dt_local_tensor_t *c = &in[where ? 0 : 1], *a = &in[where ? 1 : 0];
   const dt_local_tensor_t* b = where ? &in[2] : NULL;
-  DT_CHECK(dt_cu_need_float(call, a));
-  if (b) DT_CHECK(dt_cu_need_float(call, b));
-  DT_CHECK(dt_cu_need_float(call, out));
-  const float fill = where ? 0.0f : (float)call->fargs[0];
+  if (a->dtype == DT_I32 || a->dtype == DT_I64) {
+    if (out->dtype != a->dtype || (b && b->dtype != a->dtype))
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: values of dtype %s and %s are not supported by its "
+                     "CUDA kernel (one dtype: the rules promote them)", call->op,
+                     dt_dtype_name(a->dtype), dt_dtype_name(b ? b->dtype : out->dtype));
+  } else {
+    DT_CHECK(dt_cu_need_float(call, a));
+    if (b) DT_CHECK(dt_cu_need_float(call, b));
+    DT_CHECK(dt_cu_need_float(call, out));
+  }
   const int64_t n = dt_cu_numel(out);
   if (n == 0) return DT_SUCCESS;
   const dt_local_tensor_t* ins[3] = {c, a, b};
   dt_ew_shape s;
   dt_ew_shape_init(&s, out, ins, where ? 3 : 2);
-  const void* bv = b ? b->data : NULL;
-  const int tb = b ? (int)b->dtype : (int)DT_F32;
-  const unsigned grid = dt_cu_grid(out, n);
-  cudaStream_t st = dt_cu_stream(a);
-  if (c->dtype == DT_I64)
-    DT_CU_LAUNCH(call->op, dt_ew_select_kernel<long long>, grid, DT_CU_BLOCK, 0, st, where,
-                 (const long long*)c->data, (const void*)a->data, (int)a->dtype, bv, tb, fill,
-                 out->data, (int)out->dtype, n, s);
-  else
-    DT_CU_LAUNCH(call->op, dt_ew_select_kernel<int>, grid, DT_CU_BLOCK, 0, st, where,
-                 (const int*)c->data, (const void*)a->data, (int)a->dtype, bv, tb, fill, out->data,
-                 (int)out->dtype, n, s);
-  return DT_SUCCESS;
+  switch (c->dtype) {
+    case DT_I64: return dt_ew_select_launch<DT_I64>(where, call, c, a, b, out, n, s);
+    case DT_I32: return dt_ew_select_launch<DT_I32>(where, call, c, a, b, out, n, s);
+    case DT_F32: return dt_ew_select_launch<DT_F32>(where, call, c, a, b, out, n, s);
+    case DT_BF16: return dt_ew_select_launch<DT_BF16>(where, call, c, a, b, out, n, s);
+    case DT_F16: return dt_ew_select_launch<DT_F16>(where, call, c, a, b, out, n, s);
+    default:
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: a %s %s is not supported by its CUDA kernel",
+                     call->op, dt_dtype_name(c->dtype), where ? "condition" : "mask");
+  }
 }
 
 DT_CU_KERNEL(dt_cu_where) { return dt_ew_select(1, call, in, out); }

@@ -20,6 +20,7 @@
  * norms and rotary: DT_KERNEL_ANY_DTYPE; the reductions and the norm gradients:
  * DT_KERNEL_ONE_DTYPE, so a call that mixes dtypes gets f32 copies of its half tensors).
  */
+#include <climits>
 #include <type_traits>
 
 #include "ops/cuda/cuda_ops.h"
@@ -106,7 +107,7 @@ static int dt_cu_row_group(int64_t n) { return n <= 8 ? 1 : n <= 1024 ? 32 : DT_
  * sum, mean, amax, amin over a set of dims (iargs [keepdim, dim...]; no dim: all of them).
  * mean divides by the GLOBAL count of reduced elements (a sharded reduced dim gives an exact
  * Partial(sum)), as the host does. amax / amin: a NaN in the reduced elements gives NaN; an
- * empty reduction gives 0 (sum, mean), -inf (amax) or +inf (amin). */
+ * empty reduction gives 0 (sum, mean), -inf (amax) or +inf (amin). Integers: dt_cu_reduce_int. */
 
 /* The input seen as kept dims and reduced dims, each merged where neighbours are contiguous and
  * listed innermost first: output o sits at input offset sum_d (o's digit d) * ks[d] (digits of o
@@ -234,11 +235,56 @@ done:
   return st;
 }
 
+/* sum (into i64, wrapping), amax and amin (the dtype kept) of i32 / i64 (kernels_cpu.c
+ * dt__reduce_int): a thread per output walks its R reduced elements, starting from the identity
+ * (0, the dtype's minimum or maximum: an empty local shard combines exactly). Exact in any order;
+ * no scratch. One thread per output is slow for a long row (the sum of a whole tensor), which
+ * integer reductions (counts) rarely are. */
+template <typename T>
+__global__ void dt_cu_reduce_int_k(const T* x, void* y, dt_cu_rgeom_t g, int64_t n_out, int64_t R,
+                                   int kind) {
+  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < n_out;
+       o += (int64_t)gridDim.x * blockDim.x) {
+    const T* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
+    if (kind == 0) {
+      unsigned long long acc = 0; /* unsigned: wraps as two's complement, as PyTorch's int64 */
+      for (int64_t r = 0; r < R; r++)
+        acc += (unsigned long long)(long long)xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)];
+      ((long long*)y)[o] = (long long)acc;
+    } else {
+      const bool w = sizeof(T) == 8;
+      T acc = (T)(kind == 2 ? (w ? LLONG_MIN : INT_MIN) : (w ? LLONG_MAX : INT_MAX));
+      for (int64_t r = 0; r < R; r++) {
+        const T v = xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)];
+        if (kind == 2 ? v > acc : v < acc) acc = v;
+      }
+      ((T*)y)[o] = acc;
+    }
+  }
+}
+
+static dt_status_t dt_cu_reduce_int(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                    dt_local_tensor_t* out, int kind, const dt_cu_rgeom_t& g,
+                                    int64_t n_out, int64_t R) {
+  const dt_dtype_t od = kind == 0 ? dt__sum_dtype(in->dtype) : in->dtype;
+  if (kind == 1 || out->dtype != od)
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported by its CUDA kernel "
+                   "(integer sum gives i64, amax / amin their input's dtype, mean refuses "
+                   "integers)", call->op, dt_dtype_name(in->dtype), dt_dtype_name(out->dtype));
+  if (in->dtype == DT_I64)
+    return dt_cu_run(call->op, dt_cu_reduce_int_k<long long>, dt_cu_grid(in, n_out),
+                     dt_cu_stream(in), (const long long*)in->data, out->data, g, n_out, R, kind);
+  return dt_cu_run(call->op, dt_cu_reduce_int_k<int>, dt_cu_grid(in, n_out), dt_cu_stream(in),
+                   (const int*)in->data, out->data, g, n_out, R, kind);
+}
+
+static int dt_cu_is_int(dt_dtype_t d) { return d == DT_I32 || d == DT_I64; }
+
 /* kind: 0 sum, 1 mean, 2 amax, 3 amin (the host's numbering). */
 static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out, int kind) {
-  dt_dtype_t dt;
-  DT_CHECK(dt_cu_one_float(call, in, 1, 0, out, 1, &dt));
+  dt_dtype_t dt = DT_F32;
+  if (!dt_cu_is_int(in->dtype) || kind == 1) DT_CHECK(dt_cu_one_float(call, in, 1, 0, out, 1, &dt));
   unsigned mask;
   int keep;
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
@@ -274,6 +320,7 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
   if (n_out != dt_cu_numel(out))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output has %lld elements, expected %lld", call->op,
                    (long long)dt_cu_numel(out), (long long)n_out);
+  if (dt_cu_is_int(in->dtype)) return dt_cu_reduce_int(call, in, out, kind, g, n_out, R);
   /* mean of nothing: NaN (0 / 0), as the host */
   const float div = kind != 1 ? 0.0f : count > 0 ? (float)count : NAN;
   return dt_cu_float_dispatch(call->op, dt, [&](auto tag) -> dt_status_t {
@@ -293,6 +340,7 @@ static size_t dt_cu_reduce_nbytes(const dt_op_call_t* call, const dt_local_tenso
   unsigned mask;
   int keep;
   if (dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep) != DT_SUCCESS) return 0;
+  if (dt_cu_is_int(in->dtype)) return 0; /* dt_cu_reduce_int: no scratch */
   int64_t n_out = 1, R = 1;
   for (int d = 0; d < in->ndim; d++) {
     if ((mask >> d) & 1u) R *= in->shape[d];
