@@ -587,6 +587,49 @@ for dt, tag in LOW:
     lcase(f"clamp_{tag}", "clamp", dt, [x], lambda t: torch.clamp(t, -0.5, 0.75),
           fargs=[-0.5, 0.75], ulps=0)
     lcase(f"lt_{tag}", "lt", dt, [x, lo(cb, dt)], lambda a, b: torch.lt(a, b).to(a.dtype), ulps=0)
+# ---- integer operands of neg, sum, amax, amin, mean, where and masked_fill (appended last, so
+#      the cases above keep their random draws). torch.sum of i32 or i64 is i64; amax / amin keep
+#      the dtype; mean refuses integers; masked_fill truncates its value into an integer tensor
+#      and refuses one that does not fit. A float condition / mask counts nonzero (NaN too) as
+#      true: torch.where wants a bool condition, so the reference takes cond.bool(). Integer
+#      outputs compare exactly (values within 2^53: JSON numbers are doubles). No gradients.
+ib = torch.tensor([[2**31 - 1, -2**31, 5, 7], [2**31 - 1, -2**31, -5, 0],
+                   [2**31 - 1, -1, 7, -2**31 + 1]], dtype=I32)
+case("neg_i32", "neg", [ib], -ib, rtol=0.0, atol=0.0)
+il = ints(2**40, 3, 4) - 2**39
+case("neg_i64", "neg", [il], -il, rtol=0.0, atol=0.0)
+case("sum_i32_dim0", "sum", [ib], ib.sum(0), iargs=[0, 0], rtol=0.0, atol=0.0)
+case("sum_i32_all", "sum", [ib], ib.sum(), iargs=[0], rtol=0.0, atol=0.0)
+case("sum_i64_keep", "sum", [il], il.sum(1, keepdim=True), iargs=[1, 1], rtol=0.0, atol=0.0)
+case("amax_i32_dim1", "amax", [ib], ib.amax(1), iargs=[0, 1], rtol=0.0, atol=0.0)
+case("amin_i32_keep", "amin", [ib], ib.amin(0, keepdim=True), iargs=[1, 0], rtol=0.0, atol=0.0)
+case("amax_i64_all", "amax", [il], il.amax((0, 1)), iargs=[0, 0, 1], rtol=0.0, atol=0.0)
+for nm, t in (("mean_i64_error", il), ("mean_i32_error", ib)):
+    try:
+        t.mean(0)
+        raise AssertionError(f"{nm}: PyTorch takes integers")
+    except RuntimeError as e:
+        assert "could not infer output dtype" in str(e), e
+    CASES.append({"name": nm, "op": "mean", "iargs": [0, 0], "fargs": [], "inputs": [tens(t)],
+                  "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
+fcond = torch.tensor([[0.0, float("nan"), -0.0, 2.0], [1.0, 0.0, -1.0, 0.5], [0.0, 3.0, 0.0, 0.0]])
+case("where_f32cond_i64", "where", [fcond, il, il.flip(0)], torch.where(fcond.bool(), il, il.flip(0)),
+     rtol=0.0, atol=0.0)
+icond = torch.tensor([[1], [0], [5]])  # nonzero = true
+case("where_i64cond_i32_bcast", "where", [icond, ib, ib.flip(1)],
+     torch.where(icond.bool(), ib, ib.flip(1)), rtol=0.0, atol=0.0)
+case("masked_fill_i32_trunc", "masked_fill", [ib, fcond], ib.masked_fill(fcond.bool(), 2.5),
+     fargs=[2.5], rtol=0.0, atol=0.0)
+case("masked_fill_i64_neg_trunc", "masked_fill", [il, icond], il.masked_fill(icond.bool(), -7.75),
+     fargs=[-7.75], rtol=0.0, atol=0.0)
+try:
+    ib.masked_fill(fcond.bool(), 2.0 ** 31)
+    raise AssertionError("masked_fill_i32_overflow: PyTorch takes it")
+except RuntimeError as e:
+    assert "without overflow" in str(e), e
+CASES.append({"name": "masked_fill_i32_overflow_error", "op": "masked_fill", "iargs": [],
+              "fargs": [2.0 ** 31], "inputs": [tens(ib), tens(fcond)], "outputs": [],
+              "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
 
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
@@ -672,6 +715,9 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none
         return
+    if c["outputs"][0]["dtype"] in ("i32", "i64") and c["op"] in ("neg", "sum", "amax", "amin",
+                                                                   "where", "masked_fill"):
+        return  # integer results: no gradient
     low = any(t["dtype"] in ("bf16", "f16") for t in c["inputs"])
     if c["op"] in NO_GRAD or (low and (c["op"] not in LOW_GRAD_OPS or
                                        any(t["dtype"] == "f16" for t in c["inputs"]))):
