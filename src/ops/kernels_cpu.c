@@ -1,6 +1,6 @@
 /* kernels_cpu.c - CPU kernels on local shards (f32; the broadcasting arithmetic and comparisons,
- * neg, sum, amax and amin also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops. Kept apart from dispatch
- * so a CUDA kernel can sit beside each one. */
+ * neg, sum, amax and amin also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops.
+ * Kept apart from dispatch so a CUDA kernel can sit beside each one. */
 #include <math.h>
 
 #include "ops/ops.h"
