@@ -269,7 +269,9 @@ static dt_status_t dt__fwd_experts(dt_module_t m, dt_tape_t tape, int n_in, cons
  * each rank's own tokens with no communication (dt_nn_moe). The rows' global order is then the
  * ranks' blocks', which a per-token layer does not see. Only for even shards (each block the
  * rows' chunk on every rank, decided from the global shapes alike on every rank) and no Partial
- * or feature shard; else (*viewed 0) a reshape, which moves what the placements need. */
+ * or feature shard; else (*viewed 0) a reshape, which moves what the placements need, and for
+ * uneven row shards a redistribution of the rows to Shard(0) on those dims (the chunk rule on
+ * B S rows: each rank routes its share). */
 static dt_status_t dt__moe_rows(dt_tape_t tape, dt_var_t x, dt_var_t* rows, int* viewed) {
   dt_tensor_t xv = dt_var_value(x);
   dt_mesh_t mesh;
@@ -294,7 +296,13 @@ static dt_status_t dt__moe_rows(dt_tape_t tape, dt_var_t x, dt_var_t* rows, int*
     rp[i] = rowdim ? dt_shard(0) : dt_replicate();
   }
   *viewed = ok && any && gs[0] % split[0] == 0 && gs[1] % split[1] == 0;
-  if (!*viewed) return dt_ag_op(tape, "reshape", 1, &x, 2, nd2, 0, NULL, 1, rows);
+  if (!*viewed) {
+    DT_CHECK(dt_ag_op(tape, "reshape", 1, &x, 2, nd2, 0, NULL, 1, rows));
+    /* uneven row shards (a batch of 6 over 4 data ranks): the reshape may gather the rows;
+     * split them again (the chunk rule on B S rows), so that each rank still routes its own
+     * share, which experts on another mesh (EP over (ep, efsdp)) require */
+    return ok && any ? dt_ag_redistribute(tape, *rows, rp, rows) : DT_SUCCESS;
+  }
   const int64_t lrows[2] = {ls[0] * ls[1], ls[2]};
   dt_var_t xl, like;
   dt_tensor_t lt;

@@ -23,7 +23,8 @@
  *   crossing to a mesh over other ranks (dt_ag_local_to_mesh);
  * - the model: dt_llama with the plan "*.experts.*=S(0)" runs expert-parallel
  *   (dt_llama_moe_stats says on which mesh dim) with the loss and gradients of the replicated
- *   model to 1e-5.
+ *   model to 1e-5; so does the model with its experts on an expert mesh (ep, efsdp) beside a
+ *   1-D data mesh and a batch of 3 that splits unevenly over the data ranks.
  */
 #include <math.h>
 #include <string.h>
@@ -517,6 +518,101 @@ static void test_llama(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
+/* The model with its experts on an expert mesh (ep 2, efsdp world / 2), another view of the
+ * tokens' 1-D data mesh (the trainer's --dp D --ep 2), and a batch of 3 sequences that does not
+ * split evenly over the data ranks (2 + 1 at np 2; 1, 1, 1, 0 at np 4): the MoE layers still get
+ * each rank's own rows (an uneven batch used to reach the experts gathered and was refused as
+ * "the same tokens" on every rank); loss and every gradient equal the replicated model's. */
+static void test_llama_two_meshes_uneven(void) {
+  if (g_world % 2 != 0) return;
+  const int EP = 2, F = g_world / 2;
+  int s1[1] = {g_world}, s2[2] = {EP, F}, ranks[16];
+  for (int e = 0; e < EP; e++)
+    for (int f = 0; f < F; f++) ranks[e * F + f] = f * EP + e;
+  const char* names2[2] = {"ep", "efsdp"};
+  dt_mesh_t mesh, em;
+  DT_ASSERT_OK(dt_mesh_create(1, s1, NULL, NULL, &mesh));
+  DT_ASSERT_OK(dt_mesh_create(2, s2, names2, ranks, &em));
+  dt_llama_config_t c;
+  memset(&c, 0, sizeof c);
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.vocab = 32;
+  c.seq_len = 8;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.seed = 5;
+  const int B = 3, S = 8;
+  int64_t tok[24], tgt[24];
+  for (int i = 0; i < B * S; i++) {
+    tok[i] = (i * 7 + 3) % c.vocab;
+    tgt[i] = (i * 5 + 1) % c.vocab;
+  }
+  const int64_t bs[2] = {B, S};
+  dt_llama_t m[2];
+  dt_tape_t tape[2];
+  dt_var_t loss[2];
+  for (int v = 0; v < 2; v++) { /* 0: experts on em, tokens Shard(0); 1: replicated */
+    DT_ASSERT_OK(dt_llama_create(mesh, &c, NULL, &m[v]));
+    dt_module_t root;
+    DT_ASSERT_OK(dt_llama_module(m[v], &root));
+    for (int l = 0; v == 0 && l < c.n_layers; l++) {
+      static const char* const w[3] = {"w1", "w3", "w2"};
+      for (int k = 0; k < 3; k++) { /* the replicated value, Shard(0) on ep of em */
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.experts.%s", l, w[k]);
+        dt_var_t p, np;
+        DT_ASSERT_OK(dt_module_param(root, name, &p));
+        int64_t shape[3];
+        DT_ASSERT_OK(dt_tensor_shape(dt_var_value(p), shape));
+        const int64_t n = shape[0] * shape[1] * shape[2];
+        float* buf = malloc(sizeof(float) * (size_t)n);
+        DT_ASSERT_OK(dt_tensor_gather_full(dt_var_value(p), buf, sizeof(float) * (size_t)n));
+        dt_placement_t pl[2] = {dt_shard(0), dt_replicate()};
+        dt_tensor_t t;
+        DT_ASSERT_OK(dt_tensor_from_full(em, DT_F32, 3, shape, pl, buf, &t));
+        free(buf);
+        DT_ASSERT_OK(dt_var_leaf(t, 1, &np));
+        DT_ASSERT_OK(dt_module_set_param(root, name, np));
+      }
+    }
+    dt_placement_t pl[1] = {v == 0 ? dt_shard(0) : dt_replicate()};
+    dt_tensor_t tt, gt;
+    DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, pl, tok, &tt));
+    DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, pl, tgt, &gt));
+    DT_ASSERT_OK(dt_tape_create(&tape[v]));
+    DT_ASSERT_OK(dt_llama_forward(m[v], tape[v], tt, gt, &loss[v], NULL));
+    DT_ASSERT_OK(dt_tape_backward(tape[v], loss[v]));
+    dt_tensor_destroy(tt);
+    dt_tensor_destroy(gt);
+    dt_moe_stats_t st;
+    DT_ASSERT_OK(dt_llama_moe_stats(m[v], &st));
+    DT_ASSERT_EQ(st.expert_parallel_dim, v == 0 ? 0 : -1);
+    DT_ASSERT_EQ(st.tokens, c.n_layers * B * S);
+  }
+  expect_close(dt_var_value(loss[0]), dt_var_value(loss[1]), 1e-5, "uneven llama loss");
+  dt_var_t *p0, *p1, keep[64];
+  const char* const* names;
+  int n0, n1;
+  DT_ASSERT_OK(dt_llama_params(m[0], &p0, NULL, &n0, NULL));
+  DT_ASSERT_TRUE(n0 <= 64, "too many parameters");
+  memcpy(keep, p0, sizeof(dt_var_t) * (size_t)n0);
+  DT_ASSERT_OK(dt_llama_params(m[1], &p1, &names, &n1, NULL));
+  DT_ASSERT_EQ(n0, n1);
+  for (int i = 0; i < n0; i++) {
+    char what[160];
+    snprintf(what, sizeof what, "uneven llama d %s", names[i]);
+    expect_close(dt_var_grad(keep[i]), dt_var_grad(p1[i]), 1e-5, what);
+  }
+  for (int v = 0; v < 2; v++) {
+    DT_ASSERT_OK(dt_tape_destroy(tape[v]));
+    DT_ASSERT_OK(dt_llama_destroy(m[v]));
+  }
+  DT_ASSERT_OK(dt_mesh_destroy(em));
+  DT_ASSERT_OK(dt_mesh_destroy(mesh));
+}
+
 int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_init(&argc, &argv));
   DT_ASSERT_OK(dt_world_rank(&g_rank));
@@ -527,6 +623,7 @@ int main(int argc, char** argv) {
   test_two_meshes();
   test_traffic();
   test_llama();
+  test_llama_two_meshes_uneven();
   if (g_rank == 0) printf("test_moe_ep np=%d: passed\n", g_world);
   DT_ASSERT_OK(dt_finalize());
   return 0;
