@@ -125,8 +125,9 @@ DT_API dt_fsdp_config_t dt_fsdp_config_default(int mesh_ndim);
  * shard dim (experts under expert parallelism over that dim, whose gradients are complete where
  * they are held) are left out of the group, as they are. Errors leave the module as it was:
  * DT_ERR_INVALID_ARG for a dim outside the mesh, a replicate dim among the shard dims, a
- * parameter on another mesh or not placed as above, a reshard k that does not divide the shard
- * dim, an integer dtype, an abstract mesh; DT_ERR_INVALID_USAGE for a destroyed module, a rank outside the mesh, a module
+ * parameter on another mesh or not placed as above, a scalar (0-d) parameter (make it shape (1),
+ * as FSDP2 asks), a reshard k that does not divide the shard dim, an integer dtype, an abstract
+ * mesh; DT_ERR_INVALID_USAGE for a destroyed module, a rank outside the mesh, a module
  * already wrapped (FSDP or DDP) or inside a module wrapped before it (wrapped top-down: that
  * group holds its parameters; wrap bottom-up);
  * DT_ERR_UNSUPPORTED for a backend whose memory is not the host's, for parameters of

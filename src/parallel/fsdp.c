@@ -762,6 +762,12 @@ static int collect(const char* name, dt_var_t v, void* ctx) {
                     "parameters can be sharded", name, dt_dtype_name(dt));
     return 1;
   }
+  if (nd == 0) { /* FSDP2 refuses it too */
+    c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' is a scalar (0-d), which FSDP cannot "
+                    "split: make it a 1-d parameter of one element (shape (1)), as PyTorch's "
+                    "fully_shard asks, or keep it out of the wrapped module", name);
+    return 1;
+  }
   if (nd < 1 || nd > DT_MAX_DIMS) {
     c->st = DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' has %d dims (1 to %d)", name,
                     nd, DT_MAX_DIMS);

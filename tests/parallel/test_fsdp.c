@@ -21,7 +21,8 @@
  *  - deferred initialization: a model built as layouts, wrapped, then initialized shard by shard
  *    equals the eager build bit for bit without ever holding the whole model;
  *  - bad input: clear errors and nothing half-wrapped (shard_span out of the mesh, over the
- *    replicate dim, with reshard to groups of k); parameters of two dtypes in one group; a
+ *    replicate dim, with reshard to groups of k; a scalar parameter, the message saying to make
+ *    it shape (1)); parameters of two dtypes in one group; a
  *    module inside a group wrapped before it (top-down) refused, naming both; a module with
  *    nothing to shard is a group without parameters.
  */
@@ -672,6 +673,23 @@ static void test_bad_input(void) {
   DT_ASSERT_STATUS(dt_fully_shard(blk, other, &cfg), DT_ERR_INVALID_ARG); /* another mesh */
   DT_ASSERT_STATUS(dt_fully_shard(NULL, mesh, &cfg), DT_ERR_INVALID_ARG);
   DT_ASSERT_STATUS(dt_fully_shard(blk, NULL, &cfg), DT_ERR_INVALID_ARG);
+  { /* a scalar parameter (a learned temperature): refused on every rank, the message naming it
+     * and the fix (shape (1), FSDP2's advice); the module's other parameter left as it was */
+    dt_var_t sc, w1;
+    const int64_t one = 1;
+    dt_module_t sm;
+    DT_ASSERT_OK(dt_nn_param(mesh, NULL, "temp", 0, &one, DT_INIT_ONES, 0, 1, &sc));
+    DT_ASSERT_OK(dt_nn_param(mesh, NULL, "w", 1, &one, DT_INIT_ONES, 0, 1, &w1));
+    DT_ASSERT_OK(dt_module_create("scaled", NULL, NULL, &sm));
+    DT_ASSERT_OK(dt_module_add_param(sm, "w", w1));
+    DT_ASSERT_OK(dt_module_add_param(sm, "temp", sc));
+    DT_ASSERT_STATUS(dt_fully_shard(sm, mesh, &cfg), DT_ERR_INVALID_ARG);
+    DT_ASSERT_TRUE(strstr(dt_last_error(), "'temp' is a scalar (0-d)") != NULL &&
+                   strstr(dt_last_error(), "shape (1)") != NULL, "message: %s", dt_last_error());
+    DT_ASSERT_TRUE(!dt_fsdp_is_group(sm) && dt_module_get(sm, "w") == w1,
+                   "a refused wrap changed the module");
+    DT_ASSERT_OK(dt_module_destroy(sm));
+  }
   /* nothing was wrapped: same parameters, same placements */
   DT_ASSERT_OK(dt_llama_params(model, &params, NULL, &np, &numel));
   DT_ASSERT_EQ(np, np0);
