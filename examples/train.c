@@ -458,7 +458,9 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) 
       snprintf(name, sizeof name, "layers.%d.experts.%s", l, w[k]);
       dt_var_t v, nv;
       dt_tensor_t t;
+      int rg = 1; /* a frozen expert (--freeze) stays frozen on its new layout */
       dt_status_t st = dt_module_param(root, name, &v);
+      if (st == DT_SUCCESS) st = dt_var_requires_grad(v, &rg);
       if (st == DT_SUCCESS && emesh == NULL) {
         st = dt_tensor_redistribute(dt_var_value(v), dense_pl, &t);
       } else if (st == DT_SUCCESS) { /* replicated on the dense mesh: this rank's copy is whole */
@@ -488,7 +490,7 @@ static dt_status_t shard_experts(dt_module_t root, int layers, dt_mesh_t emesh) 
       }
       if (st != DT_SUCCESS) return st;
     have:
-      st = dt_var_leaf(t, 1, &nv);
+      st = dt_var_leaf(t, rg, &nv);
       if (st != DT_SUCCESS) {
         dt_tensor_destroy(t);
         return st;

@@ -120,7 +120,8 @@ for bad in "--metrics $tmp/nodir/m.jsonl" "--metrics $tmp/outdir" "--plot $tmp/n
 done
 [ -e "$tmp/nodir" ] && fail "a refused --metrics created $tmp/nodir"
 # --freeze: the same losses under every data-parallel wrapper (frozen parameters neither
-# gathered into gradients nor stepped), other than the unfrozen run's; AdamW holds no moments for
+# gathered into gradients nor stepped), other than the unfrozen run's, and for frozen experts
+# under expert parallelism; AdamW holds no moments for
 # the frozen ones; a pattern that matches nothing is a usage error
 small=(--steps 3 --dim 32 --layers 2 --batch 8 --seq 16)
 loss2() { grep "^step *2 " "$tmp/out" | awk '{print $4}'; }
@@ -134,6 +135,12 @@ for par in fsdp ddp; do
 done
 expect 0 mpi -np 2 "$train" "${small[@]}"
 [ "$(loss2)" != "$ref" ] || fail "--freeze changed nothing (loss $ref either way)"
+# frozen experts under expert parallelism (--ep puts new Shard(0) leaves in their place) stay
+# frozen: the losses of the run without --ep (they used to train, as if not frozen)
+expect 0 mpi -np 2 "$train" "${small[@]}" --model moe --freeze "*.experts.*"
+mref=$(loss2)
+expect 0 mpi -np 2 "$train" "${small[@]}" --model moe --ep 2 --freeze "*.experts.*"
+[ -n "$mref" ] && [ "$(loss2)" = "$mref" ] || fail "--freeze of experts under --ep 2: loss $(loss2), not $mref"
 est() { grep "^peak_memory_bytes rank 0" "$tmp/out" | sed 's/.*optimizer=\([0-9]*\).*/\1/'; }
 expect 0 "$train" --estimate-only --np 2 --steps 1 --parallel fsdp
 all=$(est)
