@@ -713,7 +713,8 @@ static void test_one_float(dt_backend_t b) {
     int direct;       /* call the kernel itself, not through run_kernel */
     const char* msg;
   } cases[] = {
-      {DT_OP_SUM, 1, 1, {DT_I32, DT_I32}, 0, "dtype i32 is not supported"},
+      {DT_OP_RELU, 1, 1, {DT_I32, DT_I32}, 0, "dtype i32 is not supported"},
+      {DT_OP_SUM, 1, 1, {DT_I32, DT_I32}, 0, "dtypes i32 -> i32 are not supported"}, /* i64 out */
       {DT_OP_SUM, 1, 1, {DT_F32, DT_BF16}, 1, "output 0 is bf16, input 0 is f32"},
       {DT_OP_EMBEDDING_GRAD, 2, 1, {DT_I64, DT_I64, DT_F32}, 0, "dtype i64 is not supported"},
       {DT_OP_EMBEDDING_GRAD, 2, 1, {DT_BF16, DT_I64, DT_F32}, 1, "output 0 is f32, input 0 is bf16"},
