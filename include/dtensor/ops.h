@@ -31,18 +31,22 @@ extern "C" {
  *               compares unequal to everything), neg, abs, relu, exp, log, sqrt, rsqrt, gelu,
  *               silu, sigmoid, tanh, add_scalar / mul_scalar / pow (fargs [s]), clamp (fargs
  *               [min, max]: either may be absent or NaN for no bound, not both; min > max gives
- *               max everywhere, as PyTorch; float tensors),
+ *               max everywhere, as PyTorch; float tensors; a finite bound past the dtype's range
+ *               is DT_ERR_INVALID_ARG; bf16/f16 x compares with the bounds rounded to its dtype,
+ *               as PyTorch's gradient does),
  *               where (cond of any dtype, a, b), masked_fill (x, mask of any dtype; fargs
  *               [value]): nonzero (NaN too) is true, so the comparisons' 1/0 serve as
- *               conditions; into an i32/i64 x the value is truncated toward zero and must fit
- *               (DT_ERR_INVALID_ARG otherwise, NaN and infinities too, as PyTorch),
+ *               conditions; the value must fit x's dtype (DT_ERR_INVALID_ARG otherwise, as
+ *               PyTorch): an i32 x takes [-2^31, 2^31 - 1], then truncated toward zero, an i64 x
+ *               [-2^63, 2^63) (PyTorch also takes 2^63, wrapping it), neither NaN nor infinities;
+ *               a float x any value its dtype holds, infinities and NaN too,
  *               cast (iargs [dt_dtype_t]), dropout (fargs [p], iargs [seed])
  *   reductions: sum, mean, amax, amin (iargs [keepdim=0, dim...]; no dims = every dim, so with no
  *               arguments at all the result is 0-d; sums accumulate in double on the host, in
  *               float trees on a GPU). Integers as torch.sum: sum of i32 or i64 is i64 (exact,
  *               wrapping at 64 bits), amax / amin keep the dtype, mean of integers is
- *               DT_ERR_INVALID_ARG ("could not infer output dtype"); neg of i32/i64 wraps
- *               (-INT_MIN is INT_MIN)
+ *               DT_ERR_INVALID_ARG ("could not infer output dtype"); neg and abs of i32/i64
+ *               wrap (-INT_MIN and abs(INT_MIN) are INT_MIN)
  *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
  *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
  *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,

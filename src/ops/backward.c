@@ -264,10 +264,19 @@ dt_status_t dt__bw_abs(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* g
   return dt__act(gout[0], c->in[0], DT_ACT_ABS, &gin[0]);
 }
 dt_status_t dt__bw_clamp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
-  /* the forward's bounds as given (0 to 2 of them; the absent ones are NaN for both ops) */
+  /* the forward's bounds (absent: NaN for both ops) rounded to x's dtype, as PyTorch compares
+   * x >= min in x's dtype (bf16 x = 0.69921875 passes min = 0.7, which rounds to it) */
   dt_tensor_t in[2] = {gout[0], c->in[0]};
   const int64_t kind = DT_ACT_CLAMP;
-  return dt__opa(DT_OP_ACT_GRAD, 2, in, 1, &kind, c->n_fargs, c->fargs, &gin[0]);
+  const dt_dtype_t dt = c->in[0]->dtype;
+  double b[2] = {NAN, NAN};
+  for (int k = 0; k < 2; k++) {
+    b[k] = dt__op_farg_n(DT_OP_CLAMP, c->n_fargs, c->fargs, k);
+    if (isnan(b[k])) continue;
+    if (dt == DT_BF16) b[k] = dt__bf16_to_f32(dt__f32_to_bf16((float)b[k]));
+    else if (dt == DT_F16) b[k] = dt__f16_to_f32(dt__f32_to_f16((float)b[k]));
+  }
+  return dt__opa(DT_OP_ACT_GRAD, 2, in, 1, &kind, 2, b, &gin[0]);
 }
 
 /* mm: a g b^T, a^T g with no transposed copies (linear_nobias computes g b^T, mm_t a^T g) */

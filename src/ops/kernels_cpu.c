@@ -1,5 +1,5 @@
 /* kernels_cpu.c - CPU kernels on local shards (f32; the broadcasting arithmetic and comparisons,
- * neg, sum, amax and amin also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops.
+ * neg, abs, sum, amax and amin also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops.
  * Kept apart from dispatch so a CUDA kernel can sit beside each one. */
 #include <math.h>
 
@@ -234,23 +234,29 @@ static float dt__f_silu(float x) { return x / (1.0f + dt__expf(-x)); }
 static float dt__f_tanh(float x) { return tanhf(x); }
 static float dt__f_abs(float x) { return fabsf(x); }
 
-/* neg of i32 / i64 (its dtype out), as PyTorch: two's complement, so -INT_MIN is INT_MIN. */
-static dt_status_t dt__neg_int(const dt_local_tensor_t* in, dt_local_tensor_t* out) {
+/* neg and abs of i32 / i64 (its dtype out), as PyTorch: two's complement, so -INT_MIN and
+ * abs(INT_MIN) are INT_MIN. */
+static dt_status_t dt__neg_abs_int(const dt_local_tensor_t* in, dt_local_tensor_t* out, int abs) {
   int64_t n = 1;
   for (int d = 0; d < out->ndim; d++) n *= out->shape[d];
   if (in->dtype == DT_I64)
-    for (int64_t i = 0; i < n; i++)
-      ((int64_t*)out->data)[i] = (int64_t)(0u - (uint64_t)((const int64_t*)in->data)[i]);
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t x = ((const int64_t*)in->data)[i];
+      ((int64_t*)out->data)[i] = abs && x >= 0 ? x : (int64_t)(0u - (uint64_t)x);
+    }
   else
-    for (int64_t i = 0; i < n; i++)
-      ((int32_t*)out->data)[i] = (int32_t)(0u - (uint32_t)((const int32_t*)in->data)[i]);
+    for (int64_t i = 0; i < n; i++) {
+      const int32_t x = ((const int32_t*)in->data)[i];
+      ((int32_t*)out->data)[i] = abs && x >= 0 ? x : (int32_t)(0u - (uint32_t)x);
+    }
   return DT_SUCCESS;
 }
 
 static inline dt_status_t dt__unary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, dt__unop_t f) {
-  if (f == dt__f_neg && (in->dtype == DT_I32 || in->dtype == DT_I64) && out->dtype == in->dtype)
-    return dt__neg_int(in, out);
+  if ((f == dt__f_neg || f == dt__f_abs) && (in->dtype == DT_I32 || in->dtype == DT_I64) &&
+      out->dtype == in->dtype)
+    return dt__neg_abs_int(in, out, f == dt__f_abs);
   DT_CHECK(dt__need_f32(call, in, 1));
   int64_t n = 1;
   for (int d = 0; d < out->ndim; d++) n *= out->shape[d];

@@ -44,6 +44,7 @@ static void dt__partial_rules(dt_op_rule_t* rules, int cap, int* n, int n_inputs
 #define DT__OPS_LINEAR ((1u << DT_REDUCE_SUM) | (1u << DT_REDUCE_AVG))
 #define DT__OPS_ALL ((1u << DT_REDUCE_COUNT) - 1u)
 #define DT__OPS_NOSUM (DT__OPS_ALL & ~(1u << DT_REDUCE_SUM))
+#define DT__OPS_MAXMIN ((1u << DT_REDUCE_MAX) | (1u << DT_REDUCE_MIN))
 
 /* ---------------------------------------------------------------------------------------------
  * addmm (input, mat1, mat2), fargs [beta, alpha] (default 1, 1): beta * input + alpha * m1 m2;
@@ -141,8 +142,11 @@ dt_status_t dt__clamp_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta
   if (!dt__dtype_is_float(call->in[0].dtype))
     return DT_FAIL(DT_ERR_UNSUPPORTED, "clamp needs a float tensor (f32, bf16, f16), got %s "
                    "(cast it first)", dt_dtype_name(call->in[0].dtype));
+  /* a finite bound past the dtype's range is refused, as PyTorch ("cannot be converted") */
+  if (!isnan(lo)) DT_CHECK(dt__fill_check(call->in[0].dtype, lo, "clamp: min"));
+  if (!isnan(hi)) DT_CHECK(dt__fill_check(call->in[0].dtype, hi, "clamp: max"));
   DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
-  dt__partial_rules(rules, cap, n, 1, 1u, (1u << DT_REDUCE_MAX) | (1u << DT_REDUCE_MIN));
+  dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_MAXMIN);
   return DT_SUCCESS;
 }
 
@@ -172,15 +176,25 @@ static dt_status_t dt__select_rules(int where, const dt_op_call_t* call,
                    dt_dtype_name(call->in[1].dtype), dt_dtype_name(call->in[2].dtype));
   if (!where && call->n_fargs != 1)
     return DT_FAIL(DT_ERR_INVALID_ARG, "masked_fill takes fargs [value]");
-  /* into an integer x the value is truncated toward zero and must fit, as PyTorch's masked_fill
-   * ("value cannot be converted to type int without overflow"; NaN and infinities too) */
-  if (!where && dt__is_index(call->in[0].dtype))
-    DT_CHECK(dt__fill_check(call->in[0].dtype, call->fargs[0], "masked_fill: value"));
+  /* the value must fit x's dtype, as PyTorch's masked_fill ("value cannot be converted to type
+   * ... without overflow"): an i32 x takes [-2^31, 2^31 - 1] before the truncation toward zero
+   * (2147483647.5 is refused), an i64 x [-2^63, 2^63) (NaN and infinities neither), a float x
+   * any value its dtype holds (infinities and NaN too) */
+  if (!where) {
+    const double v = call->fargs[0];
+    if (call->in[0].dtype == DT_I32 && !(v >= -0x1p31 && v <= 0x1p31 - 1))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "masked_fill: value=%.17g does not fit dtype i32 "
+                     "(valid: -2^31 to 2^31 - 1, a fraction then truncated toward zero)", v);
+    DT_CHECK(dt__fill_check(call->in[0].dtype, v, "masked_fill: value"));
+  }
   dt_op_call_t c = *call;
   c.in[ci].dtype = call->in[vi].dtype;
   DT_CHECK(dt__rules_pointwise(&c, DT_LIN_NONE, out_meta, rules, cap, n));
   if (where) dt__partial_rules(rules, cap, n, 3, 6u, DT__OPS_ALL);
-  else dt__partial_rules(rules, cap, n, 2, 1u, DT__OPS_NOSUM);
+  else /* fill(avg(x_i)) = avg(fill(x_i)); not for integers, whose P(avg) sums before dividing
+        * (k copies of a large value wrap) */
+    dt__partial_rules(rules, cap, n, 2, 1u,
+                      dt__is_index(call->in[0].dtype) ? DT__OPS_MAXMIN : DT__OPS_NOSUM);
   return DT_SUCCESS;
 }
 

@@ -334,6 +334,22 @@ static void partial_rules(void) {
   check("where", 3, w, 0, NULL, 0, NULL, "P(sum)", 0);
   dt_tensor_destroy(w[0]);
   dt_tensor_destroy(w[2]);
+  /* clamp (monotone) of a real P(max) / P(min) (amax / amin over the sharded dim: each rank's
+   * partial differs) stays Partial with no move, values those of the reduced tensor */
+  int64_t s8[2] = {4 * g_n, 5};
+  dt_tensor_t xs = make(2, s8, "S(0)", 5);
+  const int64_t red0[2] = {0, 0};
+  const double bounds[2] = {-0.5, 0.25};
+  const char* red_ops[2] = {"amax", "amin"};
+  const char* red_pl[2] = {"P(max)", "P(min)"};
+  for (int k = 0; k < 2; k++) {
+    dt_tensor_t m;
+    DT_ASSERT_OK(dt_op_run(red_ops[k], 1, &xs, 2, red0, 0, NULL, &m));
+    expect_pl(m, red_pl[k]);
+    check("clamp", 1, &m, 0, NULL, 2, bounds, red_pl[k], 0);
+    dt_tensor_destroy(m);
+  }
+  dt_tensor_destroy(xs);
   dt_tensor_destroy(a);
   dt_tensor_destroy(b);
   dt_tensor_destroy(p);

@@ -66,10 +66,16 @@ def case(name, op, inputs, fn, iargs=(), fargs=(), rtol=1e-5, atol=1e-6, grad=Tr
     if grad and outs[0].requires_grad:
         n = outs[0].numel()
         r = torch.tensor([0.5 + ((i + 1) * 37 % 101) / 101.0 for i in range(n)]).reshape(outs[0].shape)
+        if outs[0].dtype == torch.bfloat16:  # the weights exact in the output's dtype (the test
+            r = r.to(torch.bfloat16).float()  # makes them a tensor of that dtype)
         (outs[0] * r).sum().backward()
         c["grad_weights"] = [float(v) for v in r.flatten().tolist()]
         c["grads"] = [None if x.grad is None else [num(float(g)) for g in x.grad.flatten().tolist()]
                       for x in xs]
+        if outs[0].dtype == torch.bfloat16:  # as make_fixtures.py's bf16 gradients: 2 ulps + 4 ulps
+            gmax = max(float(x.grad.abs().max()) for x in xs if x.grad is not None)  # of the
+            c["grad_tol"] = [2 * 2.0 ** -7, 4 * 2.0 ** -7 * gmax]  # largest (a Partial input's
+            # gradient is split over the ranks and summed in bf16)
     CASES.append(c)
 
 
@@ -333,6 +339,30 @@ case("clamp_min_above_max_special", "clamp", [SPECIAL], lambda x: torch.clamp(x,
 case("clamp_at_bounds", "clamp", [torch.tensor([-1.0, -0.0, 0.0, 1.0, 0.5, -1.5, 1.5])],
      lambda x: torch.clamp(x, -1.0, 1.0), fargs=[-1.0, 1.0])  # the bounds pass the gradient
 case("clamp_no_bound", "clamp", [SPECIAL], lambda x: torch.clamp(x), error="DT_ERR_INVALID_ARG")
+# bf16 x against bounds that round in bf16: PyTorch compares in x's dtype, so x = 0.69921875 (0.7
+# rounded) passes min = 0.7 and x = 0.30078125 passes max = 0.3 (gradient 1, not 0)
+XB = torch.tensor([0.69921875, 0.30078125, 0.5, 1.0, 0.703125, 0.296875]).to(torch.bfloat16)
+case("clamp_bf16_min_rounds", "clamp", [XB], lambda x: torch.clamp(x, min=0.7), fargs=[0.7])
+case("clamp_bf16_max_rounds", "clamp", [XB], lambda x: torch.clamp(x, max=0.3), fargs=[nan, 0.3])
+# bounds and fill values past the dtype's range: PyTorch's "cannot be converted ... without overflow"
+case("clamp_min_overflows_f32", "clamp", [SPECIAL], lambda x: torch.clamp(x, min=1e39),
+     fargs=[1e39], error="DT_ERR_INVALID_ARG")
+case("clamp_max_overflows_bf16", "clamp", [XB], lambda x: torch.clamp(x, max=-1e39),
+     fargs=[nan, -1e39], error="DT_ERR_INVALID_ARG")
+case("masked_fill_overflows_bf16", "masked_fill", [XB, torch.tensor([1, 0, 1, 0, 0, 1])],
+     lambda x, m: x.masked_fill(m.bool(), 1e39), fargs=[1e39], error="DT_ERR_INVALID_ARG")
+case("masked_fill_i32_above_max", "masked_fill",
+     [torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([1, 0, 1])],
+     lambda x, m: x.masked_fill(m.bool(), 2147483647.5), fargs=[2147483647.5],
+     error="DT_ERR_INVALID_ARG")  # refused before the truncation, as PyTorch
+case("masked_fill_i32_below_min", "masked_fill",
+     [torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([1, 0, 1])],
+     lambda x, m: x.masked_fill(m.bool(), -2147483648.5), fargs=[-2147483648.5],
+     error="DT_ERR_INVALID_ARG")
+case("abs_int_min", "abs", [torch.tensor([-2 ** 31, -5, 0, 7, 2 ** 31 - 1], dtype=torch.int32)],
+     torch.abs, grad=False, rtol=0.0, atol=0.0)  # abs(INT_MIN) is INT_MIN, as PyTorch
+case("abs_i64", "abs", [torch.tensor([-2 ** 40, -1, 0, 3], dtype=torch.int64)], torch.abs,
+     grad=False, rtol=0.0, atol=0.0)
 
 for c in CASES:
     assert c["inputs"], c["name"]

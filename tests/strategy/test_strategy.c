@@ -215,6 +215,22 @@ static void test_pointwise_partial(void** state) {
   assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
   assert_int_equal(dt_op_select(m, &lt, in, &ch), DT_SUCCESS);
   assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  /* masked_fill keeps a float P(avg), reduces an integer one (k copies of the value would be
+   * summed in the dtype before the division and could wrap) */
+  dt_op_call_t mf = call2("masked_fill", 2, s, 2, s);
+  mf.n_fargs = 1;
+  mf.fargs[0] = 3.0;
+  set_pl(in, 0, "P(avg)");
+  set_pl(in, 1, "R");
+  assert_int_equal(dt_op_select(m, &mf, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 1, "P(avg)");
+  mf.in[0].dtype = DT_I32;
+  assert_int_equal(dt_op_select(m, &mf, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  set_pl(in, 0, "P(max)");
+  assert_int_equal(dt_op_select(m, &mf, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 1, "P(max)");
+  set_pl(in, 1, "P(max)");
   /* clamp needs a bound: none (both NaN or absent) is refused, naming the fix */
   clamp.fargs[0] = clamp.fargs[1] = NAN;
   assert_int_equal(dt_op_select(m, &clamp, in, &ch), DT_ERR_INVALID_ARG);

@@ -386,25 +386,36 @@ static dt_status_t dt_ew_unary(const dt_op_call_t* call, const dt_local_tensor_t
   return DT_SUCCESS;
 }
 
-/* neg of i32 / i64 (kernels_cpu.c dt__neg_int): two's complement, -INT_MIN is INT_MIN. */
-__global__ void dt_ew_neg_int_kernel(const void* a, void* o, int wide, int64_t n) {
+/* neg and abs of i32 / i64 (kernels_cpu.c dt__neg_abs_int): two's complement, -INT_MIN and
+ * abs(INT_MIN) are INT_MIN. */
+__global__ void dt_ew_neg_abs_int_kernel(const void* a, void* o, int wide, int abs, int64_t n) {
   DT_EW_FOR(i, n) {
-    if (wide) ((long long*)o)[i] = (long long)(0ull - (unsigned long long)((const long long*)a)[i]);
-    else ((int*)o)[i] = (int)(0u - (unsigned)((const int*)a)[i]);
+    if (wide) {
+      const long long x = ((const long long*)a)[i];
+      ((long long*)o)[i] = abs && x >= 0 ? x : (long long)(0ull - (unsigned long long)x);
+    } else {
+      const int x = ((const int*)a)[i];
+      ((int*)o)[i] = abs && x >= 0 ? x : (int)(0u - (unsigned)x);
+    }
   }
 }
 
-DT_CU_KERNEL(dt_cu_neg) {
+template <int OP>
+static dt_status_t dt_ew_neg_abs(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out) {
   const dt_dtype_t d = in[0].dtype;
   if ((d == DT_I32 || d == DT_I64) && out->dtype == d) {
     const int64_t n = dt_cu_numel(out);
     if (n == 0) return DT_SUCCESS;
-    DT_CU_LAUNCH(call->op, dt_ew_neg_int_kernel, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
-                 dt_cu_stream(&in[0]), (const void*)in[0].data, out->data, (int)(d == DT_I64), n);
+    DT_CU_LAUNCH(call->op, dt_ew_neg_abs_int_kernel, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
+                 dt_cu_stream(&in[0]), (const void*)in[0].data, out->data, (int)(d == DT_I64),
+                 (int)(OP == DT_EW_ABS), n);
     return DT_SUCCESS;
   }
-  return dt_ew_unary<DT_EW_NEG>(call, in, out, 0.0f);
+  return dt_ew_unary<OP>(call, in, out, 0.0f);
 }
+DT_CU_KERNEL(dt_cu_neg) { return dt_ew_neg_abs<DT_EW_NEG>(call, in, out); }
+DT_CU_KERNEL(dt_cu_abs) { return dt_ew_neg_abs<DT_EW_ABS>(call, in, out); }
 
 #define DT_EW_UNARY(name, OP) \
   DT_CU_KERNEL(name) { return dt_ew_unary<OP>(call, in, out, 0.0f); }
@@ -417,7 +428,6 @@ DT_EW_UNARY(dt_cu_gelu, DT_EW_GELU)
 DT_EW_UNARY(dt_cu_sigmoid, DT_EW_SIGMOID)
 DT_EW_UNARY(dt_cu_silu, DT_EW_SILU)
 DT_EW_UNARY(dt_cu_tanh, DT_EW_TANH)
-DT_EW_UNARY(dt_cu_abs, DT_EW_ABS)
 #undef DT_EW_UNARY
 
 /* fargs [scalar] (fargs [exponent] for pow), read as the host reads them. */
