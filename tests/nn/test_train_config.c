@@ -84,6 +84,17 @@ static void test_valid(void** state) {
   }
   assert_false(train_opts_set(&o, "tie_embeddings", "2", err, sizeof err)); /* --tie-embeddings=2 */
   assert_non_null(strstr(err, "tie_embeddings must be an integer in [0, 1], got '2'"));
+  /* true / false for the 0/1 switches only: "steps": true is a mistake, not 1 */
+  const char* const not_bool[][2] = {{"{\"steps\": true}", "'steps' takes an integer"},
+                                     {"{\"seed\": false}", "'seed' takes an integer"},
+                                     {"{\"lr\": true}", "'lr' takes a number"},
+                                     {"{\"mesh\": true}", "mesh 'true' is not N or AxB"}};
+  for (size_t i = 0; i < sizeof not_bool / sizeof not_bool[0]; i++) {
+    assert_false(load(&o, not_bool[i][0], err, sizeof err));
+    assert_non_null(strstr(err, not_bool[i][1]));
+  }
+  assert_false(load(&o, "{\"stepz\": true}", err, sizeof err)); /* unknown: named as such */
+  assert_non_null(strstr(err, "stepz"));
 }
 
 /* The data-parallel keys: defaults, every accepted name, and the FSDP/DDP knobs. */
