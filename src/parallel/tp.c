@@ -397,17 +397,22 @@ static dt_status_t tp_param_placement(dt_tp_kind_t k, const char* mod, const cha
   }
   int embedding = k == DT_TP_EMBEDDING_ROWWISE || k == DT_TP_EMBEDDING_COLWISE;
   if ((embedding && ndim != 2) || (!embedding && ndim != 1 && ndim != 2))
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s on '%s': parameter '%s' has %d "
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s on '%s': %s has %d "
                    "dims (%s)", tp_kind_name(k), mod, pname, ndim,
                    embedding ? "an embedding table is (V, D)" : "weights are (out, in), biases 1-D");
   if (dim < 0) {
     *out = dt_replicate();
     return DT_SUCCESS;
   }
-  if (shape[dim] % tp_size != 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s on '%s': dim %d of parameter '%s' "
-                   "(size %lld) is not divisible by the tp size %d", tp_kind_name(k), mod, dim,
-                   pname, (long long)shape[dim], tp_size);
+  if (shape[dim] % tp_size != 0) {
+    int fit = tp_size; /* the largest tp size up to this one that divides the dim */
+    while (fit > 1 && shape[dim] % fit != 0) fit--;
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s on '%s': dim %d of %s (size %lld) is not divisible "
+                   "by the tp size %d (tensor parallelism shards it evenly): use a tp size that "
+                   "divides %lld (at most %d here), or pad that dim to a multiple of %d",
+                   tp_kind_name(k), mod, dim, pname, (long long)shape[dim], tp_size,
+                   (long long)shape[dim], fit, tp_size);
+  }
   *out = dt_shard(dim);
   return DT_SUCCESS;
 }
@@ -484,7 +489,8 @@ static dt_status_t tp_collect(const tp_target_t* tg, const dt_tp_style_t* s, dt_
     if (q->pl[tp_dim].kind != DT_REPLICATE)
       return DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' of '%s' is not Replicate on the tp dim "
                      "%d", q->name, mod, tp_dim);
-    const char* pname = q->name[0] ? q->name : "(its weight)";
+    char pname[sizeof q->name + 16] = "its weight"; /* a one-weight module's is unnamed */
+    if (q->name[0]) snprintf(pname, sizeof pname, "parameter '%s'", q->name);
     DT_CHECK(tp_param_placement(s->kind, mod, pname, nd, shape, tp_size, &q->pl[tp_dim]));
     int dup = 0;
     for (int j = 0; j < *n && !dup; j++) {

@@ -792,6 +792,16 @@ static void test_bad_input(void) {
   /* the vocabulary does not split: the embedding and output styles refuse */
   DT_ASSERT_STATUS(dt_parallelize_module(root, mesh, 0, n, plan), DT_ERR_INVALID_ARG);
   DT_ASSERT_TRUE(strstr(dt_last_error(), "not divisible") != NULL, "%s", dt_last_error());
+  /* the message names the weight (not "(its weight)") and the sizes that would work: 63's
+   * largest divisor up to the tp size (1 at np 2, 3 at np 4) */
+  int fit = g_world;
+  while (63 % fit != 0) fit--;
+  char most[32];
+  snprintf(most, sizeof most, "(at most %d here)", fit);
+  DT_ASSERT_TRUE(strstr(dt_last_error(), "of its weight (size 63)") != NULL &&
+                     strstr(dt_last_error(), most) != NULL &&
+                     strstr(dt_last_error(), "(its weight)") == NULL,
+                 "%s", dt_last_error());
   expect_replicated(model);
   dt_tp_plan_entry_t one[2] = {{"layers.*.wq", dt_tp_colwise()}, {"layers.*.nothing",
                                                                    dt_tp_colwise()}};
