@@ -246,6 +246,77 @@ static void test_reductions(dt_mesh_t mesh) {
   }
 }
 
+/* Long rows (3 x 3000: a block per row on a GPU, and the whole tensor's 9000 in one block) and a
+ * strided reduction (dim 0: 3 elements per output), i32 into i64 and i64 wrapping, against
+ * int64 loops; amax / amin with the limits planted far from the rows' starts. */
+static void test_long_rows(dt_mesh_t mesh) {
+  enum { R = 3, C = 3000 };
+  for (int w = 0; w < 2; w++) {
+    const dt_dtype_t d = w ? I64 : I32;
+    int64_t* v = malloc(sizeof(int64_t) * R * C);
+    void* buf = malloc(8 * (size_t)R * C);
+    DT_ASSERT_TRUE(v != NULL && buf != NULL, "malloc");
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < R * C; i++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      v[i] = w ? (int64_t)s : (int64_t)(int32_t)(uint32_t)(s >> 32);
+    }
+    v[1 * C + 2777] = w ? INT64_MAX : INT32_MAX;
+    v[2 * C + 1999] = w ? INT64_MIN : INT32_MIN;
+    for (int64_t i = 0; i < R * C; i++) {
+      if (w) memcpy((char*)buf + 8 * i, &v[i], 8);
+      else { int32_t x = (int32_t)v[i]; memcpy((char*)buf + 4 * i, &x, 4); }
+    }
+    int64_t rsum[R], rmax[R], rmin[R], all = 0, csum[C];
+    for (int r = 0; r < R; r++) {
+      uint64_t acc = 0;
+      rmax[r] = INT64_MIN;
+      rmin[r] = INT64_MAX;
+      for (int c = 0; c < C; c++) {
+        const int64_t x = v[r * C + c];
+        acc += (uint64_t)x;
+        if (x > rmax[r]) rmax[r] = x;
+        if (x < rmin[r]) rmin[r] = x;
+      }
+      rsum[r] = (int64_t)acc;
+      all = (int64_t)((uint64_t)all + acc);
+    }
+    for (int c = 0; c < C; c++)
+      csum[c] = (int64_t)((uint64_t)v[c] + (uint64_t)v[C + c] + (uint64_t)v[2 * C + c]);
+    const int64_t shape[2] = {R, C}, d1[2] = {0, 1}, d0[2] = {0, 0}, none[1] = {0};
+    for (int p = 0; p < 3; p++) {
+      const dt_placement_t pl = p == 0 ? dt_replicate() : dt_shard(p - 1);
+      dt_tensor_t x, r;
+      DT_ASSERT_OK(dt_tensor_from_full(mesh, d, 2, shape, &pl, buf, &x));
+      char what[96];
+      snprintf(what, sizeof what, "sum(%s 3x3000, dim 1) on %d", dt_dtype_name(d), p);
+      expect(what, "sum", 1, &x, 2, d1, 0, NULL, I64, -1, R, rsum);
+      snprintf(what, sizeof what, "amax(%s 3x3000, dim 1) on %d", dt_dtype_name(d), p);
+      expect(what, "amax", 1, &x, 2, d1, 0, NULL, d, -1, R, rmax);
+      snprintf(what, sizeof what, "amin(%s 3x3000, dim 1) on %d", dt_dtype_name(d), p);
+      expect(what, "amin", 1, &x, 2, d1, 0, NULL, d, -1, R, rmin);
+      snprintf(what, sizeof what, "sum(%s 3x3000) on %d", dt_dtype_name(d), p);
+      expect(what, "sum", 1, &x, 1, none, 0, NULL, I64, -1, 1, &all);
+      /* dim 0: 3000 outputs of 3 strided elements */
+      dt_placement_t rep = dt_replicate();
+      DT_ASSERT_OK(dt_op_run("sum", 1, &x, 2, d0, 0, NULL, &r));
+      dt_tensor_t rr;
+      DT_ASSERT_OK(dt_tensor_redistribute(r, &rep, &rr));
+      int64_t* got = malloc(sizeof(int64_t) * C);
+      DT_ASSERT_OK(dt_tensor_gather_full(rr, got, sizeof(int64_t) * C));
+      for (int c = 0; c < C; c++)
+        DT_ASSERT_TRUE(got[c] == csum[c], "sum(%s, dim 0) on %d, element %d: %lld vs %lld",
+                       dt_dtype_name(d), p, c, (long long)got[c], (long long)csum[c]);
+      free(got);
+      DT_ASSERT_OK(dt_tensor_destroy(rr));
+      DT_ASSERT_OK(dt_tensor_destroy(r));
+      DT_ASSERT_OK(dt_tensor_destroy(x));
+    }
+    free(v);
+    free(buf);
+  }
+}
+
 /* ---- where, masked_fill ---------------------------------------------------------------------- */
 
 static void test_select(dt_mesh_t mesh) {
@@ -368,6 +439,7 @@ int main(int argc, char** argv) {
   g_host = dev == DT_DEVICE_HOST;
   test_neg(mesh);
   test_reductions(mesh);
+  test_long_rows(mesh);
   test_select(mesh);
   test_where_gt_tape(mesh);
   test_tape_ints(mesh);

@@ -33,29 +33,33 @@ namespace {
  * Combining values inside a group of threads */
 
 /* How partial results combine: a sum; the host's amax / amin (a NaN wins, so it propagates);
- * fmaxf (NaN ignored), which softmax uses for its row maximum. */
+ * fmaxf (NaN ignored), which softmax uses for its row maximum. V: float, or long long for the
+ * integer reductions (sums wrap as two's complement, as PyTorch's int64 sum). */
 enum { DT_CU_OP_SUM = 0, DT_CU_OP_MAX = 1, DT_CU_OP_MIN = 2, DT_CU_OP_FMAX = 3 };
 
-template <int OP>
-__device__ __forceinline__ float dt_cu_comb(float a, float b) {
-  if constexpr (OP == DT_CU_OP_SUM) return a + b;
+template <int OP, typename V>
+__device__ __forceinline__ V dt_cu_comb(V a, V b) {
+  if constexpr (OP == DT_CU_OP_SUM && std::is_integral<V>::value)
+    return (V)((unsigned long long)a + (unsigned long long)b);
+  else if constexpr (OP == DT_CU_OP_SUM) return a + b;
   else if constexpr (OP == DT_CU_OP_MAX) return (b > a || b != b) ? b : a;
   else if constexpr (OP == DT_CU_OP_MIN) return (b < a || b != b) ? b : a;
   else return fmaxf(a, b);
 }
-template <int OP>
-__device__ __forceinline__ float dt_cu_ident() {
-  if constexpr (OP == DT_CU_OP_SUM) return 0.0f;
+template <int OP, typename V = float>
+__device__ __forceinline__ V dt_cu_ident() {
+  if constexpr (OP == DT_CU_OP_SUM) return (V)0;
+  else if constexpr (std::is_integral<V>::value) return OP == DT_CU_OP_MIN ? LLONG_MAX : LLONG_MIN;
   else if constexpr (OP == DT_CU_OP_MIN) return INFINITY;
   else return -INFINITY;
 }
 
 /* v combined over the G threads of a group: G = 1 (nothing to do), 32 (a warp) or 256 (the
- * block; blockDim.x must be 256). Every thread of the group gets the result. smem: 32 floats of
+ * block; blockDim.x must be 256). Every thread of the group gets the result. smem: 32 values of
  * shared memory; a block-wide call synchronizes the block twice, so every thread of the block
  * must make it (the callers' loops run the same trip count on every thread of a group). */
-template <int OP, int G>
-__device__ __forceinline__ float dt_cu_group_reduce(float v, float* smem) {
+template <int OP, int G, typename V>
+__device__ __forceinline__ V dt_cu_group_reduce(V v, V* smem) {
   static_assert(G == 1 || G == 32 || G == DT_CU_BLOCK, "a group is a thread, a warp or the block");
   if constexpr (G > 1) {
     for (int o = 16; o > 0; o >>= 1) v = dt_cu_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -64,7 +68,7 @@ __device__ __forceinline__ float dt_cu_group_reduce(float v, float* smem) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (lane == 0) smem[warp] = v;
     __syncthreads();
-    v = lane < nw ? smem[lane] : dt_cu_ident<OP>();
+    v = lane < nw ? smem[lane] : dt_cu_ident<OP, V>();
     for (int o = 16; o > 0; o >>= 1) v = dt_cu_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
     __syncthreads(); /* smem may be reused by the next call */
   }
@@ -179,6 +183,14 @@ static size_t dt_cu_reduce_part_nbytes(int64_t n_out, int64_t splits) {
   return sizeof(float) * (size_t)(n_out * splits);
 }
 
+/* The group per output of a last pass: contiguous rows a group sized by their length; strided
+ * reductions a thread per output (reads coalesced across neighbouring outputs) when there are
+ * enough of them. */
+static int dt_cu_reduce_group(const dt_cu_rgeom_t& g, int64_t n_out, int64_t R) {
+  const int contiguous = g.nr == 1 && g.rs[0] == 1;
+  return !contiguous && (n_out >= 4096 || R <= 8) ? 1 : dt_cu_row_group(R);
+}
+
 template <int OP, typename T>
 static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, dt_cu_rgeom_t g, int64_t n_out,
@@ -215,11 +227,7 @@ static dt_status_t dt_cu_reduce_run(const dt_op_call_t* call, const dt_local_ten
     R = splits;
   }
   {
-    /* Contiguous rows: a group per row sized by its length. Strided reductions: a thread per
-     * output reads coalesced across neighbouring outputs, when there are enough of them. */
-    const int contiguous = g.nr == 1 && g.rs[0] == 1;
-    int group = dt_cu_row_group(R);
-    if (!contiguous && (n_out >= 4096 || R <= 8)) group = 1;
+    const int group = dt_cu_reduce_group(g, n_out, R);
     T* y = (T*)out->data;
     if (x == NULL)
       DT_CHECK_GOTO(dt_cu_reduce_pass<OP>(call->op, in, group, (const T*)in->data, y, g, n_out, R,
@@ -236,31 +244,46 @@ done:
 }
 
 /* sum (into i64, wrapping), amax and amin (the dtype kept) of i32 / i64 (kernels_cpu.c
- * dt__reduce_int): a thread per output walks its R reduced elements, starting from the identity
- * (0, the dtype's minimum or maximum: an empty local shard combines exactly). Exact in any order;
- * no scratch. One thread per output is slow for a long row (the sum of a whole tensor), which
- * integer reductions (counts) rarely are. */
-template <typename T>
+ * dt__reduce_int): a group per output (as the float reductions' last pass) combines its R
+ * reduced elements in long long from the identity (0, or the extreme that an i32 output clamps
+ * to its own: an empty local shard combines exactly). Exact in any order; no scratch (a whole
+ * tensor's sum is one block's). */
+template <int OP, int G, typename T>
 __global__ void dt_cu_reduce_int_k(const T* x, void* y, dt_cu_rgeom_t g, int64_t n_out, int64_t R,
-                                   int kind) {
-  for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < n_out;
-       o += (int64_t)gridDim.x * blockDim.x) {
+                                   int wide_out) {
+  __shared__ long long smem[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t o = dt_cu_group_id<G>(); o < n_out; o += step) {
     const T* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
-    if (kind == 0) {
-      unsigned long long acc = 0; /* unsigned: wraps as two's complement, as PyTorch's int64 */
-      for (int64_t r = 0; r < R; r++)
-        acc += (unsigned long long)(long long)xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)];
-      ((long long*)y)[o] = (long long)acc;
-    } else {
-      const bool w = sizeof(T) == 8;
-      T acc = (T)(kind == 2 ? (w ? LLONG_MIN : INT_MIN) : (w ? LLONG_MAX : INT_MAX));
-      for (int64_t r = 0; r < R; r++) {
-        const T v = xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)];
-        if (kind == 2 ? v > acc : v < acc) acc = v;
-      }
-      ((T*)y)[o] = acc;
-    }
+    long long acc = dt_cu_ident<OP, long long>();
+    for (int64_t r = lane; r < R; r += G)
+      acc = dt_cu_comb<OP>(acc, (long long)xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]);
+    acc = dt_cu_group_reduce<OP, G>(acc, smem);
+    if (lane != 0) continue;
+    if (wide_out) ((long long*)y)[o] = acc;
+    else ((int*)y)[o] = (int)(acc < INT_MIN ? INT_MIN : acc > INT_MAX ? INT_MAX : acc);
   }
+}
+
+template <int OP, typename T>
+static dt_status_t dt_cu_reduce_int_run(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                        dt_local_tensor_t* out, const dt_cu_rgeom_t& g,
+                                        int64_t n_out, int64_t R) {
+  return dt_cu_group_dispatch(dt_cu_reduce_group(g, n_out, R), [&](auto gc) {
+    constexpr int G = decltype(gc)::value;
+    return dt_cu_run(call->op, dt_cu_reduce_int_k<OP, G, T>, dt_cu_grid(in, n_out * G),
+                     dt_cu_stream(in), (const T*)in->data, out->data, g, n_out, R,
+                     (int)(out->dtype == DT_I64));
+  });
+}
+
+template <typename T>
+static dt_status_t dt_cu_reduce_int_t(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                      dt_local_tensor_t* out, int kind, const dt_cu_rgeom_t& g,
+                                      int64_t n_out, int64_t R) {
+  if (kind == 0) return dt_cu_reduce_int_run<DT_CU_OP_SUM, T>(call, in, out, g, n_out, R);
+  if (kind == 2) return dt_cu_reduce_int_run<DT_CU_OP_MAX, T>(call, in, out, g, n_out, R);
+  return dt_cu_reduce_int_run<DT_CU_OP_MIN, T>(call, in, out, g, n_out, R);
 }
 
 static dt_status_t dt_cu_reduce_int(const dt_op_call_t* call, const dt_local_tensor_t* in,
@@ -271,11 +294,8 @@ static dt_status_t dt_cu_reduce_int(const dt_op_call_t* call, const dt_local_ten
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported by its CUDA kernel "
                    "(integer sum gives i64, amax / amin their input's dtype, mean refuses "
                    "integers)", call->op, dt_dtype_name(in->dtype), dt_dtype_name(out->dtype));
-  if (in->dtype == DT_I64)
-    return dt_cu_run(call->op, dt_cu_reduce_int_k<long long>, dt_cu_grid(in, n_out),
-                     dt_cu_stream(in), (const long long*)in->data, out->data, g, n_out, R, kind);
-  return dt_cu_run(call->op, dt_cu_reduce_int_k<int>, dt_cu_grid(in, n_out), dt_cu_stream(in),
-                   (const int*)in->data, out->data, g, n_out, R, kind);
+  if (in->dtype == DT_I64) return dt_cu_reduce_int_t<long long>(call, in, out, kind, g, n_out, R);
+  return dt_cu_reduce_int_t<int>(call, in, out, kind, g, n_out, R);
 }
 
 static int dt_cu_is_int(dt_dtype_t d) { return d == DT_I32 || d == DT_I64; }
