@@ -4,7 +4,8 @@
  * every input's shape, dtype and placements and every argument), redistributes the inputs that
  * need it, runs the local kernel on the shards and returns a new tensor with the strategy's
  * output placements. Partial placements pass through an op only where it is linear in that input
- * for that reduce op (see dtensor/strategy.h); everything else is reduced first. Collective over
+ * for that reduce op (see dtensor/strategy.h); everything else is reduced first (an integer
+ * Partial(avg) always: its average truncates, so avg(a) + avg(b) is not avg(a + b)). Collective over
  * the mesh. This version computes in f32 on the CPU (OpenBLAS for matmuls).
  */
 #ifndef DTENSOR_OPS_H

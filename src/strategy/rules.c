@@ -145,9 +145,12 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
     }
     dt__add_rule(rules, cap, n_rules, &r);
   }
+  /* an integer P(avg) is a truncating division of the sum: avg(a) + avg(b) and avg(a + b) may
+   * round apart (a = b = (1, 0) on 2 ranks: 0 against 1), so integers pass P(sum) only */
+  const int integer = !dt__dtype_is_float(call->in[0].dtype);
   for (int op = DT_REDUCE_SUM; op < DT_REDUCE_COUNT; op++) {
     dt_placement_t P = dt_partial((dt_reduce_op_t)op);
-    int linear_op = op == DT_REDUCE_SUM || op == DT_REDUCE_AVG;
+    int linear_op = op == DT_REDUCE_SUM || (op == DT_REDUCE_AVG && !integer);
     memset(&r, 0, sizeof r);
     r.out[0] = P;
     switch (lin) {

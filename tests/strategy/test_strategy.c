@@ -215,6 +215,20 @@ static void test_pointwise_partial(void** state) {
   assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
   assert_int_equal(dt_op_select(m, &lt, in, &ch), DT_SUCCESS);
   assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  /* add keeps P(avg) + P(avg) in f32, not in i32 (integer averages truncate: avg(a) + avg(b)
+   * is not avg(a + b)); P(sum) stays in both */
+  dt_op_call_t iadd = call2("add", 2, s, 2, s);
+  set_pl(in, 0, "P(avg)");
+  set_pl(in, 1, "P(avg)");
+  assert_int_equal(dt_op_select(m, &iadd, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 1, "P(avg)");
+  iadd.in[0].dtype = iadd.in[1].dtype = DT_I32;
+  assert_int_equal(dt_op_select(m, &iadd, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  set_pl(in, 0, "P(sum)");
+  set_pl(in, 1, "P(sum)");
+  assert_int_equal(dt_op_select(m, &iadd, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 1, "P(sum)");
   /* masked_fill keeps a float P(avg), reduces an integer one (k copies of the value would be
    * summed in the dtype before the division and could wrap) */
   dt_op_call_t mf = call2("masked_fill", 2, s, 2, s);
