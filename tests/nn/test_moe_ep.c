@@ -453,11 +453,8 @@ static void test_from_local_partial(void) {
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
-/* the model: experts Shard(0) by the plan run expert-parallel, same loss and gradients */
-static void test_llama(void) {
-  int shape[1] = {g_world};
-  dt_mesh_t mesh;
-  DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
+/* The small MoE Llama of the model tests, and their tokens and targets. */
+static dt_llama_config_t moe_config(void) {
   dt_llama_config_t c;
   memset(&c, 0, sizeof c);
   c.dim = 16;
@@ -468,12 +465,24 @@ static void test_llama(void) {
   c.n_experts = 4;
   c.top_k = 2;
   c.seed = 5;
+  return c;
+}
+static void moe_tokens(int n, int64_t vocab, int64_t* tok, int64_t* tgt) {
+  for (int i = 0; i < n; i++) {
+    tok[i] = (i * 7 + 3) % vocab;
+    tgt[i] = (i * 5 + 1) % vocab;
+  }
+}
+
+/* the model: experts Shard(0) by the plan run expert-parallel, same loss and gradients */
+static void test_llama(void) {
+  int shape[1] = {g_world};
+  dt_mesh_t mesh;
+  DT_ASSERT_OK(dt_mesh_create(1, shape, NULL, NULL, &mesh));
+  const dt_llama_config_t c = moe_config();
   const int B = 4, S = 8;
   int64_t tok[32], tgt[32];
-  for (int i = 0; i < B * S; i++) {
-    tok[i] = (i * 7 + 3) % c.vocab;
-    tgt[i] = (i * 5 + 1) % c.vocab;
-  }
+  moe_tokens(B * S, c.vocab, tok, tgt);
   const int64_t bs[2] = {B, S};
   dt_placement_t rep[1] = {dt_replicate()};
   dt_llama_t m[2];
@@ -533,22 +542,10 @@ static void test_llama_two_meshes_uneven(void) {
   dt_mesh_t mesh, em;
   DT_ASSERT_OK(dt_mesh_create(1, s1, NULL, NULL, &mesh));
   DT_ASSERT_OK(dt_mesh_create(2, s2, names2, ranks, &em));
-  dt_llama_config_t c;
-  memset(&c, 0, sizeof c);
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.vocab = 32;
-  c.seq_len = 8;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.seed = 5;
+  const dt_llama_config_t c = moe_config();
   const int B = 3, S = 8;
   int64_t tok[24], tgt[24];
-  for (int i = 0; i < B * S; i++) {
-    tok[i] = (i * 7 + 3) % c.vocab;
-    tgt[i] = (i * 5 + 1) % c.vocab;
-  }
+  moe_tokens(B * S, c.vocab, tok, tgt);
   const int64_t bs[2] = {B, S};
   dt_llama_t m[2];
   dt_tape_t tape[2];
