@@ -474,6 +474,48 @@ static void moe_tokens(int n, int64_t vocab, int64_t* tok, int64_t* tgt) {
   }
 }
 
+/* One forward and backward of m on (B, S) tokens placed pl on mesh; the MoE stats: experts
+ * parallel over ep_dim (-1: not), every token of every layer routed. */
+static void moe_step(dt_llama_t m, dt_mesh_t mesh, const int64_t* bs, dt_placement_t pl,
+                     const int64_t* tok, const int64_t* tgt, int ep_dim, int64_t tokens,
+                     dt_tape_t* tape, dt_var_t* loss) {
+  dt_tensor_t tt, gt;
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, &pl, tok, &tt));
+  DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, &pl, tgt, &gt));
+  DT_ASSERT_OK(dt_tape_create(tape));
+  DT_ASSERT_OK(dt_llama_forward(m, *tape, tt, gt, loss, NULL));
+  DT_ASSERT_OK(dt_tape_backward(*tape, *loss));
+  dt_tensor_destroy(tt);
+  dt_tensor_destroy(gt);
+  dt_moe_stats_t st;
+  DT_ASSERT_OK(dt_llama_moe_stats(m, &st));
+  DT_ASSERT_EQ(st.expert_parallel_dim, ep_dim);
+  DT_ASSERT_EQ(st.tokens, tokens);
+}
+
+/* m[0] against m[1]: the losses and every parameter's gradient within 1e-5; then both freed. */
+static void moe_compare(dt_llama_t* m, dt_tape_t* tape, dt_var_t* loss, const char* what) {
+  char w[200];
+  snprintf(w, sizeof w, "%s loss", what);
+  expect_close(dt_var_value(loss[0]), dt_var_value(loss[1]), 1e-5, w);
+  dt_var_t *p0, *p1, keep[64];
+  const char* const* names;
+  int n0, n1;
+  DT_ASSERT_OK(dt_llama_params(m[0], &p0, NULL, &n0, NULL));
+  DT_ASSERT_TRUE(n0 <= 64, "too many parameters");
+  memcpy(keep, p0, sizeof(dt_var_t) * (size_t)n0);
+  DT_ASSERT_OK(dt_llama_params(m[1], &p1, &names, &n1, NULL));
+  DT_ASSERT_EQ(n0, n1);
+  for (int i = 0; i < n0; i++) {
+    snprintf(w, sizeof w, "%s d %s", what, names[i]);
+    expect_close(dt_var_grad(keep[i]), dt_var_grad(p1[i]), 1e-5, w);
+  }
+  for (int v = 0; v < 2; v++) {
+    DT_ASSERT_OK(dt_tape_destroy(tape[v]));
+    DT_ASSERT_OK(dt_llama_destroy(m[v]));
+  }
+}
+
 /* the model: experts Shard(0) by the plan run expert-parallel, same loss and gradients */
 static void test_llama(void) {
   int shape[1] = {g_world};
@@ -491,39 +533,10 @@ static void test_llama(void) {
   static const char* const kPlans[2] = {"*.experts.*=S(0)", "*=R"};
   for (int v = 0; v < 2; v++) {
     DT_ASSERT_OK(dt_llama_create(mesh, &c, kPlans[v], &m[v]));
-    dt_tensor_t tt, gt;
-    DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, rep, tok, &tt));
-    DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, rep, tgt, &gt));
-    DT_ASSERT_OK(dt_tape_create(&tape[v]));
-    DT_ASSERT_OK(dt_llama_forward(m[v], tape[v], tt, gt, &loss[v], NULL));
-    DT_ASSERT_OK(dt_tape_backward(tape[v], loss[v]));
-    dt_tensor_destroy(tt);
-    dt_tensor_destroy(gt);
-    dt_moe_stats_t st;
-    DT_ASSERT_OK(dt_llama_moe_stats(m[v], &st));
-    DT_ASSERT_EQ(st.expert_parallel_dim, v == 0 ? 0 : -1);
-    DT_ASSERT_EQ(st.tokens, c.n_layers * B * S);
+    moe_step(m[v], mesh, bs, rep[0], tok, tgt, v == 0 ? 0 : -1, c.n_layers * B * S, &tape[v],
+             &loss[v]);
   }
-  expect_close(dt_var_value(loss[0]), dt_var_value(loss[1]), 1e-5, "llama loss");
-  dt_var_t *p0, *p1;
-  const char* const* names;
-  int n0, n1;
-  DT_ASSERT_OK(dt_llama_params(m[0], &p0, &names, &n0, NULL));
-  dt_var_t keep[64];
-  DT_ASSERT_TRUE(n0 <= 64, "too many parameters");
-  memcpy(keep, p0, sizeof(dt_var_t) * (size_t)n0);
-  DT_ASSERT_OK(dt_llama_params(m[1], &p1, NULL, &n1, NULL));
-  DT_ASSERT_EQ(n0, n1);
-  DT_ASSERT_OK(dt_llama_params(m[0], &p0, &names, &n0, NULL));
-  for (int i = 0; i < n0; i++) {
-    char what[160];
-    snprintf(what, sizeof what, "llama d %s", names[i]);
-    expect_close(dt_var_grad(keep[i]), dt_var_grad(p1[i]), 1e-5, what);
-  }
-  for (int v = 0; v < 2; v++) {
-    DT_ASSERT_OK(dt_tape_destroy(tape[v]));
-    DT_ASSERT_OK(dt_llama_destroy(m[v]));
-  }
+  moe_compare(m, tape, loss, "llama");
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
 
@@ -574,38 +587,10 @@ static void test_llama_two_meshes_uneven(void) {
         DT_ASSERT_OK(dt_module_set_param(root, name, np));
       }
     }
-    dt_placement_t pl[1] = {v == 0 ? dt_shard(0) : dt_replicate()};
-    dt_tensor_t tt, gt;
-    DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, pl, tok, &tt));
-    DT_ASSERT_OK(dt_tensor_from_full(mesh, DT_I64, 2, bs, pl, tgt, &gt));
-    DT_ASSERT_OK(dt_tape_create(&tape[v]));
-    DT_ASSERT_OK(dt_llama_forward(m[v], tape[v], tt, gt, &loss[v], NULL));
-    DT_ASSERT_OK(dt_tape_backward(tape[v], loss[v]));
-    dt_tensor_destroy(tt);
-    dt_tensor_destroy(gt);
-    dt_moe_stats_t st;
-    DT_ASSERT_OK(dt_llama_moe_stats(m[v], &st));
-    DT_ASSERT_EQ(st.expert_parallel_dim, v == 0 ? 0 : -1);
-    DT_ASSERT_EQ(st.tokens, c.n_layers * B * S);
+    moe_step(m[v], mesh, bs, v == 0 ? dt_shard(0) : dt_replicate(), tok, tgt, v == 0 ? 0 : -1,
+             c.n_layers * B * S, &tape[v], &loss[v]);
   }
-  expect_close(dt_var_value(loss[0]), dt_var_value(loss[1]), 1e-5, "uneven llama loss");
-  dt_var_t *p0, *p1, keep[64];
-  const char* const* names;
-  int n0, n1;
-  DT_ASSERT_OK(dt_llama_params(m[0], &p0, NULL, &n0, NULL));
-  DT_ASSERT_TRUE(n0 <= 64, "too many parameters");
-  memcpy(keep, p0, sizeof(dt_var_t) * (size_t)n0);
-  DT_ASSERT_OK(dt_llama_params(m[1], &p1, &names, &n1, NULL));
-  DT_ASSERT_EQ(n0, n1);
-  for (int i = 0; i < n0; i++) {
-    char what[160];
-    snprintf(what, sizeof what, "uneven llama d %s", names[i]);
-    expect_close(dt_var_grad(keep[i]), dt_var_grad(p1[i]), 1e-5, what);
-  }
-  for (int v = 0; v < 2; v++) {
-    DT_ASSERT_OK(dt_tape_destroy(tape[v]));
-    DT_ASSERT_OK(dt_llama_destroy(m[v]));
-  }
+  moe_compare(m, tape, loss, "uneven llama");
   DT_ASSERT_OK(dt_mesh_destroy(em));
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
 }
