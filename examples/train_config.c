@@ -427,22 +427,21 @@ int train_opts_load_json(train_opts_t* o, const char* text, size_t len, char* er
       }
       snprintf(val, sizeof val, "%s", it->valuestring);
     } else if (cJSON_IsBool(it)) {
-      /* true / false are 1 / 0 for the 0/1 switches only: "steps": true is a mistake, not 1;
-       * a text key gets the words (its own check names what it takes) */
-      int flag = 0, number = 0, words = 0; /* seed: an integer */
+      /* true / false are 1 / 0 for the 0/1 switches and reshard_after_forward (FSDP2's bool:
+       * true ZeRO-3, false ZeRO-2) only: "steps": true or "metrics": true is a mistake */
+      int flag = !strcmp(it->string, "reshard_after_forward"), kind = 0; /* 0 integer (seed) */
       for (size_t k = 0; k < sizeof kInts / sizeof kInts[0]; k++)
-        if (!strcmp(it->string, kInts[k].key)) flag = kInts[k].lo == 0 && kInts[k].hi == 1;
+        if (!strcmp(it->string, kInts[k].key)) flag |= kInts[k].lo == 0 && kInts[k].hi == 1;
       for (size_t k = 0; k < sizeof kReals / sizeof kReals[0]; k++)
-        number |= !strcmp(it->string, kReals[k].key);
+        if (!strcmp(it->string, kReals[k].key)) kind = 1;
       for (size_t k = 0; k < sizeof kStrs / sizeof kStrs[0]; k++)
-        words |= !strcmp(it->string, kStrs[k].key);
-      if (!flag && !words && find_doc(it->string) != NULL) { /* unknown: train_opts_set says so */
+        if (!strcmp(it->string, kStrs[k].key)) kind = 2;
+      if (!flag && find_doc(it->string) != NULL) { /* unknown: train_opts_set says so */
         ok = fail(err, cap, "config key '%.64s' takes %s, not true or false", it->string,
-                  number ? "a number" : "an integer");
+                  kind == 2 ? "a string" : kind == 1 ? "a number" : "an integer");
         break;
       }
-      snprintf(val, sizeof val, "%s", words ? (cJSON_IsTrue(it) ? "true" : "false")
-                                            : (cJSON_IsTrue(it) ? "1" : "0"));
+      snprintf(val, sizeof val, "%d", cJSON_IsTrue(it));
     } else if (cJSON_IsNumber(it)) {
       double v = it->valuedouble;
       /* integers print without an exponent so that integer keys accept them */

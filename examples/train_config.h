@@ -56,8 +56,8 @@ void train_opts_defaults(train_opts_t* o, const char* default_plan);
  * combine (parallel against mesh and plan) is train.c's to check. */
 int train_opts_set(train_opts_t* o, const char* key, const char* val, char* err, size_t cap);
 /* Applies a JSON config: exactly one object (white space may follow), each key once, each value a
- * string, number or boolean (true / false: 1 / 0 for the switches, the words for text keys, an
- * error for the other numeric keys). On failure returns 0 with a message in err; o may be
+ * string, number or boolean (true / false: 1 / 0 for the 0/1 switches and
+ * reshard_after_forward, an error for every other key). On failure returns 0 with a message in err; o may be
  * half-updated. */
 int train_opts_load_json(train_opts_t* o, const char* text, size_t len, char* err, size_t cap);
 /* The same from a file of at most 1 MiB. */

@@ -479,18 +479,17 @@ static dt_status_t tp_collect(const tp_target_t* tg, const dt_tp_style_t* s, dt_
     dt_mesh_t pm;
     int nd;
     int64_t shape[DT_MAX_DIMS];
+    char pname[sizeof q->name + 16] = "its weight"; /* a one-weight module's is unnamed */
+    if (q->name[0]) snprintf(pname, sizeof pname, "parameter '%s'", q->name);
     DT_CHECK(dt_tensor_mesh(v, &pm));
     if (pm != mesh)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' of '%s' lives on another mesh", q->name,
-                     mod);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s of '%s' lives on another mesh", pname, mod);
     DT_CHECK(dt_tensor_ndim(v, &nd));
     DT_CHECK(dt_tensor_shape(v, shape));
     DT_CHECK(dt_tensor_placements(v, q->pl));
     if (q->pl[tp_dim].kind != DT_REPLICATE)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "parameter '%s' of '%s' is not Replicate on the tp dim "
-                     "%d", q->name, mod, tp_dim);
-    char pname[sizeof q->name + 16] = "its weight"; /* a one-weight module's is unnamed */
-    if (q->name[0]) snprintf(pname, sizeof pname, "parameter '%s'", q->name);
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s of '%s' is not Replicate on the tp dim %d", pname,
+                     mod, tp_dim);
     DT_CHECK(tp_param_placement(s->kind, mod, pname, nd, shape, tp_size, &q->pl[tp_dim]));
     int dup = 0;
     for (int j = 0; j < *n && !dup; j++) {

@@ -88,11 +88,17 @@ static void test_valid(void** state) {
   const char* const not_bool[][2] = {{"{\"steps\": true}", "'steps' takes an integer"},
                                      {"{\"seed\": false}", "'seed' takes an integer"},
                                      {"{\"lr\": true}", "'lr' takes a number"},
-                                     {"{\"mesh\": true}", "mesh 'true' is not N or AxB"}};
+                                     {"{\"mesh\": true}", "'mesh' takes a string"},
+                                     {"{\"metrics\": false}", "'metrics' takes a string"}};
   for (size_t i = 0; i < sizeof not_bool / sizeof not_bool[0]; i++) {
     assert_false(load(&o, not_bool[i][0], err, sizeof err));
     assert_non_null(strstr(err, not_bool[i][1]));
   }
+  /* reshard_after_forward takes FSDP2's bool too: true is ZeRO-3 (1), false ZeRO-2 (0) */
+  assert_true(load(&o, "{\"reshard_after_forward\": false}", err, sizeof err));
+  assert_int_equal(o.reshard_after_forward, 0);
+  assert_true(load(&o, "{\"reshard_after_forward\": true}", err, sizeof err));
+  assert_int_equal(o.reshard_after_forward, 1);
   assert_false(load(&o, "{\"stepz\": true}", err, sizeof err)); /* unknown: named as such */
   assert_non_null(strstr(err, "stepz"));
 }
@@ -185,7 +191,7 @@ static void test_refused(void** state) {
       {"{\"parallel\": \"fsdp-with-a-very-long-tail\"}", "parallel must be none, ddp, fsdp"},
       {"{\"parallel\": 1}", "parallel must be none, ddp, fsdp or hsdp, got '1'"},
       {"{\"param_dtype\": \"f16\"}", "param_dtype must be f32 or bf16, got 'f16'"},
-      {"{\"param_dtype\": true}", "param_dtype must be f32 or bf16"},
+      {"{\"param_dtype\": true}", "'param_dtype' takes a string, not true or false"},
       {"{\"reshard_after_forward\": -1}", "reshard_after_forward must be an integer in [0,"},
       {"{\"reshard_after_forward\": 1.5}", "reshard_after_forward must be an integer"},
       {"{\"reshard_after_forward\": \"yes\"}", "reshard_after_forward must be an integer"},

@@ -246,75 +246,96 @@ static void test_reductions(dt_mesh_t mesh) {
   }
 }
 
-/* Long rows (3 x 3000: a block per row on a GPU, and the whole tensor's 9000 in one block) and a
- * strided reduction (dim 0: 3 elements per output), i32 into i64 and i64 wrapping, against
- * int64 loops; amax / amin with the limits planted far from the rows' starts. */
-static void test_long_rows(dt_mesh_t mesh) {
-  enum { R = 3, C = 3000 };
-  for (int w = 0; w < 2; w++) {
-    const dt_dtype_t d = w ? I64 : I32;
-    int64_t* v = malloc(sizeof(int64_t) * R * C);
-    void* buf = malloc(8 * (size_t)R * C);
-    DT_ASSERT_TRUE(v != NULL && buf != NULL, "malloc");
-    uint64_t s = 0x9e3779b97f4a7c15ull;
-    for (int64_t i = 0; i < R * C; i++) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      v[i] = w ? (int64_t)s : (int64_t)(int32_t)(uint32_t)(s >> 32);
+/* Rows of every GPU group size (3 x 3000: a block per row, the whole tensor's 9000 in one block;
+ * 7 x 100: a warp per row; 100 x 7: a thread per row) and strided reductions (dim 0 of each:
+ * a thread per output over 3, a warp per output over 100 strided elements), i32 into i64 and
+ * i64 wrapping, against int64 loops; amax / amin with the limits planted far from the starts. */
+static void reduce_ref(const int64_t* v, int64_t R, int64_t C, int dim, int64_t* sum, int64_t* mx,
+                       int64_t* mn) {
+  const int64_t n_out = dim ? R : C, len = dim ? C : R;
+  for (int64_t o = 0; o < n_out; o++) {
+    uint64_t acc = 0;
+    mx[o] = INT64_MIN;
+    mn[o] = INT64_MAX;
+    for (int64_t k = 0; k < len; k++) {
+      const int64_t x = dim ? v[o * C + k] : v[k * C + o];
+      acc += (uint64_t)x;
+      if (x > mx[o]) mx[o] = x;
+      if (x < mn[o]) mn[o] = x;
     }
-    v[1 * C + 2777] = w ? INT64_MAX : INT32_MAX;
-    v[2 * C + 1999] = w ? INT64_MIN : INT32_MIN;
-    for (int64_t i = 0; i < R * C; i++) {
-      if (w) memcpy((char*)buf + 8 * i, &v[i], 8);
-      else { int32_t x = (int32_t)v[i]; memcpy((char*)buf + 4 * i, &x, 4); }
-    }
-    int64_t rsum[R], rmax[R], rmin[R], all = 0, csum[C];
-    for (int r = 0; r < R; r++) {
-      uint64_t acc = 0;
-      rmax[r] = INT64_MIN;
-      rmin[r] = INT64_MAX;
-      for (int c = 0; c < C; c++) {
-        const int64_t x = v[r * C + c];
-        acc += (uint64_t)x;
-        if (x > rmax[r]) rmax[r] = x;
-        if (x < rmin[r]) rmin[r] = x;
-      }
-      rsum[r] = (int64_t)acc;
-      all = (int64_t)((uint64_t)all + acc);
-    }
-    for (int c = 0; c < C; c++)
-      csum[c] = (int64_t)((uint64_t)v[c] + (uint64_t)v[C + c] + (uint64_t)v[2 * C + c]);
-    const int64_t shape[2] = {R, C}, d1[2] = {0, 1}, d0[2] = {0, 0}, none[1] = {0};
-    for (int p = 0; p < 3; p++) {
-      const dt_placement_t pl = p == 0 ? dt_replicate() : dt_shard(p - 1);
-      dt_tensor_t x, r;
-      DT_ASSERT_OK(dt_tensor_from_full(mesh, d, 2, shape, &pl, buf, &x));
-      char what[96];
-      snprintf(what, sizeof what, "sum(%s 3x3000, dim 1) on %d", dt_dtype_name(d), p);
-      expect(what, "sum", 1, &x, 2, d1, 0, NULL, I64, -1, R, rsum);
-      snprintf(what, sizeof what, "amax(%s 3x3000, dim 1) on %d", dt_dtype_name(d), p);
-      expect(what, "amax", 1, &x, 2, d1, 0, NULL, d, -1, R, rmax);
-      snprintf(what, sizeof what, "amin(%s 3x3000, dim 1) on %d", dt_dtype_name(d), p);
-      expect(what, "amin", 1, &x, 2, d1, 0, NULL, d, -1, R, rmin);
-      snprintf(what, sizeof what, "sum(%s 3x3000) on %d", dt_dtype_name(d), p);
-      expect(what, "sum", 1, &x, 1, none, 0, NULL, I64, -1, 1, &all);
-      /* dim 0: 3000 outputs of 3 strided elements */
-      dt_placement_t rep = dt_replicate();
-      DT_ASSERT_OK(dt_op_run("sum", 1, &x, 2, d0, 0, NULL, &r));
-      dt_tensor_t rr;
-      DT_ASSERT_OK(dt_tensor_redistribute(r, &rep, &rr));
-      int64_t* got = malloc(sizeof(int64_t) * C);
-      DT_ASSERT_OK(dt_tensor_gather_full(rr, got, sizeof(int64_t) * C));
-      for (int c = 0; c < C; c++)
-        DT_ASSERT_TRUE(got[c] == csum[c], "sum(%s, dim 0) on %d, element %d: %lld vs %lld",
-                       dt_dtype_name(d), p, c, (long long)got[c], (long long)csum[c]);
-      free(got);
-      DT_ASSERT_OK(dt_tensor_destroy(rr));
-      DT_ASSERT_OK(dt_tensor_destroy(r));
-      DT_ASSERT_OK(dt_tensor_destroy(x));
-    }
-    free(v);
-    free(buf);
+    sum[o] = (int64_t)acc;
   }
+}
+
+static void test_long_rows(dt_mesh_t mesh) {
+  const int64_t shapes[3][2] = {{3, 3000}, {7, 100}, {100, 7}};
+  for (int sh = 0; sh < 3; sh++)
+    for (int w = 0; w < 2; w++) {
+      const int64_t R = shapes[sh][0], C = shapes[sh][1], n = R * C;
+      const dt_dtype_t d = w ? I64 : I32;
+      int64_t* v = malloc(sizeof(int64_t) * (size_t)n);
+      int64_t* want = malloc(sizeof(int64_t) * 3 * (size_t)(R > C ? R : C));
+      int64_t* got = malloc(sizeof(int64_t) * (size_t)(R > C ? R : C));
+      void* buf = malloc(8 * (size_t)n);
+      DT_ASSERT_TRUE(v != NULL && want != NULL && got != NULL && buf != NULL, "malloc");
+      uint64_t s = 0x9e3779b97f4a7c15ull + (uint64_t)sh;
+      for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = w ? (int64_t)s : (int64_t)(int32_t)(uint32_t)(s >> 32);
+      }
+      v[n - 2] = w ? INT64_MAX : INT32_MAX;
+      v[n / 2 + 1] = w ? INT64_MIN : INT32_MIN;
+      for (int64_t i = 0; i < n; i++) {
+        if (w) memcpy((char*)buf + 8 * i, &v[i], 8);
+        else { int32_t x = (int32_t)v[i]; memcpy((char*)buf + 4 * i, &x, 4); }
+      }
+      const int64_t shape[2] = {R, C}, none[1] = {0};
+      for (int p = 0; p < 3; p++) {
+        const dt_placement_t pl = p == 0 ? dt_replicate() : dt_shard(p - 1);
+        dt_tensor_t x;
+        DT_ASSERT_OK(dt_tensor_from_full(mesh, d, 2, shape, &pl, buf, &x));
+        for (int dim = 0; dim < 2; dim++) {
+          const int64_t n_out = dim ? R : C, args[2] = {0, dim};
+          int64_t *sum = want, *mx = want + n_out, *mn = want + 2 * n_out;
+          reduce_ref(v, R, C, dim, sum, mx, mn);
+          const char* ops[3] = {"sum", "amax", "amin"};
+          for (int k = 0; k < 3; k++) {
+            dt_tensor_t r, rr;
+            dt_placement_t rep = dt_replicate();
+            DT_ASSERT_OK(dt_op_run(ops[k], 1, &x, 2, args, 0, NULL, &r));
+            DT_ASSERT_TRUE(dtype_of(r) == (k == 0 ? I64 : d), "%s dtype", ops[k]);
+            DT_ASSERT_OK(dt_tensor_redistribute(r, &rep, &rr));
+            const int wide = k == 0 || w;
+            DT_ASSERT_OK(dt_tensor_gather_full(rr, got, (size_t)n_out * (wide ? 8 : 4)));
+            for (int64_t o = 0; o < n_out; o++) {
+              int64_t g = got[o];
+              if (!wide) {
+                int32_t g32;
+                memcpy(&g32, (char*)got + 4 * o, 4);
+                g = g32;
+              }
+              DT_ASSERT_TRUE(g == want[k * n_out + o], "%s(%s %lldx%lld, dim %d) on %d, "
+                             "element %lld: %lld, want %lld", ops[k], dt_dtype_name(d),
+                             (long long)R, (long long)C, dim, p, (long long)o, (long long)g,
+                             (long long)want[k * n_out + o]);
+            }
+            DT_ASSERT_OK(dt_tensor_destroy(rr));
+            DT_ASSERT_OK(dt_tensor_destroy(r));
+          }
+        }
+        int64_t all = 0;
+        for (int64_t i = 0; i < n; i++) all = (int64_t)((uint64_t)all + (uint64_t)v[i]);
+        char what[96];
+        snprintf(what, sizeof what, "sum(%s %lldx%lld) on %d", dt_dtype_name(d), (long long)R,
+                 (long long)C, p);
+        expect(what, "sum", 1, &x, 1, none, 0, NULL, I64, -1, 1, &all);
+        DT_ASSERT_OK(dt_tensor_destroy(x));
+      }
+      free(v);
+      free(want);
+      free(got);
+      free(buf);
+    }
 }
 
 /* ---- where, masked_fill ---------------------------------------------------------------------- */
