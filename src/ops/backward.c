@@ -85,7 +85,8 @@ static dt_status_t dt__reduced(const dt_grad_ctx_t* c, unsigned* mask) {
   return dt__reduce_dims(c->op, &call, mask, &keep);
 }
 
-/* Gradient of a reduction: g brought back to x's shape (dims reduced without keepdim put back). */
+/* Gradient of a reduction: g (times scale) brought back to x's shape: the reduced dims put back
+ * as size 1, then expanded (no zeros of x's size; a shard or Partial of g passes). */
 static dt_status_t dt__expand_back(const dt_grad_ctx_t* c, dt_tensor_t g, double scale,
                                    dt_tensor_t* out) {
   dt_tensor_t x = c->in[0];
@@ -95,20 +96,17 @@ static dt_status_t dt__expand_back(const dt_grad_ctx_t* c, dt_tensor_t g, double
   for (int d = 0; d < x->layout.ndim; d++)
     kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
   dt__scope_t s = {0};
-  dt_tensor_t gk, z, sc;
+  dt_tensor_t gk, sc;
   dt_status_t st = dt__reshape(g, x->layout.ndim, kshape, &gk);
   if (st == DT_SUCCESS) {
     dt__keep(&s, gk);
-    st = dt__zeros_like(x, &z);
-  }
-  if (st == DT_SUCCESS) {
-    dt__keep(&s, z);
     if (scale != 1.0) {
       st = dt__scale(gk, scale, &sc);
       if (st == DT_SUCCESS) gk = dt__keep(&s, sc);
     }
   }
-  if (st == DT_SUCCESS) st = dt__op2(DT_OP_ADD, z, gk, out);
+  if (st == DT_SUCCESS)
+    st = dt__opa(DT_OP_EXPAND, 1, &gk, x->layout.ndim, x->layout.shape, 0, NULL, out);
   dt__scope_free(&s);
   return st;
 }
@@ -145,6 +143,10 @@ static dt_status_t dt__add_sub(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_ten
     }
   }
   return DT_SUCCESS;
+}
+/* expand: the gradient summed over the broadcast dims, as a broadcasting op's */
+dt_status_t dt__bw_expand(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__unbroadcast(gout[0], c->in[0], &gin[0]);
 }
 dt_status_t dt__bw_add(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   return dt__add_sub(c, gout, gin, 0);

@@ -1,5 +1,5 @@
 /* kernels_shape.c - CPU kernels of the shape ops on local shards, any dtype (byte copies):
- * view-family reshapes, slice/narrow and cat. */
+ * view-family reshapes, slice/narrow, cat and expand. */
 #include "ops/ops.h"
 
 static int64_t dt__numel(const dt_local_tensor_t* t) {
@@ -71,6 +71,53 @@ dt_status_t dt__kernel_cat(const dt_op_call_t* call, const dt_local_tensor_t* in
     dt__copy_blocks((char*)out->data + (size_t)at * item, (const char*)in[t].data, outer, blk,
                     ostride, blk, item);
     at += blk;
+  }
+  return DT_SUCCESS;
+}
+
+/* expand: out takes x broadcast, numpy's rule aligned from the right (a dim x lacks, or holds
+ * once where out holds more, repeats). The rules keep broadcast dims whole, so the local shards
+ * obey the same rule. Rows of the innermost dim are copied whole, or filled by doubling copies
+ * where that dim repeats one element. */
+dt_status_t dt__kernel_expand(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  const dt_local_tensor_t* x = &in[0];
+  int no = out->ndim, lead = no - x->ndim;
+  size_t item = dt__itemsize(x->dtype);
+  int64_t n = dt__numel(out);
+  if (n == 0) return DT_SUCCESS;
+  if (no == 0) {
+    memcpy(out->data, x->data, item);
+    return DT_SUCCESS;
+  }
+  int64_t sst[DT_MAX_DIMS], s = 1; /* x's step (items) per out dim; 0 where it repeats */
+  for (int d = no - 1; d >= 0; d--) {
+    int xd = d - lead;
+    if (xd >= 0 && x->shape[xd] != out->shape[d] && x->shape[xd] != 1)
+      return DT_FAIL(DT_ERR_INTERNAL, "%s: local dim %d of %lld elements for an output of %lld",
+                     call->op, xd, (long long)x->shape[xd], (long long)out->shape[d]);
+    sst[d] = (xd < 0 || x->shape[xd] != out->shape[d]) ? 0 : s;
+    if (xd >= 0) s *= x->shape[xd];
+  }
+  const int64_t len = out->shape[no - 1];
+  const size_t row = (size_t)len * item;
+  int64_t idx[DT_MAX_DIMS] = {0}, src = 0;
+  const char* xp = (const char*)x->data;
+  char* dst = (char*)out->data;
+  for (int64_t r = 0; r < n / len; r++, dst += row) {
+    if (sst[no - 1] != 0) {
+      memcpy(dst, xp + (size_t)src * item, row);
+    } else {
+      memcpy(dst, xp + (size_t)src * item, item);
+      for (size_t done = item; done < row; done *= 2)
+        memcpy(dst + done, dst, done <= row - done ? done : row - done);
+    }
+    for (int d = no - 2; d >= 0; d--) { /* next row: the odometer over the outer dims */
+      src += sst[d];
+      if (++idx[d] < out->shape[d]) break;
+      src -= sst[d] * idx[d];
+      idx[d] = 0;
+    }
   }
   return DT_SUCCESS;
 }

@@ -200,6 +200,7 @@ DT__KERNEL(dt__kernel_view);
 DT__KERNEL(dt__kernel_slice);
 DT__KERNEL(dt__kernel_narrow);
 DT__KERNEL(dt__kernel_cat);
+DT__KERNEL(dt__kernel_expand);
 /* kernels_nn.c */
 DT__KERNEL(dt__kernel_addmm);
 DT__KERNEL(dt__kernel_add_scalar);
@@ -282,6 +283,7 @@ DT__BACKWARD(dt__bw_transpose);
 DT__BACKWARD(dt__bw_t);
 DT__BACKWARD(dt__bw_slice);
 DT__BACKWARD(dt__bw_cat);
+DT__BACKWARD(dt__bw_expand);
 DT__BACKWARD(dt__bw_topk);
 DT__BACKWARD(dt__bw_gather);
 DT__BACKWARD(dt__bw_scatter_add);

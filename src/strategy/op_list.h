@@ -135,6 +135,8 @@
     dt__kernel_narrow, NULL)                                                                             \
   X(CAT, "cat", DT_OP_MAX_INPUTS, 1, "dim", dt__cat_rules, NULL, dt__bw_cat,                             \
     DT__WRA | DT_OPF_VARIADIC, dt__kernel_cat, NULL)                                                     \
+  X(EXPAND, "expand", 1, 1, "shape:l", dt__expand_rules, NULL, dt__bw_expand, DT__WRA,              \
+    dt__kernel_expand, NULL)                                                                             \
   /* indexing and routing */                                                                             \
   X(TOPK, "topk", 1, 2, "k, dim, largest=1", dt__topk_rules, NULL, dt__bw_topk, DT__W, dt__kernel_topk,  \
     NULL)                                                                                                \

@@ -12,6 +12,8 @@
  * the leading dims and every Partial pass, other shards are moved first (no elements move).
  *   slice/narrow (dim): [R; R] [S(d); S(d)] for d != dim, every Partial passes
  *   cat (dim):          [R; R..] [S(d); S(d)..] for d != dim, [P(op); P(op)..] for every op
+ *   expand (sizes):     [R; R] [S(d); S(d - lead)] for every dim that keeps its size, every
+ *                       Partial passes; a broadcast dim (new, or size 1 grown) is R first
  */
 #include <stdio.h>
 
@@ -396,6 +398,59 @@ dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
   for (int op = 0; op < DT_REDUCE_COUNT; op++) {
     r.out[0] = dt_partial((dt_reduce_op_t)op);
     for (int t = 0; t < call->n_inputs; t++) r.in[t] = r.out[0];
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* expand (iargs: the output's sizes, -1 keeping a dim; `lead` new dims in front), PyTorch's
+ * Tensor.expand: only size-1 dims grow, new dims come first and take no -1. The output is a
+ * materialized copy (tensors here are contiguous), so a shard passes every dim that keeps its size
+ * and a broadcast dim is replicated first (its one element is every rank's); every Partial passes
+ * (a copy is linear and keeps max and min). No rule shards a broadcast dim of a replicated input:
+ * it would save memory here but make the next op that wants the whole dim gather it. */
+dt_status_t dt__expand_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                             dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t* x = &call->in[0];
+  int nd = x->ndim, no = call->n_iargs, lead = no - nd;
+  if (no > DT_MAX_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "expand: %d sizes, at most %d dims", no, DT_MAX_DIMS);
+  if (lead < 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "expand: %d sizes for a %d-dim tensor: give at least one "
+                   "size per dim (-1 keeps a dim's size)", no, nd);
+  *out_meta = *x;
+  out_meta->ndim = no;
+  int64_t numel = 1;
+  for (int d = 0; d < no; d++) {
+    int64_t s = call->iargs[d], xs = d < lead ? -1 : x->shape[d - lead];
+    if (d < lead && s == -1)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "expand: size -1 in dim %d, a new leading dim (the "
+                     "tensor has %d dims): a new dim needs its size", d, nd);
+    if (s == -1) s = xs;
+    if (s < 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "expand: invalid size %lld in dim %d",
+                     (long long)call->iargs[d], d);
+    if (d >= lead && xs != 1 && s != xs)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "expand: size %lld in dim %d must match the tensor's "
+                     "size %lld there (only dims of size 1 expand; -1 keeps a size)",
+                     (long long)s, d, (long long)xs);
+    if (!dt__mul_i64(numel, s, &numel))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "expand: the sizes' product overflows 64 bits");
+    out_meta->shape[d] = s;
+  }
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = lead; d < no; d++) {
+    if (x->shape[d - lead] != out_meta->shape[d]) continue;
+    r.in[0] = dt_shard(d - lead);
+    r.out[0] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
     dt__add(rules, cap, n, &r);
   }
   return DT_SUCCESS;

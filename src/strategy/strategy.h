@@ -52,6 +52,7 @@ DT__RULES(dt__t_rules);
 DT__RULES(dt__slice_rules);
 DT__RULES(dt__narrow_rules);
 DT__RULES(dt__cat_rules);
+DT__RULES(dt__expand_rules);
 DT__RULES(dt__topk_rules);
 DT__RULES(dt__gather_rules);
 DT__RULES(dt__scatter_add_rules);

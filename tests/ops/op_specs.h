@@ -110,6 +110,7 @@ static const spec_t kSpecs[] = {
   {"slice", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1", "start=1", "end=5"}},
   {"narrow", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1", "start=1", "length=3"}},
   {"cat", 2, {{DT_F32, T2(2, 3), F_VAL, 0, 0}, {DT_F32, T2(2, 3), F_POS, 0, 0}}, {"dim=0"}},
+  {"expand", 1, {{DT_F32, T2(4, 1), F_VAL, 0, 0}}, {"shape=2,4,6"}},
   {"topk", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"k=2", "dim=1"}},
   {"gather", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T2(4, 3), F_IDX, 6, 0}}, {"dim=1"}},
   {"scatter_add", 3, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T2(4, 3), F_IDX, 6, 0},

@@ -631,6 +631,32 @@ CASES.append({"name": "masked_fill_i32_overflow_error", "op": "masked_fill", "ia
               "fargs": [2.0 ** 31], "inputs": [tens(ib), tens(fcond)], "outputs": [],
               "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
 
+# ---- expand (appended: earlier draws unchanged). -1 keeps a dim; new dims lead; only size-1
+#      dims grow. The gradient sums over the broadcast dims.
+ex_col, ex_row, ex_3 = rnd(6, 1), rnd(1, 5), rnd(4, 1, 3)
+case("expand_col", "expand", [ex_col], ex_col.expand(6, 5), iargs=[6, 5], rtol=0.0, atol=0.0)
+case("expand_row_keep", "expand", [ex_row], ex_row.expand(6, -1), iargs=[6, -1], rtol=0.0, atol=0.0)
+case("expand_new_lead", "expand", [ex_3], ex_3.expand(2, 4, 5, 3), iargs=[2, 4, 5, 3],
+     rtol=0.0, atol=0.0)
+case("expand_same", "expand", [ab], ab.expand(-1, 5), iargs=[-1, 5], rtol=0.0, atol=0.0)
+ex_i = ints(100, 3, 1) - 50
+case("expand_i64", "expand", [ex_i], ex_i.expand(2, 3, 4), iargs=[2, 3, 4], rtol=0.0, atol=0.0)
+ex_0d = rnd(())
+case("expand_0d", "expand", [ex_0d], ex_0d.expand(3, 2), iargs=[3, 2], rtol=0.0, atol=0.0)
+for dt, tag in LOW:
+    lcase(f"expand_{tag}", "expand", dt, [lo(ex_3, dt)], lambda t: t.expand(2, 4, 5, 3),
+          iargs=[2, 4, 5, 3], ulps=0)
+for nm, t, sz in (("expand_nonsingleton_error", ex_row, [6, 4]),
+                  ("expand_lead_minus1_error", ex_row, [-1, 1, 5]),
+                  ("expand_too_few_error", ex_3, [4, 5])):
+    try:
+        t.expand(*sz)
+        raise AssertionError(f"{nm}: PyTorch takes it")
+    except RuntimeError:
+        pass
+    CASES.append({"name": nm, "op": "expand", "iargs": sz, "fargs": [], "inputs": [tens(t)],
+                  "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
@@ -682,6 +708,7 @@ def torch_op(op, x, ia, fa):
         return x[0][tuple(idx)]
     if op == "narrow": return x[0].narrow(ia[0], ia[1], ia[2])
     if op == "cat": return torch.cat(x, ia[0])
+    if op == "expand": return x[0].expand(*ia)
     if op == "sdpa":
         if len(ia) > 1 and ia[1]:
             t = [v.transpose(1, 2) for v in x]
@@ -710,13 +737,14 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "add_scalar", "mul_scalar", "pow", "exp", "log", "sqrt", "rsqrt", "gelu", "silu", "sigmoid",
                 "tanh", "sum", "mean", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm",
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
-                "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk"}
+                "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "expand"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none
         return
     if c["outputs"][0]["dtype"] in ("i32", "i64") and c["op"] in ("neg", "sum", "amax", "amin",
-                                                                   "where", "masked_fill"):
+                                                                   "where", "masked_fill",
+                                                                   "expand"):
         return  # integer results: no gradient
     low = any(t["dtype"] in ("bf16", "f16") for t in c["inputs"])
     if c["op"] in NO_GRAD or (low and (c["op"] not in LOW_GRAD_OPS or

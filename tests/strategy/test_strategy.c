@@ -704,6 +704,56 @@ static void test_mixed_partials(void** state) {
   assert_int_equal(dt_mesh_destroy(m), DT_SUCCESS);
 }
 
+/* expand: a shard passes a dim that keeps its size (no move), a shard of a size-1 dim that grows
+ * is gathered first, every Partial passes; the output shape follows PyTorch (-1 keeps a size,
+ * new dims lead), and bad sizes are refused naming the dim. */
+static void test_expand(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(2, 2, 2);
+  int64_t s[3] = {8, 1, 6};
+  dt_op_call_t ex = call2("expand", 3, s, 0, NULL);
+  const int64_t sizes[4] = {4, -1, 5, -1};
+  ex.n_iargs = 4;
+  memcpy(ex.iargs, sizes, sizeof sizes);
+  dt_placement_t in[2][DT_MAX_MESH_DIMS];
+  dt_op_choice_t ch;
+  set_pl(in, 0, "S(0),S(2)");
+  assert_int_equal(dt_op_select(m, &ex, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].ndim, 4);
+  const int64_t want[4] = {4, 8, 5, 6};
+  for (int d = 0; d < 4; d++) assert_int_equal(ch.out_meta[0].shape[d], want[d]);
+  expect_out(&ch, 2, "S(1),S(3)");
+  assert_int_equal(ch.steps, 0);
+  check_is_min(m, &ex, (const dt_placement_t(*)[DT_MAX_MESH_DIMS])in, &ch);
+  /* the growing size-1 dim cannot stay sharded */
+  set_pl(in, 0, "S(1),P(max)");
+  assert_int_equal(dt_op_select(m, &ex, in, &ch), DT_SUCCESS);
+  assert_true(dt_placement_equal(ch.in[0][0], dt_replicate()));
+  assert_true(dt_placement_equal(ch.in[0][1], dt_partial(DT_REDUCE_MAX)));
+  expect_out(&ch, 2, "R,P(max)");
+  const char* parts[] = {"P(sum),P(avg)", "P(min),R"};
+  for (int k = 0; k < 2; k++) {
+    set_pl(in, 0, parts[k]);
+    assert_int_equal(dt_op_select(m, &ex, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 2, parts[k]);
+    assert_int_equal(ch.steps, 0);
+  }
+  /* refusals: a non-singleton dim changed, -1 in a new dim, fewer sizes than dims, a negative
+   * size; the message names the dim */
+  set_pl(in, 0, "R,R");
+  const int64_t bad[4][4] = {{4, 7, 5, 6}, {-1, 8, 5, 6}, {8, 1, 6, 0}, {4, 8, -2, 6}};
+  const int nbad[4] = {4, 4, 2, 4};
+  const char* say[4] = {"must match the tensor's size 8", "a new leading dim",
+                        "give at least one size per dim", "invalid size -2 in dim 2"};
+  for (int k = 0; k < 4; k++) {
+    ex.n_iargs = nbad[k];
+    memcpy(ex.iargs, bad[k], sizeof bad[k]);
+    assert_int_equal(dt_op_select(m, &ex, in, &ch), DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), say[k]));
+  }
+  dt_mesh_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
@@ -715,6 +765,7 @@ int main(void) {
       cmocka_unit_test(test_shapes_out_of_range),
       cmocka_unit_test(test_host_rules_checked),
       cmocka_unit_test(test_mixed_partials),
+      cmocka_unit_test(test_expand),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /* index.cu - CUDA kernels of the shape, indexing and routing ops (see cuda_ops.h for the
  * conventions): the view family (view, reshape, flatten, unflatten, squeeze, unsqueeze),
- * permute / transpose / t, slice / narrow, cat, embedding and embedding_grad, gather_dim,
+ * permute / transpose / t, slice / narrow, cat, expand, embedding and embedding_grad, gather_dim,
  * gather, scatter_add, index_add, topk and moe_route.
  *
  * The host kernels (src/ops/kernels_shape.c, kernels_cpu.c, kernels_nn.c, kernels_grad.c,
@@ -934,6 +934,25 @@ DT_CU_KERNEL(dt_cu_moe_route) {
   return DT_SUCCESS;
 }
 
+/* expand: x broadcast into out (numpy's rule from the right): a box copy whose source steps
+ * are 0 along the dims x lacks or holds once. */
+DT_CU_KERNEL(dt_cu_expand) {
+  const dt_local_tensor_t* x = &in[0];
+  int no = out->ndim, lead = no - x->ndim;
+  int64_t ost[DT_MAX_DIMS], sst[DT_MAX_DIMS], s = 1;
+  for (int d = no - 1; d >= 0; d--) {
+    int xd = d - lead;
+    if (xd >= 0 && x->shape[xd] != out->shape[d] && x->shape[xd] != 1)
+      return DT_FAIL(DT_ERR_INTERNAL, "%s: local dim %d of %lld elements for an output of %lld",
+                     call->op, xd, (long long)x->shape[xd], (long long)out->shape[d]);
+    sst[d] = (xd < 0 || x->shape[xd] != out->shape[d]) ? 0 : s;
+    if (xd >= 0) s *= x->shape[xd];
+  }
+  dt_cu_strides(no, out->shape, ost);
+  return dt_cu_copy_box(x, call->op, out->data, x->data, no, out->shape, ost, sst,
+                        dt__itemsize(x->dtype));
+}
+
 /* ---- registration ------------------------------------------------------------------------ */
 
 }  // namespace
@@ -952,6 +971,7 @@ DT_CU_FILL(index) {
   t[DT_OP_SLICE] = {dt_cu_slice, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_NARROW] = {dt_cu_narrow, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_CAT] = {dt_cu_cat, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_EXPAND] = {dt_cu_expand, DT_KERNEL_ANY_DTYPE, NULL};
   /* lookups move raw bf16/f16 storage (no f32 round trip); the adds run on f32 */
   t[DT_OP_EMBEDDING] = {dt_cu_embedding, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
   t[DT_OP_GATHER_DIM] = {dt_cu_gather_dim, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
