@@ -6,6 +6,8 @@
  *   add/sub: g, +-g          mul: g b, g a           div: g / b, -(g / b) out
  *   mm: g b^T, a^T g         bmm: per batch          linear: g w, g^T x, sum_rows g
  *   exp: g out  log: g / x  sqrt: g / (2 out)  rsqrt: -g out^3 / 2  pow: g p x^(p-1)
+ *   sin: g cos(x)  cos: -(g sin(x))  reciprocal: -(g (out out))  log1p: g / (x + 1)
+ *   expm1: g (out + 1)   (PyTorch's formulas, rounded op by op as its bf16 autograd)
  *   relu/silu/gelu/sigmoid/tanh: act_grad          softmax: out (g - sum(g out))
  *   log_softmax: g - exp(out) sum(g)               sum/mean: g expanded (/ count)
  *   rms_norm/layer_norm: *_norm_grad               embedding: embedding_grad
@@ -264,6 +266,35 @@ dt_status_t dt__bw_tanh(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
 }
 dt_status_t dt__bw_abs(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   return dt__act(gout[0], c->in[0], DT_ACT_ABS, &gin[0]);
+}
+/* g op f(t) and, when neg, its negation: the two-step gradients of sin, cos, reciprocal, log1p
+ * and expm1 (f: op f_id on t with the scalar s when f_id takes one, or t * t for DT_OP_MUL) */
+static dt_status_t dt__unary_grad(dt_tensor_t g, int f_id, dt_tensor_t t, double s, int op,
+                                  int neg, dt_tensor_t* gin) {
+  dt__scope_t sc = {0};
+  dt_tensor_t f, r;
+  dt_status_t st = f_id == DT_OP_MUL ? dt__op2(DT_OP_MUL, t, t, &f)
+                   : f_id == DT_OP_ADD_SCALAR ? dt__opa(f_id, 1, &t, 0, NULL, 1, &s, &f)
+                                              : dt__op1(f_id, t, &f);
+  if (st == DT_SUCCESS) st = dt__op2(op, g, dt__keep(&sc, f), neg ? &r : gin);
+  if (st == DT_SUCCESS && neg) st = dt__op1(DT_OP_NEG, dt__keep(&sc, r), gin);
+  dt__scope_free(&sc);
+  return st;
+}
+dt_status_t dt__bw_sin(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__unary_grad(gout[0], DT_OP_COS, c->in[0], 0.0, DT_OP_MUL, 0, &gin[0]);
+}
+dt_status_t dt__bw_cos(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__unary_grad(gout[0], DT_OP_SIN, c->in[0], 0.0, DT_OP_MUL, 1, &gin[0]);
+}
+dt_status_t dt__bw_reciprocal(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__unary_grad(gout[0], DT_OP_MUL, c->out[0], 0.0, DT_OP_MUL, 1, &gin[0]);
+}
+dt_status_t dt__bw_log1p(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__unary_grad(gout[0], DT_OP_ADD_SCALAR, c->in[0], 1.0, DT_OP_DIV, 0, &gin[0]);
+}
+dt_status_t dt__bw_expm1(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__unary_grad(gout[0], DT_OP_ADD_SCALAR, c->out[0], 1.0, DT_OP_MUL, 0, &gin[0]);
 }
 dt_status_t dt__bw_clamp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   /* the forward's bounds (absent: NaN for both ops) rounded to x's dtype, as PyTorch compares

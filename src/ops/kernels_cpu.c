@@ -233,6 +233,13 @@ static float dt__f_sigmoid(float x) { return 1.0f / (1.0f + dt__expf(-x)); }
 static float dt__f_silu(float x) { return x / (1.0f + dt__expf(-x)); }
 static float dt__f_tanh(float x) { return tanhf(x); }
 static float dt__f_abs(float x) { return fabsf(x); }
+/* libm's, as PyTorch: sin/cos(+-inf) = NaN, 1/(+-0) = +-inf, log1p(-1) = -inf and NaN below,
+ * expm1 and log1p accurate near 0 (not exp(x) - 1 or log(1 + x)) */
+static float dt__f_sin(float x) { return sinf(x); }
+static float dt__f_cos(float x) { return cosf(x); }
+static float dt__f_reciprocal(float x) { return 1.0f / x; }
+static float dt__f_log1p(float x) { return log1pf(x); }
+static float dt__f_expm1(float x) { return expm1f(x); }
 
 /* neg and abs of i32 / i64 (its dtype out), as PyTorch: two's complement, so -INT_MIN and
  * abs(INT_MIN) are INT_MIN. */
@@ -282,6 +289,11 @@ DT__UNARY_KERNEL(dt__kernel_sigmoid, dt__f_sigmoid)
 DT__UNARY_KERNEL(dt__kernel_silu, dt__f_silu)
 DT__UNARY_KERNEL(dt__kernel_tanh, dt__f_tanh)
 DT__UNARY_KERNEL(dt__kernel_abs, dt__f_abs)
+DT__UNARY_KERNEL(dt__kernel_sin, dt__f_sin)
+DT__UNARY_KERNEL(dt__kernel_cos, dt__f_cos)
+DT__UNARY_KERNEL(dt__kernel_reciprocal, dt__f_reciprocal)
+DT__UNARY_KERNEL(dt__kernel_log1p, dt__f_log1p)
+DT__UNARY_KERNEL(dt__kernel_expm1, dt__f_expm1)
 
 /* ---------------------------------------------------------------------------------------------
  * reductions over dims (iargs [keepdim, dim...]); mean divides by the GLOBAL count of reduced

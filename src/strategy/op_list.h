@@ -30,6 +30,8 @@
 #define DT__I (DT_OPF_NO_GRAD | DT_OPF_ANY_DTYPE)
 #define DT__P2 (DT_OPF_PROMOTES_IN(0) | DT_OPF_PROMOTES_IN(1))
 #define DT__P12 (DT_OPF_PROMOTES_IN(1) | DT_OPF_PROMOTES_IN(2))
+/* a unary float op whose integer input is cast to f32 first (PyTorch: torch.sin(int) is f32) */
+#define DT__F0 (DT_OPF_PROMOTES_IN(0) | DT_OPF_INT_TO_FLOAT)
 
 /* clang-format off */
 #define DT_OP_LIST(X)                                                                                    \
@@ -74,6 +76,14 @@
   X(ABS, "abs", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_abs, DT__WR, dt__kernel_abs, NULL)           \
   X(CLAMP, "clamp", 1, 1, "min:f?, max:f?", dt__clamp_rules, NULL, dt__bw_clamp, DT__WR,                 \
     dt__kernel_clamp, NULL)                                                                              \
+  X(SIN, "sin", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sin, DT__WR | DT__F0, dt__kernel_sin, NULL)  \
+  X(COS, "cos", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_cos, DT__WR | DT__F0, dt__kernel_cos, NULL)  \
+  X(RECIPROCAL, "reciprocal", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_reciprocal,                    \
+    DT__WR | DT__F0, dt__kernel_reciprocal, NULL)                                                        \
+  X(LOG1P, "log1p", 1, 1, "", dt__log1p_rules, NULL, dt__bw_log1p, DT__WR | DT__F0,                      \
+    dt__kernel_log1p, NULL)                                                                              \
+  X(EXPM1, "expm1", 1, 1, "", dt__expm1_rules, NULL, dt__bw_expm1, DT__WR | DT__F0,                      \
+    dt__kernel_expm1, NULL)                                                                              \
   X(ADD_SCALAR, "add_scalar", 1, 1, "scalar:f", dt__add_scalar_rules, NULL, dt__bw_add_scalar, DT__WR,   \
     dt__kernel_add_scalar, NULL)                                                                         \
   X(MUL_SCALAR, "mul_scalar", 1, 1, "scalar:f", dt__mul_scalar_rules, NULL, dt__bw_mul_scalar, DT__WR,   \

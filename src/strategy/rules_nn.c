@@ -10,6 +10,7 @@
  *   gather:                   a selection: every Partial of x passes; x sharded on the gathered
  *                             dim gives P(sum) by a masked local gather
  *   scatter_add(x, i, src):   linear in (x, src): [P(op); P(op), R, P(op)] for sum/avg
+ *   expm1 / log1p:            non-decreasing: P(max), P(min) pass / P(min) passes (NaN below -1)
  *   pow, cast, sdpa, topk:    non-linear: Partial inputs are reduced first
  */
 #include <math.h>
@@ -147,6 +148,27 @@ dt_status_t dt__clamp_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta
   if (!isnan(hi)) DT_CHECK(dt__fill_check(call->in[0].dtype, hi, "clamp: max"));
   DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
   dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_MAXMIN);
+  return DT_SUCCESS;
+}
+
+/* expm1 and log1p: non-decreasing, so f(max_i x_i) = max_i f(x_i) and f(min_i x_i) = min_i f(x_i)
+ * (libm's expm1f and log1pf are non-decreasing over every f32: checked exhaustively; rounding to
+ * bf16 / f16 keeps the order; the Partial(max/min) reductions propagate NaN). expm1 maps every
+ * number to a number: P(max) and P(min) pass. log1p is NaN below -1: a rank's x < -1 makes
+ * max_i log1p(x_i) NaN where log1p(max_i x_i) need not be, so only P(min) passes (a minimum
+ * below -1 is NaN both ways). P(sum) and P(avg) are reduced first. */
+dt_status_t dt__expm1_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_MAXMIN);
+  return DT_SUCCESS;
+}
+dt_status_t dt__log1p_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  dt__partial_rules(rules, cap, n, 1, 1u, 1u << DT_REDUCE_MIN);
   return DT_SUCCESS;
 }
 

@@ -27,6 +27,8 @@ DT__RULES(dt__add_scalar_rules);
 DT__RULES(dt__mul_scalar_rules);
 DT__RULES(dt__pow_rules);
 DT__RULES(dt__clamp_rules);
+DT__RULES(dt__log1p_rules);
+DT__RULES(dt__expm1_rules);
 DT__RULES(dt__where_rules);
 DT__RULES(dt__masked_fill_rules);
 DT__RULES(dt__cast_rules);

@@ -19,6 +19,8 @@
  *   mul_scalar(-2) on P(max) -> P(min), add_scalar on P(avg) -> P(avg): nothing moves;
  *     add_scalar on P(sum): one reducing collective (all-reduce or reduce-scatter)
  *   where(R cond, P(sum), P(sum)) -> P(sum), nothing moves
+ *   clamp and expm1 of P(max) / P(min), log1p of P(min): stay Partial, nothing moves; log1p of
+ *     P(max) (a rank's partial below -1) and sin of any Partial: reduced first
  */
 #include <math.h>
 #include <string.h>
@@ -349,6 +351,37 @@ static void partial_rules(void) {
     check("clamp", 1, &m, 0, NULL, 2, bounds, red_pl[k], 0);
     dt_tensor_destroy(m);
   }
+  /* expm1 (non-decreasing) keeps a real P(max) and P(min), log1p only P(min), with no move and
+   * the values of the reduced tensor (x + 0.5 in [-0.5, 2.25]: no log1p of -1 or below); sin
+   * reduces first */
+  const double half[1] = {0.5};
+  dt_tensor_t xh;
+  DT_ASSERT_OK(dt_op_run("add_scalar", 1, &xs, 0, NULL, 1, half, &xh));
+  for (int k = 0; k < 2; k++) {
+    dt_tensor_t m;
+    DT_ASSERT_OK(dt_op_run(red_ops[k], 1, &xh, 2, red0, 0, NULL, &m));
+    check("expm1", 1, &m, 0, NULL, 0, NULL, red_pl[k], 0);
+    if (k == 1) check("log1p", 1, &m, 0, NULL, 0, NULL, "P(min)", 0);
+    else check("log1p", 1, &m, 0, NULL, 0, NULL, NULL, -1);
+    check("sin", 1, &m, 0, NULL, 0, NULL, NULL, -1);
+    dt_tensor_destroy(m);
+  }
+  dt_tensor_destroy(xh);
+  /* log1p of a P(max) whose rank-0 partial is below -1 (NaN there) while the maximum is not:
+   * reduced first, the values finite (passing it through would give max(NaN, ...) = NaN) */
+  int64_t s2[2] = {2 * g_n, 3};
+  float* lv = malloc(sizeof(float) * (size_t)(6 * g_n));
+  for (int i = 0; i < 6 * g_n; i++)
+    lv[i] = i < 6 ? -3.0f + 0.25f * (float)i : 0.125f * (float)(i % 5);
+  dt_placement_t s0 = dt_shard(0);
+  dt_tensor_t xl, ml;
+  DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_F32, 2, s2, &s0, lv, &xl));
+  free(lv);
+  DT_ASSERT_OK(dt_op_run("amax", 1, &xl, 2, red0, 0, NULL, &ml));
+  expect_pl(ml, "P(max)");
+  check("log1p", 1, &ml, 0, NULL, 0, NULL, NULL, -1);
+  dt_tensor_destroy(ml);
+  dt_tensor_destroy(xl);
   dt_tensor_destroy(xs);
   dt_tensor_destroy(a);
   dt_tensor_destroy(b);

@@ -630,6 +630,29 @@ except RuntimeError as e:
 CASES.append({"name": "masked_fill_i32_overflow_error", "op": "masked_fill", "iargs": [],
               "fargs": [2.0 ** 31], "inputs": [tens(ib), tens(fcond)], "outputs": [],
               "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
+# ---- sin, cos, reciprocal, log1p, expm1 (appended last: the draws above stay as they were).
+#      f32 at ordinary points, sin / cos of arguments up to 1e4 (a full range reduction), log1p
+#      and expm1 of tiny arguments (relative 1e-6: exp(x) - 1 or log(1 + x) would lose most
+#      digits there); bf16 / f16: the f32 result rounded once (reciprocal exactly: one division).
+ux = rnd(6, 5, lo=-4.0, hi=4.0)
+case("sin", "sin", [ux], torch.sin(ux))
+case("cos", "cos", [ux], torch.cos(ux))
+case("reciprocal", "reciprocal", [ux], torch.reciprocal(ux))
+case("expm1", "expm1", [ux], torch.expm1(ux))
+ul = rnd(6, 5, lo=-0.9, hi=3.0)
+case("log1p", "log1p", [ul], torch.log1p(ul))
+ubig = rnd(6, 5, lo=-1e4, hi=1e4)
+case("sin_large", "sin", [ubig], torch.sin(ubig))
+case("cos_large", "cos", [ubig], torch.cos(ubig))
+utiny = rnd(6, 5) * 1e-6
+case("log1p_tiny", "log1p", [utiny], torch.log1p(utiny), rtol=1e-6, atol=0.0)
+case("expm1_tiny", "expm1", [utiny], torch.expm1(utiny), rtol=1e-6, atol=0.0)
+for dt, tag in LOW:
+    x = lo(ux, dt)
+    for op, fn in (("sin", torch.sin), ("cos", torch.cos), ("expm1", torch.expm1)):
+        lcase(f"{op}_{tag}", op, dt, [x], fn)
+    lcase(f"reciprocal_{tag}", "reciprocal", dt, [x], torch.reciprocal, ulps=0)
+    lcase(f"log1p_{tag}", "log1p", dt, [lo(ul, dt)], torch.log1p)
 
 # ---- expand (appended: earlier draws unchanged). -1 keeps a dim; new dims lead; only size-1
 #      dims grow. The gradient sums over the broadcast dims.
@@ -682,7 +705,8 @@ def torch_op(op, x, ia, fa):
     if op == "add_scalar": return x[0] + fa[0]
     if op == "mul_scalar": return x[0] * fa[0]
     if op == "pow": return torch.pow(x[0], fa[0])
-    if op in ("exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh"): return getattr(torch, op)(x[0])
+    if op in ("exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh", "sin", "cos", "reciprocal",
+              "log1p", "expm1"): return getattr(torch, op)(x[0])
     if op == "gelu": return F.gelu(x[0])
     if op == "silu": return F.silu(x[0])
     if op in ("sum", "mean"):
@@ -737,7 +761,8 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "add_scalar", "mul_scalar", "pow", "exp", "log", "sqrt", "rsqrt", "gelu", "silu", "sigmoid",
                 "tanh", "sum", "mean", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm",
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
-                "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "expand"}
+                "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
+                "reciprocal", "log1p", "expm1", "expand"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none

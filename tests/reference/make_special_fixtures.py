@@ -364,6 +364,35 @@ case("abs_int_min", "abs", [torch.tensor([-2 ** 31, -5, 0, 7, 2 ** 31 - 1], dtyp
 case("abs_i64", "abs", [torch.tensor([-2 ** 40, -1, 0, 3], dtype=torch.int64)], torch.abs,
      grad=False, rtol=0.0, atol=0.0)
 
+# ---- sin, cos, reciprocal, log1p, expm1 at the special points (appended: earlier draws unchanged).
+# The arguments survive a Partial(sum) split at np 3 (x / 3 summed three times gives x back), which
+# matters where the result is sensitive: sin / cos of large arguments, log1p near -1.
+case("sin_special", "sin", [SPECIAL], torch.sin)  # sin, cos (+-inf) = NaN, gradient NaN there
+case("cos_special", "cos", [SPECIAL], torch.cos)
+TRIG = torch.tensor([1e4, -1e4, 12345.678, 1e5, -3e5, 1e6, 3.1415927, -3.1415927, 1.5707964,
+                     6.2831855, 1e7, 8388608.0, 16777216.0, 1e30, -0.0, 1e-40])
+case("sin_large_args", "sin", [TRIG], torch.sin)  # full range reduction, as libm (not __sinf)
+case("cos_large_args", "cos", [TRIG], torch.cos)
+# 1 / +-0 = +-inf (gradient -inf), 1 / +-inf = +-0, 1 / 1e-40 overflows to inf, 1 / NaN = NaN
+case("reciprocal_special", "reciprocal", [SPECIAL], torch.reciprocal)
+# log1p(-1) = -inf (gradient inf), NaN below -1 and at -inf, log1p(x) = x for tiny x. Above 1e38
+# PyTorch's CPU kernel (SLEEF's log1pf) gives inf where the value is finite (log1p(3e38) = 88.597):
+# dtensor gives the finite value (libm), so the largest argument here is 1e38.
+L1P = torch.tensor([-1.0, -1.5, -2.0, -inf, inf, nan, -0.0, 0.0, -0.75, -0.9999999, 1e-30, 1e-40,
+                    1e30, 1e38, 0.5, -0.5])
+case("log1p_special", "log1p", [L1P], torch.log1p)
+case("expm1_special", "expm1", [SPECIAL], torch.expm1)  # -inf -> -1 (gradient 0), overflow -> inf
+# tiny arguments, relative 1e-6 (exp(x) - 1 in f32 gives 1.19e-7 for 1e-7, or 0 for 1e-30)
+EM1 = torch.tensor([1e-7, -1e-7, 1e-30, -1e-30, 1e-3, -1e-3, 5e-8, -5e-8, 1e-10, 88.0, -17.0,
+                    -88.0, 0.0, -0.0, 2e-38, 0.25])
+case("expm1_tiny", "expm1", [EM1], torch.expm1, rtol=1e-6, atol=0.0)
+case("log1p_tiny", "log1p", [EM1[:9]], torch.log1p, rtol=1e-6, atol=0.0)
+# integer inputs compute in f32, as PyTorch's torch.sin(int) (no gradient: integers have none)
+IX = torch.tensor([[-3, 0, 1, 2], [7, -1, 5, 100]], dtype=torch.int64)
+for op in ("sin", "cos", "reciprocal", "log1p", "expm1"):
+    case(f"{op}_i64", op, [IX], getattr(torch, op), grad=False)
+case("sin_i32", "sin", [IX.to(torch.int32)], torch.sin, grad=False)
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -215,6 +215,32 @@ static void test_pointwise_partial(void** state) {
   assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
   assert_int_equal(dt_op_select(m, &lt, in, &ch), DT_SUCCESS);
   assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  /* expm1 (non-decreasing, a number for every number) keeps P(max) and P(min); log1p keeps only
+   * P(min) (NaN below -1: a rank's max may be below -1 where the true max is not); sin, cos and
+   * reciprocal (not monotone) reduce every Partial, as P(sum) and P(avg) for all five. An integer
+   * input computes in f32 (PyTorch's int -> float): the output meta is f32. */
+  const char* all_p[] = {"P(sum)", "P(avg)", "P(max)", "P(min)"};
+  const char* unary[] = {"expm1", "log1p", "sin", "cos", "reciprocal"};
+  for (int u = 0; u < 5; u++) {
+    dt_op_call_t f = call2(unary[u], 2, s, 0, NULL);
+    for (int k = 0; k < 4; k++) {
+      const int keeps = (u == 0 && k >= 2) || (u == 1 && k == 3);
+      set_pl(in, 0, all_p[k]);
+      assert_int_equal(dt_op_select(m, &f, in, &ch), DT_SUCCESS);
+      if (keeps) {
+        expect_out(&ch, 1, all_p[k]);
+        assert_int_equal(ch.steps, 0);
+      } else {
+        assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+        assert_true(ch.steps >= 1);
+      }
+    }
+    set_pl(in, 0, "S(0)");
+    f.in[0].dtype = DT_I64;
+    assert_int_equal(dt_op_select(m, &f, in, &ch), DT_SUCCESS);
+    assert_int_equal(ch.out_meta[0].dtype, DT_F32);
+    expect_out(&ch, 1, "S(0)");
+  }
   /* add keeps P(avg) + P(avg) in f32, not in i32 (integer averages truncate: avg(a) + avg(b)
    * is not avg(a + b)); P(sum) stays in both */
   dt_op_call_t iadd = call2("add", 2, s, 2, s);

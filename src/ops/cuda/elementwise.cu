@@ -7,10 +7,10 @@
  * every result. Where the host's float arithmetic is a fixed sequence of roundings (exp through
  * dt__expf, the AdamW update, act_grad), the device code spells the same sequence with
  * __fmul_rn / __fadd_rn so that nvcc cannot contract a * b + c into an fma: those results match
- * the host bit for bit. Library math (logf, tanhf, erff, powf) is CUDA's, within its documented
- * few ulp of glibc. Conversions (cast, bf16/f16 storage of scale_ and adamw) use the host's own
- * rounding and NaN rules (dt__f32_to_bf16 and friends: src/internal/common.h, src/core/util.c),
- * not the CUDA intrinsics, whose NaN encodings differ.
+ * the host bit for bit. Library math (logf, tanhf, erff, powf, sinf, cosf, log1pf, expm1f) is
+ * CUDA's, within its documented few ulp of glibc. Conversions (cast, bf16/f16 storage of scale_
+ * and adamw) use the host's own rounding and NaN rules (dt__f32_to_bf16 and friends:
+ * src/internal/common.h, src/core/util.c), not the CUDA intrinsics, whose NaN encodings differ.
  */
 #include <limits.h>
 #include <math.h>
@@ -335,11 +335,11 @@ DT_EW_BINARY(dt_cu_le, DT_EW_LE)
 /* ---------------------------------------------------------------------------------------------
  * Unary ops (kernels_cpu.c dt__unary) and the scalar ops of kernels_nn.c: f32 arithmetic on
  * f32, bf16 or f16 storage, as the binary ops. gelu is the erf form; exp, sigmoid and silu use
- * the host's exp. */
+ * the host's exp; sin, cos, log1p and expm1 are CUDA's libm (within its 1-2 ulp of glibc). */
 
 enum { DT_EW_NEG, DT_EW_RELU, DT_EW_EXP, DT_EW_LOG, DT_EW_SQRT, DT_EW_RSQRT, DT_EW_GELU,
-       DT_EW_SIGMOID, DT_EW_SILU, DT_EW_TANH, DT_EW_ABS, DT_EW_ADD_SCALAR, DT_EW_MUL_SCALAR,
-       DT_EW_SQUARE, DT_EW_POW };
+       DT_EW_SIGMOID, DT_EW_SILU, DT_EW_TANH, DT_EW_ABS, DT_EW_SIN, DT_EW_COS, DT_EW_RECIPROCAL,
+       DT_EW_LOG1P, DT_EW_EXPM1, DT_EW_ADD_SCALAR, DT_EW_MUL_SCALAR, DT_EW_SQUARE, DT_EW_POW };
 
 template <int OP>
 __device__ __forceinline__ float dt_ew_unop(float x, float s) {
@@ -355,6 +355,11 @@ __device__ __forceinline__ float dt_ew_unop(float x, float s) {
     case DT_EW_SILU: return x / (1.0f + dt_ew_expf(-x));
     case DT_EW_TANH: return tanhf(x);
     case DT_EW_ABS: return fabsf(x);
+    case DT_EW_SIN: return sinf(x); /* CUDA's (full range reduction: no fast math) */
+    case DT_EW_COS: return cosf(x);
+    case DT_EW_RECIPROCAL: return 1.0f / x; /* correctly rounded, as on the host */
+    case DT_EW_LOG1P: return log1pf(x);
+    case DT_EW_EXPM1: return expm1f(x);
     case DT_EW_ADD_SCALAR: return x + s;
     case DT_EW_MUL_SCALAR: return x * s;
     case DT_EW_SQUARE: return x * x;
@@ -428,6 +433,11 @@ DT_EW_UNARY(dt_cu_gelu, DT_EW_GELU)
 DT_EW_UNARY(dt_cu_sigmoid, DT_EW_SIGMOID)
 DT_EW_UNARY(dt_cu_silu, DT_EW_SILU)
 DT_EW_UNARY(dt_cu_tanh, DT_EW_TANH)
+DT_EW_UNARY(dt_cu_sin, DT_EW_SIN)
+DT_EW_UNARY(dt_cu_cos, DT_EW_COS)
+DT_EW_UNARY(dt_cu_reciprocal, DT_EW_RECIPROCAL)
+DT_EW_UNARY(dt_cu_log1p, DT_EW_LOG1P)
+DT_EW_UNARY(dt_cu_expm1, DT_EW_EXPM1)
 #undef DT_EW_UNARY
 
 /* fargs [scalar] (fargs [exponent] for pow), read as the host reads them. */
@@ -1007,6 +1017,11 @@ DT_CU_FILL(elementwise) {
   t[DT_OP_TANH] = {dt_cu_tanh, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ABS] = {dt_cu_abs, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_CLAMP] = {dt_cu_clamp, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SIN] = {dt_cu_sin, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_COS] = {dt_cu_cos, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_RECIPROCAL] = {dt_cu_reciprocal, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_LOG1P] = {dt_cu_log1p, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_EXPM1] = {dt_cu_expm1, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_POW] = {dt_cu_pow, DT_KERNEL_ANY_DTYPE, NULL};
