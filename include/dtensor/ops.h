@@ -30,7 +30,11 @@ extern "C" {
  *   pointwise:  add, sub, mul, div, maximum, minimum, and the comparisons eq, ne, lt, le, ge, gt
  *               (broadcasting; 1 / 0 in the operands' dtype, where PyTorch gives bool; NaN
  *               compares unequal to everything), neg, abs, relu, exp, log, sqrt, rsqrt, gelu,
- *               silu, sigmoid, tanh, add_scalar / mul_scalar / pow (fargs [s]), clamp (fargs
+ *               silu, sigmoid, tanh, sin, cos, reciprocal, log1p, expm1 (these five take integer
+ *               tensors too, computed in f32 as PyTorch's; log1p and expm1 accurate near 0;
+ *               non-decreasing, expm1 keeps a Partial(max) or Partial(min) and log1p a
+ *               Partial(min), as clamp keeps both),
+ *               add_scalar / mul_scalar / pow (fargs [s]), clamp (fargs
  *               [min, max]: either may be absent or NaN for no bound, not both; min > max gives
  *               max everywhere, as PyTorch; float tensors; a finite bound past the dtype's range
  *               is DT_ERR_INVALID_ARG; bf16/f16 x compares with the bounds rounded to its dtype,
@@ -111,10 +115,14 @@ extern "C" {
  * negative and out-of-range indices (DT_ERR_INVALID_ARG on every rank). Gradients: relu'(0) = 0,
  * maximum/minimum give g half to each side on ties, amax/amin share it evenly among ties, pow
  * with exponent 0 gives zeros, abs'(x) = sign(x) (0 at 0 and NaN), clamp passes g where
- * min <= x <= max (0 at NaN and where min > max). Deliberately different: cast of NaN, inf or a float outside the
+ * min <= x <= max (0 at NaN and where min > max); sin/cos(+-inf) = NaN, reciprocal(+-0) = +-inf,
+ * log1p(-1) = -inf and NaN below -1, expm1(-inf) = -1; their gradients are PyTorch's formulas
+ * (g cos(x), -g sin(x), -g out^2, g / (x + 1), g (out + 1)), so reciprocal'(0) = -inf and
+ * log1p'(-1) = inf. Deliberately different: cast of NaN, inf or a float outside the
  * integer type's range to i32/i64 is DT_ERR_INVALID_ARG (PyTorch's value is platform-dependent:
  * the type's minimum on x86), while i64 -> i32 wraps as PyTorch; topk lists tied values by lower
- * index first (PyTorch leaves the order of ties unspecified) and counts NaN as the largest.
+ * index first (PyTorch leaves the order of ties unspecified) and counts NaN as the largest;
+ * log1p(x) above 1e38 is its finite value (PyTorch's CPU kernel, SLEEF's log1pf, gives inf).
  * Views: view, reshape, flatten, unflatten, squeeze and unsqueeze return a tensor that shares its
  * input's storage (no copy; writes through either are seen by both; the storage lives until the
  * last tensor using it is destroyed) whenever the selected strategy keeps the local elements in
