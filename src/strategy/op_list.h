@@ -12,7 +12,8 @@
  *   with DT_OPF_NO_GRAD, rules and kernel only for a composite (built from other ops);
  * - flags: DT_OPF_* of op.h (W writes all, A any dtype, R recompute, N no gradient, V variadic,
  *   I in place: DT_OPF_WRITES_IN(i) names the inputs it updates; such ops have no outputs;
- *   P2 / P12: inputs 0 and 1 / 1 and 2 are promoted to a common dtype, DT_OPF_PROMOTES_IN(i)).
+ *   P2 / P12: inputs 0 and 1 / 1 and 2 are promoted to a common dtype, DT_OPF_PROMOTES_IN(i);
+ *   F0: an integer input 0 is cast to f32 first, DT_OPF_INT_TO_FLOAT).
  * Keep the ids in this order: new ops go at the end of their group, and dt__op_table's
  * _Static_assert on DT_OP_COUNT makes a reviewer look at the docs and tests too.
  */

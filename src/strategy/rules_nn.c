@@ -152,11 +152,12 @@ dt_status_t dt__clamp_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta
 }
 
 /* expm1 and log1p: non-decreasing, so f(max_i x_i) = max_i f(x_i) and f(min_i x_i) = min_i f(x_i)
- * (libm's expm1f and log1pf are non-decreasing over every f32: checked exhaustively; rounding to
- * bf16 / f16 keeps the order; the Partial(max/min) reductions propagate NaN). expm1 maps every
- * number to a number: P(max) and P(min) pass. log1p is NaN below -1: a rank's x < -1 makes
- * max_i log1p(x_i) NaN where log1p(max_i x_i) need not be, so only P(min) passes (a minimum
- * below -1 is NaN both ways). P(sum) and P(avg) are reduced first. */
+ * (glibc 2.36's expm1f and log1pf are non-decreasing over every f32: checked exhaustively; CUDA's
+ * are not checked, so a device might differ from reducing first by its ulp where two partials
+ * are an ulp apart; rounding to bf16 / f16 keeps the order; the Partial(max/min) reductions
+ * propagate NaN). expm1 maps every number to a number: P(max) and P(min) pass. log1p is NaN
+ * below -1: a rank's x < -1 makes max_i log1p(x_i) NaN where log1p(max_i x_i) need not be, so
+ * only P(min) passes (a minimum below -1 is NaN both ways). P(sum) and P(avg) are reduced first. */
 dt_status_t dt__expm1_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
                             dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
