@@ -726,6 +726,26 @@ dt_status_t dt__bw_amin(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
   return dt__extreme_bw(c, gout, gin);
 }
 
+/* logsumexp: g exp(x - out), g and out brought back over the reduced dims (NaN where out is
+ * infinite at that element: a row of -inf, or a +inf, as PyTorch). */
+dt_status_t dt__bw_logsumexp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t x = c->in[0];
+  unsigned mask;
+  DT_CHECK(dt__reduced(c, &mask));
+  int64_t kshape[DT_MAX_DIMS];
+  for (int d = 0; d < x->layout.ndim; d++)
+    kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
+  dt__scope_t s = {0};
+  dt_tensor_t ok, gk, d, e;
+  dt_status_t st = dt__reshape(c->out[0], x->layout.ndim, kshape, &ok);
+  if (st == DT_SUCCESS) st = dt__reshape(gout[0], x->layout.ndim, kshape, (dt__keep(&s, ok), &gk));
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, x, ok, (dt__keep(&s, gk), &d));
+  if (st == DT_SUCCESS) st = dt__op1(DT_OP_EXP, dt__keep(&s, d), &e);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, dt__keep(&s, e), gk, &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+
 /* maximum/minimum, as PyTorch: the gradient goes to the chosen operand, half to each on ties,
  * and whole to both where a NaN is compared. Operand t gets g (1 - [t loses] - [a == b] / 2), t
  * losing where the other is strictly greater (maximum) or smaller (minimum). */

@@ -456,6 +456,141 @@ dt_status_t dt__kernel_amin(const dt_op_call_t* call, const dt_local_tensor_t* i
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * argmax / argmin / logsumexp over reduced dims whole on this rank (the rules ask for R there):
+ * the input seen as kept and reduced dims, each merged where contiguous and listed innermost
+ * first (as reduce.cu's dt_cu_rgeom_t): output o sits at offset sum_d (o's digit d) * ks[d],
+ * reduced element r (in row-major order of the reduced dims) at sum_d (r's digit d) * rs[d] from
+ * there, so r is the index PyTorch returns (along the one dim, or into the flattened tensor). */
+
+typedef struct {
+  int nk, nr;
+  int64_t kn[DT_MAX_DIMS], ks[DT_MAX_DIMS], rn[DT_MAX_DIMS], rs[DT_MAX_DIMS];
+} dt__rgeom_t;
+
+static void dt__rgeom(const dt_local_tensor_t* in, unsigned mask, dt__rgeom_t* g, int64_t* n_out,
+                      int64_t* R) {
+  memset(g, 0, sizeof *g);
+  int64_t stride = 1;
+  int last = -1;
+  *n_out = *R = 1;
+  for (int d = in->ndim - 1; d >= 0; d--) {
+    const int64_t e = in->shape[d];
+    const int red = (mask >> d) & 1u;
+    if (red) *R *= e;
+    else *n_out *= e;
+    if (e != 1) {
+      int* n = red ? &g->nr : &g->nk;
+      int64_t* ext = red ? g->rn : g->kn;
+      int64_t* str = red ? g->rs : g->ks;
+      if (last == red && str[*n - 1] * ext[*n - 1] == stride) {
+        ext[*n - 1] *= e;
+      } else {
+        ext[*n] = e;
+        str[*n] = stride;
+        (*n)++;
+      }
+      last = red;
+    }
+    stride *= e;
+  }
+}
+
+static inline int64_t dt__rgeom_off(int n, const int64_t* ext, const int64_t* st, int64_t i) {
+  if (n == 1) return i * st[0];
+  int64_t off = 0;
+  for (int d = 0; d < n; d++) {
+    off += (i % ext[d]) * st[d];
+    i /= ext[d];
+  }
+  return off;
+}
+
+/* The first position of the maximum (mx) or minimum of each output's reduced elements; a NaN
+ * counts as both (its first position wins), as PyTorch. */
+#define DT__ARG_LOOP(T, ISNAN)                                                                  \
+  for (int64_t o = 0; o < n_out; o++) {                                                         \
+    const T* xo = (const T*)in->data + dt__rgeom_off(g.nk, g.kn, g.ks, o);                       \
+    T best = xo[0];                                                                             \
+    int64_t bi = 0;                                                                             \
+    for (int64_t r = 1; r < R && !ISNAN(best); r++) {                                           \
+      const T v = xo[dt__rgeom_off(g.nr, g.rn, g.rs, r)];                                       \
+      if (ISNAN(v) || (mx ? v > best : v < best)) {                                             \
+        best = v;                                                                               \
+        bi = r;                                                                                 \
+      }                                                                                         \
+    }                                                                                           \
+    oi[o] = bi;                                                                                 \
+  }
+#define DT__FNAN(v) ((v) != (v))
+#define DT__INAN(v) 0
+
+static dt_status_t dt__argext(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out, int mx) {
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(mx ? DT_OP_ARGMAX : DT_OP_ARGMIN, call, &mask, &keep));
+  if (out->dtype != DT_I64 || (in->dtype != DT_F32 && in->dtype != DT_I32 && in->dtype != DT_I64))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported (f32, i32 or i64 "
+                   "in, i64 out)", call->op, dt_dtype_name(in->dtype), dt_dtype_name(out->dtype));
+  dt__rgeom_t g;
+  int64_t n_out, R;
+  dt__rgeom(in, mask, &g, &n_out, &R);
+  if (n_out == 0) return DT_SUCCESS;
+  if (R == 0) /* (the rules refuse it first) */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: an empty reduction has no position", call->op);
+  int64_t* oi = (int64_t*)out->data;
+  if (in->dtype == DT_F32) {
+    DT__ARG_LOOP(float, DT__FNAN)
+  } else if (in->dtype == DT_I32) {
+    DT__ARG_LOOP(int32_t, DT__INAN)
+  } else {
+    DT__ARG_LOOP(int64_t, DT__INAN)
+  }
+  return DT_SUCCESS;
+}
+#undef DT__ARG_LOOP
+#undef DT__FNAN
+#undef DT__INAN
+
+dt_status_t dt__kernel_argmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  return dt__argext(call, in, out, 1);
+}
+dt_status_t dt__kernel_argmin(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  return dt__argext(call, in, out, 0);
+}
+
+/* logsumexp, as PyTorch: m = the maximum (a NaN propagates), shifted by 0 where m is infinite
+ * (a row of -inf gives log 0 = -inf, a +inf gives inf), log(sum exp(x - m)) + m; the sum in
+ * double. No reduced elements: -inf. */
+dt_status_t dt__kernel_logsumexp(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                 dt_local_tensor_t* out) {
+  DT_CHECK(dt__need_f32(call, in, 1));
+  DT_CHECK(dt__need_f32(call, out, 1));
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(DT_OP_LOGSUMEXP, call, &mask, &keep));
+  dt__rgeom_t g;
+  int64_t n_out, R;
+  dt__rgeom(in, mask, &g, &n_out, &R);
+  float* o = (float*)out->data;
+  for (int64_t i = 0; i < n_out; i++) {
+    const float* xo = (const float*)in->data + dt__rgeom_off(g.nk, g.kn, g.ks, i);
+    float m = -INFINITY;
+    for (int64_t r = 0; r < R; r++) {
+      const float v = xo[dt__rgeom_off(g.nr, g.rn, g.rs, r)];
+      m = (v > m || v != v) ? v : m;
+    }
+    const double sh = isinf(m) ? 0.0 : (double)m;
+    double sum = 0.0;
+    for (int64_t r = 0; r < R; r++) sum += exp((double)xo[dt__rgeom_off(g.nr, g.rn, g.rs, r)] - sh);
+    o[i] = (float)(log(sum) + sh);
+  }
+  return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * softmax / log_softmax along iargs[0] (whole on this rank), numerically stable: with m the row's
  * maximum and s = sum exp(x - m), exp(x - m) / s and (x - m) - log s, as PyTorch (not x - lse
  * with lse = m + log s rounded to f32, which at |m| = 1e4 is off by 5e-4) */

@@ -208,6 +208,63 @@ dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, in
   return DT_SUCCESS;
 }
 
+/* argmax / argmin (kinds 4, 5) and logsumexp (6): the reduced dims must be whole on each rank
+ * (R: argmax's indices are global positions, and neither op combines from per-rank results with
+ * a Partial this library has); the kept dims stay sharded. No Partial passes: argmax(a + b) and
+ * lse(a + b) are not sums of per-rank results, lse(max_i a_i) != max_i lse(a_i) (the max of the
+ * ranks' tensors is taken element by element, lse sums over several of those elements), and
+ * argmax of P(max) is not the argmax of one rank's tensor. argmax / argmin take at most one dim
+ * (none: the index into the flattened tensor, a 0-d result, or all ones with keepdim, as
+ * PyTorch) and give i64; they refuse an empty reduction (PyTorch raises). logsumexp keeps the
+ * float dtype (integers are cast to f32 first, DT_OPF_INT_TO_FLOAT, as torch.logsumexp); its
+ * empty reduction gives -inf. */
+static dt_status_t dt__rules_reduce_whole(const dt_op_call_t* call, int kind, unsigned mask,
+                                          int keep, dt_tensor_meta_t* out_meta,
+                                          dt_op_rule_t* rules, int cap, int* n_rules) {
+  const dt_tensor_meta_t* in = &call->in[0];
+  if (kind <= 5) {
+    if (call->n_iargs > 2)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [keepdim, dim] with at most one dim (no "
+                     "dim: the index into the flattened tensor), got %d dims", call->op,
+                     call->n_iargs - 1);
+    int64_t numel = 1;
+    for (int d = 0; d < in->ndim; d++) numel *= in->shape[d];
+    if (call->n_iargs <= 1 && numel == 0)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the tensor has no elements; give a dim of nonzero "
+                     "size (as PyTorch: 'Expected reduction dim to be specified for "
+                     "input.numel() == 0')", call->op);
+    for (int d = 0; d < in->ndim; d++)
+      if (call->n_iargs > 1 && (mask & (1u << d)) && in->shape[d] == 0)
+        return DT_FAIL(DT_ERR_INVALID_ARG, "%s: reduced dim %d has size 0 (the position of the "
+                       "%s of no elements is undefined; PyTorch raises too)", call->op, d,
+                       kind == 4 ? "maximum" : "minimum");
+  } else if (!dt__dtype_is_float(in->dtype)) { /* (dispatch casts integers to f32 before) */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "logsumexp: input dtype %s, expected a float dtype (f32, "
+                   "bf16 or f16; an integer tensor is cast to f32 by dispatch)",
+                   dt_dtype_name(in->dtype));
+  }
+  int pos[DT_MAX_DIMS], nd = 0;
+  out_meta->dtype = kind <= 5 ? DT_I64 : in->dtype;
+  for (int d = 0; d < in->ndim; d++) {
+    pos[d] = -1;
+    if ((mask & (1u << d)) && !keep) continue;
+    pos[d] = nd;
+    out_meta->shape[nd++] = (mask & (1u << d)) ? 1 : in->shape[d];
+  }
+  out_meta->ndim = nd;
+  *n_rules = 0;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add_rule(rules, cap, n_rules, &r);
+  for (int d = 0; d < in->ndim; d++) {
+    if (mask & (1u << d)) continue;
+    r.in[0] = dt_shard(d);
+    r.out[0] = dt_shard(pos[d]);
+    dt__add_rule(rules, cap, n_rules, &r);
+  }
+  return DT_SUCCESS;
+}
+
 dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_t* out_meta,
                              dt_op_rule_t* rules, int cap, int* n_rules) {
   *n_rules = 0;
@@ -216,6 +273,7 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   const dt_tensor_meta_t* in = &call->in[0];
   const int integer = !dt__dtype_is_float(in->dtype);
+  if (kind >= 4) return dt__rules_reduce_whole(call, kind, mask, keep, out_meta, rules, cap, n_rules);
   if (kind == 1 && integer) /* torch.mean's own words */
     return DT_FAIL(DT_ERR_INVALID_ARG, "mean: could not infer output dtype: input dtype %s must "
                    "be a float dtype (f32, bf16 or f16), as torch.mean requires; cast it first, "
@@ -502,12 +560,16 @@ DT__EINSUM_OP(dt__mm_t_rules, "km,kn->mn", 1) /* a^T b (weight gradients without
   }
 /* kind k is op DT_OP_SUM + k (the reductions share one schema: "keepdim=0, dim:l") */
 _Static_assert(DT_OP_MEAN == DT_OP_SUM + 1 && DT_OP_AMAX == DT_OP_SUM + 2 &&
-                   DT_OP_AMIN == DT_OP_SUM + 3,
-               "the reductions are sum, mean, amax, amin in this order");
+                   DT_OP_AMIN == DT_OP_SUM + 3 && DT_OP_ARGMAX == DT_OP_SUM + 4 &&
+                   DT_OP_ARGMIN == DT_OP_SUM + 5 && DT_OP_LOGSUMEXP == DT_OP_SUM + 6,
+               "the reductions are sum, mean, amax, amin, argmax, argmin, logsumexp in this order");
 DT__REDUCE_OP(dt__sum_rules, 0)
 DT__REDUCE_OP(dt__mean_rules, 1)
 DT__REDUCE_OP(dt__amax_rules, 2)
 DT__REDUCE_OP(dt__amin_rules, 3)
+DT__REDUCE_OP(dt__argmax_rules, 4)
+DT__REDUCE_OP(dt__argmin_rules, 5)
+DT__REDUCE_OP(dt__logsumexp_rules, 6)
 
 DT__POINTWISE_OP(dt__additive_rules, DT_LIN_ADDITIVE)
 DT__POINTWISE_OP(dt__mult_rules, DT_LIN_MULT)

@@ -680,11 +680,58 @@ for nm, t, sz in (("expand_nonsingleton_error", ex_row, [6, 4]),
     CASES.append({"name": nm, "op": "expand", "iargs": sz, "fargs": [], "inputs": [tens(t)],
                   "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
 
+# ---- argmax, argmin and logsumexp (appended last: the cases above keep their random draws).
+#      argmax / argmin give i64: the first position of the extreme (ties: the lowest index, -0.0
+#      ties with 0.0; a NaN counts as the extreme, its first position wins), at most one dim (none:
+#      the index into the flattened tensor); no gradient. logsumexp: max-shifted, integers
+#      promote to f32, a list of dims (none: every dim, as sum's schema).
+am = rnd(4, 6, 5)
+am[0, 1, :] = 0.5  # a tied row along dim 2
+am[1, :, 2] = 2.5  # a tied maximum along dim 1
+am[1, :, 3] = -2.5  # a tied minimum along dim 1
+am[2, 3, 1], am[2, 3, 4] = math.nan, math.nan  # NaN along dims 0, 1 and 2
+am[3, 0, :] = torch.tensor([-1.0, -0.0, 0.0, -1.0, 0.0])
+am[3, 5, :] = torch.tensor([-math.inf, math.inf, math.inf, -math.inf, 0.0])
+amc = am.nan_to_num(0.0)  # no NaN: the flattened index finds the tied maximum 2.5
+for op, fn in (("argmax", torch.argmax), ("argmin", torch.argmin)):
+    case(f"{op}_dim2", op, [am], fn(am, 2), iargs=[0, 2], rtol=0.0, atol=0.0)
+    case(f"{op}_dim1_keep", op, [am], fn(am, 1, keepdim=True), iargs=[1, 1], rtol=0.0, atol=0.0)
+    case(f"{op}_dim0_neg", op, [am], fn(am, -3), iargs=[0, -3], rtol=0.0, atol=0.0)
+    case(f"{op}_all_nan", op, [am], fn(am), iargs=[0], rtol=0.0, atol=0.0)
+    case(f"{op}_all", op, [amc], fn(amc), iargs=[0], rtol=0.0, atol=0.0)
+    case(f"{op}_all_keep", op, [amc], fn(amc, keepdim=True), iargs=[1], rtol=0.0, atol=0.0)
+    case(f"{op}_i32_dim0", op, [ib], fn(ib, 0), iargs=[0, 0], rtol=0.0, atol=0.0)
+    case(f"{op}_i64_dim1", op, [il], fn(il, 1), iargs=[0, 1], rtol=0.0, atol=0.0)
+    case(f"{op}_i64_all", op, [il], fn(il), iargs=[0], rtol=0.0, atol=0.0)
+    for dt, tag in LOW:  # the same values in f32 (torch 1.13 has no f16 argmin on the CPU)
+        x = am.to(dt)
+        case(f"{op}_dim2_{tag}", op, [x], fn(x.float(), 2), iargs=[0, 2], rtol=0.0, atol=0.0)
+        case(f"{op}_all_{tag}", op, [amc.to(dt)], fn(amc.to(dt).float()), iargs=[0], rtol=0.0,
+             atol=0.0)
+ls = rnd(4, 6, 5) * 8
+ls[1, 2, :] = 1e4 + torch.arange(5.0)  # large: exp overflows without the shift
+ls[2, 0, :] = -1e4 - torch.arange(5.0)
+case("logsumexp_dim1", "logsumexp", [ls], torch.logsumexp(ls, 1), iargs=[0, 1])
+case("logsumexp_dim2_keep", "logsumexp", [ls], torch.logsumexp(ls, 2, keepdim=True), iargs=[1, 2])
+case("logsumexp_dims_neg", "logsumexp", [ls], torch.logsumexp(ls, (0, -1)), iargs=[0, 0, -1])
+case("logsumexp_dims_keep", "logsumexp", [ls], torch.logsumexp(ls, (2, 0), keepdim=True),
+     iargs=[1, 2, 0])
+case("logsumexp_all", "logsumexp", [ls], torch.logsumexp(ls, (0, 1, 2)), iargs=[0])
+li = ints(7, 3, 4) - 3
+case("logsumexp_i64", "logsumexp", [li], torch.logsumexp(li, 1), iargs=[0, 1])
+case("logsumexp_i32", "logsumexp", [li.int()], torch.logsumexp(li.int(), 0), iargs=[0, 0])
+for dt, tag in LOW:
+    x = lo(rnd(4, 6, 5) * 4, dt)
+    lcase(f"logsumexp_dim1_{tag}", "logsumexp", dt, [x], lambda t: torch.logsumexp(t, 1),
+          iargs=[0, 1])
+    lcase(f"logsumexp_dims_{tag}", "logsumexp", dt, [x], lambda t: torch.logsumexp(t, (0, 2)),
+          iargs=[0, 0, 2])
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
 NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route",  # not differentiable, or integer input
-           "eq", "ne", "lt", "le", "ge", "gt"}
+           "eq", "ne", "lt", "le", "ge", "gt", "argmax", "argmin"}
 
 def torch_op(op, x, ia, fa):
     if op == "mm": return x[0] @ x[1]
@@ -694,6 +741,8 @@ def torch_op(op, x, ia, fa):
     if op == "linear_nobias": return F.linear(x[0], x[1])
     if op in ("add", "sub", "mul", "div", "maximum", "minimum"): return getattr(torch, op)(x[0], x[1])
     if op in ("amax", "amin"): return getattr(torch, op)(x[0], dim=tuple(ia[1:]), keepdim=bool(ia[0]))
+    if op == "logsumexp":
+        return torch.logsumexp(x[0], dim=tuple(ia[1:]) or tuple(range(x[0].ndim)), keepdim=bool(ia[0]))
     if op == "where": return torch.where(x[0].bool(), x[1], x[2])
     if op == "masked_fill": return x[0].masked_fill(x[1].bool(), fa[0])
     if op == "topk": return torch.topk(x[0], ia[0], dim=ia[1], largest=bool(ia[2]) if len(ia) > 2 else True)[0]
@@ -759,7 +808,7 @@ def torch_op(op, x, ia, fa):
 # (torch 1.13 has no CPU f16 backward kernels for most ops).
 LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "clamp", "relu",
                 "add_scalar", "mul_scalar", "pow", "exp", "log", "sqrt", "rsqrt", "gelu", "silu", "sigmoid",
-                "tanh", "sum", "mean", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm",
+                "tanh", "sum", "mean", "amax", "logsumexp", "softmax", "log_softmax", "layer_norm", "rms_norm",
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
                 "reciprocal", "log1p", "expm1", "expand"}
@@ -771,6 +820,8 @@ def add_grads(c):
                                                                    "where", "masked_fill",
                                                                    "expand"):
         return  # integer results: no gradient
+    if all(t["dtype"] in ("i32", "i64") for t in c["inputs"]):
+        return  # integer inputs (logsumexp's promoted to f32): nothing to differentiate
     low = any(t["dtype"] in ("bf16", "f16") for t in c["inputs"])
     if c["op"] in NO_GRAD or (low and (c["op"] not in LOW_GRAD_OPS or
                                        any(t["dtype"] == "f16" for t in c["inputs"]))):

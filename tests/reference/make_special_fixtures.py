@@ -392,6 +392,39 @@ IX = torch.tensor([[-3, 0, 1, 2], [7, -1, 5, 100]], dtype=torch.int64)
 for op in ("sin", "cos", "reciprocal", "log1p", "expm1"):
     case(f"{op}_i64", op, [IX], getattr(torch, op), grad=False)
 case("sin_i32", "sin", [IX.to(torch.int32)], torch.sin, grad=False)
+# ---- argmax, argmin and logsumexp at the special points (appended: earlier draws unchanged).
+# argmax / argmin: the first NaN wins (NaN counts as both the maximum and the minimum), ties go to
+# the lowest index (-0.0 ties with 0.0), +-inf are ordinary extremes; an empty reduction raises.
+AX = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [nan, 2.0, nan, inf, -inf], [-0.0, 0.0, -1.0, 0.0, -0.0],
+                   [-inf, -inf, -inf, -inf, -inf], [inf, 1.0, inf, -inf, -inf], [2.0, 2.0, 2.0, 2.0, 2.0]])
+for op in ("argmax", "argmin"):
+    f = getattr(torch, op)
+    case(op + "_special_dim1", op, [AX], lambda x, f=f: f(x, 1), iargs=[0, 1], rtol=0.0, atol=0.0)
+    case(op + "_special_dim0", op, [AX], lambda x, f=f: f(x, 0), iargs=[0, 0], rtol=0.0, atol=0.0)
+    case(op + "_special_all", op, [AX], lambda x, f=f: f(x), rtol=0.0, atol=0.0)
+    case(op + "_special_nonan_all", op, [AX[2:]], lambda x, f=f: f(x), rtol=0.0, atol=0.0)
+    case(op + "_empty_keep_other", op, [E30], lambda x, f=f: f(x, 0), iargs=[0, 0], rtol=0.0,
+         atol=0.0)
+    case(op + "_empty_dim", op, [E30], lambda x, f=f: f(x, 1), iargs=[0, 1],
+         error="DT_ERR_INVALID_ARG")
+    case(op + "_empty_all", op, [E04], lambda x, f=f: f(x), error="DT_ERR_INVALID_ARG")
+    case(op + "_int_ties", op, [torch.tensor([[-2 ** 31, 2 ** 31 - 1, 2 ** 31 - 1, -2 ** 31]] * 2,
+                                             dtype=torch.int32)],
+         lambda x, f=f: f(x, 1), iargs=[0, 1], rtol=0.0, atol=0.0)
+# logsumexp: a row of -inf gives -inf, a +inf gives inf, a NaN NaN; gradient exp(x - out) (NaN
+# where out is infinite: the -inf row, the +inf entry)
+LX = torch.tensor([[-inf, -inf, -inf, -inf], [inf, 1.0, -inf, 2.0], [nan, 1.0, 2.0, 3.0],
+                   [1e30, 1e30, -1e30, 0.0], [88.0, 89.0, 90.0, -104.0], [-1e4, -1e4, -1e4, -1e4]])
+case("logsumexp_special_dim1", "logsumexp", [LX], lambda x: torch.logsumexp(x, 1), iargs=[0, 1],
+     grad=False)
+case("logsumexp_special_dim0", "logsumexp", [LX], lambda x: torch.logsumexp(x, 0), iargs=[0, 0],
+     grad=False)
+LG = torch.tensor([[-inf, -inf, -inf], [1.0, -inf, 2.0], [3.0, 3.0, 3.0], [-200.0, 0.0, 100.0]])
+case("logsumexp_grad_special", "logsumexp", [LG], lambda x: torch.logsumexp(x, 1), iargs=[0, 1])
+case("logsumexp_empty_dim", "logsumexp", [E30], lambda x: torch.logsumexp(x, 1), iargs=[0, 1],
+     grad=False)  # -inf
+case("logsumexp_empty_keep_other", "logsumexp", [E30], lambda x: torch.logsumexp(x, 0),
+     iargs=[0, 0], grad=False)
 
 for c in CASES:
     assert c["inputs"], c["name"]
