@@ -15,6 +15,8 @@
  * element before summing for the mean (so a large common offset costs no precision). Rotary
  * angles are computed in double, as on the host.
  *
+ * argmax, argmin and logsumexp (reduced dims whole on the rank) take a group per output too.
+ *
  * dtypes: every kernel here reads and writes f32, bf16 and f16 storage itself, computing in
  * float and rounding once on the store, as the host's f32 copies do (softmax, log_softmax, the
  * norms and rotary: DT_KERNEL_ANY_DTYPE; the reductions and the norm gradients:
@@ -300,31 +302,25 @@ static dt_status_t dt_cu_reduce_int(const dt_op_call_t* call, const dt_local_ten
 
 static int dt_cu_is_int(dt_dtype_t d) { return d == DT_I32 || d == DT_I64; }
 
-/* kind: 0 sum, 1 mean, 2 amax, 3 amin (the host's numbering). */
-static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                                dt_local_tensor_t* out, int kind) {
-  dt_dtype_t dt = DT_F32;
-  if (!dt_cu_is_int(in->dtype) || kind == 1) DT_CHECK(dt_cu_one_float(call, in, 1, 0, out, 1, &dt));
-  unsigned mask;
-  int keep;
-  DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
-  int64_t count = 1; /* global number of reduced elements (mean) */
-  for (int d = 0; d < in->ndim; d++)
-    if (mask & (1u << d)) count *= call->in[0].shape[d];
-  /* merge the dims into the geometry, innermost first; size-1 dims change no offset */
-  dt_cu_rgeom_t g;
-  memset(&g, 0, sizeof g);
-  int64_t stride = 1, n_out = 1, R = 1;
+/* The input of a reduction over the dims in mask as its geometry (merged innermost first;
+ * size-1 dims change no offset), its number of outputs and of reduced elements per output;
+ * checks that out has n_out elements. */
+static dt_status_t dt_cu_reduce_geom(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                     unsigned mask, const dt_local_tensor_t* out, dt_cu_rgeom_t* g,
+                                     int64_t* n_out, int64_t* R) {
+  memset(g, 0, sizeof *g);
+  int64_t stride = 1;
+  *n_out = *R = 1;
   int last = -1; /* kind of the last dim listed: 0 kept, 1 reduced */
   for (int d = in->ndim - 1; d >= 0; d--) {
     const int64_t e = in->shape[d];
     const int red = (mask >> d) & 1u;
-    if (red) R *= e;
-    else n_out *= e;
+    if (red) *R *= e;
+    else *n_out *= e;
     if (e != 1) {
-      int* n = red ? &g.nr : &g.nk;
-      int64_t* ext = red ? g.rn : g.kn;
-      int64_t* str = red ? g.rs : g.ks;
+      int* n = red ? &g->nr : &g->nk;
+      int64_t* ext = red ? g->rn : g->kn;
+      int64_t* str = red ? g->rs : g->ks;
       if (last == red && str[*n - 1] * ext[*n - 1] == stride) {
         ext[*n - 1] *= e; /* contiguous with the dim just inside it */
       } else {
@@ -336,10 +332,27 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
     }
     stride *= e;
   }
-  if (n_out == 0) return DT_SUCCESS;
-  if (n_out != dt_cu_numel(out))
+  if (*n_out != 0 && *n_out != dt_cu_numel(out))
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output has %lld elements, expected %lld", call->op,
-                   (long long)dt_cu_numel(out), (long long)n_out);
+                   (long long)dt_cu_numel(out), (long long)*n_out);
+  return DT_SUCCESS;
+}
+
+/* kind: 0 sum, 1 mean, 2 amax, 3 amin (the host's numbering). */
+static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                dt_local_tensor_t* out, int kind) {
+  dt_dtype_t dt = DT_F32;
+  if (!dt_cu_is_int(in->dtype) || kind == 1) DT_CHECK(dt_cu_one_float(call, in, 1, 0, out, 1, &dt));
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
+  int64_t count = 1; /* global number of reduced elements (mean) */
+  for (int d = 0; d < in->ndim; d++)
+    if (mask & (1u << d)) count *= call->in[0].shape[d];
+  dt_cu_rgeom_t g;
+  int64_t n_out, R;
+  DT_CHECK(dt_cu_reduce_geom(call, in, mask, out, &g, &n_out, &R));
+  if (n_out == 0) return DT_SUCCESS;
   if (dt_cu_is_int(in->dtype)) return dt_cu_reduce_int(call, in, out, kind, g, n_out, R);
   /* mean of nothing: NaN (0 / 0), as the host */
   const float div = kind != 1 ? 0.0f : count > 0 ? (float)count : NAN;
@@ -386,6 +399,121 @@ DT_CU_KERNEL(dt_cu_sum) { return dt_cu_reduce(call, in, out, 0); }
 DT_CU_KERNEL(dt_cu_mean) { return dt_cu_reduce(call, in, out, 1); }
 DT_CU_KERNEL(dt_cu_amax) { return dt_cu_reduce(call, in, out, 2); }
 DT_CU_KERNEL(dt_cu_amin) { return dt_cu_reduce(call, in, out, 3); }
+
+/* ---------------------------------------------------------------------------------------------
+ * argmax / argmin / logsumexp over reduced dims whole on this rank (kernels_cpu.c dt__argext and
+ * dt__kernel_logsumexp): a group per output (sized as the reductions' last pass), two sweeps
+ * over its reduced elements. First the extreme m (dt_cu_comb: a NaN wins). Then argmax / argmin:
+ * the lowest position r holding m (x == m, or both NaN; -0.0 == 0.0), each thread its first, the
+ * group their minimum; r counts the reduced elements in row-major order, so it is PyTorch's index
+ * (along the dim, or into the flattened tensor). logsumexp: log(sum exp(x - s)) + s with s = m,
+ * or 0 where m is infinite (a row of -inf gives -inf, a +inf inf, a NaN NaN; nothing: -inf).
+ * Positions are exact in any order, and no pass needs scratch. Integers (argmax / argmin of i32,
+ * i64) compare in long long. */
+
+template <typename T>
+__device__ __forceinline__ auto dt_cu_arg_val(T v) {
+  if constexpr (std::is_integral<T>::value) return (long long)v;
+  else return dt_cu_f32(v);
+}
+
+template <int OP, int G, typename T>
+__global__ void dt_cu_argext_k(const T* x, long long* y, dt_cu_rgeom_t g, int64_t n_out,
+                               int64_t R) {
+  using V = typename std::conditional<std::is_integral<T>::value, long long, float>::type;
+  __shared__ V smv[32];
+  __shared__ long long smi[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t o = dt_cu_group_id<G>(); o < n_out; o += step) {
+    const T* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
+    V m = dt_cu_ident<OP, V>();
+    for (int64_t r = lane; r < R; r += G)
+      m = dt_cu_comb<OP>(m, dt_cu_arg_val(xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]));
+    m = dt_cu_group_reduce<OP, G>(m, smv);
+    long long bi = LLONG_MAX;
+    for (int64_t r = lane; r < R; r += G) {
+      const V v = dt_cu_arg_val(xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]);
+      bool hit = v == m;
+      if constexpr (!std::is_integral<V>::value) hit = hit || (v != v && m != m);
+      if (hit) {
+        bi = r;
+        break;
+      }
+    }
+    bi = dt_cu_group_reduce<DT_CU_OP_MIN, G>(bi, smi);
+    if (lane == 0) y[o] = bi;
+  }
+}
+
+template <int G, typename T>
+__global__ void dt_cu_logsumexp_k(const T* x, T* y, dt_cu_rgeom_t g, int64_t n_out, int64_t R) {
+  __shared__ float smem[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t o = dt_cu_group_id<G>(); o < n_out; o += step) {
+    const T* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
+    float m = dt_cu_ident<DT_CU_OP_MAX>();
+    for (int64_t r = lane; r < R; r += G)
+      m = dt_cu_comb<DT_CU_OP_MAX>(m, dt_cu_f32(xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]));
+    m = dt_cu_group_reduce<DT_CU_OP_MAX, G>(m, smem);
+    const float sh = isinf(m) ? 0.0f : m;
+    float s = 0.0f;
+    for (int64_t r = lane; r < R; r += G)
+      s += expf(dt_cu_f32(xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]) - sh);
+    s = dt_cu_group_reduce<DT_CU_OP_SUM, G>(s, smem);
+    if (lane == 0) y[o] = dt_cu_from_f32<T>(logf(s) + sh);
+  }
+}
+
+/* kind: 4 argmax, 5 argmin, 6 logsumexp (the host's numbering, op DT_OP_SUM + kind). */
+static dt_status_t dt_cu_reduce_whole(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                      dt_local_tensor_t* out, int kind) {
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
+  if (kind == 6) {
+    if (out->dtype != in->dtype || dt_cu_is_int(in->dtype)) /* (dispatch casts integers to f32) */
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "logsumexp: dtypes %s -> %s are not supported by its "
+                     "CUDA kernel (one float dtype)", dt_dtype_name(in->dtype),
+                     dt_dtype_name(out->dtype));
+  } else if (out->dtype != DT_I64 || !(dt_cu_is_int(in->dtype) || in->dtype == DT_F32 ||
+                                       in->dtype == DT_BF16 || in->dtype == DT_F16)) {
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported by its CUDA kernel "
+                   "(a float or integer input, i64 out)", call->op, dt_dtype_name(in->dtype),
+                   dt_dtype_name(out->dtype));
+  }
+  dt_cu_rgeom_t g;
+  int64_t n_out, R;
+  DT_CHECK(dt_cu_reduce_geom(call, in, mask, out, &g, &n_out, &R));
+  if (n_out == 0) return DT_SUCCESS;
+  if (R == 0 && kind != 6) /* (the rules refuse it first) */
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: an empty reduction has no position", call->op);
+  const int group = dt_cu_reduce_group(g, n_out, R);
+  auto launch = [&](auto tag) -> dt_status_t {
+    using T = decltype(tag);
+    return dt_cu_group_dispatch(group, [&](auto gc) -> dt_status_t {
+      constexpr int G = decltype(gc)::value;
+      const unsigned grid = dt_cu_grid(in, n_out * G);
+      const cudaStream_t st = dt_cu_stream(in);
+      if (kind == 4)
+        return dt_cu_run(call->op, dt_cu_argext_k<DT_CU_OP_MAX, G, T>, grid, st,
+                         (const T*)in->data, (long long*)out->data, g, n_out, R);
+      if (kind == 5)
+        return dt_cu_run(call->op, dt_cu_argext_k<DT_CU_OP_MIN, G, T>, grid, st,
+                         (const T*)in->data, (long long*)out->data, g, n_out, R);
+      if constexpr (!std::is_integral<T>::value)
+        return dt_cu_run(call->op, dt_cu_logsumexp_k<G, T>, grid, st, (const T*)in->data,
+                         (T*)out->data, g, n_out, R);
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "logsumexp: integer input (cast it to a float dtype)");
+    });
+  };
+  if (in->dtype == DT_I64) return launch((long long)0);
+  if (in->dtype == DT_I32) return launch((int)0);
+  return dt_cu_float_dispatch(call->op, in->dtype, launch);
+}
+
+DT_CU_KERNEL(dt_cu_argmax) { return dt_cu_reduce_whole(call, in, out, 4); }
+DT_CU_KERNEL(dt_cu_argmin) { return dt_cu_reduce_whole(call, in, out, 5); }
+DT_CU_KERNEL(dt_cu_logsumexp) { return dt_cu_reduce_whole(call, in, out, 6); }
 
 /* ---------------------------------------------------------------------------------------------
  * softmax / log_softmax along iargs[0] (whole on this rank). As the host: m = the row's fmaxf
@@ -799,6 +927,9 @@ DT_CU_FILL(reduce) {
   t[DT_OP_MEAN] = {dt_cu_mean, DT_KERNEL_ONE_DTYPE, dt_cu_mean_scratch};
   t[DT_OP_AMAX] = {dt_cu_amax, DT_KERNEL_ONE_DTYPE, dt_cu_amax_scratch};
   t[DT_OP_AMIN] = {dt_cu_amin, DT_KERNEL_ONE_DTYPE, dt_cu_amin_scratch};
+  t[DT_OP_ARGMAX] = {dt_cu_argmax, DT_KERNEL_ONE_DTYPE, NULL};
+  t[DT_OP_ARGMIN] = {dt_cu_argmin, DT_KERNEL_ONE_DTYPE, NULL};
+  t[DT_OP_LOGSUMEXP] = {dt_cu_logsumexp, DT_KERNEL_ONE_DTYPE, NULL};
   t[DT_OP_SOFTMAX] = {dt_cu_softmax_fwd, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_LOG_SOFTMAX] = {dt_cu_log_softmax, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_RMS_NORM] = {dt_cu_rms_norm, DT_KERNEL_ANY_DTYPE, NULL};
