@@ -80,6 +80,18 @@ static const gen_case_t kGen[] = {
     {"sum", 1, {F}, {2}, {{37, 1000}}, {0}, 1, 0, {0}, {0}, 0},
     {"mean", 1, {F}, {2}, {{3, 20000}}, {0}, 2, 0, {1, 1}, {0}, 0},
     {"amin", 1, {F}, {1}, {{9000}}, {0}, 1, 0, {0}, {0}, 0},
+    /* argmax / argmin / logsumexp: rows taking a warp or the block (ties: bf16 rounding and
+     * integers in [0, 50) on 3000-element rows; the first position must win across lanes), a
+     * strided reduced dim, the flattened index, an empty kept dim and an empty reduction */
+    {"argmax", 1, {F}, {2}, {{3, 3000}}, {0}, 2, 0, {0, 1}, {0}, 0},
+    {"argmin", 1, {F}, {2}, {{67, 1031}}, {0}, 2, 0, {1, 0}, {0}, 0},
+    {"argmax", 1, {F}, {2}, {{37, 1000}}, {0}, 1, 0, {0}, {0}, 0},
+    {"argmax", 1, {L}, {2}, {{3, 3000}}, {50}, 2, 0, {0, 1}, {0}, 0},
+    {"argmin", 1, {L}, {2}, {{300, 7}}, {50}, 2, 0, {0, 0}, {0}, 0},
+    {"argmin", 1, {F}, {2}, {{0, 3}}, {0}, 2, 0, {0, 1}, {0}, 0},
+    {"logsumexp", 1, {F}, {2}, {{3, 3000}}, {0}, 2, 0, {0, 1}, {0}, 0},
+    {"logsumexp", 1, {F}, {3}, {{5, 300, 7}}, {0}, 3, 0, {1, 0, 2}, {0}, 0},
+    {"logsumexp", 1, {F}, {2}, {{4, 0}}, {0}, 2, 0, {1, 1}, {0}, 0},
     {"rms_norm_grad", 3, {F, F, F}, {2, 2, 1}, {{300, 24}, {300, 24}, {24}}, {0}, 0, 1, {0}, {1e-5},
      0},
     {"layer_norm_grad", 3, {F, F, F}, {3, 3, 1}, {{2, 150, 40}, {2, 150, 40}, {40}}, {0}, 0, 1, {0},

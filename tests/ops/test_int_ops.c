@@ -10,6 +10,9 @@
  *   - amax / amin keep the dtype: Partial(max) / Partial(min) over a sharded dim, an uneven shard
  *     with an empty local part (the identity: the dtype's minimum / maximum), keepdim; an amax
  *     over an empty dim is refused as PyTorch refuses it;
+ *   - argmax / argmin of i32 / i64 give i64 positions, the first of tied extremes (3 x 3000 rows
+ *     with ties across a block's lanes: the block and warp paths of the emulated GPU), with the
+ *     reduced dim sharded (gathered first) or not;
  *   - mean of integers is refused with torch's "could not infer output dtype";
  *   - where with i32 / i64 values and conditions of i64, f32 (NaN is true, -0.0 false) and bf16;
  *     where(gt(x, y), x, y) with f32 x, y through the tape (gradients only to the values);
@@ -250,18 +253,20 @@ static void test_reductions(dt_mesh_t mesh) {
  * 7 x 100: a warp per row; 100 x 7: a thread per row) and strided reductions (dim 0 of each:
  * a thread per output over 3, a warp per output over 100 strided elements), i32 into i64 and
  * i64 wrapping, against int64 loops; amax / amin with the limits planted far from the starts. */
+/* sum, amax, amin and (am, an) argmax, argmin: the first position of the extreme */
 static void reduce_ref(const int64_t* v, int64_t R, int64_t C, int dim, int64_t* sum, int64_t* mx,
-                       int64_t* mn) {
+                       int64_t* mn, int64_t* am, int64_t* an) {
   const int64_t n_out = dim ? R : C, len = dim ? C : R;
   for (int64_t o = 0; o < n_out; o++) {
     uint64_t acc = 0;
     mx[o] = INT64_MIN;
     mn[o] = INT64_MAX;
+    am[o] = an[o] = -1;
     for (int64_t k = 0; k < len; k++) {
       const int64_t x = dim ? v[o * C + k] : v[k * C + o];
       acc += (uint64_t)x;
-      if (x > mx[o]) mx[o] = x;
-      if (x < mn[o]) mn[o] = x;
+      if (am[o] < 0 || x > mx[o]) mx[o] = x, am[o] = k;
+      if (an[o] < 0 || x < mn[o]) mn[o] = x, an[o] = k;
     }
     sum[o] = (int64_t)acc;
   }
@@ -274,7 +279,7 @@ static void test_long_rows(dt_mesh_t mesh) {
       const int64_t R = shapes[sh][0], C = shapes[sh][1], n = R * C;
       const dt_dtype_t d = w ? I64 : I32;
       int64_t* v = malloc(sizeof(int64_t) * (size_t)n);
-      int64_t* want = malloc(sizeof(int64_t) * 3 * (size_t)(R > C ? R : C));
+      int64_t* want = malloc(sizeof(int64_t) * 5 * (size_t)(R > C ? R : C));
       int64_t* got = malloc(sizeof(int64_t) * (size_t)(R > C ? R : C));
       void* buf = malloc(8 * (size_t)n);
       DT_ASSERT_TRUE(v != NULL && want != NULL && got != NULL && buf != NULL, "malloc");
@@ -285,6 +290,12 @@ static void test_long_rows(dt_mesh_t mesh) {
       }
       v[n - 2] = w ? INT64_MAX : INT32_MAX;
       v[n / 2 + 1] = w ? INT64_MIN : INT32_MIN;
+      if (n == 9000) { /* ties in row 0 of 3 x 3000: the first (lane 255 of a block) must win over
+                        * the next (lane 0) and a later one; in column 0 of the rows too */
+        v[255] = v[256] = v[2999] = w ? INT64_MAX : INT32_MAX;
+        v[1000] = v[1001] = v[2998] = w ? INT64_MIN : INT32_MIN;
+        v[0] = v[6000] = w ? INT64_MIN : INT32_MIN;
+      }
       for (int64_t i = 0; i < n; i++) {
         if (w) memcpy((char*)buf + 8 * i, &v[i], 8);
         else { int32_t x = (int32_t)v[i]; memcpy((char*)buf + 4 * i, &x, 4); }
@@ -297,15 +308,15 @@ static void test_long_rows(dt_mesh_t mesh) {
         for (int dim = 0; dim < 2; dim++) {
           const int64_t n_out = dim ? R : C, args[2] = {0, dim};
           int64_t *sum = want, *mx = want + n_out, *mn = want + 2 * n_out;
-          reduce_ref(v, R, C, dim, sum, mx, mn);
-          const char* ops[3] = {"sum", "amax", "amin"};
-          for (int k = 0; k < 3; k++) {
+          reduce_ref(v, R, C, dim, sum, mx, mn, want + 3 * n_out, want + 4 * n_out);
+          const char* ops[5] = {"sum", "amax", "amin", "argmax", "argmin"};
+          for (int k = 0; k < 5; k++) {
             dt_tensor_t r, rr;
             dt_placement_t rep = dt_replicate();
             DT_ASSERT_OK(dt_op_run(ops[k], 1, &x, 2, args, 0, NULL, &r));
-            DT_ASSERT_TRUE(dtype_of(r) == (k == 0 ? I64 : d), "%s dtype", ops[k]);
+            DT_ASSERT_TRUE(dtype_of(r) == (k == 0 || k >= 3 ? I64 : d), "%s dtype", ops[k]);
             DT_ASSERT_OK(dt_tensor_redistribute(r, &rep, &rr));
-            const int wide = k == 0 || w;
+            const int wide = k == 0 || k >= 3 || w;
             DT_ASSERT_OK(dt_tensor_gather_full(rr, got, (size_t)n_out * (wide ? 8 : 4)));
             for (int64_t o = 0; o < n_out; o++) {
               int64_t g = got[o];

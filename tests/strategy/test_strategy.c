@@ -322,6 +322,107 @@ static void test_reductions(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* argmax / argmin / logsumexp: a sharded reduced dim is gathered (Replicate asked of the input,
+ * the output replicated), a sharded kept dim passes (renumbered), every Partial is reduced
+ * first; argmax gives i64, at most one dim, none: a 0-d index into the flattened tensor. */
+static void test_arg_reductions(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(1, 4, 0);
+  int64_t s[2] = {13, 6};
+  dt_placement_t in[1][DT_MAX_MESH_DIMS];
+  dt_op_choice_t ch;
+  char buf[64];
+  const char* ops[3] = {"argmax", "argmin", "logsumexp"};
+  for (int k = 0; k < 3; k++) {
+    dt_op_call_t c = call2(ops[k], 2, s, 0, NULL);
+    c.n_iargs = 2;
+    c.iargs[0] = 0;
+    c.iargs[1] = -2; /* dim 0 */
+    set_pl(in, 0, "S0"); /* redistributed: to R, or to S(1) (an all-to-all, output S(0)) */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    assert_false(ch.in[0][0].kind == DT_SHARD && ch.in[0][0].dim == 0);
+    assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+    assert_true(ch.steps >= 1);
+    static dt_op_choice_t all[64];
+    int na, saw_r = 0;
+    assert_int_equal(dt_op_candidates(m, &c, in, all, 64, &na), DT_SUCCESS);
+    for (int i = 0; i < na; i++) { /* no candidate keeps the reduced dim sharded */
+      assert_false(all[i].in[0][0].kind == DT_SHARD && all[i].in[0][0].dim == 0);
+      assert_int_not_equal(all[i].in[0][0].kind, DT_PARTIAL);
+      saw_r |= all[i].in[0][0].kind == DT_REPLICATE && all[i].out[0][0].kind == DT_REPLICATE;
+    }
+    assert_true(saw_r);
+    assert_int_equal(ch.out_meta[0].dtype, k < 2 ? DT_I64 : DT_F32);
+    assert_int_equal(ch.out_meta[0].ndim, 1);
+    assert_int_equal(ch.out_meta[0].shape[0], 6);
+    set_pl(in, 0, "S1"); /* the kept dim stays sharded, renumbered; keepdim keeps the number */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, "S(0)");
+    assert_int_equal(ch.steps, 0);
+    c.iargs[0] = 1;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, "S(1)");
+    assert_int_equal(ch.out_meta[0].ndim, 2);
+    assert_int_equal(ch.out_meta[0].shape[0], 1);
+    const char* partials[4] = {"P(sum)", "P(avg)", "P(max)", "P(min)"};
+    for (int p = 0; p < 4; p++) {
+      set_pl(in, 0, partials[p]);
+      assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+      assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+      assert_int_not_equal(ch.in[0][0].kind, DT_PARTIAL);
+      assert_true(ch.steps >= 1);
+    }
+    c.n_iargs = 1; /* no dim: every dim, so the whole tensor is gathered */
+    c.iargs[0] = 0;
+    set_pl(in, 0, "S1");
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 1, "R");
+    assert_int_equal(ch.in[0][0].kind, DT_REPLICATE);
+    assert_int_equal(ch.out_meta[0].ndim, 0);
+    c.n_iargs = 3; /* two dims: logsumexp takes them, argmax / argmin refuse */
+    c.iargs[1] = 0;
+    c.iargs[2] = 1;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), k < 2 ? DT_ERR_INVALID_ARG : DT_SUCCESS);
+    if (k < 2) assert_non_null(strstr(dt_last_error(), "at most one dim"));
+    else expect_out(&ch, 1, "R");
+  }
+  /* on a 2-D mesh: S(0) on the kept dim passes, S(1) on the reduced dim is gathered */
+  dt_mesh_t m2 = mesh_of(2, 2, 2);
+  dt_placement_t in2[1][DT_MAX_MESH_DIMS];
+  dt_op_call_t c = call2("argmax", 2, s, 0, NULL);
+  c.n_iargs = 2;
+  c.iargs[1] = 1;
+  set_pl(in2, 0, "S0,S1");
+  assert_int_equal(dt_op_select(m2, &c, in2, &ch), DT_SUCCESS);
+  assert_int_equal(dt_placements_format(ch.in[0], 2, ",", buf, sizeof buf), DT_SUCCESS);
+  assert_true(strcmp(buf, "S(0),R") == 0 || strcmp(buf, "S(0),S(0)") == 0); /* dim 1 gathered */
+  assert_true(ch.steps >= 1);
+  /* bf16 logsumexp keeps bf16; an integer one computes in f32 (torch.logsumexp promotes) */
+  c = call2("logsumexp", 2, s, 0, NULL);
+  c.n_iargs = 2;
+  c.iargs[1] = 1;
+  c.in[0].dtype = DT_BF16;
+  set_pl(in, 0, "R");
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].dtype, DT_BF16);
+  c.in[0].dtype = DT_I32;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].dtype, DT_F32);
+  /* argmax of an empty reduced dim is refused (PyTorch raises); of an empty kept dim it is empty */
+  int64_t e[2] = {0, 6};
+  c = call2("argmax", 2, e, 0, NULL);
+  c.n_iargs = 2;
+  c.iargs[1] = 0;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "size 0"));
+  c.iargs[1] = 1;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  c.n_iargs = 1;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_ERR_INVALID_ARG);
+  dt_mesh_destroy(m2);
+  dt_mesh_destroy(m);
+}
+
 static void test_views_softmax(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(2, 2, 2);
@@ -784,7 +885,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
       cmocka_unit_test(test_pointwise_partial), cmocka_unit_test(test_broadcast),
-      cmocka_unit_test(test_reductions), cmocka_unit_test(test_views_softmax),
+      cmocka_unit_test(test_reductions), cmocka_unit_test(test_arg_reductions),
+      cmocka_unit_test(test_views_softmax),
       cmocka_unit_test(test_registry),     cmocka_unit_test(test_cache_key),
       cmocka_unit_test(test_last_error_kept),
       cmocka_unit_test(test_views_zero_size),
