@@ -51,7 +51,17 @@ extern "C" {
  *               float trees on a GPU). Integers as torch.sum: sum of i32 or i64 is i64 (exact,
  *               wrapping at 64 bits), amax / amin keep the dtype, mean of integers is
  *               DT_ERR_INVALID_ARG ("could not infer output dtype"); neg and abs of i32/i64
- *               wrap (-INT_MIN and abs(INT_MIN) are INT_MIN)
+ *               wrap (-INT_MIN and abs(INT_MIN) are INT_MIN);
+ *               argmax, argmin (iargs [keepdim=0, dim]: at most one dim; none: the index into
+ *               the flattened tensor, 0-d, or all dims 1 with keepdim, as torch.argmax): i64
+ *               positions, the first of tied extremes (-0.0 ties 0.0), a NaN counting as the
+ *               extreme (its first position wins), of f32/bf16/f16/i32/i64; no gradient; an
+ *               empty reduction is DT_ERR_INVALID_ARG (PyTorch raises). logsumexp (iargs
+ *               [keepdim=0, dim...]; no dims = every dim, as sum; torch 1.13 requires dims):
+ *               max-shifted, float dtypes kept, integers computed in f32 (as torch.logsumexp);
+ *               a row of -inf gives -inf, a +inf inf, a NaN NaN, no elements -inf; gradient
+ *               g exp(x - out). Their reduced dims are gathered (Replicate) first; sharded kept
+ *               dims stay sharded; Partial inputs are reduced first
  *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
  *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
  *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,
