@@ -71,8 +71,6 @@ static const struct {
     {"einsum", "mm", "mm, bmm, mm_t and linear cover the matmul einsums"},
     {"max", "amax", "amax reduces over dims, maximum is elementwise"},
     {"min", "amin", "amin reduces over dims, minimum is elementwise"},
-    {"argmax", "topk", "topk with k=1 returns the index too"},
-    {"argmin", "topk", "topk with k=1 and largest=0 returns the index too"},
     {"scaled_dot_product_attention", "sdpa", "PyTorch's scaled_dot_product_attention is sdpa"},
     {"attention", "sdpa", "scaled dot-product attention is sdpa"},
     {"concat", "cat", "concatenation is cat"},
