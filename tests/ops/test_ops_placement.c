@@ -349,6 +349,8 @@ static void partial_rules(void) {
     DT_ASSERT_OK(dt_op_run(red_ops[k], 1, &xs, 2, red0, 0, NULL, &m));
     expect_pl(m, red_pl[k]);
     check("clamp", 1, &m, 0, NULL, 2, bounds, red_pl[k], 0);
+    /* logsumexp is not monotone-passing: lse(max_r a_r) != max_r lse(a_r); reduced first */
+    check("logsumexp", 1, &m, 2, red0, 0, NULL, "R", -1);
     dt_tensor_destroy(m);
   }
   /* expm1 (non-decreasing) keeps a real P(max) and P(min), log1p only P(min), with no move and
