@@ -16,7 +16,8 @@
  * over integer) than the operands with dims, or where every operand is 0-dim. An op that divides
  * (DT_OPF_INT_TO_FLOAT: div) turns an integer result into f32, PyTorch's default float dtype
  * (torch.div's true division: promote_integer_inputs_to_float). Reductions: torch.sum of an
- * integer tensor is i64 (dt__sum_dtype); amax / amin keep the dtype; mean refuses integers.
+ * integer tensor is i64 (dt__sum_dtype); amax / amin keep the dtype; mean refuses integers;
+ * logsumexp (DT_OPF_INT_TO_FLOAT on its one input) computes integers in f32, as torch.logsumexp.
  */
 #include "strategy/strategy.h"
 
