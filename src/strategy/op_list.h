@@ -105,9 +105,9 @@
     NULL)                                                                                                \
   X(AMIN, "amin", 1, 1, "keepdim=0, dim:l", dt__amin_rules, NULL, dt__bw_amin, DT__W, dt__kernel_amin,   \
     NULL)                                                                                                \
-  X(ARGMAX, "argmax", 1, 1, "keepdim=0, dim:l", dt__argmax_rules, NULL, dt__bw_none, DT__W,             \
+  X(ARGMAX, "argmax", 1, 1, "keepdim=0, dim:l", dt__argmax_rules, NULL, dt__bw_none, DT__W,              \
     dt__kernel_argmax, NULL)                                                                             \
-  X(ARGMIN, "argmin", 1, 1, "keepdim=0, dim:l", dt__argmin_rules, NULL, dt__bw_none, DT__W,             \
+  X(ARGMIN, "argmin", 1, 1, "keepdim=0, dim:l", dt__argmin_rules, NULL, dt__bw_none, DT__W,              \
     dt__kernel_argmin, NULL)                                                                             \
   X(LOGSUMEXP, "logsumexp", 1, 1, "keepdim=0, dim:l", dt__logsumexp_rules, NULL, dt__bw_logsumexp,       \
     DT__W | DT_OPF_PROMOTES_IN(0) | DT_OPF_INT_TO_FLOAT, dt__kernel_logsumexp, NULL)                     \

@@ -273,7 +273,8 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   const dt_tensor_meta_t* in = &call->in[0];
   const int integer = !dt__dtype_is_float(in->dtype);
-  if (kind >= 4) return dt__rules_reduce_whole(call, kind, mask, keep, out_meta, rules, cap, n_rules);
+  if (kind >= 4) /* argmax, argmin, logsumexp */
+    return dt__rules_reduce_whole(call, kind, mask, keep, out_meta, rules, cap, n_rules);
   if (kind == 1 && integer) /* torch.mean's own words */
     return DT_FAIL(DT_ERR_INVALID_ARG, "mean: could not infer output dtype: input dtype %s must "
                    "be a float dtype (f32, bf16 or f16), as torch.mean requires; cast it first, "
