@@ -720,12 +720,15 @@ case("logsumexp_all", "logsumexp", [ls], torch.logsumexp(ls, (0, 1, 2)), iargs=[
 li = ints(7, 3, 4) - 3
 case("logsumexp_i64", "logsumexp", [li], torch.logsumexp(li, 1), iargs=[0, 1])
 case("logsumexp_i32", "logsumexp", [li.int()], torch.logsumexp(li.int(), 0), iargs=[0, 0])
+LSE13 = "torch 1.13's bf16 logsumexp rounds intermediates; the f32 computation rounded once"
 for dt, tag in LOW:
     x = lo(rnd(4, 6, 5) * 4, dt)
+    # torch 1.13's bf16 logsumexp rounds its intermediates to bf16 (up to 1.5 % off on these
+    # draws): the reference is the f32 computation rounded once, as the library computes
     lcase(f"logsumexp_dim1_{tag}", "logsumexp", dt, [x], lambda t: torch.logsumexp(t, 1),
-          iargs=[0, 1])
+          iargs=[0, 1], native=False, note=LSE13)
     lcase(f"logsumexp_dims_{tag}", "logsumexp", dt, [x], lambda t: torch.logsumexp(t, (0, 2)),
-          iargs=[0, 0, 2])
+          iargs=[0, 0, 2], native=False, note=LSE13)
 
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
