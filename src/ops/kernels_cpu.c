@@ -8,8 +8,8 @@
 static dt_status_t dt__need_f32(const dt_op_call_t* call, const dt_local_tensor_t* t, int n) {
   for (int i = 0; i < n; i++)
     if (t[i].dtype != DT_F32)
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtype %s is not supported yet (f32 only)", call->op,
-                     dt_dtype_name(t[i].dtype));
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: %s tensors are not supported (f32, bf16 or f16: "
+                     "cast it first)", call->op, dt_dtype_name(t[i].dtype));
   return DT_SUCCESS;
 }
 

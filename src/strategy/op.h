@@ -46,7 +46,8 @@ enum {
   DT_OPF_MESHES = 1u << 8,      /* its inputs may live on different meshes over the same ranks
                                    (from_local: the output is on `like`'s mesh) */
   DT_OPF_INT_TO_FLOAT = 1u << 9, /* with DT_OPF_PROMOTES_IN: an integer result dtype becomes f32
-                                    (div: PyTorch's true division of integers; logsumexp) */
+                                    (div: PyTorch's true division of integers; logsumexp; the
+                                    float unary ops, DT__F0 of op_list.h) */
 };
 /* In-place ops (the optimizer's update, gradient scaling) write some of their inputs: bit 16 + i
  * marks input i. Such an input never moves (candidates that would move it are dropped, so its

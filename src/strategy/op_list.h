@@ -65,15 +65,20 @@
   X(LE, "le", 2, 1, "", dt__nonlinear_rules, NULL, dt__bw_none, DT__W | DT__P2, dt__kernel_le, NULL)     \
   X(NEG, "neg", 1, 1, "", dt__unary_linear_rules, NULL, dt__bw_neg, DT__WR, dt__kernel_neg, NULL)        \
   X(RELU, "relu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_relu, DT__WR, dt__kernel_relu, NULL)       \
-  X(EXP, "exp", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_exp, DT__WR, dt__kernel_exp, NULL)           \
-  X(LOG, "log", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_log, DT__WR, dt__kernel_log, NULL)           \
-  X(SQRT, "sqrt", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sqrt, DT__WR, dt__kernel_sqrt, NULL)       \
-  X(RSQRT, "rsqrt", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_rsqrt, DT__WR, dt__kernel_rsqrt, NULL)   \
+  X(EXP, "exp", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_exp, DT__WR | DT__F0,                        \
+    dt__kernel_exp, NULL)                                                                                \
+  X(LOG, "log", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_log, DT__WR | DT__F0,                        \
+    dt__kernel_log, NULL)                                                                                \
+  X(SQRT, "sqrt", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sqrt, DT__WR | DT__F0,                     \
+    dt__kernel_sqrt, NULL)                                                                               \
+  X(RSQRT, "rsqrt", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_rsqrt, DT__WR | DT__F0,                  \
+    dt__kernel_rsqrt, NULL)                                                                              \
   X(GELU, "gelu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_gelu, DT__WR, dt__kernel_gelu, NULL)       \
   X(SILU, "silu", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_silu, DT__WR, dt__kernel_silu, NULL)       \
-  X(SIGMOID, "sigmoid", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sigmoid, DT__WR,                     \
+  X(SIGMOID, "sigmoid", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_sigmoid, DT__WR | DT__F0,           \
     dt__kernel_sigmoid, NULL)                                                                            \
-  X(TANH, "tanh", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_tanh, DT__WR, dt__kernel_tanh, NULL)       \
+  X(TANH, "tanh", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_tanh, DT__WR | DT__F0,                     \
+    dt__kernel_tanh, NULL)                                                                               \
   X(ABS, "abs", 1, 1, "", dt__nonlinear_rules, NULL, dt__bw_abs, DT__WR, dt__kernel_abs, NULL)           \
   X(CLAMP, "clamp", 1, 1, "min:f?, max:f?", dt__clamp_rules, NULL, dt__bw_clamp, DT__WR,                 \
     dt__kernel_clamp, NULL)                                                                              \
@@ -89,7 +94,8 @@
     dt__kernel_add_scalar, NULL)                                                                         \
   X(MUL_SCALAR, "mul_scalar", 1, 1, "scalar:f", dt__mul_scalar_rules, NULL, dt__bw_mul_scalar, DT__WR,   \
     dt__kernel_mul_scalar, NULL)                                                                         \
-  X(POW, "pow", 1, 1, "exponent:f", dt__pow_rules, NULL, dt__bw_pow, DT__WR, dt__kernel_pow, NULL)       \
+  X(POW, "pow", 1, 1, "exponent:f", dt__pow_rules, NULL, dt__bw_pow, DT__WR | DT__F0, dt__kernel_pow,    \
+    NULL)                                                                                                \
   X(WHERE, "where", 3, 1, "", dt__where_rules, NULL, dt__bw_where, DT__WR | DT__P12,                     \
     dt__kernel_where, NULL)                                                                              \
   X(MASKED_FILL, "masked_fill", 2, 1, "value:f", dt__masked_fill_rules, NULL, dt__bw_masked_fill,        \

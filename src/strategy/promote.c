@@ -17,7 +17,10 @@
  * (DT_OPF_INT_TO_FLOAT: div) turns an integer result into f32, PyTorch's default float dtype
  * (torch.div's true division: promote_integer_inputs_to_float). Reductions: torch.sum of an
  * integer tensor is i64 (dt__sum_dtype); amax / amin keep the dtype; mean refuses integers;
- * logsumexp (DT_OPF_INT_TO_FLOAT on its one input) computes integers in f32, as torch.logsumexp.
+ * logsumexp (DT_OPF_INT_TO_FLOAT on its one input) computes integers in f32, as torch.logsumexp;
+ * so do the float unary ops (exp, log, sqrt, rsqrt, sigmoid, tanh, pow, sin, cos, reciprocal,
+ * log1p, expm1: DT__F0 in op_list.h), as torch.exp(int) is f32. gelu, silu and softmax refuse
+ * integers as PyTorch does.
  */
 #include "strategy/strategy.h"
 
