@@ -195,11 +195,20 @@ dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, in
     return DT_SUCCESS;
   }
   for (int k = 1; k < call->n_iargs; k++) {
-    int64_t d = call->iargs[k] < 0 ? call->iargs[k] + nd : call->iargs[k];
-    if (d < 0 || d >= nd)
+    /* a 0-d tensor's dims wrap as a 1-d one's (PyTorch): 0 and -1 name it and reduce nothing */
+    const int wrap = nd ? nd : 1;
+    int64_t d = call->iargs[k] < 0 ? call->iargs[k] + wrap : call->iargs[k];
+    if (d < 0 || d >= wrap)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim=%lld (iargs[%d]) out of range for a %d-dim "
                      "tensor (valid: %d to %d)", call->op, (long long)call->iargs[k], k, nd,
-                     nd ? -nd : 0, nd ? nd - 1 : 0);
+                     -wrap, wrap - 1);
+    if (nd == 0) {
+      for (int j = 1; j < k; j++)
+        if (call->iargs[j] == 0 || call->iargs[j] == -1)
+          return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim=%lld (iargs[%d]) repeated; each dim at "
+                         "most once", call->op, (long long)call->iargs[k], k);
+      continue;
+    }
     if (*mask & (1u << d))
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim=%lld (iargs[%d]) repeated; each dim at most once",
                      call->op, (long long)call->iargs[k], k);

@@ -12,8 +12,9 @@
  * the leading dims and every Partial pass, other shards are moved first (no elements move).
  *   slice/narrow (dim): [R; R] [S(d); S(d)] for d != dim, every Partial passes
  *   cat (dim):          [R; R..] [S(d); S(d)..] for d != dim, [P(op); P(op)..] for every op
- *   expand (sizes):     [R; R] [S(d); S(d - lead)] for every dim that keeps its size, every
- *                       Partial passes; a broadcast dim (new, or size 1 grown) is R first
+ *   expand (sizes):     [R; R] [S(d); S(d - lead)] for every dim that keeps its size; every
+ *                       Partial passes one that grows nothing; a broadcast dim (new, or size 1
+ *                       grown) is R first
  */
 #include <stdio.h>
 
@@ -406,8 +407,8 @@ dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
 /* expand (iargs: the output's sizes, -1 keeping a dim; `lead` new dims in front), PyTorch's
  * Tensor.expand: only size-1 dims grow, new dims come first and take no -1. The output is a
  * materialized copy (tensors here are contiguous), so a shard passes every dim that keeps its size
- * and a broadcast dim is replicated first (its one element is every rank's); every Partial passes
- * (a copy is linear and keeps max and min). No rule shards a broadcast dim of a replicated input:
+ * and a broadcast dim is replicated first (its one element is every rank's); a Partial passes an
+ * expand that grows nothing (a copy is linear and keeps max and min). No rule shards a broadcast dim of a replicated input:
  * it would save memory here but make the next op that wants the whole dim gather it. */
 dt_status_t dt__expand_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
                              dt_op_rule_t* rules, int cap, int* n) {
@@ -449,7 +450,13 @@ dt_status_t dt__expand_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
     r.out[0] = dt_shard(d);
     dt__add(rules, cap, n, &r);
   }
-  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+  /* A Partial passes only an expand that grows nothing (new dims of size 1, sizes kept): one that
+   * grows would hand the next op a Partial k times the input's size to reduce, where reducing the
+   * input first moves 1/k of it (the selection is greedy and cannot see that). */
+  int grows = 0;
+  for (int d = 0; d < no; d++)
+    grows |= d < lead ? out_meta->shape[d] != 1 : out_meta->shape[d] != x->shape[d - lead];
+  for (int op = 0; op < DT_REDUCE_COUNT && !grows; op++) {
     r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
     dt__add(rules, cap, n, &r);
   }

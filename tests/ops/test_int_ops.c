@@ -291,10 +291,11 @@ static void test_long_rows(dt_mesh_t mesh) {
       v[n - 2] = w ? INT64_MAX : INT32_MAX;
       v[n / 2 + 1] = w ? INT64_MIN : INT32_MIN;
       if (n == 9000) { /* ties in row 0 of 3 x 3000: the first (lane 255 of a block) must win over
-                        * the next (lane 0) and a later one; in column 0 of the rows too */
+                        * the next (lane 0) and later ones; in column 1500 of the rows too (rows
+                        * 0 and 2; not column 0, whose row-0 minimum would win row 0's argmin) */
         v[255] = v[256] = v[2999] = w ? INT64_MAX : INT32_MAX;
         v[1000] = v[1001] = v[2998] = w ? INT64_MIN : INT32_MIN;
-        v[0] = v[6000] = w ? INT64_MIN : INT32_MIN;
+        v[1500] = v[7500] = w ? INT64_MIN : INT32_MIN;
       }
       for (int64_t i = 0; i < n; i++) {
         if (w) memcpy((char*)buf + 8 * i, &v[i], 8);

@@ -437,6 +437,20 @@ case("pow_i64", "pow", [IX], lambda t: torch.pow(t, 2.0), fargs=[2.0], grad=Fals
 case("pow_i32_half", "pow", [IX.to(torch.int32)], lambda t: torch.pow(t, 0.5), fargs=[0.5],
      grad=False)
 
+# ---- reductions of a 0-d tensor over dim 0 or -1 (appended): its dims wrap as a 1-d tensor's, as
+# PyTorch's (the reduction is the value itself; argmax / argmin 0); a repeated dim and dim 1 raise.
+X0 = torch.tensor(-2.5)
+for op, fn in (("sum", torch.sum), ("mean", torch.mean), ("amax", torch.amax), ("amin", torch.amin),
+               ("logsumexp", torch.logsumexp), ("argmax", torch.argmax), ("argmin", torch.argmin)):
+    g = op not in ("argmax", "argmin")
+    case(f"{op}_0d_dim0", op, [X0], lambda x, fn=fn: fn(x, 0), iargs=[0, 0], grad=g)
+    case(f"{op}_0d_dim_neg_keep", op, [X0], lambda x, fn=fn: fn(x, -1, keepdim=True),
+         iargs=[1, -1], grad=g)
+    case(f"{op}_0d_dim1_error", op, [X0], lambda x, fn=fn: fn(x, 1), iargs=[0, 1],
+         error="DT_ERR_INVALID_ARG")
+case("sum_0d_repeated_error", "sum", [X0], lambda x: torch.sum(x, (0, -1)), iargs=[0, 0, -1],
+     error="DT_ERR_INVALID_ARG")
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
