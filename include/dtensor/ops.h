@@ -30,8 +30,9 @@ extern "C" {
  *   pointwise:  add, sub, mul, div, maximum, minimum, and the comparisons eq, ne, lt, le, ge, gt
  *               (broadcasting; 1 / 0 in the operands' dtype, where PyTorch gives bool; NaN
  *               compares unequal to everything), neg, abs, relu, exp, log, sqrt, rsqrt, gelu,
- *               silu, sigmoid, tanh, sin, cos, reciprocal, log1p, expm1 (these five take integer
- *               tensors too, computed in f32 as PyTorch's; log1p and expm1 accurate near 0;
+ *               silu, sigmoid, tanh, sin, cos, reciprocal, log1p, expm1 (exp, log, sqrt,
+ *               rsqrt, sigmoid, tanh and these five take integer tensors too, computed in f32 as
+ *               PyTorch's; gelu, silu and pow refuse them; log1p and expm1 accurate near 0;
  *               non-decreasing, expm1 keeps a Partial(max) or Partial(min) and log1p a
  *               Partial(min), as clamp keeps both),
  *               add_scalar / mul_scalar / pow (fargs [s]), clamp (fargs

@@ -88,8 +88,9 @@ static dt_status_t dt__reduced(const dt_grad_ctx_t* c, unsigned* mask) {
 }
 
 /* Gradient of a reduction: g (times scale) brought back to x's shape: the reduced dims put back
- * as size 1, placed as x is along its kept dims (a Partial g is reduced here, at its small size,
- * straight to x's shards) and Replicate elsewhere, then expanded (no zeros of x's size). */
+ * as size 1, a Partial reduced here at that small size (straight to x's shard where x is sharded
+ * on a kept dim, else Replicate; an expand that grows would otherwise hand the Partial on at x's
+ * size), then expanded (no zeros of x's size). A shard of g stays where it is. */
 static dt_status_t dt__expand_back(const dt_grad_ctx_t* c, dt_tensor_t g, double scale,
                                    dt_tensor_t* out) {
   dt_tensor_t x = c->in[0];
@@ -110,12 +111,18 @@ static dt_status_t dt__expand_back(const dt_grad_ctx_t* c, dt_tensor_t g, double
   }
   if (st == DT_SUCCESS) {
     dt_placement_t pl[DT_MAX_MESH_DIMS];
+    int partial = 0;
     for (int i = 0; i < x->mesh->ndim; i++) {
       const dt_placement_t px = x->layout.pl[i];
+      pl[i] = gk->layout.pl[i];
+      if (pl[i].kind != DT_PARTIAL) continue;
+      partial = 1;
       pl[i] = px.kind == DT_SHARD && !(mask & (1u << px.dim)) ? px : dt_replicate();
     }
-    st = dt_tensor_redistribute(gk, pl, &sc);
-    if (st == DT_SUCCESS) gk = dt__keep(&s, sc);
+    if (partial) {
+      st = dt_tensor_redistribute(gk, pl, &sc);
+      if (st == DT_SUCCESS) gk = dt__keep(&s, sc);
+    }
   }
   if (st == DT_SUCCESS)
     st = dt__opa(DT_OP_EXPAND, 1, &gk, x->layout.ndim, x->layout.shape, 0, NULL, out);

@@ -94,8 +94,7 @@
     dt__kernel_add_scalar, NULL)                                                                         \
   X(MUL_SCALAR, "mul_scalar", 1, 1, "scalar:f", dt__mul_scalar_rules, NULL, dt__bw_mul_scalar, DT__WR,   \
     dt__kernel_mul_scalar, NULL)                                                                         \
-  X(POW, "pow", 1, 1, "exponent:f", dt__pow_rules, NULL, dt__bw_pow, DT__WR | DT__F0, dt__kernel_pow,    \
-    NULL)                                                                                                \
+  X(POW, "pow", 1, 1, "exponent:f", dt__pow_rules, NULL, dt__bw_pow, DT__WR, dt__kernel_pow, NULL)       \
   X(WHERE, "where", 3, 1, "", dt__where_rules, NULL, dt__bw_where, DT__WR | DT__P12,                     \
     dt__kernel_where, NULL)                                                                              \
   X(MASKED_FILL, "masked_fill", 2, 1, "value:f", dt__masked_fill_rules, NULL, dt__bw_masked_fill,        \

@@ -18,9 +18,9 @@
  * (torch.div's true division: promote_integer_inputs_to_float). Reductions: torch.sum of an
  * integer tensor is i64 (dt__sum_dtype); amax / amin keep the dtype; mean refuses integers;
  * logsumexp (DT_OPF_INT_TO_FLOAT on its one input) computes integers in f32, as torch.logsumexp;
- * so do the float unary ops (exp, log, sqrt, rsqrt, sigmoid, tanh, pow, sin, cos, reciprocal,
- * log1p, expm1: DT__F0 in op_list.h), as torch.exp(int) is f32. gelu, silu and softmax refuse
- * integers as PyTorch does.
+ * so do the float unary ops (exp, log, sqrt, rsqrt, sigmoid, tanh, sin, cos, reciprocal, log1p,
+ * expm1: DT__F0 in op_list.h), as torch.exp(int) is f32. gelu, silu and softmax refuse integers
+ * as PyTorch does; so does pow (its float exponent cannot tell PyTorch's int / float result).
  */
 #include "strategy/strategy.h"
 

@@ -123,8 +123,16 @@ dt_status_t dt__mul_scalar_rules(const dt_op_call_t* call, dt_tensor_meta_t* out
 }
 
 /* pow: non-linear, no Partial */
+/* pow's exponent is a double, so an integer tensor is refused: PyTorch's result dtype depends on
+ * the exponent's Python type (torch.pow(i64, 2) is i64, torch.pow(i64, 2.0) f32), which a double
+ * cannot tell; a cast names the dtype the caller wants. */
 dt_status_t dt__pow_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
                           dt_op_rule_t* rules, int cap, int* n) {
+  if (!dt__dtype_is_float(call->in[0].dtype))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "pow: %s tensors are not supported (its exponent is a "
+                   "float scalar, so the result dtype PyTorch would give, an integer for an "
+                   "integer exponent or f32, is unknown): cast x to a float dtype first, or "
+                   "multiply integers with mul", dt_dtype_name(call->in[0].dtype));
   return dt__scalar_common(call, out_meta, n_out, rules, cap, n);
 }
 

@@ -453,9 +453,10 @@ dt_status_t dt__expand_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
   /* A Partial passes only an expand that grows nothing (new dims of size 1, sizes kept): one that
    * grows would hand the next op a Partial k times the input's size to reduce, where reducing the
    * input first moves 1/k of it (the selection is greedy and cannot see that). */
-  int grows = 0;
+  int grows = 0; /* (an empty output grows nothing: its Partial costs nothing to keep) */
   for (int d = 0; d < no; d++)
     grows |= d < lead ? out_meta->shape[d] != 1 : out_meta->shape[d] != x->shape[d - lead];
+  if (numel == 0) grows = 0;
   for (int op = 0; op < DT_REDUCE_COUNT && !grows; op++) {
     r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
     dt__add(rules, cap, n, &r);

@@ -427,15 +427,12 @@ case("logsumexp_empty_keep_other", "logsumexp", [E30], lambda x: torch.logsumexp
      iargs=[0, 0], grad=False)
 
 # ---- integer inputs of the older float unary ops (appended: earlier cases unchanged): computed in
-# f32 as PyTorch's torch.exp(int) and friends (log of 0 and negatives: -inf, NaN); pow's exponent
-# is a float scalar here, so torch.pow(int, 2.0), f32 too. gelu, silu and softmax of integers are
-# refused, as PyTorch raises ("not implemented for 'Long'").
+# f32 as PyTorch's torch.exp(int) and friends (log of 0 and negatives: -inf, NaN). gelu, silu and
+# softmax of integers are refused, as PyTorch raises ("not implemented for 'Long'"); so is pow
+# (its float exponent cannot tell torch.pow(i64, 2), i64, from torch.pow(i64, 2.0), f32).
 for op in ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh"):
     case(f"{op}_i64", op, [IX], getattr(torch, op), grad=False)
 case("exp_i32", "exp", [IX.to(torch.int32)], torch.exp, grad=False)
-case("pow_i64", "pow", [IX], lambda t: torch.pow(t, 2.0), fargs=[2.0], grad=False)
-case("pow_i32_half", "pow", [IX.to(torch.int32)], lambda t: torch.pow(t, 0.5), fargs=[0.5],
-     grad=False)
 
 # ---- reductions of a 0-d tensor over dim 0 or -1 (appended): its dims wrap as a 1-d tensor's, as
 # PyTorch's (the reduction is the value itself; argmax / argmin 0); a repeated dim and dim 1 raise.

@@ -871,6 +871,20 @@ static void test_expand(void** state) {
     expect_out(&ch, 2, outs[k]);
     assert_int_equal(ch.steps, 0);
   }
+  /* ... and one whose output is empty (nothing to reduce) */
+  const int64_t empty[4] = {4, -1, 0, -1};
+  memcpy(ex.iargs, empty, sizeof empty);
+  set_pl(in, 0, "P(sum),R");
+  assert_int_equal(dt_op_select(m, &ex, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "P(sum),R");
+  assert_int_equal(ch.steps, 0);
+  /* pow refuses integers (its float exponent cannot tell PyTorch's i64 from f32 result) */
+  dt_op_call_t pw = call2("pow", 3, s, 0, NULL);
+  pw.in[0].dtype = DT_I64;
+  pw.n_fargs = 1;
+  pw.fargs[0] = 2.0;
+  assert_int_equal(dt_op_select(m, &pw, in, &ch), DT_ERR_UNSUPPORTED);
+  assert_non_null(strstr(dt_last_error(), "cast x to a float dtype"));
   /* refusals: a non-singleton dim changed, -1 in a new dim, fewer sizes than dims, a negative
    * size; the message names the dim */
   set_pl(in, 0, "R,R");
