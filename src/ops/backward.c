@@ -72,8 +72,9 @@ static dt_status_t dt__unbroadcast(dt_tensor_t g, dt_tensor_t x, dt_tensor_t* ou
   return st;
 }
 
-/* The dims a reduction reduced (its iargs against its input's shape). */
-static dt_status_t dt__reduced(const dt_grad_ctx_t* c, unsigned* mask) {
+/* The dims a reduction reduced (its iargs against its input's shape) and, where kshape is not
+ * NULL, the input's shape with those dims as 1 (the output's with keepdim). */
+static dt_status_t dt__reduced(const dt_grad_ctx_t* c, unsigned* mask, int64_t* kshape) {
   dt_op_call_t call;
   memset(&call, 0, sizeof call);
   dt_tensor_t x = c->in[0];
@@ -84,7 +85,10 @@ static dt_status_t dt__reduced(const dt_grad_ctx_t* c, unsigned* mask) {
   call.n_iargs = c->n_iargs;
   memcpy(call.iargs, c->iargs, sizeof(int64_t) * (size_t)c->n_iargs);
   int keep;
-  return dt__reduce_dims(c->op, &call, mask, &keep);
+  DT_CHECK(dt__reduce_dims(c->op, &call, mask, &keep));
+  for (int d = 0; kshape != NULL && d < x->layout.ndim; d++)
+    kshape[d] = (*mask & (1u << d)) ? 1 : x->layout.shape[d];
+  return DT_SUCCESS;
 }
 
 /* Gradient of a reduction: g (times scale) brought back to x's shape: the reduced dims put back
@@ -95,10 +99,8 @@ static dt_status_t dt__expand_back(const dt_grad_ctx_t* c, dt_tensor_t g, double
                                    dt_tensor_t* out) {
   dt_tensor_t x = c->in[0];
   unsigned mask;
-  DT_CHECK(dt__reduced(c, &mask));
   int64_t kshape[DT_MAX_DIMS];
-  for (int d = 0; d < x->layout.ndim; d++)
-    kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
+  DT_CHECK(dt__reduced(c, &mask, kshape));
   dt__scope_t s = {0};
   dt_tensor_t gk, sc;
   dt_status_t st = dt__reshape(g, x->layout.ndim, kshape, &gk);
@@ -717,14 +719,12 @@ dt_status_t dt__bw_redistribute(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_te
 static dt_status_t dt__extreme_bw(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   dt_tensor_t x = c->in[0];
   unsigned mask;
-  DT_CHECK(dt__reduced(c, &mask));
   int64_t kshape[DT_MAX_DIMS], args[1 + DT_MAX_DIMS];
+  DT_CHECK(dt__reduced(c, &mask, kshape));
   int na = 1;
   args[0] = 1;
-  for (int d = 0; d < x->layout.ndim; d++) {
-    kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
+  for (int d = 0; d < x->layout.ndim; d++)
     if (mask & (1u << d)) args[na++] = d;
-  }
   dt__scope_t s = {0};
   dt_tensor_t ok, gk, m, cnt, w;
   dt_status_t st = dt__reshape(c->out[0], x->layout.ndim, kshape, &ok);
@@ -748,10 +748,8 @@ dt_status_t dt__bw_amin(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* 
 dt_status_t dt__bw_logsumexp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   dt_tensor_t x = c->in[0];
   unsigned mask;
-  DT_CHECK(dt__reduced(c, &mask));
   int64_t kshape[DT_MAX_DIMS];
-  for (int d = 0; d < x->layout.ndim; d++)
-    kshape[d] = (mask & (1u << d)) ? 1 : x->layout.shape[d];
+  DT_CHECK(dt__reduced(c, &mask, kshape));
   dt__scope_t s = {0};
   dt_tensor_t ok, gk, d, e;
   dt_status_t st = dt__reshape(c->out[0], x->layout.ndim, kshape, &ok);

@@ -75,22 +75,10 @@ dt_status_t dt__kernel_cat(const dt_op_call_t* call, const dt_local_tensor_t* in
   return DT_SUCCESS;
 }
 
-/* expand: out takes x broadcast, numpy's rule aligned from the right (a dim x lacks, or holds
- * once where out holds more, repeats). The rules keep broadcast dims whole, so the local shards
- * obey the same rule. Rows of the innermost dim are copied whole, or filled by doubling copies
- * where that dim repeats one element. */
-dt_status_t dt__kernel_expand(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                              dt_local_tensor_t* out) {
-  const dt_local_tensor_t* x = &in[0];
+dt_status_t dt__expand_steps(const dt_op_call_t* call, const dt_local_tensor_t* x,
+                             const dt_local_tensor_t* out, int64_t* sst) {
   int no = out->ndim, lead = no - x->ndim;
-  size_t item = dt__itemsize(x->dtype);
-  int64_t n = dt__numel(out);
-  if (n == 0) return DT_SUCCESS;
-  if (no == 0) {
-    memcpy(out->data, x->data, item);
-    return DT_SUCCESS;
-  }
-  int64_t sst[DT_MAX_DIMS], s = 1; /* x's step (items) per out dim; 0 where it repeats */
+  int64_t s = 1;
   for (int d = no - 1; d >= 0; d--) {
     int xd = d - lead;
     if (xd >= 0 && x->shape[xd] != out->shape[d] && x->shape[xd] != 1)
@@ -99,6 +87,26 @@ dt_status_t dt__kernel_expand(const dt_op_call_t* call, const dt_local_tensor_t*
     sst[d] = (xd < 0 || x->shape[xd] != out->shape[d]) ? 0 : s;
     if (xd >= 0) s *= x->shape[xd];
   }
+  return DT_SUCCESS;
+}
+
+/* expand: out takes x broadcast, numpy's rule aligned from the right (a dim x lacks, or holds
+ * once where out holds more, repeats). The rules keep broadcast dims whole, so the local shards
+ * obey the same rule. Rows of the innermost dim are copied whole, or filled by doubling copies
+ * where that dim repeats one element. */
+dt_status_t dt__kernel_expand(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  const dt_local_tensor_t* x = &in[0];
+  int no = out->ndim;
+  size_t item = dt__itemsize(x->dtype);
+  int64_t n = dt__numel(out);
+  if (n == 0) return DT_SUCCESS;
+  if (no == 0) {
+    memcpy(out->data, x->data, item);
+    return DT_SUCCESS;
+  }
+  int64_t sst[DT_MAX_DIMS];
+  DT_CHECK(dt__expand_steps(call, x, out, sst));
   const int64_t len = out->shape[no - 1];
   const size_t row = (size_t)len * item;
   int64_t idx[DT_MAX_DIMS] = {0}, src = 0;

@@ -209,6 +209,11 @@ DT__KERNEL(dt__kernel_slice);
 DT__KERNEL(dt__kernel_narrow);
 DT__KERNEL(dt__kernel_cat);
 DT__KERNEL(dt__kernel_expand);
+/* expand's source steps (in items of x) per output dim of the local shards: x's stride, 0 where
+ * out repeats it (a dim x lacks or holds once); DT_ERR_INTERNAL if the shards do not broadcast.
+ * Shared by the host and CUDA kernels. */
+dt_status_t dt__expand_steps(const dt_op_call_t* call, const dt_local_tensor_t* x,
+                             const dt_local_tensor_t* out, int64_t* sst);
 /* kernels_nn.c */
 DT__KERNEL(dt__kernel_addmm);
 DT__KERNEL(dt__kernel_add_scalar);

@@ -217,6 +217,20 @@ dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, in
   return DT_SUCCESS;
 }
 
+/* A reduction's output shape: in's dims, those in mask dropped (or 1 with keep); pos[d] is input
+ * dim d's place in the output (-1: dropped). */
+static void dt__reduced_shape(const dt_tensor_meta_t* in, unsigned mask, int keep,
+                              dt_tensor_meta_t* out_meta, int* pos) {
+  int nd = 0;
+  for (int d = 0; d < in->ndim; d++) {
+    pos[d] = -1;
+    if ((mask & (1u << d)) && !keep) continue;
+    pos[d] = nd;
+    out_meta->shape[nd++] = (mask & (1u << d)) ? 1 : in->shape[d];
+  }
+  out_meta->ndim = nd;
+}
+
 /* argmax / argmin (kinds 4, 5) and logsumexp (6): the reduced dims must be whole on each rank
  * (R: argmax's indices are global positions, and neither op combines from per-rank results with
  * a Partial this library has); the kept dims stay sharded. No Partial passes: argmax(a + b) and
@@ -252,15 +266,9 @@ static dt_status_t dt__rules_reduce_whole(const dt_op_call_t* call, int kind, un
                    "bf16 or f16; an integer tensor is cast to f32 by dispatch)",
                    dt_dtype_name(in->dtype));
   }
-  int pos[DT_MAX_DIMS], nd = 0;
+  int pos[DT_MAX_DIMS];
   out_meta->dtype = kind <= 5 ? DT_I64 : in->dtype;
-  for (int d = 0; d < in->ndim; d++) {
-    pos[d] = -1;
-    if ((mask & (1u << d)) && !keep) continue;
-    pos[d] = nd;
-    out_meta->shape[nd++] = (mask & (1u << d)) ? 1 : in->shape[d];
-  }
-  out_meta->ndim = nd;
+  dt__reduced_shape(in, mask, keep, out_meta, pos);
   *n_rules = 0;
   dt_op_rule_t r;
   memset(&r, 0, sizeof r);
@@ -292,15 +300,9 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
     if ((mask & (1u << d)) && in->shape[d] == 0)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: reduced dim %d has size 0 (the %s of no elements "
                      "is undefined)", call->op, d, kind == 2 ? "maximum" : "minimum");
-  int pos[DT_MAX_DIMS], nd = 0;
+  int pos[DT_MAX_DIMS];
   out_meta->dtype = kind == 0 ? dt__sum_dtype(in->dtype) : in->dtype; /* sum: i32 -> i64 */
-  for (int d = 0; d < in->ndim; d++) {
-    pos[d] = -1;
-    if ((mask & (1u << d)) && !keep) continue;
-    pos[d] = nd;
-    out_meta->shape[nd++] = (mask & (1u << d)) ? 1 : in->shape[d];
-  }
-  out_meta->ndim = nd;
+  dt__reduced_shape(in, mask, keep, out_meta, pos);
   static const dt_reduce_op_t partial_of[4] = {DT_REDUCE_SUM, DT_REDUCE_SUM, DT_REDUCE_MAX,
                                                DT_REDUCE_MIN};
   dt_op_rule_t r;

@@ -935,19 +935,12 @@ DT_CU_KERNEL(dt_cu_moe_route) {
 }
 
 /* expand: x broadcast into out (numpy's rule from the right): a box copy whose source steps
- * are 0 along the dims x lacks or holds once. */
+ * (dt__expand_steps, shared with the host kernel) are 0 along the dims x lacks or holds once. */
 DT_CU_KERNEL(dt_cu_expand) {
   const dt_local_tensor_t* x = &in[0];
-  int no = out->ndim, lead = no - x->ndim;
-  int64_t ost[DT_MAX_DIMS], sst[DT_MAX_DIMS], s = 1;
-  for (int d = no - 1; d >= 0; d--) {
-    int xd = d - lead;
-    if (xd >= 0 && x->shape[xd] != out->shape[d] && x->shape[xd] != 1)
-      return DT_FAIL(DT_ERR_INTERNAL, "%s: local dim %d of %lld elements for an output of %lld",
-                     call->op, xd, (long long)x->shape[xd], (long long)out->shape[d]);
-    sst[d] = (xd < 0 || x->shape[xd] != out->shape[d]) ? 0 : s;
-    if (xd >= 0) s *= x->shape[xd];
-  }
+  int no = out->ndim;
+  int64_t ost[DT_MAX_DIMS], sst[DT_MAX_DIMS];
+  DT_CHECK(dt__expand_steps(call, x, out, sst));
   dt_cu_strides(no, out->shape, ost);
   return dt_cu_copy_box(x, call->op, out->data, x->data, no, out->shape, ost, sst,
                         dt__itemsize(x->dtype));
