@@ -85,7 +85,10 @@ extern "C" {
  *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end,
  *               step=1], Python semantics), narrow ([dim, start, length]), cat (1 to 8 inputs,
  *               iargs [dim]), expand (iargs: the sizes, -1 keeping a dim, new dims in front;
- *               only size-1 dims grow, as Tensor.expand; the result is a copy)
+ *               only size-1 dims grow, as Tensor.expand; the result is a copy), tril / triu
+ *               (iargs [diagonal=0]; the last two dims, any dtype, sharded matrices stay
+ *               sharded), cumsum (iargs [dim, reverse=0]; i32 / i64 give i64; reverse sums
+ *               from the end)
  *   indexing:   topk (iargs [k, dim, largest=1]; two outputs: use dt_op_run_multi),
  *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim]),
  *               index_add (x (N, D), idx (T), src (T, D): rows added at idx, dim 0)

@@ -12,6 +12,7 @@
  *   log_softmax: g - exp(out) sum(g)               sum/mean: g expanded (/ count)
  *   rms_norm/layer_norm: *_norm_grad               embedding: embedding_grad
  *   views: g reshaped back  permute: inverse      cat: narrow pieces
+ *   tril/triu: tril/triu(g)  cumsum: cumsum(g) from the other end
  *   rotary: inverse rotation                       sdpa: sdpa_grad (recomputes attention)
  *   dropout: the same mask (same seed, same global indices)
  *   gather: scatter_add into zeros  scatter_add: g, gather(g)  topk: scatter of g into zeros
@@ -168,6 +169,16 @@ static dt_status_t dt__add_sub(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_ten
 /* expand: the gradient summed over the broadcast dims, as a broadcasting op's */
 dt_status_t dt__bw_expand(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   return dt__unbroadcast(gout[0], c->in[0], &gin[0]);
+}
+/* tril / triu: the same selection of g (the zeroed elements had no effect) */
+dt_status_t dt__bw_tril(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__opa(c->op, 1, &gout[0], c->n_iargs, c->iargs, 0, NULL, &gin[0]);
+}
+/* cumsum: each x[i] reaches out[j] for j >= i (reverse: j <= i), so the gradient is the scan of g
+ * in the other direction */
+dt_status_t dt__bw_cumsum(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const int64_t a[2] = {c->iargs[0], !dt__op_iarg_n(DT_OP_CUMSUM, c->n_iargs, c->iargs, 1)};
+  return dt__opa(DT_OP_CUMSUM, 1, &gout[0], 2, a, 0, NULL, &gin[0]);
 }
 dt_status_t dt__bw_add(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   return dt__add_sub(c, gout, gin, 0);

@@ -1,5 +1,5 @@
 /* kernels_shape.c - CPU kernels of the shape ops on local shards, any dtype (byte copies):
- * view-family reshapes, slice/narrow, cat and expand. */
+ * view-family reshapes, slice/narrow, cat, expand and tril/triu; and the scan cumsum. */
 #include "ops/ops.h"
 
 static int64_t dt__numel(const dt_local_tensor_t* t) {
@@ -127,5 +127,78 @@ dt_status_t dt__kernel_expand(const dt_op_call_t* call, const dt_local_tensor_t*
       idx[d] = 0;
     }
   }
+  return DT_SUCCESS;
+}
+
+/* tril / triu: each row of each matrix (the last two dims) keeps a run of columns and zeroes the
+ * rest (zero bytes are 0 in every dtype). Global row and column come from the shards' offsets,
+ * so a sharded matrix needs no move. */
+static dt_status_t dt__tri(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out, int upper) {
+  const dt_local_tensor_t* x = &in[0];
+  const int nd = x->ndim;
+  const int64_t k = dt__op_iarg(upper ? DT_OP_TRIU : DT_OP_TRIL, call, 0);
+  const int64_t R = x->shape[nd - 2], C = x->shape[nd - 1];
+  const int64_t r0 = x->offset[nd - 2], c0 = x->offset[nd - 1];
+  const size_t item = dt__itemsize(x->dtype);
+  int64_t mats = 1;
+  for (int d = 0; d < nd - 2; d++) mats *= x->shape[d];
+  const char* src = (const char*)x->data;
+  char* dst = (char*)out->data;
+  for (int64_t m = 0; m < mats; m++)
+    for (int64_t i = 0; i < R; i++, src += (size_t)C * item, dst += (size_t)C * item) {
+      int64_t lo, hi; /* the kept local columns [lo, hi) */
+      dt__tri_cols(upper, k, r0 + i, c0, C, &lo, &hi);
+      if (lo > 0) memset(dst, 0, (size_t)lo * item);
+      if (hi > lo) memcpy(dst + (size_t)lo * item, src + (size_t)lo * item, (size_t)(hi - lo) * item);
+      if (hi < C) memset(dst + (size_t)hi * item, 0, (size_t)(C - hi) * item);
+    }
+  return DT_SUCCESS;
+}
+dt_status_t dt__kernel_tril(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  return dt__tri(call, in, out, 0);
+}
+dt_status_t dt__kernel_triu(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  return dt__tri(call, in, out, 1);
+}
+
+/* cumsum of f32 (bf16 / f16 arrive as f32 copies) in double, each output rounded once, or of
+ * i32 / i64 into i64 (wrapping): one pass per (outer, inner) line in the scan's order. */
+dt_status_t dt__kernel_cumsum(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out) {
+  const dt_local_tensor_t* x = &in[0];
+  int dim, rev;
+  DT_CHECK(dt__cumsum_args(call, &dim, &rev));
+  const int is_int = x->dtype == DT_I32 || x->dtype == DT_I64;
+  if ((!is_int && (x->dtype != DT_F32 || out->dtype != DT_F32)) || (is_int && out->dtype != DT_I64))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "cumsum: dtypes %s -> %s are not supported",
+                   dt_dtype_name(x->dtype), dt_dtype_name(out->dtype));
+  int64_t outer = 1, L = 1, inner = 1;
+  if (dim >= 0) {
+    for (int d = 0; d < dim; d++) outer *= x->shape[d];
+    L = x->shape[dim];
+    for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  }
+  const int64_t step = rev ? -inner : inner;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t c = 0; c < inner; c++) {
+      int64_t at = (o * L + (rev ? L - 1 : 0)) * inner + c;
+      if (!is_int) {
+        const float* a = (const float*)x->data;
+        float* y = (float*)out->data;
+        double s = 0.0;
+        for (int64_t j = 0; j < L; j++, at += step) y[at] = (float)(s += a[at]);
+      } else {
+        uint64_t s = 0; /* wraps, as PyTorch's int64 sums */
+        int64_t* y = (int64_t*)out->data;
+        for (int64_t j = 0; j < L; j++, at += step) {
+          s += x->dtype == DT_I64 ? (uint64_t)((const int64_t*)x->data)[at]
+                                  : (uint64_t)(int64_t)((const int32_t*)x->data)[at];
+          y[at] = (int64_t)s;
+        }
+      }
+    }
   return DT_SUCCESS;
 }

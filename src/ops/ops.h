@@ -11,6 +11,13 @@
 #include "strategy/strategy.h"
 #include "tensor/tensor.h"
 
+/* Small helpers shared by the host kernels and the CUDA kernels (nvcc compiles them for both). */
+#ifdef __CUDACC__
+#define DT__HD __host__ __device__
+#else
+#define DT__HD
+#endif
+
 /* ---- dispatch (src/ops/dispatch.c) ---------------------------------------------------------- */
 /* Runs op `id` (a built-in or host op) on tensors of one mesh: composites run their forward,
  * the others select a strategy, redistribute the inputs and run the kernel. *saved (may be NULL)
@@ -214,6 +221,27 @@ DT__KERNEL(dt__kernel_expand);
  * Shared by the host and CUDA kernels. */
 dt_status_t dt__expand_steps(const dt_op_call_t* call, const dt_local_tensor_t* x,
                              const dt_local_tensor_t* out, int64_t* sst);
+DT__KERNEL(dt__kernel_tril);
+DT__KERNEL(dt__kernel_triu);
+DT__KERNEL(dt__kernel_cumsum);
+/* The local columns [*lo, *hi) that row `row` (global) of tril (upper 0) or triu (upper 1) keeps,
+ * of a shard whose C columns start at global column c0: tril keeps column - row <= k, triu
+ * column - row >= k. Shared by the host and CUDA kernels. */
+static inline DT__HD void dt__tri_cols(int upper, int64_t k, int64_t row, int64_t c0, int64_t C,
+                                int64_t* lo, int64_t* hi) {
+  /* kept global columns: tril [0, row + k], triu [row + k, inf); k is clamped so that row + k
+   * cannot overflow (rows and columns are below 2^62) */
+  const int64_t kk = k > ((int64_t)1 << 62) ? ((int64_t)1 << 62)
+                   : k < -((int64_t)1 << 62) ? -((int64_t)1 << 62) : k;
+  const int64_t edge = row + kk - c0; /* the diagonal's local column in this row */
+  if (upper) {
+    *lo = edge < 0 ? 0 : edge > C ? C : edge;
+    *hi = C;
+  } else {
+    *lo = 0;
+    *hi = edge + 1 < 0 ? 0 : edge + 1 > C ? C : edge + 1;
+  }
+}
 /* kernels_nn.c */
 DT__KERNEL(dt__kernel_addmm);
 DT__KERNEL(dt__kernel_add_scalar);
@@ -303,6 +331,8 @@ DT__BACKWARD(dt__bw_t);
 DT__BACKWARD(dt__bw_slice);
 DT__BACKWARD(dt__bw_cat);
 DT__BACKWARD(dt__bw_expand);
+DT__BACKWARD(dt__bw_tril);
+DT__BACKWARD(dt__bw_cumsum);
 DT__BACKWARD(dt__bw_topk);
 DT__BACKWARD(dt__bw_gather);
 DT__BACKWARD(dt__bw_scatter_add);

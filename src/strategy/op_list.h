@@ -159,6 +159,12 @@
     DT__WRA | DT_OPF_VARIADIC, dt__kernel_cat, NULL)                                                     \
   X(EXPAND, "expand", 1, 1, "shape:l", dt__expand_rules, NULL, dt__bw_expand, DT__WRA,              \
     dt__kernel_expand, NULL)                                                                             \
+  X(TRIL, "tril", 1, 1, "diagonal=0", dt__tril_rules, NULL, dt__bw_tril, DT__WRA, dt__kernel_tril,     \
+    NULL)                                                                                                \
+  X(TRIU, "triu", 1, 1, "diagonal=0", dt__tril_rules, NULL, dt__bw_tril, DT__WRA, dt__kernel_triu,     \
+    NULL)                                                                                                \
+  X(CUMSUM, "cumsum", 1, 1, "dim, reverse=0", dt__cumsum_rules, NULL, dt__bw_cumsum, DT__WR,             \
+    dt__kernel_cumsum, NULL)                                                                             \
   /* indexing and routing */                                                                             \
   X(TOPK, "topk", 1, 2, "k, dim, largest=1", dt__topk_rules, NULL, dt__bw_topk, DT__W, dt__kernel_topk,  \
     NULL)                                                                                                \

@@ -1,5 +1,5 @@
 /* rules_shape.c - rule generators of the shape ops: view/reshape, flatten, unflatten, squeeze,
- * unsqueeze (one dim-map algebra), slice/narrow and cat.
+ * unsqueeze (one dim-map algebra), slice/narrow, cat, expand, tril/triu and cumsum.
  *
  * A reshape is split into groups of input dims that hold the same elements as a group of output
  * dims ((B, S, D) -> (B*S, D): groups {B,S}->{B*S} and {D}->{D}). A shard passes through a group
@@ -15,6 +15,10 @@
  *   expand (sizes):     [R; R] [S(d); S(d - lead)] for every dim that keeps its size; every
  *                       Partial passes one that grows nothing; a broadcast dim (new, or size 1
  *                       grown) is R first
+ *   tril / triu:        [R; R] [S(d); S(d)] for every dim (the kernels read the shards'
+ *                       offsets), every Partial passes (a selection of elements)
+ *   cumsum (dim):       [R; R] [S(d); S(d)] for d != dim; P(sum), P(avg) of floats, P(sum) of
+ *                       i64 pass
  */
 #include <stdio.h>
 
@@ -459,6 +463,91 @@ dt_status_t dt__expand_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
   if (numel == 0) grows = 0;
   for (int op = 0; op < DT_REDUCE_COUNT && !grows; op++) {
     r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* tril / triu (iargs [diagonal = 0]): the matrices of the last two dims with the elements above
+ * (tril: column - row > diagonal) or below (triu: column - row < diagonal) the diagonal zeroed, as
+ * torch.tril / torch.triu; any dtype. The kernels read each shard's global row and column from
+ * its offsets, so every dim passes sharded, the matrix dims included: no move. The op selects
+ * elements (each is kept or becomes 0, the same on every rank), so every Partial passes: sum and
+ * avg of zeros are 0, max and min of zeros are 0. */
+dt_status_t dt__tril_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                           dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t* x = &call->in[0];
+  if (call->n_iargs > 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [diagonal], got %d values", call->op,
+                   call->n_iargs);
+  if (x->ndim < 2)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the tensor has %d dim%s; it needs at least 2 (a matrix "
+                   "or a batch of them in the last two dims), as PyTorch", call->op, x->ndim,
+                   x->ndim == 1 ? "" : "s");
+  *out_meta = *x;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < x->ndim; d++) {
+    r.in[0] = r.out[0] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.in[0] = r.out[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__cumsum_args(const dt_op_call_t* call, int* dim, int* reverse) {
+  const int nd = call->in[0].ndim, wrap = nd ? nd : 1; /* a 0-d tensor's dims wrap as 1-d's */
+  const int64_t d = dt__op_iarg(DT_OP_CUMSUM, call, 0), rv = dt__op_iarg(DT_OP_CUMSUM, call, 1);
+  if (call->n_iargs < 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cumsum needs a dim (iargs [dim, reverse = 0])");
+  if (call->n_iargs > 2)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cumsum takes iargs [dim, reverse = 0], got %d values",
+                   call->n_iargs);
+  if (d < -wrap || d >= wrap)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cumsum: dim=%lld out of range for a %d-dim tensor "
+                   "(valid: %d to %d)", (long long)d, nd, -wrap, wrap - 1);
+  if (rv != 0 && rv != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "cumsum: reverse=%lld, expected 0 or 1", (long long)rv);
+  *dim = nd == 0 ? -1 : (int)(d < 0 ? d + nd : d); /* -1: a 0-d tensor, nothing to scan */
+  *reverse = (int)rv;
+  return DT_SUCCESS;
+}
+
+/* cumsum (iargs [dim, reverse = 0]): out[.., i, ..] = x[.., 0, ..] + .. + x[.., i, ..] along dim
+ * (reverse: x[.., i, ..] + .. + x[.., n-1, ..], the gradient's form), as torch.cumsum: floats keep
+ * their dtype, i32 and i64 give i64 (wrapping). The scanned dim is whole on each rank (a prefix
+ * needs every earlier element); the other dims pass sharded. The scan is linear: P(sum) and P(avg)
+ * of floats pass; of integers only an i64 P(sum) (wrapping sums are exact in any order; an i32
+ * Partial's pieces would be summed in i64 where the reduced tensor wraps at 32 bits, and a
+ * truncating integer average does not distribute). P(max) and P(min) are reduced first. */
+dt_status_t dt__cumsum_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                             dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t* x = &call->in[0];
+  int dim, reverse;
+  DT_CHECK(dt__cumsum_args(call, &dim, &reverse));
+  *out_meta = *x;
+  out_meta->dtype = dt__sum_dtype(x->dtype);
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < x->ndim; d++) {
+    if (d == dim) continue;
+    r.in[0] = r.out[0] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  const int is_int = x->dtype == DT_I32 || x->dtype == DT_I64;
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    const int pass = op == DT_REDUCE_SUM ? x->dtype != DT_I32 : op == DT_REDUCE_AVG && !is_int;
+    if (!pass) continue;
+    r.in[0] = r.out[0] = dt_partial((dt_reduce_op_t)op);
     dt__add(rules, cap, n, &r);
   }
   return DT_SUCCESS;

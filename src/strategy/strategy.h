@@ -58,6 +58,8 @@ DT__RULES(dt__slice_rules);
 DT__RULES(dt__narrow_rules);
 DT__RULES(dt__cat_rules);
 DT__RULES(dt__expand_rules);
+DT__RULES(dt__tril_rules);
+DT__RULES(dt__cumsum_rules);
 DT__RULES(dt__topk_rules);
 DT__RULES(dt__gather_rules);
 DT__RULES(dt__scatter_add_rules);
@@ -133,6 +135,10 @@ int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_
  * [lo, hi], NaN or absent: no bound) and gives 0 elsewhere and at NaN. */
 enum { DT_ACT_RELU = 0, DT_ACT_SILU, DT_ACT_GELU, DT_ACT_SIGMOID_OUT, DT_ACT_TANH_OUT, DT_ACT_ABS,
        DT_ACT_CLAMP, DT_ACT_COUNT };
+
+/* cumsum's iargs [dim, reverse = 0] validated: dim normalized (-1 for a 0-d tensor: nothing to
+ * scan) and the direction; rules, kernels and the backward rule all read them here. */
+dt_status_t dt__cumsum_args(const dt_op_call_t* call, int* dim, int* reverse);
 
 /* slice (op DT_OP_SLICE: [dim, start, end(, step)], Python semantics) or narrow (DT_OP_NARROW:
  * [dim, start, length]) normalized: elements start, start+step, ... (len of them) along dim. */

@@ -1,4 +1,4 @@
-/* test_int_ops.c - integer operands of neg, sum, amax, amin, mean, where and masked_fill as
+/* test_int_ops.c - integer operands of neg, sum, amax, amin, mean, where, masked_fill and cumsum as
  * torch 1.13 computes them (np 1 and 2; an emulated-GPU twin runs the CUDA kernels).
  *
  * Checked, each against values written out here (the dtype limits, past 2^31):
@@ -19,7 +19,9 @@
  *     masked_fill of i32 / i64 with an f32 mask, the value truncated toward zero (2.5 -> 2,
  *     -2.5 -> -2, INT32_MAX kept) and refused past the dtype's range, NaN and infinity
  *     (PyTorch: "value cannot be converted to type int without overflow");
- *   - the tape: integer results never require a gradient.
+ *   - the tape: integer results never require a gradient;
+ *   - cumsum of i64 wraps at 64 bits (R, S(0), S(1), both dims), of i32 gives i64 without
+ *     wrapping; an i64 Partial(sum) passes, an i32 one whose pieces wrap is reduced first.
  */
 #include <math.h>
 #include <stdio.h>
@@ -245,6 +247,60 @@ static void test_reductions(dt_mesh_t mesh) {
     const int64_t mx = INT64_MAX;
     expect("amax of an i64 Partial(max)", "amax", 1, &x, 1, none, 0, NULL, I64, DT_PARTIAL, 1,
            &mx);
+    DT_ASSERT_OK(dt_tensor_destroy(x));
+  }
+}
+
+/* cumsum of integers: i32 and i64 give i64, an i64 sum wraps at 64 bits; an i64 Partial(sum)
+ * passes (wrapping sums commute) and stays Partial; an i32 Partial(sum) whose pieces wrap is
+ * reduced in i32 first (torch.cumsum of the i32 tensor), not summed piece by piece in i64. */
+static void test_cumsum(dt_mesh_t mesh) {
+  const int64_t s2[2] = {2, 3}, dim1[1] = {1}, dim0[1] = {0};
+  const int64_t v[6] = {INT64_MAX, 1, -2, 5, INT64_MIN, -1};
+  int64_t want1[6], want0[6];
+  for (int r = 0; r < 2; r++) {
+    uint64_t acc = 0;
+    for (int c = 0; c < 3; c++) want1[r * 3 + c] = (int64_t)(acc += (uint64_t)v[r * 3 + c]);
+  }
+  for (int c = 0; c < 3; c++) {
+    want0[c] = v[c];
+    want0[3 + c] = (int64_t)((uint64_t)v[c] + (uint64_t)v[3 + c]);
+  }
+  const dt_placement_t pls[3] = {dt_replicate(), dt_shard(0), dt_shard(1)};
+  for (int p = 0; p < 3; p++) {
+    dt_tensor_t x = mk(mesh, I64, 2, s2, pls[p], v);
+    char what[64];
+    snprintf(what, sizeof what, "cumsum(i64, dim 1) on %s", p == 0 ? "R" : p == 1 ? "S(0)" : "S(1)");
+    expect(what, "cumsum", 1, &x, 1, dim1, 0, NULL, I64, p == 1 ? DT_SHARD : -1, 6, want1);
+    snprintf(what, sizeof what, "cumsum(i64, dim 0) on %s", p == 0 ? "R" : p == 1 ? "S(0)" : "S(1)");
+    expect(what, "cumsum", 1, &x, 1, dim0, 0, NULL, I64, p == 2 ? DT_SHARD : -1, 6, want0);
+    DT_ASSERT_OK(dt_tensor_destroy(x));
+  }
+  const int64_t v32[6] = {INT32_MAX, INT32_MAX, INT32_MIN, -1, 7, INT32_MIN};
+  int64_t want32[6];
+  for (int r = 0; r < 2; r++) {
+    int64_t acc = 0;
+    for (int c = 0; c < 3; c++) want32[r * 3 + c] = acc += v32[r * 3 + c];
+  }
+  dt_tensor_t y = mk(mesh, I32, 2, s2, dt_shard(0), v32);
+  expect("cumsum(i32) into i64 without wrapping", "cumsum", 1, &y, 1, dim1, 0, NULL, I64, -1, 6,
+         want32);
+  DT_ASSERT_OK(dt_tensor_destroy(y));
+  if (g_host && g_world == 2) {
+    const int64_t s1[1] = {2}, d[1] = {0};
+    dt_placement_t ps = dt_partial(DT_REDUCE_SUM);
+    int32_t piece[2] = {g_rank ? 1 : INT32_MAX, g_rank ? -4 : 1}; /* values INT32_MIN, -3 */
+    dt_tensor_t x;
+    DT_ASSERT_OK(dt_tensor_from_local(mesh, I32, 1, s1, &ps, piece, s1, &x));
+    const int64_t w32[2] = {INT32_MIN, (int64_t)INT32_MIN - 3};
+    expect("cumsum of an i32 Partial(sum) that wraps", "cumsum", 1, &x, 1, d, 0, NULL, I64, -1, 2,
+           w32);
+    DT_ASSERT_OK(dt_tensor_destroy(x));
+    int64_t p64[2] = {g_rank ? INT64_MAX : 2, g_rank ? 3 : -4}; /* values INT64_MIN + 1, -1 */
+    DT_ASSERT_OK(dt_tensor_from_local(mesh, I64, 1, s1, &ps, p64, s1, &x));
+    const int64_t w64[2] = {INT64_MIN + 1, INT64_MIN};
+    expect("cumsum of an i64 Partial(sum) (passes)", "cumsum", 1, &x, 1, d, 0, NULL, I64,
+           DT_PARTIAL, 2, w64);
     DT_ASSERT_OK(dt_tensor_destroy(x));
   }
 }
@@ -476,6 +532,7 @@ int main(int argc, char** argv) {
   test_select(mesh);
   test_where_gt_tape(mesh);
   test_tape_ints(mesh);
+  test_cumsum(mesh);
   DT_ASSERT_OK(dt_mesh_destroy(mesh));
   if (g_rank == 0) printf("test_int_ops: ok on %d rank(s)%s\n", g_world, g_host ? "" : " (device)");
   DT_ASSERT_OK(dt_finalize());

@@ -730,6 +730,59 @@ for dt, tag in LOW:
     lcase(f"logsumexp_dims_{tag}", "logsumexp", dt, [x], lambda t: torch.logsumexp(t, (0, 2)),
           iargs=[0, 0, 2], native=False, note=LSE13)
 
+# ---- tril, triu and cumsum (appended last: the cases above keep their random draws).
+#      tril keeps column - row <= diagonal of the last two dims, triu column - row >= diagonal;
+#      any dtype, a batch of matrices. cumsum scans one dim; i32 / i64 give i64, floats keep
+#      their dtype (f32 accumulates in double in both libraries).
+tr2, tr3, tr_w = rnd(5, 6), rnd(3, 4, 7), rnd(7, 3)
+for op, fn in (("tril", torch.tril), ("triu", torch.triu)):
+    case(f"{op}_2d", op, [tr2], fn(tr2), rtol=0.0, atol=0.0)
+    case(f"{op}_diag2", op, [tr2], fn(tr2, 2), iargs=[2], rtol=0.0, atol=0.0)
+    case(f"{op}_diag_neg2", op, [tr2], fn(tr2, -2), iargs=[-2], rtol=0.0, atol=0.0)
+    case(f"{op}_batch_diag1", op, [tr3], fn(tr3, 1), iargs=[1], rtol=0.0, atol=0.0)
+    case(f"{op}_tall_diag_neg1", op, [tr_w], fn(tr_w, -1), iargs=[-1], rtol=0.0, atol=0.0)
+    case(f"{op}_diag_far", op, [tr3], fn(tr3, 100), iargs=[100], rtol=0.0, atol=0.0)
+    case(f"{op}_diag_far_neg", op, [tr3], fn(tr3, -100), iargs=[-100], rtol=0.0, atol=0.0)
+    ti = ints(100, 2, 5, 4) - 50
+    case(f"{op}_i64", op, [ti], fn(ti, 1), iargs=[1], rtol=0.0, atol=0.0)
+    case(f"{op}_i32", op, [ti.int()], fn(ti.int()), rtol=0.0, atol=0.0)
+    for dt, tag in LOW:
+        lcase(f"{op}_{tag}", op, dt, [lo(tr3, dt)], lambda t, f=fn: f(t, -1), iargs=[-1], ulps=0)
+    try:
+        fn(rnd(4))
+        raise AssertionError(f"{op} of a 1-d tensor: PyTorch takes it")
+    except (RuntimeError, IndexError):
+        pass
+    CASES.append({"name": f"{op}_1d_error", "op": op, "iargs": [], "fargs": [],
+                  "inputs": [tens(rnd(4))], "outputs": [], "error": "DT_ERR_INVALID_ARG",
+                  "rtol": 0.0, "atol": 0.0})
+cs = rnd(4, 6, 5)
+case("cumsum_dim0", "cumsum", [cs], torch.cumsum(cs, 0), iargs=[0])
+case("cumsum_dim1", "cumsum", [cs], torch.cumsum(cs, 1), iargs=[1])
+case("cumsum_dim_neg1", "cumsum", [cs], torch.cumsum(cs, -1), iargs=[-1])
+cs_long = rnd(3, 300)
+case("cumsum_long", "cumsum", [cs_long], torch.cumsum(cs_long, 1), iargs=[1])
+cs_0d = rnd(())
+case("cumsum_0d", "cumsum", [cs_0d], torch.cumsum(cs_0d, 0), iargs=[0])
+ci = ints(1000, 4, 5) - 500
+case("cumsum_i64", "cumsum", [ci], torch.cumsum(ci, 1), iargs=[1], rtol=0.0, atol=0.0)
+case("cumsum_i32", "cumsum", [ci.int()], torch.cumsum(ci.int(), 0), iargs=[0], rtol=0.0, atol=0.0)
+for dt, tag in LOW:
+    x = lo(cs, dt)
+    mag = float(cs.abs().sum())
+    lcase(f"cumsum_dim1_{tag}", "cumsum", dt, [x], lambda t: torch.cumsum(t, 1), iargs=[1],
+          mag=mag)
+    lcase(f"cumsum_dim0_{tag}", "cumsum", dt, [x], lambda t: torch.cumsum(t, 0), iargs=[0],
+          mag=mag)
+for nm, t, ia in (("cumsum_dim_range_error", cs, [3]), ("cumsum_0d_dim_error", cs_0d, [1])):
+    try:
+        torch.cumsum(t, ia[0])
+        raise AssertionError(f"{nm}: PyTorch takes it")
+    except IndexError:
+        pass
+    CASES.append({"name": nm, "op": "cumsum", "iargs": ia, "fargs": [], "inputs": [tens(t)],
+                  "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
@@ -785,6 +838,9 @@ def torch_op(op, x, ia, fa):
     if op == "narrow": return x[0].narrow(ia[0], ia[1], ia[2])
     if op == "cat": return torch.cat(x, ia[0])
     if op == "expand": return x[0].expand(*ia)
+    if op == "tril": return torch.tril(x[0], ia[0] if ia else 0)
+    if op == "triu": return torch.triu(x[0], ia[0] if ia else 0)
+    if op == "cumsum": return torch.cumsum(x[0], ia[0])
     if op == "sdpa":
         if len(ia) > 1 and ia[1]:
             t = [v.transpose(1, 2) for v in x]
@@ -814,7 +870,7 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "tanh", "sum", "mean", "amax", "logsumexp", "softmax", "log_softmax", "layer_norm", "rms_norm",
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
-                "reciprocal", "log1p", "expm1", "expand"}
+                "reciprocal", "log1p", "expm1", "expand", "tril", "triu", "cumsum"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none

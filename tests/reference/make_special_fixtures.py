@@ -448,6 +448,35 @@ for op, fn in (("sum", torch.sum), ("mean", torch.mean), ("amax", torch.amax), (
 case("sum_0d_repeated_error", "sum", [X0], lambda x: torch.sum(x, (0, -1)), iargs=[0, 0, -1],
      error="DT_ERR_INVALID_ARG")
 
+# ---- tril, triu and cumsum at the special points (appended: earlier cases unchanged). tril / triu
+# zero NaN and inf outside their triangle (a selection, not a product); empty matrices; integer
+# limits kept. cumsum: inf + -inf = NaN from there on, a NaN stays; f32 sums in double as PyTorch's
+# CPU kernel (1e30 - 1e30 + 1 is 1); i64 wraps, i32 sums in i64 without wrapping; empty dims.
+TX = torch.tensor([[nan, inf, -inf, 1.0], [-0.0, nan, 2.0, inf], [1e30, -inf, nan, -0.0]])
+for op, fn in (("tril", torch.tril), ("triu", torch.triu)):
+    case(f"{op}_special", op, [TX], fn)
+    case(f"{op}_special_diag1", op, [TX], lambda x, fn=fn: fn(x, 1), iargs=[1])
+    case(f"{op}_special_diag_big", op, [TX], lambda x, fn=fn: fn(x, 2 ** 40), iargs=[2 ** 40])
+    case(f"{op}_special_diag_big_neg", op, [TX], lambda x, fn=fn: fn(x, -2 ** 40), iargs=[-2 ** 40])
+    case(f"{op}_empty_rows", op, [E04.reshape(0, 4)], fn, grad=False)
+    case(f"{op}_empty_batch", op, [torch.zeros(0, 3, 3)], fn, grad=False)
+    case(f"{op}_i64_limits", op, [torch.tensor([[-2 ** 63, 2 ** 62], [2 ** 62 + 2 ** 40, -2 ** 63]])],
+         fn, rtol=0.0, atol=0.0)
+CX = torch.tensor([[1.0, inf, -inf, 2.0, 3.0], [1e30, -1e30, 1.0, 1e-40, 1e-40],
+                   [nan, 1.0, 2.0, 3.0, 4.0], [-0.0, -0.0, 0.0, -0.0, 1.0]])
+case("cumsum_special_dim1", "cumsum", [CX], lambda x: torch.cumsum(x, 1), iargs=[1])
+case("cumsum_special_dim0", "cumsum", [CX], lambda x: torch.cumsum(x, 0), iargs=[0])
+case("cumsum_i64_wrap", "cumsum", [torch.tensor([[2 ** 62, 2 ** 62, 2 ** 62, -5]])],
+     lambda x: torch.cumsum(x, 1), iargs=[1], rtol=0.0, atol=0.0)
+case("cumsum_i32_to_i64", "cumsum", [torch.tensor([[2 ** 31 - 1, 2 ** 31 - 1, -2 ** 31]],
+                                                  dtype=torch.int32)],
+     lambda x: torch.cumsum(x, 1), iargs=[1], rtol=0.0, atol=0.0)
+case("cumsum_empty_dim", "cumsum", [E30], lambda x: torch.cumsum(x, 1), iargs=[1], grad=False)
+case("cumsum_empty_other", "cumsum", [E30], lambda x: torch.cumsum(x, 0), iargs=[0], grad=False)
+case("cumsum_0d_neg", "cumsum", [X0], lambda x: torch.cumsum(x, -1), iargs=[-1])
+case("cumsum_0d_dim_neg2_error", "cumsum", [X0], lambda x: torch.cumsum(x, -2), iargs=[-2],
+     error="DT_ERR_INVALID_ARG")
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),

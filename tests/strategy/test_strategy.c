@@ -901,6 +901,65 @@ static void test_expand(void** state) {
   dt_mesh_destroy(m);
 }
 
+/* tril / triu keep every shard (the kernels read the shards' offsets) and every Partial with no
+ * move; cumsum gathers its scanned dim, keeps the others sharded, passes P(sum) / P(avg) of floats
+ * and P(sum) of i64, and reduces an i32 P(sum) (its pieces wrap at 32 bits) and P(max) first. */
+static void test_tril_cumsum(void** state) {
+  (void)state;
+  dt_mesh_t m = mesh_of(2, 2, 2);
+  int64_t s[3] = {4, 8, 6};
+  dt_placement_t in[2][DT_MAX_MESH_DIMS];
+  dt_op_choice_t ch;
+  const char* keep[] = {"S(1),S(2)", "S(2),P(max)", "P(sum),S(0)", "P(min),P(min)", "P(sum),P(avg)"};
+  for (int op = 0; op < 2; op++) {
+    dt_op_call_t tr = call2(op ? "triu" : "tril", 3, s, 0, NULL);
+    tr.n_iargs = 1;
+    tr.iargs[0] = -2;
+    for (int k = 0; k < 5; k++) {
+      set_pl(in, 0, keep[k]);
+      assert_int_equal(dt_op_select(m, &tr, in, &ch), DT_SUCCESS);
+      expect_out(&ch, 2, keep[k]);
+      assert_int_equal(ch.steps, 0);
+    }
+    tr.in[0].ndim = 1; /* a vector is refused, as PyTorch */
+    set_pl(in, 0, "R,R");
+    assert_int_equal(dt_op_select(m, &tr, in, &ch), DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "at least 2"));
+  }
+  dt_op_call_t cs = call2("cumsum", 3, s, 0, NULL);
+  cs.n_iargs = 1;
+  cs.iargs[0] = 1;
+  set_pl(in, 0, "S(1),S(2)"); /* the scanned dim is gathered, the other shard stays */
+  assert_int_equal(dt_op_select(m, &cs, in, &ch), DT_SUCCESS);
+  assert_true(dt_placement_equal(ch.in[0][0], dt_replicate()) ||
+              dt_placement_equal(ch.in[0][0], dt_shard(0)) ||
+              dt_placement_equal(ch.in[0][0], dt_shard(2)));
+  assert_true(dt_placement_equal(ch.in[0][1], dt_shard(2)));
+  const char* pass[] = {"P(sum),S(0)", "P(avg),S(2)"};
+  for (int k = 0; k < 2; k++) {
+    set_pl(in, 0, pass[k]);
+    assert_int_equal(dt_op_select(m, &cs, in, &ch), DT_SUCCESS);
+    expect_out(&ch, 2, pass[k]);
+    assert_int_equal(ch.steps, 0);
+  }
+  set_pl(in, 0, "P(max),S(0)");
+  assert_int_equal(dt_op_select(m, &cs, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  cs.in[0].dtype = DT_I64; /* i64: P(sum) passes, the output is i64 */
+  set_pl(in, 0, "P(sum),S(0)");
+  assert_int_equal(dt_op_select(m, &cs, in, &ch), DT_SUCCESS);
+  expect_out(&ch, 2, "P(sum),S(0)");
+  assert_int_equal(ch.out_meta[0].dtype, DT_I64);
+  cs.in[0].dtype = DT_I32; /* i32: the Partial is reduced first, the output is i64 */
+  assert_int_equal(dt_op_select(m, &cs, in, &ch), DT_SUCCESS);
+  assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+  assert_int_equal(ch.out_meta[0].dtype, DT_I64);
+  cs.iargs[0] = 3; /* a dim out of range */
+  assert_int_equal(dt_op_select(m, &cs, in, &ch), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "valid: -3 to 2"));
+  dt_mesh_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mm_1d),        cmocka_unit_test(test_mm_2d_and_sweep),
@@ -913,7 +972,7 @@ int main(void) {
       cmocka_unit_test(test_shapes_out_of_range),
       cmocka_unit_test(test_host_rules_checked),
       cmocka_unit_test(test_mixed_partials),
-      cmocka_unit_test(test_expand),
+      cmocka_unit_test(test_expand), cmocka_unit_test(test_tril_cumsum),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

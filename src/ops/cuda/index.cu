@@ -1,7 +1,7 @@
 /* index.cu - CUDA kernels of the shape, indexing and routing ops (see cuda_ops.h for the
  * conventions): the view family (view, reshape, flatten, unflatten, squeeze, unsqueeze),
- * permute / transpose / t, slice / narrow, cat, expand, embedding and embedding_grad, gather_dim,
- * gather, scatter_add, index_add, topk and moe_route.
+ * permute / transpose / t, slice / narrow, cat, expand, tril / triu, embedding and embedding_grad,
+ * gather_dim, gather, scatter_add, index_add, topk and moe_route; and the scan cumsum.
  *
  * The host kernels (src/ops/kernels_shape.c, kernels_cpu.c, kernels_nn.c, kernels_grad.c,
  * kernels_moe.c) define every result; these kernels match them bit for bit:
@@ -26,6 +26,8 @@
  *   bounds; the outputs of a rejected call are unspecified, as on the host.
  */
 #include <string.h>
+
+#include <type_traits>
 
 #include "ops/cuda/cuda_ops.h"
 
@@ -946,6 +948,88 @@ DT_CU_KERNEL(dt_cu_expand) {
                         dt__itemsize(x->dtype));
 }
 
+/* ---- tril / triu, cumsum ------------------------------------------------------------------ */
+
+/* tril / triu: element (row i, column j) of each R x C matrix is kept when j is among the local
+ * columns dt__tri_cols gives global row r0 + i (the host kernel's rule), else 0. */
+template <typename U>
+__global__ void dt_cu_tri_k(U* out, const U* x, int64_t n, int64_t R, int64_t C, int64_t r0,
+                            int64_t c0, int64_t k, int upper) {
+  DT_CU_FOR(e, n) {
+    const int64_t j = e % C, i = (e / C) % R;
+    int64_t lo, hi;
+    dt__tri_cols(upper, k, r0 + i, c0, C, &lo, &hi);
+    out[e] = (j >= lo && j < hi) ? x[e] : U{};
+  }
+}
+static dt_status_t dt_cu_tri(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out, int upper) {
+  const dt_local_tensor_t* x = &in[0];
+  const int nd = x->ndim;
+  const int64_t n = dt_cu_numel(x), R = x->shape[nd - 2], C = x->shape[nd - 1];
+  const int64_t k = dt__op_iarg(upper ? DT_OP_TRIU : DT_OP_TRIL, call, 0);
+  if (n == 0) return DT_SUCCESS;
+  return dt_cu_unit_dispatch(dt__itemsize(x->dtype), [&](auto tag) -> dt_status_t {
+    using U = decltype(tag);
+    DT_CU_LAUNCH(call->op, dt_cu_tri_k<U>, dt_cu_grid(x, n), DT_CU_BLOCK, 0, dt_cu_stream(x),
+                 (U*)out->data, (const U*)x->data, n, R, C, x->offset[nd - 2], x->offset[nd - 1],
+                 k, upper);
+    return DT_SUCCESS;
+  });
+}
+DT_CU_KERNEL(dt_cu_tril) { return dt_cu_tri(call, in, out, 0); }
+DT_CU_KERNEL(dt_cu_triu) { return dt_cu_tri(call, in, out, 1); }
+
+/* cumsum: a thread per (outer, inner) line scans it in the host's order and precision (f32 in
+ * double, each output rounded once; i32 / i64 into i64, wrapping), so the results are the host's
+ * bit for bit. Lines are independent; a single very long line runs on one thread. */
+template <typename T>
+__global__ void dt_cu_cumsum_k(const T* x, void* out, int64_t lines, int64_t L, int64_t inner,
+                               int rev) {
+  DT_CU_FOR(line, lines) {
+    const int64_t o = line / inner, c = line - o * inner, step = rev ? -inner : inner;
+    int64_t at = (o * L + (rev ? L - 1 : 0)) * inner + c;
+    if constexpr (std::is_same<T, float>::value) {
+      double s = 0.0;
+      for (int64_t j = 0; j < L; j++, at += step) ((float*)out)[at] = (float)(s += (double)x[at]);
+    } else {
+      unsigned long long s = 0;
+      for (int64_t j = 0; j < L; j++, at += step) {
+        s += (unsigned long long)(long long)x[at];
+        ((long long*)out)[at] = (long long)s;
+      }
+    }
+  }
+}
+DT_CU_KERNEL(dt_cu_cumsum) {
+  const dt_local_tensor_t* x = &in[0];
+  int dim, rev;
+  DT_CHECK(dt__cumsum_args(call, &dim, &rev));
+  const int is_int = x->dtype == DT_I32 || x->dtype == DT_I64;
+  if ((!is_int && (x->dtype != DT_F32 || out->dtype != DT_F32)) || (is_int && out->dtype != DT_I64))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "cumsum: dtypes %s -> %s are not supported",
+                   dt_dtype_name(x->dtype), dt_dtype_name(out->dtype));
+  int64_t outer = 1, L = 1, inner = 1;
+  if (dim >= 0) {
+    for (int d = 0; d < dim; d++) outer *= x->shape[d];
+    L = x->shape[dim];
+    for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  }
+  const int64_t lines = outer * inner;
+  if (lines == 0 || L == 0) return DT_SUCCESS;
+  const unsigned grid = dt_cu_grid(x, lines);
+  if (x->dtype == DT_F32)
+    DT_CU_LAUNCH(call->op, dt_cu_cumsum_k<float>, grid, DT_CU_BLOCK, 0, dt_cu_stream(x),
+                 (const float*)x->data, out->data, lines, L, inner, rev);
+  else if (x->dtype == DT_I32)
+    DT_CU_LAUNCH(call->op, dt_cu_cumsum_k<int32_t>, grid, DT_CU_BLOCK, 0, dt_cu_stream(x),
+                 (const int32_t*)x->data, out->data, lines, L, inner, rev);
+  else
+    DT_CU_LAUNCH(call->op, dt_cu_cumsum_k<long long>, grid, DT_CU_BLOCK, 0, dt_cu_stream(x),
+                 (const long long*)x->data, out->data, lines, L, inner, rev);
+  return DT_SUCCESS;
+}
+
 /* ---- registration ------------------------------------------------------------------------ */
 
 }  // namespace
@@ -965,6 +1049,9 @@ DT_CU_FILL(index) {
   t[DT_OP_NARROW] = {dt_cu_narrow, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_CAT] = {dt_cu_cat, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_EXPAND] = {dt_cu_expand, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_TRIL] = {dt_cu_tril, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_TRIU] = {dt_cu_triu, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_CUMSUM] = {dt_cu_cumsum, 0, NULL}; /* bf16 / f16 as f32 copies, as the host */
   /* lookups move raw bf16/f16 storage (no f32 round trip); the adds run on f32 */
   t[DT_OP_EMBEDDING] = {dt_cu_embedding, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
   t[DT_OP_GATHER_DIM] = {dt_cu_gather_dim, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
