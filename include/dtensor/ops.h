@@ -84,7 +84,8 @@ extern "C" {
  *               unflatten (iargs [dim, sizes...]), squeeze ([] or [dim]), unsqueeze ([dim]),
  *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end,
  *               step=1], Python semantics), narrow ([dim, start, length]), cat (1 to 8 inputs,
- *               iargs [dim]), expand (iargs: the sizes, -1 keeping a dim, new dims in front;
+ *               iargs [dim]), stack (1 to 8 inputs of one shape, iargs [dim=0]; cat and stack
+ *               promote mixed dtypes as torch.cat), expand (iargs: the sizes, -1 keeping a dim, new dims in front;
  *               only size-1 dims grow, as Tensor.expand; the result is a copy), tril / triu
  *               (iargs [diagonal=0]; the last two dims, any dtype, sharded matrices stay
  *               sharded), cumsum (iargs [dim, reverse=0]; i32 / i64 give i64; reverse sums

@@ -13,6 +13,7 @@
  *   rms_norm/layer_norm: *_norm_grad               embedding: embedding_grad
  *   views: g reshaped back  permute: inverse      cat: narrow pieces
  *   tril/triu: tril/triu(g)  cumsum: cumsum(g) from the other end
+ *   stack: narrow pieces, the new dim squeezed
  *   rotary: inverse rotation                       sdpa: sdpa_grad (recomputes attention)
  *   dropout: the same mask (same seed, same global indices)
  *   gather: scatter_add into zeros  scatter_add: g, gather(g)  topk: scatter of g into zeros
@@ -501,6 +502,23 @@ dt_status_t dt__bw_cat(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* g
       DT_CHECK(dt__opa(DT_OP_NARROW, 1, &gout[0], 3, a, 0, NULL, &gin[t]));
     }
     at += len;
+  }
+  return DT_SUCCESS;
+}
+
+/* stack: input t's gradient is slice t of g along the new dim, that dim squeezed away */
+dt_status_t dt__bw_stack(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  const int nd = c->out[0]->layout.ndim;
+  const int64_t d0 = dt__op_iarg_n(DT_OP_STACK, c->n_iargs, c->iargs, 0);
+  const int64_t dim = d0 < 0 ? d0 + nd : d0;
+  for (int t = 0; t < c->n_in; t++) {
+    if (!c->needs[t]) continue;
+    const int64_t a[3] = {dim, t, 1};
+    dt_tensor_t piece;
+    DT_CHECK(dt__opa(DT_OP_NARROW, 1, &gout[0], 3, a, 0, NULL, &piece));
+    dt_status_t st = dt__opa(DT_OP_SQUEEZE, 1, &piece, 1, &dim, 0, NULL, &gin[t]);
+    dt__tensor_free(piece);
+    DT_CHECK(st);
   }
   return DT_SUCCESS;
 }

@@ -1,5 +1,5 @@
 /* kernels_shape.c - CPU kernels of the shape ops on local shards, any dtype (byte copies):
- * view-family reshapes, slice/narrow, cat, expand and tril/triu; and the scan cumsum. */
+ * view-family reshapes, slice/narrow, cat, stack, expand and tril/triu; and the scan cumsum. */
 #include "ops/ops.h"
 
 static int64_t dt__numel(const dt_local_tensor_t* t) {
@@ -57,22 +57,40 @@ dt_status_t dt__kernel_narrow(const dt_op_call_t* call, const dt_local_tensor_t*
   return dt__cut(DT_OP_NARROW, call, in, out);
 }
 
-dt_status_t dt__kernel_cat(const dt_op_call_t* call, const dt_local_tensor_t* in,
-                           dt_local_tensor_t* out) {
-  int nd = out->ndim;
-  int dim = (int)(call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]);
+static dt_status_t dt__join(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out, int stack) {
+  int dim;
+  int64_t outer, inner, blk[DT_OP_MAX_INPUTS];
+  dt__cat_geom(stack, call, in, out, &dim, &outer, &inner, blk);
   size_t item = dt__itemsize(out->dtype);
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < dim; d++) outer *= out->shape[d];
-  for (int d = dim + 1; d < nd; d++) inner *= out->shape[d];
   int64_t ostride = out->shape[dim] * inner, at = 0;
   for (int t = 0; t < call->n_inputs; t++) {
-    int64_t blk = in[t].shape[dim] * inner;
-    dt__copy_blocks((char*)out->data + (size_t)at * item, (const char*)in[t].data, outer, blk,
-                    ostride, blk, item);
-    at += blk;
+    dt__copy_blocks((char*)out->data + (size_t)at * item, (const char*)in[t].data, outer, blk[t],
+                    ostride, blk[t], item);
+    at += blk[t];
   }
   return DT_SUCCESS;
+}
+dt_status_t dt__kernel_cat(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out) {
+  return dt__join(call, in, out, 0);
+}
+/* stack: cat along the new dim, where each input holds one slice */
+dt_status_t dt__kernel_stack(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out) {
+  return dt__join(call, in, out, 1);
+}
+
+void dt__cat_geom(int stack, const dt_op_call_t* call, const dt_local_tensor_t* in,
+                  const dt_local_tensor_t* out, int* dim, int64_t* outer, int64_t* inner,
+                  int64_t* blk) {
+  const int nd = out->ndim;
+  const int64_t d = dt__op_iarg(stack ? DT_OP_STACK : DT_OP_CAT, call, 0);
+  *dim = (int)(d < 0 ? d + nd : d);
+  *outer = *inner = 1;
+  for (int k = 0; k < *dim; k++) *outer *= out->shape[k];
+  for (int k = *dim + 1; k < nd; k++) *inner *= out->shape[k];
+  for (int t = 0; t < call->n_inputs; t++) blk[t] = (stack ? 1 : in[t].shape[*dim]) * *inner;
 }
 
 dt_status_t dt__expand_steps(const dt_op_call_t* call, const dt_local_tensor_t* x,

@@ -221,6 +221,14 @@ DT__KERNEL(dt__kernel_expand);
  * Shared by the host and CUDA kernels. */
 dt_status_t dt__expand_steps(const dt_op_call_t* call, const dt_local_tensor_t* x,
                              const dt_local_tensor_t* out, int64_t* sst);
+DT__KERNEL(dt__kernel_stack);
+/* cat's (stack 0) and stack's (1) copy geometry on the local shards: the output dim the inputs are
+ * joined along, the elements before it (outer) and after it (inner), and each input's block per
+ * outer index (its extent along dim, 1 for stack, times inner). Shared by the host and CUDA
+ * kernels. */
+void dt__cat_geom(int stack, const dt_op_call_t* call, const dt_local_tensor_t* in,
+                  const dt_local_tensor_t* out, int* dim, int64_t* outer, int64_t* inner,
+                  int64_t* blk);
 DT__KERNEL(dt__kernel_tril);
 DT__KERNEL(dt__kernel_triu);
 DT__KERNEL(dt__kernel_cumsum);
@@ -331,6 +339,7 @@ DT__BACKWARD(dt__bw_t);
 DT__BACKWARD(dt__bw_slice);
 DT__BACKWARD(dt__bw_cat);
 DT__BACKWARD(dt__bw_expand);
+DT__BACKWARD(dt__bw_stack);
 DT__BACKWARD(dt__bw_tril);
 DT__BACKWARD(dt__bw_cumsum);
 DT__BACKWARD(dt__bw_topk);

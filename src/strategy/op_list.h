@@ -12,7 +12,8 @@
  *   with DT_OPF_NO_GRAD, rules and kernel only for a composite (built from other ops);
  * - flags: DT_OPF_* of op.h (W writes all, A any dtype, R recompute, N no gradient, V variadic,
  *   I in place: DT_OPF_WRITES_IN(i) names the inputs it updates; such ops have no outputs;
- *   P2 / P12: inputs 0 and 1 / 1 and 2 are promoted to a common dtype, DT_OPF_PROMOTES_IN(i);
+ *   P2 / P12: inputs 0 and 1 / 1 and 2 are promoted to a common dtype, DT_OPF_PROMOTES_IN(i)
+ *   (DT_OPF_PROMOTES_MASK: every input, as cat and stack);
  *   F0: an integer input 0 is cast to f32 first, DT_OPF_INT_TO_FLOAT).
  * Keep the ids in this order: new ops go at the end of their group, and dt__op_table's
  * _Static_assert on DT_OP_COUNT makes a reviewer look at the docs and tests too.
@@ -156,7 +157,9 @@
   X(NARROW, "narrow", 1, 1, "dim, start, length", dt__narrow_rules, NULL, dt__bw_slice, DT__CUT,         \
     dt__kernel_narrow, NULL)                                                                             \
   X(CAT, "cat", DT_OP_MAX_INPUTS, 1, "dim", dt__cat_rules, NULL, dt__bw_cat,                             \
-    DT__WRA | DT_OPF_VARIADIC, dt__kernel_cat, NULL)                                                     \
+    DT__WRA | DT_OPF_VARIADIC | DT_OPF_PROMOTES_MASK, dt__kernel_cat, NULL)                              \
+  X(STACK, "stack", DT_OP_MAX_INPUTS, 1, "dim=0", dt__stack_rules, NULL, dt__bw_stack,                   \
+    DT__WRA | DT_OPF_VARIADIC | DT_OPF_PROMOTES_MASK, dt__kernel_stack, NULL)                            \
   X(EXPAND, "expand", 1, 1, "shape:l", dt__expand_rules, NULL, dt__bw_expand, DT__WRA,              \
     dt__kernel_expand, NULL)                                                                             \
   X(TRIL, "tril", 1, 1, "diagonal=0", dt__tril_rules, NULL, dt__bw_tril, DT__WRA, dt__kernel_tril,     \

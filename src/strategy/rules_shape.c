@@ -12,6 +12,7 @@
  * the leading dims and every Partial pass, other shards are moved first (no elements move).
  *   slice/narrow (dim): [R; R] [S(d); S(d)] for d != dim, every Partial passes
  *   cat (dim):          [R; R..] [S(d); S(d)..] for d != dim, [P(op); P(op)..] for every op
+ *   stack (dim):        [R; R..] [S(d or d + 1); S(d)..] for every input dim, every Partial
  *   expand (sizes):     [R; R] [S(d); S(d - lead)] for every dim that keeps its size; every
  *                       Partial passes one that grows nothing; a broadcast dim (new, or size 1
  *                       grown) is R first
@@ -397,6 +398,57 @@ dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
   for (int d = 0; d < nd; d++) {
     if (d == dim) continue;
     r.out[0] = dt_shard(d);
+    for (int t = 0; t < call->n_inputs; t++) r.in[t] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = dt_partial((dt_reduce_op_t)op);
+    for (int t = 0; t < call->n_inputs; t++) r.in[t] = r.out[0];
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+/* stack (1 to 8 inputs of one shape, iargs [dim = 0] in [-(nd + 1), nd]): the inputs side by side
+ * along a new dim, as torch.stack (dtypes promoted first, as cat's). An input dim d is output dim
+ * d (d < dim) or d + 1: its shard passes; every Partial passes (a copy). */
+dt_status_t dt__stack_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t* x = &call->in[0];
+  const int nd = x->ndim;
+  if (call->n_iargs > 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "stack takes iargs [dim], got %d values", call->n_iargs);
+  const int64_t d0 = dt__op_iarg(DT_OP_STACK, call, 0);
+  if (d0 < -(nd + 1) || d0 > nd)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "stack: dim %lld out of range for %d-dim inputs (valid: %d "
+                   "to %d)", (long long)d0, nd, -(nd + 1), nd);
+  if (nd + 1 > DT_MAX_DIMS)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "stack: %d-dim inputs give %d dims, at most %d", nd,
+                   nd + 1, DT_MAX_DIMS);
+  const int dim = (int)(d0 < 0 ? d0 + nd + 1 : d0);
+  for (int t = 1; t < call->n_inputs; t++) {
+    const dt_tensor_meta_t* y = &call->in[t];
+    if (y->ndim != nd || y->dtype != x->dtype)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "stack: every input must have input 0's shape and dtype "
+                     "(%d dims, %s); input %d has %d dims, %s", nd, dt_dtype_name(x->dtype), t,
+                     y->ndim, dt_dtype_name(y->dtype));
+    for (int d = 0; d < nd; d++)
+      if (y->shape[d] != x->shape[d])
+        return DT_FAIL(DT_ERR_INVALID_ARG, "stack: every input must have input 0's shape; input "
+                       "%d has size %lld at dim %d, input 0 %lld", t, (long long)y->shape[d], d,
+                       (long long)x->shape[d]);
+  }
+  *out_meta = *x;
+  out_meta->ndim = nd + 1;
+  for (int d = 0; d <= nd; d++)
+    out_meta->shape[d] = d < dim ? x->shape[d] : d == dim ? call->n_inputs : x->shape[d - 1];
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < nd; d++) {
+    r.out[0] = dt_shard(d < dim ? d : d + 1);
     for (int t = 0; t < call->n_inputs; t++) r.in[t] = dt_shard(d);
     dt__add(rules, cap, n, &r);
   }

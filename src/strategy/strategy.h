@@ -58,6 +58,7 @@ DT__RULES(dt__slice_rules);
 DT__RULES(dt__narrow_rules);
 DT__RULES(dt__cat_rules);
 DT__RULES(dt__expand_rules);
+DT__RULES(dt__stack_rules);
 DT__RULES(dt__tril_rules);
 DT__RULES(dt__cumsum_rules);
 DT__RULES(dt__topk_rules);

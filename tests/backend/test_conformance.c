@@ -151,9 +151,11 @@ static const gen_case_t kGen[] = {
     {"reciprocal", 1, {F}, {2}, {{5, 7}}, {0}, 0, 0, {0}, {0}, 0},
     {"log1p", 1, {F}, {2}, {{5, 7}}, {0}, 0, 0, {0}, {0}, 0},
     {"expm1", 1, {F}, {2}, {{5, 7}}, {0}, 0, 0, {0}, {0}, 0},
-    /* tril / triu with sampled shards of the matrix dims (the kernels read the offsets), bf16
+    /* stack along an inner and the first dim (i64: raw storage); tril / triu with sampled shards of the matrix dims (the kernels read the offsets), bf16
      * storage, a far diagonal; cumsum forward and reverse (the gradient's form), long lines (one
      * thread per line scans in the host's order), an inner stride, i64 into i64, empty */
+    {"stack", 3, {F, F, F}, {3, 3, 3}, {{2, 5, 3}, {2, 5, 3}, {2, 5, 3}}, {0}, 1, 0, {2}, {0}, 0},
+    {"stack", 2, {L, L}, {2, 2}, {{7, 3}, {7, 3}}, {9, 9}, 1, 0, {-3}, {0}, 0},
     {"tril", 1, {F}, {3}, {{3, 9, 11}}, {0}, 1, 0, {2}, {0}, 0},
     {"triu", 1, {F}, {3}, {{2, 13, 6}}, {0}, 1, 0, {-3}, {0}, 0},
     {"triu", 1, {B}, {2}, {{7, 7}}, {0}, 1, 0, {1}, {0}, 0},

@@ -119,6 +119,8 @@ static const spec_t kSpecs[] = {
   {"narrow", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1", "start=1", "length=3"}},
   {"cat", 2, {{DT_F32, T2(2, 3), F_VAL, 0, 0}, {DT_F32, T2(2, 3), F_POS, 0, 0}}, {"dim=0"}},
   {"expand", 1, {{DT_F32, T2(4, 1), F_VAL, 0, 0}}, {"shape=2,4,6"}},
+  {"stack", 3, {{DT_F32, T2(2, 3), F_VAL, 0, 0}, {DT_F32, T2(2, 3), F_POS, 0, 0},
+                {DT_F32, T2(2, 3), F_VAL, 0, 0}}, {NULL}},
   {"tril", 1, {{DT_F32, T3(2, 4, 6), F_VAL, 0, 0}}, {NULL}},
   {"triu", 1, {{DT_F32, T2(5, 4), F_VAL, 0, 0}}, {NULL}},
   {"cumsum", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1"}},

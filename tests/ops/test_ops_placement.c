@@ -455,8 +455,15 @@ static void bad_input(void) {
   dt_tensor_t i = make_idx(2, s2, 3, "R");
   dt_tensor_t c[2] = {x, i};
   const int64_t one[1] = {1};
-  DT_ASSERT_STATUS(dt_op_run("cat", 2, c, 1, one, 0, NULL, &y), DT_ERR_INVALID_ARG);
-  DT_ASSERT_TRUE(strstr(dt_last_error(), "cat") != NULL, "%s", dt_last_error());
+  /* cat promotes its inputs' dtypes as torch.cat (f32 with i64: f32); sizes must still agree */
+  DT_ASSERT_OK(dt_op_run("cat", 2, c, 1, one, 0, NULL, &y));
+  dt_dtype_t ydt;
+  DT_ASSERT_OK(dt_tensor_dtype(y, &ydt));
+  DT_ASSERT_TRUE(ydt == DT_F32, "cat(f32, i64) gives %s, torch.cat f32", dt_dtype_name(ydt));
+  dt_tensor_destroy(y);
+  const int64_t zero[1] = {0};
+  DT_ASSERT_STATUS(dt_op_run("cat", 2, c, 1, zero, 0, NULL, &y), DT_ERR_INVALID_ARG);
+  DT_ASSERT_TRUE(y == NULL && strstr(dt_last_error(), "cat") != NULL, "%s", dt_last_error());
   int64_t q[4] = {1, 3, 4, 4}, k[4] = {1, 2, 4, 4};
   dt_tensor_t a[3] = {make(4, q, "R", 1), make(4, k, "R", 2), make(4, k, "R", 3)};
   DT_ASSERT_STATUS(dt_op_run("sdpa", 3, a, 0, NULL, 0, NULL, &y), DT_ERR_INVALID_ARG);

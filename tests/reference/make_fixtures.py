@@ -783,6 +783,37 @@ for nm, t, ia in (("cumsum_dim_range_error", cs, [3]), ("cumsum_0d_dim_error", c
     CASES.append({"name": nm, "op": "cumsum", "iargs": ia, "fargs": [], "inputs": [tens(t)],
                   "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
 
+# ---- stack, and cat's type promotion (appended last). stack joins 1 to 8 tensors of one shape
+#      along a new dim (-(nd + 1) to nd); both promote their inputs' dtypes as torch.cat / stack.
+sa, sb, sc = rnd(3, 4), rnd(3, 4), rnd(3, 4)
+case("stack_dim0", "stack", [sa, sb, sc], torch.stack([sa, sb, sc], 0), rtol=0.0, atol=0.0)
+case("stack_dim1", "stack", [sa, sb], torch.stack([sa, sb], 1), iargs=[1], rtol=0.0, atol=0.0)
+case("stack_dim_last", "stack", [sa, sb], torch.stack([sa, sb], 2), iargs=[2], rtol=0.0, atol=0.0)
+case("stack_dim_neg", "stack", [sa, sb, sc], torch.stack([sa, sb, sc], -2), iargs=[-2], rtol=0.0,
+     atol=0.0)
+case("stack_one", "stack", [sa], torch.stack([sa], 1), iargs=[1], rtol=0.0, atol=0.0)
+s0a, s0b = rnd(()), rnd(())
+case("stack_0d", "stack", [s0a, s0b], torch.stack([s0a, s0b]), rtol=0.0, atol=0.0)
+si = ints(100, 3, 4) - 50
+case("stack_i64", "stack", [si, si + 1], torch.stack([si, si + 1], 1), iargs=[1], rtol=0.0,
+     atol=0.0)
+for dt, tag in LOW:
+    lcase(f"stack_{tag}", "stack", dt, [lo(sa, dt), lo(sb, dt)], lambda x, y: torch.stack([x, y], -1),
+          iargs=[-1], ulps=0)
+pcase("stack_f32_i64", "stack", [sa, si], lambda x, y: torch.stack([x, y], 1), iargs=[1])
+pcase("stack_bf16_f16", "stack", [sa.to(BF), sb.to(HF)], lambda x, y: torch.stack([x, y]))
+pcase("cat_f32_i64", "cat", [sa, si], lambda x, y: torch.cat([x, y], 1), iargs=[1])
+pcase("cat_i32_i64_bf16", "cat", [si.int(), si, sc.to(BF)], lambda *x: torch.cat(x, 0), iargs=[0])
+for nm, ts, ia in (("stack_shape_error", [sa, rnd(4, 3)], [0]), ("stack_dim_error", [sa, sb], [3]),
+                   ("stack_dim_neg_error", [sa, sb], [-4])):
+    try:
+        torch.stack(ts, ia[0])
+        raise AssertionError(f"{nm}: PyTorch takes it")
+    except (RuntimeError, IndexError):
+        pass
+    CASES.append({"name": nm, "op": "stack", "iargs": ia, "fargs": [], "inputs": [tens(t) for t in ts],
+                  "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
@@ -837,6 +868,7 @@ def torch_op(op, x, ia, fa):
         return x[0][tuple(idx)]
     if op == "narrow": return x[0].narrow(ia[0], ia[1], ia[2])
     if op == "cat": return torch.cat(x, ia[0])
+    if op == "stack": return torch.stack(x, ia[0] if ia else 0)
     if op == "expand": return x[0].expand(*ia)
     if op == "tril": return torch.tril(x[0], ia[0] if ia else 0)
     if op == "triu": return torch.triu(x[0], ia[0] if ia else 0)
@@ -870,7 +902,8 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "tanh", "sum", "mean", "amax", "logsumexp", "softmax", "log_softmax", "layer_norm", "rms_norm",
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
-                "reciprocal", "log1p", "expm1", "expand", "tril", "triu", "cumsum"}
+                "reciprocal", "log1p", "expm1", "expand", "tril", "triu", "cumsum",
+                "stack"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none

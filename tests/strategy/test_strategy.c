@@ -903,8 +903,9 @@ static void test_expand(void** state) {
 
 /* tril / triu keep every shard (the kernels read the shards' offsets) and every Partial with no
  * move; cumsum gathers its scanned dim, keeps the others sharded, passes P(sum) / P(avg) of floats
- * and P(sum) of i64, and reduces an i32 P(sum) (its pieces wrap at 32 bits) and P(max) first. */
-static void test_tril_cumsum(void** state) {
+ * and P(sum) of i64, and reduces an i32 P(sum) (its pieces wrap at 32 bits) and P(max) first; stack
+ * keeps shards (renumbered past the new dim) and Partials. */
+static void test_tril_cumsum_stack(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(2, 2, 2);
   int64_t s[3] = {4, 8, 6};
@@ -957,6 +958,27 @@ static void test_tril_cumsum(void** state) {
   cs.iargs[0] = 3; /* a dim out of range */
   assert_int_equal(dt_op_select(m, &cs, in, &ch), DT_ERR_INVALID_ARG);
   assert_non_null(strstr(dt_last_error(), "valid: -3 to 2"));
+  /* stack along a new dim 1: input dim 0 stays dim 0, dims 1 and 2 become 2 and 3; shards and
+   * Partials pass with no move; mixed dtypes are promoted (f32 with i64: f32) */
+  dt_op_call_t st = call2("stack", 3, s, 3, s);
+  st.n_iargs = 1;
+  st.iargs[0] = 1;
+  st.in[1].dtype = DT_I64;
+  dt_placement_t in2[2][DT_MAX_MESH_DIMS];
+  const char* sin_[] = {"S(0),S(1)", "S(2),P(sum)"};
+  const char* sout[] = {"S(0),S(2)", "S(3),P(sum)"};
+  for (int k = 0; k < 2; k++) {
+    set_pl(in2, 0, sin_[k]);
+    set_pl(in2, 1, sin_[k]);
+    assert_int_equal(dt_op_select(m, &st, in2, &ch), DT_SUCCESS);
+    expect_out(&ch, 2, sout[k]);
+    assert_int_equal(ch.out_meta[0].ndim, 4);
+    assert_int_equal(ch.out_meta[0].shape[1], 2);
+    assert_int_equal(ch.out_meta[0].dtype, DT_F32);
+  }
+  st.iargs[0] = -5; /* valid: -4 to 3 */
+  assert_int_equal(dt_op_select(m, &st, in2, &ch), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "valid: -4 to 3"));
   dt_mesh_destroy(m);
 }
 
@@ -972,7 +994,7 @@ int main(void) {
       cmocka_unit_test(test_shapes_out_of_range),
       cmocka_unit_test(test_host_rules_checked),
       cmocka_unit_test(test_mixed_partials),
-      cmocka_unit_test(test_expand), cmocka_unit_test(test_tril_cumsum),
+      cmocka_unit_test(test_expand), cmocka_unit_test(test_tril_cumsum_stack),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /* index.cu - CUDA kernels of the shape, indexing and routing ops (see cuda_ops.h for the
  * conventions): the view family (view, reshape, flatten, unflatten, squeeze, unsqueeze),
- * permute / transpose / t, slice / narrow, cat, expand, tril / triu, embedding and embedding_grad,
+ * permute / transpose / t, slice / narrow, cat, stack, expand, tril / triu, embedding and embedding_grad,
  * gather_dim, gather, scatter_add, index_add, topk and moe_route; and the scan cumsum.
  *
  * The host kernels (src/ops/kernels_shape.c, kernels_cpu.c, kernels_nn.c, kernels_grad.c,
@@ -313,23 +313,23 @@ DT_CU_KERNEL(dt_cu_slice) { return dt_cu_cut(DT_OP_SLICE, call, in, out); }
 DT_CU_KERNEL(dt_cu_narrow) { return dt_cu_cut(DT_OP_NARROW, call, in, out); }
 
 /* cat: input t fills its range of the output's dim; one box copy per input. */
-DT_CU_KERNEL(dt_cu_cat) {
-  int nd = out->ndim;
-  int dim = (int)(call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]);
+static dt_status_t dt_cu_join(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                              dt_local_tensor_t* out, int stack) {
+  int dim;
+  int64_t outer, inner, blk[DT_OP_MAX_INPUTS];
+  dt__cat_geom(stack, call, in, out, &dim, &outer, &inner, blk);
   size_t item = dt__itemsize(out->dtype);
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < dim; d++) outer *= out->shape[d];
-  for (int d = dim + 1; d < nd; d++) inner *= out->shape[d];
   int64_t ostride = out->shape[dim] * inner, at = 0;
   for (int t = 0; t < call->n_inputs; t++) {
-    int64_t blk = in[t].shape[dim] * inner;
-    int64_t shape[2] = {outer, blk}, dstep[2] = {ostride, 1}, sstep[2] = {blk, 1};
+    int64_t shape[2] = {outer, blk[t]}, dstep[2] = {ostride, 1}, sstep[2] = {blk[t], 1};
     DT_CHECK(dt_cu_copy_box(out, call->op, (char*)out->data + (size_t)at * item, in[t].data, 2,
                             shape, dstep, sstep, item));
-    at += blk;
+    at += blk[t];
   }
   return DT_SUCCESS;
 }
+DT_CU_KERNEL(dt_cu_cat) { return dt_cu_join(call, in, out, 0); }
+DT_CU_KERNEL(dt_cu_stack) { return dt_cu_join(call, in, out, 1); }
 
 /* ---- embedding, gather_dim, gather: masked lookups (raw storage) ------------------------- */
 
@@ -1048,6 +1048,7 @@ DT_CU_FILL(index) {
   t[DT_OP_SLICE] = {dt_cu_slice, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_NARROW] = {dt_cu_narrow, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_CAT] = {dt_cu_cat, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_STACK] = {dt_cu_stack, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_EXPAND] = {dt_cu_expand, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_TRIL] = {dt_cu_tril, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_TRIU] = {dt_cu_triu, DT_KERNEL_ANY_DTYPE, NULL};
