@@ -92,7 +92,9 @@ extern "C" {
  *               from the end)
  *   indexing:   topk (iargs [k, dim, largest=1]; two outputs: use dt_op_run_multi),
  *               gather (x, idx; iargs [dim]), scatter_add (x, idx, src; iargs [dim]),
- *               index_add (x (N, D), idx (T), src (T, D): rows added at idx, dim 0)
+ *               index_add (x (N, D), idx (T), src (T, D): rows added at idx, dim 0),
+ *               index_select (x, idx (L) or 0-d, i32 / i64; iargs [dim]; any dtype; x sharded
+ *               along dim gives a masked lookup, Partial(sum), with no move)
  *   experts:    grouped_mm (x (T, K) sorted by expert, w (E, N, K), counts (E); iargs [trans=1]),
  *               moe_route (idx (N, K); iargs [experts, capacity=0]; three outputs), and the
  *               gradient op grouped_mm_wgrad (a (T, M), b (T, N), counts) -> (E, M, N)

@@ -14,6 +14,7 @@
  *   views: g reshaped back  permute: inverse      cat: narrow pieces
  *   tril/triu: tril/triu(g)  cumsum: cumsum(g) from the other end
  *   stack: narrow pieces, the new dim squeezed
+ *   index_select: index_add of g into zeros along dim
  *   rotary: inverse rotation                       sdpa: sdpa_grad (recomputes attention)
  *   dropout: the same mask (same seed, same global indices)
  *   gather: scatter_add into zeros  scatter_add: g, gather(g)  topk: scatter of g into zeros
@@ -504,6 +505,59 @@ dt_status_t dt__bw_cat(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* g
     at += len;
   }
   return DT_SUCCESS;
+}
+
+/* index_select: g's slices added into zeros of x's shape at the indices (index_add along dim 0:
+ * dim moved first by a transpose and the other dims flattened, then moved back) */
+dt_status_t dt__bw_index_select(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  if (!c->needs[0]) return DT_SUCCESS;
+  dt_tensor_t x = c->in[0], g = gout[0];
+  const int nd = x->layout.ndim;
+  const int64_t d0 = dt__op_iarg_n(DT_OP_INDEX_SELECT, c->n_iargs, c->iargs, 0);
+  const int64_t dim = nd == 0 ? 0 : d0 < 0 ? d0 + nd : d0;
+  dt__scope_t s = {0};
+  dt_status_t st = DT_SUCCESS;
+  dt_tensor_t gt = g, z, idx = c->in[1], sum;
+  int64_t tshape[DT_MAX_DIMS], rest = 1, L = 1;
+  for (int d = 0; d < nd; d++) tshape[d] = x->layout.shape[d];
+  if (nd == 0) tshape[0] = 1;
+  if (dim != 0) { /* dim first: (N, .., x's dim 0, ..) */
+    const int64_t sw[2] = {0, dim};
+    st = dt__opa(DT_OP_TRANSPOSE, 1, &g, 2, sw, 0, NULL, &gt);
+    if (st == DT_SUCCESS) dt__keep(&s, gt);
+    tshape[dim] = tshape[0];
+    tshape[0] = x->layout.shape[dim];
+  }
+  for (int d = 1; d < nd; d++) rest *= tshape[d];
+  for (int d = 0; d < idx->layout.ndim; d++) L *= idx->layout.shape[d];
+  const int64_t g2[2] = {L, rest}, x2[2] = {tshape[0], rest}, one[1] = {L};
+  if (st == DT_SUCCESS && idx->layout.ndim == 0 && (st = dt__reshape(idx, 1, one, &idx)) == DT_SUCCESS)
+    dt__keep(&s, idx);
+  if (st == DT_SUCCESS && (st = dt__reshape(gt, 2, g2, &gt)) == DT_SUCCESS) dt__keep(&s, gt);
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  if (st == DT_SUCCESS &&
+      (st = dt_tensor_zeros(x->mesh, g->dtype, 2, x2, rep, &z)) == DT_SUCCESS)
+    dt__keep(&s, z);
+  if (st == DT_SUCCESS) {
+    dt_tensor_t a[3] = {z, idx, gt};
+    if ((st = dt__opa(DT_OP_INDEX_ADD, 3, a, 0, NULL, 0, NULL, &sum)) == DT_SUCCESS)
+      dt__keep(&s, sum);
+  }
+  if (st == DT_SUCCESS) {
+    if (dim == 0) {
+      st = dt__reshape(sum, nd, x->layout.shape, &gin[0]);
+    } else {
+      dt_tensor_t back;
+      if ((st = dt__reshape(sum, nd, tshape, &back)) == DT_SUCCESS) {
+        dt__keep(&s, back);
+        const int64_t sw[2] = {0, dim};
+        st = dt__opa(DT_OP_TRANSPOSE, 1, &back, 2, sw, 0, NULL, &gin[0]);
+      }
+    }
+  }
+  dt__scope_free(&s);
+  return st;
 }
 
 /* stack: input t's gradient is slice t of g along the new dim, that dim squeezed away */

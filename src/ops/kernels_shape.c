@@ -1,5 +1,6 @@
 /* kernels_shape.c - CPU kernels of the shape ops on local shards, any dtype (byte copies):
- * view-family reshapes, slice/narrow, cat, stack, expand and tril/triu; and the scan cumsum. */
+ * view-family reshapes, slice/narrow, cat, stack, expand, tril/triu and index_select; and the
+ * scan cumsum. */
 #include "ops/ops.h"
 
 static int64_t dt__numel(const dt_local_tensor_t* t) {
@@ -217,6 +218,39 @@ dt_status_t dt__kernel_cumsum(const dt_op_call_t* call, const dt_local_tensor_t*
           y[at] = (int64_t)s;
         }
       }
+    }
+  return DT_SUCCESS;
+}
+
+/* index_select: slice i of the output along dim is x's slice index[i] (raw bytes); an index whose
+ * slice is not in the local shard (x sharded along dim) gives zeros, the masked lookup of a
+ * Partial(sum). Every index is checked against the global extent first. */
+dt_status_t dt__kernel_index_select(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                    dt_local_tensor_t* out) {
+  const dt_local_tensor_t *x = &in[0], *ix = &in[1];
+  int dim;
+  DT_CHECK(dt__index_select_dim(call, &dim));
+  const int zd = x->ndim == 0; /* a 0-d x: one slice of one element */
+  const int64_t N = zd ? 1 : call->in[0].shape[dim], x0 = zd ? 0 : x->offset[dim];
+  const int64_t xl = zd ? 1 : x->shape[dim], L = dt__numel(ix);
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim && !zd; d++) outer *= x->shape[d];
+  for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  const int w = ix->dtype == DT_I64;
+  for (int64_t i = 0; i < L; i++) {
+    const int64_t id = w ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i];
+    if (id < 0 || id >= N)
+      return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: index %lld out of range [0, %lld) for "
+                     "dim %d", (long long)id, (long long)N, dim);
+  }
+  const size_t item = dt__itemsize(x->dtype), blk = (size_t)inner * item;
+  const char* src = (const char*)x->data;
+  char* dst = (char*)out->data;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < L; i++, dst += blk) {
+      const int64_t row = (w ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i]) - x0;
+      if (row >= 0 && row < xl) memcpy(dst, src + (size_t)(o * xl + row) * blk, blk);
+      else memset(dst, 0, blk);
     }
   return DT_SUCCESS;
 }

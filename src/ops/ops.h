@@ -230,6 +230,7 @@ void dt__cat_geom(int stack, const dt_op_call_t* call, const dt_local_tensor_t* 
                   const dt_local_tensor_t* out, int* dim, int64_t* outer, int64_t* inner,
                   int64_t* blk);
 DT__KERNEL(dt__kernel_tril);
+DT__KERNEL(dt__kernel_index_select);
 DT__KERNEL(dt__kernel_triu);
 DT__KERNEL(dt__kernel_cumsum);
 /* The local columns [*lo, *hi) that row `row` (global) of tril (upper 0) or triu (upper 1) keeps,
@@ -341,6 +342,7 @@ DT__BACKWARD(dt__bw_cat);
 DT__BACKWARD(dt__bw_expand);
 DT__BACKWARD(dt__bw_stack);
 DT__BACKWARD(dt__bw_tril);
+DT__BACKWARD(dt__bw_index_select);
 DT__BACKWARD(dt__bw_cumsum);
 DT__BACKWARD(dt__bw_topk);
 DT__BACKWARD(dt__bw_gather);

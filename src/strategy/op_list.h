@@ -179,6 +179,8 @@
     dt__kernel_moe_route, NULL)                                                                          \
   X(INDEX_ADD, "index_add", 3, 1, "", dt__index_add_rules, NULL, dt__bw_index_add, DT__WC,               \
     dt__kernel_index_add, NULL)                                                                          \
+  X(INDEX_SELECT, "index_select", 2, 1, "dim", dt__index_select_rules, NULL, dt__bw_index_select,       \
+    DT__WC | DT_OPF_ANY_DTYPE, dt__kernel_index_select, NULL)                                            \
   /* fused gradient ops (what backward rules run) */                                                     \
   X(ACT_GRAD, "act_grad", 2, 1, "kind, lo:f?, hi:f?", dt__act_grad_rules, NULL, NULL, DT__WN,         \
     dt__kernel_act_grad, NULL)                                                                           \

@@ -1,5 +1,6 @@
 /* rules_shape.c - rule generators of the shape ops: view/reshape, flatten, unflatten, squeeze,
- * unsqueeze (one dim-map algebra), slice/narrow, cat, expand, tril/triu and cumsum.
+ * unsqueeze (one dim-map algebra), slice/narrow, cat, stack, expand, tril/triu, cumsum and
+ * index_select.
  *
  * A reshape is split into groups of input dims that hold the same elements as a group of output
  * dims ((B, S, D) -> (B*S, D): groups {B,S}->{B*S} and {D}->{D}). A shard passes through a group
@@ -20,6 +21,8 @@
  *                       offsets), every Partial passes (a selection of elements)
  *   cumsum (dim):       [R; R] [S(d); S(d)] for d != dim; P(sum), P(avg) of floats, P(sum) of
  *                       i64 pass
+ *   index_select (dim): [S(d); S(d), R] for d != dim, [S(dim); R, S(0)], [P(sum); S(dim), R]
+ *                       (masked local lookup), every Partial of x passes
  */
 #include <stdio.h>
 
@@ -600,6 +603,70 @@ dt_status_t dt__cumsum_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
     const int pass = op == DT_REDUCE_SUM ? x->dtype != DT_I32 : op == DT_REDUCE_AVG && !is_int;
     if (!pass) continue;
     r.in[0] = r.out[0] = dt_partial((dt_reduce_op_t)op);
+    dt__add(rules, cap, n, &r);
+  }
+  return DT_SUCCESS;
+}
+
+dt_status_t dt__index_select_dim(const dt_op_call_t* call, int* dim) {
+  const int nd = call->in[0].ndim, wrap = nd ? nd : 1;
+  const int64_t d = dt__op_iarg(DT_OP_INDEX_SELECT, call, 0);
+  if (call->n_iargs != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index_select takes iargs [dim], got %d values",
+                   call->n_iargs);
+  if (d < -wrap || d >= wrap)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: dim=%lld out of range for a %d-dim tensor "
+                   "(valid: %d to %d)", (long long)d, nd, -wrap, wrap - 1);
+  *dim = (int)(d < 0 ? d + wrap : d);
+  return DT_SUCCESS;
+}
+
+/* index_select (x, index (L) or 0-d, i32 / i64; iargs [dim]): x's slices along dim at the
+ * indices, as torch.index_select (any dtype; an index outside [0, x.shape[dim]) fails the call on
+ * every rank). A selection of slices:
+ *   [R; R, R]  [S(d); S(d), R] for d != dim  [S(dim); R, S(0)] (each rank selects its indices)
+ *   [P(sum); S(dim), R] (x sharded along dim: a masked local lookup, 0 where the slice is not
+ *   local, as embedding's vocabulary-sharded table)  [P(op); P(op), R] for every op */
+dt_status_t dt__index_select_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                                   dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  *n = 0;
+  const dt_tensor_meta_t *x = &call->in[0], *ix = &call->in[1];
+  int dim;
+  DT_CHECK(dt__index_select_dim(call, &dim));
+  if (ix->dtype != DT_I32 && ix->dtype != DT_I64)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: the index must be i32 or i64, got %s",
+                   dt_dtype_name(ix->dtype));
+  if (ix->ndim > 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: the index must be a vector (1-d or 0-d), "
+                   "got %d dims", ix->ndim);
+  const int64_t L = ix->ndim ? ix->shape[0] : 1;
+  if (x->ndim == 0 && L != 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: a 0-d tensor takes one index, got %lld",
+                   (long long)L);
+  *out_meta = *x;
+  if (x->ndim) out_meta->shape[dim] = L;
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < x->ndim; d++) {
+    if (d == dim) continue;
+    r.out[0] = r.in[0] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  if (x->ndim && ix->ndim) {
+    memset(&r, 0, sizeof r);
+    r.out[0] = dt_shard(dim);
+    r.in[1] = dt_shard(0);
+    dt__add(rules, cap, n, &r);
+    memset(&r, 0, sizeof r);
+    r.out[0] = dt_partial(DT_REDUCE_SUM);
+    r.in[0] = dt_shard(dim);
+    dt__add(rules, cap, n, &r);
+  }
+  memset(&r, 0, sizeof r);
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = r.in[0] = dt_partial((dt_reduce_op_t)op);
     dt__add(rules, cap, n, &r);
   }
   return DT_SUCCESS;

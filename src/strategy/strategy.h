@@ -59,6 +59,7 @@ DT__RULES(dt__narrow_rules);
 DT__RULES(dt__cat_rules);
 DT__RULES(dt__expand_rules);
 DT__RULES(dt__stack_rules);
+DT__RULES(dt__index_select_rules);
 DT__RULES(dt__tril_rules);
 DT__RULES(dt__cumsum_rules);
 DT__RULES(dt__topk_rules);
@@ -136,6 +137,10 @@ int dt__view_groups(int na, const int64_t* a, int nb, const int64_t* b, dt_view_
  * [lo, hi], NaN or absent: no bound) and gives 0 elsewhere and at NaN. */
 enum { DT_ACT_RELU = 0, DT_ACT_SILU, DT_ACT_GELU, DT_ACT_SIGMOID_OUT, DT_ACT_TANH_OUT, DT_ACT_ABS,
        DT_ACT_CLAMP, DT_ACT_COUNT };
+
+/* index_select's dim (iargs [dim]) normalized; a 0-d x takes 0 or -1 and gives 0 (its one element
+ * as a dim of size 1). Rules, kernels and the backward rule read it here. */
+dt_status_t dt__index_select_dim(const dt_op_call_t* call, int* dim);
 
 /* cumsum's iargs [dim, reverse = 0] validated: dim normalized (-1 for a 0-d tensor: nothing to
  * scan) and the direction; rules, kernels and the backward rule all read them here. */

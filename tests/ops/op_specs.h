@@ -126,6 +126,7 @@ static const spec_t kSpecs[] = {
   {"cumsum", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1"}},
   {"topk", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"k=2", "dim=1"}},
   {"gather", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T2(4, 3), F_IDX, 6, 0}}, {"dim=1"}},
+  {"index_select", 2, {{DT_F32, T3(4, 6, 3), F_VAL, 0, 0}, {DT_I64, T1(5), F_IDX, 6, 0}}, {"dim=1"}},
   {"scatter_add", 3, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_I64, T2(4, 3), F_IDX, 6, 0},
                       {DT_F32, T2(4, 3), F_POS, 0, 0}}, {"dim=1"}},
   {"moe_route", 1, {{DT_I64, T2(4, 2), F_IDX, 3, 0}}, {"experts=3"}},

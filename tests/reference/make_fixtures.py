@@ -814,6 +814,45 @@ for nm, ts, ia in (("stack_shape_error", [sa, rnd(4, 3)], [0]), ("stack_dim_erro
     CASES.append({"name": nm, "op": "stack", "iargs": ia, "fargs": [], "inputs": [tens(t) for t in ts],
                   "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
 
+# ---- index_select (appended last): slices along dim at the indices (1-d or 0-d, i32 / i64,
+#      repeats and any order), any dtype; an index out of range raises. Gradient: the slices'
+#      gradients added back at the indices (repeated indices sum).
+isx = rnd(4, 6, 3)
+ixv = torch.tensor([5, 0, 5, 2, 1, 5])
+case("index_select_dim1", "index_select", [isx, ixv], torch.index_select(isx, 1, ixv), iargs=[1],
+     rtol=0.0, atol=0.0)
+case("index_select_dim0_i32", "index_select", [isx, torch.tensor([3, 3, 0], dtype=torch.int32)],
+     torch.index_select(isx, 0, torch.tensor([3, 3, 0])), iargs=[0], rtol=0.0, atol=0.0)
+case("index_select_dim_last", "index_select", [isx, torch.tensor([2, 0])],
+     torch.index_select(isx, -1, torch.tensor([2, 0])), iargs=[-1], rtol=0.0, atol=0.0)
+case("index_select_0d_index", "index_select", [isx, torch.tensor(4)],
+     torch.index_select(isx, 1, torch.tensor(4)), iargs=[1], rtol=0.0, atol=0.0)
+case("index_select_empty_index", "index_select", [isx, torch.tensor([], dtype=torch.int64)],
+     torch.index_select(isx, 1, torch.tensor([], dtype=torch.int64)), iargs=[1], rtol=0.0,
+     atol=0.0)
+isi = ints(100, 5, 4) - 50
+case("index_select_i64", "index_select", [isi, torch.tensor([3, 1, 3])],
+     torch.index_select(isi, 1, torch.tensor([3, 1, 3])), iargs=[1], rtol=0.0, atol=0.0)
+is0 = rnd(())
+case("index_select_0d", "index_select", [is0, torch.tensor([0])],
+     torch.index_select(is0, 0, torch.tensor([0])), iargs=[0], rtol=0.0, atol=0.0)
+for dt, tag in LOW:
+    lcase(f"index_select_{tag}", "index_select", dt, [lo(isx, dt), ixv],
+          lambda x, i: torch.index_select(x, 1, i), iargs=[1], ulps=0)
+for nm, ts, ia in (("index_select_range_error", [isx, torch.tensor([0, 6])], [1]),
+                   ("index_select_negative_error", [isx, torch.tensor([-1])], [1]),
+                   ("index_select_2d_index_error", [isx, torch.tensor([[0]])], [0]),
+                   ("index_select_float_index_error", [isx, torch.tensor([0.0])], [0]),
+                   ("index_select_dim_error", [isx, ixv], [3])):
+    try:
+        torch.index_select(ts[0], ia[0], ts[1])
+        raise AssertionError(f"{nm}: PyTorch takes it")
+    except (RuntimeError, IndexError):
+        pass
+    CASES.append({"name": nm, "op": "index_select", "iargs": ia, "fargs": [],
+                  "inputs": [tens(t) for t in ts], "outputs": [], "error": "DT_ERR_INVALID_ARG",
+                  "rtol": 0.0, "atol": 0.0})
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
@@ -869,6 +908,7 @@ def torch_op(op, x, ia, fa):
     if op == "narrow": return x[0].narrow(ia[0], ia[1], ia[2])
     if op == "cat": return torch.cat(x, ia[0])
     if op == "stack": return torch.stack(x, ia[0] if ia else 0)
+    if op == "index_select": return torch.index_select(x[0], ia[0], x[1])
     if op == "expand": return x[0].expand(*ia)
     if op == "tril": return torch.tril(x[0], ia[0] if ia else 0)
     if op == "triu": return torch.triu(x[0], ia[0] if ia else 0)
@@ -903,7 +943,7 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
                 "reciprocal", "log1p", "expm1", "expand", "tril", "triu", "cumsum",
-                "stack"}
+                "stack", "index_select"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none

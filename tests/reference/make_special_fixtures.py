@@ -477,6 +477,22 @@ case("cumsum_0d_neg", "cumsum", [X0], lambda x: torch.cumsum(x, -1), iargs=[-1])
 case("cumsum_0d_dim_neg2_error", "cumsum", [X0], lambda x: torch.cumsum(x, -2), iargs=[-2],
      error="DT_ERR_INVALID_ARG")
 
+# ---- stack and index_select at the edges (appended): stack of empty tensors and of 0-d ones with
+# NaN; index_select moves NaN and inf as they are, selects from an empty dim only with an empty
+# index (any index of an empty dim is out of range), keeps i64 limits, refuses a bad index.
+case("stack_empty", "stack", [E30, E30], lambda *x: torch.stack(x, 1), iargs=[1], grad=False)
+case("stack_0d_special", "stack", [torch.tensor(nan), torch.tensor(-inf)], lambda *x: torch.stack(x))
+IS = torch.tensor([[nan, inf, -inf], [-0.0, 1e30, 1e-40]])
+case("index_select_special", "index_select", [IS, torch.tensor([2, 0, 2])],
+     lambda x, i: torch.index_select(x, 1, i), iargs=[1])
+case("index_select_empty_dim", "index_select", [E30, torch.tensor([], dtype=torch.int64)],
+     lambda x, i: torch.index_select(x, 1, i), iargs=[1], grad=False)
+case("index_select_empty_dim_error", "index_select", [E30, torch.tensor([0])],
+     lambda x, i: torch.index_select(x, 1, i), iargs=[1], error="DT_ERR_INVALID_ARG")
+case("index_select_i64_limits", "index_select",
+     [torch.tensor([[-2 ** 63, 2 ** 62], [5, -7]]), torch.tensor([1, 1, 0])],
+     lambda x, i: torch.index_select(x, 0, i), iargs=[0], rtol=0.0, atol=0.0)
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),

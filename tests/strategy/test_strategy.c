@@ -904,8 +904,8 @@ static void test_expand(void** state) {
 /* tril / triu keep every shard (the kernels read the shards' offsets) and every Partial with no
  * move; cumsum gathers its scanned dim, keeps the others sharded, passes P(sum) / P(avg) of floats
  * and P(sum) of i64, and reduces an i32 P(sum) (its pieces wrap at 32 bits) and P(max) first; stack
- * keeps shards (renumbered past the new dim) and Partials. */
-static void test_tril_cumsum_stack(void** state) {
+ * keeps shards (renumbered past the new dim) and Partials; index_select's masked lookup. */
+static void test_tril_cumsum_stack_index(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(2, 2, 2);
   int64_t s[3] = {4, 8, 6};
@@ -979,6 +979,27 @@ static void test_tril_cumsum_stack(void** state) {
   st.iargs[0] = -5; /* valid: -4 to 3 */
   assert_int_equal(dt_op_select(m, &st, in2, &ch), DT_ERR_INVALID_ARG);
   assert_non_null(strstr(dt_last_error(), "valid: -4 to 3"));
+  /* index_select along dim 1: x sharded there gives a masked lookup, P(sum), with no move; a
+   * sharded index gives the output's shard of dim 1; x's other shards and Partials pass */
+  int64_t six[1] = {5};
+  dt_op_call_t is = call2("index_select", 3, s, 1, six);
+  is.in[1].dtype = DT_I64;
+  is.n_iargs = 1;
+  is.iargs[0] = 1;
+  const char* xin[] = {"S(1),S(0)", "R,S(2)", "P(max),R"};
+  const char* iin[] = {"R,R", "S(0),R", "R,R"};
+  const char* iout[] = {"P(sum),S(0)", "S(1),S(2)", "P(max),R"};
+  for (int k = 0; k < 3; k++) {
+    set_pl(in2, 0, xin[k]);
+    set_pl(in2, 1, iin[k]);
+    assert_int_equal(dt_op_select(m, &is, in2, &ch), DT_SUCCESS);
+    expect_out(&ch, 2, iout[k]);
+    assert_int_equal(ch.steps, 0);
+    assert_int_equal(ch.out_meta[0].shape[1], 5);
+  }
+  is.in[1].ndim = 2; /* the index must be a vector */
+  assert_int_equal(dt_op_select(m, &is, in2, &ch), DT_ERR_INVALID_ARG);
+  assert_non_null(strstr(dt_last_error(), "vector"));
   dt_mesh_destroy(m);
 }
 
@@ -994,7 +1015,7 @@ int main(void) {
       cmocka_unit_test(test_shapes_out_of_range),
       cmocka_unit_test(test_host_rules_checked),
       cmocka_unit_test(test_mixed_partials),
-      cmocka_unit_test(test_expand), cmocka_unit_test(test_tril_cumsum_stack),
+      cmocka_unit_test(test_expand), cmocka_unit_test(test_tril_cumsum_stack_index),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

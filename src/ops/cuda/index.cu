@@ -1,7 +1,8 @@
 /* index.cu - CUDA kernels of the shape, indexing and routing ops (see cuda_ops.h for the
  * conventions): the view family (view, reshape, flatten, unflatten, squeeze, unsqueeze),
  * permute / transpose / t, slice / narrow, cat, stack, expand, tril / triu, embedding and embedding_grad,
- * gather_dim, gather, scatter_add, index_add, topk and moe_route; and the scan cumsum.
+ * gather_dim, gather, index_select, scatter_add, index_add, topk and moe_route; and the scan
+ * cumsum.
  *
  * The host kernels (src/ops/kernels_shape.c, kernels_cpu.c, kernels_nn.c, kernels_grad.c,
  * kernels_moe.c) define every result; these kernels match them bit for bit:
@@ -948,6 +949,53 @@ DT_CU_KERNEL(dt_cu_expand) {
                         dt__itemsize(x->dtype));
 }
 
+/* ---- index_select: slices along a dim at the indices (raw storage) ------------------------ */
+
+/* out[o, i, c] (inner_u units per slice) = x[o, ix[i] - x0, c] when that slice is local, else 0 */
+template <typename U>
+__global__ void dt_cu_index_select_k(U* out, const U* x, const void* ix, int is64, int64_t outer,
+                                     int64_t L, int64_t inner_u, int64_t x0, int64_t xl) {
+  DT_CU_FOR(k, outer * L * inner_u) {
+    const int64_t c = k % inner_u, t = k / inner_u, i = t % L, o = t / L;
+    const int64_t row = dt_cu_index(ix, is64, i) - x0;
+    out[k] = (row >= 0 && row < xl) ? x[(o * xl + row) * inner_u + c] : U{};
+  }
+}
+DT_CU_KERNEL(dt_cu_index_select) {
+  const dt_local_tensor_t *x = &in[0], *ix = &in[1];
+  int dim;
+  DT_CHECK(dt__index_select_dim(call, &dim));
+  const int zd = x->ndim == 0;
+  const int64_t N = zd ? 1 : call->in[0].shape[dim], x0 = zd ? 0 : x->offset[dim];
+  const int64_t xl = zd ? 1 : x->shape[dim], L = dt_cu_numel(ix);
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim && !zd; d++) outer *= x->shape[d];
+  for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  const size_t item = dt__itemsize(x->dtype);
+  dt_cu_index_check check(ix);
+  DT_CHECK(check.start(call->op, ix, N));
+  const int64_t n = outer * L * inner;
+  if (n > 0) {
+    uint64_t v[3] = {(uint64_t)inner * item, (uint64_t)(uintptr_t)x->data,
+                     (uint64_t)(uintptr_t)out->data};
+    const size_t unit = dt_cu_unit_of(v, 3, 16);
+    const int64_t inner_u = inner * (int64_t)item / (int64_t)unit;
+    DT_CHECK(dt_cu_unit_dispatch(unit, [&](auto tag) -> dt_status_t {
+      using U = decltype(tag);
+      DT_CU_LAUNCH(call->op, dt_cu_index_select_k<U>, dt_cu_grid(x, outer * L * inner_u),
+                   DT_CU_BLOCK, 0, dt_cu_stream(x), (U*)out->data, (const U*)x->data, ix->data,
+                   (int)(ix->dtype == DT_I64), outer, L, inner_u, x0, xl);
+      return DT_SUCCESS;
+    }));
+  }
+  int64_t pos, bad;
+  DT_CHECK(check.finish(call->op, &pos, &bad));
+  if (pos >= 0)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: index %lld out of range [0, %lld) for dim %d",
+                   (long long)bad, (long long)N, dim);
+  return DT_SUCCESS;
+}
+
 /* ---- tril / triu, cumsum ------------------------------------------------------------------ */
 
 /* tril / triu: element (row i, column j) of each R x C matrix is kept when j is among the local
@@ -1057,6 +1105,7 @@ DT_CU_FILL(index) {
   t[DT_OP_EMBEDDING] = {dt_cu_embedding, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
   t[DT_OP_GATHER_DIM] = {dt_cu_gather_dim, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
   t[DT_OP_GATHER] = {dt_cu_gather, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
+  t[DT_OP_INDEX_SELECT] = {dt_cu_index_select, DT_KERNEL_ANY_DTYPE, dt_cu_index_check_scratch};
   t[DT_OP_TOPK] = {dt_cu_topk, DT_KERNEL_ANY_DTYPE, dt_cu_topk_scratch};
   t[DT_OP_EMBEDDING_GRAD] = {dt_cu_embedding_grad, DT_KERNEL_ONE_DTYPE, dt_cu_rows_add_scratch};
   t[DT_OP_SCATTER_ADD] = {dt_cu_scatter_add, 0, dt_cu_index_check_scratch};
