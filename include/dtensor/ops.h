@@ -34,7 +34,15 @@ extern "C" {
  *               rsqrt, sigmoid, tanh and these five take integer tensors too, computed in f32 as
  *               PyTorch's; gelu, silu and pow refuse them; log1p and expm1 accurate near 0;
  *               non-decreasing, expm1 keeps a Partial(max) or Partial(min) and log1p a
- *               Partial(min), as clamp keeps both),
+ *               Partial(min), as clamp keeps both), floor, ceil, round (iargs [decimals=0]),
+ *               trunc, sign, erf (erf takes integers too, computed in f32; floor, ceil, round
+ *               and trunc return an i32/i64 tensor unchanged, sign gives -1 / 0 / 1 in its
+ *               dtype; round is half to even, and with decimals d != 0 torch 1.13's
+ *               nearbyint(x * 10^d) / 10^d (d < 0: nearbyint(x / 10^-d) * 10^-d), computed in
+ *               f32 with x * 10^d and 10^d rounded to a bf16 x's dtype, as PyTorch; decimals
+ *               != 0 of an integer or f16 tensor is DT_ERR_UNSUPPORTED, as torch 1.13 has no
+ *               such kernel; non-decreasing, all six keep a Partial(max) or Partial(min), sign
+ *               only of integers since sign(NaN) = 0),
  *               add_scalar / mul_scalar / pow (fargs [s]), clamp (fargs
  *               [min, max]: either may be absent or NaN for no bound, not both; min > max gives
  *               max everywhere, as PyTorch; float tensors; a finite bound past the dtype's range
@@ -135,10 +143,13 @@ extern "C" {
  * min <= x <= max (0 at NaN and where min > max); sin/cos(+-inf) = NaN, reciprocal(+-0) = +-inf,
  * log1p(-1) = -inf and NaN below -1, expm1(-inf) = -1; their gradients are PyTorch's formulas
  * (g cos(x), -g sin(x), -g out^2, g / (x + 1), g (out + 1)), so reciprocal'(0) = -inf and
- * log1p'(-1) = inf. Deliberately different: cast of NaN, inf or a float outside the
- * integer type's range to i32/i64 is DT_ERR_INVALID_ARG (PyTorch's value is platform-dependent:
- * the type's minimum on x86), while i64 -> i32 wraps as PyTorch; topk lists tied values by lower
- * index first (PyTorch leaves the order of ties unspecified) and counts NaN as the largest;
+ * log1p'(-1) = inf; floor, ceil, round and trunc keep NaN, +-inf and -0.0 (round(-0.5) = -0.0),
+ * sign(NaN) = sign(-0.0) = 0, erf(+-inf) = +-1; their gradients are zeros (also at NaN and inf),
+ * erf's 2 / sqrt(pi) exp(-x^2) g (NaN at NaN, 0 at +-inf). Deliberately different: cast of NaN, inf
+ * or a float outside the integer type's range to i32/i64 is DT_ERR_INVALID_ARG (PyTorch's value is
+ * platform-dependent: the type's minimum on x86), while i64 -> i32 wraps as PyTorch; topk lists
+ * tied values by lower index first (PyTorch leaves the order of ties unspecified) and counts NaN
+ * as the largest;
  * log1p(x) above 1e38 is its finite value (PyTorch's CPU kernel, SLEEF's log1pf, gives inf).
  * Views: view, reshape, flatten, unflatten, squeeze and unsqueeze return a tensor that shares its
  * input's storage (no copy; writes through either are seen by both; the storage lives until the

@@ -7,7 +7,9 @@
  *   mm: g b^T, a^T g         bmm: per batch          linear: g w, g^T x, sum_rows g
  *   exp: g out  log: g / x  sqrt: g / (2 out)  rsqrt: -g out^3 / 2  pow: g p x^(p-1)
  *   sin: g cos(x)  cos: -(g sin(x))  reciprocal: -(g (out out))  log1p: g / (x + 1)
- *   expm1: g (out + 1)   (PyTorch's formulas, rounded op by op as its bf16 autograd)
+ *   expm1: g (out + 1)  erf: 2 / sqrt(pi) exp(-(x x)) g
+ *   (PyTorch's formulas, rounded op by op as its bf16 autograd)
+ *   floor, ceil, round, trunc, sign: zeros (piecewise constant, as PyTorch's zeros_like(grad))
  *   relu/silu/gelu/sigmoid/tanh: act_grad          softmax: out (g - sum(g out))
  *   log_softmax: g - exp(out) sum(g)               sum/mean: g expanded (/ count)
  *   rms_norm/layer_norm: *_norm_grad               embedding: embedding_grad
@@ -327,6 +329,26 @@ dt_status_t dt__bw_log1p(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t*
 }
 dt_status_t dt__bw_expm1(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   return dt__unary_grad(gout[0], DT_OP_ADD_SCALAR, c->out[0], 1.0, DT_OP_MUL, 0, &gin[0]);
+}
+/* floor, ceil, round, trunc and sign are piecewise constant: PyTorch's zeros_like(grad) (zeros,
+ * also where g is NaN or infinite) */
+dt_status_t dt__bw_zero(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  (void)gout;
+  return dt__zeros_like(c->in[0], &gin[0]);
+}
+/* erf: PyTorch's 2 / sqrt(pi) * exp(-(x.pow(2))) * g, one op at a time (each rounded to x's dtype,
+ * as its bf16 autograd; pow 2 is x * x, the constant a float scalar) */
+dt_status_t dt__bw_erf(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt__scope_t sc = {0};
+  const double two = 2.0, k2 = 1.1283791670955126; /* 2 / sqrt(pi) in double, as PyTorch's */
+  dt_tensor_t x = c->in[0], sq, ng, e, k;
+  dt_status_t st = dt__opa(DT_OP_POW, 1, &x, 0, NULL, 1, &two, &sq);
+  if (st == DT_SUCCESS) st = dt__op1(DT_OP_NEG, dt__keep(&sc, sq), &ng);
+  if (st == DT_SUCCESS) st = dt__op1(DT_OP_EXP, dt__keep(&sc, ng), &e);
+  if (st == DT_SUCCESS) st = dt__scale(dt__keep(&sc, e), k2, &k);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, dt__keep(&sc, k), gout[0], &gin[0]);
+  dt__scope_free(&sc);
+  return st;
 }
 dt_status_t dt__bw_clamp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   /* the forward's bounds (absent: NaN for both ops) rounded to x's dtype, as PyTorch compares

@@ -1,6 +1,7 @@
 /* kernels_cpu.c - CPU kernels on local shards (f32; the broadcasting arithmetic and comparisons,
- * neg, abs, sum, amax and amin also i32 / i64): GEMM through OpenBLAS, broadcasting pointwise ops.
- * Kept apart from dispatch so a CUDA kernel can sit beside each one. */
+ * neg, abs, floor, ceil, round, trunc, sign, sum, amax and amin also i32 / i64): GEMM through
+ * OpenBLAS, broadcasting pointwise ops. Kept apart from dispatch so a CUDA kernel can sit beside
+ * each one. */
 #include <math.h>
 
 #include "ops/ops.h"
@@ -240,6 +241,13 @@ static float dt__f_cos(float x) { return cosf(x); }
 static float dt__f_reciprocal(float x) { return 1.0f / x; }
 static float dt__f_log1p(float x) { return log1pf(x); }
 static float dt__f_expm1(float x) { return expm1f(x); }
+/* floor, ceil, trunc exact; sign (0 < x) - (x < 0) as PyTorch: sign(NaN) = sign(-0.0) = +0;
+ * erf glibc's erff (torch.erf's scalar loop) */
+static float dt__f_floor(float x) { return floorf(x); }
+static float dt__f_ceil(float x) { return ceilf(x); }
+static float dt__f_trunc(float x) { return truncf(x); }
+static float dt__f_sign(float x) { return (float)((0.0f < x) - (x < 0.0f)); }
+static float dt__f_erf(float x) { return erff(x); }
 
 /* neg and abs of i32 / i64 (its dtype out), as PyTorch: two's complement, so -INT_MIN and
  * abs(INT_MIN) are INT_MIN. */
@@ -259,11 +267,31 @@ static dt_status_t dt__neg_abs_int(const dt_local_tensor_t* in, dt_local_tensor_
   return DT_SUCCESS;
 }
 
+/* floor, ceil, trunc and round (decimals 0) of i32 / i64 keep the values (sign: 0 the values kept,
+ * 1 their signs -1 / 0 / 1), in the input's dtype, as PyTorch. */
+static dt_status_t dt__round_int(const dt_local_tensor_t* in, dt_local_tensor_t* out, int sign) {
+  int64_t n = 1;
+  for (int d = 0; d < out->ndim; d++) n *= out->shape[d];
+  if (in->dtype == DT_I64)
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t x = ((const int64_t*)in->data)[i];
+      ((int64_t*)out->data)[i] = sign ? (int64_t)((0 < x) - (x < 0)) : x;
+    }
+  else
+    for (int64_t i = 0; i < n; i++) {
+      const int32_t x = ((const int32_t*)in->data)[i];
+      ((int32_t*)out->data)[i] = sign ? (int32_t)((0 < x) - (x < 0)) : x;
+    }
+  return DT_SUCCESS;
+}
+
 static inline dt_status_t dt__unary(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, dt__unop_t f) {
-  if ((f == dt__f_neg || f == dt__f_abs) && (in->dtype == DT_I32 || in->dtype == DT_I64) &&
-      out->dtype == in->dtype)
+  const int integer = (in->dtype == DT_I32 || in->dtype == DT_I64) && out->dtype == in->dtype;
+  if (integer && (f == dt__f_neg || f == dt__f_abs))
     return dt__neg_abs_int(in, out, f == dt__f_abs);
+  if (integer && (f == dt__f_floor || f == dt__f_ceil || f == dt__f_trunc || f == dt__f_sign))
+    return dt__round_int(in, out, f == dt__f_sign);
   DT_CHECK(dt__need_f32(call, in, 1));
   int64_t n = 1;
   for (int d = 0; d < out->ndim; d++) n *= out->shape[d];
@@ -294,6 +322,46 @@ DT__UNARY_KERNEL(dt__kernel_cos, dt__f_cos)
 DT__UNARY_KERNEL(dt__kernel_reciprocal, dt__f_reciprocal)
 DT__UNARY_KERNEL(dt__kernel_log1p, dt__f_log1p)
 DT__UNARY_KERNEL(dt__kernel_expm1, dt__f_expm1)
+DT__UNARY_KERNEL(dt__kernel_floor, dt__f_floor)
+DT__UNARY_KERNEL(dt__kernel_ceil, dt__f_ceil)
+DT__UNARY_KERNEL(dt__kernel_trunc, dt__f_trunc)
+DT__UNARY_KERNEL(dt__kernel_sign, dt__f_sign)
+DT__UNARY_KERNEL(dt__kernel_erf, dt__f_erf)
+
+/* round, iargs [decimals]: nearbyintf (half to even), and for decimals d != 0 torch 1.13's
+ * round_decimals_kernel in x's dtype: p = x * 10^d (d < 0: x / 10^-d) rounded to that dtype,
+ * then nearbyint(p) / 10^d (or * 10^-d), where 10^|d| is (float)pow(10, |d|) rounded to the
+ * dtype (bf16 10^4 is 9984). The kernel sees an f32 copy of a bf16 x and its f32 result is
+ * rounded to bf16 once, as PyTorch's BFloat16 arithmetic rounds each operation's f32 result.
+ * The rules refuse decimals != 0 of integers and f16, as PyTorch 1.13. */
+float dt__round_scale(dt_dtype_t dtype, int64_t decimals) {
+  const double a = decimals < 0 ? -(double)decimals : (double)decimals;
+  const float ten = (float)pow(10.0, a);
+  return dtype == DT_BF16 ? dt__bf16_to_f32(dt__f32_to_bf16(ten)) : ten;
+}
+dt_status_t dt__kernel_round(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                             dt_local_tensor_t* out) {
+  const int64_t d = dt__op_iarg(DT_OP_ROUND, call, 0);
+  if (d == 0 && (in->dtype == DT_I32 || in->dtype == DT_I64) && out->dtype == in->dtype)
+    return dt__round_int(in, out, 0);
+  DT_CHECK(dt__need_f32(call, in, 1));
+  int64_t n = 1;
+  for (int k = 0; k < out->ndim; k++) n *= out->shape[k];
+  const float* a = (const float*)in[0].data;
+  float* o = (float*)out->data;
+  if (d == 0) {
+    for (int64_t i = 0; i < n; i++) o[i] = nearbyintf(a[i]);
+    return DT_SUCCESS;
+  }
+  const int bf16 = call->in[0].dtype == DT_BF16;
+  const float ten = dt__round_scale(call->in[0].dtype, d);
+  for (int64_t i = 0; i < n; i++) {
+    float p = d < 0 ? a[i] / ten : a[i] * ten;
+    if (bf16) p = dt__bf16_to_f32(dt__f32_to_bf16(p));
+    o[i] = d < 0 ? nearbyintf(p) * ten : nearbyintf(p) / ten;
+  }
+  return DT_SUCCESS;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * reductions over dims (iargs [keepdim, dim...]); mean divides by the GLOBAL count of reduced

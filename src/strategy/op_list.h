@@ -91,6 +91,14 @@
     dt__kernel_log1p, NULL)                                                                              \
   X(EXPM1, "expm1", 1, 1, "", dt__expm1_rules, NULL, dt__bw_expm1, DT__WR | DT__F0,                      \
     dt__kernel_expm1, NULL)                                                                              \
+  X(FLOOR, "floor", 1, 1, "", dt__monotone_rules, NULL, dt__bw_zero, DT__WR, dt__kernel_floor, NULL)     \
+  X(CEIL, "ceil", 1, 1, "", dt__monotone_rules, NULL, dt__bw_zero, DT__WR, dt__kernel_ceil, NULL)        \
+  X(ROUND, "round", 1, 1, "decimals=0", dt__round_rules, NULL, dt__bw_zero, DT__WR,                      \
+    dt__kernel_round, NULL)                                                                              \
+  X(TRUNC, "trunc", 1, 1, "", dt__monotone_rules, NULL, dt__bw_zero, DT__WR, dt__kernel_trunc, NULL)     \
+  X(SIGN, "sign", 1, 1, "", dt__sign_rules, NULL, dt__bw_zero, DT__WR, dt__kernel_sign, NULL)            \
+  X(ERF, "erf", 1, 1, "", dt__monotone_rules, NULL, dt__bw_erf, DT__WR | DT__F0, dt__kernel_erf,         \
+    NULL)                                                                                                \
   X(ADD_SCALAR, "add_scalar", 1, 1, "scalar:f", dt__add_scalar_rules, NULL, dt__bw_add_scalar, DT__WR,   \
     dt__kernel_add_scalar, NULL)                                                                         \
   X(MUL_SCALAR, "mul_scalar", 1, 1, "scalar:f", dt__mul_scalar_rules, NULL, dt__bw_mul_scalar, DT__WR,   \

@@ -11,6 +11,8 @@
  *                             dim gives P(sum) by a masked local gather
  *   scatter_add(x, i, src):   linear in (x, src): [P(op); P(op), R, P(op)] for sum/avg
  *   expm1 / log1p:            non-decreasing: P(max), P(min) pass / P(min) passes (NaN below -1)
+ *   floor, ceil, round,       non-decreasing: P(max), P(min) pass; sign only for integers
+ *   trunc, erf, sign:         (sign(NaN) = 0)
  *   pow, cast, sdpa, topk:    non-linear: Partial inputs are reduced first
  */
 #include <math.h>
@@ -178,6 +180,55 @@ dt_status_t dt__log1p_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta
   *n_out = 1;
   DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
   dt__partial_rules(rules, cap, n, 1, 1u, 1u << DT_REDUCE_MIN);
+  return DT_SUCCESS;
+}
+
+/* floor, ceil, trunc, round and erf: non-decreasing, so P(max) and P(min) pass with no move, as
+ * expm1's (floorf, ceilf, truncf and nearbyintf are exact, so monotone; round's x * 10^d (or
+ * x / 10^d), its rounding to bf16, nearbyintf and the division back are each non-decreasing for
+ * 10^d > 0, and an infinite 10^d makes every element NaN both ways; glibc 2.36's erff is
+ * non-decreasing over every f32: checked exhaustively; CUDA's is not checked, as expm1's). Each
+ * maps NaN to NaN, which the Partial(max/min) reductions propagate. An integer tensor (floor,
+ * ceil, trunc and round keep it unchanged) passes P(max) and P(min) alike; P(sum) and P(avg) are
+ * reduced first (an integer P(avg) would truncate, see dt__rules_pointwise). erf's integers are
+ * cast to f32 by dispatch (DT__F0). */
+dt_status_t dt__monotone_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                               dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_MAXMIN);
+  return DT_SUCCESS;
+}
+
+/* round, iargs [decimals] (default 0): nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) *
+ * 10^-d for d < 0, as torch 1.13's round_decimals_kernel. PyTorch 1.13 has no round with
+ * decimals != 0 for integers ("round_cpu" not implemented for 'Int') nor for f16 at all; an
+ * integer with decimals 0 is kept as torch.round(int), an f16 with decimals 0 is f32 rounded
+ * once (exact: every f16 integer is an f16). */
+dt_status_t dt__round_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                            dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  if (call->n_iargs > 1)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "round takes iargs [decimals], got %d values",
+                   call->n_iargs);
+  const int64_t d = dt__op_iarg(DT_OP_ROUND, call, 0);
+  const dt_dtype_t t = call->in[0].dtype;
+  if (d != 0 && (!dt__dtype_is_float(t) || t == DT_F16))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "round: decimals=%lld of a %s tensor is not supported "
+                   "(PyTorch 1.13 has no such kernel: cast it to f32 or bf16 first, or give "
+                   "decimals=0)", (long long)d, dt_dtype_name(t));
+  return dt__monotone_rules(call, out_meta, n_out, rules, cap, n);
+}
+
+/* sign: -1, 0 or 1 in x's dtype, non-decreasing, but sign(NaN) = 0 (PyTorch's (0 < x) - (x < 0)):
+ * a rank's NaN makes max_i x_i NaN, so sign(max_i x_i) = 0 where max_i sign(x_i) need not be.
+ * Only an integer tensor (no NaN) passes P(max) and P(min); a float one is reduced first. */
+dt_status_t dt__sign_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta, int* n_out,
+                           dt_op_rule_t* rules, int cap, int* n) {
+  *n_out = 1;
+  DT_CHECK(dt__rules_pointwise(call, DT_LIN_NONE, out_meta, rules, cap, n));
+  if (!dt__dtype_is_float(call->in[0].dtype))
+    dt__partial_rules(rules, cap, n, 1, 1u, DT__OPS_MAXMIN);
   return DT_SUCCESS;
 }
 

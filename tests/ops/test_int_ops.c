@@ -1,8 +1,12 @@
-/* test_int_ops.c - integer operands of neg, sum, amax, amin, mean, where, masked_fill and cumsum as
- * torch 1.13 computes them (np 1 and 2; an emulated-GPU twin runs the CUDA kernels).
+/* test_int_ops.c - integer operands of neg, floor, ceil, round, trunc, sign, erf, sum, amax, amin,
+ * mean, where, masked_fill and cumsum as torch 1.13 computes them (np 1 and 2; an emulated-GPU
+ * twin runs the CUDA kernels).
  *
  * Checked, each against values written out here (the dtype limits, past 2^31):
  *   - neg of i32 / i64 wraps: -INT32_MIN is INT32_MIN, -INT64_MIN is INT64_MIN (torch.neg);
+ *   - floor, ceil, round and trunc of i32 / i64 keep the values and the dtype (INT_MIN, INT_MAX,
+ *     2^24 + 1, 2^53 + 1), sign gives -1 / 0 / 1 in the dtype, each keeps a Partial(max) /
+ *     Partial(min) with the reduced values; round with decimals != 0 is refused; erf gives f32;
  *   - sum of i32 is i64 (torch.sum), exact past 2^31; sum of i64 wraps at 64 bits; over a sharded
  *     reduced dim the result is Partial(sum) in i64 and reduces to Replicate exactly; over
  *     replicated dims, every dim and with keepdim; an i32 Partial(sum) input whose pieces wrap
@@ -130,6 +134,78 @@ static void test_neg(dt_mesh_t mesh) {
       expect(what, "neg", 1, &x, 0, NULL, 0, NULL, d, p ? DT_SHARD : DT_REPLICATE, 8, want);
       DT_ASSERT_OK(dt_tensor_destroy(x));
     }
+  }
+}
+
+/* ---- floor, ceil, round, trunc, sign, erf ------------------------------------------------ */
+
+/* floor, ceil, round and trunc of i32 / i64 give the tensor back in its dtype (values past 2^24
+ * and 2^53 too, which an f32 or f64 detour would change), sign -1 / 0 / 1 in the dtype (torch
+ * 1.13); of a Partial(max) / Partial(min) the result stays Partial with the reduced values; a
+ * Partial(avg) is reduced first (it would truncate); round with decimals != 0 is refused, as
+ * torch's "round_cpu" not implemented for 'Int'; erf computes in f32. */
+static void test_rounding(dt_mesh_t mesh) {
+  const char* ops[5] = {"floor", "ceil", "round", "trunc", "sign"};
+  for (int w = 0; w < 2; w++) {
+    const dt_dtype_t d = w ? I64 : I32;
+    const int64_t lo = w ? INT64_MIN : INT32_MIN, hi = w ? INT64_MAX : INT32_MAX;
+    const int64_t big = w ? (INT64_C(1) << 53) + 1 : (INT64_C(1) << 24) + 1;
+    const int64_t v[8] = {lo, -big, -1, 0, 1, big, hi, -7};
+    const int64_t shape[2] = {4, 2};
+    for (int k = 0; k < 5; k++) {
+      int64_t want[8];
+      for (int i = 0; i < 8; i++) want[i] = k == 4 ? (v[i] > 0) - (v[i] < 0) : v[i];
+      for (int p = 0; p < 2; p++) {
+        dt_tensor_t x = mk(mesh, d, 2, shape, p ? dt_shard(1) : dt_replicate(), v);
+        char what[64];
+        snprintf(what, sizeof what, "%s(%s, %s)", ops[k], dt_dtype_name(d), p ? "S(1)" : "R");
+        expect(what, ops[k], 1, &x, 0, NULL, 0, NULL, d, p ? DT_SHARD : DT_REPLICATE, 8, want);
+        if (k == 2) { /* decimals=0 written out: the same */
+          const int64_t zero[1] = {0};
+          expect(what, ops[k], 1, &x, 1, zero, 0, NULL, d, -1, 8, want);
+        }
+        DT_ASSERT_OK(dt_tensor_destroy(x));
+      }
+    }
+    /* Partial(max) / Partial(min) from an amax / amin over a sharded dim pass every one */
+    const int64_t sh[2] = {2 * g_world, 3};
+    int64_t pv[64];
+    for (int i = 0; i < 6 * g_world; i++) pv[i] = (i * 7919 % 23) - 11 + (i % 3 == 0 ? lo / 2 : 0);
+    dt_tensor_t xs = mk(mesh, d, 2, sh, dt_shard(0), pv);
+    const int64_t red0[2] = {0, 0};
+    for (int r = 0; r < 2; r++) {
+      dt_tensor_t m;
+      DT_ASSERT_OK(dt_op_run(r ? "amin" : "amax", 1, &xs, 2, red0, 0, NULL, &m));
+      int64_t mv[3];
+      for (int c = 0; c < 3; c++) {
+        mv[c] = pv[c];
+        for (int i = 1; i < 2 * g_world; i++)
+          mv[c] = r ? (pv[i * 3 + c] < mv[c] ? pv[i * 3 + c] : mv[c])
+                    : (pv[i * 3 + c] > mv[c] ? pv[i * 3 + c] : mv[c]);
+      }
+      for (int k = 0; k < 5; k++) {
+        int64_t want[3];
+        for (int c = 0; c < 3; c++) want[c] = k == 4 ? (mv[c] > 0) - (mv[c] < 0) : mv[c];
+        char what[64];
+        snprintf(what, sizeof what, "%s(%s, %s)", ops[k], dt_dtype_name(d),
+                 r ? "P(min)" : "P(max)");
+        expect(what, ops[k], 1, &m, 0, NULL, 0, NULL, d, DT_PARTIAL, 3, want);
+      }
+      DT_ASSERT_OK(dt_tensor_destroy(m));
+    }
+    /* round with decimals of an integer tensor: refused on every rank */
+    const int64_t dec[1] = {1};
+    dt_tensor_t r;
+    dt_status_t st = dt_op_run("round", 1, &xs, 1, dec, 0, NULL, &r);
+    DT_ASSERT_TRUE(st == DT_ERR_UNSUPPORTED && strstr(dt_last_error(), "decimals") != NULL,
+                   "round(%s, decimals=1): %s (%s), torch refuses it", dt_dtype_name(d),
+                   dt_status_name(st), dt_last_error());
+    /* erf of integers: f32 */
+    DT_ASSERT_OK(dt_op_run("erf", 1, &xs, 0, NULL, 0, NULL, &r));
+    DT_ASSERT_TRUE(dtype_of(r) == F32, "erf(%s): %s, torch gives f32", dt_dtype_name(d),
+                   dt_dtype_name(dtype_of(r)));
+    DT_ASSERT_OK(dt_tensor_destroy(r));
+    DT_ASSERT_OK(dt_tensor_destroy(xs));
   }
 }
 
@@ -527,6 +603,7 @@ int main(int argc, char** argv) {
   DT_ASSERT_OK(dt_backend_device(be, &dev));
   g_host = dev == DT_DEVICE_HOST;
   test_neg(mesh);
+  test_rounding(mesh);
   test_reductions(mesh);
   test_long_rows(mesh);
   test_select(mesh);

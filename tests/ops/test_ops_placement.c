@@ -19,7 +19,8 @@
  *   mul_scalar(-2) on P(max) -> P(min), add_scalar on P(avg) -> P(avg): nothing moves;
  *     add_scalar on P(sum): one reducing collective (all-reduce or reduce-scatter)
  *   where(R cond, P(sum), P(sum)) -> P(sum), nothing moves
- *   clamp and expm1 of P(max) / P(min), log1p of P(min): stay Partial, nothing moves; log1p of
+ *   clamp, expm1, floor, ceil, round, trunc and erf of P(max) / P(min), log1p of P(min): stay
+ *   Partial, nothing moves; sign reduces a float P(max) (sign(NaN) = 0: a rank's NaN); log1p of
  *     P(max) (a rank's partial below -1) and sin of any Partial: reduced first
  */
 #include <math.h>
@@ -366,6 +367,13 @@ static void partial_rules(void) {
     if (k == 1) check("log1p", 1, &m, 0, NULL, 0, NULL, "P(min)", 0);
     else check("log1p", 1, &m, 0, NULL, 0, NULL, NULL, -1);
     check("sin", 1, &m, 0, NULL, 0, NULL, NULL, -1);
+    /* floor, ceil, round (also to 1 decimal and to tens), trunc and erf (non-decreasing) keep it
+     * too; sign reduces first (sign(NaN) = 0, below) */
+    const char* mono[5] = {"floor", "ceil", "round", "trunc", "erf"};
+    for (int j = 0; j < 5; j++) check(mono[j], 1, &m, 0, NULL, 0, NULL, red_pl[k], 0);
+    const int64_t dec[2] = {1, -1};
+    for (int j = 0; j < 2; j++) check("round", 1, &m, 1, &dec[j], 0, NULL, red_pl[k], 0);
+    check("sign", 1, &m, 0, NULL, 0, NULL, NULL, -1);
     dt_tensor_destroy(m);
   }
   dt_tensor_destroy(xh);
@@ -384,6 +392,28 @@ static void partial_rules(void) {
   check("log1p", 1, &ml, 0, NULL, 0, NULL, NULL, -1);
   dt_tensor_destroy(ml);
   dt_tensor_destroy(xl);
+  /* sign of a P(max) whose rank-0 partial is NaN where the other ranks' are positive: reduced
+   * first, sign(NaN) = 0 (passing it through would give max(0, 1) = 1) */
+  float* nv = malloc(sizeof(float) * (size_t)(6 * g_n));
+  for (int i = 0; i < 6 * g_n; i++) nv[i] = i == 0 ? NAN : 0.125f + 0.25f * (float)(i % 5);
+  dt_tensor_t xn, mn;
+  DT_ASSERT_OK(dt_tensor_from_full(g_mesh, DT_F32, 2, s2, &s0, nv, &xn));
+  free(nv);
+  DT_ASSERT_OK(dt_op_run("amax", 1, &xn, 2, red0, 0, NULL, &mn));
+  expect_pl(mn, "P(max)");
+  check("sign", 1, &mn, 0, NULL, 0, NULL, NULL, -1);
+  dt_tensor_t sg, sr;
+  dt_placement_t rr = dt_replicate();
+  DT_ASSERT_OK(dt_op_run("sign", 1, &mn, 0, NULL, 0, NULL, &sg));
+  DT_ASSERT_OK(dt_tensor_redistribute(sg, &rr, &sr));
+  float* sv = full_of(sr);
+  DT_ASSERT_TRUE(sv[0] == 0.0f && sv[1] == 1.0f, "sign of a P(max) with a NaN: %g %g, expected 0 1",
+                 sv[0], sv[1]);
+  free(sv);
+  dt_tensor_destroy(sr);
+  dt_tensor_destroy(sg);
+  dt_tensor_destroy(mn);
+  dt_tensor_destroy(xn);
   dt_tensor_destroy(xs);
   dt_tensor_destroy(a);
   dt_tensor_destroy(b);

@@ -852,6 +852,57 @@ for nm, ts, ia in (("index_select_range_error", [isx, torch.tensor([0, 6])], [1]
     CASES.append({"name": nm, "op": "index_select", "iargs": ia, "fargs": [],
                   "inputs": [tens(t) for t in ts], "outputs": [], "error": "DT_ERR_INVALID_ARG",
                   "rtol": 0.0, "atol": 0.0})
+# ---- floor, ceil, round, trunc, sign and erf (appended last: the cases above keep their random
+#      draws). The exact ops compare exactly: round is half to even (nearbyint: 0.5 -> 0, 1.5 ->
+#      2, 2.5 -> 2, -0.5 -> -0), sign(-0.0) = 0; round's decimals as torch 1.13's
+#      round_decimals_kernel (x * 10^d rounded in x's dtype, nearbyint, / 10^d; bf16 10^4 is 9984;
+#      f16 has no such kernel in 1.13: not given); integers keep their dtype and values (sign -1 /
+#      0 / 1); erf of integers is f32. f16 floor / ceil / round / trunc / erf: torch 1.13 has no
+#      CPU kernel, the f32 result rounded once (exact for the rounding ops). Gradients: zeros, erf
+#      2 / sqrt(pi) exp(-x^2) g.
+fr = rnd(6, 5, lo=-4.0, hi=4.0)
+fr[0] = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5])
+fr[1] = torch.tensor([-1.5, 3.5, -0.0, 0.0, 2.0])
+fr[2, :4] = torch.tensor([1e7 + 1.0, -8388607.5, 0.49999997, -3.0])
+for op in ("floor", "ceil", "round", "trunc", "sign"):
+    case(op, op, [fr], getattr(torch, op)(fr), rtol=0.0, atol=0.0)
+dr = rnd(6, 5, lo=-300.0, hi=300.0)
+dr[0] = torch.tensor([1.25, 1.35, -0.125, 125.0, 150.0])
+dr[1] = torch.tensor([250.0, -250.0, 0.015, -1.23456, 3.4e38])
+for d in (1, 2, 3, -1, -2, 39, -39):
+    case(f"round_decimals_{d}".replace("-", "neg"), "round", [dr], torch.round(dr, decimals=d),
+         iargs=[d], rtol=0.0, atol=0.0)
+ef = rnd(6, 5, lo=-3.0, hi=3.0)
+ef[0] = torch.tensor([0.0, -0.0, 4.0, -4.0, 1e-30])
+case("erf", "erf", [ef], torch.erf(ef))
+ri = torch.tensor([[2**31 - 1, -2**31, 5, 0], [-7, 1, -1, 2**24 + 1], [3, -2**24 - 1, 9, -9]],
+                  dtype=I32)
+rl = ints(2**40, 3, 4) - 2**39
+rl[0, :3] = torch.tensor([2**53 - 1, -2**53 + 1, 0])  # exact in JSON's doubles, not in f32
+for op in ("floor", "ceil", "round", "trunc", "sign"):
+    case(f"{op}_i32", op, [ri], getattr(torch, op)(ri), rtol=0.0, atol=0.0)
+    case(f"{op}_i64", op, [rl], getattr(torch, op)(rl), rtol=0.0, atol=0.0)
+ei = ints(9, 3, 4) - 4
+case("erf_i64", "erf", [ei], torch.erf(ei))
+case("erf_i32", "erf", [ei.int()], torch.erf(ei.int()))
+for dt, tag in LOW:
+    x = lo(fr, dt)
+    for op in ("floor", "ceil", "round", "trunc", "sign"):
+        lcase(f"{op}_{tag}", op, dt, [x], getattr(torch, op), ulps=0)
+    lcase(f"erf_{tag}", "erf", dt, [lo(ef, dt)], torch.erf)
+xb = lo(dr, BF)
+for d in (1, 2, 4, -1, -2):
+    lcase(f"round_decimals_{d}_bf16".replace("-", "neg"), "round", BF, [xb],
+          lambda t, d=d: torch.round(t, decimals=d), iargs=[d], ulps=0)
+for nm, t, d in (("round_decimals_i64_error", rl, 1), ("round_decimals_i32_error", ri, -1),
+                 ("round_decimals_f16_error", lo(dr, HF), 2)):
+    try:
+        torch.round(t, decimals=d)
+        raise AssertionError(f"{nm}: PyTorch takes it")
+    except RuntimeError as e:
+        assert "not implemented for" in str(e), e
+    CASES.append({"name": nm, "op": "round", "iargs": [d], "fargs": [], "inputs": [tens(t)],
+                  "outputs": [], "error": "DT_ERR_UNSUPPORTED", "rtol": 0.0, "atol": 0.0})
 
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
@@ -881,7 +932,8 @@ def torch_op(op, x, ia, fa):
     if op == "mul_scalar": return x[0] * fa[0]
     if op == "pow": return torch.pow(x[0], fa[0])
     if op in ("exp", "log", "sqrt", "rsqrt", "relu", "sigmoid", "tanh", "sin", "cos", "reciprocal",
-              "log1p", "expm1"): return getattr(torch, op)(x[0])
+              "log1p", "expm1", "floor", "ceil", "trunc", "sign", "erf"): return getattr(torch, op)(x[0])
+    if op == "round": return torch.round(x[0], decimals=ia[0]) if ia else torch.round(x[0])
     if op == "gelu": return F.gelu(x[0])
     if op == "silu": return F.silu(x[0])
     if op in ("sum", "mean"):
@@ -943,14 +995,15 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
                 "reciprocal", "log1p", "expm1", "expand", "tril", "triu", "cumsum",
-                "stack", "index_select"}
+                "stack", "index_select", "floor", "ceil", "round", "trunc", "sign", "erf"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none
         return
     if c["outputs"][0]["dtype"] in ("i32", "i64") and c["op"] in ("neg", "sum", "amax", "amin",
                                                                    "where", "masked_fill",
-                                                                   "expand"):
+                                                                   "expand", "floor", "ceil",
+                                                                   "round", "trunc", "sign"):
         return  # integer results: no gradient
     if all(t["dtype"] in ("i32", "i64") for t in c["inputs"]):
         return  # integer inputs (logsumexp's promoted to f32): nothing to differentiate
@@ -971,7 +1024,7 @@ def add_grads(c):
         odt = BF
         assert torch.allclose(out.detach().to(odt).float(), want, rtol=2 ** -5, atol=1e-2), c["name"]
     else:
-        assert torch.allclose(out.detach().float(), want, rtol=1e-5, atol=1e-5), c["name"]
+        assert torch.allclose(out.detach().float(), want, rtol=1e-5, atol=1e-5, equal_nan=True), c["name"]
     n = out.numel()
     r = torch.tensor([0.5 + ((i + 1) * 37 % 101) / 101.0 for i in range(n)]).reshape(out.shape)
     if low:  # dL/doutput: r rounded to the output's dtype

@@ -492,6 +492,39 @@ case("index_select_empty_dim_error", "index_select", [E30, torch.tensor([0])],
 case("index_select_i64_limits", "index_select",
      [torch.tensor([[-2 ** 63, 2 ** 62], [5, -7]]), torch.tensor([1, 1, 0])],
      lambda x, i: torch.index_select(x, 0, i), iargs=[0], rtol=0.0, atol=0.0)
+# ---- floor, ceil, round, trunc, sign and erf at the special points (appended: earlier draws
+# unchanged). NaN and +-inf pass through the rounding ops; sign(NaN) = 0 and sign(-0.0) = 0 (torch's
+# (0 < x) - (x < 0)); erf(+-inf) = +-1, erf(NaN) = NaN. Gradients: zeros for the rounding ops (also
+# at NaN and inf: zeros_like(grad)); erf's 2 / sqrt(pi) exp(-x^2) g is 0 at +-inf and 1e30, NaN at
+# NaN. Every value survives a Partial(sum) split at np 3 (or keeps its result: 1e-40 stays a
+# positive subnormal).
+for op in ("floor", "ceil", "round", "trunc", "sign"):
+    case(f"{op}_special", op, [SPECIAL], getattr(torch, op), rtol=0.0, atol=0.0)
+case("erf_special", "erf", [SPECIAL], torch.erf)
+# round's ties go to even (nearbyint), -0.5 to -0.0; values just below a tie, 2^23 - 0.5 (the last
+# f32 with a fraction)
+HALF = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 4.5, 0.49999997, -0.49999997, 8388607.5,
+                     -8388607.5, 5.5, 0.75, -0.25, -3.0])
+for op in ("floor", "ceil", "round", "trunc"):
+    case(f"{op}_halves", op, [HALF], getattr(torch, op), rtol=0.0, atol=0.0)
+# round's decimals at the special points: NaN / inf kept, 3.4e38 * 10 overflows to inf (decimals
+# 1), 10^39 is inf in f32 (every result NaN: x * inf, nearbyint(inf) / inf, 0 * inf)
+RD = torch.tensor([nan, inf, -inf, -0.0, 0.0, 3.4e38, -3.4e38, 1.25, 1.35, -0.125, 125.0, 150.0,
+                   250.0, -250.0, 0.015, 1e-40])
+for d in (1, 2, -1, -2, 39, -39):
+    case(f"round_decimals_{d}_special".replace("-", "neg"), "round", [RD],
+         lambda x, d=d: torch.round(x, decimals=d), iargs=[d], rtol=0.0, atol=0.0)
+# integers: kept (sign -1 / 0 / 1) with their dtype, past 2^24 (i32) and to 2^53 - 1 (i64: the
+# JSON numbers are doubles, so larger ones are checked by test_int_ops); erf in f32
+II = torch.tensor([-2 ** 31, -2 ** 24 - 1, -1, 0, 1, 2 ** 24 + 1, 2 ** 31 - 1], dtype=torch.int32)
+LL = torch.tensor([-2 ** 53 + 1, -2 ** 31 - 1, -1, 0, 1, 2 ** 40 + 3, 2 ** 53 - 1], dtype=torch.int64)
+for op in ("floor", "ceil", "round", "trunc", "sign"):
+    case(f"{op}_int_limits", op, [II], getattr(torch, op), grad=False, rtol=0.0, atol=0.0)
+    case(f"{op}_i64_limits", op, [LL], getattr(torch, op), grad=False, rtol=0.0, atol=0.0)
+case("erf_i64", "erf", [IX], torch.erf, grad=False)
+case("erf_i32", "erf", [IX.to(torch.int32)], torch.erf, grad=False)
+case("round_decimals_int_error", "round", [II], lambda x: torch.round(x, decimals=1), iargs=[1],
+     error="DT_ERR_UNSUPPORTED")  # torch 1.13: "round_cpu" not implemented for 'Int'
 
 for c in CASES:
     assert c["inputs"], c["name"]

@@ -241,6 +241,54 @@ static void test_pointwise_partial(void** state) {
     assert_int_equal(ch.out_meta[0].dtype, DT_F32);
     expect_out(&ch, 1, "S(0)");
   }
+  /* floor, ceil, round (decimals 0 and 2), trunc and erf (non-decreasing, NaN to NaN) keep
+   * P(max) and P(min) with no step and reduce P(sum) / P(avg); sign keeps them only for integers
+   * (sign(NaN) = 0: a float P(max) is reduced first). Integers keep their dtype (erf: f32); an
+   * integer P(avg) is reduced (it would truncate); round's decimals of an integer are refused. */
+  const char* mono[] = {"floor", "ceil", "round", "trunc", "erf", "sign", "round"};
+  for (int u = 0; u < 7; u++) {
+    const dt_dtype_t dts[3] = {DT_F32, DT_I32, DT_I64};
+    for (int t = 0; t < 3; t++) {
+      dt_op_call_t f = call2(mono[u], 2, s, 0, NULL);
+      if (u == 6) { /* round(x, decimals=2): floats only */
+        if (t > 0) continue;
+        f.n_iargs = 1;
+        f.iargs[0] = 2;
+      }
+      f.in[0].dtype = dts[t];
+      for (int k = 0; k < 4; k++) {
+        const int keeps = k >= 2 && (u != 5 || t > 0);
+        set_pl(in, 0, all_p[k]);
+        assert_int_equal(dt_op_select(m, &f, in, &ch), DT_SUCCESS);
+        assert_int_equal(ch.out_meta[0].dtype, u == 4 ? DT_F32 : dts[t]);
+        if (keeps) {
+          expect_out(&ch, 1, all_p[k]);
+          assert_int_equal(ch.steps, 0);
+        } else {
+          assert_int_not_equal(ch.out[0][0].kind, DT_PARTIAL);
+          assert_true(ch.steps >= 1);
+        }
+      }
+      set_pl(in, 0, "S(1)");
+      assert_int_equal(dt_op_select(m, &f, in, &ch), DT_SUCCESS);
+      expect_out(&ch, 1, "S(1)");
+      assert_int_equal(ch.steps, 0);
+    }
+  }
+  dt_op_call_t rd = call2("round", 2, s, 0, NULL);
+  rd.n_iargs = 1;
+  rd.iargs[0] = -1;
+  const dt_dtype_t refused[3] = {DT_I32, DT_I64, DT_F16};
+  for (int t = 0; t < 3; t++) {
+    rd.in[0].dtype = refused[t];
+    assert_int_equal(dt_op_select(m, &rd, in, &ch), DT_ERR_UNSUPPORTED);
+  }
+  rd.iargs[0] = 0; /* decimals 0: integers kept, f16 computed in f32 */
+  for (int t = 0; t < 3; t++) {
+    rd.in[0].dtype = refused[t];
+    assert_int_equal(dt_op_select(m, &rd, in, &ch), DT_SUCCESS);
+    assert_int_equal(ch.out_meta[0].dtype, refused[t]);
+  }
   /* add keeps P(avg) + P(avg) in f32, not in i32 (integer averages truncate: avg(a) + avg(b)
    * is not avg(a + b)); P(sum) stays in both */
   dt_op_call_t iadd = call2("add", 2, s, 2, s);

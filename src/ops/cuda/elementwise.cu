@@ -335,11 +335,13 @@ DT_EW_BINARY(dt_cu_le, DT_EW_LE)
 /* ---------------------------------------------------------------------------------------------
  * Unary ops (kernels_cpu.c dt__unary) and the scalar ops of kernels_nn.c: f32 arithmetic on
  * f32, bf16 or f16 storage, as the binary ops. gelu is the erf form; exp, sigmoid and silu use
- * the host's exp; sin, cos, log1p and expm1 are CUDA's libm (within its 1-2 ulp of glibc). */
+ * the host's exp; sin, cos, log1p, expm1 and erf are CUDA's libm (within its 1-2 ulp of glibc);
+ * floor, ceil, trunc, round and sign are exact, bit for bit the host's. */
 
 enum { DT_EW_NEG, DT_EW_RELU, DT_EW_EXP, DT_EW_LOG, DT_EW_SQRT, DT_EW_RSQRT, DT_EW_GELU,
        DT_EW_SIGMOID, DT_EW_SILU, DT_EW_TANH, DT_EW_ABS, DT_EW_SIN, DT_EW_COS, DT_EW_RECIPROCAL,
-       DT_EW_LOG1P, DT_EW_EXPM1, DT_EW_ADD_SCALAR, DT_EW_MUL_SCALAR, DT_EW_SQUARE, DT_EW_POW };
+       DT_EW_LOG1P, DT_EW_EXPM1, DT_EW_ADD_SCALAR, DT_EW_MUL_SCALAR, DT_EW_SQUARE, DT_EW_POW,
+       DT_EW_FLOOR, DT_EW_CEIL, DT_EW_TRUNC, DT_EW_RINT, DT_EW_SIGN, DT_EW_ERF };
 
 template <int OP>
 __device__ __forceinline__ float dt_ew_unop(float x, float s) {
@@ -363,6 +365,12 @@ __device__ __forceinline__ float dt_ew_unop(float x, float s) {
     case DT_EW_ADD_SCALAR: return x + s;
     case DT_EW_MUL_SCALAR: return x * s;
     case DT_EW_SQUARE: return x * x;
+    case DT_EW_FLOOR: return floorf(x); /* exact, as the host's */
+    case DT_EW_CEIL: return ceilf(x);
+    case DT_EW_TRUNC: return truncf(x);
+    case DT_EW_RINT: return rintf(x); /* half to even: the host's nearbyintf */
+    case DT_EW_SIGN: return (float)((0.0f < x) - (x < 0.0f)); /* sign(NaN) = sign(-0) = +0 */
+    case DT_EW_ERF: return erff(x);
     default: /* the host's exponents that PyTorch special-cases (kernels_nn.c dt__kernel_pow) */
       if (s == 3.0f) return x * x * x;
       if (s == 0.5f) return sqrtf(x);
@@ -422,6 +430,64 @@ static dt_status_t dt_ew_neg_abs(const dt_op_call_t* call, const dt_local_tensor
 DT_CU_KERNEL(dt_cu_neg) { return dt_ew_neg_abs<DT_EW_NEG>(call, in, out); }
 DT_CU_KERNEL(dt_cu_abs) { return dt_ew_neg_abs<DT_EW_ABS>(call, in, out); }
 
+/* floor, ceil, trunc, round (decimals 0) and sign of i32 / i64 (kernels_cpu.c dt__round_int): the
+ * values kept, or their signs. */
+__global__ void dt_ew_round_int_kernel(const void* a, void* o, int wide, int sign, int64_t n) {
+  DT_EW_FOR(i, n) {
+    if (wide) {
+      const long long x = ((const long long*)a)[i];
+      ((long long*)o)[i] = sign ? (long long)((0 < x) - (x < 0)) : x;
+    } else {
+      const int x = ((const int*)a)[i];
+      ((int*)o)[i] = sign ? (int)((0 < x) - (x < 0)) : x;
+    }
+  }
+}
+
+template <int OP>
+static dt_status_t dt_ew_rounding(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                                  dt_local_tensor_t* out) {
+  const dt_dtype_t d = in[0].dtype;
+  if ((d == DT_I32 || d == DT_I64) && out->dtype == d) {
+    const int64_t n = dt_cu_numel(out);
+    if (n == 0) return DT_SUCCESS;
+    DT_CU_LAUNCH(call->op, dt_ew_round_int_kernel, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
+                 dt_cu_stream(&in[0]), (const void*)in[0].data, out->data, (int)(d == DT_I64),
+                 (int)(OP == DT_EW_SIGN), n);
+    return DT_SUCCESS;
+  }
+  return dt_ew_unary<OP>(call, in, out, 0.0f);
+}
+DT_CU_KERNEL(dt_cu_floor) { return dt_ew_rounding<DT_EW_FLOOR>(call, in, out); }
+DT_CU_KERNEL(dt_cu_ceil) { return dt_ew_rounding<DT_EW_CEIL>(call, in, out); }
+DT_CU_KERNEL(dt_cu_trunc) { return dt_ew_rounding<DT_EW_TRUNC>(call, in, out); }
+DT_CU_KERNEL(dt_cu_sign) { return dt_ew_rounding<DT_EW_SIGN>(call, in, out); }
+
+/* round with decimals d != 0 (kernels_cpu.c dt__kernel_round): p = x * 10^d (d < 0: x / 10^-d)
+ * rounded to a bf16 x's dtype, then rintf(p) / 10^d (* 10^-d), stored rounded once; ten is the
+ * host's dt__round_scale. */
+__global__ void dt_ew_round_dec_kernel(const void* a, int ta, void* o, int to, int64_t n,
+                                       float ten, int neg) {
+  DT_EW_FOR(i, n) {
+    const float x = dt_ew_load_float(a, ta, i);
+    float p = neg ? x / ten : x * ten;
+    if (ta == DT_BF16) p = dt_ew_bf16_to_f32(dt_ew_f32_to_bf16(p));
+    dt_ew_store_float(o, to, i, neg ? rintf(p) * ten : rintf(p) / ten);
+  }
+}
+DT_CU_KERNEL(dt_cu_round) {
+  const int64_t dec = dt__op_iarg(DT_OP_ROUND, call, 0);
+  if (dec == 0) return dt_ew_rounding<DT_EW_RINT>(call, in, out);
+  DT_CHECK(dt_cu_need_float(call, &in[0]));
+  DT_CHECK(dt_cu_need_float(call, out));
+  const int64_t n = dt_cu_numel(out);
+  if (n == 0) return DT_SUCCESS;
+  DT_CU_LAUNCH(call->op, dt_ew_round_dec_kernel, dt_cu_grid(out, n), DT_CU_BLOCK, 0,
+               dt_cu_stream(&in[0]), (const void*)in[0].data, (int)in[0].dtype, out->data,
+               (int)out->dtype, n, dt__round_scale(in[0].dtype, dec), (int)(dec < 0));
+  return DT_SUCCESS;
+}
+
 #define DT_EW_UNARY(name, OP) \
   DT_CU_KERNEL(name) { return dt_ew_unary<OP>(call, in, out, 0.0f); }
 DT_EW_UNARY(dt_cu_relu, DT_EW_RELU)
@@ -438,6 +504,7 @@ DT_EW_UNARY(dt_cu_cos, DT_EW_COS)
 DT_EW_UNARY(dt_cu_reciprocal, DT_EW_RECIPROCAL)
 DT_EW_UNARY(dt_cu_log1p, DT_EW_LOG1P)
 DT_EW_UNARY(dt_cu_expm1, DT_EW_EXPM1)
+DT_EW_UNARY(dt_cu_erf, DT_EW_ERF)
 #undef DT_EW_UNARY
 
 /* fargs [scalar] (fargs [exponent] for pow), read as the host reads them. */
@@ -1022,6 +1089,12 @@ DT_CU_FILL(elementwise) {
   t[DT_OP_RECIPROCAL] = {dt_cu_reciprocal, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_LOG1P] = {dt_cu_log1p, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_EXPM1] = {dt_cu_expm1, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_FLOOR] = {dt_cu_floor, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_CEIL] = {dt_cu_ceil, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_ROUND] = {dt_cu_round, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_TRUNC] = {dt_cu_trunc, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_SIGN] = {dt_cu_sign, DT_KERNEL_ANY_DTYPE, NULL};
+  t[DT_OP_ERF] = {dt_cu_erf, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_ADD_SCALAR] = {dt_cu_add_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_MUL_SCALAR] = {dt_cu_mul_scalar, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_POW] = {dt_cu_pow, DT_KERNEL_ANY_DTYPE, NULL};
