@@ -69,8 +69,16 @@ extern "C" {
  *               [keepdim=0, dim...]; no dims = every dim, as sum; torch 1.13 requires dims):
  *               max-shifted, float dtypes kept, integers computed in f32 (as torch.logsumexp);
  *               a row of -inf gives -inf, a +inf inf, a NaN NaN, no elements -inf; gradient
- *               g exp(x - out). Their reduced dims are gathered (Replicate) first; sharded kept
- *               dims stay sharded; Partial inputs are reduced first
+ *               g exp(x - out). var, std (fargs [correction=1], iargs [keepdim=0, dim...];
+ *               no dims = every dim, as torch.var(x, dim, correction=, keepdim=)): the mean
+ *               of squared deviations from the mean with divisor max(0, N - correction) (two
+ *               passes in double on the host), std its square root; float dtypes kept,
+ *               integers DT_ERR_INVALID_ARG ("std and var only support floating point"); a
+ *               NaN or inf gives NaN, N <= correction inf (NaN where the spread is 0), no
+ *               elements NaN; gradient 2 g (x - mean) / (N - correction) and g (x - mean) /
+ *               ((N - correction) std), 0 where std is 0, as PyTorch. Their reduced dims are
+ *               gathered (Replicate) first; sharded kept dims stay sharded; Partial inputs are
+ *               reduced first
  *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
  *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
  *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,

@@ -12,6 +12,7 @@
  *   floor, ceil, round, trunc, sign: zeros (piecewise constant, as PyTorch's zeros_like(grad))
  *   relu/silu/gelu/sigmoid/tanh: act_grad          softmax: out (g - sum(g out))
  *   log_softmax: g - exp(out) sum(g)               sum/mean: g expanded (/ count)
+ *   var: 2 g (x - mean) / (N - c)                  std: g (x - mean) / ((N - c) out), 0 at out 0
  *   rms_norm/layer_norm: *_norm_grad               embedding: embedding_grad
  *   views: g reshaped back  permute: inverse      cat: narrow pieces
  *   tril/triu: tril/triu(g)  cumsum: cumsum(g) from the other end
@@ -864,6 +865,61 @@ dt_status_t dt__bw_logsumexp(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tenso
   if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, dt__keep(&s, e), gk, &gin[0]);
   dt__scope_free(&s);
   return st;
+}
+
+/* var / std, as PyTorch's var_backward and std_backward: var: (2 / (N - correction)) g (x -
+ * mean); std: the same with g / (2 out), 0 where out is 0 (a constant row), so g (x - mean) /
+ * ((N - correction) out). N - correction is not clamped here (the forward divides by at least
+ * 0): N == correction gives inf times the deviations (NaN where they are 0), as PyTorch; g, out
+ * and the mean brought back over the reduced dims. */
+static dt_status_t dt__var_std_bw(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin,
+                                  int sd) {
+  dt_tensor_t x = c->in[0];
+  unsigned mask;
+  int64_t kshape[DT_MAX_DIMS], args[1 + DT_MAX_DIMS];
+  DT_CHECK(dt__reduced(c, &mask, kshape));
+  int na = 1;
+  int64_t N = 1;
+  args[0] = 1;
+  for (int d = 0; d < x->layout.ndim; d++)
+    if (mask & (1u << d)) {
+      args[na++] = d;
+      N *= x->layout.shape[d];
+    }
+  const double corr = dt__op_farg_n(c->op, c->n_fargs, c->fargs, 0);
+  const double dof = (double)N - corr;
+  dt__scope_t s = {0};
+  dt_tensor_t gk, ok, w, z, gs, m, dev;
+  dt_status_t st = dt__reshape(gout[0], x->layout.ndim, kshape, &gk);
+  if (st == DT_SUCCESS) dt__keep(&s, gk);
+  if (st == DT_SUCCESS && sd) { /* g / (2 out), masked to 0 where out == 0 */
+    const double two = 2.0, zero = 0.0;
+    st = dt__reshape(c->out[0], x->layout.ndim, kshape, &ok);
+    if (st == DT_SUCCESS) st = dt__scale(dt__keep(&s, ok), two, &w);
+    if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, gk, dt__keep(&s, w), &gs);
+    dt_placement_t rep[DT_MAX_MESH_DIMS];
+    for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+    if (st == DT_SUCCESS)
+      st = dt_tensor_full_value(x->mesh, x->dtype, 0, NULL, rep, zero, (dt__keep(&s, gs), &z));
+    if (st == DT_SUCCESS) st = dt__op2(DT_OP_EQ, ok, dt__keep(&s, z), &m);
+    if (st == DT_SUCCESS) {
+      dt_tensor_t in2[2] = {gs, dt__keep(&s, m)};
+      st = dt__opa(DT_OP_MASKED_FILL, 2, in2, 0, NULL, 1, &zero, &gk);
+      if (st == DT_SUCCESS) dt__keep(&s, gk);
+    }
+  }
+  if (st == DT_SUCCESS) st = dt__scale(gk, 2.0 / dof, &gs);
+  if (st == DT_SUCCESS) st = dt__opa(DT_OP_MEAN, 1, (dt__keep(&s, gs), &x), na, args, 0, NULL, &m);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, x, dt__keep(&s, m), &dev);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, gs, dt__keep(&s, dev), &gin[0]);
+  dt__scope_free(&s);
+  return st;
+}
+dt_status_t dt__bw_var(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__var_std_bw(c, gout, gin, 0);
+}
+dt_status_t dt__bw_std(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  return dt__var_std_bw(c, gout, gin, 1);
 }
 
 /* maximum/minimum, as PyTorch: the gradient goes to the chosen operand, half to each on ties,

@@ -524,9 +524,9 @@ dt_status_t dt__kernel_amin(const dt_op_call_t* call, const dt_local_tensor_t* i
 }
 
 /* ---------------------------------------------------------------------------------------------
- * argmax / argmin / logsumexp over reduced dims whole on this rank (the rules ask for R there):
- * the input seen as kept and reduced dims, each merged where contiguous and listed innermost
- * first (as reduce.cu's dt_cu_rgeom_t): output o sits at offset sum_d (o's digit d) * ks[d],
+ * argmax / argmin / logsumexp / var / std over reduced dims whole on this rank (the rules ask for
+ * R there): the input seen as kept and reduced dims, each merged where contiguous and listed
+ * innermost first (as reduce.cu's dt_cu_rgeom_t): output o sits at offset sum_d (o's digit d) * ks[d],
  * reduced element r (in row-major order of the reduced dims) at sum_d (r's digit d) * rs[d] from
  * there, so r is the index PyTorch returns (along the one dim, or into the flattened tensor). */
 
@@ -656,6 +656,49 @@ dt_status_t dt__kernel_logsumexp(const dt_op_call_t* call, const dt_local_tensor
     o[i] = (float)(log(sum) + sh);
   }
   return DT_SUCCESS;
+}
+
+/* var / std (sd), as PyTorch: each output's N reduced elements centred on their mean, the sum of
+ * the squared deviations divided by max(0, N - correction) (dt__var_correction); two passes in
+ * double (no cancellation from a large common offset); std is its square root, rounded once.
+ * A NaN propagates, an inf gives NaN (inf - inf), N <= correction gives inf (NaN where every
+ * deviation is 0), no elements NaN. */
+static dt_status_t dt__var_std(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                               dt_local_tensor_t* out, int sd) {
+  const int id = sd ? DT_OP_STD : DT_OP_VAR;
+  DT_CHECK(dt__need_f32(call, in, 1));
+  DT_CHECK(dt__need_f32(call, out, 1));
+  unsigned mask;
+  int keep;
+  double corr;
+  DT_CHECK(dt__reduce_dims(id, call, &mask, &keep));
+  DT_CHECK(dt__var_correction(id, call, &corr));
+  dt__rgeom_t g;
+  int64_t n_out, R;
+  dt__rgeom(in, mask, &g, &n_out, &R);
+  const double div = R == 0 ? NAN : fmax(0.0, (double)R - corr);
+  float* o = (float*)out->data;
+  for (int64_t i = 0; i < n_out; i++) {
+    const float* xo = (const float*)in->data + dt__rgeom_off(g.nk, g.kn, g.ks, i);
+    double sum = 0.0, ss = 0.0;
+    for (int64_t r = 0; r < R; r++) sum += (double)xo[dt__rgeom_off(g.nr, g.rn, g.rs, r)];
+    const double m = sum / (double)R;
+    for (int64_t r = 0; r < R; r++) {
+      const double d = (double)xo[dt__rgeom_off(g.nr, g.rn, g.rs, r)] - m;
+      ss += d * d;
+    }
+    const double v = ss / div;
+    o[i] = (float)(sd ? sqrt(v) : v);
+  }
+  return DT_SUCCESS;
+}
+dt_status_t dt__kernel_var(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out) {
+  return dt__var_std(call, in, out, 0);
+}
+dt_status_t dt__kernel_std(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                           dt_local_tensor_t* out) {
+  return dt__var_std(call, in, out, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------

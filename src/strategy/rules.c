@@ -10,6 +10,7 @@
  *   neg:      [S(d); S(d)]  [P(op); P(op)];   relu, exp, ...: [S(d); S(d)] only
  */
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "strategy/strategy.h"
@@ -217,6 +218,14 @@ dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, in
   return DT_SUCCESS;
 }
 
+dt_status_t dt__var_correction(int id, const dt_op_call_t* call, double* corr) {
+  *corr = dt__op_farg(id, call, 0); /* the schema's correction=1 when not given */
+  if (!isfinite(*corr))
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: correction=%g (fargs[0]) must be finite (1: the "
+                   "unbiased estimate, 0: the population variance)", call->op, *corr);
+  return DT_SUCCESS;
+}
+
 /* A reduction's output shape: in's dims, those in mask dropped (or 1 with keep); pos[d] is input
  * dim d's place in the output (-1: dropped). */
 static void dt__reduced_shape(const dt_tensor_meta_t* in, unsigned mask, int keep,
@@ -240,7 +249,11 @@ static void dt__reduced_shape(const dt_tensor_meta_t* in, unsigned mask, int kee
  * (none: the index into the flattened tensor, a 0-d result, or all ones with keepdim, as
  * PyTorch) and give i64; they refuse an empty reduction (PyTorch raises). logsumexp keeps the
  * float dtype (integers are cast to f32 first, DT_OPF_INT_TO_FLOAT, as torch.logsumexp); its
- * empty reduction gives -inf. */
+ * empty reduction gives -inf. var / std (7, 8) need every reduced element on one rank for the
+ * mean they centre on: Partial(sum) cannot pass (var(a + b) != var(a) + var(b)), nor P(avg)
+ * (it is a sum scaled), nor P(max) / P(min) (the spread of an element-wise maximum is no
+ * function of the ranks' spreads); they keep the float dtype and refuse integers with PyTorch's
+ * words. */
 static dt_status_t dt__rules_reduce_whole(const dt_op_call_t* call, int kind, unsigned mask,
                                           int keep, dt_tensor_meta_t* out_meta,
                                           dt_op_rule_t* rules, int cap, int* n_rules) {
@@ -261,6 +274,13 @@ static dt_status_t dt__rules_reduce_whole(const dt_op_call_t* call, int kind, un
         return DT_FAIL(DT_ERR_INVALID_ARG, "%s: reduced dim %d has size 0 (the position of the "
                        "%s of no elements is undefined; PyTorch raises too)", call->op, d,
                        kind == 4 ? "maximum" : "minimum");
+  } else if (kind >= 7) { /* var, std */
+    double corr;
+    DT_CHECK(dt__var_correction(DT_OP_SUM + kind, call, &corr));
+    if (!dt__dtype_is_float(in->dtype))
+      return DT_FAIL(DT_ERR_INVALID_ARG, "%s: input dtype %s: std and var only support floating "
+                     "point and complex dtypes (PyTorch's words; cast it to f32, bf16 or f16)",
+                     call->op, dt_dtype_name(in->dtype));
   } else if (!dt__dtype_is_float(in->dtype)) { /* (dispatch casts integers to f32 before) */
     return DT_FAIL(DT_ERR_INVALID_ARG, "logsumexp: input dtype %s, expected a float dtype (f32, "
                    "bf16 or f16; an integer tensor is cast to f32 by dispatch)",
@@ -290,7 +310,7 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   const dt_tensor_meta_t* in = &call->in[0];
   const int integer = !dt__dtype_is_float(in->dtype);
-  if (kind >= 4) /* argmax, argmin, logsumexp */
+  if (kind >= 4) /* argmax, argmin, logsumexp, var, std */
     return dt__rules_reduce_whole(call, kind, mask, keep, out_meta, rules, cap, n_rules);
   if (kind == 1 && integer) /* torch.mean's own words */
     return DT_FAIL(DT_ERR_INVALID_ARG, "mean: could not infer output dtype: input dtype %s must "
@@ -573,8 +593,10 @@ DT__EINSUM_OP(dt__mm_t_rules, "km,kn->mn", 1) /* a^T b (weight gradients without
 /* kind k is op DT_OP_SUM + k (the reductions share one schema: "keepdim=0, dim:l") */
 _Static_assert(DT_OP_MEAN == DT_OP_SUM + 1 && DT_OP_AMAX == DT_OP_SUM + 2 &&
                    DT_OP_AMIN == DT_OP_SUM + 3 && DT_OP_ARGMAX == DT_OP_SUM + 4 &&
-                   DT_OP_ARGMIN == DT_OP_SUM + 5 && DT_OP_LOGSUMEXP == DT_OP_SUM + 6,
-               "the reductions are sum, mean, amax, amin, argmax, argmin, logsumexp in this order");
+                   DT_OP_ARGMIN == DT_OP_SUM + 5 && DT_OP_LOGSUMEXP == DT_OP_SUM + 6 &&
+                   DT_OP_VAR == DT_OP_SUM + 7 && DT_OP_STD == DT_OP_SUM + 8,
+               "the reductions are sum, mean, amax, amin, argmax, argmin, logsumexp, var, std in "
+               "this order");
 DT__REDUCE_OP(dt__sum_rules, 0)
 DT__REDUCE_OP(dt__mean_rules, 1)
 DT__REDUCE_OP(dt__amax_rules, 2)
@@ -582,6 +604,8 @@ DT__REDUCE_OP(dt__amin_rules, 3)
 DT__REDUCE_OP(dt__argmax_rules, 4)
 DT__REDUCE_OP(dt__argmin_rules, 5)
 DT__REDUCE_OP(dt__logsumexp_rules, 6)
+DT__REDUCE_OP(dt__var_rules, 7)
+DT__REDUCE_OP(dt__std_rules, 8)
 
 DT__POINTWISE_OP(dt__additive_rules, DT_LIN_ADDITIVE)
 DT__POINTWISE_OP(dt__mult_rules, DT_LIN_MULT)

@@ -905,6 +905,38 @@ for nm, t, d in (("round_decimals_i64_error", rl, 1), ("round_decimals_i32_error
                   "outputs": [], "error": "DT_ERR_UNSUPPORTED", "rtol": 0.0, "atol": 0.0})
 
 
+# ---- var and std (appended last: the cases above keep their random draws). fargs [correction]
+#      (default 1), iargs [keepdim, dim...] (none: every dim); the divisor max(0, N - correction);
+#      float dtypes only (integers raise, PyTorch's "std and var only support floating point");
+#      bf16 / f16: torch 1.13's kernels give the f32 result rounded once (checked: equal on these
+#      draws), which lcase compares to as well. A row offset by 1e3 checks the two-pass centring.
+vs = rnd(4, 6, 5) * 3
+vs[1, 2, :] = 1e3 + torch.arange(5.0) * 1e-2  # large common offset, small spread
+vs[3, :, 1] = 0.75  # constant along dim 1 (std 0)
+for op, fn in (("var", torch.var), ("std", torch.std)):
+    case(f"{op}_dim1", op, [vs], fn(vs, 1), iargs=[0, 1])
+    case(f"{op}_dim2_keep_c0", op, [vs], fn(vs, 2, correction=0, keepdim=True), iargs=[1, 2],
+         fargs=[0.0])
+    case(f"{op}_dims_neg_c2", op, [vs], fn(vs, (0, -1), correction=2), iargs=[0, 0, -1],
+         fargs=[2.0])
+    case(f"{op}_dims_keep", op, [vs], fn(vs, (2, 0), keepdim=True), iargs=[1, 2, 0])
+    case(f"{op}_all", op, [vs], fn(vs), iargs=[0])
+    case(f"{op}_all_keep_c0", op, [vs], fn(vs, None, correction=0, keepdim=True), iargs=[1],
+         fargs=[0.0])
+    for dt, tag in LOW:
+        x = lo(rnd(4, 6, 5) * 2 + 1, dt)
+        lcase(f"{op}_dim1_{tag}", op, dt, [x], lambda t, fn=fn: fn(t, 1), iargs=[0, 1])
+        lcase(f"{op}_dims_c0_{tag}", op, dt, [x], lambda t, fn=fn: fn(t, (0, 2), correction=0),
+              iargs=[0, 0, 2], fargs=[0.0])
+    for nm, t in ((f"{op}_i64_error", il), (f"{op}_i32_error", ib)):
+        try:
+            fn(t, 0)
+            raise AssertionError(f"{nm}: PyTorch takes integers")
+        except RuntimeError as e:
+            assert "std and var only support floating point" in str(e), e
+        CASES.append({"name": nm, "op": op, "iargs": [0, 0], "fargs": [], "inputs": [tens(t)],
+                      "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
+
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
 NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route",  # not differentiable, or integer input
@@ -920,6 +952,9 @@ def torch_op(op, x, ia, fa):
     if op in ("amax", "amin"): return getattr(torch, op)(x[0], dim=tuple(ia[1:]), keepdim=bool(ia[0]))
     if op == "logsumexp":
         return torch.logsumexp(x[0], dim=tuple(ia[1:]) or tuple(range(x[0].ndim)), keepdim=bool(ia[0]))
+    if op in ("var", "std"):
+        return getattr(torch, op)(x[0], dim=tuple(ia[1:]) or None,
+                                  correction=int(fa[0]) if fa else 1, keepdim=bool(ia[0]))
     if op == "where": return torch.where(x[0].bool(), x[1], x[2])
     if op == "masked_fill": return x[0].masked_fill(x[1].bool(), fa[0])
     if op == "topk": return torch.topk(x[0], ia[0], dim=ia[1], largest=bool(ia[2]) if len(ia) > 2 else True)[0]
@@ -995,7 +1030,8 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "mm", "bmm", "addmm", "linear", "embedding", "sdpa", "rotary", "cross_entropy",
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
                 "reciprocal", "log1p", "expm1", "expand", "tril", "triu", "cumsum",
-                "stack", "index_select", "floor", "ceil", "round", "trunc", "sign", "erf"}
+                "stack", "index_select", "floor", "ceil", "round", "trunc", "sign", "erf",
+                "var", "std"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none

@@ -525,6 +525,38 @@ case("erf_i64", "erf", [IX], torch.erf, grad=False)
 case("erf_i32", "erf", [IX.to(torch.int32)], torch.erf, grad=False)
 case("round_decimals_int_error", "round", [II], lambda x: torch.round(x, decimals=1), iargs=[1],
      error="DT_ERR_UNSUPPORTED")  # torch 1.13: "round_cpu" not implemented for 'Int'
+# ---- var and std at the special points (appended: earlier cases unchanged). A NaN gives NaN, an
+# inf NaN (inf - inf); a spread of 1e20 squares past f32's range inside but its std is finite (the
+# sum of squares in double); std of a constant row is 0 and its gradient 0 (PyTorch masks
+# g / (2 std) there). N <= correction: the divisor max(0, N - correction) is 0, so inf (NaN where
+# every deviation is 0: one element with correction 1); the gradient divides by N - correction
+# itself (PyTorch's var_backward): inf times the deviations at N == correction (NaN at 0
+# deviation), a finite negative factor past it. No elements: NaN.
+VX = torch.tensor([[1.0, 2.0, 4.0, 8.0], [nan, 1.0, 2.0, 3.0], [inf, 1.0, 2.0, 3.0],
+                   [3.0, 3.0, 3.0, 3.0], [1e20, -1e20, 0.0, 5.0], [-inf, inf, 0.0, 1.0]])
+VN = torch.tensor([[1.0, 2.0], [3.0, 3.0], [-1.0, 5.0]])
+for op in ("var", "std"):
+    f = getattr(torch, op)
+    case(f"{op}_special_dim1", op, [VX], lambda x, f=f: f(x, 1), iargs=[0, 1])
+    case(f"{op}_special_dim1_c0", op, [VX], lambda x, f=f: f(x, 1, correction=0), iargs=[0, 1],
+         fargs=[0.0])
+    case(f"{op}_special_dim0_keep", op, [VX[:, 1:]], lambda x, f=f: f(x, 0, keepdim=True),
+         iargs=[1, 0])
+    for c_ in (2, 3, 5):  # N == 2 <= correction
+        case(f"{op}_n_le_correction_{c_}", op, [VN], lambda x, f=f, c_=c_: f(x, 1, correction=c_),
+             iargs=[0, 1], fargs=[float(c_)])
+    case(f"{op}_one_element_c1", op, [VN[:, :1]], lambda x, f=f: f(x, 1), iargs=[0, 1])
+    case(f"{op}_one_element_c0", op, [VN[:, :1]], lambda x, f=f: f(x, 1, correction=0),
+         iargs=[0, 1], fargs=[0.0])
+    case(f"{op}_empty_dim", op, [E30], lambda x, f=f: f(x, 1), iargs=[0, 1], grad=False)  # NaN
+    case(f"{op}_empty_keep_other", op, [E30], lambda x, f=f: f(x, 0), iargs=[0, 0], grad=False)
+    case(f"{op}_0d_dim0_c0", op, [X0], lambda x, f=f: f(x, 0, correction=0), iargs=[0, 0],
+         fargs=[0.0])
+    case(f"{op}_0d_all", op, [X0], lambda x, f=f: f(x), grad=False)  # NaN (N = 1, correction 1)
+    case(f"{op}_bf16_special", op, [VX.to(torch.bfloat16)], lambda x, f=f: f(x, 1), iargs=[0, 1],
+         rtol=2.0 ** -8, atol=0.0, grad=False)
+    case(f"{op}_i64_error", op, [IX], lambda x, f=f: f(x, 1), iargs=[0, 1],
+         error="DT_ERR_INVALID_ARG")
 
 for c in CASES:
     assert c["inputs"], c["name"]

@@ -370,9 +370,10 @@ static void test_reductions(void** state) {
   dt_mesh_destroy(m);
 }
 
-/* argmax / argmin / logsumexp: a sharded reduced dim is gathered (Replicate asked of the input,
- * the output replicated), a sharded kept dim passes (renumbered), every Partial is reduced
- * first; argmax gives i64, at most one dim, none: a 0-d index into the flattened tensor. */
+/* argmax / argmin / logsumexp / var / std: a sharded reduced dim is gathered (Replicate asked of
+ * the input, the output replicated), a sharded kept dim passes (renumbered), every Partial is
+ * reduced first; argmax gives i64, at most one dim, none: a 0-d index into the flattened tensor;
+ * var / std refuse integers and a non-finite correction. */
 static void test_arg_reductions(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(1, 4, 0);
@@ -380,9 +381,13 @@ static void test_arg_reductions(void** state) {
   dt_placement_t in[1][DT_MAX_MESH_DIMS];
   dt_op_choice_t ch;
   char buf[64];
-  const char* ops[3] = {"argmax", "argmin", "logsumexp"};
-  for (int k = 0; k < 3; k++) {
+  const char* ops[5] = {"argmax", "argmin", "logsumexp", "var", "std"};
+  for (int k = 0; k < 5; k++) {
     dt_op_call_t c = call2(ops[k], 2, s, 0, NULL);
+    if (k >= 3) { /* var / std with correction 0 (fargs[0]) */
+      c.n_fargs = 1;
+      c.fargs[0] = 0.0;
+    }
     c.n_iargs = 2;
     c.iargs[0] = 0;
     c.iargs[1] = -2; /* dim 0 */
@@ -427,7 +432,7 @@ static void test_arg_reductions(void** state) {
     expect_out(&ch, 1, "R");
     assert_int_equal(ch.in[0][0].kind, DT_REPLICATE);
     assert_int_equal(ch.out_meta[0].ndim, 0);
-    c.n_iargs = 3; /* two dims: logsumexp takes them, argmax / argmin refuse */
+    c.n_iargs = 3; /* two dims: logsumexp, var and std take them, argmax / argmin refuse */
     c.iargs[1] = 0;
     c.iargs[2] = 1;
     assert_int_equal(dt_op_select(m, &c, in, &ch), k < 2 ? DT_ERR_INVALID_ARG : DT_SUCCESS);
@@ -456,6 +461,30 @@ static void test_arg_reductions(void** state) {
   c.in[0].dtype = DT_I32;
   assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
   assert_int_equal(ch.out_meta[0].dtype, DT_F32);
+  /* var / std keep a float dtype, refuse integers in PyTorch's words and a non-finite
+   * correction; an empty reduction is allowed (NaN, as PyTorch) */
+  for (int k = 0; k < 2; k++) {
+    c = call2(k ? "std" : "var", 2, s, 0, NULL);
+    c.n_iargs = 2;
+    c.iargs[1] = 1;
+    c.in[0].dtype = DT_BF16;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    assert_int_equal(ch.out_meta[0].dtype, DT_BF16);
+    c.in[0].dtype = DT_I64;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "std and var only support floating point"));
+    c.in[0].dtype = DT_F32;
+    c.n_fargs = 1;
+    c.fargs[0] = NAN;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_ERR_INVALID_ARG);
+    assert_non_null(strstr(dt_last_error(), "correction"));
+    c.fargs[0] = 7.0; /* N = 6 <= correction: allowed (inf, as PyTorch) */
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    int64_t e0[2] = {0, 6};
+    c = call2(k ? "std" : "var", 2, e0, 0, NULL);
+    c.n_iargs = 2;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  }
   /* argmax of an empty reduced dim is refused (PyTorch raises); of an empty kept dim it is empty */
   int64_t e[2] = {0, 6};
   c = call2("argmax", 2, e, 0, NULL);

@@ -15,7 +15,8 @@
  * element before summing for the mean (so a large common offset costs no precision). Rotary
  * angles are computed in double, as on the host.
  *
- * argmax, argmin and logsumexp (reduced dims whole on the rank) take a group per output too.
+ * argmax, argmin, logsumexp, var and std (reduced dims whole on the rank) take a group per
+ * output too.
  *
  * dtypes: every kernel here reads and writes f32, bf16 and f16 storage itself, computing in
  * float and rounding once on the store, as the host's f32 copies do (softmax, log_softmax, the
@@ -464,16 +465,48 @@ __global__ void dt_cu_logsumexp_k(const T* x, T* y, dt_cu_rgeom_t g, int64_t n_o
   }
 }
 
-/* kind: 4 argmax, 5 argmin, 6 logsumexp (the host's numbering, op DT_OP_SUM + kind). */
+/* var / std (sd) of each output's R reduced elements (kernels_cpu.c dt__var_std): centred on the
+ * first element c (a large common offset costs no precision, as the norms'), the mean m of x - c,
+ * then sum ((x - c) - m)^2 / div with div = max(0, R - correction) (NaN for R == 0), rounded once
+ * (std: its square root). Both sums in double, as the host's: a spread of 1e20 squares past
+ * f32's range although its std is finite. A NaN propagates, an inf gives NaN, as on the host. */
+template <int G, typename T>
+__global__ void dt_cu_var_k(const T* x, T* y, dt_cu_rgeom_t g, int64_t n_out, int64_t R,
+                            double div, int sd) {
+  __shared__ double smem[32];
+  const int64_t lane = threadIdx.x % G, step = dt_cu_group_count<G>();
+  for (int64_t o = dt_cu_group_id<G>(); o < n_out; o += step) {
+    const T* xo = x + dt_cu_digits_offset(g.nk, g.kn, g.ks, o);
+    const double c = R > 0 ? (double)dt_cu_f32(xo[0]) : 0.0;
+    double s = 0.0;
+    for (int64_t r = lane; r < R; r += G)
+      s += (double)dt_cu_f32(xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]) - c;
+    s = dt_cu_group_reduce<DT_CU_OP_SUM, G>(s, smem);
+    const double m = s / (double)R;
+    double q = 0.0;
+    for (int64_t r = lane; r < R; r += G) {
+      const double d = ((double)dt_cu_f32(xo[dt_cu_digits_offset(g.nr, g.rn, g.rs, r)]) - c) - m;
+      q += d * d;
+    }
+    q = dt_cu_group_reduce<DT_CU_OP_SUM, G>(q, smem);
+    const double v = q / div;
+    if (lane == 0) y[o] = dt_cu_from_f32<T>((float)(sd ? sqrt(v) : v));
+  }
+}
+
+/* kind: 4 argmax, 5 argmin, 6 logsumexp, 7 var, 8 std (the host's numbering, op DT_OP_SUM +
+ * kind). */
 static dt_status_t dt_cu_reduce_whole(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                       dt_local_tensor_t* out, int kind) {
   unsigned mask;
   int keep;
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
-  if (kind == 6) {
-    if (out->dtype != in->dtype || dt_cu_is_int(in->dtype)) /* (dispatch casts integers to f32) */
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "logsumexp: dtypes %s -> %s are not supported by its "
-                     "CUDA kernel (one float dtype)", dt_dtype_name(in->dtype),
+  double corr = 0.0;
+  if (kind >= 7) DT_CHECK(dt__var_correction(DT_OP_SUM + kind, call, &corr));
+  if (kind >= 6) {
+    if (out->dtype != in->dtype || dt_cu_is_int(in->dtype)) /* (logsumexp: dispatch casts ints) */
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported by its CUDA "
+                     "kernel (one float dtype)", call->op, dt_dtype_name(in->dtype),
                      dt_dtype_name(out->dtype));
   } else if (out->dtype != DT_I64 || !(dt_cu_is_int(in->dtype) || in->dtype == DT_F32 ||
                                        in->dtype == DT_BF16 || in->dtype == DT_F16)) {
@@ -485,7 +518,7 @@ static dt_status_t dt_cu_reduce_whole(const dt_op_call_t* call, const dt_local_t
   int64_t n_out, R;
   DT_CHECK(dt_cu_reduce_geom(call, in, mask, out, &g, &n_out, &R));
   if (n_out == 0) return DT_SUCCESS;
-  if (R == 0 && kind != 6) /* (the rules refuse it first) */
+  if (R == 0 && kind <= 5) /* (the rules refuse it first) */
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: an empty reduction has no position", call->op);
   const int group = dt_cu_reduce_group(g, n_out, R);
   auto launch = [&](auto tag) -> dt_status_t {
@@ -500,10 +533,16 @@ static dt_status_t dt_cu_reduce_whole(const dt_op_call_t* call, const dt_local_t
       if (kind == 5)
         return dt_cu_run(call->op, dt_cu_argext_k<DT_CU_OP_MIN, G, T>, grid, st,
                          (const T*)in->data, (long long*)out->data, g, n_out, R);
-      if constexpr (!std::is_integral<T>::value)
+      if constexpr (!std::is_integral<T>::value) {
+        if (kind >= 7) {
+          const double div = R == 0 ? (double)NAN : fmax(0.0, (double)R - corr);
+          return dt_cu_run(call->op, dt_cu_var_k<G, T>, grid, st, (const T*)in->data,
+                           (T*)out->data, g, n_out, R, div, (int)(kind == 8));
+        }
         return dt_cu_run(call->op, dt_cu_logsumexp_k<G, T>, grid, st, (const T*)in->data,
                          (T*)out->data, g, n_out, R);
-      return DT_FAIL(DT_ERR_UNSUPPORTED, "logsumexp: integer input (cast it to a float dtype)");
+      }
+      return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: integer input (cast it to a float dtype)", call->op);
     });
   };
   if (in->dtype == DT_I64) return launch((long long)0);
@@ -514,6 +553,8 @@ static dt_status_t dt_cu_reduce_whole(const dt_op_call_t* call, const dt_local_t
 DT_CU_KERNEL(dt_cu_argmax) { return dt_cu_reduce_whole(call, in, out, 4); }
 DT_CU_KERNEL(dt_cu_argmin) { return dt_cu_reduce_whole(call, in, out, 5); }
 DT_CU_KERNEL(dt_cu_logsumexp) { return dt_cu_reduce_whole(call, in, out, 6); }
+DT_CU_KERNEL(dt_cu_var) { return dt_cu_reduce_whole(call, in, out, 7); }
+DT_CU_KERNEL(dt_cu_std) { return dt_cu_reduce_whole(call, in, out, 8); }
 
 /* ---------------------------------------------------------------------------------------------
  * softmax / log_softmax along iargs[0] (whole on this rank). As the host: m = the row's fmaxf
@@ -930,6 +971,8 @@ DT_CU_FILL(reduce) {
   t[DT_OP_ARGMAX] = {dt_cu_argmax, DT_KERNEL_ONE_DTYPE, NULL};
   t[DT_OP_ARGMIN] = {dt_cu_argmin, DT_KERNEL_ONE_DTYPE, NULL};
   t[DT_OP_LOGSUMEXP] = {dt_cu_logsumexp, DT_KERNEL_ONE_DTYPE, NULL};
+  t[DT_OP_VAR] = {dt_cu_var, DT_KERNEL_ONE_DTYPE, NULL};
+  t[DT_OP_STD] = {dt_cu_std, DT_KERNEL_ONE_DTYPE, NULL};
   t[DT_OP_SOFTMAX] = {dt_cu_softmax_fwd, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_LOG_SOFTMAX] = {dt_cu_log_softmax, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_RMS_NORM] = {dt_cu_rms_norm, DT_KERNEL_ANY_DTYPE, NULL};
