@@ -76,7 +76,12 @@ extern "C" {
  *               integers DT_ERR_INVALID_ARG ("std and var only support floating point"); a
  *               NaN or inf gives NaN, N <= correction inf (NaN where the spread is 0), no
  *               elements NaN; gradient 2 g (x - mean) / (N - correction) and g (x - mean) /
- *               ((N - correction) std), 0 where std is 0, as PyTorch. Their reduced dims are
+ *               ((N - correction) std), 0 where std is 0, as PyTorch. prod (iargs
+ *               [keepdim=0, dim]: at most one dim, as torch.prod; none: every element): floats
+ *               keep their dtype (f32 products, bf16/f16 rounded once), i32/i64 give i64
+ *               wrapping at 64 bits; no elements: 1; gradient g times the product of the other
+ *               reduced elements (out / x in rows without a zero, the product of the rest at a
+ *               row's only zero, 0 elsewhere in rows with zeros). Their reduced dims are
  *               gathered (Replicate) first; sharded kept dims stay sharded; Partial inputs are
  *               reduced first
  *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the

@@ -13,6 +13,7 @@
  *   relu/silu/gelu/sigmoid/tanh: act_grad          softmax: out (g - sum(g out))
  *   log_softmax: g - exp(out) sum(g)               sum/mean: g expanded (/ count)
  *   var: 2 g (x - mean) / (N - c)                  std: g (x - mean) / ((N - c) out), 0 at out 0
+ *   prod: g times the product of the others (out / x without zeros; 0 past one zero)
  *   rms_norm/layer_norm: *_norm_grad               embedding: embedding_grad
  *   views: g reshaped back  permute: inverse      cat: narrow pieces
  *   tril/triu: tril/triu(g)  cumsum: cumsum(g) from the other end
@@ -920,6 +921,51 @@ dt_status_t dt__bw_var(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* g
 }
 dt_status_t dt__bw_std(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
   return dt__var_std_bw(c, gout, gin, 1);
+}
+
+/* prod, as PyTorch's prod_backward: g times the product of the other reduced elements. With z the
+ * zeros of the element's row (the reduced elements it was multiplied with) and p the product of
+ * the row with its zeros as 1: no zero in the row: g (out / x) (p is out there, PyTorch's formula
+ * without zeros); one zero: g p at the zero, 0 elsewhere; two or more: 0. So g (p / x'), x' = x
+ * with zeros as 1, masked to 0 where the other elements hold a zero (z - [x == 0] > 0). A 0-d
+ * input gets g. (PyTorch switches to exclusive products of the others wherever the tensor holds
+ * any zero; this rule keeps out / x in zero-free rows: the same up to rounding, but an infinite
+ * x there gives NaN, inf / inf, where those give the finite product of the others.) */
+dt_status_t dt__bw_prod(const dt_grad_ctx_t* c, dt_tensor_t* gout, dt_tensor_t* gin) {
+  dt_tensor_t x = c->in[0];
+  unsigned mask;
+  int64_t kshape[DT_MAX_DIMS], args[2] = {1, 0};
+  DT_CHECK(dt__reduced(c, &mask, kshape));
+  if (x->layout.ndim == 0) return dt__clone(gout[0], &gin[0]);
+  int na = 1; /* [keepdim=1] (every element), or [1, the one dim] */
+  for (int d = 0; d < x->layout.ndim && c->n_iargs > 1; d++)
+    if (mask & (1u << d)) args[na++] = d;
+  dt_placement_t rep[DT_MAX_MESH_DIMS];
+  for (int i = 0; i < DT_MAX_MESH_DIMS; i++) rep[i] = dt_replicate();
+  const double zero = 0.0, one = 1.0;
+  dt__scope_t s = {0};
+  dt_tensor_t z0, isz, cnt, x1, p, q, others, w, gk;
+  dt_status_t st = dt_tensor_full_value(x->mesh, x->dtype, 0, NULL, rep, zero, &z0);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_EQ, x, dt__keep(&s, z0), &isz);
+  if (st == DT_SUCCESS)
+    st = dt__opa(DT_OP_SUM, 1, (dt__keep(&s, isz), &isz), na, args, 0, NULL, &cnt);
+  if (st == DT_SUCCESS) {
+    dt_tensor_t in2[2] = {x, isz};
+    st = dt__opa(DT_OP_MASKED_FILL, 2, (dt__keep(&s, cnt), in2), 0, NULL, 1, &one, &x1);
+  }
+  if (st == DT_SUCCESS)
+    st = dt__opa(DT_OP_PROD, 1, (dt__keep(&s, x1), &x1), na, args, 0, NULL, &p);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_DIV, dt__keep(&s, p), x1, &q);
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_SUB, cnt, isz, (dt__keep(&s, q), &others));
+  if (st == DT_SUCCESS) {
+    dt_tensor_t in2[2] = {q, others};
+    st = dt__opa(DT_OP_MASKED_FILL, 2, (dt__keep(&s, others), in2), 0, NULL, 1, &zero, &w);
+  }
+  if (st == DT_SUCCESS)
+    st = dt__reshape(gout[0], x->layout.ndim, kshape, (dt__keep(&s, w), &gk));
+  if (st == DT_SUCCESS) st = dt__op2(DT_OP_MUL, w, dt__keep(&s, gk), &gin[0]);
+  dt__scope_free(&s);
+  return st;
 }
 
 /* maximum/minimum, as PyTorch: the gradient goes to the chosen operand, half to each on ties,

@@ -1,5 +1,5 @@
 /* kernels_cpu.c - CPU kernels on local shards (f32; the broadcasting arithmetic and comparisons,
- * neg, abs, floor, ceil, round, trunc, sign, sum, amax and amin also i32 / i64): GEMM through
+ * neg, abs, floor, ceil, round, trunc, sign, sum, amax, amin and prod also i32 / i64): GEMM through
  * OpenBLAS, broadcasting pointwise ops. Kept apart from dispatch so a CUDA kernel can sit beside
  * each one. */
 #include <math.h>
@@ -367,18 +367,19 @@ dt_status_t dt__kernel_round(const dt_op_call_t* call, const dt_local_tensor_t* 
  * reductions over dims (iargs [keepdim, dim...]); mean divides by the GLOBAL count of reduced
  * elements so that a sharded reduced dim yields an exact Partial(sum) */
 
-/* sum (kind 0: into i64, wrapping as PyTorch's int64 sum), amax (2) and amin (3: the dtype kept) of
- * i32 / i64. A local shard with no reduced elements gives the identity (0, the dtype's minimum
- * or maximum), so its Partial(sum / max / min) combines exactly; the rules refuse an empty
- * amax / amin of the whole tensor, as PyTorch. */
+/* sum (kind 0: into i64, wrapping as PyTorch's int64 sum), amax (2) and amin (3: the dtype kept)
+ * and prod (9: into i64, wrapping as torch.prod) of i32 / i64. A local shard with no reduced
+ * elements gives the identity (0, the dtype's minimum or maximum, 1), so its Partial(sum / max /
+ * min) combines exactly; the rules refuse an empty amax / amin of the whole tensor, as
+ * PyTorch. */
 static dt_status_t dt__reduce_int(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                   dt_local_tensor_t* out, int kind, unsigned mask) {
   const int w = in->dtype == DT_I64;
-  const dt_dtype_t od = kind == 0 ? dt__sum_dtype(in->dtype) : in->dtype;
+  const dt_dtype_t od = kind == 0 || kind == 9 ? dt__sum_dtype(in->dtype) : in->dtype;
   if (kind == 1 || out->dtype != od)
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported (integer sum gives "
-                   "i64, amax / amin their input's dtype, mean refuses integers)", call->op,
-                   dt_dtype_name(in->dtype), dt_dtype_name(out->dtype));
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported (integer sum and "
+                   "prod give i64, amax / amin their input's dtype, mean refuses integers)",
+                   call->op, dt_dtype_name(in->dtype), dt_dtype_name(out->dtype));
   int64_t on = 1, n = 1, ostride[DT_MAX_DIMS], st = 1, idx[DT_MAX_DIMS] = {0}, oi = 0;
   for (int d = 0; d < out->ndim; d++) on *= out->shape[d];
   for (int d = in->ndim - 1; d >= 0; d--) { /* output stride of every input dim (0: reduced) */
@@ -388,8 +389,8 @@ static dt_status_t dt__reduce_int(const dt_op_call_t* call, const dt_local_tenso
   }
   int64_t* o64 = (int64_t*)out->data; /* sum, and amax / amin of i64 */
   int32_t* o32 = (int32_t*)out->data; /* amax / amin of i32 */
-  const int64_t init = kind == 0 ? 0 : kind == 2 ? (w ? INT64_MIN : INT32_MIN)
-                                                 : (w ? INT64_MAX : INT32_MAX);
+  const int64_t init = kind == 0 ? 0 : kind == 9 ? 1 : kind == 2 ? (w ? INT64_MIN : INT32_MIN)
+                                                                 : (w ? INT64_MAX : INT32_MAX);
   for (int64_t i = 0; i < on; i++) {
     if (od == DT_I64) o64[i] = init;
     else o32[i] = (int32_t)init;
@@ -397,6 +398,7 @@ static dt_status_t dt__reduce_int(const dt_op_call_t* call, const dt_local_tenso
   for (int64_t i = 0; i < n; i++) {
     const int64_t x = w ? ((const int64_t*)in->data)[i] : ((const int32_t*)in->data)[i];
     if (kind == 0) o64[oi] = (int64_t)((uint64_t)o64[oi] + (uint64_t)x); /* wraps, as PyTorch */
+    else if (kind == 9) o64[oi] = (int64_t)((uint64_t)o64[oi] * (uint64_t)x); /* wraps too */
     else if (od == DT_I64) o64[oi] = (kind == 2 ? x > o64[oi] : x < o64[oi]) ? x : o64[oi];
     else o32[oi] = (kind == 2 ? x > o32[oi] : x < o32[oi]) ? (int32_t)x : o32[oi];
     for (int d = in->ndim - 1; d >= 0; d--) {
@@ -524,8 +526,8 @@ dt_status_t dt__kernel_amin(const dt_op_call_t* call, const dt_local_tensor_t* i
 }
 
 /* ---------------------------------------------------------------------------------------------
- * argmax / argmin / logsumexp / var / std over reduced dims whole on this rank (the rules ask for
- * R there): the input seen as kept and reduced dims, each merged where contiguous and listed
+ * argmax / argmin / logsumexp / var / std / prod over reduced dims whole on this rank (the rules
+ * ask for R there): the input seen as kept and reduced dims, each merged where contiguous and listed
  * innermost first (as reduce.cu's dt_cu_rgeom_t): output o sits at offset sum_d (o's digit d) * ks[d],
  * reduced element r (in row-major order of the reduced dims) at sum_d (r's digit d) * rs[d] from
  * there, so r is the index PyTorch returns (along the one dim, or into the flattened tensor). */
@@ -699,6 +701,31 @@ dt_status_t dt__kernel_var(const dt_op_call_t* call, const dt_local_tensor_t* in
 dt_status_t dt__kernel_std(const dt_op_call_t* call, const dt_local_tensor_t* in,
                            dt_local_tensor_t* out) {
   return dt__var_std(call, in, out, 1);
+}
+
+/* prod over at most one dim (none: every element; the rules ask for it whole here), as torch.prod:
+ * floats multiply in f32 in order (bf16 / f16 arrive as f32 copies, rounded once on the way
+ * out), a NaN propagates, 0 * inf is NaN; no elements: 1. i32 / i64 give i64, wrapping
+ * (dt__reduce_int). */
+dt_status_t dt__kernel_prod(const dt_op_call_t* call, const dt_local_tensor_t* in,
+                            dt_local_tensor_t* out) {
+  unsigned mask;
+  int keep;
+  DT_CHECK(dt__reduce_dims(DT_OP_PROD, call, &mask, &keep));
+  if (in->dtype == DT_I32 || in->dtype == DT_I64) return dt__reduce_int(call, in, out, 9, mask);
+  DT_CHECK(dt__need_f32(call, in, 1));
+  DT_CHECK(dt__need_f32(call, out, 1));
+  dt__rgeom_t g;
+  int64_t n_out, R;
+  dt__rgeom(in, mask, &g, &n_out, &R);
+  float* o = (float*)out->data;
+  for (int64_t i = 0; i < n_out; i++) {
+    const float* xo = (const float*)in->data + dt__rgeom_off(g.nk, g.kn, g.ks, i);
+    float p = 1.0f;
+    for (int64_t r = 0; r < R; r++) p *= xo[dt__rgeom_off(g.nr, g.rn, g.rs, r)];
+    o[i] = p;
+  }
+  return DT_SUCCESS;
 }
 
 /* ---------------------------------------------------------------------------------------------

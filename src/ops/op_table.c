@@ -12,4 +12,4 @@ const dt_op_info_t dt__op_table[DT_OP_COUNT] = {
 };
 /* Adding an op: one row in op_list.h; then update this count, docs/design.md's op list and the
  * reference fixtures (tests/reference/make_fixtures.py). */
-_Static_assert(DT_OP_COUNT == 106, "op table changed: update the count, the docs and the fixtures");
+_Static_assert(DT_OP_COUNT == 107, "op table changed: update the count, the docs and the fixtures");

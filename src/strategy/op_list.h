@@ -129,6 +129,8 @@
     dt__kernel_var, NULL)                                                                                \
   X(STD, "std", 1, 1, "correction:f=1, keepdim=0, dim:l", dt__std_rules, NULL, dt__bw_std, DT__W,     \
     dt__kernel_std, NULL)                                                                                \
+  X(PROD, "prod", 1, 1, "keepdim=0, dim:l", dt__prod_rules, NULL, dt__bw_prod, DT__W, dt__kernel_prod,   \
+    NULL)                                                                                                \
   /* nn */                                                                                               \
   X(SOFTMAX, "softmax", 1, 1, "dim", dt__softmax_rules, NULL, dt__bw_softmax, DT__W,                     \
     dt__kernel_softmax, NULL)                                                                            \

@@ -253,24 +253,29 @@ static void dt__reduced_shape(const dt_tensor_meta_t* in, unsigned mask, int kee
  * mean they centre on: Partial(sum) cannot pass (var(a + b) != var(a) + var(b)), nor P(avg)
  * (it is a sum scaled), nor P(max) / P(min) (the spread of an element-wise maximum is no
  * function of the ranks' spreads); they keep the float dtype and refuse integers with PyTorch's
- * words. */
+ * words. prod (9) takes at most one dim, as torch.prod (none: every element); a sharded reduced
+ * dim is gathered (there is no Partial(prod) to leave it in), and no Partial passes: prod(a + b)
+ * is no sum of per-rank products (P(sum), P(avg)), and a product is not monotone once factors
+ * may be negative (prod(max(a, b)) != max(prod a, prod b): a = (-1, -3) and b = (-2, -1) give 1
+ * against 3), so P(max) / P(min) are reduced first too. Integers give i64 (wrapping, as torch.prod), floats keep their
+ * dtype; an empty reduction gives 1. */
 static dt_status_t dt__rules_reduce_whole(const dt_op_call_t* call, int kind, unsigned mask,
                                           int keep, dt_tensor_meta_t* out_meta,
                                           dt_op_rule_t* rules, int cap, int* n_rules) {
   const dt_tensor_meta_t* in = &call->in[0];
-  if (kind <= 5) {
+  if (kind <= 5 || kind == 9) {
     if (call->n_iargs > 2)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [keepdim, dim] with at most one dim (no "
-                     "dim: the index into the flattened tensor), got %d dims", call->op,
-                     call->n_iargs - 1);
+                     "dim: %s), got %d dims", call->op, kind == 9 ? "the product of every "
+                     "element" : "the index into the flattened tensor", call->n_iargs - 1);
     int64_t numel = 1;
     for (int d = 0; d < in->ndim; d++) numel *= in->shape[d];
-    if (call->n_iargs <= 1 && numel == 0)
+    if (call->n_iargs <= 1 && numel == 0 && kind != 9)
       return DT_FAIL(DT_ERR_INVALID_ARG, "%s: the tensor has no elements; give a dim of nonzero "
                      "size (as PyTorch: 'Expected reduction dim to be specified for "
                      "input.numel() == 0')", call->op);
     for (int d = 0; d < in->ndim; d++)
-      if (call->n_iargs > 1 && (mask & (1u << d)) && in->shape[d] == 0)
+      if (call->n_iargs > 1 && (mask & (1u << d)) && in->shape[d] == 0 && kind != 9)
         return DT_FAIL(DT_ERR_INVALID_ARG, "%s: reduced dim %d has size 0 (the position of the "
                        "%s of no elements is undefined; PyTorch raises too)", call->op, d,
                        kind == 4 ? "maximum" : "minimum");
@@ -287,7 +292,7 @@ static dt_status_t dt__rules_reduce_whole(const dt_op_call_t* call, int kind, un
                    dt_dtype_name(in->dtype));
   }
   int pos[DT_MAX_DIMS];
-  out_meta->dtype = kind <= 5 ? DT_I64 : in->dtype;
+  out_meta->dtype = kind <= 5 ? DT_I64 : kind == 9 ? dt__sum_dtype(in->dtype) : in->dtype;
   dt__reduced_shape(in, mask, keep, out_meta, pos);
   *n_rules = 0;
   dt_op_rule_t r;
@@ -310,7 +315,7 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
   DT_CHECK(dt__reduce_dims(DT_OP_SUM + kind, call, &mask, &keep));
   const dt_tensor_meta_t* in = &call->in[0];
   const int integer = !dt__dtype_is_float(in->dtype);
-  if (kind >= 4) /* argmax, argmin, logsumexp, var, std */
+  if (kind >= 4) /* argmax, argmin, logsumexp, var, std, prod */
     return dt__rules_reduce_whole(call, kind, mask, keep, out_meta, rules, cap, n_rules);
   if (kind == 1 && integer) /* torch.mean's own words */
     return DT_FAIL(DT_ERR_INVALID_ARG, "mean: could not infer output dtype: input dtype %s must "
@@ -594,9 +599,10 @@ DT__EINSUM_OP(dt__mm_t_rules, "km,kn->mn", 1) /* a^T b (weight gradients without
 _Static_assert(DT_OP_MEAN == DT_OP_SUM + 1 && DT_OP_AMAX == DT_OP_SUM + 2 &&
                    DT_OP_AMIN == DT_OP_SUM + 3 && DT_OP_ARGMAX == DT_OP_SUM + 4 &&
                    DT_OP_ARGMIN == DT_OP_SUM + 5 && DT_OP_LOGSUMEXP == DT_OP_SUM + 6 &&
-                   DT_OP_VAR == DT_OP_SUM + 7 && DT_OP_STD == DT_OP_SUM + 8,
-               "the reductions are sum, mean, amax, amin, argmax, argmin, logsumexp, var, std in "
-               "this order");
+                   DT_OP_VAR == DT_OP_SUM + 7 && DT_OP_STD == DT_OP_SUM + 8 &&
+                   DT_OP_PROD == DT_OP_SUM + 9,
+               "the reductions are sum, mean, amax, amin, argmax, argmin, logsumexp, var, std, "
+               "prod in this order");
 DT__REDUCE_OP(dt__sum_rules, 0)
 DT__REDUCE_OP(dt__mean_rules, 1)
 DT__REDUCE_OP(dt__amax_rules, 2)
@@ -606,6 +612,7 @@ DT__REDUCE_OP(dt__argmin_rules, 5)
 DT__REDUCE_OP(dt__logsumexp_rules, 6)
 DT__REDUCE_OP(dt__var_rules, 7)
 DT__REDUCE_OP(dt__std_rules, 8)
+DT__REDUCE_OP(dt__prod_rules, 9)
 
 DT__POINTWISE_OP(dt__additive_rules, DT_LIN_ADDITIVE)
 DT__POINTWISE_OP(dt__mult_rules, DT_LIN_MULT)

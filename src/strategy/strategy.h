@@ -45,6 +45,7 @@ DT__RULES(dt__argmin_rules);
 DT__RULES(dt__logsumexp_rules);
 DT__RULES(dt__var_rules);
 DT__RULES(dt__std_rules);
+DT__RULES(dt__prod_rules);
 DT__RULES(dt__softmax_rules);
 DT__RULES(dt__norm_rules);
 DT__RULES(dt__embedding_rules);
@@ -116,11 +117,12 @@ dt_status_t dt__rules_pointwise(const dt_op_call_t* call, dt_linearity_t lin,
  * divides by the global count, so uneven shards stay exact), P(max) for amax, P(min) for amin.
  * dtypes as PyTorch: sum of i32 or i64 is i64 (dt__sum_dtype), amax / amin keep the dtype, mean
  * refuses integers (DT_ERR_INVALID_ARG). Kinds 4 argmax, 5 argmin (at most one dim; i64 out),
- * 6 logsumexp, 7 var and 8 std (fargs [correction], floats only) need their reduced dims whole on
- * each rank (Replicate) and pass no Partial. */
+ * 6 logsumexp, 7 var and 8 std (fargs [correction], floats only) and 9 prod (at most one dim;
+ * integers give i64) need their reduced dims whole on each rank (Replicate) and pass no
+ * Partial. */
 dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_t* out_meta,
                              dt_op_rule_t* rules, int cap, int* n_rules);
-/* Which input dims reduction `id` (DT_OP_SUM .. DT_OP_STD) reduces (bitmask) and its keepdim,
+/* Which input dims reduction `id` (DT_OP_SUM .. DT_OP_PROD) reduces (bitmask) and its keepdim,
  * after validating the arguments; rules, host and CUDA kernels and backward rules all read the
  * arguments here. */
 dt_status_t dt__reduce_dims(int id, const dt_op_call_t* call, unsigned* mask, int* keepdim);

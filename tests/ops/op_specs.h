@@ -98,6 +98,7 @@ static const spec_t kSpecs[] = {
   {"logsumexp", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
   {"var", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
   {"std", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
+  {"prod", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {NULL}},
   {"softmax", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1"}},
   {"log_softmax", 1, {{DT_F32, T2(4, 6), F_VAL, 0, 0}}, {"dim=1"}},
   {"rms_norm", 2, {{DT_F32, T2(4, 6), F_VAL, 0, 0}, {DT_F32, T1(6), F_POS, 0, 0}}, {NULL}},

@@ -1,6 +1,6 @@
 /* test_int_ops.c - integer operands of neg, floor, ceil, round, trunc, sign, erf, sum, amax, amin,
- * mean, where, masked_fill and cumsum as torch 1.13 computes them (np 1 and 2; an emulated-GPU
- * twin runs the CUDA kernels).
+ * prod, mean, where, masked_fill and cumsum as torch 1.13 computes them (np 1 and 2; an
+ * emulated-GPU twin runs the CUDA kernels).
  *
  * Checked, each against values written out here (the dtype limits, past 2^31):
  *   - neg of i32 / i64 wraps: -INT32_MIN is INT32_MIN, -INT64_MIN is INT64_MIN (torch.neg);
@@ -17,6 +17,8 @@
  *   - argmax / argmin of i32 / i64 give i64 positions, the first of tied extremes (3 x 3000 rows
  *     with ties across a block's lanes: the block and warp paths of the emulated GPU), with the
  *     reduced dim sharded (gathered first) or not;
+ *   - prod of i32 / i64 is i64 (torch.prod), wrapping at 64 bits; over a sharded dim (gathered
+ *     first), with keepdim; the long rows' products across a block's lanes;
  *   - mean of integers is refused with torch's "could not infer output dtype";
  *   - where with i32 / i64 values and conditions of i64, f32 (NaN is true, -0.0 false) and bf16;
  *     where(gt(x, y), x, y) with f32 x, y through the tape (gradients only to the values);
@@ -239,6 +241,18 @@ static void test_reductions(dt_mesh_t mesh) {
            4, row);
     snprintf(what, sizeof what, "sum(i32) on %s", p == 0 ? "R" : p == 1 ? "S(0)" : "S(1)");
     expect(what, "sum", 1, &x, 1, none, 0, NULL, I64, p ? P : DT_REPLICATE, 1, &all);
+    /* prod is i64 and wraps (torch.prod's values); a sharded reduced dim is gathered first (to R,
+     * or moved to the kept dim: any placement but a Partial, which the values would show) */
+    static const int64_t pcol[3] = {9223372028264841217LL, 0, 0};
+    static const int64_t prow[4] = {-4611686007689969664LL, 4611686007689969664LL,
+                                    -15032385529LL, 0};
+    snprintf(what, sizeof what, "prod(i32, dim 0) on %s", p == 0 ? "R" : p == 1 ? "S(0)" : "S(1)");
+    expect(what, "prod", 1, &x, 2, d0, 0, NULL, I64, p == 2 ? DT_SHARD : p ? -1 : DT_REPLICATE, 3,
+           pcol);
+    snprintf(what, sizeof what, "prod(i32, dim 1, keepdim) on %s",
+             p == 0 ? "R" : p == 1 ? "S(0)" : "S(1)");
+    expect(what, "prod", 1, &x, 2, d1k, 0, NULL, I64, p == 1 ? DT_SHARD : p ? -1 : DT_REPLICATE, 4,
+           prow);
     /* amax / amin over dim 0 keep i32: the limits survive */
     int64_t mx[3], mn[3];
     for (int j = 0; j < 3; j++) {
@@ -385,22 +399,24 @@ static void test_cumsum(dt_mesh_t mesh) {
  * 7 x 100: a warp per row; 100 x 7: a thread per row) and strided reductions (dim 0 of each:
  * a thread per output over 3, a warp per output over 100 strided elements), i32 into i64 and
  * i64 wrapping, against int64 loops; amax / amin with the limits planted far from the starts. */
-/* sum, amax, amin and (am, an) argmax, argmin: the first position of the extreme */
+/* sum, amax, amin, (am, an) argmax, argmin: the first position of the extreme, and prod (pr) */
 static void reduce_ref(const int64_t* v, int64_t R, int64_t C, int dim, int64_t* sum, int64_t* mx,
-                       int64_t* mn, int64_t* am, int64_t* an) {
+                       int64_t* mn, int64_t* am, int64_t* an, int64_t* pr) {
   const int64_t n_out = dim ? R : C, len = dim ? C : R;
   for (int64_t o = 0; o < n_out; o++) {
-    uint64_t acc = 0;
+    uint64_t acc = 0, prod = 1;
     mx[o] = INT64_MIN;
     mn[o] = INT64_MAX;
     am[o] = an[o] = -1;
     for (int64_t k = 0; k < len; k++) {
       const int64_t x = dim ? v[o * C + k] : v[k * C + o];
       acc += (uint64_t)x;
+      prod *= (uint64_t)x;
       if (am[o] < 0 || x > mx[o]) mx[o] = x, am[o] = k;
       if (an[o] < 0 || x < mn[o]) mn[o] = x, an[o] = k;
     }
     sum[o] = (int64_t)acc;
+    pr[o] = (int64_t)prod;
   }
 }
 
@@ -411,14 +427,15 @@ static void test_long_rows(dt_mesh_t mesh) {
       const int64_t R = shapes[sh][0], C = shapes[sh][1], n = R * C;
       const dt_dtype_t d = w ? I64 : I32;
       int64_t* v = malloc(sizeof(int64_t) * (size_t)n);
-      int64_t* want = malloc(sizeof(int64_t) * 5 * (size_t)(R > C ? R : C));
+      int64_t* want = malloc(sizeof(int64_t) * 6 * (size_t)(R > C ? R : C));
       int64_t* got = malloc(sizeof(int64_t) * (size_t)(R > C ? R : C));
       void* buf = malloc(8 * (size_t)n);
       DT_ASSERT_TRUE(v != NULL && want != NULL && got != NULL && buf != NULL, "malloc");
       uint64_t s = 0x9e3779b97f4a7c15ull + (uint64_t)sh;
       for (int64_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = w ? (int64_t)s : (int64_t)(int32_t)(uint32_t)(s >> 32);
+        /* odd: a product of thousands of them stays nonzero modulo 2^64 */
+        v[i] = (w ? (int64_t)s : (int64_t)(int32_t)(uint32_t)(s >> 32)) | 1;
       }
       v[n - 2] = w ? INT64_MAX : INT32_MAX;
       v[n / 2 + 1] = w ? INT64_MIN : INT32_MIN;
@@ -441,9 +458,10 @@ static void test_long_rows(dt_mesh_t mesh) {
         for (int dim = 0; dim < 2; dim++) {
           const int64_t n_out = dim ? R : C, args[2] = {0, dim};
           int64_t *sum = want, *mx = want + n_out, *mn = want + 2 * n_out;
-          reduce_ref(v, R, C, dim, sum, mx, mn, want + 3 * n_out, want + 4 * n_out);
-          const char* ops[5] = {"sum", "amax", "amin", "argmax", "argmin"};
-          for (int k = 0; k < 5; k++) {
+          reduce_ref(v, R, C, dim, sum, mx, mn, want + 3 * n_out, want + 4 * n_out,
+                     want + 5 * n_out);
+          const char* ops[6] = {"sum", "amax", "amin", "argmax", "argmin", "prod"};
+          for (int k = 0; k < 6; k++) {
             dt_tensor_t r, rr;
             dt_placement_t rep = dt_replicate();
             DT_ASSERT_OK(dt_op_run(ops[k], 1, &x, 2, args, 0, NULL, &r));

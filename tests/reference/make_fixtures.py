@@ -937,6 +937,39 @@ for op, fn in (("var", torch.var), ("std", torch.std)):
         CASES.append({"name": nm, "op": op, "iargs": [0, 0], "fargs": [], "inputs": [tens(t)],
                       "outputs": [], "error": "DT_ERR_INVALID_ARG", "rtol": 0.0, "atol": 0.0})
 
+# ---- prod (appended last: the cases above keep their random draws). iargs [keepdim, dim]: at most
+#      one dim, as torch.prod (none: every element; keepdim then keeps every dim as 1, which
+#      torch.prod(x) cannot say: its result reshaped). Zeros: one in a row along dim 2, two in
+#      another (gradients: the product of the others; torch's prod_backward takes exclusive
+#      products wherever the tensor holds a zero). i32 / i64 give i64, wrapping past 2^63;
+#      bf16 / f16: torch 1.13 has no CPU kernel, the f32 result rounded once.
+pr = rnd(4, 6, 5, lo=-1.6, hi=1.6)
+pr[0, 1, 2] = 0.0  # one zero along dims 2, 1 and 0
+pr[1, 2, 1], pr[1, 2, 3] = 0.0, 0.0  # two zeros along dim 2
+case("prod_dim2", "prod", [pr], torch.prod(pr, 2), iargs=[0, 2])
+case("prod_dim1_keep", "prod", [pr], torch.prod(pr, 1, keepdim=True), iargs=[1, 1])
+case("prod_dim0_neg", "prod", [pr], torch.prod(pr, -3), iargs=[0, -3])
+pn = rnd(3, 4, lo=0.5, hi=1.5) * torch.tensor([1.0, -1.0, 1.0, -1.0])  # no zero: g out / x
+case("prod_nozero_dim1", "prod", [pn], torch.prod(pn, 1), iargs=[0, 1])
+case("prod_all", "prod", [pn], torch.prod(pn), iargs=[0])
+case("prod_all_keep", "prod", [pn], torch.prod(pn).reshape(1, 1), iargs=[1])
+pz = pn.clone()
+pz[1, 2] = 0.0
+case("prod_all_one_zero", "prod", [pz], torch.prod(pz), iargs=[0])
+pi = torch.tensor([[12345, -67890, 99999, 123457, 555555], [3, -1, 4, 1, -5], [2 ** 31 - 1, 2 ** 31 - 1,
+                   2 ** 31 - 1, 3, 1], [0, 7, -7, 9, 2]], dtype=torch.int64)
+case("prod_i64_dim1_wrap", "prod", [pi], torch.prod(pi, 1), iargs=[0, 1], rtol=0.0, atol=0.0)
+case("prod_i32_dim1_wrap", "prod", [pi.int()], torch.prod(pi.int(), 1), iargs=[0, 1], rtol=0.0,
+     atol=0.0)
+case("prod_i32_dim0_keep", "prod", [pi.int()], torch.prod(pi.int(), 0, keepdim=True), iargs=[1, 0],
+     rtol=0.0, atol=0.0)
+case("prod_i64_all", "prod", [pi[1:2]], torch.prod(pi[1:2]), iargs=[0], rtol=0.0, atol=0.0)
+for dt, tag in LOW:
+    x = lo(rnd(4, 6, 5, lo=0.5, hi=1.5), dt)
+    lcase(f"prod_dim1_{tag}", "prod", dt, [x], lambda t: torch.prod(t, 1), iargs=[0, 1])
+    lcase(f"prod_dim2_keep_{tag}", "prod", dt, [x], lambda t: torch.prod(t, 2, keepdim=True),
+          iargs=[1, 2])
+
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)
 NO_GRAD = {"cast", "grouped_mm_wgrad", "moe_route",  # not differentiable, or integer input
@@ -952,6 +985,10 @@ def torch_op(op, x, ia, fa):
     if op in ("amax", "amin"): return getattr(torch, op)(x[0], dim=tuple(ia[1:]), keepdim=bool(ia[0]))
     if op == "logsumexp":
         return torch.logsumexp(x[0], dim=tuple(ia[1:]) or tuple(range(x[0].ndim)), keepdim=bool(ia[0]))
+    if op == "prod":
+        if len(ia) > 1:
+            return torch.prod(x[0], ia[1], keepdim=bool(ia[0]))
+        return torch.prod(x[0]).reshape([1] * x[0].ndim) if ia and ia[0] else torch.prod(x[0])
     if op in ("var", "std"):
         return getattr(torch, op)(x[0], dim=tuple(ia[1:]) or None,
                                   correction=int(fa[0]) if fa else 1, keepdim=bool(ia[0]))
@@ -1031,7 +1068,7 @@ LOW_GRAD_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", 
                 "where", "masked_fill", "gather", "cat", "transpose", "slice", "topk", "sin", "cos",
                 "reciprocal", "log1p", "expm1", "expand", "tril", "triu", "cumsum",
                 "stack", "index_select", "floor", "ceil", "round", "trunc", "sign", "erf",
-                "var", "std"}
+                "var", "std", "prod"}
 
 def add_grads(c):
     if "grads" in c or "error" in c:  # type promotion's cases carry their own; errors have none
@@ -1039,7 +1076,7 @@ def add_grads(c):
     if c["outputs"][0]["dtype"] in ("i32", "i64") and c["op"] in ("neg", "sum", "amax", "amin",
                                                                    "where", "masked_fill",
                                                                    "expand", "floor", "ceil",
-                                                                   "round", "trunc", "sign"):
+                                                                   "round", "trunc", "sign", "prod"):
         return  # integer results: no gradient
     if all(t["dtype"] in ("i32", "i64") for t in c["inputs"]):
         return  # integer inputs (logsumexp's promoted to f32): nothing to differentiate

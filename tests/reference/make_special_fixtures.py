@@ -558,6 +558,40 @@ for op in ("var", "std"):
     case(f"{op}_i64_error", op, [IX], lambda x, f=f: f(x, 1), iargs=[0, 1],
          error="DT_ERR_INVALID_ARG")
 
+# ---- prod at the special points (appended: earlier cases unchanged). A tensor with zeros (rows
+# with none, one, two and three; gradients the product of the others: the zero's row product
+# without it, 0 elsewhere once the row holds another zero) and one without (gradient out / x:
+# NaN, inf and products past f32's range propagate as torch's result / input). An empty dim
+# gives 1; two dims are refused (torch.prod takes one); a 0-d tensor is its own product.
+PZ = torch.tensor([[1.5, -2.0, 3.0, 0.5], [0.0, 2.0, -3.0, 4.0], [0.0, 2.0, 0.0, 4.0],
+                   [-0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, -0.0]])
+PN = torch.tensor([[nan, 1.0, 2.0], [inf, 2.0, 1.0], [-inf, -1.0, 2.0], [1e30, 1e30, 1.0],
+                   [1e-30, 1e-30, 4.0], [-1.0, -1.0, -1.0]])
+case("prod_zeros_dim1", "prod", [PZ], lambda x: torch.prod(x, 1), iargs=[0, 1])
+case("prod_zeros_dim0_keep", "prod", [PZ], lambda x: torch.prod(x, 0, keepdim=True), iargs=[1, 0])
+case("prod_zeros_all", "prod", [PZ[:2]], lambda x: torch.prod(x), iargs=[0])
+case("prod_zeros_all_two", "prod", [PZ[1:3, :2]], lambda x: torch.prod(x), iargs=[0])
+case("prod_special_dim1", "prod", [PN], lambda x: torch.prod(x, 1), iargs=[0, 1])
+case("prod_special_dim0", "prod", [PN[1:]], lambda x: torch.prod(x, 0), iargs=[0, 0])
+case("prod_empty_dim", "prod", [E30], lambda x: torch.prod(x, 1), iargs=[0, 1], grad=False)  # 1
+case("prod_empty_keep_other", "prod", [E30], lambda x: torch.prod(x, 0), iargs=[0, 0], grad=False)
+case("prod_empty_all", "prod", [E04], lambda x: torch.prod(x), iargs=[0], grad=False)  # 1
+case("prod_0d_dim0", "prod", [X0], lambda x: torch.prod(x, 0), iargs=[0, 0])
+case("prod_0d_all", "prod", [X0], lambda x: torch.prod(x), iargs=[0])
+def prod_dims(x, dims):
+    try:
+        return torch.prod(x, dims)
+    except TypeError as e:  # torch.prod's binding takes no tuple of dims
+        raise ValueError(str(e))
+case("prod_two_dims_error", "prod", [PZ], lambda x: prod_dims(x, (0, 1)), iargs=[0, 0, 1],
+     error="DT_ERR_INVALID_ARG")
+case("prod_i32_wrap", "prod", [torch.tensor([[2 ** 31 - 1, 2 ** 31 - 1, 2 ** 31 - 1, 7],
+                                             [-2 ** 31, -2 ** 31, 2, 1]], dtype=torch.int32)],
+     lambda x: torch.prod(x, 1), iargs=[0, 1], rtol=0.0, atol=0.0)
+case("prod_bf16_special", "prod", [PN.to(torch.bfloat16)],
+     lambda x: torch.prod(x.float(), 1).to(torch.bfloat16), iargs=[0, 1], rtol=2.0 ** -8, atol=0.0,
+     grad=False)  # (torch 1.13 has no CPU bf16 prod: the f32 product rounded once)
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -370,10 +370,11 @@ static void test_reductions(void** state) {
   dt_mesh_destroy(m);
 }
 
-/* argmax / argmin / logsumexp / var / std: a sharded reduced dim is gathered (Replicate asked of
- * the input, the output replicated), a sharded kept dim passes (renumbered), every Partial is
- * reduced first; argmax gives i64, at most one dim, none: a 0-d index into the flattened tensor;
- * var / std refuse integers and a non-finite correction. */
+/* argmax / argmin / logsumexp / var / std / prod: a sharded reduced dim is gathered (Replicate
+ * asked of the input, the output replicated), a sharded kept dim passes (renumbered), every
+ * Partial is reduced first (prod too: no Partial(prod) exists, and products are not monotone
+ * for P(max) / P(min)); argmax gives i64, at most one dim (prod too), none: a 0-d index into the
+ * flattened tensor; var / std refuse integers and a non-finite correction; prod of i32 is i64. */
 static void test_arg_reductions(void** state) {
   (void)state;
   dt_mesh_t m = mesh_of(1, 4, 0);
@@ -381,10 +382,10 @@ static void test_arg_reductions(void** state) {
   dt_placement_t in[1][DT_MAX_MESH_DIMS];
   dt_op_choice_t ch;
   char buf[64];
-  const char* ops[5] = {"argmax", "argmin", "logsumexp", "var", "std"};
-  for (int k = 0; k < 5; k++) {
+  const char* ops[6] = {"argmax", "argmin", "logsumexp", "var", "std", "prod"};
+  for (int k = 0; k < 6; k++) {
     dt_op_call_t c = call2(ops[k], 2, s, 0, NULL);
-    if (k >= 3) { /* var / std with correction 0 (fargs[0]) */
+    if (k == 3 || k == 4) { /* var / std with correction 0 (fargs[0]) */
       c.n_fargs = 1;
       c.fargs[0] = 0.0;
     }
@@ -432,11 +433,12 @@ static void test_arg_reductions(void** state) {
     expect_out(&ch, 1, "R");
     assert_int_equal(ch.in[0][0].kind, DT_REPLICATE);
     assert_int_equal(ch.out_meta[0].ndim, 0);
-    c.n_iargs = 3; /* two dims: logsumexp, var and std take them, argmax / argmin refuse */
+    c.n_iargs = 3; /* two dims: logsumexp, var and std take them, argmax / argmin / prod refuse */
     c.iargs[1] = 0;
     c.iargs[2] = 1;
-    assert_int_equal(dt_op_select(m, &c, in, &ch), k < 2 ? DT_ERR_INVALID_ARG : DT_SUCCESS);
-    if (k < 2) assert_non_null(strstr(dt_last_error(), "at most one dim"));
+    const int one_dim = k < 2 || k == 5;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), one_dim ? DT_ERR_INVALID_ARG : DT_SUCCESS);
+    if (one_dim) assert_non_null(strstr(dt_last_error(), "at most one dim"));
     else expect_out(&ch, 1, "R");
   }
   /* on a 2-D mesh: S(0) on the kept dim passes, S(1) on the reduced dim is gathered */
@@ -483,6 +485,24 @@ static void test_arg_reductions(void** state) {
     int64_t e0[2] = {0, 6};
     c = call2(k ? "std" : "var", 2, e0, 0, NULL);
     c.n_iargs = 2;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  }
+  /* prod: i32 and i64 give i64, bf16 stays bf16; an empty reduced dim is allowed (1) */
+  c = call2("prod", 2, s, 0, NULL);
+  c.n_iargs = 2;
+  c.iargs[1] = 1;
+  c.in[0].dtype = DT_I32;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].dtype, DT_I64);
+  c.in[0].dtype = DT_BF16;
+  assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+  assert_int_equal(ch.out_meta[0].dtype, DT_BF16);
+  {
+    int64_t e1[2] = {0, 6};
+    c = call2("prod", 2, e1, 0, NULL);
+    c.n_iargs = 2;
+    assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
+    c.n_iargs = 1;
     assert_int_equal(dt_op_select(m, &c, in, &ch), DT_SUCCESS);
   }
   /* argmax of an empty reduced dim is refused (PyTorch raises); of an empty kept dim it is empty */

@@ -1,5 +1,5 @@
 /* reduce.cu - CUDA kernels of the reductions and the row-wise ops: sum, mean, amax, amin over any
- * set of dims; softmax and log_softmax over any dim; rms_norm and layer_norm over the last dim and
+ * set of dims, prod; softmax and log_softmax over any dim; rms_norm and layer_norm over the last dim and
  * their gradients; rotary embedding. They compute what the host kernels of kernels_cpu.c,
  * kernels_nn.c and kernels_grad.c compute (see cuda_ops.h for the conventions).
  *
@@ -36,15 +36,19 @@ namespace {
  * Combining values inside a group of threads */
 
 /* How partial results combine: a sum; the host's amax / amin (a NaN wins, so it propagates);
- * fmaxf (NaN ignored), which softmax uses for its row maximum. V: float, or long long for the
- * integer reductions (sums wrap as two's complement, as PyTorch's int64 sum). */
-enum { DT_CU_OP_SUM = 0, DT_CU_OP_MAX = 1, DT_CU_OP_MIN = 2, DT_CU_OP_FMAX = 3 };
+ * fmaxf (NaN ignored), which softmax uses for its row maximum; a product (prod). V: float, or
+ * long long for the integer reductions (sums and products wrap as two's complement, as
+ * PyTorch's int64 sum and prod). */
+enum { DT_CU_OP_SUM = 0, DT_CU_OP_MAX = 1, DT_CU_OP_MIN = 2, DT_CU_OP_FMAX = 3, DT_CU_OP_PROD = 4 };
 
 template <int OP, typename V>
 __device__ __forceinline__ V dt_cu_comb(V a, V b) {
   if constexpr (OP == DT_CU_OP_SUM && std::is_integral<V>::value)
     return (V)((unsigned long long)a + (unsigned long long)b);
   else if constexpr (OP == DT_CU_OP_SUM) return a + b;
+  else if constexpr (OP == DT_CU_OP_PROD && std::is_integral<V>::value)
+    return (V)((unsigned long long)a * (unsigned long long)b);
+  else if constexpr (OP == DT_CU_OP_PROD) return a * b;
   else if constexpr (OP == DT_CU_OP_MAX) return (b > a || b != b) ? b : a;
   else if constexpr (OP == DT_CU_OP_MIN) return (b < a || b != b) ? b : a;
   else return fmaxf(a, b);
@@ -52,6 +56,7 @@ __device__ __forceinline__ V dt_cu_comb(V a, V b) {
 template <int OP, typename V = float>
 __device__ __forceinline__ V dt_cu_ident() {
   if constexpr (OP == DT_CU_OP_SUM) return (V)0;
+  else if constexpr (OP == DT_CU_OP_PROD) return (V)1;
   else if constexpr (std::is_integral<V>::value) return OP == DT_CU_OP_MIN ? LLONG_MAX : LLONG_MIN;
   else if constexpr (OP == DT_CU_OP_MIN) return INFINITY;
   else return -INFINITY;
@@ -285,6 +290,7 @@ static dt_status_t dt_cu_reduce_int_t(const dt_op_call_t* call, const dt_local_t
                                       dt_local_tensor_t* out, int kind, const dt_cu_rgeom_t& g,
                                       int64_t n_out, int64_t R) {
   if (kind == 0) return dt_cu_reduce_int_run<DT_CU_OP_SUM, T>(call, in, out, g, n_out, R);
+  if (kind == 9) return dt_cu_reduce_int_run<DT_CU_OP_PROD, T>(call, in, out, g, n_out, R);
   if (kind == 2) return dt_cu_reduce_int_run<DT_CU_OP_MAX, T>(call, in, out, g, n_out, R);
   return dt_cu_reduce_int_run<DT_CU_OP_MIN, T>(call, in, out, g, n_out, R);
 }
@@ -292,11 +298,12 @@ static dt_status_t dt_cu_reduce_int_t(const dt_op_call_t* call, const dt_local_t
 static dt_status_t dt_cu_reduce_int(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out, int kind, const dt_cu_rgeom_t& g,
                                     int64_t n_out, int64_t R) {
-  const dt_dtype_t od = kind == 0 ? dt__sum_dtype(in->dtype) : in->dtype;
+  const dt_dtype_t od = kind == 0 || kind == 9 ? dt__sum_dtype(in->dtype) : in->dtype;
   if (kind == 1 || out->dtype != od)
     return DT_FAIL(DT_ERR_UNSUPPORTED, "%s: dtypes %s -> %s are not supported by its CUDA kernel "
-                   "(integer sum gives i64, amax / amin their input's dtype, mean refuses "
-                   "integers)", call->op, dt_dtype_name(in->dtype), dt_dtype_name(out->dtype));
+                   "(integer sum and prod give i64, amax / amin their input's dtype, mean "
+                   "refuses integers)", call->op, dt_dtype_name(in->dtype),
+                   dt_dtype_name(out->dtype));
   if (in->dtype == DT_I64) return dt_cu_reduce_int_t<long long>(call, in, out, kind, g, n_out, R);
   return dt_cu_reduce_int_t<int>(call, in, out, kind, g, n_out, R);
 }
@@ -339,7 +346,9 @@ static dt_status_t dt_cu_reduce_geom(const dt_op_call_t* call, const dt_local_te
   return DT_SUCCESS;
 }
 
-/* kind: 0 sum, 1 mean, 2 amax, 3 amin (the host's numbering). */
+/* kind: 0 sum, 1 mean, 2 amax, 3 amin, 9 prod (the host's numbering; prod's one reduced dim is
+ * whole on the rank, its products in float trees as the sums: a product never changes from run
+ * to run). */
 static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                 dt_local_tensor_t* out, int kind) {
   dt_dtype_t dt = DT_F32;
@@ -363,6 +372,7 @@ static dt_status_t dt_cu_reduce(const dt_op_call_t* call, const dt_local_tensor_
       case 0:
       case 1: return dt_cu_reduce_run<DT_CU_OP_SUM, T>(call, in, out, g, n_out, R, div);
       case 2: return dt_cu_reduce_run<DT_CU_OP_MAX, T>(call, in, out, g, n_out, R, div);
+      case 9: return dt_cu_reduce_run<DT_CU_OP_PROD, T>(call, in, out, g, n_out, R, div);
       default: return dt_cu_reduce_run<DT_CU_OP_MIN, T>(call, in, out, g, n_out, R, div);
     }
   });
@@ -395,11 +405,13 @@ DT_CU_SCRATCH(dt_cu_sum_scratch) { return (void)out, dt_cu_reduce_nbytes(call, i
 DT_CU_SCRATCH(dt_cu_mean_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 1); }
 DT_CU_SCRATCH(dt_cu_amax_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 2); }
 DT_CU_SCRATCH(dt_cu_amin_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 3); }
+DT_CU_SCRATCH(dt_cu_prod_scratch) { return (void)out, dt_cu_reduce_nbytes(call, in, 9); }
 
 DT_CU_KERNEL(dt_cu_sum) { return dt_cu_reduce(call, in, out, 0); }
 DT_CU_KERNEL(dt_cu_mean) { return dt_cu_reduce(call, in, out, 1); }
 DT_CU_KERNEL(dt_cu_amax) { return dt_cu_reduce(call, in, out, 2); }
 DT_CU_KERNEL(dt_cu_amin) { return dt_cu_reduce(call, in, out, 3); }
+DT_CU_KERNEL(dt_cu_prod) { return dt_cu_reduce(call, in, out, 9); }
 
 /* ---------------------------------------------------------------------------------------------
  * argmax / argmin / logsumexp over reduced dims whole on this rank (kernels_cpu.c dt__argext and
@@ -973,6 +985,7 @@ DT_CU_FILL(reduce) {
   t[DT_OP_LOGSUMEXP] = {dt_cu_logsumexp, DT_KERNEL_ONE_DTYPE, NULL};
   t[DT_OP_VAR] = {dt_cu_var, DT_KERNEL_ONE_DTYPE, NULL};
   t[DT_OP_STD] = {dt_cu_std, DT_KERNEL_ONE_DTYPE, NULL};
+  t[DT_OP_PROD] = {dt_cu_prod, DT_KERNEL_ONE_DTYPE, dt_cu_prod_scratch};
   t[DT_OP_SOFTMAX] = {dt_cu_softmax_fwd, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_LOG_SOFTMAX] = {dt_cu_log_softmax, DT_KERNEL_ANY_DTYPE, NULL};
   t[DT_OP_RMS_NORM] = {dt_cu_rms_norm, DT_KERNEL_ANY_DTYPE, NULL};
