@@ -527,10 +527,11 @@ dt_status_t dt__kernel_amin(const dt_op_call_t* call, const dt_local_tensor_t* i
 
 /* ---------------------------------------------------------------------------------------------
  * argmax / argmin / logsumexp / var / std / prod over reduced dims whole on this rank (the rules
- * ask for R there): the input seen as kept and reduced dims, each merged where contiguous and listed
- * innermost first (as reduce.cu's dt_cu_rgeom_t): output o sits at offset sum_d (o's digit d) * ks[d],
- * reduced element r (in row-major order of the reduced dims) at sum_d (r's digit d) * rs[d] from
- * there, so r is the index PyTorch returns (along the one dim, or into the flattened tensor). */
+ * ask for R there): the input seen as kept and reduced dims, each merged where contiguous and
+ * listed innermost first (as reduce.cu's dt_cu_rgeom_t): output o sits at offset sum_d (o's
+ * digit d) * ks[d], reduced element r (in row-major order of the reduced dims) at sum_d (r's
+ * digit d) * rs[d] from there, so r is the index PyTorch returns (along the one dim, or into the
+ * flattened tensor). */
 
 typedef struct {
   int nk, nr;

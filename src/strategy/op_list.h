@@ -125,9 +125,9 @@
     dt__kernel_argmin, NULL)                                                                             \
   X(LOGSUMEXP, "logsumexp", 1, 1, "keepdim=0, dim:l", dt__logsumexp_rules, NULL, dt__bw_logsumexp,       \
     DT__W | DT_OPF_PROMOTES_IN(0) | DT_OPF_INT_TO_FLOAT, dt__kernel_logsumexp, NULL)                     \
-  X(VAR, "var", 1, 1, "correction:f=1, keepdim=0, dim:l", dt__var_rules, NULL, dt__bw_var, DT__W,     \
+  X(VAR, "var", 1, 1, "correction:f=1, keepdim=0, dim:l", dt__var_rules, NULL, dt__bw_var, DT__W,        \
     dt__kernel_var, NULL)                                                                                \
-  X(STD, "std", 1, 1, "correction:f=1, keepdim=0, dim:l", dt__std_rules, NULL, dt__bw_std, DT__W,     \
+  X(STD, "std", 1, 1, "correction:f=1, keepdim=0, dim:l", dt__std_rules, NULL, dt__bw_std, DT__W,        \
     dt__kernel_std, NULL)                                                                                \
   X(PROD, "prod", 1, 1, "keepdim=0, dim:l", dt__prod_rules, NULL, dt__bw_prod, DT__W, dt__kernel_prod,   \
     NULL)                                                                                                \

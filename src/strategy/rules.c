@@ -257,8 +257,8 @@ static void dt__reduced_shape(const dt_tensor_meta_t* in, unsigned mask, int kee
  * dim is gathered (there is no Partial(prod) to leave it in), and no Partial passes: prod(a + b)
  * is no sum of per-rank products (P(sum), P(avg)), and a product is not monotone once factors
  * may be negative (prod(max(a, b)) != max(prod a, prod b): a = (-1, -3) and b = (-2, -1) give 1
- * against 3), so P(max) / P(min) are reduced first too. Integers give i64 (wrapping, as torch.prod), floats keep their
- * dtype; an empty reduction gives 1. */
+ * against 3), so P(max) / P(min) are reduced first too. Integers give i64 (wrapping, as
+ * torch.prod), floats keep their dtype; an empty reduction gives 1. */
 static dt_status_t dt__rules_reduce_whole(const dt_op_call_t* call, int kind, unsigned mask,
                                           int keep, dt_tensor_meta_t* out_meta,
                                           dt_op_rule_t* rules, int cap, int* n_rules) {

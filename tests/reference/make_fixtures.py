@@ -956,8 +956,9 @@ case("prod_all_keep", "prod", [pn], torch.prod(pn).reshape(1, 1), iargs=[1])
 pz = pn.clone()
 pz[1, 2] = 0.0
 case("prod_all_one_zero", "prod", [pz], torch.prod(pz), iargs=[0])
-pi = torch.tensor([[12345, -67890, 99999, 123457, 555555], [3, -1, 4, 1, -5], [2 ** 31 - 1, 2 ** 31 - 1,
-                   2 ** 31 - 1, 3, 1], [0, 7, -7, 9, 2]], dtype=torch.int64)
+pi = torch.tensor([[12345, -67890, 99999, 123457, 555555], [3, -1, 4, 1, -5],
+                   [2 ** 31 - 1, 2 ** 31 - 1, 2 ** 31 - 1, 3, 1], [0, 7, -7, 9, 2]],
+                  dtype=torch.int64)
 case("prod_i64_dim1_wrap", "prod", [pi], torch.prod(pi, 1), iargs=[0, 1], rtol=0.0, atol=0.0)
 case("prod_i32_dim1_wrap", "prod", [pi.int()], torch.prod(pi.int(), 1), iargs=[0, 1], rtol=0.0,
      atol=0.0)

@@ -1,6 +1,6 @@
 /* reduce.cu - CUDA kernels of the reductions and the row-wise ops: sum, mean, amax, amin over any
- * set of dims, prod; softmax and log_softmax over any dim; rms_norm and layer_norm over the last dim and
- * their gradients; rotary embedding. They compute what the host kernels of kernels_cpu.c,
+ * set of dims, prod; softmax and log_softmax over any dim; rms_norm and layer_norm over the last
+ * dim and their gradients; rotary embedding. They compute what the host kernels of kernels_cpu.c,
  * kernels_nn.c and kernels_grad.c compute (see cuda_ops.h for the conventions).
  *
  * Every reduction goes through one pattern: a "group" of G threads (1, a warp of 32, or the
