@@ -597,10 +597,10 @@ static void test_tape_ints(dt_mesh_t mesh) {
   DT_ASSERT_OK(dt_tape_create(&tape));
   dt_var_t x, r;
   DT_ASSERT_OK(dt_var_leaf(mk(mesh, I32, 2, shape, dt_shard(0), v), 1, &x));
-  const char* ops[3] = {"sum", "amax", "neg"};
+  const char* ops[4] = {"sum", "amax", "neg", "prod"};
   const int64_t none[1] = {0};
-  for (int k = 0; k < 3; k++) {
-    DT_ASSERT_OK(dt_ag_op(tape, ops[k], 1, &x, k < 2 ? 1 : 0, none, 0, NULL, 1, &r));
+  for (int k = 0; k < 4; k++) {
+    DT_ASSERT_OK(dt_ag_op(tape, ops[k], 1, &x, k != 2 ? 1 : 0, none, 0, NULL, 1, &r));
     int rg = -1;
     DT_ASSERT_OK(dt_var_requires_grad(r, &rg));
     DT_ASSERT_TRUE(rg == 0, "%s of an i32 leaf requires a gradient", ops[k]);
