@@ -183,28 +183,45 @@ dt_status_t dt__kernel_triu(const dt_op_call_t* call, const dt_local_tensor_t* i
   return dt__tri(call, in, out, 1);
 }
 
-/* cumsum of f32 (bf16 / f16 arrive as f32 copies) in double, each output rounded once, or of
- * i32 / i64 into i64 (wrapping): one pass per (outer, inner) line in the scan's order. */
+dt_status_t dt__cumsum_geom(const dt_op_call_t* call, const dt_local_tensor_t* x,
+                            const dt_local_tensor_t* out, dt__cumsum_geom_t* g) {
+  int dim;
+  DT_CHECK(dt__cumsum_args(call, &dim, &g->rev));
+  g->is_int = x->dtype == DT_I32 || x->dtype == DT_I64;
+  if ((!g->is_int && (x->dtype != DT_F32 || out->dtype != DT_F32)) ||
+      (g->is_int && out->dtype != DT_I64))
+    return DT_FAIL(DT_ERR_UNSUPPORTED, "cumsum: dtypes %s -> %s are not supported",
+                   dt_dtype_name(x->dtype), dt_dtype_name(out->dtype));
+  /* PyTorch's CPU accumulator: double for f32, float for bf16 / f16 (at::acc_type) */
+  g->acc_f32 = call->in[0].dtype == DT_BF16 || call->in[0].dtype == DT_F16;
+  g->outer = g->L = g->inner = 1;
+  if (dim >= 0) {
+    for (int d = 0; d < dim; d++) g->outer *= x->shape[d];
+    g->L = x->shape[dim];
+    for (int d = dim + 1; d < x->ndim; d++) g->inner *= x->shape[d];
+  }
+  return DT_SUCCESS;
+}
+
+/* cumsum of f32 in double, of bf16 / f16 (f32 copies here) in f32, as PyTorch's CPU kernel, each
+ * output rounded once; of i32 / i64 into i64 (wrapping): one pass per (outer, inner) line in the
+ * scan's order. */
 dt_status_t dt__kernel_cumsum(const dt_op_call_t* call, const dt_local_tensor_t* in,
                               dt_local_tensor_t* out) {
   const dt_local_tensor_t* x = &in[0];
-  int dim, rev;
-  DT_CHECK(dt__cumsum_args(call, &dim, &rev));
-  const int is_int = x->dtype == DT_I32 || x->dtype == DT_I64;
-  if ((!is_int && (x->dtype != DT_F32 || out->dtype != DT_F32)) || (is_int && out->dtype != DT_I64))
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "cumsum: dtypes %s -> %s are not supported",
-                   dt_dtype_name(x->dtype), dt_dtype_name(out->dtype));
-  int64_t outer = 1, L = 1, inner = 1;
-  if (dim >= 0) {
-    for (int d = 0; d < dim; d++) outer *= x->shape[d];
-    L = x->shape[dim];
-    for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
-  }
-  const int64_t step = rev ? -inner : inner;
-  for (int64_t o = 0; o < outer; o++)
+  dt__cumsum_geom_t g;
+  DT_CHECK(dt__cumsum_geom(call, x, out, &g));
+  const int64_t L = g.L, inner = g.inner, step = g.rev ? -inner : inner;
+  const int is_int = g.is_int;
+  for (int64_t o = 0; o < g.outer; o++)
     for (int64_t c = 0; c < inner; c++) {
-      int64_t at = (o * L + (rev ? L - 1 : 0)) * inner + c;
-      if (!is_int) {
+      int64_t at = (o * L + (g.rev ? L - 1 : 0)) * inner + c;
+      if (!is_int && g.acc_f32) {
+        const float* a = (const float*)x->data;
+        float* y = (float*)out->data;
+        float s = 0.0f;
+        for (int64_t j = 0; j < L; j++, at += step) y[at] = s += a[at];
+      } else if (!is_int) {
         const float* a = (const float*)x->data;
         float* y = (float*)out->data;
         double s = 0.0;
@@ -228,29 +245,40 @@ dt_status_t dt__kernel_cumsum(const dt_op_call_t* call, const dt_local_tensor_t*
 dt_status_t dt__kernel_index_select(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                     dt_local_tensor_t* out) {
   const dt_local_tensor_t *x = &in[0], *ix = &in[1];
-  int dim;
-  DT_CHECK(dt__index_select_dim(call, &dim));
-  const int zd = x->ndim == 0; /* a 0-d x: one slice of one element */
-  const int64_t N = zd ? 1 : call->in[0].shape[dim], x0 = zd ? 0 : x->offset[dim];
-  const int64_t xl = zd ? 1 : x->shape[dim], L = dt__numel(ix);
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < dim && !zd; d++) outer *= x->shape[d];
-  for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  dt__index_select_geom_t g;
+  DT_CHECK(dt__index_select_geom(call, x, ix, &g));
   const int w = ix->dtype == DT_I64;
-  for (int64_t i = 0; i < L; i++) {
+  for (int64_t i = 0; i < g.L; i++) {
     const int64_t id = w ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i];
-    if (id < 0 || id >= N)
-      return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: index %lld out of range [0, %lld) for "
-                     "dim %d", (long long)id, (long long)N, dim);
+    if (id < 0 || id >= g.N) return dt__index_select_bad(&g, id);
   }
-  const size_t item = dt__itemsize(x->dtype), blk = (size_t)inner * item;
+  const size_t item = dt__itemsize(x->dtype), blk = (size_t)g.inner * item;
   const char* src = (const char*)x->data;
   char* dst = (char*)out->data;
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t i = 0; i < L; i++, dst += blk) {
-      const int64_t row = (w ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i]) - x0;
-      if (row >= 0 && row < xl) memcpy(dst, src + (size_t)(o * xl + row) * blk, blk);
+  for (int64_t o = 0; o < g.outer; o++)
+    for (int64_t i = 0; i < g.L; i++, dst += blk) {
+      const int64_t row =
+          (w ? ((const int64_t*)ix->data)[i] : ((const int32_t*)ix->data)[i]) - g.x0;
+      if (row >= 0 && row < g.xl) memcpy(dst, src + (size_t)(o * g.xl + row) * blk, blk);
       else memset(dst, 0, blk);
     }
   return DT_SUCCESS;
+}
+
+dt_status_t dt__index_select_geom(const dt_op_call_t* call, const dt_local_tensor_t* x,
+                                  const dt_local_tensor_t* ix, dt__index_select_geom_t* g) {
+  DT_CHECK(dt__index_select_dim(call, &g->dim));
+  const int zd = x->ndim == 0; /* a 0-d x: one slice of one element */
+  g->N = zd ? 1 : call->in[0].shape[g->dim];
+  g->x0 = zd ? 0 : x->offset[g->dim];
+  g->xl = zd ? 1 : x->shape[g->dim];
+  g->L = dt__numel(ix);
+  g->outer = g->inner = 1;
+  for (int d = 0; d < g->dim && !zd; d++) g->outer *= x->shape[d];
+  for (int d = g->dim + 1; d < x->ndim; d++) g->inner *= x->shape[d];
+  return DT_SUCCESS;
+}
+dt_status_t dt__index_select_bad(const dt__index_select_geom_t* g, int64_t index) {
+  return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: index %lld out of range [0, %lld) for dim %d",
+                 (long long)index, (long long)g->N, g->dim);
 }

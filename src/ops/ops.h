@@ -244,6 +244,23 @@ DT__KERNEL(dt__kernel_tril);
 DT__KERNEL(dt__kernel_index_select);
 DT__KERNEL(dt__kernel_triu);
 DT__KERNEL(dt__kernel_cumsum);
+/* cumsum's local geometry (checked dtypes, the direction, PyTorch's accumulator) and
+ * index_select's (the global extent N of dim, the local shard's first index x0 and extent xl along
+ * it, the index count L) with the elements before and after dim; and index_select's refusal of
+ * a bad index. Shared by the host and CUDA kernels. */
+typedef struct {
+  int64_t outer, L, inner;
+  int rev, is_int, acc_f32; /* acc_f32: bf16 / f16 inputs sum in f32, f32 ones in double */
+} dt__cumsum_geom_t;
+dt_status_t dt__cumsum_geom(const dt_op_call_t* call, const dt_local_tensor_t* x,
+                            const dt_local_tensor_t* out, dt__cumsum_geom_t* g);
+typedef struct {
+  int dim;
+  int64_t N, x0, xl, L, outer, inner;
+} dt__index_select_geom_t;
+dt_status_t dt__index_select_geom(const dt_op_call_t* call, const dt_local_tensor_t* x,
+                                  const dt_local_tensor_t* ix, dt__index_select_geom_t* g);
+dt_status_t dt__index_select_bad(const dt__index_select_geom_t* g, int64_t index);
 /* The local columns [*lo, *hi) that row `row` (global) of tril (upper 0) or triu (upper 1) keeps,
  * of a shard whose C columns start at global column c0: tril keeps column - row <= k, triu
  * column - row >= k. Shared by the host and CUDA kernels. */

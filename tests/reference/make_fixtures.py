@@ -970,6 +970,27 @@ for dt, tag in LOW:
     lcase(f"prod_dim1_{tag}", "prod", dt, [x], lambda t: torch.prod(t, 1), iargs=[0, 1])
     lcase(f"prod_dim2_keep_{tag}", "prod", dt, [x], lambda t: torch.prod(t, 2, keepdim=True),
           iargs=[1, 2])
+# ---- bf16 / f16 cumsum over long lines (appended last): PyTorch's CPU kernel sums bf16 and f16 in
+#      f32 (at::acc_type) and rounds each output once; a double sum differs by a unit on lines of
+#      thousands (and on [-16449536, 1.2109375, -6815744]).
+def cumsum_f32(t, dim):  # a sequential f32 scan (torch.cumsum of f32 sums in double)
+    t = t.float().movedim(dim, 0)
+    out, acc = torch.empty_like(t), torch.zeros_like(t[0])
+    for j in range(t.shape[0]):
+        acc = acc + t[j]
+        out[j] = acc
+    return out.movedim(0, dim)
+
+cl = rnd(3, 3000, lo=-100.0, hi=100.0)
+for dt, tag in LOW:  # f16: torch 1.13 has no CPU kernel; torch 2.x sums in f32 as bf16
+    x = lo(cl, dt)
+    fn = (lambda t: torch.cumsum(t, 1)) if dt == BF else (lambda t: cumsum_f32(t, 1))
+    lcase(f"cumsum_long_{tag}", "cumsum", dt, [x], fn, iargs=[1], ulps=0,
+          mag=float(cl.abs().sum(1).max()), native=dt == BF,
+          note=None if dt == BF else "f32 sums rounded once, as torch 2.x's CPU kernel")
+cb = torch.tensor([-16449536.0, 1.2109375, -6815744.0]).to(BF)
+lcase("cumsum_bf16_f32_sum", "cumsum", BF, [cb], lambda t: torch.cumsum(t, 0), iargs=[0], ulps=0)
+
 
 # ---- gradients: for every case of a differentiable op, PyTorch's gradient of
 #      L = sum(output0 * r) with respect to each float input (r fixed per case)

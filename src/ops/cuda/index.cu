@@ -963,17 +963,12 @@ __global__ void dt_cu_index_select_k(U* out, const U* x, const void* ix, int is6
 }
 DT_CU_KERNEL(dt_cu_index_select) {
   const dt_local_tensor_t *x = &in[0], *ix = &in[1];
-  int dim;
-  DT_CHECK(dt__index_select_dim(call, &dim));
-  const int zd = x->ndim == 0;
-  const int64_t N = zd ? 1 : call->in[0].shape[dim], x0 = zd ? 0 : x->offset[dim];
-  const int64_t xl = zd ? 1 : x->shape[dim], L = dt_cu_numel(ix);
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < dim && !zd; d++) outer *= x->shape[d];
-  for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+  dt__index_select_geom_t g;
+  DT_CHECK(dt__index_select_geom(call, x, ix, &g));
+  const int64_t outer = g.outer, L = g.L, inner = g.inner;
   const size_t item = dt__itemsize(x->dtype);
   dt_cu_index_check check(ix);
-  DT_CHECK(check.start(call->op, ix, N));
+  DT_CHECK(check.start(call->op, ix, g.N));
   const int64_t n = outer * L * inner;
   if (n > 0) {
     uint64_t v[3] = {(uint64_t)inner * item, (uint64_t)(uintptr_t)x->data,
@@ -984,16 +979,13 @@ DT_CU_KERNEL(dt_cu_index_select) {
       using U = decltype(tag);
       DT_CU_LAUNCH(call->op, dt_cu_index_select_k<U>, dt_cu_grid(x, outer * L * inner_u),
                    DT_CU_BLOCK, 0, dt_cu_stream(x), (U*)out->data, (const U*)x->data, ix->data,
-                   (int)(ix->dtype == DT_I64), outer, L, inner_u, x0, xl);
+                   (int)(ix->dtype == DT_I64), outer, L, inner_u, g.x0, g.xl);
       return DT_SUCCESS;
     }));
   }
   int64_t pos, bad;
   DT_CHECK(check.finish(call->op, &pos, &bad));
-  if (pos >= 0)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "index_select: index %lld out of range [0, %lld) for dim %d",
-                   (long long)bad, (long long)N, dim);
-  return DT_SUCCESS;
+  return pos >= 0 ? dt__index_select_bad(&g, bad) : DT_SUCCESS;
 }
 
 /* ---- tril / triu, cumsum ------------------------------------------------------------------ */
@@ -1029,17 +1021,24 @@ DT_CU_KERNEL(dt_cu_tril) { return dt_cu_tri(call, in, out, 0); }
 DT_CU_KERNEL(dt_cu_triu) { return dt_cu_tri(call, in, out, 1); }
 
 /* cumsum: a thread per (outer, inner) line scans it in the host's order and precision (f32 in
- * double, each output rounded once; i32 / i64 into i64, wrapping), so the results are the host's
- * bit for bit. Lines are independent; a single very long line runs on one thread. */
+ * double, bf16 / f16 (f32 copies) in f32, each output rounded once; i32 / i64 into i64, wrapping),
+ * so the results are the host's bit for bit. Lines are independent; a single very long line runs
+ * on one thread. */
 template <typename T>
 __global__ void dt_cu_cumsum_k(const T* x, void* out, int64_t lines, int64_t L, int64_t inner,
-                               int rev) {
+                               int rev, int acc_f32) {
   DT_CU_FOR(line, lines) {
     const int64_t o = line / inner, c = line - o * inner, step = rev ? -inner : inner;
     int64_t at = (o * L + (rev ? L - 1 : 0)) * inner + c;
     if constexpr (std::is_same<T, float>::value) {
-      double s = 0.0;
-      for (int64_t j = 0; j < L; j++, at += step) ((float*)out)[at] = (float)(s += (double)x[at]);
+      if (acc_f32) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < L; j++, at += step) ((float*)out)[at] = s += x[at];
+      } else {
+        double s = 0.0;
+        for (int64_t j = 0; j < L; j++, at += step)
+          ((float*)out)[at] = (float)(s += (double)x[at]);
+      }
     } else {
       unsigned long long s = 0;
       for (int64_t j = 0; j < L; j++, at += step) {
@@ -1051,30 +1050,21 @@ __global__ void dt_cu_cumsum_k(const T* x, void* out, int64_t lines, int64_t L, 
 }
 DT_CU_KERNEL(dt_cu_cumsum) {
   const dt_local_tensor_t* x = &in[0];
-  int dim, rev;
-  DT_CHECK(dt__cumsum_args(call, &dim, &rev));
-  const int is_int = x->dtype == DT_I32 || x->dtype == DT_I64;
-  if ((!is_int && (x->dtype != DT_F32 || out->dtype != DT_F32)) || (is_int && out->dtype != DT_I64))
-    return DT_FAIL(DT_ERR_UNSUPPORTED, "cumsum: dtypes %s -> %s are not supported",
-                   dt_dtype_name(x->dtype), dt_dtype_name(out->dtype));
-  int64_t outer = 1, L = 1, inner = 1;
-  if (dim >= 0) {
-    for (int d = 0; d < dim; d++) outer *= x->shape[d];
-    L = x->shape[dim];
-    for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
-  }
-  const int64_t lines = outer * inner;
+  dt__cumsum_geom_t g;
+  DT_CHECK(dt__cumsum_geom(call, x, out, &g));
+  const int64_t L = g.L, inner = g.inner, lines = g.outer * g.inner;
+  const int rev = g.rev, acc = g.acc_f32;
   if (lines == 0 || L == 0) return DT_SUCCESS;
   const unsigned grid = dt_cu_grid(x, lines);
   if (x->dtype == DT_F32)
     DT_CU_LAUNCH(call->op, dt_cu_cumsum_k<float>, grid, DT_CU_BLOCK, 0, dt_cu_stream(x),
-                 (const float*)x->data, out->data, lines, L, inner, rev);
+                 (const float*)x->data, out->data, lines, L, inner, rev, acc);
   else if (x->dtype == DT_I32)
     DT_CU_LAUNCH(call->op, dt_cu_cumsum_k<int32_t>, grid, DT_CU_BLOCK, 0, dt_cu_stream(x),
-                 (const int32_t*)x->data, out->data, lines, L, inner, rev);
+                 (const int32_t*)x->data, out->data, lines, L, inner, rev, acc);
   else
     DT_CU_LAUNCH(call->op, dt_cu_cumsum_k<long long>, grid, DT_CU_BLOCK, 0, dt_cu_stream(x),
-                 (const long long*)x->data, out->data, lines, L, inner, rev);
+                 (const long long*)x->data, out->data, lines, L, inner, rev, acc);
   return DT_SUCCESS;
 }
 
