@@ -368,6 +368,27 @@ dt_status_t dt__narrow_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_met
   return dt__cut_rules(DT_OP_NARROW, call, out_meta, n_out, rules, cap, n);
 }
 
+/* cat's and stack's rules (dim: the joined dim of the output): [R; R..], each input dim d's shard
+ * [S(d'); S(d)..] (cat: every d but dim, d' = d; stack: every d, d' = d or d + 1 past the new
+ * dim), and [P(op); P(op)..] for every op (a copy). */
+static void dt__join_rules(const dt_op_call_t* call, int dim, int stack, dt_op_rule_t* rules,
+                           int cap, int* n) {
+  dt_op_rule_t r;
+  memset(&r, 0, sizeof r);
+  dt__add(rules, cap, n, &r);
+  for (int d = 0; d < call->in[0].ndim; d++) {
+    if (!stack && d == dim) continue;
+    r.out[0] = dt_shard(stack && d >= dim ? d + 1 : d);
+    for (int t = 0; t < call->n_inputs; t++) r.in[t] = dt_shard(d);
+    dt__add(rules, cap, n, &r);
+  }
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    r.out[0] = dt_partial((dt_reduce_op_t)op);
+    for (int t = 0; t < call->n_inputs; t++) r.in[t] = r.out[0];
+    dt__add(rules, cap, n, &r);
+  }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * cat */
 
@@ -395,20 +416,7 @@ dt_status_t dt__cat_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                        t, (long long)y->shape[d], d, (long long)x->shape[d]);
     out_meta->shape[dim] += y->shape[dim];
   }
-  dt_op_rule_t r;
-  memset(&r, 0, sizeof r);
-  dt__add(rules, cap, n, &r);
-  for (int d = 0; d < nd; d++) {
-    if (d == dim) continue;
-    r.out[0] = dt_shard(d);
-    for (int t = 0; t < call->n_inputs; t++) r.in[t] = dt_shard(d);
-    dt__add(rules, cap, n, &r);
-  }
-  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
-    r.out[0] = dt_partial((dt_reduce_op_t)op);
-    for (int t = 0; t < call->n_inputs; t++) r.in[t] = r.out[0];
-    dt__add(rules, cap, n, &r);
-  }
+  dt__join_rules(call, (int)dim, 0, rules, cap, n);
   return DT_SUCCESS;
 }
 
@@ -447,19 +455,7 @@ dt_status_t dt__stack_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta
   out_meta->ndim = nd + 1;
   for (int d = 0; d <= nd; d++)
     out_meta->shape[d] = d < dim ? x->shape[d] : d == dim ? call->n_inputs : x->shape[d - 1];
-  dt_op_rule_t r;
-  memset(&r, 0, sizeof r);
-  dt__add(rules, cap, n, &r);
-  for (int d = 0; d < nd; d++) {
-    r.out[0] = dt_shard(d < dim ? d : d + 1);
-    for (int t = 0; t < call->n_inputs; t++) r.in[t] = dt_shard(d);
-    dt__add(rules, cap, n, &r);
-  }
-  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
-    r.out[0] = dt_partial((dt_reduce_op_t)op);
-    for (int t = 0; t < call->n_inputs; t++) r.in[t] = r.out[0];
-    dt__add(rules, cap, n, &r);
-  }
+  dt__join_rules(call, dim, 1, rules, cap, n);
   return DT_SUCCESS;
 }
 
