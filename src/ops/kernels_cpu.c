@@ -737,11 +737,11 @@ dt_status_t dt__kernel_prod(const dt_op_call_t* call, const dt_local_tensor_t* i
 static dt_status_t dt__softmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                dt_local_tensor_t* out, int log_form) {
   DT_CHECK(dt__need_f32(call, in, 1));
-  int nd = in->ndim;
-  int dim = (int)(call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0]);
-  int64_t outer = 1, len = in->shape[dim], inner = 1;
+  int nd = in->ndim, dim;
+  DT_CHECK(dt__softmax_dim(call, &dim));
+  int64_t outer = 1, len = dim < 0 ? 1 : in->shape[dim], inner = 1; /* 0-d: one row of one */
   for (int d = 0; d < dim; d++) outer *= in->shape[d];
-  for (int d = dim + 1; d < nd; d++) inner *= in->shape[d];
+  for (int d = dim + 1; d < nd && dim >= 0; d++) inner *= in->shape[d];
   const float* a = (const float*)in->data;
   float* o = (float*)out->data;
   for (int64_t p = 0; p < outer; p++)

@@ -357,17 +357,23 @@ dt_status_t dt__rules_reduce(const dt_op_call_t* call, int kind, dt_tensor_meta_
 
 /* softmax / log_softmax along iargs[0]: that dim must be whole on each rank (R); the others stay
  * sharded. Non-linear: no Partial passes. */
+dt_status_t dt__softmax_dim(const dt_op_call_t* call, int* dim) {
+  const int nd = call->in[0].ndim, wrap = nd ? nd : 1; /* a 0-d tensor's dims wrap as 1-d's */
+  if (call->n_iargs != 1) return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [dim]", call->op);
+  const int64_t d = call->iargs[0];
+  if (d < -wrap || d >= wrap)
+    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range for a %d-dim tensor (valid: %d "
+                   "to %d)", call->op, (long long)d, nd, -wrap, wrap - 1);
+  *dim = nd == 0 ? -1 : (int)(d < 0 ? d + nd : d);
+  return DT_SUCCESS;
+}
+
 dt_status_t dt__softmax_rules(const dt_op_call_t* call, dt_tensor_meta_t* out_meta,
                                      int* n_out, dt_op_rule_t* rules, int cap, int* n) {
   *n_out = 1;
   *n = 0;
-  int nd = call->in[0].ndim;
-  if (call->n_iargs != 1)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [dim]", call->op);
-  int64_t dim = call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0];
-  if (dim < 0 || dim >= nd)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s: dim %lld out of range for a %d-dim tensor", call->op,
-                   (long long)call->iargs[0], nd);
+  int nd = call->in[0].ndim, dim;
+  DT_CHECK(dt__softmax_dim(call, &dim));
   if (!dt__dtype_is_float(call->in[0].dtype)) /* (as torch.softmax: probabilities are floats) */
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: x is %s, expected a float dtype (f32, bf16 or f16)",
                    call->op, dt_dtype_name(call->in[0].dtype));

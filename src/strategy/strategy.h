@@ -154,6 +154,11 @@ enum { DT_ACT_RELU = 0, DT_ACT_SILU, DT_ACT_GELU, DT_ACT_SIGMOID_OUT, DT_ACT_TAN
  * as a dim of size 1). Rules, kernels and the backward rule read it here. */
 dt_status_t dt__index_select_dim(const dt_op_call_t* call, int* dim);
 
+/* softmax's and log_softmax's iargs [dim] validated and normalized (-1 for a 0-d tensor, whose
+ * dims wrap as a 1-d one's: its one element is the whole row); the rules and every kernel read
+ * it here. */
+dt_status_t dt__softmax_dim(const dt_op_call_t* call, int* dim);
+
 /* cumsum's iargs [dim, reverse = 0] validated: dim normalized (-1 for a 0-d tensor: nothing to
  * scan) and the direction; rules, kernels and the backward rule all read them here. */
 dt_status_t dt__cumsum_args(const dt_op_call_t* call, int* dim, int* reverse);

@@ -592,6 +592,17 @@ case("prod_bf16_special", "prod", [PN.to(torch.bfloat16)],
      lambda x: torch.prod(x.float(), 1).to(torch.bfloat16), iargs=[0, 1], rtol=2.0 ** -8, atol=0.0,
      grad=False)  # (torch 1.13 has no CPU bf16 prod: the f32 product rounded once)
 
+# ---- softmax and log_softmax of a 0-d tensor (appended): its dims wrap as a 1-d tensor's (0 and
+# -1), one element is the whole row: 1 and 0 (NaN from +-inf and NaN), gradient 0; dim 1 raises.
+for op, fn in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
+    case(f"{op}_0d_dim0", op, [X0], lambda x, fn=fn: fn(x, 0), iargs=[0])
+    case(f"{op}_0d_dim_neg", op, [X0], lambda x, fn=fn: fn(x, -1), iargs=[-1])
+    for tag, v in (("inf", inf), ("ninf", -inf), ("nan", nan)):
+        case(f"{op}_0d_{tag}", op, [torch.tensor(v)], lambda x, fn=fn: fn(x, 0), iargs=[0],
+             grad=False)
+    case(f"{op}_0d_dim1_error", op, [X0], lambda x, fn=fn: fn(x, 1), iargs=[1],
+         error="DT_ERR_INVALID_ARG")
+
 for c in CASES:
     assert c["inputs"], c["name"]
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),

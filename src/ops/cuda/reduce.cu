@@ -600,17 +600,14 @@ template <bool LOG>
 static dt_status_t dt_cu_softmax(const dt_op_call_t* call, const dt_local_tensor_t* in,
                                  dt_local_tensor_t* out) {
   const int nd = in->ndim;
-  const int64_t dim =
-      call->n_iargs == 1 && call->iargs[0] < 0 ? call->iargs[0] + nd : call->iargs[0];
-  if (call->n_iargs != 1 || dim < 0 || dim >= nd)
-    return DT_FAIL(DT_ERR_INVALID_ARG, "%s takes iargs [dim] with a dim of the %d-dim input",
-                   call->op, nd);
+  int dim;
+  DT_CHECK(dt__softmax_dim(call, &dim));
   if (out->dtype != in->dtype)
     return DT_FAIL(DT_ERR_INVALID_ARG, "%s: output dtype %s differs from the input's %s", call->op,
                    dt_dtype_name(out->dtype), dt_dtype_name(in->dtype));
-  int64_t outer = 1, len = in->shape[dim], inner = 1;
+  int64_t outer = 1, len = dim < 0 ? 1 : in->shape[dim], inner = 1; /* 0-d: one row of one */
   for (int d = 0; d < dim; d++) outer *= in->shape[d];
-  for (int d = (int)dim + 1; d < nd; d++) inner *= in->shape[d];
+  for (int d = dim + 1; d < nd && dim >= 0; d++) inner *= in->shape[d];
   const int64_t rows = outer * inner;
   if (rows == 0 || len == 0) return DT_SUCCESS;
   /* inner > 1: the elements of a row are inner apart; a thread per row reads coalesced across
