@@ -84,8 +84,9 @@ extern "C" {
  *               row's only zero, 0 elsewhere in rows with zeros). Their reduced dims are
  *               gathered (Replicate) first; sharded kept dims stay sharded; Partial inputs are
  *               reduced first
- *   nn:         softmax, log_softmax (iargs [dim]), rms_norm (x, w), layer_norm (x, w, b) over the
- *               last dim (fargs [eps=1e-6] and [eps=1e-5]), embedding (weight (V, D), indices),
+ *   nn:         softmax, log_softmax (iargs [dim]; a 0-d tensor takes 0 or -1), rms_norm
+ *               (x, w), layer_norm (x, w, b) over the last dim (fargs [eps=1e-6] and
+ *               [eps=1e-5]), embedding (weight (V, D), indices),
  *               gather_dim, sdpa (q, k, v as (B, H, S, D); iargs [causal=0, layout=0 (1: (B, S,
  *               H, D))]; fargs [scale]: default (absent or NaN) 1/sqrt(D), else taken as
  *               given, finite, 0 and negative too), rotary (iargs [seq_dim=1,
@@ -106,8 +107,9 @@ extern "C" {
  *               permute (the permutation), transpose ([d0, d1]), t, slice ([dim, start, end,
  *               step=1], Python semantics), narrow ([dim, start, length]), cat (1 to 8 inputs,
  *               iargs [dim]), stack (1 to 8 inputs of one shape, iargs [dim=0]; cat and stack
- *               promote mixed dtypes as torch.cat), expand (iargs: the sizes, -1 keeping a dim, new dims in front;
- *               only size-1 dims grow, as Tensor.expand; the result is a copy), tril / triu
+ *               promote mixed dtypes as torch.cat), expand (iargs: the sizes, -1 keeping a
+ *               dim, new dims in front; only size-1 dims grow, as Tensor.expand; the result is
+ *               a copy), tril / triu
  *               (iargs [diagonal=0]; the last two dims, any dtype, sharded matrices stay
  *               sharded), cumsum (iargs [dim, reverse=0]; i32 / i64 give i64; reverse sums
  *               from the end)

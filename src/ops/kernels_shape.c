@@ -169,7 +169,8 @@ static dt_status_t dt__tri(const dt_op_call_t* call, const dt_local_tensor_t* in
       int64_t lo, hi; /* the kept local columns [lo, hi) */
       dt__tri_cols(upper, k, r0 + i, c0, C, &lo, &hi);
       if (lo > 0) memset(dst, 0, (size_t)lo * item);
-      if (hi > lo) memcpy(dst + (size_t)lo * item, src + (size_t)lo * item, (size_t)(hi - lo) * item);
+      if (hi > lo)
+        memcpy(dst + (size_t)lo * item, src + (size_t)lo * item, (size_t)(hi - lo) * item);
       if (hi < C) memset(dst + (size_t)hi * item, 0, (size_t)(C - hi) * item);
     }
   return DT_SUCCESS;
