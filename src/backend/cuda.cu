@@ -927,6 +927,15 @@ static dt_status_t dt__cu_plan_build(dt_cu_ctx_t* c, const dt_gemm_t* g,
                                               &align_c, sizeof align_c));
   DT__LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                               &align_c, sizeof align_c));
+  if (g->c_dtype != DT_F32) {
+    /* split-K's partial products summed in f32 (the compute type) only: by default cuBLASLt may
+     * add them in a bf16/f16 output's own type (in place or in the workspace), rounding each
+     * before the sum (seen on an H200: a 6 x 40 x 4 bf16 product 4 ulps from the f32 result
+     * rounded once, which the host and PyTorch's fixtures give) */
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    DT__LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                &schemes, sizeof schemes));
+  }
   DT__LT(cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
                                         &found));
   if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {

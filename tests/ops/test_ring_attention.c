@@ -16,8 +16,8 @@
  *     of different dtypes; bf16 and f16 inputs (ring and all-gather; on 4 ranks also on the
  *     2 x 2 mesh, heads sharded on the other dim) give results in their
  *     dtype equal to the f32 ring's on the rounded values (the output exactly, once rounded;
- *     the gradients within the dtype's rounding; on a CUDA backend under
- *     DTENSOR_SDPA_PATH=flash, whose tensor-core blocks round P and dS to the dtype, the output
+ *     the gradients within the dtype's rounding; on a CUDA backend's own memory (not under
+ *     DTENSOR_SDPA_PATH=gemm), whose tensor-core blocks round P and dS to the dtype, the output
  *     too within it, and not exactly), k and v crossing the cp dim in their dtype's
  *     bytes and their gradients in f32's; an
  *     empty batch, empty value features and an empty sequence run forward and backward.
@@ -280,8 +280,9 @@ static dt_tensor_t cast_to(dt_tensor_t t, dt_dtype_t to) {
 
 /* Whether mesh's ring blocks read bf16/f16 as stored on tensor cores: a CUDA backend (or its
  * emulation) computing in its own memory (the NCCL plane; staged through the host, the host's
- * f32 blocks run) under DTENSOR_SDPA_PATH=flash, for the feature sizes of test_half (up to
- * 128). Asked after a ring call (the plane is decided by the mesh's first collective). */
+ * f32 blocks run) under DTENSOR_SDPA_PATH auto (the default) or flash, not gemm, for the
+ * feature sizes of test_half (up to 128). Asked after a ring call (the plane is decided by the
+ * mesh's first collective). */
 static int tc_blocks(dt_mesh_t mesh) {
   dt_backend_t be = NULL;
   dt_data_plane_t plane;
@@ -289,7 +290,7 @@ static int tc_blocks(dt_mesh_t mesh) {
   DT_ASSERT_OK(dt_mesh_data_plane(mesh, &plane));
   const char* name = dt_backend_name(be);
   const char* path = getenv("DTENSOR_SDPA_PATH");
-  return path != NULL && strcmp(path, "flash") == 0 && strncmp(name, "cuda", 4) == 0 &&
+  return !(path != NULL && strcmp(path, "gemm") == 0) && strncmp(name, "cuda", 4) == 0 &&
          plane == DT_PLANE_NCCL;
 }
 

@@ -10,13 +10,16 @@
  * (B, S, H, D); D is the q/k feature size, E the v feature size (they may differ).
  *
  * Two implementations; DTENSOR_SDPA_PATH (read once per process) chooses:
- *   auto (default)  the GEMM path when one (batch, kv head) entry fits the workspace cap, else
- *                   the flash path;
+ *   auto (default)  bf16/f16 sdpa: the flash path where its tiles fit; sdpa_grad and f32: the
+ *                   GEMM path when one (batch, kv head) entry fits the workspace cap, else the
+ *                   flash path;
  *   gemm            the GEMM path always (an entry over the cap runs alone);
  *   flash           the flash path (the GEMM path where its tiles exceed shared memory, or, for
  *                   bf16/f16, where D or E exceeds 128).
- * (auto keeps the GEMM path first until a GPU run has timed the tensor-core flash kernels against
- * it: tools/gpu_check.sh's train_ours_125M_flash step.)
+ * auto's choice is measured (H200, 2026-11-29, bench_gpu --attention, bf16, causal, ms per call,
+ * flash / GEMM path): forward 0.455 / 0.765 at B 8, S 1024, 14 heads of 64 and 0.489 / 0.578 at
+ * B 4, S 1024, 16 heads of 128; backward 2.171 / 1.588 and 2.927 / 1.158. (PyTorch 2.11's SDPA:
+ * forward 0.055 and 0.052, backward 0.181 and 0.170: both of ours are far from it yet.)
  *
  * The GEMM path ("materialized scores") runs every product through the backend's GEMM
  * (cuBLASLt on a GPU: tensor cores for bf16/f16, TF32 for f32 where allowed; the host GEMM in the
@@ -578,7 +581,7 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
  * steps: lane l takes row l % 16 of the warp's 16 and half l / 16 of the 64 columns (visited in
  * a lane-rotated order: no bank conflicts); the two lanes of a row combine with one shuffle.
  * The forward's online softmax rescales lazily: a row's reference max moves only when a score
- * exceeds it by more than DT_TC_TAU (the exponentials stay <= e^8, far from overflow, and the
+ * exceeds it by more than DT_TC_TAU2 (the exponentials stay <= e^8, far from overflow, and the
  * result is the same up to rounding), so the output accumulator, whose fragments' layout is
  * opaque, makes a round trip through shared memory only in the rare key tile that moves a max.
  * P and dS are rounded to the storage dtype before their products (as the GEMM path and flash
@@ -586,7 +589,9 @@ __global__ void __launch_bounds__(DT_ATTN_NT)
 
 #define DT_TC_B 64     /* query rows per query tile, keys per key tile */
 #define DT_TC_NT 128   /* threads per block: 4 warps */
-#define DT_TC_TAU 8.0f /* lazy rescaling's threshold (natural log units) */
+#define DT_TC_TAU2 11.5f /* lazy rescaling's threshold (log2 units: about e^8) */
+#define DT_TC_LOG2E 1.44269504088896341f
+#define DT_TC_LN2 0.693147180559945309f
 #define DT_TC_MAXF 128 /* the largest D and E (accumulators of 8 fragments) */
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dt_tc_acc;
@@ -776,6 +781,15 @@ __device__ __forceinline__ int dt_tc_col(int lane, int t) {
   return (lane >> 4) * 32 + ((t + lane) & 31);
 }
 
+/* The columns of key tile j0 (nk keys) that query row qi sees are those below the result (at
+ * most nk; qi < 0: every one): one comparison per score instead of dt_attn_visible's. */
+__device__ __forceinline__ int dt_tc_row_lim(const dt_attn_geom& g, int64_t qi, int64_t j0,
+                                             int nk) {
+  if (qi < 0 || !g.causal) return nk;
+  const int64_t e = g.q0 + qi - j0 + 1; /* keys j0 .. q0 + qi */
+  return e < 0 ? 0 : e < nk ? (int)e : nk;
+}
+
 /* Forward on tensor cores: dt_attn_fwd_kernel's contract (one block per query tile of a (batch,
  * head), the last tiles first; O, and for the backward lse and delta; accumulating (TO f32,
  * g.accum: dt_tc_accum), a ring block merged into the running f32 output o, max lse and sum
@@ -812,11 +826,16 @@ __global__ void __launch_bounds__(DT_TC_NT)
     dt_tc_load(Qs, ld.q, q + b * g.q.sb + h * g.q.sh + i0 * g.q.ss, g.q.ss, nq, D, ld.dp);
     dt_tc_acc acc[NF];
     dt_tc_zero(acc);
-    /* the row's reference max and its sum of exponentials (both lanes of the row hold them) */
+    /* the row's reference max (log2 units: the scores times scale log2(e)) and its sum of
+     * exponentials (both lanes of the row hold them) */
     float m = -INFINITY, l = 0.0f;
+    const float scale2 = g.scale * DT_TC_LOG2E;
     const int64_t kend = dt_attn_key_end(g, i0, nq);
     for (int64_t j0 = 0; j0 < kend; j0 += B) {
       const int nk = (int)(kend - j0 < B ? kend - j0 : B);
+      /* the lane's row sees the tile's columns below lim (rows past S, of a partial last tile,
+       * see all: finite, never written) */
+      const int lim = dt_tc_row_lim(g, i < nq ? i0 + i : -1, j0, nk);
       __syncthreads(); /* everyone is done with the previous K and V tiles */
       dt_tc_load(Ks, ld.q, kb + j0 * g.k.ss, g.k.ss, nk, D, ld.dp);
       dt_tc_load(Vs, ld.v, vb + j0 * g.v.ss, g.v.ss, nk, E, ld.ep);
@@ -825,28 +844,28 @@ __global__ void __launch_bounds__(DT_TC_NT)
       __syncwarp();
       float x[32];
       float mx = -INFINITY;
-      unsigned vis = 0;
+      const float* Sr = Sw + r * ld.s + (lane >> 4) * 32;
 DT_ATTN_UNROLL
       for (int t = 0; t < 32; t++) {
-        const int c = dt_tc_col(lane, t);
-        /* rows past S (a partial last tile) see the tile's keys: finite, never written */
-        const bool s = c < nk && (i >= nq || dt_attn_visible(g, i0 + i, j0 + c));
-        x[t] = s ? Sw[r * ld.s + c] * g.scale : -INFINITY;
-        vis |= (unsigned)s << t;
+        const int c = (t + lane) & 31; /* the lane's column of its half, rotated */
+        x[t] = (lane >> 4) * 32 + c < lim ? Sr[c] * scale2 : -INFINITY;
         mx = fmaxf(mx, x[t]); /* NaN scores are skipped, as the host */
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
       float alpha = 1.0f;
       const bool had = m != -INFINITY; /* the row's accumulator holds earlier keys' terms */
-      if (mx > m + DT_TC_TAU) {        /* the reference max moves (and always from -inf) */
-        alpha = had ? expf(m - mx) : 0.0f;
+      if (mx > m + DT_TC_TAU2) {       /* the reference max moves (and always from -inf) */
+        alpha = had ? exp2f(m - mx) : 0.0f;
         m = mx;
       }
+      /* masked columns (-inf) give 0; a row that has seen nothing yet (m -inf) only those */
+      const float mref = m == -INFINITY ? 0.0f : m;
       float sum = 0.0f;
+      T* Pr = Pw + r * ld.p + (lane >> 4) * 32;
 DT_ATTN_UNROLL
       for (int t = 0; t < 32; t++) {
-        const float p = (vis >> t) & 1u ? expf(x[t] - m) : 0.0f;
-        Pw[r * ld.p + dt_tc_col(lane, t)] = dt_cu_from_f32<T>(p);
+        const float p = exp2f(x[t] - mref);
+        Pr[(t + lane) & 31] = dt_cu_from_f32<T>(p);
         sum += p;
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 16);
@@ -868,6 +887,7 @@ DT_ATTN_UNROLL
     }
     dt_tc_store(Ow, ld.e, acc, ne16);
     __syncwarp();
+    m *= DT_TC_LN2; /* natural log units, as lse and the ring's running max */
     if (dt_tc_accum<T, TO>(g)) { /* kernels_ring.c's dt__rr_merge (m: the reference max) */
       if (lane < 16 && i < nq) {
         const int64_t row = bh * g.lds + i0 + i;
@@ -924,7 +944,7 @@ __device__ __forceinline__ void dt_tc_load_rows(const dt_attn_geom& g, const dt_
              ld.ep);
   const int64_t row = (b * g.H + h) * g.lds + i0;
   for (int x = threadIdx.x; x < DT_TC_B; x += DT_TC_NT) {
-    Ls[x] = x < nq ? lse[row + x] : 0.0f;
+    Ls[x] = x < nq ? lse[row + x] * DT_TC_LOG2E : 0.0f; /* log2 units: P = 2^(s scale2 - L) */
     Dl[x] = x < nq ? delta[row + x] : 0.0f;
   }
 }
@@ -951,6 +971,7 @@ __global__ void __launch_bounds__(DT_TC_NT)
   float* Dl = (float*)(sm + L.dl);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane & 15;
   const int i = warp * 16 + r;
+  const float scale2 = g.scale * DT_TC_LOG2E;
   float* Sw = Sf + warp * 16 * ld.s;
   T* dSw = dSs + warp * 16 * ld.p;
   const int64_t items = dt_attn_qitems(g, B);
@@ -974,12 +995,13 @@ __global__ void __launch_bounds__(DT_TC_NT)
       dt_tc_abt(Sw, ld.s, Qs + warp * 16 * ld.q, ld.q, Ks, ld.q, ld.dp / 16);
       __syncwarp();
       float p[32];
+      const int lim = i < nq ? dt_tc_row_lim(g, i0 + i, j0, nk) : 0;
+      const float Li = Ls[i];
 DT_ATTN_UNROLL
       for (int t = 0; t < 32; t++) {
         const int c = dt_tc_col(lane, t);
-        const bool s = i < nq && c < nk && dt_attn_visible(g, i0 + i, j0 + c);
         /* rounded as the dK/dV kernel's P (and the GEMM path's): one dS for dQ and dK */
-        p[t] = dt_cu_f32(dt_cu_from_f32<T>(s ? expf(Sw[r * ld.s + c] * g.scale - Ls[i]) : 0.0f));
+        p[t] = dt_cu_f32(dt_cu_from_f32<T>(c < lim ? exp2f(Sw[r * ld.s + c] * scale2 - Li) : 0.0f));
       }
       __syncwarp(); /* the scores are read: dP goes over them */
       dt_tc_abt(Sw, ld.s, dOs + warp * 16 * ld.v, ld.v, Vs, ld.v, ld.ep / 16);
@@ -1027,6 +1049,7 @@ __global__ void __launch_bounds__(DT_TC_NT)
   float* Dl = (float*)(sm + L.dl);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane & 15;
   const int jl = warp * 16 + r; /* the lane's key in the tile */
+  const float scale2 = g.scale * DT_TC_LOG2E;
   float* Sw = Sf + warp * 16 * ld.s;
   T* Pw = Ps + warp * 16 * ld.p;
   T* dSw = dSs + warp * 16 * ld.p;
@@ -1052,16 +1075,26 @@ __global__ void __launch_bounds__(DT_TC_NT)
         __syncthreads();
         dt_tc_abt(Sw, ld.s, Ks + warp * 16 * ld.q, ld.q, Qs, ld.q, ld.dp / 16);
         __syncwarp();
+        /* the query rows of the tile that see the lane's key: lo .. hi - 1 (causal: global
+         * position q0 + i0 + c >= j0 + jl) */
+        int lo = 0;
+        if (g.causal) {
+          const int64_t f = j0 + jl - g.q0 - i0;
+          lo = f < 0 ? 0 : f < B ? (int)f : B;
+        }
+        const int hi = jl < nk ? nq : 0;
+DT_ATTN_UNROLL
         for (int t = 0; t < 32; t++) {
           const int c = dt_tc_col(lane, t); /* query row of the tile */
-          const bool s = c < nq && jl < nk && dt_attn_visible(g, i0 + c, j0 + jl);
-          Pw[r * ld.p + c] = dt_cu_from_f32<T>(s ? expf(Sw[r * ld.s + c] * g.scale - Ls[c]) : 0.0f);
+          Pw[r * ld.p + c] =
+              dt_cu_from_f32<T>(c >= lo && c < hi ? exp2f(Sw[r * ld.s + c] * scale2 - Ls[c]) : 0.0f);
         }
         __syncwarp(); /* the scores are read: dP^T goes over them */
         dt_tc_abt(Sw, ld.s, Vs + warp * 16 * ld.v, ld.v, dOs, ld.v, ld.ep / 16);
         __syncwarp();
         /* dS from the rounded P (as the GEMM path): the lane's own P elements, no registers kept
          * across the product */
+DT_ATTN_UNROLL
         for (int t = 0; t < 32; t++) {
           const int c = dt_tc_col(lane, t);
           const float p = dt_cu_f32(Pw[r * ld.p + c]);
@@ -1281,6 +1314,8 @@ static int64_t dt_attn_choose(const dt_attn_geom& g, size_t item, int bwd, size_
   const int flash_ok = dt_attn_flash_fits(g, item, bwd, smem);
   const int path = dt_attn_path();
   if (path == DT_ATTN_FLASH && flash_ok) return 0;
+  /* auto: a bf16/f16 forward on tensor cores (faster than the GEMM path, and no scratch) */
+  if (path == DT_ATTN_AUTO && flash_ok && item == 2 && !bwd) return 0;
   const int64_t entries = g.B * g.G;
   const size_t cap = dt_attn_cap();
   dt_attn_ws one;
@@ -1643,11 +1678,17 @@ DT_CU_SCRATCH(dt_cu_sdpa_grad_scratch) {
  * row steps. The block's geometry: S = T = C, the strides of the whole shard's tensors (the
  * pointers advanced to the block's first rows), per-row arrays lds = S apart, and the causal
  * diagonal block as causal attention from position 0 (key j visible to query i when j <= i).
- * Taken (ring_fused) under DTENSOR_SDPA_PATH=flash where the tiles fit in shared memory, and then
- * the ring allocates no C x C scratch; auto and gemm keep the products until a GPU has timed the
- * two (tools/gpu_check.sh's ring steps). bf16/f16 inputs (dt__ring_geom_t's dt) take the
- * tensor-core kernels in the same accumulating mode: q, k, v (and dO) read as stored, the running
- * output, max and sum and the gradients f32 (TO = float). */
+ * Taken (ring_fused) where the tiles fit in shared memory, and then the ring allocates no C x C
+ * scratch: under DTENSOR_SDPA_PATH=flash always, under auto for bf16/f16 (the tensor-core kernels)
+ * and for f32 blocks of up to DT_ATTN_RING_FUSED_F32_ROWS rows, never under gemm. bf16/f16 inputs
+ * (dt__ring_geom_t's dt) take the tensor-core kernels in the same accumulating mode: q, k, v (and
+ * dO) read as stored, the running output, max and sum and the gradients f32 (TO = float).
+ * auto's choice is measured (H200, 2026-11-29, bench_gpu --ring, a training step of the op, ms):
+ * bf16 fused 19.1 / products 31.5 at B 1, S 8192, 16 heads of 64 (blocks of 4096 rows) and
+ * 3.5 / 24.9 at B 8, S 1024, 14 heads (blocks of 512); f32 (the fused kernels on CUDA cores
+ * against cuBLASLt's products) 79.5 / 31.0 at the first shape and 9.6 / 23.5 at the second,
+ * where the products' launches per (batch, head) cost more than they save. */
+#define DT_ATTN_RING_FUSED_F32_ROWS 1024
 
 static dt_attn_geom dt_attn_ring_geom(const dt__ring_geom_t* rg, int64_t C, int diag) {
   dt_attn_geom g;
@@ -1680,8 +1721,11 @@ static dt_attn_geom dt_attn_ring_geom(const dt__ring_geom_t* rg, int64_t C, int 
 extern "C" int DT_CUDA_NAME(ring_fused)(const dt__ring_geom_t* rg, int64_t C) {
   const dt_attn_geom g = dt_attn_ring_geom(rg, C, 0);
   const size_t smem = rg->bk->device == DT_DEVICE_META ? DT_CU_SIM_SMEM : dt_attn_smem_limit();
-  return dt_attn_path() == DT_ATTN_FLASH &&
-         dt_attn_flash_fits(g, dt__itemsize(rg->dt), 1, smem);
+  const size_t item = dt__itemsize(rg->dt);
+  const int path = dt_attn_path();
+  if (path == DT_ATTN_GEMM || !dt_attn_flash_fits(g, item, 1, smem)) return 0;
+  /* auto: the comment above */
+  return path == DT_ATTN_FLASH || item == 2 || C <= DT_ATTN_RING_FUSED_F32_ROWS;
 }
 
 extern "C" dt_status_t DT_CUDA_NAME(ring_block_fwd)(const dt__ring_geom_t* rg, const void* q,
