@@ -1126,51 +1126,62 @@ DT_ATTN_UNROLL
  * The GEMM path: scores materialized per chunk of (batch, kv head) entries, products through the
  * backend's GEMM, the row-wise steps here */
 
-#define DT_ATTN_RV 8      /* row values each thread of the row kernels keeps in registers */
 #define DT_ATTN_ALIGN 256 /* byte alignment of the scratch regions */
+
+/* Chunk row r's query row, r % S: in 32 bits where both fit (a 64-bit division is a long
+ * emulated sequence, once per row). */
+__device__ __forceinline__ int64_t dt_attn_qrow(int64_t r, int64_t S) {
+  return ((r | S) >> 31) == 0 ? (int64_t)((uint32_t)r % (uint32_t)S) : r % S;
+}
+
+/* The row kernels below take one row per warp (grid-stride over the rows, DT_ATTN_WPB rows per
+ * block): a row's reductions are warp shuffles, and a lane's first DT_ATTN_WV values (columns
+ * lane, lane + 32, ...) stay in registers; longer rows are read again. Column indices are 32-bit
+ * (a row is at most ld elements of one scratch chunk). */
+#define DT_ATTN_WV 32
+#define DT_ATTN_WPB (DT_CU_BLOCK / 32)
 
 /* P = softmax of the scores x row by row (the host's dt__attn_softmax_rows), `rows` rows of nk
  * keys, ld apart; row r is query row r % S (a chunk's rows are entry, head, query row), which
  * sees keys 0 .. last (causal: q0 + r % S); the other keys get 0. p may be x (f32): every
- * element is read and written by one thread. One block per row; the first DT_ATTN_RV values of
- * each thread stay in registers, longer rows are read again. */
+ * element is read and written by one thread. */
 template <typename T>
 __global__ void __launch_bounds__(DT_CU_BLOCK)
     dt_attn_softmax_kernel(const float* x, T* p, int64_t rows, int64_t S, int64_t nk, int64_t ld,
                            int64_t q0, int causal) {
-  __shared__ float red[32];
-  const int64_t nt = blockDim.x, far = DT_ATTN_RV * nt;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  const int lane = threadIdx.x & 31, n = (int)nk;
+  for (int64_t r = (int64_t)blockIdx.x * DT_ATTN_WPB + (threadIdx.x >> 5); r < rows;
+       r += (int64_t)gridDim.x * DT_ATTN_WPB) {
     const float* xr = x + r * ld;
     T* pr = p + r * ld;
-    int64_t last = causal ? q0 + r % S : nk - 1;
-    if (last > nk - 1) last = nk - 1;
-    float v[DT_ATTN_RV];
+    int64_t l64 = causal ? q0 + dt_attn_qrow(r, S) : nk - 1;
+    const int last = (int)(l64 < nk - 1 ? l64 : nk - 1); /* may be -1: no key visible */
+    float v[DT_ATTN_WV];
     float mx = -INFINITY;
 DT_ATTN_UNROLL
-    for (int c = 0; c < DT_ATTN_RV; c++) {
-      const int64_t j = threadIdx.x + c * nt;
+    for (int c = 0; c < DT_ATTN_WV; c++) {
+      const int j = lane + 32 * c;
       v[c] = j <= last ? xr[j] : -INFINITY;
       mx = fmaxf(mx, v[c]); /* NaN scores are skipped, as the host's max skips them */
     }
-    for (int64_t j = threadIdx.x + far; j <= last; j += nt) mx = fmaxf(mx, xr[j]);
-    mx = dt_cu_block_max(mx, red);
+    for (int j = lane + 32 * DT_ATTN_WV; j <= last; j += 32) mx = fmaxf(mx, xr[j]);
+    mx = dt_cu_warp_max(mx);
     float sum = 0.0f;
 DT_ATTN_UNROLL
-    for (int c = 0; c < DT_ATTN_RV; c++)
-      if (threadIdx.x + c * nt <= last) {
+    for (int c = 0; c < DT_ATTN_WV; c++)
+      if (lane + 32 * c <= last) {
         v[c] = expf(v[c] - mx);
         sum += v[c];
       }
-    for (int64_t j = threadIdx.x + far; j <= last; j += nt) sum += expf(xr[j] - mx);
-    sum = dt_cu_block_sum(sum, red);
+    for (int j = lane + 32 * DT_ATTN_WV; j <= last; j += 32) sum += expf(xr[j] - mx);
+    sum = dt_cu_warp_sum(sum);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f; /* the host's (a NaN sum: 0, NaN stays) */
 DT_ATTN_UNROLL
-    for (int c = 0; c < DT_ATTN_RV; c++) {
-      const int64_t j = threadIdx.x + c * nt;
-      if (j < nk) pr[j] = dt_cu_from_f32<T>(j <= last ? v[c] * inv : 0.0f);
+    for (int c = 0; c < DT_ATTN_WV; c++) {
+      const int j = lane + 32 * c;
+      if (j < n) pr[j] = dt_cu_from_f32<T>(j <= last ? v[c] * inv : 0.0f);
     }
-    for (int64_t j = threadIdx.x + far; j < nk; j += nt)
+    for (int j = lane + 32 * DT_ATTN_WV; j < n; j += 32)
       pr[j] = dt_cu_from_f32<T>(j <= last ? expf(xr[j] - mx) * inv : 0.0f);
   }
 }
@@ -1181,30 +1192,30 @@ template <typename T>
 __global__ void __launch_bounds__(DT_CU_BLOCK)
     dt_attn_ds_kernel(const float* dp, T* p, int64_t rows, int64_t S, int64_t nk, int64_t ld,
                       int64_t q0, int causal, float scale) {
-  __shared__ float red[32];
-  const int64_t nt = blockDim.x, far = DT_ATTN_RV * nt;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  const int lane = threadIdx.x & 31, n = (int)nk;
+  for (int64_t r = (int64_t)blockIdx.x * DT_ATTN_WPB + (threadIdx.x >> 5); r < rows;
+       r += (int64_t)gridDim.x * DT_ATTN_WPB) {
     const float* dr = dp + r * ld;
     T* pr = p + r * ld;
-    int64_t vis = causal ? q0 + r % S + 1 : nk; /* P is 0 past the visible keys */
-    if (vis > nk) vis = nk;
-    float pv[DT_ATTN_RV], dv[DT_ATTN_RV];
+    const int64_t v64 = causal ? q0 + dt_attn_qrow(r, S) + 1 : nk; /* P is 0 past them */
+    const int vis = (int)(v64 < nk ? v64 : nk);
+    float pv[DT_ATTN_WV], dv[DT_ATTN_WV];
     float dot = 0.0f;
 DT_ATTN_UNROLL
-    for (int c = 0; c < DT_ATTN_RV; c++) {
-      const int64_t j = threadIdx.x + c * nt;
-      pv[c] = j < nk ? dt_cu_f32(pr[j]) : 0.0f;
-      dv[c] = j < nk ? dr[j] : 0.0f;
+    for (int c = 0; c < DT_ATTN_WV; c++) {
+      const int j = lane + 32 * c;
+      pv[c] = j < n ? dt_cu_f32(pr[j]) : 0.0f;
+      dv[c] = j < n ? dr[j] : 0.0f;
       if (j < vis) dot += pv[c] * dv[c];
     }
-    for (int64_t j = threadIdx.x + far; j < vis; j += nt) dot += dt_cu_f32(pr[j]) * dr[j];
-    dot = dt_cu_block_sum(dot, red);
+    for (int j = lane + 32 * DT_ATTN_WV; j < vis; j += 32) dot += dt_cu_f32(pr[j]) * dr[j];
+    dot = dt_cu_warp_sum(dot);
 DT_ATTN_UNROLL
-    for (int c = 0; c < DT_ATTN_RV; c++) {
-      const int64_t j = threadIdx.x + c * nt;
-      if (j < nk) pr[j] = dt_cu_from_f32<T>(scale * (pv[c] * (dv[c] - dot)));
+    for (int c = 0; c < DT_ATTN_WV; c++) {
+      const int j = lane + 32 * c;
+      if (j < n) pr[j] = dt_cu_from_f32<T>(scale * (pv[c] * (dv[c] - dot)));
     }
-    for (int64_t j = threadIdx.x + far; j < nk; j += nt)
+    for (int j = lane + 32 * DT_ATTN_WV; j < n; j += 32)
       pr[j] = dt_cu_from_f32<T>(scale * (dt_cu_f32(pr[j]) * (dr[j] - dot)));
   }
 }
@@ -1377,14 +1388,6 @@ static dt_status_t dt_attn_gemm(const dt_local_tensor_t* t, dt_dtype_t ab, dt_dt
   return t->backend->iface->gemm(t->backend, &gm);
 }
 
-/* Threads per row of the row kernels: enough for DT_ATTN_RV keys each, a multiple of 32 from 32
- * to DT_CU_BLOCK (short rows do not leave most of a block idle). */
-static int dt_attn_row_threads(int64_t nk) {
-  const int64_t want = (nk + DT_ATTN_RV - 1) / DT_ATTN_RV;
-  if (want >= DT_CU_BLOCK) return DT_CU_BLOCK;
-  return want <= 32 ? 32 : (int)((want + 31) / 32 * 32);
-}
-
 /* Launches the pack kernel for one operand (nothing when it is empty). */
 template <typename T>
 static dt_status_t dt_attn_pack(const char* op, const dt_local_tensor_t* t, T* packed,
@@ -1423,8 +1426,9 @@ static dt_status_t dt_attn_chunk(const char* op, const dt_local_tensor_t* in,
     if (bwd)
       DT_CHECK(dt_attn_pack<T>(op, t, (T*)o.p, in[3].data, g.o, g, e0, n, g.rep, g.S, g.E, 1));
   }
-  const unsigned grid = dt_attn_grid(t, rows);
-  const int nt = dt_attn_row_threads(g.T);
+  /* the row kernels: a warp per row */
+  const unsigned grid = dt_attn_grid(t, (rows + DT_ATTN_WPB - 1) / DT_ATTN_WPB);
+  const int nt = DT_CU_BLOCK;
   /* X = scale Q K^T; P = softmax(X) */
   DT_CHECK(dt_attn_gemm(t, dt, DT_F32, 0, 1, M, g.T, g.D, n, g.scale, q.p, q.ld, q.stride, k.p,
                         k.ld, k.stride, x, ldt, sx));
