@@ -133,12 +133,13 @@ done
 step nccl_timeout_np1 30 env DTENSOR_BACKEND="$BACKEND" DTENSOR_NCCL_STALL_MS=4000 \
   DTENSOR_TIMEOUT_S=1 bash tests/comm/nccl_timeout.sh mpirun "$G/tests/test_nccl_timeout"
 
-# attention's other path (the default, auto, takes the tensor-core GEMM path where it fits)
+# attention's flash path everywhere (auto takes it for the bf16/f16 forward only)
 step conformance_sdpa_flash_np1 60 env DTENSOR_CONFORMANCE_BACKEND="$BACKEND" \
   DTENSOR_CONFORMANCE_OPS=sdpa,sdpa_grad DTENSOR_SDPA_PATH=flash "${MPI[@]}" -np 1 \
   "$G/tests/test_conformance"
 # ring attention in device memory (np 1: over the NCCL plane; np 2 on one GPU stages through the
-# host) on both block paths: products and row steps (auto), the fused flash kernels (flash)
+# host) on both block paths: auto (bf16/f16 and short f32 blocks fused), the fused flash kernels
+# everywhere (flash)
 for p in auto flash; do
   step "ring_attention_${p}_np1" 60 env DTENSOR_BACKEND="$BACKEND" DTENSOR_SDPA_PATH="$p" \
     "${MPI[@]}" -np 1 "$G/tests/test_ring_attention"
@@ -257,8 +258,9 @@ if [ "$BACKEND" = cuda ]; then
       --heads "$heads" --vocab 256 --batch "$batch" --seq "$seq" --steps "$steps"
   }
   train_pair 125M 896 13 14 8 1024 12
-  # attention's flash path (bf16: tensor-core wmma kernels, scores on chip) against the default GEMM
-  # path (cuBLASLt products, scores through memory), same model: decides what auto should take
+  # attention's flash path for the gradient too (bf16: tensor-core wmma kernels, scores on chip)
+  # against auto (its gradient on the GEMM path: cuBLASLt products, scores through memory), same
+  # model: tells whether auto should take it there too
   step train_ours_125M_flash 150 env DTENSOR_SDPA_PATH=flash "${MPI[@]}" -np 1 "$G/examples/train" \
     --device cuda --parallel fsdp --param-dtype bf16 --dim 896 --layers 13 --heads 14 --batch 8 \
     --seq 1024 --steps 8 --vocab 256 --order 1 --warmup 2 --metrics "$OUT/ours_125M_flash.jsonl"
