@@ -161,9 +161,10 @@
  * and the HBM bandwidth at ~80% of the data sheet's (3.35 TB/s H100 SXM, 4.8 H200); NVLink 4
  * collectives at ~350 GB/s bus bandwidth and 8 x 400 Gb/s InfiniBand at ~45 GB/s per GPU, the
  * figures nccl-tests reach on DGX H100 nodes. A dim whose group spans nodes (--gpus-per-node)
- * is priced by "inter_node". Attention at the GEMM rate (attn_gflops 0: no fused attention
- * kernel of this project has been timed on a GPU yet; a host calibration's attention rate is not
- * carried over). Replace them with a calibrated file for real planning. */
+ * is priced by "inter_node". Attention at this project's kernels' measured rate: 25.8 TFLOP/s
+ * (sdpa and its gradient under DTENSOR_SDPA_PATH=auto, bf16, B 8, S 1024, 14 heads of 64, causal,
+ * on an H200 on 2026-11-29: 52.7 GFLOP in 0.455 + 1.588 ms; 36.5 at 16 heads of 128), far below
+ * the GEMM rate. Replace them with a calibrated file for real planning. */
 #define MACHINE_LINKS(bw_in, base_in, hop_in)                                                   \
   "\"all_gather\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"         \
   "\"reduce_scatter\":{\"base_us\":" base_in ",\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "},"     \
@@ -175,7 +176,7 @@
   "\"all_reduce_a2a\":{\"base_us\":100,\"hop_us\":" hop_in ",\"bw_gbps\":" bw_in "}"
 #define MACHINE_GPU(mem_gbps)                                                                   \
   "{\"compute\":{\"gemm_gflops\":350000,\"gemm_bf16_gflops\":700000,\"mem_gbps\":" mem_gbps      \
-  ",\"op_us\":8,\"attn_gflops\":0}," MACHINE_LINKS("350", "8", "0.5")                          \
+  ",\"op_us\":8,\"attn_gflops\":25800}," MACHINE_LINKS("350", "8", "0.5")                      \
   ",\"local\":{\"base_us\":0,\"hop_us\":0,\"bw_gbps\":" mem_gbps "},\"inter_node\":{"           \
   MACHINE_LINKS("45", "15", "3") "}}"
 static const struct {
