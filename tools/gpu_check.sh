@@ -33,7 +33,8 @@
 #               (PyTorch's SDPA) at the two training shapes, bf16, forward + backward;
 #               bench_gpu --ring on ring attention's two block paths (gemm, flash), alternated,
 #               then each once with bf16 inputs; dtensor-calibrate --compute-only on the GPU
-#               (the estimator's GEMM, bandwidth and attention rates: $OUT/compute_cuda.json)
+#               (the estimator's GEMM, bandwidth and attention rates: $OUT/compute_cuda.json);
+#               ncu_* (where ncu is installed): Nsight Compute on attention's kernels
 #   train       our trainer and bench/train_torch_gpu.py (PyTorch eager, bf16 autocast, SDPA) on
 #               the same ~125M-parameter model, then ~1B, alternating ours and theirs; then the
 #               125M step's op profile (--profile: time per op, backward rule and wait)
@@ -200,6 +201,18 @@ if [ "$BACKEND" = cuda ]; then
       step "attention_$p" 60 env DTENSOR_SDPA_PATH="$p" "$G/bench/bench_gpu" --attention
     done
     step attention_torch 60 python3 bench/sdpa_torch_gpu.py
+    # where attention's kernels spend their time: Nsight Compute (where the machine has it) on the
+    # first launch of each, the 125M shape (instruction counts, issue rate, stalls, occupancy)
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    if [ -n "$ncu" ]; then
+      for kp in 'tc_fwd flash' 'tc_dq flash' 'tc_dkv flash' 'attn_softmax gemm' 'attn_ds gemm'; do
+        set -- $kp
+        step "ncu_$1" 40 env DTENSOR_SDPA_PATH="$2" "$ncu" --clock-control none \
+          --section SpeedOfLight --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section ComputeWorkloadAnalysis \
+          --section InstructionStats -k "regex:dt_$1_kernel" -c 1 "$G/bench/bench_gpu" --attention
+      done
+    fi
     # ring attention's blocks, f32, the two block paths alternated (two processes each)
     for r in 1 2; do
       for p in gemm flash; do
